@@ -1,0 +1,30 @@
+# Switchyard: `make run` serves the embedded default; `make test` runs the whole suite.
+VENV    ?= .venv
+PY      := $(VENV)/bin/python
+STAMP   := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+CONFIG  ?= config/default.yaml
+
+.PHONY: install run test services clean
+
+$(PY):
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+
+$(STAMP): pyproject.toml | $(PY)
+	$(PY) -m pip install -e '.[test]'
+	rm -f $(VENV)/.installed-*
+	touch $@
+
+install: $(STAMP)
+
+run: install
+	$(VENV)/bin/switchyard serve --config $(CONFIG)
+
+services:
+	bash tests/start_services.sh
+
+test: install services
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+clean:
+	rm -rf $(VENV) var .pytest_cache

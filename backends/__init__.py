@@ -1,0 +1,1 @@
+"""Provider adapters behind one Backend protocol (see backends.base)."""

@@ -1,0 +1,167 @@
+"""The Backend protocol: the one seam between the gateway and every provider.
+
+A backend serves one *deployment* (provider + upstream model + endpoint). It takes a validated
+wire request (``backends.types``) and returns a whole response or a ``ChunkStream``. Every result
+carries a ``Meter``: token counts, exact when the provider reported them, estimated otherwise.
+Failures are raised as the typed ``BackendError`` subclasses below, so the router can decide
+retry vs fallback vs fail without parsing strings.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
+
+from backends.types import (
+    ChatCompletion,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    CompletionRequest,
+    TextCompletion,
+)
+
+# ---------------------------------------------------------------- errors
+
+
+class BackendError(Exception):
+    """A provider failure. ``retryable`` says whether another attempt (or deployment) may help."""
+
+    retryable: bool = False
+    kind: str = "upstream_error"
+
+    def __init__(self, message: str, *, param: str | None = None, status: int | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.status = status  # the upstream HTTP status, when there was one
+
+
+class BadRequest(BackendError):
+    kind = "invalid_request_error"
+
+
+class ContextTooLong(BadRequest):
+    """The prompt (plus the requested output) exceeds the deployment's context window."""
+
+    kind = "context_length_exceeded"
+
+
+class RateLimited(BackendError):
+    retryable = True
+    kind = "rate_limited"
+
+    def __init__(self, message: str, *, retry_after: float | None = None, **kw: Any) -> None:
+        super().__init__(message, **kw)
+        self.retry_after = retry_after
+
+
+class Timeout(BackendError):
+    retryable = True
+    kind = "timeout"
+
+
+class Unavailable(BackendError):
+    """Connection refused/reset, 5xx, engine overloaded or shutting down."""
+
+    retryable = True
+    kind = "unavailable"
+
+
+class UpstreamError(BackendError):
+    """The provider answered with something we cannot use (bad body, unexpected status)."""
+
+    kind = "upstream_error"
+
+
+class AuthFailed(BackendError):
+    """The provider refused our credentials: a configuration problem, not the client's."""
+
+    kind = "upstream_auth"
+
+
+# ---------------------------------------------------------------- metering
+
+
+@dataclass
+class Meter:
+    """Token counts for one request, updated as output passes; read after completion or abort."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    exact: bool = True
+    first_token_at: float | None = None  # time.perf_counter() of the first output token
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+ChunkT = TypeVar("ChunkT", ChatCompletionChunk, TextCompletion)
+ResultT = TypeVar("ResultT", ChatCompletion, TextCompletion)
+
+
+@dataclass
+class Completed(Generic[ResultT]):
+    response: ResultT
+    meter: Meter
+
+
+@dataclass
+class ChunkStream(Generic[ChunkT]):
+    """An async stream of wire chunks plus the meter the producer keeps up to date.
+
+    ``aclose()`` (client gone) closes the producer: an HTTP upstream stream is closed, an engine
+    sequence is aborted. After iteration ends or ``aclose()`` returns, ``meter`` holds the final
+    counts (for an abort: the tokens actually produced).
+    """
+
+    chunks: AsyncIterator[ChunkT]
+    meter: Meter = field(default_factory=Meter)
+
+    def __aiter__(self) -> AsyncIterator[ChunkT]:
+        return self.chunks
+
+    async def aclose(self) -> None:
+        close = getattr(self.chunks, "aclose", None)
+        if close is not None:
+            await close()
+
+
+# ---------------------------------------------------------------- protocol
+
+
+@dataclass
+class BackendStats:
+    """Load figures the router may use (least-busy strategies)."""
+
+    in_flight: int = 0
+    queue_depth: int = 0
+    kv_cache_usage: float | None = None
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """One deployment of one model on one provider."""
+
+    provider: str  # "openai", "anthropic", "local", "hf_fallback", ...
+    upstream_model: str
+
+    async def chat(self, request: ChatCompletionRequest) -> Completed[ChatCompletion]: ...
+
+    async def chat_stream(self, request: ChatCompletionRequest) -> ChunkStream[ChatCompletionChunk]:
+        """Start a stream. Errors before the first chunk are raised here, not from iteration."""
+        ...
+
+    async def complete(self, request: CompletionRequest) -> Completed[TextCompletion]: ...
+
+    async def complete_stream(self, request: CompletionRequest) -> ChunkStream[TextCompletion]: ...
+
+    def stats(self) -> BackendStats: ...
+
+    async def ready(self) -> bool:
+        """Whether the provider is reachable / loaded (used by /readyz)."""
+        ...
+
+    async def aclose(self) -> None: ...

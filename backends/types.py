@@ -1,0 +1,335 @@
+"""OpenAI wire types shared by the gateway (HTTP edge) and every backend.
+
+The gateway decodes request bodies straight into these Structs (msgspec enforces types and
+ranges; a failure becomes a 400 naming the parameter), and backends return responses and stream
+chunks in the same shapes, so one provider's output can be relayed unchanged to the client.
+Optional request fields default to ``UNSET`` so that what the client did not send is not sent upstream.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated, Any, Literal
+
+import msgspec
+from msgspec import UNSET, Meta, Struct, UnsetType
+
+NonNegInt = Annotated[int, Meta(ge=0)]
+PosInt = Annotated[int, Meta(ge=1)]
+Temperature = Annotated[float, Meta(ge=0.0, le=2.0)]
+TopP = Annotated[float, Meta(ge=0.0, le=1.0)]
+Penalty = Annotated[float, Meta(ge=-2.0, le=2.0)]
+TopLogprobs = Annotated[int, Meta(ge=0, le=20)]
+ChoiceCount = Annotated[int, Meta(ge=1, le=128)]
+StopList = Annotated[list[str], Meta(max_length=4)]
+
+
+class WireStruct(Struct, kw_only=True):
+    """Base for wire types: UNSET optional fields are left out when encoding."""
+
+
+# ---------------------------------------------------------------- requests
+
+
+class TextPart(WireStruct, tag_field="type", tag="text"):
+    text: str
+
+
+class ImageURL(WireStruct):
+    url: str
+    detail: str | UnsetType = UNSET
+
+
+class ImagePart(WireStruct, tag_field="type", tag="image_url"):
+    image_url: ImageURL
+
+
+class InputAudio(WireStruct):
+    data: str
+    format: str
+
+
+class AudioPart(WireStruct, tag_field="type", tag="input_audio"):
+    input_audio: InputAudio
+
+
+ContentPart = TextPart | ImagePart | AudioPart
+
+
+class FunctionCall(WireStruct):
+    name: str
+    arguments: str
+
+
+class ToolCall(WireStruct):
+    id: str
+    function: FunctionCall
+    type: Literal["function"] = "function"
+
+
+class ChatMessage(WireStruct):
+    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
+    content: str | list[ContentPart] | None = None
+    name: str | UnsetType = UNSET
+    tool_calls: list[ToolCall] | UnsetType = UNSET
+    tool_call_id: str | UnsetType = UNSET
+
+    def text(self) -> str:
+        """The message's text: a string content, or its text parts joined."""
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(p.text for p in self.content if isinstance(p, TextPart))
+
+
+class StreamOptions(WireStruct):
+    include_usage: bool = False
+
+
+class FunctionDef(WireStruct):
+    name: str
+    description: str | UnsetType = UNSET
+    parameters: dict[str, Any] | UnsetType = UNSET
+    strict: bool | UnsetType = UNSET
+
+
+class Tool(WireStruct):
+    function: FunctionDef
+    type: Literal["function"] = "function"
+
+
+class JSONSchemaFormat(WireStruct):
+    name: str
+    schema: dict[str, Any] | UnsetType = UNSET
+    description: str | UnsetType = UNSET
+    strict: bool | UnsetType = UNSET
+
+
+class ResponseFormat(WireStruct):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JSONSchemaFormat | UnsetType = UNSET
+
+
+class SamplingFields(WireStruct):
+    """Fields common to chat and text completions."""
+
+    model: str
+    max_tokens: NonNegInt | None | UnsetType = UNSET
+    temperature: Temperature | None | UnsetType = UNSET
+    top_p: TopP | None | UnsetType = UNSET
+    n: ChoiceCount | None | UnsetType = UNSET
+    stop: str | StopList | None | UnsetType = UNSET
+    seed: int | None | UnsetType = UNSET
+    presence_penalty: Penalty | None | UnsetType = UNSET
+    frequency_penalty: Penalty | None | UnsetType = UNSET
+    logit_bias: dict[str, float] | None | UnsetType = UNSET
+    user: str | UnsetType = UNSET
+    stream: bool | None | UnsetType = UNSET
+    stream_options: StreamOptions | None | UnsetType = UNSET
+    # Extensions understood by vLLM-style engines (ours included); passed through elsewhere.
+    top_k: Annotated[int, Meta(ge=-1)] | None | UnsetType = UNSET
+    min_p: TopP | None | UnsetType = UNSET
+    repetition_penalty: Annotated[float, Meta(gt=0.0, le=2.0)] | None | UnsetType = UNSET
+    min_tokens: NonNegInt | None | UnsetType = UNSET
+    ignore_eos: bool | None | UnsetType = UNSET
+
+    @property
+    def is_stream(self) -> bool:
+        return bool(self.stream)
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options) and bool(self.stream_options.include_usage)  # type: ignore[union-attr]
+
+    def stop_list(self) -> list[str]:
+        if not self.stop:
+            return []
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop)
+
+
+class ChatCompletionRequest(SamplingFields, kw_only=True):
+    messages: Annotated[list[ChatMessage], Meta(min_length=1)]
+    max_completion_tokens: NonNegInt | None | UnsetType = UNSET
+    logprobs: bool | None | UnsetType = UNSET
+    top_logprobs: TopLogprobs | None | UnsetType = UNSET
+    response_format: ResponseFormat | None | UnsetType = UNSET
+    tools: list[Tool] | None | UnsetType = UNSET
+    tool_choice: str | dict[str, Any] | None | UnsetType = UNSET
+    parallel_tool_calls: bool | None | UnsetType = UNSET
+
+    def output_limit(self) -> int | None:
+        """The client's cap on generated tokens (max_completion_tokens wins over max_tokens)."""
+        for value in (self.max_completion_tokens, self.max_tokens):
+            if isinstance(value, int):
+                return value
+        return None
+
+
+class CompletionRequest(SamplingFields, kw_only=True):
+    prompt: str | Annotated[list[str | int | list[int]], Meta(min_length=1)]
+    echo: bool | None | UnsetType = UNSET
+    logprobs: Annotated[int, Meta(ge=0, le=5)] | None | UnsetType = UNSET
+    suffix: str | None | UnsetType = UNSET
+    best_of: ChoiceCount | None | UnsetType = UNSET
+
+    def output_limit(self) -> int | None:
+        return self.max_tokens if isinstance(self.max_tokens, int) else None
+
+    def prompts(self) -> list[str] | list[list[int]]:
+        """The prompt as a list: one string, several strings, one or several lists of token ids.
+
+        Raises ValueError on a mixture (the gateway turns it into a 400 on ``prompt``).
+        """
+        if isinstance(self.prompt, str):
+            return [self.prompt]
+        if all(isinstance(p, str) for p in self.prompt):
+            return list(self.prompt)  # type: ignore[arg-type]
+        if all(isinstance(p, int) for p in self.prompt):
+            return [list(self.prompt)]  # type: ignore[list-item]
+        if all(isinstance(p, list) for p in self.prompt):
+            return [list(p) for p in self.prompt]  # type: ignore[union-attr]
+        raise ValueError("prompt must be a string, a list of strings, or token id lists")
+
+
+# ---------------------------------------------------------------- responses
+
+
+class PromptTokensDetails(WireStruct):
+    cached_tokens: int = 0
+
+
+class Usage(WireStruct):
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    total_tokens: int = 0
+    prompt_tokens_details: PromptTokensDetails | UnsetType = UNSET
+
+
+class TopLogprob(WireStruct):
+    token: str
+    logprob: float
+    bytes: list[int] | None = None
+
+
+class TokenLogprob(WireStruct):
+    token: str
+    logprob: float
+    bytes: list[int] | None = None
+    top_logprobs: list[TopLogprob] = msgspec.field(default_factory=list)
+
+
+class ChoiceLogprobs(WireStruct):
+    content: list[TokenLogprob] | None = None
+
+
+class AssistantMessage(WireStruct):
+    role: str = "assistant"
+    content: str | None = None
+    tool_calls: list[ToolCall] | UnsetType = UNSET
+    refusal: str | None | UnsetType = UNSET
+
+
+FinishReason = Literal["stop", "length", "tool_calls", "content_filter", "function_call"]
+
+
+class ChatChoice(WireStruct):
+    index: int
+    message: AssistantMessage
+    finish_reason: FinishReason | None = None
+    logprobs: ChoiceLogprobs | None = None
+
+
+class ChatCompletion(WireStruct):
+    id: str
+    model: str
+    choices: list[ChatChoice]
+    created: int = msgspec.field(default_factory=lambda: int(time.time()))
+    object: str = "chat.completion"
+    usage: Usage | UnsetType = UNSET
+    system_fingerprint: str | None | UnsetType = UNSET
+
+
+class ToolCallDelta(WireStruct):
+    index: int
+    id: str | UnsetType = UNSET
+    type: str | UnsetType = UNSET
+    function: dict[str, Any] | UnsetType = UNSET
+
+
+class ChatDelta(WireStruct):
+    role: str | UnsetType = UNSET
+    content: str | None | UnsetType = UNSET
+    tool_calls: list[ToolCallDelta] | UnsetType = UNSET
+    refusal: str | None | UnsetType = UNSET
+
+
+class ChatChunkChoice(WireStruct):
+    index: int
+    delta: ChatDelta
+    finish_reason: FinishReason | None = None
+    logprobs: ChoiceLogprobs | None = None
+
+
+class ChatCompletionChunk(WireStruct):
+    id: str
+    model: str
+    choices: list[ChatChunkChoice]
+    created: int = msgspec.field(default_factory=lambda: int(time.time()))
+    object: str = "chat.completion.chunk"
+    usage: Usage | None | UnsetType = UNSET
+    system_fingerprint: str | None | UnsetType = UNSET
+
+
+class CompletionLogprobs(WireStruct):
+    tokens: list[str] = msgspec.field(default_factory=list)
+    token_logprobs: list[float | None] = msgspec.field(default_factory=list)
+    top_logprobs: list[dict[str, float] | None] = msgspec.field(default_factory=list)
+    text_offset: list[int] = msgspec.field(default_factory=list)
+
+
+class CompletionChoice(WireStruct):
+    index: int
+    text: str
+    finish_reason: FinishReason | None = None
+    logprobs: CompletionLogprobs | None = None
+
+
+class TextCompletion(WireStruct):
+    """A text completion (``object: text_completion``); also the shape of its stream chunks."""
+
+    id: str
+    model: str
+    choices: list[CompletionChoice]
+    created: int = msgspec.field(default_factory=lambda: int(time.time()))
+    object: str = "text_completion"
+    usage: Usage | None | UnsetType = UNSET
+    system_fingerprint: str | None | UnsetType = UNSET
+
+
+class ModelCard(WireStruct):
+    id: str
+    created: int = 0
+    object: str = "model"
+    owned_by: str = "switchyard"
+    metadata: dict[str, Any] | UnsetType = UNSET
+
+
+class ModelList(WireStruct):
+    data: list[ModelCard]
+    object: str = "list"
+
+
+class ErrorDetail(WireStruct):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorBody(WireStruct):
+    error: ErrorDetail
+
+
+StreamChunk = ChatCompletionChunk | TextCompletion
+Response = ChatCompletion | TextCompletion

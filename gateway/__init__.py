@@ -1,0 +1,1 @@
+"""Switchyard gateway: the OpenAI-compatible HTTP surface and every business rule."""

@@ -1,0 +1,105 @@
+"""The gateway's internal seams: who is calling, may they, and what it cost.
+
+The request path (controllers) depends only on these protocols. The embedded default and the
+production services (SQL-backed keys, Redis quotas, batched usage writer) both implement them,
+and ``gateway.services`` builds the set a running app uses.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+
+@dataclass(frozen=True)
+class Principal:
+    """An authenticated caller."""
+
+    key_id: str
+    tenant_id: str | None  # None for admin keys
+    is_admin: bool = False
+    allowed_models: frozenset[str] | None = None  # None: every model
+    tenant_weight: float = 1.0  # fair-share weight for engine scheduling
+
+    def may_use(self, model: str) -> bool:
+        return self.allowed_models is None or model in self.allowed_models
+
+
+class Authenticator(Protocol):
+    async def authenticate(self, token: str) -> Principal | None:
+        """The principal for a presented bearer token, or None when it is unknown/revoked/expired."""
+        ...
+
+
+@dataclass
+class QuotaState:
+    """One limit's standing after an admission attempt, for the x-ratelimit-* headers."""
+
+    limit: int
+    remaining: int
+    reset_seconds: float
+
+
+@dataclass
+class Ticket:
+    """What an admission reserved; handed back to ``settle``."""
+
+    principal: Principal
+    model: str
+    reserved_tokens: int
+    requests: QuotaState | None = None
+    tokens: QuotaState | None = None
+    token: str = ""  # opaque id of the reservation in the quota store
+
+
+class QuotaExceeded(Exception):
+    def __init__(self, message: str, *, retry_after: float, ticket: Ticket | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.retry_after = retry_after
+        self.ticket = ticket  # carries the limit states for the headers
+
+
+class QuotaUnavailable(Exception):
+    """The quota store cannot be reached and the policy is fail-closed."""
+
+
+class Admission(Protocol):
+    async def admit(self, principal: Principal, model: str, reserve_tokens: int) -> Ticket:
+        """Check and reserve in one atomic step; raise QuotaExceeded or QuotaUnavailable."""
+        ...
+
+    async def settle(self, ticket: Ticket, actual_tokens: int, cost: float) -> None:
+        """Release concurrency, correct reserved tokens to the actual count, add the cost."""
+        ...
+
+
+@dataclass
+class UsageRecord:
+    """One row per request, successful or not."""
+
+    request_id: str
+    key_id: str
+    tenant_id: str | None
+    model: str  # the public model name the client asked for
+    deployment: str | None
+    provider: str | None
+    endpoint: str  # "chat.completions" | "completions"
+    started_at: float  # unix time
+    status: int  # the HTTP status returned to the client (200 for a stream cut off mid-way)
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    exact: bool = True
+    cost: float = 0.0
+    error_type: str | None = None
+    latency_ms: float = 0.0
+    ttft_ms: float | None = None
+    stream: bool = False
+    extra: dict[str, str] = field(default_factory=dict)
+
+
+class UsageSink(Protocol):
+    def record(self, record: UsageRecord) -> None:
+        """Queue a record; never blocks the request path, never raises."""
+        ...

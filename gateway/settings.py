@@ -1,0 +1,189 @@
+"""Typed settings, loaded from YAML.
+
+- ``${VAR}`` and ``${VAR:-default}`` in any string value are replaced from the environment, so
+  secrets stay out of config files. An unset ``${VAR}`` without a default is an error naming it.
+- Environment variables ``SWITCHYARD__SECTION__KEY=value`` override keys after loading
+  (the value is parsed as a YAML scalar: ``SWITCHYARD__SERVER__PORT=9000``).
+- Validation errors name the offending key: ``config error at models[0].deployments[1].weight``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import msgspec
+import yaml
+from msgspec import Meta, Struct
+
+ENV_PREFIX = "SWITCHYARD__"
+_ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+
+Seconds = Annotated[float, Meta(gt=0)]
+
+
+class ConfigError(ValueError):
+    """Invalid configuration; the message names the key and the problem."""
+
+
+class Conf(Struct, forbid_unknown_fields=True, kw_only=True):
+    """Base for config sections: unknown keys are errors (typos must not pass silently)."""
+
+
+class ServerConfig(Conf):
+    host: str = "127.0.0.1"
+    port: Annotated[int, Meta(ge=0, le=65535)] = 8000
+    max_body_bytes: Annotated[int, Meta(ge=1024)] = 4 * 1024 * 1024
+    workers: Annotated[int, Meta(ge=1)] = 1
+
+
+class DatabaseConfig(Conf):
+    url: str = "sqlite+aiosqlite:///var/switchyard.db"
+
+
+class RedisConfig(Conf):
+    url: str | None = None  # None: the in-process quota store (embedded default)
+    on_unavailable: Literal["fail_closed", "fail_open"] = "fail_closed"
+
+
+class AuthConfig(Conf):
+    admin_key: str | None = None  # a bootstrap admin key (use ${ENV}); tenants' keys live in SQL
+    key_cache_seconds: Annotated[float, Meta(ge=0, le=5)] = 2.0
+
+
+class Timeouts(Conf):
+    connect: Seconds = 5.0
+    first_byte: Seconds = 60.0  # until response headers / first stream chunk
+    total: Seconds = 600.0
+
+
+class DeploymentConfig(Conf):
+    """One provider endpoint serving one upstream model."""
+
+    provider: Literal["openai", "anthropic", "local", "transformers"]
+    model: str  # the upstream model name, or a local folder for "local"/"transformers"
+    name: str | None = None  # defaults to "<provider>:<model>"
+    api_base: str | None = None
+    api_key: str | None = None  # use ${ENV_VAR}; never commit a secret
+    weight: Annotated[float, Meta(gt=0)] = 1.0
+    max_concurrency: Annotated[int, Meta(ge=1)] | None = None
+    tokens_per_minute: Annotated[int, Meta(ge=1)] | None = None
+    context_window: Annotated[int, Meta(ge=1)] | None = None
+    timeouts: Timeouts = msgspec.field(default_factory=Timeouts)
+    options: dict[str, Any] = msgspec.field(default_factory=dict)  # provider-specific (engine args)
+
+    @property
+    def id(self) -> str:
+        return self.name or f"{self.provider}:{self.model}"
+
+
+class ModelGroupConfig(Conf):
+    """A public model name and the deployments behind it."""
+
+    name: str
+    deployments: Annotated[list[DeploymentConfig], Meta(min_length=1)]
+    aliases: list[str] = msgspec.field(default_factory=list)
+    strategy: Literal["weighted", "least_busy", "lowest_latency", "priority"] = "weighted"
+    fallbacks: list[str] = msgspec.field(default_factory=list)
+    context_window_fallbacks: list[str] = msgspec.field(default_factory=list)
+    max_retries: Annotated[int, Meta(ge=0, le=10)] = 2
+    owned_by: str = "switchyard"
+
+
+class PriceConfig(Conf):
+    input_per_million: Annotated[float, Meta(ge=0)] = 0.0
+    output_per_million: Annotated[float, Meta(ge=0)] = 0.0
+    cached_input_per_million: Annotated[float, Meta(ge=0)] | None = None
+
+
+class Settings(Conf):
+    server: ServerConfig = msgspec.field(default_factory=ServerConfig)
+    database: DatabaseConfig = msgspec.field(default_factory=DatabaseConfig)
+    redis: RedisConfig = msgspec.field(default_factory=RedisConfig)
+    auth: AuthConfig = msgspec.field(default_factory=AuthConfig)
+    models: list[ModelGroupConfig] = msgspec.field(default_factory=list)
+    prices: dict[str, PriceConfig] = msgspec.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        seen: set[str] = set()
+        for i, group in enumerate(self.models):
+            for name in (group.name, *group.aliases):
+                if name in seen:
+                    raise ValueError(f"model name {name!r} is defined twice (models[{i}])")
+                seen.add(name)
+
+
+def _interpolate(value: Any, path: str, env: dict[str, str]) -> Any:
+    if isinstance(value, str):
+
+        def sub(m: re.Match[str]) -> str:
+            name, default = m.group(1), m.group(2)
+            if name in env:
+                return env[name]
+            if default is not None:
+                return default
+            raise ConfigError(f"config error at {path or '<root>'}: environment variable {name} is not set")
+
+        return _ENV_REF.sub(sub, value)
+    if isinstance(value, dict):
+        return {k: _interpolate(v, f"{path}.{k}" if path else str(k), env) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_interpolate(v, f"{path}[{i}]", env) for i, v in enumerate(value)]
+    return value
+
+
+def _apply_env_overrides(raw: dict[str, Any], env: dict[str, str]) -> None:
+    for var, text in env.items():
+        if not var.startswith(ENV_PREFIX):
+            continue
+        keys = [k.lower() for k in var[len(ENV_PREFIX) :].split("__") if k]
+        if not keys:
+            continue
+        node = raw
+        for key in keys[:-1]:
+            child = node.get(key)
+            if not isinstance(child, dict):
+                child = {}
+                node[key] = child
+            node = child
+        node[keys[-1]] = yaml.safe_load(text) if text != "" else None
+
+
+def _path_of(msg: str) -> tuple[str, str]:
+    """Split msgspec's "Expected ... - at `$.a.b[0]`" into (problem, "a.b[0]")."""
+    problem, sep, where = msg.rpartition(" - at `")
+    if not sep:
+        return msg, "<root>"
+    return problem, where.rstrip("`").removeprefix("$.").removeprefix("$") or "<root>"
+
+
+def parse_settings(raw: Any, env: dict[str, str] | None = None) -> Settings:
+    env = dict(os.environ) if env is None else env
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise ConfigError("config error at <root>: expected a mapping of sections")
+    raw = _interpolate(raw, "", env)
+    _apply_env_overrides(raw, env)
+    try:
+        return msgspec.convert(raw, Settings, strict=False)
+    except msgspec.ValidationError as exc:
+        problem, where = _path_of(str(exc))
+        raise ConfigError(f"config error at {where}: {problem}") from None
+
+
+def load_settings(path: str | Path | None = None, env: dict[str, str] | None = None) -> Settings:
+    """Load settings from ``path`` (default: $SWITCHYARD_CONFIG or config/default.yaml)."""
+    env = dict(os.environ) if env is None else env
+    path = Path(path or env.get("SWITCHYARD_CONFIG") or "config/default.yaml")
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config file {path} is not valid YAML: {exc}") from None
+    return parse_settings(raw, env)
