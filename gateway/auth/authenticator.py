@@ -1,0 +1,95 @@
+"""The SQL-backed Authenticator: bearer token -> hash -> key row -> Principal.
+
+Lookups are cached in process for ``ttl`` seconds (at most 5), so a revocation or a disabled
+tenant is seen by every replica within that time. Expiry is checked on every call against the
+cached expiry time, so it is exact. Unknown tokens are cached too (bounded), which keeps a flood
+of bad keys off the database. The cache is keyed by the hash, never the key.
+"""
+
+from __future__ import annotations
+
+import hmac
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from sqlalchemy import select
+
+from gateway.auth.keys import hash_key, looks_like_key, same_secret
+from gateway.contracts import Principal
+from gateway.db.engine import Database
+from gateway.db.models import ApiKey, Tenant
+
+ADMIN_KEY_ID = "admin:config"  # the principal id of the bootstrap admin key from settings
+
+
+@dataclass(frozen=True)
+class _Entry:
+    principal: Principal | None
+    expires_at: float | None  # unix time the key stops working, None: never
+    fetched: float
+
+
+class SqlAuthenticator:
+    def __init__(
+        self, db: Database, *, ttl: float = 2.0, admin_key: str | None = None, max_entries: int = 10_000
+    ) -> None:
+        self.db = db
+        self.ttl = min(ttl, 5.0)
+        self.admin_key = admin_key
+        self.max_entries = max_entries
+        self._cache: OrderedDict[str, _Entry] = OrderedDict()
+
+    async def authenticate(self, token: str) -> Principal | None:
+        if self.admin_key and same_secret(token, self.admin_key):
+            return Principal(key_id=ADMIN_KEY_ID, tenant_id=None, is_admin=True)
+        if not looks_like_key(token):
+            return None
+        digest = hash_key(token)
+        now = time.time()
+        entry = self._cache.get(digest)
+        if entry is None or now - entry.fetched >= self.ttl:
+            entry = await self._load(digest, now)
+            self._remember(digest, entry)
+        if entry.expires_at is not None and now >= entry.expires_at:
+            return None
+        return entry.principal
+
+    def invalidate(self) -> None:
+        """Forget everything cached (this process's admin operations call it)."""
+        self._cache.clear()
+
+    def _remember(self, digest: str, entry: _Entry) -> None:
+        self._cache[digest] = entry
+        self._cache.move_to_end(digest)
+        while len(self._cache) > self.max_entries:
+            self._cache.popitem(last=False)
+
+    async def _load(self, digest: str, now: float) -> _Entry:
+        query = (
+            select(ApiKey, Tenant)
+            .outerjoin(Tenant, Tenant.id == ApiKey.tenant_id)
+            .where(ApiKey.key_hash == digest)
+        )
+        async with self.db.session() as session:
+            row = (await session.execute(query)).first()
+        if row is None:
+            return _Entry(None, None, now)
+        key, tenant = row
+        if not same_hash(key.key_hash, digest) or key.revoked_at is not None:
+            return _Entry(None, None, now)
+        if not key.is_admin and (tenant is None or tenant.status != "active"):
+            return _Entry(None, None, now)
+        principal = Principal(
+            key_id=key.id,
+            tenant_id=None if key.is_admin else key.tenant_id,
+            is_admin=key.is_admin,
+            allowed_models=frozenset(key.allowed_models) if key.allowed_models else None,
+            tenant_weight=tenant.weight if tenant is not None else 1.0,
+        )
+        expires = key.expires_at.timestamp() if key.expires_at else None
+        return _Entry(principal, expires, now)
+
+
+def same_hash(a: str, b: str) -> bool:
+    return hmac.compare_digest(a.encode(), b.encode())

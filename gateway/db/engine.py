@@ -1,0 +1,76 @@
+"""The async engine and session factory, for SQLite (embedded) and PostgreSQL (production)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from sqlalchemy import event
+from sqlalchemy.engine import URL, make_url
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
+
+
+def normalise_url(url: str) -> URL:
+    """Pick the async driver for plain ``sqlite://`` / ``postgresql://`` URLs."""
+    parsed = make_url(url)
+    if parsed.drivername in ("sqlite", "sqlite+pysqlite"):
+        parsed = parsed.set(drivername="sqlite+aiosqlite")
+    elif parsed.drivername in ("postgresql", "postgres", "postgresql+psycopg2"):
+        parsed = parsed.set(drivername="postgresql+asyncpg")
+    return parsed
+
+
+def safe_url(url: str | URL) -> str:
+    """The URL for messages: never the password."""
+    parsed = url if isinstance(url, URL) else make_url(url)
+    return parsed.render_as_string(hide_password=True)
+
+
+def ensure_sqlite_dir(url: URL) -> None:
+    if url.get_backend_name() == "sqlite" and url.database and url.database != ":memory:":
+        Path(url.database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+
+
+def make_engine(url: str, *, pool_size: int = 10) -> AsyncEngine:
+    parsed = normalise_url(url)
+    ensure_sqlite_dir(parsed)
+    if parsed.get_backend_name() == "sqlite":
+        engine = create_async_engine(parsed, connect_args={"timeout": 30})
+
+        @event.listens_for(engine.sync_engine, "connect")
+        def _pragmas(dbapi_conn, _record) -> None:  # type: ignore[no-untyped-def]
+            cur = dbapi_conn.cursor()
+            cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute("PRAGMA foreign_keys=ON")
+            cur.execute("PRAGMA busy_timeout=30000")
+            cur.close()
+
+        return engine
+    return create_async_engine(parsed, pool_size=pool_size, max_overflow=pool_size, pool_pre_ping=True)
+
+
+@dataclass
+class Database:
+    """One engine plus its session factory; shared by the authenticator, quotas, usage and admin."""
+
+    engine: AsyncEngine
+    sessions: async_sessionmaker[AsyncSession]
+
+    @classmethod
+    def from_url(cls, url: str) -> Database:
+        engine = make_engine(url)
+        return cls(engine, async_sessionmaker(engine, expire_on_commit=False))
+
+    @property
+    def dialect(self) -> str:
+        return self.engine.dialect.name
+
+    @asynccontextmanager
+    async def session(self) -> AsyncIterator[AsyncSession]:
+        async with self.sessions() as session:
+            yield session
+
+    async def dispose(self) -> None:
+        await self.engine.dispose()

@@ -1,0 +1,151 @@
+"""The SQL data model: tenants, API keys, limits, usage records and model prices.
+
+Identifiers are short public strings (``ten_…``, ``key_…``) so they can appear in URLs, logs and
+usage rows; secrets never do (keys are stored as a SHA-256 hash plus a short visible prefix).
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    UniqueConstraint,
+)
+from sqlalchemy.engine import Dialect
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.types import TypeDecorator
+
+NAMING = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """A timezone-aware UTC datetime on every backend (SQLite stores naive text)."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            value = value.replace(tzinfo=UTC)
+        value = value.astimezone(UTC)
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value: Any, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+BigId = BigInteger().with_variant(Integer, "sqlite")  # SQLite autoincrements only INTEGER keys
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING)
+
+
+class Tenant(Base):
+    __tablename__ = "tenants"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    name: Mapped[str] = mapped_column(String(200), unique=True)
+    status: Mapped[str] = mapped_column(String(16), default="active")  # active | disabled
+    weight: Mapped[float] = mapped_column(Float, default=1.0)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class ApiKey(Base):
+    __tablename__ = "api_keys"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    tenant_id: Mapped[str | None] = mapped_column(
+        String(40), ForeignKey("tenants.id", ondelete="CASCADE"), index=True
+    )
+    name: Mapped[str] = mapped_column(String(200), default="")
+    prefix: Mapped[str] = mapped_column(String(16))
+    key_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    is_admin: Mapped[bool] = mapped_column(Boolean, default=False)
+    allowed_models: Mapped[list[str] | None] = mapped_column(JSON, default=None)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime, default=None)
+    revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime, default=None)
+    rotated_from: Mapped[str | None] = mapped_column(String(40), default=None)
+
+
+class Limit(Base):
+    """Quotas for one tenant or one key; a missing field means "no limit"."""
+
+    __tablename__ = "limits"
+    __table_args__ = (UniqueConstraint("scope", "scope_id", name="uq_limits_scope"),)
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    scope: Mapped[str] = mapped_column(String(8))  # tenant | key
+    scope_id: Mapped[str] = mapped_column(String(40))
+    requests_per_minute: Mapped[int | None] = mapped_column(Integer, default=None)
+    tokens_per_minute: Mapped[int | None] = mapped_column(Integer, default=None)
+    max_concurrency: Mapped[int | None] = mapped_column(Integer, default=None)
+    token_budget: Mapped[int | None] = mapped_column(BigInteger, default=None)
+    cost_budget: Mapped[float | None] = mapped_column(Float, default=None)  # USD
+    budget_period: Mapped[str] = mapped_column(String(8), default="month")  # day | month | total
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, onupdate=utcnow)
+
+
+class UsageRow(Base):
+    """One row per request, successful or not; ``request_id`` makes writes idempotent."""
+
+    __tablename__ = "usage_records"
+    __table_args__ = (Index("ix_usage_tenant_started", "tenant_id", "started_at"),)
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    request_id: Mapped[str] = mapped_column(String(64), unique=True)
+    tenant_id: Mapped[str | None] = mapped_column(String(40))
+    key_id: Mapped[str] = mapped_column(String(40), index=True)
+    model: Mapped[str] = mapped_column(String(200))
+    deployment: Mapped[str | None] = mapped_column(String(200))
+    provider: Mapped[str | None] = mapped_column(String(40))
+    endpoint: Mapped[str] = mapped_column(String(40))
+    stream: Mapped[bool] = mapped_column(Boolean, default=False)
+    prompt_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    completion_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    cached_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    exact: Mapped[bool] = mapped_column(Boolean, default=True)
+    cost: Mapped[float] = mapped_column(Float, default=0.0)
+    status: Mapped[int] = mapped_column(Integer)
+    error_type: Mapped[str | None] = mapped_column(String(64))
+    latency_ms: Mapped[float] = mapped_column(Float, default=0.0)
+    ttft_ms: Mapped[float | None] = mapped_column(Float)
+    started_at: Mapped[datetime] = mapped_column(UTCDateTime, index=True)
+
+
+class ModelPrice(Base):
+    """USD per million tokens for a public model name (set by config, or by the admin API)."""
+
+    __tablename__ = "model_prices"
+
+    model: Mapped[str] = mapped_column(String(200), primary_key=True)
+    input_per_million: Mapped[float] = mapped_column(Float, default=0.0)
+    output_per_million: Mapped[float] = mapped_column(Float, default=0.0)
+    cached_input_per_million: Mapped[float | None] = mapped_column(Float, default=None)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, onupdate=utcnow)

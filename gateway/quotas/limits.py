@@ -1,0 +1,107 @@
+"""What a caller may use: the limits of its key and of its tenant, read from SQL and cached."""
+
+from __future__ import annotations
+
+import calendar
+import time
+from dataclasses import dataclass, fields
+from datetime import UTC, datetime
+from typing import Literal
+
+from sqlalchemy import and_, or_, select
+
+from gateway.contracts import Principal
+from gateway.db.engine import Database
+from gateway.db.models import Limit
+
+Period = Literal["day", "month", "total"]
+WINDOW_SECONDS = 60  # requests/min and tokens/min are sliding windows of one-second buckets
+
+
+@dataclass(frozen=True)
+class Limits:
+    """None means "no limit" for that dimension."""
+
+    requests_per_minute: int | None = None
+    tokens_per_minute: int | None = None
+    max_concurrency: int | None = None
+    token_budget: int | None = None
+    cost_budget: float | None = None  # USD
+    budget_period: Period = "month"
+
+    @classmethod
+    def from_row(cls, row: Limit) -> Limits:
+        return cls(
+            requests_per_minute=row.requests_per_minute,
+            tokens_per_minute=row.tokens_per_minute,
+            max_concurrency=row.max_concurrency,
+            token_budget=row.token_budget,
+            cost_budget=row.cost_budget,
+            budget_period=row.budget_period,  # type: ignore[arg-type]
+        )
+
+    def as_dict(self) -> dict[str, object]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+@dataclass(frozen=True)
+class Scope:
+    """One counted subject: ``kind`` is "key" or "tenant"."""
+
+    kind: str
+    id: str
+    limits: Limits
+
+    @property
+    def label(self) -> str:
+        return f"{self.kind} {self.id}"
+
+
+def period_id(period: Period, now: float) -> tuple[str, int]:
+    """The budget bucket for ``now`` and how many seconds until it ends (0: never)."""
+    t = datetime.fromtimestamp(now, UTC)
+    if period == "day":
+        end = datetime(t.year, t.month, t.day, tzinfo=UTC).timestamp() + 86400
+        return t.strftime("d%Y%m%d"), max(1, int(end - now) + 1)
+    if period == "month":
+        days = calendar.monthrange(t.year, t.month)[1]
+        end = datetime(t.year, t.month, 1, tzinfo=UTC).timestamp() + days * 86400
+        return t.strftime("m%Y%m"), max(1, int(end - now) + 1)
+    return "total", 0
+
+
+class LimitsSource:
+    """Limits for a principal's key and tenant, cached for ``ttl`` seconds (changes apply within it)."""
+
+    def __init__(self, db: Database, *, ttl: float = 2.0) -> None:
+        self.db = db
+        self.ttl = ttl
+        self._cache: dict[tuple[str, str | None], tuple[float, list[Scope]]] = {}
+
+    async def scopes(self, principal: Principal) -> list[Scope]:
+        cache_key = (principal.key_id, principal.tenant_id)
+        hit = self._cache.get(cache_key)
+        now = time.monotonic()
+        if hit is not None and now - hit[0] < self.ttl:
+            return hit[1]
+        scopes = await self._load(principal)
+        if len(self._cache) > 50_000:
+            self._cache.clear()
+        self._cache[cache_key] = (now, scopes)
+        return scopes
+
+    async def _load(self, principal: Principal) -> list[Scope]:
+        wanted = [and_(Limit.scope == "key", Limit.scope_id == principal.key_id)]
+        if principal.tenant_id is not None:
+            wanted.append(and_(Limit.scope == "tenant", Limit.scope_id == principal.tenant_id))
+        async with self.db.session() as session:
+            rows = (await session.scalars(select(Limit).where(or_(*wanted)))).all()
+        found = {(r.scope, r.scope_id): Limits.from_row(r) for r in rows}
+        scopes = [Scope("key", principal.key_id, found.get(("key", principal.key_id), Limits()))]
+        if principal.tenant_id is not None:
+            tid = principal.tenant_id
+            scopes.append(Scope("tenant", tid, found.get(("tenant", tid), Limits())))
+        return scopes
+
+    def invalidate(self) -> None:
+        self._cache.clear()

@@ -1,0 +1,185 @@
+"""Quotas in Redis: one Lua script per admission (one round trip, atomic across replicas).
+
+The scripts mirror ``MemoryStore`` exactly. Per scope there are four keys:
+``<prefix>:<kind>:<id>:rq`` and ``:tk`` (hashes second -> count, the 60 s sliding windows),
+``:cc`` (sorted set of in-flight tickets scored by lease end) and ``:bd:<period>`` (hash with
+``tokens`` and ``micros`` spent plus reserved in the budget period).
+"""
+
+from __future__ import annotations
+
+from redis.asyncio import BlockingConnectionPool, Redis
+
+from gateway.contracts import QuotaState
+from gateway.quotas.limits import WINDOW_SECONDS, period_id
+from gateway.quotas.store import Decision, Lease, Reservation, budget_retry
+
+KEYS_PER_SCOPE = 4
+ARGS_PER_SCOPE = 6
+NONE = -1  # "no limit" in script arguments and results
+
+RESERVE = """
+local now = tonumber(ARGV[1])
+local sec = math.floor(now)
+local ticket = ARGV[2]
+local tokens = tonumber(ARGV[3])
+local micros = tonumber(ARGV[4])
+local lease = tonumber(ARGV[5])
+local win = tonumber(ARGV[6])
+local nscopes = #KEYS / 4
+
+local function window(key)
+  local data = redis.call('HGETALL', key)
+  local used, oldest, stale = 0, nil, {}
+  for i = 1, #data, 2 do
+    local s = tonumber(data[i])
+    if s <= sec - win then
+      stale[#stale + 1] = data[i]
+    else
+      used = used + tonumber(data[i + 1])
+      if oldest == nil or s < oldest then oldest = s end
+    end
+  end
+  if #stale > 0 then redis.call('HDEL', key, unpack(stale)) end
+  return used, (oldest or sec)
+end
+
+local req = {-1, -1, -1}
+local tok = {-1, -1, -1}
+local function tighter(state, limit, remaining, reset)
+  if remaining < 0 then remaining = 0 end
+  if state[1] == -1 or remaining < state[2] then return {limit, remaining, reset} end
+  return state
+end
+local function reject(reason, i, retry_ms, rq, tk)
+  return {0, reason, i - 1, retry_ms, rq[1], rq[2], rq[3], tk[1], tk[2], tk[3]}
+end
+
+for i = 1, nscopes do
+  local k = (i - 1) * 4
+  local a = 6 + (i - 1) * 6
+  local rpm, tpm, conc = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])
+  local tbudget, mbudget = tonumber(ARGV[a + 4]), tonumber(ARGV[a + 5])
+  local rq_used, rq_oldest = window(KEYS[k + 1])
+  local tk_used, tk_oldest = window(KEYS[k + 2])
+  redis.call('ZREMRANGEBYSCORE', KEYS[k + 3], '-inf', now)
+  if rpm >= 0 then
+    local reset = math.floor((rq_oldest + win - now) * 1000)
+    if rq_used + 1 > rpm then return reject('requests', i, reset, {rpm, 0, reset}, tok) end
+    req = tighter(req, rpm, rpm - rq_used - 1, reset)
+  end
+  if tpm >= 0 then
+    local reset = math.floor((tk_oldest + win - now) * 1000)
+    if tk_used + tokens > tpm then return reject('tokens', i, reset, req, {tpm, tpm - tk_used, reset}) end
+    tok = tighter(tok, tpm, tpm - tk_used - tokens, reset)
+  end
+  if conc >= 0 and redis.call('ZCARD', KEYS[k + 3]) + 1 > conc then
+    return reject('concurrency', i, 1000, req, tok)
+  end
+  if tbudget >= 0 or mbudget >= 0 then
+    local spent = redis.call('HMGET', KEYS[k + 4], 'tokens', 'micros')
+    if tbudget >= 0 and (tonumber(spent[1]) or 0) + tokens > tbudget then
+      return reject('token_budget', i, -1, req, tok)
+    end
+    if mbudget >= 0 and (tonumber(spent[2]) or 0) + micros > mbudget then
+      return reject('cost_budget', i, -1, req, tok)
+    end
+  end
+end
+
+for i = 1, nscopes do
+  local k = (i - 1) * 4
+  local budget_ttl = tonumber(ARGV[6 + (i - 1) * 6 + 6])
+  redis.call('HINCRBY', KEYS[k + 1], sec, 1)
+  redis.call('EXPIRE', KEYS[k + 1], win * 2)
+  redis.call('HINCRBY', KEYS[k + 2], sec, tokens)
+  redis.call('EXPIRE', KEYS[k + 2], win * 2)
+  redis.call('ZADD', KEYS[k + 3], now + lease, ticket)
+  redis.call('EXPIRE', KEYS[k + 3], math.ceil(lease))
+  redis.call('HINCRBY', KEYS[k + 4], 'tokens', tokens)
+  redis.call('HINCRBY', KEYS[k + 4], 'micros', micros)
+  if budget_ttl > 0 then redis.call('EXPIRE', KEYS[k + 4], budget_ttl + 86400) end
+end
+return {1, '', -1, 0, req[1], req[2], req[3], tok[1], tok[2], tok[3]}
+"""
+
+SETTLE = """
+local ticket = ARGV[1]
+local sec = ARGV[2]
+local dtokens = tonumber(ARGV[3])
+local dmicros = tonumber(ARGV[4])
+for k = 1, #KEYS, 3 do
+  if redis.call('HEXISTS', KEYS[k], sec) == 1 then redis.call('HINCRBY', KEYS[k], sec, dtokens) end
+  redis.call('ZREM', KEYS[k + 1], ticket)
+  if redis.call('EXISTS', KEYS[k + 2]) == 1 then
+    redis.call('HINCRBY', KEYS[k + 2], 'tokens', dtokens)
+    redis.call('HINCRBY', KEYS[k + 2], 'micros', dmicros)
+  end
+end
+return 1
+"""
+
+
+def connect_redis(url: str, *, max_connections: int = 64, timeout: float = 2.0) -> Redis:
+    """A client whose pool waits for a free connection instead of failing under bursts;
+    socket timeouts keep an unreachable Redis from hanging a request."""
+    pool = BlockingConnectionPool.from_url(
+        url, max_connections=max_connections, timeout=timeout, socket_timeout=timeout, socket_connect_timeout=timeout
+    )
+    return Redis(connection_pool=pool)
+
+
+def _limit(value: int | None) -> int:
+    return NONE if value is None else int(value)
+
+
+def _state(limit: int, remaining: int, reset_ms: int) -> QuotaState | None:
+    if limit == NONE:
+        return None
+    return QuotaState(limit=limit, remaining=remaining, reset_seconds=max(0.0, reset_ms / 1000))
+
+
+class RedisStore:
+    def __init__(self, redis: Redis, *, prefix: str = "sy:q") -> None:
+        self.redis = redis
+        self.prefix = prefix
+        self._reserve = redis.register_script(RESERVE)
+        self._settle = redis.register_script(SETTLE)
+
+    def _base(self, kind: str, sid: str) -> str:
+        return f"{self.prefix}:{kind}:{sid}"
+
+    async def reserve(self, r: Reservation) -> Decision:
+        keys: list[str] = []
+        args: list[float | int | str] = [r.now, r.ticket_id, r.tokens, r.micros, r.lease_seconds, WINDOW_SECONDS]
+        for scope in r.scopes:
+            lim = scope.limits
+            pid, ttl = period_id(lim.budget_period, r.now)
+            base = self._base(scope.kind, scope.id)
+            keys += [base + ":rq", base + ":tk", base + ":cc", f"{base}:bd:{pid}"]
+            cost = NONE if lim.cost_budget is None else round(lim.cost_budget * 1e6)
+            args += [
+                _limit(lim.requests_per_minute),
+                _limit(lim.tokens_per_minute),
+                _limit(lim.max_concurrency),
+                _limit(lim.token_budget),
+                cost,
+                ttl,
+            ]
+        out = await self._reserve(keys=keys, args=args)
+        ok, reason, index, retry_ms = int(out[0]), out[1], int(out[2]), int(out[3])
+        reason = reason.decode() if isinstance(reason, bytes) else str(reason)
+        req = _state(int(out[4]), int(out[5]), int(out[6]))
+        tok = _state(int(out[7]), int(out[8]), int(out[9]))
+        if ok:
+            return Decision(True, requests=req, tokens=tok)
+        retry = budget_retry(r, r.scopes[index]) if retry_ms < 0 else max(retry_ms / 1000, 0.001)
+        return Decision(False, reason, index, retry, req, tok)
+
+    async def settle(self, lease: Lease, now: float, actual_tokens: int, actual_micros: int) -> None:
+        keys: list[str] = []
+        for kind, sid, pid in lease.scopes:
+            base = self._base(kind, sid)
+            keys += [base + ":tk", base + ":cc", f"{base}:bd:{pid}"]
+        args = [lease.ticket_id, lease.second, actual_tokens - lease.tokens, actual_micros - lease.micros]
+        await self._settle(keys=keys, args=args)

@@ -1,0 +1,148 @@
+"""The quota store seam, and the in-process store for the embedded default.
+
+A store checks and reserves every limit of every scope in one atomic step, or reserves nothing.
+``RedisStore`` (``redis_store.py``) runs the same algorithm as a Lua script; this module's
+``MemoryStore`` is its reference, with identical semantics inside one process:
+
+- requests/min and tokens/min: a sliding window of 60 one-second buckets; admit when
+  ``used + this <= limit``;
+- concurrency: leases that end at settle (or after ``lease_seconds`` if a process died);
+- budgets: tokens and micro-dollars per period bucket, reserved at admit, corrected at settle.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from gateway.contracts import QuotaState
+from gateway.quotas.limits import WINDOW_SECONDS, Scope, period_id
+
+
+@dataclass(frozen=True)
+class Reservation:
+    ticket_id: str
+    now: float
+    tokens: int
+    micros: int  # money reserved, in millionths of a dollar
+    scopes: list[Scope]
+    lease_seconds: float = 3600.0
+
+
+@dataclass(frozen=True)
+class Decision:
+    admitted: bool
+    reason: str = ""  # requests | tokens | concurrency | token_budget | cost_budget
+    scope_index: int = -1
+    retry_after: float = 0.0
+    requests: QuotaState | None = None
+    tokens: QuotaState | None = None
+
+
+@dataclass(frozen=True)
+class Lease:
+    """What settle needs to undo or correct a reservation."""
+
+    ticket_id: str
+    second: int
+    tokens: int
+    micros: int
+    scopes: list[tuple[str, str, str]]  # (kind, id, budget period id)
+
+
+class QuotaStore(Protocol):
+    async def reserve(self, r: Reservation) -> Decision: ...
+
+    async def settle(self, lease: Lease, now: float, actual_tokens: int, actual_micros: int) -> None: ...
+
+
+def lease_for(r: Reservation) -> Lease:
+    scopes = [(s.kind, s.id, period_id(s.limits.budget_period, r.now)[0]) for s in r.scopes]
+    return Lease(r.ticket_id, math.floor(r.now), r.tokens, r.micros, scopes)
+
+
+def budget_retry(r: Reservation, scope: Scope) -> float:
+    ends_in = period_id(scope.limits.budget_period, r.now)[1]
+    return float(ends_in) if ends_in else 3600.0
+
+
+def tighter(current: QuotaState | None, limit: int, remaining: int, reset: float) -> QuotaState:
+    """Keep the most restrictive of several scopes' states for the headers."""
+    if current is None or remaining < current.remaining:
+        return QuotaState(limit=limit, remaining=max(0, remaining), reset_seconds=max(0.0, reset))
+    return current
+
+
+@dataclass
+class _Window:
+    buckets: dict[int, int] = field(default_factory=dict)
+
+    def used(self, sec: int) -> tuple[int, int | None]:
+        for s in [s for s in self.buckets if s <= sec - WINDOW_SECONDS]:
+            del self.buckets[s]
+        return sum(self.buckets.values()), min(self.buckets, default=None)
+
+
+class MemoryStore:
+    """Quota state in this process (the embedded default: one gateway process, no Redis)."""
+
+    def __init__(self) -> None:
+        self._windows: dict[str, _Window] = {}
+        self._leases: dict[str, dict[str, float]] = {}
+        self._budgets: dict[str, list[int]] = {}  # [tokens, micros]
+
+    def _window(self, key: str) -> _Window:
+        return self._windows.setdefault(key, _Window())
+
+    async def reserve(self, r: Reservation) -> Decision:
+        sec = math.floor(r.now)
+        req_state: QuotaState | None = None
+        tok_state: QuotaState | None = None
+        for i, scope in enumerate(r.scopes):
+            lim, base = scope.limits, f"{scope.kind}:{scope.id}"
+            req_used, req_oldest = self._window(base + ":rq").used(sec)
+            tok_used, tok_oldest = self._window(base + ":tk").used(sec)
+            leases = self._leases.setdefault(base, {})
+            for tid in [t for t, until in leases.items() if until <= r.now]:
+                del leases[tid]
+            budget = self._budgets.get(f"{base}:{period_id(lim.budget_period, r.now)[0]}", [0, 0])
+            if lim.requests_per_minute is not None:
+                reset = (req_oldest if req_oldest is not None else sec) + WINDOW_SECONDS - r.now
+                if req_used + 1 > lim.requests_per_minute:
+                    state = tighter(None, lim.requests_per_minute, 0, reset)
+                    return Decision(False, "requests", i, reset, state, tok_state)
+                req_state = tighter(req_state, lim.requests_per_minute, lim.requests_per_minute - req_used - 1, reset)
+            if lim.tokens_per_minute is not None:
+                reset = (tok_oldest if tok_oldest is not None else sec) + WINDOW_SECONDS - r.now
+                if tok_used + r.tokens > lim.tokens_per_minute:
+                    state = tighter(None, lim.tokens_per_minute, lim.tokens_per_minute - tok_used, reset)
+                    return Decision(False, "tokens", i, reset, req_state, state)
+                tok_state = tighter(tok_state, lim.tokens_per_minute, lim.tokens_per_minute - tok_used - r.tokens, reset)
+            if lim.max_concurrency is not None and len(leases) + 1 > lim.max_concurrency:
+                return Decision(False, "concurrency", i, 1.0, req_state, tok_state)
+            if lim.token_budget is not None and budget[0] + r.tokens > lim.token_budget:
+                return Decision(False, "token_budget", i, budget_retry(r, scope), req_state, tok_state)
+            if lim.cost_budget is not None and budget[1] + r.micros > round(lim.cost_budget * 1e6):
+                return Decision(False, "cost_budget", i, budget_retry(r, scope), req_state, tok_state)
+        for scope in r.scopes:
+            base = f"{scope.kind}:{scope.id}"
+            rq, tk = self._window(base + ":rq").buckets, self._window(base + ":tk").buckets
+            rq[sec] = rq.get(sec, 0) + 1
+            tk[sec] = tk.get(sec, 0) + r.tokens
+            self._leases[base][r.ticket_id] = r.now + r.lease_seconds
+            budget = self._budgets.setdefault(f"{base}:{period_id(scope.limits.budget_period, r.now)[0]}", [0, 0])
+            budget[0] += r.tokens
+            budget[1] += r.micros
+        return Decision(True, requests=req_state, tokens=tok_state)
+
+    async def settle(self, lease: Lease, now: float, actual_tokens: int, actual_micros: int) -> None:
+        for kind, sid, pid in lease.scopes:
+            base = f"{kind}:{sid}"
+            tk = self._window(base + ":tk").buckets
+            if lease.second in tk:
+                tk[lease.second] += actual_tokens - lease.tokens
+            self._leases.get(base, {}).pop(lease.ticket_id, None)
+            budget = self._budgets.setdefault(f"{base}:{pid}", [0, 0])
+            budget[0] += actual_tokens - lease.tokens
+            budget[1] += actual_micros - lease.micros

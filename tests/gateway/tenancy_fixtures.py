@@ -1,0 +1,115 @@
+"""Fixtures for the tenants/keys/quotas/usage tests: real PostgreSQL, Redis and SQLite.
+
+PostgreSQL: a fresh schema per test module in database ``test`` on 127.0.0.1:5432 (trust auth,
+user root or postgres); the URL carries ``search_path`` so every connection lands in it.
+Redis: a unique key prefix per test.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import asyncpg
+import pytest
+from redis.asyncio import Redis
+
+from gateway.db import Database
+from gateway.db import migrate
+from gateway.quotas.redis_store import connect_redis
+
+PG_HOST = os.environ.get("SWITCHYARD_TEST_PG_HOST", "127.0.0.1")
+PG_PORT = int(os.environ.get("SWITCHYARD_TEST_PG_PORT", "5432"))
+PG_DB = os.environ.get("SWITCHYARD_TEST_PG_DB", "test")
+REDIS_URL = os.environ.get("SWITCHYARD_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+
+
+async def _pg_user() -> str:
+    for user in (os.environ.get("SWITCHYARD_TEST_PG_USER"), "postgres", "root"):
+        if not user:
+            continue
+        try:
+            conn = await asyncpg.connect(host=PG_HOST, port=PG_PORT, user=user, database=PG_DB)
+        except Exception:
+            continue
+        await conn.close()
+        return user
+    raise RuntimeError(f"cannot connect to PostgreSQL {PG_HOST}:{PG_PORT}/{PG_DB} as postgres or root")
+
+
+async def pg_admin() -> asyncpg.Connection:
+    return await asyncpg.connect(host=PG_HOST, port=PG_PORT, user=await _pg_user(), database=PG_DB)
+
+
+async def new_pg_schema() -> tuple[str, str]:
+    """Create a fresh schema; return (schema, async SQLAlchemy URL whose connections use it)."""
+    schema = f"t_{uuid.uuid4().hex[:12]}"
+    user = await _pg_user()
+    conn = await pg_admin()
+    try:
+        await conn.execute(f'CREATE SCHEMA "{schema}"')
+    finally:
+        await conn.close()
+    url = f"postgresql+asyncpg://{user}@{PG_HOST}:{PG_PORT}/{PG_DB}?options=-csearch_path%3D{schema}"
+    return schema, url
+
+
+async def drop_pg_schema(schema: str) -> None:
+    conn = await pg_admin()
+    try:
+        await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+    finally:
+        await conn.close()
+
+
+@pytest.fixture(scope="module")
+async def pg_url() -> AsyncIterator[str]:
+    """An empty PostgreSQL schema for this module (not migrated)."""
+    schema, url = await new_pg_schema()
+    yield url
+    await drop_pg_schema(schema)
+
+
+@pytest.fixture(scope="module")
+def sqlite_url(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return f"sqlite+aiosqlite:///{tmp_path_factory.mktemp('db') / 'switchyard.db'}"
+
+
+@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
+async def db(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Database]:
+    """A migrated database, on SQLite and on PostgreSQL."""
+    schema = None
+    if request.param == "sqlite":
+        url = f"sqlite+aiosqlite:///{tmp_path_factory.mktemp('db') / 'switchyard.db'}"
+    else:
+        schema, url = await new_pg_schema()
+    await asyncio.to_thread(migrate.upgrade, url)
+    database = Database.from_url(url)
+    yield database
+    await database.dispose()
+    if schema:
+        await drop_pg_schema(schema)
+
+
+@pytest.fixture
+async def redis() -> AsyncIterator[Redis]:
+    client = connect_redis(REDIS_URL)
+    yield client
+    await client.aclose()
+
+
+@pytest.fixture
+async def redis_prefix(redis: Redis) -> AsyncIterator[str]:
+    """A unique key prefix; its keys are deleted afterwards."""
+    prefix = f"sytest:{uuid.uuid4().hex[:10]}"
+    yield prefix
+    keys = [k async for k in redis.scan_iter(match=prefix + ":*", count=500)]
+    if keys:
+        await redis.delete(*keys)
+
+
+def repo_root() -> Path:
+    return Path(__file__).resolve().parents[2]

@@ -1,0 +1,131 @@
+"""The quota stores: the Redis Lua scripts and the in-process store behave the same."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+
+import pytest
+from redis.asyncio import Redis
+
+from gateway.quotas.limits import Limits, Scope
+from gateway.quotas.redis_store import RedisStore
+from gateway.quotas.store import MemoryStore, QuotaStore, Reservation, lease_for
+from tests.gateway.tenancy_fixtures import redis, redis_prefix  # noqa: F401
+
+NOW = 1_800_000_000.25
+
+
+@pytest.fixture(params=["memory", "redis"])
+async def store(request: pytest.FixtureRequest, redis: Redis, redis_prefix: str) -> AsyncIterator[QuotaStore]:  # noqa: F811
+    yield MemoryStore() if request.param == "memory" else RedisStore(redis, prefix=redis_prefix)
+
+
+def res(scopes: list[Scope], *, now: float = NOW, tokens: int = 10, micros: int = 0) -> Reservation:
+    return Reservation(uuid.uuid4().hex, now, tokens, micros, scopes)
+
+
+def key(**limits: object) -> list[Scope]:
+    return [Scope("key", "k1", Limits(**limits)), Scope("tenant", "t1", Limits())]  # type: ignore[arg-type]
+
+
+async def test_requests_per_minute_sliding_window(store: QuotaStore) -> None:
+    scopes = key(requests_per_minute=3)
+    states = [await store.reserve(res(scopes)) for _ in range(3)]
+    assert all(d.admitted for d in states)
+    assert [d.requests.remaining for d in states if d.requests] == [2, 1, 0]
+    assert states[0].requests and states[0].requests.limit == 3
+    over = await store.reserve(res(scopes, now=NOW + 30))
+    assert not over.admitted and over.reason == "requests"
+    assert over.retry_after == pytest.approx(29.75, abs=0.01)  # when the first second leaves the window
+    later = await store.reserve(res(scopes, now=NOW + 60))
+    assert later.admitted
+
+
+async def test_concurrent_admissions_are_exact(store: QuotaStore) -> None:
+    scopes = key(requests_per_minute=100)
+    decisions = await asyncio.gather(*(store.reserve(res(scopes)) for _ in range(300)))
+    assert sum(d.admitted for d in decisions) == 100
+
+
+async def test_tenant_limit_covers_all_its_keys(store: QuotaStore) -> None:
+    tenant = Scope("tenant", "t1", Limits(requests_per_minute=2))
+    a = [Scope("key", "a", Limits()), tenant]
+    b = [Scope("key", "b", Limits()), tenant]
+    assert (await store.reserve(res(a))).admitted
+    assert (await store.reserve(res(b))).admitted
+    d = await store.reserve(res(a))
+    assert not d.admitted and d.reason == "requests" and d.scope_index == 1
+
+
+async def test_rejection_reserves_nothing(store: QuotaStore) -> None:
+    tenant = Scope("tenant", "t1", Limits(requests_per_minute=1))
+    scopes = [Scope("key", "a", Limits(requests_per_minute=5)), tenant]
+    assert (await store.reserve(res(scopes))).admitted
+    assert not (await store.reserve(res(scopes))).admitted
+    # the key's own window counted only the admitted request
+    alone = [Scope("key", "a", Limits(requests_per_minute=2))]
+    assert (await store.reserve(res(alone))).admitted
+    assert not (await store.reserve(res(alone))).admitted
+
+
+async def test_tokens_per_minute_reserve_then_settle(store: QuotaStore) -> None:
+    scopes = key(tokens_per_minute=100)
+    first = res(scopes, tokens=80)
+    d = await store.reserve(first)
+    assert d.admitted and d.tokens and d.tokens.remaining == 20
+    assert not (await store.reserve(res(scopes, tokens=30))).admitted
+    await store.settle(lease_for(first), NOW, 10, 0)  # actually used only 10
+    d = await store.reserve(res(scopes, tokens=90))
+    assert d.admitted and d.tokens and d.tokens.remaining == 0
+
+
+async def test_concurrency_lease_released_on_settle(store: QuotaStore) -> None:
+    scopes = key(max_concurrency=2)
+    one, two = res(scopes), res(scopes)
+    assert (await store.reserve(one)).admitted
+    assert (await store.reserve(two)).admitted
+    third = await store.reserve(res(scopes))
+    assert not third.admitted and third.reason == "concurrency"
+    await store.settle(lease_for(one), NOW, 10, 0)
+    assert (await store.reserve(res(scopes))).admitted
+
+
+async def test_concurrency_lease_expires(store: QuotaStore) -> None:
+    scopes = key(max_concurrency=1)
+    r = Reservation("x", NOW, 1, 0, scopes, lease_seconds=5)
+    assert (await store.reserve(r)).admitted
+    assert not (await store.reserve(res(scopes, now=NOW + 4))).admitted
+    assert (await store.reserve(res(scopes, now=NOW + 6))).admitted
+
+
+@pytest.mark.parametrize("period", ["day", "month", "total"])
+async def test_token_budget_never_overspent(store: QuotaStore, period: str) -> None:
+    scopes = key(token_budget=1000, budget_period=period)
+    rs = [res(scopes, tokens=300) for _ in range(10)]
+    decisions = await asyncio.gather(*(store.reserve(r) for r in rs))
+    admitted = [r for r, d in zip(rs, decisions) if d.admitted]
+    assert len(admitted) == 3
+    assert {d.reason for d in decisions if not d.admitted} == {"token_budget"}
+    for r in admitted:
+        await store.settle(lease_for(r), NOW, 100, 0)  # 300 spent of 1000
+    decisions = await asyncio.gather(*(store.reserve(res(scopes, tokens=300)) for _ in range(5)))
+    assert sum(d.admitted for d in decisions) == 2
+
+
+async def test_cost_budget(store: QuotaStore) -> None:
+    scopes = key(cost_budget=0.01)  # 10_000 micro-dollars
+    ok = res(scopes, micros=6_000)
+    assert (await store.reserve(ok)).admitted
+    d = await store.reserve(res(scopes, micros=6_000))
+    assert not d.admitted and d.reason == "cost_budget" and d.retry_after > 0
+    await store.settle(lease_for(ok), NOW, 10, 1_000)
+    assert (await store.reserve(res(scopes, micros=6_000))).admitted
+
+
+async def test_day_budget_resets_next_day(store: QuotaStore) -> None:
+    scopes = key(token_budget=10, budget_period="day")
+    assert (await store.reserve(res(scopes, tokens=10))).admitted
+    assert not (await store.reserve(res(scopes, tokens=1))).admitted
+    assert (await store.reserve(res(scopes, tokens=10, now=NOW + 86400))).admitted
