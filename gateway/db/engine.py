@@ -48,7 +48,14 @@ def make_engine(url: str, *, pool_size: int = 10) -> AsyncEngine:
             cur.close()
 
         return engine
-    return create_async_engine(parsed, pool_size=pool_size, max_overflow=pool_size, pool_pre_ping=True)
+    return create_async_engine(
+        parsed,
+        pool_size=pool_size,
+        max_overflow=pool_size,
+        pool_pre_ping=True,
+        pool_timeout=10,
+        connect_args={"timeout": 5, "command_timeout": 30},  # an unreachable server fails fast
+    )
 
 
 @dataclass

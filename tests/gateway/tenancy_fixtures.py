@@ -1,7 +1,7 @@
 """Fixtures for the tenants/keys/quotas/usage tests: real PostgreSQL, Redis and SQLite.
 
-PostgreSQL: a fresh schema per test module in database ``test`` on 127.0.0.1:5432 (trust auth,
-user root or postgres); the URL carries ``search_path`` so every connection lands in it.
+PostgreSQL: a fresh database per test module, created from the server at 127.0.0.1:5432 (via the
+database ``test``, trust auth, user root or postgres) and dropped afterwards.
 Redis: a unique key prefix per test.
 """
 
@@ -44,33 +44,32 @@ async def pg_admin() -> asyncpg.Connection:
     return await asyncpg.connect(host=PG_HOST, port=PG_PORT, user=await _pg_user(), database=PG_DB)
 
 
-async def new_pg_schema() -> tuple[str, str]:
-    """Create a fresh schema; return (schema, async SQLAlchemy URL whose connections use it)."""
-    schema = f"t_{uuid.uuid4().hex[:12]}"
+async def new_pg_database() -> tuple[str, str]:
+    """Create a fresh, empty database; return (name, async SQLAlchemy URL)."""
+    name = f"sytest_{uuid.uuid4().hex[:12]}"
     user = await _pg_user()
     conn = await pg_admin()
     try:
-        await conn.execute(f'CREATE SCHEMA "{schema}"')
+        await conn.execute(f'CREATE DATABASE "{name}" TEMPLATE template0')
     finally:
         await conn.close()
-    url = f"postgresql+asyncpg://{user}@{PG_HOST}:{PG_PORT}/{PG_DB}?options=-csearch_path%3D{schema}"
-    return schema, url
+    return name, f"postgresql+asyncpg://{user}@{PG_HOST}:{PG_PORT}/{name}"
 
 
-async def drop_pg_schema(schema: str) -> None:
+async def drop_pg_database(name: str) -> None:
     conn = await pg_admin()
     try:
-        await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+        await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
     finally:
         await conn.close()
 
 
 @pytest.fixture(scope="module")
 async def pg_url() -> AsyncIterator[str]:
-    """An empty PostgreSQL schema for this module (not migrated)."""
-    schema, url = await new_pg_schema()
+    """An empty PostgreSQL database for this module (not migrated)."""
+    name, url = await new_pg_database()
     yield url
-    await drop_pg_schema(schema)
+    await drop_pg_database(name)
 
 
 @pytest.fixture(scope="module")
@@ -81,17 +80,17 @@ def sqlite_url(tmp_path_factory: pytest.TempPathFactory) -> str:
 @pytest.fixture(scope="module", params=["sqlite", "postgresql"])
 async def db(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Database]:
     """A migrated database, on SQLite and on PostgreSQL."""
-    schema = None
+    pg_name = None
     if request.param == "sqlite":
         url = f"sqlite+aiosqlite:///{tmp_path_factory.mktemp('db') / 'switchyard.db'}"
     else:
-        schema, url = await new_pg_schema()
+        pg_name, url = await new_pg_database()
     await asyncio.to_thread(migrate.upgrade, url)
     database = Database.from_url(url)
     yield database
     await database.dispose()
-    if schema:
-        await drop_pg_schema(schema)
+    if pg_name:
+        await drop_pg_database(pg_name)
 
 
 @pytest.fixture

@@ -1,0 +1,269 @@
+"""Tenant, key and limit operations on the database: one implementation for the CLI and the API.
+
+Errors are ``AdminError`` subclasses carrying the HTTP status and OpenAI error type, so the API
+turns them into error bodies and the CLI into one-line messages.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime, timedelta
+
+from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
+
+from gateway.auth.keys import generate_key, new_id
+from gateway.db.engine import Database
+from gateway.db.models import ApiKey, Limit, Tenant, utcnow
+from gateway.quotas.limits import Limits
+
+
+class AdminError(Exception):
+    status = 400
+    type = "invalid_request_error"
+
+    def __init__(self, message: str, *, param: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+
+
+class NotFound(AdminError):
+    status = 404
+    type = "not_found_error"
+
+
+class Conflict(AdminError):
+    status = 409
+    type = "conflict_error"
+
+
+@dataclass(frozen=True)
+class TenantView:
+    id: str
+    name: str
+    status: str
+    weight: float
+    created_at: datetime
+
+
+@dataclass(frozen=True)
+class KeyView:
+    id: str
+    tenant_id: str | None
+    name: str
+    prefix: str
+    is_admin: bool
+    allowed_models: list[str] | None
+    created_at: datetime
+    expires_at: datetime | None
+    revoked_at: datetime | None
+    rotated_from: str | None
+    status: str  # active | revoked | expired
+
+
+@dataclass(frozen=True)
+class CreatedKey:
+    key: KeyView
+    secret: str  # shown once, never stored
+
+
+def tenant_view(t: Tenant) -> TenantView:
+    return TenantView(t.id, t.name, t.status, t.weight, t.created_at)
+
+
+def key_view(k: ApiKey, now: datetime | None = None) -> KeyView:
+    now = now or utcnow()
+    status = "revoked" if k.revoked_at else "expired" if k.expires_at and k.expires_at <= now else "active"
+    return KeyView(
+        k.id, k.tenant_id, k.name, k.prefix, k.is_admin, k.allowed_models, k.created_at,
+        k.expires_at, k.revoked_at, k.rotated_from, status,
+    )  # fmt: skip
+
+
+class TenancyService:
+    def __init__(self, db: Database, on_change: Callable[[], None] | None = None) -> None:
+        self.db = db
+        self.on_change = on_change or (lambda: None)
+
+    # ------------------------------------------------------------ tenants
+
+    async def create_tenant(self, name: str, *, weight: float = 1.0) -> TenantView:
+        name = name.strip()
+        if not name or len(name) > 200:
+            raise AdminError("tenant name must be 1-200 characters", param="name")
+        if weight <= 0:
+            raise AdminError("weight must be positive", param="weight")
+        async with self.db.session() as s:
+            if await s.scalar(select(Tenant).where(Tenant.name == name)) is not None:
+                raise Conflict(f"a tenant named {name!r} already exists", param="name")
+            tenant = Tenant(id=new_id("ten"), name=name, status="active", weight=weight, created_at=utcnow())
+            s.add(tenant)
+            try:
+                await s.commit()
+            except IntegrityError:
+                raise Conflict(f"a tenant named {name!r} already exists", param="name") from None
+            return tenant_view(tenant)
+
+    async def list_tenants(self) -> list[TenantView]:
+        async with self.db.session() as s:
+            return [tenant_view(t) for t in await s.scalars(select(Tenant).order_by(Tenant.created_at, Tenant.id))]
+
+    async def _tenant(self, s, ref: str) -> Tenant:  # type: ignore[no-untyped-def]
+        tenant = await s.get(Tenant, ref) or await s.scalar(select(Tenant).where(Tenant.name == ref))
+        if tenant is None:
+            raise NotFound(f"no tenant {ref!r}", param="tenant")
+        return tenant
+
+    async def get_tenant(self, ref: str) -> TenantView:
+        async with self.db.session() as s:
+            return tenant_view(await self._tenant(s, ref))
+
+    async def update_tenant(
+        self, ref: str, *, status: str | None = None, weight: float | None = None, name: str | None = None
+    ) -> TenantView:
+        if status is not None and status not in ("active", "disabled"):
+            raise AdminError("status must be 'active' or 'disabled'", param="status")
+        if weight is not None and weight <= 0:
+            raise AdminError("weight must be positive", param="weight")
+        async with self.db.session() as s:
+            tenant = await self._tenant(s, ref)
+            if status is not None:
+                tenant.status = status
+            if weight is not None:
+                tenant.weight = weight
+            if name is not None:
+                tenant.name = name.strip()
+            try:
+                await s.commit()
+            except IntegrityError:
+                raise Conflict(f"a tenant named {name!r} already exists", param="name") from None
+            self.on_change()
+            return tenant_view(tenant)
+
+    # ------------------------------------------------------------ keys
+
+    async def create_key(
+        self,
+        tenant: str | None,
+        *,
+        name: str = "",
+        models: list[str] | None = None,
+        expires_at: datetime | None = None,
+        admin: bool = False,
+    ) -> CreatedKey:
+        if admin == (tenant is not None):
+            raise AdminError("a key belongs to a tenant, or is an admin key (not both)", param="tenant_id")
+        if expires_at is not None and expires_at.tzinfo is None:
+            expires_at = expires_at.replace(tzinfo=UTC)
+        async with self.db.session() as s:
+            tenant_id = (await self._tenant(s, tenant)).id if tenant is not None else None
+            material = generate_key()
+            key = ApiKey(
+                id=new_id("key"), tenant_id=tenant_id, name=name, prefix=material.prefix,
+                key_hash=material.key_hash, is_admin=admin, allowed_models=sorted(set(models)) if models else None,
+                created_at=utcnow(), expires_at=expires_at,
+            )  # fmt: skip
+            s.add(key)
+            await s.commit()
+            return CreatedKey(key_view(key), material.secret)
+
+    async def list_keys(self, tenant: str | None = None) -> list[KeyView]:
+        async with self.db.session() as s:
+            query = select(ApiKey).order_by(ApiKey.created_at, ApiKey.id)
+            if tenant is not None:
+                query = query.where(ApiKey.tenant_id == (await self._tenant(s, tenant)).id)
+            now = utcnow()
+            return [key_view(k, now) for k in await s.scalars(query)]
+
+    async def _key(self, s, key_id: str) -> ApiKey:  # type: ignore[no-untyped-def]
+        key = await s.get(ApiKey, key_id)
+        if key is None:
+            raise NotFound(f"no key {key_id!r}", param="key_id")
+        return key
+
+    async def get_key(self, key_id: str) -> KeyView:
+        async with self.db.session() as s:
+            return key_view(await self._key(s, key_id))
+
+    async def revoke_key(self, key_id: str) -> KeyView:
+        async with self.db.session() as s:
+            key = await self._key(s, key_id)
+            if key.revoked_at is None:
+                key.revoked_at = utcnow()
+                await s.commit()
+            self.on_change()
+            return key_view(key)
+
+    async def rotate_key(self, key_id: str, *, grace_seconds: float = 86400) -> CreatedKey:
+        """A new key with the same tenant, models and limits; the old one works for the grace period."""
+        if grace_seconds < 0:
+            raise AdminError("grace period must not be negative", param="grace_seconds")
+        async with self.db.session() as s:
+            old = await self._key(s, key_id)
+            if old.revoked_at is not None:
+                raise AdminError(f"key {key_id} is revoked and cannot be rotated", param="key_id")
+            now = utcnow()
+            material = generate_key()
+            new = ApiKey(
+                id=new_id("key"), tenant_id=old.tenant_id, name=old.name, prefix=material.prefix,
+                key_hash=material.key_hash, is_admin=old.is_admin, allowed_models=old.allowed_models,
+                created_at=now, expires_at=old.expires_at, rotated_from=old.id,
+            )  # fmt: skip
+            grace_end = now + timedelta(seconds=grace_seconds)
+            old.expires_at = grace_end if old.expires_at is None else min(old.expires_at, grace_end)
+            s.add(new)
+            limit = await s.scalar(select(Limit).where(Limit.scope == "key", Limit.scope_id == old.id))
+            if limit is not None:
+                s.add(_limit_row("key", new.id, Limits.from_row(limit)))
+            await s.commit()
+            self.on_change()
+            return CreatedKey(key_view(new, now), material.secret)
+
+    # ------------------------------------------------------------ limits
+
+    async def _scope_id(self, s, scope: str, ref: str) -> str:  # type: ignore[no-untyped-def]
+        if scope == "tenant":
+            return (await self._tenant(s, ref)).id
+        if scope == "key":
+            return (await self._key(s, ref)).id
+        raise AdminError("scope must be 'tenant' or 'key'", param="scope")
+
+    async def get_limits(self, scope: str, ref: str) -> Limits:
+        async with self.db.session() as s:
+            sid = await self._scope_id(s, scope, ref)
+            row = await s.scalar(select(Limit).where(Limit.scope == scope, Limit.scope_id == sid))
+            return Limits.from_row(row) if row is not None else Limits()
+
+    async def set_limits(self, scope: str, ref: str, limits: Limits) -> Limits:
+        check_limits(limits)
+        async with self.db.session() as s:
+            sid = await self._scope_id(s, scope, ref)
+            row = await s.scalar(select(Limit).where(Limit.scope == scope, Limit.scope_id == sid))
+            if row is None:
+                s.add(_limit_row(scope, sid, limits))
+            else:
+                for field, value in limits.as_dict().items():
+                    setattr(row, field, value)
+            await s.commit()
+            self.on_change()
+            return limits
+
+    async def update_limits(self, scope: str, ref: str, **changes: object) -> Limits:
+        """Change only the given fields (None clears a limit)."""
+        current = await self.get_limits(scope, ref)
+        return await self.set_limits(scope, ref, replace(current, **changes))  # type: ignore[arg-type]
+
+
+def check_limits(limits: Limits) -> None:
+    for field, value in limits.as_dict().items():
+        if field == "budget_period":
+            if value not in ("day", "month", "total"):
+                raise AdminError("budget_period must be day, month or total", param="budget_period")
+        elif value is not None and value < 0:  # type: ignore[operator]
+            raise AdminError(f"{field} must not be negative", param=field)
+
+
+def _limit_row(scope: str, scope_id: str, limits: Limits) -> Limit:
+    return Limit(scope=scope, scope_id=scope_id, updated_at=utcnow(), **limits.as_dict())

@@ -1,0 +1,182 @@
+"""The batched background usage writer (a UsageSink).
+
+``record`` only appends to an in-memory buffer. A background task inserts the buffer in batches
+(``INSERT … ON CONFLICT (request_id) DO NOTHING``, so a retried batch never doubles a row). If the
+database fails, the batch goes to the local journal and the writer keeps going: memory stays
+bounded (a full buffer spills to the journal too) and the journal is replayed once inserts work
+again. ``aclose`` (application shutdown, which uvicorn runs on SIGTERM) flushes what is left.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy.dialects import postgresql, sqlite
+
+from gateway.contracts import UsageRecord
+from gateway.db.engine import Database
+from gateway.db.models import UsageRow
+from gateway.usage.journal import Journal, read_records
+from gateway.usage.pricing import PriceTable
+
+log = logging.getLogger("switchyard.usage")
+
+
+def to_row(r: UsageRecord) -> dict[str, Any]:
+    return {
+        "request_id": r.request_id,
+        "tenant_id": r.tenant_id,
+        "key_id": r.key_id,
+        "model": r.model,
+        "deployment": r.deployment,
+        "provider": r.provider,
+        "endpoint": r.endpoint,
+        "stream": r.stream,
+        "prompt_tokens": r.prompt_tokens,
+        "completion_tokens": r.completion_tokens,
+        "cached_tokens": r.cached_tokens,
+        "exact": r.exact,
+        "cost": r.cost,
+        "status": r.status,
+        "error_type": r.error_type,
+        "latency_ms": r.latency_ms,
+        "ttft_ms": r.ttft_ms,
+        "started_at": datetime.fromtimestamp(r.started_at, UTC),
+    }
+
+
+class UsageWriter:
+    def __init__(
+        self,
+        db: Database,
+        prices: PriceTable,
+        *,
+        journal_dir: Path,
+        batch_size: int = 500,
+        flush_interval: float = 0.5,
+        max_buffer: int = 10_000,
+        retry_interval: float = 1.0,
+    ) -> None:
+        self.db = db
+        self.prices = prices
+        self.journal = Journal(journal_dir)
+        self.batch_size = batch_size
+        self.flush_interval = flush_interval
+        self.max_buffer = max_buffer
+        self.retry_interval = retry_interval
+        self.written = 0  # rows this writer handed to the database successfully
+        self.db_healthy = True
+        self._buffer: list[UsageRecord] = []
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._lock = asyncio.Lock()
+        dialect = postgresql if db.dialect == "postgresql" else sqlite
+        self._insert = dialect.insert(UsageRow).on_conflict_do_nothing(index_elements=["request_id"])
+
+    # ------------------------------------------------------------ UsageSink
+
+    def record(self, record: UsageRecord) -> None:
+        try:
+            if record.cost == 0.0:
+                record.cost = self.prices.cost(
+                    record.model, record.prompt_tokens, record.completion_tokens, record.cached_tokens
+                )
+            self._buffer.append(record)
+            if len(self._buffer) >= self.max_buffer:
+                self._spill()
+            elif len(self._buffer) >= self.batch_size:
+                self._wake.set()
+        except Exception:  # never raise into the request path
+            log.exception("usage record dropped: %s", record.request_id)
+
+    # ------------------------------------------------------------ lifecycle
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._run(), name="usage-writer")
+
+    async def aclose(self) -> None:
+        """Stop the loop and flush: to the database if it is up, else to the journal."""
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+        await self.flush()
+        if self._buffer:
+            self._spill()
+        self.journal.close()
+
+    @property
+    def pending(self) -> int:
+        """Records not yet in the database (buffered or journaled)."""
+        return len(self._buffer) + self.journal.count
+
+    async def flush(self) -> bool:
+        """Write the journal and the buffer now; True when nothing is left pending."""
+        async with self._lock:
+            if not await self._replay_journal():
+                return False
+            while self._buffer:
+                batch = self._buffer[: self.batch_size]
+                del self._buffer[: len(batch)]
+                if not await self._write(batch):
+                    self.journal.append(batch)
+                    return False
+            return True
+
+    # ------------------------------------------------------------ internals
+
+    async def _run(self) -> None:
+        await self._replay_orphans()
+        while True:
+            try:
+                await asyncio.wait_for(self._wake.wait(), self.flush_interval)
+            except TimeoutError:
+                pass
+            self._wake.clear()
+            if not await self.flush():
+                await asyncio.sleep(self.retry_interval)
+
+    def _spill(self) -> None:
+        self.journal.append(self._buffer)
+        self._buffer.clear()
+
+    async def _write(self, batch: list[UsageRecord]) -> bool:
+        try:
+            async with self.db.engine.begin() as conn:
+                await conn.execute(self._insert, [to_row(r) for r in batch])
+        except Exception as exc:
+            if self.db_healthy:
+                log.error("usage insert failed (%s: %s); journaling until the database is back", type(exc).__name__, exc)
+            self.db_healthy = False
+            return False
+        if not self.db_healthy:
+            log.warning("usage database is back; replaying the journal")
+        self.db_healthy = True
+        self.written += len(batch)
+        return True
+
+    async def _replay_journal(self) -> bool:
+        while self.journal.count:
+            seen = self.journal.count
+            records = self.journal.read()
+            for i in range(0, len(records), self.batch_size):
+                if not await self._write(records[i : i + self.batch_size]):
+                    return False
+            if self.journal.count == seen:  # nothing spilled meanwhile (no await since the check)
+                self.journal.truncate()
+        return True
+
+    async def _replay_orphans(self) -> None:
+        """Journals left by writers that died before their database came back."""
+        for path in self.journal.orphans():
+            records = read_records(path)
+            for i in range(0, len(records), self.batch_size):
+                if not await self._write(records[i : i + self.batch_size]):
+                    return
+            path.unlink(missing_ok=True)
+            log.info("replayed %d usage records from %s", len(records), path.name)

@@ -1,0 +1,110 @@
+"""The batched usage writer on SQLite and PostgreSQL: batching, idempotency, journal, reports."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+from sqlalchemy import func, select
+
+from gateway.contracts import UsageRecord
+from gateway.db import Database
+from gateway.db.models import UsageRow
+from gateway.usage.pricing import Price, PriceTable
+from gateway.usage.report import ReportQuery, usage_report
+from gateway.usage.writer import UsageWriter
+from tests.gateway.tenancy_fixtures import db  # noqa: F401
+
+PRICES = PriceTable({"m": Price(input_per_million=1.0, output_per_million=2.0)})
+
+
+def rec(tenant: str = "t1", model: str = "m", **kw: object) -> UsageRecord:
+    base: dict[str, object] = dict(
+        request_id=uuid.uuid4().hex, key_id="k1", tenant_id=tenant, model=model, deployment="d",
+        provider="openai", endpoint="chat.completions", started_at=time.time(), status=200,
+        prompt_tokens=10, completion_tokens=5,
+    )  # fmt: skip
+    base.update(kw)
+    return UsageRecord(**base)  # type: ignore[arg-type]
+
+
+async def count(db: Database, **where: object) -> int:  # noqa: F811
+    async with db.session() as s:
+        q = select(func.count()).select_from(UsageRow)
+        for k, v in where.items():
+            q = q.where(getattr(UsageRow, k) == v)
+        return int(await s.scalar(q) or 0)
+
+
+async def test_batches_are_written_and_costed(db: Database, tmp_path: Path) -> None:  # noqa: F811
+    tenant = uuid.uuid4().hex[:8]
+    w = UsageWriter(db, PRICES, journal_dir=tmp_path, batch_size=7, flush_interval=0.05)
+    w.start()
+    for _ in range(50):
+        w.record(rec(tenant))
+    await w.aclose()
+    assert await count(db, tenant_id=tenant) == 50
+    async with db.session() as s:
+        cost = await s.scalar(select(func.sum(UsageRow.cost)).where(UsageRow.tenant_id == tenant))
+    assert cost == pytest.approx(50 * (10 * 1.0 + 5 * 2.0) / 1e6)
+
+
+async def test_same_request_id_is_never_doubled(db: Database, tmp_path: Path) -> None:  # noqa: F811
+    tenant = uuid.uuid4().hex[:8]
+    records = [rec(tenant) for _ in range(5)]
+    w = UsageWriter(db, PRICES, journal_dir=tmp_path)
+    for r in records + records:
+        w.record(r)
+    assert await w.flush()
+    for r in records:
+        w.record(r)
+    assert await w.flush()
+    await w.aclose()
+    assert await count(db, tenant_id=tenant) == 5
+
+
+async def test_outage_goes_to_journal_then_replays(db: Database, tmp_path: Path) -> None:  # noqa: F811
+    tenant = uuid.uuid4().hex[:8]
+    dead = Database.from_url("postgresql+asyncpg://nobody@127.0.0.1:9/none")  # nothing listens on port 9
+    w = UsageWriter(dead, PRICES, journal_dir=tmp_path, max_buffer=4)
+    for _ in range(10):
+        w.record(rec(tenant))
+    assert not await w.flush()
+    assert w.pending == 10 and not w.db_healthy
+    await w.aclose()  # the process ends with the database still down
+    files = list(tmp_path.glob("usage-*.jsonl"))
+    assert sum(p.stat().st_size > 0 for p in files) == 1
+    await dead.dispose()
+    # a later writer (the restarted gateway) finds the orphaned journal and replays it
+    w2 = UsageWriter(db, PRICES, journal_dir=tmp_path, flush_interval=0.05)
+    w2.start()
+    for _ in range(3):
+        w2.record(rec(tenant))
+    await asyncio.sleep(0.3)
+    await w2.aclose()
+    assert await count(db, tenant_id=tenant) == 13
+    assert not [p for p in tmp_path.glob("usage-*.jsonl") if p.stat().st_size > 0]
+
+
+async def test_report_groups_and_filters(db: Database, tmp_path: Path) -> None:  # noqa: F811
+    a, b = uuid.uuid4().hex[:8], uuid.uuid4().hex[:8]
+    w = UsageWriter(db, PRICES, journal_dir=tmp_path)
+    day1 = 1_767_225_600.0  # 2026-01-01T00:00:00Z
+    for i in range(4):
+        w.record(rec(a, started_at=day1 + 3600 * i))
+    w.record(rec(a, model="other", started_at=day1 + 86400 + 5, status=502, prompt_tokens=0, completion_tokens=0))
+    w.record(rec(b, started_at=day1 + 10))
+    await w.aclose()
+    rows = await usage_report(db, ReportQuery(group_by=("model", "day"), tenant_id=a))
+    assert rows == [
+        {"model": "m", "day": "2026-01-01", "requests": 4, "errors": 0, "prompt_tokens": 40,
+         "completion_tokens": 20, "cached_tokens": 0, "total_tokens": 60, "cost": 0.00008},
+        {"model": "other", "day": "2026-01-02", "requests": 1, "errors": 1, "prompt_tokens": 0,
+         "completion_tokens": 0, "cached_tokens": 0, "total_tokens": 0, "cost": 0.0},
+    ]  # fmt: skip
+    only_day2 = ReportQuery(group_by=("tenant",), start=datetime(2026, 1, 2, tzinfo=UTC), tenant_id=a)
+    assert [r["requests"] for r in await usage_report(db, only_day2)] == [1]
