@@ -6,3 +6,9 @@ Each sub-command group lives in its own module and is registered here.
 import typer
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help="Switchyard LLM gateway and engine.")
+
+from gateway.cli import admin as _admin  # noqa: E402
+from gateway.cli.db import db_app as _db_app  # noqa: E402
+
+app.add_typer(_db_app, name="db")
+_admin.register(app)

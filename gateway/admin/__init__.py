@@ -1,0 +1,1 @@
+"""Tenant administration: the service layer (shared by CLI and API), the admin REST API, bootstrap."""

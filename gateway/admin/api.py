@@ -1,0 +1,211 @@
+"""The admin REST API under /admin/v1 (admin keys only) and the tenant-scoped GET /v1/usage.
+
+``admin_routers(...)`` returns Routers for the app factory to mount. Every failure answers in
+OpenAI's error shape (``{"error": {...}}``) with a fitting status.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import msgspec
+from litestar import Controller, Request, Response, Router, get, patch, post, put
+from litestar.connection import ASGIConnection
+from litestar.di import Provide
+from litestar.handlers import BaseRouteHandler
+
+from gateway.admin.auth import require_admin, require_tenant
+from gateway.admin.schemas import KeyCreate, KeyRotate, LimitsBody, TenantCreate, TenantUpdate, decode
+from gateway.admin.service import AdminError, CreatedKey, TenancyService
+from gateway.contracts import Authenticator, Principal
+from gateway.db.engine import Database
+from gateway.usage.report import GROUPS, ReportQuery, end_of_day, parse_day, usage_report
+
+
+def _error(_: Request, exc: AdminError) -> Response[bytes]:  # type: ignore[type-arg]
+    body = {"error": {"message": exc.message, "type": exc.type, "param": exc.param, "code": None}}
+    return Response(msgspec.json.encode(body), status_code=exc.status, media_type="application/json")
+
+
+def _listing(items: list[Any]) -> dict[str, Any]:
+    return {"object": "list", "data": [asdict(i) for i in items]}
+
+
+def _created_key(created: CreatedKey) -> dict[str, Any]:
+    return {**asdict(created.key), "key": created.secret}
+
+
+def _report_query(
+    start: str | None, end: str | None, group_by: str | None, default: tuple[str, ...], **filters: str | None
+) -> ReportQuery:
+    try:
+        groups = tuple(g.strip() for g in group_by.split(",") if g.strip()) if group_by else default
+        unknown = [g for g in groups if g not in GROUPS]
+        if unknown:
+            raise AdminError(f"cannot group by {unknown[0]!r}; choose from {', '.join(GROUPS)}", param="group_by")
+        return ReportQuery(
+            start=parse_day(start, "start") if start else None,
+            end=end_of_day(end, "end") if end else None,
+            group_by=groups,
+            **filters,
+        )
+    except ValueError as exc:
+        raise AdminError(str(exc), param=str(exc).split(" ", 1)[0]) from None
+
+
+class TenantController(Controller):
+    path = "/tenants"
+
+    @get("/")
+    async def list_tenants(self, svc: TenancyService) -> dict[str, Any]:
+        return _listing(await svc.list_tenants())
+
+    @post("/", status_code=201)
+    async def create_tenant(self, svc: TenancyService, request: Request) -> dict[str, Any]:  # type: ignore[type-arg]
+        body = decode(await request.body(), TenantCreate)
+        return asdict(await svc.create_tenant(body.name, weight=body.weight))
+
+    @get("/{tenant_id:str}")
+    async def show_tenant(self, svc: TenancyService, tenant_id: str) -> dict[str, Any]:
+        return asdict(await svc.get_tenant(tenant_id))
+
+    @patch("/{tenant_id:str}")
+    async def update_tenant(self, svc: TenancyService, tenant_id: str, request: Request) -> dict[str, Any]:  # type: ignore[type-arg]
+        body = decode(await request.body(), TenantUpdate)
+        changes = {f: getattr(body, f) for f in body.__struct_fields__ if getattr(body, f) is not msgspec.UNSET}
+        return asdict(await svc.update_tenant(tenant_id, **changes))
+
+    @post("/{tenant_id:str}/disable", status_code=200)
+    async def disable_tenant(self, svc: TenancyService, tenant_id: str) -> dict[str, Any]:
+        return asdict(await svc.update_tenant(tenant_id, status="disabled"))
+
+    @post("/{tenant_id:str}/enable", status_code=200)
+    async def enable_tenant(self, svc: TenancyService, tenant_id: str) -> dict[str, Any]:
+        return asdict(await svc.update_tenant(tenant_id, status="active"))
+
+    @get("/{tenant_id:str}/keys")
+    async def tenant_keys(self, svc: TenancyService, tenant_id: str) -> dict[str, Any]:
+        return _listing(await svc.list_keys(tenant_id))
+
+    @get("/{tenant_id:str}/limits")
+    async def get_limits(self, svc: TenancyService, tenant_id: str) -> dict[str, Any]:
+        return (await svc.get_limits("tenant", tenant_id)).as_dict()
+
+    @put("/{tenant_id:str}/limits")
+    async def put_limits(self, svc: TenancyService, tenant_id: str, request: Request) -> dict[str, Any]:  # type: ignore[type-arg]
+        body = decode(await request.body(), LimitsBody)
+        return (await svc.set_limits("tenant", tenant_id, body.as_limits())).as_dict()
+
+    @patch("/{tenant_id:str}/limits")
+    async def patch_limits(self, svc: TenancyService, tenant_id: str, request: Request) -> dict[str, Any]:  # type: ignore[type-arg]
+        body = decode(await request.body(), LimitsBody)
+        return (await svc.update_limits("tenant", tenant_id, **body.changes())).as_dict()
+
+
+class KeyController(Controller):
+    path = "/keys"
+
+    @get("/")
+    async def list_keys(self, svc: TenancyService, tenant_id: str | None = None) -> dict[str, Any]:
+        return _listing(await svc.list_keys(tenant_id))
+
+    @post("/", status_code=201)
+    async def create_key(self, svc: TenancyService, request: Request) -> dict[str, Any]:  # type: ignore[type-arg]
+        body = decode(await request.body(), KeyCreate)
+        expires = body.expires_at
+        if body.expires_in_seconds is not None:
+            expires = datetime.now(UTC) + timedelta(seconds=body.expires_in_seconds)
+        created = await svc.create_key(
+            body.tenant_id, name=body.name, models=body.models, expires_at=expires, admin=body.admin
+        )
+        return _created_key(created)
+
+    @get("/{key_id:str}")
+    async def show_key(self, svc: TenancyService, key_id: str) -> dict[str, Any]:
+        return asdict(await svc.get_key(key_id))
+
+    @post("/{key_id:str}/revoke", status_code=200)
+    async def revoke_key(self, svc: TenancyService, key_id: str) -> dict[str, Any]:
+        return asdict(await svc.revoke_key(key_id))
+
+    @post("/{key_id:str}/rotate", status_code=201)
+    async def rotate_key(self, svc: TenancyService, key_id: str, request: Request) -> dict[str, Any]:  # type: ignore[type-arg]
+        body = decode(await request.body(), KeyRotate)
+        return _created_key(await svc.rotate_key(key_id, grace_seconds=body.grace_seconds))
+
+    @get("/{key_id:str}/limits")
+    async def get_limits(self, svc: TenancyService, key_id: str) -> dict[str, Any]:
+        return (await svc.get_limits("key", key_id)).as_dict()
+
+    @put("/{key_id:str}/limits")
+    async def put_limits(self, svc: TenancyService, key_id: str, request: Request) -> dict[str, Any]:  # type: ignore[type-arg]
+        body = decode(await request.body(), LimitsBody)
+        return (await svc.set_limits("key", key_id, body.as_limits())).as_dict()
+
+    @patch("/{key_id:str}/limits")
+    async def patch_limits(self, svc: TenancyService, key_id: str, request: Request) -> dict[str, Any]:  # type: ignore[type-arg]
+        body = decode(await request.body(), LimitsBody)
+        return (await svc.update_limits("key", key_id, **body.changes())).as_dict()
+
+
+class UsageController(Controller):
+    path = "/usage"
+
+    @get("/")
+    async def report(
+        self,
+        db: Database,
+        start: str | None = None,
+        end: str | None = None,
+        group_by: str | None = None,
+        tenant_id: str | None = None,
+        key_id: str | None = None,
+    ) -> dict[str, Any]:
+        q = _report_query(start, end, group_by, ("tenant", "model", "day"), tenant_id=tenant_id, key_id=key_id)
+        return {"object": "list", "data": await usage_report(db, q)}
+
+
+def admin_routers(svc: TenancyService, db: Database, auth: Authenticator) -> list[Router]:
+    """The /admin/v1 router (admin keys only) and the tenant-scoped /v1/usage router."""
+
+    async def admin_guard(connection: ASGIConnection, _: BaseRouteHandler) -> None:  # type: ignore[type-arg]
+        await require_admin(connection, auth)
+
+    async def tenant_principal(request: Request) -> Principal:  # type: ignore[type-arg]
+        return await require_tenant(request, auth)
+
+    @get("/usage")
+    async def own_usage(
+        db: Database,
+        principal: Principal,
+        start: str | None = None,
+        end: str | None = None,
+        group_by: str | None = None,
+        key_id: str | None = None,
+    ) -> dict[str, Any]:
+        q = _report_query(start, end, group_by, ("model", "day"), tenant_id=principal.tenant_id, key_id=key_id)
+        return {"object": "list", "data": await usage_report(db, q)}
+
+    deps = {
+        "svc": Provide(lambda: svc, sync_to_thread=False),
+        "db": Provide(lambda: db, sync_to_thread=False),
+    }
+    handlers = {AdminError: _error}
+    admin = Router(
+        path="/admin/v1",
+        route_handlers=[TenantController, KeyController, UsageController],
+        guards=[admin_guard],
+        dependencies=deps,
+        exception_handlers=handlers,  # type: ignore[dict-item]
+        tags=["admin"],
+    )
+    tenant = Router(
+        path="/v1",
+        route_handlers=[own_usage],
+        dependencies={**deps, "principal": Provide(tenant_principal)},
+        exception_handlers=handlers,  # type: ignore[dict-item]
+        tags=["usage"],
+    )
+    return [admin, tenant]

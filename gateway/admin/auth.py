@@ -1,0 +1,50 @@
+"""Bearer-token checks for the admin API (admin keys only) and the tenant-scoped endpoints."""
+
+from __future__ import annotations
+
+from litestar.connection import ASGIConnection
+
+from gateway.admin.service import AdminError
+from gateway.contracts import Authenticator, Principal
+
+
+class Unauthorized(AdminError):
+    status = 401
+    type = "authentication_error"
+
+
+class Forbidden(AdminError):
+    status = 403
+    type = "permission_error"
+
+
+def bearer(connection: ASGIConnection) -> str | None:  # type: ignore[type-arg]
+    header = connection.headers.get("authorization", "")
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        return None
+    return token.strip()
+
+
+async def principal_of(connection: ASGIConnection, auth: Authenticator) -> Principal:  # type: ignore[type-arg]
+    token = bearer(connection)
+    if token is None:
+        raise Unauthorized("Missing bearer token: send 'Authorization: Bearer <API key>'.")
+    principal = await auth.authenticate(token)
+    if principal is None:
+        raise Unauthorized("Incorrect API key provided, or the key is revoked or expired.")
+    return principal
+
+
+async def require_admin(connection: ASGIConnection, auth: Authenticator) -> Principal:  # type: ignore[type-arg]
+    principal = await principal_of(connection, auth)
+    if not principal.is_admin:
+        raise Forbidden("This endpoint needs an admin key.")
+    return principal
+
+
+async def require_tenant(connection: ASGIConnection, auth: Authenticator) -> Principal:  # type: ignore[type-arg]
+    principal = await principal_of(connection, auth)
+    if principal.tenant_id is None:
+        raise Forbidden("This endpoint reports on a tenant's own usage; admin keys use /admin/v1/usage.")
+    return principal

@@ -1,0 +1,41 @@
+"""First start of the embedded default: migrate, then create a default tenant and key once."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+from sqlalchemy import func, select
+
+from gateway.admin.service import TenancyService
+from gateway.db import migrate
+from gateway.db.engine import Database
+from gateway.db.models import ApiKey
+
+DEFAULT_TENANT = "default"
+
+
+@dataclass(frozen=True)
+class BootstrapResult:
+    created: bool
+    tenant_id: str | None = None
+    key_id: str | None = None
+    secret: str | None = None  # shown once; only its hash is stored
+
+
+async def bootstrap(url: str) -> BootstrapResult:
+    """Migrate ``url`` to head; if it holds no tenant key yet, create tenant "default" and a key."""
+    await asyncio.to_thread(migrate.upgrade, url)
+    db = Database.from_url(url)
+    try:
+        async with db.session() as s:
+            keys = await s.scalar(select(func.count()).select_from(ApiKey).where(ApiKey.tenant_id.is_not(None)))
+        if keys:
+            return BootstrapResult(created=False)
+        svc = TenancyService(db)
+        names = {t.name: t for t in await svc.list_tenants()}
+        tenant = names.get(DEFAULT_TENANT) or await svc.create_tenant(DEFAULT_TENANT)
+        created = await svc.create_key(tenant.id, name="default")
+        return BootstrapResult(True, tenant.id, created.key.id, created.secret)
+    finally:
+        await db.dispose()

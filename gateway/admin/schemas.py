@@ -1,0 +1,74 @@
+"""Request bodies of the admin API (msgspec; unknown fields are errors) and their decoding."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any, Literal, TypeVar
+
+import msgspec
+from msgspec import UNSET, Meta, Struct, UnsetType
+
+from gateway.admin.service import AdminError
+from gateway.quotas.limits import Limits
+
+T = TypeVar("T")
+NonNeg = Annotated[int, Meta(ge=0)]
+
+
+class Body(Struct, forbid_unknown_fields=True, kw_only=True):
+    pass
+
+
+class TenantCreate(Body):
+    name: Annotated[str, Meta(min_length=1, max_length=200)]
+    weight: Annotated[float, Meta(gt=0)] = 1.0
+
+
+class TenantUpdate(Body):
+    name: Annotated[str, Meta(min_length=1, max_length=200)] | UnsetType = UNSET
+    status: Literal["active", "disabled"] | UnsetType = UNSET
+    weight: Annotated[float, Meta(gt=0)] | UnsetType = UNSET
+
+
+class KeyCreate(Body):
+    tenant_id: str | None = None
+    admin: bool = False
+    name: Annotated[str, Meta(max_length=200)] = ""
+    models: list[str] | None = None
+    expires_at: datetime | None = None
+    expires_in_seconds: Annotated[float, Meta(gt=0)] | None = None
+
+
+class KeyRotate(Body):
+    grace_seconds: Annotated[float, Meta(ge=0)] = 86400.0
+
+
+class LimitsBody(Body):
+    """PUT: absent fields mean "no limit"; PATCH: absent fields stay as they are, null clears."""
+
+    requests_per_minute: NonNeg | None | UnsetType = UNSET
+    tokens_per_minute: NonNeg | None | UnsetType = UNSET
+    max_concurrency: NonNeg | None | UnsetType = UNSET
+    token_budget: NonNeg | None | UnsetType = UNSET
+    cost_budget: Annotated[float, Meta(ge=0)] | None | UnsetType = UNSET
+    budget_period: Literal["day", "month", "total"] | UnsetType = UNSET
+
+    def changes(self) -> dict[str, Any]:
+        return {f: getattr(self, f) for f in self.__struct_fields__ if getattr(self, f) is not UNSET}
+
+    def as_limits(self) -> Limits:
+        return Limits(**self.changes())
+
+
+def decode(body: bytes, type: type[T]) -> T:
+    """Decode a JSON body, turning every problem into a 400 that names the parameter."""
+    if not body.strip():
+        body = b"{}"
+    try:
+        return msgspec.json.decode(body, type=type)
+    except msgspec.ValidationError as exc:
+        problem, sep, where = str(exc).rpartition(" - at `")
+        param = where.rstrip("`").removeprefix("$.") if sep else None
+        raise AdminError(f"invalid request body: {problem or exc}", param=param or None) from None
+    except msgspec.DecodeError:
+        raise AdminError("the request body must be a JSON object") from None

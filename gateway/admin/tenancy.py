@@ -1,0 +1,86 @@
+"""Everything issue 3 adds to a running gateway, built from settings in one place.
+
+``build_services`` takes the authenticator, admission and usage sink from here; the app factory
+mounts ``routers``; ``start``/``aclose`` run in the app's lifespan (uvicorn calls the shutdown half
+on SIGTERM, which flushes the usage buffer).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from litestar import Router
+from sqlalchemy import select
+
+from gateway.admin.api import admin_routers
+from gateway.admin.service import TenancyService
+from gateway.auth.authenticator import SqlAuthenticator
+from gateway.db.engine import Database
+from gateway.db.migrate import check_schema
+from gateway.db.models import ModelPrice
+from gateway.quotas.admission import QuotaAdmission
+from gateway.quotas.limits import LimitsSource
+from gateway.quotas.redis_store import RedisStore, connect_redis
+from gateway.quotas.store import MemoryStore, QuotaStore
+from gateway.settings import Settings
+from gateway.usage.pricing import Price, PriceTable
+from gateway.usage.writer import UsageWriter
+
+DEFAULT_JOURNAL_DIR = "var/usage-journal"
+
+
+@dataclass
+class Tenancy:
+    db: Database
+    authenticator: SqlAuthenticator
+    admission: QuotaAdmission
+    usage: UsageWriter
+    service: TenancyService
+    prices: PriceTable
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> Tenancy:
+        db = Database.from_url(settings.database.url)
+        ttl = settings.auth.key_cache_seconds
+        authenticator = SqlAuthenticator(db, ttl=ttl, admin_key=settings.auth.admin_key)
+        limits = LimitsSource(db, ttl=ttl)
+        store: QuotaStore = (
+            RedisStore(connect_redis(settings.redis.url), prefix="sy:q") if settings.redis.url else MemoryStore()
+        )
+        prices = PriceTable.from_config(settings.prices)
+        admission = QuotaAdmission(store, limits, prices, on_unavailable=settings.redis.on_unavailable)
+        journal = Path(os.environ.get("SWITCHYARD_USAGE_JOURNAL_DIR", DEFAULT_JOURNAL_DIR))
+        usage = UsageWriter(db, prices, journal_dir=journal)
+
+        def changed() -> None:  # this process sees admin changes at once; other replicas within the TTL
+            authenticator.invalidate()
+            limits.invalidate()
+
+        return cls(db, authenticator, admission, usage, TenancyService(db, on_change=changed), prices)
+
+    def routers(self) -> list[Router]:
+        return admin_routers(self.service, self.db, self.authenticator)
+
+    async def start(self) -> None:
+        """Refuse to run on an un-migrated database; load prices; start the usage writer."""
+        await check_schema(self.db.engine)
+        async with self.db.session() as s:
+            rows = (await s.scalars(select(ModelPrice))).all()
+        configured = set(self.prices.prices)
+        self.prices.update(
+            {
+                r.model: Price(r.input_per_million, r.output_per_million, r.cached_input_per_million)
+                for r in rows
+                if r.model not in configured  # the config file wins over stored prices
+            }
+        )
+        self.usage.start()
+
+    async def aclose(self) -> None:
+        await self.usage.aclose()
+        store = self.admission.store
+        if isinstance(store, RedisStore):
+            await store.redis.aclose()
+        await self.db.dispose()

@@ -1,0 +1,320 @@
+"""Admin commands on the database (same settings as the server): tenants, keys, limits, usage.
+
+Every command prints a rich table, or JSON with ``--json``; new keys are printed exactly once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import csv
+import io
+import json
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict, is_dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Annotated, Any, TypeVar
+
+import typer
+from rich.table import Table
+
+from gateway.admin.bootstrap import bootstrap as run_bootstrap
+from gateway.admin.service import AdminError, TenancyService
+from gateway.cli.db import ConfigOpt, console, fail, settings_from
+from gateway.db.engine import Database
+from gateway.db.migrate import SchemaNotReady, check_schema
+from gateway.quotas.limits import Limits
+from gateway.usage.report import ReportQuery, end_of_day, parse_day, usage_report
+
+T = TypeVar("T")
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
+
+tenant_app = typer.Typer(no_args_is_help=True, help="Tenants.")
+key_app = typer.Typer(no_args_is_help=True, help="API keys.")
+limits_app = typer.Typer(no_args_is_help=True, help="Quotas for a tenant or a key.")
+usage_app = typer.Typer(no_args_is_help=True, help="Usage reports.")
+
+
+def run(config: Any, job: Callable[[TenancyService, Database], Awaitable[T]]) -> T:
+    url = settings_from(config).database.url
+
+    async def go() -> T:
+        db = Database.from_url(url)
+        try:
+            await check_schema(db.engine)
+            return await job(TenancyService(db), db)
+        finally:
+            await db.dispose()
+
+    try:
+        return asyncio.run(go())
+    except (AdminError, SchemaNotReady, ValueError) as exc:
+        fail(getattr(exc, "message", str(exc)))
+    raise AssertionError("unreachable")
+
+
+def plain(value: Any) -> Any:
+    if is_dataclass(value) and not isinstance(value, type):
+        value = asdict(value)
+    if isinstance(value, dict):
+        return {k: plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [plain(v) for v in value]
+    if isinstance(value, datetime):
+        return value.isoformat()
+    return value
+
+
+def show(rows: list[dict[str, Any]], as_json: bool, columns: list[str] | None = None, title: str | None = None) -> None:
+    rows = [plain(r) for r in rows]
+    if as_json:
+        typer.echo(json.dumps(rows, indent=2))
+        return
+    columns = columns or (list(rows[0]) if rows else [])
+    table = Table(title=title)
+    for c in columns:
+        table.add_column(c)
+    for r in rows:
+        table.add_row(*["" if r.get(c) is None else str(r.get(c)) for c in columns])
+    console.print(table)
+
+
+def show_one(row: Any, as_json: bool) -> None:
+    data = plain(row)
+    if as_json:
+        typer.echo(json.dumps(data, indent=2))
+        return
+    table = Table(show_header=False)
+    for k, v in data.items():
+        table.add_row(k, "" if v is None else str(v))
+    console.print(table)
+
+
+def print_secret(secret: str, as_json: bool, data: dict[str, Any]) -> None:
+    if as_json:
+        typer.echo(json.dumps({**plain(data), "key": secret}, indent=2))
+        return
+    show_one(data, False)
+    console.print("\n[bold]API key (shown once, store it now):[/bold]")
+    typer.echo(secret)
+
+
+# ---------------------------------------------------------------- tenants
+
+TENANT_COLUMNS = ["id", "name", "status", "weight", "created_at"]
+
+
+@tenant_app.command("create")
+def tenant_create(name: str, weight: float = 1.0, config: ConfigOpt = None, as_json: JsonOpt = False) -> None:
+    """Create a tenant."""
+    show_one(run(config, lambda svc, _: svc.create_tenant(name, weight=weight)), as_json)
+
+
+@tenant_app.command("list")
+def tenant_list(config: ConfigOpt = None, as_json: JsonOpt = False) -> None:
+    """List tenants."""
+    show([asdict(t) for t in run(config, lambda svc, _: svc.list_tenants())], as_json, TENANT_COLUMNS)
+
+
+@tenant_app.command("show")
+def tenant_show(tenant: str, config: ConfigOpt = None, as_json: JsonOpt = False) -> None:
+    """Show a tenant (by id or name), its keys and limits."""
+
+    async def job(svc: TenancyService, _: Database) -> dict[str, Any]:
+        t = await svc.get_tenant(tenant)
+        keys = await svc.list_keys(t.id)
+        return {**asdict(t), "limits": (await svc.get_limits("tenant", t.id)).as_dict(), "keys": [asdict(k) for k in keys]}
+
+    data = run(config, job)
+    if as_json:
+        typer.echo(json.dumps(plain(data), indent=2))
+        return
+    show_one({k: v for k, v in data.items() if k not in ("keys", "limits")}, False)
+    show([data["limits"]], False, title="limits")
+    show(data["keys"], False, KEY_COLUMNS, title="keys")
+
+
+@tenant_app.command("disable")
+def tenant_disable(tenant: str, config: ConfigOpt = None, as_json: JsonOpt = False) -> None:
+    """Disable a tenant: all its keys stop working (within the key cache time)."""
+    show_one(run(config, lambda svc, _: svc.update_tenant(tenant, status="disabled")), as_json)
+
+
+@tenant_app.command("enable")
+def tenant_enable(tenant: str, config: ConfigOpt = None, as_json: JsonOpt = False) -> None:
+    """Re-enable a disabled tenant."""
+    show_one(run(config, lambda svc, _: svc.update_tenant(tenant, status="active")), as_json)
+
+
+# ---------------------------------------------------------------- keys
+
+KEY_COLUMNS = ["id", "tenant_id", "name", "prefix", "status", "allowed_models", "expires_at", "is_admin"]
+
+
+@key_app.command("create")
+def key_create(
+    tenant: Annotated[str | None, typer.Option(help="Tenant id or name.")] = None,
+    admin: Annotated[bool, typer.Option("--admin", help="An admin key (no tenant).")] = False,
+    name: str = "",
+    model: Annotated[list[str] | None, typer.Option("--model", help="Allowed model (repeatable; default: all).")] = None,
+    expires_in_days: Annotated[float | None, typer.Option(help="Expire after this many days.")] = None,
+    config: ConfigOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Create a key for a tenant (or --admin); the key is printed once."""
+    expires = datetime.now(UTC) + timedelta(days=expires_in_days) if expires_in_days else None
+    created = run(config, lambda svc, _: svc.create_key(tenant, name=name, models=model, expires_at=expires, admin=admin))
+    print_secret(created.secret, as_json, asdict(created.key))
+
+
+@key_app.command("list")
+def key_list(
+    tenant: Annotated[str | None, typer.Option(help="Only this tenant's keys.")] = None,
+    config: ConfigOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """List keys (prefixes only; secrets are never stored)."""
+    show([asdict(k) for k in run(config, lambda svc, _: svc.list_keys(tenant))], as_json, KEY_COLUMNS)
+
+
+@key_app.command("revoke")
+def key_revoke(key_id: str, config: ConfigOpt = None, as_json: JsonOpt = False) -> None:
+    """Revoke a key (rejected everywhere within the key cache time, at most 5 s)."""
+    show_one(run(config, lambda svc, _: svc.revoke_key(key_id)), as_json)
+
+
+@key_app.command("rotate")
+def key_rotate(
+    key_id: str,
+    grace_hours: Annotated[float, typer.Option(help="How long the old key keeps working.")] = 24.0,
+    config: ConfigOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Replace a key: a new key (printed once) with the same tenant, models and limits."""
+    created = run(config, lambda svc, _: svc.rotate_key(key_id, grace_seconds=grace_hours * 3600))
+    print_secret(created.secret, as_json, asdict(created.key))
+
+
+# ---------------------------------------------------------------- limits
+
+
+def _scope(tenant: str | None, key: str | None) -> tuple[str, str]:
+    if (tenant is None) == (key is None):
+        fail("give exactly one of --tenant or --key")
+    return ("tenant", tenant) if tenant is not None else ("key", key)  # type: ignore[return-value]
+
+
+NONE_HELP = "(-1 removes the limit)"
+
+
+@limits_app.command("set")
+def limits_set(
+    tenant: Annotated[str | None, typer.Option(help="Tenant id or name.")] = None,
+    key: Annotated[str | None, typer.Option(help="Key id.")] = None,
+    rpm: Annotated[int | None, typer.Option(help=f"Requests per minute {NONE_HELP}.")] = None,
+    tpm: Annotated[int | None, typer.Option(help=f"Tokens per minute {NONE_HELP}.")] = None,
+    concurrency: Annotated[int | None, typer.Option(help=f"Concurrent requests {NONE_HELP}.")] = None,
+    token_budget: Annotated[int | None, typer.Option(help=f"Tokens per budget period {NONE_HELP}.")] = None,
+    cost_budget: Annotated[float | None, typer.Option(help=f"USD per budget period {NONE_HELP}.")] = None,
+    period: Annotated[str | None, typer.Option(help="Budget period: day, month or total.")] = None,
+    config: ConfigOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Change the given limits of a tenant or key; the others stay as they are."""
+    scope, ref = _scope(tenant, key)
+    given = {
+        "requests_per_minute": rpm,
+        "tokens_per_minute": tpm,
+        "max_concurrency": concurrency,
+        "token_budget": token_budget,
+        "cost_budget": cost_budget,
+    }
+    changes: dict[str, Any] = {k: (None if v is not None and v < 0 else v) for k, v in given.items() if v is not None}
+    if period is not None:
+        changes["budget_period"] = period
+    limits = run(config, lambda svc, _: svc.update_limits(scope, ref, **changes))
+    show_one(limits.as_dict(), as_json)
+
+
+@limits_app.command("show")
+def limits_show(
+    tenant: Annotated[str | None, typer.Option(help="Tenant id or name.")] = None,
+    key: Annotated[str | None, typer.Option(help="Key id.")] = None,
+    config: ConfigOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Show the limits of a tenant or key (empty: unlimited)."""
+    scope, ref = _scope(tenant, key)
+    limits: Limits = run(config, lambda svc, _: svc.get_limits(scope, ref))
+    show_one(limits.as_dict(), as_json)
+
+
+# ---------------------------------------------------------------- usage
+
+
+@usage_app.command("report")
+def usage_report_cmd(
+    start: Annotated[str | None, typer.Option(help="From this day (YYYY-MM-DD, UTC), inclusive.")] = None,
+    end: Annotated[str | None, typer.Option(help="To this day, inclusive.")] = None,
+    by: Annotated[str, typer.Option(help="Group by: comma-separated tenant,key,model,day.")] = "tenant,model,day",
+    tenant: Annotated[str | None, typer.Option(help="Only this tenant (id or name).")] = None,
+    key: Annotated[str | None, typer.Option(help="Only this key id.")] = None,
+    fmt: Annotated[str, typer.Option("--format", help="table, csv or json.")] = "table",
+    config: ConfigOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Requests, tokens and cost from the usage records."""
+    if fmt not in ("table", "csv", "json"):
+        fail("--format must be table, csv or json")
+
+    async def job(svc: TenancyService, db: Database) -> list[dict[str, Any]]:
+        tenant_id = (await svc.get_tenant(tenant)).id if tenant else None
+        q = ReportQuery(
+            start=parse_day(start, "start") if start else None,
+            end=end_of_day(end, "end") if end else None,
+            group_by=tuple(g.strip() for g in by.split(",") if g.strip()),
+            tenant_id=tenant_id,
+            key_id=key,
+        )
+        return await usage_report(db, q)
+
+    rows = run(config, job)
+    if as_json or fmt == "json":
+        show(rows, True)
+    elif fmt == "csv":
+        out = io.StringIO()
+        if rows:
+            writer = csv.DictWriter(out, fieldnames=list(rows[0]))
+            writer.writeheader()
+            writer.writerows(rows)
+        typer.echo(out.getvalue(), nl=False)
+    elif rows:
+        show(rows, False)
+    else:
+        console.print("no usage in that range")
+
+
+# ---------------------------------------------------------------- bootstrap
+
+
+def bootstrap(config: ConfigOpt = None, as_json: JsonOpt = False) -> None:
+    """Migrate the database; on first run create tenant "default" and print its key once."""
+    url = settings_from(config).database.url
+    try:
+        result = asyncio.run(run_bootstrap(url))
+    except Exception as exc:
+        fail(f"bootstrap failed: {exc}")
+    if as_json:
+        typer.echo(json.dumps(asdict(result), indent=2))
+    elif result.created:
+        typer.echo(f"Created tenant 'default' ({result.tenant_id}) and key {result.key_id}.")
+        typer.echo(f"API key (shown once, store it now):\n{result.secret}")
+    else:
+        console.print("database is migrated; tenant keys already exist (nothing created)")
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(tenant_app, name="tenant")
+    app.add_typer(key_app, name="key")
+    app.add_typer(limits_app, name="limits")
+    app.add_typer(usage_app, name="usage")
+    app.command("bootstrap")(bootstrap)

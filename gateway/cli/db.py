@@ -1,0 +1,83 @@
+"""`switchyard db upgrade|downgrade|current`: Alembic migrations on the configured database."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from gateway.db import migrate
+from gateway.db.engine import Database, safe_url
+from gateway.settings import ConfigError, Settings, load_settings, parse_settings
+
+console = Console(highlight=False)
+err = Console(stderr=True, highlight=False)
+
+ConfigOpt = Annotated[
+    Path | None,
+    typer.Option("--config", "-c", help="Config file (default: $SWITCHYARD_CONFIG or config/default.yaml)."),
+]
+
+db_app = typer.Typer(no_args_is_help=True, help="Database migrations.")
+
+
+def settings_from(config: Path | None) -> Settings:
+    """The server's settings: the given file, else $SWITCHYARD_CONFIG, else config/default.yaml
+    when it exists, else the built-in defaults (env overrides apply in every case)."""
+    try:
+        if config is not None or os.environ.get("SWITCHYARD_CONFIG") or Path("config/default.yaml").exists():
+            return load_settings(config)
+        return parse_settings({})
+    except ConfigError as exc:
+        err.print(f"[red]{exc}[/red]")
+        raise typer.Exit(2) from None
+
+
+def fail(message: str, code: int = 1) -> None:
+    err.print(f"[red]error:[/red] {message}")
+    raise typer.Exit(code)
+
+
+@db_app.command()
+def upgrade(config: ConfigOpt = None, revision: str = typer.Option("head", help="Target revision.")) -> None:
+    """Migrate the database up to REVISION (default: the latest)."""
+    url = settings_from(config).database.url
+    try:
+        migrate.upgrade(url, revision)
+    except Exception as exc:
+        fail(f"upgrade of {safe_url(url)} failed: {exc}")
+    console.print(f"database {safe_url(url)} is at revision {revision if revision != 'head' else migrate.head_revision()}")
+
+
+@db_app.command()
+def downgrade(config: ConfigOpt = None, revision: str = typer.Option("-1", help="Target revision ('base': empty).")) -> None:
+    """Migrate the database down to REVISION (default: one step)."""
+    url = settings_from(config).database.url
+    try:
+        migrate.downgrade(url, revision)
+    except Exception as exc:
+        fail(f"downgrade of {safe_url(url)} failed: {exc}")
+    console.print(f"database {safe_url(url)} downgraded to {revision}")
+
+
+@db_app.command()
+def current(config: ConfigOpt = None) -> None:
+    """Show the database's revision and the latest one."""
+    url = settings_from(config).database.url
+
+    async def run() -> str | None:
+        db = Database.from_url(url)
+        try:
+            return await migrate.current_revision(db.engine)
+        finally:
+            await db.dispose()
+
+    try:
+        rev = asyncio.run(run())
+    except Exception as exc:
+        fail(f"cannot read {safe_url(url)}: {exc}")
+    console.print(f"current: {rev or '(empty)'}  head: {migrate.head_revision()}")
