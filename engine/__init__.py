@@ -1,0 +1,23 @@
+"""Switchyard's inference engine: paged KV cache, continuous batching, native models.
+
+``from engine import LLM, SamplingParams`` for offline generation; ``AsyncEngine`` for serving.
+"""
+
+from engine.async_engine import AsyncEngine
+from engine.config import EngineConfig
+from engine.llm_engine import LLM, CompletionOutput, LLMEngine, RequestOutput
+from engine.metrics import MetricsSnapshot
+from engine.sampling_params import SamplingParams
+from engine.scheduler import RequestRejected
+
+__all__ = [
+    "AsyncEngine",
+    "CompletionOutput",
+    "EngineConfig",
+    "LLM",
+    "LLMEngine",
+    "MetricsSnapshot",
+    "RequestOutput",
+    "RequestRejected",
+    "SamplingParams",
+]

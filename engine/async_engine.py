@@ -1,0 +1,172 @@
+"""Asyncio front of the engine for serving.
+
+One background task drives ``LLMEngine.step`` in a dedicated worker thread, so the event loop
+never blocks on the model. Requests and aborts that arrive while a step is running are applied
+right after it; an abort with no step in flight frees the sequence's blocks immediately.
+Leaving the output iterator early (client gone) aborts the request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from engine.config import EngineConfig
+from engine.llm_engine import LLMEngine, RequestOutput
+from engine.metrics import MetricsSnapshot
+from engine.sampling_params import SamplingParams
+
+
+@dataclass
+class _Pending:
+    request_id: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    priority: int
+
+
+class AsyncEngine:
+    def __init__(self, config: EngineConfig | None = None, *, engine: LLMEngine | None = None) -> None:
+        if engine is None:
+            if config is None:
+                raise ValueError("give an EngineConfig or an LLMEngine")
+            engine = LLMEngine(config)
+        self.engine = engine
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine-step")
+        self._streams: dict[str, asyncio.Queue[RequestOutput | BaseException]] = {}
+        self._adds: list[_Pending] = []
+        self._aborts: list[str] = []
+        self._wake = asyncio.Event()
+        self._in_flight = False
+        self._closed = False
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def tokenizer(self):  # -> engine.tokenizer.Tokenizer | None
+        return self.engine.tokenizer
+
+    @property
+    def max_model_len(self) -> int:
+        return self.engine.max_model_len
+
+    def get_metrics(self) -> MetricsSnapshot:
+        return self.engine.get_metrics()
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt: str | list[int],
+        params: SamplingParams | None = None,
+        priority: int = 0,
+    ) -> AsyncIterator[RequestOutput]:
+        """Validate and queue a request (raising RequestRejected / ValueError now, not later);
+        return an async iterator of its outputs, the last one with ``finished=True``."""
+        if self._closed:
+            raise RuntimeError("the engine is shut down")
+        if request_id in self._streams:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        params = params or SamplingParams()
+        prompt_ids = self.engine.tokenize(prompt)
+        self.engine.scheduler.check_fits(len(prompt_ids), params.max_tokens)
+        queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
+        self._streams[request_id] = queue
+        self._adds.append(_Pending(request_id, prompt_ids, params, priority))
+        self._ensure_running()
+        self._wake.set()
+        return self._stream(request_id, queue)
+
+    async def _stream(
+        self, request_id: str, queue: asyncio.Queue[RequestOutput | BaseException]
+    ) -> AsyncIterator[RequestOutput]:
+        finished = False
+        try:
+            while not finished:
+                item = await queue.get()
+                if isinstance(item, BaseException):
+                    finished = True
+                    raise item
+                finished = item.finished
+                yield item
+        finally:
+            if not finished:
+                self.abort(request_id)
+
+    def abort(self, request_id: str) -> None:
+        """Cancel a request; its blocks are freed now, or right after the running step."""
+        for i, pending in enumerate(self._adds):
+            if pending.request_id == request_id:
+                del self._adds[i]
+                self._streams.pop(request_id, None)
+                return
+        if request_id not in self._streams:
+            return
+        if self._in_flight:
+            self._aborts.append(request_id)
+        else:
+            self._abort_now(request_id)
+
+    def _abort_now(self, request_id: str) -> None:
+        final = self.engine.abort_request(request_id)
+        queue = self._streams.pop(request_id, None)
+        if queue is not None and final is not None:
+            queue.put_nowait(final)
+
+    def _apply_pending(self) -> None:
+        aborts, self._aborts = self._aborts, []
+        for request_id in aborts:
+            self._abort_now(request_id)
+        adds, self._adds = self._adds, []
+        for p in adds:
+            try:
+                self.engine.add_request(p.request_id, p.prompt_ids, p.params, p.priority)
+            except Exception as exc:  # validated on entry; anything here is reported, not lost
+                queue = self._streams.pop(p.request_id, None)
+                if queue is not None:
+                    queue.put_nowait(exc)
+
+    def _ensure_running(self) -> None:
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._run(), name="engine-loop")
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while not self._closed:
+            self._apply_pending()
+            if not self.engine.has_unfinished_requests():
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            self._in_flight = True
+            try:
+                outputs = await loop.run_in_executor(self._executor, self.engine.step)
+            except Exception as exc:
+                self._fail_all(exc)
+                continue
+            finally:
+                self._in_flight = False
+            self._apply_pending()
+            for output in outputs:
+                queue = self._streams.get(output.request_id)
+                if queue is None:
+                    continue
+                queue.put_nowait(output)
+                if output.finished:
+                    del self._streams[output.request_id]
+
+    def _fail_all(self, exc: Exception) -> None:
+        """A step raised: end every stream with the error and drop its requests."""
+        for request_id, queue in list(self._streams.items()):
+            self.engine.abort_request(request_id)
+            queue.put_nowait(RuntimeError(f"engine step failed: {exc!r}"))
+        self._streams.clear()
+
+    async def shutdown(self) -> None:
+        self._closed = True
+        self._wake.set()
+        if self._task is not None:
+            await asyncio.gather(self._task, return_exceptions=True)
+        for request_id in list(self._streams):
+            self._abort_now(request_id)
+        self._executor.shutdown(wait=True)

@@ -1,0 +1,82 @@
+"""Engine configuration: one dataclass, validated once at construction."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+_DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "float": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+    "half": torch.float16,
+}
+
+
+def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    """Map a vLLM-style dtype name ("float32", "bfloat16", "float16") to a torch dtype."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    try:
+        return _DTYPES[dtype.lower()]
+    except KeyError:
+        raise ValueError(f"unknown dtype {dtype!r}; choose one of {sorted(_DTYPES)}") from None
+
+
+@dataclass
+class EngineConfig:
+    """Everything the engine needs to size its cache and schedule.
+
+    On CUDA the number of KV blocks comes from ``gpu_memory_utilization`` (vLLM's rule); on CPU
+    set ``kv_cache_bytes`` or ``num_kv_blocks`` (``num_kv_blocks`` wins when both are set).
+    ``max_model_len`` defaults to the model's ``max_position_embeddings``.
+    """
+
+    model: str
+    dtype: str | torch.dtype = "float32"
+    device: str = "cpu"
+    block_size: int = 16
+    gpu_memory_utilization: float = 0.9
+    kv_cache_bytes: int | None = None
+    num_kv_blocks: int | None = None
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 2048
+    max_model_len: int | None = None
+    enable_prefix_caching: bool = True
+    enable_chunked_prefill: bool = True
+    scheduling_policy: str = "fcfs"
+    attn_backend: str = "torch"
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        self.torch_dtype = parse_dtype(self.dtype)
+        if self.block_size <= 0:
+            raise ValueError("block_size must be positive")
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ValueError("gpu_memory_utilization must be in (0, 1]")
+        if self.max_num_seqs <= 0 or self.max_num_batched_tokens <= 0:
+            raise ValueError("max_num_seqs and max_num_batched_tokens must be positive")
+        if self.num_kv_blocks is not None and self.num_kv_blocks <= 0:
+            raise ValueError("num_kv_blocks must be positive")
+        if self.kv_cache_bytes is not None and self.kv_cache_bytes <= 0:
+            raise ValueError("kv_cache_bytes must be positive")
+        if self.scheduling_policy not in ("fcfs", "priority"):
+            raise ValueError("scheduling_policy must be 'fcfs' or 'priority'")
+
+    def resolve_max_model_len(self, model_max_len: int) -> int:
+        """Fix ``max_model_len`` against the model's limit and check the token budget."""
+        if self.max_model_len is None:
+            self.max_model_len = model_max_len
+        elif self.max_model_len > model_max_len:
+            raise ValueError(
+                f"max_model_len={self.max_model_len} exceeds the model's "
+                f"max_position_embeddings={model_max_len}"
+            )
+        if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
+            raise ValueError(
+                f"without chunked prefill max_num_batched_tokens ({self.max_num_batched_tokens}) "
+                f"must be >= max_model_len ({self.max_model_len}); raise it or lower max_model_len"
+            )
+        return self.max_model_len

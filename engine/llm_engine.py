@@ -1,0 +1,337 @@
+"""The synchronous engine (add requests, step) and the offline ``LLM`` front over it."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence as Seq
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from engine.block_manager import BlockManager
+from engine.capacity import Capacity, KVLayout
+from engine.config import EngineConfig
+from engine.metrics import EngineMetrics, MetricsSnapshot
+from engine.model_runner import ModelRunner
+from engine.sampling_params import SamplingParams
+from engine.scheduler import FCFSQueue, PriorityQueue, Scheduler
+from engine.sequence import FinishReason, Sequence, SequenceStatus, TokenLogprob
+from engine.text_output import TextState
+
+
+@dataclass
+class CompletionOutput:
+    """One continuation. ``text``/``token_ids``/``logprobs`` are cumulative; the ``delta_``
+    fields hold what is new since the previous output of the same request."""
+
+    index: int
+    text: str
+    token_ids: list[int]
+    logprobs: list[TokenLogprob] | None
+    finish_reason: str | None
+    stop_reason: str | int | None = None
+    delta_text: str = ""
+    delta_token_ids: list[int] = field(default_factory=list)
+    delta_logprobs: list[TokenLogprob] | None = None
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput]
+    finished: bool
+    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
+
+    @property
+    def num_generated_tokens(self) -> int:
+        return sum(len(o.token_ids) for o in self.outputs)
+
+
+@dataclass
+class _Request:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    seqs: list[Sequence]
+    texts: list[TextState]
+    arrival_time: float
+    sent_tokens: list[int]  # per sequence: tokens already reported
+
+    @property
+    def finished(self) -> bool:
+        return all(s.is_finished for s in self.seqs)
+
+
+def _load_tokenizer(model_path: str):  # -> engine.tokenizer.Tokenizer | None
+    folder = Path(model_path)
+    if not any((folder / f).exists() for f in ("tokenizer.json", "tokenizer_config.json")):
+        return None
+    from engine.tokenizer import Tokenizer
+
+    return Tokenizer(model_path)
+
+
+def _config_eos_ids(hf_config: object, model_path: str) -> set[int]:
+    ids: set[int] = set()
+    sources = [getattr(hf_config, "eos_token_id", None)]
+    gen = Path(model_path) / "generation_config.json"
+    if gen.exists():
+        sources.append(json.loads(gen.read_text()).get("eos_token_id"))
+    for value in sources:
+        if isinstance(value, int):
+            ids.add(value)
+        elif isinstance(value, list):
+            ids.update(int(v) for v in value)
+    return ids
+
+
+class LLMEngine:
+    """Owns model, cache, scheduler; ``step()`` runs one batch and returns changed requests."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        from engine.loader import load_model, model_kv_shape
+
+        self.config = config
+        model, hf_config = load_model(config.model, config.torch_dtype, config.device, config.attn_backend)
+        self.hf_config = hf_config
+        self.tokenizer = _load_tokenizer(config.model)
+        self.eos_token_ids = _config_eos_ids(hf_config, config.model)
+        if self.tokenizer is not None:
+            self.eos_token_ids |= set(self.tokenizer.eos_token_ids)
+        max_len = config.resolve_max_model_len(int(getattr(hf_config, "max_position_embeddings", 2048)))
+        layout = KVLayout(*model_kv_shape(hf_config), dtype=config.torch_dtype)
+        self.runner = ModelRunner(model, layout, config, self.eos_token_ids)
+        self.capacity = Capacity(layout, self.runner.determine_num_blocks(), config.block_size)
+        self.capacity.check_fits(max_len)
+        self.runner.allocate_kv_cache(self.capacity.num_blocks)
+        self.block_manager = BlockManager(
+            self.capacity.num_blocks, config.block_size, config.enable_prefix_caching
+        )
+        policy = PriorityQueue() if config.scheduling_policy == "priority" else FCFSQueue()
+        self.scheduler = Scheduler(
+            self.block_manager,
+            config.max_num_seqs,
+            config.max_num_batched_tokens,
+            max_len,
+            config.enable_chunked_prefill,
+            policy,
+        )
+        self.metrics = EngineMetrics()
+        self._requests: dict[str, _Request] = {}
+
+    @property
+    def max_model_len(self) -> int:
+        return self.scheduler.max_model_len
+
+    # -- requests ----------------------------------------------------------------------------
+
+    def tokenize(self, prompt: str | list[int]) -> list[int]:
+        if not isinstance(prompt, str):
+            return list(prompt)
+        if self.tokenizer is None:
+            raise ValueError("this model folder has no tokenizer; pass token ids")
+        return self.tokenizer.encode(prompt)
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt: str | list[int],
+        params: SamplingParams | None = None,
+        priority: int = 0,
+    ) -> None:
+        """Queue a request; raise RequestRejected if it can never fit, ValueError if malformed."""
+        if request_id in self._requests:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        params = params or SamplingParams()
+        prompt_ids = self.tokenize(prompt)
+        vocab = int(getattr(self.hf_config, "vocab_size", 0)) or None
+        if vocab is not None and any(not 0 <= t < vocab for t in prompt_ids):
+            raise ValueError(f"prompt token ids must be in [0, {vocab})")
+        self.scheduler.check_fits(len(prompt_ids), params.max_tokens)
+        now = time.monotonic()
+        salt = 0 if self.config.enable_prefix_caching else (hash(request_id) | 1)
+        seqs = []
+        for i in range(params.n):
+            seq = Sequence(request_id, prompt_ids, params, index=i, priority=priority, arrival_time=now)
+            seq.cache_salt = salt
+            if params.seed is not None:
+                seq.generator = torch.Generator(device=self.runner.device)
+                seq.generator.manual_seed((params.seed + i * 0x9E3779B1) % 2**63)
+            seqs.append(seq)
+        texts = [TextState(self.tokenizer, params, prompt_ids) for _ in seqs]
+        prompt_text = prompt if isinstance(prompt, str) else None
+        self._requests[request_id] = _Request(request_id, prompt_text, prompt_ids, seqs, texts, now, [0] * len(seqs))
+        for seq in seqs:
+            self.scheduler.add(seq)
+
+    def abort_request(self, request_id: str) -> RequestOutput | None:
+        """Cancel a request and free its KV blocks now; return its final output."""
+        req = self._requests.pop(request_id, None)
+        if req is None:
+            return None
+        for seq in req.seqs:
+            if not seq.is_finished:
+                self.scheduler.finish(seq, FinishReason.ABORT)
+        return self._output(req)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self._requests)
+
+    @property
+    def num_requests(self) -> int:
+        return len(self._requests)
+
+    # -- stepping ----------------------------------------------------------------------------
+
+    def step(self) -> list[RequestOutput]:
+        out = self.scheduler.schedule()
+        if out.is_empty:
+            return []
+        result = self.runner.execute(out.scheduled)
+        self.scheduler.update_after_step(out)
+        touched: dict[str, _Request] = {}
+        sample = result.output
+        for j, item in enumerate(result.sampled):
+            assert sample is not None
+            seq = item.seq
+            logprob = None
+            if seq.params.logprobs is not None and sample.logprobs is not None:
+                assert sample.top_ids is not None and sample.top_logprobs is not None
+                top = dict(zip(sample.top_ids[j], sample.top_logprobs[j]))
+                logprob = TokenLogprob(sample.token_ids[j], sample.logprobs[j], top)
+            self._append(seq, sample.token_ids[j], logprob)
+            req = self._requests[seq.request_id]
+            touched[req.request_id] = req
+        self._record_step()
+        outputs = [self._output(req) for req in touched.values()]
+        for req in touched.values():
+            if req.finished:
+                del self._requests[req.request_id]
+                self.metrics.e2e_latency.observe(time.monotonic() - req.arrival_time)
+        return outputs
+
+    def _append(self, seq: Sequence, token: int, logprob: TokenLogprob | None) -> None:
+        previous = seq.last_token_time
+        seq.append_token(token, logprob)
+        m = self.metrics
+        m.generation_tokens += 1
+        if previous is None:
+            m.prompt_tokens += seq.num_prompt_tokens
+            m.ttft.observe(seq.last_token_time - seq.arrival_time)  # type: ignore[operator]
+        else:
+            m.itl.observe(seq.last_token_time - previous)  # type: ignore[operator]
+        reason = self._stop_reason(seq, token)
+        if reason is not None:
+            self.scheduler.finish(seq, reason)
+
+    def _stop_reason(self, seq: Sequence, token: int) -> FinishReason | None:
+        p = seq.params
+        text = self._requests[seq.request_id].texts[seq.index]
+        if seq.num_output_tokens >= p.min_tokens:
+            if token in p.stop_token_ids:
+                text.stop(token)
+                return FinishReason.STOP
+            if not p.ignore_eos and token in self.eos_token_ids:
+                text.stop(None)
+                return FinishReason.STOP
+        if text.push(token):
+            return FinishReason.STOP
+        if seq.num_tokens >= seq.max_len:
+            text.finish()
+            return FinishReason.LENGTH
+        return None
+
+    def _record_step(self) -> None:
+        held = sum(s.num_computed_tokens for s in self.scheduler.running)
+        slots = sum(len(s.block_table) for s in self.scheduler.running) * self.config.block_size
+        self.metrics.record_step(held, slots)
+
+    def _output(self, req: _Request) -> RequestOutput:
+        outs = []
+        for i, (seq, text) in enumerate(zip(req.seqs, req.texts)):
+            sent = req.sent_tokens[i]
+            want_lp = seq.params.logprobs is not None
+            outs.append(
+                CompletionOutput(
+                    index=seq.index,
+                    text=text.text,
+                    token_ids=list(seq.output_token_ids),
+                    logprobs=list(seq.logprobs) if want_lp else None,
+                    finish_reason=seq.finish_reason.value if seq.finish_reason else None,
+                    stop_reason=text.stop_reason,
+                    delta_text=text.take_delta(),
+                    delta_token_ids=seq.output_token_ids[sent:],
+                    delta_logprobs=seq.logprobs[sent:] if want_lp else None,
+                )
+            )
+            req.sent_tokens[i] = seq.num_output_tokens
+        return RequestOutput(
+            req.request_id, req.prompt, req.prompt_token_ids, outs, req.finished, req.seqs[0].num_cached_tokens
+        )
+
+    def get_metrics(self) -> MetricsSnapshot:
+        s, b = self.scheduler, self.block_manager
+        return self.metrics.snapshot(
+            len(s.running), len(s.waiting), b.usage, b.prefix_queries, b.prefix_hits, s.num_preemptions
+        )
+
+
+PromptInput = str | list[int]
+
+
+class LLM:
+    """Offline batch generation: ``LLM(path, **engine_args).generate(prompts, params)``."""
+
+    def __init__(self, model: str, **engine_args: object) -> None:
+        self.engine = LLMEngine(EngineConfig(model=model, **engine_args))  # type: ignore[arg-type]
+        self._counter = 0
+
+    @property
+    def tokenizer(self):  # -> engine.tokenizer.Tokenizer | None
+        return self.engine.tokenizer
+
+    def generate(
+        self,
+        prompts: PromptInput | Seq[PromptInput],
+        sampling_params: SamplingParams | Seq[SamplingParams] | None = None,
+        use_tqdm: bool = False,
+        priority: Seq[int] | None = None,
+    ) -> list[RequestOutput]:
+        if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]  # type: ignore[list-item]
+        prompt_list = list(prompts)  # type: ignore[arg-type]
+        if sampling_params is None or isinstance(sampling_params, SamplingParams):
+            params_list = [sampling_params or SamplingParams()] * len(prompt_list)
+        else:
+            params_list = list(sampling_params)
+            if len(params_list) != len(prompt_list):
+                raise ValueError("give one SamplingParams, or one per prompt")
+        ids: list[str] = []
+        try:
+            for i, (prompt, params) in enumerate(zip(prompt_list, params_list)):
+                self._counter += 1
+                self.engine.add_request(f"offline-{self._counter}", prompt, params, priority[i] if priority else 0)
+                ids.append(f"offline-{self._counter}")
+        except Exception:
+            for request_id in ids:
+                self.engine.abort_request(request_id)
+            raise
+        bar = None
+        if use_tqdm:
+            from tqdm import tqdm
+
+            bar = tqdm(total=len(ids), desc="generate", unit="req")
+        done: dict[str, RequestOutput] = {}
+        while self.engine.has_unfinished_requests():
+            for output in self.engine.step():
+                if output.finished:
+                    done[output.request_id] = output
+                    if bar is not None:
+                        bar.update(1)
+        if bar is not None:
+            bar.close()
+        return [done[i] for i in ids]

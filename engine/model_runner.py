@@ -1,0 +1,166 @@
+"""Runs one scheduled step: the flat batch, the model, logits for sampling rows, the sampler.
+
+Also owns the KV cache tensors (one per layer, ``[2, num_blocks, block_size, num_kv_heads,
+head_dim]``) and sizes them: on CUDA from ``gpu_memory_utilization`` minus weights and a measured
+activation peak (a profile run at the largest batch); on CPU from ``num_kv_blocks`` /
+``kv_cache_bytes``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from engine.capacity import KVLayout
+from engine.config import EngineConfig
+from engine.layers.attention import AttentionMetadata
+from engine.sampler import Sampler, SamplerOutput, SamplingRow
+from engine.scheduler import ScheduledSeq
+
+DEFAULT_CPU_KV_BYTES = 1 << 30
+
+
+@dataclass
+class StepResult:
+    sampled: list[ScheduledSeq]  # the scheduled sequences that sampled a token, in order
+    output: SamplerOutput | None
+
+
+class ModelRunner:
+    def __init__(self, model: nn.Module, layout: KVLayout, config: EngineConfig, eos_token_ids: set[int]) -> None:
+        self.model = model
+        self.layout = layout
+        self.config = config
+        self.device = torch.device(config.device)
+        self.block_size = config.block_size
+        self.eos_token_ids = sorted(eos_token_ids)
+        self.sampler = Sampler(self.device, config.seed)
+        self.kv_caches: list[torch.Tensor] = []
+
+    # -- KV cache ----------------------------------------------------------------------------
+
+    def _kv_tensors(self, num_blocks: int) -> list[torch.Tensor]:
+        shape = (2, num_blocks, self.block_size, self.layout.num_kv_heads, self.layout.head_dim)
+        return [
+            torch.zeros(shape, dtype=self.layout.dtype, device=self.device)
+            for _ in range(self.layout.num_layers)
+        ]
+
+    def determine_num_blocks(self) -> int:
+        cfg = self.config
+        if cfg.num_kv_blocks is not None:
+            return cfg.num_kv_blocks
+        if self.device.type == "cuda" and cfg.kv_cache_bytes is None:
+            return self._blocks_from_gpu_memory()
+        budget = cfg.kv_cache_bytes if cfg.kv_cache_bytes is not None else DEFAULT_CPU_KV_BYTES
+        return self.layout.blocks_in(budget, self.block_size)
+
+    def _blocks_from_gpu_memory(self) -> int:
+        """vLLM's rule: utilisation x total memory, minus everything but the KV cache at peak."""
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(self.device)
+        dummy_bytes = self._profile_run()
+        torch.cuda.synchronize(self.device)
+        peak = torch.cuda.max_memory_allocated(self.device) - dummy_bytes
+        free, total = torch.cuda.mem_get_info(self.device)
+        non_torch = (total - free) - torch.cuda.memory_reserved(self.device)
+        available = int(total * self.config.gpu_memory_utilization) - peak - max(0, non_torch)
+        torch.cuda.empty_cache()
+        return self.layout.blocks_in(available, self.block_size)
+
+    @torch.inference_mode()
+    def _profile_run(self) -> int:
+        """One forward at the largest batch the scheduler can build; return the dummy cache size."""
+        cfg = self.config
+        assert cfg.max_model_len is not None
+        seq_len = min(cfg.max_model_len, cfg.max_num_batched_tokens)
+        num_seqs = max(1, min(cfg.max_num_seqs, cfg.max_num_batched_tokens // seq_len))
+        blocks_per_seq = -(-seq_len // self.block_size)
+        caches = self._kv_tensors(num_seqs * blocks_per_seq)
+        num_tokens = num_seqs * seq_len
+        slots = torch.arange(num_tokens, device=self.device)
+        tables = torch.arange(num_seqs * blocks_per_seq, device=self.device, dtype=torch.int32)
+        meta = AttentionMetadata(
+            slot_mapping=slots,
+            block_tables=tables.view(num_seqs, blocks_per_seq),
+            context_lens=torch.full((num_seqs,), seq_len, dtype=torch.int32, device=self.device),
+            query_start_loc=torch.arange(0, num_tokens + 1, seq_len, dtype=torch.int32, device=self.device),
+            max_query_len=seq_len,
+            max_context_len=seq_len,
+            block_size=self.block_size,
+        )
+        ids = torch.zeros(num_tokens, dtype=torch.long, device=self.device)
+        positions = torch.arange(seq_len, device=self.device).repeat(num_seqs)
+        hidden = self.model(ids, positions, caches, meta)
+        rows = torch.arange(min(cfg.max_num_seqs, num_tokens), device=self.device) % num_tokens
+        logits = self.model.compute_logits(hidden[rows])
+        logits.log_softmax(dim=-1).topk(20, dim=-1)
+        logits.sort(dim=-1)
+        dummy = sum(c.numel() * c.element_size() for c in caches)
+        del caches, hidden, logits
+        return dummy
+
+    def allocate_kv_cache(self, num_blocks: int) -> None:
+        self.kv_caches = self._kv_tensors(num_blocks)
+
+    # -- one step ----------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def execute(self, scheduled: list[ScheduledSeq]) -> StepResult:
+        bs = self.block_size
+        ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        query_start = [0]
+        context_lens: list[int] = []
+        sample_rows: list[int] = []
+        sampled: list[ScheduledSeq] = []
+        for item in scheduled:
+            seq, n = item.seq, item.num_new_tokens
+            start, end = seq.num_computed_tokens, seq.num_computed_tokens + n
+            table = seq.block_table
+            ids.extend(seq.token_ids[start:end])
+            if n == 1:
+                positions.append(start)
+                slots.append(table[start // bs] * bs + start % bs)
+            else:
+                span = range(start, end)
+                positions.extend(span)
+                slots.extend([table[p // bs] * bs + p % bs for p in span])
+            query_start.append(query_start[-1] + n)
+            context_lens.append(end)
+            if item.samples:
+                sample_rows.append(query_start[-1] - 1)
+                sampled.append(item)
+        width = max(len(item.seq.block_table) for item in scheduled)
+        tables = [item.seq.block_table + [0] * (width - len(item.seq.block_table)) for item in scheduled]
+        dev = self.device
+        meta = AttentionMetadata(
+            slot_mapping=torch.tensor(slots, dtype=torch.long, device=dev),
+            block_tables=torch.tensor(tables, dtype=torch.int32, device=dev),
+            context_lens=torch.tensor(context_lens, dtype=torch.int32, device=dev),
+            query_start_loc=torch.tensor(query_start, dtype=torch.int32, device=dev),
+            max_query_len=max(item.num_new_tokens for item in scheduled),
+            max_context_len=max(context_lens),
+            block_size=bs,
+        )
+        hidden = self.model(
+            torch.tensor(ids, dtype=torch.long, device=dev),
+            torch.tensor(positions, dtype=torch.long, device=dev),
+            self.kv_caches,
+            meta,
+        )
+        if not sampled:
+            return StepResult([], None)
+        logits = self.model.compute_logits(hidden[torch.tensor(sample_rows, device=dev)])
+        return StepResult(sampled, self.sampler(logits, [self._row(item) for item in sampled]))
+
+    def _row(self, item: ScheduledSeq) -> SamplingRow:
+        seq = item.seq
+        p = seq.params
+        banned: list[int] = []
+        if seq.num_output_tokens < p.min_tokens:
+            banned = self.eos_token_ids + list(p.stop_token_ids)
+        return SamplingRow(p, seq.prompt_token_ids, seq.output_token_ids, seq.generator, banned)

@@ -1,0 +1,160 @@
+"""Batched, vectorised sampling on the logits' device.
+
+Order of operations per row: penalties (repetition on prompt + output, presence/frequency on
+output), the min_tokens ban on stop tokens, then greedy argmax, or temperature, top_k, top_p and
+min_p and a draw. Draws use the exponential race (argmax of p / q, q ~ Exp(1)), with q taken from
+the row's own torch.Generator when the request has a seed, so a seeded row gives the same tokens
+whatever else is in the batch. Logprobs are those of the raw model distribution.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from engine.sampling_params import SamplingParams
+
+_NEG_INF = float("-inf")
+
+
+@dataclass
+class SamplingRow:
+    """What the sampler needs to know about one row of logits."""
+
+    params: SamplingParams
+    prompt_ids: list[int]
+    output_ids: list[int]
+    generator: torch.Generator | None
+    banned_ids: list[int]  # token ids masked this step (stop tokens before min_tokens)
+
+
+@dataclass
+class SamplerOutput:
+    token_ids: list[int]
+    logprobs: list[float] | None  # of the sampled tokens, when any row asked
+    top_ids: list[list[int]] | None  # per row, trimmed to the row's own ``logprobs``
+    top_logprobs: list[list[float]] | None
+
+
+def _padded(rows: list[list[int]], pad: int, device: torch.device) -> torch.Tensor:
+    width = max((len(r) for r in rows), default=0) or 1
+    out = torch.full((len(rows), width), pad, dtype=torch.long)
+    for i, r in enumerate(rows):
+        if r:
+            out[i, : len(r)] = torch.tensor(r, dtype=torch.long)
+    return out.to(device)
+
+
+def apply_penalties(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+    n, vocab = logits.shape
+    dev = logits.device
+    rep = torch.tensor([r.params.repetition_penalty for r in rows], device=dev)
+    pres = torch.tensor([r.params.presence_penalty for r in rows], device=dev)
+    freq = torch.tensor([r.params.frequency_penalty for r in rows], device=dev)
+    out_ids = _padded([r.output_ids for r in rows], vocab, dev)
+    counts = torch.zeros(n, vocab + 1, device=dev)
+    counts.scatter_add_(1, out_ids, torch.ones_like(out_ids, dtype=counts.dtype))
+    counts = counts[:, :vocab]
+    if bool((rep != 1.0).any()):
+        seen_ids = _padded([r.prompt_ids + r.output_ids for r in rows], vocab, dev)
+        seen = torch.zeros(n, vocab + 1, dtype=torch.bool, device=dev)
+        seen.scatter_(1, seen_ids, True)
+        seen = seen[:, :vocab]
+        factor = torch.where(logits > 0, 1.0 / rep[:, None], rep[:, None])
+        logits = torch.where(seen, logits * factor, logits)
+    return logits - freq[:, None] * counts - pres[:, None] * (counts > 0).to(logits.dtype)
+
+
+def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor | None) -> torch.Tensor:
+    """Mask all but the ``top_k`` largest logits, then all outside the ``top_p`` nucleus.
+    ``top_k`` 0 and ``top_p`` 1 disable a row's filter; the best token is always kept."""
+    sorted_logits, order = logits.sort(dim=-1, descending=True)
+    vocab = logits.shape[-1]
+    if top_k is not None:
+        k = torch.where(top_k > 0, top_k, vocab)
+        ranks = torch.arange(vocab, device=logits.device)
+        sorted_logits = sorted_logits.masked_fill(ranks[None, :] >= k[:, None], _NEG_INF)
+    if top_p is not None:
+        probs = sorted_logits.softmax(dim=-1)
+        before = probs.cumsum(dim=-1) - probs  # mass strictly above each token
+        sorted_logits = sorted_logits.masked_fill(before > top_p[:, None], _NEG_INF)
+    return torch.empty_like(logits).scatter_(1, order, sorted_logits)
+
+
+def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
+    probs = logits.softmax(dim=-1)
+    threshold = min_p[:, None] * probs.max(dim=-1, keepdim=True).values
+    return logits.masked_fill(probs < threshold, _NEG_INF)
+
+
+class Sampler:
+    def __init__(self, device: torch.device | str, seed: int = 0) -> None:
+        self.device = torch.device(device)
+        self.generator = torch.Generator(device=self.device)
+        self.generator.manual_seed(seed)
+
+    @torch.inference_mode()
+    def __call__(self, logits: torch.Tensor, rows: list[SamplingRow]) -> SamplerOutput:
+        logits = logits.float()
+        max_k = max((r.params.logprobs for r in rows if r.params.logprobs is not None), default=None)
+        raw_logprobs = logits.log_softmax(dim=-1) if max_k is not None else None
+
+        if any(r.params.needs_penalties for r in rows):
+            logits = apply_penalties(logits, rows)
+        banned = [(i, t) for i, r in enumerate(rows) for t in r.banned_ids]
+        if banned:
+            logits = logits.clone()
+            ri, ti = zip(*banned)
+            logits[list(ri), list(ti)] = _NEG_INF
+
+        tokens = logits.argmax(dim=-1)
+        random_rows = [i for i, r in enumerate(rows) if not r.params.greedy]
+        if random_rows:
+            tokens = self._draw(logits, rows, random_rows, tokens)
+
+        token_list = tokens.tolist()
+        if raw_logprobs is None:
+            return SamplerOutput(token_list, None, None, None)
+        sampled = raw_logprobs.gather(1, tokens[:, None]).squeeze(1).tolist()
+        top_vals, top_ids = raw_logprobs.topk(max(max_k, 1), dim=-1) if max_k else (None, None)
+        ids_l: list[list[int]] = []
+        vals_l: list[list[float]] = []
+        all_ids = top_ids.tolist() if top_ids is not None else None
+        all_vals = top_vals.tolist() if top_vals is not None else None
+        for i, r in enumerate(rows):
+            k = r.params.logprobs or 0
+            ids_l.append(all_ids[i][:k] if all_ids and k else [])
+            vals_l.append(all_vals[i][:k] if all_vals and k else [])
+        return SamplerOutput(token_list, sampled, ids_l, vals_l)
+
+    def _draw(
+        self, logits: torch.Tensor, rows: list[SamplingRow], idx: list[int], tokens: torch.Tensor
+    ) -> torch.Tensor:
+        dev = logits.device
+        sub_rows = [rows[i] for i in idx]
+        index = torch.tensor(idx, device=dev)
+        sub = logits.index_select(0, index)
+        temp = torch.tensor([r.params.temperature for r in sub_rows], device=dev)
+        sub = sub / temp[:, None]
+        top_k = [r.params.top_k for r in sub_rows]
+        top_p = [r.params.top_p for r in sub_rows]
+        if any(top_k) or any(p < 1.0 for p in top_p):
+            sub = apply_top_k_top_p(
+                sub,
+                torch.tensor(top_k, device=dev) if any(top_k) else None,
+                torch.tensor(top_p, device=dev) if any(p < 1.0 for p in top_p) else None,
+            )
+        min_p = [r.params.min_p for r in sub_rows]
+        if any(min_p):
+            sub = apply_min_p(sub, torch.tensor(min_p, device=dev))
+        probs = sub.softmax(dim=-1)
+        q = torch.empty_like(probs)
+        q.exponential_(generator=self.generator)
+        for j, r in enumerate(sub_rows):
+            if r.generator is not None:
+                q[j].exponential_(generator=r.generator)
+        drawn = (probs / q).argmax(dim=-1)
+        tokens = tokens.clone()
+        tokens[index] = drawn
+        return tokens

@@ -1,0 +1,75 @@
+"""Per-request sampling parameters (vLLM's names), validated on construction."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+MAX_LOGPROBS = 20
+
+
+@dataclass
+class SamplingParams:
+    """How to sample one request. ``temperature == 0`` means greedy.
+
+    ``max_tokens=None`` means "until the context is full". ``logprobs=k`` returns the sampled
+    token's logprob plus the ``k`` most likely alternatives at each step.
+    """
+
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    seed: int | None = None
+    max_tokens: int | None = 16
+    min_tokens: int = 0
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
+    logprobs: int | None = None
+    skip_special_tokens: bool = True
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        self.stop = [s for s in self.stop if s]
+        checks: list[tuple[bool, str]] = [
+            (self.n >= 1, "n must be >= 1"),
+            (self.temperature >= 0.0, "temperature must be >= 0"),
+            (0.0 < self.top_p <= 1.0, "top_p must be in (0, 1]"),
+            (self.top_k >= 0 or self.top_k == -1, "top_k must be >= 0 (0 or -1 disables it)"),
+            (0.0 <= self.min_p <= 1.0, "min_p must be in [0, 1]"),
+            (self.repetition_penalty > 0.0, "repetition_penalty must be > 0"),
+            (-2.0 <= self.presence_penalty <= 2.0, "presence_penalty must be in [-2, 2]"),
+            (-2.0 <= self.frequency_penalty <= 2.0, "frequency_penalty must be in [-2, 2]"),
+            (self.max_tokens is None or self.max_tokens >= 1, "max_tokens must be >= 1"),
+            (self.min_tokens >= 0, "min_tokens must be >= 0"),
+            (
+                self.max_tokens is None or self.min_tokens <= self.max_tokens,
+                "min_tokens must be <= max_tokens",
+            ),
+            (
+                self.logprobs is None or 0 <= self.logprobs <= MAX_LOGPROBS,
+                f"logprobs must be in [0, {MAX_LOGPROBS}]",
+            ),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ValueError(message)
+        if self.top_k == -1:
+            self.top_k = 0
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    @property
+    def needs_penalties(self) -> bool:
+        return (
+            self.repetition_penalty != 1.0
+            or self.presence_penalty != 0.0
+            or self.frequency_penalty != 0.0
+        )

@@ -1,0 +1,270 @@
+"""Continuous-batching scheduler: which sequences run this step, with how many tokens.
+
+Each step: running decodes first, then running (chunked) prefills, then new admissions from the
+waiting queue, all within ``max_num_batched_tokens`` and ``max_num_seqs``. When the block pool
+runs dry, the queue policy picks a victim (the newest, for FCFS) to preempt by recompute.
+The waiting order and the victim choice live in a ``QueuePolicy`` so they can be swapped
+(e.g. tenant-fair scheduling) without touching block accounting.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from engine.block_manager import BlockManager
+from engine.sequence import FinishReason, Sequence, SequenceStatus
+
+
+class RequestRejected(ValueError):
+    """A request that can never be served (too long for the model or the whole cache)."""
+
+
+class QueuePolicy(Protocol):
+    """The waiting queue: its order, and who is preempted when blocks run out."""
+
+    def push(self, seq: Sequence) -> None: ...
+    def push_front(self, seq: Sequence) -> None: ...
+    def peek(self) -> Sequence: ...
+    def pop(self) -> Sequence: ...
+    def remove(self, seq: Sequence) -> None: ...
+    def pick_victim(self, running: list[Sequence]) -> Sequence: ...
+    def __len__(self) -> int: ...
+    def __iter__(self) -> Iterator[Sequence]: ...
+
+
+class FCFSQueue:
+    """First come, first served; preempt the newest arrival."""
+
+    def __init__(self) -> None:
+        self._q: deque[Sequence] = deque()
+
+    def push(self, seq: Sequence) -> None:
+        self._q.append(seq)
+
+    def push_front(self, seq: Sequence) -> None:
+        self._q.appendleft(seq)
+
+    def peek(self) -> Sequence:
+        return self._q[0]
+
+    def pop(self) -> Sequence:
+        return self._q.popleft()
+
+    def remove(self, seq: Sequence) -> None:
+        self._q.remove(seq)
+
+    def pick_victim(self, running: list[Sequence]) -> Sequence:
+        return max(running, key=lambda s: (s.arrival_time, s.seq_id))
+
+    def __len__(self) -> int:
+        return len(self._q)
+
+    def __iter__(self) -> Iterator[Sequence]:
+        return iter(self._q)
+
+
+class PriorityQueue:
+    """Lower ``priority`` first, then arrival; preempt the lowest-priority newest."""
+
+    def __init__(self) -> None:
+        self._keys: list[tuple[int, float, int]] = []
+        self._seqs: list[Sequence] = []
+
+    @staticmethod
+    def _key(seq: Sequence) -> tuple[int, float, int]:
+        return (seq.priority, seq.arrival_time, seq.seq_id)
+
+    def push(self, seq: Sequence) -> None:
+        key = self._key(seq)
+        i = bisect.bisect(self._keys, key)
+        self._keys.insert(i, key)
+        self._seqs.insert(i, seq)
+
+    push_front = push  # a preempted sequence keeps its key, so it sorts back to its place
+
+    def peek(self) -> Sequence:
+        return self._seqs[0]
+
+    def pop(self) -> Sequence:
+        self._keys.pop(0)
+        return self._seqs.pop(0)
+
+    def remove(self, seq: Sequence) -> None:
+        i = self._seqs.index(seq)
+        del self._keys[i], self._seqs[i]
+
+    def pick_victim(self, running: list[Sequence]) -> Sequence:
+        return max(running, key=self._key)
+
+    def __len__(self) -> int:
+        return len(self._seqs)
+
+    def __iter__(self) -> Iterator[Sequence]:
+        return iter(self._seqs)
+
+
+@dataclass
+class ScheduledSeq:
+    seq: Sequence
+    num_new_tokens: int
+
+    @property
+    def samples(self) -> bool:
+        """This step reaches the sequence's last token, so its logits are sampled."""
+        return self.seq.num_computed_tokens + self.num_new_tokens == self.seq.num_tokens
+
+
+@dataclass
+class SchedulerOutput:
+    scheduled: list[ScheduledSeq] = field(default_factory=list)
+    preempted: list[Sequence] = field(default_factory=list)
+
+    @property
+    def num_batched_tokens(self) -> int:
+        return sum(s.num_new_tokens for s in self.scheduled)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.scheduled
+
+
+class Scheduler:
+    def __init__(
+        self,
+        block_manager: BlockManager,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        max_model_len: int,
+        enable_chunked_prefill: bool = True,
+        policy: QueuePolicy | None = None,
+    ) -> None:
+        self.blocks = block_manager
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_model_len = max_model_len
+        self.enable_chunked_prefill = enable_chunked_prefill
+        self.waiting: QueuePolicy = policy or FCFSQueue()
+        self.running: list[Sequence] = []
+        self.num_preemptions = 0
+
+    # -- admission and removal ----------------------------------------------------------------
+
+    def check_fits(self, num_prompt_tokens: int, max_tokens: int | None) -> int:
+        """Return the sequence's maximum length, or raise RequestRejected saying why not."""
+        if num_prompt_tokens == 0:
+            raise RequestRejected("the prompt must contain at least one token")
+        if num_prompt_tokens >= self.max_model_len:
+            raise RequestRejected(
+                f"the prompt has {num_prompt_tokens} tokens, but this model's context is "
+                f"{self.max_model_len} tokens and at least one must be left to generate"
+            )
+        max_len = self.max_model_len if max_tokens is None else num_prompt_tokens + max_tokens
+        if max_len > self.max_model_len:
+            raise RequestRejected(
+                f"the prompt ({num_prompt_tokens} tokens) plus max_tokens ({max_tokens}) exceeds "
+                f"this model's context of {self.max_model_len} tokens; lower max_tokens"
+            )
+        if self.blocks.blocks_for(max_len) > self.blocks.num_blocks:
+            capacity = self.blocks.num_blocks * self.blocks.block_size
+            raise RequestRejected(
+                f"the request needs up to {max_len} tokens of KV cache, more than the whole "
+                f"cache holds ({capacity} tokens); lower max_tokens or shorten the prompt"
+            )
+        return max_len
+
+    def add(self, seq: Sequence) -> None:
+        seq.max_len = self.check_fits(seq.num_prompt_tokens, seq.params.max_tokens)
+        seq.status = SequenceStatus.WAITING
+        self.waiting.push(seq)
+
+    def finish(self, seq: Sequence, reason: FinishReason) -> None:
+        """Retire ``seq`` now (finished or aborted), freeing its blocks."""
+        if seq.status is SequenceStatus.RUNNING:
+            self.running.remove(seq)
+            self.blocks.free(seq)
+        elif seq.status is SequenceStatus.WAITING:
+            self.waiting.remove(seq)
+        seq.status = SequenceStatus.FINISHED
+        seq.finish_reason = reason
+
+    @property
+    def num_unfinished(self) -> int:
+        return len(self.running) + len(self.waiting)
+
+    # -- one step ----------------------------------------------------------------------------
+
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        budget = self.max_num_batched_tokens
+        by_seq: dict[int, ScheduledSeq] = {}
+        order = [s for s in self.running if not s.is_prefilling]
+        order += [s for s in self.running if s.is_prefilling]
+        for seq in order:
+            if budget == 0:
+                break
+            if seq.status is not SequenceStatus.RUNNING:
+                continue  # preempted earlier in this loop
+            num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            while not self.blocks.allocate(seq, num_new):
+                victim = self.waiting.pick_victim(self.running)
+                budget += self._preempt(victim, by_seq, out)
+                if victim is seq:
+                    break
+            else:
+                by_seq[seq.seq_id] = ScheduledSeq(seq, num_new)
+                budget -= num_new
+        if not out.preempted:
+            budget = self._admit(budget, by_seq)
+        out.scheduled = list(by_seq.values())
+        return out
+
+    def _preempt(self, seq: Sequence, by_seq: dict[int, ScheduledSeq], out: SchedulerOutput) -> int:
+        """Free ``seq``'s blocks and requeue it at the front; return budget it gave back."""
+        given_back = by_seq.pop(seq.seq_id).num_new_tokens if seq.seq_id in by_seq else 0
+        self.running.remove(seq)
+        self.blocks.free(seq)
+        seq.status = SequenceStatus.WAITING
+        seq.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.push_front(seq)
+        out.preempted.append(seq)
+        return given_back
+
+    def _sibling_prefilling(self, seq: Sequence) -> bool:
+        """A sibling (same request, n > 1) is still computing the shared prompt: wait for it
+        so this sequence can take the prompt's blocks from the cache instead of recomputing."""
+        return any(
+            s.request_id == seq.request_id and s.num_computed_tokens < s.num_prompt_tokens
+            for s in self.running
+        )
+
+    def _admit(self, budget: int, by_seq: dict[int, ScheduledSeq]) -> int:
+        bs = self.blocks.block_size
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+            seq = self.waiting.peek()
+            if seq.num_preemptions == 0 and self._sibling_prefilling(seq):
+                break
+            cached = self.blocks.find_cached_prefix(seq)
+            remaining = seq.num_tokens - len(cached) * bs
+            num_new = min(remaining, budget)
+            if num_new < remaining and not self.enable_chunked_prefill:
+                break
+            if not self.blocks.allocate(seq, num_new, cached):
+                break
+            self.waiting.pop()
+            if seq.num_preemptions == 0:
+                seq.num_cached_tokens = len(cached) * bs
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            by_seq[seq.seq_id] = ScheduledSeq(seq, num_new)
+            budget -= num_new
+        return budget
+
+    def update_after_step(self, out: SchedulerOutput) -> None:
+        """The model wrote this step's tokens into the cache."""
+        for item in out.scheduled:
+            item.seq.num_computed_tokens += item.num_new_tokens
