@@ -12,6 +12,7 @@ import os
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import asyncpg
 import pytest
@@ -112,3 +113,28 @@ async def redis_prefix(redis: Redis) -> AsyncIterator[str]:
 
 def repo_root() -> Path:
     return Path(__file__).resolve().parents[2]
+
+
+class LoopbackServer:
+    """A Litestar app served by uvicorn on a free loopback port, inside this process."""
+
+    def __init__(self, app: Any) -> None:
+        import uvicorn
+
+        config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on")
+        self.server = uvicorn.Server(config)
+        self.task: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> str:
+        self.task = asyncio.get_running_loop().create_task(self.server.serve())
+        while not self.server.started:
+            if self.task.done():
+                self.task.result()
+            await asyncio.sleep(0.01)
+        port = self.server.servers[0].sockets[0].getsockname()[1]
+        return f"http://127.0.0.1:{port}"
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.server.should_exit = True
+        if self.task is not None:
+            await self.task

@@ -1,0 +1,165 @@
+"""The admin REST API and /v1/usage over real HTTP, on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import httpx
+import pytest
+from litestar import Litestar
+
+from gateway.admin.api import admin_routers
+from gateway.admin.service import TenancyService
+from gateway.auth.authenticator import SqlAuthenticator
+from gateway.contracts import UsageRecord
+from gateway.db import Database
+from gateway.usage.pricing import PriceTable
+from gateway.usage.writer import UsageWriter
+from tests.gateway.tenancy_fixtures import LoopbackServer, db  # noqa: F401
+
+ADMIN = "sy-admin-" + uuid.uuid4().hex
+
+
+@pytest.fixture(scope="module")
+async def api(db: Database) -> AsyncIterator[httpx.AsyncClient]:  # noqa: F811
+    auth = SqlAuthenticator(db, ttl=0.5, admin_key=ADMIN)
+    svc = TenancyService(db, on_change=auth.invalidate)
+    app = Litestar(route_handlers=admin_routers(svc, db, auth))
+    async with LoopbackServer(app) as url, httpx.AsyncClient(base_url=url, timeout=10) as client:
+        yield client
+
+
+def admin() -> dict[str, str]:
+    return {"authorization": f"Bearer {ADMIN}"}
+
+
+def bearer(key: str) -> dict[str, str]:
+    return {"authorization": f"Bearer {key}"}
+
+
+def assert_error(r: httpx.Response, status: int, param: str | None = None) -> None:
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"} and err["message"]
+    if param is not None:
+        assert err["param"] == param
+
+
+async def new_tenant(api: httpx.AsyncClient) -> dict[str, object]:
+    r = await api.post("/admin/v1/tenants", json={"name": f"t-{uuid.uuid4().hex[:8]}"}, headers=admin())
+    assert r.status_code == 201, r.text
+    return r.json()
+
+
+async def test_admin_only(api: httpx.AsyncClient) -> None:
+    assert_error(await api.get("/admin/v1/tenants"), 401)
+    assert_error(await api.get("/admin/v1/tenants", headers=bearer("sk-sy-" + "x" * 43)), 401)
+    tenant = await new_tenant(api)
+    key = (await api.post("/admin/v1/keys", json={"tenant_id": tenant["id"]}, headers=admin())).json()["key"]
+    r = await api.get("/admin/v1/tenants", headers=bearer(key))
+    assert_error(r, 403)
+    assert r.json()["error"]["type"] == "permission_error"
+    admin_key = (await api.post("/admin/v1/keys", json={"admin": True, "name": "ops"}, headers=admin())).json()
+    assert admin_key["is_admin"] and admin_key["tenant_id"] is None
+    assert (await api.get("/admin/v1/tenants", headers=bearer(admin_key["key"]))).status_code == 200
+
+
+async def test_tenant_crud(api: httpx.AsyncClient) -> None:
+    tenant = await new_tenant(api)
+    tid = tenant["id"]
+    assert tenant["status"] == "active" and str(tid).startswith("ten_")
+    listing = (await api.get("/admin/v1/tenants", headers=admin())).json()
+    assert listing["object"] == "list" and tid in [t["id"] for t in listing["data"]]
+    assert (await api.get(f"/admin/v1/tenants/{tenant['name']}", headers=admin())).json()["id"] == tid
+    r = await api.patch(f"/admin/v1/tenants/{tid}", json={"weight": 3}, headers=admin())
+    assert r.json()["weight"] == 3
+    assert (await api.post(f"/admin/v1/tenants/{tid}/disable", headers=admin())).json()["status"] == "disabled"
+    assert_error(await api.post("/admin/v1/tenants", json={"name": tenant["name"]}, headers=admin()), 409, "name")
+    assert_error(await api.get("/admin/v1/tenants/ten_nope", headers=admin()), 404)
+
+
+async def test_bad_bodies_are_400_naming_the_field(api: httpx.AsyncClient) -> None:
+    h = admin()
+    assert_error(await api.post("/admin/v1/tenants", content=b"{nope", headers=h), 400)
+    assert_error(await api.post("/admin/v1/tenants", json={"name": ""}, headers=h), 400, "name")
+    assert_error(await api.post("/admin/v1/tenants", json={"name": "x", "colour": 1}, headers=h), 400)
+    tid = (await new_tenant(api))["id"]
+    r = await api.put(f"/admin/v1/tenants/{tid}/limits", json={"requests_per_minute": -1}, headers=h)
+    assert_error(r, 400, "requests_per_minute")
+    r = await api.put(f"/admin/v1/tenants/{tid}/limits", json={"budget_period": "week"}, headers=h)
+    assert_error(r, 400, "budget_period")
+    assert_error(await api.post("/admin/v1/keys", json={}, headers=h), 400, "tenant_id")
+    assert_error(await api.post("/admin/v1/keys/key_nope/rotate", json={}, headers=h), 404)
+    assert_error(await api.get("/admin/v1/usage?group_by=colour", headers=h), 400, "group_by")
+    assert_error(await api.get("/admin/v1/usage?start=yesterday", headers=h), 400, "start")
+
+
+async def test_key_lifecycle(api: httpx.AsyncClient) -> None:
+    tid = (await new_tenant(api))["id"]
+    r = await api.post("/admin/v1/keys", json={"tenant_id": tid, "name": "ci", "models": ["m1"]}, headers=admin())
+    assert r.status_code == 201
+    created = r.json()
+    secret = created["key"]
+    assert secret.startswith("sk-sy-") and len(secret) >= 6 + 43 and created["prefix"] == secret[:12]
+    listed = (await api.get(f"/admin/v1/keys?tenant_id={tid}", headers=admin())).json()["data"]
+    assert [k["id"] for k in listed] == [created["id"]]
+    assert all(secret not in str(k) for k in listed)  # the key is shown once, never listed
+    rotated = (await api.post(f"/admin/v1/keys/{created['id']}/rotate", json={"grace_seconds": 60}, headers=admin())).json()
+    assert rotated["rotated_from"] == created["id"] and rotated["allowed_models"] == ["m1"]
+    assert rotated["key"] != secret
+    old = (await api.get(f"/admin/v1/keys/{created['id']}", headers=admin())).json()
+    assert old["expires_at"] is not None and old["status"] == "active"  # valid during the grace period
+    revoked = (await api.post(f"/admin/v1/keys/{created['id']}/revoke", headers=admin())).json()
+    assert revoked["status"] == "revoked"
+
+
+async def test_limits_put_patch_get(api: httpx.AsyncClient) -> None:
+    tid = (await new_tenant(api))["id"]
+    h = admin()
+    r = await api.put(f"/admin/v1/tenants/{tid}/limits", json={"requests_per_minute": 10, "token_budget": 5000}, headers=h)
+    assert r.json()["requests_per_minute"] == 10 and r.json()["budget_period"] == "month"
+    r = await api.patch(f"/admin/v1/tenants/{tid}/limits", json={"tokens_per_minute": 99, "token_budget": None}, headers=h)
+    assert r.json() == {
+        "requests_per_minute": 10, "tokens_per_minute": 99, "max_concurrency": None,
+        "token_budget": None, "cost_budget": None, "budget_period": "month",
+    }  # fmt: skip
+    assert (await api.get(f"/admin/v1/tenants/{tid}/limits", headers=h)).json() == r.json()
+    key = (await api.post("/admin/v1/keys", json={"tenant_id": tid}, headers=h)).json()
+    r = await api.put(f"/admin/v1/keys/{key['id']}/limits", json={"max_concurrency": 2}, headers=h)
+    assert r.json()["max_concurrency"] == 2
+
+
+async def test_usage_is_tenant_isolated(api: httpx.AsyncClient, db: Database, tmp_path: Path) -> None:  # noqa: F811
+    h = admin()
+    a, b = (await new_tenant(api))["id"], (await new_tenant(api))["id"]
+    ka = (await api.post("/admin/v1/keys", json={"tenant_id": a}, headers=h)).json()
+    kb = (await api.post("/admin/v1/keys", json={"tenant_id": b}, headers=h)).json()
+    writer = UsageWriter(db, PriceTable(), journal_dir=tmp_path)
+    for tenant, key, n in ((a, ka["id"], 3), (b, kb["id"], 5)):
+        for _ in range(n):
+            writer.record(
+                UsageRecord(
+                    request_id=uuid.uuid4().hex, key_id=key, tenant_id=tenant, model="m", deployment="d",
+                    provider="openai", endpoint="chat.completions", started_at=time.time(), status=200,
+                    prompt_tokens=7, completion_tokens=3,
+                )  # fmt: skip
+            )
+    await writer.aclose()
+    own = (await api.get("/v1/usage?group_by=model", headers=bearer(ka["key"]))).json()["data"]
+    assert own == [{"model": "m", "requests": 3, "errors": 0, "prompt_tokens": 21, "completion_tokens": 9,
+                    "cached_tokens": 0, "total_tokens": 30, "cost": 0.0}]  # fmt: skip
+    # asking for the other tenant's key, or grouping by tenant, still shows only the caller's tenant
+    assert (await api.get(f"/v1/usage?key_id={kb['id']}", headers=bearer(ka["key"]))).json()["data"] == []
+    by_tenant = (await api.get("/v1/usage?group_by=tenant", headers=bearer(ka["key"]))).json()["data"]
+    assert [r["tenant"] for r in by_tenant] == [a]
+    # a tenant key cannot reach any admin endpoint about tenant b
+    for path in (f"/admin/v1/tenants/{b}", f"/admin/v1/keys?tenant_id={b}", f"/admin/v1/usage?tenant_id={b}"):
+        assert_error(await api.get(path, headers=bearer(ka["key"])), 403)
+    # the admin sees both
+    rows = (await api.get("/admin/v1/usage?group_by=tenant", headers=h)).json()["data"]
+    counts = {r["tenant"]: r["requests"] for r in rows}
+    assert counts[a] == 3 and counts[b] == 5
+    assert_error(await api.get("/v1/usage", headers=h), 403)  # admin keys have no tenant

@@ -1,0 +1,126 @@
+"""API keys and the SQL authenticator, on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from sqlalchemy import select, text
+
+from gateway.admin.service import TenancyService
+from gateway.auth.authenticator import SqlAuthenticator
+from gateway.auth.keys import KEY_PREFIX, generate_key, hash_key
+from gateway.db import Database
+from gateway.db.models import ApiKey
+from gateway.quotas.limits import Limits
+from tests.gateway.tenancy_fixtures import db  # noqa: F401
+
+
+async def eventually_rejected(auth: SqlAuthenticator, secret: str, within: float = 5.0) -> bool:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        if await auth.authenticate(secret) is None:
+            return True
+        await asyncio.sleep(0.1)
+    return False
+
+
+def test_key_material() -> None:
+    keys = {generate_key().secret for _ in range(100)}
+    assert len(keys) == 100
+    k = generate_key()
+    assert k.secret.startswith(KEY_PREFIX) and len(k.secret) - len(KEY_PREFIX) >= 43  # 32 random bytes
+    assert k.key_hash == hash_key(k.secret) and len(k.key_hash) == 64
+    assert k.prefix == k.secret[:12] and k.secret not in k.key_hash
+
+
+async def test_only_the_hash_is_stored(db: Database) -> None:  # noqa: F811
+    svc = TenancyService(db)
+    tenant = await svc.create_tenant("hash-only")
+    created = await svc.create_key(tenant.id)
+    async with db.session() as s:
+        row = await s.get(ApiKey, created.key.id)
+        assert row is not None and row.key_hash == hash_key(created.secret)
+        dump = " ".join(str(v) for v in (await s.execute(text("select * from api_keys"))).all())
+    assert created.secret not in dump
+
+
+async def test_lifecycle_revoke_seen_within_5s_by_another_replica(db: Database) -> None:  # noqa: F811
+    svc = TenancyService(db)
+    tenant = await svc.create_tenant("lifecycle", weight=2.5)
+    created = await svc.create_key(tenant.id, models=["m1", "m2"])
+    replica = SqlAuthenticator(db, ttl=2.0)  # another gateway process: nobody invalidates its cache
+    p = await replica.authenticate(created.secret)
+    assert p is not None and p.tenant_id == tenant.id and p.key_id == created.key.id and not p.is_admin
+    assert p.may_use("m1") and not p.may_use("other") and p.tenant_weight == 2.5
+    await svc.revoke_key(created.key.id)
+    assert await eventually_rejected(replica, created.secret)
+
+
+async def test_disabled_tenant_keys_stop(db: Database) -> None:  # noqa: F811
+    svc = TenancyService(db)
+    tenant = await svc.create_tenant("to-disable")
+    created = await svc.create_key(tenant.id)
+    auth = SqlAuthenticator(db, ttl=1.0)
+    assert await auth.authenticate(created.secret) is not None
+    await svc.update_tenant(tenant.id, status="disabled")
+    assert await eventually_rejected(auth, created.secret)
+    await svc.update_tenant(tenant.id, status="active")
+    await asyncio.sleep(1.0)
+    assert await auth.authenticate(created.secret) is not None
+
+
+async def test_expiry_is_exact_even_when_cached(db: Database) -> None:  # noqa: F811
+    svc = TenancyService(db)
+    tenant = await svc.create_tenant("expiry")
+    soon = await svc.create_key(tenant.id, expires_at=datetime.now(UTC) + timedelta(seconds=0.6))
+    past = await svc.create_key(tenant.id, expires_at=datetime.now(UTC) - timedelta(seconds=1))
+    auth = SqlAuthenticator(db, ttl=5.0)
+    assert await auth.authenticate(soon.secret) is not None
+    assert await auth.authenticate(past.secret) is None
+    await asyncio.sleep(0.7)
+    assert await auth.authenticate(soon.secret) is None  # cached entry, but its expiry has passed
+    assert (await svc.get_key(soon.key.id)).status == "expired"
+
+
+async def test_rotation_keeps_old_key_for_the_grace_period(db: Database) -> None:  # noqa: F811
+    svc = TenancyService(db)
+    tenant = await svc.create_tenant("rotation")
+    old = await svc.create_key(tenant.id, models=["m1"])
+    await svc.set_limits("key", old.key.id, Limits(requests_per_minute=7))
+    auth = SqlAuthenticator(db, ttl=0.0)
+    new = await svc.rotate_key(old.key.id, grace_seconds=0.8)
+    assert new.secret != old.secret and new.key.rotated_from == old.key.id
+    assert (await svc.get_limits("key", new.key.id)).requests_per_minute == 7
+    p_new, p_old = await auth.authenticate(new.secret), await auth.authenticate(old.secret)
+    assert p_new is not None and p_old is not None and p_new.allowed_models == frozenset({"m1"})
+    await asyncio.sleep(0.9)
+    assert await auth.authenticate(old.secret) is None
+    assert await auth.authenticate(new.secret) is not None
+
+
+async def test_admin_keys(db: Database) -> None:  # noqa: F811
+    svc = TenancyService(db)
+    auth = SqlAuthenticator(db, ttl=1.0, admin_key="config-admin-secret")
+    p = await auth.authenticate("config-admin-secret")
+    assert p is not None and p.is_admin and p.tenant_id is None
+    stored = await svc.create_key(None, admin=True, name="ops")
+    p = await auth.authenticate(stored.secret)
+    assert p is not None and p.is_admin and p.tenant_id is None
+    assert await auth.authenticate("config-admin-secreT") is None
+
+
+@pytest.mark.parametrize("token", ["", "sk-sy-", "sk-other-" + "a" * 40, "sk-sy-" + "a" * 43, "x" * 5000])
+async def test_unknown_tokens(db: Database, token: str) -> None:  # noqa: F811
+    assert await SqlAuthenticator(db).authenticate(token) is None
+
+
+async def test_prefix_is_visible_for_identification(db: Database) -> None:  # noqa: F811
+    svc = TenancyService(db)
+    tenant = await svc.create_tenant("prefixes")
+    created = await svc.create_key(tenant.id)
+    async with db.session() as s:
+        prefixes = (await s.scalars(select(ApiKey.prefix).where(ApiKey.tenant_id == tenant.id))).all()
+    assert prefixes == [created.secret[:12]]
