@@ -1,0 +1,52 @@
+"""Build a Backend from a DeploymentConfig; providers are registered by name.
+
+The engine-backed providers are imported lazily, so a gateway that only talks to HTTP upstreams
+never imports torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+
+from backends.base import Backend
+from gateway.settings import ConfigError, DeploymentConfig
+
+BackendBuilder = Callable[[DeploymentConfig], Backend]
+
+# provider name -> "module:callable" taking the DeploymentConfig
+_PROVIDERS: dict[str, str] = {
+    "openai": "backends.openai_http:OpenAIHTTPBackend",
+    "anthropic": "backends.anthropic:AnthropicBackend",
+    "local": "backends.local:build_backend",
+    "transformers": "backends.hf_fallback:build_backend",
+}
+
+
+def register_provider(name: str, target: str) -> None:
+    """Register (or replace) a provider as ``"module:callable"``."""
+    _PROVIDERS[name] = target
+
+
+def _resolve(provider: str) -> BackendBuilder:
+    target = _PROVIDERS.get(provider)
+    if target is None:
+        raise ConfigError(f"unknown provider {provider!r} (known: {', '.join(sorted(_PROVIDERS))})")
+    module_name, _, attr = target.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name and module_name.startswith(exc.name):
+            raise ConfigError(
+                f"provider {provider!r} is not available in this installation (module {module_name} is missing)"
+            ) from None
+        raise
+    builder = getattr(module, attr, None)
+    if builder is None:
+        raise ConfigError(f"provider {provider!r}: {module_name} has no {attr}")
+    return builder
+
+
+def build_backend(config: DeploymentConfig) -> Backend:
+    """A ready-to-use Backend for one deployment; ConfigError when its provider is unavailable."""
+    return _resolve(config.provider)(config)

@@ -1,0 +1,59 @@
+"""The Litestar app factory."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from litestar import Litestar
+from litestar.di import Provide
+from litestar.openapi import OpenAPIConfig
+
+from gateway.controllers.chat import ChatController
+from gateway.controllers.completions import CompletionsController
+from gateway.controllers.health import HealthController
+from gateway.controllers.models import ModelsController
+from gateway.errors import exception_handlers
+from gateway.pipeline import Pipeline
+from gateway.services import Services, build_services
+from gateway.settings import Settings, load_settings
+
+
+def create_app(settings: Settings, services: Services | None = None) -> Litestar:
+    """An app serving ``settings``; ``services`` defaults to ``build_services(settings)``.
+
+    The app owns the services: they are closed when the app shuts down.
+    """
+    services = services or build_services(settings)
+    pipeline = Pipeline(services, settings)
+
+    @asynccontextmanager
+    async def lifespan(_: Litestar) -> AsyncIterator[None]:
+        try:
+            yield
+        finally:
+            await services.aclose()
+
+    return Litestar(
+        route_handlers=[ChatController, CompletionsController, ModelsController, HealthController],
+        dependencies={
+            "services": Provide(lambda: services, sync_to_thread=False, use_cache=True),
+            "pipeline": Provide(lambda: pipeline, sync_to_thread=False, use_cache=True),
+        },
+        exception_handlers=exception_handlers,  # type: ignore[arg-type]
+        request_max_body_size=settings.server.max_body_bytes,
+        lifespan=[lifespan],
+        openapi_config=OpenAPIConfig(
+            title="Switchyard",
+            version="0.1.0",
+            description="One OpenAI-compatible endpoint in front of many LLM providers.",
+        ),
+        debug=False,
+        state={"settings": settings, "services": services, "pipeline": pipeline},
+    )
+
+
+def create_app_from_env() -> Litestar:
+    """Factory for ``uvicorn --factory`` (used by ``switchyard serve``): config from $SWITCHYARD_CONFIG."""
+    return create_app(load_settings(os.environ.get("SWITCHYARD_CONFIG")))

@@ -1,0 +1,37 @@
+"""``POST /v1/completions`` (legacy text completions)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from litestar import Controller, Request, Response, post
+from litestar.openapi.datastructures import ResponseSpec
+
+from backends.types import CompletionRequest, TextCompletion
+from gateway.body import WireBody
+from gateway.controllers.auth import authenticate_request, principal_of
+from gateway.controllers.docs import error_responses
+from gateway.pipeline import Pipeline
+
+
+class CompletionsController(Controller):
+    path = "/v1/completions"
+    tags = ["OpenAI"]
+    before_request = authenticate_request
+
+    @post(
+        "/",
+        status_code=200,
+        dto=WireBody[CompletionRequest],
+        return_dto=None,
+        summary="Create a text completion",
+        description="OpenAI-compatible. With `stream: true` the answer is a `text/event-stream` of "
+        "`text_completion` chunks, ending with `data: [DONE]`.",
+        responses={
+            200: ResponseSpec(TextCompletion, description="The completion (or an SSE stream of chunks)",
+                              generate_examples=False),
+            **error_responses(),
+        },
+    )
+    async def create(self, request: Request[Any, Any, Any], data: CompletionRequest, pipeline: Pipeline) -> Response[Any]:
+        return await pipeline.complete(principal_of(request), data)

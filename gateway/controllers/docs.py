@@ -1,0 +1,24 @@
+"""OpenAPI response documentation shared by the OpenAI-compatible routes."""
+
+from __future__ import annotations
+
+from litestar.openapi.datastructures import ResponseSpec
+
+from backends.types import ErrorBody
+
+_ERRORS = {
+    400: "Invalid request: malformed JSON, wrong types or out-of-range values (``param`` names the field)",
+    401: "Missing or invalid API key",
+    403: "The key may not use this model",
+    404: "Unknown model",
+    413: "Request body too large",
+    429: "Rate limited (see ``Retry-After``)",
+    502: "The upstream provider sent an unusable answer",
+    503: "The upstream provider (or a gateway dependency) is unavailable",
+    504: "The upstream provider timed out",
+}
+
+
+def error_responses(*statuses: int) -> dict[int, ResponseSpec]:
+    chosen = statuses or tuple(_ERRORS)
+    return {s: ResponseSpec(ErrorBody, description=_ERRORS[s], generate_examples=False) for s in chosen}

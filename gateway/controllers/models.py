@@ -1,0 +1,41 @@
+"""``GET /v1/models`` and ``GET /v1/models/{id}``: only the models the caller may use."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from litestar import Controller, Request, get
+
+from backends.types import ModelCard, ModelList
+from gateway.controllers.auth import authenticate_request, principal_of
+from gateway.controllers.docs import error_responses
+from gateway.errors import ApiError
+from gateway.pipeline import Pipeline
+from gateway.router import ModelGroup
+
+
+def _card(group: ModelGroup) -> ModelCard:
+    metadata: dict[str, Any] = {"deployments": len(group.deployments)}
+    if group.config.aliases:
+        metadata["aliases"] = list(group.config.aliases)
+    return ModelCard(id=group.name, owned_by=group.config.owned_by, metadata=metadata)
+
+
+class ModelsController(Controller):
+    path = "/v1/models"
+    tags = ["OpenAI"]
+    before_request = authenticate_request
+
+    @get("/", summary="List the models this key may use", responses=error_responses(401))
+    async def list_models(self, request: Request[Any, Any, Any], pipeline: Pipeline) -> ModelList:
+        principal = principal_of(request)
+        return ModelList(data=[_card(g) for g in pipeline.visible_groups(principal)])
+
+    @get("/{model_id:path}", summary="Retrieve a model", responses=error_responses(401, 404))
+    async def retrieve(self, request: Request[Any, Any, Any], model_id: str, pipeline: Pipeline) -> ModelCard:
+        principal = principal_of(request)
+        name = model_id.lstrip("/")
+        group = pipeline.services.router.resolve(name)
+        if group is None or group not in pipeline.visible_groups(principal):
+            raise ApiError(404, f"The model '{name}' does not exist.", param="model", code="model_not_found")
+        return _card(group)

@@ -1,0 +1,162 @@
+"""Errors in OpenAI's shape, and the exception handlers that guarantee every failure uses it.
+
+Every error leaves the gateway as ``{"error": {"message", "type", "param", "code"}}`` with the
+status the openai SDK maps to its typed exceptions. Nothing returns a traceback or a 422.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+
+import msgspec
+from litestar import Request, Response
+from litestar.exceptions import HTTPException, ValidationException
+
+from backends.base import (
+    AuthFailed,
+    BackendError,
+    BadRequest,
+    ContextTooLong,
+    RateLimited,
+    Timeout,
+    Unavailable,
+)
+from backends.types import ErrorBody, ErrorDetail
+
+log = logging.getLogger("switchyard.errors")
+
+# The ``type`` OpenAI uses for each status we produce.
+_TYPE_BY_STATUS = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    413: "invalid_request_error",
+    429: "rate_limit_error",
+    500: "server_error",
+    502: "upstream_error",
+    503: "service_unavailable",
+    504: "timeout",
+}
+
+
+class ApiError(Exception):
+    """An error the gateway answers with; raise it anywhere on the request path."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        type: str | None = None,
+        param: str | None = None,
+        code: str | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type or _TYPE_BY_STATUS.get(status, "invalid_request_error")
+        self.param = param
+        self.code = code
+        self.headers = dict(headers or {})
+
+    def body(self) -> ErrorBody:
+        return ErrorBody(error=ErrorDetail(message=self.message, type=self.type, param=self.param, code=self.code))
+
+    def to_response(self) -> Response[bytes]:
+        return Response(
+            content=msgspec.json.encode(self.body()),
+            status_code=self.status,
+            media_type="application/json",
+            headers=self.headers,
+        )
+
+
+def retry_after_header(seconds: float | None) -> dict[str, str]:
+    if seconds is None:
+        return {}
+    return {"retry-after": str(max(1, round(seconds + 0.499)))}
+
+
+def from_backend_error(exc: BackendError) -> ApiError:
+    """The client-facing error for a provider failure (the router has given up on it)."""
+    if isinstance(exc, ContextTooLong):
+        return ApiError(400, exc.message, param=exc.param or "messages", code="context_length_exceeded")
+    if isinstance(exc, BadRequest):
+        return ApiError(400, exc.message, param=exc.param, code=exc.kind)
+    if isinstance(exc, RateLimited):
+        return ApiError(
+            429, exc.message, code="upstream_rate_limited", headers=retry_after_header(exc.retry_after)
+        )
+    if isinstance(exc, Timeout):
+        return ApiError(504, exc.message, code="upstream_timeout")
+    if isinstance(exc, Unavailable):
+        return ApiError(503, exc.message, code="upstream_unavailable")
+    if isinstance(exc, AuthFailed):
+        return ApiError(502, "the upstream provider rejected the gateway's credentials", code="upstream_auth")
+    return ApiError(502, exc.message, code="bad_upstream_response")
+
+
+# ---------------------------------------------------------------- exception handlers
+
+
+def _api_error(_: Request, exc: ApiError) -> Response[bytes]:
+    return exc.to_response()
+
+
+def _backend_error(_: Request, exc: BackendError) -> Response[bytes]:
+    return from_backend_error(exc).to_response()
+
+
+def _validation_error(_: Request, exc: ValidationException) -> Response[bytes]:
+    # Raised by Litestar only when a body is absent (we decode bodies ourselves) or a path/query
+    # parameter fails; never surface its 400-with-extra shape.
+    extra = exc.extra if isinstance(exc.extra, list) else []
+    keys = [e.get("key") for e in extra if isinstance(e, dict)]
+    if "data" in keys:
+        return ApiError(400, "the request body must be a JSON object").to_response()
+    param = next((k for k in keys if isinstance(k, str)), None)
+    return ApiError(400, f"invalid parameter: {param or exc.detail}", param=param).to_response()
+
+
+def _http_error(request: Request, exc: HTTPException) -> Response[bytes]:
+    status = exc.status_code
+    if status == 404:
+        message, code = f"Invalid URL ({request.method} {request.url.path})", "unknown_url"
+    elif status == 405:
+        message, code = f"Method {request.method} is not allowed on {request.url.path}", "method_not_allowed"
+    elif status == 413:
+        limit = request.route_handler.resolve_request_max_body_size() if _has_handler(request) else None
+        suffix = f" (limit {limit} bytes)" if limit else ""
+        message, code = f"request body too large{suffix}", "request_too_large"
+    elif status >= 500:
+        log.error("HTTP %s on %s %s: %s", status, request.method, request.url.path, exc.detail)
+        message, code = "internal error", None
+    else:
+        message, code = str(exc.detail), None
+    headers = {k: v for k, v in (exc.headers or {}).items() if k.lower() == "allow"}
+    return ApiError(status, message, code=code, headers=headers).to_response()
+
+
+def _has_handler(request: Request) -> bool:
+    try:
+        return request.route_handler is not None
+    except Exception:  # no route matched
+        return False
+
+
+def _internal_error(request: Request, exc: Exception) -> Response[bytes]:
+    log.exception("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
+    return ApiError(500, "internal error", code="internal_error").to_response()
+
+
+exception_handlers = {
+    ApiError: _api_error,
+    BackendError: _backend_error,
+    ValidationException: _validation_error,
+    HTTPException: _http_error,
+    Exception: _internal_error,
+}

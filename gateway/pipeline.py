@@ -1,0 +1,237 @@
+"""The request path: authenticate -> model allow-list -> admit -> route -> call -> relay -> settle.
+
+Controllers decode and validate the body, then hand it here. Every outcome (success, provider
+failure, client gone mid-stream) is settled with the admission service and recorded once.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+from litestar import Response
+from litestar.background_tasks import BackgroundTask
+from litestar.response import Stream
+
+from backends.base import Backend, BackendError, ChunkStream, Completed, Meter
+from backends.estimate import estimate_chat_prompt, estimate_completion_prompt
+from backends.types import ChatCompletionRequest, CompletionRequest
+from gateway.contracts import Principal, QuotaExceeded, QuotaState, QuotaUnavailable, Ticket, UsageRecord
+from gateway.errors import ApiError, from_backend_error, retry_after_header
+from gateway.router import Deployment, ModelGroup
+from gateway.services import Services
+from gateway.settings import Settings
+from gateway.streaming import Outcome, SSERelay
+
+log = logging.getLogger("switchyard.pipeline")
+
+DEFAULT_OUTPUT_RESERVE = 1024  # tokens reserved up front when the client sets no output limit
+_encoder = msgspec.json.Encoder()
+
+Call = Callable[[Backend], Awaitable[Any]]
+
+
+@dataclass
+class _Context:
+    """What one request accumulates on its way through."""
+
+    request_id: str
+    endpoint: str
+    model: str  # as the client named it
+    principal: Principal
+    group: ModelGroup
+    ticket: Ticket
+    stream: bool
+    started_at: float
+    t0: float
+    deployment: Deployment | None = None
+
+
+def bearer_token(headers: Mapping[str, str]) -> str | None:
+    value = headers.get("authorization", "")
+    scheme, _, token = value.partition(" ")
+    if scheme.lower() == "bearer" and token.strip():
+        return token.strip()
+    return None
+
+
+class Pipeline:
+    def __init__(self, services: Services, settings: Settings) -> None:
+        self.services = services
+        self.settings = settings
+
+    # ------------------------------------------------------------ entry points
+
+    async def authenticate(self, headers: Mapping[str, str]) -> Principal:
+        token = bearer_token(headers)
+        if token is None:
+            raise ApiError(401, "Missing API key: send 'Authorization: Bearer <key>'.", code="missing_api_key")
+        try:
+            principal = await self.services.authenticator.authenticate(token)
+        except Exception:
+            log.exception("authenticator failed")
+            raise ApiError(503, "authentication is temporarily unavailable", code="auth_unavailable") from None
+        if principal is None:
+            raise ApiError(401, "Incorrect API key provided.", code="invalid_api_key")
+        return principal
+
+    def visible_groups(self, principal: Principal) -> list[ModelGroup]:
+        return [g for g in self.services.router.groups if self._may_use(principal, g)]
+
+    def group_for(self, principal: Principal, model: str) -> ModelGroup:
+        group = self.services.router.resolve(model)
+        if group is None:
+            raise ApiError(404, f"The model '{model}' does not exist.", param="model", code="model_not_found")
+        if not self._may_use(principal, group):
+            raise ApiError(403, f"This key may not use the model '{model}'.", param="model", code="model_not_allowed")
+        return group
+
+    async def chat(self, principal: Principal, body: ChatCompletionRequest) -> Response[Any]:
+        if body.stream_options not in (None, msgspec.UNSET) and not body.is_stream:
+            raise ApiError(400, "'stream_options' is only allowed when 'stream' is true.", param="stream_options")
+        if isinstance(body.top_logprobs, int) and not body.logprobs:
+            raise ApiError(400, "'top_logprobs' requires 'logprobs' to be true.", param="top_logprobs")
+        call: Call = (lambda b: b.chat_stream(body)) if body.is_stream else (lambda b: b.chat(body))
+        reserve = estimate_chat_prompt(body) + (body.output_limit() or DEFAULT_OUTPUT_RESERVE)
+        return await self._serve(principal, body.model, "chat.completions", body.is_stream, reserve, call)
+
+    async def complete(self, principal: Principal, body: CompletionRequest) -> Response[Any]:
+        try:
+            body.prompts()
+        except ValueError as exc:
+            raise ApiError(400, str(exc), param="prompt") from None
+        if body.stream_options not in (None, msgspec.UNSET) and not body.is_stream:
+            raise ApiError(400, "'stream_options' is only allowed when 'stream' is true.", param="stream_options")
+        call: Call = (lambda b: b.complete_stream(body)) if body.is_stream else (lambda b: b.complete(body))
+        reserve = estimate_completion_prompt(body) + (body.output_limit() or DEFAULT_OUTPUT_RESERVE)
+        return await self._serve(principal, body.model, "completions", body.is_stream, reserve, call)
+
+    # ------------------------------------------------------------ the path
+
+    async def _serve(
+        self, principal: Principal, model: str, endpoint: str, stream: bool, reserve: int, call: Call
+    ) -> Response[Any]:
+        group = self.group_for(principal, model)
+        ticket = await self._admit(principal, group, reserve)
+        ctx = _Context(
+            request_id=uuid.uuid4().hex, endpoint=endpoint, model=model, principal=principal, group=group,
+            ticket=ticket, stream=stream, started_at=time.time(), t0=time.perf_counter(),
+        )
+        try:
+            result = await self._call(ctx, call)
+        except BackendError as exc:
+            error = from_backend_error(exc)
+            await self._settle(ctx, Meter(exact=False), error.status, exc.kind)
+            error.headers.update(self._headers(ctx))
+            raise error from None
+        except BaseException:
+            await self._settle(ctx, Meter(exact=False), 500, "internal_error")
+            raise
+        if isinstance(result, ChunkStream):
+            return self._stream_response(ctx, result)
+        return await self._unary_response(ctx, result)
+
+    async def _call(self, ctx: _Context, call: Call) -> Completed[Any] | ChunkStream[Any]:
+        """Try the group's deployments in order; the last retryable error is raised."""
+        last: BackendError | None = None
+        for deployment in ctx.group.attempts():
+            ctx.deployment = deployment
+            try:
+                return await call(deployment.backend)
+            except BackendError as exc:
+                if not exc.retryable:
+                    raise
+                last = exc
+        assert last is not None
+        raise last
+
+    async def _admit(self, principal: Principal, group: ModelGroup, reserve: int) -> Ticket:
+        try:
+            return await self.services.admission.admit(principal, group.name, reserve)
+        except QuotaExceeded as exc:
+            headers = retry_after_header(exc.retry_after)
+            if exc.ticket is not None:
+                headers.update(_ratelimit_headers(exc.ticket))
+            raise ApiError(429, exc.message, code="rate_limit_exceeded", headers=headers) from None
+        except QuotaUnavailable:
+            raise ApiError(503, "the quota service is unavailable", code="quota_unavailable") from None
+
+    async def _unary_response(self, ctx: _Context, result: Completed[Any]) -> Response[Any]:
+        result.response.model = ctx.model
+        await self._settle(ctx, result.meter, 200, None)
+        return Response(
+            content=_encoder.encode(result.response), media_type="application/json", headers=self._headers(ctx)
+        )
+
+    def _stream_response(self, ctx: _Context, stream: ChunkStream[Any]) -> Stream:
+        async def on_end(meter: Meter, outcome: Outcome, error: ApiError | None) -> None:
+            error_type = error.type if error else (None if outcome is Outcome.COMPLETED else outcome.value)
+            await self._settle(ctx, meter, 200, error_type, outcome=outcome.value)
+
+        relay = SSERelay(stream, ctx.model, on_end)
+        headers = self._headers(ctx) | {"cache-control": "no-cache", "x-accel-buffering": "no"}
+        return Stream(relay.events(), media_type="text/event-stream", headers=headers,
+                      background=BackgroundTask(relay.finish))
+
+    # ------------------------------------------------------------ settlement
+
+    async def _settle(
+        self, ctx: _Context, meter: Meter, status: int, error_type: str | None, outcome: str | None = None
+    ) -> None:
+        cost = self._cost(ctx, meter)
+        try:
+            await self.services.admission.settle(ctx.ticket, meter.total_tokens, cost)
+        except Exception:
+            log.exception("settling request %s failed", ctx.request_id)
+        now = time.perf_counter()
+        deployment = ctx.deployment
+        record = UsageRecord(
+            request_id=ctx.request_id, key_id=ctx.principal.key_id, tenant_id=ctx.principal.tenant_id,
+            model=ctx.group.name, deployment=deployment.id if deployment else None,
+            provider=deployment.config.provider if deployment else None, endpoint=ctx.endpoint,
+            started_at=ctx.started_at, status=status, prompt_tokens=meter.prompt_tokens,
+            completion_tokens=meter.completion_tokens, cached_tokens=meter.cached_tokens, exact=meter.exact,
+            cost=cost, error_type=error_type, latency_ms=(now - ctx.t0) * 1000,
+            ttft_ms=(meter.first_token_at - ctx.t0) * 1000 if meter.first_token_at else None,
+            stream=ctx.stream, extra={"outcome": outcome} if outcome else {},
+        )
+        try:
+            self.services.usage.record(record)
+        except Exception:
+            log.exception("recording usage for %s failed", ctx.request_id)
+
+    def _cost(self, ctx: _Context, meter: Meter) -> float:
+        names = [ctx.deployment.id] if ctx.deployment else []
+        price = next((self.settings.prices[n] for n in (*names, ctx.group.name) if n in self.settings.prices), None)
+        if price is None:
+            return 0.0
+        cached = min(meter.cached_tokens, meter.prompt_tokens)
+        cached_rate = price.cached_input_per_million if price.cached_input_per_million is not None \
+            else price.input_per_million
+        return (
+            (meter.prompt_tokens - cached) * price.input_per_million
+            + cached * cached_rate
+            + meter.completion_tokens * price.output_per_million
+        ) / 1_000_000
+
+    def _headers(self, ctx: _Context) -> dict[str, str]:
+        return {"x-request-id": ctx.request_id} | _ratelimit_headers(ctx.ticket)
+
+    @staticmethod
+    def _may_use(principal: Principal, group: ModelGroup) -> bool:
+        return any(principal.may_use(name) for name in group.names)
+
+
+def _ratelimit_headers(ticket: Ticket) -> dict[str, str]:
+    headers: dict[str, str] = {}
+    for kind, state in (("requests", ticket.requests), ("tokens", ticket.tokens)):
+        if isinstance(state, QuotaState):
+            headers[f"x-ratelimit-limit-{kind}"] = str(state.limit)
+            headers[f"x-ratelimit-remaining-{kind}"] = str(max(0, state.remaining))
+            headers[f"x-ratelimit-reset-{kind}"] = f"{max(0.0, state.reset_seconds):.3f}s"
+    return headers

@@ -1,0 +1,69 @@
+"""A gateway with test keys (admin, model-restricted, throttled) in front of the fake upstream."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pytest
+
+from backends.factory import build_backend
+from gateway.contracts import Principal
+from gateway.router import Router
+from gateway.services import Services
+from tests.conftest import ADMIN_KEY, gateway_settings
+from tests.support.doubles import RecordingSink, ScriptedAdmission, StaticKeys
+from tests.support.fake_upstream import FakeUpstream
+from tests.support.servers import ServerThread
+
+LIMITED_KEY = "sk-test-limited"  # may use only the model "other"
+THROTTLED_KEY = "sk-test-throttled"  # always rate limited
+
+
+@dataclass
+class GatewayEnv:
+    server: ServerThread
+    admission: ScriptedAdmission
+    usage: RecordingSink
+
+    @property
+    def base_url(self) -> str:
+        return self.server.url + "/v1"
+
+
+def _settings(upstream_url: str):
+    timeouts = {"connect": 2, "first_byte": 5, "total": 10}
+    deployment = {"provider": "openai", "model": "upstream-echo", "api_base": upstream_url, "api_key": "sk-up",
+                  "timeouts": timeouts}
+    return gateway_settings(upstream_url, models=[
+        {"name": "echo", "aliases": ["echo-alias"], "deployments": [deployment]},
+        {"name": "other", "deployments": [deployment | {"name": "other-dep"}]},
+        {"name": "impatient", "deployments": [deployment | {"name": "impatient-dep",
+                                                            "timeouts": timeouts | {"first_byte": 0.5, "total": 1}}]},
+        {"name": "dead", "deployments": [deployment | {"name": "dead-dep", "api_base": "http://127.0.0.1:9/v1"}]},
+    ], prices={"echo": {"input_per_million": 1_000_000, "output_per_million": 2_000_000}})
+
+
+@pytest.fixture(scope="module")
+def gateway_env(fake_upstream_server: FakeUpstream) -> Iterator[GatewayEnv]:
+    from gateway.app import create_app
+
+    settings = _settings(fake_upstream_server.url)
+    admission = ScriptedAdmission(throttled={"throttled": 7.0})
+    usage = RecordingSink()
+    keys = StaticKeys({
+        ADMIN_KEY: Principal(key_id="admin", tenant_id=None, is_admin=True),
+        LIMITED_KEY: Principal(key_id="limited", tenant_id="t1", allowed_models=frozenset({"other"})),
+        THROTTLED_KEY: Principal(key_id="throttled", tenant_id="t1"),
+    })
+    services = Services(authenticator=keys, admission=admission, usage=usage,
+                        router=Router.from_settings(settings, build_backend))
+    with ServerThread(create_app(settings, services)) as server:
+        yield GatewayEnv(server, admission, usage)
+
+
+@pytest.fixture
+def env(gateway_env: GatewayEnv, upstream: FakeUpstream) -> GatewayEnv:
+    gateway_env.usage.records.clear()
+    gateway_env.admission.settled.clear()
+    return gateway_env

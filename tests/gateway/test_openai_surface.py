@@ -1,0 +1,153 @@
+"""The OpenAI SDK round-trips every request shape through the gateway to a loopback upstream."""
+
+from __future__ import annotations
+
+import openai
+import pytest
+
+from tests.conftest import ADMIN_KEY
+from tests.gateway.conftest import GatewayEnv
+from tests.support.fake_upstream import FakeUpstream
+
+
+@pytest.fixture
+def client(env: GatewayEnv) -> openai.OpenAI:
+    return openai.OpenAI(base_url=env.base_url, api_key=ADMIN_KEY, max_retries=0)
+
+
+@pytest.fixture
+def aclient(env: GatewayEnv) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url=env.base_url, api_key=ADMIN_KEY, max_retries=0)
+
+
+def test_chat_completion_round_trip(client: openai.OpenAI, upstream: FakeUpstream, env: GatewayEnv) -> None:
+    reply = client.chat.completions.create(
+        model="echo",
+        messages=[{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello there world"}],
+        max_tokens=50, temperature=0.5, top_p=0.9, seed=7, stop=["\n\n"], presence_penalty=0.1,
+        frequency_penalty=0.2, user="u-1",
+    )
+    assert reply.choices[0].message.content == "hello there world"
+    assert reply.choices[0].finish_reason == "stop"
+    assert reply.model == "echo"
+    assert reply.usage is not None and reply.usage.completion_tokens == 3
+    sent = upstream.last.json
+    assert upstream.last.path == "/v1/chat/completions"
+    assert upstream.last.headers["authorization"] == "Bearer sk-up"
+    assert sent["model"] == "upstream-echo"
+    assert sent["temperature"] == 0.5 and sent["seed"] == 7 and sent["stop"] == ["\n\n"] and sent["user"] == "u-1"
+    assert "logprobs" not in sent  # what the client did not send is not sent upstream
+    record = env.usage.wait_for(1)[0]
+    assert (record.model, record.status, record.completion_tokens, record.exact) == ("echo", 200, 3, True)
+    assert record.cost > 0 and env.admission.settled[0].actual_tokens == reply.usage.total_tokens
+
+
+def test_chat_passes_every_field_through(client: openai.OpenAI, upstream: FakeUpstream) -> None:
+    tools = [{"type": "function", "function": {"name": "lookup", "description": "d",
+                                               "parameters": {"type": "object", "properties": {}}}}]
+    reply = client.chat.completions.create(
+        model="echo-alias",
+        messages=[{"role": "user", "content": [{"type": "text", "text": "part one "}, {"type": "text", "text": "two"}]}],
+        max_completion_tokens=2, n=2, stop="END", logprobs=True, top_logprobs=3,
+        response_format={"type": "json_object"}, tools=tools, tool_choice="auto",
+    )
+    assert [c.message.content for c in reply.choices] == ["part one ", "part one "]
+    assert reply.choices[0].finish_reason == "length"
+    sent = upstream.last.json
+    assert sent["tools"][0]["function"]["name"] == "lookup" and sent["tool_choice"] == "auto"
+    assert sent["response_format"] == {"type": "json_object"}
+    assert sent["n"] == 2 and sent["logprobs"] is True and sent["top_logprobs"] == 3
+    assert sent["max_completion_tokens"] == 2 and sent["stop"] == "END"
+
+
+def test_chat_stream_with_usage(client: openai.OpenAI, upstream: FakeUpstream, env: GatewayEnv) -> None:
+    stream = client.chat.completions.create(
+        model="echo", messages=[{"role": "user", "content": "one two three four"}], stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == "one two three four"
+    assert chunks[-1].choices == [] and chunks[-1].usage is not None
+    assert chunks[-1].usage.completion_tokens == 4
+    assert all(c.model == "echo" for c in chunks)
+    assert upstream.last.json["stream_options"] == {"include_usage": True}
+    record = env.usage.wait_for(1)[0]
+    assert record.stream and record.exact and record.completion_tokens == 4
+    assert record.extra == {"outcome": "completed"}
+
+
+def test_chat_stream_without_usage_strips_the_usage_chunk(client: openai.OpenAI, upstream: FakeUpstream,
+                                                           env: GatewayEnv) -> None:
+    chunks = list(client.chat.completions.create(
+        model="echo", messages=[{"role": "user", "content": "a b c"}], stream=True))
+    assert all(c.usage is None for c in chunks)
+    assert all(c.choices for c in chunks)
+    # the gateway asked the upstream for usage anyway, so it meters exactly
+    assert upstream.last.json["stream_options"] == {"include_usage": True}
+    assert env.usage.wait_for(1)[0].exact
+
+
+def test_stream_usage_is_estimated_when_the_upstream_reports_none(
+    client: openai.OpenAI, upstream: FakeUpstream, env: GatewayEnv
+) -> None:
+    upstream.options.report_usage = False
+    chunks = list(client.chat.completions.create(
+        model="echo", messages=[{"role": "user", "content": "alpha beta gamma"}], stream=True,
+        stream_options={"include_usage": True}))
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens >= 3
+    record = env.usage.wait_for(1)[0]
+    assert not record.exact and record.completion_tokens >= 3 and record.prompt_tokens > 0
+
+
+def test_completions_round_trip(client: openai.OpenAI, upstream: FakeUpstream) -> None:
+    reply = client.completions.create(model="echo", prompt="say this back", max_tokens=10, temperature=0,
+                                      echo=False, stop=["x"])
+    assert reply.choices[0].text == "say this back"
+    assert reply.object == "text_completion"
+    assert upstream.last.path == "/v1/completions" and upstream.last.json["prompt"] == "say this back"
+    listed = client.completions.create(model="echo", prompt=["first prompt", "second"], max_tokens=1)
+    assert listed.choices[0].text == "first " and listed.choices[0].finish_reason == "length"
+    tokens = client.completions.create(model="echo", prompt=[1, 2, 3])
+    assert tokens.choices[0].text
+
+
+def test_completions_stream(client: openai.OpenAI) -> None:
+    chunks = list(client.completions.create(model="echo", prompt="stream me please", stream=True,
+                                            stream_options={"include_usage": True}))
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == "stream me please"
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 3
+
+
+async def test_async_client_chat_and_stream(aclient: openai.AsyncOpenAI) -> None:
+    reply = await aclient.chat.completions.create(model="echo", messages=[{"role": "user", "content": "async hi"}])
+    assert reply.choices[0].message.content == "async hi"
+    stream = await aclient.chat.completions.create(
+        model="echo", messages=[{"role": "user", "content": "x y"}], stream=True,
+        stream_options={"include_usage": True})
+    chunks = [c async for c in stream]
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "x y"
+    assert chunks[-1].usage is not None
+    completion = await aclient.completions.create(model="echo", prompt="p q")
+    assert completion.choices[0].text == "p q"
+    models = await aclient.models.list()
+    assert "echo" in [m.id for m in models.data]
+
+
+def test_models_list_and_retrieve(client: openai.OpenAI, env: GatewayEnv) -> None:
+    ids = [m.id for m in client.models.list().data]
+    assert ids == ["echo", "other", "impatient", "dead"]
+    assert client.models.retrieve("echo").id == "echo"
+    assert client.models.retrieve("echo-alias").id == "echo"
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("no-such-model")
+
+
+def test_models_list_shows_only_allowed_models(env: GatewayEnv) -> None:
+    from tests.gateway.conftest import LIMITED_KEY
+
+    limited = openai.OpenAI(base_url=env.base_url, api_key=LIMITED_KEY, max_retries=0)
+    assert [m.id for m in limited.models.list().data] == ["other"]
+    with pytest.raises(openai.NotFoundError) as err:
+        limited.models.retrieve("echo")
+    assert err.value.code == "model_not_found"

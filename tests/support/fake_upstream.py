@@ -1,0 +1,143 @@
+"""A fake OpenAI-compatible upstream with fault injection and a record of what it received.
+
+Built on the echo upstream (``backends.echo_upstream``): answers echo the prompt. Tests (and
+benchmarks) shape it with ``options`` (latency, chunk delay, usage reporting) and queue one-shot
+``Fault``s; every request is recorded in ``received`` and every stream in ``streams`` (whether it
+ran to the end or the client went away).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from backends.echo_upstream import EchoOptions, EchoUpstream, Exchange, error_body, send_json
+from tests.support.servers import ServerThread
+
+
+@dataclass
+class Fault:
+    """What to do instead of (or to) the next answer."""
+
+    status: int | None = None  # answer with this status and ``body``
+    body: Any = None  # JSON body (default: an OpenAI-shaped error) or raw bytes
+    headers: dict[str, str] = field(default_factory=dict)
+    delay: float = 0.0  # seconds before the response headers
+    error_after_chunks: int | None = None  # stream: send N chunks, then an error event
+    hang_after_chunks: int | None = None  # stream: send N chunks, then stall until the client leaves
+
+
+@dataclass
+class Received:
+    method: str
+    path: str
+    headers: dict[str, str]
+    json: Any
+
+
+@dataclass
+class StreamRecord:
+    path: str
+    done: threading.Event = field(default_factory=threading.Event)
+    completed: bool | None = None  # False: the client disconnected first
+
+    def wait(self, timeout: float = 10.0) -> bool:
+        return self.done.wait(timeout)
+
+
+class FakeUpstream(EchoUpstream):
+    def __init__(self) -> None:
+        super().__init__(EchoOptions())
+        self.faults: deque[Fault] = deque()
+        self.received: list[Received] = []
+        self.streams: list[StreamRecord] = []
+        self._server: ServerThread | None = None
+
+    # ------------------------------------------------------------ control
+
+    def reset(self) -> None:
+        self.options = EchoOptions()
+        self.faults.clear()
+        self.received.clear()
+        self.streams.clear()
+
+    def fail_next(self, *faults: Fault) -> None:
+        self.faults.extend(faults)
+
+    @property
+    def last(self) -> Received:
+        return self.received[-1]
+
+    def start(self) -> FakeUpstream:
+        self._server = ServerThread(self, lifespan="off").start()
+        return self
+
+    def stop(self) -> None:
+        if self._server:
+            self._server.stop()
+
+    @property
+    def url(self) -> str:
+        assert self._server is not None
+        return self._server.url + "/v1"
+
+    # ------------------------------------------------------------ behaviour
+
+    async def handle(self, ex: Exchange) -> None:
+        try:
+            payload = ex.json()
+        except ValueError:
+            payload = None
+        self.received.append(Received(ex.method, ex.path, ex.headers, payload))
+        fault = self.faults.popleft() if self.faults else None
+        if fault is None:
+            return await self._answer(ex, payload, None)
+        if fault.delay:
+            await asyncio.sleep(fault.delay)
+        if fault.status is not None:
+            body = fault.body if fault.body is not None else error_body(f"injected {fault.status}", "injected")
+            if isinstance(body, bytes):
+                await ex.send({"type": "http.response.start", "status": fault.status,
+                               "headers": [(k.encode(), v.encode()) for k, v in fault.headers.items()]})
+                return await ex.send({"type": "http.response.body", "body": body, "more_body": False})
+            return await send_json(ex, fault.status, body, fault.headers)
+        await self._answer(ex, payload, fault)
+
+    async def _answer(self, ex: Exchange, payload: Any, fault: Fault | None) -> None:
+        if not (isinstance(payload, dict) and payload.get("stream")) or ex.method != "POST":
+            return await super().handle(ex)
+        record = StreamRecord(ex.path)
+        self.streams.append(record)
+        try:
+            if fault and (fault.error_after_chunks is not None or fault.hang_after_chunks is not None):
+                record.completed = await self._faulty_stream(ex, payload, fault)
+            else:
+                record.completed = await self.stream(ex, payload, ex.path.endswith("/chat/completions"))
+        finally:
+            record.done.set()
+
+    async def _faulty_stream(self, ex: Exchange, payload: dict[str, Any], fault: Fault) -> bool:
+        chat = ex.path.endswith("/chat/completions")
+        out, _, _ = self.output(payload, chat)
+        await ex.send({"type": "http.response.start", "status": 200,
+                       "headers": [(b"content-type", b"text/event-stream")]})
+        count = fault.error_after_chunks if fault.error_after_chunks is not None else fault.hang_after_chunks
+        for piece in (out * (count or 1))[: count or 0]:
+            chunk = ({"id": "chatcmpl-f", "object": "chat.completion.chunk", "created": 0, "model": "m",
+                      "choices": [{"index": 0, "delta": {"content": piece}, "finish_reason": None}]} if chat else
+                     {"id": "cmpl-f", "object": "text_completion", "created": 0, "model": "m",
+                      "choices": [{"index": 0, "text": piece, "finish_reason": None}]})
+            await ex.send({"type": "http.response.body", "body": b"data: " + json.dumps(chunk).encode() + b"\n\n",
+                           "more_body": True})
+        if fault.error_after_chunks is not None:
+            event = error_body("injected mid-stream failure", "injected", "server_error")
+            await ex.send({"type": "http.response.body", "body": b"data: " + json.dumps(event).encode() + b"\n\n",
+                           "more_body": False})
+            return True
+        while (await ex.receive())["type"] != "http.disconnect":
+            pass
+        return False
