@@ -147,7 +147,7 @@ class Scheduler:
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_model_len = max_model_len
         self.enable_chunked_prefill = enable_chunked_prefill
-        self.waiting: QueuePolicy = policy or FCFSQueue()
+        self.waiting: QueuePolicy = policy if policy is not None else FCFSQueue()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
 

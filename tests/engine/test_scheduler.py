@@ -1,0 +1,154 @@
+"""Scheduler behaviour with a stand-in for the model (each sampling step appends one token)."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine.block_manager import BlockManager
+from engine.sampling_params import SamplingParams
+from engine.scheduler import PriorityQueue, RequestRejected, Scheduler, SchedulerOutput
+from engine.sequence import FinishReason, Sequence
+
+BS = 4
+
+
+def make(num_blocks: int = 64, max_seqs: int = 8, budget: int = 32, max_len: int = 64, **kw) -> Scheduler:
+    return Scheduler(BlockManager(num_blocks, BS), max_seqs, budget, max_len, **kw)
+
+
+def add(s: Scheduler, rid: str, prompt_len: int, max_tokens: int, priority: int = 0) -> Sequence:
+    """Prompts of different requests differ in their first token, so they share no blocks."""
+    tokens = [len(rid) * 131 + sum(map(ord, rid))] + list(range(1, prompt_len))
+    seq = Sequence(rid, tokens[:prompt_len], SamplingParams(max_tokens=max_tokens), priority=priority)
+    s.add(seq)
+    return seq
+
+
+def fake_step(s: Scheduler) -> SchedulerOutput:
+    out = s.schedule()
+    sampling = [item.seq for item in out.scheduled if item.samples]
+    s.update_after_step(out)
+    for seq in sampling:
+        seq.append_token(7)
+        if seq.num_output_tokens >= (seq.params.max_tokens or 0):
+            s.finish(seq, FinishReason.LENGTH)
+    return out
+
+
+def run_all(s: Scheduler, limit: int = 1000) -> list[SchedulerOutput]:
+    outs = []
+    while s.num_unfinished and len(outs) < limit:
+        outs.append(fake_step(s))
+    assert not s.num_unfinished
+    return outs
+
+
+def test_token_budget_and_seq_cap_never_exceeded() -> None:
+    s = make(max_seqs=3, budget=10)
+    seqs = [add(s, f"r{i}", 5 + 3 * i, 4) for i in range(6)]
+    for out in run_all(s):
+        assert out.num_batched_tokens <= 10
+        assert len(out.scheduled) <= 3
+    assert all(q.num_output_tokens == 4 for q in seqs)
+    assert s.blocks.num_free_blocks == 64
+
+
+def test_decodes_come_before_prefills() -> None:
+    s = make(budget=8)
+    add(s, "a", 4, 5)
+    fake_step(s)  # a prefilled, first token sampled
+    add(s, "b", 20, 5)
+    out = fake_step(s)
+    assert out.scheduled[0].seq.request_id == "a" and out.scheduled[0].num_new_tokens == 1
+    assert out.scheduled[1].num_new_tokens == 7  # b's prefill chunked into the rest of the budget
+
+
+def test_chunked_prefill_splits_long_prompts() -> None:
+    s = make(budget=8)
+    seq = add(s, "long", 30, 2)
+    chunks = []
+    while seq.num_output_tokens == 0:
+        out = fake_step(s)
+        chunks.append(out.scheduled[0].num_new_tokens)
+    assert chunks == [8, 8, 8, 6]
+
+
+def test_finished_sequence_is_replaced_next_step() -> None:
+    s = make(max_seqs=2, budget=64)
+    short = add(s, "short", 4, 1)
+    add(s, "long", 4, 10)
+    waiting = add(s, "waiting", 4, 3)
+    fake_step(s)
+    assert short.is_finished and short.block_table == []
+    out = fake_step(s)
+    assert waiting in [item.seq for item in out.scheduled]
+    run_all(s)
+
+
+def test_over_long_requests_are_rejected() -> None:
+    s = make(num_blocks=8, max_len=64)
+    with pytest.raises(RequestRejected, match="context"):
+        add(s, "x", 64, 1)
+    with pytest.raises(RequestRejected, match="max_tokens"):
+        add(s, "y", 40, 30)
+    with pytest.raises(RequestRejected, match="whole cache"):
+        add(s, "z", 20, 20)  # 40 tokens need 10 blocks of 4; the cache has 8
+    with pytest.raises(RequestRejected):
+        add(s, "empty", 0, 1)
+    assert s.num_unfinished == 0
+
+
+def test_preemption_under_a_tiny_cache_completes_everything() -> None:
+    s = make(num_blocks=10, max_seqs=8, budget=64, max_len=40)
+    seqs = [add(s, f"r{i}", 6, 14) for i in range(4)]  # 4 x 5 blocks at the end > 10 blocks
+    outs = run_all(s)
+    assert s.num_preemptions > 0
+    assert any(out.preempted for out in outs)
+    assert all(q.num_output_tokens == 14 for q in seqs)
+    assert s.blocks.num_free_blocks == 10
+    first_victim = next(out.preempted[0] for out in outs if out.preempted)
+    assert first_victim.request_id == "r3"  # newest first
+
+
+def test_priority_policy_orders_admission_and_preemption() -> None:
+    s = make(max_seqs=1, budget=64, policy=PriorityQueue())
+    add(s, "low", 4, 2, priority=5)
+    add(s, "high", 4, 2, priority=0)
+    out = fake_step(s)
+    assert out.scheduled[0].seq.request_id == "high"
+    run_all(s)
+
+
+def test_abort_frees_blocks_at_once() -> None:
+    s = make()
+    a = add(s, "a", 10, 20)
+    fake_step(s)
+    assert a.block_table
+    s.finish(a, FinishReason.ABORT)
+    assert s.blocks.num_free_blocks == 64 and not s.running
+    b = add(s, "b", 10, 20)
+    s.finish(b, FinishReason.ABORT)  # still waiting
+    assert s.num_unfinished == 0
+
+
+def test_without_chunked_prefill_prompts_wait_for_room() -> None:
+    s = make(budget=16, max_len=16, enable_chunked_prefill=False)
+    add(s, "a", 10, 2)
+    add(s, "b", 10, 2)
+    out = fake_step(s)
+    assert [i.num_new_tokens for i in out.scheduled] == [10]
+    run_all(s)
+
+
+def test_prefix_hit_is_not_recomputed() -> None:
+    s = make(budget=64)
+    a = Sequence("a", list(range(1, 11)), SamplingParams(max_tokens=2))
+    s.add(a)
+    fake_step(s)
+    b = Sequence("b", list(range(1, 11)) + [5], SamplingParams(max_tokens=2))
+    s.add(b)
+    out = fake_step(s)
+    assert {i.seq.request_id: i.num_new_tokens for i in out.scheduled} == {"a": 1, "b": 3}
+    assert b.num_cached_tokens == 8
+    run_all(s)
+    assert s.blocks.num_free_blocks == 64
