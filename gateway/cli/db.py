@@ -14,8 +14,8 @@ from gateway.db import migrate
 from gateway.db.engine import Database, safe_url
 from gateway.settings import ConfigError, Settings, load_settings, parse_settings
 
-console = Console(highlight=False)
-err = Console(stderr=True, highlight=False)
+console = Console(highlight=False, soft_wrap=True)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 ConfigOpt = Annotated[
     Path | None,
