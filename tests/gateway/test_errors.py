@@ -1,0 +1,161 @@
+"""Every error class reaches the openai SDK as its typed exception, in OpenAI's error shape."""
+
+from __future__ import annotations
+
+import openai
+import pytest
+
+from tests.conftest import ADMIN_KEY
+from tests.gateway.conftest import LIMITED_KEY, THROTTLED_KEY, GatewayEnv
+from tests.support.fake_upstream import Fault, FakeUpstream
+
+MESSAGES = [{"role": "user", "content": "hi"}]
+
+
+def sdk(env: GatewayEnv, key: str = ADMIN_KEY) -> openai.OpenAI:
+    return openai.OpenAI(base_url=env.base_url, api_key=key, max_retries=0)
+
+
+def test_bad_key_is_401(env: GatewayEnv) -> None:
+    with pytest.raises(openai.AuthenticationError) as err:
+        sdk(env, "sk-wrong").chat.completions.create(model="echo", messages=MESSAGES)
+    assert err.value.status_code == 401 and err.value.code == "invalid_api_key"
+    assert err.value.body["type"] == "authentication_error"  # type: ignore[index]
+
+
+def test_model_not_allowed_is_403(env: GatewayEnv) -> None:
+    with pytest.raises(openai.PermissionDeniedError) as err:
+        sdk(env, LIMITED_KEY).chat.completions.create(model="echo", messages=MESSAGES)
+    assert err.value.code == "model_not_allowed" and err.value.param == "model"
+    assert sdk(env, LIMITED_KEY).chat.completions.create(model="other", messages=MESSAGES).choices
+
+
+def test_unknown_model_is_404(env: GatewayEnv) -> None:
+    with pytest.raises(openai.NotFoundError) as err:
+        sdk(env).chat.completions.create(model="nope", messages=MESSAGES)
+    assert err.value.code == "model_not_found" and err.value.param == "model"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "param"),
+    [
+        ({"temperature": 5}, "temperature"),
+        ({"n": 0}, "n"),
+        ({"max_tokens": -1}, "max_tokens"),
+        ({"top_p": 1.5}, "top_p"),
+        ({"top_logprobs": 30, "logprobs": True}, "top_logprobs"),
+        ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
+        ({"stream_options": {"include_usage": True}}, "stream_options"),
+    ],
+)
+def test_out_of_range_is_400_naming_the_param(env: GatewayEnv, kwargs: dict, param: str) -> None:
+    with pytest.raises(openai.BadRequestError) as err:
+        sdk(env).chat.completions.create(model="echo", messages=MESSAGES, **kwargs)
+    assert err.value.param == param
+    assert err.value.body["type"] == "invalid_request_error"  # type: ignore[index]
+
+
+def test_wrong_message_shape_is_400(env: GatewayEnv) -> None:
+    with pytest.raises(openai.BadRequestError) as err:
+        sdk(env).chat.completions.create(model="echo", messages=[{"role": "wizard", "content": "x"}])  # type: ignore[list-item]
+    assert err.value.param == "messages[0].role"
+    with pytest.raises(openai.BadRequestError) as err:
+        sdk(env).chat.completions.create(model="echo", messages=[])
+    assert err.value.param == "messages"
+
+
+def test_mixed_prompt_is_400(env: GatewayEnv) -> None:
+    with pytest.raises(openai.BadRequestError) as err:
+        sdk(env).completions.create(model="echo", prompt=["text", 3])  # type: ignore[list-item]
+    assert err.value.param == "prompt"
+
+
+def test_huge_body_is_413(env: GatewayEnv) -> None:
+    with pytest.raises(openai.APIStatusError) as err:
+        sdk(env).chat.completions.create(model="echo", messages=[{"role": "user", "content": "x" * 5_000_000}])
+    assert err.value.status_code == 413 and err.value.code == "request_too_large"
+
+
+def test_quota_exceeded_is_429_with_retry_after(env: GatewayEnv) -> None:
+    with pytest.raises(openai.RateLimitError) as err:
+        sdk(env, THROTTLED_KEY).chat.completions.create(model="echo", messages=MESSAGES)
+    assert err.value.response.headers["retry-after"] == "7"
+    assert err.value.response.headers["x-ratelimit-remaining-requests"] == "0"
+    assert err.value.code == "rate_limit_exceeded"
+
+
+def test_upstream_429_is_429_with_retry_after(env: GatewayEnv, upstream: FakeUpstream) -> None:
+    upstream.fail_next(Fault(status=429, headers={"retry-after": "3"}))
+    with pytest.raises(openai.RateLimitError) as err:
+        sdk(env).chat.completions.create(model="echo", messages=MESSAGES)
+    assert err.value.response.headers["retry-after"] == "3"
+    assert env.usage.wait_for(1)[0].status == 429
+
+
+@pytest.mark.parametrize(
+    ("fault", "status", "code"),
+    [
+        (Fault(status=500), 503, "upstream_unavailable"),
+        (Fault(status=503), 503, "upstream_unavailable"),
+        (Fault(status=200, body=b"this is not json"), 502, "bad_upstream_response"),
+        (Fault(status=401), 502, "upstream_auth"),
+        (Fault(status=418), 502, "bad_upstream_response"),
+    ],
+)
+def test_upstream_failures_map_to_5xx(env: GatewayEnv, upstream: FakeUpstream, fault: Fault, status: int,
+                                      code: str) -> None:
+    upstream.fail_next(fault)
+    with pytest.raises(openai.APIStatusError) as err:
+        sdk(env).chat.completions.create(model="echo", messages=MESSAGES)
+    assert err.value.status_code == status and err.value.code == code
+
+
+def test_upstream_bad_request_and_context_length(env: GatewayEnv, upstream: FakeUpstream) -> None:
+    upstream.fail_next(Fault(status=400, body={"error": {"message": "bad logit_bias", "type": "invalid_request_error",
+                                                         "param": "logit_bias", "code": None}}))
+    with pytest.raises(openai.BadRequestError) as err:
+        sdk(env).chat.completions.create(model="echo", messages=MESSAGES)
+    assert err.value.param == "logit_bias"
+    upstream.fail_next(Fault(status=400, body={"error": {"message": "This model's maximum context length is 8 tokens",
+                                                         "code": "context_length_exceeded"}}))
+    with pytest.raises(openai.BadRequestError) as err:
+        sdk(env).chat.completions.create(model="echo", messages=MESSAGES)
+    assert err.value.code == "context_length_exceeded"
+
+
+def test_upstream_timeout_is_504(env: GatewayEnv, upstream: FakeUpstream) -> None:
+    upstream.fail_next(Fault(delay=2.0))
+    with pytest.raises(openai.APIStatusError) as err:
+        sdk(env).chat.completions.create(model="impatient", messages=MESSAGES)
+    assert err.value.status_code == 504
+    upstream.fail_next(Fault(delay=2.0))
+    with pytest.raises(openai.APIStatusError) as err:
+        sdk(env).chat.completions.create(model="impatient", messages=MESSAGES, stream=True)
+    assert err.value.status_code == 504
+
+
+def test_unreachable_upstream_is_503(env: GatewayEnv) -> None:
+    with pytest.raises(openai.APIStatusError) as err:
+        sdk(env).chat.completions.create(model="dead", messages=MESSAGES)
+    assert err.value.status_code == 503
+
+
+def test_stream_errors_before_first_chunk_are_http_errors(env: GatewayEnv, upstream: FakeUpstream) -> None:
+    upstream.fail_next(Fault(status=503))
+    with pytest.raises(openai.APIStatusError) as err:
+        sdk(env).chat.completions.create(model="echo", messages=MESSAGES, stream=True)
+    assert err.value.status_code == 503
+
+
+def test_stream_error_mid_way_is_an_error_event(env: GatewayEnv, upstream: FakeUpstream) -> None:
+    upstream.fail_next(Fault(error_after_chunks=2))
+    stream = sdk(env).chat.completions.create(model="echo", messages=[{"role": "user", "content": "a b c"}],
+                                              stream=True)
+    received = []
+    with pytest.raises(openai.APIError) as err:
+        for chunk in stream:
+            received.append(chunk)
+    assert len(received) == 2
+    assert "mid-stream" in err.value.message
+    record = env.usage.wait_for(1)[0]
+    assert record.error_type == "upstream_error" and record.extra == {"outcome": "failed"}

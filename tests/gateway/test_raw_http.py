@@ -1,0 +1,134 @@
+"""Raw HTTP against the gateway: malformed bodies, routing errors, schema, health. Never a 5xx."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import httpx
+import pytest
+
+from tests.conftest import ADMIN_KEY
+from tests.gateway.conftest import GatewayEnv
+
+AUTH = {"authorization": f"Bearer {ADMIN_KEY}", "content-type": "application/json"}
+
+
+@pytest.fixture
+def http(env: GatewayEnv) -> httpx.Client:
+    with httpx.Client(base_url=env.server.url, headers=AUTH, timeout=10) as client:
+        yield client
+
+
+def assert_openai_error(response: httpx.Response, status: int, param: str | None = None) -> dict:
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["message"]
+    if param is not None:
+        assert error["param"] == param
+    return error
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        (b"{", None),
+        (b"not json at all", None),
+        (b"[]", None),
+        (b'"just a string"', None),
+        (b"{}", "model"),
+        (b'{"model": "echo"}', "messages"),
+        (b'{"model": 5, "messages": []}', "model"),
+        (b'{"model": "echo", "messages": "hi"}', "messages"),
+        (b'{"model": "echo", "messages": [{"role": "user", "content": 3}]}', "messages[0].content"),
+        (b'{"model": "echo", "messages": [{"role": "user", "content": "x"}], "temperature": "hot"}', "temperature"),
+        (b'{"model": "echo", "messages": [{"role": "user", "content": "x"}], "max_tokens": 1.5}', "max_tokens"),
+        (b'{"model": "echo", "messages": [{"role": "user", "content": "x"}], "stream": "yes"}', "stream"),
+        (b'{"model": "echo", "messages": [{"role": "user", "content": [{"type": "video"}]}]}', "messages[0].content[0].type"),
+        (b'{"model": "echo", "messages": [{"role": "user", "content": "x"}], "response_format": {"type": "xml"}}',
+         "response_format.type"),
+    ],
+)
+def test_malformed_chat_bodies_are_400(http: httpx.Client, body: bytes, param: str | None) -> None:
+    error = assert_openai_error(http.post("/v1/chat/completions", content=body), 400)
+    assert error["type"] == "invalid_request_error"
+    if param is not None:
+        assert error["param"] == param
+
+
+def test_empty_body_is_400(http: httpx.Client) -> None:
+    assert_openai_error(http.post("/v1/chat/completions", content=b""), 400)
+    assert_openai_error(http.post("/v1/completions", content=b""), 400)
+
+
+def test_auth_comes_before_body_validation(env: GatewayEnv) -> None:
+    response = httpx.post(env.server.url + "/v1/chat/completions", content=b"{garbage")
+    assert assert_openai_error(response, 401)["code"] == "missing_api_key"
+    response = httpx.get(env.server.url + "/v1/models", headers={"authorization": "Basic abc"})
+    assert_openai_error(response, 401)
+
+
+def test_huge_bodies_are_413(http: httpx.Client) -> None:
+    big = b'{"model": "echo", "messages": [{"role": "user", "content": "' + b"x" * 5_000_000 + b'"}]}'
+    assert_openai_error(http.post("/v1/chat/completions", content=big), 413)
+
+    def chunked():  # no content-length: the limit applies to the bytes actually received
+        for _ in range(50):
+            yield b"x" * 200_000
+
+    assert_openai_error(http.post("/v1/completions", content=chunked()), 413)
+
+
+def test_unknown_route_and_wrong_method(http: httpx.Client) -> None:
+    assert assert_openai_error(http.post("/v1/nothing-here", content=b"{}"), 404)["code"] == "unknown_url"
+    error = assert_openai_error(http.get("/v1/chat/completions"), 405)
+    assert error["code"] == "method_not_allowed"
+    assert_openai_error(http.delete("/v1/models"), 405)
+
+
+def test_fuzzed_bodies_never_5xx(http: httpx.Client) -> None:
+    rng = random.Random(1234)
+    valid = {"model": "echo", "messages": [{"role": "user", "content": "fuzz"}], "max_tokens": 3}
+    values = [None, True, -1, 0, 3.5, 1e308, "", "x" * 100, [], {}, [1, "a"], {"a": {"b": []}}, -(2**70)]
+    keys = ["model", "messages", "temperature", "top_p", "n", "stop", "seed", "logprobs", "top_logprobs",
+            "tools", "tool_choice", "response_format", "stream", "stream_options", "logit_bias", "max_tokens",
+            "prompt", "user", "unknown_field"]
+    for i in range(120):
+        if i % 3 == 0:
+            body = bytes(rng.randrange(256) for _ in range(rng.randrange(1, 64)))
+        else:
+            doc = dict(valid)
+            for _ in range(rng.randrange(1, 4)):
+                doc[rng.choice(keys)] = rng.choice(values)
+            if i % 5 == 0:
+                doc["messages"] = [{"role": rng.choice(["user", "tool", "x"]), "content": rng.choice(values)}]
+            body = json.dumps(doc).encode()
+        path = "/v1/chat/completions" if i % 2 else "/v1/completions"
+        response = http.post(path, content=body)
+        assert response.status_code < 500, (body, response.text)
+        if response.status_code >= 400:
+            assert_openai_error(response, response.status_code)
+
+
+def test_openapi_schema_documents_the_routes(http: httpx.Client) -> None:
+    schema = http.get("/schema/openapi.json").json()
+    chat = schema["paths"]["/v1/chat/completions"]["post"]
+    assert chat["requestBody"]["content"]["application/json"]["schema"]["$ref"].endswith("/ChatCompletionRequest")
+    assert chat["responses"]["200"]["content"]["application/json"]["schema"]["$ref"].endswith("/ChatCompletion")
+    assert chat["responses"]["429"]["content"]["application/json"]["schema"]["$ref"].endswith("/ErrorBody")
+    assert "422" not in chat["responses"]
+    completions = schema["paths"]["/v1/completions"]["post"]
+    assert completions["requestBody"]["content"]["application/json"]["schema"]["$ref"].endswith("/CompletionRequest")
+    models = schema["paths"]["/v1/models"]["get"]["responses"]["200"]["content"]["application/json"]["schema"]
+    assert models["$ref"].endswith("/ModelList")
+    request_schema = schema["components"]["schemas"]["ChatCompletionRequest"]
+    assert {"model", "messages"} <= set(request_schema["required"])
+    assert "temperature" in request_schema["properties"]
+
+
+def test_health_and_readiness(http: httpx.Client) -> None:
+    assert http.get("/healthz").json() == {"status": "ok"}
+    ready = http.get("/readyz")
+    assert ready.status_code == 503  # the "dead" model's only deployment is unreachable
+    body = ready.json()
+    assert body["models"] == {"echo": True, "other": True, "impatient": True, "dead": False}
