@@ -16,12 +16,11 @@ class TextState:
         self._detok = None
         self._matcher = None
         if tokenizer is not None:
-            from engine.tokenizer import IncrementalDetokenizer, StopMatcher
+            from engine.detok import IncrementalDetokenizer, StopMatcher
 
-            self._detok = IncrementalDetokenizer(tokenizer, prompt_ids)
+            self._detok = IncrementalDetokenizer(tokenizer, prompt_ids, params.skip_special_tokens)
             if params.stop:
-                self._stops = list(params.stop)
-                self._matcher = StopMatcher(self._stops)
+                self._matcher = StopMatcher(list(params.stop))
 
     def _emit(self, piece: str) -> None:
         if piece:
@@ -37,8 +36,6 @@ class TextState:
             return False
         emit, stopped = self._matcher.feed(new)
         self._emit(emit)
-        if stopped:
-            self.stop_reason = getattr(self._matcher, "matched", None)
         return stopped
 
     def stop(self, reason: str | int | None) -> None:
