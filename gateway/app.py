@@ -31,12 +31,14 @@ def create_app(settings: Settings, services: Services | None = None) -> Litestar
     @asynccontextmanager
     async def lifespan(_: Litestar) -> AsyncIterator[None]:
         try:
+            for start in services.starters:
+                await start()
             yield
         finally:
             await services.aclose()
 
     return Litestar(
-        route_handlers=[ChatController, CompletionsController, ModelsController, HealthController],
+        route_handlers=[ChatController, CompletionsController, ModelsController, HealthController, *services.routes],
         dependencies={
             "services": Provide(lambda: services, sync_to_thread=False, use_cache=True),
             "pipeline": Provide(lambda: pipeline, sync_to_thread=False, use_cache=True),

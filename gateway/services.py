@@ -10,8 +10,11 @@ import hmac
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Any
+from typing import Any
 
 from backends.factory import build_backend
+from gateway.admin.tenancy import Tenancy
 from gateway.contracts import Admission, Authenticator, Principal, Ticket, UsageRecord, UsageSink
 from gateway.router import Router
 from gateway.settings import Settings
@@ -61,7 +64,15 @@ class Services:
     usage: UsageSink
     router: Router
     readiness: dict[str, ReadinessCheck] = field(default_factory=dict)  # name -> check, for /readyz
-    closers: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
+    routers: list[Any] = field(default_factory=list)  # extra Litestar route handlers the app mounts
+    starters: list[Callable[[], Awaitable[None]]] = field(default_factory=list)  # run at app start-up
+    closers: list[Callable[[], Awaitable[None]]] = field(default_factory=list)  # run at shutdown, reversed
+
+    async def start(self) -> None:
+        for start in self.starters:
+            await start()
+    starters: list[Callable[[], Awaitable[None]]] = field(default_factory=list)  # run at app start-up
+    routes: list[Any] = field(default_factory=list)  # extra route handlers / Routers the app mounts
 
     async def aclose(self) -> None:
         for close in reversed(self.closers):
@@ -73,9 +84,14 @@ class Services:
 
 
 def build_services(settings: Settings) -> Services:
+    tenancy = Tenancy.from_settings(settings)  # SQL keys, quotas, metering, admin API (gateway.admin)
     return Services(
-        authenticator=AdminKeyAuthenticator(settings.auth.admin_key),
-        admission=NoQuotaAdmission(),
-        usage=LoggingUsageSink(),
+        authenticator=tenancy.authenticator,
+        admission=tenancy.admission,
+        usage=tenancy.usage,
         router=Router.from_settings(settings, build_backend),
+        readiness={"database": tenancy.ready},
+        closers=[tenancy.aclose],
+        starters=[tenancy.start],
+        routes=tenancy.routers(),
     )

@@ -7,18 +7,19 @@ on SIGTERM, which flushes the usage buffer).
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from litestar import Router
-from sqlalchemy import select
+from sqlalchemy import select, text
 
 from gateway.admin.api import admin_routers
 from gateway.admin.service import TenancyService
 from gateway.auth.authenticator import SqlAuthenticator
 from gateway.db.engine import Database
-from gateway.db.migrate import check_schema
+from gateway.db.migrate import SchemaNotReady, check_schema
 from gateway.db.models import ModelPrice
 from gateway.quotas.admission import QuotaAdmission
 from gateway.quotas.limits import LimitsSource
@@ -27,6 +28,8 @@ from gateway.quotas.store import MemoryStore, QuotaStore
 from gateway.settings import Settings
 from gateway.usage.pricing import Price, PriceTable
 from gateway.usage.writer import UsageWriter
+
+log = logging.getLogger("switchyard.tenancy")
 
 DEFAULT_JOURNAL_DIR = "var/usage-journal"
 
@@ -65,7 +68,11 @@ class Tenancy:
 
     async def start(self) -> None:
         """Refuse to run on an un-migrated database; load prices; start the usage writer."""
-        await check_schema(self.db.engine)
+        try:
+            await check_schema(self.db.engine)
+        except SchemaNotReady as exc:
+            log.error("%s", exc)  # the one line an operator needs, before the start-up traceback
+            raise
         async with self.db.session() as s:
             rows = (await s.scalars(select(ModelPrice))).all()
         configured = set(self.prices.prices)
@@ -77,6 +84,12 @@ class Tenancy:
             }
         )
         self.usage.start()
+
+    async def ready(self) -> bool:
+        """The database answers (for /readyz)."""
+        async with self.db.engine.connect() as conn:
+            await conn.execute(text("select 1"))
+        return True
 
     async def aclose(self) -> None:
         await self.usage.aclose()

@@ -3,12 +3,15 @@
 Lookups are cached in process for ``ttl`` seconds (at most 5), so a revocation or a disabled
 tenant is seen by every replica within that time. Expiry is checked on every call against the
 cached expiry time, so it is exact. Unknown tokens are cached too (bounded), which keeps a flood
-of bad keys off the database. The cache is keyed by the hash, never the key.
+of bad keys off the database. The cache is keyed by the hash, never the key. While the database
+is unreachable, entries up to ``stale_grace`` seconds old keep answering (nothing can be revoked
+meanwhile); beyond that the error propagates and the request fails with 503.
 """
 
 from __future__ import annotations
 
 import hmac
+import logging
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -19,6 +22,8 @@ from gateway.auth.keys import hash_key, looks_like_key, same_secret
 from gateway.contracts import Principal
 from gateway.db.engine import Database
 from gateway.db.models import ApiKey, Tenant
+
+log = logging.getLogger("switchyard.auth")
 
 ADMIN_KEY_ID = "admin:config"  # the principal id of the bootstrap admin key from settings
 
@@ -32,10 +37,17 @@ class _Entry:
 
 class SqlAuthenticator:
     def __init__(
-        self, db: Database, *, ttl: float = 2.0, admin_key: str | None = None, max_entries: int = 10_000
+        self,
+        db: Database,
+        *,
+        ttl: float = 2.0,
+        admin_key: str | None = None,
+        max_entries: int = 10_000,
+        stale_grace: float = 300.0,
     ) -> None:
         self.db = db
         self.ttl = min(ttl, 5.0)
+        self.stale_grace = stale_grace
         self.admin_key = admin_key
         self.max_entries = max_entries
         self._cache: OrderedDict[str, _Entry] = OrderedDict()
@@ -49,8 +61,12 @@ class SqlAuthenticator:
         now = time.time()
         entry = self._cache.get(digest)
         if entry is None or now - entry.fetched >= self.ttl:
-            entry = await self._load(digest, now)
-            self._remember(digest, entry)
+            try:
+                entry = self._remember(digest, await self._load(digest, now))
+            except Exception:
+                if entry is None or now - entry.fetched > self.stale_grace:
+                    raise
+                log.warning("key lookup failed; using the cached answer from %.0f s ago", now - entry.fetched)
         if entry.expires_at is not None and now >= entry.expires_at:
             return None
         return entry.principal
@@ -59,11 +75,12 @@ class SqlAuthenticator:
         """Forget everything cached (this process's admin operations call it)."""
         self._cache.clear()
 
-    def _remember(self, digest: str, entry: _Entry) -> None:
+    def _remember(self, digest: str, entry: _Entry) -> _Entry:
         self._cache[digest] = entry
         self._cache.move_to_end(digest)
         while len(self._cache) > self.max_entries:
             self._cache.popitem(last=False)
+        return entry
 
     async def _load(self, digest: str, now: float) -> _Entry:
         query = (

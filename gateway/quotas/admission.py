@@ -59,7 +59,13 @@ class QuotaAdmission:
 
     async def admit(self, principal: Principal, model: str, reserve_tokens: int) -> Ticket:
         reserve_tokens = max(0, int(reserve_tokens))
-        scopes = await self.limits.scopes(principal)
+        try:
+            scopes = await self.limits.scopes(principal)
+        except Exception as exc:  # the database is down and nothing usable is cached
+            self._outage("limits lookup", exc)
+            if self.on_unavailable == "fail_open":
+                return Ticket(principal=principal, model=model, reserved_tokens=0)
+            raise QuotaUnavailable("quota limits unavailable; try again shortly") from None
         micros = math.ceil(reserve_tokens * self.prices.max_per_million(model))
         r = Reservation(uuid.uuid4().hex, time.time(), reserve_tokens, micros, scopes, self.lease_seconds)
         try:

@@ -71,11 +71,15 @@ def period_id(period: Period, now: float) -> tuple[str, int]:
 
 
 class LimitsSource:
-    """Limits for a principal's key and tenant, cached for ``ttl`` seconds (changes apply within it)."""
+    """Limits for a principal's key and tenant, cached for ``ttl`` seconds (changes apply within it).
 
-    def __init__(self, db: Database, *, ttl: float = 2.0) -> None:
+    While the database is unreachable, cached limits up to ``stale_grace`` seconds old are used.
+    """
+
+    def __init__(self, db: Database, *, ttl: float = 2.0, stale_grace: float = 300.0) -> None:
         self.db = db
         self.ttl = ttl
+        self.stale_grace = stale_grace
         self._cache: dict[tuple[str, str | None], tuple[float, list[Scope]]] = {}
 
     async def scopes(self, principal: Principal) -> list[Scope]:
@@ -84,7 +88,12 @@ class LimitsSource:
         now = time.monotonic()
         if hit is not None and now - hit[0] < self.ttl:
             return hit[1]
-        scopes = await self._load(principal)
+        try:
+            scopes = await self._load(principal)
+        except Exception:
+            if hit is None or now - hit[0] > self.stale_grace:
+                raise
+            return hit[1]
         if len(self._cache) > 50_000:
             self._cache.clear()
         self._cache[cache_key] = (now, scopes)
