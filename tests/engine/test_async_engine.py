@@ -1,0 +1,117 @@
+"""AsyncEngine: streaming deltas, concurrency, abort (explicit and by leaving the iterator)."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import pytest
+
+from engine import AsyncEngine, EngineConfig, LLMEngine, RequestRejected, SamplingParams
+
+from .hf_checkpoints import checkpoint  # noqa: F401  (fixture)
+
+
+def ids(n: int, seed: int) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(384) for _ in range(n)]
+
+
+@pytest.fixture(scope="module")
+def engine(checkpoint) -> LLMEngine:
+    return LLMEngine(EngineConfig(str(checkpoint("llama")), block_size=8, num_kv_blocks=128, max_model_len=256))
+
+
+async def collect(it) -> list:
+    return [o async for o in it]
+
+
+async def wait_idle(eng: AsyncEngine) -> None:
+    for _ in range(500):
+        if not eng.engine.has_unfinished_requests():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("engine did not become idle")
+
+
+def assert_all_free(eng: AsyncEngine) -> None:
+    bm = eng.engine.block_manager
+    assert bm.num_free_blocks == bm.num_blocks
+
+
+async def test_stream_deltas_add_up_and_match_offline(engine: LLMEngine) -> None:
+    eng = AsyncEngine(engine=engine)
+    params = SamplingParams(temperature=0, max_tokens=9, logprobs=1)
+    prompts = [ids(n, n) for n in (5, 30, 12)]
+    streams = [eng.add_request(f"s{i}", p, params) for i, p in enumerate(prompts)]
+    results = await asyncio.gather(*(collect(s) for s in streams))
+    for outs in results:
+        assert outs[-1].finished and not any(o.finished for o in outs[:-1])
+        final = outs[-1].outputs[0]
+        streamed = [t for o in outs for t in o.outputs[0].delta_token_ids]
+        assert streamed == final.token_ids and len(streamed) == 9
+        assert len([lp for o in outs for lp in (o.outputs[0].delta_logprobs or [])]) == 9
+    for p, outs in zip(prompts, results):
+        engine.add_request("offline", p, params)
+        last = None
+        while engine.has_unfinished_requests():
+            for o in engine.step():
+                last = o
+        assert last is not None and last.outputs[0].token_ids == outs[-1].outputs[0].token_ids
+    await eng.shutdown()
+
+
+async def test_leaving_the_iterator_aborts_and_frees_blocks(engine: LLMEngine) -> None:
+    eng = AsyncEngine(engine=engine)
+    it = eng.add_request("gone", ids(40, 1), SamplingParams(temperature=0, max_tokens=150))
+    seen = 0
+    async for _ in it:
+        seen += 1
+        if seen == 3:
+            break
+    await it.aclose()
+    await wait_idle(eng)
+    assert_all_free(eng)
+    await eng.shutdown()
+
+
+async def test_explicit_abort_ends_the_stream(engine: LLMEngine) -> None:
+    eng = AsyncEngine(engine=engine)
+    it = eng.add_request("cancel-me", ids(10, 2), SamplingParams(temperature=0, max_tokens=150))
+    first = await it.__anext__()
+    assert not first.finished
+    eng.abort("cancel-me")
+    rest = await collect(it)
+    assert rest and rest[-1].finished and rest[-1].outputs[0].finish_reason == "abort"
+    await wait_idle(eng)
+    assert_all_free(eng)
+    await eng.shutdown()
+
+
+async def test_rejection_is_raised_on_add(engine: LLMEngine) -> None:
+    eng = AsyncEngine(engine=engine)
+    with pytest.raises(RequestRejected):
+        eng.add_request("long", ids(300, 3), SamplingParams(max_tokens=4))
+    with pytest.raises(ValueError):
+        eng.add_request("bad", ids(3, 3), SamplingParams(temperature=-1))
+    await eng.shutdown()
+
+
+async def test_event_loop_keeps_running_during_steps(engine: LLMEngine) -> None:
+    eng = AsyncEngine(engine=engine)
+    ticks = 0
+    done = asyncio.Event()
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while not done.is_set():
+            ticks += 1
+            await asyncio.sleep(0)
+
+    task = asyncio.create_task(ticker())
+    outs = await collect(eng.add_request("t", ids(60, 4), SamplingParams(temperature=0, max_tokens=40)))
+    done.set()
+    await task
+    assert outs[-1].finished
+    assert ticks > len(outs)  # the loop ran other work while the model stepped in its thread
+    await eng.shutdown()

@@ -1,0 +1,139 @@
+"""LLM / LLMEngine behaviour on a seeded random Llama: prefix cache, n > 1, seeds, stops, aborts,
+rejections, startup sizing errors, metrics."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from engine import LLM, RequestRejected, SamplingParams
+from engine.sequence import FinishReason
+
+from .hf_checkpoints import checkpoint  # noqa: F401  (fixture)
+
+VOCAB = 384
+
+
+def ids(n: int, seed: int) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(VOCAB) for _ in range(n)]
+
+
+@pytest.fixture(scope="module")
+def llm(checkpoint) -> LLM:
+    return LLM(str(checkpoint("llama")), block_size=8, num_kv_blocks=128, max_model_len=256)
+
+
+def assert_no_leak(llm: LLM) -> None:
+    bm = llm.engine.block_manager
+    assert not llm.engine.has_unfinished_requests()
+    assert bm.num_free_blocks == bm.num_blocks
+    assert all(b.ref_cnt == 0 for b in bm.pool.blocks)
+
+
+GREEDY = SamplingParams(temperature=0, max_tokens=10)
+
+
+def test_prefix_hits_reuse_blocks_and_give_identical_output(llm: LLM) -> None:
+    shared = ids(40, 1)
+    prompts = [shared + ids(5, 2), shared + ids(7, 3)]
+    first = llm.generate(prompts, GREEDY)
+    hits_before = llm.engine.block_manager.prefix_hits
+    again = llm.generate(prompts, GREEDY)
+    assert [o.outputs[0].token_ids for o in again] == [o.outputs[0].token_ids for o in first]
+    assert all(o.num_cached_tokens >= 40 for o in again)
+    assert llm.engine.block_manager.prefix_hits - hits_before >= 80
+    assert_no_leak(llm)
+
+
+def test_prefix_caching_off_gives_the_same_tokens(llm: LLM, checkpoint) -> None:
+    prompts = [ids(30, 4), ids(30, 4) + ids(3, 5)]
+    off = LLM(str(checkpoint("llama")), block_size=8, num_kv_blocks=128, max_model_len=256,
+              enable_prefix_caching=False)
+    a = llm.generate(prompts, GREEDY)
+    b = off.generate(prompts, GREEDY)
+    assert [o.outputs[0].token_ids for o in a] == [o.outputs[0].token_ids for o in b]
+    assert all(o.num_cached_tokens == 0 for o in b)
+
+
+def test_n_samples_share_the_prompt_blocks(llm: LLM) -> None:
+    prompt = ids(41, 6)
+    hits_before = llm.engine.block_manager.prefix_hits
+    params = SamplingParams(n=3, temperature=1.0, seed=11, max_tokens=8)
+    out = llm.generate([prompt], params)[0]
+    assert [o.index for o in out.outputs] == [0, 1, 2]
+    assert len({tuple(o.token_ids) for o in out.outputs}) > 1
+    assert llm.engine.block_manager.prefix_hits - hits_before >= 2 * 40  # siblings reuse 5 blocks
+    again = llm.generate([prompt], params)[0]
+    assert [o.token_ids for o in again.outputs] == [o.token_ids for o in out.outputs]
+    assert_no_leak(llm)
+
+
+def test_seeded_request_is_reproducible_whatever_its_batch_mates(llm: LLM) -> None:
+    target = ids(20, 7)
+    params = SamplingParams(temperature=0.9, top_k=50, seed=1234, max_tokens=12)
+    alone = llm.generate([target], params)[0].outputs[0].token_ids
+    mates = [ids(n, 8 + n) for n in (5, 33, 17)]
+    batch = llm.generate(
+        mates[:2] + [target] + mates[2:],
+        [SamplingParams(temperature=1.0, max_tokens=20)] * 2 + [params] + [GREEDY],
+    )
+    assert batch[2].outputs[0].token_ids == alone
+
+
+def test_stop_token_ids_min_tokens_and_max_tokens(llm: LLM) -> None:
+    prompt = ids(12, 9)
+    free = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=10))[0].outputs[0]
+    assert free.finish_reason == "length" and len(free.token_ids) == 10
+    stop_tok = free.token_ids[3]
+    k = free.token_ids.index(stop_tok)
+    stopped = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=10, stop_token_ids=[stop_tok]))
+    out = stopped[0].outputs[0]
+    assert out.finish_reason == "stop" and out.stop_reason == stop_tok
+    assert out.token_ids == free.token_ids[: k + 1]
+    held = llm.generate(
+        [prompt], SamplingParams(temperature=0, max_tokens=10, min_tokens=10, stop_token_ids=[stop_tok])
+    )[0].outputs[0]
+    assert len(held.token_ids) == 10 and stop_tok not in held.token_ids  # banned before min_tokens
+
+
+def test_over_long_requests_are_rejected_clearly(llm: LLM) -> None:
+    with pytest.raises(RequestRejected, match="context"):
+        llm.generate([ids(256, 10)], GREEDY)
+    with pytest.raises(RequestRejected, match="max_tokens"):
+        llm.generate([ids(200, 10)], SamplingParams(max_tokens=100))
+    with pytest.raises(ValueError, match="token ids"):
+        llm.generate([[VOCAB + 5]], GREEDY)
+    assert_no_leak(llm)
+
+
+def test_abort_frees_blocks_at_once(llm: LLM) -> None:
+    eng = llm.engine
+    eng.add_request("a", ids(50, 11), SamplingParams(max_tokens=50))
+    eng.add_request("b", ids(20, 12), SamplingParams(max_tokens=50))
+    eng.step()
+    eng.step()
+    assert eng.block_manager.num_free_blocks < eng.block_manager.num_blocks
+    final = eng.abort_request("a")
+    assert final is not None and final.finished and final.outputs[0].finish_reason == FinishReason.ABORT.value
+    eng.abort_request("b")
+    assert_no_leak(llm)
+
+
+def test_startup_error_says_what_to_lower(checkpoint) -> None:
+    with pytest.raises(ValueError, match="lower max_model_len"):
+        LLM(str(checkpoint("llama")), block_size=16, num_kv_blocks=4, max_model_len=512)
+
+
+def test_metrics_count_tokens_and_latencies(llm: LLM) -> None:
+    before = llm.engine.get_metrics()
+    llm.generate([ids(10, 13), ids(15, 14)], SamplingParams(temperature=0, max_tokens=5))
+    m = llm.engine.get_metrics()
+    assert m.generation_tokens - before.generation_tokens == 10
+    assert m.prompt_tokens - before.prompt_tokens == 25
+    assert m.ttft.count - before.ttft.count == 2
+    assert m.itl.count - before.itl.count == 8
+    assert m.e2e_latency.count - before.e2e_latency.count == 2
+    assert m.num_running == 0 and m.num_waiting == 0 and m.kv_usage == 0.0
+    assert 0.0 < m.kv_token_utilization <= 1.0
