@@ -138,3 +138,69 @@ class LoopbackServer:
         self.server.should_exit = True
         if self.task is not None:
             await self.task
+
+
+def plain_url(db: Database) -> str:
+    """The full URL of a Database (for configs handed to gateways)."""
+    return db.engine.url.render_as_string(hide_password=False)
+
+
+class GatewayProcess:
+    """``uvicorn --factory gateway.app:create_app_from_env`` as a separate process on a free port."""
+
+    def __init__(self, config: dict[str, Any], workdir: Path, name: str = "gw") -> None:
+        import socket
+
+        import yaml
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = int(s.getsockname()[1])
+        self.config_path = workdir / f"{name}.yaml"
+        self.config_path.write_text(yaml.safe_dump(config))
+        self.log_path = workdir / f"{name}.log"
+        self.journal_dir = workdir / f"{name}-journal"
+        self.proc: Any = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 60.0) -> GatewayProcess:
+        import subprocess
+        import sys
+        import time
+
+        import httpx
+
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SWITCHYARD")}
+        env |= {"SWITCHYARD_CONFIG": str(self.config_path), "SWITCHYARD_USAGE_JOURNAL_DIR": str(self.journal_dir)}
+        cmd = [sys.executable, "-m", "uvicorn", "--factory", "gateway.app:create_app_from_env",
+               "--host", "127.0.0.1", "--port", str(self.port), "--log-level", "warning"]  # fmt: skip
+        self.proc = subprocess.Popen(cmd, env=env, cwd=repo_root(), stdout=self.log_path.open("wb"), stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"gateway exited during start-up:\n{self.log_path.read_text()[-3000:]}")
+            try:
+                if httpx.get(self.url + "/healthz", timeout=1).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        self.stop()
+        raise RuntimeError("gateway did not start in time")
+
+    def stop(self) -> int | None:
+        """SIGTERM and wait (the usage buffer is flushed on the way out); returns the exit code."""
+        import signal
+        import subprocess
+
+        if self.proc is None or self.proc.poll() is not None:
+            return None if self.proc is None else self.proc.returncode
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return self.proc.wait()
