@@ -12,3 +12,7 @@ from gateway.cli.db import db_app as _db_app  # noqa: E402
 
 app.add_typer(_db_app, name="db")
 _admin.register(app)
+
+from gateway.cli import serve as _serve  # noqa: E402
+
+_serve.register(app)

@@ -1,0 +1,45 @@
+"""``switchyard serve``: run the gateway with uvicorn (uvloop + httptools)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from gateway.settings import ConfigError, load_settings
+
+
+def serve(
+    config: Annotated[Path, typer.Option("--config", "-c", help="YAML settings file.")] = Path("config/default.yaml"),
+    host: Annotated[str | None, typer.Option(help="Bind address (default: server.host from the config).")] = None,
+    port: Annotated[int | None, typer.Option(help="Port (default: server.port from the config).")] = None,
+    workers: Annotated[int | None, typer.Option(min=1, help="Worker processes (default: server.workers).")] = None,
+) -> None:
+    """Serve the OpenAI-compatible gateway."""
+    import uvicorn
+
+    try:
+        settings = load_settings(config)
+    except ConfigError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+    # Workers are separate processes: they load the same file through the app factory.
+    os.environ["SWITCHYARD_CONFIG"] = str(config.resolve())
+    uvicorn.run(
+        "gateway.app:create_app_from_env",
+        factory=True,
+        host=host or settings.server.host,
+        port=settings.server.port if port is None else port,
+        workers=workers or settings.server.workers,
+        loop="uvloop",
+        http="httptools",
+        lifespan="on",
+        timeout_graceful_shutdown=10,
+        log_level="info",
+    )
+
+
+def register(app: typer.Typer) -> None:
+    app.command("serve")(serve)
