@@ -1,0 +1,176 @@
+"""Quotas across replicas: two gateway processes sharing one Redis and one PostgreSQL database,
+hammered concurrently through the openai SDK."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from redis.asyncio import Redis
+from sqlalchemy import func, select
+
+from gateway.db import Database
+from gateway.db import migrate
+from gateway.db.models import UsageRow
+from tests.conftest import ADMIN_KEY
+from tests.gateway.tenancy_fixtures import REDIS_URL, GatewayProcess, pg_url, redis  # noqa: F401
+from tests.support.fake_upstream import FakeUpstream
+
+CHAT = [{"role": "user", "content": "hello there general kenobi"}]
+
+
+@pytest.fixture(scope="module")
+async def database(pg_url: str) -> AsyncIterator[Database]:  # noqa: F811
+    await asyncio.to_thread(migrate.upgrade, pg_url)
+    db = Database.from_url(pg_url)
+    yield db
+    await db.dispose()
+
+
+@pytest.fixture(scope="module")
+def gateways(pg_url: str, database: Database, fake_upstream_server: FakeUpstream, tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[GatewayProcess]]:  # noqa: F811
+    config: dict[str, Any] = {
+        "auth": {"admin_key": ADMIN_KEY, "key_cache_seconds": 1},
+        "database": {"url": pg_url},
+        "redis": {"url": REDIS_URL},
+        "models": [{"name": "echo", "deployments": [
+            {"provider": "openai", "model": "upstream-echo", "api_base": fake_upstream_server.url, "api_key": "sk-up"}]}],
+        "prices": {"echo": {"input_per_million": 10.0, "output_per_million": 10.0}},
+    }  # fmt: skip
+    workdir = tmp_path_factory.mktemp("gateways")
+    procs = [GatewayProcess(config, workdir, f"gw{i}") for i in range(2)]
+    try:
+        for p in procs:
+            p.start()
+        yield procs
+    finally:
+        for p in procs:
+            p.stop()
+
+
+def admin(gw: GatewayProcess) -> httpx.Client:
+    return httpx.Client(base_url=gw.url, headers={"authorization": f"Bearer {ADMIN_KEY}"}, timeout=20)
+
+
+def tenant_key(gw: GatewayProcess, **limits: Any) -> tuple[str, str]:
+    with admin(gw) as a:
+        tid = a.post("/admin/v1/tenants", json={"name": f"q-{uuid.uuid4().hex[:8]}"}).json()["id"]
+        assert a.put(f"/admin/v1/tenants/{tid}/limits", json=limits).status_code == 200
+        return tid, a.post("/admin/v1/keys", json={"tenant_id": tid}).json()["key"]
+
+
+async def hammer(gateways: list[GatewayProcess], key: str, n: int, **kwargs: Any) -> list[Any]:
+    """``n`` concurrent chat requests, alternating between the gateways; results or exceptions."""
+    http = httpx.AsyncClient(limits=httpx.Limits(max_connections=n + 10), timeout=60)
+    clients = [
+        openai.AsyncOpenAI(base_url=gw.url + "/v1", api_key=key, max_retries=0, http_client=http) for gw in gateways
+    ]
+    try:
+        calls = [clients[i % 2].chat.completions.create(model="echo", messages=CHAT, **kwargs) for i in range(n)]  # type: ignore[arg-type]
+        return await asyncio.gather(*calls, return_exceptions=True)
+    finally:
+        await http.aclose()
+
+
+async def cleanup(redis: Redis, tid: str) -> None:  # noqa: F811
+    keys = [k async for k in redis.scan_iter(match=f"sy:q:*{tid}*", count=1000)]
+    if keys:
+        await redis.delete(*keys)
+
+
+async def rows_of(db: Database, tid: str) -> tuple[int, int, float]:
+    async with db.session() as s:
+        q = select(
+            func.count(), func.coalesce(func.sum(UsageRow.prompt_tokens + UsageRow.completion_tokens), 0),
+            func.coalesce(func.sum(UsageRow.cost), 0.0),
+        ).where(UsageRow.tenant_id == tid)  # fmt: skip
+        count, tokens, cost = (await s.execute(q)).one()
+    return int(count), int(tokens), float(cost)
+
+
+async def wait_rows(db: Database, tid: str, count: int) -> tuple[int, int, float]:
+    for _ in range(150):
+        got = await rows_of(db, tid)
+        if got[0] >= count:
+            return got
+        await asyncio.sleep(0.1)
+    return await rows_of(db, tid)
+
+
+async def test_requests_per_minute_exact_across_two_replicas(
+    gateways: list[GatewayProcess], database: Database, redis: Redis  # noqa: F811
+) -> None:
+    tid, key = tenant_key(gateways[0], requests_per_minute=100)
+    try:
+        results = await hammer(gateways, key, 300, max_tokens=3)
+        ok = [r for r in results if not isinstance(r, BaseException)]
+        limited = [r for r in results if isinstance(r, openai.RateLimitError)]
+        assert len(ok) == 100 and len(limited) == 200, {type(r).__name__ for r in results}
+        assert all(int(e.response.headers["retry-after"]) >= 1 for e in limited)
+        assert (await wait_rows(database, tid, 100))[0] == 100  # one usage row per admitted request
+    finally:
+        await cleanup(redis, tid)
+
+
+async def test_token_budget_never_overspent_under_concurrency(
+    gateways: list[GatewayProcess], database: Database, redis: Redis  # noqa: F811
+) -> None:
+    budget = 600
+    tid, key = tenant_key(gateways[1], token_budget=budget, budget_period="day")
+    try:
+        admitted = 0
+        for _ in range(3):  # waves: reservations are corrected to the actual use in between
+            results = await hammer(gateways, key, 60, max_tokens=20)
+            admitted += sum(not isinstance(r, BaseException) for r in results)
+            assert any(isinstance(r, openai.RateLimitError) for r in results)
+            assert all(isinstance(r, openai.RateLimitError) for r in results if isinstance(r, BaseException))
+        count, tokens, _ = await wait_rows(database, tid, admitted)
+        assert count == admitted and admitted >= budget // 31  # 31 = reservation per request
+        assert tokens <= budget
+    finally:
+        await cleanup(redis, tid)
+
+
+async def test_money_budget_never_overspent_under_concurrency(
+    gateways: list[GatewayProcess], database: Database, redis: Redis  # noqa: F811
+) -> None:
+    budget = 0.003  # USD; at 10 USD per million tokens a request reserves 31 tokens = 0.00031
+    tid, key = tenant_key(gateways[0], cost_budget=budget, budget_period="total")
+    try:
+        admitted = 0
+        for _ in range(2):
+            results = await hammer(gateways, key, 40, max_tokens=20)
+            admitted += sum(not isinstance(r, BaseException) for r in results)
+            assert any(isinstance(r, openai.RateLimitError) for r in results)
+        count, _, cost = await wait_rows(database, tid, admitted)
+        assert count == admitted >= 9
+        assert 0 < cost <= budget
+    finally:
+        await cleanup(redis, tid)
+
+
+async def test_concurrency_limit_across_replicas(
+    gateways: list[GatewayProcess], redis: Redis, upstream: FakeUpstream  # noqa: F811
+) -> None:
+    upstream.options.latency = 0.5  # every admitted request stays in flight for a while
+    tid, key = tenant_key(gateways[1], max_concurrency=3)
+    try:
+        results = await hammer(gateways, key, 20, max_tokens=2)
+        assert sum(not isinstance(r, BaseException) for r in results) >= 3
+        assert any(isinstance(r, openai.RateLimitError) for r in results)
+        # leases are released at settle: a later request is admitted again
+        upstream.options.latency = 0.0
+        assert not isinstance((await hammer(gateways, key, 1, max_tokens=2))[0], BaseException)
+    finally:
+        await cleanup(redis, tid)
+
+
+def test_replica_log_has_no_tracebacks(gateways: list[GatewayProcess], tmp_path: Path) -> None:
+    for gw in gateways:
+        assert "Traceback" not in gw.log_path.read_text()
