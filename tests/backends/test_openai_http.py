@@ -1,0 +1,189 @@
+"""The openai_http backend against a real loopback upstream: relaying, metering, typed errors."""
+
+from __future__ import annotations
+
+import email.utils
+import time
+
+import httpx
+import msgspec
+import pytest
+
+from backends.base import AuthFailed, BadRequest, ContextTooLong, RateLimited, Timeout, Unavailable, UpstreamError
+from backends.openai_http import OpenAIHTTPBackend, status_error
+from backends.types import ChatCompletionRequest, ChatMessage, CompletionRequest, StreamOptions
+from gateway.settings import DeploymentConfig, Timeouts
+from tests.support.fake_upstream import Fault, FakeUpstream
+
+
+def backend_for(url: str, **timeouts: float) -> OpenAIHTTPBackend:
+    t = Timeouts(**({"connect": 2, "first_byte": 5, "total": 10} | timeouts))
+    return OpenAIHTTPBackend(DeploymentConfig(provider="openai", model="up-model", api_base=url, api_key="sk-x",
+                                              timeouts=t))
+
+
+def chat(text: str = "one two three", **kw: object) -> ChatCompletionRequest:
+    return ChatCompletionRequest(model="public", messages=[ChatMessage(role="user", content=text)], **kw)
+
+
+@pytest.fixture
+async def backend(upstream: FakeUpstream):
+    b = backend_for(upstream.url)
+    yield b
+    await b.aclose()
+
+
+async def test_unary_chat_sends_upstream_model_and_meters_exactly(backend: OpenAIHTTPBackend,
+                                                                   upstream: FakeUpstream) -> None:
+    done = await backend.chat(chat(temperature=0.3))
+    assert done.response.choices[0].message.content == "one two three"
+    assert done.meter.exact and done.meter.completion_tokens == 3
+    assert upstream.last.json == {"model": "up-model", "messages": [{"role": "user", "content": "one two three"}],
+                                  "temperature": 0.3}
+    assert upstream.last.headers["authorization"] == "Bearer sk-x"
+
+
+async def test_unary_without_upstream_usage_is_estimated(backend: OpenAIHTTPBackend, upstream: FakeUpstream) -> None:
+    upstream.options.report_usage = False
+    done = await backend.complete(CompletionRequest(model="public", prompt="four words right here"))
+    assert not done.meter.exact
+    assert done.meter.prompt_tokens > 0 and done.meter.completion_tokens >= 4
+
+
+async def test_stream_relays_without_buffering(backend: OpenAIHTTPBackend, upstream: FakeUpstream) -> None:
+    upstream.fail_next(Fault(hang_after_chunks=2))  # the upstream never finishes this response
+    stream = await backend.chat_stream(chat("a b c", stream=True))
+    chunks = [await anext(stream.chunks), await anext(stream.chunks)]
+    assert [c.choices[0].delta.content for c in chunks] == ["a ", "b "]
+    assert backend.stats().in_flight == 1
+    await stream.aclose()  # closing the ChunkStream closes the upstream response
+    record = upstream.streams[-1]
+    assert record.wait(10) and record.completed is False
+    assert backend.stats().in_flight == 0
+    assert stream.meter.completion_tokens == 2 and not stream.meter.exact
+
+
+async def test_stream_closed_before_iteration_still_closes_upstream(backend: OpenAIHTTPBackend,
+                                                                     upstream: FakeUpstream) -> None:
+    upstream.fail_next(Fault(hang_after_chunks=1))
+    stream = await backend.chat_stream(chat(stream=True))
+    await stream.aclose()
+    assert upstream.streams[-1].wait(10) and upstream.streams[-1].completed is False
+    assert backend.stats().in_flight == 0
+
+
+async def test_stream_asks_for_usage_and_strips_it_when_not_wanted(backend: OpenAIHTTPBackend,
+                                                                    upstream: FakeUpstream) -> None:
+    stream = await backend.chat_stream(chat(stream=True))
+    chunks = [c async for c in stream]
+    assert upstream.last.json["stream_options"] == {"include_usage": True} and upstream.last.json["stream"] is True
+    assert all(c.choices for c in chunks)  # the usage-only chunk is dropped
+    assert all("usage" not in msgspec.json.decode(msgspec.json.encode(c)) for c in chunks)  # and usage: null too
+    assert stream.meter.exact and stream.meter.completion_tokens == 3
+
+
+async def test_stream_with_usage_keeps_it(backend: OpenAIHTTPBackend, upstream: FakeUpstream) -> None:
+    stream = await backend.complete_stream(CompletionRequest(model="p", prompt="x y", stream=True,
+                                                             stream_options=StreamOptions(include_usage=True)))
+    chunks = [c async for c in stream]
+    assert chunks[-1].choices == [] and chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 2
+    assert stream.meter.exact
+
+
+async def test_stream_usage_estimated_when_upstream_reports_none(backend: OpenAIHTTPBackend,
+                                                                 upstream: FakeUpstream) -> None:
+    upstream.options.report_usage = False
+    stream = await backend.chat_stream(chat("p q r", stream=True, stream_options=StreamOptions(include_usage=True)))
+    chunks = [c async for c in stream]
+    assert chunks[-1].choices == [] and chunks[-1].usage is not None
+    assert chunks[-1].usage.completion_tokens == stream.meter.completion_tokens >= 3
+    assert not stream.meter.exact
+
+
+@pytest.mark.parametrize(
+    ("fault", "error", "status"),
+    [
+        (Fault(status=429, headers={"retry-after": "4"}), RateLimited, 429),
+        (Fault(status=500), Unavailable, 500),
+        (Fault(status=502), Unavailable, 502),
+        (Fault(status=401), AuthFailed, 401),
+        (Fault(status=403), AuthFailed, 403),
+        (Fault(status=400), BadRequest, 400),
+        (Fault(status=400, body={"error": {"message": "maximum context length is 10 tokens"}}), ContextTooLong, 400),
+        (Fault(status=404), UpstreamError, 404),
+        (Fault(status=200, body=b"<html>"), UpstreamError, None),
+    ],
+)
+async def test_upstream_status_becomes_typed_error(backend: OpenAIHTTPBackend, upstream: FakeUpstream, fault: Fault,
+                                                   error: type, status: int | None) -> None:
+    for streaming in (False, True):
+        upstream.fail_next(fault)
+        with pytest.raises(error) as info:
+            if streaming:
+                await backend.chat_stream(chat(stream=True))
+            else:
+                await backend.chat(chat())
+        assert type(info.value) is error and info.value.status == status
+    assert backend.stats().in_flight == 0
+
+
+async def test_rate_limit_retry_after(backend: OpenAIHTTPBackend, upstream: FakeUpstream) -> None:
+    upstream.fail_next(Fault(status=429, headers={"retry-after": "4"}))
+    with pytest.raises(RateLimited) as info:
+        await backend.chat(chat())
+    assert info.value.retry_after == 4.0 and info.value.retryable
+
+
+def test_retry_after_forms() -> None:
+    ms = status_error(429, httpx.Headers({"retry-after-ms": "1500"}), b"")
+    assert isinstance(ms, RateLimited) and ms.retry_after == 1.5
+    date = email.utils.formatdate(time.time() + 120, usegmt=True)
+    dated = status_error(429, httpx.Headers({"retry-after": date}), b"")
+    assert isinstance(dated, RateLimited) and dated.retry_after is not None and 60 < dated.retry_after <= 120
+    assert status_error(429, httpx.Headers({"retry-after": "soon"}), b"").retry_after is None  # type: ignore[attr-defined]
+    bad = status_error(400, httpx.Headers(), b'{"error": {"message": "bad n", "param": "n", "code": null}}')
+    assert isinstance(bad, BadRequest) and bad.param == "n" and bad.message == "bad n"
+    assert isinstance(status_error(400, httpx.Headers(), b'{"error": {"code": "context_length_exceeded"}}'),
+                      ContextTooLong)
+
+
+async def test_mid_stream_error_event_raises(backend: OpenAIHTTPBackend, upstream: FakeUpstream) -> None:
+    upstream.fail_next(Fault(error_after_chunks=1))
+    stream = await backend.chat_stream(chat(stream=True))
+    with pytest.raises(UpstreamError):
+        async for _ in stream:
+            pass
+    assert backend.stats().in_flight == 0
+
+
+async def test_timeouts(upstream: FakeUpstream) -> None:
+    b = backend_for(upstream.url, first_byte=0.3, total=0.6)
+    try:
+        upstream.fail_next(Fault(delay=1.5))
+        with pytest.raises(Timeout):
+            await b.chat_stream(chat(stream=True))  # no headers within first_byte
+        upstream.fail_next(Fault(delay=1.5))
+        with pytest.raises(Timeout):
+            await b.chat(chat())  # no answer within total
+        upstream.fail_next(Fault(hang_after_chunks=1))
+        stream = await b.chat_stream(chat(stream=True))
+        with pytest.raises(Timeout):
+            async for _ in stream:  # the stream stalls past the total deadline
+                pass
+        assert b.stats().in_flight == 0
+    finally:
+        await b.aclose()
+
+
+async def test_unreachable_upstream_is_unavailable_and_not_ready() -> None:
+    b = backend_for("http://127.0.0.1:9/v1")
+    try:
+        with pytest.raises(Unavailable):
+            await b.chat(chat())
+        assert await b.ready() is False
+    finally:
+        await b.aclose()
+
+
+async def test_ready(backend: OpenAIHTTPBackend) -> None:
+    assert await backend.ready() is True
