@@ -79,6 +79,14 @@ class DeploymentConfig(Conf):
         return self.name or f"{self.provider}:{self.model}"
 
 
+class CircuitConfig(Conf):
+    """Per-deployment circuit breaker: open after ``failures`` within ``window``, retry after ``cooldown``."""
+
+    failures: Annotated[int, Meta(ge=1)] = 5
+    window: Seconds = 30.0
+    cooldown: Seconds = 30.0
+
+
 class ModelGroupConfig(Conf):
     """A public model name and the deployments behind it."""
 
@@ -89,6 +97,8 @@ class ModelGroupConfig(Conf):
     fallbacks: list[str] = msgspec.field(default_factory=list)
     context_window_fallbacks: list[str] = msgspec.field(default_factory=list)
     max_retries: Annotated[int, Meta(ge=0, le=10)] = 2
+    retry_backoff: Annotated[float, Meta(ge=0, le=30)] = 0.25  # seconds; doubled per retry, jittered
+    circuit: CircuitConfig = msgspec.field(default_factory=CircuitConfig)
     owned_by: str = "switchyard"
 
 
