@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from torch import nn
 
 from engine.block_manager import BlockManager
 from engine.capacity import Capacity, KVLayout
@@ -92,11 +93,16 @@ def _config_eos_ids(hf_config: object, model_path: str) -> set[int]:
 class LLMEngine:
     """Owns model, cache, scheduler; ``step()`` runs one batch and returns changed requests."""
 
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(self, config: EngineConfig, model: nn.Module | None = None, hf_config: object = None) -> None:
+        """Load the native model named by ``config.model``, or run a given ``model`` (any module
+        with the native models' forward / compute_logits interface) with its ``hf_config``."""
         from engine.loader import load_model, model_kv_shape
 
         self.config = config
-        model, hf_config = load_model(config.model, config.torch_dtype, config.device, config.attn_backend)
+        if model is None:
+            model, hf_config = load_model(config.model, config.torch_dtype, config.device, config.attn_backend)
+        elif hf_config is None:
+            raise ValueError("a pre-built model needs its hf_config")
         self.hf_config = hf_config
         self.tokenizer = _load_tokenizer(config.model)
         self.eos_token_ids = _config_eos_ids(hf_config, config.model)

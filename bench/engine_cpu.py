@@ -1,0 +1,150 @@
+"""CPU benchmark: our engine vs transformers generate (static batches) vs transformers
+continuous batching (generate_batch's manager), same seeded random Llama, same workload.
+
+    .venv/bin/python bench/engine_cpu.py            # 64 requests, prompts 32-256, outputs 16-256
+
+Prints output tokens/s, the ratios, and our KV utilisation (tokens held / slots allocated,
+averaged over steps). Every request ignores EOS (the model has none), so all systems produce
+exactly the requested number of tokens; a static batch runs to its longest member and only the
+requested tokens count as output.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import transformers
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from engine import LLM, SamplingParams  # noqa: E402
+from engine.metrics import EngineMetrics  # noqa: E402
+
+
+def build_model(path: Path, args: argparse.Namespace) -> None:
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(
+        hidden_size=args.hidden,
+        intermediate_size=args.hidden * 2,
+        num_hidden_layers=args.layers,
+        num_attention_heads=args.heads,
+        num_key_value_heads=max(1, args.heads // 2),
+        vocab_size=args.vocab,
+        max_position_embeddings=1024,
+        bos_token_id=None,
+        eos_token_id=None,
+        pad_token_id=None,
+    )
+    transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).save_pretrained(path)
+
+
+def workload(args: argparse.Namespace) -> tuple[list[list[int]], list[int]]:
+    rng = random.Random(args.seed)
+    prompts = [[rng.randrange(args.vocab) for _ in range(rng.randint(32, 256))] for _ in range(args.num_requests)]
+    outputs = [rng.randint(16, 256) for _ in range(args.num_requests)]
+    return prompts, outputs
+
+
+def run_ours(path: Path, prompts: list[list[int]], outputs: list[int], args: argparse.Namespace) -> tuple[float, int, float]:
+    llm = LLM(str(path), block_size=args.block_size, num_kv_blocks=args.kv_blocks, max_model_len=1024,
+              max_num_seqs=args.num_requests, max_num_batched_tokens=args.max_batched_tokens)
+    llm.generate(prompts[:2], SamplingParams(temperature=0, max_tokens=4))  # warm-up
+    llm.engine.metrics = EngineMetrics()
+    params = [SamplingParams(temperature=0, max_tokens=o, ignore_eos=True) for o in outputs]
+    t0 = time.perf_counter()
+    results = llm.generate(prompts, params)
+    elapsed = time.perf_counter() - t0
+    tokens = sum(len(r.outputs[0].token_ids) for r in results)
+    assert tokens == sum(outputs)
+    return elapsed, tokens, llm.engine.get_metrics().kv_token_utilization
+
+
+def run_static(path: Path, prompts: list[list[int]], outputs: list[int], batch: int) -> tuple[float, int]:
+    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    model.generate(torch.tensor([prompts[0][:8]]), max_new_tokens=2, do_sample=False, pad_token_id=0)
+    t0 = time.perf_counter()
+    with torch.inference_mode():
+        for i in range(0, len(prompts), batch):
+            group, wants = prompts[i : i + batch], outputs[i : i + batch]
+            width = max(len(p) for p in group)
+            ids = torch.tensor([[0] * (width - len(p)) + p for p in group])
+            mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in group])
+            n = max(wants)
+            model.generate(ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n,
+                           do_sample=False, pad_token_id=0)
+    return time.perf_counter() - t0, sum(outputs)
+
+
+def run_continuous(path: Path, prompts: list[list[int]], outputs: list[int]) -> tuple[float, int] | None:
+    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    if not hasattr(model, "init_continuous_batching"):
+        return None
+    gen_cfg = transformers.GenerationConfig(do_sample=False, max_new_tokens=max(outputs), eos_token_id=None, pad_token_id=0)
+    manager = model.init_continuous_batching(generation_config=gen_cfg)
+    manager.start()
+    try:
+        t0 = time.perf_counter()
+        for p, o in zip(prompts, outputs):
+            manager.add_request(p, max_new_tokens=o)
+        done, tokens = 0, 0
+        while done < len(prompts):
+            result = manager.get_result(timeout=60)
+            if result is None:
+                raise RuntimeError("transformers continuous batching stopped answering")
+            if result.is_finished():
+                done += 1
+                tokens += len(result.generated_tokens)
+        return time.perf_counter() - t0, tokens
+    finally:
+        manager.stop(block=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--num-requests", type=int, default=64)
+    ap.add_argument("--hidden", type=int, default=128)
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--heads", type=int, default=4)
+    ap.add_argument("--vocab", type=int, default=2048)
+    ap.add_argument("--block-size", type=int, default=16)
+    ap.add_argument("--kv-blocks", type=int, default=2048)
+    ap.add_argument("--max-batched-tokens", type=int, default=2048)
+    ap.add_argument("--hf-batch", type=int, default=16, help="static batch size for transformers generate")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--skip", nargs="*", default=[], choices=["static", "continuous"])
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    prompts, outputs = workload(args)
+    print(f"model: Llama hidden={args.hidden} layers={args.layers} heads={args.heads} vocab={args.vocab}, float32, "
+          f"{args.threads} threads; {len(prompts)} requests, prompt tokens {sum(map(len, prompts))}, "
+          f"output tokens {sum(outputs)}")
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp)
+        build_model(path, args)
+        rows: list[tuple[str, float, int]] = []
+        t, n, util = run_ours(path, prompts, outputs, args)
+        rows.append(("switchyard engine", t, n))
+        if "static" not in args.skip:
+            t, n = run_static(path, prompts, outputs, args.hf_batch)
+            rows.append((f"transformers generate (static batches of {args.hf_batch})", t, n))
+        if "continuous" not in args.skip:
+            res = run_continuous(path, prompts, outputs)
+            if res is not None:
+                rows.append(("transformers continuous batching", *res))
+    ours = rows[0][2] / rows[0][1]
+    print(f"\n| system | time (s) | output tok/s | ours / this |\n|---|---:|---:|---:|")
+    for name, t, n in rows:
+        print(f"| {name} | {t:.2f} | {n / t:.0f} | {ours / (n / t):.2f}x |")
+    print(f"\nKV utilisation (tokens held / slots allocated, mean over steps): {util * 100:.1f}% "
+          f"(block_size={args.block_size})")
+
+
+if __name__ == "__main__":
+    main()
