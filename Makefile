@@ -21,7 +21,7 @@ install: $(STAMP)
 run: install
 	@if grep -qE '^[[:space:]]*api_base:[[:space:]]*http://127.0.0.1:8001' $(CONFIG); then \
 	  $(PY) -m backends.echo_upstream --port 8001 & echo_pid=$$!; trap 'kill $$echo_pid 2>/dev/null' EXIT; fi; \
-	$(VENV)/bin/switchyard db upgrade --config $(CONFIG) && $(VENV)/bin/switchyard serve --config $(CONFIG)
+	$(VENV)/bin/switchyard bootstrap --config $(CONFIG) && $(VENV)/bin/switchyard serve --config $(CONFIG)
 
 services:
 	bash tests/start_services.sh

@@ -64,6 +64,14 @@ def plain(value: Any) -> Any:
     return value
 
 
+def cell(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return format(value, ".8f").rstrip("0").rstrip(".") or "0"
+    return str(value)
+
+
 def show(rows: list[dict[str, Any]], as_json: bool, columns: list[str] | None = None, title: str | None = None) -> None:
     rows = [plain(r) for r in rows]
     if as_json:
@@ -72,9 +80,9 @@ def show(rows: list[dict[str, Any]], as_json: bool, columns: list[str] | None = 
     columns = columns or (list(rows[0]) if rows else [])
     table = Table(title=title)
     for c in columns:
-        table.add_column(c)
+        table.add_column(c, overflow="fold")
     for r in rows:
-        table.add_row(*["" if r.get(c) is None else str(r.get(c)) for c in columns])
+        table.add_row(*[cell(r.get(c)) for c in columns])
     console.print(table)
 
 
@@ -85,7 +93,7 @@ def show_one(row: Any, as_json: bool) -> None:
         return
     table = Table(show_header=False)
     for k, v in data.items():
-        table.add_row(k, "" if v is None else str(v))
+        table.add_row(k, cell(v))
     console.print(table)
 
 
@@ -285,7 +293,7 @@ def usage_report_cmd(
         if rows:
             writer = csv.DictWriter(out, fieldnames=list(rows[0]))
             writer.writeheader()
-            writer.writerows(rows)
+            writer.writerows({k: cell(v) for k, v in r.items()} for r in rows)
         typer.echo(out.getvalue(), nl=False)
     elif rows:
         show(rows, False)

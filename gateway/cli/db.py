@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -14,7 +15,8 @@ from gateway.db import migrate
 from gateway.db.engine import Database, safe_url
 from gateway.settings import ConfigError, Settings, load_settings, parse_settings
 
-console = Console(highlight=False, soft_wrap=True)
+# piped output (scripts, CI logs) gets wide tables instead of Rich's 80-column default
+console = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 200)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 ConfigOpt = Annotated[
