@@ -6,6 +6,7 @@ failure, client gone mid-stream) is settled with the admission service and recor
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 import uuid
@@ -18,12 +19,13 @@ from litestar import Response
 from litestar.background_tasks import BackgroundTask
 from litestar.response import Stream
 
-from backends.base import Backend, BackendError, ChunkStream, Completed, Meter
+from backends.base import Backend, BackendError, BadRequest, ChunkStream, Completed, Meter, Unavailable
 from backends.estimate import estimate_chat_prompt, estimate_completion_prompt
 from backends.types import ChatCompletionRequest, CompletionRequest
 from gateway.contracts import Principal, QuotaExceeded, QuotaState, QuotaUnavailable, Ticket, UsageRecord
 from gateway.errors import ApiError, from_backend_error, retry_after_header
 from gateway.router import Deployment, ModelGroup
+from gateway.routing.plan import RoutePlan
 from gateway.services import Services
 from gateway.settings import Settings
 from gateway.streaming import Outcome, SSERelay
@@ -137,18 +139,34 @@ class Pipeline:
         return await self._unary_response(ctx, result)
 
     async def _call(self, ctx: _Context, call: Call) -> Completed[Any] | ChunkStream[Any]:
-        """Try the group's deployments in order; the last retryable error is raised."""
-        last: BackendError | None = None
-        for deployment in ctx.group.attempts():
-            ctx.deployment = deployment
+        """Follow the route plan until an attempt succeeds; the last failure is raised."""
+        plan = RoutePlan(ctx.group, self.services.router.resolve)
+        attempt = plan.first()
+        if attempt is None:
+            raise Unavailable(f"no deployment of '{ctx.model}' is available (circuits open)")
+        while True:
+            if attempt.delay:
+                await asyncio.sleep(attempt.delay)
+            ctx.deployment = attempt.deployment
+            health = attempt.deployment.health
+            health.on_attempt()
+            t0 = time.perf_counter()
             try:
-                return await call(deployment.backend)
+                result = await call(attempt.deployment.backend)
             except BackendError as exc:
-                if not exc.retryable:
+                if isinstance(exc, BadRequest):
+                    health.on_success(None)  # the deployment answered; the request was at fault
+                else:
+                    health.on_failure()
+                following = plan.after(exc)
+                if following is None:
                     raise
-                last = exc
-        assert last is not None
-        raise last
+                log.info("request %s: %s on %s, next %s", ctx.request_id, exc.kind, attempt.deployment.id,
+                         following.deployment.id)
+                attempt = following
+                continue
+            health.on_success(time.perf_counter() - t0)  # to the answer, or a stream's first chunk
+            return result
 
     async def _admit(self, principal: Principal, group: ModelGroup, reserve: int) -> Ticket:
         try:
@@ -171,6 +189,8 @@ class Pipeline:
     def _stream_response(self, ctx: _Context, stream: ChunkStream[Any]) -> Stream:
         async def on_end(meter: Meter, outcome: Outcome, error: ApiError | None) -> None:
             error_type = error.type if error else (None if outcome is Outcome.COMPLETED else outcome.value)
+            if outcome is Outcome.FAILED and ctx.deployment is not None and error and error.status >= 500:
+                ctx.deployment.health.on_failure()  # the provider broke the stream after it started
             await self._settle(ctx, meter, 200, error_type, outcome=outcome.value)
 
         relay = SSERelay(stream, ctx.model, on_end)

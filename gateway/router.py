@@ -1,28 +1,36 @@
 """Public model names -> model groups -> deployments -> Backends.
 
-``Router.resolve(name)`` finds the group for a public name or alias; ``ModelGroup.attempts()``
-yields the deployments to try for one request, in order. For now that is a single weighted pick
-(``pick()``); strategies, retries, fallbacks and circuit breakers extend ``attempts()`` later
-without changing its callers.
+``Router.resolve(name)`` finds the group for a public name or alias (``*`` wildcards allowed in
+aliases, e.g. ``gpt-4o-*``); ``Router.plan(group)`` gives the attempts for one request (strategy
+order, retries, fallbacks: ``gateway.routing.plan``). ``reload(settings)`` swaps the routing table
+in place: unchanged deployments keep their backend and health, removed ones are closed once idle.
 """
 
 from __future__ import annotations
 
 import asyncio
+import fnmatch
+import logging
 import random
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from backends.base import Backend
-from gateway.settings import DeploymentConfig, ModelGroupConfig, Settings
+from gateway.routing.health import DeploymentHealth
+from gateway.routing.strategies import STRATEGIES
+from gateway.settings import CircuitConfig, DeploymentConfig, ModelGroupConfig, Settings
+
+log = logging.getLogger("switchyard.router")
 
 BackendBuilder = Callable[[DeploymentConfig], Backend]
+RETIRE_GRACE_SECONDS = 600.0  # the longest a removed deployment waits for in-flight requests
 
 
-@dataclass
+@dataclass(eq=False)
 class Deployment:
     config: DeploymentConfig
     backend: Backend
+    health: DeploymentHealth = field(default_factory=lambda: DeploymentHealth(CircuitConfig()))
 
     @property
     def id(self) -> str:
@@ -37,7 +45,8 @@ class ModelGroup:
             raise ValueError(f"model {config.name!r} has no deployments")
         self.config = config
         self.deployments = deployments
-        self._rng = rng or random.Random()
+        self.rng = rng or random.Random()
+        self._strategy = STRATEGIES[config.strategy]
 
     @property
     def name(self) -> str:
@@ -47,33 +56,57 @@ class ModelGroup:
     def names(self) -> tuple[str, ...]:
         return (self.config.name, *self.config.aliases)
 
-    def pick(self) -> Deployment:
-        """One deployment, chosen at random in proportion to the configured weights."""
-        if len(self.deployments) == 1:
-            return self.deployments[0]
-        weights = [d.config.weight for d in self.deployments]
-        return self._rng.choices(self.deployments, weights=weights, k=1)[0]
+    def ordered(self) -> list[Deployment]:
+        """The deployments whose circuit admits a request now, best first by the group's strategy."""
+        return self._strategy([d for d in self.deployments if d.health.available()], self.rng)
 
-    def attempts(self) -> Iterator[Deployment]:
-        """The deployments to try for one request, in order (today: one weighted pick)."""
-        yield self.pick()
+    def pick(self) -> Deployment | None:
+        ordered = self.ordered()
+        return ordered[0] if ordered else None
 
 
 class Router:
     def __init__(self, groups: list[ModelGroup]) -> None:
+        self._retiring: set[asyncio.Task[None]] = set()
+        self._install(groups)
+
+    def _install(self, groups: list[ModelGroup]) -> None:
         self.groups = groups
-        self._by_name = {name: group for group in groups for name in group.names}
+        self._by_name: dict[str, ModelGroup] = {}
+        self._patterns: list[tuple[str, ModelGroup]] = []
+        for group in groups:
+            for name in group.names:
+                if any(c in name for c in "*?["):
+                    self._patterns.append((name, group))
+                else:
+                    self._by_name[name] = group
 
     @classmethod
     def from_settings(cls, settings: Settings, build: BackendBuilder) -> Router:
-        return cls([ModelGroup(g, [Deployment(d, build(d)) for d in g.deployments]) for g in settings.models])
+        return cls(_build_groups(settings, build, {}))
 
     def resolve(self, name: str) -> ModelGroup | None:
-        return self._by_name.get(name)
+        group = self._by_name.get(name)
+        if group is None:
+            group = next((g for pattern, g in self._patterns if fnmatch.fnmatchcase(name, pattern)), None)
+        return group
 
     def deployments(self) -> Iterator[Deployment]:
         for group in self.groups:
             yield from group.deployments
+
+    def reload(self, settings: Settings, build: BackendBuilder) -> None:
+        """Swap in a new routing table; requests already routed keep their deployment."""
+        current = {(g.name, d.id): d for g in self.groups for d in g.deployments}
+        groups = _build_groups(settings, build, current)
+        kept = {id(d) for g in groups for d in g.deployments}
+        self._install(groups)
+        for deployment in current.values():
+            if id(deployment) not in kept:
+                task = asyncio.get_running_loop().create_task(_retire(deployment))
+                self._retiring.add(task)
+                task.add_done_callback(self._retiring.discard)
+        log.info("routing table reloaded: %d models", len(groups))
 
     async def ready(self) -> dict[str, bool]:
         """Readiness of every deployment, checked concurrently."""
@@ -82,7 +115,32 @@ class Router:
         return {d.id: ok for d, ok in zip(deployments, results, strict=True)}
 
     async def aclose(self) -> None:
+        for task in list(self._retiring):
+            task.cancel()
         await asyncio.gather(*(d.backend.aclose() for d in self.deployments()), return_exceptions=True)
+
+
+def _build_groups(settings: Settings, build: BackendBuilder, reuse: dict[tuple[str, str], Deployment]) -> list[ModelGroup]:
+    groups = []
+    for config in settings.models:
+        deployments = []
+        for dep in config.deployments:
+            old = reuse.get((config.name, dep.id))
+            if old is not None and old.config == dep and old.health.config == config.circuit:
+                deployments.append(old)
+            else:
+                deployments.append(Deployment(dep, build(dep), DeploymentHealth(config.circuit)))
+        groups.append(ModelGroup(config, deployments))
+    return groups
+
+
+async def _retire(deployment: Deployment) -> None:
+    """Close a removed deployment's backend once its in-flight requests are done."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + RETIRE_GRACE_SECONDS
+    while deployment.backend.stats().in_flight > 0 and loop.time() < deadline:
+        await asyncio.sleep(0.5)
+    await deployment.backend.aclose()
 
 
 async def _ready(backend: Backend, timeout: float = 5.0) -> bool:

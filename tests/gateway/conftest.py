@@ -35,12 +35,16 @@ def _settings(upstream_url: str):
     timeouts = {"connect": 2, "first_byte": 5, "total": 10}
     deployment = {"provider": "openai", "model": "upstream-echo", "api_base": upstream_url, "api_key": "sk-up",
                   "timeouts": timeouts}
+    # No retries and no circuit breaking here: each test sees exactly one upstream attempt.
+    plain = {"max_retries": 0, "circuit": {"failures": 1_000_000}}
     return gateway_settings(upstream_url, models=[
-        {"name": "echo", "aliases": ["echo-alias"], "deployments": [deployment]},
-        {"name": "other", "deployments": [deployment | {"name": "other-dep"}]},
+        {"name": "echo", "aliases": ["echo-alias"], "deployments": [deployment], **plain},
+        {"name": "other", "deployments": [deployment | {"name": "other-dep"}], **plain},
         {"name": "impatient", "deployments": [deployment | {"name": "impatient-dep",
-                                                            "timeouts": timeouts | {"first_byte": 0.5, "total": 1}}]},
-        {"name": "dead", "deployments": [deployment | {"name": "dead-dep", "api_base": "http://127.0.0.1:9/v1"}]},
+                                                            "timeouts": timeouts | {"first_byte": 0.5, "total": 1}}],
+         **plain},
+        {"name": "dead", "deployments": [deployment | {"name": "dead-dep", "api_base": "http://127.0.0.1:9/v1"}],
+         **plain},
     ], prices={"echo": {"input_per_million": 1_000_000, "output_per_million": 2_000_000}})
 
 

@@ -21,12 +21,8 @@ def _group(weights: list[float], seed: int = 0) -> ModelGroup:
 
 def test_pick_follows_weights() -> None:
     group = _group([3.0, 1.0])
-    counts = Counter(group.pick().id for _ in range(4000))
+    counts = Counter(group.pick().id for _ in range(4000))  # type: ignore[union-attr]
     assert counts["openai:m0"] > 2 * counts["openai:m1"] > 0
-
-
-def test_attempts_yield_one_pick_today() -> None:
-    assert [d.id for d in _group([1.0]).attempts()] == ["openai:m0"]
 
 
 def test_resolve_names_and_aliases() -> None:

@@ -1,0 +1,1 @@
+"""Routing policy: deployment health (circuit breakers, latency), strategies, and attempt plans."""

@@ -1,0 +1,98 @@
+"""Per-deployment health: a circuit breaker, a latency EWMA and error counts.
+
+States: ``closed`` (normal) -> ``open`` after ``failures`` failures within ``window`` seconds ->
+after ``cooldown`` seconds one trial request is let through (``half_open``); its success closes
+the circuit, its failure opens it again for another cooldown.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from gateway.settings import CircuitConfig
+
+EWMA_ALPHA = 0.3
+
+Clock = Callable[[], float]
+
+
+@dataclass
+class HealthView:
+    """A snapshot for the admin endpoint and metrics."""
+
+    state: str  # "healthy" | "open" | "cooling" (half-open, trial in progress or allowed)
+    latency_ewma_ms: float | None
+    requests: int
+    errors: int
+    error_rate: float
+    consecutive_failures: int
+
+
+class DeploymentHealth:
+    def __init__(self, config: CircuitConfig, clock: Clock = time.monotonic) -> None:
+        self.config = config
+        self._clock = clock
+        self._failures: deque[float] = deque()
+        self._opened_at: float | None = None
+        self._trial_running = False
+        self.latency_ewma: float | None = None  # seconds to first token
+        self.requests = 0
+        self.errors = 0
+        self.consecutive_failures = 0
+
+    # ------------------------------------------------------------ circuit
+
+    @property
+    def state(self) -> str:
+        if self._opened_at is None:
+            return "closed"
+        if self._clock() - self._opened_at >= self.config.cooldown:
+            return "half_open"
+        return "open"
+
+    def available(self) -> bool:
+        """Whether a request may be sent now (a half-open circuit admits one trial at a time)."""
+        state = self.state
+        return state == "closed" or (state == "half_open" and not self._trial_running)
+
+    def on_attempt(self) -> None:
+        self.requests += 1
+        if self.state == "half_open":
+            self._trial_running = True
+
+    def on_success(self, latency: float | None) -> None:
+        self._opened_at = None
+        self._trial_running = False
+        self._failures.clear()
+        self.consecutive_failures = 0
+        if latency is not None:
+            self.latency_ewma = latency if self.latency_ewma is None else (
+                EWMA_ALPHA * latency + (1 - EWMA_ALPHA) * self.latency_ewma)
+
+    def on_failure(self) -> None:
+        now = self._clock()
+        self.errors += 1
+        self.consecutive_failures += 1
+        if self._opened_at is not None:  # the half-open trial failed (or a straggler): reopen
+            self._opened_at, self._trial_running = now, False
+            return
+        self._failures.append(now)
+        while self._failures and now - self._failures[0] > self.config.window:
+            self._failures.popleft()
+        if len(self._failures) >= self.config.failures:
+            self._opened_at = now
+            self._failures.clear()
+
+    def view(self) -> HealthView:
+        state = {"closed": "healthy", "open": "open", "half_open": "cooling"}[self.state]
+        return HealthView(
+            state=state,
+            latency_ewma_ms=None if self.latency_ewma is None else self.latency_ewma * 1000,
+            requests=self.requests,
+            errors=self.errors,
+            error_rate=self.errors / self.requests if self.requests else 0.0,
+            consecutive_failures=self.consecutive_failures,
+        )

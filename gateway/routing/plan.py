@@ -1,0 +1,92 @@
+"""The attempts for one request: strategy order, retries with backoff, then fallback groups.
+
+``RoutePlan.first()`` gives the first attempt; after a failure, ``after(error)`` gives the next one
+or None (give up and answer with ``error``). Only failures *before the first byte* reach the plan:
+once a stream has started it is never retried. Retryable errors (connect, 429, 5xx, timeouts)
+move to the next deployment of the group in strategy order (round again when there are fewer
+deployments than retries), waiting a jittered exponential backoff; when the group's retries are
+spent, the group's ``fallbacks`` are tried in turn. A prompt too long for the deployment
+(``ContextTooLong``) goes to ``context_window_fallbacks`` instead.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from backends.base import BackendError, ContextTooLong, RateLimited
+from gateway.router import Deployment, ModelGroup
+
+MAX_BACKOFF = 5.0
+
+
+@dataclass
+class Attempt:
+    group: ModelGroup
+    deployment: Deployment
+    delay: float = 0.0  # seconds to wait before sending
+    number: int = 1
+
+
+class RoutePlan:
+    def __init__(self, group: ModelGroup, resolve: Callable[[str], ModelGroup | None],
+                 rng: random.Random | None = None) -> None:
+        self._resolve = resolve
+        self._rng = rng or group.rng
+        self._tried_groups = {group.name}
+        self._fallbacks = list(group.config.fallbacks)
+        self._context_fallbacks = list(group.config.context_window_fallbacks)
+        self._count = 0
+        self._enter(group)
+
+    def _enter(self, group: ModelGroup) -> None:
+        self._group = group
+        self._tried_groups.add(group.name)
+        self._order = group.ordered()
+        self._pos = -1
+        self._retries_left = group.config.max_retries
+        self._retry = 0
+
+    def first(self) -> Attempt | None:
+        return self._next_in_group(0.0) or self._next_group(self._fallbacks)
+
+    def after(self, error: BackendError) -> Attempt | None:
+        if isinstance(error, ContextTooLong):
+            return self._next_group(self._context_fallbacks)
+        if not error.retryable:
+            return None
+        if self._retries_left > 0:
+            self._retries_left -= 1
+            self._retry += 1
+            if attempt := self._next_in_group(self._backoff(error)):
+                return attempt
+        return self._next_group(self._fallbacks)
+
+    # ------------------------------------------------------------ internals
+
+    def _backoff(self, error: BackendError) -> float:
+        delay = self._group.config.retry_backoff * 2 ** (self._retry - 1) * self._rng.uniform(0.5, 1.5)
+        if isinstance(error, RateLimited) and error.retry_after is not None and len(self._order) <= 1:
+            delay = max(delay, error.retry_after)  # the same deployment asked us to wait
+        return min(delay, MAX_BACKOFF)
+
+    def _next_in_group(self, delay: float) -> Attempt | None:
+        """The next deployment in order whose circuit still admits a request."""
+        for _ in range(len(self._order)):
+            self._pos = (self._pos + 1) % len(self._order)
+            deployment = self._order[self._pos]
+            if deployment.health.available():
+                self._count += 1
+                return Attempt(self._group, deployment, delay, self._count)
+        return None
+
+    def _next_group(self, names: list[str]) -> Attempt | None:
+        while names:
+            group = self._resolve(names.pop(0))
+            if group is None or group.name in self._tried_groups:
+                continue
+            self._enter(group)
+            if attempt := self._next_in_group(0.0):
+                return attempt
+        return None

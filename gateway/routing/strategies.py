@@ -1,0 +1,60 @@
+"""Strategies: the order in which a group's deployments are tried for one request.
+
+Each returns every candidate, best first; the plan takes the first and falls back along the rest.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from gateway.router import Deployment
+
+EXPLORATION = 0.1  # lowest_latency: share of requests sent in random order, to keep estimates fresh
+
+Strategy = Callable[[Sequence["Deployment"], random.Random], list["Deployment"]]
+
+
+def weighted(candidates: Sequence[Deployment], rng: random.Random) -> list[Deployment]:
+    """Weighted random order without replacement (the first is a weighted pick)."""
+    # Efraimidis-Spirakis: sort by u^(1/w), u uniform in (0, 1].
+    return sorted(candidates, key=lambda d: (1.0 - rng.random()) ** (1.0 / d.config.weight), reverse=True)
+
+
+def least_busy(candidates: Sequence[Deployment], rng: random.Random) -> list[Deployment]:
+    """Fewest outstanding requests (in flight + queued) per unit of weight; ties broken at random."""
+
+    def load(d: Deployment) -> tuple[float, float]:
+        stats = d.backend.stats()
+        return ((stats.in_flight + stats.queue_depth) / d.config.weight, rng.random())
+
+    return sorted(candidates, key=load)
+
+
+def lowest_latency(candidates: Sequence[Deployment], rng: random.Random) -> list[Deployment]:
+    """Lowest time-to-first-token EWMA; unmeasured deployments first, and some random exploration."""
+    if rng.random() < EXPLORATION:
+        shuffled = list(candidates)
+        rng.shuffle(shuffled)
+        return shuffled
+
+    def latency(d: Deployment) -> tuple[float, float]:
+        ewma = d.health.latency_ewma
+        return (-1.0 if ewma is None else ewma, rng.random())
+
+    return sorted(candidates, key=latency)
+
+
+def priority(candidates: Sequence[Deployment], rng: random.Random) -> list[Deployment]:
+    """The configured order (list the cheapest first)."""
+    return list(candidates)
+
+
+STRATEGIES: dict[str, Strategy] = {
+    "weighted": weighted,
+    "least_busy": least_busy,
+    "lowest_latency": lowest_latency,
+    "priority": priority,
+}
