@@ -1,0 +1,170 @@
+"""Paged attention: write this step's K/V into the block cache, then attend through block tables.
+
+The KV cache of one layer is ONE tensor ``[2, num_blocks, block_size, num_kv_heads, head_dim]``
+(0 = K, 1 = V). ``AttentionMetadata`` describes a flat batch of sequences laid out one after the
+other; a sequence's new tokens are the last ``query_len`` positions of its context.
+
+The pure-torch path is vectorised over the batch: sequences are split into decodes
+(query_len == 1) and prefill chunks, and for each group the context K/V of every sequence is
+gathered through the block tables into a padded tensor and attended with a boolean-masked
+``scaled_dot_product_attention`` (GQA folded into the query axis). The index maps and masks are
+built once per step (cached on the metadata) and shared by all layers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass
+class AttentionMetadata:
+    slot_mapping: torch.Tensor  # int64 [T] flat cache slot of each new token; <0 = do not write
+    block_tables: torch.Tensor  # int32 [S, max_blocks] block ids per sequence, padded with -1 (or 0)
+    context_lens: torch.Tensor  # int32 [S] tokens in the cache per sequence AFTER this step's writes
+    query_start_loc: torch.Tensor  # int32 [S+1] cumulative new-token counts (cu_seqlens)
+    max_query_len: int
+    max_context_len: int
+    block_size: int
+    # Per-step derived index maps, filled lazily by the attention backend and shared by all layers.
+    plans: dict = field(default_factory=dict, repr=False, compare=False)
+
+
+@dataclass
+class _Group:
+    """Sequences attended together: their new tokens padded to ``[num_seqs, q_len]``."""
+
+    num_seqs: int
+    q_len: int
+    tokens: torch.Tensor  # [Tg] indices into the flat batch
+    pad_index: torch.Tensor  # [Tg] indices into the padded num_seqs * q_len rows
+    slots: torch.Tensor  # [Sg, Lg] cache slot of every context position (clamped where masked)
+    mask: torch.Tensor  # [Sg, 1, q_len, Lg] True = may attend
+    gqa_masks: dict[int, torch.Tensor] = field(default_factory=dict)
+
+    def mask_for(self, group_size: int) -> torch.Tensor:
+        """The mask with the query axis repeated per query head of a KV head."""
+        if group_size == 1:
+            return self.mask
+        m = self.gqa_masks.get(group_size)
+        if m is None:
+            s, _, q, L = self.mask.shape
+            m = self.mask[:, :, None].expand(s, 1, group_size, q, L).reshape(s, 1, group_size * q, L)
+            self.gqa_masks[group_size] = m
+        return m
+
+
+@dataclass
+class _TorchPlan:
+    write_tokens: torch.Tensor | None  # tokens whose slot >= 0 (None: all of them)
+    write_slots: torch.Tensor
+    groups: list[_Group]
+
+
+def _build_group(meta: AttentionMetadata, sel: torch.Tensor, q_host: list[int], c_host: list[int],
+                 window: int | None) -> _Group:
+    dev = meta.context_lens.device
+    qsl = meta.query_start_loc.long()
+    ql = (qsl[1:] - qsl[:-1])[sel]
+    cl = meta.context_lens.long()[sel]
+    s, q_max, l_max = len(q_host), max(q_host), max(c_host)
+    rows = torch.arange(q_max, device=dev)
+    valid = rows[None, :] < ql[:, None]
+    tokens = (qsl[:-1][sel][:, None] + rows[None, :])[valid]
+    pad_index = (torch.arange(s, device=dev)[:, None] * q_max + rows[None, :])[valid]
+    cols = torch.arange(l_max, device=dev)
+    qpos = (cl - ql)[:, None] + rows[None, :]  # absolute position of each (padded) query row
+    mask = (cols[None, None, :] <= qpos[:, :, None]) & (cols[None, None, :] < cl[:, None, None])
+    if window is not None:
+        mask &= cols[None, None, :] > qpos[:, :, None] - window
+    bs = meta.block_size
+    n_blocks = -(-l_max // bs)
+    bt = meta.block_tables[sel][:, :n_blocks].long().clamp(min=0)
+    slots = (bt[:, :, None] * bs + torch.arange(bs, device=dev)).reshape(s, n_blocks * bs)[:, :l_max]
+    return _Group(s, q_max, tokens, pad_index, slots, mask[:, None])
+
+
+def _build_plan(meta: AttentionMetadata, window: int | None) -> _TorchPlan:
+    slot = meta.slot_mapping.long()
+    keep = slot >= 0
+    if bool(keep.all()):
+        write_tokens, write_slots = None, slot
+    else:
+        write_tokens = keep.nonzero().squeeze(1)
+        write_slots = slot[write_tokens]
+    qsl = meta.query_start_loc.long()
+    q_lens = (qsl[1:] - qsl[:-1]).tolist()
+    c_lens = meta.context_lens.tolist()
+    groups = []
+    for want_decode in (True, False):
+        idx = [i for i, q in enumerate(q_lens) if (q == 1) == want_decode and q > 0]
+        if idx:
+            sel = torch.tensor(idx, device=slot.device)
+            groups.append(_build_group(meta, sel, [q_lens[i] for i in idx], [c_lens[i] for i in idx], window))
+    return _TorchPlan(write_tokens, write_slots, groups)
+
+
+def torch_paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
+                          meta: AttentionMetadata, scale: float, window: int | None) -> torch.Tensor:
+    key = ("torch", window)
+    plan = meta.plans.get(key)
+    if plan is None:
+        plan = meta.plans[key] = _build_plan(meta, window)
+    _, _, _, h_kv, d = kv_cache.shape
+    k_flat = kv_cache[0].view(-1, h_kv, d)
+    v_flat = kv_cache[1].view(-1, h_kv, d)
+    if plan.write_tokens is None:
+        k_flat.index_copy_(0, plan.write_slots, k.to(k_flat.dtype))
+        v_flat.index_copy_(0, plan.write_slots, v.to(v_flat.dtype))
+    else:
+        k_flat.index_copy_(0, plan.write_slots, k[plan.write_tokens].to(k_flat.dtype))
+        v_flat.index_copy_(0, plan.write_slots, v[plan.write_tokens].to(v_flat.dtype))
+
+    h_q = q.shape[1]
+    g = h_q // h_kv
+    out = q.new_zeros(q.shape)
+    for grp in plan.groups:
+        s, ql = grp.num_seqs, grp.q_len
+        qp = q.new_zeros(s * ql, h_q, d)
+        qp[grp.pad_index] = q[grp.tokens]
+        qp = qp.view(s, ql, h_kv, g, d).permute(0, 2, 3, 1, 4).reshape(s, h_kv, g * ql, d)
+        kc = k_flat[grp.slots].to(q.dtype).transpose(1, 2)  # [Sg, Hkv, Lg, D]
+        vc = v_flat[grp.slots].to(q.dtype).transpose(1, 2)
+        o = F.scaled_dot_product_attention(qp, kc, vc, attn_mask=grp.mask_for(g), scale=scale)
+        o = o.view(s, h_kv, g, ql, d).permute(0, 3, 1, 2, 4).reshape(s * ql, h_q, d)
+        out[grp.tokens] = o[grp.pad_index]
+    return out
+
+
+AttentionFn = Callable[..., torch.Tensor]
+ATTENTION_BACKENDS: dict[str, AttentionFn] = {"torch": torch_paged_attention}
+
+
+class PagedAttention(nn.Module):
+    """``forward(q [T, Hq, D], k [T, Hkv, D], v [T, Hkv, D], kv_cache, meta) -> [T, Hq, D]``.
+
+    ``backend`` names an entry of ``ATTENTION_BACKENDS`` ("torch" here; the Triton kernels register
+    themselves under "triton"). ``sliding_window`` limits each query to the last ``window`` keys
+    (Mistral), as transformers masks it.
+    """
+
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float,
+                 sliding_window: int | None = None, backend: str = "torch") -> None:
+        super().__init__()
+        if num_heads % num_kv_heads:
+            raise ValueError(f"num_heads {num_heads} is not a multiple of num_kv_heads {num_kv_heads}")
+        if backend not in ATTENTION_BACKENDS:
+            raise ValueError(f"unknown attention backend {backend!r}; available: {sorted(ATTENTION_BACKENDS)}")
+        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+        self.scale = scale
+        self.sliding_window = sliding_window
+        self.backend = backend
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
+                meta: AttentionMetadata) -> torch.Tensor:
+        fn = ATTENTION_BACKENDS[self.backend]
+        return fn(q, k, v, kv_cache, meta, self.scale, self.sliding_window)

@@ -1,0 +1,108 @@
+"""Load a native model from a local Hugging Face folder (config.json + *.safetensors).
+
+The model is built on the meta device and materialised directly in the requested dtype and
+device, so no time is spent on random initialisation; every parameter is then filled from the
+checkpoint (``load_weights`` raises if one is missing).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+from torch import nn
+from transformers import AutoConfig
+
+from engine.models import MODEL_REGISTRY, resolve_architecture
+from engine.models.llama import head_dim_of
+
+DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "float": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+    "half": torch.float16,
+}
+
+
+class ModelLoadError(ValueError):
+    """The folder is missing, incomplete or holds an architecture we cannot run natively."""
+
+
+def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        if dtype not in DTYPES.values():
+            raise ModelLoadError(f"unsupported dtype {dtype}; use float32, bfloat16 or float16")
+        return dtype
+    try:
+        return DTYPES[dtype.lower()]
+    except KeyError:
+        raise ModelLoadError(f"unsupported dtype {dtype!r}; use float32, bfloat16 or float16") from None
+
+
+def load_config(model_path: str | Path) -> Any:
+    path = Path(model_path)
+    if not path.is_dir():
+        raise ModelLoadError(f"model folder {str(path)!r} does not exist")
+    if not (path / "config.json").is_file():
+        raise ModelLoadError(f"model folder {str(path)!r} has no config.json")
+    return AutoConfig.from_pretrained(str(path), local_files_only=True)
+
+
+def safetensors_files(model_path: str | Path) -> list[Path]:
+    """The checkpoint files: those named by model.safetensors.index.json, else every *.safetensors."""
+    path = Path(model_path)
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        weight_map = json.loads(index.read_text())["weight_map"]
+        files = [path / name for name in sorted(set(weight_map.values()))]
+        absent = [f.name for f in files if not f.is_file()]
+        if absent:
+            raise ModelLoadError(f"{index.name} names missing shards: {absent}")
+        return files
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise ModelLoadError(f"model folder {str(path)!r} has no *.safetensors weights")
+    return files
+
+
+def iter_weights(model_path: str | Path) -> Iterator[tuple[str, torch.Tensor]]:
+    for file in safetensors_files(model_path):
+        with safe_open(str(file), framework="pt", device="cpu") as f:
+            for name in f.keys():
+                yield name, f.get_tensor(name)
+
+
+def load_model(model_path: str | Path, dtype: torch.dtype | str = torch.float32,
+               device: torch.device | str = "cpu", attn_backend: str = "torch") -> tuple[nn.Module, Any]:
+    """``(model in eval mode on device, hf_config)`` for a local HF folder."""
+    hf_config = load_config(model_path)
+    cls = resolve_architecture(hf_config)
+    if cls is None:
+        raise ModelLoadError(
+            f"unsupported architecture {getattr(hf_config, 'architectures', None)}; "
+            f"native models: {sorted(MODEL_REGISTRY)}"
+        )
+    dtype = parse_dtype(dtype)
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device("meta"):
+            model = cls(hf_config, attn_backend=attn_backend)
+    finally:
+        torch.set_default_dtype(previous)
+    model.to_empty(device=device)
+    if getattr(model, "tie_word_embeddings", False):
+        model.lm_head.weight = model.model.embed_tokens.weight  # to_empty unties shared parameters
+    model.load_weights(iter_weights(model_path))
+    return model.eval(), hf_config
+
+
+def model_kv_shape(hf_config: Any) -> tuple[int, int, int]:
+    """``(num_layers, num_kv_heads, head_dim)`` of the KV cache the model needs."""
+    kv_heads = getattr(hf_config, "num_key_value_heads", None) or hf_config.num_attention_heads
+    return hf_config.num_hidden_layers, kv_heads, head_dim_of(hf_config)

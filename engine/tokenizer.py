@@ -1,0 +1,139 @@
+"""Tokenizer of a local Hugging Face model folder, with chat templates rendered as transformers does.
+
+Encoding/decoding goes through ``tokenizers`` (``tokenizer.json``); the chat template comes from
+``chat_template.jinja`` or ``tokenizer_config.json`` and is rendered in a sandboxed Jinja
+environment configured like transformers' ``apply_chat_template`` (trim/lstrip blocks, loop
+controls, ``raise_exception``, ``tojson``, ``strftime_now``, the special tokens as variables),
+then tokenised without adding special tokens. Incremental detokenisation and stop strings live in
+``engine.detok`` and are re-exported here.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import jinja2
+import jinja2.ext
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+from tokenizers import Tokenizer as HFTokenizer
+
+from engine.detok import IncrementalDetokenizer, StopMatcher
+
+__all__ = ["ChatTemplateError", "IncrementalDetokenizer", "StopMatcher", "Tokenizer"]
+
+_SPECIAL_KEYS = ("bos_token", "eos_token", "unk_token", "pad_token", "sep_token", "cls_token", "mask_token")
+
+
+class ChatTemplateError(ValueError):
+    """The model has no chat template, or the template refused the conversation."""
+
+
+def _token_text(value: Any) -> str | None:
+    if isinstance(value, dict):
+        return value.get("content")
+    return value if isinstance(value, str) else None
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+
+
+def _tojson(x: Any, ensure_ascii: bool = False, indent: int | None = None,
+            separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
+    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
+def _raise(message: str) -> None:
+    raise jinja2.exceptions.TemplateError(message)
+
+
+def compile_chat_template(source: str) -> jinja2.Template:
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise
+    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    return env.from_string(source)
+
+
+class Tokenizer:
+    """``encode``, ``decode``, ``apply_chat_template``, ``eos_token_ids``, ``vocab_size``."""
+
+    def __init__(self, model_path: str | Path) -> None:
+        path = Path(model_path)
+        if not (path / "tokenizer.json").is_file():
+            raise FileNotFoundError(f"{str(path)!r} has no tokenizer.json (a fast tokenizer is required)")
+        self.path = path
+        self._tok = HFTokenizer.from_file(str(path / "tokenizer.json"))
+        self.config = _read_json(path / "tokenizer_config.json")
+        self.special_tokens = {k: t for k in _SPECIAL_KEYS if (t := _token_text(self.config.get(k))) is not None}
+        self.chat_template = self._find_chat_template()
+
+    def _find_chat_template(self) -> str | None:
+        jinja_file = self.path / "chat_template.jinja"
+        if jinja_file.is_file():
+            return jinja_file.read_text(encoding="utf-8")
+        template = self.config.get("chat_template") or _read_json(self.path / "chat_template.json").get("chat_template")
+        if isinstance(template, list):  # named templates: use "default"
+            named = {t["name"]: t["template"] for t in template}
+            template = named.get("default")
+        return template
+
+    # ------------------------------------------------------------ basics
+
+    @property
+    def vocab_size(self) -> int:
+        return self._tok.get_vocab_size(with_added_tokens=True)
+
+    def token_id(self, token: str) -> int | None:
+        return self._tok.token_to_id(token)
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return self._tok.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    @property
+    def bos_token_id(self) -> int | None:
+        bos = self.special_tokens.get("bos_token")
+        return self.token_id(bos) if bos else None
+
+    @cached_property
+    def eos_token_ids(self) -> set[int]:
+        """EOS ids from the tokenizer config, generation_config.json and config.json together."""
+        ids: set[int] = set()
+        eos = self.special_tokens.get("eos_token")
+        if eos is not None and (tid := self.token_id(eos)) is not None:
+            ids.add(tid)
+        for name in ("generation_config.json", "config.json"):
+            value = _read_json(self.path / name).get("eos_token_id")
+            if isinstance(value, int):
+                ids.add(value)
+            elif isinstance(value, list):
+                ids.update(v for v in value if isinstance(v, int))
+        return ids
+
+    # ------------------------------------------------------------ chat
+
+    @cached_property
+    def _template(self) -> jinja2.Template:
+        if not self.chat_template:
+            raise ChatTemplateError(f"the model at {str(self.path)!r} has no chat template")
+        return compile_chat_template(self.chat_template)
+
+    def render_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+                    **kwargs: Any) -> str:
+        """The chat template's text for ``messages`` (extra kwargs reach the template, e.g. tools)."""
+        try:
+            variables = {"tools": None, "documents": None, **self.special_tokens, **kwargs}
+            return self._template.render(messages=messages, add_generation_prompt=add_generation_prompt, **variables)
+        except jinja2.exceptions.TemplateError as e:
+            raise ChatTemplateError(f"chat template error: {e}") from e
+
+    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+                            **kwargs: Any) -> list[int]:
+        return self.encode(self.render_chat(messages, add_generation_prompt, **kwargs), add_special_tokens=False)
