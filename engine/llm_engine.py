@@ -61,6 +61,7 @@ class _Request:
     texts: list[TextState]
     arrival_time: float
     sent_tokens: list[int]  # per sequence: tokens already reported
+    stream: bool  # report every step (else only the final output)
 
     @property
     def finished(self) -> bool:
@@ -148,8 +149,10 @@ class LLMEngine:
         prompt: str | list[int],
         params: SamplingParams | None = None,
         priority: int = 0,
+        stream: bool = True,
     ) -> None:
-        """Queue a request; raise RequestRejected if it can never fit, ValueError if malformed."""
+        """Queue a request; raise RequestRejected if it can never fit, ValueError if malformed.
+        With ``stream=False`` the request is reported once, when it finishes."""
         if request_id in self._requests:
             raise ValueError(f"request id {request_id!r} is already in use")
         params = params or SamplingParams()
@@ -170,7 +173,9 @@ class LLMEngine:
             seqs.append(seq)
         texts = [TextState(self.tokenizer, params, prompt_ids) for _ in seqs]
         prompt_text = prompt if isinstance(prompt, str) else None
-        self._requests[request_id] = _Request(request_id, prompt_text, prompt_ids, seqs, texts, now, [0] * len(seqs))
+        self._requests[request_id] = _Request(
+            request_id, prompt_text, prompt_ids, seqs, texts, now, [0] * len(seqs), stream
+        )
         for seq in seqs:
             self.scheduler.add(seq)
 
@@ -213,7 +218,7 @@ class LLMEngine:
             req = self._requests[seq.request_id]
             touched[req.request_id] = req
         self._record_step()
-        outputs = [self._output(req) for req in touched.values()]
+        outputs = [self._output(req) for req in touched.values() if req.stream or req.finished]
         for req in touched.values():
             if req.finished:
                 del self._requests[req.request_id]
@@ -320,7 +325,9 @@ class LLM:
         try:
             for i, (prompt, params) in enumerate(zip(prompt_list, params_list)):
                 self._counter += 1
-                self.engine.add_request(f"offline-{self._counter}", prompt, params, priority[i] if priority else 0)
+                self.engine.add_request(
+                    f"offline-{self._counter}", prompt, params, priority[i] if priority else 0, stream=False
+                )
                 ids.append(f"offline-{self._counter}")
         except Exception:
             for request_id in ids:

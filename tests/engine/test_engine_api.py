@@ -137,3 +137,8 @@ def test_metrics_count_tokens_and_latencies(llm: LLM) -> None:
     assert m.e2e_latency.count - before.e2e_latency.count == 2
     assert m.num_running == 0 and m.num_waiting == 0 and m.kv_usage == 0.0
     assert 0.0 < m.kv_token_utilization <= 1.0
+
+
+def test_profile_run_builds_a_valid_largest_batch(llm: LLM) -> None:
+    """The CUDA sizing profile (one forward at the largest batch) also runs on CPU."""
+    assert llm.engine.runner._profile_run() > 0
