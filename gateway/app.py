@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -12,33 +13,41 @@ from litestar.openapi import OpenAPIConfig
 
 from gateway.controllers.chat import ChatController
 from gateway.controllers.completions import CompletionsController
+from gateway.controllers.deployments import DeploymentsController
 from gateway.controllers.health import HealthController
 from gateway.controllers.models import ModelsController
 from gateway.errors import exception_handlers
 from gateway.pipeline import Pipeline
+from gateway.reload import Reloader
 from gateway.services import Services, build_services
 from gateway.settings import Settings, load_settings
 
 
-def create_app(settings: Settings, services: Services | None = None) -> Litestar:
+def create_app(settings: Settings, services: Services | None = None, *, config_path: str | Path | None = None) -> Litestar:
     """An app serving ``settings``; ``services`` defaults to ``build_services(settings)``.
 
-    The app owns the services: they are closed when the app shuts down.
+    The app owns the services: they are closed when the app shuts down. With ``config_path``,
+    SIGHUP and ``POST /admin/v1/reload`` re-read models and prices from that file.
     """
     services = services or build_services(settings)
     pipeline = Pipeline(services, settings)
+    reloader = Reloader(pipeline, config_path)
 
     @asynccontextmanager
     async def lifespan(_: Litestar) -> AsyncIterator[None]:
         try:
             for start in services.starters:
                 await start()
+            reloader.install_sighup()
             yield
         finally:
             await services.aclose()
 
     return Litestar(
-        route_handlers=[ChatController, CompletionsController, ModelsController, HealthController, *services.routes],
+        route_handlers=[
+            ChatController, CompletionsController, ModelsController, HealthController, DeploymentsController,
+            *services.routes,
+        ],
         dependencies={
             "services": Provide(lambda: services, sync_to_thread=False, use_cache=True),
             "pipeline": Provide(lambda: pipeline, sync_to_thread=False, use_cache=True),
@@ -52,10 +61,11 @@ def create_app(settings: Settings, services: Services | None = None) -> Litestar
             description="One OpenAI-compatible endpoint in front of many LLM providers.",
         ),
         debug=False,
-        state={"settings": settings, "services": services, "pipeline": pipeline},
+        state={"settings": settings, "services": services, "pipeline": pipeline, "reloader": reloader},
     )
 
 
 def create_app_from_env() -> Litestar:
     """Factory for ``uvicorn --factory`` (used by ``switchyard serve``): config from $SWITCHYARD_CONFIG."""
-    return create_app(load_settings(os.environ.get("SWITCHYARD_CONFIG")))
+    path = os.environ.get("SWITCHYARD_CONFIG") or "config/default.yaml"
+    return create_app(load_settings(path), config_path=path)

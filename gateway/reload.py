@@ -1,0 +1,57 @@
+"""Config reload without restart: re-read the YAML and swap the routing table and prices.
+
+Triggered by SIGHUP (single-process serving) or ``POST /admin/v1/reload``. Only ``models`` and
+``prices`` take effect; server, database, Redis and auth settings need a restart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import threading
+from pathlib import Path
+
+import msgspec
+
+from backends.factory import build_backend
+from gateway.pipeline import Pipeline
+from gateway.router import BackendBuilder
+from gateway.settings import ConfigError, Settings, load_settings
+
+log = logging.getLogger("switchyard.reload")
+
+
+class Reloader:
+    def __init__(self, pipeline: Pipeline, config_path: str | Path | None, build: BackendBuilder = build_backend) -> None:
+        self.pipeline = pipeline
+        self.config_path = Path(config_path) if config_path else None
+        self._build = build
+
+    def reload(self) -> Settings:
+        """Apply the config file now; ConfigError (naming the key) leaves the old table in place."""
+        if self.config_path is None:
+            raise ConfigError("this gateway was started without a config file; nothing to reload")
+        fresh = load_settings(self.config_path)
+        self.pipeline.services.router.reload(fresh, self._build)
+        self.pipeline.settings = _reloadable(self.pipeline.settings, fresh)
+        return fresh
+
+    def install_sighup(self) -> bool:
+        """Reload on SIGHUP (only possible from the main thread, where uvicorn runs one worker)."""
+        if self.config_path is None or threading.current_thread() is not threading.main_thread():
+            return False
+        asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, self._on_sighup)
+        return True
+
+    def _on_sighup(self) -> None:
+        try:
+            self.reload()
+            log.info("reloaded %s on SIGHUP", self.config_path)
+        except ConfigError as exc:
+            log.error("reload on SIGHUP failed, keeping the previous config: %s", exc)
+
+
+def _reloadable(current: Settings, fresh: Settings) -> Settings:
+    """The running settings with the reloadable sections taken from ``fresh``."""
+    return msgspec.structs.replace(current, models=fresh.models, prices=fresh.prices)
