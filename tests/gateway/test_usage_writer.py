@@ -108,3 +108,25 @@ async def test_report_groups_and_filters(db: Database, tmp_path: Path) -> None: 
     ]  # fmt: skip
     only_day2 = ReportQuery(group_by=("tenant",), start=datetime(2026, 1, 2, tzinfo=UTC), tenant_id=a)
     assert [r["requests"] for r in await usage_report(db, only_day2)] == [1]
+
+
+async def test_shutdown_flushes_the_buffer(db: Database, tmp_path: Path) -> None:  # noqa: F811
+    tenant = uuid.uuid4().hex[:8]
+    w = UsageWriter(db, PRICES, journal_dir=tmp_path, flush_interval=3600, batch_size=1000)
+    w.start()
+    for _ in range(25):
+        w.record(rec(tenant))
+    await asyncio.sleep(0.05)
+    assert await count(db, tenant_id=tenant) == 0  # still buffered: batches, not one INSERT per request
+    await w.aclose()
+    assert await count(db, tenant_id=tenant) == 25
+
+
+async def test_memory_stays_bounded_while_the_database_is_down(tmp_path: Path) -> None:
+    dead = Database.from_url("postgresql+asyncpg://nobody@127.0.0.1:9/none")
+    w = UsageWriter(dead, PRICES, journal_dir=tmp_path, max_buffer=100)
+    for _ in range(1000):
+        w.record(rec())
+    assert w.pending == 1000 and w.journal.count >= 900  # at most max_buffer records in memory
+    await w.aclose()
+    await dead.dispose()

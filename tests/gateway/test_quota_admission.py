@@ -1,0 +1,119 @@
+"""QuotaAdmission: limits from SQL, reservations of tokens and money, Redis outage policies."""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from gateway.admin.service import TenancyService
+from gateway.contracts import Principal, QuotaExceeded, QuotaUnavailable
+from gateway.db import Database
+from gateway.quotas.admission import QuotaAdmission
+from gateway.quotas.limits import Limits, LimitsSource
+from gateway.quotas.redis_store import RedisStore, connect_redis
+from gateway.quotas.store import MemoryStore
+from gateway.usage.pricing import Price, PriceTable
+from tests.conftest import ADMIN_KEY, gateway_settings
+from tests.gateway.tenancy_fixtures import db, plain_url  # noqa: F401
+from tests.support.fake_upstream import FakeUpstream
+from tests.support.servers import ServerThread
+
+DEAD_REDIS = "redis://127.0.0.1:9/0"  # nothing listens on port 9
+PRICES = PriceTable({"m": Price(input_per_million=1.0, output_per_million=3.0)})
+
+
+async def principal_with(db: Database, tenant: Limits, key: Limits) -> Principal:  # noqa: F811
+    svc = TenancyService(db)
+    t = await svc.create_tenant(f"adm-{os.urandom(4).hex()}")
+    k = await svc.create_key(t.id)
+    await svc.set_limits("tenant", t.id, tenant)
+    await svc.set_limits("key", k.key.id, key)
+    return Principal(key_id=k.key.id, tenant_id=t.id)
+
+
+async def test_key_and_tenant_limits_from_sql(db: Database) -> None:  # noqa: F811
+    p = await principal_with(db, Limits(requests_per_minute=3), Limits(tokens_per_minute=250))
+    adm = QuotaAdmission(MemoryStore(), LimitsSource(db), PRICES)
+    first = await adm.admit(p, "m", 100)
+    assert first.requests is not None and (first.requests.limit, first.requests.remaining) == (3, 2)
+    assert first.tokens is not None and (first.tokens.limit, first.tokens.remaining) == (250, 150)
+    await adm.admit(p, "m", 100)
+    with pytest.raises(QuotaExceeded) as over:
+        await adm.admit(p, "m", 100)  # 300 > 250 tokens/min for the key
+    assert "tokens per minute" in over.value.message and over.value.retry_after > 0
+    await adm.settle(first, 10, 0.0)  # correct 100 reserved to 10 used
+    third = await adm.admit(p, "m", 100)
+    with pytest.raises(QuotaExceeded) as over:
+        await adm.admit(p, "m", 1)  # the tenant's 3 requests/min
+    assert "requests per minute" in over.value.message and "tenant" in over.value.message
+    assert over.value.ticket is not None and over.value.ticket.requests is not None
+    assert third.token
+
+
+async def test_money_is_reserved_at_the_highest_price(db: Database) -> None:  # noqa: F811
+    # 1000 tokens at 3 USD per million (the output price) = 0.003 reserved per request
+    p = await principal_with(db, Limits(cost_budget=0.0075, budget_period="total"), Limits())
+    adm = QuotaAdmission(MemoryStore(), LimitsSource(db), PRICES)
+    a = await adm.admit(p, "m", 1000)
+    await adm.admit(p, "m", 1000)
+    with pytest.raises(QuotaExceeded, match="spending budget"):
+        await adm.admit(p, "m", 1000)
+    await adm.settle(a, 1000, 0.001)  # it cost less than reserved
+    await adm.admit(p, "m", 1000)
+
+
+async def test_redis_down_fail_closed_raises_unavailable(db: Database, caplog: pytest.LogCaptureFixture) -> None:  # noqa: F811
+    p = await principal_with(db, Limits(requests_per_minute=1), Limits())
+    redis = connect_redis(DEAD_REDIS, timeout=0.5)
+    adm = QuotaAdmission(RedisStore(redis), LimitsSource(db), PRICES)
+    with caplog.at_level(logging.ERROR, "switchyard.quotas"), pytest.raises(QuotaUnavailable):
+        await adm.admit(p, "m", 10)
+    assert "quota store unavailable" in caplog.text
+    await redis.aclose()
+
+
+async def test_redis_down_fail_open_admits_without_counting(db: Database) -> None:  # noqa: F811
+    p = await principal_with(db, Limits(requests_per_minute=1), Limits())
+    redis = connect_redis(DEAD_REDIS, timeout=0.5)
+    adm = QuotaAdmission(RedisStore(redis), LimitsSource(db), PRICES, on_unavailable="fail_open")
+    tickets = [await adm.admit(p, "m", 10) for _ in range(3)]
+    assert all(t.token == "" and t.requests is None for t in tickets)
+    for t in tickets:
+        await adm.settle(t, 5, 0.0)  # nothing was reserved: nothing to do, no error
+    await redis.aclose()
+
+
+@pytest.fixture
+def gateway_without_redis(db: Database, fake_upstream_server: FakeUpstream, tmp_path: Path) -> Iterator[tuple[str, str]]:  # noqa: F811
+    """A gateway whose configured Redis is unreachable (fail_closed), and a tenant key for it."""
+    from gateway.app import create_app
+
+    os.environ["SWITCHYARD_USAGE_JOURNAL_DIR"] = str(tmp_path)
+    settings = gateway_settings(
+        fake_upstream_server.url, database={"url": plain_url(db)}, redis={"url": DEAD_REDIS},
+    )  # fmt: skip
+    try:
+        with ServerThread(create_app(settings)) as server:
+            admin = {"authorization": f"Bearer {ADMIN_KEY}"}
+            tid = httpx.post(server.url + "/admin/v1/tenants", json={"name": os.urandom(4).hex()}, headers=admin).json()["id"]
+            key = httpx.post(server.url + "/admin/v1/keys", json={"tenant_id": tid}, headers=admin).json()["key"]
+            yield server.url, key
+    finally:
+        os.environ.pop("SWITCHYARD_USAGE_JOURNAL_DIR", None)
+
+
+def test_gateway_answers_503_when_redis_is_down(gateway_without_redis: tuple[str, str]) -> None:
+    url, key = gateway_without_redis
+    client = openai.OpenAI(base_url=url + "/v1", api_key=key, max_retries=0)
+    for _ in range(2):  # and keeps answering: no crash
+        with pytest.raises(openai.InternalServerError) as failed:
+            client.chat.completions.create(model="echo", messages=[{"role": "user", "content": "hi"}])
+        assert failed.value.status_code == 503
+        assert failed.value.body["code"] == "quota_unavailable"  # type: ignore[index]
+    assert httpx.get(url + "/healthz").status_code == 200
