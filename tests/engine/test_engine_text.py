@@ -1,0 +1,59 @@
+"""Text through the engine on the built-in tiny model: detokenised output, stop strings cut
+off (also when they span tokens), streamed text deltas, text prompts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from engine import LLM, AsyncEngine, SamplingParams
+from engine.tiny_model import build_tiny_model
+
+PROMPT = "Hello there, how are you?"
+
+
+@pytest.fixture(scope="module")
+def llm(tmp_path_factory: pytest.TempPathFactory) -> LLM:
+    path: Path = build_tiny_model(tmp_path_factory.mktemp("tiny"), seed=0)
+    return LLM(str(path), num_kv_blocks=256, max_model_len=512)
+
+
+def free_run(llm: LLM, n: int = 30) -> tuple[str, list[int]]:
+    out = llm.generate([PROMPT], SamplingParams(temperature=0, max_tokens=n, ignore_eos=True))[0].outputs[0]
+    return out.text, out.token_ids
+
+
+def test_text_is_the_decoded_tokens(llm: LLM) -> None:
+    text, tokens = free_run(llm)
+    assert text and text == llm.tokenizer.decode(tokens)
+
+
+def spanning_stop(llm: LLM, text: str, tokens: list[int]) -> str:
+    """A 4-character piece of ``text`` that straddles a token boundary."""
+    for k in range(2, len(tokens)):
+        head = llm.tokenizer.decode(tokens[:k])
+        b = len(head)
+        piece = text[b - 2 : b + 2]
+        if text.startswith(head) and b >= 4 and len(piece) == 4 and "\ufffd" not in piece:
+            return piece
+    raise AssertionError("no clean token boundary in the sample text")
+
+
+def test_stop_string_spanning_tokens_is_cut_from_the_output(llm: LLM) -> None:
+    text, tokens = free_run(llm)
+    stop = spanning_stop(llm, text, tokens)
+    out = llm.generate(
+        [PROMPT], SamplingParams(temperature=0, max_tokens=30, ignore_eos=True, stop=[stop])
+    )[0].outputs[0]
+    assert out.finish_reason == "stop"
+    assert out.text == text[: text.index(stop)]
+
+
+async def test_streamed_text_deltas_add_up(llm: LLM) -> None:
+    text, _ = free_run(llm, 20)
+    eng = AsyncEngine(engine=llm.engine)
+    params = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
+    pieces = [o.outputs[0].delta_text async for o in eng.add_request("stream", PROMPT, params)]
+    assert "".join(pieces) == text
+    await eng.shutdown()
