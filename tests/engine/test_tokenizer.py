@@ -1,0 +1,136 @@
+"""Tokenizer, chat templates, incremental detokenisation and stop strings."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from transformers import AutoTokenizer
+
+from engine.tiny_model import build_tiny_model
+from engine.tokenizer import ChatTemplateError, IncrementalDetokenizer, StopMatcher, Tokenizer
+
+CONVERSATIONS = [
+    [{"role": "user", "content": "Hello! How are you?"}],
+    [
+        {"role": "system", "content": "You are a helpful assistant.  "},
+        {"role": "user", "content": "Tell me about the train 🚂 in 日本."},
+        {"role": "assistant", "content": "It leaves at 18:50."},
+        {"role": "user", "content": [{"type": "text", "text": "And "}, {"type": "text", "text": "then?"}]},
+    ],
+]
+
+LLAMA31_LIKE = (
+    "{{- bos_token }}{%- if not tools is defined %}{%- set tools = none %}{%- endif %}"
+    "{%- if tools is not none %}TOOLS:{{ tools | tojson }}{%- endif %}"
+    "{%- for m in messages %}{%- if loop.index0 > 5 %}{%- break %}{%- endif %}"
+    "<|start_header_id|>{{ m['role'] }}<|end_header_id|>\n\n{{ m['content'] | trim }}<|eot_id|>{%- endfor %}"
+    "{%- if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{%- endif %}"
+)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny_model(tmp_path_factory.mktemp("tok"), num_hidden_layers=1)
+
+
+@pytest.fixture(scope="module")
+def tok(model_dir: Path) -> Tokenizer:
+    return Tokenizer(model_dir)
+
+
+@pytest.mark.parametrize("conv", range(len(CONVERSATIONS)))
+@pytest.mark.parametrize("gen_prompt", [True, False])
+def test_chat_template_equals_transformers(model_dir: Path, tok: Tokenizer, conv: int, gen_prompt: bool) -> None:
+    hf = AutoTokenizer.from_pretrained(str(model_dir))
+    messages = CONVERSATIONS[conv]
+    want = hf.apply_chat_template(messages, add_generation_prompt=gen_prompt, tokenize=True, return_dict=False)
+    assert tok.apply_chat_template(messages, add_generation_prompt=gen_prompt) == list(want)
+    assert tok.render_chat(messages, gen_prompt) == hf.apply_chat_template(
+        messages, add_generation_prompt=gen_prompt, tokenize=False)
+
+
+def test_template_from_chat_template_jinja_with_tools(model_dir: Path, tmp_path: Path) -> None:
+    folder = tmp_path / "m"
+    shutil.copytree(model_dir, folder)
+    (folder / "chat_template.jinja").write_text(LLAMA31_LIKE)
+    hf = AutoTokenizer.from_pretrained(str(folder))
+    ours = Tokenizer(folder)
+    msgs = CONVERSATIONS[1]
+    assert ours.render_chat(msgs) == hf.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
+    tools = [{"type": "function", "function": {"name": "weather", "parameters": {"type": "object"}}}]
+    assert ours.render_chat(msgs, tools=tools) == hf.apply_chat_template(
+        msgs, tools=tools, add_generation_prompt=True, tokenize=False)
+
+
+def test_missing_template_and_template_errors(model_dir: Path, tmp_path: Path) -> None:
+    folder = tmp_path / "m"
+    shutil.copytree(model_dir, folder)
+    cfg = json.loads((folder / "tokenizer_config.json").read_text())
+    cfg.pop("chat_template")
+    (folder / "tokenizer_config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ChatTemplateError, match="has no chat template"):
+        Tokenizer(folder).apply_chat_template([{"role": "user", "content": "hi"}])
+    (folder / "chat_template.jinja").write_text("{{ raise_exception('roles must alternate') }}")
+    with pytest.raises(ChatTemplateError, match="roles must alternate"):
+        Tokenizer(folder).apply_chat_template([{"role": "user", "content": "hi"}])
+
+
+def test_basics(tok: Tokenizer, model_dir: Path) -> None:
+    hf = AutoTokenizer.from_pretrained(str(model_dir))
+    text = "Hello world, ça va? 日本語 🚂"
+    assert tok.encode(text) == hf.encode(text)
+    assert tok.encode(text)[0] == tok.bos_token_id
+    assert tok.decode(tok.encode(text)) == text
+    assert tok.vocab_size == len(hf)
+    assert tok.eos_token_ids == {tok.token_id("<|eot_id|>"), tok.token_id("<|end_of_text|>")}
+    with pytest.raises(FileNotFoundError, match="tokenizer.json"):
+        Tokenizer(model_dir / "nowhere")
+
+
+def test_incremental_detok_never_emits_broken_utf8(tok: Tokenizer) -> None:
+    text = "Größe 日本語の電車 🚂🎉 naïve → done"
+    ids = tok.encode(text, add_special_tokens=False)
+    # the tiny tokenizer splits these characters' bytes over several tokens
+    assert any("\ufffd" in tok.decode([i]) for i in ids)
+    detok = IncrementalDetokenizer(tok)
+    pieces = [detok.push(i) for i in ids]
+    assert all("\ufffd" not in p for p in pieces)
+    assert "".join(pieces) == text == detok.text
+    assert "" in pieces  # some tokens were held back until their character was complete
+
+
+def test_incremental_detok_after_prompt_and_special_tokens(tok: Tokenizer) -> None:
+    prompt = tok.apply_chat_template([{"role": "user", "content": "hi"}])
+    answer = tok.encode(" The train leaves at 8.", add_special_tokens=False)
+    eot = tok.token_id("<|eot_id|>")
+    detok = IncrementalDetokenizer(tok, prompt_ids=prompt)
+    out = "".join(detok.push(i) for i in [*answer, eot])
+    assert out == " The train leaves at 8."
+
+
+def test_stop_matcher_across_token_boundaries() -> None:
+    m = StopMatcher(["STOP", "\n\n"])
+    emitted = []
+    for piece in ["Hello S", "T", "ill going. S", "TO", "P and more"]:
+        out, stopped = m.feed(piece)
+        emitted.append(out)
+        if stopped:
+            break
+    assert "".join(emitted) == "Hello STill going. "
+    assert stopped and m.feed("more")[1] is True
+    assert emitted[0] == "Hello "  # "S" held back: it could start "STOP"
+
+
+def test_stop_matcher_earliest_stop_wins_and_flush() -> None:
+    m = StopMatcher(["xyz", "yz!"])
+    assert m.feed("ab xy") == ("ab ", False)
+    assert m.feed("z!") == ("", True)  # "xyz" starts before "yz!"
+    m = StopMatcher(["xyz", "b"])
+    assert m.feed("aaxyzb") == ("aa", True)
+    m = StopMatcher(["</end>"])
+    assert m.feed("partial </e") == ("partial ", False)
+    assert m.flush() == "</e"
+    assert StopMatcher([]).feed("anything") == ("anything", False)
