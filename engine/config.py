@@ -48,6 +48,7 @@ class EngineConfig:
     enable_chunked_prefill: bool = True
     scheduling_policy: str = "fcfs"
     attn_backend: str = "torch"
+    model_impl: str = "auto"  # auto | native | transformers (engine.fallback.resolve)
     seed: int = 0
 
     def __post_init__(self) -> None:

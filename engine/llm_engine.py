@@ -97,11 +97,15 @@ class LLMEngine:
     def __init__(self, config: EngineConfig, model: nn.Module | None = None, hf_config: object = None) -> None:
         """Load the native model named by ``config.model``, or run a given ``model`` (any module
         with the native models' forward / compute_logits interface) with its ``hf_config``."""
-        from engine.loader import load_model, model_kv_shape
+        from engine.fallback import load_engine_model
+        from engine.loader import model_kv_shape
 
         self.config = config
+        self.model_impl = "native"  # or "transformers" (engine.fallback resolves config.model_impl)
         if model is None:
-            model, hf_config = load_model(config.model, config.torch_dtype, config.device, config.attn_backend)
+            loaded = load_engine_model(config.model, config.torch_dtype, config.device, config.attn_backend,
+                                       config.model_impl)
+            model, hf_config, self.model_impl = loaded.model, loaded.hf_config, loaded.resolution.impl
         elif hf_config is None:
             raise ValueError("a pre-built model needs its hf_config")
         self.hf_config = hf_config
@@ -110,7 +114,7 @@ class LLMEngine:
         if self.tokenizer is not None:
             self.eos_token_ids |= set(self.tokenizer.eos_token_ids)
         max_len = config.resolve_max_model_len(int(getattr(hf_config, "max_position_embeddings", 2048)))
-        layout = KVLayout(*model_kv_shape(hf_config), dtype=config.torch_dtype)
+        layout = KVLayout(*(getattr(model, "kv_shape", None) or model_kv_shape(hf_config)), dtype=config.torch_dtype)
         self.runner = ModelRunner(model, layout, config, self.eos_token_ids)
         self.capacity = Capacity(layout, self.runner.determine_num_blocks(), config.block_size)
         self.capacity.check_fits(max_len)

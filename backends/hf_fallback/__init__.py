@@ -1,0 +1,74 @@
+"""Provider ``transformers``: a local HF folder served by plain ``model.generate``.
+
+Deployment options (all optional): ``dtype`` (float32), ``device`` (cpu), ``max_batch_size``
+(rows per ``generate`` call, 8), ``max_queue`` (requests waiting before Unavailable, 64),
+``max_model_len`` (the model's ``max_position_embeddings``), ``model_impl`` (accepted for
+symmetry with ``local``; this provider always uses the plain path).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from backends.hf_fallback.backend import HFGenerateBackend
+from gateway.settings import ConfigError, DeploymentConfig
+
+log = logging.getLogger("switchyard.backends.transformers")
+
+_OPTIONS = {"dtype", "device", "max_batch_size", "max_queue", "max_model_len", "model_impl"}
+
+
+def _int_option(options: dict[str, Any], name: str, default: int, deployment: str) -> int:
+    value = options.get(name, default)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ConfigError(f"deployment {deployment}: options.{name} must be a positive integer, got {value!r}")
+    return value
+
+
+def load_generate_backend(folder: str, deployment_id: str, options: dict[str, Any],
+                          context_window: int | None = None, reason: str = "") -> HFGenerateBackend:
+    """Load ``folder`` with transformers and wrap it in an ``HFGenerateBackend``."""
+    import torch
+    import transformers
+
+    from engine.fallback import ModelImplError, inspect_model
+    from engine.config import parse_dtype
+
+    unknown = sorted(set(options) - _OPTIONS)
+    if unknown:
+        raise ConfigError(f"deployment {deployment_id}: unknown options {unknown} (known: {sorted(_OPTIONS)})")
+    try:
+        info = inspect_model(folder)
+        dtype = parse_dtype(options.get("dtype", "float32"))
+    except (ModelImplError, ValueError) as exc:
+        raise ConfigError(f"deployment {deployment_id}: {exc}") from None
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, local_files_only=True)
+    model.to(torch.device(options.get("device", "cpu"))).eval()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folder, local_files_only=True)
+    eos = model.generation_config.eos_token_id
+    eos_ids = set(eos if isinstance(eos, list) else [] if eos is None else [eos])
+    if tokenizer.eos_token_id is not None:
+        eos_ids.add(tokenizer.eos_token_id)
+    model.generation_config.eos_token_id = None  # EOS is decided per row by the worker
+    max_len = _int_option(options, "max_model_len", info.max_position_embeddings, deployment_id)
+    if context_window is not None:
+        max_len = min(max_len, context_window)
+    log.info("deployment %s: %s runs on the plain transformers generate path%s", deployment_id,
+             info.architecture, f" ({reason})" if reason else "")
+    return HFGenerateBackend(
+        deployment_id, folder, model, tokenizer, eos_ids=eos_ids, max_model_len=max_len,
+        max_batch_rows=_int_option(options, "max_batch_size", 8, deployment_id),
+        max_queue=_int_option(options, "max_queue", 64, deployment_id),
+        metadata={"model_impl": "transformers-generate", "architecture": info.architecture,
+                  **({"model_impl_reason": reason} if reason else {})},
+    )
+
+
+def build_backend(config: DeploymentConfig) -> HFGenerateBackend:
+    """Factory entry for ``provider: transformers``: always the plain generate path."""
+    return load_generate_backend(config.model, config.id, dict(config.options), config.context_window,
+                                 reason="provider 'transformers' forces the plain generate path")
+
+
+__all__ = ["HFGenerateBackend", "build_backend", "load_generate_backend"]

@@ -1,0 +1,299 @@
+"""The ``transformers`` provider: plain ``model.generate`` for models the engine cannot run.
+
+Requests are validated and tokenised here (the chat template of the model's tokenizer), handed to
+the ``GenerateWorker`` thread as a ``Job``, and its events are turned into OpenAI wire responses or
+stream chunks. Token counts are exact (the model's own tokenizer, the tokens actually generated,
+EOS included as the engine counts it). Closing a stream aborts the job and waits for the worker
+to acknowledge, so the meter then holds the tokens really produced.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import anyio
+from msgspec import UNSET
+
+from backends.base import BackendStats, BadRequest, ChunkStream, Completed, ContextTooLong, Meter
+from backends.hf_fallback.worker import Event, GenerateKey, GenerateWorker, Job, RowParams
+from backends.types import (
+    AssistantMessage,
+    ChatChoice,
+    ChatChunkChoice,
+    ChatCompletion,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    ChatDelta,
+    CompletionChoice,
+    CompletionRequest,
+    SamplingFields,
+    TextCompletion,
+    TextPart,
+    Usage,
+)
+
+
+def _opt(value: Any, default: Any) -> Any:
+    return default if value is None or value is UNSET else value
+
+
+class _JobRun:
+    """The async side of one job: its events in order, the meter, and cancellation."""
+
+    def __init__(self, worker: GenerateWorker, job_args: dict[str, Any], prompt_tokens: int) -> None:
+        loop = asyncio.get_running_loop()
+        self._queue: asyncio.Queue[Event] = asyncio.Queue()
+        self.worker = worker
+        self.job = Job(**job_args, emit=lambda ev: loop.call_soon_threadsafe(self._queue.put_nowait, ev))
+        self.meter = Meter(prompt_tokens=prompt_tokens, exact=True)
+        self._open = self.job.num_rows
+        worker.submit(self.job)  # Unavailable when the queue is full
+
+    @property
+    def done(self) -> bool:
+        return self._open == 0
+
+    async def next(self) -> Event:
+        """The next event; a worker failure is raised. Call only while not ``done``."""
+        ev = await self._queue.get()
+        if ev.error is not None:
+            self._open = 0
+            raise ev.error
+        if ev.token:
+            self.meter.completion_tokens += 1
+            if self.meter.first_token_at is None:
+                self.meter.first_token_at = time.perf_counter()
+        if ev.finish is not None:
+            self._open -= 1
+        return ev
+
+    async def cancel(self) -> None:
+        """Abort and wait until the worker has let go of every row (at most one step)."""
+        if self.done:
+            return
+        self.worker.cancel(self.job)
+        with anyio.CancelScope(shield=True):
+            try:
+                while not self.done:
+                    await self.next()
+            except Exception:
+                pass  # the job failed while stopping: nothing more will come
+
+
+class HFGenerateBackend:
+    """One deployment served by ``transformers`` ``generate`` in a worker thread."""
+
+    provider = "transformers"
+
+    def __init__(self, deployment_id: str, upstream_model: str, model: Any, tokenizer: Any, *,
+                 eos_ids: set[int], max_model_len: int, max_batch_rows: int = 8, max_queue: int = 64,
+                 metadata: dict[str, Any] | None = None) -> None:
+        self.deployment_id = deployment_id
+        self.upstream_model = upstream_model
+        self.tokenizer = tokenizer
+        self.max_model_len = max_model_len
+        self.metadata = dict(metadata or {})
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(eos_ids, default=0)
+        self.worker = GenerateWorker(model, tokenizer, eos_ids, pad, max_batch_rows=max_batch_rows,
+                                     max_queue=max_queue)
+
+    # ------------------------------------------------------------ Backend protocol
+
+    async def chat(self, request: ChatCompletionRequest) -> Completed[ChatCompletion]:
+        run = self._start(request, [self._chat_prompt(request)], request.output_limit())
+        texts, reasons = await _collect(run)
+        choices = [ChatChoice(index=i, message=AssistantMessage(content=t), finish_reason=reasons[i])
+                   for i, t in enumerate(texts)]
+        response = ChatCompletion(id=_id("chatcmpl"), model=request.model, choices=choices, usage=_usage(run.meter))
+        return Completed(response, run.meter)
+
+    async def chat_stream(self, request: ChatCompletionRequest) -> ChunkStream[ChatCompletionChunk]:
+        run = self._start(request, [self._chat_prompt(request)], request.output_limit())
+        cid, created = _id("chatcmpl"), int(time.time())
+
+        def chunk(choices: list[ChatChunkChoice], usage: Usage | None = None) -> ChatCompletionChunk:
+            return ChatCompletionChunk(id=cid, model=request.model, choices=choices, created=created,
+                                       usage=usage if usage is not None else UNSET)
+
+        def on_event(ev: Event) -> ChatCompletionChunk | None:
+            if ev.finish is not None:
+                return chunk([ChatChunkChoice(index=ev.index, delta=ChatDelta(), finish_reason=_reason(ev.finish))])
+            return chunk([ChatChunkChoice(index=ev.index, delta=ChatDelta(content=ev.text))]) if ev.text else None
+
+        first = [chunk([ChatChunkChoice(index=i, delta=ChatDelta(role="assistant", content=""))])
+                 for i in range(run.job.num_rows)]
+        usage = (lambda: chunk([], _usage(run.meter))) if request.include_usage else None
+        return ChunkStream(_relay(run, first, on_event, usage), run.meter)
+
+    async def complete(self, request: CompletionRequest) -> Completed[TextCompletion]:
+        prompts = self._text_prompts(request)
+        run = self._start(request, prompts, request.output_limit())
+        texts, reasons = await _collect(run)
+        echoes = self._echoes(request, prompts)
+        choices = [CompletionChoice(index=i, text=echoes[i] + t, finish_reason=reasons[i]) for i, t in enumerate(texts)]
+        response = TextCompletion(id=_id("cmpl"), model=request.model, choices=choices, usage=_usage(run.meter))
+        return Completed(response, run.meter)
+
+    async def complete_stream(self, request: CompletionRequest) -> ChunkStream[TextCompletion]:
+        prompts = self._text_prompts(request)
+        run = self._start(request, prompts, request.output_limit())
+        cid, created = _id("cmpl"), int(time.time())
+
+        def chunk(choices: list[CompletionChoice], usage: Usage | None = None) -> TextCompletion:
+            return TextCompletion(id=cid, model=request.model, choices=choices, created=created,
+                                  usage=usage if usage is not None else UNSET)
+
+        def on_event(ev: Event) -> TextCompletion | None:
+            if ev.finish is not None:
+                return chunk([CompletionChoice(index=ev.index, text="", finish_reason=_reason(ev.finish))])
+            return chunk([CompletionChoice(index=ev.index, text=ev.text)]) if ev.text else None
+
+        first = [chunk([CompletionChoice(index=i, text=e)]) for i, e in enumerate(self._echoes(request, prompts)) if e]
+        usage = (lambda: chunk([], _usage(run.meter))) if request.include_usage else None
+        return ChunkStream(_relay(run, first, on_event, usage), run.meter)
+
+    def stats(self) -> BackendStats:
+        return BackendStats(in_flight=self.worker.in_flight, queue_depth=self.worker.queue_depth)
+
+    async def ready(self) -> bool:
+        return True  # the model is loaded when the backend exists
+
+    async def aclose(self) -> None:
+        await asyncio.to_thread(self.worker.close)
+
+    # ------------------------------------------------------------ requests -> jobs
+
+    def _chat_prompt(self, request: ChatCompletionRequest) -> list[int]:
+        if request.tools or request.response_format not in (UNSET, None) and request.response_format.type != "text":
+            raise BadRequest("tools and structured output are not supported by this deployment", param="tools")
+        if request.logprobs or request.top_logprobs:
+            raise BadRequest("logprobs are not supported by the transformers generate path", param="logprobs")
+        if not getattr(self.tokenizer, "chat_template", None):
+            raise BadRequest("this model has no chat template; use /v1/completions", param="messages")
+        messages = []
+        for i, m in enumerate(request.messages):
+            if isinstance(m.content, list) and any(not isinstance(p, TextPart) for p in m.content):
+                raise BadRequest("this model accepts text content only", param=f"messages[{i}].content")
+            messages.append({"role": m.role, "content": m.text()})
+        text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def _text_prompts(self, request: CompletionRequest) -> list[list[int]]:
+        if request.logprobs not in (UNSET, None):
+            raise BadRequest("logprobs are not supported by the transformers generate path", param="logprobs")
+        if request.suffix:
+            raise BadRequest("suffix is not supported by this model", param="suffix")
+        if _opt(request.best_of, 1) != _opt(request.n, 1):
+            raise BadRequest("best_of other than n is not supported", param="best_of")
+        try:
+            prompts = request.prompts()
+        except ValueError as exc:
+            raise BadRequest(str(exc), param="prompt") from None
+        vocab = len(self.tokenizer)
+        out = []
+        for p in prompts:
+            ids = list(self.tokenizer.encode(p)) if isinstance(p, str) else p
+            if any(not 0 <= t < vocab for t in ids):
+                raise BadRequest(f"prompt token ids must be in [0, {vocab})", param="prompt")
+            out.append(ids)
+        return out
+
+    def _echoes(self, request: CompletionRequest, prompts: list[list[int]]) -> list[str]:
+        n = request.n or 1
+        if not request.echo:
+            return [""] * (len(prompts) * n)
+        return [self.tokenizer.decode(p, skip_special_tokens=True) for p in prompts for _ in range(n)]
+
+    def _start(self, request: SamplingFields, prompts: list[list[int]], limit: int | None) -> _JobRun:
+        if not all(prompts):
+            raise BadRequest("the prompt is empty", param="prompt")
+        longest = max(len(p) for p in prompts)
+        if longest >= self.max_model_len:
+            raise ContextTooLong(
+                f"the prompt has {longest} tokens; this model's context is {self.max_model_len} tokens",
+                param="messages" if isinstance(request, ChatCompletionRequest) else "prompt")
+        room = self.max_model_len - longest
+        if limit is not None and limit < 1:
+            raise BadRequest("max_tokens must be at least 1", param="max_tokens")
+        if limit is not None and limit > room:
+            raise ContextTooLong(
+                f"{longest} prompt tokens + {limit} output tokens exceed this model's context of "
+                f"{self.max_model_len} tokens", param="max_tokens")
+        params = RowParams(
+            max_new_tokens=limit if limit is not None else room,
+            min_tokens=_opt(request.min_tokens, 0),
+            ignore_eos=bool(request.ignore_eos),
+            stop=request.stop_list(),
+            presence_penalty=_opt(request.presence_penalty, 0.0),
+            frequency_penalty=_opt(request.frequency_penalty, 0.0),
+            logit_bias=self._logit_bias(request),
+        )
+        if params.min_tokens > params.max_new_tokens:
+            raise BadRequest("min_tokens must be <= max_tokens", param="min_tokens")
+        args = dict(prompts=prompts, n=request.n or 1, key=self._key(request), params=params)
+        return _JobRun(self.worker, args, sum(len(p) for p in prompts))
+
+    def _key(self, request: SamplingFields) -> GenerateKey:
+        repetition = _opt(request.repetition_penalty, 1.0)
+        temperature = _opt(request.temperature, 1.0)
+        if temperature == 0.0:
+            return GenerateKey(repetition_penalty=repetition)
+        top_k = _opt(request.top_k, 0)
+        return GenerateKey(True, temperature, _opt(request.top_p, 1.0), max(top_k, 0), _opt(request.min_p, 0.0),
+                           repetition, _opt(request.seed, None))
+
+    def _logit_bias(self, request: SamplingFields) -> dict[int, float]:
+        bias: dict[int, float] = {}
+        vocab = len(self.tokenizer)
+        for key, value in (_opt(request.logit_bias, {}) or {}).items():
+            if not key.isdigit() or int(key) >= vocab or not -100 <= value <= 100:
+                raise BadRequest(f"logit_bias: {key!r} must be a token id below {vocab} with a bias in [-100, 100]",
+                                 param="logit_bias")
+            bias[int(key)] = value
+        return bias
+
+
+def _id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+def _reason(finish: str) -> Any:
+    return "length" if finish == "length" else "stop"
+
+
+def _usage(meter: Meter) -> Usage:
+    return Usage(prompt_tokens=meter.prompt_tokens, completion_tokens=meter.completion_tokens,
+                 total_tokens=meter.total_tokens)
+
+
+async def _collect(run: _JobRun) -> tuple[list[str], list[Any]]:
+    texts = [""] * run.job.num_rows
+    reasons: list[Any] = [None] * run.job.num_rows
+    try:
+        while not run.done:
+            ev = await run.next()
+            texts[ev.index] += ev.text
+            if ev.finish is not None:
+                reasons[ev.index] = _reason(ev.finish)
+    finally:
+        await run.cancel()
+    return texts, reasons
+
+
+async def _relay(run: _JobRun, first: list[Any], on_event: Callable[[Event], Any | None],
+                 usage: Callable[[], Any] | None) -> AsyncIterator[Any]:
+    try:
+        for chunk in first:
+            yield chunk
+        while not run.done:
+            out = on_event(await run.next())
+            if out is not None:
+                yield out
+        if usage is not None:
+            yield usage()
+    finally:
+        await run.cancel()
