@@ -119,7 +119,15 @@ class Pipeline:
         self, principal: Principal, model: str, endpoint: str, stream: bool, reserve: int, call: Call
     ) -> Response[Any]:
         group = self.group_for(principal, model)
-        ticket = await self._admit(principal, group, reserve)
+        try:
+            ticket = await self._admit(principal, group, reserve)
+        except ApiError as exc:  # refused by quotas: still one usage row (no tokens) for this request
+            self.services.usage.record(UsageRecord(
+                request_id=uuid.uuid4().hex, key_id=principal.key_id, tenant_id=principal.tenant_id,
+                model=group.name, deployment=None, provider=None, endpoint=endpoint, started_at=time.time(),
+                status=exc.status, error_type=exc.code, stream=stream,
+            ))
+            raise
         ctx = _Context(
             request_id=uuid.uuid4().hex, endpoint=endpoint, model=model, principal=principal, group=group,
             ticket=ticket, stream=stream, started_at=time.time(), t0=time.perf_counter(),

@@ -94,6 +94,12 @@ async def rows_of(db: Database, tid: str) -> tuple[int, int, float]:
     return int(count), int(tokens), float(cost)
 
 
+async def rows_by_status(db: Database, tid: str) -> dict[int, int]:
+    async with db.session() as s:
+        q = select(UsageRow.status, func.count()).where(UsageRow.tenant_id == tid).group_by(UsageRow.status)
+        return {int(status): int(n) for status, n in (await s.execute(q)).all()}
+
+
 async def wait_rows(db: Database, tid: str, count: int) -> tuple[int, int, float]:
     for _ in range(150):
         got = await rows_of(db, tid)
@@ -113,7 +119,8 @@ async def test_requests_per_minute_exact_across_two_replicas(
         limited = [r for r in results if isinstance(r, openai.RateLimitError)]
         assert len(ok) == 100 and len(limited) == 200, {type(r).__name__ for r in results}
         assert all(int(e.response.headers["retry-after"]) >= 1 for e in limited)
-        assert (await wait_rows(database, tid, 100))[0] == 100  # one usage row per admitted request
+        assert (await wait_rows(database, tid, 300))[0] == 300  # one usage row per request, 429s included
+        assert (await rows_by_status(database, tid)) == {200: 100, 429: 200}
     finally:
         await cleanup(redis, tid)
 
@@ -130,8 +137,9 @@ async def test_token_budget_never_overspent_under_concurrency(
             admitted += sum(not isinstance(r, BaseException) for r in results)
             assert any(isinstance(r, openai.RateLimitError) for r in results)
             assert all(isinstance(r, openai.RateLimitError) for r in results if isinstance(r, BaseException))
-        count, tokens, _ = await wait_rows(database, tid, admitted)
-        assert count == admitted and admitted >= budget // 31  # 31 = reservation per request
+        count, tokens, _ = await wait_rows(database, tid, 180)
+        assert count == 180 and (await rows_by_status(database, tid))[200] == admitted
+        assert admitted >= budget // 31  # 31 = reservation per request
         assert tokens <= budget
     finally:
         await cleanup(redis, tid)
@@ -148,8 +156,8 @@ async def test_money_budget_never_overspent_under_concurrency(
             results = await hammer(gateways, key, 40, max_tokens=20)
             admitted += sum(not isinstance(r, BaseException) for r in results)
             assert any(isinstance(r, openai.RateLimitError) for r in results)
-        count, _, cost = await wait_rows(database, tid, admitted)
-        assert count == admitted >= 9
+        count, _, cost = await wait_rows(database, tid, 80)
+        assert count == 80 and (await rows_by_status(database, tid))[200] == admitted >= 9
         assert 0 < cost <= budget
     finally:
         await cleanup(redis, tid)
