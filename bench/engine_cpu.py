@@ -139,7 +139,7 @@ def main() -> None:
             if res is not None:
                 rows.append(("transformers continuous batching", *res))
     ours = rows[0][2] / rows[0][1]
-    print(f"\n| system | time (s) | output tok/s | ours / this |\n|---|---:|---:|---:|")
+    print("\n| system | time (s) | output tok/s | ours / this |\n|---|---:|---:|---:|")
     for name, t, n in rows:
         print(f"| {name} | {t:.2f} | {n / t:.0f} | {ours / (n / t):.2f}x |")
     print(f"\nKV utilisation (tokens held / slots allocated, mean over steps): {util * 100:.1f}% "

@@ -5,7 +5,8 @@
 
 from engine.async_engine import AsyncEngine
 from engine.config import EngineConfig
-from engine.llm_engine import LLM, CompletionOutput, LLMEngine, RequestOutput
+from engine.llm_engine import LLM, LLMEngine
+from engine.outputs import CompletionOutput, RequestOutput
 from engine.metrics import MetricsSnapshot
 from engine.sampling_params import SamplingParams
 from engine.scheduler import RequestRejected

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Sequence as Seq
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -18,54 +17,8 @@ from engine.metrics import EngineMetrics, MetricsSnapshot
 from engine.model_runner import ModelRunner
 from engine.sampling_params import SamplingParams
 from engine.scheduler import FCFSQueue, PriorityQueue, Scheduler
-from engine.sequence import FinishReason, Sequence, SequenceStatus, TokenLogprob
-from engine.text_output import TextState
-
-
-@dataclass
-class CompletionOutput:
-    """One continuation. ``text``/``token_ids``/``logprobs`` are cumulative; the ``delta_``
-    fields hold what is new since the previous output of the same request."""
-
-    index: int
-    text: str
-    token_ids: list[int]
-    logprobs: list[TokenLogprob] | None
-    finish_reason: str | None
-    stop_reason: str | int | None = None
-    delta_text: str = ""
-    delta_token_ids: list[int] = field(default_factory=list)
-    delta_logprobs: list[TokenLogprob] | None = None
-
-
-@dataclass
-class RequestOutput:
-    request_id: str
-    prompt: str | None
-    prompt_token_ids: list[int]
-    outputs: list[CompletionOutput]
-    finished: bool
-    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
-
-    @property
-    def num_generated_tokens(self) -> int:
-        return sum(len(o.token_ids) for o in self.outputs)
-
-
-@dataclass
-class _Request:
-    request_id: str
-    prompt: str | None
-    prompt_token_ids: list[int]
-    seqs: list[Sequence]
-    texts: list[TextState]
-    arrival_time: float
-    sent_tokens: list[int]  # per sequence: tokens already reported
-    stream: bool  # report every step (else only the final output)
-
-    @property
-    def finished(self) -> bool:
-        return all(s.is_finished for s in self.seqs)
+from engine.sequence import FinishReason, Sequence, TokenLogprob
+from engine.outputs import RequestOutput, RequestState, TextState
 
 
 def _load_tokenizer(model_path: str):  # -> engine.tokenizer.Tokenizer | None
@@ -132,7 +85,7 @@ class LLMEngine:
             policy,
         )
         self.metrics = EngineMetrics()
-        self._requests: dict[str, _Request] = {}
+        self._requests: dict[str, RequestState] = {}
 
     @property
     def max_model_len(self) -> int:
@@ -177,7 +130,7 @@ class LLMEngine:
             seqs.append(seq)
         texts = [TextState(self.tokenizer, params, prompt_ids) for _ in seqs]
         prompt_text = prompt if isinstance(prompt, str) else None
-        self._requests[request_id] = _Request(
+        self._requests[request_id] = RequestState(
             request_id, prompt_text, prompt_ids, seqs, texts, now, [0] * len(seqs), stream
         )
         for seq in seqs:
@@ -191,7 +144,7 @@ class LLMEngine:
         for seq in req.seqs:
             if not seq.is_finished:
                 self.scheduler.finish(seq, FinishReason.ABORT)
-        return self._output(req)
+        return req.output()
 
     def has_unfinished_requests(self) -> bool:
         return bool(self._requests)
@@ -208,7 +161,7 @@ class LLMEngine:
             return []
         result = self.runner.execute(out.scheduled)
         self.scheduler.update_after_step(out)
-        touched: dict[str, _Request] = {}
+        touched: dict[str, RequestState] = {}
         sample = result.output
         for j, item in enumerate(result.sampled):
             assert sample is not None
@@ -222,7 +175,7 @@ class LLMEngine:
             req = self._requests[seq.request_id]
             touched[req.request_id] = req
         self._record_step()
-        outputs = [self._output(req) for req in touched.values() if req.stream or req.finished]
+        outputs = [req.output() for req in touched.values() if req.stream or req.finished]
         for req in touched.values():
             if req.finished:
                 del self._requests[req.request_id]
@@ -264,29 +217,6 @@ class LLMEngine:
         held = sum(s.num_computed_tokens for s in self.scheduler.running)
         slots = sum(len(s.block_table) for s in self.scheduler.running) * self.config.block_size
         self.metrics.record_step(held, slots)
-
-    def _output(self, req: _Request) -> RequestOutput:
-        outs = []
-        for i, (seq, text) in enumerate(zip(req.seqs, req.texts)):
-            sent = req.sent_tokens[i]
-            want_lp = seq.params.logprobs is not None
-            outs.append(
-                CompletionOutput(
-                    index=seq.index,
-                    text=text.text,
-                    token_ids=list(seq.output_token_ids),
-                    logprobs=list(seq.logprobs) if want_lp else None,
-                    finish_reason=seq.finish_reason.value if seq.finish_reason else None,
-                    stop_reason=text.stop_reason,
-                    delta_text=text.take_delta(),
-                    delta_token_ids=seq.output_token_ids[sent:],
-                    delta_logprobs=seq.logprobs[sent:] if want_lp else None,
-                )
-            )
-            req.sent_tokens[i] = seq.num_output_tokens
-        return RequestOutput(
-            req.request_id, req.prompt, req.prompt_token_ids, outs, req.finished, req.seqs[0].num_cached_tokens
-        )
 
     def get_metrics(self) -> MetricsSnapshot:
         s, b = self.scheduler, self.block_manager

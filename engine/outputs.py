@@ -1,8 +1,12 @@
-"""Per-sequence text: incremental detokenisation plus stop-string matching, with deltas."""
+"""What the engine reports: per-sequence text (incremental detokenisation plus stop strings),
+and the request outputs built from a request's sequences, cumulative and as deltas."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 from engine.sampling_params import SamplingParams
+from engine.sequence import Sequence, TokenLogprob
 
 
 class TextState:
@@ -52,3 +56,79 @@ class TextState:
         out = "".join(self._delta)
         self._delta.clear()
         return out
+
+
+@dataclass
+class CompletionOutput:
+    """One continuation. ``text``/``token_ids``/``logprobs`` are cumulative; the ``delta_``
+    fields hold what is new since the previous output of the same request."""
+
+    index: int
+    text: str
+    token_ids: list[int]
+    logprobs: list[TokenLogprob] | None
+    finish_reason: str | None
+    stop_reason: str | int | None = None
+    delta_text: str = ""
+    delta_token_ids: list[int] = field(default_factory=list)
+    delta_logprobs: list[TokenLogprob] | None = None
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput]
+    finished: bool
+    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_generated_tokens(self) -> int:
+        return sum(len(o.token_ids) for o in self.outputs)
+
+
+@dataclass
+class RequestState:
+    """The engine's book-keeping for one request (n sequences)."""
+
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    seqs: list[Sequence]
+    texts: list[TextState]
+    arrival_time: float
+    sent_tokens: list[int]  # per sequence: tokens already reported
+    stream: bool  # report every step (else only the final output)
+
+    @property
+    def finished(self) -> bool:
+        return all(s.is_finished for s in self.seqs)
+
+    def output(self) -> RequestOutput:
+        """The request's output now; deltas cover what changed since the previous call."""
+        outs = []
+        for i, (seq, text) in enumerate(zip(self.seqs, self.texts)):
+            sent = self.sent_tokens[i]
+            want_lp = seq.params.logprobs is not None
+            outs.append(
+                CompletionOutput(
+                    index=seq.index,
+                    text=text.text,
+                    token_ids=list(seq.output_token_ids),
+                    logprobs=list(seq.logprobs) if want_lp else None,
+                    finish_reason=seq.finish_reason.value if seq.finish_reason else None,
+                    stop_reason=text.stop_reason,
+                    delta_text=text.take_delta(),
+                    delta_token_ids=seq.output_token_ids[sent:],
+                    delta_logprobs=seq.logprobs[sent:] if want_lp else None,
+                )
+            )
+            self.sent_tokens[i] = seq.num_output_tokens
+        return RequestOutput(
+            self.request_id, self.prompt, self.prompt_token_ids, outs, self.finished, self.seqs[0].num_cached_tokens
+        )
