@@ -47,7 +47,8 @@ from backends.types import (
 from gateway.settings import DeploymentConfig
 
 DEFAULT_API_BASE = "https://api.openai.com/v1"
-_CONTEXT_HINTS = ("context length", "context_length", "maximum context", "context window", "too many tokens")
+_CONTEXT_HINTS = ("context length", "context_length", "maximum context", "context window", "too many tokens",
+                  "prompt is too long")
 
 C = TypeVar("C", ChatCompletionChunk, TextCompletion)
 R = TypeVar("R", ChatCompletion, TextCompletion)

@@ -1,0 +1,348 @@
+"""The ``anthropic`` provider: OpenAI chat requests served by Anthropic's Messages API.
+
+Requests and responses are translated by ``backends.anthropic_wire``; streams are translated
+event by event (``message_start`` -> role chunk, ``content_block_delta`` -> content / tool-call
+deltas, ``message_delta`` -> finish reason and output usage), so nothing is buffered. Text
+completions are served as a one-message chat. Timeouts and error mapping follow ``openai_http``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Any
+
+import anyio
+import httpx
+import msgspec
+
+from backends.base import (
+    BackendStats,
+    BadRequest,
+    ChunkStream,
+    Completed,
+    Meter,
+    RateLimited,
+    Timeout,
+    Unavailable,
+    UpstreamError,
+)
+from backends.anthropic_wire import STOP_REASONS, from_messages_response, to_messages_request, usage_of
+from backends.estimate import estimate_chat_prompt, estimate_text
+from backends.openai_http import status_error
+from backends.types import (
+    ChatChunkChoice,
+    ChatCompletion,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    ChatDelta,
+    ChatMessage,
+    CompletionChoice,
+    CompletionRequest,
+    TextCompletion,
+    ToolCallDelta,
+    Usage,
+)
+from gateway.settings import DeploymentConfig
+
+DEFAULT_API_BASE = "https://api.anthropic.com/v1"
+API_VERSION = "2023-06-01"
+
+
+class AnthropicBackend:
+    provider = "anthropic"
+
+    def __init__(self, config: DeploymentConfig, *, client: httpx.AsyncClient | None = None) -> None:
+        self.config = config
+        self.upstream_model = config.model
+        self.deployment_id = config.id
+        self._timeouts = t = config.timeouts
+        self._max_tokens = int(config.options.get("max_tokens", 4096))
+        limit = config.max_concurrency or 256
+        headers = {"anthropic-version": API_VERSION, "content-type": "application/json"}
+        if config.api_key:
+            headers["x-api-key"] = config.api_key
+        self._client = client or httpx.AsyncClient(
+            base_url=(config.api_base or DEFAULT_API_BASE).rstrip("/"), headers=headers,
+            timeout=httpx.Timeout(connect=t.connect, read=t.total, write=t.total, pool=t.first_byte),
+            limits=httpx.Limits(max_connections=limit, max_keepalive_connections=min(limit, 64)),
+        )
+        self._in_flight = 0
+
+    # ------------------------------------------------------------ chat
+
+    async def chat(self, request: ChatCompletionRequest) -> Completed[ChatCompletion]:
+        body = to_messages_request(request, self.upstream_model, stream=False, default_max_tokens=self._max_tokens)
+        data = await self._unary(body)
+        response = from_messages_response(data, request.model)
+        usage = response.usage if isinstance(response.usage, Usage) else Usage()
+        meter = Meter(prompt_tokens=usage.prompt_tokens, completion_tokens=usage.completion_tokens,
+                      first_token_at=time.perf_counter())
+        if isinstance(usage.prompt_tokens_details, msgspec.Struct):
+            meter.cached_tokens = usage.prompt_tokens_details.cached_tokens  # type: ignore[attr-defined]
+        return Completed(response, meter)
+
+    async def chat_stream(self, request: ChatCompletionRequest) -> ChunkStream[ChatCompletionChunk]:
+        body = to_messages_request(request, self.upstream_model, stream=True, default_max_tokens=self._max_tokens)
+        meter = Meter(prompt_tokens=estimate_chat_prompt(request), exact=False)
+        events = await self._open(body)
+        relay = _StreamTranslator(self, events, request.model, request.include_usage, meter)
+        try:
+            await relay.prime()
+        except BaseException:
+            await relay.aclose()
+            raise
+        return ChunkStream(chunks=relay, meter=meter)
+
+    # ------------------------------------------------------------ text completions, as chat
+
+    @staticmethod
+    def _as_chat(request: CompletionRequest) -> ChatCompletionRequest:
+        prompts = request.prompts()
+        if len(prompts) != 1 or not isinstance(prompts[0], str):
+            raise BadRequest("the anthropic provider takes exactly one text prompt", param="prompt")
+        fields = {f: getattr(request, f) for f in ("model", "max_tokens", "temperature", "top_p", "stop", "user",
+                                                   "stream", "stream_options", "top_k")}
+        return ChatCompletionRequest(messages=[ChatMessage(role="user", content=prompts[0])], **fields)
+
+    async def complete(self, request: CompletionRequest) -> Completed[TextCompletion]:
+        done = await self.chat(self._as_chat(request))
+        chat = done.response
+        text = TextCompletion(id=chat.id, model=chat.model, usage=chat.usage, choices=[
+            CompletionChoice(index=0, text=chat.choices[0].message.content or "",
+                             finish_reason=chat.choices[0].finish_reason)])
+        return Completed(text, done.meter)
+
+    async def complete_stream(self, request: CompletionRequest) -> ChunkStream[TextCompletion]:
+        chat = await self.chat_stream(self._as_chat(request))
+
+        async def texts() -> Any:
+            try:
+                async for chunk in chat:
+                    choices = [CompletionChoice(index=c.index, text=c.delta.content or "" if isinstance(
+                        c.delta.content, str) else "", finish_reason=c.finish_reason) for c in chunk.choices]
+                    yield TextCompletion(id=chunk.id, model=chunk.model, choices=choices, usage=chunk.usage)
+            finally:
+                await chat.aclose()
+
+        return ChunkStream(chunks=texts(), meter=chat.meter)
+
+    # ------------------------------------------------------------ protocol rest
+
+    def stats(self) -> BackendStats:
+        return BackendStats(in_flight=self._in_flight)
+
+    async def ready(self) -> bool:
+        try:
+            response = await self._client.get("/models", timeout=self._timeouts.connect)
+        except httpx.HTTPError:
+            return False
+        return response.status_code < 500
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+    def released(self) -> None:
+        self._in_flight -= 1
+
+    # ------------------------------------------------------------ HTTP
+
+    async def _send(self, body: dict[str, Any], timeout: float) -> httpx.Response:
+        request = self._client.build_request("POST", "/messages", content=json.dumps(body).encode())
+        try:
+            async with asyncio.timeout(timeout):
+                response = await self._client.send(request, stream=True)
+        except (TimeoutError, httpx.TimeoutException):
+            raise Timeout(f"upstream {self.deployment_id} did not answer in time") from None
+        except httpx.HTTPError as exc:
+            raise Unavailable(f"upstream {self.deployment_id} unreachable: {type(exc).__name__}") from None
+        if response.status_code >= 300:
+            try:
+                async with asyncio.timeout(self._timeouts.connect):
+                    raw = await response.aread()
+            except (TimeoutError, httpx.HTTPError):
+                raw = b""
+            finally:
+                await response.aclose()
+            error = status_error(response.status_code, response.headers, raw)
+            if response.status_code == 529:  # Anthropic's "overloaded"
+                error = Unavailable(error.message, status=529)
+            raise error
+        return response
+
+    async def _unary(self, body: dict[str, Any]) -> dict[str, Any]:
+        self._in_flight += 1
+        try:
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + self._timeouts.total
+            response = await self._send(body, self._timeouts.total)
+            try:
+                async with asyncio.timeout_at(deadline):
+                    raw = await response.aread()
+            except (TimeoutError, httpx.TimeoutException):
+                raise Timeout(f"upstream {self.deployment_id} exceeded the total timeout") from None
+            except httpx.HTTPError as exc:
+                raise Unavailable(f"upstream {self.deployment_id} failed mid-response: {type(exc).__name__}") from None
+            finally:
+                await response.aclose()
+        finally:
+            self._in_flight -= 1
+        try:
+            data = json.loads(raw)
+        except ValueError:
+            raise UpstreamError(f"upstream {self.deployment_id} sent invalid JSON") from None
+        if not isinstance(data, dict) or data.get("type") == "error":
+            raise UpstreamError(f"upstream {self.deployment_id} sent an unusable answer")
+        return data
+
+    async def _open(self, body: dict[str, Any]) -> _Events:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._timeouts.total
+        first_deadline = min(deadline, loop.time() + self._timeouts.first_byte)
+        self._in_flight += 1
+        try:
+            response = await self._send(body, first_deadline - loop.time())
+        except BaseException:
+            self._in_flight -= 1
+            raise
+        return _Events(response, self.deployment_id, first_deadline, deadline)
+
+
+class _Events:
+    """Anthropic SSE: ``event: <type>`` / ``data: {...}`` pairs, decoded to dicts."""
+
+    def __init__(self, response: httpx.Response, deployment: str, first_deadline: float, deadline: float) -> None:
+        self.response = response
+        self._lines = response.aiter_lines()
+        self._deployment = deployment
+        self._deadline = first_deadline  # until the first event, then the total deadline
+        self._total = deadline
+
+    async def next(self) -> dict[str, Any] | None:
+        try:
+            async with asyncio.timeout_at(self._deadline):
+                async for line in self._lines:
+                    if line.startswith("data:"):
+                        self._deadline = self._total
+                        try:
+                            event = json.loads(line[5:].strip())
+                        except ValueError:
+                            raise UpstreamError(f"upstream {self._deployment} sent an invalid event") from None
+                        if isinstance(event, dict):
+                            return event
+                return None
+        except (TimeoutError, httpx.TimeoutException):
+            raise Timeout(f"upstream {self._deployment} stream timed out") from None
+        except httpx.HTTPError as exc:
+            raise Unavailable(f"upstream {self._deployment} stream broke: {type(exc).__name__}") from None
+
+
+class _StreamTranslator:
+    """Anthropic stream events -> OpenAI ``chat.completion.chunk``s, metering as they pass."""
+
+    def __init__(self, backend: AnthropicBackend, events: _Events, model: str, want_usage: bool,
+                 meter: Meter) -> None:
+        self._backend, self._events, self._model = backend, events, model
+        self._want_usage, self._meter = want_usage, meter
+        self._id = "msg"
+        self._pending: list[ChatCompletionChunk] = []
+        self._tool_index: dict[int, int] = {}  # content block index -> tool call index
+        self._usage: dict[str, Any] = {}
+        self._closed = False
+        self._ended = False
+
+    def __aiter__(self) -> _StreamTranslator:
+        return self
+
+    async def prime(self) -> None:
+        """Read until the first chunk exists, so errors before the first byte are raised here."""
+        while not self._pending and not self._ended:
+            await self._step()
+
+    async def __anext__(self) -> ChatCompletionChunk:
+        try:
+            while not self._pending and not self._ended:
+                await self._step()
+        except BaseException:
+            await self.aclose()
+            raise
+        if self._pending:
+            return self._pending.pop(0)
+        await self.aclose()
+        raise StopAsyncIteration
+
+    def _chunk(self, delta: ChatDelta, finish: str | None = None) -> ChatCompletionChunk:
+        return ChatCompletionChunk(id=self._id, model=self._model, choices=[
+            ChatChunkChoice(index=0, delta=delta, finish_reason=finish)])  # type: ignore[arg-type]
+
+    async def _step(self) -> None:
+        event = await self._events.next()
+        if event is None:
+            self._finish()
+            return
+        kind = event.get("type")
+        if kind == "message_start":
+            message = event.get("message") or {}
+            self._id = str(message.get("id") or self._id)
+            self._usage.update(message.get("usage") or {})
+            self._pending.append(self._chunk(ChatDelta(role="assistant", content="")))
+        elif kind == "content_block_start":
+            block = event.get("content_block") or {}
+            if block.get("type") == "tool_use":
+                index = self._tool_index.setdefault(int(event.get("index", 0)), len(self._tool_index))
+                self._pending.append(self._chunk(ChatDelta(tool_calls=[ToolCallDelta(
+                    index=index, id=block.get("id", ""), type="function",
+                    function={"name": block.get("name", ""), "arguments": ""})])))
+        elif kind == "content_block_delta":
+            self._delta(int(event.get("index", 0)), event.get("delta") or {})
+        elif kind == "message_delta":
+            self._usage.update(event.get("usage") or {})
+            reason = STOP_REASONS.get((event.get("delta") or {}).get("stop_reason") or "", "stop")
+            self._pending.append(self._chunk(ChatDelta(), reason))
+        elif kind == "message_stop":
+            self._finish()
+        elif kind == "error":
+            error = event.get("error") or {}
+            message = f"upstream {self._backend.deployment_id}: {error.get('message', 'stream error')}"
+            if error.get("type") == "overloaded_error":
+                raise Unavailable(message)
+            if error.get("type") == "rate_limit_error":
+                raise RateLimited(message)
+            raise UpstreamError(message)
+
+    def _delta(self, index: int, delta: dict[str, Any]) -> None:
+        if delta.get("type") == "text_delta":
+            text = delta.get("text", "")
+            if self._meter.first_token_at is None:
+                self._meter.first_token_at = time.perf_counter()
+            self._meter.completion_tokens += estimate_text(text)
+            self._pending.append(self._chunk(ChatDelta(content=text)))
+        elif delta.get("type") == "input_json_delta":
+            tool = self._tool_index.get(index, 0)
+            self._pending.append(self._chunk(ChatDelta(tool_calls=[ToolCallDelta(
+                index=tool, function={"arguments": delta.get("partial_json", "")})])))
+
+    def _finish(self) -> None:
+        if self._ended:
+            return
+        self._ended = True
+        if self._usage:
+            usage = usage_of(self._usage)
+            m = self._meter
+            m.prompt_tokens, m.completion_tokens, m.exact = usage.prompt_tokens, usage.completion_tokens, True
+            if isinstance(usage.prompt_tokens_details, msgspec.Struct):
+                m.cached_tokens = usage.prompt_tokens_details.cached_tokens  # type: ignore[attr-defined]
+        if self._want_usage:
+            m = self._meter
+            usage = Usage(prompt_tokens=m.prompt_tokens, completion_tokens=m.completion_tokens,
+                          total_tokens=m.total_tokens)
+            self._pending.append(ChatCompletionChunk(id=self._id, model=self._model, choices=[], usage=usage))
+
+    async def aclose(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._backend.released()
+        with anyio.CancelScope(shield=True):
+            await self._events.response.aclose()

@@ -1,0 +1,163 @@
+"""Translation between OpenAI chat requests/responses and Anthropic's Messages API.
+
+Pure functions over plain dicts (Anthropic side) and the wire Structs (OpenAI side), used by the
+``anthropic`` provider in both directions and, reversed, by the gateway's ``/v1/messages`` route.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from msgspec import UNSET
+
+from backends.base import BadRequest
+from backends.types import (
+    AssistantMessage,
+    ChatChoice,
+    ChatCompletion,
+    ChatCompletionRequest,
+    ChatMessage,
+    FunctionCall,
+    ImagePart,
+    PromptTokensDetails,
+    TextPart,
+    ToolCall,
+    Usage,
+)
+
+DEFAULT_MAX_TOKENS = 4096
+STOP_REASONS = {"end_turn": "stop", "stop_sequence": "stop", "max_tokens": "length", "tool_use": "tool_calls",
+                "pause_turn": "stop", "refusal": "content_filter"}
+
+
+def _image_block(url: str) -> dict[str, Any]:
+    if url.startswith("data:") and ";base64," in url:
+        header, data = url[5:].split(";base64,", 1)
+        return {"type": "image", "source": {"type": "base64", "media_type": header, "data": data}}
+    return {"type": "image", "source": {"type": "url", "url": url}}
+
+
+def _content_blocks(message: ChatMessage) -> list[dict[str, Any]]:
+    if message.content is None:
+        return []
+    if isinstance(message.content, str):
+        return [{"type": "text", "text": message.content}] if message.content else []
+    blocks: list[dict[str, Any]] = []
+    for part in message.content:
+        if isinstance(part, TextPart):
+            blocks.append({"type": "text", "text": part.text})
+        elif isinstance(part, ImagePart):
+            blocks.append(_image_block(part.image_url.url))
+        else:
+            raise BadRequest("the anthropic provider does not accept audio input", param="messages")
+    return blocks
+
+
+def _tool_use_blocks(message: ChatMessage) -> list[dict[str, Any]]:
+    blocks = []
+    for call in message.tool_calls or []:
+        try:
+            arguments = json.loads(call.function.arguments or "{}")
+        except ValueError:
+            raise BadRequest("tool call arguments must be JSON", param="messages") from None
+        blocks.append({"type": "tool_use", "id": call.id, "name": call.function.name, "input": arguments})
+    return blocks
+
+
+def _messages(request: ChatCompletionRequest) -> tuple[str | None, list[dict[str, Any]]]:
+    """(system prompt, alternating user/assistant messages)."""
+    system: list[str] = []
+    out: list[dict[str, Any]] = []
+
+    def add(role: str, blocks: list[dict[str, Any]]) -> None:
+        if out and out[-1]["role"] == role:  # Anthropic wants alternating roles: merge neighbours
+            out[-1]["content"].extend(blocks)
+        else:
+            out.append({"role": role, "content": blocks})
+
+    for message in request.messages:
+        if message.role in ("system", "developer"):
+            system.append(message.text())
+        elif message.role == "assistant":
+            add("assistant", _content_blocks(message) + _tool_use_blocks(message))
+        elif message.role in ("tool", "function"):
+            result = {"type": "tool_result", "tool_use_id": message.tool_call_id or "", "content": message.text()}
+            add("user", [result])
+        else:
+            add("user", _content_blocks(message))
+    return ("\n\n".join(system) if system else None), out
+
+
+def _tool_choice(choice: Any) -> dict[str, Any] | None:
+    if choice in (None, UNSET):
+        return None
+    if isinstance(choice, str):
+        mapped = {"auto": "auto", "required": "any", "none": "none"}.get(choice)
+        if mapped is None:
+            raise BadRequest(f"unsupported tool_choice {choice!r}", param="tool_choice")
+        return {"type": mapped}
+    name = (choice.get("function") or {}).get("name") if isinstance(choice, dict) else None
+    if not name:
+        raise BadRequest("tool_choice must name a function", param="tool_choice")
+    return {"type": "tool", "name": name}
+
+
+def to_messages_request(request: ChatCompletionRequest, model: str, *, stream: bool,
+                        default_max_tokens: int = DEFAULT_MAX_TOKENS) -> dict[str, Any]:
+    if isinstance(request.n, int) and request.n > 1:
+        raise BadRequest("the anthropic provider returns one choice (n must be 1)", param="n")
+    system, messages = _messages(request)
+    body: dict[str, Any] = {"model": model, "messages": messages,
+                            "max_tokens": request.output_limit() or default_max_tokens}
+    if system:
+        body["system"] = system
+    if isinstance(request.temperature, float | int):
+        body["temperature"] = min(float(request.temperature), 1.0)  # Anthropic's range is 0..1
+    if isinstance(request.top_p, float | int):
+        body["top_p"] = request.top_p
+    if isinstance(request.top_k, int) and request.top_k > 0:
+        body["top_k"] = request.top_k
+    if stops := request.stop_list():
+        body["stop_sequences"] = stops
+    if request.tools:
+        body["tools"] = [{"name": t.function.name,
+                          "description": t.function.description or "",
+                          "input_schema": t.function.parameters or {"type": "object", "properties": {}}}
+                         for t in request.tools]
+    if (choice := _tool_choice(request.tool_choice)) is not None:
+        body["tool_choice"] = choice
+    if isinstance(request.user, str):
+        body["metadata"] = {"user_id": request.user}
+    if stream:
+        body["stream"] = True
+    return body
+
+
+def usage_of(data: dict[str, Any]) -> Usage:
+    cached = int(data.get("cache_read_input_tokens") or 0)
+    prompt = int(data.get("input_tokens") or 0) + cached + int(data.get("cache_creation_input_tokens") or 0)
+    completion = int(data.get("output_tokens") or 0)
+    usage = Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
+    if cached:
+        usage.prompt_tokens_details = PromptTokensDetails(cached_tokens=cached)
+    return usage
+
+
+def from_messages_response(data: dict[str, Any], public_model: str) -> ChatCompletion:
+    text, calls = [], []
+    for block in data.get("content") or []:
+        if block.get("type") == "text":
+            text.append(block.get("text", ""))
+        elif block.get("type") == "tool_use":
+            calls.append(ToolCall(id=block.get("id", ""), function=FunctionCall(
+                name=block.get("name", ""), arguments=json.dumps(block.get("input") or {}))))
+    message = AssistantMessage(content="".join(text) if text or not calls else None)
+    if calls:
+        message.tool_calls = calls
+    finish = STOP_REASONS.get(data.get("stop_reason") or "", "stop")
+    return ChatCompletion(
+        id=str(data.get("id") or "msg"), model=public_model,
+        choices=[ChatChoice(index=0, message=message, finish_reason=finish)],  # type: ignore[arg-type]
+        usage=usage_of(data.get("usage") or {}),
+    )

@@ -1,0 +1,117 @@
+"""A loopback server speaking Anthropic's Messages API (``POST /v1/messages``), for tests.
+
+It echoes the last user text; when the request offers tools and the text starts with ``tool:``,
+it answers with a ``tool_use`` block for the first tool instead. ``fail_next`` queues an HTTP
+status; every request body is kept in ``received``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import deque
+from typing import Any
+
+from backends.echo_upstream import Exchange, pieces, send_json
+from tests.support.servers import ServerThread
+
+
+def _text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    return "".join(b.get("text", "") for b in content or [] if isinstance(b, dict) and b.get("type") == "text")
+
+
+class FakeAnthropic:
+    def __init__(self) -> None:
+        self.received: list[dict[str, Any]] = []
+        self.headers: list[dict[str, str]] = []
+        self.faults: deque[tuple[int, dict[str, Any]]] = deque()
+        self._server: ServerThread | None = None
+
+    def start(self) -> FakeAnthropic:
+        self._server = ServerThread(self, lifespan="off").start()
+        return self
+
+    def stop(self) -> None:
+        if self._server:
+            self._server.stop()
+
+    @property
+    def url(self) -> str:
+        assert self._server is not None
+        return self._server.url + "/v1"
+
+    def fail_next(self, status: int, error_type: str = "api_error", message: str = "injected") -> None:
+        self.faults.append((status, {"type": "error", "error": {"type": error_type, "message": message}}))
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        body = b""
+        while True:
+            message = await receive()
+            body += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        headers = {k.decode().lower(): v.decode() for k, v in scope["headers"]}
+        ex = Exchange(scope["method"], scope["path"], headers, body, receive, send)
+        if ex.method == "GET":
+            return await send_json(ex, 200, {"data": [{"id": "claude-test", "type": "model"}]})
+        payload = json.loads(body)
+        self.received.append(payload)
+        self.headers.append(headers)
+        if self.faults:
+            status, error = self.faults.popleft()
+            return await send_json(ex, status, error)
+        blocks, stop = self._answer(payload)
+        usage = {"input_tokens": sum(len(pieces(_text(m["content"]))) for m in payload["messages"]),
+                 "output_tokens": sum(len(pieces(b.get("text", ""))) or 1 for b in blocks),
+                 "cache_read_input_tokens": 2}
+        if not payload.get("stream"):
+            return await send_json(ex, 200, {"id": "msg_1", "type": "message", "role": "assistant",
+                                             "model": payload["model"], "content": blocks, "stop_reason": stop,
+                                             "usage": usage})
+        await self._stream(ex, payload, blocks, stop, usage)
+
+    def _answer(self, payload: dict[str, Any]) -> tuple[list[dict[str, Any]], str]:
+        text = _text(payload["messages"][-1]["content"]) if payload["messages"] else ""
+        if payload.get("tools") and text.startswith("tool:"):
+            tool = payload["tools"][0]["name"]
+            return [{"type": "tool_use", "id": "toolu_1", "name": tool, "input": {"q": text[5:]}}], "tool_use"
+        words = pieces(text) or ["(empty)"]
+        limit = payload.get("max_tokens", 4096)
+        stop = "max_tokens" if len(words) > limit else "end_turn"
+        return [{"type": "text", "text": "".join(words[:limit])}], stop
+
+    async def _stream(self, ex: Exchange, payload: dict[str, Any], blocks: list[dict[str, Any]], stop: str,
+                      usage: dict[str, int]) -> None:
+        await ex.send({"type": "http.response.start", "status": 200,
+                       "headers": [(b"content-type", b"text/event-stream")]})
+
+        async def event(kind: str, data: dict[str, Any]) -> None:
+            raw = f"event: {kind}\ndata: {json.dumps({'type': kind} | data)}\n\n".encode()
+            await ex.send({"type": "http.response.body", "body": raw, "more_body": True})
+
+        await event("message_start", {"message": {"id": "msg_s", "type": "message", "role": "assistant",
+                                                  "model": payload["model"], "content": [],
+                                                  "usage": {"input_tokens": usage["input_tokens"],
+                                                            "output_tokens": 1,
+                                                            "cache_read_input_tokens": 2}}})
+        await event("ping", {})
+        for index, block in enumerate(blocks):
+            if block["type"] == "text":
+                await event("content_block_start", {"index": index, "content_block": {"type": "text", "text": ""}})
+                for piece in pieces(block["text"]):
+                    await event("content_block_delta", {"index": index,
+                                                        "delta": {"type": "text_delta", "text": piece}})
+            else:
+                await event("content_block_start", {"index": index, "content_block": {
+                    "type": "tool_use", "id": block["id"], "name": block["name"], "input": {}}})
+                arguments = json.dumps(block["input"])
+                for part in (arguments[: len(arguments) // 2], arguments[len(arguments) // 2:]):
+                    await event("content_block_delta", {"index": index,
+                                                        "delta": {"type": "input_json_delta", "partial_json": part}})
+            await event("content_block_stop", {"index": index})
+        await event("message_delta", {"delta": {"stop_reason": stop}, "usage": {"output_tokens": usage["output_tokens"]}})
+        await event("message_stop", {})
+        await ex.send({"type": "http.response.body", "body": b"", "more_body": False})
