@@ -44,7 +44,8 @@ def _opt(value: Any, default: Any) -> Any:
 class _JobRun:
     """The async side of one job: its events in order, the meter, and cancellation."""
 
-    def __init__(self, worker: GenerateWorker, job_args: dict[str, Any], prompt_tokens: int) -> None:
+    def __init__(self, worker: GenerateWorker, job_args: dict[str, Any], prompt_tokens: int,
+                 active: set[_JobRun]) -> None:
         loop = asyncio.get_running_loop()
         self._queue: asyncio.Queue[Event] = asyncio.Queue()
         self.worker = worker
@@ -52,6 +53,8 @@ class _JobRun:
         self.meter = Meter(prompt_tokens=prompt_tokens, exact=True)
         self._open = self.job.num_rows
         worker.submit(self.job)  # Unavailable when the queue is full
+        self._active = active
+        active.add(self)
 
     @property
     def done(self) -> bool:
@@ -62,6 +65,7 @@ class _JobRun:
         ev = await self._queue.get()
         if ev.error is not None:
             self._open = 0
+            self._active.discard(self)
             raise ev.error
         if ev.token:
             self.meter.completion_tokens += 1
@@ -69,6 +73,8 @@ class _JobRun:
                 self.meter.first_token_at = time.perf_counter()
         if ev.finish is not None:
             self._open -= 1
+            if self._open == 0:
+                self._active.discard(self)
         return ev
 
     async def cancel(self) -> None:
@@ -97,6 +103,7 @@ class HFGenerateBackend:
         self.tokenizer = tokenizer
         self.max_model_len = max_model_len
         self.metadata = dict(metadata or {})
+        self._active: set[_JobRun] = set()  # requests submitted and not yet finished
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(eos_ids, default=0)
         self.worker = GenerateWorker(model, tokenizer, eos_ids, pad, max_batch_rows=max_batch_rows,
                                      max_queue=max_queue)
@@ -157,7 +164,8 @@ class HFGenerateBackend:
         return ChunkStream(_relay(run, first, on_event, usage), run.meter)
 
     def stats(self) -> BackendStats:
-        return BackendStats(in_flight=self.worker.in_flight, queue_depth=self.worker.queue_depth)
+        queued = self.worker.queue_depth
+        return BackendStats(in_flight=len(self._active) - queued, queue_depth=queued)
 
     async def ready(self) -> bool:
         return True  # the model is loaded when the backend exists
@@ -187,7 +195,7 @@ class HFGenerateBackend:
             raise BadRequest("logprobs are not supported by the transformers generate path", param="logprobs")
         if request.suffix:
             raise BadRequest("suffix is not supported by this model", param="suffix")
-        if _opt(request.best_of, 1) != _opt(request.n, 1):
+        if request.best_of not in (UNSET, None) and request.best_of != _opt(request.n, 1):
             raise BadRequest("best_of other than n is not supported", param="best_of")
         try:
             prompts = request.prompts()
@@ -235,7 +243,7 @@ class HFGenerateBackend:
         if params.min_tokens > params.max_new_tokens:
             raise BadRequest("min_tokens must be <= max_tokens", param="min_tokens")
         args = dict(prompts=prompts, n=request.n or 1, key=self._key(request), params=params)
-        return _JobRun(self.worker, args, sum(len(p) for p in prompts))
+        return _JobRun(self.worker, args, sum(len(p) for p in prompts), self._active)
 
     def _key(self, request: SamplingFields) -> GenerateKey:
         repetition = _opt(request.repetition_penalty, 1.0)

@@ -93,16 +93,28 @@ class _Row:
 
     def __init__(self, job: Job, index: int, prompt: list[int], tokenizer: Any, eos_ids: set[int]) -> None:
         self.job, self.index, self.prompt = job, index, prompt
-        self.eos_ids = eos_ids
+        self.eos_ids, self.tokenizer = eos_ids, tokenizer
         self.detok = IncrementalDetokenizer(tokenizer, prompt)
         self.stops = StopMatcher(job.params.stop)
-        self.count = 0
+        self.output: list[int] = []
         self.finished = False
 
+    @property
+    def count(self) -> int:
+        return len(self.output)
+
     def end(self, reason: str) -> None:
+        """Finish the row; unless aborted, release held-back text (an incomplete character at the
+        very end is emitted as the tokenizer decodes it, so the text equals decode(output))."""
         self.finished = True
-        if reason != "abort" and (held := self.stops.flush()):
-            self.job.emit(Event(index=self.index, text=held))
+        if reason != "abort" and not self.stops.stopped:
+            full = self.tokenizer.decode(self.output, skip_special_tokens=True)
+            tail = full[len(self.detok.text):] if full.startswith(self.detok.text) else ""
+            text, stopped = self.stops.feed(tail)
+            if not stopped:
+                text += self.stops.flush()
+            if text:
+                self.job.emit(Event(index=self.index, text=text))
         self.job.emit(Event(index=self.index, finish=reason))
 
     def push(self, token: int) -> None:
@@ -110,7 +122,7 @@ class _Row:
             self.end("abort")
             return
         p = self.job.params
-        self.count += 1
+        self.output.append(token)
         if self.count >= p.min_tokens and not p.ignore_eos and token in self.eos_ids:
             self.job.emit(Event(index=self.index, token=True))
             self.end("stop")
@@ -177,10 +189,6 @@ class GenerateWorker:
     @property
     def queue_depth(self) -> int:
         return len(self._pending)
-
-    @property
-    def in_flight(self) -> int:
-        return len(self._running)
 
     def submit(self, job: Job) -> None:
         with self._cond:

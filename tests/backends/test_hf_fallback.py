@@ -1,0 +1,192 @@
+"""The plain ``transformers`` provider: greedy parity with ``generate``, streaming, batching, abort, errors."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+
+from backends.base import BadRequest, ContextTooLong, Unavailable
+from backends.factory import build_backend
+from backends.hf_fallback import HFGenerateBackend
+from backends.hf_fallback.worker import Event, GenerateKey, GenerateWorker, Job, RowParams
+from backends.types import ChatCompletionRequest, ChatMessage, CompletionRequest, StreamOptions
+from gateway.settings import ConfigError, DeploymentConfig
+from tests.support.fallback_models import build_model
+
+ARCHS = ["gpt2", "gpt_neox", "phi3", "bloom"]
+PROMPTS = ["Hello world, the quick", "Paged attention keeps key and value blocks", "fox"]
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+    made: dict[str, Path] = {}
+
+    def get(arch: str) -> Path:
+        if arch not in made:
+            made[arch] = build_model(arch, tmp_path_factory.mktemp(f"hf-{arch}"))
+        return made[arch]
+
+    return get
+
+
+@pytest.fixture
+async def backend_for(folder: Callable[[str], Path]):
+    made: list[HFGenerateBackend] = []
+
+    def make(arch: str, **options: object) -> HFGenerateBackend:
+        backend = build_backend(DeploymentConfig(provider="transformers", model=str(folder(arch)), options=options))
+        assert isinstance(backend, HFGenerateBackend)
+        made.append(backend)
+        return backend
+
+    yield make
+    for backend in made:
+        await backend.aclose()
+
+
+def reference(folder: Path, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
+    """transformers' own greedy generate on the same weights (stops at EOS, which it keeps)."""
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder)
+    ids = torch.tensor([prompt_ids])
+    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, do_sample=False)
+    return out[0, ids.shape[1]:].tolist()
+
+
+def completion(prompt: str | list[str], **kw: object) -> CompletionRequest:
+    return CompletionRequest(model="m", prompt=prompt, **{"max_tokens": 16, "temperature": 0.0, **kw})
+
+
+def chat(text: str, **kw: object) -> ChatCompletionRequest:
+    return ChatCompletionRequest(model="m", messages=[ChatMessage(role="user", content=text)],
+                                 **{"max_tokens": 16, "temperature": 0.0, **kw})
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+async def test_greedy_completion_equals_transformers_generate(arch: str, folder, backend_for) -> None:
+    backend = backend_for(arch)
+    tok = backend.tokenizer
+    for prompt in PROMPTS:
+        ids = tok.encode(prompt)
+        want = reference(folder(arch), ids, 16)
+        result = await backend.complete(completion(prompt))
+        assert result.response.choices[0].text == tok.decode(want, skip_special_tokens=True)
+        assert result.meter.exact and result.meter.prompt_tokens == len(ids)
+        assert result.meter.completion_tokens == len(want) == result.response.usage.completion_tokens
+
+
+async def test_chat_uses_the_chat_template_and_streams_the_same_text(folder, backend_for) -> None:
+    backend = backend_for("phi3")
+    tok = backend.tokenizer
+    text = tok.apply_chat_template([{"role": "user", "content": "Hello there"}], add_generation_prompt=True,
+                                   tokenize=False)
+    ids = tok.encode(text, add_special_tokens=False)
+    want = tok.decode(reference(folder("phi3"), ids, 12), skip_special_tokens=True)
+    whole = await backend.chat(chat("Hello there", max_tokens=12))
+    assert whole.response.choices[0].message.content == want
+    assert whole.meter.prompt_tokens == len(ids)
+
+    stream = await backend.chat_stream(chat("Hello there", max_tokens=12, stream=True,
+                                            stream_options=StreamOptions(include_usage=True)))
+    chunks = [c async for c in stream]
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == want
+    assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == [
+        whole.response.choices[0].finish_reason]
+    usage = chunks[-1].usage
+    assert not chunks[-1].choices and usage.completion_tokens == whole.meter.completion_tokens
+    assert stream.meter.completion_tokens == whole.meter.completion_tokens
+
+
+async def test_rows_of_different_prompts_share_one_generate_and_match_alone(folder, backend_for) -> None:
+    backend = backend_for("gpt_neox")
+    alone = [(await backend.complete(completion(p))).response.choices[0].text for p in PROMPTS]
+    batched = await backend.complete(completion(PROMPTS, n=2))
+    assert backend.worker.largest_batch == 2 * len(PROMPTS)
+    texts = [c.text for c in sorted(batched.response.choices, key=lambda c: c.index)]
+    assert texts == [t for t in alone for _ in range(2)]
+    both = await asyncio.gather(*(backend.complete(completion(p, stop=["zz"])) for p in PROMPTS))
+    assert [r.response.choices[0].text for r in both] == alone
+
+
+async def test_stop_strings_cut_the_text(backend_for) -> None:
+    backend = backend_for("gpt2")
+    full = (await backend.complete(completion(PROMPTS[0], max_tokens=12, ignore_eos=True))).response.choices[0].text
+    stop = full[3:6]
+    cut = (await backend.complete(completion(PROMPTS[0], max_tokens=12, stop=[stop]))).response.choices[0]
+    assert cut.text == full[: full.index(stop)] and cut.finish_reason == "stop"
+
+
+async def test_seeded_sampling_repeats(backend_for) -> None:
+    backend = backend_for("gpt2")
+    req = completion(PROMPTS[1], temperature=1.0, seed=7, max_tokens=10, ignore_eos=True)
+    first = (await backend.complete(req)).response.choices[0].text
+    assert (await backend.complete(req)).response.choices[0].text == first
+
+
+async def test_closing_a_stream_aborts_and_meters_what_was_produced(backend_for) -> None:
+    backend = backend_for("gpt2")
+    stream = await backend.complete_stream(completion(PROMPTS[0], max_tokens=200, ignore_eos=True, stream=True))
+    got = 0
+    async for chunk in stream:
+        got += bool(chunk.choices and chunk.choices[0].text)
+        if got == 3:
+            break
+    await stream.aclose()
+    assert 3 <= stream.meter.completion_tokens < 200
+    assert backend.stats().in_flight == 0 and backend.stats().queue_depth == 0
+    after = await backend.complete(completion(PROMPTS[2], max_tokens=4, ignore_eos=True))
+    assert after.meter.completion_tokens == 4
+
+
+async def test_bad_requests_are_typed(backend_for) -> None:
+    backend = backend_for("gpt2")
+    with pytest.raises(BadRequest, match="logprobs"):
+        await backend.chat(chat("hi", logprobs=True))
+    with pytest.raises(ContextTooLong):
+        await backend.complete(completion("hi", max_tokens=10_000))
+    with pytest.raises(BadRequest, match="max_tokens"):
+        await backend.complete(completion("hi", max_tokens=0))
+    with pytest.raises(BadRequest, match="token ids"):
+        await backend.complete(completion([[1, 99999]]))
+    with pytest.raises(BadRequest, match="logit_bias"):
+        await backend.complete(completion("hi", logit_bias={"x": 1.0}))
+
+
+def test_unknown_option_is_a_config_error(folder) -> None:
+    with pytest.raises(ConfigError, match="unknown options"):
+        build_backend(DeploymentConfig(provider="transformers", model=str(folder("gpt2")), options={"bogus": 1}))
+
+
+def test_full_queue_is_unavailable(folder) -> None:
+    """The worker is held inside a step (the first job's event sink blocks), so jobs pile up."""
+    path = folder("gpt2")
+    model = transformers.AutoModelForCausalLM.from_pretrained(path)
+    model.generation_config.eos_token_id = None
+    tok = transformers.AutoTokenizer.from_pretrained(path)
+    worker = GenerateWorker(model, tok, {1}, 0, max_batch_rows=1, max_queue=1)
+    entered, release = threading.Event(), threading.Event()
+
+    def blocking(ev: Event) -> None:
+        entered.set()
+        release.wait(10)
+
+    def job(emit: Callable[[Event], None]) -> Job:
+        return Job([tok.encode("hi")], 1, GenerateKey(), RowParams(max_new_tokens=3), emit)
+
+    seen: list[Event] = []
+    worker.submit(job(blocking))
+    assert entered.wait(10)
+    queued = job(seen.append)
+    worker.submit(queued)
+    with pytest.raises(Unavailable, match="queue is full"):
+        worker.submit(job(seen.append))
+    worker.cancel(queued)
+    assert [e.finish for e in seen] == ["abort"]
+    release.set()
+    worker.close()
