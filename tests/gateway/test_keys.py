@@ -75,12 +75,12 @@ async def test_disabled_tenant_keys_stop(db: Database) -> None:  # noqa: F811
 async def test_expiry_is_exact_even_when_cached(db: Database) -> None:  # noqa: F811
     svc = TenancyService(db)
     tenant = await svc.create_tenant("expiry")
-    soon = await svc.create_key(tenant.id, expires_at=datetime.now(UTC) + timedelta(seconds=0.6))
+    soon = await svc.create_key(tenant.id, expires_at=datetime.now(UTC) + timedelta(seconds=2))
     past = await svc.create_key(tenant.id, expires_at=datetime.now(UTC) - timedelta(seconds=1))
     auth = SqlAuthenticator(db, ttl=5.0)
     assert await auth.authenticate(soon.secret) is not None
     assert await auth.authenticate(past.secret) is None
-    await asyncio.sleep(0.7)
+    await asyncio.sleep(2.1)
     assert await auth.authenticate(soon.secret) is None  # cached entry, but its expiry has passed
     assert (await svc.get_key(soon.key.id)).status == "expired"
 
@@ -91,12 +91,12 @@ async def test_rotation_keeps_old_key_for_the_grace_period(db: Database) -> None
     old = await svc.create_key(tenant.id, models=["m1"])
     await svc.set_limits("key", old.key.id, Limits(requests_per_minute=7))
     auth = SqlAuthenticator(db, ttl=0.0)
-    new = await svc.rotate_key(old.key.id, grace_seconds=0.8)
+    new = await svc.rotate_key(old.key.id, grace_seconds=2)
     assert new.secret != old.secret and new.key.rotated_from == old.key.id
     assert (await svc.get_limits("key", new.key.id)).requests_per_minute == 7
     p_new, p_old = await auth.authenticate(new.secret), await auth.authenticate(old.secret)
     assert p_new is not None and p_old is not None and p_new.allowed_models == frozenset({"m1"})
-    await asyncio.sleep(0.9)
+    await asyncio.sleep(2.1)
     assert await auth.authenticate(old.secret) is None
     assert await auth.authenticate(new.secret) is not None
 
