@@ -70,7 +70,7 @@ class AsyncEngine:
             raise ValueError(f"request id {request_id!r} is already in use")
         params = params or SamplingParams()
         prompt_ids = self.engine.tokenize(prompt)
-        self.engine.scheduler.check_fits(len(prompt_ids), params.max_tokens)
+        self.engine.check_request(prompt_ids, params)
         queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
         self._streams[request_id] = queue
         self._adds.append(_Pending(request_id, prompt_ids, params, priority))

@@ -100,6 +100,13 @@ class LLMEngine:
             raise ValueError("this model folder has no tokenizer; pass token ids")
         return self.tokenizer.encode(prompt)
 
+    def check_request(self, prompt_ids: list[int], params: SamplingParams) -> None:
+        """Raise ValueError (RequestRejected when too long) for a request that cannot run."""
+        vocab = int(getattr(self.hf_config, "vocab_size", 0)) or None
+        if vocab is not None and any(not 0 <= t < vocab for t in prompt_ids):
+            raise ValueError(f"prompt token ids must be in [0, {vocab})")
+        self.scheduler.check_fits(len(prompt_ids), params.max_tokens)
+
     def add_request(
         self,
         request_id: str,
@@ -114,10 +121,7 @@ class LLMEngine:
             raise ValueError(f"request id {request_id!r} is already in use")
         params = params or SamplingParams()
         prompt_ids = self.tokenize(prompt)
-        vocab = int(getattr(self.hf_config, "vocab_size", 0)) or None
-        if vocab is not None and any(not 0 <= t < vocab for t in prompt_ids):
-            raise ValueError(f"prompt token ids must be in [0, {vocab})")
-        self.scheduler.check_fits(len(prompt_ids), params.max_tokens)
+        self.check_request(prompt_ids, params)
         now = time.monotonic()
         salt = 0 if self.config.enable_prefix_caching else (hash(request_id) | 1)
         seqs = []

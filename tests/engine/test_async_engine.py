@@ -92,8 +92,11 @@ async def test_rejection_is_raised_on_add(engine: LLMEngine) -> None:
     eng = AsyncEngine(engine=engine)
     with pytest.raises(RequestRejected):
         eng.add_request("long", ids(300, 3), SamplingParams(max_tokens=4))
-    with pytest.raises(ValueError):
-        eng.add_request("bad", ids(3, 3), SamplingParams(temperature=-1))
+    with pytest.raises(ValueError, match="token ids"):
+        eng.add_request("bad", [10_000], SamplingParams(max_tokens=4))
+    with pytest.raises(ValueError, match="temperature"):
+        SamplingParams(temperature=-1)
+    assert not eng.engine.has_unfinished_requests()
     await eng.shutdown()
 
 
