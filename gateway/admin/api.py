@@ -17,7 +17,7 @@ from litestar.di import Provide
 from litestar.handlers import BaseRouteHandler
 
 from gateway.admin.auth import require_admin, require_tenant
-from gateway.admin.schemas import KeyCreate, KeyRotate, LimitsBody, TenantCreate, TenantUpdate, decode
+from gateway.admin.schemas import AdminBody, KeyCreate, KeyRotate, LimitsBody, TenantCreate, TenantUpdate
 from gateway.admin.service import AdminError, CreatedKey, TenancyService
 from gateway.contracts import Authenticator, Principal
 from gateway.db.engine import Database
@@ -62,19 +62,17 @@ class TenantController(Controller):
     async def list_tenants(self, svc: TenancyService) -> dict[str, Any]:
         return _listing(await svc.list_tenants())
 
-    @post("/", status_code=201)
-    async def create_tenant(self, svc: TenancyService, request: Request) -> dict[str, Any]:  # type: ignore[type-arg]
-        body = decode(await request.body(), TenantCreate)
-        return asdict(await svc.create_tenant(body.name, weight=body.weight))
+    @post("/", status_code=201, dto=AdminBody[TenantCreate], return_dto=None)
+    async def create_tenant(self, svc: TenancyService, data: TenantCreate) -> dict[str, Any]:
+        return asdict(await svc.create_tenant(data.name, weight=data.weight))
 
     @get("/{tenant_id:str}")
     async def show_tenant(self, svc: TenancyService, tenant_id: str) -> dict[str, Any]:
         return asdict(await svc.get_tenant(tenant_id))
 
-    @patch("/{tenant_id:str}")
-    async def update_tenant(self, svc: TenancyService, tenant_id: str, request: Request) -> dict[str, Any]:  # type: ignore[type-arg]
-        body = decode(await request.body(), TenantUpdate)
-        changes = {f: getattr(body, f) for f in body.__struct_fields__ if getattr(body, f) is not msgspec.UNSET}
+    @patch("/{tenant_id:str}", dto=AdminBody[TenantUpdate], return_dto=None)
+    async def update_tenant(self, svc: TenancyService, tenant_id: str, data: TenantUpdate) -> dict[str, Any]:
+        changes = {f: getattr(data, f) for f in data.__struct_fields__ if getattr(data, f) is not msgspec.UNSET}
         return asdict(await svc.update_tenant(tenant_id, **changes))
 
     @post("/{tenant_id:str}/disable", status_code=200)
@@ -93,15 +91,13 @@ class TenantController(Controller):
     async def get_limits(self, svc: TenancyService, tenant_id: str) -> dict[str, Any]:
         return (await svc.get_limits("tenant", tenant_id)).as_dict()
 
-    @put("/{tenant_id:str}/limits")
-    async def put_limits(self, svc: TenancyService, tenant_id: str, request: Request) -> dict[str, Any]:  # type: ignore[type-arg]
-        body = decode(await request.body(), LimitsBody)
-        return (await svc.set_limits("tenant", tenant_id, body.as_limits())).as_dict()
+    @put("/{tenant_id:str}/limits", dto=AdminBody[LimitsBody], return_dto=None)
+    async def put_limits(self, svc: TenancyService, tenant_id: str, data: LimitsBody) -> dict[str, Any]:
+        return (await svc.set_limits("tenant", tenant_id, data.as_limits())).as_dict()
 
-    @patch("/{tenant_id:str}/limits")
-    async def patch_limits(self, svc: TenancyService, tenant_id: str, request: Request) -> dict[str, Any]:  # type: ignore[type-arg]
-        body = decode(await request.body(), LimitsBody)
-        return (await svc.update_limits("tenant", tenant_id, **body.changes())).as_dict()
+    @patch("/{tenant_id:str}/limits", dto=AdminBody[LimitsBody], return_dto=None)
+    async def patch_limits(self, svc: TenancyService, tenant_id: str, data: LimitsBody) -> dict[str, Any]:
+        return (await svc.update_limits("tenant", tenant_id, **data.changes())).as_dict()
 
 
 class KeyController(Controller):
@@ -111,14 +107,13 @@ class KeyController(Controller):
     async def list_keys(self, svc: TenancyService, tenant_id: str | None = None) -> dict[str, Any]:
         return _listing(await svc.list_keys(tenant_id))
 
-    @post("/", status_code=201)
-    async def create_key(self, svc: TenancyService, request: Request) -> dict[str, Any]:  # type: ignore[type-arg]
-        body = decode(await request.body(), KeyCreate)
-        expires = body.expires_at
-        if body.expires_in_seconds is not None:
-            expires = datetime.now(UTC) + timedelta(seconds=body.expires_in_seconds)
+    @post("/", status_code=201, dto=AdminBody[KeyCreate], return_dto=None)
+    async def create_key(self, svc: TenancyService, data: KeyCreate) -> dict[str, Any]:
+        expires = data.expires_at
+        if data.expires_in_seconds is not None:
+            expires = datetime.now(UTC) + timedelta(seconds=data.expires_in_seconds)
         created = await svc.create_key(
-            body.tenant_id, name=body.name, models=body.models, expires_at=expires, admin=body.admin
+            data.tenant_id, name=data.name, models=data.models, expires_at=expires, admin=data.admin
         )
         return _created_key(created)
 
@@ -130,24 +125,21 @@ class KeyController(Controller):
     async def revoke_key(self, svc: TenancyService, key_id: str) -> dict[str, Any]:
         return asdict(await svc.revoke_key(key_id))
 
-    @post("/{key_id:str}/rotate", status_code=201)
-    async def rotate_key(self, svc: TenancyService, key_id: str, request: Request) -> dict[str, Any]:  # type: ignore[type-arg]
-        body = decode(await request.body(), KeyRotate)
-        return _created_key(await svc.rotate_key(key_id, grace_seconds=body.grace_seconds))
+    @post("/{key_id:str}/rotate", status_code=201, dto=AdminBody[KeyRotate], return_dto=None)
+    async def rotate_key(self, svc: TenancyService, key_id: str, data: KeyRotate) -> dict[str, Any]:
+        return _created_key(await svc.rotate_key(key_id, grace_seconds=data.grace_seconds))
 
     @get("/{key_id:str}/limits")
     async def get_limits(self, svc: TenancyService, key_id: str) -> dict[str, Any]:
         return (await svc.get_limits("key", key_id)).as_dict()
 
-    @put("/{key_id:str}/limits")
-    async def put_limits(self, svc: TenancyService, key_id: str, request: Request) -> dict[str, Any]:  # type: ignore[type-arg]
-        body = decode(await request.body(), LimitsBody)
-        return (await svc.set_limits("key", key_id, body.as_limits())).as_dict()
+    @put("/{key_id:str}/limits", dto=AdminBody[LimitsBody], return_dto=None)
+    async def put_limits(self, svc: TenancyService, key_id: str, data: LimitsBody) -> dict[str, Any]:
+        return (await svc.set_limits("key", key_id, data.as_limits())).as_dict()
 
-    @patch("/{key_id:str}/limits")
-    async def patch_limits(self, svc: TenancyService, key_id: str, request: Request) -> dict[str, Any]:  # type: ignore[type-arg]
-        body = decode(await request.body(), LimitsBody)
-        return (await svc.update_limits("key", key_id, **body.changes())).as_dict()
+    @patch("/{key_id:str}/limits", dto=AdminBody[LimitsBody], return_dto=None)
+    async def patch_limits(self, svc: TenancyService, key_id: str, data: LimitsBody) -> dict[str, Any]:
+        return (await svc.update_limits("key", key_id, **data.changes())).as_dict()
 
 
 class UsageController(Controller):

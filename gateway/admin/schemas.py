@@ -9,6 +9,7 @@ import msgspec
 from msgspec import UNSET, Meta, Struct, UnsetType
 
 from gateway.admin.service import AdminError
+from gateway.body import WireBody
 from gateway.quotas.limits import Limits
 
 T = TypeVar("T")
@@ -58,6 +59,13 @@ class LimitsBody(Body):
 
     def as_limits(self) -> Limits:
         return Limits(**self.changes())
+
+
+class AdminBody(WireBody[T]):
+    """Documents the Struct in the OpenAPI schema; decodes with :func:`decode` (empty body = {})."""
+
+    def decode_bytes(self, value: bytes) -> Any:
+        return decode(value, self.model_type)
 
 
 def decode(body: bytes, type: type[T]) -> T:

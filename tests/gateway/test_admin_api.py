@@ -112,6 +112,8 @@ async def test_key_lifecycle(api: httpx.AsyncClient) -> None:
     assert rotated["key"] != secret
     old = (await api.get(f"/admin/v1/keys/{created['id']}", headers=admin())).json()
     assert old["expires_at"] is not None and old["status"] == "active"  # valid during the grace period
+    again = await api.post(f"/admin/v1/keys/{rotated['id']}/rotate", headers=admin())  # no body: defaults
+    assert again.status_code == 201 and again.json()["rotated_from"] == rotated["id"]
     revoked = (await api.post(f"/admin/v1/keys/{created['id']}/revoke", headers=admin())).json()
     assert revoked["status"] == "revoked"
 

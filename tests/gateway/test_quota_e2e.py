@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -179,6 +178,6 @@ async def test_concurrency_limit_across_replicas(
         await cleanup(redis, tid)
 
 
-def test_replica_log_has_no_tracebacks(gateways: list[GatewayProcess], tmp_path: Path) -> None:
+def test_replica_log_has_no_tracebacks(gateways: list[GatewayProcess]) -> None:
     for gw in gateways:
         assert "Traceback" not in gw.log_path.read_text()
