@@ -1,0 +1,125 @@
+"""Translation between OpenAI wire requests/responses and the engine's parameters/outputs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from msgspec import UNSET
+
+from backends.base import BadRequest
+from backends.types import (
+    ChatCompletionRequest,
+    ChoiceLogprobs,
+    CompletionLogprobs,
+    CompletionRequest,
+    SamplingFields,
+    TextPart,
+    TokenLogprob,
+    TopLogprob,
+)
+from engine import SamplingParams
+
+
+def opt(value: Any, default: Any) -> Any:
+    return default if value is None or value is UNSET else value
+
+
+def sampling_params(request: SamplingFields, limit: int | None, logprobs: int | None) -> SamplingParams:
+    """Engine sampling parameters for a wire request; a BadRequest names the offending field."""
+    if limit is not None and limit < 1:
+        raise BadRequest("max_tokens must be at least 1", param="max_tokens")
+    if opt(request.logit_bias, None):
+        raise BadRequest("logit_bias is not supported by the local engine", param="logit_bias")
+    top_k = opt(request.top_k, 0)
+    try:
+        return SamplingParams(
+            n=opt(request.n, 1),
+            temperature=opt(request.temperature, 1.0),
+            top_p=opt(request.top_p, 1.0) or 1.0,
+            top_k=0 if top_k == -1 else top_k,
+            min_p=opt(request.min_p, 0.0),
+            repetition_penalty=opt(request.repetition_penalty, 1.0),
+            presence_penalty=opt(request.presence_penalty, 0.0),
+            frequency_penalty=opt(request.frequency_penalty, 0.0),
+            seed=opt(request.seed, None),
+            max_tokens=limit,
+            min_tokens=opt(request.min_tokens, 0),
+            stop=request.stop_list(),
+            ignore_eos=bool(opt(request.ignore_eos, False)),
+            logprobs=logprobs,
+        )
+    except ValueError as exc:
+        message = str(exc)
+        raise BadRequest(message, param=message.split(" ", 1)[0]) from None
+
+
+def chat_messages(request: ChatCompletionRequest) -> list[dict[str, str]]:
+    """The conversation as the chat template expects it; unsupported features are refused."""
+    if request.tools:
+        raise BadRequest("tools are not supported by the local engine", param="tools")
+    fmt = opt(request.response_format, None)
+    if fmt is not None and fmt.type != "text":
+        raise BadRequest("structured output is not supported by the local engine", param="response_format")
+    messages = []
+    for i, m in enumerate(request.messages):
+        if isinstance(m.content, list) and any(not isinstance(p, TextPart) for p in m.content):
+            raise BadRequest("this model accepts text content only", param=f"messages[{i}].content")
+        messages.append({"role": m.role, "content": m.text()})
+    return messages
+
+
+def chat_logprobs_count(request: ChatCompletionRequest) -> int | None:
+    if not request.logprobs:
+        if opt(request.top_logprobs, None):
+            raise BadRequest("top_logprobs requires logprobs: true", param="top_logprobs")
+        return None
+    return opt(request.top_logprobs, 0)
+
+
+def completion_prompts(request: CompletionRequest) -> list[str] | list[list[int]]:
+    if request.suffix:
+        raise BadRequest("suffix is not supported by the local engine", param="suffix")
+    if opt(request.best_of, None) not in (None, opt(request.n, 1)):
+        raise BadRequest("best_of other than n is not supported", param="best_of")
+    try:
+        return request.prompts()
+    except ValueError as exc:
+        raise BadRequest(str(exc), param="prompt") from None
+
+
+def finish_reason(reason: str | None) -> Any:
+    return None if reason is None else ("length" if reason == "length" else "stop")
+
+
+class LogprobFormatter:
+    """Engine ``TokenLogprob`` lists -> the chat and legacy-completion logprob shapes."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+
+    def token(self, token_id: int) -> str:
+        return self.tokenizer.decode([token_id], skip_special_tokens=False)
+
+    def chat(self, items: list[Any] | None) -> ChoiceLogprobs | None:
+        if items is None:
+            return None
+        out = []
+        for lp in items:
+            text = self.token(lp.token_id)
+            top = [TopLogprob(token=(t := self.token(i)), logprob=v, bytes=list(t.encode()))
+                   for i, v in sorted(lp.top.items(), key=lambda kv: -kv[1])]
+            out.append(TokenLogprob(token=text, logprob=lp.logprob, bytes=list(text.encode()), top_logprobs=top))
+        return ChoiceLogprobs(content=out)
+
+    def completion(self, items: list[Any] | None, offset: int) -> CompletionLogprobs | None:
+        if items is None:
+            return None
+        result = CompletionLogprobs()
+        for lp in items:
+            text = self.token(lp.token_id)
+            result.tokens.append(text)
+            result.token_logprobs.append(lp.logprob)
+            result.top_logprobs.append({self.token(i): v for i, v in sorted(lp.top.items(), key=lambda kv: -kv[1])})
+            result.text_offset.append(offset)
+            offset += len(text)
+        return result

@@ -1,0 +1,173 @@
+"""The local engine served through the gateway, with the official openai SDK as the client."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import openai
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from backends.factory import build_backend
+from backends.local import LocalEngineBackend
+from engine.tiny_model import build_tiny_model
+from engine.tokenizer import Tokenizer
+from gateway.contracts import Principal
+from gateway.router import Router
+from gateway.services import Services
+from gateway.settings import ConfigError, DeploymentConfig, parse_settings
+from tests.support.doubles import RecordingSink, ScriptedAdmission, StaticKeys
+from tests.support.servers import ServerThread
+
+KEY = "sk-test-local"
+MESSAGES = [{"role": "system", "content": "You are brief."}, {"role": "user", "content": "Tell me about trains."}]
+
+
+@dataclass
+class Env:
+    server: ServerThread
+    backend: LocalEngineBackend
+    usage: RecordingSink
+    folder: Path
+
+    def client(self) -> openai.OpenAI:
+        return openai.OpenAI(base_url=self.server.url + "/v1", api_key=KEY, max_retries=0)
+
+    def wait_idle(self, timeout: float = 20.0) -> None:
+        """Until the engine runs nothing and holds no KV blocks (or fail after ``timeout``)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            m = self.backend.engine_metrics()
+            if m.num_running == 0 and m.num_waiting == 0 and m.kv_usage == 0.0:
+                return
+            time.sleep(0.02)
+        raise AssertionError(f"engine still busy: {self.backend.engine_metrics()}")
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
+    from gateway.app import create_app
+
+    folder = build_tiny_model(tmp_path_factory.mktemp("local") / "tiny", seed=5, max_position_embeddings=512)
+    deployment = {"provider": "local", "model": str(folder),
+                  "options": {"num_kv_blocks": 96, "block_size": 16, "enable_prefix_caching": False}}
+    settings = parse_settings({"auth": {"admin_key": "sk-admin-unused"},
+                               "models": [{"name": "tiny", "deployments": [deployment], "max_retries": 0}]}, env={})
+    built: list[LocalEngineBackend] = []
+
+    def factory(cfg: DeploymentConfig):  # type: ignore[no-untyped-def]
+        backend = build_backend(cfg)
+        built.append(backend)
+        return backend
+
+    usage = RecordingSink()
+    services = Services(authenticator=StaticKeys({KEY: Principal(key_id="k", tenant_id="t", is_admin=True)}),
+                        admission=ScriptedAdmission(), usage=usage, router=Router.from_settings(settings, factory))
+    with ServerThread(create_app(settings, services)) as server:
+        yield Env(server, built[0], usage, folder)
+
+
+def hf_greedy(folder: Path, prompt: list[int], max_new_tokens: int, eos: set[int]) -> list[int]:
+    model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32).eval()
+    ids = torch.tensor([prompt])
+    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, do_sample=False,
+                         eos_token_id=sorted(eos), pad_token_id=0)
+    return out[0, len(prompt):].tolist()
+
+
+def test_chat_is_served_by_the_engine_with_exact_usage(env: Env) -> None:
+    tok = Tokenizer(env.folder)
+    prompt = tok.apply_chat_template(MESSAGES)
+    want = hf_greedy(env.folder, prompt, 12, tok.eos_token_ids)
+    resp = env.client().chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=12, temperature=0)
+    assert resp.choices[0].message.content == tok.decode(want)
+    assert resp.choices[0].finish_reason == ("stop" if want[-1] in tok.eos_token_ids else "length")
+    assert resp.usage.prompt_tokens == len(prompt)
+    assert resp.usage.completion_tokens == len(want)
+    record = env.usage.wait_for(1)[-1]
+    assert record.exact and record.prompt_tokens == len(prompt) and record.completion_tokens == len(want)
+    env.wait_idle()
+
+
+def test_stream_matches_non_stream_and_reports_usage(env: Env) -> None:
+    client = env.client()
+    args = {"model": "tiny", "messages": MESSAGES, "max_tokens": 20, "temperature": 0,
+            "extra_body": {"ignore_eos": True}}
+    whole = client.chat.completions.create(**args)
+    chunks = list(client.chat.completions.create(**args, stream=True, stream_options={"include_usage": True}))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == whole.choices[0].message.content
+    finish = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert finish == ["length"]
+    usage = chunks[-1].usage
+    assert usage is not None and not chunks[-1].choices
+    assert (usage.prompt_tokens, usage.completion_tokens) == (whole.usage.prompt_tokens, 20)
+    env.wait_idle()
+
+
+def test_seeded_sampling_n_and_completions(env: Env) -> None:
+    client = env.client()
+    args = {"model": "tiny", "messages": MESSAGES, "max_tokens": 8, "temperature": 0.9, "seed": 11, "n": 2}
+    a = client.chat.completions.create(**args)
+    b = client.chat.completions.create(**args)
+    assert [c.message.content for c in a.choices] == [c.message.content for c in b.choices]
+    assert len(a.choices) == 2 and a.usage.completion_tokens <= 16
+    tok = Tokenizer(env.folder)
+    prompts = ["The train", "Hello world, how"]
+    resp = client.completions.create(model="tiny", prompt=prompts, max_tokens=5, temperature=0,
+                                     extra_body={"ignore_eos": True})
+    assert sorted(c.index for c in resp.choices) == [0, 1]
+    assert resp.usage.prompt_tokens == sum(len(tok.encode(p)) for p in prompts)
+    assert resp.usage.completion_tokens == 10
+    env.wait_idle()
+
+
+def test_client_disconnect_aborts_and_frees_kv(env: Env) -> None:
+    env.usage.records.clear()
+    stream = env.client().chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=400, temperature=0,
+                                                  stream=True, extra_body={"ignore_eos": True})
+    seen = 0
+    for chunk in stream:
+        seen += bool(chunk.choices and chunk.choices[0].delta.content)
+        if seen == 3:
+            break
+    assert env.backend.engine_metrics().kv_usage > 0.0  # the sequence holds blocks while streaming
+    stream.close()
+    env.wait_idle()  # aborted: nothing running, every block free again
+    record = env.usage.wait_for(1)[-1]
+    assert record.extra.get("outcome") == "client_disconnected"
+    assert 3 <= record.completion_tokens < 400
+
+
+def test_prompt_too_long_is_a_clear_400(env: Env) -> None:
+    long = " ".join(["train"] * 700)
+    with pytest.raises(openai.BadRequestError) as err:
+        env.client().chat.completions.create(model="tiny", messages=[{"role": "user", "content": long}])
+    assert err.value.code == "context_length_exceeded"
+    assert "context" in err.value.message
+    with pytest.raises(openai.BadRequestError) as err:
+        env.client().chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=600)
+    assert err.value.code == "context_length_exceeded" and "max_tokens" in err.value.message
+    with pytest.raises(openai.BadRequestError) as err:
+        env.client().chat.completions.create(model="tiny", messages=MESSAGES, logit_bias={"5": 3})
+    assert "logit_bias" in err.value.message
+    env.wait_idle()
+
+
+def test_stats_report_queue_and_kv(env: Env) -> None:
+    stats = env.backend.stats()
+    assert stats.queue_depth == 0 and stats.in_flight == 0 and stats.kv_cache_usage == 0.0
+
+
+def test_bad_deployment_options(env: Env, tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="unknown options \\['warp'\\]"):
+        build_backend(DeploymentConfig(provider="local", model=str(env.folder), options={"warp": 9}))
+    with pytest.raises(ConfigError, match="builtin must be 'tiny'"):
+        build_backend(DeploymentConfig(provider="local", model=str(tmp_path / "x"), options={"builtin": "huge"}))
+    with pytest.raises(ConfigError, match="does not exist"):
+        build_backend(DeploymentConfig(provider="local", model=str(tmp_path / "absent")))
