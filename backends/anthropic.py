@@ -3,17 +3,16 @@
 Requests and responses are translated by ``backends.anthropic_wire``; streams are translated
 event by event (``message_start`` -> role chunk, ``content_block_delta`` -> content / tool-call
 deltas, ``message_delta`` -> finish reason and output usage), so nothing is buffered. Text
-completions are served as a one-message chat. Timeouts and error mapping follow ``openai_http``.
+completions are served as a one-message chat. Plumbing (timeouts, status -> typed error; 529
+"overloaded" -> Unavailable) is ``backends.http_upstream``.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 from typing import Any
 
-import anyio
 import httpx
 import msgspec
 
@@ -24,13 +23,12 @@ from backends.base import (
     Completed,
     Meter,
     RateLimited,
-    Timeout,
     Unavailable,
     UpstreamError,
 )
 from backends.anthropic_wire import STOP_REASONS, from_messages_response, to_messages_request, usage_of
 from backends.estimate import estimate_chat_prompt, estimate_text
-from backends.openai_http import status_error
+from backends.http_upstream import HTTPUpstream, SSELines
 from backends.types import (
     ChatChunkChoice,
     ChatCompletion,
@@ -53,22 +51,15 @@ API_VERSION = "2023-06-01"
 class AnthropicBackend:
     provider = "anthropic"
 
-    def __init__(self, config: DeploymentConfig, *, client: httpx.AsyncClient | None = None) -> None:
+    def __init__(self, config: DeploymentConfig) -> None:
         self.config = config
         self.upstream_model = config.model
         self.deployment_id = config.id
-        self._timeouts = t = config.timeouts
         self._max_tokens = int(config.options.get("max_tokens", 4096))
-        limit = config.max_concurrency or 256
-        headers = {"anthropic-version": API_VERSION, "content-type": "application/json"}
+        headers = {"anthropic-version": API_VERSION}
         if config.api_key:
             headers["x-api-key"] = config.api_key
-        self._client = client or httpx.AsyncClient(
-            base_url=(config.api_base or DEFAULT_API_BASE).rstrip("/"), headers=headers,
-            timeout=httpx.Timeout(connect=t.connect, read=t.total, write=t.total, pool=t.first_byte),
-            limits=httpx.Limits(max_connections=limit, max_keepalive_connections=min(limit, 64)),
-        )
-        self._in_flight = 0
+        self.http = HTTPUpstream(config, DEFAULT_API_BASE, headers)
 
     # ------------------------------------------------------------ chat
 
@@ -131,63 +122,16 @@ class AnthropicBackend:
     # ------------------------------------------------------------ protocol rest
 
     def stats(self) -> BackendStats:
-        return BackendStats(in_flight=self._in_flight)
+        return BackendStats(in_flight=self.http.in_flight)
 
     async def ready(self) -> bool:
-        try:
-            response = await self._client.get("/models", timeout=self._timeouts.connect)
-        except httpx.HTTPError:
-            return False
-        return response.status_code < 500
+        return await self.http.ready()
 
     async def aclose(self) -> None:
-        await self._client.aclose()
-
-    def released(self) -> None:
-        self._in_flight -= 1
-
-    # ------------------------------------------------------------ HTTP
-
-    async def _send(self, body: dict[str, Any], timeout: float) -> httpx.Response:
-        request = self._client.build_request("POST", "/messages", content=json.dumps(body).encode())
-        try:
-            async with asyncio.timeout(timeout):
-                response = await self._client.send(request, stream=True)
-        except (TimeoutError, httpx.TimeoutException):
-            raise Timeout(f"upstream {self.deployment_id} did not answer in time") from None
-        except httpx.HTTPError as exc:
-            raise Unavailable(f"upstream {self.deployment_id} unreachable: {type(exc).__name__}") from None
-        if response.status_code >= 300:
-            try:
-                async with asyncio.timeout(self._timeouts.connect):
-                    raw = await response.aread()
-            except (TimeoutError, httpx.HTTPError):
-                raw = b""
-            finally:
-                await response.aclose()
-            error = status_error(response.status_code, response.headers, raw)
-            if response.status_code == 529:  # Anthropic's "overloaded"
-                error = Unavailable(error.message, status=529)
-            raise error
-        return response
+        await self.http.aclose()
 
     async def _unary(self, body: dict[str, Any]) -> dict[str, Any]:
-        self._in_flight += 1
-        try:
-            loop = asyncio.get_running_loop()
-            deadline = loop.time() + self._timeouts.total
-            response = await self._send(body, self._timeouts.total)
-            try:
-                async with asyncio.timeout_at(deadline):
-                    raw = await response.aread()
-            except (TimeoutError, httpx.TimeoutException):
-                raise Timeout(f"upstream {self.deployment_id} exceeded the total timeout") from None
-            except httpx.HTTPError as exc:
-                raise Unavailable(f"upstream {self.deployment_id} failed mid-response: {type(exc).__name__}") from None
-            finally:
-                await response.aclose()
-        finally:
-            self._in_flight -= 1
+        raw = await self.http.post("/messages", json.dumps(body).encode())
         try:
             data = json.loads(raw)
         except ValueError:
@@ -197,45 +141,32 @@ class AnthropicBackend:
         return data
 
     async def _open(self, body: dict[str, Any]) -> _Events:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self._timeouts.total
-        first_deadline = min(deadline, loop.time() + self._timeouts.first_byte)
-        self._in_flight += 1
-        try:
-            response = await self._send(body, first_deadline - loop.time())
-        except BaseException:
-            self._in_flight -= 1
-            raise
+        response, first_deadline, deadline = await self.http.open_stream("/messages", json.dumps(body).encode())
         return _Events(response, self.deployment_id, first_deadline, deadline)
 
 
 class _Events:
-    """Anthropic SSE: ``event: <type>`` / ``data: {...}`` pairs, decoded to dicts."""
+    """Anthropic SSE events (``event: <type>`` / ``data: {...}``), decoded to dicts."""
 
     def __init__(self, response: httpx.Response, deployment: str, first_deadline: float, deadline: float) -> None:
         self.response = response
-        self._lines = response.aiter_lines()
+        self._lines = SSELines(response, deployment)
         self._deployment = deployment
         self._deadline = first_deadline  # until the first event, then the total deadline
         self._total = deadline
 
     async def next(self) -> dict[str, Any] | None:
+        data = await self._lines.next(self._deadline)
+        self._deadline = self._total
+        if data is None:
+            return None
         try:
-            async with asyncio.timeout_at(self._deadline):
-                async for line in self._lines:
-                    if line.startswith("data:"):
-                        self._deadline = self._total
-                        try:
-                            event = json.loads(line[5:].strip())
-                        except ValueError:
-                            raise UpstreamError(f"upstream {self._deployment} sent an invalid event") from None
-                        if isinstance(event, dict):
-                            return event
-                return None
-        except (TimeoutError, httpx.TimeoutException):
-            raise Timeout(f"upstream {self._deployment} stream timed out") from None
-        except httpx.HTTPError as exc:
-            raise Unavailable(f"upstream {self._deployment} stream broke: {type(exc).__name__}") from None
+            event = json.loads(data)
+        except ValueError:
+            raise UpstreamError(f"upstream {self._deployment} sent an invalid event") from None
+        if not isinstance(event, dict):
+            raise UpstreamError(f"upstream {self._deployment} sent an invalid event")
+        return event
 
 
 class _StreamTranslator:
@@ -340,9 +271,6 @@ class _StreamTranslator:
             self._pending.append(ChatCompletionChunk(id=self._id, model=self._model, choices=[], usage=usage))
 
     async def aclose(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        self._backend.released()
-        with anyio.CancelScope(shield=True):
-            await self._events.response.aclose()
+        if not self._closed:
+            self._closed = True
+            await self._backend.http.close_stream(self._events.response)

@@ -10,7 +10,8 @@ import msgspec
 import pytest
 
 from backends.base import AuthFailed, BadRequest, ContextTooLong, RateLimited, Timeout, Unavailable, UpstreamError
-from backends.openai_http import OpenAIHTTPBackend, status_error
+from backends.http_upstream import status_error
+from backends.openai_http import OpenAIHTTPBackend
 from backends.types import ChatCompletionRequest, ChatMessage, CompletionRequest, StreamOptions
 from gateway.settings import DeploymentConfig, Timeouts
 from tests.support.fake_upstream import Fault, FakeUpstream

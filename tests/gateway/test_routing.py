@@ -3,7 +3,6 @@ fallbacks, circuit breaking, the deployments admin view and config reload."""
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
