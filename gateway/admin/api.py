@@ -17,7 +17,7 @@ from litestar.di import Provide
 from litestar.handlers import BaseRouteHandler
 
 from gateway.admin.auth import require_admin, require_tenant
-from gateway.admin.schemas import AdminBody, KeyCreate, KeyRotate, LimitsBody, TenantCreate, TenantUpdate
+from gateway.admin.schemas import AdminBody, KeyCreate, KeyRotate, LimitsBody, TenantCreate, TenantUpdate, decode
 from gateway.admin.service import AdminError, CreatedKey, TenancyService
 from gateway.contracts import Authenticator, Principal
 from gateway.db.engine import Database
@@ -125,9 +125,10 @@ class KeyController(Controller):
     async def revoke_key(self, svc: TenancyService, key_id: str) -> dict[str, Any]:
         return asdict(await svc.revoke_key(key_id))
 
-    @post("/{key_id:str}/rotate", status_code=201, dto=AdminBody[KeyRotate], return_dto=None)
-    async def rotate_key(self, svc: TenancyService, key_id: str, data: KeyRotate) -> dict[str, Any]:
-        return _created_key(await svc.rotate_key(key_id, grace_seconds=data.grace_seconds))
+    @post("/{key_id:str}/rotate", status_code=201)
+    async def rotate_key(self, svc: TenancyService, key_id: str, request: Request) -> dict[str, Any]:  # type: ignore[type-arg]
+        body = decode(await request.body(), KeyRotate)  # the body is optional here: {} by default
+        return _created_key(await svc.rotate_key(key_id, grace_seconds=body.grace_seconds))
 
     @get("/{key_id:str}/limits")
     async def get_limits(self, svc: TenancyService, key_id: str) -> dict[str, Any]:
