@@ -60,9 +60,30 @@ def load_generate_backend(folder: str, deployment_id: str, options: dict[str, An
         deployment_id, folder, model, tokenizer, eos_ids=eos_ids, max_model_len=max_len,
         max_batch_rows=_int_option(options, "max_batch_size", 8, deployment_id),
         max_queue=_int_option(options, "max_queue", 64, deployment_id),
-        metadata={"model_impl": "transformers-generate", "architecture": info.architecture,
+        metadata={"model_impl": "generate", "architecture": info.architecture,
                   **({"model_impl_reason": reason} if reason else {})},
     )
+
+
+def generate_fallback(config: DeploymentConfig, model_impl: str, engine_options: dict[str, Any]) -> HFGenerateBackend | None:
+    """For ``provider: local``: the plain-generate backend when ``model_impl`` resolves to a model
+    the engine cannot run (its attention does not go through transformers' interface), else None.
+
+    The engine options that mean the same here are carried over (dtype, device, max_model_len,
+    max_num_seqs as the batch size); ``native`` on an unsupported architecture is a ConfigError.
+    """
+    from engine.fallback import ModelImplError, inspect_model, resolve_model_impl
+
+    try:
+        resolution = resolve_model_impl(inspect_model(config.model), model_impl)
+    except ModelImplError as exc:
+        raise ConfigError(f"deployment {config.id}: {exc}") from None
+    if resolution.impl != "generate":
+        return None
+    options = {k: engine_options[k] for k in ("dtype", "device", "max_model_len") if engine_options.get(k) is not None}
+    if engine_options.get("max_num_seqs") is not None:
+        options["max_batch_size"] = engine_options["max_num_seqs"]
+    return load_generate_backend(config.model, config.id, options, config.context_window, reason=resolution.reason)
 
 
 def build_backend(config: DeploymentConfig) -> HFGenerateBackend:
@@ -71,4 +92,4 @@ def build_backend(config: DeploymentConfig) -> HFGenerateBackend:
                                  reason="provider 'transformers' forces the plain generate path")
 
 
-__all__ = ["HFGenerateBackend", "build_backend", "load_generate_backend"]
+__all__ = ["HFGenerateBackend", "build_backend", "generate_fallback", "load_generate_backend"]

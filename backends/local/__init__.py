@@ -46,6 +46,10 @@ def engine_config(config: DeploymentConfig) -> EngineConfig:
 def build_backend(config: DeploymentConfig) -> LocalEngineBackend:
     """Factory entry for ``provider: local``: load the model; the engine loop starts on first use."""
     engine_cfg = engine_config(config)
+    from backends.hf_fallback import generate_fallback  # models only plain transformers generate can run
+
+    if (plain := generate_fallback(config, engine_cfg.model_impl, dict(config.options))) is not None:
+        return plain  # type: ignore[return-value]
     try:
         engine = AsyncEngine(engine_cfg)
     except (ModelLoadError, ValueError, FileNotFoundError) as exc:

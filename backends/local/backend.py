@@ -124,6 +124,7 @@ class LocalEngineBackend:
         self.deployment_id = deployment_id or f"local:{upstream_model}"
         self.tokenizer = engine.tokenizer
         self.logprobs = wire.LogprobFormatter(self.tokenizer)
+        self.metadata = {"model_impl": engine.engine.model_impl}  # native | transformers (engine.fallback)
 
     # ------------------------------------------------------------ chat
 

@@ -18,6 +18,11 @@ def _card(group: ModelGroup) -> ModelCard:
     metadata: dict[str, Any] = {"deployments": len(group.deployments)}
     if group.config.aliases:
         metadata["aliases"] = list(group.config.aliases)
+    # Engine-backed deployments say how they run the model (native / transformers / generate).
+    impls = sorted({str(m["model_impl"]) for d in group.deployments
+                    if isinstance(m := getattr(d.backend, "metadata", None), dict) and "model_impl" in m})
+    if impls:
+        metadata["model_impl"] = impls[0] if len(impls) == 1 else impls
     return ModelCard(id=group.name, owned_by=group.config.owned_by, metadata=metadata)
 
 
