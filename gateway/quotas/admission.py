@@ -17,7 +17,7 @@ from typing import Literal
 import msgspec
 
 from gateway.contracts import Principal, QuotaExceeded, QuotaUnavailable, Ticket
-from gateway.quotas.limits import LimitsSource, Scope
+from gateway.quotas.limits import LimitsSource, Scope, period_id, recorded_spend
 from gateway.quotas.store import Decision, Lease, QuotaStore, Reservation, lease_for
 from gateway.usage.pricing import PriceTable
 
@@ -56,6 +56,7 @@ class QuotaAdmission:
         self.on_unavailable = on_unavailable
         self.lease_seconds = lease_seconds
         self._last_outage_log = 0.0
+        self._seeded: set[tuple[str, str, str]] = set()
 
     async def admit(self, principal: Principal, model: str, reserve_tokens: int) -> Ticket:
         reserve_tokens = max(0, int(reserve_tokens))
@@ -69,6 +70,7 @@ class QuotaAdmission:
         micros = math.ceil(reserve_tokens * self.prices.max_per_million(model))
         r = Reservation(uuid.uuid4().hex, time.time(), reserve_tokens, micros, scopes, self.lease_seconds)
         try:
+            await self._seed_budgets(scopes, r.now)
             decision = await self.store.reserve(r)
         except Exception as exc:  # the store (Redis) is unreachable or failing
             self._outage("admit", exc)
@@ -87,6 +89,27 @@ class QuotaAdmission:
         lease = lease_for(r)
         ticket.token = msgspec.json.encode(_LeaseWire(**lease.__dict__)).decode()
         return ticket
+
+    async def _seed_budgets(self, scopes: list[Scope], now: float) -> None:
+        """The first time this process meets a budget bucket, make sure the store counts what the
+        usage records already show (the store may have restarted since they were written)."""
+        for scope in scopes:
+            lim = scope.limits
+            if lim.token_budget is None and lim.cost_budget is None:
+                continue
+            pid, ttl = period_id(lim.budget_period, now)
+            mark = (scope.kind, scope.id, pid)
+            if mark in self._seeded:
+                continue
+            try:
+                tokens, micros = await recorded_spend(self.limits.db, scope, now)
+            except Exception as exc:  # database down: the store's own counts stand; try again later
+                log.warning("cannot read recorded spend for %s (%s); budget counted from the store only", scope.label, exc)
+                continue
+            await self.store.seed_budget(scope.kind, scope.id, pid, tokens, micros, ttl)
+            if len(self._seeded) > 100_000:
+                self._seeded.clear()
+            self._seeded.add(mark)
 
     async def settle(self, ticket: Ticket, actual_tokens: int, cost: float) -> None:
         if not ticket.token:

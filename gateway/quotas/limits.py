@@ -8,11 +8,11 @@ from dataclasses import dataclass, fields
 from datetime import UTC, datetime
 from typing import Literal
 
-from sqlalchemy import and_, or_, select
+from sqlalchemy import and_, func, or_, select
 
 from gateway.contracts import Principal
 from gateway.db.engine import Database
-from gateway.db.models import Limit
+from gateway.db.models import Limit, UsageRow
 
 Period = Literal["day", "month", "total"]
 WINDOW_SECONDS = 60  # requests/min and tokens/min are sliding windows of one-second buckets
@@ -68,6 +68,31 @@ def period_id(period: Period, now: float) -> tuple[str, int]:
         end = datetime(t.year, t.month, 1, tzinfo=UTC).timestamp() + days * 86400
         return t.strftime("m%Y%m"), max(1, int(end - now) + 1)
     return "total", 0
+
+
+def period_start(period: Period, now: float) -> float | None:
+    """When the budget bucket for ``now`` began (None: the "total" bucket has no start)."""
+    t = datetime.fromtimestamp(now, UTC)
+    if period == "day":
+        return datetime(t.year, t.month, t.day, tzinfo=UTC).timestamp()
+    if period == "month":
+        return datetime(t.year, t.month, 1, tzinfo=UTC).timestamp()
+    return None
+
+
+async def recorded_spend(db: Database, scope: Scope, now: float) -> tuple[int, int]:
+    """Tokens and micro-dollars the usage records show for ``scope`` in its current budget period."""
+    column = UsageRow.key_id if scope.kind == "key" else UsageRow.tenant_id
+    query = select(
+        func.coalesce(func.sum(UsageRow.prompt_tokens + UsageRow.completion_tokens), 0),
+        func.coalesce(func.sum(UsageRow.cost), 0.0),
+    ).where(column == scope.id)
+    start = period_start(scope.limits.budget_period, now)
+    if start is not None:
+        query = query.where(UsageRow.started_at >= datetime.fromtimestamp(start, UTC))
+    async with db.session() as session:
+        tokens, cost = (await session.execute(query)).one()
+    return int(tokens), round(float(cost) * 1e6)
 
 
 class LimitsSource:

@@ -119,6 +119,13 @@ end
 return 1
 """
 
+SEED = """
+if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+redis.call('HSET', KEYS[1], 'tokens', ARGV[1], 'micros', ARGV[2])
+if tonumber(ARGV[3]) > 0 then redis.call('EXPIRE', KEYS[1], tonumber(ARGV[3]) + 86400) end
+return 1
+"""
+
 
 def connect_redis(url: str, *, max_connections: int = 64, timeout: float = 2.0) -> Redis:
     """A client whose pool waits for a free connection instead of failing under bursts;
@@ -145,6 +152,7 @@ class RedisStore:
         self.prefix = prefix
         self._reserve = redis.register_script(RESERVE)
         self._settle = redis.register_script(SETTLE)
+        self._seed = redis.register_script(SEED)
 
     def _base(self, kind: str, sid: str) -> str:
         return f"{self.prefix}:{kind}:{sid}"
@@ -175,6 +183,9 @@ class RedisStore:
             return Decision(True, requests=req, tokens=tok)
         retry = budget_retry(r, r.scopes[index]) if retry_ms < 0 else max(retry_ms / 1000, 0.001)
         return Decision(False, reason, index, retry, req, tok)
+
+    async def seed_budget(self, kind: str, sid: str, pid: str, tokens: int, micros: int, ttl: int) -> None:
+        await self._seed(keys=[f"{self._base(kind, sid)}:bd:{pid}"], args=[tokens, micros, ttl])
 
     async def settle(self, lease: Lease, now: float, actual_tokens: int, actual_micros: int) -> None:
         keys: list[str] = []

@@ -7,7 +7,8 @@ A store checks and reserves every limit of every scope in one atomic step, or re
 - requests/min and tokens/min: a sliding window of 60 one-second buckets; admit when
   ``used + this <= limit``;
 - concurrency: leases that end at settle (or after ``lease_seconds`` if a process died);
-- budgets: tokens and micro-dollars per period bucket, reserved at admit, corrected at settle.
+- budgets: tokens and micro-dollars per period bucket, reserved at admit, corrected at settle;
+  a bucket the store has not seen yet (a restart, a flushed Redis) starts from the usage records.
 """
 
 from __future__ import annotations
@@ -55,6 +56,10 @@ class QuotaStore(Protocol):
     async def reserve(self, r: Reservation) -> Decision: ...
 
     async def settle(self, lease: Lease, now: float, actual_tokens: int, actual_micros: int) -> None: ...
+
+    async def seed_budget(self, kind: str, sid: str, pid: str, tokens: int, micros: int, ttl: int) -> None:
+        """Start a budget bucket at the recorded spend, unless the bucket already exists."""
+        ...
 
 
 def lease_for(r: Reservation) -> Lease:
@@ -135,6 +140,9 @@ class MemoryStore:
             budget[0] += r.tokens
             budget[1] += r.micros
         return Decision(True, requests=req_state, tokens=tok_state)
+
+    async def seed_budget(self, kind: str, sid: str, pid: str, tokens: int, micros: int, ttl: int) -> None:
+        self._budgets.setdefault(f"{kind}:{sid}:{pid}", [tokens, micros])
 
     async def settle(self, lease: Lease, now: float, actual_tokens: int, actual_micros: int) -> None:
         for kind, sid, pid in lease.scopes:

@@ -4,23 +4,27 @@ from __future__ import annotations
 
 import logging
 import os
+import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import openai
 import pytest
+from redis.asyncio import Redis
 
 from gateway.admin.service import TenancyService
-from gateway.contracts import Principal, QuotaExceeded, QuotaUnavailable
+from gateway.contracts import Principal, QuotaExceeded, QuotaUnavailable, UsageRecord
 from gateway.db import Database
 from gateway.quotas.admission import QuotaAdmission
 from gateway.quotas.limits import Limits, LimitsSource
 from gateway.quotas.redis_store import RedisStore, connect_redis
 from gateway.quotas.store import MemoryStore
 from gateway.usage.pricing import Price, PriceTable
+from gateway.usage.writer import UsageWriter
 from tests.conftest import ADMIN_KEY, gateway_settings
-from tests.gateway.tenancy_fixtures import db, plain_url  # noqa: F401
+from tests.gateway.tenancy_fixtures import db, plain_url, redis, redis_prefix  # noqa: F401
 from tests.support.fake_upstream import FakeUpstream
 from tests.support.servers import ServerThread
 
@@ -117,3 +121,24 @@ def test_gateway_answers_503_when_redis_is_down(gateway_without_redis: tuple[str
         assert failed.value.status_code == 503
         assert failed.value.body["code"] == "quota_unavailable"  # type: ignore[index]
     assert httpx.get(url + "/healthz").status_code == 200
+
+
+@pytest.mark.parametrize("store_kind", ["memory", "redis"])
+async def test_budget_survives_a_store_restart(db: Database, redis: Redis, redis_prefix: str, tmp_path: Path, store_kind: str) -> None:  # noqa: F811
+    """A fresh store (restarted gateway, flushed Redis) starts the budget from the usage records."""
+    p = await principal_with(db, Limits(token_budget=1000, budget_period="month"), Limits())
+    writer = UsageWriter(db, PRICES, journal_dir=tmp_path)
+    writer.record(UsageRecord(
+        request_id=uuid.uuid4().hex, key_id=p.key_id, tenant_id=p.tenant_id, model="m", deployment="d",
+        provider="openai", endpoint="chat.completions", started_at=time.time(), status=200,
+        prompt_tokens=600, completion_tokens=300,
+    ))  # fmt: skip
+    await writer.aclose()
+    store = MemoryStore() if store_kind == "memory" else RedisStore(redis, prefix=redis_prefix)
+    adm = QuotaAdmission(store, LimitsSource(db), PRICES)
+    with pytest.raises(QuotaExceeded, match="token budget"):
+        await adm.admit(p, "m", 200)  # 900 already spent this month
+    ticket = await adm.admit(p, "m", 100)
+    await adm.settle(ticket, 100, 0.0)
+    with pytest.raises(QuotaExceeded):
+        await adm.admit(p, "m", 1)
