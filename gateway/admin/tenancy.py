@@ -14,13 +14,14 @@ from pathlib import Path
 
 from litestar import Router
 from sqlalchemy import select, text
+from sqlalchemy.dialects import postgresql, sqlite
 
 from gateway.admin.api import admin_routers
 from gateway.admin.service import TenancyService
 from gateway.auth.authenticator import SqlAuthenticator
 from gateway.db.engine import Database
 from gateway.db.migrate import SchemaNotReady, check_schema
-from gateway.db.models import ModelPrice
+from gateway.db.models import ModelPrice, utcnow
 from gateway.quotas.admission import QuotaAdmission
 from gateway.quotas.limits import LimitsSource
 from gateway.quotas.redis_store import RedisStore, connect_redis
@@ -73,17 +74,29 @@ class Tenancy:
         except SchemaNotReady as exc:
             log.error("%s", exc)  # the one line an operator needs, before the start-up traceback
             raise
-        async with self.db.session() as s:
-            rows = (await s.scalars(select(ModelPrice))).all()
-        configured = set(self.prices.prices)
-        self.prices.update(
-            {
-                r.model: Price(r.input_per_million, r.output_per_million, r.cached_input_per_million)
-                for r in rows
-                if r.model not in configured  # the config file wins over stored prices
-            }
-        )
+        await self._sync_prices()
         self.usage.start()
+
+    async def _sync_prices(self) -> None:
+        """The config's prices are written to model_prices (so reports and dashboards can read
+        them); prices stored there for models the config does not name are used as well."""
+        rows_in = [
+            {"model": m, "input_per_million": p.input_per_million, "output_per_million": p.output_per_million,
+             "cached_input_per_million": p.cached_input_per_million, "updated_at": utcnow()}
+            for m, p in self.prices.prices.items()
+        ]  # fmt: skip
+        async with self.db.session() as s:
+            if rows_in:  # an upsert: replicas starting together must not collide
+                insert = (postgresql if self.db.dialect == "postgresql" else sqlite).insert(ModelPrice)
+                columns = ("input_per_million", "output_per_million", "cached_input_per_million", "updated_at")
+                upsert = insert.on_conflict_do_update(
+                    index_elements=["model"], set_={c: getattr(insert.excluded, c) for c in columns}
+                )
+                await s.execute(upsert, rows_in)
+                await s.commit()
+            rows = (await s.scalars(select(ModelPrice))).all()
+        stored = {r.model: Price(r.input_per_million, r.output_per_million, r.cached_input_per_million) for r in rows}
+        self.prices.update({m: p for m, p in stored.items() if m not in self.prices.prices})
 
     async def ready(self) -> bool:
         """The database answers (for /readyz)."""
