@@ -6,45 +6,30 @@ Deployment ``options`` are engine arguments in vLLM's spelling: ``dtype``, ``dev
 ``enable_chunked_prefill``, ``scheduling_policy``, ``attn_backend``, ``model_impl``, ``seed``;
 plus ``builtin: tiny`` to generate the built-in tiny model into the ``model`` folder when it is
 missing (what the embedded default config uses, so ``make run`` needs no download).
+
+Importing this package is cheap; torch and the engine load when a backend is built.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
-from backends.local.backend import LocalEngineBackend
-from engine import AsyncEngine, EngineConfig
-from engine.loader import ModelLoadError
+from typing import TYPE_CHECKING, Any
+
 from gateway.settings import ConfigError, DeploymentConfig
 
+if TYPE_CHECKING:
+    from backends.local.backend import LocalEngineBackend
+
 log = logging.getLogger("switchyard.backends.local")
-
-_OPTIONS = {f.name for f in dataclasses.fields(EngineConfig)} - {"model"} | {"builtin"}
-
-
-def engine_config(config: DeploymentConfig) -> EngineConfig:
-    """The ``EngineConfig`` for a deployment; ConfigError names what is wrong."""
-    options = dict(config.options)
-    unknown = sorted(set(options) - _OPTIONS)
-    if unknown:
-        raise ConfigError(f"deployment {config.id}: unknown options {unknown} (known: {sorted(_OPTIONS)})")
-    builtin = options.pop("builtin", None)
-    if builtin is not None:
-        if builtin != "tiny":
-            raise ConfigError(f"deployment {config.id}: options.builtin must be 'tiny', got {builtin!r}")
-        from engine.tiny_model import ensure_tiny_model
-
-        ensure_tiny_model(config.model)
-    if config.context_window is not None and "max_model_len" not in options:
-        options["max_model_len"] = config.context_window
-    try:
-        return EngineConfig(model=config.model, **options)
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(f"deployment {config.id}: {exc}") from None
 
 
 def build_backend(config: DeploymentConfig) -> LocalEngineBackend:
     """Factory entry for ``provider: local``: load the model; the engine loop starts on first use."""
+    from backends.local.backend import LocalEngineBackend
+    from backends.local.options import engine_config
+    from engine import AsyncEngine
+    from engine.loader import ModelLoadError
+
     engine_cfg = engine_config(config)
     from backends.hf_fallback import generate_fallback  # models only plain transformers generate can run
 
@@ -58,4 +43,12 @@ def build_backend(config: DeploymentConfig) -> LocalEngineBackend:
     return LocalEngineBackend(engine, config.model, config.id)
 
 
-__all__ = ["LocalEngineBackend", "build_backend", "engine_config"]
+def __getattr__(name: str) -> Any:
+    if name == "LocalEngineBackend":
+        from backends.local.backend import LocalEngineBackend
+
+        return LocalEngineBackend
+    raise AttributeError(name)
+
+
+__all__ = ["LocalEngineBackend", "build_backend"]

@@ -16,3 +16,4 @@ _admin.register(app)
 from gateway.cli import serve as _serve  # noqa: E402
 
 _serve.register(app)
+from backends.local.cli import register as _engine_register; _engine_register(app)  # noqa: E402

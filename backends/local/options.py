@@ -1,0 +1,31 @@
+"""Deployment ``options`` -> ``EngineConfig`` (with the built-in tiny model made on demand)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from engine import EngineConfig
+from gateway.settings import ConfigError, DeploymentConfig
+
+OPTIONS = {f.name for f in dataclasses.fields(EngineConfig)} - {"model"} | {"builtin"}
+
+
+def engine_config(config: DeploymentConfig) -> EngineConfig:
+    """The ``EngineConfig`` for a deployment; ConfigError names what is wrong."""
+    options = dict(config.options)
+    unknown = sorted(set(options) - OPTIONS)
+    if unknown:
+        raise ConfigError(f"deployment {config.id}: unknown options {unknown} (known: {sorted(OPTIONS)})")
+    builtin = options.pop("builtin", None)
+    if builtin is not None:
+        if builtin != "tiny":
+            raise ConfigError(f"deployment {config.id}: options.builtin must be 'tiny', got {builtin!r}")
+        from engine.tiny_model import ensure_tiny_model
+
+        ensure_tiny_model(config.model)
+    if config.context_window is not None and "max_model_len" not in options:
+        options["max_model_len"] = config.context_window
+    try:
+        return EngineConfig(model=config.model, **options)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"deployment {config.id}: {exc}") from None

@@ -1,0 +1,73 @@
+"""``switchyard engine generate`` / ``build-tiny`` through the real typer app."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from engine.tokenizer import Tokenizer
+from gateway.cli import app
+
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("cli") / "tiny"
+    result = runner.invoke(app, ["engine", "build-tiny", str(path), "--seed", "4"])
+    assert result.exit_code == 0, result.output
+    return path
+
+
+def test_generate_from_jsonl(tiny: Path, tmp_path: Path) -> None:
+    lines = [
+        {"prompt": "The train leaves", "id": "a"},
+        {"messages": [{"role": "user", "content": "Hello!"}], "max_tokens": 5, "ignore_eos": True},
+        {"prompt": [0, 44, 316], "n": 2, "temperature": 0.8, "seed": 3, "max_tokens": 4, "ignore_eos": True},
+    ]
+    src = tmp_path / "in.jsonl"
+    src.write_text("\n".join(json.dumps(x) for x in lines) + "\n\n")
+    out = tmp_path / "out.jsonl"
+    args = ["engine", "generate", str(src), "--model", str(tiny), "-o", str(out), "--max-tokens", "6",
+            "--max-model-len", "256", "--num-kv-blocks", "64", "--block-size", "8", "--max-num-seqs", "4",
+            "--max-num-batched-tokens", "64", "--dtype", "float32", "--no-enable-prefix-caching"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    rows = [json.loads(x) for x in out.read_text().splitlines()]
+    assert [r["id"] for r in rows] == ["a", 2, 3]
+    tok = Tokenizer(tiny)
+    assert rows[0]["prompt_tokens"] == len(tok.encode("The train leaves"))
+    assert 1 <= rows[0]["completion_tokens"] <= 6
+    assert rows[1]["prompt_tokens"] == len(tok.apply_chat_template(lines[1]["messages"]))
+    assert rows[1]["completion_tokens"] == 5
+    assert len(rows[2]["outputs"]) == 2 and rows[2]["completion_tokens"] == 8
+    # the text is the decoded tokens, less an incomplete character at the very end (held back)
+    assert rows[0]["outputs"][0]["text"] == tok.decode(rows[0]["outputs"][0]["token_ids"]).rstrip("\ufffd")
+    again = runner.invoke(app, args)
+    assert again.exit_code == 0
+    assert [json.loads(x) for x in out.read_text().splitlines()] == rows  # greedy and seeded: reproducible
+
+
+@pytest.mark.parametrize("line,message", [
+    ("not json", "not JSON"),
+    ('{"prompt": "x", "messages": []}', "exactly one of"),
+    ('{"prompt": "x", "warp": 1}', "unknown fields \\['warp'\\]"),
+    ('{"prompt": "x", "temperature": -1}', "temperature must be >= 0"),
+])
+def test_bad_input_lines_are_clear_errors(tiny: Path, tmp_path: Path, line: str, message: str) -> None:
+    src = tmp_path / "in.jsonl"
+    src.write_text(line + "\n")
+    result = runner.invoke(app, ["engine", "generate", str(src), "--model", str(tiny), "--num-kv-blocks", "256"])
+    assert result.exit_code == 2
+    assert re.search(message, result.output)
+
+
+def test_missing_model_folder(tmp_path: Path) -> None:
+    src = tmp_path / "in.jsonl"
+    src.write_text('{"prompt": "x"}\n')
+    result = runner.invoke(app, ["engine", "generate", str(src), "--model", str(tmp_path / "none")])
+    assert result.exit_code == 2 and "error:" in result.output
