@@ -120,3 +120,17 @@ def test_native_on_an_unsupported_architecture_is_a_clear_error(folder) -> None:
 def test_a_generate_only_model_is_refused_by_the_engine_with_the_way_out(folder) -> None:
     with pytest.raises(ModelImplError, match="'transformers' provider"):
         LLM(str(folder("bloom")), num_kv_blocks=64)
+
+
+def test_engine_cli_model_impl_flag(folder, tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from gateway.cli import app
+
+    jobs = tmp_path / "in.jsonl"
+    jobs.write_text('{"prompt": "Hello world", "max_tokens": 4, "ignore_eos": true}\n')
+    base = ["engine", "generate", str(jobs), "--model", str(folder("gpt2")), "--num-kv-blocks", "64"]
+    refused = CliRunner().invoke(app, [*base, "--model-impl", "native"])
+    assert refused.exit_code == 2 and "no native implementation" in refused.output
+    ran = CliRunner().invoke(app, [*base, "--model-impl", "transformers"])
+    assert ran.exit_code == 0 and '"completion_tokens": 4' in ran.output
