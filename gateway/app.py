@@ -15,6 +15,7 @@ from gateway.controllers.chat import ChatController
 from gateway.controllers.completions import CompletionsController
 from gateway.controllers.deployments import DeploymentsController
 from gateway.controllers.health import HealthController
+from gateway.controllers.messages import MessagesController
 from gateway.controllers.models import ModelsController
 from gateway.errors import exception_handlers
 from gateway.pipeline import Pipeline
@@ -45,7 +46,8 @@ def create_app(settings: Settings, services: Services | None = None, *, config_p
 
     return Litestar(
         route_handlers=[
-            ChatController, CompletionsController, ModelsController, HealthController, DeploymentsController,
+            ChatController, CompletionsController, MessagesController, ModelsController, HealthController,
+            DeploymentsController,
             *services.routes,
         ],
         dependencies={

@@ -28,7 +28,7 @@ from gateway.router import Deployment, ModelGroup
 from gateway.routing.plan import RoutePlan
 from gateway.services import Services
 from gateway.settings import Settings
-from gateway.streaming import Outcome, SSERelay
+from gateway.streaming import OpenAIEvents, Outcome, SSERelay, StreamEncoder
 
 log = logging.getLogger("switchyard.pipeline")
 
@@ -36,6 +36,17 @@ DEFAULT_OUTPUT_RESERVE = 1024  # tokens reserved up front when the client sets n
 _encoder = msgspec.json.Encoder()
 
 Call = Callable[[Backend], Awaitable[Any]]
+
+
+@dataclass(frozen=True)
+class Dialect:
+    """How answers are written: OpenAI's shapes by default; ``/v1/messages`` speaks Anthropic's."""
+
+    unary: Callable[[Any], bytes] = _encoder.encode
+    stream: Callable[[], StreamEncoder] = OpenAIEvents
+
+
+OPENAI = Dialect()
 
 
 @dataclass
@@ -55,11 +66,12 @@ class _Context:
 
 
 def bearer_token(headers: Mapping[str, str]) -> str | None:
+    """The key from ``Authorization: Bearer <key>`` (or ``x-api-key``, as Anthropic clients send it)."""
     value = headers.get("authorization", "")
     scheme, _, token = value.partition(" ")
     if scheme.lower() == "bearer" and token.strip():
         return token.strip()
-    return None
+    return headers.get("x-api-key", "").strip() or None
 
 
 class Pipeline:
@@ -93,14 +105,15 @@ class Pipeline:
             raise ApiError(403, f"This key may not use the model '{model}'.", param="model", code="model_not_allowed")
         return group
 
-    async def chat(self, principal: Principal, body: ChatCompletionRequest) -> Response[Any]:
+    async def chat(self, principal: Principal, body: ChatCompletionRequest, dialect: Dialect = OPENAI) -> Response[Any]:
         if body.stream_options not in (None, msgspec.UNSET) and not body.is_stream:
             raise ApiError(400, "'stream_options' is only allowed when 'stream' is true.", param="stream_options")
         if isinstance(body.top_logprobs, int) and not body.logprobs:
             raise ApiError(400, "'top_logprobs' requires 'logprobs' to be true.", param="top_logprobs")
         call: Call = (lambda b: b.chat_stream(body)) if body.is_stream else (lambda b: b.chat(body))
         reserve = estimate_chat_prompt(body) + (body.output_limit() or DEFAULT_OUTPUT_RESERVE)
-        return await self._serve(principal, body.model, "chat.completions", body.is_stream, reserve, call)
+        endpoint = "chat.completions" if dialect is OPENAI else "messages"
+        return await self._serve(principal, body.model, endpoint, body.is_stream, reserve, call, dialect)
 
     async def complete(self, principal: Principal, body: CompletionRequest) -> Response[Any]:
         try:
@@ -116,7 +129,8 @@ class Pipeline:
     # ------------------------------------------------------------ the path
 
     async def _serve(
-        self, principal: Principal, model: str, endpoint: str, stream: bool, reserve: int, call: Call
+        self, principal: Principal, model: str, endpoint: str, stream: bool, reserve: int, call: Call,
+        dialect: Dialect = OPENAI,
     ) -> Response[Any]:
         group = self.group_for(principal, model)
         try:
@@ -143,8 +157,8 @@ class Pipeline:
             await self._settle(ctx, Meter(exact=False), 500, "internal_error")
             raise
         if isinstance(result, ChunkStream):
-            return self._stream_response(ctx, result)
-        return await self._unary_response(ctx, result)
+            return self._stream_response(ctx, result, dialect)
+        return await self._unary_response(ctx, result, dialect)
 
     async def _call(self, ctx: _Context, call: Call) -> Completed[Any] | ChunkStream[Any]:
         """Follow the route plan until an attempt succeeds; the last failure is raised."""
@@ -187,21 +201,21 @@ class Pipeline:
         except QuotaUnavailable:
             raise ApiError(503, "the quota service is unavailable", code="quota_unavailable") from None
 
-    async def _unary_response(self, ctx: _Context, result: Completed[Any]) -> Response[Any]:
+    async def _unary_response(self, ctx: _Context, result: Completed[Any], dialect: Dialect) -> Response[Any]:
         result.response.model = ctx.model
         await self._settle(ctx, result.meter, 200, None)
         return Response(
-            content=_encoder.encode(result.response), media_type="application/json", headers=self._headers(ctx)
+            content=dialect.unary(result.response), media_type="application/json", headers=self._headers(ctx)
         )
 
-    def _stream_response(self, ctx: _Context, stream: ChunkStream[Any]) -> Stream:
+    def _stream_response(self, ctx: _Context, stream: ChunkStream[Any], dialect: Dialect) -> Stream:
         async def on_end(meter: Meter, outcome: Outcome, error: ApiError | None) -> None:
             error_type = error.type if error else (None if outcome is Outcome.COMPLETED else outcome.value)
             if outcome is Outcome.FAILED and ctx.deployment is not None and error and error.status >= 500:
                 ctx.deployment.health.on_failure()  # the provider broke the stream after it started
             await self._settle(ctx, meter, 200, error_type, outcome=outcome.value)
 
-        relay = SSERelay(stream, ctx.model, on_end)
+        relay = SSERelay(stream, ctx.model, on_end, dialect.stream())
         headers = self._headers(ctx) | {"cache-control": "no-cache", "x-accel-buffering": "no"}
         return Stream(relay.events(), media_type="text/event-stream", headers=headers,
                       background=BackgroundTask(relay.finish))

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from enum import Enum
-from typing import Any
+from typing import Any, Protocol
 
 import msgspec
 
@@ -37,31 +37,56 @@ def sse_event(payload: Any) -> bytes:
     return b"data: " + _encoder.encode(payload) + b"\n\n"
 
 
+class StreamEncoder(Protocol):
+    """Turns relayed chunks into the bytes of one SSE dialect (OpenAI's, or Anthropic's)."""
+
+    def chunk(self, chunk: Any) -> bytes: ...
+
+    def done(self) -> bytes: ...
+
+    def error(self, error: ApiError) -> bytes: ...
+
+
+class OpenAIEvents:
+    def chunk(self, chunk: Any) -> bytes:
+        return sse_event(chunk)
+
+    def done(self) -> bytes:
+        return DONE
+
+    def error(self, error: ApiError) -> bytes:
+        return sse_event(error.body())
+
+
 class SSERelay:
-    def __init__(self, stream: ChunkStream[Any], public_model: str, on_end: OnEnd) -> None:
+    def __init__(self, stream: ChunkStream[Any], public_model: str, on_end: OnEnd,
+                 encoder: StreamEncoder | None = None) -> None:
         self._stream = stream
         self._model = public_model
         self._on_end = on_end
+        self._encoder = encoder or OpenAIEvents()
         self._outcome = Outcome.DISCONNECTED  # until the generator says otherwise
         self._error: ApiError | None = None
         self._finished = False
 
     async def events(self) -> AsyncIterator[bytes]:
+        encoder = self._encoder
         try:
             async for chunk in self._stream:
                 chunk.model = self._model
-                yield sse_event(chunk)
+                if data := encoder.chunk(chunk):
+                    yield data
         except BackendError as exc:
             self._fail(from_backend_error(exc))
-            yield sse_event(self._error.body())  # type: ignore[union-attr]
+            yield encoder.error(self._error)  # type: ignore[arg-type]
             return
         except Exception:
             log.exception("stream relay failed")
             self._fail(ApiError(500, "internal error while streaming", code="internal_error"))
-            yield sse_event(self._error.body())  # type: ignore[union-attr]
+            yield encoder.error(self._error)  # type: ignore[arg-type]
             return
         self._outcome = Outcome.COMPLETED
-        yield DONE
+        yield encoder.done()
 
     def _fail(self, error: ApiError) -> None:
         self._outcome, self._error = Outcome.FAILED, error

@@ -154,3 +154,21 @@ def test_n_above_one_is_rejected(client: openai.OpenAI) -> None:
     with pytest.raises(openai.BadRequestError) as err:
         client.chat.completions.create(model="claude", n=2, messages=[{"role": "user", "content": "x"}])
     assert err.value.param == "n"
+
+
+def test_anthropic_sdk_through_the_gateway_to_the_anthropic_provider(
+    gateway: tuple[ServerThread, RecordingSink], anthropic_upstream: FakeAnthropic
+) -> None:
+    import anthropic
+
+    client = anthropic.Anthropic(base_url=gateway[0].url, api_key=ADMIN_KEY, max_retries=0)
+    message = client.messages.create(model="claude", max_tokens=32, system="sys",
+                                     messages=[{"role": "user", "content": "both ways"}])
+    assert message.content[0].text == "both ways"  # type: ignore[union-attr]
+    assert anthropic_upstream.received[-1]["system"] == "sys"
+    with client.messages.stream(model="claude", max_tokens=32,
+                                messages=[{"role": "user", "content": "tool:x"}],
+                                tools=[{"name": "search", "input_schema": {"type": "object"}}]) as stream:
+        final = stream.get_final_message()
+    assert final.stop_reason == "tool_use"
+    assert final.content[0].type == "tool_use" and final.content[0].input == {"q": "x"}  # type: ignore[union-attr]

@@ -1,0 +1,36 @@
+"""``POST /v1/messages``: Anthropic's Messages API, routed like chat completions."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from litestar import Controller, Request, Response, post
+from litestar.openapi.datastructures import ResponseSpec
+
+from gateway.anthropic_api import MessagesEvents, MessagesRequest, message_body, to_chat_request
+from gateway.body import WireBody
+from gateway.controllers.auth import authenticate_request, principal_of
+from gateway.controllers.docs import error_responses
+from gateway.pipeline import Dialect, Pipeline
+
+ANTHROPIC = Dialect(unary=message_body, stream=MessagesEvents)
+
+
+class MessagesController(Controller):
+    path = "/v1/messages"
+    tags = ["Anthropic"]
+    before_request = authenticate_request
+
+    @post(
+        "/",
+        status_code=200,
+        dto=WireBody[MessagesRequest],
+        return_dto=None,
+        summary="Create a message (Anthropic Messages API)",
+        description="For clients that speak Anthropic's API (`x-api-key` or bearer auth). Served by any "
+        "provider behind the model. With `stream: true` the answer is Anthropic's event stream.",
+        responses={200: ResponseSpec(None, description="An Anthropic `message` object (or its event stream)"),
+                   **error_responses()},
+    )
+    async def create(self, request: Request[Any, Any, Any], data: MessagesRequest, pipeline: Pipeline) -> Response[Any]:
+        return await pipeline.chat(principal_of(request), to_chat_request(data), ANTHROPIC)

@@ -1,0 +1,81 @@
+"""``POST /v1/messages`` with the official anthropic SDK as the client, routed to an OpenAI upstream."""
+
+from __future__ import annotations
+
+import anthropic
+import httpx
+import pytest
+
+from tests.conftest import ADMIN_KEY
+from tests.gateway.conftest import GatewayEnv
+from tests.support.fake_upstream import Fault, FakeUpstream
+
+
+@pytest.fixture
+def client(env: GatewayEnv) -> anthropic.Anthropic:
+    return anthropic.Anthropic(base_url=env.server.url, api_key=ADMIN_KEY, max_retries=0)
+
+
+def test_message_round_trip(client: anthropic.Anthropic, upstream: FakeUpstream, env: GatewayEnv) -> None:
+    message = client.messages.create(
+        model="echo", max_tokens=64, system="be brief", stop_sequences=["END"], extra_body={"temperature": 0.2},
+        messages=[{"role": "user", "content": [{"type": "text", "text": "hello from anthropic"}]}],
+    )
+    assert message.content[0].type == "text" and message.content[0].text == "hello from anthropic"
+    assert message.stop_reason == "end_turn" and message.role == "assistant"
+    assert message.usage.output_tokens == 3
+    sent = upstream.last.json
+    assert sent["messages"][0] == {"role": "system", "content": "be brief"}
+    assert sent["max_tokens"] == 64 and sent["stop"] == ["END"] and sent["temperature"] == 0.2
+    assert env.usage.wait_for(1)[0].endpoint == "messages"
+
+
+def test_max_tokens_stop_reason(client: anthropic.Anthropic) -> None:
+    message = client.messages.create(model="echo", max_tokens=1, messages=[{"role": "user", "content": "a b c"}])
+    assert message.stop_reason == "max_tokens"
+
+
+def test_message_stream(client: anthropic.Anthropic) -> None:
+    with client.messages.stream(model="echo", max_tokens=64,
+                                messages=[{"role": "user", "content": "streamed words here"}]) as stream:
+        text = "".join(stream.text_stream)
+        final = stream.get_final_message()
+    assert text == "streamed words here"
+    assert final.stop_reason == "end_turn" and final.usage.output_tokens == 3
+
+
+def test_tool_results_are_translated(client: anthropic.Anthropic, upstream: FakeUpstream) -> None:
+    client.messages.create(
+        model="echo", max_tokens=10,
+        tools=[{"name": "lookup", "description": "d", "input_schema": {"type": "object", "properties": {}}}],
+        tool_choice={"type": "any"},
+        messages=[
+            {"role": "user", "content": "find it"},
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "lookup", "input": {"q": 1}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "42"},
+                                         {"type": "text", "text": "and then?"}]},
+        ])
+    sent = upstream.last.json
+    assert sent["tool_choice"] == "required" and sent["tools"][0]["function"]["name"] == "lookup"
+    assert [m["role"] for m in sent["messages"]] == ["user", "assistant", "tool", "user"]
+    assert sent["messages"][1]["tool_calls"][0]["function"] == {"name": "lookup", "arguments": '{"q": 1}'}
+    assert sent["messages"][2] == {"role": "tool", "content": "42", "tool_call_id": "t1"}
+
+
+def test_errors_reach_the_sdk_typed(client: anthropic.Anthropic, env: GatewayEnv, upstream: FakeUpstream) -> None:
+    with pytest.raises(anthropic.NotFoundError):
+        client.messages.create(model="nope", max_tokens=5, messages=[{"role": "user", "content": "x"}])
+    with pytest.raises(anthropic.BadRequestError):
+        client.messages.create(model="echo", max_tokens=0, messages=[{"role": "user", "content": "x"}])
+    bad = anthropic.Anthropic(base_url=env.server.url, api_key="sk-wrong", max_retries=0)
+    with pytest.raises(anthropic.AuthenticationError):
+        bad.messages.create(model="echo", max_tokens=5, messages=[{"role": "user", "content": "x"}])
+    upstream.fail_next(Fault(status=429, headers={"retry-after": "2"}))
+    with pytest.raises(anthropic.RateLimitError):
+        client.messages.create(model="echo", max_tokens=5, messages=[{"role": "user", "content": "x"}])
+
+
+def test_malformed_messages_body_is_400(env: GatewayEnv) -> None:
+    response = httpx.post(env.server.url + "/v1/messages", headers={"x-api-key": ADMIN_KEY},
+                          content=b'{"model": "echo", "max_tokens": 5, "messages": [{"role": "system"}]}')
+    assert response.status_code == 400 and response.json()["error"]["param"] == "messages[0].role"
