@@ -165,7 +165,7 @@ class Pipeline:
         plan = RoutePlan(ctx.group, self.services.router.resolve)
         attempt = plan.first()
         if attempt is None:
-            raise Unavailable(f"no deployment of '{ctx.model}' is available (circuits open)")
+            raise Unavailable(f"no deployment of '{ctx.model}' is available (circuits open or at capacity)")
         while True:
             if attempt.delay:
                 await asyncio.sleep(attempt.delay)
@@ -226,6 +226,8 @@ class Pipeline:
         self, ctx: _Context, meter: Meter, status: int, error_type: str | None, outcome: str | None = None
     ) -> None:
         cost = self._cost(ctx, meter)
+        if ctx.deployment is not None:
+            ctx.deployment.health.record_tokens(meter.total_tokens)  # for the deployment's tokens_per_minute
         try:
             await self.services.admission.settle(ctx.ticket, meter.total_tokens, cost)
         except Exception:

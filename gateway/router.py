@@ -36,6 +36,12 @@ class Deployment:
     def id(self) -> str:
         return self.config.id
 
+    def accepts(self) -> bool:
+        limit = self.config.max_concurrency
+        if limit is not None and self.backend.stats().in_flight >= limit:
+            return False
+        return self.health.available() and self.health.within_tpm()
+
 
 class ModelGroup:
     """One public model: its names and the deployments serving it."""
@@ -57,8 +63,9 @@ class ModelGroup:
         return (self.config.name, *self.config.aliases)
 
     def ordered(self) -> list[Deployment]:
-        """The deployments whose circuit admits a request now, best first by the group's strategy."""
-        return self._strategy([d for d in self.deployments if d.health.available()], self.rng)
+        """The deployments that may take a request now (circuit closed or trial allowed, below
+        ``max_concurrency`` and ``tokens_per_minute``), best first by the group's strategy."""
+        return self._strategy([d for d in self.deployments if d.accepts()], self.rng)
 
     def pick(self) -> Deployment | None:
         ordered = self.ordered()
@@ -129,7 +136,8 @@ def _build_groups(settings: Settings, build: BackendBuilder, reuse: dict[tuple[s
             if old is not None and old.config == dep and old.health.config == config.circuit:
                 deployments.append(old)
             else:
-                deployments.append(Deployment(dep, build(dep), DeploymentHealth(config.circuit)))
+                health = DeploymentHealth(config.circuit, tokens_per_minute=dep.tokens_per_minute)
+                deployments.append(Deployment(dep, build(dep), health))
         groups.append(ModelGroup(config, deployments))
     return groups
 

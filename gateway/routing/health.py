@@ -32,9 +32,11 @@ class HealthView:
 
 
 class DeploymentHealth:
-    def __init__(self, config: CircuitConfig, clock: Clock = time.monotonic) -> None:
+    def __init__(self, config: CircuitConfig, clock: Clock = time.monotonic, tokens_per_minute: int | None = None) -> None:
         self.config = config
         self._clock = clock
+        self.tokens_per_minute = tokens_per_minute
+        self._tokens: deque[tuple[float, int]] = deque()  # (time, tokens) of the last minute
         self._failures: deque[float] = deque()
         self._opened_at: float | None = None
         self._trial_running = False
@@ -57,6 +59,19 @@ class DeploymentHealth:
         """Whether a request may be sent now (a half-open circuit admits one trial at a time)."""
         state = self.state
         return state == "closed" or (state == "half_open" and not self._trial_running)
+
+    def record_tokens(self, tokens: int) -> None:
+        if self.tokens_per_minute is not None and tokens > 0:
+            self._tokens.append((self._clock(), tokens))
+
+    def tokens_last_minute(self) -> int:
+        cutoff = self._clock() - 60.0
+        while self._tokens and self._tokens[0][0] < cutoff:
+            self._tokens.popleft()
+        return sum(n for _, n in self._tokens)
+
+    def within_tpm(self) -> bool:
+        return self.tokens_per_minute is None or self.tokens_last_minute() < self.tokens_per_minute
 
     def on_attempt(self) -> None:
         self.requests += 1

@@ -76,7 +76,7 @@ class RoutePlan:
         for _ in range(len(self._order)):
             self._pos = (self._pos + 1) % len(self._order)
             deployment = self._order[self._pos]
-            if deployment.health.available():
+            if deployment.accepts():
                 self._count += 1
                 return Attempt(self._group, deployment, delay, self._count)
         return None

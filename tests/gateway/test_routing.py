@@ -62,6 +62,10 @@ def _config(u: dict[str, FakeUpstream]) -> dict:
             {"name": "long", "deployments": [_dep("l-c", c)], "max_retries": 0, "circuit": NO_BREAKER},
             {"name": "breaker", "strategy": "priority", "deployments": [_dep("br-a", a), _dep("br-b", b)],
              "max_retries": 1, "retry_backoff": 0.01, "circuit": {"failures": 2, "window": 60, "cooldown": 0.5}},
+            {"name": "capped", "strategy": "priority", "max_retries": 0, "circuit": NO_BREAKER,
+             "deployments": [_dep("c-a", a, max_concurrency=1), _dep("c-b", b)]},
+            {"name": "tpm", "strategy": "priority", "max_retries": 0, "circuit": NO_BREAKER,
+             "deployments": [_dep("t-a", a, tokens_per_minute=5), _dep("t-b", b)]},
             {"name": "lat", "strategy": "lowest_latency", "deployments": [_dep("lt-a", a), _dep("lt-b", b)],
              "max_retries": 0, "circuit": NO_BREAKER},
         ],
@@ -234,6 +238,23 @@ def test_failed_half_open_trial_reopens(client: openai.OpenAI, upstreams: dict[s
     time.sleep(0.6)
     client.chat.completions.create(model="breaker", messages=MESSAGES)  # let it recover for later tests
     assert _states(gateway, "breaker")["br-a"] == "healthy"
+
+
+def test_max_concurrency_is_respected(client: openai.OpenAI, upstreams: dict[str, FakeUpstream]) -> None:
+    upstreams["A"].fail_next(Fault(hang_after_chunks=1))
+    stream = client.chat.completions.create(model="capped", messages=MESSAGES, stream=True)
+    next(iter(stream))  # a's only slot is taken
+    for _ in range(3):
+        client.chat.completions.create(model="capped", messages=MESSAGES)
+    assert (_count(upstreams["A"]), _count(upstreams["B"])) == (1, 3)
+    stream.close()
+    assert upstreams["A"].streams[-1].wait(10)
+
+
+def test_tokens_per_minute_is_respected(client: openai.OpenAI, upstreams: dict[str, FakeUpstream]) -> None:
+    client.chat.completions.create(model="tpm", messages=[{"role": "user", "content": "one two three four five"}])
+    client.chat.completions.create(model="tpm", messages=MESSAGES)  # a has used its 5 tokens this minute
+    assert (_count(upstreams["A"]), _count(upstreams["B"])) == (1, 1)
 
 
 def test_lowest_latency_learns(client: openai.OpenAI, upstreams: dict[str, FakeUpstream]) -> None:
