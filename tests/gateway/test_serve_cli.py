@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -51,6 +52,16 @@ def test_serve_round_trip(tmp_path: Path, upstream: FakeUpstream) -> None:
         reply = client.chat.completions.create(model="echo", messages=[{"role": "user", "content": "via the cli"}])
         assert reply.choices[0].message.content == "via the cli"
         assert httpx.get(url + "/readyz").json()["status"] == "ready"
+        # SIGHUP re-reads the file: a renamed model shows up without a restart
+        raw = yaml.safe_load(config.read_text())
+        raw["models"][0]["name"] = "echo-renamed"
+        config.write_text(yaml.safe_dump(raw))
+        proc.send_signal(signal.SIGHUP)
+        deadline = time.monotonic() + 20
+        while [m.id for m in client.models.list().data] != ["echo-renamed"]:
+            assert time.monotonic() < deadline, "SIGHUP did not reload the config"
+            time.sleep(0.1)
+        assert proc.poll() is None
     finally:
         proc.terminate()
         proc.wait(timeout=20)
@@ -64,8 +75,8 @@ def test_serve_rejects_a_bad_config_naming_the_key(tmp_path: Path) -> None:
     assert "server.port" in result.stderr
 
 
-def test_default_config_routes_to_the_echo_upstream_make_run_starts() -> None:
-    settings = load_settings(ROOT / "config/default.yaml", env={})
+def test_echo_config_routes_to_the_echo_upstream_make_run_starts() -> None:
+    settings = load_settings(ROOT / "config/echo.yaml", env={})
     assert settings.models[0].name == "echo"
     assert settings.models[0].deployments[0].api_base == "http://127.0.0.1:8001/v1"
     assert "http://127.0.0.1:8001" in (ROOT / "Makefile").read_text()
