@@ -9,6 +9,7 @@ symmetry with ``local``; this provider always uses the plain path).
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import Any
 
 from backends.hf_fallback.backend import HFGenerateBackend
@@ -43,6 +44,8 @@ def load_generate_backend(folder: str, deployment_id: str, options: dict[str, An
         dtype = parse_dtype(options.get("dtype", "float32"))
     except (ModelImplError, ValueError) as exc:
         raise ConfigError(f"deployment {deployment_id}: {exc}") from None
+    if not any((Path(folder) / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json")):
+        raise ConfigError(f"deployment {deployment_id}: {folder} has no tokenizer (tokenizer.json / tokenizer_config.json)")
     model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, local_files_only=True)
     model.to(torch.device(options.get("device", "cpu"))).eval()
     tokenizer = transformers.AutoTokenizer.from_pretrained(folder, local_files_only=True)
@@ -58,6 +61,7 @@ def load_generate_backend(folder: str, deployment_id: str, options: dict[str, An
              info.architecture, f" ({reason})" if reason else "")
     return HFGenerateBackend(
         deployment_id, folder, model, tokenizer, eos_ids=eos_ids, max_model_len=max_len,
+        vocab_size=int(model.get_input_embeddings().num_embeddings),
         max_batch_rows=_int_option(options, "max_batch_size", 8, deployment_id),
         max_queue=_int_option(options, "max_queue", 64, deployment_id),
         metadata={"model_impl": "generate", "architecture": info.architecture,

@@ -96,12 +96,13 @@ class HFGenerateBackend:
     provider = "transformers"
 
     def __init__(self, deployment_id: str, upstream_model: str, model: Any, tokenizer: Any, *,
-                 eos_ids: set[int], max_model_len: int, max_batch_rows: int = 8, max_queue: int = 64,
+                 eos_ids: set[int], max_model_len: int, vocab_size: int, max_batch_rows: int = 8, max_queue: int = 64,
                  metadata: dict[str, Any] | None = None) -> None:
         self.deployment_id = deployment_id
         self.upstream_model = upstream_model
         self.tokenizer = tokenizer
         self.max_model_len = max_model_len
+        self.vocab_size = vocab_size  # the model's embedding rows (token ids must be below it)
         self.metadata = dict(metadata or {})
         self._active: set[_JobRun] = set()  # requests submitted and not yet finished
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(eos_ids, default=0)
@@ -201,7 +202,7 @@ class HFGenerateBackend:
             prompts = request.prompts()
         except ValueError as exc:
             raise BadRequest(str(exc), param="prompt") from None
-        vocab = len(self.tokenizer)
+        vocab = self.vocab_size
         out = []
         for p in prompts:
             ids = list(self.tokenizer.encode(p)) if isinstance(p, str) else p
@@ -256,7 +257,7 @@ class HFGenerateBackend:
 
     def _logit_bias(self, request: SamplingFields) -> dict[int, float]:
         bias: dict[int, float] = {}
-        vocab = len(self.tokenizer)
+        vocab = self.vocab_size
         for key, value in (_opt(request.logit_bias, {}) or {}).items():
             if not key.isdigit() or int(key) >= vocab or not -100 <= value <= 100:
                 raise BadRequest(f"logit_bias: {key!r} must be a token id below {vocab} with a bias in [-100, 100]",
