@@ -73,6 +73,7 @@ class UsageWriter:
         self._buffer: list[UsageRecord] = []
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._stopping = False
         self._lock = asyncio.Lock()
         dialect = postgresql if db.dialect == "postgresql" else sqlite
         self._insert = dialect.insert(UsageRow).on_conflict_do_nothing(index_elements=["request_id"])
@@ -100,12 +101,17 @@ class UsageWriter:
             self._task = asyncio.get_running_loop().create_task(self._run(), name="usage-writer")
 
     async def aclose(self) -> None:
-        """Stop the loop and flush: to the database if it is up, else to the journal."""
+        """Stop the loop after its current step, then flush: to the database if it is up, else
+        to the journal. (Never cancelled mid-insert, so no batch is lost on the way out.)"""
         if self._task is not None:
-            self._task.cancel()
+            self._stopping = True
+            self._wake.set()
             await asyncio.gather(self._task, return_exceptions=True)
             self._task = None
-        await self.flush()
+        for attempt in range(3):  # a connection the outage broke may fail once more
+            if await self.flush():
+                break
+            await asyncio.sleep(0.2 * (attempt + 1))
         if self._buffer:
             self._spill()
         self.journal.close()
@@ -123,7 +129,12 @@ class UsageWriter:
             while self._buffer:
                 batch = self._buffer[: self.batch_size]
                 del self._buffer[: len(batch)]
-                if not await self._write(batch):
+                try:
+                    written = await self._write(batch)
+                except BaseException:  # cancelled mid-insert: keep the batch (re-inserting is harmless)
+                    self._buffer[:0] = batch
+                    raise
+                if not written:
                     self.journal.append(batch)
                     return False
             return True
@@ -132,14 +143,16 @@ class UsageWriter:
 
     async def _run(self) -> None:
         await self._replay_orphans()
-        while True:
+        interval = self.flush_interval
+        while not self._stopping:
             try:
-                await asyncio.wait_for(self._wake.wait(), self.flush_interval)
+                await asyncio.wait_for(self._wake.wait(), interval)
             except TimeoutError:
                 pass
             self._wake.clear()
-            if not await self.flush():
-                await asyncio.sleep(self.retry_interval)
+            if self._stopping:
+                return
+            interval = self.flush_interval if await self.flush() else self.retry_interval
 
     def _spill(self) -> None:
         self.journal.append(self._buffer)
