@@ -42,19 +42,21 @@ class _Group:
     q_len: int
     tokens: torch.Tensor  # [Tg] indices into the flat batch
     pad_index: torch.Tensor  # [Tg] indices into the padded num_seqs * q_len rows
-    slots: torch.Tensor  # [Sg, Lg] cache slot of every context position (clamped where masked)
+    slots: torch.Tensor  # [Sg * Lg] cache slot of every context position (clamped where masked)
     mask: torch.Tensor  # [Sg, 1, q_len, Lg] True = may attend
-    gqa_masks: dict[int, torch.Tensor] = field(default_factory=dict)
+    identity: bool = False  # the group is the whole batch in order, unpadded: no gather/scatter needed
+    masks: dict[tuple[int, torch.dtype], torch.Tensor] = field(default_factory=dict)
 
-    def mask_for(self, group_size: int) -> torch.Tensor:
-        """The mask with the query axis repeated per query head of a KV head."""
-        if group_size == 1:
-            return self.mask
-        m = self.gqa_masks.get(group_size)
+    def mask_for(self, group_size: int, dtype: torch.dtype) -> torch.Tensor:
+        """The additive mask (0 / -inf) with the query axis repeated per query head of a KV head,
+        built once per step and shared by every layer."""
+        key = (group_size, dtype)
+        m = self.masks.get(key)
         if m is None:
             s, _, q, L = self.mask.shape
-            m = self.mask[:, :, None].expand(s, 1, group_size, q, L).reshape(s, 1, group_size * q, L)
-            self.gqa_masks[group_size] = m
+            allowed = self.mask[:, :, None].expand(s, 1, group_size, q, L).reshape(s, 1, group_size * q, L)
+            m = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill_(~allowed, float("-inf"))
+            self.masks[key] = m
         return m
 
 
@@ -85,7 +87,7 @@ def _build_group(meta: AttentionMetadata, sel: torch.Tensor, q_host: list[int], 
     n_blocks = -(-l_max // bs)
     bt = meta.block_tables[sel][:, :n_blocks].long().clamp(min=0)
     slots = (bt[:, :, None] * bs + torch.arange(bs, device=dev)).reshape(s, n_blocks * bs)[:, :l_max]
-    return _Group(s, q_max, tokens, pad_index, slots, mask[:, None])
+    return _Group(s, q_max, tokens, pad_index, slots.reshape(-1), mask[:, None])
 
 
 def _build_plan(meta: AttentionMetadata, window: int | None) -> _TorchPlan:
@@ -105,6 +107,9 @@ def _build_plan(meta: AttentionMetadata, window: int | None) -> _TorchPlan:
         if idx:
             sel = torch.tensor(idx, device=slot.device)
             groups.append(_build_group(meta, sel, [q_lens[i] for i in idx], [c_lens[i] for i in idx], window))
+    # One sequence, or decodes only, covering the whole flat batch: padded rows are the tokens.
+    if len(groups) == 1 and (len(q_lens) == 1 or groups[0].q_len == 1):
+        groups[0].identity = min(q_lens) > 0 and len(slot) == sum(q_lens)
     return _TorchPlan(write_tokens, write_slots, groups)
 
 
@@ -126,18 +131,23 @@ def torch_paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_
 
     h_q = q.shape[1]
     g = h_q // h_kv
-    out = q.new_zeros(q.shape)
+    out = None if plan.groups and plan.groups[0].identity else q.new_zeros(q.shape)
     for grp in plan.groups:
         s, ql = grp.num_seqs, grp.q_len
-        qp = q.new_zeros(s * ql, h_q, d)
-        qp[grp.pad_index] = q[grp.tokens]
+        if grp.identity:
+            qp = q
+        else:
+            qp = q.new_zeros(s * ql, h_q, d)
+            qp[grp.pad_index] = q[grp.tokens]
         qp = qp.view(s, ql, h_kv, g, d).permute(0, 2, 3, 1, 4).reshape(s, h_kv, g * ql, d)
-        kc = k_flat[grp.slots].to(q.dtype).transpose(1, 2)  # [Sg, Hkv, Lg, D]
-        vc = v_flat[grp.slots].to(q.dtype).transpose(1, 2)
-        o = F.scaled_dot_product_attention(qp, kc, vc, attn_mask=grp.mask_for(g), scale=scale)
+        kc = k_flat.index_select(0, grp.slots).view(s, -1, h_kv, d).to(q.dtype).transpose(1, 2)  # [Sg, Hkv, Lg, D]
+        vc = v_flat.index_select(0, grp.slots).view(s, -1, h_kv, d).to(q.dtype).transpose(1, 2)
+        o = F.scaled_dot_product_attention(qp, kc, vc, attn_mask=grp.mask_for(g, q.dtype), scale=scale)
         o = o.view(s, h_kv, g, ql, d).permute(0, 3, 1, 2, 4).reshape(s * ql, h_q, d)
-        out[grp.tokens] = o[grp.pad_index]
-    return out
+        if grp.identity:
+            return o
+        out[grp.tokens] = o[grp.pad_index]  # type: ignore[index]
+    return out if out is not None else q.new_zeros(q.shape)
 
 
 AttentionFn = Callable[..., torch.Tensor]

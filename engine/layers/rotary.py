@@ -102,7 +102,8 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 class RotaryEmbedding(nn.Module):
-    """``forward(positions [T], q [T, Hq, D], k [T, Hkv, D]) -> (q, k)`` rotated.
+    """``forward(positions [T], q [T, Hq, D], k [T, Hkv, D]) -> (q, k)`` rotated; models compute
+    ``cos_sin(positions)`` once per step and call ``apply`` in every layer.
 
     cos/sin are computed from the positions in float32 exactly as transformers does, then cast to
     the activations' dtype. ``inv_freq`` is a plain attribute (not a buffer) so that building the
@@ -131,7 +132,12 @@ class RotaryEmbedding(nn.Module):
     def forward(
         self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        cos, sin = self.cos_sin(positions, q.dtype)
+        return self.apply(q, k, *self.cos_sin(positions, q.dtype))
+
+    @staticmethod
+    def apply(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
+              sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rotate with precomputed ``cos_sin`` (computed once per step, shared by all layers)."""
         return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
 
 

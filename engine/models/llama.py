@@ -13,8 +13,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from engine.layers import AttentionMetadata, GatedMLP, MergedLinear, PagedAttention, RMSNorm, get_rope
+from engine.layers import AttentionMetadata, GatedMLP, MergedLinear, PagedAttention, RMSNorm, RotaryEmbedding, get_rope
 
+Rope = tuple[torch.Tensor, torch.Tensor]  # (cos, sin) of this step's positions
 _QKV = {"q_proj": 0, "k_proj": 1, "v_proj": 2}
 _GATE_UP = {"gate_proj": 0, "up_proj": 1}
 
@@ -54,12 +55,10 @@ class LlamaAttention(nn.Module):
         if self.qk_norm:
             self.q_norm = RMSNorm(d, cfg.rms_norm_eps)
             self.k_norm = RMSNorm(d, cfg.rms_norm_eps)
-        self.rotary = get_rope(cfg, d)
         self.attn = PagedAttention(self.num_heads, self.num_kv_heads, d, d**-0.5,
                                    sliding_window=sliding_window_of(cfg, layer), backend=attn_backend)
 
-    def forward(self, positions: torch.Tensor, x: torch.Tensor, kv_cache: torch.Tensor,
-                meta: AttentionMetadata) -> torch.Tensor:
+    def forward(self, rope: Rope, x: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         q, k, v = self.qkv_proj.split(self.qkv_proj(x))
         t = x.shape[0]
         q = q.reshape(t, self.num_heads, self.head_dim)
@@ -67,7 +66,7 @@ class LlamaAttention(nn.Module):
         v = v.reshape(t, self.num_kv_heads, self.head_dim)
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = self.rotary(positions, q, k)
+        q, k = RotaryEmbedding.apply(q, k, *rope)
         o = self.attn(q, k, v, kv_cache, meta)
         return self.o_proj(o.reshape(t, self.num_heads * self.head_dim))
 
@@ -83,13 +82,13 @@ class LlamaDecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, positions: torch.Tensor, h: torch.Tensor, residual: torch.Tensor | None,
+    def forward(self, rope: Rope, h: torch.Tensor, residual: torch.Tensor | None,
                 kv_cache: torch.Tensor, meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
         if residual is None:
             residual, h = h, self.input_layernorm(h)
         else:
             h, residual = self.input_layernorm(h, residual)
-        h = self.self_attn(positions, h, kv_cache, meta)
+        h = self.self_attn(rope, h, kv_cache, meta)
         h, residual = self.post_attention_layernorm(h, residual)
         return self.mlp(h), residual
 
@@ -98,15 +97,17 @@ class LlamaModel(nn.Module):
     def __init__(self, cfg: Any, layer_cls: type[LlamaDecoderLayer], attn_backend: str) -> None:
         super().__init__()
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.rotary = get_rope(cfg, head_dim_of(cfg))
         self.layers = nn.ModuleList(layer_cls(cfg, i, attn_backend) for i in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: list[torch.Tensor],
                 meta: AttentionMetadata) -> torch.Tensor:
         h = self.embed_tokens(input_ids)
+        rope = self.rotary.cos_sin(positions, h.dtype)  # once per step, shared by every layer
         residual = None
         for layer, cache in zip(self.layers, kv_caches, strict=True):
-            h, residual = layer(positions, h, residual, cache, meta)
+            h, residual = layer(rope, h, residual, cache, meta)
         h, _ = self.norm(h, residual)
         return h
 
