@@ -175,6 +175,9 @@ class Pipeline:
             t0 = time.perf_counter()
             try:
                 result = await call(attempt.deployment.backend)
+            except asyncio.CancelledError:
+                health.on_abandoned()
+                raise
             except BackendError as exc:
                 if isinstance(exc, BadRequest):
                     health.on_success(None)  # the deployment answered; the request was at fault

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from backends.base import Backend
 from gateway.routing.health import DeploymentHealth
 from gateway.routing.strategies import STRATEGIES
-from gateway.settings import CircuitConfig, DeploymentConfig, ModelGroupConfig, Settings
+from gateway.settings import CircuitConfig, ConfigError, DeploymentConfig, ModelGroupConfig, Settings
 
 log = logging.getLogger("switchyard.router")
 
@@ -127,7 +127,17 @@ class Router:
         await asyncio.gather(*(d.backend.aclose() for d in self.deployments()), return_exceptions=True)
 
 
+def _check_fallbacks(settings: Settings) -> None:
+    names = {n for g in settings.models for n in (g.name, *g.aliases)}
+    for i, group in enumerate(settings.models):
+        for key in ("fallbacks", "context_window_fallbacks"):
+            for j, name in enumerate(getattr(group, key)):
+                if name not in names:
+                    raise ConfigError(f"config error at models[{i}].{key}[{j}]: unknown model {name!r}")
+
+
 def _build_groups(settings: Settings, build: BackendBuilder, reuse: dict[tuple[str, str], Deployment]) -> list[ModelGroup]:
+    _check_fallbacks(settings)
     groups = []
     for config in settings.models:
         deployments = []

@@ -78,6 +78,10 @@ class DeploymentHealth:
         if self.state == "half_open":
             self._trial_running = True
 
+    def on_abandoned(self) -> None:
+        """The attempt ended without a verdict (the client went away): free the trial slot."""
+        self._trial_running = False
+
     def on_success(self, latency: float | None) -> None:
         self._opened_at = None
         self._trial_running = False

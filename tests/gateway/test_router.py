@@ -10,7 +10,8 @@ import pytest
 from backends.factory import build_backend, register_provider
 from backends.openai_http import OpenAIHTTPBackend
 from gateway.router import Deployment, ModelGroup, Router
-from gateway.settings import ConfigError, DeploymentConfig, ModelGroupConfig, parse_settings
+from gateway.routing.health import DeploymentHealth
+from gateway.settings import CircuitConfig, ConfigError, DeploymentConfig, ModelGroupConfig, parse_settings
 
 
 def _group(weights: list[float], seed: int = 0) -> ModelGroup:
@@ -45,3 +46,57 @@ def test_missing_provider_module_is_a_config_error() -> None:
             build_backend(DeploymentConfig(provider="openai", model="x"))
     finally:
         register_provider("openai", "backends.openai_http:OpenAIHTTPBackend")
+
+
+def test_unknown_fallback_is_a_config_error_naming_the_key() -> None:
+    settings = parse_settings({"models": [{"name": "a", "fallbacks": ["zzz"], "deployments": [
+        {"provider": "openai", "model": "x"}]}]}, env={})
+    with pytest.raises(ConfigError, match=r"models\[0\]\.fallbacks\[0\]"):
+        Router.from_settings(settings, build_backend)
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_circuit_breaker_state_machine() -> None:
+    clock = _Clock()
+    health = DeploymentHealth(CircuitConfig(failures=3, window=10, cooldown=5), clock=clock)
+    for t in (0.0, 1.0):
+        clock.now = t
+        health.on_failure()
+    clock.now = 20.0  # the first two fell out of the window
+    health.on_failure()
+    assert health.state == "closed" and health.available()
+    clock.now, _ = 21.0, health.on_failure()
+    clock.now, _ = 22.0, health.on_failure()
+    assert health.state == "open" and not health.available()
+    clock.now = 27.5
+    assert health.state == "half_open" and health.available()
+    health.on_attempt()
+    assert not health.available()  # one trial at a time
+    health.on_abandoned()  # the client went away: the trial slot is free again
+    assert health.available()
+    health.on_attempt()
+    health.on_failure()  # the trial failed: open for another cooldown
+    assert health.state == "open"
+    clock.now = 33.0
+    health.on_attempt()
+    health.on_success(0.2)
+    assert health.state == "closed" and health.view().state == "healthy"
+    assert health.view().latency_ewma_ms == pytest.approx(200.0)
+
+
+def test_tokens_per_minute_window() -> None:
+    clock = _Clock()
+    health = DeploymentHealth(CircuitConfig(), clock=clock, tokens_per_minute=100)
+    health.record_tokens(60)
+    clock.now = 30
+    health.record_tokens(50)
+    assert not health.within_tpm()
+    clock.now = 61  # the first 60 expired
+    assert health.within_tpm() and health.tokens_last_minute() == 50
