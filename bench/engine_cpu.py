@@ -118,6 +118,7 @@ def main() -> None:
     ap.add_argument("--hf-batch", type=int, default=16, help="static batch size for transformers generate")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--repeat", type=int, default=1, help="runs per system; the best time counts")
     ap.add_argument("--skip", nargs="*", default=[], choices=["static", "continuous"])
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -128,16 +129,24 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp)
         build_model(path, args)
-        rows: list[tuple[str, float, int]] = []
-        t, n, util = run_ours(path, prompts, outputs, args)
-        rows.append(("switchyard engine", t, n))
-        if "static" not in args.skip:
-            t, n = run_static(path, prompts, outputs, args.hf_batch)
-            rows.append((f"transformers generate (static batches of {args.hf_batch})", t, n))
-        if "continuous" not in args.skip:
-            res = run_continuous(path, prompts, outputs)
-            if res is not None:
-                rows.append(("transformers continuous batching", *res))
+        best: dict[str, tuple[float, int]] = {}
+        util = 0.0
+        for _ in range(args.repeat):  # interleaved, best of N: the CPU may be shared
+            t, n, util = run_ours(path, prompts, outputs, args)
+            best["ours"] = min(best.get("ours", (t, n)), (t, n))
+            if "static" not in args.skip:
+                t, n = run_static(path, prompts, outputs, args.hf_batch)
+                best["static"] = min(best.get("static", (t, n)), (t, n))
+            if "continuous" not in args.skip:
+                res = run_continuous(path, prompts, outputs)
+                if res is not None:
+                    best["continuous"] = min(best.get("continuous", res), res)
+        names = {
+            "ours": "switchyard engine",
+            "static": f"transformers generate (static batches of {args.hf_batch})",
+            "continuous": "transformers continuous batching",
+        }
+        rows = [(names[k], *v) for k, v in best.items()]
     ours = rows[0][2] / rows[0][1]
     print("\n| system | time (s) | output tok/s | ours / this |\n|---|---:|---:|---:|")
     for name, t, n in rows:
