@@ -152,3 +152,43 @@ def test_prefix_hit_is_not_recomputed() -> None:
     assert b.num_cached_tokens == 8
     run_all(s)
     assert s.blocks.num_free_blocks == 64
+
+
+def check_invariants(s: Scheduler) -> None:
+    bm = s.blocks
+    refs: dict[int, int] = {}
+    for seq in s.running:
+        assert len(seq.block_table) == bm.blocks_for(seq.num_computed_tokens) or seq.num_computed_tokens == 0
+        for b in seq.block_table:
+            refs[b] = refs.get(b, 0) + 1
+    for block in bm.pool.blocks:
+        assert block.ref_cnt == refs.get(block.block_id, 0)
+    assert bm.num_free_blocks == bm.num_blocks - len(refs)
+    for seq in s.waiting:
+        assert seq.block_table == [] and seq.num_computed_tokens == 0
+
+
+def test_random_workload_keeps_block_accounting_exact() -> None:
+    import random
+
+    rng = random.Random(0)
+    s = make(num_blocks=24, max_seqs=6, budget=20, max_len=48)
+    prefixes = [[rng.randrange(1, 50) for _ in range(12)] for _ in range(3)]
+    live: list[Sequence] = []
+    for step in range(400):
+        if rng.random() < 0.4:
+            tokens = rng.choice(prefixes)[: rng.randint(1, 12)] + [rng.randrange(1, 50) for _ in range(rng.randint(0, 10))]
+            seq = Sequence(f"q{step}", tokens, SamplingParams(max_tokens=rng.randint(1, 20)))
+            s.add(seq)
+            live.append(seq)
+        if live and rng.random() < 0.05:
+            victim = rng.choice(live)
+            if not victim.is_finished:
+                s.finish(victim, FinishReason.ABORT)
+        out = fake_step(s)
+        assert out.num_batched_tokens <= 20 and len(out.scheduled) <= 6
+        check_invariants(s)
+    run_all(s)
+    check_invariants(s)
+    assert s.blocks.num_free_blocks == 24
+    assert s.blocks.prefix_hits > 0 and s.num_preemptions > 0
