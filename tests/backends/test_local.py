@@ -52,9 +52,9 @@ class Env:
 def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
     from gateway.app import create_app
 
-    folder = build_tiny_model(tmp_path_factory.mktemp("local") / "tiny", seed=5, max_position_embeddings=512)
+    folder = build_tiny_model(tmp_path_factory.mktemp("local") / "tiny", seed=5, max_position_embeddings=2048)
     deployment = {"provider": "local", "model": str(folder),
-                  "options": {"num_kv_blocks": 96, "block_size": 16, "enable_prefix_caching": False}}
+                  "options": {"num_kv_blocks": 192, "block_size": 16, "enable_prefix_caching": False}}
     settings = parse_settings({"auth": {"admin_key": "sk-admin-unused"},
                                "models": [{"name": "tiny", "deployments": [deployment], "max_retries": 0}]}, env={})
     built: list[LocalEngineBackend] = []
@@ -129,7 +129,7 @@ def test_seeded_sampling_n_and_completions(env: Env) -> None:
 
 def test_client_disconnect_aborts_and_frees_kv(env: Env) -> None:
     env.usage.records.clear()
-    stream = env.client().chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=400, temperature=0,
+    stream = env.client().chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=1900, temperature=0,
                                                   stream=True, extra_body={"ignore_eos": True})
     seen = 0
     for chunk in stream:
@@ -141,17 +141,17 @@ def test_client_disconnect_aborts_and_frees_kv(env: Env) -> None:
     env.wait_idle()  # aborted: nothing running, every block free again
     record = env.usage.wait_for(1)[-1]
     assert record.extra.get("outcome") == "client_disconnected"
-    assert 3 <= record.completion_tokens < 400
+    assert 3 <= record.completion_tokens < 1900
 
 
 def test_prompt_too_long_is_a_clear_400(env: Env) -> None:
-    long = " ".join(["train"] * 700)
+    long = " ".join(["train"] * 2100)
     with pytest.raises(openai.BadRequestError) as err:
         env.client().chat.completions.create(model="tiny", messages=[{"role": "user", "content": long}])
     assert err.value.code == "context_length_exceeded"
     assert "context" in err.value.message
     with pytest.raises(openai.BadRequestError) as err:
-        env.client().chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=600)
+        env.client().chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=2100)
     assert err.value.code == "context_length_exceeded" and "max_tokens" in err.value.message
     with pytest.raises(openai.BadRequestError) as err:
         env.client().chat.completions.create(model="tiny", messages=MESSAGES, logit_bias={"5": 3})

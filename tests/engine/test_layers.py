@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 from transformers import LlamaConfig
@@ -13,6 +15,7 @@ from transformers.models.llama.modeling_llama import (
 )
 
 from engine.layers import GatedMLP, MergedLinear, RMSNorm, get_rope
+from engine.layers.rotary import rope_parameters
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -53,6 +56,12 @@ def test_rotary_matches_transformers(case: str) -> None:
     oq, ok = ours(positions, q, k)
     torch.testing.assert_close(oq, rq[0].transpose(0, 1), atol=1e-6, rtol=1e-6)
     torch.testing.assert_close(ok, rk[0].transpose(0, 1), atol=1e-6, rtol=1e-6)
+
+
+def test_rope_parameters_from_transformers_4_style_config() -> None:
+    legacy = SimpleNamespace(rope_theta=500000.0, rope_scaling={"type": "linear", "factor": 2.0})
+    assert rope_parameters(legacy) == {"type": "linear", "factor": 2.0, "rope_type": "linear", "rope_theta": 500000.0}
+    assert rope_parameters(SimpleNamespace())["rope_type"] == "default"
 
 
 def test_rotary_rejects_sequence_length_dependent_types() -> None:

@@ -15,20 +15,22 @@ from engine.tiny_model import build_tiny_model
 
 BS = 8
 ARCHS = {
-    "llama": {},
-    "mistral": {"sliding_window": 12},  # shorter than the test sequences, so the window matters
-    "qwen2": {},
-    "qwen3": {},
+    "llama": ("llama", {}),  # with Llama 3.1 rope scaling (the tiny model's default)
+    "llama-bias": ("llama", {"attention_bias": True, "mlp_bias": True, "head_dim": 24, "rope_scaling": None}),
+    "mistral": ("mistral", {"sliding_window": 12}),  # shorter than the test sequences, so the window matters
+    "qwen2": ("qwen2", {}),
+    "qwen3": ("qwen3", {}),
 }
 
 
 @pytest.fixture(scope="module", params=sorted(ARCHS))
 def pair(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
-    arch = request.param
-    path = build_tiny_model(tmp_path_factory.mktemp(arch), arch=arch, seed=3, **ARCHS[arch])
+    name = request.param
+    arch, sizes = ARCHS[name]
+    path = build_tiny_model(tmp_path_factory.mktemp(name), arch=arch, seed=3, **sizes)
     ours, cfg = load_model(path, torch.float32, "cpu")
     ref = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
-    return arch, ours, ref, cfg
+    return name, ours, ref, cfg
 
 
 def make_caches(cfg, num_blocks: int = 32) -> list[torch.Tensor]:  # type: ignore[no-untyped-def]
