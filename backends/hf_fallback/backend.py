@@ -19,7 +19,8 @@ import anyio
 from msgspec import UNSET
 
 from backends.base import BackendStats, BadRequest, ChunkStream, Completed, ContextTooLong, Meter
-from backends.hf_fallback.worker import Event, GenerateKey, GenerateWorker, Job, RowParams
+from backends.hf_fallback.params import generate_key, opt, row_params
+from backends.hf_fallback.worker import Event, GenerateWorker, Job
 from backends.types import (
     AssistantMessage,
     ChatChoice,
@@ -35,10 +36,6 @@ from backends.types import (
     TextPart,
     Usage,
 )
-
-
-def _opt(value: Any, default: Any) -> Any:
-    return default if value is None or value is UNSET else value
 
 
 class _JobRun:
@@ -196,7 +193,7 @@ class HFGenerateBackend:
             raise BadRequest("logprobs are not supported by the transformers generate path", param="logprobs")
         if request.suffix:
             raise BadRequest("suffix is not supported by this model", param="suffix")
-        if request.best_of not in (UNSET, None) and request.best_of != _opt(request.n, 1):
+        if request.best_of not in (UNSET, None) and request.best_of != opt(request.n, 1):
             raise BadRequest("best_of other than n is not supported", param="best_of")
         try:
             prompts = request.prompts()
@@ -232,38 +229,9 @@ class HFGenerateBackend:
             raise ContextTooLong(
                 f"{longest} prompt tokens + {limit} output tokens exceed this model's context of "
                 f"{self.max_model_len} tokens", param="max_tokens")
-        params = RowParams(
-            max_new_tokens=limit if limit is not None else room,
-            min_tokens=_opt(request.min_tokens, 0),
-            ignore_eos=bool(request.ignore_eos),
-            stop=request.stop_list(),
-            presence_penalty=_opt(request.presence_penalty, 0.0),
-            frequency_penalty=_opt(request.frequency_penalty, 0.0),
-            logit_bias=self._logit_bias(request),
-        )
-        if params.min_tokens > params.max_new_tokens:
-            raise BadRequest("min_tokens must be <= max_tokens", param="min_tokens")
-        args = dict(prompts=prompts, n=request.n or 1, key=self._key(request), params=params)
+        params = row_params(request, limit if limit is not None else room, self.vocab_size)
+        args = dict(prompts=prompts, n=request.n or 1, key=generate_key(request), params=params)
         return _JobRun(self.worker, args, sum(len(p) for p in prompts), self._active)
-
-    def _key(self, request: SamplingFields) -> GenerateKey:
-        repetition = _opt(request.repetition_penalty, 1.0)
-        temperature = _opt(request.temperature, 1.0)
-        if temperature == 0.0:
-            return GenerateKey(repetition_penalty=repetition)
-        top_k = _opt(request.top_k, 0)
-        return GenerateKey(True, temperature, _opt(request.top_p, 1.0), max(top_k, 0), _opt(request.min_p, 0.0),
-                           repetition, _opt(request.seed, None))
-
-    def _logit_bias(self, request: SamplingFields) -> dict[int, float]:
-        bias: dict[int, float] = {}
-        vocab = self.vocab_size
-        for key, value in (_opt(request.logit_bias, {}) or {}).items():
-            if not key.isdigit() or int(key) >= vocab or not -100 <= value <= 100:
-                raise BadRequest(f"logit_bias: {key!r} must be a token id below {vocab} with a bias in [-100, 100]",
-                                 param="logit_bias")
-            bias[int(key)] = value
-        return bias
 
 
 def _id(prefix: str) -> str:

@@ -1,0 +1,52 @@
+"""OpenAI sampling fields -> the worker's batch-wide ``GenerateKey`` and per-row ``RowParams``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from msgspec import UNSET
+
+from backends.base import BadRequest
+from backends.hf_fallback.worker import GenerateKey, RowParams
+from backends.types import SamplingFields
+
+
+def opt(value: Any, default: Any) -> Any:
+    """``value`` unless the client left it out (UNSET) or sent null."""
+    return default if value is None or value is UNSET else value
+
+
+def generate_key(request: SamplingFields) -> GenerateKey:
+    """Greedy requests share one key whatever their sampling knobs; seeded sampling runs alone."""
+    repetition = opt(request.repetition_penalty, 1.0)
+    temperature = opt(request.temperature, 1.0)
+    if temperature == 0.0:
+        return GenerateKey(repetition_penalty=repetition)
+    top_k = opt(request.top_k, 0)
+    return GenerateKey(True, temperature, opt(request.top_p, 1.0), max(top_k, 0), opt(request.min_p, 0.0),
+                       repetition, opt(request.seed, None))
+
+
+def logit_bias(request: SamplingFields, vocab: int) -> dict[int, float]:
+    bias: dict[int, float] = {}
+    for key, value in (opt(request.logit_bias, {}) or {}).items():
+        if not key.isdigit() or int(key) >= vocab or not -100 <= value <= 100:
+            raise BadRequest(f"logit_bias: {key!r} must be a token id below {vocab} with a bias in [-100, 100]",
+                             param="logit_bias")
+        bias[int(key)] = value
+    return bias
+
+
+def row_params(request: SamplingFields, max_new_tokens: int, vocab: int) -> RowParams:
+    params = RowParams(
+        max_new_tokens=max_new_tokens,
+        min_tokens=opt(request.min_tokens, 0),
+        ignore_eos=bool(request.ignore_eos),
+        stop=request.stop_list(),
+        presence_penalty=opt(request.presence_penalty, 0.0),
+        frequency_penalty=opt(request.frequency_penalty, 0.0),
+        logit_bias=logit_bias(request, vocab),
+    )
+    if params.min_tokens > params.max_new_tokens:
+        raise BadRequest("min_tokens must be <= max_tokens", param="min_tokens")
+    return params
