@@ -82,6 +82,8 @@ class RequestOutput:
     outputs: list[CompletionOutput]
     finished: bool
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
+    arrival_time: float = 0.0  # time.monotonic() clock
+    first_token_time: float | None = None  # of the earliest sequence
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -129,6 +131,14 @@ class RequestState:
                 )
             )
             self.sent_tokens[i] = seq.num_output_tokens
+        firsts = [s.first_token_time for s in self.seqs if s.first_token_time is not None]
         return RequestOutput(
-            self.request_id, self.prompt, self.prompt_token_ids, outs, self.finished, self.seqs[0].num_cached_tokens
+            self.request_id,
+            self.prompt,
+            self.prompt_token_ids,
+            outs,
+            self.finished,
+            self.seqs[0].num_cached_tokens,
+            self.arrival_time,
+            min(firsts) if firsts else None,
         )

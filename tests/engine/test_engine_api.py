@@ -142,3 +142,12 @@ def test_metrics_count_tokens_and_latencies(llm: LLM) -> None:
 def test_profile_run_builds_a_valid_largest_batch(llm: LLM) -> None:
     """The CUDA sizing profile (one forward at the largest batch) also runs on CPU."""
     assert llm.engine.runner._profile_run() > 0
+
+
+def test_priority_policy_serves_lower_priority_values_first(checkpoint) -> None:
+    llm = LLM(str(checkpoint("llama")), block_size=8, num_kv_blocks=64, max_model_len=128,
+              max_num_seqs=1, scheduling_policy="priority")
+    outs = llm.generate([ids(10, 20), ids(10, 21), ids(10, 22)], SamplingParams(temperature=0, max_tokens=3),
+                        priority=[5, 0, 2], use_tqdm=True)
+    order = sorted(range(3), key=lambda i: outs[i].first_token_time or 0.0)
+    assert order == [1, 2, 0]
