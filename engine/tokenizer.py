@@ -1,6 +1,7 @@
 """Tokenizer of a local Hugging Face model folder, with chat templates rendered as transformers does.
 
-Encoding/decoding goes through ``tokenizers`` (``tokenizer.json``); the chat template comes from
+Encoding/decoding goes through ``tokenizers`` (``tokenizer.json``), or transformers'
+``AutoTokenizer`` for folders without one; the chat template comes from
 ``chat_template.jinja`` or ``tokenizer_config.json`` and is rendered in a sandboxed Jinja
 environment configured like transformers' ``apply_chat_template`` (trim/lstrip blocks, loop
 controls, ``raise_exception``, ``tojson``, ``strftime_now``, the special tokens as variables),
@@ -59,15 +60,59 @@ def compile_chat_template(source: str) -> jinja2.Template:
     return env.from_string(source)
 
 
+class _FastCodec:
+    """``tokenizers`` over tokenizer.json (the usual case)."""
+
+    def __init__(self, path: Path) -> None:
+        self._tok = HFTokenizer.from_file(str(path / "tokenizer.json"))
+
+    def encode(self, text: str, add_special_tokens: bool) -> list[int]:
+        return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def decode(self, ids: list[int], skip_special_tokens: bool) -> str:
+        return self._tok.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    def token_id(self, token: str) -> int | None:
+        return self._tok.token_to_id(token)
+
+    def size(self) -> int:
+        return self._tok.get_vocab_size(with_added_tokens=True)
+
+
+class _TransformersCodec:
+    """transformers' AutoTokenizer, for folders with only a slow tokenizer (e.g. tokenizer.model)."""
+
+    def __init__(self, path: Path) -> None:
+        from transformers import AutoTokenizer
+
+        try:
+            self._tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+        except (OSError, ValueError) as exc:
+            raise FileNotFoundError(f"{str(path)!r} has no usable tokenizer: {exc}") from None
+        self._vocab = self._tok.get_vocab()
+
+    def encode(self, text: str, add_special_tokens: bool) -> list[int]:
+        return list(self._tok.encode(text, add_special_tokens=add_special_tokens))
+
+    def decode(self, ids: list[int], skip_special_tokens: bool) -> str:
+        return self._tok.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    def token_id(self, token: str) -> int | None:
+        return self._vocab.get(token)
+
+    def size(self) -> int:
+        return len(self._tok)
+
+
 class Tokenizer:
     """``encode``, ``decode``, ``apply_chat_template``, ``eos_token_ids``, ``vocab_size``."""
 
     def __init__(self, model_path: str | Path) -> None:
         path = Path(model_path)
-        if not (path / "tokenizer.json").is_file():
-            raise FileNotFoundError(f"{str(path)!r} has no tokenizer.json (a fast tokenizer is required)")
+        if not path.is_dir():
+            raise FileNotFoundError(f"tokenizer folder {str(path)!r} does not exist")
         self.path = path
-        self._tok = HFTokenizer.from_file(str(path / "tokenizer.json"))
+        self._codec = _FastCodec(path) if (path / "tokenizer.json").is_file() else _TransformersCodec(path)
         self.config = _read_json(path / "tokenizer_config.json")
         self.special_tokens = {k: t for k in _SPECIAL_KEYS if (t := _token_text(self.config.get(k))) is not None}
         self.chat_template = self._find_chat_template()
@@ -86,16 +131,16 @@ class Tokenizer:
 
     @property
     def vocab_size(self) -> int:
-        return self._tok.get_vocab_size(with_added_tokens=True)
+        return self._codec.size()
 
     def token_id(self, token: str) -> int | None:
-        return self._tok.token_to_id(token)
+        return self._codec.token_id(token)
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
+        return self._codec.encode(text, add_special_tokens)
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
-        return self._tok.decode(ids, skip_special_tokens=skip_special_tokens)
+        return self._codec.decode(ids, skip_special_tokens)
 
     @property
     def bos_token_id(self) -> int | None:

@@ -86,7 +86,7 @@ def test_basics(tok: Tokenizer, model_dir: Path) -> None:
     assert tok.decode(tok.encode(text)) == text
     assert tok.vocab_size == len(hf)
     assert tok.eos_token_ids == {tok.token_id("<|eot_id|>"), tok.token_id("<|end_of_text|>")}
-    with pytest.raises(FileNotFoundError, match="tokenizer.json"):
+    with pytest.raises(FileNotFoundError, match="does not exist"):
         Tokenizer(model_dir / "nowhere")
 
 
@@ -134,3 +134,25 @@ def test_stop_matcher_earliest_stop_wins_and_flush() -> None:
     assert m.feed("partial </e") == ("partial ", False)
     assert m.flush() == "</e"
     assert StopMatcher([]).feed("anything") == ("anything", False)
+
+
+def test_folder_without_tokenizer_json_uses_transformers(tok: Tokenizer, tmp_path: Path) -> None:
+    """A folder with only vocab.json + merges.txt (a slow GPT-2 style tokenizer) still works."""
+    from tokenizers import Tokenizer as Fast
+
+    from engine.tiny_model import CHAT_TEMPLATE, SPECIAL_TOKENS, TOKENIZER_JSON
+
+    fast = Fast.from_file(str(TOKENIZER_JSON))
+    fast.model.save(str(tmp_path))
+    special = {str(fast.token_to_id(t)): {"content": t, "special": True, "lstrip": False, "rstrip": False,
+                                          "normalized": False, "single_word": False} for t in SPECIAL_TOKENS}
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "GPT2Tokenizer", "bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>",
+        "add_bos_token": False, "chat_template": CHAT_TEMPLATE, "added_tokens_decoder": special}))
+    slow = Tokenizer(tmp_path)
+    text = "Hello world, ça va? 日本語 🚂"
+    assert slow.encode(text, add_special_tokens=False) == tok.encode(text, add_special_tokens=False)
+    assert slow.decode(slow.encode(text)) == text
+    msgs = CONVERSATIONS[1]
+    assert slow.apply_chat_template(msgs) == tok.apply_chat_template(msgs)
+    assert slow.eos_token_ids == {tok.token_id("<|eot_id|>")}
