@@ -129,25 +129,29 @@ def torch_paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_
         k_flat.index_copy_(0, plan.write_slots, k[plan.write_tokens].to(k_flat.dtype))
         v_flat.index_copy_(0, plan.write_slots, v[plan.write_tokens].to(v_flat.dtype))
 
-    h_q = q.shape[1]
+    groups = plan.groups
+    if len(groups) == 1 and groups[0].identity:
+        return _attend(q, k_flat, v_flat, groups[0], scale)
+    out = q.new_zeros(q.shape)
+    for grp in groups:
+        qp = q.new_zeros(grp.num_seqs * grp.q_len, *q.shape[1:])
+        qp[grp.pad_index] = q[grp.tokens]
+        out[grp.tokens] = _attend(qp, k_flat, v_flat, grp, scale)[grp.pad_index]
+    return out
+
+
+def _attend(qp: torch.Tensor, k_flat: torch.Tensor, v_flat: torch.Tensor, grp: _Group, scale: float) -> torch.Tensor:
+    """Padded queries ``[Sg * q_len, Hq, D]`` of one group -> their outputs, same shape."""
+    s, ql = grp.num_seqs, grp.q_len
+    _, h_q, d = qp.shape
+    h_kv = k_flat.shape[1]
     g = h_q // h_kv
-    out = None if plan.groups and plan.groups[0].identity else q.new_zeros(q.shape)
-    for grp in plan.groups:
-        s, ql = grp.num_seqs, grp.q_len
-        if grp.identity:
-            qp = q
-        else:
-            qp = q.new_zeros(s * ql, h_q, d)
-            qp[grp.pad_index] = q[grp.tokens]
-        qp = qp.view(s, ql, h_kv, g, d).permute(0, 2, 3, 1, 4).reshape(s, h_kv, g * ql, d)
-        kc = k_flat.index_select(0, grp.slots).view(s, -1, h_kv, d).to(q.dtype).transpose(1, 2)  # [Sg, Hkv, Lg, D]
-        vc = v_flat.index_select(0, grp.slots).view(s, -1, h_kv, d).to(q.dtype).transpose(1, 2)
-        o = F.scaled_dot_product_attention(qp, kc, vc, attn_mask=grp.mask_for(g, q.dtype), scale=scale)
-        o = o.view(s, h_kv, g, ql, d).permute(0, 3, 1, 2, 4).reshape(s * ql, h_q, d)
-        if grp.identity:
-            return o
-        out[grp.tokens] = o[grp.pad_index]  # type: ignore[index]
-    return out if out is not None else q.new_zeros(q.shape)
+    # GQA: the query heads of one KV head become extra query rows, so K/V need no repeat.
+    qp = qp.reshape(s, ql, h_kv, g, d).permute(0, 2, 3, 1, 4).reshape(s, h_kv, g * ql, d)
+    kc = k_flat.index_select(0, grp.slots).view(s, -1, h_kv, d).to(qp.dtype).transpose(1, 2)  # [Sg, Hkv, Lg, D]
+    vc = v_flat.index_select(0, grp.slots).view(s, -1, h_kv, d).to(qp.dtype).transpose(1, 2)
+    o = F.scaled_dot_product_attention(qp, kc, vc, attn_mask=grp.mask_for(g, qp.dtype), scale=scale)
+    return o.view(s, h_kv, g, ql, d).permute(0, 3, 1, 2, 4).reshape(s * ql, h_q, d)
 
 
 AttentionFn = Callable[..., torch.Tensor]
