@@ -107,17 +107,7 @@ class AnthropicBackend:
 
     async def complete_stream(self, request: CompletionRequest) -> ChunkStream[TextCompletion]:
         chat = await self.chat_stream(self._as_chat(request))
-
-        async def texts() -> Any:
-            try:
-                async for chunk in chat:
-                    choices = [CompletionChoice(index=c.index, text=c.delta.content or "" if isinstance(
-                        c.delta.content, str) else "", finish_reason=c.finish_reason) for c in chunk.choices]
-                    yield TextCompletion(id=chunk.id, model=chunk.model, choices=choices, usage=chunk.usage)
-            finally:
-                await chat.aclose()
-
-        return ChunkStream(chunks=texts(), meter=chat.meter)
+        return ChunkStream(chunks=_AsText(chat), meter=chat.meter)
 
     # ------------------------------------------------------------ protocol rest
 
@@ -143,6 +133,25 @@ class AnthropicBackend:
     async def _open(self, body: dict[str, Any]) -> _Events:
         response, first_deadline, deadline = await self.http.open_stream("/messages", json.dumps(body).encode())
         return _Events(response, self.deployment_id, first_deadline, deadline)
+
+
+class _AsText:
+    """A chat chunk stream seen as text-completion chunks; closing it closes the chat stream."""
+
+    def __init__(self, chat: ChunkStream[ChatCompletionChunk]) -> None:
+        self._chat = chat
+
+    def __aiter__(self) -> _AsText:
+        return self
+
+    async def __anext__(self) -> TextCompletion:
+        chunk = await self._chat.chunks.__anext__()
+        choices = [CompletionChoice(index=c.index, text=c.delta.content if isinstance(c.delta.content, str) else "",
+                                    finish_reason=c.finish_reason) for c in chunk.choices]
+        return TextCompletion(id=chunk.id, model=chunk.model, choices=choices, usage=chunk.usage)
+
+    async def aclose(self) -> None:
+        await self._chat.aclose()
 
 
 class _Events:
