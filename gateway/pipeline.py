@@ -153,6 +153,9 @@ class Pipeline:
             await self._settle(ctx, Meter(exact=False), error.status, exc.kind)
             error.headers.update(self._headers(ctx))
             raise error from None
+        except asyncio.CancelledError:  # the client went away before the answer was ready
+            await asyncio.shield(self._settle(ctx, Meter(exact=False), 499, "client_disconnected"))
+            raise
         except BaseException:
             await self._settle(ctx, Meter(exact=False), 500, "internal_error")
             raise
