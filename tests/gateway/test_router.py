@@ -100,3 +100,14 @@ def test_tokens_per_minute_window() -> None:
     assert not health.within_tpm()
     clock.now = 61  # the first 60 expired
     assert health.within_tpm() and health.tokens_last_minute() == 50
+
+
+def test_wildcard_aliases() -> None:
+    settings = parse_settings({"models": [
+        {"name": "exact", "aliases": ["gpt-4o-mini"], "deployments": [{"provider": "openai", "model": "x"}]},
+        {"name": "family", "aliases": ["gpt-4o-*"], "deployments": [{"provider": "openai", "model": "y"}]},
+    ]}, env={})
+    router = Router.from_settings(settings, build_backend)
+    assert router.resolve("gpt-4o-mini").name == "exact"  # type: ignore[union-attr]  # exact names win
+    assert router.resolve("gpt-4o-2024-08-06").name == "family"  # type: ignore[union-attr]
+    assert router.resolve("gpt-5") is None
