@@ -35,7 +35,7 @@ def sampling_params(request: SamplingFields, limit: int | None, logprobs: int | 
         return SamplingParams(
             n=opt(request.n, 1),
             temperature=opt(request.temperature, 1.0),
-            top_p=opt(request.top_p, 1.0) or 1.0,
+            top_p=opt(request.top_p, 1.0),
             top_k=0 if top_k == -1 else top_k,
             min_p=opt(request.min_p, 0.0),
             repetition_penalty=opt(request.repetition_penalty, 1.0),

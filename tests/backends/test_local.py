@@ -156,6 +156,9 @@ def test_prompt_too_long_is_a_clear_400(env: Env) -> None:
     with pytest.raises(openai.BadRequestError) as err:
         env.client().chat.completions.create(model="tiny", messages=MESSAGES, logit_bias={"5": 3})
     assert "logit_bias" in err.value.message
+    with pytest.raises(openai.BadRequestError) as err:
+        env.client().chat.completions.create(model="tiny", messages=MESSAGES, top_p=0)
+    assert "top_p must be in (0, 1]" in err.value.message and err.value.param == "top_p"
     env.wait_idle()
 
 
