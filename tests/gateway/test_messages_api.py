@@ -78,4 +78,9 @@ def test_errors_reach_the_sdk_typed(client: anthropic.Anthropic, env: GatewayEnv
 def test_malformed_messages_body_is_400(env: GatewayEnv) -> None:
     response = httpx.post(env.server.url + "/v1/messages", headers={"x-api-key": ADMIN_KEY},
                           content=b'{"model": "echo", "max_tokens": 5, "messages": [{"role": "system"}]}')
-    assert response.status_code == 400 and response.json()["error"]["param"] == "messages[0].role"
+    assert response.status_code == 400
+    body = response.json()
+    assert body["type"] == "error" and body["error"]["type"] == "invalid_request_error"
+    assert "messages[0].role" in body["error"]["message"]
+    unauthenticated = httpx.post(env.server.url + "/v1/messages", content=b"{}")
+    assert unauthenticated.status_code == 401 and unauthenticated.json()["error"]["type"] == "authentication_error"
