@@ -127,6 +127,27 @@ def test_seeded_sampling_n_and_completions(env: Env) -> None:
     env.wait_idle()
 
 
+def test_logprobs_and_streamed_completions(env: Env) -> None:
+    client = env.client()
+    chat = client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=4, temperature=0,
+                                          logprobs=True, top_logprobs=3, extra_body={"ignore_eos": True})
+    content = chat.choices[0].logprobs.content
+    assert len(content) == 4
+    for lp in content:
+        assert len(lp.top_logprobs) == 3 and lp.logprob <= 0
+        assert lp.top_logprobs[0].logprob >= lp.top_logprobs[-1].logprob
+        assert lp.logprob == pytest.approx(lp.top_logprobs[0].logprob)  # greedy: the best token was taken
+    whole = client.completions.create(model="tiny", prompt="The train", max_tokens=6, temperature=0, logprobs=2,
+                                      echo=True, extra_body={"ignore_eos": True})
+    assert whole.choices[0].text.startswith("The train")
+    assert len(whole.choices[0].logprobs.tokens) == 6
+    parts = list(client.completions.create(model="tiny", prompt="The train", max_tokens=6, temperature=0,
+                                           echo=True, stream=True, extra_body={"ignore_eos": True}))
+    assert "".join(p.choices[0].text for p in parts if p.choices) == whole.choices[0].text
+    assert [p.choices[0].finish_reason for p in parts if p.choices and p.choices[0].finish_reason] == ["length"]
+    env.wait_idle()
+
+
 def test_client_disconnect_aborts_and_frees_kv(env: Env) -> None:
     env.usage.records.clear()
     stream = env.client().chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=1900, temperature=0,
