@@ -21,6 +21,7 @@ from msgspec import UNSET
 from backends.base import BackendStats, BadRequest, ChunkStream, Completed, ContextTooLong, Meter
 from backends.hf_fallback.params import generate_key, opt, row_params
 from backends.hf_fallback.worker import Event, GenerateWorker, Job
+from backends.local.wire import LogprobFormatter
 from backends.types import (
     AssistantMessage,
     ChatChoice,
@@ -36,6 +37,7 @@ from backends.types import (
     TextPart,
     Usage,
 )
+from engine.sequence import TokenLogprob
 
 
 class _JobRun:
@@ -98,6 +100,7 @@ class HFGenerateBackend:
         self.deployment_id = deployment_id
         self.upstream_model = upstream_model
         self.tokenizer = tokenizer
+        self.logprobs = LogprobFormatter(tokenizer)
         self.max_model_len = max_model_len
         self.vocab_size = vocab_size  # the model's embedding rows (token ids must be below it)
         self.metadata = dict(metadata or {})
@@ -109,25 +112,34 @@ class HFGenerateBackend:
     # ------------------------------------------------------------ Backend protocol
 
     async def chat(self, request: ChatCompletionRequest) -> Completed[ChatCompletion]:
-        run = self._start(request, [self._chat_prompt(request)], request.output_limit())
-        texts, reasons = await _collect(run)
-        choices = [ChatChoice(index=i, message=AssistantMessage(content=t), finish_reason=reasons[i])
+        k = _chat_logprobs(request)
+        run = self._start(request, [self._chat_prompt(request)], request.output_limit(), k)
+        texts, reasons, lps = await _collect(run)
+        choices = [ChatChoice(index=i, message=AssistantMessage(content=t), finish_reason=reasons[i],
+                              logprobs=self.logprobs.chat(lps[i]) if k is not None else None)
                    for i, t in enumerate(texts)]
         response = ChatCompletion(id=_id("chatcmpl"), model=request.model, choices=choices, usage=_usage(run.meter))
         return Completed(response, run.meter)
 
     async def chat_stream(self, request: ChatCompletionRequest) -> ChunkStream[ChatCompletionChunk]:
-        run = self._start(request, [self._chat_prompt(request)], request.output_limit())
+        k = _chat_logprobs(request)
+        run = self._start(request, [self._chat_prompt(request)], request.output_limit(), k)
         cid, created = _id("chatcmpl"), int(time.time())
+        pending = _PendingLogprobs()
 
         def chunk(choices: list[ChatChunkChoice], usage: Usage | None = None) -> ChatCompletionChunk:
             return ChatCompletionChunk(id=cid, model=request.model, choices=choices, created=created,
                                        usage=usage if usage is not None else UNSET)
 
         def on_event(ev: Event) -> ChatCompletionChunk | None:
+            lps = pending.add(ev)
+            if lps is None:
+                return None
+            logprobs = self.logprobs.chat(lps) if k is not None else None
             if ev.finish is not None:
-                return chunk([ChatChunkChoice(index=ev.index, delta=ChatDelta(), finish_reason=_reason(ev.finish))])
-            return chunk([ChatChunkChoice(index=ev.index, delta=ChatDelta(content=ev.text))]) if ev.text else None
+                return chunk([ChatChunkChoice(index=ev.index, delta=ChatDelta(), finish_reason=_reason(ev.finish),
+                                              logprobs=logprobs)])
+            return chunk([ChatChunkChoice(index=ev.index, delta=ChatDelta(content=ev.text), logprobs=logprobs)])
 
         first = [chunk([ChatChunkChoice(index=i, delta=ChatDelta(role="assistant", content=""))])
                  for i in range(run.job.num_rows)]
@@ -136,28 +148,41 @@ class HFGenerateBackend:
 
     async def complete(self, request: CompletionRequest) -> Completed[TextCompletion]:
         prompts = self._text_prompts(request)
-        run = self._start(request, prompts, request.output_limit())
-        texts, reasons = await _collect(run)
+        k = _opt_int(request.logprobs)
+        run = self._start(request, prompts, request.output_limit(), k)
+        texts, reasons, lps = await _collect(run)
         echoes = self._echoes(request, prompts)
-        choices = [CompletionChoice(index=i, text=echoes[i] + t, finish_reason=reasons[i]) for i, t in enumerate(texts)]
+        choices = [CompletionChoice(index=i, text=echoes[i] + t, finish_reason=reasons[i],
+                                    logprobs=self.logprobs.completion(lps[i], len(echoes[i])) if k is not None else None)
+                   for i, t in enumerate(texts)]
         response = TextCompletion(id=_id("cmpl"), model=request.model, choices=choices, usage=_usage(run.meter))
         return Completed(response, run.meter)
 
     async def complete_stream(self, request: CompletionRequest) -> ChunkStream[TextCompletion]:
         prompts = self._text_prompts(request)
-        run = self._start(request, prompts, request.output_limit())
+        k = _opt_int(request.logprobs)
+        run = self._start(request, prompts, request.output_limit(), k)
         cid, created = _id("cmpl"), int(time.time())
+        pending = _PendingLogprobs()
+        echoes = self._echoes(request, prompts)
+        offsets = [len(e) for e in echoes]  # text_offset of the next token, per choice
 
         def chunk(choices: list[CompletionChoice], usage: Usage | None = None) -> TextCompletion:
             return TextCompletion(id=cid, model=request.model, choices=choices, created=created,
                                   usage=usage if usage is not None else UNSET)
 
         def on_event(ev: Event) -> TextCompletion | None:
-            if ev.finish is not None:
-                return chunk([CompletionChoice(index=ev.index, text="", finish_reason=_reason(ev.finish))])
-            return chunk([CompletionChoice(index=ev.index, text=ev.text)]) if ev.text else None
+            lps = pending.add(ev)
+            if lps is None:
+                return None
+            logprobs = None
+            if k is not None:
+                logprobs = self.logprobs.completion(lps, offsets[ev.index])
+                offsets[ev.index] += sum(len(t) for t in logprobs.tokens)
+            reason = _reason(ev.finish) if ev.finish is not None else None
+            return chunk([CompletionChoice(index=ev.index, text=ev.text, finish_reason=reason, logprobs=logprobs)])
 
-        first = [chunk([CompletionChoice(index=i, text=e)]) for i, e in enumerate(self._echoes(request, prompts)) if e]
+        first = [chunk([CompletionChoice(index=i, text=e)]) for i, e in enumerate(echoes) if e]
         usage = (lambda: chunk([], _usage(run.meter))) if request.include_usage else None
         return ChunkStream(_relay(run, first, on_event, usage), run.meter)
 
@@ -176,8 +201,6 @@ class HFGenerateBackend:
     def _chat_prompt(self, request: ChatCompletionRequest) -> list[int]:
         if request.tools or request.response_format not in (UNSET, None) and request.response_format.type != "text":
             raise BadRequest("tools and structured output are not supported by this deployment", param="tools")
-        if request.logprobs or request.top_logprobs:
-            raise BadRequest("logprobs are not supported by the transformers generate path", param="logprobs")
         if not getattr(self.tokenizer, "chat_template", None):
             raise BadRequest("this model has no chat template; use /v1/completions", param="messages")
         messages = []
@@ -189,8 +212,6 @@ class HFGenerateBackend:
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
     def _text_prompts(self, request: CompletionRequest) -> list[list[int]]:
-        if request.logprobs not in (UNSET, None):
-            raise BadRequest("logprobs are not supported by the transformers generate path", param="logprobs")
         if request.suffix:
             raise BadRequest("suffix is not supported by this model", param="suffix")
         if request.best_of not in (UNSET, None) and request.best_of != opt(request.n, 1):
@@ -214,7 +235,8 @@ class HFGenerateBackend:
             return [""] * (len(prompts) * n)
         return [self.tokenizer.decode(p, skip_special_tokens=True) for p in prompts for _ in range(n)]
 
-    def _start(self, request: SamplingFields, prompts: list[list[int]], limit: int | None) -> _JobRun:
+    def _start(self, request: SamplingFields, prompts: list[list[int]], limit: int | None,
+               logprobs: int | None) -> _JobRun:
         if not all(prompts):
             raise BadRequest("the prompt is empty", param="prompt")
         longest = max(len(p) for p in prompts)
@@ -229,7 +251,7 @@ class HFGenerateBackend:
             raise ContextTooLong(
                 f"{longest} prompt tokens + {limit} output tokens exceed this model's context of "
                 f"{self.max_model_len} tokens", param="max_tokens")
-        params = row_params(request, limit if limit is not None else room, self.vocab_size)
+        params = row_params(request, limit if limit is not None else room, self.vocab_size, logprobs)
         args = dict(prompts=prompts, n=request.n or 1, key=generate_key(request), params=params)
         return _JobRun(self.worker, args, sum(len(p) for p in prompts), self._active)
 
@@ -247,18 +269,49 @@ def _usage(meter: Meter) -> Usage:
                  total_tokens=meter.total_tokens)
 
 
-async def _collect(run: _JobRun) -> tuple[list[str], list[Any]]:
+def _opt_int(value: Any) -> int | None:
+    return value if isinstance(value, int) else None
+
+
+def _chat_logprobs(request: ChatCompletionRequest) -> int | None:
+    """How many alternatives per token the client wants (None: no logprobs)."""
+    if not request.logprobs:
+        if _opt_int(request.top_logprobs):
+            raise BadRequest("top_logprobs requires logprobs: true", param="top_logprobs")
+        return None
+    return _opt_int(request.top_logprobs) or 0
+
+
+class _PendingLogprobs:
+    """Token logprobs waiting for the next chunk of their choice (a token may add no text yet)."""
+
+    def __init__(self) -> None:
+        self.items: dict[int, list[TokenLogprob]] = {}
+
+    def add(self, ev: Event) -> list[TokenLogprob] | None:
+        """Record ``ev``; the logprobs to send with a chunk for it, or None when no chunk is due."""
+        if ev.logprob is not None:
+            self.items.setdefault(ev.index, []).append(ev.logprob)
+        if not ev.text and ev.finish is None:
+            return None
+        return self.items.pop(ev.index, [])
+
+
+async def _collect(run: _JobRun) -> tuple[list[str], list[Any], list[list[TokenLogprob]]]:
     texts = [""] * run.job.num_rows
     reasons: list[Any] = [None] * run.job.num_rows
+    logprobs: list[list[TokenLogprob]] = [[] for _ in range(run.job.num_rows)]
     try:
         while not run.done:
             ev = await run.next()
             texts[ev.index] += ev.text
+            if ev.logprob is not None:
+                logprobs[ev.index].append(ev.logprob)
             if ev.finish is not None:
                 reasons[ev.index] = _reason(ev.finish)
     finally:
         await run.cancel()
-    return texts, reasons
+    return texts, reasons, logprobs
 
 
 async def _relay(run: _JobRun, first: list[Any], on_event: Callable[[Event], Any | None],

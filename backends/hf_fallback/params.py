@@ -37,7 +37,7 @@ def logit_bias(request: SamplingFields, vocab: int) -> dict[int, float]:
     return bias
 
 
-def row_params(request: SamplingFields, max_new_tokens: int, vocab: int) -> RowParams:
+def row_params(request: SamplingFields, max_new_tokens: int, vocab: int, logprobs: int | None = None) -> RowParams:
     params = RowParams(
         max_new_tokens=max_new_tokens,
         min_tokens=opt(request.min_tokens, 0),
@@ -46,6 +46,7 @@ def row_params(request: SamplingFields, max_new_tokens: int, vocab: int) -> RowP
         presence_penalty=opt(request.presence_penalty, 0.0),
         frequency_penalty=opt(request.frequency_penalty, 0.0),
         logit_bias=logit_bias(request, vocab),
+        logprobs=logprobs,
     )
     if params.min_tokens > params.max_new_tokens:
         raise BadRequest("min_tokens must be <= max_tokens", param="min_tokens")

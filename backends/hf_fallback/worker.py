@@ -22,6 +22,7 @@ from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList,
 
 from backends.base import Unavailable
 from engine.detok import IncrementalDetokenizer, StopMatcher
+from engine.sequence import TokenLogprob
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,7 @@ class RowParams:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     logit_bias: dict[int, float] = field(default_factory=dict)
+    logprobs: int | None = None  # None: none; k: the sampled token's logprob and the k most likely
 
     @property
     def needs_processor(self) -> bool:
@@ -63,6 +65,7 @@ class Event:
     token: bool = False
     finish: str | None = None  # "stop", "length", "abort"
     error: BaseException | None = None
+    logprob: TokenLogprob | None = None  # with ``token`` when the job asked for logprobs
 
 
 @dataclass(eq=False)
@@ -117,18 +120,24 @@ class _Row:
                 self.job.emit(Event(index=self.index, text=text))
         self.job.emit(Event(index=self.index, finish=reason))
 
-    def push(self, token: int) -> None:
+    def push(self, token: int, logprobs: torch.Tensor | None) -> None:
+        """One new token; ``logprobs`` is the model's log-distribution it was drawn from, if wanted."""
         if self.job.aborted:
             self.end("abort")
             return
         p = self.job.params
         self.output.append(token)
+        lp = None
+        if p.logprobs is not None and logprobs is not None:
+            top = logprobs.topk(p.logprobs) if p.logprobs else None
+            alternatives = dict(zip(top.indices.tolist(), top.values.tolist())) if top is not None else {}
+            lp = TokenLogprob(token, float(logprobs[token]), alternatives)
         if self.count >= p.min_tokens and not p.ignore_eos and token in self.eos_ids:
-            self.job.emit(Event(index=self.index, token=True))
+            self.job.emit(Event(index=self.index, token=True, logprob=lp))
             self.end("stop")
             return
         text, stopped = self.stops.feed(self.detok.push(token))
-        self.job.emit(Event(index=self.index, text=text, token=True))
+        self.job.emit(Event(index=self.index, text=text, token=True, logprob=lp))
         if stopped:
             self.end("stop")
         elif self.count >= p.max_new_tokens:
@@ -136,15 +145,24 @@ class _Row:
 
 
 class _Tap(StoppingCriteria):
-    """Called by ``generate`` after each step with all ids so far: feeds rows, says which are done."""
+    """Called by ``generate`` after each step with all ids so far: feeds rows, says which are done.
+
+    With ``capture_logits`` a forward hook on the model keeps the last position's raw logits of
+    each step, so rows that asked for logprobs get them from the unprocessed distribution.
+    """
 
     def __init__(self, rows: list[_Row]) -> None:
         self.rows = rows
+        self.logits: torch.Tensor | None = None
+
+    def capture_logits(self, module: Any, args: Any, output: Any) -> None:
+        self.logits = output.logits[:, -1, :]
 
     def __call__(self, input_ids: torch.Tensor, scores: Any, **kwargs: Any) -> torch.BoolTensor:
-        for row, token in zip(self.rows, input_ids[:, -1].tolist(), strict=True):
+        logprobs = torch.log_softmax(self.logits.float(), dim=-1) if self.logits is not None else None
+        for b, (row, token) in enumerate(zip(self.rows, input_ids[:, -1].tolist(), strict=True)):
             if not row.finished:
-                row.push(token)
+                row.push(token, logprobs[b] if logprobs is not None else None)
         return torch.tensor([r.finished for r in self.rows], device=input_ids.device)  # type: ignore[return-value]
 
 
@@ -282,10 +300,18 @@ class GenerateWorker:
             processors.append(_RowLogits(rows, width))
         self.batches_run += 1
         self.largest_batch = max(self.largest_batch, len(rows))
-        self.model.generate(
-            ids.to(self.device), attention_mask=mask.to(self.device), generation_config=config,
-            logits_processor=processors, stopping_criteria=StoppingCriteriaList([_Tap(rows)]),
-        )
+        tap = _Tap(rows)
+        hook = None
+        if any(job.params.logprobs is not None for job in batch):
+            hook = self.model.register_forward_hook(tap.capture_logits)
+        try:
+            self.model.generate(
+                ids.to(self.device), attention_mask=mask.to(self.device), generation_config=config,
+                logits_processor=processors, stopping_criteria=StoppingCriteriaList([tap]),
+            )
+        finally:
+            if hook is not None:
+                hook.remove()
         for row in rows:  # generate ended (all done, or its own max_new_tokens)
             if not row.finished:
                 row.end("abort" if row.job.aborted else "length")

@@ -146,8 +146,8 @@ async def test_closing_a_stream_aborts_and_meters_what_was_produced(backend_for)
 
 async def test_bad_requests_are_typed(backend_for) -> None:
     backend = backend_for("gpt2")
-    with pytest.raises(BadRequest, match="logprobs"):
-        await backend.chat(chat("hi", logprobs=True))
+    with pytest.raises(BadRequest, match="top_logprobs requires"):
+        await backend.chat(chat("hi", top_logprobs=2))
     with pytest.raises(ContextTooLong):
         await backend.complete(completion("hi", max_tokens=10_000))
     with pytest.raises(BadRequest, match="max_tokens"):
@@ -156,6 +156,35 @@ async def test_bad_requests_are_typed(backend_for) -> None:
         await backend.complete(completion([[1, 99999]]))
     with pytest.raises(BadRequest, match="logit_bias"):
         await backend.complete(completion("hi", logit_bias={"x": 1.0}))
+
+
+async def test_logprobs_are_the_models_raw_distribution(folder, backend_for) -> None:
+    backend = backend_for("gpt2")
+    ids = backend.tokenizer.encode(PROMPTS[0])
+    result = await backend.complete(completion(PROMPTS[0], max_tokens=6, ignore_eos=True, logprobs=3))
+    out = result.response.choices[0].logprobs
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder("gpt2"))
+    new = reference(folder("gpt2"), ids, 6)
+    with torch.no_grad():
+        dist = torch.log_softmax(model(torch.tensor([ids + new])).logits[0, len(ids) - 1 : -1].float(), dim=-1)
+    want = [float(dist[i, t]) for i, t in enumerate(new)]
+    assert out.token_logprobs == pytest.approx(want, abs=1e-4)
+    # greedy: the sampled token is the most likely one; the alternatives are the top 3, keyed by text
+    # (ids that decode alike, such as partial UTF-8 bytes, share a key)
+    for i, top in enumerate(out.top_logprobs):
+        best = dist[i].topk(3).values.tolist()
+        assert out.token_logprobs[i] == pytest.approx(best[0], abs=1e-4)
+        assert 1 <= len(top) <= 3 and all(min(abs(v - b) for b in best) < 1e-4 for v in top.values())
+    assert "".join(out.tokens) == result.response.choices[0].text
+
+    stream = await backend.chat_stream(chat("hi", max_tokens=5, ignore_eos=True, stream=True, logprobs=True,
+                                            top_logprobs=2))
+    streamed = [lp for c in [c async for c in stream] if c.choices and c.choices[0].logprobs
+                for lp in c.choices[0].logprobs.content]
+    whole = await backend.chat(chat("hi", max_tokens=5, ignore_eos=True, logprobs=True, top_logprobs=2))
+    assert [(t.token, t.logprob) for t in streamed] == [(t.token, t.logprob)
+                                                        for t in whole.response.choices[0].logprobs.content]
+    assert len(streamed) == 5 and all(len(t.top_logprobs) == 2 for t in streamed)
 
 
 def test_unknown_option_is_a_config_error(folder) -> None:

@@ -113,5 +113,17 @@ def test_native_on_an_unsupported_architecture_fails_the_deployment_clearly(env:
 
 
 def test_bad_input_is_an_openai_error(client: openai.OpenAI) -> None:
-    with pytest.raises(openai.BadRequestError, match="logprobs"):
-        client.completions.create(model="neox", prompt="hi", max_tokens=3, logprobs=2)
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}]
+    with pytest.raises(openai.BadRequestError, match="tools and structured output are not supported"):
+        client.chat.completions.create(model="neox", messages=[{"role": "user", "content": "hi"}], tools=tools)
+    with pytest.raises(openai.BadRequestError, match="context"):
+        client.completions.create(model="neox", prompt="hi", max_tokens=100_000)
+
+
+@pytest.mark.parametrize("model", ["neox", "gpt2"])
+def test_logprobs_on_both_paths(client: openai.OpenAI, model: str) -> None:
+    reply = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "hi"}], max_tokens=4,
+                                           temperature=0, logprobs=True, top_logprobs=2, extra_body={"ignore_eos": True})
+    content = reply.choices[0].logprobs.content
+    assert len(content) == 4 and all(t.logprob <= 0 and len(t.top_logprobs) >= 1 for t in content)
+    assert all(t.logprob == pytest.approx(t.top_logprobs[0].logprob) for t in content)  # greedy takes the top one
