@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -126,11 +128,28 @@ def build_tiny_model(path: str | Path, arch: str = "llama", seed: int = 0, dtype
 
 
 def ensure_tiny_model(path: str | Path, **kwargs: Any) -> Path:
-    """Build the tiny model at ``path`` unless a complete folder is already there."""
+    """Build the tiny model at ``path`` unless a complete folder is already there.
+
+    The folder is written under a temporary name and renamed into place, so several processes
+    starting at once (gateway workers) never see, or load, a half-written model.
+    """
     out = Path(path)
     if (out / "config.json").is_file() and (out / "tokenizer.json").is_file() and any(out.glob("*.safetensors")):
         return out
-    return build_tiny_model(out, **kwargs)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
+    try:
+        build_tiny_model(staging, **kwargs)
+        if out.exists() and not any(out.iterdir()):
+            out.rmdir()
+        try:
+            os.rename(staging, out)
+        except OSError:
+            if not (out / "config.json").is_file():  # not another process's finished model
+                raise FileExistsError(f"{out} exists but is not a complete model folder; remove it") from None
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return out
 
 
 def main() -> None:

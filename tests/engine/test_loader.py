@@ -85,7 +85,13 @@ def test_bad_dtype() -> None:
 
 
 def test_ensure_tiny_model_builds_once(tmp_path: Path) -> None:
-    path = ensure_tiny_model(tmp_path / "tiny")
+    path = ensure_tiny_model(tmp_path / "models" / "tiny")
     stamp = (path / "config.json").stat().st_mtime_ns
     assert ensure_tiny_model(path) == path
     assert (path / "config.json").stat().st_mtime_ns == stamp
+    assert [p.name for p in path.parent.iterdir()] == ["tiny"]  # no staging folder left behind
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "stray.txt").write_text("x")
+    with pytest.raises(FileExistsError, match="not a complete model folder"):
+        ensure_tiny_model(broken)
