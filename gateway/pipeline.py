@@ -19,7 +19,16 @@ from litestar import Response
 from litestar.background_tasks import BackgroundTask
 from litestar.response import Stream
 
-from backends.base import Backend, BackendError, BadRequest, ChunkStream, Completed, Meter, Unavailable
+from backends.base import (
+    Backend,
+    BackendError,
+    BadRequest,
+    ChunkStream,
+    Completed,
+    ContextTooLong,
+    Meter,
+    Unavailable,
+)
 from backends.estimate import estimate_chat_prompt, estimate_completion_prompt
 from backends.types import ChatCompletionRequest, CompletionRequest
 from gateway.contracts import Principal, QuotaExceeded, QuotaState, QuotaUnavailable, Ticket, UsageRecord
@@ -62,6 +71,7 @@ class _Context:
     stream: bool
     started_at: float
     t0: float
+    prompt_tokens: int = 0  # estimated, for context-window routing
     deployment: Deployment | None = None
 
 
@@ -111,9 +121,10 @@ class Pipeline:
         if isinstance(body.top_logprobs, int) and not body.logprobs:
             raise ApiError(400, "'top_logprobs' requires 'logprobs' to be true.", param="top_logprobs")
         call: Call = (lambda b: b.chat_stream(body)) if body.is_stream else (lambda b: b.chat(body))
-        reserve = estimate_chat_prompt(body) + (body.output_limit() or DEFAULT_OUTPUT_RESERVE)
+        prompt = estimate_chat_prompt(body)
         endpoint = "chat.completions" if dialect is OPENAI else "messages"
-        return await self._serve(principal, body.model, endpoint, body.is_stream, reserve, call, dialect)
+        return await self._serve(principal, body.model, endpoint, body.is_stream, prompt, body.output_limit(), call,
+                                 dialect)
 
     async def complete(self, principal: Principal, body: CompletionRequest) -> Response[Any]:
         try:
@@ -123,16 +134,18 @@ class Pipeline:
         if body.stream_options not in (None, msgspec.UNSET) and not body.is_stream:
             raise ApiError(400, "'stream_options' is only allowed when 'stream' is true.", param="stream_options")
         call: Call = (lambda b: b.complete_stream(body)) if body.is_stream else (lambda b: b.complete(body))
-        reserve = estimate_completion_prompt(body) + (body.output_limit() or DEFAULT_OUTPUT_RESERVE)
-        return await self._serve(principal, body.model, "completions", body.is_stream, reserve, call)
+        prompt = estimate_completion_prompt(body)
+        return await self._serve(principal, body.model, "completions", body.is_stream, prompt, body.output_limit(),
+                                 call)
 
     # ------------------------------------------------------------ the path
 
     async def _serve(
-        self, principal: Principal, model: str, endpoint: str, stream: bool, reserve: int, call: Call,
-        dialect: Dialect = OPENAI,
+        self, principal: Principal, model: str, endpoint: str, stream: bool, prompt_tokens: int,
+        output_limit: int | None, call: Call, dialect: Dialect = OPENAI,
     ) -> Response[Any]:
         group = self.group_for(principal, model)
+        reserve = prompt_tokens + (output_limit or DEFAULT_OUTPUT_RESERVE)
         try:
             ticket = await self._admit(principal, group, reserve)
         except ApiError as exc:  # refused by quotas: still one usage row (no tokens) for this request
@@ -144,7 +157,7 @@ class Pipeline:
             raise
         ctx = _Context(
             request_id=uuid.uuid4().hex, endpoint=endpoint, model=model, principal=principal, group=group,
-            ticket=ticket, stream=stream, started_at=time.time(), t0=time.perf_counter(),
+            ticket=ticket, stream=stream, started_at=time.time(), t0=time.perf_counter(), prompt_tokens=prompt_tokens,
         )
         try:
             result = await self._call(ctx, call)
@@ -165,8 +178,11 @@ class Pipeline:
 
     async def _call(self, ctx: _Context, call: Call) -> Completed[Any] | ChunkStream[Any]:
         """Follow the route plan until an attempt succeeds; the last failure is raised."""
-        plan = RoutePlan(ctx.group, self.services.router.resolve)
+        plan = RoutePlan(ctx.group, self.services.router.resolve, prompt_tokens=ctx.prompt_tokens)
         attempt = plan.first()
+        if attempt is None and plan.too_long:
+            raise ContextTooLong(f"the prompt (about {ctx.prompt_tokens} tokens) exceeds the context window of "
+                                 f"every deployment of '{ctx.model}'", param="messages")
         if attempt is None:
             raise Unavailable(f"no deployment of '{ctx.model}' is available (circuits open or at capacity)")
         while True:

@@ -6,7 +6,8 @@ once a stream has started it is never retried. Retryable errors (connect, 429, 5
 move to the next deployment of the group in strategy order (round again when there are fewer
 deployments than retries), waiting a jittered exponential backoff; when the group's retries are
 spent, the group's ``fallbacks`` are tried in turn. A prompt too long for the deployment
-(``ContextTooLong``) goes to ``context_window_fallbacks`` instead.
+(``ContextTooLong`` from the provider, or an estimate above its configured ``context_window``)
+goes to ``context_window_fallbacks`` instead.
 """
 
 from __future__ import annotations
@@ -31,8 +32,10 @@ class Attempt:
 
 class RoutePlan:
     def __init__(self, group: ModelGroup, resolve: Callable[[str], ModelGroup | None],
-                 rng: random.Random | None = None) -> None:
+                 rng: random.Random | None = None, prompt_tokens: int = 0) -> None:
         self._resolve = resolve
+        self._prompt_tokens = prompt_tokens  # estimated; deployments with a smaller context_window are skipped
+        self.too_long = False  # some deployment was skipped because the prompt exceeds its context window
         self._rng = rng or group.rng
         self._tried_groups = {group.name}
         self._fallbacks = list(group.config.fallbacks)
@@ -49,7 +52,10 @@ class RoutePlan:
         self._retry = 0
 
     def first(self) -> Attempt | None:
-        return self._next_in_group(0.0) or self._next_group(self._fallbacks)
+        attempt = self._next_in_group(0.0)
+        if attempt is None and self.too_long:
+            attempt = self._next_group(self._context_fallbacks)
+        return attempt or self._next_group(self._fallbacks)
 
     def after(self, error: BackendError) -> Attempt | None:
         if isinstance(error, ContextTooLong):
@@ -76,6 +82,10 @@ class RoutePlan:
         for _ in range(len(self._order)):
             self._pos = (self._pos + 1) % len(self._order)
             deployment = self._order[self._pos]
+            window = deployment.config.context_window
+            if window is not None and self._prompt_tokens > window:
+                self.too_long = True
+                continue
             if deployment.accepts():
                 self._count += 1
                 return Attempt(self._group, deployment, delay, self._count)

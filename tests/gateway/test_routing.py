@@ -66,6 +66,10 @@ def _config(u: dict[str, FakeUpstream]) -> dict:
              "deployments": [_dep("c-a", a, max_concurrency=1), _dep("c-b", b)]},
             {"name": "tpm", "strategy": "priority", "max_retries": 0, "circuit": NO_BREAKER,
              "deployments": [_dep("t-a", a, tokens_per_minute=5), _dep("t-b", b)]},
+            {"name": "windowed", "max_retries": 0, "circuit": NO_BREAKER, "context_window_fallbacks": ["long"],
+             "deployments": [_dep("w-a", a, context_window=40)]},
+            {"name": "narrow", "max_retries": 0, "circuit": NO_BREAKER,
+             "deployments": [_dep("n-a", a, context_window=40)]},
             {"name": "lat", "strategy": "lowest_latency", "deployments": [_dep("lt-a", a), _dep("lt-b", b)],
              "max_retries": 0, "circuit": NO_BREAKER},
         ],
@@ -189,6 +193,18 @@ def test_context_window_fallback(client: openai.OpenAI, upstreams: dict[str, Fak
                                                                "code": "context_length_exceeded"}}))
     assert client.chat.completions.create(model="primary", messages=MESSAGES).choices
     assert (_count(upstreams["A"]), _count(upstreams["B"]), _count(upstreams["C"])) == (1, 0, 1)
+
+
+def test_prompt_over_the_context_window_goes_to_the_fallback(client: openai.OpenAI,
+                                                              upstreams: dict[str, FakeUpstream]) -> None:
+    long_prompt = [{"role": "user", "content": " ".join(["word"] * 100)}]
+    assert client.chat.completions.create(model="windowed", messages=long_prompt).choices
+    assert (_count(upstreams["A"]), _count(upstreams["C"])) == (0, 1)  # never sent where it cannot fit
+    assert client.chat.completions.create(model="windowed", messages=MESSAGES).choices
+    assert _count(upstreams["A"]) == 1
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(model="narrow", messages=long_prompt)
+    assert err.value.code == "context_length_exceeded" and _count(upstreams["A"]) == 1
 
 
 def test_client_errors_are_not_retried(client: openai.OpenAI, upstreams: dict[str, FakeUpstream]) -> None:
