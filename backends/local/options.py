@@ -22,7 +22,10 @@ def engine_config(config: DeploymentConfig) -> EngineConfig:
             raise ConfigError(f"deployment {config.id}: options.builtin must be 'tiny', got {builtin!r}")
         from engine.tiny_model import ensure_tiny_model
 
-        ensure_tiny_model(config.model)
+        try:
+            ensure_tiny_model(config.model)
+        except OSError as exc:
+            raise ConfigError(f"deployment {config.id}: cannot build the tiny model: {exc}") from None
     if config.context_window is not None and "max_model_len" not in options:
         options["max_model_len"] = config.context_window
     try:

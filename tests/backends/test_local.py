@@ -193,5 +193,9 @@ def test_bad_deployment_options(env: Env, tmp_path: Path) -> None:
         build_backend(DeploymentConfig(provider="local", model=str(env.folder), options={"warp": 9}))
     with pytest.raises(ConfigError, match="builtin must be 'tiny'"):
         build_backend(DeploymentConfig(provider="local", model=str(tmp_path / "x"), options={"builtin": "huge"}))
+    (tmp_path / "junk").mkdir()
+    (tmp_path / "junk" / "file").write_text("x")
+    with pytest.raises(ConfigError, match="cannot build the tiny model.*not a complete model folder"):
+        build_backend(DeploymentConfig(provider="local", model=str(tmp_path / "junk"), options={"builtin": "tiny"}))
     with pytest.raises(ConfigError, match="does not exist"):
         build_backend(DeploymentConfig(provider="local", model=str(tmp_path / "absent")))
