@@ -58,15 +58,17 @@ def admin(gw: GatewayProcess) -> httpx.Client:
 
 
 ISSUED: list[str] = []  # every key handed out, to check none of them reaches a log
+KEY_IDS: dict[str, str] = {}  # tenant id -> its key's id, for cleaning up Redis
 
 
 def tenant_key(gw: GatewayProcess, **limits: Any) -> tuple[str, str]:
     with admin(gw) as a:
         tid = a.post("/admin/v1/tenants", json={"name": f"q-{uuid.uuid4().hex[:8]}"}).json()["id"]
         assert a.put(f"/admin/v1/tenants/{tid}/limits", json=limits).status_code == 200
-        key = a.post("/admin/v1/keys", json={"tenant_id": tid}).json()["key"]
-        ISSUED.append(key)
-        return tid, key
+        created = a.post("/admin/v1/keys", json={"tenant_id": tid}).json()
+        ISSUED.append(created["key"])
+        KEY_IDS[tid] = created["id"]
+        return tid, created["key"]
 
 
 async def hammer(gateways: list[GatewayProcess], key: str, n: int, **kwargs: Any) -> list[Any]:
@@ -83,7 +85,7 @@ async def hammer(gateways: list[GatewayProcess], key: str, n: int, **kwargs: Any
 
 
 async def cleanup(redis: Redis, tid: str) -> None:  # noqa: F811
-    keys = [k async for k in redis.scan_iter(match=f"sy:q:*{tid}*", count=1000)]
+    keys = [k for sid in {tid, KEY_IDS.get(tid, tid)} async for k in redis.scan_iter(match=f"sy:q:*{sid}*", count=1000)]
     if keys:
         await redis.delete(*keys)
 
