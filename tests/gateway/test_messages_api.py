@@ -84,3 +84,21 @@ def test_malformed_messages_body_is_400(env: GatewayEnv) -> None:
     assert "messages[0].role" in body["error"]["message"]
     unauthenticated = httpx.post(env.server.url + "/v1/messages", content=b"{}")
     assert unauthenticated.status_code == 401 and unauthenticated.json()["error"]["type"] == "authentication_error"
+
+
+def test_fuzzed_messages_bodies_never_5xx(env: GatewayEnv) -> None:
+    import json
+    import random
+
+    rng = random.Random(7)
+    values = [None, 0, -1, 1.5, "", "x", [], {}, [{"type": "text"}], [{"type": "image", "source": {}}],
+              {"role": "user"}, [{"role": "user", "content": [{"type": "tool_result"}]}]]
+    keys = ["model", "max_tokens", "messages", "system", "temperature", "top_k", "stop_sequences", "stream",
+            "tools", "tool_choice", "metadata"]
+    with httpx.Client(base_url=env.server.url, headers={"x-api-key": ADMIN_KEY}, timeout=10) as http:
+        for _ in range(60):
+            doc = {"model": "echo", "max_tokens": 3, "messages": [{"role": "user", "content": "fuzz"}]}
+            for _ in range(rng.randrange(1, 4)):
+                doc[rng.choice(keys)] = rng.choice(values)
+            response = http.post("/v1/messages", content=json.dumps(doc))
+            assert response.status_code < 500, (doc, response.text)
