@@ -2,7 +2,8 @@
 
 Weights use fused q/k/v and gate/up projections; ``load_weights`` maps Hugging Face checkpoint
 names onto them. Mistral's sliding window is applied in the attention mask (per layer, following
-``layer_types`` when the config has it).
+``layer_types`` when the config has it), so outputs match transformers at any length; the blocks
+that fall out of the window are not released early (the cache is sized for full attention).
 """
 
 from __future__ import annotations
