@@ -12,15 +12,15 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-import anyio
 from msgspec import UNSET
 
 from backends.base import BackendStats, BadRequest, ChunkStream, Completed, ContextTooLong, Meter
 from backends.hf_fallback.params import generate_key, opt, row_params
-from backends.hf_fallback.worker import Event, GenerateWorker, Job
+from backends.hf_fallback.jobs import Event
+from backends.hf_fallback.runs import JobRun, PendingLogprobs, collect, relay
+from backends.hf_fallback.worker import GenerateWorker
 from backends.local.wire import LogprobFormatter
 from backends.types import (
     AssistantMessage,
@@ -37,56 +37,6 @@ from backends.types import (
     TextPart,
     Usage,
 )
-from engine.sequence import TokenLogprob
-
-
-class _JobRun:
-    """The async side of one job: its events in order, the meter, and cancellation."""
-
-    def __init__(self, worker: GenerateWorker, job_args: dict[str, Any], prompt_tokens: int,
-                 active: set[_JobRun]) -> None:
-        loop = asyncio.get_running_loop()
-        self._queue: asyncio.Queue[Event] = asyncio.Queue()
-        self.worker = worker
-        self.job = Job(**job_args, emit=lambda ev: loop.call_soon_threadsafe(self._queue.put_nowait, ev))
-        self.meter = Meter(prompt_tokens=prompt_tokens, exact=True)
-        self._open = self.job.num_rows
-        worker.submit(self.job)  # Unavailable when the queue is full
-        self._active = active
-        active.add(self)
-
-    @property
-    def done(self) -> bool:
-        return self._open == 0
-
-    async def next(self) -> Event:
-        """The next event; a worker failure is raised. Call only while not ``done``."""
-        ev = await self._queue.get()
-        if ev.error is not None:
-            self._open = 0
-            self._active.discard(self)
-            raise ev.error
-        if ev.token:
-            self.meter.completion_tokens += 1
-            if self.meter.first_token_at is None:
-                self.meter.first_token_at = time.perf_counter()
-        if ev.finish is not None:
-            self._open -= 1
-            if self._open == 0:
-                self._active.discard(self)
-        return ev
-
-    async def cancel(self) -> None:
-        """Abort and wait until the worker has let go of every row (at most one step)."""
-        if self.done:
-            return
-        self.worker.cancel(self.job)
-        with anyio.CancelScope(shield=True):
-            try:
-                while not self.done:
-                    await self.next()
-            except Exception:
-                pass  # the job failed while stopping: nothing more will come
 
 
 class HFGenerateBackend:
@@ -104,7 +54,7 @@ class HFGenerateBackend:
         self.max_model_len = max_model_len
         self.vocab_size = vocab_size  # the model's embedding rows (token ids must be below it)
         self.metadata = dict(metadata or {})
-        self._active: set[_JobRun] = set()  # requests submitted and not yet finished
+        self._active: set[JobRun] = set()  # requests submitted and not yet finished
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(eos_ids, default=0)
         self.worker = GenerateWorker(model, tokenizer, eos_ids, pad, max_batch_rows=max_batch_rows,
                                      max_queue=max_queue)
@@ -114,8 +64,8 @@ class HFGenerateBackend:
     async def chat(self, request: ChatCompletionRequest) -> Completed[ChatCompletion]:
         k = _chat_logprobs(request)
         run = self._start(request, [self._chat_prompt(request)], request.output_limit(), k)
-        texts, reasons, lps = await _collect(run)
-        choices = [ChatChoice(index=i, message=AssistantMessage(content=t), finish_reason=reasons[i],
+        texts, reasons, lps = await collect(run)
+        choices = [ChatChoice(index=i, message=AssistantMessage(content=t), finish_reason=_reason(reasons[i]),
                               logprobs=self.logprobs.chat(lps[i]) if k is not None else None)
                    for i, t in enumerate(texts)]
         response = ChatCompletion(id=_id("chatcmpl"), model=request.model, choices=choices, usage=_usage(run.meter))
@@ -125,7 +75,7 @@ class HFGenerateBackend:
         k = _chat_logprobs(request)
         run = self._start(request, [self._chat_prompt(request)], request.output_limit(), k)
         cid, created = _id("chatcmpl"), int(time.time())
-        pending = _PendingLogprobs()
+        pending = PendingLogprobs()
 
         def chunk(choices: list[ChatChunkChoice], usage: Usage | None = None) -> ChatCompletionChunk:
             return ChatCompletionChunk(id=cid, model=request.model, choices=choices, created=created,
@@ -144,15 +94,15 @@ class HFGenerateBackend:
         first = [chunk([ChatChunkChoice(index=i, delta=ChatDelta(role="assistant", content=""))])
                  for i in range(run.job.num_rows)]
         usage = (lambda: chunk([], _usage(run.meter))) if request.include_usage else None
-        return ChunkStream(_relay(run, first, on_event, usage), run.meter)
+        return ChunkStream(relay(run, first, on_event, usage), run.meter)
 
     async def complete(self, request: CompletionRequest) -> Completed[TextCompletion]:
         prompts = self._text_prompts(request)
         k = _opt_int(request.logprobs)
         run = self._start(request, prompts, request.output_limit(), k)
-        texts, reasons, lps = await _collect(run)
+        texts, reasons, lps = await collect(run)
         echoes = self._echoes(request, prompts)
-        choices = [CompletionChoice(index=i, text=echoes[i] + t, finish_reason=reasons[i],
+        choices = [CompletionChoice(index=i, text=echoes[i] + t, finish_reason=_reason(reasons[i]),
                                     logprobs=self.logprobs.completion(lps[i], len(echoes[i])) if k is not None else None)
                    for i, t in enumerate(texts)]
         response = TextCompletion(id=_id("cmpl"), model=request.model, choices=choices, usage=_usage(run.meter))
@@ -163,7 +113,7 @@ class HFGenerateBackend:
         k = _opt_int(request.logprobs)
         run = self._start(request, prompts, request.output_limit(), k)
         cid, created = _id("cmpl"), int(time.time())
-        pending = _PendingLogprobs()
+        pending = PendingLogprobs()
         echoes = self._echoes(request, prompts)
         offsets = [len(e) for e in echoes]  # text_offset of the next token, per choice
 
@@ -184,7 +134,7 @@ class HFGenerateBackend:
 
         first = [chunk([CompletionChoice(index=i, text=e)]) for i, e in enumerate(echoes) if e]
         usage = (lambda: chunk([], _usage(run.meter))) if request.include_usage else None
-        return ChunkStream(_relay(run, first, on_event, usage), run.meter)
+        return ChunkStream(relay(run, first, on_event, usage), run.meter)
 
     def stats(self) -> BackendStats:
         queued = self.worker.queue_depth
@@ -236,7 +186,7 @@ class HFGenerateBackend:
         return [self.tokenizer.decode(p, skip_special_tokens=True) for p in prompts for _ in range(n)]
 
     def _start(self, request: SamplingFields, prompts: list[list[int]], limit: int | None,
-               logprobs: int | None) -> _JobRun:
+               logprobs: int | None) -> JobRun:
         if not all(prompts):
             raise BadRequest("the prompt is empty", param="prompt")
         longest = max(len(p) for p in prompts)
@@ -253,7 +203,7 @@ class HFGenerateBackend:
                 f"{self.max_model_len} tokens", param="max_tokens")
         params = row_params(request, limit if limit is not None else room, self.vocab_size, logprobs)
         args = dict(prompts=prompts, n=request.n or 1, key=generate_key(request), params=params)
-        return _JobRun(self.worker, args, sum(len(p) for p in prompts), self._active)
+        return JobRun(self.worker, args, sum(len(p) for p in prompts), self._active)
 
 
 def _id(prefix: str) -> str:
@@ -280,50 +230,3 @@ def _chat_logprobs(request: ChatCompletionRequest) -> int | None:
             raise BadRequest("top_logprobs requires logprobs: true", param="top_logprobs")
         return None
     return _opt_int(request.top_logprobs) or 0
-
-
-class _PendingLogprobs:
-    """Token logprobs waiting for the next chunk of their choice (a token may add no text yet)."""
-
-    def __init__(self) -> None:
-        self.items: dict[int, list[TokenLogprob]] = {}
-
-    def add(self, ev: Event) -> list[TokenLogprob] | None:
-        """Record ``ev``; the logprobs to send with a chunk for it, or None when no chunk is due."""
-        if ev.logprob is not None:
-            self.items.setdefault(ev.index, []).append(ev.logprob)
-        if not ev.text and ev.finish is None:
-            return None
-        return self.items.pop(ev.index, [])
-
-
-async def _collect(run: _JobRun) -> tuple[list[str], list[Any], list[list[TokenLogprob]]]:
-    texts = [""] * run.job.num_rows
-    reasons: list[Any] = [None] * run.job.num_rows
-    logprobs: list[list[TokenLogprob]] = [[] for _ in range(run.job.num_rows)]
-    try:
-        while not run.done:
-            ev = await run.next()
-            texts[ev.index] += ev.text
-            if ev.logprob is not None:
-                logprobs[ev.index].append(ev.logprob)
-            if ev.finish is not None:
-                reasons[ev.index] = _reason(ev.finish)
-    finally:
-        await run.cancel()
-    return texts, reasons, logprobs
-
-
-async def _relay(run: _JobRun, first: list[Any], on_event: Callable[[Event], Any | None],
-                 usage: Callable[[], Any] | None) -> AsyncIterator[Any]:
-    try:
-        for chunk in first:
-            yield chunk
-        while not run.done:
-            out = on_event(await run.next())
-            if out is not None:
-                yield out
-        if usage is not None:
-            yield usage()
-    finally:
-        await run.cancel()

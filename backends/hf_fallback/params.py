@@ -7,7 +7,7 @@ from typing import Any
 from msgspec import UNSET
 
 from backends.base import BadRequest
-from backends.hf_fallback.worker import GenerateKey, RowParams
+from backends.hf_fallback.jobs import GenerateKey, RowParams
 from backends.types import SamplingFields
 
 

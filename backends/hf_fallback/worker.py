@@ -13,177 +13,14 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
+from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
 
 from backends.base import Unavailable
-from engine.detok import IncrementalDetokenizer, StopMatcher
-from engine.sequence import TokenLogprob
-
-
-@dataclass(frozen=True)
-class GenerateKey:
-    """What ``generate`` applies to a whole batch; jobs share a batch only when keys are equal."""
-
-    do_sample: bool = False
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    min_p: float = 0.0
-    repetition_penalty: float = 1.0
-    seed: int | None = None  # a seeded sampling job runs alone, after seeding the generator
-
-
-@dataclass
-class RowParams:
-    """Per-row parameters, applied inside a shared batch."""
-
-    max_new_tokens: int
-    min_tokens: int = 0
-    ignore_eos: bool = False
-    stop: list[str] = field(default_factory=list)
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    logit_bias: dict[int, float] = field(default_factory=dict)
-    logprobs: int | None = None  # None: none; k: the sampled token's logprob and the k most likely
-
-    @property
-    def needs_processor(self) -> bool:
-        return bool(self.min_tokens or self.presence_penalty or self.frequency_penalty or self.logit_bias)
-
-
-@dataclass
-class Event:
-    """One thing that happened to choice ``index``: new text/token, its end, or a failure."""
-
-    index: int = 0
-    text: str = ""
-    token: bool = False
-    finish: str | None = None  # "stop", "length", "abort"
-    error: BaseException | None = None
-    logprob: TokenLogprob | None = None  # with ``token`` when the job asked for logprobs
-
-
-@dataclass(eq=False)
-class Job:
-    """One request: ``prompts`` x ``n`` rows; choice index = prompt index * n + j."""
-
-    prompts: list[list[int]]
-    n: int
-    key: GenerateKey
-    params: RowParams
-    emit: Callable[[Event], None]
-    aborted: bool = False
-
-    @property
-    def num_rows(self) -> int:
-        return len(self.prompts) * self.n
-
-    def finish_all(self, reason: str) -> None:
-        for i in range(self.num_rows):
-            self.emit(Event(index=i, finish=reason))
-
-    def fail(self, exc: BaseException) -> None:
-        self.emit(Event(error=exc))
-
-
-class _Row:
-    """A choice being generated: detokeniser, stop matcher and counters."""
-
-    def __init__(self, job: Job, index: int, prompt: list[int], tokenizer: Any, eos_ids: set[int]) -> None:
-        self.job, self.index, self.prompt = job, index, prompt
-        self.eos_ids, self.tokenizer = eos_ids, tokenizer
-        self.detok = IncrementalDetokenizer(tokenizer, prompt)
-        self.stops = StopMatcher(job.params.stop)
-        self.output: list[int] = []
-        self.finished = False
-
-    @property
-    def count(self) -> int:
-        return len(self.output)
-
-    def end(self, reason: str) -> None:
-        """Finish the row; unless aborted, release held-back text (an incomplete character at the
-        very end is emitted as the tokenizer decodes it, so the text equals decode(output))."""
-        self.finished = True
-        if reason != "abort" and not self.stops.stopped:
-            full = self.tokenizer.decode(self.output, skip_special_tokens=True)
-            tail = full[len(self.detok.text):] if full.startswith(self.detok.text) else ""
-            text, stopped = self.stops.feed(tail)
-            if not stopped:
-                text += self.stops.flush()
-            if text:
-                self.job.emit(Event(index=self.index, text=text))
-        self.job.emit(Event(index=self.index, finish=reason))
-
-    def push(self, token: int, logprobs: torch.Tensor | None) -> None:
-        """One new token; ``logprobs`` is the model's log-distribution it was drawn from, if wanted."""
-        if self.job.aborted:
-            self.end("abort")
-            return
-        p = self.job.params
-        self.output.append(token)
-        lp = None
-        if p.logprobs is not None and logprobs is not None:
-            top = logprobs.topk(p.logprobs) if p.logprobs else None
-            alternatives = dict(zip(top.indices.tolist(), top.values.tolist())) if top is not None else {}
-            lp = TokenLogprob(token, float(logprobs[token]), alternatives)
-        if self.count >= p.min_tokens and not p.ignore_eos and token in self.eos_ids:
-            self.job.emit(Event(index=self.index, token=True, logprob=lp))
-            self.end("stop")
-            return
-        text, stopped = self.stops.feed(self.detok.push(token))
-        self.job.emit(Event(index=self.index, text=text, token=True, logprob=lp))
-        if stopped:
-            self.end("stop")
-        elif self.count >= p.max_new_tokens:
-            self.end("length")
-
-
-class _Tap(StoppingCriteria):
-    """Called by ``generate`` after each step with all ids so far: feeds rows, says which are done.
-
-    With ``capture_logits`` a forward hook on the model keeps the last position's raw logits of
-    each step, so rows that asked for logprobs get them from the unprocessed distribution.
-    """
-
-    def __init__(self, rows: list[_Row]) -> None:
-        self.rows = rows
-        self.logits: torch.Tensor | None = None
-
-    def capture_logits(self, module: Any, args: Any, output: Any) -> None:
-        self.logits = output.logits[:, -1, :]
-
-    def __call__(self, input_ids: torch.Tensor, scores: Any, **kwargs: Any) -> torch.BoolTensor:
-        logprobs = torch.log_softmax(self.logits.float(), dim=-1) if self.logits is not None else None
-        for b, (row, token) in enumerate(zip(self.rows, input_ids[:, -1].tolist(), strict=True)):
-            if not row.finished:
-                row.push(token, logprobs[b] if logprobs is not None else None)
-        return torch.tensor([r.finished for r in self.rows], device=input_ids.device)  # type: ignore[return-value]
-
-
-class _RowLogits(LogitsProcessor):
-    """OpenAI's presence/frequency penalties (over generated tokens), logit_bias and min_tokens, per row."""
-
-    def __init__(self, rows: list[_Row], prompt_width: int) -> None:
-        self.rows, self.width = rows, prompt_width
-
-    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        generated = input_ids[:, self.width :]
-        for b, row in enumerate(self.rows):
-            p = row.job.params
-            if p.presence_penalty or p.frequency_penalty:
-                counts = torch.bincount(generated[b], minlength=scores.shape[1])[: scores.shape[1]].to(scores.dtype)
-                scores[b] -= counts * p.frequency_penalty + (counts > 0).to(scores.dtype) * p.presence_penalty
-            for token, bias in p.logit_bias.items():
-                scores[b, token] += bias
-            if generated.shape[1] < p.min_tokens and not p.ignore_eos:
-                scores[b, sorted(row.eos_ids)] = float("-inf")
-        return scores
+from backends.hf_fallback.jobs import Job
+from backends.hf_fallback.rows import Row, RowLogits, Tap
 
 
 class GenerateWorker:
@@ -274,7 +111,7 @@ class GenerateWorker:
     @torch.inference_mode()
     def _generate(self, batch: list[Job]) -> None:
         rows = [
-            _Row(job, p * job.n + j, prompt, self.tokenizer, self.eos_ids)
+            Row(job, p * job.n + j, prompt, self.tokenizer, self.eos_ids)
             for job in batch
             for p, prompt in enumerate(job.prompts)
             for j in range(job.n)
@@ -297,10 +134,10 @@ class GenerateWorker:
         )
         processors = LogitsProcessorList()
         if any(job.params.needs_processor for job in batch):
-            processors.append(_RowLogits(rows, width))
+            processors.append(RowLogits(rows, width))
         self.batches_run += 1
         self.largest_batch = max(self.largest_batch, len(rows))
-        tap = _Tap(rows)
+        tap = Tap(rows)
         hook = None
         if any(job.params.logprobs is not None for job in batch):
             hook = self.model.register_forward_hook(tap.capture_logits)

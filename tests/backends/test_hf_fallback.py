@@ -14,7 +14,8 @@ import transformers
 from backends.base import BadRequest, ContextTooLong, Unavailable
 from backends.factory import build_backend
 from backends.hf_fallback import HFGenerateBackend
-from backends.hf_fallback.worker import Event, GenerateKey, GenerateWorker, Job, RowParams
+from backends.hf_fallback.jobs import Event, GenerateKey, Job, RowParams
+from backends.hf_fallback.worker import GenerateWorker
 from backends.types import ChatCompletionRequest, ChatMessage, CompletionRequest, StreamOptions
 from gateway.settings import ConfigError, DeploymentConfig
 from tests.support.fallback_models import build_model
