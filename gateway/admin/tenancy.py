@@ -53,7 +53,7 @@ class Tenancy:
         store: QuotaStore = (
             RedisStore(connect_redis(settings.redis.url), prefix="sy:q") if settings.redis.url else MemoryStore()
         )
-        prices = PriceTable.from_config(settings.prices)
+        prices = PriceTable.from_settings(settings)
         admission = QuotaAdmission(store, limits, prices, on_unavailable=settings.redis.on_unavailable)
         journal = Path(os.environ.get("SWITCHYARD_USAGE_JOURNAL_DIR", DEFAULT_JOURNAL_DIR))
         usage = UsageWriter(db, prices, journal_dir=journal)

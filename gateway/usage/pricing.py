@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gateway.settings import PriceConfig
+from gateway.settings import PriceConfig, Settings
 
 
 @dataclass(frozen=True)
@@ -28,6 +28,21 @@ class PriceTable:
                 for name, p in prices.items()
             }
         )
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> PriceTable:
+        """The config's prices; a model group priced only per deployment gets the highest of its
+        deployments' prices, so reservations (made before a deployment is picked) never undershoot."""
+        table = cls.from_config(settings.prices)
+        for group in settings.models:
+            if group.name in table.prices:
+                continue
+            priced = [table.prices[d.id] for d in group.deployments if d.id in table.prices]
+            if priced:
+                table.prices[group.name] = Price(
+                    max(p.input_per_million for p in priced), max(p.output_per_million for p in priced)
+                )
+        return table
 
     def update(self, prices: dict[str, Price]) -> None:
         self.prices.update(prices)

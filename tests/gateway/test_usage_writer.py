@@ -151,3 +151,17 @@ async def test_config_prices_are_stored_and_stored_prices_used(db: Database, tmp
         stored = {r.model: (r.input_per_million, r.output_per_million) for r in await s.scalars(select(ModelPrice))}
     assert stored["m"] == (1.0, 2.0) and stored["stored-only"] == (5.0, 6.0)
     assert tenancy.prices.cost("stored-only", 1_000_000, 0) == 5.0
+
+
+def test_group_priced_per_deployment_reserves_the_highest_price() -> None:
+    from gateway.settings import parse_settings
+
+    dep = {"provider": "openai", "model": "x", "api_base": "http://127.0.0.1:9/v1"}
+    settings = parse_settings({
+        "models": [{"name": "g", "deployments": [dep | {"name": "cheap"}, dep | {"name": "dear"}]}],
+        "prices": {"cheap": {"input_per_million": 1, "output_per_million": 2},
+                   "dear": {"input_per_million": 3, "output_per_million": 4}},
+    }, env={})  # fmt: skip
+    table = PriceTable.from_settings(settings)
+    assert table.max_per_million("g") == 4.0 and table.cost("g", 1_000_000, 0) == 3.0
+    assert table.max_per_million("unpriced") == 0.0
