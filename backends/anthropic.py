@@ -124,7 +124,7 @@ class AnthropicBackend:
         raw = await self.http.post("/messages", json.dumps(body).encode())
         try:
             data = json.loads(raw)
-        except ValueError:
+        except (ValueError, RecursionError):
             raise UpstreamError(f"upstream {self.deployment_id} sent invalid JSON") from None
         if not isinstance(data, dict) or data.get("type") == "error":
             raise UpstreamError(f"upstream {self.deployment_id} sent an unusable answer")
@@ -171,7 +171,7 @@ class _Events:
             return None
         try:
             event = json.loads(data)
-        except ValueError:
+        except (ValueError, RecursionError):
             raise UpstreamError(f"upstream {self._deployment} sent an invalid event") from None
         if not isinstance(event, dict):
             raise UpstreamError(f"upstream {self._deployment} sent an invalid event")

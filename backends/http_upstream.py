@@ -48,7 +48,7 @@ class ErrorEnvelope(msgspec.Struct):
 def parse_error(body: bytes) -> ErrorDetail:
     try:
         envelope = msgspec.json.decode(body, type=ErrorEnvelope)
-    except msgspec.MsgspecError:
+    except (msgspec.MsgspecError, RecursionError):
         return ErrorDetail(message=body.decode("utf-8", "replace").strip()[:500])
     return ErrorDetail(message=envelope.error) if isinstance(envelope.error, str) else envelope.error
 

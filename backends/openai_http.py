@@ -117,7 +117,7 @@ class OpenAIHTTPBackend:
         body = await self.http.post(path, payload)
         try:
             return msgspec.json.decode(body, type=type_)
-        except msgspec.MsgspecError as exc:
+        except (msgspec.MsgspecError, RecursionError) as exc:
             raise UpstreamError(f"upstream {self.deployment_id} sent an invalid response: {exc}") from None
 
     async def _open_stream(self, path: str, payload: bytes, type_: type[C], want_usage: bool, prompt_estimate: int,
@@ -151,10 +151,10 @@ class _ChunkReader:
             return None
         try:
             return self._decoder.decode(data)
-        except msgspec.MsgspecError as exc:
+        except (msgspec.MsgspecError, RecursionError) as exc:
             try:
                 envelope = msgspec.json.decode(data, type=ErrorEnvelope)
-            except msgspec.MsgspecError:
+            except (msgspec.MsgspecError, RecursionError):
                 raise UpstreamError(f"upstream {self._deployment} sent an invalid chunk: {exc}") from None
             error = envelope.error if isinstance(envelope.error, ErrorDetail) else ErrorDetail(envelope.error)
             raise UpstreamError(f"upstream {self._deployment} failed mid-stream: {error.message}") from None

@@ -59,6 +59,8 @@ def decode_body(raw: bytes, type_: type[T]) -> T:
         raise ApiError(
             400, f"We could not parse the JSON body of your request ({exc}).", code="invalid_json"
         ) from None
+    except RecursionError:
+        raise ApiError(400, "the JSON body is nested too deeply", code="invalid_json") from None
 
 
 class WireBody(AbstractDTO[T]):

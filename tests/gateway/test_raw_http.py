@@ -56,6 +56,13 @@ def test_malformed_chat_bodies_are_400(http: httpx.Client, body: bytes, param: s
         assert error["param"] == param
 
 
+def test_absurdly_nested_json_is_400(http: httpx.Client) -> None:
+    depth = 100_000
+    body = (b'{"model": "echo", "messages": [{"role": "user", "content": "x"}], "tools": [{"function": '
+            b'{"name": "f", "parameters": ' + b'{"a": ' * depth + b"1" + b"}" * depth + b"}}]}")
+    assert assert_openai_error(http.post("/v1/chat/completions", content=body), 400)["code"] == "invalid_json"
+
+
 def test_empty_body_is_400(http: httpx.Client) -> None:
     assert_openai_error(http.post("/v1/chat/completions", content=b""), 400)
     assert_openai_error(http.post("/v1/completions", content=b""), 400)
