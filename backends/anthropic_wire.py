@@ -59,7 +59,7 @@ def _tool_use_blocks(message: ChatMessage) -> list[dict[str, Any]]:
     for call in message.tool_calls or []:
         try:
             arguments = json.loads(call.function.arguments or "{}")
-        except ValueError:
+        except (ValueError, RecursionError):
             raise BadRequest("tool call arguments must be JSON", param="messages") from None
         blocks.append({"type": "tool_use", "id": call.id, "name": call.function.name, "input": arguments})
     return blocks

@@ -190,7 +190,7 @@ def message_body(response: ChatCompletion) -> bytes:
     for call in choice.message.tool_calls or []:
         try:
             arguments = json.loads(call.function.arguments or "{}")
-        except ValueError:
+        except (ValueError, RecursionError):
             arguments = {}
         content.append({"type": "tool_use", "id": call.id, "name": call.function.name, "input": arguments})
     return msgspec.json.encode({
