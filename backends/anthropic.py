@@ -121,7 +121,7 @@ class AnthropicBackend:
         await self.http.aclose()
 
     async def _unary(self, body: dict[str, Any]) -> dict[str, Any]:
-        raw = await self.http.post("/messages", json.dumps(body).encode())
+        raw = await self.http.post("/messages", msgspec.json.encode(body))
         try:
             data = json.loads(raw)
         except (ValueError, RecursionError):
@@ -131,7 +131,7 @@ class AnthropicBackend:
         return data
 
     async def _open(self, body: dict[str, Any]) -> _Events:
-        response, first_deadline, deadline = await self.http.open_stream("/messages", json.dumps(body).encode())
+        response, first_deadline, deadline = await self.http.open_stream("/messages", msgspec.json.encode(body))
         return _Events(response, self.deployment_id, first_deadline, deadline)
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import msgspec
 from msgspec import UNSET
 
 from backends.base import BadRequest
@@ -151,7 +152,7 @@ def from_messages_response(data: dict[str, Any], public_model: str) -> ChatCompl
             text.append(block.get("text", ""))
         elif block.get("type") == "tool_use":
             calls.append(ToolCall(id=block.get("id", ""), function=FunctionCall(
-                name=block.get("name", ""), arguments=json.dumps(block.get("input") or {}))))
+                name=block.get("name", ""), arguments=msgspec.json.encode(block.get("input") or {}).decode())))
     message = AssistantMessage(content="".join(text) if text or not calls else None)
     if calls:
         message.tool_calls = calls

@@ -124,7 +124,8 @@ def _convert_message(message: InputMessage) -> list[ChatMessage]:
             url = src.url if src.type == "url" else f"data:{src.media_type};base64,{src.data}"
             parts.append(ImagePart(image_url=ImageURL(url=str(url))))
         elif isinstance(block, ToolUseBlock):
-            calls.append(ToolCall(id=block.id, function=FunctionCall(name=block.name, arguments=json.dumps(block.input))))
+            arguments = msgspec.json.encode(block.input).decode()
+            calls.append(ToolCall(id=block.id, function=FunctionCall(name=block.name, arguments=arguments)))
         else:
             results.append(ChatMessage(role="tool", tool_call_id=block.tool_use_id, content=_result_text(block)))
     out = list(results)

@@ -58,7 +58,7 @@ def test_tool_results_are_translated(client: anthropic.Anthropic, upstream: Fake
     sent = upstream.last.json
     assert sent["tool_choice"] == "required" and sent["tools"][0]["function"]["name"] == "lookup"
     assert [m["role"] for m in sent["messages"]] == ["user", "assistant", "tool", "user"]
-    assert sent["messages"][1]["tool_calls"][0]["function"] == {"name": "lookup", "arguments": '{"q": 1}'}
+    assert sent["messages"][1]["tool_calls"][0]["function"] == {"name": "lookup", "arguments": '{"q":1}'}
     assert sent["messages"][2] == {"role": "tool", "content": "42", "tool_call_id": "t1"}
 
 
