@@ -53,7 +53,9 @@ def load_generate_backend(folder: str, deployment_id: str, options: dict[str, An
     eos_ids = set(eos if isinstance(eos, list) else [] if eos is None else [eos])
     if tokenizer.eos_token_id is not None:
         eos_ids.add(tokenizer.eos_token_id)
-    model.generation_config.eos_token_id = None  # EOS is decided per row by the worker
+    # The worker sets every generation parameter itself and decides EOS per row: start from a clean
+    # config so defaults in the checkpoint's generation_config.json (sampling, EOS) cannot leak in.
+    model.generation_config = transformers.GenerationConfig()
     max_len = _int_option(options, "max_model_len", info.max_position_embeddings, deployment_id)
     if context_window is not None:
         max_len = min(max_len, context_window)

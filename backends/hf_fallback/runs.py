@@ -21,15 +21,22 @@ class JobRun:
 
     def __init__(self, worker: GenerateWorker, job_args: dict[str, Any], prompt_tokens: int,
                  active: set[JobRun]) -> None:
-        loop = asyncio.get_running_loop()
+        self._loop = asyncio.get_running_loop()
         self._queue: asyncio.Queue[Event] = asyncio.Queue()
         self.worker = worker
-        self.job = Job(**job_args, emit=lambda ev: loop.call_soon_threadsafe(self._queue.put_nowait, ev))
+        self.job = Job(**job_args, emit=self._deliver)
         self.meter = Meter(prompt_tokens=prompt_tokens, exact=True)
         self._open = self.job.num_rows
         worker.submit(self.job)  # Unavailable when the queue is full
         self._active = active
         active.add(self)
+
+    def _deliver(self, ev: Event) -> None:
+        """Called from the worker thread; once the event loop is gone nobody is listening."""
+        try:
+            self._loop.call_soon_threadsafe(self._queue.put_nowait, ev)
+        except RuntimeError:  # loop closed
+            self.job.aborted = True
 
     @property
     def done(self) -> bool:
