@@ -117,7 +117,7 @@ class Sampler:
         if raw_logprobs is None:
             return SamplerOutput(token_list, None, None, None)
         sampled = raw_logprobs.gather(1, tokens[:, None]).squeeze(1).tolist()
-        top_vals, top_ids = raw_logprobs.topk(max(max_k, 1), dim=-1) if max_k else (None, None)
+        top_vals, top_ids = raw_logprobs.topk(min(max_k, raw_logprobs.shape[-1]), dim=-1) if max_k else (None, None)
         ids_l: list[list[int]] = []
         vals_l: list[list[float]] = []
         all_ids = top_ids.tolist() if top_ids is not None else None
