@@ -118,3 +118,17 @@ async def test_event_loop_keeps_running_during_steps(engine: LLMEngine) -> None:
     assert outs[-1].finished
     assert ticks > len(outs)  # the loop ran other work while the model stepped in its thread
     await eng.shutdown()
+
+
+async def test_n_completions_stream_side_by_side(engine: LLMEngine) -> None:
+    eng = AsyncEngine(engine=engine)
+    params = SamplingParams(n=2, temperature=1.0, seed=3, max_tokens=6)
+    outs = await collect(eng.add_request("pair", ids(20, 5), params))
+    final = outs[-1]
+    assert final.finished and [c.index for c in final.outputs] == [0, 1]
+    for i in range(2):
+        assert [t for o in outs for t in o.outputs[i].delta_token_ids] == final.outputs[i].token_ids
+        assert len(final.outputs[i].token_ids) == 6
+    await wait_idle(eng)
+    assert_all_free(eng)
+    await eng.shutdown()
