@@ -33,6 +33,7 @@ class Env:
     url: str
     usage: RecordingSink
     folders: dict[str, Path]
+    router: Router
 
 
 @pytest.fixture(scope="module")
@@ -50,10 +51,10 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
     ])
     usage = RecordingSink()
     keys = StaticKeys({ADMIN_KEY: Principal(key_id="admin", tenant_id=None, is_admin=True)})
-    services = Services(authenticator=keys, admission=ScriptedAdmission(), usage=usage,
-                        router=Router.from_settings(settings, build_backend))
+    router = Router.from_settings(settings, build_backend)
+    services = Services(authenticator=keys, admission=ScriptedAdmission(), usage=usage, router=router)
     with ServerThread(create_app(settings, services)) as server:
-        yield Env(server.url + "/v1", usage, folders)
+        yield Env(server.url + "/v1", usage, folders, router)
 
 
 @pytest.fixture
@@ -127,3 +128,18 @@ def test_logprobs_on_both_paths(client: openai.OpenAI, model: str) -> None:
     content = reply.choices[0].logprobs.content
     assert len(content) == 4 and all(t.logprob <= 0 and len(t.top_logprobs) >= 1 for t in content)
     assert all(t.logprob == pytest.approx(t.top_logprobs[0].logprob) for t in content)  # greedy takes the top one
+
+
+def test_client_gone_mid_stream_aborts_generation_and_meters_it(client: openai.OpenAI, env: Env) -> None:
+    stream = client.completions.create(model="neox", prompt="Hello", max_tokens=200, temperature=0, stream=True,
+                                       extra_body={"ignore_eos": True})
+    texts = 0
+    for chunk in stream:
+        texts += bool(chunk.choices and chunk.choices[0].text)
+        if texts == 3:
+            break
+    stream.close()
+    record = env.usage.wait_for(1)[0]
+    assert 3 <= record.completion_tokens < 200 and record.exact
+    backend = env.router.resolve("neox").deployments[0].backend
+    assert backend.stats().in_flight == 0 and backend.stats().queue_depth == 0
