@@ -10,16 +10,16 @@ import csv
 import io
 import json
 from collections.abc import Awaitable, Callable
-from dataclasses import asdict, is_dataclass
+from dataclasses import asdict
 from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any, TypeVar
 
 import typer
-from rich.table import Table
 
 from gateway.admin.bootstrap import bootstrap as run_bootstrap
 from gateway.admin.service import AdminError, TenancyService
 from gateway.cli.db import ConfigOpt, console, fail, settings_from
+from gateway.cli.output import cell, plain, print_secret, show, show_one
 from gateway.db.engine import Database
 from gateway.db.migrate import SchemaNotReady, check_schema
 from gateway.quotas.limits import Limits
@@ -50,60 +50,6 @@ def run(config: Any, job: Callable[[TenancyService, Database], Awaitable[T]]) ->
     except (AdminError, SchemaNotReady, ValueError) as exc:
         fail(getattr(exc, "message", str(exc)))
     raise AssertionError("unreachable")
-
-
-def plain(value: Any) -> Any:
-    if is_dataclass(value) and not isinstance(value, type):
-        value = asdict(value)
-    if isinstance(value, dict):
-        return {k: plain(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [plain(v) for v in value]
-    if isinstance(value, datetime):
-        return value.isoformat()
-    return value
-
-
-def cell(value: Any) -> str:
-    if value is None:
-        return ""
-    if isinstance(value, float):
-        return format(value, ".8f").rstrip("0").rstrip(".") or "0"
-    return str(value)
-
-
-def show(rows: list[dict[str, Any]], as_json: bool, columns: list[str] | None = None, title: str | None = None) -> None:
-    rows = [plain(r) for r in rows]
-    if as_json:
-        typer.echo(json.dumps(rows, indent=2))
-        return
-    columns = columns or (list(rows[0]) if rows else [])
-    table = Table(title=title)
-    for c in columns:
-        table.add_column(c, overflow="fold")
-    for r in rows:
-        table.add_row(*[cell(r.get(c)) for c in columns])
-    console.print(table)
-
-
-def show_one(row: Any, as_json: bool) -> None:
-    data = plain(row)
-    if as_json:
-        typer.echo(json.dumps(data, indent=2))
-        return
-    table = Table(show_header=False)
-    for k, v in data.items():
-        table.add_row(k, cell(v))
-    console.print(table)
-
-
-def print_secret(secret: str, as_json: bool, data: dict[str, Any]) -> None:
-    if as_json:
-        typer.echo(json.dumps({**plain(data), "key": secret}, indent=2))
-        return
-    show_one(data, False)
-    console.print("\n[bold]API key (shown once, store it now):[/bold]")
-    typer.echo(secret)
 
 
 # ---------------------------------------------------------------- tenants
