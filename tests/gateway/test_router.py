@@ -10,7 +10,9 @@ import pytest
 from backends.factory import build_backend, register_provider
 from backends.openai_http import OpenAIHTTPBackend
 from gateway.router import Deployment, ModelGroup, Router
+from backends.base import BackendStats
 from gateway.routing.health import DeploymentHealth
+from gateway.routing.strategies import least_busy, priority, weighted
 from gateway.settings import CircuitConfig, ConfigError, DeploymentConfig, ModelGroupConfig, parse_settings
 
 
@@ -111,3 +113,29 @@ def test_wildcard_aliases() -> None:
     assert router.resolve("gpt-4o-mini").name == "exact"  # type: ignore[union-attr]  # exact names win
     assert router.resolve("gpt-4o-2024-08-06").name == "family"  # type: ignore[union-attr]
     assert router.resolve("gpt-5") is None
+
+
+class _Loaded:
+    """Just enough of a Backend for the strategies: its load figures."""
+
+    def __init__(self, in_flight: int = 0, queue_depth: int = 0, kv: float | None = None) -> None:
+        self._stats = BackendStats(in_flight=in_flight, queue_depth=queue_depth, kv_cache_usage=kv)
+
+    def stats(self) -> BackendStats:
+        return self._stats
+
+
+def test_least_busy_uses_queue_depth_and_kv_usage() -> None:
+    configs = [DeploymentConfig(provider="local", model=f"m{i}") for i in range(3)]
+    loads = [_Loaded(in_flight=1, queue_depth=3), _Loaded(in_flight=1, kv=0.9), _Loaded(in_flight=1, kv=0.2)]
+    deployments = [Deployment(c, b) for c, b in zip(configs, loads, strict=True)]  # type: ignore[arg-type]
+    ordered = least_busy(deployments, random.Random(0))
+    assert [d.config.model for d in ordered] == ["m2", "m1", "m0"]
+
+
+def test_priority_keeps_the_configured_order_and_weighted_orders_everyone() -> None:
+    configs = [DeploymentConfig(provider="openai", model=f"m{i}", weight=w) for i, w in enumerate([1, 100, 1])]
+    deployments = [Deployment(c, _Loaded()) for c in configs]  # type: ignore[arg-type]
+    assert [d.config.model for d in priority(deployments, random.Random(0))] == ["m0", "m1", "m2"]
+    order = weighted(deployments, random.Random(0))
+    assert sorted(d.config.model for d in order) == ["m0", "m1", "m2"] and order[0].config.model == "m1"
