@@ -1,4 +1,4 @@
-"""Router and backend factory: names and aliases, weighted picks, provider registry errors."""
+"""Router units: names, aliases and wildcards, strategies, circuit breaker, provider registry errors."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ from collections import Counter
 
 import pytest
 
+from backends.base import BackendStats
 from backends.factory import build_backend, register_provider
 from backends.openai_http import OpenAIHTTPBackend
 from gateway.router import Deployment, ModelGroup, Router
-from backends.base import BackendStats
 from gateway.routing.health import DeploymentHealth
 from gateway.routing.strategies import least_busy, priority, weighted
 from gateway.settings import CircuitConfig, ConfigError, DeploymentConfig, ModelGroupConfig, parse_settings
