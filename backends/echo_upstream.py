@@ -34,6 +34,7 @@ class EchoOptions:
     latency: float = 0.0  # seconds before the response headers
     chunk_delay: float = 0.0  # seconds between stream chunks
     report_usage: bool = True  # False: behave like an upstream that never reports usage
+    output_words: int | None = None  # answer with this many words (one stream chunk each), not the echo
     model_ids: tuple[str, ...] = ("echo",)
 
 
@@ -120,6 +121,8 @@ class EchoUpstream:
     def output(self, payload: dict[str, Any], chat: bool) -> tuple[list[str], str, int]:
         """(output pieces, finish_reason, prompt tokens)."""
         text, prompt_tokens = self.prompt_text(payload, chat)
+        if self.options.output_words is not None:
+            text = " ".join(f"w{i}" for i in range(self.options.output_words))
         out = pieces(text) or ["(empty)"]
         limit = payload.get("max_completion_tokens") or payload.get("max_tokens")
         if isinstance(limit, int) and 0 <= limit < len(out):

@@ -188,3 +188,10 @@ async def test_unreachable_upstream_is_unavailable_and_not_ready() -> None:
 
 async def test_ready(backend: OpenAIHTTPBackend) -> None:
     assert await backend.ready() is True
+
+
+async def test_fake_upstream_chunk_count_is_configurable(backend: OpenAIHTTPBackend, upstream: FakeUpstream) -> None:
+    upstream.options.output_words = 7
+    stream = await backend.chat_stream(chat("ignored", stream=True))
+    contents = [c.choices[0].delta.content for c in [c async for c in stream] if c.choices and c.choices[0].delta.content]
+    assert len(contents) == 7 and stream.meter.completion_tokens == 7
