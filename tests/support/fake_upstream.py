@@ -1,7 +1,7 @@
 """A fake OpenAI-compatible upstream with fault injection and a record of what it received.
 
 Built on the echo upstream (``backends.echo_upstream``): answers echo the prompt. Tests (and
-benchmarks) shape it with ``options`` (latency, chunk delay, usage reporting) and queue one-shot
+benchmarks) shape it with ``options`` (latency, chunk delay, output length, usage reporting) and queue one-shot
 ``Fault``s; every request is recorded in ``received`` and every stream in ``streams`` (whether it
 ran to the end or the client went away).
 """
