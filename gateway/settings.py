@@ -102,6 +102,27 @@ class ModelGroupConfig(Conf):
     owned_by: str = "switchyard"
 
 
+class UsageConfig(Conf):
+    journal_dir: str = "var/usage-journal"  # where usage records wait while the database is down
+
+
+class TelemetryConfig(Conf):
+    """/metrics, OpenTelemetry traces and structured logs (gateway.telemetry)."""
+
+    metrics: bool = True  # serve GET /metrics (Prometheus text format)
+    tracing: bool = False  # record OpenTelemetry spans
+    otlp_endpoint: str | None = None  # OTLP/HTTP traces endpoint, e.g. http://collector:4318/v1/traces
+    service_name: str = "switchyard"
+    json_logs: bool = False  # one JSON object per log line, with request id, tenant, model, status, latency
+    log_content: bool = False  # debug only: allow prompt/response content in logs and span attributes
+
+
+class DashboardConfig(Conf):
+    enabled: bool = True
+    session_seconds: Annotated[float, Meta(gt=0)] = 8 * 3600.0
+    secure_cookies: bool = False  # set the Secure flag (serve the dashboard over HTTPS)
+
+
 class PriceConfig(Conf):
     input_per_million: Annotated[float, Meta(ge=0)] = 0.0
     output_per_million: Annotated[float, Meta(ge=0)] = 0.0
@@ -115,6 +136,9 @@ class Settings(Conf):
     auth: AuthConfig = msgspec.field(default_factory=AuthConfig)
     models: list[ModelGroupConfig] = msgspec.field(default_factory=list)
     prices: dict[str, PriceConfig] = msgspec.field(default_factory=dict)
+    usage: UsageConfig = msgspec.field(default_factory=UsageConfig)
+    telemetry: TelemetryConfig = msgspec.field(default_factory=TelemetryConfig)
+    dashboard: DashboardConfig = msgspec.field(default_factory=DashboardConfig)
 
     def __post_init__(self) -> None:
         seen: set[str] = set()

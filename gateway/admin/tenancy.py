@@ -8,7 +8,6 @@ on SIGTERM, which flushes the usage buffer).
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,9 +31,6 @@ from gateway.usage.writer import UsageWriter
 
 log = logging.getLogger("switchyard.tenancy")
 
-DEFAULT_JOURNAL_DIR = "var/usage-journal"
-
-
 @dataclass
 class Tenancy:
     db: Database
@@ -55,8 +51,7 @@ class Tenancy:
         )
         prices = PriceTable.from_settings(settings)
         admission = QuotaAdmission(store, limits, prices, on_unavailable=settings.redis.on_unavailable)
-        journal = Path(os.environ.get("SWITCHYARD_USAGE_JOURNAL_DIR", DEFAULT_JOURNAL_DIR))
-        usage = UsageWriter(db, prices, journal_dir=journal)
+        usage = UsageWriter(db, prices, journal_dir=Path(settings.usage.journal_dir))
 
         def changed() -> None:  # this process sees admin changes at once; other replicas within the TTL
             authenticator.invalidate()

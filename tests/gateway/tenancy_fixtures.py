@@ -174,7 +174,7 @@ class GatewayProcess:
         import httpx
 
         env = {k: v for k, v in os.environ.items() if not k.startswith("SWITCHYARD")}
-        env |= {"SWITCHYARD_CONFIG": str(self.config_path), "SWITCHYARD_USAGE_JOURNAL_DIR": str(self.journal_dir)}
+        env |= {"SWITCHYARD_CONFIG": str(self.config_path), "SWITCHYARD__USAGE__JOURNAL_DIR": str(self.journal_dir)}
         cmd = [sys.executable, "-m", "uvicorn", "--factory", "gateway.app:create_app_from_env",
                "--host", "127.0.0.1", "--port", str(self.port), "--log-level", "warning"]  # fmt: skip
         self.proc = subprocess.Popen(cmd, env=env, cwd=repo_root(), stdout=self.log_path.open("wb"), stderr=subprocess.STDOUT)

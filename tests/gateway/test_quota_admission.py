@@ -98,18 +98,15 @@ def gateway_without_redis(db: Database, fake_upstream_server: FakeUpstream, tmp_
     """A gateway whose configured Redis is unreachable (fail_closed), and a tenant key for it."""
     from gateway.app import create_app
 
-    os.environ["SWITCHYARD_USAGE_JOURNAL_DIR"] = str(tmp_path)
     settings = gateway_settings(
         fake_upstream_server.url, database={"url": plain_url(db)}, redis={"url": DEAD_REDIS},
+        usage={"journal_dir": str(tmp_path)},
     )  # fmt: skip
-    try:
-        with ServerThread(create_app(settings)) as server:
-            admin = {"authorization": f"Bearer {ADMIN_KEY}"}
-            tid = httpx.post(server.url + "/admin/v1/tenants", json={"name": os.urandom(4).hex()}, headers=admin).json()["id"]
-            key = httpx.post(server.url + "/admin/v1/keys", json={"tenant_id": tid}, headers=admin).json()["key"]
-            yield server.url, key
-    finally:
-        os.environ.pop("SWITCHYARD_USAGE_JOURNAL_DIR", None)
+    with ServerThread(create_app(settings)) as server:
+        admin = {"authorization": f"Bearer {ADMIN_KEY}"}
+        tid = httpx.post(server.url + "/admin/v1/tenants", json={"name": os.urandom(4).hex()}, headers=admin).json()["id"]
+        key = httpx.post(server.url + "/admin/v1/keys", json={"tenant_id": tid}, headers=admin).json()["key"]
+        yield server.url, key
 
 
 def test_gateway_answers_503_when_redis_is_down(gateway_without_redis: tuple[str, str]) -> None:

@@ -40,7 +40,7 @@ def test_serve_round_trip(tmp_path: Path, upstream: FakeUpstream) -> None:
         "auth": {"admin_key": "${CLI_TEST_KEY}"},
         "models": [{"name": "echo", "deployments": [{"provider": "openai", "model": "e", "api_base": upstream.url}]}],
     }))
-    env = os.environ | {"CLI_TEST_KEY": "sk-cli-test", "SWITCHYARD_USAGE_JOURNAL_DIR": str(tmp_path / "journal")}
+    env = os.environ | {"CLI_TEST_KEY": "sk-cli-test", "SWITCHYARD__USAGE__JOURNAL_DIR": str(tmp_path / "journal")}
     subprocess.run([SWITCHYARD, "db", "upgrade", "--config", str(config)], env=env, check=True, capture_output=True)
     port = free_port()
     proc = subprocess.Popen([SWITCHYARD, "serve", "--config", str(config), "--port", str(port)], env=env,

@@ -3,7 +3,6 @@ official openai SDK as the client, the fake upstream behind it."""
 
 from __future__ import annotations
 
-import os
 import time
 import uuid
 from collections.abc import Iterator
@@ -66,15 +65,13 @@ def settings_for(upstream_url: str, db_url: str) -> Any:
 def gateway(db: Database, fake_upstream_server: FakeUpstream, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:  # noqa: F811
     from gateway.app import create_app
 
-    os.environ["SWITCHYARD_USAGE_JOURNAL_DIR"] = str(tmp_path_factory.mktemp("journal"))
-    try:
-        app = create_app(settings_for(fake_upstream_server.url, plain_url(db)))
-        with ServerThread(app) as server, httpx.Client(
-            base_url=server.url, headers={"authorization": f"Bearer {ADMIN_KEY}"}, timeout=20
-        ) as admin:
-            yield Gateway(server.url, admin)
-    finally:
-        os.environ.pop("SWITCHYARD_USAGE_JOURNAL_DIR", None)
+    settings = settings_for(fake_upstream_server.url, plain_url(db))
+    settings.usage.journal_dir = str(tmp_path_factory.mktemp("journal"))
+    app = create_app(settings)
+    with ServerThread(app) as server, httpx.Client(
+        base_url=server.url, headers={"authorization": f"Bearer {ADMIN_KEY}"}, timeout=20
+    ) as admin:
+        yield Gateway(server.url, admin)
 
 
 def rejected_within(client: openai.OpenAI, seconds: float = 5.0) -> bool:

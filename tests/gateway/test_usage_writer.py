@@ -132,18 +132,17 @@ async def test_memory_stays_bounded_while_the_database_is_down(tmp_path: Path) -
     await dead.dispose()
 
 
-async def test_config_prices_are_stored_and_stored_prices_used(db: Database, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+async def test_config_prices_are_stored_and_stored_prices_used(db: Database, tmp_path: Path) -> None:  # noqa: F811
     from gateway.admin.tenancy import Tenancy
     from gateway.db.models import ModelPrice
     from gateway.settings import parse_settings
 
-    monkeypatch.setenv("SWITCHYARD_USAGE_JOURNAL_DIR", str(tmp_path))
     async with db.session() as s:
         s.add(ModelPrice(model="stored-only", input_per_million=5.0, output_per_million=6.0))
         await s.commit()
     url = db.engine.url.render_as_string(hide_password=False)
     for _ in range(2):  # a second start (another replica) upserts the same rows
-        settings = parse_settings({"database": {"url": url}, "prices": {"m": {"input_per_million": 1, "output_per_million": 2}}}, env={})
+        settings = parse_settings({"database": {"url": url}, "usage": {"journal_dir": str(tmp_path)}, "prices": {"m": {"input_per_million": 1, "output_per_million": 2}}}, env={})
         tenancy = Tenancy.from_settings(settings)
         await tenancy.start()
         await tenancy.aclose()
