@@ -32,7 +32,7 @@ class _Step:
     kv_caches: list[torch.Tensor]
     meta: AttentionMetadata | None
     backend: str
-    probe: dict[int, tuple[int, int, torch.dtype]] | None = field(default=None)  # layer -> (kv heads, dim, dtype)
+    probe: dict[int, tuple[int, int]] | None = field(default=None)  # layer -> (kv heads, head dim)
 
 
 _STEP: ContextVar[_Step | None] = ContextVar("switchyard_paged_step", default=None)
@@ -55,7 +55,7 @@ def paged_attention_forward(module: nn.Module, query: torch.Tensor, key: torch.T
         raise TypeError(f"{type(module).__name__} has no layer_idx; it cannot use the paged KV cache")
     q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))  # [T, H, D]
     if step.probe is not None:
-        step.probe[layer] = (k.shape[1], k.shape[2], k.dtype)
+        step.probe[layer] = (k.shape[1], k.shape[2])
         return torch.zeros_like(q).unsqueeze(0), None
     cache = step.kv_caches[layer]
     if tuple(cache.shape[3:]) != tuple(k.shape[1:]):
@@ -112,12 +112,12 @@ class TransformersForCausalLM(nn.Module):
     def measure_kv_shape(self) -> tuple[int, int, int]:
         """``(num_layers, num_kv_heads, head_dim)`` measured by one probe token through the model."""
         device = next(self.parameters()).device
-        probe: dict[int, tuple[int, int, torch.dtype]] = {}
+        probe: dict[int, tuple[int, int]] = {}
         one = torch.zeros(1, dtype=torch.long, device=device)
         self._base(one, one, _Step([], None, self.attn_backend, probe))
         if not probe or sorted(probe) != list(range(len(probe))):
             raise ValueError(f"{type(self.hf).__name__}: attention layers did not report layer indices 0..n-1")
-        shapes = {(h, d) for h, d, _ in probe.values()}
+        shapes = set(probe.values())
         if len(shapes) != 1:
             raise ValueError(f"{type(self.hf).__name__}: layers differ in K/V shape {sorted(shapes)}; not supported")
         (heads, dim), = shapes
