@@ -154,15 +154,23 @@ def _attend(qp: torch.Tensor, k_flat: torch.Tensor, v_flat: torch.Tensor, grp: _
     return o.view(s, h_kv, g, ql, d).permute(0, 3, 1, 2, 4).reshape(s * ql, h_q, d)
 
 
+def _triton_paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
+                            meta: AttentionMetadata, scale: float, window: int | None) -> torch.Tensor:
+    """Imports the kernels on first use: Triton fixes interpreter vs GPU mode at import time."""
+    from engine.kernels import triton_paged_attention
+
+    return triton_paged_attention(q, k, v, kv_cache, meta, scale, window)
+
+
 AttentionFn = Callable[..., torch.Tensor]
-ATTENTION_BACKENDS: dict[str, AttentionFn] = {"torch": torch_paged_attention}
+ATTENTION_BACKENDS: dict[str, AttentionFn] = {"torch": torch_paged_attention, "triton": _triton_paged_attention}
 
 
 class PagedAttention(nn.Module):
     """``forward(q [T, Hq, D], k [T, Hkv, D], v [T, Hkv, D], kv_cache, meta) -> [T, Hq, D]``.
 
-    ``backend`` names an entry of ``ATTENTION_BACKENDS`` ("torch" here; the Triton kernels register
-    themselves under "triton"). ``sliding_window`` limits each query to the last ``window`` keys
+    ``backend`` names an entry of ``ATTENTION_BACKENDS``: "torch" (the reference, CPU default) or
+    "triton" (``engine.kernels``; on CPU only under ``TRITON_INTERPRET=1``). ``sliding_window`` limits each query to the last ``window`` keys
     (Mistral), as transformers masks it.
     """
 

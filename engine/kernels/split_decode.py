@@ -1,0 +1,117 @@
+"""Split-KV (flash-decoding) attention for decode-only batches too small to fill the GPU.
+
+Each (sequence, KV head) context is cut into ``NUM_SPLITS`` chunks, one program each, which write
+an unnormalised partial output with its running max and sum; a reduction kernel rescales and adds
+them. The chunk length is computed per sequence inside the kernel, so the launch depends only on
+the batch size (what CUDA graphs need), never on context lengths. Decodes have a single query
+row per head, so the products are done as broadcast multiply-and-sum in fp32 (no tensor cores
+needed for a memory-bound step).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from engine.kernels.common import LOG2E
+
+
+@triton.jit
+def _split_decode_kernel(
+    q_ptr, k_cache_ptr, v_cache_ptr, part_out_ptr, part_m_ptr, part_l_ptr,
+    block_tables_ptr, context_lens_ptr, scale_log2, window,
+    stride_qt, stride_qh, stride_bt,
+    NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_SIZE: tl.constexpr, NUM_SPLITS: tl.constexpr,
+):
+    s = tl.program_id(0)
+    kvh = tl.program_id(1)
+    split = tl.program_id(2)
+    ctx = tl.load(context_lens_ptr + s)
+    lo = 0
+    if window > 0:
+        lo = tl.maximum(0, ctx - window)
+    chunk = tl.cdiv(tl.cdiv(ctx - lo, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    begin = lo + split * chunk
+    end = tl.minimum(begin + chunk, ctx)
+
+    g = tl.arange(0, GROUP_PAD)
+    g_ok = g < GROUP
+    head = kvh * GROUP + g
+    d = tl.arange(0, BLOCK_D)
+    d_ok = d < HEAD_DIM
+    q = tl.load(q_ptr + s.to(tl.int64) * stride_qt + head[:, None] * stride_qh + d[None, :],
+                mask=g_ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
+    m_i = tl.full([GROUP_PAD], -1.0e30, tl.float32)
+    l_i = tl.zeros([GROUP_PAD], tl.float32)
+    acc = tl.zeros([GROUP_PAD, BLOCK_D], tl.float32)
+    for start in range(begin, end, BLOCK_N):
+        kpos = start + tl.arange(0, BLOCK_N)
+        k_ok = kpos < end
+        blk = tl.load(block_tables_ptr + s * stride_bt + kpos // BLOCK_SIZE, mask=k_ok, other=0).to(tl.int64)
+        kv_off = ((blk * BLOCK_SIZE + kpos % BLOCK_SIZE) * NUM_KV_HEADS + kvh) * HEAD_DIM
+        kv_mask = k_ok[:, None] & d_ok[None, :]
+        k = tl.load(k_cache_ptr + kv_off[:, None] + d[None, :], mask=kv_mask, other=0.0).to(tl.float32)
+        v = tl.load(v_cache_ptr + kv_off[:, None] + d[None, :], mask=kv_mask, other=0.0).to(tl.float32)
+        scores = tl.sum(q[:, None, :] * k[None, :, :], 2) * scale_log2  # [GROUP_PAD, BLOCK_N]
+        scores = tl.where(k_ok[None, :], scores, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(scores, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(scores - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v[None, :, :], 1)
+        m_i = m_new
+    part = (s * NUM_KV_HEADS * GROUP + head) * NUM_SPLITS + split  # [GROUP_PAD] rows of [S, Hq, SPLITS]
+    tl.store(part_m_ptr + part, m_i, mask=g_ok)
+    tl.store(part_l_ptr + part, l_i, mask=g_ok)
+    tl.store(part_out_ptr + part[:, None] * HEAD_DIM + d[None, :], acc, mask=g_ok[:, None] & d_ok[None, :])
+
+
+@triton.jit
+def _reduce_splits_kernel(
+    part_out_ptr, part_m_ptr, part_l_ptr, out_ptr, stride_ot, stride_oh,
+    NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    NUM_SPLITS: tl.constexpr, SPLITS_PAD: tl.constexpr,
+):
+    """One program per (sequence, query head): combine the partial softmaxes of its splits."""
+    s = tl.program_id(0)
+    h = tl.program_id(1)
+    sp = tl.arange(0, SPLITS_PAD)
+    sp_ok = sp < NUM_SPLITS
+    row = (s * NUM_HEADS + h) * NUM_SPLITS + sp
+    m = tl.load(part_m_ptr + row, mask=sp_ok, other=-1.0e30)
+    l = tl.load(part_l_ptr + row, mask=sp_ok, other=0.0)
+    d = tl.arange(0, BLOCK_D)
+    d_ok = d < HEAD_DIM
+    parts = tl.load(part_out_ptr + row[:, None] * HEAD_DIM + d[None, :],
+                    mask=sp_ok[:, None] & d_ok[None, :], other=0.0)
+    m_max = tl.max(m, 0)
+    w = tl.where(sp_ok, tl.exp2(m - m_max), 0.0)
+    total = tl.sum(l * w, 0)
+    acc = tl.sum(parts * w[:, None], 0)
+    out = acc / tl.where(total > 0, total, 1.0)
+    tl.store(out_ptr + s.to(tl.int64) * stride_ot + h * stride_oh + d, out.to(out_ptr.dtype.element_ty), mask=d_ok)
+
+
+def split_decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, out: torch.Tensor, block_tables: torch.Tensor,
+                           context_lens: torch.Tensor, scale: float, window: int | None, num_splits: int) -> None:
+    """Decode-only batch (one new token per sequence, token i = sequence i) into ``out``."""
+    num_seqs, num_heads, head_dim = q.shape
+    _, _, block_size, num_kv_heads, _ = kv_cache.shape
+    group = num_heads // num_kv_heads
+    block_d = max(16, triton.next_power_of_2(head_dim))
+    part_out = torch.empty(num_seqs, num_heads, num_splits, head_dim, dtype=torch.float32, device=q.device)
+    part_m = torch.empty(num_seqs, num_heads, num_splits, dtype=torch.float32, device=q.device)
+    part_l = torch.empty_like(part_m)
+    _split_decode_kernel[(num_seqs, num_kv_heads, num_splits)](
+        q, kv_cache[0], kv_cache[1], part_out, part_m, part_l, block_tables, context_lens,
+        scale * LOG2E, window or 0, q.stride(0), q.stride(1), block_tables.stride(0),
+        NUM_KV_HEADS=num_kv_heads, GROUP=group, GROUP_PAD=triton.next_power_of_2(group), HEAD_DIM=head_dim,
+        BLOCK_D=block_d, BLOCK_N=block_size, BLOCK_SIZE=block_size, NUM_SPLITS=num_splits,
+    )
+    _reduce_splits_kernel[(num_seqs, num_heads)](
+        part_out, part_m, part_l, out, out.stride(0), out.stride(1),
+        NUM_HEADS=num_heads, HEAD_DIM=head_dim, BLOCK_D=block_d,
+        NUM_SPLITS=num_splits, SPLITS_PAD=triton.next_power_of_2(num_splits),
+    )
