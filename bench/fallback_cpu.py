@@ -6,6 +6,8 @@ the HF modules inside our engine (model_impl=transformers) vs the plain-generate
     .venv/bin/python bench/fallback_cpu.py           # 64 requests, prompts 32-256, outputs 16-256
 
 Every request ignores EOS, so each system produces exactly the requested number of tokens.
+On a CPU shared with other work, prefer ``--threads 1``: OpenMP threads spinning against other
+processes distort the many small ops of a decode step far more than one big batched op.
 """
 
 from __future__ import annotations

@@ -2,8 +2,9 @@
 
 Deployment options (all optional): ``dtype`` (float32), ``device`` (cpu), ``max_batch_size``
 (rows per ``generate`` call, 8), ``max_queue`` (requests waiting before Unavailable, 64),
-``max_model_len`` (the model's ``max_position_embeddings``), ``model_impl`` (accepted for
-symmetry with ``local``; this provider always uses the plain path).
+``max_model_len`` (the model's ``max_position_embeddings``). This provider always uses the
+plain path; ``provider: local`` comes here by itself for models the engine cannot run
+(``generate_fallback``).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from gateway.settings import ConfigError, DeploymentConfig
 
 log = logging.getLogger("switchyard.backends.transformers")
 
-_OPTIONS = {"dtype", "device", "max_batch_size", "max_queue", "max_model_len", "model_impl"}
+_OPTIONS = {"dtype", "device", "max_batch_size", "max_queue", "max_model_len"}
 
 
 def _int_option(options: dict[str, Any], name: str, default: int, deployment: str) -> int:
