@@ -149,3 +149,38 @@ class ModelPrice(Base):
     output_per_million: Mapped[float] = mapped_column(Float, default=0.0)
     cached_input_per_million: Mapped[float | None] = mapped_column(Float, default=None)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, onupdate=utcnow)
+
+
+class UsageHourly(Base):
+    """Usage summed per tenant, key, model, UTC hour and error type ("" for none), kept up to date by
+    the usage writer in the transaction that inserts the records. The dashboards read only this."""
+
+    __tablename__ = "usage_hourly"
+    __table_args__ = (Index("ix_usage_hourly_tenant_hour", "tenant_id", "hour"),)
+
+    tenant_id: Mapped[str] = mapped_column(String(40), primary_key=True)  # "" for admin keys
+    key_id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    model: Mapped[str] = mapped_column(String(200), primary_key=True)
+    hour: Mapped[datetime] = mapped_column(UTCDateTime, primary_key=True)
+    error_type: Mapped[str] = mapped_column(String(64), primary_key=True)  # "" for a success
+    requests: Mapped[int] = mapped_column(BigInteger, default=0)
+    errors: Mapped[int] = mapped_column(BigInteger, default=0)  # status >= 400
+    prompt_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    completion_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    cached_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    cost: Mapped[float] = mapped_column(Float, default=0.0)
+    latency_ms_sum: Mapped[float] = mapped_column(Float, default=0.0)
+
+
+class LatencyHourly(Base):
+    """Per tenant, model and UTC hour: how many requests fell in each latency / TTFT bucket
+    (``gateway.usage.rollup.BOUNDS_MS``), so percentiles come from the rollup too."""
+
+    __tablename__ = "latency_hourly"
+
+    tenant_id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    model: Mapped[str] = mapped_column(String(200), primary_key=True)
+    hour: Mapped[datetime] = mapped_column(UTCDateTime, primary_key=True)
+    kind: Mapped[str] = mapped_column(String(8), primary_key=True)  # latency | ttft
+    bucket: Mapped[int] = mapped_column(Integer, primary_key=True)  # index into BOUNDS_MS (len: over the last)
+    count: Mapped[int] = mapped_column(BigInteger, default=0)

@@ -4,7 +4,8 @@
 (``INSERT … ON CONFLICT (request_id) DO NOTHING``, so a retried batch never doubles a row). If the
 database fails, the batch goes to the local journal and the writer keeps going: memory stays
 bounded (a full buffer spills to the journal too) and the journal is replayed once inserts work
-again. ``aclose`` (application shutdown, which uvicorn runs on SIGTERM) flushes what is left.
+again. Each insert also adds the rows it created to the hourly rollups (``gateway.usage.rollup``),
+in the same transaction. ``aclose`` (application shutdown, which uvicorn runs on SIGTERM) flushes what is left.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from gateway.contracts import UsageRecord
 from gateway.db.engine import Database
 from gateway.db.models import UsageRow
+from gateway.usage import rollup
 from gateway.usage.journal import Journal, read_records
 from gateway.usage.pricing import PriceTable
 
@@ -76,7 +78,9 @@ class UsageWriter:
         self._stopping = False
         self._lock = asyncio.Lock()
         dialect = postgresql if db.dialect == "postgresql" else sqlite
-        self._insert = dialect.insert(UsageRow).on_conflict_do_nothing(index_elements=["request_id"])
+        self._insert = (
+            dialect.insert(UsageRow).on_conflict_do_nothing(index_elements=["request_id"]).returning(UsageRow.request_id)
+        )
 
     # ------------------------------------------------------------ UsageSink
 
@@ -160,8 +164,10 @@ class UsageWriter:
 
     async def _write(self, batch: list[UsageRecord]) -> bool:
         try:
+            rows = [to_row(r) for r in batch]
             async with self.db.engine.begin() as conn:
-                await conn.execute(self._insert, [to_row(r) for r in batch])
+                created = set((await conn.execute(self._insert, rows)).scalars())  # not those already there
+                await rollup.apply(conn, [r for r in rows if r["request_id"] in created])
         except Exception as exc:
             if self.db_healthy:
                 log.error("usage insert failed (%s: %s); journaling until the database is back", type(exc).__name__, exc)

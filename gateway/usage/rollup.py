@@ -1,0 +1,84 @@
+"""Hourly rollups of usage rows (tables ``usage_hourly`` and ``latency_hourly``).
+
+``aggregate`` folds usage rows (the dicts ``writer.to_row`` makes) into per-hour sums and latency
+bucket counts; ``apply`` adds them to the tables with one upsert per table
+(``ON CONFLICT … DO UPDATE SET n = n + excluded.n``), so concurrent writers add up correctly.
+The writer calls it with exactly the rows its insert created, in the same transaction.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterable, Mapping
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from gateway.db.models import LatencyHourly, UsageHourly
+
+# upper bounds of the latency / TTFT buckets in milliseconds; the last bucket is "above 120 s"
+BOUNDS_MS = (25, 50, 100, 200, 350, 500, 750, 1000, 1500, 2000, 3000, 5000, 7500, 10000, 20000, 30000, 60000, 120000)
+
+_SUMS = ("requests", "errors", "prompt_tokens", "completion_tokens", "cached_tokens", "cost", "latency_ms_sum")
+HourKey = tuple[str, str, str, datetime, str]  # tenant, key, model, hour, error type
+LatencyKey = tuple[str, str, datetime, str, int]  # tenant, model, hour, kind, bucket
+
+
+def hour_of(ts: datetime) -> datetime:
+    return ts.replace(minute=0, second=0, microsecond=0)
+
+
+def bucket_of(ms: float) -> int:
+    return bisect.bisect_left(BOUNDS_MS, ms)
+
+
+def aggregate(rows: Iterable[Mapping[str, Any]]) -> tuple[dict[HourKey, dict[str, float]], dict[LatencyKey, int]]:
+    hourly: dict[HourKey, dict[str, float]] = {}
+    latency: dict[LatencyKey, int] = {}
+    for r in rows:
+        tenant, hour = r["tenant_id"] or "", hour_of(r["started_at"])
+        key = (tenant, r["key_id"], r["model"], hour, r["error_type"] or "")
+        sums = hourly.get(key)
+        if sums is None:
+            sums = hourly[key] = dict.fromkeys(_SUMS, 0)
+        sums["requests"] += 1
+        sums["errors"] += 1 if r["status"] >= 400 else 0
+        sums["prompt_tokens"] += r["prompt_tokens"]
+        sums["completion_tokens"] += r["completion_tokens"]
+        sums["cached_tokens"] += r["cached_tokens"]
+        sums["cost"] += r["cost"]
+        sums["latency_ms_sum"] += r["latency_ms"] or 0.0
+        if r["status"] < 400:  # percentiles describe answered requests
+            lk = (tenant, r["model"], hour, "latency", bucket_of(r["latency_ms"] or 0.0))
+            latency[lk] = latency.get(lk, 0) + 1
+            if r.get("ttft_ms") is not None:
+                tk = (tenant, r["model"], hour, "ttft", bucket_of(r["ttft_ms"]))
+                latency[tk] = latency.get(tk, 0) + 1
+    return hourly, latency
+
+
+async def apply(conn: AsyncConnection, rows: Iterable[Mapping[str, Any]]) -> None:
+    hourly, latency = aggregate(rows)
+    dialect = postgresql if conn.dialect.name == "postgresql" else sqlite
+    if hourly:
+        ins = dialect.insert(UsageHourly)
+        stmt = ins.on_conflict_do_update(
+            index_elements=["tenant_id", "key_id", "model", "hour", "error_type"],
+            set_={c: getattr(UsageHourly, c) + getattr(ins.excluded, c) for c in _SUMS},
+        )
+        await conn.execute(stmt, [
+            {"tenant_id": k[0], "key_id": k[1], "model": k[2], "hour": k[3], "error_type": k[4], **v}
+            for k, v in sorted(hourly.items())  # a fixed order: concurrent writers lock rows alike
+        ])  # fmt: skip
+    if latency:
+        ins = dialect.insert(LatencyHourly)
+        stmt = ins.on_conflict_do_update(
+            index_elements=["tenant_id", "model", "hour", "kind", "bucket"],
+            set_={"count": LatencyHourly.count + ins.excluded.count},
+        )
+        await conn.execute(stmt, [
+            {"tenant_id": k[0], "model": k[1], "hour": k[2], "kind": k[3], "bucket": k[4], "count": n}
+            for k, n in sorted(latency.items())
+        ])  # fmt: skip

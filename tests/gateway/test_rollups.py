@@ -1,0 +1,103 @@
+"""Hourly rollups: maintained by the usage writer (never double-counted), filled by the migration
+from older records, and read by the dashboard queries with the same totals as the full report."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+from sqlalchemy import insert
+
+from gateway.contracts import UsageRecord
+from gateway.dashboard.queries import Range, live, percentiles, summary
+from gateway.db import Database, migrate
+from gateway.db.models import UsageRow
+from gateway.quotas.limits import Limits
+from gateway.usage.pricing import Price, PriceTable
+from gateway.usage.report import ReportQuery, usage_report
+from gateway.usage.writer import UsageWriter, to_row
+from tests.gateway.tenancy_fixtures import db, drop_pg_database, new_pg_database  # noqa: F401
+
+PRICES = PriceTable({"m1": Price(1.0, 2.0), "m2": Price(3.0, 4.0)})
+NOW = time.time()
+
+
+def mixed_records(tenant: str, n: int = 60) -> list[UsageRecord]:
+    out = []
+    for i in range(n):
+        failed = i % 10 == 0
+        out.append(UsageRecord(
+            request_id=uuid.uuid4().hex, key_id=f"{tenant}-k{i % 2}", tenant_id=tenant, model=f"m{1 + i % 2}",
+            deployment="d", provider="openai", endpoint="chat.completions", started_at=NOW - 3600 * (i % 5),
+            status=502 if failed else 200, error_type="upstream_error" if failed else None,
+            prompt_tokens=0 if failed else 10 + i, completion_tokens=0 if failed else i,
+            latency_ms=100.0 + i * 10, ttft_ms=None if failed else 40.0,
+        ))  # fmt: skip
+    return out
+
+
+async def test_writer_keeps_rollups_matching_the_records(db: Database, tmp_path: Path) -> None:  # noqa: F811
+    a, b = uuid.uuid4().hex[:8], uuid.uuid4().hex[:8]
+    records = mixed_records(a) + mixed_records(b, 7)
+    w = UsageWriter(db, PRICES, journal_dir=tmp_path, batch_size=13, flush_interval=0.05)
+    w.start()
+    for r in records + records[:20]:  # a replayed batch must not count twice
+        w.record(r)
+    await w.aclose()
+    rng = Range(datetime.fromtimestamp(NOW - 86400, UTC), datetime.fromtimestamp(NOW + 3600, UTC), "hour")
+    got = await summary(db, a, rng)
+    [want] = await usage_report(db, ReportQuery(tenant_id=a, group_by=()))
+    for field in ("requests", "errors", "prompt_tokens", "completion_tokens", "cost"):
+        assert got["totals"][field] == pytest.approx(want[field]), field
+    assert got["totals"]["requests"] == 60 and got["totals"]["errors"] == 6
+    assert len(got["series"]) == 5 and sum(p["requests"] for p in got["series"]) == 60
+    assert {m["model"]: m["requests"] for m in got["by_model"]} == {"m1": 30, "m2": 30}
+    assert {k["key_id"] for k in got["by_key"]} == {f"{a}-k0", f"{a}-k1"}
+    assert got["errors"] == [{"error_type": "upstream_error", "requests": 6, "rate": 0.1}]
+    assert got["ttft_ms"]["p50"] == 50.0 and got["latency_ms"]["p99"] is not None
+    daily = await summary(db, a, Range(rng.start, rng.end, "day"))
+    assert sum(p["requests"] for p in daily["series"]) == 60 and len(daily["series"]) <= 2
+    other = await summary(db, b, rng)
+    assert other["totals"]["requests"] == 7 and all(a not in k["key_id"] for k in other["by_key"])
+    now = await live(db, a, Limits(requests_per_minute=100, budget_period="total"), now=NOW)
+    assert now["used"]["token_budget"] == got["totals"]["total_tokens"]
+    assert now["used"]["requests_per_minute"] == 12  # the records started within the last minute
+
+
+def test_percentiles_and_range_parsing() -> None:
+    assert percentiles({}) == {"p50": None, "p90": None, "p99": None}
+    assert percentiles({0: 50, 3: 49, 30: 1}) == {"p50": 25.0, "p90": 200.0, "p99": 200.0}
+    r = Range.parse("2026-01-01", "2026-01-31", "day")
+    assert r.end - r.start == timedelta(days=31)
+    for bad in (("x", None, None), ("2026-02-01", "2026-01-01", None), (None, None, "week")):
+        with pytest.raises(ValueError):
+            Range.parse(*bad)
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+async def test_migration_backfills_existing_records(backend: str, tmp_path: Path) -> None:
+    pg = None
+    if backend == "sqlite":
+        url = f"sqlite+aiosqlite:///{tmp_path / 'b.db'}"
+    else:
+        pg, url = await new_pg_database()
+    try:
+        await asyncio.to_thread(migrate.upgrade, url, "0001")
+        database = Database.from_url(url)
+        records = mixed_records("old")
+        async with database.engine.begin() as conn:
+            await conn.execute(insert(UsageRow), [to_row(r) for r in records])
+        await asyncio.to_thread(migrate.upgrade, url)
+        rng = Range(datetime.fromtimestamp(NOW - 86400, UTC), datetime.fromtimestamp(NOW + 3600, UTC))
+        got = await summary(database, "old", rng)
+        assert got["totals"]["requests"] == 60 and got["totals"]["errors"] == 6
+        assert got["totals"]["prompt_tokens"] == sum(r.prompt_tokens for r in records)
+        assert got["ttft_ms"]["p50"] == 50.0
+        await database.dispose()
+    finally:
+        if pg:
+            await drop_pg_database(pg)
