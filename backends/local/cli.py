@@ -15,6 +15,8 @@ from typing import Annotated, Any
 
 import typer
 
+from backends.local.capacity_cli import capacity
+
 engine_app = typer.Typer(no_args_is_help=True, help="Run the built-in inference engine offline.")
 
 
@@ -143,6 +145,9 @@ def build_tiny(
     except ValueError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
+
+
+engine_app.command("capacity")(capacity)
 
 
 def register(app: typer.Typer) -> None:
