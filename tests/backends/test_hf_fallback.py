@@ -220,3 +220,39 @@ def test_full_queue_is_unavailable(folder) -> None:
     assert [e.finish for e in seen] == ["abort"]
     release.set()
     worker.close()
+
+
+def test_queued_jobs_with_equal_generate_parameters_share_a_batch(folder) -> None:
+    """While the worker is held, two greedy jobs and one sampling job queue up; the greedy pair
+    then runs as one batch (different max_tokens and stop strings are per-row) and sampling alone."""
+    path = folder("gpt2")
+    model = transformers.AutoModelForCausalLM.from_pretrained(path)
+    model.generation_config = transformers.GenerationConfig()
+    tok = transformers.AutoTokenizer.from_pretrained(path)
+    worker = GenerateWorker(model, tok, set(), 0, max_batch_rows=4, max_queue=8)
+    entered, release = threading.Event(), threading.Event()
+    finished: dict[str, list[str]] = {"a": [], "b": [], "c": []}
+    done = threading.Semaphore(0)
+
+    def sink(name: str) -> Callable[[Event], None]:
+        def emit(ev: Event) -> None:
+            if ev.finish is not None:
+                finished[name].append(ev.finish)
+                done.release()
+        return emit
+
+    def blocking(ev: Event) -> None:
+        entered.set()
+        release.wait(10)
+
+    worker.submit(Job([tok.encode("hi")], 1, GenerateKey(), RowParams(max_new_tokens=2), blocking))
+    assert entered.wait(10)
+    worker.submit(Job([tok.encode("one two")], 1, GenerateKey(), RowParams(max_new_tokens=3), sink("a")))
+    worker.submit(Job([tok.encode("three")], 1, GenerateKey(), RowParams(max_new_tokens=5, stop=["zz"]), sink("b")))
+    worker.submit(Job([tok.encode("four")], 1, GenerateKey(do_sample=True), RowParams(max_new_tokens=2), sink("c")))
+    release.set()
+    for _ in range(3):
+        assert done.acquire(timeout=30)
+    assert finished == {"a": ["length"], "b": ["length"], "c": ["length"]}
+    assert (worker.batches_run, worker.largest_batch) == (3, 2)
+    worker.close()
