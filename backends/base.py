@@ -92,6 +92,8 @@ class Meter:
     cached_tokens: int = 0
     exact: bool = True
     first_token_at: float | None = None  # time.perf_counter() of the first output token
+    phases: list[tuple[str, float, float]] = field(default_factory=list)  # (name, start, end) in unix time,
+    # e.g. the engine's queue / prefill / decode; the gateway turns them into trace spans
 
     @property
     def total_tokens(self) -> int:

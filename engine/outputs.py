@@ -84,6 +84,7 @@ class RequestOutput:
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
     arrival_time: float = 0.0  # time.monotonic() clock
     first_token_time: float | None = None  # of the earliest sequence
+    first_scheduled_time: float | None = None  # when the earliest sequence left the waiting queue
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -132,6 +133,7 @@ class RequestState:
             )
             self.sent_tokens[i] = seq.num_output_tokens
         firsts = [s.first_token_time for s in self.seqs if s.first_token_time is not None]
+        scheduled = [s.first_scheduled_time for s in self.seqs if s.first_scheduled_time is not None]
         return RequestOutput(
             self.request_id,
             self.prompt,
@@ -141,4 +143,5 @@ class RequestState:
             self.seqs[0].num_cached_tokens,
             self.arrival_time,
             min(firsts) if firsts else None,
+            min(scheduled) if scheduled else None,
         )

@@ -10,6 +10,7 @@ The waiting order and the victim choice live in a ``QueuePolicy`` so they can be
 from __future__ import annotations
 
 import bisect
+import time
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -259,6 +260,8 @@ class Scheduler:
             if seq.num_preemptions == 0:
                 seq.num_cached_tokens = len(cached) * bs
             seq.status = SequenceStatus.RUNNING
+            if seq.first_scheduled_time is None:
+                seq.first_scheduled_time = time.monotonic()
             self.running.append(seq)
             by_seq[seq.seq_id] = ScheduledSeq(seq, num_new)
             budget -= num_new

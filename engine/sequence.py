@@ -60,6 +60,7 @@ class Sequence:
     num_preemptions: int = 0
     logprobs: list[TokenLogprob] = field(default_factory=list)
     finish_reason: FinishReason | None = None
+    first_scheduled_time: float | None = None  # when it first left the waiting queue (monotonic)
     first_token_time: float | None = None
     last_token_time: float | None = None
     generator: torch.Generator | None = None

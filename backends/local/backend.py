@@ -69,6 +69,7 @@ class _Run:
                 if out.finished:
                     self.finished.add(rid)
                     self.meter.cached_tokens += out.num_cached_tokens
+                    self.meter.phases.extend(_phases(out))
                 yield p, out
 
     def abort(self) -> None:
@@ -245,6 +246,17 @@ class LocalEngineBackend:
 
     async def aclose(self) -> None:
         await self.engine.shutdown()
+
+
+def _phases(out: RequestOutput) -> list[tuple[str, float, float]]:
+    """The engine's queue / prefill / decode times of a finished request, in unix time."""
+    now = time.monotonic()
+    shift = time.time() - now
+    marks = [("engine.queue", out.arrival_time), ("engine.prefill", out.first_scheduled_time),
+             ("engine.decode", out.first_token_time)]
+    known = [(name, t) for name, t in marks if t]
+    ends = [t for _, t in known[1:]] + [now]
+    return [(name, start + shift, end + shift) for (name, start), end in zip(known, ends)]
 
 
 async def _collect(run: _Run) -> list[RequestOutput]:
