@@ -48,6 +48,7 @@ class EngineConfig:
     enable_chunked_prefill: bool = True
     scheduling_policy: str = "fcfs"
     attn_backend: str = "torch"
+    enforce_eager: bool = False  # no CUDA graphs for decode steps (engine.cuda_graphs)
     model_impl: str = "auto"  # auto | native | transformers (engine.fallback.resolve)
     seed: int = 0
 
@@ -65,6 +66,11 @@ class EngineConfig:
             raise ValueError("kv_cache_bytes must be positive")
         if self.scheduling_policy not in ("fcfs", "priority"):
             raise ValueError("scheduling_policy must be 'fcfs' or 'priority'")
+        if self.attn_backend == "triton" and not self.device.startswith("cuda"):
+            from engine.kernels.common import interpreting
+
+            if not interpreting():
+                raise ValueError("attn_backend='triton' needs a CUDA device (on CPU only under TRITON_INTERPRET=1)")
 
     def resolve_max_model_len(self, model_max_len: int) -> int:
         """Fix ``max_model_len`` against the model's limit and check the token budget."""

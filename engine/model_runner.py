@@ -15,6 +15,7 @@ from torch import nn
 
 from engine.capacity import KVLayout
 from engine.config import EngineConfig
+from engine.cuda_graphs import DecodeGraphs
 from engine.layers.attention import AttentionMetadata
 from engine.sampler import Sampler, SamplerOutput, SamplingRow
 from engine.scheduler import ScheduledSeq
@@ -38,6 +39,7 @@ class ModelRunner:
         self.eos_token_ids = sorted(eos_token_ids)
         self.sampler = Sampler(self.device, config.seed)
         self.kv_caches: list[torch.Tensor] = []
+        self.graphs: DecodeGraphs | None = None
 
     # -- KV cache ----------------------------------------------------------------------------
 
@@ -104,6 +106,19 @@ class ModelRunner:
 
     def allocate_kv_cache(self, num_blocks: int) -> None:
         self.kv_caches = self._kv_tensors(num_blocks)
+        if self._use_cuda_graphs():
+            assert self.config.max_model_len is not None
+            self.graphs = DecodeGraphs(self.model, self.kv_caches, self.config.max_num_seqs,
+                                       self.config.max_model_len, self.block_size, self.device)
+            self.graphs.capture()
+
+    def _use_cuda_graphs(self) -> bool:
+        """Decode graphs need CUDA, the Triton attention path (no host syncs) and a native model."""
+        from engine.models import MODEL_REGISTRY
+
+        cfg = self.config
+        return (self.device.type == "cuda" and not cfg.enforce_eager and cfg.attn_backend == "triton"
+                and type(self.model) in MODEL_REGISTRY.values())
 
     # -- one step ----------------------------------------------------------------------------
 
@@ -146,12 +161,12 @@ class ModelRunner:
             max_context_len=max(context_lens),
             block_size=bs,
         )
-        hidden = self.model(
-            torch.tensor(ids, dtype=torch.long, device=dev),
-            torch.tensor(positions, dtype=torch.long, device=dev),
-            self.kv_caches,
-            meta,
-        )
+        ids_t = torch.tensor(ids, dtype=torch.long, device=dev)
+        positions_t = torch.tensor(positions, dtype=torch.long, device=dev)
+        if self.graphs is not None and self.graphs.can_run(len(ids), meta):
+            hidden = self.graphs.run(ids_t, positions_t, meta)
+        else:
+            hidden = self.model(ids_t, positions_t, self.kv_caches, meta)
         if not sampled:
             return StepResult([], None)
         logits = self.model.compute_logits(hidden[torch.tensor(sample_rows, device=dev)])

@@ -81,6 +81,9 @@ def generate(
     seed: Annotated[int, typer.Option("--seed")] = 0,
     model_impl: Annotated[str, typer.Option("--model-impl", help="auto, native or transformers (see engine.fallback).")]
     = "auto",
+    attn_backend: Annotated[str, typer.Option("--attn-backend", help="torch (reference) or triton (GPU kernels).")]
+    = "torch",
+    enforce_eager: Annotated[bool, typer.Option("--enforce-eager", help="No CUDA graphs for decode steps.")] = False,
 ) -> None:
     """Generate for every line of a JSONL file, with a progress bar; results go out as JSONL."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -92,7 +95,8 @@ def generate(
         config = _engine_config(model, max_model_len=max_model_len, gpu_memory_utilization=gpu_memory_utilization,
                                 max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                                 block_size=block_size, dtype=dtype, enable_prefix_caching=enable_prefix_caching,
-                                device=device, num_kv_blocks=num_kv_blocks, seed=seed, model_impl=model_impl)
+                                device=device, num_kv_blocks=num_kv_blocks, seed=seed, model_impl=model_impl,
+                                attn_backend=attn_backend, enforce_eager=enforce_eager)
         engine = LLMEngine(config)
         for job in jobs:
             prompt = job.prompt

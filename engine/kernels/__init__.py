@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.kernels.common import num_sms
+from engine.kernels.common import interpreting, num_sms
 from engine.kernels.paged_attention import unified_attention
 from engine.kernels.split_decode import split_decode_attention
 from engine.kernels.store_kv import store_kv
@@ -58,5 +58,5 @@ def triton_paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv
     return paged_attention(q, kv_cache, meta, scale, window)
 
 
-__all__ = ["decode_splits", "paged_attention", "split_decode_attention", "store_kv", "triton_paged_attention",
+__all__ = ["decode_splits", "interpreting", "paged_attention", "split_decode_attention", "store_kv", "triton_paged_attention",
            "unified_attention"]

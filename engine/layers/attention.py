@@ -157,7 +157,10 @@ def _attend(qp: torch.Tensor, k_flat: torch.Tensor, v_flat: torch.Tensor, grp: _
 def _triton_paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
                             meta: AttentionMetadata, scale: float, window: int | None) -> torch.Tensor:
     """Imports the kernels on first use: Triton fixes interpreter vs GPU mode at import time."""
-    from engine.kernels import triton_paged_attention
+    from engine.kernels import interpreting, triton_paged_attention
+
+    if q.device.type != "cuda" and not interpreting():
+        raise RuntimeError("attn_backend='triton' needs a CUDA device (on CPU only under TRITON_INTERPRET=1)")
 
     return triton_paged_attention(q, k, v, kv_cache, meta, scale, window)
 
