@@ -27,6 +27,7 @@ from backends.base import (
     UpstreamError,
 )
 from backends.anthropic_wire import STOP_REASONS, from_messages_response, to_messages_request, usage_of
+from backends.config import DeploymentConfig
 from backends.estimate import estimate_chat_prompt, estimate_text
 from backends.http_upstream import HTTPUpstream, SSELines
 from backends.types import (
@@ -42,7 +43,6 @@ from backends.types import (
     ToolCallDelta,
     Usage,
 )
-from gateway.settings import DeploymentConfig
 
 DEFAULT_API_BASE = "https://api.anthropic.com/v1"
 API_VERSION = "2023-06-01"

@@ -10,7 +10,7 @@ import importlib
 from collections.abc import Callable
 
 from backends.base import Backend
-from gateway.settings import ConfigError, DeploymentConfig
+from backends.config import ConfigError, DeploymentConfig
 
 BackendBuilder = Callable[[DeploymentConfig], Backend]
 

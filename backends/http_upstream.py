@@ -26,7 +26,7 @@ from backends.base import (
     Unavailable,
     UpstreamError,
 )
-from gateway.settings import DeploymentConfig
+from backends.config import DeploymentConfig
 
 _CONTEXT_HINTS = ("context length", "context_length", "maximum context", "context window", "too many tokens",
                   "prompt is too long")

@@ -17,6 +17,7 @@ import msgspec
 from msgspec import UNSET
 
 from backends.base import BackendStats, ChunkStream, Completed, Meter, UpstreamError
+from backends.config import DeploymentConfig
 from backends.estimate import estimate_chat_prompt, estimate_completion_prompt, estimate_text
 from backends.http_upstream import ErrorDetail, ErrorEnvelope, HTTPUpstream, SSELines
 from backends.types import (
@@ -28,7 +29,6 @@ from backends.types import (
     TextCompletion,
     Usage,
 )
-from gateway.settings import DeploymentConfig
 
 DEFAULT_API_BASE = "https://api.openai.com/v1"
 

@@ -16,20 +16,15 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 import yaml
-from msgspec import Meta, Struct
+from msgspec import Meta
+
+# Deployment-level config lives in backends/ (gateway -> backends); re-exported here for callers.
+from backends.config import ConfigError, Conf, DeploymentConfig, Seconds, Timeouts
+
+__all__ = ["ConfigError", "DeploymentConfig", "Settings", "Timeouts", "load_settings", "parse_settings"]
 
 ENV_PREFIX = "SWITCHYARD__"
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
-
-Seconds = Annotated[float, Meta(gt=0)]
-
-
-class ConfigError(ValueError):
-    """Invalid configuration; the message names the key and the problem."""
-
-
-class Conf(Struct, forbid_unknown_fields=True, kw_only=True):
-    """Base for config sections: unknown keys are errors (typos must not pass silently)."""
 
 
 class ServerConfig(Conf):
@@ -51,32 +46,6 @@ class RedisConfig(Conf):
 class AuthConfig(Conf):
     admin_key: str | None = None  # a bootstrap admin key (use ${ENV}); tenants' keys live in SQL
     key_cache_seconds: Annotated[float, Meta(ge=0, le=5)] = 2.0
-
-
-class Timeouts(Conf):
-    connect: Seconds = 5.0
-    first_byte: Seconds = 60.0  # until response headers / first stream chunk
-    total: Seconds = 600.0
-
-
-class DeploymentConfig(Conf):
-    """One provider endpoint serving one upstream model."""
-
-    provider: Literal["openai", "anthropic", "local", "transformers"]
-    model: str  # the upstream model name, or a local folder for "local"/"transformers"
-    name: str | None = None  # defaults to "<provider>:<model>"
-    api_base: str | None = None
-    api_key: str | None = None  # use ${ENV_VAR}; never commit a secret
-    weight: Annotated[float, Meta(gt=0)] = 1.0
-    max_concurrency: Annotated[int, Meta(ge=1)] | None = None
-    tokens_per_minute: Annotated[int, Meta(ge=1)] | None = None
-    context_window: Annotated[int, Meta(ge=1)] | None = None
-    timeouts: Timeouts = msgspec.field(default_factory=Timeouts)
-    options: dict[str, Any] = msgspec.field(default_factory=dict)  # provider-specific (engine args)
-
-    @property
-    def id(self) -> str:
-        return self.name or f"{self.provider}:{self.model}"
 
 
 class CircuitConfig(Conf):

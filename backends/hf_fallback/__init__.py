@@ -13,8 +13,8 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from backends.config import ConfigError, DeploymentConfig
 from backends.hf_fallback.backend import HFGenerateBackend
-from gateway.settings import ConfigError, DeploymentConfig
 
 log = logging.getLogger("switchyard.backends.transformers")
 

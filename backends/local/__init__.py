@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
-from gateway.settings import ConfigError, DeploymentConfig
+from backends.config import ConfigError, DeploymentConfig
 
 if TYPE_CHECKING:
     from backends.local.backend import LocalEngineBackend

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from engine import EngineConfig
-from gateway.settings import ConfigError, DeploymentConfig
+from backends.config import ConfigError, DeploymentConfig
 
 OPTIONS = {f.name for f in dataclasses.fields(EngineConfig)} - {"model"} | {"builtin"}
 

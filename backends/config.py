@@ -1,0 +1,49 @@
+"""Deployment-level configuration: what a backend needs to know about one provider endpoint.
+
+These Structs live here, not in ``gateway/settings.py``, so that ``backends/`` never imports the
+gateway (the dependency direction is gateway -> backends -> engine). The gateway's Settings embed
+them and re-export them.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+import msgspec
+from msgspec import Meta, Struct
+
+Seconds = Annotated[float, Meta(gt=0)]
+
+
+class ConfigError(ValueError):
+    """Invalid configuration; the message names the key and the problem."""
+
+
+class Conf(Struct, forbid_unknown_fields=True, kw_only=True):
+    """Base for config sections: unknown keys are errors (typos must not pass silently)."""
+
+
+class Timeouts(Conf):
+    connect: Seconds = 5.0
+    first_byte: Seconds = 60.0  # until response headers / first stream chunk
+    total: Seconds = 600.0
+
+
+class DeploymentConfig(Conf):
+    """One provider endpoint serving one upstream model."""
+
+    provider: Literal["openai", "anthropic", "local", "transformers"]
+    model: str  # the upstream model name, or a local folder for "local"/"transformers"
+    name: str | None = None  # defaults to "<provider>:<model>"
+    api_base: str | None = None
+    api_key: str | None = None  # use ${ENV_VAR}; never commit a secret
+    weight: Annotated[float, Meta(gt=0)] = 1.0
+    max_concurrency: Annotated[int, Meta(ge=1)] | None = None
+    tokens_per_minute: Annotated[int, Meta(ge=1)] | None = None
+    context_window: Annotated[int, Meta(ge=1)] | None = None
+    timeouts: Timeouts = msgspec.field(default_factory=Timeouts)
+    options: dict[str, Any] = msgspec.field(default_factory=dict)  # provider-specific (engine args)
+
+    @property
+    def id(self) -> str:
+        return self.name or f"{self.provider}:{self.model}"
