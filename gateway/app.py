@@ -22,16 +22,29 @@ from gateway.pipeline import Pipeline
 from gateway.reload import Reloader
 from gateway.services import Services, build_services
 from gateway.settings import Settings, load_settings
+from gateway.telemetry import Telemetry
+from gateway.telemetry.endpoint import metrics_route
+from gateway.telemetry.metrics import MeteredSink
+from gateway.telemetry.middleware import TelemetryMiddleware
 
 
-def create_app(settings: Settings, services: Services | None = None, *, config_path: str | Path | None = None) -> Litestar:
+def create_app(
+    settings: Settings, services: Services | None = None, *, config_path: str | Path | None = None,
+    telemetry: Telemetry | None = None,
+) -> Litestar:
     """An app serving ``settings``; ``services`` defaults to ``build_services(settings)``.
 
     The app owns the services: they are closed when the app shuts down. With ``config_path``,
     SIGHUP and ``POST /admin/v1/reload`` re-read models and prices from that file.
+    ``telemetry`` (metrics, tracing) defaults to what ``settings.telemetry`` asks for.
     """
     services = services or build_services(settings)
-    pipeline = Pipeline(services, settings)
+    telemetry = telemetry or Telemetry.from_settings(settings)
+    extra_routes = []
+    if telemetry.metrics is not None:
+        extra_routes.append(metrics_route(telemetry.metrics, services.router, services.usage))
+        services.usage = MeteredSink(services.usage, telemetry.metrics)
+    pipeline = Pipeline(services, settings, telemetry)
     reloader = Reloader(pipeline, config_path)
 
     @asynccontextmanager
@@ -43,13 +56,16 @@ def create_app(settings: Settings, services: Services | None = None, *, config_p
             yield
         finally:
             await services.aclose()
+            await telemetry.tracing.aclose()
 
     return Litestar(
         route_handlers=[
             ChatController, CompletionsController, MessagesController, ModelsController, HealthController,
             DeploymentsController,
             *services.routes,
+            *extra_routes,
         ],
+        middleware=[lambda app: TelemetryMiddleware(app, telemetry.tracing)],
         dependencies={
             "services": Provide(lambda: services, sync_to_thread=False, use_cache=True),
             "pipeline": Provide(lambda: pipeline, sync_to_thread=False, use_cache=True),

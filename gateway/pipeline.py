@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -38,6 +37,8 @@ from gateway.routing.plan import RoutePlan
 from gateway.services import Services
 from gateway.settings import Settings
 from gateway.streaming import OpenAIEvents, Outcome, SSERelay, StreamEncoder
+from gateway.telemetry import Telemetry, hooks
+from gateway.telemetry.context import request_id
 
 log = logging.getLogger("switchyard.pipeline")
 
@@ -73,6 +74,7 @@ class _Context:
     t0: float
     prompt_tokens: int = 0  # estimated, for context-window routing
     deployment: Deployment | None = None
+    attempt_span: Any = None  # the trace span of the attempt that answered (tracing on)
 
 
 def bearer_token(headers: Mapping[str, str]) -> str | None:
@@ -85,9 +87,10 @@ def bearer_token(headers: Mapping[str, str]) -> str | None:
 
 
 class Pipeline:
-    def __init__(self, services: Services, settings: Settings) -> None:
+    def __init__(self, services: Services, settings: Settings, telemetry: Telemetry | None = None) -> None:
         self.services = services
         self.settings = settings
+        self.telemetry = telemetry or Telemetry()
 
     # ------------------------------------------------------------ entry points
 
@@ -96,12 +99,14 @@ class Pipeline:
         if token is None:
             raise ApiError(401, "Missing API key: send 'Authorization: Bearer <key>'.", code="missing_api_key")
         try:
-            principal = await self.services.authenticator.authenticate(token)
+            with self.telemetry.tracing.span("auth"):
+                principal = await self.services.authenticator.authenticate(token)
         except Exception:
             log.exception("authenticator failed")
             raise ApiError(503, "authentication is temporarily unavailable", code="auth_unavailable") from None
         if principal is None:
             raise ApiError(401, "Incorrect API key provided.", code="invalid_api_key")
+        hooks.on_principal(principal)
         return principal
 
     def visible_groups(self, principal: Principal) -> list[ModelGroup]:
@@ -144,19 +149,21 @@ class Pipeline:
         self, principal: Principal, model: str, endpoint: str, stream: bool, prompt_tokens: int,
         output_limit: int | None, call: Call, dialect: Dialect = OPENAI,
     ) -> Response[Any]:
+        hooks.on_request(endpoint, model, stream, output_limit)
         group = self.group_for(principal, model)
         reserve = prompt_tokens + (output_limit or DEFAULT_OUTPUT_RESERVE)
+        rid = request_id()
         try:
             ticket = await self._admit(principal, group, reserve)
         except ApiError as exc:  # refused by quotas: still one usage row (no tokens) for this request
             self.services.usage.record(UsageRecord(
-                request_id=uuid.uuid4().hex, key_id=principal.key_id, tenant_id=principal.tenant_id,
+                request_id=rid, key_id=principal.key_id, tenant_id=principal.tenant_id,
                 model=group.name, deployment=None, provider=None, endpoint=endpoint, started_at=time.time(),
                 status=exc.status, error_type=exc.code, stream=stream,
             ))
             raise
         ctx = _Context(
-            request_id=uuid.uuid4().hex, endpoint=endpoint, model=model, principal=principal, group=group,
+            request_id=rid, endpoint=endpoint, model=model, principal=principal, group=group,
             ticket=ticket, stream=stream, started_at=time.time(), t0=time.perf_counter(), prompt_tokens=prompt_tokens,
         )
         try:
@@ -192,12 +199,16 @@ class Pipeline:
             health = attempt.deployment.health
             health.on_attempt()
             t0 = time.perf_counter()
+            span = hooks.start_attempt(self.telemetry, attempt.deployment)
             try:
                 result = await call(attempt.deployment.backend)
             except asyncio.CancelledError:
                 health.on_abandoned()
+                hooks.end_attempt(span, "client_disconnected")
                 raise
             except BackendError as exc:
+                hooks.end_attempt(span, exc.kind)
+                self.telemetry.upstream_error(attempt.deployment.id, exc.kind)
                 if isinstance(exc, BadRequest):
                     health.on_success(None)  # the deployment answered; the request was at fault
                 else:
@@ -210,11 +221,13 @@ class Pipeline:
                 attempt = following
                 continue
             health.on_success(time.perf_counter() - t0)  # to the answer, or a stream's first chunk
+            ctx.attempt_span = span  # ended at settlement, so it covers a stream to its end
             return result
 
     async def _admit(self, principal: Principal, group: ModelGroup, reserve: int) -> Ticket:
         try:
-            return await self.services.admission.admit(principal, group.name, reserve)
+            with self.telemetry.tracing.span("admission"):
+                return await self.services.admission.admit(principal, group.name, reserve)
         except QuotaExceeded as exc:
             headers = retry_after_header(exc.retry_after)
             if exc.ticket is not None:
@@ -270,6 +283,7 @@ class Pipeline:
             self.services.usage.record(record)
         except Exception:
             log.exception("recording usage for %s failed", ctx.request_id)
+        hooks.on_settle(self.telemetry, record, meter.phases, ctx.attempt_span)
 
     def _cost(self, ctx: _Context, meter: Meter) -> float:
         names = [ctx.deployment.id] if ctx.deployment else []

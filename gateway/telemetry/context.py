@@ -1,0 +1,38 @@
+"""What one HTTP request has learnt about itself, for its log line and its span: a mutable record in
+a context variable, set by the telemetry middleware and filled in by the pipeline."""
+
+from __future__ import annotations
+
+import uuid
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass
+class RequestInfo:
+    request_id: str
+    method: str
+    path: str
+    tenant_id: str | None = None
+    key_id: str | None = None
+    model: str | None = None
+    deployment: str | None = None
+    status: int | None = None
+    error_type: str | None = None
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    span: Any = None  # the request's OpenTelemetry span, when tracing is on
+
+
+current: ContextVar[RequestInfo | None] = ContextVar("switchyard_request", default=None)
+
+
+def request_info() -> RequestInfo | None:
+    return current.get()
+
+
+def request_id() -> str:
+    """This request's id (the middleware's, so header, logs, spans and usage row agree)."""
+    info = current.get()
+    return info.request_id if info is not None else uuid.uuid4().hex

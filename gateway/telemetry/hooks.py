@@ -1,0 +1,76 @@
+"""The few calls the pipeline makes into telemetry, each a no-op (or nearly) when tracing is off."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from opentelemetry.trace import Span
+
+from gateway.contracts import Principal, UsageRecord
+from gateway.telemetry import Telemetry
+from gateway.telemetry.context import request_info
+from gateway.telemetry.tracing import OPERATIONS, mark_error
+
+
+def on_principal(principal: Principal) -> None:
+    info = request_info()
+    if info is not None:
+        info.tenant_id, info.key_id = principal.tenant_id, principal.key_id
+
+
+def on_request(endpoint: str, model: str, stream: bool, max_tokens: int | None) -> None:
+    """Name the request span per the GenAI conventions (``chat <model>``) once the model is known."""
+    info = request_info()
+    if info is None:
+        return
+    info.model = model
+    span = info.span
+    if span is not None:
+        operation = OPERATIONS.get(endpoint, endpoint)
+        span.update_name(f"{operation} {model}")
+        span.set_attribute("gen_ai.operation.name", operation)
+        span.set_attribute("gen_ai.request.model", model)
+        span.set_attribute("gen_ai.request.stream", stream)
+        if max_tokens is not None:
+            span.set_attribute("gen_ai.request.max_tokens", max_tokens)
+
+
+def start_attempt(telemetry: Telemetry, deployment: Any) -> Span | None:
+    tracer = telemetry.tracing.tracer
+    if tracer is None:
+        return None
+    from opentelemetry.trace import SpanKind
+
+    config = deployment.config
+    return tracer.start_span(f"upstream {deployment.id}", kind=SpanKind.CLIENT, attributes={
+        "gen_ai.provider.name": config.provider, "gen_ai.system": config.provider,
+        "gen_ai.request.model": config.model, "switchyard.deployment": deployment.id,
+    })  # fmt: skip
+
+
+def end_attempt(span: Span | None, error_type: str | None = None) -> None:
+    if span is not None:
+        if error_type is not None:
+            mark_error(span, error_type)
+        span.end()
+
+
+def on_settle(telemetry: Telemetry, record: UsageRecord, phases: list[tuple[str, float, float]],
+              attempt: Span | None) -> None:
+    """Usage onto the request span and the log line; engine phases under the answering attempt."""
+    info = request_info()
+    if info is not None:
+        info.deployment, info.error_type = record.deployment, record.error_type
+        info.prompt_tokens, info.completion_tokens = record.prompt_tokens, record.completion_tokens
+        span = info.span
+        if span is not None:
+            span.set_attribute("gen_ai.usage.input_tokens", record.prompt_tokens)
+            span.set_attribute("gen_ai.usage.output_tokens", record.completion_tokens)
+            span.set_attribute("switchyard.request_id", record.request_id)
+            if record.error_type:
+                mark_error(span, record.error_type)
+    if attempt is not None:
+        attempt.set_attribute("gen_ai.usage.input_tokens", record.prompt_tokens)
+        attempt.set_attribute("gen_ai.usage.output_tokens", record.completion_tokens)
+        telemetry.tracing.phases(attempt, phases)
+        end_attempt(attempt, record.error_type if record.status >= 500 else None)

@@ -1,0 +1,152 @@
+"""Prometheus metrics for ``GET /metrics``: the gateway's own, plus each local engine's in vLLM's names.
+
+Labels are bounded: model group, endpoint, status, deployment, error kind. Tenant and key ids are
+never label values (unbounded cardinality); per-tenant numbers live in the dashboards.
+Request metrics are fed from the usage records the pipeline already emits (``MeteredSink``), so
+the request path pays one dictionary lookup and a few increments. Engine and routing state are
+read only when Prometheus scrapes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.registry import Collector
+
+from gateway.contracts import UsageRecord, UsageSink
+from gateway.router import Router
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+CIRCUIT_STATES = ("closed", "half_open", "open")
+
+
+class GatewayMetrics:
+    """The gateway's counters and histograms, in a registry of their own (one per app)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.requests = Counter("switchyard_requests", "Requests answered, by model group, endpoint and HTTP status",
+                                ["model", "endpoint", "status"], registry=r)
+        self.latency = Histogram("switchyard_request_latency_seconds", "Time from admission to the last byte",
+                                 ["model", "endpoint"], buckets=LATENCY_BUCKETS, registry=r)
+        self.ttft = Histogram("switchyard_time_to_first_token_seconds", "Time from admission to the first token",
+                              ["model", "endpoint"], buckets=LATENCY_BUCKETS, registry=r)
+        self.tokens = Counter("switchyard_tokens", "Tokens metered, by model group and kind (prompt|completion)",
+                              ["model", "kind"], registry=r)
+        self.quota_rejections = Counter("switchyard_quota_rejections", "Requests refused by quotas (429)",
+                                        ["model"], registry=r)
+        self.upstream_errors = Counter("switchyard_upstream_errors", "Failed upstream attempts, by deployment and kind",
+                                       ["deployment", "kind"], registry=r)
+
+    def observe(self, r: UsageRecord) -> None:
+        endpoint = r.endpoint
+        self.requests.labels(r.model, endpoint, str(r.status)).inc()
+        if r.status == 429:
+            self.quota_rejections.labels(r.model).inc()
+        if r.deployment is None:  # never reached a provider: no latency or tokens to speak of
+            return
+        self.latency.labels(r.model, endpoint).observe(r.latency_ms / 1000)
+        if r.ttft_ms is not None:
+            self.ttft.labels(r.model, endpoint).observe(r.ttft_ms / 1000)
+        if r.prompt_tokens:
+            self.tokens.labels(r.model, "prompt").inc(r.prompt_tokens)
+        if r.completion_tokens:
+            self.tokens.labels(r.model, "completion").inc(r.completion_tokens)
+
+    def upstream_error(self, deployment: str, kind: str) -> None:
+        self.upstream_errors.labels(deployment, kind).inc()
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class MeteredSink:
+    """A UsageSink that counts each record into the metrics, then hands it on."""
+
+    def __init__(self, inner: UsageSink, metrics: GatewayMetrics) -> None:
+        self.inner = inner
+        self.metrics = metrics
+
+    def record(self, record: UsageRecord) -> None:
+        try:
+            self.metrics.observe(record)
+        finally:
+            self.inner.record(record)
+
+
+class StateCollector(Collector):
+    """Read at scrape time: circuit states, the usage writer's backlog, and every local engine."""
+
+    def __init__(self, router: Router, usage: UsageSink) -> None:
+        self.router = router
+        self.usage = usage
+
+    def describe(self) -> list[Any]:
+        return []  # dynamic: nothing to check at registration
+
+    def collect(self) -> Iterator[Any]:
+        circuit = GaugeMetricFamily("switchyard_circuit_state",
+                                    "1 for the circuit breaker's current state of each deployment",
+                                    labels=["deployment", "state"])
+        for d in _unique(self.router):
+            current = d.health.state
+            for state in CIRCUIT_STATES:
+                circuit.add_metric([d.id, state], 1.0 if state == current else 0.0)
+        yield circuit
+        pending = getattr(self.usage, "pending", None)
+        if isinstance(pending, int):
+            yield GaugeMetricFamily("switchyard_usage_writer_backlog",
+                                    "Usage records not yet in the database (buffered or journaled)", value=pending)
+        yield from _engine_families(self.router)
+
+
+def _unique(router: Router) -> list[Any]:
+    """Each deployment once (a deployment may serve several groups)."""
+    return list({d.id: d for d in router.deployments()}.values())
+
+
+def _engine_families(router: Router) -> Iterator[Any]:
+    """vLLM's metric names (``vllm:*``) with ``model_name`` set to the deployment id."""
+    snaps = [(d.id, d.backend.engine_metrics()) for d in _unique(router) if hasattr(d.backend, "engine_metrics")]
+    if not snaps:
+        return
+    labels = ["model_name"]
+    gauges = {
+        "vllm:num_requests_running": ("Requests in the engine's running batch", "num_running"),
+        "vllm:num_requests_waiting": ("Requests waiting to be scheduled", "num_waiting"),
+        "vllm:kv_cache_usage_perc": ("Fraction of KV-cache blocks in use (0..1)", "kv_usage"),
+    }
+    counters = {
+        "vllm:prefix_cache_queries": ("Prompt tokens looked up in the prefix cache", "prefix_cache_queries"),
+        "vllm:prefix_cache_hits": ("Prompt tokens served from the prefix cache", "prefix_cache_hits"),
+        "vllm:num_preemptions": ("Sequences preempted (recomputed)", "num_preemptions"),
+        "vllm:prompt_tokens": ("Prompt tokens processed", "prompt_tokens"),
+        "vllm:generation_tokens": ("Tokens generated", "generation_tokens"),
+    }
+    histograms = {
+        "vllm:time_to_first_token_seconds": ("Time to the first token", "ttft"),
+        "vllm:inter_token_latency_seconds": ("Time between output tokens", "itl"),
+        "vllm:e2e_request_latency_seconds": ("Arrival to finish", "e2e_latency"),
+    }
+    for name, (doc, attr) in gauges.items():
+        g = GaugeMetricFamily(name, doc, labels=labels)
+        for dep, snap in snaps:
+            g.add_metric([dep], float(getattr(snap, attr)))
+        yield g
+    for name, (doc, attr) in counters.items():
+        c = CounterMetricFamily(name, doc, labels=labels)
+        for dep, snap in snaps:
+            c.add_metric([dep], float(getattr(snap, attr)))
+        yield c
+    for name, (doc, attr) in histograms.items():
+        h = HistogramMetricFamily(name, doc, labels=labels)
+        for dep, snap in snaps:
+            hist = getattr(snap, attr)
+            bounds = [*(str(b) for b in hist.buckets), "+Inf"]
+            h.add_metric([dep], list(zip(bounds, (float(c) for c in hist.cumulative()))), hist.sum)
+        yield h

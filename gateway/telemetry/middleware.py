@@ -1,0 +1,70 @@
+"""An ASGI middleware that gives each API request its id, its request span and its access log line.
+
+The id is returned as ``x-request-id`` on every answer (errors included) and is the one the
+pipeline writes to the usage row. The span and the log line close when the app returns: after the
+last body byte and the background settlement of a stream, so a streamed answer is measured to its
+end with its token counts.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+
+from gateway.telemetry.context import RequestInfo, current
+from gateway.telemetry.logs import log_access
+from gateway.telemetry.tracing import Tracing, mark_error
+
+TRACED_PREFIXES = ("/v1/", "/admin/")
+_HEADER = b"x-request-id"
+
+
+class TelemetryMiddleware:
+    def __init__(self, app: Any, tracing: Tracing) -> None:
+        self.app = app
+        self.tracing = tracing
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        path = scope.get("path", "")
+        if scope["type"] != "http" or not path.startswith(TRACED_PREFIXES):
+            await self.app(scope, receive, send)
+            return
+        info = RequestInfo(uuid.uuid4().hex, scope.get("method", "GET"), path)
+        started = time.perf_counter()
+        span = self.tracing.start_request(info.method, path)
+        info.span = span
+        token = current.set(info)
+        otel_token = otel_context.attach(trace.set_span_in_context(span)) if span is not None else None
+
+        async def send_wrapper(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                info.status = message["status"]
+                headers = message.setdefault("headers", [])
+                if not any(k.lower() == _HEADER for k, _ in headers):
+                    message["headers"] = [*headers, (_HEADER, info.request_id.encode())]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_wrapper)
+        except BaseException:
+            info.status = info.status or 500
+            raise
+        finally:
+            self._finish(info, started)
+            if otel_token is not None:
+                otel_context.detach(otel_token)
+            current.reset(token)
+
+    def _finish(self, info: RequestInfo, started: float) -> None:
+        span = info.span
+        if span is not None:
+            if info.status is not None:
+                span.set_attribute("http.response.status_code", info.status)
+            if info.status is not None and info.status >= 500:
+                mark_error(span, info.error_type or str(info.status))
+            span.end()
+        log_access(info, started)

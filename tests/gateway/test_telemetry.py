@@ -1,0 +1,176 @@
+"""GET /metrics (parsed with prometheus_client) moves by the right amounts for a known request mix,
+an in-memory span exporter sees the expected span tree, and access logs are JSON without secrets."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import httpx
+import openai
+import pytest
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from prometheus_client.parser import text_string_to_metric_families
+
+from backends.factory import build_backend
+from engine.tiny_model import build_tiny_model
+from gateway.contracts import Principal
+from gateway.router import Router
+from gateway.services import Services
+from gateway.settings import parse_settings
+from gateway.telemetry import Telemetry
+from gateway.telemetry.logs import JsonFormatter
+from tests.support.doubles import RecordingSink, ScriptedAdmission, StaticKeys
+from tests.support.fake_upstream import Fault, FakeUpstream
+from tests.support.servers import ServerThread
+
+KEY, THROTTLED = "sk-telemetry-tenant", "sk-telemetry-throttled"
+TENANT = "ten_secret_tenant_id"
+MESSAGES = [{"role": "user", "content": "a private prompt about trains"}]
+
+
+@dataclass
+class Env:
+    url: str
+    usage: RecordingSink
+    spans: InMemorySpanExporter
+
+    def client(self, key: str = KEY) -> openai.OpenAI:
+        return openai.OpenAI(base_url=self.url + "/v1", api_key=key, max_retries=0)
+
+    def scrape(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        text = httpx.get(self.url + "/metrics").text
+        return {(s.name, tuple(sorted(s.labels.items()))): s.value
+                for fam in text_string_to_metric_families(text) for s in fam.samples}
+
+
+@pytest.fixture(scope="module")
+def env(fake_upstream_server: FakeUpstream, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
+    from gateway.app import create_app
+
+    folder = build_tiny_model(tmp_path_factory.mktemp("tel") / "tiny", seed=3, max_position_embeddings=1024)
+    echo = {"provider": "openai", "model": "upstream-echo", "api_base": fake_upstream_server.url, "api_key": "sk-up",
+            "name": "echo-dep"}
+    tiny = {"provider": "local", "model": str(folder), "name": "tiny-dep",
+            "options": {"num_kv_blocks": 64, "block_size": 16, "enable_prefix_caching": True}}
+    settings = parse_settings({
+        "models": [{"name": "echo", "deployments": [echo], "max_retries": 0, "circuit": {"failures": 1000}},
+                   {"name": "tiny", "deployments": [tiny], "max_retries": 0}],
+        "telemetry": {"tracing": True},
+    }, env={})  # fmt: skip
+    spans = InMemorySpanExporter()
+    usage = RecordingSink()
+    keys = StaticKeys({KEY: Principal(key_id="key_tel", tenant_id=TENANT),
+                       THROTTLED: Principal(key_id="throttled", tenant_id=TENANT)})
+    services = Services(authenticator=keys, admission=ScriptedAdmission(throttled={"throttled": 3.0}), usage=usage,
+                        router=Router.from_settings(settings, build_backend))
+    app = create_app(settings, services, telemetry=Telemetry.from_settings(settings, [spans]))
+    with ServerThread(app) as server:
+        yield Env(server.url, usage, spans)
+
+
+def delta(after: dict, before: dict, name: str, **labels: str) -> float:
+    key = (name, tuple(sorted(labels.items())))
+    return after.get(key, 0.0) - before.get(key, 0.0)
+
+
+def test_counters_move_by_the_request_mix(env: Env, upstream: FakeUpstream) -> None:
+    before = env.scrape()
+    env.usage.records.clear()
+    client = env.client()
+    for _ in range(3):
+        client.chat.completions.create(model="echo", messages=MESSAGES, max_tokens=5)
+    list(client.chat.completions.create(model="echo", messages=MESSAGES, max_tokens=5, stream=True))
+    with pytest.raises(openai.RateLimitError):
+        env.client(THROTTLED).chat.completions.create(model="echo", messages=MESSAGES)
+    upstream.fail_next(Fault(status=500))
+    with pytest.raises(openai.APIStatusError) as failed:
+        client.chat.completions.create(model="echo", messages=MESSAGES)
+    for _ in range(2):
+        client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=4, temperature=0)
+    records = env.usage.wait_for(8)
+    after = env.scrape()
+
+    ok = dict(model="echo", endpoint="chat.completions", status="200")
+    assert delta(after, before, "switchyard_requests_total", **ok) == 4
+    assert delta(after, before, "switchyard_requests_total", **(ok | {"status": "429"})) == 1
+    assert delta(after, before, "switchyard_requests_total", **(ok | {"status": str(failed.value.status_code)})) == 1
+    assert delta(after, before, "switchyard_requests_total", **(ok | {"model": "tiny"})) == 2
+    assert delta(after, before, "switchyard_quota_rejections_total", model="echo") == 1
+    assert delta(after, before, "switchyard_upstream_errors_total", deployment="echo-dep", kind="unavailable") == 1
+    assert delta(after, before, "switchyard_request_latency_seconds_count", model="echo",
+                 endpoint="chat.completions") == 5  # the 4 answered and the failed attempt
+    for kind, field in (("prompt", "prompt_tokens"), ("completion", "completion_tokens")):
+        for model in ("echo", "tiny"):
+            want = sum(getattr(r, field) for r in records if r.model == model)
+            assert want > 0 and delta(after, before, "switchyard_tokens_total", model=model, kind=kind) == want
+    tiny_prompt = sum(r.prompt_tokens for r in records if r.model == "tiny")
+    assert delta(after, before, "vllm:prompt_tokens_total", model_name="tiny-dep") == tiny_prompt
+    assert delta(after, before, "vllm:e2e_request_latency_seconds_count", model_name="tiny-dep") == 2
+    assert after[("vllm:num_requests_running", (("model_name", "tiny-dep"),))] == 0
+    assert ("vllm:kv_cache_usage_perc", (("model_name", "tiny-dep"),)) in after
+    assert ("vllm:prefix_cache_queries_total", (("model_name", "tiny-dep"),)) in after
+    assert after[("switchyard_circuit_state", (("deployment", "echo-dep"), ("state", "closed")))] == 1
+    assert all(TENANT not in str(labels) and "key_tel" not in str(labels) for _, labels in after)
+
+
+def test_span_tree_of_an_engine_request(env: Env) -> None:
+    env.spans.clear()
+    raw = env.client().chat.completions.with_raw_response.create(model="tiny", messages=MESSAGES, max_tokens=3)
+    request_id = raw.headers["x-request-id"]
+    spans = {s.name: s for s in env.spans.get_finished_spans()}
+    root = spans["chat tiny"]
+    assert root.parent is None and root.attributes["gen_ai.request.model"] == "tiny"
+    assert root.attributes["gen_ai.operation.name"] == "chat"
+    assert root.attributes["switchyard.request_id"] == request_id
+    assert root.attributes["gen_ai.usage.output_tokens"] == raw.parse().usage.completion_tokens
+    attempt = spans["upstream tiny-dep"]
+    for name in ("auth", "admission", "upstream tiny-dep"):
+        assert spans[name].parent.span_id == root.context.span_id, name
+        assert spans[name].context.trace_id == root.context.trace_id
+    assert attempt.attributes["gen_ai.provider.name"] == "local"
+    phases = [spans[n] for n in ("engine.queue", "engine.prefill", "engine.decode")]
+    assert all(p.parent.span_id == attempt.context.span_id for p in phases)
+    assert phases[0].end_time <= phases[1].end_time <= phases[2].end_time
+
+
+def test_failed_attempt_span_and_streamed_request(env: Env, upstream: FakeUpstream) -> None:
+    env.spans.clear()
+    upstream.fail_next(Fault(status=503))
+    with pytest.raises(openai.APIStatusError):
+        env.client().chat.completions.create(model="echo", messages=MESSAGES)
+    list(env.client().chat.completions.create(model="echo", messages=MESSAGES, stream=True,
+                                              stream_options={"include_usage": True}))
+    finished = env.spans.get_finished_spans()
+    attempts = [s for s in finished if s.name == "upstream echo-dep"]
+    assert len(attempts) == 2 and attempts[0].attributes["error.type"]
+    roots = [s for s in finished if s.name == "chat echo"]
+    assert len(roots) == 2 and roots[1].attributes["gen_ai.request.stream"] is True
+    assert roots[1].attributes["gen_ai.usage.output_tokens"] > 0
+
+
+def test_access_log_is_json_with_request_fields_and_no_secrets(env: Env) -> None:
+    lines: list[str] = []
+
+    class Capture(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            lines.append(JsonFormatter().format(record))
+
+    handler = Capture()
+    access = logging.getLogger("switchyard.access")
+    access.addHandler(handler)
+    access.setLevel(logging.INFO)
+    try:
+        raw = env.client().chat.completions.with_raw_response.create(model="echo", messages=MESSAGES)
+        httpx.post(env.url + "/v1/chat/completions", json={}, headers={"authorization": "Bearer sk-wrong"})
+    finally:
+        access.removeHandler(handler)
+    entries = [json.loads(line) for line in lines]
+    ok = next(e for e in entries if e["request_id"] == raw.headers["x-request-id"])
+    assert ok["status"] == 200 and ok["tenant_id"] == TENANT and ok["model"] == "echo" and ok["latency_ms"] > 0
+    assert ok["prompt_tokens"] > 0 and ok["deployment"] == "echo-dep"
+    assert any(e["status"] == 401 and e["tenant_id"] is None for e in entries)
+    text = "\n".join(lines)
+    assert KEY not in text and "sk-wrong" not in text and "private prompt" not in text
