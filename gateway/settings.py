@@ -90,6 +90,7 @@ class DashboardConfig(Conf):
     enabled: bool = True
     session_seconds: Annotated[float, Meta(gt=0)] = 8 * 3600.0
     secure_cookies: bool = False  # set the Secure flag (serve the dashboard over HTTPS)
+    session_secret: str | None = None  # signs session cookies (use ${ENV}); needed with several workers
 
 
 class PriceConfig(Conf):

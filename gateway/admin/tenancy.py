@@ -18,6 +18,8 @@ from sqlalchemy.dialects import postgresql, sqlite
 from gateway.admin.api import admin_routers
 from gateway.admin.service import TenancyService
 from gateway.auth.authenticator import SqlAuthenticator
+from gateway.dashboard.pages import dashboard_router
+from gateway.dashboard.sessions import Sessions
 from gateway.db.engine import Database
 from gateway.db.migrate import SchemaNotReady, check_schema
 from gateway.db.models import ModelPrice, utcnow
@@ -39,6 +41,7 @@ class Tenancy:
     usage: UsageWriter
     service: TenancyService
     prices: PriceTable
+    sessions: Sessions | None = None  # dashboard sign-ins; None: no /dashboard
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Tenancy:
@@ -57,10 +60,15 @@ class Tenancy:
             authenticator.invalidate()
             limits.invalidate()
 
-        return cls(db, authenticator, admission, usage, TenancyService(db, on_change=changed), prices)
+        dash = settings.dashboard
+        sessions = Sessions.create(dash.session_secret, dash.session_seconds, dash.secure_cookies) if dash.enabled else None
+        return cls(db, authenticator, admission, usage, TenancyService(db, on_change=changed), prices, sessions)
 
     def routers(self) -> list[Router]:
-        return admin_routers(self.service, self.db, self.authenticator)
+        routers = admin_routers(self.service, self.db, self.authenticator)
+        if self.sessions is not None:
+            routers.append(dashboard_router(self.service, self.db, self.authenticator, self.sessions))
+        return routers
 
     async def start(self) -> None:
         """Refuse to run on an un-migrated database; load prices; start the usage writer."""

@@ -1,0 +1,72 @@
+"""Dashboard sessions: an API key is exchanged once for a signed, HttpOnly, SameSite=Strict cookie.
+
+The cookie holds who signed in (key id, tenant id or admin), an expiry and a random nonce, signed
+with HMAC-SHA256; the key itself is never stored. The CSRF token of a session is derived from its
+nonce, so every form carries a value a cross-site page cannot read. Before sign-in, the login
+form is protected with a double-submit cookie. Sessions signed by one worker verify in another
+when ``dashboard.session_secret`` is set; without it each process uses a random secret.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import os
+import secrets
+import time
+from dataclasses import dataclass
+
+import msgspec
+
+SESSION_COOKIE = "sy_session"
+LOGIN_CSRF_COOKIE = "sy_login_csrf"
+PATH = "/dashboard"
+
+
+class SessionData(msgspec.Struct, array_like=True):
+    key_id: str
+    tenant_id: str | None
+    is_admin: bool
+    expires: float
+    nonce: str
+
+
+@dataclass
+class Sessions:
+    secret: bytes
+    lifetime: float
+    secure: bool = False
+
+    @classmethod
+    def create(cls, secret: str | None, lifetime: float, secure: bool) -> Sessions:
+        return cls(secret.encode() if secret else os.urandom(32), lifetime, secure)
+
+    def _sign(self, data: bytes) -> str:
+        return base64.urlsafe_b64encode(hmac.new(self.secret, data, hashlib.sha256).digest()).decode().rstrip("=")
+
+    def issue(self, key_id: str, tenant_id: str | None, is_admin: bool) -> tuple[str, SessionData]:
+        data = SessionData(key_id, tenant_id, is_admin, time.time() + self.lifetime, secrets.token_urlsafe(16))
+        payload = base64.urlsafe_b64encode(msgspec.msgpack.encode(data)).decode().rstrip("=")
+        return f"{payload}.{self._sign(payload.encode())}", data
+
+    def verify(self, cookie: str | None) -> SessionData | None:
+        if not cookie or "." not in cookie:
+            return None
+        payload, _, signature = cookie.rpartition(".")
+        if not hmac.compare_digest(signature, self._sign(payload.encode())):
+            return None
+        try:
+            data = msgspec.msgpack.decode(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)), type=SessionData)
+        except (msgspec.DecodeError, ValueError):
+            return None
+        return data if data.expires > time.time() else None
+
+    def csrf(self, session: SessionData) -> str:
+        return self._sign(b"csrf:" + session.nonce.encode())
+
+    def check_csrf(self, session: SessionData, token: str | None) -> bool:
+        return bool(token) and hmac.compare_digest(token, self.csrf(session))  # type: ignore[arg-type]
+
+    def cookie_attrs(self) -> dict[str, object]:
+        return {"path": PATH, "httponly": True, "samesite": "strict", "secure": self.secure}

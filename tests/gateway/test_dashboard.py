@@ -1,0 +1,102 @@
+"""Dashboard sessions and data endpoints over HTTP: sign-in/out with CSRF, cookie flags, totals,
+CSV, and no IDOR: tenant A's session can read nothing of tenant B's."""
+
+from __future__ import annotations
+
+import csv
+import io
+
+import httpx
+import pytest
+
+from tests.conftest import ADMIN_KEY
+from tests.gateway.dashboard_fixtures import DashEnv, dash, login  # noqa: F401
+
+DATA_ENDPOINTS = ["summary", "limits", "export.csv"]
+
+
+@pytest.fixture
+def a_client(dash: DashEnv):  # noqa: F811  # type: ignore[no-untyped-def]
+    with httpx.Client(base_url=dash.url) as client:
+        assert login(client, dash.a.key).status_code == 303
+        yield client
+
+
+def test_sign_in_sets_a_strict_httponly_cookie_and_needs_the_form_token(dash: DashEnv) -> None:  # noqa: F811
+    with httpx.Client(base_url=dash.url) as client:
+        assert client.get("/dashboard").headers["location"].endswith("/dashboard/login")
+        response = login(client, dash.a.key)
+        cookie = response.headers["set-cookie"].lower()
+        assert "sy_session=" in cookie and "httponly" in cookie and "samesite=strict" in cookie
+        assert dash.a.key not in response.headers["set-cookie"]
+        assert client.get("/dashboard").status_code == 200
+    with httpx.Client(base_url=dash.url) as client:
+        client.get("/dashboard/login")
+        assert client.post("/dashboard/login", data={"csrf": "forged", "api_key": dash.a.key}).status_code == 403
+        assert "sy_session" not in client.cookies
+    with httpx.Client(base_url=dash.url) as client:
+        assert login(client, "sk-not-a-key").status_code == 401
+        assert client.get("/dashboard/api/me").status_code == 401
+
+
+def test_summary_totals_match_the_seeded_usage(a_client: httpx.Client, dash: DashEnv) -> None:  # noqa: F811
+    me = a_client.get("/dashboard/api/me").json()
+    assert me["role"] == "tenant" and me["tenant_id"] == dash.a.id
+    data = a_client.get("/dashboard/api/summary", params={"bucket": "day"}).json()
+    totals = data["totals"]
+    assert totals["requests"] == dash.a.requests and totals["errors"] == dash.a.errors
+    assert totals["prompt_tokens"] == dash.a.prompt_tokens and totals["completion_tokens"] == dash.a.completion_tokens
+    assert totals["cost"] == pytest.approx(dash.a.cost)
+    assert {k["key_id"] for k in data["by_key"]} == set(dash.a.key_ids)
+    assert data["errors"][0]["error_type"] == "upstream_error" and data["latency_ms"]["p50"] is not None
+    rows = list(csv.DictReader(io.StringIO(a_client.get("/dashboard/api/export.csv", params={"bucket": "day"}).text)))
+    assert sum(int(r["requests"]) for r in rows) == dash.a.requests
+    assert sum(int(r["total_tokens"]) for r in rows) == dash.a.prompt_tokens + dash.a.completion_tokens
+    live = a_client.get("/dashboard/api/limits").json()
+    assert live["limits"]["requests_per_minute"] == 600 and live["used"]["token_budget"] > 0
+    assert a_client.get("/dashboard/api/summary", params={"start": "yesterday"}).json()["error"]["param"] == "start"
+
+
+@pytest.mark.parametrize("endpoint", DATA_ENDPOINTS)
+def test_tenant_session_cannot_read_another_tenant(a_client: httpx.Client, dash: DashEnv, endpoint: str) -> None:  # noqa: F811
+    for other in (dash.b.id, dash.b.name, "ten_doesnotexist"):
+        response = a_client.get(f"/dashboard/api/{endpoint}", params={"tenant_id": other})
+        assert response.status_code == 403, (endpoint, other)
+        assert dash.b.id not in response.text and "beta" not in response.text
+    own = a_client.get(f"/dashboard/api/{endpoint}", params={"tenant_id": dash.a.id})
+    assert own.status_code == 200 and dash.b.id not in own.text
+
+
+@pytest.mark.parametrize("endpoint", ["tenants", "deployments"])
+def test_admin_only_endpoints_refuse_tenants(a_client: httpx.Client, endpoint: str) -> None:
+    assert a_client.get(f"/dashboard/api/{endpoint}").status_code == 403
+
+
+def test_no_session_or_a_forged_cookie_reads_nothing(dash: DashEnv, a_client: httpx.Client) -> None:  # noqa: F811
+    session = a_client.cookies["sy_session"]
+    payload, _, sig = session.rpartition(".")
+    for cookies in ({}, {"sy_session": payload + ".AAAA" + sig[4:]}, {"sy_session": "garbage"}):
+        with httpx.Client(base_url=dash.url, cookies=cookies) as anon:
+            for endpoint in [*DATA_ENDPOINTS, "tenants", "deployments", "me"]:
+                assert anon.get(f"/dashboard/api/{endpoint}", params={"tenant_id": dash.b.id}).status_code == 401
+
+
+def test_admin_switches_tenants_and_sees_deployments(dash: DashEnv) -> None:  # noqa: F811
+    with httpx.Client(base_url=dash.url) as admin:
+        assert login(admin, ADMIN_KEY).status_code == 303
+        ids = {t["id"] for t in admin.get("/dashboard/api/tenants").json()["data"]}
+        assert {dash.a.id, dash.b.id} <= ids
+        for tenant in (dash.a, dash.b):
+            totals = admin.get("/dashboard/api/summary", params={"tenant_id": tenant.id}).json()["totals"]
+            assert totals["requests"] == tenant.requests
+        assert admin.get("/dashboard/api/summary").status_code == 400
+        assert admin.get("/dashboard/api/summary", params={"tenant_id": "ten_nope"}).status_code == 404
+        assert admin.get("/dashboard/api/deployments").json()["data"][0]["state"] == "healthy"
+
+
+def test_logout_needs_the_csrf_token_and_ends_the_session(a_client: httpx.Client) -> None:
+    assert a_client.post("/dashboard/logout", data={"csrf": "wrong"}).status_code == 403
+    csrf = a_client.get("/dashboard/api/me").json()["csrf"]
+    response = a_client.post("/dashboard/logout", data={"csrf": csrf})
+    assert response.status_code == 303 and response.headers["location"].endswith("/dashboard/login")
+    assert a_client.get("/dashboard/api/me").status_code == 401
