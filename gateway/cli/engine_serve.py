@@ -1,0 +1,65 @@
+"""``switchyard engine serve``: one engine node over OpenAI-compatible HTTP (``gateway.engine_node``).
+
+A gateway routes to many such nodes with ``provider: openai`` deployments whose ``api_base`` is
+``http://<node>:<port>/v1``; ``strategy: cache_aware`` keeps conversations on the node holding
+their prefix. Engine flags use vLLM's spelling, as ``switchyard engine generate`` does.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import typer
+
+
+def serve(
+    model: Annotated[str, typer.Option("--model", help="Local Hugging Face model folder.")],
+    port: Annotated[int, typer.Option("--port")] = 8100,
+    host: Annotated[str, typer.Option("--host")] = "127.0.0.1",
+    served_model_name: Annotated[str | None, typer.Option("--served-model-name",
+                                                          help="Public model name (default: the folder name).")] = None,
+    api_key: Annotated[str | None, typer.Option("--api-key", envvar="SWITCHYARD_ENGINE_API_KEY",
+                                                help="Bearer key clients must send (default: any).")] = None,
+    builtin_tiny: Annotated[bool, typer.Option("--builtin-tiny", help="Build the built-in tiny model into --model "
+                                                                      "when the folder is missing.")] = False,
+    max_model_len: Annotated[int | None, typer.Option("--max-model-len")] = None,
+    gpu_memory_utilization: Annotated[float | None, typer.Option("--gpu-memory-utilization")] = None,
+    max_num_seqs: Annotated[int | None, typer.Option("--max-num-seqs")] = None,
+    max_num_batched_tokens: Annotated[int | None, typer.Option("--max-num-batched-tokens")] = None,
+    block_size: Annotated[int | None, typer.Option("--block-size")] = None,
+    dtype: Annotated[str | None, typer.Option("--dtype", help="float32, bfloat16 or float16.")] = None,
+    enable_prefix_caching: Annotated[bool, typer.Option("--enable-prefix-caching/--no-enable-prefix-caching")] = True,
+    device: Annotated[str | None, typer.Option("--device")] = None,
+    num_kv_blocks: Annotated[int | None, typer.Option("--num-kv-blocks", help="KV blocks (CPU sizing).")] = None,
+    seed: Annotated[int | None, typer.Option("--seed")] = None,
+    attn_backend: Annotated[str | None, typer.Option("--attn-backend", help="torch or triton.")] = None,
+) -> None:
+    """Serve one model with the built-in engine: /v1/chat/completions, /v1/completions, /v1/models, /stats."""
+    import uvicorn
+    from pathlib import Path
+
+    from gateway.engine_node import create_node_app, node_settings
+    from gateway.settings import ConfigError
+
+    flags: dict[str, Any] = {
+        "max_model_len": max_model_len, "gpu_memory_utilization": gpu_memory_utilization,
+        "max_num_seqs": max_num_seqs, "max_num_batched_tokens": max_num_batched_tokens, "block_size": block_size,
+        "dtype": dtype, "enable_prefix_caching": enable_prefix_caching, "device": device,
+        "num_kv_blocks": num_kv_blocks, "seed": seed, "attn_backend": attn_backend,
+        "model_impl": "native",
+    }
+    options = {k: v for k, v in flags.items() if v is not None}
+    if builtin_tiny:
+        options["builtin"] = "tiny"
+    name = served_model_name or Path(model).name
+    try:
+        app = create_node_app(node_settings(model, name, options), api_key=api_key)
+    except (ConfigError, ValueError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+    uvicorn.run(app, host=host, port=port, loop="uvloop", http="httptools", lifespan="on",
+                timeout_graceful_shutdown=10, log_level="warning")
+
+
+def register(engine_app: typer.Typer) -> None:
+    engine_app.command("serve")(serve)

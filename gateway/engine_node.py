@@ -1,0 +1,129 @@
+"""One engine node: the gateway's OpenAI surface over a single ``local`` deployment, no tenancy.
+
+``switchyard engine serve`` runs this app. Requests go through the same controllers, wire types,
+pipeline and ``LocalEngineBackend`` as in the gateway; only the tenancy seams are replaced: an
+optional shared bearer key instead of SQL keys, no quotas, no usage rows (the gateway in front
+meters). ``GET /stats`` reports what a router needs to place requests: queue depth, KV usage and a
+summary of the prefix cache (hit counters and the hashes of the cached chains' first blocks).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import msgspec
+from litestar import Litestar, Request, get
+
+from backends.factory import build_backend
+from gateway.app import create_app
+from gateway.contracts import Principal, Ticket, UsageRecord
+from gateway.pipeline import Pipeline
+from gateway.router import Router
+from gateway.services import Services
+from gateway.settings import Settings, parse_settings
+
+ROOT_HASHES_SHOWN = 64  # at most this many first-block digests in /stats
+
+
+class NodeKey:
+    """Authenticator: any bearer token when no key is set, else exactly the configured one."""
+
+    def __init__(self, api_key: str | None) -> None:
+        self.api_key = api_key
+
+    async def authenticate(self, token: str) -> Principal | None:
+        if self.api_key is not None and token != self.api_key:
+            return None
+        return Principal(key_id="engine-node", tenant_id=None)
+
+
+class Unmetered:
+    """Admission that admits everything (quotas belong to the gateway in front of the node)."""
+
+    async def admit(self, principal: Principal, model: str, reserve_tokens: int) -> Ticket:
+        return Ticket(principal=principal, model=model, reserved_tokens=reserve_tokens)
+
+    async def settle(self, ticket: Ticket, actual_tokens: int, cost: float) -> None:
+        return None
+
+
+class NoUsage:
+    def record(self, record: UsageRecord) -> None:
+        return None
+
+
+class PrefixCacheStats(msgspec.Struct):
+    queries: int  # prompt tokens looked up
+    hits: int  # of which served from cache
+    hit_rate: float
+    cached_blocks: int
+    cached_chains: int  # cached first blocks = distinct cached prefixes
+    root_hashes: list[str]  # short digests of cached first blocks (most recently used last)
+
+
+class NodeStats(msgspec.Struct):
+    model: str
+    num_running: int
+    queue_depth: int
+    kv_usage: float
+    num_kv_blocks: int
+    num_free_blocks: int
+    prompt_tokens: int
+    generation_tokens: int
+    num_preemptions: int
+    prefix_cache: PrefixCacheStats
+
+
+def node_settings(model: str, served_model_name: str, options: dict[str, Any]) -> Settings:
+    """Settings with one model group served by one in-process engine deployment."""
+    raw = {
+        "models": [{"name": served_model_name, "max_retries": 0,
+                    "deployments": [{"name": "engine", "provider": "local", "model": model, "options": options}]}],
+        "dashboard": {"enabled": False},
+    }
+    return parse_settings(raw, env={})
+
+
+def _digest(h: int) -> str:
+    return hashlib.blake2b(h.to_bytes(16, "little", signed=True), digest_size=6).hexdigest()
+
+
+def node_stats(backend: Any, model: str) -> NodeStats:
+    """Stats of the node's engine backend (``LocalEngineBackend``); block detail when it has one."""
+    m = backend.engine_metrics()
+    manager = getattr(getattr(getattr(backend, "engine", None), "engine", None), "block_manager", None)
+    blocks = [b for b in manager.pool.blocks if b.cache_id] if manager is not None else []
+    roots = sorted((b for b in blocks if b.parent_cache_id == 0), key=lambda b: b.cache_id)
+    prefix = PrefixCacheStats(
+        queries=m.prefix_cache_queries, hits=m.prefix_cache_hits, hit_rate=m.prefix_cache_hit_rate,
+        cached_blocks=len(blocks), cached_chains=len(roots),
+        root_hashes=[_digest(b.hash) for b in roots[-ROOT_HASHES_SHOWN:] if b.hash is not None],
+    )
+    return NodeStats(
+        model=model, num_running=m.num_running, queue_depth=m.num_waiting, kv_usage=m.kv_usage,
+        num_kv_blocks=manager.num_blocks if manager is not None else 0,
+        num_free_blocks=manager.num_free_blocks if manager is not None else 0,
+        prompt_tokens=m.prompt_tokens, generation_tokens=m.generation_tokens, num_preemptions=m.num_preemptions,
+        prefix_cache=prefix,
+    )
+
+
+def create_node_app(settings: Settings, api_key: str | None = None) -> Litestar:
+    """The node's app: ``/v1/chat/completions``, ``/v1/completions``, ``/v1/models``, health, ``/stats``."""
+    router = Router.from_settings(settings, build_backend)
+    group = router.groups[0]
+    backend = group.deployments[0].backend
+    if not hasattr(backend, "engine_metrics"):
+        raise ValueError(f"{group.deployments[0].config.model}: engine serve needs a model the engine runs natively")
+
+    @get("/stats", summary="Queue depth, KV usage and prefix-cache summary", tags=["Engine"])
+    async def stats(request: Request[Any, Any, Any], pipeline: Pipeline) -> NodeStats:
+        if api_key is not None:
+            await pipeline.authenticate(request.headers)
+        return node_stats(backend, group.name)
+
+    services = Services(authenticator=NodeKey(api_key), admission=Unmetered(), usage=NoUsage(), router=router,
+                        routes=[stats])
+    return create_app(settings, services)
+
