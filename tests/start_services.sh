@@ -24,6 +24,11 @@ if ! pg_up; then
   as_root pg_ctlcluster --skip-systemctl-redirect "$ver" main start || true
 fi
 
+# The dashboard tests drive Debian's headless Chromium through Playwright (never `playwright install`).
+if ! have chromium; then
+  as_root apt-get update -q && as_root apt-get install -y -q chromium
+fi
+
 for _ in $(seq 1 50); do
   if pg_up && redis_up; then break; fi
   sleep 0.2
