@@ -2,6 +2,7 @@
 continuous batching (generate_batch's manager), same seeded random Llama, same workload.
 
     .venv/bin/python bench/engine_cpu.py            # 64 requests, prompts 32-256, outputs 16-256
+    .venv/bin/python bench/engine_cpu.py --threads 1 --repeat 2   # steadier on a shared CPU
 
 Prints output tokens/s, the ratios, and our KV utilisation (tokens held / slots allocated,
 averaged over steps). Every request ignores EOS (the model has none), so all systems produce
