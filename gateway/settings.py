@@ -62,7 +62,7 @@ class ModelGroupConfig(Conf):
     name: str
     deployments: Annotated[list[DeploymentConfig], Meta(min_length=1)]
     aliases: list[str] = msgspec.field(default_factory=list)
-    strategy: Literal["weighted", "least_busy", "lowest_latency", "priority"] = "weighted"
+    strategy: Literal["weighted", "least_busy", "lowest_latency", "priority", "cache_aware"] = "weighted"
     fallbacks: list[str] = msgspec.field(default_factory=list)
     context_window_fallbacks: list[str] = msgspec.field(default_factory=list)
     max_retries: Annotated[int, Meta(ge=0, le=10)] = 2

@@ -12,6 +12,7 @@ from gateway.body import WireBody
 from gateway.controllers.auth import authenticate_request, principal_of
 from gateway.controllers.docs import error_responses
 from gateway.pipeline import Pipeline
+from gateway.routing.cache_aware import chat_prefix, routing_prefix
 
 
 class ChatController(Controller):
@@ -34,4 +35,5 @@ class ChatController(Controller):
         },
     )
     async def create(self, request: Request[Any, Any, Any], data: ChatCompletionRequest, pipeline: Pipeline) -> Response[Any]:
-        return await pipeline.chat(principal_of(request), data)
+        with routing_prefix(chat_prefix(data)):  # the key of strategy cache_aware
+            return await pipeline.chat(principal_of(request), data)

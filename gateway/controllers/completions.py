@@ -12,6 +12,7 @@ from gateway.body import WireBody
 from gateway.controllers.auth import authenticate_request, principal_of
 from gateway.controllers.docs import error_responses
 from gateway.pipeline import Pipeline
+from gateway.routing.cache_aware import completion_prefix, routing_prefix
 
 
 class CompletionsController(Controller):
@@ -34,4 +35,5 @@ class CompletionsController(Controller):
         },
     )
     async def create(self, request: Request[Any, Any, Any], data: CompletionRequest, pipeline: Pipeline) -> Response[Any]:
-        return await pipeline.complete(principal_of(request), data)
+        with routing_prefix(completion_prefix(data)):  # the key of strategy cache_aware
+            return await pipeline.complete(principal_of(request), data)

@@ -9,6 +9,8 @@ import random
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
+from gateway.routing.cache_aware import cache_aware
+
 if TYPE_CHECKING:
     from gateway.router import Deployment
 
@@ -58,4 +60,5 @@ STRATEGIES: dict[str, Strategy] = {
     "least_busy": least_busy,
     "lowest_latency": lowest_latency,
     "priority": priority,
+    "cache_aware": cache_aware,  # prefix-keyed consistent hashing with a load cap (gateway.routing.cache_aware)
 }
