@@ -61,7 +61,7 @@ TOY = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_atte
            rms_norm_eps=1e-6, rope_theta=1000000.0, tie_word_embeddings=True)
 
 GPU = Setup("cuda", torch.bfloat16, 256, (100, 1024), (64, 128, 256), 1024, QWEN3_06B, 4096, None)
-SMOKE = Setup("cpu", torch.float32, 4, (4, 12), (2,), 24, TOY, 512, 256)
+SMOKE = Setup("cpu", torch.float32, 4, (4, 10), (2,), 20, TOY, 512, 256)
 
 
 def timer(fn: Callable[[], object], device: str) -> float:

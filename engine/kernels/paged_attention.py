@@ -51,10 +51,8 @@ def _paged_attention_kernel(
         acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
         # Keys up to the last query of the tile (causal); from the first one's window start.
         hi = tl.minimum(ctx, ctx - q_len + tl.minimum(q_tile * BLOCK_Q + BLOCK_Q, q_len))
-        lo = 0
-        if window > 0:
-            lo = tl.maximum(0, ctx - q_len + q_tile * BLOCK_Q - window + 1)
-            lo = (lo // BLOCK_N) * BLOCK_N
+        lo = tl.where(window > 0, tl.maximum(0, ctx - q_len + q_tile * BLOCK_Q - window + 1), 0)
+        lo = (lo // BLOCK_N) * BLOCK_N
         for start in range(lo, hi, BLOCK_N):
             kpos = start + tl.arange(0, BLOCK_N)
             k_ok = kpos < hi
@@ -65,8 +63,7 @@ def _paged_attention_kernel(
             v = tl.load(v_cache_ptr + kv_off[:, None] + d[None, :], mask=kv_mask, other=0.0).to(COMPUTE)
             scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2
             allowed = k_ok[None, :] & (kpos[None, :] <= qpos[:, None])
-            if window > 0:
-                allowed = allowed & (kpos[None, :] > qpos[:, None] - window)
+            allowed = allowed & ((window <= 0) | (kpos[None, :] > qpos[:, None] - window))
             scores = tl.where(allowed, scores, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(scores, 1))
             alpha = tl.exp2(m_i - m_new)
@@ -79,26 +76,29 @@ def _paged_attention_kernel(
                  out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
 
 
+def tile_config(num_heads: int, num_kv_heads: int, head_dim: int) -> dict[str, int]:
+    """The kernel's tile constants for a head shape (GPU sizes, or small ones under the interpreter)."""
+    group = num_heads // num_kv_heads
+    group_pad = triton.next_power_of_2(group)
+    if group_pad > 64:
+        raise ValueError(f"GQA ratio {group} is above the kernel's limit of 64")
+    rows = 16 if interpreting() else 64  # query rows per program (tokens x packed heads), >= 16 for tl.dot
+    return dict(NUM_KV_HEADS=num_kv_heads, GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=head_dim,
+                BLOCK_D=max(16, triton.next_power_of_2(head_dim)), BLOCK_Q=max(1, rows // group_pad),
+                BLOCK_N=16 if interpreting() else (64 if head_dim <= 64 else 32))
+
+
 def unified_attention(q: torch.Tensor, kv_cache: torch.Tensor, out: torch.Tensor, block_tables: torch.Tensor,
                       context_lens: torch.Tensor, query_start_loc: torch.Tensor, max_query_len: int,
                       scale: float, window: int | None) -> None:
     """Attention of every new token of the batch, written into ``out`` ``[T, Hq, D]``."""
     _, num_heads, head_dim = q.shape
     _, _, block_size, num_kv_heads, _ = kv_cache.shape
-    group = num_heads // num_kv_heads
-    group_pad = triton.next_power_of_2(group)
-    if group_pad > 64:
-        raise ValueError(f"GQA ratio {group} is above the kernel's limit of 64")
-    rows = 16 if interpreting() else 64  # query rows per program (tokens x packed heads), >= 16 for tl.dot
-    block_q = max(1, rows // group_pad)
-    block_n = 16 if interpreting() else (64 if head_dim <= 64 else 32)
-    num_seqs = context_lens.shape[0]
-    grid = (num_seqs, triton.cdiv(max_query_len, block_q), num_kv_heads)
+    tiles = tile_config(num_heads, num_kv_heads, head_dim)
+    grid = (context_lens.shape[0], triton.cdiv(max_query_len, tiles["BLOCK_Q"]), num_kv_heads)
     _paged_attention_kernel[grid](
         q, kv_cache[0], kv_cache[1], out, block_tables, context_lens, query_start_loc,
         scale * LOG2E, window or 0,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
-        NUM_KV_HEADS=num_kv_heads, GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=head_dim,
-        BLOCK_D=max(16, triton.next_power_of_2(head_dim)), BLOCK_Q=block_q, BLOCK_N=block_n,
-        BLOCK_SIZE=block_size, COMPUTE=compute_dtype(q.dtype), PRECISION=dot_precision(q.dtype),
+        BLOCK_SIZE=block_size, COMPUTE=compute_dtype(q.dtype), PRECISION=dot_precision(q.dtype), **tiles,
     )

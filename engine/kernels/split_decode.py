@@ -29,9 +29,7 @@ def _split_decode_kernel(
     kvh = tl.program_id(1)
     split = tl.program_id(2)
     ctx = tl.load(context_lens_ptr + s)
-    lo = 0
-    if window > 0:
-        lo = tl.maximum(0, ctx - window)
+    lo = tl.where(window > 0, tl.maximum(0, ctx - window), 0)
     chunk = tl.cdiv(tl.cdiv(ctx - lo, NUM_SPLITS), BLOCK_N) * BLOCK_N
     begin = lo + split * chunk
     end = tl.minimum(begin + chunk, ctx)
