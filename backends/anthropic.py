@@ -13,7 +13,7 @@ import json
 import time
 from typing import Any
 
-import httpx
+import aiohttp
 import msgspec
 
 from backends.base import (
@@ -157,7 +157,7 @@ class _AsText:
 class _Events:
     """Anthropic SSE events (``event: <type>`` / ``data: {...}``), decoded to dicts."""
 
-    def __init__(self, response: httpx.Response, deployment: str, first_deadline: float, deadline: float) -> None:
+    def __init__(self, response: aiohttp.ClientResponse, deployment: str, first_deadline: float, deadline: float) -> None:
         self.response = response
         self._lines = SSELines(response, deployment)
         self._deployment = deployment

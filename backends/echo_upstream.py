@@ -239,10 +239,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description="OpenAI-compatible echo upstream for local development.")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8001)
-    parser.add_argument("--chunk-delay", type=float, default=0.0)
+    parser.add_argument("--chunk-delay", type=float, default=0.0, help="Seconds between stream chunks.")
+    parser.add_argument("--latency", type=float, default=0.0, help="Seconds before the response headers.")
+    parser.add_argument("--output-words", type=int, default=None, help="Answer with this many words (chunks).")
     args = parser.parse_args()
-    app = EchoUpstream(EchoOptions(chunk_delay=args.chunk_delay))
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", lifespan="on")
+    app = EchoUpstream(EchoOptions(latency=args.latency, chunk_delay=args.chunk_delay, output_words=args.output_words))
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", lifespan="on", access_log=False,
+                loop="uvloop", http="httptools")
 
 
 if __name__ == "__main__":

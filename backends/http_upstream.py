@@ -11,10 +11,12 @@ from __future__ import annotations
 import asyncio
 import email.utils
 import time
+from collections.abc import Mapping
 
+import aiohttp
 import anyio
-import httpx
 import msgspec
+import yarl
 
 from backends.base import (
     AuthFailed,
@@ -28,6 +30,8 @@ from backends.base import (
 )
 from backends.config import DeploymentConfig
 
+_JSON = {"content-type": "application/json"}
+_READ_BUFFER = 1 << 20  # SSE lines up to 2 MiB (aiohttp's limit is twice the buffer)
 _CONTEXT_HINTS = ("context length", "context_length", "maximum context", "context window", "too many tokens",
                   "prompt is too long")
 
@@ -53,7 +57,7 @@ def parse_error(body: bytes) -> ErrorDetail:
     return ErrorDetail(message=envelope.error) if isinstance(envelope.error, str) else envelope.error
 
 
-def retry_after(headers: httpx.Headers) -> float | None:
+def retry_after(headers: Mapping[str, str]) -> float | None:
     """Seconds from ``retry-after-ms`` or ``retry-after`` (seconds or an HTTP date)."""
     if (ms := headers.get("retry-after-ms")) is not None:
         try:
@@ -73,7 +77,7 @@ def retry_after(headers: httpx.Headers) -> float | None:
         return max(0.0, when.timestamp() - time.time())
 
 
-def status_error(status: int, headers: httpx.Headers, body: bytes) -> BackendError:
+def status_error(status: int, headers: Mapping[str, str], body: bytes) -> BackendError:
     """The typed error for an upstream answer with a non-2xx status."""
     detail = parse_error(body)
     message = detail.message or f"upstream answered HTTP {status}"
@@ -94,41 +98,56 @@ def status_error(status: int, headers: httpx.Headers, body: bytes) -> BackendErr
 
 
 class HTTPUpstream:
-    """A deployment's pooled ``httpx.AsyncClient`` and its in-flight count."""
+    """A deployment's pooled HTTP client (aiohttp: a keep-alive pool whose per-request cost does
+    not grow with the pool, unlike httpx's) and its in-flight count. The session is created on
+    first use, inside the running event loop."""
 
     def __init__(self, config: DeploymentConfig, default_base: str, headers: dict[str, str]) -> None:
         self.deployment_id = config.id
-        self.timeouts = t = config.timeouts
-        limit = config.max_concurrency or 256
-        self.client = httpx.AsyncClient(
-            base_url=(config.api_base or default_base).rstrip("/"),
-            headers=headers,
-            # Per-read and pool waits are bounded by the overall deadlines enforced here.
-            timeout=httpx.Timeout(connect=t.connect, read=t.total, write=t.total, pool=t.first_byte),
-            limits=httpx.Limits(max_connections=limit, max_keepalive_connections=min(limit, 64)),
-        )
+        self.timeouts = config.timeouts
+        self.base = (config.api_base or default_base).rstrip("/")
+        self.headers = headers
+        self.limit = config.max_concurrency or 256
+        self._session: aiohttp.ClientSession | None = None
+        self._urls: dict[str, yarl.URL] = {}
         self.in_flight = 0
 
-    async def send(self, path: str, payload: bytes, timeout: float) -> httpx.Response:
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            connector = aiohttp.TCPConnector(limit=self.limit, limit_per_host=0, keepalive_timeout=30,
+                                             ttl_dns_cache=300)
+            self._session = aiohttp.ClientSession(
+                connector=connector, headers=self.headers, auto_decompress=True, read_bufsize=_READ_BUFFER,
+                # Reads are bounded by the deadlines enforced here; connect by the config.
+                timeout=aiohttp.ClientTimeout(total=None, sock_connect=self.timeouts.connect),
+            )
+        return self._session
+
+    def url(self, path: str) -> yarl.URL:
+        url = self._urls.get(path)
+        if url is None:
+            url = self._urls[path] = yarl.URL(self.base + path)
+        return url
+
+    async def send(self, path: str, payload: bytes, timeout: float) -> aiohttp.ClientResponse:
         """POST and wait (at most ``timeout``) for the response headers; non-2xx -> typed error."""
-        request = self.client.build_request("POST", path, content=payload,
-                                            headers={"content-type": "application/json"})
         try:
             async with asyncio.timeout(timeout):
-                response = await self.client.send(request, stream=True)
-        except (TimeoutError, httpx.TimeoutException) as exc:
+                response = await self.session.post(self.url(path), data=payload, headers=_JSON)
+        except TimeoutError as exc:
             raise Timeout(f"upstream {self.deployment_id} did not answer in time ({type(exc).__name__})") from None
-        except httpx.HTTPError as exc:
+        except (aiohttp.ClientError, OSError, ValueError) as exc:
             raise Unavailable(f"upstream {self.deployment_id} unreachable: {type(exc).__name__}") from None
-        if response.status_code >= 300:
+        if response.status >= 300:
             try:
                 async with asyncio.timeout(self.timeouts.connect):
-                    body = await response.aread()
-            except (TimeoutError, httpx.HTTPError):
+                    body = await response.read()
+            except (TimeoutError, aiohttp.ClientError, OSError, ValueError):
                 body = b""
             finally:
-                await response.aclose()
-            raise status_error(response.status_code, response.headers, body)
+                response.release()
+            raise status_error(response.status, response.headers, body)
         return response
 
     async def post(self, path: str, payload: bytes) -> bytes:
@@ -139,17 +158,19 @@ class HTTPUpstream:
             response = await self.send(path, payload, self.timeouts.total)
             try:
                 async with asyncio.timeout_at(deadline):
-                    return await response.aread()
-            except (TimeoutError, httpx.TimeoutException):
+                    return await response.read()
+            except TimeoutError:
+                response.close()
                 raise Timeout(f"upstream {self.deployment_id} exceeded the total timeout") from None
-            except httpx.HTTPError as exc:
+            except (aiohttp.ClientError, OSError, ValueError) as exc:
+                response.close()
                 raise Unavailable(f"upstream {self.deployment_id} failed mid-response: {type(exc).__name__}") from None
             finally:
-                await response.aclose()
+                response.release()
         finally:
             self.in_flight -= 1
 
-    async def open_stream(self, path: str, payload: bytes) -> tuple[httpx.Response, float, float]:
+    async def open_stream(self, path: str, payload: bytes) -> tuple[aiohttp.ClientResponse, float, float]:
         """(response, first-event deadline, total deadline); the caller must ``close_stream`` it."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.timeouts.total
@@ -161,42 +182,51 @@ class HTTPUpstream:
             self.in_flight -= 1
             raise
 
-    async def close_stream(self, response: httpx.Response) -> None:
-        """Release a stream from ``open_stream``. Shielded: this often runs while the request is
-        being cancelled (client gone), and the provider must still see the connection close."""
+    async def close_stream(self, response: aiohttp.ClientResponse) -> None:
+        """Release a stream from ``open_stream``: a finished body's connection goes back to the
+        pool; an unfinished one is closed, so the provider sees the client go. Shielded: this often
+        runs while the request is being cancelled (client gone), and the socket must still close."""
         self.in_flight -= 1
+        if response.content.at_eof():
+            response.release()
+            return
+        response.close()
         with anyio.CancelScope(shield=True):
-            await response.aclose()
+            await asyncio.sleep(0)  # let the transport finish closing the socket now
 
     async def ready(self) -> bool:
         """Reachable: ``GET /models`` gets any answer below 500 within the connect timeout."""
         try:
-            response = await self.client.get("/models", timeout=self.timeouts.connect)
-        except httpx.HTTPError:
+            async with asyncio.timeout(self.timeouts.connect):
+                async with self.session.get(self.url("/models")) as response:
+                    return response.status < 500
+        except (TimeoutError, aiohttp.ClientError, OSError, ValueError):
             return False
-        return response.status_code < 500
 
     async def aclose(self) -> None:
-        await self.client.aclose()
+        if self._session is not None:
+            await self._session.close()
 
 
 class SSELines:
     """The ``data:`` payloads of a server-sent-events body, one at a time, within deadlines."""
 
-    def __init__(self, response: httpx.Response, deployment: str) -> None:
-        self._lines = response.aiter_lines()
+    def __init__(self, response: aiohttp.ClientResponse, deployment: str) -> None:
+        self._content = response.content
         self._deployment = deployment
 
     async def next(self, deadline: float) -> str | None:
         """The next event's data, or None at ``[DONE]`` / the end of the body."""
         try:
             async with asyncio.timeout_at(deadline):
-                async for line in self._lines:
-                    if line.startswith("data:"):  # skip event names, comments, keep-alives, blanks
-                        data = line[5:].strip()
+                while line := await self._content.readline():
+                    if line.startswith(b"data:"):  # skip event names, comments, keep-alives, blanks
+                        data = line[5:].strip().decode("utf-8", "replace")
                         return None if data == "[DONE]" else data
                 return None
-        except (TimeoutError, httpx.TimeoutException):
+        except TimeoutError:
             raise Timeout(f"upstream {self._deployment} stream timed out") from None
-        except httpx.HTTPError as exc:
+        except (aiohttp.ClientError, OSError) as exc:
             raise Unavailable(f"upstream {self._deployment} stream broke: {type(exc).__name__}") from None
+        except ValueError as exc:  # a line longer than the read buffer
+            raise UpstreamError(f"upstream {self._deployment} sent an oversized event: {exc}") from None

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import os
+import signal
 from pathlib import Path
+from types import FrameType
 from typing import Annotated
 
 import typer
 
 from gateway.settings import ConfigError, load_settings
+
+GRACE_SECONDS = 10  # after SIGTERM: how long in-flight requests and streams may take to finish
 
 
 def serve(
@@ -27,6 +31,9 @@ def serve(
         raise typer.Exit(2) from None
     # Workers are separate processes: they load the same file through the app factory.
     os.environ["SWITCHYARD_CONFIG"] = str(config.resolve())
+    # uvicorn drains in-flight requests and runs the app's shutdown (usage flush) on SIGTERM, then
+    # re-raises the signal with the handler it found: make that a clean exit (status 0).
+    signal.signal(signal.SIGTERM, _exit_cleanly)
     uvicorn.run(
         "gateway.app:create_app_from_env",
         factory=True,
@@ -36,9 +43,14 @@ def serve(
         loop="uvloop",
         http="httptools",
         lifespan="on",
-        timeout_graceful_shutdown=10,
+        timeout_graceful_shutdown=GRACE_SECONDS,
         log_level="info",
+        access_log=False,  # one access line per request costs more than the request; see telemetry.json_logs
     )
+
+
+def _exit_cleanly(signum: int, frame: FrameType | None) -> None:
+    raise SystemExit(0)
 
 
 def register(app: typer.Typer) -> None:
