@@ -13,7 +13,8 @@ from gateway.body import WireBody
 from gateway.quotas.limits import Limits
 
 T = TypeVar("T")
-NonNeg = Annotated[int, Meta(ge=0)]
+NonNeg = Annotated[int, Meta(ge=0, le=2**63 - 1)]  # fits the BIGINT column
+Int32 = Annotated[int, Meta(ge=0, le=2**31 - 1)]  # fits an INTEGER column (a larger value would be a 500)
 
 
 class Body(Struct, forbid_unknown_fields=True, kw_only=True):
@@ -47,9 +48,9 @@ class KeyRotate(Body):
 class LimitsBody(Body):
     """PUT: absent fields mean "no limit"; PATCH: absent fields stay as they are, null clears."""
 
-    requests_per_minute: NonNeg | None | UnsetType = UNSET
-    tokens_per_minute: NonNeg | None | UnsetType = UNSET
-    max_concurrency: NonNeg | None | UnsetType = UNSET
+    requests_per_minute: Int32 | None | UnsetType = UNSET
+    tokens_per_minute: Int32 | None | UnsetType = UNSET
+    max_concurrency: Int32 | None | UnsetType = UNSET
     token_budget: NonNeg | None | UnsetType = UNSET
     cost_budget: Annotated[float, Meta(ge=0)] | None | UnsetType = UNSET
     budget_period: Literal["day", "month", "total"] | UnsetType = UNSET
