@@ -83,7 +83,6 @@ class TelemetryConfig(Conf):
     otlp_endpoint: str | None = None  # OTLP/HTTP traces endpoint, e.g. http://collector:4318/v1/traces
     service_name: str = "switchyard"
     json_logs: bool = False  # one JSON object per log line, with request id, tenant, model, status, latency
-    log_content: bool = False  # debug only: allow prompt/response content in logs and span attributes
 
 
 class DashboardConfig(Conf):

@@ -15,6 +15,7 @@ from litestar import Controller, Request, Response, get
 from litestar.di import Provide
 
 from gateway.admin.service import AdminError, NotFound, TenancyService
+from gateway.auth.authenticator import ADMIN_KEY_ID
 from gateway.dashboard import queries
 from gateway.dashboard.sessions import SESSION_COOKIE, SessionData, Sessions
 from gateway.db.engine import Database
@@ -37,10 +38,21 @@ class NotYours(AdminError):
     type = "permission_error"
 
 
-def session_of(request: Request[Any, Any, Any], sessions: Sessions) -> SessionData:
+async def session_of(request: Request[Any, Any, Any], sessions: Sessions, svc: TenancyService) -> SessionData:
+    """The signed-in session; one whose key was revoked or expired (or whose tenant was disabled)
+    since sign-in ends at once."""
     session = sessions.verify(request.cookies.get(SESSION_COOKIE))
     if session is None:
         raise NotSignedIn("Sign in at /dashboard/login first.")
+    if session.key_id != ADMIN_KEY_ID:  # the config's bootstrap admin key has no row to check
+        try:
+            active = (await svc.get_key(session.key_id)).status == "active"
+            if active and session.tenant_id is not None:
+                active = (await svc.get_tenant(session.tenant_id)).status == "active"
+        except NotFound:
+            active = False
+        if not active:
+            raise NotSignedIn("The key of this session is no longer valid; sign in again.")
     return session
 
 
@@ -68,7 +80,7 @@ def _range(start: str | None, end: str | None, bucket: str | None) -> queries.Ra
 class DashboardApi(Controller):
     path = "/api"
     include_in_schema = False
-    dependencies = {"session": Provide(session_of, sync_to_thread=False)}
+    dependencies = {"session": Provide(session_of)}
 
     @get("/me")
     async def me(self, sessions: Sessions, session: SessionData) -> dict[str, Any]:

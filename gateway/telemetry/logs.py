@@ -1,6 +1,6 @@
 """Structured JSON logs: one object per line, with the request's id, tenant, model, status and
-latency when a request is in progress. Keys are never logged; prompt and answer content only when
-``telemetry.log_content`` is set (the gateway itself logs none)."""
+latency when a request is in progress. Keys, prompts and answers are never logged: the access line
+carries ids, counts and timings only."""
 
 from __future__ import annotations
 

@@ -94,6 +94,16 @@ def test_admin_switches_tenants_and_sees_deployments(dash: DashEnv) -> None:  # 
         assert admin.get("/dashboard/api/deployments").json()["data"][0]["state"] == "healthy"
 
 
+def test_revoking_the_key_ends_its_dashboard_session(dash: DashEnv) -> None:  # noqa: F811
+    admin = {"authorization": f"Bearer {ADMIN_KEY}"}
+    created = httpx.post(dash.url + "/admin/v1/keys", json={"tenant_id": dash.a.id}, headers=admin).json()
+    with httpx.Client(base_url=dash.url) as client:
+        assert login(client, created["key"]).status_code == 303
+        assert client.get("/dashboard/api/summary").status_code == 200
+        httpx.post(f"{dash.url}/admin/v1/keys/{created['id']}/revoke", headers=admin)
+        assert client.get("/dashboard/api/summary").status_code == 401
+
+
 def test_logout_needs_the_csrf_token_and_ends_the_session(a_client: httpx.Client) -> None:
     assert a_client.post("/dashboard/logout", data={"csrf": "wrong"}).status_code == 403
     csrf = a_client.get("/dashboard/api/me").json()["csrf"]
