@@ -76,13 +76,15 @@ def _paged_attention_kernel(
                  out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
 
 
-def tile_config(num_heads: int, num_kv_heads: int, head_dim: int) -> dict[str, int]:
-    """The kernel's tile constants for a head shape (GPU sizes, or small ones under the interpreter)."""
+def tile_config(num_heads: int, num_kv_heads: int, head_dim: int, decode: bool = False) -> dict[str, int]:
+    """The kernel's tile constants for a head shape (GPU sizes, or small ones under the interpreter).
+
+    Decode-only batches have one token per sequence, so they get the smallest row tile."""
     group = num_heads // num_kv_heads
     group_pad = triton.next_power_of_2(group)
     if group_pad > 64:
         raise ValueError(f"GQA ratio {group} is above the kernel's limit of 64")
-    rows = 16 if interpreting() else 64  # query rows per program (tokens x packed heads), >= 16 for tl.dot
+    rows = 16 if interpreting() or decode else 64  # query rows per program (tokens x heads), >= 16 for tl.dot
     return dict(NUM_KV_HEADS=num_kv_heads, GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=head_dim,
                 BLOCK_D=max(16, triton.next_power_of_2(head_dim)), BLOCK_Q=max(1, rows // group_pad),
                 BLOCK_N=16 if interpreting() else (64 if head_dim <= 64 else 32))
@@ -94,7 +96,7 @@ def unified_attention(q: torch.Tensor, kv_cache: torch.Tensor, out: torch.Tensor
     """Attention of every new token of the batch, written into ``out`` ``[T, Hq, D]``."""
     _, num_heads, head_dim = q.shape
     _, _, block_size, num_kv_heads, _ = kv_cache.shape
-    tiles = tile_config(num_heads, num_kv_heads, head_dim)
+    tiles = tile_config(num_heads, num_kv_heads, head_dim, decode=max_query_len == 1)
     grid = (context_lens.shape[0], triton.cdiv(max_query_len, tiles["BLOCK_Q"]), num_kv_heads)
     _paged_attention_kernel[grid](
         q, kv_cache[0], kv_cache[1], out, block_tables, context_lens, query_start_loc,

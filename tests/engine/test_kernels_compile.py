@@ -43,10 +43,12 @@ def compile_all() -> None:
     tables = dict(block_tables_ptr="*i32", context_lens_ptr="*i32", query_start_ptr="*i32", scale_log2="fp32")
     for dt, tl_dt, torch_dt in (("bf16", tl.bfloat16, torch.bfloat16), ("fp32", tl.float32, torch.float32)):
         ptrs = dict.fromkeys(["q_ptr", "k_cache_ptr", "v_cache_ptr", "out_ptr"], f"*{dt}")
-        consts = dict(tile_config(16, 8, 128), BLOCK_SIZE=16, COMPUTE=tl_dt, PRECISION=dot_precision(torch_dt))
-        ptx = _compile(_paged_attention_kernel, {**ptrs, **tables, **ints}, consts)
-        if dt == "bf16":  # Hopper tensor cores (fp32 inputs take exact FMA dots instead)
-            assert "wgmma.mma_async" in ptx and ".f32.bf16.bf16" in ptx
+        for decode in (False, True) if dt == "bf16" else (False,):
+            tiles = tile_config(16, 8, 128, decode=decode)
+            consts = dict(tiles, BLOCK_SIZE=16, COMPUTE=tl_dt, PRECISION=dot_precision(torch_dt))
+            ptx = _compile(_paged_attention_kernel, {**ptrs, **tables, **ints}, consts)
+            if dt == "bf16" and not decode:  # Hopper tensor cores (fp32 inputs take exact FMA dots instead)
+                assert "wgmma.mma_async" in ptx and ".f32.bf16.bf16" in ptx
     parts = dict.fromkeys(["part_out_ptr", "part_m_ptr", "part_l_ptr"], "*fp32")
     ptrs = dict.fromkeys(["q_ptr", "k_cache_ptr", "v_cache_ptr", "out_ptr"], "*bf16")
     _compile(_split_decode_kernel, {**ptrs, **parts, **tables, **ints},
