@@ -78,7 +78,7 @@ async def hammer(gateways: list[GatewayProcess], key: str, n: int, **kwargs: Any
         openai.AsyncOpenAI(base_url=gw.url + "/v1", api_key=key, max_retries=0, http_client=http) for gw in gateways
     ]
     try:
-        calls = [clients[i % 2].chat.completions.create(model="echo", messages=CHAT, **kwargs) for i in range(n)]  # type: ignore[arg-type]
+        calls = [clients[i % len(clients)].chat.completions.create(model="echo", messages=CHAT, **kwargs) for i in range(n)]  # type: ignore[arg-type]
         return await asyncio.gather(*calls, return_exceptions=True)
     finally:
         await http.aclose()
