@@ -1,0 +1,285 @@
+"""Faults around a running gateway: Redis going away and coming back, upstreams that fail, reset
+or hang, clients that leave mid-stream in bulk. Answers stay typed and OpenAI-shaped, and nothing
+leaks: the gateway's open sockets and asyncio tasks return to where they were."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import struct
+import subprocess
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from backends.factory import build_backend
+from gateway.contracts import Principal
+from gateway.db import migrate
+from gateway.router import Router
+from gateway.services import Services
+from tests.conftest import ADMIN_KEY, gateway_settings
+from tests.support.doubles import RecordingSink, ScriptedAdmission, StaticKeys
+from tests.support.fake_upstream import Fault, FakeUpstream
+from tests.support.servers import ServerThread, free_port
+
+CHAT = [{"role": "user", "content": "one two three"}]
+
+
+# ---------------------------------------------------------------- Redis outage
+
+
+class RedisProcess:
+    """A redis-server of the test's own on a free port (the machine's Redis is never touched)."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> RedisProcess:
+        cmd = ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
+                return self
+            except OSError:
+                time.sleep(0.05)
+        raise RuntimeError("redis-server did not start")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(10)
+
+
+@pytest.fixture
+def redis_server() -> Iterator[RedisProcess]:
+    server = RedisProcess().start()
+    yield server
+    server.stop()
+
+
+def _tenancy_settings(upstream_url: str, db_url: str, redis_url: str, policy: str, journal: Path) -> Any:
+    return gateway_settings(
+        upstream_url,
+        auth={"admin_key": ADMIN_KEY, "key_cache_seconds": 1},
+        database={"url": db_url},
+        redis={"url": redis_url, "on_unavailable": policy},
+        usage={"journal_dir": str(journal)},
+    )
+
+
+def _status(client: openai.OpenAI) -> tuple[int, Any]:
+    try:
+        client.chat.completions.create(model="echo", messages=CHAT)  # type: ignore[arg-type]
+        return 200, None
+    except openai.APIStatusError as exc:
+        return exc.status_code, exc.body
+
+
+def test_redis_outage_fail_closed_503_fail_open_serves_and_both_recover(
+    upstream: FakeUpstream, redis_server: RedisProcess, tmp_path: Path
+) -> None:
+    from gateway.app import create_app
+
+    db_url = f"sqlite+aiosqlite:///{tmp_path / 'keys.db'}"
+    migrate.upgrade(db_url)
+    closed_app = create_app(_tenancy_settings(upstream.url, db_url, redis_server.url, "fail_closed", tmp_path / "j1"))
+    open_app = create_app(_tenancy_settings(upstream.url, db_url, redis_server.url, "fail_open", tmp_path / "j2"))
+    with ServerThread(closed_app) as closed_gw, ServerThread(open_app) as open_gw:
+        admin = httpx.Client(base_url=closed_gw.url, headers={"authorization": f"Bearer {ADMIN_KEY}"}, timeout=10)
+        tid = admin.post("/admin/v1/tenants", json={"name": f"r-{uuid.uuid4().hex[:6]}"}).json()["id"]
+        key = admin.post("/admin/v1/keys", json={"tenant_id": tid}).json()
+        assert admin.put(f"/admin/v1/keys/{key['id']}/limits", json={"requests_per_minute": 10_000}).status_code == 200
+        admin.close()
+        closed = openai.OpenAI(base_url=closed_gw.url + "/v1", api_key=key["key"], max_retries=0, timeout=10)
+        opened = openai.OpenAI(base_url=open_gw.url + "/v1", api_key=key["key"], max_retries=0, timeout=10)
+        time.sleep(1.1)  # past the key cache TTL, so both see the limits just set
+        assert _status(closed)[0] == 200 and _status(opened)[0] == 200
+
+        redis_server.stop()
+        status, body = _status(closed)
+        assert status == 503
+        assert body["code"] == "quota_unavailable" and body["type"] == "service_unavailable" and body["message"]
+        assert _status(opened)[0] == 200  # fail-open keeps serving without counting
+
+        redis_server.start()  # the same port: the gateways reconnect without a restart
+        deadline = time.monotonic() + 15
+        while _status(closed)[0] != 200:
+            assert time.monotonic() < deadline, "fail-closed gateway did not recover"
+            time.sleep(0.2)
+        assert _status(opened)[0] == 200
+
+
+# ---------------------------------------------------------------- upstream faults, leaks
+
+
+class ResetServer:
+    """Accepts TCP connections, reads the request, and resets the connection (RST)."""
+
+    def __init__(self) -> None:
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            conn.recv(65536)
+            conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            conn.close()
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+class LeakCheckedGateway:
+    def __init__(self, server: ServerThread, usage: RecordingSink) -> None:
+        self.server, self.usage = server, usage
+        self.loop: asyncio.AbstractEventLoop = server._server.servers[0].get_loop()
+
+    def tasks(self) -> int:
+        async def count() -> int:
+            return len(asyncio.all_tasks())
+
+        return asyncio.run_coroutine_threadsafe(count(), self.loop).result(5)
+
+
+def open_sockets() -> int:
+    fds = Path("/proc/self/fd")
+    count = 0
+    for fd in fds.iterdir():
+        try:
+            count += os.readlink(fd).startswith("socket:")
+        except OSError:
+            pass
+    return count
+
+
+@pytest.fixture(scope="module")
+def leak_gateway(fake_upstream_server: FakeUpstream) -> Iterator[LeakCheckedGateway]:
+    from gateway.app import create_app
+
+    reset = ResetServer()
+    timeouts = {"connect": 2, "first_byte": 5, "total": 10}
+    deployment = {"provider": "openai", "model": "upstream-echo", "api_base": fake_upstream_server.url,
+                  "api_key": "sk-up", "timeouts": timeouts}
+    plain = {"max_retries": 0, "circuit": {"failures": 1_000_000}}
+    settings = gateway_settings(fake_upstream_server.url, models=[
+        {"name": "echo", "deployments": [deployment], **plain},
+        {"name": "impatient", "deployments": [deployment | {"name": "impatient-dep",
+                                                            "timeouts": timeouts | {"first_byte": 0.5, "total": 1}}],
+         **plain},
+        {"name": "reset", "deployments": [deployment | {"name": "reset-dep",
+                                                        "api_base": f"http://127.0.0.1:{reset.port}/v1"}], **plain},
+    ])  # fmt: skip
+    usage = RecordingSink()
+    keys = StaticKeys({ADMIN_KEY: Principal(key_id="admin", tenant_id=None, is_admin=True)})
+    services = Services(authenticator=keys, admission=ScriptedAdmission(), usage=usage,
+                        router=Router.from_settings(settings, build_backend))
+    with ServerThread(create_app(settings, services)) as server:
+        yield LeakCheckedGateway(server, usage)
+    reset.close()
+
+
+def _fault_round(client: openai.OpenAI, upstream: FakeUpstream) -> list[tuple[str, int | str]]:
+    """One pass over every upstream fault; what the client saw for each."""
+    seen: list[tuple[str, int | str]] = []
+
+    def call(name: str, model: str = "echo", stream: bool = False) -> None:
+        try:
+            if stream:
+                for _ in client.chat.completions.create(model=model, messages=CHAT, stream=True):  # type: ignore[arg-type]
+                    pass
+            else:
+                client.chat.completions.create(model=model, messages=CHAT)  # type: ignore[arg-type]
+            seen.append((name, 200))
+        except openai.APIStatusError as exc:
+            seen.append((name, exc.status_code))
+        except openai.APIError as exc:  # an error event mid-stream
+            seen.append((name, f"stream-error:{exc.message[:20]}"))
+
+    for status in (500, 502, 503):
+        upstream.fail_next(Fault(status=status))
+        call(f"http-{status}")
+    upstream.fail_next(Fault(status=200, body=b"{not json"))
+    call("garbage-200")
+    upstream.fail_next(Fault(error_after_chunks=2))
+    call("error-mid-stream", stream=True)
+    upstream.fail_next(Fault(hang_after_chunks=1))
+    call("hang-mid-stream", "impatient", stream=True)
+    upstream.fail_next(Fault(delay=3))
+    call("hang-before-headers", "impatient")
+    call("reset", "reset")
+    call("reset-stream", "reset", stream=True)
+    return seen
+
+
+def test_upstream_failures_are_typed_and_leak_nothing(leak_gateway: LeakCheckedGateway,
+                                                       upstream: FakeUpstream) -> None:
+    with openai.OpenAI(base_url=leak_gateway.server.url + "/v1", api_key=ADMIN_KEY, max_retries=0,
+                       timeout=15) as client:
+        first = _fault_round(client, upstream)
+        time.sleep(0.3)
+        sockets, tasks = open_sockets(), leak_gateway.tasks()
+        for _ in range(2):
+            assert _fault_round(client, upstream) == first
+        time.sleep(0.3)
+        assert open_sockets() <= sockets and leak_gateway.tasks() <= tasks
+    outcome = dict(first)
+    assert {name: outcome[name] for name in ("http-500", "http-502", "http-503", "garbage-200", "hang-before-headers",
+                                             "reset", "reset-stream")} == {
+        "http-500": 503, "http-502": 503, "http-503": 503, "garbage-200": 502, "hang-before-headers": 504,
+        "reset": 503, "reset-stream": 503,
+    }  # fmt: skip
+    assert str(outcome["error-mid-stream"]).startswith("stream-error")  # an OpenAI error event, then the end
+    assert str(outcome["hang-mid-stream"]).startswith("stream-error")
+    assert all(r.status != 500 for r in leak_gateway.usage.records)
+
+
+async def test_bulk_client_disconnects_mid_stream(leak_gateway: LeakCheckedGateway, upstream: FakeUpstream) -> None:
+    upstream.options.output_words, upstream.options.chunk_delay = 50, 0.05  # 2.5 s per stream
+    count = 40
+    tasks_before = leak_gateway.tasks()
+    leak_gateway.usage.records.clear()
+    body = {"model": "echo", "stream": True, "messages": CHAT}
+
+    async def leave_early(client: httpx.AsyncClient) -> None:
+        async with client.stream("POST", "/v1/chat/completions", json=body) as response:
+            assert response.status_code == 200
+            seen = 0
+            async for _ in response.aiter_lines():
+                seen += 1
+                if seen >= 6:
+                    return  # closing the response mid-stream: the client is gone
+
+    limits = httpx.Limits(max_connections=count, max_keepalive_connections=0)
+    async with httpx.AsyncClient(base_url=leak_gateway.server.url, limits=limits, timeout=20,
+                                 headers={"authorization": f"Bearer {ADMIN_KEY}"}) as client:
+        await asyncio.gather(*(leave_early(client) for _ in range(count)))
+    records = await asyncio.to_thread(leak_gateway.usage.wait_for, count, 15)
+    assert len(records) == count  # every abandoned stream is settled and metered
+    assert all(r.extra.get("outcome") == "client_disconnected" and r.completion_tokens > 0 for r in records)
+    streams = upstream.streams[-count:]
+    assert all(s.wait(10) and s.completed is False for s in streams)  # every upstream stream was closed
+    deadline = time.monotonic() + 5
+    while leak_gateway.tasks() > tasks_before and time.monotonic() < deadline:
+        await asyncio.sleep(0.1)
+    assert leak_gateway.tasks() <= tasks_before
