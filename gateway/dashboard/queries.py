@@ -71,14 +71,8 @@ async def summary(db: Database, tenant_id: str, rng: Range) -> dict[str, Any]:
     async with db.session() as s:
         hours = (await s.execute(select(UsageHourly.hour, *_sum_columns()).where(*where).group_by(UsageHourly.hour)
                                  .order_by(UsageHourly.hour))).all()
-        models = (await s.execute(select(UsageHourly.model, *_sum_columns()).where(*where)
-                                  .group_by(UsageHourly.model).order_by(UsageHourly.model))).all()
-        keys = (await s.execute(select(UsageHourly.key_id, *_sum_columns()).where(*where)
-                                .group_by(UsageHourly.key_id).order_by(UsageHourly.key_id))).all()
-        errors = (await s.execute(
-            select(UsageHourly.error_type, func.sum(UsageHourly.requests).label("requests"))
-            .where(*where, UsageHourly.error_type != "").group_by(UsageHourly.error_type)
-            .order_by(UsageHourly.error_type))).all()  # fmt: skip
+        groups = [UsageHourly.model, UsageHourly.key_id, UsageHourly.error_type]  # one pass, a few hundred rows
+        cells = (await s.execute(select(*groups, *_sum_columns()).where(*where).group_by(*groups))).all()
         lat_where = (LatencyHourly.tenant_id == tenant_id, LatencyHourly.hour >= rng.start, LatencyHourly.hour < rng.end)
         buckets = (await s.execute(
             select(LatencyHourly.kind, LatencyHourly.bucket, func.sum(LatencyHourly.count).label("n"))
@@ -97,13 +91,24 @@ async def summary(db: Database, tenant_id: str, rng: Range) -> dict[str, Any]:
         "bucket": rng.bucket,
         "totals": totals,
         "series": [{"t": t.isoformat(), **p} for t, p in series],
-        "by_model": [{"model": r.model, **_sums(r)} for r in models],
-        "by_key": [{"key_id": r.key_id, **_sums(r)} for r in keys],
-        "errors": [{"error_type": r.error_type, "requests": int(r.requests), "rate": int(r.requests) / total_requests}
-                   for r in errors],
+        "by_model": _rollup(cells, "model"),
+        "by_key": _rollup(cells, "key_id"),
+        "errors": [{"error_type": e["error_type"], "requests": e["requests"], "rate": e["requests"] / total_requests}
+                   for e in _rollup(cells, "error_type") if e["error_type"]],
         "latency_ms": percentiles({r.bucket: int(r.n) for r in buckets if r.kind == "latency"}),
         "ttft_ms": percentiles({r.bucket: int(r.n) for r in buckets if r.kind == "ttft"}),
     }
+
+
+def _rollup(cells: list[Any], column: str) -> list[dict[str, Any]]:
+    """Sum the (model, key, error type) cells over one of those columns, sorted by it."""
+    out: dict[str, dict[str, Any]] = {}
+    for cell in cells:
+        sums = _sums(cell)
+        acc = out.setdefault(getattr(cell, column), dict.fromkeys(sums, 0))
+        for f, v in sums.items():
+            acc[f] += v
+    return [{column: name, **acc, "cost": round(acc["cost"], 8)} for name, acc in sorted(out.items())]
 
 
 def _bucketed(points: list[tuple[datetime, dict[str, Any]]], bucket: Bucket) -> list[tuple[datetime, dict[str, Any]]]:
