@@ -1,5 +1,22 @@
-# The gateway image used by compose.yaml (HTTP providers; the engine needs a CUDA base image).
-FROM python:3.11-slim
+# Switchyard image: the gateway, and the engine node (`switchyard engine serve`).
+#   docker build -t switchyard:cpu .                          # torch CPU wheels (gateway, CPU engine)
+#   docker build -t switchyard:cuda --build-arg VARIANT=cuda .  # torch CUDA wheels + a C compiler for Triton
+# The CUDA wheels bundle the CUDA runtime; the host needs only the NVIDIA driver and container toolkit.
+ARG PYTHON_IMAGE=python:3.11-slim
+
+FROM ${PYTHON_IMAGE} AS build
+ARG VARIANT=cpu
+ARG TORCH_VERSION=2.5.1
+ARG CUDA_INDEX=https://download.pytorch.org/whl/cu124
+ARG CPU_INDEX=https://download.pytorch.org/whl/cpu
+ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+RUN python -m venv /opt/venv
+ENV PATH=/opt/venv/bin:$PATH
+RUN case "$VARIANT" in \
+      cpu)  pip install "torch==${TORCH_VERSION}" --index-url "$CPU_INDEX" ;; \
+      cuda) pip install "torch==${TORCH_VERSION}" --index-url "$CUDA_INDEX" ;; \
+      *) echo "VARIANT must be cpu or cuda, got $VARIANT" >&2; exit 2 ;; \
+    esac
 WORKDIR /app
 COPY pyproject.toml README.md ./
 COPY gateway gateway
@@ -7,7 +24,22 @@ COPY backends backends
 COPY engine engine
 COPY migrations migrations
 COPY config config
-# Editable, so the package finds migrations/ next to it in /app.
-RUN pip install --no-cache-dir -e .
-EXPOSE 8000
-CMD ["switchyard", "serve", "--config", "/app/config/production.yaml"]
+# Editable, so the package finds migrations/ next to it in /app (the same path in the runtime stage).
+RUN pip install -e .
+
+FROM ${PYTHON_IMAGE} AS runtime
+ARG VARIANT=cpu
+# Triton compiles its kernel launchers with the system C compiler at run time.
+RUN if [ "$VARIANT" = "cuda" ]; then \
+      apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev && rm -rf /var/lib/apt/lists/*; \
+    fi \
+ && groupadd --system --gid 10001 switchyard \
+ && useradd --system --uid 10001 --gid switchyard --home-dir /home/switchyard --create-home switchyard \
+ && mkdir -p /var/lib/switchyard /app/var && chown switchyard:switchyard /var/lib/switchyard /app/var
+COPY --from=build /opt/venv /opt/venv
+COPY --from=build /app /app
+ENV PATH=/opt/venv/bin:$PATH PYTHONUNBUFFERED=1 HF_HOME=/home/switchyard/.cache/huggingface
+WORKDIR /app
+USER switchyard
+EXPOSE 8000 8100
+CMD ["switchyard", "serve", "--config", "/app/config/default.yaml"]
