@@ -10,6 +10,7 @@ from typing import Annotated
 
 import typer
 
+from gateway.cli.http_protocol import HEADER_TIMEOUT_ENV, HeadDeadlineProtocol
 from gateway.settings import ConfigError, load_settings
 
 GRACE_SECONDS = 10  # after SIGTERM: how long in-flight requests and streams may take to finish
@@ -20,6 +21,8 @@ def serve(
     host: Annotated[str | None, typer.Option(help="Bind address (default: server.host from the config).")] = None,
     port: Annotated[int | None, typer.Option(help="Port (default: server.port from the config).")] = None,
     workers: Annotated[int | None, typer.Option(min=1, help="Worker processes (default: server.workers).")] = None,
+    header_timeout: Annotated[float, typer.Option(min=0.1, help="Seconds a client may take to send a request's "
+                                                  "line and headers (slow-loris guard).")] = 10.0,
 ) -> None:
     """Serve the OpenAI-compatible gateway."""
     import uvicorn
@@ -34,6 +37,7 @@ def serve(
     # uvicorn drains in-flight requests and runs the app's shutdown (usage flush) on SIGTERM, then
     # re-raises the signal with the handler it found: make that a clean exit (status 0).
     signal.signal(signal.SIGTERM, _exit_cleanly)
+    os.environ[HEADER_TIMEOUT_ENV] = str(header_timeout)
     uvicorn.run(
         "gateway.app:create_app_from_env",
         factory=True,
@@ -41,7 +45,7 @@ def serve(
         port=settings.server.port if port is None else port,
         workers=workers or settings.server.workers,
         loop="uvloop",
-        http="httptools",
+        http=HeadDeadlineProtocol,  # httptools, with a deadline on request heads
         lifespan="on",
         timeout_graceful_shutdown=GRACE_SECONDS,
         log_level="info",

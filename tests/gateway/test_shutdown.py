@@ -6,41 +6,16 @@ from __future__ import annotations
 import asyncio
 import signal
 import sqlite3
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import httpx
-import yaml
 
 from gateway.db import migrate
 from tests.conftest import ADMIN_KEY
 from tests.support.fake_upstream import FakeUpstream
-from tests.support.servers import free_port
+from tests.support.serve_process import start_serve
 
 STREAMS = 6
-
-
-def start_serve(config: dict, workdir: Path) -> tuple[subprocess.Popen[bytes], str, Path]:
-    path = workdir / "gw.yaml"
-    path.write_text(yaml.safe_dump(config))
-    port = free_port()
-    log = workdir / "gw.log"
-    exe = Path(sys.executable).parent / "switchyard"
-    proc = subprocess.Popen([str(exe), "serve", "--config", str(path), "--port", str(port)],
-                            stdout=log.open("wb"), stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, log.read_text()[-3000:]
-        try:
-            if httpx.get(url + "/healthz", timeout=1).status_code == 200:
-                return proc, url, log
-        except httpx.HTTPError:
-            time.sleep(0.1)
-    proc.kill()
-    raise AssertionError("gateway did not start")
 
 
 async def test_sigterm_finishes_streams_flushes_usage_and_exits_0(upstream: FakeUpstream, tmp_path: Path) -> None:

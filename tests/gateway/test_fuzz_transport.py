@@ -1,0 +1,139 @@
+"""Hostile clients at the HTTP level, against ``switchyard serve``: slow-loris heads, oversized
+chunked bodies, control characters and CR/LF in keys and model names."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from gateway.db import migrate
+from tests.conftest import ADMIN_KEY
+from tests.support.fake_upstream import FakeUpstream
+from tests.support.serve_process import start_serve
+
+LIMIT = 64 * 1024
+
+
+@pytest.fixture(scope="module")
+def served(fake_upstream_server: FakeUpstream, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    work = tmp_path_factory.mktemp("served")
+    db_url = f"sqlite+aiosqlite:///{work / 'gw.db'}"
+    migrate.upgrade(db_url)
+    config = {
+        "server": {"max_body_bytes": LIMIT},
+        "auth": {"admin_key": ADMIN_KEY},
+        "database": {"url": db_url},
+        "usage": {"journal_dir": str(work / "journal")},
+        "models": [{"name": "echo", "deployments": [
+            {"provider": "openai", "model": "upstream-echo", "api_base": fake_upstream_server.url, "api_key": "k"}]}],
+    }  # fmt: skip
+    proc, url, _ = start_serve(config, work, "--header-timeout", "1")
+    yield url
+    proc.terminate()
+    try:
+        proc.wait(20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+def _addr(url: str) -> tuple[str, int]:
+    host, port = url.removeprefix("http://").split(":")
+    return host, int(port)
+
+
+def raw_exchange(url: str, request: bytes) -> bytes:
+    with socket.create_connection(_addr(url), timeout=10) as s:
+        s.sendall(request)
+        data = b""
+        while b"\r\n\r\n" not in data or len(data) < data.find(b"\r\n\r\n") + 4 + _length(data):
+            part = s.recv(65536)
+            if not part:
+                break
+            data += part
+        return data
+
+
+def _length(data: bytes) -> int:
+    head = data[: data.find(b"\r\n\r\n")].lower()
+    at = head.find(b"content-length:")
+    return int(head[at + 15:].split(b"\r\n")[0]) if at >= 0 else 0
+
+
+def test_slow_loris_heads_are_cut_off_while_others_are_served(served: str) -> None:
+    slow = [socket.create_connection(_addr(served), timeout=5) for _ in range(20)]
+    try:
+        for s in slow:
+            s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n")
+        started = time.monotonic()
+        cut: set[int] = set()
+        while len(cut) < len(slow) and time.monotonic() - started < 8:
+            # the worker is not pinned: a normal request is answered meanwhile
+            assert httpx.get(served + "/healthz", timeout=2).status_code == 200
+            for i, s in enumerate(slow):
+                if i in cut:
+                    continue
+                try:
+                    s.sendall(b"x-dribble: 1\r\n")  # one more header line, never the blank line
+                    s.settimeout(0.01)
+                    if s.recv(1) == b"":
+                        cut.add(i)
+                except TimeoutError:
+                    pass
+                except OSError:
+                    cut.add(i)
+            time.sleep(0.2)
+        assert len(cut) == len(slow)  # every slow head was closed by the server
+    finally:
+        for s in slow:
+            s.close()
+
+
+def test_oversized_chunked_body_is_413(served: str) -> None:
+    def body() -> Iterator[bytes]:
+        yield b'{"model": "echo", "messages": [{"role": "user", "content": "'
+        for _ in range(LIMIT // 1024 + 8):
+            yield b"x" * 1024
+        yield b'"}]}'
+
+    r = httpx.post(served + "/v1/chat/completions", content=body(), timeout=10,
+                   headers={"authorization": f"Bearer {ADMIN_KEY}", "content-type": "application/json"})
+    assert r.status_code == 413
+    assert r.json()["error"]["code"] == "request_too_large"
+
+
+@pytest.mark.parametrize("key", [b"sk-\x00abc", b"sk-\x7f\x01", b"\xff\xfe\xfd", b"sk-" + b"a" * 10_000,
+                                 ADMIN_KEY.encode() + b"\x0b"])
+def test_odd_bytes_in_keys_are_401(served: str, key: bytes) -> None:
+    body = b'{"model": "echo", "messages": [{"role": "user", "content": "hi"}]}'
+    answer = raw_exchange(served, b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                          b"authorization: Bearer " + key + b"\r\ncontent-length: " + str(len(body)).encode()
+                          + b"\r\n\r\n" + body)
+    status = int(answer[9:12])
+    assert status in (400, 401), answer[:300]
+    if status == 401:
+        assert json.loads(answer.split(b"\r\n\r\n", 1)[1])["error"]["type"] == "authentication_error"
+
+
+def test_crlf_in_a_model_name_goes_nowhere(served: str) -> None:
+    model = "echo\r\nx-injected: 1\r\n\r\nHTTP/1.1 200 OK"
+    r = httpx.post(served + "/v1/chat/completions", headers={"authorization": f"Bearer {ADMIN_KEY}"}, timeout=10,
+                   json={"model": model, "messages": [{"role": "user", "content": "hi"}]})
+    assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
+    assert "x-injected" not in r.headers
+    r = httpx.get(served + "/v1/models/echo%0d%0ax-injected:%201", headers={"authorization": f"Bearer {ADMIN_KEY}"})
+    assert r.status_code == 404 and "x-injected" not in r.headers
+    # a request id supplied by the client is never reflected into our headers
+    r = httpx.get(served + "/v1/models", headers={"authorization": f"Bearer {ADMIN_KEY}", "x-request-id": "evil"})
+    assert r.status_code == 200 and r.headers["x-request-id"] != "evil"
+
+
+def test_gateway_survived_it_all(served: str) -> None:
+    r = httpx.post(served + "/v1/chat/completions", headers={"authorization": f"Bearer {ADMIN_KEY}"}, timeout=10,
+                   json={"model": "echo", "messages": [{"role": "user", "content": "still here"}]})
+    assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == "still here"
