@@ -8,6 +8,10 @@ writer uses (``gateway.usage.rollup.apply``), plus the raw usage rows of the las
 the month by hour and by day, and the live limits. Prints a table.
 
     .venv/bin/python -m bench.dashboard_month [--requests 2000000] [--pg postgresql+asyncpg://root@127.0.0.1/test]
+
+On the shared 2-core dev box (other work running), 1,000,000 requests in the month (77k rollup
+rows, 8 keys x 4 models x 3 error types x 720 hours): month by hour 178 ms median / 267 ms max on
+SQLite, 357 / 493 ms on PostgreSQL; by day 179 / 291 ms median; live limits 6-13 ms.
 """
 
 from __future__ import annotations
