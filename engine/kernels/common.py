@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from functools import lru_cache
 
 import torch
 import triton.language as tl
@@ -35,7 +36,9 @@ def dot_precision(dtype: torch.dtype) -> str | None:
     return "ieee" if dtype == torch.float32 or interpreting() else None
 
 
+@lru_cache(maxsize=None)
 def num_sms(device: torch.device) -> int:
+    """Streaming multiprocessors of the device (asked once per device)."""
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).multi_processor_count
     return 4  # interpreter: a pretend GPU, so the split-KV path is exercised on small batches
