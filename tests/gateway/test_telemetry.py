@@ -174,3 +174,49 @@ def test_access_log_is_json_with_request_fields_and_no_secrets(env: Env) -> None
     assert any(e["status"] == 401 and e["tenant_id"] is None for e in entries)
     text = "\n".join(lines)
     assert KEY not in text and "sk-wrong" not in text and "private prompt" not in text
+
+
+def test_tracing_is_off_by_default_and_otlp_export_is_configurable(fake_upstream_server: FakeUpstream) -> None:
+    import threading
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+    from gateway.app import create_app
+
+    assert not Telemetry.from_settings(parse_settings({}, env={})).tracing.enabled
+    received: list[tuple[str, bytes]] = []
+
+    class Collector(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802
+            received.append((self.path, self.rfile.read(int(self.headers["content-length"]))))
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    collector = HTTPServer(("127.0.0.1", 0), Collector)
+    threading.Thread(target=collector.serve_forever, daemon=True).start()
+    echo = {"provider": "openai", "model": "upstream-echo", "api_base": fake_upstream_server.url, "api_key": "sk-up"}
+    settings = parse_settings({"models": [{"name": "echo", "deployments": [echo]}], "telemetry": {
+        "tracing": True, "otlp_endpoint": f"http://127.0.0.1:{collector.server_port}/v1/traces",
+        "service_name": "sy-test"}}, env={})  # fmt: skip
+    services = Services(authenticator=StaticKeys({KEY: Principal(key_id="k", tenant_id="t")}),
+                        admission=ScriptedAdmission(), usage=RecordingSink(),
+                        router=Router.from_settings(settings, build_backend))
+    try:
+        with ServerThread(create_app(settings, services)) as server:
+            openai.OpenAI(base_url=server.url + "/v1", api_key=KEY).chat.completions.create(model="echo",
+                                                                                            messages=MESSAGES)
+        # shutting the app down flushed the batch exporter
+    finally:
+        collector.shutdown()
+    assert received and all(path == "/v1/traces" for path, _ in received)
+    names = set()
+    for _, body in received:
+        export = ExportTraceServiceRequest.FromString(body)
+        for resource in export.resource_spans:
+            assert any(a.key == "service.name" and a.value.string_value == "sy-test" for a in resource.resource.attributes)
+            names |= {s.name for scope in resource.scope_spans for s in scope.spans}
+    assert {"chat echo", "auth", "admission", "upstream openai:upstream-echo"} <= names
