@@ -66,8 +66,7 @@ class Tracing:
     @contextmanager
     def _span(self, name: str, attributes: dict[str, Any] | None) -> Iterator[Span]:
         assert self.tracer is not None
-        with self.tracer.start_as_current_span(name, kind=SpanKind.CLIENT if name.startswith("upstream") else
-                                               SpanKind.INTERNAL, attributes=attributes) as span:
+        with self.tracer.start_as_current_span(name, kind=SpanKind.INTERNAL, attributes=attributes) as span:
             yield span
 
     def phases(self, parent: Span | None, phases: Sequence[tuple[str, float, float]]) -> None:
