@@ -74,6 +74,11 @@ async def test_tenant_sees_only_its_own_usage(browser, dash: DashEnv, tmp_path: 
     assert sum(int(r["requests"]) for r in rows) == dash.a.requests
     assert sum(float(r["cost"]) for r in rows) == pytest.approx(dash.a.cost)
 
+    by_key = await page.get_attribute("#csv-by-key", "href")
+    keyed = list(csv.DictReader(io.StringIO(await (await context.request.get(dash.url + by_key)).text())))
+    assert sorted(r["key_id"] for r in keyed) == sorted(dash.a.key_ids)
+    assert sum(int(r["prompt_tokens"]) for r in keyed) == dash.a.prompt_tokens
+
     # sortable: clicking "Requests" twice puts the largest first
     header = page.locator("#series thead th", has_text="Requests")
     await header.click()

@@ -98,6 +98,10 @@
     table($("series"), [["t", "Bucket start (UTC)"], ...USAGE_COLUMNS], data.series);
     q.set("table", "series");
     $("csv").href = "/dashboard/api/export.csv?" + q;
+    for (const link of document.querySelectorAll("a.csv")) {
+      q.set("table", link.dataset.table);
+      link.href = "/dashboard/api/export.csv?" + q;
+    }
     await live();
   }
 
