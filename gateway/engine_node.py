@@ -3,7 +3,8 @@
 ``switchyard engine serve`` runs this app. Requests go through the same controllers, wire types,
 pipeline and ``LocalEngineBackend`` as in the gateway; only the tenancy seams are replaced: an
 optional shared bearer key instead of SQL keys, no quotas, no usage rows (the gateway in front
-meters). ``GET /stats`` reports what a router needs to place requests: queue depth, KV usage and a
+meters). With ``tensor_parallel_size`` > 1 the engine is split over that many ranks
+(``engine.tensor_parallel``). ``GET /stats`` reports what a router needs to place requests: queue depth, KV usage and a
 summary of the prefix cache (hit counters and the hashes of the cached chains' first blocks).
 """
 
@@ -15,7 +16,10 @@ from typing import Any
 import msgspec
 from litestar import Litestar, Request, get
 
+from backends.base import Backend
+from backends.config import DeploymentConfig
 from backends.factory import build_backend
+from backends.local.backend import LocalEngineBackend
 from gateway.app import create_app
 from gateway.contracts import Principal, Ticket, UsageRecord
 from gateway.pipeline import Pipeline
@@ -109,9 +113,33 @@ def node_stats(backend: Any, model: str) -> NodeStats:
     )
 
 
-def create_node_app(settings: Settings, api_key: str | None = None) -> Litestar:
+class TensorParallelBackend(LocalEngineBackend):
+    """The local engine over ``engine.tensor_parallel``: rank 0 here, the other ranks in processes."""
+
+    def __init__(self, config: DeploymentConfig, world: int) -> None:
+        from backends.local.options import engine_config
+        from engine import AsyncEngine
+        from engine.tensor_parallel import start_tensor_parallel
+
+        self.group = start_tensor_parallel(engine_config(config), world)
+        super().__init__(AsyncEngine(engine=self.group.engine), config.model, config.id)
+
+    async def aclose(self) -> None:
+        try:
+            await super().aclose()
+        finally:
+            self.group.shutdown()
+
+
+def create_node_app(settings: Settings, api_key: str | None = None, tensor_parallel_size: int = 1) -> Litestar:
     """The node's app: ``/v1/chat/completions``, ``/v1/completions``, ``/v1/models``, health, ``/stats``."""
-    router = Router.from_settings(settings, build_backend)
+
+    def build(config: DeploymentConfig) -> Backend:
+        if tensor_parallel_size > 1:
+            return TensorParallelBackend(config, tensor_parallel_size)
+        return build_backend(config)
+
+    router = Router.from_settings(settings, build)
     group = router.groups[0]
     backend = group.deployments[0].backend
     if not hasattr(backend, "engine_metrics"):

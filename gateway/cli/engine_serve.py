@@ -22,6 +22,9 @@ def serve(
                                                 help="Bearer key clients must send (default: any).")] = None,
     builtin_tiny: Annotated[bool, typer.Option("--builtin-tiny", help="Build the built-in tiny model into --model "
                                                                       "when the folder is missing.")] = False,
+    tensor_parallel_size: Annotated[int, typer.Option("--tensor-parallel-size", "-tp", min=1,
+                                                      help="Ranks to split the model over (torch.distributed: "
+                                                           "NCCL on CUDA, one GPU each; gloo on CPU).")] = 1,
     max_model_len: Annotated[int | None, typer.Option("--max-model-len")] = None,
     gpu_memory_utilization: Annotated[float | None, typer.Option("--gpu-memory-utilization")] = None,
     max_num_seqs: Annotated[int | None, typer.Option("--max-num-seqs")] = None,
@@ -53,7 +56,8 @@ def serve(
         options["builtin"] = "tiny"
     name = served_model_name or Path(model).name
     try:
-        app = create_node_app(node_settings(model, name, options), api_key=api_key)
+        app = create_node_app(node_settings(model, name, options), api_key=api_key,
+                              tensor_parallel_size=tensor_parallel_size)
     except (ConfigError, ValueError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None

@@ -33,9 +33,13 @@ SYSTEM = ("You are the help desk of a small bicycle shop in a hilly town. You an
 
 
 @pytest.fixture(scope="module")
-def nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[EngineNode]]:
+def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny_model(tmp_path_factory.mktemp("model") / "tiny", seed=5)
+
+
+@pytest.fixture(scope="module")
+def nodes(model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[EngineNode]]:
     workdir = tmp_path_factory.mktemp("nodes")
-    model = build_tiny_model(workdir / "tiny", seed=5)
     procs = [EngineNode(model, workdir, f"node{i}", "--num-kv-blocks", "512", api_key=NODE_KEY)
              for i in range(2)]
     try:
@@ -109,3 +113,23 @@ def test_independent_conversations_spread_over_both_nodes(gateway: str, nodes: l
             {"role": "system", "content": f"Customer {i}. " + SYSTEM}, {"role": "user", "content": "Hello"}])
     after = _prompt_tokens(nodes)
     assert all(a[0] > b[0] for a, b in zip(after, before))
+
+
+def test_tensor_parallel_node_answers_like_a_single_rank_node(
+    model: Path, nodes: list[EngineNode], tmp_path: Path
+) -> None:
+    node = EngineNode(model, tmp_path, "tp2", "--num-kv-blocks", "512", "--tensor-parallel-size", "2")
+    node.start()
+    try:
+        request: dict[str, Any] = {"model": "tiny", "max_tokens": 12, "temperature": 0,
+                                   "messages": [{"role": "system", "content": SYSTEM},
+                                                {"role": "user", "content": "Can you fix a flat tyre today?"}]}
+        single = openai.OpenAI(base_url=nodes[0].url + "/v1", api_key=NODE_KEY, max_retries=0)
+        split = openai.OpenAI(base_url=node.url + "/v1", api_key="any", max_retries=0)
+        want = single.chat.completions.create(**request)
+        got = split.chat.completions.create(**request)
+        assert got.choices[0].message.content == want.choices[0].message.content
+        assert got.usage is not None and got.usage.completion_tokens == 12
+    finally:
+        node.stop()
+    assert "Traceback" not in node.log_path.read_text()
