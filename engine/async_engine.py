@@ -26,6 +26,8 @@ class _Pending:
     prompt_ids: list[int]
     params: SamplingParams
     priority: int
+    tenant: str
+    weight: float
 
 
 class AsyncEngine:
@@ -61,9 +63,12 @@ class AsyncEngine:
         prompt: str | list[int],
         params: SamplingParams | None = None,
         priority: int = 0,
+        tenant: str = "",
+        weight: float = 1.0,
     ) -> AsyncIterator[RequestOutput]:
         """Validate and queue a request (raising RequestRejected / ValueError now, not later);
-        return an async iterator of its outputs, the last one with ``finished=True``."""
+        return an async iterator of its outputs, the last one with ``finished=True``.
+        ``tenant`` and ``weight`` feed fair scheduling and the per-tenant metrics."""
         if self._closed:
             raise RuntimeError("the engine is shut down")
         if request_id in self._streams:
@@ -71,9 +76,11 @@ class AsyncEngine:
         params = params or SamplingParams()
         prompt_ids = self.engine.tokenize(prompt)
         self.engine.check_request(prompt_ids, params)
+        if not weight > 0:
+            raise ValueError("the tenant weight must be positive")
         queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
         self._streams[request_id] = queue
-        self._adds.append(_Pending(request_id, prompt_ids, params, priority))
+        self._adds.append(_Pending(request_id, prompt_ids, params, priority, tenant, weight))
         self._ensure_running()
         self._wake.set()
         return self._stream(request_id, queue)
@@ -121,7 +128,8 @@ class AsyncEngine:
         adds, self._adds = self._adds, []
         for p in adds:
             try:
-                self.engine.add_request(p.request_id, p.prompt_ids, p.params, p.priority)
+                self.engine.add_request(p.request_id, p.prompt_ids, p.params, p.priority,
+                                        tenant=p.tenant, weight=p.weight)
             except Exception as exc:  # validated on entry; anything here is reported, not lost
                 queue = self._streams.pop(p.request_id, None)
                 if queue is not None:

@@ -64,8 +64,8 @@ class EngineConfig:
             raise ValueError("num_kv_blocks must be positive")
         if self.kv_cache_bytes is not None and self.kv_cache_bytes <= 0:
             raise ValueError("kv_cache_bytes must be positive")
-        if self.scheduling_policy not in ("fcfs", "priority"):
-            raise ValueError("scheduling_policy must be 'fcfs' or 'priority'")
+        if self.scheduling_policy not in ("fcfs", "priority", "fair"):
+            raise ValueError("scheduling_policy must be 'fcfs', 'priority' or 'fair' (weighted fair across tenants)")
         if self.attn_backend == "triton" and not self.device.startswith("cuda"):
             from engine.kernels.common import interpreting
 

@@ -16,7 +16,8 @@ from engine.config import EngineConfig
 from engine.metrics import EngineMetrics, MetricsSnapshot
 from engine.model_runner import ModelRunner
 from engine.sampling_params import SamplingParams
-from engine.scheduler import FCFSQueue, PriorityQueue, Scheduler
+from engine.fair_queue import FairQueue
+from engine.scheduler import FCFSQueue, PriorityQueue, QueuePolicy, Scheduler
 from engine.sequence import FinishReason, Sequence, TokenLogprob
 from engine.outputs import RequestOutput, RequestState, TextState
 
@@ -75,7 +76,8 @@ class LLMEngine:
         self.block_manager = BlockManager(
             self.capacity.num_blocks, config.block_size, config.enable_prefix_caching
         )
-        policy = PriorityQueue() if config.scheduling_policy == "priority" else FCFSQueue()
+        policies: dict[str, type[QueuePolicy]] = {"priority": PriorityQueue, "fair": FairQueue, "fcfs": FCFSQueue}
+        policy = policies[config.scheduling_policy]()
         self.scheduler = Scheduler(
             self.block_manager,
             config.max_num_seqs,
@@ -114,9 +116,14 @@ class LLMEngine:
         params: SamplingParams | None = None,
         priority: int = 0,
         stream: bool = True,
+        tenant: str = "",
+        weight: float = 1.0,
     ) -> None:
         """Queue a request; raise RequestRejected if it can never fit, ValueError if malformed.
-        With ``stream=False`` the request is reported once, when it finishes."""
+        With ``stream=False`` the request is reported once, when it finishes. ``tenant`` and its
+        ``weight`` matter to ``scheduling_policy="fair"`` and to the per-tenant metrics."""
+        if not weight > 0:
+            raise ValueError("the tenant weight must be positive")
         if request_id in self._requests:
             raise ValueError(f"request id {request_id!r} is already in use")
         params = params or SamplingParams()
@@ -128,6 +135,7 @@ class LLMEngine:
         for i in range(params.n):
             seq = Sequence(request_id, prompt_ids, params, index=i, priority=priority, arrival_time=now)
             seq.cache_salt = salt
+            seq.tenant, seq.weight = tenant, float(weight)
             if params.seed is not None:
                 seq.generator = torch.Generator(device=self.runner.device)
                 seq.generator.manual_seed((params.seed + i * 0x9E3779B1) % 2**63)
@@ -163,6 +171,8 @@ class LLMEngine:
         out = self.scheduler.schedule()
         if out.is_empty:
             return []
+        for item in out.scheduled:
+            self.metrics.record_scheduled(item.seq.tenant, item.seq.weight, item.num_new_tokens)
         result = self.runner.execute(out.scheduled)
         self.scheduler.update_after_step(out)
         touched: dict[str, RequestState] = {}
@@ -224,8 +234,15 @@ class LLMEngine:
 
     def get_metrics(self) -> MetricsSnapshot:
         s, b = self.scheduler, self.block_manager
+        waiting: dict[str, int] = {}
+        running: dict[str, int] = {}
+        for seq in s.waiting:
+            waiting[seq.tenant] = waiting.get(seq.tenant, 0) + 1
+        for seq in s.running:
+            running[seq.tenant] = running.get(seq.tenant, 0) + 1
         return self.metrics.snapshot(
-            len(s.running), len(s.waiting), b.usage, b.prefix_queries, b.prefix_hits, s.num_preemptions
+            len(s.running), len(s.waiting), b.usage, b.prefix_queries, b.prefix_hits, s.num_preemptions,
+            self.metrics.tenant_figures(waiting, running),
         )
 
 

@@ -34,6 +34,21 @@ class Histogram:
 
 
 @dataclass
+class TenantFigures:
+    """One tenant's (or one weight class's) standing in the engine."""
+
+    weight: float
+    num_waiting: int = 0
+    num_running: int = 0
+    tokens_scheduled: int = 0  # prefill and decode tokens, since the engine started
+
+
+def weight_class(weight: float) -> str:
+    """A weight as a short label ("1", "2", "0.5"): metrics group tenants by it, never by id."""
+    return f"{weight:g}"
+
+
+@dataclass
 class MetricsSnapshot:
     num_running: int
     num_waiting: int
@@ -48,6 +63,18 @@ class MetricsSnapshot:
     ttft: Histogram
     itl: Histogram
     e2e_latency: Histogram
+    tenants: dict[str, TenantFigures] = field(default_factory=dict)  # by tenant id ("" = none given)
+
+    @property
+    def weight_classes(self) -> dict[str, TenantFigures]:
+        """The tenants' figures summed by weight class (what Prometheus may label)."""
+        out: dict[str, TenantFigures] = {}
+        for t in self.tenants.values():
+            c = out.setdefault(weight_class(t.weight), TenantFigures(t.weight))
+            c.num_waiting += t.num_waiting
+            c.num_running += t.num_running
+            c.tokens_scheduled += t.tokens_scheduled
+        return out
 
     @property
     def prefix_cache_hit_rate(self) -> float:
@@ -66,6 +93,20 @@ class EngineMetrics:
     ttft: Histogram = field(default_factory=Histogram)
     itl: Histogram = field(default_factory=Histogram)
     e2e_latency: Histogram = field(default_factory=Histogram)
+    tenant_tokens: dict[str, int] = field(default_factory=dict)  # tokens scheduled, by tenant
+    tenant_weights: dict[str, float] = field(default_factory=dict)  # the latest weight seen
+
+    def record_scheduled(self, tenant: str, weight: float, num_tokens: int) -> None:
+        self.tenant_tokens[tenant] = self.tenant_tokens.get(tenant, 0) + num_tokens
+        self.tenant_weights[tenant] = weight
+
+    def tenant_figures(self, waiting: dict[str, int], running: dict[str, int]) -> dict[str, TenantFigures]:
+        names = set(self.tenant_tokens) | set(waiting) | set(running)
+        return {
+            t: TenantFigures(self.tenant_weights.get(t, 1.0), waiting.get(t, 0), running.get(t, 0),
+                             self.tenant_tokens.get(t, 0))
+            for t in sorted(names)
+        }
 
     def record_step(self, tokens_held: int, slots_allocated: int) -> None:
         self.num_steps += 1
@@ -81,6 +122,7 @@ class EngineMetrics:
         prefix_queries: int,
         prefix_hits: int,
         num_preemptions: int,
+        tenants: dict[str, TenantFigures] | None = None,
     ) -> MetricsSnapshot:
         return MetricsSnapshot(
             num_running=num_running,
@@ -96,4 +138,5 @@ class EngineMetrics:
             ttft=self.ttft.copy(),
             itl=self.itl.copy(),
             e2e_latency=self.e2e_latency.copy(),
+            tenants=tenants or {},
         )

@@ -3,6 +3,8 @@
 Each step: running decodes first, then running (chunked) prefills, then new admissions from the
 waiting queue, all within ``max_num_batched_tokens`` and ``max_num_seqs``. When the block pool
 runs dry, the queue policy picks a victim (the newest, for FCFS) to preempt by recompute.
+Every scheduled token is charged to the policy, which a fair policy uses to order tenants
+(``engine.fair_queue.FairQueue``).
 The waiting order and the victim choice live in a ``QueuePolicy`` so they can be swapped
 (e.g. tenant-fair scheduling) without touching block accounting.
 """
@@ -33,6 +35,7 @@ class QueuePolicy(Protocol):
     def pop(self) -> Sequence: ...
     def remove(self, seq: Sequence) -> None: ...
     def pick_victim(self, running: list[Sequence]) -> Sequence: ...
+    def charge(self, seq: Sequence, num_tokens: int) -> None: ...
     def __len__(self) -> int: ...
     def __iter__(self) -> Iterator[Sequence]: ...
 
@@ -60,6 +63,9 @@ class FCFSQueue:
 
     def pick_victim(self, running: list[Sequence]) -> Sequence:
         return max(running, key=lambda s: (s.arrival_time, s.seq_id))
+
+    def charge(self, seq: Sequence, num_tokens: int) -> None:
+        """Service is not tracked: the order depends on arrival alone."""
 
     def __len__(self) -> int:
         return len(self._q)
@@ -100,6 +106,9 @@ class PriorityQueue:
 
     def pick_victim(self, running: list[Sequence]) -> Sequence:
         return max(running, key=self._key)
+
+    def charge(self, seq: Sequence, num_tokens: int) -> None:
+        """Service is not tracked: the order depends on priority and arrival alone."""
 
     def __len__(self) -> int:
         return len(self._seqs)
@@ -218,6 +227,8 @@ class Scheduler:
             else:
                 by_seq[seq.seq_id] = ScheduledSeq(seq, num_new)
                 budget -= num_new
+        for item in by_seq.values():
+            self.waiting.charge(item.seq, item.num_new_tokens)
         if not out.preempted:
             budget = self._admit(budget, by_seq)
         out.scheduled = list(by_seq.values())
@@ -264,6 +275,7 @@ class Scheduler:
                 seq.first_scheduled_time = time.monotonic()
             self.running.append(seq)
             by_seq[seq.seq_id] = ScheduledSeq(seq, num_new)
+            self.waiting.charge(seq, num_new)
             budget -= num_new
         return budget
 

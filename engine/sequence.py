@@ -66,6 +66,8 @@ class Sequence:
     generator: torch.Generator | None = None
     max_len: int = 0  # prompt + max output tokens, capped by max_model_len (set on admission)
     cache_salt: int = 0  # mixed into the root block hash; isolates siblings when caching is off
+    tenant: str = ""  # who asked (the gateway's tenant id); "" when unknown
+    weight: float = 1.0  # the tenant's fair-share weight (engine.fair_queue)
 
     def __post_init__(self) -> None:
         self.token_ids: list[int] = list(self.prompt_token_ids)
