@@ -6,8 +6,9 @@ ARG PYTHON_IMAGE=python:3.11-slim
 
 FROM ${PYTHON_IMAGE} AS build
 ARG VARIANT=cpu
-ARG TORCH_VERSION=2.5.1
-ARG CUDA_INDEX=https://download.pytorch.org/whl/cu124
+# Keep TORCH_VERSION equal to the torch pin in pyproject.toml (tests/deploy checks it).
+ARG TORCH_VERSION=2.13.0
+ARG CUDA_INDEX=https://download.pytorch.org/whl/cu128
 ARG CPU_INDEX=https://download.pytorch.org/whl/cpu
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN python -m venv /opt/venv

@@ -137,6 +137,8 @@ def test_dockerfile_is_multi_stage_non_root_with_cpu_and_cuda() -> None:
     text = "\n".join(lines)
     assert "ARG VARIANT=cpu" in text and "cpu)" in text and "cuda)" in text
     assert "COPY --from=build" in text
+    pin = re.search(r'"torch==([^"]+)"', (ROOT / "pyproject.toml").read_text())
+    assert pin and f"ARG TORCH_VERSION={pin.group(1)}" in text  # the image installs the pinned torch
     for line in lines:
         if line.startswith("COPY ") and "--from" not in line:
             for src in line.split()[1:-1]:
