@@ -84,6 +84,9 @@ def generate(
     attn_backend: Annotated[str, typer.Option("--attn-backend", help="torch (reference) or triton (GPU kernels).")]
     = "torch",
     enforce_eager: Annotated[bool, typer.Option("--enforce-eager", help="No CUDA graphs for decode steps.")] = False,
+    tensor_parallel_size: Annotated[int, typer.Option("--tensor-parallel-size", "-tp", min=1,
+                                                      help="Ranks to split the model over (engine.tensor_parallel).")]
+    = 1,
 ) -> None:
     """Generate for every line of a JSONL file, with a progress bar; results go out as JSONL."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -97,7 +100,12 @@ def generate(
                                 block_size=block_size, dtype=dtype, enable_prefix_caching=enable_prefix_caching,
                                 device=device, num_kv_blocks=num_kv_blocks, seed=seed, model_impl=model_impl,
                                 attn_backend=attn_backend, enforce_eager=enforce_eager)
-        engine = LLMEngine(config)
+        group = None
+        if tensor_parallel_size > 1:
+            from engine.tensor_parallel import start_tensor_parallel
+
+            group = start_tensor_parallel(config, tensor_parallel_size)
+        engine = group.engine if group is not None else LLMEngine(config)
         for job in jobs:
             prompt = job.prompt
             if job.messages is not None:
@@ -111,13 +119,17 @@ def generate(
 
     results: dict[str, Any] = {}
     columns = (TextColumn("generate"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*columns, transient=output is None) as bar:
-        task = bar.add_task("generate", total=len(jobs))
-        while engine.has_unfinished_requests():
-            for out in engine.step():
-                if out.finished:
-                    results[out.request_id] = out
-                    bar.advance(task)
+    try:
+        with Progress(*columns, transient=output is None) as bar:
+            task = bar.add_task("generate", total=len(jobs))
+            while engine.has_unfinished_requests():
+                for out in engine.step():
+                    if out.finished:
+                        results[out.request_id] = out
+                        bar.advance(task)
+    finally:
+        if group is not None:
+            group.shutdown()
     sink = output.open("w", encoding="utf-8") if output else sys.stdout
     try:
         for job in jobs:
