@@ -29,6 +29,7 @@ from backends.base import (
     Unavailable,
 )
 from backends.estimate import estimate_chat_prompt, estimate_completion_prompt
+from backends.tenant import for_tenant
 from backends.types import ChatCompletionRequest, CompletionRequest
 from gateway.contracts import Principal, QuotaExceeded, QuotaState, QuotaUnavailable, Ticket, UsageRecord
 from gateway.errors import ApiError, from_backend_error, retry_after_header
@@ -167,7 +168,8 @@ class Pipeline:
             ticket=ticket, stream=stream, started_at=time.time(), t0=time.perf_counter(), prompt_tokens=prompt_tokens,
         )
         try:
-            result = await self._call(ctx, call)
+            with for_tenant(principal.tenant_id, principal.tenant_weight):  # the engine schedules fairly by it
+                result = await self._call(ctx, call)
         except BackendError as exc:
             error = from_backend_error(exc)
             await self._settle(ctx, Meter(exact=False), error.status, exc.kind)

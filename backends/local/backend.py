@@ -15,6 +15,7 @@ from typing import Any
 
 from backends.base import BackendStats, BadRequest, ChunkStream, Completed, ContextTooLong, Meter, Unavailable
 from backends.local import wire
+from backends.tenant import calling_tenant
 from backends.types import (
     AssistantMessage,
     ChatChoice,
@@ -42,10 +43,12 @@ class _Run:
         self.ids: list[str] = []
         self.streams: list[AsyncIterator[RequestOutput]] = []
         self.finished: set[str] = set()
+        who = calling_tenant()
+        tenant, weight = (who.tenant_id, who.weight) if who is not None else ("", 1.0)
         try:
             for prompt in prompts:
                 rid = f"local-{uuid.uuid4().hex}"
-                self.streams.append(engine.add_request(rid, prompt, params))
+                self.streams.append(engine.add_request(rid, prompt, params, tenant=tenant, weight=weight))
                 self.ids.append(rid)
         except RequestRejected as exc:
             self.abort()

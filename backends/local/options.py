@@ -7,7 +7,8 @@ import dataclasses
 from engine import EngineConfig
 from backends.config import ConfigError, DeploymentConfig
 
-OPTIONS = {f.name for f in dataclasses.fields(EngineConfig)} - {"model"} | {"builtin"}
+OPTIONS = {f.name for f in dataclasses.fields(EngineConfig)} - {"model"} | {"builtin", "scheduling"}
+SCHEDULING = ("fcfs", "fair")  # ``scheduling``: first come first served, or weighted fair across tenants
 
 
 def engine_config(config: DeploymentConfig) -> EngineConfig:
@@ -26,6 +27,11 @@ def engine_config(config: DeploymentConfig) -> EngineConfig:
             ensure_tiny_model(config.model)
         except OSError as exc:
             raise ConfigError(f"deployment {config.id}: cannot build the tiny model: {exc}") from None
+    if (scheduling := options.pop("scheduling", None)) is not None:
+        if scheduling not in SCHEDULING or "scheduling_policy" in options:
+            raise ConfigError(f"deployment {config.id}: options.scheduling must be one of {list(SCHEDULING)} "
+                              f"(and not given with scheduling_policy), got {scheduling!r}")
+        options["scheduling_policy"] = scheduling
     if config.context_window is not None and "max_model_len" not in options:
         options["max_model_len"] = config.context_window
     try:

@@ -1,4 +1,5 @@
-"""Admin views of routing: ``GET /admin/v1/deployments`` (health) and ``POST /admin/v1/reload``."""
+"""Admin views of routing: ``GET /admin/v1/deployments`` (health), ``GET /admin/v1/engine/tenants``
+(per-tenant figures of the local engines' fair scheduling) and ``POST /admin/v1/reload``."""
 
 from __future__ import annotations
 
@@ -34,6 +35,19 @@ class DeploymentList(msgspec.Struct):
     data: list[DeploymentState]
 
 
+class EngineTenant(msgspec.Struct):
+    deployment: str
+    tenant_id: str | None  # None: requests that came with no tenant (admin keys, the engine's own use)
+    weight: float
+    waiting: int
+    running: int
+    tokens_scheduled: int
+
+
+class EngineTenantList(msgspec.Struct):
+    data: list[EngineTenant]
+
+
 class ReloadResult(msgspec.Struct):
     models: list[str]
 
@@ -62,6 +76,21 @@ class DeploymentsController(Controller):
                     error_rate=view.error_rate, consecutive_failures=view.consecutive_failures,
                 ))
         return DeploymentList(data=rows)
+
+    @get("/engine/tenants", summary="Each local engine's per-tenant queue, batch and tokens scheduled",
+         responses=error_responses(401, 403))
+    async def engine_tenants(self, request: Request[Any, Any, Any], services: Services) -> EngineTenantList:
+        _require_admin(request)
+        rows, seen = [], set()
+        for d in services.router.deployments():
+            if d.id in seen or not hasattr(d.backend, "engine_metrics"):
+                continue
+            seen.add(d.id)
+            for tenant, f in (getattr(d.backend.engine_metrics(), "tenants", None) or {}).items():
+                rows.append(EngineTenant(deployment=d.id, tenant_id=tenant or None, weight=f.weight,
+                                         waiting=f.num_waiting, running=f.num_running,
+                                         tokens_scheduled=f.tokens_scheduled))
+        return EngineTenantList(data=rows)
 
     @post("/reload", status_code=200, summary="Re-read the config file: models and prices",
           responses=error_responses(400, 401, 403))

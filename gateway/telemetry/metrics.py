@@ -150,3 +150,22 @@ def _engine_families(router: Router) -> Iterator[Any]:
             bounds = [*(str(b) for b in hist.buckets), "+Inf"]
             h.add_metric([dep], list(zip(bounds, (float(c) for c in hist.cumulative()))), hist.sum)
         yield h
+    yield from _weight_class_families(snaps)
+
+
+def _weight_class_families(snaps: list[tuple[str, Any]]) -> Iterator[Any]:
+    """Fair scheduling by tenant weight class (never by tenant id: per-tenant figures are on
+    ``GET /admin/v1/engine/tenants``)."""
+    labels = ["model_name", "weight_class"]
+    waiting = GaugeMetricFamily("switchyard_engine_waiting_by_weight_class",
+                                "Sequences waiting in the engine, by the tenant weight class", labels=labels)
+    running = GaugeMetricFamily("switchyard_engine_running_by_weight_class",
+                                "Sequences running in the engine, by the tenant weight class", labels=labels)
+    tokens = CounterMetricFamily("switchyard_engine_tokens_scheduled_by_weight_class",
+                                 "Prefill and decode tokens scheduled, by the tenant weight class", labels=labels)
+    for dep, snap in snaps:
+        for cls, fig in (getattr(snap, "weight_classes", None) or {}).items():
+            waiting.add_metric([dep, cls], float(fig.num_waiting))
+            running.add_metric([dep, cls], float(fig.num_running))
+            tokens.add_metric([dep, cls], float(fig.tokens_scheduled))
+    yield from (waiting, running, tokens)
