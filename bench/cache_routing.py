@@ -98,7 +98,9 @@ def run(strategy: str, model: Path, workdir: Path, args: argparse.Namespace) -> 
                         "--max-model-len", "4096") for i in range(2)]
     try:
         for node in nodes:
-            node.start()
+            node.launch()
+        for node in nodes:
+            node.wait_ready()
         deployments = [{"provider": "openai", "name": n.name, "model": "tiny", "api_base": n.url + "/v1", "api_key": "sk-node",
                         "timeouts": {"first_byte": 600, "total": 600}} for n in nodes]
         configured = "cache_aware" if strategy == "cache_aware" else "weighted"

@@ -44,7 +44,9 @@ def nodes(model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[lis
              for i in range(2)]
     try:
         for p in procs:
-            p.start()
+            p.launch()
+        for p in procs:
+            p.wait_ready()
         yield procs
     finally:
         for p in procs:

@@ -33,10 +33,18 @@ class EngineNode:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self, timeout: float = 120.0) -> EngineNode:
+        return self.launch().wait_ready(timeout)
+
+    def launch(self) -> EngineNode:
+        """Start the process without waiting (start several, then ``wait_ready`` each)."""
         env = {k: v for k, v in os.environ.items() if not k.startswith("SWITCHYARD")}
         env.setdefault("OMP_NUM_THREADS", "1")
         self.proc = subprocess.Popen(self.cmd, cwd=REPO, env=env, stdout=self.log_path.open("wb"),
                                      stderr=subprocess.STDOUT)
+        return self
+
+    def wait_ready(self, timeout: float = 120.0) -> EngineNode:
+        assert self.proc is not None
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
