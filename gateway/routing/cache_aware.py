@@ -10,8 +10,10 @@ message (the system prompt and the opening question, which every later turn repe
 Placement is consistent hashing with bounded loads (Mirrokni et al.): each deployment owns
 ``VNODES`` points on a hash ring; the request walks clockwise from its key and takes the first
 deployment whose outstanding requests stay within ``LOAD_FACTOR`` times the mean (plus one).
-Adding or removing a node moves only the keys next to its points. Requests with no text, and
-groups whose deployments all sit over the cap, fall back to the ring order (then least busy).
+Adding or removing a node moves only the keys next to its points. Deployments over the cap are
+not dropped but tried last, least loaded first; a request with no text gets a random key. The
+load is what this gateway process has outstanding at each deployment (``Backend.stats``), so with
+several replicas each caps its own share.
 
 The controllers set the request's prefix text for the duration of the call
 (``routing_prefix``); strategies see only the candidates, so it travels in a context variable.
