@@ -428,8 +428,8 @@ def _stop_profile(proc: subprocess.Popen[bytes] | None) -> None:
         proc.wait(30)
 
 
-def print_table(rows: list[list[str]]) -> None:
-    header = ["measurement", "direct", "via gateway", "added", "target", "notes"]
+def print_table(rows: list[list[str]], header: list[str] | None = None) -> None:
+    header = header or ["measurement", "direct", "via gateway", "added", "target", "notes"]
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
     for row in [header, ["-" * w for w in widths], *rows]:
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())

@@ -1,0 +1,97 @@
+"""Soak: 1,000 concurrent streaming requests through one gateway worker for a few minutes.
+
+The production path as in ``bench.gateway`` (PostgreSQL keys and usage, Redis quotas with high
+limits), an echo upstream streaming 20 chunks 50 ms apart. Rounds of ``--concurrency`` streams
+at once run until ``--seconds`` have passed. Reports errors (must be 0), usage rows against
+requests sent (must be equal, after SIGTERM flushed the buffer) and the gateway's RSS at the
+start, middle and end (must stay flat).
+
+    .venv/bin/python -m bench.soak [--seconds 180] [--concurrency 1000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import resource
+import tempfile
+import time
+from pathlib import Path
+
+from bench.gateway import (
+    Conn,
+    count_usage_rows,
+    fresh_database,
+    gateway_config,
+    http_request,
+    make_tenant_key,
+    print_table,
+    rss_mib,
+    start_gateway,
+    start_upstream,
+    stop,
+)
+
+
+async def soak(url: str, key: str, concurrency: int, seconds: float, pid: int) -> tuple[int, int, list[float]]:
+    body = {"model": "streamy", "stream": True, "messages": [{"role": "user", "content": "soak"}], "max_tokens": 32}
+    host, port, raw = http_request(url, "/v1/chat/completions", body, key)
+    sent = errors = 0
+    rss: list[float] = []  # after the first round (warm), at the middle, at the end
+    started = time.monotonic()
+    middle_taken = False
+
+    async def one() -> bool:
+        conn = await Conn.open(host, port)
+        try:
+            result = await conn.request(raw)
+            return result.status == 200
+        finally:
+            conn.close()
+
+    while time.monotonic() - started < seconds:
+        outcomes = await asyncio.gather(*(one() for _ in range(concurrency)), return_exceptions=True)
+        sent += len(outcomes)
+        errors += sum(1 for o in outcomes if o is not True)
+        if not rss:
+            rss.append(rss_mib(pid))
+        if not middle_taken and time.monotonic() - started >= seconds / 2:
+            rss.append(rss_mib(pid))
+            middle_taken = True
+    rss.append(rss_mib(pid))
+    return sent, errors, rss
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seconds", type=float, default=180.0)
+    parser.add_argument("--concurrency", type=int, default=1000)
+    args = parser.parse_args()
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 65536)), hard))  # children inherit it
+    with tempfile.TemporaryDirectory() as tmp, fresh_database() as db_url:
+        work = Path(tmp)
+        up, streamy = start_upstream("--output-words", "20", "--chunk-delay", "0.05")
+        try:
+            config = gateway_config(db_url, streamy, streamy, streamy, work / "journal")
+            for group in config["models"]:
+                group["deployments"][0]["max_concurrency"] = args.concurrency + 64
+            gw = start_gateway(config, work)
+            try:
+                key = make_tenant_key(gw.url)
+                sent, errors, rss = asyncio.run(soak(gw.url, key, args.concurrency, args.seconds, gw.proc.pid))
+            finally:
+                code = stop(gw.proc)
+            rows = asyncio.run(count_usage_rows(db_url))
+        finally:
+            stop(up)
+    print_table([
+        ["streams sent", f"{sent:,}", f"{args.concurrency} at a time for {args.seconds:.0f} s"],
+        ["errors", str(errors), "0"],
+        ["usage rows in PostgreSQL", f"{rows:,}", f"= streams sent (gateway exit code {code} after SIGTERM)"],
+        ["gateway RSS after round 1 / middle / end (MiB)", " / ".join(f"{r:.0f}" for r in rss), "flat"],
+    ], ["measurement", "value", "target"])
+
+
+if __name__ == "__main__":
+    main()
