@@ -4,13 +4,15 @@
 pipeline and ``LocalEngineBackend`` as in the gateway; only the tenancy seams are replaced: an
 optional shared bearer key instead of SQL keys, no quotas, no usage rows (the gateway in front
 meters). With ``tensor_parallel_size`` > 1 the engine is split over that many ranks
-(``engine.tensor_parallel``). ``GET /stats`` reports what a router needs to place requests: queue depth, KV usage and a
-summary of the prefix cache (hit counters and the hashes of the cached chains' first blocks).
+(``engine.tensor_parallel``). ``GET /stats`` reports what a router needs to place requests:
+queue depth, KV usage and a summary of the prefix cache (hit counters and short digests of the
+cached chains' first blocks).
 """
 
 from __future__ import annotations
 
 import hashlib
+import hmac
 from typing import Any
 
 import msgspec
@@ -37,7 +39,7 @@ class NodeKey:
         self.api_key = api_key
 
     async def authenticate(self, token: str) -> Principal | None:
-        if self.api_key is not None and token != self.api_key:
+        if self.api_key is not None and not hmac.compare_digest(token.encode(), self.api_key.encode()):
             return None
         return Principal(key_id="engine-node", tenant_id=None)
 
