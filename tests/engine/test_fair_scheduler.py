@@ -11,6 +11,8 @@ from __future__ import annotations
 import math
 import random
 
+import pytest
+
 from engine.block_manager import BlockManager
 from engine.fair_queue import FairQueue
 from engine.sampling_params import SamplingParams
@@ -44,37 +46,43 @@ def tick(s: Scheduler) -> SchedulerOutput:
     return out
 
 
-def flood(policy: QueuePolicy) -> tuple[dict[str, int], int]:
-    """A sends 200 long requests at tick 0; B sends 5 short ones at tick 3.
-    Return each B request's wait (ticks from arrival to admission), and the bound."""
-    s = make(policy)
+def flood(policy: QueuePolicy, max_seqs: int = 8, budget: int = 64) -> tuple[dict[str, int], int]:
+    """A sends 200 long requests at tick 0; B sends 5 short ones at tick 30, when A's requests
+    fill the batch. Return each B request's wait (ticks from arrival to admission), and the bound."""
+    s = make(policy, max_seqs=max_seqs, budget=budget)
     p_a, m_a = 128, 16
     for i in range(200):
         add(s, f"a{i}", "A", p_a, m_a, 0)
     admitted: dict[str, int] = {}
-    for t in range(3):
+    arrival = 30
+    for t in range(arrival):
         tick(s)
-    b = [add(s, f"b{i}", "B", 8, 4, 3) for i in range(5)]
-    t = 3
+    assert len(s.waiting) > 100 and all(q.tenant == "A" for q in s.running)
+    full = len(s.running) == s.max_num_seqs
+    b = [add(s, f"b{i}", "B", 8, 4, arrival) for i in range(5)]
+    t = arrival
     while s.num_unfinished:
         out = tick(s)
         for item in out.scheduled:
             if item.seq.tenant == "B" and item.seq.request_id not in admitted:
-                admitted[item.seq.request_id] = t - 3
+                admitted[item.seq.request_id] = t - arrival
         t += 1
     assert all(q.num_output_tokens == 4 for q in b)
     assert s.blocks.num_free_blocks == s.blocks.num_blocks
+    assert full or max_seqs > 4  # the 4-slot case really waits for a free slot
     return admitted, math.ceil(p_a / s.max_num_batched_tokens) + m_a + 1
 
 
-def test_flood_fair_admits_the_other_tenant_within_the_bound() -> None:
-    waits, bound = flood(FairQueue())
+@pytest.mark.parametrize(("max_seqs", "budget"), [(8, 64), (4, 256)])  # budget-bound, slot-bound
+def test_flood_fair_admits_the_other_tenant_within_the_bound(max_seqs: int, budget: int) -> None:
+    waits, bound = flood(FairQueue(), max_seqs, budget)
     assert len(waits) == 5
     assert max(waits.values()) <= bound, (waits, bound)
 
 
-def test_flood_fcfs_makes_the_other_tenant_wait_behind_it() -> None:
-    waits, bound = flood(FCFSQueue())
+@pytest.mark.parametrize(("max_seqs", "budget"), [(8, 64), (4, 256)])
+def test_flood_fcfs_makes_the_other_tenant_wait_behind_it(max_seqs: int, budget: int) -> None:
+    waits, bound = flood(FCFSQueue(), max_seqs, budget)
     assert min(waits.values()) > 10 * bound  # behind all 200 of A's requests
 
 
