@@ -31,6 +31,7 @@ from backends.base import (
 from backends.config import DeploymentConfig
 
 _JSON = {"content-type": "application/json"}
+_DRAIN_SECONDS = 0.5  # after [DONE], how long to wait for the body's end
 _READ_BUFFER = 1 << 20  # SSE lines up to 2 MiB (aiohttp's limit is twice the buffer)
 _CONTEXT_HINTS = ("context length", "context_length", "maximum context", "context window", "too many tokens",
                   "prompt is too long")
@@ -222,7 +223,10 @@ class SSELines:
                 while line := await self._content.readline():
                     if line.startswith(b"data:"):  # skip event names, comments, keep-alives, blanks
                         data = line[5:].strip().decode("utf-8", "replace")
-                        return None if data == "[DONE]" else data
+                        if data != "[DONE]":
+                            return data
+                        await self._drain()
+                        return None
                 return None
         except TimeoutError:
             raise Timeout(f"upstream {self._deployment} stream timed out") from None
@@ -230,3 +234,13 @@ class SSELines:
             raise Unavailable(f"upstream {self._deployment} stream broke: {type(exc).__name__}") from None
         except ValueError as exc:  # a line longer than the read buffer
             raise UpstreamError(f"upstream {self._deployment} sent an oversized event: {exc}") from None
+
+    async def _drain(self) -> None:
+        """Read what follows ``[DONE]`` up to the end of the body, so the connection can go back to
+        the pool instead of being closed (an upstream that keeps talking gets cut off instead)."""
+        try:
+            async with asyncio.timeout(_DRAIN_SECONDS):
+                while not self._content.at_eof() and await self._content.readany():
+                    pass
+        except (TimeoutError, aiohttp.ClientError, OSError):
+            pass
