@@ -31,6 +31,9 @@ from backends.base import (
 from backends.config import DeploymentConfig
 
 _JSON = {"content-type": "application/json"}
+# Idle pooled connections are dropped before common servers drop them (uvicorn and Node: 5 s), so a
+# request is never sent on a connection the upstream is closing (aiohttp does not retry a POST).
+_IDLE_SECONDS = 4.0
 _DRAIN_SECONDS = 0.5  # after [DONE], how long to wait for the body's end
 _READ_BUFFER = 1 << 20  # SSE lines up to 2 MiB (aiohttp's limit is twice the buffer)
 _CONTEXT_HINTS = ("context length", "context_length", "maximum context", "context window", "too many tokens",
@@ -116,7 +119,7 @@ class HTTPUpstream:
     @property
     def session(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
-            connector = aiohttp.TCPConnector(limit=self.limit, limit_per_host=0, keepalive_timeout=30,
+            connector = aiohttp.TCPConnector(limit=self.limit, limit_per_host=0, keepalive_timeout=_IDLE_SECONDS,
                                              ttl_dns_cache=300)
             self._session = aiohttp.ClientSession(
                 connector=connector, headers=self.headers, auto_decompress=True, read_bufsize=_READ_BUFFER,

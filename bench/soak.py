@@ -32,34 +32,48 @@ from bench.gateway import (
     stop,
 )
 
+KEEP_ALIVE_SECONDS = 4.0  # uvicorn closes idle keep-alive connections after 5 s
 
-async def soak(url: str, key: str, concurrency: int, seconds: float, pid: int) -> tuple[int, int, list[float]]:
+
+async def soak(url: str, key: str, concurrency: int, seconds: float, pid: int) -> tuple[int, dict[str, int], list[float]]:
     body = {"model": "streamy", "stream": True, "messages": [{"role": "user", "content": "soak"}], "max_tokens": 32}
     host, port, raw = http_request(url, "/v1/chat/completions", body, key)
-    sent = errors = 0
+    sent = 0
+    kinds: dict[str, int] = {}  # what went wrong (status or exception), and how often
     rss: list[float] = []  # after the first round (warm), at the middle, at the end
     started = time.monotonic()
     middle_taken = False
 
-    async def one() -> bool:
-        conn = await Conn.open(host, port)
-        try:
-            result = await conn.request(raw)
-            return result.status == 200
-        finally:
-            conn.close()
+    # One keep-alive connection per client, reopened once idle for longer than the server keeps it.
+    conns: list[tuple[Conn, float] | None] = [None] * concurrency
+
+    async def one(i: int) -> str:
+        held, conns[i] = conns[i], None
+        if held is not None and time.monotonic() - held[1] > KEEP_ALIVE_SECONDS:
+            held[0].close()
+            held = None
+        conn = held[0] if held is not None else await Conn.open(host, port)
+        status = str((await conn.request(raw)).status)
+        conns[i] = (conn, time.monotonic())
+        return status
 
     while time.monotonic() - started < seconds:
-        outcomes = await asyncio.gather(*(one() for _ in range(concurrency)), return_exceptions=True)
+        outcomes = await asyncio.gather(*(one(i) for i in range(concurrency)), return_exceptions=True)
         sent += len(outcomes)
-        errors += sum(1 for o in outcomes if o is not True)
+        for outcome in outcomes:
+            if outcome != "200":
+                kind = outcome if isinstance(outcome, str) else type(outcome).__name__
+                kinds[kind] = kinds.get(kind, 0) + 1
         if not rss:
             rss.append(rss_mib(pid))
         if not middle_taken and time.monotonic() - started >= seconds / 2:
             rss.append(rss_mib(pid))
             middle_taken = True
     rss.append(rss_mib(pid))
-    return sent, errors, rss
+    for held in conns:
+        if held is not None:
+            held[0].close()
+    return sent, kinds, rss
 
 
 def main() -> None:
@@ -83,14 +97,17 @@ def main() -> None:
             finally:
                 code = stop(gw.proc)
             rows = asyncio.run(count_usage_rows(db_url))
+            problems = [line for line in gw.log.read_text().splitlines() if "ERROR" in line or "rror" in line][-5:]
         finally:
             stop(up)
     print_table([
         ["streams sent", f"{sent:,}", f"{args.concurrency} at a time for {args.seconds:.0f} s"],
-        ["errors", str(errors), "0"],
+        ["errors", f"{sum(errors.values())} {errors or ''}".strip(), "0"],
         ["usage rows in PostgreSQL", f"{rows:,}", f"= streams sent (gateway exit code {code} after SIGTERM)"],
         ["gateway RSS after round 1 / middle / end (MiB)", " / ".join(f"{r:.0f}" for r in rss), "flat"],
     ], ["measurement", "value", "target"])
+    if problems:
+        print("last errors in the gateway's log:", *problems, sep="\n  ")
 
 
 if __name__ == "__main__":

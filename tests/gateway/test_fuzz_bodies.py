@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from tests.conftest import ADMIN_KEY
 from tests.gateway.conftest import GatewayEnv
+from tests.support.fake_upstream import FakeUpstream
 
 FUZZ = settings(max_examples=120, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
 
@@ -74,18 +75,18 @@ def http(gateway_env: GatewayEnv) -> Any:
 
 @FUZZ
 @given(body=chat_bodies)
-def test_fuzzed_chat_bodies(http: httpx.Client, body: dict[str, Any]) -> None:
+def test_fuzzed_chat_bodies(http: httpx.Client, upstream: FakeUpstream, body: dict[str, Any]) -> None:
     check(http.post("/v1/chat/completions", content=json.dumps(body, allow_nan=True)))
 
 
 @FUZZ
 @given(body=st.dictionaries(st.sampled_from(["model", "prompt", "max_tokens", "echo", "suffix", "best_of", "n",
                                              "logprobs", "stream", "temperature"]), json_values))
-def test_fuzzed_completion_bodies(http: httpx.Client, body: dict[str, Any]) -> None:
+def test_fuzzed_completion_bodies(http: httpx.Client, upstream: FakeUpstream, body: dict[str, Any]) -> None:
     check(http.post("/v1/completions", content=json.dumps({"model": "echo"} | body, allow_nan=True)))
 
 
 @FUZZ
 @given(body=raw_bodies)
-def test_fuzzed_raw_bytes(http: httpx.Client, body: bytes) -> None:
+def test_fuzzed_raw_bytes(http: httpx.Client, upstream: FakeUpstream, body: bytes) -> None:
     check(http.post("/v1/chat/completions", content=body))

@@ -46,7 +46,7 @@ def strict(path: str) -> bool:
     return path.startswith("/v1/") and path != "/v1/usage"
 
 
-def test_no_operation_fails_or_breaks_its_schema(served: dict[str, str]) -> None:
+def test_no_operation_fails_or_breaks_its_schema(served: dict[str, str], upstream: FakeUpstream) -> None:
     api = schemathesis.openapi.from_url(served["url"] + "/schema/openapi.json")
     operations = [result.ok() for result in api.get_all_operations()]
     paths = {op.path for op in operations}

@@ -65,7 +65,7 @@ def _length(data: bytes) -> int:
     return int(head[at + 15:].split(b"\r\n")[0]) if at >= 0 else 0
 
 
-def test_slow_loris_heads_are_cut_off_while_others_are_served(served: str) -> None:
+def test_slow_loris_heads_are_cut_off_while_others_are_served(served: str, upstream: FakeUpstream) -> None:
     slow = [socket.create_connection(_addr(served), timeout=5) for _ in range(20)]
     try:
         for s in slow:
@@ -94,7 +94,7 @@ def test_slow_loris_heads_are_cut_off_while_others_are_served(served: str) -> No
             s.close()
 
 
-def test_oversized_chunked_body_is_413(served: str) -> None:
+def test_oversized_chunked_body_is_413(served: str, upstream: FakeUpstream) -> None:
     def body() -> Iterator[bytes]:
         yield b'{"model": "echo", "messages": [{"role": "user", "content": "'
         for _ in range(LIMIT // 1024 + 8):
@@ -109,7 +109,7 @@ def test_oversized_chunked_body_is_413(served: str) -> None:
 
 @pytest.mark.parametrize("key", [b"sk-\x00abc", b"sk-\x7f\x01", b"\xff\xfe\xfd", b"sk-" + b"a" * 10_000,
                                  ADMIN_KEY.encode() + b"\x0b"])
-def test_odd_bytes_in_keys_are_401(served: str, key: bytes) -> None:
+def test_odd_bytes_in_keys_are_401(served: str, upstream: FakeUpstream, key: bytes) -> None:
     body = b'{"model": "echo", "messages": [{"role": "user", "content": "hi"}]}'
     answer = raw_exchange(served, b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
                           b"authorization: Bearer " + key + b"\r\ncontent-length: " + str(len(body)).encode()
@@ -120,7 +120,7 @@ def test_odd_bytes_in_keys_are_401(served: str, key: bytes) -> None:
         assert json.loads(answer.split(b"\r\n\r\n", 1)[1])["error"]["type"] == "authentication_error"
 
 
-def test_crlf_in_a_model_name_goes_nowhere(served: str) -> None:
+def test_crlf_in_a_model_name_goes_nowhere(served: str, upstream: FakeUpstream) -> None:
     model = "echo\r\nx-injected: 1\r\n\r\nHTTP/1.1 200 OK"
     r = httpx.post(served + "/v1/chat/completions", headers={"authorization": f"Bearer {ADMIN_KEY}"}, timeout=10,
                    json={"model": model, "messages": [{"role": "user", "content": "hi"}]})
@@ -133,7 +133,7 @@ def test_crlf_in_a_model_name_goes_nowhere(served: str) -> None:
     assert r.status_code == 200 and r.headers["x-request-id"] != "evil"
 
 
-def test_gateway_survived_it_all(served: str) -> None:
+def test_gateway_survived_it_all(served: str, upstream: FakeUpstream) -> None:
     r = httpx.post(served + "/v1/chat/completions", headers={"authorization": f"Bearer {ADMIN_KEY}"}, timeout=10,
                    json={"model": "echo", "messages": [{"role": "user", "content": "still here"}]})
     assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == "still here"

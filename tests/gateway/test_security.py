@@ -111,7 +111,7 @@ def _admin_operations(served: Served) -> list[tuple[str, str]]:
     return operations
 
 
-def test_every_admin_route_refuses_tenant_keys(served: Served) -> None:
+def test_every_admin_route_refuses_tenant_keys(served: Served, upstream: FakeUpstream) -> None:
     operations = _admin_operations(served)
     assert len(operations) >= 10
     for key, expected in ((served.a.key, 403), ("sk-bogus", 401), (None, 401)):
@@ -122,7 +122,7 @@ def test_every_admin_route_refuses_tenant_keys(served: Served) -> None:
             assert r.json()["error"]["type"] in ("permission_error", "authentication_error")
 
 
-def test_tenants_are_isolated_across_routes(served: Served) -> None:
+def test_tenants_are_isolated_across_routes(served: Served, upstream: FakeUpstream) -> None:
     a, b = served.a, served.b
     raw = client(served, a.key).chat.completions.with_raw_response.create(model="echo", messages=CHAT)  # type: ignore[arg-type]
     a_request = raw.headers["x-request-id"]
