@@ -333,7 +333,7 @@ def wrk_rps(url: str, path: str, body: dict[str, Any], key: str, connections: in
         script.write(f'wrk.method = "POST"\nwrk.body = {json.dumps(json.dumps(body))}\n'
                      f'wrk.headers["content-type"] = "application/json"\n'
                      f'wrk.headers["authorization"] = "Bearer {key}"\n')
-    out = subprocess.run(["wrk", "-t1", f"-c{connections}", f"-d{seconds}s", "-s", script.name, url + path],
+    out = subprocess.run(["wrk", "-t1", f"-c{connections}", f"-d{max(1, round(seconds))}s", "-s", script.name, url + path],
                          capture_output=True, text=True, check=True).stdout
     os.unlink(script.name)
     rps = next(float(line.split()[1]) for line in out.splitlines() if line.startswith("Requests/sec:"))
