@@ -42,8 +42,8 @@ class _Group:
     q_len: int
     tokens: torch.Tensor  # [Tg] indices into the flat batch
     pad_index: torch.Tensor  # [Tg] indices into the padded num_seqs * q_len rows
-    slots: torch.Tensor  # [Sg * Lg] cache slot of every context position (clamped where masked)
-    mask: torch.Tensor  # [Sg, 1, q_len, Lg] True = may attend
+    blocks: torch.Tensor  # [Sg * Bg] cache block of every context block (clamped where masked)
+    mask: torch.Tensor  # [Sg, 1, q_len, Bg * block_size] True = may attend
     identity: bool = False  # the group is the whole batch in order, unpadded: no gather/scatter needed
     masks: dict[tuple[int, torch.dtype], torch.Tensor] = field(default_factory=dict)
 
@@ -73,7 +73,10 @@ def _build_group(meta: AttentionMetadata, sel: torch.Tensor, q_host: list[int], 
     qsl = meta.query_start_loc.long()
     ql = (qsl[1:] - qsl[:-1])[sel]
     cl = meta.context_lens.long()[sel]
-    s, q_max, l_max = len(q_host), max(q_host), max(c_host)
+    s, q_max = len(q_host), max(q_host)
+    bs = meta.block_size
+    n_blocks = -(-max(c_host) // bs)
+    l_max = n_blocks * bs  # whole blocks are gathered; columns past a context length are masked
     rows = torch.arange(q_max, device=dev)
     valid = rows[None, :] < ql[:, None]
     tokens = (qsl[:-1][sel][:, None] + rows[None, :])[valid]
@@ -83,11 +86,8 @@ def _build_group(meta: AttentionMetadata, sel: torch.Tensor, q_host: list[int], 
     mask = (cols[None, None, :] <= qpos[:, :, None]) & (cols[None, None, :] < cl[:, None, None])
     if window is not None:
         mask &= cols[None, None, :] > qpos[:, :, None] - window
-    bs = meta.block_size
-    n_blocks = -(-l_max // bs)
-    bt = meta.block_tables[sel][:, :n_blocks].long().clamp(min=0)
-    slots = (bt[:, :, None] * bs + torch.arange(bs, device=dev)).reshape(s, n_blocks * bs)[:, :l_max]
-    return _Group(s, q_max, tokens, pad_index, slots.reshape(-1), mask[:, None])
+    blocks = meta.block_tables[sel][:, :n_blocks].long().clamp(min=0)
+    return _Group(s, q_max, tokens, pad_index, blocks.reshape(-1), mask[:, None])
 
 
 def _build_plan(meta: AttentionMetadata, window: int | None) -> _TorchPlan:
@@ -131,25 +131,26 @@ def torch_paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_
 
     groups = plan.groups
     if len(groups) == 1 and groups[0].identity:
-        return _attend(q, k_flat, v_flat, groups[0], scale)
+        return _attend(q, kv_cache, groups[0], scale)
     out = q.new_zeros(q.shape)
     for grp in groups:
         qp = q.new_zeros(grp.num_seqs * grp.q_len, *q.shape[1:])
         qp[grp.pad_index] = q[grp.tokens]
-        out[grp.tokens] = _attend(qp, k_flat, v_flat, grp, scale)[grp.pad_index]
+        out[grp.tokens] = _attend(qp, kv_cache, grp, scale)[grp.pad_index]
     return out
 
 
-def _attend(qp: torch.Tensor, k_flat: torch.Tensor, v_flat: torch.Tensor, grp: _Group, scale: float) -> torch.Tensor:
+def _attend(qp: torch.Tensor, kv_cache: torch.Tensor, grp: _Group, scale: float) -> torch.Tensor:
     """Padded queries ``[Sg * q_len, Hq, D]`` of one group -> their outputs, same shape."""
     s, ql = grp.num_seqs, grp.q_len
     _, h_q, d = qp.shape
-    h_kv = k_flat.shape[1]
+    _, num_blocks, _, h_kv, _ = kv_cache.shape
     g = h_q // h_kv
     # GQA: the query heads of one KV head become extra query rows, so K/V need no repeat.
     qp = qp.reshape(s, ql, h_kv, g, d).permute(0, 2, 3, 1, 4).reshape(s, h_kv, g * ql, d)
-    kc = k_flat.index_select(0, grp.slots).view(s, -1, h_kv, d).to(qp.dtype).transpose(1, 2)  # [Sg, Hkv, Lg, D]
-    vc = v_flat.index_select(0, grp.slots).view(s, -1, h_kv, d).to(qp.dtype).transpose(1, 2)
+    # One gather of whole blocks for K and V together (a block is one contiguous row).
+    kv = kv_cache.view(2, num_blocks, -1).index_select(1, grp.blocks).view(2, s, -1, h_kv, d).to(qp.dtype)
+    kc, vc = kv[0].transpose(1, 2), kv[1].transpose(1, 2)  # [Sg, Hkv, Lg, D]
     o = F.scaled_dot_product_attention(qp, kc, vc, attn_mask=grp.mask_for(g, qp.dtype), scale=scale)
     return o.view(s, h_kv, g, ql, d).permute(0, 3, 1, 2, 4).reshape(s * ql, h_q, d)
 
