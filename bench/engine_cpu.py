@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from engine import LLM, SamplingParams  # noqa: E402
 from engine.metrics import EngineMetrics  # noqa: E402
+from bench.hf_baselines import continuous_batching  # noqa: E402
 
 
 def build_model(path: Path, args: argparse.Namespace) -> None:
@@ -84,26 +85,7 @@ def run_static(path: Path, prompts: list[list[int]], outputs: list[int], batch: 
 
 def run_continuous(path: Path, prompts: list[list[int]], outputs: list[int]) -> tuple[float, int] | None:
     model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    if not hasattr(model, "init_continuous_batching"):
-        return None
-    gen_cfg = transformers.GenerationConfig(do_sample=False, max_new_tokens=max(outputs), eos_token_id=None, pad_token_id=0)
-    manager = model.init_continuous_batching(generation_config=gen_cfg)
-    manager.start()
-    try:
-        t0 = time.perf_counter()
-        for p, o in zip(prompts, outputs):
-            manager.add_request(p, max_new_tokens=o)
-        done, tokens = 0, 0
-        while done < len(prompts):
-            result = manager.get_result(timeout=60)
-            if result is None:
-                raise RuntimeError("transformers continuous batching stopped answering")
-            if result.is_finished():
-                done += 1
-                tokens += len(result.generated_tokens)
-        return time.perf_counter() - t0, tokens
-    finally:
-        manager.stop(block=True)
+    return continuous_batching(model, prompts, outputs, timeout=60)
 
 
 def main() -> None:

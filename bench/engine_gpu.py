@@ -38,6 +38,7 @@ import transformers  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from engine import LLM, SamplingParams  # noqa: E402
+from bench.hf_baselines import continuous_batching  # noqa: E402
 from engine.kernels import paged_attention  # noqa: E402
 from engine.layers.attention import AttentionMetadata, torch_paged_attention  # noqa: E402
 
@@ -182,27 +183,9 @@ def release(device: str) -> None:
 def run_hf(path: Path, prompts: list[list[int]], outputs: list[int], setup: Setup) -> tuple[float, int] | None:
     """transformers continuous batching (what ``generate_batch`` drives), per-request lengths."""
     model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=setup.dtype).to(setup.device).eval()
-    if not hasattr(model, "init_continuous_batching"):
-        return None
-    gen_cfg = transformers.GenerationConfig(do_sample=False, max_new_tokens=max(outputs), eos_token_id=None,
-                                            pad_token_id=0)
-    manager = model.init_continuous_batching(generation_config=gen_cfg)
-    manager.start()
     try:
-        t0 = time.perf_counter()
-        for p, o in zip(prompts, outputs):
-            manager.add_request(p, max_new_tokens=o)
-        done, tokens = 0, 0
-        while done < len(prompts):
-            result = manager.get_result(timeout=120)
-            if result is None:
-                raise RuntimeError("transformers continuous batching stopped answering")
-            if result.is_finished():
-                done += 1
-                tokens += len(result.generated_tokens)
-        return time.perf_counter() - t0, tokens
+        return continuous_batching(model, prompts, outputs, timeout=120)
     finally:
-        manager.stop(block=True)
         del model
 
 
