@@ -362,6 +362,30 @@ def gateway_config(db_url: str, fast: str, slow: str, streamy: str, journal: Pat
     }
 
 
+async def throughput(args: argparse.Namespace, gw: Gateway, key: str, upstream: str,
+                     direct: tuple[str, int, bytes], via: tuple[str, int, bytes]) -> tuple[list[list[str]], int]:
+    """(a): requests/s at 64 connections, direct and through the gateway (and its CPU per request)."""
+    rows: list[list[str]] = []
+    if args.wrk and shutil.which("wrk"):
+        d_rps, _ = wrk_rps(upstream, "/v1/chat/completions", CHAT | {"model": "echo"}, key, 64, args.seconds)
+        g_rps, errors = wrk_rps(gw.url, "/v1/chat/completions", CHAT | {"model": "fast"}, key, 64, args.seconds)
+        sent = int(g_rps * args.seconds)  # approximate: wrk does not report exact counts here
+    else:
+        d = await closed_loop(direct, 64, args.seconds)
+        profiler = _profile(gw, args, "a")
+        cpu0 = cpu_seconds(gw.proc.pid)
+        g = await closed_loop(via, 64, args.seconds)
+        cpu = cpu_seconds(gw.proc.pid) - cpu0
+        _stop_profile(profiler)
+        d_rps, g_rps, errors = len(d.ok) / d.seconds, len(g.ok) / g.seconds, g.errors + len(g.results) - len(g.ok)
+        sent = len(g.results)
+        rows.append(["(a) gateway CPU per request (ms)", "-", f"{cpu * 1000 / max(1, len(g.results)):.2f}", "-", "",
+                     f"{cpu / g.seconds:.0%} of a core"])
+    rows.insert(0, ["(a) non-stream req/s @64 conns", f"{d_rps:,.0f}", f"{g_rps:,.0f}", "-", ">= 2,000 req/s",
+                    f"errors {errors}"])
+    return rows, sent
+
+
 async def measure(args: argparse.Namespace, gw: Gateway, key: str, ups: dict[str, str]) -> tuple[list[list[str]], int]:
     sent = 0
 
@@ -374,27 +398,14 @@ async def measure(args: argparse.Namespace, gw: Gateway, key: str, ups: dict[str
     direct, via = pair("fast")
     sent += len((await closed_loop(via, 16, 1.0)).results)  # warm-up: key cache, pools, lazy imports
     await closed_loop(direct, 16, 0.5)
-    if args.wrk and shutil.which("wrk"):
-        d_rps, _ = wrk_rps(ups["fast"], "/v1/chat/completions", CHAT | {"model": "echo"}, key, 64, args.seconds)
-        g_rps, bad = wrk_rps(gw.url, "/v1/chat/completions", CHAT | {"model": "fast"}, key, 64, args.seconds)
-        errors = bad
-        sent += int(g_rps * args.seconds)  # approximate: wrk does not report exact counts here
-    else:
-        d = await closed_loop(direct, 64, args.seconds)
-        profiler = _profile(gw, args)
-        cpu0 = cpu_seconds(gw.proc.pid)
-        g = await closed_loop(via, 64, args.seconds)
-        cpu = cpu_seconds(gw.proc.pid) - cpu0
-        _stop_profile(profiler)
-        d_rps, g_rps, errors = len(d.ok) / d.seconds, len(g.ok) / g.seconds, g.errors + len(g.results) - len(g.ok)
-        sent += len(g.results)
-        rows.append(["(a) gateway CPU per request (ms)", "-", f"{cpu * 1000 / max(1, len(g.results)):.2f}", "-", "",
-                     f"{cpu / g.seconds:.0%} of a core"])
-    rows.insert(0, ["(a) non-stream req/s @64 conns", f"{d_rps:,.0f}", f"{g_rps:,.0f}", "-", ">= 2,000 req/s",
-                    f"errors {errors}"])
+    if "a" in args.phases:
+        a_rows, a_sent = await throughput(args, gw, key, ups["fast"], direct, via)
+        rows += a_rows
+        sent += a_sent
 
     direct, via = pair("slow")
-    for rate in (50, 200):
+    profiler = _profile(gw, args, "b")
+    for rate in (50, 200) if "b" in args.phases else ():
         d = await open_loop(direct, rate, args.seconds / 2)
         g = await open_loop(via, rate, args.seconds / 2)
         sent += len(g.results)
@@ -402,9 +413,15 @@ async def measure(args: argparse.Namespace, gw: Gateway, key: str, ups: dict[str
                      f"{g.pct(0.5) - d.pct(0.5):+.2f}", "<= 1 ms added", f"errors {g.errors + len(g.results) - len(g.ok)}"])
         rows.append([f"(b) latency p99 @{rate} req/s (ms)", f"{d.pct(0.99):.2f}", f"{g.pct(0.99):.2f}",
                      f"{g.pct(0.99) - d.pct(0.99):+.2f}", "<= 3 ms added", ""])
+    _stop_profile(profiler)
+    if "c" not in args.phases:
+        return rows, sent
 
     direct, via = pair("streamy", stream=True)
-    d, g = await bursts(direct, 64, args.rounds), await bursts(via, 64, args.rounds)
+    d = await bursts(direct, 64, args.rounds)
+    profiler = _profile(gw, args, "c")
+    g = await bursts(via, 64, args.rounds)
+    _stop_profile(profiler)
     sent += len(g.results)
     errs = f"errors {g.errors + len(g.results) - len(g.ok)}"
     for label, what, q, target in (("TTFC p50", "first", 0.5, ""), ("TTFC p99", "first", 0.99, "<= 10 ms added"),
@@ -414,11 +431,12 @@ async def measure(args: argparse.Namespace, gw: Gateway, key: str, ups: dict[str
     return rows, sent
 
 
-def _profile(gw: Gateway, args: argparse.Namespace) -> subprocess.Popen[bytes] | None:
-    if not args.profile:
+def _profile(gw: Gateway, args: argparse.Namespace, phase: str) -> subprocess.Popen[bytes] | None:
+    """py-spy on the gateway during ``phase`` when ``--profile`` names it (stopped by _stop_profile)."""
+    if not args.profile or phase not in args.profile_phase or phase not in args.phases:
         return None
     cmd = [shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy"), "record", "--pid", str(gw.proc.pid), "--format", "raw", "--rate", "200",
-           "--output", args.profile, "--duration", str(int(args.seconds + 1))]
+           "--output", args.profile]
     return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
@@ -440,7 +458,9 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=8.0, help="Length of each timed phase.")
     parser.add_argument("--rounds", type=int, default=10, help="Rounds of 64 concurrent streams for (c).")
     parser.add_argument("--wrk", action="store_true", help="Use wrk (Debian package) for (a).")
-    parser.add_argument("--profile", help="py-spy raw (collapsed) profile of the gateway during (a).")
+    parser.add_argument("--profile", help="py-spy raw (collapsed) profile of the gateway, written to this file.")
+    parser.add_argument("--profile-phase", default="a", help="The phase --profile covers: a, b or c.")
+    parser.add_argument("--phases", default="abc", help="Which of the phases (a) (b) (c) to run.")
     args = parser.parse_args()
     try:
         import uvloop

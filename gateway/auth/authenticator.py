@@ -1,29 +1,27 @@
 """The SQL-backed Authenticator: bearer token -> hash -> key row -> Principal.
 
-Lookups are cached in process for ``ttl`` seconds (at most 5), so a revocation or a disabled
-tenant is seen by every replica within that time. Expiry is checked on every call against the
-cached expiry time, so it is exact. Unknown tokens are cached too (bounded), which keeps a flood
-of bad keys off the database. The cache is keyed by the hash, never the key. While the database
-is unreachable, entries up to ``stale_grace`` seconds old keep answering (nothing can be revoked
-meanwhile); beyond that the error propagates and the request fails with 503.
+Lookups are cached in process (``gateway.caching``) for ``ttl`` seconds (at most 5), so a
+revocation or a disabled tenant is seen by every replica within that time. Expiry is checked on
+every call against the cached expiry time, so it is exact. Unknown tokens are cached too
+(bounded), which keeps a flood of bad keys off the database. The cache is keyed by the hash, never
+the key. While the database is unreachable, entries up to ``stale_grace`` seconds old keep
+answering (nothing can be revoked meanwhile); beyond that the error propagates and the request
+fails with 503.
 """
 
 from __future__ import annotations
 
 import hmac
-import logging
 import time
-from collections import OrderedDict
 from dataclasses import dataclass
 
 from sqlalchemy import select
 
 from gateway.auth.keys import hash_key, looks_like_key, same_secret
+from gateway.caching import RefreshingCache
 from gateway.contracts import Principal
 from gateway.db.engine import Database
 from gateway.db.models import ApiKey, Tenant
-
-log = logging.getLogger("switchyard.auth")
 
 ADMIN_KEY_ID = "admin:config"  # the principal id of the bootstrap admin key from settings
 
@@ -32,7 +30,6 @@ ADMIN_KEY_ID = "admin:config"  # the principal id of the bootstrap admin key fro
 class _Entry:
     principal: Principal | None
     expires_at: float | None  # unix time the key stops working, None: never
-    fetched: float
 
 
 class SqlAuthenticator:
@@ -46,11 +43,9 @@ class SqlAuthenticator:
         stale_grace: float = 300.0,
     ) -> None:
         self.db = db
-        self.ttl = min(ttl, 5.0)
-        self.stale_grace = stale_grace
         self.admin_key = admin_key
-        self.max_entries = max_entries
-        self._cache: OrderedDict[str, _Entry] = OrderedDict()
+        self._cache: RefreshingCache[str, _Entry] = RefreshingCache(
+            min(ttl, 5.0), stale_grace=stale_grace, max_entries=max_entries, name="api keys")
 
     async def authenticate(self, token: str) -> Principal | None:
         if self.admin_key and same_secret(token, self.admin_key):
@@ -58,16 +53,8 @@ class SqlAuthenticator:
         if not looks_like_key(token):
             return None
         digest = hash_key(token)
-        now = time.time()
-        entry = self._cache.get(digest)
-        if entry is None or now - entry.fetched >= self.ttl:
-            try:
-                entry = self._remember(digest, await self._load(digest, now))
-            except Exception:
-                if entry is None or now - entry.fetched > self.stale_grace:
-                    raise
-                log.warning("key lookup failed; using the cached answer from %.0f s ago", now - entry.fetched)
-        if entry.expires_at is not None and now >= entry.expires_at:
+        entry = await self._cache.get(digest, lambda: self._load(digest))
+        if entry.expires_at is not None and time.time() >= entry.expires_at:
             return None
         return entry.principal
 
@@ -75,14 +62,7 @@ class SqlAuthenticator:
         """Forget everything cached (this process's admin operations call it)."""
         self._cache.clear()
 
-    def _remember(self, digest: str, entry: _Entry) -> _Entry:
-        self._cache[digest] = entry
-        self._cache.move_to_end(digest)
-        while len(self._cache) > self.max_entries:
-            self._cache.popitem(last=False)
-        return entry
-
-    async def _load(self, digest: str, now: float) -> _Entry:
+    async def _load(self, digest: str) -> _Entry:
         query = (
             select(ApiKey, Tenant)
             .outerjoin(Tenant, Tenant.id == ApiKey.tenant_id)
@@ -91,12 +71,12 @@ class SqlAuthenticator:
         async with self.db.session() as session:
             row = (await session.execute(query)).first()
         if row is None:
-            return _Entry(None, None, now)
+            return _Entry(None, None)
         key, tenant = row
         if not same_hash(key.key_hash, digest) or key.revoked_at is not None:
-            return _Entry(None, None, now)
+            return _Entry(None, None)
         if not key.is_admin and (tenant is None or tenant.status != "active"):
-            return _Entry(None, None, now)
+            return _Entry(None, None)
         principal = Principal(
             key_id=key.id,
             tenant_id=None if key.is_admin else key.tenant_id,
@@ -105,7 +85,7 @@ class SqlAuthenticator:
             tenant_weight=tenant.weight if tenant is not None else 1.0,
         )
         expires = key.expires_at.timestamp() if key.expires_at else None
-        return _Entry(principal, expires, now)
+        return _Entry(principal, expires)
 
 
 def same_hash(a: str, b: str) -> bool:

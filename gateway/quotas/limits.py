@@ -10,6 +10,7 @@ from typing import Literal
 
 from sqlalchemy import and_, func, or_, select
 
+from gateway.caching import RefreshingCache
 from gateway.contracts import Principal
 from gateway.db.engine import Database
 from gateway.db.models import Limit, UsageRow
@@ -103,26 +104,11 @@ class LimitsSource:
 
     def __init__(self, db: Database, *, ttl: float = 2.0, stale_grace: float = 300.0) -> None:
         self.db = db
-        self.ttl = ttl
-        self.stale_grace = stale_grace
-        self._cache: dict[tuple[str, str | None], tuple[float, list[Scope]]] = {}
+        self._cache: RefreshingCache[tuple[str, str | None], list[Scope]] = RefreshingCache(
+            ttl, stale_grace=stale_grace, max_entries=50_000, name="limits")
 
     async def scopes(self, principal: Principal) -> list[Scope]:
-        cache_key = (principal.key_id, principal.tenant_id)
-        hit = self._cache.get(cache_key)
-        now = time.monotonic()
-        if hit is not None and now - hit[0] < self.ttl:
-            return hit[1]
-        try:
-            scopes = await self._load(principal)
-        except Exception:
-            if hit is None or now - hit[0] > self.stale_grace:
-                raise
-            return hit[1]
-        if len(self._cache) > 50_000:
-            self._cache.clear()
-        self._cache[cache_key] = (now, scopes)
-        return scopes
+        return await self._cache.get((principal.key_id, principal.tenant_id), lambda: self._load(principal))
 
     async def _load(self, principal: Principal) -> list[Scope]:
         wanted = [and_(Limit.scope == "key", Limit.scope_id == principal.key_id)]

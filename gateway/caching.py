@@ -1,0 +1,87 @@
+"""An in-process cache for what the request path reads from SQL (keys, limits).
+
+Each value is fresh for ``ttl`` seconds and is never served older than that while the database
+answers, so a change (a revoked key, new limits) is seen within ``ttl`` on every replica. Three
+things keep the database off the hot path:
+
+- one load per key at a time: concurrent callers that miss wait on the same load (no thundering
+  herd when a busy key's entry expires under 64 concurrent requests);
+- refresh ahead: a hit past half its ttl starts a background reload, so a key in steady use is
+  reloaded before it expires and no request waits for SQL;
+- stale grace: when a load fails (database down), an entry up to ``stale_grace`` seconds old keeps
+  answering; beyond that the error propagates.
+
+``clear()`` drops everything and keeps loads already under way from storing what they read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Hashable
+from typing import Generic, TypeVar
+
+log = logging.getLogger("switchyard.cache")
+
+K = TypeVar("K", bound=Hashable)
+V = TypeVar("V")
+
+
+class RefreshingCache(Generic[K, V]):
+    def __init__(self, ttl: float, *, stale_grace: float = 300.0, max_entries: int = 10_000,
+                 name: str = "cache") -> None:
+        self.ttl = ttl
+        self.stale_grace = stale_grace
+        self.max_entries = max_entries
+        self.name = name
+        self._entries: OrderedDict[K, tuple[float, V]] = OrderedDict()  # key -> (loaded at, value)
+        self._loading: dict[K, asyncio.Future[V]] = {}
+        self._generation = 0
+
+    async def get(self, key: K, load: Callable[[], Awaitable[V]]) -> V:
+        entry = self._entries.get(key)
+        now = time.monotonic()
+        if entry is not None:
+            age = now - entry[0]
+            if age < self.ttl:
+                if age >= self.ttl / 2 and key not in self._loading:
+                    self._start(key, load).add_done_callback(_ignore_failure)
+                return entry[1]
+        try:
+            return await asyncio.shield(self._loading.get(key) or self._start(key, load))
+        except Exception:
+            if entry is None or time.monotonic() - entry[0] > self.stale_grace:
+                raise
+            log.warning("%s: load failed; answering from an entry %.0f s old", self.name, now - entry[0])
+            return entry[1]
+
+    def clear(self) -> None:
+        self._entries.clear()
+        self._loading.clear()
+        self._generation += 1
+
+    def _start(self, key: K, load: Callable[[], Awaitable[V]]) -> asyncio.Future[V]:
+        task = asyncio.ensure_future(self._load(key, load, self._generation))
+        self._loading[key] = task
+        return task
+
+    async def _load(self, key: K, load: Callable[[], Awaitable[V]], generation: int) -> V:
+        try:
+            value = await load()
+        finally:
+            if generation == self._generation:
+                self._loading.pop(key, None)
+        if generation == self._generation:
+            self._entries[key] = (time.monotonic(), value)
+            self._entries.move_to_end(key)
+            while len(self._entries) > self.max_entries:
+                self._entries.popitem(last=False)
+        return value
+
+
+def _ignore_failure(task: asyncio.Future[object]) -> None:
+    """A background refresh that failed is retried by the next caller once the entry expires."""
+    if not task.cancelled() and task.exception() is not None:
+        log.debug("background refresh failed: %s", task.exception())

@@ -1,0 +1,82 @@
+"""RefreshingCache: one load per key at a time, refresh ahead, never older than ttl, stale grace."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from gateway.caching import RefreshingCache
+
+
+class Loader:
+    def __init__(self, delay: float = 0.0) -> None:
+        self.calls = 0
+        self.delay = delay
+        self.fail = False
+
+    async def __call__(self) -> int:
+        self.calls += 1
+        await asyncio.sleep(self.delay)
+        if self.fail:
+            raise ConnectionError("database down")
+        return self.calls
+
+
+async def test_concurrent_misses_share_one_load() -> None:
+    cache: RefreshingCache[str, int] = RefreshingCache(1.0)
+    load = Loader(delay=0.05)
+    values = await asyncio.gather(*(cache.get("k", load) for _ in range(64)))
+    assert values == [1] * 64 and load.calls == 1
+
+
+async def test_refresh_ahead_reloads_in_the_background() -> None:
+    cache: RefreshingCache[str, int] = RefreshingCache(0.4)
+    load = Loader(delay=0.05)
+    assert await cache.get("k", load) == 1
+    await asyncio.sleep(0.25)  # past half the ttl: served at once, reloaded behind the caller
+    assert await cache.get("k", load) == 1
+    assert await cache.get("k", load) == 1
+    await asyncio.sleep(0.01)
+    assert load.calls == 2  # one refresh, not one per hit
+    await asyncio.sleep(0.1)
+    assert await cache.get("k", load) == 2
+
+
+async def test_never_older_than_ttl_while_loads_succeed() -> None:
+    cache: RefreshingCache[str, int] = RefreshingCache(0.1)
+    load = Loader()
+    assert await cache.get("k", load) == 1
+    await asyncio.sleep(0.15)
+    assert await cache.get("k", load) == 2  # expired: the caller waits for the new value
+
+
+async def test_stale_grace_when_the_loader_fails() -> None:
+    cache: RefreshingCache[str, int] = RefreshingCache(0.05, stale_grace=0.3)
+    load = Loader()
+    assert await cache.get("k", load) == 1
+    load.fail = True
+    await asyncio.sleep(0.1)
+    assert await cache.get("k", load) == 1  # expired, load failed, within grace
+    await asyncio.sleep(0.3)
+    with pytest.raises(ConnectionError):
+        await cache.get("k", load)
+    with pytest.raises(ConnectionError):
+        await cache.get("other", load)  # nothing cached: the error propagates
+
+
+async def test_clear_keeps_a_load_under_way_from_storing() -> None:
+    cache: RefreshingCache[str, int] = RefreshingCache(10.0)
+    load = Loader(delay=0.05)
+    pending = asyncio.ensure_future(cache.get("k", load))
+    await asyncio.sleep(0.01)
+    cache.clear()  # e.g. a key was revoked while its lookup was in flight
+    assert await pending == 1
+    assert await cache.get("k", load) == 2
+
+
+async def test_bounded() -> None:
+    cache: RefreshingCache[int, int] = RefreshingCache(10.0, max_entries=3)
+    for i in range(5):
+        await cache.get(i, Loader())
+    assert len(cache._entries) == 3
