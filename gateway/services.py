@@ -47,7 +47,7 @@ def build_services(settings: Settings) -> Services:
         admission=tenancy.admission,
         usage=tenancy.usage,
         router=Router.from_settings(settings, build_backend),
-        readiness={"database": tenancy.ready},
+        readiness=tenancy.readiness(),
         closers=[tenancy.aclose],
         starters=[tenancy.start],
         routes=tenancy.routers(),

@@ -8,6 +8,7 @@ on SIGTERM, which flushes the usage buffer).
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -106,6 +107,15 @@ class Tenancy:
         async with self.db.engine.connect() as conn:
             await conn.execute(text("select 1"))
         return True
+
+    def readiness(self) -> dict[str, Callable[[], Awaitable[bool]]]:
+        """What /readyz checks: the database, and Redis when requests cannot be served without it
+        (``fail_closed``; under ``fail_open`` a Redis outage admits without counting)."""
+        checks = {"database": self.ready}
+        store = self.admission.store
+        if isinstance(store, RedisStore) and self.admission.on_unavailable == "fail_closed":
+            checks["redis"] = store.ready
+        return checks
 
     async def aclose(self) -> None:
         await self.usage.aclose()

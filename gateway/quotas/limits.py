@@ -58,27 +58,32 @@ class Scope:
         return f"{self.kind} {self.id}"
 
 
-def period_id(period: Period, now: float) -> tuple[str, int]:
-    """The budget bucket for ``now`` and how many seconds until it ends (0: never)."""
+def _bucket(period: Period, now: float) -> tuple[float, float, str]:
+    """(start, end, id) of the day or month holding ``now``."""
     t = datetime.fromtimestamp(now, UTC)
     if period == "day":
-        end = datetime(t.year, t.month, t.day, tzinfo=UTC).timestamp() + 86400
-        return t.strftime("d%Y%m%d"), max(1, int(end - now) + 1)
-    if period == "month":
-        days = calendar.monthrange(t.year, t.month)[1]
-        end = datetime(t.year, t.month, 1, tzinfo=UTC).timestamp() + days * 86400
-        return t.strftime("m%Y%m"), max(1, int(end - now) + 1)
-    return "total", 0
+        start = datetime(t.year, t.month, t.day, tzinfo=UTC).timestamp()
+        return start, start + 86400, t.strftime("d%Y%m%d")
+    start = datetime(t.year, t.month, 1, tzinfo=UTC).timestamp()
+    return start, start + calendar.monthrange(t.year, t.month)[1] * 86400, t.strftime("m%Y%m")
+
+
+_current: dict[str, tuple[float, float, str]] = {}  # period -> the bucket last asked for (hot path)
+
+
+def period_id(period: Period, now: float) -> tuple[str, int]:
+    """The budget bucket for ``now`` and how many seconds until it ends (0: never)."""
+    if period == "total":
+        return "total", 0
+    bucket = _current.get(period)
+    if bucket is None or not bucket[0] <= now < bucket[1]:
+        bucket = _current[period] = _bucket(period, now)
+    return bucket[2], max(1, int(bucket[1] - now) + 1)
 
 
 def period_start(period: Period, now: float) -> float | None:
     """When the budget bucket for ``now`` began (None: the "total" bucket has no start)."""
-    t = datetime.fromtimestamp(now, UTC)
-    if period == "day":
-        return datetime(t.year, t.month, t.day, tzinfo=UTC).timestamp()
-    if period == "month":
-        return datetime(t.year, t.month, 1, tzinfo=UTC).timestamp()
-    return None
+    return None if period == "total" else _bucket(period, now)[0]
 
 
 async def recorded_spend(db: Database, scope: Scope, now: float) -> tuple[int, int]:

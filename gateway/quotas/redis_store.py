@@ -8,10 +8,9 @@ The scripts mirror ``MemoryStore`` exactly. Per scope there are four keys:
 
 from __future__ import annotations
 
-from redis.asyncio import BlockingConnectionPool, Redis
-
 from gateway.contracts import QuotaState
 from gateway.quotas.limits import WINDOW_SECONDS, period_id
+from gateway.quotas.resp import RespClient
 from gateway.quotas.store import Decision, Lease, Reservation, budget_retry
 
 KEYS_PER_SCOPE = 4
@@ -127,13 +126,9 @@ return 1
 """
 
 
-def connect_redis(url: str, *, max_connections: int = 64, timeout: float = 2.0) -> Redis:
-    """A client whose pool waits for a free connection instead of failing under bursts;
-    socket timeouts keep an unreachable Redis from hanging a request."""
-    pool = BlockingConnectionPool.from_url(
-        url, max_connections=max_connections, timeout=timeout, socket_timeout=timeout, socket_connect_timeout=timeout
-    )
-    return Redis(connection_pool=pool)
+def connect_redis(url: str, *, timeout: float = 2.0) -> RespClient:
+    """The pipelining client (``resp.py``); ``timeout`` keeps an unreachable Redis from hanging a request."""
+    return RespClient.from_url(url, timeout=timeout)
 
 
 def _limit(value: int | None) -> int:
@@ -147,7 +142,7 @@ def _state(limit: int, remaining: int, reset_ms: int) -> QuotaState | None:
 
 
 class RedisStore:
-    def __init__(self, redis: Redis, *, prefix: str = "sy:q") -> None:
+    def __init__(self, redis: RespClient, *, prefix: str = "sy:q") -> None:
         self.redis = redis
         self.prefix = prefix
         self._reserve = redis.register_script(RESERVE)
@@ -156,6 +151,10 @@ class RedisStore:
 
     def _base(self, kind: str, sid: str) -> str:
         return f"{self.prefix}:{kind}:{sid}"
+
+    async def ready(self) -> bool:
+        """Redis answers (for /readyz)."""
+        return await self.redis.ping()
 
     async def reserve(self, r: Reservation) -> Decision:
         keys: list[str] = []
@@ -174,7 +173,7 @@ class RedisStore:
                 cost,
                 ttl,
             ]
-        out = await self._reserve(keys=keys, args=args)
+        out: list[bytes | int] = await self._reserve(keys=keys, args=args)  # type: ignore[assignment]
         ok, reason, index, retry_ms = int(out[0]), out[1], int(out[2]), int(out[3])
         reason = reason.decode() if isinstance(reason, bytes) else str(reason)
         req = _state(int(out[4]), int(out[5]), int(out[6]))

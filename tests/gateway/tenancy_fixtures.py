@@ -20,7 +20,6 @@ from redis.asyncio import Redis
 
 from gateway.db import Database
 from gateway.db import migrate
-from gateway.quotas.redis_store import connect_redis
 
 PG_HOST = os.environ.get("SWITCHYARD_TEST_PG_HOST", "127.0.0.1")
 PG_PORT = int(os.environ.get("SWITCHYARD_TEST_PG_PORT", "5432"))
@@ -96,7 +95,8 @@ async def db(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFa
 
 @pytest.fixture
 async def redis() -> AsyncIterator[Redis]:
-    client = connect_redis(REDIS_URL)
+    """redis-py, to look into Redis independently of the gateway's own client (``gateway.quotas.resp``)."""
+    client = Redis.from_url(REDIS_URL)
     yield client
     await client.aclose()
 

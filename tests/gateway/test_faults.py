@@ -8,7 +8,6 @@ import asyncio
 import os
 import socket
 import struct
-import subprocess
 import threading
 import time
 import uuid
@@ -28,41 +27,13 @@ from gateway.services import Services
 from tests.conftest import ADMIN_KEY, gateway_settings
 from tests.support.doubles import RecordingSink, ScriptedAdmission, StaticKeys
 from tests.support.fake_upstream import Fault, FakeUpstream
-from tests.support.servers import ServerThread, free_port
+from tests.support.redis_server import RedisProcess
+from tests.support.servers import ServerThread
 
 CHAT = [{"role": "user", "content": "one two three"}]
 
 
 # ---------------------------------------------------------------- Redis outage
-
-
-class RedisProcess:
-    """A redis-server of the test's own on a free port (the machine's Redis is never touched)."""
-
-    def __init__(self) -> None:
-        self.port = free_port()
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self) -> RedisProcess:
-        cmd = ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
-                return self
-            except OSError:
-                time.sleep(0.05)
-        raise RuntimeError("redis-server did not start")
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            self.proc.wait(10)
 
 
 @pytest.fixture
@@ -115,6 +86,9 @@ def test_redis_outage_fail_closed_503_fail_open_serves_and_both_recover(
         assert status == 503
         assert body["code"] == "quota_unavailable" and body["type"] == "service_unavailable" and body["message"]
         assert _status(opened)[0] == 200  # fail-open keeps serving without counting
+        not_ready = httpx.get(closed_gw.url + "/readyz", timeout=10)
+        assert not_ready.status_code == 503 and not_ready.json()["dependencies"] == {"database": True, "redis": False}
+        assert httpx.get(open_gw.url + "/readyz", timeout=10).json()["dependencies"] == {"database": True}
 
         redis_server.start()  # the same port: the gateways reconnect without a restart
         deadline = time.monotonic() + 15
@@ -122,6 +96,7 @@ def test_redis_outage_fail_closed_503_fail_open_serves_and_both_recover(
             assert time.monotonic() < deadline, "fail-closed gateway did not recover"
             time.sleep(0.2)
         assert _status(opened)[0] == 200
+        assert httpx.get(closed_gw.url + "/readyz", timeout=10).json()["dependencies"]["redis"] is True
 
 
 # ---------------------------------------------------------------- upstream faults, leaks

@@ -24,7 +24,7 @@ from gateway.quotas.store import MemoryStore
 from gateway.usage.pricing import Price, PriceTable
 from gateway.usage.writer import UsageWriter
 from tests.conftest import ADMIN_KEY, gateway_settings
-from tests.gateway.tenancy_fixtures import db, plain_url, redis, redis_prefix  # noqa: F401
+from tests.gateway.tenancy_fixtures import REDIS_URL, db, plain_url, redis, redis_prefix  # noqa: F401
 from tests.support.fake_upstream import FakeUpstream
 from tests.support.servers import ServerThread
 
@@ -131,7 +131,7 @@ async def test_budget_survives_a_store_restart(db: Database, redis: Redis, redis
         prompt_tokens=600, completion_tokens=300,
     ))  # fmt: skip
     await writer.aclose()
-    store = MemoryStore() if store_kind == "memory" else RedisStore(redis, prefix=redis_prefix)
+    store = MemoryStore() if store_kind == "memory" else RedisStore(connect_redis(REDIS_URL), prefix=redis_prefix)
     adm = QuotaAdmission(store, LimitsSource(db), PRICES)
     with pytest.raises(QuotaExceeded, match="token budget"):
         await adm.admit(p, "m", 200)  # 900 already spent this month

@@ -10,16 +10,16 @@ import pytest
 from redis.asyncio import Redis
 
 from gateway.quotas.limits import Limits, Scope
-from gateway.quotas.redis_store import RedisStore
+from gateway.quotas.redis_store import RedisStore, connect_redis
 from gateway.quotas.store import MemoryStore, QuotaStore, Reservation, lease_for
-from tests.gateway.tenancy_fixtures import redis, redis_prefix  # noqa: F401
+from tests.gateway.tenancy_fixtures import REDIS_URL, redis, redis_prefix  # noqa: F401
 
 NOW = 1_800_000_000.25
 
 
 @pytest.fixture(params=["memory", "redis"])
 async def store(request: pytest.FixtureRequest, redis: Redis, redis_prefix: str) -> AsyncIterator[QuotaStore]:  # noqa: F811
-    yield MemoryStore() if request.param == "memory" else RedisStore(redis, prefix=redis_prefix)
+    yield MemoryStore() if request.param == "memory" else RedisStore(connect_redis(REDIS_URL), prefix=redis_prefix)
 
 
 def res(scopes: list[Scope], *, now: float = NOW, tokens: int = 10, micros: int = 0) -> Reservation:

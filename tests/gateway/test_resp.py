@@ -1,0 +1,90 @@
+"""The quota store's Redis client (gateway/quotas/resp.py) against a real redis-server."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from gateway.quotas.resp import RedisError, RedisUnavailable, RespClient, encode_command
+from tests.support.redis_server import RedisProcess
+
+DEAD = "redis://127.0.0.1:9/0"  # nothing listens on port 9
+
+
+@pytest.fixture
+def server() -> Iterator[RedisProcess]:
+    proc = RedisProcess().start()
+    yield proc
+    proc.stop()
+
+
+def test_encoding() -> None:
+    assert encode_command(("SET", "k", 1.5, b"\x00")) == b"*4\r\n$3\r\nSET\r\n$1\r\nk\r\n$3\r\n1.5\r\n$1\r\n\x00\r\n"
+
+
+async def test_concurrent_commands_get_their_own_replies(server: RedisProcess) -> None:
+    client = RespClient.from_url(server.url)
+    try:
+        replies = await asyncio.gather(*(client.execute("INCRBY", f"k{i % 7}", i) for i in range(500)))
+        expected: dict[int, int] = {}
+        for i, reply in enumerate(replies):
+            expected[i % 7] = expected.get(i % 7, 0) + i
+            assert reply == expected[i % 7]  # in order, per key: each caller got its own answer
+        assert await client.ping()
+    finally:
+        await client.aclose()
+
+
+async def test_scripts_load_themselves_and_errors_raise(server: RedisProcess) -> None:
+    client = RespClient.from_url(server.url)
+    try:
+        script = client.register_script("return {KEYS[1], tonumber(ARGV[1]) + 1}")
+        assert await script(keys=["a"], args=[41]) == [b"a", 42]  # NOSCRIPT -> EVAL, then cached
+        await client.execute("SCRIPT", "FLUSH")
+        assert await script(keys=["b"], args=[1]) == [b"b", 2]
+        with pytest.raises(RedisError, match="ERR"):
+            await client.execute("NOSUCHCOMMAND")
+        assert await client.execute("SET", "x", "y") == b"OK"  # the connection is still in step
+    finally:
+        await client.aclose()
+
+
+async def test_select_and_auth_from_the_url(server: RedisProcess) -> None:
+    admin = RespClient.from_url(server.url)
+    await admin.execute("CONFIG", "SET", "requirepass", "s3cret")
+    try:
+        client = RespClient.from_url(f"redis://:s3cret@127.0.0.1:{server.port}/3")
+        await client.execute("SET", "where", "db3")
+        assert await admin.execute("AUTH", "s3cret") == b"OK"
+        assert await admin.execute("GET", "where") is None  # db 0
+        await admin.execute("SELECT", 3)
+        assert await admin.execute("GET", "where") == b"db3"
+        with pytest.raises(RedisError, match="AUTH"):
+            await RespClient.from_url(f"redis://:wrong@127.0.0.1:{server.port}/0").execute("PING")
+        await client.aclose()
+    finally:
+        await admin.aclose()
+
+
+async def test_unreachable_paused_and_restarted_servers(server: RedisProcess) -> None:
+    with pytest.raises(RedisUnavailable):
+        await RespClient.from_url(DEAD, timeout=0.5).execute("PING")
+    client = RespClient.from_url(server.url, timeout=0.5)
+    try:
+        assert await client.ping()
+        server.pause()  # connected, but nothing answers: every waiter fails within the timeout
+        t0 = time.monotonic()
+        results = await asyncio.gather(*(client.execute("PING") for _ in range(20)), return_exceptions=True)
+        assert all(isinstance(r, RedisUnavailable) for r in results) and time.monotonic() - t0 < 2
+        server.resume()
+        assert await client.ping()  # reconnected
+        server.stop()
+        with pytest.raises(RedisUnavailable):
+            await client.execute("PING")
+        server.start()
+        assert await client.ping()
+    finally:
+        await client.aclose()
