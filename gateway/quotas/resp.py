@@ -1,10 +1,10 @@
 """A small pipelining Redis client for the quota scripts: RESP over one asyncio connection.
 
-Every command is written to the socket the moment it is issued and its reply is matched in
-order (Redis answers each connection in order), so concurrent requests share one connection and
-their round trips overlap with no pool to check out of; replies are parsed by hiredis (C). This
-costs about a tenth of redis-py's asyncio client per command, and the quota store issues two
-commands per request (admit, settle).
+Commands issued in one turn of the event loop go out in one write at the end of that turn, and
+replies are matched in order (Redis answers each connection in order), so concurrent requests
+share one connection and their round trips overlap with no pool to check out of; replies are
+parsed by hiredis (C). This costs about a tenth of redis-py's asyncio client per command, and the
+quota store issues two commands per request (admit, settle).
 
 Failure model: a command waits at most ``timeout`` seconds; a timeout or a broken connection
 aborts the connection, fails every command waiting on it with ``RedisUnavailable``, and the next
@@ -50,6 +50,7 @@ class _Protocol(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.reader = hiredis.Reader()
         self.waiting: deque[asyncio.Future[object]] = deque()
+        self.outgoing: list[bytes] = []  # written together when this turn of the loop ends
         self.lost = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -71,11 +72,18 @@ class _Protocol(asyncio.Protocol):
                 future.set_exception(error)
 
     def send(self, payload: bytes) -> asyncio.Future[object]:
-        assert self.transport is not None
-        future = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
         self.waiting.append(future)
-        self.transport.write(payload)
+        if not self.outgoing:
+            loop.call_soon(self._flush)
+        self.outgoing.append(payload)
         return future
+
+    def _flush(self) -> None:
+        data, self.outgoing = b"".join(self.outgoing), []
+        if self.transport is not None and not self.lost:
+            self.transport.write(data)
 
 
 class Script:
