@@ -152,7 +152,7 @@ class Pipeline:
     ) -> Response[Any]:
         hooks.on_request(endpoint, model, stream, output_limit)
         group = self.group_for(principal, model)
-        reserve = prompt_tokens + (output_limit or DEFAULT_OUTPUT_RESERVE)
+        reserve = prompt_tokens + (DEFAULT_OUTPUT_RESERVE if output_limit is None else output_limit)
         rid = request_id()
         try:
             ticket = await self._admit(principal, group, reserve)
@@ -195,10 +195,16 @@ class Pipeline:
         if attempt is None:
             raise Unavailable(f"no deployment of '{ctx.model}' is available (circuits open or at capacity)")
         while True:
+            health = attempt.deployment.health
             if attempt.delay:
                 await asyncio.sleep(attempt.delay)
+                if not health.available():  # e.g. another request took its half-open trial meanwhile
+                    skipped = Unavailable(f"deployment {attempt.deployment.id} is no longer available")
+                    if (following := plan.after(skipped)) is None:
+                        raise skipped
+                    attempt = following
+                    continue
             ctx.deployment = attempt.deployment
-            health = attempt.deployment.health
             health.on_attempt()
             t0 = time.perf_counter()
             span = hooks.start_attempt(self.telemetry, attempt.deployment)
@@ -222,6 +228,10 @@ class Pipeline:
                          following.deployment.id)
                 attempt = following
                 continue
+            except Exception:  # a bug in a backend: counts against the deployment, and frees its trial slot
+                health.on_failure()
+                hooks.end_attempt(span, "internal_error")
+                raise
             health.on_success(time.perf_counter() - t0)  # to the answer, or a stream's first chunk
             ctx.attempt_span = span  # ended at settlement, so it covers a stream to its end
             return result
