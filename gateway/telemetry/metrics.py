@@ -46,7 +46,7 @@ class GatewayMetrics:
     def observe(self, r: UsageRecord) -> None:
         endpoint = r.endpoint
         self.requests.labels(r.model, endpoint, str(r.status)).inc()
-        if r.status == 429:
+        if r.status == 429 and r.deployment is None:  # the gateway's own refusal, not an upstream's 429
             self.quota_rejections.labels(r.model).inc()
         if r.deployment is None:  # never reached a provider: no latency or tokens to speak of
             return

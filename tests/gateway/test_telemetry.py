@@ -116,6 +116,21 @@ def test_counters_move_by_the_request_mix(env: Env, upstream: FakeUpstream) -> N
     assert all(TENANT not in str(labels) and "key_tel" not in str(labels) for _, labels in after)
 
 
+def test_upstream_429_is_not_a_quota_rejection(env: Env, upstream: FakeUpstream) -> None:
+    before = env.scrape()
+    upstream.fail_next(Fault(status=429, headers={"retry-after": "0"}))
+    with pytest.raises(openai.RateLimitError):
+        env.client().chat.completions.create(model="echo", messages=MESSAGES)
+    with pytest.raises(openai.RateLimitError):
+        env.client(THROTTLED).chat.completions.create(model="echo", messages=MESSAGES)
+    after = env.scrape()
+
+    assert delta(after, before, "switchyard_requests_total", model="echo", endpoint="chat.completions",
+                 status="429") == 2
+    assert delta(after, before, "switchyard_quota_rejections_total", model="echo") == 1  # the gateway's own refusal
+    assert delta(after, before, "switchyard_upstream_errors_total", deployment="echo-dep", kind="rate_limited") == 1
+
+
 def test_span_tree_of_an_engine_request(env: Env) -> None:
     env.spans.clear()
     raw = env.client().chat.completions.with_raw_response.create(model="tiny", messages=MESSAGES, max_tokens=3)
