@@ -24,6 +24,7 @@ from gateway.services import Services, build_services
 from gateway.settings import Settings, load_settings
 from gateway.telemetry import Telemetry
 from gateway.telemetry.endpoint import metrics_route
+from gateway.telemetry.logs import install_logging
 from gateway.telemetry.metrics import MeteredSink
 from gateway.telemetry.middleware import TelemetryMiddleware
 
@@ -86,4 +87,6 @@ def create_app(
 def create_app_from_env() -> Litestar:
     """Factory for ``uvicorn --factory`` (used by ``switchyard serve``): config from $SWITCHYARD_CONFIG."""
     path = os.environ.get("SWITCHYARD_CONFIG") or "config/default.yaml"
-    return create_app(load_settings(path), config_path=path)
+    settings = load_settings(path)
+    install_logging(json=settings.telemetry.json_logs)  # a served process owns its stderr
+    return create_app(settings, config_path=path)

@@ -21,9 +21,9 @@ class Telemetry:
     def from_settings(cls, settings: Settings, exporters: Sequence[SpanExporter] = ()) -> Telemetry:
         cfg = settings.telemetry
         if cfg.json_logs:
-            from gateway.telemetry.logs import install_json_logging
+            from gateway.telemetry.logs import install_logging
 
-            install_json_logging()
+            install_logging(json=True)
         return cls(GatewayMetrics() if cfg.metrics else None, Tracing.from_config(cfg, exporters))
 
     def upstream_error(self, deployment: str, kind: str) -> None:

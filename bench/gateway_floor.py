@@ -1,0 +1,91 @@
+"""What bounds bench/gateway.py's throughput (a): the same load against servers that each add one
+layer of the gateway's stack (``bench/floor_apps.py``), then the gateway itself, on one worker.
+
+    .venv/bin/python -m bench.gateway_floor [--seconds 8]
+
+Rows: requests/s at 64 keep-alive connections (the load generator of bench.gateway) and the
+server's CPU milliseconds per request. The gateway row is the full production path (PostgreSQL
+keys and usage, Redis quotas); the difference between rows is what each layer costs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from bench.gateway import (
+    CHAT,
+    ROOT,
+    closed_loop,
+    cpu_seconds,
+    fresh_database,
+    free_port,
+    gateway_config,
+    http_request,
+    make_tenant_key,
+    print_table,
+    start_gateway,
+    start_upstream,
+    stop,
+    wait_http,
+)
+
+
+def start_floor(factory: str, upstream: str) -> tuple[subprocess.Popen[bytes], str]:
+    port = free_port()
+    cmd = [sys.executable, "-m", "uvicorn", f"bench.floor_apps:{factory}", "--factory", "--port", str(port),
+           "--loop", "uvloop", "--http", "httptools", "--no-access-log", "--log-level", "warning"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=os.environ | {"FLOOR_UPSTREAM": upstream + "/v1"},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    wait_http(url + "/", proc)
+    return proc, url
+
+
+def measure(pid: int, target: tuple[str, int, bytes], seconds: float) -> list[str]:
+    asyncio.run(closed_loop(target, 16, 1.0))  # warm-up
+    cpu0 = cpu_seconds(pid)
+    run = asyncio.run(closed_loop(target, 64, seconds))
+    cpu = cpu_seconds(pid) - cpu0
+    errors = run.errors + len(run.results) - len(run.ok)
+    return [f"{len(run.ok) / run.seconds:,.0f}", f"{cpu * 1000 / max(1, len(run.results)):.3f}", f"{errors}"]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seconds", type=float, default=8.0)
+    args = parser.parse_args()
+    rows: list[list[str]] = []
+    upstream_proc, upstream = start_upstream()
+    try:
+        body = CHAT | {"model": "echo"}
+        rows.append(["echo upstream, direct", *measure(upstream_proc.pid, http_request(upstream, "/v1/chat/completions", body, None), args.seconds)])
+        for factory, label in (("raw_app", "bare ASGI app (uvicorn, httptools, uvloop)"),
+                               ("litestar_app", "+ Litestar route, body decoded"),
+                               ("proxy_app", "+ forwarded with the gateway's HTTP client")):
+            proc, url = start_floor(factory, upstream)
+            try:
+                rows.append([label, *measure(proc.pid, http_request(url, "/v1/chat/completions", body, None), args.seconds)])
+            finally:
+                stop(proc)
+        with tempfile.TemporaryDirectory() as tmp, fresh_database() as db_url:
+            gw = start_gateway(gateway_config(db_url, upstream, upstream, upstream, Path(tmp) / "journal"), Path(tmp))
+            try:
+                key = make_tenant_key(gw.url)
+                target = http_request(gw.url, "/v1/chat/completions", CHAT | {"model": "fast"}, key)
+                rows.append(["the gateway (auth, Redis quotas, routing, metering to PostgreSQL)",
+                             *measure(gw.proc.pid, target, args.seconds)])
+            finally:
+                stop(gw.proc)
+    finally:
+        stop(upstream_proc)
+    print_table(rows, ["server", "req/s @64 conns", "server CPU ms/request", "errors"])
+
+
+if __name__ == "__main__":
+    main()
