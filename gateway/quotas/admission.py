@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import logging
 import math
+import secrets
 import time
-import uuid
 from typing import Literal
 
 import msgspec
@@ -68,7 +68,7 @@ class QuotaAdmission:
                 return Ticket(principal=principal, model=model, reserved_tokens=0)
             raise QuotaUnavailable("quota limits unavailable; try again shortly") from None
         micros = math.ceil(reserve_tokens * self.prices.max_per_million(model))
-        r = Reservation(uuid.uuid4().hex, time.time(), reserve_tokens, micros, scopes, self.lease_seconds)
+        r = Reservation(secrets.token_hex(16), time.time(), reserve_tokens, micros, scopes, self.lease_seconds)
         try:
             await self._seed_budgets(scopes, r.now)
             decision = await self.store.reserve(r)

@@ -3,7 +3,7 @@ a context variable, set by the telemetry middleware and filled in by the pipelin
 
 from __future__ import annotations
 
-import uuid
+import secrets
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
@@ -35,4 +35,4 @@ def request_info() -> RequestInfo | None:
 def request_id() -> str:
     """This request's id (the middleware's, so header, logs, spans and usage row agree)."""
     info = current.get()
-    return info.request_id if info is not None else uuid.uuid4().hex
+    return info.request_id if info is not None else secrets.token_hex(16)

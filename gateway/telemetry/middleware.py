@@ -8,8 +8,8 @@ end with its token counts.
 
 from __future__ import annotations
 
+import secrets
 import time
-import uuid
 from typing import Any
 
 from opentelemetry import context as otel_context
@@ -33,7 +33,7 @@ class TelemetryMiddleware:
         if scope["type"] != "http" or not path.startswith(TRACED_PREFIXES):
             await self.app(scope, receive, send)
             return
-        info = RequestInfo(uuid.uuid4().hex, scope.get("method", "GET"), path)
+        info = RequestInfo(secrets.token_hex(16), scope.get("method", "GET"), path)
         started = time.perf_counter()
         span = self.tracing.start_request(info.method, path)
         info.span = span
