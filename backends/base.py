@@ -136,10 +136,16 @@ class ChunkStream(Generic[ChunkT]):
 
 @dataclass
 class BackendStats:
-    """Load figures the router may use (least-busy strategies)."""
+    """Load figures the router may use (least-busy strategies).
 
-    in_flight: int = 0
-    queue_depth: int = 0
+    ``in_flight`` counts every request the backend has accepted and not yet finished, queued ones
+    included (an engine counts sequences): it is what ``max_concurrency`` caps, what retiring a
+    deployment waits on and what the least-busy strategies compare.
+    ``queue_depth`` is the part of ``in_flight`` still waiting to be served (not added to it).
+    """
+
+    in_flight: int = 0  # accepted, not finished (queued included)
+    queue_depth: int = 0  # of those, waiting for a slot
     kv_cache_usage: float | None = None
 
 

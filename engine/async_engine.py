@@ -57,6 +57,12 @@ class AsyncEngine:
     def get_metrics(self) -> MetricsSnapshot:
         return self.engine.get_metrics()
 
+    @property
+    def num_pending(self) -> int:
+        """Sequences of requests added but not yet handed to the scheduler (they join it after the
+        running step); ``get_metrics`` does not see them yet."""
+        return sum(p.params.n for p in self._adds)
+
     def add_request(
         self,
         request_id: str,

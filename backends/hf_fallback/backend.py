@@ -137,8 +137,7 @@ class HFGenerateBackend:
         return ChunkStream(relay(run, first, on_event, usage), run.meter)
 
     def stats(self) -> BackendStats:
-        queued = self.worker.queue_depth
-        return BackendStats(in_flight=len(self._active) - queued, queue_depth=queued)
+        return BackendStats(in_flight=len(self._active), queue_depth=self.worker.queue_depth)
 
     async def ready(self) -> bool:
         return True  # the model is loaded when the backend exists

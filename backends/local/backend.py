@@ -237,8 +237,8 @@ class LocalEngineBackend:
 
     def stats(self) -> BackendStats:
         m = self.engine.get_metrics()
-        return BackendStats(in_flight=m.num_running + m.num_waiting, queue_depth=m.num_waiting,
-                            kv_cache_usage=m.kv_usage)
+        queued = m.num_waiting + self.engine.num_pending  # added during a step: queued, not yet scheduled
+        return BackendStats(in_flight=m.num_running + queued, queue_depth=queued, kv_cache_usage=m.kv_usage)
 
     def engine_metrics(self) -> Any:
         """The engine's ``MetricsSnapshot`` (running, waiting, KV usage, prefix hits, latencies)."""

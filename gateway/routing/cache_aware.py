@@ -103,8 +103,7 @@ def ring_order(ids: Sequence[str], key: int) -> list[int]:
 
 
 def _load(d: Deployment) -> int:
-    stats = d.backend.stats()
-    return stats.in_flight + stats.queue_depth
+    return d.backend.stats().in_flight  # queued requests included (BackendStats)
 
 
 def cache_aware(candidates: Sequence[Deployment], rng: random.Random) -> list[Deployment]:

@@ -26,12 +26,13 @@ def weighted(candidates: Sequence[Deployment], rng: random.Random) -> list[Deplo
 
 
 def least_busy(candidates: Sequence[Deployment], rng: random.Random) -> list[Deployment]:
-    """Fewest outstanding requests (in flight + queued) per unit of weight; then the emptier KV
-    cache (engine deployments report it); remaining ties broken at random."""
+    """Fewest outstanding requests (``in_flight``, queued ones included) per unit of weight; then
+    fewer of them queued; then the emptier KV cache (engine deployments report it); remaining ties
+    broken at random."""
 
-    def load(d: Deployment) -> tuple[float, float, float]:
+    def load(d: Deployment) -> tuple[float, int, float, float]:
         stats = d.backend.stats()
-        return ((stats.in_flight + stats.queue_depth) / d.config.weight, stats.kv_cache_usage or 0.0, rng.random())
+        return (stats.in_flight / d.config.weight, stats.queue_depth, stats.kv_cache_usage or 0.0, rng.random())
 
     return sorted(candidates, key=load)
 

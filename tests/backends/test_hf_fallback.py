@@ -145,6 +145,21 @@ async def test_closing_a_stream_aborts_and_meters_what_was_produced(backend_for)
     assert after.meter.completion_tokens == 4
 
 
+async def test_stats_count_a_queued_request_in_flight_and_in_the_queue(backend_for) -> None:
+    """``in_flight`` is every request accepted and not finished (queued ones too); ``queue_depth`` is
+    the part of it still waiting for the worker (``BackendStats``)."""
+    backend = backend_for("gpt2")
+    running = await backend.complete_stream(completion(PROMPTS[0], max_tokens=200, ignore_eos=True, stream=True,
+                                                       temperature=1.0, seed=1))  # a seeded job runs alone
+    await anext(aiter(running))  # the worker has taken it: what comes next waits behind it
+    queued = await backend.complete_stream(completion(PROMPTS[1], max_tokens=4, stream=True))
+    stats = backend.stats()
+    assert (stats.in_flight, stats.queue_depth) == (2, 1)
+    await running.aclose()
+    assert [c async for c in queued]  # served once the worker is free
+    assert backend.stats().in_flight == 0 and backend.stats().queue_depth == 0
+
+
 async def test_bad_requests_are_typed(backend_for) -> None:
     backend = backend_for("gpt2")
     with pytest.raises(BadRequest, match="top_logprobs requires"):

@@ -14,6 +14,7 @@ from transformers import AutoModelForCausalLM
 
 from backends.factory import build_backend
 from backends.local import LocalEngineBackend
+from engine import SamplingParams
 from engine.tiny_model import build_tiny_model
 from engine.tokenizer import Tokenizer
 from gateway.contracts import Principal
@@ -186,6 +187,24 @@ def test_prompt_too_long_is_a_clear_400(env: Env) -> None:
 def test_stats_report_queue_and_kv(env: Env) -> None:
     stats = env.backend.stats()
     assert stats.queue_depth == 0 and stats.in_flight == 0 and stats.kv_cache_usage == 0.0
+
+
+async def test_stats_count_requests_added_during_a_step_as_queued(env: Env) -> None:
+    """A request the engine has accepted but not yet scheduled (it joins after the running step) is
+    in flight and queued, once per sequence; ``queue_depth`` is part of ``in_flight``."""
+    backend = build_backend(DeploymentConfig(provider="local", model=str(env.folder),
+                                             options={"num_kv_blocks": 192, "block_size": 16}))
+    try:
+        outputs = backend.engine.add_request("stats-1", [5, 6, 7], SamplingParams(max_tokens=3, n=2))
+        stats = backend.stats()
+        assert (stats.in_flight, stats.queue_depth) == (2, 2)
+        async for out in outputs:
+            pass
+        assert out.finished
+        stats = backend.stats()
+        assert (stats.in_flight, stats.queue_depth) == (0, 0)
+    finally:
+        await backend.aclose()
 
 
 def test_bad_deployment_options(env: Env, tmp_path: Path) -> None:

@@ -19,9 +19,10 @@ SYSTEM = "You are the support assistant of a bicycle shop. Answer briefly and po
 class _Loaded:
     def __init__(self) -> None:
         self.in_flight = 0
+        self.queue_depth = 0  # part of in_flight
 
     def stats(self) -> BackendStats:
-        return BackendStats(in_flight=self.in_flight)
+        return BackendStats(in_flight=self.in_flight, queue_depth=self.queue_depth)
 
 
 def _deployments(n: int) -> list[Deployment]:
@@ -69,6 +70,8 @@ def test_load_cap_sends_overflow_elsewhere_in_ring_order() -> None:
         order = cache_aware(deployments, random.Random(0))
     assert [d.id for d in order][1] == home  # over the cap: tried last, not dropped
     busy.backend.in_flight = 1  # type: ignore[attr-defined]  # cap = ceil(1.25 * 2 / 2) = 2: still home
+    assert _first(deployments, SYSTEM) == home
+    busy.backend.queue_depth = 1  # type: ignore[attr-defined]  # the one outstanding is queued: still 1, not 2
     assert _first(deployments, SYSTEM) == home
 
 

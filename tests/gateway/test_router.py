@@ -127,10 +127,19 @@ class _Loaded:
 
 def test_least_busy_uses_queue_depth_and_kv_usage() -> None:
     configs = [DeploymentConfig(provider="local", model=f"m{i}") for i in range(3)]
-    loads = [_Loaded(in_flight=1, queue_depth=3), _Loaded(in_flight=1, kv=0.9), _Loaded(in_flight=1, kv=0.2)]
+    loads = [_Loaded(in_flight=4, queue_depth=3), _Loaded(in_flight=4, kv=0.9), _Loaded(in_flight=4, kv=0.2)]
     deployments = [Deployment(c, b) for c, b in zip(configs, loads, strict=True)]  # type: ignore[arg-type]
     ordered = least_busy(deployments, random.Random(0))
     assert [d.config.model for d in ordered] == ["m2", "m1", "m0"]
+
+
+def test_least_busy_counts_a_queued_request_once() -> None:
+    """``queue_depth`` is part of ``in_flight`` (BackendStats): 3 outstanding, 1 of them queued, is
+    less busy than 4 outstanding, whatever the KV caches say."""
+    configs = [DeploymentConfig(provider="local", model=f"m{i}") for i in range(2)]
+    loads = [_Loaded(in_flight=4, kv=0.1), _Loaded(in_flight=3, queue_depth=1, kv=0.5)]
+    deployments = [Deployment(c, b) for c, b in zip(configs, loads, strict=True)]  # type: ignore[arg-type]
+    assert [d.config.model for d in least_busy(deployments, random.Random(0))] == ["m1", "m0"]
 
 
 def test_priority_keeps_the_configured_order_and_weighted_orders_everyone() -> None:
