@@ -36,6 +36,7 @@ def serve(
     num_kv_blocks: Annotated[int | None, typer.Option("--num-kv-blocks", help="KV blocks (CPU sizing).")] = None,
     seed: Annotated[int | None, typer.Option("--seed")] = None,
     attn_backend: Annotated[str | None, typer.Option("--attn-backend", help="torch or triton.")] = None,
+    enforce_eager: Annotated[bool, typer.Option("--enforce-eager", help="No CUDA graphs for decode steps.")] = False,
 ) -> None:
     """Serve one model with the built-in engine: /v1/chat/completions, /v1/completions, /v1/models, /stats."""
     import uvicorn
@@ -49,7 +50,7 @@ def serve(
         "max_num_seqs": max_num_seqs, "max_num_batched_tokens": max_num_batched_tokens, "block_size": block_size,
         "dtype": dtype, "enable_prefix_caching": enable_prefix_caching, "device": device,
         "num_kv_blocks": num_kv_blocks, "seed": seed, "attn_backend": attn_backend,
-        "model_impl": "native",
+        "enforce_eager": enforce_eager, "model_impl": "native",
     }
     options = {k: v for k, v in flags.items() if v is not None}
     if builtin_tiny:

@@ -5,12 +5,15 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from typing import Any
 
+import openai
 import pytest
 from typer.testing import CliRunner
 
 from engine.tokenizer import Tokenizer
 from gateway.cli import app
+from tests.support.servers import ServerThread
 
 runner = CliRunner()
 
@@ -71,3 +74,23 @@ def test_missing_model_folder(tmp_path: Path) -> None:
     src.write_text('{"prompt": "x"}\n')
     result = runner.invoke(app, ["engine", "generate", str(src), "--model", str(tmp_path / "none")])
     assert result.exit_code == 2 and "error:" in result.output
+
+
+def test_engine_serve_passes_enforce_eager_to_the_engine(tiny: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``engine serve --enforce-eager`` reaches the EngineConfig as ``engine generate``'s flag does.
+    The app ``serve`` hands to uvicorn is kept and served here on loopback instead of blocking."""
+    import uvicorn
+
+    served: list[Any] = []
+    monkeypatch.setattr(uvicorn, "run", lambda node, **_: served.append(node))
+    base = ["engine", "serve", "--model", str(tiny), "--served-model-name", "tiny", "--num-kv-blocks", "64",
+            "--max-model-len", "256"]
+    for flags, eager in (([], False), (["--enforce-eager"], True)):
+        result = runner.invoke(app, [*base, *flags])
+        assert result.exit_code == 0, result.output
+        backend = served[-1].state["services"].router.groups[0].deployments[0].backend
+        assert backend.engine.engine.config.enforce_eager is eager
+    with ServerThread(served[-1]) as server:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="any", max_retries=0)
+        done = client.completions.create(model="tiny", prompt="The train", max_tokens=3, extra_body={"ignore_eos": True})
+        assert done.usage is not None and done.usage.completion_tokens == 3
