@@ -34,6 +34,9 @@ def serve(
     enable_prefix_caching: Annotated[bool, typer.Option("--enable-prefix-caching/--no-enable-prefix-caching")] = True,
     device: Annotated[str | None, typer.Option("--device")] = None,
     num_kv_blocks: Annotated[int | None, typer.Option("--num-kv-blocks", help="KV blocks (CPU sizing).")] = None,
+    kv_cache_bytes: Annotated[int | None, typer.Option("--kv-cache-bytes", help="KV cache size in bytes (CPU sizing).")] = None,
+    model_impl: Annotated[str, typer.Option("--model-impl", help="auto, native or transformers (see engine.fallback); "
+                                                                 "tensor parallelism runs native models only.")] = "auto",
     seed: Annotated[int | None, typer.Option("--seed")] = None,
     attn_backend: Annotated[str | None, typer.Option("--attn-backend", help="torch or triton.")] = None,
     enforce_eager: Annotated[bool, typer.Option("--enforce-eager", help="No CUDA graphs for decode steps.")] = False,
@@ -45,12 +48,16 @@ def serve(
     from gateway.engine_node import create_node_app, node_settings
     from gateway.settings import ConfigError
 
+    if tensor_parallel_size > 1 and model_impl == "transformers":
+        typer.echo("error: --tensor-parallel-size > 1 runs the native models only (use --model-impl native or auto)",
+                   err=True)
+        raise typer.Exit(2)
     flags: dict[str, Any] = {
         "max_model_len": max_model_len, "gpu_memory_utilization": gpu_memory_utilization,
         "max_num_seqs": max_num_seqs, "max_num_batched_tokens": max_num_batched_tokens, "block_size": block_size,
         "dtype": dtype, "enable_prefix_caching": enable_prefix_caching, "device": device,
-        "num_kv_blocks": num_kv_blocks, "seed": seed, "attn_backend": attn_backend,
-        "enforce_eager": enforce_eager, "model_impl": "native",
+        "num_kv_blocks": num_kv_blocks, "kv_cache_bytes": kv_cache_bytes, "seed": seed, "attn_backend": attn_backend,
+        "enforce_eager": enforce_eager, "model_impl": "native" if tensor_parallel_size > 1 else model_impl,
     }
     options = {k: v for k, v in flags.items() if v is not None}
     if builtin_tiny:
