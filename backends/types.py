@@ -158,6 +158,10 @@ class ChatCompletionRequest(SamplingFields, kw_only=True):
     tool_choice: str | dict[str, Any] | None | UnsetType = UNSET
     parallel_tool_calls: bool | None | UnsetType = UNSET
 
+    def sequences(self) -> int:
+        """How many sequences the request generates (``n`` choices)."""
+        return self.n if isinstance(self.n, int) else 1
+
     def output_limit(self) -> int | None:
         """The client's cap on generated tokens (max_completion_tokens wins over max_tokens)."""
         for value in (self.max_completion_tokens, self.max_tokens):
@@ -175,6 +179,14 @@ class CompletionRequest(SamplingFields, kw_only=True):
 
     def output_limit(self) -> int | None:
         return self.max_tokens if isinstance(self.max_tokens, int) else None
+
+    def sequences(self) -> int:
+        """Sequences generated: ``max(n, best_of)`` per prompt."""
+        per_prompt = max(self.n if isinstance(self.n, int) else 1, self.best_of if isinstance(self.best_of, int) else 1)
+        try:
+            return per_prompt * len(self.prompts())
+        except ValueError:
+            return per_prompt
 
     def prompts(self) -> list[str] | list[list[int]]:
         """The prompt as a list: one string, several strings, one or several lists of token ids.

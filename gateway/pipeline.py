@@ -43,7 +43,7 @@ from gateway.telemetry.context import request_id
 
 log = logging.getLogger("switchyard.pipeline")
 
-DEFAULT_OUTPUT_RESERVE = 1024  # tokens reserved up front when the client sets no output limit
+DEFAULT_OUTPUT_RESERVE = 1024  # output tokens reserved per sequence when nothing sets a limit
 _encoder = msgspec.json.Encoder()
 
 Call = Callable[[Backend], Awaitable[Any]]
@@ -126,11 +126,13 @@ class Pipeline:
             raise ApiError(400, "'stream_options' is only allowed when 'stream' is true.", param="stream_options")
         if isinstance(body.top_logprobs, int) and not body.logprobs:
             raise ApiError(400, "'top_logprobs' requires 'logprobs' to be true.", param="top_logprobs")
+        if body.output_limit() is None and (cap := self.settings.quotas.default_max_tokens) is not None:
+            body = msgspec.structs.replace(body, max_completion_tokens=cap)  # the reservation bounds the spend
         call: Call = (lambda b: b.chat_stream(body)) if body.is_stream else (lambda b: b.chat(body))
         prompt = estimate_chat_prompt(body)
         endpoint = "chat.completions" if dialect is OPENAI else "messages"
-        return await self._serve(principal, body.model, endpoint, body.is_stream, prompt, body.output_limit(), call,
-                                 dialect)
+        return await self._serve(principal, body.model, endpoint, body.is_stream, prompt, body.output_limit(),
+                                 body.sequences(), call, dialect)
 
     async def complete(self, principal: Principal, body: CompletionRequest) -> Response[Any]:
         try:
@@ -142,17 +144,18 @@ class Pipeline:
         call: Call = (lambda b: b.complete_stream(body)) if body.is_stream else (lambda b: b.complete(body))
         prompt = estimate_completion_prompt(body)
         return await self._serve(principal, body.model, "completions", body.is_stream, prompt, body.output_limit(),
-                                 call)
+                                 body.sequences(), call)
 
     # ------------------------------------------------------------ the path
 
     async def _serve(
         self, principal: Principal, model: str, endpoint: str, stream: bool, prompt_tokens: int,
-        output_limit: int | None, call: Call, dialect: Dialect = OPENAI,
+        output_limit: int | None, sequences: int, call: Call, dialect: Dialect = OPENAI,
     ) -> Response[Any]:
         hooks.on_request(endpoint, model, stream, output_limit)
         group = self.group_for(principal, model)
-        reserve = prompt_tokens + (DEFAULT_OUTPUT_RESERVE if output_limit is None else output_limit)
+        # The output of every sequence generated (n choices, several prompts) is reserved up front.
+        reserve = prompt_tokens + (DEFAULT_OUTPUT_RESERVE if output_limit is None else output_limit) * sequences
         rid = request_id()
         try:
             ticket = await self._admit(principal, group, reserve)

@@ -71,6 +71,13 @@ class ModelGroupConfig(Conf):
     owned_by: str = "switchyard"
 
 
+class QuotasConfig(Conf):
+    # Chat requests that set no max_tokens are sent upstream with this cap (as
+    # max_completion_tokens) and reserved at it, so admission's reservation bounds what they can
+    # spend; null sends them uncapped (the reservation then assumes 1024 output tokens).
+    default_max_tokens: Annotated[int, Meta(ge=1)] | None = 1024
+
+
 class UsageConfig(Conf):
     journal_dir: str = "var/usage-journal"  # where usage records wait while the database is down
 
@@ -105,6 +112,7 @@ class Settings(Conf):
     auth: AuthConfig = msgspec.field(default_factory=AuthConfig)
     models: list[ModelGroupConfig] = msgspec.field(default_factory=list)
     prices: dict[str, PriceConfig] = msgspec.field(default_factory=dict)
+    quotas: QuotasConfig = msgspec.field(default_factory=QuotasConfig)
     usage: UsageConfig = msgspec.field(default_factory=UsageConfig)
     telemetry: TelemetryConfig = msgspec.field(default_factory=TelemetryConfig)
     dashboard: DashboardConfig = msgspec.field(default_factory=DashboardConfig)

@@ -151,3 +151,17 @@ def test_models_list_shows_only_allowed_models(env: GatewayEnv) -> None:
     with pytest.raises(openai.NotFoundError) as err:
         limited.models.retrieve("echo")
     assert err.value.code == "model_not_found"
+
+
+def test_reservations_bound_what_a_request_can_generate(client: openai.OpenAI, upstream: FakeUpstream,
+                                                         env: GatewayEnv) -> None:
+    """A chat without max_tokens goes upstream capped at ``quotas.default_max_tokens`` (what admission
+    reserved), and every generated sequence (n choices, several prompts) is reserved."""
+    client.chat.completions.create(model="echo", messages=[{"role": "user", "content": "a b c"}])
+    assert upstream.last.json["max_completion_tokens"] == 1024 and "max_tokens" not in upstream.last.json
+    client.chat.completions.create(model="echo", messages=[{"role": "user", "content": "a b c"}], max_tokens=10, n=3)
+    assert "max_completion_tokens" not in upstream.last.json  # the client's own limit is left alone
+    client.completions.create(model="echo", prompt=["one", "two"], max_tokens=5, n=2, best_of=3)
+    reserved = [s.ticket.reserved_tokens for s in env.admission.settled]
+    prompts = [r - out for r, out in zip(reserved, (1024, 30, 30), strict=True)]
+    assert all(0 < p < 50 for p in prompts), reserved  # prompt estimate + limit x sequences
