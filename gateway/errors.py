@@ -12,6 +12,7 @@ from collections.abc import Mapping
 import msgspec
 from litestar import Request, Response
 from litestar.exceptions import HTTPException, ValidationException
+from sqlalchemy.exc import SQLAlchemyError
 
 from backends.base import (
     AuthFailed,
@@ -23,6 +24,7 @@ from backends.base import (
     Unavailable,
 )
 from backends.types import ErrorBody, ErrorDetail
+from gateway.db.errors import is_unavailable
 
 log = logging.getLogger("switchyard.errors")
 
@@ -152,6 +154,20 @@ def _internal_error(request: Request, exc: Exception) -> Response[bytes]:
     log.exception("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
     return ApiError(500, "internal error", code="internal_error").to_response()
 
+
+def _database_error(request: Request, exc: Exception) -> Response[bytes]:
+    if not is_unavailable(exc):
+        return _internal_error(request, exc)
+    log.warning("database unavailable on %s %s: %s: %s", request.method, request.url.path, type(exc).__name__, exc)
+    return ApiError(503, "the database is temporarily unavailable", code="database_unavailable").to_response()
+
+
+# For routers whose handlers talk to the database (admin API, dashboards): an outage is a 503, as
+# on the API path, not an internal error. (OSError: a refused connection or a connect timeout.)
+database_exception_handlers = {
+    SQLAlchemyError: _database_error,
+    OSError: _database_error,
+}
 
 exception_handlers = {
     ApiError: _api_error,

@@ -21,11 +21,12 @@ from gateway.admin.schemas import AdminBody, KeyCreate, KeyRotate, LimitsBody, T
 from gateway.admin.service import AdminError, CreatedKey, TenancyService
 from gateway.contracts import Authenticator, Principal
 from gateway.db.engine import Database
+from gateway.errors import database_exception_handlers
 from gateway.usage.report import GROUPS, ReportQuery, end_of_day, parse_day, usage_report
 
 
 def _error(_: Request, exc: AdminError) -> Response[bytes]:  # type: ignore[type-arg]
-    body = {"error": {"message": exc.message, "type": exc.type, "param": exc.param, "code": None}}
+    body = {"error": {"message": exc.message, "type": exc.type, "param": exc.param, "code": exc.code}}
     return Response(msgspec.json.encode(body), status_code=exc.status, media_type="application/json")
 
 
@@ -185,7 +186,7 @@ def admin_routers(svc: TenancyService, db: Database, auth: Authenticator) -> lis
         "svc": Provide(lambda: svc, sync_to_thread=False),
         "db": Provide(lambda: db, sync_to_thread=False),
     }
-    handlers = {AdminError: _error}
+    handlers = {AdminError: _error, **database_exception_handlers}
     admin = Router(
         path="/admin/v1",
         route_handlers=[TenantController, KeyController, UsageController],

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 from litestar.connection import ASGIConnection
 
 from gateway.admin.service import AdminError
@@ -18,6 +20,17 @@ class Forbidden(AdminError):
     type = "permission_error"
 
 
+class AuthUnavailable(AdminError):
+    """The key store could not be asked (as on the API path: 503 ``auth_unavailable``)."""
+
+    status = 503
+    type = "service_unavailable"
+    code = "auth_unavailable"
+
+
+log = logging.getLogger("switchyard.admin")
+
+
 def bearer(connection: ASGIConnection) -> str | None:  # type: ignore[type-arg]
     header = connection.headers.get("authorization", "")
     scheme, _, token = header.partition(" ")
@@ -30,7 +43,11 @@ async def principal_of(connection: ASGIConnection, auth: Authenticator) -> Princ
     token = bearer(connection)
     if token is None:
         raise Unauthorized("Missing bearer token: send 'Authorization: Bearer <API key>'.")
-    principal = await auth.authenticate(token)
+    try:
+        principal = await auth.authenticate(token)
+    except Exception:
+        log.exception("authenticator failed")
+        raise AuthUnavailable("authentication is temporarily unavailable") from None
     if principal is None:
         raise Unauthorized("Incorrect API key provided, or the key is revoked or expired.")
     return principal

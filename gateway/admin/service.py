@@ -22,6 +22,7 @@ from gateway.quotas.limits import Limits
 class AdminError(Exception):
     status = 400
     type = "invalid_request_error"
+    code: str | None = None
 
     def __init__(self, message: str, *, param: str | None = None) -> None:
         super().__init__(message)

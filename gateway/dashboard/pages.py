@@ -4,6 +4,7 @@ the static files (the page's script and style, and uPlot, vendored from npm with
 from __future__ import annotations
 
 import html
+import logging
 import secrets
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,9 @@ from gateway.contracts import Authenticator
 from gateway.dashboard.api import DashboardApi
 from gateway.dashboard.sessions import LOGIN_CSRF_COOKIE, PATH, SESSION_COOKIE, Sessions
 from gateway.db.engine import Database
+from gateway.errors import database_exception_handlers
 
+log = logging.getLogger("switchyard.dashboard")
 STATIC = Path(__file__).parent / "static"
 _LOGIN = (STATIC / "login.html").read_text()
 _INDEX = (STATIC / "index.html").read_text()
@@ -53,7 +56,11 @@ async def login(
     form_token, cookie_token = data.get("csrf", ""), request.cookies.get(LOGIN_CSRF_COOKIE, "")
     if not form_token or not secrets.compare_digest(form_token, cookie_token):
         return _login_page(sessions, "The form expired; please sign in again.", 403)
-    principal = await auth.authenticate(data.get("api_key", "").strip()) if data.get("api_key") else None
+    try:
+        principal = await auth.authenticate(data.get("api_key", "").strip()) if data.get("api_key") else None
+    except Exception:
+        log.exception("authenticator failed")
+        return _login_page(sessions, "Sign-in is temporarily unavailable; please try again shortly.", 503)
     if principal is None:
         return _login_page(sessions, "That API key is not valid (or is revoked or expired).", 401)
     cookie, _ = sessions.issue(principal.key_id, principal.tenant_id, principal.is_admin)
@@ -83,7 +90,7 @@ def index(request: Request[Any, Any, Any], sessions: Sessions) -> Response[Any]:
 
 
 def _error(_: Request[Any, Any, Any], exc: AdminError) -> Response[dict[str, Any]]:
-    body = {"error": {"message": exc.message, "type": exc.type, "param": exc.param, "code": None}}
+    body = {"error": {"message": exc.message, "type": exc.type, "param": exc.param, "code": exc.code}}
     return Response(body, status_code=exc.status)
 
 
@@ -99,6 +106,6 @@ def dashboard_router(svc: TenancyService, db: Database, auth: Authenticator, ses
             "auth": Provide(lambda: auth, sync_to_thread=False),
             "sessions": Provide(lambda: sessions, sync_to_thread=False),
         },
-        exception_handlers={AdminError: _error},  # type: ignore[dict-item]
+        exception_handlers={AdminError: _error, **database_exception_handlers},  # type: ignore[dict-item]
         include_in_schema=False,
     )

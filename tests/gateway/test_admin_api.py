@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -15,10 +16,14 @@ from gateway.admin.api import admin_routers
 from gateway.admin.service import TenancyService
 from gateway.auth.authenticator import SqlAuthenticator
 from gateway.contracts import UsageRecord
-from gateway.db import Database
+from gateway.db import Database, migrate
 from gateway.usage.pricing import PriceTable
 from gateway.usage.writer import UsageWriter
-from tests.gateway.tenancy_fixtures import LoopbackServer, db  # noqa: F401
+from tests.conftest import ADMIN_KEY, gateway_settings
+from tests.gateway.dashboard_fixtures import login
+from tests.gateway.tenancy_fixtures import LoopbackServer, db, drop_pg_database, new_pg_database, pg_admin  # noqa: F401
+from tests.support.fake_upstream import FakeUpstream
+from tests.support.servers import ServerThread
 
 ADMIN = "sy-admin-" + uuid.uuid4().hex
 
@@ -165,3 +170,71 @@ async def test_usage_is_tenant_isolated(api: httpx.AsyncClient, db: Database, tm
     counts = {r["tenant"]: r["requests"] for r in rows}
     assert counts[a] == 3 and counts[b] == 5
     assert_error(await api.get("/v1/usage", headers=h), 403)  # admin keys have no tenant
+
+
+async def _take_database_away(name: str, away: str) -> None:
+    """What an outage looks like to the gateway: its connections drop and new ones are refused."""
+    conn = await pg_admin()
+    try:
+        await conn.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS false')
+        await conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1", name)
+        await conn.execute(f'ALTER DATABASE "{name}" RENAME TO "{away}"')
+    finally:
+        await conn.close()
+
+
+async def _bring_database_back(name: str, away: str) -> None:
+    conn = await pg_admin()
+    try:
+        await conn.execute(f'ALTER DATABASE "{away}" RENAME TO "{name}"')
+        await conn.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS true')
+    finally:
+        await conn.close()
+
+
+async def test_database_outage_is_503_on_admin_and_dashboard_routes(
+    fake_upstream_server: FakeUpstream, tmp_path: Path
+) -> None:
+    from gateway.app import create_app
+
+    name, url = await new_pg_database()
+    away = name + "_away"
+    await asyncio.to_thread(migrate.upgrade, url)
+    settings = gateway_settings(fake_upstream_server.url, database={"url": url},
+                                usage={"journal_dir": str(tmp_path / "journal")})
+    server = ServerThread(create_app(settings)).start()
+    try:
+        with httpx.Client(base_url=server.url, timeout=20) as client, httpx.Client(base_url=server.url) as dash:
+            h = {"authorization": f"Bearer {ADMIN_KEY}"}
+            tenant = client.post("/admin/v1/tenants", json={"name": f"t-{uuid.uuid4().hex[:8]}"}, headers=h).json()
+            key = client.post("/admin/v1/keys", json={"tenant_id": tenant["id"]}, headers=h).json()
+            admin_key = client.post("/admin/v1/keys", json={"admin": True}, headers=h).json()
+            assert login(dash, ADMIN_KEY).status_code == 303  # the config's admin key: a session without a row
+
+            await _take_database_away(name, away)
+            try:
+                # the config's admin key passes the guard; the service's query finds no database
+                r = client.get("/admin/v1/tenants", headers=h)
+                assert_error(r, 503)
+                assert r.json()["error"]["type"] == "service_unavailable"
+                assert r.json()["error"]["code"] == "database_unavailable"
+                assert_error(client.get(f"/admin/v1/usage?tenant_id={tenant['id']}", headers=h), 503)
+                # keys stored in the database cannot be checked: as on /v1/chat/completions
+                for path, token in (("/admin/v1/tenants", admin_key["key"]), ("/v1/usage", key["key"])):
+                    r = client.get(path, headers=bearer(token))
+                    assert_error(r, 503)
+                    assert r.json()["error"]["code"] == "auth_unavailable", path
+                r = dash.get(f"/dashboard/api/summary?tenant_id={tenant['id']}")
+                assert_error(r, 503)
+                assert r.json()["error"]["code"] == "database_unavailable"
+                assert login(dash, key["key"]).status_code == 503  # the sign-in form says so, in HTML
+            finally:
+                await _bring_database_back(name, away)
+            deadline = time.monotonic() + 10
+            while client.get("/admin/v1/tenants", headers=h).status_code != 200:
+                assert time.monotonic() < deadline, "the admin API did not recover"
+                await asyncio.sleep(0.1)
+            assert client.get("/v1/usage", headers=bearer(key["key"])).status_code == 200
+    finally:
+        server.stop()
+        await drop_pg_database(name)
