@@ -10,6 +10,7 @@ from __future__ import annotations
 import fcntl
 import os
 from collections.abc import Iterable
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO
 
@@ -80,3 +81,48 @@ class Journal:
         self._file.close()
         if remove_if_empty and empty:
             self.path.unlink(missing_ok=True)
+
+
+class Quarantine:
+    """Records the database refused for their own values (a constraint violation, a value too long
+    or out of range), set aside so the records after them are written. One file per journal folder,
+    ``quarantine.jsonl``: each line is a usage record plus ``quarantine_reason`` and
+    ``quarantined_at``. Nothing replays it (it would fail again); once the data or the schema is
+    fixed, renaming it ``usage-<anything>.jsonl`` lets a writer replay it like an orphaned journal
+    (the extra fields are ignored, and rows already written are skipped by request id).
+    """
+
+    NAME = "quarantine.jsonl"
+
+    def __init__(self, directory: Path) -> None:
+        self.path = directory / self.NAME
+        self._ids: set[str] | None = None  # request ids already in the file (read on first use)
+
+    def add(self, record: UsageRecord, reason: str) -> bool:
+        """Append ``record`` (durably); False when its request id is already there."""
+        ids = self._known()
+        if record.request_id in ids:
+            return False
+        stamp = {"quarantine_reason": reason, "quarantined_at": datetime.now(UTC).isoformat()}
+        try:
+            line = _encoder.encode(msgspec.to_builtins(record) | stamp)
+        except (TypeError, ValueError, OverflowError):  # a value JSON cannot hold: keep what can be kept
+            line = _encoder.encode({"request_id": str(record.request_id), "record": repr(record)} | stamp)
+        with self.path.open("ab") as f:  # one write per line, O_APPEND: lines from several processes do not mix
+            f.write(line + b"\n")
+            f.flush()
+            os.fsync(f.fileno())
+        ids.add(record.request_id)
+        return True
+
+    def _known(self) -> set[str]:
+        if self._ids is None:
+            self._ids = set()
+            if self.path.exists():
+                with self.path.open("rb") as f:
+                    for line in f:
+                        try:
+                            self._ids.add(str(msgspec.json.decode(line)["request_id"]))
+                        except (msgspec.DecodeError, KeyError, TypeError):
+                            continue
+        return self._ids

@@ -6,6 +6,12 @@ database fails, the batch goes to the local journal and the writer keeps going: 
 bounded (a full buffer spills to the journal too) and the journal is replayed once inserts work
 again. Each insert also adds the rows it created to the hourly rollups (``gateway.usage.rollup``),
 in the same transaction. ``aclose`` (application shutdown, which uvicorn runs on SIGTERM) flushes what is left.
+
+Only an outage (``gateway.db.errors.is_unavailable``) sends a batch to the journal. When the
+database refuses a batch for another reason, its records are inserted one at a time: the good ones
+are written and a record refused for its own values (``is_bad_data``) goes to the quarantine file
+beside the journal, logged with its request id, so one bad record cannot hold up every batch after
+it. A failure that is neither (a schema problem, say) journals the batch and retries it.
 """
 
 from __future__ import annotations
@@ -20,9 +26,10 @@ from sqlalchemy.dialects import postgresql, sqlite
 
 from gateway.contracts import UsageRecord
 from gateway.db.engine import Database
+from gateway.db.errors import is_bad_data, is_unavailable
 from gateway.db.models import UsageRow
 from gateway.usage import rollup
-from gateway.usage.journal import Journal, read_records
+from gateway.usage.journal import Journal, Quarantine, read_records
 from gateway.usage.pricing import PriceTable
 
 log = logging.getLogger("switchyard.usage")
@@ -51,6 +58,17 @@ def to_row(r: UsageRecord) -> dict[str, Any]:
     }
 
 
+class _BadRecord(Exception):
+    """A record that cannot even be made into a row (``to_row`` failed on one of its values)."""
+
+
+def _reason(exc: BaseException) -> str:
+    """The database's own words (SQLAlchemy's message adds the statement and every parameter)."""
+    orig = getattr(exc, "orig", None)
+    cause = orig if isinstance(orig, BaseException) else exc
+    return f"{type(cause).__name__}: {cause}"[:500]
+
+
 class UsageWriter:
     def __init__(
         self,
@@ -66,11 +84,13 @@ class UsageWriter:
         self.db = db
         self.prices = prices
         self.journal = Journal(journal_dir)
+        self.quarantine = Quarantine(journal_dir)
         self.batch_size = batch_size
         self.flush_interval = flush_interval
         self.max_buffer = max_buffer
         self.retry_interval = retry_interval
         self.written = 0  # rows this writer handed to the database successfully
+        self.quarantined = 0  # records this writer set aside as refused by the database
         self.db_healthy = True
         self._buffer: list[UsageRecord] = []
         self._wake = asyncio.Event()
@@ -78,7 +98,7 @@ class UsageWriter:
         self._stopping = False
         self._lock = asyncio.Lock()
         dialect = postgresql if db.dialect == "postgresql" else sqlite
-        self._insert = (
+        self._statement = (
             dialect.insert(UsageRow).on_conflict_do_nothing(index_elements=["request_id"]).returning(UsageRow.request_id)
         )
 
@@ -163,21 +183,59 @@ class UsageWriter:
         self._buffer.clear()
 
     async def _write(self, batch: list[UsageRecord]) -> bool:
+        """Settle a batch: True when every record is in the database or quarantined; False when it
+        must wait (the caller journals it, or leaves it in the journal)."""
         try:
-            rows = [to_row(r) for r in batch]
-            async with self.db.engine.begin() as conn:
-                created = set((await conn.execute(self._insert, rows)).scalars())  # not those already there
-                await rollup.apply(conn, [r for r in rows if r["request_id"] in created])
+            await self._insert(batch)
         except Exception as exc:
-            if self.db_healthy:
-                log.error("usage insert failed (%s: %s); journaling until the database is back", type(exc).__name__, exc)
-            self.db_healthy = False
-            return False
+            if not isinstance(exc, _BadRecord) and is_unavailable(exc):
+                return self._failed(exc)
+            log.warning("usage batch of %d refused (%s); inserting its records one at a time",
+                        len(batch), _reason(exc))
+            return await self._write_each(batch)
+        self._succeeded(len(batch))
+        return True
+
+    async def _write_each(self, batch: list[UsageRecord]) -> bool:
+        """One transaction per record; the records the database refuses for their values are
+        quarantined. Stops at a failure that is not the record's (the batch is retried whole:
+        records already written are skipped by request id, quarantined ones are not added twice)."""
+        written = 0
+        for record in batch:
+            try:
+                await self._insert([record])
+            except Exception as exc:
+                if not (isinstance(exc, _BadRecord) or is_bad_data(exc)):
+                    return self._failed(exc)
+                if self.quarantine.add(record, _reason(exc)):
+                    self.quarantined += 1
+                    log.error("usage record %s refused by the database (%s); quarantined in %s",
+                              record.request_id, _reason(exc), self.quarantine.path)
+                continue
+            written += 1
+        self._succeeded(written)
+        return True
+
+    async def _insert(self, records: list[UsageRecord]) -> None:
+        try:
+            rows = [to_row(r) for r in records]
+        except Exception as exc:
+            raise _BadRecord(f"{type(exc).__name__}: {exc}") from None
+        async with self.db.engine.begin() as conn:
+            created = set((await conn.execute(self._statement, rows)).scalars())  # not those already there
+            await rollup.apply(conn, [r for r in rows if r["request_id"] in created])
+
+    def _failed(self, exc: BaseException) -> bool:
+        if self.db_healthy:
+            log.error("usage insert failed (%s); journaling until the database takes it", _reason(exc))
+        self.db_healthy = False
+        return False
+
+    def _succeeded(self, written: int) -> None:
         if not self.db_healthy:
             log.warning("usage database is back; replaying the journal")
         self.db_healthy = True
-        self.written += len(batch)
-        return True
+        self.written += written
 
     async def _replay_journal(self) -> bool:
         while self.journal.count:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import logging
 import time
 import uuid
 from datetime import UTC, datetime
@@ -13,7 +15,7 @@ from sqlalchemy import func, select
 
 from gateway.contracts import UsageRecord
 from gateway.db import Database
-from gateway.db.models import UsageRow
+from gateway.db.models import UsageHourly, UsageRow
 from gateway.usage.pricing import Price, PriceTable
 from gateway.usage.report import ReportQuery, usage_report
 from gateway.usage.writer import UsageWriter
@@ -88,6 +90,42 @@ async def test_outage_goes_to_journal_then_replays(db: Database, tmp_path: Path)
     await w2.aclose()
     assert await count(db, tenant_id=tenant) == 13
     assert not [p for p in tmp_path.glob("usage-*.jsonl") if p.stat().st_size > 0]
+
+
+async def test_a_refused_record_is_quarantined_and_later_batches_go_through(
+    db: Database, tmp_path: Path, caplog: pytest.LogCaptureFixture  # noqa: F811
+) -> None:
+    tenant = uuid.uuid4().hex[:8]
+    w = UsageWriter(db, PRICES, journal_dir=tmp_path, batch_size=4)
+    no_key = rec(tenant, key_id=None)  # NOT NULL: refused by both databases
+    too_long = rec(tenant, error_type="x" * 100)  # longer than String(64): refused by PostgreSQL, kept by SQLite
+    first = [rec(tenant), no_key, rec(tenant), too_long]  # one batch
+    for r in first + [rec(tenant) for _ in range(6)]:
+        w.record(r)
+    with caplog.at_level(logging.ERROR, logger="switchyard.usage"):
+        assert await w.flush()  # the batch is not retried forever, and the batches after it are written
+    refused = [no_key, too_long] if db.dialect == "postgresql" else [no_key]
+    assert w.pending == 0 and w.db_healthy
+    assert await count(db, tenant_id=tenant) == 10 - len(refused)
+    quarantine = tmp_path / "quarantine.jsonl"
+    lines = [json.loads(line) for line in quarantine.read_text().splitlines()]
+    assert [line["request_id"] for line in lines] == [r.request_id for r in refused]
+    assert all(line["quarantine_reason"] and line["tenant_id"] == tenant for line in lines)
+    assert all(r.request_id in caplog.text for r in refused)  # logged by request id
+    assert not list(tmp_path.glob("usage-*.jsonl"))[0].stat().st_size  # nothing left in the journal
+    async with db.session() as s:  # the rollups count each written row once
+        hourly = await s.scalar(select(func.sum(UsageHourly.requests)).where(UsageHourly.tenant_id == tenant))
+    assert hourly == 10 - len(refused)
+
+    for r in first:  # the same records again (a replayed journal): nothing doubles, nothing is quarantined twice
+        w.record(r)
+    assert await w.flush()
+    await w.aclose()
+    assert await count(db, tenant_id=tenant) == 10 - len(refused)
+    assert len(quarantine.read_text().splitlines()) == len(refused)
+    async with db.session() as s:
+        hourly = await s.scalar(select(func.sum(UsageHourly.requests)).where(UsageHourly.tenant_id == tenant))
+    assert hourly == 10 - len(refused)
 
 
 async def test_report_groups_and_filters(db: Database, tmp_path: Path) -> None:  # noqa: F811
