@@ -13,6 +13,7 @@ import msgspec
 from msgspec import UNSET
 
 from backends.base import BadRequest
+from backends.output_cap import output_limit
 from backends.types import (
     AssistantMessage,
     ChatChoice,
@@ -110,7 +111,7 @@ def to_messages_request(request: ChatCompletionRequest, model: str, *, stream: b
         raise BadRequest("the anthropic provider returns one choice (n must be 1)", param="n")
     system, messages = _messages(request)
     body: dict[str, Any] = {"model": model, "messages": messages,
-                            "max_tokens": request.output_limit() or default_max_tokens}
+                            "max_tokens": output_limit(request.output_limit()) or default_max_tokens}
     if system:
         body["system"] = system
     if isinstance(request.temperature, float | int):

@@ -20,6 +20,7 @@ from backends.base import BackendStats, ChunkStream, Completed, Meter, UpstreamE
 from backends.config import DeploymentConfig
 from backends.estimate import estimate_chat_prompt, estimate_completion_prompt, estimate_text
 from backends.http_upstream import ErrorDetail, ErrorEnvelope, HTTPUpstream, SSELines
+from backends.output_cap import output_limit
 from backends.types import (
     ChatCompletion,
     ChatCompletionChunk,
@@ -96,6 +97,9 @@ class OpenAIHTTPBackend:
     # ------------------------------------------------------------ internals
 
     def _payload(self, request: ChatCompletionRequest | CompletionRequest, stream: bool) -> bytes:
+        if isinstance(request, ChatCompletionRequest) and request.output_limit() is None:
+            if (cap := output_limit(None)) is not None:  # the gateway's reservation, as the upstream's limit
+                request = msgspec.structs.replace(request, max_completion_tokens=cap)
         if stream:
             upstream = msgspec.structs.replace(
                 request, model=self.upstream_model, stream=True, stream_options=StreamOptions(include_usage=True)

@@ -29,6 +29,7 @@ from backends.base import (
     Unavailable,
 )
 from backends.estimate import estimate_chat_prompt, estimate_completion_prompt
+from backends.output_cap import capped_output
 from backends.tenant import for_tenant
 from backends.types import ChatCompletionRequest, CompletionRequest
 from gateway.contracts import Principal, QuotaExceeded, QuotaState, QuotaUnavailable, Ticket, UsageRecord
@@ -126,8 +127,6 @@ class Pipeline:
             raise ApiError(400, "'stream_options' is only allowed when 'stream' is true.", param="stream_options")
         if isinstance(body.top_logprobs, int) and not body.logprobs:
             raise ApiError(400, "'top_logprobs' requires 'logprobs' to be true.", param="top_logprobs")
-        if body.output_limit() is None and (cap := self.settings.quotas.default_max_tokens) is not None:
-            body = msgspec.structs.replace(body, max_completion_tokens=cap)  # the reservation bounds the spend
         call: Call = (lambda b: b.chat_stream(body)) if body.is_stream else (lambda b: b.chat(body))
         prompt = estimate_chat_prompt(body)
         endpoint = "chat.completions" if dialect is OPENAI else "messages"
@@ -155,7 +154,9 @@ class Pipeline:
         hooks.on_request(endpoint, model, stream, output_limit)
         group = self.group_for(principal, model)
         # The output of every sequence generated (n choices, several prompts) is reserved up front.
-        reserve = prompt_tokens + (DEFAULT_OUTPUT_RESERVE if output_limit is None else output_limit) * sequences
+        cap = self.settings.quotas.default_max_tokens  # what backends hold a request without a limit to
+        per_sequence = output_limit if output_limit is not None else cap if cap is not None else DEFAULT_OUTPUT_RESERVE
+        reserve = prompt_tokens + per_sequence * sequences
         rid = request_id()
         try:
             ticket = await self._admit(principal, group, reserve)
@@ -171,8 +172,8 @@ class Pipeline:
             ticket=ticket, stream=stream, started_at=time.time(), t0=time.perf_counter(), prompt_tokens=prompt_tokens,
         )
         try:
-            with for_tenant(principal.tenant_id, principal.tenant_weight):  # the engine schedules fairly by it
-                result = await self._call(ctx, call)
+            with for_tenant(principal.tenant_id, principal.tenant_weight), capped_output(cap):
+                result = await self._call(ctx, call)  # (the engine schedules fairly by the tenant)
         except BackendError as exc:
             error = from_backend_error(exc)
             await self._settle(ctx, Meter(exact=False), error.status, exc.kind)

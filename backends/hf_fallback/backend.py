@@ -22,6 +22,7 @@ from backends.hf_fallback.jobs import Event
 from backends.hf_fallback.runs import JobRun, PendingLogprobs, collect, relay
 from backends.hf_fallback.worker import GenerateWorker
 from backends.local.wire import LogprobFormatter
+from backends.output_cap import output_limit
 from backends.types import (
     AssistantMessage,
     ChatChoice,
@@ -194,6 +195,8 @@ class HFGenerateBackend:
                 f"the prompt has {longest} tokens; this model's context is {self.max_model_len} tokens",
                 param="messages" if isinstance(request, ChatCompletionRequest) else "prompt")
         room = self.max_model_len - longest
+        if isinstance(request, ChatCompletionRequest):
+            limit = output_limit(limit, room)
         if limit is not None and limit < 1:
             raise BadRequest("max_tokens must be at least 1", param="max_tokens")
         if limit is not None and limit > room:

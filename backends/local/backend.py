@@ -15,6 +15,7 @@ from typing import Any
 
 from backends.base import BackendStats, BadRequest, ChunkStream, Completed, ContextTooLong, Meter, Unavailable
 from backends.local import wire
+from backends.output_cap import output_limit
 from backends.tenant import calling_tenant
 from backends.types import (
     AssistantMessage,
@@ -134,11 +135,12 @@ class LocalEngineBackend:
 
     def _start_chat(self, request: ChatCompletionRequest) -> _Run:
         messages = wire.chat_messages(request)
-        params = wire.sampling_params(request, request.output_limit(), wire.chat_logprobs_count(request))
         try:
             prompt = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
         except ValueError as exc:  # no template, or the template refused the conversation
             raise BadRequest(str(exc), param="messages") from None
+        limit = output_limit(request.output_limit(), self.engine.max_model_len - len(prompt))
+        params = wire.sampling_params(request, limit, wire.chat_logprobs_count(request))
         return _Run(self.engine, [prompt], params, "messages")
 
     async def chat(self, request: ChatCompletionRequest) -> Completed[ChatCompletion]:
@@ -181,10 +183,10 @@ class LocalEngineBackend:
     def _start_completion(self, request: CompletionRequest) -> tuple[_Run, list[list[int]]]:
         prompts = wire.completion_prompts(request)
         count = wire.opt(request.logprobs, None)
-        params = wire.sampling_params(request, request.output_limit(), count)
         ids = [self.tokenizer.encode(p) if isinstance(p, str) else list(p) for p in prompts]
         if not all(ids):
             raise BadRequest("the prompt is empty", param="prompt")
+        params = wire.sampling_params(request, request.output_limit(), count)
         return _Run(self.engine, ids, params, "prompt"), ids
 
     def _echo(self, request: CompletionRequest, prompt: list[int]) -> str:

@@ -218,3 +218,18 @@ def test_bad_deployment_options(env: Env, tmp_path: Path) -> None:
         build_backend(DeploymentConfig(provider="local", model=str(tmp_path / "junk"), options={"builtin": "tiny"}))
     with pytest.raises(ConfigError, match="does not exist"):
         build_backend(DeploymentConfig(provider="local", model=str(tmp_path / "absent")))
+
+
+def test_chat_without_max_tokens_stops_at_the_cap_or_the_context(env: Env) -> None:
+    """The gateway caps a chat that sets no limit (quotas.default_max_tokens, 1024); where the
+    prompt leaves less room than that, the engine stops at the context's end instead of refusing."""
+    client = env.client()
+    words = " ".join(["train"] * 1800)
+    probe = client.chat.completions.create(model="tiny", max_tokens=1, messages=[{"role": "user", "content": words}])
+    assert probe.usage is not None
+    room = env.backend.engine.max_model_len - probe.usage.prompt_tokens
+    assert 0 < room < 1024, room  # the prompt leaves less than the cap
+    reply = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": words}],
+                                           extra_body={"ignore_eos": True})
+    assert reply.choices[0].finish_reason == "length"
+    assert reply.usage is not None and reply.usage.completion_tokens == room
