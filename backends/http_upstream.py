@@ -134,11 +134,13 @@ class HTTPUpstream:
             url = self._urls[path] = yarl.URL(self.base + path)
         return url
 
-    async def send(self, path: str, payload: bytes, timeout: float) -> aiohttp.ClientResponse:
+    async def send(self, path: str, payload: bytes, timeout: float,
+                   headers: Mapping[str, str] | None = None) -> aiohttp.ClientResponse:
         """POST and wait (at most ``timeout``) for the response headers; non-2xx -> typed error."""
         try:
             async with asyncio.timeout(timeout):
-                response = await self.session.post(self.url(path), data=payload, headers=_JSON)
+                response = await self.session.post(self.url(path), data=payload,
+                                                   headers=_JSON | headers if headers else _JSON)
         except TimeoutError as exc:
             raise Timeout(f"upstream {self.deployment_id} did not answer in time ({type(exc).__name__})") from None
         except (aiohttp.ClientError, OSError, ValueError) as exc:
@@ -154,12 +156,12 @@ class HTTPUpstream:
             raise status_error(response.status, response.headers, body)
         return response
 
-    async def post(self, path: str, payload: bytes) -> bytes:
+    async def post(self, path: str, payload: bytes, headers: Mapping[str, str] | None = None) -> bytes:
         """A whole (non-streaming) answer's body, within the total timeout."""
         self.in_flight += 1
         try:
             deadline = asyncio.get_running_loop().time() + self.timeouts.total
-            response = await self.send(path, payload, self.timeouts.total)
+            response = await self.send(path, payload, self.timeouts.total, headers)
             try:
                 async with asyncio.timeout_at(deadline):
                     return await response.read()
@@ -174,14 +176,15 @@ class HTTPUpstream:
         finally:
             self.in_flight -= 1
 
-    async def open_stream(self, path: str, payload: bytes) -> tuple[aiohttp.ClientResponse, float, float]:
+    async def open_stream(self, path: str, payload: bytes,
+                          headers: Mapping[str, str] | None = None) -> tuple[aiohttp.ClientResponse, float, float]:
         """(response, first-event deadline, total deadline); the caller must ``close_stream`` it."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.timeouts.total
         first_deadline = min(deadline, loop.time() + self.timeouts.first_byte)
         self.in_flight += 1
         try:
-            return await self.send(path, payload, first_deadline - loop.time()), first_deadline, deadline
+            return await self.send(path, payload, first_deadline - loop.time(), headers), first_deadline, deadline
         except BaseException:
             self.in_flight -= 1
             raise

@@ -21,6 +21,7 @@ from backends.config import DeploymentConfig
 from backends.estimate import estimate_chat_prompt, estimate_completion_prompt, estimate_text
 from backends.http_upstream import ErrorDetail, ErrorEnvelope, HTTPUpstream, SSELines
 from backends.output_cap import output_limit
+from backends.tenant import tenant_headers
 from backends.types import (
     ChatCompletion,
     ChatCompletionChunk,
@@ -64,6 +65,8 @@ class OpenAIHTTPBackend:
         self.deployment_id = config.id
         headers = {"authorization": f"Bearer {config.api_key}"} if config.api_key else {}
         self.http = HTTPUpstream(config, DEFAULT_API_BASE, headers)
+        # An engine node (switchyard engine serve) schedules fairly across the gateway's tenants.
+        self.forward_tenant = bool(config.options.get("forward_tenant", False))
 
     # ------------------------------------------------------------ Backend protocol
 
@@ -96,6 +99,9 @@ class OpenAIHTTPBackend:
 
     # ------------------------------------------------------------ internals
 
+    def _headers(self) -> dict[str, str] | None:
+        return tenant_headers() if self.forward_tenant else None
+
     def _payload(self, request: ChatCompletionRequest | CompletionRequest, stream: bool) -> bytes:
         if isinstance(request, ChatCompletionRequest) and request.output_limit() is None:
             if (cap := output_limit(None)) is not None:  # the gateway's reservation, as the upstream's limit
@@ -118,7 +124,7 @@ class OpenAIHTTPBackend:
         return meter
 
     async def _unary(self, path: str, payload: bytes, type_: type[R]) -> R:
-        body = await self.http.post(path, payload)
+        body = await self.http.post(path, payload, self._headers())
         try:
             return msgspec.json.decode(body, type=type_)
         except (msgspec.MsgspecError, RecursionError) as exc:
@@ -127,7 +133,7 @@ class OpenAIHTTPBackend:
     async def _open_stream(self, path: str, payload: bytes, type_: type[C], want_usage: bool, prompt_estimate: int,
                            text_of: Callable[[C], str]) -> ChunkStream[C]:
         """Open the stream and read its first chunk, so failures before the first byte raise here."""
-        response, first_deadline, deadline = await self.http.open_stream(path, payload)
+        response, first_deadline, deadline = await self.http.open_stream(path, payload, self._headers())
         reader = _ChunkReader(response, type_, self.deployment_id)
         try:
             first = await reader.next(first_deadline)

@@ -68,6 +68,16 @@ class PrefixCacheStats(msgspec.Struct):
     root_hashes: list[str]  # short digests of cached first blocks (most recently used last)
 
 
+class NodeTenant(msgspec.Struct):
+    """A tenant the gateway forwarded (``forward_tenant``), as the node's fair scheduler sees it."""
+
+    tenant_id: str
+    weight: float
+    waiting: int
+    running: int
+    tokens_scheduled: int
+
+
 class NodeStats(msgspec.Struct):
     model: str
     num_running: int
@@ -79,6 +89,7 @@ class NodeStats(msgspec.Struct):
     generation_tokens: int
     num_preemptions: int
     prefix_cache: PrefixCacheStats
+    tenants: list[NodeTenant]  # empty unless a gateway forwards tenants to this node
 
 
 def node_settings(model: str, served_model_name: str, options: dict[str, Any]) -> Settings:
@@ -112,6 +123,8 @@ def node_stats(backend: Any, model: str) -> NodeStats:
         num_free_blocks=manager.num_free_blocks if manager is not None else 0,
         prompt_tokens=m.prompt_tokens, generation_tokens=m.generation_tokens, num_preemptions=m.num_preemptions,
         prefix_cache=prefix,
+        tenants=[NodeTenant(t, f.weight, f.num_waiting, f.num_running, f.tokens_scheduled)
+                 for t, f in (getattr(m, "tenants", None) or {}).items() if t],
     )
 
 
@@ -145,7 +158,8 @@ def create_node_app(settings: Settings, api_key: str | None = None, tensor_paral
     group = router.groups[0]
     backend = group.deployments[0].backend
     if not hasattr(backend, "engine_metrics"):
-        raise ValueError(f"{group.deployments[0].config.model}: engine serve needs a model the engine runs natively")
+        raise ValueError(f"{group.deployments[0].config.model}: engine serve needs a model the engine runs (natively "
+                         "or through transformers inside it); serve others with provider: transformers")
 
     @get("/stats", summary="Queue depth, KV usage and prefix-cache summary", tags=["Engine"])
     async def stats(request: Request[Any, Any, Any], pipeline: Pipeline) -> NodeStats:
@@ -154,6 +168,6 @@ def create_node_app(settings: Settings, api_key: str | None = None, tensor_paral
         return node_stats(backend, group.name)
 
     services = Services(authenticator=NodeKey(api_key), admission=Unmetered(), usage=NoUsage(), router=router,
-                        routes=[stats])
+                        routes=[stats], tenant_from_headers=True)
     return create_app(settings, services)
 

@@ -7,6 +7,7 @@ failure, client gone mid-stream) is settled with the admission service and recor
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -30,7 +31,7 @@ from backends.base import (
 )
 from backends.estimate import estimate_chat_prompt, estimate_completion_prompt
 from backends.output_cap import capped_output
-from backends.tenant import for_tenant
+from backends.tenant import for_tenant, forwarded_tenant
 from backends.types import ChatCompletionRequest, CompletionRequest
 from gateway.contracts import Principal, QuotaExceeded, QuotaState, QuotaUnavailable, Ticket, UsageRecord
 from gateway.errors import ApiError, from_backend_error, retry_after_header
@@ -108,6 +109,8 @@ class Pipeline:
             raise ApiError(503, "authentication is temporarily unavailable", code="auth_unavailable") from None
         if principal is None:
             raise ApiError(401, "Incorrect API key provided.", code="invalid_api_key")
+        if self.services.tenant_from_headers and principal.tenant_id is None and (who := forwarded_tenant(headers)):
+            principal = dataclasses.replace(principal, tenant_id=who.tenant_id, tenant_weight=who.weight)
         hooks.on_principal(principal)
         return principal
 

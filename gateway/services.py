@@ -30,6 +30,8 @@ class Services:
     closers: list[Callable[[], Awaitable[None]]] = field(default_factory=list)  # run at shutdown, reversed
     starters: list[Callable[[], Awaitable[None]]] = field(default_factory=list)  # run at app start-up
     routes: list[Any] = field(default_factory=list)  # extra route handlers / Routers the app mounts
+    # Engine nodes: take the tenant a gateway forwards (backends.tenant headers) for principals without one.
+    tenant_from_headers: bool = False
 
     async def aclose(self) -> None:
         for close in reversed(self.closers):

@@ -40,6 +40,8 @@ def serve(
     seed: Annotated[int | None, typer.Option("--seed")] = None,
     attn_backend: Annotated[str | None, typer.Option("--attn-backend", help="torch or triton.")] = None,
     enforce_eager: Annotated[bool, typer.Option("--enforce-eager", help="No CUDA graphs for decode steps.")] = False,
+    scheduling: Annotated[str, typer.Option("--scheduling", help="fcfs, or fair: weighted fair across the tenants "
+                                                                 "a gateway forwards (forward_tenant).")] = "fcfs",
 ) -> None:
     """Serve one model with the built-in engine: /v1/chat/completions, /v1/completions, /v1/models, /stats."""
     import uvicorn
@@ -58,6 +60,7 @@ def serve(
         "dtype": dtype, "enable_prefix_caching": enable_prefix_caching, "device": device,
         "num_kv_blocks": num_kv_blocks, "kv_cache_bytes": kv_cache_bytes, "seed": seed, "attn_backend": attn_backend,
         "enforce_eager": enforce_eager, "model_impl": "native" if tensor_parallel_size > 1 else model_impl,
+        "scheduling": scheduling,
     }
     options = {k: v for k, v in flags.items() if v is not None}
     if builtin_tiny:

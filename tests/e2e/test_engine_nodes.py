@@ -26,6 +26,7 @@ from tests.support.doubles import RecordingSink, ScriptedAdmission, StaticKeys
 from tests.support.engine_nodes import EngineNode
 from tests.support.servers import ServerThread
 
+KEY2 = "sk-test-nodes-tenant-2"
 KEY = "sk-nodes-test"
 NODE_KEY = "sk-node-internal"
 SYSTEM = ("You are the help desk of a small bicycle shop in a hilly town. You answer questions about "
@@ -40,7 +41,7 @@ def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def nodes(model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[EngineNode]]:
     workdir = tmp_path_factory.mktemp("nodes")
-    procs = [EngineNode(model, workdir, f"node{i}", "--num-kv-blocks", "512", api_key=NODE_KEY)
+    procs = [EngineNode(model, workdir, f"node{i}", "--num-kv-blocks", "512", "--scheduling", "fair", api_key=NODE_KEY)
              for i in range(2)]
     try:
         for p in procs:
@@ -56,10 +57,11 @@ def nodes(model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[lis
 @pytest.fixture(scope="module")
 def gateway(nodes: list[EngineNode]) -> Iterator[str]:
     deployments = [{"provider": "openai", "name": n.name, "model": "tiny", "api_base": n.url + "/v1",
-                    "api_key": NODE_KEY} for n in nodes]
+                    "api_key": NODE_KEY, "options": {"forward_tenant": True}} for n in nodes]
     settings = parse_settings({"models": [{"name": "tiny", "strategy": "cache_aware", "deployments": deployments}]},
                               env={})
-    services = Services(authenticator=StaticKeys({KEY: Principal(key_id="k", tenant_id="t")}),
+    services = Services(authenticator=StaticKeys({KEY: Principal(key_id="k", tenant_id="t"),
+                                                  KEY2: Principal(key_id="k2", tenant_id="t2", tenant_weight=2.0)}),
                         admission=ScriptedAdmission(), usage=RecordingSink(),
                         router=Router.from_settings(settings, build_backend))
     with ServerThread(create_app(settings, services)) as server:
@@ -135,3 +137,20 @@ def test_tensor_parallel_node_answers_like_a_single_rank_node(
     finally:
         node.stop()
     assert "Traceback" not in node.log_path.read_text()
+
+
+def test_nodes_schedule_the_tenants_the_gateway_forwards(gateway: str, nodes: list[EngineNode]) -> None:
+    """``forward_tenant`` sends each request's tenant and weight to the node, whose fair scheduler
+    (``--scheduling fair``) counts them apart; a direct caller with no tenant stays anonymous."""
+    for key in (KEY, KEY2):
+        client = openai.OpenAI(base_url=gateway + "/v1", api_key=key, max_retries=0)
+        for i in range(4):
+            client.chat.completions.create(model="tiny", max_tokens=2, messages=[
+                {"role": "system", "content": f"Tenant check {i}. " + SYSTEM}, {"role": "user", "content": "Hi"}])
+    seen: dict[str, tuple[float, int]] = {}
+    for stats in (n.stats() for n in nodes):
+        for t in stats["tenants"]:
+            weight, tokens = seen.get(t["tenant_id"], (t["weight"], 0))
+            seen[t["tenant_id"]] = (weight, tokens + t["tokens_scheduled"])
+    assert set(seen) == {"t", "t2"}, seen
+    assert seen["t"][0] == 1.0 and seen["t2"][0] == 2.0 and seen["t"][1] > 0 and seen["t2"][1] > 0
