@@ -2,10 +2,12 @@
 per-sequence manager on top of it. Scheduling policy lives in the scheduler, not here.
 
 Prefix caching: a full block is named by a hash chained over (parent hash, its token ids); the
-root's parent is the sequence's cache salt. A cached block stays cached after its last user
-releases it and is evicted (least recently freed first) only when no never-cached block is left.
-Hits are verified against the stored tokens, salt and parent link, so a hash collision can only
-cost a miss, never wrong output.
+root's parent is the sequence's cache salt. A block is named only once its K/V are written
+(``cache_computed_blocks``, after the step that computed them), so a block that was scheduled but
+never computed (the step failed, or its sequence was preempted first) can never be a hit. A cached
+block stays cached after its last user releases it and is evicted (least recently freed first)
+only when no never-cached block is left. Hits are verified against the stored tokens, salt and
+parent link, so a hash collision can only cost a miss, never wrong output.
 """
 
 from __future__ import annotations
@@ -218,8 +220,14 @@ class BlockManager:
             seq.num_computed_tokens += num_cached_tokens
         if need > 0:
             seq.block_table.extend(self.pool.allocate(need))
-        self._register_full_blocks(seq, chain, total // self.block_size)
         return True
+
+    def cache_computed_blocks(self, seq: Sequence) -> None:
+        """Name in the prefix cache the full blocks of ``seq`` whose K/V are now written (its first
+        ``num_computed_tokens`` tokens); call after each step that computed tokens of ``seq``."""
+        chain = self._chains.get(seq.seq_id)
+        if chain is not None:
+            self._register_full_blocks(seq, chain, seq.num_computed_tokens // self.block_size)
 
     def _register_full_blocks(self, seq: Sequence, chain: _ChainState, num_full: int) -> None:
         if chain.broken or chain.num_registered >= num_full:

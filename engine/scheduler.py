@@ -280,6 +280,8 @@ class Scheduler:
         return budget
 
     def update_after_step(self, out: SchedulerOutput) -> None:
-        """The model wrote this step's tokens into the cache."""
+        """The model wrote this step's tokens into the cache: they count as computed, and the
+        blocks they filled become prefix-cache hits (never before: see ``BlockManager``)."""
         for item in out.scheduled:
             item.seq.num_computed_tokens += item.num_new_tokens
+            self.blocks.cache_computed_blocks(item.seq)

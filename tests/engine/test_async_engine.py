@@ -132,3 +132,36 @@ async def test_n_completions_stream_side_by_side(engine: LLMEngine) -> None:
     await wait_idle(eng)
     assert_all_free(eng)
     await eng.shutdown()
+
+
+async def test_failed_step_leaves_no_unwritten_blocks_in_the_prefix_cache(checkpoint) -> None:
+    """The model raises on the first step: every request fails. The same prompt again must not
+    take the never-written blocks of the failed step from the prefix cache."""
+    config = EngineConfig(str(checkpoint("llama")), block_size=8, num_kv_blocks=64, max_model_len=256)
+    prompt = ids(41, 9)
+    params = SamplingParams(temperature=0, max_tokens=8)
+    fresh = LLMEngine(config)
+    fresh.add_request("ref", prompt, params, stream=False)
+    expected = None
+    while fresh.has_unfinished_requests():
+        for o in fresh.step():
+            expected = o.outputs[0].token_ids
+    engine = LLMEngine(config)
+    execute, calls = engine.runner.execute, [0]
+
+    def execute_failing_once(scheduled):
+        calls[0] += 1
+        if calls[0] == 1:
+            raise RuntimeError("device lost")
+        return execute(scheduled)
+
+    engine.runner.execute = execute_failing_once
+    eng = AsyncEngine(engine=engine)
+    with pytest.raises(RuntimeError, match="engine step failed"):
+        await collect(eng.add_request("a", prompt, params))
+    assert engine.block_manager.pool.num_cached == 0
+    outs = await collect(eng.add_request("b", prompt, params))
+    assert outs[-1].num_cached_tokens == 0
+    assert outs[-1].outputs[0].token_ids == expected
+    assert_all_free(eng)
+    await eng.shutdown()

@@ -18,7 +18,8 @@ def admit(bm: BlockManager, s: Sequence) -> int:
     cached = bm.find_cached_prefix(s)
     assert bm.allocate(s, s.num_tokens - len(cached) * BS, cached)
     hit = len(cached) * BS
-    s.num_computed_tokens = s.num_tokens
+    s.num_computed_tokens = s.num_tokens  # the step ran: its full blocks become prefix hits
+    bm.cache_computed_blocks(s)
     return hit
 
 
@@ -147,3 +148,30 @@ def test_allocate_fails_cleanly_when_out_of_blocks() -> None:
     s = seq(list(range(12)), "s")
     assert not bm.allocate(s, 12)
     assert s.block_table == [] and bm.num_free_blocks == 2
+
+
+def test_blocks_scheduled_but_never_computed_are_not_prefix_hits() -> None:
+    """A block is named in the prefix cache only once its K/V are written: a sequence freed
+    before its step ran (a failed step, or preempted in the call that allocated it) leaves nothing
+    findable, so a later identical prompt cannot read unwritten K/V."""
+    bm = BlockManager(16, BS)
+    prompt = list(range(12))
+    a = seq(prompt + [99], "a")
+    assert bm.allocate(a, a.num_tokens)  # scheduled; the step never ran
+    assert bm.find_cached_prefix(seq(prompt + [98], "x")) == []  # not a hit while unwritten
+    bm.free(a)
+    assert bm.pool.num_cached == 0
+    assert admit(bm, seq(prompt + [98], "b")) == 0
+
+
+def test_chunked_prefill_caches_only_the_computed_chunks() -> None:
+    bm = BlockManager(16, BS)
+    prompt = list(range(13))
+    a = seq(prompt, "a")
+    assert bm.allocate(a, 8)
+    a.num_computed_tokens = 8  # first chunk ran
+    bm.cache_computed_blocks(a)
+    assert bm.allocate(a, 5)  # second chunk scheduled (fills block 3), then the step fails
+    bm.free(a)
+    assert bm.pool.num_cached == 2
+    assert admit(bm, seq(prompt + [1], "b")) == 8

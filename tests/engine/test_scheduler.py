@@ -192,3 +192,51 @@ def test_random_workload_keeps_block_accounting_exact() -> None:
     check_invariants(s)
     assert s.blocks.num_free_blocks == 24
     assert s.blocks.prefix_hits > 0 and s.num_preemptions > 0
+
+
+def test_prefix_cache_names_only_blocks_whose_kv_was_written() -> None:
+    """Random workload with preemptions, aborts and failed steps (the model raised, so every
+    request is aborted, as AsyncEngine does): each block the prefix cache can hand out holds the
+    K/V of exactly its tokens, never a slot that was scheduled but not computed."""
+    import random
+
+    rng = random.Random(1)
+    s = make(num_blocks=20, max_seqs=6, budget=16, max_len=48)
+    pool = s.blocks.pool
+    written: dict[int, dict[int, int]] = {}  # block -> offset -> token whose K/V the model wrote
+    allocate = pool.allocate
+
+    def allocate_fresh(n: int) -> list[int]:
+        got = allocate(n)
+        for b in got:
+            written[b] = {}
+        return got
+
+    pool.allocate = allocate_fresh  # type: ignore[method-assign]
+    prefixes = [[rng.randrange(1, 50) for _ in range(12)] for _ in range(3)]
+    failed_steps = 0
+    for step in range(400):
+        if rng.random() < 0.4:
+            tokens = rng.choice(prefixes)[: rng.randint(1, 12)] + [rng.randrange(1, 50) for _ in range(rng.randint(0, 8))]
+            s.add(Sequence(f"q{step}", tokens, SamplingParams(max_tokens=rng.randint(1, 16))))
+        out = s.schedule()
+        if out.scheduled and rng.random() < 0.1:  # the model raised before writing anything
+            failed_steps += 1
+            for seq in list(s.running) + list(s.waiting):
+                s.finish(seq, FinishReason.ABORT)
+        else:
+            for item in out.scheduled:
+                seq, start = item.seq, item.seq.num_computed_tokens
+                for p in range(start, start + item.num_new_tokens):
+                    written[seq.block_table[p // BS]][p % BS] = seq.token_ids[p]
+            sampling = [item.seq for item in out.scheduled if item.samples]
+            s.update_after_step(out)
+            for seq in sampling:
+                seq.append_token(rng.randrange(1, 50))
+                if seq.num_output_tokens >= (seq.params.max_tokens or 0):
+                    s.finish(seq, FinishReason.LENGTH)
+        for block in pool._by_hash.values():
+            got = tuple(written[block.block_id].get(i) for i in range(BS))
+            assert got == block.token_ids, f"step {step}: cached block {block.block_id} was never computed"
+    assert failed_steps and s.num_preemptions and s.blocks.prefix_hits
+
