@@ -153,7 +153,7 @@ class BlockManager:
         self.enable_caching = enable_caching
         self.hash_fn = hash_fn
         self._chains: dict[int, _ChainState] = {}
-        self.prefix_queries = 0  # prompt tokens looked up on admission
+        self.prefix_queries = 0  # prompt tokens looked up on first admission (once per sequence)
         self.prefix_hits = 0  # of which found in the cache
 
     @property
@@ -207,7 +207,7 @@ class BlockManager:
         revived = sum(1 for b in cached if b.ref_cnt == 0)
         if need + revived > self.pool.num_free:
             return False
-        if not seq.block_table:
+        if not seq.block_table and seq.num_preemptions == 0:  # a readmission is not a new query
             self.prefix_queries += seq.num_tokens
             self.prefix_hits += num_cached_tokens
         for block in cached:

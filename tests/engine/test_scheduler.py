@@ -240,3 +240,13 @@ def test_prefix_cache_names_only_blocks_whose_kv_was_written() -> None:
             assert got == block.token_ids, f"step {step}: cached block {block.block_id} was never computed"
     assert failed_steps and s.num_preemptions and s.blocks.prefix_hits
 
+
+def test_preempted_request_counts_its_prefix_lookup_once() -> None:
+    """prefix_queries / prefix_hits count each sequence's lookup at its first admission; a
+    readmission after preemption (which finds its own cached blocks) does not inflate them."""
+    s = make(num_blocks=10, max_seqs=8, budget=64, max_len=40)
+    seqs = [add(s, f"r{i}", 6, 14) for i in range(4)]
+    run_all(s)
+    assert s.num_preemptions > 0
+    assert s.blocks.prefix_queries == sum(q.num_prompt_tokens for q in seqs)
+    assert s.blocks.prefix_hits == 0  # the prompts differ; readmissions are not looked up again
