@@ -58,13 +58,16 @@ class StopMatcher:
         self.held = ""
         self.stopped = False
 
-    def feed(self, new_text: str) -> tuple[str, bool]:
+    def feed(self, new_text: str, match: bool = True) -> tuple[str, bool]:
+        """With ``match=False`` (before ``min_tokens``) stop strings are not looked for, but a
+        tail that could begin one is still held back, so a stop string that ends in later text
+        is cut cleanly."""
         if self.stopped:
             return "", True
         if not self.stops:
             return new_text, False
         buf = self.held + new_text
-        hits = [i for i in (buf.find(s) for s in self.stops) if i >= 0]
+        hits = [i for i in (buf.find(s) for s in self.stops) if i >= 0] if match else []
         if hits:
             self.held, self.stopped = "", True
             return buf[: min(hits)], True

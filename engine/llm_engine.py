@@ -211,16 +211,19 @@ class LLMEngine:
             self.scheduler.finish(seq, reason)
 
     def _stop_reason(self, seq: Sequence, token: int) -> FinishReason | None:
+        """As vLLM: nothing but the length limit stops a sequence before ``min_tokens`` outputs
+        (no stop token id, EOS or stop string)."""
         p = seq.params
         text = self._requests[seq.request_id].texts[seq.index]
-        if seq.num_output_tokens >= p.min_tokens:
+        may_stop = seq.num_output_tokens >= p.min_tokens
+        if may_stop:
             if token in p.stop_token_ids:
                 text.stop(token)
                 return FinishReason.STOP
             if not p.ignore_eos and token in self.eos_token_ids:
                 text.stop(None)
                 return FinishReason.STOP
-        if text.push(token):
+        if text.push(token, check_stop=may_stop):
             return FinishReason.STOP
         if seq.num_tokens >= seq.max_len:
             text.finish()

@@ -31,14 +31,15 @@ class TextState:
             self.text += piece
             self._delta.append(piece)
 
-    def push(self, token_id: int) -> bool:
+    def push(self, token_id: int, check_stop: bool = True) -> bool:
+        """Add a token's text; ``check_stop=False`` (before ``min_tokens``) never stops."""
         if self._detok is None:
             return False
         new = self._detok.push(token_id)
         if self._matcher is None:
             self._emit(new)
             return False
-        emit, stopped = self._matcher.feed(new)
+        emit, stopped = self._matcher.feed(new, match=check_stop)
         self._emit(emit)
         return stopped
 

@@ -50,6 +50,26 @@ def test_stop_string_spanning_tokens_is_cut_from_the_output(llm: LLM) -> None:
     assert out.text == text[: text.index(stop)]
 
 
+def test_stop_strings_wait_for_min_tokens(llm: LLM) -> None:
+    """As vLLM: before min_tokens output tokens no stop string ends the sequence; one that ends
+    later still does, cut cleanly."""
+    text, tokens = free_run(llm)
+    stop = spanning_stop(llm, text, tokens)
+    early = llm.generate([PROMPT], SamplingParams(temperature=0, max_tokens=30, ignore_eos=True, stop=[stop]))
+    k = len(early[0].outputs[0].token_ids)  # the stop string ends in token k
+    min_tokens = k + 3
+    out = llm.generate(
+        [PROMPT], SamplingParams(temperature=0, max_tokens=30, ignore_eos=True, stop=[stop], min_tokens=min_tokens)
+    )[0].outputs[0]
+    assert len(out.token_ids) >= min_tokens
+    assert out.token_ids == tokens[: len(out.token_ids)]
+    assert text.startswith(out.text) and len(out.text) > text.index(stop)
+    if out.finish_reason == "stop":
+        assert text[len(out.text) :].startswith(stop)
+    else:
+        assert out.finish_reason == "length" and out.text == text
+
+
 async def test_streamed_text_deltas_add_up(llm: LLM) -> None:
     text, _ = free_run(llm, 20)
     eng = AsyncEngine(engine=llm.engine)

@@ -156,3 +156,9 @@ def test_folder_without_tokenizer_json_uses_transformers(tok: Tokenizer, tmp_pat
     msgs = CONVERSATIONS[1]
     assert slow.apply_chat_template(msgs) == tok.apply_chat_template(msgs)
     assert slow.eos_token_ids == {tok.token_id("<|eot_id|>")}
+
+
+def test_stop_matcher_without_matching_holds_back_but_never_stops() -> None:
+    m = StopMatcher(["STOP"])
+    assert m.feed("a STOP b ST", match=False) == ("a STOP b ", False)  # "ST" could begin one
+    assert m.feed("OP c") == ("", True)  # a stop string ending in matched text: cut there
