@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-_DTYPES: dict[str, torch.dtype] = {
+DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
     "float": torch.float32,
     "bfloat16": torch.bfloat16,
@@ -16,13 +16,16 @@ _DTYPES: dict[str, torch.dtype] = {
 
 
 def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
-    """Map a vLLM-style dtype name ("float32", "bfloat16", "float16") to a torch dtype."""
+    """Map a vLLM-style dtype name ("float32", "bfloat16", "float16") or a torch dtype to one of
+    the dtypes the engine runs in; raise ValueError for any other."""
     if isinstance(dtype, torch.dtype):
+        if dtype not in DTYPES.values():
+            raise ValueError(f"unsupported dtype {dtype}; use float32, bfloat16 or float16")
         return dtype
     try:
-        return _DTYPES[dtype.lower()]
+        return DTYPES[dtype.lower()]
     except KeyError:
-        raise ValueError(f"unknown dtype {dtype!r}; choose one of {sorted(_DTYPES)}") from None
+        raise ValueError(f"unsupported dtype {dtype!r}; use float32, bfloat16 or float16") from None
 
 
 @dataclass

@@ -17,31 +17,13 @@ from safetensors import safe_open
 from torch import nn
 from transformers import AutoConfig
 
+from engine.config import parse_dtype
 from engine.models import MODEL_REGISTRY, resolve_architecture
 from engine.models.llama import head_dim_of
-
-DTYPES: dict[str, torch.dtype] = {
-    "float32": torch.float32,
-    "float": torch.float32,
-    "bfloat16": torch.bfloat16,
-    "float16": torch.float16,
-    "half": torch.float16,
-}
 
 
 class ModelLoadError(ValueError):
     """The folder is missing, incomplete or holds an architecture we cannot run natively."""
-
-
-def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
-    if isinstance(dtype, torch.dtype):
-        if dtype not in DTYPES.values():
-            raise ModelLoadError(f"unsupported dtype {dtype}; use float32, bfloat16 or float16")
-        return dtype
-    try:
-        return DTYPES[dtype.lower()]
-    except KeyError:
-        raise ModelLoadError(f"unsupported dtype {dtype!r}; use float32, bfloat16 or float16") from None
 
 
 def load_config(model_path: str | Path) -> Any:

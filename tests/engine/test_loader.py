@@ -10,7 +10,8 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from engine.layers import AttentionMetadata
-from engine.loader import ModelLoadError, load_model, model_kv_shape, parse_dtype, safetensors_files
+from engine.config import EngineConfig, parse_dtype
+from engine.loader import ModelLoadError, load_model, model_kv_shape, safetensors_files
 from engine.tiny_model import build_tiny_model, ensure_tiny_model
 
 
@@ -79,8 +80,14 @@ def test_unsupported_architecture(tmp_path: Path) -> None:
 
 
 def test_bad_dtype() -> None:
-    with pytest.raises(ModelLoadError, match="unsupported dtype 'int8'"):
+    """One dtype table and parser (engine.config) for the config, the loader and the planner."""
+    import engine.loader
+
+    assert engine.loader.parse_dtype is parse_dtype
+    with pytest.raises(ValueError, match="unsupported dtype 'int8'"):
         parse_dtype("int8")
+    with pytest.raises(ValueError, match="unsupported dtype torch.int8"):
+        EngineConfig("unused", dtype=torch.int8)  # rejected up front, not when the model loads
     assert parse_dtype("bfloat16") is torch.bfloat16 and parse_dtype(torch.float16) is torch.float16
 
 
