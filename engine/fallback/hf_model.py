@@ -10,10 +10,20 @@ for an attention implementation it does not know, so no ``T x T`` mask is ever b
 
 The step's caches and metadata reach the attention function through a ``ContextVar`` set for the
 duration of ``forward`` (the HF modules in between do not know about them).
+
+The paged attention is plain causal softmax attention (optionally windowed). A layer that hands it
+anything more (attention sinks ``s_aux``, logit soft-capping, sparse ``indices``, a position bias)
+is refused, never silently ignored: ``attention_call_kwargs`` finds such arguments in the model's
+source so that ``engine.fallback.resolve`` sends the model to plain generate, and
+``paged_attention_forward`` raises on any non-None extra it does not know.
 """
 
 from __future__ import annotations
 
+import ast
+import functools
+import inspect
+import sys
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,6 +47,57 @@ class _Step:
 
 _STEP: ContextVar[_Step | None] = ContextVar("switchyard_paged_step", default=None)
 
+# Keyword arguments of transformers' attention call that paged_attention_forward implements, or that
+# cannot change its result (the engine brings positions, the KV cache and the causal mask itself).
+HANDLED_KWARGS = frozenset({"scaling", "dropout", "sliding_window", "softcap"})
+IGNORED_KWARGS = frozenset({"position_ids", "use_cache", "cache", "past_key_value", "past_key_values",
+                            "cache_position"})
+
+
+def _check_extras(module: nn.Module, kwargs: dict[str, Any]) -> None:
+    for name, value in kwargs.items():
+        if value is None or name in IGNORED_KWARGS:
+            continue
+        if name == "is_causal" and value is not False:
+            continue
+        if name == "output_attentions" and not value:
+            continue
+        what = "attention sinks" if name in ("s_aux", "sinks") else "it"
+        raise NotImplementedError(
+            f"{type(module).__name__} passes {name!r} to its attention; the engine's paged attention does not "
+            f"implement {what}, so this model must be served with plain generate"
+        )
+
+
+@functools.lru_cache(maxsize=None)
+def _module_attention_kwargs(module_name: str) -> frozenset[str]:
+    module = sys.modules.get(module_name)
+    try:
+        tree = ast.parse(inspect.getsource(module))  # type: ignore[arg-type]
+    except (OSError, TypeError, SyntaxError):
+        return frozenset()
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        func = node.func
+        called = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else None
+        if called == "attention_interface":
+            names.update(k.arg for k in node.keywords if k.arg)
+    return frozenset(names)
+
+
+def attention_call_kwargs(model_cls: type) -> frozenset[str]:
+    """The keyword names the modeling module of ``model_cls`` passes to its attention function
+    (``attention_interface(..., s_aux=self.sinks)`` gives ``s_aux``); empty if its source is unreadable."""
+    return _module_attention_kwargs(model_cls.__module__)
+
+
+def unsupported_attention_kwargs(model_cls: type) -> list[str]:
+    """Keyword arguments ``model_cls``'s attention layers pass that the paged attention does not implement."""
+    known = HANDLED_KWARGS | IGNORED_KWARGS | {"is_causal", "output_attentions"}
+    return sorted(attention_call_kwargs(model_cls) - known)
+
 
 def paged_attention_forward(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                             attention_mask: Any, scaling: float | None = None, dropout: float = 0.0,
@@ -48,6 +109,7 @@ def paged_attention_forward(module: nn.Module, query: torch.Tensor, key: torch.T
         raise RuntimeError(f"attention implementation {ATTN_IMPLEMENTATION!r} only runs inside the engine")
     if softcap is not None:
         raise NotImplementedError("attention logit soft-capping is not supported by the paged attention")
+    _check_extras(module, kwargs)
     if query.shape[0] != 1:
         raise ValueError("the engine passes its flat batch as a single row")
     layer = getattr(module, "layer_idx", None)

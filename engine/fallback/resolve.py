@@ -65,6 +65,12 @@ def _in_engine_blocker(hf_config: Any) -> str | None:
         return "transformers has no causal-LM class for it"
     if not getattr(cls, "_supports_attention_backend", False):
         return f"{cls.__name__} does not route attention through transformers' AttentionInterface"
+    from engine.fallback.hf_model import unsupported_attention_kwargs
+
+    if extras := unsupported_attention_kwargs(cls):
+        sinks = " (attention sinks)" if {"s_aux", "sinks"} & set(extras) else ""
+        return (f"{cls.__name__}'s attention takes {', '.join(extras)}{sinks}, which the paged attention "
+                "does not implement")
     if getattr(hf_config, "attn_logit_softcapping", None):
         return "attention logit soft-capping is not supported by the paged attention"
     if getattr(hf_config, "is_encoder_decoder", False):

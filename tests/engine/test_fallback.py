@@ -16,6 +16,7 @@ import transformers
 
 from engine import LLM, SamplingParams
 from engine.fallback import ModelImplError, inspect_model, native_architectures, resolve_model_impl
+from engine.fallback.hf_model import ATTN_IMPLEMENTATION, TransformersForCausalLM
 from engine.tiny_model import build_tiny_model
 from tests.support.fallback_models import build_model
 
@@ -120,6 +121,37 @@ def test_native_on_an_unsupported_architecture_is_a_clear_error(folder) -> None:
 def test_a_generate_only_model_is_refused_by_the_engine_with_the_way_out(folder) -> None:
     with pytest.raises(ModelImplError, match="'transformers' provider"):
         LLM(str(folder("bloom")), num_kv_blocks=64)
+
+
+def gpt_oss_config() -> transformers.PretrainedConfig:
+    """A tiny GPT-OSS: its attention layers pass learned attention sinks (``s_aux``) to the attention function."""
+    config = transformers.GptOssConfig(
+        vocab_size=384, hidden_size=64, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, num_local_experts=4, num_experts_per_tok=2,
+    )
+    config.architectures = ["GptOssForCausalLM"]
+    return config
+
+
+def test_attention_sinks_send_the_model_to_plain_generate(tmp_path: Path) -> None:
+    gpt_oss_config().save_pretrained(tmp_path)  # the resolution reads config.json only
+    info = inspect_model(tmp_path)
+    assert info.in_engine_blocker is not None and "s_aux" in info.in_engine_blocker
+    assert "attention sinks" in info.in_engine_blocker
+    assert resolve_model_impl(info).impl == "generate"
+    assert resolve_model_impl(info, "transformers").impl == "generate"
+    with pytest.raises(ModelImplError, match="'transformers' provider"):
+        LLM(str(tmp_path), num_kv_blocks=64)
+
+
+def test_paged_attention_refuses_extras_it_does_not_implement() -> None:
+    """Loaded anyway, a model with sinks fails at its first (probe) forward instead of giving wrong output."""
+    torch.manual_seed(0)
+    hf = transformers.AutoModelForCausalLM.from_config(
+        gpt_oss_config(), dtype=torch.float32, attn_implementation=ATTN_IMPLEMENTATION
+    )
+    with pytest.raises(NotImplementedError, match="'s_aux'.*attention sinks"):
+        TransformersForCausalLM(hf.eval())
 
 
 def test_engine_cli_model_impl_flag(folder, tmp_path: Path) -> None:
