@@ -62,7 +62,7 @@ class Row:
             self.job.emit(Event(index=self.index, token=True, logprob=lp))
             self.end("stop")
             return
-        text, stopped = self.stops.feed(self.detok.push(token))
+        text, stopped = self.stops.feed(self.detok.push(token), match=self.count >= p.min_tokens)
         self.job.emit(Event(index=self.index, text=text, token=True, logprob=lp))
         if stopped:
             self.end("stop")

@@ -121,6 +121,9 @@ async def test_stop_strings_cut_the_text(backend_for) -> None:
     stop = full[3:6]
     cut = (await backend.complete(completion(PROMPTS[0], max_tokens=12, stop=[stop]))).response.choices[0]
     assert cut.text == full[: full.index(stop)] and cut.finish_reason == "stop"
+    held = (await backend.complete(completion(PROMPTS[0], max_tokens=12, stop=[stop], min_tokens=12,
+                                              ignore_eos=True))).response.choices[0]
+    assert held.text == full and held.finish_reason == "length"  # no stop string counts before min_tokens
 
 
 async def test_seeded_sampling_repeats(backend_for) -> None:
