@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import os
+
+# Triton kernels run in its interpreter on the CPU for the whole suite. Triton decides this when a
+# kernel is decorated, so it is set here, before any test module can import engine code.
+os.environ["TRITON_INTERPRET"] = "1"
+
+from collections.abc import Callable, Iterator  # noqa: E402
 from typing import Any
 
-import pytest
+import pytest  # noqa: E402
 
-from gateway.settings import Settings, parse_settings
-from tests.support.fake_upstream import FakeUpstream
-from tests.support.servers import ServerThread, free_port
+from gateway.settings import Settings, parse_settings  # noqa: E402
+from tests.support.fake_upstream import FakeUpstream  # noqa: E402
+from tests.support.servers import ServerThread, free_port  # noqa: E402
 
 ADMIN_KEY = "sk-test-admin"
 
