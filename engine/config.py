@@ -28,6 +28,28 @@ def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
         raise ValueError(f"unsupported dtype {dtype!r}; use float32, bfloat16 or float16") from None
 
 
+ATTN_BACKENDS = ("auto", "torch", "cpu", "triton")
+
+
+def resolve_attn_backend(name: str, device: str) -> str:
+    """``auto`` is "cpu" (C++ decode attention) on the CPU when its kernels build, else "torch";
+    asking for "cpu" where they cannot build is an error that says why."""
+    if name not in ATTN_BACKENDS:
+        raise ValueError(f"attn_backend must be one of {', '.join(ATTN_BACKENDS)} (got {name!r})")
+    if name not in ("auto", "cpu"):
+        return name
+    on_cpu = device == "cpu"
+    if name == "cpu" and not on_cpu:
+        raise ValueError(f"attn_backend='cpu' runs on the CPU, not on {device!r}")
+    from engine import cpu_kernels
+
+    if on_cpu and cpu_kernels.available():
+        return "cpu"
+    if name == "cpu":
+        raise ValueError(f"attn_backend='cpu' is unavailable: {cpu_kernels.build_error()}")
+    return "torch"
+
+
 @dataclass
 class EngineConfig:
     """Everything the engine needs to size its cache and schedule.
@@ -50,7 +72,7 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     enable_chunked_prefill: bool = True
     scheduling_policy: str = "fcfs"
-    attn_backend: str = "torch"
+    attn_backend: str = "auto"  # auto | torch | cpu | triton (see resolve_attn_backend)
     enforce_eager: bool = False  # no CUDA graphs for decode steps (engine.cuda_graphs)
     model_impl: str = "auto"  # auto | native | transformers (engine.fallback.resolve)
     seed: int = 0
@@ -69,6 +91,7 @@ class EngineConfig:
             raise ValueError("kv_cache_bytes must be positive")
         if self.scheduling_policy not in ("fcfs", "priority", "fair"):
             raise ValueError("scheduling_policy must be 'fcfs', 'priority' or 'fair' (weighted fair across tenants)")
+        self.attn_backend = resolve_attn_backend(self.attn_backend, self.device)
         if self.attn_backend == "triton" and not self.device.startswith("cuda"):
             from engine.kernels.common import interpreting
 

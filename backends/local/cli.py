@@ -81,8 +81,9 @@ def generate(
     seed: Annotated[int, typer.Option("--seed")] = 0,
     model_impl: Annotated[str, typer.Option("--model-impl", help="auto, native or transformers (see engine.fallback).")]
     = "auto",
-    attn_backend: Annotated[str, typer.Option("--attn-backend", help="torch (reference) or triton (GPU kernels).")]
-    = "torch",
+    attn_backend: Annotated[str, typer.Option(
+        "--attn-backend", help="auto (C++ decode kernels on CPU when they build), torch (reference), cpu or triton.")]
+    = "auto",
     enforce_eager: Annotated[bool, typer.Option("--enforce-eager", help="No CUDA graphs for decode steps.")] = False,
     tensor_parallel_size: Annotated[int, typer.Option("--tensor-parallel-size", "-tp", min=1,
                                                       help="Ranks to split the model over (engine.tensor_parallel).")]

@@ -9,6 +9,10 @@ The pure-torch path is vectorised over the batch: sequences are split into decod
 gathered through the block tables into a padded tensor and attended with a boolean-masked
 ``scaled_dot_product_attention`` (GQA folded into the query axis). The index maps and masks are
 built once per step (cached on the metadata) and shared by all layers.
+
+The "cpu" backend is the same path with the decode rows handed to a C++ kernel
+(``engine.cpu_kernels``) that reads K/V in place through the block tables: on the CPU, decode
+attention is bound by memory traffic, and the gather plus padding multiply it.
 """
 
 from __future__ import annotations
@@ -61,10 +65,20 @@ class _Group:
 
 
 @dataclass
+class _DecodeRows:
+    """Decode rows (one query token each) for a kernel that reads the block cache in place."""
+
+    tokens: torch.Tensor | None  # [Sd] indices into the flat batch (None: the batch is these rows, in order)
+    block_tables: torch.Tensor  # int32 [Sd, W]
+    context_lens: torch.Tensor  # int32 [Sd]
+
+
+@dataclass
 class _TorchPlan:
     write_tokens: torch.Tensor | None  # tokens whose slot >= 0 (None: all of them)
     write_slots: torch.Tensor
-    groups: list[_Group]
+    groups: list[_Group]  # padded groups attended with scaled_dot_product_attention
+    decodes: _DecodeRows | None = None  # decode rows left to the CPU kernel (the "cpu" backend)
 
 
 def _build_group(meta: AttentionMetadata, sel: torch.Tensor, q_host: list[int], c_host: list[int],
@@ -90,7 +104,9 @@ def _build_group(meta: AttentionMetadata, sel: torch.Tensor, q_host: list[int], 
     return _Group(s, q_max, tokens, pad_index, blocks.reshape(-1), mask[:, None])
 
 
-def _build_plan(meta: AttentionMetadata, window: int | None) -> _TorchPlan:
+def _build_plan(meta: AttentionMetadata, window: int | None, kernel_decodes: bool = False) -> _TorchPlan:
+    """Index maps for one step. With ``kernel_decodes`` the decode rows are not padded into a
+    group but described for ``engine.cpu_kernels.paged_decode``."""
     slot = meta.slot_mapping.long()
     keep = slot >= 0
     if bool(keep.all()):
@@ -101,24 +117,28 @@ def _build_plan(meta: AttentionMetadata, window: int | None) -> _TorchPlan:
     qsl = meta.query_start_loc.long()
     q_lens = (qsl[1:] - qsl[:-1]).tolist()
     c_lens = meta.context_lens.tolist()
-    groups = []
+    plan = _TorchPlan(write_tokens, write_slots, [])
     for want_decode in (True, False):
         idx = [i for i, q in enumerate(q_lens) if (q == 1) == want_decode and q > 0]
-        if idx:
-            sel = torch.tensor(idx, device=slot.device)
-            groups.append(_build_group(meta, sel, [q_lens[i] for i in idx], [c_lens[i] for i in idx], window))
+        if not idx:
+            continue
+        if want_decode and kernel_decodes:
+            if len(idx) == len(q_lens) == len(slot):
+                plan.decodes = _DecodeRows(None, meta.block_tables, meta.context_lens)
+            else:
+                sel = torch.tensor(idx, device=slot.device)
+                plan.decodes = _DecodeRows(qsl[:-1][sel], meta.block_tables[sel], meta.context_lens[sel])
+            continue
+        sel = torch.tensor(idx, device=slot.device)
+        plan.groups.append(_build_group(meta, sel, [q_lens[i] for i in idx], [c_lens[i] for i in idx], window))
     # One sequence, or decodes only, covering the whole flat batch: padded rows are the tokens.
-    if len(groups) == 1 and (len(q_lens) == 1 or groups[0].q_len == 1):
+    groups = plan.groups
+    if plan.decodes is None and len(groups) == 1 and (len(q_lens) == 1 or groups[0].q_len == 1):
         groups[0].identity = min(q_lens) > 0 and len(slot) == sum(q_lens)
-    return _TorchPlan(write_tokens, write_slots, groups)
+    return plan
 
 
-def torch_paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
-                          meta: AttentionMetadata, scale: float, window: int | None) -> torch.Tensor:
-    key = ("torch", window)
-    plan = meta.plans.get(key)
-    if plan is None:
-        plan = meta.plans[key] = _build_plan(meta, window)
+def _write_kv(plan: _TorchPlan, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor) -> None:
     _, _, _, h_kv, d = kv_cache.shape
     k_flat = kv_cache[0].view(-1, h_kv, d)
     v_flat = kv_cache[1].view(-1, h_kv, d)
@@ -129,14 +149,49 @@ def torch_paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_
         k_flat.index_copy_(0, plan.write_slots, k[plan.write_tokens].to(k_flat.dtype))
         v_flat.index_copy_(0, plan.write_slots, v[plan.write_tokens].to(v_flat.dtype))
 
-    groups = plan.groups
-    if len(groups) == 1 and groups[0].identity:
+
+def _attend_groups(q: torch.Tensor, kv_cache: torch.Tensor, groups: list[_Group], scale: float,
+                   out: torch.Tensor | None) -> torch.Tensor:
+    """Attend every padded group, scattering its rows into ``out`` (made here when None)."""
+    if out is None and len(groups) == 1 and groups[0].identity:
         return _attend(q, kv_cache, groups[0], scale)
-    out = q.new_zeros(q.shape)
+    if out is None:
+        out = q.new_zeros(q.shape)
     for grp in groups:
         qp = q.new_zeros(grp.num_seqs * grp.q_len, *q.shape[1:])
         qp[grp.pad_index] = q[grp.tokens]
         out[grp.tokens] = _attend(qp, kv_cache, grp, scale)[grp.pad_index]
+    return out
+
+
+def torch_paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
+                          meta: AttentionMetadata, scale: float, window: int | None) -> torch.Tensor:
+    key = ("torch", window)
+    plan = meta.plans.get(key)
+    if plan is None:
+        plan = meta.plans[key] = _build_plan(meta, window)
+    _write_kv(plan, k, v, kv_cache)
+    return _attend_groups(q, kv_cache, plan.groups, scale, None)
+
+
+def cpu_paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
+                        meta: AttentionMetadata, scale: float, window: int | None) -> torch.Tensor:
+    """The torch path with decode rows handed to the C++ kernel (``engine.cpu_kernels``), which
+    reads K/V in place instead of gathering and padding every context."""
+    from engine.cpu_kernels import paged_decode
+
+    key = ("cpu", window)
+    plan = meta.plans.get(key)
+    if plan is None:
+        plan = meta.plans[key] = _build_plan(meta, window, kernel_decodes=True)
+    _write_kv(plan, k, v, kv_cache)
+    rows = plan.decodes
+    if rows is None:
+        return _attend_groups(q, kv_cache, plan.groups, scale, None)
+    if rows.tokens is None:
+        return paged_decode(q, kv_cache, rows.block_tables, rows.context_lens, scale, window)
+    out = _attend_groups(q, kv_cache, plan.groups, scale, q.new_zeros(q.shape))
+    out[rows.tokens] = paged_decode(q[rows.tokens], kv_cache, rows.block_tables, rows.context_lens, scale, window)
     return out
 
 
@@ -167,13 +222,18 @@ def _triton_paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k
 
 
 AttentionFn = Callable[..., torch.Tensor]
-ATTENTION_BACKENDS: dict[str, AttentionFn] = {"torch": torch_paged_attention, "triton": _triton_paged_attention}
+ATTENTION_BACKENDS: dict[str, AttentionFn] = {
+    "torch": torch_paged_attention,
+    "cpu": cpu_paged_attention,
+    "triton": _triton_paged_attention,
+}
 
 
 class PagedAttention(nn.Module):
     """``forward(q [T, Hq, D], k [T, Hkv, D], v [T, Hkv, D], kv_cache, meta) -> [T, Hq, D]``.
 
-    ``backend`` names an entry of ``ATTENTION_BACKENDS``: "torch" (the reference, CPU default) or
+    ``backend`` names an entry of ``ATTENTION_BACKENDS``: "torch" (the reference), "cpu" (the
+    reference with C++ decode attention; ``EngineConfig`` picks it on CPU when it builds) or
     "triton" (``engine.kernels``; on CPU only under ``TRITON_INTERPRET=1``). ``sliding_window`` limits each query to the last ``window`` keys
     (Mistral), as transformers masks it.
     """

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 
@@ -16,10 +17,10 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def _norm(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        h = x.to(torch.float32)
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * h.to(dtype)
+        """``weight * (x * rsqrt(mean(x^2) + eps))`` in float32, as transformers computes it; the
+        fused ``rms_norm`` gives the same bits in one op instead of six."""
+        h = F.rms_norm(x.to(torch.float32), self.weight.shape, None, self.eps)
+        return self.weight * h.to(x.dtype)
 
     def forward(
         self, x: torch.Tensor, residual: torch.Tensor | None = None

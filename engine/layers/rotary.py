@@ -138,7 +138,12 @@ class RotaryEmbedding(nn.Module):
     def apply(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
               sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Rotate with precomputed ``cos_sin`` (computed once per step, shared by all layers)."""
-        return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+        return RotaryEmbedding.rotate(q, cos, sin), RotaryEmbedding.rotate(k, cos, sin)
+
+    @staticmethod
+    def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """One tensor of heads ``[T, H, D]`` (e.g. q and k side by side: one pass for both)."""
+        return x * cos + _rotate_half(x) * sin
 
 
 def get_rope(hf_config: Any, head_dim: int) -> RotaryEmbedding:

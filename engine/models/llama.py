@@ -60,14 +60,16 @@ class LlamaAttention(nn.Module):
                                    sliding_window=sliding_window_of(cfg, layer), backend=attn_backend)
 
     def forward(self, rope: Rope, x: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-        q, k, v = self.qkv_proj.split(self.qkv_proj(x))
-        t = x.shape[0]
-        q = q.reshape(t, self.num_heads, self.head_dim)
-        k = k.reshape(t, self.num_kv_heads, self.head_dim)
-        v = v.reshape(t, self.num_kv_heads, self.head_dim)
+        qkv = self.qkv_proj(x)
+        t, hq, hkv, d = x.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
+        v = qkv[:, (hq + hkv) * d :].view(t, hkv, d)
         if self.qk_norm:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = RotaryEmbedding.apply(q, k, *rope)
+            q = self.q_norm(qkv[:, : hq * d].view(t, hq, d))
+            k = self.k_norm(qkv[:, hq * d : (hq + hkv) * d].view(t, hkv, d))
+            q, k = RotaryEmbedding.apply(q, k, *rope)
+        else:  # q and k heads sit side by side in the fused output: rotate them in one pass
+            qk = RotaryEmbedding.rotate(qkv[:, : (hq + hkv) * d].view(t, hq + hkv, d), *rope)
+            q, k = qk[:, :hq], qk[:, hq:]
         o = self.attn(q, k, v, kv_cache, meta)
         return self.o_proj(o.reshape(t, self.num_heads * self.head_dim))
 

@@ -38,7 +38,7 @@ def serve(
     model_impl: Annotated[str, typer.Option("--model-impl", help="auto, native or transformers (see engine.fallback); "
                                                                  "tensor parallelism runs native models only.")] = "auto",
     seed: Annotated[int | None, typer.Option("--seed")] = None,
-    attn_backend: Annotated[str | None, typer.Option("--attn-backend", help="torch or triton.")] = None,
+    attn_backend: Annotated[str | None, typer.Option("--attn-backend", help="auto, torch, cpu or triton.")] = None,
     enforce_eager: Annotated[bool, typer.Option("--enforce-eager", help="No CUDA graphs for decode steps.")] = False,
     scheduling: Annotated[str, typer.Option("--scheduling", help="fcfs, or fair: weighted fair across the tenants "
                                                                  "a gateway forwards (forward_tenant).")] = "fcfs",

@@ -1,13 +1,17 @@
-"""Paged attention (torch path) against a dense causal reference."""
+"""Paged attention (the torch path, and the "cpu" backend's C++ decode kernel) against a dense
+causal reference."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+from engine import cpu_kernels
+from engine.config import EngineConfig, resolve_attn_backend
 from engine.layers.attention import AttentionMetadata, PagedAttention
 
-BS = 4  # small blocks so that sequences span several, with partially filled last blocks
+BS = 4
+BACKENDS = ["torch", "cpu"]  # small blocks so that sequences span several, with partially filled last blocks
 
 
 def dense_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_len: int, scale: float,
@@ -82,10 +86,11 @@ class Batch:
     ],
 )
 @pytest.mark.parametrize("h_q,h_kv", [(4, 4), (8, 2)])
-def test_matches_dense_reference(specs: list[tuple[int, int]], h_q: int, h_kv: int) -> None:
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_matches_dense_reference(specs: list[tuple[int, int]], h_q: int, h_kv: int, backend: str) -> None:
     d = 16
     batch = Batch(specs, h_q, h_kv, d)
-    attn = PagedAttention(h_q, h_kv, d, d**-0.5)
+    attn = PagedAttention(h_q, h_kv, d, d**-0.5, backend=backend)
     out = attn(batch.q, batch.k, batch.v, batch.cache, batch.meta)
     torch.testing.assert_close(out, batch.reference(d**-0.5), atol=1e-5, rtol=1e-5)
 
@@ -108,14 +113,16 @@ def test_negative_slots_are_not_written() -> None:
     assert sorted(changed.tolist()) == sorted(batch.meta.slot_mapping[:-1].tolist())
 
 
-def test_sliding_window() -> None:
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_sliding_window(backend: str) -> None:
     d = 8
-    batch = Batch([(9, 3), (0, 11), (12, 1)], 4, 2, d)
-    out = PagedAttention(4, 2, d, d**-0.5, sliding_window=5)(batch.q, batch.k, batch.v, batch.cache, batch.meta)
+    batch = Batch([(9, 3), (0, 11), (12, 1), (2, 1)], 4, 2, d)
+    out = PagedAttention(4, 2, d, d**-0.5, sliding_window=5, backend=backend)(batch.q, batch.k, batch.v, batch.cache, batch.meta)
     torch.testing.assert_close(out, batch.reference(d**-0.5, window=5), atol=1e-5, rtol=1e-5)
 
 
-def test_decode_after_prefill_through_the_cache() -> None:
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_decode_after_prefill_through_the_cache(backend: str) -> None:
     """A prefill step then a decode step that reads the prefill's K/V back from the cache."""
     d, h = 8, 2
     gen = torch.Generator().manual_seed(1)
@@ -123,7 +130,7 @@ def test_decode_after_prefill_through_the_cache() -> None:
     cache = torch.zeros(2, 8, BS, h, d)
     table = torch.tensor([[5, 2, 7]], dtype=torch.int32)
     slots = torch.tensor([table[0, p // BS].item() * BS + p % BS for p in range(10)])
-    attn = PagedAttention(h, h, d, d**-0.5)
+    attn = PagedAttention(h, h, d, d**-0.5, backend=backend)
 
     def meta(start: int, n: int) -> AttentionMetadata:
         return AttentionMetadata(slots[start : start + n], table, torch.tensor([start + n], dtype=torch.int32),
@@ -139,3 +146,51 @@ def test_rejects_unknown_backend_and_bad_gqa() -> None:
         PagedAttention(4, 2, 8, 1.0, backend="nope")
     with pytest.raises(ValueError, match="multiple"):
         PagedAttention(6, 4, 8, 1.0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_cpu_decode_kernel_matches_the_torch_path_in_each_dtype(dtype: torch.dtype) -> None:
+    """Decodes only (the kernel's whole batch), long contexts over many blocks, GQA 4:1, head size
+    not a multiple of the vector width."""
+    d = 40
+    batch = Batch([(c, 1) for c in (0, 3, 37, 90, 150, 16, 63)], 8, 2, d, num_blocks=128, seed=3)
+    cache, q, k, v = (t.to(dtype) for t in (batch.cache, batch.q, batch.k, batch.v))
+    ref = PagedAttention(8, 2, d, d**-0.5, backend="torch")(q, k, v, cache.clone(), batch.meta)
+    out = PagedAttention(8, 2, d, d**-0.5, backend="cpu")(q, k, v, cache, batch.meta)
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(out, ref, atol=tol, rtol=tol)
+    torch.testing.assert_close(out.float(), batch.reference(d**-0.5).float(), atol=tol * 4, rtol=tol * 4)
+
+
+def test_cpu_kernel_rejects_bad_inputs() -> None:
+    batch = Batch([(5, 1)], 4, 2, 8)
+    with pytest.raises(RuntimeError, match="same dtype"):
+        cpu_kernels.paged_decode(batch.q.double(), batch.cache, batch.meta.block_tables, batch.meta.context_lens,
+                                 1.0, None)
+    with pytest.raises(RuntimeError, match="multiple of the KV heads"):
+        cpu_kernels.paged_decode(batch.q[:, :3], batch.cache, batch.meta.block_tables, batch.meta.context_lens,
+                                 1.0, None)
+
+
+def test_auto_backend_is_the_cpu_kernel_on_cpu() -> None:
+    assert cpu_kernels.available(), cpu_kernels.build_error()
+    assert EngineConfig(model="unused").attn_backend == "cpu"
+    assert EngineConfig(model="unused", attn_backend="torch").attn_backend == "torch"
+    assert resolve_attn_backend("auto", "cuda") == "torch"
+    with pytest.raises(ValueError, match="runs on the CPU"):
+        resolve_attn_backend("cpu", "cuda")
+    with pytest.raises(ValueError, match="attn_backend must be one of"):
+        EngineConfig(model="unused", attn_backend="flash")
+
+
+def test_cpu_kernels_build_error_is_reported(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    """No compiler: ``available()`` is False with the reason, auto falls back to torch, and an
+    explicit "cpu" backend is refused with that reason."""
+    monkeypatch.setattr(cpu_kernels, "_state", {})
+    monkeypatch.setenv("SWITCHYARD_KERNEL_CACHE", str(tmp_path))
+    monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
+    assert not cpu_kernels.available()
+    assert "no-such-compiler" in (cpu_kernels.build_error() or "")
+    assert resolve_attn_backend("auto", "cpu") == "torch"
+    with pytest.raises(ValueError, match="unavailable"):
+        resolve_attn_backend("cpu", "cpu")
