@@ -23,6 +23,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -47,10 +48,13 @@ inline float exp_nonpositive(float x) {
   return p * two_n;
 }
 
-template <typename T>
+// HD > 0 fixes the head size at compile time (the common sizes), so the per-head loops are fully
+// unrolled and vectorised; HD == 0 takes it from `head_dim_arg`.
+template <typename T, int64_t HD>
 void decode_rows(const T* q, const T* cache, const int32_t* tables, const int32_t* context_lens, T* out,
-                 int64_t num_seqs, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
+                 int64_t num_seqs, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim_arg,
                  int64_t block_size, int64_t table_width, int64_t num_blocks, float scale, int64_t window) {
+  const int64_t head_dim = HD > 0 ? HD : head_dim_arg;
   const int64_t group = num_heads / num_kv_heads;
   const int64_t row = num_kv_heads * head_dim;  // one token's K (or V) across the KV heads, contiguous
   const int64_t v_offset = num_blocks * block_size * row;
@@ -65,17 +69,24 @@ void decode_rows(const T* q, const T* cache, const int32_t* tables, const int32_
       for (int64_t i = 0; i < width; ++i) qf[i] = static_cast<float>(q[s * width + i]) * scale;
       scores.resize(num_heads * n);
       std::fill(top.begin(), top.end(), -INFINITY);
-      // Pass 1: every query head's score against each key; a token's K row (all KV heads) is read once.
-      for (int64_t t = first; t < len; ++t) {
-        const T* k = cache + (static_cast<int64_t>(table[t / block_size]) * block_size + t % block_size) * row;
-        for (int64_t hq = 0; hq < num_heads; ++hq) {
-          const float* qh = qf.data() + hq * head_dim;
-          const T* kh = k + (hq / group) * head_dim;
-          float dot = 0.f;
+      // Pass 1: every query head's score against each key; a token's K row (all KV heads) is read
+      // once. Tokens are walked block by block: no division per token.
+      for (int64_t b = first / block_size, t = first; t < len; ++b) {
+        const T* k_block = cache + static_cast<int64_t>(table[b]) * block_size * row;
+        const int64_t stop = std::min(len, (b + 1) * block_size);
+        for (; t < stop; ++t) {
+          const T* k = k_block + (t - b * block_size) * row;
+          for (int64_t h = 0, hq = 0; h < num_kv_heads; ++h) {
+            const T* kh = k + h * head_dim;
+            for (int64_t j = 0; j < group; ++j, ++hq) {
+              const float* qh = qf.data() + hq * head_dim;
+              float dot = 0.f;
 #pragma omp simd reduction(+ : dot)
-          for (int64_t d = 0; d < head_dim; ++d) dot += qh[d] * static_cast<float>(kh[d]);
-          scores[hq * n + (t - first)] = dot;
-          top[hq] = std::max(top[hq], dot);
+              for (int64_t d = 0; d < head_dim; ++d) dot += qh[d] * static_cast<float>(kh[d]);
+              scores[hq * n + (t - first)] = dot;
+              top[hq] = std::max(top[hq], dot);
+            }
+          }
         }
       }
       for (int64_t hq = 0; hq < num_heads; ++hq) {
@@ -91,14 +102,20 @@ void decode_rows(const T* q, const T* cache, const int32_t* tables, const int32_
       }
       // Pass 2: the probability-weighted sum of V rows.
       std::fill(acc.begin(), acc.end(), 0.f);
-      for (int64_t t = first; t < len; ++t) {
-        const T* v = cache + v_offset + (static_cast<int64_t>(table[t / block_size]) * block_size + t % block_size) * row;
-        for (int64_t hq = 0; hq < num_heads; ++hq) {
-          const float p = scores[hq * n + (t - first)];
-          const T* vh = v + (hq / group) * head_dim;
-          float* a = acc.data() + hq * head_dim;
+      for (int64_t b = first / block_size, t = first; t < len; ++b) {
+        const T* v_block = cache + v_offset + static_cast<int64_t>(table[b]) * block_size * row;
+        const int64_t stop = std::min(len, (b + 1) * block_size);
+        for (; t < stop; ++t) {
+          const T* v = v_block + (t - b * block_size) * row;
+          for (int64_t h = 0, hq = 0; h < num_kv_heads; ++h) {
+            const T* vh = v + h * head_dim;
+            for (int64_t j = 0; j < group; ++j, ++hq) {
+              const float p = scores[hq * n + (t - first)];
+              float* a = acc.data() + hq * head_dim;
 #pragma omp simd
-          for (int64_t d = 0; d < head_dim; ++d) a[d] += p * static_cast<float>(vh[d]);
+              for (int64_t d = 0; d < head_dim; ++d) a[d] += p * static_cast<float>(vh[d]);
+            }
+          }
         }
       }
       for (int64_t hq = 0; hq < num_heads; ++hq) {
@@ -125,10 +142,19 @@ at::Tensor paged_decode(const at::Tensor& q, const at::Tensor& cache, const at::
   TORCH_CHECK(q.device().is_cpu() && cache.device().is_cpu(), "paged_decode runs on CPU tensors");
   auto out = at::empty(q.sizes(), q.options());
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "paged_decode", [&] {
-    decode_rows<scalar_t>(q.data_ptr<scalar_t>(), cache.data_ptr<scalar_t>(), block_tables.data_ptr<int32_t>(),
-                          context_lens.data_ptr<int32_t>(), out.data_ptr<scalar_t>(), q.size(0), q.size(1),
-                          cache.size(3), q.size(2), cache.size(2), block_tables.size(1), cache.size(1),
-                          static_cast<float>(scale), window);
+    auto run = [&](auto head_dim_constant) {
+      decode_rows<scalar_t, decltype(head_dim_constant)::value>(
+          q.data_ptr<scalar_t>(), cache.data_ptr<scalar_t>(), block_tables.data_ptr<int32_t>(),
+          context_lens.data_ptr<int32_t>(), out.data_ptr<scalar_t>(), q.size(0), q.size(1), cache.size(3),
+          q.size(2), cache.size(2), block_tables.size(1), cache.size(1), static_cast<float>(scale), window);
+    };
+    switch (q.size(2)) {
+      case 16: run(std::integral_constant<int64_t, 16>{}); break;
+      case 32: run(std::integral_constant<int64_t, 32>{}); break;
+      case 64: run(std::integral_constant<int64_t, 64>{}); break;
+      case 128: run(std::integral_constant<int64_t, 128>{}); break;
+      default: run(std::integral_constant<int64_t, 0>{});
+    }
   });
   return out;
 }
