@@ -77,7 +77,7 @@ def main() -> None:
     ap.add_argument("--flood", type=int, default=200)
     ap.add_argument("--a-prompt", type=int, default=512)
     ap.add_argument("--a-output", type=int, default=32)
-    ap.add_argument("--b-requests", type=int, default=30)
+    ap.add_argument("--b-requests", type=int, default=100)
     ap.add_argument("--b-prompt", type=int, default=24)
     ap.add_argument("--b-output", type=int, default=8)
     ap.add_argument("--b-every", type=int, default=3)

@@ -36,6 +36,8 @@ class QueuePolicy(Protocol):
     def remove(self, seq: Sequence) -> None: ...
     def pick_victim(self, running: list[Sequence]) -> Sequence: ...
     def charge(self, seq: Sequence, num_tokens: int) -> None: ...
+    def slot_victim(self, head: Sequence, running: list[Sequence], max_num_seqs: int) -> Sequence | None: ...
+    def first_token_lane(self, running: list[Sequence]) -> str | None: ...
     def __len__(self) -> int: ...
     def __iter__(self) -> Iterator[Sequence]: ...
 
@@ -66,6 +68,13 @@ class FCFSQueue:
 
     def charge(self, seq: Sequence, num_tokens: int) -> None:
         """Service is not tracked: the order depends on arrival alone."""
+
+    def slot_victim(self, head: Sequence, running: list[Sequence], max_num_seqs: int) -> Sequence | None:
+        """A full batch is never broken into for a waiting sequence."""
+        return None
+
+    def first_token_lane(self, running: list[Sequence]) -> str | None:
+        return None
 
     def __len__(self) -> int:
         return len(self._q)
@@ -110,6 +119,12 @@ class PriorityQueue:
     def charge(self, seq: Sequence, num_tokens: int) -> None:
         """Service is not tracked: the order depends on priority and arrival alone."""
 
+    def slot_victim(self, head: Sequence, running: list[Sequence], max_num_seqs: int) -> Sequence | None:
+        return None
+
+    def first_token_lane(self, running: list[Sequence]) -> str | None:
+        return None
+
     def __len__(self) -> int:
         return len(self._seqs)
 
@@ -132,6 +147,7 @@ class ScheduledSeq:
 class SchedulerOutput:
     scheduled: list[ScheduledSeq] = field(default_factory=list)
     preempted: list[Sequence] = field(default_factory=list)
+    slot_preempted: list[Sequence] = field(default_factory=list)  # the part of ``preempted`` freed for a fair share
 
     @property
     def num_batched_tokens(self) -> int:
@@ -160,6 +176,7 @@ class Scheduler:
         self.waiting: QueuePolicy = policy if policy is not None else FCFSQueue()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
+        self._lane_last_step = False  # the last step was a first-token step (see FairQueue)
 
     # -- admission and removal ----------------------------------------------------------------
 
@@ -209,15 +226,44 @@ class Scheduler:
 
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
-        budget = self.max_num_batched_tokens
         by_seq: dict[int, ScheduledSeq] = {}
-        order = [s for s in self.running if not s.is_prefilling]
-        order += [s for s in self.running if s.is_prefilling]
-        for seq in order:
+        self._make_room(out)
+        decodes = [s for s in self.running if not s.is_prefilling]
+        prefills = [s for s in self.running if s.is_prefilling]
+        budget = self._schedule_running(decodes, self.max_num_batched_tokens, by_seq, out)
+        lane = None
+        if not self._lane_last_step and not self._blocks_ran_out(out):
+            lane = self.waiting.first_token_lane(self.running)
+        self._lane_last_step = False
+        if lane is not None:
+            # A tenant below its fair share has a request waiting for its first token: this step
+            # carries it with the running decodes, and the other tenants' prefill chunks wait one
+            # step, so its time to first token is not one of their long prefill steps.
+            self._charge(by_seq)
+            before = len(by_seq)
+            budget = self._admit(budget, by_seq, out, only=lane)
+            if len(by_seq) > before:
+                self._lane_last_step = True  # never two in a row: the others' prefill waits one step at most
+                self._schedule_running([s for s in prefills if s.tenant == lane], budget, by_seq, out, charge=True)
+                out.scheduled = list(by_seq.values())
+                return out
+            budget = self._schedule_running(prefills, budget, by_seq, out, charge=True)
+        else:
+            budget = self._schedule_running(prefills, budget, by_seq, out)
+            self._charge(by_seq)
+        if not self._blocks_ran_out(out):
+            self._admit(budget, by_seq, out)
+        out.scheduled = list(by_seq.values())
+        return out
+
+    def _schedule_running(self, seqs: list[Sequence], budget: int, by_seq: dict[int, ScheduledSeq],
+                          out: SchedulerOutput, charge: bool = False) -> int:
+        """Schedule running sequences in order within ``budget``, preempting when blocks run out."""
+        for seq in seqs:
             if budget == 0:
                 break
             if seq.status is not SequenceStatus.RUNNING:
-                continue  # preempted earlier in this loop
+                continue  # preempted earlier in this step
             num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
             while not self.blocks.allocate(seq, num_new):
                 victim = self.waiting.pick_victim(self.running)
@@ -227,12 +273,28 @@ class Scheduler:
             else:
                 by_seq[seq.seq_id] = ScheduledSeq(seq, num_new)
                 budget -= num_new
+                if charge:
+                    self.waiting.charge(seq, num_new)
+        return budget
+
+    def _charge(self, by_seq: dict[int, ScheduledSeq]) -> None:
         for item in by_seq.values():
             self.waiting.charge(item.seq, item.num_new_tokens)
-        if not out.preempted:
-            budget = self._admit(budget, by_seq)
-        out.scheduled = list(by_seq.values())
-        return out
+
+    @staticmethod
+    def _blocks_ran_out(out: SchedulerOutput) -> bool:
+        """This step preempted for blocks (not for a fair share of slots): admit nothing more."""
+        return len(out.preempted) > len(out.slot_preempted)
+
+    def _make_room(self, out: SchedulerOutput) -> None:
+        """With every slot taken, the queue policy may free one for the waiting head (a fair
+        policy does when the head's tenant holds less than its share of ``max_num_seqs``)."""
+        while self.waiting and len(self.running) >= self.max_num_seqs:
+            victim = self.waiting.slot_victim(self.waiting.peek(), self.running, self.max_num_seqs)
+            if victim is None:
+                return
+            self._preempt(victim, {}, out)
+            out.slot_preempted.append(victim)
 
     def _preempt(self, seq: Sequence, by_seq: dict[int, ScheduledSeq], out: SchedulerOutput) -> int:
         """Free ``seq``'s blocks and requeue it at the front; return budget it gave back."""
@@ -254,10 +316,14 @@ class Scheduler:
             for s in self.running
         )
 
-    def _admit(self, budget: int, by_seq: dict[int, ScheduledSeq]) -> int:
+    def _admit(self, budget: int, by_seq: dict[int, ScheduledSeq], out: SchedulerOutput,
+               only: str | None = None) -> int:
+        """Admit from the head of the waiting queue (only ``only``'s sequences, when given)."""
         bs = self.blocks.block_size
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting.peek()
+            if only is not None and seq.tenant != only:
+                break
             if seq.num_preemptions == 0 and self._sibling_prefilling(seq):
                 break
             cached = self.blocks.find_cached_prefix(seq)
