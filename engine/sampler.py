@@ -88,6 +88,14 @@ def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
     return logits.masked_fill(probs < threshold, _NEG_INF)
 
 
+def _exponential(shape: torch.Size, generator: torch.Generator, device: torch.device) -> torch.Tensor:
+    """Exp(1) noise for the exponential race (``argmax(p / q)`` draws from ``p``): ``-log(1 - u)``,
+    several times faster than ``Tensor.exponential_`` on the CPU. A zero draw (u = 0) is lifted
+    to the smallest normal float, so ``p / q`` stays finite and masked tokens stay at 0."""
+    u = torch.rand(shape, generator=generator, device=device)
+    return torch.log1p(u.neg_()).neg_().clamp_min_(torch.finfo(torch.float32).tiny)
+
+
 class Sampler:
     def __init__(self, device: torch.device | str, seed: int = 0) -> None:
         self.device = torch.device(device)
@@ -149,11 +157,10 @@ class Sampler:
         if any(min_p):
             sub = apply_min_p(sub, torch.tensor(min_p, device=dev))
         probs = sub.softmax(dim=-1)
-        q = torch.empty_like(probs)
-        q.exponential_(generator=self.generator)
+        q = _exponential(probs.shape, self.generator, dev)
         for j, r in enumerate(sub_rows):
             if r.generator is not None:
-                q[j].exponential_(generator=r.generator)
+                q[j] = _exponential(probs.shape[1:], r.generator, dev)
         drawn = (probs / q).argmax(dim=-1)
         tokens = tokens.clone()
         tokens[index] = drawn
