@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import fcntl
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO
@@ -22,15 +22,19 @@ _encoder = msgspec.json.Encoder()
 _decoder = msgspec.json.Decoder(UsageRecord)
 
 
-def read_records(path: Path) -> list[UsageRecord]:
-    """Every complete record in a journal file (a torn last line from a crash is skipped)."""
+def read_records(path: Path, on_unreadable: Callable[[bytes, str], None] | None = None) -> list[UsageRecord]:
+    """Every record in a journal file. A complete line that is not a usage record (say, a value of
+    the wrong type in a file edited by hand) goes to ``on_unreadable`` with the reason, so that a
+    replay can set it aside instead of dropping it; a last line with no newline is a write torn by
+    a crash and holds no complete record."""
     out: list[UsageRecord] = []
     with path.open("rb") as f:
         for line in f:
             try:
                 out.append(_decoder.decode(line))
-            except msgspec.DecodeError:
-                continue
+            except msgspec.DecodeError as exc:
+                if on_unreadable is not None and line.endswith(b"\n") and line.strip():
+                    on_unreadable(line.rstrip(b"\n"), str(exc))
     return out
 
 
@@ -52,8 +56,8 @@ class Journal:
         os.fsync(self._file.fileno())
         self.count += data.count(b"\n")
 
-    def read(self) -> list[UsageRecord]:
-        return read_records(self.path)
+    def read(self, on_unreadable: Callable[[bytes, str], None] | None = None) -> list[UsageRecord]:
+        return read_records(self.path, on_unreadable)
 
     def truncate(self) -> None:
         self._file.truncate(0)
@@ -87,7 +91,8 @@ class Quarantine:
     """Records the database refused for their own values (a constraint violation, a value too long
     or out of range), set aside so the records after them are written. One file per journal folder,
     ``quarantine.jsonl``: each line is a usage record plus ``quarantine_reason`` and
-    ``quarantined_at``. Nothing replays it (it would fail again); once the data or the schema is
+    ``quarantined_at`` (a journal line that was not a record at all is kept as text under
+    ``unreadable_line``). Nothing replays it (it would fail again); once the data or the schema is
     fixed, renaming it ``usage-<anything>.jsonl`` lets a writer replay it like an orphaned journal
     (the extra fields are ignored, and rows already written are skipped by request id).
     """
@@ -114,6 +119,15 @@ class Quarantine:
             os.fsync(f.fileno())
         ids.add(record.request_id)
         return True
+
+    def add_unreadable(self, line: bytes, reason: str) -> None:
+        """Keep a journal line that is not a usage record, as text, with why it was refused."""
+        entry = {"unreadable_line": line.decode("utf-8", "replace"), "quarantine_reason": reason,
+                 "quarantined_at": datetime.now(UTC).isoformat()}
+        with self.path.open("ab") as f:
+            f.write(_encoder.encode(entry) + b"\n")
+            f.flush()
+            os.fsync(f.fileno())
 
     def _known(self) -> set[str]:
         if self._ids is None:

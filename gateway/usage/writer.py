@@ -237,10 +237,15 @@ class UsageWriter:
         self.db_healthy = True
         self.written += written
 
+    def _set_aside(self, line: bytes, reason: str) -> None:
+        """A journal line that is not a usage record: kept in the quarantine file, never dropped."""
+        self.quarantine.add_unreadable(line, reason)
+        log.warning("a usage journal line is not a usage record (%s); kept in %s", reason, self.quarantine.path)
+
     async def _replay_journal(self) -> bool:
         while self.journal.count:
             seen = self.journal.count
-            records = self.journal.read()
+            records = self.journal.read(self._set_aside)
             for i in range(0, len(records), self.batch_size):
                 if not await self._write(records[i : i + self.batch_size]):
                     return False
@@ -251,7 +256,7 @@ class UsageWriter:
     async def _replay_orphans(self) -> None:
         """Journals left by writers that died before their database came back."""
         for path in self.journal.orphans():
-            records = read_records(path)
+            records = read_records(path, self._set_aside)
             for i in range(0, len(records), self.batch_size):
                 if not await self._write(records[i : i + self.batch_size]):
                     return

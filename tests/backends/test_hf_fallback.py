@@ -148,6 +148,17 @@ async def test_closing_a_stream_aborts_and_meters_what_was_produced(backend_for)
     assert after.meter.completion_tokens == 4
 
 
+async def test_closing_a_stream_never_read_cancels_its_job(backend_for) -> None:
+    backend = backend_for("gpt2")
+    for start in (backend.chat_stream(chat("hello", max_tokens=200, stream=True)),
+                  backend.complete_stream(completion(PROMPTS[0], max_tokens=200, ignore_eos=True, stream=True))):
+        stream = await start
+        assert backend.stats().in_flight == 1
+        await stream.aclose()  # the client went away before the first chunk was asked for
+        assert backend.stats().in_flight == 0 and backend.stats().queue_depth == 0
+        assert stream.meter.completion_tokens < 200
+
+
 async def test_stats_count_a_queued_request_in_flight_and_in_the_queue(backend_for) -> None:
     """``in_flight`` is every request accepted and not finished (queued ones too); ``queue_depth`` is
     the part of it still waiting for the worker (``BackendStats``)."""

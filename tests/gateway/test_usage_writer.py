@@ -10,6 +10,7 @@ import uuid
 from datetime import UTC, datetime
 from pathlib import Path
 
+import msgspec
 import pytest
 from sqlalchemy import func, select
 
@@ -90,6 +91,30 @@ async def test_outage_goes_to_journal_then_replays(db: Database, tmp_path: Path)
     await w2.aclose()
     assert await count(db, tenant_id=tenant) == 13
     assert not [p for p in tmp_path.glob("usage-*.jsonl") if p.stat().st_size > 0]
+
+
+async def test_a_journal_line_that_is_no_record_is_kept_not_dropped(
+    db: Database, tmp_path: Path, caplog: pytest.LogCaptureFixture  # noqa: F811
+) -> None:
+    """An orphaned journal (edited by hand, say) with a good record, a line whose value has the
+    wrong type, and a last line torn by a crash: the record is written, the bad line moves to the
+    quarantine file with the reason, the torn line (no complete record) is let go."""
+    tenant = uuid.uuid4().hex[:8]
+    good = rec(tenant)
+    bad = {**json.loads(msgspec.json.encode(rec(tenant))), "prompt_tokens": "ten"}
+    (tmp_path / "usage-1-dead.jsonl").write_bytes(
+        msgspec.json.encode(good) + b"\n" + json.dumps(bad).encode() + b"\n" + b'{"request_id": "tor')
+    w = UsageWriter(db, PRICES, journal_dir=tmp_path, flush_interval=0.05)
+    with caplog.at_level(logging.WARNING, logger="switchyard.usage"):
+        w.start()
+        await asyncio.sleep(0.3)
+        await w.aclose()
+    assert await count(db, tenant_id=tenant) == 1
+    assert not (tmp_path / "usage-1-dead.jsonl").exists()
+    kept = [json.loads(line) for line in (tmp_path / "quarantine.jsonl").read_text().splitlines()]
+    assert len(kept) == 1 and json.loads(kept[0]["unreadable_line"]) == bad
+    assert "prompt_tokens" in kept[0]["quarantine_reason"]
+    assert any("not a usage record" in r.message for r in caplog.records)
 
 
 async def test_a_refused_record_is_quarantined_and_later_batches_go_through(
