@@ -103,5 +103,14 @@ def paged_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Te
     block cache ``[2, num_blocks, block_size, Hkv, D]``; returns ``[S, Hq, D]``."""
     if not _state.get("ok") and not available():  # e.g. a spawned tensor-parallel rank loads it here
         raise RuntimeError(f"the CPU attention kernels are unavailable: {build_error()}")
-    return torch.ops.switchyard_cpu.paged_decode(q.contiguous(), kv_cache, block_tables.int().contiguous(),
-                                                 context_lens.int().contiguous(), float(scale), int(window or 0))
+    if q.stride(-1) != 1 or q.stride(1) != q.shape[2]:
+        q = q.contiguous()
+    return torch.ops.switchyard_cpu.paged_decode(q, kv_cache, _int32(block_tables), _int32(context_lens),
+                                                 float(scale), int(window or 0))
+
+
+def _int32(t: torch.Tensor) -> torch.Tensor:
+    """As the kernel takes it (the engine's metadata already is: no op then)."""
+    if t.dtype != torch.int32:
+        t = t.int()
+    return t if t.is_contiguous() else t.contiguous()

@@ -8,7 +8,7 @@
 //
 //   out[s, h, :] = softmax(scale * q[s, h, :] . K[s, t, h / g, :] over t in the window) @ V
 //
-// q: [S, Hq, D] contiguous; cache: [2, num_blocks, block_size, Hkv, D] contiguous (0 = K, 1 = V);
+// q: [S, Hq, D], each row's heads contiguous (a row stride is allowed: q sliced from a fused q|k); cache: [2, num_blocks, block_size, Hkv, D] contiguous (0 = K, 1 = V);
 // block_tables: int32 [S, W]; context_lens: int32 [S] (the query is the last token of its context);
 // window > 0 keeps only the last `window` keys (sliding-window attention), 0 = all of them.
 
@@ -75,7 +75,7 @@ inline __m256 exp_nonpositive8(__m256 x) {
 // HD > 0 fixes the head size at compile time (the common sizes), so the per-head loops are fully
 // unrolled and vectorised; HD == 0 takes it from `head_dim_arg`.
 template <typename T, int64_t HD>
-void decode_rows(const T* q, const T* cache, const int32_t* tables, const int32_t* context_lens, T* out,
+void decode_rows(const T* q, int64_t q_row_stride, const T* cache, const int32_t* tables, const int32_t* context_lens, T* out,
                  int64_t num_seqs, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim_arg,
                  int64_t block_size, int64_t table_width, int64_t num_blocks, float scale, int64_t window) {
   const int64_t head_dim = HD > 0 ? HD : head_dim_arg;
@@ -90,7 +90,7 @@ void decode_rows(const T* q, const T* cache, const int32_t* tables, const int32_
       const int64_t first = window > 0 ? std::max<int64_t>(0, len - window) : 0;
       const int64_t n = len - first;
       const int32_t* table = tables + s * table_width;
-      for (int64_t i = 0; i < width; ++i) qf[i] = static_cast<float>(q[s * width + i]) * scale;
+      for (int64_t i = 0; i < width; ++i) qf[i] = static_cast<float>(q[s * q_row_stride + i]) * scale;
       scores.resize(num_heads * n);
       std::fill(top.begin(), top.end(), -INFINITY);
       // Pass 1: every query head's score against each key; a token's K row (all KV heads) is read
@@ -185,7 +185,8 @@ void decode_rows(const T* q, const T* cache, const int32_t* tables, const int32_
 
 at::Tensor paged_decode(const at::Tensor& q, const at::Tensor& cache, const at::Tensor& block_tables,
                         const at::Tensor& context_lens, double scale, int64_t window) {
-  TORCH_CHECK(q.dim() == 3 && q.is_contiguous(), "q must be a contiguous [S, Hq, D] tensor");
+  TORCH_CHECK(q.dim() == 3 && q.stride(2) == 1 && q.stride(1) == q.size(2),
+              "q must be [S, Hq, D] with each row's heads contiguous (rows may be strided)");
   TORCH_CHECK(cache.dim() == 5 && cache.size(0) == 2 && cache.is_contiguous(),
               "the cache must be a contiguous [2, num_blocks, block_size, Hkv, D] tensor");
   TORCH_CHECK(cache.scalar_type() == q.scalar_type(), "q and the cache must have the same dtype");
@@ -200,7 +201,7 @@ at::Tensor paged_decode(const at::Tensor& q, const at::Tensor& cache, const at::
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "paged_decode", [&] {
     auto run = [&](auto head_dim_constant) {
       decode_rows<scalar_t, decltype(head_dim_constant)::value>(
-          q.data_ptr<scalar_t>(), cache.data_ptr<scalar_t>(), block_tables.data_ptr<int32_t>(),
+          q.data_ptr<scalar_t>(), q.stride(0), cache.data_ptr<scalar_t>(), block_tables.data_ptr<int32_t>(),
           context_lens.data_ptr<int32_t>(), out.data_ptr<scalar_t>(), q.size(0), q.size(1), cache.size(3),
           q.size(2), cache.size(2), block_tables.size(1), cache.size(1), static_cast<float>(scale), window);
     };

@@ -142,12 +142,12 @@ def _write_kv(plan: _TorchPlan, k: torch.Tensor, v: torch.Tensor, kv_cache: torc
     _, _, _, h_kv, d = kv_cache.shape
     k_flat = kv_cache[0].view(-1, h_kv, d)
     v_flat = kv_cache[1].view(-1, h_kv, d)
-    if plan.write_tokens is None:
-        k_flat.index_copy_(0, plan.write_slots, k.to(k_flat.dtype))
-        v_flat.index_copy_(0, plan.write_slots, v.to(v_flat.dtype))
-    else:
-        k_flat.index_copy_(0, plan.write_slots, k[plan.write_tokens].to(k_flat.dtype))
-        v_flat.index_copy_(0, plan.write_slots, v[plan.write_tokens].to(v_flat.dtype))
+    if k.dtype != kv_cache.dtype:
+        k, v = k.to(kv_cache.dtype), v.to(kv_cache.dtype)
+    if plan.write_tokens is not None:
+        k, v = k[plan.write_tokens], v[plan.write_tokens]
+    k_flat.index_copy_(0, plan.write_slots, k)
+    v_flat.index_copy_(0, plan.write_slots, v)
 
 
 def _attend_groups(q: torch.Tensor, kv_cache: torch.Tensor, groups: list[_Group], scale: float,
