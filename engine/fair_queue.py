@@ -2,9 +2,10 @@
 
 Each tenant has a *virtual service*: the tokens the scheduler gave its sequences (prefill and
 decode alike) divided by its weight. Admission takes the head of the tenant with the least
-virtual service (ties: the tenant admitted least recently, then the shorter backlog); preemption takes the newest running
-sequence of the tenant with the most. A tenant that comes back from idle starts at the least
-virtual service of the tenants still waiting, so idle time is not banked as credit.
+virtual service (ties: the tenant admitted least recently, then the shorter backlog);
+preemption takes the newest running sequence of the tenant with the most. A tenant that comes
+back from idle starts at the least virtual service of the tenants still waiting, so idle time
+is not banked as credit.
 
 Two more rules keep a flood from setting everyone else's time to first token:
 
@@ -77,8 +78,8 @@ class FairQueue:
         backlogged = [s for s in self._shares.values() if s.waiting]
         if not backlogged:
             raise IndexError("the waiting queue is empty")
-        return min(backlogged, key=lambda s: (s.virtual, s.last_admitted, len(s.waiting), s.waiting[0].arrival_time,
-                                              s.waiting[0].seq_id))
+        return min(backlogged, key=lambda s: (s.virtual, s.last_admitted, len(s.waiting),
+                                              s.waiting[0].arrival_time, s.waiting[0].seq_id))
 
     def peek(self) -> Sequence:
         return self._next().waiting[0]

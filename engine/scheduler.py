@@ -6,7 +6,10 @@ runs dry, the queue policy picks a victim (the newest, for FCFS) to preempt by r
 Every scheduled token is charged to the policy, which a fair policy uses to order tenants
 (``engine.fair_queue.FairQueue``).
 The waiting order and the victim choice live in a ``QueuePolicy`` so they can be swapped
-(e.g. tenant-fair scheduling) without touching block accounting.
+(e.g. tenant-fair scheduling) without touching block accounting. A policy may also free a slot
+for the waiting head when every slot is taken (``slot_victim``) and ask for a first-token step
+that admits one tenant's new request beside the running decodes only (``first_token_lane``);
+FCFS and priority never do either.
 """
 
 from __future__ import annotations
@@ -231,33 +234,36 @@ class Scheduler:
         decodes = [s for s in self.running if not s.is_prefilling]
         prefills = [s for s in self.running if s.is_prefilling]
         budget = self._schedule_running(decodes, self.max_num_batched_tokens, by_seq, out)
-        lane = None
-        if not self._lane_last_step and not self._blocks_ran_out(out):
-            lane = self.waiting.first_token_lane(self.running)
-        self._lane_last_step = False
+        lane = self._first_token_lane(out)
+        lane_admitted: set[int] = set()
         if lane is not None:
             # A tenant below its fair share has a request waiting for its first token: this step
             # carries it with the running decodes, and the other tenants' prefill chunks wait one
             # step, so its time to first token is not one of their long prefill steps.
-            self._charge(by_seq)
-            before = len(by_seq)
+            running_ids = set(by_seq)
             budget = self._admit(budget, by_seq, out, only=lane)
-            if len(by_seq) > before:
-                self._lane_last_step = True  # never two in a row: the others' prefill waits one step at most
-                self._schedule_running([s for s in prefills if s.tenant == lane], budget, by_seq, out, charge=True)
-                out.scheduled = list(by_seq.values())
-                return out
-            budget = self._schedule_running(prefills, budget, by_seq, out, charge=True)
-        else:
-            budget = self._schedule_running(prefills, budget, by_seq, out)
-            self._charge(by_seq)
-        if not self._blocks_ran_out(out):
+            lane_admitted = set(by_seq) - running_ids
+            if lane_admitted:
+                prefills = [s for s in prefills if s.tenant == lane]
+            else:
+                lane = None  # its request could not be admitted: an ordinary step
+        self._lane_last_step = lane is not None  # never two in a row: others' prefill waits one step at most
+        budget = self._schedule_running(prefills, budget, by_seq, out)
+        for seq_id, item in by_seq.items():  # the running sequences' service (admissions charge as they go)
+            if seq_id not in lane_admitted:
+                self.waiting.charge(item.seq, item.num_new_tokens)
+        if lane is None and not self._blocks_ran_out(out):
             self._admit(budget, by_seq, out)
         out.scheduled = list(by_seq.values())
         return out
 
+    def _first_token_lane(self, out: SchedulerOutput) -> str | None:
+        if self._lane_last_step or self._blocks_ran_out(out):
+            return None
+        return self.waiting.first_token_lane(self.running)
+
     def _schedule_running(self, seqs: list[Sequence], budget: int, by_seq: dict[int, ScheduledSeq],
-                          out: SchedulerOutput, charge: bool = False) -> int:
+                          out: SchedulerOutput) -> int:
         """Schedule running sequences in order within ``budget``, preempting when blocks run out."""
         for seq in seqs:
             if budget == 0:
@@ -273,13 +279,7 @@ class Scheduler:
             else:
                 by_seq[seq.seq_id] = ScheduledSeq(seq, num_new)
                 budget -= num_new
-                if charge:
-                    self.waiting.charge(seq, num_new)
         return budget
-
-    def _charge(self, by_seq: dict[int, ScheduledSeq]) -> None:
-        for item in by_seq.values():
-            self.waiting.charge(item.seq, item.num_new_tokens)
 
     @staticmethod
     def _blocks_ran_out(out: SchedulerOutput) -> bool:
