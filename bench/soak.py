@@ -41,6 +41,7 @@ async def soak(url: str, key: str, concurrency: int, seconds: float, pid: int) -
     sent = 0
     kinds: dict[str, int] = {}  # what went wrong (status or exception), and how often
     rss: list[float] = []  # after the first round (warm), at the middle, at the end
+    rounds_rss: list[float] = []  # after every round, to tell a plateau from a leak
     started = time.monotonic()
     middle_taken = False
 
@@ -64,8 +65,9 @@ async def soak(url: str, key: str, concurrency: int, seconds: float, pid: int) -
             if outcome != "200":
                 kind = outcome if isinstance(outcome, str) else type(outcome).__name__
                 kinds[kind] = kinds.get(kind, 0) + 1
+        rounds_rss.append(rss_mib(pid))
         if not rss:
-            rss.append(rss_mib(pid))
+            rss.append(rounds_rss[-1])
         if not middle_taken and time.monotonic() - started >= seconds / 2:
             rss.append(rss_mib(pid))
             middle_taken = True
@@ -73,6 +75,7 @@ async def soak(url: str, key: str, concurrency: int, seconds: float, pid: int) -
     for held in conns:
         if held is not None:
             held[0].close()
+    print("gateway RSS after each round (MiB):", " ".join(f"{r:.0f}" for r in rounds_rss))
     return sent, kinds, rss
 
 
