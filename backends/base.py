@@ -9,7 +9,7 @@ retry vs fallback vs fail without parsing strings.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
 
@@ -129,6 +129,31 @@ class ChunkStream(Generic[ChunkT]):
         close = getattr(self.chunks, "aclose", None)
         if close is not None:
             await close()
+
+
+class ClosingChunks:
+    """The chunk iterator of a ``ChunkStream`` over a producer's async generator, with
+    ``on_close`` run when the stream is closed or fails, even when iteration never started (an
+    unstarted async generator would skip its ``finally``): e.g. abort an engine request."""
+
+    def __init__(self, chunks: AsyncIterator[Any], on_close: Callable[[], Awaitable[None]]) -> None:
+        self._chunks, self._on_close = chunks, on_close
+
+    def __aiter__(self) -> ClosingChunks:
+        return self
+
+    async def __anext__(self) -> Any:
+        try:
+            return await self._chunks.__anext__()
+        except BaseException:
+            await self._on_close()
+            raise
+
+    async def aclose(self) -> None:
+        try:
+            await self._chunks.aclose()  # type: ignore[attr-defined]
+        finally:
+            await self._on_close()
 
 
 # ---------------------------------------------------------------- protocol

@@ -16,10 +16,10 @@ from typing import Any
 
 from msgspec import UNSET
 
-from backends.base import BackendStats, BadRequest, ChunkStream, Completed, ContextTooLong, Meter
+from backends.base import BackendStats, BadRequest, ChunkStream, ClosingChunks, Completed, ContextTooLong, Meter
 from backends.hf_fallback.params import generate_key, opt, row_params
 from backends.hf_fallback.jobs import Event
-from backends.hf_fallback.runs import JobRun, PendingLogprobs, RunChunks, collect, relay
+from backends.hf_fallback.runs import JobRun, PendingLogprobs, collect, relay
 from backends.hf_fallback.worker import GenerateWorker
 from backends.local.wire import LogprobFormatter
 from backends.output_cap import output_limit
@@ -95,7 +95,7 @@ class HFGenerateBackend:
         first = [chunk([ChatChunkChoice(index=i, delta=ChatDelta(role="assistant", content=""))])
                  for i in range(run.job.num_rows)]
         usage = (lambda: chunk([], _usage(run.meter))) if request.include_usage else None
-        return ChunkStream(RunChunks(run, relay(run, first, on_event, usage)), run.meter)  # type: ignore[arg-type]
+        return ChunkStream(ClosingChunks(relay(run, first, on_event, usage), run.cancel), run.meter)  # type: ignore[arg-type]
 
     async def complete(self, request: CompletionRequest) -> Completed[TextCompletion]:
         prompts = self._text_prompts(request)
@@ -135,7 +135,7 @@ class HFGenerateBackend:
 
         first = [chunk([CompletionChoice(index=i, text=e)]) for i, e in enumerate(echoes) if e]
         usage = (lambda: chunk([], _usage(run.meter))) if request.include_usage else None
-        return ChunkStream(RunChunks(run, relay(run, first, on_event, usage)), run.meter)  # type: ignore[arg-type]
+        return ChunkStream(ClosingChunks(relay(run, first, on_event, usage), run.cancel), run.meter)  # type: ignore[arg-type]
 
     def stats(self) -> BackendStats:
         return BackendStats(in_flight=len(self._active), queue_depth=self.worker.queue_depth)

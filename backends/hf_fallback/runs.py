@@ -104,26 +104,6 @@ async def collect(run: JobRun) -> tuple[list[str], list[Any], list[list[TokenLog
     return texts, reasons, logprobs
 
 
-class RunChunks:
-    """The chunk iterator of a ``ChunkStream`` over ``relay``: closing it cancels the job even when
-    iteration never started (an unstarted async generator would skip its ``finally``)."""
-
-    def __init__(self, run: JobRun, chunks: AsyncIterator[Any]) -> None:
-        self._run, self._chunks = run, chunks
-
-    def __aiter__(self) -> RunChunks:
-        return self
-
-    async def __anext__(self) -> Any:
-        return await self._chunks.__anext__()
-
-    async def aclose(self) -> None:
-        try:
-            await self._chunks.aclose()  # type: ignore[attr-defined]
-        finally:
-            await self._run.cancel()
-
-
 async def relay(run: JobRun, first: list[Any], on_event: Callable[[Event], Any | None],
                  usage: Callable[[], Any] | None) -> AsyncIterator[Any]:
     try:

@@ -13,7 +13,8 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
-from backends.base import BackendStats, BadRequest, ChunkStream, Completed, ContextTooLong, Meter, Unavailable
+from backends.base import (BackendStats, BadRequest, ChunkStream, ClosingChunks, Completed, ContextTooLong, Meter,
+                           Unavailable)
 from backends.local import wire
 from backends.output_cap import output_limit
 from backends.tenant import calling_tenant
@@ -82,29 +83,8 @@ class _Run:
                 self.engine.abort(rid)
         self.finished.update(self.ids)
 
-
-class _Chunks:
-    """The chunk iterator of a ``ChunkStream``: closing it aborts the engine requests even when
-    iteration never started (an unstarted async generator would skip its ``finally``)."""
-
-    def __init__(self, run: _Run, gen: AsyncIterator[Any]) -> None:
-        self._run, self._gen = run, gen
-
-    def __aiter__(self) -> _Chunks:
-        return self
-
-    async def __anext__(self) -> Any:
-        try:
-            return await self._gen.__anext__()
-        except BaseException:
-            self._run.abort()
-            raise
-
     async def aclose(self) -> None:
-        try:
-            await self._gen.aclose()  # type: ignore[attr-defined]
-        finally:
-            self._run.abort()
+        self.abort()
 
 
 def _id(prefix: str) -> str:
@@ -176,7 +156,7 @@ class LocalEngineBackend:
             if request.include_usage:
                 yield chunk([], _usage(run.meter))
 
-        return ChunkStream(_Chunks(run, gen()), run.meter)  # type: ignore[arg-type]
+        return ChunkStream(ClosingChunks(gen(), run.aclose), run.meter)  # type: ignore[arg-type]
 
     # ------------------------------------------------------------ completions
 
@@ -233,7 +213,7 @@ class LocalEngineBackend:
             if request.include_usage:
                 yield chunk([], _usage(run.meter))
 
-        return ChunkStream(_Chunks(run, gen()), run.meter)  # type: ignore[arg-type]
+        return ChunkStream(ClosingChunks(gen(), run.aclose), run.meter)  # type: ignore[arg-type]
 
     # ------------------------------------------------------------ the rest of the protocol
 
