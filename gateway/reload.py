@@ -2,12 +2,19 @@
 
 Triggered by SIGHUP (single-process serving) or ``POST /admin/v1/reload``. Only ``models`` and
 ``prices`` take effect; server, database, Redis and auth settings need a restart.
+
+With several workers (``switchyard serve --workers N``), SIGHUP goes to uvicorn's supervisor, which
+replaces the workers one by one (each new one ready before an old one drains and exits, as on
+SIGTERM), and every new worker reads the whole file. The reload endpoint then checks the file and
+asks the supervisor for that same rolling restart, so every worker changes, not only the one that
+answered.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 import threading
 from pathlib import Path
@@ -20,6 +27,8 @@ from gateway.router import BackendBuilder
 from gateway.settings import ConfigError, Settings, load_settings
 
 log = logging.getLogger("switchyard.reload")
+
+SUPERVISOR_PID_ENV = "SWITCHYARD_SUPERVISOR_PID"  # set by ``switchyard serve`` for several workers
 
 
 class Reloader:
@@ -36,6 +45,20 @@ class Reloader:
         self.pipeline.services.router.reload(fresh, self._build)
         self.pipeline.settings = _reloadable(self.pipeline.settings, fresh)
         return fresh
+
+    def reload_everywhere(self) -> tuple[Settings, bool]:
+        """Reload this process, or (under a multi-worker supervisor) check the file and ask the
+        supervisor to restart every worker on it. Returns the new settings and whether the
+        workers are being restarted."""
+        supervisor = os.environ.get(SUPERVISOR_PID_ENV)
+        if supervisor is None or int(supervisor) != os.getppid():
+            return self.reload(), False
+        if self.config_path is None:
+            raise ConfigError("this gateway was started without a config file; nothing to reload")
+        fresh = load_settings(self.config_path)  # a bad file is refused before any worker restarts
+        os.kill(int(supervisor), signal.SIGHUP)
+        log.info("asked the supervisor (pid %s) to restart the workers on %s", supervisor, self.config_path)
+        return fresh, True
 
     def install_sighup(self) -> bool:
         """Reload on SIGHUP (only possible from the main thread, where uvicorn runs one worker)."""

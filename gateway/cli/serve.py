@@ -14,6 +14,12 @@ from gateway.cli.http_protocol import HEADER_TIMEOUT_ENV, HeadDeadlineProtocol
 from gateway.settings import ConfigError, load_settings
 
 GRACE_SECONDS = 10  # after SIGTERM: how long in-flight requests and streams may take to finish
+# A rolling restart (SIGHUP, several workers) waits this long for each new worker to finish startup
+# (migrations, and loading any local engine's model) before retiring an old one; uvicorn's default
+# of 5 s aborts the restart whenever startup takes longer (a worker that dies is noticed at once;
+# one that misses the deadline is killed and the old workers keep serving). The supervisor's
+# liveness pings use the same figure.
+WORKER_STARTUP_SECONDS = 120
 
 
 def serve(
@@ -27,6 +33,8 @@ def serve(
     """Serve the OpenAI-compatible gateway."""
     import uvicorn
 
+    from gateway.reload import SUPERVISOR_PID_ENV
+
     try:
         settings = load_settings(config)
     except ConfigError as exc:
@@ -38,16 +46,20 @@ def serve(
     # re-raises the signal with the handler it found: make that a clean exit (status 0).
     signal.signal(signal.SIGTERM, _exit_cleanly)
     os.environ[HEADER_TIMEOUT_ENV] = str(header_timeout)
+    n_workers = workers or settings.server.workers
+    if n_workers > 1:  # the workers' reload endpoint asks this process for a rolling restart
+        os.environ[SUPERVISOR_PID_ENV] = str(os.getpid())
     uvicorn.run(
         "gateway.app:create_app_from_env",
         factory=True,
         host=host or settings.server.host,
         port=settings.server.port if port is None else port,
-        workers=workers or settings.server.workers,
+        workers=n_workers,
         loop="uvloop",
         http=HeadDeadlineProtocol,  # httptools, with a deadline on request heads
         lifespan="on",
         timeout_graceful_shutdown=GRACE_SECONDS,
+        timeout_worker_healthcheck=WORKER_STARTUP_SECONDS,
         log_level="info",
         access_log=False,  # one access line per request costs more than the request; see telemetry.json_logs
     )

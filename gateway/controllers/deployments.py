@@ -50,6 +50,7 @@ class EngineTenantList(msgspec.Struct):
 
 class ReloadResult(msgspec.Struct):
     models: list[str]
+    workers_restarting: bool = False  # several workers: they are being replaced, one by one, on the new file
 
 
 def _require_admin(request: Request[Any, Any, Any]) -> None:
@@ -98,7 +99,7 @@ class DeploymentsController(Controller):
         _require_admin(request)
         reloader: Reloader = request.app.state["reloader"]
         try:
-            fresh = reloader.reload()
+            fresh, restarting = reloader.reload_everywhere()
         except ConfigError as exc:
             raise ApiError(400, str(exc), code="invalid_config") from None
-        return ReloadResult(models=[m.name for m in fresh.models])
+        return ReloadResult(models=[m.name for m in fresh.models], workers_restarting=restarting)

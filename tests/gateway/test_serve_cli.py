@@ -67,6 +67,51 @@ def test_serve_round_trip(tmp_path: Path, upstream: FakeUpstream) -> None:
         proc.wait(timeout=20)
 
 
+def test_reload_endpoint_restarts_every_worker_when_there_are_several(tmp_path: Path, upstream: FakeUpstream) -> None:
+    """With --workers 2, POST /admin/v1/reload checks the file, then the supervisor replaces both
+    workers on it: afterwards every answer, whichever worker gives it, shows the new model."""
+    config = tmp_path / "config.yaml"
+    raw = {
+        "database": {"url": f"sqlite+aiosqlite:///{tmp_path}/sy.db"},
+        "auth": {"admin_key": "sk-cli-test"},
+        "models": [{"name": "echo", "deployments": [{"provider": "openai", "model": "e", "api_base": upstream.url}]}],
+    }
+    config.write_text(yaml.safe_dump(raw))
+    env = os.environ | {"SWITCHYARD__USAGE__JOURNAL_DIR": str(tmp_path / "journal")}
+    subprocess.run([SWITCHYARD, "db", "upgrade", "--config", str(config)], env=env, check=True, capture_output=True)
+    port = free_port()
+    proc = subprocess.Popen([SWITCHYARD, "serve", "--config", str(config), "--port", str(port), "--workers", "2"],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=tmp_path)
+    admin = {"Authorization": "Bearer sk-cli-test"}
+    try:
+        url = f"http://127.0.0.1:{port}"
+        _wait_healthy(url, proc)
+        config.write_text("models: [not, a, model]\n")
+        bad = httpx.post(url + "/admin/v1/reload", headers=admin, timeout=10)
+        assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_config"
+        raw["models"][0]["name"] = "echo-renamed"
+        config.write_text(yaml.safe_dump(raw))
+        answer = httpx.post(url + "/admin/v1/reload", headers=admin, timeout=10).json()
+        assert answer == {"models": ["echo-renamed"], "workers_restarting": True}
+
+        def model_ids() -> list[str]:  # a new connection each time: either worker may answer
+            with httpx.Client(headers=admin, timeout=5) as client:
+                return [m["id"] for m in client.get(url + "/v1/models").json()["data"]]
+
+        deadline, in_a_row = time.monotonic() + 60, 0
+        while in_a_row < 20:
+            assert time.monotonic() < deadline, "the workers were not all restarted on the new file"
+            try:
+                in_a_row = in_a_row + 1 if model_ids() == ["echo-renamed"] else 0
+            except httpx.HTTPError:
+                in_a_row = 0
+            time.sleep(0.05)
+        assert proc.poll() is None
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
 def test_serve_rejects_a_bad_config_naming_the_key(tmp_path: Path) -> None:
     config = tmp_path / "bad.yaml"
     config.write_text("server:\n  port: many\n")
