@@ -1,5 +1,5 @@
 # Switchyard image: the gateway, and the engine node (`switchyard engine serve`).
-#   docker build -t switchyard:cpu .                          # torch CPU wheels (gateway, CPU engine)
+#   docker build -t switchyard:cpu .                          # torch CPU wheels + g++ (gateway, CPU engine)
 #   docker build -t switchyard:cuda --build-arg VARIANT=cuda .  # torch CUDA wheels + a C compiler for Triton
 # The CUDA wheels bundle the CUDA runtime; the host needs only the NVIDIA driver and container toolkit.
 ARG PYTHON_IMAGE=python:3.11-slim
@@ -30,16 +30,17 @@ RUN pip install -e .
 
 FROM ${PYTHON_IMAGE} AS runtime
 ARG VARIANT=cpu
-# Triton compiles its kernel launchers with the system C compiler at run time.
-RUN if [ "$VARIANT" = "cuda" ]; then \
-      apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev && rm -rf /var/lib/apt/lists/*; \
-    fi \
+# Triton compiles its kernel launchers with the system C compiler at run time; on the CPU the
+# engine builds its C++ decode attention once (engine/cpu_kernels, into SWITCHYARD_KERNEL_CACHE).
+RUN if [ "$VARIANT" = "cuda" ]; then compilers="gcc libc6-dev"; else compilers="g++"; fi \
+ && apt-get update && apt-get install -y --no-install-recommends $compilers && rm -rf /var/lib/apt/lists/* \
  && groupadd --system --gid 10001 switchyard \
  && useradd --system --uid 10001 --gid switchyard --home-dir /home/switchyard --create-home switchyard \
  && mkdir -p /var/lib/switchyard /app/var && chown switchyard:switchyard /var/lib/switchyard /app/var
 COPY --from=build /opt/venv /opt/venv
 COPY --from=build /app /app
-ENV PATH=/opt/venv/bin:$PATH PYTHONUNBUFFERED=1 HF_HOME=/home/switchyard/.cache/huggingface
+ENV PATH=/opt/venv/bin:$PATH PYTHONUNBUFFERED=1 HF_HOME=/home/switchyard/.cache/huggingface \
+    SWITCHYARD_KERNEL_CACHE=/var/lib/switchyard/cpu_kernels
 WORKDIR /app
 USER switchyard
 EXPOSE 8000 8100
