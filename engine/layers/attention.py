@@ -24,6 +24,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine.cpu_kernels import paged_decode
+
 
 @dataclass
 class AttentionMetadata:
@@ -178,8 +180,6 @@ def cpu_paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_ca
                         meta: AttentionMetadata, scale: float, window: int | None) -> torch.Tensor:
     """The torch path with decode rows handed to the C++ kernel (``engine.cpu_kernels``), which
     reads K/V in place instead of gathering and padding every context."""
-    from engine.cpu_kernels import paged_decode
-
     key = ("cpu", window)
     plan = meta.plans.get(key)
     if plan is None:
