@@ -17,7 +17,6 @@ import aiohttp
 import msgspec
 
 from backends.base import (
-    BackendStats,
     BadRequest,
     ChunkStream,
     Completed,
@@ -27,9 +26,10 @@ from backends.base import (
     UpstreamError,
 )
 from backends.anthropic_wire import STOP_REASONS, from_messages_response, to_messages_request, usage_of
+from backends.call import NO_CONTEXT, CallContext
 from backends.config import DeploymentConfig
 from backends.estimate import estimate_chat_prompt, estimate_text
-from backends.http_upstream import HTTPUpstream, SSELines
+from backends.http_upstream import HTTPBackend, SSELines
 from backends.types import (
     ChatChunkChoice,
     ChatCompletion,
@@ -48,23 +48,25 @@ DEFAULT_API_BASE = "https://api.anthropic.com/v1"
 API_VERSION = "2023-06-01"
 
 
-class AnthropicBackend:
+class AnthropicBackend(HTTPBackend):
     provider = "anthropic"
+    default_api_base = DEFAULT_API_BASE
 
     def __init__(self, config: DeploymentConfig) -> None:
-        self.config = config
-        self.upstream_model = config.model
-        self.deployment_id = config.id
-        self._max_tokens = int(config.options.get("max_tokens", 4096))
         headers = {"anthropic-version": API_VERSION}
         if config.api_key:
             headers["x-api-key"] = config.api_key
-        self.http = HTTPUpstream(config, DEFAULT_API_BASE, headers)
+        super().__init__(config, headers)
+        self._max_tokens = int(config.options.get("max_tokens", 4096))
+
+    def _request(self, request: ChatCompletionRequest, ctx: CallContext, stream: bool) -> dict[str, Any]:
+        max_tokens = ctx.output_limit(request.output_limit()) or self._max_tokens
+        return to_messages_request(request, self.upstream_model, stream=stream, max_tokens=max_tokens)
 
     # ------------------------------------------------------------ chat
 
-    async def chat(self, request: ChatCompletionRequest) -> Completed[ChatCompletion]:
-        body = to_messages_request(request, self.upstream_model, stream=False, default_max_tokens=self._max_tokens)
+    async def chat(self, request: ChatCompletionRequest, ctx: CallContext = NO_CONTEXT) -> Completed[ChatCompletion]:
+        body = self._request(request, ctx, stream=False)
         data = await self._unary(body)
         response = from_messages_response(data, request.model)
         usage = response.usage if isinstance(response.usage, Usage) else Usage()
@@ -74,8 +76,10 @@ class AnthropicBackend:
             meter.cached_tokens = usage.prompt_tokens_details.cached_tokens  # type: ignore[attr-defined]
         return Completed(response, meter)
 
-    async def chat_stream(self, request: ChatCompletionRequest) -> ChunkStream[ChatCompletionChunk]:
-        body = to_messages_request(request, self.upstream_model, stream=True, default_max_tokens=self._max_tokens)
+    async def chat_stream(
+        self, request: ChatCompletionRequest, ctx: CallContext = NO_CONTEXT
+    ) -> ChunkStream[ChatCompletionChunk]:
+        body = self._request(request, ctx, stream=True)
         meter = Meter(prompt_tokens=estimate_chat_prompt(request), exact=False)
         events = await self._open(body)
         relay = _StreamTranslator(self, events, request.model, request.include_usage, meter)
@@ -97,28 +101,21 @@ class AnthropicBackend:
                                                    "stream", "stream_options", "top_k")}
         return ChatCompletionRequest(messages=[ChatMessage(role="user", content=prompts[0])], **fields)
 
-    async def complete(self, request: CompletionRequest) -> Completed[TextCompletion]:
-        done = await self.chat(self._as_chat(request))
+    async def complete(self, request: CompletionRequest, ctx: CallContext = NO_CONTEXT) -> Completed[TextCompletion]:
+        done = await self.chat(self._as_chat(request), ctx)
         chat = done.response
         text = TextCompletion(id=chat.id, model=chat.model, usage=chat.usage, choices=[
             CompletionChoice(index=0, text=chat.choices[0].message.content or "",
                              finish_reason=chat.choices[0].finish_reason)])
         return Completed(text, done.meter)
 
-    async def complete_stream(self, request: CompletionRequest) -> ChunkStream[TextCompletion]:
-        chat = await self.chat_stream(self._as_chat(request))
+    async def complete_stream(
+        self, request: CompletionRequest, ctx: CallContext = NO_CONTEXT
+    ) -> ChunkStream[TextCompletion]:
+        chat = await self.chat_stream(self._as_chat(request), ctx)
         return ChunkStream(chunks=_AsText(chat), meter=chat.meter)
 
-    # ------------------------------------------------------------ protocol rest
-
-    def stats(self) -> BackendStats:
-        return BackendStats(in_flight=self.http.in_flight)
-
-    async def ready(self) -> bool:
-        return await self.http.ready()
-
-    async def aclose(self) -> None:
-        await self.http.aclose()
+    # ------------------------------------------------------------ internals
 
     async def _unary(self, body: dict[str, Any]) -> dict[str, Any]:
         raw = await self.http.post("/messages", msgspec.json.encode(body))

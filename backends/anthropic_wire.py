@@ -13,7 +13,6 @@ import msgspec
 from msgspec import UNSET
 
 from backends.base import BadRequest
-from backends.output_cap import output_limit
 from backends.types import (
     AssistantMessage,
     ChatChoice,
@@ -106,12 +105,15 @@ def _tool_choice(choice: Any) -> dict[str, Any] | None:
 
 
 def to_messages_request(request: ChatCompletionRequest, model: str, *, stream: bool,
-                        default_max_tokens: int = DEFAULT_MAX_TOKENS) -> dict[str, Any]:
+                        max_tokens: int | None = None) -> dict[str, Any]:
+    """The Messages API body for a chat request. ``max_tokens`` is required there: the caller's
+    (the client's limit, else the gateway's cap, else the deployment's), else the client's limit,
+    else ``DEFAULT_MAX_TOKENS``."""
     if isinstance(request.n, int) and request.n > 1:
         raise BadRequest("the anthropic provider returns one choice (n must be 1)", param="n")
     system, messages = _messages(request)
     body: dict[str, Any] = {"model": model, "messages": messages,
-                            "max_tokens": output_limit(request.output_limit()) or default_max_tokens}
+                            "max_tokens": max_tokens or request.output_limit() or DEFAULT_MAX_TOKENS}
     if system:
         body["system"] = system
     if isinstance(request.temperature, float | int):

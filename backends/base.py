@@ -1,7 +1,8 @@
 """The Backend protocol: the one seam between the gateway and every provider.
 
 A backend serves one *deployment* (provider + upstream model + endpoint). It takes a validated
-wire request (``backends.types``) and returns a whole response or a ``ChunkStream``. Every result
+wire request (``backends.types``) plus the call's ``CallContext`` (tenant, the gateway's output
+cap: ``backends.call``) and returns a whole response or a ``ChunkStream``. Every result
 carries a ``Meter``: token counts, exact when the provider reported them, estimated otherwise.
 Failures are raised as the typed ``BackendError`` subclasses below, so the router can decide
 retry vs fallback vs fail without parsing strings.
@@ -13,6 +14,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
 
+from backends.call import NO_CONTEXT, CallContext
 from backends.types import (
     ChatCompletion,
     ChatCompletionChunk,
@@ -181,15 +183,19 @@ class Backend(Protocol):
     provider: str  # "openai", "anthropic", "local", "hf_fallback", ...
     upstream_model: str
 
-    async def chat(self, request: ChatCompletionRequest) -> Completed[ChatCompletion]: ...
+    async def chat(self, request: ChatCompletionRequest, ctx: CallContext = NO_CONTEXT) -> Completed[ChatCompletion]: ...
 
-    async def chat_stream(self, request: ChatCompletionRequest) -> ChunkStream[ChatCompletionChunk]:
+    async def chat_stream(
+        self, request: ChatCompletionRequest, ctx: CallContext = NO_CONTEXT
+    ) -> ChunkStream[ChatCompletionChunk]:
         """Start a stream. Errors before the first chunk are raised here, not from iteration."""
         ...
 
-    async def complete(self, request: CompletionRequest) -> Completed[TextCompletion]: ...
+    async def complete(self, request: CompletionRequest, ctx: CallContext = NO_CONTEXT) -> Completed[TextCompletion]: ...
 
-    async def complete_stream(self, request: CompletionRequest) -> ChunkStream[TextCompletion]: ...
+    async def complete_stream(
+        self, request: CompletionRequest, ctx: CallContext = NO_CONTEXT
+    ) -> ChunkStream[TextCompletion]: ...
 
     def stats(self) -> BackendStats: ...
 

@@ -20,6 +20,7 @@ import yarl
 
 from backends.base import (
     AuthFailed,
+    BackendStats,
     BackendError,
     BadRequest,
     ContextTooLong,
@@ -250,3 +251,26 @@ class SSELines:
                     pass
         except (TimeoutError, aiohttp.ClientError, OSError):
             pass
+
+
+class HTTPBackend:
+    """What every HTTP provider's ``Backend`` shares: its deployment, its pooled ``HTTPUpstream``,
+    and the protocol's ``stats`` / ``ready`` / ``aclose`` over them."""
+
+    provider: str
+    default_api_base: str
+
+    def __init__(self, config: DeploymentConfig, headers: dict[str, str]) -> None:
+        self.config = config
+        self.upstream_model = config.model
+        self.deployment_id = config.id
+        self.http = HTTPUpstream(config, self.default_api_base, headers)
+
+    def stats(self) -> BackendStats:
+        return BackendStats(in_flight=self.http.in_flight)
+
+    async def ready(self) -> bool:
+        return await self.http.ready()
+
+    async def aclose(self) -> None:
+        await self.http.aclose()

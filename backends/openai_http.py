@@ -16,12 +16,11 @@ import aiohttp
 import msgspec
 from msgspec import UNSET
 
-from backends.base import BackendStats, ChunkStream, Completed, Meter, UpstreamError
+from backends.base import ChunkStream, Completed, Meter, UpstreamError
+from backends.call import NO_CONTEXT, CallContext
 from backends.config import DeploymentConfig
 from backends.estimate import estimate_chat_prompt, estimate_completion_prompt, estimate_text
-from backends.http_upstream import ErrorDetail, ErrorEnvelope, HTTPUpstream, SSELines
-from backends.output_cap import output_limit
-from backends.tenant import tenant_headers
+from backends.http_upstream import ErrorDetail, ErrorEnvelope, HTTPBackend, HTTPUpstream, SSELines
 from backends.types import (
     ChatCompletion,
     ChatCompletionChunk,
@@ -54,57 +53,50 @@ def _meter_from_usage(meter: Meter, usage: Usage) -> None:
     meter.exact = True
 
 
-class OpenAIHTTPBackend:
+class OpenAIHTTPBackend(HTTPBackend):
     """One deployment on an OpenAI-compatible HTTP upstream."""
 
     provider = "openai"
+    default_api_base = DEFAULT_API_BASE
 
     def __init__(self, config: DeploymentConfig) -> None:
-        self.config = config
-        self.upstream_model = config.model
-        self.deployment_id = config.id
-        headers = {"authorization": f"Bearer {config.api_key}"} if config.api_key else {}
-        self.http = HTTPUpstream(config, DEFAULT_API_BASE, headers)
+        super().__init__(config, {"authorization": f"Bearer {config.api_key}"} if config.api_key else {})
         # An engine node (switchyard engine serve) schedules fairly across the gateway's tenants.
         self.forward_tenant = bool(config.options.get("forward_tenant", False))
 
     # ------------------------------------------------------------ Backend protocol
 
-    async def chat(self, request: ChatCompletionRequest) -> Completed[ChatCompletion]:
-        response = await self._unary("/chat/completions", self._payload(request, False), ChatCompletion)
+    async def chat(self, request: ChatCompletionRequest, ctx: CallContext = NO_CONTEXT) -> Completed[ChatCompletion]:
+        response = await self._unary("/chat/completions", self._payload(request, False, ctx), ChatCompletion, ctx)
         text = "".join(c.message.content or "" for c in response.choices)
         return Completed(response, self._unary_meter(response.usage, lambda: estimate_chat_prompt(request), text))
 
-    async def complete(self, request: CompletionRequest) -> Completed[TextCompletion]:
-        response = await self._unary("/completions", self._payload(request, False), TextCompletion)
+    async def complete(self, request: CompletionRequest, ctx: CallContext = NO_CONTEXT) -> Completed[TextCompletion]:
+        response = await self._unary("/completions", self._payload(request, False, ctx), TextCompletion, ctx)
         text = "".join(c.text for c in response.choices)
         return Completed(response, self._unary_meter(response.usage, lambda: estimate_completion_prompt(request), text))
 
-    async def chat_stream(self, request: ChatCompletionRequest) -> ChunkStream[ChatCompletionChunk]:
-        return await self._open_stream("/chat/completions", self._payload(request, True), ChatCompletionChunk,
-                                       request.include_usage, estimate_chat_prompt(request), _chat_text)
+    async def chat_stream(
+        self, request: ChatCompletionRequest, ctx: CallContext = NO_CONTEXT
+    ) -> ChunkStream[ChatCompletionChunk]:
+        return await self._open_stream("/chat/completions", self._payload(request, True, ctx), ChatCompletionChunk,
+                                       request.include_usage, estimate_chat_prompt(request), _chat_text, ctx)
 
-    async def complete_stream(self, request: CompletionRequest) -> ChunkStream[TextCompletion]:
-        return await self._open_stream("/completions", self._payload(request, True), TextCompletion,
-                                       request.include_usage, estimate_completion_prompt(request), _completion_text)
-
-    def stats(self) -> BackendStats:
-        return BackendStats(in_flight=self.http.in_flight)
-
-    async def ready(self) -> bool:
-        return await self.http.ready()
-
-    async def aclose(self) -> None:
-        await self.http.aclose()
+    async def complete_stream(
+        self, request: CompletionRequest, ctx: CallContext = NO_CONTEXT
+    ) -> ChunkStream[TextCompletion]:
+        return await self._open_stream("/completions", self._payload(request, True, ctx), TextCompletion,
+                                       request.include_usage, estimate_completion_prompt(request), _completion_text,
+                                       ctx)
 
     # ------------------------------------------------------------ internals
 
-    def _headers(self) -> dict[str, str] | None:
-        return tenant_headers() if self.forward_tenant else None
+    def _headers(self, ctx: CallContext) -> dict[str, str] | None:
+        return ctx.tenant_headers() if self.forward_tenant else None
 
-    def _payload(self, request: ChatCompletionRequest | CompletionRequest, stream: bool) -> bytes:
+    def _payload(self, request: ChatCompletionRequest | CompletionRequest, stream: bool, ctx: CallContext) -> bytes:
         if isinstance(request, ChatCompletionRequest) and request.output_limit() is None:
-            if (cap := output_limit(None)) is not None:  # the gateway's reservation, as the upstream's limit
+            if (cap := ctx.output_cap) is not None:  # the gateway's reservation, as the upstream's limit
                 request = msgspec.structs.replace(request, max_completion_tokens=cap)
         if stream:
             upstream = msgspec.structs.replace(
@@ -123,17 +115,17 @@ class OpenAIHTTPBackend:
             meter.prompt_tokens, meter.completion_tokens, meter.exact = prompt(), estimate_text(text), False
         return meter
 
-    async def _unary(self, path: str, payload: bytes, type_: type[R]) -> R:
-        body = await self.http.post(path, payload, self._headers())
+    async def _unary(self, path: str, payload: bytes, type_: type[R], ctx: CallContext) -> R:
+        body = await self.http.post(path, payload, self._headers(ctx))
         try:
             return msgspec.json.decode(body, type=type_)
         except (msgspec.MsgspecError, RecursionError) as exc:
             raise UpstreamError(f"upstream {self.deployment_id} sent an invalid response: {exc}") from None
 
     async def _open_stream(self, path: str, payload: bytes, type_: type[C], want_usage: bool, prompt_estimate: int,
-                           text_of: Callable[[C], str]) -> ChunkStream[C]:
+                           text_of: Callable[[C], str], ctx: CallContext) -> ChunkStream[C]:
         """Open the stream and read its first chunk, so failures before the first byte raise here."""
-        response, first_deadline, deadline = await self.http.open_stream(path, payload, self._headers())
+        response, first_deadline, deadline = await self.http.open_stream(path, payload, self._headers(ctx))
         reader = _ChunkReader(response, type_, self.deployment_id)
         try:
             first = await reader.next(first_deadline)

@@ -25,7 +25,7 @@ from backends.local.backend import LocalEngineBackend
 from gateway.app import create_app
 from gateway.contracts import Principal, Ticket, UsageRecord
 from gateway.pipeline import Pipeline
-from gateway.router import Router
+from gateway.routing.router import Router
 from gateway.services import Services
 from gateway.settings import Settings, parse_settings
 

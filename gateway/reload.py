@@ -23,7 +23,7 @@ import msgspec
 
 from backends.factory import build_backend
 from gateway.pipeline import Pipeline
-from gateway.router import BackendBuilder
+from gateway.routing.router import BackendBuilder
 from gateway.settings import ConfigError, Settings, load_settings
 
 log = logging.getLogger("switchyard.reload")

@@ -14,7 +14,7 @@ from typing import Any
 from backends.factory import build_backend
 from gateway.admin.tenancy import Tenancy
 from gateway.contracts import Admission, Authenticator, UsageSink
-from gateway.router import Router
+from gateway.routing.router import Router
 from gateway.settings import Settings
 
 ReadinessCheck = Callable[[], Awaitable[bool]]

@@ -22,7 +22,7 @@ from backends.hf_fallback.jobs import Event
 from backends.hf_fallback.runs import JobRun, PendingLogprobs, collect, relay
 from backends.hf_fallback.worker import GenerateWorker
 from backends.local.wire import LogprobFormatter
-from backends.output_cap import output_limit
+from backends.call import NO_CONTEXT, CallContext
 from backends.types import (
     AssistantMessage,
     ChatChoice,
@@ -62,9 +62,9 @@ class HFGenerateBackend:
 
     # ------------------------------------------------------------ Backend protocol
 
-    async def chat(self, request: ChatCompletionRequest) -> Completed[ChatCompletion]:
+    async def chat(self, request: ChatCompletionRequest, ctx: CallContext = NO_CONTEXT) -> Completed[ChatCompletion]:
         k = _chat_logprobs(request)
-        run = self._start(request, [self._chat_prompt(request)], request.output_limit(), k)
+        run = self._start(request, [self._chat_prompt(request)], request.output_limit(), k, ctx)
         texts, reasons, lps = await collect(run)
         choices = [ChatChoice(index=i, message=AssistantMessage(content=t), finish_reason=_reason(reasons[i]),
                               logprobs=self.logprobs.chat(lps[i]) if k is not None else None)
@@ -72,9 +72,9 @@ class HFGenerateBackend:
         response = ChatCompletion(id=_id("chatcmpl"), model=request.model, choices=choices, usage=_usage(run.meter))
         return Completed(response, run.meter)
 
-    async def chat_stream(self, request: ChatCompletionRequest) -> ChunkStream[ChatCompletionChunk]:
+    async def chat_stream(self, request: ChatCompletionRequest, ctx: CallContext = NO_CONTEXT) -> ChunkStream[ChatCompletionChunk]:
         k = _chat_logprobs(request)
-        run = self._start(request, [self._chat_prompt(request)], request.output_limit(), k)
+        run = self._start(request, [self._chat_prompt(request)], request.output_limit(), k, ctx)
         cid, created = _id("chatcmpl"), int(time.time())
         pending = PendingLogprobs()
 
@@ -97,10 +97,10 @@ class HFGenerateBackend:
         usage = (lambda: chunk([], _usage(run.meter))) if request.include_usage else None
         return ChunkStream(ClosingChunks(relay(run, first, on_event, usage), run.cancel), run.meter)  # type: ignore[arg-type]
 
-    async def complete(self, request: CompletionRequest) -> Completed[TextCompletion]:
+    async def complete(self, request: CompletionRequest, ctx: CallContext = NO_CONTEXT) -> Completed[TextCompletion]:
         prompts = self._text_prompts(request)
         k = _opt_int(request.logprobs)
-        run = self._start(request, prompts, request.output_limit(), k)
+        run = self._start(request, prompts, request.output_limit(), k, ctx)
         texts, reasons, lps = await collect(run)
         echoes = self._echoes(request, prompts)
         choices = [CompletionChoice(index=i, text=echoes[i] + t, finish_reason=_reason(reasons[i]),
@@ -109,10 +109,10 @@ class HFGenerateBackend:
         response = TextCompletion(id=_id("cmpl"), model=request.model, choices=choices, usage=_usage(run.meter))
         return Completed(response, run.meter)
 
-    async def complete_stream(self, request: CompletionRequest) -> ChunkStream[TextCompletion]:
+    async def complete_stream(self, request: CompletionRequest, ctx: CallContext = NO_CONTEXT) -> ChunkStream[TextCompletion]:
         prompts = self._text_prompts(request)
         k = _opt_int(request.logprobs)
-        run = self._start(request, prompts, request.output_limit(), k)
+        run = self._start(request, prompts, request.output_limit(), k, ctx)
         cid, created = _id("cmpl"), int(time.time())
         pending = PendingLogprobs()
         echoes = self._echoes(request, prompts)
@@ -186,7 +186,7 @@ class HFGenerateBackend:
         return [self.tokenizer.decode(p, skip_special_tokens=True) for p in prompts for _ in range(n)]
 
     def _start(self, request: SamplingFields, prompts: list[list[int]], limit: int | None,
-               logprobs: int | None) -> JobRun:
+               logprobs: int | None, ctx: CallContext) -> JobRun:
         if not all(prompts):
             raise BadRequest("the prompt is empty", param="prompt")
         longest = max(len(p) for p in prompts)
@@ -196,7 +196,7 @@ class HFGenerateBackend:
                 param="messages" if isinstance(request, ChatCompletionRequest) else "prompt")
         room = self.max_model_len - longest
         if isinstance(request, ChatCompletionRequest):
-            limit = output_limit(limit, room)
+            limit = ctx.output_limit(limit, room)
         if limit is not None and limit < 1:
             raise BadRequest("max_tokens must be at least 1", param="max_tokens")
         if limit is not None and limit > room:

@@ -16,8 +16,7 @@ from typing import Any
 from backends.base import (BackendStats, BadRequest, ChunkStream, ClosingChunks, Completed, ContextTooLong, Meter,
                            Unavailable)
 from backends.local import wire
-from backends.output_cap import output_limit
-from backends.tenant import calling_tenant
+from backends.call import NO_CONTEXT, CallContext
 from backends.types import (
     AssistantMessage,
     ChatChoice,
@@ -38,14 +37,15 @@ from engine import AsyncEngine, RequestOutput, RequestRejected, SamplingParams
 class _Run:
     """The engine requests behind one wire request, their meter, and their abort."""
 
-    def __init__(self, engine: AsyncEngine, prompts: list[list[int]], params: SamplingParams, param: str) -> None:
+    def __init__(self, engine: AsyncEngine, prompts: list[list[int]], params: SamplingParams, param: str,
+                 ctx: CallContext) -> None:
         self.engine = engine
         self.n = params.n
         self.meter = Meter(prompt_tokens=sum(len(p) for p in prompts), exact=True)
         self.ids: list[str] = []
         self.streams: list[AsyncIterator[RequestOutput]] = []
         self.finished: set[str] = set()
-        who = calling_tenant()
+        who = ctx.tenant
         tenant, weight = (who.tenant_id, who.weight) if who is not None else ("", 1.0)
         try:
             for prompt in prompts:
@@ -113,18 +113,18 @@ class LocalEngineBackend:
 
     # ------------------------------------------------------------ chat
 
-    def _start_chat(self, request: ChatCompletionRequest) -> _Run:
+    def _start_chat(self, request: ChatCompletionRequest, ctx: CallContext) -> _Run:
         messages = wire.chat_messages(request)
         try:
             prompt = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
         except ValueError as exc:  # no template, or the template refused the conversation
             raise BadRequest(str(exc), param="messages") from None
-        limit = output_limit(request.output_limit(), self.engine.max_model_len - len(prompt))
+        limit = ctx.output_limit(request.output_limit(), self.engine.max_model_len - len(prompt))
         params = wire.sampling_params(request, limit, wire.chat_logprobs_count(request))
-        return _Run(self.engine, [prompt], params, "messages")
+        return _Run(self.engine, [prompt], params, "messages", ctx)
 
-    async def chat(self, request: ChatCompletionRequest) -> Completed[ChatCompletion]:
-        run = self._start_chat(request)
+    async def chat(self, request: ChatCompletionRequest, ctx: CallContext = NO_CONTEXT) -> Completed[ChatCompletion]:
+        run = self._start_chat(request, ctx)
         final = await _collect(run)
         choices = [
             ChatChoice(index=o.index, message=AssistantMessage(content=o.text),
@@ -134,8 +134,10 @@ class LocalEngineBackend:
         response = ChatCompletion(id=_id("chatcmpl"), model=request.model, choices=choices, usage=_usage(run.meter))
         return Completed(response, run.meter)
 
-    async def chat_stream(self, request: ChatCompletionRequest) -> ChunkStream[ChatCompletionChunk]:
-        run = self._start_chat(request)
+    async def chat_stream(
+        self, request: ChatCompletionRequest, ctx: CallContext = NO_CONTEXT
+    ) -> ChunkStream[ChatCompletionChunk]:
+        run = self._start_chat(request, ctx)
         cid, created = _id("chatcmpl"), int(time.time())
 
         def chunk(choices: list[ChatChunkChoice], usage: Usage | None = None) -> ChatCompletionChunk:
@@ -160,20 +162,20 @@ class LocalEngineBackend:
 
     # ------------------------------------------------------------ completions
 
-    def _start_completion(self, request: CompletionRequest) -> tuple[_Run, list[list[int]]]:
+    def _start_completion(self, request: CompletionRequest, ctx: CallContext) -> tuple[_Run, list[list[int]]]:
         prompts = wire.completion_prompts(request)
         count = wire.opt(request.logprobs, None)
         ids = [self.tokenizer.encode(p) if isinstance(p, str) else list(p) for p in prompts]
         if not all(ids):
             raise BadRequest("the prompt is empty", param="prompt")
         params = wire.sampling_params(request, request.output_limit(), count)
-        return _Run(self.engine, ids, params, "prompt"), ids
+        return _Run(self.engine, ids, params, "prompt", ctx), ids
 
     def _echo(self, request: CompletionRequest, prompt: list[int]) -> str:
         return self.tokenizer.decode(prompt) if request.echo else ""
 
-    async def complete(self, request: CompletionRequest) -> Completed[TextCompletion]:
-        run, prompts = self._start_completion(request)
+    async def complete(self, request: CompletionRequest, ctx: CallContext = NO_CONTEXT) -> Completed[TextCompletion]:
+        run, prompts = self._start_completion(request, ctx)
         finals = await _collect(run)
         choices = []
         for p, final in enumerate(finals):
@@ -185,8 +187,10 @@ class LocalEngineBackend:
         response = TextCompletion(id=_id("cmpl"), model=request.model, choices=choices, usage=_usage(run.meter))
         return Completed(response, run.meter)
 
-    async def complete_stream(self, request: CompletionRequest) -> ChunkStream[TextCompletion]:
-        run, prompts = self._start_completion(request)
+    async def complete_stream(
+        self, request: CompletionRequest, ctx: CallContext = NO_CONTEXT
+    ) -> ChunkStream[TextCompletion]:
+        run, prompts = self._start_completion(request, ctx)
         cid, created = _id("cmpl"), int(time.time())
 
         def chunk(choices: list[CompletionChoice], usage: Usage | None = None) -> TextCompletion:

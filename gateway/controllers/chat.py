@@ -9,10 +9,10 @@ from litestar.openapi.datastructures import ResponseSpec
 
 from backends.types import ChatCompletion, ChatCompletionRequest
 from gateway.body import WireBody
+from gateway.calls import describe_chat
 from gateway.controllers.auth import authenticate_request, principal_of
 from gateway.controllers.docs import error_responses
 from gateway.pipeline import Pipeline
-from gateway.routing.cache_aware import chat_prefix, routing_prefix
 
 
 class ChatController(Controller):
@@ -35,5 +35,4 @@ class ChatController(Controller):
         },
     )
     async def create(self, request: Request[Any, Any, Any], data: ChatCompletionRequest, pipeline: Pipeline) -> Response[Any]:
-        with routing_prefix(chat_prefix(data)):  # the key of strategy cache_aware
-            return await pipeline.chat(principal_of(request), data)
+        return await pipeline.serve(describe_chat(principal_of(request), data))

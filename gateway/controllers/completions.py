@@ -9,10 +9,10 @@ from litestar.openapi.datastructures import ResponseSpec
 
 from backends.types import CompletionRequest, TextCompletion
 from gateway.body import WireBody
+from gateway.calls import describe_completion
 from gateway.controllers.auth import authenticate_request, principal_of
 from gateway.controllers.docs import error_responses
 from gateway.pipeline import Pipeline
-from gateway.routing.cache_aware import completion_prefix, routing_prefix
 
 
 class CompletionsController(Controller):
@@ -35,5 +35,4 @@ class CompletionsController(Controller):
         },
     )
     async def create(self, request: Request[Any, Any, Any], data: CompletionRequest, pipeline: Pipeline) -> Response[Any]:
-        with routing_prefix(completion_prefix(data)):  # the key of strategy cache_aware
-            return await pipeline.complete(principal_of(request), data)
+        return await pipeline.serve(describe_completion(principal_of(request), data))

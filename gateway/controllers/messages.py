@@ -16,7 +16,8 @@ from gateway.body import WireBody
 from gateway.controllers.auth import authenticate_request, principal_of
 from gateway.controllers.docs import error_responses
 from gateway.errors import exception_handlers
-from gateway.pipeline import Dialect, Pipeline
+from gateway.calls import Dialect, describe_chat
+from gateway.pipeline import Pipeline
 
 ANTHROPIC = Dialect(unary=message_body, stream=MessagesEvents)
 
@@ -56,4 +57,5 @@ class MessagesController(Controller):
                    **error_responses()},
     )
     async def create(self, request: Request[Any, Any, Any], data: MessagesRequest, pipeline: Pipeline) -> Response[Any]:
-        return await pipeline.chat(principal_of(request), to_chat_request(data), ANTHROPIC)
+        call = describe_chat(principal_of(request), to_chat_request(data), endpoint="messages", dialect=ANTHROPIC)
+        return await pipeline.serve(call)

@@ -11,7 +11,7 @@ from gateway.controllers.auth import authenticate_request, principal_of
 from gateway.controllers.docs import error_responses
 from gateway.errors import ApiError
 from gateway.pipeline import Pipeline
-from gateway.router import ModelGroup
+from gateway.routing.router import ModelGroup
 
 
 def _card(group: ModelGroup) -> ModelCard:

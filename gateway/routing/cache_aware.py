@@ -15,8 +15,8 @@ not dropped but tried last, least loaded first; a request with no text gets a ra
 load is what this gateway process has outstanding at each deployment (``Backend.stats``), so with
 several replicas each caps its own share.
 
-The controllers set the request's prefix text for the duration of the call
-(``routing_prefix``); strategies see only the candidates, so it travels in a context variable.
+The key's text is part of the call's description (``gateway.calls``: ``routing_key``), built once
+where the request enters; the plan hands it to the group's strategy.
 """
 
 from __future__ import annotations
@@ -25,22 +25,15 @@ import bisect
 import hashlib
 import math
 import random
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
-from contextvars import ContextVar
+from collections.abc import Sequence
 from functools import lru_cache
-from typing import TYPE_CHECKING
 
 from backends.types import ChatCompletionRequest, CompletionRequest
-
-if TYPE_CHECKING:
-    from gateway.router import Deployment
+from gateway.routing.deployment import Deployment
 
 PREFIX_CHARS = 1024  # the key covers at most this many leading characters of the prompt
 LOAD_FACTOR = 1.25  # a deployment takes a request while load + 1 <= ceil(LOAD_FACTOR * (total + 1) / n)
 VNODES = 64  # ring points per deployment
-
-_prefix: ContextVar[str | None] = ContextVar("switchyard_routing_prefix", default=None)
 
 
 def chat_prefix(body: ChatCompletionRequest) -> str:
@@ -60,16 +53,6 @@ def completion_prefix(body: CompletionRequest) -> str:
     if prompt and isinstance(prompt[0], str):
         return str(prompt[0])
     return " ".join(str(t) for t in prompt[:PREFIX_CHARS])  # token ids: their text form keys the same way
-
-
-@contextmanager
-def routing_prefix(text: str) -> Iterator[None]:
-    """Make ``text`` the prompt the strategy keys on, within this block (this task only)."""
-    token = _prefix.set(text)
-    try:
-        yield
-    finally:
-        _prefix.reset(token)
 
 
 def _hash(data: str) -> int:
@@ -106,14 +89,14 @@ def _load(d: Deployment) -> int:
     return d.backend.stats().in_flight  # queued requests included (BackendStats)
 
 
-def cache_aware(candidates: Sequence[Deployment], rng: random.Random) -> list[Deployment]:
+def cache_aware(candidates: Sequence[Deployment], rng: random.Random, key: str | None = None) -> list[Deployment]:
     """Ring order from the request's prefix key, deployments over the load cap moved last."""
     if not candidates:
         return []
-    key = prefix_key(_prefix.get())
-    if key is None:
-        key = rng.getrandbits(64)
-    ordered = [candidates[i] for i in ring_order([d.id for d in candidates], key)]
+    point = prefix_key(key)
+    if point is None:
+        point = rng.getrandbits(64)
+    ordered = [candidates[i] for i in ring_order([d.id for d in candidates], point)]
     loads = {id(d): _load(d) for d in ordered}
     cap = math.ceil(LOAD_FACTOR * (sum(loads.values()) + 1) / len(ordered))
     within = [d for d in ordered if loads[id(d)] + 1 <= cap]

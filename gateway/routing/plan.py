@@ -17,7 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from backends.base import BackendError, ContextTooLong, RateLimited
-from gateway.router import Deployment, ModelGroup
+from gateway.routing.deployment import Deployment
+from gateway.routing.router import ModelGroup
 
 MAX_BACKOFF = 5.0
 
@@ -32,8 +33,9 @@ class Attempt:
 
 class RoutePlan:
     def __init__(self, group: ModelGroup, resolve: Callable[[str], ModelGroup | None],
-                 rng: random.Random | None = None, prompt_tokens: int = 0) -> None:
+                 rng: random.Random | None = None, prompt_tokens: int = 0, routing_key: str | None = None) -> None:
         self._resolve = resolve
+        self._routing_key = routing_key  # the prompt's opening, for strategy cache_aware
         self._prompt_tokens = prompt_tokens  # estimated; deployments with a smaller context_window are skipped
         self.too_long = False  # some deployment was skipped because the prompt exceeds its context window
         self._rng = rng or group.rng
@@ -46,7 +48,7 @@ class RoutePlan:
     def _enter(self, group: ModelGroup) -> None:
         self._group = group
         self._tried_groups.add(group.name)
-        self._order = group.ordered()
+        self._order = group.ordered(self._routing_key)
         self._pos = -1
         self._retries_left = group.config.max_retries
         self._retry = 0

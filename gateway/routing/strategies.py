@@ -1,31 +1,29 @@
 """Strategies: the order in which a group's deployments are tried for one request.
 
 Each returns every candidate, best first; the plan takes the first and falls back along the rest.
+``key`` is the request's routing key (its prompt's opening); only ``cache_aware`` reads it.
 """
 
 from __future__ import annotations
 
 import random
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
 
 from gateway.routing.cache_aware import cache_aware
-
-if TYPE_CHECKING:
-    from gateway.router import Deployment
+from gateway.routing.deployment import Deployment
 
 EXPLORATION = 0.1  # lowest_latency: share of requests sent in random order, to keep estimates fresh
 
-Strategy = Callable[[Sequence["Deployment"], random.Random], list["Deployment"]]
+Strategy = Callable[[Sequence[Deployment], random.Random, str | None], list[Deployment]]
 
 
-def weighted(candidates: Sequence[Deployment], rng: random.Random) -> list[Deployment]:
+def weighted(candidates: Sequence[Deployment], rng: random.Random, key: str | None = None) -> list[Deployment]:
     """Weighted random order without replacement (the first is a weighted pick)."""
     # Efraimidis-Spirakis: sort by u^(1/w), u uniform in (0, 1].
     return sorted(candidates, key=lambda d: (1.0 - rng.random()) ** (1.0 / d.config.weight), reverse=True)
 
 
-def least_busy(candidates: Sequence[Deployment], rng: random.Random) -> list[Deployment]:
+def least_busy(candidates: Sequence[Deployment], rng: random.Random, key: str | None = None) -> list[Deployment]:
     """Fewest outstanding requests (``in_flight``, queued ones included) per unit of weight; then
     fewer of them queued; then the emptier KV cache (engine deployments report it); remaining ties
     broken at random."""
@@ -37,7 +35,7 @@ def least_busy(candidates: Sequence[Deployment], rng: random.Random) -> list[Dep
     return sorted(candidates, key=load)
 
 
-def lowest_latency(candidates: Sequence[Deployment], rng: random.Random) -> list[Deployment]:
+def lowest_latency(candidates: Sequence[Deployment], rng: random.Random, key: str | None = None) -> list[Deployment]:
     """Lowest time-to-first-token EWMA; unmeasured deployments first, and some random exploration."""
     if rng.random() < EXPLORATION:
         shuffled = list(candidates)
@@ -51,7 +49,7 @@ def lowest_latency(candidates: Sequence[Deployment], rng: random.Random) -> list
     return sorted(candidates, key=latency)
 
 
-def priority(candidates: Sequence[Deployment], rng: random.Random) -> list[Deployment]:
+def priority(candidates: Sequence[Deployment], rng: random.Random, key: str | None = None) -> list[Deployment]:
     """The configured order (list the cheapest first)."""
     return list(candidates)
 

@@ -7,7 +7,7 @@ from litestar import Response, get
 from litestar.handlers import HTTPRouteHandler
 
 from gateway.contracts import UsageSink
-from gateway.router import Router
+from gateway.routing.router import Router
 from gateway.telemetry.metrics import CONTENT_TYPE, GatewayMetrics, StateCollector
 
 

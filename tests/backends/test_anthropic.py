@@ -15,7 +15,7 @@ from backends.factory import build_backend
 from backends.types import ChatCompletionRequest
 from gateway.app import create_app
 from gateway.contracts import Principal
-from gateway.router import Router
+from gateway.routing.router import Router
 from gateway.services import Services
 from gateway.settings import parse_settings
 from tests.conftest import ADMIN_KEY

@@ -18,7 +18,7 @@ from engine import SamplingParams
 from engine.tiny_model import build_tiny_model
 from engine.tokenizer import Tokenizer
 from gateway.contracts import Principal
-from gateway.router import Router
+from gateway.routing.router import Router
 from gateway.services import Services
 from gateway.settings import ConfigError, DeploymentConfig, parse_settings
 from tests.support.doubles import RecordingSink, ScriptedAdmission, StaticKeys

@@ -16,7 +16,7 @@ from backends.local import LocalEngineBackend
 from backends.local.options import engine_config
 from engine.tiny_model import build_tiny_model
 from gateway.contracts import Principal
-from gateway.router import Router
+from gateway.routing.router import Router
 from gateway.services import Services
 from gateway.settings import ConfigError, DeploymentConfig, parse_settings
 from tests.support.doubles import RecordingSink, ScriptedAdmission, StaticKeys

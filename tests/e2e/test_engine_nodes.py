@@ -19,7 +19,7 @@ from backends.factory import build_backend
 from engine.tiny_model import build_tiny_model
 from gateway.app import create_app
 from gateway.contracts import Principal
-from gateway.router import Router
+from gateway.routing.router import Router
 from gateway.services import Services
 from gateway.settings import parse_settings
 from tests.support.doubles import RecordingSink, ScriptedAdmission, StaticKeys

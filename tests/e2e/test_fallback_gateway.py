@@ -19,7 +19,7 @@ import transformers
 
 from backends.factory import build_backend
 from gateway.contracts import Principal
-from gateway.router import Router
+from gateway.routing.router import Router
 from gateway.services import Services
 from gateway.settings import ConfigError, DeploymentConfig
 from tests.conftest import ADMIN_KEY, gateway_settings

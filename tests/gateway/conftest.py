@@ -9,7 +9,7 @@ import pytest
 
 from backends.factory import build_backend
 from gateway.contracts import Principal
-from gateway.router import Router
+from gateway.routing.router import Router
 from gateway.services import Services
 from tests.conftest import ADMIN_KEY, gateway_settings
 from tests.support.doubles import RecordingSink, ScriptedAdmission, StaticKeys

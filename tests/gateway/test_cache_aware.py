@@ -9,8 +9,9 @@ import msgspec
 
 from backends.base import BackendStats
 from backends.types import ChatCompletionRequest
-from gateway.router import Deployment, ModelGroup
-from gateway.routing.cache_aware import cache_aware, chat_prefix, prefix_key, routing_prefix
+from gateway.routing.deployment import Deployment
+from gateway.routing.router import ModelGroup
+from gateway.routing.cache_aware import cache_aware, chat_prefix, prefix_key
 from gateway.settings import DeploymentConfig, ModelGroupConfig, parse_settings
 
 SYSTEM = "You are the support assistant of a bicycle shop. Answer briefly and politely. " * 4
@@ -30,8 +31,7 @@ def _deployments(n: int) -> list[Deployment]:
 
 
 def _first(deployments: list[Deployment], text: str) -> str:
-    with routing_prefix(text):
-        return cache_aware(deployments, random.Random(0))[0].id
+    return cache_aware(deployments, random.Random(0), text)[0].id
 
 
 def test_key_is_stable_as_a_conversation_grows() -> None:
@@ -66,8 +66,7 @@ def test_load_cap_sends_overflow_elsewhere_in_ring_order() -> None:
     home = _first(deployments, SYSTEM)
     busy = next(d for d in deployments if d.id == home)
     busy.backend.in_flight = 4  # type: ignore[attr-defined]
-    with routing_prefix(SYSTEM):
-        order = cache_aware(deployments, random.Random(0))
+    order = cache_aware(deployments, random.Random(0), SYSTEM)
     assert [d.id for d in order][1] == home  # over the cap: tried last, not dropped
     busy.backend.in_flight = 1  # type: ignore[attr-defined]  # cap = ceil(1.25 * 2 / 2) = 2: still home
     assert _first(deployments, SYSTEM) == home
@@ -81,6 +80,5 @@ def test_group_config_accepts_the_strategy() -> None:
         env={})
     config: ModelGroupConfig = settings.models[0]
     group = ModelGroup(config, _deployments(2))
-    with routing_prefix(SYSTEM):
-        assert group.pick() is not None
+    assert group.pick(SYSTEM) is not None
     assert group.pick() is not None  # no prefix (e.g. an empty prompt): still a valid order

@@ -13,7 +13,7 @@ import pytest
 from backends.config import DeploymentConfig
 from backends.factory import build_backend
 from gateway.contracts import Principal
-from gateway.router import Router
+from gateway.routing.router import Router
 from gateway.services import Services
 from tests.conftest import gateway_settings
 from tests.support.doubles import RecordingSink, ScriptedAdmission, StaticKeys
@@ -32,10 +32,10 @@ class Crashing:
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
 
-    async def chat(self, request: Any) -> Any:
+    async def chat(self, request: Any, ctx: Any) -> Any:
         if self.crash:
             raise RuntimeError("a bug in a backend")
-        return await self.inner.chat(request)
+        return await self.inner.chat(request, ctx)
 
 
 def test_unexpected_backend_exception_is_a_500_and_the_circuit_recovers(start_gateway: Any, upstream: Any) -> None:

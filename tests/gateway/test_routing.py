@@ -15,7 +15,7 @@ import yaml
 from backends.factory import build_backend
 from gateway.app import create_app
 from gateway.contracts import Principal
-from gateway.router import Router
+from gateway.routing.router import Router
 from gateway.services import Services
 from gateway.settings import load_settings
 from tests.conftest import ADMIN_KEY

@@ -17,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from backends.factory import build_backend
 from engine.tiny_model import build_tiny_model
 from gateway.contracts import Principal
-from gateway.router import Router
+from gateway.routing.router import Router
 from gateway.services import Services
 from gateway.settings import parse_settings
 from gateway.telemetry import Telemetry

@@ -1,8 +1,8 @@
 """Public model names -> model groups -> deployments -> Backends.
 
 ``Router.resolve(name)`` finds the group for a public name or alias (``*`` wildcards allowed in
-aliases, e.g. ``gpt-4o-*``); ``Router.plan(group)`` gives the attempts for one request (strategy
-order, retries, fallbacks: ``gateway.routing.plan``). ``reload(settings)`` swaps the routing table
+aliases, e.g. ``gpt-4o-*``); ``gateway.routing.plan.RoutePlan`` gives the attempts for one request
+(strategy order, retries, fallbacks). ``reload(settings)`` swaps the routing table
 in place: unchanged deployments keep their backend and health, removed ones are closed once idle.
 """
 
@@ -13,34 +13,17 @@ import fnmatch
 import logging
 import random
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 
 from backends.base import Backend
+from gateway.routing.deployment import Deployment
 from gateway.routing.health import DeploymentHealth
 from gateway.routing.strategies import STRATEGIES
-from gateway.settings import CircuitConfig, ConfigError, DeploymentConfig, ModelGroupConfig, Settings
+from gateway.settings import ConfigError, DeploymentConfig, ModelGroupConfig, Settings
 
 log = logging.getLogger("switchyard.router")
 
 BackendBuilder = Callable[[DeploymentConfig], Backend]
 RETIRE_GRACE_SECONDS = 600.0  # the longest a removed deployment waits for in-flight requests
-
-
-@dataclass(eq=False)
-class Deployment:
-    config: DeploymentConfig
-    backend: Backend
-    health: DeploymentHealth = field(default_factory=lambda: DeploymentHealth(CircuitConfig()))
-
-    @property
-    def id(self) -> str:
-        return self.config.id
-
-    def accepts(self) -> bool:
-        limit = self.config.max_concurrency
-        if limit is not None and self.backend.stats().in_flight >= limit:
-            return False
-        return self.health.available() and self.health.within_tpm()
 
 
 class ModelGroup:
@@ -62,13 +45,14 @@ class ModelGroup:
     def names(self) -> tuple[str, ...]:
         return (self.config.name, *self.config.aliases)
 
-    def ordered(self) -> list[Deployment]:
+    def ordered(self, routing_key: str | None = None) -> list[Deployment]:
         """The deployments that may take a request now (circuit closed or trial allowed, below
-        ``max_concurrency`` and ``tokens_per_minute``), best first by the group's strategy."""
-        return self._strategy([d for d in self.deployments if d.accepts()], self.rng)
+        ``max_concurrency`` and ``tokens_per_minute``), best first by the group's strategy
+        (``routing_key``: the prompt's opening, for ``cache_aware``)."""
+        return self._strategy([d for d in self.deployments if d.accepts()], self.rng, routing_key)
 
-    def pick(self) -> Deployment | None:
-        ordered = self.ordered()
+    def pick(self, routing_key: str | None = None) -> Deployment | None:
+        ordered = self.ordered(routing_key)
         return ordered[0] if ordered else None
 
 

@@ -1,0 +1,68 @@
+"""What the gateway tells a backend about one call, beyond the wire body: ``CallContext``.
+
+Passed explicitly to every ``Backend`` method (no context variables). It holds
+
+- the calling tenant and its fair-share weight: the local engine schedules fairly across tenants
+  (``scheduling: fair``); an ``openai`` deployment with ``forward_tenant: true`` (an engine node,
+  ``switchyard engine serve``) sends it in ``TENANT_HEADER`` / ``WEIGHT_HEADER``;
+- the gateway's output cap (``quotas.default_max_tokens``) for chat requests that set no limit:
+  admission reserved that many output tokens per sequence, and the backend makes the reservation
+  hold. An HTTP upstream is sent the cap as the request's limit; an in-process engine, which knows
+  its context, stops at the cap or where the context ends, whichever comes first, rather than
+  refusing a limit the client never asked for. A limit the client set always wins.
+
+A caller without a gateway (tests, scripts) passes nothing: no tenant, no cap.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+TENANT_HEADER = "x-switchyard-tenant"
+WEIGHT_HEADER = "x-switchyard-tenant-weight"
+
+
+@dataclass(frozen=True)
+class CallingTenant:
+    tenant_id: str
+    weight: float = 1.0
+
+    @classmethod
+    def of(cls, tenant_id: str | None, weight: float = 1.0) -> CallingTenant | None:
+        """The tenant, or None for calls on nobody's behalf (admin keys); a weight <= 0 counts as 1."""
+        return cls(tenant_id, weight if weight > 0 else 1.0) if tenant_id else None
+
+
+@dataclass(frozen=True)
+class CallContext:
+    tenant: CallingTenant | None = None
+    output_cap: int | None = None  # generated tokens per sequence when the request sets no limit
+
+    def output_limit(self, requested: int | None, room: int | None = None) -> int | None:
+        """The client's limit if it set one; else the gateway's cap (None: none), at most ``room``."""
+        if requested is not None:
+            return requested
+        if self.output_cap is None:
+            return None
+        return self.output_cap if room is None else max(1, min(self.output_cap, room))
+
+    def tenant_headers(self) -> dict[str, str]:
+        """The headers that tell an engine node whom this call is for (none without a tenant)."""
+        who = self.tenant
+        return {} if who is None else {TENANT_HEADER: who.tenant_id, WEIGHT_HEADER: repr(who.weight)}
+
+
+NO_CONTEXT = CallContext()
+
+
+def forwarded_tenant(headers: Mapping[str, str]) -> CallingTenant | None:
+    """The tenant a gateway forwarded in ``tenant_headers`` (None when absent or malformed)."""
+    tenant = headers.get(TENANT_HEADER, "").strip()
+    if not tenant or len(tenant) > 200:
+        return None
+    try:
+        weight = float(headers.get(WEIGHT_HEADER, "1"))
+    except ValueError:
+        weight = 1.0
+    return CallingTenant(tenant, weight if 0 < weight < 1e6 else 1.0)

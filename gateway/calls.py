@@ -1,0 +1,94 @@
+"""One API call, described once where it enters the gateway: ``CallDescription``.
+
+A controller validates its body and builds the description; ``Pipeline.serve`` takes it through
+auth's result -> admission -> routing -> the backend -> settlement without asking the body
+anything again. A new endpoint is a controller plus a ``describe_*`` function (here when several
+endpoints share it, else in the controller), never a copy of the pipeline.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+
+from backends.base import Backend, ChunkStream, Completed
+from backends.call import CallContext
+from backends.estimate import estimate_chat_prompt, estimate_completion_prompt
+from backends.types import ChatCompletionRequest, CompletionRequest
+from gateway.contracts import Principal
+from gateway.errors import ApiError
+from gateway.routing.cache_aware import chat_prefix, completion_prefix
+from gateway.streaming import OpenAIEvents, StreamEncoder
+
+_encoder = msgspec.json.Encoder()
+
+Invoke = Callable[[Backend, CallContext], Awaitable[Completed[Any] | ChunkStream[Any]]]
+
+
+@dataclass(frozen=True)
+class Dialect:
+    """How answers are written: OpenAI's shapes by default; ``/v1/messages`` speaks Anthropic's."""
+
+    unary: Callable[[Any], bytes] = _encoder.encode
+    stream: Callable[[], StreamEncoder] = OpenAIEvents
+
+
+OPENAI = Dialect()
+
+
+@dataclass(frozen=True)
+class CallDescription:
+    """What the pipeline needs to know about one call, and how to make it on a chosen backend."""
+
+    principal: Principal
+    endpoint: str  # "chat.completions" | "completions" | "messages": usage rows, metrics, span names
+    model: str  # as the client named it
+    stream: bool
+    prompt_tokens: int  # estimated: reserved by admission, compared with deployments' context windows
+    output_limit: int | None  # the client's cap per sequence (None: it set none)
+    sequences: int  # sequences generated (choices x prompts): admission reserves output for each
+    routing_key: str | None  # the prompt's opening, for strategy cache_aware (None: no text)
+    invoke: Invoke  # the backend method with the body bound: ``invoke(backend, ctx)``
+    dialect: Dialect = OPENAI
+
+
+def describe_chat(principal: Principal, body: ChatCompletionRequest, *, endpoint: str = "chat.completions",
+                  dialect: Dialect = OPENAI) -> CallDescription:
+    """A chat completion (also what ``/v1/messages`` becomes once translated)."""
+    if body.stream_options not in (None, msgspec.UNSET) and not body.is_stream:
+        raise ApiError(400, "'stream_options' is only allowed when 'stream' is true.", param="stream_options")
+    if isinstance(body.top_logprobs, int) and not body.logprobs:
+        raise ApiError(400, "'top_logprobs' requires 'logprobs' to be true.", param="top_logprobs")
+    stream = body.is_stream
+
+    def invoke(backend: Backend, ctx: CallContext) -> Awaitable[Completed[Any] | ChunkStream[Any]]:
+        return backend.chat_stream(body, ctx) if stream else backend.chat(body, ctx)
+
+    return CallDescription(
+        principal=principal, endpoint=endpoint, model=body.model, stream=stream,
+        prompt_tokens=estimate_chat_prompt(body), output_limit=body.output_limit(), sequences=body.sequences(),
+        routing_key=chat_prefix(body), invoke=invoke, dialect=dialect,
+    )
+
+
+def describe_completion(principal: Principal, body: CompletionRequest) -> CallDescription:
+    """A legacy text completion: one or several prompts, ``n`` (or ``best_of``) sequences each."""
+    try:
+        body.prompts()
+    except ValueError as exc:
+        raise ApiError(400, str(exc), param="prompt") from None
+    if body.stream_options not in (None, msgspec.UNSET) and not body.is_stream:
+        raise ApiError(400, "'stream_options' is only allowed when 'stream' is true.", param="stream_options")
+    stream = body.is_stream
+
+    def invoke(backend: Backend, ctx: CallContext) -> Awaitable[Completed[Any] | ChunkStream[Any]]:
+        return backend.complete_stream(body, ctx) if stream else backend.complete(body, ctx)
+
+    return CallDescription(
+        principal=principal, endpoint="completions", model=body.model, stream=stream,
+        prompt_tokens=estimate_completion_prompt(body), output_limit=body.output_limit(),
+        sequences=body.sequences(), routing_key=completion_prefix(body), invoke=invoke,
+    )

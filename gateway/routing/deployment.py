@@ -1,0 +1,26 @@
+"""One deployment as the router holds it: its config, its backend, its health."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from backends.base import Backend
+from gateway.routing.health import DeploymentHealth
+from gateway.settings import CircuitConfig, DeploymentConfig
+
+
+@dataclass(eq=False)
+class Deployment:
+    config: DeploymentConfig
+    backend: Backend
+    health: DeploymentHealth = field(default_factory=lambda: DeploymentHealth(CircuitConfig()))
+
+    @property
+    def id(self) -> str:
+        return self.config.id
+
+    def accepts(self) -> bool:
+        limit = self.config.max_concurrency
+        if limit is not None and self.backend.stats().in_flight >= limit:
+            return False
+        return self.health.available() and self.health.within_tpm()
