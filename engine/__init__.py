@@ -5,16 +5,19 @@
 
 from engine.async_engine import AsyncEngine
 from engine.config import EngineConfig
+from engine.errors import EngineClosed, EngineError, InvalidRequest, RequestRejected
 from engine.llm_engine import LLM, LLMEngine
 from engine.outputs import CompletionOutput, RequestOutput
 from engine.metrics import MetricsSnapshot
 from engine.sampling_params import SamplingParams
-from engine.scheduler import RequestRejected
 
 __all__ = [
     "AsyncEngine",
     "CompletionOutput",
+    "EngineClosed",
     "EngineConfig",
+    "EngineError",
+    "InvalidRequest",
     "LLM",
     "LLMEngine",
     "MetricsSnapshot",

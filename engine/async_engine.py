@@ -11,35 +11,25 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-
 from engine.config import EngineConfig
+from engine.errors import EngineClosed, InvalidRequest
+from engine.input_processor import EngineRequest
 from engine.llm_engine import LLMEngine
 from engine.outputs import RequestOutput
 from engine.metrics import MetricsSnapshot
 from engine.sampling_params import SamplingParams
 
 
-@dataclass
-class _Pending:
-    request_id: str
-    prompt_ids: list[int]
-    params: SamplingParams
-    priority: int
-    tenant: str
-    weight: float
-
-
 class AsyncEngine:
     def __init__(self, config: EngineConfig | None = None, *, engine: LLMEngine | None = None) -> None:
         if engine is None:
             if config is None:
-                raise ValueError("give an EngineConfig or an LLMEngine")
+                raise TypeError("give an EngineConfig or an LLMEngine")
             engine = LLMEngine(config)
         self.engine = engine
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine-step")
         self._streams: dict[str, asyncio.Queue[RequestOutput | BaseException]] = {}
-        self._adds: list[_Pending] = []
+        self._adds: list[EngineRequest] = []  # validated, joining the engine after the running step
         self._aborts: list[str] = []
         self._wake = asyncio.Event()
         self._in_flight = False
@@ -61,7 +51,7 @@ class AsyncEngine:
     def num_pending(self) -> int:
         """Sequences of requests added but not yet handed to the scheduler (they join it after the
         running step); ``get_metrics`` does not see them yet."""
-        return sum(p.params.n for p in self._adds)
+        return sum(r.params.n for r in self._adds)
 
     def add_request(
         self,
@@ -72,21 +62,17 @@ class AsyncEngine:
         tenant: str = "",
         weight: float = 1.0,
     ) -> AsyncIterator[RequestOutput]:
-        """Validate and queue a request (raising RequestRejected / ValueError now, not later);
-        return an async iterator of its outputs, the last one with ``finished=True``.
+        """Validate and queue a request (raising RequestRejected / InvalidRequest / EngineClosed now,
+        not later); return an async iterator of its outputs, the last one with ``finished=True``.
         ``tenant`` and ``weight`` feed fair scheduling and the per-tenant metrics."""
         if self._closed:
-            raise RuntimeError("the engine is shut down")
+            raise EngineClosed("the engine is shut down")
         if request_id in self._streams:
-            raise ValueError(f"request id {request_id!r} is already in use")
-        params = params or SamplingParams()
-        prompt_ids = self.engine.tokenize(prompt)
-        self.engine.check_request(prompt_ids, params)
-        if not weight > 0:
-            raise ValueError("the tenant weight must be positive")
+            raise InvalidRequest(f"request id {request_id!r} is already in use")
+        request = self.engine.processor.process(request_id, prompt, params, priority, tenant, weight)
         queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
         self._streams[request_id] = queue
-        self._adds.append(_Pending(request_id, prompt_ids, params, priority, tenant, weight))
+        self._adds.append(request)
         self._ensure_running()
         self._wake.set()
         return self._stream(request_id, queue)
@@ -132,12 +118,11 @@ class AsyncEngine:
         for request_id in aborts:
             self._abort_now(request_id)
         adds, self._adds = self._adds, []
-        for p in adds:
+        for request in adds:
             try:
-                self.engine.add_request(p.request_id, p.prompt_ids, p.params, p.priority,
-                                        tenant=p.tenant, weight=p.weight)
+                self.engine.add_processed(request)
             except Exception as exc:  # validated on entry; anything here is reported, not lost
-                queue = self._streams.pop(p.request_id, None)
+                queue = self._streams.pop(request.request_id, None)
                 if queue is not None:
                     queue.put_nowait(exc)
 
@@ -174,7 +159,7 @@ class AsyncEngine:
         """A step raised: end every stream with the error and drop its requests."""
         for request_id, queue in list(self._streams.items()):
             self.engine.abort_request(request_id)
-            queue.put_nowait(RuntimeError(f"engine step failed: {exc!r}"))
+            queue.put_nowait(EngineClosed(f"engine step failed: {exc!r}"))
         self._streams.clear()
 
     async def shutdown(self) -> None:

@@ -13,6 +13,8 @@ from torch import nn
 from engine.block_manager import BlockManager
 from engine.capacity import Capacity, KVLayout
 from engine.config import EngineConfig
+from engine.errors import InvalidRequest
+from engine.input_processor import EngineRequest, InputProcessor, RequestLimits
 from engine.metrics import EngineMetrics, MetricsSnapshot
 from engine.model_runner import ModelRunner
 from engine.sampling_params import SamplingParams
@@ -86,6 +88,9 @@ class LLMEngine:
             config.enable_chunked_prefill,
             policy,
         )
+        vocab = int(getattr(hf_config, "vocab_size", 0)) or None
+        limits = RequestLimits(max_len, self.capacity.num_blocks, config.block_size, vocab)
+        self.processor = InputProcessor(limits, self.tokenizer)  # the one place requests are validated
         self.metrics = EngineMetrics()
         self._requests: dict[str, RequestState] = {}
 
@@ -94,20 +99,6 @@ class LLMEngine:
         return self.scheduler.max_model_len
 
     # -- requests ----------------------------------------------------------------------------
-
-    def tokenize(self, prompt: str | list[int]) -> list[int]:
-        if not isinstance(prompt, str):
-            return list(prompt)
-        if self.tokenizer is None:
-            raise ValueError("this model folder has no tokenizer; pass token ids")
-        return self.tokenizer.encode(prompt)
-
-    def check_request(self, prompt_ids: list[int], params: SamplingParams) -> None:
-        """Raise ValueError (RequestRejected when too long) for a request that cannot run."""
-        vocab = int(getattr(self.hf_config, "vocab_size", 0)) or None
-        if vocab is not None and any(not 0 <= t < vocab for t in prompt_ids):
-            raise ValueError(f"prompt token ids must be in [0, {vocab})")
-        self.scheduler.check_fits(len(prompt_ids), params.max_tokens)
 
     def add_request(
         self,
@@ -119,31 +110,32 @@ class LLMEngine:
         tenant: str = "",
         weight: float = 1.0,
     ) -> None:
-        """Queue a request; raise RequestRejected if it can never fit, ValueError if malformed.
-        With ``stream=False`` the request is reported once, when it finishes. ``tenant`` and its
-        ``weight`` matter to ``scheduling_policy="fair"`` and to the per-tenant metrics."""
-        if not weight > 0:
-            raise ValueError("the tenant weight must be positive")
-        if request_id in self._requests:
-            raise ValueError(f"request id {request_id!r} is already in use")
-        params = params or SamplingParams()
-        prompt_ids = self.tokenize(prompt)
-        self.check_request(prompt_ids, params)
+        """Validate and queue a request; raise RequestRejected if it can never fit, InvalidRequest
+        if malformed. With ``stream=False`` the request is reported once, when it finishes.
+        ``tenant`` and its ``weight`` matter to ``scheduling_policy="fair"`` and to the per-tenant
+        metrics."""
+        self.add_processed(self.processor.process(request_id, prompt, params, priority, tenant, weight), stream)
+
+    def add_processed(self, request: EngineRequest, stream: bool = True) -> None:
+        """Queue a request the input processor validated (``self.processor.process``)."""
+        if request.request_id in self._requests:
+            raise InvalidRequest(f"request id {request.request_id!r} is already in use")
+        params, prompt_ids = request.params, request.prompt_ids
         now = time.monotonic()
-        salt = 0 if self.config.enable_prefix_caching else (hash(request_id) | 1)
+        salt = 0 if self.config.enable_prefix_caching else (hash(request.request_id) | 1)
         seqs = []
         for i in range(params.n):
-            seq = Sequence(request_id, prompt_ids, params, index=i, priority=priority, arrival_time=now)
+            seq = Sequence(request.request_id, prompt_ids, params, index=i, priority=request.priority,
+                           arrival_time=now, max_len=request.max_len)
             seq.cache_salt = salt
-            seq.tenant, seq.weight = tenant, float(weight)
+            seq.tenant, seq.weight = request.tenant, request.weight
             if params.seed is not None:
                 seq.generator = torch.Generator(device=self.runner.device)
                 seq.generator.manual_seed((params.seed + i * 0x9E3779B1) % 2**63)
             seqs.append(seq)
         texts = [TextState(self.tokenizer, params, prompt_ids) for _ in seqs]
-        prompt_text = prompt if isinstance(prompt, str) else None
-        self._requests[request_id] = RequestState(
-            request_id, prompt_text, prompt_ids, seqs, texts, now, [0] * len(seqs), stream
+        self._requests[request.request_id] = RequestState(
+            request.request_id, request.prompt_text, prompt_ids, seqs, texts, now, [0] * len(seqs), stream
         )
         for seq in seqs:
             self.scheduler.add(seq)

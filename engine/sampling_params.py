@@ -1,8 +1,11 @@
-"""Per-request sampling parameters (vLLM's names), validated on construction."""
+"""Per-request sampling parameters (vLLM's names), validated on construction (``InvalidRequest``
+naming the field)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+from engine.errors import InvalidRequest
 
 MAX_LOGPROBS = 20
 
@@ -36,29 +39,25 @@ class SamplingParams:
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         self.stop = [s for s in self.stop if s]
-        checks: list[tuple[bool, str]] = [
-            (self.n >= 1, "n must be >= 1"),
-            (self.temperature >= 0.0, "temperature must be >= 0"),
-            (0.0 < self.top_p <= 1.0, "top_p must be in (0, 1]"),
-            (self.top_k >= 0 or self.top_k == -1, "top_k must be >= 0 (0 or -1 disables it)"),
-            (0.0 <= self.min_p <= 1.0, "min_p must be in [0, 1]"),
-            (self.repetition_penalty > 0.0, "repetition_penalty must be > 0"),
-            (-2.0 <= self.presence_penalty <= 2.0, "presence_penalty must be in [-2, 2]"),
-            (-2.0 <= self.frequency_penalty <= 2.0, "frequency_penalty must be in [-2, 2]"),
-            (self.max_tokens is None or self.max_tokens >= 1, "max_tokens must be >= 1"),
-            (self.min_tokens >= 0, "min_tokens must be >= 0"),
-            (
-                self.max_tokens is None or self.min_tokens <= self.max_tokens,
-                "min_tokens must be <= max_tokens",
-            ),
-            (
-                self.logprobs is None or 0 <= self.logprobs <= MAX_LOGPROBS,
-                f"logprobs must be in [0, {MAX_LOGPROBS}]",
-            ),
+        checks: list[tuple[bool, str, str]] = [
+            (self.n >= 1, "n", "n must be >= 1"),
+            (self.temperature >= 0.0, "temperature", "temperature must be >= 0"),
+            (0.0 < self.top_p <= 1.0, "top_p", "top_p must be in (0, 1]"),
+            (self.top_k >= 0 or self.top_k == -1, "top_k", "top_k must be >= 0 (0 or -1 disables it)"),
+            (0.0 <= self.min_p <= 1.0, "min_p", "min_p must be in [0, 1]"),
+            (self.repetition_penalty > 0.0, "repetition_penalty", "repetition_penalty must be > 0"),
+            (-2.0 <= self.presence_penalty <= 2.0, "presence_penalty", "presence_penalty must be in [-2, 2]"),
+            (-2.0 <= self.frequency_penalty <= 2.0, "frequency_penalty", "frequency_penalty must be in [-2, 2]"),
+            (self.max_tokens is None or self.max_tokens >= 1, "max_tokens", "max_tokens must be >= 1"),
+            (self.min_tokens >= 0, "min_tokens", "min_tokens must be >= 0"),
+            (self.max_tokens is None or self.min_tokens <= self.max_tokens, "min_tokens",
+             "min_tokens must be <= max_tokens"),
+            (self.logprobs is None or 0 <= self.logprobs <= MAX_LOGPROBS, "logprobs",
+             f"logprobs must be in [0, {MAX_LOGPROBS}]"),
         ]
-        for ok, message in checks:
+        for ok, param, message in checks:
             if not ok:
-                raise ValueError(message)
+                raise InvalidRequest(message, param=param)
         if self.top_k == -1:
             self.top_k = 0
 

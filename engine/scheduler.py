@@ -25,10 +25,6 @@ from engine.block_manager import BlockManager
 from engine.sequence import FinishReason, Sequence, SequenceStatus
 
 
-class RequestRejected(ValueError):
-    """A request that can never be served (too long for the model or the whole cache)."""
-
-
 class QueuePolicy(Protocol):
     """The waiting queue: its order, and who is preempted when blocks run out."""
 
@@ -183,31 +179,8 @@ class Scheduler:
 
     # -- admission and removal ----------------------------------------------------------------
 
-    def check_fits(self, num_prompt_tokens: int, max_tokens: int | None) -> int:
-        """Return the sequence's maximum length, or raise RequestRejected saying why not."""
-        if num_prompt_tokens == 0:
-            raise RequestRejected("the prompt must contain at least one token")
-        if num_prompt_tokens >= self.max_model_len:
-            raise RequestRejected(
-                f"the prompt has {num_prompt_tokens} tokens, but this model's context is "
-                f"{self.max_model_len} tokens and at least one must be left to generate"
-            )
-        max_len = self.max_model_len if max_tokens is None else num_prompt_tokens + max_tokens
-        if max_len > self.max_model_len:
-            raise RequestRejected(
-                f"the prompt ({num_prompt_tokens} tokens) plus max_tokens ({max_tokens}) exceeds "
-                f"this model's context of {self.max_model_len} tokens; lower max_tokens"
-            )
-        if self.blocks.blocks_for(max_len) > self.blocks.num_blocks:
-            capacity = self.blocks.num_blocks * self.blocks.block_size
-            raise RequestRejected(
-                f"the request needs up to {max_len} tokens of KV cache, more than the whole "
-                f"cache holds ({capacity} tokens); lower max_tokens or shorten the prompt"
-            )
-        return max_len
-
     def add(self, seq: Sequence) -> None:
-        seq.max_len = self.check_fits(seq.num_prompt_tokens, seq.params.max_tokens)
+        """Queue a sequence; its ``max_len`` was fixed by the input processor (engine.input_processor)."""
         seq.status = SequenceStatus.WAITING
         self.waiting.push(seq)
 

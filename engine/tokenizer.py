@@ -23,14 +23,11 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer as HFTokenizer
 
 from engine.detok import IncrementalDetokenizer, StopMatcher
+from engine.errors import ChatTemplateError
 
 __all__ = ["ChatTemplateError", "IncrementalDetokenizer", "StopMatcher", "Tokenizer"]
 
 _SPECIAL_KEYS = ("bos_token", "eos_token", "unk_token", "pad_token", "sep_token", "cls_token", "mask_token")
-
-
-class ChatTemplateError(ValueError):
-    """The model has no chat template, or the template refused the conversation."""
 
 
 def _token_text(value: Any) -> str | None:

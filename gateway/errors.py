@@ -77,6 +77,16 @@ class ApiError(Exception):
         )
 
 
+class ParameterError(ValueError):
+    """A bad query or body parameter found below the HTTP layer (a date, a range); carries its name,
+    so the API maps it to a 400 without reading the message."""
+
+    def __init__(self, message: str, *, param: str) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+
+
 def retry_after_header(seconds: float | None) -> dict[str, str]:
     if seconds is None:
         return {}

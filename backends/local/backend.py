@@ -31,7 +31,7 @@ from backends.types import (
     TextCompletion,
     Usage,
 )
-from engine import AsyncEngine, RequestOutput, RequestRejected, SamplingParams
+from engine import AsyncEngine, EngineClosed, InvalidRequest, RequestOutput, RequestRejected, SamplingParams
 
 
 class _Run:
@@ -54,13 +54,13 @@ class _Run:
                 self.ids.append(rid)
         except RequestRejected as exc:
             self.abort()
-            raise ContextTooLong(str(exc), param="max_tokens" if "max_tokens" in str(exc) else param) from None
-        except RuntimeError as exc:  # shut down
+            raise ContextTooLong(exc.message, param=exc.param or param) from None
+        except InvalidRequest as exc:
             self.abort()
-            raise Unavailable(str(exc)) from None
-        except ValueError as exc:
+            raise BadRequest(exc.message, param=exc.param or param) from None
+        except EngineClosed as exc:
             self.abort()
-            raise BadRequest(str(exc), param=param) from None
+            raise Unavailable(exc.message) from None
 
     async def outputs(self) -> AsyncIterator[tuple[int, RequestOutput]]:
         """``(prompt index, output)`` for every engine output, prompt by prompt."""
@@ -117,8 +117,8 @@ class LocalEngineBackend:
         messages = wire.chat_messages(request)
         try:
             prompt = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
-        except ValueError as exc:  # no template, or the template refused the conversation
-            raise BadRequest(str(exc), param="messages") from None
+        except InvalidRequest as exc:  # no template, or the template refused the conversation
+            raise BadRequest(exc.message, param=exc.param) from None
         limit = ctx.output_limit(request.output_limit(), self.engine.max_model_len - len(prompt))
         params = wire.sampling_params(request, limit, wire.chat_logprobs_count(request))
         return _Run(self.engine, [prompt], params, "messages", ctx)

@@ -17,7 +17,7 @@ from backends.types import (
     TokenLogprob,
     TopLogprob,
 )
-from engine import SamplingParams
+from engine import InvalidRequest, SamplingParams
 
 
 def opt(value: Any, default: Any) -> Any:
@@ -26,8 +26,6 @@ def opt(value: Any, default: Any) -> Any:
 
 def sampling_params(request: SamplingFields, limit: int | None, logprobs: int | None) -> SamplingParams:
     """Engine sampling parameters for a wire request; a BadRequest names the offending field."""
-    if limit is not None and limit < 1:
-        raise BadRequest("max_tokens must be at least 1", param="max_tokens")
     if opt(request.logit_bias, None):
         raise BadRequest("logit_bias is not supported by the local engine", param="logit_bias")
     top_k = opt(request.top_k, 0)
@@ -48,9 +46,8 @@ def sampling_params(request: SamplingFields, limit: int | None, logprobs: int | 
             ignore_eos=bool(opt(request.ignore_eos, False)),
             logprobs=logprobs,
         )
-    except ValueError as exc:
-        message = str(exc)
-        raise BadRequest(message, param=message.split(" ", 1)[0]) from None
+    except InvalidRequest as exc:
+        raise BadRequest(exc.message, param=exc.param) from None
 
 
 def chat_messages(request: ChatCompletionRequest) -> list[dict[str, str]]:

@@ -21,7 +21,7 @@ from gateway.admin.schemas import AdminBody, KeyCreate, KeyRotate, LimitsBody, T
 from gateway.admin.service import AdminError, CreatedKey, TenancyService
 from gateway.contracts import Authenticator, Principal
 from gateway.db.engine import Database
-from gateway.errors import database_exception_handlers
+from gateway.errors import ParameterError, database_exception_handlers
 from gateway.usage.report import GROUPS, ReportQuery, end_of_day, parse_day, usage_report
 
 
@@ -52,8 +52,8 @@ def _report_query(
             group_by=groups,
             **filters,
         )
-    except ValueError as exc:
-        raise AdminError(str(exc), param=str(exc).split(" ", 1)[0]) from None
+    except ParameterError as exc:
+        raise AdminError(exc.message, param=exc.param) from None
 
 
 class TenantController(Controller):

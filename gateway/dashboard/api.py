@@ -19,6 +19,7 @@ from gateway.auth.authenticator import ADMIN_KEY_ID
 from gateway.dashboard import queries
 from gateway.dashboard.sessions import SESSION_COOKIE, SessionData, Sessions
 from gateway.db.engine import Database
+from gateway.errors import ParameterError
 
 CSV_TABLES = {
     "series": ("t", "requests", "errors", "prompt_tokens", "completion_tokens", "total_tokens", "cost"),
@@ -73,8 +74,8 @@ async def tenant_for(session: SessionData, requested: str | None, svc: TenancySe
 def _range(start: str | None, end: str | None, bucket: str | None) -> queries.Range:
     try:
         return queries.Range.parse(start, end, bucket)
-    except ValueError as exc:
-        raise AdminError(str(exc), param=str(exc).split(" ", 1)[0]) from None
+    except ParameterError as exc:
+        raise AdminError(exc.message, param=exc.param) from None
 
 
 class DashboardApi(Controller):

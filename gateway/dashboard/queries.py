@@ -15,6 +15,7 @@ from sqlalchemy import func, select
 
 from gateway.db.engine import Database
 from gateway.db.models import LatencyHourly, UsageHourly, UsageRow
+from gateway.errors import ParameterError
 from gateway.quotas.limits import Limits, period_start
 from gateway.usage.rollup import BOUNDS_MS
 
@@ -31,18 +32,18 @@ class Range:
 
     @classmethod
     def parse(cls, start: str | None, end: str | None, bucket: str | None, now: datetime | None = None) -> Range:
-        """ISO dates or timestamps (UTC); default: the last 7 days. Raises ValueError naming the parameter."""
+        """ISO dates or timestamps (UTC); default: the last 7 days. Raises ParameterError naming the parameter."""
         now = now or datetime.now(UTC)
         if bucket not in (None, "hour", "day"):
-            raise ValueError("bucket must be 'hour' or 'day'")
+            raise ParameterError("bucket must be 'hour' or 'day'", param="bucket")
         e = _parse(end, "end") if end else now
         if end and len(end.strip()) == 10:
             e += timedelta(days=1)  # a bare end date includes that day
         s = _parse(start, "start") if start else e - timedelta(days=7)
         if s >= e:
-            raise ValueError("start must be before end")
+            raise ParameterError("start must be before end", param="start")
         if e - s > MAX_RANGE:
-            raise ValueError("start: the range may span at most 400 days")
+            raise ParameterError("start: the range may span at most 400 days", param="start")
         return cls(s.replace(minute=0, second=0, microsecond=0), e, bucket or "hour")  # type: ignore[arg-type]
 
 
@@ -50,7 +51,7 @@ def _parse(text: str, param: str) -> datetime:
     try:
         value = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
     except ValueError:
-        raise ValueError(f"{param} must be an ISO date or timestamp, got {text[:40]!r}") from None
+        raise ParameterError(f"{param} must be an ISO date or timestamp, got {text[:40]!r}", param=param) from None
     return value.astimezone(UTC) if value.tzinfo else value.replace(tzinfo=UTC)
 
 

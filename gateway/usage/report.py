@@ -11,6 +11,7 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from gateway.db.engine import Database
 from gateway.db.models import UsageRow
+from gateway.errors import ParameterError
 
 GROUPS = ("tenant", "key", "model", "day")
 
@@ -29,7 +30,8 @@ def parse_day(text: str, param: str) -> datetime:
     try:
         value = datetime.fromisoformat(text)
     except ValueError:
-        raise ValueError(f"{param} must be a date (YYYY-MM-DD) or ISO timestamp, got {text!r}") from None
+        raise ParameterError(f"{param} must be a date (YYYY-MM-DD) or ISO timestamp, got {text!r}",
+                             param=param) from None
     return value if value.tzinfo else value.replace(tzinfo=UTC)
 
 
@@ -48,7 +50,7 @@ def _day(dialect: str) -> ColumnElement[Any]:
 async def usage_report(db: Database, q: ReportQuery) -> list[dict[str, Any]]:
     unknown = [g for g in q.group_by if g not in GROUPS]
     if unknown:
-        raise ValueError(f"cannot group by {unknown[0]!r}; choose from {', '.join(GROUPS)}")
+        raise ParameterError(f"cannot group by {unknown[0]!r}; choose from {', '.join(GROUPS)}", param="group_by")
     columns: dict[str, ColumnElement[Any]] = {
         "tenant": UsageRow.tenant_id,
         "key": UsageRow.key_id,

@@ -31,7 +31,8 @@ def make(policy: QueuePolicy, num_blocks: int = 1024, max_seqs: int = 8, budget:
 def add(s: Scheduler, rid: str, tenant: str, prompt_len: int, max_tokens: int, tick: int,
         weight: float = 1.0) -> Sequence:
     tokens = [sum(map(ord, rid)) * 7 + len(rid)] + list(range(1, prompt_len))
-    seq = Sequence(rid, tokens, SamplingParams(max_tokens=max_tokens), arrival_time=float(tick))
+    seq = Sequence(rid, tokens, SamplingParams(max_tokens=max_tokens), arrival_time=float(tick),
+                   max_len=prompt_len + max_tokens)  # as the input processor fixes it on entry
     seq.tenant, seq.weight = tenant, weight
     s.add(seq)
     return seq

@@ -6,7 +6,9 @@ import pytest
 
 from engine.block_manager import BlockManager
 from engine.sampling_params import SamplingParams
-from engine.scheduler import PriorityQueue, RequestRejected, Scheduler, SchedulerOutput
+from engine.errors import RequestRejected
+from engine.input_processor import RequestLimits
+from engine.scheduler import PriorityQueue, Scheduler, SchedulerOutput
 from engine.sequence import FinishReason, Sequence
 
 BS = 4
@@ -20,8 +22,13 @@ def add(s: Scheduler, rid: str, prompt_len: int, max_tokens: int, priority: int 
     """Prompts of different requests differ in their first token, so they share no blocks."""
     tokens = [len(rid) * 131 + sum(map(ord, rid))] + list(range(1, prompt_len))
     seq = Sequence(rid, tokens[:prompt_len], SamplingParams(max_tokens=max_tokens), priority=priority)
+    seq.max_len = limits(s).max_len(prompt_len, max_tokens)  # what the input processor fixes on entry
     s.add(seq)
     return seq
+
+
+def limits(s: Scheduler) -> RequestLimits:
+    return RequestLimits(s.max_model_len, s.blocks.num_blocks, s.blocks.block_size)
 
 
 def fake_step(s: Scheduler) -> SchedulerOutput:
@@ -89,8 +96,9 @@ def test_over_long_requests_are_rejected() -> None:
     s = make(num_blocks=8, max_len=64)
     with pytest.raises(RequestRejected, match="context"):
         add(s, "x", 64, 1)
-    with pytest.raises(RequestRejected, match="max_tokens"):
+    with pytest.raises(RequestRejected, match="max_tokens") as over:
         add(s, "y", 40, 30)
+    assert over.value.param == "max_tokens"
     with pytest.raises(RequestRejected, match="whole cache"):
         add(s, "z", 20, 20)  # 40 tokens need 10 blocks of 4; the cache has 8
     with pytest.raises(RequestRejected):

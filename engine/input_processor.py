@@ -1,0 +1,89 @@
+"""The engine's front door: a request is validated once, into an ``EngineRequest`` the core trusts.
+
+As vLLM's input processor: the prompt is tokenized (when given as text), its token ids checked
+against the vocabulary, the sampling parameters taken as validated (``SamplingParams`` checks
+itself on construction), and the sequence's maximum length fixed against the model's context and
+the whole KV cache. ``LLMEngine.add_processed`` and the scheduler then take it as it is.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from engine.errors import InvalidRequest, RequestRejected
+from engine.sampling_params import SamplingParams
+
+
+@dataclass(frozen=True)
+class EngineRequest:
+    """A validated request: token ids, parameters, and the length its sequences may reach."""
+
+    request_id: str
+    prompt_ids: list[int]
+    prompt_text: str | None  # the text it was tokenized from (None when given as ids)
+    params: SamplingParams
+    max_len: int  # prompt + max output tokens, capped by the context
+    priority: int = 0
+    tenant: str = ""  # who asked (the gateway's tenant id); "" when unknown
+    weight: float = 1.0  # the tenant's fair-share weight
+
+
+@dataclass(frozen=True)
+class RequestLimits:
+    """What a request must fit: the model's context and the KV cache (in blocks of ``block_size``)."""
+
+    max_model_len: int
+    num_blocks: int
+    block_size: int
+    vocab_size: int | None = None
+
+    def max_len(self, num_prompt_tokens: int, max_tokens: int | None) -> int:
+        """The sequence's maximum length, or RequestRejected saying why it can never run."""
+        if num_prompt_tokens == 0:
+            raise RequestRejected("the prompt must contain at least one token")
+        if num_prompt_tokens >= self.max_model_len:
+            raise RequestRejected(
+                f"the prompt has {num_prompt_tokens} tokens, but this model's context is "
+                f"{self.max_model_len} tokens and at least one must be left to generate"
+            )
+        max_len = self.max_model_len if max_tokens is None else num_prompt_tokens + max_tokens
+        if max_len > self.max_model_len:
+            raise RequestRejected(
+                f"the prompt ({num_prompt_tokens} tokens) plus max_tokens ({max_tokens}) exceeds "
+                f"this model's context of {self.max_model_len} tokens; lower max_tokens", param="max_tokens"
+            )
+        if -(-max_len // self.block_size) > self.num_blocks:
+            raise RequestRejected(
+                f"the request needs up to {max_len} tokens of KV cache, more than the whole "
+                f"cache holds ({self.num_blocks * self.block_size} tokens); lower max_tokens or shorten the prompt",
+                param="max_tokens" if max_tokens is not None else None,
+            )
+        return max_len
+
+
+class InputProcessor:
+    def __init__(self, limits: RequestLimits, tokenizer: Any = None) -> None:
+        self.limits = limits
+        self.tokenizer = tokenizer  # engine.tokenizer.Tokenizer, or None: prompts come as token ids
+
+    def tokenize(self, prompt: str | list[int]) -> list[int]:
+        if not isinstance(prompt, str):
+            return list(prompt)
+        if self.tokenizer is None:
+            raise InvalidRequest("this model folder has no tokenizer; pass token ids", param="prompt")
+        return self.tokenizer.encode(prompt)
+
+    def process(self, request_id: str, prompt: str | list[int], params: SamplingParams | None = None,
+                priority: int = 0, tenant: str = "", weight: float = 1.0) -> EngineRequest:
+        """Validate a request once; raise InvalidRequest (RequestRejected when it can never fit)."""
+        if not weight > 0:
+            raise InvalidRequest("the tenant weight must be positive", param="weight")
+        params = params or SamplingParams()
+        prompt_ids = self.tokenize(prompt)
+        vocab = self.limits.vocab_size
+        if vocab is not None and any(not 0 <= t < vocab for t in prompt_ids):
+            raise InvalidRequest(f"prompt token ids must be in [0, {vocab})", param="prompt")
+        max_len = self.limits.max_len(len(prompt_ids), params.max_tokens)
+        text = prompt if isinstance(prompt, str) else None
+        return EngineRequest(request_id, prompt_ids, text, params, max_len, priority, tenant, float(weight))
