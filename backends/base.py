@@ -204,3 +204,17 @@ class Backend(Protocol):
         ...
 
     async def aclose(self) -> None: ...
+
+
+@runtime_checkable
+class EngineBacked(Protocol):
+    """A backend over an in-process engine (``backends.local``): what the gateway may read of it
+    beyond ``Backend`` (the ``vllm:*`` metrics, per-tenant figures, an engine node's ``/stats``)."""
+
+    def engine_metrics(self) -> Any:
+        """The engine's ``engine.MetricsSnapshot`` (running, waiting, KV usage, prefix hits, tenants)."""
+        ...
+
+    def prefix_cache_summary(self, max_roots: int = 64) -> Any:
+        """The engine's ``engine.block_manager.PrefixCacheSummary``."""
+        ...

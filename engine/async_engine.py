@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
+from engine.block_manager import PrefixCacheSummary
 from engine.config import EngineConfig
 from engine.errors import EngineClosed, InvalidRequest
 from engine.input_processor import EngineRequest
@@ -46,6 +47,10 @@ class AsyncEngine:
 
     def get_metrics(self) -> MetricsSnapshot:
         return self.engine.get_metrics()
+
+    def prefix_cache_summary(self, max_roots: int = 64) -> PrefixCacheSummary:
+        """The prefix cache's size and its newest cached prompts' first-block hashes (for routers)."""
+        return self.engine.prefix_cache_summary(max_roots)
 
     @property
     def num_pending(self) -> int:

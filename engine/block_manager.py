@@ -37,6 +37,17 @@ class Block:
     token_ids: tuple[int, ...] = ()
 
 
+@dataclass(frozen=True)
+class PrefixCacheSummary:
+    """What a router may know of an engine's prefix cache: its size and which prompts it holds."""
+
+    num_blocks: int
+    num_free_blocks: int
+    cached_blocks: int
+    cached_chains: int  # cached first blocks = distinct cached prefixes
+    root_hashes: list[int]  # hashes of the cached first blocks, most recently registered last
+
+
 class BlockPool:
     """Owns every block: who holds it, whether it is free, what it caches."""
 
@@ -170,6 +181,13 @@ class BlockManager:
 
     def blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
+
+    def cache_summary(self, max_roots: int) -> PrefixCacheSummary:
+        """The cache's size and the hashes of (at most ``max_roots``, newest) cached first blocks."""
+        cached = [b for b in self.pool.blocks if b.cache_id]
+        roots = sorted((b for b in cached if b.parent_cache_id == 0), key=lambda b: b.cache_id)
+        hashes = [b.hash for b in roots[-max_roots:] if b.hash is not None]
+        return PrefixCacheSummary(self.num_blocks, self.num_free_blocks, len(cached), len(roots), hashes)
 
     def _block_tokens(self, seq: Sequence, i: int) -> tuple[int, ...]:
         return tuple(seq.token_ids[i * self.block_size : (i + 1) * self.block_size])

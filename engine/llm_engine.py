@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from engine.block_manager import BlockManager
+from engine.block_manager import BlockManager, PrefixCacheSummary
 from engine.capacity import Capacity, KVLayout
 from engine.config import EngineConfig
 from engine.errors import InvalidRequest
@@ -226,6 +226,9 @@ class LLMEngine:
         held = sum(s.num_computed_tokens for s in self.scheduler.running)
         slots = sum(len(s.block_table) for s in self.scheduler.running) * self.config.block_size
         self.metrics.record_step(held, slots)
+
+    def prefix_cache_summary(self, max_roots: int = 64) -> PrefixCacheSummary:
+        return self.block_manager.cache_summary(max_roots)
 
     def get_metrics(self) -> MetricsSnapshot:
         s, b = self.scheduler, self.block_manager

@@ -18,10 +18,9 @@ from typing import Any
 import msgspec
 from litestar import Litestar, Request, get
 
-from backends.base import Backend
+from backends.base import Backend, EngineBacked
 from backends.config import DeploymentConfig
 from backends.factory import build_backend
-from backends.local.backend import LocalEngineBackend
 from gateway.app import create_app
 from gateway.contracts import Principal, Ticket, UsageRecord
 from gateway.pipeline import Pipeline
@@ -106,44 +105,23 @@ def _digest(h: int) -> str:
     return hashlib.blake2b(h.to_bytes(16, "little", signed=True), digest_size=6).hexdigest()
 
 
-def node_stats(backend: Any, model: str) -> NodeStats:
-    """Stats of the node's engine backend (``LocalEngineBackend``); block detail when it has one."""
+def node_stats(backend: EngineBacked, model: str) -> NodeStats:
+    """Stats of the node's engine backend: load, KV usage, and what its prefix cache holds."""
     m = backend.engine_metrics()
-    manager = getattr(getattr(getattr(backend, "engine", None), "engine", None), "block_manager", None)
-    blocks = [b for b in manager.pool.blocks if b.cache_id] if manager is not None else []
-    roots = sorted((b for b in blocks if b.parent_cache_id == 0), key=lambda b: b.cache_id)
+    cache = backend.prefix_cache_summary(ROOT_HASHES_SHOWN)
     prefix = PrefixCacheStats(
         queries=m.prefix_cache_queries, hits=m.prefix_cache_hits, hit_rate=m.prefix_cache_hit_rate,
-        cached_blocks=len(blocks), cached_chains=len(roots),
-        root_hashes=[_digest(b.hash) for b in roots[-ROOT_HASHES_SHOWN:] if b.hash is not None],
+        cached_blocks=cache.cached_blocks, cached_chains=cache.cached_chains,
+        root_hashes=[_digest(h) for h in cache.root_hashes],
     )
     return NodeStats(
         model=model, num_running=m.num_running, queue_depth=m.num_waiting, kv_usage=m.kv_usage,
-        num_kv_blocks=manager.num_blocks if manager is not None else 0,
-        num_free_blocks=manager.num_free_blocks if manager is not None else 0,
+        num_kv_blocks=cache.num_blocks, num_free_blocks=cache.num_free_blocks,
         prompt_tokens=m.prompt_tokens, generation_tokens=m.generation_tokens, num_preemptions=m.num_preemptions,
         prefix_cache=prefix,
         tenants=[NodeTenant(t, f.weight, f.num_waiting, f.num_running, f.tokens_scheduled)
-                 for t, f in (getattr(m, "tenants", None) or {}).items() if t],
+                 for t, f in m.tenants.items() if t],
     )
-
-
-class TensorParallelBackend(LocalEngineBackend):
-    """The local engine over ``engine.tensor_parallel``: rank 0 here, the other ranks in processes."""
-
-    def __init__(self, config: DeploymentConfig, world: int) -> None:
-        from backends.local.options import engine_config
-        from engine import AsyncEngine
-        from engine.tensor_parallel import start_tensor_parallel
-
-        self.group = start_tensor_parallel(engine_config(config), world)
-        super().__init__(AsyncEngine(engine=self.group.engine), config.model, config.id)
-
-    async def aclose(self) -> None:
-        try:
-            await super().aclose()
-        finally:
-            self.group.shutdown()
 
 
 def create_node_app(settings: Settings, api_key: str | None = None, tensor_parallel_size: int = 1) -> Litestar:
@@ -151,13 +129,15 @@ def create_node_app(settings: Settings, api_key: str | None = None, tensor_paral
 
     def build(config: DeploymentConfig) -> Backend:
         if tensor_parallel_size > 1:
+            from backends.local.tensor_parallel import TensorParallelBackend
+
             return TensorParallelBackend(config, tensor_parallel_size)
         return build_backend(config)
 
     router = Router.from_settings(settings, build)
     group = router.groups[0]
     backend = group.deployments[0].backend
-    if not hasattr(backend, "engine_metrics"):
+    if not isinstance(backend, EngineBacked):
         raise ValueError(f"{group.deployments[0].config.model}: engine serve needs a model the engine runs (natively "
                          "or through transformers inside it); serve others with provider: transformers")
 

@@ -31,7 +31,9 @@ from backends.types import (
     TextCompletion,
     Usage,
 )
-from engine import AsyncEngine, EngineClosed, InvalidRequest, RequestOutput, RequestRejected, SamplingParams
+from engine import (AsyncEngine, EngineClosed, InvalidRequest, MetricsSnapshot, RequestOutput, RequestRejected,
+                    SamplingParams)
+from engine.block_manager import PrefixCacheSummary
 
 
 class _Run:
@@ -226,9 +228,12 @@ class LocalEngineBackend:
         queued = m.num_waiting + self.engine.num_pending  # added during a step: queued, not yet scheduled
         return BackendStats(in_flight=m.num_running + queued, queue_depth=queued, kv_cache_usage=m.kv_usage)
 
-    def engine_metrics(self) -> Any:
+    def engine_metrics(self) -> MetricsSnapshot:
         """The engine's ``MetricsSnapshot`` (running, waiting, KV usage, prefix hits, latencies)."""
         return self.engine.get_metrics()
+
+    def prefix_cache_summary(self, max_roots: int = 64) -> PrefixCacheSummary:
+        return self.engine.prefix_cache_summary(max_roots)
 
     async def ready(self) -> bool:
         return True  # the model is loaded when the backend exists

@@ -8,6 +8,7 @@ from typing import Any
 import msgspec
 from litestar import Controller, Request, get, post
 
+from backends.base import EngineBacked
 from gateway.controllers.auth import authenticate_request, principal_of
 from gateway.controllers.docs import error_responses
 from gateway.errors import ApiError
@@ -84,10 +85,10 @@ class DeploymentsController(Controller):
         _require_admin(request)
         rows, seen = [], set()
         for d in services.router.deployments():
-            if d.id in seen or not hasattr(d.backend, "engine_metrics"):
+            if d.id in seen or not isinstance(d.backend, EngineBacked):
                 continue
             seen.add(d.id)
-            for tenant, f in (getattr(d.backend.engine_metrics(), "tenants", None) or {}).items():
+            for tenant, f in d.backend.engine_metrics().tenants.items():
                 rows.append(EngineTenant(deployment=d.id, tenant_id=tenant or None, weight=f.weight,
                                          waiting=f.num_waiting, running=f.num_running,
                                          tokens_scheduled=f.tokens_scheduled))

@@ -16,6 +16,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
+from backends.base import EngineBacked
 from gateway.contracts import UsageRecord, UsageSink
 from gateway.routing.router import Router
 
@@ -112,7 +113,7 @@ def _unique(router: Router) -> list[Any]:
 
 def _engine_families(router: Router) -> Iterator[Any]:
     """vLLM's metric names (``vllm:*``) with ``model_name`` set to the deployment id."""
-    snaps = [(d.id, d.backend.engine_metrics()) for d in _unique(router) if hasattr(d.backend, "engine_metrics")]
+    snaps = [(d.id, d.backend.engine_metrics()) for d in _unique(router) if isinstance(d.backend, EngineBacked)]
     if not snaps:
         return
     labels = ["model_name"]
