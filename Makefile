@@ -20,7 +20,7 @@ install: $(STAMP)
 # The loopback echo upstream runs only while the config routes to it (api_base on port 8001).
 run: install
 	@if grep -qE '^[[:space:]]*api_base:[[:space:]]*http://127.0.0.1:8001' $(CONFIG); then \
-	  $(PY) -m backends.echo_upstream --port 8001 & echo_pid=$$!; trap 'kill $$echo_pid 2>/dev/null' EXIT; fi; \
+	  $(PY) -m backends.dev.echo_server --port 8001 & echo_pid=$$!; trap 'kill $$echo_pid 2>/dev/null' EXIT; fi; \
 	$(VENV)/bin/switchyard bootstrap --config $(CONFIG) && $(VENV)/bin/switchyard serve --config $(CONFIG)
 
 services:

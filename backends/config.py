@@ -7,10 +7,12 @@ them and re-export them.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 import msgspec
 from msgspec import Meta, Struct
+
+from backends.providers import PROVIDERS
 
 Seconds = Annotated[float, Meta(gt=0)]
 
@@ -32,7 +34,7 @@ class Timeouts(Conf):
 class DeploymentConfig(Conf):
     """One provider endpoint serving one upstream model."""
 
-    provider: Literal["openai", "anthropic", "local", "transformers"]
+    provider: str  # a name registered in backends.providers
     model: str  # the upstream model name, or a local folder for "local"/"transformers"
     name: str | None = None  # defaults to "<provider>:<model>"
     api_base: str | None = None
@@ -43,6 +45,10 @@ class DeploymentConfig(Conf):
     context_window: Annotated[int, Meta(ge=1)] | None = None
     timeouts: Timeouts = msgspec.field(default_factory=Timeouts)
     options: dict[str, Any] = msgspec.field(default_factory=dict)  # provider-specific (engine args)
+
+    def __post_init__(self) -> None:
+        if self.provider not in PROVIDERS:
+            raise ValueError(f"unknown provider {self.provider!r} (known: {', '.join(sorted(PROVIDERS))})")
 
     @property
     def id(self) -> str:

@@ -1,7 +1,7 @@
-"""Build a Backend from a DeploymentConfig; providers are registered by name.
+"""Build a Backend from a DeploymentConfig, by its provider's entry in ``backends.providers``.
 
-The engine-backed providers are imported lazily, so a gateway that only talks to HTTP upstreams
-never imports torch.
+The builder's module is imported only when a deployment needs it, so a gateway that only talks to
+HTTP upstreams never imports torch.
 """
 
 from __future__ import annotations
@@ -11,27 +11,15 @@ from collections.abc import Callable
 
 from backends.base import Backend
 from backends.config import ConfigError, DeploymentConfig
+from backends.providers import PROVIDERS
 
 BackendBuilder = Callable[[DeploymentConfig], Backend]
 
-# provider name -> "module:callable" taking the DeploymentConfig
-_PROVIDERS: dict[str, str] = {
-    "openai": "backends.openai_http:OpenAIHTTPBackend",
-    "anthropic": "backends.anthropic:AnthropicBackend",
-    "local": "backends.local:build_backend",
-    "transformers": "backends.hf_fallback:build_backend",
-}
-
-
-def register_provider(name: str, target: str) -> None:
-    """Register (or replace) a provider as ``"module:callable"``."""
-    _PROVIDERS[name] = target
-
 
 def _resolve(provider: str) -> BackendBuilder:
-    target = _PROVIDERS.get(provider)
+    target = PROVIDERS.get(provider)
     if target is None:
-        raise ConfigError(f"unknown provider {provider!r} (known: {', '.join(sorted(_PROVIDERS))})")
+        raise ConfigError(f"unknown provider {provider!r} (known: {', '.join(sorted(PROVIDERS))})")
     module_name, _, attr = target.partition(":")
     try:
         module = importlib.import_module(module_name)

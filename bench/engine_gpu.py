@@ -40,7 +40,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from engine import LLM, SamplingParams  # noqa: E402
 from bench.hf_baselines import continuous_batching  # noqa: E402
 from engine.kernels import paged_attention  # noqa: E402
-from engine.layers.attention import AttentionMetadata, torch_paged_attention  # noqa: E402
+from engine.attention_metadata import AttentionMetadata
+from engine.layers.attention import torch_paged_attention  # noqa: E402
 
 
 @dataclass

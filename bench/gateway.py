@@ -67,7 +67,7 @@ def wait_http(url: str, proc: subprocess.Popen[bytes], timeout: float = 60.0) ->
 
 def start_upstream(*args: str) -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
-    cmd = [sys.executable, "-m", "backends.echo_upstream", "--port", str(port), *args]
+    cmd = [sys.executable, "-m", "backends.dev.echo_server", "--port", str(port), *args]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     wait_http(url + "/v1/models", proc)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from engine.layers.attention import AttentionMetadata
+from engine.attention_metadata import AttentionMetadata
 
 BATCH_LADDER: tuple[int, ...] = (1, 2, 4, 8, *range(16, 257, 16), *range(288, 513, 32))
 

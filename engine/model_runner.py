@@ -16,7 +16,7 @@ from torch import nn
 from engine.capacity import KVLayout
 from engine.config import EngineConfig
 from engine.cuda_graphs import DecodeGraphs
-from engine.layers.attention import AttentionMetadata
+from engine.attention_metadata import AttentionMetadata
 from engine.sampler import Sampler, SamplerOutput, SamplingRow
 from engine.scheduler import ScheduledSeq
 

@@ -24,7 +24,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn import functional as F
 
-from engine.layers import AttentionMetadata, MergedLinear, PagedAttention
+from engine.attention_metadata import AttentionMetadata
+from engine.layers import MergedLinear, PagedAttention
 
 _STEP, _STOP = 1, 0
 _HEADER = 8  # cmd, T, S, table width, max_query_len, max_context_len, block_size, num_blocks

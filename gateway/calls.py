@@ -21,22 +21,9 @@ from backends.types import ChatCompletionRequest, CompletionRequest
 from gateway.contracts import Principal
 from gateway.errors import ApiError
 from gateway.routing.cache_aware import chat_prefix, completion_prefix
-from gateway.streaming import OpenAIEvents, StreamEncoder
-
-_encoder = msgspec.json.Encoder()
+from gateway.dialects import OPENAI, Dialect
 
 Invoke = Callable[[Backend, CallContext], Awaitable[Completed[Any] | ChunkStream[Any]]]
-
-
-@dataclass(frozen=True)
-class Dialect:
-    """How answers are written: OpenAI's shapes by default; ``/v1/messages`` speaks Anthropic's."""
-
-    unary: Callable[[Any], bytes] = _encoder.encode
-    stream: Callable[[], StreamEncoder] = OpenAIEvents
-
-
-OPENAI = Dialect()
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,11 @@
-"""The services a running app uses, behind the protocols of ``gateway.contracts``.
+"""The app's assembly root: the services a running app uses, behind the protocols of
+``gateway.contracts``, built from settings in this one place.
 
 ``build_services(settings)`` assembles them: SQL-backed API keys (plus the bootstrap admin key),
-quotas (Redis or in-process), the batched usage writer and the admin API, from ``gateway.admin``.
+quotas (Redis or in-process), the batched usage writer, the admin API and dashboards (``Tenancy``),
+and the routing table's backends. ``gateway.app.create_app`` mounts them; ``start``/``aclose``
+run in the app's lifespan (uvicorn calls the shutdown half on SIGTERM, which flushes the usage
+buffer). An engine node (``gateway.engine_node``) builds its own, tenancy-free set.
 """
 
 from __future__ import annotations
@@ -9,13 +13,33 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+from litestar import Router as HttpRouter
+from sqlalchemy import select, text
+from sqlalchemy.dialects import postgresql, sqlite
+
 from backends.factory import build_backend
-from gateway.admin.tenancy import Tenancy
+from gateway.admin.api import admin_routers
+from gateway.admin.service import TenancyService
+from gateway.auth.authenticator import SqlAuthenticator
 from gateway.contracts import Admission, Authenticator, UsageSink
+from gateway.dashboard.pages import dashboard_router
+from gateway.dashboard.sessions import Sessions
+from gateway.db.engine import Database
+from gateway.db.migrate import SchemaNotReady, check_schema
+from gateway.db.models import ModelPrice, utcnow
+from gateway.quotas.admission import QuotaAdmission
+from gateway.quotas.limits import LimitsSource
+from gateway.quotas.redis_store import RedisStore, connect_redis
+from gateway.quotas.store import MemoryStore, QuotaStore
 from gateway.routing.router import Router
 from gateway.settings import Settings
+from gateway.usage.pricing import Price, PriceTable
+from gateway.usage.writer import UsageWriter
+
+log = logging.getLogger("switchyard.services")
 
 ReadinessCheck = Callable[[], Awaitable[bool]]
 
@@ -30,7 +54,7 @@ class Services:
     closers: list[Callable[[], Awaitable[None]]] = field(default_factory=list)  # run at shutdown, reversed
     starters: list[Callable[[], Awaitable[None]]] = field(default_factory=list)  # run at app start-up
     routes: list[Any] = field(default_factory=list)  # extra route handlers / Routers the app mounts
-    # Engine nodes: take the tenant a gateway forwards (backends.tenant headers) for principals without one.
+    # Engine nodes: take the tenant a gateway forwards (backends.call headers) for principals without one.
     tenant_from_headers: bool = False
 
     async def aclose(self) -> None:
@@ -38,12 +62,103 @@ class Services:
             try:
                 await close()
             except Exception:
-                logging.getLogger("switchyard").exception("error while closing a service")
+                log.exception("error while closing a service")
         await self.router.aclose()
 
 
+@dataclass
+class Tenancy:
+    db: Database
+    authenticator: SqlAuthenticator
+    admission: QuotaAdmission
+    usage: UsageWriter
+    service: TenancyService
+    prices: PriceTable
+    sessions: Sessions | None = None  # dashboard sign-ins; None: no /dashboard
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> Tenancy:
+        db = Database.from_url(settings.database.url)
+        ttl = settings.auth.key_cache_seconds
+        authenticator = SqlAuthenticator(db, ttl=ttl, admin_key=settings.auth.admin_key)
+        limits = LimitsSource(db, ttl=ttl)
+        store: QuotaStore = (
+            RedisStore(connect_redis(settings.redis.url), prefix="sy:q") if settings.redis.url else MemoryStore()
+        )
+        prices = PriceTable.from_settings(settings)
+        admission = QuotaAdmission(store, limits, prices, on_unavailable=settings.redis.on_unavailable)
+        usage = UsageWriter(db, prices, journal_dir=Path(settings.usage.journal_dir))
+
+        def changed() -> None:  # this process sees admin changes at once; other replicas within the TTL
+            authenticator.invalidate()
+            limits.invalidate()
+
+        dash = settings.dashboard
+        sessions = Sessions.create(dash.session_secret, dash.session_seconds, dash.secure_cookies) if dash.enabled else None
+        return cls(db, authenticator, admission, usage, TenancyService(db, on_change=changed), prices, sessions)
+
+    def routers(self) -> list[HttpRouter]:
+        routers = admin_routers(self.service, self.db, self.authenticator)
+        if self.sessions is not None:
+            routers.append(dashboard_router(self.service, self.db, self.authenticator, self.sessions))
+        return routers
+
+    async def start(self) -> None:
+        """Refuse to run on an un-migrated database; load prices; start the usage writer."""
+        try:
+            await check_schema(self.db.engine)
+        except SchemaNotReady as exc:
+            log.error("%s", exc)  # the one line an operator needs, before the start-up traceback
+            raise
+        await self._sync_prices()
+        self.usage.start()
+
+    async def _sync_prices(self) -> None:
+        """The config's prices are written to model_prices (so reports and dashboards can read
+        them); prices stored there for models the config does not name are used as well."""
+        rows_in = [
+            {"model": m, "input_per_million": p.input_per_million, "output_per_million": p.output_per_million,
+             "cached_input_per_million": p.cached_input_per_million, "updated_at": utcnow()}
+            for m, p in self.prices.prices.items()
+        ]  # fmt: skip
+        async with self.db.session() as s:
+            if rows_in:  # an upsert: replicas starting together must not collide
+                insert = (postgresql if self.db.dialect == "postgresql" else sqlite).insert(ModelPrice)
+                columns = ("input_per_million", "output_per_million", "cached_input_per_million", "updated_at")
+                upsert = insert.on_conflict_do_update(
+                    index_elements=["model"], set_={c: getattr(insert.excluded, c) for c in columns}
+                )
+                await s.execute(upsert, rows_in)
+                await s.commit()
+            rows = (await s.scalars(select(ModelPrice))).all()
+        stored = {r.model: Price(r.input_per_million, r.output_per_million, r.cached_input_per_million) for r in rows}
+        self.prices.update({m: p for m, p in stored.items() if m not in self.prices.prices})
+
+    async def ready(self) -> bool:
+        """The database answers (for /readyz)."""
+        async with self.db.engine.connect() as conn:
+            await conn.execute(text("select 1"))
+        return True
+
+    def readiness(self) -> dict[str, Callable[[], Awaitable[bool]]]:
+        """What /readyz checks: the database, and Redis when requests cannot be served without it
+        (``fail_closed``; under ``fail_open`` a Redis outage admits without counting)."""
+        checks = {"database": self.ready}
+        store = self.admission.store
+        if isinstance(store, RedisStore) and self.admission.on_unavailable == "fail_closed":
+            checks["redis"] = store.ready
+        return checks
+
+    async def aclose(self) -> None:
+        await self.usage.aclose()
+        store = self.admission.store
+        if isinstance(store, RedisStore):
+            await store.redis.aclose()
+        await self.db.dispose()
+
+
 def build_services(settings: Settings) -> Services:
-    tenancy = Tenancy.from_settings(settings)  # SQL keys, quotas, metering, admin API (gateway.admin)
+    tenancy = Tenancy.from_settings(settings)  # SQL keys, quotas, metering, admin API, dashboards
     return Services(
         authenticator=tenancy.authenticator,
         admission=tenancy.admission,

@@ -32,7 +32,8 @@ import torch
 from torch import nn
 from transformers import AttentionInterface
 
-from engine.layers.attention import ATTENTION_BACKENDS, AttentionMetadata
+from engine.attention_metadata import AttentionMetadata
+from engine.layers.attention import ATTENTION_BACKENDS
 
 ATTN_IMPLEMENTATION = "switchyard_paged"
 

@@ -16,7 +16,7 @@ from engine.kernels.common import interpreting, num_sms
 from engine.kernels.paged_attention import unified_attention
 from engine.kernels.split_decode import split_decode_attention
 from engine.kernels.store_kv import store_kv
-from engine.layers.attention import AttentionMetadata
+from engine.attention_metadata import AttentionMetadata
 
 MAX_SPLITS = 16
 

@@ -14,7 +14,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from engine.layers import AttentionMetadata, GatedMLP, MergedLinear, PagedAttention, RMSNorm, RotaryEmbedding, get_rope
+from engine.attention_metadata import AttentionMetadata
+from engine.layers import GatedMLP, MergedLinear, PagedAttention, RMSNorm, RotaryEmbedding, get_rope
 
 Rope = tuple[torch.Tensor, torch.Tensor]  # (cos, sin) of this step's positions
 _QKV = {"q_proj": 0, "k_proj": 1, "v_proj": 2}

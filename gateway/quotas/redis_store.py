@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from gateway.contracts import QuotaState
 from gateway.quotas.limits import WINDOW_SECONDS, period_id
-from gateway.quotas.resp import RespClient
+from gateway.quotas.redis_client import RespClient
 from gateway.quotas.store import Decision, Lease, Reservation, budget_retry
 
 KEYS_PER_SCOPE = 4

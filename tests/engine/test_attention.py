@@ -8,7 +8,8 @@ import torch
 
 from engine import cpu_kernels
 from engine.config import EngineConfig, resolve_attn_backend
-from engine.layers.attention import AttentionMetadata, PagedAttention
+from engine.attention_metadata import AttentionMetadata
+from engine.layers.attention import PagedAttention
 
 BS = 4
 BACKENDS = ["torch", "cpu"]  # small blocks so that sequences span several, with partially filled last blocks

@@ -9,7 +9,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from engine.layers import AttentionMetadata
+from engine.attention_metadata import AttentionMetadata
 from engine.config import EngineConfig, parse_dtype
 from engine.loader import ModelLoadError, load_model, model_kv_shape, safetensors_files
 from engine.tiny_model import build_tiny_model, ensure_tiny_model

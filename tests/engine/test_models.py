@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from engine.layers import AttentionMetadata
+from engine.attention_metadata import AttentionMetadata
 from engine.loader import load_model, model_kv_shape
 from engine.models import MODEL_REGISTRY, resolve_architecture
 from engine.tiny_model import build_tiny_model

@@ -95,7 +95,7 @@ async def db(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFa
 
 @pytest.fixture
 async def redis() -> AsyncIterator[Redis]:
-    """redis-py, to look into Redis independently of the gateway's own client (``gateway.quotas.resp``)."""
+    """redis-py, to look into Redis independently of the gateway's own client (``gateway.quotas.redis_client``)."""
     client = Redis.from_url(REDIS_URL)
     yield client
     await client.aclose()

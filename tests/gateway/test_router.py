@@ -8,7 +8,8 @@ from collections import Counter
 import pytest
 
 from backends.base import BackendStats
-from backends.factory import build_backend, register_provider
+from backends.factory import build_backend
+from backends.providers import register_provider
 from backends.openai_http import OpenAIHTTPBackend
 from gateway.routing.deployment import Deployment
 from gateway.routing.router import ModelGroup, Router

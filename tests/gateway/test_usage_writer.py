@@ -196,7 +196,7 @@ async def test_memory_stays_bounded_while_the_database_is_down(tmp_path: Path) -
 
 
 async def test_config_prices_are_stored_and_stored_prices_used(db: Database, tmp_path: Path) -> None:  # noqa: F811
-    from gateway.admin.tenancy import Tenancy
+    from gateway.services import Tenancy
     from gateway.db.models import ModelPrice
     from gateway.settings import parse_settings
 

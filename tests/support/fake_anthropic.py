@@ -11,7 +11,7 @@ import json
 from collections import deque
 from typing import Any
 
-from backends.echo_upstream import Exchange, pieces, send_json
+from backends.dev.echo_server import Exchange, pieces, send_json
 from tests.support.servers import ServerThread
 
 

@@ -1,6 +1,6 @@
 """A fake OpenAI-compatible upstream with fault injection and a record of what it received.
 
-Built on the echo upstream (``backends.echo_upstream``): answers echo the prompt. Tests (and
+Built on the echo upstream (``backends.dev.echo_server``): answers echo the prompt. Tests (and
 benchmarks) shape it with ``options`` (latency, chunk delay, output length, usage reporting) and queue one-shot
 ``Fault``s; every request is recorded in ``received`` and every stream in ``streams`` (whether it
 ran to the end or the client went away).
@@ -15,7 +15,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from backends.echo_upstream import EchoOptions, EchoUpstream, Exchange, error_body, send_json
+from backends.dev.echo_server import EchoOptions, EchoUpstream, Exchange, error_body, send_json
 from tests.support.servers import ServerThread
 
 

@@ -1,16 +1,21 @@
-"""Anthropic's Messages API at the gateway's edge (``POST /v1/messages``).
+"""Anthropic's Messages API at the gateway's edge (``POST /v1/messages``): the whole dialect.
 
 Requests are decoded into the Structs below and converted to an OpenAI chat request, so they are
 authenticated, admitted, routed and metered exactly like ``/v1/chat/completions`` (to any
-provider). Answers are converted back: a ``message`` object, or the Messages stream events.
+provider). Answers are converted back: a ``message`` object, or the Messages stream events
+(``ANTHROPIC``); errors take Anthropic's shape ``{"type": "error", "error": {"type", "message"}}``
+(``error_handlers``). The provider side (OpenAI requests sent to Anthropic) is
+``backends.anthropic_wire``.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
 import msgspec
+from litestar import Request, Response
 from msgspec import UNSET, Meta, Struct, UnsetType
 
 from backends.types import (
@@ -28,7 +33,8 @@ from backends.types import (
     ToolCall,
     Usage,
 )
-from gateway.errors import ApiError
+from gateway.dialects import Dialect
+from gateway.errors import ApiError, exception_handlers
 
 _FINISH_TO_STOP = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use",
                    "content_filter": "refusal", "function_call": "tool_use"}
@@ -269,3 +275,28 @@ class MessagesEvents:
         kind = {429: "rate_limit_error", 503: "overloaded_error", 400: "invalid_request_error"}.get(
             error.status, "api_error")
         return _event("error", {"error": {"type": kind, "message": error.message}})
+
+
+ANTHROPIC = Dialect(unary=message_body, stream=MessagesEvents)
+
+_ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+                404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error", 503: "overloaded_error"}
+
+
+def _in_anthropic_shape(handler: Callable[[Request[Any, Any, Any], Any], Response[bytes]]) -> Callable[..., Any]:
+    """Wrap one of the gateway's exception handlers to answer in Anthropic's error shape."""
+
+    def handle(request: Request[Any, Any, Any], exc: Exception) -> Response[bytes]:
+        response = handler(request, exc)
+        error = msgspec.json.decode(response.content)["error"]
+        body = {"type": "error", "error": {"type": _ERROR_TYPES.get(response.status_code, "api_error"),
+                                           "message": error["message"]}}
+        return Response(content=msgspec.json.encode(body), status_code=response.status_code,
+                        media_type="application/json", headers=dict(response.headers))
+
+    return handle
+
+
+def error_handlers() -> dict[Any, Callable[..., Any]]:
+    """The gateway's exception handlers, answering in Anthropic's error shape."""
+    return {exc: _in_anthropic_shape(h) for exc, h in exception_handlers.items()}

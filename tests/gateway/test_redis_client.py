@@ -1,4 +1,4 @@
-"""The quota store's Redis client (gateway/quotas/resp.py) against a real redis-server."""
+"""The quota store's Redis client (gateway/quotas/redis_client.py) against a real redis-server."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from gateway.quotas.resp import RedisError, RedisUnavailable, RespClient, encode_command
+from gateway.quotas.redis_client import RedisError, RedisUnavailable, RespClient, encode_command
 from tests.support.redis_server import RedisProcess
 
 DEAD = "redis://127.0.0.1:9/0"  # nothing listens on port 9

@@ -1,6 +1,6 @@
 """A tiny OpenAI-compatible upstream that echoes the prompt back, word by word.
 
-``make run`` starts it (``python -m backends.echo_upstream``) while ``config/default.yaml`` routes
+``make run`` starts it (``python -m backends.dev.echo_server``) while its config (``config/echo.yaml``) routes
 to it, so the gateway works on a fresh machine before any model is downloaded. It is a plain
 ASGI app with no framework; the tests' fake upstream builds on it (error injection, recording).
 
