@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from engine.block_manager import BlockManager, PrefixCacheSummary
-from engine.capacity import Capacity, KVLayout
+from engine.capacity.kv import Capacity, KVLayout
 from engine.config import EngineConfig
 from engine.errors import InvalidRequest
 from engine.input_processor import EngineRequest, InputProcessor, RequestLimits

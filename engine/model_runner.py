@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from engine.capacity import KVLayout
+from engine.capacity.kv import KVLayout
 from engine.config import EngineConfig
 from engine.cuda_graphs import DecodeGraphs
 from engine.attention_metadata import AttentionMetadata

@@ -23,7 +23,7 @@ def capacity(
 ) -> None:
     """Weights, KV bytes per token, tokens that fit and concurrent sequences (full-context
     reservation, capped reservation, paged allocation)."""
-    from engine.planner import format_plan, plan_as_dict, plan_capacity
+    from engine.capacity.plan import format_plan, plan_as_dict, plan_capacity
 
     try:
         plan = plan_capacity(model, gpu_memory_gb, gpu_memory_utilization, dtype, block_size, avg_tokens,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.capacity import Capacity, KVLayout, blocks_for
+from engine.capacity.kv import Capacity, KVLayout, blocks_for
 
 
 def test_bytes_blocks_and_concurrency() -> None:

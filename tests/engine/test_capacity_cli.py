@@ -71,7 +71,7 @@ def test_bad_inputs_are_clear_errors(tmp_path: Path) -> None:
 def test_parameter_count_from_config_matches_transformers() -> None:
     import transformers
 
-    from engine.planner import count_params_from_config
+    from engine.capacity.plan import count_params_from_config
 
     from .hf_checkpoints import ARCHS
 

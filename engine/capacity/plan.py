@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from engine.capacity import Capacity, KVLayout, blocks_for
+from engine.capacity.kv import Capacity, KVLayout, blocks_for
 from engine.config import parse_dtype
 
 
