@@ -30,7 +30,7 @@ from backends.call import NO_CONTEXT, CallContext
 from backends.config import DeploymentConfig
 from backends.estimate import estimate_chat_prompt, estimate_text
 from backends.http_upstream import HTTPBackend, SSELines
-from backends.types import (
+from backends.openai_wire import (
     ChatChunkChoice,
     ChatCompletion,
     ChatCompletionChunk,

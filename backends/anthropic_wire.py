@@ -13,7 +13,7 @@ import msgspec
 from msgspec import UNSET
 
 from backends.base import BadRequest
-from backends.types import (
+from backends.openai_wire import (
     AssistantMessage,
     ChatChoice,
     ChatCompletion,

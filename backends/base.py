@@ -1,7 +1,7 @@
 """The Backend protocol: the one seam between the gateway and every provider.
 
 A backend serves one *deployment* (provider + upstream model + endpoint). It takes a validated
-wire request (``backends.types``) plus the call's ``CallContext`` (tenant, the gateway's output
+wire request (``backends.openai_wire``) plus the call's ``CallContext`` (tenant, the gateway's output
 cap: ``backends.call``) and returns a whole response or a ``ChunkStream``. Every result
 carries a ``Meter``: token counts, exact when the provider reported them, estimated otherwise.
 Failures are raised as the typed ``BackendError`` subclasses below, so the router can decide
@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
 
 from backends.call import NO_CONTEXT, CallContext
-from backends.types import (
+from backends.openai_wire import (
     ChatCompletion,
     ChatCompletionChunk,
     ChatCompletionRequest,
@@ -180,7 +180,7 @@ class BackendStats:
 class Backend(Protocol):
     """One deployment of one model on one provider."""
 
-    provider: str  # "openai", "anthropic", "local", "hf_fallback", ...
+    provider: str  # a name registered in backends.providers: "openai", "anthropic", "local", "transformers"
     upstream_model: str
 
     async def chat(self, request: ChatCompletionRequest, ctx: CallContext = NO_CONTEXT) -> Completed[ChatCompletion]: ...

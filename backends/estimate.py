@@ -7,7 +7,7 @@ quota reservations and for metering when the upstream gives no usage.
 
 from __future__ import annotations
 
-from backends.types import ChatCompletionRequest, CompletionRequest
+from backends.openai_wire import ChatCompletionRequest, CompletionRequest
 
 _PER_MESSAGE_OVERHEAD = 4  # role and separators, as chat templates add them
 

@@ -21,7 +21,7 @@ from backends.call import NO_CONTEXT, CallContext
 from backends.config import DeploymentConfig
 from backends.estimate import estimate_chat_prompt, estimate_completion_prompt, estimate_text
 from backends.http_upstream import ErrorDetail, ErrorEnvelope, HTTPBackend, HTTPUpstream, SSELines
-from backends.types import (
+from backends.openai_wire import (
     ChatCompletion,
     ChatCompletionChunk,
     ChatCompletionRequest,

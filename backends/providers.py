@@ -11,7 +11,7 @@ PROVIDERS: dict[str, str] = {
     "openai": "backends.openai_http:OpenAIHTTPBackend",  # any OpenAI-compatible HTTP API
     "anthropic": "backends.anthropic:AnthropicBackend",  # Anthropic's Messages API
     "local": "backends.local:build_backend",  # the in-process engine
-    "transformers": "backends.hf_fallback:build_backend",  # plain transformers generate
+    "transformers": "backends.transformers_generate:build_backend",  # plain transformers generate
 }
 
 

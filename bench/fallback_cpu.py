@@ -27,8 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from engine_cpu import run_static, workload  # noqa: E402
 
-from backends.hf_fallback import load_generate_backend  # noqa: E402
-from backends.types import CompletionRequest  # noqa: E402
+from backends.transformers_generate import load_generate_backend  # noqa: E402
+from backends.openai_wire import CompletionRequest  # noqa: E402
 from engine import LLM, SamplingParams  # noqa: E402
 from engine.tiny_model import write_tokenizer  # noqa: E402
 

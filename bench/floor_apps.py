@@ -21,7 +21,7 @@ from litestar import Litestar, Request, Response, post
 
 from backends.config import DeploymentConfig
 from backends.http_upstream import HTTPUpstream
-from backends.types import ChatCompletionRequest
+from backends.openai_wire import ChatCompletionRequest
 
 ANSWER = msgspec.json.encode({
     "id": "chatcmpl-floor", "object": "chat.completion", "created": 0, "model": "floor",

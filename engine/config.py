@@ -74,7 +74,7 @@ class EngineConfig:
     scheduling_policy: str = "fcfs"
     attn_backend: str = "auto"  # auto | torch | cpu | triton (see resolve_attn_backend)
     enforce_eager: bool = False  # no CUDA graphs for decode steps (engine.cuda_graphs)
-    model_impl: str = "auto"  # auto | native | transformers (engine.fallback.resolve)
+    model_impl: str = "auto"  # auto | native | transformers (engine.model_impl.resolve)
     seed: int = 0
 
     def __post_init__(self) -> None:

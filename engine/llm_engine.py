@@ -53,11 +53,11 @@ class LLMEngine:
     def __init__(self, config: EngineConfig, model: nn.Module | None = None, hf_config: object = None) -> None:
         """Load the native model named by ``config.model``, or run a given ``model`` (any module
         with the native models' forward / compute_logits interface) with its ``hf_config``."""
-        from engine.fallback import load_engine_model
+        from engine.model_impl import load_engine_model
         from engine.loader import model_kv_shape
 
         self.config = config
-        self.model_impl = "native"  # or "transformers" (engine.fallback resolves config.model_impl)
+        self.model_impl = "native"  # or "transformers" (engine.model_impl resolves config.model_impl)
         if model is None:
             loaded = load_engine_model(config.model, config.torch_dtype, config.device, config.attn_backend,
                                        config.model_impl)

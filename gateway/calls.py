@@ -17,7 +17,7 @@ import msgspec
 from backends.base import Backend, ChunkStream, Completed
 from backends.call import CallContext
 from backends.estimate import estimate_chat_prompt, estimate_completion_prompt
-from backends.types import ChatCompletionRequest, CompletionRequest
+from backends.openai_wire import ChatCompletionRequest, CompletionRequest
 from gateway.contracts import Principal
 from gateway.errors import ApiError
 from gateway.routing.cache_aware import chat_prefix, completion_prefix

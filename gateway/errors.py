@@ -23,7 +23,7 @@ from backends.base import (
     Timeout,
     Unavailable,
 )
-from backends.types import ErrorBody, ErrorDetail
+from backends.openai_wire import ErrorBody, ErrorDetail
 from gateway.db.errors import is_unavailable
 
 log = logging.getLogger("switchyard.errors")

@@ -32,7 +32,7 @@ def build_backend(config: DeploymentConfig) -> LocalEngineBackend:
     from engine.loader import ModelLoadError
 
     engine_cfg = engine_config(config)
-    from backends.hf_fallback import generate_fallback  # models only plain transformers generate can run
+    from backends.transformers_generate import generate_fallback  # models only plain transformers generate can run
 
     if (plain := generate_fallback(config, engine_cfg.model_impl, dict(config.options))) is not None:
         return plain  # type: ignore[return-value]

@@ -17,7 +17,7 @@ from backends.base import (BackendStats, BadRequest, ChunkStream, ClosingChunks,
                            Unavailable)
 from backends.local import wire
 from backends.call import NO_CONTEXT, CallContext
-from backends.types import (
+from backends.openai_wire import (
     AssistantMessage,
     ChatChoice,
     ChatChunkChoice,
@@ -111,7 +111,7 @@ class LocalEngineBackend:
         self.deployment_id = deployment_id or f"local:{upstream_model}"
         self.tokenizer = engine.tokenizer
         self.logprobs = wire.LogprobFormatter(self.tokenizer)
-        self.metadata = {"model_impl": engine.engine.model_impl}  # native | transformers (engine.fallback)
+        self.metadata = {"model_impl": engine.engine.model_impl}  # native | transformers (engine.model_impl)
 
     # ------------------------------------------------------------ chat
 

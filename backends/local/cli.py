@@ -79,7 +79,7 @@ def generate(
     device: Annotated[str, typer.Option("--device")] = "cpu",
     num_kv_blocks: Annotated[int | None, typer.Option("--num-kv-blocks", help="KV blocks (CPU sizing).")] = None,
     seed: Annotated[int, typer.Option("--seed")] = 0,
-    model_impl: Annotated[str, typer.Option("--model-impl", help="auto, native or transformers (see engine.fallback).")]
+    model_impl: Annotated[str, typer.Option("--model-impl", help="auto, native or transformers (see engine.model_impl).")]
     = "auto",
     attn_backend: Annotated[str, typer.Option(
         "--attn-backend", help="auto (C++ decode kernels on CPU when they build), torch (reference), cpu or triton.")]

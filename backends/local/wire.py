@@ -7,7 +7,7 @@ from typing import Any
 from msgspec import UNSET
 
 from backends.base import BadRequest
-from backends.types import (
+from backends.openai_wire import (
     ChatCompletionRequest,
     ChoiceLogprobs,
     CompletionLogprobs,

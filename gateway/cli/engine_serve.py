@@ -35,7 +35,7 @@ def serve(
     device: Annotated[str | None, typer.Option("--device")] = None,
     num_kv_blocks: Annotated[int | None, typer.Option("--num-kv-blocks", help="KV blocks (CPU sizing).")] = None,
     kv_cache_bytes: Annotated[int | None, typer.Option("--kv-cache-bytes", help="KV cache size in bytes (CPU sizing).")] = None,
-    model_impl: Annotated[str, typer.Option("--model-impl", help="auto, native or transformers (see engine.fallback); "
+    model_impl: Annotated[str, typer.Option("--model-impl", help="auto, native or transformers (see engine.model_impl); "
                                                                  "tensor parallelism runs native models only.")] = "auto",
     seed: Annotated[int | None, typer.Option("--seed")] = None,
     attn_backend: Annotated[str | None, typer.Option("--attn-backend", help="auto, torch, cpu or triton.")] = None,

@@ -7,7 +7,7 @@ from typing import Any
 from litestar import Controller, Request, Response, post
 from litestar.openapi.datastructures import ResponseSpec
 
-from backends.types import ChatCompletion, ChatCompletionRequest
+from backends.openai_wire import ChatCompletion, ChatCompletionRequest
 from gateway.body import WireBody
 from gateway.calls import describe_chat
 from gateway.controllers.auth import authenticate_request, principal_of

@@ -7,7 +7,7 @@ from typing import Any
 from litestar import Controller, Request, Response, post
 from litestar.openapi.datastructures import ResponseSpec
 
-from backends.types import CompletionRequest, TextCompletion
+from backends.openai_wire import CompletionRequest, TextCompletion
 from gateway.body import WireBody
 from gateway.calls import describe_completion
 from gateway.controllers.auth import authenticate_request, principal_of

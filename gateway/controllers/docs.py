@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from litestar.openapi.datastructures import ResponseSpec
 
-from backends.types import ErrorBody
+from backends.openai_wire import ErrorBody
 
 _ERRORS = {
     400: "Invalid request: malformed JSON, wrong types or out-of-range values (``param`` names the field)",

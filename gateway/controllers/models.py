@@ -6,7 +6,7 @@ from typing import Any
 
 from litestar import Controller, Request, get
 
-from backends.types import ModelCard, ModelList
+from backends.openai_wire import ModelCard, ModelList
 from gateway.controllers.auth import authenticate_request, principal_of
 from gateway.controllers.docs import error_responses
 from gateway.errors import ApiError

@@ -18,7 +18,7 @@ import msgspec
 from litestar import Request, Response
 from msgspec import UNSET, Meta, Struct, UnsetType
 
-from backends.types import (
+from backends.openai_wire import (
     ChatCompletion,
     ChatCompletionChunk,
     ChatCompletionRequest,

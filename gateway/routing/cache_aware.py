@@ -28,7 +28,7 @@ import random
 from collections.abc import Sequence
 from functools import lru_cache
 
-from backends.types import ChatCompletionRequest, CompletionRequest
+from backends.openai_wire import ChatCompletionRequest, CompletionRequest
 from gateway.routing.deployment import Deployment
 
 PREFIX_CHARS = 1024  # the key covers at most this many leading characters of the prompt

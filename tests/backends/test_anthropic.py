@@ -12,7 +12,7 @@ import pytest
 
 from backends.anthropic_wire import to_messages_request
 from backends.factory import build_backend
-from backends.types import ChatCompletionRequest
+from backends.openai_wire import ChatCompletionRequest
 from gateway.app import create_app
 from gateway.contracts import Principal
 from gateway.routing.router import Router

@@ -12,7 +12,7 @@ import pytest
 from backends.base import AuthFailed, BadRequest, ContextTooLong, RateLimited, Timeout, Unavailable, UpstreamError
 from backends.http_upstream import status_error
 from backends.openai_http import OpenAIHTTPBackend
-from backends.types import ChatCompletionRequest, ChatMessage, CompletionRequest, StreamOptions
+from backends.openai_wire import ChatCompletionRequest, ChatMessage, CompletionRequest, StreamOptions
 from gateway.settings import DeploymentConfig, Timeouts
 from tests.support.fake_upstream import Fault, FakeUpstream
 

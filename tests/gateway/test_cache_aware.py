@@ -8,7 +8,7 @@ from collections import Counter
 import msgspec
 
 from backends.base import BackendStats
-from backends.types import ChatCompletionRequest
+from backends.openai_wire import ChatCompletionRequest
 from gateway.routing.deployment import Deployment
 from gateway.routing.router import ModelGroup
 from gateway.routing.cache_aware import cache_aware, chat_prefix, prefix_key

@@ -65,7 +65,7 @@ def _in_engine_blocker(hf_config: Any) -> str | None:
         return "transformers has no causal-LM class for it"
     if not getattr(cls, "_supports_attention_backend", False):
         return f"{cls.__name__} does not route attention through transformers' AttentionInterface"
-    from engine.fallback.hf_model import unsupported_attention_kwargs
+    from engine.model_impl.hf_model import unsupported_attention_kwargs
 
     if extras := unsupported_attention_kwargs(cls):
         sinks = " (attention sinks)" if {"s_aux", "sinks"} & set(extras) else ""

@@ -14,7 +14,7 @@ duration of ``forward`` (the HF modules in between do not know about them).
 The paged attention is plain causal softmax attention (optionally windowed). A layer that hands it
 anything more (attention sinks ``s_aux``, logit soft-capping, sparse ``indices``, a position bias)
 is refused, never silently ignored: ``attention_call_kwargs`` finds such arguments in the model's
-source so that ``engine.fallback.resolve`` sends the model to plain generate, and
+source so that ``engine.model_impl.resolve`` sends the model to plain generate, and
 ``paged_attention_forward`` raises on any non-None extra it does not know.
 """
 

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from engine.fallback.resolve import ModelImplError, Resolution, inspect_model, resolve_model_impl
+from engine.model_impl.resolve import ModelImplError, Resolution, inspect_model, resolve_model_impl
 
 log = logging.getLogger("switchyard.engine")
 
@@ -28,7 +28,7 @@ def load_transformers_model(folder: str | Path, dtype: torch.dtype, device: torc
     """An HF causal LM with the engine's paged attention, wrapped as a native-interface model."""
     import transformers
 
-    from engine.fallback.hf_model import ATTN_IMPLEMENTATION, TransformersForCausalLM
+    from engine.model_impl.hf_model import ATTN_IMPLEMENTATION, TransformersForCausalLM
 
     hf_model = transformers.AutoModelForCausalLM.from_pretrained(
         str(folder), dtype=dtype, attn_implementation=ATTN_IMPLEMENTATION, local_files_only=True

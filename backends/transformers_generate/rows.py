@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from transformers import LogitsProcessor, StoppingCriteria
 
-from backends.hf_fallback.jobs import Event, Job
+from backends.transformers_generate.jobs import Event, Job
 from engine.detok import IncrementalDetokenizer, StopMatcher
 from engine.sequence import TokenLogprob
 

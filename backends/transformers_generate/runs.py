@@ -11,8 +11,8 @@ from typing import Any
 import anyio
 
 from backends.base import Meter
-from backends.hf_fallback.jobs import Event, Job
-from backends.hf_fallback.worker import GenerateWorker
+from backends.transformers_generate.jobs import Event, Job
+from backends.transformers_generate.worker import GenerateWorker
 from engine.sequence import TokenLogprob
 
 

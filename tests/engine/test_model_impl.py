@@ -15,8 +15,8 @@ import torch
 import transformers
 
 from engine import LLM, SamplingParams
-from engine.fallback import ModelImplError, inspect_model, native_architectures, resolve_model_impl
-from engine.fallback.hf_model import ATTN_IMPLEMENTATION, TransformersForCausalLM
+from engine.model_impl import ModelImplError, inspect_model, native_architectures, resolve_model_impl
+from engine.model_impl.hf_model import ATTN_IMPLEMENTATION, TransformersForCausalLM
 from engine.tiny_model import build_tiny_model
 from tests.support.fallback_models import build_model
 

@@ -19,8 +19,8 @@ import torch
 from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
 
 from backends.base import Unavailable
-from backends.hf_fallback.jobs import Job
-from backends.hf_fallback.rows import Row, RowLogits, Tap
+from backends.transformers_generate.jobs import Job
+from backends.transformers_generate.rows import Row, RowLogits, Tap
 
 
 class GenerateWorker:

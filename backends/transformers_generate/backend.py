@@ -17,13 +17,13 @@ from typing import Any
 from msgspec import UNSET
 
 from backends.base import BackendStats, BadRequest, ChunkStream, ClosingChunks, Completed, ContextTooLong, Meter
-from backends.hf_fallback.params import generate_key, opt, row_params
-from backends.hf_fallback.jobs import Event
-from backends.hf_fallback.runs import JobRun, PendingLogprobs, collect, relay
-from backends.hf_fallback.worker import GenerateWorker
+from backends.transformers_generate.params import generate_key, opt, row_params
+from backends.transformers_generate.jobs import Event
+from backends.transformers_generate.runs import JobRun, PendingLogprobs, collect, relay
+from backends.transformers_generate.worker import GenerateWorker
 from backends.local.wire import LogprobFormatter
 from backends.call import NO_CONTEXT, CallContext
-from backends.types import (
+from backends.openai_wire import (
     AssistantMessage,
     ChatChoice,
     ChatChunkChoice,

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from backends.config import ConfigError, DeploymentConfig
-from backends.hf_fallback.backend import HFGenerateBackend
+from backends.transformers_generate.backend import HFGenerateBackend
 
 log = logging.getLogger("switchyard.backends.transformers")
 
@@ -34,7 +34,7 @@ def load_generate_backend(folder: str, deployment_id: str, options: dict[str, An
     import torch
     import transformers
 
-    from engine.fallback import ModelImplError, inspect_model
+    from engine.model_impl import ModelImplError, inspect_model
     from engine.config import parse_dtype
 
     unknown = sorted(set(options) - _OPTIONS)
@@ -79,7 +79,7 @@ def generate_fallback(config: DeploymentConfig, model_impl: str, engine_options:
     The engine options that mean the same here are carried over (dtype, device, max_model_len,
     max_num_seqs as the batch size); ``native`` on an unsupported architecture is a ConfigError.
     """
-    from engine.fallback import ModelImplError, inspect_model, resolve_model_impl
+    from engine.model_impl import ModelImplError, inspect_model, resolve_model_impl
 
     try:
         resolution = resolve_model_impl(inspect_model(config.model), model_impl)
