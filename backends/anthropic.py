@@ -16,6 +16,7 @@ from typing import Any
 import aiohttp
 import msgspec
 
+from backends.anthropic_wire import STOP_REASONS, from_messages_response, to_messages_request, usage_of
 from backends.base import (
     BadRequest,
     ChunkStream,
@@ -25,7 +26,6 @@ from backends.base import (
     Unavailable,
     UpstreamError,
 )
-from backends.anthropic_wire import STOP_REASONS, from_messages_response, to_messages_request, usage_of
 from backends.call import NO_CONTEXT, CallContext
 from backends.config import DeploymentConfig
 from backends.estimate import estimate_chat_prompt, estimate_text
@@ -154,7 +154,9 @@ class _AsText:
 class _Events:
     """Anthropic SSE events (``event: <type>`` / ``data: {...}``), decoded to dicts."""
 
-    def __init__(self, response: aiohttp.ClientResponse, deployment: str, first_deadline: float, deadline: float) -> None:
+    def __init__(
+        self, response: aiohttp.ClientResponse, deployment: str, first_deadline: float, deadline: float
+    ) -> None:
         self.response = response
         self._lines = SSELines(response, deployment)
         self._deployment = deployment
@@ -178,8 +180,7 @@ class _Events:
 class _StreamTranslator:
     """Anthropic stream events -> OpenAI ``chat.completion.chunk``s, metering as they pass."""
 
-    def __init__(self, backend: AnthropicBackend, events: _Events, model: str, want_usage: bool,
-                 meter: Meter) -> None:
+    def __init__(self, backend: AnthropicBackend, events: _Events, model: str, want_usage: bool, meter: Meter) -> None:
         self._backend, self._events, self._model = backend, events, model
         self._want_usage, self._meter = want_usage, meter
         self._id = "msg"
@@ -210,8 +211,9 @@ class _StreamTranslator:
         raise StopAsyncIteration
 
     def _chunk(self, delta: ChatDelta, finish: str | None = None) -> ChatCompletionChunk:
-        return ChatCompletionChunk(id=self._id, model=self._model, choices=[
-            ChatChunkChoice(index=0, delta=delta, finish_reason=finish)])  # type: ignore[arg-type]
+        return ChatCompletionChunk(
+            id=self._id, model=self._model, choices=[ChatChunkChoice(index=0, delta=delta, finish_reason=finish)]
+        )  # type: ignore[arg-type]
 
     async def _step(self) -> None:
         event = await self._events.next()
@@ -228,9 +230,20 @@ class _StreamTranslator:
             block = event.get("content_block") or {}
             if block.get("type") == "tool_use":
                 index = self._tool_index.setdefault(int(event.get("index", 0)), len(self._tool_index))
-                self._pending.append(self._chunk(ChatDelta(tool_calls=[ToolCallDelta(
-                    index=index, id=block.get("id", ""), type="function",
-                    function={"name": block.get("name", ""), "arguments": ""})])))
+                self._pending.append(
+                    self._chunk(
+                        ChatDelta(
+                            tool_calls=[
+                                ToolCallDelta(
+                                    index=index,
+                                    id=block.get("id", ""),
+                                    type="function",
+                                    function={"name": block.get("name", ""), "arguments": ""},
+                                )
+                            ]
+                        )
+                    )
+                )
         elif kind == "content_block_delta":
             self._delta(int(event.get("index", 0)), event.get("delta") or {})
         elif kind == "message_delta":
@@ -257,8 +270,13 @@ class _StreamTranslator:
             self._pending.append(self._chunk(ChatDelta(content=text)))
         elif delta.get("type") == "input_json_delta":
             tool = self._tool_index.get(index, 0)
-            self._pending.append(self._chunk(ChatDelta(tool_calls=[ToolCallDelta(
-                index=tool, function={"arguments": delta.get("partial_json", "")})])))
+            self._pending.append(
+                self._chunk(
+                    ChatDelta(
+                        tool_calls=[ToolCallDelta(index=tool, function={"arguments": delta.get("partial_json", "")})]
+                    )
+                )
+            )
 
     def _finish(self) -> None:
         if self._ended:
@@ -272,8 +290,9 @@ class _StreamTranslator:
                 m.cached_tokens = usage.prompt_tokens_details.cached_tokens  # type: ignore[attr-defined]
         if self._want_usage:
             m = self._meter
-            usage = Usage(prompt_tokens=m.prompt_tokens, completion_tokens=m.completion_tokens,
-                          total_tokens=m.total_tokens)
+            usage = Usage(
+                prompt_tokens=m.prompt_tokens, completion_tokens=m.completion_tokens, total_tokens=m.total_tokens
+            )
             self._pending.append(ChatCompletionChunk(id=self._id, model=self._model, choices=[], usage=usage))
 
     async def aclose(self) -> None:

@@ -183,7 +183,9 @@ class Backend(Protocol):
     provider: str  # a name registered in backends.providers: "openai", "anthropic", "local", "transformers"
     upstream_model: str
 
-    async def chat(self, request: ChatCompletionRequest, ctx: CallContext = NO_CONTEXT) -> Completed[ChatCompletion]: ...
+    async def chat(
+        self, request: ChatCompletionRequest, ctx: CallContext = NO_CONTEXT
+    ) -> Completed[ChatCompletion]: ...
 
     async def chat_stream(
         self, request: ChatCompletionRequest, ctx: CallContext = NO_CONTEXT
@@ -191,7 +193,9 @@ class Backend(Protocol):
         """Start a stream. Errors before the first chunk are raised here, not from iteration."""
         ...
 
-    async def complete(self, request: CompletionRequest, ctx: CallContext = NO_CONTEXT) -> Completed[TextCompletion]: ...
+    async def complete(
+        self, request: CompletionRequest, ctx: CallContext = NO_CONTEXT
+    ) -> Completed[TextCompletion]: ...
 
     async def complete_stream(
         self, request: CompletionRequest, ctx: CallContext = NO_CONTEXT

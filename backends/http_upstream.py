@@ -20,8 +20,8 @@ import yarl
 
 from backends.base import (
     AuthFailed,
-    BackendStats,
     BackendError,
+    BackendStats,
     BadRequest,
     ContextTooLong,
     RateLimited,

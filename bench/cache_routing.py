@@ -102,16 +102,30 @@ def run(strategy: str, model: Path, workdir: Path, args: argparse.Namespace) -> 
             node.launch()
         for node in nodes:
             node.wait_ready()
-        deployments = [{"provider": "openai", "name": n.name, "model": "tiny", "api_base": n.url + "/v1", "api_key": "sk-node",
-                        "timeouts": {"first_byte": 600, "total": 600}} for n in nodes]
+        deployments = [
+            {
+                "provider": "openai",
+                "name": n.name,
+                "model": "tiny",
+                "api_base": n.url + "/v1",
+                "api_key": "sk-node",
+                "timeouts": {"first_byte": 600, "total": 600},
+            }
+            for n in nodes
+        ]
         configured = "cache_aware" if strategy == "cache_aware" else "weighted"
-        settings = parse_settings({"models": [{"name": "tiny", "strategy": configured, "max_retries": 0,
-                                               "deployments": deployments}]}, env={})
+        settings = parse_settings(
+            {"models": [{"name": "tiny", "strategy": configured, "max_retries": 0, "deployments": deployments}]}, env={}
+        )
         router = Router.from_settings(settings, build_backend)
         if strategy == "round_robin":
             router.groups[0]._strategy = round_robin_strategy()
-        services = Services(authenticator=StaticKeys({KEY: Principal(key_id="k", tenant_id="t")}),
-                            admission=ScriptedAdmission(), usage=RecordingSink(), router=router)
+        services = Services(
+            authenticator=StaticKeys({KEY: Principal(key_id="k", tenant_id="t")}),
+            admission=ScriptedAdmission(),
+            usage=RecordingSink(),
+            router=router,
+        )
         with ServerThread(create_app(settings, services)) as server:
             t0 = time.perf_counter()
             ttfts = asyncio.run(_workload(server.url, args))
@@ -122,8 +136,15 @@ def run(strategy: str, model: Path, workdir: Path, args: argparse.Namespace) -> 
     finally:
         for node in nodes:
             node.stop()
-    return {"strategy": strategy, "hit_rate": hits / queries if queries else 0.0, "mean_ttft": statistics.mean(ttfts),
-            "p50_ttft": statistics.median(ttfts), "requests": len(ttfts), "wall": wall, "prompt_tokens": per_node}
+    return {
+        "strategy": strategy,
+        "hit_rate": hits / queries if queries else 0.0,
+        "mean_ttft": statistics.mean(ttfts),
+        "p50_ttft": statistics.median(ttfts),
+        "requests": len(ttfts),
+        "wall": wall,
+        "prompt_tokens": per_node,
+    }
 
 
 def main() -> None:
@@ -138,15 +159,21 @@ def main() -> None:
         workdir = Path(tmp)
         model = build_tiny_model(workdir / "model", seed=1, **SIZES)
         rows = [run(s, model, workdir, args) for s in ("round_robin", "cache_aware")]
-    print(f"\n{args.conversations} conversations x {args.turns} turns, {args.concurrency} at a time, "
-          f"max_tokens {args.max_tokens}, {args.kv_blocks} KV blocks per node, 2 nodes\n")
-    print(f"| {'strategy':<12} | {'requests':>8} | {'prefix hit rate':>15} | {'mean TTFT (ms)':>14} | "
-          f"{'p50 TTFT (ms)':>13} | {'prompt tokens per node':>22} | {'wall (s)':>8} |")
+    print(
+        f"\n{args.conversations} conversations x {args.turns} turns, {args.concurrency} at a time, "
+        f"max_tokens {args.max_tokens}, {args.kv_blocks} KV blocks per node, 2 nodes\n"
+    )
+    print(
+        f"| {'strategy':<12} | {'requests':>8} | {'prefix hit rate':>15} | {'mean TTFT (ms)':>14} | "
+        f"{'p50 TTFT (ms)':>13} | {'prompt tokens per node':>22} | {'wall (s)':>8} |"
+    )
     print(f"|{'-' * 14}|{'-' * 10}|{'-' * 17}|{'-' * 16}|{'-' * 15}|{'-' * 24}|{'-' * 10}|")
     for r in rows:
         split = " / ".join(str(t) for t in r["prompt_tokens"])
-        print(f"| {r['strategy']:<12} | {r['requests']:>8} | {r['hit_rate']:>15.1%} | {r['mean_ttft'] * 1e3:>14.1f} | "
-              f"{r['p50_ttft'] * 1e3:>13.1f} | {split:>22} | {r['wall']:>8.1f} |")
+        print(
+            f"| {r['strategy']:<12} | {r['requests']:>8} | {r['hit_rate']:>15.1%} | {r['mean_ttft'] * 1e3:>14.1f} | "
+            f"{r['p50_ttft'] * 1e3:>13.1f} | {split:>22} | {r['wall']:>8.1f} |"
+        )
 
 
 if __name__ == "__main__":

@@ -24,9 +24,9 @@ import transformers
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from engine import LLM, SamplingParams  # noqa: E402
-from engine.metrics import EngineMetrics  # noqa: E402
-from bench.hf_baselines import continuous_batching  # noqa: E402
+from bench.hf_baselines import continuous_batching
+from engine import LLM, SamplingParams
+from engine.metrics import EngineMetrics
 
 
 def build_model(path: Path, args: argparse.Namespace) -> None:
@@ -68,9 +68,17 @@ def watch_overallocation(llm: LLM) -> list[int]:
     return extra
 
 
-def run_ours(path: Path, prompts: list[list[int]], outputs: list[int], args: argparse.Namespace) -> tuple[float, int, float]:
-    llm = LLM(str(path), block_size=args.block_size, num_kv_blocks=args.kv_blocks, max_model_len=1024,
-              max_num_seqs=args.num_requests, max_num_batched_tokens=args.max_batched_tokens)
+def run_ours(
+    path: Path, prompts: list[list[int]], outputs: list[int], args: argparse.Namespace
+) -> tuple[float, int, float]:
+    llm = LLM(
+        str(path),
+        block_size=args.block_size,
+        num_kv_blocks=args.kv_blocks,
+        max_model_len=1024,
+        max_num_seqs=args.num_requests,
+        max_num_batched_tokens=args.max_batched_tokens,
+    )
     llm.generate(prompts[:2], SamplingParams(temperature=0, max_tokens=4))  # warm-up
     llm.engine.metrics = EngineMetrics()
     extra = watch_overallocation(llm)
@@ -95,8 +103,9 @@ def run_static(path: Path, prompts: list[list[int]], outputs: list[int], batch: 
             ids = torch.tensor([[0] * (width - len(p)) + p for p in group])
             mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in group])
             n = max(wants)
-            model.generate(ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n,
-                           do_sample=False, pad_token_id=0)
+            model.generate(
+                ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0
+            )
     return time.perf_counter() - t0, sum(outputs)
 
 
@@ -123,9 +132,11 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     prompts, outputs = workload(args)
-    print(f"model: Llama hidden={args.hidden} layers={args.layers} heads={args.heads} vocab={args.vocab}, float32, "
-          f"{args.threads} threads; {len(prompts)} requests, prompt tokens {sum(map(len, prompts))}, "
-          f"output tokens {sum(outputs)}")
+    print(
+        f"model: Llama hidden={args.hidden} layers={args.layers} heads={args.heads} vocab={args.vocab}, float32, "
+        f"{args.threads} threads; {len(prompts)} requests, prompt tokens {sum(map(len, prompts))}, "
+        f"output tokens {sum(outputs)}"
+    )
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp)
         build_model(path, args)
@@ -151,9 +162,11 @@ def main() -> None:
     print("\n| system | time (s) | output tok/s | ours / this |\n|---|---:|---:|---:|")
     for name, t, n in rows:
         print(f"| {name} | {t:.2f} | {n / t:.0f} | {ours / (n / t):.2f}x |")
-    print(f"\nKV utilisation (tokens held / slots allocated, mean over steps): {util * 100:.1f}% "
-          f"(block_size={args.block_size}); every unused slot is in the unfilled tail of a sequence's "
-          f"last block")
+    print(
+        f"\nKV utilisation (tokens held / slots allocated, mean over steps): {util * 100:.1f}% "
+        f"(block_size={args.block_size}); every unused slot is in the unfilled tail of a sequence's "
+        f"last block"
+    )
 
 
 if __name__ == "__main__":

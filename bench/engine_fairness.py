@@ -27,10 +27,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from engine import SamplingParams  # noqa: E402
-from engine.config import EngineConfig  # noqa: E402
-from engine.llm_engine import LLMEngine  # noqa: E402
-from engine.tiny_model import build_tiny_model  # noqa: E402
+from engine import SamplingParams
+from engine.config import EngineConfig
+from engine.llm_engine import LLMEngine
+from engine.tiny_model import build_tiny_model
 
 
 def percentile(values: list[float], q: float) -> float:

@@ -32,16 +32,16 @@ from pathlib import Path
 if "--cpu-smoke" in sys.argv:
     os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported anywhere
 
-import torch  # noqa: E402
-import transformers  # noqa: E402
+import torch
+import transformers
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from engine import LLM, SamplingParams  # noqa: E402
-from bench.hf_baselines import continuous_batching  # noqa: E402
-from engine.kernels import paged_attention  # noqa: E402
+from bench.hf_baselines import continuous_batching
+from engine import LLM, SamplingParams
 from engine.attention_metadata import AttentionMetadata
-from engine.layers.attention import torch_paged_attention  # noqa: E402
+from engine.kernels import paged_attention
+from engine.layers.attention import torch_paged_attention
 
 
 @dataclass
@@ -245,30 +245,37 @@ def kernel_bench(setup: Setup) -> list[tuple[str, float, float]]:
     h_q, h_kv, d = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
     dev, dt = setup.device, setup.dtype
     big = dev == "cuda"
-    shapes = [("decode", 64 if big else 2, 1024 if big else 32, 1), ("prefill", 4 if big else 1, 512 if big else 16, None)]
+    shapes = [
+        ("decode", 64 if big else 2, 1024 if big else 32, 1),
+        ("prefill", 4 if big else 1, 512 if big else 16, None),
+    ]
     rows = []
     for name, b, length, q_len in shapes:
         q_len = q_len or length
         q, cache, meta = random_paged_batch([(length - q_len, q_len)] * b, h_q, h_kv, d, dt, dev)
         out = torch.empty_like(q)
-        ours = timer(lambda: paged_attention(q, cache, meta, d**-0.5, out=out), dev)
+        ours = timer(lambda: paged_attention(q, cache, meta, d**-0.5, out=out), dev)  # noqa: B023 (called here)
         qd = torch.randn(b, h_q, q_len, d, device=dev, dtype=dt)
         kd = torch.randn(b, h_kv, length, d, device=dev, dtype=dt)
         vd = torch.randn_like(kd)
         causal = q_len > 1
-        sdpa = timer(lambda: F.scaled_dot_product_attention(qd, kd, vd, is_causal=causal, enable_gqa=True), dev)
+        sdpa = timer(lambda: F.scaled_dot_product_attention(qd, kd, vd, is_causal=causal, enable_gqa=True), dev)  # noqa: B023
         rows.append((f"{name} b={b} ctx={length} q={q_len}", ours, sdpa))
     return rows
 
 
 # -- main -------------------------------------------------------------------------------------------
 
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--cpu-smoke", action="store_true", help="CPU, Triton interpreter, toy sizes")
-    ap.add_argument("--skip-hf", action="store_true",
-                    help="skip the transformers baseline (always skipped by --cpu-smoke: its manager takes ~45 s "
-                         "to start on CPU; bench/engine_cpu.py runs the same baseline there)")
+    ap.add_argument(
+        "--skip-hf",
+        action="store_true",
+        help="skip the transformers baseline (always skipped by --cpu-smoke: its manager takes ~45 s "
+        "to start on CPU; bench/engine_cpu.py runs the same baseline there)",
+    )
     ap.add_argument("--decode-steps", type=int, default=None, help="timed decode steps per batch (20; smoke 3)")
     args = ap.parse_args()
     args.skip_hf = args.skip_hf or args.cpu_smoke
@@ -293,13 +300,21 @@ def main() -> None:
         for batch in setup.decode_batches:
             step_s, kv_bytes = decode_step_time(llm, batch, setup.decode_ctx, setup, args.decode_steps)
             frac = (wbytes + kv_bytes) / step_s / bw
-            table.append((f"decode step b={batch} ctx~{setup.decode_ctx}",
-                          f"{step_s * 1e3:.2f} ms, {frac:.0%} of copy bandwidth (target >= 70% for b >= 64)"))
+            table.append(
+                (
+                    f"decode step b={batch} ctx~{setup.decode_ctx}",
+                    f"{step_s * 1e3:.2f} ms, {frac:.0%} of copy bandwidth (target >= 70% for b >= 64)",
+                )
+            )
         del llm
         release(setup.device)
         for shape, ours_ms, sdpa_ms in kernel_bench(setup):
-            table.append((f"attention {shape}", f"ours {ours_ms:.3f} ms, SDPA {sdpa_ms:.3f} ms, "
-                                                f"ratio {ours_ms / sdpa_ms:.2f}x (target <= 1.2x)"))
+            table.append(
+                (
+                    f"attention {shape}",
+                    f"ours {ours_ms:.3f} ms, SDPA {sdpa_ms:.3f} ms, ratio {ours_ms / sdpa_ms:.2f}x (target <= 1.2x)",
+                )
+            )
         if args.cpu_smoke:  # the Triton path must agree with the torch path token for token
             ref = make_llm(path, setup, backend="torch")
             same = run_ours(ref, prompts, outputs, setup.device)[2] == ours_tokens

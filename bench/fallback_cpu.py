@@ -25,12 +25,12 @@ import transformers
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from engine_cpu import run_static, workload  # noqa: E402
+from engine_cpu import run_static, workload
 
-from backends.transformers_generate import load_generate_backend  # noqa: E402
-from backends.openai_wire import CompletionRequest  # noqa: E402
-from engine import LLM, SamplingParams  # noqa: E402
-from engine.tiny_model import write_tokenizer  # noqa: E402
+from backends.openai_wire import CompletionRequest
+from backends.transformers_generate import load_generate_backend
+from engine import LLM, SamplingParams
+from engine.tiny_model import write_tokenizer
 
 
 def build_model(path: Path, args: argparse.Namespace) -> None:
@@ -45,9 +45,18 @@ def build_model(path: Path, args: argparse.Namespace) -> None:
     write_tokenizer(path, 1024)  # the serving path needs a tokenizer; prompts are token ids anyway
 
 
-def run_in_engine(path: Path, prompts: list[list[int]], outputs: list[int], args: argparse.Namespace) -> tuple[float, int]:
-    llm = LLM(str(path), model_impl="transformers", block_size=args.block_size, num_kv_blocks=args.kv_blocks,
-              max_model_len=1024, max_num_seqs=len(prompts), max_num_batched_tokens=args.max_batched_tokens)
+def run_in_engine(
+    path: Path, prompts: list[list[int]], outputs: list[int], args: argparse.Namespace
+) -> tuple[float, int]:
+    llm = LLM(
+        str(path),
+        model_impl="transformers",
+        block_size=args.block_size,
+        num_kv_blocks=args.kv_blocks,
+        max_model_len=1024,
+        max_num_seqs=len(prompts),
+        max_num_batched_tokens=args.max_batched_tokens,
+    )
     assert llm.engine.model_impl == "transformers"
     llm.generate(prompts[:2], SamplingParams(temperature=0, max_tokens=4))  # warm-up
     params = [SamplingParams(temperature=0, max_tokens=o, ignore_eos=True) for o in outputs]
@@ -63,6 +72,7 @@ def run_plain_backend(path: Path, prompts: list[list[int]], outputs: list[int], 
     async def go() -> tuple[float, int]:
         backend = load_generate_backend(str(path), "bench", {"max_batch_size": batch, "max_queue": len(prompts)})
         try:
+
             def request(p: list[int], n: int) -> CompletionRequest:
                 return CompletionRequest(model="bench", prompt=p, max_tokens=n, temperature=0.0, ignore_eos=True)
 
@@ -95,18 +105,24 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     prompts, outputs = workload(args)
-    print(f"model: GPT-NeoX hidden={args.hidden} layers={args.layers} heads={args.heads} vocab={args.vocab}, "
-          f"float32, {args.threads} threads; {len(prompts)} requests, prompt tokens {sum(map(len, prompts))}, "
-          f"output tokens {sum(outputs)}")
+    print(
+        f"model: GPT-NeoX hidden={args.hidden} layers={args.layers} heads={args.heads} vocab={args.vocab}, "
+        f"float32, {args.threads} threads; {len(prompts)} requests, prompt tokens {sum(map(len, prompts))}, "
+        f"output tokens {sum(outputs)}"
+    )
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp)
         build_model(path, args)
         rows = [
             ("fallback inside the engine (model_impl=transformers)", *run_in_engine(path, prompts, outputs, args)),
-            (f"plain generate backend (batches of <= {args.hf_batch})",
-             *run_plain_backend(path, prompts, outputs, args.hf_batch)),
-            (f"transformers generate (static batches of {args.hf_batch})",
-             *run_static(path, prompts, outputs, args.hf_batch)),
+            (
+                f"plain generate backend (batches of <= {args.hf_batch})",
+                *run_plain_backend(path, prompts, outputs, args.hf_batch),
+            ),
+            (
+                f"transformers generate (static batches of {args.hf_batch})",
+                *run_static(path, prompts, outputs, args.hf_batch),
+            ),
         ]
     first = rows[0][2] / rows[0][1]
     print("\n| system | time (s) | output tok/s | in-engine / this |\n|---|---:|---:|---:|")

@@ -62,7 +62,9 @@ def proxy_app() -> Litestar:
     @post("/v1/chat/completions", status_code=200)
     async def chat(request: Request[Any, Any, Any]) -> Response[bytes]:
         body = _decode(await request.body())
-        answer = await upstream.post("/chat/completions", msgspec.json.encode(msgspec.structs.replace(body, model="echo")))
+        answer = await upstream.post(
+            "/chat/completions", msgspec.json.encode(msgspec.structs.replace(body, model="echo"))
+        )
         return Response(answer, media_type="application/json")
 
     return Litestar([chat])

@@ -111,7 +111,16 @@ def start_gateway(config: dict[str, Any], workdir: Path) -> Gateway:
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("SWITCHYARD")}
     log = workdir / "gateway.log"
-    cmd = [str(Path(sys.executable).parent / "switchyard"), "serve", "--config", str(path), "--port", str(port), "--workers", "1"]
+    cmd = [
+        str(Path(sys.executable).parent / "switchyard"),
+        "serve",
+        "--config",
+        str(path),
+        "--port",
+        str(port),
+        "--workers",
+        "1",
+    ]
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -217,7 +226,7 @@ class Conn:
                     first = time.perf_counter() - t0
         else:
             at = lower.find(b"content-length:")
-            length = int(lower[at + 15: lower.find(b"\r\n", at)]) if at >= 0 else 0
+            length = int(lower[at + 15 : lower.find(b"\r\n", at)]) if at >= 0 else 0
             await reader.readexactly(length)
         total = time.perf_counter() - t0
         return Result(status, total if first is None else first, total)
@@ -231,8 +240,10 @@ def http_request(url: str, path: str, body: dict[str, Any], key: str | None) -> 
     host, port = host_port.split(":")
     data = json.dumps(body).encode()
     auth = f"authorization: Bearer {key}\r\n" if key else ""
-    raw = (f"POST {path} HTTP/1.1\r\nhost: {host_port}\r\ncontent-type: application/json\r\n{auth}"
-           f"content-length: {len(data)}\r\n\r\n").encode() + data
+    raw = (
+        f"POST {path} HTTP/1.1\r\nhost: {host_port}\r\ncontent-type: application/json\r\n{auth}"
+        f"content-length: {len(data)}\r\n\r\n"
+    ).encode() + data
     return host, int(port), raw
 
 
@@ -330,11 +341,17 @@ async def bursts(target: tuple[str, int, bytes], concurrency: int, rounds: int) 
 def wrk_rps(url: str, path: str, body: dict[str, Any], key: str, connections: int, seconds: float) -> tuple[float, int]:
     """(requests/s, non-2xx count) from Debian's wrk."""
     with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as script:
-        script.write(f'wrk.method = "POST"\nwrk.body = {json.dumps(json.dumps(body))}\n'
-                     f'wrk.headers["content-type"] = "application/json"\n'
-                     f'wrk.headers["authorization"] = "Bearer {key}"\n')
-    out = subprocess.run(["wrk", "-t1", f"-c{connections}", f"-d{max(1, round(seconds))}s", "-s", script.name, url + path],
-                         capture_output=True, text=True, check=True).stdout
+        script.write(
+            f'wrk.method = "POST"\nwrk.body = {json.dumps(json.dumps(body))}\n'
+            f'wrk.headers["content-type"] = "application/json"\n'
+            f'wrk.headers["authorization"] = "Bearer {key}"\n'
+        )
+    out = subprocess.run(
+        ["wrk", "-t1", f"-c{connections}", f"-d{max(1, round(seconds))}s", "-s", script.name, url + path],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     os.unlink(script.name)
     rps = next(float(line.split()[1]) for line in out.splitlines() if line.startswith("Requests/sec:"))
     bad = next((int(line.split()[-1]) for line in out.splitlines() if "Non-2xx" in line), 0)
@@ -349,8 +366,11 @@ CHAT = {"messages": [{"role": "user", "content": "Say hello to the benchmark, pl
 
 def gateway_config(db_url: str, fast: str, slow: str, streamy: str, journal: Path) -> dict[str, Any]:
     def group(name: str, url: str) -> dict[str, Any]:
-        return {"name": name, "max_retries": 0, "deployments": [
-            {"provider": "openai", "model": "echo", "api_base": url + "/v1", "api_key": "sk-upstream"}]}
+        return {
+            "name": name,
+            "max_retries": 0,
+            "deployments": [{"provider": "openai", "model": "echo", "api_base": url + "/v1", "api_key": "sk-upstream"}],
+        }
 
     return {
         "auth": {"admin_key": ADMIN_KEY, "key_cache_seconds": 2},
@@ -362,8 +382,14 @@ def gateway_config(db_url: str, fast: str, slow: str, streamy: str, journal: Pat
     }
 
 
-async def throughput(args: argparse.Namespace, gw: Gateway, key: str, upstream: str,
-                     direct: tuple[str, int, bytes], via: tuple[str, int, bytes]) -> tuple[list[list[str]], int]:
+async def throughput(
+    args: argparse.Namespace,
+    gw: Gateway,
+    key: str,
+    upstream: str,
+    direct: tuple[str, int, bytes],
+    via: tuple[str, int, bytes],
+) -> tuple[list[list[str]], int]:
     """(a): requests/s at 64 connections, direct and through the gateway (and its CPU per request)."""
     rows: list[list[str]] = []
     if args.wrk and shutil.which("wrk"):
@@ -379,10 +405,20 @@ async def throughput(args: argparse.Namespace, gw: Gateway, key: str, upstream: 
         _stop_profile(profiler)
         d_rps, g_rps, errors = len(d.ok) / d.seconds, len(g.ok) / g.seconds, g.errors + len(g.results) - len(g.ok)
         sent = len(g.results)
-        rows.append(["(a) gateway CPU per request (ms)", "-", f"{cpu * 1000 / max(1, len(g.results)):.2f}", "-", "",
-                     f"{cpu / g.seconds:.0%} of a core"])
-    rows.insert(0, ["(a) non-stream req/s @64 conns", f"{d_rps:,.0f}", f"{g_rps:,.0f}", "-", ">= 2,000 req/s",
-                    f"errors {errors}"])
+        rows.append(
+            [
+                "(a) gateway CPU per request (ms)",
+                "-",
+                f"{cpu * 1000 / max(1, len(g.results)):.2f}",
+                "-",
+                "",
+                f"{cpu / g.seconds:.0%} of a core",
+            ]
+        )
+    rows.insert(
+        0,
+        ["(a) non-stream req/s @64 conns", f"{d_rps:,.0f}", f"{g_rps:,.0f}", "-", ">= 2,000 req/s", f"errors {errors}"],
+    )
     return rows, sent
 
 
@@ -391,8 +427,10 @@ async def measure(args: argparse.Namespace, gw: Gateway, key: str, ups: dict[str
 
     def pair(model: str, stream: bool = False) -> tuple[tuple[str, int, bytes], tuple[str, int, bytes]]:
         body = CHAT | {"model": model} | ({"stream": True} if stream else {})
-        return (http_request(ups[model], "/v1/chat/completions", body | {"model": "echo"}, None),
-                http_request(gw.url, "/v1/chat/completions", body, key))
+        return (
+            http_request(ups[model], "/v1/chat/completions", body | {"model": "echo"}, None),
+            http_request(gw.url, "/v1/chat/completions", body, key),
+        )
 
     rows: list[list[str]] = []
     direct, via = pair("fast")
@@ -409,10 +447,26 @@ async def measure(args: argparse.Namespace, gw: Gateway, key: str, ups: dict[str
         d = await open_loop(direct, rate, args.seconds / 2)
         g = await open_loop(via, rate, args.seconds / 2)
         sent += len(g.results)
-        rows.append([f"(b) latency p50 @{rate} req/s (ms)", f"{d.pct(0.5):.2f}", f"{g.pct(0.5):.2f}",
-                     f"{g.pct(0.5) - d.pct(0.5):+.2f}", "<= 1 ms added", f"errors {g.errors + len(g.results) - len(g.ok)}"])
-        rows.append([f"(b) latency p99 @{rate} req/s (ms)", f"{d.pct(0.99):.2f}", f"{g.pct(0.99):.2f}",
-                     f"{g.pct(0.99) - d.pct(0.99):+.2f}", "<= 3 ms added", ""])
+        rows.append(
+            [
+                f"(b) latency p50 @{rate} req/s (ms)",
+                f"{d.pct(0.5):.2f}",
+                f"{g.pct(0.5):.2f}",
+                f"{g.pct(0.5) - d.pct(0.5):+.2f}",
+                "<= 1 ms added",
+                f"errors {g.errors + len(g.results) - len(g.ok)}",
+            ]
+        )
+        rows.append(
+            [
+                f"(b) latency p99 @{rate} req/s (ms)",
+                f"{d.pct(0.99):.2f}",
+                f"{g.pct(0.99):.2f}",
+                f"{g.pct(0.99) - d.pct(0.99):+.2f}",
+                "<= 3 ms added",
+                "",
+            ]
+        )
     _stop_profile(profiler)
     if "c" not in args.phases:
         return rows, sent
@@ -424,10 +478,22 @@ async def measure(args: argparse.Namespace, gw: Gateway, key: str, ups: dict[str
     _stop_profile(profiler)
     sent += len(g.results)
     errs = f"errors {g.errors + len(g.results) - len(g.ok)}"
-    for label, what, q, target in (("TTFC p50", "first", 0.5, ""), ("TTFC p99", "first", 0.99, "<= 10 ms added"),
-                                   ("total p50", "total", 0.5, ""), ("total p99", "total", 0.99, "")):
-        rows.append([f"(c) 64 streams x20 chunks: {label} (ms)", f"{d.pct(q, what):.2f}", f"{g.pct(q, what):.2f}",
-                     f"{g.pct(q, what) - d.pct(q, what):+.2f}", target, errs if label == "TTFC p50" else ""])
+    for label, what, q, target in (
+        ("TTFC p50", "first", 0.5, ""),
+        ("TTFC p99", "first", 0.99, "<= 10 ms added"),
+        ("total p50", "total", 0.5, ""),
+        ("total p99", "total", 0.99, ""),
+    ):
+        rows.append(
+            [
+                f"(c) 64 streams x20 chunks: {label} (ms)",
+                f"{d.pct(q, what):.2f}",
+                f"{g.pct(q, what):.2f}",
+                f"{g.pct(q, what) - d.pct(q, what):+.2f}",
+                target,
+                errs if label == "TTFC p50" else "",
+            ]
+        )
     return rows, sent
 
 
@@ -435,8 +501,18 @@ def _profile(gw: Gateway, args: argparse.Namespace, phase: str) -> subprocess.Po
     """py-spy on the gateway during ``phase`` when ``--profile`` names it (stopped by _stop_profile)."""
     if not args.profile or phase not in args.profile_phase or phase not in args.phases:
         return None
-    cmd = [shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy"), "record", "--pid", str(gw.proc.pid), "--format", "raw", "--rate", "200",
-           "--output", args.profile]
+    cmd = [
+        shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy"),
+        "record",
+        "--pid",
+        str(gw.proc.pid),
+        "--format",
+        "raw",
+        "--rate",
+        "200",
+        "--output",
+        args.profile,
+    ]
     return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
@@ -482,11 +558,27 @@ def main() -> None:
                 rss = rss_mib(gw.proc.pid)
             finally:
                 code = stop(gw.proc)
-            rows.append(["(d) gateway RSS after the run (MiB)", "-", f"{rss:.0f}", "-", "<= 150 MiB",
-                         f"exit code {code} after SIGTERM"])
+            rows.append(
+                [
+                    "(d) gateway RSS after the run (MiB)",
+                    "-",
+                    f"{rss:.0f}",
+                    "-",
+                    "<= 150 MiB",
+                    f"exit code {code} after SIGTERM",
+                ]
+            )
             rows_in_db = asyncio.run(count_usage_rows(db_url))
-            rows.append(["usage rows in PostgreSQL", "-", f"{rows_in_db:,}", "-", f"= requests sent ({sent:,}"
-                         + (", approx. with --wrk" if args.wrk else "") + ")", ""])
+            rows.append(
+                [
+                    "usage rows in PostgreSQL",
+                    "-",
+                    f"{rows_in_db:,}",
+                    "-",
+                    f"= requests sent ({sent:,}" + (", approx. with --wrk" if args.wrk else "") + ")",
+                    "",
+                ]
+            )
         finally:
             for proc in procs.values():
                 stop(proc)

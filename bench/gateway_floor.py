@@ -23,8 +23,8 @@ from bench.gateway import (
     ROOT,
     closed_loop,
     cpu_seconds,
-    fresh_database,
     free_port,
+    fresh_database,
     gateway_config,
     http_request,
     make_tenant_key,
@@ -64,13 +64,22 @@ def main() -> None:
     upstream_proc, upstream = start_upstream()
     try:
         body = CHAT | {"model": "echo"}
-        rows.append(["echo upstream, direct", *measure(upstream_proc.pid, http_request(upstream, "/v1/chat/completions", body, None), args.seconds)])
-        for factory, label in (("raw_app", "bare ASGI app (uvicorn, httptools, uvloop)"),
-                               ("litestar_app", "+ Litestar route, body decoded"),
-                               ("proxy_app", "+ forwarded with the gateway's HTTP client")):
+        rows.append(
+            [
+                "echo upstream, direct",
+                *measure(upstream_proc.pid, http_request(upstream, "/v1/chat/completions", body, None), args.seconds),
+            ]
+        )
+        for factory, label in (
+            ("raw_app", "bare ASGI app (uvicorn, httptools, uvloop)"),
+            ("litestar_app", "+ Litestar route, body decoded"),
+            ("proxy_app", "+ forwarded with the gateway's HTTP client"),
+        ):
             proc, url = start_floor(factory, upstream)
             try:
-                rows.append([label, *measure(proc.pid, http_request(url, "/v1/chat/completions", body, None), args.seconds)])
+                rows.append(
+                    [label, *measure(proc.pid, http_request(url, "/v1/chat/completions", body, None), args.seconds)]
+                )
             finally:
                 stop(proc)
         with tempfile.TemporaryDirectory() as tmp, fresh_database() as db_url:
@@ -78,8 +87,12 @@ def main() -> None:
             try:
                 key = make_tenant_key(gw.url)
                 target = http_request(gw.url, "/v1/chat/completions", CHAT | {"model": "fast"}, key)
-                rows.append(["the gateway (auth, Redis quotas, routing, metering to PostgreSQL)",
-                             *measure(gw.proc.pid, target, args.seconds)])
+                rows.append(
+                    [
+                        "the gateway (auth, Redis quotas, routing, metering to PostgreSQL)",
+                        *measure(gw.proc.pid, target, args.seconds),
+                    ]
+                )
             finally:
                 stop(gw.proc)
     finally:

@@ -35,7 +35,9 @@ from bench.gateway import (
 KEEP_ALIVE_SECONDS = 4.0  # uvicorn closes idle keep-alive connections after 5 s
 
 
-async def soak(url: str, key: str, concurrency: int, seconds: float, pid: int) -> tuple[int, dict[str, int], list[float]]:
+async def soak(
+    url: str, key: str, concurrency: int, seconds: float, pid: int
+) -> tuple[int, dict[str, int], list[float]]:
     body = {"model": "streamy", "stream": True, "messages": [{"role": "user", "content": "soak"}], "max_tokens": 32}
     host, port, raw = http_request(url, "/v1/chat/completions", body, key)
     sent = 0
@@ -103,12 +105,15 @@ def main() -> None:
             problems = [line for line in gw.log.read_text().splitlines() if "ERROR" in line or "rror" in line][-5:]
         finally:
             stop(up)
-    print_table([
-        ["streams sent", f"{sent:,}", f"{args.concurrency} at a time for {args.seconds:.0f} s"],
-        ["errors", f"{sum(errors.values())} {errors or ''}".strip(), "0"],
-        ["usage rows in PostgreSQL", f"{rows:,}", f"= streams sent (gateway exit code {code} after SIGTERM)"],
-        ["gateway RSS after round 1 / middle / end (MiB)", " / ".join(f"{r:.0f}" for r in rss), "flat"],
-    ], ["measurement", "value", "target"])
+    print_table(
+        [
+            ["streams sent", f"{sent:,}", f"{args.concurrency} at a time for {args.seconds:.0f} s"],
+            ["errors", f"{sum(errors.values())} {errors or ''}".strip(), "0"],
+            ["usage rows in PostgreSQL", f"{rows:,}", f"= streams sent (gateway exit code {code} after SIGTERM)"],
+            ["gateway RSS after round 1 / middle / end (MiB)", " / ".join(f"{r:.0f}" for r in rss), "flat"],
+        ],
+        ["measurement", "value", "target"],
+    )
     if problems:
         print("last errors in the gateway's log:", *problems, sep="\n  ")
 

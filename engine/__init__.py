@@ -7,8 +7,8 @@ from engine.async_engine import AsyncEngine
 from engine.config import EngineConfig
 from engine.errors import EngineClosed, EngineError, InvalidRequest, RequestRejected
 from engine.llm_engine import LLM, LLMEngine
-from engine.outputs import CompletionOutput, RequestOutput
 from engine.metrics import MetricsSnapshot
+from engine.outputs import CompletionOutput, RequestOutput
 from engine.sampling_params import SamplingParams
 
 __all__ = [

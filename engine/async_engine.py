@@ -11,13 +11,14 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
+
 from engine.block_manager import PrefixCacheSummary
 from engine.config import EngineConfig
 from engine.errors import EngineClosed, InvalidRequest
 from engine.input_processor import EngineRequest
 from engine.llm_engine import LLMEngine
-from engine.outputs import RequestOutput
 from engine.metrics import MetricsSnapshot
+from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
 
 

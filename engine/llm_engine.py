@@ -14,14 +14,14 @@ from engine.block_manager import BlockManager, PrefixCacheSummary
 from engine.capacity.kv import Capacity, KVLayout
 from engine.config import EngineConfig
 from engine.errors import InvalidRequest
+from engine.fair_queue import FairQueue
 from engine.input_processor import EngineRequest, InputProcessor, RequestLimits
 from engine.metrics import EngineMetrics, MetricsSnapshot
 from engine.model_runner import ModelRunner
+from engine.outputs import RequestOutput, RequestState, TextState
 from engine.sampling_params import SamplingParams
-from engine.fair_queue import FairQueue
 from engine.scheduler import FCFSQueue, PriorityQueue, QueuePolicy, Scheduler
 from engine.sequence import FinishReason, Sequence, TokenLogprob
-from engine.outputs import RequestOutput, RequestState, TextState
 
 
 def _load_tokenizer(model_path: str):  # -> engine.tokenizer.Tokenizer | None
@@ -53,8 +53,8 @@ class LLMEngine:
     def __init__(self, config: EngineConfig, model: nn.Module | None = None, hf_config: object = None) -> None:
         """Load the native model named by ``config.model``, or run a given ``model`` (any module
         with the native models' forward / compute_logits interface) with its ``hf_config``."""
-        from engine.model_impl import load_engine_model
         from engine.loader import model_kv_shape
+        from engine.model_impl import load_engine_model
 
         self.config = config
         self.model_impl = "native"  # or "transformers" (engine.model_impl resolves config.model_impl)

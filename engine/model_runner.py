@@ -13,10 +13,10 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from engine.attention_metadata import AttentionMetadata
 from engine.capacity.kv import KVLayout
 from engine.config import EngineConfig
 from engine.cuda_graphs import DecodeGraphs
-from engine.attention_metadata import AttentionMetadata
 from engine.sampler import Sampler, SamplerOutput, SamplingRow
 from engine.scheduler import ScheduledSeq
 

@@ -75,7 +75,9 @@ class WireBody(AbstractDTO[T]):
         return False
 
     @classmethod
-    def create_for_field_definition(cls, field_definition: FieldDefinition, handler_id: str, backend_cls: Any = None) -> None:
+    def create_for_field_definition(
+        cls, field_definition: FieldDefinition, handler_id: str, backend_cls: Any = None
+    ) -> None:
         """No transfer model is needed: the Struct itself is the wire type."""
 
     @classmethod

@@ -19,9 +19,9 @@ from backends.call import CallContext
 from backends.estimate import estimate_chat_prompt, estimate_completion_prompt
 from backends.openai_wire import ChatCompletionRequest, CompletionRequest
 from gateway.contracts import Principal
+from gateway.dialects import OPENAI, Dialect
 from gateway.errors import ApiError
 from gateway.routing.cache_aware import chat_prefix, completion_prefix
-from gateway.dialects import OPENAI, Dialect
 
 Invoke = Callable[[Backend, CallContext], Awaitable[Completed[Any] | ChunkStream[Any]]]
 

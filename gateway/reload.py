@@ -32,7 +32,9 @@ SUPERVISOR_PID_ENV = "SWITCHYARD_SUPERVISOR_PID"  # set by ``switchyard serve`` 
 
 
 class Reloader:
-    def __init__(self, pipeline: Pipeline, config_path: str | Path | None, build: BackendBuilder = build_backend) -> None:
+    def __init__(
+        self, pipeline: Pipeline, config_path: str | Path | None, build: BackendBuilder = build_backend
+    ) -> None:
         self.pipeline = pipeline
         self.config_path = Path(config_path) if config_path else None
         self._build = build

@@ -94,7 +94,9 @@ class Tenancy:
             limits.invalidate()
 
         dash = settings.dashboard
-        sessions = Sessions.create(dash.session_secret, dash.session_seconds, dash.secure_cookies) if dash.enabled else None
+        sessions = (
+            Sessions.create(dash.session_secret, dash.session_seconds, dash.secure_cookies) if dash.enabled else None
+        )
         return cls(db, authenticator, admission, usage, TenancyService(db, on_change=changed), prices, sessions)
 
     def routers(self) -> list[HttpRouter]:

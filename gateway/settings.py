@@ -19,7 +19,7 @@ import yaml
 from msgspec import Meta
 
 # Deployment-level config lives in backends/ (gateway -> backends); re-exported here for callers.
-from backends.config import ConfigError, Conf, DeploymentConfig, Seconds, Timeouts
+from backends.config import Conf, ConfigError, DeploymentConfig, Seconds, Timeouts
 
 __all__ = ["ConfigError", "DeploymentConfig", "Settings", "Timeouts", "load_settings", "parse_settings"]
 

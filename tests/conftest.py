@@ -8,14 +8,14 @@ import os
 # kernel is decorated, so it is set here, before any test module can import engine code.
 os.environ["TRITON_INTERPRET"] = "1"
 
-from collections.abc import Callable, Iterator  # noqa: E402
+from collections.abc import Callable, Iterator
 from typing import Any
 
-import pytest  # noqa: E402
+import pytest
 
-from gateway.settings import Settings, parse_settings  # noqa: E402
-from tests.support.fake_upstream import FakeUpstream  # noqa: E402
-from tests.support.servers import ServerThread, free_port  # noqa: E402
+from gateway.settings import Settings, parse_settings
+from tests.support.fake_upstream import FakeUpstream
+from tests.support.servers import ServerThread, free_port
 
 ADMIN_KEY = "sk-test-admin"
 

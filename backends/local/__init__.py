@@ -5,8 +5,9 @@ Deployment ``options`` are engine arguments in vLLM's spelling: ``dtype``, ``dev
 ``max_num_seqs``, ``max_num_batched_tokens``, ``max_model_len``, ``enable_prefix_caching``,
 ``enable_chunked_prefill``, ``scheduling_policy``, ``attn_backend``, ``model_impl``, ``seed``;
 ``scheduling: fcfs | fair`` (fair: weighted fair admission and preemption across the gateway's
-tenants, by each tenant's weight); plus ``builtin: tiny`` to generate the built-in tiny model into the ``model`` folder when it is
-missing (what the embedded default config uses, so ``make run`` needs no download).
+tenants, by each tenant's weight); plus ``builtin: tiny`` to generate the built-in tiny model into
+the ``model`` folder when it is missing (what the embedded default config uses, so ``make run``
+needs no download).
 
 Importing this package is cheap; torch and the engine load when a backend is built.
 """

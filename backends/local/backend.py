@@ -11,12 +11,19 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import AsyncIterator
-from typing import Any
 
-from backends.base import (BackendStats, BadRequest, ChunkStream, ClosingChunks, Completed, ContextTooLong, Meter,
-                           Unavailable)
-from backends.local import wire
+from backends.base import (
+    BackendStats,
+    BadRequest,
+    ChunkStream,
+    ClosingChunks,
+    Completed,
+    ContextTooLong,
+    Meter,
+    Unavailable,
+)
 from backends.call import NO_CONTEXT, CallContext
+from backends.local import wire
 from backends.openai_wire import (
     AssistantMessage,
     ChatChoice,
@@ -31,8 +38,15 @@ from backends.openai_wire import (
     TextCompletion,
     Usage,
 )
-from engine import (AsyncEngine, EngineClosed, InvalidRequest, MetricsSnapshot, RequestOutput, RequestRejected,
-                    SamplingParams)
+from engine import (
+    AsyncEngine,
+    EngineClosed,
+    InvalidRequest,
+    MetricsSnapshot,
+    RequestOutput,
+    RequestRejected,
+    SamplingParams,
+)
 from engine.block_manager import PrefixCacheSummary
 
 

@@ -63,8 +63,13 @@ def _engine_config(model: str, **flags: Any) -> Any:
 
 @engine_app.command("generate")
 def generate(
-    input_file: Annotated[Path, typer.Argument(help="JSONL: one {'prompt': ...} or {'messages': [...]} per line, "
-                                                    "optionally with sampling fields (max_tokens, temperature, ...)")],
+    input_file: Annotated[
+        Path,
+        typer.Argument(
+            help="JSONL: one {'prompt': ...} or {'messages': [...]} per line, "
+            "optionally with sampling fields (max_tokens, temperature, ...)"
+        ),
+    ],
     model: Annotated[str, typer.Option("--model", help="Local Hugging Face model folder.")],
     output: Annotated[Path | None, typer.Option("--output", "-o", help="Write results here (default stdout).")] = None,
     max_tokens: Annotated[int, typer.Option("--max-tokens", help="Default max_tokens per line.")] = 64,
@@ -79,15 +84,22 @@ def generate(
     device: Annotated[str, typer.Option("--device")] = "cpu",
     num_kv_blocks: Annotated[int | None, typer.Option("--num-kv-blocks", help="KV blocks (CPU sizing).")] = None,
     seed: Annotated[int, typer.Option("--seed")] = 0,
-    model_impl: Annotated[str, typer.Option("--model-impl", help="auto, native or transformers (see engine.model_impl).")]
-    = "auto",
-    attn_backend: Annotated[str, typer.Option(
-        "--attn-backend", help="auto (C++ decode kernels on CPU when they build), torch (reference), cpu or triton.")]
-    = "auto",
+    model_impl: Annotated[
+        str, typer.Option("--model-impl", help="auto, native or transformers (see engine.model_impl).")
+    ] = "auto",
+    attn_backend: Annotated[
+        str,
+        typer.Option(
+            "--attn-backend", help="auto (C++ decode kernels on CPU when they build), torch (reference), cpu or triton."
+        ),
+    ] = "auto",
     enforce_eager: Annotated[bool, typer.Option("--enforce-eager", help="No CUDA graphs for decode steps.")] = False,
-    tensor_parallel_size: Annotated[int, typer.Option("--tensor-parallel-size", "-tp", min=1,
-                                                      help="Ranks to split the model over (engine.tensor_parallel).")]
-    = 1,
+    tensor_parallel_size: Annotated[
+        int,
+        typer.Option(
+            "--tensor-parallel-size", "-tp", min=1, help="Ranks to split the model over (engine.tensor_parallel)."
+        ),
+    ] = 1,
 ) -> None:
     """Generate for every line of a JSONL file, with a progress bar; results go out as JSONL."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -96,11 +108,22 @@ def generate(
 
     try:
         jobs = read_jobs(input_file, {"max_tokens": max_tokens, "temperature": temperature})
-        config = _engine_config(model, max_model_len=max_model_len, gpu_memory_utilization=gpu_memory_utilization,
-                                max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-                                block_size=block_size, dtype=dtype, enable_prefix_caching=enable_prefix_caching,
-                                device=device, num_kv_blocks=num_kv_blocks, seed=seed, model_impl=model_impl,
-                                attn_backend=attn_backend, enforce_eager=enforce_eager)
+        config = _engine_config(
+            model,
+            max_model_len=max_model_len,
+            gpu_memory_utilization=gpu_memory_utilization,
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens,
+            block_size=block_size,
+            dtype=dtype,
+            enable_prefix_caching=enable_prefix_caching,
+            device=device,
+            num_kv_blocks=num_kv_blocks,
+            seed=seed,
+            model_impl=model_impl,
+            attn_backend=attn_backend,
+            enforce_eager=enforce_eager,
+        )
         group = None
         if tensor_parallel_size > 1:
             from engine.tensor_parallel import start_tensor_parallel
@@ -135,17 +158,25 @@ def generate(
     try:
         for job in jobs:
             out = results[str(job.line)]
-            completions = [{"text": o.text, "token_ids": o.token_ids, "finish_reason": o.finish_reason}
-                           for o in out.outputs]
-            row = {"id": job.id, "prompt_tokens": len(out.prompt_token_ids),
-                   "completion_tokens": sum(len(o.token_ids) for o in out.outputs), "outputs": completions}
+            completions = [
+                {"text": o.text, "token_ids": o.token_ids, "finish_reason": o.finish_reason} for o in out.outputs
+            ]
+            row = {
+                "id": job.id,
+                "prompt_tokens": len(out.prompt_token_ids),
+                "completion_tokens": sum(len(o.token_ids) for o in out.outputs),
+                "outputs": completions,
+            }
             sink.write(json.dumps(row, ensure_ascii=False) + "\n")
     finally:
         if output:
             sink.close()
     m = engine.get_metrics()
-    typer.echo(f"{len(jobs)} requests, {m.generation_tokens} tokens generated, "
-               f"prefix-cache hit rate {m.prefix_cache_hit_rate:.0%}", err=True)
+    typer.echo(
+        f"{len(jobs)} requests, {m.generation_tokens} tokens generated, "
+        f"prefix-cache hit rate {m.prefix_cache_hit_rate:.0%}",
+        err=True,
+    )
 
 
 @engine_app.command("build-tiny")

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from engine import EngineConfig
 from backends.config import ConfigError, DeploymentConfig
+from engine import EngineConfig
 
 OPTIONS = {f.name for f in dataclasses.fields(EngineConfig)} - {"model"} | {"builtin", "scheduling"}
 SCHEDULING = ("fcfs", "fair")  # ``scheduling``: first come first served, or weighted fair across tenants

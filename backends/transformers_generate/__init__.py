@@ -34,8 +34,8 @@ def load_generate_backend(folder: str, deployment_id: str, options: dict[str, An
     import torch
     import transformers
 
-    from engine.model_impl import ModelImplError, inspect_model
     from engine.config import parse_dtype
+    from engine.model_impl import ModelImplError, inspect_model
 
     unknown = sorted(set(options) - _OPTIONS)
     if unknown:
@@ -46,7 +46,9 @@ def load_generate_backend(folder: str, deployment_id: str, options: dict[str, An
     except (ModelImplError, ValueError) as exc:
         raise ConfigError(f"deployment {deployment_id}: {exc}") from None
     if not any((Path(folder) / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json")):
-        raise ConfigError(f"deployment {deployment_id}: {folder} has no tokenizer (tokenizer.json / tokenizer_config.json)")
+        raise ConfigError(
+            f"deployment {deployment_id}: {folder} has no tokenizer (tokenizer.json / tokenizer_config.json)"
+        )
     model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, local_files_only=True)
     model.to(torch.device(options.get("device", "cpu"))).eval()
     tokenizer = transformers.AutoTokenizer.from_pretrained(folder, local_files_only=True)
@@ -60,19 +62,33 @@ def load_generate_backend(folder: str, deployment_id: str, options: dict[str, An
     max_len = _int_option(options, "max_model_len", info.max_position_embeddings, deployment_id)
     if context_window is not None:
         max_len = min(max_len, context_window)
-    log.info("deployment %s: %s runs on the plain transformers generate path%s", deployment_id,
-             info.architecture, f" ({reason})" if reason else "")
+    log.info(
+        "deployment %s: %s runs on the plain transformers generate path%s",
+        deployment_id,
+        info.architecture,
+        f" ({reason})" if reason else "",
+    )
     return HFGenerateBackend(
-        deployment_id, folder, model, tokenizer, eos_ids=eos_ids, max_model_len=max_len,
+        deployment_id,
+        folder,
+        model,
+        tokenizer,
+        eos_ids=eos_ids,
+        max_model_len=max_len,
         vocab_size=int(model.get_input_embeddings().num_embeddings),
         max_batch_rows=_int_option(options, "max_batch_size", 8, deployment_id),
         max_queue=_int_option(options, "max_queue", 64, deployment_id),
-        metadata={"model_impl": "generate", "architecture": info.architecture,
-                  **({"model_impl_reason": reason} if reason else {})},
+        metadata={
+            "model_impl": "generate",
+            "architecture": info.architecture,
+            **({"model_impl_reason": reason} if reason else {}),
+        },
     )
 
 
-def generate_fallback(config: DeploymentConfig, model_impl: str, engine_options: dict[str, Any]) -> HFGenerateBackend | None:
+def generate_fallback(
+    config: DeploymentConfig, model_impl: str, engine_options: dict[str, Any]
+) -> HFGenerateBackend | None:
     """For ``provider: local``: the plain-generate backend when ``model_impl`` resolves to a model
     the engine cannot run (its attention does not go through transformers' interface), else None.
 
@@ -95,8 +111,13 @@ def generate_fallback(config: DeploymentConfig, model_impl: str, engine_options:
 
 def build_backend(config: DeploymentConfig) -> HFGenerateBackend:
     """Factory entry for ``provider: transformers``: always the plain generate path."""
-    return load_generate_backend(config.model, config.id, dict(config.options), config.context_window,
-                                 reason="provider 'transformers' forces the plain generate path")
+    return load_generate_backend(
+        config.model,
+        config.id,
+        dict(config.options),
+        config.context_window,
+        reason="provider 'transformers' forces the plain generate path",
+    )
 
 
 __all__ = ["HFGenerateBackend", "build_backend", "generate_fallback", "load_generate_backend"]

@@ -17,12 +17,8 @@ from typing import Any
 from msgspec import UNSET
 
 from backends.base import BackendStats, BadRequest, ChunkStream, ClosingChunks, Completed, ContextTooLong, Meter
-from backends.transformers_generate.params import generate_key, opt, row_params
-from backends.transformers_generate.jobs import Event
-from backends.transformers_generate.runs import JobRun, PendingLogprobs, collect, relay
-from backends.transformers_generate.worker import GenerateWorker
-from backends.local.wire import LogprobFormatter
 from backends.call import NO_CONTEXT, CallContext
+from backends.local.wire import LogprobFormatter
 from backends.openai_wire import (
     AssistantMessage,
     ChatChoice,
@@ -38,6 +34,10 @@ from backends.openai_wire import (
     TextPart,
     Usage,
 )
+from backends.transformers_generate.jobs import Event
+from backends.transformers_generate.params import generate_key, opt, row_params
+from backends.transformers_generate.runs import JobRun, PendingLogprobs, collect, relay
+from backends.transformers_generate.worker import GenerateWorker
 
 
 class HFGenerateBackend:
@@ -72,15 +72,22 @@ class HFGenerateBackend:
         response = ChatCompletion(id=_id("chatcmpl"), model=request.model, choices=choices, usage=_usage(run.meter))
         return Completed(response, run.meter)
 
-    async def chat_stream(self, request: ChatCompletionRequest, ctx: CallContext = NO_CONTEXT) -> ChunkStream[ChatCompletionChunk]:
+    async def chat_stream(
+        self, request: ChatCompletionRequest, ctx: CallContext = NO_CONTEXT
+    ) -> ChunkStream[ChatCompletionChunk]:
         k = _chat_logprobs(request)
         run = self._start(request, [self._chat_prompt(request)], request.output_limit(), k, ctx)
         cid, created = _id("chatcmpl"), int(time.time())
         pending = PendingLogprobs()
 
         def chunk(choices: list[ChatChunkChoice], usage: Usage | None = None) -> ChatCompletionChunk:
-            return ChatCompletionChunk(id=cid, model=request.model, choices=choices, created=created,
-                                       usage=usage if usage is not None else UNSET)
+            return ChatCompletionChunk(
+                id=cid,
+                model=request.model,
+                choices=choices,
+                created=created,
+                usage=usage if usage is not None else UNSET,
+            )
 
         def on_event(ev: Event) -> ChatCompletionChunk | None:
             lps = pending.add(ev)
@@ -88,12 +95,19 @@ class HFGenerateBackend:
                 return None
             logprobs = self.logprobs.chat(lps) if k is not None else None
             if ev.finish is not None:
-                return chunk([ChatChunkChoice(index=ev.index, delta=ChatDelta(), finish_reason=_reason(ev.finish),
-                                              logprobs=logprobs)])
+                return chunk(
+                    [
+                        ChatChunkChoice(
+                            index=ev.index, delta=ChatDelta(), finish_reason=_reason(ev.finish), logprobs=logprobs
+                        )
+                    ]
+                )
             return chunk([ChatChunkChoice(index=ev.index, delta=ChatDelta(content=ev.text), logprobs=logprobs)])
 
-        first = [chunk([ChatChunkChoice(index=i, delta=ChatDelta(role="assistant", content=""))])
-                 for i in range(run.job.num_rows)]
+        first = [
+            chunk([ChatChunkChoice(index=i, delta=ChatDelta(role="assistant", content=""))])
+            for i in range(run.job.num_rows)
+        ]
         usage = (lambda: chunk([], _usage(run.meter))) if request.include_usage else None
         return ChunkStream(ClosingChunks(relay(run, first, on_event, usage), run.cancel), run.meter)  # type: ignore[arg-type]
 
@@ -103,13 +117,21 @@ class HFGenerateBackend:
         run = self._start(request, prompts, request.output_limit(), k, ctx)
         texts, reasons, lps = await collect(run)
         echoes = self._echoes(request, prompts)
-        choices = [CompletionChoice(index=i, text=echoes[i] + t, finish_reason=_reason(reasons[i]),
-                                    logprobs=self.logprobs.completion(lps[i], len(echoes[i])) if k is not None else None)
-                   for i, t in enumerate(texts)]
+        choices = [
+            CompletionChoice(
+                index=i,
+                text=echoes[i] + t,
+                finish_reason=_reason(reasons[i]),
+                logprobs=self.logprobs.completion(lps[i], len(echoes[i])) if k is not None else None,
+            )
+            for i, t in enumerate(texts)
+        ]
         response = TextCompletion(id=_id("cmpl"), model=request.model, choices=choices, usage=_usage(run.meter))
         return Completed(response, run.meter)
 
-    async def complete_stream(self, request: CompletionRequest, ctx: CallContext = NO_CONTEXT) -> ChunkStream[TextCompletion]:
+    async def complete_stream(
+        self, request: CompletionRequest, ctx: CallContext = NO_CONTEXT
+    ) -> ChunkStream[TextCompletion]:
         prompts = self._text_prompts(request)
         k = _opt_int(request.logprobs)
         run = self._start(request, prompts, request.output_limit(), k, ctx)
@@ -119,8 +141,13 @@ class HFGenerateBackend:
         offsets = [len(e) for e in echoes]  # text_offset of the next token, per choice
 
         def chunk(choices: list[CompletionChoice], usage: Usage | None = None) -> TextCompletion:
-            return TextCompletion(id=cid, model=request.model, choices=choices, created=created,
-                                  usage=usage if usage is not None else UNSET)
+            return TextCompletion(
+                id=cid,
+                model=request.model,
+                choices=choices,
+                created=created,
+                usage=usage if usage is not None else UNSET,
+            )
 
         def on_event(ev: Event) -> TextCompletion | None:
             lps = pending.add(ev)
@@ -185,15 +212,22 @@ class HFGenerateBackend:
             return [""] * (len(prompts) * n)
         return [self.tokenizer.decode(p, skip_special_tokens=True) for p in prompts for _ in range(n)]
 
-    def _start(self, request: SamplingFields, prompts: list[list[int]], limit: int | None,
-               logprobs: int | None, ctx: CallContext) -> JobRun:
+    def _start(
+        self,
+        request: SamplingFields,
+        prompts: list[list[int]],
+        limit: int | None,
+        logprobs: int | None,
+        ctx: CallContext,
+    ) -> JobRun:
         if not all(prompts):
             raise BadRequest("the prompt is empty", param="prompt")
         longest = max(len(p) for p in prompts)
         if longest >= self.max_model_len:
             raise ContextTooLong(
                 f"the prompt has {longest} tokens; this model's context is {self.max_model_len} tokens",
-                param="messages" if isinstance(request, ChatCompletionRequest) else "prompt")
+                param="messages" if isinstance(request, ChatCompletionRequest) else "prompt",
+            )
         room = self.max_model_len - longest
         if isinstance(request, ChatCompletionRequest):
             limit = ctx.output_limit(limit, room)
@@ -202,7 +236,9 @@ class HFGenerateBackend:
         if limit is not None and limit > room:
             raise ContextTooLong(
                 f"{longest} prompt tokens + {limit} output tokens exceed this model's context of "
-                f"{self.max_model_len} tokens", param="max_tokens")
+                f"{self.max_model_len} tokens",
+                param="max_tokens",
+            )
         params = row_params(request, limit if limit is not None else room, self.vocab_size, logprobs)
         args = dict(prompts=prompts, n=request.n or 1, key=generate_key(request), params=params)
         return JobRun(self.worker, args, sum(len(p) for p in prompts), self._active)
@@ -217,8 +253,9 @@ def _reason(finish: str) -> Any:
 
 
 def _usage(meter: Meter) -> Usage:
-    return Usage(prompt_tokens=meter.prompt_tokens, completion_tokens=meter.completion_tokens,
-                 total_tokens=meter.total_tokens)
+    return Usage(
+        prompt_tokens=meter.prompt_tokens, completion_tokens=meter.completion_tokens, total_tokens=meter.total_tokens
+    )
 
 
 def _opt_int(value: Any) -> int | None:

@@ -7,8 +7,8 @@ from typing import Any
 from msgspec import UNSET
 
 from backends.base import BadRequest
-from backends.transformers_generate.jobs import GenerateKey, RowParams
 from backends.openai_wire import SamplingFields
+from backends.transformers_generate.jobs import GenerateKey, RowParams
 
 
 def opt(value: Any, default: Any) -> Any:

@@ -91,7 +91,11 @@ def head_dim_of(config: dict[str, Any]) -> int:
 def count_params_from_config(config: dict[str, Any]) -> int:
     """Parameters of a Llama-family decoder (Llama, Mistral, Qwen2 with qkv bias, Qwen3 q/k norms)."""
     h, layers = _int(config, "hidden_size"), _int(config, "num_hidden_layers")
-    heads, vocab, inter = _int(config, "num_attention_heads"), _int(config, "vocab_size"), _int(config, "intermediate_size")
+    heads, vocab, inter = (
+        _int(config, "num_attention_heads"),
+        _int(config, "vocab_size"),
+        _int(config, "intermediate_size"),
+    )
     kv_heads = _int(config, "num_key_value_heads", heads)
     d = head_dim_of(config)
     model_type = config.get("model_type", "")
@@ -126,9 +130,16 @@ def count_params_from_safetensors(folder: Path) -> int | None:
     return total
 
 
-def plan_capacity(model: str | Path, gpu_memory_gb: float, gpu_memory_utilization: float = 0.9,
-                  dtype: str | None = None, block_size: int = 16, avg_tokens: int = 2000,
-                  max_model_len: int | None = None, reserve_cap: int = 8192) -> CapacityPlan:
+def plan_capacity(
+    model: str | Path,
+    gpu_memory_gb: float,
+    gpu_memory_utilization: float = 0.9,
+    dtype: str | None = None,
+    block_size: int = 16,
+    avg_tokens: int = 2000,
+    max_model_len: int | None = None,
+    reserve_cap: int = 8192,
+) -> CapacityPlan:
     if gpu_memory_gb <= 0:
         raise ValueError("--gpu-memory-gb must be positive")
     if not 0.0 < gpu_memory_utilization <= 1.0:
@@ -137,20 +148,26 @@ def plan_capacity(model: str | Path, gpu_memory_gb: float, gpu_memory_utilizatio
         raise ValueError("block size, token counts and max model length must be positive")
     config, folder = read_config(model)
     torch_dtype = parse_dtype(dtype or config.get("torch_dtype") or config.get("dtype") or "bfloat16")
-    layout = KVLayout(_int(config, "num_hidden_layers"),
-                      _int(config, "num_key_value_heads", _int(config, "num_attention_heads")),
-                      head_dim_of(config), torch_dtype)
+    layout = KVLayout(
+        _int(config, "num_hidden_layers"),
+        _int(config, "num_key_value_heads", _int(config, "num_attention_heads")),
+        head_dim_of(config),
+        torch_dtype,
+    )
     params = (count_params_from_safetensors(folder) if folder else None) or count_params_from_config(config)
     weights = params * torch.empty((), dtype=torch_dtype).element_size()
     budget = int(gpu_memory_gb * 1e9 * gpu_memory_utilization)
     if weights >= budget:
-        raise ValueError(f"the weights alone ({weights / 1e9:.2f} GB) exceed the memory budget "
-                         f"({budget / 1e9:.2f} GB = {gpu_memory_gb:g} GB x {gpu_memory_utilization:g})")
+        raise ValueError(
+            f"the weights alone ({weights / 1e9:.2f} GB) exceed the memory budget "
+            f"({budget / 1e9:.2f} GB = {gpu_memory_gb:g} GB x {gpu_memory_utilization:g})"
+        )
     model_len = max_model_len or _int(config, "max_position_embeddings", 2048)
     capacity = Capacity(layout, layout.blocks_in(budget - weights, block_size), block_size)
     archs = config.get("architectures") or [config.get("model_type", "?")]
-    return CapacityPlan(str(archs[0]), torch_dtype, params, weights, layout, budget, capacity, model_len,
-                        reserve_cap, avg_tokens)
+    return CapacityPlan(
+        str(archs[0]), torch_dtype, params, weights, layout, budget, capacity, model_len, reserve_cap, avg_tokens
+    )
 
 
 def format_plan(plan: CapacityPlan, gpu_memory_gb: float, utilization: float) -> str:
@@ -161,14 +178,23 @@ def format_plan(plan: CapacityPlan, gpu_memory_gb: float, utilization: float) ->
     rows = [
         ("model", f"{plan.architecture}, {dtype}"),
         ("weights", f"{plan.weights_bytes / 1e9:.2f} GB ({plan.num_params:,} parameters)"),
-        ("KV per token", f"{plan.kv_bytes_per_token / 1024:g} KiB (2 x {lay.num_layers} layers x "
-                         f"{lay.num_kv_heads} KV heads x {lay.head_dim} head dim x {elem} bytes)"),
+        (
+            "KV per token",
+            f"{plan.kv_bytes_per_token / 1024:g} KiB (2 x {lay.num_layers} layers x "
+            f"{lay.num_kv_heads} KV heads x {lay.head_dim} head dim x {elem} bytes)",
+        ),
         ("memory budget", f"{plan.budget_bytes / 1e9:.2f} GB ({gpu_memory_gb:g} GB x {utilization:g})"),
         ("KV cache", f"{cap.bytes / 1e9:.2f} GB = {cap.num_blocks:,} blocks x {cap.block_size} tokens"),
         ("tokens that fit", f"{plan.tokens:,}"),
         ("sequences, full-context reservation", f"{plan.seqs_full_context:,} (x {plan.max_model_len:,} tokens)"),
-        ("sequences, capped reservation", f"{plan.seqs_capped:,} (x {min(plan.reserve_cap, plan.max_model_len):,} tokens)"),
-        ("sequences, paged allocation", f"{plan.seqs_paged:,} (avg {min(plan.avg_tokens, plan.max_model_len):,} tokens)"),
+        (
+            "sequences, capped reservation",
+            f"{plan.seqs_capped:,} (x {min(plan.reserve_cap, plan.max_model_len):,} tokens)",
+        ),
+        (
+            "sequences, paged allocation",
+            f"{plan.seqs_paged:,} (avg {min(plan.avg_tokens, plan.max_model_len):,} tokens)",
+        ),
     ]
     width = max(len(k) for k, _ in rows)
     lines = [f"{k:<{width}}  {v}" for k, v in rows]
@@ -178,10 +204,15 @@ def format_plan(plan: CapacityPlan, gpu_memory_gb: float, utilization: float) ->
 
 def plan_as_dict(plan: CapacityPlan) -> dict[str, Any]:
     return {
-        "architecture": plan.architecture, "dtype": str(plan.dtype).removeprefix("torch."),
-        "num_params": plan.num_params, "weights_bytes": plan.weights_bytes,
-        "kv_bytes_per_token": plan.kv_bytes_per_token, "budget_bytes": plan.budget_bytes,
-        "num_blocks": plan.capacity.num_blocks, "block_size": plan.capacity.block_size, "tokens": plan.tokens,
+        "architecture": plan.architecture,
+        "dtype": str(plan.dtype).removeprefix("torch."),
+        "num_params": plan.num_params,
+        "weights_bytes": plan.weights_bytes,
+        "kv_bytes_per_token": plan.kv_bytes_per_token,
+        "budget_bytes": plan.budget_bytes,
+        "num_blocks": plan.capacity.num_blocks,
+        "block_size": plan.capacity.block_size,
+        "tokens": plan.tokens,
         "max_model_len": plan.max_model_len,
         "sequences": {"full_context": plan.seqs_full_context, "capped": plan.seqs_capped, "paged": plan.seqs_paged},
     }

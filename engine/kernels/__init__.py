@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import torch
 
+from engine.attention_metadata import AttentionMetadata
 from engine.kernels.common import interpreting, num_sms
 from engine.kernels.paged_attention import unified_attention
 from engine.kernels.split_decode import split_decode_attention
 from engine.kernels.store_kv import store_kv
-from engine.attention_metadata import AttentionMetadata
 
 MAX_SPLITS = 16
 
@@ -28,8 +28,15 @@ def decode_splits(num_seqs: int, num_kv_heads: int, device: torch.device) -> int
     return max(1, min(MAX_SPLITS, (2 * num_sms(device)) // max(1, programs)))
 
 
-def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata, scale: float,
-                    window: int | None = None, out: torch.Tensor | None = None, num_splits: int | None = None) -> torch.Tensor:
+def paged_attention(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    meta: AttentionMetadata,
+    scale: float,
+    window: int | None = None,
+    out: torch.Tensor | None = None,
+    num_splits: int | None = None,
+) -> torch.Tensor:
     """Attend the new tokens ``q [T, Hq, D]`` over the cache (already holding this step's K/V).
 
     Decode-only batches (``max_query_len == 1``) take the split-KV path when ``num_splits`` (by
@@ -47,17 +54,32 @@ def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMeta
         if splits > 1:
             split_decode_attention(q, kv_cache, out, meta.block_tables, meta.context_lens, scale, window, splits)
             return out
-    unified_attention(q, kv_cache, out, meta.block_tables, meta.context_lens, meta.query_start_loc,
-                      meta.max_query_len, scale, window)
+    unified_attention(
+        q, kv_cache, out, meta.block_tables, meta.context_lens, meta.query_start_loc, meta.max_query_len, scale, window
+    )
     return out
 
 
-def triton_paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
-                           meta: AttentionMetadata, scale: float, window: int | None) -> torch.Tensor:
+def triton_paged_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    kv_cache: torch.Tensor,
+    meta: AttentionMetadata,
+    scale: float,
+    window: int | None,
+) -> torch.Tensor:
     """The ``ATTENTION_BACKENDS["triton"]`` entry: store K/V, then attend."""
     store_kv(k, v, kv_cache, meta.slot_mapping)
     return paged_attention(q, kv_cache, meta, scale, window)
 
 
-__all__ = ["decode_splits", "interpreting", "paged_attention", "split_decode_attention", "store_kv", "triton_paged_attention",
-           "unified_attention"]
+__all__ = [
+    "decode_splits",
+    "interpreting",
+    "paged_attention",
+    "split_decode_attention",
+    "store_kv",
+    "triton_paged_attention",
+    "unified_attention",
+]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from functools import lru_cache
+from functools import cache
 
 import torch
 import triton.language as tl
@@ -36,7 +36,7 @@ def dot_precision(dtype: torch.dtype) -> str | None:
     return "ieee" if dtype == torch.float32 or interpreting() else None
 
 
-@lru_cache(maxsize=None)
+@cache
 def num_sms(device: torch.device) -> int:
     """Streaming multiprocessors of the device (asked once per device)."""
     if device.type == "cuda":

@@ -79,7 +79,7 @@ def _reduce_splits_kernel(
     sp_ok = sp < NUM_SPLITS
     row = (s * NUM_HEADS + h) * NUM_SPLITS + sp
     m = tl.load(part_m_ptr + row, mask=sp_ok, other=-1.0e30)
-    l = tl.load(part_l_ptr + row, mask=sp_ok, other=0.0)
+    l = tl.load(part_l_ptr + row, mask=sp_ok, other=0.0)  # noqa: E741 (the softmax denominator, as in the papers)
     d = tl.arange(0, BLOCK_D)
     d_ok = d < HEAD_DIM
     parts = tl.load(part_out_ptr + row[:, None] * HEAD_DIM + d[None, :],

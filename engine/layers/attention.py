@@ -222,12 +222,19 @@ class PagedAttention(nn.Module):
 
     ``backend`` names an entry of ``ATTENTION_BACKENDS``: "torch" (the reference), "cpu" (the
     reference with C++ decode attention; ``EngineConfig`` picks it on CPU when it builds) or
-    "triton" (``engine.kernels``; on CPU only under ``TRITON_INTERPRET=1``). ``sliding_window`` limits each query to the last ``window`` keys
-    (Mistral), as transformers masks it.
+    "triton" (``engine.kernels``; on CPU only under ``TRITON_INTERPRET=1``). ``sliding_window``
+    limits each query to the last ``window`` keys (Mistral), as transformers masks it.
     """
 
-    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float,
-                 sliding_window: int | None = None, backend: str = "torch") -> None:
+    def __init__(
+        self,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        scale: float,
+        sliding_window: int | None = None,
+        backend: str = "torch",
+    ) -> None:
         super().__init__()
         if num_heads % num_kv_heads:
             raise ValueError(f"num_heads {num_heads} is not a multiple of num_kv_heads {num_kv_heads}")
@@ -238,7 +245,8 @@ class PagedAttention(nn.Module):
         self.sliding_window = sliding_window
         self.backend = backend
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
-                meta: AttentionMetadata) -> torch.Tensor:
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata
+    ) -> torch.Tensor:
         fn = ATTENTION_BACKENDS[self.backend]
         return fn(q, k, v, kv_cache, meta, self.scale, self.sliding_window)

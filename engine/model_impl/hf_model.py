@@ -70,7 +70,7 @@ def _check_extras(module: nn.Module, kwargs: dict[str, Any]) -> None:
         )
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _module_attention_kwargs(module_name: str) -> frozenset[str]:
     module = sys.modules.get(module_name)
     try:

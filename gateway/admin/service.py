@@ -155,7 +155,9 @@ class TenancyService:
         admin: bool = False,
     ) -> CreatedKey:
         if admin == (tenant is not None):
-            raise AdminError("a key needs exactly one of: a tenant (tenant key) or admin=true (admin key)", param="tenant_id")
+            raise AdminError(
+                "a key needs exactly one of: a tenant (tenant key) or admin=true (admin key)", param="tenant_id"
+            )
         if expires_at is not None and expires_at.tzinfo is None:
             expires_at = expires_at.replace(tzinfo=UTC)
         async with self.db.session() as s:

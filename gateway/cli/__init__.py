@@ -16,7 +16,9 @@ _admin.register(app)
 from gateway.cli import serve as _serve  # noqa: E402
 
 _serve.register(app)
-from backends.local.cli import register as _engine_register; _engine_register(app)  # noqa: E402
+from backends.local.cli import register as _engine_register  # noqa: E402
+
+_engine_register(app)
 from backends.local.cli import engine_app as _engine_app  # noqa: E402
 from gateway.cli.engine_serve import register as _engine_serve_register  # noqa: E402
 

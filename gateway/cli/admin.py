@@ -76,7 +76,11 @@ def tenant_show(tenant: str, config: ConfigOpt = None, as_json: JsonOpt = False)
     async def job(svc: TenancyService, _: Database) -> dict[str, Any]:
         t = await svc.get_tenant(tenant)
         keys = await svc.list_keys(t.id)
-        return {**asdict(t), "limits": (await svc.get_limits("tenant", t.id)).as_dict(), "keys": [asdict(k) for k in keys]}
+        return {
+            **asdict(t),
+            "limits": (await svc.get_limits("tenant", t.id)).as_dict(),
+            "keys": [asdict(k) for k in keys],
+        }
 
     data = run(config, job)
     if as_json:
@@ -109,14 +113,18 @@ def key_create(
     tenant: Annotated[str | None, typer.Option(help="Tenant id or name.")] = None,
     admin: Annotated[bool, typer.Option("--admin", help="An admin key (no tenant).")] = False,
     name: str = "",
-    model: Annotated[list[str] | None, typer.Option("--model", help="Allowed model (repeatable; default: all).")] = None,
+    model: Annotated[
+        list[str] | None, typer.Option("--model", help="Allowed model (repeatable; default: all).")
+    ] = None,
     expires_in_days: Annotated[float | None, typer.Option(help="Expire after this many days.")] = None,
     config: ConfigOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Create a key for a tenant (or --admin); the key is printed once."""
     expires = datetime.now(UTC) + timedelta(days=expires_in_days) if expires_in_days else None
-    created = run(config, lambda svc, _: svc.create_key(tenant, name=name, models=model, expires_at=expires, admin=admin))
+    created = run(
+        config, lambda svc, _: svc.create_key(tenant, name=name, models=model, expires_at=expires, admin=admin)
+    )
     print_secret(created.secret, as_json, asdict(created.key))
 
 

@@ -52,11 +52,15 @@ def upgrade(config: ConfigOpt = None, revision: str = typer.Option("head", help=
         migrate.upgrade(url, revision)
     except Exception as exc:
         fail(f"upgrade of {safe_url(url)} failed: {exc}")
-    console.print(f"database {safe_url(url)} is at revision {revision if revision != 'head' else migrate.head_revision()}")
+    console.print(
+        f"database {safe_url(url)} is at revision {revision if revision != 'head' else migrate.head_revision()}"
+    )
 
 
 @db_app.command()
-def downgrade(config: ConfigOpt = None, revision: str = typer.Option("-1", help="Target revision ('base': empty).")) -> None:
+def downgrade(
+    config: ConfigOpt = None, revision: str = typer.Option("-1", help="Target revision ('base': empty).")
+) -> None:
     """Migrate the database down to REVISION (default: one step)."""
     url = settings_from(config).database.url
     try:

@@ -16,15 +16,28 @@ def serve(
     model: Annotated[str, typer.Option("--model", help="Local Hugging Face model folder.")],
     port: Annotated[int, typer.Option("--port")] = 8100,
     host: Annotated[str, typer.Option("--host")] = "127.0.0.1",
-    served_model_name: Annotated[str | None, typer.Option("--served-model-name",
-                                                          help="Public model name (default: the folder name).")] = None,
-    api_key: Annotated[str | None, typer.Option("--api-key", envvar="SWITCHYARD_ENGINE_API_KEY",
-                                                help="Bearer key clients must send (default: any).")] = None,
-    builtin_tiny: Annotated[bool, typer.Option("--builtin-tiny", help="Build the built-in tiny model into --model "
-                                                                      "when the folder is missing.")] = False,
-    tensor_parallel_size: Annotated[int, typer.Option("--tensor-parallel-size", "-tp", min=1,
-                                                      help="Ranks to split the model over (torch.distributed: "
-                                                           "NCCL on CUDA, one GPU each; gloo on CPU).")] = 1,
+    served_model_name: Annotated[
+        str | None, typer.Option("--served-model-name", help="Public model name (default: the folder name).")
+    ] = None,
+    api_key: Annotated[
+        str | None,
+        typer.Option(
+            "--api-key", envvar="SWITCHYARD_ENGINE_API_KEY", help="Bearer key clients must send (default: any)."
+        ),
+    ] = None,
+    builtin_tiny: Annotated[
+        bool,
+        typer.Option("--builtin-tiny", help="Build the built-in tiny model into --model when the folder is missing."),
+    ] = False,
+    tensor_parallel_size: Annotated[
+        int,
+        typer.Option(
+            "--tensor-parallel-size",
+            "-tp",
+            min=1,
+            help="Ranks to split the model over (torch.distributed: NCCL on CUDA, one GPU each; gloo on CPU).",
+        ),
+    ] = 1,
     max_model_len: Annotated[int | None, typer.Option("--max-model-len")] = None,
     gpu_memory_utilization: Annotated[float | None, typer.Option("--gpu-memory-utilization")] = None,
     max_num_seqs: Annotated[int | None, typer.Option("--max-num-seqs")] = None,
@@ -34,32 +47,54 @@ def serve(
     enable_prefix_caching: Annotated[bool, typer.Option("--enable-prefix-caching/--no-enable-prefix-caching")] = True,
     device: Annotated[str | None, typer.Option("--device")] = None,
     num_kv_blocks: Annotated[int | None, typer.Option("--num-kv-blocks", help="KV blocks (CPU sizing).")] = None,
-    kv_cache_bytes: Annotated[int | None, typer.Option("--kv-cache-bytes", help="KV cache size in bytes (CPU sizing).")] = None,
-    model_impl: Annotated[str, typer.Option("--model-impl", help="auto, native or transformers (see engine.model_impl); "
-                                                                 "tensor parallelism runs native models only.")] = "auto",
+    kv_cache_bytes: Annotated[
+        int | None, typer.Option("--kv-cache-bytes", help="KV cache size in bytes (CPU sizing).")
+    ] = None,
+    model_impl: Annotated[
+        str,
+        typer.Option(
+            "--model-impl",
+            help="auto, native or transformers (see engine.model_impl); tensor parallelism runs native models only.",
+        ),
+    ] = "auto",
     seed: Annotated[int | None, typer.Option("--seed")] = None,
     attn_backend: Annotated[str | None, typer.Option("--attn-backend", help="auto, torch, cpu or triton.")] = None,
     enforce_eager: Annotated[bool, typer.Option("--enforce-eager", help="No CUDA graphs for decode steps.")] = False,
-    scheduling: Annotated[str, typer.Option("--scheduling", help="fcfs, or fair: weighted fair across the tenants "
-                                                                 "a gateway forwards (forward_tenant).")] = "fcfs",
+    scheduling: Annotated[
+        str,
+        typer.Option(
+            "--scheduling", help="fcfs, or fair: weighted fair across the tenants a gateway forwards (forward_tenant)."
+        ),
+    ] = "fcfs",
 ) -> None:
     """Serve one model with the built-in engine: /v1/chat/completions, /v1/completions, /v1/models, /stats."""
-    import uvicorn
     from pathlib import Path
+
+    import uvicorn
 
     from gateway.engine_node import create_node_app, node_settings
     from gateway.settings import ConfigError
 
     if tensor_parallel_size > 1 and model_impl == "transformers":
-        typer.echo("error: --tensor-parallel-size > 1 runs the native models only (use --model-impl native or auto)",
-                   err=True)
+        typer.echo(
+            "error: --tensor-parallel-size > 1 runs the native models only (use --model-impl native or auto)", err=True
+        )
         raise typer.Exit(2)
     flags: dict[str, Any] = {
-        "max_model_len": max_model_len, "gpu_memory_utilization": gpu_memory_utilization,
-        "max_num_seqs": max_num_seqs, "max_num_batched_tokens": max_num_batched_tokens, "block_size": block_size,
-        "dtype": dtype, "enable_prefix_caching": enable_prefix_caching, "device": device,
-        "num_kv_blocks": num_kv_blocks, "kv_cache_bytes": kv_cache_bytes, "seed": seed, "attn_backend": attn_backend,
-        "enforce_eager": enforce_eager, "model_impl": "native" if tensor_parallel_size > 1 else model_impl,
+        "max_model_len": max_model_len,
+        "gpu_memory_utilization": gpu_memory_utilization,
+        "max_num_seqs": max_num_seqs,
+        "max_num_batched_tokens": max_num_batched_tokens,
+        "block_size": block_size,
+        "dtype": dtype,
+        "enable_prefix_caching": enable_prefix_caching,
+        "device": device,
+        "num_kv_blocks": num_kv_blocks,
+        "kv_cache_bytes": kv_cache_bytes,
+        "seed": seed,
+        "attn_backend": attn_backend,
+        "enforce_eager": enforce_eager,
+        "model_impl": "native" if tensor_parallel_size > 1 else model_impl,
         "scheduling": scheduling,
     }
     options = {k: v for k, v in flags.items() if v is not None}
@@ -67,13 +102,22 @@ def serve(
         options["builtin"] = "tiny"
     name = served_model_name or Path(model).name
     try:
-        app = create_node_app(node_settings(model, name, options), api_key=api_key,
-                              tensor_parallel_size=tensor_parallel_size)
+        app = create_node_app(
+            node_settings(model, name, options), api_key=api_key, tensor_parallel_size=tensor_parallel_size
+        )
     except (ConfigError, ValueError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
-    uvicorn.run(app, host=host, port=port, loop="uvloop", http="httptools", lifespan="on",
-                timeout_graceful_shutdown=10, log_level="warning")
+    uvicorn.run(
+        app,
+        host=host,
+        port=port,
+        loop="uvloop",
+        http="httptools",
+        lifespan="on",
+        timeout_graceful_shutdown=10,
+        log_level="warning",
+    )
 
 
 def register(engine_app: typer.Typer) -> None:

@@ -34,5 +34,7 @@ class ChatController(Controller):
             **error_responses(),
         },
     )
-    async def create(self, request: Request[Any, Any, Any], data: ChatCompletionRequest, pipeline: Pipeline) -> Response[Any]:
+    async def create(
+        self, request: Request[Any, Any, Any], data: ChatCompletionRequest, pipeline: Pipeline
+    ) -> Response[Any]:
         return await pipeline.serve(describe_chat(principal_of(request), data))

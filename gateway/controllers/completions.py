@@ -34,5 +34,7 @@ class CompletionsController(Controller):
             **error_responses(),
         },
     )
-    async def create(self, request: Request[Any, Any, Any], data: CompletionRequest, pipeline: Pipeline) -> Response[Any]:
+    async def create(
+        self, request: Request[Any, Any, Any], data: CompletionRequest, pipeline: Pipeline
+    ) -> Response[Any]:
         return await pipeline.serve(describe_completion(principal_of(request), data))

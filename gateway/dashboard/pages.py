@@ -30,9 +30,16 @@ _INDEX = (STATIC / "index.html").read_text()
 
 
 def _html(body: str, status: int = 200) -> Response[str]:
-    return Response(body, media_type="text/html; charset=utf-8", status_code=status,
-                    headers={"cache-control": "no-store", "x-frame-options": "DENY",
-                             "content-security-policy": "default-src 'self'; style-src 'self' 'unsafe-inline'; frame-ancestors 'none'"})
+    return Response(
+        body,
+        media_type="text/html; charset=utf-8",
+        status_code=status,
+        headers={
+            "cache-control": "no-store",
+            "x-frame-options": "DENY",
+            "content-security-policy": "default-src 'self'; style-src 'self' 'unsafe-inline'; frame-ancestors 'none'",
+        },
+    )
 
 
 def _login_page(sessions: Sessions, message: str = "", status: int = 200) -> Response[str]:
@@ -50,7 +57,9 @@ def login_form(sessions: Sessions) -> Response[str]:
 
 @post("/login", status_code=303)
 async def login(
-    request: Request[Any, Any, Any], auth: Any, sessions: Sessions,  # auth: an Authenticator (a Protocol,
+    request: Request[Any, Any, Any],
+    auth: Any,
+    sessions: Sessions,  # auth: an Authenticator (a Protocol,
     data: dict[str, str] = Body(media_type=RequestEncodingType.URL_ENCODED),  # which DI cannot check)
 ) -> Response[Any]:
     form_token, cookie_token = data.get("csrf", ""), request.cookies.get(LOGIN_CSRF_COOKIE, "")
@@ -71,8 +80,11 @@ async def login(
 
 
 @post("/logout", status_code=303)
-async def logout(request: Request[Any, Any, Any], sessions: Sessions,
-                 data: dict[str, str] = Body(media_type=RequestEncodingType.URL_ENCODED)) -> Response[Any]:
+async def logout(
+    request: Request[Any, Any, Any],
+    sessions: Sessions,
+    data: dict[str, str] = Body(media_type=RequestEncodingType.URL_ENCODED),
+) -> Response[Any]:
     session = sessions.verify(request.cookies.get(SESSION_COOKIE))
     if session is not None and not sessions.check_csrf(session, data.get("csrf")):
         return _html("<p>Invalid form token. <a href='/dashboard'>Back</a></p>", 403)
@@ -95,8 +107,9 @@ def _error(_: Request[Any, Any, Any], exc: AdminError) -> Response[dict[str, Any
 
 
 def dashboard_router(svc: TenancyService, db: Database, auth: Authenticator, sessions: Sessions) -> Router:
-    static = create_static_files_router(path="/static", directories=[STATIC], include_in_schema=False,
-                                        send_as_attachment=False)
+    static = create_static_files_router(
+        path="/static", directories=[STATIC], include_in_schema=False, send_as_attachment=False
+    )
     return Router(
         path=PATH,
         route_handlers=[login_form, login, logout, index, DashboardApi, static],

@@ -74,7 +74,11 @@ async def summary(db: Database, tenant_id: str, rng: Range) -> dict[str, Any]:
                                  .order_by(UsageHourly.hour))).all()
         groups = [UsageHourly.model, UsageHourly.key_id, UsageHourly.error_type]  # one pass, a few hundred rows
         cells = (await s.execute(select(*groups, *_sum_columns()).where(*where).group_by(*groups))).all()
-        lat_where = (LatencyHourly.tenant_id == tenant_id, LatencyHourly.hour >= rng.start, LatencyHourly.hour < rng.end)
+        lat_where = (
+            LatencyHourly.tenant_id == tenant_id,
+            LatencyHourly.hour >= rng.start,
+            LatencyHourly.hour < rng.end,
+        )
         buckets = (await s.execute(
             select(LatencyHourly.kind, LatencyHourly.bucket, func.sum(LatencyHourly.count).label("n"))
             .where(*lat_where).group_by(LatencyHourly.kind, LatencyHourly.bucket))).all()  # fmt: skip
@@ -94,8 +98,11 @@ async def summary(db: Database, tenant_id: str, rng: Range) -> dict[str, Any]:
         "series": [{"t": t.isoformat(), **p} for t, p in series],
         "by_model": _rollup(cells, "model"),
         "by_key": _rollup(cells, "key_id"),
-        "errors": [{"error_type": e["error_type"], "requests": e["requests"], "rate": e["requests"] / total_requests}
-                   for e in _rollup(cells, "error_type") if e["error_type"]],
+        "errors": [
+            {"error_type": e["error_type"], "requests": e["requests"], "rate": e["requests"] / total_requests}
+            for e in _rollup(cells, "error_type")
+            if e["error_type"]
+        ],
         "latency_ms": percentiles({r.bucket: int(r.n) for r in buckets if r.kind == "latency"}),
         "ttft_ms": percentiles({r.bucket: int(r.n) for r in buckets if r.kind == "ttft"}),
     }
@@ -154,8 +161,10 @@ async def live(db: Database, tenant_id: str, limits: Limits, now: float | None =
             select(func.count().label("requests"),
                    func.coalesce(func.sum(UsageRow.prompt_tokens + UsageRow.completion_tokens), 0).label("tokens"))
             .where(UsageRow.tenant_id == tenant_id, UsageRow.started_at >= since))).one()  # fmt: skip
-        q = select(func.coalesce(func.sum(UsageHourly.prompt_tokens + UsageHourly.completion_tokens), 0),
-                   func.coalesce(func.sum(UsageHourly.cost), 0.0)).where(UsageHourly.tenant_id == tenant_id)
+        q = select(
+            func.coalesce(func.sum(UsageHourly.prompt_tokens + UsageHourly.completion_tokens), 0),
+            func.coalesce(func.sum(UsageHourly.cost), 0.0),
+        ).where(UsageHourly.tenant_id == tenant_id)
         start = period_start(limits.budget_period, now)
         if start is not None:
             q = q.where(UsageHourly.hour >= datetime.fromtimestamp(start, UTC))

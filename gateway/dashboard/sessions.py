@@ -57,7 +57,9 @@ class Sessions:
         if not hmac.compare_digest(signature, self._sign(payload.encode())):
             return None
         try:
-            data = msgspec.msgpack.decode(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)), type=SessionData)
+            data = msgspec.msgpack.decode(
+                base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)), type=SessionData
+            )
         except (msgspec.DecodeError, ValueError):
             return None
         return data if data.expires > time.time() else None

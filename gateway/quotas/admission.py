@@ -104,7 +104,9 @@ class QuotaAdmission:
             try:
                 tokens, micros = await recorded_spend(self.limits.db, scope, now)
             except Exception as exc:  # database down: the store's own counts stand; try again later
-                log.warning("cannot read recorded spend for %s (%s); budget counted from the store only", scope.label, exc)
+                log.warning(
+                    "cannot read recorded spend for %s (%s); budget counted from the store only", scope.label, exc
+                )
                 continue
             await self.store.seed_budget(scope.kind, scope.id, pid, tokens, micros, ttl)
             if len(self._seeded) > 100_000:
@@ -125,7 +127,13 @@ class QuotaAdmission:
         now = time.monotonic()
         if now - self._last_outage_log > 5:
             self._last_outage_log = now
-            log.error("quota store unavailable during %s (%s: %s); policy %s", what, type(exc).__name__, exc, self.on_unavailable)
+            log.error(
+                "quota store unavailable during %s (%s: %s); policy %s",
+                what,
+                type(exc).__name__,
+                exc,
+                self.on_unavailable,
+            )
 
 
 def _message(decision: Decision, scopes: list[Scope]) -> str:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import calendar
-import time
 from dataclasses import dataclass, fields
 from datetime import UTC, datetime
 from typing import Literal

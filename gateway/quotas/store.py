@@ -123,7 +123,8 @@ class MemoryStore:
                 if tok_used + r.tokens > lim.tokens_per_minute:
                     state = tighter(None, lim.tokens_per_minute, lim.tokens_per_minute - tok_used, reset)
                     return Decision(False, "tokens", i, reset, req_state, state)
-                tok_state = tighter(tok_state, lim.tokens_per_minute, lim.tokens_per_minute - tok_used - r.tokens, reset)
+                left = lim.tokens_per_minute - tok_used - r.tokens
+                tok_state = tighter(tok_state, lim.tokens_per_minute, left, reset)
             if lim.max_concurrency is not None and len(leases) + 1 > lim.max_concurrency:
                 return Decision(False, "concurrency", i, 1.0, req_state, tok_state)
             if lim.token_budget is not None and budget[0] + r.tokens > lim.token_budget:

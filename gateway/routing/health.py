@@ -32,7 +32,9 @@ class HealthView:
 
 
 class DeploymentHealth:
-    def __init__(self, config: CircuitConfig, clock: Clock = time.monotonic, tokens_per_minute: int | None = None) -> None:
+    def __init__(
+        self, config: CircuitConfig, clock: Clock = time.monotonic, tokens_per_minute: int | None = None
+    ) -> None:
         self.config = config
         self._clock = clock
         self.tokens_per_minute = tokens_per_minute
@@ -88,8 +90,9 @@ class DeploymentHealth:
         self._failures.clear()
         self.consecutive_failures = 0
         if latency is not None:
-            self.latency_ewma = latency if self.latency_ewma is None else (
-                EWMA_ALPHA * latency + (1 - EWMA_ALPHA) * self.latency_ewma)
+            self.latency_ewma = (
+                latency if self.latency_ewma is None else (EWMA_ALPHA * latency + (1 - EWMA_ALPHA) * self.latency_ewma)
+            )
 
     def on_failure(self) -> None:
         now = self._clock()

@@ -29,7 +29,9 @@ RETIRE_GRACE_SECONDS = 600.0  # the longest a removed deployment waits for in-fl
 class ModelGroup:
     """One public model: its names and the deployments serving it."""
 
-    def __init__(self, config: ModelGroupConfig, deployments: list[Deployment], rng: random.Random | None = None) -> None:
+    def __init__(
+        self, config: ModelGroupConfig, deployments: list[Deployment], rng: random.Random | None = None
+    ) -> None:
         if not deployments:
             raise ValueError(f"model {config.name!r} has no deployments")
         self.config = config
@@ -120,7 +122,9 @@ def _check_fallbacks(settings: Settings) -> None:
                     raise ConfigError(f"config error at models[{i}].{key}[{j}]: unknown model {name!r}")
 
 
-def _build_groups(settings: Settings, build: BackendBuilder, reuse: dict[tuple[str, str], Deployment]) -> list[ModelGroup]:
+def _build_groups(
+    settings: Settings, build: BackendBuilder, reuse: dict[tuple[str, str], Deployment]
+) -> list[ModelGroup]:
     _check_fallbacks(settings)
     groups = []
     for config in settings.models:

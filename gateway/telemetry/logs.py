@@ -99,7 +99,9 @@ def install_logging(*, json: bool, level: int = logging.INFO) -> None:
     if any(isinstance(h, BatchedStreamHandler) for h in root.handlers):
         return
     handler = BatchedStreamHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter() if json else logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    handler.setFormatter(
+        JsonFormatter() if json else logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+    )
     root.addHandler(handler)
     root.setLevel(level)
     root.propagate = False

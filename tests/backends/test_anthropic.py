@@ -40,8 +40,12 @@ def gateway(anthropic_upstream: FakeAnthropic) -> Iterator[tuple[ServerThread, R
         "provider": "anthropic", "model": "claude-test", "api_base": anthropic_upstream.url, "api_key": "sk-ant"}]}]},
         env={})
     usage = RecordingSink()
-    services = Services(authenticator=StaticKeys({ADMIN_KEY: Principal("admin", None, is_admin=True)}),
-                        admission=ScriptedAdmission(), usage=usage, router=Router.from_settings(settings, build_backend))
+    services = Services(
+        authenticator=StaticKeys({ADMIN_KEY: Principal("admin", None, is_admin=True)}),
+        admission=ScriptedAdmission(),
+        usage=usage,
+        router=Router.from_settings(settings, build_backend),
+    )
     with ServerThread(create_app(settings, services)) as server:
         yield server, usage
 
@@ -55,18 +59,38 @@ def client(gateway: tuple[ServerThread, RecordingSink], anthropic_upstream: Fake
 
 
 def test_translation_of_a_full_request() -> None:
-    request = msgspec.convert({
-        "model": "claude", "max_tokens": 50, "temperature": 1.5, "top_p": 0.9, "stop": ["END"], "user": "u1",
-        "tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "search"}},
-        "messages": [
-            {"role": "system", "content": "be brief"},
-            {"role": "user", "content": [{"type": "text", "text": "look "},
-                                         {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]},
-            {"role": "assistant", "content": None, "tool_calls": [
-                {"id": "t1", "type": "function", "function": {"name": "search", "arguments": "{\"q\": \"x\"}"}}]},
-            {"role": "tool", "tool_call_id": "t1", "content": "found"},
-            {"role": "user", "content": "thanks"},
-        ]}, ChatCompletionRequest)
+    request = msgspec.convert(
+        {
+            "model": "claude",
+            "max_tokens": 50,
+            "temperature": 1.5,
+            "top_p": 0.9,
+            "stop": ["END"],
+            "user": "u1",
+            "tools": TOOLS,
+            "tool_choice": {"type": "function", "function": {"name": "search"}},
+            "messages": [
+                {"role": "system", "content": "be brief"},
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "text", "text": "look "},
+                        {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}},
+                    ],
+                },
+                {
+                    "role": "assistant",
+                    "content": None,
+                    "tool_calls": [
+                        {"id": "t1", "type": "function", "function": {"name": "search", "arguments": '{"q": "x"}'}}
+                    ],
+                },
+                {"role": "tool", "tool_call_id": "t1", "content": "found"},
+                {"role": "user", "content": "thanks"},
+            ],
+        },
+        ChatCompletionRequest,
+    )
     body = to_messages_request(request, "claude-test", stream=False)
     assert body["system"] == "be brief" and body["max_tokens"] == 50 and body["temperature"] == 1.0
     assert body["stop_sequences"] == ["END"] and body["metadata"] == {"user_id": "u1"}
@@ -79,11 +103,15 @@ def test_translation_of_a_full_request() -> None:
     assert body["messages"][2]["content"][0] == {"type": "tool_result", "tool_use_id": "t1", "content": "found"}
 
 
-def test_chat_round_trip(client: openai.OpenAI, anthropic_upstream: FakeAnthropic,
-                         gateway: tuple[ServerThread, RecordingSink]) -> None:
+def test_chat_round_trip(
+    client: openai.OpenAI, anthropic_upstream: FakeAnthropic, gateway: tuple[ServerThread, RecordingSink]
+) -> None:
     reply = client.chat.completions.create(
-        model="claude", max_tokens=20, stop=["zzz"],
-        messages=[{"role": "system", "content": "sys"}, {"role": "user", "content": "hello from openai"}])
+        model="claude",
+        max_tokens=20,
+        stop=["zzz"],
+        messages=[{"role": "system", "content": "sys"}, {"role": "user", "content": "hello from openai"}],
+    )
     assert reply.choices[0].message.content == "hello from openai"
     assert reply.choices[0].finish_reason == "stop"
     assert reply.usage is not None and reply.usage.completion_tokens == 3
@@ -97,15 +125,21 @@ def test_chat_round_trip(client: openai.OpenAI, anthropic_upstream: FakeAnthropi
 
 
 def test_max_tokens_maps_to_length(client: openai.OpenAI) -> None:
-    reply = client.chat.completions.create(model="claude", max_tokens=1,
-                                           messages=[{"role": "user", "content": "two words"}])
+    reply = client.chat.completions.create(
+        model="claude", max_tokens=1, messages=[{"role": "user", "content": "two words"}]
+    )
     assert reply.choices[0].finish_reason == "length" and reply.choices[0].message.content == "two "
 
 
 def test_stream_round_trip_with_usage(client: openai.OpenAI, gateway: tuple[ServerThread, RecordingSink]) -> None:
-    chunks = list(client.chat.completions.create(
-        model="claude", messages=[{"role": "user", "content": "stream this please"}], stream=True,
-        stream_options={"include_usage": True}))
+    chunks = list(
+        client.chat.completions.create(
+            model="claude",
+            messages=[{"role": "user", "content": "stream this please"}],
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
     assert chunks[0].choices[0].delta.role == "assistant"
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "stream this please"
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "stop"
@@ -114,13 +148,22 @@ def test_stream_round_trip_with_usage(client: openai.OpenAI, gateway: tuple[Serv
 
 
 def test_tool_calls_non_stream_and_stream(client: openai.OpenAI) -> None:
-    reply = client.chat.completions.create(model="claude", tools=TOOLS,  # type: ignore[arg-type]
-                                           messages=[{"role": "user", "content": "tool:weather"}])
+    reply = client.chat.completions.create(
+        model="claude",
+        tools=TOOLS,  # type: ignore[arg-type]
+        messages=[{"role": "user", "content": "tool:weather"}],
+    )
     call = reply.choices[0].message.tool_calls[0]  # type: ignore[index]
     assert reply.choices[0].finish_reason == "tool_calls"
     assert call.function.name == "search" and json.loads(call.function.arguments) == {"q": "weather"}
-    chunks = list(client.chat.completions.create(model="claude", tools=TOOLS, stream=True,  # type: ignore[arg-type]
-                                                 messages=[{"role": "user", "content": "tool:rain"}]))
+    chunks = list(
+        client.chat.completions.create(
+            model="claude",
+            tools=TOOLS,
+            stream=True,  # type: ignore[arg-type]
+            messages=[{"role": "user", "content": "tool:rain"}],
+        )
+    )
     deltas = [tc for c in chunks if c.choices for tc in (c.choices[0].delta.tool_calls or [])]
     assert deltas[0].id == "toolu_1" and deltas[0].function.name == "search"
     assert json.loads("".join(d.function.arguments or "" for d in deltas)) == {"q": "rain"}
@@ -133,15 +176,31 @@ def test_text_completion_served_as_chat(client: openai.OpenAI) -> None:
     assert "".join(c.choices[0].text for c in chunks if c.choices) == "a b"
 
 
-@pytest.mark.parametrize(("status", "kind", "message", "error", "code"), [
-    (429, "rate_limit_error", "slow down", openai.RateLimitError, 429),
-    (529, "overloaded_error", "overloaded", openai.InternalServerError, 503),
-    (500, "api_error", "boom", openai.InternalServerError, 503),
-    (401, "authentication_error", "bad key", openai.APIStatusError, 502),
-    (400, "invalid_request_error", "prompt is too long: 300000 tokens > 200000 maximum", openai.BadRequestError, 400),
-])
-def test_errors_are_mapped(client: openai.OpenAI, anthropic_upstream: FakeAnthropic, status: int, kind: str,
-                           message: str, error: type, code: int) -> None:
+@pytest.mark.parametrize(
+    ("status", "kind", "message", "error", "code"),
+    [
+        (429, "rate_limit_error", "slow down", openai.RateLimitError, 429),
+        (529, "overloaded_error", "overloaded", openai.InternalServerError, 503),
+        (500, "api_error", "boom", openai.InternalServerError, 503),
+        (401, "authentication_error", "bad key", openai.APIStatusError, 502),
+        (
+            400,
+            "invalid_request_error",
+            "prompt is too long: 300000 tokens > 200000 maximum",
+            openai.BadRequestError,
+            400,
+        ),
+    ],
+)
+def test_errors_are_mapped(
+    client: openai.OpenAI,
+    anthropic_upstream: FakeAnthropic,
+    status: int,
+    kind: str,
+    message: str,
+    error: type,
+    code: int,
+) -> None:
     anthropic_upstream.fail_next(status, kind, message)
     with pytest.raises(error) as err:
         client.chat.completions.create(model="claude", messages=[{"role": "user", "content": "x"}])
@@ -162,13 +221,17 @@ def test_anthropic_sdk_through_the_gateway_to_the_anthropic_provider(
     import anthropic
 
     client = anthropic.Anthropic(base_url=gateway[0].url, api_key=ADMIN_KEY, max_retries=0)
-    message = client.messages.create(model="claude", max_tokens=32, system="sys",
-                                     messages=[{"role": "user", "content": "both ways"}])
+    message = client.messages.create(
+        model="claude", max_tokens=32, system="sys", messages=[{"role": "user", "content": "both ways"}]
+    )
     assert message.content[0].text == "both ways"  # type: ignore[union-attr]
     assert anthropic_upstream.received[-1]["system"] == "sys"
-    with client.messages.stream(model="claude", max_tokens=32,
-                                messages=[{"role": "user", "content": "tool:x"}],
-                                tools=[{"name": "search", "input_schema": {"type": "object"}}]) as stream:
+    with client.messages.stream(
+        model="claude",
+        max_tokens=32,
+        messages=[{"role": "user", "content": "tool:x"}],
+        tools=[{"name": "search", "input_schema": {"type": "object"}}],
+    ) as stream:
         final = stream.get_final_message()
     assert final.stop_reason == "tool_use"
     assert final.content[0].type == "tool_use" and final.content[0].input == {"q": "x"}  # type: ignore[union-attr]

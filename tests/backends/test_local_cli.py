@@ -92,13 +92,16 @@ def test_engine_serve_passes_enforce_eager_to_the_engine(tiny: Path, monkeypatch
         assert backend.engine.engine.config.enforce_eager is eager
     with ServerThread(served[-1]) as server:
         client = openai.OpenAI(base_url=server.url + "/v1", api_key="any", max_retries=0)
-        done = client.completions.create(model="tiny", prompt="The train", max_tokens=3, extra_body={"ignore_eos": True})
+        done = client.completions.create(
+            model="tiny", prompt="The train", max_tokens=3, extra_body={"ignore_eos": True}
+        )
         assert done.usage is not None and done.usage.completion_tokens == 3
 
 
 @pytest.mark.parametrize(("impl", "served_as"), [("auto", "transformers"), ("native", None)])
-def test_engine_serve_runs_non_native_architectures(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, impl: str,
-                                                    served_as: str | None) -> None:
+def test_engine_serve_runs_non_native_architectures(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, impl: str, served_as: str | None
+) -> None:
     """``engine serve --model-impl auto`` serves a GPT-2 folder through the transformers fallback;
     ``native`` refuses it, naming the native architectures."""
     import uvicorn
@@ -108,8 +111,23 @@ def test_engine_serve_runs_non_native_architectures(tmp_path: Path, monkeypatch:
     folder = build_model("gpt2", tmp_path / "gpt2")
     served: list[Any] = []
     monkeypatch.setattr(uvicorn, "run", lambda node, **_: served.append(node))
-    result = runner.invoke(app, ["engine", "serve", "--model", str(folder), "--served-model-name", "g",
-                                 "--kv-cache-bytes", str(1 << 20), "--max-model-len", "128", "--model-impl", impl])
+    result = runner.invoke(
+        app,
+        [
+            "engine",
+            "serve",
+            "--model",
+            str(folder),
+            "--served-model-name",
+            "g",
+            "--kv-cache-bytes",
+            str(1 << 20),
+            "--max-model-len",
+            "128",
+            "--model-impl",
+            impl,
+        ],
+    )
     if served_as is None:
         assert result.exit_code == 2 and "LlamaForCausalLM" in result.output
         return

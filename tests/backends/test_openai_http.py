@@ -14,7 +14,7 @@ from backends.http_upstream import status_error
 from backends.openai_http import OpenAIHTTPBackend
 from backends.openai_wire import ChatCompletionRequest, ChatMessage, CompletionRequest, StreamOptions
 from gateway.settings import DeploymentConfig, Timeouts
-from tests.support.fake_upstream import Fault, FakeUpstream
+from tests.support.fake_upstream import FakeUpstream, Fault
 
 
 def backend_for(url: str, **timeouts: float) -> OpenAIHTTPBackend:
@@ -193,5 +193,6 @@ async def test_ready(backend: OpenAIHTTPBackend) -> None:
 async def test_fake_upstream_chunk_count_is_configurable(backend: OpenAIHTTPBackend, upstream: FakeUpstream) -> None:
     upstream.options.output_words = 7
     stream = await backend.chat_stream(chat("ignored", stream=True))
-    contents = [c.choices[0].delta.content for c in [c async for c in stream] if c.choices and c.choices[0].delta.content]
+    chunks = [c async for c in stream]
+    contents = [c.choices[0].delta.content for c in chunks if c.choices and c.choices[0].delta.content]
     assert len(contents) == 7 and stream.meter.completion_tokens == 7

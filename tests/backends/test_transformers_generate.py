@@ -13,10 +13,10 @@ import transformers
 
 from backends.base import BadRequest, ContextTooLong, Unavailable
 from backends.factory import build_backend
+from backends.openai_wire import ChatCompletionRequest, ChatMessage, CompletionRequest, StreamOptions
 from backends.transformers_generate import HFGenerateBackend
 from backends.transformers_generate.jobs import Event, GenerateKey, Job, RowParams
 from backends.transformers_generate.worker import GenerateWorker
-from backends.openai_wire import ChatCompletionRequest, ChatMessage, CompletionRequest, StreamOptions
 from gateway.settings import ConfigError, DeploymentConfig
 from tests.support.fallback_models import build_model
 

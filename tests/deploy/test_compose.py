@@ -97,7 +97,7 @@ def test_secrets_only_through_the_ignored_env_file() -> None:
     for name, service in SERVICES.items():
         if "env_file" in service:
             assert [e["path"] for e in service["env_file"]] == [".env"], name
-        for key, value in (service.get("environment") or {}).items():
+        for key in service.get("environment") or {}:
             assert not re.search(r"PASSWORD|SECRET|KEY|TOKEN", key), (name, key)
     ignored = subprocess.run(["git", "check-ignore", "-q", ".env"], cwd=ROOT).returncode == 0
     tracked = subprocess.run(["git", "ls-files", ".env"], cwd=ROOT, capture_output=True, text=True).stdout

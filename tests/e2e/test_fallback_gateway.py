@@ -40,15 +40,38 @@ class Env:
 def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
     from gateway.app import create_app
 
-    folders = {arch: build_model(arch, tmp_path_factory.mktemp(f"e2e-{arch}")) for arch in ("gpt_neox", "gpt2", "bloom")}
+    folders = {
+        arch: build_model(arch, tmp_path_factory.mktemp(f"e2e-{arch}")) for arch in ("gpt_neox", "gpt2", "bloom")
+    }
     plain = {"max_retries": 0}
-    settings = gateway_settings("http://127.0.0.1:9/v1", models=[
-        {"name": "neox", "deployments": [{"provider": "transformers", "model": str(folders["gpt_neox"])}], **plain},
-        {"name": "gpt2", "deployments": [{"provider": "local", "model": str(folders["gpt2"]),
-                                          "options": {"num_kv_blocks": 64, "max_model_len": 128}}], **plain},
-        {"name": "bloom", "deployments": [{"provider": "local", "model": str(folders["bloom"]),
-                                           "options": {"model_impl": "auto", "max_num_seqs": 4}}], **plain},
-    ])
+    settings = gateway_settings(
+        "http://127.0.0.1:9/v1",
+        models=[
+            {"name": "neox", "deployments": [{"provider": "transformers", "model": str(folders["gpt_neox"])}], **plain},
+            {
+                "name": "gpt2",
+                "deployments": [
+                    {
+                        "provider": "local",
+                        "model": str(folders["gpt2"]),
+                        "options": {"num_kv_blocks": 64, "max_model_len": 128},
+                    }
+                ],
+                **plain,
+            },
+            {
+                "name": "bloom",
+                "deployments": [
+                    {
+                        "provider": "local",
+                        "model": str(folders["bloom"]),
+                        "options": {"model_impl": "auto", "max_num_seqs": 4},
+                    }
+                ],
+                **plain,
+            },
+        ],
+    )
     usage = RecordingSink()
     keys = StaticKeys({ADMIN_KEY: Principal(key_id="admin", tenant_id=None, is_admin=True)})
     router = Router.from_settings(settings, build_backend)
@@ -68,7 +91,7 @@ def greedy_text(folder: Path, prompt: str, max_new_tokens: int) -> tuple[str, in
     model = transformers.AutoModelForCausalLM.from_pretrained(folder)
     ids = torch.tensor([tok.encode(prompt)])
     out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, do_sample=False)
-    new = out[0, ids.shape[1]:].tolist()
+    new = out[0, ids.shape[1] :].tolist()
     return tok.decode(new, skip_special_tokens=True), len(new)
 
 
@@ -88,8 +111,14 @@ def test_chat_stream_with_usage(client: openai.OpenAI, env: Env, model: str) -> 
     whole = client.chat.completions.create(model=model, messages=messages, max_tokens=10, temperature=0)
     env.usage.wait_for(1)
     env.usage.records.clear()
-    stream = client.chat.completions.create(model=model, messages=messages, max_tokens=10, temperature=0,
-                                            stream=True, stream_options={"include_usage": True})
+    stream = client.chat.completions.create(
+        model=model,
+        messages=messages,
+        max_tokens=10,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
     chunks = list(stream)
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == whole.choices[0].message.content
@@ -123,16 +152,24 @@ def test_bad_input_is_an_openai_error(client: openai.OpenAI) -> None:
 
 @pytest.mark.parametrize("model", ["neox", "gpt2"])
 def test_logprobs_on_both_paths(client: openai.OpenAI, model: str) -> None:
-    reply = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "hi"}], max_tokens=4,
-                                           temperature=0, logprobs=True, top_logprobs=2, extra_body={"ignore_eos": True})
+    reply = client.chat.completions.create(
+        model=model,
+        messages=[{"role": "user", "content": "hi"}],
+        max_tokens=4,
+        temperature=0,
+        logprobs=True,
+        top_logprobs=2,
+        extra_body={"ignore_eos": True},
+    )
     content = reply.choices[0].logprobs.content
     assert len(content) == 4 and all(t.logprob <= 0 and len(t.top_logprobs) >= 1 for t in content)
     assert all(t.logprob == pytest.approx(t.top_logprobs[0].logprob) for t in content)  # greedy takes the top one
 
 
 def test_client_gone_mid_stream_aborts_generation_and_meters_it(client: openai.OpenAI, env: Env) -> None:
-    stream = client.completions.create(model="neox", prompt="Hello", max_tokens=200, temperature=0, stream=True,
-                                       extra_body={"ignore_eos": True})
+    stream = client.completions.create(
+        model="neox", prompt="Hello", max_tokens=200, temperature=0, stream=True, extra_body={"ignore_eos": True}
+    )
     texts = 0
     for chunk in stream:
         texts += bool(chunk.choices and chunk.choices[0].text)

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from engine import cpu_kernels
-from engine.config import EngineConfig, resolve_attn_backend
 from engine.attention_metadata import AttentionMetadata
+from engine.config import EngineConfig, resolve_attn_backend
 from engine.layers.attention import PagedAttention
 
 BS = 4
@@ -70,7 +70,7 @@ class Batch:
 
     def reference(self, scale: float, window: int | None = None) -> torch.Tensor:
         outs, start = [], 0
-        for (cached, new), (k, v) in zip(self.specs, self.full):
+        for (_, new), (k, v) in zip(self.specs, self.full):
             outs.append(dense_reference(self.q[start : start + new], k, v, new, scale, window))
             start += new
         return torch.cat(outs)
@@ -118,7 +118,9 @@ def test_negative_slots_are_not_written() -> None:
 def test_sliding_window(backend: str) -> None:
     d = 8
     batch = Batch([(9, 3), (0, 11), (12, 1), (2, 1)], 4, 2, d)
-    out = PagedAttention(4, 2, d, d**-0.5, sliding_window=5, backend=backend)(batch.q, batch.k, batch.v, batch.cache, batch.meta)
+    out = PagedAttention(4, 2, d, d**-0.5, sliding_window=5, backend=backend)(
+        batch.q, batch.k, batch.v, batch.cache, batch.meta
+    )
     torch.testing.assert_close(out, batch.reference(d**-0.5, window=5), atol=1e-5, rtol=1e-5)
 
 
@@ -134,8 +136,15 @@ def test_decode_after_prefill_through_the_cache(backend: str) -> None:
     attn = PagedAttention(h, h, d, d**-0.5, backend=backend)
 
     def meta(start: int, n: int) -> AttentionMetadata:
-        return AttentionMetadata(slots[start : start + n], table, torch.tensor([start + n], dtype=torch.int32),
-                                 torch.tensor([0, n], dtype=torch.int32), n, start + n, BS)
+        return AttentionMetadata(
+            slots[start : start + n],
+            table,
+            torch.tensor([start + n], dtype=torch.int32),
+            torch.tensor([0, n], dtype=torch.int32),
+            n,
+            start + n,
+            BS,
+        )
 
     attn(q[:9], k[:9], v[:9], cache, meta(0, 9))
     out = attn(q[9:], k[9:], v[9:], cache, meta(9, 1))
@@ -166,11 +175,13 @@ def test_cpu_decode_kernel_matches_the_torch_path_in_each_dtype(dtype: torch.dty
 def test_cpu_kernel_rejects_bad_inputs() -> None:
     batch = Batch([(5, 1)], 4, 2, 8)
     with pytest.raises(RuntimeError, match="same dtype"):
-        cpu_kernels.paged_decode(batch.q.double(), batch.cache, batch.meta.block_tables, batch.meta.context_lens,
-                                 1.0, None)
+        cpu_kernels.paged_decode(
+            batch.q.double(), batch.cache, batch.meta.block_tables, batch.meta.context_lens, 1.0, None
+        )
     with pytest.raises(RuntimeError, match="multiple of the KV heads"):
-        cpu_kernels.paged_decode(batch.q[:, :3], batch.cache, batch.meta.block_tables, batch.meta.context_lens,
-                                 1.0, None)
+        cpu_kernels.paged_decode(
+            batch.q[:, :3], batch.cache, batch.meta.block_tables, batch.meta.context_lens, 1.0, None
+        )
 
 
 def test_auto_backend_is_the_cpu_kernel_on_cpu() -> None:

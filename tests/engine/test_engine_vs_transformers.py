@@ -5,7 +5,7 @@ lengths, with chunked prefill forced and with preemption forced."""
 from __future__ import annotations
 
 import random
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 import pytest
@@ -31,7 +31,7 @@ def prompts(vocab: int) -> list[list[int]]:
     return [[rng.randrange(vocab) for _ in range(n)] for n in PROMPT_LENS]
 
 
-@lru_cache(maxsize=None)
+@cache
 def reference(path: str) -> list[tuple[list[int], list[float]]]:
     model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     out = []

@@ -58,7 +58,7 @@ def flood(policy: QueuePolicy, max_seqs: int = 8, budget: int = 64) -> tuple[dic
         add(s, f"a{i}", "A", p_a, m_a, 0)
     admitted: dict[str, int] = {}
     arrival = 30
-    for t in range(arrival):
+    for _ in range(arrival):
         tick(s)
     assert len(s.waiting) > 100 and all(q.tenant == "A" for q in s.running)
     full = len(s.running) == s.max_num_seqs

@@ -10,12 +10,12 @@ import os
 
 os.environ["TRITON_INTERPRET"] = "1"  # before anything imports triton's jit (decided at decoration)
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
+import pytest
+import torch
 
-from engine.kernels import paged_attention, store_kv  # noqa: E402
 from engine.attention_metadata import AttentionMetadata
-from engine.layers.attention import torch_paged_attention  # noqa: E402
+from engine.kernels import paged_attention, store_kv
+from engine.layers.attention import torch_paged_attention
 
 BS = 16
 TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2, torch.float16: 2e-2}

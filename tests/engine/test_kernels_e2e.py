@@ -7,16 +7,16 @@ import os
 
 os.environ["TRITON_INTERPRET"] = "1"  # before engine.kernels is first imported
 
-import pytest  # noqa: E402
+import pytest
 
-from engine import LLM, SamplingParams  # noqa: E402
+from engine import LLM, SamplingParams
 
-from .hf_checkpoints import checkpoint  # noqa: E402, F401  (fixture)
-from .test_engine_vs_transformers import MAX_NEW, MODES, prompts, reference  # noqa: E402
+from .hf_checkpoints import checkpoint  # noqa: F401  (fixture)
+from .test_engine_vs_transformers import MAX_NEW, MODES, prompts, reference
 
 
 @pytest.mark.parametrize("arch,mode", [("llama", "chunked"), ("qwen3", "plain")])
-def test_greedy_matches_transformers_with_triton(arch: str, mode: str, checkpoint) -> None:  # noqa: F811
+def test_greedy_matches_transformers_with_triton(arch: str, mode: str, checkpoint) -> None:
     path = checkpoint(arch)
     expected = reference(str(path))
     llm = LLM(str(path), block_size=16, attn_backend="triton", **MODES[mode])

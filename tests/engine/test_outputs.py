@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from engine.sampling_params import SamplingParams
 from engine.outputs import TextState
+from engine.sampling_params import SamplingParams
 
 PIECES = {1: "Hel", 2: "lo", 3: " wo", 4: "rld", 5: "!", 6: " E", 7: "N", 8: "D"}
 

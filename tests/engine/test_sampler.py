@@ -12,7 +12,9 @@ from engine.sampling_params import SamplingParams
 V = 50
 
 
-def row(params: SamplingParams, prompt=(), output=(), seed_gen: torch.Generator | None = None, banned=()) -> SamplingRow:
+def row(
+    params: SamplingParams, prompt=(), output=(), seed_gen: torch.Generator | None = None, banned=()
+) -> SamplingRow:
     return SamplingRow(params, list(prompt), list(output), seed_gen, list(banned))
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from engine.block_manager import BlockManager
-from engine.sampling_params import SamplingParams
 from engine.errors import RequestRejected
 from engine.input_processor import RequestLimits
+from engine.sampling_params import SamplingParams
 from engine.scheduler import PriorityQueue, Scheduler, SchedulerOutput
 from engine.sequence import FinishReason, Sequence
 
@@ -185,7 +185,8 @@ def test_random_workload_keeps_block_accounting_exact() -> None:
     live: list[Sequence] = []
     for step in range(400):
         if rng.random() < 0.4:
-            tokens = rng.choice(prefixes)[: rng.randint(1, 12)] + [rng.randrange(1, 50) for _ in range(rng.randint(0, 10))]
+            tail = [rng.randrange(1, 50) for _ in range(rng.randint(0, 10))]
+            tokens = rng.choice(prefixes)[: rng.randint(1, 12)] + tail
             seq = Sequence(f"q{step}", tokens, SamplingParams(max_tokens=rng.randint(1, 20)))
             s.add(seq)
             live.append(seq)
@@ -225,7 +226,9 @@ def test_prefix_cache_names_only_blocks_whose_kv_was_written() -> None:
     failed_steps = 0
     for step in range(400):
         if rng.random() < 0.4:
-            tokens = rng.choice(prefixes)[: rng.randint(1, 12)] + [rng.randrange(1, 50) for _ in range(rng.randint(0, 8))]
+            tokens = rng.choice(prefixes)[: rng.randint(1, 12)] + [
+                rng.randrange(1, 50) for _ in range(rng.randint(0, 8))
+            ]
             s.add(Sequence(f"q{step}", tokens, SamplingParams(max_tokens=rng.randint(1, 16))))
         out = s.schedule()
         if out.scheduled and rng.random() < 0.1:  # the model raised before writing anything

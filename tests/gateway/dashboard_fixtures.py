@@ -86,14 +86,26 @@ async def dash(fake_upstream_server, tmp_path_factory: pytest.TempPathFactory) -
             tid = (await client.post("/admin/v1/tenants", json={"name": f"{name}-{uuid.uuid4().hex[:6]}"})).json()["id"]
             keys = [(await client.post("/admin/v1/keys", json={"tenant_id": tid, "name": f"{name}{k}"})).json()
                     for k in range(2)]
-            await client.put(f"/admin/v1/tenants/{tid}/limits", json={"requests_per_minute": 600, "token_budget": 10**9})
+            await client.put(
+                f"/admin/v1/tenants/{tid}/limits", json={"requests_per_minute": 600, "token_budget": 10**9}
+            )
             records = seed(tid, [k["id"] for k in keys], n, base, now)
             for r in records:
                 writer.record(r)
             ok = [r for r in records if r.status < 400]
-            tenants.append(Tenant(tid, name, keys[0]["key"], [k["id"] for k in keys], n, n - len(ok),
-                                  sum(r.prompt_tokens for r in ok), sum(r.completion_tokens for r in ok),
-                                  sum(r.cost for r in ok)))
+            tenants.append(
+                Tenant(
+                    tid,
+                    name,
+                    keys[0]["key"],
+                    [k["id"] for k in keys],
+                    n,
+                    n - len(ok),
+                    sum(r.prompt_tokens for r in ok),
+                    sum(r.completion_tokens for r in ok),
+                    sum(r.cost for r in ok),
+                )
+            )
     assert await writer.flush()
     writer.journal.close()
     await db.dispose()

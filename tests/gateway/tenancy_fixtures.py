@@ -18,8 +18,7 @@ import asyncpg
 import pytest
 from redis.asyncio import Redis
 
-from gateway.db import Database
-from gateway.db import migrate
+from gateway.db import Database, migrate
 
 PG_HOST = os.environ.get("SWITCHYARD_TEST_PG_HOST", "127.0.0.1")
 PG_PORT = int(os.environ.get("SWITCHYARD_TEST_PG_PORT", "5432"))
@@ -177,7 +176,8 @@ class GatewayProcess:
         env |= {"SWITCHYARD_CONFIG": str(self.config_path), "SWITCHYARD__USAGE__JOURNAL_DIR": str(self.journal_dir)}
         cmd = [sys.executable, "-m", "uvicorn", "--factory", "gateway.app:create_app_from_env",
                "--host", "127.0.0.1", "--port", str(self.port), "--log-level", "warning"]  # fmt: skip
-        self.proc = subprocess.Popen(cmd, env=env, cwd=repo_root(), stdout=self.log_path.open("wb"), stderr=subprocess.STDOUT)
+        log = self.log_path.open("wb")
+        self.proc = subprocess.Popen(cmd, env=env, cwd=repo_root(), stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

@@ -29,7 +29,7 @@ ADMIN = "sy-admin-" + uuid.uuid4().hex
 
 
 @pytest.fixture(scope="module")
-async def api(db: Database) -> AsyncIterator[httpx.AsyncClient]:  # noqa: F811
+async def api(db: Database) -> AsyncIterator[httpx.AsyncClient]:
     auth = SqlAuthenticator(db, ttl=0.5, admin_key=ADMIN)
     svc = TenancyService(db, on_change=auth.invalidate)
     app = Litestar(route_handlers=admin_routers(svc, db, auth))
@@ -112,7 +112,9 @@ async def test_key_lifecycle(api: httpx.AsyncClient) -> None:
     listed = (await api.get(f"/admin/v1/keys?tenant_id={tid}", headers=admin())).json()["data"]
     assert [k["id"] for k in listed] == [created["id"]]
     assert all(secret not in str(k) for k in listed)  # the key is shown once, never listed
-    rotated = (await api.post(f"/admin/v1/keys/{created['id']}/rotate", json={"grace_seconds": 60}, headers=admin())).json()
+    rotated = (
+        await api.post(f"/admin/v1/keys/{created['id']}/rotate", json={"grace_seconds": 60}, headers=admin())
+    ).json()
     assert rotated["rotated_from"] == created["id"] and rotated["allowed_models"] == ["m1"]
     assert rotated["key"] != secret
     old = (await api.get(f"/admin/v1/keys/{created['id']}", headers=admin())).json()
@@ -126,9 +128,13 @@ async def test_key_lifecycle(api: httpx.AsyncClient) -> None:
 async def test_limits_put_patch_get(api: httpx.AsyncClient) -> None:
     tid = (await new_tenant(api))["id"]
     h = admin()
-    r = await api.put(f"/admin/v1/tenants/{tid}/limits", json={"requests_per_minute": 10, "token_budget": 5000}, headers=h)
+    r = await api.put(
+        f"/admin/v1/tenants/{tid}/limits", json={"requests_per_minute": 10, "token_budget": 5000}, headers=h
+    )
     assert r.json()["requests_per_minute"] == 10 and r.json()["budget_period"] == "month"
-    r = await api.patch(f"/admin/v1/tenants/{tid}/limits", json={"tokens_per_minute": 99, "token_budget": None}, headers=h)
+    r = await api.patch(
+        f"/admin/v1/tenants/{tid}/limits", json={"tokens_per_minute": 99, "token_budget": None}, headers=h
+    )
     assert r.json() == {
         "requests_per_minute": 10, "tokens_per_minute": 99, "max_concurrency": None,
         "token_budget": None, "cost_budget": None, "budget_period": "month",
@@ -139,7 +145,7 @@ async def test_limits_put_patch_get(api: httpx.AsyncClient) -> None:
     assert r.json()["max_concurrency"] == 2
 
 
-async def test_usage_is_tenant_isolated(api: httpx.AsyncClient, db: Database, tmp_path: Path) -> None:  # noqa: F811
+async def test_usage_is_tenant_isolated(api: httpx.AsyncClient, db: Database, tmp_path: Path) -> None:
     h = admin()
     a, b = (await new_tenant(api))["id"], (await new_tenant(api))["id"]
     ka = (await api.post("/admin/v1/keys", json={"tenant_id": a}, headers=h)).json()
@@ -149,9 +155,17 @@ async def test_usage_is_tenant_isolated(api: httpx.AsyncClient, db: Database, tm
         for _ in range(n):
             writer.record(
                 UsageRecord(
-                    request_id=uuid.uuid4().hex, key_id=key, tenant_id=tenant, model="m", deployment="d",
-                    provider="openai", endpoint="chat.completions", started_at=time.time(), status=200,
-                    prompt_tokens=7, completion_tokens=3,
+                    request_id=uuid.uuid4().hex,
+                    key_id=key,
+                    tenant_id=tenant,
+                    model="m",
+                    deployment="d",
+                    provider="openai",
+                    endpoint="chat.completions",
+                    started_at=time.time(),
+                    status=200,
+                    prompt_tokens=7,
+                    completion_tokens=3,
                 )  # fmt: skip
             )
     await writer.aclose()
@@ -200,8 +214,9 @@ async def test_database_outage_is_503_on_admin_and_dashboard_routes(
     name, url = await new_pg_database()
     away = name + "_away"
     await asyncio.to_thread(migrate.upgrade, url)
-    settings = gateway_settings(fake_upstream_server.url, database={"url": url},
-                                usage={"journal_dir": str(tmp_path / "journal")})
+    settings = gateway_settings(
+        fake_upstream_server.url, database={"url": url}, usage={"journal_dir": str(tmp_path / "journal")}
+    )
     server = ServerThread(create_app(settings)).start()
     try:
         with httpx.Client(base_url=server.url, timeout=20) as client, httpx.Client(base_url=server.url) as dash:

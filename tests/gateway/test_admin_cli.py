@@ -17,7 +17,6 @@ import pytest
 from typer.testing import CliRunner
 
 from gateway.cli import app
-
 from gateway.contracts import UsageRecord
 from gateway.db import Database
 from gateway.usage.pricing import PriceTable
@@ -87,7 +86,9 @@ def test_bootstrap_once_then_tenants_keys_limits(cli: tuple[Cli, str]) -> None:
     limits = run.json("limits", "set", "--tenant", "acme", "--rpm", "60", "--tpm", "20000", "--period", "day")
     assert (limits["requests_per_minute"], limits["tokens_per_minute"], limits["budget_period"]) == (60, 20000, "day")
     limits = run.json("limits", "set", "--tenant", "acme", "--rpm", "-1", "--cost-budget", "25")
-    assert limits["requests_per_minute"] is None and limits["tokens_per_minute"] == 20000 and limits["cost_budget"] == 25
+    assert (
+        limits["requests_per_minute"] is None and limits["tokens_per_minute"] == 20000 and limits["cost_budget"] == 25
+    )
     assert run.json("limits", "show", "--key", rotated["id"])["max_concurrency"] is None
     shown = run.json("tenant", "show", "acme")
     assert shown["limits"]["tokens_per_minute"] == 20000 and len(shown["keys"]) == 2
@@ -126,7 +127,9 @@ def test_usage_report_formats_and_range(cli: tuple[Cli, str]) -> None:
     asyncio.run(write())
     rows = run.json("usage", "report", "--tenant", tenant["name"], "--by", "day")
     assert [(r["day"], r["requests"]) for r in rows] == [("2026-01-01", 1), ("2026-01-02", 1), ("2026-01-03", 1)]
-    ranged = run.json("usage", "report", "--tenant", tenant["id"], "--by", "model", "--start", "2026-01-02", "--end", "2026-01-02")
+    ranged = run.json(
+        "usage", "report", "--tenant", tenant["id"], "--by", "model", "--start", "2026-01-02", "--end", "2026-01-02"
+    )
     assert ranged == [{"model": "m", "requests": 1, "errors": 0, "prompt_tokens": 10, "completion_tokens": 5,
                        "cached_tokens": 0, "total_tokens": 15, "cost": 0.5}]  # fmt: skip
     out = run("usage", "report", "--tenant", tenant["id"], "--by", "tenant,model", "--format", "csv").stdout

@@ -9,9 +9,9 @@ import msgspec
 
 from backends.base import BackendStats
 from backends.openai_wire import ChatCompletionRequest
+from gateway.routing.cache_aware import cache_aware, chat_prefix, prefix_key
 from gateway.routing.deployment import Deployment
 from gateway.routing.router import ModelGroup
-from gateway.routing.cache_aware import cache_aware, chat_prefix, prefix_key
 from gateway.settings import DeploymentConfig, ModelGroupConfig, parse_settings
 
 SYSTEM = "You are the support assistant of a bicycle shop. Answer briefly and politely. " * 4

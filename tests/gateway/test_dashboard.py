@@ -16,13 +16,13 @@ DATA_ENDPOINTS = ["summary", "limits", "export.csv"]
 
 
 @pytest.fixture
-def a_client(dash: DashEnv):  # noqa: F811  # type: ignore[no-untyped-def]
+def a_client(dash: DashEnv):  # type: ignore[no-untyped-def]
     with httpx.Client(base_url=dash.url) as client:
         assert login(client, dash.a.key).status_code == 303
         yield client
 
 
-def test_sign_in_sets_a_strict_httponly_cookie_and_needs_the_form_token(dash: DashEnv) -> None:  # noqa: F811
+def test_sign_in_sets_a_strict_httponly_cookie_and_needs_the_form_token(dash: DashEnv) -> None:
     with httpx.Client(base_url=dash.url) as client:
         assert client.get("/dashboard").headers["location"].endswith("/dashboard/login")
         response = login(client, dash.a.key)
@@ -39,7 +39,7 @@ def test_sign_in_sets_a_strict_httponly_cookie_and_needs_the_form_token(dash: Da
         assert client.get("/dashboard/api/me").status_code == 401
 
 
-def test_summary_totals_match_the_seeded_usage(a_client: httpx.Client, dash: DashEnv) -> None:  # noqa: F811
+def test_summary_totals_match_the_seeded_usage(a_client: httpx.Client, dash: DashEnv) -> None:
     me = a_client.get("/dashboard/api/me").json()
     assert me["role"] == "tenant" and me["tenant_id"] == dash.a.id
     data = a_client.get("/dashboard/api/summary", params={"bucket": "day"}).json()
@@ -58,7 +58,7 @@ def test_summary_totals_match_the_seeded_usage(a_client: httpx.Client, dash: Das
 
 
 @pytest.mark.parametrize("endpoint", DATA_ENDPOINTS)
-def test_tenant_session_cannot_read_another_tenant(a_client: httpx.Client, dash: DashEnv, endpoint: str) -> None:  # noqa: F811
+def test_tenant_session_cannot_read_another_tenant(a_client: httpx.Client, dash: DashEnv, endpoint: str) -> None:
     for other in (dash.b.id, dash.b.name, "ten_doesnotexist"):
         response = a_client.get(f"/dashboard/api/{endpoint}", params={"tenant_id": other})
         assert response.status_code == 403, (endpoint, other)
@@ -72,7 +72,7 @@ def test_admin_only_endpoints_refuse_tenants(a_client: httpx.Client, endpoint: s
     assert a_client.get(f"/dashboard/api/{endpoint}").status_code == 403
 
 
-def test_no_session_or_a_forged_cookie_reads_nothing(dash: DashEnv, a_client: httpx.Client) -> None:  # noqa: F811
+def test_no_session_or_a_forged_cookie_reads_nothing(dash: DashEnv, a_client: httpx.Client) -> None:
     session = a_client.cookies["sy_session"]
     payload, _, sig = session.rpartition(".")
     for cookies in ({}, {"sy_session": payload + ".AAAA" + sig[4:]}, {"sy_session": "garbage"}):
@@ -81,7 +81,7 @@ def test_no_session_or_a_forged_cookie_reads_nothing(dash: DashEnv, a_client: ht
                 assert anon.get(f"/dashboard/api/{endpoint}", params={"tenant_id": dash.b.id}).status_code == 401
 
 
-def test_admin_switches_tenants_and_sees_deployments(dash: DashEnv) -> None:  # noqa: F811
+def test_admin_switches_tenants_and_sees_deployments(dash: DashEnv) -> None:
     with httpx.Client(base_url=dash.url) as admin:
         assert login(admin, ADMIN_KEY).status_code == 303
         ids = {t["id"] for t in admin.get("/dashboard/api/tenants").json()["data"]}
@@ -94,7 +94,7 @@ def test_admin_switches_tenants_and_sees_deployments(dash: DashEnv) -> None:  # 
         assert admin.get("/dashboard/api/deployments").json()["data"][0]["state"] == "healthy"
 
 
-def test_revoking_the_key_ends_its_dashboard_session(dash: DashEnv) -> None:  # noqa: F811
+def test_revoking_the_key_ends_its_dashboard_session(dash: DashEnv) -> None:
     admin = {"authorization": f"Bearer {ADMIN_KEY}"}
     created = httpx.post(dash.url + "/admin/v1/keys", json={"tenant_id": dash.a.id}, headers=admin).json()
     with httpx.Client(base_url=dash.url) as client:

@@ -46,7 +46,7 @@ async def card(page, key: str) -> str:  # type: ignore[no-untyped-def]
     return await page.get_attribute(f"#total-{key} b", "data-value")
 
 
-async def test_tenant_sees_only_its_own_usage(browser, dash: DashEnv, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]  # noqa: F811
+async def test_tenant_sees_only_its_own_usage(browser, dash: DashEnv, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     context = await browser.new_context(viewport={"width": 1280, "height": 900})
     page = await context.new_page()
     responses: list[object] = []
@@ -95,7 +95,7 @@ async def test_tenant_sees_only_its_own_usage(browser, dash: DashEnv, tmp_path: 
     await context.close()
 
 
-async def test_admin_switches_tenants(browser, dash: DashEnv, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]  # noqa: F811
+async def test_admin_switches_tenants(browser, dash: DashEnv, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     from playwright.async_api import expect
 
     context = await browser.new_context()
@@ -111,7 +111,7 @@ async def test_admin_switches_tenants(browser, dash: DashEnv, tmp_path: Path) ->
     await context.close()
 
 
-async def test_phone_width_has_no_sideways_scroll(browser, dash: DashEnv, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]  # noqa: F811
+async def test_phone_width_has_no_sideways_scroll(browser, dash: DashEnv, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     context = await browser.new_context(viewport={"width": 390, "height": 844}, is_mobile=True)
     page = await context.new_page()
     await sign_in(page, dash.url, dash.a.key)

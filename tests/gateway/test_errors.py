@@ -7,7 +7,7 @@ import pytest
 
 from tests.conftest import ADMIN_KEY
 from tests.gateway.conftest import LIMITED_KEY, THROTTLED_KEY, GatewayEnv
-from tests.support.fake_upstream import Fault, FakeUpstream
+from tests.support.fake_upstream import FakeUpstream, Fault
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 

@@ -26,7 +26,7 @@ from gateway.routing.router import Router
 from gateway.services import Services
 from tests.conftest import ADMIN_KEY, gateway_settings
 from tests.support.doubles import RecordingSink, ScriptedAdmission, StaticKeys
-from tests.support.fake_upstream import Fault, FakeUpstream
+from tests.support.fake_upstream import FakeUpstream, Fault
 from tests.support.redis_server import RedisProcess
 from tests.support.servers import ServerThread
 

@@ -36,7 +36,7 @@ def test_key_material() -> None:
     assert k.prefix == k.secret[:12] and k.secret not in k.key_hash
 
 
-async def test_only_the_hash_is_stored(db: Database) -> None:  # noqa: F811
+async def test_only_the_hash_is_stored(db: Database) -> None:
     svc = TenancyService(db)
     tenant = await svc.create_tenant("hash-only")
     created = await svc.create_key(tenant.id)
@@ -47,7 +47,7 @@ async def test_only_the_hash_is_stored(db: Database) -> None:  # noqa: F811
     assert created.secret not in dump
 
 
-async def test_lifecycle_revoke_seen_within_5s_by_another_replica(db: Database) -> None:  # noqa: F811
+async def test_lifecycle_revoke_seen_within_5s_by_another_replica(db: Database) -> None:
     svc = TenancyService(db)
     tenant = await svc.create_tenant("lifecycle", weight=2.5)
     created = await svc.create_key(tenant.id, models=["m1", "m2"])
@@ -59,7 +59,7 @@ async def test_lifecycle_revoke_seen_within_5s_by_another_replica(db: Database) 
     assert await eventually_rejected(replica, created.secret)
 
 
-async def test_disabled_tenant_keys_stop(db: Database) -> None:  # noqa: F811
+async def test_disabled_tenant_keys_stop(db: Database) -> None:
     svc = TenancyService(db)
     tenant = await svc.create_tenant("to-disable")
     created = await svc.create_key(tenant.id)
@@ -72,7 +72,7 @@ async def test_disabled_tenant_keys_stop(db: Database) -> None:  # noqa: F811
     assert await auth.authenticate(created.secret) is not None
 
 
-async def test_expiry_is_exact_even_when_cached(db: Database) -> None:  # noqa: F811
+async def test_expiry_is_exact_even_when_cached(db: Database) -> None:
     svc = TenancyService(db)
     tenant = await svc.create_tenant("expiry")
     soon = await svc.create_key(tenant.id, expires_at=datetime.now(UTC) + timedelta(seconds=2))
@@ -85,7 +85,7 @@ async def test_expiry_is_exact_even_when_cached(db: Database) -> None:  # noqa: 
     assert (await svc.get_key(soon.key.id)).status == "expired"
 
 
-async def test_rotation_keeps_old_key_for_the_grace_period(db: Database) -> None:  # noqa: F811
+async def test_rotation_keeps_old_key_for_the_grace_period(db: Database) -> None:
     svc = TenancyService(db)
     tenant = await svc.create_tenant("rotation")
     old = await svc.create_key(tenant.id, models=["m1"])
@@ -101,7 +101,7 @@ async def test_rotation_keeps_old_key_for_the_grace_period(db: Database) -> None
     assert await auth.authenticate(new.secret) is not None
 
 
-async def test_admin_keys(db: Database) -> None:  # noqa: F811
+async def test_admin_keys(db: Database) -> None:
     svc = TenancyService(db)
     auth = SqlAuthenticator(db, ttl=1.0, admin_key="config-admin-secret")
     p = await auth.authenticate("config-admin-secret")
@@ -113,11 +113,11 @@ async def test_admin_keys(db: Database) -> None:  # noqa: F811
 
 
 @pytest.mark.parametrize("token", ["", "sk-sy-", "sk-other-" + "a" * 40, "sk-sy-" + "a" * 43, "x" * 5000])
-async def test_unknown_tokens(db: Database, token: str) -> None:  # noqa: F811
+async def test_unknown_tokens(db: Database, token: str) -> None:
     assert await SqlAuthenticator(db).authenticate(token) is None
 
 
-async def test_prefix_is_visible_for_identification(db: Database) -> None:  # noqa: F811
+async def test_prefix_is_visible_for_identification(db: Database) -> None:
     svc = TenancyService(db)
     tenant = await svc.create_tenant("prefixes")
     created = await svc.create_key(tenant.id)

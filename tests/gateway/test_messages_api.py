@@ -8,7 +8,7 @@ import pytest
 
 from tests.conftest import ADMIN_KEY
 from tests.gateway.conftest import GatewayEnv
-from tests.support.fake_upstream import Fault, FakeUpstream
+from tests.support.fake_upstream import FakeUpstream, Fault
 
 
 @pytest.fixture

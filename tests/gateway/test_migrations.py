@@ -11,8 +11,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import inspect
 
-from gateway.db import Database, SchemaNotReady, check_schema
-from gateway.db import migrate
+from gateway.db import Database, SchemaNotReady, check_schema, migrate
 from gateway.db.models import Base
 from tests.gateway.tenancy_fixtures import drop_pg_database, new_pg_database
 

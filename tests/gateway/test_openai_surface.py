@@ -47,9 +47,17 @@ def test_chat_passes_every_field_through(client: openai.OpenAI, upstream: FakeUp
                                                "parameters": {"type": "object", "properties": {}}}}]
     reply = client.chat.completions.create(
         model="echo-alias",
-        messages=[{"role": "user", "content": [{"type": "text", "text": "part one "}, {"type": "text", "text": "two"}]}],
-        max_completion_tokens=2, n=2, stop="END", logprobs=True, top_logprobs=3,
-        response_format={"type": "json_object"}, tools=tools, tool_choice="auto",
+        messages=[
+            {"role": "user", "content": [{"type": "text", "text": "part one "}, {"type": "text", "text": "two"}]}
+        ],
+        max_completion_tokens=2,
+        n=2,
+        stop="END",
+        logprobs=True,
+        top_logprobs=3,
+        response_format={"type": "json_object"},
+        tools=tools,
+        tool_choice="auto",
     )
     assert [c.message.content for c in reply.choices] == ["part one ", "part one "]
     assert reply.choices[0].finish_reason == "length"
@@ -62,7 +70,9 @@ def test_chat_passes_every_field_through(client: openai.OpenAI, upstream: FakeUp
 
 def test_chat_stream_with_usage(client: openai.OpenAI, upstream: FakeUpstream, env: GatewayEnv) -> None:
     stream = client.chat.completions.create(
-        model="echo", messages=[{"role": "user", "content": "one two three four"}], stream=True,
+        model="echo",
+        messages=[{"role": "user", "content": "one two three four"}],
+        stream=True,
         stream_options={"include_usage": True},
     )
     chunks = list(stream)
@@ -77,10 +87,12 @@ def test_chat_stream_with_usage(client: openai.OpenAI, upstream: FakeUpstream, e
     assert record.extra == {"outcome": "completed"}
 
 
-def test_chat_stream_without_usage_strips_the_usage_chunk(client: openai.OpenAI, upstream: FakeUpstream,
-                                                           env: GatewayEnv) -> None:
-    chunks = list(client.chat.completions.create(
-        model="echo", messages=[{"role": "user", "content": "a b c"}], stream=True))
+def test_chat_stream_without_usage_strips_the_usage_chunk(
+    client: openai.OpenAI, upstream: FakeUpstream, env: GatewayEnv
+) -> None:
+    chunks = list(
+        client.chat.completions.create(model="echo", messages=[{"role": "user", "content": "a b c"}], stream=True)
+    )
     assert all(c.usage is None for c in chunks)
     assert all(c.choices for c in chunks)
     # the gateway asked the upstream for usage anyway, so it meters exactly
@@ -92,17 +104,23 @@ def test_stream_usage_is_estimated_when_the_upstream_reports_none(
     client: openai.OpenAI, upstream: FakeUpstream, env: GatewayEnv
 ) -> None:
     upstream.options.report_usage = False
-    chunks = list(client.chat.completions.create(
-        model="echo", messages=[{"role": "user", "content": "alpha beta gamma"}], stream=True,
-        stream_options={"include_usage": True}))
+    chunks = list(
+        client.chat.completions.create(
+            model="echo",
+            messages=[{"role": "user", "content": "alpha beta gamma"}],
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens >= 3
     record = env.usage.wait_for(1)[0]
     assert not record.exact and record.completion_tokens >= 3 and record.prompt_tokens > 0
 
 
 def test_completions_round_trip(client: openai.OpenAI, upstream: FakeUpstream) -> None:
-    reply = client.completions.create(model="echo", prompt="say this back", max_tokens=10, temperature=0,
-                                      echo=False, stop=["x"])
+    reply = client.completions.create(
+        model="echo", prompt="say this back", max_tokens=10, temperature=0, echo=False, stop=["x"]
+    )
     assert reply.choices[0].text == "say this back"
     assert reply.object == "text_completion"
     assert upstream.last.path == "/v1/completions" and upstream.last.json["prompt"] == "say this back"
@@ -113,8 +131,11 @@ def test_completions_round_trip(client: openai.OpenAI, upstream: FakeUpstream) -
 
 
 def test_completions_stream(client: openai.OpenAI) -> None:
-    chunks = list(client.completions.create(model="echo", prompt="stream me please", stream=True,
-                                            stream_options={"include_usage": True}))
+    chunks = list(
+        client.completions.create(
+            model="echo", prompt="stream me please", stream=True, stream_options={"include_usage": True}
+        )
+    )
     assert "".join(c.choices[0].text for c in chunks if c.choices) == "stream me please"
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 3
 
@@ -123,8 +144,8 @@ async def test_async_client_chat_and_stream(aclient: openai.AsyncOpenAI) -> None
     reply = await aclient.chat.completions.create(model="echo", messages=[{"role": "user", "content": "async hi"}])
     assert reply.choices[0].message.content == "async hi"
     stream = await aclient.chat.completions.create(
-        model="echo", messages=[{"role": "user", "content": "x y"}], stream=True,
-        stream_options={"include_usage": True})
+        model="echo", messages=[{"role": "user", "content": "x y"}], stream=True, stream_options={"include_usage": True}
+    )
     chunks = [c async for c in stream]
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "x y"
     assert chunks[-1].usage is not None
@@ -153,8 +174,9 @@ def test_models_list_shows_only_allowed_models(env: GatewayEnv) -> None:
     assert err.value.code == "model_not_found"
 
 
-def test_reservations_bound_what_a_request_can_generate(client: openai.OpenAI, upstream: FakeUpstream,
-                                                         env: GatewayEnv) -> None:
+def test_reservations_bound_what_a_request_can_generate(
+    client: openai.OpenAI, upstream: FakeUpstream, env: GatewayEnv
+) -> None:
     """A chat without max_tokens goes upstream capped at ``quotas.default_max_tokens`` (what admission
     reserved), and every generated sequence (n choices, several prompts) is reserved."""
     client.chat.completions.create(model="echo", messages=[{"role": "user", "content": "a b c"}])

@@ -32,7 +32,7 @@ DEAD_REDIS = "redis://127.0.0.1:9/0"  # nothing listens on port 9
 PRICES = PriceTable({"m": Price(input_per_million=1.0, output_per_million=3.0)})
 
 
-async def principal_with(db: Database, tenant: Limits, key: Limits) -> Principal:  # noqa: F811
+async def principal_with(db: Database, tenant: Limits, key: Limits) -> Principal:
     svc = TenancyService(db)
     t = await svc.create_tenant(f"adm-{os.urandom(4).hex()}")
     k = await svc.create_key(t.id)
@@ -41,7 +41,7 @@ async def principal_with(db: Database, tenant: Limits, key: Limits) -> Principal
     return Principal(key_id=k.key.id, tenant_id=t.id)
 
 
-async def test_key_and_tenant_limits_from_sql(db: Database) -> None:  # noqa: F811
+async def test_key_and_tenant_limits_from_sql(db: Database) -> None:
     p = await principal_with(db, Limits(requests_per_minute=3), Limits(tokens_per_minute=250))
     adm = QuotaAdmission(MemoryStore(), LimitsSource(db), PRICES)
     first = await adm.admit(p, "m", 100)
@@ -60,7 +60,7 @@ async def test_key_and_tenant_limits_from_sql(db: Database) -> None:  # noqa: F8
     assert third.token
 
 
-async def test_money_is_reserved_at_the_highest_price(db: Database) -> None:  # noqa: F811
+async def test_money_is_reserved_at_the_highest_price(db: Database) -> None:
     # 1000 tokens at 3 USD per million (the output price) = 0.003 reserved per request
     p = await principal_with(db, Limits(cost_budget=0.0075, budget_period="total"), Limits())
     adm = QuotaAdmission(MemoryStore(), LimitsSource(db), PRICES)
@@ -72,7 +72,7 @@ async def test_money_is_reserved_at_the_highest_price(db: Database) -> None:  # 
     await adm.admit(p, "m", 1000)
 
 
-async def test_redis_down_fail_closed_raises_unavailable(db: Database, caplog: pytest.LogCaptureFixture) -> None:  # noqa: F811
+async def test_redis_down_fail_closed_raises_unavailable(db: Database, caplog: pytest.LogCaptureFixture) -> None:
     p = await principal_with(db, Limits(requests_per_minute=1), Limits())
     redis = connect_redis(DEAD_REDIS, timeout=0.5)
     adm = QuotaAdmission(RedisStore(redis), LimitsSource(db), PRICES)
@@ -82,7 +82,7 @@ async def test_redis_down_fail_closed_raises_unavailable(db: Database, caplog: p
     await redis.aclose()
 
 
-async def test_redis_down_fail_open_admits_without_counting(db: Database) -> None:  # noqa: F811
+async def test_redis_down_fail_open_admits_without_counting(db: Database) -> None:
     p = await principal_with(db, Limits(requests_per_minute=1), Limits())
     redis = connect_redis(DEAD_REDIS, timeout=0.5)
     adm = QuotaAdmission(RedisStore(redis), LimitsSource(db), PRICES, on_unavailable="fail_open")
@@ -94,7 +94,9 @@ async def test_redis_down_fail_open_admits_without_counting(db: Database) -> Non
 
 
 @pytest.fixture
-def gateway_without_redis(db: Database, fake_upstream_server: FakeUpstream, tmp_path: Path) -> Iterator[tuple[str, str]]:  # noqa: F811
+def gateway_without_redis(
+    db: Database, fake_upstream_server: FakeUpstream, tmp_path: Path
+) -> Iterator[tuple[str, str]]:
     """A gateway whose configured Redis is unreachable (fail_closed), and a tenant key for it."""
     from gateway.app import create_app
 
@@ -104,7 +106,9 @@ def gateway_without_redis(db: Database, fake_upstream_server: FakeUpstream, tmp_
     )  # fmt: skip
     with ServerThread(create_app(settings)) as server:
         admin = {"authorization": f"Bearer {ADMIN_KEY}"}
-        tid = httpx.post(server.url + "/admin/v1/tenants", json={"name": os.urandom(4).hex()}, headers=admin).json()["id"]
+        tid = httpx.post(server.url + "/admin/v1/tenants", json={"name": os.urandom(4).hex()}, headers=admin).json()[
+            "id"
+        ]
         key = httpx.post(server.url + "/admin/v1/keys", json={"tenant_id": tid}, headers=admin).json()["key"]
         yield server.url, key
 
@@ -121,7 +125,9 @@ def test_gateway_answers_503_when_redis_is_down(gateway_without_redis: tuple[str
 
 
 @pytest.mark.parametrize("store_kind", ["memory", "redis"])
-async def test_budget_survives_a_store_restart(db: Database, redis: Redis, redis_prefix: str, tmp_path: Path, store_kind: str) -> None:  # noqa: F811
+async def test_budget_survives_a_store_restart(
+    db: Database, redis: Redis, redis_prefix: str, tmp_path: Path, store_kind: str
+) -> None:
     """A fresh store (restarted gateway, flushed Redis) starts the budget from the usage records."""
     p = await principal_with(db, Limits(token_budget=1000, budget_period="month"), Limits())
     writer = UsageWriter(db, PRICES, journal_dir=tmp_path)

@@ -14,8 +14,7 @@ import pytest
 from redis.asyncio import Redis
 from sqlalchemy import func, select
 
-from gateway.db import Database
-from gateway.db import migrate
+from gateway.db import Database, migrate
 from gateway.db.models import UsageRow
 from tests.conftest import ADMIN_KEY
 from tests.gateway.tenancy_fixtures import REDIS_URL, GatewayProcess, pg_url, redis  # noqa: F401
@@ -25,7 +24,7 @@ CHAT = [{"role": "user", "content": "hello there general kenobi"}]
 
 
 @pytest.fixture(scope="module")
-async def database(pg_url: str) -> AsyncIterator[Database]:  # noqa: F811
+async def database(pg_url: str) -> AsyncIterator[Database]:
     await asyncio.to_thread(migrate.upgrade, pg_url)
     db = Database.from_url(pg_url)
     yield db
@@ -33,13 +32,16 @@ async def database(pg_url: str) -> AsyncIterator[Database]:  # noqa: F811
 
 
 @pytest.fixture(scope="module")
-def gateways(pg_url: str, database: Database, fake_upstream_server: FakeUpstream, tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[GatewayProcess]]:  # noqa: F811
+def gateways(
+    pg_url: str, database: Database, fake_upstream_server: FakeUpstream, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[list[GatewayProcess]]:
     config: dict[str, Any] = {
         "auth": {"admin_key": ADMIN_KEY, "key_cache_seconds": 1},
         "database": {"url": pg_url},
         "redis": {"url": REDIS_URL},
         "models": [{"name": "echo", "deployments": [
-            {"provider": "openai", "model": "upstream-echo", "api_base": fake_upstream_server.url, "api_key": "sk-up"}]}],
+            {"provider": "openai", "model": "upstream-echo", "api_base": fake_upstream_server.url,
+             "api_key": "sk-up"}]}],
         "prices": {"echo": {"input_per_million": 10.0, "output_per_million": 10.0}},
     }  # fmt: skip
     workdir = tmp_path_factory.mktemp("gateways")
@@ -78,13 +80,15 @@ async def hammer(gateways: list[GatewayProcess], key: str, n: int, **kwargs: Any
         openai.AsyncOpenAI(base_url=gw.url + "/v1", api_key=key, max_retries=0, http_client=http) for gw in gateways
     ]
     try:
-        calls = [clients[i % len(clients)].chat.completions.create(model="echo", messages=CHAT, **kwargs) for i in range(n)]  # type: ignore[arg-type]
+        calls = [
+            clients[i % len(clients)].chat.completions.create(model="echo", messages=CHAT, **kwargs) for i in range(n)
+        ]  # type: ignore[arg-type]
         return await asyncio.gather(*calls, return_exceptions=True)
     finally:
         await http.aclose()
 
 
-async def cleanup(redis: Redis, tid: str) -> None:  # noqa: F811
+async def cleanup(redis: Redis, tid: str) -> None:
     keys = [k for sid in {tid, KEY_IDS.get(tid, tid)} async for k in redis.scan_iter(match=f"sy:q:*{sid}*", count=1000)]
     if keys:
         await redis.delete(*keys)
@@ -116,7 +120,7 @@ async def wait_rows(db: Database, tid: str, count: int) -> tuple[int, int, float
 
 
 async def test_requests_per_minute_exact_across_two_replicas(
-    gateways: list[GatewayProcess], database: Database, redis: Redis  # noqa: F811
+    gateways: list[GatewayProcess], database: Database, redis: Redis
 ) -> None:
     tid, key = tenant_key(gateways[0], requests_per_minute=100)
     try:
@@ -132,7 +136,7 @@ async def test_requests_per_minute_exact_across_two_replicas(
 
 
 async def test_token_budget_never_overspent_under_concurrency(
-    gateways: list[GatewayProcess], database: Database, redis: Redis  # noqa: F811
+    gateways: list[GatewayProcess], database: Database, redis: Redis
 ) -> None:
     budget = 600
     tid, key = tenant_key(gateways[1], token_budget=budget, budget_period="day")
@@ -152,7 +156,7 @@ async def test_token_budget_never_overspent_under_concurrency(
 
 
 async def test_money_budget_never_overspent_under_concurrency(
-    gateways: list[GatewayProcess], database: Database, redis: Redis  # noqa: F811
+    gateways: list[GatewayProcess], database: Database, redis: Redis
 ) -> None:
     budget = 0.003  # USD; at 10 USD per million tokens a request reserves 31 tokens = 0.00031
     tid, key = tenant_key(gateways[0], cost_budget=budget, budget_period="total")
@@ -170,7 +174,7 @@ async def test_money_budget_never_overspent_under_concurrency(
 
 
 async def test_concurrency_limit_across_replicas(
-    gateways: list[GatewayProcess], redis: Redis, upstream: FakeUpstream  # noqa: F811
+    gateways: list[GatewayProcess], redis: Redis, upstream: FakeUpstream
 ) -> None:
     upstream.options.latency = 0.5  # every admitted request stays in flight for a while
     tid, key = tenant_key(gateways[1], max_concurrency=3)

@@ -18,7 +18,7 @@ NOW = 1_800_000_000.25
 
 
 @pytest.fixture(params=["memory", "redis"])
-async def store(request: pytest.FixtureRequest, redis: Redis, redis_prefix: str) -> AsyncIterator[QuotaStore]:  # noqa: F811
+async def store(request: pytest.FixtureRequest, redis: Redis, redis_prefix: str) -> AsyncIterator[QuotaStore]:
     yield MemoryStore() if request.param == "memory" else RedisStore(connect_redis(REDIS_URL), prefix=redis_prefix)
 
 

@@ -44,9 +44,14 @@ def assert_openai_error(response: httpx.Response, status: int, param: str | None
         (b'{"model": "echo", "messages": [{"role": "user", "content": "x"}], "temperature": "hot"}', "temperature"),
         (b'{"model": "echo", "messages": [{"role": "user", "content": "x"}], "max_tokens": 1.5}', "max_tokens"),
         (b'{"model": "echo", "messages": [{"role": "user", "content": "x"}], "stream": "yes"}', "stream"),
-        (b'{"model": "echo", "messages": [{"role": "user", "content": [{"type": "video"}]}]}', "messages[0].content[0].type"),
-        (b'{"model": "echo", "messages": [{"role": "user", "content": "x"}], "response_format": {"type": "xml"}}',
-         "response_format.type"),
+        (
+            b'{"model": "echo", "messages": [{"role": "user", "content": [{"type": "video"}]}]}',
+            "messages[0].content[0].type",
+        ),
+        (
+            b'{"model": "echo", "messages": [{"role": "user", "content": "x"}], "response_format": {"type": "xml"}}',
+            "response_format.type",
+        ),
     ],
 )
 def test_malformed_chat_bodies_are_400(http: httpx.Client, body: bytes, param: str | None) -> None:
@@ -58,8 +63,10 @@ def test_malformed_chat_bodies_are_400(http: httpx.Client, body: bytes, param: s
 
 def test_absurdly_nested_json_is_400(http: httpx.Client) -> None:
     depth = 100_000
-    body = (b'{"model": "echo", "messages": [{"role": "user", "content": "x"}], "tools": [{"function": '
-            b'{"name": "f", "parameters": ' + b'{"a": ' * depth + b"1" + b"}" * depth + b"}}]}")
+    body = (
+        b'{"model": "echo", "messages": [{"role": "user", "content": "x"}], "tools": [{"function": '
+        b'{"name": "f", "parameters": ' + b'{"a": ' * depth + b"1" + b"}" * depth + b"}}]}"
+    )
     assert assert_openai_error(http.post("/v1/chat/completions", content=body), 400)["code"] == "invalid_json"
 
 
@@ -97,9 +104,27 @@ def test_fuzzed_bodies_never_5xx(http: httpx.Client) -> None:
     rng = random.Random(1234)
     valid = {"model": "echo", "messages": [{"role": "user", "content": "fuzz"}], "max_tokens": 3}
     values = [None, True, -1, 0, 3.5, 1e308, "", "x" * 100, [], {}, [1, "a"], {"a": {"b": []}}, -(2**70)]
-    keys = ["model", "messages", "temperature", "top_p", "n", "stop", "seed", "logprobs", "top_logprobs",
-            "tools", "tool_choice", "response_format", "stream", "stream_options", "logit_bias", "max_tokens",
-            "prompt", "user", "unknown_field"]
+    keys = [
+        "model",
+        "messages",
+        "temperature",
+        "top_p",
+        "n",
+        "stop",
+        "seed",
+        "logprobs",
+        "top_logprobs",
+        "tools",
+        "tool_choice",
+        "response_format",
+        "stream",
+        "stream_options",
+        "logit_bias",
+        "max_tokens",
+        "prompt",
+        "user",
+        "unknown_field",
+    ]
     for i in range(120):
         if i % 3 == 0:
             body = bytes(rng.randrange(256) for _ in range(rng.randrange(1, 64)))

@@ -36,14 +36,15 @@ REPLICAS = 3
 
 
 @pytest.fixture(scope="module")
-def replicas(pg_url: str, database: Database, fake_upstream_server: FakeUpstream,  # noqa: F811
+def replicas(pg_url: str, database: Database, fake_upstream_server: FakeUpstream,
              tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[GatewayProcess]]:
     config: dict[str, Any] = {
         "auth": {"admin_key": ADMIN_KEY, "key_cache_seconds": 1},
         "database": {"url": pg_url},
         "redis": {"url": REDIS_URL},
         "models": [{"name": "echo", "deployments": [
-            {"provider": "openai", "model": "upstream-echo", "api_base": fake_upstream_server.url, "api_key": "sk-up"}]}],
+            {"provider": "openai", "model": "upstream-echo", "api_base": fake_upstream_server.url,
+             "api_key": "sk-up"}]}],
         "prices": {"echo": {"input_per_million": 10.0, "output_per_million": 10.0}},
     }  # fmt: skip
     workdir = tmp_path_factory.mktemp("replicas")
@@ -58,7 +59,7 @@ def replicas(pg_url: str, database: Database, fake_upstream_server: FakeUpstream
 
 
 async def test_quota_exact_and_usage_complete_across_three_replicas(
-    replicas: list[GatewayProcess], database: Database, redis: Redis  # noqa: F811
+    replicas: list[GatewayProcess], database: Database, redis: Redis
 ) -> None:
     tid, key = tenant_key(replicas[2], requests_per_minute=60)
     try:
@@ -77,9 +78,7 @@ def _status(gw: GatewayProcess, key: str) -> int:
     return httpx.get(gw.url + "/v1/models", headers={"authorization": f"Bearer {key}"}, timeout=10).status_code
 
 
-async def test_revocation_through_one_replica_is_seen_by_all(
-    replicas: list[GatewayProcess], redis: Redis  # noqa: F811
-) -> None:
+async def test_revocation_through_one_replica_is_seen_by_all(replicas: list[GatewayProcess], redis: Redis) -> None:
     tid, key = tenant_key(replicas[0])
     try:
         assert [_status(gw, key) for gw in replicas] == [200] * REPLICAS  # every replica has it cached now

@@ -40,7 +40,7 @@ def mixed_records(tenant: str, n: int = 60) -> list[UsageRecord]:
     return out
 
 
-async def test_writer_keeps_rollups_matching_the_records(db: Database, tmp_path: Path) -> None:  # noqa: F811
+async def test_writer_keeps_rollups_matching_the_records(db: Database, tmp_path: Path) -> None:
     a, b = uuid.uuid4().hex[:8], uuid.uuid4().hex[:8]
     records = mixed_records(a) + mixed_records(b, 7)
     w = UsageWriter(db, PRICES, journal_dir=tmp_path, batch_size=13, flush_interval=0.05)

@@ -9,11 +9,11 @@ import pytest
 
 from backends.base import BackendStats
 from backends.factory import build_backend
-from backends.providers import register_provider
 from backends.openai_http import OpenAIHTTPBackend
+from backends.providers import register_provider
 from gateway.routing.deployment import Deployment
-from gateway.routing.router import ModelGroup, Router
 from gateway.routing.health import DeploymentHealth
+from gateway.routing.router import ModelGroup, Router
 from gateway.routing.strategies import least_busy, priority, weighted
 from gateway.settings import CircuitConfig, ConfigError, DeploymentConfig, ModelGroupConfig, parse_settings
 

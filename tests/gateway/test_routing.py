@@ -20,7 +20,7 @@ from gateway.services import Services
 from gateway.settings import load_settings
 from tests.conftest import ADMIN_KEY
 from tests.support.doubles import RecordingSink, ScriptedAdmission, StaticKeys
-from tests.support.fake_upstream import Fault, FakeUpstream
+from tests.support.fake_upstream import FakeUpstream, Fault
 from tests.support.servers import ServerThread
 
 MESSAGES = [{"role": "user", "content": "route me"}]
@@ -77,14 +77,24 @@ def _config(u: dict[str, FakeUpstream]) -> dict:
 
 
 @pytest.fixture(scope="module")
-def gateway(upstreams: dict[str, FakeUpstream], tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerThread, Path]]:
+def gateway(
+    upstreams: dict[str, FakeUpstream], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[ServerThread, Path]]:
     path = tmp_path_factory.mktemp("routing") / "config.yaml"
     path.write_text(yaml.safe_dump(_config(upstreams)))
     settings = load_settings(path, env={})
-    keys = StaticKeys({ADMIN_KEY: Principal(key_id="admin", tenant_id=None, is_admin=True),
-                       "sk-user": Principal(key_id="user", tenant_id="t")})
-    services = Services(authenticator=keys, admission=ScriptedAdmission(), usage=RecordingSink(),
-                        router=Router.from_settings(settings, build_backend))
+    keys = StaticKeys(
+        {
+            ADMIN_KEY: Principal(key_id="admin", tenant_id=None, is_admin=True),
+            "sk-user": Principal(key_id="user", tenant_id="t"),
+        }
+    )
+    services = Services(
+        authenticator=keys,
+        admission=ScriptedAdmission(),
+        usage=RecordingSink(),
+        router=Router.from_settings(settings, build_backend),
+    )
     with ServerThread(create_app(settings, services, config_path=path)) as server:
         yield server, path
 
@@ -123,10 +133,14 @@ def test_least_busy_prefers_the_idle_deployment(client: openai.OpenAI, upstreams
     stream.close()
 
 
-@pytest.mark.parametrize("fault", [Fault(status=500), Fault(status=429), Fault(status=503), Fault(delay=1.5)],
-                         ids=["500", "429", "503", "hang"])
-def test_retry_moves_to_the_healthy_deployment(client: openai.OpenAI, upstreams: dict[str, FakeUpstream],
-                                               fault: Fault) -> None:
+@pytest.mark.parametrize(
+    "fault",
+    [Fault(status=500), Fault(status=429), Fault(status=503), Fault(delay=1.5)],
+    ids=["500", "429", "503", "hang"],
+)
+def test_retry_moves_to_the_healthy_deployment(
+    client: openai.OpenAI, upstreams: dict[str, FakeUpstream], fault: Fault
+) -> None:
     upstreams["A"].fail_next(fault)
     reply = client.chat.completions.create(model="failover", messages=MESSAGES)
     assert reply.choices[0].message.content == "route me"
@@ -151,13 +165,17 @@ def test_connection_refused_fails_over(client: openai.OpenAI, upstreams: dict[st
     assert _count(upstreams["B"]) == 1
 
 
-@pytest.mark.parametrize(("faults", "error", "status"), [
-    ([Fault(status=500)] * 3, openai.InternalServerError, 503),
-    ([Fault(status=429, headers={"retry-after": "0"})] * 3, openai.RateLimitError, 429),
-    ([Fault(delay=1.5)] * 3, openai.APIStatusError, 504),
-])
-def test_no_healthy_deployment_gives_the_right_error(client: openai.OpenAI, upstreams: dict[str, FakeUpstream],
-                                                     faults: list[Fault], error: type, status: int) -> None:
+@pytest.mark.parametrize(
+    ("faults", "error", "status"),
+    [
+        ([Fault(status=500)] * 3, openai.InternalServerError, 503),
+        ([Fault(status=429, headers={"retry-after": "0"})] * 3, openai.RateLimitError, 429),
+        ([Fault(delay=1.5)] * 3, openai.APIStatusError, 504),
+    ],
+)
+def test_no_healthy_deployment_gives_the_right_error(
+    client: openai.OpenAI, upstreams: dict[str, FakeUpstream], faults: list[Fault], error: type, status: int
+) -> None:
     upstreams["A"].fail_next(*faults)
     upstreams["B"].fail_next(*faults)
     with pytest.raises(error) as err:
@@ -189,14 +207,19 @@ def test_fallback_group(client: openai.OpenAI, upstreams: dict[str, FakeUpstream
 
 
 def test_context_window_fallback(client: openai.OpenAI, upstreams: dict[str, FakeUpstream]) -> None:
-    upstreams["A"].fail_next(Fault(status=400, body={"error": {"message": "maximum context length exceeded",
-                                                               "code": "context_length_exceeded"}}))
+    upstreams["A"].fail_next(
+        Fault(
+            status=400,
+            body={"error": {"message": "maximum context length exceeded", "code": "context_length_exceeded"}},
+        )
+    )
     assert client.chat.completions.create(model="primary", messages=MESSAGES).choices
     assert (_count(upstreams["A"]), _count(upstreams["B"]), _count(upstreams["C"])) == (1, 0, 1)
 
 
-def test_prompt_over_the_context_window_goes_to_the_fallback(client: openai.OpenAI,
-                                                              upstreams: dict[str, FakeUpstream]) -> None:
+def test_prompt_over_the_context_window_goes_to_the_fallback(
+    client: openai.OpenAI, upstreams: dict[str, FakeUpstream]
+) -> None:
     long_prompt = [{"role": "user", "content": " ".join(["word"] * 100)}]
     assert client.chat.completions.create(model="windowed", messages=long_prompt).choices
     assert (_count(upstreams["A"]), _count(upstreams["C"])) == (0, 1)  # never sent where it cannot fit
@@ -220,9 +243,10 @@ def _states(gateway: tuple[ServerThread, Path], model: str) -> dict[str, str]:
     return {r["deployment"]: r["state"] for r in rows.json()["data"] if r["model"] == model}
 
 
-def test_circuit_opens_half_opens_and_closes(client: openai.OpenAI, upstreams: dict[str, FakeUpstream],
-                                             gateway: tuple[ServerThread, Path]) -> None:
-    a, b = upstreams["A"], upstreams["B"]
+def test_circuit_opens_half_opens_and_closes(
+    client: openai.OpenAI, upstreams: dict[str, FakeUpstream], gateway: tuple[ServerThread, Path]
+) -> None:
+    a = upstreams["A"]
     a.fail_next(Fault(status=500), Fault(status=500))
     client.chat.completions.create(model="breaker", messages=MESSAGES)  # a fails, retry on b
     client.chat.completions.create(model="breaker", messages=MESSAGES)  # a fails again: circuit opens
@@ -240,8 +264,9 @@ def test_circuit_opens_half_opens_and_closes(client: openai.OpenAI, upstreams: d
     assert _count(a) == before + 2  # closed again: priority sends traffic to a
 
 
-def test_failed_half_open_trial_reopens(client: openai.OpenAI, upstreams: dict[str, FakeUpstream],
-                                        gateway: tuple[ServerThread, Path]) -> None:
+def test_failed_half_open_trial_reopens(
+    client: openai.OpenAI, upstreams: dict[str, FakeUpstream], gateway: tuple[ServerThread, Path]
+) -> None:
     a = upstreams["A"]
     a.fail_next(*[Fault(status=500)] * 2)
     for _ in range(2):
@@ -297,8 +322,7 @@ def test_reload_changes_routing_without_dropping_in_flight(
     a, c = upstreams["A"], upstreams["C"]
     a.options.chunk_delay = 0.05
     words = " ".join(f"w{i}" for i in range(20))
-    stream = client.chat.completions.create(model="single", messages=[{"role": "user", "content": words}],
-                                            stream=True)
+    stream = client.chat.completions.create(model="single", messages=[{"role": "user", "content": words}], stream=True)
     iterator = iter(stream)
     first = next(iterator)
     config = _config(upstreams)

@@ -17,7 +17,7 @@ import pytest
 from gateway.auth import authenticator, keys
 from gateway.db import migrate
 from tests.conftest import ADMIN_KEY, gateway_settings
-from tests.support.fake_upstream import Fault, FakeUpstream
+from tests.support.fake_upstream import FakeUpstream, Fault
 from tests.support.servers import ServerThread
 
 UPSTREAM_SECRET = "sk-upstream-secret-DO-NOT-LOG"

@@ -74,4 +74,6 @@ async def test_sigterm_finishes_streams_flushes_usage_and_exits_0(upstream: Fake
         rows = conn.execute("SELECT status, error_type, completion_tokens FROM usage_records").fetchall()
     assert len(rows) == STREAMS  # flushed on the way out, one row per request
     assert all(status == 200 and error is None and tokens >= 15 for status, error, tokens in rows)
-    assert not list((tmp_path / "journal").glob("*")) or all(p.stat().st_size == 0 for p in (tmp_path / "journal").glob("*"))
+    assert not list((tmp_path / "journal").glob("*")) or all(
+        p.stat().st_size == 0 for p in (tmp_path / "journal").glob("*")
+    )

@@ -6,7 +6,7 @@ import openai
 
 from tests.conftest import ADMIN_KEY
 from tests.gateway.conftest import GatewayEnv
-from tests.support.fake_upstream import Fault, FakeUpstream
+from tests.support.fake_upstream import FakeUpstream, Fault
 
 
 def test_client_close_mid_stream_closes_upstream(env: GatewayEnv, upstream: FakeUpstream) -> None:

@@ -23,7 +23,7 @@ from gateway.settings import parse_settings
 from gateway.telemetry import Telemetry
 from gateway.telemetry.logs import JsonFormatter
 from tests.support.doubles import RecordingSink, ScriptedAdmission, StaticKeys
-from tests.support.fake_upstream import Fault, FakeUpstream
+from tests.support.fake_upstream import FakeUpstream, Fault
 from tests.support.servers import ServerThread
 
 KEY, THROTTLED = "sk-telemetry-tenant", "sk-telemetry-throttled"
@@ -203,7 +203,7 @@ def test_tracing_is_off_by_default_and_otlp_export_is_configurable(fake_upstream
     received: list[tuple[str, bytes]] = []
 
     class Collector(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:  # noqa: N802
+        def do_POST(self) -> None:
             received.append((self.path, self.rfile.read(int(self.headers["content-length"]))))
             self.send_response(200)
             self.end_headers()
@@ -232,6 +232,7 @@ def test_tracing_is_off_by_default_and_otlp_export_is_configurable(fake_upstream
     for _, body in received:
         export = ExportTraceServiceRequest.FromString(body)
         for resource in export.resource_spans:
-            assert any(a.key == "service.name" and a.value.string_value == "sy-test" for a in resource.resource.attributes)
+            attributes = resource.resource.attributes
+            assert any(a.key == "service.name" and a.value.string_value == "sy-test" for a in attributes)
             names |= {s.name for scope in resource.scope_spans for s in scope.spans}
     assert {"chat echo", "auth", "admission", "upstream openai:upstream-echo"} <= names

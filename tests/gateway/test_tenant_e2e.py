@@ -62,15 +62,18 @@ def settings_for(upstream_url: str, db_url: str) -> Any:
 
 
 @pytest.fixture(scope="module")
-def gateway(db: Database, fake_upstream_server: FakeUpstream, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:  # noqa: F811
+def gateway(
+    db: Database, fake_upstream_server: FakeUpstream, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Gateway]:
     from gateway.app import create_app
 
     settings = settings_for(fake_upstream_server.url, plain_url(db))
     settings.usage.journal_dir = str(tmp_path_factory.mktemp("journal"))
     app = create_app(settings)
-    with ServerThread(app) as server, httpx.Client(
-        base_url=server.url, headers={"authorization": f"Bearer {ADMIN_KEY}"}, timeout=20
-    ) as admin:
+    with (
+        ServerThread(app) as server,
+        httpx.Client(base_url=server.url, headers={"authorization": f"Bearer {ADMIN_KEY}"}, timeout=20) as admin,
+    ):
         yield Gateway(server.url, admin)
 
 
@@ -146,7 +149,7 @@ def test_rate_limit_429_with_openai_headers(gateway: Gateway) -> None:
     assert limited.value.body["code"] == "rate_limit_exceeded"  # type: ignore[index]
 
 
-def wait_for_rows(db: Database, tenant_id: str, count: int, timeout: float = 15.0) -> list[UsageRow]:  # noqa: F811
+def wait_for_rows(db: Database, tenant_id: str, count: int, timeout: float = 15.0) -> list[UsageRow]:
     """Poll (from a private event loop: this test is synchronous) until ``count`` rows exist."""
     import asyncio
 
@@ -169,7 +172,7 @@ def wait_for_rows(db: Database, tenant_id: str, count: int, timeout: float = 15.
         loop.close()
 
 
-def test_stream_cut_off_mid_way_records_its_tokens(gateway: Gateway, db: Database, upstream: FakeUpstream) -> None:  # noqa: F811
+def test_stream_cut_off_mid_way_records_its_tokens(gateway: Gateway, db: Database, upstream: FakeUpstream) -> None:
     upstream.options.chunk_delay = 0.05
     tid = gateway.tenant()
     client = gateway.client(gateway.key(tid)["key"])
@@ -190,10 +193,12 @@ def test_stream_cut_off_mid_way_records_its_tokens(gateway: Gateway, db: Databas
     assert 5 <= cut.completion_tokens < 60 and cut.prompt_tokens > 0 and cut.status == 200
     whole = next(r for r in rows if not r.stream)
     assert (whole.prompt_tokens, whole.completion_tokens) == (full.usage.prompt_tokens, full.usage.completion_tokens)
-    assert whole.exact and whole.cost == pytest.approx((whole.prompt_tokens * 1.0 + whole.completion_tokens * 2.0) / 1e6)
+    assert whole.exact and whole.cost == pytest.approx(
+        (whole.prompt_tokens * 1.0 + whole.completion_tokens * 2.0) / 1e6
+    )
 
 
-def test_tenant_isolation_through_every_endpoint(gateway: Gateway, db: Database) -> None:  # noqa: F811
+def test_tenant_isolation_through_every_endpoint(gateway: Gateway, db: Database) -> None:
     a, b = gateway.tenant(), gateway.tenant()
     ka, kb = gateway.key(a), gateway.key(b)
     for key in (ka, kb):

@@ -16,8 +16,7 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.engine import make_url
 
-from gateway.db import Database
-from gateway.db import migrate
+from gateway.db import Database, migrate
 from gateway.db.models import UsageRow
 from tests.conftest import ADMIN_KEY
 from tests.gateway.tenancy_fixtures import GatewayProcess, pg_admin, pg_url  # noqa: F401
@@ -27,7 +26,7 @@ CHAT = [{"role": "user", "content": "count me exactly once"}]
 
 
 @pytest.fixture(scope="module")
-async def database(pg_url: str) -> AsyncIterator[Database]:  # noqa: F811
+async def database(pg_url: str) -> AsyncIterator[Database]:
     await asyncio.to_thread(migrate.upgrade, pg_url)
     db = Database.from_url(pg_url)
     yield db
@@ -55,7 +54,7 @@ async def outage(name: str, seconds: float) -> None:
 
 
 async def test_postgres_outage_during_load_loses_and_doubles_nothing(
-    pg_url: str, database: Database, fake_upstream_server: FakeUpstream, tmp_path: Path  # noqa: F811
+    pg_url: str, database: Database, fake_upstream_server: FakeUpstream, tmp_path: Path
 ) -> None:
     config: dict[str, Any] = {
         "auth": {"admin_key": ADMIN_KEY, "key_cache_seconds": 1},
@@ -78,7 +77,7 @@ async def test_postgres_outage_during_load_loses_and_doubles_nothing(
                 try:
                     raw = await client.chat.completions.with_raw_response.create(model="echo", messages=CHAT)  # type: ignore[arg-type]
                     request_ids.append(raw.headers["x-request-id"])
-                except Exception as exc:  # noqa: BLE001
+                except Exception as exc:
                     failures.append(exc)
                 await asyncio.sleep(0.01)
 

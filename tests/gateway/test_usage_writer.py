@@ -35,7 +35,7 @@ def rec(tenant: str = "t1", model: str = "m", **kw: object) -> UsageRecord:
     return UsageRecord(**base)  # type: ignore[arg-type]
 
 
-async def count(db: Database, **where: object) -> int:  # noqa: F811
+async def count(db: Database, **where: object) -> int:
     async with db.session() as s:
         q = select(func.count()).select_from(UsageRow)
         for k, v in where.items():
@@ -43,7 +43,7 @@ async def count(db: Database, **where: object) -> int:  # noqa: F811
         return int(await s.scalar(q) or 0)
 
 
-async def test_batches_are_written_and_costed(db: Database, tmp_path: Path) -> None:  # noqa: F811
+async def test_batches_are_written_and_costed(db: Database, tmp_path: Path) -> None:
     tenant = uuid.uuid4().hex[:8]
     w = UsageWriter(db, PRICES, journal_dir=tmp_path, batch_size=7, flush_interval=0.05)
     w.start()
@@ -56,7 +56,7 @@ async def test_batches_are_written_and_costed(db: Database, tmp_path: Path) -> N
     assert cost == pytest.approx(50 * (10 * 1.0 + 5 * 2.0) / 1e6)
 
 
-async def test_same_request_id_is_never_doubled(db: Database, tmp_path: Path) -> None:  # noqa: F811
+async def test_same_request_id_is_never_doubled(db: Database, tmp_path: Path) -> None:
     tenant = uuid.uuid4().hex[:8]
     records = [rec(tenant) for _ in range(5)]
     w = UsageWriter(db, PRICES, journal_dir=tmp_path)
@@ -70,7 +70,7 @@ async def test_same_request_id_is_never_doubled(db: Database, tmp_path: Path) ->
     assert await count(db, tenant_id=tenant) == 5
 
 
-async def test_outage_goes_to_journal_then_replays(db: Database, tmp_path: Path) -> None:  # noqa: F811
+async def test_outage_goes_to_journal_then_replays(db: Database, tmp_path: Path) -> None:
     tenant = uuid.uuid4().hex[:8]
     dead = Database.from_url("postgresql+asyncpg://nobody@127.0.0.1:9/none")  # nothing listens on port 9
     w = UsageWriter(dead, PRICES, journal_dir=tmp_path, max_buffer=4)
@@ -94,7 +94,7 @@ async def test_outage_goes_to_journal_then_replays(db: Database, tmp_path: Path)
 
 
 async def test_a_journal_line_that_is_no_record_is_kept_not_dropped(
-    db: Database, tmp_path: Path, caplog: pytest.LogCaptureFixture  # noqa: F811
+    db: Database, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """An orphaned journal (edited by hand, say) with a good record, a line whose value has the
     wrong type, and a last line torn by a crash: the record is written, the bad line moves to the
@@ -118,7 +118,7 @@ async def test_a_journal_line_that_is_no_record_is_kept_not_dropped(
 
 
 async def test_a_refused_record_is_quarantined_and_later_batches_go_through(
-    db: Database, tmp_path: Path, caplog: pytest.LogCaptureFixture  # noqa: F811
+    db: Database, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     tenant = uuid.uuid4().hex[:8]
     w = UsageWriter(db, PRICES, journal_dir=tmp_path, batch_size=4)
@@ -153,7 +153,7 @@ async def test_a_refused_record_is_quarantined_and_later_batches_go_through(
     assert hourly == 10 - len(refused)
 
 
-async def test_report_groups_and_filters(db: Database, tmp_path: Path) -> None:  # noqa: F811
+async def test_report_groups_and_filters(db: Database, tmp_path: Path) -> None:
     a, b = uuid.uuid4().hex[:8], uuid.uuid4().hex[:8]
     w = UsageWriter(db, PRICES, journal_dir=tmp_path)
     day1 = 1_767_225_600.0  # 2026-01-01T00:00:00Z
@@ -173,7 +173,7 @@ async def test_report_groups_and_filters(db: Database, tmp_path: Path) -> None: 
     assert [r["requests"] for r in await usage_report(db, only_day2)] == [1]
 
 
-async def test_shutdown_flushes_the_buffer(db: Database, tmp_path: Path) -> None:  # noqa: F811
+async def test_shutdown_flushes_the_buffer(db: Database, tmp_path: Path) -> None:
     tenant = uuid.uuid4().hex[:8]
     w = UsageWriter(db, PRICES, journal_dir=tmp_path, flush_interval=3600, batch_size=1000)
     w.start()
@@ -195,9 +195,9 @@ async def test_memory_stays_bounded_while_the_database_is_down(tmp_path: Path) -
     await dead.dispose()
 
 
-async def test_config_prices_are_stored_and_stored_prices_used(db: Database, tmp_path: Path) -> None:  # noqa: F811
-    from gateway.services import Tenancy
+async def test_config_prices_are_stored_and_stored_prices_used(db: Database, tmp_path: Path) -> None:
     from gateway.db.models import ModelPrice
+    from gateway.services import Tenancy
     from gateway.settings import parse_settings
 
     async with db.session() as s:
@@ -205,7 +205,9 @@ async def test_config_prices_are_stored_and_stored_prices_used(db: Database, tmp
         await s.commit()
     url = db.engine.url.render_as_string(hide_password=False)
     for _ in range(2):  # a second start (another replica) upserts the same rows
-        settings = parse_settings({"database": {"url": url}, "usage": {"journal_dir": str(tmp_path)}, "prices": {"m": {"input_per_million": 1, "output_per_million": 2}}}, env={})
+        prices = {"m": {"input_per_million": 1, "output_per_million": 2}}
+        raw = {"database": {"url": url}, "usage": {"journal_dir": str(tmp_path)}, "prices": prices}
+        settings = parse_settings(raw, env={})
         tenancy = Tenancy.from_settings(settings)
         await tenancy.start()
         await tenancy.aclose()

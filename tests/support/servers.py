@@ -24,7 +24,9 @@ class ServerThread:
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._sock.bind(("127.0.0.1", 0))
         self.port = int(self._sock.getsockname()[1])
-        config = uvicorn.Config(app, lifespan=lifespan, log_level="warning", access_log=False, timeout_graceful_shutdown=2)
+        config = uvicorn.Config(
+            app, lifespan=lifespan, log_level="warning", access_log=False, timeout_graceful_shutdown=2
+        )
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._sock]}, daemon=True)
         self._startup_timeout = startup_timeout
