@@ -4,7 +4,7 @@ PY      := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 CONFIG  ?= config/default.yaml
 
-.PHONY: install run test services clean
+.PHONY: install run test lint services clean
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -26,7 +26,13 @@ run: install
 services:
 	bash tests/start_services.sh
 
-test: install services
+# ruff (lint rules in pyproject.toml) and mypy (every `type: ignore` coded and used); import circles
+# and the layering rules are checked by tests/test_architecture.py.
+lint: install
+	$(VENV)/bin/ruff check
+	$(VENV)/bin/mypy
+
+test: install lint services
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 clean:
