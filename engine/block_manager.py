@@ -204,6 +204,8 @@ class BlockManager:
         num_full = (seq.num_tokens - 1) // self.block_size
         self._extend_hashes(seq, num_full)
         hits: list[Block] = []
+        if seq.computes_whole_prompt:
+            return hits
         parent = 0
         for i in range(num_full):
             block = self.pool.lookup(

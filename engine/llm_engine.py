@@ -129,6 +129,8 @@ class LLMEngine:
                            arrival_time=now, max_len=request.max_len)
             seq.cache_salt = salt
             seq.tenant, seq.weight = request.tenant, request.weight
+            if params.prompt_logprobs is not None and i == 0:  # one sequence scores the shared prompt
+                seq.prompt_logprobs = [None]
             if params.seed is not None:
                 seq.generator = torch.Generator(device=self.runner.device)
                 seq.generator.manual_seed((params.seed + i * 0x9E3779B1) % 2**63)
@@ -166,6 +168,9 @@ class LLMEngine:
         for item in out.scheduled:
             self.metrics.record_scheduled(item.seq.tenant, item.seq.weight, item.num_new_tokens)
         result = self.runner.execute(out.scheduled)
+        for item in out.scheduled:
+            if (new := result.prompt_logprobs.get(item.seq.seq_id)) is not None:
+                item.seq.prompt_logprobs.extend(new)  # type: ignore[union-attr]  # set when computing them
         self.scheduler.update_after_step(out)
         touched: dict[str, RequestState] = {}
         sample = result.output

@@ -8,7 +8,7 @@ activation peak (a profile run at the largest batch); on CPU from ``num_kv_block
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -17,8 +17,10 @@ from engine.attention_metadata import AttentionMetadata
 from engine.capacity.kv import KVLayout
 from engine.config import EngineConfig
 from engine.cuda_graphs import DecodeGraphs
+from engine.prompt_logprobs import compute_prompt_logprobs
 from engine.sampler import Sampler, SamplerOutput, SamplingRow
 from engine.scheduler import ScheduledSeq
+from engine.sequence import TokenLogprob
 
 DEFAULT_CPU_KV_BYTES = 1 << 30
 
@@ -27,6 +29,7 @@ DEFAULT_CPU_KV_BYTES = 1 << 30
 class StepResult:
     sampled: list[ScheduledSeq]  # the scheduled sequences that sampled a token, in order
     output: SamplerOutput | None
+    prompt_logprobs: dict[int, list[TokenLogprob]] = field(default_factory=dict)  # new ones, by seq_id
 
 
 class ModelRunner:
@@ -167,10 +170,13 @@ class ModelRunner:
             hidden = self.graphs.run(ids_t, positions_t, meta)
         else:
             hidden = self.model(ids_t, positions_t, self.kv_caches, meta)
+        prompt_logprobs = {}
+        if any(item.seq.prompt_logprobs is not None for item in scheduled):
+            prompt_logprobs = compute_prompt_logprobs(self.model.compute_logits, hidden, scheduled, query_start)
         if not sampled:
-            return StepResult([], None)
+            return StepResult([], None, prompt_logprobs)
         logits = self.model.compute_logits(hidden[torch.tensor(sample_rows, device=dev)])
-        return StepResult(sampled, self.sampler(logits, [self._row(item) for item in sampled]))
+        return StepResult(sampled, self.sampler(logits, [self._row(item) for item in sampled]), prompt_logprobs)
 
     def _row(self, item: ScheduledSeq) -> SamplingRow:
         seq = item.seq

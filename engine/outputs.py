@@ -86,6 +86,9 @@ class RequestOutput:
     arrival_time: float = 0.0  # time.monotonic() clock
     first_token_time: float | None = None  # of the earliest sequence
     first_scheduled_time: float | None = None  # when the earliest sequence left the waiting queue
+    # The prompt tokens' logprobs (the first is None) when ``prompt_logprobs`` was asked for; complete
+    # once the prompt has been computed (by the first output that carries generated tokens).
+    prompt_logprobs: list[TokenLogprob | None] | None = None
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -145,4 +148,5 @@ class RequestState:
             self.arrival_time,
             min(firsts) if firsts else None,
             min(scheduled) if scheduled else None,
+            list(self.seqs[0].prompt_logprobs) if self.seqs[0].prompt_logprobs is not None else None,
         )

@@ -15,7 +15,9 @@ class SamplingParams:
     """How to sample one request. ``temperature == 0`` means greedy.
 
     ``max_tokens=None`` means "until the context is full". ``logprobs=k`` returns the sampled
-    token's logprob plus the ``k`` most likely alternatives at each step.
+    token's logprob plus the ``k`` most likely alternatives at each step; ``prompt_logprobs=k`` the
+    same for every prompt token (the first has none), computed in the prefill
+    (``engine.prompt_logprobs``).
     """
 
     n: int = 1
@@ -33,6 +35,7 @@ class SamplingParams:
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
     logprobs: int | None = None
+    prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
 
     def __post_init__(self) -> None:
@@ -54,6 +57,8 @@ class SamplingParams:
              "min_tokens must be <= max_tokens"),
             (self.logprobs is None or 0 <= self.logprobs <= MAX_LOGPROBS, "logprobs",
              f"logprobs must be in [0, {MAX_LOGPROBS}]"),
+            (self.prompt_logprobs is None or 0 <= self.prompt_logprobs <= MAX_LOGPROBS, "prompt_logprobs",
+             f"prompt_logprobs must be in [0, {MAX_LOGPROBS}]"),
         ]
         for ok, param, message in checks:
             if not ok:

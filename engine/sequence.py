@@ -68,6 +68,9 @@ class Sequence:
     cache_salt: int = 0  # mixed into the root block hash; isolates siblings when caching is off
     tenant: str = ""  # who asked (the gateway's tenant id); "" when unknown
     weight: float = 1.0  # the tenant's fair-share weight (engine.fair_queue)
+    # Logprobs of the prompt tokens computed so far (engine.prompt_logprobs; the first token has
+    # none); None when not asked for. Only a request's first sequence computes them.
+    prompt_logprobs: list[TokenLogprob | None] | None = None
 
     def __post_init__(self) -> None:
         self.token_ids: list[int] = list(self.prompt_token_ids)
@@ -87,6 +90,12 @@ class Sequence:
     @property
     def is_finished(self) -> bool:
         return self.status is SequenceStatus.FINISHED
+
+    @property
+    def computes_whole_prompt(self) -> bool:
+        """Every prompt position must run through the model (no prefix-cache hits): the prompt's
+        logprobs are wanted."""
+        return self.prompt_logprobs is not None
 
     @property
     def is_prefilling(self) -> bool:

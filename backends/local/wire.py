@@ -24,7 +24,8 @@ def opt(value: Any, default: Any) -> Any:
     return default if value is None or value is UNSET else value
 
 
-def sampling_params(request: SamplingFields, limit: int | None, logprobs: int | None) -> SamplingParams:
+def sampling_params(request: SamplingFields, limit: int | None, logprobs: int | None,
+                    prompt_logprobs: int | None = None) -> SamplingParams:
     """Engine sampling parameters for a wire request; a BadRequest names the offending field."""
     if opt(request.logit_bias, None):
         raise BadRequest("logit_bias is not supported by the local engine", param="logit_bias")
@@ -45,6 +46,7 @@ def sampling_params(request: SamplingFields, limit: int | None, logprobs: int | 
             stop=request.stop_list(),
             ignore_eos=bool(opt(request.ignore_eos, False)),
             logprobs=logprobs,
+            prompt_logprobs=prompt_logprobs,
         )
     except InvalidRequest as exc:
         raise BadRequest(exc.message, param=exc.param) from None
@@ -108,6 +110,25 @@ class LogprobFormatter:
             out.append(TokenLogprob(token=text, logprob=lp.logprob, bytes=list(text.encode()), top_logprobs=top))
         return ChoiceLogprobs(content=out)
 
+    def prompt(self, prompt_ids: list[int], items: list[Any]) -> CompletionLogprobs:
+        """The echoed prompt's tokens with their logprobs (``items[0]`` is None: nothing predicts
+        the first token). Text offsets are positions in the echoed text (the prompt decoded without
+        special tokens), so a special token such as BOS takes no room there."""
+        result = CompletionLogprobs()
+        offset = 0
+        for i, token_id in enumerate(prompt_ids):
+            lp = items[i] if i < len(items) else None
+            text = self.token(token_id)
+            result.tokens.append(text)
+            result.token_logprobs.append(lp.logprob if lp is not None else None)
+            result.top_logprobs.append(self._top(lp.top) if lp is not None else None)
+            result.text_offset.append(offset)
+            offset += len(self.tokenizer.decode([token_id], skip_special_tokens=True))
+        return result
+
+    def _top(self, top: dict[int, float]) -> dict[str, float]:
+        return {self.token(i): v for i, v in sorted(top.items(), key=lambda kv: -kv[1])}
+
     def completion(self, items: list[Any] | None, offset: int) -> CompletionLogprobs | None:
         if items is None:
             return None
@@ -116,7 +137,7 @@ class LogprobFormatter:
             text = self.token(lp.token_id)
             result.tokens.append(text)
             result.token_logprobs.append(lp.logprob)
-            result.top_logprobs.append({self.token(i): v for i, v in sorted(lp.top.items(), key=lambda kv: -kv[1])})
+            result.top_logprobs.append(self._top(lp.top))
             result.text_offset.append(offset)
             offset += len(text)
         return result

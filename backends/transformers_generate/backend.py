@@ -193,6 +193,9 @@ class HFGenerateBackend:
             raise BadRequest("suffix is not supported by this model", param="suffix")
         if request.best_of not in (UNSET, None) and request.best_of != opt(request.n, 1):
             raise BadRequest("best_of other than n is not supported", param="best_of")
+        if request.echo and _opt_int(request.logprobs) is not None:
+            raise BadRequest("echo with logprobs (the prompt's logprobs) needs a model the engine runs "
+                             "(provider: local); plain generate cannot score the prompt", param="echo")
         try:
             prompts = request.prompts()
         except ValueError as exc:

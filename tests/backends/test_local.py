@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import openai
@@ -13,63 +11,18 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from backends.factory import build_backend
-from backends.local import LocalEngineBackend
 from engine import SamplingParams
-from engine.tiny_model import build_tiny_model
 from engine.tokenizer import Tokenizer
-from gateway.contracts import Principal
-from gateway.routing.router import Router
-from gateway.services import Services
-from gateway.settings import ConfigError, DeploymentConfig, parse_settings
-from tests.support.doubles import RecordingSink, ScriptedAdmission, StaticKeys
-from tests.support.servers import ServerThread
+from gateway.settings import ConfigError, DeploymentConfig
+from tests.support.local_gateway import Env, local_gateway
 
-KEY = "sk-test-local"
 MESSAGES = [{"role": "system", "content": "You are brief."}, {"role": "user", "content": "Tell me about trains."}]
-
-
-@dataclass
-class Env:
-    server: ServerThread
-    backend: LocalEngineBackend
-    usage: RecordingSink
-    folder: Path
-
-    def client(self) -> openai.OpenAI:
-        return openai.OpenAI(base_url=self.server.url + "/v1", api_key=KEY, max_retries=0)
-
-    def wait_idle(self, timeout: float = 20.0) -> None:
-        """Until the engine runs nothing and holds no KV blocks (or fail after ``timeout``)."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            m = self.backend.engine_metrics()
-            if m.num_running == 0 and m.num_waiting == 0 and m.kv_usage == 0.0:
-                return
-            time.sleep(0.02)
-        raise AssertionError(f"engine still busy: {self.backend.engine_metrics()}")
 
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
-    from gateway.app import create_app
-
-    folder = build_tiny_model(tmp_path_factory.mktemp("local") / "tiny", seed=5, max_position_embeddings=2048)
-    deployment = {"provider": "local", "model": str(folder),
-                  "options": {"num_kv_blocks": 192, "block_size": 16, "enable_prefix_caching": False}}
-    settings = parse_settings({"auth": {"admin_key": "sk-admin-unused"},
-                               "models": [{"name": "tiny", "deployments": [deployment], "max_retries": 0}]}, env={})
-    built: list[LocalEngineBackend] = []
-
-    def factory(cfg: DeploymentConfig):  # type: ignore[no-untyped-def]
-        backend = build_backend(cfg)
-        built.append(backend)
-        return backend
-
-    usage = RecordingSink()
-    services = Services(authenticator=StaticKeys({KEY: Principal(key_id="k", tenant_id="t", is_admin=True)}),
-                        admission=ScriptedAdmission(), usage=usage, router=Router.from_settings(settings, factory))
-    with ServerThread(create_app(settings, services)) as server:
-        yield Env(server, built[0], usage, folder)
+    with local_gateway(tmp_path_factory.mktemp("local")) as served:
+        yield served
 
 
 def hf_greedy(folder: Path, prompt: list[int], max_new_tokens: int, eos: set[int]) -> list[int]:
@@ -141,7 +94,9 @@ def test_logprobs_and_streamed_completions(env: Env) -> None:
     whole = client.completions.create(model="tiny", prompt="The train", max_tokens=6, temperature=0, logprobs=2,
                                       echo=True, extra_body={"ignore_eos": True})
     assert whole.choices[0].text.startswith("The train")
-    assert len(whole.choices[0].logprobs.tokens) == 6
+    lp = whole.choices[0].logprobs  # echo with logprobs: the prompt's tokens (BOS, The, train) lead
+    assert len(lp.tokens) == 3 + 6 and lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    assert lp.text_offset[1:3] == [0, 3] and all(v <= 0 for v in lp.token_logprobs[1:])
     parts = list(client.completions.create(model="tiny", prompt="The train", max_tokens=6, temperature=0,
                                            echo=True, stream=True, extra_body={"ignore_eos": True}))
     assert "".join(p.choices[0].text for p in parts if p.choices) == whole.choices[0].text

@@ -186,6 +186,9 @@ async def test_bad_requests_are_typed(backend_for) -> None:
         await backend.complete(completion([[1, 99999]]))
     with pytest.raises(BadRequest, match="logit_bias"):
         await backend.complete(completion("hi", logit_bias={"x": 1.0}))
+    with pytest.raises(BadRequest, match="echo with logprobs") as no_scoring:
+        await backend.complete(completion("hi", echo=True, logprobs=1))
+    assert no_scoring.value.param == "echo"
 
 
 async def test_logprobs_are_the_models_raw_distribution(folder, backend_for) -> None:

@@ -1,0 +1,136 @@
+"""Legacy text completions on the in-process engine, including what evaluation harnesses send.
+
+``echo`` returns the prompt before the continuation; with ``logprobs`` it also returns the prompt
+tokens' logprobs (the first is null, as OpenAI and vLLM answer), computed by the engine in the same
+prefill (``SamplingParams.prompt_logprobs``). ``max_tokens: 0`` scores the prompt without
+generating: the engine samples one token for its last position, which is thrown away (not
+returned, not metered). lm-evaluation-harness's ``local-completions`` loglikelihood requests are
+``echo: true, logprobs: 1`` with ``max_tokens`` 0 or 1.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
+
+from backends.base import BadRequest, ChunkStream, ClosingChunks, Completed
+from backends.call import CallContext
+from backends.local import wire
+from backends.local.run import EngineRun, collect, response_id, usage_of
+from backends.openai_wire import CompletionChoice, CompletionLogprobs, CompletionRequest, TextCompletion, Usage
+from engine import RequestOutput
+
+if TYPE_CHECKING:
+    from backends.local.backend import LocalEngineBackend
+
+
+class _Completion:
+    """One completion request: its prompts' ids, how it was asked, and its engine run."""
+
+    def __init__(self, backend: LocalEngineBackend, request: CompletionRequest, ctx: CallContext) -> None:
+        self.backend, self.request = backend, request
+        prompts = wire.completion_prompts(request)
+        tokenizer = backend.tokenizer
+        self.prompts = [tokenizer.encode(p) if isinstance(p, str) else list(p) for p in prompts]
+        if not all(self.prompts):
+            raise BadRequest("the prompt is empty", param="prompt")
+        self.count = wire.opt(request.logprobs, None)  # alternatives per token (None: no logprobs)
+        self.echo = bool(request.echo)
+        limit = request.output_limit()
+        self.score_only = limit == 0  # max_tokens 0: the prompt alone
+        prompt_logprobs = self.count if self.echo else None
+        params = wire.sampling_params(request, 1 if self.score_only else limit, self.count, prompt_logprobs)
+        self.run = EngineRun(backend.engine, self.prompts, params, "prompt", ctx, count_output=not self.score_only)
+
+    @property
+    def n(self) -> int:
+        return self.run.n
+
+    def echo_part(self, p: int, out: RequestOutput | None) -> tuple[str, CompletionLogprobs | None]:
+        """The echoed prompt of prompt ``p`` and, when asked, its tokens' logprobs (from ``out``)."""
+        if not self.echo:
+            return "", None
+        text = self.backend.tokenizer.decode(self.prompts[p])
+        if self.count is None or out is None:
+            return text, None
+        return text, self.backend.logprobs.prompt(self.prompts[p], out.prompt_logprobs or [])
+
+    def generated(self, o: Any, offset: int, delta: bool) -> tuple[str, CompletionLogprobs | None]:
+        """The continuation (all of it, or the new part) and its logprobs, from ``offset`` on."""
+        if self.score_only:
+            return "", CompletionLogprobs() if self.count is not None else None
+        text, items = (o.delta_text, o.delta_logprobs) if delta else (o.text, o.logprobs)
+        return text, self.backend.logprobs.completion(items, offset)
+
+    def finish_reason(self, reason: str | None) -> Any:
+        return "length" if self.score_only and reason is not None else wire.finish_reason(reason)
+
+
+def _joined(first: CompletionLogprobs | None, second: CompletionLogprobs | None) -> CompletionLogprobs | None:
+    if first is None or second is None:
+        return first or second
+    return CompletionLogprobs(tokens=first.tokens + second.tokens,
+                              token_logprobs=first.token_logprobs + second.token_logprobs,
+                              top_logprobs=first.top_logprobs + second.top_logprobs,
+                              text_offset=first.text_offset + second.text_offset)
+
+
+async def complete(
+    backend: LocalEngineBackend, request: CompletionRequest, ctx: CallContext
+) -> Completed[TextCompletion]:
+    c = _Completion(backend, request, ctx)
+    finals = await collect(c.run)
+    choices = []
+    for p, final in enumerate(finals):
+        echo, echo_lp = c.echo_part(p, final)
+        for o in final.outputs:
+            text, lp = c.generated(o, len(echo), delta=False)
+            choices.append(CompletionChoice(index=p * c.n + o.index, text=echo + text,
+                                            finish_reason=c.finish_reason(o.finish_reason),
+                                            logprobs=_joined(echo_lp, lp)))
+    response = TextCompletion(id=response_id("cmpl"), model=request.model, choices=choices, usage=usage_of(c.run.meter))
+    return Completed(response, c.run.meter)
+
+
+def complete_stream(
+    backend: LocalEngineBackend, request: CompletionRequest, ctx: CallContext
+) -> ChunkStream[TextCompletion]:
+    c = _Completion(backend, request, ctx)
+    cid, created = response_id("cmpl"), int(time.time())
+
+    def chunk(choices: list[CompletionChoice], usage: Usage | None = None) -> TextCompletion:
+        return TextCompletion(id=cid, model=request.model, choices=choices, created=created,
+                              **({"usage": usage} if usage is not None else {}))
+
+    async def gen() -> AsyncIterator[TextCompletion]:
+        offsets: dict[int, int] = {}  # text offset of the next token, per choice
+        pending_echo = set(range(len(c.prompts))) if c.echo else set()
+        scored = c.count is not None  # the echo waits for the prompt's logprobs (its first output)
+        if c.echo and not scored:
+            for p in range(len(c.prompts)):
+                text, _ = c.echo_part(p, None)
+                for i in range(c.n):
+                    offsets[p * c.n + i] = len(text)
+                    yield chunk([CompletionChoice(index=p * c.n + i, text=text)])
+            pending_echo.clear()
+        async for p, out in c.run.outputs():
+            if p in pending_echo:
+                pending_echo.discard(p)
+                text, lp = c.echo_part(p, out)
+                for i in range(c.n):
+                    offsets[p * c.n + i] = len(text)
+                    yield chunk([CompletionChoice(index=p * c.n + i, text=text, logprobs=lp)])
+            for o in out.outputs:
+                index = p * c.n + o.index
+                text, lp = c.generated(o, offsets.get(index, 0), delta=True)
+                if text or (lp is not None and lp.tokens):
+                    offsets[index] = offsets.get(index, 0) + len(text)
+                    yield chunk([CompletionChoice(index=index, text=text, logprobs=lp)])
+                if o.finish_reason is not None:
+                    reason = c.finish_reason(o.finish_reason)
+                    yield chunk([CompletionChoice(index=index, text="", finish_reason=reason)])
+        if request.include_usage:
+            yield chunk([], usage_of(c.run.meter))
+
+    return ChunkStream(ClosingChunks(gen(), c.run.aclose), c.run.meter)  # type: ignore[arg-type]

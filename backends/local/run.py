@@ -1,0 +1,99 @@
+"""The engine requests behind one wire request: started together, metered, aborted together."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator
+
+from backends.base import BadRequest, ContextTooLong, Meter, Unavailable
+from backends.call import CallContext
+from backends.openai_wire import PromptTokensDetails, Usage
+from engine import AsyncEngine, EngineClosed, InvalidRequest, RequestOutput, RequestRejected, SamplingParams
+
+
+class EngineRun:
+    """The engine requests behind one wire request, their meter, and their abort."""
+
+    def __init__(self, engine: AsyncEngine, prompts: list[list[int]], params: SamplingParams, param: str,
+                 ctx: CallContext, *, count_output: bool = True) -> None:
+        self.engine = engine
+        self.n = params.n
+        self.count_output = count_output  # False: what it generates is thrown away (scoring a prompt)
+        self.meter = Meter(prompt_tokens=sum(len(p) for p in prompts), exact=True)
+        self.ids: list[str] = []
+        self.streams: list[AsyncIterator[RequestOutput]] = []
+        self.finished: set[str] = set()
+        who = ctx.tenant
+        tenant, weight = (who.tenant_id, who.weight) if who is not None else ("", 1.0)
+        try:
+            for prompt in prompts:
+                rid = f"local-{uuid.uuid4().hex}"
+                self.streams.append(engine.add_request(rid, prompt, params, tenant=tenant, weight=weight))
+                self.ids.append(rid)
+        except RequestRejected as exc:
+            self.abort()
+            raise ContextTooLong(exc.message, param=exc.param or param) from None
+        except InvalidRequest as exc:
+            self.abort()
+            raise BadRequest(exc.message, param=exc.param or param) from None
+        except EngineClosed as exc:
+            self.abort()
+            raise Unavailable(exc.message) from None
+
+    async def outputs(self) -> AsyncIterator[tuple[int, RequestOutput]]:
+        """``(prompt index, output)`` for every engine output, prompt by prompt."""
+        for p, (rid, stream) in enumerate(zip(self.ids, self.streams)):
+            async for out in stream:
+                for o in out.outputs:
+                    if o.delta_token_ids and self.count_output:
+                        self.meter.completion_tokens += len(o.delta_token_ids)
+                        if self.meter.first_token_at is None:
+                            self.meter.first_token_at = time.perf_counter()
+                if out.finished:
+                    self.finished.add(rid)
+                    self.meter.cached_tokens += out.num_cached_tokens
+                    self.meter.phases.extend(_phases(out))
+                yield p, out
+
+    def abort(self) -> None:
+        for rid in self.ids:
+            if rid not in self.finished:
+                self.engine.abort(rid)
+        self.finished.update(self.ids)
+
+    async def aclose(self) -> None:
+        self.abort()
+
+
+def _phases(out: RequestOutput) -> list[tuple[str, float, float]]:
+    """The engine's queue / prefill / decode times of a finished request, in unix time."""
+    now = time.monotonic()
+    shift = time.time() - now
+    marks = [("engine.queue", out.arrival_time), ("engine.prefill", out.first_scheduled_time),
+             ("engine.decode", out.first_token_time)]
+    known = [(name, t) for name, t in marks if t]
+    ends = [t for _, t in known[1:]] + [now]
+    return [(name, start + shift, end + shift) for (name, start), end in zip(known, ends)]
+
+
+async def collect(run: EngineRun) -> list[RequestOutput]:
+    """The final output of every prompt; a cancelled caller aborts the engine requests."""
+    finals: dict[int, RequestOutput] = {}
+    try:
+        async for p, out in run.outputs():
+            finals[p] = out
+    finally:
+        run.abort()
+    return [finals[p] for p in range(len(run.ids))]
+
+
+
+
+def response_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+def usage_of(meter: Meter) -> Usage:
+    return Usage(prompt_tokens=meter.prompt_tokens, completion_tokens=meter.completion_tokens,
+                 total_tokens=meter.total_tokens, prompt_tokens_details=PromptTokensDetails(meter.cached_tokens))

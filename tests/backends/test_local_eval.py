@@ -1,0 +1,121 @@
+"""Scoring prompts through the gateway as evaluation harnesses do: ``echo`` + ``logprobs`` returns the
+prompt tokens' logprobs, also with ``max_tokens: 0``, equal to transformers' own loglikelihoods."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import openai
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from engine.tokenizer import Tokenizer
+from tests.support.local_gateway import Env, local_gateway
+
+# A small multiple-choice set: (context, choices, index of the answer the model is scored on).
+QUESTIONS = [
+    ("Question: What colour is the sky on a clear day?\nAnswer:", [" blue", " green", " red"]),
+    ("Question: How many legs does a spider have?\nAnswer:", [" eight", " six", " four", " ten"]),
+    ("The capital of France is", [" Paris", " Rome", " Berlin"]),
+]
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
+    with local_gateway(tmp_path_factory.mktemp("eval"), enable_prefix_caching=True) as served:
+        yield served
+
+
+@pytest.fixture(scope="module")
+def reference(env: Env) -> Any:
+    return AutoModelForCausalLM.from_pretrained(str(env.folder), dtype=torch.float32).eval()
+
+
+def _encode_pair(tok: Tokenizer, context: str, continuation: str) -> tuple[list[int], list[int]]:
+    """lm-evaluation-harness's split: the whole string's tokens, the context's prefix of them."""
+    whole = tok.encode(context + continuation, add_special_tokens=False)
+    context_ids = tok.encode(context, add_special_tokens=False)
+    return context_ids, whole[len(context_ids):]
+
+
+def _harness_score(client: openai.OpenAI, context_ids: list[int], continuation_ids: list[int],
+                   max_tokens: int) -> tuple[float, bool]:
+    """What ``local-completions`` sends for a loglikelihood request, and how it reads the answer."""
+    answer = client.completions.create(model="tiny", prompt=context_ids + continuation_ids, max_tokens=max_tokens,
+                                       logprobs=1, echo=True, temperature=0, seed=1234)
+    lp = answer.choices[0].logprobs
+    assert lp is not None and lp.token_logprobs is not None and lp.top_logprobs is not None
+    end = len(lp.token_logprobs) - max_tokens  # the generated token, if any, is not the continuation's
+    scored = lp.token_logprobs[len(context_ids):end]
+    tops = lp.top_logprobs[len(context_ids):end]
+    assert len(scored) == len(continuation_ids)
+    greedy = all(value == max(top.values()) for value, top in zip(scored, tops))  # type: ignore[union-attr]
+    return float(sum(scored)), greedy  # type: ignore[arg-type]
+
+
+def _transformers_score(model: Any, context_ids: list[int], continuation_ids: list[int]) -> tuple[float, bool]:
+    ids = torch.tensor([context_ids + continuation_ids])
+    with torch.no_grad():
+        logprobs = model(ids).logits[0].float().log_softmax(dim=-1)
+    positions = range(len(context_ids), ids.shape[1])
+    total = sum(logprobs[p - 1, ids[0, p]].item() for p in positions)
+    greedy = all(int(logprobs[p - 1].argmax()) == int(ids[0, p]) for p in positions)
+    return total, greedy
+
+
+@pytest.mark.parametrize("max_tokens", [1, 0])
+def test_multiple_choice_scores_equal_transformers_loglikelihoods(env: Env, reference: Any, max_tokens: int) -> None:
+    tok = Tokenizer(env.folder)
+    client = env.client()
+    for context, choices in QUESTIONS:
+        ours, theirs = [], []
+        for choice in choices:
+            context_ids, continuation_ids = _encode_pair(tok, context, choice)
+            score, greedy = _harness_score(client, context_ids, continuation_ids, max_tokens)
+            want, want_greedy = _transformers_score(reference, context_ids, continuation_ids)
+            assert score == pytest.approx(want, abs=1e-4) and greedy == want_greedy
+            ours.append(score)
+            theirs.append(want)
+        assert max(range(len(ours)), key=ours.__getitem__) == max(range(len(theirs)), key=theirs.__getitem__)
+    env.wait_idle()
+
+
+def test_scoring_only_generates_and_meters_nothing(env: Env) -> None:
+    env.usage.records.clear()
+    answer = env.client().completions.create(model="tiny", prompt="The capital of France is Paris", max_tokens=0,
+                                             logprobs=0, echo=True)
+    choice = answer.choices[0]
+    assert choice.text == "The capital of France is Paris" and choice.finish_reason == "length"
+    assert choice.logprobs is not None and choice.logprobs.token_logprobs is not None
+    assert choice.logprobs.token_logprobs[0] is None and len(choice.logprobs.tokens or []) == answer.usage.prompt_tokens
+    assert answer.usage is not None and answer.usage.completion_tokens == 0
+    record = env.usage.wait_for(1)[-1]
+    assert record.completion_tokens == 0 and record.prompt_tokens == answer.usage.prompt_tokens
+    env.wait_idle()
+
+
+def test_streamed_echo_carries_the_same_prompt_logprobs(env: Env) -> None:
+    client = env.client()
+    args: dict[str, Any] = {"model": "tiny", "prompt": "Trains run on rails", "max_tokens": 4, "logprobs": 2,
+                            "echo": True, "temperature": 0, "extra_body": {"ignore_eos": True}}
+    whole = client.completions.create(**args)
+    parts = [p.choices[0] for p in client.completions.create(stream=True, **args) if p.choices]
+    assert "".join(p.text for p in parts) == whole.choices[0].text
+    streamed = [v for p in parts if p.logprobs for v in (p.logprobs.token_logprobs or [])]
+    assert whole.choices[0].logprobs is not None
+    assert streamed == pytest.approx(whole.choices[0].logprobs.token_logprobs)
+    env.wait_idle()
+
+
+def test_prompt_logprobs_ignore_a_warm_prefix_cache(env: Env) -> None:
+    """A second scoring of the same prompt finds its blocks cached but still computes every position."""
+    client = env.client()
+    prompt = "A long shared prefix about railways and their many stations. " * 4
+    first = client.completions.create(model="tiny", prompt=prompt, max_tokens=0, logprobs=1, echo=True)
+    client.completions.create(model="tiny", prompt=prompt, max_tokens=3)  # a plain request warms the cache
+    second = client.completions.create(model="tiny", prompt=prompt, max_tokens=0, logprobs=1, echo=True)
+    assert first.choices[0].logprobs is not None and second.choices[0].logprobs is not None
+    assert second.choices[0].logprobs.token_logprobs == first.choices[0].logprobs.token_logprobs
+    env.wait_idle()
