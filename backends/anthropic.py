@@ -28,6 +28,7 @@ from backends.base import (
 )
 from backends.call import NO_CONTEXT, CallContext
 from backends.config import DeploymentConfig
+from backends.embeddings_wire import EmbeddingList, EmbeddingRequest
 from backends.estimate import estimate_chat_prompt, estimate_text
 from backends.http_upstream import HTTPBackend, SSELines
 from backends.openai_wire import (
@@ -115,10 +116,23 @@ class AnthropicBackend(HTTPBackend):
         chat = await self.chat_stream(self._as_chat(request), ctx)
         return ChunkStream(chunks=_AsText(chat), meter=chat.meter)
 
+    async def embed(self, request: EmbeddingRequest, ctx: CallContext = NO_CONTEXT) -> Completed[EmbeddingList]:
+        raise BadRequest("the anthropic provider serves no embeddings", param="model")
+
+    async def count_chat_tokens(self, request: ChatCompletionRequest) -> int:
+        """The upstream's own count (``POST /messages/count_tokens``; backends.base.TokenCounting)."""
+        body = self._request(request, NO_CONTEXT, stream=False)
+        counted = {k: v for k, v in body.items() if k in ("model", "messages", "system", "tools", "tool_choice")}
+        data = await self._unary(counted, "/messages/count_tokens")
+        tokens = data.get("input_tokens")
+        if not isinstance(tokens, int):
+            raise UpstreamError(f"upstream {self.deployment_id} sent no input_tokens")
+        return tokens
+
     # ------------------------------------------------------------ internals
 
-    async def _unary(self, body: dict[str, Any]) -> dict[str, Any]:
-        raw = await self.http.post("/messages", msgspec.json.encode(body))
+    async def _unary(self, body: dict[str, Any], path: str = "/messages") -> dict[str, Any]:
+        raw = await self.http.post(path, msgspec.json.encode(body))
         try:
             data = json.loads(raw)
         except (ValueError, RecursionError):

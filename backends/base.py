@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
 
 from backends.call import NO_CONTEXT, CallContext
+from backends.embeddings_wire import EmbeddingList, EmbeddingRequest
 from backends.openai_wire import (
     ChatCompletion,
     ChatCompletionChunk,
@@ -103,7 +104,7 @@ class Meter:
 
 
 ChunkT = TypeVar("ChunkT", ChatCompletionChunk, TextCompletion)
-ResultT = TypeVar("ResultT", ChatCompletion, TextCompletion)
+ResultT = TypeVar("ResultT", ChatCompletion, TextCompletion, EmbeddingList)
 
 
 @dataclass
@@ -201,6 +202,10 @@ class Backend(Protocol):
         self, request: CompletionRequest, ctx: CallContext = NO_CONTEXT
     ) -> ChunkStream[TextCompletion]: ...
 
+    async def embed(self, request: EmbeddingRequest, ctx: CallContext = NO_CONTEXT) -> Completed[EmbeddingList]:
+        """Embeddings (``/v1/embeddings``); a provider or model without them raises BadRequest on ``model``."""
+        ...
+
     def stats(self) -> BackendStats: ...
 
     async def ready(self) -> bool:
@@ -222,3 +227,30 @@ class EngineBacked(Protocol):
     def prefix_cache_summary(self, max_roots: int = 64) -> Any:
         """The engine's ``engine.block_manager.PrefixCacheSummary``."""
         ...
+
+
+@runtime_checkable
+class Tokenizing(Protocol):
+    """A backend that knows its model's tokenizer and context (the in-process engine): what
+    ``/tokenize``, ``/detokenize`` and an exact ``/v1/messages/count_tokens`` need."""
+
+    max_model_len: int
+
+    def tokenize_text(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
+
+    def tokenize_chat(self, request: ChatCompletionRequest, add_generation_prompt: bool = True) -> list[int]:
+        """The chat template's token ids; BadRequest names what the template refused."""
+        ...
+
+    def detokenize(self, ids: list[int]) -> str:
+        """The text of ``ids``; BadRequest on ``tokens`` for an id outside the vocabulary."""
+        ...
+
+    def token_strings(self, ids: list[int]) -> list[str]: ...
+
+
+@runtime_checkable
+class TokenCounting(Protocol):
+    """A provider that counts a conversation's input tokens itself (Anthropic's ``count_tokens``)."""
+
+    async def count_chat_tokens(self, request: ChatCompletionRequest) -> int: ...

@@ -7,6 +7,7 @@ quota reservations and for metering when the upstream gives no usage.
 
 from __future__ import annotations
 
+from backends.embeddings_wire import EmbeddingRequest
 from backends.openai_wire import ChatCompletionRequest, CompletionRequest
 
 _PER_MESSAGE_OVERHEAD = 4  # role and separators, as chat templates add them
@@ -31,3 +32,11 @@ def estimate_completion_prompt(request: CompletionRequest) -> int:
     for prompt in prompts:
         total += estimate_text(prompt) if isinstance(prompt, str) else len(prompt)
     return total
+
+
+def estimate_embedding_input(request: EmbeddingRequest) -> int:
+    try:
+        inputs = request.inputs()
+    except ValueError:
+        return 0
+    return sum(estimate_text(i) if isinstance(i, str) else len(i) for i in inputs)

@@ -19,7 +19,8 @@ from msgspec import UNSET
 from backends.base import ChunkStream, Completed, Meter, UpstreamError
 from backends.call import NO_CONTEXT, CallContext
 from backends.config import DeploymentConfig
-from backends.estimate import estimate_chat_prompt, estimate_completion_prompt, estimate_text
+from backends.embeddings_wire import EmbeddingList, EmbeddingRequest
+from backends.estimate import estimate_chat_prompt, estimate_completion_prompt, estimate_embedding_input, estimate_text
 from backends.http_upstream import ErrorDetail, ErrorEnvelope, HTTPBackend, HTTPUpstream, SSELines
 from backends.openai_wire import (
     ChatCompletion,
@@ -34,7 +35,7 @@ from backends.openai_wire import (
 DEFAULT_API_BASE = "https://api.openai.com/v1"
 
 C = TypeVar("C", ChatCompletionChunk, TextCompletion)
-R = TypeVar("R", ChatCompletion, TextCompletion)
+R = TypeVar("R", ChatCompletion, TextCompletion, EmbeddingList)
 
 
 def _chat_text(chunk: ChatCompletionChunk) -> str:
@@ -88,6 +89,14 @@ class OpenAIHTTPBackend(HTTPBackend):
         return await self._open_stream("/completions", self._payload(request, True, ctx), TextCompletion,
                                        request.include_usage, estimate_completion_prompt(request), _completion_text,
                                        ctx)
+
+    async def embed(self, request: EmbeddingRequest, ctx: CallContext = NO_CONTEXT) -> Completed[EmbeddingList]:
+        payload = msgspec.json.encode(msgspec.structs.replace(request, model=self.upstream_model))
+        response = await self._unary("/embeddings", payload, EmbeddingList, ctx)
+        meter = Meter(prompt_tokens=response.usage.prompt_tokens, first_token_at=time.perf_counter())
+        if not response.usage.prompt_tokens:  # an upstream that reports no usage: our estimate
+            meter.prompt_tokens, meter.exact = estimate_embedding_input(request), False
+        return Completed(response, meter)
 
     # ------------------------------------------------------------ internals
 

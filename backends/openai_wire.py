@@ -324,6 +324,7 @@ class ModelCard(WireStruct):
     created: int = 0
     object: str = "model"
     owned_by: str = "switchyard"
+    max_model_len: int | UnsetType = UNSET  # the context, for models the built-in engine serves (as vLLM)
     metadata: dict[str, Any] | UnsetType = UNSET
 
 

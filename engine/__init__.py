@@ -9,6 +9,7 @@ from engine.errors import EngineClosed, EngineError, InvalidRequest, RequestReje
 from engine.llm_engine import LLM, LLMEngine
 from engine.metrics import MetricsSnapshot
 from engine.outputs import CompletionOutput, RequestOutput
+from engine.pooling_params import PoolingParams
 from engine.sampling_params import SamplingParams
 
 __all__ = [
@@ -21,6 +22,7 @@ __all__ = [
     "LLM",
     "LLMEngine",
     "MetricsSnapshot",
+    "PoolingParams",
     "RequestOutput",
     "RequestRejected",
     "SamplingParams",

@@ -19,6 +19,7 @@ from engine.input_processor import EngineRequest
 from engine.llm_engine import LLMEngine
 from engine.metrics import MetricsSnapshot
 from engine.outputs import RequestOutput
+from engine.pooling_params import PoolingParams
 from engine.sampling_params import SamplingParams
 
 
@@ -46,6 +47,11 @@ class AsyncEngine:
     def max_model_len(self) -> int:
         return self.engine.max_model_len
 
+    @property
+    def hidden_size(self) -> int:
+        """The width of the model's final hidden states (an embedding's dimensions)."""
+        return int(getattr(self.engine.hf_config, "hidden_size", 0))
+
     def get_metrics(self) -> MetricsSnapshot:
         return self.engine.get_metrics()
 
@@ -67,15 +73,17 @@ class AsyncEngine:
         priority: int = 0,
         tenant: str = "",
         weight: float = 1.0,
+        pooling: PoolingParams | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """Validate and queue a request (raising RequestRejected / InvalidRequest / EngineClosed now,
         not later); return an async iterator of its outputs, the last one with ``finished=True``.
-        ``tenant`` and ``weight`` feed fair scheduling and the per-tenant metrics."""
+        ``tenant`` and ``weight`` feed fair scheduling and the per-tenant metrics; ``pooling`` makes it
+        an embedding request (its final output carries ``embedding``)."""
         if self._closed:
             raise EngineClosed("the engine is shut down")
         if request_id in self._streams:
             raise InvalidRequest(f"request id {request_id!r} is already in use")
-        request = self.engine.processor.process(request_id, prompt, params, priority, tenant, weight)
+        request = self.engine.processor.process(request_id, prompt, params, priority, tenant, weight, pooling)
         queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
         self._streams[request_id] = queue
         self._adds.append(request)

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.errors import InvalidRequest, RequestRejected
+from engine.pooling_params import PoolingParams
 from engine.sampling_params import SamplingParams
 
 
@@ -27,6 +28,7 @@ class EngineRequest:
     priority: int = 0
     tenant: str = ""  # who asked (the gateway's tenant id); "" when unknown
     weight: float = 1.0  # the tenant's fair-share weight
+    pooling: PoolingParams | None = None  # an embedding request: pool the prompt, generate nothing
 
 
 @dataclass(frozen=True)
@@ -42,6 +44,11 @@ class RequestLimits:
         """The sequence's maximum length, or RequestRejected saying why it can never run."""
         if num_prompt_tokens == 0:
             raise RequestRejected("the prompt must contain at least one token")
+        if max_tokens == 0:  # pooling: the prompt alone
+            if num_prompt_tokens > self.max_model_len:
+                raise RequestRejected(f"the input has {num_prompt_tokens} tokens, but this model's context is "
+                                      f"{self.max_model_len} tokens")
+            return num_prompt_tokens
         if num_prompt_tokens >= self.max_model_len:
             raise RequestRejected(
                 f"the prompt has {num_prompt_tokens} tokens, but this model's context is "
@@ -75,15 +82,19 @@ class InputProcessor:
         return self.tokenizer.encode(prompt)
 
     def process(self, request_id: str, prompt: str | list[int], params: SamplingParams | None = None,
-                priority: int = 0, tenant: str = "", weight: float = 1.0) -> EngineRequest:
-        """Validate a request once; raise InvalidRequest (RequestRejected when it can never fit)."""
+                priority: int = 0, tenant: str = "", weight: float = 1.0,
+                pooling: PoolingParams | None = None) -> EngineRequest:
+        """Validate a request once; raise InvalidRequest (RequestRejected when it can never fit).
+        With ``pooling`` it is an embedding request (``params`` must then ask for one sequence)."""
         if not weight > 0:
             raise InvalidRequest("the tenant weight must be positive", param="weight")
         params = params or SamplingParams()
+        if pooling is not None and params.n != 1:
+            raise InvalidRequest("an embedding request has one sequence", param="n")
         prompt_ids = self.tokenize(prompt)
         vocab = self.limits.vocab_size
         if vocab is not None and any(not 0 <= t < vocab for t in prompt_ids):
             raise InvalidRequest(f"prompt token ids must be in [0, {vocab})", param="prompt")
-        max_len = self.limits.max_len(len(prompt_ids), params.max_tokens)
+        max_len = self.limits.max_len(len(prompt_ids), 0 if pooling is not None else params.max_tokens)
         text = prompt if isinstance(prompt, str) else None
-        return EngineRequest(request_id, prompt_ids, text, params, max_len, priority, tenant, float(weight))
+        return EngineRequest(request_id, prompt_ids, text, params, max_len, priority, tenant, float(weight), pooling)

@@ -19,6 +19,7 @@ from engine.input_processor import EngineRequest, InputProcessor, RequestLimits
 from engine.metrics import EngineMetrics, MetricsSnapshot
 from engine.model_runner import ModelRunner
 from engine.outputs import RequestOutput, RequestState, TextState
+from engine.pooling_params import PoolingParams
 from engine.sampling_params import SamplingParams
 from engine.scheduler import FCFSQueue, PriorityQueue, QueuePolicy, Scheduler
 from engine.sequence import FinishReason, Sequence, TokenLogprob
@@ -109,12 +110,14 @@ class LLMEngine:
         stream: bool = True,
         tenant: str = "",
         weight: float = 1.0,
+        pooling: PoolingParams | None = None,
     ) -> None:
         """Validate and queue a request; raise RequestRejected if it can never fit, InvalidRequest
         if malformed. With ``stream=False`` the request is reported once, when it finishes.
         ``tenant`` and its ``weight`` matter to ``scheduling_policy="fair"`` and to the per-tenant
-        metrics."""
-        self.add_processed(self.processor.process(request_id, prompt, params, priority, tenant, weight), stream)
+        metrics; ``pooling`` makes it an embedding request."""
+        request = self.processor.process(request_id, prompt, params, priority, tenant, weight, pooling)
+        self.add_processed(request, stream)
 
     def add_processed(self, request: EngineRequest, stream: bool = True) -> None:
         """Queue a request the input processor validated (``self.processor.process``)."""
@@ -131,6 +134,7 @@ class LLMEngine:
             seq.tenant, seq.weight = request.tenant, request.weight
             if params.prompt_logprobs is not None and i == 0:  # one sequence scores the shared prompt
                 seq.prompt_logprobs = [None]
+            seq.pooling = request.pooling
             if params.seed is not None:
                 seq.generator = torch.Generator(device=self.runner.device)
                 seq.generator.manual_seed((params.seed + i * 0x9E3779B1) % 2**63)
@@ -173,6 +177,11 @@ class LLMEngine:
                 item.seq.prompt_logprobs.extend(new)  # type: ignore[union-attr]  # set when computing them
         self.scheduler.update_after_step(out)
         touched: dict[str, RequestState] = {}
+        for item in out.scheduled:  # embedding requests end with their prompt
+            if (embedding := result.embeddings.get(item.seq.seq_id)) is not None:
+                item.seq.embedding = embedding
+                self.scheduler.finish(item.seq, FinishReason.STOP)
+                touched[item.seq.request_id] = self._requests[item.seq.request_id]
         sample = result.output
         for j, item in enumerate(result.sampled):
             assert sample is not None
@@ -272,20 +281,31 @@ class LLM:
     ) -> list[RequestOutput]:
         if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
             prompts = [prompts]  # type: ignore[list-item]
-        prompt_list = list(prompts)  # type: ignore[arg-type]
+        prompt_list: list[PromptInput] = list(prompts)  # type: ignore[arg-type]
         if sampling_params is None or isinstance(sampling_params, SamplingParams):
             params_list = [sampling_params or SamplingParams()] * len(prompt_list)
         else:
             params_list = list(sampling_params)
             if len(params_list) != len(prompt_list):
                 raise ValueError("give one SamplingParams, or one per prompt")
+        priorities = list(priority) if priority else [0] * len(prompt_list)
+        return self._run(list(zip(prompt_list, params_list, priorities)), None, use_tqdm)
+
+    def embed(self, prompts: PromptInput | Seq[PromptInput], pooling: PoolingParams | None = None) -> list[list[float]]:
+        """One embedding per prompt: the final hidden states pooled (``engine.pooling``)."""
+        if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]  # type: ignore[list-item]
+        requests = [(p, SamplingParams(max_tokens=None), 0) for p in prompts]  # type: ignore[union-attr]
+        return [out.embedding or [] for out in self._run(requests, pooling or PoolingParams(), False)]
+
+    def _run(self, requests: list[tuple[PromptInput, SamplingParams, int]], pooling: PoolingParams | None,
+             use_tqdm: bool) -> list[RequestOutput]:
         ids: list[str] = []
         try:
-            for i, (prompt, params) in enumerate(zip(prompt_list, params_list)):
+            for prompt, params, priority in requests:
                 self._counter += 1
-                self.engine.add_request(
-                    f"offline-{self._counter}", prompt, params, priority[i] if priority else 0, stream=False
-                )
+                self.engine.add_request(f"offline-{self._counter}", prompt, params, priority, stream=False,
+                                        pooling=pooling)
                 ids.append(f"offline-{self._counter}")
         except Exception:
             for request_id in ids:

@@ -17,6 +17,7 @@ from engine.attention_metadata import AttentionMetadata
 from engine.capacity.kv import KVLayout
 from engine.config import EngineConfig
 from engine.cuda_graphs import DecodeGraphs
+from engine.pooling import pool_step
 from engine.prompt_logprobs import compute_prompt_logprobs
 from engine.sampler import Sampler, SamplerOutput, SamplingRow
 from engine.scheduler import ScheduledSeq
@@ -30,6 +31,7 @@ class StepResult:
     sampled: list[ScheduledSeq]  # the scheduled sequences that sampled a token, in order
     output: SamplerOutput | None
     prompt_logprobs: dict[int, list[TokenLogprob]] = field(default_factory=dict)  # new ones, by seq_id
+    embeddings: dict[int, list[float]] = field(default_factory=dict)  # pooled this step, by seq_id
 
 
 class ModelRunner:
@@ -149,7 +151,7 @@ class ModelRunner:
                 slots.extend([table[p // bs] * bs + p % bs for p in span])
             query_start.append(query_start[-1] + n)
             context_lens.append(end)
-            if item.samples:
+            if item.samples and seq.pooling is None:
                 sample_rows.append(query_start[-1] - 1)
                 sampled.append(item)
         width = max(len(item.seq.block_table) for item in scheduled)
@@ -173,10 +175,14 @@ class ModelRunner:
         prompt_logprobs = {}
         if any(item.seq.prompt_logprobs is not None for item in scheduled):
             prompt_logprobs = compute_prompt_logprobs(self.model.compute_logits, hidden, scheduled, query_start)
+        embeddings = {}
+        if any(item.seq.pooling is not None for item in scheduled):
+            embeddings = pool_step(hidden, scheduled, query_start)
         if not sampled:
-            return StepResult([], None, prompt_logprobs)
+            return StepResult([], None, prompt_logprobs, embeddings)
         logits = self.model.compute_logits(hidden[torch.tensor(sample_rows, device=dev)])
-        return StepResult(sampled, self.sampler(logits, [self._row(item) for item in sampled]), prompt_logprobs)
+        output = self.sampler(logits, [self._row(item) for item in sampled])
+        return StepResult(sampled, output, prompt_logprobs, embeddings)
 
     def _row(self, item: ScheduledSeq) -> SamplingRow:
         seq = item.seq

@@ -89,6 +89,7 @@ class RequestOutput:
     # The prompt tokens' logprobs (the first is None) when ``prompt_logprobs`` was asked for; complete
     # once the prompt has been computed (by the first output that carries generated tokens).
     prompt_logprobs: list[TokenLogprob | None] | None = None
+    embedding: list[float] | None = None  # an embedding request's result (engine.pooling)
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -149,4 +150,5 @@ class RequestState:
             min(firsts) if firsts else None,
             min(scheduled) if scheduled else None,
             list(self.seqs[0].prompt_logprobs) if self.seqs[0].prompt_logprobs is not None else None,
+            self.seqs[0].embedding,
         )

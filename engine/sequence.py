@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from engine.pooling_params import PoolingParams
 from engine.sampling_params import SamplingParams
 
 
@@ -71,6 +72,9 @@ class Sequence:
     # Logprobs of the prompt tokens computed so far (engine.prompt_logprobs; the first token has
     # none); None when not asked for. Only a request's first sequence computes them.
     prompt_logprobs: list[TokenLogprob | None] | None = None
+    pooling: PoolingParams | None = None  # an embedding request (engine.pooling): pool, never generate
+    pool_sum: torch.Tensor | None = None  # mean pooling's running sum of hidden states
+    embedding: list[float] | None = None  # the pooled result, once the prompt is computed
 
     def __post_init__(self) -> None:
         self.token_ids: list[int] = list(self.prompt_token_ids)
@@ -94,8 +98,8 @@ class Sequence:
     @property
     def computes_whole_prompt(self) -> bool:
         """Every prompt position must run through the model (no prefix-cache hits): the prompt's
-        logprobs are wanted."""
-        return self.prompt_logprobs is not None
+        logprobs are wanted, or its hidden states are mean-pooled."""
+        return self.prompt_logprobs is not None or (self.pooling is not None and self.pooling.pooling == "mean")
 
     @property
     def is_prefilling(self) -> bool:

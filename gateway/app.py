@@ -14,9 +14,11 @@ from litestar.openapi import OpenAPIConfig
 from gateway.controllers.chat import ChatController
 from gateway.controllers.completions import CompletionsController
 from gateway.controllers.deployments import DeploymentsController
+from gateway.controllers.embeddings import EmbeddingsController
 from gateway.controllers.health import HealthController
 from gateway.controllers.messages import MessagesController
 from gateway.controllers.models import ModelsController
+from gateway.controllers.tokenize import TokenizeController
 from gateway.errors import exception_handlers
 from gateway.pipeline import Pipeline
 from gateway.reload import Reloader
@@ -61,7 +63,8 @@ def create_app(
 
     return Litestar(
         route_handlers=[
-            ChatController, CompletionsController, MessagesController, ModelsController, HealthController,
+            ChatController, CompletionsController, EmbeddingsController, MessagesController, ModelsController,
+            HealthController, TokenizeController,
             DeploymentsController,
             *services.routes,
             *extra_routes,

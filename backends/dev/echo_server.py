@@ -84,7 +84,7 @@ class EchoUpstream:
         if ex.method == "GET" and ex.path.rstrip("/").endswith("/models"):
             models = [{"id": m, "object": "model", "created": 0, "owned_by": "echo"} for m in self.options.model_ids]
             return await send_json(ex, 200, {"object": "list", "data": models})
-        if ex.method != "POST" or not ex.path.endswith(("/chat/completions", "/completions")):
+        if ex.method != "POST" or not ex.path.endswith(("/chat/completions", "/completions", "/embeddings")):
             return await send_json(ex, 404, error_body(f"no route {ex.method} {ex.path}", "not_found"))
         try:
             payload = ex.json()
@@ -94,6 +94,8 @@ class EchoUpstream:
             return await send_json(ex, 400, error_body(f"invalid JSON body: {exc}", "invalid_json"))
         if self.options.latency:
             await asyncio.sleep(self.options.latency)
+        if ex.path.endswith("/embeddings"):
+            return await send_json(ex, 200, _embeddings(payload))
         chat = ex.path.endswith("/chat/completions")
         if payload.get("stream"):
             await self.stream(ex, payload, chat)
@@ -219,6 +221,30 @@ def _text_delta(index: int, text: str, finish: str | None = None) -> dict[str, A
 
 def _usage(prompt: int, completion: int) -> dict[str, int]:
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+def _embeddings(payload: dict[str, Any]) -> dict[str, Any]:
+    """One vector per input (``dimensions`` long, default 8) made from the input's words: the same
+    text always gives the same vector; usage counts words (or token ids) as tokens."""
+    raw = payload.get("input")
+    inputs = [raw] if isinstance(raw, str) or (isinstance(raw, list) and raw and isinstance(raw[0], int)) else raw
+    width = int(payload.get("dimensions") or 8)
+    data, tokens = [], 0
+    for i, item in enumerate(inputs or []):
+        words = item.split() if isinstance(item, str) else [str(t) for t in item]
+        tokens += len(words)
+        seed = sum(ord(c) * (k + 1) for k, c in enumerate(" ".join(words)))
+        vector = [((seed * (j + 3)) % 1000) / 1000.0 for j in range(width)]
+        if payload.get("encoding_format") == "base64":
+            import base64
+            import struct
+
+            data.append({"object": "embedding", "index": i,
+                         "embedding": base64.b64encode(struct.pack(f"<{width}f", *vector)).decode()})
+        else:
+            data.append({"object": "embedding", "index": i, "embedding": vector})
+    return {"object": "list", "data": data, "model": payload.get("model", "echo"),
+            "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
 
 
 def error_body(message: str, code: str | None = None, type_: str = "invalid_request_error") -> dict[str, Any]:

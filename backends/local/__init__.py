@@ -5,9 +5,10 @@ Deployment ``options`` are engine arguments in vLLM's spelling: ``dtype``, ``dev
 ``max_num_seqs``, ``max_num_batched_tokens``, ``max_model_len``, ``enable_prefix_caching``,
 ``enable_chunked_prefill``, ``scheduling_policy``, ``attn_backend``, ``model_impl``, ``seed``;
 ``scheduling: fcfs | fair`` (fair: weighted fair admission and preemption across the gateway's
-tenants, by each tenant's weight); plus ``builtin: tiny`` to generate the built-in tiny model into
-the ``model`` folder when it is missing (what the embedded default config uses, so ``make run``
-needs no download).
+tenants, by each tenant's weight); ``pooling: last | mean`` (the deployment also serves
+``/v1/embeddings``: the final hidden states pooled, normalised); plus ``builtin: tiny`` to generate
+the built-in tiny model into the ``model`` folder when it is missing (what the embedded default
+config uses, so ``make run`` needs no download).
 
 Importing this package is cheap; torch and the engine load when a backend is built.
 """
@@ -28,7 +29,7 @@ log = logging.getLogger("switchyard.backends.local")
 def build_backend(config: DeploymentConfig) -> LocalEngineBackend:
     """Factory entry for ``provider: local``: load the model; the engine loop starts on first use."""
     from backends.local.backend import LocalEngineBackend
-    from backends.local.options import engine_config
+    from backends.local.options import engine_config, pooling_params
     from engine import AsyncEngine
     from engine.loader import ModelLoadError
 
@@ -42,7 +43,7 @@ def build_backend(config: DeploymentConfig) -> LocalEngineBackend:
     except (ModelLoadError, ValueError, FileNotFoundError) as exc:
         raise ConfigError(f"deployment {config.id}: {exc}") from None
     log.info("deployment %s: %s loaded, max_model_len=%d", config.id, config.model, engine.max_model_len)
-    return LocalEngineBackend(engine, config.model, config.id)
+    return LocalEngineBackend(engine, config.model, config.id, pooling=pooling_params(config))
 
 
 def __getattr__(name: str) -> Any:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 from backends.base import (
     BackendStats,
@@ -19,7 +20,8 @@ from backends.base import (
     Completed,
 )
 from backends.call import NO_CONTEXT, CallContext
-from backends.local import completions, wire
+from backends.embeddings_wire import EmbeddingList, EmbeddingRequest
+from backends.local import completions, embeddings, wire
 from backends.local.run import EngineRun, collect, response_id, usage_of
 from backends.openai_wire import (
     AssistantMessage,
@@ -33,11 +35,7 @@ from backends.openai_wire import (
     TextCompletion,
     Usage,
 )
-from engine import (
-    AsyncEngine,
-    InvalidRequest,
-    MetricsSnapshot,
-)
+from engine import AsyncEngine, InvalidRequest, MetricsSnapshot, PoolingParams
 from engine.block_manager import PrefixCacheSummary
 
 
@@ -46,7 +44,8 @@ class LocalEngineBackend:
 
     provider = "local"
 
-    def __init__(self, engine: AsyncEngine, upstream_model: str, deployment_id: str | None = None) -> None:
+    def __init__(self, engine: AsyncEngine, upstream_model: str, deployment_id: str | None = None, *,
+                 pooling: PoolingParams | None = None) -> None:
         if engine.tokenizer is None:
             raise ValueError(f"{upstream_model}: the local engine needs a model folder with a tokenizer")
         self.engine = engine
@@ -54,16 +53,40 @@ class LocalEngineBackend:
         self.deployment_id = deployment_id or f"local:{upstream_model}"
         self.tokenizer = engine.tokenizer
         self.logprobs = wire.LogprobFormatter(self.tokenizer)
-        self.metadata = {"model_impl": engine.engine.model_impl}  # native | transformers (engine.model_impl)
+        self.pooling = pooling  # None: this deployment serves no embeddings
+        self.metadata: dict[str, Any] = {"model_impl": engine.engine.model_impl, "max_model_len": engine.max_model_len}
+        if pooling is not None:
+            self.metadata["pooling"] = pooling.pooling
+
+    # ------------------------------------------------------------ tokenizer (backends.base.Tokenizing)
+
+    @property
+    def max_model_len(self) -> int:
+        return self.engine.max_model_len
+
+    def tokenize_text(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
+
+    def tokenize_chat(self, request: ChatCompletionRequest, add_generation_prompt: bool = True) -> list[int]:
+        try:
+            return self.tokenizer.apply_chat_template(wire.chat_messages(request),
+                                                      add_generation_prompt=add_generation_prompt)
+        except InvalidRequest as exc:  # no template, or the template refused the conversation
+            raise BadRequest(exc.message, param=exc.param) from None
+
+    def detokenize(self, ids: list[int]) -> str:
+        vocab = self.tokenizer.vocab_size
+        if any(not 0 <= t < vocab for t in ids):
+            raise BadRequest(f"token ids must be in [0, {vocab})", param="tokens")
+        return self.tokenizer.decode(ids, skip_special_tokens=False)
+
+    def token_strings(self, ids: list[int]) -> list[str]:
+        return [self.logprobs.token(t) for t in ids]
 
     # ------------------------------------------------------------ chat
 
     def _start_chat(self, request: ChatCompletionRequest, ctx: CallContext) -> EngineRun:
-        messages = wire.chat_messages(request)
-        try:
-            prompt = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
-        except InvalidRequest as exc:  # no template, or the template refused the conversation
-            raise BadRequest(exc.message, param=exc.param) from None
+        prompt = self.tokenize_chat(request)
         limit = ctx.output_limit(request.output_limit(), self.engine.max_model_len - len(prompt))
         params = wire.sampling_params(request, limit, wire.chat_logprobs_count(request))
         return EngineRun(self.engine, [prompt], params, "messages", ctx)
@@ -115,6 +138,11 @@ class LocalEngineBackend:
         self, request: CompletionRequest, ctx: CallContext = NO_CONTEXT
     ) -> ChunkStream[TextCompletion]:
         return completions.complete_stream(self, request, ctx)
+
+    # ------------------------------------------------------------ embeddings
+
+    async def embed(self, request: EmbeddingRequest, ctx: CallContext = NO_CONTEXT) -> Completed[EmbeddingList]:
+        return await embeddings.embed(self, request, ctx)
 
     # ------------------------------------------------------------ the rest of the protocol
 

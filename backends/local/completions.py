@@ -12,23 +12,20 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from backends.base import BadRequest, ChunkStream, ClosingChunks, Completed
 from backends.call import CallContext
 from backends.local import wire
-from backends.local.run import EngineRun, collect, response_id, usage_of
+from backends.local.run import EngineRun, LocalModel, collect, response_id, usage_of
 from backends.openai_wire import CompletionChoice, CompletionLogprobs, CompletionRequest, TextCompletion, Usage
 from engine import RequestOutput
-
-if TYPE_CHECKING:
-    from backends.local.backend import LocalEngineBackend
 
 
 class _Completion:
     """One completion request: its prompts' ids, how it was asked, and its engine run."""
 
-    def __init__(self, backend: LocalEngineBackend, request: CompletionRequest, ctx: CallContext) -> None:
+    def __init__(self, backend: LocalModel, request: CompletionRequest, ctx: CallContext) -> None:
         self.backend, self.request = backend, request
         prompts = wire.completion_prompts(request)
         tokenizer = backend.tokenizer
@@ -77,7 +74,7 @@ def _joined(first: CompletionLogprobs | None, second: CompletionLogprobs | None)
 
 
 async def complete(
-    backend: LocalEngineBackend, request: CompletionRequest, ctx: CallContext
+    backend: LocalModel, request: CompletionRequest, ctx: CallContext
 ) -> Completed[TextCompletion]:
     c = _Completion(backend, request, ctx)
     finals = await collect(c.run)
@@ -94,7 +91,7 @@ async def complete(
 
 
 def complete_stream(
-    backend: LocalEngineBackend, request: CompletionRequest, ctx: CallContext
+    backend: LocalModel, request: CompletionRequest, ctx: CallContext
 ) -> ChunkStream[TextCompletion]:
     c = _Completion(backend, request, ctx)
     cid, created = response_id("cmpl"), int(time.time())

@@ -5,9 +5,9 @@ from __future__ import annotations
 import dataclasses
 
 from backends.config import ConfigError, DeploymentConfig
-from engine import EngineConfig
+from engine import EngineConfig, InvalidRequest, PoolingParams
 
-OPTIONS = {f.name for f in dataclasses.fields(EngineConfig)} - {"model"} | {"builtin", "scheduling"}
+OPTIONS = {f.name for f in dataclasses.fields(EngineConfig)} - {"model"} | {"builtin", "scheduling", "pooling"}
 SCHEDULING = ("fcfs", "fair")  # ``scheduling``: first come first served, or weighted fair across tenants
 
 
@@ -17,6 +17,7 @@ def engine_config(config: DeploymentConfig) -> EngineConfig:
     unknown = sorted(set(options) - OPTIONS)
     if unknown:
         raise ConfigError(f"deployment {config.id}: unknown options {unknown} (known: {sorted(OPTIONS)})")
+    options.pop("pooling", None)  # the backend's (pooling_params)
     builtin = options.pop("builtin", None)
     if builtin is not None:
         if builtin != "tiny":
@@ -38,3 +39,15 @@ def engine_config(config: DeploymentConfig) -> EngineConfig:
         return EngineConfig(model=config.model, **options)
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"deployment {config.id}: {exc}") from None
+
+
+def pooling_params(config: DeploymentConfig) -> PoolingParams | None:
+    """``options.pooling`` (``last`` or ``mean``): the deployment also serves ``/v1/embeddings``,
+    pooling the final hidden states that way (normalised); None: it serves no embeddings."""
+    pooling = config.options.get("pooling")
+    if pooling is None:
+        return None
+    try:
+        return PoolingParams(pooling=pooling)
+    except InvalidRequest as exc:
+        raise ConfigError(f"deployment {config.id}: options.{exc.message}") from None

@@ -5,18 +5,37 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import AsyncIterator
+from typing import Any, Protocol
 
 from backends.base import BadRequest, ContextTooLong, Meter, Unavailable
 from backends.call import CallContext
+from backends.local.wire import LogprobFormatter
 from backends.openai_wire import PromptTokensDetails, Usage
-from engine import AsyncEngine, EngineClosed, InvalidRequest, RequestOutput, RequestRejected, SamplingParams
+from engine import (
+    AsyncEngine,
+    EngineClosed,
+    InvalidRequest,
+    PoolingParams,
+    RequestOutput,
+    RequestRejected,
+    SamplingParams,
+)
+
+
+class LocalModel(Protocol):
+    """What the endpoint modules (completions, embeddings) use of ``LocalEngineBackend``."""
+
+    engine: AsyncEngine
+    tokenizer: Any  # engine.tokenizer.Tokenizer
+    logprobs: LogprobFormatter
+    pooling: PoolingParams | None
 
 
 class EngineRun:
     """The engine requests behind one wire request, their meter, and their abort."""
 
     def __init__(self, engine: AsyncEngine, prompts: list[list[int]], params: SamplingParams, param: str,
-                 ctx: CallContext, *, count_output: bool = True) -> None:
+                 ctx: CallContext, *, count_output: bool = True, pooling: PoolingParams | None = None) -> None:
         self.engine = engine
         self.n = params.n
         self.count_output = count_output  # False: what it generates is thrown away (scoring a prompt)
@@ -29,14 +48,15 @@ class EngineRun:
         try:
             for prompt in prompts:
                 rid = f"local-{uuid.uuid4().hex}"
-                self.streams.append(engine.add_request(rid, prompt, params, tenant=tenant, weight=weight))
+                self.streams.append(engine.add_request(rid, prompt, params, tenant=tenant, weight=weight,
+                                                       pooling=pooling))
                 self.ids.append(rid)
         except RequestRejected as exc:
             self.abort()
-            raise ContextTooLong(exc.message, param=exc.param or param) from None
+            raise ContextTooLong(exc.message, param=_field(exc.param, param)) from None
         except InvalidRequest as exc:
             self.abort()
-            raise BadRequest(exc.message, param=exc.param or param) from None
+            raise BadRequest(exc.message, param=_field(exc.param, param)) from None
         except EngineClosed as exc:
             self.abort()
             raise Unavailable(exc.message) from None
@@ -88,6 +108,12 @@ async def collect(run: EngineRun) -> list[RequestOutput]:
     return [finals[p] for p in range(len(run.ids))]
 
 
+
+
+def _field(engine_param: str | None, prompt_field: str) -> str:
+    """The wire field an engine error names: the engine's prompt is the API's ``prompt_field``
+    (``messages`` for chat, ``prompt`` for completions, ``input`` for embeddings)."""
+    return prompt_field if engine_param in (None, "prompt") else engine_param
 
 
 def response_id(prefix: str) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from backends.config import DeploymentConfig
 from backends.local.backend import LocalEngineBackend
-from backends.local.options import engine_config
+from backends.local.options import engine_config, pooling_params
 from engine import AsyncEngine
 from engine.tensor_parallel import start_tensor_parallel
 
@@ -13,7 +13,7 @@ from engine.tensor_parallel import start_tensor_parallel
 class TensorParallelBackend(LocalEngineBackend):
     def __init__(self, config: DeploymentConfig, world: int) -> None:
         self.group = start_tensor_parallel(engine_config(config), world)
-        super().__init__(AsyncEngine(engine=self.group.engine), config.model, config.id)
+        super().__init__(AsyncEngine(engine=self.group.engine), config.model, config.id, pooling=pooling_params(config))
 
     async def aclose(self) -> None:
         try:

@@ -18,6 +18,7 @@ from msgspec import UNSET
 
 from backends.base import BackendStats, BadRequest, ChunkStream, ClosingChunks, Completed, ContextTooLong, Meter
 from backends.call import NO_CONTEXT, CallContext
+from backends.embeddings_wire import EmbeddingList, EmbeddingRequest
 from backends.local.wire import LogprobFormatter
 from backends.openai_wire import (
     AssistantMessage,
@@ -163,6 +164,10 @@ class HFGenerateBackend:
         first = [chunk([CompletionChoice(index=i, text=e)]) for i, e in enumerate(echoes) if e]
         usage = (lambda: chunk([], _usage(run.meter))) if request.include_usage else None
         return ChunkStream(ClosingChunks(relay(run, first, on_event, usage), run.cancel), run.meter)  # type: ignore[arg-type]
+
+    async def embed(self, request: EmbeddingRequest, ctx: CallContext = NO_CONTEXT) -> Completed[EmbeddingList]:
+        raise BadRequest(f"the model '{request.model}' is served by plain transformers generate, which gives no "
+                         "embeddings", param="model")
 
     def stats(self) -> BackendStats:
         return BackendStats(in_flight=len(self._active), queue_depth=self.worker.queue_depth)

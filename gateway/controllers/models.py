@@ -5,7 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from litestar import Controller, Request, get
+from msgspec import UNSET
 
+from backends.base import Tokenizing
 from backends.openai_wire import ModelCard, ModelList
 from gateway.controllers.auth import authenticate_request, principal_of
 from gateway.controllers.docs import error_responses
@@ -23,7 +25,12 @@ def _card(group: ModelGroup) -> ModelCard:
                     if isinstance(m := getattr(d.backend, "metadata", None), dict) and "model_impl" in m})
     if impls:
         metadata["model_impl"] = impls[0] if len(impls) == 1 else impls
-    return ModelCard(id=group.name, owned_by=group.config.owned_by, metadata=metadata)
+    if any(isinstance(m := getattr(d.backend, "metadata", None), dict) and "pooling" in m for d in group.deployments):
+        metadata["embeddings"] = True
+    # The context a request can count on: the smallest of the deployments that know theirs.
+    contexts = [d.backend.max_model_len for d in group.deployments if isinstance(d.backend, Tokenizing)]
+    return ModelCard(id=group.name, owned_by=group.config.owned_by, metadata=metadata,
+                     max_model_len=min(contexts) if contexts else UNSET)
 
 
 class ModelsController(Controller):

@@ -109,6 +109,20 @@ class MessagesRequest(_Wire):
     metadata: Metadata | UnsetType = UNSET
 
 
+class CountTokensRequest(_Wire):
+    """``POST /v1/messages/count_tokens``: a Messages request without its generation settings."""
+
+    model: str
+    messages: Annotated[list[InputMessage], Meta(min_length=1)]
+    system: str | list[TextBlock] | UnsetType = UNSET
+    tools: list[InputTool] | UnsetType = UNSET
+    tool_choice: ToolChoice | UnsetType = UNSET
+
+    def as_messages_request(self) -> MessagesRequest:
+        return MessagesRequest(model=self.model, max_tokens=1, messages=self.messages, system=self.system,
+                               tools=self.tools, tool_choice=self.tool_choice)
+
+
 # ---------------------------------------------------------------- request -> OpenAI
 
 

@@ -25,7 +25,8 @@ from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 from gateway.settings import TelemetryConfig
 
 _NOOP: AbstractContextManager[None] = nullcontext()
-OPERATIONS = {"chat.completions": "chat", "messages": "chat", "completions": "text_completion"}
+OPERATIONS = {"chat.completions": "chat", "messages": "chat", "completions": "text_completion",
+              "embeddings": "embeddings"}
 
 
 class Tracing:

@@ -187,3 +187,21 @@ def test_reservations_bound_what_a_request_can_generate(
     reserved = [s.ticket.reserved_tokens for s in env.admission.settled]
     prompts = [r - out for r, out in zip(reserved, (1024, 30, 30), strict=True)]
     assert all(0 < p < 50 for p in prompts), reserved  # prompt estimate + limit x sequences
+
+
+def test_embeddings_pass_through_an_http_upstream(client: openai.OpenAI, upstream: FakeUpstream,
+                                                  env: GatewayEnv) -> None:
+    floats = client.embeddings.create(model="echo", input=["one two three", "four"], dimensions=4,
+                                      encoding_format="float", user="u-1")
+    sent = upstream.last
+    assert sent.path.endswith("/embeddings") and sent.json["model"] == "upstream-echo"
+    assert sent.json["dimensions"] == 4 and sent.json["encoding_format"] == "float"
+    assert sent.json["input"] == ["one two three", "four"] and sent.json["user"] == "u-1"
+    assert floats.model == "echo" and [len(d.embedding) for d in floats.data] == [4, 4]
+    assert floats.usage.prompt_tokens == 4  # the upstream's count (words, for the echo upstream)
+    decoded = client.embeddings.create(model="echo", input=["one two three", "four"], dimensions=4)  # base64
+    assert upstream.last.json["encoding_format"] == "base64"
+    for a, b in zip(decoded.data, floats.data):
+        assert a.embedding == pytest.approx(b.embedding, abs=1e-6)
+    records = env.usage.wait_for(2)
+    assert all(r.endpoint == "embeddings" and r.exact and r.prompt_tokens == 4 for r in records)

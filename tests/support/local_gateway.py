@@ -47,16 +47,21 @@ class Env:
 
 
 @contextmanager
-def local_gateway(workdir: Path, **options: Any) -> Iterator[Env]:
+def local_gateway(workdir: Path, extra_models: list[dict[str, Any]] | None = None, **options: Any) -> Iterator[Env]:
     """The tiny model (seed 5, 2048 positions) served as model ``tiny``; ``options`` are the
-    deployment's engine options (default: 192 KV blocks of 16, prefix caching off)."""
+    deployment's engine options (default: 192 KV blocks of 16, prefix caching off); ``extra_models``
+    are more model groups (``{folder}`` in a deployment's ``model`` is the tiny model's folder)."""
     from gateway.app import create_app
 
     folder = build_tiny_model(workdir / "tiny", seed=5, max_position_embeddings=2048)
     options = {"num_kv_blocks": 192, "block_size": 16, "enable_prefix_caching": False, **options}
     deployment = {"provider": "local", "model": str(folder), "options": options}
-    settings = parse_settings({"auth": {"admin_key": "sk-admin-unused"},
-                               "models": [{"name": "tiny", "deployments": [deployment], "max_retries": 0}]}, env={})
+    models = [{"name": "tiny", "deployments": [deployment], "max_retries": 0}]
+    for group in extra_models or []:
+        for d in group["deployments"]:
+            d["model"] = d["model"].replace("{folder}", str(folder))
+        models.append(group)
+    settings = parse_settings({"auth": {"admin_key": "sk-admin-unused"}, "models": models}, env={})
     built: list[LocalEngineBackend] = []
 
     def factory(cfg: DeploymentConfig) -> Any:

@@ -1,0 +1,73 @@
+"""OpenAI's embeddings wire types (``POST /v1/embeddings``), beside ``openai_wire`` (chat and text
+completions): decoded at the gateway's edge, sent as they are to HTTP providers."""
+
+from __future__ import annotations
+
+import base64
+import struct
+from typing import Annotated, Literal
+
+import msgspec
+from msgspec import UNSET, Meta, UnsetType
+
+from backends.openai_wire import WireStruct
+
+EmbeddingInput = str | Annotated[list[str | int | list[int]], Meta(min_length=1)]
+
+
+class EmbeddingRequest(WireStruct, kw_only=True):
+    model: str
+    input: EmbeddingInput
+    encoding_format: Literal["float", "base64"] | UnsetType = UNSET
+    dimensions: Annotated[int, Meta(ge=1)] | UnsetType = UNSET
+    user: str | UnsetType = UNSET
+
+    def inputs(self) -> list[str] | list[list[int]]:
+        """The input as a list: strings, or token-id lists (a flat list of ids is one input).
+        Raises ValueError on a mixture or an empty input (the gateway answers 400 on ``input``)."""
+        value = self.input
+        if isinstance(value, str):
+            texts = [value]
+        elif all(isinstance(v, str) for v in value):
+            texts = [v for v in value if isinstance(v, str)]
+        elif all(isinstance(v, int) for v in value):
+            return [[v for v in value if isinstance(v, int)]]
+        elif all(isinstance(v, list) for v in value):
+            ids = [v for v in value if isinstance(v, list)]
+            if not all(ids):
+                raise ValueError("input must not contain an empty list of token ids")
+            return ids
+        else:
+            raise ValueError("input must be a string, a list of strings, a list of token ids or a list of such lists")
+        if not all(texts):
+            raise ValueError("input must not contain an empty string")
+        return texts
+
+    @property
+    def base64(self) -> bool:
+        return self.encoding_format == "base64"
+
+
+def encode_vector(vector: list[float], as_base64: bool) -> list[float] | str:
+    """A vector as the client asked: floats, or base64 of little-endian float32 (as OpenAI sends it)."""
+    if not as_base64:
+        return vector
+    return base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode("ascii")
+
+
+class Embedding(WireStruct):
+    index: int
+    embedding: list[float] | str
+    object: str = "embedding"
+
+
+class EmbeddingUsage(WireStruct):
+    prompt_tokens: int = 0
+    total_tokens: int = 0
+
+
+class EmbeddingList(WireStruct):
+    data: list[Embedding]
+    model: str
+    object: str = "list"
+    usage: EmbeddingUsage = msgspec.field(default_factory=EmbeddingUsage)

@@ -1,0 +1,61 @@
+"""``POST /v1/embeddings``: routed, limited and metered (input tokens) like every other call."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable
+from typing import Any
+
+from litestar import Controller, Request, Response, post
+from litestar.openapi.datastructures import ResponseSpec
+
+from backends.base import Backend, ChunkStream, Completed
+from backends.call import CallContext
+from backends.embeddings_wire import EmbeddingList, EmbeddingRequest
+from backends.estimate import estimate_embedding_input
+from gateway.body import WireBody
+from gateway.calls import CallDescription
+from gateway.contracts import Principal
+from gateway.controllers.auth import authenticate_request, principal_of
+from gateway.controllers.docs import error_responses
+from gateway.errors import ApiError
+from gateway.pipeline import Pipeline
+
+
+def describe_embeddings(principal: Principal, body: EmbeddingRequest) -> CallDescription:
+    """Embeddings generate nothing: admission reserves the input alone."""
+    try:
+        inputs = body.inputs()
+    except ValueError as exc:
+        raise ApiError(400, str(exc), param="input") from None
+
+    def invoke(backend: Backend, ctx: CallContext) -> Awaitable[Completed[Any] | ChunkStream[Any]]:
+        return backend.embed(body, ctx)
+
+    first = inputs[0]
+    return CallDescription(
+        principal=principal, endpoint="embeddings", model=body.model, stream=False,
+        prompt_tokens=estimate_embedding_input(body), output_limit=0, sequences=len(inputs),
+        routing_key=first if isinstance(first, str) else " ".join(map(str, first)), invoke=invoke,
+    )
+
+
+class EmbeddingsController(Controller):
+    path = "/v1/embeddings"
+    tags = ["OpenAI"]
+    before_request = authenticate_request
+
+    @post(
+        "/",
+        status_code=200,
+        dto=WireBody[EmbeddingRequest],
+        return_dto=None,
+        summary="Create embeddings",
+        description="OpenAI-compatible: `input` is a string, a list of strings, token ids or lists of token ids; "
+        "`encoding_format` `float` (default) or `base64`.",
+        responses={200: ResponseSpec(EmbeddingList, description="The embeddings", generate_examples=False),
+                   **error_responses()},
+    )
+    async def create(
+        self, request: Request[Any, Any, Any], data: EmbeddingRequest, pipeline: Pipeline
+    ) -> Response[Any]:
+        return await pipeline.serve(describe_embeddings(principal_of(request), data))

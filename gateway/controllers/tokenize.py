@@ -1,0 +1,91 @@
+"""``POST /tokenize`` and ``POST /detokenize`` in vLLM's shape, for models whose tokenizer the gateway
+holds (the in-process engine: ``backends.base.Tokenizing``). They run no model, so they are not
+metered; the key must be allowed the model, as for a completion."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import msgspec
+from litestar import Controller, Request, post
+from msgspec import UNSET, Meta, UnsetType
+
+from backends.base import BackendError, Tokenizing
+from backends.openai_wire import ChatCompletionRequest, ChatMessage
+from gateway.body import WireBody
+from gateway.contracts import Principal
+from gateway.controllers.auth import authenticate_request, principal_of
+from gateway.controllers.docs import error_responses
+from gateway.errors import ApiError, from_backend_error
+from gateway.pipeline import Pipeline
+
+
+class TokenizeRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """Exactly one of ``prompt`` (text) or ``messages`` (rendered with the model's chat template)."""
+
+    model: str
+    prompt: str | UnsetType = UNSET
+    messages: Annotated[list[ChatMessage], Meta(min_length=1)] | UnsetType = UNSET
+    add_special_tokens: bool = True  # for a prompt
+    add_generation_prompt: bool = True  # for messages
+    return_token_strs: bool = False
+
+
+class TokenizeResponse(msgspec.Struct, kw_only=True):
+    count: int
+    max_model_len: int
+    tokens: list[int]
+    token_strs: list[str] | UnsetType = UNSET
+
+
+class DetokenizeRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    model: str
+    tokens: list[int]
+
+
+class DetokenizeResponse(msgspec.Struct, kw_only=True):
+    prompt: str
+
+
+def tokenizer_for(pipeline: Pipeline, principal: Principal, model: str) -> Tokenizing:
+    """The tokenizer of a deployment of ``model`` the key may use; 400 when none exposes one."""
+    group = pipeline.group_for(principal, model)
+    for deployment in group.deployments:
+        if isinstance(deployment.backend, Tokenizing):
+            return deployment.backend
+    providers = sorted({d.config.provider for d in group.deployments})
+    raise ApiError(400, f"The model '{model}' is served by {', '.join(providers)}, whose tokenizer the gateway does "
+                   "not hold; tokenizing needs a model the built-in engine serves.", param="model")
+
+
+class TokenizeController(Controller):
+    tags = ["Tokenizer"]
+    before_request = authenticate_request
+
+    @post("/tokenize", status_code=200, dto=WireBody[TokenizeRequest], return_dto=None,
+          summary="Tokenize a prompt or a conversation (vLLM's shape)", responses=error_responses())
+    async def tokenize(self, request: Request[Any, Any, Any], data: TokenizeRequest,
+                       pipeline: Pipeline) -> TokenizeResponse:
+        if (data.prompt is UNSET) == (data.messages is UNSET):
+            raise ApiError(400, "Give exactly one of 'prompt' or 'messages'.", param="prompt")
+        tokenizer = tokenizer_for(pipeline, principal_of(request), data.model)
+        try:
+            if isinstance(data.prompt, str):
+                ids = tokenizer.tokenize_text(data.prompt, data.add_special_tokens)
+            else:
+                chat = ChatCompletionRequest(model=data.model, messages=data.messages)  # type: ignore[arg-type]
+                ids = tokenizer.tokenize_chat(chat, data.add_generation_prompt)
+        except BackendError as exc:
+            raise from_backend_error(exc) from None
+        strings = tokenizer.token_strings(ids) if data.return_token_strs else UNSET
+        return TokenizeResponse(count=len(ids), max_model_len=tokenizer.max_model_len, tokens=ids, token_strs=strings)
+
+    @post("/detokenize", status_code=200, dto=WireBody[DetokenizeRequest], return_dto=None,
+          summary="Turn token ids back into text (vLLM's shape)", responses=error_responses())
+    async def detokenize(self, request: Request[Any, Any, Any], data: DetokenizeRequest,
+                         pipeline: Pipeline) -> DetokenizeResponse:
+        tokenizer = tokenizer_for(pipeline, principal_of(request), data.model)
+        try:
+            return DetokenizeResponse(prompt=tokenizer.detokenize(data.tokens))
+        except BackendError as exc:
+            raise from_backend_error(exc) from None

@@ -1,0 +1,101 @@
+"""The endpoints beyond chat on the built-in engine: embeddings, tokenize / detokenize, Anthropic's
+count_tokens and the model card's context, through the gateway with the official SDKs."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import anthropic
+import httpx
+import pytest
+import torch
+from transformers import AutoModel
+
+from engine.tokenizer import Tokenizer
+from tests.support.local_gateway import KEY, Env, local_gateway
+
+TEXTS = ["Trains run on rails.", "Le chat dort sur le canapé.", "火车在铁轨上行驶。"]
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
+    plain = {"name": "plain", "max_retries": 0, "deployments": [
+        {"provider": "local", "model": "{folder}", "options": {"num_kv_blocks": 64, "max_model_len": 1024}}]}
+    with local_gateway(tmp_path_factory.mktemp("endpoints"), [plain], pooling="mean", max_num_batched_tokens=8) as s:
+        yield s
+
+
+def _reference(env: Env, ids: list[int]) -> torch.Tensor:
+    model = AutoModel.from_pretrained(str(env.folder), dtype=torch.float32).eval()
+    with torch.no_grad():
+        hidden = model(torch.tensor([ids])).last_hidden_state[0]
+    return torch.nn.functional.normalize(hidden.mean(dim=0), dim=0)
+
+
+def _post(env: Env, path: str, body: dict[str, Any]) -> httpx.Response:
+    return httpx.post(env.server.url + path, json=body, headers={"authorization": f"Bearer {KEY}"}, timeout=30)
+
+
+def test_embeddings_equal_transformers_mean_pooling(env: Env) -> None:
+    tok = Tokenizer(env.folder)
+    client = env.client()
+    env.usage.records.clear()
+    answer = client.embeddings.create(model="tiny", input=TEXTS)  # the SDK asks for base64 and decodes it
+    floats = client.embeddings.create(model="tiny", input=TEXTS, encoding_format="float")
+    ids = [tok.encode(t) for t in TEXTS]
+    assert answer.usage.prompt_tokens == sum(len(i) for i in ids) == floats.usage.prompt_tokens
+    for i, item in enumerate(answer.data):
+        want = _reference(env, ids[i])
+        assert item.index == i and len(item.embedding) == want.numel()
+        assert torch.allclose(torch.tensor(item.embedding), want, atol=1e-5)
+        assert torch.allclose(torch.tensor(floats.data[i].embedding), want, atol=1e-5)
+    by_ids = client.embeddings.create(model="tiny", input=ids[0], encoding_format="float")
+    assert torch.allclose(torch.tensor(by_ids.data[0].embedding), torch.tensor(floats.data[0].embedding), atol=1e-6)
+    records = env.usage.wait_for(3)
+    assert {r.endpoint for r in records} == {"embeddings"}
+    assert all(r.exact and r.completion_tokens == 0 for r in records)
+    env.wait_idle()
+
+
+@pytest.mark.parametrize(("body", "param"), [
+    ({"model": "tiny", "input": ""}, "input"),
+    ({"model": "tiny", "input": []}, "input"),
+    ({"model": "tiny", "input": ["a", [1, 2]]}, "input"),
+    ({"model": "tiny", "input": "hi", "dimensions": 3}, "dimensions"),
+    ({"model": "tiny", "input": [10**9]}, "input"),
+    ({"model": "plain", "input": "hi"}, "model"),
+])
+def test_bad_embedding_requests_name_their_field(env: Env, body: dict[str, Any], param: str) -> None:
+    answer = _post(env, "/v1/embeddings", body)
+    assert answer.status_code == 400, answer.text
+    assert answer.json()["error"]["param"] == param
+
+
+def test_tokenize_detokenize_and_the_model_card(env: Env) -> None:
+    tok = Tokenizer(env.folder)
+    prompt = _post(env, "/tokenize", {"model": "tiny", "prompt": "Trains run on rails.", "return_token_strs": True})
+    assert prompt.status_code == 200, prompt.text
+    body = prompt.json()
+    assert body["tokens"] == tok.encode("Trains run on rails.") and body["count"] == len(body["tokens"])
+    assert body["max_model_len"] == 2048 and len(body["token_strs"]) == body["count"]
+    messages = [{"role": "user", "content": "Hello"}]
+    chat = _post(env, "/tokenize", {"model": "tiny", "messages": messages}).json()
+    assert chat["tokens"] == tok.apply_chat_template(messages)
+    back = _post(env, "/detokenize", {"model": "tiny", "tokens": body["tokens"]}).json()
+    assert back["prompt"] == tok.decode(body["tokens"], skip_special_tokens=False)
+    assert _post(env, "/tokenize", {"model": "tiny"}).json()["error"]["param"] == "prompt"
+    assert _post(env, "/detokenize", {"model": "tiny", "tokens": [-1]}).json()["error"]["param"] == "tokens"
+    assert _post(env, "/tokenize", {"model": "nope", "prompt": "x"}).status_code == 404
+    card = env.client().models.retrieve("tiny")
+    assert card.max_model_len == 2048 and card.metadata["embeddings"] is True  # type: ignore[attr-defined]
+
+
+def test_anthropic_count_tokens_is_the_chat_templates_count(env: Env) -> None:
+    tok = Tokenizer(env.folder)
+    client = anthropic.Anthropic(base_url=env.server.url, api_key=KEY, max_retries=0)
+    counted = client.messages.count_tokens(model="tiny", system="Be brief.",
+                                           messages=[{"role": "user", "content": "Hello there"}])
+    want = tok.apply_chat_template([{"role": "system", "content": "Be brief."},
+                                    {"role": "user", "content": "Hello there"}])
+    assert counted.input_tokens == len(want)
