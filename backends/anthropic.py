@@ -74,7 +74,7 @@ class AnthropicBackend(HTTPBackend):
         meter = Meter(prompt_tokens=usage.prompt_tokens, completion_tokens=usage.completion_tokens,
                       first_token_at=time.perf_counter())
         if isinstance(usage.prompt_tokens_details, msgspec.Struct):
-            meter.cached_tokens = usage.prompt_tokens_details.cached_tokens  # type: ignore[attr-defined]
+            meter.cached_tokens = usage.prompt_tokens_details.cached_tokens
         return Completed(response, meter)
 
     async def chat_stream(
@@ -226,8 +226,9 @@ class _StreamTranslator:
 
     def _chunk(self, delta: ChatDelta, finish: str | None = None) -> ChatCompletionChunk:
         return ChatCompletionChunk(
-            id=self._id, model=self._model, choices=[ChatChunkChoice(index=0, delta=delta, finish_reason=finish)]
-        )  # type: ignore[arg-type]
+            id=self._id, model=self._model,
+            choices=[ChatChunkChoice(index=0, delta=delta, finish_reason=finish)],  # type: ignore[arg-type]  # a STOP_REASONS value
+        )
 
     async def _step(self) -> None:
         event = await self._events.next()
@@ -301,7 +302,7 @@ class _StreamTranslator:
             m = self._meter
             m.prompt_tokens, m.completion_tokens, m.exact = usage.prompt_tokens, usage.completion_tokens, True
             if isinstance(usage.prompt_tokens_details, msgspec.Struct):
-                m.cached_tokens = usage.prompt_tokens_details.cached_tokens  # type: ignore[attr-defined]
+                m.cached_tokens = usage.prompt_tokens_details.cached_tokens
         if self._want_usage:
             m = self._meter
             usage = Usage(

@@ -141,7 +141,7 @@ class HTTPUpstream:
         try:
             async with asyncio.timeout(timeout):
                 response = await self.session.post(self.url(path), data=payload,
-                                                   headers=_JSON | headers if headers else _JSON)
+                                                   headers={**_JSON, **headers} if headers else _JSON)
         except TimeoutError as exc:
             raise Timeout(f"upstream {self.deployment_id} did not answer in time ({type(exc).__name__})") from None
         except (aiohttp.ClientError, OSError, ValueError) as exc:

@@ -182,7 +182,8 @@ class _Relay(Generic[C]):
         self._http, self._response, self._reader = http, response, reader
         self._pending: C | None = first
         self._last: C = first
-        self._deadline, self._meter, self._want_usage, self._text_of = deadline, meter, want_usage, text_of
+        self._deadline, self._meter, self._want_usage = deadline, meter, want_usage
+        self._text_of: Callable[[C], str] = text_of
         self._saw_usage = False
         self._closed = False
 

@@ -196,11 +196,11 @@ class CompletionRequest(SamplingFields, kw_only=True):
         if isinstance(self.prompt, str):
             return [self.prompt]
         if all(isinstance(p, str) for p in self.prompt):
-            return list(self.prompt)  # type: ignore[arg-type]
+            return list(self.prompt)  # type: ignore[return-value]
         if all(isinstance(p, int) for p in self.prompt):
-            return [list(self.prompt)]  # type: ignore[list-item]
+            return [list(self.prompt)]  # type: ignore[return-value]
         if all(isinstance(p, list) for p in self.prompt):
-            return [list(p) for p in self.prompt]  # type: ignore[union-attr]
+            return [list(p) for p in self.prompt]  # type: ignore[arg-type, return-value]
         raise ValueError("prompt must be a string, a list of strings, or token id lists")
 
 

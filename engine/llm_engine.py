@@ -71,7 +71,8 @@ class LLMEngine:
         if self.tokenizer is not None:
             self.eos_token_ids |= set(self.tokenizer.eos_token_ids)
         max_len = config.resolve_max_model_len(int(getattr(hf_config, "max_position_embeddings", 2048)))
-        layout = KVLayout(*(getattr(model, "kv_shape", None) or model_kv_shape(hf_config)), dtype=config.torch_dtype)
+        num_layers, num_kv_heads, head_dim = getattr(model, "kv_shape", None) or model_kv_shape(hf_config)
+        layout = KVLayout(num_layers, num_kv_heads, head_dim, dtype=config.torch_dtype)
         self.runner = ModelRunner(model, layout, config, self.eos_token_ids)
         self.capacity = Capacity(layout, self.runner.determine_num_blocks(), config.block_size)
         self.capacity.check_fits(max_len)
@@ -261,6 +262,13 @@ class LLMEngine:
 PromptInput = str | list[int]
 
 
+def _prompt_list(prompts: PromptInput | Seq[PromptInput]) -> list[PromptInput]:
+    """One prompt (a string or a list of token ids) or several, as a list of prompts."""
+    if isinstance(prompts, str) or (isinstance(prompts, list) and all(isinstance(t, int) for t in prompts) and prompts):
+        return [prompts]
+    return list(prompts)  # type: ignore[arg-type]  # several prompts
+
+
 class LLM:
     """Offline batch generation: ``LLM(path, **engine_args).generate(prompts, params)``."""
 
@@ -279,9 +287,7 @@ class LLM:
         use_tqdm: bool = False,
         priority: Seq[int] | None = None,
     ) -> list[RequestOutput]:
-        if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
-            prompts = [prompts]  # type: ignore[list-item]
-        prompt_list: list[PromptInput] = list(prompts)  # type: ignore[arg-type]
+        prompt_list = _prompt_list(prompts)
         if sampling_params is None or isinstance(sampling_params, SamplingParams):
             params_list = [sampling_params or SamplingParams()] * len(prompt_list)
         else:
@@ -293,9 +299,7 @@ class LLM:
 
     def embed(self, prompts: PromptInput | Seq[PromptInput], pooling: PoolingParams | None = None) -> list[list[float]]:
         """One embedding per prompt: the final hidden states pooled (``engine.pooling``)."""
-        if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
-            prompts = [prompts]  # type: ignore[list-item]
-        requests = [(p, SamplingParams(max_tokens=None), 0) for p in prompts]  # type: ignore[union-attr]
+        requests = [(p, SamplingParams(max_tokens=None), 0) for p in _prompt_list(prompts)]
         return [out.embedding or [] for out in self._run(requests, pooling or PoolingParams(), False)]
 
     def _run(self, requests: list[tuple[PromptInput, SamplingParams, int]], pooling: PoolingParams | None,

@@ -78,9 +78,10 @@ def load_model(model_path: str | Path, dtype: torch.dtype | str = torch.float32,
     finally:
         torch.set_default_dtype(previous)
     model.to_empty(device=device)
-    if getattr(model, "tie_word_embeddings", False):
-        model.lm_head.weight = model.model.embed_tokens.weight  # to_empty unties shared parameters
-    model.load_weights(iter_weights(model_path))
+    native: Any = model  # a native model class: lm_head, model.embed_tokens, load_weights
+    if getattr(native, "tie_word_embeddings", False):
+        native.lm_head.weight = native.model.embed_tokens.weight  # to_empty unties shared parameters
+    native.load_weights(iter_weights(model_path))
     return model.eval(), hf_config
 
 

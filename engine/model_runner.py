@@ -9,6 +9,7 @@ activation peak (a profile run at the largest batch); on CPU from ``num_kv_block
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import nn
@@ -36,7 +37,7 @@ class StepResult:
 
 class ModelRunner:
     def __init__(self, model: nn.Module, layout: KVLayout, config: EngineConfig, eos_token_ids: set[int]) -> None:
-        self.model = model
+        self.model: Any = model  # a native model or TransformersForCausalLM: forward, compute_logits
         self.layout = layout
         self.config = config
         self.device = torch.device(config.device)

@@ -4,6 +4,7 @@ and the request outputs built from a request's sequences, cumulative and as delt
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from engine.sampling_params import SamplingParams
 from engine.sequence import Sequence, TokenLogprob
@@ -13,7 +14,7 @@ class TextState:
     """Turns a sequence's tokens into text. ``push`` returns True when a stop string matched
     (the stop string itself never reaches ``text``). Without a tokenizer, text stays empty."""
 
-    def __init__(self, tokenizer: object | None, params: SamplingParams, prompt_ids: list[int]) -> None:
+    def __init__(self, tokenizer: Any, params: SamplingParams, prompt_ids: list[int]) -> None:
         self.text = ""
         self.stop_reason: str | int | None = None
         self._delta: list[str] = []

@@ -117,8 +117,11 @@ def build_tiny_model(path: str | Path, arch: str = "llama", seed: int = 0, dtype
     out.mkdir(parents=True, exist_ok=True)
     max_len = int(sizes.get("max_position_embeddings", BASE_SIZES["max_position_embeddings"]))
     tok = write_tokenizer(out, max_len)
-    eos_ids = [tok.token_to_id(EOT), tok.token_to_id(EOS)]
-    config = make_config(arch, tok.get_vocab_size(), tok.token_to_id(BOS), eos_ids, **sizes)
+    ids = {name: tok.token_to_id(name) for name in (BOS, EOT, EOS)}
+    if None in ids.values():
+        raise ValueError(f"the tiny tokenizer lacks a special token: {ids}")
+    eos_ids = [int(ids[EOT] or 0), int(ids[EOS] or 0)]
+    config = make_config(arch, tok.get_vocab_size(), int(ids[BOS] or 0), eos_ids, **sizes)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model = model.to(dtype)

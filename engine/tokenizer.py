@@ -67,7 +67,7 @@ class _FastCodec:
         return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
 
     def decode(self, ids: list[int], skip_special_tokens: bool) -> str:
-        return self._tok.decode(ids, skip_special_tokens=skip_special_tokens)
+        return str(self._tok.decode(ids, skip_special_tokens=skip_special_tokens))
 
     def token_id(self, token: str) -> int | None:
         return self._tok.token_to_id(token)
@@ -92,7 +92,7 @@ class _TransformersCodec:
         return list(self._tok.encode(text, add_special_tokens=add_special_tokens))
 
     def decode(self, ids: list[int], skip_special_tokens: bool) -> str:
-        return self._tok.decode(ids, skip_special_tokens=skip_special_tokens)
+        return str(self._tok.decode(ids, skip_special_tokens=skip_special_tokens))
 
     def token_id(self, token: str) -> int | None:
         return self._vocab.get(token)

@@ -8,6 +8,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 from litestar import Litestar
+from litestar.datastructures import State
 from litestar.di import Provide
 from litestar.openapi import OpenAPIConfig
 
@@ -69,7 +70,7 @@ def create_app(
             *services.routes,
             *extra_routes,
         ],
-        middleware=[lambda app: TelemetryMiddleware(app, telemetry.tracing)],
+        middleware=[lambda app: TelemetryMiddleware(app, telemetry.tracing)],  # type: ignore[list-item,return-value]  # a plain ASGI callable
         dependencies={
             "services": Provide(lambda: services, sync_to_thread=False, use_cache=True),
             "pipeline": Provide(lambda: pipeline, sync_to_thread=False, use_cache=True),
@@ -83,7 +84,7 @@ def create_app(
             description="One OpenAI-compatible endpoint in front of many LLM providers.",
         ),
         debug=False,
-        state={"settings": settings, "services": services, "pipeline": pipeline, "reloader": reloader},
+        state=State({"settings": settings, "services": services, "pipeline": pipeline, "reloader": reloader}),
     )
 
 

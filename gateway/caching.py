@@ -21,7 +21,7 @@ import logging
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Hashable
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 log = logging.getLogger("switchyard.cache")
 
@@ -81,7 +81,7 @@ class RefreshingCache(Generic[K, V]):
         return value
 
 
-def _ignore_failure(task: asyncio.Future[object]) -> None:
+def _ignore_failure(task: asyncio.Future[Any]) -> None:
     """A background refresh that failed is retried by the next caller once the entry expires."""
     if not task.cancelled() and task.exception() is not None:
         log.debug("background refresh failed: %s", task.exception())

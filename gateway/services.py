@@ -145,7 +145,7 @@ class Tenancy:
     def readiness(self) -> dict[str, Callable[[], Awaitable[bool]]]:
         """What /readyz checks: the database, and Redis when requests cannot be served without it
         (``fail_closed``; under ``fail_open`` a Redis outage admits without counting)."""
-        checks = {"database": self.ready}
+        checks: dict[str, Callable[[], Awaitable[bool]]] = {"database": self.ready}
         store = self.admission.store
         if isinstance(store, RedisStore) and self.admission.on_unavailable == "fail_closed":
             checks["redis"] = store.ready

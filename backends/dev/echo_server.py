@@ -169,12 +169,12 @@ class EchoUpstream:
         gone = asyncio.Event()
         watcher = asyncio.create_task(_watch_disconnect(ex.receive, gone))
         try:
-            for event in [*events, None]:
+            for item in [*events, None]:
                 if gone.is_set():
                     return False
-                data = b"[DONE]" if event is None else json.dumps(event).encode()
+                data = b"[DONE]" if item is None else json.dumps(item).encode()
                 await ex.send({"type": "http.response.body", "body": b"data: " + data + b"\n\n", "more_body": True})
-                if self.options.chunk_delay and event is not None:
+                if self.options.chunk_delay and item is not None:
                     await _sleep_unless(gone, self.options.chunk_delay)
             await ex.send({"type": "http.response.body", "body": b"", "more_body": False})
             return not gone.is_set()

@@ -12,6 +12,8 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
+from msgspec import UNSET
+
 from backends.base import (
     BackendStats,
     BadRequest,
@@ -111,7 +113,7 @@ class LocalEngineBackend:
 
         def chunk(choices: list[ChatChunkChoice], usage: Usage | None = None) -> ChatCompletionChunk:
             return ChatCompletionChunk(id=cid, model=request.model, choices=choices, created=created,
-                                       **({"usage": usage} if usage is not None else {}))
+                                       usage=usage if usage is not None else UNSET)
 
         async def gen() -> AsyncIterator[ChatCompletionChunk]:
             for i in range(run.n):
@@ -127,7 +129,7 @@ class LocalEngineBackend:
             if request.include_usage:
                 yield chunk([], usage_of(run.meter))
 
-        return ChunkStream(ClosingChunks(gen(), run.aclose), run.meter)  # type: ignore[arg-type]
+        return ChunkStream(ClosingChunks(gen(), run.aclose), run.meter)
 
     # ------------------------------------------------------------ completions
 

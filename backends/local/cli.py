@@ -131,11 +131,12 @@ def generate(
             group = start_tensor_parallel(config, tensor_parallel_size)
         engine = group.engine if group is not None else LLMEngine(config)
         for job in jobs:
-            prompt = job.prompt
+            prompt: str | list[int] | None = job.prompt
             if job.messages is not None:
                 if engine.tokenizer is None:
                     raise ValueError(f"line {job.line}: 'messages' needs a model with a tokenizer")
                 prompt = engine.tokenizer.apply_chat_template(job.messages)
+            assert prompt is not None  # a job has exactly one of prompt and messages (checked on reading)
             engine.add_request(str(job.line), prompt, SamplingParams(**job.sampling), stream=False)
     except (OSError, ValueError, TypeError) as exc:
         typer.echo(f"error: {exc}", err=True)

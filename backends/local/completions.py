@@ -14,6 +14,8 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
+from msgspec import UNSET
+
 from backends.base import BadRequest, ChunkStream, ClosingChunks, Completed
 from backends.call import CallContext
 from backends.local import wire
@@ -98,7 +100,7 @@ def complete_stream(
 
     def chunk(choices: list[CompletionChoice], usage: Usage | None = None) -> TextCompletion:
         return TextCompletion(id=cid, model=request.model, choices=choices, created=created,
-                              **({"usage": usage} if usage is not None else {}))
+                              usage=usage if usage is not None else UNSET)
 
     async def gen() -> AsyncIterator[TextCompletion]:
         offsets: dict[int, int] = {}  # text offset of the next token, per choice
@@ -130,4 +132,4 @@ def complete_stream(
         if request.include_usage:
             yield chunk([], usage_of(c.run.meter))
 
-    return ChunkStream(ClosingChunks(gen(), c.run.aclose), c.run.meter)  # type: ignore[arg-type]
+    return ChunkStream(ClosingChunks(gen(), c.run.aclose), c.run.meter)

@@ -50,7 +50,7 @@ def load_generate_backend(folder: str, deployment_id: str, options: dict[str, An
             f"deployment {deployment_id}: {folder} has no tokenizer (tokenizer.json / tokenizer_config.json)"
         )
     model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, local_files_only=True)
-    model.to(torch.device(options.get("device", "cpu"))).eval()
+    model.to(torch.device(options.get("device", "cpu"))).eval()  # type: ignore[arg-type]  # transformers' stub of .to
     tokenizer = transformers.AutoTokenizer.from_pretrained(folder, local_files_only=True)
     eos = model.generation_config.eos_token_id
     eos_ids = set(eos if isinstance(eos, list) else [] if eos is None else [eos])
@@ -75,7 +75,7 @@ def load_generate_backend(folder: str, deployment_id: str, options: dict[str, An
         tokenizer,
         eos_ids=eos_ids,
         max_model_len=max_len,
-        vocab_size=int(model.get_input_embeddings().num_embeddings),
+        vocab_size=int(model.config.vocab_size),
         max_batch_rows=_int_option(options, "max_batch_size", 8, deployment_id),
         max_queue=_int_option(options, "max_queue", 64, deployment_id),
         metadata={

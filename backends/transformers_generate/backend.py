@@ -110,7 +110,7 @@ class HFGenerateBackend:
             for i in range(run.job.num_rows)
         ]
         usage = (lambda: chunk([], _usage(run.meter))) if request.include_usage else None
-        return ChunkStream(ClosingChunks(relay(run, first, on_event, usage), run.cancel), run.meter)  # type: ignore[arg-type]
+        return ChunkStream(ClosingChunks(relay(run, first, on_event, usage), run.cancel), run.meter)
 
     async def complete(self, request: CompletionRequest, ctx: CallContext = NO_CONTEXT) -> Completed[TextCompletion]:
         prompts = self._text_prompts(request)
@@ -157,13 +157,13 @@ class HFGenerateBackend:
             logprobs = None
             if k is not None:
                 logprobs = self.logprobs.completion(lps, offsets[ev.index])
-                offsets[ev.index] += sum(len(t) for t in logprobs.tokens)
+                offsets[ev.index] += sum(len(t) for t in logprobs.tokens) if logprobs is not None else 0
             reason = _reason(ev.finish) if ev.finish is not None else None
             return chunk([CompletionChoice(index=ev.index, text=ev.text, finish_reason=reason, logprobs=logprobs)])
 
         first = [chunk([CompletionChoice(index=i, text=e)]) for i, e in enumerate(echoes) if e]
         usage = (lambda: chunk([], _usage(run.meter))) if request.include_usage else None
-        return ChunkStream(ClosingChunks(relay(run, first, on_event, usage), run.cancel), run.meter)  # type: ignore[arg-type]
+        return ChunkStream(ClosingChunks(relay(run, first, on_event, usage), run.cancel), run.meter)
 
     async def embed(self, request: EmbeddingRequest, ctx: CallContext = NO_CONTEXT) -> Completed[EmbeddingList]:
         raise BadRequest(f"the model '{request.model}' is served by plain transformers generate, which gives no "

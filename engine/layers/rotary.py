@@ -131,10 +131,10 @@ class RotaryEmbedding(nn.Module):
     def forward(
         self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.apply(q, k, *self.cos_sin(positions, q.dtype))
+        return self.rotate_qk(q, k, *self.cos_sin(positions, q.dtype))
 
     @staticmethod
-    def apply(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
+    def rotate_qk(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
               sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Rotate with precomputed ``cos_sin`` (computed once per step, shared by all layers)."""
         return RotaryEmbedding.rotate(q, cos, sin), RotaryEmbedding.rotate(k, cos, sin)

@@ -137,6 +137,8 @@ class TransformersForCausalLM(nn.Module):
     ``forward(input_ids [T], positions [T], kv_caches, meta) -> hidden [T, H]`` and
     ``compute_logits(hidden [N, H]) -> float32 [N, V]``."""
 
+    hf: Any  # the transformers PreTrainedModel (its submodules are reached by name)
+
     def __init__(self, hf_model: nn.Module, attn_backend: str = "torch") -> None:
         super().__init__()
         if attn_backend not in ATTENTION_BACKENDS:

@@ -33,7 +33,7 @@ def load_transformers_model(folder: str | Path, dtype: torch.dtype, device: torc
     hf_model = transformers.AutoModelForCausalLM.from_pretrained(
         str(folder), dtype=dtype, attn_implementation=ATTN_IMPLEMENTATION, local_files_only=True
     )
-    hf_model.to(device).eval()
+    hf_model.to(device).eval()  # type: ignore[arg-type]  # transformers' stub of .to
     return TransformersForCausalLM(hf_model, attn_backend), hf_model.config
 
 

@@ -60,7 +60,7 @@ def _in_engine_blocker(hf_config: Any) -> str | None:
 
     mapping = transformers.AutoModelForCausalLM._model_mapping
     try:
-        cls = mapping[type(hf_config)]
+        cls: Any = mapping[type(hf_config)]
     except KeyError:
         return "transformers has no causal-LM class for it"
     if not getattr(cls, "_supports_attention_backend", False):

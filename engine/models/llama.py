@@ -67,7 +67,7 @@ class LlamaAttention(nn.Module):
         if self.qk_norm:
             q = self.q_norm(qkv[:, : hq * d].view(t, hq, d))
             k = self.k_norm(qkv[:, hq * d : (hq + hkv) * d].view(t, hkv, d))
-            q, k = RotaryEmbedding.apply(q, k, *rope)
+            q, k = RotaryEmbedding.rotate_qk(q, k, *rope)
         else:  # q and k heads sit side by side in the fused output: rotate them in one pass
             qk = RotaryEmbedding.rotate(qkv[:, : (hq + hkv) * d].view(t, hq + hkv, d), *rope)
             q, k = qk[:, :hq], qk[:, hq:]
@@ -157,7 +157,7 @@ class LlamaForCausalLM(nn.Module):
                         raise ValueError(f"{name}: expected shape {tuple(param.shape)}, got {tuple(tensor.shape)}")
                     param.data.copy_(tensor)
                 else:
-                    module = self.get_submodule(target.rsplit(".", 1)[0])
+                    module: Any = self.get_submodule(target.rsplit(".", 1)[0])  # a fused linear: load_shard
                     module.load_shard(shard, tensor, is_bias=target.endswith(".bias"))
             loaded.add(f"{target}#{shard}" if shard is not None else target)
         self._check_complete(params, loaded)

@@ -25,7 +25,7 @@ from gateway.errors import ParameterError, database_exception_handlers
 from gateway.usage.report import GROUPS, ReportQuery, end_of_day, parse_day, usage_report
 
 
-def _error(_: Request, exc: AdminError) -> Response[bytes]:  # type: ignore[type-arg]
+def _error(_: Request, exc: AdminError) -> Response[bytes]:
     body = {"error": {"message": exc.message, "type": exc.type, "param": exc.param, "code": exc.code}}
     return Response(msgspec.json.encode(body), status_code=exc.status, media_type="application/json")
 
@@ -127,7 +127,7 @@ class KeyController(Controller):
         return asdict(await svc.revoke_key(key_id))
 
     @post("/{key_id:str}/rotate", status_code=201)
-    async def rotate_key(self, svc: TenancyService, key_id: str, request: Request) -> dict[str, Any]:  # type: ignore[type-arg]
+    async def rotate_key(self, svc: TenancyService, key_id: str, request: Request) -> dict[str, Any]:
         body = decode(await request.body(), KeyRotate)  # the body is optional here: {} by default
         return _created_key(await svc.rotate_key(key_id, grace_seconds=body.grace_seconds))
 
@@ -164,10 +164,10 @@ class UsageController(Controller):
 def admin_routers(svc: TenancyService, db: Database, auth: Authenticator) -> list[Router]:
     """The /admin/v1 router (admin keys only) and the tenant-scoped /v1/usage router."""
 
-    async def admin_guard(connection: ASGIConnection, _: BaseRouteHandler) -> None:  # type: ignore[type-arg]
+    async def admin_guard(connection: ASGIConnection, _: BaseRouteHandler) -> None:
         await require_admin(connection, auth)
 
-    async def tenant_principal(request: Request) -> Principal:  # type: ignore[type-arg]
+    async def tenant_principal(request: Request) -> Principal:
         return await require_tenant(request, auth)
 
     @get("/usage")
@@ -192,14 +192,14 @@ def admin_routers(svc: TenancyService, db: Database, auth: Authenticator) -> lis
         route_handlers=[TenantController, KeyController, UsageController],
         guards=[admin_guard],
         dependencies=deps,
-        exception_handlers=handlers,  # type: ignore[dict-item]
+        exception_handlers=handlers,  # type: ignore[arg-type]
         tags=["admin"],
     )
     tenant = Router(
         path="/v1",
         route_handlers=[own_usage],
         dependencies={**deps, "principal": Provide(tenant_principal)},
-        exception_handlers=handlers,  # type: ignore[dict-item]
+        exception_handlers=handlers,  # type: ignore[arg-type]
         tags=["usage"],
     )
     return [admin, tenant]

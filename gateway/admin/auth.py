@@ -31,7 +31,7 @@ class AuthUnavailable(AdminError):
 log = logging.getLogger("switchyard.admin")
 
 
-def bearer(connection: ASGIConnection) -> str | None:  # type: ignore[type-arg]
+def bearer(connection: ASGIConnection) -> str | None:
     header = connection.headers.get("authorization", "")
     scheme, _, token = header.partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
@@ -39,7 +39,7 @@ def bearer(connection: ASGIConnection) -> str | None:  # type: ignore[type-arg]
     return token.strip()
 
 
-async def principal_of(connection: ASGIConnection, auth: Authenticator) -> Principal:  # type: ignore[type-arg]
+async def principal_of(connection: ASGIConnection, auth: Authenticator) -> Principal:
     token = bearer(connection)
     if token is None:
         raise Unauthorized("Missing bearer token: send 'Authorization: Bearer <API key>'.")
@@ -53,14 +53,14 @@ async def principal_of(connection: ASGIConnection, auth: Authenticator) -> Princ
     return principal
 
 
-async def require_admin(connection: ASGIConnection, auth: Authenticator) -> Principal:  # type: ignore[type-arg]
+async def require_admin(connection: ASGIConnection, auth: Authenticator) -> Principal:
     principal = await principal_of(connection, auth)
     if not principal.is_admin:
         raise Forbidden("This endpoint needs an admin key.")
     return principal
 
 
-async def require_tenant(connection: ASGIConnection, auth: Authenticator) -> Principal:  # type: ignore[type-arg]
+async def require_tenant(connection: ASGIConnection, auth: Authenticator) -> Principal:
     principal = await principal_of(connection, auth)
     if principal.tenant_id is None:
         raise Forbidden("This endpoint reports on a tenant's own usage; admin keys use /admin/v1/usage.")

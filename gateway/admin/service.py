@@ -111,7 +111,7 @@ class TenancyService:
         async with self.db.session() as s:
             return [tenant_view(t) for t in await s.scalars(select(Tenant).order_by(Tenant.created_at, Tenant.id))]
 
-    async def _tenant(self, s, ref: str) -> Tenant:  # type: ignore[no-untyped-def]
+    async def _tenant(self, s, ref: str) -> Tenant:
         tenant = await s.get(Tenant, ref) or await s.scalar(select(Tenant).where(Tenant.name == ref))
         if tenant is None:
             raise NotFound(f"no tenant {ref!r}", param="tenant")
@@ -180,7 +180,7 @@ class TenancyService:
             now = utcnow()
             return [key_view(k, now) for k in await s.scalars(query)]
 
-    async def _key(self, s, key_id: str) -> ApiKey:  # type: ignore[no-untyped-def]
+    async def _key(self, s, key_id: str) -> ApiKey:
         key = await s.get(ApiKey, key_id)
         if key is None:
             raise NotFound(f"no key {key_id!r}", param="key_id")
@@ -226,7 +226,7 @@ class TenancyService:
 
     # ------------------------------------------------------------ limits
 
-    async def _scope_id(self, s, scope: str, ref: str) -> str:  # type: ignore[no-untyped-def]
+    async def _scope_id(self, s, scope: str, ref: str) -> str:
         if scope == "tenant":
             return (await self._tenant(s, ref)).id
         if scope == "key":

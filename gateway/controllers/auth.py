@@ -17,4 +17,4 @@ async def authenticate_request(request: Request[Any, Any, Any]) -> None:
 
 
 def principal_of(request: Request[Any, Any, Any]) -> Principal:
-    return request.state.principal  # type: ignore[no-any-return]
+    return request.state.principal

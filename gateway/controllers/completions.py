@@ -18,7 +18,7 @@ from gateway.pipeline import Pipeline
 class CompletionsController(Controller):
     path = "/v1/completions"
     tags = ["OpenAI"]
-    before_request = authenticate_request
+    before_request = authenticate_request  # type: ignore[assignment]  # a function attribute reads as a method
 
     @post(
         "/",

@@ -62,7 +62,7 @@ def _require_admin(request: Request[Any, Any, Any]) -> None:
 class DeploymentsController(Controller):
     path = "/admin/v1"
     tags = ["Admin"]
-    before_request = authenticate_request
+    before_request = authenticate_request  # type: ignore[assignment]  # a function attribute reads as a method
 
     @get("/deployments", summary="Each deployment's health, latency and load", responses=error_responses(401, 403))
     async def deployments(self, request: Request[Any, Any, Any], services: Services) -> DeploymentList:

@@ -42,7 +42,7 @@ def describe_embeddings(principal: Principal, body: EmbeddingRequest) -> CallDes
 class EmbeddingsController(Controller):
     path = "/v1/embeddings"
     tags = ["OpenAI"]
-    before_request = authenticate_request
+    before_request = authenticate_request  # type: ignore[assignment]  # a function attribute reads as a method
 
     @post(
         "/",

@@ -22,7 +22,7 @@ from gateway.pipeline import Pipeline
 class MessagesController(Controller):
     path = "/v1/messages"
     tags = ["Anthropic"]
-    before_request = authenticate_request
+    before_request = authenticate_request  # type: ignore[assignment]  # a function attribute reads as a method
     exception_handlers = error_handlers()
 
     @post(

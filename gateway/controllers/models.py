@@ -36,7 +36,7 @@ def _card(group: ModelGroup) -> ModelCard:
 class ModelsController(Controller):
     path = "/v1/models"
     tags = ["OpenAI"]
-    before_request = authenticate_request
+    before_request = authenticate_request  # type: ignore[assignment]  # a function attribute reads as a method
 
     @get("/", summary="List the models this key may use", responses=error_responses(401))
     async def list_models(self, request: Request[Any, Any, Any], pipeline: Pipeline) -> ModelList:

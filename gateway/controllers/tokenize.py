@@ -60,7 +60,7 @@ def tokenizer_for(pipeline: Pipeline, principal: Principal, model: str) -> Token
 
 class TokenizeController(Controller):
     tags = ["Tokenizer"]
-    before_request = authenticate_request
+    before_request = authenticate_request  # type: ignore[assignment]  # a function attribute reads as a method
 
     @post("/tokenize", status_code=200, dto=WireBody[TokenizeRequest], return_dto=None,
           summary="Tokenize a prompt or a conversation (vLLM's shape)", responses=error_responses())

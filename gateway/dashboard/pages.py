@@ -46,7 +46,7 @@ def _login_page(sessions: Sessions, message: str = "", status: int = 200) -> Res
     token = secrets.token_urlsafe(24)
     page = _LOGIN.replace("{{csrf}}", token).replace("{{message}}", html.escape(message))
     response = _html(page, status)
-    response.set_cookie(LOGIN_CSRF_COOKIE, token, max_age=3600, **sessions.cookie_attrs())  # type: ignore[arg-type]
+    response.set_cookie(LOGIN_CSRF_COOKIE, token, max_age=3600, **sessions.cookie_attrs())  # type: ignore[call-overload]
     return response
 
 
@@ -74,7 +74,7 @@ async def login(
         return _login_page(sessions, "That API key is not valid (or is revoked or expired).", 401)
     cookie, _ = sessions.issue(principal.key_id, principal.tenant_id, principal.is_admin)
     response: Response[Any] = Redirect(PATH, status_code=303)
-    response.set_cookie(SESSION_COOKIE, cookie, max_age=int(sessions.lifetime), **sessions.cookie_attrs())  # type: ignore[arg-type]
+    response.set_cookie(SESSION_COOKIE, cookie, max_age=int(sessions.lifetime), **sessions.cookie_attrs())  # type: ignore[call-overload]
     response.delete_cookie(LOGIN_CSRF_COOKIE, path=PATH)
     return response
 

@@ -7,6 +7,7 @@ the caller's job (``gateway.dashboard.api``).
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
@@ -56,7 +57,7 @@ def _parse(text: str, param: str) -> datetime:
 
 
 def _sums(row: Any) -> dict[str, Any]:
-    out = {f: int(getattr(row, f) or 0) for f in _SUMS if f != "cost"}
+    out: dict[str, Any] = {f: int(getattr(row, f) or 0) for f in _SUMS if f != "cost"}
     out["cost"] = round(float(row.cost or 0.0), 8)
     out["total_tokens"] = out["prompt_tokens"] + out["completion_tokens"]
     return out
@@ -108,7 +109,7 @@ async def summary(db: Database, tenant_id: str, rng: Range) -> dict[str, Any]:
     }
 
 
-def _rollup(cells: list[Any], column: str) -> list[dict[str, Any]]:
+def _rollup(cells: Sequence[Any], column: str) -> list[dict[str, Any]]:
     """Sum the (model, key, error type) cells over one of those columns, sorted by it."""
     out: dict[str, dict[str, Any]] = {}
     for cell in cells:

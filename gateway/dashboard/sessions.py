@@ -68,7 +68,7 @@ class Sessions:
         return self._sign(b"csrf:" + session.nonce.encode())
 
     def check_csrf(self, session: SessionData, token: str | None) -> bool:
-        return bool(token) and hmac.compare_digest(token, self.csrf(session))  # type: ignore[arg-type]
+        return bool(token) and hmac.compare_digest(token, self.csrf(session))  # type: ignore[type-var]
 
     def cookie_attrs(self) -> dict[str, object]:
         return {"path": PATH, "httponly": True, "samesite": "strict", "secure": self.secure}

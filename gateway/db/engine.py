@@ -40,7 +40,7 @@ def make_engine(url: str, *, pool_size: int = 10) -> AsyncEngine:
         engine = create_async_engine(parsed, connect_args={"timeout": 30})
 
         @event.listens_for(engine.sync_engine, "connect")
-        def _pragmas(dbapi_conn, _record) -> None:  # type: ignore[no-untyped-def]
+        def _pragmas(dbapi_conn, _record) -> None:
             cur = dbapi_conn.cursor()
             cur.execute("PRAGMA journal_mode=WAL")
             cur.execute("PRAGMA foreign_keys=ON")

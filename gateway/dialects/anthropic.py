@@ -303,7 +303,7 @@ def _in_anthropic_shape(handler: Callable[[Request[Any, Any, Any], Any], Respons
     def handle(request: Request[Any, Any, Any], exc: Exception) -> Response[bytes]:
         response = handler(request, exc)
         error = msgspec.json.decode(response.content)["error"]
-        body = {"type": "error", "error": {"type": _ERROR_TYPES.get(response.status_code, "api_error"),
+        body = {"type": "error", "error": {"type": _ERROR_TYPES.get(response.status_code or 500, "api_error"),
                                            "message": error["message"]}}
         return Response(content=msgspec.json.encode(body), status_code=response.status_code,
                         media_type="application/json", headers=dict(response.headers))
@@ -313,4 +313,4 @@ def _in_anthropic_shape(handler: Callable[[Request[Any, Any, Any], Any], Respons
 
 def error_handlers() -> dict[Any, Callable[..., Any]]:
     """The gateway's exception handlers, answering in Anthropic's error shape."""
-    return {exc: _in_anthropic_shape(h) for exc, h in exception_handlers.items()}
+    return {exc: _in_anthropic_shape(h) for exc, h in exception_handlers.items()}  # type: ignore[arg-type]  # handlers are typed per exception

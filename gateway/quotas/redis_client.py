@@ -188,4 +188,4 @@ class RespClient:
             reply = await protocol.send(encode_command(command))
             if isinstance(reply, hiredis.ReplyError):
                 protocol.transport.close()  # type: ignore[union-attr]
-                raise RedisError(f"{command[0]} failed: {reply}")
+                raise RedisError(f"{command[0]!r} failed: {reply}")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from gateway.contracts import QuotaState
 from gateway.quotas.limits import WINDOW_SECONDS, period_id
-from gateway.quotas.redis_client import RespClient
+from gateway.quotas.redis_client import Arg, RespClient
 from gateway.quotas.store import Decision, Lease, Reservation, budget_retry
 
 KEYS_PER_SCOPE = 4
@@ -158,7 +158,7 @@ class RedisStore:
 
     async def reserve(self, r: Reservation) -> Decision:
         keys: list[str] = []
-        args: list[float | int | str] = [r.now, r.ticket_id, r.tokens, r.micros, r.lease_seconds, WINDOW_SECONDS]
+        args: list[Arg] = [r.now, r.ticket_id, r.tokens, r.micros, r.lease_seconds, WINDOW_SECONDS]
         for scope in r.scopes:
             lim = scope.limits
             pid, ttl = period_id(lim.budget_period, r.now)
@@ -173,9 +173,10 @@ class RedisStore:
                 cost,
                 ttl,
             ]
-        out: list[bytes | int] = await self._reserve(keys=keys, args=args)  # type: ignore[assignment]
-        ok, reason, index, retry_ms = int(out[0]), out[1], int(out[2]), int(out[3])
-        reason = reason.decode() if isinstance(reason, bytes) else str(reason)
+        out = await self._reserve(keys=keys, args=args)
+        assert isinstance(out, list)  # the script returns its array reply
+        ok, index, retry_ms = int(out[0]), int(out[2]), int(out[3])
+        reason = out[1].decode() if isinstance(out[1], bytes) else str(out[1])
         req = _state(int(out[4]), int(out[5]), int(out[6]))
         tok = _state(int(out[7]), int(out[8]), int(out[9]))
         if ok:
@@ -191,5 +192,5 @@ class RedisStore:
         for kind, sid, pid in lease.scopes:
             base = self._base(kind, sid)
             keys += [base + ":tk", base + ":cc", f"{base}:bd:{pid}"]
-        args = [lease.ticket_id, lease.second, actual_tokens - lease.tokens, actual_micros - lease.micros]
+        args: list[Arg] = [lease.ticket_id, lease.second, actual_tokens - lease.tokens, actual_micros - lease.micros]
         await self._settle(keys=keys, args=args)

@@ -7,6 +7,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import case, func, select
+from sqlalchemy.orm import InstrumentedAttribute
 from sqlalchemy.sql.elements import ColumnElement
 
 from gateway.db.engine import Database
@@ -51,7 +52,7 @@ async def usage_report(db: Database, q: ReportQuery) -> list[dict[str, Any]]:
     unknown = [g for g in q.group_by if g not in GROUPS]
     if unknown:
         raise ParameterError(f"cannot group by {unknown[0]!r}; choose from {', '.join(GROUPS)}", param="group_by")
-    columns: dict[str, ColumnElement[Any]] = {
+    columns: dict[str, ColumnElement[Any] | InstrumentedAttribute[Any]] = {
         "tenant": UsageRow.tenant_id,
         "key": UsageRow.key_id,
         "model": UsageRow.model,
