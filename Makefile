@@ -4,7 +4,7 @@ PY      := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 CONFIG  ?= config/default.yaml
 
-.PHONY: install run test lint services clean
+.PHONY: install model run test lint services clean
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -15,7 +15,11 @@ $(STAMP): pyproject.toml | $(PY)
 	rm -f $(VENV)/.installed-*
 	touch $@
 
-install: $(STAMP)
+# The default model (SmolLM2-135M-Instruct GGUF) is fetched once into ~/.cache/switchyard/models.
+model: $(STAMP)
+	@$(PY) -m backends.local.default_model
+
+install: $(STAMP) model
 
 # The loopback echo upstream runs only while the config routes to it (api_base on port 8001).
 run: install

@@ -26,12 +26,14 @@ from engine.sequence import FinishReason, Sequence, TokenLogprob
 
 
 def _load_tokenizer(model_path: str):  # -> engine.tokenizer.Tokenizer | None
-    folder = Path(model_path)
+    from engine import gguf_file
+
+    folder = gguf_file.tokenizer_folder(model_path) if gguf_file.is_gguf(model_path) else Path(model_path)
     if not any((folder / f).exists() for f in ("tokenizer.json", "tokenizer_config.json")):
         return None
     from engine.tokenizer import Tokenizer
 
-    return Tokenizer(model_path)
+    return Tokenizer(folder)
 
 
 def _config_eos_ids(hf_config: object, model_path: str) -> set[int]:

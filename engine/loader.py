@@ -17,6 +17,7 @@ from safetensors import safe_open
 from torch import nn
 from transformers import AutoConfig
 
+from engine import gguf_file
 from engine.config import parse_dtype
 from engine.models import MODEL_REGISTRY, resolve_architecture
 from engine.models.llama import head_dim_of
@@ -27,6 +28,8 @@ class ModelLoadError(ValueError):
 
 
 def load_config(model_path: str | Path) -> Any:
+    if gguf_file.is_gguf(model_path):
+        return gguf_file.load_config(model_path)
     path = Path(model_path)
     if not path.is_dir():
         raise ModelLoadError(f"model folder {str(path)!r} does not exist")
@@ -52,7 +55,12 @@ def safetensors_files(model_path: str | Path) -> list[Path]:
     return files
 
 
-def iter_weights(model_path: str | Path) -> Iterator[tuple[str, torch.Tensor]]:
+def iter_weights(model_path: str | Path, hf_config: Any = None,
+                 dtype: torch.dtype = torch.float32) -> Iterator[tuple[str, torch.Tensor]]:
+    """The checkpoint's tensors by Hugging Face name (a GGUF file's dequantized into ``dtype``)."""
+    if gguf_file.is_gguf(model_path):
+        yield from gguf_file.iter_weights(model_path, hf_config, dtype)
+        return
     for file in safetensors_files(model_path):
         with safe_open(str(file), framework="pt", device="cpu") as f:
             for name in f.keys():
@@ -81,7 +89,7 @@ def load_model(model_path: str | Path, dtype: torch.dtype | str = torch.float32,
     native: Any = model  # a native model class: lm_head, model.embed_tokens, load_weights
     if getattr(native, "tie_word_embeddings", False):
         native.lm_head.weight = native.model.embed_tokens.weight  # to_empty unties shared parameters
-    native.load_weights(iter_weights(model_path))
+    native.load_weights(iter_weights(model_path, hf_config, dtype))
     return model.eval(), hf_config
 
 

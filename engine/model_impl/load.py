@@ -10,6 +10,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from engine.gguf_file import is_gguf
 from engine.model_impl.resolve import ModelImplError, Resolution, inspect_model, resolve_model_impl
 
 log = logging.getLogger("switchyard.engine")
@@ -30,8 +31,11 @@ def load_transformers_model(folder: str | Path, dtype: torch.dtype, device: torc
 
     from engine.model_impl.hf_model import ATTN_IMPLEMENTATION, TransformersForCausalLM
 
+    source = Path(folder)
+    where = {"gguf_file": source.name} if is_gguf(source) else {}  # transformers dequantizes the file itself
     hf_model = transformers.AutoModelForCausalLM.from_pretrained(
-        str(folder), dtype=dtype, attn_implementation=ATTN_IMPLEMENTATION, local_files_only=True
+        str(source.parent if where else source), dtype=dtype, attn_implementation=ATTN_IMPLEMENTATION,
+        local_files_only=True, **where,
     )
     hf_model.to(device).eval()  # type: ignore[arg-type]  # transformers' stub of .to
     return TransformersForCausalLM(hf_model, attn_backend), hf_model.config

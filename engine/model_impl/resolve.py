@@ -82,13 +82,21 @@ def inspect_model(folder: str | Path) -> ModelInfo:
     """Read config.json of a local HF folder (no weights) and classify its architecture."""
     import transformers
 
+    from engine import gguf_file
+
     path = Path(folder)
-    if not (path / "config.json").is_file():
+    if gguf_file.is_gguf(path):
+        try:
+            hf_config = gguf_file.load_config(path)
+        except gguf_file.GGUFError as exc:
+            raise ModelImplError(str(exc)) from None
+    elif not (path / "config.json").is_file():
         raise ModelImplError(f"model folder {str(path)!r} does not exist or has no config.json")
-    try:
-        hf_config = transformers.AutoConfig.from_pretrained(str(path), local_files_only=True)
-    except (ValueError, KeyError, OSError) as exc:
-        raise ModelImplError(f"transformers cannot read {path / 'config.json'}: {exc}") from None
+    else:
+        try:
+            hf_config = transformers.AutoConfig.from_pretrained(str(path), local_files_only=True)
+        except (ValueError, KeyError, OSError) as exc:
+            raise ModelImplError(f"transformers cannot read {path / 'config.json'}: {exc}") from None
     names = list(getattr(hf_config, "architectures", None) or [])
     native = set(native_architectures())
     arch = next((n for n in names if n in native), names[0] if names else type(hf_config).__name__)

@@ -47,13 +47,15 @@ class Env:
 
 
 @contextmanager
-def local_gateway(workdir: Path, extra_models: list[dict[str, Any]] | None = None, **options: Any) -> Iterator[Env]:
+def local_gateway(workdir: Path, extra_models: list[dict[str, Any]] | None = None, model: str | None = None,
+                  **options: Any) -> Iterator[Env]:
     """The tiny model (seed 5, 2048 positions) served as model ``tiny``; ``options`` are the
     deployment's engine options (default: 192 KV blocks of 16, prefix caching off); ``extra_models``
-    are more model groups (``{folder}`` in a deployment's ``model`` is the tiny model's folder)."""
+    are more model groups (``{folder}`` in a deployment's ``model`` is the tiny model's folder);
+    ``model`` serves that folder or .gguf file as ``tiny`` instead."""
     from gateway.app import create_app
 
-    folder = build_tiny_model(workdir / "tiny", seed=5, max_position_embeddings=2048)
+    folder = Path(model) if model else build_tiny_model(workdir / "tiny", seed=5, max_position_embeddings=2048)
     options = {"num_kv_blocks": 192, "block_size": 16, "enable_prefix_caching": False, **options}
     deployment = {"provider": "local", "model": str(folder), "options": options}
     models = [{"name": "tiny", "deployments": [deployment], "max_retries": 0}]

@@ -1,0 +1,156 @@
+"""Models in one GGUF file (llama.cpp's format), as vLLM and transformers load them.
+
+``model`` may name a ``.gguf`` file wherever it may name a Hugging Face folder. The architecture and
+hyper-parameters come from the file's metadata (transformers maps them onto its config class), the
+weights are dequantized at load with the ``gguf`` package (every type it can dequantize: F32, F16,
+BF16, Q8_0, Q4_0, Q4_1, the K-quants, ...) into the engine's dtype and renamed onto the Hugging Face
+names the native models load, with the Q/K row permutation llama.cpp applies to Llama-family
+attention undone. The tokenizer (vocabulary, merges, special tokens) and chat template are built
+from the metadata once and kept as a tokenizer folder in ``SWITCHYARD_GGUF_CACHE`` (default
+``~/.cache/switchyard/gguf``). Architectures the engine does not implement natively go to the
+transformers path (``engine.model_impl``), which reads the same file.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import re
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+GGUF_SUFFIX = ".gguf"
+_PERMUTED_ARCHS = {"llama", "mistral"}  # llama.cpp's converter permutes their q/k rows
+_LAYER = re.compile(r"blk\.(\d+)\.(.+)")
+_LAYER_NAMES = {
+    "attn_norm.weight": "input_layernorm.weight",
+    "ffn_norm.weight": "post_attention_layernorm.weight",
+    "attn_q.weight": "self_attn.q_proj.weight",
+    "attn_k.weight": "self_attn.k_proj.weight",
+    "attn_v.weight": "self_attn.v_proj.weight",
+    "attn_q.bias": "self_attn.q_proj.bias",
+    "attn_k.bias": "self_attn.k_proj.bias",
+    "attn_v.bias": "self_attn.v_proj.bias",
+    "attn_output.weight": "self_attn.o_proj.weight",
+    "attn_q_norm.weight": "self_attn.q_norm.weight",
+    "attn_k_norm.weight": "self_attn.k_norm.weight",
+    "ffn_gate.weight": "mlp.gate_proj.weight",
+    "ffn_up.weight": "mlp.up_proj.weight",
+    "ffn_down.weight": "mlp.down_proj.weight",
+}
+_GLOBAL_NAMES = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
+                 "output.weight": "lm_head.weight"}
+
+
+class GGUFError(ValueError):
+    """A GGUF file the engine cannot load (a tensor type or name it does not know, a bad file)."""
+
+
+def is_gguf(model: str | Path) -> bool:
+    return str(model).endswith(GGUF_SUFFIX)
+
+
+def _reader(path: str | Path) -> Any:
+    from gguf import GGUFReader
+
+    if not Path(path).is_file():
+        raise GGUFError(f"GGUF file {str(path)!r} does not exist")
+    try:
+        return GGUFReader(str(path))
+    except (ValueError, OSError) as exc:
+        raise GGUFError(f"{path}: not a readable GGUF file ({exc})") from None
+
+
+def architecture(path: str | Path) -> str:
+    field = _reader(path).fields.get("general.architecture")
+    return str(field.contents()) if field is not None else "unknown"
+
+
+@functools.lru_cache(maxsize=8)
+def load_config(path: str | Path) -> Any:
+    """The transformers config the file's metadata describes (read once per file: it parses the
+    whole vocabulary, seconds on a small CPU)."""
+    from transformers import AutoConfig
+
+    file = Path(path)
+    try:
+        config = AutoConfig.from_pretrained(str(file.parent), gguf_file=file.name, local_files_only=True)
+    except (ValueError, KeyError, OSError) as exc:
+        raise GGUFError(f"{file}: transformers cannot read its architecture ({exc})") from None
+    names = {t.name for t in _reader(file).tensors}
+    config.tie_word_embeddings = "output.weight" not in names  # no separate output matrix: tied to the embeddings
+    if not getattr(config, "architectures", None):  # the causal-LM class, as a folder's config.json names it
+        from transformers import AutoModelForCausalLM
+
+        cls = AutoModelForCausalLM._model_mapping.get(type(config), None)
+        config.architectures = [cls.__name__] if cls is not None else []
+    return config
+
+
+def _unpermute(weight: torch.Tensor, heads: int) -> torch.Tensor:
+    """Undo llama.cpp's interleaving of each head's rotary halves (its ``permute`` in convert)."""
+    rows = weight.shape[0]
+    return weight.reshape(heads, rows // heads // 2, 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
+
+
+def _hf_name(name: str) -> str:
+    if name in _GLOBAL_NAMES:
+        return _GLOBAL_NAMES[name]
+    match = _LAYER.fullmatch(name)
+    if match is None or match.group(2) not in _LAYER_NAMES:
+        raise GGUFError(f"GGUF tensor {name!r} has no place in the native model")
+    return f"model.layers.{match.group(1)}.{_LAYER_NAMES[match.group(2)]}"
+
+
+def iter_weights(path: str | Path, hf_config: Any, dtype: torch.dtype = torch.float32) -> Iterator[tuple[str, torch.Tensor]]:
+    """``(Hugging Face name, tensor in dtype)`` for every tensor of the file, dequantized."""
+    from gguf import GGMLQuantizationType, dequantize
+
+    reader = _reader(path)
+    arch = str(reader.fields["general.architecture"].contents())
+    heads = int(hf_config.num_attention_heads)
+    kv_heads = int(getattr(hf_config, "num_key_value_heads", None) or heads)
+    for tensor in reader.tensors:
+        if tensor.name == "rope_freqs.weight":
+            continue  # llama 3.1's rope scaling factors; the config carries rope_scaling
+        kind = GGMLQuantizationType(tensor.tensor_type)
+        try:
+            values = dequantize(tensor.data, kind)
+        except (NotImplementedError, ValueError, KeyError) as exc:
+            raise GGUFError(f"{tensor.name}: the gguf package cannot dequantize {kind.name} ({exc})") from None
+        shape = tuple(reversed([int(d) for d in tensor.shape]))
+        array = np.ascontiguousarray(values, dtype=np.float32).reshape(shape)
+        weight = torch.from_numpy(array if array.flags.writeable else array.copy())
+        if arch in _PERMUTED_ARCHS and tensor.name.endswith(("attn_q.weight", "attn_k.weight")):
+            weight = _unpermute(weight, heads if "attn_q" in tensor.name else kv_heads)
+        yield _hf_name(tensor.name), weight.to(dtype)
+
+
+def tokenizer_folder(path: str | Path) -> Path:
+    """A Hugging Face tokenizer folder built from the file's metadata (once; then reused)."""
+    file = Path(path).resolve()
+    stat = file.stat()
+    key = hashlib.sha256(f"{file}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:16]
+    root = Path(os.environ.get("SWITCHYARD_GGUF_CACHE") or Path.home() / ".cache" / "switchyard" / "gguf")
+    folder = root / f"{file.stem}-{key}"
+    if (folder / "tokenizer.json").is_file():
+        return folder
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(file.parent), gguf_file=file.name, local_files_only=True)
+    except (ValueError, KeyError, OSError) as exc:
+        raise GGUFError(f"{file}: cannot build its tokenizer from the metadata ({exc})") from None
+    partial = folder.with_name(folder.name + f".tmp{os.getpid()}")
+    tokenizer.save_pretrained(str(partial))
+    try:
+        partial.replace(folder)
+    except OSError:  # another process built it first
+        shutil.rmtree(partial, ignore_errors=True)
+    return folder
