@@ -88,7 +88,7 @@ def load_config(path: str | Path) -> Any:
     if not getattr(config, "architectures", None):  # the causal-LM class, as a folder's config.json names it
         from transformers import AutoModelForCausalLM
 
-        cls = AutoModelForCausalLM._model_mapping.get(type(config), None)
+        cls: Any = AutoModelForCausalLM._model_mapping.get(type(config), None)
         config.architectures = [cls.__name__] if cls is not None else []
     return config
 
@@ -108,7 +108,9 @@ def _hf_name(name: str) -> str:
     return f"model.layers.{match.group(1)}.{_LAYER_NAMES[match.group(2)]}"
 
 
-def iter_weights(path: str | Path, hf_config: Any, dtype: torch.dtype = torch.float32) -> Iterator[tuple[str, torch.Tensor]]:
+def iter_weights(
+    path: str | Path, hf_config: Any, dtype: torch.dtype = torch.float32
+) -> Iterator[tuple[str, torch.Tensor]]:
     """``(Hugging Face name, tensor in dtype)`` for every tensor of the file, dequantized."""
     from gguf import GGMLQuantizationType, dequantize
 
