@@ -56,7 +56,9 @@ def is_gguf(model: str | Path) -> bool:
     return str(model).endswith(GGUF_SUFFIX)
 
 
+@functools.lru_cache(maxsize=1)
 def _reader(path: str | Path) -> Any:
+    """The file's reader (tensors memory-mapped); parsing the metadata takes seconds, so once."""
     from gguf import GGUFReader
 
     if not Path(path).is_file():
@@ -72,18 +74,45 @@ def architecture(path: str | Path) -> str:
     return str(field.contents()) if field is not None else "unknown"
 
 
+def _llama_config(reader: Any) -> Any:
+    """A LlamaConfig straight from a llama-architecture file's metadata (no vocabulary parsing)."""
+    from transformers import LlamaConfig
+
+    def value(key: str, default: Any = None) -> Any:
+        field = reader.fields.get(key)
+        return field.contents() if field is not None else default
+
+    heads = int(value("llama.attention.head_count"))
+    vocab = value("llama.vocab_size") or len(reader.fields["tokenizer.ggml.tokens"].data)
+    return LlamaConfig(
+        vocab_size=int(vocab), hidden_size=int(value("llama.embedding_length")),
+        intermediate_size=int(value("llama.feed_forward_length")), num_hidden_layers=int(value("llama.block_count")),
+        num_attention_heads=heads, num_key_value_heads=int(value("llama.attention.head_count_kv", heads)),
+        rms_norm_eps=float(value("llama.attention.layer_norm_rms_epsilon", 1e-6)),
+        rope_theta=float(value("llama.rope.freq_base", 10000.0)),
+        max_position_embeddings=int(value("llama.context_length", 2048)),
+        bos_token_id=value("tokenizer.ggml.bos_token_id"), eos_token_id=value("tokenizer.ggml.eos_token_id"),
+        architectures=["LlamaForCausalLM"],
+    )
+
+
 @functools.lru_cache(maxsize=8)
 def load_config(path: str | Path) -> Any:
-    """The transformers config the file's metadata describes (read once per file: it parses the
-    whole vocabulary, seconds on a small CPU)."""
+    """The transformers config the file's metadata describes: read directly for Llama files (plain
+    RoPE), else by transformers' GGUF mapping (which parses the whole vocabulary: seconds)."""
     from transformers import AutoConfig
 
     file = Path(path)
-    try:
-        config = AutoConfig.from_pretrained(str(file.parent), gguf_file=file.name, local_files_only=True)
-    except (ValueError, KeyError, OSError) as exc:
-        raise GGUFError(f"{file}: transformers cannot read its architecture ({exc})") from None
-    names = {t.name for t in _reader(file).tensors}
+    reader = _reader(file)
+    arch = str(reader.fields["general.architecture"].contents())
+    if arch == "llama" and "llama.rope.scaling.type" not in reader.fields:
+        config = _llama_config(reader)
+    else:
+        try:
+            config = AutoConfig.from_pretrained(str(file.parent), gguf_file=file.name, local_files_only=True)
+        except (ValueError, KeyError, OSError) as exc:
+            raise GGUFError(f"{file}: transformers cannot read its architecture ({exc})") from None
+    names = {t.name for t in reader.tensors}
     config.tie_word_embeddings = "output.weight" not in names  # no separate output matrix: tied to the embeddings
     if not getattr(config, "architectures", None):  # the causal-LM class, as a folder's config.json names it
         from transformers import AutoModelForCausalLM

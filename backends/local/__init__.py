@@ -16,7 +16,10 @@ Importing this package is cheap; torch and the engine load when a backend is bui
 from __future__ import annotations
 
 import logging
+import os
 from typing import TYPE_CHECKING, Any
+
+import msgspec
 
 from backends.config import ConfigError, DeploymentConfig
 
@@ -33,6 +36,7 @@ def build_backend(config: DeploymentConfig) -> LocalEngineBackend:
     from engine import AsyncEngine
     from engine.loader import ModelLoadError
 
+    config = msgspec.structs.replace(config, model=os.path.expanduser(config.model))  # "~/..." in a config file
     engine_cfg = engine_config(config)
     from backends.transformers_generate import generate_fallback  # models only plain transformers generate can run
 

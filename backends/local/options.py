@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import os
 
 from backends.config import ConfigError, DeploymentConfig
 from engine import EngineConfig, InvalidRequest, PoolingParams
@@ -37,7 +36,7 @@ def engine_config(config: DeploymentConfig) -> EngineConfig:
     if config.context_window is not None and "max_model_len" not in options:
         options["max_model_len"] = config.context_window
     try:
-        return EngineConfig(model=os.path.expanduser(config.model), **options)
+        return EngineConfig(model=config.model, **options)
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"deployment {config.id}: {exc}") from None
 
