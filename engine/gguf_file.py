@@ -89,7 +89,7 @@ def _llama_config(reader: Any) -> Any:
         intermediate_size=int(value("llama.feed_forward_length")), num_hidden_layers=int(value("llama.block_count")),
         num_attention_heads=heads, num_key_value_heads=int(value("llama.attention.head_count_kv", heads)),
         rms_norm_eps=float(value("llama.attention.layer_norm_rms_epsilon", 1e-6)),
-        rope_theta=float(value("llama.rope.freq_base", 10000.0)),
+        rope_parameters={"rope_theta": float(value("llama.rope.freq_base", 10000.0)), "rope_type": "default"},
         max_position_embeddings=int(value("llama.context_length", 2048)),
         bos_token_id=value("tokenizer.ggml.bos_token_id"), eos_token_id=value("tokenizer.ggml.eos_token_id"),
         architectures=["LlamaForCausalLM"],
