@@ -213,3 +213,22 @@ def test_configmap_config_loads_with_the_settings_loader(overlay: str, tmp_path:
         env.update({"SWITCHYARD_DATABASE_URL": "postgresql+asyncpg://u:p@db:5432/s", "SWITCHYARD_REDIS_URL": "redis://r:6379/0"})
         load_settings(path, env=env)
         assert _unknown_keys(yaml.safe_load(text), Settings, "") == [], "keys the settings loader ignores"
+
+
+def test_gpu_engine_is_addressed_per_pod_for_cache_aware() -> None:
+    objs = render("gpu")
+    sts = next(o for o in objs if o["kind"] == "StatefulSet" and o["metadata"]["name"] == "engine")
+    svc = next(o for o in objs if o["kind"] == "Service" and o["metadata"]["name"] == sts["spec"]["serviceName"])
+    assert svc["spec"]["clusterIP"] == "None", "per-pod DNS needs a headless Service"
+    c = pod_spec(sts)["containers"][0]
+    assert c["resources"]["limits"]["nvidia.com/gpu"] == c["resources"]["requests"]["nvidia.com/gpu"]
+    assert pod_spec(sts)["tolerations"] and pod_spec(sts)["nodeSelector"]
+    probe = c["startupProbe"]
+    assert probe["periodSeconds"] * probe["failureThreshold"] >= 600, "a model load needs a long startupProbe"
+    assert any(m["mountPath"] == "/models" for m in c["volumeMounts"])
+    cm = next(o for o in objs if o["kind"] == "ConfigMap" and "switchyard.yaml" in o.get("data", {}))
+    group = next(g for g in yaml.safe_load(cm["data"]["switchyard.yaml"])["models"] if g["name"] == "local-llm")
+    assert group["strategy"] == "cache_aware"
+    name, ns = sts["metadata"]["name"], sts["metadata"]["namespace"]
+    want = [f"http://{name}-{i}.{svc['metadata']['name']}:8100/v1" for i in range(sts["spec"]["replicas"])]
+    assert [d["api_base"] for d in group["deployments"]] == want, "one deployment per engine pod, in step with replicas"
