@@ -75,6 +75,12 @@ def test_every_object_validates_against_kubernetes_schemas(overlay: str) -> None
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
+def test_one_namespace(overlay: str) -> None:
+    # the gateway reaches engine-N.engine, postgres and redis by short DNS names: same namespace
+    assert {o["metadata"].get("namespace") for o in render(overlay)} == {"switchyard"}
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
 def test_every_container_has_probes_resources_and_runs_as_non_root(overlay: str) -> None:
     for obj in render(overlay):
         if obj["kind"] not in WORKLOAD_KINDS:
@@ -229,6 +235,6 @@ def test_gpu_engine_is_addressed_per_pod_for_cache_aware() -> None:
     cm = next(o for o in objs if o["kind"] == "ConfigMap" and "switchyard.yaml" in o.get("data", {}))
     group = next(g for g in yaml.safe_load(cm["data"]["switchyard.yaml"])["models"] if g["name"] == "local-llm")
     assert group["strategy"] == "cache_aware"
-    name, ns = sts["metadata"]["name"], sts["metadata"]["namespace"]
+    name = sts["metadata"]["name"]
     want = [f"http://{name}-{i}.{svc['metadata']['name']}:8100/v1" for i in range(sts["spec"]["replicas"])]
     assert [d["api_base"] for d in group["deployments"]] == want, "one deployment per engine pod, in step with replicas"
