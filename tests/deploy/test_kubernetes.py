@@ -22,7 +22,11 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 KUBE = ROOT / "deploy" / "kubernetes"
 K8S_VERSION = "1.33.0"  # a current release; kubernetes-validate ships its schemas offline
-OVERLAYS = ["base", *sorted(p.name for p in (KUBE / "overlays").iterdir() if p.is_dir())] if (KUBE / "overlays").is_dir() else ["base"]
+OVERLAYS = (
+    ["base", *sorted(p.name for p in (KUBE / "overlays").iterdir() if p.is_dir())]
+    if (KUBE / "overlays").is_dir()
+    else ["base"]
+)
 WORKLOAD_KINDS = {"Deployment", "StatefulSet", "Job"}
 SWITCHYARD_IMAGES = {"switchyard:cpu", "switchyard:cuda"}  # the tags compose.yaml builds from the Dockerfile
 
@@ -64,6 +68,7 @@ def containers(obj: dict[str, Any]) -> list[dict[str, Any]]:
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_every_object_validates_against_kubernetes_schemas(overlay: str) -> None:
     import kubernetes_validate as kv  # a test dependency (pyproject [test]); missing means fail, not skip
+
     for obj in render(overlay):
         where = f"{overlay}: {obj.get('kind')}/{obj.get('metadata', {}).get('name')}"
         try:
@@ -113,10 +118,16 @@ def test_gateway_probes_drain_and_scaling(overlay: str) -> None:
     # The gateway drains for 10 s after SIGTERM (README "Serving in production"); the preStop sleep runs first.
     pre = c["lifecycle"]["preStop"]["sleep"]["seconds"]
     assert pod_spec(gw)["terminationGracePeriodSeconds"] >= pre + 10 + 5
-    kinds = {(o["kind"], o["spec"].get("scaleTargetRef", {}).get("name")) for o in objs if o["kind"] == "HorizontalPodAutoscaler"}
+    kinds = {
+        (o["kind"], o["spec"].get("scaleTargetRef", {}).get("name"))
+        for o in objs
+        if o["kind"] == "HorizontalPodAutoscaler"
+    }
     assert ("HorizontalPodAutoscaler", "gateway") in kinds
     pdbs = [o for o in objs if o["kind"] == "PodDisruptionBudget"]
-    assert any(p["spec"]["selector"]["matchLabels"].items() <= gw["spec"]["selector"]["matchLabels"].items() for p in pdbs)
+    assert any(
+        p["spec"]["selector"]["matchLabels"].items() <= gw["spec"]["selector"]["matchLabels"].items() for p in pdbs
+    )
     ann = gw["spec"]["template"]["metadata"]["annotations"]
     assert ann["prometheus.io/scrape"] == "true" and ann["prometheus.io/path"] == "/metrics"
 
@@ -149,7 +160,11 @@ def _cli_help(words: list[str]) -> str:
     """`switchyard WORDS --help` from this checkout; fails on an unknown command."""
     out = subprocess.run(
         [sys.executable, "-c", f"import sys; sys.argv = ['switchyard', *sys.argv[1:]]; {CLI}", *words, "--help"],
-        capture_output=True, text=True, cwd=ROOT, env={**os.environ, "COLUMNS": "200", "NO_COLOR": "1"}, timeout=120,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "COLUMNS": "200", "NO_COLOR": "1"},
+        timeout=120,
     )
     assert out.returncode == 0, f"`switchyard {' '.join(words)}` is not a command: {out.stdout}{out.stderr}"
     return out.stdout
@@ -216,7 +231,12 @@ def test_configmap_config_loads_with_the_settings_loader(overlay: str, tmp_path:
         path = tmp_path / "switchyard.yaml"
         path.write_text(text)
         env = {v: "x" for v in re.findall(r"\$\{([A-Z0-9_]+)", text)}
-        env.update({"SWITCHYARD_DATABASE_URL": "postgresql+asyncpg://u:p@db:5432/s", "SWITCHYARD_REDIS_URL": "redis://r:6379/0"})
+        env.update(
+            {
+                "SWITCHYARD_DATABASE_URL": "postgresql+asyncpg://u:p@db:5432/s",
+                "SWITCHYARD_REDIS_URL": "redis://r:6379/0",
+            }
+        )
         load_settings(path, env=env)
         assert _unknown_keys(yaml.safe_load(text), Settings, "") == [], "keys the settings loader ignores"
 
