@@ -1,0 +1,106 @@
+"""engine/gguf_file.py on GGUF files written here from a seeded random Llama: hyper-parameters read
+from the metadata, tensors dequantized (F32 exact, F16 and Q8_0 as the gguf package rounds them),
+llama.cpp's Q/K permutation undone, and clear errors for what cannot load."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType, GGUFWriter
+from gguf.quants import quantize
+from safetensors.torch import load_file
+
+from engine import gguf_file
+from engine.loader import load_config
+from engine.tiny_model import build_tiny_model
+
+NAMES = {v: k for k, v in gguf_file._GLOBAL_NAMES.items()}  # HF name -> GGUF name
+
+
+def _gguf_name(hf: str) -> str:
+    if hf in NAMES:
+        return NAMES[hf]
+    rest = hf.removeprefix("model.layers.")
+    layer, _, name = rest.partition(".")
+    inverse = {v: k for k, v in gguf_file._LAYER_NAMES.items()}
+    return f"blk.{layer}.{inverse[name]}"
+
+
+def _permute(w: np.ndarray, heads: int) -> np.ndarray:
+    """llama.cpp's convert script: interleave each head's rotary halves."""
+    return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def _write(folder: Path, out: Path, kind: GGMLQuantizationType, extra: dict[str, np.ndarray] | None = None) -> None:
+    config = load_config(folder)
+    weights = load_file(str(folder / "model.safetensors"))
+    writer = GGUFWriter(str(out), "llama")
+    writer.add_block_count(config.num_hidden_layers)
+    writer.add_context_length(config.max_position_embeddings)
+    writer.add_embedding_length(config.hidden_size)
+    writer.add_feed_forward_length(config.intermediate_size)
+    writer.add_head_count(config.num_attention_heads)
+    writer.add_head_count_kv(config.num_key_value_heads)
+    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
+    writer.add_rope_freq_base(float(config.rope_parameters["rope_theta"]))
+    writer.add_vocab_size(config.vocab_size)
+    for name, tensor in weights.items():
+        array = tensor.float().numpy()
+        if name.endswith("q_proj.weight"):
+            array = _permute(array, config.num_attention_heads)
+        elif name.endswith("k_proj.weight"):
+            array = _permute(array, config.num_key_value_heads)
+        if kind is GGMLQuantizationType.F32 or array.ndim == 1:
+            writer.add_tensor(_gguf_name(name), array)
+        elif kind is GGMLQuantizationType.F16:
+            writer.add_tensor(_gguf_name(name), array.astype(np.float16))
+        else:
+            writer.add_tensor(_gguf_name(name), quantize(array, kind), raw_dtype=kind)
+    for name, array in (extra or {}).items():
+        writer.add_tensor(name, array)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny_model(tmp_path_factory.mktemp("gguf") / "tiny", seed=3)
+
+
+@pytest.mark.parametrize("kind", [GGMLQuantizationType.F32, GGMLQuantizationType.F16, GGMLQuantizationType.Q8_0])
+def test_tensors_come_back_as_the_checkpoint(folder: Path, tmp_path: Path, kind: GGMLQuantizationType) -> None:
+    path = tmp_path / f"tiny-{kind.name}.gguf"
+    _write(folder, path, kind)
+    config = gguf_file.load_config(path)
+    original = load_config(folder)
+    assert config.architectures == ["LlamaForCausalLM"]
+    for key in ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "vocab_size"):
+        assert getattr(config, key) == getattr(original, key), key
+    want = load_file(str(folder / "model.safetensors"))
+    got = dict(gguf_file.iter_weights(path, config))
+    assert set(got) == set(want) - {"lm_head.weight"} or set(got) == set(want)
+    tolerance = {"F32": 0.0, "F16": 1e-3, "Q8_0": 2e-2}[kind.name]
+    for name, tensor in got.items():
+        assert tensor.dtype == torch.float32 and tensor.shape == want[name].shape, name
+        assert torch.allclose(tensor, want[name].float(), atol=tolerance, rtol=0), name
+
+
+def test_a_tensor_the_engine_has_no_place_for_is_a_clear_error(folder: Path, tmp_path: Path) -> None:
+    path = tmp_path / "odd.gguf"
+    _write(folder, path, GGMLQuantizationType.F32, {"blk.0.mystery.weight": np.zeros(4, dtype=np.float32)})
+    with pytest.raises(gguf_file.GGUFError, match="blk.0.mystery.weight"):
+        list(gguf_file.iter_weights(path, gguf_file.load_config(path)))
+
+
+def test_a_missing_or_broken_file_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(gguf_file.GGUFError, match="does not exist"):
+        gguf_file.load_config(tmp_path / "absent.gguf")
+    broken = tmp_path / "broken.gguf"
+    broken.write_bytes(b"not a gguf file at all")
+    with pytest.raises(gguf_file.GGUFError, match="not a readable GGUF"):
+        gguf_file.load_config(broken)
