@@ -69,8 +69,10 @@ class LocalEngineBackend:
 
     def tokenize_chat(self, request: ChatCompletionRequest, add_generation_prompt: bool = True) -> list[int]:
         try:
+            variables = {k: v for k, v in (wire.opt(request.chat_template_kwargs, None) or {}).items()
+                         if k not in ("messages", "add_generation_prompt")}
             return self.tokenizer.apply_chat_template(wire.chat_messages(request),
-                                                      add_generation_prompt=add_generation_prompt)
+                                                      add_generation_prompt=add_generation_prompt, **variables)
         except InvalidRequest as exc:  # no template, or the template refused the conversation
             raise BadRequest(exc.message, param=exc.param) from None
 

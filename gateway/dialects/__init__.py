@@ -7,18 +7,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import msgspec
-
+from backends.openai_wire import encode_answer
 from gateway.streaming import OpenAIEvents, StreamEncoder
-
-_encoder = msgspec.json.Encoder()
 
 
 @dataclass(frozen=True)
 class Dialect:
     """How a whole answer (``unary``) and a stream's events (``stream``) are encoded."""
 
-    unary: Callable[[Any], bytes] = _encoder.encode
+    unary: Callable[[Any], bytes] = encode_answer  # an upstream's answer relayed with every field it sent
     stream: Callable[[], StreamEncoder] = OpenAIEvents
 
 
