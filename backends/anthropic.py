@@ -43,6 +43,8 @@ from backends.openai_wire import (
     TextCompletion,
     ToolCallDelta,
     Usage,
+    extra_params,
+    set_extra_params,
 )
 
 DEFAULT_API_BASE = "https://api.anthropic.com/v1"
@@ -62,7 +64,15 @@ class AnthropicBackend(HTTPBackend):
 
     def _request(self, request: ChatCompletionRequest, ctx: CallContext, stream: bool) -> dict[str, Any]:
         max_tokens = ctx.output_limit(request.output_limit()) or self._max_tokens
-        return to_messages_request(request, self.upstream_model, stream=stream, max_tokens=max_tokens)
+        drop, rename = self.config.drop_params, self.config.rename_params
+        if drop or rename:  # the deployment's adjustments apply to the client's fields before mapping
+            extra = {rename.get(k, k): v for k, v in extra_params(request).items() if k not in drop}
+            request = msgspec.structs.replace(request)
+            set_extra_params(request, extra)
+        body = to_messages_request(request, self.upstream_model, stream=stream, max_tokens=max_tokens)
+        for name in drop:
+            body.pop(name, None)
+        return body
 
     # ------------------------------------------------------------ chat
 
@@ -224,10 +234,11 @@ class _StreamTranslator:
         await self.aclose()
         raise StopAsyncIteration
 
-    def _chunk(self, delta: ChatDelta, finish: str | None = None) -> ChatCompletionChunk:
-        return ChatCompletionChunk(
-            id=self._id, model=self._model, choices=[ChatChunkChoice(index=0, delta=delta, finish_reason=finish)]
-        )  # type: ignore[arg-type]
+    def _chunk(self, delta: ChatDelta, finish: str | None = None, stop: Any = None) -> ChatCompletionChunk:
+        choice = ChatChunkChoice(index=0, delta=delta, finish_reason=finish)  # type: ignore[arg-type]
+        if isinstance(stop, str):
+            choice.stop_reason = stop  # the stop sequence that matched
+        return ChatCompletionChunk(id=self._id, model=self._model, choices=[choice])
 
     async def _step(self) -> None:
         event = await self._events.next()
@@ -239,6 +250,7 @@ class _StreamTranslator:
             message = event.get("message") or {}
             self._id = str(message.get("id") or self._id)
             self._usage.update(message.get("usage") or {})
+            self._meter.prompt_tokens = usage_of(self._usage).prompt_tokens  # the real count, from the start
             self._pending.append(self._chunk(ChatDelta(role="assistant", content="")))
         elif kind == "content_block_start":
             block = event.get("content_block") or {}
@@ -262,8 +274,9 @@ class _StreamTranslator:
             self._delta(int(event.get("index", 0)), event.get("delta") or {})
         elif kind == "message_delta":
             self._usage.update(event.get("usage") or {})
-            reason = STOP_REASONS.get((event.get("delta") or {}).get("stop_reason") or "", "stop")
-            self._pending.append(self._chunk(ChatDelta(), reason))
+            delta = event.get("delta") or {}
+            reason = STOP_REASONS.get(delta.get("stop_reason") or "", "stop")
+            self._pending.append(self._chunk(ChatDelta(), reason, delta.get("stop_sequence")))
         elif kind == "message_stop":
             self._finish()
         elif kind == "error":

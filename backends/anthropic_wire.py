@@ -25,6 +25,7 @@ from backends.openai_wire import (
     TextPart,
     ToolCall,
     Usage,
+    extra_params,
 )
 
 DEFAULT_MAX_TOKENS = 4096
@@ -133,9 +134,44 @@ def to_messages_request(request: ChatCompletionRequest, model: str, *, stream: b
         body["tool_choice"] = choice
     if isinstance(request.user, str):
         body["metadata"] = {"user_id": request.user}
+    _map_extra(request, body)
     if stream:
         body["stream"] = True
     return body
+
+
+# reasoning_effort -> an extended-thinking budget (Anthropic's minimum is 1024 tokens)
+THINKING_BUDGETS = {"minimal": 1024, "low": 1024, "medium": 4096, "high": 16384}
+# Request fields of Anthropic's own Messages API that an OpenAI-shaped request may carry: sent as they are.
+ANTHROPIC_FIELDS = frozenset({"thinking", "metadata", "service_tier", "container", "mcp_servers",
+                              "context_management", "top_k"})
+# OpenAI fields that do not change the output and have no Anthropic equivalent: not sent.
+NO_EFFECT_FIELDS = frozenset({"store", "prompt_cache_key", "safety_identifier"})
+
+
+def _map_extra(request: ChatCompletionRequest, body: dict[str, Any]) -> None:
+    """The request's unmodelled fields, mapped for Anthropic: ``reasoning_effort`` -> ``thinking``
+    budget; Anthropic's own fields (``thinking``, ``metadata``, ...) as they are (a ``metadata``
+    without ``user_id`` keeps the one from ``user``); anything else is a 400 naming it, never a silent
+    drop (a deployment's ``drop_params`` removes a field before this)."""
+    for name, raw in extra_params(request).items():
+        value = msgspec.json.decode(raw)
+        if name == "reasoning_effort":
+            if value == "none" or value is None:
+                continue
+            budget = THINKING_BUDGETS.get(value) if isinstance(value, str) else None
+            if budget is None:
+                raise BadRequest(f"unsupported reasoning_effort {value!r}", param="reasoning_effort")
+            budget = min(budget, max(1024, int(body["max_tokens"]) - 1))
+            body["thinking"] = {"type": "enabled", "budget_tokens": budget}
+            body.pop("temperature", None)  # Anthropic refuses a temperature with thinking
+            body.pop("top_k", None)
+        elif name == "metadata" and isinstance(value, dict):
+            body["metadata"] = body.get("metadata", {}) | value
+        elif name in ANTHROPIC_FIELDS:
+            body[name] = value
+        elif name not in NO_EFFECT_FIELDS:
+            raise BadRequest(f"'{name}' is not supported by the anthropic provider", param=name)
 
 
 def usage_of(data: dict[str, Any]) -> Usage:
@@ -160,8 +196,8 @@ def from_messages_response(data: dict[str, Any], public_model: str) -> ChatCompl
     if calls:
         message.tool_calls = calls
     finish = STOP_REASONS.get(data.get("stop_reason") or "", "stop")
-    return ChatCompletion(
-        id=str(data.get("id") or "msg"), model=public_model,
-        choices=[ChatChoice(index=0, message=message, finish_reason=finish)],  # type: ignore[arg-type]
-        usage=usage_of(data.get("usage") or {}),
-    )
+    choice = ChatChoice(index=0, message=message, finish_reason=finish)  # type: ignore[arg-type]
+    if isinstance(stop := data.get("stop_sequence"), str):
+        choice.stop_reason = stop  # the stop sequence that matched
+    return ChatCompletion(id=str(data.get("id") or "msg"), model=public_model, choices=[choice],
+                          usage=usage_of(data.get("usage") or {}))

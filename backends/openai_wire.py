@@ -311,6 +311,7 @@ class ChatChoice(WireStruct):
     message: AssistantMessage
     finish_reason: FinishReason | None = None
     logprobs: ChoiceLogprobs | None = None
+    stop_reason: str | int | None | UnsetType = UNSET  # vLLM: the stop string or token that matched
 
 
 class ChatCompletion(WireStruct, dict=True):
@@ -342,6 +343,7 @@ class ChatChunkChoice(WireStruct):
     delta: ChatDelta
     finish_reason: FinishReason | None = None
     logprobs: ChoiceLogprobs | None = None
+    stop_reason: str | int | None | UnsetType = UNSET  # vLLM: the stop string or token that matched
 
 
 class ChatCompletionChunk(WireStruct, dict=True):
@@ -366,6 +368,7 @@ class CompletionChoice(WireStruct):
     text: str
     finish_reason: FinishReason | None = None
     logprobs: CompletionLogprobs | None = None
+    stop_reason: str | int | None | UnsetType = UNSET  # vLLM: the stop string or token that matched
 
 
 class TextCompletion(WireStruct, dict=True):

@@ -49,6 +49,9 @@ class StreamEncoder(Protocol):
 
 
 class OpenAIEvents:
+    def __init__(self, meter: Meter | None = None) -> None:
+        pass
+
     def chunk(self, chunk: Any) -> bytes:
         return b"data: " + encode_answer(chunk) + b"\n\n"  # an upstream's chunk keeps every field it sent
 

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from backends.base import Meter
 from backends.openai_wire import encode_answer
 from gateway.streaming import OpenAIEvents, StreamEncoder
 
@@ -16,7 +17,7 @@ class Dialect:
     """How a whole answer (``unary``) and a stream's events (``stream``) are encoded."""
 
     unary: Callable[[Any], bytes] = encode_answer  # an upstream's answer relayed with every field it sent
-    stream: Callable[[], StreamEncoder] = OpenAIEvents
+    stream: Callable[[Meter], StreamEncoder] = OpenAIEvents  # given the call's meter
 
 
 OPENAI = Dialect()

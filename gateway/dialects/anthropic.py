@@ -18,6 +18,7 @@ import msgspec
 from litestar import Request, Response
 from msgspec import UNSET, Meta, Struct, UnsetType
 
+from backends.base import Meter
 from backends.openai_wire import (
     ChatCompletion,
     ChatCompletionChunk,
@@ -180,7 +181,7 @@ def to_chat_request(req: MessagesRequest) -> ChatCompletionRequest:
     if req.top_k is not UNSET:
         chat.top_k = req.top_k
     if req.stop_sequences:
-        chat.stop = req.stop_sequences[:4]
+        chat.stop = list(req.stop_sequences)  # all of them: a provider allowing fewer refuses, never a cut
     if req.tools:
         chat.tools = [Tool(function=FunctionDef(name=t.name, description=t.description, parameters=t.input_schema))
                       for t in req.tools]
@@ -216,9 +217,15 @@ def message_body(response: ChatCompletion) -> bytes:
         content.append({"type": "tool_use", "id": call.id, "name": call.function.name, "input": arguments})
     return msgspec.json.encode({
         "id": response.id, "type": "message", "role": "assistant", "model": response.model, "content": content,
-        "stop_reason": _FINISH_TO_STOP.get(choice.finish_reason or "stop", "end_turn"), "stop_sequence": None,
-        "usage": _usage(response.usage),
+        **_stop(choice.finish_reason, choice.stop_reason), "usage": _usage(response.usage),
     })
+
+
+def _stop(finish: str | None, matched: Any) -> dict[str, Any]:
+    """``stop_reason`` and ``stop_sequence``: a matched stop string is reported as ``stop_sequence``."""
+    if finish == "stop" and isinstance(matched, str):
+        return {"stop_reason": "stop_sequence", "stop_sequence": matched}
+    return {"stop_reason": _FINISH_TO_STOP.get(finish or "stop", "end_turn"), "stop_sequence": None}
 
 
 def _event(kind: str, data: dict[str, Any]) -> bytes:
@@ -228,12 +235,13 @@ def _event(kind: str, data: dict[str, Any]) -> bytes:
 class MessagesEvents:
     """OpenAI chunks -> Anthropic stream events (a ``gateway.streaming.StreamEncoder``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, meter: Meter | None = None) -> None:
+        self._meter = meter  # the call's: the prompt's tokens for message_start
         self._started = False
         self._block: int = -1  # index of the open content block
         self._block_kind: str | None = None
         self._tools: dict[int, int] = {}  # OpenAI tool call index -> content block index
-        self._stop = "end_turn"
+        self._stop: dict[str, Any] = {"stop_reason": "end_turn", "stop_sequence": None}
         self._usage: dict[str, int] = {"output_tokens": 0}
 
     def chunk(self, chunk: ChatCompletionChunk) -> bytes:
@@ -242,7 +250,8 @@ class MessagesEvents:
             self._started = True
             out += _event("message_start", {"message": {
                 "id": chunk.id, "type": "message", "role": "assistant", "model": chunk.model, "content": [],
-                "stop_reason": None, "stop_sequence": None, "usage": {"input_tokens": 0, "output_tokens": 0}}})
+                "stop_reason": None, "stop_sequence": None,
+                "usage": {"input_tokens": self._meter.prompt_tokens if self._meter else 0, "output_tokens": 0}}})
         if isinstance(chunk.usage, Usage):
             self._usage = _usage(chunk.usage)
         for choice in chunk.choices[:1]:
@@ -264,7 +273,7 @@ class MessagesEvents:
                                                           "delta": {"type": "input_json_delta",
                                                                     "partial_json": arguments}})
             if choice.finish_reason:
-                self._stop = _FINISH_TO_STOP.get(choice.finish_reason, "end_turn")
+                self._stop = _stop(choice.finish_reason, choice.stop_reason)
         return out
 
     def _open(self, block: dict[str, Any], kind: str) -> bytes:
@@ -281,7 +290,7 @@ class MessagesEvents:
 
     def done(self) -> bytes:
         return (self._close()
-                + _event("message_delta", {"delta": {"stop_reason": self._stop, "stop_sequence": None},
+                + _event("message_delta", {"delta": self._stop,
                                            "usage": self._usage})
                 + _event("message_stop", {}))
 
