@@ -120,15 +120,21 @@ class LogprobFormatter:
     def token(self, token_id: int) -> str:
         return self.tokenizer.decode([token_id], skip_special_tokens=False)
 
+    def token_bytes(self, token_id: int) -> list[int]:
+        """The token's own bytes, also when it holds only part of a character (OpenAI's ``bytes``)."""
+        own = getattr(self.tokenizer, "token_bytes", None)
+        return list(own(token_id) if own is not None else self.token(token_id).encode())
+
     def chat(self, items: list[Any] | None) -> ChoiceLogprobs | None:
         if items is None:
             return None
         out = []
         for lp in items:
             text = self.token(lp.token_id)
-            top = [TopLogprob(token=(t := self.token(i)), logprob=v, bytes=list(t.encode()))
+            top = [TopLogprob(token=self.token(i), logprob=v, bytes=self.token_bytes(i))
                    for i, v in sorted(lp.top.items(), key=lambda kv: -kv[1])]
-            out.append(TokenLogprob(token=text, logprob=lp.logprob, bytes=list(text.encode()), top_logprobs=top))
+            out.append(TokenLogprob(token=text, logprob=lp.logprob, bytes=self.token_bytes(lp.token_id),
+                                    top_logprobs=top))
         return ChoiceLogprobs(content=out)
 
     def prompt(self, prompt_ids: list[int], items: list[Any]) -> CompletionLogprobs:

@@ -130,7 +130,9 @@ class FakeAnthropic:
                                                         "delta": {"type": "input_json_delta", "partial_json": part}})
             await event("content_block_stop", {"index": index})
         await event(
-            "message_delta", {"delta": {"stop_reason": stop, "stop_sequence": matched}, "usage": {"output_tokens": usage["output_tokens"]}}
+            "message_delta",
+            {"delta": {"stop_reason": stop, "stop_sequence": matched},
+             "usage": {"output_tokens": usage["output_tokens"]}},
         )
         await event("message_stop", {})
         await ex.send({"type": "http.response.body", "body": b"", "more_body": False})
