@@ -58,7 +58,7 @@ def decode_body(raw: bytes, type_: type[T]) -> T:
         body = decoder.decode(raw)
         if hasattr(body, "__dict__"):  # a pass-through request: keep the fields it does not model
             keep_extra_params(body, raw)
-        return body  # type: ignore[no-any-return]
+        return body
     except msgspec.ValidationError as exc:
         raise validation_error(exc) from None
     except msgspec.DecodeError as exc:
