@@ -32,6 +32,7 @@ from backends.embeddings_wire import EmbeddingList, EmbeddingRequest
 from backends.estimate import estimate_chat_prompt, estimate_text
 from backends.http_upstream import HTTPBackend, SSELines
 from backends.openai_wire import (
+    ANTHROPIC_MESSAGE,
     ChatChunkChoice,
     ChatCompletion,
     ChatCompletionChunk,
@@ -43,6 +44,7 @@ from backends.openai_wire import (
     TextCompletion,
     ToolCallDelta,
     Usage,
+    anthropic_body,
     extra_params,
     set_extra_params,
 )
@@ -65,6 +67,10 @@ class AnthropicBackend(HTTPBackend):
     def _request(self, request: ChatCompletionRequest, ctx: CallContext, stream: bool) -> dict[str, Any]:
         max_tokens = ctx.output_limit(request.output_limit()) or self._max_tokens
         drop, rename = self.config.drop_params, self.config.rename_params
+        if (original := anthropic_body(request)) is not None:  # a /v1/messages request: sent as it came
+            body = {k: v for k, v in original.items() if k not in drop and k != "stream"}
+            body |= {"model": self.upstream_model, "max_tokens": max_tokens} | ({"stream": True} if stream else {})
+            return body
         if drop or rename:  # the deployment's adjustments apply to the client's fields before mapping
             extra = {rename.get(k, k): v for k, v in extra_params(request).items() if k not in drop}
             request = msgspec.structs.replace(request)
@@ -80,6 +86,7 @@ class AnthropicBackend(HTTPBackend):
         body = self._request(request, ctx, stream=False)
         data = await self._unary(body)
         response = from_messages_response(data, request.model)
+        response.__dict__[ANTHROPIC_MESSAGE] = data  # /v1/messages relays it as it came
         usage = response.usage if isinstance(response.usage, Usage) else Usage()
         meter = Meter(prompt_tokens=usage.prompt_tokens, completion_tokens=usage.completion_tokens,
                       first_token_at=time.perf_counter())
@@ -295,6 +302,8 @@ class _StreamTranslator:
                 self._meter.first_token_at = time.perf_counter()
             self._meter.completion_tokens += estimate_text(text)
             self._pending.append(self._chunk(ChatDelta(content=text)))
+        elif delta.get("type") == "thinking_delta":  # extended thinking, as reasoning_content
+            self._pending.append(self._chunk(ChatDelta(reasoning_content=delta.get("thinking", ""))))
         elif delta.get("type") == "input_json_delta":
             tool = self._tool_index.get(index, 0)
             self._pending.append(

@@ -19,6 +19,7 @@ from backends.openai_wire import (
     ChatCompletion,
     ChatCompletionRequest,
     ChatMessage,
+    FilePart,
     FunctionCall,
     ImagePart,
     PromptTokensDetails,
@@ -40,6 +41,14 @@ def _image_block(url: str) -> dict[str, Any]:
     return {"type": "image", "source": {"type": "url", "url": url}}
 
 
+def _document_block(file: dict[str, Any]) -> dict[str, Any]:
+    data = file.get("file_data")
+    if isinstance(data, str) and data.startswith("data:") and ";base64," in data:
+        media_type, payload = data[5:].split(";base64,", 1)
+        return {"type": "document", "source": {"type": "base64", "media_type": media_type, "data": payload}}
+    raise BadRequest("the anthropic provider takes files as base64 data URLs (file_data)", param="messages")
+
+
 def _content_blocks(message: ChatMessage) -> list[dict[str, Any]]:
     if message.content is None:
         return []
@@ -51,6 +60,8 @@ def _content_blocks(message: ChatMessage) -> list[dict[str, Any]]:
             blocks.append({"type": "text", "text": part.text})
         elif isinstance(part, ImagePart):
             blocks.append(_image_block(part.image_url.url))
+        elif isinstance(part, FilePart):
+            blocks.append(_document_block(part.file))
         else:
             raise BadRequest("the anthropic provider does not accept audio input", param="messages")
     return blocks
@@ -193,6 +204,9 @@ def from_messages_response(data: dict[str, Any], public_model: str) -> ChatCompl
             calls.append(ToolCall(id=block.get("id", ""), function=FunctionCall(
                 name=block.get("name", ""), arguments=msgspec.json.encode(block.get("input") or {}).decode())))
     message = AssistantMessage(content="".join(text) if text or not calls else None)
+    thinking = [b.get("thinking", "") for b in data.get("content") or [] if b.get("type") == "thinking"]
+    if thinking:
+        message.reasoning_content = "".join(thinking)
     if calls:
         message.tool_calls = calls
     finish = STOP_REASONS.get(data.get("stop_reason") or "", "stop")

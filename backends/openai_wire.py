@@ -71,6 +71,16 @@ def encode_with_extra(obj: Struct, extra: dict[str, msgspec.Raw]) -> bytes:
     return encoded[:-1] + (b"," if len(encoded) > 2 else b"") + tail[1:]
 
 
+ANTHROPIC_MESSAGE = "_anthropic_message"  # an Anthropic upstream's answer as it came, for /v1/messages
+ANTHROPIC_BODY = "_anthropic_body"  # a /v1/messages request as the client sent it, for an Anthropic upstream
+
+
+def anthropic_body(obj: Struct) -> dict[str, Any] | None:
+    """The Messages API body a chat request was translated from (None: it was not)."""
+    body: dict[str, Any] | None = getattr(obj, "__dict__", {}).get(ANTHROPIC_BODY)
+    return body
+
+
 def encode_answer(obj: Any) -> bytes:
     """An answer or chunk for the client: an upstream's as it came, with the fields the gateway owns
     (``model``; ``usage`` where it was dropped) taken from the object; else the object's fields."""
@@ -109,7 +119,11 @@ class AudioPart(WireStruct, tag_field="type", tag="input_audio"):
     input_audio: InputAudio
 
 
-ContentPart = TextPart | ImagePart | AudioPart
+class FilePart(WireStruct, tag_field="type", tag="file"):
+    file: dict[str, Any]  # file_data (a data URL), file_id, filename
+
+
+ContentPart = TextPart | ImagePart | AudioPart | FilePart
 
 
 class FunctionCall(WireStruct):
@@ -301,6 +315,7 @@ class AssistantMessage(WireStruct):
     content: str | None = None
     tool_calls: list[ToolCall] | UnsetType = UNSET
     refusal: str | None = None  # always present, as OpenAI's schema requires
+    reasoning_content: str | None | UnsetType = UNSET  # a reasoning model's thinking (vLLM, DeepSeek)
 
 
 FinishReason = Literal["stop", "length", "tool_calls", "content_filter", "function_call"]
@@ -336,6 +351,7 @@ class ChatDelta(WireStruct):
     content: str | None | UnsetType = UNSET
     tool_calls: list[ToolCallDelta] | UnsetType = UNSET
     refusal: str | None | UnsetType = UNSET
+    reasoning_content: str | None | UnsetType = UNSET
 
 
 class ChatChunkChoice(WireStruct):

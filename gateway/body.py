@@ -26,6 +26,7 @@ _MISSING = re.compile(r"Object missing required field `([^`]+)`")
 _decoders: dict[type, msgspec.json.Decoder[Any]] = {}
 _fields: dict[type, frozenset[str]] = {}
 _raw_object = msgspec.json.Decoder(dict[str, msgspec.Raw])
+RAW_BODY = "_raw_body"  # the body's bytes, on a request type that keeps them (raw_body = True)
 
 
 def _param_path(where: str) -> str | None:
@@ -56,7 +57,9 @@ def decode_body(raw: bytes, type_: type[T]) -> T:
         decoder = _decoders[type_] = msgspec.json.Decoder(type_)
     try:
         body = decoder.decode(raw)
-        if hasattr(body, "__dict__"):  # a pass-through request: keep the fields it does not model
+        if getattr(type_, "raw_body", False):  # translated requests keep the original for a same-dialect upstream
+            body.__dict__[RAW_BODY] = raw
+        elif hasattr(body, "__dict__"):  # a pass-through request: keep the fields it does not model
             keep_extra_params(body, raw)
         return body
     except msgspec.ValidationError as exc:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 import msgspec
 from litestar import Request, Response
@@ -20,10 +20,13 @@ from msgspec import UNSET, Meta, Struct, UnsetType
 
 from backends.base import Meter
 from backends.openai_wire import (
+    ANTHROPIC_BODY,
+    ANTHROPIC_MESSAGE,
     ChatCompletion,
     ChatCompletionChunk,
     ChatCompletionRequest,
     ChatMessage,
+    FilePart,
     FunctionCall,
     FunctionDef,
     ImagePart,
@@ -33,7 +36,9 @@ from backends.openai_wire import (
     Tool,
     ToolCall,
     Usage,
+    set_extra_params,
 )
+from gateway.body import RAW_BODY
 from gateway.dialects import Dialect
 from gateway.errors import ApiError, exception_handlers
 
@@ -45,8 +50,12 @@ class _Wire(Struct, kw_only=True):
     pass
 
 
+CacheControl = dict[str, Any] | UnsetType  # {"type": "ephemeral", "ttl"?}: passed to an Anthropic upstream
+
+
 class TextBlock(_Wire, tag_field="type", tag="text"):
     text: str
+    cache_control: CacheControl = UNSET
 
 
 class ImageSource(_Wire):
@@ -58,21 +67,41 @@ class ImageSource(_Wire):
 
 class ImageBlock(_Wire, tag_field="type", tag="image"):
     source: ImageSource
+    cache_control: CacheControl = UNSET
+
+
+class DocumentBlock(_Wire, tag_field="type", tag="document"):
+    source: dict[str, Any]  # base64 (a PDF), text, url or content
+    title: str | None | UnsetType = UNSET
+    context: str | None | UnsetType = UNSET
+    citations: dict[str, Any] | UnsetType = UNSET
+    cache_control: CacheControl = UNSET
+
+
+class ThinkingBlock(_Wire, tag_field="type", tag="thinking"):
+    thinking: str
+    signature: str | UnsetType = UNSET
+
+
+class RedactedThinkingBlock(_Wire, tag_field="type", tag="redacted_thinking"):
+    data: str
 
 
 class ToolUseBlock(_Wire, tag_field="type", tag="tool_use"):
     id: str
     name: str
     input: dict[str, Any]
+    cache_control: CacheControl = UNSET
 
 
 class ToolResultBlock(_Wire, tag_field="type", tag="tool_result"):
     tool_use_id: str
     content: str | list[TextBlock] = ""
     is_error: bool | UnsetType = UNSET
+    cache_control: CacheControl = UNSET
 
 
-Block = TextBlock | ImageBlock | ToolUseBlock | ToolResultBlock
+Block = TextBlock | ImageBlock | DocumentBlock | ToolUseBlock | ToolResultBlock | ThinkingBlock | RedactedThinkingBlock
 
 
 class InputMessage(_Wire):
@@ -84,6 +113,7 @@ class InputTool(_Wire):
     name: str
     input_schema: dict[str, Any]
     description: str | UnsetType = UNSET
+    cache_control: CacheControl = UNSET
 
 
 class ToolChoice(_Wire):
@@ -95,7 +125,9 @@ class Metadata(_Wire):
     user_id: str | None | UnsetType = UNSET
 
 
-class MessagesRequest(_Wire):
+class MessagesRequest(_Wire, dict=True):
+    raw_body: ClassVar[bool] = True  # kept as sent (gateway.body), for an Anthropic upstream
+
     model: str
     max_tokens: Annotated[int, Meta(ge=1)]
     messages: Annotated[list[InputMessage], Meta(min_length=1)]
@@ -108,6 +140,7 @@ class MessagesRequest(_Wire):
     tools: list[InputTool] | UnsetType = UNSET
     tool_choice: ToolChoice | UnsetType = UNSET
     metadata: Metadata | UnsetType = UNSET
+    thinking: dict[str, Any] | UnsetType = UNSET  # extended thinking: {"type": "enabled", "budget_tokens"}
 
 
 class CountTokensRequest(_Wire):
@@ -134,7 +167,7 @@ def _result_text(block: ToolResultBlock) -> str:
 def _convert_message(message: InputMessage) -> list[ChatMessage]:
     if isinstance(message.content, str):
         return [ChatMessage(role=message.role, content=message.content)]
-    parts: list[TextPart | ImagePart] = []
+    parts: list[TextPart | ImagePart | FilePart] = []
     calls: list[ToolCall] = []
     results: list[ChatMessage] = []
     for block in message.content:
@@ -144,6 +177,10 @@ def _convert_message(message: InputMessage) -> list[ChatMessage]:
             src = block.source
             url = src.url if src.type == "url" else f"data:{src.media_type};base64,{src.data}"
             parts.append(ImagePart(image_url=ImageURL(url=str(url))))
+        elif isinstance(block, DocumentBlock):
+            parts.append(_document_part(block))
+        elif isinstance(block, ThinkingBlock | RedactedThinkingBlock):
+            continue  # earlier thinking: only an Anthropic upstream uses it (it gets the request as sent)
         elif isinstance(block, ToolUseBlock):
             arguments = msgspec.json.encode(block.input).decode()
             calls.append(ToolCall(id=block.id, function=FunctionCall(name=block.name, arguments=arguments)))
@@ -156,6 +193,19 @@ def _convert_message(message: InputMessage) -> list[ChatMessage]:
             converted.tool_calls = calls
         out.append(converted)
     return out
+
+
+def _document_part(block: DocumentBlock) -> TextPart | FilePart:
+    """A document for an OpenAI-shaped request: its text, or a PDF as a ``file`` part."""
+    source = block.source
+    if source.get("type") == "text" and isinstance(source.get("data"), str):
+        return TextPart(text=source["data"])
+    if source.get("type") == "base64" and isinstance(source.get("data"), str):
+        media = source.get("media_type") or "application/pdf"
+        return FilePart(file={"file_data": f"data:{media};base64,{source['data']}",
+                              "filename": block.title or "document"})
+    raise ApiError(400, f"document source of type {source.get('type')!r} is served only by Anthropic deployments",
+                   param="messages")
 
 
 def _tool_choice(choice: ToolChoice) -> str | dict[str, Any]:
@@ -192,6 +242,10 @@ def to_chat_request(req: MessagesRequest) -> ChatCompletionRequest:
     if req.stream:
         chat.stream = True
         chat.stream_options = StreamOptions(include_usage=True)  # message_delta carries the usage
+    if req.thinking is not UNSET:  # the engine refuses it by name; an OpenAI-shaped upstream gets it
+        set_extra_params(chat, {"thinking": msgspec.Raw(msgspec.json.encode(req.thinking))})
+    if (raw := req.__dict__.get(RAW_BODY)) is not None:  # an Anthropic upstream gets the request as sent
+        chat.__dict__[ANTHROPIC_BODY] = msgspec.json.decode(raw)
     return chat
 
 
@@ -205,6 +259,8 @@ def _usage(usage: Any) -> dict[str, int]:
 
 
 def message_body(response: ChatCompletion) -> bytes:
+    if (message := response.__dict__.get(ANTHROPIC_MESSAGE)) is not None:  # an Anthropic upstream's, as it came
+        return msgspec.json.encode(message | {"model": response.model})
     choice = response.choices[0]
     content: list[dict[str, Any]] = []
     if choice.message.content:
@@ -256,6 +312,11 @@ class MessagesEvents:
             self._usage = _usage(chunk.usage)
         for choice in chunk.choices[:1]:
             delta = choice.delta
+            if isinstance(delta.reasoning_content, str) and delta.reasoning_content:
+                if self._block_kind != "thinking":
+                    out += self._open({"type": "thinking", "thinking": ""}, "thinking")
+                out += _event("content_block_delta", {"index": self._block, "delta": {
+                    "type": "thinking_delta", "thinking": delta.reasoning_content}})
             if isinstance(delta.content, str) and delta.content:
                 if self._block_kind != "text":
                     out += self._open({"type": "text", "text": ""}, "text")

@@ -129,3 +129,46 @@ def test_errors_on_messages_routes_take_anthropic_shape(ant: anthropic.Anthropic
     with pytest.raises(anthropic.NotFoundError):
         ant.messages.count_tokens(model="nope", messages=[{"role": "user", "content": "x"}])
     assert ant.messages.count_tokens(model="claude", messages=[{"role": "user", "content": "a b"}]).input_tokens > 0
+
+
+MESSAGES_BODY = {
+    "max_tokens": 2048,
+    "system": [{"type": "text", "text": "be brief", "cache_control": {"type": "ephemeral"}}],
+    "thinking": {"type": "enabled", "budget_tokens": 1024},
+    "metadata": {"user_id": "u-7"},
+    "service_tier": "auto",
+    "messages": [{"role": "user", "content": [
+        {"type": "document", "source": {"type": "base64", "media_type": "application/pdf", "data": "JVBERi0="},
+         "title": "doc", "cache_control": {"type": "ephemeral"}},
+        {"type": "text", "text": "hello there", "cache_control": {"type": "ephemeral", "ttl": "5m"}},
+    ]}],
+}
+
+
+def test_messages_request_reaches_an_anthropic_upstream_as_sent(ant: anthropic.Anthropic,
+                                                                 upstream: FakeAnthropic) -> None:
+    message = ant.messages.create(model="claude", **MESSAGES_BODY)  # type: ignore[arg-type]
+    sent = upstream.received[-1]
+    assert sent == MESSAGES_BODY | {"model": "claude-test"}
+    assert message.model == "claude"
+    assert [b.type for b in message.content] == ["thinking", "text"]
+    assert message.content[0].signature == "sig-1"  # type: ignore[union-attr]
+    assert message.content[1].text == "hello there"  # type: ignore[union-attr]
+
+
+def test_messages_stream_to_an_anthropic_upstream(ant: anthropic.Anthropic, upstream: FakeAnthropic) -> None:
+    with ant.messages.stream(model="claude", **MESSAGES_BODY) as stream:  # type: ignore[arg-type]
+        final = stream.get_final_message()
+    sent = upstream.received[-1]
+    assert sent == MESSAGES_BODY | {"model": "claude-test", "stream": True}
+    assert [b.type for b in final.content] == ["thinking", "text"]
+    assert final.content[0].thinking == "let me think"  # type: ignore[union-attr]
+
+
+def test_thinking_reaches_openai_clients_as_reasoning_content(oai: openai.OpenAI, upstream: FakeAnthropic) -> None:
+    kw = dict(model="claude", messages=[{"role": "user", "content": "hi"}], max_tokens=4000,
+              reasoning_effort="low")
+    reply = oai.chat.completions.create(**kw)  # type: ignore[call-overload]
+    assert reply.choices[0].message.reasoning_content == "let me think"  # type: ignore[attr-defined]
+    deltas = [c.choices[0].delta for c in oai.chat.completions.create(**kw, stream=True) if c.choices]  # type: ignore[call-overload]
+    assert "".join(getattr(d, "reasoning_content", None) or "" for d in deltas) == "let me think"

@@ -69,6 +69,8 @@ class FakeAnthropic:
                                                                  for m in payload["messages"])})
         blocks, stop = self._answer(payload)
         matched = self._stop_sequence(payload, blocks)
+        if payload.get("thinking"):  # extended thinking: a thinking block first
+            blocks.insert(0, {"type": "thinking", "thinking": "let me think", "signature": "sig-1"})
         stop = "stop_sequence" if matched else stop
         usage = {"input_tokens": sum(len(pieces(_text(m["content"]))) for m in payload["messages"]),
                  "output_tokens": sum(len(pieces(b.get("text", ""))) or 1 for b in blocks),
@@ -116,7 +118,14 @@ class FakeAnthropic:
                                                             "cache_read_input_tokens": 2}}})
         await event("ping", {})
         for index, block in enumerate(blocks):
-            if block["type"] == "text":
+            if block["type"] == "thinking":
+                await event("content_block_start", {"index": index, "content_block": {
+                    "type": "thinking", "thinking": "", "signature": ""}})
+                await event("content_block_delta", {"index": index, "delta": {"type": "thinking_delta",
+                                                                              "thinking": block["thinking"]}})
+                await event("content_block_delta", {"index": index, "delta": {"type": "signature_delta",
+                                                                              "signature": block["signature"]}})
+            elif block["type"] == "text":
                 await event("content_block_start", {"index": index, "content_block": {"type": "text", "text": ""}})
                 for piece in pieces(block["text"]):
                     await event("content_block_delta", {"index": index,
