@@ -95,3 +95,23 @@ def test_logprob_bytes_are_each_tokens_own(env: Env) -> None:
         token_id = tok.encode(item.token, add_special_tokens=False) if "\ufffd" not in item.token else None
         if token_id is not None and len(token_id) == 1:
             assert item.bytes == list(item.token.encode())
+
+
+def test_messages_stop_sequence_and_input_tokens_on_the_engine(env: Env) -> None:
+    import anthropic
+
+    client = anthropic.Anthropic(base_url=env.server.url, api_key=KEY, max_retries=0)
+    kw = dict(model="tiny", max_tokens=12, extra_body={"temperature": 0.0},
+              messages=[{"role": "user", "content": "hello"}])
+    free = client.messages.create(**kw)  # type: ignore[call-overload]
+    text = free.content[0].text
+    stop = next(c for c in text if c != "\ufffd" and not c.isspace())  # a whole character it generates
+
+    message = client.messages.create(**kw, stop_sequences=[stop])  # type: ignore[call-overload]
+    assert message.stop_reason == "stop_sequence" and message.stop_sequence == stop
+    with client.messages.stream(**kw, stop_sequences=[stop]) as stream:  # type: ignore[call-overload]
+        events = list(stream)
+        final = stream.get_final_message()
+    start = next(e for e in events if e.type == "message_start")
+    assert start.message.usage.input_tokens == free.usage.input_tokens > 0
+    assert final.stop_reason == "stop_sequence" and final.stop_sequence == stop
