@@ -32,6 +32,7 @@ from backends.embeddings_wire import EmbeddingList, EmbeddingRequest
 from backends.estimate import estimate_chat_prompt, estimate_text
 from backends.http_upstream import HTTPBackend, SSELines
 from backends.openai_wire import (
+    ANTHROPIC_MESSAGE,
     ChatChunkChoice,
     ChatCompletion,
     ChatCompletionChunk,
@@ -43,6 +44,9 @@ from backends.openai_wire import (
     TextCompletion,
     ToolCallDelta,
     Usage,
+    anthropic_body,
+    extra_params,
+    set_extra_params,
 )
 
 DEFAULT_API_BASE = "https://api.anthropic.com/v1"
@@ -62,7 +66,19 @@ class AnthropicBackend(HTTPBackend):
 
     def _request(self, request: ChatCompletionRequest, ctx: CallContext, stream: bool) -> dict[str, Any]:
         max_tokens = ctx.output_limit(request.output_limit()) or self._max_tokens
-        return to_messages_request(request, self.upstream_model, stream=stream, max_tokens=max_tokens)
+        drop, rename = self.config.drop_params, self.config.rename_params
+        if (original := anthropic_body(request)) is not None:  # a /v1/messages request: sent as it came
+            body = {k: v for k, v in original.items() if k not in drop and k != "stream"}
+            body |= {"model": self.upstream_model, "max_tokens": max_tokens} | ({"stream": True} if stream else {})
+            return body
+        if drop or rename:  # the deployment's adjustments apply to the client's fields before mapping
+            extra = {rename.get(k, k): v for k, v in extra_params(request).items() if k not in drop}
+            request = msgspec.structs.replace(request)
+            set_extra_params(request, extra)
+        body = to_messages_request(request, self.upstream_model, stream=stream, max_tokens=max_tokens)
+        for name in drop:
+            body.pop(name, None)
+        return body
 
     # ------------------------------------------------------------ chat
 
@@ -70,6 +86,7 @@ class AnthropicBackend(HTTPBackend):
         body = self._request(request, ctx, stream=False)
         data = await self._unary(body)
         response = from_messages_response(data, request.model)
+        response.__dict__[ANTHROPIC_MESSAGE] = data  # /v1/messages relays it as it came
         usage = response.usage if isinstance(response.usage, Usage) else Usage()
         meter = Meter(prompt_tokens=usage.prompt_tokens, completion_tokens=usage.completion_tokens,
                       first_token_at=time.perf_counter())
@@ -224,11 +241,11 @@ class _StreamTranslator:
         await self.aclose()
         raise StopAsyncIteration
 
-    def _chunk(self, delta: ChatDelta, finish: str | None = None) -> ChatCompletionChunk:
-        return ChatCompletionChunk(
-            id=self._id, model=self._model,
-            choices=[ChatChunkChoice(index=0, delta=delta, finish_reason=finish)],  # type: ignore[arg-type]  # a STOP_REASONS value
-        )
+    def _chunk(self, delta: ChatDelta, finish: str | None = None, stop: Any = None) -> ChatCompletionChunk:
+        choice = ChatChunkChoice(index=0, delta=delta, finish_reason=finish)  # type: ignore[arg-type]  # a STOP_REASONS value
+        if isinstance(stop, str):
+            choice.stop_reason = stop  # the stop sequence that matched
+        return ChatCompletionChunk(id=self._id, model=self._model, choices=[choice])
 
     async def _step(self) -> None:
         event = await self._events.next()
@@ -240,6 +257,7 @@ class _StreamTranslator:
             message = event.get("message") or {}
             self._id = str(message.get("id") or self._id)
             self._usage.update(message.get("usage") or {})
+            self._meter.prompt_tokens = usage_of(self._usage).prompt_tokens  # the real count, from the start
             self._pending.append(self._chunk(ChatDelta(role="assistant", content="")))
         elif kind == "content_block_start":
             block = event.get("content_block") or {}
@@ -263,8 +281,9 @@ class _StreamTranslator:
             self._delta(int(event.get("index", 0)), event.get("delta") or {})
         elif kind == "message_delta":
             self._usage.update(event.get("usage") or {})
-            reason = STOP_REASONS.get((event.get("delta") or {}).get("stop_reason") or "", "stop")
-            self._pending.append(self._chunk(ChatDelta(), reason))
+            delta = event.get("delta") or {}
+            reason = STOP_REASONS.get(delta.get("stop_reason") or "", "stop")
+            self._pending.append(self._chunk(ChatDelta(), reason, delta.get("stop_sequence")))
         elif kind == "message_stop":
             self._finish()
         elif kind == "error":
@@ -283,6 +302,8 @@ class _StreamTranslator:
                 self._meter.first_token_at = time.perf_counter()
             self._meter.completion_tokens += estimate_text(text)
             self._pending.append(self._chunk(ChatDelta(content=text)))
+        elif delta.get("type") == "thinking_delta":  # extended thinking, as reasoning_content
+            self._pending.append(self._chunk(ChatDelta(reasoning_content=delta.get("thinking", ""))))
         elif delta.get("type") == "input_json_delta":
             tool = self._tool_index.get(index, 0)
             self._pending.append(

@@ -19,12 +19,14 @@ from backends.openai_wire import (
     ChatCompletion,
     ChatCompletionRequest,
     ChatMessage,
+    FilePart,
     FunctionCall,
     ImagePart,
     PromptTokensDetails,
     TextPart,
     ToolCall,
     Usage,
+    extra_params,
 )
 
 DEFAULT_MAX_TOKENS = 4096
@@ -39,6 +41,14 @@ def _image_block(url: str) -> dict[str, Any]:
     return {"type": "image", "source": {"type": "url", "url": url}}
 
 
+def _document_block(file: dict[str, Any]) -> dict[str, Any]:
+    data = file.get("file_data")
+    if isinstance(data, str) and data.startswith("data:") and ";base64," in data:
+        media_type, payload = data[5:].split(";base64,", 1)
+        return {"type": "document", "source": {"type": "base64", "media_type": media_type, "data": payload}}
+    raise BadRequest("the anthropic provider takes files as base64 data URLs (file_data)", param="messages")
+
+
 def _content_blocks(message: ChatMessage) -> list[dict[str, Any]]:
     if message.content is None:
         return []
@@ -50,6 +60,8 @@ def _content_blocks(message: ChatMessage) -> list[dict[str, Any]]:
             blocks.append({"type": "text", "text": part.text})
         elif isinstance(part, ImagePart):
             blocks.append(_image_block(part.image_url.url))
+        elif isinstance(part, FilePart):
+            blocks.append(_document_block(part.file))
         else:
             raise BadRequest("the anthropic provider does not accept audio input", param="messages")
     return blocks
@@ -133,9 +145,44 @@ def to_messages_request(request: ChatCompletionRequest, model: str, *, stream: b
         body["tool_choice"] = choice
     if isinstance(request.user, str):
         body["metadata"] = {"user_id": request.user}
+    _map_extra(request, body)
     if stream:
         body["stream"] = True
     return body
+
+
+# reasoning_effort -> an extended-thinking budget (Anthropic's minimum is 1024 tokens)
+THINKING_BUDGETS = {"minimal": 1024, "low": 1024, "medium": 4096, "high": 16384}
+# Request fields of Anthropic's own Messages API that an OpenAI-shaped request may carry: sent as they are.
+ANTHROPIC_FIELDS = frozenset({"thinking", "metadata", "service_tier", "container", "mcp_servers",
+                              "context_management", "top_k"})
+# OpenAI fields that do not change the output and have no Anthropic equivalent: not sent.
+NO_EFFECT_FIELDS = frozenset({"store", "prompt_cache_key", "safety_identifier"})
+
+
+def _map_extra(request: ChatCompletionRequest, body: dict[str, Any]) -> None:
+    """The request's unmodelled fields, mapped for Anthropic: ``reasoning_effort`` -> ``thinking``
+    budget; Anthropic's own fields (``thinking``, ``metadata``, ...) as they are (a ``metadata``
+    without ``user_id`` keeps the one from ``user``); anything else is a 400 naming it, never a silent
+    drop (a deployment's ``drop_params`` removes a field before this)."""
+    for name, raw in extra_params(request).items():
+        value = msgspec.json.decode(raw)
+        if name == "reasoning_effort":
+            if value == "none" or value is None:
+                continue
+            budget = THINKING_BUDGETS.get(value) if isinstance(value, str) else None
+            if budget is None:
+                raise BadRequest(f"unsupported reasoning_effort {value!r}", param="reasoning_effort")
+            budget = min(budget, max(1024, int(body["max_tokens"]) - 1))
+            body["thinking"] = {"type": "enabled", "budget_tokens": budget}
+            body.pop("temperature", None)  # Anthropic refuses a temperature with thinking
+            body.pop("top_k", None)
+        elif name == "metadata" and isinstance(value, dict):
+            body["metadata"] = body.get("metadata", {}) | value
+        elif name in ANTHROPIC_FIELDS:
+            body[name] = value
+        elif name not in NO_EFFECT_FIELDS:
+            raise BadRequest(f"'{name}' is not supported by the anthropic provider", param=name)
 
 
 def usage_of(data: dict[str, Any]) -> Usage:
@@ -157,11 +204,14 @@ def from_messages_response(data: dict[str, Any], public_model: str) -> ChatCompl
             calls.append(ToolCall(id=block.get("id", ""), function=FunctionCall(
                 name=block.get("name", ""), arguments=msgspec.json.encode(block.get("input") or {}).decode())))
     message = AssistantMessage(content="".join(text) if text or not calls else None)
+    thinking = [b.get("thinking", "") for b in data.get("content") or [] if b.get("type") == "thinking"]
+    if thinking:
+        message.reasoning_content = "".join(thinking)
     if calls:
         message.tool_calls = calls
     finish = STOP_REASONS.get(data.get("stop_reason") or "", "stop")
-    return ChatCompletion(
-        id=str(data.get("id") or "msg"), model=public_model,
-        choices=[ChatChoice(index=0, message=message, finish_reason=finish)],  # type: ignore[arg-type]
-        usage=usage_of(data.get("usage") or {}),
-    )
+    choice = ChatChoice(index=0, message=message, finish_reason=finish)  # type: ignore[arg-type]
+    if isinstance(stop := data.get("stop_sequence"), str):
+        choice.stop_reason = stop  # the stop sequence that matched
+    return ChatCompletion(id=str(data.get("id") or "msg"), model=public_model, choices=[choice],
+                          usage=usage_of(data.get("usage") or {}))

@@ -50,6 +50,12 @@ class ContextTooLong(BadRequest):
     kind = "context_length_exceeded"
 
 
+class ModelNotFound(BadRequest):
+    """The provider does not know the deployment's model (an upstream 404): the client gets a 404."""
+
+    kind = "model_not_found"
+
+
 class RateLimited(BackendError):
     retryable = True
     kind = "rate_limited"

@@ -45,6 +45,9 @@ class DeploymentConfig(Conf):
     context_window: Annotated[int, Meta(ge=1)] | None = None
     timeouts: Timeouts = msgspec.field(default_factory=Timeouts)
     options: dict[str, Any] = msgspec.field(default_factory=dict)  # provider-specific (engine args)
+    # HTTP providers forward every request field; these adjust that for an upstream that rejects some:
+    drop_params: list[str] = msgspec.field(default_factory=list)  # top-level fields never sent
+    rename_params: dict[str, str] = msgspec.field(default_factory=dict)  # sent under another name
 
     def __post_init__(self) -> None:
         if self.provider not in PROVIDERS:

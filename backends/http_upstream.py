@@ -24,6 +24,7 @@ from backends.base import (
     BackendStats,
     BadRequest,
     ContextTooLong,
+    ModelNotFound,
     RateLimited,
     Timeout,
     Unavailable,
@@ -95,6 +96,8 @@ def status_error(status: int, headers: Mapping[str, str], body: bytes) -> Backen
         if code == "context_length_exceeded" or any(h in message.lower() for h in _CONTEXT_HINTS):
             return ContextTooLong(message, param=detail.param, status=status)
         return BadRequest(message, param=detail.param, status=status)
+    if status == 404 and (code == "model_not_found" or "model" in message.lower()):
+        return ModelNotFound(message, param="model", status=status)
     if status == 408:
         return Timeout(message, status=status)
     if status >= 500:  # includes Anthropic's 529 "overloaded"

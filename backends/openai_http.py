@@ -30,6 +30,10 @@ from backends.openai_wire import (
     StreamOptions,
     TextCompletion,
     Usage,
+    encode_with_extra,
+    extra_params,
+    relayed,
+    set_relayed,
 )
 
 DEFAULT_API_BASE = "https://api.openai.com/v1"
@@ -52,6 +56,20 @@ def _meter_from_usage(meter: Meter, usage: Usage) -> None:
     details = usage.prompt_tokens_details
     meter.cached_tokens = details.cached_tokens if details is not UNSET and details is not None else 0
     meter.exact = True
+
+
+_raw_object = msgspec.json.Decoder(dict[str, msgspec.Raw])
+
+
+def adjust_params(payload: bytes, config: DeploymentConfig) -> bytes:
+    """``payload`` without the deployment's ``drop_params`` and with its ``rename_params`` applied."""
+    fields = _raw_object.decode(payload)
+    for name in config.drop_params:
+        fields.pop(name, None)
+    for old, new in config.rename_params.items():
+        if old in fields:
+            fields[new] = fields.pop(old)
+    return msgspec.json.encode(fields)
 
 
 class OpenAIHTTPBackend(HTTPBackend):
@@ -104,6 +122,10 @@ class OpenAIHTTPBackend(HTTPBackend):
         return ctx.tenant_headers() if self.forward_tenant else None
 
     def _payload(self, request: ChatCompletionRequest | CompletionRequest, stream: bool, ctx: CallContext) -> bytes:
+        """The request as the client sent it (fields the gateway does not model included), with the
+        upstream's model name, usage always requested when streaming, the gateway's output cap where
+        the client set none, and the deployment's ``drop_params`` / ``rename_params`` applied."""
+        extra = extra_params(request)
         if isinstance(request, ChatCompletionRequest) and request.output_limit() is None:
             if (cap := ctx.output_cap) is not None:  # the gateway's reservation, as the upstream's limit
                 request = msgspec.structs.replace(request, max_completion_tokens=cap)
@@ -113,7 +135,9 @@ class OpenAIHTTPBackend(HTTPBackend):
             )
         else:
             upstream = msgspec.structs.replace(request, model=self.upstream_model, stream=UNSET, stream_options=UNSET)
-        return msgspec.json.encode(upstream)
+        payload = encode_with_extra(upstream, extra)
+        return adjust_params(payload, self.config) if self.config.drop_params or self.config.rename_params \
+            else payload
 
     @staticmethod
     def _unary_meter(usage: Any, prompt: Callable[[], int], text: str) -> Meter:
@@ -127,7 +151,10 @@ class OpenAIHTTPBackend(HTTPBackend):
     async def _unary(self, path: str, payload: bytes, type_: type[R], ctx: CallContext) -> R:
         body = await self.http.post(path, payload, self._headers(ctx))
         try:
-            return msgspec.json.decode(body, type=type_)
+            response = msgspec.json.decode(body, type=type_)
+            if hasattr(response, "__dict__"):  # relayed as it came, but for the fields the gateway owns
+                set_relayed(response, _raw_object.decode(body))
+            return response
         except (msgspec.MsgspecError, RecursionError) as exc:
             raise UpstreamError(f"upstream {self.deployment_id} sent an invalid response: {exc}") from None
 
@@ -161,7 +188,9 @@ class _ChunkReader:
         if data is None:
             return None
         try:
-            return self._decoder.decode(data)
+            chunk = self._decoder.decode(data)
+            set_relayed(chunk, _raw_object.decode(data))
+            return chunk
         except (msgspec.MsgspecError, RecursionError) as exc:
             try:
                 envelope = msgspec.json.decode(data, type=ErrorEnvelope)
@@ -222,7 +251,7 @@ class _Relay(Generic[C]):
         if isinstance(usage, Usage):
             self._saw_usage = True
             _meter_from_usage(meter, usage)
-        if not self._want_usage and usage is not UNSET:
+        if not self._want_usage and (usage is not UNSET or "usage" in (relayed(chunk) or ())):
             chunk.usage = UNSET
             if not chunk.choices:
                 return None

@@ -28,6 +28,72 @@ class WireStruct(Struct, kw_only=True):
     """Base for wire types: UNSET optional fields are left out when encoding."""
 
 
+# ---------------------------------------------------------------- pass-through
+#
+# The gateway models only the fields it reads. Requests and answers are Structs with a ``__dict__``
+# (``dict=True``) that carries, besides the fields, what came on the wire and is not modelled:
+# ``extra_params`` (a request's unknown top-level fields, as raw JSON) and ``relayed`` (an upstream
+# answer or chunk as it came, top-level fields as raw JSON). Encoding merges them back, so nothing
+# the gateway does not own is lost either way; ``msgspec.structs.replace`` starts a fresh object
+# without them (what the gateway builds itself is encoded from its fields alone).
+
+_EXTRA = "_extra_params"
+_RELAYED = "_relayed"
+_encoder = msgspec.json.Encoder()
+
+
+def extra_params(obj: Struct) -> dict[str, msgspec.Raw]:
+    """A request's top-level fields the gateway does not model (raw JSON values; empty: none)."""
+    extra: dict[str, msgspec.Raw] = getattr(obj, "__dict__", {}).get(_EXTRA, {})
+    return extra
+
+
+def set_extra_params(obj: Struct, extra: dict[str, msgspec.Raw]) -> None:
+    obj.__dict__[_EXTRA] = extra
+
+
+def relayed(obj: Struct) -> dict[str, msgspec.Raw] | None:
+    """An upstream answer's top-level fields as they came (None: the gateway built this object)."""
+    raw: dict[str, msgspec.Raw] | None = getattr(obj, "__dict__", {}).get(_RELAYED)
+    return raw
+
+
+def set_relayed(obj: Struct, raw: dict[str, msgspec.Raw]) -> None:
+    obj.__dict__[_RELAYED] = raw
+
+
+def encode_with_extra(obj: Struct, extra: dict[str, msgspec.Raw]) -> bytes:
+    """``obj`` encoded with ``extra``'s fields appended (keys must not be fields of ``obj``)."""
+    encoded = _encoder.encode(obj)
+    if not extra:
+        return encoded
+    tail = _encoder.encode(extra)
+    return encoded[:-1] + (b"," if len(encoded) > 2 else b"") + tail[1:]
+
+
+ANTHROPIC_MESSAGE = "_anthropic_message"  # an Anthropic upstream's answer as it came, for /v1/messages
+ANTHROPIC_BODY = "_anthropic_body"  # a /v1/messages request as the client sent it, for an Anthropic upstream
+
+
+def anthropic_body(obj: Struct) -> dict[str, Any] | None:
+    """The Messages API body a chat request was translated from (None: it was not)."""
+    body: dict[str, Any] | None = getattr(obj, "__dict__", {}).get(ANTHROPIC_BODY)
+    return body
+
+
+def encode_answer(obj: Any) -> bytes:
+    """An answer or chunk for the client: an upstream's as it came, with the fields the gateway owns
+    (``model``; ``usage`` where it was dropped) taken from the object; else the object's fields."""
+    raw = relayed(obj) if isinstance(obj, Struct) else None
+    if raw is None:
+        return _encoder.encode(obj)
+    out = dict(raw)
+    out["model"] = msgspec.Raw(_encoder.encode(obj.model))
+    if "usage" in out and getattr(obj, "usage", UNSET) is UNSET:
+        del out["usage"]
+    return _encoder.encode(out)
+
+
 # ---------------------------------------------------------------- requests
 
 
@@ -53,7 +119,11 @@ class AudioPart(WireStruct, tag_field="type", tag="input_audio"):
     input_audio: InputAudio
 
 
-ContentPart = TextPart | ImagePart | AudioPart
+class FilePart(WireStruct, tag_field="type", tag="file"):
+    file: dict[str, Any]  # file_data (a data URL), file_id, filename
+
+
+ContentPart = TextPart | ImagePart | AudioPart | FilePart
 
 
 class FunctionCall(WireStruct):
@@ -111,7 +181,7 @@ class ResponseFormat(WireStruct):
     json_schema: JSONSchemaFormat | UnsetType = UNSET
 
 
-class SamplingFields(WireStruct):
+class SamplingFields(WireStruct, dict=True):
     """Fields common to chat and text completions."""
 
     model: str
@@ -133,6 +203,10 @@ class SamplingFields(WireStruct):
     repetition_penalty: Annotated[float, Meta(gt=0.0, le=2.0)] | None | UnsetType = UNSET
     min_tokens: NonNegInt | None | UnsetType = UNSET
     ignore_eos: bool | None | UnsetType = UNSET
+    stop_token_ids: list[NonNegInt] | None | UnsetType = UNSET
+    skip_special_tokens: bool | None | UnsetType = UNSET
+    include_stop_str_in_output: bool | None | UnsetType = UNSET
+    prompt_logprobs: Annotated[int, Meta(ge=0, le=20)] | None | UnsetType = UNSET
 
     @property
     def is_stream(self) -> bool:
@@ -157,6 +231,7 @@ class ChatCompletionRequest(SamplingFields, kw_only=True):
     tools: list[Tool] | None | UnsetType = UNSET
     tool_choice: str | dict[str, Any] | None | UnsetType = UNSET
     parallel_tool_calls: bool | None | UnsetType = UNSET
+    chat_template_kwargs: dict[str, Any] | None | UnsetType = UNSET  # vLLM: variables for the chat template
 
     def sequences(self) -> int:
         """How many sequences the request generates (``n`` choices)."""
@@ -239,7 +314,8 @@ class AssistantMessage(WireStruct):
     role: str = "assistant"
     content: str | None = None
     tool_calls: list[ToolCall] | UnsetType = UNSET
-    refusal: str | None | UnsetType = UNSET
+    refusal: str | None = None  # always present, as OpenAI's schema requires
+    reasoning_content: str | None | UnsetType = UNSET  # a reasoning model's thinking (vLLM, DeepSeek)
 
 
 FinishReason = Literal["stop", "length", "tool_calls", "content_filter", "function_call"]
@@ -250,9 +326,10 @@ class ChatChoice(WireStruct):
     message: AssistantMessage
     finish_reason: FinishReason | None = None
     logprobs: ChoiceLogprobs | None = None
+    stop_reason: str | int | None | UnsetType = UNSET  # vLLM: the stop string or token that matched
 
 
-class ChatCompletion(WireStruct):
+class ChatCompletion(WireStruct, dict=True):
     id: str
     model: str
     choices: list[ChatChoice]
@@ -274,6 +351,7 @@ class ChatDelta(WireStruct):
     content: str | None | UnsetType = UNSET
     tool_calls: list[ToolCallDelta] | UnsetType = UNSET
     refusal: str | None | UnsetType = UNSET
+    reasoning_content: str | None | UnsetType = UNSET
 
 
 class ChatChunkChoice(WireStruct):
@@ -281,9 +359,10 @@ class ChatChunkChoice(WireStruct):
     delta: ChatDelta
     finish_reason: FinishReason | None = None
     logprobs: ChoiceLogprobs | None = None
+    stop_reason: str | int | None | UnsetType = UNSET  # vLLM: the stop string or token that matched
 
 
-class ChatCompletionChunk(WireStruct):
+class ChatCompletionChunk(WireStruct, dict=True):
     id: str
     model: str
     choices: list[ChatChunkChoice]
@@ -305,9 +384,10 @@ class CompletionChoice(WireStruct):
     text: str
     finish_reason: FinishReason | None = None
     logprobs: CompletionLogprobs | None = None
+    stop_reason: str | int | None | UnsetType = UNSET  # vLLM: the stop string or token that matched
 
 
-class TextCompletion(WireStruct):
+class TextCompletion(WireStruct, dict=True):
     """A text completion (``object: text_completion``); also the shape of its stream chunks."""
 
     id: str

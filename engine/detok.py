@@ -57,6 +57,7 @@ class StopMatcher:
         self.stops = [s for s in (stop_strings or []) if s]
         self.held = ""
         self.stopped = False
+        self.matched: str | None = None  # the stop string found (the earliest in the text)
 
     def feed(self, new_text: str, match: bool = True) -> tuple[str, bool]:
         """With ``match=False`` (before ``min_tokens``) stop strings are not looked for, but a
@@ -67,10 +68,11 @@ class StopMatcher:
         if not self.stops:
             return new_text, False
         buf = self.held + new_text
-        hits = [i for i in (buf.find(s) for s in self.stops) if i >= 0] if match else []
+        hits = [(i, s) for i, s in ((buf.find(s), s) for s in self.stops) if i >= 0] if match else []
         if hits:
+            at, self.matched = min(hits, key=lambda hit: hit[0])
             self.held, self.stopped = "", True
-            return buf[: min(hits)], True
+            return buf[:at], True
         keep = self._partial_tail(buf)
         self.held = buf[len(buf) - keep :] if keep else ""
         return buf[: len(buf) - keep], False

@@ -42,6 +42,8 @@ class TextState:
             return False
         emit, stopped = self._matcher.feed(new, match=check_stop)
         self._emit(emit)
+        if stopped:
+            self.stop_reason = self._matcher.matched  # vLLM's stop_reason: the stop string that matched
         return stopped
 
     def stop(self, reason: str | int | None) -> None:

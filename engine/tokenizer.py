@@ -12,6 +12,7 @@ then tokenised without adding special tokens. Incremental detokenisation and sto
 from __future__ import annotations
 
 import json
+import re
 from datetime import datetime
 from functools import cached_property
 from pathlib import Path
@@ -72,6 +73,9 @@ class _FastCodec:
     def token_id(self, token: str) -> int | None:
         return self._tok.token_to_id(token)
 
+    def piece(self, token_id: int) -> str | None:
+        return self._tok.id_to_token(token_id)
+
     def size(self) -> int:
         return self._tok.get_vocab_size(with_added_tokens=True)
 
@@ -97,8 +101,29 @@ class _TransformersCodec:
     def token_id(self, token: str) -> int | None:
         return self._vocab.get(token)
 
+    def piece(self, token_id: int) -> str | None:
+        piece = self._tok.convert_ids_to_tokens(token_id)
+        return piece if isinstance(piece, str) else None
+
     def size(self) -> int:
         return len(self._tok)
+
+
+def _byte_level_alphabet() -> dict[str, int]:
+    """GPT-2's byte-level BPE alphabet: the printable character standing for each byte."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    chars, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            chars[chr(b)] = b
+        else:
+            chars[chr(256 + extra)] = b
+            extra += 1
+    return chars
+
+
+_BYTE_LEVEL = _byte_level_alphabet()
+_BYTE_FALLBACK = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 
 
 class Tokenizer:
@@ -138,6 +163,20 @@ class Tokenizer:
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self._codec.decode(ids, skip_special_tokens)
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The token's own bytes: its text's UTF-8, or, for a token holding part of a character (its
+        text decodes to U+FFFD), the bytes of its piece (byte-level BPE, or ``<0xXX>`` byte fallback)."""
+        text = self._codec.decode([token_id], False)
+        if "\ufffd" not in text:
+            return text.encode()
+        piece = self._codec.piece(token_id)
+        if piece is not None:
+            if match := _BYTE_FALLBACK.fullmatch(piece):
+                return bytes([int(match.group(1), 16)])
+            if all(c in _BYTE_LEVEL for c in piece):
+                return bytes(_BYTE_LEVEL[c] for c in piece)
+        return text.encode()
 
     @property
     def bos_token_id(self) -> int | None:

@@ -17,12 +17,16 @@ from litestar.dto import AbstractDTO
 from litestar.dto.data_structures import DTOFieldDefinition
 from litestar.typing import FieldDefinition
 
+from backends.openai_wire import set_extra_params
 from gateway.errors import ApiError
 
 T = TypeVar("T")
 
 _MISSING = re.compile(r"Object missing required field `([^`]+)`")
 _decoders: dict[type, msgspec.json.Decoder[Any]] = {}
+_fields: dict[type, frozenset[str]] = {}
+_raw_object = msgspec.json.Decoder(dict[str, msgspec.Raw])
+RAW_BODY = "_raw_body"  # the body's bytes, on a request type that keeps them (raw_body = True)
 
 
 def _param_path(where: str) -> str | None:
@@ -52,7 +56,12 @@ def decode_body(raw: bytes, type_: type[T]) -> T:
     if decoder is None:
         decoder = _decoders[type_] = msgspec.json.Decoder(type_)
     try:
-        return decoder.decode(raw)
+        body = decoder.decode(raw)
+        if getattr(type_, "raw_body", False):  # translated requests keep the original for a same-dialect upstream
+            body.__dict__[RAW_BODY] = raw
+        elif hasattr(body, "__dict__"):  # a pass-through request: keep the fields it does not model
+            keep_extra_params(body, raw)
+        return body
     except msgspec.ValidationError as exc:
         raise validation_error(exc) from None
     except msgspec.DecodeError as exc:
@@ -61,6 +70,18 @@ def decode_body(raw: bytes, type_: type[T]) -> T:
         ) from None
     except RecursionError:
         raise ApiError(400, "the JSON body is nested too deeply", code="invalid_json") from None
+
+
+def keep_extra_params(body: Any, raw: bytes) -> None:
+    """Record the top-level fields of ``raw`` that ``body``'s type does not model (as raw JSON), to be
+    forwarded unchanged to an HTTP upstream (``backends.openai_wire.extra_params``)."""
+    type_ = type(body)
+    known = _fields.get(type_)
+    if known is None:
+        known = _fields[type_] = frozenset(f.encode_name for f in msgspec.structs.fields(type_))
+    extra = {k: v for k, v in _raw_object.decode(raw).items() if k not in known}
+    if extra:
+        set_extra_params(body, extra)
 
 
 class WireBody(AbstractDTO[T]):

@@ -49,6 +49,8 @@ def describe_chat(principal: Principal, body: ChatCompletionRequest, *, endpoint
         raise ApiError(400, "'stream_options' is only allowed when 'stream' is true.", param="stream_options")
     if isinstance(body.top_logprobs, int) and not body.logprobs:
         raise ApiError(400, "'top_logprobs' requires 'logprobs' to be true.", param="top_logprobs")
+    if body.tool_choice not in (None, msgspec.UNSET) and not body.tools:
+        raise ApiError(400, "'tool_choice' is only allowed when 'tools' are specified.", param="tool_choice")
     stream = body.is_stream
 
     def invoke(backend: Backend, ctx: CallContext) -> Awaitable[Completed[Any] | ChunkStream[Any]]:

@@ -19,6 +19,7 @@ from backends.base import (
     BackendError,
     BadRequest,
     ContextTooLong,
+    ModelNotFound,
     RateLimited,
     Timeout,
     Unavailable,
@@ -95,6 +96,8 @@ def retry_after_header(seconds: float | None) -> dict[str, str]:
 
 def from_backend_error(exc: BackendError) -> ApiError:
     """The client-facing error for a provider failure (the router has given up on it)."""
+    if isinstance(exc, ModelNotFound):
+        return ApiError(404, exc.message, param="model", code="model_not_found")
     if isinstance(exc, ContextTooLong):
         return ApiError(400, exc.message, param=exc.param or "messages", code="context_length_exceeded")
     if isinstance(exc, BadRequest):

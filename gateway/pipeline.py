@@ -217,7 +217,7 @@ class Pipeline:
                 flight.deployment.health.on_failure()  # the provider broke the stream after it started
             await self._settle(flight, meter, 200, error_type, outcome=outcome.value)
 
-        relay = SSERelay(stream, flight.call.model, on_end, flight.call.dialect.stream())
+        relay = SSERelay(stream, flight.call.model, on_end, flight.call.dialect.stream(stream.meter))
         headers = self._headers(flight) | {"cache-control": "no-cache", "x-accel-buffering": "no"}
         return Stream(relay.events(), media_type="text/event-stream", headers=headers,
                       background=BackgroundTask(relay.finish))

@@ -16,6 +16,7 @@ from typing import Any, Protocol
 import msgspec
 
 from backends.base import BackendError, ChunkStream, Meter
+from backends.openai_wire import encode_answer
 from gateway.errors import ApiError, from_backend_error
 
 log = logging.getLogger("switchyard.streaming")
@@ -48,8 +49,11 @@ class StreamEncoder(Protocol):
 
 
 class OpenAIEvents:
+    def __init__(self, meter: Meter | None = None) -> None:
+        pass
+
     def chunk(self, chunk: Any) -> bytes:
-        return sse_event(chunk)
+        return b"data: " + encode_answer(chunk) + b"\n\n"  # an upstream's chunk keeps every field it sent
 
     def done(self) -> bytes:
         return DONE

@@ -71,8 +71,10 @@ class LocalEngineBackend:
 
     def tokenize_chat(self, request: ChatCompletionRequest, add_generation_prompt: bool = True) -> list[int]:
         try:
+            variables = {k: v for k, v in (wire.opt(request.chat_template_kwargs, None) or {}).items()
+                         if k not in ("messages", "add_generation_prompt")}
             return self.tokenizer.apply_chat_template(wire.chat_messages(request),
-                                                      add_generation_prompt=add_generation_prompt)
+                                                      add_generation_prompt=add_generation_prompt, **variables)
         except InvalidRequest as exc:  # no template, or the template refused the conversation
             raise BadRequest(exc.message, param=exc.param) from None
 
@@ -98,7 +100,8 @@ class LocalEngineBackend:
         final = await collect(run)
         choices = [
             ChatChoice(index=o.index, message=AssistantMessage(content=o.text),
-                       finish_reason=wire.finish_reason(o.finish_reason), logprobs=self.logprobs.chat(o.logprobs))
+                       finish_reason=wire.finish_reason(o.finish_reason), logprobs=self.logprobs.chat(o.logprobs),
+                       stop_reason=o.stop_reason)
             for o in final[0].outputs
         ]
         response = ChatCompletion(id=response_id("chatcmpl"), model=request.model, choices=choices,
@@ -118,14 +121,19 @@ class LocalEngineBackend:
         async def gen() -> AsyncIterator[ChatCompletionChunk]:
             for i in range(run.n):
                 yield chunk([ChatChunkChoice(index=i, delta=ChatDelta(role="assistant", content=""))])
+            finished: set[int] = set()  # one finish chunk per choice, though later outputs still carry it
             async for _, out in run.outputs():
                 for o in out.outputs:
+                    if o.index in finished:
+                        continue
                     if o.delta_text or (o.delta_logprobs and request.logprobs):
                         yield chunk([ChatChunkChoice(index=o.index, delta=ChatDelta(content=o.delta_text),
                                                      logprobs=self.logprobs.chat(o.delta_logprobs))])
                     if o.finish_reason is not None:
+                        finished.add(o.index)
                         reason = wire.finish_reason(o.finish_reason)
-                        yield chunk([ChatChunkChoice(index=o.index, delta=ChatDelta(), finish_reason=reason)])
+                        yield chunk([ChatChunkChoice(index=o.index, delta=ChatDelta(), finish_reason=reason,
+                                                     stop_reason=o.stop_reason)])
             if request.include_usage:
                 yield chunk([], usage_of(run.meter))
 

@@ -87,7 +87,7 @@ async def complete(
             text, lp = c.generated(o, len(echo), delta=False)
             choices.append(CompletionChoice(index=p * c.n + o.index, text=echo + text,
                                             finish_reason=c.finish_reason(o.finish_reason),
-                                            logprobs=_joined(echo_lp, lp)))
+                                            logprobs=_joined(echo_lp, lp), stop_reason=o.stop_reason))
     response = TextCompletion(id=response_id("cmpl"), model=request.model, choices=choices, usage=usage_of(c.run.meter))
     return Completed(response, c.run.meter)
 
@@ -113,6 +113,7 @@ def complete_stream(
                     offsets[p * c.n + i] = len(text)
                     yield chunk([CompletionChoice(index=p * c.n + i, text=text)])
             pending_echo.clear()
+        finished: set[int] = set()  # one finish chunk per choice, though later outputs still carry it
         async for p, out in c.run.outputs():
             if p in pending_echo:
                 pending_echo.discard(p)
@@ -122,13 +123,17 @@ def complete_stream(
                     yield chunk([CompletionChoice(index=p * c.n + i, text=text, logprobs=lp)])
             for o in out.outputs:
                 index = p * c.n + o.index
+                if index in finished:
+                    continue
                 text, lp = c.generated(o, offsets.get(index, 0), delta=True)
                 if text or (lp is not None and lp.tokens):
                     offsets[index] = offsets.get(index, 0) + len(text)
                     yield chunk([CompletionChoice(index=index, text=text, logprobs=lp)])
                 if o.finish_reason is not None:
+                    finished.add(index)
                     reason = c.finish_reason(o.finish_reason)
-                    yield chunk([CompletionChoice(index=index, text="", finish_reason=reason)])
+                    yield chunk([CompletionChoice(index=index, text="", finish_reason=reason,
+                                                  stop_reason=o.stop_reason)])
         if request.include_usage:
             yield chunk([], usage_of(c.run.meter))
 

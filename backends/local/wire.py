@@ -16,6 +16,7 @@ from backends.openai_wire import (
     TextPart,
     TokenLogprob,
     TopLogprob,
+    extra_params,
 )
 from engine import InvalidRequest, SamplingParams
 
@@ -24,9 +25,27 @@ def opt(value: Any, default: Any) -> Any:
     return default if value is None or value is UNSET else value
 
 
+# Accepted though the engine does nothing with them: they do not change the output.
+NO_EFFECT_PARAMS = frozenset({"metadata", "store", "user", "service_tier", "prompt_cache_key", "safety_identifier"})
+
+
+def refuse_unsupported(request: SamplingFields) -> None:
+    """A request field the engine does not support is a 400 naming it, never a silent drop."""
+    for name in extra_params(request):
+        if name not in NO_EFFECT_PARAMS:
+            raise BadRequest(f"'{name}' is not supported by the local engine", param=name)
+    if request.include_stop_str_in_output:
+        raise BadRequest("include_stop_str_in_output is not supported by the local engine",
+                         param="include_stop_str_in_output")
+    if opt(request.prompt_logprobs, None) is not None:
+        raise BadRequest("prompt_logprobs is not supported here (use completions with echo and logprobs)",
+                         param="prompt_logprobs")
+
+
 def sampling_params(request: SamplingFields, limit: int | None, logprobs: int | None,
                     prompt_logprobs: int | None = None) -> SamplingParams:
     """Engine sampling parameters for a wire request; a BadRequest names the offending field."""
+    refuse_unsupported(request)
     if opt(request.logit_bias, None):
         raise BadRequest("logit_bias is not supported by the local engine", param="logit_bias")
     top_k = opt(request.top_k, 0)
@@ -44,6 +63,8 @@ def sampling_params(request: SamplingFields, limit: int | None, logprobs: int | 
             max_tokens=limit,
             min_tokens=opt(request.min_tokens, 0),
             stop=request.stop_list(),
+            stop_token_ids=list(opt(request.stop_token_ids, [])),
+            skip_special_tokens=bool(opt(request.skip_special_tokens, True)),
             ignore_eos=bool(opt(request.ignore_eos, False)),
             logprobs=logprobs,
             prompt_logprobs=prompt_logprobs,
@@ -99,15 +120,21 @@ class LogprobFormatter:
     def token(self, token_id: int) -> str:
         return self.tokenizer.decode([token_id], skip_special_tokens=False)
 
+    def token_bytes(self, token_id: int) -> list[int]:
+        """The token's own bytes, also when it holds only part of a character (OpenAI's ``bytes``)."""
+        own = getattr(self.tokenizer, "token_bytes", None)
+        return list(own(token_id) if own is not None else self.token(token_id).encode())
+
     def chat(self, items: list[Any] | None) -> ChoiceLogprobs | None:
         if items is None:
             return None
         out = []
         for lp in items:
             text = self.token(lp.token_id)
-            top = [TopLogprob(token=(t := self.token(i)), logprob=v, bytes=list(t.encode()))
+            top = [TopLogprob(token=self.token(i), logprob=v, bytes=self.token_bytes(i))
                    for i, v in sorted(lp.top.items(), key=lambda kv: -kv[1])]
-            out.append(TokenLogprob(token=text, logprob=lp.logprob, bytes=list(text.encode()), top_logprobs=top))
+            out.append(TokenLogprob(token=text, logprob=lp.logprob, bytes=self.token_bytes(lp.token_id),
+                                    top_logprobs=top))
         return ChoiceLogprobs(content=out)
 
     def prompt(self, prompt_ids: list[int], items: list[Any]) -> CompletionLogprobs:

@@ -7,7 +7,8 @@ from typing import Any
 from msgspec import UNSET
 
 from backends.base import BadRequest
-from backends.openai_wire import SamplingFields
+from backends.local.wire import NO_EFFECT_PARAMS
+from backends.openai_wire import SamplingFields, extra_params
 from backends.transformers_generate.jobs import GenerateKey, RowParams
 
 
@@ -16,8 +17,21 @@ def opt(value: Any, default: Any) -> Any:
     return default if value is None or value is UNSET else value
 
 
+def refuse_unsupported(request: SamplingFields) -> None:
+    """A field plain generate does not support is a 400 naming it, never a silent drop."""
+    for name in extra_params(request):
+        if name not in NO_EFFECT_PARAMS:
+            raise BadRequest(f"'{name}' is not supported by this deployment", param=name)
+    for name in ("stop_token_ids", "include_stop_str_in_output", "prompt_logprobs", "chat_template_kwargs"):
+        if opt(getattr(request, name, None), None) not in (None, False, [], {}):
+            raise BadRequest(f"'{name}' is not supported by this deployment", param=name)
+    if opt(request.skip_special_tokens, True) is False:
+        raise BadRequest("'skip_special_tokens' is not supported by this deployment", param="skip_special_tokens")
+
+
 def generate_key(request: SamplingFields) -> GenerateKey:
     """Greedy requests share one key whatever their sampling knobs; seeded sampling runs alone."""
+    refuse_unsupported(request)
     repetition = opt(request.repetition_penalty, 1.0)
     temperature = opt(request.temperature, 1.0)
     if temperature == 0.0:

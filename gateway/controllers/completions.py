@@ -16,12 +16,12 @@ from gateway.pipeline import Pipeline
 
 
 class CompletionsController(Controller):
-    path = "/v1/completions"
+    path = "/"
     tags = ["OpenAI"]
     before_request = authenticate_request  # type: ignore[assignment]  # a function attribute reads as a method
 
     @post(
-        "/",
+        ["/v1/completions", "/completions"],  # also without /v1, as vLLM serves it
         status_code=200,
         dto=WireBody[CompletionRequest],
         return_dto=None,

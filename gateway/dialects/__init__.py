@@ -7,19 +7,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import msgspec
-
+from backends.base import Meter
+from backends.openai_wire import encode_answer
 from gateway.streaming import OpenAIEvents, StreamEncoder
-
-_encoder = msgspec.json.Encoder()
 
 
 @dataclass(frozen=True)
 class Dialect:
     """How a whole answer (``unary``) and a stream's events (``stream``) are encoded."""
 
-    unary: Callable[[Any], bytes] = _encoder.encode
-    stream: Callable[[], StreamEncoder] = OpenAIEvents
+    unary: Callable[[Any], bytes] = encode_answer  # an upstream's answer relayed with every field it sent
+    stream: Callable[[Meter], StreamEncoder] = OpenAIEvents  # given the call's meter
 
 
 OPENAI = Dialect()

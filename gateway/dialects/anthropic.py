@@ -12,17 +12,21 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 import msgspec
 from litestar import Request, Response
 from msgspec import UNSET, Meta, Struct, UnsetType
 
+from backends.base import Meter
 from backends.openai_wire import (
+    ANTHROPIC_BODY,
+    ANTHROPIC_MESSAGE,
     ChatCompletion,
     ChatCompletionChunk,
     ChatCompletionRequest,
     ChatMessage,
+    FilePart,
     FunctionCall,
     FunctionDef,
     ImagePart,
@@ -32,7 +36,9 @@ from backends.openai_wire import (
     Tool,
     ToolCall,
     Usage,
+    set_extra_params,
 )
+from gateway.body import RAW_BODY
 from gateway.dialects import Dialect
 from gateway.errors import ApiError, exception_handlers
 
@@ -44,8 +50,12 @@ class _Wire(Struct, kw_only=True):
     pass
 
 
+CacheControl = dict[str, Any] | UnsetType  # {"type": "ephemeral", "ttl"?}: passed to an Anthropic upstream
+
+
 class TextBlock(_Wire, tag_field="type", tag="text"):
     text: str
+    cache_control: CacheControl = UNSET
 
 
 class ImageSource(_Wire):
@@ -57,21 +67,41 @@ class ImageSource(_Wire):
 
 class ImageBlock(_Wire, tag_field="type", tag="image"):
     source: ImageSource
+    cache_control: CacheControl = UNSET
+
+
+class DocumentBlock(_Wire, tag_field="type", tag="document"):
+    source: dict[str, Any]  # base64 (a PDF), text, url or content
+    title: str | None | UnsetType = UNSET
+    context: str | None | UnsetType = UNSET
+    citations: dict[str, Any] | UnsetType = UNSET
+    cache_control: CacheControl = UNSET
+
+
+class ThinkingBlock(_Wire, tag_field="type", tag="thinking"):
+    thinking: str
+    signature: str | UnsetType = UNSET
+
+
+class RedactedThinkingBlock(_Wire, tag_field="type", tag="redacted_thinking"):
+    data: str
 
 
 class ToolUseBlock(_Wire, tag_field="type", tag="tool_use"):
     id: str
     name: str
     input: dict[str, Any]
+    cache_control: CacheControl = UNSET
 
 
 class ToolResultBlock(_Wire, tag_field="type", tag="tool_result"):
     tool_use_id: str
     content: str | list[TextBlock] = ""
     is_error: bool | UnsetType = UNSET
+    cache_control: CacheControl = UNSET
 
 
-Block = TextBlock | ImageBlock | ToolUseBlock | ToolResultBlock
+Block = TextBlock | ImageBlock | DocumentBlock | ToolUseBlock | ToolResultBlock | ThinkingBlock | RedactedThinkingBlock
 
 
 class InputMessage(_Wire):
@@ -83,6 +113,7 @@ class InputTool(_Wire):
     name: str
     input_schema: dict[str, Any]
     description: str | UnsetType = UNSET
+    cache_control: CacheControl = UNSET
 
 
 class ToolChoice(_Wire):
@@ -94,7 +125,9 @@ class Metadata(_Wire):
     user_id: str | None | UnsetType = UNSET
 
 
-class MessagesRequest(_Wire):
+class MessagesRequest(_Wire, dict=True):
+    raw_body: ClassVar[bool] = True  # kept as sent (gateway.body), for an Anthropic upstream
+
     model: str
     max_tokens: Annotated[int, Meta(ge=1)]
     messages: Annotated[list[InputMessage], Meta(min_length=1)]
@@ -107,6 +140,7 @@ class MessagesRequest(_Wire):
     tools: list[InputTool] | UnsetType = UNSET
     tool_choice: ToolChoice | UnsetType = UNSET
     metadata: Metadata | UnsetType = UNSET
+    thinking: dict[str, Any] | UnsetType = UNSET  # extended thinking: {"type": "enabled", "budget_tokens"}
 
 
 class CountTokensRequest(_Wire):
@@ -133,7 +167,7 @@ def _result_text(block: ToolResultBlock) -> str:
 def _convert_message(message: InputMessage) -> list[ChatMessage]:
     if isinstance(message.content, str):
         return [ChatMessage(role=message.role, content=message.content)]
-    parts: list[TextPart | ImagePart] = []
+    parts: list[TextPart | ImagePart | FilePart] = []
     calls: list[ToolCall] = []
     results: list[ChatMessage] = []
     for block in message.content:
@@ -143,6 +177,10 @@ def _convert_message(message: InputMessage) -> list[ChatMessage]:
             src = block.source
             url = src.url if src.type == "url" else f"data:{src.media_type};base64,{src.data}"
             parts.append(ImagePart(image_url=ImageURL(url=str(url))))
+        elif isinstance(block, DocumentBlock):
+            parts.append(_document_part(block))
+        elif isinstance(block, ThinkingBlock | RedactedThinkingBlock):
+            continue  # earlier thinking: only an Anthropic upstream uses it (it gets the request as sent)
         elif isinstance(block, ToolUseBlock):
             arguments = msgspec.json.encode(block.input).decode()
             calls.append(ToolCall(id=block.id, function=FunctionCall(name=block.name, arguments=arguments)))
@@ -155,6 +193,19 @@ def _convert_message(message: InputMessage) -> list[ChatMessage]:
             converted.tool_calls = calls
         out.append(converted)
     return out
+
+
+def _document_part(block: DocumentBlock) -> TextPart | FilePart:
+    """A document for an OpenAI-shaped request: its text, or a PDF as a ``file`` part."""
+    source = block.source
+    if source.get("type") == "text" and isinstance(source.get("data"), str):
+        return TextPart(text=source["data"])
+    if source.get("type") == "base64" and isinstance(source.get("data"), str):
+        media = source.get("media_type") or "application/pdf"
+        return FilePart(file={"file_data": f"data:{media};base64,{source['data']}",
+                              "filename": block.title or "document"})
+    raise ApiError(400, f"document source of type {source.get('type')!r} is served only by Anthropic deployments",
+                   param="messages")
 
 
 def _tool_choice(choice: ToolChoice) -> str | dict[str, Any]:
@@ -180,7 +231,7 @@ def to_chat_request(req: MessagesRequest) -> ChatCompletionRequest:
     if req.top_k is not UNSET:
         chat.top_k = req.top_k
     if req.stop_sequences:
-        chat.stop = req.stop_sequences[:4]
+        chat.stop = list(req.stop_sequences)  # all of them: a provider allowing fewer refuses, never a cut
     if req.tools:
         chat.tools = [Tool(function=FunctionDef(name=t.name, description=t.description, parameters=t.input_schema))
                       for t in req.tools]
@@ -191,6 +242,10 @@ def to_chat_request(req: MessagesRequest) -> ChatCompletionRequest:
     if req.stream:
         chat.stream = True
         chat.stream_options = StreamOptions(include_usage=True)  # message_delta carries the usage
+    if req.thinking is not UNSET:  # the engine refuses it by name; an OpenAI-shaped upstream gets it
+        set_extra_params(chat, {"thinking": msgspec.Raw(msgspec.json.encode(req.thinking))})
+    if (raw := req.__dict__.get(RAW_BODY)) is not None:  # an Anthropic upstream gets the request as sent
+        chat.__dict__[ANTHROPIC_BODY] = msgspec.json.decode(raw)
     return chat
 
 
@@ -204,6 +259,8 @@ def _usage(usage: Any) -> dict[str, int]:
 
 
 def message_body(response: ChatCompletion) -> bytes:
+    if (message := response.__dict__.get(ANTHROPIC_MESSAGE)) is not None:  # an Anthropic upstream's, as it came
+        return msgspec.json.encode(message | {"model": response.model})
     choice = response.choices[0]
     content: list[dict[str, Any]] = []
     if choice.message.content:
@@ -216,9 +273,15 @@ def message_body(response: ChatCompletion) -> bytes:
         content.append({"type": "tool_use", "id": call.id, "name": call.function.name, "input": arguments})
     return msgspec.json.encode({
         "id": response.id, "type": "message", "role": "assistant", "model": response.model, "content": content,
-        "stop_reason": _FINISH_TO_STOP.get(choice.finish_reason or "stop", "end_turn"), "stop_sequence": None,
-        "usage": _usage(response.usage),
+        **_stop(choice.finish_reason, choice.stop_reason), "usage": _usage(response.usage),
     })
+
+
+def _stop(finish: str | None, matched: Any) -> dict[str, Any]:
+    """``stop_reason`` and ``stop_sequence``: a matched stop string is reported as ``stop_sequence``."""
+    if finish == "stop" and isinstance(matched, str):
+        return {"stop_reason": "stop_sequence", "stop_sequence": matched}
+    return {"stop_reason": _FINISH_TO_STOP.get(finish or "stop", "end_turn"), "stop_sequence": None}
 
 
 def _event(kind: str, data: dict[str, Any]) -> bytes:
@@ -228,12 +291,13 @@ def _event(kind: str, data: dict[str, Any]) -> bytes:
 class MessagesEvents:
     """OpenAI chunks -> Anthropic stream events (a ``gateway.streaming.StreamEncoder``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, meter: Meter | None = None) -> None:
+        self._meter = meter  # the call's: the prompt's tokens for message_start
         self._started = False
         self._block: int = -1  # index of the open content block
         self._block_kind: str | None = None
         self._tools: dict[int, int] = {}  # OpenAI tool call index -> content block index
-        self._stop = "end_turn"
+        self._stop: dict[str, Any] = {"stop_reason": "end_turn", "stop_sequence": None}
         self._usage: dict[str, int] = {"output_tokens": 0}
 
     def chunk(self, chunk: ChatCompletionChunk) -> bytes:
@@ -242,11 +306,17 @@ class MessagesEvents:
             self._started = True
             out += _event("message_start", {"message": {
                 "id": chunk.id, "type": "message", "role": "assistant", "model": chunk.model, "content": [],
-                "stop_reason": None, "stop_sequence": None, "usage": {"input_tokens": 0, "output_tokens": 0}}})
+                "stop_reason": None, "stop_sequence": None,
+                "usage": {"input_tokens": self._meter.prompt_tokens if self._meter else 0, "output_tokens": 0}}})
         if isinstance(chunk.usage, Usage):
             self._usage = _usage(chunk.usage)
         for choice in chunk.choices[:1]:
             delta = choice.delta
+            if isinstance(delta.reasoning_content, str) and delta.reasoning_content:
+                if self._block_kind != "thinking":
+                    out += self._open({"type": "thinking", "thinking": ""}, "thinking")
+                out += _event("content_block_delta", {"index": self._block, "delta": {
+                    "type": "thinking_delta", "thinking": delta.reasoning_content}})
             if isinstance(delta.content, str) and delta.content:
                 if self._block_kind != "text":
                     out += self._open({"type": "text", "text": ""}, "text")
@@ -264,7 +334,7 @@ class MessagesEvents:
                                                           "delta": {"type": "input_json_delta",
                                                                     "partial_json": arguments}})
             if choice.finish_reason:
-                self._stop = _FINISH_TO_STOP.get(choice.finish_reason, "end_turn")
+                self._stop = _stop(choice.finish_reason, choice.stop_reason)
         return out
 
     def _open(self, block: dict[str, Any], kind: str) -> bytes:
@@ -281,7 +351,7 @@ class MessagesEvents:
 
     def done(self) -> bytes:
         return (self._close()
-                + _event("message_delta", {"delta": {"stop_reason": self._stop, "stop_sequence": None},
+                + _event("message_delta", {"delta": self._stop,
                                            "usage": self._usage})
                 + _event("message_stop", {}))
 

@@ -7,13 +7,14 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
+import msgspec
 import pytest
 import torch
 import transformers
 
 from backends.base import BadRequest, ContextTooLong, Unavailable
 from backends.factory import build_backend
-from backends.openai_wire import ChatCompletionRequest, ChatMessage, CompletionRequest, StreamOptions
+from backends.openai_wire import ChatCompletionRequest, ChatMessage, CompletionRequest, StreamOptions, set_extra_params
 from backends.transformers_generate import HFGenerateBackend
 from backends.transformers_generate.jobs import Event, GenerateKey, Job, RowParams
 from backends.transformers_generate.worker import GenerateWorker
@@ -288,3 +289,19 @@ def test_queued_jobs_with_equal_generate_parameters_share_a_batch(folder) -> Non
     assert finished == {"a": ["length"], "b": ["length"], "c": ["length"]}
     assert (worker.batches_run, worker.largest_batch) == (3, 2)
     worker.close()
+
+
+async def test_unsupported_parameters_are_400s_naming_them(backend_for) -> None:
+    """Issue 19: never a silent drop; parameters that do not change the output are accepted."""
+    backend = backend_for("gpt2")
+    request = chat("hi", max_tokens=2)
+    set_extra_params(request, {"reasoning_effort": msgspec.Raw(b'"low"')})
+    with pytest.raises(BadRequest) as caught:
+        await backend.chat(request)
+    assert caught.value.param == "reasoning_effort"
+    with pytest.raises(BadRequest) as caught:
+        await backend.complete(completion("hi", stop_token_ids=[3]))
+    assert caught.value.param == "stop_token_ids"
+    fine = completion("hi", max_tokens=2)
+    set_extra_params(fine, {"metadata": msgspec.Raw(b'{"a": "b"}'), "store": msgspec.Raw(b"true")})
+    assert (await backend.complete(fine)).response.choices[0].finish_reason is not None

@@ -43,6 +43,9 @@ def _settings(upstream_url: str):
         {"name": "impatient", "deployments": [deployment | {"name": "impatient-dep",
                                                             "timeouts": timeouts | {"first_byte": 0.5, "total": 1}}],
          **plain},
+        {"name": "trimmed", "deployments": [deployment | {"name": "trimmed-dep", "drop_params": ["store"],
+                                                          "rename_params": {"max_completion_tokens": "max_tokens"}}],
+         **plain},
         {"name": "dead", "deployments": [deployment | {"name": "dead-dep", "api_base": "http://127.0.0.1:9/v1"}],
          **plain},
     ], prices={"echo": {"input_per_million": 1_000_000, "output_per_million": 2_000_000}})

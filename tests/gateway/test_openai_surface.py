@@ -157,7 +157,7 @@ async def test_async_client_chat_and_stream(aclient: openai.AsyncOpenAI) -> None
 
 def test_models_list_and_retrieve(client: openai.OpenAI, env: GatewayEnv) -> None:
     ids = [m.id for m in client.models.list().data]
-    assert ids == ["echo", "other", "impatient", "dead"]
+    assert ids == ["echo", "other", "impatient", "trimmed", "dead"]
     assert client.models.retrieve("echo").id == "echo"
     assert client.models.retrieve("echo-alias").id == "echo"
     with pytest.raises(openai.NotFoundError):

@@ -163,4 +163,4 @@ def test_health_and_readiness(http: httpx.Client) -> None:
     ready = http.get("/readyz")
     assert ready.status_code == 503  # the "dead" model's only deployment is unreachable
     body = ready.json()
-    assert body["models"] == {"echo": True, "other": True, "impatient": True, "dead": False}
+    assert body["models"] == {"echo": True, "other": True, "impatient": True, "trimmed": True, "dead": False}

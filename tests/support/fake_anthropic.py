@@ -1,6 +1,7 @@
 """A loopback server speaking Anthropic's Messages API (``POST /v1/messages``), for tests.
 
-It echoes the last user text; when the request offers tools and the text starts with ``tool:``,
+It echoes the last user text (cut at the first of ``stop_sequences`` it contains, reported as
+``stop_reason: stop_sequence``); when the request offers tools and the text starts with ``tool:``,
 it answers with a ``tool_use`` block for the first tool instead. ``fail_next`` queues an HTTP
 status; every request body is kept in ``received``.
 """
@@ -63,15 +64,33 @@ class FakeAnthropic:
         if self.faults:
             status, error = self.faults.popleft()
             return await send_json(ex, status, error)
+        if ex.path.endswith("/count_tokens"):
+            return await send_json(ex, 200, {"input_tokens": sum(len(pieces(_text(m["content"])))
+                                                                 for m in payload["messages"])})
         blocks, stop = self._answer(payload)
+        matched = self._stop_sequence(payload, blocks)
+        if payload.get("thinking"):  # extended thinking: a thinking block first
+            blocks.insert(0, {"type": "thinking", "thinking": "let me think", "signature": "sig-1"})
+        stop = "stop_sequence" if matched else stop
         usage = {"input_tokens": sum(len(pieces(_text(m["content"]))) for m in payload["messages"]),
                  "output_tokens": sum(len(pieces(b.get("text", ""))) or 1 for b in blocks),
                  "cache_read_input_tokens": 2}
         if not payload.get("stream"):
             return await send_json(ex, 200, {"id": "msg_1", "type": "message", "role": "assistant",
                                              "model": payload["model"], "content": blocks, "stop_reason": stop,
-                                             "usage": usage})
-        await self._stream(ex, payload, blocks, stop, usage)
+                                             "stop_sequence": matched, "usage": usage})
+        await self._stream(ex, payload, blocks, stop, usage, matched)
+
+    @staticmethod
+    def _stop_sequence(payload: dict[str, Any], blocks: list[dict[str, Any]]) -> str | None:
+        for block in blocks:
+            text = block.get("text", "")
+            hits = [(text.find(s), s) for s in payload.get("stop_sequences") or [] if s in text]
+            if hits:
+                at, matched = min(hits)
+                block["text"] = text[:at]
+                return matched
+        return None
 
     def _answer(self, payload: dict[str, Any]) -> tuple[list[dict[str, Any]], str]:
         text = _text(payload["messages"][-1]["content"]) if payload["messages"] else ""
@@ -84,7 +103,7 @@ class FakeAnthropic:
         return [{"type": "text", "text": "".join(words[:limit])}], stop
 
     async def _stream(self, ex: Exchange, payload: dict[str, Any], blocks: list[dict[str, Any]], stop: str,
-                      usage: dict[str, int]) -> None:
+                      usage: dict[str, int], matched: str | None = None) -> None:
         await ex.send({"type": "http.response.start", "status": 200,
                        "headers": [(b"content-type", b"text/event-stream")]})
 
@@ -99,7 +118,14 @@ class FakeAnthropic:
                                                             "cache_read_input_tokens": 2}}})
         await event("ping", {})
         for index, block in enumerate(blocks):
-            if block["type"] == "text":
+            if block["type"] == "thinking":
+                await event("content_block_start", {"index": index, "content_block": {
+                    "type": "thinking", "thinking": "", "signature": ""}})
+                await event("content_block_delta", {"index": index, "delta": {"type": "thinking_delta",
+                                                                              "thinking": block["thinking"]}})
+                await event("content_block_delta", {"index": index, "delta": {"type": "signature_delta",
+                                                                              "signature": block["signature"]}})
+            elif block["type"] == "text":
                 await event("content_block_start", {"index": index, "content_block": {"type": "text", "text": ""}})
                 for piece in pieces(block["text"]):
                     await event("content_block_delta", {"index": index,
@@ -113,7 +139,9 @@ class FakeAnthropic:
                                                         "delta": {"type": "input_json_delta", "partial_json": part}})
             await event("content_block_stop", {"index": index})
         await event(
-            "message_delta", {"delta": {"stop_reason": stop}, "usage": {"output_tokens": usage["output_tokens"]}}
+            "message_delta",
+            {"delta": {"stop_reason": stop, "stop_sequence": matched},
+             "usage": {"output_tokens": usage["output_tokens"]}},
         )
         await event("message_stop", {})
         await ex.send({"type": "http.response.body", "body": b"", "more_body": False})

@@ -56,11 +56,13 @@ class FakeUpstream(EchoUpstream):
         self.received: list[Received] = []
         self.streams: list[StreamRecord] = []
         self._server: ServerThread | None = None
+        self.rich = False  # answer with today's full response shape (RICH_* below)
 
     # ------------------------------------------------------------ control
 
     def reset(self) -> None:
         self.options = EchoOptions()
+        self.rich = False
         self.faults.clear()
         self.received.clear()
         self.streams.clear()
@@ -108,6 +110,8 @@ class FakeUpstream(EchoUpstream):
         await self._answer(ex, payload, fault)
 
     async def _answer(self, ex: Exchange, payload: Any, fault: Fault | None) -> None:
+        if self.rich and ex.method == "POST" and isinstance(payload, dict) and ex.path.endswith("completions"):
+            return await self._rich(ex, payload)
         if not (isinstance(payload, dict) and payload.get("stream")) or ex.method != "POST":
             return await super().handle(ex)
         record = StreamRecord(ex.path)
@@ -119,6 +123,9 @@ class FakeUpstream(EchoUpstream):
                 record.completed = await self.stream(ex, payload, ex.path.endswith("/chat/completions"))
         finally:
             record.done.set()
+
+    async def _rich(self, ex: Exchange, payload: dict[str, Any]) -> None:
+        await _rich_answer(ex, payload)
 
     async def _faulty_stream(self, ex: Exchange, payload: dict[str, Any], fault: Fault) -> bool:
         chat = ex.path.endswith("/chat/completions")
@@ -141,3 +148,56 @@ class FakeUpstream(EchoUpstream):
         while (await ex.receive())["type"] != "http.disconnect":
             pass
         return False
+
+
+# ---------------------------------------------------------------- today's full response shape
+
+RICH_USAGE = {"prompt_tokens": 9, "completion_tokens": 4, "total_tokens": 13,
+              "prompt_tokens_details": {"cached_tokens": 2, "audio_tokens": 0},
+              "completion_tokens_details": {"reasoning_tokens": 3, "audio_tokens": 0,
+                                            "accepted_prediction_tokens": 0, "rejected_prediction_tokens": 0}}
+RICH_LOGPROBS = {"content": [{"token": "hi", "logprob": -0.1, "bytes": [104, 105], "top_logprobs": []}],
+                 "refusal": None}
+RICH_MESSAGE = {"role": "assistant", "content": "hi", "refusal": None, "reasoning_content": "thought about it",
+                "annotations": [{"type": "url_citation",
+                                 "url_citation": {"url": "https://example.com", "title": "Example",
+                                                  "start_index": 0, "end_index": 2}}]}
+
+
+async def _send_events(ex: Exchange, events: list[dict[str, Any]]) -> None:
+    await ex.send({"type": "http.response.start", "status": 200,
+                   "headers": [(b"content-type", b"text/event-stream")]})
+    for event in events:
+        await ex.send({"type": "http.response.body", "body": b"data: " + json.dumps(event).encode() + b"\n\n",
+                       "more_body": True})
+    await ex.send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": False})
+
+
+async def _rich_answer(ex: Exchange, payload: dict[str, Any]) -> None:
+    chat = ex.path.endswith("/chat/completions")
+    base = {"id": "chatcmpl-rich" if chat else "cmpl-rich", "created": 1700000000, "model": payload.get("model"),
+            "service_tier": "default", "system_fingerprint": "fp_rich", "kv_transfer_params": None}
+    if not payload.get("stream"):
+        if chat:
+            choice = {"index": 0, "message": RICH_MESSAGE, "finish_reason": "stop", "logprobs": RICH_LOGPROBS,
+                      "stop_reason": None}
+        else:
+            choice = {"index": 0, "text": "hi", "finish_reason": "stop", "logprobs": None, "stop_reason": "END",
+                      "prompt_logprobs": None}
+        body = base | {"object": "chat.completion" if chat else "text_completion", "choices": [choice],
+                       "usage": RICH_USAGE, "prompt_logprobs": None}
+        return await send_json(ex, 200, body)
+    kind = {"object": "chat.completion.chunk" if chat else "text_completion", "usage": None}
+    if chat:
+        deltas = [{"role": "assistant", "content": "", "refusal": None},
+                  {"reasoning_content": "thought"}, {"content": "hi"}]
+        events = [base | kind | {"choices": [{"index": 0, "delta": d, "finish_reason": None, "logprobs": None}]}
+                  for d in deltas]
+        events.append(base | kind | {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop",
+                                                  "stop_reason": None, "logprobs": None}]})
+    else:
+        events = [base | kind | {"choices": [{"index": 0, "text": "hi", "finish_reason": None, "logprobs": None}]},
+                  base | kind | {"choices": [{"index": 0, "text": "", "finish_reason": "stop", "stop_reason": "END",
+                                              "logprobs": None}]}]
+    events.append(base | kind | {"choices": [], "usage": RICH_USAGE})
+    await _send_events(ex, events)

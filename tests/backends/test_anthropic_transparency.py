@@ -1,0 +1,174 @@
+"""Issue 19 on the Anthropic side: an OpenAI request's unmodelled fields mapped for an Anthropic
+upstream (reasoning_effort -> thinking, metadata, Anthropic's own fields), matched stop sequences
+reported through ``/v1/messages`` (streaming too), the real input tokens in ``message_start``, and
+no silent cut of stop sequences; the openai and anthropic SDKs against a gateway on loopback and a
+loopback server speaking the Messages API."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import anthropic
+import openai
+import pytest
+
+from backends.factory import build_backend
+from gateway.app import create_app
+from gateway.contracts import Principal
+from gateway.routing.router import Router
+from gateway.services import Services
+from gateway.settings import parse_settings
+from tests.conftest import ADMIN_KEY
+from tests.support.doubles import RecordingSink, ScriptedAdmission, StaticKeys
+from tests.support.fake_anthropic import FakeAnthropic
+from tests.support.servers import ServerThread
+
+
+@pytest.fixture(scope="module")
+def anthropic_upstream() -> Iterator[FakeAnthropic]:
+    server = FakeAnthropic().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def gateway(anthropic_upstream: FakeAnthropic) -> Iterator[ServerThread]:
+    deployment = {"provider": "anthropic", "model": "claude-test", "api_base": anthropic_upstream.url,
+                  "api_key": "sk-ant"}
+    settings = parse_settings({"models": [
+        {"name": "claude", "max_retries": 0, "deployments": [deployment]},
+        {"name": "claude-trim", "max_retries": 0,
+         "deployments": [deployment | {"name": "trim", "drop_params": ["verbosity"]}]},
+    ]}, env={})
+    services = Services(authenticator=StaticKeys({ADMIN_KEY: Principal("admin", None, is_admin=True)}),
+                        admission=ScriptedAdmission(), usage=RecordingSink(),
+                        router=Router.from_settings(settings, build_backend))
+    with ServerThread(create_app(settings, services)) as server:
+        yield server
+
+
+@pytest.fixture
+def upstream(anthropic_upstream: FakeAnthropic) -> FakeAnthropic:
+    anthropic_upstream.received.clear()
+    anthropic_upstream.faults.clear()
+    return anthropic_upstream
+
+
+@pytest.fixture
+def oai(gateway: ServerThread) -> openai.OpenAI:
+    return openai.OpenAI(base_url=gateway.url + "/v1", api_key=ADMIN_KEY, max_retries=0)
+
+
+@pytest.fixture
+def ant(gateway: ServerThread) -> anthropic.Anthropic:
+    return anthropic.Anthropic(base_url=gateway.url, api_key=ADMIN_KEY, max_retries=0)
+
+
+def test_reasoning_effort_becomes_a_thinking_budget(oai: openai.OpenAI, upstream: FakeAnthropic) -> None:
+    oai.chat.completions.create(model="claude", messages=[{"role": "user", "content": "hi"}], max_tokens=8000,
+                                temperature=0.5, reasoning_effort="medium", user="u-9",
+                                metadata={"trace": "t1"}, store=True)
+    sent = upstream.received[-1]
+    assert sent["thinking"] == {"type": "enabled", "budget_tokens": 4096}
+    assert "temperature" not in sent  # Anthropic refuses a temperature with thinking
+    assert sent["metadata"] == {"user_id": "u-9", "trace": "t1"}
+    assert "store" not in sent and "reasoning_effort" not in sent
+
+
+def test_anthropic_fields_pass_as_they_are(oai: openai.OpenAI, upstream: FakeAnthropic) -> None:
+    thinking = {"type": "enabled", "budget_tokens": 2048}
+    oai.chat.completions.create(model="claude", messages=[{"role": "user", "content": "hi"}], max_tokens=4000,
+                                extra_body={"thinking": thinking, "service_tier": "standard_only", "top_k": 3})
+    sent = upstream.received[-1]
+    assert sent["thinking"] == thinking and sent["service_tier"] == "standard_only" and sent["top_k"] == 3
+
+
+def test_unmappable_field_is_a_400_naming_it(oai: openai.OpenAI, upstream: FakeAnthropic) -> None:
+    with pytest.raises(openai.BadRequestError) as caught:
+        oai.chat.completions.create(model="claude", messages=[{"role": "user", "content": "hi"}],
+                                    extra_body={"verbosity": "low"})
+    assert caught.value.body["param"] == "verbosity"  # type: ignore[index]
+    assert upstream.received == []
+    oai.chat.completions.create(model="claude-trim", messages=[{"role": "user", "content": "hi"}],
+                                extra_body={"verbosity": "low"})  # the deployment drops it
+    assert "verbosity" not in upstream.received[-1]
+
+
+def test_stop_sequence_reported_through_messages(ant: anthropic.Anthropic, upstream: FakeAnthropic) -> None:
+    sequences = ["s1", "s2", "s3", "s4", "END"]
+    message = ant.messages.create(model="claude", max_tokens=64, stop_sequences=sequences,
+                                  messages=[{"role": "user", "content": "one two END three"}])
+    assert upstream.received[-1]["stop_sequences"] == sequences  # all of them: no silent cut
+    assert message.stop_reason == "stop_sequence" and message.stop_sequence == "END"
+    assert message.content[0].text == "one two "  # type: ignore[union-attr]
+
+
+def test_stop_sequence_reported_when_streaming(ant: anthropic.Anthropic, upstream: FakeAnthropic) -> None:
+    with ant.messages.stream(model="claude", max_tokens=64, stop_sequences=["END"],
+                             messages=[{"role": "user", "content": "one two END three"}]) as stream:
+        events = list(stream)
+        final = stream.get_final_message()
+    start = next(e for e in events if e.type == "message_start")
+    assert start.message.usage.input_tokens == 6  # the upstream's count (4 + 2 cached), not 0
+    assert final.stop_reason == "stop_sequence" and final.stop_sequence == "END"
+
+
+def test_chat_choice_carries_the_matched_stop(oai: openai.OpenAI, upstream: FakeAnthropic) -> None:
+    reply = oai.chat.completions.create(model="claude", messages=[{"role": "user", "content": "a END b"}],
+                                        stop=["END"])
+    assert reply.choices[0].finish_reason == "stop"
+    assert reply.choices[0].model_extra == {"stop_reason": "END"}  # type: ignore[attr-defined]
+    assert reply.choices[0].message.refusal is None
+
+
+def test_errors_on_messages_routes_take_anthropic_shape(ant: anthropic.Anthropic, upstream: FakeAnthropic) -> None:
+    with pytest.raises(anthropic.NotFoundError) as caught:
+        ant.messages.create(model="nope", max_tokens=5, messages=[{"role": "user", "content": "x"}])
+    assert caught.value.body["type"] == "error"  # type: ignore[index]
+    assert caught.value.body["error"]["type"] == "not_found_error"  # type: ignore[index]
+    with pytest.raises(anthropic.NotFoundError):
+        ant.messages.count_tokens(model="nope", messages=[{"role": "user", "content": "x"}])
+    assert ant.messages.count_tokens(model="claude", messages=[{"role": "user", "content": "a b"}]).input_tokens > 0
+
+
+MESSAGES_BODY = {
+    "max_tokens": 2048,
+    "system": [{"type": "text", "text": "be brief", "cache_control": {"type": "ephemeral"}}],
+    "thinking": {"type": "enabled", "budget_tokens": 1024},
+    "metadata": {"user_id": "u-7"},
+    "service_tier": "auto",
+    "messages": [{"role": "user", "content": [
+        {"type": "document", "source": {"type": "base64", "media_type": "application/pdf", "data": "JVBERi0="},
+         "title": "doc", "cache_control": {"type": "ephemeral"}},
+        {"type": "text", "text": "hello there", "cache_control": {"type": "ephemeral", "ttl": "5m"}},
+    ]}],
+}
+
+
+def test_messages_request_reaches_an_anthropic_upstream_as_sent(ant: anthropic.Anthropic,
+                                                                 upstream: FakeAnthropic) -> None:
+    message = ant.messages.create(model="claude", **MESSAGES_BODY)  # type: ignore[arg-type]
+    sent = upstream.received[-1]
+    assert sent == MESSAGES_BODY | {"model": "claude-test"}
+    assert message.model == "claude"
+    assert [b.type for b in message.content] == ["thinking", "text"]
+    assert message.content[0].signature == "sig-1"  # type: ignore[union-attr]
+    assert message.content[1].text == "hello there"  # type: ignore[union-attr]
+
+
+def test_messages_stream_to_an_anthropic_upstream(ant: anthropic.Anthropic, upstream: FakeAnthropic) -> None:
+    with ant.messages.stream(model="claude", **MESSAGES_BODY) as stream:  # type: ignore[arg-type]
+        final = stream.get_final_message()
+    sent = upstream.received[-1]
+    assert sent == MESSAGES_BODY | {"model": "claude-test", "stream": True}
+    assert [b.type for b in final.content] == ["thinking", "text"]
+    assert final.content[0].thinking == "let me think"  # type: ignore[union-attr]
+
+
+def test_thinking_reaches_openai_clients_as_reasoning_content(oai: openai.OpenAI, upstream: FakeAnthropic) -> None:
+    kw = dict(model="claude", messages=[{"role": "user", "content": "hi"}], max_tokens=4000,
+              reasoning_effort="low")
+    reply = oai.chat.completions.create(**kw)  # type: ignore[call-overload]
+    assert reply.choices[0].message.reasoning_content == "let me think"  # type: ignore[attr-defined]
+    deltas = [c.choices[0].delta for c in oai.chat.completions.create(**kw, stream=True) if c.choices]  # type: ignore[call-overload]
+    assert "".join(getattr(d, "reasoning_content", None) or "" for d in deltas) == "let me think"

@@ -1,0 +1,117 @@
+"""Issue 19 on the built-in engine, through the gateway with the openai SDK: a parameter it does
+not support is a 400 naming it, those that do not change the output are accepted, vLLM's spellings
+of what it supports work, ``message.refusal`` is always present, a stream with ``n > 1`` has one
+finish chunk per choice, and logprob ``bytes`` are each token's own bytes."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import httpx
+import openai
+import pytest
+
+from backends.local.wire import LogprobFormatter
+from engine.tokenizer import Tokenizer
+from tests.support.local_gateway import KEY, Env, local_gateway
+
+MESSAGES = [{"role": "user", "content": "hello"}]
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
+    with local_gateway(tmp_path_factory.mktemp("transparent")) as s:
+        yield s
+
+
+@pytest.mark.parametrize("name, value", [("reasoning_effort", "low"), ("verbosity", "low"),
+                                         ("web_search_options", {}), ("guided_json", {"type": "object"}),
+                                         ("include_stop_str_in_output", True), ("prompt_logprobs", 1)])
+def test_unsupported_parameter_is_a_400_naming_it(env: Env, name: str, value: object) -> None:
+    with pytest.raises(openai.BadRequestError) as caught:
+        env.client().chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=2,  # type: ignore[arg-type]
+                                             extra_body={name: value})
+    assert caught.value.body["param"] == name  # type: ignore[index]
+
+
+def test_unsupported_parameter_on_completions(env: Env) -> None:
+    with pytest.raises(openai.BadRequestError) as caught:
+        env.client().completions.create(model="tiny", prompt="hi", max_tokens=2, extra_body={"guided_choice": ["a"]})
+    assert caught.value.body["param"] == "guided_choice"  # type: ignore[index]
+
+
+def test_parameters_without_effect_are_accepted(env: Env) -> None:
+    reply = env.client().chat.completions.create(
+        model="tiny", messages=MESSAGES, max_tokens=2, metadata={"a": "b"}, store=True, user="u",  # type: ignore[arg-type]
+        service_tier="auto", extra_body={"prompt_cache_key": "k", "safety_identifier": "s"})
+    assert reply.choices[0].message.refusal is None
+
+
+def test_vllm_spellings_work(env: Env) -> None:
+    client = env.client()
+    base = dict(model="tiny", messages=MESSAGES, temperature=0.0, max_tokens=6)
+    plain = client.chat.completions.create(**base)  # type: ignore[call-overload]
+    assert plain.usage.completion_tokens == 6
+    same = client.chat.completions.create(**base, extra_body={  # type: ignore[call-overload]
+        "top_k": 1, "min_p": 0.0, "repetition_penalty": 1.0, "ignore_eos": True, "min_tokens": 6,
+        "skip_special_tokens": True, "include_stop_str_in_output": False,
+        "chat_template_kwargs": {"enable_thinking": False}})
+    assert same.choices[0].message.content == plain.choices[0].message.content
+    first = env.backend.tokenizer.encode(plain.choices[0].message.content, add_special_tokens=False)[0]
+    stopped = client.chat.completions.create(**base, extra_body={"stop_token_ids": [first]})  # type: ignore[call-overload]
+    assert stopped.usage.completion_tokens == 1 and stopped.choices[0].finish_reason == "stop"
+
+
+def test_refusal_null_in_every_chat_answer(env: Env) -> None:
+    headers = {"authorization": f"Bearer {KEY}"}
+    body = {"model": "tiny", "messages": MESSAGES, "max_tokens": 2}
+    raw = httpx.post(env.server.url + "/v1/chat/completions", json=body, headers=headers, timeout=30).json()
+    assert raw["choices"][0]["message"]["refusal"] is None and "refusal" in raw["choices"][0]["message"]
+
+
+@pytest.mark.parametrize("chat", [True, False])
+def test_stream_with_n_has_one_finish_chunk_per_choice(env: Env, chat: bool) -> None:
+    client = env.client()
+    if chat:
+        stream = client.chat.completions.create(model="tiny", messages=MESSAGES, n=3, max_tokens=5,
+                                                temperature=1.0, seed=1, stream=True)
+    else:
+        stream = client.completions.create(model="tiny", prompt="hello", n=3, max_tokens=5, seed=1,  # type: ignore[assignment]
+                                           stream=True)
+    finishes = [(c.index, c.finish_reason) for chunk in stream for c in chunk.choices if c.finish_reason]
+    assert sorted(i for i, _ in finishes) == [0, 1, 2]
+
+
+def test_logprob_bytes_are_each_tokens_own(env: Env) -> None:
+    tok = Tokenizer(env.folder)
+    text = "火车在铁轨上行驶。"
+    ids = tok.encode(text, add_special_tokens=False)
+    formatter = LogprobFormatter(tok)
+    assert any("\ufffd" in formatter.token(i) for i in ids)  # some tokens split a character
+    assert b"".join(bytes(formatter.token_bytes(i)) for i in ids) == text.encode()
+    reply = env.client().chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=8, logprobs=True,
+                                                 top_logprobs=2, temperature=0.0)
+    for item in reply.choices[0].logprobs.content:  # type: ignore[union-attr]
+        token_id = tok.encode(item.token, add_special_tokens=False) if "\ufffd" not in item.token else None
+        if token_id is not None and len(token_id) == 1:
+            assert item.bytes == list(item.token.encode())
+
+
+def test_messages_stop_sequence_and_input_tokens_on_the_engine(env: Env) -> None:
+    import anthropic
+
+    client = anthropic.Anthropic(base_url=env.server.url, api_key=KEY, max_retries=0)
+    kw = dict(model="tiny", max_tokens=12, extra_body={"temperature": 0.0},
+              messages=[{"role": "user", "content": "hello"}])
+    free = client.messages.create(**kw)  # type: ignore[call-overload]
+    text = free.content[0].text
+    stop = next(c for c in text if c != "\ufffd" and not c.isspace())  # a whole character it generates
+
+    message = client.messages.create(**kw, stop_sequences=[stop])  # type: ignore[call-overload]
+    assert message.stop_reason == "stop_sequence" and message.stop_sequence == stop
+    with client.messages.stream(**kw, stop_sequences=[stop]) as stream:  # type: ignore[call-overload]
+        events = list(stream)
+        final = stream.get_final_message()
+    start = next(e for e in events if e.type == "message_start")
+    assert start.message.usage.input_tokens == free.usage.input_tokens > 0
+    assert final.stop_reason == "stop_sequence" and final.stop_sequence == stop

@@ -1,0 +1,153 @@
+"""The gateway is transparent (issue 19): what the app sends reaches the provider, what the provider
+answers reaches the app, through the openai SDK against a gateway on loopback and a real HTTP
+upstream that records what it receives and answers with today's full response shape."""
+
+from __future__ import annotations
+
+import httpx
+import openai
+import pytest
+
+from tests.conftest import ADMIN_KEY
+from tests.gateway.conftest import GatewayEnv
+from tests.support.fake_upstream import RICH_LOGPROBS, RICH_MESSAGE, RICH_USAGE, FakeUpstream, Fault
+
+UNMODELLED = {
+    "reasoning_effort": "low",
+    "metadata": {"app": "t", "run": "1"},
+    "store": True,
+    "service_tier": "flex",
+    "prompt_cache_key": "pck-1",
+    "safety_identifier": "sid-1",
+    "verbosity": "low",
+    "prediction": {"type": "content", "content": "hi"},
+    "web_search_options": {"search_context_size": "low"},
+    "modalities": ["text"],
+    # vLLM's extra parameters
+    "structured_outputs": {"choice": ["a", "b"]},
+    "guided_json": {"type": "object"},
+    "spaces_between_special_tokens": False,
+}
+VLLM_MODELLED = {"top_k": 5, "min_p": 0.1, "repetition_penalty": 1.1, "skip_special_tokens": False,
+                 "include_stop_str_in_output": True, "stop_token_ids": [7], "prompt_logprobs": 1,
+                 "chat_template_kwargs": {"enable_thinking": False}}
+
+
+@pytest.fixture
+def client(env: GatewayEnv) -> openai.OpenAI:
+    return openai.OpenAI(base_url=env.base_url, api_key=ADMIN_KEY, max_retries=0)
+
+
+def _chat(client: openai.OpenAI, **kw: object) -> object:
+    return client.chat.completions.create(model="echo", messages=[{"role": "user", "content": "hi"}],
+                                          extra_body=UNMODELLED | VLLM_MODELLED, **kw)  # type: ignore[call-overload]
+
+
+def test_every_request_field_reaches_the_upstream(client: openai.OpenAI, upstream: FakeUpstream) -> None:
+    _chat(client, user="u-1", max_completion_tokens=5)
+    sent = upstream.last.json
+    for name, value in (UNMODELLED | VLLM_MODELLED).items():
+        assert sent[name] == value, name
+    assert sent["user"] == "u-1" and sent["max_completion_tokens"] == 5 and sent["model"] == "upstream-echo"
+    assert "stream" not in sent and "stream_options" not in sent
+
+
+def test_streamed_request_keeps_every_field(client: openai.OpenAI, upstream: FakeUpstream) -> None:
+    list(_chat(client, stream=True))  # type: ignore[call-overload]
+    sent = upstream.last.json
+    for name, value in (UNMODELLED | VLLM_MODELLED).items():
+        assert sent[name] == value, name
+    assert sent["stream"] is True and sent["stream_options"] == {"include_usage": True}
+
+
+def test_completions_forward_unmodelled_fields(client: openai.OpenAI, upstream: FakeUpstream) -> None:
+    client.completions.create(model="echo", prompt="hi", extra_body={"guided_choice": ["a"], "metadata": {"k": "v"}})
+    assert upstream.last.json["guided_choice"] == ["a"] and upstream.last.json["metadata"] == {"k": "v"}
+
+
+def test_unary_answer_relayed_field_by_field(client: openai.OpenAI, upstream: FakeUpstream) -> None:
+    upstream.rich = True
+    reply = client.chat.completions.create(model="echo", messages=[{"role": "user", "content": "hi"}])
+    raw = reply.model_dump()
+    assert raw["model"] == "echo"  # the gateway owns the model name as the client gave it
+    assert raw["id"] == "chatcmpl-rich" and raw["service_tier"] == "default" and raw["system_fingerprint"] == "fp_rich"
+    message = raw["choices"][0]["message"]
+    assert message["refusal"] is None and message["reasoning_content"] == RICH_MESSAGE["reasoning_content"]
+    assert message["annotations"][0]["url_citation"]["url"] == "https://example.com"
+    assert raw["choices"][0]["stop_reason"] is None
+    assert raw["choices"][0]["logprobs"] == {**RICH_LOGPROBS, "content": [
+        {**RICH_LOGPROBS["content"][0], "top_logprobs": []}]}  # type: ignore[dict-item]
+    assert raw["choices"][0]["logprobs"]["refusal"] is None
+    for part in ("completion_tokens_details", "prompt_tokens_details"):
+        assert raw["usage"][part].items() >= RICH_USAGE[part].items(), part  # type: ignore[union-attr]
+
+
+def test_completion_answer_relayed(client: openai.OpenAI, upstream: FakeUpstream) -> None:
+    upstream.rich = True
+    raw = client.completions.create(model="echo", prompt="hi").model_dump()
+    assert raw["model"] == "echo" and raw["choices"][0]["stop_reason"] == "END" and raw["service_tier"] == "default"
+    assert raw["usage"]["completion_tokens_details"]["reasoning_tokens"] == 3
+
+
+def test_streamed_chunks_relayed_field_by_field(client: openai.OpenAI, upstream: FakeUpstream,
+                                               env: GatewayEnv) -> None:
+    upstream.rich = True
+    chunks = [c.model_dump() for c in client.chat.completions.create(
+        model="echo", messages=[{"role": "user", "content": "hi"}], stream=True,
+        stream_options={"include_usage": True})]
+    assert all(c["model"] == "echo" and c["service_tier"] == "default" for c in chunks)
+    deltas = [c["choices"][0]["delta"] for c in chunks if c["choices"]]
+    assert deltas[0]["refusal"] is None
+    assert [d.get("reasoning_content") for d in deltas] == [None, "thought", None, None]
+    assert [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]].count("stop") == 1
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens_details"]["reasoning_tokens"] == 3
+    record = env.usage.wait_for(1)[0]
+    assert (record.prompt_tokens, record.completion_tokens, record.cached_tokens, record.exact) == (9, 4, 2, True)
+
+
+def test_streamed_usage_dropped_when_not_asked(client: openai.OpenAI, upstream: FakeUpstream, env: GatewayEnv) -> None:
+    upstream.rich = True
+    chunks = [c.model_dump() for c in client.chat.completions.create(
+        model="echo", messages=[{"role": "user", "content": "hi"}], stream=True)]
+    assert all(c["usage"] is None for c in chunks) and all(c["choices"] for c in chunks)
+    assert env.usage.wait_for(1)[0].completion_tokens == 4  # still metered from the upstream's usage
+
+
+def test_drop_and_rename_params(client: openai.OpenAI, upstream: FakeUpstream) -> None:
+    client.chat.completions.create(model="trimmed", messages=[{"role": "user", "content": "hi"}],
+                                   max_completion_tokens=3, store=True, extra_body={"verbosity": "low"})
+    sent = upstream.last.json
+    assert "store" not in sent and "max_completion_tokens" not in sent
+    assert sent["max_tokens"] == 3 and sent["verbosity"] == "low"
+
+
+def test_tool_choice_without_tools_is_400(client: openai.OpenAI, upstream: FakeUpstream) -> None:
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.chat.completions.create(model="echo", messages=[{"role": "user", "content": "hi"}],
+                                       tool_choice="auto")
+    assert caught.value.body["param"] == "tool_choice"  # type: ignore[index]
+    assert upstream.received == []
+
+
+def test_upstream_unknown_model_is_404(client: openai.OpenAI, upstream: FakeUpstream) -> None:
+    upstream.fail_next(Fault(status=404, body={"error": {"message": "The model `upstream-echo` does not exist",
+                                                         "type": "invalid_request_error", "code": "model_not_found"}}))
+    with pytest.raises(openai.NotFoundError) as caught:
+        client.chat.completions.create(model="echo", messages=[{"role": "user", "content": "hi"}])
+    assert caught.value.code == "model_not_found"
+
+
+def test_routes_without_v1(env: GatewayEnv, upstream: FakeUpstream) -> None:
+    root = env.server.url
+    client = openai.OpenAI(base_url=root, api_key=ADMIN_KEY, max_retries=0)
+    assert client.chat.completions.create(model="echo", messages=[{"role": "user", "content": "a b"}]).model == "echo"
+    assert client.completions.create(model="echo", prompt="a b").choices[0].text == "a b"
+    assert upstream.received[-1].path == "/v1/completions"
+
+
+def test_openapi_lists_accepted_fields(env: GatewayEnv) -> None:
+    schema = httpx.get(env.server.url + "/schema/openapi.json").json()
+    text = str(schema)
+    for name in ("chat_template_kwargs", "stop_token_ids", "skip_special_tokens", "include_stop_str_in_output"):
+        assert name in text, name
+    assert "/chat/completions" in schema["paths"] and "/v1/chat/completions" in schema["paths"]
