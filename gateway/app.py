@@ -20,6 +20,7 @@ from gateway.controllers.models import ModelsController
 from gateway.errors import exception_handlers
 from gateway.pipeline import Pipeline
 from gateway.reload import Reloader
+from gateway.security_headers import add_security_headers
 from gateway.services import Services, build_services
 from gateway.settings import Settings, load_settings
 from gateway.telemetry import Telemetry
@@ -67,6 +68,7 @@ def create_app(
             *extra_routes,
         ],
         middleware=[lambda app: TelemetryMiddleware(app, telemetry.tracing)],
+        before_send=[add_security_headers],
         dependencies={
             "services": Provide(lambda: services, sync_to_thread=False, use_cache=True),
             "pipeline": Provide(lambda: pipeline, sync_to_thread=False, use_cache=True),
