@@ -77,8 +77,8 @@ async def login(
                            https=request.url.scheme == "https")
     cookie, _ = sessions.issue(principal.key_id, principal.tenant_id, principal.is_admin)
     response: Response[Any] = Redirect(PATH, status_code=303)
-    response.set_cookie(SESSION_COOKIE, cookie, max_age=int(sessions.lifetime),
-                        **sessions.cookie_attrs(request.url.scheme == "https"))  # type: ignore[arg-type]
+    attrs = sessions.cookie_attrs(request.url.scheme == "https")
+    response.set_cookie(SESSION_COOKIE, cookie, max_age=int(sessions.lifetime), **attrs)  # type: ignore[arg-type]
     response.delete_cookie(LOGIN_CSRF_COOKIE, path=PATH)
     return response
 
