@@ -19,6 +19,7 @@ from litestar import Request, Response
 from msgspec import UNSET, Meta, Struct, UnsetType
 
 from backends.openai_wire import (
+    MAX_TOKEN_COUNT,
     ChatCompletion,
     ChatCompletionChunk,
     ChatCompletionRequest,
@@ -96,7 +97,7 @@ class Metadata(_Wire):
 
 class MessagesRequest(_Wire):
     model: str
-    max_tokens: Annotated[int, Meta(ge=1)]
+    max_tokens: Annotated[int, Meta(ge=1, le=MAX_TOKEN_COUNT)]
     messages: Annotated[list[InputMessage], Meta(min_length=1)]
     system: str | list[TextBlock] | UnsetType = UNSET
     temperature: Annotated[float, Meta(ge=0.0, le=1.0)] | UnsetType = UNSET

@@ -72,3 +72,9 @@ def test_dashboard_paths_deny_framing_and_carry_a_csp(env: GatewayEnv) -> None:
     csp = response.headers["content-security-policy"]
     assert "frame-ancestors 'none'" in csp and "default-src 'self'" in csp
     assert response.headers["x-content-type-options"] == "nosniff"
+
+
+def test_messages_max_tokens_out_of_range_is_a_400(env: GatewayEnv) -> None:
+    response = _post(env, "/v1/messages", {"model": "echo", "max_tokens": 2**63, "messages": CHAT})
+    assert response.status_code == 400, response.text
+    assert "max_tokens" in response.text
