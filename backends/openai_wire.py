@@ -16,6 +16,10 @@ from msgspec import UNSET, Meta, Struct, UnsetType
 
 NonNegInt = Annotated[int, Meta(ge=0)]
 PosInt = Annotated[int, Meta(ge=1)]
+# Token counts a client may ask for: bounded so no arithmetic or storage downstream (quota
+# reservations, cost, BIGINT columns) ever sees a number it cannot hold.
+MAX_TOKEN_COUNT = 2**31 - 1
+TokenCount = Annotated[int, Meta(ge=0, le=MAX_TOKEN_COUNT)]
 Temperature = Annotated[float, Meta(ge=0.0, le=2.0)]
 TopP = Annotated[float, Meta(ge=0.0, le=1.0)]
 Penalty = Annotated[float, Meta(ge=-2.0, le=2.0)]
@@ -185,7 +189,7 @@ class SamplingFields(WireStruct, dict=True):
     """Fields common to chat and text completions."""
 
     model: str
-    max_tokens: NonNegInt | None | UnsetType = UNSET
+    max_tokens: TokenCount | None | UnsetType = UNSET
     temperature: Temperature | None | UnsetType = UNSET
     top_p: TopP | None | UnsetType = UNSET
     n: ChoiceCount | None | UnsetType = UNSET
@@ -224,7 +228,7 @@ class SamplingFields(WireStruct, dict=True):
 
 class ChatCompletionRequest(SamplingFields, kw_only=True):
     messages: Annotated[list[ChatMessage], Meta(min_length=1)]
-    max_completion_tokens: NonNegInt | None | UnsetType = UNSET
+    max_completion_tokens: TokenCount | None | UnsetType = UNSET
     logprobs: bool | None | UnsetType = UNSET
     top_logprobs: TopLogprobs | None | UnsetType = UNSET
     response_format: ResponseFormat | None | UnsetType = UNSET

@@ -23,6 +23,7 @@ from gateway.controllers.tokenize import TokenizeController
 from gateway.errors import exception_handlers
 from gateway.pipeline import Pipeline
 from gateway.reload import Reloader
+from gateway.security_headers import add_security_headers
 from gateway.services import Services, build_services
 from gateway.settings import Settings, load_settings
 from gateway.telemetry import Telemetry
@@ -71,6 +72,7 @@ def create_app(
             *extra_routes,
         ],
         middleware=[lambda app: TelemetryMiddleware(app, telemetry.tracing)],  # type: ignore[list-item,return-value]  # a plain ASGI callable
+        before_send=[add_security_headers],
         dependencies={
             "services": Provide(lambda: services, sync_to_thread=False, use_cache=True),
             "pipeline": Provide(lambda: pipeline, sync_to_thread=False, use_cache=True),

@@ -23,6 +23,9 @@ from gateway.errors import ApiError
 T = TypeVar("T")
 
 _MISSING = re.compile(r"Object missing required field `([^`]+)`")
+# A JSON ``\\u0000`` escape not itself escaped (an odd run of backslashes before ``u0000``). NUL
+# cannot be stored in PostgreSQL text and confuses C-string consumers upstream, so it is refused.
+_NUL_ESCAPE = re.compile(rb"(?<!\\)(?:\\\\)*\\u0000")
 _decoders: dict[type, msgspec.json.Decoder[Any]] = {}
 _fields: dict[type, frozenset[str]] = {}
 _raw_object = msgspec.json.Decoder(dict[str, msgspec.Raw])
@@ -55,6 +58,9 @@ def decode_body(raw: bytes, type_: type[T]) -> T:
     decoder = _decoders.get(type_)
     if decoder is None:
         decoder = _decoders[type_] = msgspec.json.Decoder(type_)
+    if b"\x00" in raw or _NUL_ESCAPE.search(raw):
+        raise ApiError(400, "the request body contains a NUL character (\\u0000), which is not allowed in any field",
+                       code="invalid_value")
     try:
         body = decoder.decode(raw)
         if getattr(type_, "raw_body", False):  # translated requests keep the original for a same-dialect upstream

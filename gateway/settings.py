@@ -32,6 +32,12 @@ class ServerConfig(Conf):
     port: Annotated[int, Meta(ge=0, le=65535)] = 8000
     max_body_bytes: Annotated[int, Meta(ge=1024)] = 4 * 1024 * 1024
     workers: Annotated[int, Meta(ge=1)] = 1
+    # Slow-loris guards (``switchyard serve``): seconds a client may take for a request's line and
+    # headers, then for its whole body (answered 408 after); connections one client address may
+    # hold open at once (0: no cap; more are answered 429).
+    header_timeout: Annotated[float, Meta(gt=0, le=3600)] = 10.0
+    body_timeout: Annotated[float, Meta(gt=0, le=3600)] = 30.0
+    max_connections_per_client: Annotated[int, Meta(ge=0, le=1_000_000)] = 256
 
 
 class DatabaseConfig(Conf):

@@ -8,13 +8,15 @@ from typing import Annotated, Any, Literal, TypeVar
 import msgspec
 from msgspec import UNSET, Meta, Struct, UnsetType
 
-from gateway.admin.service import AdminError
+from gateway.admin.service import MAX_COST_BUDGET, MAX_SECONDS, MAX_WEIGHT, AdminError
 from gateway.body import WireBody
 from gateway.quotas.limits import Limits
 
 T = TypeVar("T")
 NonNeg = Annotated[int, Meta(ge=0, le=2**63 - 1)]  # fits the BIGINT column
 Int32 = Annotated[int, Meta(ge=0, le=2**31 - 1)]  # fits an INTEGER column (a larger value would be a 500)
+Budget = Annotated[float, Meta(ge=0, le=MAX_COST_BUDGET)]
+Weight = Annotated[float, Meta(gt=0, le=MAX_WEIGHT)]
 
 
 class Body(Struct, forbid_unknown_fields=True, kw_only=True):
@@ -23,13 +25,13 @@ class Body(Struct, forbid_unknown_fields=True, kw_only=True):
 
 class TenantCreate(Body):
     name: Annotated[str, Meta(min_length=1, max_length=200)]
-    weight: Annotated[float, Meta(gt=0)] = 1.0
+    weight: Weight = 1.0
 
 
 class TenantUpdate(Body):
     name: Annotated[str, Meta(min_length=1, max_length=200)] | UnsetType = UNSET
     status: Literal["active", "disabled"] | UnsetType = UNSET
-    weight: Annotated[float, Meta(gt=0)] | UnsetType = UNSET
+    weight: Weight | UnsetType = UNSET
 
 
 class KeyCreate(Body):
@@ -38,11 +40,11 @@ class KeyCreate(Body):
     name: Annotated[str, Meta(max_length=200)] = ""
     models: list[str] | None = None
     expires_at: datetime | None = None
-    expires_in_seconds: Annotated[float, Meta(gt=0)] | None = None
+    expires_in_seconds: Annotated[float, Meta(gt=0, le=MAX_SECONDS)] | None = None
 
 
 class KeyRotate(Body):
-    grace_seconds: Annotated[float, Meta(ge=0)] = 86400.0
+    grace_seconds: Annotated[float, Meta(ge=0, le=MAX_SECONDS)] = 86400.0
 
 
 class LimitsBody(Body):
@@ -52,7 +54,7 @@ class LimitsBody(Body):
     tokens_per_minute: Int32 | None | UnsetType = UNSET
     max_concurrency: Int32 | None | UnsetType = UNSET
     token_budget: NonNeg | None | UnsetType = UNSET
-    cost_budget: Annotated[float, Meta(ge=0)] | None | UnsetType = UNSET
+    cost_budget: Budget | None | UnsetType = UNSET
     budget_period: Literal["day", "month", "total"] | UnsetType = UNSET
 
     def changes(self) -> dict[str, Any]:

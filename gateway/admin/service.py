@@ -6,6 +6,7 @@ turns them into error bodies and the CLI into one-line messages.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
@@ -94,8 +95,7 @@ class TenancyService:
         name = name.strip()
         if not name or len(name) > 200:
             raise AdminError("tenant name must be 1-200 characters", param="name")
-        if weight <= 0:
-            raise AdminError("weight must be positive", param="weight")
+        check_range("weight", weight, high=MAX_WEIGHT, low_open=True)
         async with self.db.session() as s:
             if await s.scalar(select(Tenant).where(Tenant.name == name)) is not None:
                 raise Conflict(f"a tenant named {name!r} already exists", param="name")
@@ -126,8 +126,8 @@ class TenancyService:
     ) -> TenantView:
         if status is not None and status not in ("active", "disabled"):
             raise AdminError("status must be 'active' or 'disabled'", param="status")
-        if weight is not None and weight <= 0:
-            raise AdminError("weight must be positive", param="weight")
+        if weight is not None:
+            check_range("weight", weight, high=MAX_WEIGHT, low_open=True)
         async with self.db.session() as s:
             tenant = await self._tenant(s, ref)
             if status is not None:
@@ -158,8 +158,13 @@ class TenancyService:
             raise AdminError(
                 "a key needs exactly one of: a tenant (tenant key) or admin=true (admin key)", param="tenant_id"
             )
-        if expires_at is not None and expires_at.tzinfo is None:
-            expires_at = expires_at.replace(tzinfo=UTC)
+        if expires_at is not None:
+            expires_at = expires_at if expires_at.tzinfo else expires_at.replace(tzinfo=UTC)
+            try:  # stored in UTC: an offset that pushes 9999-12-31 past the calendar is refused
+                expires_at = expires_at.astimezone(UTC)
+            except OverflowError:
+                raise AdminError("expires_at must lie between 0001-01-01 and 9999-12-31 in UTC",
+                                 param="expires_at") from None
         async with self.db.session() as s:
             tenant_id = (await self._tenant(s, tenant)).id if tenant is not None else None
             material = generate_key()
@@ -201,8 +206,7 @@ class TenancyService:
 
     async def rotate_key(self, key_id: str, *, grace_seconds: float = 86400) -> CreatedKey:
         """A new key with the same tenant, models and limits; the old one works for the grace period."""
-        if grace_seconds < 0:
-            raise AdminError("grace period must not be negative", param="grace_seconds")
+        check_range("grace_seconds", grace_seconds, high=MAX_SECONDS)
         async with self.db.session() as s:
             old = await self._key(s, key_id)
             if old.revoked_at is not None:
@@ -259,13 +263,37 @@ class TenancyService:
         return await self.set_limits(scope, ref, replace(current, **changes))  # type: ignore[arg-type]
 
 
+# The largest value each number may take: it must fit its column and keep quota arithmetic
+# (micro-units in Redis, sums over a period, timedelta) exact and free of overflow.
+INT32_MAX = 2**31 - 1
+INT64_MAX = 2**63 - 1
+MAX_COST_BUDGET = 1e12  # a trillion in the price unit
+MAX_WEIGHT = 1e6
+MAX_SECONDS = 100 * 365 * 86400  # a hundred years: key expiry, rotation grace
+LIMIT_MAX: dict[str, float] = {
+    "requests_per_minute": INT32_MAX,
+    "tokens_per_minute": INT32_MAX,
+    "max_concurrency": INT32_MAX,
+    "token_budget": INT64_MAX,
+    "cost_budget": MAX_COST_BUDGET,
+}
+
+
+def check_range(field: str, value: float, *, low: float = 0, high: float, low_open: bool = False) -> None:
+    """An AdminError naming ``field`` and the allowed range unless ``low <= value <= high`` (finite)."""
+    ok = (value > low if low_open else value >= low) and value <= high and math.isfinite(value)
+    if not ok:
+        bracket = "(" if low_open else "["
+        raise AdminError(f"{field} must lie in {bracket}{low:g}, {high:g}], got {value!r}", param=field)
+
+
 def check_limits(limits: Limits) -> None:
     for field, value in limits.as_dict().items():
         if field == "budget_period":
             if value not in ("day", "month", "total"):
                 raise AdminError("budget_period must be day, month or total", param="budget_period")
-        elif value is not None and value < 0:  # type: ignore[operator]
-            raise AdminError(f"{field} must not be negative", param=field)
+        elif value is not None:
+            check_range(field, value, high=LIMIT_MAX[field])  # type: ignore[arg-type]
 
 
 def _limit_row(scope: str, scope_id: str, limits: Limits) -> Limit:

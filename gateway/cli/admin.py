@@ -15,12 +15,13 @@ from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any, TypeVar
 
 import typer
+from sqlalchemy.exc import SQLAlchemyError
 
 from gateway.admin.bootstrap import bootstrap as run_bootstrap
-from gateway.admin.service import AdminError, TenancyService
+from gateway.admin.service import MAX_SECONDS, AdminError, TenancyService
 from gateway.cli.db import ConfigOpt, console, fail, settings_from
 from gateway.cli.output import cell, plain, print_secret, show, show_one
-from gateway.db.engine import Database
+from gateway.db.engine import Database, safe_url
 from gateway.db.migrate import SchemaNotReady, check_schema
 from gateway.quotas.limits import Limits
 from gateway.usage.report import ReportQuery, end_of_day, parse_day, usage_report
@@ -47,8 +48,12 @@ def run(config: Any, job: Callable[[TenancyService, Database], Awaitable[T]]) ->
 
     try:
         return asyncio.run(go())
-    except (AdminError, SchemaNotReady, ValueError) as exc:
+    except (AdminError, SchemaNotReady, ValueError, OverflowError) as exc:
         fail(getattr(exc, "message", str(exc)))
+    except (SQLAlchemyError, OSError) as exc:  # no database, refused, wrong credentials: one line, no traceback
+        reason = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
+        fail(f"cannot use the database at {safe_url(url)}: {reason}. Check that it is running and that "
+             "database.url in the config (or SWITCHYARD__DATABASE__URL) points at it.")
     raise AssertionError("unreachable")
 
 
@@ -121,7 +126,11 @@ def key_create(
     as_json: JsonOpt = False,
 ) -> None:
     """Create a key for a tenant (or --admin); the key is printed once."""
-    expires = datetime.now(UTC) + timedelta(days=expires_in_days) if expires_in_days else None
+    expires = None
+    if expires_in_days is not None:
+        if not 0 < expires_in_days <= MAX_SECONDS / 86400:
+            fail(f"--expires-in-days must lie in (0, {MAX_SECONDS // 86400}], got {expires_in_days!r}")
+        expires = datetime.now(UTC) + timedelta(days=expires_in_days)
     created = run(
         config, lambda svc, _: svc.create_key(tenant, name=name, models=model, expires_at=expires, admin=admin)
     )
@@ -152,6 +161,8 @@ def key_rotate(
     as_json: JsonOpt = False,
 ) -> None:
     """Replace a key: a new key (printed once) with the same tenant, models and limits."""
+    if not 0 <= grace_hours <= MAX_SECONDS / 3600:
+        fail(f"--grace-hours must lie in [0, {MAX_SECONDS // 3600}], got {grace_hours!r}")
     created = run(config, lambda svc, _: svc.rotate_key(key_id, grace_seconds=grace_hours * 3600))
     print_secret(created.secret, as_json, asdict(created.key))
 

@@ -10,6 +10,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from gateway.db import migrate
 from gateway.db.engine import Database, safe_url
@@ -24,6 +25,19 @@ ConfigOpt = Annotated[
     typer.Option("--config", "-c", help="Config file (default: $SWITCHYARD_CONFIG or config/default.yaml)."),
 ]
 
+def visible(text: str) -> str:
+    """``text`` with control and format characters (ESC, NUL, bidi overrides...) shown as escapes,
+    so a name a tenant chose can neither drive the terminal nor disguise itself."""
+    return "".join(
+        ch if ch.isprintable() or ch == " " else ch.encode("unicode_escape").decode("ascii") for ch in text
+    )
+
+
+def safe(text: str) -> str:
+    """``text`` for a Rich console: :func:`visible`, and Rich markup (``[red]``) shown literally."""
+    return escape(visible(text))
+
+
 db_app = typer.Typer(no_args_is_help=True, help="Database migrations.")
 
 
@@ -35,12 +49,12 @@ def settings_from(config: Path | None) -> Settings:
             return load_settings(config)
         return parse_settings({})
     except ConfigError as exc:
-        err.print(f"[red]{exc}[/red]")
+        err.print(f"[red]{safe(str(exc))}[/red]")
         raise typer.Exit(2) from None
 
 
 def fail(message: str, code: int = 1) -> None:
-    err.print(f"[red]error:[/red] {message}")
+    err.print(f"[red]error:[/red] {safe(message)}")
     raise typer.Exit(code)
 
 

@@ -1,28 +1,65 @@
-"""uvicorn's httptools protocol with a deadline on each request head (a slow-loris guard).
+"""uvicorn's httptools protocol with deadlines on each request head and body, and a cap on the
+connections one client address may hold open (slow-loris guards).
 
 uvicorn times out idle keep-alive connections but not a client that sends its request line and
 headers a byte at a time: such connections would stay open for ever. Here a connection whose
 request head is not complete ``$SWITCHYARD_HEADER_TIMEOUT`` seconds (default 10) after it began
-is closed. The setting travels by environment so that worker processes see it too.
+is closed. A request body not complete ``$SWITCHYARD_BODY_TIMEOUT`` seconds (default 30) after
+its head is answered 408 (if no response has started) and the connection closed, however slowly
+it trickles in. A client address holding ``$SWITCHYARD_MAX_CONNECTIONS_PER_CLIENT`` connections
+(default 256; 0: no cap) gets its next one answered 429 and closed. The settings travel by
+environment so that worker processes see them too (``server.*`` in the config).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 HEADER_TIMEOUT_ENV = "SWITCHYARD_HEADER_TIMEOUT"
+BODY_TIMEOUT_ENV = "SWITCHYARD_BODY_TIMEOUT"
+MAX_CONNECTIONS_ENV = "SWITCHYARD_MAX_CONNECTIONS_PER_CLIENT"
 DEFAULT_SECONDS = 10.0
+DEFAULT_BODY_SECONDS = 30.0
+DEFAULT_MAX_CONNECTIONS = 256
+
+_open_by_client: dict[str, int] = {}  # per worker process; the event loop is single-threaded
+
+
+def _raw_error(status: int, reason: str, message: str, code: str) -> bytes:
+    body = json.dumps({"error": {"message": message, "type": "invalid_request_error", "param": None,
+                                 "code": code}}).encode()
+    head = (f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n"
+            "connection: close\r\nx-content-type-options: nosniff\r\n")
+    if status == 429:
+        head += "retry-after: 1\r\n"
+    return head.encode() + b"\r\n" + body
 
 
 class HeadDeadlineProtocol(HttpToolsProtocol):
     _head_timer: asyncio.TimerHandle | None = None
 
+    _body_timer: asyncio.TimerHandle | None = None
+    _client_host: str | None = None
+
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         self._head_timeout = float(os.environ.get(HEADER_TIMEOUT_ENV) or DEFAULT_SECONDS)
+        self._body_timeout = float(os.environ.get(BODY_TIMEOUT_ENV) or DEFAULT_BODY_SECONDS)
+        cap = int(os.environ.get(MAX_CONNECTIONS_ENV) or DEFAULT_MAX_CONNECTIONS)
         super().connection_made(transport)
+        peer = transport.get_extra_info("peername")
+        host = str(peer[0]) if isinstance(peer, tuple) and peer else None
+        if host is not None and cap > 0 and _open_by_client.get(host, 0) >= cap:
+            transport.write(_raw_error(429, "Too Many Requests", "too many open connections from your address",
+                                       "too_many_connections"))
+            transport.close()
+            return
+        if host is not None:
+            self._client_host = host
+            _open_by_client[host] = _open_by_client.get(host, 0) + 1
         self._arm()
 
     def on_message_begin(self) -> None:
@@ -33,10 +70,36 @@ class HeadDeadlineProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self._disarm()
         super().on_headers_complete()
+        self._body_timer = self.loop.call_later(self._body_timeout, self._body_too_slow)
+
+    def on_message_complete(self) -> None:
+        self._disarm_body()
+        super().on_message_complete()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        self._disarm_body()
+        if self._client_host is not None:
+            left = _open_by_client.get(self._client_host, 1) - 1
+            if left > 0:
+                _open_by_client[self._client_host] = left
+            else:
+                _open_by_client.pop(self._client_host, None)
+            self._client_host = None
         super().connection_lost(exc)
+
+    def _disarm_body(self) -> None:
+        if self._body_timer is not None:
+            self._body_timer.cancel()
+            self._body_timer = None
+
+    def _body_too_slow(self) -> None:
+        self._body_timer = None
+        cycle = getattr(self, "cycle", None)
+        if cycle is None or not cycle.response_started:
+            self.transport.write(_raw_error(408, "Request Timeout", "the request body was not sent in time",
+                                            "body_timeout"))
+        self.transport.close()
 
     def _arm(self) -> None:
         self._head_timer = self.loop.call_later(self._head_timeout, self._too_slow)

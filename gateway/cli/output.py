@@ -10,7 +10,7 @@ from typing import Any
 import typer
 from rich.table import Table
 
-from gateway.cli.db import console
+from gateway.cli.db import console, safe
 
 
 def plain(value: Any) -> Any:
@@ -41,9 +41,9 @@ def show(rows: list[dict[str, Any]], as_json: bool, columns: list[str] | None = 
     columns = columns or (list(rows[0]) if rows else [])
     table = Table(title=title)
     for c in columns:
-        table.add_column(c, overflow="fold")
+        table.add_column(safe(c), overflow="fold")
     for r in rows:
-        table.add_row(*[cell(r.get(c)) for c in columns])
+        table.add_row(*[safe(cell(r.get(c))) for c in columns])
     console.print(table)
 
 
@@ -54,7 +54,7 @@ def show_one(row: Any, as_json: bool) -> None:
         return
     table = Table(show_header=False)
     for k, v in data.items():
-        table.add_row(k, cell(v))
+        table.add_row(safe(k), safe(cell(v)))
     console.print(table)
 
 

@@ -10,7 +10,12 @@ from typing import Annotated
 
 import typer
 
-from gateway.cli.http_protocol import HEADER_TIMEOUT_ENV, HeadDeadlineProtocol
+from gateway.cli.http_protocol import (
+    BODY_TIMEOUT_ENV,
+    HEADER_TIMEOUT_ENV,
+    MAX_CONNECTIONS_ENV,
+    HeadDeadlineProtocol,
+)
 from gateway.settings import ConfigError, load_settings
 
 GRACE_SECONDS = 10  # after SIGTERM: how long in-flight requests and streams may take to finish
@@ -27,8 +32,8 @@ def serve(
     host: Annotated[str | None, typer.Option(help="Bind address (default: server.host from the config).")] = None,
     port: Annotated[int | None, typer.Option(help="Port (default: server.port from the config).")] = None,
     workers: Annotated[int | None, typer.Option(min=1, help="Worker processes (default: server.workers).")] = None,
-    header_timeout: Annotated[float, typer.Option(min=0.1, help="Seconds a client may take to send a request's "
-                                                  "line and headers (slow-loris guard).")] = 10.0,
+    header_timeout: Annotated[float | None, typer.Option(min=0.1, help="Seconds a client may take to send a request's "
+                                                         "line and headers (default: server.header_timeout).")] = None,
 ) -> None:
     """Serve the OpenAI-compatible gateway."""
     import uvicorn
@@ -45,7 +50,9 @@ def serve(
     # uvicorn drains in-flight requests and runs the app's shutdown (usage flush) on SIGTERM, then
     # re-raises the signal with the handler it found: make that a clean exit (status 0).
     signal.signal(signal.SIGTERM, _exit_cleanly)
-    os.environ[HEADER_TIMEOUT_ENV] = str(header_timeout)
+    os.environ[HEADER_TIMEOUT_ENV] = str(header_timeout or settings.server.header_timeout)
+    os.environ[BODY_TIMEOUT_ENV] = str(settings.server.body_timeout)
+    os.environ[MAX_CONNECTIONS_ENV] = str(settings.server.max_connections_per_client)
     n_workers = workers or settings.server.workers
     if n_workers > 1:  # the workers' reload endpoint asks this process for a rolling restart
         os.environ[SUPERVISOR_PID_ENV] = str(os.getpid())

@@ -42,17 +42,17 @@ def _html(body: str, status: int = 200) -> Response[str]:
     )
 
 
-def _login_page(sessions: Sessions, message: str = "", status: int = 200) -> Response[str]:
+def _login_page(sessions: Sessions, message: str = "", status: int = 200, *, https: bool = False) -> Response[str]:
     token = secrets.token_urlsafe(24)
     page = _LOGIN.replace("{{csrf}}", token).replace("{{message}}", html.escape(message))
     response = _html(page, status)
-    response.set_cookie(LOGIN_CSRF_COOKIE, token, max_age=3600, **sessions.cookie_attrs())  # type: ignore[call-overload]
+    response.set_cookie(LOGIN_CSRF_COOKIE, token, max_age=3600, **sessions.cookie_attrs(https))  # type: ignore[call-overload]
     return response
 
 
 @get("/login", sync_to_thread=False)
-def login_form(sessions: Sessions) -> Response[str]:
-    return _login_page(sessions)
+def login_form(request: Request[Any, Any, Any], sessions: Sessions) -> Response[str]:
+    return _login_page(sessions, https=request.url.scheme == "https")
 
 
 @post("/login", status_code=303)
@@ -64,17 +64,21 @@ async def login(
 ) -> Response[Any]:
     form_token, cookie_token = data.get("csrf", ""), request.cookies.get(LOGIN_CSRF_COOKIE, "")
     if not form_token or not secrets.compare_digest(form_token, cookie_token):
-        return _login_page(sessions, "The form expired; please sign in again.", 403)
+        return _login_page(sessions, "The form expired; please sign in again.", 403,
+                           https=request.url.scheme == "https")
     try:
         principal = await auth.authenticate(data.get("api_key", "").strip()) if data.get("api_key") else None
     except Exception:
         log.exception("authenticator failed")
-        return _login_page(sessions, "Sign-in is temporarily unavailable; please try again shortly.", 503)
+        return _login_page(sessions, "Sign-in is temporarily unavailable; please try again shortly.", 503,
+                           https=request.url.scheme == "https")
     if principal is None:
-        return _login_page(sessions, "That API key is not valid (or is revoked or expired).", 401)
+        return _login_page(sessions, "That API key is not valid (or is revoked or expired).", 401,
+                           https=request.url.scheme == "https")
     cookie, _ = sessions.issue(principal.key_id, principal.tenant_id, principal.is_admin)
     response: Response[Any] = Redirect(PATH, status_code=303)
-    response.set_cookie(SESSION_COOKIE, cookie, max_age=int(sessions.lifetime), **sessions.cookie_attrs())  # type: ignore[call-overload]
+    attrs = sessions.cookie_attrs(request.url.scheme == "https")
+    response.set_cookie(SESSION_COOKIE, cookie, max_age=int(sessions.lifetime), **attrs)  # type: ignore[call-overload]
     response.delete_cookie(LOGIN_CSRF_COOKIE, path=PATH)
     return response
 

@@ -70,5 +70,7 @@ class Sessions:
     def check_csrf(self, session: SessionData, token: str | None) -> bool:
         return bool(token) and hmac.compare_digest(token, self.csrf(session))  # type: ignore[type-var]
 
-    def cookie_attrs(self) -> dict[str, object]:
-        return {"path": PATH, "httponly": True, "samesite": "strict", "secure": self.secure}
+    def cookie_attrs(self, https: bool = False) -> dict[str, object]:
+        """HttpOnly and SameSite=Strict always; Secure when configured or when the request came over
+        HTTPS (directly, or via a trusted proxy's X-Forwarded-Proto as uvicorn applies it)."""
+        return {"path": PATH, "httponly": True, "samesite": "strict", "secure": self.secure or https}

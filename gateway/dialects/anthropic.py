@@ -22,6 +22,7 @@ from backends.base import Meter
 from backends.openai_wire import (
     ANTHROPIC_BODY,
     ANTHROPIC_MESSAGE,
+    MAX_TOKEN_COUNT,
     ChatCompletion,
     ChatCompletionChunk,
     ChatCompletionRequest,
@@ -129,7 +130,7 @@ class MessagesRequest(_Wire, dict=True):
     raw_body: ClassVar[bool] = True  # kept as sent (gateway.body), for an Anthropic upstream
 
     model: str
-    max_tokens: Annotated[int, Meta(ge=1)]
+    max_tokens: Annotated[int, Meta(ge=1, le=MAX_TOKEN_COUNT)]
     messages: Annotated[list[InputMessage], Meta(min_length=1)]
     system: str | list[TextBlock] | UnsetType = UNSET
     temperature: Annotated[float, Meta(ge=0.0, le=1.0)] | UnsetType = UNSET

@@ -33,13 +33,23 @@ def parse_day(text: str, param: str) -> datetime:
     except ValueError:
         raise ParameterError(f"{param} must be a date (YYYY-MM-DD) or ISO timestamp, got {text!r}",
                              param=param) from None
-    return value if value.tzinfo else value.replace(tzinfo=UTC)
+    value = value if value.tzinfo else value.replace(tzinfo=UTC)
+    try:  # an offset that moves 0001-01-01 or 9999-12-31 out of range in UTC is refused, not a 500
+        return value.astimezone(UTC)
+    except OverflowError:
+        raise ParameterError(f"{param} must lie between 0001-01-01 and 9999-12-31 in UTC, got {text!r}",
+                             param=param) from None
 
 
 def end_of_day(text: str, param: str) -> datetime:
-    """An end bound: a bare date includes that whole day."""
+    """An end bound: a bare date includes that whole day (9999-12-31 up to the last representable instant)."""
     value = parse_day(text, param)
-    return value + timedelta(days=1) if len(text.strip()) == 10 else value
+    if len(text.strip()) != 10:
+        return value
+    try:
+        return value + timedelta(days=1)
+    except OverflowError:
+        return datetime.max.replace(tzinfo=UTC)
 
 
 def _day(dialect: str) -> ColumnElement[Any]:

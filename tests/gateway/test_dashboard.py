@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import io
+import re
 
 import httpx
 import pytest
@@ -110,3 +111,23 @@ def test_logout_needs_the_csrf_token_and_ends_the_session(a_client: httpx.Client
     response = a_client.post("/dashboard/logout", data={"csrf": csrf})
     assert response.status_code == 303 and response.headers["location"].endswith("/dashboard/login")
     assert a_client.get("/dashboard/api/me").status_code == 401
+
+
+def test_cookies_are_secure_behind_tls_and_pages_carry_security_headers(dash: DashEnv) -> None:
+    """Behind a TLS-terminating proxy (X-Forwarded-Proto from a trusted address) every dashboard
+    cookie is Secure, HttpOnly and SameSite=Strict without any setting; pages deny framing, set a
+    CSP and nosniff."""
+    with httpx.Client(base_url=dash.url, headers={"x-forwarded-proto": "https"}) as client:
+        form = client.get("/dashboard/login")
+        token = re.search(r'name="csrf" value="([^"]+)"', form.text).group(1)  # type: ignore[union-attr]
+        signed_in = client.post("/dashboard/login", data={"csrf": token, "api_key": dash.a.key},
+                                headers={"cookie": f"sy_login_csrf={token}"})  # a browser sends Secure cookies over TLS
+        assert signed_in.status_code == 303, signed_in.text
+        for response in (form, signed_in):
+            cookie = response.headers["set-cookie"].lower()
+            assert "secure" in cookie and "httponly" in cookie and "samesite=strict" in cookie, cookie
+        assert form.headers["x-content-type-options"] == "nosniff"
+        assert form.headers["x-frame-options"] == "DENY"
+        assert "frame-ancestors 'none'" in form.headers["content-security-policy"]
+    with httpx.Client(base_url=dash.url) as client:  # plain HTTP (local development): not Secure
+        assert "secure" not in client.get("/dashboard/login").headers["set-cookie"].lower()

@@ -26,7 +26,7 @@ def served(fake_upstream_server: FakeUpstream, tmp_path_factory: pytest.TempPath
     db_url = f"sqlite+aiosqlite:///{work / 'gw.db'}"
     migrate.upgrade(db_url)
     config = {
-        "server": {"max_body_bytes": LIMIT},
+        "server": {"max_body_bytes": LIMIT, "body_timeout": 2, "max_connections_per_client": 32},
         "auth": {"admin_key": ADMIN_KEY},
         "database": {"url": db_url},
         "usage": {"journal_dir": str(work / "journal")},
@@ -137,3 +137,47 @@ def test_gateway_survived_it_all(served: str, upstream: FakeUpstream) -> None:
     r = httpx.post(served + "/v1/chat/completions", headers={"authorization": f"Bearer {ADMIN_KEY}"}, timeout=10,
                    json={"model": "echo", "messages": [{"role": "user", "content": "still here"}]})
     assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == "still here"
+
+
+def test_slow_body_is_cut_at_body_timeout_with_a_408(served: str, upstream: FakeUpstream) -> None:
+    """A body trickled in a byte at a time by an authenticated client is cut at server.body_timeout (2 s here)."""
+    head = (b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+            b"authorization: Bearer " + ADMIN_KEY.encode() + b"\r\ncontent-length: 1000\r\n\r\n")
+    with socket.create_connection(_addr(served), timeout=10) as s:
+        s.sendall(head)
+        started = time.monotonic()
+        answer = b""
+        while time.monotonic() - started < 8:
+            try:
+                s.sendall(b" ")
+            except OSError:
+                break
+            s.settimeout(0.3)
+            try:
+                part = s.recv(65536)
+            except TimeoutError:
+                continue
+            if not part:
+                break
+            answer += part
+        elapsed = time.monotonic() - started
+    assert answer.startswith(b"HTTP/1.1 408"), answer
+    assert b"body_timeout" in answer
+    assert 1.5 <= elapsed < 5, elapsed
+
+
+def test_connections_per_client_address_are_capped(served: str, upstream: FakeUpstream) -> None:
+    """server.max_connections_per_client is 32 here: the 33rd open connection is answered 429 and closed;
+    once the others close, the address is served again."""
+    held = [socket.create_connection(_addr(served), timeout=5) for _ in range(32)]
+    try:
+        time.sleep(0.3)
+        with socket.create_connection(_addr(served), timeout=5) as extra:
+            answer = extra.recv(65536)
+        assert answer.startswith(b"HTTP/1.1 429"), answer
+        assert b"retry-after" in answer.lower()
+    finally:
+        for s in held:
+            s.close()
+    time.sleep(0.3)
+    assert httpx.get(served + "/healthz", timeout=5).status_code == 200

@@ -1,0 +1,168 @@
+"""Hostile numbers and text on the admin side (issue 22): the admin API on PostgreSQL answers a 400
+naming the field and its range, and the `switchyard` CLI, run as a real process, prints one line and
+exits non-zero (never a traceback) and never prints a tenant's chosen name raw to the terminal."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from gateway.db import migrate
+from tests.conftest import ADMIN_KEY, gateway_settings
+from tests.gateway.tenancy_fixtures import drop_pg_database, new_pg_database
+from tests.support.fake_upstream import FakeUpstream
+from tests.support.servers import ServerThread
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+async def pg_url() -> AsyncIterator[str]:
+    name, url = await new_pg_database()
+    await asyncio.to_thread(migrate.upgrade, url)
+    yield url
+    await drop_pg_database(name)
+
+
+@pytest.fixture(scope="module")
+def admin(pg_url: str, fake_upstream_server: FakeUpstream, tmp_path_factory: pytest.TempPathFactory,
+          ) -> Iterator[httpx.Client]:
+    from gateway.app import create_app
+
+    work = tmp_path_factory.mktemp("hostile-admin")
+    settings = gateway_settings(fake_upstream_server.url, database={"url": pg_url},
+                                usage={"journal_dir": str(work / "journal")})
+    with ServerThread(create_app(settings)) as server, httpx.Client(
+        base_url=server.url, headers={"authorization": f"Bearer {ADMIN_KEY}"}, timeout=10
+    ) as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+def tenant_id(admin: httpx.Client) -> str:
+    response = admin.post("/admin/v1/tenants", json={"name": "hostile-numbers"})
+    assert response.status_code == 201, response.text
+    return str(response.json()["id"])
+
+
+def _assert_400(response: httpx.Response, param: str) -> None:
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["param"] == param, response.text
+
+
+@pytest.mark.parametrize(("field", "value"), [
+    ("cost_budget", 1e308), ("cost_budget", 1e13), ("token_budget", 2**63), ("requests_per_minute", 2**31),
+    ("max_concurrency", 2**40), ("tokens_per_minute", -1),
+])
+def test_limits_out_of_range_are_a_400_naming_the_field(admin: httpx.Client, tenant_id: str, field: str,
+                                                        value: float) -> None:
+    for method in ("PUT", "PATCH"):
+        _assert_400(admin.request(method, f"/admin/v1/tenants/{tenant_id}/limits", json={field: value}), field)
+
+
+def test_a_large_but_allowed_budget_keeps_the_tenant_serving(admin: httpx.Client, tenant_id: str) -> None:
+    response = admin.patch(f"/admin/v1/tenants/{tenant_id}/limits", json={"cost_budget": 1e12})
+    assert response.status_code == 200, response.text
+
+
+@pytest.mark.parametrize(("body", "param"), [
+    ({"expires_in_seconds": 1e300}, "expires_in_seconds"),
+    ({"expires_in_seconds": 4e9}, "expires_in_seconds"),
+    ({"expires_at": "9999-12-31T23:00:00-05:00"}, "expires_at"),
+])
+def test_key_expiry_out_of_range_is_a_400(admin: httpx.Client, tenant_id: str, body: dict[str, object],
+                                          param: str) -> None:
+    _assert_400(admin.post("/admin/v1/keys", json={"tenant_id": tenant_id, **body}), param)
+
+
+def test_key_expiry_at_the_end_of_the_calendar_is_stored(admin: httpx.Client, tenant_id: str) -> None:
+    response = admin.post("/admin/v1/keys", json={"tenant_id": tenant_id, "expires_at": "9999-12-31T00:00:00Z"})
+    assert response.status_code == 201, response.text
+    rotated = admin.post(f"/admin/v1/keys/{response.json()['id']}/rotate", json={"grace_seconds": 1e300})
+    _assert_400(rotated, "grace_seconds")
+
+
+def test_tenant_weight_out_of_range_is_a_400(admin: httpx.Client, tenant_id: str) -> None:
+    _assert_400(admin.post("/admin/v1/tenants", json={"name": "heavy", "weight": 1e308}), "weight")
+    _assert_400(admin.patch(f"/admin/v1/tenants/{tenant_id}", json={"weight": 1e308}), "weight")
+
+
+@pytest.mark.parametrize("query", [
+    {"start": "0001-01-01", "end": "9999-12-31"},
+    {"end": "9999-12-31"},
+    {"start": "9999-12-31"},
+])
+def test_usage_reports_accept_the_whole_calendar(admin: httpx.Client, query: dict[str, str]) -> None:
+    response = admin.get("/admin/v1/usage", params=query)
+    assert response.status_code == 200, response.text
+
+
+@pytest.mark.parametrize("query", [{"end": "9999-12-31T23:00:00-05:00"}, {"start": "0001-01-01T00:00:00+05:00"},
+                                   {"start": "10000-01-01"}])
+def test_usage_report_dates_past_the_calendar_are_a_400(admin: httpx.Client, query: dict[str, str]) -> None:
+    _assert_400(admin.get("/admin/v1/usage", params=query), next(iter(query)))
+
+
+# ---------------------------------------------------------------- the CLI as a real process
+
+
+def switchyard(config: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = os.environ | {"SWITCHYARD_CONFIG": str(config), "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
+    return subprocess.run([sys.executable, "-c", "from gateway.cli import app; app()", *args],
+                          capture_output=True, text=True, env=env, cwd=config.parent, timeout=60)
+
+
+def _one_line_error(done: subprocess.CompletedProcess[str], *needles: str) -> None:
+    assert done.returncode != 0, done
+    assert "Traceback" not in done.stderr + done.stdout, done.stderr
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, done.stderr
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+
+
+@pytest.fixture(scope="module")
+def cli_config(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    work = tmp_path_factory.mktemp("hostile-cli")
+    config = work / "switchyard.yaml"
+    config.write_text(f"database:\n  url: sqlite+aiosqlite:///{work / 'cli.db'}\n")
+    assert switchyard(config, "db", "upgrade").returncode == 0
+    return config
+
+
+def test_cli_unreachable_database_is_one_line_and_exit_1(tmp_path: Path) -> None:
+    config = tmp_path / "switchyard.yaml"
+    config.write_text("database:\n  url: postgresql+asyncpg://nobody@127.0.0.1:9/nothing\n")
+    for args in (["tenant", "list"], ["key", "list"], ["usage", "report"]):
+        _one_line_error(switchyard(config, *args), "database", "127.0.0.1:9")
+
+
+def test_cli_out_of_range_numbers_are_one_line_errors(cli_config: Path) -> None:
+    assert switchyard(cli_config, "tenant", "create", "nums").returncode == 0
+    _one_line_error(switchyard(cli_config, "limits", "set", "--tenant", "nums", "--cost-budget", "1e308"),
+                    "cost_budget")
+    _one_line_error(switchyard(cli_config, "limits", "set", "--tenant", "nums", "--token-budget", str(2**63)),
+                    "token_budget")
+    _one_line_error(switchyard(cli_config, "key", "create", "--tenant", "nums", "--expires-in-days", "1e300"),
+                    "--expires-in-days")
+    _one_line_error(switchyard(cli_config, "usage", "report", "--end", "9999-12-31T23:00:00-05:00"), "end")
+    assert switchyard(cli_config, "usage", "report", "--end", "9999-12-31").returncode == 0
+
+
+def test_cli_prints_tenant_names_with_escapes_shown_not_obeyed(cli_config: Path) -> None:
+    evil = "evil\x1b]0;pwned\x07\x1b[2J[bold red]x\u202e"
+    assert switchyard(cli_config, "tenant", "create", evil).returncode == 0
+    listed = switchyard(cli_config, "tenant", "list")
+    assert listed.returncode == 0, listed.stderr
+    assert "\x1b" not in listed.stdout and "\x07" not in listed.stdout and "\u202e" not in listed.stdout
+    assert "\\x1b" in listed.stdout and "[bold red]x" in listed.stdout
+    dup = switchyard(cli_config, "tenant", "create", evil)
+    assert "\x1b" not in dup.stderr
+    _one_line_error(dup, "already exists")
