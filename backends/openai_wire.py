@@ -133,6 +133,13 @@ class SamplingFields(WireStruct):
     repetition_penalty: Annotated[float, Meta(gt=0.0, le=2.0)] | None | UnsetType = UNSET
     min_tokens: NonNegInt | None | UnsetType = UNSET
     ignore_eos: bool | None | UnsetType = UNSET
+    # vLLM's structured outputs: {"json": schema, "regex": ..., "choice": [...], "grammar": ...},
+    # and the older guided_* spellings.
+    structured_outputs: dict[str, Any] | None | UnsetType = UNSET
+    guided_json: dict[str, Any] | str | None | UnsetType = UNSET
+    guided_regex: str | None | UnsetType = UNSET
+    guided_choice: list[str] | None | UnsetType = UNSET
+    guided_grammar: str | None | UnsetType = UNSET
 
     @property
     def is_stream(self) -> bool:
