@@ -21,8 +21,10 @@ from backends.base import (
 )
 from backends.call import NO_CONTEXT, CallContext
 from backends.embeddings_wire import EmbeddingList, EmbeddingRequest
-from backends.local import completions, embeddings, wire
+from backends.local import completions, embeddings, tools, wire
 from backends.local.run import EngineRun, collect, response_id, usage_of
+from backends.local.tool_parsers import choose_parser
+from backends.local.tools import ToolPlan
 from backends.openai_wire import (
     AssistantMessage,
     ChatChoice,
@@ -33,6 +35,7 @@ from backends.openai_wire import (
     ChatDelta,
     CompletionRequest,
     TextCompletion,
+    ToolCallDelta,
     Usage,
 )
 from engine import AsyncEngine, InvalidRequest, MetricsSnapshot, PoolingParams
@@ -45,7 +48,7 @@ class LocalEngineBackend:
     provider = "local"
 
     def __init__(self, engine: AsyncEngine, upstream_model: str, deployment_id: str | None = None, *,
-                 pooling: PoolingParams | None = None) -> None:
+                 pooling: PoolingParams | None = None, tool_parser: str = "auto") -> None:
         if engine.tokenizer is None:
             raise ValueError(f"{upstream_model}: the local engine needs a model folder with a tokenizer")
         self.engine = engine
@@ -54,6 +57,7 @@ class LocalEngineBackend:
         self.tokenizer = engine.tokenizer
         self.logprobs = wire.LogprobFormatter(self.tokenizer)
         self.pooling = pooling  # None: this deployment serves no embeddings
+        self.tool_parser = choose_parser(tool_parser, self.tokenizer.chat_template)
         self.metadata: dict[str, Any] = {"model_impl": engine.engine.model_impl, "max_model_len": engine.max_model_len}
         if pooling is not None:
             self.metadata["pooling"] = pooling.pooling
@@ -68,9 +72,11 @@ class LocalEngineBackend:
         return self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
 
     def tokenize_chat(self, request: ChatCompletionRequest, add_generation_prompt: bool = True) -> list[int]:
+        plan = tools.plan(request, self.tool_parser)
+        kwargs = plan.template_kwargs if plan is not None else {}
         try:
             return self.tokenizer.apply_chat_template(wire.chat_messages(request),
-                                                      add_generation_prompt=add_generation_prompt)
+                                                      add_generation_prompt=add_generation_prompt, **kwargs)
         except InvalidRequest as exc:  # no template, or the template refused the conversation
             raise BadRequest(exc.message, param=exc.param) from None
 
@@ -85,20 +91,33 @@ class LocalEngineBackend:
 
     # ------------------------------------------------------------ chat
 
-    def _start_chat(self, request: ChatCompletionRequest, ctx: CallContext) -> EngineRun:
+    def _start_chat(self, request: ChatCompletionRequest, ctx: CallContext) -> tuple[EngineRun, ToolPlan | None]:
+        plan = tools.plan(request, self.tool_parser)
         prompt = self.tokenize_chat(request)
         limit = ctx.output_limit(request.output_limit(), self.engine.max_model_len - len(prompt))
-        params = wire.sampling_params(request, limit, wire.chat_logprobs_count(request))
-        return EngineRun(self.engine, [prompt], params, "messages", ctx)
+        grammar = plan.grammar() if plan is not None else None
+        params = wire.sampling_params(request, limit, wire.chat_logprobs_count(request), structured=grammar)
+        return EngineRun(self.engine, [prompt], params, "messages", ctx), plan
+
+    @staticmethod
+    def _message(plan: ToolPlan | None, text: str, reason: str | None) -> tuple[AssistantMessage, Any]:
+        """The assistant message for a finished output, with its tool calls parsed when it has any."""
+        finish = wire.finish_reason(reason)
+        if plan is None or reason == "length":
+            return AssistantMessage(content=text), finish
+        content, calls = plan.parse(text)
+        if not calls:
+            return AssistantMessage(content=text), finish
+        return AssistantMessage(content=content, tool_calls=tools.wire_calls(calls)), "tool_calls"
 
     async def chat(self, request: ChatCompletionRequest, ctx: CallContext = NO_CONTEXT) -> Completed[ChatCompletion]:
-        run = self._start_chat(request, ctx)
+        run, plan = self._start_chat(request, ctx)
         final = await collect(run)
-        choices = [
-            ChatChoice(index=o.index, message=AssistantMessage(content=o.text),
-                       finish_reason=wire.finish_reason(o.finish_reason), logprobs=self.logprobs.chat(o.logprobs))
-            for o in final[0].outputs
-        ]
+        choices = []
+        for o in final[0].outputs:
+            message, finish = self._message(plan, o.text, o.finish_reason)
+            choices.append(ChatChoice(index=o.index, message=message, finish_reason=finish,
+                                      logprobs=self.logprobs.chat(o.logprobs)))
         response = ChatCompletion(id=response_id("chatcmpl"), model=request.model, choices=choices,
                                   usage=usage_of(run.meter))
         return Completed(response, run.meter)
@@ -106,7 +125,7 @@ class LocalEngineBackend:
     async def chat_stream(
         self, request: ChatCompletionRequest, ctx: CallContext = NO_CONTEXT
     ) -> ChunkStream[ChatCompletionChunk]:
-        run = self._start_chat(request, ctx)
+        run, plan = self._start_chat(request, ctx)
         cid, created = response_id("chatcmpl"), int(time.time())
 
         def chunk(choices: list[ChatChunkChoice], usage: Usage | None = None) -> ChatCompletionChunk:
@@ -116,8 +135,15 @@ class LocalEngineBackend:
         async def gen() -> AsyncIterator[ChatCompletionChunk]:
             for i in range(run.n):
                 yield chunk([ChatChunkChoice(index=i, delta=ChatDelta(role="assistant", content=""))])
+            buffered = [""] * run.n  # with tools the text is held back until it is known to be a call
             async for _, out in run.outputs():
                 for o in out.outputs:
+                    if plan is not None:
+                        buffered[o.index] += o.delta_text
+                        if o.finish_reason is not None:
+                            for c in self._final_deltas(plan, o.index, buffered[o.index], o.finish_reason):
+                                yield chunk([c])
+                        continue
                     if o.delta_text or (o.delta_logprobs and request.logprobs):
                         yield chunk([ChatChunkChoice(index=o.index, delta=ChatDelta(content=o.delta_text),
                                                      logprobs=self.logprobs.chat(o.delta_logprobs))])
@@ -128,6 +154,21 @@ class LocalEngineBackend:
                 yield chunk([], usage_of(run.meter))
 
         return ChunkStream(ClosingChunks(gen(), run.aclose), run.meter)  # type: ignore[arg-type]
+
+    def _final_deltas(self, plan: ToolPlan, index: int, text: str, reason: str) -> list[ChatChunkChoice]:
+        """A tool-using output's closing deltas: its content, or one tool-call delta per call (id,
+        name and the whole arguments), then the finish reason."""
+        message, finish = self._message(plan, text, reason)
+        out = []
+        if message.content:
+            out.append(ChatChunkChoice(index=index, delta=ChatDelta(content=message.content)))
+        if message.tool_calls:
+            deltas = [ToolCallDelta(index=i, id=c.id, type="function",
+                                    function={"name": c.function.name, "arguments": c.function.arguments})
+                      for i, c in enumerate(message.tool_calls)]  # type: ignore[union-attr]
+            out.append(ChatChunkChoice(index=index, delta=ChatDelta(tool_calls=deltas)))
+        out.append(ChatChunkChoice(index=index, delta=ChatDelta(), finish_reason=finish))
+        return out
 
     # ------------------------------------------------------------ completions
 
