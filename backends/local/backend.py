@@ -165,7 +165,7 @@ class LocalEngineBackend:
         if message.tool_calls:
             deltas = [ToolCallDelta(index=i, id=c.id, type="function",
                                     function={"name": c.function.name, "arguments": c.function.arguments})
-                      for i, c in enumerate(message.tool_calls)]  # type: ignore[union-attr]
+                      for i, c in enumerate(message.tool_calls)]
             out.append(ChatChunkChoice(index=index, delta=ChatDelta(tool_calls=deltas)))
         out.append(ChatChunkChoice(index=index, delta=ChatDelta(), finish_reason=finish))
         return out

@@ -99,7 +99,7 @@ def plan(request: ChatCompletionRequest, parser: str) -> ToolPlan | None:
         if choice == "none":
             return None
         mode = choice
-    else:
+    elif isinstance(choice, dict):
         chosen = choice.get("function") if choice.get("type") == "function" else None
         named = chosen.get("name") if isinstance(chosen, dict) else None
         if not isinstance(named, str):
@@ -108,6 +108,8 @@ def plan(request: ChatCompletionRequest, parser: str) -> ToolPlan | None:
         if named not in names:
             raise BadRequest(f"tool_choice names {named!r}, which is not among the tools", param="tool_choice")
         mode = "named"
+    else:
+        raise BadRequest("tool_choice must be none, auto, required or a named function", param="tool_choice")
     rendered = []
     for t in tools:
         fn: dict[str, Any] = {"name": t.function.name,

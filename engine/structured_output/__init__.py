@@ -18,6 +18,7 @@ from typing import Literal
 import llguidance
 import llguidance.torch
 import torch
+from llguidance.gbnf_to_lark import gbnf_to_lark
 
 from engine.errors import InvalidRequest
 
@@ -60,7 +61,7 @@ def _grammar_text(kind: Kind, spec: str) -> str:
         lark = "start: " + " | ".join(json.dumps(c) for c in choices)
         return llguidance.LLMatcher.grammar_from_lark(lark)
     if kind == "grammar":
-        lark = spec if "::=" not in spec else llguidance.gbnf_to_lark(spec)
+        lark = spec if "::=" not in spec else gbnf_to_lark(spec)
         return llguidance.LLMatcher.grammar_from_lark(lark)
     raise ValueError(f"unknown structured output kind {kind!r}")
 
