@@ -124,3 +124,24 @@ def test_auto_mode_parses_with_the_deployment_parser() -> None:
     assert finish == "tool_calls" and message.tool_calls and message.tool_calls[0].function.name == "f"
     message, finish = LocalEngineBackend._message(plan, "plain answer", "stop")
     assert finish == "stop" and message.content == "plain answer"
+
+
+def test_anthropic_messages_tools_map_onto_the_same_machinery(env: Env) -> None:
+    import anthropic
+
+    from tests.support.local_gateway import KEY
+
+    client = anthropic.Anthropic(base_url=env.server.url, api_key=KEY, max_retries=0)
+    tools: Any = [{"name": "get_weather", "description": "Weather", "input_schema": WEATHER}]
+    msg = client.messages.create(model="tiny", max_tokens=200, messages=[{"role": "user", "content": "Paris?"}],
+                                 tools=tools, tool_choice={"type": "tool", "name": "get_weather"})
+    assert msg.stop_reason == "tool_use"
+    uses = [b for b in msg.content if b.type == "tool_use"]
+    assert len(uses) == 1 and uses[0].name == "get_weather"
+    jsonschema.validate(uses[0].input, WEATHER)
+    with client.messages.stream(model="tiny", max_tokens=200, messages=[{"role": "user", "content": "Paris?"}],
+                                tools=tools, tool_choice={"type": "tool", "name": "get_weather"}) as stream:
+        final = stream.get_final_message()
+    streamed = [b for b in final.content if b.type == "tool_use"]
+    assert final.stop_reason == "tool_use" and streamed
+    jsonschema.validate(streamed[0].input, WEATHER)

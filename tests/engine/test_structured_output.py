@@ -160,3 +160,9 @@ def test_logit_bias_is_checked() -> None:
     with pytest.raises(InvalidRequest) as info:
         SamplingParams(logit_bias={3: 101})
     assert info.value.param == "logit_bias"
+
+
+def test_gbnf_grammar(llm: LLM) -> None:
+    p = SamplingParams(temperature=1.0, seed=4, max_tokens=20,
+                       structured=StructuredOutput("grammar", 'root ::= "x" ("y" | "z")'))
+    assert llm.generate(["Hi"], p)[0].outputs[0].text in ("xy", "xz")
