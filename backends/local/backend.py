@@ -138,6 +138,19 @@ class LocalEngineBackend:
             buffered = [""] * run.n  # with tools the text is held back until it is known to be a call
             async for _, out in run.outputs():
                 for o in out.outputs:
+                    if plan is not None and plan.mode == "named":  # the text is the arguments: stream them
+                        if not buffered[o.index]:
+                            buffered[o.index] = tools.call_id()
+                            head = ToolCallDelta(index=0, id=buffered[o.index], type="function",
+                                                 function={"name": plan.named, "arguments": ""})
+                            yield chunk([ChatChunkChoice(index=o.index, delta=ChatDelta(tool_calls=[head]))])
+                        if o.delta_text:
+                            part = ToolCallDelta(index=0, function={"arguments": o.delta_text})
+                            yield chunk([ChatChunkChoice(index=o.index, delta=ChatDelta(tool_calls=[part]))])
+                        if o.finish_reason is not None:
+                            reason = "length" if o.finish_reason == "length" else "tool_calls"
+                            yield chunk([ChatChunkChoice(index=o.index, delta=ChatDelta(), finish_reason=reason)])
+                        continue
                     if plan is not None:
                         buffered[o.index] += o.delta_text
                         if o.finish_reason is not None:
