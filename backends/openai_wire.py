@@ -211,6 +211,13 @@ class SamplingFields(WireStruct, dict=True):
     skip_special_tokens: bool | None | UnsetType = UNSET
     include_stop_str_in_output: bool | None | UnsetType = UNSET
     prompt_logprobs: Annotated[int, Meta(ge=0, le=20)] | None | UnsetType = UNSET
+    # vLLM's structured outputs: {"json": schema, "regex": ..., "choice": [...], "grammar": ...},
+    # and the older guided_* spellings.
+    structured_outputs: dict[str, Any] | None | UnsetType = UNSET
+    guided_json: dict[str, Any] | str | None | UnsetType = UNSET
+    guided_regex: str | None | UnsetType = UNSET
+    guided_choice: list[str] | None | UnsetType = UNSET
+    guided_grammar: str | None | UnsetType = UNSET
 
     @property
     def is_stream(self) -> bool:

@@ -9,11 +9,13 @@ the whole KV cache. ``LLMEngine.add_processed`` and the scheduler then take it a
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from engine.errors import InvalidRequest, RequestRejected
 from engine.pooling_params import PoolingParams
 from engine.sampling_params import SamplingParams
+from engine.structured_output import StructuredOutputManager
 
 
 @dataclass(frozen=True)
@@ -73,6 +75,16 @@ class InputProcessor:
     def __init__(self, limits: RequestLimits, tokenizer: Any = None) -> None:
         self.limits = limits
         self.tokenizer = tokenizer  # engine.tokenizer.Tokenizer, or None: prompts come as token ids
+        self._structured: StructuredOutputManager | None = None
+
+    def structured(self) -> StructuredOutputManager:
+        """The grammar compiler and cache (made on first use: it indexes the vocabulary)."""
+        if self._structured is None:
+            if self.tokenizer is None or not (Path(self.tokenizer.path) / "tokenizer.json").is_file():
+                raise InvalidRequest("structured output needs the model's tokenizer.json", param="response_format")
+            vocab = max(self.limits.vocab_size or 0, self.tokenizer.vocab_size)
+            self._structured = StructuredOutputManager(self.tokenizer.path, vocab, sorted(self.tokenizer.eos_token_ids))
+        return self._structured
 
     def tokenize(self, prompt: str | list[int]) -> list[int]:
         if not isinstance(prompt, str):
@@ -95,6 +107,12 @@ class InputProcessor:
         vocab = self.limits.vocab_size
         if vocab is not None and any(not 0 <= t < vocab for t in prompt_ids):
             raise InvalidRequest(f"prompt token ids must be in [0, {vocab})", param="prompt")
+        if params.logit_bias and vocab is not None and any(not 0 <= t < vocab for t in params.logit_bias):
+            raise InvalidRequest(f"logit_bias token ids must be in [0, {vocab})", param="logit_bias")
+        if params.structured is not None:
+            if pooling is not None:
+                raise InvalidRequest("an embedding request has no structured output", param=params.structured.param)
+            self.structured().compile(params.structured)  # compile errors -> InvalidRequest naming the field
         max_len = self.limits.max_len(len(prompt_ids), 0 if pooling is not None else params.max_tokens)
         text = prompt if isinstance(prompt, str) else None
         return EngineRequest(request_id, prompt_ids, text, params, max_len, priority, tenant, float(weight), pooling)

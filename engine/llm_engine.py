@@ -23,6 +23,7 @@ from engine.pooling_params import PoolingParams
 from engine.sampling_params import SamplingParams
 from engine.scheduler import FCFSQueue, PriorityQueue, QueuePolicy, Scheduler
 from engine.sequence import FinishReason, Sequence, TokenLogprob
+from engine.structured_output import words_for
 
 
 def _load_tokenizer(model_path: str):  # -> engine.tokenizer.Tokenizer | None
@@ -95,6 +96,7 @@ class LLMEngine:
         vocab = int(getattr(hf_config, "vocab_size", 0)) or None
         limits = RequestLimits(max_len, self.capacity.num_blocks, config.block_size, vocab)
         self.processor = InputProcessor(limits, self.tokenizer)  # the one place requests are validated
+        self.runner.bitmask_words = words_for(max(vocab or 0, self.tokenizer.vocab_size if self.tokenizer else 0))
         self.metrics = EngineMetrics()
         self._requests: dict[str, RequestState] = {}
 
@@ -138,6 +140,8 @@ class LLMEngine:
             if params.prompt_logprobs is not None and i == 0:  # one sequence scores the shared prompt
                 seq.prompt_logprobs = [None]
             seq.pooling = request.pooling
+            if params.structured is not None:
+                seq.matcher = self.processor.structured().matcher(params.structured)
             if params.seed is not None:
                 seq.generator = torch.Generator(device=self.runner.device)
                 seq.generator.manual_seed((params.seed + i * 0x9E3779B1) % 2**63)
@@ -208,6 +212,8 @@ class LLMEngine:
     def _append(self, seq: Sequence, token: int, logprob: TokenLogprob | None) -> None:
         previous = seq.last_token_time
         seq.append_token(token, logprob)
+        if seq.matcher is not None:
+            seq.matcher.consume_token(token)
         m = self.metrics
         m.generation_tokens += 1
         if previous is None:

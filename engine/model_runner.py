@@ -23,6 +23,7 @@ from engine.prompt_logprobs import compute_prompt_logprobs
 from engine.sampler import Sampler, SamplerOutput, SamplingRow
 from engine.scheduler import ScheduledSeq
 from engine.sequence import TokenLogprob
+from engine.structured_output import fill_bitmask
 
 DEFAULT_CPU_KV_BYTES = 1 << 30
 
@@ -44,6 +45,7 @@ class ModelRunner:
         self.block_size = config.block_size
         self.eos_token_ids = sorted(eos_token_ids)
         self.sampler = Sampler(self.device, config.seed)
+        self.bitmask_words = 0  # 32-token words per bitmask row (set by the engine from the vocabulary)
         self.kv_caches: list[torch.Tensor] = []
         self.graphs: DecodeGraphs | None = None
 
@@ -181,8 +183,10 @@ class ModelRunner:
             embeddings = pool_step(hidden, scheduled, query_start)
         if not sampled:
             return StepResult([], None, prompt_logprobs, embeddings)
+        # Filled on the host while the device runs the forward pass (launched above).
+        bitmask = fill_bitmask([item.seq.matcher for item in sampled], self.bitmask_words)
         logits = self.model.compute_logits(hidden[torch.tensor(sample_rows, device=dev)])
-        output = self.sampler(logits, [self._row(item) for item in sampled])
+        output = self.sampler(logits, [self._row(item) for item in sampled], bitmask)
         return StepResult(sampled, output, prompt_logprobs, embeddings)
 
     def _row(self, item: ScheduledSeq) -> SamplingRow:

@@ -1,10 +1,11 @@
 """Batched, vectorised sampling on the logits' device.
 
 Order of operations per row: penalties (repetition on prompt + output, presence/frequency on
-output), the min_tokens ban on stop tokens, then greedy argmax, or temperature, top_k, top_p and
-min_p and a draw. Draws use the exponential race (argmax of p / q, q ~ Exp(1)), with q taken from
-the row's own torch.Generator when the request has a seed, so a seeded row gives the same tokens
-whatever else is in the batch. Logprobs are those of the raw model distribution.
+output), the min_tokens ban on stop tokens, logit_bias, the grammar's token bitmask, then greedy
+argmax, or temperature, top_k, top_p and min_p and a draw. Draws use the exponential race (argmax
+of p / q, q ~ Exp(1)), with q taken from the row's own torch.Generator when the request has a
+seed, so a seeded row gives the same tokens whatever else is in the batch.
+Logprobs are those of the raw model distribution.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.sampling_params import SamplingParams
+from engine.structured_output import apply_bitmask
 
 _NEG_INF = float("-inf")
 
@@ -66,6 +68,17 @@ def apply_penalties(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tens
     return logits - freq[:, None] * counts - pres[:, None] * (counts > 0).to(logits.dtype)
 
 
+def apply_logit_bias(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+    """OpenAI's logit_bias: added to the logits; -100 bans the token outright."""
+    logits = logits.clone()
+    vocab = logits.shape[-1]
+    for i, r in enumerate(rows):
+        for token, bias in r.params.logit_bias.items():
+            if 0 <= token < vocab:
+                logits[i, token] = _NEG_INF if bias <= -100.0 else logits[i, token] + bias
+    return logits
+
+
 def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor | None) -> torch.Tensor:
     """Mask all but the ``top_k`` largest logits, then all outside the ``top_p`` nucleus.
     ``top_k`` 0 and ``top_p`` 1 disable a row's filter; the best token is always kept."""
@@ -103,7 +116,10 @@ class Sampler:
         self.generator.manual_seed(seed)
 
     @torch.inference_mode()
-    def __call__(self, logits: torch.Tensor, rows: list[SamplingRow]) -> SamplerOutput:
+    def __call__(self, logits: torch.Tensor, rows: list[SamplingRow],
+                 bitmask: torch.Tensor | None = None) -> SamplerOutput:
+        """``bitmask`` (int32, one row of 32-token words per row; all ones for a free row) holds
+        the tokens each row's grammar allows (``engine.structured_output``)."""
         logits = logits.float()
         max_k = max((r.params.logprobs for r in rows if r.params.logprobs is not None), default=None)
         raw_logprobs = logits.log_softmax(dim=-1) if max_k is not None else None
@@ -115,6 +131,10 @@ class Sampler:
             logits = logits.clone()
             ri, ti = zip(*banned)
             logits[list(ri), list(ti)] = _NEG_INF
+        if any(r.params.logit_bias for r in rows):
+            logits = apply_logit_bias(logits, rows)
+        if bitmask is not None:
+            logits = apply_bitmask(logits, bitmask)
 
         tokens = logits.argmax(dim=-1)
         random_rows = [i for i, r in enumerate(rows) if not r.params.greedy]

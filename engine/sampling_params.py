@@ -4,8 +4,12 @@ naming the field)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from engine.errors import InvalidRequest
+
+if TYPE_CHECKING:
+    from engine.structured_output import StructuredOutput
 
 MAX_LOGPROBS = 20
 
@@ -37,6 +41,8 @@ class SamplingParams:
     logprobs: int | None = None
     prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
+    logit_bias: dict[int, float] = field(default_factory=dict)  # OpenAI's: token id -> [-100, 100]
+    structured: StructuredOutput | None = None  # a grammar the output must match
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -59,6 +65,8 @@ class SamplingParams:
              f"logprobs must be in [0, {MAX_LOGPROBS}]"),
             (self.prompt_logprobs is None or 0 <= self.prompt_logprobs <= MAX_LOGPROBS, "prompt_logprobs",
              f"prompt_logprobs must be in [0, {MAX_LOGPROBS}]"),
+            (all(-100.0 <= b <= 100.0 for b in self.logit_bias.values()), "logit_bias",
+             "logit_bias values must be in [-100, 100]"),
         ]
         for ok, param, message in checks:
             if not ok:

@@ -6,6 +6,7 @@ import enum
 import itertools
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -75,6 +76,9 @@ class Sequence:
     pooling: PoolingParams | None = None  # an embedding request (engine.pooling): pool, never generate
     pool_sum: torch.Tensor | None = None  # mean pooling's running sum of hidden states
     embedding: list[float] | None = None  # the pooled result, once the prompt is computed
+    # The grammar matcher (llguidance.LLMatcher) of a structured-output request: it has consumed
+    # exactly output_token_ids, so preemption by recompute (which keeps them) leaves it valid.
+    matcher: Any = None
 
     def __post_init__(self) -> None:
         self.token_ids: list[int] = list(self.prompt_token_ids)

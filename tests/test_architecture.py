@@ -17,7 +17,8 @@ PACKAGES = ("gateway", "backends", "engine")
 # What the engine may import besides itself and the standard library (DESIGN.md: "engine/ imports
 # only torch, triton, transformers, safetensors, tokenizers"), plus the chat-template renderer, the
 # offline progress bar, and GGUF reading (gguf hands tensors over as numpy arrays).
-ENGINE_THIRD_PARTY = {"torch", "triton", "transformers", "safetensors", "tokenizers", "jinja2", "tqdm", "gguf", "numpy"}
+ENGINE_THIRD_PARTY = {"torch", "triton", "transformers", "safetensors", "tokenizers", "jinja2", "tqdm", "gguf", "numpy",
+                      "llguidance"}  # grammar-constrained decoding (engine/structured_output)
 ENGINE_USERS = ("backends.local", "backends.transformers_generate")  # the only backends that run the engine
 
 

@@ -6,7 +6,9 @@ Deployment ``options`` are engine arguments in vLLM's spelling: ``dtype``, ``dev
 ``enable_chunked_prefill``, ``scheduling_policy``, ``attn_backend``, ``model_impl``, ``seed``;
 ``scheduling: fcfs | fair`` (fair: weighted fair admission and preemption across the gateway's
 tenants, by each tenant's weight); ``pooling: last | mean`` (the deployment also serves
-``/v1/embeddings``: the final hidden states pooled, normalised); plus ``builtin: tiny`` to generate
+``/v1/embeddings``: the final hidden states pooled, normalised); ``tool_call_parser: auto | hermes |
+llama3 | mistral`` (how tool calls are read from the model's text; auto picks from the chat
+template); plus ``builtin: tiny`` to generate
 the built-in tiny model into the ``model`` folder when it is missing (what the embedded default
 config uses, so ``make run`` needs no download).
 
@@ -32,7 +34,7 @@ log = logging.getLogger("switchyard.backends.local")
 def build_backend(config: DeploymentConfig) -> LocalEngineBackend:
     """Factory entry for ``provider: local``: load the model; the engine loop starts on first use."""
     from backends.local.backend import LocalEngineBackend
-    from backends.local.options import engine_config, pooling_params
+    from backends.local.options import engine_config, pooling_params, tool_call_parser
     from engine import AsyncEngine
     from engine.loader import ModelLoadError
 
@@ -47,7 +49,8 @@ def build_backend(config: DeploymentConfig) -> LocalEngineBackend:
     except (ModelLoadError, ValueError, FileNotFoundError) as exc:
         raise ConfigError(f"deployment {config.id}: {exc}") from None
     log.info("deployment %s: %s loaded, max_model_len=%d", config.id, config.model, engine.max_model_len)
-    return LocalEngineBackend(engine, config.model, config.id, pooling=pooling_params(config))
+    return LocalEngineBackend(engine, config.model, config.id, pooling=pooling_params(config),
+                              tool_parser=tool_call_parser(config))
 
 
 def __getattr__(name: str) -> Any:

@@ -23,8 +23,10 @@ from backends.base import (
 )
 from backends.call import NO_CONTEXT, CallContext
 from backends.embeddings_wire import EmbeddingList, EmbeddingRequest
-from backends.local import completions, embeddings, wire
+from backends.local import completions, embeddings, tools, wire
 from backends.local.run import EngineRun, collect, response_id, usage_of
+from backends.local.tool_parsers import choose_parser
+from backends.local.tools import ToolPlan
 from backends.openai_wire import (
     AssistantMessage,
     ChatChoice,
@@ -34,7 +36,9 @@ from backends.openai_wire import (
     ChatCompletionRequest,
     ChatDelta,
     CompletionRequest,
+    FinishReason,
     TextCompletion,
+    ToolCallDelta,
     Usage,
 )
 from engine import AsyncEngine, InvalidRequest, MetricsSnapshot, PoolingParams
@@ -47,7 +51,7 @@ class LocalEngineBackend:
     provider = "local"
 
     def __init__(self, engine: AsyncEngine, upstream_model: str, deployment_id: str | None = None, *,
-                 pooling: PoolingParams | None = None) -> None:
+                 pooling: PoolingParams | None = None, tool_parser: str = "auto") -> None:
         if engine.tokenizer is None:
             raise ValueError(f"{upstream_model}: the local engine needs a model folder with a tokenizer")
         self.engine = engine
@@ -56,6 +60,7 @@ class LocalEngineBackend:
         self.tokenizer = engine.tokenizer
         self.logprobs = wire.LogprobFormatter(self.tokenizer)
         self.pooling = pooling  # None: this deployment serves no embeddings
+        self.tool_parser = choose_parser(tool_parser, self.tokenizer.chat_template)
         self.metadata: dict[str, Any] = {"model_impl": engine.engine.model_impl, "max_model_len": engine.max_model_len}
         if pooling is not None:
             self.metadata["pooling"] = pooling.pooling
@@ -70,11 +75,14 @@ class LocalEngineBackend:
         return self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
 
     def tokenize_chat(self, request: ChatCompletionRequest, add_generation_prompt: bool = True) -> list[int]:
+        plan = tools.plan(request, self.tool_parser)
+        kwargs = plan.template_kwargs if plan is not None else {}
         try:
             variables = {k: v for k, v in (wire.opt(request.chat_template_kwargs, None) or {}).items()
                          if k not in ("messages", "add_generation_prompt")}
             return self.tokenizer.apply_chat_template(wire.chat_messages(request),
-                                                      add_generation_prompt=add_generation_prompt, **variables)
+                                                      add_generation_prompt=add_generation_prompt,
+                                                      **{**variables, **kwargs})
         except InvalidRequest as exc:  # no template, or the template refused the conversation
             raise BadRequest(exc.message, param=exc.param) from None
 
@@ -89,21 +97,33 @@ class LocalEngineBackend:
 
     # ------------------------------------------------------------ chat
 
-    def _start_chat(self, request: ChatCompletionRequest, ctx: CallContext) -> EngineRun:
+    def _start_chat(self, request: ChatCompletionRequest, ctx: CallContext) -> tuple[EngineRun, ToolPlan | None]:
+        plan = tools.plan(request, self.tool_parser)
         prompt = self.tokenize_chat(request)
         limit = ctx.output_limit(request.output_limit(), self.engine.max_model_len - len(prompt))
-        params = wire.sampling_params(request, limit, wire.chat_logprobs_count(request))
-        return EngineRun(self.engine, [prompt], params, "messages", ctx)
+        grammar = plan.grammar() if plan is not None else None
+        params = wire.sampling_params(request, limit, wire.chat_logprobs_count(request), structured=grammar)
+        return EngineRun(self.engine, [prompt], params, "messages", ctx), plan
+
+    @staticmethod
+    def _message(plan: ToolPlan | None, text: str, reason: str | None) -> tuple[AssistantMessage, Any]:
+        """The assistant message for a finished output, with its tool calls parsed when it has any."""
+        finish = wire.finish_reason(reason)
+        if plan is None or reason == "length":
+            return AssistantMessage(content=text), finish
+        content, calls = plan.parse(text)
+        if not calls:
+            return AssistantMessage(content=text), finish
+        return AssistantMessage(content=content, tool_calls=tools.wire_calls(calls)), "tool_calls"
 
     async def chat(self, request: ChatCompletionRequest, ctx: CallContext = NO_CONTEXT) -> Completed[ChatCompletion]:
-        run = self._start_chat(request, ctx)
+        run, plan = self._start_chat(request, ctx)
         final = await collect(run)
-        choices = [
-            ChatChoice(index=o.index, message=AssistantMessage(content=o.text),
-                       finish_reason=wire.finish_reason(o.finish_reason), logprobs=self.logprobs.chat(o.logprobs),
-                       stop_reason=o.stop_reason)
-            for o in final[0].outputs
-        ]
+        choices = []
+        for o in final[0].outputs:
+            message, finish = self._message(plan, o.text, o.finish_reason)
+            choices.append(ChatChoice(index=o.index, message=message, finish_reason=finish,
+                                      logprobs=self.logprobs.chat(o.logprobs), stop_reason=o.stop_reason))
         response = ChatCompletion(id=response_id("chatcmpl"), model=request.model, choices=choices,
                                   usage=usage_of(run.meter))
         return Completed(response, run.meter)
@@ -111,7 +131,7 @@ class LocalEngineBackend:
     async def chat_stream(
         self, request: ChatCompletionRequest, ctx: CallContext = NO_CONTEXT
     ) -> ChunkStream[ChatCompletionChunk]:
-        run = self._start_chat(request, ctx)
+        run, plan = self._start_chat(request, ctx)
         cid, created = response_id("chatcmpl"), int(time.time())
 
         def chunk(choices: list[ChatChunkChoice], usage: Usage | None = None) -> ChatCompletionChunk:
@@ -122,15 +142,36 @@ class LocalEngineBackend:
             for i in range(run.n):
                 yield chunk([ChatChunkChoice(index=i, delta=ChatDelta(role="assistant", content=""))])
             finished: set[int] = set()  # one finish chunk per choice, though later outputs still carry it
+            buffered = [""] * run.n  # with tools the text is held back until it is known to be a call
             async for _, out in run.outputs():
                 for o in out.outputs:
                     if o.index in finished:
+                        continue
+                    if o.finish_reason is not None:
+                        finished.add(o.index)
+                    if plan is not None and plan.mode == "named":  # the text is the arguments: stream them
+                        if not buffered[o.index]:
+                            buffered[o.index] = tools.call_id()
+                            head = ToolCallDelta(index=0, id=buffered[o.index], type="function",
+                                                 function={"name": plan.named, "arguments": ""})
+                            yield chunk([ChatChunkChoice(index=o.index, delta=ChatDelta(tool_calls=[head]))])
+                        if o.delta_text:
+                            part = ToolCallDelta(index=0, function={"arguments": o.delta_text})
+                            yield chunk([ChatChunkChoice(index=o.index, delta=ChatDelta(tool_calls=[part]))])
+                        if o.finish_reason is not None:
+                            ended: FinishReason = "length" if o.finish_reason == "length" else "tool_calls"
+                            yield chunk([ChatChunkChoice(index=o.index, delta=ChatDelta(), finish_reason=ended)])
+                        continue
+                    if plan is not None:
+                        buffered[o.index] += o.delta_text
+                        if o.finish_reason is not None:
+                            for c in self._final_deltas(plan, o.index, buffered[o.index], o.finish_reason):
+                                yield chunk([c])
                         continue
                     if o.delta_text or (o.delta_logprobs and request.logprobs):
                         yield chunk([ChatChunkChoice(index=o.index, delta=ChatDelta(content=o.delta_text),
                                                      logprobs=self.logprobs.chat(o.delta_logprobs))])
                     if o.finish_reason is not None:
-                        finished.add(o.index)
                         reason = wire.finish_reason(o.finish_reason)
                         yield chunk([ChatChunkChoice(index=o.index, delta=ChatDelta(), finish_reason=reason,
                                                      stop_reason=o.stop_reason)])
@@ -138,6 +179,21 @@ class LocalEngineBackend:
                 yield chunk([], usage_of(run.meter))
 
         return ChunkStream(ClosingChunks(gen(), run.aclose), run.meter)
+
+    def _final_deltas(self, plan: ToolPlan, index: int, text: str, reason: str) -> list[ChatChunkChoice]:
+        """A tool-using output's closing deltas: its content, or one tool-call delta per call (id,
+        name and the whole arguments), then the finish reason."""
+        message, finish = self._message(plan, text, reason)
+        out = []
+        if message.content:
+            out.append(ChatChunkChoice(index=index, delta=ChatDelta(content=message.content)))
+        if message.tool_calls:
+            deltas = [ToolCallDelta(index=i, id=c.id, type="function",
+                                    function={"name": c.function.name, "arguments": c.function.arguments})
+                      for i, c in enumerate(message.tool_calls)]
+            out.append(ChatChunkChoice(index=index, delta=ChatDelta(tool_calls=deltas)))
+        out.append(ChatChunkChoice(index=index, delta=ChatDelta(), finish_reason=finish))
+        return out
 
     # ------------------------------------------------------------ completions
 

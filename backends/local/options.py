@@ -7,7 +7,8 @@ import dataclasses
 from backends.config import ConfigError, DeploymentConfig
 from engine import EngineConfig, InvalidRequest, PoolingParams
 
-OPTIONS = {f.name for f in dataclasses.fields(EngineConfig)} - {"model"} | {"builtin", "scheduling", "pooling"}
+OPTIONS = {f.name for f in dataclasses.fields(EngineConfig)} - {"model"} | {
+    "builtin", "scheduling", "pooling", "tool_call_parser"}
 SCHEDULING = ("fcfs", "fair")  # ``scheduling``: first come first served, or weighted fair across tenants
 
 
@@ -18,6 +19,7 @@ def engine_config(config: DeploymentConfig) -> EngineConfig:
     if unknown:
         raise ConfigError(f"deployment {config.id}: unknown options {unknown} (known: {sorted(OPTIONS)})")
     options.pop("pooling", None)  # the backend's (pooling_params)
+    options.pop("tool_call_parser", None)  # the backend's (tool_call_parser)
     builtin = options.pop("builtin", None)
     if builtin is not None:
         if builtin != "tiny":
@@ -51,3 +53,15 @@ def pooling_params(config: DeploymentConfig) -> PoolingParams | None:
         return PoolingParams(pooling=pooling)
     except InvalidRequest as exc:
         raise ConfigError(f"deployment {config.id}: options.{exc.message}") from None
+
+
+def tool_call_parser(config: DeploymentConfig) -> str:
+    """``options.tool_call_parser``: ``auto`` (default: from the chat template's markers),
+    ``hermes``, ``llama3`` or ``mistral``."""
+    from backends.local.tool_parsers import PARSERS
+
+    name = config.options.get("tool_call_parser", "auto")
+    if name != "auto" and name not in PARSERS:
+        raise ConfigError(f"deployment {config.id}: options.tool_call_parser must be auto or one of "
+                          f"{sorted(PARSERS)}, got {name!r}")
+    return str(name)

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from msgspec import UNSET
 
 from backends.base import BadRequest
+from backends.local.structured import from_request as structured_from_request
 from backends.openai_wire import (
     ChatCompletionRequest,
     ChoiceLogprobs,
@@ -19,6 +21,7 @@ from backends.openai_wire import (
     extra_params,
 )
 from engine import InvalidRequest, SamplingParams
+from engine.structured_output import StructuredOutput
 
 
 def opt(value: Any, default: Any) -> Any:
@@ -42,12 +45,27 @@ def refuse_unsupported(request: SamplingFields) -> None:
                          param="prompt_logprobs")
 
 
+def logit_bias(request: SamplingFields) -> dict[int, float]:
+    """OpenAI's logit_bias (token id as a string -> bias in [-100, 100])."""
+    bias: dict[int, float] = {}
+    for key, value in (opt(request.logit_bias, None) or {}).items():
+        try:
+            token = int(key)
+        except ValueError:
+            raise BadRequest(f"logit_bias keys must be token ids, not {key!r}", param="logit_bias") from None
+        if not -100.0 <= value <= 100.0:
+            raise BadRequest("logit_bias values must be in [-100, 100]", param="logit_bias")
+        bias[token] = float(value)
+    return bias
+
+
 def sampling_params(request: SamplingFields, limit: int | None, logprobs: int | None,
-                    prompt_logprobs: int | None = None) -> SamplingParams:
-    """Engine sampling parameters for a wire request; a BadRequest names the offending field."""
+                    prompt_logprobs: int | None = None, structured: StructuredOutput | None = None) -> SamplingParams:
+    """Engine sampling parameters for a wire request; a BadRequest names the offending field.
+    ``structured`` overrides the request's own output constraint (tool calling's grammar)."""
     refuse_unsupported(request)
-    if opt(request.logit_bias, None):
-        raise BadRequest("logit_bias is not supported by the local engine", param="logit_bias")
+    if structured is None:
+        structured = structured_from_request(request)
     top_k = opt(request.top_k, 0)
     try:
         return SamplingParams(
@@ -68,6 +86,8 @@ def sampling_params(request: SamplingFields, limit: int | None, logprobs: int | 
             ignore_eos=bool(opt(request.ignore_eos, False)),
             logprobs=logprobs,
             prompt_logprobs=prompt_logprobs,
+            logit_bias=logit_bias(request),
+            structured=structured,
         )
     except InvalidRequest as exc:
         raise BadRequest(exc.message, param=exc.param) from None
@@ -75,17 +95,31 @@ def sampling_params(request: SamplingFields, limit: int | None, logprobs: int | 
 
 def chat_messages(request: ChatCompletionRequest) -> list[dict[str, str]]:
     """The conversation as the chat template expects it; unsupported features are refused."""
-    if request.tools:
-        raise BadRequest("tools are not supported by the local engine", param="tools")
-    fmt = opt(request.response_format, None)
-    if fmt is not None and fmt.type != "text":
-        raise BadRequest("structured output is not supported by the local engine", param="response_format")
-    messages = []
+    messages: list[dict[str, Any]] = []
     for i, m in enumerate(request.messages):
         if isinstance(m.content, list) and any(not isinstance(p, TextPart) for p in m.content):
             raise BadRequest("this model accepts text content only", param=f"messages[{i}].content")
-        messages.append({"role": m.role, "content": m.text()})
+        message: dict[str, Any] = {"role": m.role, "content": m.text()}
+        if m.tool_calls:
+            message["tool_calls"] = [
+                {"id": c.id, "type": "function",
+                 "function": {"name": c.function.name, "arguments": _arguments(c.function.arguments)}}
+                for c in m.tool_calls
+            ]
+        if m.tool_call_id:
+            message["tool_call_id"] = m.tool_call_id
+        if m.name:
+            message["name"] = m.name
+        messages.append(message)
     return messages
+
+
+def _arguments(text: str) -> Any:
+    """Tool-call arguments as chat templates expect them (a mapping when the text is JSON)."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
 
 
 def chat_logprobs_count(request: ChatCompletionRequest) -> int | None:

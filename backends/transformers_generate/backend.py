@@ -181,8 +181,15 @@ class HFGenerateBackend:
     # ------------------------------------------------------------ requests -> jobs
 
     def _chat_prompt(self, request: ChatCompletionRequest) -> list[int]:
-        if request.tools or request.response_format not in (UNSET, None) and request.response_format.type != "text":
-            raise BadRequest("tools and structured output are not supported by this deployment", param="tools")
+        if request.tools:
+            raise BadRequest("tools are not supported by plain transformers generate; serve the model with the "
+                             "engine (provider local)", param="tools")
+        if request.tool_choice not in (UNSET, None, "none"):
+            raise BadRequest("tool_choice requires tools", param="tool_choice")
+        if request.response_format not in (UNSET, None) and request.response_format.type != "text":
+            raise BadRequest("structured output is not supported by plain transformers generate; serve the model "
+                             "with the engine (provider local)", param="response_format")
+        _refuse_constraints(request)
         if not getattr(self.tokenizer, "chat_template", None):
             raise BadRequest("this model has no chat template; use /v1/completions", param="messages")
         messages = []
@@ -194,6 +201,7 @@ class HFGenerateBackend:
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
     def _text_prompts(self, request: CompletionRequest) -> list[list[int]]:
+        _refuse_constraints(request)
         if request.suffix:
             raise BadRequest("suffix is not supported by this model", param="suffix")
         if request.best_of not in (UNSET, None) and request.best_of != opt(request.n, 1):
@@ -277,3 +285,11 @@ def _chat_logprobs(request: ChatCompletionRequest) -> int | None:
             raise BadRequest("top_logprobs requires logprobs: true", param="top_logprobs")
         return None
     return _opt_int(request.top_logprobs) or 0
+
+
+def _refuse_constraints(request: SamplingFields) -> None:
+    """vLLM's structured_outputs / guided_* are refused with a 400 naming the field, never ignored."""
+    for name in ("structured_outputs", "guided_json", "guided_regex", "guided_choice", "guided_grammar"):
+        if getattr(request, name) not in (UNSET, None):
+            raise BadRequest("structured output is not supported by plain transformers generate; serve the "
+                             "model with the engine (provider local)", param=name)

@@ -131,8 +131,8 @@ def test_prompt_too_long_is_a_clear_400(env: Env) -> None:
         env.client().chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=2100)
     assert err.value.code == "context_length_exceeded" and "max_tokens" in err.value.message
     with pytest.raises(openai.BadRequestError) as err:
-        env.client().chat.completions.create(model="tiny", messages=MESSAGES, logit_bias={"5": 3})
-    assert "logit_bias" in err.value.message
+        env.client().chat.completions.create(model="tiny", messages=MESSAGES, logit_bias={"5": 300})
+    assert "logit_bias" in err.value.message and err.value.param == "logit_bias"
     with pytest.raises(openai.BadRequestError) as err:
         env.client().chat.completions.create(model="tiny", messages=MESSAGES, top_p=0)
     assert "top_p must be in (0, 1]" in err.value.message and err.value.param == "top_p"

@@ -25,7 +25,7 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
 
 
 @pytest.mark.parametrize("name, value", [("reasoning_effort", "low"), ("verbosity", "low"),
-                                         ("web_search_options", {}), ("guided_json", {"type": "object"}),
+                                         ("web_search_options", {}), ("prediction", {"type": "content", "content": "x"}),
                                          ("include_stop_str_in_output", True), ("prompt_logprobs", 1)])
 def test_unsupported_parameter_is_a_400_naming_it(env: Env, name: str, value: object) -> None:
     with pytest.raises(openai.BadRequestError) as caught:
@@ -36,8 +36,8 @@ def test_unsupported_parameter_is_a_400_naming_it(env: Env, name: str, value: ob
 
 def test_unsupported_parameter_on_completions(env: Env) -> None:
     with pytest.raises(openai.BadRequestError) as caught:
-        env.client().completions.create(model="tiny", prompt="hi", max_tokens=2, extra_body={"guided_choice": ["a"]})
-    assert caught.value.body["param"] == "guided_choice"  # type: ignore[index]
+        env.client().completions.create(model="tiny", prompt="hi", max_tokens=2, extra_body={"verbosity": "low"})
+    assert caught.value.body["param"] == "verbosity"  # type: ignore[index]
 
 
 def test_parameters_without_effect_are_accepted(env: Env) -> None:

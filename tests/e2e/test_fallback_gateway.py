@@ -144,8 +144,19 @@ def test_native_on_an_unsupported_architecture_fails_the_deployment_clearly(env:
 
 def test_bad_input_is_an_openai_error(client: openai.OpenAI) -> None:
     tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}]
-    with pytest.raises(openai.BadRequestError, match="tools and structured output are not supported"):
+    with pytest.raises(openai.BadRequestError, match="tools are not supported by plain transformers generate"):
         client.chat.completions.create(model="neox", messages=[{"role": "user", "content": "hi"}], tools=tools)
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(model="neox", messages=[{"role": "user", "content": "hi"}],
+                                       response_format={"type": "json_object"})
+    assert err.value.param == "response_format"
+    with pytest.raises(openai.BadRequestError) as err:
+        client.completions.create(model="neox", prompt="hi", extra_body={"guided_regex": "a+"})
+    assert err.value.param == "guided_regex"
+    with pytest.raises(openai.BadRequestError) as err:  # the engine serves gpt2: tools work, a bad choice is a 400
+        client.chat.completions.create(model="gpt2", messages=[{"role": "user", "content": "hi"}], tools=tools,
+                                       tool_choice={"type": "function", "function": {"name": "g"}})
+    assert err.value.param == "tool_choice"
     with pytest.raises(openai.BadRequestError, match="context"):
         client.completions.create(model="neox", prompt="hi", max_tokens=100_000)
 

@@ -1,0 +1,93 @@
+"""Wire spellings of structured output -> the engine's ``StructuredOutput``.
+
+OpenAI's ``response_format`` (``json_object``, ``json_schema``), vLLM's ``structured_outputs``
+(``json``, ``regex``, ``choice``, ``grammar``) and the older ``guided_json`` / ``guided_regex`` /
+``guided_choice`` / ``guided_grammar``. At most one may be given; a malformed one is a 400 naming
+the field (the engine's input processor then reports what the grammar engine cannot compile).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from msgspec import UNSET
+
+from backends.base import BadRequest
+from backends.openai_wire import ChatCompletionRequest, SamplingFields
+from engine.structured_output import StructuredOutput
+
+_VLLM_KEYS = ("json", "regex", "choice", "grammar")
+
+
+def _set(value: Any) -> bool:
+    return value is not None and value is not UNSET
+
+
+def _json_spec(schema: Any, param: str) -> str:
+    if isinstance(schema, str):
+        try:
+            schema = json.loads(schema)
+        except json.JSONDecodeError as exc:
+            raise BadRequest(f"the JSON schema is not valid JSON: {exc}", param=param) from None
+    if not isinstance(schema, (dict, bool)):
+        raise BadRequest("the JSON schema must be an object", param=param)
+    return json.dumps(schema, sort_keys=True)
+
+
+def _choice_spec(choice: Any, param: str) -> str:
+    if not isinstance(choice, list) or not choice or not all(isinstance(c, str) for c in choice):
+        raise BadRequest("choice must be a non-empty list of strings", param=param)
+    return json.dumps(choice)
+
+
+def _text(value: Any, param: str) -> str:
+    if not isinstance(value, str) or not value:
+        raise BadRequest("must be a non-empty string", param=param)
+    return value
+
+
+def from_request(request: SamplingFields) -> StructuredOutput | None:
+    """The request's output constraint, or None."""
+    found: list[StructuredOutput] = []
+    fmt = getattr(request, "response_format", None)
+    if isinstance(request, ChatCompletionRequest) and _set(fmt) and fmt.type != "text":  # type: ignore[union-attr]
+        if fmt.type == "json_object":  # type: ignore[union-attr]
+            found.append(StructuredOutput("json_object", "", "response_format"))
+        else:
+            js = fmt.json_schema  # type: ignore[union-attr]
+            if not _set(js) or not _set(js.schema):
+                raise BadRequest("json_schema.schema is required", param="response_format.json_schema.schema")
+            param = "response_format.json_schema.schema"
+            found.append(StructuredOutput("json", _json_spec(js.schema, param), param))
+    so = request.structured_outputs
+    if _set(so):
+        assert isinstance(so, dict)
+        keys = [k for k in _VLLM_KEYS if so.get(k) is not None]
+        if so.get("json_object"):
+            keys.append("json_object")
+        if len(keys) != 1:
+            raise BadRequest(f"structured_outputs takes exactly one of {', '.join(_VLLM_KEYS)}",
+                             param="structured_outputs")
+        key = keys[0]
+        param = f"structured_outputs.{key}"
+        if key == "json":
+            found.append(StructuredOutput("json", _json_spec(so[key], param), param))
+        elif key == "choice":
+            found.append(StructuredOutput("choice", _choice_spec(so[key], param), param))
+        elif key == "json_object":
+            found.append(StructuredOutput("json_object", "", param))
+        else:
+            found.append(StructuredOutput(key, _text(so[key], param), param))  # type: ignore[arg-type]
+    if _set(request.guided_json):
+        found.append(StructuredOutput("json", _json_spec(request.guided_json, "guided_json"), "guided_json"))
+    if _set(request.guided_regex):
+        found.append(StructuredOutput("regex", _text(request.guided_regex, "guided_regex"), "guided_regex"))
+    if _set(request.guided_choice):
+        found.append(StructuredOutput("choice", _choice_spec(request.guided_choice, "guided_choice"), "guided_choice"))
+    if _set(request.guided_grammar):
+        found.append(StructuredOutput("grammar", _text(request.guided_grammar, "guided_grammar"), "guided_grammar"))
+    if len(found) > 1:
+        raise BadRequest("give one output constraint (response_format, structured_outputs or guided_*), not "
+                         "several", param=found[1].param)
+    return found[0] if found else None

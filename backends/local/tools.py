@@ -1,0 +1,129 @@
+"""Tool calling for the local engine: ``tools``, ``tool_choice`` and ``parallel_tool_calls``.
+
+As vLLM: tools are rendered through the model's chat template; with ``auto`` the model's text is
+parsed by the deployment's tool-call parser (``backends.local.tool_parsers``); ``required`` and a
+named function are enforced with a grammar, so even a small model returns a call whose arguments
+validate: a named function's output is its arguments object (its ``parameters`` schema), ``required``
+an array of ``{"name", "parameters"}`` objects (one item when ``parallel_tool_calls`` is false).
+``none`` renders no tools and parses nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from msgspec import UNSET
+
+from backends.base import BadRequest
+from backends.local.tool_parsers import PARSERS, ParsedCall
+from backends.openai_wire import ChatCompletionRequest, FunctionCall, ToolCall
+from engine.structured_output import StructuredOutput
+
+_EMPTY_PARAMS = {"type": "object", "properties": {}}
+
+
+def _set(value: Any) -> bool:
+    return value is not None and value is not UNSET
+
+
+@dataclass
+class ToolPlan:
+    tools: list[dict[str, Any]]  # as the chat template expects them (OpenAI's shape)
+    mode: str  # auto | required | named
+    named: str | None
+    parallel: bool
+    parser: str
+
+    @property
+    def template_kwargs(self) -> dict[str, Any]:
+        return {"tools": self.tools}
+
+    def grammar(self) -> StructuredOutput | None:
+        params = {t["function"]["name"]: t["function"].get("parameters") or _EMPTY_PARAMS for t in self.tools}
+        if self.mode == "named":
+            assert self.named is not None
+            return StructuredOutput("json", json.dumps(params[self.named], sort_keys=True), "tool_choice")
+        if self.mode == "required":
+            item = {"anyOf": [
+                {"type": "object", "properties": {"name": {"const": name}, "parameters": schema},
+                 "required": ["name", "parameters"], "additionalProperties": False}
+                for name, schema in params.items()
+            ]}
+            array: dict[str, Any] = {"type": "array", "items": item, "minItems": 1}
+            if not self.parallel:
+                array["maxItems"] = 1
+            return StructuredOutput("json", json.dumps(array, sort_keys=True), "tool_choice")
+        return None
+
+    def parse(self, text: str) -> tuple[str | None, list[ParsedCall]]:
+        """The content and the calls in a finished output's text."""
+        if self.mode == "named":
+            assert self.named is not None
+            return None, [ParsedCall(self.named, text.strip())]
+        if self.mode == "required":
+            try:
+                items = json.loads(text)
+            except json.JSONDecodeError:
+                return text, []
+            return None, [ParsedCall(i["name"], json.dumps(i["parameters"], ensure_ascii=False)) for i in items]
+        content, calls = PARSERS[self.parser](text)
+        if not self.parallel:
+            calls = calls[:1]
+        return content, calls
+
+
+def plan(request: ChatCompletionRequest, parser: str) -> ToolPlan | None:
+    """The request's tool plan (None when it has no tools or tool_choice is ``none``); 400s name
+    the field: tool_choice without tools, an unknown tool, a malformed choice."""
+    tools = request.tools if _set(request.tools) else None
+    choice = request.tool_choice if _set(request.tool_choice) else None
+    if not tools:
+        if choice not in (None, "none"):
+            raise BadRequest("tool_choice requires tools", param="tool_choice")
+        return None
+    names = [t.function.name for t in tools]
+    if len(set(names)) != len(names):
+        raise BadRequest("tool names must be unique", param="tools")
+    for i, t in enumerate(tools):
+        if _set(t.function.parameters) and not isinstance(t.function.parameters, dict):
+            raise BadRequest("parameters must be a JSON schema object", param=f"tools[{i}].function.parameters")
+    named = None
+    if choice is None:
+        mode = "auto"
+    elif isinstance(choice, str):
+        if choice not in ("none", "auto", "required"):
+            raise BadRequest("tool_choice must be none, auto, required or a named function", param="tool_choice")
+        if choice == "none":
+            return None
+        mode = choice
+    elif isinstance(choice, dict):
+        chosen = choice.get("function") if choice.get("type") == "function" else None
+        named = chosen.get("name") if isinstance(chosen, dict) else None
+        if not isinstance(named, str):
+            raise BadRequest('tool_choice must be {"type": "function", "function": {"name": ...}}',
+                             param="tool_choice")
+        if named not in names:
+            raise BadRequest(f"tool_choice names {named!r}, which is not among the tools", param="tool_choice")
+        mode = "named"
+    else:
+        raise BadRequest("tool_choice must be none, auto, required or a named function", param="tool_choice")
+    rendered = []
+    for t in tools:
+        fn: dict[str, Any] = {"name": t.function.name,
+                              "parameters": t.function.parameters if _set(t.function.parameters) else _EMPTY_PARAMS}
+        if _set(t.function.description):
+            fn["description"] = t.function.description
+        rendered.append({"type": "function", "function": fn})
+    parallel = request.parallel_tool_calls is not False
+    return ToolPlan(rendered, mode, named, parallel, parser)
+
+
+def call_id() -> str:
+    return "call_" + uuid.uuid4().hex[:24]
+
+
+def wire_calls(calls: list[ParsedCall]) -> list[ToolCall]:
+    return [ToolCall(id=call_id(), function=FunctionCall(name=c.name, arguments=c.arguments)) for c in calls]

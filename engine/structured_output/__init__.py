@@ -1,0 +1,137 @@
+"""Constrained decoding with llguidance: grammars compiled once per spec (cached), one matcher per
+sequence advanced on each accepted token, and a batch token bitmask filled each step for the
+sampler (``engine.sampler`` applies it before sampling).
+
+Preemption by recompute keeps a sequence's output tokens (they are re-fed as prompt), so the
+matcher, which has consumed exactly those tokens, stays valid; chunked prefill and prefix caching
+never sample, so they never touch it. A request with ``n > 1`` gives each sequence its own matcher.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Literal
+
+import llguidance
+import llguidance.torch
+import torch
+from llguidance.gbnf_to_lark import gbnf_to_lark
+
+from engine.errors import InvalidRequest
+
+Kind = Literal["json", "json_object", "regex", "choice", "grammar"]
+
+
+@dataclass(frozen=True)
+class StructuredOutput:
+    """What the output must match. ``spec`` is the JSON schema (text) for ``json``, the regex for
+    ``regex``, a JSON list of strings for ``choice``, a Lark (or GBNF) grammar for ``grammar``;
+    unused for ``json_object`` (any JSON object). ``param`` names the wire field for errors."""
+
+    kind: Kind
+    spec: str = ""
+    param: str = "response_format"
+
+
+_JSON_OPTIONS = {"whitespace_flexible": False}
+
+
+@lru_cache(maxsize=512)
+def _grammar_text(kind: Kind, spec: str) -> str:
+    """The llguidance grammar for a spec (cached by the spec); ValueError when it is not valid."""
+    if kind == "json_object":
+        return llguidance.LLMatcher.grammar_from_json_schema({"type": "object"}, defaults=_JSON_OPTIONS)  # type: ignore[arg-type]
+    if kind == "json":
+        try:
+            schema = json.loads(spec)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"the JSON schema is not valid JSON: {exc}") from None
+        if not isinstance(schema, (dict, bool)):
+            raise ValueError("the JSON schema must be an object")
+        return llguidance.LLMatcher.grammar_from_json_schema(spec, defaults=_JSON_OPTIONS)  # type: ignore[arg-type]
+    if kind == "regex":
+        return llguidance.LLMatcher.grammar_from_regex(spec)
+    if kind == "choice":
+        choices = json.loads(spec)
+        if not choices or not all(isinstance(c, str) for c in choices):
+            raise ValueError("choice must be a non-empty list of strings")
+        lark = "start: " + " | ".join(json.dumps(c) for c in choices)
+        return llguidance.LLMatcher.grammar_from_lark(lark)
+    if kind == "grammar":
+        lark = spec if "::=" not in spec else gbnf_to_lark(spec)
+        return llguidance.LLMatcher.grammar_from_lark(lark)
+    raise ValueError(f"unknown structured output kind {kind!r}")
+
+
+class StructuredOutputManager:
+    """Compiles and caches grammars for one tokenizer; makes matchers; fills the batch bitmask."""
+
+    def __init__(self, tokenizer_path: str | Path, vocab_size: int, eos_token_ids: list[int]) -> None:
+        path = Path(tokenizer_path) / "tokenizer.json"
+        self.vocab_size = vocab_size
+        self.tokenizer = llguidance.LLTokenizer(str(path), n_vocab=vocab_size, eos_token=sorted(eos_token_ids))
+        self._validated: dict[tuple[str, str], str] = {}
+        self.compile_count = 0  # grammars compiled (cache misses)
+
+    def compile(self, so: StructuredOutput) -> str:
+        """The validated grammar for ``so``; InvalidRequest naming ``so.param`` when it cannot be built."""
+        key = (so.kind, so.spec)
+        grammar = self._validated.get(key)
+        if grammar is not None:
+            return grammar
+        try:
+            grammar = _grammar_text(so.kind, so.spec)
+        except (ValueError, TypeError) as exc:
+            raise InvalidRequest(f"{so.param}: {exc}", param=so.param) from None
+        is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, self.tokenizer)
+        if is_error:
+            raise InvalidRequest(f"{so.param}: the grammar engine cannot compile it: {messages[0]}",
+                                 param=so.param)
+        self.compile_count += 1
+        if len(self._validated) >= 512:
+            self._validated.pop(next(iter(self._validated)))
+        self._validated[key] = grammar
+        return grammar
+
+    def matcher(self, so: StructuredOutput) -> llguidance.LLMatcher:
+        matcher = llguidance.LLMatcher(self.tokenizer, self.compile(so), log_level=0)
+        if matcher.is_error():
+            raise InvalidRequest(f"{so.param}: {matcher.get_error()}", param=so.param)
+        return matcher
+
+    def allocate_bitmask(self, rows: int) -> torch.Tensor:
+        return llguidance.torch.allocate_token_bitmask(rows, self.vocab_size)
+
+
+def fill_bitmask(matchers: list[llguidance.LLMatcher | None], words: int) -> torch.Tensor | None:
+    """An int32 ``(len(matchers), words)`` bitmask: all ones for a free row (``None``), the
+    matcher's allowed tokens otherwise; None when no row is constrained."""
+    if all(m is None for m in matchers):
+        return None
+    mask = torch.full((len(matchers), words), -1, dtype=torch.int32)
+    for i, m in enumerate(matchers):
+        if m is not None:
+            llguidance.torch.fill_next_token_bitmask(m, mask, i)
+    return mask
+
+
+def apply_bitmask(logits: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:
+    """Logits with the tokens the bitmask forbids set to -inf (vocab beyond the mask: forbidden
+    for constrained rows only when the mask is narrower, as llguidance does)."""
+    vocab = logits.shape[-1]
+    bits = torch.arange(32, dtype=torch.int32, device=bitmask.device)
+    allowed = ((bitmask.to(logits.device)[:, :, None] >> bits) & 1).bool().reshape(bitmask.shape[0], -1)
+    if allowed.shape[1] < vocab:
+        pad = torch.ones(allowed.shape[0], vocab - allowed.shape[1], dtype=torch.bool, device=logits.device)
+        allowed = torch.cat([allowed, pad], dim=1)
+    return logits.masked_fill(~allowed[:, :vocab], float("-inf"))
+
+
+def words_for(vocab_size: int) -> int:
+    return (vocab_size + 31) // 32
+
+
+__all__ = ["StructuredOutput", "StructuredOutputManager", "apply_bitmask", "fill_bitmask", "words_for"]

@@ -1,0 +1,101 @@
+"""Structured output through the gateway with the openai SDK: every answer, streamed and not,
+parses and validates; vLLM's spellings; logit_bias; bad input is a 400 naming the field."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import jsonschema
+import openai
+import pytest
+from pydantic import BaseModel, Field
+
+from tests.engine.test_structured_output import SCHEMAS
+from tests.support.local_gateway import Env, local_gateway
+
+MESSAGES: list[Any] = [{"role": "user", "content": "Give me data"}]
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
+    with local_gateway(tmp_path_factory.mktemp("structured")) as s:
+        yield s
+
+
+def _fmt(schema: dict[str, Any]) -> Any:
+    return {"type": "json_schema", "json_schema": {"name": "out", "schema": schema, "strict": True}}
+
+
+@pytest.mark.parametrize("schema", SCHEMAS)
+def test_json_schema_answers_validate(env: Env, schema: dict[str, Any]) -> None:
+    client = env.client()
+    r = client.chat.completions.create(model="tiny", messages=MESSAGES, response_format=_fmt(schema), n=2,
+                                       temperature=1.0, seed=4, max_tokens=300)
+    for c in r.choices:
+        assert c.finish_reason == "stop"
+        jsonschema.validate(json.loads(c.message.content or ""), schema)
+    stream = client.chat.completions.create(model="tiny", messages=MESSAGES, response_format=_fmt(schema),
+                                            temperature=1.0, seed=5, max_tokens=300, stream=True)
+    text = "".join(ch.choices[0].delta.content or "" for ch in stream if ch.choices)
+    jsonschema.validate(json.loads(text), schema)
+
+
+def test_json_object(env: Env) -> None:
+    r = env.client().chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=300, seed=1,
+                                             response_format={"type": "json_object"})
+    assert isinstance(json.loads(r.choices[0].message.content or ""), dict)
+
+
+class Person(BaseModel):
+    name: str = Field(max_length=8)
+    age: int = Field(ge=0, le=120)
+
+
+def test_sdk_parse_with_a_pydantic_model(env: Env) -> None:
+    r = env.client().chat.completions.parse(model="tiny", messages=MESSAGES, response_format=Person, max_tokens=300)
+    parsed = r.choices[0].message.parsed
+    assert isinstance(parsed, Person) and 0 <= parsed.age <= 120
+
+
+@pytest.mark.parametrize("extra", [
+    {"structured_outputs": {"choice": ["alpha", "beta"]}},
+    {"guided_choice": ["alpha", "beta"]},
+])
+def test_vllm_choice(env: Env, extra: dict[str, Any]) -> None:
+    r = env.client().chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=20, extra_body=extra)
+    assert r.choices[0].message.content in ("alpha", "beta")
+
+
+def test_vllm_regex_json_and_completions(env: Env) -> None:
+    client = env.client()
+    r = client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=20,
+                                       extra_body={"guided_regex": "[a-c]{4}"})
+    assert len(r.choices[0].message.content or "") == 4
+    c = client.completions.create(model="tiny", prompt="Hello", max_tokens=300,
+                                  extra_body={"structured_outputs": {"json": SCHEMAS[0]}})
+    jsonschema.validate(json.loads(c.choices[0].text), SCHEMAS[0])
+
+
+def test_logit_bias_bans_and_forces(env: Env) -> None:
+    client = env.client()
+    r = client.completions.create(model="tiny", prompt="Hello", max_tokens=4, logit_bias={"77": 100},
+                                  extra_body={"ignore_eos": True})
+    ids = env.backend.tokenize_text(r.choices[0].text, add_special_tokens=False)
+    assert ids == [77] * 4 or r.choices[0].text == env.backend.detokenize([77] * 4)
+
+
+@pytest.mark.parametrize(("kwargs", "param"), [
+    ({"response_format": _fmt({"type": "string", "pattern": "(?<=a)b"})}, "response_format.json_schema.schema"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}, "response_format.json_schema.schema"),
+    ({"extra_body": {"guided_json": "{nope"}}, "guided_json"),
+    ({"extra_body": {"structured_outputs": {"regex": "("}}}, "structured_outputs.regex"),
+    ({"extra_body": {"guided_regex": "a", "guided_choice": ["b"]}}, "guided_choice"),
+    ({"logit_bias": {"5": 150}}, "logit_bias"),
+    ({"logit_bias": {"999999": 1}}, "logit_bias"),
+])
+def test_bad_input_is_a_400_naming_the_field(env: Env, kwargs: dict[str, Any], param: str) -> None:
+    with pytest.raises(openai.BadRequestError) as info:
+        env.client().chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=5, **kwargs)
+    assert info.value.param == param, info.value.body

@@ -1,0 +1,147 @@
+"""Tool calling through the gateway (openai SDK): a named tool_choice and ``required`` are enforced
+by the grammar, so the tiny random model returns calls whose arguments validate; streamed as
+tool-call deltas; bad tool_choice is a 400 naming the field; the parsers read each format."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import jsonschema
+import openai
+import pytest
+
+from backends.local.backend import LocalEngineBackend
+from backends.local.tool_parsers import choose_parser, parse_hermes, parse_llama3, parse_mistral
+from backends.local.tools import ToolPlan
+from tests.support.local_gateway import Env, local_gateway
+
+WEATHER = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12},
+                                            "unit": {"enum": ["c", "f"]},
+                                            "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+           "required": ["city", "unit", "days"], "additionalProperties": False}
+TIME = {"type": "object", "properties": {"zone": {"enum": ["utc", "cet"]}}, "required": ["zone"],
+        "additionalProperties": False}
+TOOLS: list[Any] = [
+    {"type": "function", "function": {"name": "get_weather", "description": "Weather", "parameters": WEATHER}},
+    {"type": "function", "function": {"name": "get_time", "parameters": TIME}},
+]
+SCHEMAS = {"get_weather": WEATHER, "get_time": TIME}
+MESSAGES: list[Any] = [{"role": "user", "content": "Weather in Paris?"}]
+NAMED: Any = {"type": "function", "function": {"name": "get_weather"}}
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
+    with local_gateway(tmp_path_factory.mktemp("tools")) as s:
+        yield s
+
+
+def test_named_tool_choice_returns_a_valid_call(env: Env) -> None:
+    r = env.client().chat.completions.create(model="tiny", messages=MESSAGES, tools=TOOLS, tool_choice=NAMED,
+                                             max_tokens=200, n=2, temperature=1.0, seed=2)
+    for c in r.choices:
+        assert c.finish_reason == "tool_calls"
+        calls = c.message.tool_calls or []
+        assert len(calls) == 1 and calls[0].function.name == "get_weather"  # type: ignore[union-attr]
+        jsonschema.validate(json.loads(calls[0].function.arguments), WEATHER)  # type: ignore[union-attr]
+
+
+def test_required_returns_valid_calls(env: Env) -> None:
+    r = env.client().chat.completions.create(model="tiny", messages=MESSAGES, tools=TOOLS, tool_choice="required",
+                                             parallel_tool_calls=False, max_tokens=300, temperature=1.0, seed=3)
+    c = r.choices[0]
+    assert c.finish_reason == "tool_calls"
+    calls = c.message.tool_calls or []
+    assert len(calls) == 1
+    fn = calls[0].function  # type: ignore[union-attr]
+    jsonschema.validate(json.loads(fn.arguments), SCHEMAS[fn.name])
+
+
+def test_streamed_tool_call_deltas(env: Env) -> None:
+    stream = env.client().chat.completions.create(model="tiny", messages=MESSAGES, tools=TOOLS, tool_choice=NAMED,
+                                                  max_tokens=200, stream=True)
+    name, args, finish = "", "", None
+    for ch in stream:
+        for choice in ch.choices:
+            for d in choice.delta.tool_calls or []:
+                name += (d.function.name or "") if d.function else ""
+                args += (d.function.arguments or "") if d.function else ""
+            finish = choice.finish_reason or finish
+    assert name == "get_weather" and finish == "tool_calls"
+    jsonschema.validate(json.loads(args), WEATHER)
+
+
+def test_tool_role_messages_are_accepted(env: Env) -> None:
+    messages: list[Any] = MESSAGES + [
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "get_time", "arguments": '{"zone": "utc"}'}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "12:00"},
+    ]
+    r = env.client().chat.completions.create(model="tiny", messages=messages, tools=TOOLS, tool_choice="none",
+                                             max_tokens=5)
+    assert r.choices[0].message.tool_calls is None
+
+
+@pytest.mark.parametrize(("kwargs", "param"), [
+    ({"tool_choice": "required"}, "tool_choice"),
+    ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
+    ({"tools": TOOLS, "tool_choice": "sometimes"}, "tool_choice"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {
+        "a": {"type": "string", "pattern": "(?<=x)y"}}}}}], "tool_choice": "required"}, "tool_choice"),
+])
+def test_bad_tool_choice_is_a_400(env: Env, kwargs: dict[str, Any], param: str) -> None:
+    with pytest.raises(openai.BadRequestError) as info:
+        env.client().chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=5, **kwargs)
+    assert info.value.param == param, info.value.body
+
+
+def test_parsers() -> None:
+    content, calls = parse_hermes('Sure.\n<tool_call>\n{"name": "f", "arguments": {"a": 1}}\n</tool_call>\n'
+                                  '<tool_call>{"name": "g", "arguments": {}}</tool_call>')
+    assert content == "Sure." and [(c.name, json.loads(c.arguments)) for c in calls] == [("f", {"a": 1}), ("g", {})]
+    assert parse_hermes("just text") == ("just text", [])
+    content, calls = parse_llama3('<|python_tag|>{"name": "f", "parameters": {"a": 1}}; '
+                                  '{"name": "g", "parameters": {}}')
+    assert content is None and [c.name for c in calls] == ["f", "g"]
+    assert parse_llama3("hello {") == ("hello {", [])
+    content, calls = parse_mistral('[TOOL_CALLS] [{"name": "f", "arguments": {"a": 2}}]')
+    assert content is None and calls[0].name == "f" and json.loads(calls[0].arguments) == {"a": 2}
+    assert choose_parser("auto", "{{ '[TOOL_CALLS]' }}") == "mistral"
+    assert choose_parser("auto", "<|python_tag|>") == "llama3"
+    assert choose_parser("auto", None) == "hermes"
+
+
+def test_auto_mode_parses_with_the_deployment_parser() -> None:
+    plan = ToolPlan(TOOLS, "auto", None, parallel=False, parser="hermes")
+    assert plan.grammar() is None
+    content, calls = plan.parse('<tool_call>{"name": "f", "arguments": {}}</tool_call>'
+                                '<tool_call>{"name": "g", "arguments": {}}</tool_call>')
+    assert content is None and [c.name for c in calls] == ["f"]  # parallel_tool_calls false: the first
+    message, finish = LocalEngineBackend._message(plan, '<tool_call>{"name": "f", "arguments": {"x": 1}}</tool_call>',
+                                                  "stop")
+    assert finish == "tool_calls" and message.tool_calls and message.tool_calls[0].function.name == "f"
+    message, finish = LocalEngineBackend._message(plan, "plain answer", "stop")
+    assert finish == "stop" and message.content == "plain answer"
+
+
+def test_anthropic_messages_tools_map_onto_the_same_machinery(env: Env) -> None:
+    import anthropic
+
+    from tests.support.local_gateway import KEY
+
+    client = anthropic.Anthropic(base_url=env.server.url, api_key=KEY, max_retries=0)
+    tools: Any = [{"name": "get_weather", "description": "Weather", "input_schema": WEATHER}]
+    msg = client.messages.create(model="tiny", max_tokens=200, messages=[{"role": "user", "content": "Paris?"}],
+                                 tools=tools, tool_choice={"type": "tool", "name": "get_weather"})
+    assert msg.stop_reason == "tool_use"
+    uses = [b for b in msg.content if b.type == "tool_use"]
+    assert len(uses) == 1 and uses[0].name == "get_weather"
+    jsonschema.validate(uses[0].input, WEATHER)
+    with client.messages.stream(model="tiny", max_tokens=200, messages=[{"role": "user", "content": "Paris?"}],
+                                tools=tools, tool_choice={"type": "tool", "name": "get_weather"}) as stream:
+        final = stream.get_final_message()
+    streamed = [b for b in final.content if b.type == "tool_use"]
+    assert final.stop_reason == "tool_use" and streamed
+    jsonschema.validate(streamed[0].input, WEATHER)

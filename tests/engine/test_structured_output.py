@@ -1,0 +1,168 @@
+"""Constrained decoding (engine/structured_output): grammar cache, the sampler's bitmask on a batch
+mixing constrained and free rows, matcher state through n > 1, preemption by recompute, chunked
+prefill and stop strings; logit_bias; compile errors naming the field."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+import torch
+
+from engine import LLM, InvalidRequest, SamplingParams
+from engine.sampler import Sampler, SamplingRow
+from engine.structured_output import StructuredOutput, apply_bitmask, fill_bitmask, words_for
+from engine.tiny_model import build_tiny_model
+
+SCHEMAS: list[dict[str, Any]] = [
+    {"type": "object", "properties": {"name": {"type": "string", "maxLength": 8},
+                                      "age": {"type": "integer", "minimum": 0, "maximum": 120}},
+     "required": ["name", "age"], "additionalProperties": False},
+    {"type": "object", "properties": {"tags": {"type": "array", "items": {"enum": ["red", "green", "blue"]},
+                                               "maxItems": 4},
+                                      "score": {"type": "number", "minimum": -1, "maximum": 1}},
+     "required": ["tags", "score"], "additionalProperties": False},
+    {"type": "object", "properties": {"user": {"type": "object", "properties": {
+        "id": {"type": "integer"}, "ok": {"type": "boolean"}}, "required": ["id", "ok"],
+        "additionalProperties": False}},
+     "required": ["user"], "additionalProperties": False},
+]
+
+
+@pytest.fixture(scope="module")
+def model_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny_model(tmp_path_factory.mktemp("tiny"), seed=0)
+
+
+@pytest.fixture(scope="module")
+def llm(model_path: Path) -> LLM:
+    return LLM(str(model_path), num_kv_blocks=256, max_model_len=512)
+
+
+def json_params(schema: dict[str, Any], **kw: Any) -> SamplingParams:
+    kw.setdefault("max_tokens", 300)
+    return SamplingParams(structured=StructuredOutput("json", json.dumps(schema)), **kw)
+
+
+@pytest.mark.parametrize("schema", SCHEMAS)
+def test_every_answer_validates(llm: LLM, schema: dict[str, Any]) -> None:
+    outs = llm.generate(["Hello", "Tell me"], json_params(schema, temperature=1.0, n=3, seed=3))
+    for out in outs:
+        for c in out.outputs:
+            assert c.finish_reason == "stop", c.text
+            jsonschema.validate(json.loads(c.text), schema)
+
+
+def test_batch_mixes_constrained_and_free_rows(llm: LLM) -> None:
+    free = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
+    alone = llm.generate(["Hello"], free)[0].outputs[0].token_ids
+    engine = llm.engine
+    engine.add_request("c", "Hello", json_params(SCHEMAS[0], temperature=0))
+    engine.add_request("f", "Hello", free)
+    done = {}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.finished:
+                done[out.request_id] = out
+    assert done["f"].outputs[0].token_ids == alone  # the free row is untouched by the other's mask
+    jsonschema.validate(json.loads(done["c"].outputs[0].text), SCHEMAS[0])
+
+
+def test_sampler_applies_the_bitmask_per_row() -> None:
+    vocab = 70
+    logits = torch.randn(3, vocab)
+    mask = torch.full((3, words_for(vocab)), -1, dtype=torch.int32)
+    mask[1] = 0
+    mask[1, 1] = 1 << 3  # row 1 allows token 35 only
+    rows = [SamplingRow(SamplingParams(temperature=t), [1], [], None, []) for t in (0.0, 1.0, 0.0)]
+    out = Sampler("cpu")(logits, rows, mask)
+    assert out.token_ids[0] == int(logits[0].argmax())
+    assert out.token_ids[1] == 35
+    assert out.token_ids[2] == int(logits[2].argmax())
+    masked = apply_bitmask(logits, mask)
+    assert torch.isinf(masked[1]).sum() == vocab - 1 and not torch.isinf(masked[0]).any()
+
+
+def test_fill_bitmask_is_none_without_constraints() -> None:
+    assert fill_bitmask([None, None], 4) is None
+
+
+def test_grammar_cache_compiles_once(llm: LLM) -> None:
+    so = StructuredOutput("json", json.dumps({"type": "object", "properties": {"k": {"type": "integer"}}}))
+    manager = llm.engine.processor.structured()
+    before = manager.compile_count
+    manager.compile(so)
+    manager.compile(StructuredOutput("json", so.spec))
+    assert manager.compile_count == before + 1
+
+
+def test_preemption_and_chunked_prefill_keep_the_matcher(model_path: Path) -> None:
+    # A cache too small for every sequence at once forces preemption by recompute; a small token
+    # budget splits the prompts into chunks.
+    small = LLM(str(model_path), num_kv_blocks=12, block_size=16, max_model_len=192, max_num_batched_tokens=32,
+                enable_chunked_prefill=True)
+    prompt = "Hello there, how are you? " * 4
+    outs = small.generate([prompt] * 6, json_params(SCHEMAS[1], temperature=1.0, seed=7, max_tokens=120))
+    preempted = small.engine.get_metrics().num_preemptions
+    for out in outs:
+        c = out.outputs[0]
+        assert c.finish_reason == "stop", c.text
+        jsonschema.validate(json.loads(c.text), SCHEMAS[1])
+    assert preempted > 0
+
+
+def test_choice_regex_and_grammar(llm: LLM) -> None:
+    choice = SamplingParams(temperature=1.0, seed=1, max_tokens=20,
+                            structured=StructuredOutput("choice", json.dumps(["yes", "no"])))
+    assert llm.generate(["Hi"], choice)[0].outputs[0].text in ("yes", "no")
+    regex = SamplingParams(temperature=1.0, seed=2, max_tokens=20, structured=StructuredOutput("regex", r"[0-9]{3}-x"))
+    text = llm.generate(["Hi"], regex)[0].outputs[0].text
+    assert len(text) == 5 and text[:3].isdigit() and text.endswith("-x")
+    lark = SamplingParams(temperature=1.0, seed=3, max_tokens=20,
+                          structured=StructuredOutput("grammar", 'start: "a" ("b" | "c")'))
+    assert llm.generate(["Hi"], lark)[0].outputs[0].text in ("ab", "ac")
+
+
+def test_stop_string_ends_a_constrained_answer(llm: LLM) -> None:
+    p = SamplingParams(temperature=0, max_tokens=30, stop=["-"],
+                       structured=StructuredOutput("regex", r"[0-9]{3}-x"))
+    c = llm.generate(["Hi"], p)[0].outputs[0]
+    assert len(c.text) == 3 and c.text.isdigit()
+
+
+def test_logit_bias(llm: LLM) -> None:
+    base = llm.generate(["Hello"], SamplingParams(temperature=0, max_tokens=1, ignore_eos=True))[0].outputs[0]
+    top = base.token_ids[0]
+    banned = llm.generate(["Hello"], SamplingParams(temperature=0, max_tokens=1, ignore_eos=True,
+                                                    logit_bias={top: -100}))[0].outputs[0]
+    assert banned.token_ids[0] != top
+    forced = llm.generate(["Hello"], SamplingParams(temperature=1.0, seed=0, max_tokens=5, ignore_eos=True,
+                                                    logit_bias={77: 100}))[0].outputs[0]
+    assert forced.token_ids == [77] * 5
+
+
+@pytest.mark.parametrize(("so", "fragment"), [
+    (StructuredOutput("json", "{not json"), "not valid JSON"),
+    (StructuredOutput("json", json.dumps({"type": "string", "pattern": "(?<=a)b"})), "cannot compile"),
+    (StructuredOutput("regex", "(", param="structured_outputs.regex"), ""),
+    (StructuredOutput("choice", "[]", param="guided_choice"), "non-empty"),
+])
+def test_bad_grammars_name_the_field(llm: LLM, so: StructuredOutput, fragment: str) -> None:
+    with pytest.raises(InvalidRequest) as info:
+        llm.engine.processor.process("x", "Hi", SamplingParams(structured=so))
+    assert info.value.param == so.param and fragment in info.value.message
+
+
+def test_logit_bias_is_checked() -> None:
+    with pytest.raises(InvalidRequest) as info:
+        SamplingParams(logit_bias={3: 101})
+    assert info.value.param == "logit_bias"
+
+
+def test_gbnf_grammar(llm: LLM) -> None:
+    p = SamplingParams(temperature=1.0, seed=4, max_tokens=20,
+                       structured=StructuredOutput("grammar", 'root ::= "x" ("y" | "z")'))
+    assert llm.generate(["Hi"], p)[0].outputs[0].text in ("xy", "xz")
