@@ -17,6 +17,7 @@ from gateway.controllers.deployments import DeploymentsController
 from gateway.controllers.health import HealthController
 from gateway.controllers.messages import MessagesController
 from gateway.controllers.models import ModelsController
+from gateway.controllers.responses import ResponsesController
 from gateway.errors import exception_handlers
 from gateway.pipeline import Pipeline
 from gateway.reload import Reloader
@@ -62,7 +63,7 @@ def create_app(
     return Litestar(
         route_handlers=[
             ChatController, CompletionsController, MessagesController, ModelsController, HealthController,
-            DeploymentsController,
+            DeploymentsController, ResponsesController,
             *services.routes,
             *extra_routes,
         ],
