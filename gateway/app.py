@@ -19,6 +19,7 @@ from gateway.controllers.embeddings import EmbeddingsController
 from gateway.controllers.health import HealthController
 from gateway.controllers.messages import MessagesController
 from gateway.controllers.models import ModelsController
+from gateway.controllers.responses import ResponsesController
 from gateway.controllers.tokenize import TokenizeController
 from gateway.errors import exception_handlers
 from gateway.pipeline import Pipeline
@@ -66,7 +67,7 @@ def create_app(
     return Litestar(
         route_handlers=[
             ChatController, CompletionsController, EmbeddingsController, MessagesController, ModelsController,
-            HealthController, TokenizeController,
+            HealthController, TokenizeController, ResponsesController,
             DeploymentsController,
             *services.routes,
             *extra_routes,

@@ -1,0 +1,312 @@
+"""OpenAI's Responses API at the gateway's edge (``POST /v1/responses``), translated via chat.
+
+Requests are decoded into the Structs below and converted to an OpenAI chat request
+(``to_chat_request``), so they are authenticated, admitted, routed and metered like chat. Answers
+are converted back: a ``response`` object (``response_body``) or the Responses event stream
+(``ResponsesEvents``). Not yet done: pass-through to upstreams that speak Responses, ``store`` and
+``previous_response_id``.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Annotated, Any, Literal
+
+import msgspec
+from msgspec import UNSET, Meta, Struct, UnsetType
+
+from backends.base import Meter
+from backends.openai_wire import (
+    ChatCompletion,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    ChatMessage,
+    FunctionCall,
+    FunctionDef,
+    JSONSchemaFormat,
+    PromptTokensDetails,
+    ResponseFormat,
+    StreamOptions,
+    TextPart,
+    Tool,
+    ToolCall,
+    Usage,
+)
+from gateway.dialects import Dialect
+from gateway.errors import ApiError
+
+
+class _Wire(Struct, kw_only=True):
+    pass
+
+
+class InputText(_Wire, tag_field="type", tag="input_text"):
+    text: str
+
+
+class OutputText(_Wire, tag_field="type", tag="output_text"):
+    text: str
+
+
+class MessageItem(_Wire, tag_field="type", tag="message"):
+    role: Literal["user", "assistant", "system", "developer"]
+    content: str | list[InputText | OutputText]
+
+
+class FunctionCallItem(_Wire, tag_field="type", tag="function_call"):
+    call_id: str
+    name: str
+    arguments: str
+    id: str | UnsetType = UNSET
+
+
+class FunctionCallOutputItem(_Wire, tag_field="type", tag="function_call_output"):
+    call_id: str
+    output: str
+
+
+Item = MessageItem | FunctionCallItem | FunctionCallOutputItem
+
+
+class FunctionTool(_Wire, tag_field="type", tag="function"):
+    name: str
+    parameters: dict[str, Any] | None = None
+    description: str | None | UnsetType = UNSET
+    strict: bool | None | UnsetType = UNSET
+
+
+class TextFormat(_Wire):
+    type: Literal["text", "json_object", "json_schema"]
+    name: str | UnsetType = UNSET
+    schema: dict[str, Any] | UnsetType = UNSET
+    strict: bool | None | UnsetType = UNSET
+
+
+class TextConfig(_Wire):
+    format: TextFormat | UnsetType = UNSET
+
+
+class ResponsesRequest(_Wire):
+    model: str
+    input: str | list[dict[str, Any]]  # items; a message may omit its ``type`` (checked in ``_items``)
+    instructions: str | None | UnsetType = UNSET
+    tools: list[FunctionTool] | UnsetType = UNSET
+    tool_choice: str | dict[str, Any] | UnsetType = UNSET
+    text: TextConfig | UnsetType = UNSET
+    max_output_tokens: Annotated[int, Meta(ge=1)] | None | UnsetType = UNSET
+    temperature: Annotated[float, Meta(ge=0.0, le=2.0)] | None | UnsetType = UNSET
+    top_p: Annotated[float, Meta(ge=0.0, le=1.0)] | None | UnsetType = UNSET
+    stream: bool | None | UnsetType = UNSET
+    store: bool | None | UnsetType = UNSET
+    user: str | UnsetType = UNSET
+
+
+def _items(raw: list[dict[str, Any]]) -> list[Item]:
+    items: list[Item] = []
+    for i, entry in enumerate(raw):
+        if "type" not in entry and "role" in entry:
+            entry = {"type": "message"} | entry
+        try:
+            items.append(msgspec.convert(entry, Item))
+        except msgspec.ValidationError as exc:
+            where = str(exc).rpartition(" - at `$")[2].rstrip("`")
+            raise ApiError(400, f"input[{i}]: {exc}", param=f"input[{i}]{where}") from None
+    return items
+
+
+def _item_messages(items: list[Item]) -> list[ChatMessage]:
+    messages: list[ChatMessage] = []
+    for item in items:
+        if isinstance(item, MessageItem):
+            if isinstance(item.content, str):
+                messages.append(ChatMessage(role=item.role, content=item.content))
+            else:
+                messages.append(ChatMessage(role=item.role, content=[TextPart(text=p.text) for p in item.content]))
+        elif isinstance(item, FunctionCallItem):
+            call = ToolCall(id=item.call_id, function=FunctionCall(name=item.name, arguments=item.arguments))
+            last = messages[-1] if messages else None
+            if last is not None and last.role == "assistant" and last.tool_calls:
+                last.tool_calls.append(call)
+            else:
+                messages.append(ChatMessage(role="assistant", content=None, tool_calls=[call]))
+        else:
+            messages.append(ChatMessage(role="tool", tool_call_id=item.call_id, content=item.output))
+    return messages
+
+
+def to_chat_request(req: ResponsesRequest) -> ChatCompletionRequest:
+    messages: list[ChatMessage] = []
+    if req.instructions:
+        messages.append(ChatMessage(role="system", content=req.instructions))
+    if isinstance(req.input, str):
+        if not req.input:
+            raise ApiError(400, "input must not be empty", param="input")
+        messages.append(ChatMessage(role="user", content=req.input))
+    else:
+        if not req.input:
+            raise ApiError(400, "input must not be empty", param="input")
+        messages.extend(_item_messages(_items(req.input)))
+    chat = ChatCompletionRequest(model=req.model, messages=messages)
+    if isinstance(req.max_output_tokens, int):
+        chat.max_tokens = req.max_output_tokens
+    if req.temperature is not UNSET:
+        chat.temperature = req.temperature
+    if req.top_p is not UNSET:
+        chat.top_p = req.top_p
+    if req.tools:
+        chat.tools = [Tool(function=FunctionDef(name=t.name, description=t.description or UNSET,
+                                                parameters=t.parameters if t.parameters is not None else UNSET))
+                      for t in req.tools]
+    if req.tool_choice is not UNSET:
+        choice = req.tool_choice
+        if isinstance(choice, dict) and choice.get("type") == "function":
+            choice = {"type": "function", "function": {"name": choice.get("name", "")}}
+        chat.tool_choice = choice
+    if req.text is not UNSET and req.text.format is not UNSET:
+        fmt = req.text.format
+        if fmt.type == "json_schema":
+            if fmt.name is UNSET:
+                raise ApiError(400, "text.format of type json_schema needs a name", param="text.format.name")
+            chat.response_format = ResponseFormat(type="json_schema", json_schema=JSONSchemaFormat(
+                name=fmt.name, schema=fmt.schema, strict=fmt.strict if isinstance(fmt.strict, bool) else UNSET))
+        elif fmt.type == "json_object":
+            chat.response_format = ResponseFormat(type="json_object")
+    if req.user is not UNSET:
+        chat.user = req.user
+    if req.stream:
+        chat.stream = True
+        chat.stream_options = StreamOptions(include_usage=True)
+    return chat
+
+
+def _usage(usage: Any) -> dict[str, Any]:
+    if not isinstance(usage, Usage):
+        return {"input_tokens": 0, "output_tokens": 0, "total_tokens": 0,
+                "input_tokens_details": {"cached_tokens": 0}, "output_tokens_details": {"reasoning_tokens": 0}}
+    details = usage.prompt_tokens_details
+    cached = details.cached_tokens if isinstance(details, PromptTokensDetails) else 0
+    return {"input_tokens": usage.prompt_tokens, "output_tokens": usage.completion_tokens,
+            "total_tokens": usage.prompt_tokens + usage.completion_tokens,
+            "input_tokens_details": {"cached_tokens": cached or 0},
+            "output_tokens_details": {"reasoning_tokens": 0}}
+
+
+def _response(rid: str, model: str, status: str, output: list[dict[str, Any]], usage: Any,
+              incomplete: bool = False) -> dict[str, Any]:
+    return {"id": rid, "object": "response", "created_at": int(time.time()), "status": status, "model": model,
+            "output": output, "error": None,
+            "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
+            "parallel_tool_calls": True, "tool_choice": "auto", "tools": [], "usage": usage}
+
+
+def _message_item(text: str, status: str = "completed") -> dict[str, Any]:
+    return {"type": "message", "id": "msg_" + uuid.uuid4().hex, "role": "assistant", "status": status,
+            "content": [{"type": "output_text", "text": text, "annotations": []}]}
+
+
+def response_body(response: ChatCompletion) -> bytes:
+    choice = response.choices[0]
+    output: list[dict[str, Any]] = []
+    if choice.message.content:
+        output.append(_message_item(choice.message.content))
+    for call in choice.message.tool_calls or []:
+        output.append({"type": "function_call", "id": "fc_" + uuid.uuid4().hex, "call_id": call.id,
+                       "name": call.function.name, "arguments": call.function.arguments, "status": "completed"})
+    incomplete = choice.finish_reason == "length"
+    return msgspec.json.encode(_response("resp_" + response.id.removeprefix("chatcmpl-"), response.model,
+                                         "incomplete" if incomplete else "completed", output,
+                                         _usage(response.usage), incomplete))
+
+
+class ResponsesEvents:
+    """OpenAI chat chunks -> the Responses event stream (a ``gateway.streaming.StreamEncoder``)."""
+
+    def __init__(self, meter: Meter | None = None) -> None:  # as Dialect.stream builds it; usage comes in chunks
+        self._seq = 0
+        self._id = ""
+        self._model = ""
+        self._output: list[dict[str, Any]] = []
+        self._text: int | None = None  # output index of the open message item
+        self._tools: dict[int, int] = {}  # chat tool call index -> output index
+        self._usage: Any = None
+        self._finish: str | None = None
+
+    def _event(self, kind: str, data: dict[str, Any]) -> bytes:
+        body = {"type": kind, "sequence_number": self._seq} | data
+        self._seq += 1
+        return b"event: " + kind.encode() + b"\ndata: " + msgspec.json.encode(body) + b"\n\n"
+
+    def chunk(self, chunk: ChatCompletionChunk) -> bytes:
+        out = b""
+        if not self._id:
+            self._id = "resp_" + chunk.id.removeprefix("chatcmpl-")
+            self._model = chunk.model
+            start = _response(self._id, self._model, "in_progress", [], None)
+            out += self._event("response.created", {"response": start})
+            out += self._event("response.in_progress", {"response": start})
+        if isinstance(chunk.usage, Usage):
+            self._usage = chunk.usage
+        for choice in chunk.choices[:1]:
+            delta = choice.delta
+            if isinstance(delta.content, str) and delta.content:
+                if self._text is None:
+                    self._text = len(self._output)
+                    item = _message_item("", "in_progress")
+                    item["content"] = []
+                    self._output.append(item)
+                    out += self._event("response.output_item.added", {"output_index": self._text, "item": item})
+                    out += self._event("response.content_part.added", {
+                        "item_id": item["id"], "output_index": self._text, "content_index": 0,
+                        "part": {"type": "output_text", "text": "", "annotations": []}})
+                    item["content"] = [{"type": "output_text", "text": "", "annotations": []}]
+                item = self._output[self._text]
+                item["content"][0]["text"] += delta.content
+                out += self._event("response.output_text.delta", {
+                    "item_id": item["id"], "output_index": self._text, "content_index": 0, "delta": delta.content,
+                    "logprobs": []})
+            for call in delta.tool_calls or []:
+                function = call.function if isinstance(call.function, dict) else {}
+                if call.index not in self._tools:
+                    self._tools[call.index] = len(self._output)
+                    call_id = call.id if isinstance(call.id, str) else ""
+                    item = {"type": "function_call", "id": "fc_" + uuid.uuid4().hex, "call_id": call_id,
+                            "name": function.get("name") or "", "arguments": "", "status": "in_progress"}
+                    self._output.append(item)
+                    out += self._event("response.output_item.added",
+                                       {"output_index": self._tools[call.index], "item": dict(item)})
+                index = self._tools[call.index]
+                arguments = function.get("arguments")
+                if arguments:
+                    self._output[index]["arguments"] += arguments
+                    out += self._event("response.function_call_arguments.delta", {
+                        "item_id": self._output[index]["id"], "output_index": index, "delta": arguments})
+            if choice.finish_reason:
+                self._finish = choice.finish_reason
+        return out
+
+    def done(self) -> bytes:
+        out = b""
+        for index, item in enumerate(self._output):
+            item["status"] = "completed"
+            if item["type"] == "message":
+                part = item["content"][0]
+                out += self._event("response.output_text.done", {
+                    "item_id": item["id"], "output_index": index, "content_index": 0, "text": part["text"],
+                    "logprobs": []})
+                out += self._event("response.content_part.done", {
+                    "item_id": item["id"], "output_index": index, "content_index": 0, "part": part})
+            else:
+                out += self._event("response.function_call_arguments.done", {
+                    "item_id": item["id"], "output_index": index, "arguments": item["arguments"]})
+            out += self._event("response.output_item.done", {"output_index": index, "item": item})
+        incomplete = self._finish == "length"
+        final = _response(self._id or "resp_" + uuid.uuid4().hex, self._model,
+                          "incomplete" if incomplete else "completed", self._output, _usage(self._usage), incomplete)
+        return out + self._event("response.incomplete" if incomplete else "response.completed", {"response": final})
+
+    def error(self, error: ApiError) -> bytes:
+        return self._event("error", {"code": str(error.status), "message": error.message, "param": error.param})
+
+
+RESPONSES = Dialect(unary=response_body, stream=ResponsesEvents)
