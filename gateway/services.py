@@ -36,6 +36,7 @@ from gateway.quotas.redis_store import RedisStore, connect_redis
 from gateway.quotas.store import MemoryStore, QuotaStore
 from gateway.routing.router import Router
 from gateway.settings import Settings
+from gateway.stored_responses import ResponseStore
 from gateway.usage.pricing import Price, PriceTable
 from gateway.usage.writer import UsageWriter
 
@@ -54,6 +55,7 @@ class Services:
     closers: list[Callable[[], Awaitable[None]]] = field(default_factory=list)  # run at shutdown, reversed
     starters: list[Callable[[], Awaitable[None]]] = field(default_factory=list)  # run at app start-up
     routes: list[Any] = field(default_factory=list)  # extra route handlers / Routers the app mounts
+    responses: ResponseStore | None = None  # kept Responses API answers; None: nothing is stored
     # Engine nodes: take the tenant a gateway forwards (backends.call headers) for principals without one.
     tenant_from_headers: bool = False
 
@@ -170,4 +172,5 @@ def build_services(settings: Settings) -> Services:
         closers=[tenancy.aclose],
         starters=[tenancy.start],
         routes=tenancy.routers(),
+        responses=ResponseStore(tenancy.db),
     )

@@ -184,3 +184,23 @@ class LatencyHourly(Base):
     kind: Mapped[str] = mapped_column(String(8), primary_key=True)  # latency | ttft
     bucket: Mapped[int] = mapped_column(Integer, primary_key=True)  # index into BOUNDS_MS (len: over the last)
     count: Mapped[int] = mapped_column(BigInteger, default=0)
+
+
+class StoredResponse(Base):
+    """A Responses API answer kept for ``GET /v1/responses/{id}`` and ``previous_response_id``.
+
+    ``owner`` is the tenant id (``key:<id>`` for keys without a tenant); every read filters on it.
+    ``context`` holds the whole conversation up to and including this answer's output, as Responses
+    items, so a continuation never depends on an earlier response still being stored."""
+
+    __tablename__ = "stored_responses"
+    __table_args__ = (Index("ix_stored_responses_owner_created", "owner", "created_at"),)
+
+    id: Mapped[str] = mapped_column(String(80), primary_key=True)
+    owner: Mapped[str] = mapped_column(String(48))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    model: Mapped[str] = mapped_column(String(200))
+    previous_response_id: Mapped[str | None] = mapped_column(String(80), default=None)
+    input_items: Mapped[list[Any]] = mapped_column(JSON)
+    context: Mapped[list[Any]] = mapped_column(JSON)
+    response: Mapped[dict[str, Any]] = mapped_column(JSON)

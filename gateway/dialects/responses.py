@@ -2,15 +2,17 @@
 
 Requests are decoded into the Structs below and converted to an OpenAI chat request
 (``to_chat_request``), so they are authenticated, admitted, routed and metered like chat. Answers
-are converted back: a ``response`` object (``response_body``) or the Responses event stream
-(``ResponsesEvents``). Not yet done: pass-through to upstreams that speak Responses, ``store`` and
-``previous_response_id``.
+are converted back: a ``response`` object (``response_object``) or the Responses event stream
+(``ResponsesEvents``). ``input_items`` gives a request's input as stored items, and a per-call
+``responses_dialect`` hands every finished response object to a callback, so the controller can keep
+it (``gateway.stored_responses``). Not yet done: pass-through to upstreams that speak Responses.
 """
 
 from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
 import msgspec
@@ -99,6 +101,7 @@ class ResponsesRequest(_Wire):
     top_p: Annotated[float, Meta(ge=0.0, le=1.0)] | None | UnsetType = UNSET
     stream: bool | None | UnsetType = UNSET
     store: bool | None | UnsetType = UNSET
+    previous_response_id: str | None | UnsetType = UNSET
     user: str | UnsetType = UNSET
 
 
@@ -115,12 +118,35 @@ def _items(raw: list[dict[str, Any]]) -> list[Item]:
     return items
 
 
+_ID_PREFIX = {"message": "msg_", "function_call": "fc_", "function_call_output": "fco_"}
+
+
+def input_items(req: ResponsesRequest) -> list[dict[str, Any]]:
+    """The request's input as Responses items, each with an id, as ``input_items`` lists them."""
+    if isinstance(req.input, str):
+        raw: list[dict[str, Any]] = [{"type": "message", "role": "user",
+                                      "content": [{"type": "input_text", "text": req.input}]}]
+    else:
+        raw = [msgspec.to_builtins(item) for item in _items(req.input)]
+    out = []
+    for item in raw:
+        if isinstance(item.get("content"), str):
+            kind = "output_text" if item["role"] == "assistant" else "input_text"
+            item["content"] = [{"type": kind, "text": item["content"]}]
+        item.setdefault("id", _ID_PREFIX[item["type"]] + uuid.uuid4().hex)
+        if item["type"] != "function_call_output" or "status" not in item:
+            item.setdefault("status", "completed")
+        out.append(item)
+    return out
+
+
 def _item_messages(items: list[Item]) -> list[ChatMessage]:
     messages: list[ChatMessage] = []
     for item in items:
         if isinstance(item, MessageItem):
-            if isinstance(item.content, str):
-                messages.append(ChatMessage(role=item.role, content=item.content))
+            if isinstance(item.content, str) or len(item.content) == 1:  # one part reads the same as a string
+                text = item.content if isinstance(item.content, str) else item.content[0].text
+                messages.append(ChatMessage(role=item.role, content=text))
             else:
                 messages.append(ChatMessage(role=item.role, content=[TextPart(text=p.text) for p in item.content]))
         elif isinstance(item, FunctionCallItem):
@@ -135,10 +161,14 @@ def _item_messages(items: list[Item]) -> list[ChatMessage]:
     return messages
 
 
-def to_chat_request(req: ResponsesRequest) -> ChatCompletionRequest:
+def to_chat_request(req: ResponsesRequest, context: list[dict[str, Any]] | None = None) -> ChatCompletionRequest:
+    """The chat request for ``req``, continuing ``context`` (a stored conversation's items) if given;
+    instructions are the request's own (never carried over from earlier responses)."""
     messages: list[ChatMessage] = []
     if req.instructions:
         messages.append(ChatMessage(role="system", content=req.instructions))
+    if context:
+        messages.extend(_item_messages(_items(context)))
     if isinstance(req.input, str):
         if not req.input:
             raise ApiError(400, "input must not be empty", param="input")
@@ -193,11 +223,11 @@ def _usage(usage: Any) -> dict[str, Any]:
 
 
 def _response(rid: str, model: str, status: str, output: list[dict[str, Any]], usage: Any,
-              incomplete: bool = False) -> dict[str, Any]:
+              incomplete: bool = False, extra: dict[str, Any] | None = None) -> dict[str, Any]:
     return {"id": rid, "object": "response", "created_at": int(time.time()), "status": status, "model": model,
             "output": output, "error": None,
             "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
-            "parallel_tool_calls": True, "tool_choice": "auto", "tools": [], "usage": usage}
+            "parallel_tool_calls": True, "tool_choice": "auto", "tools": [], "usage": usage} | (extra or {})
 
 
 def _message_item(text: str, status: str = "completed") -> dict[str, Any]:
@@ -205,7 +235,7 @@ def _message_item(text: str, status: str = "completed") -> dict[str, Any]:
             "content": [{"type": "output_text", "text": text, "annotations": []}]}
 
 
-def response_body(response: ChatCompletion) -> bytes:
+def response_object(response: ChatCompletion, extra: dict[str, Any] | None = None) -> dict[str, Any]:
     choice = response.choices[0]
     output: list[dict[str, Any]] = []
     if choice.message.content:
@@ -214,15 +244,19 @@ def response_body(response: ChatCompletion) -> bytes:
         output.append({"type": "function_call", "id": "fc_" + uuid.uuid4().hex, "call_id": call.id,
                        "name": call.function.name, "arguments": call.function.arguments, "status": "completed"})
     incomplete = choice.finish_reason == "length"
-    return msgspec.json.encode(_response("resp_" + response.id.removeprefix("chatcmpl-"), response.model,
-                                         "incomplete" if incomplete else "completed", output,
-                                         _usage(response.usage), incomplete))
+    return _response("resp_" + response.id.removeprefix("chatcmpl-"), response.model,
+                     "incomplete" if incomplete else "completed", output, _usage(response.usage), incomplete, extra)
 
 
 class ResponsesEvents:
     """OpenAI chat chunks -> the Responses event stream (a ``gateway.streaming.StreamEncoder``)."""
 
-    def __init__(self, meter: Meter | None = None) -> None:  # as Dialect.stream builds it; usage comes in chunks
+    def __init__(self, meter: Meter | None = None, extra: dict[str, Any] | None = None,
+                 on_final: Callable[[dict[str, Any]], None] | None = None) -> None:
+        # ``meter`` as Dialect.stream passes it (usage comes in chunks); ``extra`` fields go on every
+        # response object; ``on_final`` gets the finished response before its last event is sent.
+        self._extra = extra
+        self._on_final = on_final
         self._seq = 0
         self._id = ""
         self._model = ""
@@ -242,7 +276,7 @@ class ResponsesEvents:
         if not self._id:
             self._id = "resp_" + chunk.id.removeprefix("chatcmpl-")
             self._model = chunk.model
-            start = _response(self._id, self._model, "in_progress", [], None)
+            start = _response(self._id, self._model, "in_progress", [], None, extra=self._extra)
             out += self._event("response.created", {"response": start})
             out += self._event("response.in_progress", {"response": start})
         if isinstance(chunk.usage, Usage):
@@ -302,11 +336,22 @@ class ResponsesEvents:
             out += self._event("response.output_item.done", {"output_index": index, "item": item})
         incomplete = self._finish == "length"
         final = _response(self._id or "resp_" + uuid.uuid4().hex, self._model,
-                          "incomplete" if incomplete else "completed", self._output, _usage(self._usage), incomplete)
+                          "incomplete" if incomplete else "completed", self._output, _usage(self._usage), incomplete,
+                          self._extra)
+        if self._on_final is not None:
+            self._on_final(final)
         return out + self._event("response.incomplete" if incomplete else "response.completed", {"response": final})
 
     def error(self, error: ApiError) -> bytes:
         return self._event("error", {"code": str(error.status), "message": error.message, "param": error.param})
 
 
-RESPONSES = Dialect(unary=response_body, stream=ResponsesEvents)
+def responses_dialect(extra: dict[str, Any], on_final: Callable[[dict[str, Any]], None]) -> Dialect:
+    """The Responses dialect for one call: ``extra`` fields on its response objects, and the finished
+    response handed to ``on_final`` (for ``store``)."""
+    def unary(response: ChatCompletion) -> bytes:
+        final = response_object(response, extra)
+        on_final(final)
+        return msgspec.json.encode(final)
+
+    return Dialect(unary=unary, stream=lambda meter: ResponsesEvents(meter, extra, on_final))

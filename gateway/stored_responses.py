@@ -1,0 +1,64 @@
+"""Responses API answers kept in SQL per tenant: ``store``, ``previous_response_id`` and the
+``GET``/``DELETE``/``input_items`` endpoints read and write them here.
+
+A caller only ever sees what its own owner scope stored: the tenant, or the key itself for keys
+without a tenant (admin keys). A row not visible to the caller is reported exactly like a missing one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import delete, select
+
+from gateway.contracts import Principal
+from gateway.db.engine import Database
+from gateway.db.models import StoredResponse
+
+
+def owner_of(principal: Principal) -> str:
+    return principal.tenant_id if principal.tenant_id is not None else f"key:{principal.key_id}"
+
+
+@dataclass(frozen=True)
+class Kept:
+    """One stored answer: the response object, its own input items, and the whole conversation
+    (earlier context, this input, this output) a continuation starts from."""
+
+    response: dict[str, Any]
+    input_items: list[dict[str, Any]]
+    context: list[dict[str, Any]]
+
+
+class ResponseStore:
+    def __init__(self, db: Database) -> None:
+        self._db = db
+
+    async def save(self, principal: Principal, kept: Kept, previous_response_id: str | None) -> None:
+        response = kept.response
+        row = StoredResponse(
+            id=response["id"], owner=owner_of(principal), model=str(response.get("model", "")),
+            created_at=datetime.fromtimestamp(int(response.get("created_at") or 0), UTC),
+            previous_response_id=previous_response_id, input_items=kept.input_items, context=kept.context,
+            response=response,
+        )
+        async with self._db.session() as s:
+            await s.merge(row)  # a retried id replaces its own earlier row
+            await s.commit()
+
+    async def get(self, principal: Principal, response_id: str) -> Kept | None:
+        async with self._db.session() as s:
+            row = (await s.execute(select(StoredResponse).where(
+                StoredResponse.id == response_id, StoredResponse.owner == owner_of(principal)))).scalar_one_or_none()
+        if row is None:
+            return None
+        return Kept(row.response, row.input_items, row.context)
+
+    async def delete(self, principal: Principal, response_id: str) -> bool:
+        async with self._db.session() as s:
+            result = await s.execute(delete(StoredResponse).where(
+                StoredResponse.id == response_id, StoredResponse.owner == owner_of(principal)))
+            await s.commit()
+        return bool(getattr(result, "rowcount", 0))

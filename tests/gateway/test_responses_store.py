@@ -1,0 +1,157 @@
+"""Stored Responses API answers: ``store``, ``previous_response_id``, ``GET``/``DELETE``/``input_items``
+through the real app (build_services) on SQLite and PostgreSQL, with the openai SDK as the client and
+the loopback echo upstream behind it; one tenant never sees another's."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import httpx
+import openai
+import pytest
+
+from gateway.app import create_app
+from gateway.db import Database
+from tests.conftest import ADMIN_KEY, gateway_settings
+from tests.gateway.tenancy_fixtures import db, plain_url  # noqa: F401
+from tests.support.fake_upstream import FakeUpstream
+from tests.support.servers import ServerThread
+
+
+@dataclass
+class Gateway:
+    url: str
+    admin: httpx.Client
+
+    def tenant_client(self) -> openai.OpenAI:
+        r = self.admin.post("/admin/v1/tenants", json={"name": f"t-{uuid.uuid4().hex[:8]}"})
+        key = self.admin.post("/admin/v1/keys", json={"tenant_id": r.json()["id"]}).json()["key"]
+        return openai.OpenAI(base_url=self.url + "/v1", api_key=key, max_retries=0, timeout=20)
+
+
+@pytest.fixture(scope="module")
+def gateway(db: Database, fake_upstream_server: FakeUpstream,
+            tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
+    deployment = {"provider": "openai", "model": "upstream-echo", "api_base": fake_upstream_server.url,
+                  "api_key": "sk-up"}
+    settings = gateway_settings(fake_upstream_server.url, auth={"admin_key": ADMIN_KEY},
+                                database={"url": plain_url(db)},
+                                models=[{"name": "echo", "deployments": [deployment]}])
+    settings.usage.journal_dir = str(tmp_path_factory.mktemp("journal"))
+    with (
+        ServerThread(create_app(settings)) as server,
+        httpx.Client(base_url=server.url, headers={"authorization": f"Bearer {ADMIN_KEY}"}, timeout=20) as admin,
+    ):
+        yield Gateway(server.url, admin)
+
+
+def test_a_conversation_continues_by_id(gateway: Gateway, upstream: FakeUpstream) -> None:
+    client = gateway.tenant_client()
+    first = client.responses.create(model="echo", input="my name is Ada", instructions="be brief")
+    assert first.store is True and first.previous_response_id is None
+    second = client.responses.create(model="echo", input="what is my name?", previous_response_id=first.id)
+    assert second.previous_response_id == first.id
+    # the earlier turns reach the provider; the first call's instructions are not carried over
+    assert upstream.last.json["messages"] == [
+        {"role": "user", "content": "my name is Ada"},
+        {"role": "assistant", "content": "my name is Ada"},
+        {"role": "user", "content": "what is my name?"},
+    ]
+    third = client.responses.create(model="echo", input="and again", previous_response_id=second.id)
+    assert [m["content"] for m in upstream.last.json["messages"]] == [
+        "my name is Ada", "my name is Ada", "what is my name?", "what is my name?", "and again"]
+    kept = client.responses.retrieve(third.id)
+    assert kept.id == third.id and kept.output_text == "and again" and kept.previous_response_id == second.id
+    assert kept.usage is not None and kept.usage.output_tokens == third.usage.output_tokens  # type: ignore[union-attr]
+
+
+def test_a_streamed_answer_is_stored_before_it_completes(gateway: Gateway, upstream: FakeUpstream) -> None:
+    client = gateway.tenant_client()
+    events = list(client.responses.create(model="echo", input="streamed and kept", stream=True))
+    final = events[-1].response  # type: ignore[union-attr]
+    assert events[-1].type == "response.completed" and final.store is True
+    # continued at once, with no pause after the last event
+    client.responses.create(model="echo", input="next", previous_response_id=final.id)
+    assert [m["content"] for m in upstream.last.json["messages"]] == ["streamed and kept", "streamed and kept", "next"]
+    assert client.responses.retrieve(final.id).output_text == "streamed and kept"
+
+
+def test_function_calls_are_kept_in_the_conversation(gateway: Gateway, upstream: FakeUpstream) -> None:
+    from tests.support.fake_upstream import Fault
+
+    client = gateway.tenant_client()
+    tools = [{"type": "function", "name": "lookup", "parameters": {"type": "object", "properties": {}}}]
+    upstream.fail_next(Fault(status=200, body={
+        "id": "chatcmpl-" + uuid.uuid4().hex, "object": "chat.completion", "created": 1, "model": "upstream-echo",
+        "choices": [{"index": 0, "finish_reason": "tool_calls", "message": {
+            "role": "assistant", "content": None,
+            "tool_calls": [{"id": "call_9", "type": "function", "function": {"name": "lookup", "arguments": "{}"}}]}}],
+        "usage": {"prompt_tokens": 5, "completion_tokens": 4, "total_tokens": 9}}))
+    first = client.responses.create(model="echo", input="look it up", tools=tools)  # type: ignore[arg-type]
+    client.responses.create(model="echo", tools=tools, previous_response_id=first.id,  # type: ignore[arg-type]
+                            input=[{"type": "function_call_output", "call_id": "call_9", "output": "42"}])
+    sent = upstream.last.json["messages"]
+    assert [m["role"] for m in sent] == ["user", "assistant", "tool"]
+    assert sent[1]["tool_calls"][0]["id"] == "call_9" and sent[2]["tool_call_id"] == "call_9"
+
+
+def test_input_items_are_listed_with_ids_in_either_order(gateway: Gateway) -> None:
+    client = gateway.tenant_client()
+    response = client.responses.create(model="echo", input=[  # type: ignore[arg-type]
+        {"role": "developer", "content": "rules"}, {"role": "user", "content": "one"},
+        {"role": "user", "content": [{"type": "input_text", "text": "two"}]}])
+    desc = client.responses.input_items.list(response.id)
+    texts = [item.content[0].text for item in desc.data]  # type: ignore[union-attr]
+    assert texts == ["two", "one", "rules"] and all(item.id for item in desc.data)
+    asc = client.responses.input_items.list(response.id, order="asc", limit=2)
+    assert [item.content[0].text for item in asc.data] == ["rules", "one"]  # type: ignore[union-attr]
+    assert asc.has_more is True
+    rest = client.responses.input_items.list(response.id, order="asc", after=asc.data[-1].id)
+    assert [item.content[0].text for item in rest.data] == ["two"] and rest.has_more is False  # type: ignore[union-attr]
+
+
+def test_store_false_keeps_nothing(gateway: Gateway) -> None:
+    client = gateway.tenant_client()
+    response = client.responses.create(model="echo", input="forget me", store=False)
+    assert response.store is False
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(response.id)
+    with pytest.raises(openai.BadRequestError) as err:
+        client.responses.create(model="echo", input="x", previous_response_id=response.id)
+    assert err.value.body["param"] == "previous_response_id"  # type: ignore[index]
+
+
+def test_delete(gateway: Gateway) -> None:
+    client = gateway.tenant_client()
+    response = client.responses.create(model="echo", input="short lived")
+    client.responses.delete(response.id)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(response.id)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.delete(response.id)
+
+
+def test_one_tenant_never_sees_anothers(gateway: Gateway) -> None:
+    alice, mallory = gateway.tenant_client(), gateway.tenant_client()
+    secret = alice.responses.create(model="echo", input="alice's secret")
+    with pytest.raises(openai.NotFoundError):
+        mallory.responses.retrieve(secret.id)
+    with pytest.raises(openai.NotFoundError):
+        mallory.responses.input_items.list(secret.id)
+    with pytest.raises(openai.NotFoundError):
+        mallory.responses.delete(secret.id)
+    with pytest.raises(openai.BadRequestError):
+        mallory.responses.create(model="echo", input="continue", previous_response_id=secret.id)
+    assert alice.responses.retrieve(secret.id).output_text == "alice's secret"  # untouched by the attempts
+
+
+def test_bad_listing_parameters_are_400s(gateway: Gateway) -> None:
+    client = gateway.tenant_client()
+    response = client.responses.create(model="echo", input="x")
+    for params in ({"limit": 0}, {"limit": 101}, {"order": "sideways"}, {"after": "msg_nope"}):
+        r = httpx.get(f"{gateway.url}/v1/responses/{response.id}/input_items", params=params,
+                      headers={"authorization": f"Bearer {client.api_key}"})
+        assert r.status_code == 400, (params, r.text)
+        assert r.json()["error"]["message"]
