@@ -1,10 +1,11 @@
-"""`switchyard db upgrade|downgrade|current`: Alembic migrations on the configured database."""
+"""`switchyard db upgrade|downgrade|current|wait`: Alembic migrations on the configured database."""
 
 from __future__ import annotations
 
 import asyncio
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Annotated
 
@@ -101,3 +102,38 @@ def current(config: ConfigOpt = None) -> None:
     except Exception as exc:
         fail(f"cannot read {safe_url(url)}: {exc}")
     console.print(f"current: {rev or '(empty)'}  head: {migrate.head_revision()}")
+
+
+@db_app.command()
+def wait(
+    config: ConfigOpt = None,
+    timeout: float = typer.Option(600.0, min=0.0, max=86400.0, help="Seconds to wait before giving up."),
+    interval: float = typer.Option(2.0, min=0.1, max=60.0, help="Seconds between checks."),
+) -> None:
+    """Wait until the database is migrated to the latest revision (an init container runs this, so a
+    new gateway starts only after the migration Job has finished)."""
+    url = settings_from(config).database.url
+    head = migrate.head_revision()
+
+    async def poll() -> str:
+        deadline = time.monotonic() + timeout
+        last = "not checked yet"
+        while True:
+            db = Database.from_url(url)
+            try:
+                rev = await migrate.current_revision(db.engine)
+                if rev == head:
+                    return ""
+                last = f"at revision {rev or '(empty)'}, not {head}"
+            except Exception as exc:
+                last = f"unreachable ({type(exc).__name__}: {exc})"
+            finally:
+                await db.dispose()
+            if time.monotonic() + interval > deadline:
+                return last
+            await asyncio.sleep(interval)
+
+    problem = asyncio.run(poll())
+    if problem:
+        fail(f"database {safe_url(url)} is {problem} after {timeout:g} s: run `switchyard db upgrade`")
+    console.print(f"database {safe_url(url)} is at revision {head}")

@@ -258,3 +258,25 @@ def test_gpu_engine_is_addressed_per_pod_for_cache_aware() -> None:
     name = sts["metadata"]["name"]
     want = [f"http://{name}-{i}.{svc['metadata']['name']}:8100/v1" for i in range(sts["spec"]["replicas"])]
     assert [d["api_base"] for d in group["deployments"]] == want, "one deployment per engine pod, in step with replicas"
+
+
+def test_gpu_engine_has_a_disruption_budget() -> None:
+    objs = render("gpu")
+    sts = next(o for o in objs if o["kind"] == "StatefulSet" and o["metadata"]["name"] == "engine")
+    pdbs = [o for o in objs if o["kind"] == "PodDisruptionBudget"
+            and o["spec"]["selector"]["matchLabels"].items() <= sts["spec"]["selector"]["matchLabels"].items()]
+    assert pdbs and pdbs[0]["spec"].get("maxUnavailable") == 1
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_new_gateway_pods_wait_for_the_migration(overlay: str) -> None:
+    """A plain `kubectl apply -k` creates the migration Job and rolls the gateway at once: each new
+    gateway pod must wait (init container) until the schema is at its image's head."""
+    objs = render(overlay)
+    gw = next(o for o in objs if o["kind"] == "Deployment" and o["metadata"]["name"] == "gateway")
+    job = next(o for o in objs if o["kind"] == "Job")
+    inits = pod_spec(gw).get("initContainers", [])
+    assert any(c["command"][:3] == ["switchyard", "db", "wait"] for c in inits)
+    assert pod_spec(job)["containers"][0]["command"][:3] == ["switchyard", "db", "upgrade"]
+    gw_image = pod_spec(gw)["containers"][0]["image"]
+    assert all(c["image"] == gw_image for c in inits), "the init container checks the gateway image's own head"

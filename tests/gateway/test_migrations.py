@@ -87,8 +87,11 @@ def test_db_cli_works_from_any_directory(tmp_path: Path) -> None:
 
     refused = run("tenant", "list", "--config", str(config))
     assert refused.returncode == 1 and "switchyard db upgrade" in refused.stderr
+    waited = run("db", "wait", "--config", str(config), "--timeout", "0.5", "--interval", "0.2")
+    assert waited.returncode == 1 and "switchyard db upgrade" in waited.stderr and "Traceback" not in waited.stderr
     up = run("db", "upgrade", "--config", str(config))
     assert up.returncode == 0, up.stderr
+    assert run("db", "wait", "--config", str(config), "--timeout", "5").returncode == 0
     assert f"current: {migrate.head_revision()} " in run("db", "current", "--config", str(config)).stdout
     assert run("tenant", "list", "--config", str(config)).returncode == 0
     down = run("db", "downgrade", "--config", str(config), "--revision", "base")
