@@ -1,6 +1,8 @@
 """The real default model, SmolLM2-135M-Instruct from its Q4_1 GGUF file, served by the engine through
 the gateway, against transformers' own GGUF loading of the same file (dequantized to the same
-float32 weights): greedy tokens equal, logprobs within 1e-4, prompt token counts the chat template's.
+float32 weights): greedy tokens equal, logprobs within 1e-4, prompt token counts the chat template's;
+and with real weights, JSON-schema output and tool calls that validate, and embeddings equal to
+transformers' mean-pooled hidden states.
 
 The file comes from ``make install`` (``python -m backends.local.default_model``); where it cannot
 be had these tests fail saying so, they never pass without it.
@@ -8,10 +10,12 @@ be had these tests fail saying so, they never pass without it.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import pytest
 import torch
 
@@ -39,7 +43,10 @@ def _model_file() -> Path:
 @pytest.fixture(scope="module")
 def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
     model = str(_model_file())
-    with local_gateway(tmp_path_factory.mktemp("real"), model=model, dtype="float32", max_model_len=2048,
+    embed = {"name": "smol-embed", "max_retries": 0, "deployments": [{
+        "provider": "local", "model": "{folder}",
+        "options": {"dtype": "float32", "max_model_len": 512, "num_kv_blocks": 64, "pooling": "mean"}}]}
+    with local_gateway(tmp_path_factory.mktemp("real"), [embed], model=model, dtype="float32", max_model_len=2048,
                        num_kv_blocks=256) as served:
         yield served
 
@@ -83,3 +90,51 @@ def test_greedy_chat_equals_transformers_gguf(env: Env, reference: Any, prompt: 
     assert answer.usage.completion_tokens == len(want)
     assert [c.logprob for c in content] == pytest.approx(want_logprobs, abs=1e-4)
     env.wait_idle()
+
+
+PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 20},
+                                           "age": {"type": "integer", "minimum": 0, "maximum": 120},
+                                           "city": {"enum": ["Paris", "Rome", "Oslo"]}},
+          "required": ["name", "age", "city"], "additionalProperties": False}
+
+
+def test_json_schema_output_validates_with_real_weights(env: Env) -> None:
+    client = env.client()
+    fmt: Any = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON, "strict": True}}
+    for temperature in (0.0, 1.0):
+        answer = client.chat.completions.create(
+            model="tiny", max_tokens=120, temperature=temperature, response_format=fmt,
+            messages=[{"role": "user", "content": "Invent a person who lives in Rome. Answer in JSON."}])
+        assert answer.choices[0].finish_reason == "stop"
+        jsonschema.validate(json.loads(answer.choices[0].message.content or ""), PERSON)
+    env.wait_idle()
+
+
+def test_a_named_tool_call_validates_with_real_weights(env: Env) -> None:
+    weather = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 16},
+                                                "unit": {"enum": ["celsius", "fahrenheit"]}},
+               "required": ["city", "unit"], "additionalProperties": False}
+    tools: Any = [{"type": "function", "function": {"name": "get_weather", "description": "Current weather",
+                                                     "parameters": weather}}]
+    answer = env.client().chat.completions.create(
+        model="tiny", max_tokens=80, temperature=0, tools=tools,
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+        messages=[{"role": "user", "content": "What is the weather in Paris?"}])
+    choice = answer.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.tool_calls
+    call = choice.message.tool_calls[0]
+    assert call.function.name == "get_weather"  # type: ignore[union-attr]
+    jsonschema.validate(json.loads(call.function.arguments), weather)  # type: ignore[union-attr]
+    env.wait_idle()
+
+
+def test_embeddings_equal_transformers_with_real_weights(env: Env, reference: Any) -> None:
+    texts = ["Trains run on rails.", "火车在铁轨上行驶。"]
+    answer = env.client().embeddings.create(model="smol-embed", input=texts, encoding_format="float")
+    for item, text in zip(answer.data, texts, strict=True):
+        ids = env.backend.tokenizer.encode(text)
+        with torch.no_grad():
+            hidden = reference.model(torch.tensor([ids])).last_hidden_state[0]
+        want = torch.nn.functional.normalize(hidden.mean(dim=0), dim=0)
+        assert torch.allclose(torch.tensor(item.embedding), want, atol=1e-4)
+    assert answer.usage.prompt_tokens == sum(len(env.backend.tokenizer.encode(t)) for t in texts)
