@@ -32,6 +32,7 @@ from backends.embeddings_wire import EmbeddingList, EmbeddingRequest
 from backends.estimate import estimate_chat_prompt, estimate_text
 from backends.http_upstream import HTTPBackend, SSELines
 from backends.openai_wire import (
+    ANTHROPIC_EVENTS,
     ANTHROPIC_MESSAGE,
     ChatChunkChoice,
     ChatCompletion,
@@ -100,7 +101,8 @@ class AnthropicBackend(HTTPBackend):
         body = self._request(request, ctx, stream=True)
         meter = Meter(prompt_tokens=estimate_chat_prompt(request), exact=False)
         events = await self._open(body)
-        relay = _StreamTranslator(self, events, request.model, request.include_usage, meter)
+        relay = _StreamTranslator(self, events, request.model, request.include_usage, meter,
+                                  keep_events=anthropic_body(request) is not None)
         try:
             await relay.prime()
         except BaseException:
@@ -209,11 +211,15 @@ class _Events:
 
 
 class _StreamTranslator:
-    """Anthropic stream events -> OpenAI ``chat.completion.chunk``s, metering as they pass."""
+    """Anthropic stream events -> OpenAI ``chat.completion.chunk``s, metering as they pass. With
+    ``keep_events`` (a /v1/messages request) every event also rides on the chunks as it came
+    (``ANTHROPIC_EVENTS``): on the first chunk made after it, or on a last chunk without choices."""
 
-    def __init__(self, backend: AnthropicBackend, events: _Events, model: str, want_usage: bool, meter: Meter) -> None:
+    def __init__(self, backend: AnthropicBackend, events: _Events, model: str, want_usage: bool, meter: Meter,
+                 keep_events: bool = False) -> None:
         self._backend, self._events, self._model = backend, events, model
         self._want_usage, self._meter = want_usage, meter
+        self._kept: list[dict[str, Any]] | None = [] if keep_events else None
         self._id = "msg"
         self._pending: list[ChatCompletionChunk] = []
         self._tool_index: dict[int, int] = {}  # content block index -> tool call index
@@ -248,7 +254,18 @@ class _StreamTranslator:
         return ChatCompletionChunk(id=self._id, model=self._model, choices=[choice])
 
     async def _step(self) -> None:
+        made = len(self._pending)
         event = await self._events.next()
+        if event is not None and self._kept is not None:
+            self._kept.append(event)
+        self._translate(event)
+        if self._kept and self._ended and len(self._pending) == made:
+            self._pending.append(ChatCompletionChunk(id=self._id, model=self._model, choices=[]))
+        if self._kept and len(self._pending) > made:
+            self._pending[made].__dict__[ANTHROPIC_EVENTS] = self._kept
+            self._kept = []
+
+    def _translate(self, event: dict[str, Any] | None) -> None:
         if event is None:
             self._finish()
             return

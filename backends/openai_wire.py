@@ -77,6 +77,14 @@ def encode_with_extra(obj: Struct, extra: dict[str, msgspec.Raw]) -> bytes:
 
 ANTHROPIC_MESSAGE = "_anthropic_message"  # an Anthropic upstream's answer as it came, for /v1/messages
 ANTHROPIC_BODY = "_anthropic_body"  # a /v1/messages request as the client sent it, for an Anthropic upstream
+# On a chunk of an Anthropic upstream's stream for a /v1/messages request: the events (decoded ``data``
+# objects, in order) read since the previous chunk, up to the one this chunk came from, relayed as they came.
+ANTHROPIC_EVENTS = "_anthropic_events"
+
+
+def anthropic_events(obj: Struct) -> list[dict[str, Any]] | None:
+    events: list[dict[str, Any]] | None = getattr(obj, "__dict__", {}).get(ANTHROPIC_EVENTS)
+    return events
 
 
 def anthropic_body(obj: Struct) -> dict[str, Any] | None:

@@ -37,6 +37,7 @@ from backends.openai_wire import (
     Tool,
     ToolCall,
     Usage,
+    anthropic_events,
     set_extra_params,
 )
 from gateway.body import RAW_BODY
@@ -289,11 +290,21 @@ def _event(kind: str, data: dict[str, Any]) -> bytes:
     return b"event: " + kind.encode() + b"\ndata: " + msgspec.json.encode({"type": kind} | data) + b"\n\n"
 
 
+def _relayed_event(event: dict[str, Any], model: str) -> bytes:
+    """An Anthropic upstream's event as it came; the gateway owns only the model's name."""
+    if event.get("type") == "message_start" and isinstance(message := event.get("message"), dict):
+        event = event | {"message": message | {"model": model}}
+    return b"event: " + str(event.get("type", "")).encode() + b"\ndata: " + msgspec.json.encode(event) + b"\n\n"
+
+
 class MessagesEvents:
-    """OpenAI chunks -> Anthropic stream events (a ``gateway.streaming.StreamEncoder``)."""
+    """OpenAI chunks -> Anthropic stream events (a ``gateway.streaming.StreamEncoder``). From an
+    Anthropic upstream the events are relayed as they came (thinking signatures, pings, event types
+    the gateway does not know), not rebuilt from the chunks."""
 
     def __init__(self, meter: Meter | None = None) -> None:
         self._meter = meter  # the call's: the prompt's tokens for message_start
+        self._relaying: bool | None = None  # decided by the first chunk
         self._started = False
         self._block: int = -1  # index of the open content block
         self._block_kind: str | None = None
@@ -302,6 +313,11 @@ class MessagesEvents:
         self._usage: dict[str, int] = {"output_tokens": 0}
 
     def chunk(self, chunk: ChatCompletionChunk) -> bytes:
+        events = anthropic_events(chunk)
+        if self._relaying is None:
+            self._relaying = events is not None
+        if self._relaying:
+            return b"".join(_relayed_event(e, chunk.model) for e in events or ())
         out = b""
         if not self._started:
             self._started = True
@@ -351,6 +367,8 @@ class MessagesEvents:
         return _event("content_block_stop", {"index": self._block})
 
     def done(self) -> bytes:
+        if self._relaying:  # message_stop came from the upstream
+            return b""
         return (self._close()
                 + _event("message_delta", {"delta": self._stop,
                                            "usage": self._usage})

@@ -6,9 +6,11 @@ loopback server speaking the Messages API."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 
 import anthropic
+import httpx
 import openai
 import pytest
 
@@ -109,7 +111,8 @@ def test_stop_sequence_reported_when_streaming(ant: anthropic.Anthropic, upstrea
         events = list(stream)
         final = stream.get_final_message()
     start = next(e for e in events if e.type == "message_start")
-    assert start.message.usage.input_tokens == 6  # the upstream's count (4 + 2 cached), not 0
+    usage = start.message.usage  # the upstream's own, as it sent it: 4 uncached + 2 read from its cache
+    assert (usage.input_tokens, usage.cache_read_input_tokens) == (4, 2)
     assert final.stop_reason == "stop_sequence" and final.stop_sequence == "END"
 
 
@@ -172,3 +175,40 @@ def test_thinking_reaches_openai_clients_as_reasoning_content(oai: openai.OpenAI
     assert reply.choices[0].message.reasoning_content == "let me think"  # type: ignore[attr-defined]
     deltas = [c.choices[0].delta for c in oai.chat.completions.create(**kw, stream=True) if c.choices]  # type: ignore[call-overload]
     assert "".join(getattr(d, "reasoning_content", None) or "" for d in deltas) == "let me think"
+
+
+def _sse_events(url: str, body: dict[str, object], headers: dict[str, str]) -> list[tuple[str, dict[str, object]]]:
+    events: list[tuple[str, dict[str, object]]] = []
+    with httpx.stream("POST", url, json=body, headers=headers, timeout=20) as r:
+        assert r.status_code == 200, r.read()
+        kind = ""
+        for line in r.iter_lines():
+            if line.startswith("event: "):
+                kind = line.removeprefix("event: ")
+            elif line.startswith("data: "):
+                events.append((kind, json.loads(line.removeprefix("data: "))))
+    return events
+
+
+def test_a_streamed_anthropic_answer_is_relayed_event_for_event(gateway: ServerThread, upstream: FakeAnthropic) -> None:
+    """Thinking signatures, pings and every other event reach an Anthropic client as the upstream sent
+    them; only the model's name is the one the client asked for."""
+    body = MESSAGES_BODY | {"stream": True}
+    direct = _sse_events(upstream.url + "/v1/messages", body | {"model": "claude-test"},
+                         {"x-api-key": "sk-ant", "anthropic-version": "2023-06-01"})
+    relayed = _sse_events(gateway.url + "/v1/messages", body | {"model": "claude"}, {"x-api-key": ADMIN_KEY})
+    assert [k for k, _ in relayed] == [k for k, _ in direct]
+    assert ("content_block_delta", {"type": "content_block_delta", "index": 0,
+                                    "delta": {"type": "signature_delta", "signature": "sig-1"}}) in relayed
+    assert ("ping", {"type": "ping"}) in relayed
+    start, want = relayed[0][1], direct[0][1]
+    assert start["message"]["model"] == "claude"  # type: ignore[index]
+    assert start | {"message": start["message"] | {"model": "claude-test"}} == want  # type: ignore[operator]
+    assert relayed[1:] == direct[1:]
+
+
+def test_the_sdk_keeps_the_thinking_signature_when_streaming(ant: anthropic.Anthropic, upstream: FakeAnthropic) -> None:
+    with ant.messages.stream(model="claude", **MESSAGES_BODY) as stream:  # type: ignore[arg-type]
+        final = stream.get_final_message()
+    assert final.content[0].signature == "sig-1"  # type: ignore[union-attr]
+    assert final.model == "claude" and final.usage.input_tokens > 0
