@@ -23,6 +23,7 @@ from backends.openai_wire import (
     CompletionRequest,
     TextCompletion,
 )
+from backends.responses_wire import RelayedResponse, ResponsesEvent
 
 # ---------------------------------------------------------------- errors
 
@@ -109,8 +110,8 @@ class Meter:
         return self.prompt_tokens + self.completion_tokens
 
 
-ChunkT = TypeVar("ChunkT", ChatCompletionChunk, TextCompletion)
-ResultT = TypeVar("ResultT", ChatCompletion, TextCompletion, EmbeddingList)
+ChunkT = TypeVar("ChunkT", ChatCompletionChunk, TextCompletion, ResponsesEvent)
+ResultT = TypeVar("ResultT", ChatCompletion, TextCompletion, EmbeddingList, RelayedResponse)
 
 
 @dataclass
@@ -253,6 +254,18 @@ class Tokenizing(Protocol):
         ...
 
     def token_strings(self, ids: list[int]) -> list[str]: ...
+
+
+@runtime_checkable
+class ServesResponses(Protocol):
+    """A provider whose upstream serves OpenAI's Responses API itself (``serves_responses()``), so
+    ``/v1/responses`` is passed through as the client sent it instead of translated via chat."""
+
+    def serves_responses(self) -> bool: ...
+
+    async def respond(self, body: dict[str, Any], ctx: CallContext) -> Completed[Any]: ...
+
+    async def respond_stream(self, body: dict[str, Any], ctx: CallContext) -> ChunkStream[Any]: ...
 
 
 @runtime_checkable

@@ -48,6 +48,8 @@ class DeploymentConfig(Conf):
     # HTTP providers forward every request field; these adjust that for an upstream that rejects some:
     drop_params: list[str] = msgspec.field(default_factory=list)  # top-level fields never sent
     rename_params: dict[str, str] = msgspec.field(default_factory=dict)  # sent under another name
+    # The upstream serves OpenAI's Responses API itself: /v1/responses is passed through, not translated.
+    responses_api: bool = False
 
     def __post_init__(self) -> None:
         if self.provider not in PROVIDERS:

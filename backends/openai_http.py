@@ -35,6 +35,7 @@ from backends.openai_wire import (
     relayed,
     set_relayed,
 )
+from backends.responses_http import RelayedResponse, ResponsesEvent, respond, respond_stream, upstream_body
 
 DEFAULT_API_BASE = "https://api.openai.com/v1"
 
@@ -115,6 +116,22 @@ class OpenAIHTTPBackend(HTTPBackend):
         if not response.usage.prompt_tokens:  # an upstream that reports no usage: our estimate
             meter.prompt_tokens, meter.exact = estimate_embedding_input(request), False
         return Completed(response, meter)
+
+    # ------------------------------------------------------------ Responses API (ServesResponses)
+
+    def serves_responses(self) -> bool:
+        return self.config.responses_api
+
+    async def respond(self, body: dict[str, Any], ctx: CallContext = NO_CONTEXT) -> Completed[RelayedResponse]:
+        payload = upstream_body(body, self.config, False, ctx.output_cap)
+        return await respond(self.http, payload, estimate_text(msgspec.json.encode(body.get("input")).decode()),
+                             self._headers(ctx))
+
+    async def respond_stream(self, body: dict[str, Any], ctx: CallContext = NO_CONTEXT) -> ChunkStream[ResponsesEvent]:
+        payload = upstream_body(body, self.config, True, ctx.output_cap)
+        return await respond_stream(self.http, payload,
+                                    estimate_text(msgspec.json.encode(body.get("input")).decode()),
+                                    self._headers(ctx))
 
     # ------------------------------------------------------------ internals
 

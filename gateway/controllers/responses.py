@@ -1,5 +1,6 @@
-"""``/v1/responses``: OpenAI's Responses API, translated to chat and routed like it; answers are kept
-per tenant (``store``, on by default as at OpenAI) for ``previous_response_id`` and the read endpoints."""
+"""``/v1/responses``: OpenAI's Responses API, passed through to deployments that serve it
+(``responses_api: true``) and translated to chat for every other; answers are kept per tenant
+(``store``, on by default as at OpenAI) for ``previous_response_id`` and the read endpoints."""
 
 from __future__ import annotations
 
@@ -7,17 +8,28 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Annotated, Any, Literal
 
+import msgspec
 from litestar import Controller, Request, Response, delete, get, post
 from litestar.openapi.datastructures import ResponseSpec
 from litestar.params import Parameter
 from litestar.response import Stream
 
+from backends.base import Backend, BadRequest, ChunkStream, Completed, ServesResponses
+from backends.call import CallContext
+from backends.estimate import estimate_text
 from gateway.body import WireBody
-from gateway.calls import describe_chat
+from gateway.calls import CallDescription, describe_chat
 from gateway.contracts import Principal
 from gateway.controllers.auth import authenticate_request, principal_of
 from gateway.controllers.docs import error_responses
-from gateway.dialects.responses import ResponsesRequest, input_items, responses_dialect, to_chat_request
+from gateway.dialects import Dialect
+from gateway.dialects.responses import (
+    ResponsesRequest,
+    input_items,
+    raw_request,
+    responses_dialect,
+    to_chat_request,
+)
 from gateway.errors import ApiError
 from gateway.pipeline import Pipeline
 from gateway.services import Services
@@ -36,6 +48,45 @@ async def _kept(services: Services, principal: Principal, response_id: str) -> K
     if kept is None:
         raise ApiError(404, f"No response with id '{response_id}' found.", param="response_id", code="not_found")
     return kept
+
+
+def _serves_responses(backend: Any) -> bool:
+    return isinstance(backend, ServesResponses) and backend.serves_responses()
+
+
+def _for_upstream(item: dict[str, Any]) -> dict[str, Any]:
+    """A kept conversation item sent again as input: without the ids and status this gateway gave it."""
+    if item.get("type") in ("message", "function_call", "function_call_output"):
+        return {k: v for k, v in item.items() if k not in ("id", "status")}
+    return item
+
+
+def _described_for_passthrough(principal: Principal, data: ResponsesRequest, context: list[dict[str, Any]] | None,
+                               inputs: list[dict[str, Any]], dialect: Dialect) -> CallDescription:
+    """A call whose deployments include one serving Responses itself: that one gets the request as
+    sent (a kept conversation's items put before the input, in place of ``previous_response_id``);
+    any other (a fallback) gets it translated to chat when it is tried."""
+    body = raw_request(data)
+    if context is not None:
+        body.pop("previous_response_id", None)
+        body["input"] = [_for_upstream(item) for item in context + inputs]
+    stream = bool(data.stream)
+
+    def invoke(backend: Backend, ctx: CallContext) -> Awaitable[Completed[Any] | ChunkStream[Any]]:
+        if isinstance(backend, ServesResponses) and backend.serves_responses():
+            return backend.respond_stream(body, ctx) if stream else backend.respond(body, ctx)
+        try:
+            chat = to_chat_request(data, context)
+        except ApiError as exc:
+            raise BadRequest(exc.message, param=exc.param) from None
+        return backend.chat_stream(chat, ctx) if stream else backend.chat(chat, ctx)
+
+    limit = data.max_output_tokens if isinstance(data.max_output_tokens, int) else None
+    return CallDescription(
+        principal=principal, endpoint="responses", model=data.model, stream=stream,
+        prompt_tokens=estimate_text(msgspec.json.encode(body.get("input")).decode()), output_limit=limit,
+        sequences=1, routing_key=None, invoke=invoke, dialect=dialect,
+    )
 
 
 async def _saved_before_last(events: AsyncIterator[Any], finished: list[dict[str, Any]],
@@ -61,38 +112,47 @@ class ResponsesController(Controller):
         dto=WireBody[ResponsesRequest],
         return_dto=None,
         summary="Create a model response (OpenAI Responses API)",
-        description="Served by any provider behind the model (translated via chat completions). With "
-        "`stream: true` the answer is the Responses event stream. Answers are stored per tenant unless "
-        "`store` is false, and `previous_response_id` continues a stored conversation.",
+        description="Passed through to a deployment that serves the Responses API (`responses_api: true`), "
+        "translated via chat completions for any other. With `stream: true` the answer is the Responses event "
+        "stream. Answers are stored per tenant unless `store` is false, and `previous_response_id` continues a "
+        "stored conversation.",
         responses={200: ResponseSpec(None, description="A `response` object (or its event stream)"),
                    **error_responses()},
     )
     async def create(self, request: Request[Any, Any, Any], data: ResponsesRequest, pipeline: Pipeline,
                      services: Services) -> Response[Any]:
         principal = principal_of(request)
+        group = pipeline.group_for(principal, data.model)
+        native = any(_serves_responses(d.backend) for d in group.deployments)
         previous = data.previous_response_id if isinstance(data.previous_response_id, str) else None
         context: list[dict[str, Any]] = []
+        kept_previous = False
         if previous is not None:
             store = _store(services)
             kept = await store.get(principal, previous) if store is not None else None
-            if kept is None:
+            if kept is not None:
+                context, kept_previous = kept.context, True
+            elif not native:  # an upstream serving Responses may know it; nothing else can
                 raise ApiError(400, f"Previous response with id '{previous}' not found.",
                                param="previous_response_id", code="previous_response_not_found")
-            context = kept.context
-        chat = to_chat_request(data, context)
         inputs = input_items(data)
         store = _store(services) if data.store is not False else None
         extra = {"previous_response_id": previous, "store": store is not None,
                  "instructions": data.instructions if isinstance(data.instructions, str) else None}
         finished: list[dict[str, Any]] = []
-        call = describe_chat(principal, chat, endpoint="responses", dialect=responses_dialect(extra, finished.append))
+        dialect = responses_dialect(extra, finished.append,
+                                    {"previous_response_id": previous} if kept_previous else {})
+        if native:
+            call = _described_for_passthrough(principal, data, context if kept_previous else None, inputs, dialect)
+        else:
+            call = describe_chat(principal, to_chat_request(data, context), endpoint="responses", dialect=dialect)
         response = await pipeline.serve(call)
         if store is None:
             return response
 
         async def save() -> None:
             final = finished[0]
-            kept = Kept(final, inputs, context + inputs + list(final["output"]))
+            kept = Kept(final, inputs, context + inputs + list(final.get("output") or []))
             try:
                 await store.save(principal, kept, previous)
             except Exception:  # the answer is produced and metered; only its later retrieval is lost

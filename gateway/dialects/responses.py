@@ -5,7 +5,8 @@ Requests are decoded into the Structs below and converted to an OpenAI chat requ
 are converted back: a ``response`` object (``response_object``) or the Responses event stream
 (``ResponsesEvents``). ``input_items`` gives a request's input as stored items, and a per-call
 ``responses_dialect`` hands every finished response object to a callback, so the controller can keep
-it (``gateway.stored_responses``). Not yet done: pass-through to upstreams that speak Responses.
+it (``gateway.stored_responses``); from an upstream that serves Responses itself the answer and its
+events are relayed as they came (``RelayedResponse``, ``RelayedEvents``).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 import msgspec
 from msgspec import UNSET, Meta, Struct, UnsetType
@@ -34,7 +35,10 @@ from backends.openai_wire import (
     Tool,
     ToolCall,
     Usage,
+    set_extra_params,
 )
+from backends.responses_wire import RelayedResponse, ResponsesEvent
+from gateway.body import RAW_BODY
 from gateway.dialects import Dialect
 from gateway.errors import ApiError
 
@@ -89,11 +93,13 @@ class TextConfig(_Wire):
     format: TextFormat | UnsetType = UNSET
 
 
-class ResponsesRequest(_Wire):
+class ResponsesRequest(_Wire, dict=True):
+    raw_body: ClassVar[bool] = True  # kept as sent (gateway.body), for an upstream that serves Responses
+
     model: str
-    input: str | list[dict[str, Any]]  # items; a message may omit its ``type`` (checked in ``_items``)
+    input: str | list[dict[str, Any]]  # items; checked where translated (``_items``), as sent otherwise
     instructions: str | None | UnsetType = UNSET
-    tools: list[FunctionTool] | UnsetType = UNSET
+    tools: list[dict[str, Any]] | UnsetType = UNSET  # function tools where translated (``_function_tools``)
     tool_choice: str | dict[str, Any] | UnsetType = UNSET
     text: TextConfig | UnsetType = UNSET
     max_output_tokens: Annotated[int, Meta(ge=1)] | None | UnsetType = UNSET
@@ -103,6 +109,57 @@ class ResponsesRequest(_Wire):
     store: bool | None | UnsetType = UNSET
     previous_response_id: str | None | UnsetType = UNSET
     user: str | UnsetType = UNSET
+
+
+# Fields of the Responses API with no chat equivalent, and the values that ask for nothing (so a
+# translated request may carry them); any other value is a 400 naming the field.
+_NO_OP_VALUES: dict[str, tuple[Any, ...]] = {
+    "include": (None, []), "truncation": (None, "disabled"), "background": (None, False),
+    "reasoning": (None, {}), "prompt": (None,), "conversation": (None,),
+}
+# Fields passed on to a chat provider under the same name (the built-in engine checks them itself).
+_CHAT_SAME_NAME = ("metadata", "parallel_tool_calls", "service_tier", "prompt_cache_key", "safety_identifier",
+                   "top_logprobs")
+
+
+def raw_request(req: ResponsesRequest) -> dict[str, Any]:
+    """The request as the client sent it, every field included."""
+    raw: dict[str, Any] = msgspec.json.decode(req.__dict__[RAW_BODY])
+    return raw
+
+
+def _translated_extras(req: ResponsesRequest) -> dict[str, msgspec.Raw]:
+    """The fields the Structs do not model, as chat parameters (``reasoning.effort`` becomes
+    ``reasoning_effort``); a field chat cannot express is a 400 naming it."""
+    raw = raw_request(req)
+    known = {f.encode_name for f in msgspec.structs.fields(ResponsesRequest)}
+    extras: dict[str, msgspec.Raw] = {}
+    for name, value in raw.items():
+        if name in known:
+            continue
+        if name in _CHAT_SAME_NAME:
+            extras[name] = msgspec.Raw(msgspec.json.encode(value))
+        elif name == "reasoning" and isinstance(value, dict) and set(value) <= {"effort", "summary"} \
+                and value.get("summary") in (None, "auto"):
+            if value.get("effort") is not None:
+                extras["reasoning_effort"] = msgspec.Raw(msgspec.json.encode(value["effort"]))
+        elif value not in _NO_OP_VALUES.get(name, ()):
+            raise ApiError(400, f"'{name}' is not supported for this model: it is served through chat "
+                           "completions, which have no equivalent", param=name, code="unsupported_parameter")
+    return extras
+
+
+def _function_tools(tools: list[dict[str, Any]]) -> list[Tool]:
+    out: list[Tool] = []
+    for i, entry in enumerate(tools):
+        try:
+            tool = msgspec.convert(entry, FunctionTool)
+        except msgspec.ValidationError as exc:
+            raise ApiError(400, f"tools[{i}]: only function tools can be served by this model ({exc})",
+                           param=f"tools[{i}]") from None
+        out.append(Tool(function=FunctionDef(name=tool.name, description=tool.description or UNSET,
+                                             parameters=tool.parameters if tool.parameters is not None else UNSET)))
+    return out
 
 
 def _items(raw: list[dict[str, Any]]) -> list[Item]:
@@ -126,14 +183,16 @@ def input_items(req: ResponsesRequest) -> list[dict[str, Any]]:
     if isinstance(req.input, str):
         raw: list[dict[str, Any]] = [{"type": "message", "role": "user",
                                       "content": [{"type": "input_text", "text": req.input}]}]
-    else:
-        raw = [msgspec.to_builtins(item) for item in _items(req.input)]
+    else:  # items this gateway does not model (say, for an upstream serving Responses) are kept as sent
+        raw = [dict(entry) for entry in req.input]
     out = []
     for item in raw:
+        if "type" not in item and "role" in item:
+            item["type"] = "message"
         if isinstance(item.get("content"), str):
-            kind = "output_text" if item["role"] == "assistant" else "input_text"
+            kind = "output_text" if item.get("role") == "assistant" else "input_text"
             item["content"] = [{"type": kind, "text": item["content"]}]
-        item.setdefault("id", _ID_PREFIX[item["type"]] + uuid.uuid4().hex)
+        item.setdefault("id", _ID_PREFIX.get(str(item.get("type")), "item_") + uuid.uuid4().hex)
         if item["type"] != "function_call_output" or "status" not in item:
             item.setdefault("status", "completed")
         out.append(item)
@@ -167,8 +226,8 @@ def to_chat_request(req: ResponsesRequest, context: list[dict[str, Any]] | None 
     messages: list[ChatMessage] = []
     if req.instructions:
         messages.append(ChatMessage(role="system", content=req.instructions))
-    if context:
-        messages.extend(_item_messages(_items(context)))
+    if context:  # what chat can carry of it (an upstream's reasoning items, say, it cannot)
+        messages.extend(_item_messages(_items([i for i in context if i.get("type") in _ID_PREFIX])))
     if isinstance(req.input, str):
         if not req.input:
             raise ApiError(400, "input must not be empty", param="input")
@@ -185,9 +244,7 @@ def to_chat_request(req: ResponsesRequest, context: list[dict[str, Any]] | None 
     if req.top_p is not UNSET:
         chat.top_p = req.top_p
     if req.tools:
-        chat.tools = [Tool(function=FunctionDef(name=t.name, description=t.description or UNSET,
-                                                parameters=t.parameters if t.parameters is not None else UNSET))
-                      for t in req.tools]
+        chat.tools = _function_tools(req.tools)
     if req.tool_choice is not UNSET:
         choice = req.tool_choice
         if isinstance(choice, dict) and choice.get("type") == "function":
@@ -207,6 +264,8 @@ def to_chat_request(req: ResponsesRequest, context: list[dict[str, Any]] | None 
     if req.stream:
         chat.stream = True
         chat.stream_options = StreamOptions(include_usage=True)
+    if RAW_BODY in req.__dict__ and (extras := _translated_extras(req)):
+        set_extra_params(chat, extras)
     return chat
 
 
@@ -346,12 +405,51 @@ class ResponsesEvents:
         return self._event("error", {"code": str(error.status), "message": error.message, "param": error.param})
 
 
-def responses_dialect(extra: dict[str, Any], on_final: Callable[[dict[str, Any]], None]) -> Dialect:
-    """The Responses dialect for one call: ``extra`` fields on its response objects, and the finished
-    response handed to ``on_final`` (for ``store``)."""
-    def unary(response: ChatCompletion) -> bytes:
-        final = response_object(response, extra)
-        on_final(final)
+def _relayed(response: dict[str, Any], model: str, extra: dict[str, Any]) -> dict[str, Any]:
+    """An upstream's response object as it came, but for the model's name (and ``extra``)."""
+    return response | {"model": model} | extra
+
+
+class RelayedEvents(ResponsesEvents):
+    """An upstream's Responses events as they came (the model named as the client did); a
+    translated answer (a fallback to a chat-only deployment) is encoded as ``ResponsesEvents`` does."""
+
+    def __init__(self, meter: Meter | None, extra: dict[str, Any], relayed_extra: dict[str, Any],
+                 on_final: Callable[[dict[str, Any]], None]) -> None:
+        super().__init__(meter, extra, on_final)
+        self._relayed_extra = relayed_extra
+        self._relaying = False
+
+    def chunk(self, chunk: Any) -> bytes:
+        if not isinstance(chunk, ResponsesEvent):
+            return super().chunk(chunk)
+        event = chunk.data
+        kind = str(event.get("type", ""))
+        if isinstance(response := event.get("response"), dict):
+            event = event | {"response": _relayed(response, chunk.model, self._relayed_extra)}
+            if kind in ("response.completed", "response.incomplete") and self._on_final is not None:
+                self._on_final(event["response"])
+        self._relaying = True
+        return b"event: " + kind.encode() + b"\ndata: " + msgspec.json.encode(event) + b"\n\n"
+
+    def done(self) -> bytes:
+        return b"" if self._relaying else super().done()
+
+
+def responses_dialect(extra: dict[str, Any], on_final: Callable[[dict[str, Any]], None],
+                      relayed_extra: dict[str, Any] | None = None) -> Dialect:
+    """The Responses dialect for one call: ``extra`` fields on the response objects it builds
+    (``relayed_extra`` on an upstream's own), and every finished response handed to ``on_final``
+    (for ``store``)."""
+    relayed_extra = relayed_extra or {}
+
+    def unary(response: ChatCompletion | RelayedResponse) -> bytes:
+        if isinstance(response, RelayedResponse):
+            final = _relayed(response.body, response.model, relayed_extra)
+        else:
+            final = response_object(response, extra)
+        if final.get("status") in ("completed", "incomplete"):
+            on_final(final)
         return msgspec.json.encode(final)
 
-    return Dialect(unary=unary, stream=lambda meter: ResponsesEvents(meter, extra, on_final))
+    return Dialect(unary=unary, stream=lambda meter: RelayedEvents(meter, extra, relayed_extra, on_final))

@@ -1,6 +1,8 @@
-"""Stored Responses API answers: ``store``, ``previous_response_id``, ``GET``/``DELETE``/``input_items``
-through the real app (build_services) on SQLite and PostgreSQL, with the openai SDK as the client and
-the loopback echo upstream behind it; one tenant never sees another's."""
+"""The Responses API through the real app (build_services) on SQLite and PostgreSQL, with the openai
+SDK as the client: answers stored per tenant (``store``, ``previous_response_id``,
+``GET``/``DELETE``/``input_items``; one tenant never sees another's), translated to chat for the
+loopback echo upstream, and passed through as sent, both ways, to a loopback upstream that serves
+Responses itself (``responses_api: true``), metered from its usage."""
 
 from __future__ import annotations
 
@@ -16,6 +18,8 @@ from gateway.app import create_app
 from gateway.db import Database
 from tests.conftest import ADMIN_KEY, gateway_settings
 from tests.gateway.tenancy_fixtures import db, plain_url  # noqa: F401
+from tests.gateway.test_tenant_e2e import wait_for_rows
+from tests.support.fake_responses import USAGE, FakeResponsesUpstream
 from tests.support.fake_upstream import FakeUpstream
 from tests.support.servers import ServerThread
 
@@ -26,19 +30,38 @@ class Gateway:
     admin: httpx.Client
 
     def tenant_client(self) -> openai.OpenAI:
+        return self.tenant()[1]
+
+    def tenant(self) -> tuple[str, openai.OpenAI]:
         r = self.admin.post("/admin/v1/tenants", json={"name": f"t-{uuid.uuid4().hex[:8]}"})
         key = self.admin.post("/admin/v1/keys", json={"tenant_id": r.json()["id"]}).json()["key"]
-        return openai.OpenAI(base_url=self.url + "/v1", api_key=key, max_retries=0, timeout=20)
+        return r.json()["id"], openai.OpenAI(base_url=self.url + "/v1", api_key=key, max_retries=0, timeout=20)
 
 
 @pytest.fixture(scope="module")
-def gateway(db: Database, fake_upstream_server: FakeUpstream,
+def responses_upstream() -> Iterator[FakeResponsesUpstream]:
+    server = FakeResponsesUpstream().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def native(responses_upstream: FakeResponsesUpstream) -> FakeResponsesUpstream:
+    responses_upstream.received.clear()
+    return responses_upstream
+
+
+@pytest.fixture(scope="module")
+def gateway(db: Database, fake_upstream_server: FakeUpstream, responses_upstream: FakeResponsesUpstream,
             tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
     deployment = {"provider": "openai", "model": "upstream-echo", "api_base": fake_upstream_server.url,
                   "api_key": "sk-up"}
+    native = {"provider": "openai", "model": "up-model", "api_base": responses_upstream.url, "api_key": "sk-up",
+              "responses_api": True}
     settings = gateway_settings(fake_upstream_server.url, auth={"admin_key": ADMIN_KEY},
                                 database={"url": plain_url(db)},
-                                models=[{"name": "echo", "deployments": [deployment]}])
+                                models=[{"name": "echo", "deployments": [deployment]},
+                                        {"name": "native", "deployments": [native]}])
     settings.usage.journal_dir = str(tmp_path_factory.mktemp("journal"))
     with (
         ServerThread(create_app(settings)) as server,
@@ -155,3 +178,73 @@ def test_bad_listing_parameters_are_400s(gateway: Gateway) -> None:
                       headers={"authorization": f"Bearer {client.api_key}"})
         assert r.status_code == 400, (params, r.text)
         assert r.json()["error"]["message"]
+
+
+# ---------------------------------------------------------------- translated: fields without a chat twin
+
+
+def test_translated_requests_map_or_refuse_unmodelled_fields(gateway: Gateway, upstream: FakeUpstream) -> None:
+    client = gateway.tenant_client()
+    client.responses.create(model="echo", input="x", reasoning={"effort": "low"}, metadata={"k": "v"},
+                            parallel_tool_calls=False, include=[], truncation="disabled")
+    sent = upstream.last.json
+    assert sent["reasoning_effort"] == "low" and sent["metadata"] == {"k": "v"}
+    assert sent["parallel_tool_calls"] is False and "include" not in sent and "truncation" not in sent
+    for kwargs, param in (({"include": ["file_search_call.results"]}, "include"),
+                          ({"truncation": "auto"}, "truncation"),
+                          ({"tools": [{"type": "web_search"}]}, "tools[0]"),
+                          ({"extra_body": {"brand_new_field": 1}}, "brand_new_field")):
+        with pytest.raises(openai.BadRequestError) as err:
+            client.responses.create(model="echo", input="x", **kwargs)  # type: ignore[arg-type]
+        assert err.value.body["param"] == param, kwargs  # type: ignore[index]
+
+
+# ---------------------------------------------------------------- passed through (responses_api: true)
+
+
+def test_passed_through_as_sent_and_relayed_as_it_came(gateway: Gateway, native: FakeResponsesUpstream,
+                                                       db: Database) -> None:
+    tenant, client = gateway.tenant()
+    sent = {"input": "hello native", "reasoning": {"effort": "low", "summary": "detailed"},
+            "include": ["reasoning.encrypted_content"], "metadata": {"k": "v"}, "max_output_tokens": 50,
+            "tools": [{"type": "web_search"}]}
+    response = client.responses.create(model="native", **sent)  # type: ignore[arg-type]
+    assert native.received[-1] == sent | {"model": "up-model"}
+    assert response.model == "native" and response.output_text == "hello native"
+    assert [item.type for item in response.output] == ["reasoning", "message"]
+    assert response.model_extra and response.model_extra["x_vendor_field"] == {"kept": True}
+    assert response.usage is not None and response.usage.input_tokens == USAGE["input_tokens"]
+    row = wait_for_rows(db, tenant, 1)[0]
+    assert (row.endpoint, row.prompt_tokens, row.completion_tokens, row.cached_tokens, row.exact) == (
+        "responses", 7, 3, 2, True)
+
+
+def test_a_passed_through_stream_is_relayed_event_for_event(gateway: Gateway, native: FakeResponsesUpstream) -> None:
+    client = gateway.tenant_client()
+    events = list(client.responses.create(model="native", input="one two three", stream=True))
+    kinds = [e.type for e in events]
+    assert kinds[0] == "response.created" and kinds[-1] == "response.completed"
+    assert "response.reasoning_summary_text.delta" in kinds  # an event the gateway does not model
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == "onetwothree"
+    final = events[-1].response  # type: ignore[union-attr]
+    assert final.model == "native" and final.id.startswith("resp_up_")
+    assert native.received[-1]["stream"] is True
+    assert client.responses.retrieve(final.id).output_text == "one two three"  # kept by the gateway too
+
+
+def test_a_kept_conversation_continues_on_a_native_upstream(gateway: Gateway, native: FakeResponsesUpstream) -> None:
+    client = gateway.tenant_client()
+    first = client.responses.create(model="native", input="my name is Ada")
+    second = client.responses.create(model="native", input="what is my name?", previous_response_id=first.id)
+    body = native.received[-1]
+    assert "previous_response_id" not in body  # the gateway holds the conversation; the upstream gets it whole
+    assert [item["type"] for item in body["input"]] == ["message", "reasoning", "message", "message"]
+    assert body["input"][0] == {"type": "message", "role": "user",
+                                "content": [{"type": "input_text", "text": "my name is Ada"}]}
+    assert body["input"][1]["encrypted_content"] == "opaque"  # the upstream's own item, as it sent it
+    assert body["input"][2]["role"] == "assistant" and "id" not in body["input"][2]
+    assert second.previous_response_id == first.id
+    # an id the gateway never kept goes to the upstream as it is (the provider may hold it)
+    client.responses.create(model="native", input="again", previous_response_id="resp_upstream_only")
+    assert native.received[-1]["previous_response_id"] == "resp_upstream_only"

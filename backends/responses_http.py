@@ -1,0 +1,142 @@
+"""OpenAI's Responses API passed through to an upstream that serves it (an ``openai`` deployment with
+``responses_api: true``): the request goes as the client sent it (the upstream's model name, the
+deployment's ``drop_params``/``rename_params``), the answer and every stream event come back as the
+upstream sent them; only usage is read, for metering.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import msgspec
+
+from backends.base import ChunkStream, Completed, Meter, UpstreamError
+from backends.config import DeploymentConfig
+from backends.estimate import estimate_text
+from backends.http_upstream import HTTPUpstream, SSELines
+from backends.responses_wire import RelayedResponse, ResponsesEvent
+
+_FINAL_EVENTS = frozenset({"response.completed", "response.incomplete", "response.failed"})
+
+
+def meter_usage(meter: Meter, usage: Any) -> bool:
+    """Take a Responses ``usage`` object's counts into ``meter``; False when there is none."""
+    if not isinstance(usage, dict) or not isinstance(usage.get("input_tokens"), int):
+        return False
+    details = usage.get("input_tokens_details")
+    meter.prompt_tokens = usage["input_tokens"]
+    meter.completion_tokens = int(usage.get("output_tokens") or 0)
+    meter.cached_tokens = int(details.get("cached_tokens") or 0) if isinstance(details, dict) else 0
+    meter.exact = True
+    return True
+
+
+def upstream_body(body: dict[str, Any], config: DeploymentConfig, stream: bool, output_cap: int | None) -> bytes:
+    """The client's request for the upstream: its model name, ``stream`` as asked, the gateway's
+    output cap where the client set none, and the deployment's parameter adjustments."""
+    out = dict(body) | {"model": config.model}
+    out.pop("stream", None)
+    if stream:
+        out["stream"] = True
+    if out.get("max_output_tokens") is None and output_cap is not None:
+        out["max_output_tokens"] = output_cap
+    for name in config.drop_params:
+        out.pop(name, None)
+    for old, new in config.rename_params.items():
+        if old in out:
+            out[new] = out.pop(old)
+    return msgspec.json.encode(out)
+
+
+async def respond(http: HTTPUpstream, payload: bytes, prompt_estimate: int,
+                  headers: dict[str, str] | None) -> Completed[RelayedResponse]:
+    raw = await http.post("/responses", payload, headers)
+    try:
+        body = msgspec.json.decode(raw)
+    except (msgspec.DecodeError, RecursionError) as exc:
+        raise UpstreamError(f"upstream {http.deployment_id} sent an invalid response: {exc}") from None
+    if not isinstance(body, dict):
+        raise UpstreamError(f"upstream {http.deployment_id} sent an invalid response")
+    meter = Meter(first_token_at=time.perf_counter())
+    if not meter_usage(meter, body.get("usage")):
+        meter.prompt_tokens, meter.exact = prompt_estimate, False
+        meter.completion_tokens = estimate_text(_output_text(body))
+    return Completed(RelayedResponse(body), meter)
+
+
+def _output_text(body: dict[str, Any]) -> str:
+    return "".join(part.get("text", "") for item in body.get("output") or () if isinstance(item, dict)
+                   for part in item.get("content") or () if isinstance(part, dict))
+
+
+async def respond_stream(http: HTTPUpstream, payload: bytes, prompt_estimate: int,
+                         headers: dict[str, str] | None) -> ChunkStream[ResponsesEvent]:
+    """Open the stream and read its first event, so failures before the first byte raise here."""
+    response, first_deadline, deadline = await http.open_stream("/responses", payload, headers)
+    meter = Meter(prompt_tokens=prompt_estimate, exact=False)
+    events = _Events(http, response, meter, deadline)
+    try:
+        await events.prime(first_deadline)
+    except BaseException:
+        await events.aclose()
+        raise
+    return ChunkStream(chunks=events, meter=meter)
+
+
+class _Events:
+    """The upstream's events, decoded, metered as they pass; ``aclose`` closes the upstream."""
+
+    def __init__(self, http: HTTPUpstream, response: Any, meter: Meter, deadline: float) -> None:
+        self._http, self._response, self._meter, self._deadline = http, response, meter, deadline
+        self._lines = SSELines(response, http.deployment_id)
+        self._first: ResponsesEvent | None = None
+        self._closed = False
+
+    async def prime(self, first_deadline: float) -> None:
+        self._first = await self._read(first_deadline)
+        if self._first is None:
+            raise UpstreamError(f"upstream {self._http.deployment_id} ended the stream without an event")
+
+    def __aiter__(self) -> _Events:
+        return self
+
+    async def __anext__(self) -> ResponsesEvent:
+        try:
+            event, self._first = (self._first, None) if self._first is not None else \
+                (await self._read(self._deadline), None)
+        except BaseException:
+            await self.aclose()
+            raise
+        if event is None:
+            await self.aclose()
+            raise StopAsyncIteration
+        return event
+
+    async def _read(self, deadline: float) -> ResponsesEvent | None:
+        data = await self._lines.next(deadline)
+        if data is None:
+            return None
+        try:
+            event = msgspec.json.decode(data)
+        except (msgspec.DecodeError, RecursionError):
+            raise UpstreamError(f"upstream {self._http.deployment_id} sent an invalid event") from None
+        if not isinstance(event, dict):
+            raise UpstreamError(f"upstream {self._http.deployment_id} sent an invalid event")
+        kind = event.get("type")
+        meter = self._meter
+        if kind == "response.output_text.delta" or kind == "response.function_call_arguments.delta":
+            if meter.first_token_at is None:
+                meter.first_token_at = time.perf_counter()
+            if not meter.exact:
+                meter.completion_tokens += estimate_text(str(event.get("delta", "")))
+        elif kind in _FINAL_EVENTS and isinstance(response := event.get("response"), dict):
+            meter_usage(meter, response.get("usage"))
+        elif kind == "error":
+            raise UpstreamError(f"upstream {self._http.deployment_id} failed mid-stream: {event.get('message')}")
+        return ResponsesEvent(event)
+
+    async def aclose(self) -> None:
+        if not self._closed:
+            self._closed = True
+            await self._http.close_stream(self._response)

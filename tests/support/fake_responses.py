@@ -1,0 +1,92 @@
+"""A loopback upstream that serves OpenAI's Responses API (``POST /v1/responses``), streaming and not,
+answering with fields and events the gateway does not model (a reasoning item, a vendor field, a
+reasoning-summary event), echoing the last user text, and recording every body it received."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from typing import Any
+
+from backends.dev.echo_server import EchoOptions, EchoUpstream, Exchange, send_json
+from tests.support.servers import ServerThread
+
+USAGE = {"input_tokens": 7, "input_tokens_details": {"cached_tokens": 2}, "output_tokens": 3,
+         "output_tokens_details": {"reasoning_tokens": 1}, "total_tokens": 10}
+
+
+def _last_user_text(body: dict[str, Any]) -> str:
+    given = body.get("input")
+    if isinstance(given, str):
+        return given
+    for item in reversed(given or []):
+        if item.get("role") == "user":
+            content = item.get("content")
+            return content if isinstance(content, str) else "".join(p.get("text", "") for p in content)
+    return ""
+
+
+class FakeResponsesUpstream(EchoUpstream):
+    def __init__(self) -> None:
+        super().__init__(EchoOptions())
+        self.received: list[dict[str, Any]] = []
+        self._ids = itertools.count(1)
+        self._server: ServerThread | None = None
+
+    def start(self) -> FakeResponsesUpstream:
+        self._server = ServerThread(self, lifespan="off").start()
+        return self
+
+    def stop(self) -> None:
+        if self._server:
+            self._server.stop()
+
+    @property
+    def url(self) -> str:
+        assert self._server is not None
+        return self._server.url + "/v1"
+
+    def response(self, body: dict[str, Any], status: str = "completed") -> dict[str, Any]:
+        n = next(self._ids)
+        return {
+            "id": f"resp_up_{n}", "object": "response", "created_at": 1_700_000_000, "status": status,
+            "model": body.get("model"), "service_tier": "default", "x_vendor_field": {"kept": True},
+            "previous_response_id": body.get("previous_response_id"),
+            "output": [
+                {"type": "reasoning", "id": f"rs_{n}", "summary": [], "encrypted_content": "opaque"},
+                {"type": "message", "id": f"msg_up_{n}", "role": "assistant", "status": "completed",
+                 "content": [{"type": "output_text", "text": _last_user_text(body), "annotations": []}]},
+            ],
+            "usage": USAGE if status != "in_progress" else None,
+        }
+
+    async def handle(self, ex: Exchange) -> None:
+        if ex.method != "POST" or not ex.path.endswith("/responses"):
+            return await super().handle(ex)
+        body = ex.json()
+        self.received.append(body)
+        if not body.get("stream"):
+            return await send_json(ex, 200, self.response(body))
+        await ex.send({"type": "http.response.start", "status": 200,
+                       "headers": [(b"content-type", b"text/event-stream")]})
+        final = self.response(body)
+        start = final | {"status": "in_progress", "output": [], "usage": None}
+        text = final["output"][1]["content"][0]["text"]
+        events: list[dict[str, Any]] = [
+            {"type": "response.created", "response": start},
+            {"type": "response.in_progress", "response": start},
+            {"type": "response.output_item.added", "output_index": 0, "item": final["output"][0]},
+            {"type": "response.reasoning_summary_text.delta", "item_id": final["output"][0]["id"], "delta": "hm"},
+            {"type": "response.output_item.added", "output_index": 1,
+             "item": final["output"][1] | {"status": "in_progress", "content": []}},
+            *({"type": "response.output_text.delta", "item_id": final["output"][1]["id"], "output_index": 1,
+               "content_index": 0, "delta": word} for word in text.split(" ")),
+            {"type": "response.output_text.done", "item_id": final["output"][1]["id"], "output_index": 1,
+             "content_index": 0, "text": text},
+            {"type": "response.completed", "response": final},
+        ]
+        for seq, event in enumerate(events):
+            data = json.dumps(event | {"sequence_number": seq})
+            await ex.send({"type": "http.response.body", "more_body": True,
+                           "body": f"event: {event['type']}\ndata: {data}\n\n".encode()})
+        await ex.send({"type": "http.response.body", "body": b"", "more_body": False})
