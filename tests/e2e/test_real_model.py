@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import jsonschema
+import openai
 import pytest
 import torch
 
@@ -138,3 +139,36 @@ def test_embeddings_equal_transformers_with_real_weights(env: Env, reference: An
         want = torch.nn.functional.normalize(hidden.mean(dim=0), dim=0)
         assert torch.allclose(torch.tensor(item.embedding), want, atol=1e-4)
     assert answer.usage.prompt_tokens == sum(len(env.backend.tokenizer.encode(t)) for t in texts)
+
+
+def test_responses_api_on_the_engine(env: Env) -> None:
+    """``client.responses.create`` served by the engine (translated via chat): text, the event stream,
+    and a function-call round trip with the call forced by the grammar."""
+    client = env.client()
+    answer = client.responses.create(model="tiny", input="What is the capital of France?", max_output_tokens=16,
+                                     temperature=0)
+    chat = client.chat.completions.create(model="tiny", max_tokens=16, temperature=0,
+                                          messages=[{"role": "user", "content": "What is the capital of France?"}])
+    assert answer.output_text == chat.choices[0].message.content
+    assert answer.usage is not None and answer.usage.input_tokens == chat.usage.prompt_tokens  # type: ignore[union-attr]
+    events = list(client.responses.create(model="tiny", input="What is the capital of France?",
+                                          max_output_tokens=16, temperature=0, stream=True))
+    assert events[-1].type in ("response.completed", "response.incomplete")
+    assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == answer.output_text
+    tools: Any = [{"type": "function", "name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string", "maxLength": 16}}, "required": ["city"],
+        "additionalProperties": False}}]
+    first = client.responses.create(model="tiny", input="Weather in Paris?", tools=tools, temperature=0,
+                                    tool_choice={"type": "function", "name": "get_weather"}, max_output_tokens=60)
+    call = next(item for item in first.output if item.type == "function_call")
+    assert call.name == "get_weather" and "city" in json.loads(call.arguments)  # type: ignore[union-attr]
+    second = client.responses.create(model="tiny", tools=tools, temperature=0, max_output_tokens=24, input=[
+        {"role": "user", "content": "Weather in Paris?"},
+        {"type": "function_call", "call_id": call.call_id, "name": call.name,  # type: ignore[union-attr]
+         "arguments": call.arguments},  # type: ignore[union-attr]
+        {"type": "function_call_output", "call_id": call.call_id, "output": "sunny, 21 C"}])  # type: ignore[union-attr]
+    assert second.status in ("completed", "incomplete") and second.output_text
+    with pytest.raises(openai.BadRequestError) as err:
+        client.responses.create(model="tiny", input="x", reasoning={"effort": "high"})
+    assert err.value.body["param"] == "reasoning_effort"  # type: ignore[index]
+    env.wait_idle()
