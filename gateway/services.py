@@ -23,7 +23,10 @@ from sqlalchemy.dialects import postgresql, sqlite
 from backends.factory import build_backend
 from gateway.admin.api import admin_routers
 from gateway.admin.service import TenancyService
+from gateway.auth.audit import AuditLog
 from gateway.auth.authenticator import SqlAuthenticator
+from gateway.auth.guard import AuthGuard
+from gateway.auth.throttle import AuthThrottle, FailureCounts, MemoryFailures, RedisFailures
 from gateway.contracts import Admission, Authenticator, UsageSink
 from gateway.dashboard.pages import dashboard_router
 from gateway.dashboard.sessions import Sessions
@@ -56,6 +59,7 @@ class Services:
     routes: list[Any] = field(default_factory=list)  # extra route handlers / Routers the app mounts
     # Engine nodes: take the tenant a gateway forwards (backends.call headers) for principals without one.
     tenant_from_headers: bool = False
+    auth_guard: AuthGuard | None = None  # throttles failed authentications and audits key use; None: neither
 
     async def aclose(self) -> None:
         for close in reversed(self.closers):
@@ -74,6 +78,7 @@ class Tenancy:
     usage: UsageWriter
     service: TenancyService
     prices: PriceTable
+    guard: AuthGuard
     sessions: Sessions | None = None  # dashboard sign-ins; None: no /dashboard
 
     @classmethod
@@ -82,9 +87,13 @@ class Tenancy:
         ttl = settings.auth.key_cache_seconds
         authenticator = SqlAuthenticator(db, ttl=ttl, admin_key=settings.auth.admin_key)
         limits = LimitsSource(db, ttl=ttl)
-        store: QuotaStore = (
-            RedisStore(connect_redis(settings.redis.url), prefix="sy:q") if settings.redis.url else MemoryStore()
-        )
+        redis = connect_redis(settings.redis.url) if settings.redis.url else None
+        store: QuotaStore = RedisStore(redis, prefix="sy:q") if redis else MemoryStore()
+        failures: FailureCounts = RedisFailures(redis) if redis else MemoryFailures()
+        auth = settings.auth
+        throttle = AuthThrottle(failures, per_address=auth.max_failures_per_address,
+                                per_prefix=auth.max_failures_per_prefix, window=auth.failure_window)
+        guard = AuthGuard(throttle, AuditLog(db, key_use_interval=auth.key_use_audit_seconds))
         prices = PriceTable.from_settings(settings)
         admission = QuotaAdmission(store, limits, prices, on_unavailable=settings.redis.on_unavailable)
         usage = UsageWriter(db, prices, journal_dir=Path(settings.usage.journal_dir))
@@ -97,12 +106,13 @@ class Tenancy:
         sessions = (
             Sessions.create(dash.session_secret, dash.session_seconds, dash.secure_cookies) if dash.enabled else None
         )
-        return cls(db, authenticator, admission, usage, TenancyService(db, on_change=changed), prices, sessions)
+        service = TenancyService(db, on_change=changed)
+        return cls(db, authenticator, admission, usage, service, prices, guard, sessions)
 
     def routers(self) -> list[HttpRouter]:
         routers = admin_routers(self.service, self.db, self.authenticator)
         if self.sessions is not None:
-            routers.append(dashboard_router(self.service, self.db, self.authenticator, self.sessions))
+            routers.append(dashboard_router(self.service, self.db, self.authenticator, self.sessions, self.guard))
         return routers
 
     async def start(self) -> None:
@@ -114,6 +124,7 @@ class Tenancy:
             raise
         await self._sync_prices()
         self.usage.start()
+        self.guard.audit.start()
 
     async def _sync_prices(self) -> None:
         """The config's prices are written to model_prices (so reports and dashboards can read
@@ -153,6 +164,7 @@ class Tenancy:
 
     async def aclose(self) -> None:
         await self.usage.aclose()
+        await self.guard.audit.aclose()
         store = self.admission.store
         if isinstance(store, RedisStore):
             await store.redis.aclose()
@@ -170,4 +182,5 @@ def build_services(settings: Settings) -> Services:
         closers=[tenancy.aclose],
         starters=[tenancy.start],
         routes=tenancy.routers(),
+        auth_guard=tenancy.guard,
     )

@@ -19,6 +19,7 @@ from litestar.handlers import BaseRouteHandler
 from gateway.admin.auth import require_admin, require_tenant
 from gateway.admin.schemas import AdminBody, KeyCreate, KeyRotate, LimitsBody, TenantCreate, TenantUpdate, decode
 from gateway.admin.service import AdminError, CreatedKey, TenancyService
+from gateway.auth.audit import EVENTS, list_events
 from gateway.contracts import Authenticator, Principal
 from gateway.db.engine import Database
 from gateway.errors import ParameterError, database_exception_handlers
@@ -161,6 +162,34 @@ class UsageController(Controller):
         return {"object": "list", "data": await usage_report(db, q)}
 
 
+class AuditController(Controller):
+    path = "/audit"
+
+    @get("/")
+    async def events(
+        self,
+        db: Database,
+        event: str | None = None,
+        key_id: str | None = None,
+        tenant_id: str | None = None,
+        client: str | None = None,
+        since: str | None = None,
+        limit: int = 100,
+    ) -> dict[str, Any]:
+        """Sign-ins, sign-outs, failed attempts and key use, newest first."""
+        if event is not None and event not in EVENTS:
+            raise AdminError(f"event must be one of {', '.join(EVENTS)}", param="event")
+        if not 1 <= limit <= 1000:
+            raise AdminError(f"limit must be between 1 and 1000, got {limit}", param="limit")
+        try:
+            start = parse_day(since, "since") if since else None
+        except ParameterError as exc:
+            raise AdminError(exc.message, param=exc.param) from None
+        rows = await list_events(db, event=event, key_id=key_id, tenant_id=tenant_id, client=client, since=start,
+                                 limit=limit)
+        return {"object": "list", "data": rows}
+
+
 def admin_routers(svc: TenancyService, db: Database, auth: Authenticator) -> list[Router]:
     """The /admin/v1 router (admin keys only) and the tenant-scoped /v1/usage router."""
 
@@ -189,7 +218,7 @@ def admin_routers(svc: TenancyService, db: Database, auth: Authenticator) -> lis
     handlers = {AdminError: _error, **database_exception_handlers}
     admin = Router(
         path="/admin/v1",
-        route_handlers=[TenantController, KeyController, UsageController],
+        route_handlers=[TenantController, KeyController, UsageController, AuditController],
         guards=[admin_guard],
         dependencies=deps,
         exception_handlers=handlers,  # type: ignore[arg-type]

@@ -15,7 +15,8 @@ from gateway.db import Database, SchemaNotReady, check_schema, migrate
 from gateway.db.models import Base
 from tests.gateway.tenancy_fixtures import drop_pg_database, new_pg_database
 
-TABLES = {"tenants", "api_keys", "limits", "usage_records", "model_prices", "usage_hourly", "latency_hourly"}
+TABLES = {"tenants", "api_keys", "limits", "usage_records", "model_prices", "usage_hourly", "latency_hourly",
+          "auth_events", "revoked_sessions"}
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -88,7 +89,7 @@ def test_db_cli_works_from_any_directory(tmp_path: Path) -> None:
     assert refused.returncode == 1 and "switchyard db upgrade" in refused.stderr
     up = run("db", "upgrade", "--config", str(config))
     assert up.returncode == 0, up.stderr
-    assert "current: 0002" in run("db", "current", "--config", str(config)).stdout
+    assert f"current: {migrate.head_revision()}" in run("db", "current", "--config", str(config)).stdout
     assert run("tenant", "list", "--config", str(config)).returncode == 0
     down = run("db", "downgrade", "--config", str(config), "--revision", "base")
     assert down.returncode == 0, down.stderr
