@@ -6,12 +6,14 @@ Events are buffered in process and written in batches every second, off the requ
 is recorded once per key and client address per ``key_use_interval`` (per process), so a busy key
 writes a row an hour per address, not a row per request. Failures are bounded by the throttle; if
 the database is down, the buffer keeps the newest ``max_buffer`` events and counts what it drops.
+Client addresses are stored as printable ASCII only (a proxy's header could carry anything).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 from collections import deque
 from dataclasses import asdict, dataclass
@@ -22,6 +24,7 @@ from sqlalchemy import insert, select
 
 from gateway.contracts import Principal
 from gateway.db.engine import Database
+from gateway.db.errors import is_unavailable
 from gateway.db.models import AuthEvent
 
 log = logging.getLogger("switchyard.audit")
@@ -30,6 +33,7 @@ Event = Literal["key_used", "key_failed", "login", "login_failed", "logout"]
 EVENTS: tuple[str, ...] = ("key_used", "key_failed", "login", "login_failed", "logout")
 Surface = Literal["api", "admin", "dashboard"]
 _CLIENT_CHARS = 64
+_UNPRINTABLE = re.compile(r"[^\x21-\x7e]")
 
 
 @dataclass(frozen=True)
@@ -59,7 +63,7 @@ class AuditLog:
         if len(self._buffer) == self._buffer.maxlen:
             self.dropped += 1
         self._buffer.append(AuditEntry(
-            at=datetime.now(UTC), event=event, client=client[:_CLIENT_CHARS], surface=surface,
+            at=datetime.now(UTC), event=event, client=_UNPRINTABLE.sub("?", client[:_CLIENT_CHARS]), surface=surface,
             key_id=principal.key_id if principal else None, tenant_id=principal.tenant_id if principal else None,
             key_prefix=key_prefix,
         ))
@@ -93,8 +97,14 @@ class AuditLog:
             await asyncio.sleep(self.flush_every)
             try:
                 await self.flush()
-            except Exception as exc:  # the database is down: keep the events and try again
-                log.warning("audit events not written yet (%s); %d waiting", type(exc).__name__, len(self._buffer))
+            except Exception as exc:
+                if is_unavailable(exc):  # the database is down: keep the events and try again
+                    log.warning("audit events not written yet (%s); %d waiting", type(exc).__name__,
+                                len(self._buffer))
+                else:  # the batch itself is refused: never let it block the events after it
+                    log.exception("audit events dropped: %d", len(self._buffer))
+                    self.dropped += len(self._buffer)
+                    self._buffer.clear()
 
     async def aclose(self) -> None:
         if self._task is not None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 import time
 from typing import Protocol
 
@@ -22,6 +23,7 @@ from gateway.quotas.redis_client import RedisError, RespClient
 log = logging.getLogger("switchyard.auth")
 
 _MAX_MEMORY_ENTRIES = 100_000
+_KEY_CHARS = re.compile(r"[A-Za-z0-9_-]+")  # what a generated key is made of (url-safe base64)
 
 # KEYS: counters; ARGV: their limits (0: none). The longest wait (ms) among those at their limit.
 _BLOCKED = """
@@ -109,8 +111,11 @@ class RedisFailures:
 
 
 def key_prefix(token: str | None) -> str | None:
-    """The visible prefix of a token shaped like one of our keys (what the admin sees), else None."""
-    return token[:VISIBLE_CHARS] if token and looks_like_key(token) else None
+    """The visible prefix of a token shaped like one of our keys (what the admin sees), else None:
+    never text a client chose beyond the key alphabet, so it is safe to store and print."""
+    if not token or not looks_like_key(token) or not _KEY_CHARS.fullmatch(token):
+        return None
+    return token[:VISIBLE_CHARS]
 
 
 class AuthThrottle:
