@@ -291,6 +291,3 @@ def register(app: typer.Typer) -> None:
     app.add_typer(limits_app, name="limits")
     app.add_typer(usage_app, name="usage")
     app.command("bootstrap")(bootstrap)
-    from gateway.cli.audit import audit_app  # it builds on this module's helpers
-
-    app.add_typer(audit_app, name="audit")
