@@ -20,13 +20,14 @@ import httpx
 import pytest
 import yaml
 
-from gateway.auth.throttle import AuthThrottle, MemoryFailures, Throttled
+from gateway.auth.throttle import AuthThrottle, MemoryFailures, RedisFailures, Throttled
 from gateway.db import migrate
+from gateway.quotas.redis_client import RespClient
 from tests.conftest import ADMIN_KEY, gateway_settings
 from tests.gateway.dashboard_fixtures import login
 from tests.gateway.tenancy_fixtures import drop_pg_database, new_pg_database
 from tests.support.redis_server import RedisProcess
-from tests.support.servers import ServerThread
+from tests.support.servers import ServerThread, free_port
 
 PER_ADDRESS, PER_PREFIX = 3, 2
 ADMIN = {"authorization": f"Bearer {ADMIN_KEY}"}
@@ -226,3 +227,14 @@ async def test_the_in_process_throttle_blocks_for_the_rest_of_the_window() -> No
     await throttle.check("10.0.0.2", None)
     await asyncio.sleep(0.6)
     await throttle.check("10.0.0.1", None)  # the window ended
+
+
+async def test_an_unreachable_redis_does_not_stop_authentication() -> None:
+    """The throttle lets requests through (the key check still decides) while Redis is away."""
+    redis = RespClient("127.0.0.1", free_port(), timeout=0.5)
+    throttle = AuthThrottle(RedisFailures(redis), per_address=1, per_prefix=1, window=60)
+    try:
+        await throttle.failed("10.0.0.3", _wrong_key())
+        await throttle.check("10.0.0.3", _wrong_key())
+    finally:
+        await redis.aclose()
