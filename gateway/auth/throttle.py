@@ -93,13 +93,14 @@ class RedisFailures:
         self.prefix = prefix
         self._blocked = redis.register_script(_BLOCKED)
         self._fail = redis.register_script(_FAIL)
+        self._warned = float("-inf")  # when the outage was last logged (once a minute, not per request)
 
     async def blocked(self, counters: dict[str, int]) -> float:
         names = list(counters)
         try:
             wait = await self._blocked([f"{self.prefix}:{n}" for n in names], [counters[n] for n in names])
         except (RedisError, ConnectionError) as exc:
-            log.warning("auth throttle unavailable (%s); not throttling", type(exc).__name__)
+            self._warn(exc)
             return 0.0
         return max(0, int(wait)) / 1000  # type: ignore[call-overload]  # an integer reply
 
@@ -107,7 +108,13 @@ class RedisFailures:
         try:
             await self._fail([f"{self.prefix}:{n}" for n in names], [max(1, int(window * 1000))])
         except (RedisError, ConnectionError) as exc:
-            log.warning("auth throttle unavailable (%s); failure not counted", type(exc).__name__)
+            self._warn(exc)
+
+    def _warn(self, exc: Exception) -> None:
+        if (now := time.monotonic()) - self._warned >= 60:
+            self._warned = now
+            log.warning("auth throttle unavailable (%s): failed attempts are not counted meanwhile",
+                        type(exc).__name__)
 
 
 def key_prefix(token: str | None) -> str | None:

@@ -56,9 +56,9 @@ def login_form(request: Request[Any, Any, Any], sessions: Sessions) -> Response[
 @post("/login", status_code=303)
 async def login(
     request: Request[Any, Any, Any],
-    auth: Any,
-    sessions: Sessions,  # auth: an Authenticator (a Protocol,
-    guard: AuthGuard,  # which DI cannot check)
+    auth: Any,  # an Authenticator (a Protocol, which DI cannot check)
+    sessions: Sessions,
+    guard: AuthGuard,
     data: dict[str, str] = Body(media_type=RequestEncodingType.URL_ENCODED),
 ) -> Response[Any]:
     https = request.url.scheme == "https"
