@@ -162,7 +162,7 @@ class AnthropicBackend(HTTPBackend):
 
     async def _open(self, body: dict[str, Any]) -> _Events:
         response, first_deadline, deadline = await self.http.open_stream("/messages", msgspec.json.encode(body))
-        return _Events(response, self.deployment_id, first_deadline, deadline)
+        return _Events(response, self.deployment_id, first_deadline, deadline, self.http.timeouts.idle)
 
 
 class _AsText:
@@ -188,10 +188,10 @@ class _Events:
     """Anthropic SSE events (``event: <type>`` / ``data: {...}``), decoded to dicts."""
 
     def __init__(
-        self, response: aiohttp.ClientResponse, deployment: str, first_deadline: float, deadline: float
+        self, response: aiohttp.ClientResponse, deployment: str, first_deadline: float, deadline: float, idle: float
     ) -> None:
         self.response = response
-        self._lines = SSELines(response, deployment)
+        self._lines = SSELines(response, deployment, idle)
         self._deployment = deployment
         self._deadline = first_deadline  # until the first event, then the total deadline
         self._total = deadline

@@ -26,9 +26,13 @@ class Conf(Struct, forbid_unknown_fields=True, kw_only=True):
 
 
 class Timeouts(Conf):
+    """Per attempt (a retry or fallback starts its own clock). A non-streaming answer usually comes
+    whole when generation ends, so it is bounded by ``total`` alone; a stream by all four."""
+
     connect: Seconds = 5.0
-    first_byte: Seconds = 60.0  # until response headers / first stream chunk
+    first_byte: Seconds = 60.0  # until a stream's response headers and first event
     total: Seconds = 600.0
+    idle: Seconds = 60.0  # a stream's longest silence after its first event (any line, keep-alives too)
 
 
 class DeploymentConfig(Conf):

@@ -1,9 +1,10 @@
 """What the HTTP providers share: one pooled client per deployment, deadlines, error mapping.
 
 Timeouts come from ``DeploymentConfig.timeouts``: ``connect`` for the TCP/TLS handshake,
-``first_byte`` until a stream's headers and first event arrive, ``total`` for the whole request
-(a non-streaming answer usually arrives only when generation is done, so it is bounded by
-``total`` alone). Upstream statuses and transport failures become typed ``BackendError``s.
+``first_byte`` until a stream's headers and first event arrive, ``idle`` for a stream's silences
+after that, ``total`` for the whole request (a non-streaming answer usually arrives only when
+generation is done, so it is bounded by ``total`` alone). Upstream statuses and transport
+failures become typed ``BackendError``s.
 """
 
 from __future__ import annotations
@@ -219,31 +220,51 @@ class HTTPUpstream:
             await self._session.close()
 
 
-class SSELines:
-    """The ``data:`` payloads of a server-sent-events body, one at a time, within deadlines."""
+class _Idle(Exception):
+    """A stream said nothing for its idle timeout."""
 
-    def __init__(self, response: aiohttp.ClientResponse, deployment: str) -> None:
+
+class SSELines:
+    """The ``data:`` payloads of a server-sent-events body, one at a time, within deadlines: each
+    ``next`` by the deadline it is given, and after the first event every line within ``idle``."""
+
+    def __init__(self, response: aiohttp.ClientResponse, deployment: str, idle: float | None = None) -> None:
         self._content = response.content
         self._deployment = deployment
+        self._idle = idle
+        self._started = False  # an event arrived: from now on silences are bounded by ``idle``
 
     async def next(self, deadline: float) -> str | None:
         """The next event's data, or None at ``[DONE]`` / the end of the body."""
         try:
             async with asyncio.timeout_at(deadline):
-                while line := await self._content.readline():
+                while line := await self._readline():
                     if line.startswith(b"data:"):  # skip event names, comments, keep-alives, blanks
                         data = line[5:].strip().decode("utf-8", "replace")
                         if data != "[DONE]":
+                            self._started = True
                             return data
                         await self._drain()
                         return None
                 return None
+        except _Idle:
+            silent = f"upstream {self._deployment} stream was silent for {self._idle:g} s (idle timeout)"
+            raise Timeout(silent) from None
         except TimeoutError:
             raise Timeout(f"upstream {self._deployment} stream timed out") from None
         except (aiohttp.ClientError, OSError) as exc:
             raise Unavailable(f"upstream {self._deployment} stream broke: {type(exc).__name__}") from None
         except ValueError as exc:  # a line longer than the read buffer
             raise UpstreamError(f"upstream {self._deployment} sent an oversized event: {exc}") from None
+
+    async def _readline(self) -> bytes:
+        if self._idle is None or not self._started:
+            return await self._content.readline()
+        try:
+            async with asyncio.timeout(self._idle):
+                return await self._content.readline()
+        except TimeoutError:
+            raise _Idle from None
 
     async def _drain(self) -> None:
         """Read what follows ``[DONE]`` up to the end of the body, so the connection can go back to

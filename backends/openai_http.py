@@ -179,7 +179,7 @@ class OpenAIHTTPBackend(HTTPBackend):
                            text_of: Callable[[C], str], ctx: CallContext) -> ChunkStream[C]:
         """Open the stream and read its first chunk, so failures before the first byte raise here."""
         response, first_deadline, deadline = await self.http.open_stream(path, payload, self._headers(ctx))
-        reader = _ChunkReader(response, type_, self.deployment_id)
+        reader = _ChunkReader(response, type_, self.deployment_id, self.http.timeouts.idle)
         try:
             first = await reader.next(first_deadline)
             if first is None:
@@ -195,8 +195,8 @@ class OpenAIHTTPBackend(HTTPBackend):
 class _ChunkReader:
     """Decodes each ``data:`` event into a chunk Struct; an ``{"error": ...}`` event raises."""
 
-    def __init__(self, response: aiohttp.ClientResponse, type_: type[Any], deployment: str) -> None:
-        self._lines = SSELines(response, deployment)
+    def __init__(self, response: aiohttp.ClientResponse, type_: type[Any], deployment: str, idle: float) -> None:
+        self._lines = SSELines(response, deployment, idle)
         self._decoder = msgspec.json.Decoder(type_)
         self._deployment = deployment
 

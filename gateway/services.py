@@ -23,7 +23,10 @@ from sqlalchemy.dialects import postgresql, sqlite
 from backends.factory import build_backend
 from gateway.admin.api import admin_routers
 from gateway.admin.service import TenancyService
+from gateway.auth.audit import AuditLog
 from gateway.auth.authenticator import SqlAuthenticator
+from gateway.auth.guard import AuthGuard
+from gateway.auth.throttle import AuthThrottle, FailureCounts, MemoryFailures, RedisFailures
 from gateway.contracts import Admission, Authenticator, UsageSink
 from gateway.dashboard.pages import dashboard_router
 from gateway.dashboard.sessions import Sessions
@@ -58,6 +61,7 @@ class Services:
     responses: ResponseStore | None = None  # kept Responses API answers; None: nothing is stored
     # Engine nodes: take the tenant a gateway forwards (backends.call headers) for principals without one.
     tenant_from_headers: bool = False
+    auth_guard: AuthGuard | None = None  # throttles failed authentications and audits key use; None: neither
 
     async def aclose(self) -> None:
         for close in reversed(self.closers):
@@ -76,6 +80,7 @@ class Tenancy:
     usage: UsageWriter
     service: TenancyService
     prices: PriceTable
+    guard: AuthGuard
     sessions: Sessions | None = None  # dashboard sign-ins; None: no /dashboard
 
     @classmethod
@@ -84,9 +89,13 @@ class Tenancy:
         ttl = settings.auth.key_cache_seconds
         authenticator = SqlAuthenticator(db, ttl=ttl, admin_key=settings.auth.admin_key)
         limits = LimitsSource(db, ttl=ttl)
-        store: QuotaStore = (
-            RedisStore(connect_redis(settings.redis.url), prefix="sy:q") if settings.redis.url else MemoryStore()
-        )
+        redis = connect_redis(settings.redis.url) if settings.redis.url else None
+        store: QuotaStore = RedisStore(redis, prefix="sy:q") if redis else MemoryStore()
+        failures: FailureCounts = RedisFailures(redis) if redis else MemoryFailures()
+        auth = settings.auth
+        throttle = AuthThrottle(failures, per_address=auth.max_failures_per_address,
+                                per_prefix=auth.max_failures_per_prefix, window=auth.failure_window)
+        guard = AuthGuard(throttle, AuditLog(db, key_use_interval=auth.key_use_audit_seconds))
         prices = PriceTable.from_settings(settings)
         admission = QuotaAdmission(store, limits, prices, on_unavailable=settings.redis.on_unavailable)
         usage = UsageWriter(db, prices, journal_dir=Path(settings.usage.journal_dir))
@@ -99,12 +108,13 @@ class Tenancy:
         sessions = (
             Sessions.create(dash.session_secret, dash.session_seconds, dash.secure_cookies) if dash.enabled else None
         )
-        return cls(db, authenticator, admission, usage, TenancyService(db, on_change=changed), prices, sessions)
+        service = TenancyService(db, on_change=changed)
+        return cls(db, authenticator, admission, usage, service, prices, guard, sessions)
 
     def routers(self) -> list[HttpRouter]:
         routers = admin_routers(self.service, self.db, self.authenticator)
         if self.sessions is not None:
-            routers.append(dashboard_router(self.service, self.db, self.authenticator, self.sessions))
+            routers.append(dashboard_router(self.service, self.db, self.authenticator, self.sessions, self.guard))
         return routers
 
     async def start(self) -> None:
@@ -116,6 +126,7 @@ class Tenancy:
             raise
         await self._sync_prices()
         self.usage.start()
+        self.guard.audit.start()
 
     async def _sync_prices(self) -> None:
         """The config's prices are written to model_prices (so reports and dashboards can read
@@ -155,6 +166,7 @@ class Tenancy:
 
     async def aclose(self) -> None:
         await self.usage.aclose()
+        await self.guard.audit.aclose()
         store = self.admission.store
         if isinstance(store, RedisStore):
             await store.redis.aclose()
@@ -173,4 +185,5 @@ def build_services(settings: Settings) -> Services:
         starters=[tenancy.start],
         routes=tenancy.routers(),
         responses=ResponseStore(tenancy.db),
+        auth_guard=tenancy.guard,
     )

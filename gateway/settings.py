@@ -52,6 +52,15 @@ class RedisConfig(Conf):
 class AuthConfig(Conf):
     admin_key: str | None = None  # a bootstrap admin key (use ${ENV}); tenants' keys live in SQL
     key_cache_seconds: Annotated[float, Meta(ge=0, le=5)] = 2.0
+    # Failed authentications (wrong, revoked or expired keys; failed dashboard sign-ins) one client
+    # address, and one key prefix, may make within a window of ``failure_window`` seconds that
+    # starts at the first; beyond, 429 with Retry-After until it ends (0: no cap). Shared through
+    # Redis when ``redis.url`` is set.
+    max_failures_per_address: Annotated[int, Meta(ge=0, le=1_000_000)] = 30
+    max_failures_per_prefix: Annotated[int, Meta(ge=0, le=1_000_000)] = 10
+    failure_window: Annotated[float, Meta(gt=0, le=86400)] = 300.0
+    # A key's use from one client address is audited at most once per this many seconds (per process).
+    key_use_audit_seconds: Annotated[float, Meta(ge=0, le=86400)] = 3600.0
 
 
 class CircuitConfig(Conf):

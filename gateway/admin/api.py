@@ -19,10 +19,15 @@ from litestar.handlers import BaseRouteHandler
 from gateway.admin.auth import require_admin, require_tenant
 from gateway.admin.schemas import AdminBody, KeyCreate, KeyRotate, LimitsBody, TenantCreate, TenantUpdate, decode
 from gateway.admin.service import AdminError, CreatedKey, TenancyService
+from gateway.auth.audit import EVENTS, list_events
 from gateway.contracts import Authenticator, Principal
+from gateway.controllers.docs import error_responses
 from gateway.db.engine import Database
 from gateway.errors import ParameterError, database_exception_handlers
 from gateway.usage.report import GROUPS, ReportQuery, end_of_day, parse_day, usage_report
+
+# Every failure is documented with the body it really has (OpenAI's shape), not Litestar's default.
+ERRORS = error_responses(400, 401, 403, 404, 409, 429, 503)
 
 
 def _error(_: Request, exc: AdminError) -> Response[bytes]:
@@ -59,44 +64,44 @@ def _report_query(
 class TenantController(Controller):
     path = "/tenants"
 
-    @get("/")
+    @get("/", responses=ERRORS)
     async def list_tenants(self, svc: TenancyService) -> dict[str, Any]:
         return _listing(await svc.list_tenants())
 
-    @post("/", status_code=201, dto=AdminBody[TenantCreate], return_dto=None)
+    @post("/", responses=ERRORS, status_code=201, dto=AdminBody[TenantCreate], return_dto=None)
     async def create_tenant(self, svc: TenancyService, data: TenantCreate) -> dict[str, Any]:
         return asdict(await svc.create_tenant(data.name, weight=data.weight))
 
-    @get("/{tenant_id:str}")
+    @get("/{tenant_id:str}", responses=ERRORS)
     async def show_tenant(self, svc: TenancyService, tenant_id: str) -> dict[str, Any]:
         return asdict(await svc.get_tenant(tenant_id))
 
-    @patch("/{tenant_id:str}", dto=AdminBody[TenantUpdate], return_dto=None)
+    @patch("/{tenant_id:str}", responses=ERRORS, dto=AdminBody[TenantUpdate], return_dto=None)
     async def update_tenant(self, svc: TenancyService, tenant_id: str, data: TenantUpdate) -> dict[str, Any]:
         changes = {f: getattr(data, f) for f in data.__struct_fields__ if getattr(data, f) is not msgspec.UNSET}
         return asdict(await svc.update_tenant(tenant_id, **changes))
 
-    @post("/{tenant_id:str}/disable", status_code=200)
+    @post("/{tenant_id:str}/disable", responses=ERRORS, status_code=200)
     async def disable_tenant(self, svc: TenancyService, tenant_id: str) -> dict[str, Any]:
         return asdict(await svc.update_tenant(tenant_id, status="disabled"))
 
-    @post("/{tenant_id:str}/enable", status_code=200)
+    @post("/{tenant_id:str}/enable", responses=ERRORS, status_code=200)
     async def enable_tenant(self, svc: TenancyService, tenant_id: str) -> dict[str, Any]:
         return asdict(await svc.update_tenant(tenant_id, status="active"))
 
-    @get("/{tenant_id:str}/keys")
+    @get("/{tenant_id:str}/keys", responses=ERRORS)
     async def tenant_keys(self, svc: TenancyService, tenant_id: str) -> dict[str, Any]:
         return _listing(await svc.list_keys(tenant_id))
 
-    @get("/{tenant_id:str}/limits")
+    @get("/{tenant_id:str}/limits", responses=ERRORS)
     async def get_limits(self, svc: TenancyService, tenant_id: str) -> dict[str, Any]:
         return (await svc.get_limits("tenant", tenant_id)).as_dict()
 
-    @put("/{tenant_id:str}/limits", dto=AdminBody[LimitsBody], return_dto=None)
+    @put("/{tenant_id:str}/limits", responses=ERRORS, dto=AdminBody[LimitsBody], return_dto=None)
     async def put_limits(self, svc: TenancyService, tenant_id: str, data: LimitsBody) -> dict[str, Any]:
         return (await svc.set_limits("tenant", tenant_id, data.as_limits())).as_dict()
 
-    @patch("/{tenant_id:str}/limits", dto=AdminBody[LimitsBody], return_dto=None)
+    @patch("/{tenant_id:str}/limits", responses=ERRORS, dto=AdminBody[LimitsBody], return_dto=None)
     async def patch_limits(self, svc: TenancyService, tenant_id: str, data: LimitsBody) -> dict[str, Any]:
         return (await svc.update_limits("tenant", tenant_id, **data.changes())).as_dict()
 
@@ -104,11 +109,11 @@ class TenantController(Controller):
 class KeyController(Controller):
     path = "/keys"
 
-    @get("/")
+    @get("/", responses=ERRORS)
     async def list_keys(self, svc: TenancyService, tenant_id: str | None = None) -> dict[str, Any]:
         return _listing(await svc.list_keys(tenant_id))
 
-    @post("/", status_code=201, dto=AdminBody[KeyCreate], return_dto=None)
+    @post("/", responses=ERRORS, status_code=201, dto=AdminBody[KeyCreate], return_dto=None)
     async def create_key(self, svc: TenancyService, data: KeyCreate) -> dict[str, Any]:
         expires = data.expires_at
         if data.expires_in_seconds is not None:
@@ -118,28 +123,28 @@ class KeyController(Controller):
         )
         return _created_key(created)
 
-    @get("/{key_id:str}")
+    @get("/{key_id:str}", responses=ERRORS)
     async def show_key(self, svc: TenancyService, key_id: str) -> dict[str, Any]:
         return asdict(await svc.get_key(key_id))
 
-    @post("/{key_id:str}/revoke", status_code=200)
+    @post("/{key_id:str}/revoke", responses=ERRORS, status_code=200)
     async def revoke_key(self, svc: TenancyService, key_id: str) -> dict[str, Any]:
         return asdict(await svc.revoke_key(key_id))
 
-    @post("/{key_id:str}/rotate", status_code=201)
+    @post("/{key_id:str}/rotate", responses=ERRORS, status_code=201)
     async def rotate_key(self, svc: TenancyService, key_id: str, request: Request) -> dict[str, Any]:
         body = decode(await request.body(), KeyRotate)  # the body is optional here: {} by default
         return _created_key(await svc.rotate_key(key_id, grace_seconds=body.grace_seconds))
 
-    @get("/{key_id:str}/limits")
+    @get("/{key_id:str}/limits", responses=ERRORS)
     async def get_limits(self, svc: TenancyService, key_id: str) -> dict[str, Any]:
         return (await svc.get_limits("key", key_id)).as_dict()
 
-    @put("/{key_id:str}/limits", dto=AdminBody[LimitsBody], return_dto=None)
+    @put("/{key_id:str}/limits", responses=ERRORS, dto=AdminBody[LimitsBody], return_dto=None)
     async def put_limits(self, svc: TenancyService, key_id: str, data: LimitsBody) -> dict[str, Any]:
         return (await svc.set_limits("key", key_id, data.as_limits())).as_dict()
 
-    @patch("/{key_id:str}/limits", dto=AdminBody[LimitsBody], return_dto=None)
+    @patch("/{key_id:str}/limits", responses=ERRORS, dto=AdminBody[LimitsBody], return_dto=None)
     async def patch_limits(self, svc: TenancyService, key_id: str, data: LimitsBody) -> dict[str, Any]:
         return (await svc.update_limits("key", key_id, **data.changes())).as_dict()
 
@@ -147,7 +152,7 @@ class KeyController(Controller):
 class UsageController(Controller):
     path = "/usage"
 
-    @get("/")
+    @get("/", responses=ERRORS)
     async def report(
         self,
         db: Database,
@@ -161,6 +166,34 @@ class UsageController(Controller):
         return {"object": "list", "data": await usage_report(db, q)}
 
 
+class AuditController(Controller):
+    path = "/audit"
+
+    @get("/", responses=ERRORS)
+    async def events(
+        self,
+        db: Database,
+        event: str | None = None,
+        key_id: str | None = None,
+        tenant_id: str | None = None,
+        client: str | None = None,
+        since: str | None = None,
+        limit: int = 100,
+    ) -> dict[str, Any]:
+        """Sign-ins, sign-outs, failed attempts and key use, newest first."""
+        if event is not None and event not in EVENTS:
+            raise AdminError(f"event must be one of {', '.join(EVENTS)}", param="event")
+        if not 1 <= limit <= 1000:
+            raise AdminError(f"limit must be between 1 and 1000, got {limit}", param="limit")
+        try:
+            start = parse_day(since, "since") if since else None
+        except ParameterError as exc:
+            raise AdminError(exc.message, param=exc.param) from None
+        rows = await list_events(db, event=event, key_id=key_id, tenant_id=tenant_id, client=client, since=start,
+                                 limit=limit)
+        return {"object": "list", "data": rows}
+
+
 def admin_routers(svc: TenancyService, db: Database, auth: Authenticator) -> list[Router]:
     """The /admin/v1 router (admin keys only) and the tenant-scoped /v1/usage router."""
 
@@ -170,7 +203,7 @@ def admin_routers(svc: TenancyService, db: Database, auth: Authenticator) -> lis
     async def tenant_principal(request: Request) -> Principal:
         return await require_tenant(request, auth)
 
-    @get("/usage")
+    @get("/usage", responses=ERRORS)
     async def own_usage(
         db: Database,
         principal: Principal,
@@ -189,7 +222,7 @@ def admin_routers(svc: TenancyService, db: Database, auth: Authenticator) -> lis
     handlers = {AdminError: _error, **database_exception_handlers}
     admin = Router(
         path="/admin/v1",
-        route_handlers=[TenantController, KeyController, UsageController],
+        route_handlers=[TenantController, KeyController, UsageController, AuditController],
         guards=[admin_guard],
         dependencies=deps,
         exception_handlers=handlers,  # type: ignore[arg-type]

@@ -7,6 +7,7 @@ import logging
 from litestar.connection import ASGIConnection
 
 from gateway.admin.service import AdminError
+from gateway.auth.guard import client_address, guard_of
 from gateway.contracts import Authenticator, Principal
 
 
@@ -40,7 +41,11 @@ def bearer(connection: ASGIConnection) -> str | None:
 
 
 async def principal_of(connection: ASGIConnection, auth: Authenticator) -> Principal:
+    """The key's principal; a throttled client gets 429 first, a failure is counted and audited."""
+    guard, client = guard_of(connection), client_address(connection)
     token = bearer(connection)
+    if guard is not None:
+        await guard.check(client, token)
     if token is None:
         raise Unauthorized("Missing bearer token: send 'Authorization: Bearer <API key>'.")
     try:
@@ -49,7 +54,11 @@ async def principal_of(connection: ASGIConnection, auth: Authenticator) -> Princ
         log.exception("authenticator failed")
         raise AuthUnavailable("authentication is temporarily unavailable") from None
     if principal is None:
+        if guard is not None:
+            await guard.failed(client, token, "admin")
         raise Unauthorized("Incorrect API key provided, or the key is revoked or expired.")
+    if guard is not None:
+        guard.succeeded(principal, client, "admin")
     return principal
 
 

@@ -12,6 +12,9 @@ from gateway.cli.db import db_app as _db_app  # noqa: E402
 
 app.add_typer(_db_app, name="db")
 _admin.register(app)
+from gateway.cli.audit import audit_app as _audit_app  # noqa: E402
+
+app.add_typer(_audit_app, name="audit")
 
 from gateway.cli import serve as _serve  # noqa: E402
 

@@ -1,5 +1,6 @@
 """Authentication as a ``before_request`` hook, so it runs before the body is even decoded
-(an unauthenticated caller gets a 401, never a 400 about its body)."""
+(an unauthenticated caller gets a 401, never a 400 about its body). A throttled client is refused
+(429) before its key is looked up; failures are counted and audited, key use audited."""
 
 from __future__ import annotations
 
@@ -7,13 +8,28 @@ from typing import Any
 
 from litestar import Request
 
+from gateway.auth.guard import client_address, guard_of
 from gateway.contracts import Principal
-from gateway.pipeline import Pipeline
+from gateway.errors import ApiError
+from gateway.pipeline import Pipeline, bearer_token
 
 
 async def authenticate_request(request: Request[Any, Any, Any]) -> None:
     pipeline: Pipeline = request.app.state["pipeline"]
-    request.state.principal = await pipeline.authenticate(request.headers)
+    guard = guard_of(request)
+    if guard is None:
+        request.state.principal = await pipeline.authenticate(request.headers)
+        return
+    client, token = client_address(request), bearer_token(request.headers)
+    await guard.check(client, token)
+    try:
+        principal = await pipeline.authenticate(request.headers)
+    except ApiError as exc:
+        if exc.status == 401 and token is not None:  # a wrong key, not a missing one
+            await guard.failed(client, token, "api")
+        raise
+    guard.succeeded(principal, client, "api")
+    request.state.principal = principal
 
 
 def principal_of(request: Request[Any, Any, Any]) -> Principal:

@@ -17,6 +17,7 @@ from litestar.di import Provide
 from gateway.admin.service import AdminError, NotFound, TenancyService
 from gateway.auth.authenticator import ADMIN_KEY_ID
 from gateway.dashboard import queries
+from gateway.dashboard.revocations import Revocations
 from gateway.dashboard.sessions import SESSION_COOKIE, SessionData, Sessions
 from gateway.db.engine import Database
 from gateway.errors import ParameterError
@@ -39,12 +40,15 @@ class NotYours(AdminError):
     type = "permission_error"
 
 
-async def session_of(request: Request[Any, Any, Any], sessions: Sessions, svc: TenancyService) -> SessionData:
-    """The signed-in session; one whose key was revoked or expired (or whose tenant was disabled)
-    since sign-in ends at once."""
+async def session_of(request: Request[Any, Any, Any], sessions: Sessions, svc: TenancyService,
+                     revocations: Revocations) -> SessionData:
+    """The signed-in session. One signed out, or whose key was revoked or expired (or whose tenant
+    was disabled) since sign-in, ends at once, on every replica: both are read from the database."""
     session = sessions.verify(request.cookies.get(SESSION_COOKIE))
     if session is None:
         raise NotSignedIn("Sign in at /dashboard/login first.")
+    if await revocations.is_revoked(session):
+        raise NotSignedIn("This session was signed out; sign in again.")
     if session.key_id != ADMIN_KEY_ID:  # the config's bootstrap admin key has no row to check
         try:
             active = (await svc.get_key(session.key_id)).status == "active"

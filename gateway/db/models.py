@@ -204,3 +204,30 @@ class StoredResponse(Base):
     input_items: Mapped[list[Any]] = mapped_column(JSON)
     context: Mapped[list[Any]] = mapped_column(JSON)
     response: Mapped[dict[str, Any]] = mapped_column(JSON)
+
+
+class AuthEvent(Base):
+    """The audit trail of sign-ins and key use: who (key, tenant, or the prefix of a key that did
+    not match), when, from where (client address), what happened (``gateway.auth.audit.EVENTS``)."""
+
+    __tablename__ = "auth_events"
+    __table_args__ = (Index("ix_auth_events_at", "at"), Index("ix_auth_events_key_at", "key_id", "at"))
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    at: Mapped[datetime] = mapped_column(UTCDateTime)
+    event: Mapped[str] = mapped_column(String(24))
+    client: Mapped[str] = mapped_column(String(64))
+    key_id: Mapped[str | None] = mapped_column(String(40), default=None)
+    tenant_id: Mapped[str | None] = mapped_column(String(40), default=None)
+    key_prefix: Mapped[str | None] = mapped_column(String(16), default=None)
+    surface: Mapped[str] = mapped_column(String(16))  # api | admin | dashboard
+
+
+class RevokedSession(Base):
+    """Dashboard sessions ended before their cookie expires (sign-out), checked on every dashboard
+    request by every replica; rows are useless after ``expires_at`` and pruned then."""
+
+    __tablename__ = "revoked_sessions"
+
+    session_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    expires_at: Mapped[datetime] = mapped_column(UTCDateTime, index=True)

@@ -1,7 +1,7 @@
 """stored Responses API answers (stored_responses), for GET /v1/responses/{id} and previous_response_id
 
 Revision ID: 0006_responses
-Revises: 0002
+Revises: 0005_audit
 Create Date: 2026-12-04
 """
 
@@ -13,7 +13,7 @@ from alembic import op
 from gateway.db.models import UTCDateTime
 
 revision: str = "0006_responses"
-down_revision: str | None = "0002"
+down_revision: str | None = "0005_audit"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

@@ -1,0 +1,133 @@
+"""The audit trail of authentication: sign-ins, sign-outs, failures and key use, with who, when and
+from where, in the ``auth_events`` table the admin reads (``GET /admin/v1/audit``,
+``switchyard admin audit``).
+
+Events are buffered in process and written in batches every second, off the request path. Key use
+is recorded once per key and client address per ``key_use_interval`` (per process), so a busy key
+writes a row an hour per address, not a row per request. Failures are bounded by the throttle; if
+the database is down, the buffer keeps the newest ``max_buffer`` events and counts what it drops.
+Client addresses are stored as printable ASCII only (a proxy's header could carry anything).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import time
+from collections import deque
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+from sqlalchemy import insert, select
+
+from gateway.contracts import Principal
+from gateway.db.engine import Database
+from gateway.db.errors import is_unavailable
+from gateway.db.models import AuthEvent
+
+log = logging.getLogger("switchyard.audit")
+
+Event = Literal["key_used", "key_failed", "login", "login_failed", "logout"]
+EVENTS: tuple[str, ...] = ("key_used", "key_failed", "login", "login_failed", "logout")
+Surface = Literal["api", "admin", "dashboard"]
+_CLIENT_CHARS = 64
+_UNPRINTABLE = re.compile(r"[^\x21-\x7e]")
+
+
+@dataclass(frozen=True)
+class AuditEntry:
+    at: datetime
+    event: str
+    client: str
+    surface: str
+    key_id: str | None = None
+    tenant_id: str | None = None
+    key_prefix: str | None = None
+
+
+class AuditLog:
+    def __init__(self, db: Database, *, key_use_interval: float = 3600.0, max_buffer: int = 10_000,
+                 flush_every: float = 1.0) -> None:
+        self.db = db
+        self.key_use_interval = key_use_interval
+        self.flush_every = flush_every
+        self.dropped = 0
+        self._buffer: deque[AuditEntry] = deque(maxlen=max_buffer)
+        self._seen: dict[tuple[str, str], float] = {}  # (key id, client) -> when its use was last recorded
+        self._task: asyncio.Task[None] | None = None
+
+    def record(self, event: Event, *, client: str, surface: Surface, principal: Principal | None = None,
+               key_prefix: str | None = None) -> None:
+        if len(self._buffer) == self._buffer.maxlen:
+            self.dropped += 1
+        self._buffer.append(AuditEntry(
+            at=datetime.now(UTC), event=event, client=_UNPRINTABLE.sub("?", client[:_CLIENT_CHARS]), surface=surface,
+            key_id=principal.key_id if principal else None, tenant_id=principal.tenant_id if principal else None,
+            key_prefix=key_prefix,
+        ))
+
+    def key_used(self, principal: Principal, *, client: str, surface: Surface) -> None:
+        """Record a key's use from ``client`` unless recorded within ``key_use_interval``."""
+        now, seen = time.monotonic(), (principal.key_id, client)
+        if now - self._seen.get(seen, -self.key_use_interval) < self.key_use_interval:
+            return
+        if len(self._seen) >= 100_000:
+            self._seen = {k: t for k, t in self._seen.items() if now - t < self.key_use_interval}
+        self._seen[seen] = now
+        self.record("key_used", client=client, surface=surface, principal=principal)
+
+    async def flush(self) -> None:
+        """Write what is buffered; on failure it stays buffered for the next try."""
+        batch = list(self._buffer)
+        if not batch:
+            return
+        async with self.db.session() as session:
+            await session.execute(insert(AuthEvent), [asdict(e) for e in batch])
+            await session.commit()
+        for _ in batch:
+            self._buffer.popleft()
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="audit-writer")
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self.flush_every)
+            try:
+                await self.flush()
+            except Exception as exc:
+                if is_unavailable(exc):  # the database is down: keep the events and try again
+                    log.warning("audit events not written yet (%s); %d waiting", type(exc).__name__,
+                                len(self._buffer))
+                else:  # the batch itself is refused: never let it block the events after it
+                    log.exception("audit events dropped: %d", len(self._buffer))
+                    self.dropped += len(self._buffer)
+                    self._buffer.clear()
+
+    async def aclose(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        try:
+            await self.flush()
+        except Exception:
+            log.exception("audit events lost at shutdown: %d", len(self._buffer))
+
+
+async def list_events(db: Database, *, event: str | None = None, key_id: str | None = None,
+                      tenant_id: str | None = None, client: str | None = None,
+                      since: datetime | None = None, limit: int = 100) -> list[dict[str, Any]]:
+    """The newest events first, filtered by whichever of the arguments are given."""
+    query = select(AuthEvent).order_by(AuthEvent.at.desc(), AuthEvent.id.desc()).limit(limit)
+    for column, value in ((AuthEvent.event, event), (AuthEvent.key_id, key_id),
+                          (AuthEvent.tenant_id, tenant_id), (AuthEvent.client, client)):
+        if value is not None:
+            query = query.where(column == value)
+    if since is not None:
+        query = query.where(AuthEvent.at >= since)
+    async with db.session() as session:
+        rows = (await session.scalars(query)).all()
+    return [{"at": r.at.isoformat(), "event": r.event, "client": r.client, "surface": r.surface,
+             "key_id": r.key_id, "tenant_id": r.tenant_id, "key_prefix": r.key_prefix} for r in rows]

@@ -1,0 +1,148 @@
+"""Failed-authentication throttle: per client address and per key prefix, in fixed windows.
+
+Each failure (an unknown, revoked or expired key; a failed dashboard sign-in) counts against the
+client's address and, when the token is shaped like one of our keys, against its visible prefix
+(someone guessing one key from many addresses). Once a count reaches its limit, that address or
+prefix is refused with 429 until the window that started with its first failure ends, before any
+key lookup, so a correct guess during the block gains nothing. Counts live in Redis when one is
+configured (shared by every replica) and in process otherwise. Should Redis be unreachable, the
+throttle lets requests through (authentication itself still decides) and logs it.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+import time
+from typing import Protocol
+
+from gateway.auth.keys import VISIBLE_CHARS, looks_like_key
+from gateway.quotas.redis_client import RedisError, RespClient
+
+log = logging.getLogger("switchyard.auth")
+
+_MAX_MEMORY_ENTRIES = 100_000
+_KEY_CHARS = re.compile(r"[A-Za-z0-9_-]+")  # what a generated key is made of (url-safe base64)
+
+# KEYS: counters; ARGV: their limits (0: none). The longest wait (ms) among those at their limit.
+_BLOCKED = """
+local wait = 0
+for i, key in ipairs(KEYS) do
+  local limit = tonumber(ARGV[i])
+  if limit > 0 and tonumber(redis.call('GET', key) or '0') >= limit then
+    wait = math.max(wait, redis.call('PTTL', key))
+  end
+end
+return wait
+"""
+# KEYS: counters; ARGV[1]: the window (ms), started by a counter's first failure.
+_FAIL = """
+for _, key in ipairs(KEYS) do
+  if redis.call('INCR', key) == 1 then redis.call('PEXPIRE', key, ARGV[1]) end
+end
+return 1
+"""
+
+
+class Throttled(Exception):
+    """Too many failed attempts: refused for ``retry_after`` seconds."""
+
+    def __init__(self, retry_after: int, scope: str) -> None:
+        super().__init__(f"too many failed authentication attempts from this {scope}")
+        self.retry_after = retry_after
+        self.scope = scope
+
+
+class FailureCounts(Protocol):
+    async def blocked(self, counters: dict[str, int]) -> float:
+        """Seconds until every counter at its limit (name -> limit) has reset; 0 if none is."""
+        ...
+
+    async def fail(self, names: list[str], window: float) -> None: ...
+
+
+class MemoryFailures:
+    """In-process counts (the embedded default: one process)."""
+
+    def __init__(self) -> None:
+        self._counts: dict[str, tuple[int, float]] = {}  # name -> (count, window end)
+
+    async def blocked(self, counters: dict[str, int]) -> float:
+        now, wait = time.monotonic(), 0.0
+        for name, limit in counters.items():
+            count, end = self._counts.get(name, (0, 0.0))
+            if limit and end > now and count >= limit:
+                wait = max(wait, end - now)
+        return wait
+
+    async def fail(self, names: list[str], window: float) -> None:
+        now = time.monotonic()
+        if len(self._counts) > _MAX_MEMORY_ENTRIES:
+            self._counts = {k: v for k, v in self._counts.items() if v[1] > now}
+        for name in names:
+            count, end = self._counts.get(name, (0, 0.0))
+            self._counts[name] = (count + 1, end) if end > now else (1, now + window)
+
+
+class RedisFailures:
+    """Counts shared by every replica: one script call per check and per failure."""
+
+    def __init__(self, redis: RespClient, prefix: str = "sy:authfail") -> None:
+        self.redis = redis
+        self.prefix = prefix
+        self._blocked = redis.register_script(_BLOCKED)
+        self._fail = redis.register_script(_FAIL)
+        self._warned = float("-inf")  # when the outage was last logged (once a minute, not per request)
+
+    async def blocked(self, counters: dict[str, int]) -> float:
+        names = list(counters)
+        try:
+            wait = await self._blocked([f"{self.prefix}:{n}" for n in names], [counters[n] for n in names])
+        except (RedisError, ConnectionError) as exc:
+            self._warn(exc)
+            return 0.0
+        return max(0, int(wait)) / 1000  # type: ignore[call-overload]  # an integer reply
+
+    async def fail(self, names: list[str], window: float) -> None:
+        try:
+            await self._fail([f"{self.prefix}:{n}" for n in names], [max(1, int(window * 1000))])
+        except (RedisError, ConnectionError) as exc:
+            self._warn(exc)
+
+    def _warn(self, exc: Exception) -> None:
+        if (now := time.monotonic()) - self._warned >= 60:
+            self._warned = now
+            log.warning("auth throttle unavailable (%s): failed attempts are not counted meanwhile",
+                        type(exc).__name__)
+
+
+def key_prefix(token: str | None) -> str | None:
+    """The visible prefix of a token shaped like one of our keys (what the admin sees), else None:
+    never text a client chose beyond the key alphabet, so it is safe to store and print."""
+    if not token or not looks_like_key(token) or not _KEY_CHARS.fullmatch(token):
+        return None
+    return token[:VISIBLE_CHARS]
+
+
+class AuthThrottle:
+    def __init__(self, counts: FailureCounts, *, per_address: int, per_prefix: int, window: float) -> None:
+        self.counts = counts
+        self.per_address, self.per_prefix, self.window = per_address, per_prefix, window
+
+    def _counters(self, address: str, token: str | None) -> dict[str, int]:
+        counters = {f"addr:{address}": self.per_address}
+        if (prefix := key_prefix(token)) is not None:
+            counters[f"prefix:{prefix}"] = self.per_prefix
+        return {name: limit for name, limit in counters.items() if limit > 0}
+
+    async def check(self, address: str, token: str | None) -> None:
+        """Raise ``Throttled`` while the address (or the token's prefix) is over its limit."""
+        counters = self._counters(address, token)
+        if counters and (wait := await self.counts.blocked(counters)) > 0:
+            scope = "address" if await self.counts.blocked({f"addr:{address}": self.per_address}) else "key prefix"
+            raise Throttled(max(1, math.ceil(wait)), scope)
+
+    async def failed(self, address: str, token: str | None) -> None:
+        if counters := self._counters(address, token):
+            await self.counts.fail(list(counters), self.window)
