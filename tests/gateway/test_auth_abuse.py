@@ -260,3 +260,15 @@ async def test_audit_events_are_kept_for_the_retention_period(tmp_path: Path) ->
         assert await audit.prune() == 1 and await list_events(db) == []
     finally:
         await db.dispose()
+
+
+def test_dashboard_pages_carry_the_full_policy(replicas: Replicas) -> None:
+    """Every dashboard page, the sign-in form included, gets the one strict policy (no page sets a
+    weaker one of its own): scripts only from the gateway, no plugins, no foreign form targets."""
+    for path in ("/dashboard/login", "/dashboard/static/app.js", "/dashboard"):
+        response = httpx.get(replicas.urls[0] + path)
+        csp = response.headers["content-security-policy"]
+        for directive in ("script-src 'self'", "object-src 'none'", "form-action 'self'", "frame-ancestors 'none'",
+                          "base-uri 'none'"):
+            assert directive in csp, (path, csp)
+        assert response.headers["x-frame-options"] == "DENY" and response.headers["cache-control"] == "no-store"
