@@ -32,7 +32,9 @@ class Timeouts(Conf):
     connect: Seconds = 5.0
     first_byte: Seconds = 60.0  # until a stream's response headers and first event
     total: Seconds = 600.0
-    idle: Seconds = 60.0  # a stream's longest silence after its first event (any line, keep-alives too)
+    # A stream's longest silence after its first event (any line counts, keep-alives too); generous by
+    # default, since a reasoning model may think for minutes between two events.
+    idle: Seconds = 300.0
 
 
 class DeploymentConfig(Conf):

@@ -95,7 +95,8 @@ class Tenancy:
         auth = settings.auth
         throttle = AuthThrottle(failures, per_address=auth.max_failures_per_address,
                                 per_prefix=auth.max_failures_per_prefix, window=auth.failure_window)
-        guard = AuthGuard(throttle, AuditLog(db, key_use_interval=auth.key_use_audit_seconds))
+        audit = AuditLog(db, key_use_interval=auth.key_use_audit_seconds, retention=auth.audit_retention_days * 86400)
+        guard = AuthGuard(throttle, audit)
         prices = PriceTable.from_settings(settings)
         admission = QuotaAdmission(store, limits, prices, on_unavailable=settings.redis.on_unavailable)
         usage = UsageWriter(db, prices, journal_dir=Path(settings.usage.journal_dir))

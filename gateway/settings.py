@@ -61,6 +61,7 @@ class AuthConfig(Conf):
     failure_window: Annotated[float, Meta(gt=0, le=86400)] = 300.0
     # A key's use from one client address is audited at most once per this many seconds (per process).
     key_use_audit_seconds: Annotated[float, Meta(ge=0, le=86400)] = 3600.0
+    audit_retention_days: Annotated[float, Meta(gt=0, le=36500)] = 90.0  # older audit events are deleted
 
 
 class CircuitConfig(Conf):

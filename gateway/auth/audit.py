@@ -7,6 +7,7 @@ is recorded once per key and client address per ``key_use_interval`` (per proces
 writes a row an hour per address, not a row per request. Failures are bounded by the throttle; if
 the database is down, the buffer keeps the newest ``max_buffer`` events and counts what it drops.
 Client addresses are stored as printable ASCII only (a proxy's header could carry anything).
+Events older than ``retention`` seconds are deleted by the writer, once an hour.
 """
 
 from __future__ import annotations
@@ -17,10 +18,10 @@ import re
 import time
 from collections import deque
 from dataclasses import asdict, dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
-from sqlalchemy import insert, select
+from sqlalchemy import delete, insert, select
 
 from gateway.contracts import Principal
 from gateway.db.engine import Database
@@ -34,6 +35,7 @@ EVENTS: tuple[str, ...] = ("key_used", "key_failed", "login", "login_failed", "l
 Surface = Literal["api", "admin", "dashboard"]
 _CLIENT_CHARS = 64
 _UNPRINTABLE = re.compile(r"[^\x21-\x7e]")
+_PRUNE_EVERY = 3600.0
 
 
 @dataclass(frozen=True)
@@ -48,10 +50,11 @@ class AuditEntry:
 
 
 class AuditLog:
-    def __init__(self, db: Database, *, key_use_interval: float = 3600.0, max_buffer: int = 10_000,
-                 flush_every: float = 1.0) -> None:
+    def __init__(self, db: Database, *, key_use_interval: float = 3600.0, retention: float = 90 * 86400.0,
+                 max_buffer: int = 10_000, flush_every: float = 1.0) -> None:
         self.db = db
         self.key_use_interval = key_use_interval
+        self.retention = retention
         self.flush_every = flush_every
         self.dropped = 0
         self._buffer: deque[AuditEntry] = deque(maxlen=max_buffer)
@@ -89,10 +92,19 @@ class AuditLog:
         for _ in batch:
             self._buffer.popleft()
 
+    async def prune(self) -> int:
+        """Delete the events older than ``retention``; how many went."""
+        cutoff = datetime.now(UTC) - timedelta(seconds=self.retention)
+        async with self.db.session() as session:
+            result = await session.execute(delete(AuthEvent).where(AuthEvent.at < cutoff))
+            await session.commit()
+        return int(result.rowcount or 0)  # type: ignore[attr-defined]  # a CursorResult
+
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="audit-writer")
 
     async def _run(self) -> None:
+        pruned = float("-inf")
         while True:
             await asyncio.sleep(self.flush_every)
             try:
@@ -105,6 +117,13 @@ class AuditLog:
                     log.exception("audit events dropped: %d", len(self._buffer))
                     self.dropped += len(self._buffer)
                     self._buffer.clear()
+                continue
+            if (now := time.monotonic()) - pruned >= _PRUNE_EVERY:
+                pruned = now
+                try:
+                    await self.prune()
+                except Exception as exc:
+                    log.warning("old audit events not pruned yet (%s)", type(exc).__name__)
 
     async def aclose(self) -> None:
         if self._task is not None:

@@ -238,3 +238,37 @@ async def test_an_unreachable_redis_does_not_stop_authentication() -> None:
         await throttle.check("10.0.0.3", _wrong_key())
     finally:
         await redis.aclose()
+
+
+async def test_audit_events_are_kept_for_the_retention_period(tmp_path: Path) -> None:
+    from gateway.auth.audit import AuditLog, list_events
+    from gateway.contracts import Principal
+    from gateway.db.engine import Database
+
+    url = f"sqlite+aiosqlite:///{tmp_path / 'audit.db'}"
+    await asyncio.to_thread(migrate.upgrade, url)
+    db = Database.from_url(url)
+    try:
+        audit = AuditLog(db, retention=3600)
+        audit.record("login", client="10.1.1.1\x1b[31m", surface="dashboard",
+                     principal=Principal(key_id="key_x", tenant_id="ten_x"))
+        await audit.flush()
+        assert await audit.prune() == 0  # an event of now stays
+        rows = await list_events(db)
+        assert rows[0]["client"] == "10.1.1.1?[31m" and rows[0]["key_id"] == "key_x"  # no control characters
+        audit.retention = 0.0
+        assert await audit.prune() == 1 and await list_events(db) == []
+    finally:
+        await db.dispose()
+
+
+def test_dashboard_pages_carry_the_full_policy(replicas: Replicas) -> None:
+    """Every dashboard page, the sign-in form included, gets the one strict policy (no page sets a
+    weaker one of its own): scripts only from the gateway, no plugins, no foreign form targets."""
+    for path in ("/dashboard/login", "/dashboard/static/app.js", "/dashboard"):
+        response = httpx.get(replicas.urls[0] + path)
+        csp = response.headers["content-security-policy"]
+        for directive in ("script-src 'self'", "object-src 'none'", "form-action 'self'", "frame-ancestors 'none'",
+                          "base-uri 'none'"):
+            assert directive in csp, (path, csp)
+        assert response.headers["x-frame-options"] == "DENY" and response.headers["cache-control"] == "no-store"
