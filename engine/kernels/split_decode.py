@@ -2,10 +2,11 @@
 
 Each (sequence, KV head) context is cut into ``NUM_SPLITS`` chunks, one program each, which write
 an unnormalised partial output with its running max and sum; a reduction kernel rescales and adds
-them. A batch large enough to fill the GPU on its own gets one split: no partials, no reduction. The chunk length is computed per sequence inside the kernel, so the launch depends only on
-the batch size (what CUDA graphs need), never on context lengths. Decodes have a single query
-row per head, so the products are done as broadcast multiply-and-sum in fp32 (no tensor cores
-needed for a memory-bound step).
+them. A batch large enough to fill the GPU on its own gets one split: no partials, no reduction.
+The chunk length is computed per sequence inside the kernel, so the launch depends only on the
+batch size (what CUDA graphs need), never on context lengths. Decodes have a single query row per
+head, so the products are done as broadcast multiply-and-sum in fp32 (no tensor cores needed for a
+memory-bound step).
 """
 
 from __future__ import annotations
