@@ -42,18 +42,22 @@ def checkpoint_dtype(model: str) -> torch.dtype | None:
         return None
 
 
+def auto_dtype(on_gpu: bool, checkpoint: torch.dtype | None, bf16_supported: bool = True) -> torch.dtype:
+    """``dtype: auto``: float32 on the CPU; on a GPU the checkpoint's half dtype, and bfloat16 for a
+    float32 (or undeclared) checkpoint, as vLLM does; float16 where the GPU has no bfloat16."""
+    if not on_gpu:
+        return torch.float32
+    chosen = checkpoint if checkpoint in (torch.bfloat16, torch.float16) else torch.bfloat16
+    return torch.float16 if chosen == torch.bfloat16 and not bf16_supported else chosen
+
+
 def resolve_dtype(dtype: str | torch.dtype, device: str, model: str) -> torch.dtype:
-    """``auto``: float32 on the CPU; on a GPU the checkpoint's half dtype, and bfloat16 for a float32
-    (or undeclared) checkpoint, as vLLM does; float16 where the GPU has no bfloat16."""
+    """A dtype name or ``auto`` (see ``auto_dtype``) -> the dtype the engine runs in."""
     if not (isinstance(dtype, str) and dtype.lower() == "auto"):
         return parse_dtype(dtype)
     if not device.startswith("cuda"):
-        return torch.float32
-    found = checkpoint_dtype(model)
-    chosen = found if found in (torch.bfloat16, torch.float16) else torch.bfloat16
-    if chosen == torch.bfloat16 and not torch.cuda.is_bf16_supported():
-        return torch.float16
-    return chosen
+        return auto_dtype(False, None)
+    return auto_dtype(True, checkpoint_dtype(model), torch.cuda.is_bf16_supported())
 
 
 ATTN_BACKENDS = ("auto", "torch", "cpu", "triton")
