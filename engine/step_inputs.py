@@ -115,6 +115,8 @@ class DeviceBlockTable:
         ``[S, width]`` block table."""
         if where.numel():
             self.table.view(-1).index_copy_(0, where, values)
+        if self.table.device.type == "cpu":  # numpy's take is many times faster than index_select here
+            return torch.from_numpy(self.table[:, :width].numpy().take(rows.numpy(), axis=0))
         return self.table[:, :width].index_select(0, rows)
 
 
