@@ -61,6 +61,9 @@ def compile_all() -> None:
              dict(NUM_HEADS=16, HEAD_DIM=128, BLOCK_D=128, NUM_SPLITS=4, SPLITS_PAD=4))
     _compile(_store_kv_kernel, {"k_ptr": "*bf16", "v_ptr": "*bf16", "k_cache_ptr": "*bf16", "v_cache_ptr": "*bf16",
                                 "slot_ptr": "*i64", **ints}, dict(NUM_HEADS=8, HEAD_DIM=128, HEADS_PAD=8, BLOCK_D=128))
+    # Values that change from step to step must not specialise (a recompile mid-run otherwise).
+    for kernel in (_paged_attention_kernel, _split_decode_kernel):
+        assert {"window", "stride_bt"} <= set(kernel.do_not_specialize)
     print("compiled")
 
 
