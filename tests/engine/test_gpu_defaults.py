@@ -61,3 +61,12 @@ def test_decode_attention_probe_runs_the_torch_backend_at_full_length(checkpoint
               max_model_len=64, num_kv_blocks=16, block_size=16)
     runner = llm.engine.runner
     assert runner.decode_attention_probe() == 2 * 4 * 16 * 2 * 16 * 4  # [2, 4 blocks, 16, 2 heads, 16] fp32
+
+
+def test_capacity_plan_uses_the_engines_gpu_dtype() -> None:
+    from engine.capacity.plan import gpu_dtype
+
+    assert gpu_dtype(None, "float32") == torch.bfloat16  # what dtype auto runs on a GPU
+    assert gpu_dtype("auto", "float16") == torch.float16
+    assert gpu_dtype(None, None) == torch.bfloat16
+    assert gpu_dtype("float32", "bfloat16") == torch.float32
