@@ -326,7 +326,12 @@ def attention_case(b: int, ctx: int, q_len: int, bandwidth: float) -> str:
     qd = torch.randn(b, h_q, q_len, d, device=DEV, dtype=dtype)
     kd = torch.randn(b, h_kv, ctx, d, device=DEV, dtype=dtype)
     vd = torch.randn_like(kd)
-    sdpa = timer(lambda: F.scaled_dot_product_attention(qd, kd, vd, is_causal=q_len > 1, enable_gqa=True), DEV)
+    try:  # enable_gqa needs torch >= 2.5; older ones get the KV heads repeated
+        F.scaled_dot_product_attention(qd[:1], kd[:1], vd[:1], is_causal=q_len > 1, enable_gqa=True)
+    except TypeError:
+        kd, vd = kd.repeat_interleave(h_q // h_kv, 1), vd.repeat_interleave(h_q // h_kv, 1)
+    gqa = {"enable_gqa": True} if kd.shape[1] != h_q else {}
+    sdpa = timer(lambda: F.scaled_dot_product_attention(qd, kd, vd, is_causal=q_len > 1, **gqa), DEV)
     line = f"{'decode' if q_len == 1 else 'prefill'} b={b} ctx={ctx}: ours {ours:.3f} ms, dense SDPA {sdpa:.3f} ms"
     if q_len == 1:
         frac = 2 * b * ctx * h_kv * d * cache.element_size() / (ours / 1e3) / bandwidth
