@@ -75,8 +75,8 @@ QWEN3_TOY: dict[str, Any] = dict(
 PERF_BATCHES = (1, 2) if CPU else (1, 32, 256)
 PERF_CTX, PERF_STEPS = (16, 1) if CPU else (1024, 20)
 PREFILL = (1, 16) if CPU else (32, 1024)  # prompts x tokens
-PROMPT_LENS = (3, 19, 40) if CPU else (3, 37, 16, 61, 9, 24, 130, 200)
-GREEDY_TOKENS = 6 if CPU else 16
+PROMPT_LENS = (3, 21) if CPU else (3, 37, 16, 61, 9, 24, 130, 200)
+GREEDY_TOKENS = 5 if CPU else 16
 
 
 def stage(name: str) -> Callable[[Callable[[], str]], None]:
