@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -28,14 +32,54 @@ def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
         raise ValueError(f"unsupported dtype {dtype!r}; use float32, bfloat16 or float16") from None
 
 
+def checkpoint_dtype(model: str) -> torch.dtype | None:
+    """The dtype a Hugging Face folder's ``config.json`` declares (``torch_dtype`` or ``dtype``)."""
+    path = Path(model).expanduser() / "config.json"
+    try:
+        fields = json.loads(path.read_text())
+        return parse_dtype(str(fields.get("torch_dtype") or fields.get("dtype")))
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def auto_dtype(on_gpu: bool, checkpoint: torch.dtype | None, bf16_supported: bool = True) -> torch.dtype:
+    """``dtype: auto``: float32 on the CPU; on a GPU the checkpoint's half dtype, and bfloat16 for a
+    float32 (or undeclared) checkpoint, as vLLM does; float16 where the GPU has no bfloat16."""
+    if not on_gpu:
+        return torch.float32
+    chosen = checkpoint if checkpoint in (torch.bfloat16, torch.float16) else torch.bfloat16
+    return torch.float16 if chosen == torch.bfloat16 and not bf16_supported else chosen
+
+
+def resolve_dtype(dtype: str | torch.dtype, device: str, model: str) -> torch.dtype:
+    """A dtype name or ``auto`` (see ``auto_dtype``) -> the dtype the engine runs in."""
+    if not (isinstance(dtype, str) and dtype.lower() == "auto"):
+        return parse_dtype(dtype)
+    if not device.startswith("cuda"):
+        return auto_dtype(False, None)
+    return auto_dtype(True, checkpoint_dtype(model), torch.cuda.is_bf16_supported())
+
+
 ATTN_BACKENDS = ("auto", "torch", "cpu", "triton")
 
 
+def triton_available() -> bool:
+    """Triton imports and can build its launcher (it needs a C compiler: ``$CC``, gcc or clang)."""
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return any(shutil.which(c) for c in (os.environ.get("CC", ""), "gcc", "cc", "clang") if c)
+
+
 def resolve_attn_backend(name: str, device: str) -> str:
-    """``auto`` is "cpu" (C++ decode attention) on the CPU when its kernels build, else "torch";
-    asking for "cpu" where they cannot build is an error that says why."""
+    """``auto`` is "triton" on CUDA (what CUDA graphs need) when Triton imports; on the CPU it is
+    "cpu" (C++ decode attention) when its kernels build, else "torch". Asking for "cpu" where they
+    cannot build is an error that says why."""
     if name not in ATTN_BACKENDS:
         raise ValueError(f"attn_backend must be one of {', '.join(ATTN_BACKENDS)} (got {name!r})")
+    if name == "auto" and device.startswith("cuda"):
+        return "triton" if triton_available() else "torch"
     if name not in ("auto", "cpu"):
         return name
     on_cpu = device == "cpu"
@@ -60,7 +104,7 @@ class EngineConfig:
     """
 
     model: str
-    dtype: str | torch.dtype = "float32"
+    dtype: str | torch.dtype = "auto"  # auto | float32 | bfloat16 | float16 (see resolve_dtype)
     device: str = "cpu"
     block_size: int = 16
     gpu_memory_utilization: float = 0.9
@@ -78,7 +122,7 @@ class EngineConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        self.torch_dtype = parse_dtype(self.dtype)
+        self.torch_dtype = resolve_dtype(self.dtype, self.device, self.model)
         if self.block_size <= 0:
             raise ValueError("block_size must be positive")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:

@@ -8,6 +8,7 @@ activation peak (a profile run at the largest batch); on CPU from ``num_kv_block
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,11 +19,13 @@ from engine.attention_metadata import AttentionMetadata
 from engine.capacity.kv import KVLayout
 from engine.config import EngineConfig
 from engine.cuda_graphs import DecodeGraphs
+from engine.layers.attention import ATTENTION_BACKENDS, PagedAttention
 from engine.pooling import pool_step
 from engine.prompt_logprobs import compute_prompt_logprobs
 from engine.sampler import Sampler, SamplerOutput, SamplingRow
 from engine.scheduler import ScheduledSeq
 from engine.sequence import TokenLogprob
+from engine.step_inputs import StepInputBuilder
 from engine.structured_output import fill_bitmask
 
 DEFAULT_CPU_KV_BYTES = 1 << 30
@@ -48,6 +51,8 @@ class ModelRunner:
         self.bitmask_words = 0  # 32-token words per bitmask row (set by the engine from the vocabulary)
         self.kv_caches: list[torch.Tensor] = []
         self.graphs: DecodeGraphs | None = None
+        max_blocks = -(-(config.max_model_len or 2048) // self.block_size)
+        self.inputs = StepInputBuilder(self.device, config.max_num_seqs, max_blocks, self.block_size)
 
     # -- KV cache ----------------------------------------------------------------------------
 
@@ -68,17 +73,58 @@ class ModelRunner:
         return self.layout.blocks_in(budget, self.block_size)
 
     def _blocks_from_gpu_memory(self) -> int:
-        """vLLM's rule: utilisation x total memory, minus everything but the KV cache at peak."""
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats(self.device)
-        dummy_bytes = self._profile_run()
-        torch.cuda.synchronize(self.device)
-        peak = torch.cuda.max_memory_allocated(self.device) - dummy_bytes
+        """vLLM's rule: utilisation x total memory, minus everything but the KV cache at peak.
+
+        The peak is the larger of a prefill at the largest batch and, for the torch attention
+        backend (which gathers whole contexts), one layer's decode at the largest batch and length.
+        """
+        peak = self._measured_peak(self._profile_run)
+        if self.config.attn_backend == "torch":
+            try:
+                peak = max(peak, self._measured_peak(self.decode_attention_probe))
+            except torch.cuda.OutOfMemoryError:
+                raise ValueError(
+                    f"attn_backend='torch' cannot decode {self.config.max_num_seqs} sequences of "
+                    f"{self.config.max_model_len} tokens on this GPU (it gathers every context); use "
+                    "attn_backend='triton' or lower max_num_seqs / max_model_len") from None
         free, total = torch.cuda.mem_get_info(self.device)
         non_torch = (total - free) - torch.cuda.memory_reserved(self.device)
         available = int(total * self.config.gpu_memory_utilization) - peak - max(0, non_torch)
         torch.cuda.empty_cache()
         return self.layout.blocks_in(available, self.block_size)
+
+    def _measured_peak(self, run: Callable[[], int]) -> int:
+        """Peak device memory during ``run``, less the dummy KV cache bytes it returns."""
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(self.device)
+        dummy_bytes = run()
+        torch.cuda.synchronize(self.device)
+        return torch.cuda.max_memory_allocated(self.device) - dummy_bytes
+
+    @torch.inference_mode()
+    def decode_attention_probe(self) -> int:
+        """One attention layer of a decode step at ``max_num_seqs`` sequences of ``max_model_len``
+        tokens (all reading the same dummy blocks); return the dummy cache's bytes."""
+        cfg = self.config
+        assert cfg.max_model_len is not None
+        layers = [m for m in self.model.modules() if isinstance(m, PagedAttention)]
+        heads = layers[0].num_heads if layers else int(self.model.config.num_attention_heads)
+        num_seqs, blocks = cfg.max_num_seqs, -(-cfg.max_model_len // self.block_size)
+        cache = self._kv_tensors(blocks)[0]
+        dev, i32 = self.device, torch.int32
+        meta = AttentionMetadata(
+            slot_mapping=torch.full((num_seqs,), -1, dtype=torch.long, device=dev),
+            block_tables=torch.arange(blocks, dtype=i32, device=dev).expand(num_seqs, blocks),
+            context_lens=torch.full((num_seqs,), cfg.max_model_len, dtype=i32, device=dev),
+            query_start_loc=torch.arange(num_seqs + 1, dtype=i32, device=dev),
+            max_query_len=1,
+            max_context_len=cfg.max_model_len,
+            block_size=self.block_size,
+        )
+        q = torch.zeros(num_seqs, heads, self.layout.head_dim, dtype=cache.dtype, device=dev)
+        kv = torch.zeros(num_seqs, self.layout.num_kv_heads, self.layout.head_dim, dtype=cache.dtype, device=dev)
+        ATTENTION_BACKENDS[cfg.attn_backend](q, kv, kv, cache, meta, 1.0, None)
+        return cache.numel() * cache.element_size()
 
     @torch.inference_mode()
     def _profile_run(self) -> int:
@@ -132,60 +178,24 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, scheduled: list[ScheduledSeq]) -> StepResult:
-        bs = self.block_size
-        ids: list[int] = []
-        positions: list[int] = []
-        slots: list[int] = []
-        query_start = [0]
-        context_lens: list[int] = []
-        sample_rows: list[int] = []
-        sampled: list[ScheduledSeq] = []
-        for item in scheduled:
-            seq, n = item.seq, item.num_new_tokens
-            start, end = seq.num_computed_tokens, seq.num_computed_tokens + n
-            table = seq.block_table
-            ids.extend(seq.token_ids[start:end])
-            if n == 1:
-                positions.append(start)
-                slots.append(table[start // bs] * bs + start % bs)
-            else:
-                span = range(start, end)
-                positions.extend(span)
-                slots.extend([table[p // bs] * bs + p % bs for p in span])
-            query_start.append(query_start[-1] + n)
-            context_lens.append(end)
-            if item.samples and seq.pooling is None:
-                sample_rows.append(query_start[-1] - 1)
-                sampled.append(item)
-        width = max(len(item.seq.block_table) for item in scheduled)
-        tables = [item.seq.block_table + [0] * (width - len(item.seq.block_table)) for item in scheduled]
-        dev = self.device
-        meta = AttentionMetadata(
-            slot_mapping=torch.tensor(slots, dtype=torch.long, device=dev),
-            block_tables=torch.tensor(tables, dtype=torch.int32, device=dev),
-            context_lens=torch.tensor(context_lens, dtype=torch.int32, device=dev),
-            query_start_loc=torch.tensor(query_start, dtype=torch.int32, device=dev),
-            max_query_len=max(item.num_new_tokens for item in scheduled),
-            max_context_len=max(context_lens),
-            block_size=bs,
-        )
-        ids_t = torch.tensor(ids, dtype=torch.long, device=dev)
-        positions_t = torch.tensor(positions, dtype=torch.long, device=dev)
-        if self.graphs is not None and self.graphs.can_run(len(ids), meta):
-            hidden = self.graphs.run(ids_t, positions_t, meta)
+        step = self.inputs.build(scheduled)  # copies queued before the forward: no host stall
+        meta = step.meta
+        if self.graphs is not None and self.graphs.can_run(step.input_ids.shape[0], meta):
+            hidden = self.graphs.run(step.input_ids, step.positions, meta)
         else:
-            hidden = self.model(ids_t, positions_t, self.kv_caches, meta)
+            hidden = self.model(step.input_ids, step.positions, self.kv_caches, meta)
         prompt_logprobs = {}
         if any(item.seq.prompt_logprobs is not None for item in scheduled):
-            prompt_logprobs = compute_prompt_logprobs(self.model.compute_logits, hidden, scheduled, query_start)
+            prompt_logprobs = compute_prompt_logprobs(self.model.compute_logits, hidden, scheduled, step.query_start)
         embeddings = {}
         if any(item.seq.pooling is not None for item in scheduled):
-            embeddings = pool_step(hidden, scheduled, query_start)
+            embeddings = pool_step(hidden, scheduled, step.query_start)
+        sampled = step.sampled
         if not sampled:
             return StepResult([], None, prompt_logprobs, embeddings)
         # Filled on the host while the device runs the forward pass (launched above).
         bitmask = fill_bitmask([item.seq.matcher for item in sampled], self.bitmask_words)
-        logits = self.model.compute_logits(hidden[torch.tensor(sample_rows, device=dev)])
+        logits = self.model.compute_logits(hidden[step.sample_rows])
         output = self.sampler(logits, [self._row(item) for item in sampled], bitmask)
         return StepResult(sampled, output, prompt_logprobs, embeddings)
 

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from engine.capacity.kv import Capacity, KVLayout, blocks_for
-from engine.config import parse_dtype
+from engine.config import auto_dtype, parse_dtype
 
 
 @dataclass(frozen=True)
@@ -130,6 +130,18 @@ def count_params_from_safetensors(folder: Path) -> int | None:
     return total
 
 
+def gpu_dtype(dtype: str | None, declared: object) -> torch.dtype:
+    """The dtype the engine runs the model in on a GPU: ``dtype``, or for None / "auto" the
+    engine's ``dtype: auto`` rule on the checkpoint's declared dtype."""
+    if dtype is not None and dtype.lower() != "auto":
+        return parse_dtype(dtype)
+    try:
+        found = parse_dtype(str(declared)) if declared else None
+    except ValueError:
+        found = None
+    return auto_dtype(True, found)
+
+
 def plan_capacity(
     model: str | Path,
     gpu_memory_gb: float,
@@ -147,7 +159,7 @@ def plan_capacity(
     if min(block_size, avg_tokens, reserve_cap) <= 0 or (max_model_len is not None and max_model_len <= 0):
         raise ValueError("block size, token counts and max model length must be positive")
     config, folder = read_config(model)
-    torch_dtype = parse_dtype(dtype or config.get("torch_dtype") or config.get("dtype") or "bfloat16")
+    torch_dtype = gpu_dtype(dtype, config.get("torch_dtype") or config.get("dtype"))
     layout = KVLayout(
         _int(config, "num_hidden_layers"),
         _int(config, "num_key_value_heads", _int(config, "num_attention_heads")),

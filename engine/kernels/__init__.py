@@ -2,7 +2,8 @@
 
 - ``store_kv``: this step's K/V rows into their cache slots (negative slot = skip);
 - ``unified_attention``: mixed prefill chunks + decodes, GQA heads packed per program;
-- ``split_decode_attention``: flash-decoding for small decode-only batches, with a reduction kernel.
+- ``split_decode_attention``: every decode-only batch (flash-decoding with a reduction kernel when
+  the batch is too small to fill the GPU, one split writing the output directly otherwise).
 
 Import this package only when the Triton path is wanted: Triton decides at decoration time whether
 it interprets (``TRITON_INTERPRET=1``, CPU tensors) or compiles for the GPU.
@@ -39,8 +40,8 @@ def paged_attention(
 ) -> torch.Tensor:
     """Attend the new tokens ``q [T, Hq, D]`` over the cache (already holding this step's K/V).
 
-    Decode-only batches (``max_query_len == 1``) take the split-KV path when ``num_splits`` (by
-    default ``decode_splits``) is above 1; everything else takes the unified kernel.
+    Decode-only batches (``max_query_len == 1``) take the split-KV kernel with ``num_splits`` (by
+    default ``decode_splits``; 1 = no reduction pass); everything else takes the unified kernel.
     """
     if q.stride(-1) != 1:
         q = q.contiguous()
@@ -51,9 +52,8 @@ def paged_attention(
     num_seqs = meta.context_lens.shape[0]
     if meta.max_query_len == 1 and q.shape[0] == num_seqs:
         splits = num_splits if num_splits is not None else decode_splits(num_seqs, kv_cache.shape[3], q.device)
-        if splits > 1:
-            split_decode_attention(q, kv_cache, out, meta.block_tables, meta.context_lens, scale, window, splits)
-            return out
+        split_decode_attention(q, kv_cache, out, meta.block_tables, meta.context_lens, scale, window, max(1, splits))
+        return out
     unified_attention(
         q, kv_cache, out, meta.block_tables, meta.context_lens, meta.query_start_loc, meta.max_query_len, scale, window
     )

@@ -42,3 +42,9 @@ def num_sms(device: torch.device) -> int:
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).multi_processor_count
     return 4  # interpreter: a pretend GPU, so the split-KV path is exercised on small batches
+
+
+def offset_dtype(*tensors: torch.Tensor) -> tl.dtype:
+    """int32 element offsets when every tensor a kernel indexes has fewer than 2**31 elements (fewer
+    registers than 64-bit ones: a tile's offsets are taken from one 64-bit base), else int64."""
+    return tl.int32 if all(t.numel() < 2**31 for t in tensors) else tl.int64

@@ -13,10 +13,10 @@ import torch
 import triton
 import triton.language as tl
 
-from engine.kernels.common import LOG2E, compute_dtype, dot_precision, interpreting
+from engine.kernels.common import LOG2E, compute_dtype, dot_precision, interpreting, offset_dtype
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["window", "stride_bt"])  # both may change from step to step
 def _paged_attention_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, out_ptr,
     block_tables_ptr, context_lens_ptr, query_start_ptr,
@@ -24,7 +24,7 @@ def _paged_attention_kernel(
     stride_qt, stride_qh, stride_ot, stride_oh, stride_bt,
     NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr, COMPUTE: tl.constexpr, PRECISION: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, COMPUTE: tl.constexpr, PRECISION: tl.constexpr, OFFSET: tl.constexpr,
 ):
     s = tl.program_id(0)
     q_tile = tl.program_id(1)
@@ -42,9 +42,15 @@ def _paged_attention_kernel(
         qpos = ctx - q_len + qi  # absolute position of each query row
         d = tl.arange(0, BLOCK_D)
         d_ok = d < HEAD_DIM
-        tok = (q_start + qi).to(tl.int64)
-        q = tl.load(q_ptr + tok[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :],
+        # One 64-bit base per tile, then narrow (OFFSET: int32 where the tensors allow) offsets.
+        tile_tok = (q_start + q_tile * BLOCK_Q).to(tl.int64)
+        q_rows = ((qi - q_tile * BLOCK_Q) * stride_qt + head * stride_qh).to(OFFSET)
+        o_rows = ((qi - q_tile * BLOCK_Q) * stride_ot + head * stride_oh).to(OFFSET)
+        q = tl.load(q_ptr + tile_tok * stride_qt + q_rows[:, None] + d[None, :],
                     mask=row_ok[:, None] & d_ok[None, :], other=0.0).to(COMPUTE)
+        k_base = k_cache_ptr + kvh * HEAD_DIM
+        v_base = v_cache_ptr + kvh * HEAD_DIM
+        table = block_tables_ptr + s.to(tl.int64) * stride_bt
 
         m_i = tl.full([BLOCK_M], -1.0e30, tl.float32)
         l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -56,11 +62,11 @@ def _paged_attention_kernel(
         for start in range(lo, hi, BLOCK_N):
             kpos = start + tl.arange(0, BLOCK_N)
             k_ok = kpos < hi
-            blk = tl.load(block_tables_ptr + s * stride_bt + kpos // BLOCK_SIZE, mask=k_ok, other=0).to(tl.int64)
-            kv_off = ((blk * BLOCK_SIZE + kpos % BLOCK_SIZE) * NUM_KV_HEADS + kvh) * HEAD_DIM
+            blk = tl.load(table + kpos // BLOCK_SIZE, mask=k_ok, other=0).to(OFFSET)
+            kv_off = (blk * BLOCK_SIZE + kpos % BLOCK_SIZE) * (NUM_KV_HEADS * HEAD_DIM)
             kv_mask = k_ok[:, None] & d_ok[None, :]
-            k = tl.load(k_cache_ptr + kv_off[:, None] + d[None, :], mask=kv_mask, other=0.0).to(COMPUTE)
-            v = tl.load(v_cache_ptr + kv_off[:, None] + d[None, :], mask=kv_mask, other=0.0).to(COMPUTE)
+            k = tl.load(k_base + kv_off[:, None] + d[None, :], mask=kv_mask, other=0.0).to(COMPUTE)
+            v = tl.load(v_base + kv_off[:, None] + d[None, :], mask=kv_mask, other=0.0).to(COMPUTE)
             scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2
             allowed = k_ok[None, :] & (kpos[None, :] <= qpos[:, None])
             allowed = allowed & ((window <= 0) | (kpos[None, :] > qpos[:, None] - window))
@@ -72,7 +78,7 @@ def _paged_attention_kernel(
             acc = acc * alpha[:, None] + tl.dot(p.to(COMPUTE), v, input_precision=PRECISION)
             m_i = m_new
         out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
-        tl.store(out_ptr + tok[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :],
+        tl.store(out_ptr + tile_tok * stride_ot + o_rows[:, None] + d[None, :],
                  out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
 
 
@@ -102,5 +108,6 @@ def unified_attention(q: torch.Tensor, kv_cache: torch.Tensor, out: torch.Tensor
         q, kv_cache[0], kv_cache[1], out, block_tables, context_lens, query_start_loc,
         scale * LOG2E, window or 0,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
-        BLOCK_SIZE=block_size, COMPUTE=compute_dtype(q.dtype), PRECISION=dot_precision(q.dtype), **tiles,
+        BLOCK_SIZE=block_size, COMPUTE=compute_dtype(q.dtype), PRECISION=dot_precision(q.dtype),
+        OFFSET=offset_dtype(kv_cache[0], q, out), **tiles,
     )

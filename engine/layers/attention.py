@@ -99,14 +99,14 @@ def _build_plan(meta: AttentionMetadata, window: int | None, kernel_decodes: boo
     group but described for ``engine.cpu_kernels.paged_decode``."""
     slot = meta.slot_mapping.long()
     keep = slot >= 0
-    if bool(keep.all()):
+    if meta.all_slots_valid or bool(keep.all()):
         write_tokens, write_slots = None, slot
     else:
         write_tokens = keep.nonzero().squeeze(1)
         write_slots = slot[write_tokens]
     qsl = meta.query_start_loc.long()
-    q_lens = (qsl[1:] - qsl[:-1]).tolist()
-    c_lens = meta.context_lens.tolist()
+    q_lens = meta.query_lens_host if meta.query_lens_host is not None else (qsl[1:] - qsl[:-1]).tolist()
+    c_lens = meta.context_lens_host if meta.context_lens_host is not None else meta.context_lens.tolist()
     plan = _TorchPlan(write_tokens, write_slots, [])
     for want_decode in (True, False):
         idx = [i for i, q in enumerate(q_lens) if (q == 1) == want_decode and q > 0]

@@ -117,6 +117,31 @@ def test_split_decode_more_splits_than_blocks_and_window() -> None:
     check(run(batch, 0.125, window=10, num_splits=4), batch.reference(0.125, 10), torch.float32)
 
 
+def test_64bit_offsets_for_caches_past_2_31_elements(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The int64 offset variant (taken when a tensor has 2**31 elements or more) computes the same."""
+    import importlib
+
+    import triton.language as tl
+
+    for name in ("engine.kernels.paged_attention", "engine.kernels.split_decode"):  # the modules, not the functions
+        monkeypatch.setattr(importlib.import_module(name), "offset_dtype", lambda *tensors: tl.int64)
+    batch = PagedBatch(MIXED, 4, 2, 64, torch.float32)
+    check(run(batch, 0.125), batch.reference(0.125, None), torch.float32)
+    decodes = PagedBatch(DECODES, 4, 2, 64, torch.float32)
+    for splits in (1, 3):
+        check(run(decodes, 0.125, num_splits=splits), decodes.reference(0.125, None), torch.float32)
+
+
+def test_offset_dtype_widens_only_past_2_31_elements() -> None:
+    import triton.language as tl
+
+    from engine.kernels.common import offset_dtype
+
+    small = torch.empty(4)
+    big = torch.empty(1).expand(2**31)  # one element behind it: only numel() is read
+    assert offset_dtype(small) == tl.int32 and offset_dtype(small, big) == tl.int64
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_store_kv_writes_slots_and_skips_negative(dtype: torch.dtype) -> None:
     h_kv, d, tokens = 2, 64, 7

@@ -45,7 +45,7 @@ def compile_all() -> None:
         ptrs = dict.fromkeys(["q_ptr", "k_cache_ptr", "v_cache_ptr", "out_ptr"], f"*{dt}")
         for decode in (False, True) if dt == "bf16" else (False,):
             tiles = tile_config(16, 8, 128, decode=decode)
-            consts = dict(tiles, BLOCK_SIZE=16, COMPUTE=tl_dt, PRECISION=dot_precision(torch_dt))
+            consts = dict(tiles, BLOCK_SIZE=16, COMPUTE=tl_dt, PRECISION=dot_precision(torch_dt), OFFSET=tl.int32)
             ptx = _compile(_paged_attention_kernel, {**ptrs, **tables, **ints}, consts)
             if dt == "bf16" and not decode:  # Hopper tensor cores (fp32 inputs take exact FMA dots instead)
                 assert "wgmma.mma_async" in ptx and ".f32.bf16.bf16" in ptx
@@ -53,11 +53,17 @@ def compile_all() -> None:
     ptrs = dict.fromkeys(["q_ptr", "k_cache_ptr", "v_cache_ptr", "out_ptr"], "*bf16")
     _compile(_split_decode_kernel, {**ptrs, **parts, **tables, **ints},
              dict(NUM_KV_HEADS=8, GROUP=2, GROUP_PAD=2, HEAD_DIM=128, BLOCK_D=128, BLOCK_N=16, BLOCK_SIZE=16,
-                  NUM_SPLITS=4))
+                  NUM_SPLITS=4, OFFSET=tl.int32))
+    _compile(_split_decode_kernel, {**ptrs, **parts, **tables, **ints},
+             dict(NUM_KV_HEADS=8, GROUP=2, GROUP_PAD=2, HEAD_DIM=128, BLOCK_D=128, BLOCK_N=16, BLOCK_SIZE=16,
+                  NUM_SPLITS=1, OFFSET=tl.int64))
     _compile(_reduce_splits_kernel, {**ptrs, **parts, **ints},
              dict(NUM_HEADS=16, HEAD_DIM=128, BLOCK_D=128, NUM_SPLITS=4, SPLITS_PAD=4))
     _compile(_store_kv_kernel, {"k_ptr": "*bf16", "v_ptr": "*bf16", "k_cache_ptr": "*bf16", "v_cache_ptr": "*bf16",
                                 "slot_ptr": "*i64", **ints}, dict(NUM_HEADS=8, HEAD_DIM=128, HEADS_PAD=8, BLOCK_D=128))
+    # Values that change from step to step must not specialise (a recompile mid-run otherwise).
+    for kernel in (_paged_attention_kernel, _split_decode_kernel):
+        assert {"window", "stride_bt"} <= set(kernel.do_not_specialize)
     print("compiled")
 
 
