@@ -17,7 +17,10 @@ def capacity(
     = None,
     reserve_cap: Annotated[int, typer.Option("--reserve-cap", help="Tokens reserved per sequence when capped.")]
     = 8192,
-    dtype: Annotated[str | None, typer.Option("--dtype", help="Default: the config's torch_dtype.")] = None,
+    dtype: Annotated[str | None, typer.Option(
+        "--dtype", help="Default (auto): as the engine runs it on a GPU, the checkpoint's bfloat16/float16 "
+        "(bfloat16 for a float32 checkpoint).",
+    )] = None,
     block_size: Annotated[int, typer.Option("--block-size")] = 16,
     as_json: Annotated[bool, typer.Option("--json", help="Print the numbers as JSON.")] = False,
 ) -> None:

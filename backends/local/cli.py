@@ -79,7 +79,9 @@ def generate(
     max_num_seqs: Annotated[int, typer.Option("--max-num-seqs")] = 256,
     max_num_batched_tokens: Annotated[int, typer.Option("--max-num-batched-tokens")] = 2048,
     block_size: Annotated[int, typer.Option("--block-size")] = 16,
-    dtype: Annotated[str, typer.Option("--dtype", help="float32, bfloat16 or float16.")] = "float32",
+    dtype: Annotated[str, typer.Option(
+        "--dtype", help="auto (float32 on a CPU, the checkpoint's half dtype on a GPU), float32, bfloat16 or float16.",
+    )] = "auto",
     enable_prefix_caching: Annotated[bool, typer.Option("--enable-prefix-caching/--no-enable-prefix-caching")] = True,
     device: Annotated[str, typer.Option("--device")] = "cpu",
     num_kv_blocks: Annotated[int | None, typer.Option("--num-kv-blocks", help="KV blocks (CPU sizing).")] = None,

@@ -43,7 +43,7 @@ def serve(
     max_num_seqs: Annotated[int | None, typer.Option("--max-num-seqs")] = None,
     max_num_batched_tokens: Annotated[int | None, typer.Option("--max-num-batched-tokens")] = None,
     block_size: Annotated[int | None, typer.Option("--block-size")] = None,
-    dtype: Annotated[str | None, typer.Option("--dtype", help="float32, bfloat16 or float16.")] = None,
+    dtype: Annotated[str | None, typer.Option("--dtype", help="auto (default), float32, bfloat16 or float16.")] = None,
     enable_prefix_caching: Annotated[bool, typer.Option("--enable-prefix-caching/--no-enable-prefix-caching")] = True,
     device: Annotated[str | None, typer.Option("--device")] = None,
     num_kv_blocks: Annotated[int | None, typer.Option("--num-kv-blocks", help="KV blocks (CPU sizing).")] = None,
