@@ -86,7 +86,8 @@ class Tenancy:
             RedisStore(connect_redis(settings.redis.url), prefix="sy:q") if settings.redis.url else MemoryStore()
         )
         prices = PriceTable.from_settings(settings)
-        admission = QuotaAdmission(store, limits, prices, on_unavailable=settings.redis.on_unavailable)
+        admission = QuotaAdmission(store, limits, prices, on_unavailable=settings.redis.on_unavailable,
+                                   lease_seconds=settings.quotas.lease_seconds)
         usage = UsageWriter(db, prices, journal_dir=Path(settings.usage.journal_dir))
 
         def changed() -> None:  # this process sees admin changes at once; other replicas within the TTL
@@ -114,6 +115,7 @@ class Tenancy:
             raise
         await self._sync_prices()
         self.usage.start()
+        self.admission.start()
 
     async def _sync_prices(self) -> None:
         """The config's prices are written to model_prices (so reports and dashboards can read
@@ -152,6 +154,7 @@ class Tenancy:
         return checks
 
     async def aclose(self) -> None:
+        await self.admission.aclose()
         await self.usage.aclose()
         store = self.admission.store
         if isinstance(store, RedisStore):

@@ -82,6 +82,9 @@ class QuotasConfig(Conf):
     # max_completion_tokens) and reserved at it, so admission's reservation bounds what they can
     # spend; null sends them uncapped (the reservation then assumes 1024 output tokens).
     default_max_tokens: Annotated[int, Meta(ge=1)] | None = 1024
+    # A concurrency slot is a lease of this many seconds, renewed by the live replica every third
+    # of it: the slots of a replica that died free themselves within one lease.
+    lease_seconds: Annotated[float, Meta(ge=1, le=3600)] = 30.0
 
 
 class UsageConfig(Conf):
