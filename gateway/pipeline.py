@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import math
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ from backends.call import CallContext, CallingTenant, forwarded_tenant
 from gateway.calls import CallDescription
 from gateway.contracts import Principal, QuotaExceeded, QuotaState, QuotaUnavailable, Ticket, UsageRecord
 from gateway.errors import ApiError, from_backend_error, retry_after_header
+from gateway.quotas.reservation import prompt_reservation
 from gateway.routing.deployment import Deployment
 from gateway.routing.plan import RoutePlan
 from gateway.routing.router import ModelGroup
@@ -106,7 +108,7 @@ class Pipeline:
         cap = self.settings.quotas.default_max_tokens  # what backends hold a request without a limit to
         limit = call.output_limit
         per_sequence = limit if limit is not None else cap if cap is not None else DEFAULT_OUTPUT_RESERVE
-        reserve = call.prompt_tokens + per_sequence * call.sequences
+        reserve = prompt_reservation(call, group) + per_sequence * call.sequences
         rid = request_id()
         principal = call.principal
         try:
@@ -150,8 +152,16 @@ class Pipeline:
                                  f"every deployment of '{call.model}'", param="messages")
         if attempt is None:
             raise Unavailable(f"no deployment of '{call.model}' is available (circuits open or at capacity)")
+        tenant = _circuit_tenant(call.principal)
         while True:
             health = attempt.deployment.health
+            if not health.admits(tenant):  # this tenant's own circuit on the deployment is open
+                refused = Unavailable(f"deployment {attempt.deployment.id} is refusing this tenant's requests for "
+                                      f"{math.ceil(health.tenant_retry_after(tenant))} s after repeated failures")
+                if (following := plan.after(refused)) is None:
+                    raise refused
+                attempt = following
+                continue
             if attempt.delay:
                 await asyncio.sleep(attempt.delay)
                 if not health.available():  # e.g. another request took its half-open trial meanwhile
@@ -174,9 +184,9 @@ class Pipeline:
                 hooks.end_attempt(span, exc.kind)
                 self.telemetry.upstream_error(attempt.deployment.id, exc.kind)
                 if isinstance(exc, BadRequest):
-                    health.on_success(None)  # the deployment answered; the request was at fault
+                    health.on_success(None, tenant)  # the deployment answered; the request was at fault
                 else:
-                    health.on_failure()
+                    health.on_failure(tenant)
                 following = plan.after(exc)
                 if following is None:
                     raise
@@ -185,10 +195,10 @@ class Pipeline:
                 attempt = following
                 continue
             except Exception:  # a bug in a backend: counts against the deployment, and frees its trial slot
-                health.on_failure()
+                health.on_failure(tenant)
                 hooks.end_attempt(span, "internal_error")
                 raise
-            health.on_success(time.perf_counter() - t0)  # to the answer, or a stream's first chunk
+            health.on_success(time.perf_counter() - t0, tenant)  # to the answer, or a stream's first chunk
             flight.attempt_span = span  # ended at settlement, so it covers a stream to its end
             return result
 
@@ -214,7 +224,8 @@ class Pipeline:
         async def on_end(meter: Meter, outcome: Outcome, error: ApiError | None) -> None:
             error_type = error.type if error else (None if outcome is Outcome.COMPLETED else outcome.value)
             if outcome is Outcome.FAILED and flight.deployment is not None and error and error.status >= 500:
-                flight.deployment.health.on_failure()  # the provider broke the stream after it started
+                # the provider broke the stream after it started
+                flight.deployment.health.on_failure(_circuit_tenant(flight.call.principal))
             await self._settle(flight, meter, 200, error_type, outcome=outcome.value)
 
         relay = SSERelay(stream, flight.call.model, on_end, flight.call.dialect.stream(stream.meter))
@@ -273,6 +284,11 @@ class Pipeline:
     @staticmethod
     def _may_use(principal: Principal, group: ModelGroup) -> bool:
         return any(principal.may_use(name) for name in group.names)
+
+
+def _circuit_tenant(principal: Principal) -> str:
+    """Whom a deployment's failures are charged to (``DeploymentHealth``): the tenant, else the key."""
+    return principal.tenant_id or principal.key_id
 
 
 def _ratelimit_headers(ticket: Ticket) -> dict[str, str]:
