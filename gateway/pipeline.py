@@ -23,7 +23,7 @@ from litestar.response import Stream
 from backends.base import BackendError, BadRequest, ChunkStream, Completed, ContextTooLong, Meter, Unavailable
 from backends.call import CallContext, CallingTenant, forwarded_tenant
 from gateway.calls import CallDescription
-from gateway.contracts import Principal, QuotaExceeded, QuotaState, QuotaUnavailable, Ticket, UsageRecord
+from gateway.contracts import INCOMPLETE, Principal, QuotaExceeded, QuotaState, QuotaUnavailable, Ticket, UsageRecord
 from gateway.errors import ApiError, from_backend_error, retry_after_header
 from gateway.quotas.reservation import prompt_reservation
 from gateway.routing.deployment import Deployment
@@ -122,6 +122,8 @@ class Pipeline:
             raise
         flight = _Flight(call=call, request_id=rid, group=group, ticket=ticket, started_at=time.time(),
                          t0=time.perf_counter())
+        self.services.usage.begin(_reservation_record(flight, reserve - per_sequence * call.sequences,
+                                                      per_sequence * call.sequences))
         # The engine schedules fairly by the tenant; backends hold a request without a limit to the cap.
         ctx = CallContext(tenant=CallingTenant.of(principal.tenant_id, principal.tenant_weight), output_cap=cap)
         try:
@@ -259,6 +261,7 @@ class Pipeline:
         )
         try:
             self.services.usage.record(record)
+            await self.services.usage.sync()  # durable before the response's last byte
         except Exception:
             log.exception("recording usage for %s failed", flight.request_id)
         hooks.on_settle(self.telemetry, record, meter.phases, flight.attempt_span)
@@ -284,6 +287,17 @@ class Pipeline:
     @staticmethod
     def _may_use(principal: Principal, group: ModelGroup) -> bool:
         return any(principal.may_use(name) for name in group.names)
+
+
+def _reservation_record(flight: _Flight, prompt: int, output: int) -> UsageRecord:
+    """The record that settles ``flight`` from its reservation if the process dies before it ends."""
+    principal = flight.call.principal
+    return UsageRecord(
+        request_id=flight.request_id, key_id=principal.key_id, tenant_id=principal.tenant_id,
+        model=flight.group.name, deployment=None, provider=None, endpoint=flight.call.endpoint,
+        started_at=flight.started_at, status=500, prompt_tokens=prompt, completion_tokens=output, exact=False,
+        error_type=INCOMPLETE, stream=flight.call.stream, extra={"outcome": INCOMPLETE},
+    )
 
 
 def _circuit_tenant(principal: Principal) -> str:

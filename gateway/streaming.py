@@ -90,6 +90,7 @@ class SSERelay:
             yield encoder.error(self._error)  # type: ignore[arg-type]
             return
         self._outcome = Outcome.COMPLETED
+        await self.finish()  # settled and its usage durable before the last byte
         yield encoder.done()
 
     def _fail(self, error: ApiError) -> None:
