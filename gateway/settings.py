@@ -38,6 +38,11 @@ class ServerConfig(Conf):
     header_timeout: Annotated[float, Meta(gt=0, le=3600)] = 10.0
     body_timeout: Annotated[float, Meta(gt=0, le=3600)] = 30.0
     max_connections_per_client: Annotated[int, Meta(ge=0, le=1_000_000)] = 256
+    # SIGTERM (gateway.drain): /readyz fails at once; the listener closes ``drain_readiness_seconds``
+    # later; requests in flight then have ``drain_seconds`` to finish before streams still running
+    # are ended (finish_reason "length", usage) and settled.
+    drain_readiness_seconds: Annotated[float, Meta(ge=0, le=600)] = 0.0
+    drain_seconds: Annotated[float, Meta(ge=0, le=3600)] = 30.0
 
 
 class DatabaseConfig(Conf):
