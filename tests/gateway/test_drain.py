@@ -23,7 +23,7 @@ STREAMS = 4
 
 
 async def test_sigterm_fails_readiness_then_ends_long_streams_cleanly_and_settles_them(
-    upstream: FakeUpstream, redis_server: RedisProcess, tmp_path: Path  # noqa: F811
+    upstream: FakeUpstream, redis_server: RedisProcess, tmp_path: Path
 ) -> None:
     await asyncio.to_thread(migrate.upgrade, f"sqlite+aiosqlite:///{tmp_path / 'usage.db'}")
     upstream.options.output_words, upstream.options.chunk_delay = 300, 0.1  # each stream would take 30 s
@@ -39,7 +39,7 @@ async def test_sigterm_fails_readiness_then_ends_long_streams_cleanly_and_settle
             nonlocal firsts
             body = {"model": "echo", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
             async with client.stream("POST", "/v1/chat/completions", json=body) as response:
-                lines = []
+                lines: list[str] = []
                 async for line in response.aiter_lines():
                     if line.startswith("data: "):
                         firsts += not lines

@@ -3,12 +3,16 @@ tokenizer makes of the text (CJK and emoji included), with the chat template's t
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import msgspec
 import pytest
 from tokenizers import Tokenizer
 
 from backends.estimate import bound_chat_prompt, bound_text, estimate_chat_prompt
 from backends.openai_wire import ChatCompletionRequest, ChatMessage
 from engine.tiny_model import TOKENIZER_JSON
+from tests.support.local_gateway import local_gateway
 
 TEXTS = [
     "Hello, how are you today?",
@@ -35,3 +39,15 @@ def test_chinese_prompt_reserved_above_its_cost_where_the_character_estimate_und
     request = ChatCompletionRequest(model="m", messages=[ChatMessage(role="user", content=text)])
     assert estimate_chat_prompt(request) < cost  # the issue: reserved at 1/4 of what it costs
     assert bound_chat_prompt(request) >= cost + 16  # the bound covers the text and a template's markers
+
+
+def test_the_engine_reserves_the_prompt_at_its_own_tokenizer_count(tmp_path: Path) -> None:
+    messages = [{"role": "user", "content": TEXTS[1] + TEXTS[2]}]
+    with local_gateway(tmp_path) as env:
+        env.client().chat.completions.create(model="tiny", messages=messages, max_tokens=3)  # type: ignore[arg-type]
+        request = msgspec.convert({"model": "tiny", "messages": messages}, ChatCompletionRequest)
+        exact = len(env.backend.tokenize_chat(request))
+        record = env.usage.wait_for(1)[0]
+        env.wait_idle()
+    assert env.admission.settled[0].ticket.reserved_tokens == exact + 3  # the template's tokens, exactly
+    assert record.prompt_tokens == exact
