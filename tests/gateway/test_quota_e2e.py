@@ -86,7 +86,8 @@ async def hammer(gateways: list[GatewayProcess], key: str, n: int, **kwargs: Any
     ]
     try:
         calls = [
-            clients[i % len(clients)].chat.completions.create(model="echo", messages=CHAT, **kwargs) for i in range(n)
+            clients[i % len(clients)].chat.completions.create(model="echo", **({"messages": CHAT} | kwargs))
+            for i in range(n)
         ]  # type: ignore[arg-type]
         return await asyncio.gather(*calls, return_exceptions=True)
     finally:
@@ -157,6 +158,34 @@ async def test_token_budget_never_overspent_under_concurrency(
         assert admitted >= budget // RESERVED  # tokens reserved per request
         assert tokens <= budget
     finally:
+        await cleanup(redis, tid)
+
+
+MULTIBYTE = [{"role": "user", "content": "请用中文详细解释量子计算的基本原理 🙂🚀🎉 以及它和经典计算的区别"}]
+
+
+async def test_multibyte_prompts_never_overspend_the_budget(
+    gateways: list[GatewayProcess], database: Database, redis: Redis, fake_upstream_server: FakeUpstream
+) -> None:
+    """Chinese and emoji cost a token a byte upstream here (a character count would reserve a
+    quarter of that): the reservations still bound the spend, under concurrency on two replicas."""
+    budget = 4000
+    tid, key = tenant_key(gateways[0], token_budget=budget, budget_period="total")
+    fake_upstream_server.byte_tokens = True
+    try:
+        admitted = 0
+        for _ in range(3):
+            results = await hammer(gateways, key, 30, max_tokens=10, messages=MULTIBYTE)
+            admitted += sum(not isinstance(r, BaseException) for r in results)
+        costs = [r.usage.total_tokens for r in results if not isinstance(r, BaseException)]
+        count, tokens, _ = await wait_rows(database, tid, 90)
+        assert count == 90 and (await rows_by_status(database, tid))[200] == admitted > 0
+        assert costs and min(costs) > 100  # what each request really cost upstream
+        assert budget // 2 < tokens <= budget  # most of the budget spent, never more
+        spent = await redis.hget(f"sy:q:tenant:{tid}:bd:total", "tokens")
+        assert int(spent) == tokens  # the budget counter agrees with the usage rows
+    finally:
+        fake_upstream_server.byte_tokens = False
         await cleanup(redis, tid)
 
 
