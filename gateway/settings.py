@@ -42,7 +42,7 @@ class ServerConfig(Conf):
     # later; requests in flight then have ``drain_seconds`` to finish before streams still running
     # are ended (finish_reason "length", usage) and settled.
     drain_readiness_seconds: Annotated[float, Meta(ge=0, le=600)] = 0.0
-    drain_seconds: Annotated[float, Meta(ge=0, le=3600)] = 30.0
+    drain_seconds: Annotated[float, Meta(ge=0, le=3600)] = 10.0
 
 
 class DatabaseConfig(Conf):

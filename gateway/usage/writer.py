@@ -1,8 +1,8 @@
 """The batched background usage writer (a UsageSink).
 
-``record`` appends to an in-memory buffer and writes the record through to a write-ahead file
-(``wal``, a journal segment): a process that dies loses none, and ``sync`` (awaited by the pipeline
-before a response's last byte) makes them durable with one fsync for all the records waiting. An
+``record`` appends to an in-memory buffer and queues the record for the write-ahead segment
+(``gateway.usage.wal``, written and fsynced by a thread); ``sync`` (awaited by the pipeline before
+a response's last byte) returns once it is on disk, one fsync serving all the records waiting. An
 admitted request is noted there first (``begin``: a record of its reservation, marked incomplete),
 so a request the process died in is settled from its reservation when the segment is replayed;
 its real record replaces that one. Segments of a writer that is gone (their ``flock`` is free) are
@@ -38,6 +38,7 @@ from gateway.db.models import UsageRow
 from gateway.usage import rollup
 from gateway.usage.journal import Journal, Quarantine, read_records
 from gateway.usage.pricing import PriceTable
+from gateway.usage.wal import WriteAhead
 
 log = logging.getLogger("switchyard.usage")
 
@@ -91,10 +92,8 @@ class UsageWriter:
         self.db = db
         self.prices = prices
         self.journal = Journal(journal_dir)
-        self.wal = Journal(journal_dir)
+        self.wal = WriteAhead(journal_dir)
         self._open: dict[str, UsageRecord] = {}  # begun and not yet recorded, by request id
-        self._unsynced = False
-        self._syncing: asyncio.Future[None] | None = None
         self.quarantine = Quarantine(journal_dir)
         self.batch_size = batch_size
         self.flush_interval = flush_interval
@@ -123,8 +122,7 @@ class UsageWriter:
                 )
             self._buffer.append(record)
             self._open.pop(record.request_id, None)
-            self.wal.append([record], fsync=False)
-            self._unsynced = True
+            self.wal.add(record)
             if len(self._buffer) >= self.max_buffer:
                 self._spill()
             elif len(self._buffer) >= self.batch_size:
@@ -139,32 +137,12 @@ class UsageWriter:
                     record.model, record.prompt_tokens, record.completion_tokens, record.cached_tokens
                 )
             self._open[record.request_id] = record
-            self.wal.append([record], fsync=False)
-            self._unsynced = True
+            self.wal.add(record)
         except Exception:  # never raise into the request path
             log.exception("reservation of %s not journaled", record.request_id)
 
     async def sync(self) -> None:
-        if not self._unsynced:
-            return
-        if self._syncing is None:
-            self._syncing = asyncio.ensure_future(self._fsync())
-        await asyncio.shield(self._syncing)
-
-    async def _fsync(self) -> None:
-        """One fsync in a thread for every record written meanwhile (group commit)."""
-        try:
-            while self._unsynced:
-                self._unsynced = False
-                try:
-                    await asyncio.to_thread(self.wal.sync)
-                except (OSError, ValueError):  # the segment was retired meanwhile: its records are elsewhere
-                    if not self.wal.path.exists():
-                        raise
-        except Exception:
-            log.exception("syncing the usage write-ahead file failed")
-        finally:
-            self._syncing = None
+        await self.wal.sync()
 
     # ------------------------------------------------------------ lifecycle
 
@@ -188,7 +166,8 @@ class UsageWriter:
             self._spill()
         if self._open:  # requests that never settled: their reservations stand, marked incomplete
             self.journal.append(list(self._open.values()))
-        self.wal.discard()
+        await self.wal.aclose()
+        self.wal.segment.discard()
         self.journal.close()
 
     @property
@@ -237,10 +216,7 @@ class UsageWriter:
         """Take the buffer and start a new write-ahead segment holding the requests in flight; the
         old segment is retired once the records taken are in the database or the journal."""
         taken, self._buffer = self._buffer, []
-        retired, self.wal = self.wal, Journal(self.journal.directory)
-        self.wal.append(list(self._open.values()), fsync=False)
-        await asyncio.to_thread(self.wal.sync)
-        return taken, retired
+        return taken, await self.wal.rotate(list(self._open.values()))
 
     def _spill(self) -> None:
         self.journal.append(self._buffer)
