@@ -18,8 +18,8 @@ from backends.openai_wire import ChatCompletionRequest, CompletionRequest
 _PER_MESSAGE_OVERHEAD = 4  # role and separators, as chat templates add them
 # Bounds: a chat template's tokens around one message (role, start and end markers, a name), and
 # around the whole conversation (a default system prompt, the generation prompt).
-_BOUND_PER_MESSAGE = 16
-_BOUND_PER_CONVERSATION = 64
+BOUND_PER_MESSAGE = 16
+BOUND_PER_CONVERSATION = 64
 
 
 def estimate_text(text: str) -> int:
@@ -59,9 +59,9 @@ def bound_text(text: str) -> int:
 def bound_chat_prompt(request: ChatCompletionRequest) -> int:
     """An upper bound on the prompt tokens of a chat request: messages (text, names, tool calls) and
     tool definitions as the template renders them, counted by their bytes."""
-    total = _BOUND_PER_CONVERSATION
+    total = BOUND_PER_CONVERSATION
     for m in request.messages:
-        total += _BOUND_PER_MESSAGE + bound_text(m.text())
+        total += BOUND_PER_MESSAGE + bound_text(m.text())
         if m.name:
             total += bound_text(str(m.name))
         if m.tool_calls:

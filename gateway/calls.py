@@ -23,13 +23,15 @@ from backends.estimate import (
     estimate_completion_prompt,
 )
 from backends.openai_wire import ChatCompletionRequest, CompletionRequest
+from backends.prompt_count import PromptCounter
 from gateway.contracts import Principal
 from gateway.dialects import OPENAI, Dialect
 from gateway.errors import ApiError
 from gateway.routing.cache_aware import chat_prefix, completion_prefix
 
 Invoke = Callable[[Backend, CallContext], Awaitable[Completed[Any] | ChunkStream[Any]]]
-CountPrompt = Callable[[Tokenizing], int]  # the prompt's exact tokens with a backend's own tokenizer
+# The prompt's tokens with a backend's own tokenizer (exact), or with a deployment's configured one.
+CountPrompt = Callable[[Tokenizing | PromptCounter], int]
 
 
 @dataclass(frozen=True)
@@ -68,8 +70,14 @@ def describe_chat(principal: Principal, body: ChatCompletionRequest, *, endpoint
         principal=principal, endpoint=endpoint, model=body.model, stream=stream,
         prompt_tokens=estimate_chat_prompt(body), prompt_bound=bound_chat_prompt(body),
         output_limit=body.output_limit(), sequences=body.sequences(), routing_key=chat_prefix(body), invoke=invoke,
-        dialect=dialect, count_prompt=lambda tokenizer: len(tokenizer.tokenize_chat(body)),
+        dialect=dialect, count_prompt=lambda tokenizer: _count_chat(tokenizer, body),
     )
+
+
+def _count_chat(tokenizer: Tokenizing | PromptCounter, body: ChatCompletionRequest) -> int:
+    if isinstance(tokenizer, PromptCounter):
+        return tokenizer.count_chat(body)
+    return len(tokenizer.tokenize_chat(body))
 
 
 def describe_completion(principal: Principal, body: CompletionRequest) -> CallDescription:

@@ -4,14 +4,25 @@ tokenizer makes of the text (CJK and emoji included), with the chat template's t
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import msgspec
+import openai
 import pytest
 from tokenizers import Tokenizer
 
 from backends.estimate import bound_chat_prompt, bound_text, estimate_chat_prompt
+from backends.factory import build_backend
 from backends.openai_wire import ChatCompletionRequest, ChatMessage
+from backends.prompt_count import PromptCounter
 from engine.tiny_model import TOKENIZER_JSON
+from gateway.contracts import Principal
+from gateway.routing.router import Router
+from gateway.services import Services
+from gateway.settings import ConfigError
+from tests.conftest import gateway_settings
+from tests.support.doubles import RecordingSink, ScriptedAdmission, StaticKeys
+from tests.support.fake_upstream import FakeUpstream
 from tests.support.local_gateway import local_gateway
 
 TEXTS = [
@@ -51,3 +62,30 @@ def test_the_engine_reserves_the_prompt_at_its_own_tokenizer_count(tmp_path: Pat
         env.wait_idle()
     assert env.admission.settled[0].ticket.reserved_tokens == exact + 3  # the template's tokens, exactly
     assert record.prompt_tokens == exact
+
+
+def _tokenized_settings(upstream: FakeUpstream, tokenizer: str) -> Any:
+    return gateway_settings(upstream.url, models=[{"name": "echo", "deployments": [
+        {"provider": "openai", "model": "upstream-echo", "api_base": upstream.url, "tokenizer": tokenizer}]}])
+
+
+def test_an_http_deployment_with_a_configured_tokenizer_reserves_its_count(
+    start_gateway: Any, upstream: FakeUpstream
+) -> None:
+    settings = _tokenized_settings(upstream, str(TOKENIZER_JSON))
+    admission = ScriptedAdmission()
+    services = Services(authenticator=StaticKeys({"sk-t": Principal(key_id="k", tenant_id="t")}), admission=admission,
+                        usage=RecordingSink(), router=Router.from_settings(settings, build_backend))
+    gw = start_gateway(settings, services)
+    client = openai.OpenAI(base_url=gw.url + "/v1", api_key="sk-t", max_retries=0)
+    messages = [{"role": "user", "content": "hello there, a plain English prompt of some length " * 8}]
+    client.chat.completions.create(model="echo", messages=messages, max_tokens=7)  # type: ignore[arg-type]
+    request = msgspec.convert({"model": "echo", "messages": messages}, ChatCompletionRequest)
+    counted = PromptCounter.load(str(TOKENIZER_JSON)).count_chat(request)
+    assert admission.settled[0].ticket.reserved_tokens == counted + 7
+    assert counted < bound_chat_prompt(request)  # tighter than the byte bound for English
+
+
+def test_a_tokenizer_that_cannot_be_loaded_is_a_config_error(upstream: FakeUpstream, tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"models\[0\]\.deployments\[0\]\.tokenizer"):
+        Router.from_settings(_tokenized_settings(upstream, str(tmp_path / "missing")), build_backend)
