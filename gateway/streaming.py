@@ -10,6 +10,7 @@ running when it ends is cut with a last chunk carrying ``finish_reason: length``
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from enum import Enum
@@ -106,7 +107,7 @@ class SSERelay:
                     last = chunk
                 else:
                     self._outcome = Outcome.DRAINED
-                    await self.finish()  # the provider closed, the request settled
+                    await asyncio.shield(self.finish())  # the provider closed, the request settled
                     if (final := cut_chunk(last, self._stream.meter)) is not None:
                         yield encoder.chunk(final)
                     yield encoder.done()
@@ -121,7 +122,7 @@ class SSERelay:
             yield encoder.error(self._error)  # type: ignore[arg-type]
             return
         self._outcome = Outcome.COMPLETED
-        await self.finish()  # settled and its usage durable before the last byte
+        await asyncio.shield(self.finish())  # settled and its usage durable before the last byte
         yield encoder.done()
 
     def _fail(self, error: ApiError) -> None:

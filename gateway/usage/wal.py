@@ -53,7 +53,9 @@ class WriteAhead:
             self._cond.notify()
 
     async def sync(self) -> None:
-        """Return once every record added so far is on disk."""
+        """Return once every record added so far is on disk (at once after ``aclose``)."""
+        if self._closing:
+            return
         loop = self._loop = asyncio.get_running_loop()
         done: asyncio.Future[None] = loop.create_future()
         with self._cond:
