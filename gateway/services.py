@@ -88,7 +88,8 @@ class Tenancy:
         prices = PriceTable.from_settings(settings)
         admission = QuotaAdmission(store, limits, prices, on_unavailable=settings.redis.on_unavailable,
                                    lease_seconds=settings.quotas.lease_seconds)
-        usage = UsageWriter(db, prices, journal_dir=Path(settings.usage.journal_dir))
+        usage = UsageWriter(db, prices, journal_dir=Path(settings.usage.journal_dir),
+                            sync_before_reply=settings.usage.sync_before_reply)
 
         def changed() -> None:  # this process sees admin changes at once; other replicas within the TTL
             authenticator.invalidate()

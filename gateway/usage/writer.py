@@ -88,11 +88,13 @@ class UsageWriter:
         flush_interval: float = 0.5,
         max_buffer: int = 10_000,
         retry_interval: float = 1.0,
+        sync_before_reply: bool = True,
     ) -> None:
         self.db = db
         self.prices = prices
         self.journal = Journal(journal_dir)
         self.wal = WriteAhead(journal_dir)
+        self.sync_before_reply = sync_before_reply
         self._open: dict[str, UsageRecord] = {}  # begun and not yet recorded, by request id
         self.quarantine = Quarantine(journal_dir)
         self.batch_size = batch_size
@@ -142,7 +144,8 @@ class UsageWriter:
             log.exception("reservation of %s not journaled", record.request_id)
 
     async def sync(self) -> None:
-        await self.wal.sync()
+        if self.sync_before_reply:
+            await self.wal.sync()
 
     # ------------------------------------------------------------ lifecycle
 
