@@ -93,6 +93,25 @@ async def test_redis_down_fail_open_admits_without_counting(db: Database) -> Non
     await redis.aclose()
 
 
+@pytest.mark.parametrize("policy", ["fail_closed", "fail_open"])
+async def test_a_lost_budget_is_not_handed_out_while_the_records_cannot_be_read(
+    db: Database, tmp_path: Path, policy: str
+) -> None:
+    """The store lost the budget bucket and the database is down: fail_closed refuses (503) rather
+    than count the budget from zero; fail_open admits without counting, as for a store outage."""
+    p = await principal_with(db, Limits(token_budget=1000, budget_period="total"), Limits())
+    limits = LimitsSource(db)
+    await limits.scopes(p)  # the limits are cached: only the spend is unreadable
+    limits.db = Database.from_url(f"sqlite+aiosqlite:///{tmp_path / 'missing' / 'gone.db'}")
+    adm = QuotaAdmission(MemoryStore(), limits, PRICES, on_unavailable=policy)  # type: ignore[arg-type]
+    if policy == "fail_closed":
+        with pytest.raises(QuotaUnavailable):
+            await adm.admit(p, "m", 10)
+    else:
+        assert (await adm.admit(p, "m", 10)).token == ""
+    await limits.db.dispose()
+
+
 @pytest.fixture
 def gateway_without_redis(
     db: Database, fake_upstream_server: FakeUpstream, tmp_path: Path
