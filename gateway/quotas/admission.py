@@ -29,6 +29,8 @@ from gateway.usage.pricing import PriceTable
 
 log = logging.getLogger("switchyard.quotas")
 
+MAX_HOLD_SECONDS = 6 * 3600  # the heartbeat stops renewing a lease this old (a request never settled)
+
 REASONS = {
     "requests": "requests per minute",
     "tokens": "tokens per minute",
@@ -81,6 +83,9 @@ class QuotaAdmission:
     async def _beat(self) -> None:
         while True:
             await asyncio.sleep(self.lease_seconds / 3)
+            now = time.time()
+            for stale in [t for t, lease in self._live.items() if now - lease.second > MAX_HOLD_SECONDS]:
+                del self._live[stale]  # never settled (a bug): let its slot expire rather than hold it forever
             leases = list(self._live.values())
             try:
                 for i in range(0, len(leases), 500):

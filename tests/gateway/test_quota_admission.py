@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import time
@@ -91,6 +92,20 @@ async def test_redis_down_fail_open_admits_without_counting(db: Database) -> Non
     for t in tickets:
         await adm.settle(t, 5, 0.0)  # nothing was reserved: nothing to do, no error
     await redis.aclose()
+
+
+async def test_the_heartbeat_keeps_a_live_lease_and_a_dead_ones_expires(db: Database) -> None:
+    p = await principal_with(db, Limits(max_concurrency=1), Limits())
+    live = QuotaAdmission(MemoryStore(), LimitsSource(db), PRICES, lease_seconds=1.0)
+    live.start()
+    held = await live.admit(p, "m", 10)
+    await asyncio.sleep(1.6)  # past its first term: renewed meanwhile
+    with pytest.raises(QuotaExceeded, match="concurrent"):
+        await live.admit(p, "m", 10)
+    await live.aclose()  # the replica stops beating (as if it died)
+    await asyncio.sleep(1.2)
+    await live.settle(await live.admit(p, "m", 10), 5, 0.0)  # the slot freed itself within a lease
+    await live.settle(held, 5, 0.0)
 
 
 @pytest.mark.parametrize("policy", ["fail_closed", "fail_open"])
