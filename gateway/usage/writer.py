@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -134,10 +135,9 @@ class UsageWriter:
 
     def begin(self, record: UsageRecord) -> None:
         try:
-            if record.cost == 0.0:
-                record.cost = self.prices.cost(
-                    record.model, record.prompt_tokens, record.completion_tokens, record.cached_tokens
-                )
+            if record.cost == 0.0:  # priced as admission reserved it: every token at the highest price
+                tokens = record.prompt_tokens + record.completion_tokens
+                record.cost = math.ceil(tokens * self.prices.max_per_million(record.model)) / 1e6
             self._open[record.request_id] = record
             self.wal.add(record)
         except Exception:  # never raise into the request path

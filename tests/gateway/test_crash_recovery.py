@@ -45,6 +45,7 @@ def _config(tmp_path: Path, upstream: FakeUpstream, redis_url: str) -> dict[str,
         "usage": {"journal_dir": str(tmp_path / "journal")},
         "models": [{"name": "echo", "deployments": [
             {"provider": "openai", "model": "upstream-echo", "api_base": upstream.url, "api_key": "k"}]}],
+        "prices": {"echo": {"input_per_million": 10.0, "output_per_million": 20.0}},
     }  # fmt: skip
 
 
@@ -61,6 +62,11 @@ def _rows(tmp_path: Path, tid: str) -> list[tuple[int, str | None, int]]:
                             "WHERE tenant_id = ?", (tid,)).fetchall()
 
 
+def _money(tmp_path: Path, tid: str) -> float:
+    with sqlite3.connect(tmp_path / "usage.db") as conn:
+        return float(conn.execute("SELECT SUM(cost) FROM usage_records WHERE tenant_id = ?", (tid,)).fetchone()[0])
+
+
 def _wait_rows(tmp_path: Path, tid: str, count: int) -> list[tuple[int, str | None, int]]:
     deadline = time.monotonic() + 20
     while len(rows := _rows(tmp_path, tid)) < count and time.monotonic() < deadline:
@@ -68,9 +74,9 @@ def _wait_rows(tmp_path: Path, tid: str, count: int) -> list[tuple[int, str | No
     return rows
 
 
-def _budget_tokens(redis_url: str, tid: str) -> int:
+def _budget_tokens(redis_url: str, tid: str, field: str = "tokens") -> int:
     with Redis.from_url(redis_url) as r:
-        return int(r.hget(f"sy:q:tenant:{tid}:bd:total", "tokens") or 0)
+        return int(r.hget(f"sy:q:tenant:{tid}:bd:total", field) or 0)
 
 
 def _post(url: str, key: str) -> int:
@@ -131,7 +137,9 @@ async def test_sigkill_mid_load_meters_every_request_and_frees_the_slots_within_
     assert sorted(s for s, e, _ in rows if e != "incomplete") == sorted(statuses)
     incomplete = [t for s, e, t in rows if e == "incomplete"]
     assert len(incomplete) == 3 and all(t > 50 for t in incomplete)  # settled at what they reserved
-    assert _budget_tokens(redis_server.url, tid) == sum(t for _, _, t in rows)  # money and rows agree
+    assert _budget_tokens(redis_server.url, tid) == sum(t for _, _, t in rows)  # the budget and the rows agree
+    micros = _budget_tokens(redis_server.url, tid, "micros")
+    assert abs(micros - _money(tmp_path, tid) * 1e6) <= len(rows)  # in money too (to rounding, a micro-dollar a row)
 
 
 async def test_redis_restarted_empty_never_hands_the_budget_out_twice(
