@@ -49,6 +49,9 @@ class DeploymentConfig(Conf):
     max_concurrency: Annotated[int, Meta(ge=1)] | None = None
     tokens_per_minute: Annotated[int, Meta(ge=1)] | None = None
     context_window: Annotated[int, Meta(ge=1)] | None = None
+    # The upstream model's tokenizer (a tokenizer.json, or a folder holding one): admission counts
+    # prompts with it instead of reserving their byte bound (backends.prompt_count).
+    tokenizer: str | None = None
     timeouts: Timeouts = msgspec.field(default_factory=Timeouts)
     options: dict[str, Any] = msgspec.field(default_factory=dict)  # provider-specific (engine args)
     # HTTP providers forward every request field; these adjust that for an upstream that rejects some:

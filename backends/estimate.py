@@ -2,15 +2,24 @@
 
 A character heuristic (about four characters per token for English text, never less than one
 token per word-ish piece) keeps the gateway free of per-provider tokenizers; it is used only for
-quota reservations and for metering when the upstream gives no usage.
+metering when the upstream gives no usage. Quota reservations use ``bound_*`` instead: an upper
+bound that no byte-level or byte-fallback tokenizer exceeds (one token per UTF-8 byte, plus what a
+chat template adds), so Chinese text or emoji (three or four bytes a character) are never
+reserved below their cost.
 """
 
 from __future__ import annotations
+
+import msgspec
 
 from backends.embeddings_wire import EmbeddingRequest
 from backends.openai_wire import ChatCompletionRequest, CompletionRequest
 
 _PER_MESSAGE_OVERHEAD = 4  # role and separators, as chat templates add them
+# Bounds: a chat template's tokens around one message (role, start and end markers, a name), and
+# around the whole conversation (a default system prompt, the generation prompt).
+BOUND_PER_MESSAGE = 16
+BOUND_PER_CONVERSATION = 64
 
 
 def estimate_text(text: str) -> int:
@@ -40,3 +49,39 @@ def estimate_embedding_input(request: EmbeddingRequest) -> int:
     except ValueError:
         return 0
     return sum(estimate_text(i) if isinstance(i, str) else len(i) for i in inputs)
+
+
+def bound_text(text: str) -> int:
+    """At most one token per UTF-8 byte (a tokenizer's merges only lower it), plus a leading marker."""
+    return len(text.encode("utf-8", "surrogatepass")) + 1 if text else 0
+
+
+def bound_chat_prompt(request: ChatCompletionRequest) -> int:
+    """An upper bound on the prompt tokens of a chat request: messages (text, names, tool calls) and
+    tool definitions as the template renders them, counted by their bytes."""
+    total = BOUND_PER_CONVERSATION
+    for m in request.messages:
+        total += BOUND_PER_MESSAGE + bound_text(m.text())
+        if m.name:
+            total += bound_text(str(m.name))
+        if m.tool_calls:
+            total += len(msgspec.json.encode(m.tool_calls))
+    if request.tools:
+        total += len(msgspec.json.encode(request.tools))
+    return total
+
+
+def bound_completion_prompt(request: CompletionRequest) -> int:
+    try:
+        prompts = request.prompts()
+    except ValueError:
+        return 0
+    return sum(bound_text(p) + 1 if isinstance(p, str) else len(p) for p in prompts)
+
+
+def bound_embedding_input(request: EmbeddingRequest) -> int:
+    try:
+        inputs = request.inputs()
+    except ValueError:
+        return 0
+    return sum(bound_text(i) + 1 if isinstance(i, str) else len(i) for i in inputs)

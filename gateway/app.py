@@ -21,6 +21,7 @@ from gateway.controllers.messages import MessagesController
 from gateway.controllers.models import ModelsController
 from gateway.controllers.responses import ResponsesController
 from gateway.controllers.tokenize import TokenizeController
+from gateway.drain import DRAIN
 from gateway.errors import exception_handlers
 from gateway.pipeline import Pipeline
 from gateway.reload import Reloader
@@ -51,6 +52,7 @@ def create_app(
         extra_routes.append(metrics_route(telemetry.metrics, services.router, services.usage))
         services.usage = MeteredSink(services.usage, telemetry.metrics)
     pipeline = Pipeline(services, settings, telemetry)
+    services.readiness["accepting_requests"] = DRAIN.accepting  # False once SIGTERM started the drain
     reloader = Reloader(pipeline, config_path)
 
     @asynccontextmanager
@@ -59,6 +61,7 @@ def create_app(
             for start in services.starters:
                 await start()
             reloader.install_sighup()
+            DRAIN.install(settings.server.drain_readiness_seconds, settings.server.drain_seconds)
             yield
         finally:
             await services.aclose()

@@ -14,16 +14,24 @@ from typing import Any
 
 import msgspec
 
-from backends.base import Backend, ChunkStream, Completed
+from backends.base import Backend, ChunkStream, Completed, Tokenizing
 from backends.call import CallContext
-from backends.estimate import estimate_chat_prompt, estimate_completion_prompt
+from backends.estimate import (
+    bound_chat_prompt,
+    bound_completion_prompt,
+    estimate_chat_prompt,
+    estimate_completion_prompt,
+)
 from backends.openai_wire import ChatCompletionRequest, CompletionRequest
+from backends.prompt_count import PromptCounter
 from gateway.contracts import Principal
 from gateway.dialects import OPENAI, Dialect
 from gateway.errors import ApiError
 from gateway.routing.cache_aware import chat_prefix, completion_prefix
 
 Invoke = Callable[[Backend, CallContext], Awaitable[Completed[Any] | ChunkStream[Any]]]
+# The prompt's tokens with a backend's own tokenizer (exact), or with a deployment's configured one.
+CountPrompt = Callable[[Tokenizing | PromptCounter], int]
 
 
 @dataclass(frozen=True)
@@ -34,12 +42,14 @@ class CallDescription:
     endpoint: str  # "chat.completions" | "completions" | "messages": usage rows, metrics, span names
     model: str  # as the client named it
     stream: bool
-    prompt_tokens: int  # estimated: reserved by admission, compared with deployments' context windows
+    prompt_tokens: int  # estimated: compared with deployments' context windows
+    prompt_bound: int  # an upper bound on the prompt's tokens (bytes): reserved where no tokenizer counts it
     output_limit: int | None  # the client's cap per sequence (None: it set none)
     sequences: int  # sequences generated (choices x prompts): admission reserves output for each
     routing_key: str | None  # the prompt's opening, for strategy cache_aware (None: no text)
     invoke: Invoke  # the backend method with the body bound: ``invoke(backend, ctx)``
     dialect: Dialect = OPENAI
+    count_prompt: CountPrompt | None = None  # None: only the bound is known
 
 
 def describe_chat(principal: Principal, body: ChatCompletionRequest, *, endpoint: str = "chat.completions",
@@ -58,9 +68,16 @@ def describe_chat(principal: Principal, body: ChatCompletionRequest, *, endpoint
 
     return CallDescription(
         principal=principal, endpoint=endpoint, model=body.model, stream=stream,
-        prompt_tokens=estimate_chat_prompt(body), output_limit=body.output_limit(), sequences=body.sequences(),
-        routing_key=chat_prefix(body), invoke=invoke, dialect=dialect,
+        prompt_tokens=estimate_chat_prompt(body), prompt_bound=bound_chat_prompt(body),
+        output_limit=body.output_limit(), sequences=body.sequences(), routing_key=chat_prefix(body), invoke=invoke,
+        dialect=dialect, count_prompt=lambda tokenizer: _count_chat(tokenizer, body),
     )
+
+
+def _count_chat(tokenizer: Tokenizing | PromptCounter, body: ChatCompletionRequest) -> int:
+    if isinstance(tokenizer, PromptCounter):
+        return tokenizer.count_chat(body)
+    return len(tokenizer.tokenize_chat(body))
 
 
 def describe_completion(principal: Principal, body: CompletionRequest) -> CallDescription:
@@ -78,6 +95,7 @@ def describe_completion(principal: Principal, body: CompletionRequest) -> CallDe
 
     return CallDescription(
         principal=principal, endpoint="completions", model=body.model, stream=stream,
-        prompt_tokens=estimate_completion_prompt(body), output_limit=body.output_limit(),
-        sequences=body.sequences(), routing_key=completion_prefix(body), invoke=invoke,
+        prompt_tokens=estimate_completion_prompt(body), prompt_bound=bound_completion_prompt(body),
+        output_limit=body.output_limit(), sequences=body.sequences(), routing_key=completion_prefix(body),
+        invoke=invoke,
     )

@@ -99,7 +99,19 @@ class UsageRecord:
     extra: dict[str, str] = field(default_factory=dict)
 
 
+INCOMPLETE = "incomplete"  # ``extra["outcome"]`` of the record that stands for a request until it settles
+
+
 class UsageSink(Protocol):
     def record(self, record: UsageRecord) -> None:
         """Queue a record; never blocks the request path, never raises."""
+        ...
+
+    def begin(self, record: UsageRecord) -> None:
+        """Note an admitted request by the record that settles it if the process dies first (its
+        reservation, marked incomplete); its ``record`` replaces it."""
+        ...
+
+    async def sync(self) -> None:
+        """Return once every record and ``begin`` so far is durable (before a response's last byte)."""
         ...

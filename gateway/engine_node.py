@@ -57,6 +57,12 @@ class NoUsage:
     def record(self, record: UsageRecord) -> None:
         return None
 
+    def begin(self, record: UsageRecord) -> None:
+        return None
+
+    async def sync(self) -> None:
+        return None
+
 
 class PrefixCacheStats(msgspec.Struct):
     queries: int  # prompt tokens looked up

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import math
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -22,8 +23,9 @@ from litestar.response import Stream
 from backends.base import BackendError, BadRequest, ChunkStream, Completed, ContextTooLong, Meter, Unavailable
 from backends.call import CallContext, CallingTenant, forwarded_tenant
 from gateway.calls import CallDescription
-from gateway.contracts import Principal, QuotaExceeded, QuotaState, QuotaUnavailable, Ticket, UsageRecord
+from gateway.contracts import INCOMPLETE, Principal, QuotaExceeded, QuotaState, QuotaUnavailable, Ticket, UsageRecord
 from gateway.errors import ApiError, from_backend_error, retry_after_header
+from gateway.quotas.reservation import prompt_reservation
 from gateway.routing.deployment import Deployment
 from gateway.routing.plan import RoutePlan
 from gateway.routing.router import ModelGroup
@@ -106,7 +108,7 @@ class Pipeline:
         cap = self.settings.quotas.default_max_tokens  # what backends hold a request without a limit to
         limit = call.output_limit
         per_sequence = limit if limit is not None else cap if cap is not None else DEFAULT_OUTPUT_RESERVE
-        reserve = call.prompt_tokens + per_sequence * call.sequences
+        reserve = prompt_reservation(call, group) + per_sequence * call.sequences
         rid = request_id()
         principal = call.principal
         try:
@@ -120,6 +122,8 @@ class Pipeline:
             raise
         flight = _Flight(call=call, request_id=rid, group=group, ticket=ticket, started_at=time.time(),
                          t0=time.perf_counter())
+        self.services.usage.begin(_reservation_record(flight, reserve - per_sequence * call.sequences,
+                                                      per_sequence * call.sequences))
         # The engine schedules fairly by the tenant; backends hold a request without a limit to the cap.
         ctx = CallContext(tenant=CallingTenant.of(principal.tenant_id, principal.tenant_weight), output_cap=cap)
         try:
@@ -150,8 +154,16 @@ class Pipeline:
                                  f"every deployment of '{call.model}'", param="messages")
         if attempt is None:
             raise Unavailable(f"no deployment of '{call.model}' is available (circuits open or at capacity)")
+        tenant = _circuit_tenant(call.principal)
         while True:
             health = attempt.deployment.health
+            if not health.admits(tenant):  # this tenant's own circuit on the deployment is open
+                refused = Unavailable(f"deployment {attempt.deployment.id} is refusing this tenant's requests for "
+                                      f"{math.ceil(health.tenant_retry_after(tenant))} s after repeated failures")
+                if (following := plan.after(refused)) is None:
+                    raise refused
+                attempt = following
+                continue
             if attempt.delay:
                 await asyncio.sleep(attempt.delay)
                 if not health.available():  # e.g. another request took its half-open trial meanwhile
@@ -174,9 +186,9 @@ class Pipeline:
                 hooks.end_attempt(span, exc.kind)
                 self.telemetry.upstream_error(attempt.deployment.id, exc.kind)
                 if isinstance(exc, BadRequest):
-                    health.on_success(None)  # the deployment answered; the request was at fault
+                    health.on_success(None, tenant)  # the deployment answered; the request was at fault
                 else:
-                    health.on_failure()
+                    health.on_failure(tenant)
                 following = plan.after(exc)
                 if following is None:
                     raise
@@ -185,10 +197,10 @@ class Pipeline:
                 attempt = following
                 continue
             except Exception:  # a bug in a backend: counts against the deployment, and frees its trial slot
-                health.on_failure()
+                health.on_failure(tenant)
                 hooks.end_attempt(span, "internal_error")
                 raise
-            health.on_success(time.perf_counter() - t0)  # to the answer, or a stream's first chunk
+            health.on_success(time.perf_counter() - t0, tenant)  # to the answer, or a stream's first chunk
             flight.attempt_span = span  # ended at settlement, so it covers a stream to its end
             return result
 
@@ -214,7 +226,8 @@ class Pipeline:
         async def on_end(meter: Meter, outcome: Outcome, error: ApiError | None) -> None:
             error_type = error.type if error else (None if outcome is Outcome.COMPLETED else outcome.value)
             if outcome is Outcome.FAILED and flight.deployment is not None and error and error.status >= 500:
-                flight.deployment.health.on_failure()  # the provider broke the stream after it started
+                # the provider broke the stream after it started
+                flight.deployment.health.on_failure(_circuit_tenant(flight.call.principal))
             await self._settle(flight, meter, 200, error_type, outcome=outcome.value)
 
         relay = SSERelay(stream, flight.call.model, on_end, flight.call.dialect.stream(stream.meter))
@@ -248,6 +261,7 @@ class Pipeline:
         )
         try:
             self.services.usage.record(record)
+            await self.services.usage.sync()  # durable before the response's last byte
         except Exception:
             log.exception("recording usage for %s failed", flight.request_id)
         hooks.on_settle(self.telemetry, record, meter.phases, flight.attempt_span)
@@ -273,6 +287,22 @@ class Pipeline:
     @staticmethod
     def _may_use(principal: Principal, group: ModelGroup) -> bool:
         return any(principal.may_use(name) for name in group.names)
+
+
+def _reservation_record(flight: _Flight, prompt: int, output: int) -> UsageRecord:
+    """The record that settles ``flight`` from its reservation if the process dies before it ends."""
+    principal = flight.call.principal
+    return UsageRecord(
+        request_id=flight.request_id, key_id=principal.key_id, tenant_id=principal.tenant_id,
+        model=flight.group.name, deployment=None, provider=None, endpoint=flight.call.endpoint,
+        started_at=flight.started_at, status=500, prompt_tokens=prompt, completion_tokens=output, exact=False,
+        error_type=INCOMPLETE, stream=flight.call.stream, extra={"outcome": INCOMPLETE},
+    )
+
+
+def _circuit_tenant(principal: Principal) -> str:
+    """Whom a deployment's failures are charged to (``DeploymentHealth``): the tenant, else the key."""
+    return principal.tenant_id or principal.key_id
 
 
 def _ratelimit_headers(ticket: Ticket) -> dict[str, str]:

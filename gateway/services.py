@@ -98,8 +98,10 @@ class Tenancy:
         audit = AuditLog(db, key_use_interval=auth.key_use_audit_seconds, retention=auth.audit_retention_days * 86400)
         guard = AuthGuard(throttle, audit)
         prices = PriceTable.from_settings(settings)
-        admission = QuotaAdmission(store, limits, prices, on_unavailable=settings.redis.on_unavailable)
-        usage = UsageWriter(db, prices, journal_dir=Path(settings.usage.journal_dir))
+        admission = QuotaAdmission(store, limits, prices, on_unavailable=settings.redis.on_unavailable,
+                                   lease_seconds=settings.quotas.lease_seconds)
+        usage = UsageWriter(db, prices, journal_dir=Path(settings.usage.journal_dir),
+                            sync_before_reply=settings.usage.sync_before_reply)
 
         def changed() -> None:  # this process sees admin changes at once; other replicas within the TTL
             authenticator.invalidate()
@@ -128,6 +130,7 @@ class Tenancy:
         await self._sync_prices()
         self.usage.start()
         self.guard.audit.start()
+        self.admission.start()
 
     async def _sync_prices(self) -> None:
         """The config's prices are written to model_prices (so reports and dashboards can read
@@ -166,6 +169,7 @@ class Tenancy:
         return checks
 
     async def aclose(self) -> None:
+        await self.admission.aclose()
         await self.usage.aclose()
         await self.guard.audit.aclose()
         store = self.admission.store

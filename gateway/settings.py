@@ -38,6 +38,11 @@ class ServerConfig(Conf):
     header_timeout: Annotated[float, Meta(gt=0, le=3600)] = 10.0
     body_timeout: Annotated[float, Meta(gt=0, le=3600)] = 30.0
     max_connections_per_client: Annotated[int, Meta(ge=0, le=1_000_000)] = 256
+    # SIGTERM (gateway.drain): /readyz fails at once; the listener closes ``drain_readiness_seconds``
+    # later; requests in flight then have ``drain_seconds`` to finish before streams still running
+    # are ended (finish_reason "length", usage) and settled.
+    drain_readiness_seconds: Annotated[float, Meta(ge=0, le=600)] = 0.0
+    drain_seconds: Annotated[float, Meta(ge=0, le=3600)] = 10.0
 
 
 class DatabaseConfig(Conf):
@@ -92,10 +97,17 @@ class QuotasConfig(Conf):
     # max_completion_tokens) and reserved at it, so admission's reservation bounds what they can
     # spend; null sends them uncapped (the reservation then assumes 1024 output tokens).
     default_max_tokens: Annotated[int, Meta(ge=1)] | None = 1024
+    # A concurrency slot is a lease of this many seconds, renewed by the live replica every third
+    # of it: the slots of a replica that died free themselves within one lease.
+    lease_seconds: Annotated[float, Meta(ge=1, le=3600)] = 30.0
 
 
 class UsageConfig(Conf):
     journal_dir: str = "var/usage-journal"  # where usage records wait while the database is down
+    # Each response's last byte waits until its usage record is fsynced there (one fsync serves all
+    # the requests finishing together; about a millisecond or two of latency). false: the record is
+    # written by a background thread a moment later, so a crash in that moment can lose it.
+    sync_before_reply: bool = True
 
 
 class TelemetryConfig(Conf):

@@ -2,12 +2,15 @@
 
 The relay never raises into the ASGI server: a provider failure after the first chunk becomes an
 OpenAI-shaped ``data: {"error": ...}`` event (the openai SDK raises it as an APIError). ``finish()``
-runs as the response's background task, after the last byte or after the client disconnected,
-and is where the upstream is closed and the request is settled.
+closes the upstream and settles the request: before the last byte when the stream ends (so its
+usage is durable first), else as the response's background task, after the client disconnected.
+While the process drains (``gateway.drain``), each read races the drain time; a stream still
+running when it ends is cut with a last chunk carrying ``finish_reason: length`` and the usage.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from enum import Enum
@@ -16,7 +19,16 @@ from typing import Any, Protocol
 import msgspec
 
 from backends.base import BackendError, ChunkStream, Meter
-from backends.openai_wire import encode_answer
+from backends.openai_wire import (
+    ChatChunkChoice,
+    ChatCompletionChunk,
+    ChatDelta,
+    CompletionChoice,
+    TextCompletion,
+    Usage,
+    encode_answer,
+)
+from gateway.drain import DRAIN, is_cut
 from gateway.errors import ApiError, from_backend_error
 
 log = logging.getLogger("switchyard.streaming")
@@ -29,6 +41,7 @@ class Outcome(Enum):
     COMPLETED = "completed"
     FAILED = "failed"
     DISCONNECTED = "client_disconnected"
+    DRAINED = "drained"  # cut when the process's drain time ran out
 
 
 OnEnd = Callable[[Meter, Outcome, ApiError | None], Awaitable[None]]
@@ -75,11 +88,30 @@ class SSERelay:
 
     async def events(self) -> AsyncIterator[bytes]:
         encoder = self._encoder
+        last: Any = None
         try:
             async for chunk in self._stream:
                 chunk.model = self._model
                 if data := encoder.chunk(chunk):
                     yield data
+                last = chunk
+                if DRAIN.draining:
+                    break
+            if DRAIN.draining:  # the process is shutting down: the rest races its drain time
+                while not is_cut(chunk := await _next_or_stop(self._stream)):
+                    if chunk is _END:
+                        break
+                    chunk.model = self._model
+                    if data := encoder.chunk(chunk):
+                        yield data
+                    last = chunk
+                else:
+                    self._outcome = Outcome.DRAINED
+                    await asyncio.shield(self.finish())  # the provider closed, the request settled
+                    if (final := cut_chunk(last, self._stream.meter)) is not None:
+                        yield encoder.chunk(final)
+                    yield encoder.done()
+                    return
         except BackendError as exc:
             self._fail(from_backend_error(exc))
             yield encoder.error(self._error)  # type: ignore[arg-type]
@@ -90,6 +122,7 @@ class SSERelay:
             yield encoder.error(self._error)  # type: ignore[arg-type]
             return
         self._outcome = Outcome.COMPLETED
+        await asyncio.shield(self.finish())  # settled and its usage durable before the last byte
         yield encoder.done()
 
     def _fail(self, error: ApiError) -> None:
@@ -105,3 +138,28 @@ class SSERelay:
         except Exception:
             log.exception("closing the upstream stream failed")
         await self._on_end(self._stream.meter, self._outcome, self._error)
+
+
+_END = object()
+
+
+async def _next_or_stop(stream: ChunkStream[Any]) -> Any:
+    try:
+        return await DRAIN.next_or_cut(stream.chunks)
+    except StopAsyncIteration:
+        return _END
+
+
+def cut_chunk(last: Any, meter: Meter) -> Any:
+    """The last chunk of a stream cut short: every choice of ``last`` finished for ``length``, with
+    the usage the meter holds (None when nothing was relayed, or for a chunk type not known here)."""
+    usage = Usage(prompt_tokens=meter.prompt_tokens, completion_tokens=meter.completion_tokens,
+                  total_tokens=meter.prompt_tokens + meter.completion_tokens)
+    indices = sorted({c.index for c in last.choices}) or [0] if last is not None else []
+    if isinstance(last, ChatCompletionChunk):
+        choices = [ChatChunkChoice(index=i, delta=ChatDelta(), finish_reason="length") for i in indices]
+        return ChatCompletionChunk(id=last.id, model=last.model, choices=choices, created=last.created, usage=usage)
+    if isinstance(last, TextCompletion):
+        text = [CompletionChoice(index=i, text="", finish_reason="length") for i in indices]
+        return TextCompletion(id=last.id, model=last.model, choices=text, created=last.created, usage=usage)
+    return None

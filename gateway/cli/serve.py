@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 from pathlib import Path
@@ -18,7 +19,7 @@ from gateway.cli.http_protocol import (
 )
 from gateway.settings import ConfigError, load_settings
 
-GRACE_SECONDS = 10  # after SIGTERM: how long in-flight requests and streams may take to finish
+SETTLE_SECONDS = 5  # after server.drain_seconds: for the streams cut then to settle, before uvicorn cancels
 # A rolling restart (SIGHUP, several workers) waits this long for each new worker to finish startup
 # (migrations, and loading any local engine's model) before retiring an old one; uvicorn's default
 # of 5 s aborts the restart whenever startup takes longer (a worker that dies is noticed at once;
@@ -47,8 +48,9 @@ def serve(
         raise typer.Exit(2) from None
     # Workers are separate processes: they load the same file through the app factory.
     os.environ["SWITCHYARD_CONFIG"] = str(config.resolve())
-    # uvicorn drains in-flight requests and runs the app's shutdown (usage flush) on SIGTERM, then
-    # re-raises the signal with the handler it found: make that a clean exit (status 0).
+    # On SIGTERM the app drains (gateway.drain), then uvicorn waits for in-flight requests, runs the
+    # app's shutdown (usage flush) and re-raises the signal with the handler it found: make that a
+    # clean exit (status 0).
     signal.signal(signal.SIGTERM, _exit_cleanly)
     os.environ[HEADER_TIMEOUT_ENV] = str(header_timeout or settings.server.header_timeout)
     os.environ[BODY_TIMEOUT_ENV] = str(settings.server.body_timeout)
@@ -65,7 +67,7 @@ def serve(
         loop="uvloop",
         http=HeadDeadlineProtocol,  # httptools, with a deadline on request heads
         lifespan="on",
-        timeout_graceful_shutdown=GRACE_SECONDS,
+        timeout_graceful_shutdown=math.ceil(settings.server.drain_seconds + SETTLE_SECONDS),
         timeout_worker_healthcheck=WORKER_STARTUP_SECONDS,
         log_level="info",
         access_log=False,  # one access line per request costs more than the request; see telemetry.json_logs

@@ -11,7 +11,7 @@ from litestar.openapi.datastructures import ResponseSpec
 from backends.base import Backend, ChunkStream, Completed
 from backends.call import CallContext
 from backends.embeddings_wire import EmbeddingList, EmbeddingRequest
-from backends.estimate import estimate_embedding_input
+from backends.estimate import bound_embedding_input, estimate_embedding_input
 from gateway.body import WireBody
 from gateway.calls import CallDescription
 from gateway.contracts import Principal
@@ -34,7 +34,8 @@ def describe_embeddings(principal: Principal, body: EmbeddingRequest) -> CallDes
     first = inputs[0]
     return CallDescription(
         principal=principal, endpoint="embeddings", model=body.model, stream=False,
-        prompt_tokens=estimate_embedding_input(body), output_limit=0, sequences=len(inputs),
+        prompt_tokens=estimate_embedding_input(body), prompt_bound=bound_embedding_input(body), output_limit=0,
+        sequences=len(inputs),
         routing_key=first if isinstance(first, str) else " ".join(map(str, first)), invoke=invoke,
     )
 

@@ -16,7 +16,7 @@ from litestar.response import Stream
 
 from backends.base import Backend, BadRequest, ChunkStream, Completed, ServesResponses
 from backends.call import CallContext
-from backends.estimate import estimate_text
+from backends.estimate import BOUND_PER_CONVERSATION, bound_text, estimate_text
 from gateway.body import WireBody
 from gateway.calls import CallDescription, describe_chat
 from gateway.contracts import Principal
@@ -84,8 +84,9 @@ def _described_for_passthrough(principal: Principal, data: ResponsesRequest, con
     limit = data.max_output_tokens if isinstance(data.max_output_tokens, int) else None
     return CallDescription(
         principal=principal, endpoint="responses", model=data.model, stream=stream,
-        prompt_tokens=estimate_text(msgspec.json.encode(body.get("input")).decode()), output_limit=limit,
-        sequences=1, routing_key=None, invoke=invoke, dialect=dialect,
+        prompt_tokens=estimate_text(msgspec.json.encode(body.get("input")).decode()),
+        prompt_bound=BOUND_PER_CONVERSATION + bound_text(msgspec.json.encode(body).decode()),  # every byte sent
+        output_limit=limit, sequences=1, routing_key=None, invoke=invoke, dialect=dialect,
     )
 
 

@@ -2,12 +2,18 @@
 
 ``admit`` reserves one request, ``reserve_tokens`` tokens and their worst-case price for the key
 and its tenant in one atomic store call; ``settle`` releases the concurrency lease and corrects
-tokens and money to the actual figures. A store outage follows the configured policy:
-``fail_closed`` raises QuotaUnavailable (503), ``fail_open`` admits without counting; both log.
+tokens and money to the actual figures. Concurrency leases last ``lease_seconds`` and a heartbeat
+(``start``) renews this process's live ones every third of that, so the slots of a replica that
+died free themselves within one lease. A budget bucket the store lost is rebuilt from the usage
+records before the request is admitted. A store outage (or, for a lost budget bucket, a database
+outage) follows the configured policy: ``fail_closed`` raises QuotaUnavailable (503),
+``fail_open`` admits without counting; both log.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import math
 import secrets
@@ -22,6 +28,8 @@ from gateway.quotas.store import Decision, Lease, QuotaStore, Reservation, lease
 from gateway.usage.pricing import PriceTable
 
 log = logging.getLogger("switchyard.quotas")
+
+MAX_HOLD_SECONDS = 6 * 3600  # the heartbeat stops renewing a lease this old (a request never settled)
 
 REASONS = {
     "requests": "requests per minute",
@@ -48,7 +56,7 @@ class QuotaAdmission:
         prices: PriceTable,
         *,
         on_unavailable: Literal["fail_closed", "fail_open"] = "fail_closed",
-        lease_seconds: float = 3600.0,
+        lease_seconds: float = 30.0,
     ) -> None:
         self.store = store
         self.limits = limits
@@ -56,7 +64,36 @@ class QuotaAdmission:
         self.on_unavailable = on_unavailable
         self.lease_seconds = lease_seconds
         self._last_outage_log = 0.0
-        self._seeded: set[tuple[str, str, str]] = set()
+        self._live: dict[str, Lease] = {}  # ticket id -> lease of every admitted, unsettled request
+        self._heartbeat: asyncio.Task[None] | None = None
+
+    # ------------------------------------------------------------ heartbeat
+
+    def start(self) -> None:
+        if self._heartbeat is None:
+            self._heartbeat = asyncio.get_running_loop().create_task(self._beat(), name="quota-heartbeat")
+
+    async def aclose(self) -> None:
+        if self._heartbeat is not None:
+            self._heartbeat.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._heartbeat
+            self._heartbeat = None
+
+    async def _beat(self) -> None:
+        while True:
+            await asyncio.sleep(self.lease_seconds / 3)
+            now = time.time()
+            for stale in [t for t, lease in self._live.items() if now - lease.second > MAX_HOLD_SECONDS]:
+                del self._live[stale]  # never settled (a bug): let its slot expire rather than hold it forever
+            leases = list(self._live.values())
+            try:
+                for i in range(0, len(leases), 500):
+                    await self.store.renew(leases[i : i + 500], time.time(), self.lease_seconds)
+            except Exception as exc:  # the store is down: the leases run out by themselves
+                self._outage("lease renewal", exc)
+
+    # ------------------------------------------------------------ admission
 
     async def admit(self, principal: Principal, model: str, reserve_tokens: int) -> Ticket:
         reserve_tokens = max(0, int(reserve_tokens))
@@ -70,9 +107,13 @@ class QuotaAdmission:
         micros = math.ceil(reserve_tokens * self.prices.max_per_million(model))
         r = Reservation(secrets.token_hex(16), time.time(), reserve_tokens, micros, scopes, self.lease_seconds)
         try:
-            await self._seed_budgets(scopes, r.now)
             decision = await self.store.reserve(r)
-        except Exception as exc:  # the store (Redis) is unreachable or failing
+            for _ in scopes:  # each pass rebuilds one lost budget bucket
+                if decision.reason != "unseeded":
+                    break
+                await self._seed_budget(scopes[decision.scope_index], r.now)
+                decision = await self.store.reserve(r)
+        except Exception as exc:  # the store (Redis), or the records a lost bucket is rebuilt from
             self._outage("admit", exc)
             if self.on_unavailable == "fail_open":
                 return Ticket(principal=principal, model=model, reserved_tokens=0)
@@ -87,37 +128,25 @@ class QuotaAdmission:
         if not decision.admitted:
             raise QuotaExceeded(_message(decision, scopes), retry_after=decision.retry_after, ticket=ticket)
         lease = lease_for(r)
+        self._live[lease.ticket_id] = lease
         ticket.token = msgspec.json.encode(_LeaseWire(**lease.__dict__)).decode()
         return ticket
 
-    async def _seed_budgets(self, scopes: list[Scope], now: float) -> None:
-        """The first time this process meets a budget bucket, make sure the store counts what the
-        usage records already show (the store may have restarted since they were written)."""
-        for scope in scopes:
-            lim = scope.limits
-            if lim.token_budget is None and lim.cost_budget is None:
-                continue
-            pid, ttl = period_id(lim.budget_period, now)
-            mark = (scope.kind, scope.id, pid)
-            if mark in self._seeded:
-                continue
-            try:
-                tokens, micros = await recorded_spend(self.limits.db, scope, now)
-            except Exception as exc:  # database down: the store's own counts stand; try again later
-                log.warning(
-                    "cannot read recorded spend for %s (%s); budget counted from the store only", scope.label, exc
-                )
-                continue
-            await self.store.seed_budget(scope.kind, scope.id, pid, tokens, micros, ttl)
-            if len(self._seeded) > 100_000:
-                self._seeded.clear()
-            self._seeded.add(mark)
+    async def _seed_budget(self, scope: Scope, now: float) -> None:
+        """Rebuild a budget bucket the store does not hold from the usage records (the store is new,
+        or restarted empty); a database outage here is an outage of admission."""
+        pid, ttl = period_id(scope.limits.budget_period, now)
+        tokens, micros = await recorded_spend(self.limits.db, scope, now)
+        log.info("budget of %s rebuilt from the usage records: %d tokens, %d micro-dollars", scope.label, tokens,
+                 micros)
+        await self.store.seed_budget(scope.kind, scope.id, pid, tokens, micros, ttl)
 
     async def settle(self, ticket: Ticket, actual_tokens: int, cost: float) -> None:
         if not ticket.token:
             return  # admitted fail-open: nothing was reserved
         wire = msgspec.json.decode(ticket.token, type=_LeaseWire)
         lease = Lease(wire.ticket_id, wire.second, wire.tokens, wire.micros, [tuple(s) for s in wire.scopes])  # type: ignore[misc]
+        self._live.pop(lease.ticket_id, None)
         try:
             await self.store.settle(lease, time.time(), max(0, int(actual_tokens)), round(cost * 1e6))
         except Exception as exc:  # the lease expires by itself; the budget keeps the reservation

@@ -2,8 +2,9 @@
 
 The scripts mirror ``MemoryStore`` exactly. Per scope there are four keys:
 ``<prefix>:<kind>:<id>:rq`` and ``:tk`` (hashes second -> count, the 60 s sliding windows),
-``:cc`` (sorted set of in-flight tickets scored by lease end) and ``:bd:<period>`` (hash with
-``tokens`` and ``micros`` spent plus reserved in the budget period).
+``:cc`` (sorted set of in-flight tickets scored by lease end, renewed by the heartbeat) and
+``:bd:<period>`` (hash with ``tokens`` and ``micros`` spent plus reserved in the budget period; a
+scope with a budget whose bucket is missing is refused as ``unseeded`` until it is rebuilt).
 """
 
 from __future__ import annotations
@@ -76,6 +77,7 @@ for i = 1, nscopes do
     return reject('concurrency', i, 1000, req, tok)
   end
   if tbudget >= 0 or mbudget >= 0 then
+    if redis.call('EXISTS', KEYS[k + 4]) == 0 then return reject('unseeded', i, 0, req, tok) end
     local spent = redis.call('HMGET', KEYS[k + 4], 'tokens', 'micros')
     if tbudget >= 0 and (tonumber(spent[1]) or 0) + tokens > tbudget then
       return reject('token_budget', i, -1, req, tok)
@@ -107,13 +109,27 @@ local ticket = ARGV[1]
 local sec = ARGV[2]
 local dtokens = tonumber(ARGV[3])
 local dmicros = tonumber(ARGV[4])
+local tokens = tonumber(ARGV[5])
+local micros = tonumber(ARGV[6])
 for k = 1, #KEYS, 3 do
-  if redis.call('HEXISTS', KEYS[k], sec) == 1 then redis.call('HINCRBY', KEYS[k], sec, dtokens) end
-  redis.call('ZREM', KEYS[k + 1], ticket)
+  -- a ticket this Redis does not hold was reserved before it lost its state: add the actual figures
+  local known = redis.call('ZREM', KEYS[k + 1], ticket) == 1
+  local dt, dm = dtokens, dmicros
+  if not known then dt, dm = tokens, micros end
+  if redis.call('HEXISTS', KEYS[k], sec) == 1 then redis.call('HINCRBY', KEYS[k], sec, dt) end
   if redis.call('EXISTS', KEYS[k + 2]) == 1 then
-    redis.call('HINCRBY', KEYS[k + 2], 'tokens', dtokens)
-    redis.call('HINCRBY', KEYS[k + 2], 'micros', dmicros)
+    redis.call('HINCRBY', KEYS[k + 2], 'tokens', dt)
+    redis.call('HINCRBY', KEYS[k + 2], 'micros', dm)
   end
+end
+return 1
+"""
+
+RENEW = """
+local until_ = tonumber(ARGV[1])
+local ttl = math.ceil(tonumber(ARGV[2]))
+for i = 1, #KEYS do
+  if redis.call('ZADD', KEYS[i], 'XX', 'CH', until_, ARGV[i + 2]) == 1 then redis.call('EXPIRE', KEYS[i], ttl) end
 end
 return 1
 """
@@ -148,6 +164,7 @@ class RedisStore:
         self._reserve = redis.register_script(RESERVE)
         self._settle = redis.register_script(SETTLE)
         self._seed = redis.register_script(SEED)
+        self._renew = redis.register_script(RENEW)
 
     def _base(self, kind: str, sid: str) -> str:
         return f"{self.prefix}:{kind}:{sid}"
@@ -192,5 +209,16 @@ class RedisStore:
         for kind, sid, pid in lease.scopes:
             base = self._base(kind, sid)
             keys += [base + ":tk", base + ":cc", f"{base}:bd:{pid}"]
-        args: list[Arg] = [lease.ticket_id, lease.second, actual_tokens - lease.tokens, actual_micros - lease.micros]
+        args: list[Arg] = [lease.ticket_id, lease.second, actual_tokens - lease.tokens, actual_micros - lease.micros,
+                           actual_tokens, actual_micros]
         await self._settle(keys=keys, args=args)
+
+    async def renew(self, leases: list[Lease], now: float, lease_seconds: float) -> None:
+        keys: list[str] = []
+        args: list[Arg] = [now + lease_seconds, lease_seconds]
+        for lease in leases:
+            for kind, sid, _ in lease.scopes:
+                keys.append(self._base(kind, sid) + ":cc")
+                args.append(lease.ticket_id)
+        if keys:
+            await self._renew(keys=keys, args=args)

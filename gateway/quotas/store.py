@@ -6,9 +6,13 @@ A store checks and reserves every limit of every scope in one atomic step, or re
 
 - requests/min and tokens/min: a sliding window of 60 one-second buckets; admit when
   ``used + this <= limit``;
-- concurrency: leases that end at settle (or after ``lease_seconds`` if a process died);
-- budgets: tokens and micro-dollars per period bucket, reserved at admit, corrected at settle;
-  a bucket the store has not seen yet (a restart, a flushed Redis) starts from the usage records.
+- concurrency: leases that end at settle, or ``lease_seconds`` after the last ``renew`` (the live
+  replica renews its leases on a heartbeat, so a dead replica's slots free themselves);
+- budgets: tokens and micro-dollars per period bucket, reserved at admit, corrected at settle.
+  A bucket the store does not hold (a restart, a flushed Redis) is refused as ``unseeded``: the
+  caller rebuilds it from the usage records (``seed_budget``) and asks again, so a store that lost
+  its state never hands out a budget twice. A settle whose lease the store does not know (it
+  restarted since the admission) adds the actual figures instead of correcting a reservation.
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ class Reservation:
 @dataclass(frozen=True)
 class Decision:
     admitted: bool
-    reason: str = ""  # requests | tokens | concurrency | token_budget | cost_budget
+    reason: str = ""  # requests | tokens | concurrency | token_budget | cost_budget | unseeded
     scope_index: int = -1
     retry_after: float = 0.0
     requests: QuotaState | None = None
@@ -59,6 +63,10 @@ class QuotaStore(Protocol):
 
     async def seed_budget(self, kind: str, sid: str, pid: str, tokens: int, micros: int, ttl: int) -> None:
         """Start a budget bucket at the recorded spend, unless the bucket already exists."""
+        ...
+
+    async def renew(self, leases: list[Lease], now: float, lease_seconds: float) -> None:
+        """Extend the concurrency leases still held to ``now + lease_seconds`` (the heartbeat)."""
         ...
 
 
@@ -111,7 +119,11 @@ class MemoryStore:
             leases = self._leases.setdefault(base, {})
             for tid in [t for t, until in leases.items() if until <= r.now]:
                 del leases[tid]
-            budget = self._budgets.get(f"{base}:{period_id(lim.budget_period, r.now)[0]}", [0, 0])
+            budget = self._budgets.get(f"{base}:{period_id(lim.budget_period, r.now)[0]}")
+            if budget is None:
+                if lim.token_budget is not None or lim.cost_budget is not None:
+                    return Decision(False, "unseeded", i, 0.0, req_state, tok_state)
+                budget = [0, 0]
             if lim.requests_per_minute is not None:
                 reset = (req_oldest if req_oldest is not None else sec) + WINDOW_SECONDS - r.now
                 if req_used + 1 > lim.requests_per_minute:
@@ -145,13 +157,22 @@ class MemoryStore:
     async def seed_budget(self, kind: str, sid: str, pid: str, tokens: int, micros: int, ttl: int) -> None:
         self._budgets.setdefault(f"{kind}:{sid}:{pid}", [tokens, micros])
 
+    async def renew(self, leases: list[Lease], now: float, lease_seconds: float) -> None:
+        for lease in leases:
+            for kind, sid, _ in lease.scopes:
+                held = self._leases.get(f"{kind}:{sid}", {})
+                if lease.ticket_id in held:
+                    held[lease.ticket_id] = now + lease_seconds
+
     async def settle(self, lease: Lease, now: float, actual_tokens: int, actual_micros: int) -> None:
         for kind, sid, pid in lease.scopes:
             base = f"{kind}:{sid}"
+            known = self._leases.get(base, {}).pop(lease.ticket_id, None) is not None
+            reserved_tokens, reserved_micros = (lease.tokens, lease.micros) if known else (0, 0)
             tk = self._window(base + ":tk").buckets
             if lease.second in tk:
-                tk[lease.second] += actual_tokens - lease.tokens
-            self._leases.get(base, {}).pop(lease.ticket_id, None)
-            budget = self._budgets.setdefault(f"{base}:{pid}", [0, 0])
-            budget[0] += actual_tokens - lease.tokens
-            budget[1] += actual_micros - lease.micros
+                tk[lease.second] += actual_tokens - reserved_tokens
+            budget = self._budgets.get(f"{base}:{pid}")
+            if budget is not None:
+                budget[0] += actual_tokens - reserved_tokens
+                budget[1] += actual_micros - reserved_micros

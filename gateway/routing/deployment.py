@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from backends.base import Backend
+from backends.prompt_count import PromptCounter
 from gateway.routing.health import DeploymentHealth
 from gateway.settings import CircuitConfig, DeploymentConfig
 
@@ -14,6 +15,7 @@ class Deployment:
     config: DeploymentConfig
     backend: Backend
     health: DeploymentHealth = field(default_factory=lambda: DeploymentHealth(CircuitConfig()))
+    counter: PromptCounter | None = None  # the configured tokenizer (``tokenizer:``), for reservations
 
     @property
     def id(self) -> str:

@@ -3,6 +3,13 @@
 States: ``closed`` (normal) -> ``open`` after ``failures`` failures within ``window`` seconds ->
 after ``cooldown`` seconds one trial request is let through (``half_open``); its success closes
 the circuit, its failure opens it again for another cooldown.
+
+Only failures of the deployment count (the pipeline reports a request's own 4xx as a success of
+the deployment), and each is charged to the tenant whose request met it. When ``failures``
+failures in the window all come from one tenant while another tenant was served well by the
+deployment in that window, the tenant's requests are the likely cause: a circuit opens for that
+tenant alone (``admits(tenant)`` refuses it for ``cooldown`` seconds) and the others are served.
+Otherwise (several tenants failing, or nobody else served) the deployment's circuit opens.
 """
 
 from __future__ import annotations
@@ -39,7 +46,9 @@ class DeploymentHealth:
         self._clock = clock
         self.tokens_per_minute = tokens_per_minute
         self._tokens: deque[tuple[float, int]] = deque()  # (time, tokens) of the last minute
-        self._failures: deque[float] = deque()
+        self._failures: deque[tuple[float, str | None]] = deque()  # (time, tenant) within the window
+        self._tenants = _TenantCircuits(config, clock)
+        self._served: dict[str | None, float] = {}  # tenant -> its last success here
         self._opened_at: float | None = None
         self._trial_running = False
         self.latency_ewma: float | None = None  # seconds to first token
@@ -84,7 +93,19 @@ class DeploymentHealth:
         """The attempt ended without a verdict (the client went away): free the trial slot."""
         self._trial_running = False
 
-    def on_success(self, latency: float | None) -> None:
+    def admits(self, tenant: str | None) -> bool:
+        """Whether this tenant's own circuit on the deployment is closed."""
+        return self._tenants.admits(tenant)
+
+    def tenant_retry_after(self, tenant: str | None) -> float:
+        return self._tenants.retry_after(tenant)
+
+    def on_success(self, latency: float | None, tenant: str | None = None) -> None:
+        self._tenants.on_success(tenant)
+        now = self._clock()
+        if len(self._served) > 10_000:
+            self._served = {t: at for t, at in self._served.items() if now - at <= self.config.window}
+        self._served[tenant] = now
         self._opened_at = None
         self._trial_running = False
         self._failures.clear()
@@ -94,19 +115,24 @@ class DeploymentHealth:
                 latency if self.latency_ewma is None else (EWMA_ALPHA * latency + (1 - EWMA_ALPHA) * self.latency_ewma)
             )
 
-    def on_failure(self) -> None:
+    def on_failure(self, tenant: str | None = None) -> None:
         now = self._clock()
         self.errors += 1
         self.consecutive_failures += 1
         if self._opened_at is not None:  # the half-open trial failed (or a straggler): reopen
             self._opened_at, self._trial_running = now, False
             return
-        self._failures.append(now)
-        while self._failures and now - self._failures[0] > self.config.window:
+        self._failures.append((now, tenant))
+        while self._failures and now - self._failures[0][0] > self.config.window:
             self._failures.popleft()
-        if len(self._failures) >= self.config.failures:
+        if len(self._failures) < self.config.failures:
+            return
+        others_served = any(t != tenant and now - at <= self.config.window for t, at in self._served.items())
+        if others_served and all(t == tenant for _, t in self._failures):
+            self._tenants.open(tenant, now)  # one tenant's requests fail where others' succeed
+        else:
             self._opened_at = now
-            self._failures.clear()
+        self._failures.clear()
 
     def view(self) -> HealthView:
         state = {"closed": "healthy", "open": "open", "half_open": "cooling"}[self.state]
@@ -118,3 +144,27 @@ class DeploymentHealth:
             error_rate=self.errors / self.requests if self.requests else 0.0,
             consecutive_failures=self.consecutive_failures,
         )
+
+
+class _TenantCircuits:
+    """Circuits of single tenants on one deployment, opened by ``DeploymentHealth.on_failure``."""
+
+    def __init__(self, config: CircuitConfig, clock: Clock) -> None:
+        self.config = config
+        self._clock = clock
+        self._opened: dict[str | None, float] = {}  # tenant -> when its circuit opened
+
+    def open(self, tenant: str | None, now: float) -> None:
+        if len(self._opened) > 10_000:  # forget the circuits that cooled down
+            self._opened = {t: at for t, at in self._opened.items() if now - at < self.config.cooldown}
+        self._opened[tenant] = now
+
+    def admits(self, tenant: str | None) -> bool:
+        return self.retry_after(tenant) <= 0
+
+    def retry_after(self, tenant: str | None) -> float:
+        opened = self._opened.get(tenant)
+        return 0.0 if opened is None else opened + self.config.cooldown - self._clock()
+
+    def on_success(self, tenant: str | None) -> None:
+        self._opened.pop(tenant, None)

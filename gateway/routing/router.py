@@ -15,6 +15,7 @@ import random
 from collections.abc import Callable, Iterator
 
 from backends.base import Backend
+from backends.prompt_count import PromptCounter
 from gateway.routing.deployment import Deployment
 from gateway.routing.health import DeploymentHealth
 from gateway.routing.strategies import STRATEGIES
@@ -122,20 +123,29 @@ def _check_fallbacks(settings: Settings) -> None:
                     raise ConfigError(f"config error at models[{i}].{key}[{j}]: unknown model {name!r}")
 
 
+def _counter(dep: DeploymentConfig, where: str) -> PromptCounter | None:
+    if dep.tokenizer is None:
+        return None
+    try:
+        return PromptCounter.load(dep.tokenizer)
+    except Exception as exc:
+        raise ConfigError(f"config error at {where}.tokenizer: cannot load {dep.tokenizer!r} ({exc})") from None
+
+
 def _build_groups(
     settings: Settings, build: BackendBuilder, reuse: dict[tuple[str, str], Deployment]
 ) -> list[ModelGroup]:
     _check_fallbacks(settings)
     groups = []
-    for config in settings.models:
+    for i, config in enumerate(settings.models):
         deployments = []
-        for dep in config.deployments:
+        for j, dep in enumerate(config.deployments):
             old = reuse.get((config.name, dep.id))
             if old is not None and old.config == dep and old.health.config == config.circuit:
                 deployments.append(old)
             else:
                 health = DeploymentHealth(config.circuit, tokens_per_minute=dep.tokens_per_minute)
-                deployments.append(Deployment(dep, build(dep), health))
+                deployments.append(Deployment(dep, build(dep), health, _counter(dep, f"models[{i}].deployments[{j}]")))
         groups.append(ModelGroup(config, deployments))
     return groups
 

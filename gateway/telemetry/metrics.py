@@ -79,6 +79,12 @@ class MeteredSink:
         finally:
             self.inner.record(record)
 
+    def begin(self, record: UsageRecord) -> None:
+        self.inner.begin(record)
+
+    async def sync(self) -> None:
+        await self.inner.sync()
+
 
 class StateCollector(Collector):
     """Read at scrape time: circuit states, the usage writer's backlog, and every local engine."""

@@ -47,14 +47,20 @@ class Journal:
         fcntl.flock(self._file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         self.count = 0  # records appended and not yet truncated away
 
-    def append(self, records: Iterable[UsageRecord]) -> None:
+    def append(self, records: Iterable[UsageRecord], *, fsync: bool = True) -> None:
+        """Write ``records`` through to the file (a process crash loses none of them); ``fsync``
+        also waits until the disk holds them (``sync`` does that later for several appends)."""
         data = b"".join(_encoder.encode(r) + b"\n" for r in records)
         if not data:
             return
         self._file.write(data)
         self._file.flush()
-        os.fsync(self._file.fileno())
+        if fsync:
+            os.fsync(self._file.fileno())
         self.count += data.count(b"\n")
+
+    def sync(self) -> None:
+        os.fsync(self._file.fileno())
 
     def read(self, on_unreadable: Callable[[bytes, str], None] | None = None) -> list[UsageRecord]:
         return read_records(self.path, on_unreadable)
@@ -79,6 +85,11 @@ class Journal:
                 continue
             found.append(path)
         return found
+
+    def discard(self) -> None:
+        """Close and delete the file (its records are safe elsewhere)."""
+        self._file.close()
+        self.path.unlink(missing_ok=True)
 
     def close(self, *, remove_if_empty: bool = True) -> None:
         empty = self.count == 0 and self.path.stat().st_size == 0

@@ -1,11 +1,18 @@
 """The batched background usage writer (a UsageSink).
 
-``record`` only appends to an in-memory buffer. A background task inserts the buffer in batches
-(``INSERT … ON CONFLICT (request_id) DO NOTHING``, so a retried batch never doubles a row). If the
-database fails, the batch goes to the local journal and the writer keeps going: memory stays
-bounded (a full buffer spills to the journal too) and the journal is replayed once inserts work
-again. Each insert also adds the rows it created to the hourly rollups (``gateway.usage.rollup``),
-in the same transaction. ``aclose`` (application shutdown, which uvicorn runs on SIGTERM) flushes what is left.
+``record`` appends to an in-memory buffer and queues the record for the write-ahead segment
+(``gateway.usage.wal``, written and fsynced by a thread); ``sync`` (awaited by the pipeline before
+a response's last byte) returns once it is on disk, one fsync serving all the records waiting. An
+admitted request is noted there first (``begin``: a record of its reservation, marked incomplete),
+so a request the process died in is settled from its reservation when the segment is replayed;
+its real record replaces that one. Segments of a writer that is gone (their ``flock`` is free) are
+replayed together at start. A background task inserts the buffer in batches
+(``INSERT … ON CONFLICT (request_id) DO NOTHING``, so a retried batch never doubles a row), moving
+to a new segment each time (the requests still in flight move along). If the database fails, the
+batch goes to the local journal and the writer keeps going: memory stays bounded (a full buffer
+spills to the journal too) and the journal is replayed once inserts work again. Each insert also
+adds the rows it created to the hourly rollups (``gateway.usage.rollup``), in the same transaction.
+``aclose`` (application shutdown, which uvicorn runs on SIGTERM) flushes what is left.
 
 Only an outage (``gateway.db.errors.is_unavailable``) sends a batch to the journal. When the
 database refuses a batch for another reason, its records are inserted one at a time: the good ones
@@ -18,19 +25,21 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy.dialects import postgresql, sqlite
 
-from gateway.contracts import UsageRecord
+from gateway.contracts import INCOMPLETE, UsageRecord
 from gateway.db.engine import Database
 from gateway.db.errors import is_bad_data, is_unavailable
 from gateway.db.models import UsageRow
 from gateway.usage import rollup
 from gateway.usage.journal import Journal, Quarantine, read_records
 from gateway.usage.pricing import PriceTable
+from gateway.usage.wal import WriteAhead
 
 log = logging.getLogger("switchyard.usage")
 
@@ -80,10 +89,14 @@ class UsageWriter:
         flush_interval: float = 0.5,
         max_buffer: int = 10_000,
         retry_interval: float = 1.0,
+        sync_before_reply: bool = True,
     ) -> None:
         self.db = db
         self.prices = prices
         self.journal = Journal(journal_dir)
+        self.wal = WriteAhead(journal_dir)
+        self.sync_before_reply = sync_before_reply
+        self._open: dict[str, UsageRecord] = {}  # begun and not yet recorded, by request id
         self.quarantine = Quarantine(journal_dir)
         self.batch_size = batch_size
         self.flush_interval = flush_interval
@@ -111,12 +124,28 @@ class UsageWriter:
                     record.model, record.prompt_tokens, record.completion_tokens, record.cached_tokens
                 )
             self._buffer.append(record)
+            self._open.pop(record.request_id, None)
+            self.wal.add(record)
             if len(self._buffer) >= self.max_buffer:
                 self._spill()
             elif len(self._buffer) >= self.batch_size:
                 self._wake.set()
         except Exception:  # never raise into the request path
             log.exception("usage record dropped: %s", record.request_id)
+
+    def begin(self, record: UsageRecord) -> None:
+        try:
+            if record.cost == 0.0:  # priced as admission reserved it: every token at the highest price
+                tokens = record.prompt_tokens + record.completion_tokens
+                record.cost = math.ceil(tokens * self.prices.max_per_million(record.model)) / 1e6
+            self._open[record.request_id] = record
+            self.wal.add(record)
+        except Exception:  # never raise into the request path
+            log.exception("reservation of %s not journaled", record.request_id)
+
+    async def sync(self) -> None:
+        if self.sync_before_reply:
+            await self.wal.sync()
 
     # ------------------------------------------------------------ lifecycle
 
@@ -138,6 +167,10 @@ class UsageWriter:
             await asyncio.sleep(0.2 * (attempt + 1))
         if self._buffer:
             self._spill()
+        if self._open:  # requests that never settled: their reservations stand, marked incomplete
+            self.journal.append(list(self._open.values()))
+        await self.wal.aclose()
+        self.wal.segment.discard()
         self.journal.close()
 
     @property
@@ -150,17 +183,21 @@ class UsageWriter:
         async with self._lock:
             if not await self._replay_journal():
                 return False
-            while self._buffer:
-                batch = self._buffer[: self.batch_size]
-                del self._buffer[: len(batch)]
+            if not self._buffer:
+                return True
+            taken, retired = await self._rotate()
+            for i in range(0, len(taken), self.batch_size):
                 try:
-                    written = await self._write(batch)
-                except BaseException:  # cancelled mid-insert: keep the batch (re-inserting is harmless)
-                    self._buffer[:0] = batch
+                    written = await self._write(taken[i : i + self.batch_size])
+                except BaseException:  # cancelled mid-insert: journal the rest (re-inserting is harmless)
+                    self.journal.append(taken[i:])
+                    retired.discard()
                     raise
                 if not written:
-                    self.journal.append(batch)
+                    self.journal.append(taken[i:])
+                    retired.discard()
                     return False
+            retired.discard()
             return True
 
     # ------------------------------------------------------------ internals
@@ -177,6 +214,12 @@ class UsageWriter:
             if self._stopping:
                 return
             interval = self.flush_interval if await self.flush() else self.retry_interval
+
+    async def _rotate(self) -> tuple[list[UsageRecord], Journal]:
+        """Take the buffer and start a new write-ahead segment holding the requests in flight; the
+        old segment is retired once the records taken are in the database or the journal."""
+        taken, self._buffer = self._buffer, []
+        return taken, await self.wal.rotate(list(self._open.values()))
 
     def _spill(self) -> None:
         self.journal.append(self._buffer)
@@ -254,11 +297,22 @@ class UsageWriter:
         return True
 
     async def _replay_orphans(self) -> None:
-        """Journals left by writers that died before their database came back."""
-        for path in self.journal.orphans():
-            records = read_records(path, self._set_aside)
-            for i in range(0, len(records), self.batch_size):
-                if not await self._write(records[i : i + self.batch_size]):
-                    return
+        """Journals and write-ahead segments left by writers that died (or stopped before their
+        database came back), replayed together: a request's settled record wins over the record
+        of its reservation, which stands (incomplete) for a request the writer died in."""
+        paths = self.journal.orphans()
+        merged: dict[str, UsageRecord] = {}
+        for path in paths:
+            for r in read_records(path, self._set_aside):
+                if r.request_id not in merged or r.extra.get("outcome") != INCOMPLETE:
+                    merged[r.request_id] = r
+        records = list(merged.values())
+        for i in range(0, len(records), self.batch_size):
+            if not await self._write(records[i : i + self.batch_size]):
+                return
+        for path in paths:
             path.unlink(missing_ok=True)
-            log.info("replayed %d usage records from %s", len(records), path.name)
+        if paths:
+            incomplete = sum(r.extra.get("outcome") == INCOMPLETE for r in records)
+            log.info("replayed %d usage records (%d of requests in flight when their writer died) from %d files",
+                     len(records), incomplete, len(paths))

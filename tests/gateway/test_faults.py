@@ -87,8 +87,10 @@ def test_redis_outage_fail_closed_503_fail_open_serves_and_both_recover(
         assert body["code"] == "quota_unavailable" and body["type"] == "service_unavailable" and body["message"]
         assert _status(opened)[0] == 200  # fail-open keeps serving without counting
         not_ready = httpx.get(closed_gw.url + "/readyz", timeout=10)
-        assert not_ready.status_code == 503 and not_ready.json()["dependencies"] == {"database": True, "redis": False}
-        assert httpx.get(open_gw.url + "/readyz", timeout=10).json()["dependencies"] == {"database": True}
+        assert not_ready.status_code == 503 and not_ready.json()["dependencies"] == {
+            "database": True, "redis": False, "accepting_requests": True}
+        assert httpx.get(open_gw.url + "/readyz", timeout=10).json()["dependencies"] == {
+            "database": True, "accepting_requests": True}
 
         redis_server.start()  # the same port: the gateways reconnect without a restart
         deadline = time.monotonic() + 15

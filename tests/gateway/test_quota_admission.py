@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import time
@@ -91,6 +92,39 @@ async def test_redis_down_fail_open_admits_without_counting(db: Database) -> Non
     for t in tickets:
         await adm.settle(t, 5, 0.0)  # nothing was reserved: nothing to do, no error
     await redis.aclose()
+
+
+async def test_the_heartbeat_keeps_a_live_lease_and_a_dead_ones_expires(db: Database) -> None:
+    p = await principal_with(db, Limits(max_concurrency=1), Limits())
+    live = QuotaAdmission(MemoryStore(), LimitsSource(db), PRICES, lease_seconds=1.0)
+    live.start()
+    held = await live.admit(p, "m", 10)
+    await asyncio.sleep(1.6)  # past its first term: renewed meanwhile
+    with pytest.raises(QuotaExceeded, match="concurrent"):
+        await live.admit(p, "m", 10)
+    await live.aclose()  # the replica stops beating (as if it died)
+    await asyncio.sleep(1.2)
+    await live.settle(await live.admit(p, "m", 10), 5, 0.0)  # the slot freed itself within a lease
+    await live.settle(held, 5, 0.0)
+
+
+@pytest.mark.parametrize("policy", ["fail_closed", "fail_open"])
+async def test_a_lost_budget_is_not_handed_out_while_the_records_cannot_be_read(
+    db: Database, tmp_path: Path, policy: str
+) -> None:
+    """The store lost the budget bucket and the database is down: fail_closed refuses (503) rather
+    than count the budget from zero; fail_open admits without counting, as for a store outage."""
+    p = await principal_with(db, Limits(token_budget=1000, budget_period="total"), Limits())
+    limits = LimitsSource(db)
+    await limits.scopes(p)  # the limits are cached: only the spend is unreadable
+    limits.db = Database.from_url(f"sqlite+aiosqlite:///{tmp_path / 'missing' / 'gone.db'}")
+    adm = QuotaAdmission(MemoryStore(), limits, PRICES, on_unavailable=policy)  # type: ignore[arg-type]
+    if policy == "fail_closed":
+        with pytest.raises(QuotaUnavailable):
+            await adm.admit(p, "m", 10)
+    else:
+        assert (await adm.admit(p, "m", 10)).token == ""
+    await limits.db.dispose()
 
 
 @pytest.fixture

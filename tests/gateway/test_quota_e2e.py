@@ -9,11 +9,14 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import httpx
+import msgspec
 import openai
 import pytest
 from redis.asyncio import Redis
 from sqlalchemy import func, select
 
+from backends.estimate import bound_chat_prompt
+from backends.openai_wire import ChatCompletionRequest
 from gateway.db import Database, migrate
 from gateway.db.models import UsageRow
 from tests.conftest import ADMIN_KEY
@@ -21,6 +24,8 @@ from tests.gateway.tenancy_fixtures import REDIS_URL, GatewayProcess, pg_url, re
 from tests.support.fake_upstream import FakeUpstream
 
 CHAT = [{"role": "user", "content": "hello there general kenobi"}]
+# what admission reserves for one of these requests with max_tokens=20: the prompt's byte bound plus 20
+RESERVED = bound_chat_prompt(msgspec.convert({"model": "echo", "messages": CHAT}, ChatCompletionRequest)) + 20
 
 
 @pytest.fixture(scope="module")
@@ -81,7 +86,8 @@ async def hammer(gateways: list[GatewayProcess], key: str, n: int, **kwargs: Any
     ]
     try:
         calls = [
-            clients[i % len(clients)].chat.completions.create(model="echo", messages=CHAT, **kwargs) for i in range(n)
+            clients[i % len(clients)].chat.completions.create(model="echo", **({"messages": CHAT} | kwargs))
+            for i in range(n)
         ]  # type: ignore[arg-type]
         return await asyncio.gather(*calls, return_exceptions=True)
     finally:
@@ -149,16 +155,44 @@ async def test_token_budget_never_overspent_under_concurrency(
             assert all(isinstance(r, openai.RateLimitError) for r in results if isinstance(r, BaseException))
         count, tokens, _ = await wait_rows(database, tid, 180)
         assert count == 180 and (await rows_by_status(database, tid))[200] == admitted
-        assert admitted >= budget // 31  # 31 = reservation per request
+        assert admitted >= budget // RESERVED  # tokens reserved per request
         assert tokens <= budget
     finally:
+        await cleanup(redis, tid)
+
+
+MULTIBYTE = [{"role": "user", "content": "请用中文详细解释量子计算的基本原理 🙂🚀🎉 以及它和经典计算的区别"}]
+
+
+async def test_multibyte_prompts_never_overspend_the_budget(
+    gateways: list[GatewayProcess], database: Database, redis: Redis, fake_upstream_server: FakeUpstream
+) -> None:
+    """Chinese and emoji cost a token a byte upstream here (a character count would reserve a
+    quarter of that): the reservations still bound the spend, under concurrency on two replicas."""
+    budget = 4000
+    tid, key = tenant_key(gateways[0], token_budget=budget, budget_period="total")
+    fake_upstream_server.byte_tokens = True
+    try:
+        admitted = 0
+        for _ in range(3):
+            results = await hammer(gateways, key, 30, max_tokens=10, messages=MULTIBYTE)
+            admitted += sum(not isinstance(r, BaseException) for r in results)
+        costs = [r.usage.total_tokens for r in results if not isinstance(r, BaseException)]
+        count, tokens, _ = await wait_rows(database, tid, 90)
+        assert count == 90 and (await rows_by_status(database, tid))[200] == admitted > 0
+        assert costs and min(costs) > 100  # what each request really cost upstream
+        assert budget // 2 < tokens <= budget  # most of the budget spent, never more
+        spent = await redis.hget(f"sy:q:tenant:{tid}:bd:total", "tokens")
+        assert int(spent) == tokens  # the budget counter agrees with the usage rows
+    finally:
+        fake_upstream_server.byte_tokens = False
         await cleanup(redis, tid)
 
 
 async def test_money_budget_never_overspent_under_concurrency(
     gateways: list[GatewayProcess], database: Database, redis: Redis
 ) -> None:
-    budget = 0.003  # USD; at 10 USD per million tokens a request reserves 31 tokens = 0.00031
+    budget = 0.01  # USD; at 10 USD per million tokens a request reserving ~110 tokens reserves ~0.0011
     tid, key = tenant_key(gateways[0], cost_budget=budget, budget_period="total")
     try:
         admitted = 0
@@ -167,7 +201,7 @@ async def test_money_budget_never_overspent_under_concurrency(
             admitted += sum(not isinstance(r, BaseException) for r in results)
             assert any(isinstance(r, openai.RateLimitError) for r in results)
         count, _, cost = await wait_rows(database, tid, 80)
-        assert count == 80 and (await rows_by_status(database, tid))[200] == admitted >= 9
+        assert count == 80 and (await rows_by_status(database, tid))[200] == admitted >= budget // (RESERVED * 1e-5)
         assert 0 < cost <= budget
     finally:
         await cleanup(redis, tid)

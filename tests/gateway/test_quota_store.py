@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 import pytest
 from redis.asyncio import Redis
 
-from gateway.quotas.limits import Limits, Scope
+from gateway.quotas.limits import Limits, Scope, period_id
 from gateway.quotas.redis_store import RedisStore, connect_redis
 from gateway.quotas.store import MemoryStore, QuotaStore, Reservation, lease_for
 from tests.gateway.tenancy_fixtures import REDIS_URL, redis, redis_prefix  # noqa: F401
@@ -24,6 +24,14 @@ async def store(request: pytest.FixtureRequest, redis: Redis, redis_prefix: str)
 
 def res(scopes: list[Scope], *, now: float = NOW, tokens: int = 10, micros: int = 0) -> Reservation:
     return Reservation(uuid.uuid4().hex, now, tokens, micros, scopes)
+
+
+async def seeded(store: QuotaStore, scopes: list[Scope], *, now: float = NOW, tokens: int = 0) -> list[Scope]:
+    """Create the budget buckets (what admission does from the usage records for a new bucket)."""
+    for s in scopes:
+        pid, ttl = period_id(s.limits.budget_period, now)
+        await store.seed_budget(s.kind, s.id, pid, tokens, 0, ttl)
+    return scopes
 
 
 def key(**limits: object) -> list[Scope]:
@@ -102,7 +110,7 @@ async def test_concurrency_lease_expires(store: QuotaStore) -> None:
 
 @pytest.mark.parametrize("period", ["day", "month", "total"])
 async def test_token_budget_never_overspent(store: QuotaStore, period: str) -> None:
-    scopes = key(token_budget=1000, budget_period=period)
+    scopes = await seeded(store, key(token_budget=1000, budget_period=period))
     rs = [res(scopes, tokens=300) for _ in range(10)]
     decisions = await asyncio.gather(*(store.reserve(r) for r in rs))
     admitted = [r for r, d in zip(rs, decisions) if d.admitted]
@@ -115,7 +123,7 @@ async def test_token_budget_never_overspent(store: QuotaStore, period: str) -> N
 
 
 async def test_cost_budget(store: QuotaStore) -> None:
-    scopes = key(cost_budget=0.01)  # 10_000 micro-dollars
+    scopes = await seeded(store, key(cost_budget=0.01))  # 10_000 micro-dollars
     ok = res(scopes, micros=6_000)
     assert (await store.reserve(ok)).admitted
     d = await store.reserve(res(scopes, micros=6_000))
@@ -125,7 +133,39 @@ async def test_cost_budget(store: QuotaStore) -> None:
 
 
 async def test_day_budget_resets_next_day(store: QuotaStore) -> None:
-    scopes = key(token_budget=10, budget_period="day")
+    scopes = await seeded(store, key(token_budget=10, budget_period="day"))
     assert (await store.reserve(res(scopes, tokens=10))).admitted
     assert not (await store.reserve(res(scopes, tokens=1))).admitted
+    tomorrow = await store.reserve(res(scopes, tokens=10, now=NOW + 86400))
+    assert not tomorrow.admitted and tomorrow.reason == "unseeded"  # a new period's bucket is rebuilt first
+    await seeded(store, scopes, now=NOW + 86400)
     assert (await store.reserve(res(scopes, tokens=10, now=NOW + 86400))).admitted
+
+
+async def test_a_lost_budget_bucket_is_refused_until_rebuilt(store: QuotaStore) -> None:
+    scopes = key(token_budget=1000)
+    d = await store.reserve(res(scopes))
+    assert not d.admitted and d.reason == "unseeded" and d.scope_index == 0
+    await seeded(store, scopes, tokens=995)
+    assert not (await store.reserve(res(scopes, tokens=10))).admitted
+    assert (await store.reserve(res(scopes, tokens=5))).admitted
+
+
+async def test_renewed_lease_outlives_its_first_term(store: QuotaStore) -> None:
+    scopes = key(max_concurrency=1)
+    r = Reservation("held", NOW, 1, 0, scopes, lease_seconds=5)
+    assert (await store.reserve(r)).admitted
+    await store.renew([lease_for(r)], NOW + 4, 5)  # the heartbeat of the live replica
+    assert not (await store.reserve(res(scopes, now=NOW + 8))).admitted
+    assert (await store.reserve(res(scopes, now=NOW + 9.5))).admitted  # not renewed again: expired
+
+
+async def test_settle_of_a_lease_the_store_lost_adds_the_actual_figures(store: QuotaStore) -> None:
+    scopes = await seeded(store, key(token_budget=1000))
+    r = res(scopes, tokens=300)
+    ghost = Reservation("ghost", NOW, 300, 0, scopes)  # admitted by a store that has since lost its state
+    assert (await store.reserve(r)).admitted
+    await store.settle(lease_for(r), NOW, 100, 0)  # known: 300 reserved corrected to 100
+    await store.settle(lease_for(ghost), NOW, 200, 0)  # unknown: its 200 are added
+    assert (await store.reserve(res(scopes, tokens=700))).admitted
+    assert not (await store.reserve(res(scopes, tokens=1))).admitted

@@ -95,6 +95,31 @@ def test_circuit_breaker_state_machine() -> None:
     assert health.view().latency_ewma_ms == pytest.approx(200.0)
 
 
+def test_one_tenants_failures_open_its_own_circuit_while_others_are_served() -> None:
+    clock = _Clock()
+    health = DeploymentHealth(CircuitConfig(failures=3, window=10, cooldown=5), clock=clock)
+    health.on_success(0.1, "good")
+    for t in (1.0, 2.0, 3.0):
+        clock.now = t
+        health.on_failure("flooder")
+    assert health.state == "closed" and health.available()  # the deployment stays up for everyone
+    assert not health.admits("flooder") and health.admits("good")
+    assert health.tenant_retry_after("flooder") == pytest.approx(5.0)
+    clock.now = 8.5
+    assert health.admits("flooder")  # its cooldown is over
+    for t, who in ((9.0, "flooder"), (9.5, "other"), (10.0, "flooder")):  # failures of several tenants
+        clock.now = t
+        health.on_failure(who)
+    assert health.state == "open"
+
+
+def test_a_lone_tenants_failures_open_the_deployments_circuit() -> None:
+    health = DeploymentHealth(CircuitConfig(failures=2, window=10, cooldown=5), clock=_Clock())
+    health.on_failure("only")
+    health.on_failure("only")  # nobody else was served: the deployment itself is suspect
+    assert health.state == "open" and health.admits("only")
+
+
 def test_tokens_per_minute_window() -> None:
     clock = _Clock()
     health = DeploymentHealth(CircuitConfig(), clock=clock, tokens_per_minute=100)

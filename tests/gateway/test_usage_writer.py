@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import time
@@ -229,3 +230,32 @@ def test_group_priced_per_deployment_reserves_the_highest_price() -> None:
     table = PriceTable.from_settings(settings)
     assert table.max_per_million("g") == 4.0 and table.cost("g", 1_000_000, 0) == 3.0
     assert table.max_per_million("unpriced") == 0.0
+
+
+async def test_a_writer_that_died_is_replayed_from_its_write_ahead_segment(db: Database, tmp_path: Path) -> None:
+    """Records synced by a writer that then died are written by the next one; a request it died in
+    is recorded from its reservation (incomplete), and a settled request's own record wins."""
+    tenant = f"wal-{uuid.uuid4().hex[:8]}"
+    dead = UsageWriter(db, PRICES, journal_dir=tmp_path, flush_interval=3600)  # never flushes to SQL
+    settled, in_flight = rec(tenant), rec(tenant)
+    def reserved(r: UsageRecord) -> UsageRecord:
+        return dataclasses.replace(r, status=500, error_type="incomplete", prompt_tokens=70, completion_tokens=30,
+                                   extra={"outcome": "incomplete"})
+
+    dead.begin(reserved(settled))
+    dead.begin(reserved(in_flight))
+    dead.record(settled)
+    await dead.sync()  # what the pipeline awaits before a response's last byte
+    await dead.wal.aclose()
+    for journal in (dead.wal.segment, dead.journal):  # the process is gone: locks free, nothing cleaned up
+        journal._file.close()
+    heir = UsageWriter(db, PRICES, journal_dir=tmp_path)
+    heir.start()
+    await heir.aclose()
+    async with db.session() as s:
+        rows = {r.request_id: r for r in (await s.scalars(select(UsageRow).where(UsageRow.tenant_id == tenant)))}
+    assert set(rows) == {settled.request_id, in_flight.request_id}
+    assert rows[settled.request_id].status == settled.status and rows[settled.request_id].error_type is None
+    lost = rows[in_flight.request_id]
+    assert (lost.status, lost.error_type, lost.prompt_tokens, lost.completion_tokens) == (500, "incomplete", 70, 30)
+    assert not list(tmp_path.glob("usage-*.jsonl"))  # replayed files are gone

@@ -54,6 +54,12 @@ class RecordingSink:
             self.records.append(record)
             self.arrived.notify_all()
 
+    def begin(self, record: UsageRecord) -> None:
+        return None
+
+    async def sync(self) -> None:
+        return None
+
     def wait_for(self, count: int, timeout: float = 10.0) -> list[UsageRecord]:
         with self.arrived:
             self.arrived.wait_for(lambda: len(self.records) >= count, timeout)

@@ -57,12 +57,14 @@ class FakeUpstream(EchoUpstream):
         self.streams: list[StreamRecord] = []
         self._server: ServerThread | None = None
         self.rich = False  # answer with today's full response shape (RICH_* below)
+        self.byte_tokens = False  # count a chat prompt as a tokenizer at its worst would: a token a UTF-8 byte
 
     # ------------------------------------------------------------ control
 
     def reset(self) -> None:
         self.options = EchoOptions()
         self.rich = False
+        self.byte_tokens = False
         self.faults.clear()
         self.received.clear()
         self.streams.clear()
@@ -88,6 +90,13 @@ class FakeUpstream(EchoUpstream):
         return self._server.url + "/v1"
 
     # ------------------------------------------------------------ behaviour
+
+    def prompt_text(self, payload: dict[str, Any], chat: bool) -> tuple[str, int]:
+        text, count = super().prompt_text(payload, chat)
+        if self.byte_tokens and chat:
+            messages = [m for m in payload.get("messages") or [] if isinstance(m, dict)]
+            count = sum(len(str(m.get("content") or "").encode()) + 4 for m in messages)
+        return text, count
 
     async def handle(self, ex: Exchange) -> None:
         try:

@@ -31,6 +31,7 @@ class Env:
     backend: LocalEngineBackend
     usage: RecordingSink
     folder: Path
+    admission: ScriptedAdmission
 
     def client(self) -> openai.OpenAI:
         return openai.OpenAI(base_url=self.server.url + "/v1", api_key=KEY, max_retries=0)
@@ -71,8 +72,8 @@ def local_gateway(workdir: Path, extra_models: list[dict[str, Any]] | None = Non
         built.append(backend)  # type: ignore[arg-type]  # a local deployment builds a LocalEngineBackend
         return backend
 
-    usage = RecordingSink()
+    usage, admission = RecordingSink(), ScriptedAdmission()
     services = Services(authenticator=StaticKeys({KEY: Principal(key_id="k", tenant_id="t", is_admin=True)}),
-                        admission=ScriptedAdmission(), usage=usage, router=Router.from_settings(settings, factory))
+                        admission=admission, usage=usage, router=Router.from_settings(settings, factory))
     with ServerThread(create_app(settings, services)) as server:
-        yield Env(server, built[0], usage, folder)
+        yield Env(server, built[0], usage, folder, admission)

@@ -1,0 +1,89 @@
+"""Draining a gateway process on SIGTERM.
+
+The first SIGTERM makes ``/readyz`` fail at once (load balancers stop sending new requests) while
+requests are still served; after ``readiness_seconds`` uvicorn stops accepting connections and
+waits for the requests in flight. Streams still running ``drain_seconds`` after that are cut: the
+relay stops reading the provider (which is closed), sends a last chunk with ``finish_reason``
+``length`` and the usage so far, and settles the request like any other, before the process
+exits. A second SIGTERM goes straight to uvicorn.
+
+The state is the process's (``DRAIN``): a SIGTERM is addressed to the whole process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import threading
+from collections.abc import AsyncIterator, Callable
+from types import FrameType
+from typing import Any
+
+log = logging.getLogger("switchyard.drain")
+
+_CUT = object()  # what ``next_or_cut`` returns once the drain time is over
+
+
+class Drain:
+    def __init__(self) -> None:
+        self.draining = False
+        self._cut: asyncio.Event | None = None
+
+    @property
+    def cut(self) -> asyncio.Event:
+        if self._cut is None:
+            self._cut = asyncio.Event()
+        return self._cut
+
+    async def accepting(self) -> bool:
+        """A readiness check: False from the first SIGTERM on."""
+        return not self.draining
+
+    def _begin(self, loop: asyncio.AbstractEventLoop, readiness_seconds: float, drain_seconds: float,
+               stop: Callable[[], None]) -> None:
+        loop.call_later(readiness_seconds, stop)
+        loop.call_later(readiness_seconds + drain_seconds, self.cut.set)
+
+    async def next_or_cut(self, chunks: AsyncIterator[Any]) -> Any:
+        """The next chunk, or ``CUT`` when the drain time ends first (the pending read is cancelled)."""
+        if self.cut.is_set():
+            return _CUT
+        read = asyncio.ensure_future(anext(chunks))
+        cut = asyncio.ensure_future(self.cut.wait())
+        await asyncio.wait((read, cut), return_when=asyncio.FIRST_COMPLETED)
+        cut.cancel()
+        if read.done():
+            return read.result()  # StopAsyncIteration included
+        read.cancel()
+        await asyncio.gather(read, return_exceptions=True)
+        return _CUT
+
+    def install(self, readiness_seconds: float, drain_seconds: float) -> bool:
+        """Take SIGTERM before uvicorn does (call from the app's start-up, in the main thread)."""
+        if threading.current_thread() is not threading.main_thread():
+            return False
+        loop = asyncio.get_running_loop()
+        previous = signal.getsignal(signal.SIGTERM)
+        if not callable(previous):  # no server handles SIGTERM here (an app run in-process)
+            return False
+
+        def on_sigterm(signum: int, frame: FrameType | None) -> None:
+            if self.draining:  # a second SIGTERM: uvicorn's own handling, now
+                previous(signum, frame)
+                return
+            self.draining = True
+            log.info("SIGTERM: not ready from now; closing the listener in %.1f s, cutting streams %.1f s later",
+                     readiness_seconds, drain_seconds)
+            loop.call_soon_threadsafe(self._begin, loop, readiness_seconds, drain_seconds,
+                                      lambda: previous(signum, frame))
+
+        signal.signal(signal.SIGTERM, on_sigterm)
+        return True
+
+
+def is_cut(value: object) -> bool:
+    return value is _CUT
+
+
+DRAIN = Drain()

@@ -1,0 +1,41 @@
+"""How many prompt tokens admission reserves for a call.
+
+Where every deployment that may serve the call knows its model's tokenizer (``Tokenizing``: the
+in-process engine), the prompt is counted with it, exactly as the model will see it (chat template
+included), or with the tokenizer configured for an HTTP deployment (``tokenizer:``); elsewhere the
+call's byte bound is reserved. Either way the reservation is at least what the prompt costs (for
+a configured tokenizer: if it is the upstream model's), so a budget check at admission cannot be
+undercut by the prompt.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from backends.base import BackendError, Tokenizing
+from gateway.calls import CallDescription
+from gateway.routing.router import ModelGroup
+
+log = logging.getLogger("switchyard.quotas")
+
+
+def prompt_reservation(call: CallDescription, group: ModelGroup) -> int:
+    """The prompt tokens to reserve for ``call`` served by ``group`` (fallback groups have other
+    tokenizers: a group with fallbacks is reserved at the bound)."""
+    if call.count_prompt is None or group.config.fallbacks or group.config.context_window_fallbacks:
+        return call.prompt_bound
+    counts = []
+    try:
+        for d in group.deployments:
+            if isinstance(d.backend, Tokenizing):
+                counts.append(call.count_prompt(d.backend))
+            elif d.counter is not None:
+                counts.append(call.count_prompt(d.counter))
+            else:
+                return call.prompt_bound
+    except BackendError:  # the template refuses the request: the backend answers that itself
+        return call.prompt_bound
+    except Exception:
+        log.exception("counting the prompt with the model's tokenizer failed; reserving its byte bound")
+        return call.prompt_bound
+    return max(counts)
