@@ -207,6 +207,9 @@ class _Events:
             raise UpstreamError(f"upstream {self._deployment} sent an invalid event")
         return event
 
+    def close(self) -> None:
+        self._lines.close()
+
 
 class _StreamTranslator:
     """Anthropic stream events -> OpenAI ``chat.completion.chunk``s, metering as they pass."""
@@ -334,4 +337,5 @@ class _StreamTranslator:
     async def aclose(self) -> None:
         if not self._closed:
             self._closed = True
+            self._events.close()
             await self._backend.http.close_stream(self._events.response)

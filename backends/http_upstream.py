@@ -143,10 +143,15 @@ class HTTPUpstream:
         """POST and wait (at most ``timeout``) for the response headers; non-2xx -> typed error."""
         try:
             async with asyncio.timeout(timeout):
-                response = await self.session.post(self.url(path), data=payload,
-                                                   headers={**_JSON, **headers} if headers else _JSON)
+                return await self._send(path, payload, headers)
         except TimeoutError as exc:
             raise Timeout(f"upstream {self.deployment_id} did not answer in time ({type(exc).__name__})") from None
+
+    async def _send(self, path: str, payload: bytes, headers: Mapping[str, str] | None) -> aiohttp.ClientResponse:
+        """``send`` without its deadline: the caller's timeout scope bounds it."""
+        try:
+            response = await self.session.post(self.url(path), data=payload,
+                                               headers={**_JSON, **headers} if headers else _JSON)
         except (aiohttp.ClientError, OSError, ValueError) as exc:
             raise Unavailable(f"upstream {self.deployment_id} unreachable: {type(exc).__name__}") from None
         if response.status >= 300:
@@ -161,23 +166,26 @@ class HTTPUpstream:
         return response
 
     async def post(self, path: str, payload: bytes, headers: Mapping[str, str] | None = None) -> bytes:
-        """A whole (non-streaming) answer's body, within the total timeout."""
+        """A whole (non-streaming) answer's body, within the total timeout (one timeout scope for the
+        headers and the body: each costs a timer and a task lookup)."""
         self.in_flight += 1
+        response: aiohttp.ClientResponse | None = None
         try:
-            deadline = asyncio.get_running_loop().time() + self.timeouts.total
-            response = await self.send(path, payload, self.timeouts.total, headers)
-            try:
-                async with asyncio.timeout_at(deadline):
-                    return await response.read()
-            except TimeoutError:
+            async with asyncio.timeout(self.timeouts.total):
+                response = await self._send(path, payload, headers)
+                return await response.read()
+        except TimeoutError:
+            if response is None:
+                raise Timeout(f"upstream {self.deployment_id} did not answer in time (TimeoutError)") from None
+            response.close()
+            raise Timeout(f"upstream {self.deployment_id} exceeded the total timeout") from None
+        except (aiohttp.ClientError, OSError, ValueError) as exc:  # reading the body (_send maps its own)
+            if response is not None:
                 response.close()
-                raise Timeout(f"upstream {self.deployment_id} exceeded the total timeout") from None
-            except (aiohttp.ClientError, OSError, ValueError) as exc:
-                response.close()
-                raise Unavailable(f"upstream {self.deployment_id} failed mid-response: {type(exc).__name__}") from None
-            finally:
-                response.release()
+            raise Unavailable(f"upstream {self.deployment_id} failed mid-response: {type(exc).__name__}") from None
         finally:
+            if response is not None:
+                response.release()
             self.in_flight -= 1
 
     async def open_stream(self, path: str, payload: bytes,
@@ -220,30 +228,64 @@ class HTTPUpstream:
 
 
 class SSELines:
-    """The ``data:`` payloads of a server-sent-events body, one at a time, within deadlines."""
+    """The ``data:`` payloads of a server-sent-events body, one at a time, within deadlines.
+
+    A deadline is one timer per stream (re-armed only when the deadline changes: the first event's,
+    then the total), not a timeout scope per line; when it fires, the pending read fails. ``close()``
+    drops the timer (the end of the body and any failure do too)."""
 
     def __init__(self, response: aiohttp.ClientResponse, deployment: str) -> None:
         self._content = response.content
         self._deployment = deployment
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = 0.0
+        self._expired = False
 
     async def next(self, deadline: float) -> str | None:
         """The next event's data, or None at ``[DONE]`` / the end of the body."""
+        if self._timer is None or self._timer_at != deadline:
+            self._arm(deadline)
         try:
-            async with asyncio.timeout_at(deadline):
-                while line := await self._content.readline():
-                    if line.startswith(b"data:"):  # skip event names, comments, keep-alives, blanks
-                        data = line[5:].strip().decode("utf-8", "replace")
-                        if data != "[DONE]":
-                            return data
-                        await self._drain()
-                        return None
-                return None
+            while line := await self._content.readline():
+                if line.startswith(b"data:"):  # skip event names, comments, keep-alives, blanks
+                    data = line[5:].strip().decode("utf-8", "replace")
+                    if data != "[DONE]":
+                        return data
+                    await self._drain()
+                    break
         except TimeoutError:
+            self.close()
             raise Timeout(f"upstream {self._deployment} stream timed out") from None
         except (aiohttp.ClientError, OSError) as exc:
+            self.close()
+            if self._expired:
+                raise Timeout(f"upstream {self._deployment} stream timed out") from None
             raise Unavailable(f"upstream {self._deployment} stream broke: {type(exc).__name__}") from None
         except ValueError as exc:  # a line longer than the read buffer
+            self.close()
             raise UpstreamError(f"upstream {self._deployment} sent an oversized event: {exc}") from None
+        except BaseException:
+            self.close()
+            raise
+        self.close()
+        return None
+
+    def close(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _arm(self, deadline: float) -> None:
+        self.close()
+        loop = asyncio.get_running_loop()
+        if deadline <= loop.time():
+            self._expire()
+        else:
+            self._timer, self._timer_at = loop.call_at(deadline, self._expire), deadline
+
+    def _expire(self) -> None:
+        self._timer, self._expired = None, True
+        self._content.set_exception(TimeoutError())
 
     async def _drain(self) -> None:
         """Read what follows ``[DONE]`` up to the end of the body, so the connection can go back to

@@ -168,6 +168,7 @@ class OpenAIHTTPBackend(HTTPBackend):
             if first is None:
                 raise UpstreamError(f"upstream {self.deployment_id} ended the stream without a chunk")
         except BaseException:
+            reader.close()
             await self.http.close_stream(response)
             raise
         meter = Meter(prompt_tokens=prompt_estimate, exact=False)
@@ -198,6 +199,9 @@ class _ChunkReader:
                 raise UpstreamError(f"upstream {self._deployment} sent an invalid chunk: {exc}") from None
             error = envelope.error if isinstance(envelope.error, ErrorDetail) else ErrorDetail(envelope.error)
             raise UpstreamError(f"upstream {self._deployment} failed mid-stream: {error.message}") from None
+
+    def close(self) -> None:
+        self._lines.close()
 
 
 class _Relay(Generic[C]):
@@ -266,4 +270,5 @@ class _Relay(Generic[C]):
     async def aclose(self) -> None:
         if not self._closed:
             self._closed = True
+            self._reader.close()
             await self._http.close_stream(self._response)
