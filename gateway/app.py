@@ -22,6 +22,7 @@ from gateway.controllers.models import ModelsController
 from gateway.controllers.responses import ResponsesController
 from gateway.controllers.tokenize import TokenizeController
 from gateway.errors import exception_handlers
+from gateway.heap import settle_heap
 from gateway.pipeline import Pipeline
 from gateway.reload import Reloader
 from gateway.security_headers import add_security_headers
@@ -96,4 +97,6 @@ def create_app_from_env() -> Litestar:
     path = os.environ.get("SWITCHYARD_CONFIG") or "config/default.yaml"
     settings = load_settings(path)
     install_logging(json=settings.telemetry.json_logs)  # a served process owns its stderr
-    return create_app(settings, config_path=path)
+    app = create_app(settings, config_path=path)
+    app.on_startup.append(settle_heap)  # a served process owns its heap too
+    return app
