@@ -9,10 +9,9 @@ from litestar.openapi.datastructures import ResponseSpec
 
 from gateway.body import WireBody
 from gateway.calls import describe_chat
-from gateway.controllers.auth import authenticate_request, principal_of
+from gateway.controllers.auth import authenticate_request, pipeline_of, principal_of
 from gateway.controllers.docs import error_responses
 from gateway.dialects.responses import RESPONSES, ResponsesRequest, to_chat_request
-from gateway.pipeline import Pipeline
 
 
 class ResponsesController(Controller):
@@ -31,7 +30,6 @@ class ResponsesController(Controller):
         responses={200: ResponseSpec(None, description="A `response` object (or its event stream)"),
                    **error_responses()},
     )
-    async def create(self, request: Request[Any, Any, Any], data: ResponsesRequest,
-                     pipeline: Pipeline) -> Response[Any]:
+    async def create(self, request: Request[Any, Any, Any], data: ResponsesRequest) -> Response[Any]:
         call = describe_chat(principal_of(request), to_chat_request(data), endpoint="responses", dialect=RESPONSES)
-        return await pipeline.serve(call)
+        return await pipeline_of(request).serve(call)
