@@ -242,15 +242,15 @@ class SSELines:
         self._timer_at = 0.0
         self._expired = False
 
-    async def next(self, deadline: float) -> str | None:
-        """The next event's data, or None at ``[DONE]`` / the end of the body."""
+    async def next(self, deadline: float) -> bytes | None:
+        """The next event's data (its bytes as sent), or None at ``[DONE]`` / the end of the body."""
         if self._timer is None or self._timer_at != deadline:
             self._arm(deadline)
         try:
             while line := await self._content.readline():
                 if line.startswith(b"data:"):  # skip event names, comments, keep-alives, blanks
-                    data = line[5:].strip().decode("utf-8", "replace")
-                    if data != "[DONE]":
+                    data = line[5:].strip()
+                    if data != b"[DONE]":
                         return data
                     await self._drain()
                     break

@@ -153,7 +153,7 @@ class OpenAIHTTPBackend(HTTPBackend):
         try:
             response = msgspec.json.decode(body, type=type_)
             if hasattr(response, "__dict__"):  # relayed as it came, but for the fields the gateway owns
-                set_relayed(response, _raw_object.decode(body))
+                set_relayed(response, _raw_object.decode(body), body)
             return response
         except (msgspec.MsgspecError, RecursionError) as exc:
             raise UpstreamError(f"upstream {self.deployment_id} sent an invalid response: {exc}") from None
@@ -190,7 +190,7 @@ class _ChunkReader:
             return None
         try:
             chunk = self._decoder.decode(data)
-            set_relayed(chunk, _raw_object.decode(data))
+            set_relayed(chunk, _raw_object.decode(data), data)
             return chunk
         except (msgspec.MsgspecError, RecursionError) as exc:
             try:
