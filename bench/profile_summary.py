@@ -5,7 +5,8 @@
 Each sample goes to the first stage (innermost frame first) whose pattern one of its frames
 matches; ``--cpu-ms`` (the bench's "gateway CPU per request") turns shares into microseconds per
 request. Native time (the event loop's C code, system calls made from C) shows under the Python
-frame that called it, or as "event loop" when none did.
+frame that called it, or as "event loop" when none did. Threads that py-spy saw waiting on a lock
+(logging's queue listener) are listed but left out of the shares.
 """
 
 from __future__ import annotations
@@ -22,14 +23,14 @@ STAGES: list[tuple[str, tuple[str, ...]]] = [
     ("auth: key cache", ("authenticate_request", "Pipeline.authenticate", "gateway/auth/", "gateway/caching.py")),
     ("body: decode + validate", ("gateway/body.py", "create_dto_extractor")),
     ("call description (estimates)", ("describe_chat", "describe_completion")),
-    ("upstream: aiohttp request + response", ("aiohttp/", "HTTPUpstream.")),
+    ("upstream: HTTP client (raw_http; aiohttp for streams)", ("aiohttp/", "HTTPUpstream.", "raw_http.py")),
     ("upstream: payload + answer decode", ("OpenAIHTTPBackend.", "backends/openai_wire.py")),
     ("stream relay (chunks)", ("SSERelay.", "_Relay.", "_ChunkReader.", "SSELines.")),
     ("routing", ("RoutePlan", "gateway/routing/")),
     ("settlement: usage record, metrics", ("Pipeline._settle", "MeteredSink", "hooks.on_settle")),
     ("response building", ("Pipeline._unary_response", "Pipeline._stream_response", "litestar/response/")),
     ("pipeline (other)", ("gateway/pipeline.py",)),
-    ("other threads (mostly waiting)", ("threading.py",)),
+    (WAITING := "threads waiting on a lock", ("threading.py",)),
     ("telemetry middleware + access log", ("gateway/telemetry/", "logging/")),
     ("security headers", ("add_security_headers",)),
     ("Litestar (routing, DI, middleware)", ("litestar/",)),
@@ -59,10 +60,12 @@ def main() -> None:
     parser.add_argument("--cpu-ms", type=float, help="The gateway's CPU milliseconds per request.")
     args = parser.parse_args()
     stages, total = summarise(args.profile)
-    print(f"{total} samples")
+    waiting = stages.pop(WAITING, 0)
+    active = total - waiting
+    print(f"{total} samples, {waiting} of them threads waiting on a lock; shares of the other {active}")
     for name, n in stages.most_common():
-        us = f"  {n / total * args.cpu_ms * 1000:6.1f} us/request" if args.cpu_ms else ""
-        print(f"{n / total:6.1%}{us}  {name}")
+        us = f"  {n / active * args.cpu_ms * 1000:6.1f} us/request" if args.cpu_ms else ""
+        print(f"{n / active:6.1%}{us}  {name}")
 
 
 if __name__ == "__main__":
