@@ -13,7 +13,6 @@ import json
 import time
 from typing import Any
 
-import aiohttp
 import msgspec
 
 from backends.anthropic_wire import STOP_REASONS, from_messages_response, to_messages_request, usage_of
@@ -48,6 +47,7 @@ from backends.openai_wire import (
     extra_params,
     set_extra_params,
 )
+from backends.raw_http import RawStream
 
 DEFAULT_API_BASE = "https://api.anthropic.com/v1"
 API_VERSION = "2023-06-01"
@@ -186,7 +186,7 @@ class _Events:
     """Anthropic SSE events (``event: <type>`` / ``data: {...}``), decoded to dicts."""
 
     def __init__(
-        self, response: aiohttp.ClientResponse, deployment: str, first_deadline: float, deadline: float
+        self, response: RawStream, deployment: str, first_deadline: float, deadline: float
     ) -> None:
         self.response = response
         self._lines = SSELines(response, deployment)

@@ -31,14 +31,12 @@ from backends.base import (
     UpstreamError,
 )
 from backends.config import DeploymentConfig
-from backends.raw_http import RawHTTP
+from backends.raw_http import RawHTTP, RawStream
 
-_JSON = {"content-type": "application/json"}
 # Idle pooled connections are dropped before common servers drop them (uvicorn and Node: 5 s), so a
-# request is never sent on a connection the upstream is closing (aiohttp does not retry a POST).
+# request is never sent on a connection the upstream is closing (a POST is never retried).
 _IDLE_SECONDS = 4.0
 _DRAIN_SECONDS = 0.5  # after [DONE], how long to wait for the body's end
-_READ_BUFFER = 1 << 20  # SSE lines up to 2 MiB (aiohttp's limit is twice the buffer)
 _CONTEXT_HINTS = ("context length", "context_length", "maximum context", "context window", "too many tokens",
                   "prompt is too long")
 
@@ -107,10 +105,9 @@ def status_error(status: int, headers: Mapping[str, str], body: bytes) -> Backen
 
 
 class HTTPUpstream:
-    """A deployment's pooled HTTP clients and its in-flight count: whole answers through
-    ``backends.raw_http`` (a third of aiohttp's CPU per request), streams through aiohttp (a
-    keep-alive pool whose per-request cost does not grow with the pool, unlike httpx's). Both are
-    created on first use, inside the running event loop."""
+    """A deployment's pooled HTTP client and its in-flight count: answers and streams through
+    ``backends.raw_http`` (a third of aiohttp's CPU per request); aiohttp only for readiness
+    probes (``GET /models``). Both are created on first use, inside the running event loop."""
 
     def __init__(self, config: DeploymentConfig, default_base: str, headers: dict[str, str]) -> None:
         self.deployment_id = config.id
@@ -125,12 +122,11 @@ class HTTPUpstream:
 
     @property
     def session(self) -> aiohttp.ClientSession:
+        """The readiness probes' client."""
         if self._session is None or self._session.closed:
-            connector = aiohttp.TCPConnector(limit=self.limit, limit_per_host=0, keepalive_timeout=_IDLE_SECONDS,
-                                             ttl_dns_cache=300)
+            connector = aiohttp.TCPConnector(limit=8, keepalive_timeout=_IDLE_SECONDS, ttl_dns_cache=300)
             self._session = aiohttp.ClientSession(
-                connector=connector, headers=self.headers, auto_decompress=True, read_bufsize=_READ_BUFFER,
-                # Reads are bounded by the deadlines enforced here; connect by the config.
+                connector=connector, headers=self.headers,
                 timeout=aiohttp.ClientTimeout(total=None, sock_connect=self.timeouts.connect),
             )
         return self._session
@@ -149,28 +145,6 @@ class HTTPUpstream:
             url = self._urls[path] = yarl.URL(self.base + path)
         return url
 
-    async def send(self, path: str, payload: bytes, timeout: float,
-                   headers: Mapping[str, str] | None = None) -> aiohttp.ClientResponse:
-        """POST and wait (at most ``timeout``) for the response headers; non-2xx -> typed error."""
-        try:
-            async with asyncio.timeout(timeout):
-                response = await self.session.post(self.url(path), data=payload,
-                                                   headers={**_JSON, **headers} if headers else _JSON)
-        except TimeoutError as exc:
-            raise Timeout(f"upstream {self.deployment_id} did not answer in time ({type(exc).__name__})") from None
-        except (aiohttp.ClientError, OSError, ValueError) as exc:
-            raise Unavailable(f"upstream {self.deployment_id} unreachable: {type(exc).__name__}") from None
-        if response.status >= 300:
-            try:
-                async with asyncio.timeout(self.timeouts.connect):
-                    body = await response.read()
-            except (TimeoutError, aiohttp.ClientError, OSError, ValueError):
-                body = b""
-            finally:
-                response.release()
-            raise status_error(response.status, response.headers, body)
-        return response
-
     async def post(self, path: str, payload: bytes, headers: Mapping[str, str] | None = None) -> bytes:
         """A whole (non-streaming) answer's body, within the total timeout; non-2xx -> typed error."""
         self.in_flight += 1
@@ -188,29 +162,45 @@ class HTTPUpstream:
         return answer.body
 
     async def open_stream(self, path: str, payload: bytes,
-                          headers: Mapping[str, str] | None = None) -> tuple[aiohttp.ClientResponse, float, float]:
-        """(response, first-event deadline, total deadline); the caller must ``close_stream`` it."""
+                          headers: Mapping[str, str] | None = None) -> tuple[RawStream, float, float]:
+        """(stream, first-event deadline, total deadline) once the answer's headers are in (within
+        the first-event deadline); non-2xx -> typed error. The caller must ``close_stream`` it."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.timeouts.total
         first_deadline = min(deadline, loop.time() + self.timeouts.first_byte)
         self.in_flight += 1
         try:
-            return await self.send(path, payload, first_deadline - loop.time(), headers), first_deadline, deadline
+            try:
+                async with asyncio.timeout_at(first_deadline):
+                    stream = await self.raw.open_stream(path, payload, headers)
+            except TimeoutError:
+                raise Timeout(f"upstream {self.deployment_id} did not answer in time") from None
+            except (OSError, ValueError) as exc:
+                raise Unavailable(f"upstream {self.deployment_id} unreachable: {type(exc).__name__}") from None
+            if stream.status >= 300:
+                try:
+                    async with asyncio.timeout(self.timeouts.connect):
+                        body = await stream.read()
+                except (TimeoutError, OSError, ValueError):
+                    body = b""
+                finally:
+                    stream.close()
+                raise status_error(stream.status, stream.headers, body)
+            return stream, first_deadline, deadline
         except BaseException:
             self.in_flight -= 1
             raise
 
-    async def close_stream(self, response: aiohttp.ClientResponse) -> None:
+    async def close_stream(self, stream: RawStream) -> None:
         """Release a stream from ``open_stream``: a finished body's connection goes back to the
         pool; an unfinished one is closed, so the provider sees the client go. Shielded: this often
         runs while the request is being cancelled (client gone), and the socket must still close."""
         self.in_flight -= 1
-        if response.content.at_eof():
-            response.release()
-            return
-        response.close()
-        with anyio.CancelScope(shield=True):
-            await asyncio.sleep(0)  # let the transport finish closing the socket now
+        finished = stream.at_eof()
+        stream.close()
+        if not finished:
+            with anyio.CancelScope(shield=True):
+                await asyncio.sleep(0)  # let the transport finish closing the socket now
 
     async def ready(self) -> bool:
         """Reachable: ``GET /models`` gets any answer below 500 within the connect timeout."""
@@ -235,8 +225,8 @@ class SSELines:
     then the total), not a timeout scope per line; when it fires, the pending read fails. ``close()``
     drops the timer (the end of the body and any failure do too)."""
 
-    def __init__(self, response: aiohttp.ClientResponse, deployment: str) -> None:
-        self._content = response.content
+    def __init__(self, stream: RawStream, deployment: str) -> None:
+        self._content = stream
         self._deployment = deployment
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = 0.0
@@ -257,7 +247,7 @@ class SSELines:
         except TimeoutError:
             self.close()
             raise Timeout(f"upstream {self._deployment} stream timed out") from None
-        except (aiohttp.ClientError, OSError) as exc:
+        except OSError as exc:
             self.close()
             if self._expired:
                 raise Timeout(f"upstream {self._deployment} stream timed out") from None
@@ -295,7 +285,7 @@ class SSELines:
             async with asyncio.timeout(_DRAIN_SECONDS):
                 while not self._content.at_eof() and await self._content.readany():
                     pass
-        except (TimeoutError, aiohttp.ClientError, OSError):
+        except (TimeoutError, OSError, ValueError):
             pass
 
 

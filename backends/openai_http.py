@@ -12,7 +12,6 @@ import time
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
-import aiohttp
 import msgspec
 from msgspec import UNSET
 
@@ -35,6 +34,7 @@ from backends.openai_wire import (
     relayed,
     set_relayed,
 )
+from backends.raw_http import RawStream
 
 DEFAULT_API_BASE = "https://api.openai.com/v1"
 
@@ -179,7 +179,7 @@ class OpenAIHTTPBackend(HTTPBackend):
 class _ChunkReader:
     """Decodes each ``data:`` event into a chunk Struct; an ``{"error": ...}`` event raises."""
 
-    def __init__(self, response: aiohttp.ClientResponse, type_: type[Any], deployment: str) -> None:
+    def __init__(self, response: RawStream, type_: type[Any], deployment: str) -> None:
         self._lines = SSELines(response, deployment)
         self._decoder = msgspec.json.Decoder(type_)
         self._deployment = deployment
@@ -210,7 +210,7 @@ class _Relay(Generic[C]):
     ``aclose()`` (also before the first ``__anext__``) closes the upstream response.
     """
 
-    def __init__(self, http: HTTPUpstream, response: aiohttp.ClientResponse, reader: _ChunkReader, first: C,
+    def __init__(self, http: HTTPUpstream, response: RawStream, reader: _ChunkReader, first: C,
                  deadline: float, meter: Meter, want_usage: bool, text_of: Callable[[C], str]) -> None:
         self._http, self._response, self._reader = http, response, reader
         self._pending: C | None = first

@@ -120,3 +120,35 @@ async def test_unreachable_and_bad_input() -> None:
     with pytest.raises(ValueError):
         RawHTTP("ftp://example.com", {}, connect_timeout=2)
     assert issubclass(ProtocolError, OSError)
+
+
+async def test_a_stream_is_read_by_line_and_its_connection_reused(server: tuple[Server, str]) -> None:
+    s, base = server
+    head = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+    chunks = [b"data: one\n\nda", b"ta: two\n\n"]  # the second event arrives split across chunks
+    body = b"".join(b"%x\r\n%s\r\n" % (len(c), c) for c in chunks) + b"0\r\n\r\n"
+    s.answers = [head + body, answer(b"after")]
+    client = RawHTTP(base, {}, connect_timeout=2)
+    stream = await client.open_stream("/chat/completions", b"{}")
+    assert (stream.status, stream.headers["content-type"]) == (200, "text/event-stream")
+    lines = []
+    while line := await stream.readline():
+        lines.append(line)
+    assert lines == [b"data: one\n", b"\n", b"data: two\n", b"\n"] and stream.at_eof()
+    stream.close()
+    assert (await client.post("/x", b"{}")).body == b"after"
+    assert s.connections == 1  # the finished stream's connection carried the next request
+    client.close()
+
+
+async def test_an_unfinished_stream_is_cut_and_a_deadline_fails_its_read(server: tuple[Server, str]) -> None:
+    s, base = server
+    s.answers = [b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\ndata:\r\n"]  # and then nothing
+    client = RawHTTP(base, {}, connect_timeout=2)
+    stream = await client.open_stream("/x", b"{}")
+    assert await stream.readany() == b"data:"
+    stream.set_exception(TimeoutError())
+    with pytest.raises(TimeoutError):
+        await stream.readline()
+    stream.close()
+    await asyncio.wait_for(s.disconnected.wait(), 5)  # the upstream sees the caller go
