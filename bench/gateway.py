@@ -530,7 +530,9 @@ async def streams(args: argparse.Namespace, gw: Gateway, direct: Target, via: Ta
     """(c): 64 concurrent streams of 20 chunks: added time to first chunk and to the end; streams/s."""
     d = await bursts(direct, 64, args.rounds)
     profiler = _profile(gw, args, "c")
+    cpu0 = gateway_cpu(gw)
     g = await bursts(via, 64, args.rounds)
+    cpu = gateway_cpu(gw) - cpu0
     _stop_profile(profiler)
     rows: list[list[str]] = []
     for label, what, q, target in (
@@ -549,6 +551,16 @@ async def streams(args: argparse.Namespace, gw: Gateway, direct: Target, via: Ta
                 f"errors {errors_of(g)}" if label == "TTFC p50" else "",
             ]
         )
+    rows.append(
+        [
+            "(c) gateway CPU per stream (ms)",
+            "-",
+            f"{cpu * 1000 / max(1, len(g.results)):.3f}",
+            "-",
+            "",
+            f"gateway used {cpu / g.seconds:.0%} of a core",
+        ]
+    )
     d_sps, g_sps = len(d.ok) / d.seconds, len(g.ok) / g.seconds
     rows.append(
         [
