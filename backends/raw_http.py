@@ -14,11 +14,13 @@ has its own.
 from __future__ import annotations
 
 import asyncio
+import socket
 import ssl
 import time
 import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import urlsplit
 
 import httptools
@@ -26,6 +28,7 @@ import httptools
 USER_AGENT = "switchyard"
 _MAX_LINE = 2 << 20  # a streamed line (an SSE event) longer than this is an error
 _HIGH_WATER = 4 << 20  # unread bytes of a stream beyond which the connection stops reading
+DNS_SECONDS = 300.0  # how long a host's resolved addresses are used
 
 
 class ProtocolError(OSError):
@@ -158,6 +161,8 @@ class RawHTTP:
                                      **headers})
         self._idle: list[_Connection] = []
         self._slots: asyncio.Semaphore | None = None  # made in the running loop, on first use
+        self._resolved: list[tuple[int, tuple[Any, ...]]] = []
+        self._resolved_at = -DNS_SECONDS
 
     async def post(self, path: str, body: bytes, headers: Mapping[str, str] | None = None) -> RawAnswer:
         """POST ``body`` (JSON) to ``base + path``; the answer whatever its status."""
@@ -228,8 +233,27 @@ class RawHTTP:
             conn.close()
         loop = asyncio.get_running_loop()
         async with asyncio.timeout(self.connect_timeout):
-            _, conn = await loop.create_connection(_Connection, self._host, self._port, ssl=self._tls)
-        return conn
+            addresses = await self._addresses(loop)
+            for i, (family, address) in enumerate(addresses):
+                try:
+                    _, conn = await loop.create_connection(
+                        _Connection, address[0], address[1], family=family, ssl=self._tls,
+                        server_hostname=self._host if self._tls else None)
+                    return conn
+                except OSError:
+                    self._resolved_at = -DNS_SECONDS  # resolve again next time
+                    if i == len(addresses) - 1:
+                        raise
+        raise OSError(f"no address for {self._host}")
+
+    async def _addresses(self, loop: asyncio.AbstractEventLoop) -> list[tuple[int, tuple[Any, ...]]]:
+        """The host's addresses, resolved at most every ``DNS_SECONDS`` (a burst of new connections
+        would otherwise each ask the resolver, in a thread)."""
+        if time.monotonic() - self._resolved_at >= DNS_SECONDS or not self._resolved:
+            infos = await loop.getaddrinfo(self._host, self._port, type=socket.SOCK_STREAM)
+            self._resolved = [(family, address) for family, _, _, _, address in infos]
+            self._resolved_at = time.monotonic()
+        return self._resolved
 
 
 class RawStream:

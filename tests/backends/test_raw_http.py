@@ -152,3 +152,13 @@ async def test_an_unfinished_stream_is_cut_and_a_deadline_fails_its_read(server:
         await stream.readline()
     stream.close()
     await asyncio.wait_for(s.disconnected.wait(), 5)  # the upstream sees the caller go
+
+
+async def test_a_host_name_is_resolved_once_and_each_address_tried(server: tuple[Server, str]) -> None:
+    s, base = server
+    s.close_after_answer = True  # each request on a new connection
+    s.answers = [answer(b"1", "connection: close"), answer(b"2", "connection: close")]
+    client = RawHTTP(base.replace("127.0.0.1", "localhost"), {}, connect_timeout=2)  # ::1 may come first
+    assert [(await client.post("/x", b"{}")).body for _ in range(2)] == [b"1", b"2"]
+    assert s.connections == 2 and "host: localhost:" in s.requests[0].decode()
+    client.close()
