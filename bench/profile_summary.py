@@ -17,7 +17,7 @@ from pathlib import Path
 
 # (stage, substrings of a frame "function (file:line)"), innermost match wins
 STAGES: list[tuple[str, tuple[str, ...]]] = [
-    ("usage: buffer + write to SQL (background)", ("UsageWriter.", "gateway/usage/")),
+    ("usage: buffer + write to SQL (background)", ("UsageWriter.", "gateway/usage/", "sqlalchemy/", "asyncpg/")),
     ("quotas: Redis admission", ("Pipeline._admit",)),
     ("quotas: Redis settlement", ("QuotaAdmission.settle",)),
     ("auth: key cache", ("authenticate_request", "Pipeline.authenticate", "gateway/auth/", "gateway/caching.py")),
