@@ -23,7 +23,7 @@ STAGES: list[tuple[str, tuple[str, ...]]] = [
     ("auth: key cache", ("authenticate_request", "Pipeline.authenticate", "gateway/auth/", "gateway/caching.py")),
     ("body: decode + validate", ("gateway/body.py", "create_dto_extractor")),
     ("call description (estimates)", ("describe_chat", "describe_completion")),
-    ("upstream: HTTP client (raw_http; aiohttp for streams)", ("aiohttp/", "HTTPUpstream.", "raw_http.py")),
+    ("upstream: HTTP client", ("aiohttp/", "HTTPUpstream.", "raw_http.py")),
     ("upstream: payload + answer decode", ("OpenAIHTTPBackend.", "backends/openai_wire.py")),
     ("stream relay (chunks)", ("SSERelay.", "_Relay.", "_ChunkReader.", "SSELines.")),
     ("routing", ("RoutePlan", "gateway/routing/")),
