@@ -13,7 +13,6 @@ import json
 import time
 from typing import Any
 
-import aiohttp
 import msgspec
 
 from backends.anthropic_wire import STOP_REASONS, from_messages_response, to_messages_request, usage_of
@@ -49,6 +48,7 @@ from backends.openai_wire import (
     extra_params,
     set_extra_params,
 )
+from backends.raw_http import RawStream
 
 DEFAULT_API_BASE = "https://api.anthropic.com/v1"
 API_VERSION = "2023-06-01"
@@ -188,7 +188,7 @@ class _Events:
     """Anthropic SSE events (``event: <type>`` / ``data: {...}``), decoded to dicts."""
 
     def __init__(
-        self, response: aiohttp.ClientResponse, deployment: str, first_deadline: float, deadline: float, idle: float
+        self, response: RawStream, deployment: str, first_deadline: float, deadline: float, idle: float
     ) -> None:
         self.response = response
         self._lines = SSELines(response, deployment, idle)
@@ -208,6 +208,9 @@ class _Events:
         if not isinstance(event, dict):
             raise UpstreamError(f"upstream {self._deployment} sent an invalid event")
         return event
+
+    def close(self) -> None:
+        self._lines.close()
 
 
 class _StreamTranslator:
@@ -351,4 +354,5 @@ class _StreamTranslator:
     async def aclose(self) -> None:
         if not self._closed:
             self._closed = True
+            self._events.close()
             await self._backend.http.close_stream(self._events.response)

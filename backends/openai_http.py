@@ -12,7 +12,6 @@ import time
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
-import aiohttp
 import msgspec
 from msgspec import UNSET
 
@@ -35,6 +34,7 @@ from backends.openai_wire import (
     relayed,
     set_relayed,
 )
+from backends.raw_http import RawStream
 from backends.responses_http import RelayedResponse, ResponsesEvent, respond, respond_stream, upstream_body
 
 DEFAULT_API_BASE = "https://api.openai.com/v1"
@@ -170,7 +170,7 @@ class OpenAIHTTPBackend(HTTPBackend):
         try:
             response = msgspec.json.decode(body, type=type_)
             if hasattr(response, "__dict__"):  # relayed as it came, but for the fields the gateway owns
-                set_relayed(response, _raw_object.decode(body))
+                set_relayed(response, _raw_object.decode(body), body)
             return response
         except (msgspec.MsgspecError, RecursionError) as exc:
             raise UpstreamError(f"upstream {self.deployment_id} sent an invalid response: {exc}") from None
@@ -185,6 +185,7 @@ class OpenAIHTTPBackend(HTTPBackend):
             if first is None:
                 raise UpstreamError(f"upstream {self.deployment_id} ended the stream without a chunk")
         except BaseException:
+            reader.close()
             await self.http.close_stream(response)
             raise
         meter = Meter(prompt_tokens=prompt_estimate, exact=False)
@@ -195,7 +196,7 @@ class OpenAIHTTPBackend(HTTPBackend):
 class _ChunkReader:
     """Decodes each ``data:`` event into a chunk Struct; an ``{"error": ...}`` event raises."""
 
-    def __init__(self, response: aiohttp.ClientResponse, type_: type[Any], deployment: str, idle: float) -> None:
+    def __init__(self, response: RawStream, type_: type[Any], deployment: str, idle: float) -> None:
         self._lines = SSELines(response, deployment, idle)
         self._decoder = msgspec.json.Decoder(type_)
         self._deployment = deployment
@@ -206,7 +207,7 @@ class _ChunkReader:
             return None
         try:
             chunk = self._decoder.decode(data)
-            set_relayed(chunk, _raw_object.decode(data))
+            set_relayed(chunk, _raw_object.decode(data), data)
             return chunk
         except (msgspec.MsgspecError, RecursionError) as exc:
             try:
@@ -216,6 +217,9 @@ class _ChunkReader:
             error = envelope.error if isinstance(envelope.error, ErrorDetail) else ErrorDetail(envelope.error)
             raise UpstreamError(f"upstream {self._deployment} failed mid-stream: {error.message}") from None
 
+    def close(self) -> None:
+        self._lines.close()
+
 
 class _Relay(Generic[C]):
     """Relays upstream chunks, keeping the meter current and usage chunks as the client asked.
@@ -223,7 +227,7 @@ class _Relay(Generic[C]):
     ``aclose()`` (also before the first ``__anext__``) closes the upstream response.
     """
 
-    def __init__(self, http: HTTPUpstream, response: aiohttp.ClientResponse, reader: _ChunkReader, first: C,
+    def __init__(self, http: HTTPUpstream, response: RawStream, reader: _ChunkReader, first: C,
                  deadline: float, meter: Meter, want_usage: bool, text_of: Callable[[C], str]) -> None:
         self._http, self._response, self._reader = http, response, reader
         self._pending: C | None = first
@@ -283,4 +287,5 @@ class _Relay(Generic[C]):
     async def aclose(self) -> None:
         if not self._closed:
             self._closed = True
+            self._reader.close()
             await self._http.close_stream(self._response)

@@ -43,6 +43,7 @@ class WireStruct(Struct, kw_only=True):
 
 _EXTRA = "_extra_params"
 _RELAYED = "_relayed"
+_SOURCE = "_relayed_source"
 _encoder = msgspec.json.Encoder()
 
 
@@ -62,8 +63,11 @@ def relayed(obj: Struct) -> dict[str, msgspec.Raw] | None:
     return raw
 
 
-def set_relayed(obj: Struct, raw: dict[str, msgspec.Raw]) -> None:
+def set_relayed(obj: Struct, raw: dict[str, msgspec.Raw], source: bytes | None = None) -> None:
+    """Keep an upstream answer's top-level fields (``raw``) and, given, its exact bytes (``source``)."""
     obj.__dict__[_RELAYED] = raw
+    if source is not None:
+        obj.__dict__[_SOURCE] = source
 
 
 def encode_with_extra(obj: Struct, extra: dict[str, msgspec.Raw]) -> bytes:
@@ -95,13 +99,18 @@ def anthropic_body(obj: Struct) -> dict[str, Any] | None:
 
 def encode_answer(obj: Any) -> bytes:
     """An answer or chunk for the client: an upstream's as it came, with the fields the gateway owns
-    (``model``; ``usage`` where it was dropped) taken from the object; else the object's fields."""
+    (``model``; ``usage`` where it was dropped) taken from the object; else the object's fields.
+    When those fields are as the upstream sent them, its bytes go out untouched."""
     raw = relayed(obj) if isinstance(obj, Struct) else None
     if raw is None:
         return _encoder.encode(obj)
+    model = msgspec.Raw(_encoder.encode(obj.model))
+    drop_usage = "usage" in raw and getattr(obj, "usage", UNSET) is UNSET
+    if not drop_usage and raw.get("model") == model and (source := obj.__dict__.get(_SOURCE)) is not None:
+        return bytes(source)
     out = dict(raw)
-    out["model"] = msgspec.Raw(_encoder.encode(obj.model))
-    if "usage" in out and getattr(obj, "usage", UNSET) is UNSET:
+    out["model"] = model
+    if drop_usage:
         del out["usage"]
     return _encoder.encode(out)
 

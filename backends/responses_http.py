@@ -89,7 +89,7 @@ class _Events:
 
     def __init__(self, http: HTTPUpstream, response: Any, meter: Meter, deadline: float) -> None:
         self._http, self._response, self._meter, self._deadline = http, response, meter, deadline
-        self._lines = SSELines(response, http.deployment_id)
+        self._lines = SSELines(response, http.deployment_id, http.timeouts.idle)
         self._first: ResponsesEvent | None = None
         self._closed = False
 
@@ -139,4 +139,5 @@ class _Events:
     async def aclose(self) -> None:
         if not self._closed:
             self._closed = True
+            self._lines.close()
             await self._http.close_stream(self._response)

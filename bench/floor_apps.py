@@ -4,8 +4,8 @@
 - ``litestar``: the same answer from a Litestar route that decodes the body into the gateway's
   ``ChatCompletionRequest`` (the framework the gateway runs on);
 - ``proxy``: that route forwarding the body to the upstream with the gateway's own pooled client
-  (``backends.http_upstream.HTTPUpstream``, aiohttp) and relaying the answer: no auth, quotas,
-  routing, metering or telemetry.
+  (``backends.http_upstream.HTTPUpstream``; ``backends/raw_http.py`` for a whole answer) and
+  relaying the answer: no auth, quotas, routing, metering or telemetry.
 
 Run by uvicorn as factories: ``uvicorn bench.floor_apps:litestar_app --factory``; the proxy reads
 its upstream from ``FLOOR_UPSTREAM``.

@@ -1,17 +1,27 @@
 """What the gateway adds to every request, measured against the same upstream hit directly.
 
 Starts, each in its own process on loopback: three echo upstreams (no latency; 20 ms latency; 20
-chunks 5 ms apart), and one gateway worker (``switchyard serve`` settings: uvicorn + uvloop +
-httptools) on the full production path: SQL API keys (PostgreSQL), Redis quotas with high limits,
-usage metered into PostgreSQL. A fresh PostgreSQL database is created and dropped. Load comes from
-a small raw-HTTP/1.1 asyncio client on keep-alive connections (or ``wrk`` for (a) with ``--wrk``).
+chunks 5 ms apart), and the gateway (``switchyard serve`` settings: uvicorn + uvloop + httptools,
+one worker unless ``--workers``) on the full production path: SQL API keys (PostgreSQL), Redis
+quotas with high limits, usage metered into PostgreSQL. A fresh PostgreSQL database is created and
+dropped. Load comes from a small raw-HTTP/1.1 asyncio client on keep-alive connections (or ``wrk``
+for (a) with ``--wrk``).
 
-    .venv/bin/python -m bench.gateway [--seconds 8] [--wrk] [--profile prof.txt]
+    .venv/bin/python -m bench.gateway [--seconds 8] [--rates 500,1000] [--workers 1] [--no-pin]
+                                      [--wrk] [--profile prof.txt --profile-phase a]
 
-(a) non-streaming requests/s at 64 concurrent connections, zero upstream latency
-(b) added latency p50/p99 at a fixed 50 and 200 requests/s, 20 ms upstream latency
-(c) 64 concurrent streams of 20 chunks 5 ms apart: added time-to-first-chunk and total p50/p99
-(d) the gateway's RSS after the run; and usage rows in PostgreSQL = requests sent.
+Pinning (the default on a machine with at least two CPUs): the gateway (all its workers) runs on
+the first ``--workers`` CPUs with ``taskset``; this process (the load generator) and the echo
+upstreams on the others (PostgreSQL and Redis are not pinned). Each figure is measured in the same
+run against the upstream hit directly, so ratios hold better than absolute numbers on a busy host.
+
+(a) non-streaming requests/s at 64 concurrent connections, zero upstream latency, and its ratio
+    to the direct upstream's rate; the gateway's CPU time per request
+(b) added latency p50/p99 at fixed offered rates (default 500 and 1,000 requests/s), 20 ms upstream
+    latency; the rate actually served
+(c) 64 concurrent streams of 20 chunks 5 ms apart: added time to first chunk and total p50/p99;
+    streams completed per second, and their ratio to the direct upstream's
+(d) each gateway worker's RSS after the run; and usage rows in PostgreSQL = requests sent.
 """
 
 from __future__ import annotations
@@ -65,9 +75,17 @@ def wait_http(url: str, proc: subprocess.Popen[bytes], timeout: float = 60.0) ->
     raise RuntimeError(f"{url} did not come up")
 
 
-def start_upstream(*args: str) -> tuple[subprocess.Popen[bytes], str]:
+def start_upstream(*args: str, cpus: str | None = None) -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
-    cmd = [sys.executable, "-m", "backends.dev.echo_server", "--port", str(port), *args]
+    cmd = [
+        *(["taskset", "-c", cpus] if cpus else []),
+        sys.executable,
+        "-m",
+        "backends.dev.echo_server",
+        "--port",
+        str(port),
+        *args,
+    ]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     wait_http(url + "/v1/models", proc)
@@ -90,6 +108,17 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def worker_pids(pid: int) -> list[int]:
+    """The processes serving requests: the children of a multi-worker supervisor, else ``pid``."""
+    children: list[int] = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError):
+            children += [int(c) for c in (task / "children").read_text().split()]
+    # uvicorn's multiprocessing start method also forks a resource tracker: it serves nothing.
+    workers = [c for c in children if b"resource_tracker" not in Path(f"/proc/{c}/cmdline").read_bytes()]
+    return workers or [pid]
+
+
 def rss_mib(pid: int) -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -104,14 +133,15 @@ class Gateway:
     log: Path
 
 
-def start_gateway(config: dict[str, Any], workdir: Path) -> Gateway:
-    """``switchyard serve`` with one worker, as a separate process."""
+def start_gateway(config: dict[str, Any], workdir: Path, workers: int = 1, cpus: str | None = None) -> Gateway:
+    """``switchyard serve`` with ``workers`` workers, as a separate process (on ``cpus`` with taskset)."""
     path = workdir / "gateway.yaml"
     path.write_text(yaml.safe_dump(config))
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("SWITCHYARD")}
     log = workdir / "gateway.log"
     cmd = [
+        *(["taskset", "-c", cpus] if cpus else []),
         str(Path(sys.executable).parent / "switchyard"),
         "serve",
         "--config",
@@ -119,7 +149,7 @@ def start_gateway(config: dict[str, Any], workdir: Path) -> Gateway:
         "--port",
         str(port),
         "--workers",
-        "1",
+        str(workers),
     ]
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
@@ -208,8 +238,9 @@ class Conn:
         reader, writer = await asyncio.open_connection(host, port, limit=1 << 20)
         return cls(reader, writer)
 
-    async def request(self, raw: bytes) -> Result:
-        t0 = time.perf_counter()
+    async def request(self, raw: bytes, t0: float | None = None) -> Result:
+        """Send ``raw`` and read the answer; times count from ``t0`` (default: now)."""
+        t0 = time.perf_counter() if t0 is None else t0
         self.writer.write(raw)
         reader = self.reader
         head = await reader.readuntil(b"\r\n\r\n")
@@ -235,7 +266,10 @@ class Conn:
         self.writer.close()
 
 
-def http_request(url: str, path: str, body: dict[str, Any], key: str | None) -> tuple[str, int, bytes]:
+Target = tuple[str, int, bytes]  # host, port, the raw request
+
+
+def http_request(url: str, path: str, body: dict[str, Any], key: str | None) -> Target:
     host_port = url.removeprefix("http://")
     host, port = host_port.split(":")
     data = json.dumps(body).encode()
@@ -289,34 +323,46 @@ async def closed_loop(target: tuple[str, int, bytes], connections: int, seconds:
     return run
 
 
-async def open_loop(target: tuple[str, int, bytes], rate: float, seconds: float) -> Run:
-    """Requests sent on a fixed schedule (``rate`` per second), whatever the answers' speed."""
+async def open_loop(target: tuple[str, int, bytes], rate: float, seconds: float, pool: int = 200) -> Run:
+    """Requests sent on a fixed schedule (``rate`` per second), whatever the answers' speed, over at
+    most ``pool`` keep-alive connections (as a client's pool; the gateway refuses more than 256 from
+    one address). Times count from each request's scheduled send, so a server that falls behind
+    shows its queueing."""
     host, port, raw = target
     run = Run()
-    idle: list[Conn] = []
+    idle: asyncio.Queue[Conn] = asyncio.Queue()
+    opened = 0
 
-    async def one() -> None:
-        conn = idle.pop() if idle else await Conn.open(host, port)
+    async def one(scheduled: float) -> None:
+        nonlocal opened
+        if idle.empty() and opened < pool:
+            opened += 1
+            conn = await Conn.open(host, port)
+        else:
+            conn = await idle.get()
         try:
-            run.results.append(await conn.request(raw))
-            idle.append(conn)
-        except (OSError, asyncio.IncompleteReadError, ValueError):
+            result = await conn.request(raw, scheduled)
+            run.results.append(result)
+            idle.put_nowait(conn)
+        except (OSError, asyncio.IncompleteReadError, ValueError, RuntimeError):
             run.errors += 1
             conn.close()
+            opened -= 1
 
     for _ in range(min(64, int(rate))):  # warm connections, as a client's pool would have
-        idle.append(await Conn.open(host, port))
+        idle.put_nowait(await Conn.open(host, port))
+        opened += 1
     tasks = []
     t0 = time.perf_counter()
     for i in range(int(rate * seconds)):
-        delay = t0 + i / rate - time.perf_counter()
-        if delay > 0:
+        scheduled = t0 + i / rate
+        if (delay := scheduled - time.perf_counter()) > 0:
             await asyncio.sleep(delay)
-        tasks.append(asyncio.create_task(one()))
+        tasks.append(asyncio.create_task(one(scheduled)))
     await asyncio.gather(*tasks)
     run.seconds = time.perf_counter() - t0
-    for conn in idle:
-        conn.close()
+    while not idle.empty():
+        idle.get_nowait().close()
     return run
 
 
@@ -382,105 +428,116 @@ def gateway_config(db_url: str, fast: str, slow: str, streamy: str, journal: Pat
     }
 
 
+def gateway_cpu(gw: Gateway) -> float:
+    """CPU seconds used so far by the gateway: its workers and (with several) their supervisor."""
+    pids = {gw.proc.pid, *worker_pids(gw.proc.pid)}
+    return sum(cpu_seconds(pid) for pid in pids)
+
+
+def errors_of(run: Run) -> int:
+    return run.errors + len(run.results) - len(run.ok)
+
+
 async def throughput(
     args: argparse.Namespace,
     gw: Gateway,
     key: str,
     upstream: str,
+    upstream_pid: int,
     direct: tuple[str, int, bytes],
     via: tuple[str, int, bytes],
 ) -> tuple[list[list[str]], int]:
-    """(a): requests/s at 64 connections, direct and through the gateway (and its CPU per request)."""
+    """(a): requests/s at 64 connections, direct and through the gateway; the CPU time each server
+    spends per request, and the rate that makes on one whole core (what a busy host cannot hide)."""
     rows: list[list[str]] = []
     if args.wrk and shutil.which("wrk"):
         d_rps, _ = wrk_rps(upstream, "/v1/chat/completions", CHAT | {"model": "echo"}, key, 64, args.seconds)
         g_rps, errors = wrk_rps(gw.url, "/v1/chat/completions", CHAT | {"model": "fast"}, key, 64, args.seconds)
         sent = int(g_rps * args.seconds)  # approximate: wrk does not report exact counts here
     else:
+        d_cpu0 = cpu_seconds(upstream_pid)
         d = await closed_loop(direct, 64, args.seconds)
+        d_cpu = (cpu_seconds(upstream_pid) - d_cpu0) / max(1, len(d.results))
         profiler = _profile(gw, args, "a")
-        cpu0 = cpu_seconds(gw.proc.pid)
+        cpu0 = gateway_cpu(gw)
         g = await closed_loop(via, 64, args.seconds)
-        cpu = cpu_seconds(gw.proc.pid) - cpu0
+        cpu = gateway_cpu(gw) - cpu0
         _stop_profile(profiler)
-        d_rps, g_rps, errors = len(d.ok) / d.seconds, len(g.ok) / g.seconds, g.errors + len(g.results) - len(g.ok)
+        d_rps, g_rps, errors = len(d.ok) / d.seconds, len(g.ok) / g.seconds, errors_of(g)
         sent = len(g.results)
+        g_cpu = cpu / max(1, len(g.results))
         rows.append(
             [
-                "(a) gateway CPU per request (ms)",
-                "-",
-                f"{cpu * 1000 / max(1, len(g.results)):.2f}",
-                "-",
+                "(a) server CPU per request (ms)",
+                f"{d_cpu * 1000:.3f}",
+                f"{g_cpu * 1000:.3f}",
+                f"{(g_cpu - d_cpu) * 1000:+.3f}",
                 "",
-                f"{cpu / g.seconds:.0%} of a core",
+                f"gateway used {cpu / g.seconds:.0%} of a core",
+            ]
+        )
+        rows.append(
+            [
+                "(a) req/s per whole core (1 / CPU per request)",
+                f"{1 / d_cpu:,.0f}",
+                f"{1 / g_cpu:,.0f}",
+                f"{d_cpu / g_cpu:.1%} of direct",
+                ">= 10% of direct",
+                "",
             ]
         )
     rows.insert(
         0,
-        ["(a) non-stream req/s @64 conns", f"{d_rps:,.0f}", f"{g_rps:,.0f}", "-", ">= 2,000 req/s", f"errors {errors}"],
+        [
+            "(a) non-stream req/s @64 conns",
+            f"{d_rps:,.0f}",
+            f"{g_rps:,.0f}",
+            f"{g_rps / d_rps:.1%} of direct",
+            ">= 10% of direct",
+            f"errors {errors}",
+        ],
     )
     return rows, sent
 
 
-async def measure(args: argparse.Namespace, gw: Gateway, key: str, ups: dict[str, str]) -> tuple[list[list[str]], int]:
-    sent = 0
-
-    def pair(model: str, stream: bool = False) -> tuple[tuple[str, int, bytes], tuple[str, int, bytes]]:
-        body = CHAT | {"model": model} | ({"stream": True} if stream else {})
-        return (
-            http_request(ups[model], "/v1/chat/completions", body | {"model": "echo"}, None),
-            http_request(gw.url, "/v1/chat/completions", body, key),
-        )
-
+async def latency(args: argparse.Namespace, gw: Gateway, direct: Target, via: Target) -> tuple[list[list[str]], int]:
+    """(b): added latency at fixed offered rates (20 ms upstream), and the rate actually served."""
     rows: list[list[str]] = []
-    direct, via = pair("fast")
-    sent += len((await closed_loop(via, 16, 1.0)).results)  # warm-up: key cache, pools, lazy imports
-    await closed_loop(direct, 16, 0.5)
-    if "a" in args.phases:
-        a_rows, a_sent = await throughput(args, gw, key, ups["fast"], direct, via)
-        rows += a_rows
-        sent += a_sent
-
-    direct, via = pair("slow")
+    sent = 0
     profiler = _profile(gw, args, "b")
-    for rate in (50, 200) if "b" in args.phases else ():
+    for rate in args.rates:
         d = await open_loop(direct, rate, args.seconds / 2)
         g = await open_loop(via, rate, args.seconds / 2)
         sent += len(g.results)
-        rows.append(
-            [
-                f"(b) latency p50 @{rate} req/s (ms)",
-                f"{d.pct(0.5):.2f}",
-                f"{g.pct(0.5):.2f}",
-                f"{g.pct(0.5) - d.pct(0.5):+.2f}",
-                "<= 1 ms added",
-                f"errors {g.errors + len(g.results) - len(g.ok)}",
-            ]
-        )
-        rows.append(
-            [
-                f"(b) latency p99 @{rate} req/s (ms)",
-                f"{d.pct(0.99):.2f}",
-                f"{g.pct(0.99):.2f}",
-                f"{g.pct(0.99) - d.pct(0.99):+.2f}",
-                "<= 3 ms added",
-                "",
-            ]
-        )
+        for q, target in ((0.5, "<= 1 ms added"), (0.99, "<= 3 ms added")):
+            added = g.pct(q) - d.pct(q)
+            notes = f"served {len(g.ok) / g.seconds:,.0f}/s, errors {errors_of(g)}" if q == 0.5 else ""
+            rows.append(
+                [
+                    f"(b) latency p{q * 100:.0f} @{rate:g} req/s (ms)",
+                    f"{d.pct(q):.2f}",
+                    f"{g.pct(q):.2f}",
+                    f"{added:+.2f}",
+                    target,
+                    notes,
+                ]
+            )
     _stop_profile(profiler)
-    if "c" not in args.phases:
-        return rows, sent
+    return rows, sent
 
-    direct, via = pair("streamy", stream=True)
+
+async def streams(args: argparse.Namespace, gw: Gateway, direct: Target, via: Target) -> tuple[list[list[str]], int]:
+    """(c): 64 concurrent streams of 20 chunks: added time to first chunk and to the end; streams/s."""
     d = await bursts(direct, 64, args.rounds)
     profiler = _profile(gw, args, "c")
+    cpu0 = gateway_cpu(gw)
     g = await bursts(via, 64, args.rounds)
+    cpu = gateway_cpu(gw) - cpu0
     _stop_profile(profiler)
-    sent += len(g.results)
-    errs = f"errors {g.errors + len(g.results) - len(g.ok)}"
+    rows: list[list[str]] = []
     for label, what, q, target in (
-        ("TTFC p50", "first", 0.5, ""),
-        ("TTFC p99", "first", 0.99, "<= 10 ms added"),
+        ("TTFC p50", "first", 0.5, "<= 2 ms added"),
+        ("TTFC p99", "first", 0.99, "<= 5 ms added"),
         ("total p50", "total", 0.5, ""),
         ("total p99", "total", 0.99, ""),
     ):
@@ -491,9 +548,59 @@ async def measure(args: argparse.Namespace, gw: Gateway, key: str, ups: dict[str
                 f"{g.pct(q, what):.2f}",
                 f"{g.pct(q, what) - d.pct(q, what):+.2f}",
                 target,
-                errs if label == "TTFC p50" else "",
+                f"errors {errors_of(g)}" if label == "TTFC p50" else "",
             ]
         )
+    rows.append(
+        [
+            "(c) gateway CPU per stream (ms)",
+            "-",
+            f"{cpu * 1000 / max(1, len(g.results)):.3f}",
+            "-",
+            "",
+            f"gateway used {cpu / g.seconds:.0%} of a core",
+        ]
+    )
+    d_sps, g_sps = len(d.ok) / d.seconds, len(g.ok) / g.seconds
+    rows.append(
+        [
+            "(c) streams completed per second",
+            f"{d_sps:,.0f}",
+            f"{g_sps:,.0f}",
+            f"{g_sps / d_sps:.1%} of direct",
+            ">= 95% of direct",
+            "",
+        ]
+    )
+    return rows, len(g.results)
+
+
+async def measure(
+    args: argparse.Namespace, gw: Gateway, key: str, ups: dict[str, str], pids: dict[str, int]
+) -> tuple[list[list[str]], int]:
+    sent = 0
+
+    def pair(model: str, stream: bool = False) -> tuple[Target, Target]:
+        body = CHAT | {"model": model} | ({"stream": True} if stream else {})
+        return (
+            http_request(ups[model], "/v1/chat/completions", body | {"model": "echo"}, None),
+            http_request(gw.url, "/v1/chat/completions", body, key),
+        )
+
+    rows: list[list[str]] = []
+    direct, via = pair("fast")
+    sent += len((await closed_loop(via, 16, 1.0)).results)  # warm-up: key cache, pools, lazy imports
+    await closed_loop(direct, 16, 0.5)
+    phases = (
+        ("a", lambda: throughput(args, gw, key, ups["fast"], pids["fast"], direct, via)),
+        ("b", lambda: latency(args, gw, *pair("slow"))),
+        ("c", lambda: streams(args, gw, *pair("streamy", stream=True))),
+    )
+    for name, phase in phases:
+        if name in args.phases:
+            phase_rows, phase_sent = await phase()
+            rows += phase_rows
+            sent += phase_sent
     return rows, sent
 
 
@@ -510,6 +617,7 @@ def _profile(gw: Gateway, args: argparse.Namespace, phase: str) -> subprocess.Po
         "raw",
         "--rate",
         "200",
+        *(["--subprocesses"] if args.workers > 1 else []),
         "--output",
         args.profile,
     ]
@@ -529,15 +637,30 @@ def print_table(rows: list[list[str]], header: list[str] | None = None) -> None:
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
 
 
+def cpu_plan(workers: int, pin: bool) -> tuple[str | None, str | None]:
+    """(the gateway's CPUs, the load generator's) as taskset lists, or (None, None) unpinned."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if not pin or len(cpus) <= workers:
+        return None, None
+    return ",".join(map(str, cpus[:workers])), ",".join(map(str, cpus[workers:]))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=float, default=8.0, help="Length of each timed phase.")
     parser.add_argument("--rounds", type=int, default=10, help="Rounds of 64 concurrent streams for (c).")
+    parser.add_argument("--rates", default="500,1000", help="Offered requests/s of (b), comma-separated.")
+    parser.add_argument("--workers", type=int, default=1, help="Gateway worker processes.")
+    parser.add_argument("--no-pin", dest="pin", action="store_false", help="Do not pin processes to CPUs.")
     parser.add_argument("--wrk", action="store_true", help="Use wrk (Debian package) for (a).")
     parser.add_argument("--profile", help="py-spy raw (collapsed) profile of the gateway, written to this file.")
     parser.add_argument("--profile-phase", default="a", help="The phase --profile covers: a, b or c.")
     parser.add_argument("--phases", default="abc", help="Which of the phases (a) (b) (c) to run.")
     args = parser.parse_args()
+    args.rates = [float(r) for r in args.rates.split(",") if r]
+    gateway_cpus, load_cpus = cpu_plan(args.workers, args.pin)
+    if load_cpus is not None:
+        os.sched_setaffinity(0, {int(c) for c in load_cpus.split(",")})
     try:
         import uvloop
 
@@ -548,21 +671,24 @@ def main() -> None:
         work = Path(tmp)
         procs = {}
         try:
-            procs["fast"], fast = start_upstream()
-            procs["slow"], slow = start_upstream("--latency", "0.02")
-            procs["streamy"], streamy = start_upstream("--output-words", "20", "--chunk-delay", "0.005")
-            gw = start_gateway(gateway_config(db_url, fast, slow, streamy, work / "journal"), work)
+            procs["fast"], fast = start_upstream(cpus=load_cpus)
+            procs["slow"], slow = start_upstream("--latency", "0.02", cpus=load_cpus)
+            procs["streamy"], streamy = start_upstream("--output-words", "20", "--chunk-delay", "0.005", cpus=load_cpus)
+            config = gateway_config(db_url, fast, slow, streamy, work / "journal")
+            gw = start_gateway(config, work, args.workers, gateway_cpus)
             try:
                 key = make_tenant_key(gw.url)
-                rows, sent = asyncio.run(measure(args, gw, key, {"fast": fast, "slow": slow, "streamy": streamy}))
-                rss = rss_mib(gw.proc.pid)
+                ups = {"fast": fast, "slow": slow, "streamy": streamy}
+                pids = {name: proc.pid for name, proc in procs.items()}
+                rows, sent = asyncio.run(measure(args, gw, key, ups, pids))
+                rss = [rss_mib(pid) for pid in worker_pids(gw.proc.pid)]
             finally:
                 code = stop(gw.proc)
             rows.append(
                 [
-                    "(d) gateway RSS after the run (MiB)",
+                    "(d) RSS per gateway worker after the run (MiB)",
                     "-",
-                    f"{rss:.0f}",
+                    ", ".join(f"{r:.0f}" for r in rss),
                     "-",
                     "<= 150 MiB",
                     f"exit code {code} after SIGTERM",
@@ -582,6 +708,8 @@ def main() -> None:
         finally:
             for proc in procs.values():
                 stop(proc)
+    pinning = f"gateway on CPUs {gateway_cpus}, load and upstreams on {load_cpus}" if gateway_cpus else "unpinned"
+    print(f"{args.workers} gateway worker(s), {pinning}, {args.seconds:g} s phases")
     print_table(rows)
 
 

@@ -23,6 +23,7 @@ from gateway.controllers.responses import ResponsesController
 from gateway.controllers.tokenize import TokenizeController
 from gateway.drain import DRAIN
 from gateway.errors import exception_handlers
+from gateway.heap import settle_heap
 from gateway.pipeline import Pipeline
 from gateway.reload import Reloader
 from gateway.security_headers import add_security_headers
@@ -30,7 +31,7 @@ from gateway.services import Services, build_services
 from gateway.settings import Settings, load_settings
 from gateway.telemetry import Telemetry
 from gateway.telemetry.endpoint import metrics_route
-from gateway.telemetry.logs import install_logging
+from gateway.telemetry.logs import install_logging, lean_log_records
 from gateway.telemetry.metrics import MeteredSink
 from gateway.telemetry.middleware import TelemetryMiddleware
 
@@ -99,4 +100,7 @@ def create_app_from_env() -> Litestar:
     path = os.environ.get("SWITCHYARD_CONFIG") or "config/default.yaml"
     settings = load_settings(path)
     install_logging(json=settings.telemetry.json_logs)  # a served process owns its stderr
-    return create_app(settings, config_path=path)
+    lean_log_records()
+    app = create_app(settings, config_path=path)
+    app.on_startup.append(settle_heap)  # a served process owns its heap too
+    return app

@@ -9,6 +9,10 @@ its head is answered 408 (if no response has started) and the connection closed,
 it trickles in. A client address holding ``$SWITCHYARD_MAX_CONNECTIONS_PER_CLIENT`` connections
 (default 256; 0: no cap) gets its next one answered 429 and closed. The settings travel by
 environment so that worker processes see them too (``server.*`` in the config).
+
+Writes are coalesced per event-loop turn (``CoalescedWrites``): uvicorn writes a response's head
+and its body separately, two system calls where one does; a stream's chunks, each written in a
+turn of its own, still leave as they come.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
@@ -39,6 +44,39 @@ def _raw_error(status: int, reason: str, message: str, code: str) -> bytes:
     return head.encode() + b"\r\n" + body
 
 
+class CoalescedWrites:
+    """A connection's transport whose writes of one event-loop turn go out as one, at the turn's
+    end; closing sends what is pending first. Everything else is the transport's."""
+
+    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
+        self._transport = transport
+        self._loop = loop
+        self._pending: list[bytes] = []
+
+    def write(self, data: bytes) -> None:
+        if not self._pending:
+            self._loop.call_soon(self._flush)
+        self._pending.append(data)
+
+    def close(self) -> None:
+        self._flush()
+        self._transport.close()
+
+    def abort(self) -> None:
+        self._pending.clear()
+        self._transport.abort()
+
+    def _flush(self) -> None:
+        if self._pending:
+            data = self._pending[0] if len(self._pending) == 1 else b"".join(self._pending)
+            self._pending.clear()
+            if not self._transport.is_closing():
+                self._transport.write(data)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+
 class HeadDeadlineProtocol(HttpToolsProtocol):
     _head_timer: asyncio.TimerHandle | None = None
 
@@ -49,6 +87,7 @@ class HeadDeadlineProtocol(HttpToolsProtocol):
         self._head_timeout = float(os.environ.get(HEADER_TIMEOUT_ENV) or DEFAULT_SECONDS)
         self._body_timeout = float(os.environ.get(BODY_TIMEOUT_ENV) or DEFAULT_BODY_SECONDS)
         cap = int(os.environ.get(MAX_CONNECTIONS_ENV) or DEFAULT_MAX_CONNECTIONS)
+        transport = CoalescedWrites(transport, self.loop)  # type: ignore[assignment]  # quacks as a Transport
         super().connection_made(transport)
         peer = transport.get_extra_info("peername")
         host = str(peer[0]) if isinstance(peer, tuple) and peer else None

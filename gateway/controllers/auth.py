@@ -1,6 +1,10 @@
 """Authentication as a ``before_request`` hook, so it runs before the body is even decoded
 (an unauthenticated caller gets a 401, never a 400 about its body). A throttled client is refused
-(429) before its key is looked up; failures are counted and audited, key use audited."""
+(429) before its key is looked up; failures are counted and audited, key use audited.
+
+The API controllers take the pipeline from the app's state and the principal from the request's
+scope directly: Litestar's dependency injection and ``request.state`` build objects per request.
+"""
 
 from __future__ import annotations
 
@@ -14,23 +18,29 @@ from gateway.errors import ApiError
 from gateway.pipeline import Pipeline, bearer_token
 
 
-async def authenticate_request(request: Request[Any, Any, Any]) -> None:
+def pipeline_of(request: Request[Any, Any, Any]) -> Pipeline:
     pipeline: Pipeline = request.app.state["pipeline"]
+    return pipeline
+
+
+async def authenticate_request(request: Request[Any, Any, Any]) -> None:
+    pipeline = pipeline_of(request)
     guard = guard_of(request)
     if guard is None:
-        request.state.principal = await pipeline.authenticate(request.headers)
-        return
-    client, token = client_address(request), bearer_token(request.headers)
-    await guard.check(client, token)
-    try:
         principal = await pipeline.authenticate(request.headers)
-    except ApiError as exc:
-        if exc.status == 401 and token is not None:  # a wrong key, not a missing one
-            await guard.failed(client, token, "api")
-        raise
-    guard.succeeded(principal, client, "api")
-    request.state.principal = principal
+    else:
+        client, token = client_address(request), bearer_token(request.headers)
+        await guard.check(client, token)
+        try:
+            principal = await pipeline.authenticate(request.headers)
+        except ApiError as exc:
+            if exc.status == 401 and token is not None:  # a wrong key, not a missing one
+                await guard.failed(client, token, "api")
+            raise
+        guard.succeeded(principal, client, "api")
+    request.scope.setdefault("state", {})["principal"] = principal  # what request.state.principal reads
 
 
 def principal_of(request: Request[Any, Any, Any]) -> Principal:
-    return request.state.principal
+    principal: Principal = request.scope["state"]["principal"]
+    return principal

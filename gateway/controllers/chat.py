@@ -10,9 +10,8 @@ from litestar.openapi.datastructures import ResponseSpec
 from backends.openai_wire import ChatCompletion, ChatCompletionRequest
 from gateway.body import WireBody
 from gateway.calls import describe_chat
-from gateway.controllers.auth import authenticate_request, principal_of
+from gateway.controllers.auth import authenticate_request, pipeline_of, principal_of
 from gateway.controllers.docs import error_responses
-from gateway.pipeline import Pipeline
 
 
 class ChatController(Controller):
@@ -34,7 +33,5 @@ class ChatController(Controller):
             **error_responses(),
         },
     )
-    async def create(
-        self, request: Request[Any, Any, Any], data: ChatCompletionRequest, pipeline: Pipeline
-    ) -> Response[Any]:
-        return await pipeline.serve(describe_chat(principal_of(request), data))
+    async def create(self, request: Request[Any, Any, Any], data: ChatCompletionRequest) -> Response[Any]:
+        return await pipeline_of(request).serve(describe_chat(principal_of(request), data))

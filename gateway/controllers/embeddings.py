@@ -15,10 +15,9 @@ from backends.estimate import bound_embedding_input, estimate_embedding_input
 from gateway.body import WireBody
 from gateway.calls import CallDescription
 from gateway.contracts import Principal
-from gateway.controllers.auth import authenticate_request, principal_of
+from gateway.controllers.auth import authenticate_request, pipeline_of, principal_of
 from gateway.controllers.docs import error_responses
 from gateway.errors import ApiError
-from gateway.pipeline import Pipeline
 
 
 def describe_embeddings(principal: Principal, body: EmbeddingRequest) -> CallDescription:
@@ -56,7 +55,5 @@ class EmbeddingsController(Controller):
         responses={200: ResponseSpec(EmbeddingList, description="The embeddings", generate_examples=False),
                    **error_responses()},
     )
-    async def create(
-        self, request: Request[Any, Any, Any], data: EmbeddingRequest, pipeline: Pipeline
-    ) -> Response[Any]:
-        return await pipeline.serve(describe_embeddings(principal_of(request), data))
+    async def create(self, request: Request[Any, Any, Any], data: EmbeddingRequest) -> Response[Any]:
+        return await pipeline_of(request).serve(describe_embeddings(principal_of(request), data))

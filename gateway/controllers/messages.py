@@ -12,7 +12,7 @@ from backends.base import BackendError, TokenCounting, Tokenizing
 from backends.estimate import estimate_chat_prompt
 from gateway.body import WireBody
 from gateway.calls import describe_chat
-from gateway.controllers.auth import authenticate_request, principal_of
+from gateway.controllers.auth import authenticate_request, pipeline_of, principal_of
 from gateway.controllers.docs import error_responses
 from gateway.dialects.anthropic import ANTHROPIC, CountTokensRequest, MessagesRequest, error_handlers, to_chat_request
 from gateway.errors import from_backend_error
@@ -36,9 +36,9 @@ class MessagesController(Controller):
         responses={200: ResponseSpec(None, description="An Anthropic `message` object (or its event stream)"),
                    **error_responses()},
     )
-    async def create(self, request: Request[Any, Any, Any], data: MessagesRequest, pipeline: Pipeline) -> Response[Any]:
+    async def create(self, request: Request[Any, Any, Any], data: MessagesRequest) -> Response[Any]:
         call = describe_chat(principal_of(request), to_chat_request(data), endpoint="messages", dialect=ANTHROPIC)
-        return await pipeline.serve(call)
+        return await pipeline_of(request).serve(call)
 
     @post(
         "/count_tokens",

@@ -20,7 +20,7 @@ from backends.estimate import BOUND_PER_CONVERSATION, bound_text, estimate_text
 from gateway.body import WireBody
 from gateway.calls import CallDescription, describe_chat
 from gateway.contracts import Principal
-from gateway.controllers.auth import authenticate_request, principal_of
+from gateway.controllers.auth import authenticate_request, pipeline_of, principal_of
 from gateway.controllers.docs import error_responses
 from gateway.dialects import Dialect
 from gateway.dialects.responses import (
@@ -31,7 +31,6 @@ from gateway.dialects.responses import (
     to_chat_request,
 )
 from gateway.errors import ApiError
-from gateway.pipeline import Pipeline
 from gateway.services import Services
 from gateway.stored_responses import Kept, ResponseStore
 
@@ -120,9 +119,9 @@ class ResponsesController(Controller):
         responses={200: ResponseSpec(None, description="A `response` object (or its event stream)"),
                    **error_responses()},
     )
-    async def create(self, request: Request[Any, Any, Any], data: ResponsesRequest, pipeline: Pipeline,
+    async def create(self, request: Request[Any, Any, Any], data: ResponsesRequest,
                      services: Services) -> Response[Any]:
-        principal = principal_of(request)
+        principal, pipeline = principal_of(request), pipeline_of(request)
         group = pipeline.group_for(principal, data.model)
         native = any(_serves_responses(d.backend) for d in group.deployments)
         previous = data.previous_response_id if isinstance(data.previous_response_id, str) else None

@@ -43,24 +43,35 @@ class GatewayMetrics:
                                         ["model"], registry=r)
         self.upstream_errors = Counter("switchyard_upstream_errors", "Failed upstream attempts, by deployment and kind",
                                        ["deployment", "kind"], registry=r)
+        # Labelled children by (metric, label values): ``labels()`` validates and locks on every
+        # call; label values are bounded, and so is this. A child is made when first used, so a
+        # series appears in /metrics only once it has something to count.
+        self._bound: dict[tuple[Any, tuple[str, ...]], Any] = {}
+
+    def _child(self, metric: Any, *values: str) -> Any:
+        key = (metric, values)
+        child = self._bound.get(key)
+        if child is None:
+            child = self._bound[key] = metric.labels(*values)
+        return child
 
     def observe(self, r: UsageRecord) -> None:
-        endpoint = r.endpoint
-        self.requests.labels(r.model, endpoint, str(r.status)).inc()
+        model, endpoint = r.model, r.endpoint
+        self._child(self.requests, model, endpoint, str(r.status)).inc()
         if r.status == 429 and r.deployment is None:  # the gateway's own refusal, not an upstream's 429
-            self.quota_rejections.labels(r.model).inc()
+            self._child(self.quota_rejections, model).inc()
         if r.deployment is None:  # never reached a provider: no latency or tokens to speak of
             return
-        self.latency.labels(r.model, endpoint).observe(r.latency_ms / 1000)
+        self._child(self.latency, model, endpoint).observe(r.latency_ms / 1000)
         if r.ttft_ms is not None:
-            self.ttft.labels(r.model, endpoint).observe(r.ttft_ms / 1000)
+            self._child(self.ttft, model, endpoint).observe(r.ttft_ms / 1000)
         if r.prompt_tokens:
-            self.tokens.labels(r.model, "prompt").inc(r.prompt_tokens)
+            self._child(self.tokens, model, "prompt").inc(r.prompt_tokens)
         if r.completion_tokens:
-            self.tokens.labels(r.model, "completion").inc(r.completion_tokens)
+            self._child(self.tokens, model, "completion").inc(r.completion_tokens)
 
     def upstream_error(self, deployment: str, kind: str) -> None:
-        self.upstream_errors.labels(deployment, kind).inc()
+        self._child(self.upstream_errors, deployment, kind).inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

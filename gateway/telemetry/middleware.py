@@ -8,14 +8,13 @@ end with its token counts.
 
 from __future__ import annotations
 
-import secrets
 import time
 from typing import Any
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 
-from gateway.telemetry.context import RequestInfo, current
+from gateway.telemetry.context import RequestInfo, current, new_request_id
 from gateway.telemetry.logs import log_access
 from gateway.telemetry.tracing import Tracing, mark_error
 
@@ -33,7 +32,7 @@ class TelemetryMiddleware:
         if scope["type"] != "http" or not path.startswith(TRACED_PREFIXES):
             await self.app(scope, receive, send)
             return
-        info = RequestInfo(secrets.token_hex(16), scope.get("method", "GET"), path)
+        info = RequestInfo(new_request_id(), scope.get("method", "GET"), path)
         started = time.perf_counter()
         span = self.tracing.start_request(info.method, path)
         info.span = span

@@ -12,7 +12,15 @@ import pytest
 from backends.base import AuthFailed, BadRequest, ContextTooLong, RateLimited, Timeout, Unavailable, UpstreamError
 from backends.http_upstream import status_error
 from backends.openai_http import OpenAIHTTPBackend
-from backends.openai_wire import ChatCompletionRequest, ChatMessage, CompletionRequest, StreamOptions
+from backends.openai_wire import (
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    ChatMessage,
+    CompletionRequest,
+    StreamOptions,
+    encode_answer,
+    set_relayed,
+)
 from gateway.settings import DeploymentConfig, Timeouts
 from tests.support.fake_upstream import FakeUpstream, Fault
 
@@ -196,3 +204,13 @@ async def test_fake_upstream_chunk_count_is_configurable(backend: OpenAIHTTPBack
     chunks = [c async for c in stream]
     contents = [c.choices[0].delta.content for c in chunks if c.choices and c.choices[0].delta.content]
     assert len(contents) == 7 and stream.meter.completion_tokens == 7
+
+
+def test_an_unchanged_answer_is_relayed_byte_for_byte() -> None:
+    source = b'{"id": "c1",  "object": "chat.completion.chunk", "model": "m", "choices": [], "x_vendor": {"k": 1}}'
+    chunk = msgspec.json.decode(source, type=ChatCompletionChunk)
+    set_relayed(chunk, msgspec.json.decode(source, type=dict[str, msgspec.Raw]), source)
+    assert encode_answer(chunk) == source  # the upstream's own bytes, spacing and unknown fields included
+    chunk.model = "public-name"
+    renamed = msgspec.json.decode(encode_answer(chunk))
+    assert renamed["model"] == "public-name" and renamed["x_vendor"] == {"k": 1}

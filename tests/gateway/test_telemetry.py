@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -158,6 +159,10 @@ def test_failed_attempt_span_and_streamed_request(env: Env, upstream: FakeUpstre
         env.client().chat.completions.create(model="echo", messages=MESSAGES)
     list(env.client().chat.completions.create(model="echo", messages=MESSAGES, stream=True,
                                               stream_options={"include_usage": True}))
+    # The streamed request's spans end at its settlement, just after the last byte reached the client.
+    deadline = time.monotonic() + 10
+    while len([s for s in env.spans.get_finished_spans() if s.name == "chat echo"]) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
     finished = env.spans.get_finished_spans()
     attempts = [s for s in finished if s.name == "upstream echo-dep"]
     assert len(attempts) == 2 and attempts[0].attributes["error.type"]

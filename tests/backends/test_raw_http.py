@@ -1,0 +1,164 @@
+"""backends.raw_http against a real loopback server that answers each request with prepared bytes."""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+from collections.abc import AsyncIterator
+
+import pytest
+
+from backends.raw_http import ProtocolError, RawHTTP
+
+
+class Server:
+    """Reads each request (head + content-length body) and writes the next prepared answer."""
+
+    def __init__(self) -> None:
+        self.answers: list[bytes] = []
+        self.requests: list[bytes] = []
+        self.connections = 0
+        self.disconnected = asyncio.Event()
+        self.close_after_answer = False
+        self.hang = False
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                              if line.lower().startswith(b"content-length:"))
+                self.requests.append(head + await reader.readexactly(length))
+                if self.hang:
+                    await reader.read()  # until the client goes
+                    break
+                writer.write(self.answers.pop(0))
+                await writer.drain()
+                if self.close_after_answer:
+                    break
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            self.disconnected.set()
+            writer.close()
+
+
+@pytest.fixture
+async def server() -> AsyncIterator[tuple[Server, str]]:
+    s = Server()
+    srv = await asyncio.start_server(s.handle, "127.0.0.1", 0)
+    port = srv.sockets[0].getsockname()[1]
+    yield s, f"http://127.0.0.1:{port}/v1"
+    srv.close()
+
+
+def answer(body: bytes, *headers: str) -> bytes:
+    extra = "".join(f"{h}\r\n" for h in headers)
+    return f"HTTP/1.1 200 OK\r\ncontent-length: {len(body)}\r\n{extra}\r\n".encode() + body
+
+
+async def test_keep_alive_headers_and_path(server: tuple[Server, str]) -> None:
+    s, base = server
+    s.answers = [answer(b'{"a":1}'), answer(b'{"a":2}', "x-thing: yes")]
+    client = RawHTTP(base, {"authorization": "Bearer sk-up"}, connect_timeout=2)
+    first = await client.post("/chat/completions", b'{"q":1}')
+    second = await client.post("/chat/completions", b'{"q":2}', {"x-tenant": "t1"})
+    client.close()
+    assert (first.status, first.body, second.body, second.headers["x-thing"]) == (200, b'{"a":1}', b'{"a":2}', "yes")
+    assert s.connections == 1  # kept alive
+    head = s.requests[1].decode()
+    assert head.startswith("POST /v1/chat/completions HTTP/1.1\r\n")
+    for line in ("authorization: Bearer sk-up", "x-tenant: t1", "content-type: application/json", "host: 127.0.0.1:"):
+        assert line in head
+    assert head.endswith('{"q":2}')
+
+
+async def test_chunked_gzip_and_errors_statuses(server: tuple[Server, str]) -> None:
+    s, base = server
+    packed = gzip.compress(b'{"zipped":true}')
+    s.answers = [
+        b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n3\r\n{\"a\r\n4\r\n\":1}\r\n0\r\n\r\n",
+        answer(packed, "content-encoding: gzip"),
+        b"HTTP/1.1 429 Too Many Requests\r\nretry-after: 3\r\ncontent-length: 2\r\n\r\n{}",
+    ]
+    client = RawHTTP(base, {}, connect_timeout=2)
+    assert (await client.post("/x", b"{}")).body == b'{"a":1}'
+    assert (await client.post("/x", b"{}")).body == b'{"zipped":true}'
+    refused = await client.post("/x", b"{}")
+    assert (refused.status, refused.headers["retry-after"]) == (429, "3")
+    client.close()
+
+
+async def test_connection_closed_by_the_upstream(server: tuple[Server, str]) -> None:
+    s, base = server
+    s.close_after_answer = True
+    s.answers = [b"HTTP/1.1 200 OK\r\nconnection: close\r\n\r\nuntil-eof", answer(b"again")]
+    client = RawHTTP(base, {}, connect_timeout=2)
+    assert (await client.post("/x", b"{}")).body == b"until-eof"  # delimited by the end of the connection
+    assert (await client.post("/x", b"{}")).body == b"again"  # on a new connection
+    assert s.connections == 2
+    client.close()
+
+
+async def test_cancelled_request_closes_its_connection(server: tuple[Server, str]) -> None:
+    s, base = server
+    s.hang = True
+    client = RawHTTP(base, {}, connect_timeout=2)
+    with pytest.raises(TimeoutError):
+        async with asyncio.timeout(0.3):
+            await client.post("/x", b"{}")
+    await asyncio.wait_for(s.disconnected.wait(), 5)  # the upstream sees the caller go
+
+
+async def test_unreachable_and_bad_input() -> None:
+    client = RawHTTP("http://127.0.0.1:9/v1", {}, connect_timeout=2)
+    with pytest.raises(OSError):
+        await client.post("/x", b"{}")
+    with pytest.raises(ValueError):
+        RawHTTP("http://127.0.0.1:9/v1", {"x-evil": "a\r\nb: c"}, connect_timeout=2)
+    with pytest.raises(ValueError):
+        RawHTTP("ftp://example.com", {}, connect_timeout=2)
+    assert issubclass(ProtocolError, OSError)
+
+
+async def test_a_stream_is_read_by_line_and_its_connection_reused(server: tuple[Server, str]) -> None:
+    s, base = server
+    head = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+    chunks = [b"data: one\n\nda", b"ta: two\n\n"]  # the second event arrives split across chunks
+    body = b"".join(b"%x\r\n%s\r\n" % (len(c), c) for c in chunks) + b"0\r\n\r\n"
+    s.answers = [head + body, answer(b"after")]
+    client = RawHTTP(base, {}, connect_timeout=2)
+    stream = await client.open_stream("/chat/completions", b"{}")
+    assert (stream.status, stream.headers["content-type"]) == (200, "text/event-stream")
+    lines = []
+    while line := await stream.readline():
+        lines.append(line)
+    assert lines == [b"data: one\n", b"\n", b"data: two\n", b"\n"] and stream.at_eof()
+    stream.close()
+    assert (await client.post("/x", b"{}")).body == b"after"
+    assert s.connections == 1  # the finished stream's connection carried the next request
+    client.close()
+
+
+async def test_an_unfinished_stream_is_cut_and_a_deadline_fails_its_read(server: tuple[Server, str]) -> None:
+    s, base = server
+    s.answers = [b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\ndata:\r\n"]  # and then nothing
+    client = RawHTTP(base, {}, connect_timeout=2)
+    stream = await client.open_stream("/x", b"{}")
+    assert await stream.readany() == b"data:"
+    stream.set_exception(TimeoutError())
+    with pytest.raises(TimeoutError):
+        await stream.readline()
+    stream.close()
+    await asyncio.wait_for(s.disconnected.wait(), 5)  # the upstream sees the caller go
+
+
+async def test_a_host_name_is_resolved_once_and_each_address_tried(server: tuple[Server, str]) -> None:
+    s, base = server
+    s.close_after_answer = True  # each request on a new connection
+    s.answers = [answer(b"1", "connection: close"), answer(b"2", "connection: close")]
+    client = RawHTTP(base.replace("127.0.0.1", "localhost"), {}, connect_timeout=2)  # ::1 may come first
+    assert [(await client.post("/x", b"{}")).body for _ in range(2)] == [b"1", b"2"]
+    assert s.connections == 2 and "host: localhost:" in s.requests[0].decode()
+    client.close()
