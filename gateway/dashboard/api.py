@@ -126,7 +126,7 @@ class DashboardApi(Controller):
         self, session: SessionData, svc: TenancyService, db: Database, tenant_id: str | None = None,
         start: str | None = None, end: str | None = None, range: str | None = None,
         tz: str | None = None, q: str = "", model: str | None = None, key_id: str | None = None,
-        status: str | None = None, limit: int = 50, before: int | None = None,
+        status: str | None = None, limit: int = 50, before: str | None = None,
     ) -> dict[str, Any]:
         """A page of the tenant's request log, newest first."""
         tenant = await tenant_for(session, tenant_id, svc)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Select, or_, select
+from sqlalchemy import Select, and_, or_, select
 
 from gateway.db.engine import Database
 from gateway.db.models import UsageRow
@@ -81,19 +81,30 @@ def as_dict(row: UsageRow) -> dict[str, Any]:
     return out
 
 
-async def search(db: Database, f: RecordFilter, limit: int = 50, before: int | None = None
-                 ) -> tuple[list[dict[str, Any]], int | None]:
-    """The newest matching records (``before``: a cursor from the previous page) and the next cursor."""
+async def search(db: Database, f: RecordFilter, limit: int = 50, before: str | None = None
+                 ) -> tuple[list[dict[str, Any]], str | None]:
+    """The newest matching records first, and a cursor for the next (older) page, or None."""
     if not 1 <= limit <= MAX_PAGE:
         raise ParameterError(f"limit must lie in [1, {MAX_PAGE}]", param="limit")
     q = f.where(select(UsageRow))
-    if before is not None:
-        q = q.where(UsageRow.id < before)
+    if before:
+        at, row_id = _cursor(before)
+        q = q.where(or_(UsageRow.started_at < at, and_(UsageRow.started_at == at, UsageRow.id < row_id)))
     async with db.session() as s:
-        rows = (await s.execute(q.order_by(UsageRow.id.desc()).limit(limit + 1))).scalars().all()
+        rows = (await s.execute(q.order_by(UsageRow.started_at.desc(), UsageRow.id.desc()).limit(limit + 1))
+                ).scalars().all()
     more = len(rows) > limit
     rows = rows[:limit]
-    return [as_dict(r) for r in rows], (rows[-1].id if more and rows else None)
+    cursor = f"{rows[-1].started_at.isoformat()}~{rows[-1].id}" if more and rows else None
+    return [as_dict(r) for r in rows], cursor
+
+
+def _cursor(text: str) -> tuple[datetime, int]:
+    try:
+        at, _, row_id = text.rpartition("~")
+        return datetime.fromisoformat(at), int(row_id)
+    except ValueError:
+        raise ParameterError("before must be a cursor from a previous page (next_before)", param="before") from None
 
 
 async def one(db: Database, tenant_id: str | None, request_id: str) -> dict[str, Any] | None:

@@ -141,6 +141,7 @@ def test_bad_parameters_are_400s_naming_the_parameter(a_client: httpx.Client) ->
         ("summary", {"start": "2026-02-01", "end": "2026-01-01"}, "start"),
         ("requests", {"status": "weird"}, "status"),
         ("requests", {"limit": "0"}, "limit"),
+        ("requests", {"before": "not-a-cursor"}, "before"),
         ("export.csv", {"table": "everything"}, "table"),
     ):
         got = a_client.get(f"/dashboard/api/{endpoint}", params=params)

@@ -174,6 +174,9 @@ async def test_request_log_searches_opens_and_exports(browser, dash: DashEnv, tm
     await page.click("#more")
     await expect(page.locator("#requests tbody tr")).to_have_count(dash.a.requests)
     await expect(page.locator("#more")).to_be_hidden()
+    times = await page.locator("#requests tbody tr td:first-child").evaluate_all(
+        "cells => cells.map(c => Date.parse(c.dataset.value))")
+    assert times == sorted(times, reverse=True)  # newest first, across pages
     await page.select_option("#status", "error")
     await page.click("#search")
     await expect(page.locator("#requests tbody tr")).to_have_count(dash.a.errors)
