@@ -23,7 +23,7 @@ async def overview(db: Database, rng: Range) -> dict[str, Any]:
         tenants = (await s.execute(select(Tenant.id, Tenant.name, Tenant.status).order_by(Tenant.name))).all()
         limits = (await s.execute(select(Limit).where(Limit.scope == "tenant"))).scalars().all()
     names = {t.id: t.name for t in tenants}
-    series, by_tenant = fold(await cells(db, rng), rng, "tenant_id")
+    series, by_tenant = fold(await cells(db, rng, "tenant_id"), rng)
     rows = []
     for t in tenants:
         points = by_tenant.get(t.id, [])

@@ -8,6 +8,7 @@ the tenant id it reports on; deciding *which* tenant a caller may see is ``gatew
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
@@ -27,7 +28,6 @@ __all__ = ["RATE_LIMITED", "Range", "cells", "fold", "live", "percentiles", "sum
 # error types of requests answered 429: the gateway's own quota refusals and upstreams' rate limits
 RATE_LIMITED = frozenset({"rate_limit_exceeded", "rate_limited", "upstream_rate_limited"})
 FIELDS = ("requests", "errors", "rate_limited", "prompt_tokens", "completion_tokens", "total_tokens", "cost")
-_SUMS = ("requests", "errors", "prompt_tokens", "completion_tokens", "cost")
 QS = (0.5, 0.9, 0.99)
 
 
@@ -38,7 +38,7 @@ def _zero() -> dict[str, Any]:
 def _add(acc: dict[str, Any], cell: Any) -> None:
     acc["requests"] += int(cell.requests or 0)
     acc["errors"] += int(cell.errors or 0)
-    acc["rate_limited"] += int(cell.requests or 0) if cell.error_type in RATE_LIMITED else 0
+    acc["rate_limited"] += int(cell.rate_limited or 0)
     acc["prompt_tokens"] += int(cell.prompt_tokens or 0)
     acc["completion_tokens"] += int(cell.completion_tokens or 0)
     acc["total_tokens"] = acc["prompt_tokens"] + acc["completion_tokens"]
@@ -55,28 +55,33 @@ def _minute(db: Database) -> ColumnElement[Any]:
     return func.strftime("%Y-%m-%d %H:%M:00", UsageRow.started_at)
 
 
-async def cells(db: Database, rng: Range, tenant_id: str | None = None) -> Sequence[Any]:
-    """Rows of (at, tenant_id, model, key_id, error_type, requests, errors, tokens, cost) in the range:
-    the hourly rollup's cells, or for minute buckets the records grouped by minute."""
-    async with db.session() as s:
-        if rng.bucket != "minute":
-            q = select(UsageHourly.hour.label("at"), UsageHourly.tenant_id, UsageHourly.model, UsageHourly.key_id,
-                       UsageHourly.error_type, *(getattr(UsageHourly, f) for f in _SUMS))
-            q = q.where(UsageHourly.hour >= hour_of(rng.start), UsageHourly.hour < rng.end)
-            if tenant_id is not None:
-                q = q.where(UsageHourly.tenant_id == tenant_id)
-            return (await s.execute(q)).all()
-        t = _minute(db).label("at")
-        groups = [t, UsageRow.tenant_id, UsageRow.model, UsageRow.key_id, UsageRow.error_type]
-        q = select(*groups, func.count().label("requests"),
-                   func.sum(case((UsageRow.status >= 400, 1), else_=0)).label("errors"),
-                   func.sum(UsageRow.prompt_tokens).label("prompt_tokens"),
-                   func.sum(UsageRow.completion_tokens).label("completion_tokens"),
-                   func.sum(UsageRow.cost).label("cost"))
-        q = q.where(UsageRow.started_at >= rng.start, UsageRow.started_at < rng.end)
+async def cells(db: Database, rng: Range, by: str, tenant_id: str | None = None) -> Sequence[Any]:
+    """Rows of (at, name, requests, errors, rate_limited, prompt_tokens, completion_tokens, cost): the
+    range's usage summed per hour (the rollup) or minute (the records) and per value of column ``by``
+    (model, key_id, error_type or tenant_id)."""
+    if rng.bucket != "minute":
+        h = UsageHourly
+        at, name = h.hour.label("at"), getattr(h, by).label("name")
+        q = select(at, name, func.sum(h.requests).label("requests"), func.sum(h.errors).label("errors"),
+                   func.sum(case((h.error_type.in_(RATE_LIMITED), h.requests), else_=0)).label("rate_limited"),
+                   func.sum(h.prompt_tokens).label("prompt_tokens"),
+                   func.sum(h.completion_tokens).label("completion_tokens"), func.sum(h.cost).label("cost"))
+        q = q.where(h.hour >= hour_of(rng.start), h.hour < rng.end)
         if tenant_id is not None:
-            q = q.where(UsageRow.tenant_id == tenant_id)
-        return (await s.execute(q.group_by(*groups))).all()
+            q = q.where(h.tenant_id == tenant_id)
+    else:
+        r = UsageRow
+        at, name = _minute(db).label("at"), getattr(r, by).label("name")
+        q = select(at, name, func.count().label("requests"),
+                   func.sum(case((r.status >= 400, 1), else_=0)).label("errors"),
+                   func.sum(case((r.error_type.in_(RATE_LIMITED), 1), else_=0)).label("rate_limited"),
+                   func.sum(r.prompt_tokens).label("prompt_tokens"),
+                   func.sum(r.completion_tokens).label("completion_tokens"), func.sum(r.cost).label("cost"))
+        q = q.where(r.started_at >= rng.start, r.started_at < rng.end)
+        if tenant_id is not None:
+            q = q.where(r.tenant_id == tenant_id)
+    async with db.session() as s:
+        return (await s.execute(q.group_by(at, name))).all()
 
 
 def _when(value: Any) -> datetime:
@@ -85,18 +90,21 @@ def _when(value: Any) -> datetime:
     return value if value.tzinfo else value.replace(tzinfo=UTC)
 
 
-def fold(rows: Iterable[Any], rng: Range, by: str) -> tuple[list[dict[str, Any]], dict[str, list[dict[str, Any]]]]:
-    """Zero-filled series of all rows and, per value of column ``by``, its own zero-filled series."""
+def fold(rows: Iterable[Any], rng: Range) -> tuple[list[dict[str, Any]], dict[str, list[dict[str, Any]]]]:
+    """The zero-filled series of all rows and, per ``name``, its own zero-filled series."""
     starts = rng.buckets()
     index = {t: i for i, t in enumerate(starts)}
+    slot: dict[Any, int | None] = {}  # a row's time -> its bucket (many rows share an hour)
     total = [_zero() for _ in starts]
     split: dict[str, list[dict[str, Any]]] = {}
     for row in rows:
-        i = index.get(rng.floor(_when(row.at)))
+        if row.at not in slot:
+            slot[row.at] = index.get(rng.floor(_when(row.at)))
+        i = slot[row.at]
         if i is None:
             continue
         _add(total[i], row)
-        name = getattr(row, by) or ""
+        name = row.name or ""
         if name not in split:
             split[name] = [_zero() for _ in starts]
         _add(split[name][i], row)
@@ -118,13 +126,12 @@ def _sum(points: Iterable[dict[str, Any]]) -> dict[str, Any]:
 async def summary(db: Database, tenant_id: str, rng: Range) -> dict[str, Any]:
     """Totals; zero-filled series (all, by model, by key); breakdowns by model / key / error type;
     latency and TTFT percentiles (overall and per model)."""
-    rows = await cells(db, rng, tenant_id)
-    series, by_model = fold(rows, rng, "model")
-    _, by_key = fold(rows, rng, "key_id")
-    _, by_error = fold(rows, rng, "error_type")
-    hist = await _histograms(db, tenant_id, rng)
-    async with db.session() as s:
-        names = dict((await s.execute(select(ApiKey.id, ApiKey.name).where(ApiKey.tenant_id == tenant_id))).all())
+    models, keys, errors, hist, names = await asyncio.gather(  # independent reads, on separate connections
+        cells(db, rng, "model", tenant_id), cells(db, rng, "key_id", tenant_id),
+        cells(db, rng, "error_type", tenant_id), _histograms(db, tenant_id, rng), _key_names(db, tenant_id))
+    series, by_model = fold(models, rng)
+    _, by_key = fold(keys, rng)
+    _, by_error = fold(errors, rng)
     totals = _sum(series)
     model_rows = []
     for model, points in by_model.items():
@@ -149,6 +156,11 @@ async def summary(db: Database, tenant_id: str, rng: Range) -> dict[str, Any]:
         "latency_ms": percentiles(_merged(hist, "latency")),
         "ttft_ms": percentiles(_merged(hist, "ttft")),
     }
+
+
+async def _key_names(db: Database, tenant_id: str) -> dict[str, str]:
+    async with db.session() as s:
+        return dict((await s.execute(select(ApiKey.id, ApiKey.name).where(ApiKey.tenant_id == tenant_id))).all())
 
 
 def _compact(points: list[dict[str, Any]]) -> dict[str, list[Any]]:
@@ -182,7 +194,7 @@ def _merged(hist: dict[tuple[str, str], dict[int, int]], kind: str) -> dict[int,
 
 def percentiles(counts: dict[int, int], qs: tuple[float, ...] = QS) -> dict[str, float | None]:
     """Nearest-rank percentiles from bucket counts: the value of the bucket holding the rank (within
-    2 % of the exact value, see ``gateway.usage.rollup``); None without data."""
+    4 % of the exact value, see ``gateway.usage.rollup``); None without data."""
     total = sum(counts.values())
     out: dict[str, float | None] = {}
     for q in qs:

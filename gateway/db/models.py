@@ -177,6 +177,7 @@ class LatencyHourly(Base):
     (``gateway.usage.rollup.bucket_of``), so percentiles come from the rollup too."""
 
     __tablename__ = "latency_hourly"
+    __table_args__ = (Index("ix_latency_hourly_tenant_hour", "tenant_id", "hour"),)
 
     tenant_id: Mapped[str] = mapped_column(String(40), primary_key=True)
     model: Mapped[str] = mapped_column(String(200), primary_key=True)

@@ -1,7 +1,8 @@
-"""latency_hourly re-bucketed on the fine geometric histogram (percentiles within 2 %)
+"""latency_hourly re-bucketed on the fine geometric histogram (percentiles within 4 %)
 
 The bucket numbers of ``latency_hourly`` change meaning (``gateway.usage.rollup.bucket_of``), so the
-table is emptied and rebuilt from the usage records. Downgrade rebuilds the old coarse buckets.
+table is emptied and rebuilt from the usage records, and gains an index on (tenant_id, hour).
+Downgrade rebuilds the old coarse buckets.
 
 Revision ID: 0004_dash
 Revises: 0002
@@ -60,8 +61,11 @@ def _rebuild(bucket_of: Callable[[float], int]) -> None:
 def upgrade() -> None:
     from gateway.usage.rollup import bucket_of
 
+    # a range's percentiles read its hours for every model: an index range, not the tenant's history
+    op.create_index("ix_latency_hourly_tenant_hour", "latency_hourly", ["tenant_id", "hour"])
     _rebuild(bucket_of)
 
 
 def downgrade() -> None:
     _rebuild(lambda ms: bisect.bisect_left(_OLD_BOUNDS_MS, ms))
+    op.drop_index("ix_latency_hourly_tenant_hour", table_name="latency_hourly")

@@ -59,7 +59,7 @@ async def test_writer_keeps_rollups_matching_the_records(db: Database, tmp_path:
     assert {m["model"]: m["requests"] for m in got["by_model"]} == {"m1": 30, "m2": 30}
     assert {k["key_id"] for k in got["by_key"]} == {f"{a}-k0", f"{a}-k1"}
     assert got["errors"] == [{"error_type": "upstream_error", "requests": 6, "rate": 0.1}]
-    assert got["ttft_ms"]["p50"] == pytest.approx(40.0, rel=0.02) and got["latency_ms"]["p99"] is not None
+    assert got["ttft_ms"]["p50"] == pytest.approx(40.0, rel=0.04) and got["latency_ms"]["p99"] is not None
     daily = await summary(db, a, Range(rng.start, rng.end, "day"))
     assert sum(p["requests"] for p in daily["series"]) == 60 and len(daily["series"]) <= 2
     other = await summary(db, b, rng)
@@ -96,7 +96,7 @@ async def test_migration_backfills_existing_records(backend: str, tmp_path: Path
         got = await summary(database, "old", rng)
         assert got["totals"]["requests"] == 60 and got["totals"]["errors"] == 6
         assert got["totals"]["prompt_tokens"] == sum(r.prompt_tokens for r in records)
-        assert got["ttft_ms"]["p50"] == pytest.approx(40.0, rel=0.02)
+        assert got["ttft_ms"]["p50"] == pytest.approx(40.0, rel=0.04)
         await database.dispose()
     finally:
         if pg:
