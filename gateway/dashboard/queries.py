@@ -11,17 +11,17 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Iterable, Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import case, func, select
+from sqlalchemy import and_, case, func, or_, select
 from sqlalchemy.sql.elements import ColumnElement
 
 from gateway.dashboard.ranges import Range
 from gateway.db.engine import Database
-from gateway.db.models import ApiKey, LatencyHourly, UsageHourly, UsageRow
+from gateway.db.models import ApiKey, LatencyDaily, LatencyHourly, UsageHourly, UsageRow
 from gateway.quotas.limits import Limits, Period, period_start
-from gateway.usage.rollup import bucket_value, hour_of
+from gateway.usage.rollup import bucket_value, day_of, hour_of
 
 __all__ = ["RATE_LIMITED", "Range", "cells", "fold", "live", "percentiles", "summary"]
 
@@ -169,17 +169,26 @@ def _compact(points: list[dict[str, Any]]) -> dict[str, list[Any]]:
 
 
 async def _histograms(db: Database, tenant_id: str, rng: Range) -> dict[tuple[str, str], dict[int, int]]:
-    """(kind, model) -> bucket counts over the hours the range covers."""
-    async with db.session() as s:
-        rows = (await s.execute(
-            select(LatencyHourly.kind, LatencyHourly.model, LatencyHourly.bucket,
-                   func.sum(LatencyHourly.count).label("n"))
-            .where(LatencyHourly.tenant_id == tenant_id, LatencyHourly.hour >= hour_of(rng.start),
-                   LatencyHourly.hour < rng.end)
-            .group_by(LatencyHourly.kind, LatencyHourly.model, LatencyHourly.bucket))).all()  # fmt: skip
+    """(kind, model) -> bucket counts over the hours the range covers: whole UTC days from the daily
+    table, the hours before the first and after the last whole day from the hourly one."""
+    lo, hi = hour_of(rng.start), rng.end
+    first = day_of(lo) + (timedelta(days=1) if lo != day_of(lo) else timedelta())
+    last = day_of(hi)
+    h, d = LatencyHourly, LatencyDaily
+    parts: list[tuple[Any, list[Any]]] = [(h, [h.hour >= lo, h.hour < hi])]
+    if last > first:
+        parts = [(d, [d.day >= first, d.day < last]),
+                 (h, [or_(and_(h.hour >= lo, h.hour < first), and_(h.hour >= last, h.hour < hi))])]
     out: dict[tuple[str, str], dict[int, int]] = {}
-    for r in rows:
-        out.setdefault((r.kind, r.model), {})[r.bucket] = int(r.n)
+    async with db.session() as s:
+        for table, where in parts:
+            rows = (await s.execute(
+                select(table.kind, table.model, table.bucket, func.sum(table.count).label("n"))
+                .where(table.tenant_id == tenant_id, *where)
+                .group_by(table.kind, table.model, table.bucket))).all()  # fmt: skip
+            for r in rows:
+                counts = out.setdefault((r.kind, r.model), {})
+                counts[r.bucket] = counts.get(r.bucket, 0) + int(r.n)
     return out
 
 

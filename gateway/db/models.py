@@ -185,3 +185,16 @@ class LatencyHourly(Base):
     kind: Mapped[str] = mapped_column(String(8), primary_key=True)  # latency | ttft
     bucket: Mapped[int] = mapped_column(Integer, primary_key=True)  # see gateway.usage.rollup.bucket_of
     count: Mapped[int] = mapped_column(BigInteger, default=0)
+
+
+class LatencyDaily(Base):
+    """``LatencyHourly`` summed per UTC day, so a month's percentiles read 30 days, not 720 hours."""
+
+    __tablename__ = "latency_daily"
+
+    tenant_id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    day: Mapped[datetime] = mapped_column(UTCDateTime, primary_key=True)  # UTC midnight
+    model: Mapped[str] = mapped_column(String(200), primary_key=True)
+    kind: Mapped[str] = mapped_column(String(8), primary_key=True)
+    bucket: Mapped[int] = mapped_column(Integer, primary_key=True)
+    count: Mapped[int] = mapped_column(BigInteger, default=0)

@@ -1,4 +1,4 @@
-"""Hourly rollups of usage rows (tables ``usage_hourly`` and ``latency_hourly``).
+"""Hourly rollups of usage rows (tables ``usage_hourly``, ``latency_hourly`` and ``latency_daily``).
 
 ``aggregate`` folds usage rows (the dicts ``writer.to_row`` makes) into per-hour sums and latency
 bucket counts; ``apply`` adds them to the tables with one upsert per table
@@ -16,7 +16,7 @@ from typing import Any
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from gateway.db.models import LatencyHourly, UsageHourly
+from gateway.db.models import LatencyDaily, LatencyHourly, UsageHourly
 
 # Latency / TTFT buckets grow geometrically: bucket 0 holds everything up to MIN_MS, bucket i > 0
 # holds (MIN_MS * GROWTH**(i-1), MIN_MS * GROWTH**i]. A bucket's geometric midpoint is within
@@ -33,6 +33,19 @@ LatencyKey = tuple[str, str, datetime, str, int]  # tenant, model, hour, kind, b
 
 def hour_of(ts: datetime) -> datetime:
     return ts.replace(minute=0, second=0, microsecond=0)
+
+
+def day_of(ts: datetime) -> datetime:
+    return ts.replace(hour=0, minute=0, second=0, microsecond=0)
+
+
+def daily(latency: Mapping[LatencyKey, int]) -> dict[LatencyKey, int]:
+    """Hourly latency bucket counts summed per UTC day (the key's hour becomes its day)."""
+    out: dict[LatencyKey, int] = {}
+    for (tenant, model, hour, kind, bucket), n in latency.items():
+        k = (tenant, model, day_of(hour), kind, bucket)
+        out[k] = out.get(k, 0) + n
+    return out
 
 
 def bucket_of(ms: float) -> int:
@@ -93,4 +106,13 @@ async def apply(conn: AsyncConnection, rows: Iterable[Mapping[str, Any]]) -> Non
         await conn.execute(stmt, [
             {"tenant_id": k[0], "model": k[1], "hour": k[2], "kind": k[3], "bucket": k[4], "count": n}
             for k, n in sorted(latency.items())
+        ])  # fmt: skip
+        ins = dialect.insert(LatencyDaily)
+        stmt = ins.on_conflict_do_update(
+            index_elements=["tenant_id", "day", "model", "kind", "bucket"],
+            set_={"count": LatencyDaily.count + ins.excluded.count},
+        )
+        await conn.execute(stmt, [
+            {"tenant_id": k[0], "model": k[1], "day": k[2], "kind": k[3], "bucket": k[4], "count": n}
+            for k, n in sorted(daily(latency).items())
         ])  # fmt: skip

@@ -1,8 +1,8 @@
-"""latency_hourly re-bucketed on the fine geometric histogram (percentiles within 4 %)
+"""latency histograms on fine geometric buckets (percentiles within 4 %), per hour and per day
 
 The bucket numbers of ``latency_hourly`` change meaning (``gateway.usage.rollup.bucket_of``), so the
-table is emptied and rebuilt from the usage records, and gains an index on (tenant_id, hour).
-Downgrade rebuilds the old coarse buckets.
+table is emptied and rebuilt from the usage records, and gains an index on (tenant_id, hour); the new
+``latency_daily`` holds the same counts per UTC day. Downgrade rebuilds the old coarse buckets.
 
 Revision ID: 0004_dash
 Revises: 0002
@@ -27,12 +27,14 @@ _OLD_BOUNDS_MS = (25, 50, 100, 200, 350, 500, 750, 1000, 1500, 2000, 3000, 5000,
                   60000, 120000)
 
 
-def _rebuild(bucket_of: Callable[[float], int]) -> None:
+def _rebuild(bucket_of: Callable[[float], int], with_daily: bool) -> None:
     conn = op.get_bind()
     usage = sa.table("usage_records", *(sa.column(c) for c in ("id", "tenant_id", "model", "status", "latency_ms",
                                                                "ttft_ms")), sa.column("started_at", UTCDateTime))
     latency_t = sa.table("latency_hourly", *(sa.column(c) for c in ("tenant_id", "model", "hour", "kind", "bucket",
                                                                      "count")))
+    daily_t = sa.table("latency_daily", *(sa.column(c) for c in ("tenant_id", "day", "model", "kind", "bucket",
+                                                                 "count")))
     conn.execute(latency_t.delete())
     counts: dict[tuple[str, str, object, str, int], int] = {}
     last = 0
@@ -56,6 +58,16 @@ def _rebuild(bucket_of: Callable[[float], int]) -> None:
              "bucket": k[4], "count": n}
             for k, n in counts.items()
         ])  # fmt: skip
+    if with_daily and counts:
+        days: dict[tuple[str, str, object, str, int], int] = {}
+        for (tenant, model, hour, kind, bucket), n in counts.items():
+            k = (tenant, model, hour.replace(hour=0), kind, bucket)  # type: ignore[attr-defined]
+            days[k] = days.get(k, 0) + n
+        conn.execute(daily_t.insert(), [
+            {"tenant_id": k[0], "model": k[1], "day": to_db(k[2], conn.dialect), "kind": k[3],  # type: ignore[arg-type]
+             "bucket": k[4], "count": n}
+            for k, n in days.items()
+        ])  # fmt: skip
 
 
 def upgrade() -> None:
@@ -63,9 +75,20 @@ def upgrade() -> None:
 
     # a range's percentiles read its hours for every model: an index range, not the tenant's history
     op.create_index("ix_latency_hourly_tenant_hour", "latency_hourly", ["tenant_id", "hour"])
-    _rebuild(bucket_of)
+    op.create_table(
+        "latency_daily",
+        sa.Column("tenant_id", sa.String(40), nullable=False),
+        sa.Column("day", UTCDateTime, nullable=False),
+        sa.Column("model", sa.String(200), nullable=False),
+        sa.Column("kind", sa.String(8), nullable=False),
+        sa.Column("bucket", sa.Integer, nullable=False),
+        sa.Column("count", sa.BigInteger, nullable=False),
+        sa.PrimaryKeyConstraint("tenant_id", "day", "model", "kind", "bucket", name="pk_latency_daily"),
+    )
+    _rebuild(bucket_of, with_daily=True)
 
 
 def downgrade() -> None:
-    _rebuild(lambda ms: bisect.bisect_left(_OLD_BOUNDS_MS, ms))
+    op.drop_table("latency_daily")
+    _rebuild(lambda ms: bisect.bisect_left(_OLD_BOUNDS_MS, ms), with_daily=False)
     op.drop_index("ix_latency_hourly_tenant_hour", table_name="latency_hourly")

@@ -132,3 +132,26 @@ async def test_request_log_search_detail_and_export_stay_in_the_tenant(db: Datab
     assert await records.one(db, mine, rows[8].request_id) is None  # another tenant's: not found
     exported = [r async for batch in records.batches(db, f, size=3) for r in batch]
     assert len(exported) == 8 and all(r["tenant_id"] == mine for r in exported)
+
+
+async def test_percentiles_over_days_read_whole_days_daily_and_the_edges_hourly(db: Database, tmp_path: Path) -> None:
+    from gateway.dashboard.queries import _histograms
+
+    t = uuid.uuid4().hex[:8]
+    start = datetime(2026, 11, 10, 17, 20, tzinfo=UTC)
+    rows = [_record(t, start + timedelta(hours=5 * i), model=("a", "b")[i % 2], latency=50.0 + 37 * i,
+                    status=200 if i % 9 else 502, error=None if i % 9 else "upstream_error") for i in range(40)]
+    await _write(db, tmp_path, rows)
+    rng = Range(datetime(2026, 11, 10, 21, tzinfo=UTC), datetime(2026, 11, 17, 3, 30, tzinfo=UTC), "day")
+    want: dict[tuple[str, str], dict[int, int]] = {}
+    for r in rows:
+        at = datetime.fromtimestamp(r.started_at, UTC).replace(minute=0)
+        if r.status < 400 and rng.start <= at < rng.end:
+            for kind, ms in (("latency", r.latency_ms), ("ttft", r.ttft_ms)):
+                counts = want.setdefault((kind, r.model), {})
+                counts[bucket_of(ms)] = counts.get(bucket_of(ms), 0) + 1  # type: ignore[arg-type]
+    assert await _histograms(db, t, rng) == want
+    got = await summary(db, t, rng)
+    exact = sorted(r.latency_ms for r in rows if r.status < 400
+                   and rng.start <= datetime.fromtimestamp(r.started_at, UTC).replace(minute=0) < rng.end)
+    assert got["latency_ms"]["p50"] == pytest.approx(nearest_rank(exact, 0.5), rel=0.05)

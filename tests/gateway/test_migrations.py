@@ -15,7 +15,8 @@ from gateway.db import Database, SchemaNotReady, check_schema, migrate
 from gateway.db.models import Base
 from tests.gateway.tenancy_fixtures import drop_pg_database, new_pg_database
 
-TABLES = {"tenants", "api_keys", "limits", "usage_records", "model_prices", "usage_hourly", "latency_hourly"}
+TABLES = {"tenants", "api_keys", "limits", "usage_records", "model_prices", "usage_hourly", "latency_hourly",
+          "latency_daily"}
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
