@@ -295,6 +295,14 @@ async def test_admin_switches_tenants(browser, dash: DashEnv, tmp_path: Path) ->
     assert int(await card(page, "prompt_tokens")) == dash.b.prompt_tokens
     assert dash.b.name in await page.inner_text("#who")
     await page.screenshot(path=str(tmp_path / "admin-tenant-b.png"), full_page=True)
+    # the address keeps the view and its controls: a reload shows the same, a link opens a chosen one
+    await page.reload()
+    await page.wait_for_selector("body[data-ready='1']")
+    assert await page.input_value("#tenant") == dash.b.id and int(await card(page, "requests")) == dash.b.requests
+    await page.goto(f"{dash.url}/dashboard#usage?range=30d&split=model&tenant={dash.a.id}")
+    await expect(page.locator("#total-requests b")).to_have_attribute("data-value", str(dash.a.requests))
+    assert await page.input_value("#range") == "30d" and await page.input_value("#split") == "model"
+    assert await page.evaluate("window.__sy.charts['chart-requests'].series.length") == 3
     await context.close()
 
 

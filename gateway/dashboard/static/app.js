@@ -7,7 +7,7 @@
   const $ = (id) => document.getElementById(id);
   const TZ = Intl.DateTimeFormat().resolvedOptions().timeZone || "UTC";
   const COLORS = ["#2563eb", "#dc2626", "#16a34a", "#9333ea", "#ea580c", "#0891b2", "#4d7c0f", "#be185d"];
-  const state = { me: null, tenant: null, charts: {}, view: "usage", cursor: null, names: {} };
+  const state = { me: null, tenant: null, charts: {}, view: "usage", cursor: null, names: {}, shown: 0 };
   window.__sy = state; // for the browser tests: the charts' scales and data
 
   async function api(path) {
@@ -103,9 +103,13 @@
     return Object.entries(groups).map(([name, s]) => [by === "key" ? (state.names[name] || name) : name, s[field]]);
   }
 
-  async function loadUsage() {
+  // An answer that arrives after the user changed the view or its controls is dropped.
+  const stale = (ticket) => ticket !== state.shown;
+
+  async function loadUsage(ticket) {
     const q = rangeParams(true);
     const data = await api("summary?" + q);
+    if (stale(ticket)) return;
     $("who").textContent = state.me.role === "admin" ? "admin · " + data.tenant_name : data.tenant_name;
     state.names = Object.fromEntries(data.by_key.map((k) => [k.key_id, k.key_name || k.key_id]));
     const totals = $("totals");
@@ -167,13 +171,14 @@
     return q;
   }
 
-  async function loadRequests(more) {
+  async function loadRequests(more, ticket = state.shown) {
     const q = logParams();
     const csv = new URLSearchParams(q);
     csv.set("table", "requests");
     $("csv-requests").href = "/dashboard/api/export.csv?" + csv;
     if (more && state.cursor) q.set("before", state.cursor);
     const page = await api("requests?" + q);
+    if (stale(ticket)) return;
     if (more) appendRows($("requests"), LOG_COLUMNS, page.data, detail);
     else { table($("requests"), LOG_COLUMNS, page.data, detail); $("detail").hidden = true; }
     state.cursor = page.next_before;
@@ -198,9 +203,10 @@
     $("detail").scrollIntoView({ block: "nearest" });
   }
 
-  async function loadOperator() {
+  async function loadOperator(ticket) {
     const q = rangeParams(false);
     const [data, deps] = await Promise.all([api("overview?" + q), api("deployments")]);
+    if (stale(ticket)) return;
     chart("chart-tenants", data, Object.entries(data.series_by_tenant));
     const cols = [["name", "Tenant"], ["status", "Status"], ...USAGE_COLUMNS, ["error_rate", "Error rate"]];
     table($("tenants"), cols, data.tenants);
@@ -211,8 +217,35 @@
       ["latency_ewma_ms", "Latency EWMA (ms)"], ["requests", "Requests"], ["errors", "Errors"], ["error_rate", "Error rate"]], deps.data);
   }
 
-  async function show() {
-    state.view = ["requests", "operator"].includes(location.hash.slice(1)) ? location.hash.slice(1) : "usage";
+  // The view and its controls live in the address (#usage?range=30d&split=model): reload and
+  // bookmarks keep them; a bare #view (the tabs) keeps the controls as they are.
+  const CONTROLS = ["range", "start", "end", "bucket", "split", "tenant"];
+
+  function readAddress() {
+    const [view, query] = location.hash.slice(1).split("?");
+    const p = new URLSearchParams(query || "");
+    for (const id of CONTROLS) {
+      if (!p.has(id)) continue;
+      const el = $(id);
+      if (el.tagName === "SELECT" && ![...el.options].some((o) => o.value === p.get(id))) continue;
+      el.value = p.get(id);
+    }
+    for (const el of document.querySelectorAll(".custom")) el.hidden = $("range").value !== "custom";
+    if (state.me.role === "admin" && $("tenant").value) state.tenant = $("tenant").value;
+    return ["requests", "operator"].includes(view) ? view : "usage";
+  }
+
+  function writeAddress() {
+    const p = new URLSearchParams();
+    for (const id of CONTROLS) {
+      if ($(id).value && !(id === "tenant" && state.me.role !== "admin")
+          && !((id === "start" || id === "end") && $("range").value !== "custom")) p.set(id, $(id).value);
+    }
+    history.replaceState(null, "", "#" + state.view + "?" + p);
+  }
+
+  async function show(fromAddress) {
+    state.view = fromAddress === true ? readAddress() : state.view;
     if (state.view === "operator" && state.me.role !== "admin") state.view = "usage";
     for (const v of ["usage", "requests", "operator"]) {
       $("view-" + v).hidden = v !== state.view;
@@ -221,12 +254,16 @@
     for (const el of document.querySelectorAll(".usage-only")) el.hidden = state.view !== "usage";
     $("tenant-label").hidden = state.me.role !== "admin" || state.view === "operator";
     $("message").textContent = "";
+    writeAddress();
     document.body.dataset.ready = "";
+    const ticket = ++state.shown;
     try {
-      if (state.view === "operator") await loadOperator();
-      else if (state.tenant) await (state.view === "requests" ? loadRequests(false) : loadUsage());
+      if (state.view === "operator") await loadOperator(ticket);
+      else if (state.tenant) await (state.view === "requests" ? loadRequests(false, ticket) : loadUsage(ticket));
+      if (stale(ticket)) return;
       document.body.dataset.ready = "1";
     } catch (e) {
+      if (stale(ticket)) return;
       $("message").textContent = e.message;
       document.body.dataset.error = String(e);
     }
@@ -254,12 +291,12 @@
       for (const el of document.querySelectorAll(".custom")) el.hidden = $("range").value !== "custom";
       if ($("range").value !== "custom") show();
     });
-    $("split").addEventListener("change", show);
+    $("split").addEventListener("change", () => show());
     $("controls").addEventListener("submit", (e) => { e.preventDefault(); show(); });
     $("log-search").addEventListener("submit", (e) => { e.preventDefault(); loadRequests(false).catch((x) => { $("message").textContent = x.message; }); });
     $("more").addEventListener("click", () => loadRequests(true));
-    window.addEventListener("hashchange", show);
-    await show();
+    window.addEventListener("hashchange", () => show(true));
+    await show(true);
     setInterval(() => { if (state.view === "usage" && state.tenant) live().catch(() => {}); }, 5000);
   }
 
