@@ -17,7 +17,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from gateway.admin.bootstrap import bootstrap as run_bootstrap
 from gateway.admin.service import MAX_SECONDS, AdminError, TenancyService
-from gateway.cli.db import ConfigOpt, console, fail, settings_from
+from gateway.cli.db import ConfigOpt, console, err, fail, safe, settings_from
 from gateway.cli.errors import explain
 from gateway.cli.output import plain, print_secret, show, show_one
 from gateway.db.engine import Database
@@ -226,9 +226,9 @@ def bootstrap(config: ConfigOpt = None, as_json: JsonOpt = False) -> None:
     """Migrate the database; on first run create tenant "default" and print its key once."""
     url = settings_from(config).database.url
     try:
-        result = asyncio.run(run_bootstrap(url))
+        result = asyncio.run(run_bootstrap(url, progress=lambda line: err.print(f"  {safe(line)}")))
     except Exception as exc:
-        fail(f"bootstrap failed: {exc}")
+        fail(f"bootstrap failed: {explain(exc, url)}")
     if as_json:
         typer.echo(json.dumps(asdict(result), indent=2))
     elif result.created:
