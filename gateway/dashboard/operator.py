@@ -16,6 +16,7 @@ from gateway.quotas.limits import Period
 
 NEAR = 0.8  # a budget this much used is "near its limit"
 TOP = 5
+CHART_LINES = 8
 
 
 async def overview(db: Database, rng: Range) -> dict[str, Any]:
@@ -37,12 +38,20 @@ async def overview(db: Database, rng: Range) -> dict[str, Any]:
         "bucket": rng.bucket,
         "tz": rng.tz_name,
         "series": series,
-        "series_by_tenant": {names.get(t, t or "(admin keys)"): [p["requests"] for p in pts]
-                             for t, pts in by_tenant.items()},
+        "series_by_tenant": _busiest(by_tenant, names),
         "tenants": rows,
         "top_spenders": sorted((r for r in rows if r["cost"] > 0), key=lambda r: -r["cost"])[:TOP],
         "budgets": await _budgets(db, limits, names),
     }
+
+
+def _busiest(by_tenant: dict[str, list[dict[str, Any]]], names: dict[str, str]) -> dict[str, list[int]]:
+    """Requests per bucket of the CHART_LINES busiest tenants, and of all the others as one line."""
+    ranked = sorted(by_tenant.items(), key=lambda kv: -sum(p["requests"] for p in kv[1]))
+    out = {names.get(t, t or "(admin keys)"): [p["requests"] for p in pts] for t, pts in ranked[:CHART_LINES]}
+    if rest := ranked[CHART_LINES:]:
+        out["other tenants"] = [sum(pts[i]["requests"] for _, pts in rest) for i in range(len(rest[0][1]))]
+    return out
 
 
 async def _budgets(db: Database, limits: Any, names: dict[str, str]) -> list[dict[str, Any]]:

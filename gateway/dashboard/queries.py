@@ -23,7 +23,7 @@ from gateway.db.models import ApiKey, LatencyDaily, LatencyHourly, UsageHourly, 
 from gateway.quotas.limits import Limits, Period, period_start
 from gateway.usage.rollup import bucket_value, day_of, hour_of
 
-__all__ = ["RATE_LIMITED", "Range", "cells", "fold", "live", "percentiles", "summary"]
+__all__ = ["FIELDS", "RATE_LIMITED", "Range", "budget_used", "cells", "fold", "live", "percentiles", "summary"]
 
 # error types of requests answered 429: the gateway's own quota refusals and upstreams' rate limits
 RATE_LIMITED = frozenset({"rate_limit_exceeded", "rate_limited", "upstream_rate_limited"})

@@ -155,3 +155,12 @@ async def test_percentiles_over_days_read_whole_days_daily_and_the_edges_hourly(
     exact = sorted(r.latency_ms for r in rows if r.status < 400
                    and rng.start <= datetime.fromtimestamp(r.started_at, UTC).replace(minute=0) < rng.end)
     assert got["latency_ms"]["p50"] == pytest.approx(nearest_rank(exact, 0.5), rel=0.05)
+
+
+def test_the_operator_chart_draws_the_busiest_tenants_and_the_rest_as_one_line() -> None:
+    from gateway.dashboard.operator import CHART_LINES, _busiest
+
+    by_tenant = {f"t{i}": [{"requests": i}, {"requests": 2 * i}] for i in range(CHART_LINES + 3)}
+    lines = _busiest(by_tenant, {"t10": "ten"})
+    assert len(lines) == CHART_LINES + 1 and list(lines)[:2] == ["ten", "t9"]
+    assert lines["other tenants"] == [0 + 1 + 2, 0 + 2 + 4]
