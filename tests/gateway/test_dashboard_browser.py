@@ -127,7 +127,9 @@ async def test_tenant_sees_its_usage_on_a_fitted_axis_with_zero_buckets(browser,
     assert 24 * 3600 <= info["max"] - info["min"] <= 25 * 3600 and len(info["xs"]) == 25
     await page.select_option("#split", "model")
     await expect(page.locator("body")).to_have_attribute("data-ready", "1")
-    assert await page.evaluate("window.__sy.charts['chart-requests'].series.length") == 3  # x, echo, other
+    for chart_id in ("chart-requests", "chart-tokens", "chart-cost", "chart-errors"):  # x, echo, other
+        assert await page.evaluate(f"window.__sy.charts['{chart_id}'].series.length") == 3
+    assert await page.inner_text("#cap-errors") == "Errors (429s included) by model"
     await page.select_option("#range", "7d")
     await expect(page.locator("body")).to_have_attribute("data-ready", "1")
 

@@ -125,11 +125,24 @@
       card.appendChild(b);
       totals.appendChild(card);
     }
+    // every chart in total, or one line per model / key ("Split by")
+    const by = $("split").value, per = by === "total" ? "" : " by " + by;
+    $("cap-requests").textContent = "Requests" + per;
+    $("cap-cost").textContent = "Cost (USD)" + per;
     chart("chart-requests", data, split(data, "requests"));
-    chart("chart-tokens", data, [["prompt", data.series.map((p) => p.prompt_tokens)],
-      ["completion", data.series.map((p) => p.completion_tokens)]]);
     chart("chart-cost", data, split(data, "cost"));
-    chart("chart-errors", data, [["errors", data.series.map((p) => p.errors)], ["429s", data.series.map((p) => p.rate_limited)]]);
+    if (by === "total") {
+      $("cap-tokens").textContent = "Tokens (prompt / completion)";
+      chart("chart-tokens", data, [["prompt", data.series.map((p) => p.prompt_tokens)],
+        ["completion", data.series.map((p) => p.completion_tokens)]]);
+      $("cap-errors").textContent = "Errors and 429s";
+      chart("chart-errors", data, [["errors", data.series.map((p) => p.errors)], ["429s", data.series.map((p) => p.rate_limited)]]);
+    } else {
+      $("cap-tokens").textContent = "Tokens" + per;
+      chart("chart-tokens", data, split(data, "total_tokens"));
+      $("cap-errors").textContent = "Errors (429s included)" + per;
+      chart("chart-errors", data, split(data, "errors"));
+    }
     table($("latency"), [["kind", ""], ["p50", "p50"], ["p90", "p90"], ["p99", "p99"]],
       [{ kind: "total latency", ...data.latency_ms }, { kind: "time to first token", ...data.ttft_ms }]);
     table($("by-model"), [["model", "Model"], ...USAGE_COLUMNS, ["latency_p50", "p50 ms"], ["latency_p99", "p99 ms"]], data.by_model);
