@@ -31,6 +31,7 @@ def _run(connection: Connection) -> None:
         connection=connection,
         target_metadata=target_metadata,
         render_as_batch=connection.dialect.name == "sqlite",
+        on_version_apply=config.attributes.get("on_version_apply"),  # progress lines (switchyard db upgrade)
     )
     with context.begin_transaction():
         context.run_migrations()

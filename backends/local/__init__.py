@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -44,11 +45,14 @@ def build_backend(config: DeploymentConfig) -> LocalEngineBackend:
 
     if (plain := generate_fallback(config, engine_cfg.model_impl, dict(config.options))) is not None:
         return plain  # type: ignore[return-value]
+    log.info("deployment %s: loading %s ...", config.id, config.model)  # a progress line: loading takes a while
+    started = time.monotonic()
     try:
         engine = AsyncEngine(engine_cfg)
     except (ModelLoadError, ValueError, FileNotFoundError) as exc:
         raise ConfigError(f"deployment {config.id}: {exc}") from None
-    log.info("deployment %s: %s loaded, max_model_len=%d", config.id, config.model, engine.max_model_len)
+    log.info("deployment %s: %s loaded in %.1f s, max_model_len=%d", config.id, config.model,
+             time.monotonic() - started, engine.max_model_len)
     return LocalEngineBackend(engine, config.model, config.id, pooling=pooling_params(config),
                               tool_parser=tool_call_parser(config))
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from sqlalchemy import func, select
@@ -23,9 +24,9 @@ class BootstrapResult:
     secret: str | None = None  # shown once; only its hash is stored
 
 
-async def bootstrap(url: str) -> BootstrapResult:
+async def bootstrap(url: str, progress: Callable[[str], None] | None = None) -> BootstrapResult:
     """Migrate ``url`` to head; if it holds no tenant key yet, create tenant "default" and a key."""
-    await asyncio.to_thread(migrate.upgrade, url)
+    await asyncio.to_thread(migrate.upgrade, url, "head", progress)
     db = Database.from_url(url)
     try:
         async with db.session() as s:

@@ -1,11 +1,13 @@
 """The `switchyard` command: serving, database, admin and engine sub-commands.
 
-Each sub-command group lives in its own module and is registered here.
+Each sub-command group lives in its own module and is registered here. No command prints a
+traceback (``gateway.cli.errors``).
 """
 
-import typer
+from gateway.cli.errors import GuardedTyper
 
-app = typer.Typer(no_args_is_help=True, add_completion=False, help="Switchyard LLM gateway and engine.")
+app = GuardedTyper(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
+                   help="Switchyard LLM gateway and engine.")
 
 from gateway.cli import admin as _admin  # noqa: E402
 from gateway.cli.db import db_app as _db_app  # noqa: E402
@@ -15,6 +17,9 @@ _admin.register(app)
 from gateway.cli.audit import audit_app as _audit_app  # noqa: E402
 
 app.add_typer(_audit_app, name="audit")
+from gateway.cli import usage as _usage  # noqa: E402
+
+_usage.register(app)
 
 from gateway.cli import serve as _serve  # noqa: E402
 

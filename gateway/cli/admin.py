@@ -6,8 +6,6 @@ Every command prints a rich table, or JSON with ``--json``; new keys are printed
 from __future__ import annotations
 
 import asyncio
-import csv
-import io
 import json
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict
@@ -19,12 +17,12 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from gateway.admin.bootstrap import bootstrap as run_bootstrap
 from gateway.admin.service import MAX_SECONDS, AdminError, TenancyService
-from gateway.cli.db import ConfigOpt, console, fail, settings_from
-from gateway.cli.output import cell, plain, print_secret, show, show_one
-from gateway.db.engine import Database, safe_url
+from gateway.cli.db import ConfigOpt, console, err, fail, safe, settings_from
+from gateway.cli.errors import explain
+from gateway.cli.output import plain, print_secret, show, show_one
+from gateway.db.engine import Database
 from gateway.db.migrate import SchemaNotReady, check_schema
 from gateway.quotas.limits import Limits
-from gateway.usage.report import ReportQuery, end_of_day, parse_day, usage_report
 
 T = TypeVar("T")
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
@@ -32,7 +30,6 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of a t
 tenant_app = typer.Typer(no_args_is_help=True, help="Tenants.")
 key_app = typer.Typer(no_args_is_help=True, help="API keys.")
 limits_app = typer.Typer(no_args_is_help=True, help="Quotas for a tenant or a key.")
-usage_app = typer.Typer(no_args_is_help=True, help="Usage reports.")
 
 
 def run(config: Any, job: Callable[[TenancyService, Database], Awaitable[T]]) -> T:
@@ -48,12 +45,8 @@ def run(config: Any, job: Callable[[TenancyService, Database], Awaitable[T]]) ->
 
     try:
         return asyncio.run(go())
-    except (AdminError, SchemaNotReady, ValueError, OverflowError) as exc:
-        fail(getattr(exc, "message", str(exc)))
-    except (SQLAlchemyError, OSError) as exc:  # no database, refused, wrong credentials: one line, no traceback
-        reason = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
-        fail(f"cannot use the database at {safe_url(url)}: {reason}. Check that it is running and that "
-             "database.url in the config (or SWITCHYARD__DATABASE__URL) points at it.")
+    except (AdminError, SchemaNotReady, ValueError, OverflowError, SQLAlchemyError, OSError) as exc:
+        fail(explain(exc, url))  # no database, refused, not migrated, unknown tenant: one line, with the fix
     raise AssertionError("unreachable")
 
 
@@ -71,7 +64,8 @@ def tenant_create(name: str, weight: float = 1.0, config: ConfigOpt = None, as_j
 @tenant_app.command("list")
 def tenant_list(config: ConfigOpt = None, as_json: JsonOpt = False) -> None:
     """List tenants."""
-    show([asdict(t) for t in run(config, lambda svc, _: svc.list_tenants())], as_json, TENANT_COLUMNS)
+    show([asdict(t) for t in run(config, lambda svc, _: svc.list_tenants())], as_json, TENANT_COLUMNS,
+         empty="no tenants yet: create one with `switchyard tenant create NAME`")
 
 
 @tenant_app.command("show")
@@ -92,8 +86,9 @@ def tenant_show(tenant: str, config: ConfigOpt = None, as_json: JsonOpt = False)
         typer.echo(json.dumps(plain(data), indent=2))
         return
     show_one({k: v for k, v in data.items() if k not in ("keys", "limits")}, False)
-    show([data["limits"]], False, title="limits")
-    show(data["keys"], False, KEY_COLUMNS, title="keys")
+    console.print("limits:")
+    show_one(data["limits"], False)
+    show(data["keys"], False, KEY_TABLE, title="keys")
 
 
 @tenant_app.command("disable")
@@ -110,7 +105,9 @@ def tenant_enable(tenant: str, config: ConfigOpt = None, as_json: JsonOpt = Fals
 
 # ---------------------------------------------------------------- keys
 
-KEY_COLUMNS = ["id", "tenant_id", "name", "prefix", "status", "allowed_models", "expires_at", "is_admin"]
+# what a table shows (80 columns); --json gives every field
+KEY_TABLE = ["id", "name", "prefix", "status", "expires_at"]
+KEY_TABLE_ALL = ["id", "tenant_id", "name", "status", "expires_at"]
 
 
 @key_app.command("create")
@@ -144,7 +141,8 @@ def key_list(
     as_json: JsonOpt = False,
 ) -> None:
     """List keys (prefixes only; secrets are never stored)."""
-    show([asdict(k) for k in run(config, lambda svc, _: svc.list_keys(tenant))], as_json, KEY_COLUMNS)
+    keys = [asdict(k) for k in run(config, lambda svc, _: svc.list_keys(tenant))]
+    show(keys, as_json, KEY_TABLE if tenant else KEY_TABLE_ALL, empty="no keys")
 
 
 @key_app.command("revoke")
@@ -221,51 +219,6 @@ def limits_show(
     show_one(limits.as_dict(), as_json)
 
 
-# ---------------------------------------------------------------- usage
-
-
-@usage_app.command("report")
-def usage_report_cmd(
-    start: Annotated[str | None, typer.Option(help="From this day (YYYY-MM-DD, UTC), inclusive.")] = None,
-    end: Annotated[str | None, typer.Option(help="To this day, inclusive.")] = None,
-    by: Annotated[str, typer.Option(help="Group by: comma-separated tenant,key,model,day.")] = "tenant,model,day",
-    tenant: Annotated[str | None, typer.Option(help="Only this tenant (id or name).")] = None,
-    key: Annotated[str | None, typer.Option(help="Only this key id.")] = None,
-    fmt: Annotated[str, typer.Option("--format", help="table, csv or json.")] = "table",
-    config: ConfigOpt = None,
-    as_json: JsonOpt = False,
-) -> None:
-    """Requests, tokens and cost from the usage records."""
-    if fmt not in ("table", "csv", "json"):
-        fail("--format must be table, csv or json")
-
-    async def job(svc: TenancyService, db: Database) -> list[dict[str, Any]]:
-        tenant_id = (await svc.get_tenant(tenant)).id if tenant else None
-        q = ReportQuery(
-            start=parse_day(start, "start") if start else None,
-            end=end_of_day(end, "end") if end else None,
-            group_by=tuple(g.strip() for g in by.split(",") if g.strip()),
-            tenant_id=tenant_id,
-            key_id=key,
-        )
-        return await usage_report(db, q)
-
-    rows = run(config, job)
-    if as_json or fmt == "json":
-        show(rows, True)
-    elif fmt == "csv":
-        out = io.StringIO()
-        if rows:
-            writer = csv.DictWriter(out, fieldnames=list(rows[0]))
-            writer.writeheader()
-            writer.writerows({k: cell(v) for k, v in r.items()} for r in rows)
-        typer.echo(out.getvalue(), nl=False)
-    elif rows:
-        show(rows, False)
-    else:
-        console.print("no usage in that range")
-
-
 # ---------------------------------------------------------------- bootstrap
 
 
@@ -273,9 +226,9 @@ def bootstrap(config: ConfigOpt = None, as_json: JsonOpt = False) -> None:
     """Migrate the database; on first run create tenant "default" and print its key once."""
     url = settings_from(config).database.url
     try:
-        result = asyncio.run(run_bootstrap(url))
+        result = asyncio.run(run_bootstrap(url, progress=lambda line: err.print(f"  {safe(line)}")))
     except Exception as exc:
-        fail(f"bootstrap failed: {exc}")
+        fail(f"bootstrap failed: {explain(exc, url)}")
     if as_json:
         typer.echo(json.dumps(asdict(result), indent=2))
     elif result.created:
@@ -289,5 +242,4 @@ def register(app: typer.Typer) -> None:
     app.add_typer(tenant_app, name="tenant")
     app.add_typer(key_app, name="key")
     app.add_typer(limits_app, name="limits")
-    app.add_typer(usage_app, name="usage")
     app.command("bootstrap")(bootstrap)

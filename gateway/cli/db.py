@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import sys
 import time
@@ -13,12 +14,14 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from gateway.cli.errors import explain
 from gateway.db import migrate
 from gateway.db.engine import Database, safe_url
 from gateway.settings import ConfigError, Settings, load_settings, parse_settings
 
-# piped output (scripts, CI logs) gets wide tables instead of Rich's 80-column default
-console = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 200)
+# Tables take the terminal's width (or $COLUMNS), 80 columns when piped: scripts read --json instead.
+console = Console(highlight=False, soft_wrap=True,
+                  width=None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 80)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 ConfigOpt = Annotated[
@@ -63,13 +66,13 @@ def fail(message: str, code: int = 1) -> None:
 def upgrade(config: ConfigOpt = None, revision: str = typer.Option("head", help="Target revision.")) -> None:
     """Migrate the database up to REVISION (default: the latest)."""
     url = settings_from(config).database.url
+    target = revision if revision != "head" else migrate.head_revision()
+    err.print(f"migrating {safe_url(url)} to {target} ...")
     try:
-        migrate.upgrade(url, revision)
+        migrate.upgrade(url, revision, progress=lambda line: err.print(f"  {safe(line)}"))
     except Exception as exc:
-        fail(f"upgrade of {safe_url(url)} failed: {exc}")
-    console.print(
-        f"database {safe_url(url)} is at revision {revision if revision != 'head' else migrate.head_revision()}"
-    )
+        fail(f"upgrade of {safe_url(url)} failed: {explain(exc, url)}")
+    console.print(f"database {safe_url(url)} is at revision {target}")
 
 
 @db_app.command()
@@ -79,14 +82,16 @@ def downgrade(
     """Migrate the database down to REVISION (default: one step)."""
     url = settings_from(config).database.url
     try:
-        migrate.downgrade(url, revision)
+        migrate.downgrade(url, revision, progress=lambda line: err.print(f"  {safe(line)}"))
     except Exception as exc:
-        fail(f"downgrade of {safe_url(url)} failed: {exc}")
+        fail(f"downgrade of {safe_url(url)} failed: {explain(exc, url)}")
     console.print(f"database {safe_url(url)} downgraded to {revision}")
 
 
 @db_app.command()
-def current(config: ConfigOpt = None) -> None:
+def current(
+    config: ConfigOpt = None, as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False
+) -> None:
     """Show the database's revision and the latest one."""
     url = settings_from(config).database.url
 
@@ -100,7 +105,11 @@ def current(config: ConfigOpt = None) -> None:
     try:
         rev = asyncio.run(run())
     except Exception as exc:
-        fail(f"cannot read {safe_url(url)}: {exc}")
+        fail(explain(exc, url))
+    if as_json:
+        head = migrate.head_revision()
+        typer.echo(json.dumps({"current": rev, "head": head, "up_to_date": rev == head}))
+        return
     console.print(f"current: {rev or '(empty)'}  head: {migrate.head_revision()}")
 
 

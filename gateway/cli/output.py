@@ -1,4 +1,7 @@
-"""How admin commands print: rich tables for people, JSON (``--json``) for scripts."""
+"""How admin commands print: rich tables for people, JSON (``--json``) for scripts.
+
+Tables fit an 80-column terminal: no vertical rules, times to the minute, and identifiers never
+broken across lines (other cells fold instead); ``--json`` carries every field in full."""
 
 from __future__ import annotations
 
@@ -25,23 +28,36 @@ def plain(value: Any) -> Any:
     return value
 
 
+# identifiers and dates: never folded
+WHOLE = frozenset({"id", "tenant_id", "key_id", "tenant", "key", "prefix", "day", "created_at", "expires_at"})
+
+
 def cell(value: Any) -> str:
     if value is None:
         return ""
+    if isinstance(value, datetime):
+        return f"{value:%Y-%m-%d %H:%M}"
+    if isinstance(value, list):
+        return ", ".join(map(str, value))
     if isinstance(value, float):
         return format(value, ".8f").rstrip("0").rstrip(".") or "0"
     return str(value)
 
 
-def show(rows: list[dict[str, Any]], as_json: bool, columns: list[str] | None = None, title: str | None = None) -> None:
-    rows = [plain(r) for r in rows]
+def show(rows: list[dict[str, Any]], as_json: bool, columns: list[str] | None = None, title: str | None = None,
+         empty: str = "(none)") -> None:
     if as_json:
-        typer.echo(json.dumps(rows, indent=2))
+        typer.echo(json.dumps([plain(r) for r in rows], indent=2))
         return
-    columns = columns or (list(rows[0]) if rows else [])
-    table = Table(title=title)
+    if not rows:
+        console.print(f"{title + ': ' if title else ''}{empty}")
+        return
+    columns = columns or list(rows[0])
+    table = Table(title=title, box=None, padding=(0, 2, 0, 0), header_style="bold underline", title_justify="left")
     for c in columns:
-        table.add_column(safe(c), overflow="fold")
+        numeric = all(isinstance(r.get(c), int | float) and not isinstance(r.get(c), bool) for r in rows)
+        table.add_column(safe(c), no_wrap=c in WHOLE, overflow="fold", justify="right" if numeric else "left",
+                         min_width=min(len(c), 8))
     for r in rows:
         table.add_row(*[safe(cell(r.get(c))) for c in columns])
     console.print(table)
@@ -52,8 +68,11 @@ def show_one(row: Any, as_json: bool) -> None:
     if as_json:
         typer.echo(json.dumps(data, indent=2))
         return
-    table = Table(show_header=False)
-    for k, v in data.items():
+    table = Table(show_header=False, box=None, padding=(0, 2, 0, 0))
+    table.add_column(no_wrap=True)
+    table.add_column(overflow="fold")
+    raw = asdict(row) if is_dataclass(row) and not isinstance(row, type) else row
+    for k, v in raw.items():
         table.add_row(safe(k), safe(cell(v)))
     console.print(table)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import math
 import os
 import signal
@@ -46,6 +47,7 @@ def serve(
     except ConfigError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
+    _check_database(settings.database.url)
     # Workers are separate processes: they load the same file through the app factory.
     os.environ["SWITCHYARD_CONFIG"] = str(config.resolve())
     # On SIGTERM the app drains (gateway.drain), then uvicorn waits for in-flight requests, runs the
@@ -72,6 +74,25 @@ def serve(
         log_level="info",
         access_log=False,  # one access line per request costs more than the request; see telemetry.json_logs
     )
+
+
+def _check_database(url: str) -> None:
+    """Before any worker starts: the database must be reachable and migrated, or one line says why."""
+    from gateway.db.engine import Database
+    from gateway.db.migrate import SchemaNotReady, check_schema
+
+    async def check() -> None:
+        db = Database.from_url(url)
+        try:
+            await check_schema(db.engine)
+        finally:
+            await db.dispose()
+
+    try:
+        asyncio.run(check())
+    except SchemaNotReady as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from None
 
 
 def _exit_cleanly(signum: int, frame: FrameType | None) -> None:

@@ -9,23 +9,28 @@ from __future__ import annotations
 
 import csv
 import io
+from collections.abc import AsyncIterator
 from typing import Any
 
 from litestar import Controller, Request, Response, get
 from litestar.di import Provide
+from litestar.response import Stream
 
 from gateway.admin.service import AdminError, NotFound, TenancyService
 from gateway.auth.authenticator import ADMIN_KEY_ID
-from gateway.dashboard import queries
+from gateway.dashboard import operator, queries
+from gateway.dashboard.ranges import Range
 from gateway.dashboard.revocations import Revocations
 from gateway.dashboard.sessions import SESSION_COOKIE, SessionData, Sessions
 from gateway.db.engine import Database
 from gateway.errors import ParameterError
+from gateway.usage import records
 
+_SUMS = ("requests", "errors", "rate_limited", "prompt_tokens", "completion_tokens", "total_tokens", "cost")
 CSV_TABLES = {
-    "series": ("t", "requests", "errors", "prompt_tokens", "completion_tokens", "total_tokens", "cost"),
-    "by_model": ("model", "requests", "errors", "prompt_tokens", "completion_tokens", "total_tokens", "cost"),
-    "by_key": ("key_id", "requests", "errors", "prompt_tokens", "completion_tokens", "total_tokens", "cost"),
+    "series": ("t", *_SUMS),
+    "by_model": ("model", *_SUMS, "latency_p50", "latency_p90", "latency_p99"),
+    "by_key": ("key_id", "key_name", *_SUMS),
     "errors": ("error_type", "requests", "rate"),
 }
 
@@ -75,11 +80,27 @@ async def tenant_for(session: SessionData, requested: str | None, svc: TenancySe
         raise NotFound(f"No tenant {requested!r}.", param="tenant_id") from None
 
 
-def _range(start: str | None, end: str | None, bucket: str | None) -> queries.Range:
+def _range(start: str | None, end: str | None, bucket: str | None, preset: str | None = None,
+           tz: str | None = None) -> Range:
     try:
-        return queries.Range.parse(start, end, bucket)
+        return Range.parse(start, end, bucket, preset=preset, tz=tz)
     except ParameterError as exc:
         raise AdminError(exc.message, param=exc.param) from None
+
+
+def _filter(tenant: str, rng: Range, q: str, model: str | None, key_id: str | None,
+            status: str | None) -> records.RecordFilter:
+    if status not in (None, "", *records.STATUSES):
+        raise AdminError(f"status must be one of {', '.join(records.STATUSES)}", param="status")
+    return records.RecordFilter(tenant, rng.start, rng.end, text=q[:200], model=model or None,
+                                key_id=key_id or None, status=status or None)
+
+
+def _csv(body: str | AsyncIterator[str], name: str) -> Response[Any]:
+    headers = {"content-disposition": f'attachment; filename="{name}"'}
+    if isinstance(body, str):
+        return Response(body, media_type="text/csv", headers=headers)
+    return Stream(body, media_type="text/csv", headers=headers)
 
 
 class DashboardApi(Controller):
@@ -88,17 +109,57 @@ class DashboardApi(Controller):
     dependencies = {"session": Provide(session_of)}
 
     @get("/me")
-    async def me(self, sessions: Sessions, session: SessionData) -> dict[str, Any]:
+    async def me(self, sessions: Sessions, session: SessionData, svc: TenancyService) -> dict[str, Any]:
         role = "admin" if session.is_admin else "tenant"
-        return {"role": role, "tenant_id": session.tenant_id, "key_id": session.key_id, "csrf": sessions.csrf(session)}
+        name = (await svc.get_tenant(session.tenant_id)).name if session.tenant_id else None
+        return {"role": role, "tenant_id": session.tenant_id, "tenant_name": name, "key_id": session.key_id,
+                "csrf": sessions.csrf(session)}
 
     @get("/summary")
     async def summary(
         self, session: SessionData, svc: TenancyService, db: Database, tenant_id: str | None = None,
         start: str | None = None, end: str | None = None, bucket: str | None = None,
+        range: str | None = None, tz: str | None = None,
     ) -> dict[str, Any]:
         tenant = await tenant_for(session, tenant_id, svc)
-        return await queries.summary(db, tenant, _range(start, end, bucket))
+        data = await queries.summary(db, tenant, _range(start, end, bucket, range, tz))
+        return {**data, "tenant_name": (await svc.get_tenant(tenant)).name}
+
+    @get("/requests")
+    async def requests(
+        self, session: SessionData, svc: TenancyService, db: Database, tenant_id: str | None = None,
+        start: str | None = None, end: str | None = None, range: str | None = None,
+        tz: str | None = None, q: str = "", model: str | None = None, key_id: str | None = None,
+        status: str | None = None, limit: int = 50, before: str | None = None,
+    ) -> dict[str, Any]:
+        """A page of the tenant's request log, newest first."""
+        tenant = await tenant_for(session, tenant_id, svc)
+        f = _filter(tenant, _range(start, end, None, range, tz), q, model, key_id, status)
+        try:
+            rows, cursor = await records.search(db, f, limit, before)
+        except ParameterError as exc:
+            raise AdminError(exc.message, param=exc.param) from None
+        return {"data": rows, "next_before": cursor}
+
+    @get("/requests/{request_id:str}")
+    async def request_detail(self, session: SessionData, svc: TenancyService, db: Database, request_id: str,
+                             tenant_id: str | None = None) -> dict[str, Any]:
+        """One request; another tenant's is "not found", exactly like one that does not exist."""
+        tenant = await tenant_for(session, tenant_id, svc)
+        row = await records.one(db, tenant, request_id)
+        if row is None:
+            raise NotFound(f"No request {request_id[:64]!r} in this tenant's usage.", param="request_id")
+        return row
+
+    @get("/overview")
+    async def overview(
+        self, session: SessionData, db: Database, start: str | None = None, end: str | None = None,
+        bucket: str | None = None, range: str | None = None, tz: str | None = None,
+    ) -> dict[str, Any]:
+        """All tenants side by side, top spenders and budgets (admins only)."""
+        if not session.is_admin:
+            raise NotYours("Only admins see the operator's view.")
+        return await operator.overview(db, _range(start, end, bucket, range, tz))
 
     @get("/limits")
     async def limits(self, session: SessionData, svc: TenancyService, db: Database,
@@ -110,19 +171,30 @@ class DashboardApi(Controller):
     async def export(
         self, session: SessionData, svc: TenancyService, db: Database, tenant_id: str | None = None,
         start: str | None = None, end: str | None = None, bucket: str | None = None, table: str = "series",
-    ) -> Response[str]:
-        if table not in CSV_TABLES:
-            raise AdminError(f"table must be one of {', '.join(CSV_TABLES)}", param="table")
+        range: str | None = None, tz: str | None = None, q: str = "",
+        model: str | None = None, key_id: str | None = None, status: str | None = None,
+    ) -> Response[Any]:
+        """A summary table, or (``table=requests``) every request of the range, as CSV."""
+        if table not in (*CSV_TABLES, "requests"):
+            raise AdminError(f"table must be one of {', '.join(CSV_TABLES)}, requests", param="table")
         tenant = await tenant_for(session, tenant_id, svc)
-        data = await queries.summary(db, tenant, _range(start, end, bucket))
+        rng = _range(start, end, bucket, range, tz)
+        if table == "requests":
+            f = _filter(tenant, rng, q, model, key_id, status)
+
+            async def body() -> AsyncIterator[str]:
+                yield records.csv_text([], header=True)
+                async for batch in records.batches(db, f):
+                    yield records.csv_text(batch)
+
+            return _csv(body(), f"requests-{tenant}.csv")
+        data = await queries.summary(db, tenant, rng)
         out = io.StringIO()
         writer = csv.writer(out, lineterminator="\n")
         writer.writerow(CSV_TABLES[table])
         for row in data[table]:
             writer.writerow([row[c] for c in CSV_TABLES[table]])
-        name = f"usage-{tenant}-{table}.csv"
-        return Response(out.getvalue(), media_type="text/csv",
-                        headers={"content-disposition": f'attachment; filename="{name}"'})
+        return _csv(out.getvalue(), f"usage-{tenant}-{table}.csv")
 
     @get("/tenants")
     async def tenants(self, session: SessionData, svc: TenancyService) -> dict[str, Any]:

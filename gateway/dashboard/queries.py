@@ -1,153 +1,219 @@
-"""What the dashboards show, read from the hourly rollups (never a scan of usage_records).
+"""What a tenant's dashboard shows: totals, zero-filled time series (overall, by model, by key),
+breakdowns, errors and latency percentiles for one tenant over one ``Range``.
 
-Every function takes the tenant id it reports on; deciding *which* tenant a caller may see is
-the caller's job (``gateway.dashboard.api``).
+Hour and day buckets read the hourly rollups (never a scan of usage_records); minute buckets (ranges
+of at most 6 hours) group the records of that range by minute, an index range. Every function takes
+the tenant id it reports on; deciding *which* tenant a caller may see is ``gateway.dashboard.api``'s job.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime, timedelta
-from typing import Any, Literal
+from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import and_, case, func, or_, select
+from sqlalchemy.sql.elements import ColumnElement
 
+from gateway.dashboard.ranges import Range
 from gateway.db.engine import Database
-from gateway.db.models import LatencyHourly, UsageHourly, UsageRow
-from gateway.errors import ParameterError
-from gateway.quotas.limits import Limits, period_start
-from gateway.usage.rollup import BOUNDS_MS
+from gateway.db.models import ApiKey, LatencyDaily, LatencyHourly, UsageHourly, UsageRow
+from gateway.quotas.limits import Limits, Period, period_start
+from gateway.usage.rollup import bucket_value, day_of, hour_of
 
-Bucket = Literal["hour", "day"]
-MAX_RANGE = timedelta(days=400)
-_SUMS = ("requests", "errors", "prompt_tokens", "completion_tokens", "cached_tokens", "cost")
+__all__ = ["FIELDS", "RATE_LIMITED", "Range", "budget_used", "cells", "fold", "live", "percentiles", "summary"]
 
-
-@dataclass(frozen=True)
-class Range:
-    start: datetime  # inclusive, on an hour
-    end: datetime  # exclusive
-    bucket: Bucket = "hour"
-
-    @classmethod
-    def parse(cls, start: str | None, end: str | None, bucket: str | None, now: datetime | None = None) -> Range:
-        """ISO dates or timestamps (UTC); default: the last 7 days. Raises ParameterError naming the parameter."""
-        now = now or datetime.now(UTC)
-        if bucket not in (None, "hour", "day"):
-            raise ParameterError("bucket must be 'hour' or 'day'", param="bucket")
-        e = _parse(end, "end") if end else now
-        if end and len(end.strip()) == 10:
-            e += timedelta(days=1)  # a bare end date includes that day
-        s = _parse(start, "start") if start else e - timedelta(days=7)
-        if s >= e:
-            raise ParameterError("start must be before end", param="start")
-        if e - s > MAX_RANGE:
-            raise ParameterError("start: the range may span at most 400 days", param="start")
-        return cls(s.replace(minute=0, second=0, microsecond=0), e, bucket or "hour")  # type: ignore[arg-type]
+# error types of requests answered 429: the gateway's own quota refusals and upstreams' rate limits
+RATE_LIMITED = frozenset({"rate_limit_exceeded", "rate_limited", "upstream_rate_limited"})
+FIELDS = ("requests", "errors", "rate_limited", "prompt_tokens", "completion_tokens", "total_tokens", "cost")
+QS = (0.5, 0.9, 0.99)
 
 
-def _parse(text: str, param: str) -> datetime:
-    try:
-        value = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
-    except ValueError:
-        raise ParameterError(f"{param} must be an ISO date or timestamp, got {text[:40]!r}", param=param) from None
-    return value.astimezone(UTC) if value.tzinfo else value.replace(tzinfo=UTC)
+def _zero() -> dict[str, Any]:
+    return {f: 0.0 if f == "cost" else 0 for f in FIELDS}
 
 
-def _sums(row: Any) -> dict[str, Any]:
-    out: dict[str, Any] = {f: int(getattr(row, f) or 0) for f in _SUMS if f != "cost"}
-    out["cost"] = round(float(row.cost or 0.0), 8)
-    out["total_tokens"] = out["prompt_tokens"] + out["completion_tokens"]
-    return out
+def _add(acc: dict[str, Any], cell: Any) -> None:
+    acc["requests"] += int(cell.requests or 0)
+    acc["errors"] += int(cell.errors or 0)
+    acc["rate_limited"] += int(cell.rate_limited or 0)
+    acc["prompt_tokens"] += int(cell.prompt_tokens or 0)
+    acc["completion_tokens"] += int(cell.completion_tokens or 0)
+    acc["total_tokens"] = acc["prompt_tokens"] + acc["completion_tokens"]
+    acc["cost"] += float(cell.cost or 0.0)
 
 
-def _sum_columns() -> list[Any]:
-    return [func.sum(getattr(UsageHourly, f)).label(f) for f in _SUMS]
+def _rounded(acc: dict[str, Any]) -> dict[str, Any]:
+    return {**acc, "cost": round(acc["cost"], 8)}
+
+
+def _minute(db: Database) -> ColumnElement[Any]:
+    if db.dialect == "postgresql":
+        return func.date_trunc("minute", UsageRow.started_at)
+    return func.strftime("%Y-%m-%d %H:%M:00", UsageRow.started_at)
+
+
+async def cells(db: Database, rng: Range, by: str, tenant_id: str | None = None) -> Sequence[Any]:
+    """Rows of (at, name, requests, errors, rate_limited, prompt_tokens, completion_tokens, cost): the
+    range's usage summed per hour (the rollup) or minute (the records) and per value of column ``by``
+    (model, key_id, error_type or tenant_id)."""
+    if rng.bucket != "minute":
+        h = UsageHourly
+        at, name = h.hour.label("at"), getattr(h, by).label("name")
+        q = select(at, name, func.sum(h.requests).label("requests"), func.sum(h.errors).label("errors"),
+                   func.sum(case((h.error_type.in_(RATE_LIMITED), h.requests), else_=0)).label("rate_limited"),
+                   func.sum(h.prompt_tokens).label("prompt_tokens"),
+                   func.sum(h.completion_tokens).label("completion_tokens"), func.sum(h.cost).label("cost"))
+        q = q.where(h.hour >= hour_of(rng.start), h.hour < rng.end)
+        if tenant_id is not None:
+            q = q.where(h.tenant_id == tenant_id)
+    else:
+        r = UsageRow
+        at, name = _minute(db).label("at"), getattr(r, by).label("name")
+        q = select(at, name, func.count().label("requests"),
+                   func.sum(case((r.status >= 400, 1), else_=0)).label("errors"),
+                   func.sum(case((r.error_type.in_(RATE_LIMITED), 1), else_=0)).label("rate_limited"),
+                   func.sum(r.prompt_tokens).label("prompt_tokens"),
+                   func.sum(r.completion_tokens).label("completion_tokens"), func.sum(r.cost).label("cost"))
+        q = q.where(r.started_at >= rng.start, r.started_at < rng.end)
+        if tenant_id is not None:
+            q = q.where(r.tenant_id == tenant_id)
+    async with db.session() as s:
+        return (await s.execute(q.group_by(at, name))).all()
+
+
+def _when(value: Any) -> datetime:
+    if isinstance(value, str):  # SQLite's strftime
+        return datetime.fromisoformat(value).replace(tzinfo=UTC)
+    return value if value.tzinfo else value.replace(tzinfo=UTC)
+
+
+def fold(rows: Iterable[Any], rng: Range) -> tuple[list[dict[str, Any]], dict[str, list[dict[str, Any]]]]:
+    """The zero-filled series of all rows and, per ``name``, its own zero-filled series."""
+    starts = rng.buckets()
+    index = {t: i for i, t in enumerate(starts)}
+    slot: dict[Any, int | None] = {}  # a row's time -> its bucket (many rows share an hour)
+    total = [_zero() for _ in starts]
+    split: dict[str, list[dict[str, Any]]] = {}
+    for row in rows:
+        if row.at not in slot:
+            slot[row.at] = index.get(rng.floor(_when(row.at)))
+        i = slot[row.at]
+        if i is None:
+            continue
+        _add(total[i], row)
+        name = row.name or ""
+        if name not in split:
+            split[name] = [_zero() for _ in starts]
+        _add(split[name][i], row)
+    stamp = [t.isoformat() for t in starts]
+    return (
+        [{"t": t, **_rounded(p)} for t, p in zip(stamp, total, strict=True)],
+        {k: [_rounded(p) for p in v] for k, v in sorted(split.items())},
+    )
+
+
+def _sum(points: Iterable[dict[str, Any]]) -> dict[str, Any]:
+    acc = _zero()
+    for p in points:
+        for f in FIELDS:
+            acc[f] += p[f]
+    return _rounded(acc)
 
 
 async def summary(db: Database, tenant_id: str, rng: Range) -> dict[str, Any]:
-    """Totals, a time series, breakdowns by model / key / error type, and latency percentiles."""
-    where = (UsageHourly.tenant_id == tenant_id, UsageHourly.hour >= rng.start, UsageHourly.hour < rng.end)
-    async with db.session() as s:
-        hours = (await s.execute(select(UsageHourly.hour, *_sum_columns()).where(*where).group_by(UsageHourly.hour)
-                                 .order_by(UsageHourly.hour))).all()
-        groups = [UsageHourly.model, UsageHourly.key_id, UsageHourly.error_type]  # one pass, a few hundred rows
-        cells = (await s.execute(select(*groups, *_sum_columns()).where(*where).group_by(*groups))).all()
-        lat_where = (
-            LatencyHourly.tenant_id == tenant_id,
-            LatencyHourly.hour >= rng.start,
-            LatencyHourly.hour < rng.end,
-        )
-        buckets = (await s.execute(
-            select(LatencyHourly.kind, LatencyHourly.bucket, func.sum(LatencyHourly.count).label("n"))
-            .where(*lat_where).group_by(LatencyHourly.kind, LatencyHourly.bucket))).all()  # fmt: skip
-    series = _bucketed([(r.hour, _sums(r)) for r in hours], rng.bucket)
-    totals = dict.fromkeys((*_SUMS, "total_tokens"), 0)
-    for _, point in series:
-        for f in totals:
-            totals[f] += point[f]
-    totals["cost"] = round(totals["cost"], 8)
-    total_requests = totals["requests"] or 1
+    """Totals; zero-filled series (all, by model, by key); breakdowns by model / key / error type;
+    latency and TTFT percentiles (overall and per model)."""
+    models, keys, errors, hist, names = await asyncio.gather(  # independent reads, on separate connections
+        cells(db, rng, "model", tenant_id), cells(db, rng, "key_id", tenant_id),
+        cells(db, rng, "error_type", tenant_id), _histograms(db, tenant_id, rng), _key_names(db, tenant_id))
+    series, by_model = fold(models, rng)
+    _, by_key = fold(keys, rng)
+    _, by_error = fold(errors, rng)
+    totals = _sum(series)
+    model_rows = []
+    for model, points in by_model.items():
+        lat = percentiles(hist.get(("latency", model), {}))
+        model_rows.append({"model": model, **_sum(points), **{f"latency_{k}": v for k, v in lat.items()}})
     return {
         "tenant_id": tenant_id,
         "start": rng.start.isoformat(),
         "end": rng.end.isoformat(),
         "bucket": rng.bucket,
+        "tz": rng.tz_name,
         "totals": totals,
-        "series": [{"t": t.isoformat(), **p} for t, p in series],
-        "by_model": _rollup(cells, "model"),
-        "by_key": _rollup(cells, "key_id"),
+        "series": series,
+        "series_by_model": {m: _compact(p) for m, p in by_model.items()},
+        "series_by_key": {k: _compact(p) for k, p in by_key.items()},
+        "by_model": model_rows,
+        "by_key": [{"key_id": k, "key_name": names.get(k, ""), **_sum(p)} for k, p in by_key.items()],
         "errors": [
-            {"error_type": e["error_type"], "requests": e["requests"], "rate": e["requests"] / total_requests}
-            for e in _rollup(cells, "error_type")
-            if e["error_type"]
+            {"error_type": e, "requests": (n := _sum(p)["requests"]), "rate": n / (totals["requests"] or 1)}
+            for e, p in by_error.items() if e
         ],
-        "latency_ms": percentiles({r.bucket: int(r.n) for r in buckets if r.kind == "latency"}),
-        "ttft_ms": percentiles({r.bucket: int(r.n) for r in buckets if r.kind == "ttft"}),
+        "latency_ms": percentiles(_merged(hist, "latency")),
+        "ttft_ms": percentiles(_merged(hist, "ttft")),
     }
 
 
-def _rollup(cells: Sequence[Any], column: str) -> list[dict[str, Any]]:
-    """Sum the (model, key, error type) cells over one of those columns, sorted by it."""
-    out: dict[str, dict[str, Any]] = {}
-    for cell in cells:
-        sums = _sums(cell)
-        acc = out.setdefault(getattr(cell, column), dict.fromkeys(sums, 0))
-        for f, v in sums.items():
-            acc[f] += v
-    return [{column: name, **acc, "cost": round(acc["cost"], 8)} for name, acc in sorted(out.items())]
+async def _key_names(db: Database, tenant_id: str) -> dict[str, str]:
+    async with db.session() as s:
+        return dict((await s.execute(select(ApiKey.id, ApiKey.name).where(ApiKey.tenant_id == tenant_id))).all())
 
 
-def _bucketed(points: list[tuple[datetime, dict[str, Any]]], bucket: Bucket) -> list[tuple[datetime, dict[str, Any]]]:
-    if bucket == "hour":
-        return points
-    days: dict[datetime, dict[str, Any]] = {}
-    for t, p in points:
-        day = t.replace(hour=0)
-        acc = days.setdefault(day, dict.fromkeys(p, 0))
-        for f, v in p.items():
-            acc[f] += v
-    for acc in days.values():
-        acc["cost"] = round(acc["cost"], 8)
-    return sorted(days.items())
+def _compact(points: list[dict[str, Any]]) -> dict[str, list[Any]]:
+    """A series as columns (one list per field), as the charts take it."""
+    return {f: [p[f] for p in points] for f in FIELDS}
 
 
-def percentiles(counts: dict[int, int], qs: tuple[float, ...] = (0.5, 0.9, 0.99)) -> dict[str, float | None]:
-    """Upper bucket bounds at each quantile (None without data; over the last bound: its value)."""
+async def _histograms(db: Database, tenant_id: str, rng: Range) -> dict[tuple[str, str], dict[int, int]]:
+    """(kind, model) -> bucket counts over the hours the range covers: whole UTC days from the daily
+    table, the hours before the first and after the last whole day from the hourly one."""
+    lo, hi = hour_of(rng.start), rng.end
+    first = day_of(lo) + (timedelta(days=1) if lo != day_of(lo) else timedelta())
+    last = day_of(hi)
+    h, d = LatencyHourly, LatencyDaily
+    parts: list[tuple[Any, list[Any]]] = [(h, [h.hour >= lo, h.hour < hi])]
+    if last > first:
+        parts = [(d, [d.day >= first, d.day < last]),
+                 (h, [or_(and_(h.hour >= lo, h.hour < first), and_(h.hour >= last, h.hour < hi))])]
+    out: dict[tuple[str, str], dict[int, int]] = {}
+    async with db.session() as s:
+        for table, where in parts:
+            rows = (await s.execute(
+                select(table.kind, table.model, table.bucket, func.sum(table.count).label("n"))
+                .where(table.tenant_id == tenant_id, *where)
+                .group_by(table.kind, table.model, table.bucket))).all()  # fmt: skip
+            for r in rows:
+                counts = out.setdefault((r.kind, r.model), {})
+                counts[r.bucket] = counts.get(r.bucket, 0) + int(r.n)
+    return out
+
+
+def _merged(hist: dict[tuple[str, str], dict[int, int]], kind: str) -> dict[int, int]:
+    out: dict[int, int] = {}
+    for (k, _), counts in hist.items():
+        if k == kind:
+            for b, n in counts.items():
+                out[b] = out.get(b, 0) + n
+    return out
+
+
+def percentiles(counts: dict[int, int], qs: tuple[float, ...] = QS) -> dict[str, float | None]:
+    """Nearest-rank percentiles from bucket counts: the value of the bucket holding the rank (within
+    4 % of the exact value, see ``gateway.usage.rollup``); None without data."""
     total = sum(counts.values())
     out: dict[str, float | None] = {}
     for q in qs:
         name = f"p{round(q * 100)}"
-        if not total:
-            out[name] = None
-            continue
+        out[name] = None
         seen = 0
         for b in sorted(counts):
             seen += counts[b]
-            if seen >= q * total:
-                out[name] = float(BOUNDS_MS[min(b, len(BOUNDS_MS) - 1)])
+            if total and seen >= q * total:
+                out[name] = round(bucket_value(b), 2)
                 break
     return out
 
@@ -162,21 +228,29 @@ async def live(db: Database, tenant_id: str, limits: Limits, now: float | None =
             select(func.count().label("requests"),
                    func.coalesce(func.sum(UsageRow.prompt_tokens + UsageRow.completion_tokens), 0).label("tokens"))
             .where(UsageRow.tenant_id == tenant_id, UsageRow.started_at >= since))).one()  # fmt: skip
-        q = select(
-            func.coalesce(func.sum(UsageHourly.prompt_tokens + UsageHourly.completion_tokens), 0),
-            func.coalesce(func.sum(UsageHourly.cost), 0.0),
-        ).where(UsageHourly.tenant_id == tenant_id)
-        start = period_start(limits.budget_period, now)
-        if start is not None:
-            q = q.where(UsageHourly.hour >= datetime.fromtimestamp(start, UTC))
-        tokens, cost = (await s.execute(q)).one()
+    tokens, cost = (await budget_used(db, [tenant_id], limits.budget_period, now)).get(tenant_id, (0, 0.0))
     return {
         "tenant_id": tenant_id,
         "limits": limits.as_dict(),
         "used": {
             "requests_per_minute": int(minute.requests),
             "tokens_per_minute": int(minute.tokens),
-            "token_budget": int(tokens),
-            "cost_budget": round(float(cost), 8),
+            "token_budget": tokens,
+            "cost_budget": cost,
         },
     }
+
+
+async def budget_used(db: Database, tenant_ids: Sequence[str], period: Period, now: float | None = None
+                      ) -> dict[str, tuple[int, float]]:
+    """Tokens and cost each tenant used in the current budget period (from the rollups)."""
+    q = select(
+        UsageHourly.tenant_id,
+        func.coalesce(func.sum(UsageHourly.prompt_tokens + UsageHourly.completion_tokens), 0),
+        func.coalesce(func.sum(UsageHourly.cost), 0.0),
+    ).where(UsageHourly.tenant_id.in_(list(tenant_ids))).group_by(UsageHourly.tenant_id)
+    start = period_start(period, now or time.time())
+    if start is not None:
+        q = q.where(UsageHourly.hour >= datetime.fromtimestamp(start, UTC))
+    async with db.session() as s:
+        return {t: (int(n), round(float(c), 8)) for t, n, c in (await s.execute(q)).all()}

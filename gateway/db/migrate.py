@@ -7,7 +7,9 @@ Alembic's env.py runs its own event loop, so these functions are synchronous; as
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from alembic import command
 from alembic.config import Config
@@ -35,12 +37,24 @@ def alembic_config(url: str) -> Config:
     return cfg
 
 
-def upgrade(url: str, revision: str = "head") -> None:
-    command.upgrade(alembic_config(url), revision)
+def _with_progress(cfg: Config, progress: Callable[[str], None] | None) -> Config:
+    """Call ``progress`` with a line after each migration step is applied."""
+    if progress is not None:
+        def step(*, step: Any, **_: Any) -> None:
+            doc = (step.up_revision.doc or "").strip().splitlines()
+            verb = "applied" if step.is_upgrade else "reverted"
+            progress(f"{verb} {step.up_revision_id}: {doc[0] if doc else ''}")
+
+        cfg.attributes["on_version_apply"] = step
+    return cfg
 
 
-def downgrade(url: str, revision: str = "-1") -> None:
-    command.downgrade(alembic_config(url), revision)
+def upgrade(url: str, revision: str = "head", progress: Callable[[str], None] | None = None) -> None:
+    command.upgrade(_with_progress(alembic_config(url), progress), revision)
+
+
+def downgrade(url: str, revision: str = "-1", progress: Callable[[str], None] | None = None) -> None:
+    command.downgrade(_with_progress(alembic_config(url), progress), revision)
 
 
 def head_revision() -> str | None:
@@ -62,7 +76,11 @@ async def check_schema(engine: AsyncEngine) -> None:
     try:
         current = await current_revision(engine)
     except Exception as exc:  # unreachable database: say so, with the URL but no password
-        raise SchemaNotReady(f"cannot open database {safe_url(engine.url)}: {exc}") from None
+        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise SchemaNotReady(
+            f"cannot reach the database at {safe_url(engine.url)}: {reason}. Check that it is running and that "
+            "database.url in the config (or SWITCHYARD__DATABASE__URL) points at it"
+        ) from None
     if current != head:
         state = "empty (never migrated)" if current is None else f"at revision {current}"
         raise SchemaNotReady(

@@ -174,15 +174,29 @@ class UsageHourly(Base):
 
 class LatencyHourly(Base):
     """Per tenant, model and UTC hour: how many requests fell in each latency / TTFT bucket
-    (``gateway.usage.rollup.BOUNDS_MS``), so percentiles come from the rollup too."""
+    (``gateway.usage.rollup.bucket_of``), so percentiles come from the rollup too."""
 
     __tablename__ = "latency_hourly"
+    __table_args__ = (Index("ix_latency_hourly_tenant_hour", "tenant_id", "hour"),)
 
     tenant_id: Mapped[str] = mapped_column(String(40), primary_key=True)
     model: Mapped[str] = mapped_column(String(200), primary_key=True)
     hour: Mapped[datetime] = mapped_column(UTCDateTime, primary_key=True)
     kind: Mapped[str] = mapped_column(String(8), primary_key=True)  # latency | ttft
-    bucket: Mapped[int] = mapped_column(Integer, primary_key=True)  # index into BOUNDS_MS (len: over the last)
+    bucket: Mapped[int] = mapped_column(Integer, primary_key=True)  # see gateway.usage.rollup.bucket_of
+    count: Mapped[int] = mapped_column(BigInteger, default=0)
+
+
+class LatencyDaily(Base):
+    """``LatencyHourly`` summed per UTC day, so a month's percentiles read 30 days, not 720 hours."""
+
+    __tablename__ = "latency_daily"
+
+    tenant_id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    day: Mapped[datetime] = mapped_column(UTCDateTime, primary_key=True)  # UTC midnight
+    model: Mapped[str] = mapped_column(String(200), primary_key=True)
+    kind: Mapped[str] = mapped_column(String(8), primary_key=True)
+    bucket: Mapped[int] = mapped_column(Integer, primary_key=True)
     count: Mapped[int] = mapped_column(BigInteger, default=0)
 
 

@@ -2,7 +2,7 @@
 (revoked_sessions)
 
 Revision ID: 0005_audit
-Revises: 0002
+Revises: 0004_dash
 Create Date: 2026-12-04
 """
 
@@ -14,7 +14,7 @@ from alembic import op
 from gateway.db.models import BigId, UTCDateTime
 
 revision: str = "0005_audit"
-down_revision: str | None = "0002"
+down_revision: str | None = "0004_dash"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

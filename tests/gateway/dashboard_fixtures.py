@@ -83,7 +83,8 @@ async def dash(fake_upstream_server, tmp_path_factory: pytest.TempPathFactory) -
     writer = UsageWriter(db, PriceTable(), journal_dir=Path(tmp_path_factory.mktemp("seedjournal")))
     async with httpx.AsyncClient(base_url=server.url, headers=admin) as client:
         for name, n, base in (("alpha", 90, 40), ("beta", 35, 400)):
-            tid = (await client.post("/admin/v1/tenants", json={"name": f"{name}-{uuid.uuid4().hex[:6]}"})).json()["id"]
+            full_name = f"{name}-{uuid.uuid4().hex[:6]}"
+            tid = (await client.post("/admin/v1/tenants", json={"name": full_name})).json()["id"]
             keys = [(await client.post("/admin/v1/keys", json={"tenant_id": tid, "name": f"{name}{k}"})).json()
                     for k in range(2)]
             await client.put(
@@ -96,7 +97,7 @@ async def dash(fake_upstream_server, tmp_path_factory: pytest.TempPathFactory) -
             tenants.append(
                 Tenant(
                     tid,
-                    name,
+                    full_name,
                     keys[0]["key"],
                     [k["id"] for k in keys],
                     n,

@@ -13,7 +13,7 @@ import pytest
 from tests.conftest import ADMIN_KEY
 from tests.gateway.dashboard_fixtures import DashEnv, dash, login  # noqa: F401
 
-DATA_ENDPOINTS = ["summary", "limits", "export.csv"]
+DATA_ENDPOINTS = ["summary", "limits", "export.csv", "requests", "export.csv?table=requests"]
 
 
 @pytest.fixture
@@ -68,7 +68,7 @@ def test_tenant_session_cannot_read_another_tenant(a_client: httpx.Client, dash:
     assert own.status_code == 200 and dash.b.id not in own.text
 
 
-@pytest.mark.parametrize("endpoint", ["tenants", "deployments"])
+@pytest.mark.parametrize("endpoint", ["tenants", "deployments", "overview"])
 def test_admin_only_endpoints_refuse_tenants(a_client: httpx.Client, endpoint: str) -> None:
     assert a_client.get(f"/dashboard/api/{endpoint}").status_code == 403
 
@@ -78,7 +78,7 @@ def test_no_session_or_a_forged_cookie_reads_nothing(dash: DashEnv, a_client: ht
     payload, _, sig = session.rpartition(".")
     for cookies in ({}, {"sy_session": payload + ".AAAA" + sig[4:]}, {"sy_session": "garbage"}):
         with httpx.Client(base_url=dash.url, cookies=cookies) as anon:
-            for endpoint in [*DATA_ENDPOINTS, "tenants", "deployments", "me"]:
+            for endpoint in [*DATA_ENDPOINTS, "tenants", "deployments", "overview", "me", "requests/x"]:
                 assert anon.get(f"/dashboard/api/{endpoint}", params={"tenant_id": dash.b.id}).status_code == 401
 
 
@@ -131,3 +131,35 @@ def test_cookies_are_secure_behind_tls_and_pages_carry_security_headers(dash: Da
         assert "frame-ancestors 'none'" in form.headers["content-security-policy"]
     with httpx.Client(base_url=dash.url) as client:  # plain HTTP (local development): not Secure
         assert "secure" not in client.get("/dashboard/login").headers["set-cookie"].lower()
+
+
+def test_bad_parameters_are_400s_naming_the_parameter(a_client: httpx.Client) -> None:
+    for endpoint, params, param in (
+        ("summary", {"range": "2w"}, "range"),
+        ("summary", {"tz": "Mars/Olympus"}, "tz"),
+        ("summary", {"bucket": "minute", "range": "30d"}, "bucket"),
+        ("summary", {"start": "2026-02-01", "end": "2026-01-01"}, "start"),
+        ("requests", {"status": "weird"}, "status"),
+        ("requests", {"limit": "0"}, "limit"),
+        ("requests", {"before": "not-a-cursor"}, "before"),
+        ("export.csv", {"table": "everything"}, "table"),
+    ):
+        got = a_client.get(f"/dashboard/api/{endpoint}", params=params)
+        assert got.status_code == 400, (endpoint, params, got.text)
+        assert got.json()["error"]["param"] == param
+
+
+def test_request_detail_is_the_tenants_own_only(a_client: httpx.Client, dash: DashEnv) -> None:
+    mine = a_client.get("/dashboard/api/requests", params={"range": "7d", "limit": 3}).json()
+    assert len(mine["data"]) == 3 and mine["next_before"] is not None
+    assert {r["tenant_id"] for r in mine["data"]} == {dash.a.id}
+    one = a_client.get(f"/dashboard/api/requests/{mine['data'][0]['request_id']}").json()
+    assert one["request_id"] == mine["data"][0]["request_id"] and one["explanation"]
+    with httpx.Client(base_url=dash.url) as admin:
+        login(admin, ADMIN_KEY)
+        theirs = admin.get("/dashboard/api/requests", params={"tenant_id": dash.b.id, "limit": 1}).json()["data"][0]
+        overview = admin.get("/dashboard/api/overview", params={"range": "7d"}).json()
+    missing = a_client.get(f"/dashboard/api/requests/{theirs['request_id']}")
+    assert missing.status_code == 404 and dash.b.id not in missing.text
+    assert {t["tenant_id"]: t["requests"] for t in overview["tenants"]} == {dash.a.id: dash.a.requests,
+                                                                            dash.b.id: dash.b.requests}

@@ -16,7 +16,7 @@ from gateway.db.models import Base
 from tests.gateway.tenancy_fixtures import drop_pg_database, new_pg_database
 
 TABLES = {"tenants", "api_keys", "limits", "usage_records", "model_prices", "usage_hourly", "latency_hourly",
-          "stored_responses", "auth_events", "revoked_sessions"}
+          "stored_responses", "auth_events", "revoked_sessions", "latency_daily"}
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

@@ -1,9 +1,14 @@
-// The usage dashboard: reads /dashboard/api/* with the session cookie, draws uPlot charts and
-// sortable tables, and keeps the "Now" table live. Text is always inserted as text, never as HTML.
+// The dashboards: usage (a tenant's, or the one an admin picks), the request log and, for admins, the
+// operator's view. Reads /dashboard/api/* with the session cookie. Charts span exactly the chosen
+// range and draw every bucket, zeros included; times are in the browser's time zone. Text is always
+// inserted as text, never as HTML.
 "use strict";
 (function () {
   const $ = (id) => document.getElementById(id);
-  const state = { me: null, tenant: null, charts: {} };
+  const TZ = Intl.DateTimeFormat().resolvedOptions().timeZone || "UTC";
+  const COLORS = ["#2563eb", "#dc2626", "#16a34a", "#9333ea", "#ea580c", "#0891b2", "#4d7c0f", "#be185d"];
+  const state = { me: null, tenant: null, charts: {}, view: "usage", cursor: null, names: {}, shown: 0 };
+  window.__sy = state; // for the browser tests: the charts' scales and data
 
   async function api(path) {
     const res = await fetch("/dashboard/api/" + path, { credentials: "same-origin" });
@@ -13,18 +18,24 @@
     return body;
   }
 
-  function query() {
+  function rangeParams(withTenant) {
     const p = new URLSearchParams();
-    if (state.me.role === "admin") p.set("tenant_id", state.tenant);
-    p.set("start", $("start").value);
-    p.set("end", $("end").value);
-    p.set("bucket", $("bucket").value);
+    if (withTenant && state.me.role === "admin" && state.tenant) p.set("tenant_id", state.tenant);
+    p.set("tz", TZ);
+    if ($("range").value === "custom") {
+      if ($("start").value) p.set("start", $("start").value);
+      if ($("end").value) p.set("end", $("end").value);
+    } else {
+      p.set("range", $("range").value);
+    }
+    if ($("bucket").value) p.set("bucket", $("bucket").value);
     return p;
   }
 
-  const fmt = (v) => typeof v === "number" ? (Number.isInteger(v) ? v.toLocaleString("en-US") : v.toFixed(6)) : (v ?? "—");
+  const fmt = (v) => typeof v === "number" ? (Number.isInteger(v) ? v.toLocaleString("en-US") : v.toFixed(6).replace(/0+$/, "").replace(/\.$/, "")) : (v ?? "—");
+  const when = (iso) => new Date(iso).toLocaleString(undefined, { dateStyle: "medium", timeStyle: "short" });
 
-  function table(el, columns, rows) {
+  function table(el, columns, rows, onClick) {
     el.replaceChildren();
     const head = el.createTHead().insertRow();
     columns.forEach(([key, label], i) => {
@@ -35,13 +46,20 @@
       head.appendChild(th);
     });
     const body = el.createTBody();
+    appendRows(el, columns, rows, onClick);
+    return body;
+  }
+
+  function appendRows(el, columns, rows, onClick) {
+    const body = el.tBodies[0];
     for (const row of rows) {
       const tr = body.insertRow();
-      for (const [key] of columns) {
+      for (const [key, , show] of columns) {
         const td = tr.insertCell();
-        td.textContent = fmt(row[key]);
+        td.textContent = show ? show(row[key], row) : fmt(row[key]);
         td.dataset.value = row[key] ?? "";
       }
+      if (onClick) { tr.tabIndex = 0; tr.addEventListener("click", () => onClick(row)); }
     }
   }
 
@@ -56,23 +74,44 @@
     el.tBodies[0].append(...rows);
   }
 
-  function chart(id, series, xs, ys) {
+  // A line chart over exactly [start, end] of the range, y from zero; every bucket is a point.
+  function chart(id, data, lines) {
     const el = $(id);
     if (state.charts[id]) state.charts[id].destroy();
+    const xs = data.series.map((p) => Date.parse(p.t) / 1000);
+    const x0 = Date.parse(data.start) / 1000, x1 = Date.parse(data.end) / 1000;
     const opts = {
       width: Math.max(260, el.clientWidth), height: 200,
-      series: [{}, ...series.map((label, i) => ({ label, stroke: ["#2563eb", "#dc2626", "#16a34a"][i], width: 2 }))],
+      scales: { x: { time: true, range: () => [x0, x1] },
+                y: { range: (u, lo, hi) => [0, hi > 0 ? hi * 1.1 : 1] } },
+      series: [{}, ...lines.map(([label], i) => ({ label, stroke: COLORS[i % COLORS.length], width: 2,
+        points: { show: xs.length <= 60 } }))],
       axes: [{}, { size: 60 }],
+      legend: { live: false },
     };
-    state.charts[id] = new uPlot(opts, [xs, ...ys], el);
+    state.charts[id] = new uPlot(opts, [xs, ...lines.map(([, ys]) => ys)], el);
   }
 
-  const USAGE_COLUMNS = [["requests", "Requests"], ["errors", "Errors"], ["prompt_tokens", "Prompt tokens"],
-    ["completion_tokens", "Completion tokens"], ["total_tokens", "Total tokens"], ["cost", "Cost (USD)"]];
+  const USAGE_COLUMNS = [["requests", "Requests"], ["errors", "Errors"], ["rate_limited", "429s"],
+    ["prompt_tokens", "Prompt tokens"], ["completion_tokens", "Completion tokens"], ["total_tokens", "Total tokens"],
+    ["cost", "Cost (USD)"]];
 
-  async function load() {
-    const q = query();
+  function split(data, field) {
+    const by = $("split").value;
+    if (by === "total") return [[field, data.series.map((p) => p[field])]];
+    const groups = by === "model" ? data.series_by_model : data.series_by_key;
+    return Object.entries(groups).map(([name, s]) => [by === "key" ? (state.names[name] || name) : name, s[field]]);
+  }
+
+  // An answer that arrives after the user changed the view or its controls is dropped.
+  const stale = (ticket) => ticket !== state.shown;
+
+  async function loadUsage(ticket) {
+    const q = rangeParams(true);
     const data = await api("summary?" + q);
+    if (stale(ticket)) return;
+    $("who").textContent = state.me.role === "admin" ? "admin · " + data.tenant_name : data.tenant_name;
+    state.names = Object.fromEntries(data.by_key.map((k) => [k.key_id, k.key_name || k.key_id]));
     const totals = $("totals");
     totals.replaceChildren();
     for (const [key, label] of USAGE_COLUMNS) {
@@ -86,16 +125,30 @@
       card.appendChild(b);
       totals.appendChild(card);
     }
-    const xs = data.series.map((p) => Date.parse(p.t) / 1000);
-    chart("chart-requests", ["requests", "errors"], xs, [data.series.map((p) => p.requests), data.series.map((p) => p.errors)]);
-    chart("chart-tokens", ["prompt", "completion"], xs, [data.series.map((p) => p.prompt_tokens), data.series.map((p) => p.completion_tokens)]);
-    chart("chart-cost", ["cost"], xs, [data.series.map((p) => p.cost)]);
-    table($("by-model"), [["model", "Model"], ...USAGE_COLUMNS], data.by_model);
-    table($("by-key"), [["key_id", "Key"], ...USAGE_COLUMNS], data.by_key);
-    table($("errors"), [["error_type", "Error type"], ["requests", "Requests"], ["rate", "Share of requests"]], data.errors);
+    // every chart in total, or one line per model / key ("Split by")
+    const by = $("split").value, per = by === "total" ? "" : " by " + by;
+    $("cap-requests").textContent = "Requests" + per;
+    $("cap-cost").textContent = "Cost (USD)" + per;
+    chart("chart-requests", data, split(data, "requests"));
+    chart("chart-cost", data, split(data, "cost"));
+    if (by === "total") {
+      $("cap-tokens").textContent = "Tokens (prompt / completion)";
+      chart("chart-tokens", data, [["prompt", data.series.map((p) => p.prompt_tokens)],
+        ["completion", data.series.map((p) => p.completion_tokens)]]);
+      $("cap-errors").textContent = "Errors and 429s";
+      chart("chart-errors", data, [["errors", data.series.map((p) => p.errors)], ["429s", data.series.map((p) => p.rate_limited)]]);
+    } else {
+      $("cap-tokens").textContent = "Tokens" + per;
+      chart("chart-tokens", data, split(data, "total_tokens"));
+      $("cap-errors").textContent = "Errors (429s included)" + per;
+      chart("chart-errors", data, split(data, "errors"));
+    }
     table($("latency"), [["kind", ""], ["p50", "p50"], ["p90", "p90"], ["p99", "p99"]],
-      [{ kind: "latency", ...data.latency_ms }, { kind: "time to first token", ...data.ttft_ms }]);
-    table($("series"), [["t", "Bucket start (UTC)"], ...USAGE_COLUMNS], data.series);
+      [{ kind: "total latency", ...data.latency_ms }, { kind: "time to first token", ...data.ttft_ms }]);
+    table($("by-model"), [["model", "Model"], ...USAGE_COLUMNS, ["latency_p50", "p50 ms"], ["latency_p99", "p99 ms"]], data.by_model);
+    table($("by-key"), [["key_id", "Key"], ["key_name", "Name"], ...USAGE_COLUMNS], data.by_key);
+    table($("errors"), [["error_type", "Error type"], ["requests", "Requests"], ["rate", "Share of requests"]], data.errors);
+    table($("series"), [["t", "Bucket start (" + data.tz + ")", when], ...USAGE_COLUMNS], data.series);
     q.set("table", "series");
     $("csv").href = "/dashboard/api/export.csv?" + q;
     for (const link of document.querySelectorAll("a.csv")) {
@@ -120,36 +173,144 @@
     }
   }
 
-  async function deployments() {
-    const data = await api("deployments");
-    table($("deployments"), [["deployment", "Deployment"], ["model", "Model"], ["provider", "Provider"], ["state", "State"],
-      ["latency_ewma_ms", "Latency EWMA (ms)"], ["requests", "Requests"], ["errors", "Errors"], ["error_rate", "Error rate"]], data.data);
+  const LOG_COLUMNS = [["started_at", "Time", when], ["key_id", "Key", (v) => state.names[v] || v], ["model", "Model"],
+    ["deployment", "Deployment"], ["status", "Status"], ["total_tokens", "Tokens"], ["cost", "Cost (USD)"],
+    ["latency_ms", "Latency (ms)", (v) => v == null ? "—" : Math.round(v).toString()], ["error_type", "Error"]];
+
+  function logParams() {
+    const q = rangeParams(true);
+    if ($("q").value.trim()) q.set("q", $("q").value.trim());
+    if ($("status").value) q.set("status", $("status").value);
+    return q;
+  }
+
+  async function loadRequests(more, ticket = state.shown) {
+    const q = logParams();
+    const csv = new URLSearchParams(q);
+    csv.set("table", "requests");
+    $("csv-requests").href = "/dashboard/api/export.csv?" + csv;
+    if (more && state.cursor) q.set("before", state.cursor);
+    const page = await api("requests?" + q);
+    if (stale(ticket)) return;
+    if (more) appendRows($("requests"), LOG_COLUMNS, page.data, detail);
+    else { table($("requests"), LOG_COLUMNS, page.data, detail); $("detail").hidden = true; }
+    state.cursor = page.next_before;
+    $("more").hidden = !state.cursor;
+  }
+
+  async function detail(row) {
+    const p = state.me.role === "admin" ? "?tenant_id=" + encodeURIComponent(state.tenant) : "";
+    const d = await api("requests/" + encodeURIComponent(row.request_id) + p);
+    $("detail-id").textContent = d.request_id;
+    $("detail-why").textContent = d.explanation;
+    const dl = $("detail-fields");
+    dl.replaceChildren();
+    for (const [k, v] of Object.entries(d)) {
+      if (k === "explanation") continue;
+      const dt = document.createElement("dt"); dt.textContent = k.replaceAll("_", " ");
+      const dd = document.createElement("dd"); dd.textContent = k === "started_at" ? when(v) + " (" + v + ")" : fmt(v);
+      dd.dataset.field = k;
+      dl.append(dt, dd);
+    }
+    $("detail").hidden = false;
+    $("detail").scrollIntoView({ block: "nearest" });
+  }
+
+  async function loadOperator(ticket) {
+    const q = rangeParams(false);
+    const [data, deps] = await Promise.all([api("overview?" + q), api("deployments")]);
+    if (stale(ticket)) return;
+    chart("chart-tenants", data, Object.entries(data.series_by_tenant));
+    const cols = [["name", "Tenant"], ["status", "Status"], ...USAGE_COLUMNS, ["error_rate", "Error rate"]];
+    table($("tenants"), cols, data.tenants);
+    table($("top-spenders"), [["name", "Tenant"], ["cost", "Cost (USD)"], ["total_tokens", "Tokens"], ["requests", "Requests"]], data.top_spenders);
+    table($("budgets"), [["name", "Tenant"], ["budget", "Budget"], ["period", "Period"], ["used", "Used"], ["limit", "Limit"],
+      ["share", "Used share", (v) => (v * 100).toFixed(1) + "%"], ["near_limit", "Near limit", (v) => v ? "yes" : ""]], data.budgets);
+    table($("deployments"), [["deployment", "Deployment"], ["model", "Model"], ["provider", "Provider"], ["state", "Circuit"],
+      ["latency_ewma_ms", "Latency EWMA (ms)"], ["requests", "Requests"], ["errors", "Errors"], ["error_rate", "Error rate"]], deps.data);
+  }
+
+  // The view and its controls live in the address (#usage?range=30d&split=model): reload and
+  // bookmarks keep them; a bare #view (the tabs) keeps the controls as they are.
+  const CONTROLS = ["range", "start", "end", "bucket", "split", "tenant"];
+
+  function readAddress() {
+    const [view, query] = location.hash.slice(1).split("?");
+    const p = new URLSearchParams(query || "");
+    for (const id of CONTROLS) {
+      if (!p.has(id)) continue;
+      const el = $(id);
+      if (el.tagName === "SELECT" && ![...el.options].some((o) => o.value === p.get(id))) continue;
+      el.value = p.get(id);
+    }
+    for (const el of document.querySelectorAll(".custom")) el.hidden = $("range").value !== "custom";
+    if (state.me.role === "admin" && $("tenant").value) state.tenant = $("tenant").value;
+    return ["requests", "operator"].includes(view) ? view : "usage";
+  }
+
+  function writeAddress() {
+    const p = new URLSearchParams();
+    for (const id of CONTROLS) {
+      if ($(id).value && !(id === "tenant" && state.me.role !== "admin")
+          && !((id === "start" || id === "end") && $("range").value !== "custom")) p.set(id, $(id).value);
+    }
+    history.replaceState(null, "", "#" + state.view + "?" + p);
+  }
+
+  async function show(fromAddress) {
+    state.view = fromAddress === true ? readAddress() : state.view;
+    if (state.view === "operator" && state.me.role !== "admin") state.view = "usage";
+    for (const v of ["usage", "requests", "operator"]) {
+      $("view-" + v).hidden = v !== state.view;
+      $("tab-" + v).classList.toggle("active", v === state.view);
+    }
+    for (const el of document.querySelectorAll(".usage-only")) el.hidden = state.view !== "usage";
+    $("tenant-label").hidden = state.me.role !== "admin" || state.view === "operator";
+    $("message").textContent = "";
+    writeAddress();
+    document.body.dataset.ready = "";
+    const ticket = ++state.shown;
+    try {
+      if (state.view === "operator") await loadOperator(ticket);
+      else if (state.tenant) await (state.view === "requests" ? loadRequests(false, ticket) : loadUsage(ticket));
+      if (stale(ticket)) return;
+      document.body.dataset.ready = "1";
+    } catch (e) {
+      if (stale(ticket)) return;
+      $("message").textContent = e.message;
+      document.body.dataset.error = String(e);
+    }
   }
 
   async function start() {
     state.me = await api("me");
+    $("tz").textContent = TZ;
     const today = new Date();
-    const weekAgo = new Date(today.getTime() - 6 * 86400000);
-    $("end").value = today.toISOString().slice(0, 10);
-    $("start").value = weekAgo.toISOString().slice(0, 10);
+    $("end").value = today.toLocaleDateString("en-CA");
+    $("start").value = new Date(today.getTime() - 6 * 86400000).toLocaleDateString("en-CA");
     if (state.me.role === "admin") {
       $("who").textContent = "admin";
+      $("tab-operator").hidden = false;
       const tenants = (await api("tenants")).data;
       const select = $("tenant");
-      for (const t of tenants) select.add(new Option(t.name + " (" + t.id + ")", t.id));
+      for (const t of tenants) select.add(new Option(t.name, t.id));
       state.tenant = tenants.length ? tenants[0].id : null;
-      $("tenant-label").hidden = false;
-      select.addEventListener("change", () => { state.tenant = select.value; load(); });
-      $("deployments-section").hidden = false;
-      await deployments();
-      if (!state.tenant) return;
+      select.addEventListener("change", () => { state.tenant = select.value; show(); });
     } else {
-      $("who").textContent = "tenant " + state.me.tenant_id;
+      state.tenant = state.me.tenant_id;
+      $("who").textContent = state.me.tenant_name;
     }
-    $("controls").addEventListener("submit", (e) => { e.preventDefault(); load(); });
-    await load();
-    document.body.dataset.ready = "1";
-    setInterval(() => live().catch(() => {}), 5000);
+    $("range").addEventListener("change", () => {
+      for (const el of document.querySelectorAll(".custom")) el.hidden = $("range").value !== "custom";
+      if ($("range").value !== "custom") show();
+    });
+    $("split").addEventListener("change", () => show());
+    $("controls").addEventListener("submit", (e) => { e.preventDefault(); show(); });
+    $("log-search").addEventListener("submit", (e) => { e.preventDefault(); loadRequests(false).catch((x) => { $("message").textContent = x.message; }); });
+    $("more").addEventListener("click", () => loadRequests(true));
+    window.addEventListener("hashchange", () => show(true));
+    await show(true);
+    setInterval(() => { if (state.view === "usage" && state.tenant) live().catch(() => {}); }, 5000);
   }
 
   start().catch((e) => { document.body.dataset.error = String(e); });

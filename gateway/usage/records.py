@@ -1,0 +1,152 @@
+"""Single usage records: the request log's search and detail, and the CSV export of a range.
+
+Every query is scoped by ``RecordFilter.tenant_id`` when it is set (the dashboard always sets it
+to the caller's own tenant); the CLI's export may leave it empty to export all tenants.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from collections.abc import AsyncIterator, Iterable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Select, and_, or_, select
+
+from gateway.db.engine import Database
+from gateway.db.models import UsageRow
+from gateway.errors import ParameterError
+
+COLUMNS = ("request_id", "started_at", "tenant_id", "key_id", "model", "deployment", "provider", "endpoint",
+           "stream", "status", "error_type", "prompt_tokens", "completion_tokens", "cached_tokens", "exact",
+           "cost", "latency_ms", "ttft_ms")
+STATUSES = ("ok", "error", "429")
+MAX_PAGE = 500
+
+# why a request failed, in words, for the error types the gateway records
+WHY = {
+    "rate_limit_exceeded": "Refused by the gateway: over a rate, concurrency or budget limit of the key or tenant.",
+    "rate_limited": "The provider rate-limited the request (its 429), on every deployment tried.",
+    "quota_unavailable": "Refused: the quota service (Redis) was unavailable.",
+    "timeout": "The provider did not answer in time.",
+    "unavailable": "No deployment could take the request (down, or its circuit open).",
+    "invalid_request_error": "The provider rejected the request as invalid.",
+    "context_length_exceeded": "The prompt plus max tokens exceed the model's context window.",
+    "upstream_error": "The provider failed (a 5xx or a broken answer) on every deployment tried.",
+    "upstream_auth": "The provider rejected the gateway's credentials for this deployment.",
+    "client_disconnected": "The client went away before the answer was complete.",
+}
+
+
+@dataclass(frozen=True)
+class RecordFilter:
+    tenant_id: str | None
+    start: datetime
+    end: datetime
+    text: str = ""  # matches a request id prefix, or a model / key / deployment / error type exactly
+    model: str | None = None
+    key_id: str | None = None
+    status: str | None = None  # ok | error | 429
+
+    def where(self, q: Select[Any]) -> Select[Any]:
+        if self.status not in (None, "", *STATUSES):
+            raise ParameterError(f"status must be one of {', '.join(STATUSES)}", param="status")
+        q = q.where(UsageRow.started_at >= self.start, UsageRow.started_at < self.end)
+        if self.tenant_id is not None:
+            q = q.where(UsageRow.tenant_id == self.tenant_id)
+        if self.model:
+            q = q.where(UsageRow.model == self.model)
+        if self.key_id:
+            q = q.where(UsageRow.key_id == self.key_id)
+        if self.status == "ok":
+            q = q.where(UsageRow.status < 400)
+        elif self.status == "error":
+            q = q.where(UsageRow.status >= 400)
+        elif self.status == "429":
+            q = q.where(UsageRow.status == 429)
+        text = self.text.strip()
+        if text:
+            escaped = text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+            q = q.where(or_(UsageRow.request_id.like(escaped + "%", escape="\\"), UsageRow.model == text,
+                            UsageRow.key_id == text, UsageRow.deployment == text, UsageRow.error_type == text))
+        return q
+
+
+def as_dict(row: UsageRow) -> dict[str, Any]:
+    out = {c: getattr(row, c) for c in COLUMNS}
+    out["started_at"] = row.started_at.isoformat()
+    out["total_tokens"] = row.prompt_tokens + row.completion_tokens
+    return out
+
+
+async def search(db: Database, f: RecordFilter, limit: int = 50, before: str | None = None
+                 ) -> tuple[list[dict[str, Any]], str | None]:
+    """The newest matching records first, and a cursor for the next (older) page, or None."""
+    if not 1 <= limit <= MAX_PAGE:
+        raise ParameterError(f"limit must lie in [1, {MAX_PAGE}]", param="limit")
+    q = f.where(select(UsageRow))
+    if before:
+        at, row_id = _cursor(before)
+        q = q.where(or_(UsageRow.started_at < at, and_(UsageRow.started_at == at, UsageRow.id < row_id)))
+    async with db.session() as s:
+        rows = (await s.execute(q.order_by(UsageRow.started_at.desc(), UsageRow.id.desc()).limit(limit + 1))
+                ).scalars().all()
+    more = len(rows) > limit
+    rows = rows[:limit]
+    cursor = f"{rows[-1].started_at.isoformat()}~{rows[-1].id}" if more and rows else None
+    return [as_dict(r) for r in rows], cursor
+
+
+def _cursor(text: str) -> tuple[datetime, int]:
+    try:
+        at, _, row_id = text.rpartition("~")
+        return datetime.fromisoformat(at), int(row_id)
+    except ValueError:
+        raise ParameterError("before must be a cursor from a previous page (next_before)", param="before") from None
+
+
+async def one(db: Database, tenant_id: str | None, request_id: str) -> dict[str, Any] | None:
+    """One record with a sentence on why it failed; None when it is not this tenant's."""
+    q = select(UsageRow).where(UsageRow.request_id == request_id)
+    if tenant_id is not None:
+        q = q.where(UsageRow.tenant_id == tenant_id)
+    async with db.session() as s:
+        row = (await s.execute(q)).scalar_one_or_none()
+    if row is None:
+        return None
+    out = as_dict(row)
+    out["explanation"] = explain(row.status, row.error_type)
+    return out
+
+
+def explain(status: int, error_type: str | None) -> str:
+    if status < 400 and not error_type:
+        return "Answered."
+    if error_type in WHY:
+        return WHY[error_type]
+    return f"Failed with HTTP {status}" + (f" ({error_type})." if error_type else ".")
+
+
+async def batches(db: Database, f: RecordFilter, size: int = 5000) -> AsyncIterator[list[dict[str, Any]]]:
+    """All matching records, oldest first, a batch at a time (keyset paging: constant memory)."""
+    last = 0
+    while True:
+        q = f.where(select(UsageRow)).where(UsageRow.id > last).order_by(UsageRow.id).limit(size)
+        async with db.session() as s:
+            rows = (await s.execute(q)).scalars().all()
+        if not rows:
+            return
+        last = rows[-1].id
+        yield [as_dict(r) for r in rows]
+
+
+def csv_text(rows: Iterable[dict[str, Any]], header: bool = False) -> str:
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    if header:
+        writer.writerow(COLUMNS)
+    for r in rows:
+        writer.writerow(["" if r[c] is None else r[c] for c in COLUMNS])
+    return out.getvalue()

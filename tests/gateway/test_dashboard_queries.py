@@ -1,0 +1,166 @@
+"""The dashboard's numbers against known data: percentiles within 5 % of the exact ones, series
+fitted to the range with zero buckets, local-midnight days, minute buckets, and the request log."""
+
+from __future__ import annotations
+
+import math
+import random
+import uuid
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from zoneinfo import ZoneInfo
+
+import pytest
+
+from gateway.contracts import UsageRecord
+from gateway.dashboard.queries import percentiles, summary
+from gateway.dashboard.ranges import Range
+from gateway.db import Database
+from gateway.errors import ParameterError
+from gateway.usage import records
+from gateway.usage.pricing import PriceTable
+from gateway.usage.rollup import bucket_of
+from gateway.usage.writer import UsageWriter
+from tests.gateway.tenancy_fixtures import db, drop_pg_database, new_pg_database  # noqa: F401
+
+NOW = datetime(2026, 11, 20, 15, 42, 30, tzinfo=UTC)
+
+
+def nearest_rank(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
+
+
+def test_histogram_percentiles_are_within_5_percent_of_the_exact_ones() -> None:
+    rng = random.Random(7)
+    for sample in (
+        [rng.lognormvariate(math.log(300), 0.8) for _ in range(5000)],  # a long tail
+        [rng.uniform(80, 120) for _ in range(2000)],  # tight: the old coarse buckets made p50 = p90 = p99
+        [rng.choice((12.0, 950.0, 31_000.0)) * rng.uniform(0.97, 1.03) for _ in range(999)],
+    ):
+        counts: dict[int, int] = {}
+        for v in sample:
+            counts[bucket_of(v)] = counts.get(bucket_of(v), 0) + 1
+        got = percentiles(counts)
+        for q in (0.5, 0.9, 0.99):
+            exact = nearest_rank(sample, q)
+            assert got[f"p{round(q * 100)}"] == pytest.approx(exact, rel=0.05), (q, exact)
+    tight = {bucket_of(v): 1 for v in (100.0, 105.0, 112.0)}
+    assert len({percentiles(tight)[p] for p in ("p50", "p90", "p99")}) > 1
+
+
+def test_ranges_fit_the_preset_and_the_time_zone() -> None:
+    hour = Range.parse(None, None, None, NOW, preset="1h")
+    assert (hour.bucket, len(hour.buckets())) == ("minute", 61) and hour.end == NOW
+    day = Range.parse(None, None, None, NOW, preset="24h")
+    assert day.bucket == "hour" and day.buckets()[0] == datetime(2026, 11, 19, 15, tzinfo=UTC)
+    week = Range.parse(None, None, None, NOW, preset="7d", tz="Asia/Tokyo")
+    starts = week.buckets()
+    assert week.bucket == "day" and len(starts) == 8
+    assert all(t.astimezone(ZoneInfo("Asia/Tokyo")).hour == 0 for t in starts)  # local midnights
+    custom = Range.parse("2026-03-28", "2026-03-30", None, tz="Europe/Paris")  # over a DST change
+    assert [t.astimezone(ZoneInfo("Europe/Paris")).hour for t in custom.buckets()] == [0, 0, 0]
+    assert custom.end - custom.start == timedelta(days=3, hours=-1)
+    for kwargs, param in (({"preset": "2w"}, "range"), ({"tz": "Mars/Olympus"}, "tz"), ({"bucket": "week"}, "bucket")):
+        with pytest.raises(ParameterError) as err:
+            Range.parse(None, None, kwargs.pop("bucket", None), NOW, **kwargs)
+        assert err.value.param == param
+    with pytest.raises(ParameterError):
+        Range.parse(None, None, "minute", NOW, preset="7d")
+
+
+def _record(tenant: str, at: datetime, *, model: str = "m", key: str = "k", status: int = 200,
+            error: str | None = None, latency: float = 100.0) -> UsageRecord:
+    ok = status < 400
+    return UsageRecord(
+        request_id=uuid.uuid4().hex, key_id=f"{tenant}-{key}", tenant_id=tenant, model=model, deployment="dep",
+        provider="openai", endpoint="chat.completions", started_at=at.timestamp(), status=status,
+        error_type=error, prompt_tokens=10 if ok else 0, completion_tokens=5 if ok else 0, cost=0.001 if ok else 0.0,
+        latency_ms=latency, ttft_ms=latency / 4 if ok else None,
+    )
+
+
+async def _write(db: Database, tmp_path: Path, rows: list[UsageRecord]) -> None:
+    w = UsageWriter(db, PriceTable(), journal_dir=tmp_path)
+    for r in rows:
+        w.record(r)
+    assert await w.flush()
+    w.journal.close()
+
+
+async def test_series_are_zero_filled_by_model_and_key_and_count_429s(db: Database, tmp_path: Path) -> None:
+    t = uuid.uuid4().hex[:8]
+    base = NOW.replace(minute=0, second=0)
+    rows = [_record(t, base - timedelta(hours=20), model="a"), _record(t, base - timedelta(hours=20), model="b"),
+            _record(t, base - timedelta(hours=2, minutes=-5), key="k2"),
+            _record(t, base - timedelta(hours=2), status=429, error="rate_limit_exceeded"),
+            _record(t, base + timedelta(minutes=30), status=502, error="upstream_error")]
+    await _write(db, tmp_path, rows)
+    got = await summary(db, t, Range.parse(None, None, None, NOW, preset="24h"))
+    assert len(got["series"]) == 25 and [p["requests"] for p in got["series"]].count(0) == 22
+    assert got["series"][0]["t"] == (base - timedelta(hours=24)).isoformat()
+    assert got["totals"] | {"cost": 0} == {"requests": 5, "errors": 2, "rate_limited": 1, "prompt_tokens": 30,
+                                           "completion_tokens": 15, "total_tokens": 45, "cost": 0}
+    assert set(got["series_by_model"]) == {"a", "b", "m"} and len(got["series_by_model"]["a"]["requests"]) == 25
+    assert sum(got["series_by_key"][f"{t}-k2"]["requests"]) == 1
+    assert {e["error_type"] for e in got["errors"]} == {"rate_limit_exceeded", "upstream_error"}
+    # the last hour, by minute, straight from the records
+    recent = await summary(db, t, Range.parse(None, None, None, NOW, preset="1h"))
+    assert recent["bucket"] == "minute" and len(recent["series"]) == 61
+    assert [p["requests"] for p in recent["series"] if p["requests"]] == [1] and recent["totals"]["errors"] == 1
+
+
+async def test_request_log_search_detail_and_export_stay_in_the_tenant(db: Database, tmp_path: Path) -> None:
+    mine, theirs = uuid.uuid4().hex[:8], uuid.uuid4().hex[:8]
+    rows = [_record(mine, NOW - timedelta(minutes=i), model=("x", "y")[i % 2]) for i in range(7)]
+    rows += [_record(mine, NOW, status=429, error="rate_limit_exceeded"), _record(theirs, NOW, model="x")]
+    await _write(db, tmp_path, rows)
+    f = records.RecordFilter(mine, NOW - timedelta(days=1), NOW + timedelta(minutes=1))
+    page, cursor = await records.search(db, f, limit=5)
+    assert len(page) == 5 and cursor is not None and all(r["tenant_id"] == mine for r in page)
+    rest, end = await records.search(db, f, limit=5, before=cursor)
+    assert len(rest) == 3 and end is None
+    assert {r["request_id"] for r in page + rest} == {r.request_id for r in rows[:8]}
+    refused = await records.search(db, records.RecordFilter(mine, f.start, f.end, status="429"))
+    assert [r["error_type"] for r in refused[0]] == ["rate_limit_exceeded"]
+    assert len((await records.search(db, records.RecordFilter(mine, f.start, f.end, text="x")))[0]) == 4
+    prefix = rows[0].request_id[:10]
+    found, _ = await records.search(db, records.RecordFilter(mine, f.start, f.end, text=prefix))
+    assert [r["request_id"] for r in found] == [rows[0].request_id]
+    detail = await records.one(db, mine, rows[7].request_id)
+    assert detail and detail["status"] == 429 and "rate" in detail["explanation"]
+    assert await records.one(db, mine, rows[8].request_id) is None  # another tenant's: not found
+    exported = [r async for batch in records.batches(db, f, size=3) for r in batch]
+    assert len(exported) == 8 and all(r["tenant_id"] == mine for r in exported)
+
+
+async def test_percentiles_over_days_read_whole_days_daily_and_the_edges_hourly(db: Database, tmp_path: Path) -> None:
+    from gateway.dashboard.queries import _histograms
+
+    t = uuid.uuid4().hex[:8]
+    start = datetime(2026, 11, 10, 17, 20, tzinfo=UTC)
+    rows = [_record(t, start + timedelta(hours=5 * i), model=("a", "b")[i % 2], latency=50.0 + 37 * i,
+                    status=200 if i % 9 else 502, error=None if i % 9 else "upstream_error") for i in range(40)]
+    await _write(db, tmp_path, rows)
+    rng = Range(datetime(2026, 11, 10, 21, tzinfo=UTC), datetime(2026, 11, 17, 3, 30, tzinfo=UTC), "day")
+    want: dict[tuple[str, str], dict[int, int]] = {}
+    for r in rows:
+        at = datetime.fromtimestamp(r.started_at, UTC).replace(minute=0)
+        if r.status < 400 and rng.start <= at < rng.end:
+            for kind, ms in (("latency", r.latency_ms), ("ttft", r.ttft_ms)):
+                counts = want.setdefault((kind, r.model), {})
+                counts[bucket_of(ms)] = counts.get(bucket_of(ms), 0) + 1  # type: ignore[arg-type]
+    assert await _histograms(db, t, rng) == want
+    got = await summary(db, t, rng)
+    exact = sorted(r.latency_ms for r in rows if r.status < 400
+                   and rng.start <= datetime.fromtimestamp(r.started_at, UTC).replace(minute=0) < rng.end)
+    assert got["latency_ms"]["p50"] == pytest.approx(nearest_rank(exact, 0.5), rel=0.05)
+
+
+def test_the_operator_chart_draws_the_busiest_tenants_and_the_rest_as_one_line() -> None:
+    from gateway.dashboard.operator import CHART_LINES, _busiest
+
+    by_tenant = {f"t{i}": [{"requests": i}, {"requests": 2 * i}] for i in range(CHART_LINES + 3)}
+    lines = _busiest(by_tenant, {"t10": "ten"})
+    assert len(lines) == CHART_LINES + 1 and list(lines)[:2] == ["ten", "t9"]
+    assert lines["other tenants"] == [0 + 1 + 2, 0 + 2 + 4]
