@@ -18,15 +18,12 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bench.gateway import (
-    CHAT,
+from bench.gateway import CHAT, gateway_config
+from bench.harness import (
     ROOT,
-    closed_loop,
     cpu_seconds,
     free_port,
     fresh_database,
-    gateway_config,
-    http_request,
     make_tenant_key,
     print_table,
     start_gateway,
@@ -34,6 +31,7 @@ from bench.gateway import (
     stop,
     wait_http,
 )
+from bench.loadgen import closed_loop, http_request
 
 
 def start_floor(factory: str, upstream: str) -> tuple[subprocess.Popen[bytes], str]:

@@ -25,7 +25,7 @@ import httpx
 import yaml
 
 from backends.local.default_model import default_model_path
-from bench.gateway import free_port, print_table, stop
+from bench.harness import free_port, print_table, stop
 
 ROOT = Path(__file__).resolve().parents[1]
 KEY = "sk-switchyard-local"  # the default config's admin key

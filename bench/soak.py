@@ -18,12 +18,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.gateway import (
-    Conn,
+from bench.gateway import gateway_config
+from bench.harness import (
     count_usage_rows,
     fresh_database,
-    gateway_config,
-    http_request,
     make_tenant_key,
     print_table,
     rss_mib,
@@ -31,6 +29,7 @@ from bench.gateway import (
     start_upstream,
     stop,
 )
+from bench.loadgen import Conn, http_request
 
 KEEP_ALIVE_SECONDS = 4.0  # uvicorn closes idle keep-alive connections after 5 s
 

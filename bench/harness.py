@@ -1,0 +1,197 @@
+"""The processes and data a gateway benchmark runs against: loopback upstreams, a served gateway
+(``switchyard serve`` on a config), a fresh PostgreSQL database with a tenant key, CPU and RSS
+readings, and the table printer. Shared by ``bench.gateway``, ``bench.gateway_floor``, ``bench.soak``
+and ``bench.gguf_default``."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+ADMIN_KEY = "sk-bench-admin"
+REDIS_URL = os.environ.get("SWITCHYARD_BENCH_REDIS_URL", "redis://127.0.0.1:6379/0")
+HIGH = {"requests_per_minute": 100_000_000, "tokens_per_minute": 2_000_000_000, "max_concurrency": 100_000}
+
+# ---------------------------------------------------------------- processes
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_http(url: str, proc: subprocess.Popen[bytes], timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"process for {url} exited with {proc.returncode}")
+        try:
+            httpx.get(url, timeout=1)
+            return
+        except httpx.HTTPError:
+            time.sleep(0.1)
+    raise RuntimeError(f"{url} did not come up")
+
+
+def start_upstream(*args: str, cpus: str | None = None) -> tuple[subprocess.Popen[bytes], str]:
+    port = free_port()
+    cmd = [
+        *(["taskset", "-c", cpus] if cpus else []),
+        sys.executable,
+        "-m",
+        "backends.dev.echo_server",
+        "--port",
+        str(port),
+        *args,
+    ]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    wait_http(url + "/v1/models", proc)
+    return proc, url
+
+
+def stop(proc: subprocess.Popen[bytes], timeout: float = 30.0) -> int:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    return proc.wait()
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time the process has used so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def worker_pids(pid: int) -> list[int]:
+    """The processes serving requests: the children of a multi-worker supervisor, else ``pid``."""
+    children: list[int] = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError):
+            children += [int(c) for c in (task / "children").read_text().split()]
+    # uvicorn's multiprocessing start method also forks a resource tracker: it serves nothing.
+    workers = [c for c in children if b"resource_tracker" not in Path(f"/proc/{c}/cmdline").read_bytes()]
+    return workers or [pid]
+
+
+def rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+@dataclass
+class Gateway:
+    proc: subprocess.Popen[bytes]
+    url: str
+    log: Path
+
+
+def start_gateway(config: dict[str, Any], workdir: Path, workers: int = 1, cpus: str | None = None) -> Gateway:
+    """``switchyard serve`` with ``workers`` workers, as a separate process (on ``cpus`` with taskset)."""
+    path = workdir / "gateway.yaml"
+    path.write_text(yaml.safe_dump(config))
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SWITCHYARD")}
+    log = workdir / "gateway.log"
+    cmd = [
+        *(["taskset", "-c", cpus] if cpus else []),
+        str(Path(sys.executable).parent / "switchyard"),
+        "serve",
+        "--config",
+        str(path),
+        "--port",
+        str(port),
+        "--workers",
+        str(workers),
+    ]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_http(url + "/healthz", proc)
+    except RuntimeError:
+        stop(proc)
+        raise RuntimeError(f"the gateway did not start:\n{log.read_text()[-3000:]}") from None
+    return Gateway(proc, url, log)
+
+
+# ---------------------------------------------------------------- PostgreSQL
+
+
+async def _pg_connect(database: str) -> Any:
+    import asyncpg
+
+    for user in (os.environ.get("SWITCHYARD_TEST_PG_USER"), "postgres", "root"):
+        if user:
+            with contextlib.suppress(Exception):
+                return user, await asyncpg.connect(host="127.0.0.1", port=5432, user=user, database=database)
+    raise RuntimeError("cannot connect to PostgreSQL at 127.0.0.1:5432 (run tests/start_services.sh)")
+
+
+@contextlib.contextmanager
+def fresh_database() -> Iterator[str]:
+    """A new, migrated PostgreSQL database (dropped afterwards); yields its SQLAlchemy URL."""
+    from gateway.db import migrate
+
+    name = f"sybench_{uuid.uuid4().hex[:10]}"
+
+    async def run(sql: str) -> str:
+        user, conn = await _pg_connect("test")
+        try:
+            await conn.execute(sql)
+        finally:
+            await conn.close()
+        return user
+
+    user = asyncio.run(run(f'CREATE DATABASE "{name}" TEMPLATE template0'))
+    url = f"postgresql+asyncpg://{user}@127.0.0.1:5432/{name}"
+    try:
+        migrate.upgrade(url)
+        yield url
+    finally:
+        asyncio.run(run(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+
+
+async def count_usage_rows(url: str) -> int:
+    _, conn = await _pg_connect(url.rsplit("/", 1)[1])
+    try:
+        return int(await conn.fetchval("SELECT count(*) FROM usage_records"))
+    finally:
+        await conn.close()
+
+
+def make_tenant_key(gateway_url: str) -> str:
+    """A tenant and an API key with high limits on both, through the admin API."""
+    with httpx.Client(base_url=gateway_url, headers={"authorization": f"Bearer {ADMIN_KEY}"}, timeout=10) as admin:
+        tenant = admin.post("/admin/v1/tenants", json={"name": f"bench-{uuid.uuid4().hex[:6]}"}).json()["id"]
+        admin.put(f"/admin/v1/tenants/{tenant}/limits", json=HIGH).raise_for_status()
+        created = admin.post("/admin/v1/keys", json={"tenant_id": tenant}).json()
+        admin.put(f"/admin/v1/keys/{created['id']}/limits", json=HIGH).raise_for_status()
+        return str(created["key"])
+
+
+def print_table(rows: list[list[str]], header: list[str] | None = None) -> None:
+    header = header or ["measurement", "direct", "via gateway", "added", "target", "notes"]
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    for row in [header, ["-" * w for w in widths], *rows]:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
