@@ -237,11 +237,12 @@ class SSELines:
         self._deadline = 0.0
         self._timer: asyncio.TimerHandle | None = None
         self._expired: str | None = None  # why the timer failed the read: "idle" or "deadline"
+        self._idle_armed = False  # the timer also watches the idle limit
 
     async def next(self, deadline: float) -> bytes | None:
         """The next event's data (its bytes as sent), or None at ``[DONE]`` / the end of the body."""
         loop = asyncio.get_running_loop()
-        if self._timer is None or self._deadline != deadline:
+        if self._timer is None or self._deadline != deadline or self._idle_unarmed():
             self._deadline = deadline
             self._arm()
         try:
@@ -281,9 +282,14 @@ class SSELines:
             return self._last + self._idle, "idle"
         return self._deadline, "deadline"
 
+    def _idle_unarmed(self) -> bool:
+        """The first event has come, but the timer still waits only for the deadline."""
+        return self._started and self._idle is not None and not self._idle_armed
+
     def _arm(self) -> None:
         self.close()
         at, _ = self._due()
+        self._idle_armed = self._started and self._idle is not None
         self._timer = asyncio.get_running_loop().call_at(at, self._expire)
 
     def _expire(self) -> None:
