@@ -7,6 +7,7 @@ checkpoint (``load_weights`` raises if one is missing).
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -67,6 +68,22 @@ def iter_weights(model_path: str | Path, hf_config: Any = None,
                 yield name, f.get_tensor(name)
 
 
+@contextlib.contextmanager
+def _initialisers_skipped() -> Iterator[None]:
+    """``torch.nn.init``'s initialisers as no-ops while the model is built on the meta device: every
+    parameter is overwritten from the checkpoint, and on meta tensors they run through torch's
+    Python reference kernels, whose first use imports torch._dynamo and triton (about 150 MB)."""
+    names = [n for n in dir(nn.init) if n.endswith("_") and not n.startswith("_") and callable(getattr(nn.init, n))]
+    saved = {n: getattr(nn.init, n) for n in names}
+    for name in names:
+        setattr(nn.init, name, lambda tensor, *args, **kwargs: tensor)
+    try:
+        yield
+    finally:
+        for name, fn in saved.items():
+            setattr(nn.init, name, fn)
+
+
 def load_model(model_path: str | Path, dtype: torch.dtype | str = torch.float32,
                device: torch.device | str = "cpu", attn_backend: str = "torch") -> tuple[nn.Module, Any]:
     """``(model in eval mode on device, hf_config)`` for a local HF folder."""
@@ -81,7 +98,7 @@ def load_model(model_path: str | Path, dtype: torch.dtype | str = torch.float32,
     previous = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
-        with torch.device("meta"):
+        with torch.device("meta"), _initialisers_skipped():
             model = cls(hf_config, attn_backend=attn_backend)
     finally:
         torch.set_default_dtype(previous)

@@ -15,6 +15,7 @@ to generate, with the reason.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -36,7 +37,12 @@ class ModelInfo:
     hf_config: Any
     max_position_embeddings: int
     native: bool
-    in_engine_blocker: str | None  # why the transformers-in-engine path cannot take it (None: it can)
+
+    @functools.cached_property
+    def in_engine_blocker(self) -> str | None:
+        """Why the transformers-in-engine path cannot take it (None: it can). Asked only when a
+        native model is not chosen: it imports transformers' modeling code (about 150 MB)."""
+        return _in_engine_blocker(self.hf_config)
 
 
 @dataclass(frozen=True)
@@ -108,7 +114,6 @@ def inspect_model(folder: str | Path) -> ModelInfo:
         hf_config=hf_config,
         max_position_embeddings=int(getattr(hf_config, "max_position_embeddings", None) or 2048),
         native=arch in native,
-        in_engine_blocker=_in_engine_blocker(hf_config),
     )
 
 
