@@ -13,7 +13,7 @@ import transformers
 
 from engine import LLM, SamplingParams
 from engine.model_impl import inspect_model, resolve_model_impl
-from tests.support.gguf_models import write_gpt2_gguf
+from tests.support.gguf_models import write_gguf
 
 PROMPTS = ["Hello world, the quick brown fox", "Paged attention keeps key and value blocks in a cache", "fox"]
 GREEDY = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
@@ -21,7 +21,7 @@ GREEDY = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
 
 @pytest.fixture(scope="module")
 def gpt2(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_gpt2_gguf(tmp_path_factory.mktemp("gguf-gpt2") / "tiny-gpt2.F32.gguf")
+    return write_gguf("gpt2", tmp_path_factory.mktemp("gguf-gpt2") / "tiny-gpt2.F32.gguf")
 
 
 def test_a_gpt2_gguf_resolves_to_the_transformers_path(gpt2: Path) -> None:

@@ -1,7 +1,8 @@
 """GGUF files written from the seeded tiny Hugging Face folders of ``tests/support/fallback_models``, as
 llama.cpp's converter lays them out (tensor names from the gguf package's name map, GPT-2's Conv1D
-weights transposed), with the folder's tokenizer (vocabulary, merges, special tokens, chat template)
-in the metadata. Architectures the engine does not implement natively, to test the fallback."""
+weights transposed, Bloom's fused QKV regrouped), with the folder's tokenizer (vocabulary, merges,
+special tokens, chat template) in the metadata: architectures the engine does not implement
+natively, to test the fallback."""
 
 from __future__ import annotations
 
@@ -33,28 +34,48 @@ def _add_tokenizer(writer: GGUFWriter, folder: Path) -> None:
     writer.add_chat_template(config["chat_template"])
 
 
-def write_gpt2_gguf(out: Path, seed: int = 0) -> Path:
-    """A tiny random GPT-2 (F32) as ``out`` (a .gguf path); its HF folder is built beside it."""
-    # transformers maps neither feed_forward_length nor context_length of a GPT-2 GGUF onto its config
-    # (n_inner and n_positions keep their defaults, 4 x n_embd and 1024): build the model with those
-    folder = build_model("gpt2", out.with_suffix(""), seed=seed, n_inner=None, n_positions=1024)
+def _bloom_qkv(array: np.ndarray, heads: int) -> np.ndarray:
+    """HF Bloom's fused QKV rows are per head (q, k, v); llama.cpp's converter groups them q | k | v."""
+    grouped = array.reshape(heads, 3, -1, *array.shape[1:]).swapaxes(0, 1)
+    return grouped.reshape(array.shape)
+
+
+# arch -> (gguf architecture, config fields transformers' GGUF reader leaves at their defaults)
+_ARCHS = {
+    # GPT-2: feed_forward_length and context_length are not mapped (n_inner 4 x n_embd, n_positions 1024)
+    "gpt2": (MODEL_ARCH.GPT2, {"n_inner": None, "n_positions": 1024}),
+    "bloom": (MODEL_ARCH.BLOOM, {}),
+}
+
+
+def write_gguf(arch: str, out: Path, seed: int = 0) -> Path:
+    """A tiny random ``arch`` model (F32) as ``out`` (a .gguf path); its HF folder is built beside it."""
+    gguf_arch, overrides = _ARCHS[arch]
+    folder = build_model(arch, out.with_suffix(""), seed=seed, **overrides)
     config = transformers.AutoConfig.from_pretrained(folder)
+    layers, hidden, heads = config.num_hidden_layers, config.hidden_size, config.num_attention_heads
     weights = load_file(str(folder / "model.safetensors"))
-    names = get_tensor_name_map(MODEL_ARCH.GPT2, config.n_layer)
-    writer = GGUFWriter(str(out), MODEL_ARCH_NAMES[MODEL_ARCH.GPT2])
-    writer.add_block_count(config.n_layer)
-    writer.add_context_length(config.n_positions)
-    writer.add_embedding_length(config.n_embd)
-    writer.add_feed_forward_length(4 * config.n_embd)
-    writer.add_head_count(config.n_head)
+    names = get_tensor_name_map(gguf_arch, layers)
+    writer = GGUFWriter(str(out), MODEL_ARCH_NAMES[gguf_arch])
+    writer.add_block_count(layers)
+    writer.add_context_length(getattr(config, "n_positions", 2048))
+    writer.add_embedding_length(hidden)
+    writer.add_feed_forward_length(4 * hidden)
+    writer.add_head_count(heads)
     writer.add_layer_norm_eps(config.layer_norm_epsilon)
+    writer.add_vocab_size(config.vocab_size)
     _add_tokenizer(writer, folder)
     for hf_name, array in weights.items():
         if hf_name == "lm_head.weight":
             continue  # tied to the embeddings (no output.weight: the reader ties them back)
-        name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
+        name = names.get_name(hf_name, try_suffixes=(".weight", ".bias")) or \
+            names.get_name(hf_name.removeprefix("transformer."), try_suffixes=(".weight", ".bias"))  # Bloom's map
         assert name is not None, hf_name
-        writer.add_tensor(name, np.ascontiguousarray(array.T if name.endswith(_TRANSPOSED) else array))
+        if arch == "gpt2" and name.endswith(_TRANSPOSED):
+            array = array.T
+        elif arch == "bloom" and name.endswith(("attn_qkv.weight", "attn_qkv.bias")):
+            array = _bloom_qkv(array, heads)
+        writer.add_tensor(name, np.ascontiguousarray(array))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
