@@ -187,7 +187,8 @@ def iter_weights(
     path: str | Path, hf_config: Any, dtype: torch.dtype = torch.float32
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """``(Hugging Face name, tensor in dtype)`` for every tensor of the file, dequantized one at a
-    time (the caller copies each into the model, so at most one tensor is ever held twice)."""
+    time, largest first: the caller copies each into the model's parameters, so beside the model
+    about one tensor is ever held, and the largest while little of the model is yet in memory."""
     head = header(path)
     check_tensor_types(head)
     permuted = str(head.get("general.architecture")) in _PERMUTED_ARCHS
@@ -195,7 +196,7 @@ def iter_weights(
     kv_heads = int(getattr(hf_config, "num_key_value_heads", None) or heads)
     fd = os.open(head.path, os.O_RDONLY)
     try:
-        for tensor in head.tensors:
+        for tensor in sorted(head.tensors, key=lambda t: -math.prod(t.shape)):
             if tensor.name == "rope_freqs.weight":
                 continue  # llama 3.1's rope scaling factors; the config carries rope_scaling
             name = _hf_name(tensor.name)
@@ -203,7 +204,7 @@ def iter_weights(
             if permuted and tensor.name.endswith(("attn_q.weight", "attn_k.weight")):
                 weight = _unpermute(weight, heads if "attn_q" in tensor.name else kv_heads)
             yield name, weight.to(dtype)
-            del weight
+            del weight  # freed before the next tensor is read (in another dtype it is a second copy)
     finally:
         os.close(fd)
 
