@@ -4,6 +4,9 @@ llama.cpp's Q/K permutation undone, and clear errors for what cannot load."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +19,7 @@ from safetensors.torch import load_file
 from engine import LLM, gguf_file
 from engine.loader import load_config
 from engine.tiny_model import build_tiny_model
+from tests.support.gguf_models import add_tokenizer
 
 NAMES = {v: k for k, v in gguf_file._GLOBAL_NAMES.items()}  # HF name -> GGUF name
 
@@ -63,6 +67,7 @@ def _write(folder: Path, out: Path, kind: GGMLQuantizationType, extra: dict[str,
     writer.add_layer_norm_rms_eps(config.rms_norm_eps)
     writer.add_rope_freq_base(float(config.rope_parameters["rope_theta"]))
     writer.add_vocab_size(config.vocab_size)
+    add_tokenizer(writer, folder)
     for name, tensor in weights.items():
         array = tensor.float().numpy()
         if name.endswith("q_proj.weight"):
@@ -148,3 +153,23 @@ def test_a_truncated_file_is_a_clear_error_naming_the_tensor(folder: Path, tmp_p
     path.write_bytes(path.read_bytes()[:-1000])
     with pytest.raises(gguf_file.GGUFError, match=r"GGUF tensor '.+': the file ends inside its data"):
         list(gguf_file.iter_weights(path, gguf_file.load_config(path)))
+
+
+def test_serving_a_native_gguf_imports_no_compiler_or_modeling_code(folder: Path, tmp_path: Path) -> None:
+    """torch._dynamo (and triton with it) and transformers' modeling code cost ~150-200 MB of RSS
+    each; the native GGUF path, structured output included, needs none of them."""
+    path = tmp_path / "tiny.gguf"
+    _write(folder, path, GGMLQuantizationType.Q8_0)
+    script = (
+        "import sys; from engine import LLM, SamplingParams; "
+        f"llm = LLM({str(path)!r}, max_model_len=64, num_kv_blocks=8); "
+        "from engine.structured_output import StructuredOutput; "
+        "json = StructuredOutput('json_object', '', 'response_format'); "
+        "llm.generate([[1, 2, 3]], SamplingParams(max_tokens=4, temperature=0.0, structured=json)); "
+        "print(sorted(m for m in ('torch._dynamo', 'triton', 'llguidance.torch', "
+        "'transformers.modeling_utils') if m in sys.modules))"
+    )
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2]), "SWITCHYARD_GGUF_CACHE": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "[]"

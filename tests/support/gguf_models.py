@@ -19,7 +19,8 @@ from tests.support.fallback_models import build_model
 _TRANSPOSED = ("attn_qkv.weight", "attn_output.weight", "ffn_up.weight", "ffn_down.weight")  # GPT-2's Conv1D
 
 
-def _add_tokenizer(writer: GGUFWriter, folder: Path) -> None:
+def add_tokenizer(writer: GGUFWriter, folder: Path) -> None:
+    """The folder's byte-level BPE tokenizer and chat template as GGUF metadata (llama.cpp's "gpt2")."""
     spec = json.loads((folder / "tokenizer.json").read_text())
     config = json.loads((folder / "tokenizer_config.json").read_text())
     vocab = spec["model"]["vocab"] | {t["content"]: t["id"] for t in spec["added_tokens"]}
@@ -64,7 +65,7 @@ def write_gguf(arch: str, out: Path, seed: int = 0) -> Path:
     writer.add_head_count(heads)
     writer.add_layer_norm_eps(config.layer_norm_epsilon)
     writer.add_vocab_size(config.vocab_size)
-    _add_tokenizer(writer, folder)
+    add_tokenizer(writer, folder)
     for hf_name, array in weights.items():
         if hf_name == "lm_head.weight":
             continue  # tied to the embeddings (no output.weight: the reader ties them back)
