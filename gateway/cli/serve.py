@@ -56,20 +56,24 @@ def serve(
     n_workers = workers or settings.server.workers
     if n_workers > 1:  # the workers' reload endpoint asks this process for a rolling restart
         os.environ[SUPERVISOR_PID_ENV] = str(os.getpid())
-    uvicorn.run(
-        "gateway.app:create_app_from_env",
-        factory=True,
-        host=host or settings.server.host,
-        port=settings.server.port if port is None else port,
-        workers=n_workers,
-        loop="uvloop",
-        http=HeadDeadlineProtocol,  # httptools, with a deadline on request heads
-        lifespan="on",
-        timeout_graceful_shutdown=GRACE_SECONDS,
-        timeout_worker_healthcheck=WORKER_STARTUP_SECONDS,
-        log_level="info",
-        access_log=False,  # one access line per request costs more than the request; see telemetry.json_logs
-    )
+    try:
+        uvicorn.run(
+            "gateway.app:create_app_from_env",
+            factory=True,
+            host=host or settings.server.host,
+            port=settings.server.port if port is None else port,
+            workers=n_workers,
+            loop="uvloop",
+            http=HeadDeadlineProtocol,  # httptools, with a deadline on request heads
+            lifespan="on",
+            timeout_graceful_shutdown=GRACE_SECONDS,
+            timeout_worker_healthcheck=WORKER_STARTUP_SECONDS,
+            log_level="info",
+            access_log=False,  # one access line per request costs more than the request; see telemetry.json_logs
+        )
+    except ConfigError as exc:  # one worker builds its deployments here (a model file that cannot load)
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
 
 
 def _exit_cleanly(signum: int, frame: FrameType | None) -> None:

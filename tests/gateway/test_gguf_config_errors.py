@@ -1,9 +1,11 @@
 """A ``local`` deployment whose GGUF file holds a tensor type the gguf package cannot dequantize is a
 config error naming the tensor and its type: a 400 from POST /admin/v1/reload (the running table
-stays), never a 500 or a traceback."""
+stays), one line and exit status 2 from ``switchyard serve``; never a 500 or a traceback."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,7 +23,7 @@ from gateway.services import Services
 from gateway.settings import load_settings
 from tests.conftest import ADMIN_KEY
 from tests.support.doubles import RecordingSink, ScriptedAdmission, StaticKeys
-from tests.support.servers import ServerThread
+from tests.support.servers import ServerThread, free_port
 
 ADMIN = {"authorization": f"Bearer {ADMIN_KEY}"}
 
@@ -75,3 +77,21 @@ def test_reload_onto_an_undequantizable_gguf_is_a_400_naming_the_tensor(
     assert "Traceback" not in answer.text
     models = httpx.get(server.url + "/v1/models", headers=ADMIN).json()["data"]
     assert [m["id"] for m in models] == ["remote"]  # the running table stays
+
+
+def test_serve_with_an_undequantizable_gguf_says_so_in_one_line(tmp_path: Path) -> None:
+    model = _gguf_with_int8_weights(tmp_path / "int8.gguf")
+    local = {"name": "odd", "deployments": [{"provider": "local", "model": str(model),
+                                             "options": {"max_model_len": 64, "num_kv_blocks": 8}}]}
+    config = yaml.safe_load(_config([local])) | {"database": {"url": f"sqlite+aiosqlite:///{tmp_path}/gw.db"},
+                                                 "usage": {"journal_dir": str(tmp_path / "journal")}}
+    path = tmp_path / "gw.yaml"
+    path.write_text(yaml.safe_dump(config))
+    exe = Path(sys.executable).parent / "switchyard"
+    done = subprocess.run([str(exe), "serve", "--config", str(path), "--port", str(free_port())], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr + done.stdout
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: deployment ") and last.endswith(")")
+    assert "int8.gguf: tensor 'blk.0.attn_q.weight' has type I8, which the gguf package cannot dequantize" in last
