@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, dequantize
+from transformers import PretrainedConfig
 
 from engine.gguf_header import GGUFHeader, TensorInfo, read_header
 
@@ -103,23 +104,32 @@ def check_tensor_types(head: GGUFHeader) -> None:
                             f"package cannot dequantize (it can: {known})")
 
 
-def _llama_config(head: GGUFHeader) -> Any:
-    """A LlamaConfig straight from a llama-architecture file's metadata."""
-    from transformers import LlamaConfig
+class GGUFLlamaConfig(PretrainedConfig):
+    """A llama-architecture file's config, with LlamaConfig's defaults for what the file does not
+    say. Not LlamaConfig itself: importing that pulls in torch.distributed and sympy (~65 MB of
+    RSS) that the native model does not need."""
 
+    model_type = "llama"
+
+
+def _llama_config(head: GGUFHeader) -> Any:
+    """The config straight from a llama-architecture file's metadata."""
     value = head.get
-    heads = int(value("llama.attention.head_count"))
+    heads, hidden = int(value("llama.attention.head_count")), int(value("llama.embedding_length"))
     vocab = value("llama.vocab_size") or len(value("tokenizer.ggml.tokens", ()))
-    return LlamaConfig(
-        vocab_size=int(vocab), hidden_size=int(value("llama.embedding_length")),
-        intermediate_size=int(value("llama.feed_forward_length")), num_hidden_layers=int(value("llama.block_count")),
-        num_attention_heads=heads, num_key_value_heads=int(value("llama.attention.head_count_kv", heads)),
-        rms_norm_eps=float(value("llama.attention.layer_norm_rms_epsilon", 1e-6)),
-        rope_parameters={"rope_theta": float(value("llama.rope.freq_base", 10000.0)), "rope_type": "default"},
+    fields: dict[str, Any] = dict(
+        vocab_size=int(vocab), hidden_size=hidden, intermediate_size=int(value("llama.feed_forward_length")),
+        num_hidden_layers=int(value("llama.block_count")), num_attention_heads=heads,
+        num_key_value_heads=int(value("llama.attention.head_count_kv", heads)),
+        head_dim=int(value("llama.attention.key_length", hidden // heads)), hidden_act="silu",
+        rms_norm_eps=float(value("llama.attention.layer_norm_rms_epsilon", 1e-6)), attention_bias=False,
+        mlp_bias=False, rope_parameters={"rope_theta": float(value("llama.rope.freq_base", 10000.0)),
+                                         "rope_type": "default"},
         max_position_embeddings=int(value("llama.context_length", 2048)),
         bos_token_id=value("tokenizer.ggml.bos_token_id"), eos_token_id=value("tokenizer.ggml.eos_token_id"),
         architectures=["LlamaForCausalLM"],
     )
+    return GGUFLlamaConfig(**fields)
 
 
 @functools.lru_cache(maxsize=8)

@@ -65,8 +65,14 @@ def _in_engine_blocker(hf_config: Any) -> str | None:
     import transformers
 
     mapping = transformers.AutoModelForCausalLM._model_mapping
+    config_cls: Any = type(hf_config)
+    if config_cls not in mapping:  # a config class of our own (a GGUF Llama's): transformers' by its model_type
+        try:
+            config_cls = type(transformers.AutoConfig.for_model(getattr(hf_config, "model_type", "")))
+        except ValueError:
+            return "transformers has no causal-LM class for it"
     try:
-        cls: Any = mapping[type(hf_config)]
+        cls: Any = mapping[config_cls]
     except KeyError:
         return "transformers has no causal-LM class for it"
     if not getattr(cls, "_supports_attention_backend", False):
