@@ -155,12 +155,16 @@ def test_a_truncated_file_is_a_clear_error_naming_the_tensor(folder: Path, tmp_p
         list(gguf_file.iter_weights(path, gguf_file.load_config(path)))
 
 
-def test_serving_a_native_gguf_imports_no_compiler_or_modeling_code(folder: Path, tmp_path: Path) -> None:
+def test_serving_a_native_gguf_imports_no_compiler_or_modeling_code(
+    folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """torch._dynamo (and triton with it) and transformers' modeling code cost ~150-200 MB of RSS
     each, sympy (LlamaConfig's imports) ~65 MB; the native GGUF path, structured output included,
     needs none of them."""
     path = tmp_path / "tiny.gguf"
     _write(folder, path, GGMLQuantizationType.Q8_0)
+    monkeypatch.setenv("SWITCHYARD_GGUF_CACHE", str(tmp_path))
+    gguf_file.tokenizer_folder(path)  # built once per file (make install does it for the default model)
     script = (
         "import sys; from engine import LLM, SamplingParams; "
         f"llm = LLM({str(path)!r}, max_model_len=64, num_kv_blocks=8); "
@@ -170,7 +174,7 @@ def test_serving_a_native_gguf_imports_no_compiler_or_modeling_code(folder: Path
         "print(sorted(m for m in ('torch._dynamo', 'triton', 'llguidance.torch', "
         "'transformers.modeling_utils', 'sympy') if m in sys.modules))"
     )
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2]), "SWITCHYARD_GGUF_CACHE": str(tmp_path)}
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().splitlines()[-1] == "[]"
