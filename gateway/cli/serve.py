@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -56,29 +58,40 @@ def serve(
     n_workers = workers or settings.server.workers
     if n_workers > 1:  # the workers' reload endpoint asks this process for a rolling restart
         os.environ[SUPERVISOR_PID_ENV] = str(os.getpid())
-    try:
-        uvicorn.run(
-            "gateway.app:create_app_from_env",
-            factory=True,
-            host=host or settings.server.host,
-            port=settings.server.port if port is None else port,
-            workers=n_workers,
-            loop="uvloop",
-            http=HeadDeadlineProtocol,  # httptools, with a deadline on request heads
-            lifespan="on",
-            timeout_graceful_shutdown=GRACE_SECONDS,
-            timeout_worker_healthcheck=WORKER_STARTUP_SECONDS,
-            log_level="info",
-            access_log=False,  # one access line per request costs more than the request; see telemetry.json_logs
-        )
-    except ConfigError as exc:  # one worker builds its deployments here (a model file that cannot load)
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(2) from None
+    uvicorn.run(
+        "gateway.app:create_app_from_env",
+        factory=True,
+        host=host or settings.server.host,
+        port=settings.server.port if port is None else port,
+        workers=n_workers,
+        loop="uvloop",
+        http=HeadDeadlineProtocol,  # httptools, with a deadline on request heads
+        lifespan="on",
+        timeout_graceful_shutdown=GRACE_SECONDS,
+        timeout_worker_healthcheck=WORKER_STARTUP_SECONDS,
+        log_level="info",
+        access_log=False,  # one access line per request costs more than the request; see telemetry.json_logs
+    )
 
 
 def _exit_cleanly(signum: int, frame: FrameType | None) -> None:
     raise SystemExit(0)
 
 
+def _config_errors_in_one_line(command: Callable[..., None]) -> Callable[..., None]:
+    """A ConfigError raised while serving (one worker builds its deployments in this process, e.g.
+    a model file that cannot load) is one ``error:`` line and exit status 2, not a traceback."""
+
+    @functools.wraps(command)
+    def run(*args: Any, **kwargs: Any) -> None:
+        try:
+            command(*args, **kwargs)
+        except ConfigError as exc:
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(2) from None
+
+    return run
+
+
 def register(app: typer.Typer) -> None:
-    app.command("serve")(serve)
+    app.command("serve")(_config_errors_in_one_line(serve))
