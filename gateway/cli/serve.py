@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import functools
 import os
 import signal
 from collections.abc import Callable
+from functools import wraps
 from pathlib import Path
 from types import FrameType
 from typing import Annotated, Any
@@ -82,7 +82,7 @@ def _config_errors_in_one_line(command: Callable[..., None]) -> Callable[..., No
     """A ConfigError raised while serving (one worker builds its deployments in this process, e.g.
     a model file that cannot load) is one ``error:`` line and exit status 2, not a traceback."""
 
-    @functools.wraps(command)
+    @wraps(command)
     def run(*args: Any, **kwargs: Any) -> None:
         try:
             command(*args, **kwargs)
