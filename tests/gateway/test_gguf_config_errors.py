@@ -88,6 +88,7 @@ def test_serve_with_an_undequantizable_gguf_says_so_in_one_line(tmp_path: Path) 
     path = tmp_path / "gw.yaml"
     path.write_text(yaml.safe_dump(config))
     exe = Path(sys.executable).parent / "switchyard"
+    subprocess.run([str(exe), "bootstrap", "--config", str(path)], cwd=tmp_path, check=True, capture_output=True)
     done = subprocess.run([str(exe), "serve", "--config", str(path), "--port", str(free_port())], cwd=tmp_path,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2, done.stderr[-3000:]
