@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import math
 import os
 import re
 import shutil
@@ -24,9 +25,14 @@ from typing import Any
 
 import numpy as np
 import torch
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, dequantize
+from transformers import PretrainedConfig
+
+from engine.gguf_header import GGUFHeader, TensorInfo, read_header
 
 GGUF_SUFFIX = ".gguf"
 _PERMUTED_ARCHS = {"llama", "mistral"}  # llama.cpp's converter permutes their q/k rows
+_SLICE_BYTES = 16 << 20  # float32 output per slice of rows while dequantizing
 _LAYER = re.compile(r"blk\.(\d+)\.(.+)")
 _LAYER_NAMES = {
     "attn_norm.weight": "input_layernorm.weight",
@@ -56,63 +62,95 @@ def is_gguf(model: str | Path) -> bool:
     return str(model).endswith(GGUF_SUFFIX)
 
 
-@functools.lru_cache(maxsize=1)
-def _reader(path: str | Path) -> Any:
-    """The file's reader (tensors memory-mapped); parsing the metadata takes seconds, so once."""
-    from gguf import GGUFReader
-
-    if not Path(path).is_file():
+def header(path: str | Path) -> GGUFHeader:
+    """The file's metadata and tensor table (a few MB; the weights stay in the file)."""
+    file = Path(path)
+    if not file.is_file():
         raise GGUFError(f"GGUF file {str(path)!r} does not exist")
+    stat = file.stat()
+    return _header(str(file.resolve()), stat.st_size, stat.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=4)
+def _header(path: str, size: int, mtime_ns: int) -> GGUFHeader:  # size and mtime: a rewritten file is re-read
     try:
-        return GGUFReader(str(path))
-    except (ValueError, OSError) as exc:
+        return read_header(path)
+    except (ValueError, OSError) as exc:  # GGUFFormatError, or mmap of an empty file
         raise GGUFError(f"{path}: not a readable GGUF file ({exc})") from None
 
 
 def architecture(path: str | Path) -> str:
-    field = _reader(path).fields.get("general.architecture")
-    return str(field.contents()) if field is not None else "unknown"
+    return str(header(path).get("general.architecture", "unknown"))
 
 
-def _llama_config(reader: Any) -> Any:
-    """A LlamaConfig straight from a llama-architecture file's metadata (no vocabulary parsing)."""
-    from transformers import LlamaConfig
+@functools.cache
+def _can_dequantize(type_id: int) -> bool:
+    """Whether the gguf package dequantizes this tensor type (tried on one block of zeros)."""
+    try:
+        kind = GGMLQuantizationType(type_id)
+        block_bytes = GGML_QUANT_SIZES[kind][1]
+        dequantize(np.zeros((1, block_bytes), dtype=np.uint8), kind)
+    except (ValueError, KeyError, NotImplementedError):
+        return False
+    return True
 
-    def value(key: str, default: Any = None) -> Any:
-        field = reader.fields.get(key)
-        return field.contents() if field is not None else default
 
-    heads = int(value("llama.attention.head_count"))
-    vocab = value("llama.vocab_size") or len(reader.fields["tokenizer.ggml.tokens"].data)
-    return LlamaConfig(
-        vocab_size=int(vocab), hidden_size=int(value("llama.embedding_length")),
-        intermediate_size=int(value("llama.feed_forward_length")), num_hidden_layers=int(value("llama.block_count")),
-        num_attention_heads=heads, num_key_value_heads=int(value("llama.attention.head_count_kv", heads)),
-        rms_norm_eps=float(value("llama.attention.layer_norm_rms_epsilon", 1e-6)),
-        rope_parameters={"rope_theta": float(value("llama.rope.freq_base", 10000.0)), "rope_type": "default"},
+def check_tensor_types(head: GGUFHeader) -> None:
+    """Raise GGUFError naming the first tensor whose type the gguf package cannot dequantize."""
+    for tensor in head.tensors:
+        if not _can_dequantize(tensor.type_id):
+            known = ", ".join(k.name for k in GGMLQuantizationType if _can_dequantize(k))
+            raise GGUFError(f"{head.path.name}: tensor {tensor.name!r} has type {tensor.type_name}, which the gguf "
+                            f"package cannot dequantize (it can: {known})")
+
+
+class GGUFLlamaConfig(PretrainedConfig):
+    """A llama-architecture file's config, with LlamaConfig's defaults for what the file does not
+    say. Not LlamaConfig itself: importing that pulls in torch.distributed and sympy (~65 MB of
+    RSS) that the native model does not need."""
+
+    model_type = "llama"
+
+
+def _llama_config(head: GGUFHeader) -> Any:
+    """The config straight from a llama-architecture file's metadata."""
+    value = head.get
+    heads, hidden = int(value("llama.attention.head_count")), int(value("llama.embedding_length"))
+    vocab = value("llama.vocab_size") or len(value("tokenizer.ggml.tokens", ()))
+    fields: dict[str, Any] = dict(
+        vocab_size=int(vocab), hidden_size=hidden, intermediate_size=int(value("llama.feed_forward_length")),
+        num_hidden_layers=int(value("llama.block_count")), num_attention_heads=heads,
+        num_key_value_heads=int(value("llama.attention.head_count_kv", heads)),
+        head_dim=int(value("llama.attention.key_length", hidden // heads)), hidden_act="silu",
+        rms_norm_eps=float(value("llama.attention.layer_norm_rms_epsilon", 1e-6)), attention_bias=False,
+        mlp_bias=False, rope_parameters={"rope_theta": float(value("llama.rope.freq_base", 10000.0)),
+                                         "rope_type": "default"},
         max_position_embeddings=int(value("llama.context_length", 2048)),
         bos_token_id=value("tokenizer.ggml.bos_token_id"), eos_token_id=value("tokenizer.ggml.eos_token_id"),
         architectures=["LlamaForCausalLM"],
     )
+    return GGUFLlamaConfig(**fields)
 
 
 @functools.lru_cache(maxsize=8)
 def load_config(path: str | Path) -> Any:
     """The transformers config the file's metadata describes: read directly for Llama files (plain
-    RoPE), else by transformers' GGUF mapping (which parses the whole vocabulary: seconds)."""
+    RoPE), else by transformers' GGUF mapping (which parses the whole vocabulary: seconds). Raises
+    GGUFError first if a tensor has a type that cannot be dequantized."""
     from transformers import AutoConfig
 
     file = Path(path)
-    reader = _reader(file)
-    arch = str(reader.fields["general.architecture"].contents())
-    if arch == "llama" and "llama.rope.scaling.type" not in reader.fields:
-        config = _llama_config(reader)
+    head = header(file)
+    check_tensor_types(head)
+    arch = str(head.get("general.architecture"))
+    if arch == "llama" and "llama.rope.scaling.type" not in head.metadata:
+        config = _llama_config(head)
     else:
         try:
             config = AutoConfig.from_pretrained(str(file.parent), gguf_file=file.name, local_files_only=True)
         except (ValueError, KeyError, OSError) as exc:
             raise GGUFError(f"{file}: transformers cannot read its architecture ({exc})") from None
-    names = {t.name for t in reader.tensors}
+    names = {t.name for t in head.tensors}
     config.tie_word_embeddings = "output.weight" not in names  # no separate output matrix: tied to the embeddings
     if not getattr(config, "architectures", None):  # the causal-LM class, as a folder's config.json names it
         from transformers import AutoModelForCausalLM
@@ -137,34 +175,55 @@ def _hf_name(name: str) -> str:
     return f"model.layers.{match.group(1)}.{_LAYER_NAMES[match.group(2)]}"
 
 
+def _read_dequantized(fd: int, tensor: TensorInfo) -> torch.Tensor:
+    """The tensor in float32, read from the file and dequantized a slice of rows at a time (the
+    file's bytes are never all in memory, and the only full-size array is the result)."""
+    cols, row_bytes = tensor.shape[-1], tensor.row_bytes()
+    rows = math.prod(tensor.shape[:-1])
+    out = torch.empty((rows, cols), dtype=torch.float32)
+    target = out.numpy()
+    step = max(1, _SLICE_BYTES // (cols * 4))
+    kind = GGMLQuantizationType(tensor.type_id)
+    for first in range(0, rows, step):
+        count = min(step, rows - first)
+        raw = os.pread(fd, count * row_bytes, tensor.offset + first * row_bytes)
+        if len(raw) != count * row_bytes:
+            raise GGUFError(f"GGUF tensor {tensor.name!r}: the file ends inside its data (truncated download?)")
+        target[first:first + count] = dequantize(np.frombuffer(raw, dtype=np.uint8).reshape(count, row_bytes), kind)
+    return out.reshape(tensor.shape)
+
+
 def iter_weights(
     path: str | Path, hf_config: Any, dtype: torch.dtype = torch.float32
 ) -> Iterator[tuple[str, torch.Tensor]]:
-    """``(Hugging Face name, tensor in dtype)`` for every tensor of the file, dequantized."""
-    from gguf import GGMLQuantizationType, dequantize
-
-    reader = _reader(path)
-    arch = str(reader.fields["general.architecture"].contents())
+    """``(Hugging Face name, tensor in dtype)`` for every tensor of the file, dequantized one at a
+    time, largest first: the caller copies each into the model's parameters, so beside the model
+    about one tensor is ever held, and the largest while little of the model is yet in memory."""
+    head = header(path)
+    check_tensor_types(head)
+    permuted = str(head.get("general.architecture")) in _PERMUTED_ARCHS
     heads = int(hf_config.num_attention_heads)
     kv_heads = int(getattr(hf_config, "num_key_value_heads", None) or heads)
-    for tensor in reader.tensors:
-        if tensor.name == "rope_freqs.weight":
-            continue  # llama 3.1's rope scaling factors; the config carries rope_scaling
-        kind = GGMLQuantizationType(tensor.tensor_type)
-        try:
-            values = dequantize(tensor.data, kind)
-        except (NotImplementedError, ValueError, KeyError) as exc:
-            raise GGUFError(f"{tensor.name}: the gguf package cannot dequantize {kind.name} ({exc})") from None
-        shape = tuple(reversed([int(d) for d in tensor.shape]))
-        array = np.ascontiguousarray(values, dtype=np.float32).reshape(shape)
-        weight = torch.from_numpy(array if array.flags.writeable else array.copy())
-        if arch in _PERMUTED_ARCHS and tensor.name.endswith(("attn_q.weight", "attn_k.weight")):
-            weight = _unpermute(weight, heads if "attn_q" in tensor.name else kv_heads)
-        yield _hf_name(tensor.name), weight.to(dtype)
+    fd = os.open(head.path, os.O_RDONLY)
+    try:
+        for tensor in sorted(head.tensors, key=lambda t: -math.prod(t.shape)):
+            if tensor.name == "rope_freqs.weight":
+                continue  # llama 3.1's rope scaling factors; the config carries rope_scaling
+            name = _hf_name(tensor.name)
+            weight = _read_dequantized(fd, tensor)
+            if permuted and tensor.name.endswith(("attn_q.weight", "attn_k.weight")):
+                weight = _unpermute(weight, heads if "attn_q" in tensor.name else kv_heads)
+            yield name, weight.to(dtype)
+            del weight  # freed before the next tensor is read (in another dtype it is a second copy)
+    finally:
+        os.close(fd)
 
 
 def tokenizer_folder(path: str | Path) -> Path:
-    """A Hugging Face tokenizer folder built from the file's metadata (once; then reused)."""
+    """A Hugging Face tokenizer folder built from the file's metadata (once; then reused). Building
+    it parses the whole vocabulary through transformers' GGUF reader (seconds, ~150 MB at its peak),
+    so engines ask for it before loading weights; a file that cannot load at all fails first."""
+    check_tensor_types(header(path))
     file = Path(path).resolve()
     stat = file.stat()
     key = hashlib.sha256(f"{file}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:16]

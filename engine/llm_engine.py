@@ -62,6 +62,7 @@ class LLMEngine:
 
         self.config = config
         self.model_impl = "native"  # or "transformers" (engine.model_impl resolves config.model_impl)
+        self.tokenizer = _load_tokenizer(config.model)  # first: building one from a GGUF file peaks in memory
         if model is None:
             loaded = load_engine_model(config.model, config.torch_dtype, config.device, config.attn_backend,
                                        config.model_impl)
@@ -69,7 +70,6 @@ class LLMEngine:
         elif hf_config is None:
             raise ValueError("a pre-built model needs its hf_config")
         self.hf_config = hf_config
-        self.tokenizer = _load_tokenizer(config.model)
         self.eos_token_ids = _config_eos_ids(hf_config, config.model)
         if self.tokenizer is not None:
             self.eos_token_ids |= set(self.tokenizer.eos_token_ids)

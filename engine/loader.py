@@ -7,6 +7,7 @@ checkpoint (``load_weights`` raises if one is missing).
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -67,6 +68,35 @@ def iter_weights(model_path: str | Path, hf_config: Any = None,
                 yield name, f.get_tensor(name)
 
 
+@contextlib.contextmanager
+def _initialisers_skipped() -> Iterator[None]:
+    """``torch.nn.init``'s initialisers as no-ops while the model is built on the meta device: every
+    parameter is overwritten from the checkpoint, and on meta tensors they run through torch's
+    Python reference kernels, whose first use imports torch._dynamo and triton (about 150 MB)."""
+    names = [n for n in dir(nn.init) if n.endswith("_") and not n.startswith("_") and callable(getattr(nn.init, n))]
+    saved = {n: getattr(nn.init, n) for n in names}
+    for name in names:
+        setattr(nn.init, name, lambda tensor, *args, **kwargs: tensor)
+    try:
+        yield
+    finally:
+        for name, fn in saved.items():
+            setattr(nn.init, name, fn)
+
+
+def _to_empty(model: nn.Module, device: torch.device | str) -> None:
+    """``model.to_empty(device=device)`` (uninitialised storage for every parameter and buffer)
+    without torch's reference ``empty_like`` for meta tensors, whose first use imports sympy (~35 MB)."""
+    for module in model.modules():
+        for name, param in module._parameters.items():
+            if param is not None:
+                fresh = torch.empty(param.shape, dtype=param.dtype, device=device)
+                module._parameters[name] = nn.Parameter(fresh, requires_grad=param.requires_grad)
+        for name, buffer in module._buffers.items():
+            if buffer is not None:
+                module._buffers[name] = torch.empty(buffer.shape, dtype=buffer.dtype, device=device)
+
+
 def load_model(model_path: str | Path, dtype: torch.dtype | str = torch.float32,
                device: torch.device | str = "cpu", attn_backend: str = "torch") -> tuple[nn.Module, Any]:
     """``(model in eval mode on device, hf_config)`` for a local HF folder."""
@@ -81,14 +111,14 @@ def load_model(model_path: str | Path, dtype: torch.dtype | str = torch.float32,
     previous = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
-        with torch.device("meta"):
+        with torch.device("meta"), _initialisers_skipped():
             model = cls(hf_config, attn_backend=attn_backend)
     finally:
         torch.set_default_dtype(previous)
-    model.to_empty(device=device)
+    _to_empty(model, device)
     native: Any = model  # a native model class: lm_head, model.embed_tokens, load_weights
     if getattr(native, "tie_word_embeddings", False):
-        native.lm_head.weight = native.model.embed_tokens.weight  # to_empty unties shared parameters
+        native.lm_head.weight = native.model.embed_tokens.weight  # _to_empty unties shared parameters
     native.load_weights(iter_weights(model_path, hf_config, dtype))
     return model.eval(), hf_config
 

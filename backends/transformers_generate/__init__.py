@@ -1,4 +1,4 @@
-"""Provider ``transformers``: a local HF folder served by plain ``model.generate``.
+"""Provider ``transformers``: a local HF folder (or GGUF file) served by plain ``model.generate``.
 
 Deployment options (all optional): ``dtype`` (float32), ``device`` (cpu), ``max_batch_size``
 (rows per ``generate`` call, 8), ``max_queue`` (requests waiting before Unavailable, 64),
@@ -34,24 +34,29 @@ def load_generate_backend(folder: str, deployment_id: str, options: dict[str, An
     import torch
     import transformers
 
+    from engine import gguf_file
     from engine.config import parse_dtype
     from engine.model_impl import ModelImplError, inspect_model
 
     unknown = sorted(set(options) - _OPTIONS)
     if unknown:
         raise ConfigError(f"deployment {deployment_id}: unknown options {unknown} (known: {sorted(_OPTIONS)})")
+    gguf = gguf_file.is_gguf(folder)
     try:
         info = inspect_model(folder)
         dtype = parse_dtype(options.get("dtype", "float32"))
+        tokenizer_dir = gguf_file.tokenizer_folder(folder) if gguf else Path(folder)  # GGUF: from its metadata
     except (ModelImplError, ValueError) as exc:
         raise ConfigError(f"deployment {deployment_id}: {exc}") from None
-    if not any((Path(folder) / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json")):
+    if not any((tokenizer_dir / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json")):
         raise ConfigError(
             f"deployment {deployment_id}: {folder} has no tokenizer (tokenizer.json / tokenizer_config.json)"
         )
-    model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, local_files_only=True)
+    where = {"gguf_file": Path(folder).name} if gguf else {}  # transformers dequantizes the file itself
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(Path(folder).parent) if gguf else folder,
+                                                              dtype=dtype, local_files_only=True, **where)
     model.to(torch.device(options.get("device", "cpu"))).eval()  # type: ignore[arg-type]  # transformers' stub of .to
-    tokenizer = transformers.AutoTokenizer.from_pretrained(folder, local_files_only=True)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(tokenizer_dir), local_files_only=True)
     eos = model.generation_config.eos_token_id
     eos_ids = set(eos if isinstance(eos, list) else [] if eos is None else [eos])
     if tokenizer.eos_token_id is not None:

@@ -15,6 +15,7 @@ to generate, with the reason.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -36,7 +37,12 @@ class ModelInfo:
     hf_config: Any
     max_position_embeddings: int
     native: bool
-    in_engine_blocker: str | None  # why the transformers-in-engine path cannot take it (None: it can)
+
+    @functools.cached_property
+    def in_engine_blocker(self) -> str | None:
+        """Why the transformers-in-engine path cannot take it (None: it can). Asked only when a
+        native model is not chosen: it imports transformers' modeling code (about 150 MB)."""
+        return _in_engine_blocker(self.hf_config)
 
 
 @dataclass(frozen=True)
@@ -59,8 +65,14 @@ def _in_engine_blocker(hf_config: Any) -> str | None:
     import transformers
 
     mapping = transformers.AutoModelForCausalLM._model_mapping
+    config_cls: Any = type(hf_config)
+    if config_cls not in mapping:  # a config class of our own (a GGUF Llama's): transformers' by its model_type
+        try:
+            config_cls = type(transformers.AutoConfig.for_model(getattr(hf_config, "model_type", "")))
+        except ValueError:
+            return "transformers has no causal-LM class for it"
     try:
-        cls: Any = mapping[type(hf_config)]
+        cls: Any = mapping[config_cls]
     except KeyError:
         return "transformers has no causal-LM class for it"
     if not getattr(cls, "_supports_attention_backend", False):
@@ -108,7 +120,6 @@ def inspect_model(folder: str | Path) -> ModelInfo:
         hf_config=hf_config,
         max_position_embeddings=int(getattr(hf_config, "max_position_embeddings", None) or 2048),
         native=arch in native,
-        in_engine_blocker=_in_engine_blocker(hf_config),
     )
 
 

@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Literal
 
 import llguidance
-import llguidance.torch
 import torch
 from llguidance.gbnf_to_lark import gbnf_to_lark
 
@@ -102,9 +101,6 @@ class StructuredOutputManager:
             raise InvalidRequest(f"{so.param}: {matcher.get_error()}", param=so.param)
         return matcher
 
-    def allocate_bitmask(self, rows: int) -> torch.Tensor:
-        return llguidance.torch.allocate_token_bitmask(rows, self.vocab_size)
-
 
 def fill_bitmask(matchers: list[llguidance.LLMatcher | None], words: int) -> torch.Tensor | None:
     """An int32 ``(len(matchers), words)`` bitmask: all ones for a free row (``None``), the
@@ -114,8 +110,14 @@ def fill_bitmask(matchers: list[llguidance.LLMatcher | None], words: int) -> tor
     mask = torch.full((len(matchers), words), -1, dtype=torch.int32)
     for i, m in enumerate(matchers):
         if m is not None:
-            llguidance.torch.fill_next_token_bitmask(m, mask, i)
+            _fill_row(m, mask[i])
     return mask
+
+
+def _fill_row(matcher: llguidance.LLMatcher, row: torch.Tensor) -> None:
+    """``llguidance.torch.fill_next_token_bitmask`` without importing that module (it compiles a
+    kernel with ``torch.compile`` at import, pulling in torch._dynamo: about 200 MB of RSS)."""
+    matcher.unsafe_compute_mask_ptr(row.data_ptr(), row.numel() * row.element_size())
 
 
 def apply_bitmask(logits: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:

@@ -6,9 +6,11 @@ import asyncio
 import math
 import os
 import signal
+from collections.abc import Callable
+from functools import wraps
 from pathlib import Path
 from types import FrameType
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -99,5 +101,20 @@ def _exit_cleanly(signum: int, frame: FrameType | None) -> None:
     raise SystemExit(0)
 
 
+def _config_errors_in_one_line(command: Callable[..., None]) -> Callable[..., None]:
+    """A ConfigError raised while serving (one worker builds its deployments in this process, e.g.
+    a model file that cannot load) is one ``error:`` line and exit status 2, not a traceback."""
+
+    @wraps(command)
+    def run(*args: Any, **kwargs: Any) -> None:
+        try:
+            command(*args, **kwargs)
+        except ConfigError as exc:
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(2) from None
+
+    return run
+
+
 def register(app: typer.Typer) -> None:
-    app.command("serve")(serve)
+    app.command("serve")(_config_errors_in_one_line(serve))

@@ -4,18 +4,22 @@ llama.cpp's Q/K permutation undone, and clear errors for what cannot load."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from gguf import GGMLQuantizationType, GGUFWriter
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFWriter
 from gguf.quants import quantize
 from safetensors.torch import load_file
 
-from engine import gguf_file
+from engine import LLM, gguf_file
 from engine.loader import load_config
 from engine.tiny_model import build_tiny_model
+from tests.support.gguf_models import add_tokenizer
 
 NAMES = {v: k for k, v in gguf_file._GLOBAL_NAMES.items()}  # HF name -> GGUF name
 
@@ -34,7 +38,23 @@ def _permute(w: np.ndarray, heads: int) -> np.ndarray:
     return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def _write(folder: Path, out: Path, kind: GGMLQuantizationType, extra: dict[str, np.ndarray] | None = None) -> None:
+_NUMPY_TYPES = {GGMLQuantizationType.I8: np.int8, GGMLQuantizationType.I16: np.int16,
+                GGMLQuantizationType.I32: np.int32, GGMLQuantizationType.I64: np.int64,
+                GGMLQuantizationType.F64: np.float64}
+
+
+def _add_odd(writer: GGUFWriter, name: str, array: np.ndarray, kind: GGMLQuantizationType) -> None:
+    """``array`` stored as ``kind`` (a type the gguf package writes but cannot dequantize)."""
+    if kind in _NUMPY_TYPES:
+        writer.add_tensor(name, array.astype(_NUMPY_TYPES[kind]))
+        return
+    block, size = GGML_QUANT_SIZES[kind]
+    blocks = -(-array.shape[-1] // block)
+    writer.add_tensor(name, np.zeros((array.shape[0], blocks * size), dtype=np.uint8), raw_dtype=kind)
+
+
+def _write(folder: Path, out: Path, kind: GGMLQuantizationType, extra: dict[str, np.ndarray] | None = None,
+           odd: tuple[str, GGMLQuantizationType] | None = None) -> None:
     config = load_config(folder)
     weights = load_file(str(folder / "model.safetensors"))
     writer = GGUFWriter(str(out), "llama")
@@ -47,13 +67,16 @@ def _write(folder: Path, out: Path, kind: GGMLQuantizationType, extra: dict[str,
     writer.add_layer_norm_rms_eps(config.rms_norm_eps)
     writer.add_rope_freq_base(float(config.rope_parameters["rope_theta"]))
     writer.add_vocab_size(config.vocab_size)
+    add_tokenizer(writer, folder)
     for name, tensor in weights.items():
         array = tensor.float().numpy()
         if name.endswith("q_proj.weight"):
             array = _permute(array, config.num_attention_heads)
         elif name.endswith("k_proj.weight"):
             array = _permute(array, config.num_key_value_heads)
-        if kind is GGMLQuantizationType.F32 or array.ndim == 1:
+        if odd is not None and _gguf_name(name) == odd[0]:
+            _add_odd(writer, odd[0], array, odd[1])
+        elif kind is GGMLQuantizationType.F32 or array.ndim == 1:
             writer.add_tensor(_gguf_name(name), array)
         elif kind is GGMLQuantizationType.F16:
             writer.add_tensor(_gguf_name(name), array.astype(np.float16))
@@ -104,3 +127,54 @@ def test_a_missing_or_broken_file_is_a_clear_error(tmp_path: Path) -> None:
     broken.write_bytes(b"not a gguf file at all")
     with pytest.raises(gguf_file.GGUFError, match="not a readable GGUF"):
         gguf_file.load_config(broken)
+
+
+@pytest.mark.parametrize("kind", ["Q8_1", "Q8_K", "I8", "I32", "F64", "Q1_0"])
+def test_a_tensor_type_the_gguf_package_cannot_dequantize_is_a_clear_error(
+    folder: Path, tmp_path: Path, kind: str
+) -> None:
+    """Refused before anything is built, by config, engine and iterator alike, naming the tensor
+    and its type (and the types that would do)."""
+    path = tmp_path / f"odd-{kind}.gguf"
+    _write(folder, path, GGMLQuantizationType.F32, odd=("blk.1.ffn_down.weight", GGMLQuantizationType[kind]))
+    message = (rf"tensor 'blk.1.ffn_down.weight' has type {kind}, which the gguf package cannot dequantize "
+               r"\(it can: F32, F16")
+    with pytest.raises(gguf_file.GGUFError, match=message):
+        gguf_file.load_config(path)
+    with pytest.raises(ValueError, match=message):
+        LLM(str(path), max_model_len=64, num_kv_blocks=8)
+    with pytest.raises(gguf_file.GGUFError, match=message):
+        next(gguf_file.iter_weights(path, load_config(folder)))
+
+
+def test_a_truncated_file_is_a_clear_error_naming_the_tensor(folder: Path, tmp_path: Path) -> None:
+    path = tmp_path / "cut.gguf"
+    _write(folder, path, GGMLQuantizationType.F32)
+    path.write_bytes(path.read_bytes()[:-1000])
+    with pytest.raises(gguf_file.GGUFError, match=r"GGUF tensor '.+': the file ends inside its data"):
+        list(gguf_file.iter_weights(path, gguf_file.load_config(path)))
+
+
+def test_serving_a_native_gguf_imports_no_compiler_or_modeling_code(
+    folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """torch._dynamo (and triton with it) and transformers' modeling code cost ~150-200 MB of RSS
+    each, sympy (LlamaConfig's imports) ~65 MB; the native GGUF path, structured output included,
+    needs none of them."""
+    path = tmp_path / "tiny.gguf"
+    _write(folder, path, GGMLQuantizationType.Q8_0)
+    monkeypatch.setenv("SWITCHYARD_GGUF_CACHE", str(tmp_path))
+    gguf_file.tokenizer_folder(path)  # built once per file (make install does it for the default model)
+    script = (
+        "import sys; from engine import LLM, SamplingParams; "
+        f"llm = LLM({str(path)!r}, max_model_len=64, num_kv_blocks=8); "
+        "from engine.structured_output import StructuredOutput; "
+        "json = StructuredOutput('json_object', '', 'response_format'); "
+        "llm.generate([[1, 2, 3]], SamplingParams(max_tokens=4, temperature=0.0, structured=json)); "
+        "print(sorted(m for m in ('torch._dynamo', 'triton', 'llguidance.torch', "
+        "'transformers.modeling_utils', 'sympy') if m in sys.modules))"
+    )
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "[]"

@@ -39,8 +39,9 @@ ARCHS: dict[str, Callable[[int], transformers.PretrainedConfig]] = {
 }
 
 
-def build_model(arch: str, path: Path, seed: int = 0) -> Path:
-    """Save a seeded random ``arch`` model plus the tiny tokenizer as an HF folder at ``path``."""
+def build_model(arch: str, path: Path, seed: int = 0, **overrides: object) -> Path:
+    """Save a seeded random ``arch`` model plus the tiny tokenizer as an HF folder at ``path``
+    (``overrides``: config fields to change)."""
     path.mkdir(parents=True, exist_ok=True)
     tok = write_tokenizer(path, MAX_LEN)  # the built-in tiny model's tokenizer (engine.tiny_model)
     eos_ids = [tok.token_to_id(EOT), tok.token_to_id(EOS)]
@@ -48,6 +49,8 @@ def build_model(arch: str, path: Path, seed: int = 0) -> Path:
     config.bos_token_id, config.eos_token_id, config.pad_token_id = tok.token_to_id(BOS), eos_ids, None
     config.architectures = [transformers.AutoModelForCausalLM._model_mapping[type(config)].__name__]
     config.initializer_range = 0.25  # the default 0.02 makes tiny random models repeat one token
+    for key, value in overrides.items():
+        setattr(config, key, value)
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.generation_config.eos_token_id = eos_ids
