@@ -166,3 +166,21 @@ def test_gbnf_grammar(llm: LLM) -> None:
     p = SamplingParams(temperature=1.0, seed=4, max_tokens=20,
                        structured=StructuredOutput("grammar", 'root ::= "x" ("y" | "z")'))
     assert llm.generate(["Hi"], p)[0].outputs[0].text in ("xy", "xz")
+
+
+@pytest.mark.parametrize("ban", ["min_tokens", "logit_bias"])
+def test_a_finished_grammar_stops_even_when_eos_is_banned(llm: LLM, ban: str) -> None:
+    """The grammar is complete (it admits only EOS next) while EOS is banned: the sequence ends
+    there with "stop" and never emits a token outside the grammar."""
+    eos = sorted(llm.engine.eos_token_ids)
+    extra: dict[str, Any] = {"min_tokens": 12} if ban == "min_tokens" else {"logit_bias": {t: -100 for t in eos}}
+    for so in (StructuredOutput("regex", r"[0-9]{3}-x"),
+               StructuredOutput("json", json.dumps(SCHEMAS[0]))):
+        p = SamplingParams(temperature=1.0, seed=5, max_tokens=40, structured=so, **extra)
+        c = llm.generate(["Hi"], p)[0].outputs[0]
+        assert c.finish_reason == "stop", c.text
+        assert not set(c.token_ids) & set(eos)
+        if so.kind == "regex":
+            assert len(c.text) == 5 and c.text[:3].isdigit() and c.text.endswith("-x")
+        else:
+            jsonschema.validate(json.loads(c.text), SCHEMAS[0])
