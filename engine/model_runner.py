@@ -23,7 +23,7 @@ from engine.prompt_logprobs import compute_prompt_logprobs
 from engine.sampler import Sampler, SamplerOutput, SamplingRow
 from engine.scheduler import ScheduledSeq
 from engine.sequence import TokenLogprob
-from engine.structured_output import fill_bitmask
+from engine.structured_output import PendingBitmask
 
 DEFAULT_CPU_KV_BYTES = 1 << 30
 
@@ -169,6 +169,8 @@ class ModelRunner:
             max_context_len=max(context_lens),
             block_size=bs,
         )
+        # The grammar bitmask is filled in a helper thread while the forward pass runs.
+        pending = PendingBitmask([item.seq.matcher for item in sampled], self.bitmask_words)
         ids_t = torch.tensor(ids, dtype=torch.long, device=dev)
         positions_t = torch.tensor(positions, dtype=torch.long, device=dev)
         if self.graphs is not None and self.graphs.can_run(len(ids), meta):
@@ -183,8 +185,7 @@ class ModelRunner:
             embeddings = pool_step(hidden, scheduled, query_start)
         if not sampled:
             return StepResult([], None, prompt_logprobs, embeddings)
-        # Filled on the host while the device runs the forward pass (launched above).
-        bitmask = fill_bitmask([item.seq.matcher for item in sampled], self.bitmask_words)
+        bitmask = pending.result()
         logits = self.model.compute_logits(hidden[torch.tensor(sample_rows, device=dev)])
         output = self.sampler(logits, [self._row(item) for item in sampled], bitmask)
         return StepResult(sampled, output, prompt_logprobs, embeddings)

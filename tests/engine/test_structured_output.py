@@ -184,3 +184,18 @@ def test_a_finished_grammar_stops_even_when_eos_is_banned(llm: LLM, ban: str) ->
             assert len(c.text) == 5 and c.text[:3].isdigit() and c.text.endswith("-x")
         else:
             jsonschema.validate(json.loads(c.text), SCHEMAS[0])
+
+
+def test_apply_bitmask_follows_every_bit() -> None:
+    """The byte-table bias equals the bits read one by one; free rows are untouched; a mask
+    narrower than the vocabulary forbids the tokens beyond it."""
+    gen = torch.Generator().manual_seed(0)
+    vocab = 100
+    mask = torch.randint(-2**31, 2**31 - 1, (4, words_for(vocab)), dtype=torch.int32, generator=gen)
+    mask[2] = -1
+    logits = torch.randn(4, vocab, generator=gen)
+    allowed = torch.tensor([[(int(mask[r, t // 32]) >> (t % 32)) & 1 for t in range(vocab)] for r in range(4)]).bool()
+    assert torch.equal(apply_bitmask(logits.clone(), mask), torch.where(allowed, logits, float("-inf")))
+    narrow_mask = torch.tensor([[-1, 0x7FFFFFFF]], dtype=torch.int32)  # tokens 0..62 allowed
+    narrow = apply_bitmask(logits[:1].clone(), narrow_mask)
+    assert not torch.isinf(narrow[0, :63]).any() and torch.isinf(narrow[0, 63:]).all()
