@@ -1,9 +1,12 @@
 """Structured output cost: decode step time at batch 1 and 32 with and without a JSON-schema
 constraint, grammar compile time per schema, and whether the cache makes the second request free.
 
-    python bench/structured_output.py [--model PATH] [--steps 32]
+    python bench/structured_output.py [--model PATH] [--steps 32] [--repeats 5]
 
-Without --model the seeded tiny model is built in a temporary folder (CPU).
+Without --model the seeded tiny model is built in a temporary folder (CPU); ``--model default``
+takes the default model (SmolLM2-135M GGUF, vocabulary 49152). Free and constrained runs are
+interleaved ``--repeats`` times and each cell is the median over the runs of a run's median step,
+so a busy shared machine skews both sides alike.
 """
 
 from __future__ import annotations
@@ -55,16 +58,25 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default=None)
     ap.add_argument("--steps", type=int, default=32)
+    ap.add_argument("--repeats", type=int, default=5)
     args = ap.parse_args()
+    if args.model == "default":
+        from backends.local.default_model import default_model_path
+
+        args.model = str(default_model_path())
     model = args.model or str(build_tiny_model(Path(tempfile.mkdtemp()) / "tiny", seed=0))
     llm = LLM(model, num_kv_blocks=1024, max_model_len=512, max_num_seqs=64)
     step_time(llm, 1, 4, False)  # warm up
+    step_time(llm, 1, 4, True)
     print(f"model: {model}")
     print("| batch | free step (ms) | JSON-schema step (ms) | added |")
     print("|---|---|---|---|")
     for batch in (1, 32):
-        free = step_time(llm, batch, args.steps, False)
-        constrained = step_time(llm, batch, args.steps, True)
+        free_runs, constrained_runs = [], []
+        for _ in range(args.repeats):
+            free_runs.append(step_time(llm, batch, args.steps, False))
+            constrained_runs.append(step_time(llm, batch, args.steps, True))
+        free, constrained = statistics.median(free_runs), statistics.median(constrained_runs)
         print(f"| {batch} | {free:.2f} | {constrained:.2f} | {100 * (constrained / free - 1):+.1f}% |")
     tok = llm.engine.tokenizer
     assert tok is not None

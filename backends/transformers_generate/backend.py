@@ -4,7 +4,9 @@ Requests are validated and tokenised here (the chat template of the model's toke
 the ``GenerateWorker`` thread as a ``Job``, and its events are turned into OpenAI wire responses or
 stream chunks. Token counts are exact (the model's own tokenizer, the tokens actually generated,
 EOS included as the engine counts it). Closing a stream aborts the job and waits for the worker
-to acknowledge, so the meter then holds the tokens really produced.
+to acknowledge, so the meter then holds the tokens really produced. Structured output and tools
+work as on the engine's backend (``backends.local.structured`` / ``tools``), the grammar applied by
+``grammar.GrammarLogits``.
 """
 
 from __future__ import annotations
