@@ -5,8 +5,9 @@ constraint, grammar compile time per schema, and whether the cache makes the sec
 
 Without --model the seeded tiny model is built in a temporary folder (CPU); ``--model default``
 takes the default model (SmolLM2-135M GGUF, vocabulary 49152). Free and constrained runs are
-interleaved ``--repeats`` times and each cell is the median over the runs of a run's median step,
-so a busy shared machine skews both sides alike.
+run on two engines with the same weights, stepped alternately (``--repeats`` runs of ``--steps``
+decode steps), so a busy shared machine skews both sides alike; the last column is the median of
+the per-step ratios.
 """
 
 from __future__ import annotations
@@ -39,19 +40,34 @@ SCHEMAS: dict[str, dict[str, Any]] = {
 LONG = {"type": "array", "items": {"type": "integer"}, "minItems": 1000}
 
 
-def step_time(llm: LLM, batch: int, steps: int, constrained: bool) -> float:
-    engine = llm.engine
-    so = StructuredOutput("json", json.dumps(LONG)) if constrained else None
+def _start(llm: LLM, batch: int, steps: int, so: StructuredOutput | None, tag: str) -> None:
     for i in range(batch):
         params = SamplingParams(temperature=1.0, seed=i, max_tokens=steps + 8, ignore_eos=True, structured=so)
-        engine.add_request(f"r{i}-{constrained}-{batch}", "Hello there", params)
-    times = []
-    while engine.has_unfinished_requests():
-        t = time.perf_counter()
-        engine.step()
-        times.append(time.perf_counter() - t)
-    decode = times[2:2 + steps]  # past the prefill
-    return statistics.median(decode) * 1000
+        llm.engine.add_request(f"{tag}{i}", "Hello there", params)
+
+
+def _timed_step(llm: LLM) -> float:
+    t = time.perf_counter()
+    llm.engine.step()
+    return time.perf_counter() - t
+
+
+def paired_steps(free: LLM, constrained: LLM, batch: int, steps: int) -> tuple[list[float], list[float]]:
+    """Decode step times (ms) of ``batch`` free rows on one engine and ``batch`` JSON-schema rows on
+    another (same weights), stepped alternately so both see the same load on a shared machine."""
+    _start(free, batch, steps, None, "f")
+    _start(constrained, batch, steps, StructuredOutput("json", json.dumps(LONG)), "c")
+    for _ in range(2):  # the prefill
+        free.engine.step()
+        constrained.engine.step()
+    a, b = [], []
+    for _ in range(steps):
+        a.append(_timed_step(free) * 1000)
+        b.append(_timed_step(constrained) * 1000)
+    for llm in (free, constrained):
+        while llm.engine.has_unfinished_requests():
+            llm.engine.step()
+    return a, b
 
 
 def main() -> None:
@@ -66,18 +82,22 @@ def main() -> None:
         args.model = str(default_model_path())
     model = args.model or str(build_tiny_model(Path(tempfile.mkdtemp()) / "tiny", seed=0))
     llm = LLM(model, num_kv_blocks=1024, max_model_len=512, max_num_seqs=64)
-    step_time(llm, 1, 4, False)  # warm up
-    step_time(llm, 1, 4, True)
+    other = LLM(model, num_kv_blocks=1024, max_model_len=512, max_num_seqs=64)
+    paired_steps(llm, other, 1, 4)  # warm up
     print(f"model: {model}")
-    print("| batch | free step (ms) | JSON-schema step (ms) | added |")
-    print("|---|---|---|---|")
+    print("| batch | free step (ms) | JSON-schema step (ms) | added (ratio of medians) | added (median paired ratio) |")
+    print("|---|---|---|---|---|")
     for batch in (1, 32):
-        free_runs, constrained_runs = [], []
+        free_ms: list[float] = []
+        constrained_ms: list[float] = []
         for _ in range(args.repeats):
-            free_runs.append(step_time(llm, batch, args.steps, False))
-            constrained_runs.append(step_time(llm, batch, args.steps, True))
-        free, constrained = statistics.median(free_runs), statistics.median(constrained_runs)
-        print(f"| {batch} | {free:.2f} | {constrained:.2f} | {100 * (constrained / free - 1):+.1f}% |")
+            a, b = paired_steps(llm, other, batch, args.steps)
+            free_ms += a
+            constrained_ms += b
+        free, constrained = statistics.median(free_ms), statistics.median(constrained_ms)
+        paired = statistics.median(c / f for f, c in zip(free_ms, constrained_ms, strict=True))
+        print(f"| {batch} | {free:.2f} | {constrained:.2f} | {100 * (constrained / free - 1):+.1f}% "
+              f"| {100 * (paired - 1):+.1f}% |")
     tok = llm.engine.tokenizer
     assert tok is not None
     manager = StructuredOutputManager(tok.path, tok.vocab_size, sorted(tok.eos_token_ids))
