@@ -1,13 +1,13 @@
 """Structured output cost: decode step time at batch 1 and 32 with and without a JSON-schema
 constraint, grammar compile time per schema, and whether the cache makes the second request free.
 
-    python bench/structured_output.py [--model PATH] [--steps 32] [--repeats 5]
+    python bench/structured_output.py [--model PATH] [--steps 32] [--repeats 5] [--threads N]
 
 Without --model the seeded tiny model is built in a temporary folder (CPU); ``--model default``
 takes the default model (SmolLM2-135M GGUF, vocabulary 49152). Free and constrained runs are
 run on two engines with the same weights, stepped alternately (``--repeats`` runs of ``--steps``
 decode steps), so a busy shared machine skews both sides alike; the last column is the median of
-the per-step ratios.
+the per-step ratios. ``--threads`` sets torch's CPU threads (1 is the steadiest on a shared machine).
 """
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from engine import LLM, SamplingParams
 from engine.structured_output import StructuredOutput, StructuredOutputManager
@@ -75,7 +77,10 @@ def main() -> None:
     ap.add_argument("--model", default=None)
     ap.add_argument("--steps", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=None)
     args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     if args.model == "default":
         from backends.local.default_model import default_model_path
 
@@ -84,7 +89,7 @@ def main() -> None:
     llm = LLM(model, num_kv_blocks=1024, max_model_len=512, max_num_seqs=64)
     other = LLM(model, num_kv_blocks=1024, max_model_len=512, max_num_seqs=64)
     paired_steps(llm, other, 1, 4)  # warm up
-    print(f"model: {model}")
+    print(f"model: {model}, torch threads: {torch.get_num_threads()}")
     print("| batch | free step (ms) | JSON-schema step (ms) | added (ratio of medians) | added (median paired ratio) |")
     print("|---|---|---|---|---|")
     for batch in (1, 32):
