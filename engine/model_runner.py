@@ -169,8 +169,8 @@ class ModelRunner:
             max_context_len=max(context_lens),
             block_size=bs,
         )
-        # The grammar bitmask is filled in a helper thread while the forward pass runs.
-        pending = PendingBitmask([item.seq.matcher for item in sampled], self.bitmask_words)
+        # On an accelerator the grammar bitmask is filled in a helper thread while the forward runs.
+        pending = PendingBitmask([item.seq.matcher for item in sampled], self.bitmask_words, dev.type != "cpu")
         ids_t = torch.tensor(ids, dtype=torch.long, device=dev)
         positions_t = torch.tensor(positions, dtype=torch.long, device=dev)
         if self.graphs is not None and self.graphs.can_run(len(ids), meta):

@@ -111,19 +111,17 @@ _EXECUTOR: llguidance.LLExecutor | None = None
 _BIAS: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}  # byte value -> 0 / -inf per bit
 
 
-_PARALLEL_ROWS = 4  # from this many constrained rows on: llguidance's executor and the helper thread
-
-
-def fill_bitmask(matchers: list[llguidance.LLMatcher | None], words: int) -> torch.Tensor | None:
+def fill_bitmask(matchers: list[llguidance.LLMatcher | None], words: int,
+                 parallel: bool = False) -> torch.Tensor | None:
     """An int32 ``(len(matchers), words)`` bitmask: all ones for a free row (``None``), the
-    matcher's allowed tokens otherwise; None when no row is constrained. Many constrained rows are
-    filled by llguidance's executor in one call (its own threads, without the GIL)."""
+    matcher's allowed tokens otherwise; None when no row is constrained. ``parallel``: the rows
+    are filled by llguidance's executor in one call (its own threads, without the GIL)."""
     global _EXECUTOR
     constrained = [(m, i) for i, m in enumerate(matchers) if m is not None]
     if not constrained:
         return None
     mask = torch.full((len(matchers), words), -1, dtype=torch.int32)
-    if len(constrained) < _PARALLEL_ROWS:
+    if not parallel:
         for m, i in constrained:
             llguidance.torch.fill_next_token_bitmask(m, mask, i)
         return mask
@@ -134,17 +132,19 @@ def fill_bitmask(matchers: list[llguidance.LLMatcher | None], words: int) -> tor
 
 
 class PendingBitmask:
-    """A bitmask being filled in a helper thread while the caller runs the model's forward pass
-    (the matchers only change when a sampled token is consumed, after this step). With few
-    constrained rows the fill is cheaper than the hand-over: it is done in ``result``."""
+    """The step's bitmask. With ``overlap`` (the forward runs on an accelerator, the host waits)
+    it is filled by llguidance's executor in a helper thread while the forward pass runs (the
+    matchers only change when a sampled token is consumed, after this step). On the CPU the
+    forward needs the cores itself and a hand-over costs more than it saves (measured with
+    bench/structured_output.py): it is filled in ``result``."""
 
     _pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grammar-bitmask")
 
-    def __init__(self, matchers: list[llguidance.LLMatcher | None], words: int) -> None:
+    def __init__(self, matchers: list[llguidance.LLMatcher | None], words: int, overlap: bool) -> None:
         self._matchers, self._words = matchers, words
         self._future: Future[torch.Tensor | None] | None = None
-        if sum(m is not None for m in matchers) >= _PARALLEL_ROWS:
-            self._future = self._pool.submit(fill_bitmask, matchers, words)
+        if overlap and any(m is not None for m in matchers):
+            self._future = self._pool.submit(fill_bitmask, matchers, words, True)
 
     def result(self) -> torch.Tensor | None:
         if self._future is not None:

@@ -14,7 +14,7 @@ import torch
 
 from engine import LLM, InvalidRequest, SamplingParams
 from engine.sampler import Sampler, SamplingRow
-from engine.structured_output import StructuredOutput, apply_bitmask, fill_bitmask, words_for
+from engine.structured_output import PendingBitmask, StructuredOutput, apply_bitmask, fill_bitmask, words_for
 from engine.tiny_model import build_tiny_model
 
 SCHEMAS: list[dict[str, Any]] = [
@@ -199,3 +199,21 @@ def test_apply_bitmask_follows_every_bit() -> None:
     narrow_mask = torch.tensor([[-1, 0x7FFFFFFF]], dtype=torch.int32)  # tokens 0..62 allowed
     narrow = apply_bitmask(logits[:1].clone(), narrow_mask)
     assert not torch.isinf(narrow[0, :63]).any() and torch.isinf(narrow[0, 63:]).all()
+
+
+def test_parallel_and_overlapped_fills_equal_the_plain_one(llm: LLM) -> None:
+    """The executor's fill (used in the helper thread when the forward runs on an accelerator)
+    gives the same bitmask as the row-by-row fill."""
+    manager = llm.engine.processor.structured()
+    matchers: list[Any] = [manager.matcher(StructuredOutput("json", json.dumps(s))) for s in SCHEMAS] + [None]
+    tok = llm.engine.tokenizer
+    assert tok is not None
+    for t in tok.encode('{"', add_special_tokens=False):
+        for m in matchers[:-1]:
+            m.consume_token(t)
+    words = words_for(manager.vocab_size)
+    plain = fill_bitmask(matchers, words)
+    assert plain is not None and torch.equal(plain[-1], torch.full((words,), -1, dtype=torch.int32))
+    assert torch.equal(fill_bitmask(matchers, words, parallel=True), plain)
+    assert torch.equal(PendingBitmask(matchers, words, overlap=True).result(), plain)
+    assert torch.equal(PendingBitmask(matchers, words, overlap=False).result(), plain)
