@@ -226,8 +226,8 @@ class LLMEngine:
             self.scheduler.finish(seq, reason)
 
     def _stop_reason(self, seq: Sequence, token: int) -> FinishReason | None:
-        """As vLLM: nothing but the length limit stops a sequence before ``min_tokens`` outputs
-        (no stop token id, EOS or stop string)."""
+        """As vLLM: nothing but the length limit or a finished grammar stops a sequence before
+        ``min_tokens`` outputs (no stop token id, EOS or stop string)."""
         p = seq.params
         text = self._requests[seq.request_id].texts[seq.index]
         may_stop = seq.num_output_tokens >= p.min_tokens
@@ -239,6 +239,11 @@ class LLMEngine:
                 text.stop(None)
                 return FinishReason.STOP
         if text.push(token, check_stop=may_stop):
+            return FinishReason.STOP
+        if seq.matcher is not None and seq.matcher.is_stopped():
+            # The grammar admits nothing more (EOS at most): it ends here, also while EOS is
+            # banned (min_tokens, logit_bias -100) or ignored, never with a token outside it.
+            text.stop(None)
             return FinishReason.STOP
         if seq.num_tokens >= seq.max_len:
             text.finish()

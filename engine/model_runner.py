@@ -26,7 +26,7 @@ from engine.sampler import Sampler, SamplerOutput, SamplingRow
 from engine.scheduler import ScheduledSeq
 from engine.sequence import TokenLogprob
 from engine.step_inputs import StepInputBuilder
-from engine.structured_output import fill_bitmask
+from engine.structured_output import PendingBitmask
 
 DEFAULT_CPU_KV_BYTES = 1 << 30
 
@@ -180,6 +180,9 @@ class ModelRunner:
     def execute(self, scheduled: list[ScheduledSeq]) -> StepResult:
         step = self.inputs.build(scheduled)  # copies queued before the forward: no host stall
         meta = step.meta
+        # On an accelerator the grammar bitmask is filled in a helper thread while the forward runs.
+        pending = PendingBitmask([item.seq.matcher for item in step.sampled], self.bitmask_words,
+                                 self.device.type != "cpu")
         if self.graphs is not None and self.graphs.can_run(step.input_ids.shape[0], meta):
             hidden = self.graphs.run(step.input_ids, step.positions, meta)
         else:
@@ -193,8 +196,7 @@ class ModelRunner:
         sampled = step.sampled
         if not sampled:
             return StepResult([], None, prompt_logprobs, embeddings)
-        # Filled on the host while the device runs the forward pass (launched above).
-        bitmask = fill_bitmask([item.seq.matcher for item in sampled], self.bitmask_words)
+        bitmask = pending.result()
         logits = self.model.compute_logits(hidden[step.sample_rows])
         output = self.sampler(logits, [self._row(item) for item in sampled], bitmask)
         return StepResult(sampled, output, prompt_logprobs, embeddings)

@@ -28,7 +28,6 @@ from backends.local.run import EngineRun, collect, response_id, usage_of
 from backends.local.tool_parsers import choose_parser
 from backends.local.tools import ToolPlan
 from backends.openai_wire import (
-    AssistantMessage,
     ChatChoice,
     ChatChunkChoice,
     ChatCompletion,
@@ -105,23 +104,12 @@ class LocalEngineBackend:
         params = wire.sampling_params(request, limit, wire.chat_logprobs_count(request), structured=grammar)
         return EngineRun(self.engine, [prompt], params, "messages", ctx), plan
 
-    @staticmethod
-    def _message(plan: ToolPlan | None, text: str, reason: str | None) -> tuple[AssistantMessage, Any]:
-        """The assistant message for a finished output, with its tool calls parsed when it has any."""
-        finish = wire.finish_reason(reason)
-        if plan is None or reason == "length":
-            return AssistantMessage(content=text), finish
-        content, calls = plan.parse(text)
-        if not calls:
-            return AssistantMessage(content=text), finish
-        return AssistantMessage(content=content, tool_calls=tools.wire_calls(calls)), "tool_calls"
-
     async def chat(self, request: ChatCompletionRequest, ctx: CallContext = NO_CONTEXT) -> Completed[ChatCompletion]:
         run, plan = self._start_chat(request, ctx)
         final = await collect(run)
         choices = []
         for o in final[0].outputs:
-            message, finish = self._message(plan, o.text, o.finish_reason)
+            message, finish = tools.message(plan, o.text, wire.finish_reason(o.finish_reason))
             choices.append(ChatChoice(index=o.index, message=message, finish_reason=finish,
                                       logprobs=self.logprobs.chat(o.logprobs), stop_reason=o.stop_reason))
         response = ChatCompletion(id=response_id("chatcmpl"), model=request.model, choices=choices,
@@ -165,7 +153,8 @@ class LocalEngineBackend:
                     if plan is not None:
                         buffered[o.index] += o.delta_text
                         if o.finish_reason is not None:
-                            for c in self._final_deltas(plan, o.index, buffered[o.index], o.finish_reason):
+                            for c in tools.final_deltas(plan, o.index, buffered[o.index],
+                                                        wire.finish_reason(o.finish_reason)):
                                 yield chunk([c])
                         continue
                     if o.delta_text or (o.delta_logprobs and request.logprobs):
@@ -179,21 +168,6 @@ class LocalEngineBackend:
                 yield chunk([], usage_of(run.meter))
 
         return ChunkStream(ClosingChunks(gen(), run.aclose), run.meter)
-
-    def _final_deltas(self, plan: ToolPlan, index: int, text: str, reason: str) -> list[ChatChunkChoice]:
-        """A tool-using output's closing deltas: its content, or one tool-call delta per call (id,
-        name and the whole arguments), then the finish reason."""
-        message, finish = self._message(plan, text, reason)
-        out = []
-        if message.content:
-            out.append(ChatChunkChoice(index=index, delta=ChatDelta(content=message.content)))
-        if message.tool_calls:
-            deltas = [ToolCallDelta(index=i, id=c.id, type="function",
-                                    function={"name": c.function.name, "arguments": c.function.arguments})
-                      for i, c in enumerate(message.tool_calls)]
-            out.append(ChatChunkChoice(index=index, delta=ChatDelta(tool_calls=deltas)))
-        out.append(ChatChunkChoice(index=index, delta=ChatDelta(), finish_reason=finish))
-        return out
 
     # ------------------------------------------------------------ completions
 

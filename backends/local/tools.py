@@ -19,7 +19,15 @@ from msgspec import UNSET
 
 from backends.base import BadRequest
 from backends.local.tool_parsers import PARSERS, ParsedCall
-from backends.openai_wire import ChatCompletionRequest, FunctionCall, ToolCall
+from backends.openai_wire import (
+    AssistantMessage,
+    ChatChunkChoice,
+    ChatCompletionRequest,
+    ChatDelta,
+    FunctionCall,
+    ToolCall,
+    ToolCallDelta,
+)
 from engine.structured_output import StructuredOutput
 
 _EMPTY_PARAMS = {"type": "object", "properties": {}}
@@ -127,3 +135,30 @@ def call_id() -> str:
 
 def wire_calls(calls: list[ParsedCall]) -> list[ToolCall]:
     return [ToolCall(id=call_id(), function=FunctionCall(name=c.name, arguments=c.arguments)) for c in calls]
+
+
+def message(plan: ToolPlan | None, text: str, finish: Any) -> tuple[AssistantMessage, Any]:
+    """The assistant message for a finished output (``finish``: its wire finish reason), with its
+    tool calls parsed when it has any (then the finish reason is ``tool_calls``)."""
+    if plan is None or finish == "length":
+        return AssistantMessage(content=text), finish
+    content, calls = plan.parse(text)
+    if not calls:
+        return AssistantMessage(content=text), finish
+    return AssistantMessage(content=content, tool_calls=wire_calls(calls)), "tool_calls"
+
+
+def final_deltas(plan: ToolPlan, index: int, text: str, finish: Any) -> list[ChatChunkChoice]:
+    """A tool-using output's closing stream deltas: its content, or one tool-call delta per call
+    (id, name and the whole arguments), then the finish reason."""
+    msg, reason = message(plan, text, finish)
+    out = []
+    if msg.content:
+        out.append(ChatChunkChoice(index=index, delta=ChatDelta(content=msg.content)))
+    if msg.tool_calls:
+        deltas = [ToolCallDelta(index=i, id=c.id, type="function",
+                                function={"name": c.function.name, "arguments": c.function.arguments})
+                  for i, c in enumerate(msg.tool_calls)]
+        out.append(ChatChunkChoice(index=index, delta=ChatDelta(tool_calls=deltas)))
+    out.append(ChatChunkChoice(index=index, delta=ChatDelta(), finish_reason=reason))
+    return out

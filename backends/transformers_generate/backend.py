@@ -4,7 +4,9 @@ Requests are validated and tokenised here (the chat template of the model's toke
 the ``GenerateWorker`` thread as a ``Job``, and its events are turned into OpenAI wire responses or
 stream chunks. Token counts are exact (the model's own tokenizer, the tokens actually generated,
 EOS included as the engine counts it). Closing a stream aborts the job and waits for the worker
-to acknowledge, so the meter then holds the tokens really produced.
+to acknowledge, so the meter then holds the tokens really produced. Structured output and tools
+work as on the engine's backend (``backends.local.structured`` / ``tools``), the grammar applied by
+``grammar.GrammarLogits``.
 """
 
 from __future__ import annotations
@@ -19,9 +21,11 @@ from msgspec import UNSET
 from backends.base import BackendStats, BadRequest, ChunkStream, ClosingChunks, Completed, ContextTooLong, Meter
 from backends.call import NO_CONTEXT, CallContext
 from backends.embeddings_wire import EmbeddingList, EmbeddingRequest
-from backends.local.wire import LogprobFormatter
+from backends.local import tools
+from backends.local.structured import from_request as structured_from_request
+from backends.local.tool_parsers import choose_parser
+from backends.local.wire import LogprobFormatter, chat_messages
 from backends.openai_wire import (
-    AssistantMessage,
     ChatChoice,
     ChatChunkChoice,
     ChatCompletion,
@@ -32,13 +36,14 @@ from backends.openai_wire import (
     CompletionRequest,
     SamplingFields,
     TextCompletion,
-    TextPart,
     Usage,
 )
+from backends.transformers_generate.grammar import Grammars
 from backends.transformers_generate.jobs import Event
 from backends.transformers_generate.params import generate_key, opt, row_params
 from backends.transformers_generate.runs import JobRun, PendingLogprobs, collect, relay
 from backends.transformers_generate.worker import GenerateWorker
+from engine.structured_output import StructuredOutput, words_for
 
 
 class HFGenerateBackend:
@@ -58,18 +63,24 @@ class HFGenerateBackend:
         self.metadata = dict(metadata or {})
         self._active: set[JobRun] = set()  # requests submitted and not yet finished
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(eos_ids, default=0)
+        grammar_vocab = max(vocab_size, len(tokenizer))
+        self.grammars = Grammars(upstream_model, grammar_vocab, eos_ids)
+        template = getattr(tokenizer, "chat_template", None)
+        self.tool_parser = choose_parser("auto", template if isinstance(template, str) else None)
         self.worker = GenerateWorker(model, tokenizer, eos_ids, pad, max_batch_rows=max_batch_rows,
-                                     max_queue=max_queue)
+                                     max_queue=max_queue, bitmask_words=words_for(grammar_vocab))
 
     # ------------------------------------------------------------ Backend protocol
 
     async def chat(self, request: ChatCompletionRequest, ctx: CallContext = NO_CONTEXT) -> Completed[ChatCompletion]:
         k = _chat_logprobs(request)
-        run = self._start(request, [self._chat_prompt(request)], request.output_limit(), k, ctx)
+        run, plan = self._start_chat(request, k, ctx)
         texts, reasons, lps = await collect(run)
-        choices = [ChatChoice(index=i, message=AssistantMessage(content=t), finish_reason=_reason(reasons[i]),
-                              logprobs=self.logprobs.chat(lps[i]) if k is not None else None)
-                   for i, t in enumerate(texts)]
+        choices = []
+        for i, t in enumerate(texts):
+            message, finish = tools.message(plan, t, _reason(reasons[i]))
+            choices.append(ChatChoice(index=i, message=message, finish_reason=finish,
+                                      logprobs=self.logprobs.chat(lps[i]) if k is not None else None))
         response = ChatCompletion(id=_id("chatcmpl"), model=request.model, choices=choices, usage=_usage(run.meter))
         return Completed(response, run.meter)
 
@@ -77,9 +88,10 @@ class HFGenerateBackend:
         self, request: ChatCompletionRequest, ctx: CallContext = NO_CONTEXT
     ) -> ChunkStream[ChatCompletionChunk]:
         k = _chat_logprobs(request)
-        run = self._start(request, [self._chat_prompt(request)], request.output_limit(), k, ctx)
+        run, plan = self._start_chat(request, k, ctx)
         cid, created = _id("chatcmpl"), int(time.time())
         pending = PendingLogprobs()
+        buffered = [""] * run.job.num_rows  # with tools the text is held back until it is known to be a call
 
         def chunk(choices: list[ChatChunkChoice], usage: Usage | None = None) -> ChatCompletionChunk:
             return ChatCompletionChunk(
@@ -90,20 +102,21 @@ class HFGenerateBackend:
                 usage=usage if usage is not None else UNSET,
             )
 
-        def on_event(ev: Event) -> ChatCompletionChunk | None:
+        def on_event(ev: Event) -> list[ChatCompletionChunk]:
             lps = pending.add(ev)
             if lps is None:
-                return None
+                return []
+            if plan is not None:
+                buffered[ev.index] += ev.text
+                if ev.finish is None:
+                    return []
+                return [chunk([c]) for c in tools.final_deltas(plan, ev.index, buffered[ev.index],
+                                                               _reason(ev.finish))]
             logprobs = self.logprobs.chat(lps) if k is not None else None
             if ev.finish is not None:
-                return chunk(
-                    [
-                        ChatChunkChoice(
-                            index=ev.index, delta=ChatDelta(), finish_reason=_reason(ev.finish), logprobs=logprobs
-                        )
-                    ]
-                )
-            return chunk([ChatChunkChoice(index=ev.index, delta=ChatDelta(content=ev.text), logprobs=logprobs)])
+                return [chunk([ChatChunkChoice(index=ev.index, delta=ChatDelta(), finish_reason=_reason(ev.finish),
+                                               logprobs=logprobs)])]
+            return [chunk([ChatChunkChoice(index=ev.index, delta=ChatDelta(content=ev.text), logprobs=logprobs)])]
 
         first = [
             chunk([ChatChunkChoice(index=i, delta=ChatDelta(role="assistant", content=""))])
@@ -150,16 +163,16 @@ class HFGenerateBackend:
                 usage=usage if usage is not None else UNSET,
             )
 
-        def on_event(ev: Event) -> TextCompletion | None:
+        def on_event(ev: Event) -> list[TextCompletion]:
             lps = pending.add(ev)
             if lps is None:
-                return None
+                return []
             logprobs = None
             if k is not None:
                 logprobs = self.logprobs.completion(lps, offsets[ev.index])
                 offsets[ev.index] += sum(len(t) for t in logprobs.tokens) if logprobs is not None else 0
             reason = _reason(ev.finish) if ev.finish is not None else None
-            return chunk([CompletionChoice(index=ev.index, text=ev.text, finish_reason=reason, logprobs=logprobs)])
+            return [chunk([CompletionChoice(index=ev.index, text=ev.text, finish_reason=reason, logprobs=logprobs)])]
 
         first = [chunk([CompletionChoice(index=i, text=e)]) for i, e in enumerate(echoes) if e]
         usage = (lambda: chunk([], _usage(run.meter))) if request.include_usage else None
@@ -180,28 +193,24 @@ class HFGenerateBackend:
 
     # ------------------------------------------------------------ requests -> jobs
 
-    def _chat_prompt(self, request: ChatCompletionRequest) -> list[int]:
-        if request.tools:
-            raise BadRequest("tools are not supported by plain transformers generate; serve the model with the "
-                             "engine (provider local)", param="tools")
-        if request.tool_choice not in (UNSET, None, "none"):
-            raise BadRequest("tool_choice requires tools", param="tool_choice")
-        if request.response_format not in (UNSET, None) and request.response_format.type != "text":
-            raise BadRequest("structured output is not supported by plain transformers generate; serve the model "
-                             "with the engine (provider local)", param="response_format")
-        _refuse_constraints(request)
+    def _start_chat(self, request: ChatCompletionRequest, k: int | None,
+                    ctx: CallContext) -> tuple[JobRun, tools.ToolPlan | None]:
+        """The job for a chat request: tools rendered through the chat template, and a named or
+        required tool_choice enforced with its grammar (as the engine's backend does)."""
+        plan = tools.plan(request, self.tool_parser)
+        prompt = self._chat_prompt(request, plan)
+        grammar = plan.grammar() if plan is not None else None
+        return self._start(request, [prompt], request.output_limit(), k, ctx, grammar), plan
+
+    def _chat_prompt(self, request: ChatCompletionRequest, plan: tools.ToolPlan | None) -> list[int]:
         if not getattr(self.tokenizer, "chat_template", None):
             raise BadRequest("this model has no chat template; use /v1/completions", param="messages")
-        messages = []
-        for i, m in enumerate(request.messages):
-            if isinstance(m.content, list) and any(not isinstance(p, TextPart) for p in m.content):
-                raise BadRequest("this model accepts text content only", param=f"messages[{i}].content")
-            messages.append({"role": m.role, "content": m.text()})
-        text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        kwargs = plan.template_kwargs if plan is not None else {}
+        text = self.tokenizer.apply_chat_template(chat_messages(request), add_generation_prompt=True,
+                                                  tokenize=False, **kwargs)
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
     def _text_prompts(self, request: CompletionRequest) -> list[list[int]]:
-        _refuse_constraints(request)
         if request.suffix:
             raise BadRequest("suffix is not supported by this model", param="suffix")
         if request.best_of not in (UNSET, None) and request.best_of != opt(request.n, 1):
@@ -235,7 +244,9 @@ class HFGenerateBackend:
         limit: int | None,
         logprobs: int | None,
         ctx: CallContext,
+        structured: StructuredOutput | None = None,
     ) -> JobRun:
+        """``structured`` (a tool call's grammar) replaces the request's own output constraint."""
         if not all(prompts):
             raise BadRequest("the prompt is empty", param="prompt")
         longest = max(len(p) for p in prompts)
@@ -256,7 +267,10 @@ class HFGenerateBackend:
                 param="max_tokens",
             )
         params = row_params(request, limit if limit is not None else room, self.vocab_size, logprobs)
-        args = dict(prompts=prompts, n=request.n or 1, key=generate_key(request), params=params)
+        n = request.n or 1
+        so = structured if structured is not None else structured_from_request(request)
+        matchers = self.grammars.matchers(so, len(prompts) * n) if so is not None else None
+        args = dict(prompts=prompts, n=n, key=generate_key(request), params=params, matchers=matchers)
         return JobRun(self.worker, args, sum(len(p) for p in prompts), self._active)
 
 
@@ -285,11 +299,3 @@ def _chat_logprobs(request: ChatCompletionRequest) -> int | None:
             raise BadRequest("top_logprobs requires logprobs: true", param="top_logprobs")
         return None
     return _opt_int(request.top_logprobs) or 0
-
-
-def _refuse_constraints(request: SamplingFields) -> None:
-    """vLLM's structured_outputs / guided_* are refused with a 400 naming the field, never ignored."""
-    for name in ("structured_outputs", "guided_json", "guided_regex", "guided_choice", "guided_grammar"):
-        if getattr(request, name) not in (UNSET, None):
-            raise BadRequest("structured output is not supported by plain transformers generate; serve the "
-                             "model with the engine (provider local)", param=name)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from engine.sequence import TokenLogprob
 
@@ -60,6 +61,7 @@ class Job:
     key: GenerateKey
     params: RowParams
     emit: Callable[[Event], None]
+    matchers: list[Any] | None = None  # one grammar matcher (llguidance.LLMatcher) per row, when constrained
     aborted: bool = False
 
     @property

@@ -1,8 +1,9 @@
 """Rows of a ``generate`` batch: per-row text, stops and limits, and the hooks ``generate`` calls.
 
-``Tap`` is a ``StoppingCriteria``: after each step it feeds every unfinished row its new token and
-reports each row as done on its own. ``RowLogits`` applies per-row penalties inside the shared
-batch. The model's own EOS handling is off; EOS is a per-row decision (``ignore_eos``, ``min_tokens``).
+``Tap`` is a ``StoppingCriteria``: after each step it feeds every unfinished row its new token
+(advancing its grammar matcher, if any) and reports each row as done on its own. ``RowLogits``
+applies per-row penalties inside the shared batch. The model's own EOS handling is off; EOS is a
+per-row decision (``ignore_eos``, ``min_tokens``).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ class Row:
         self.eos_ids, self.tokenizer = eos_ids, tokenizer
         self.detok = IncrementalDetokenizer(tokenizer, prompt)
         self.stops = StopMatcher(job.params.stop)
+        self.matcher = job.matchers[index] if job.matchers is not None else None
         self.output: list[int] = []
         self.finished = False
 
@@ -62,9 +64,12 @@ class Row:
             self.job.emit(Event(index=self.index, token=True, logprob=lp))
             self.end("stop")
             return
+        if self.matcher is not None:
+            self.matcher.consume_token(token)
         text, stopped = self.stops.feed(self.detok.push(token), match=self.count >= p.min_tokens)
         self.job.emit(Event(index=self.index, text=text, token=True, logprob=lp))
-        if stopped:
+        # A finished grammar admits nothing more (EOS at most): the row ends, also while EOS is banned.
+        if stopped or (self.matcher is not None and self.matcher.is_stopped()):
             self.end("stop")
         elif self.count >= p.max_new_tokens:
             self.end("length")

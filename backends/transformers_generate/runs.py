@@ -104,14 +104,13 @@ async def collect(run: JobRun) -> tuple[list[str], list[Any], list[list[TokenLog
     return texts, reasons, logprobs
 
 
-async def relay(run: JobRun, first: list[Any], on_event: Callable[[Event], Any | None],
+async def relay(run: JobRun, first: list[Any], on_event: Callable[[Event], list[Any]],
                  usage: Callable[[], Any] | None) -> AsyncIterator[Any]:
     try:
         for chunk in first:
             yield chunk
         while not run.done:
-            out = on_event(await run.next())
-            if out is not None:
+            for out in on_event(await run.next()):
                 yield out
         if usage is not None:
             yield usage()

@@ -5,7 +5,8 @@ One daemon thread takes the oldest queued job plus every queued job whose batch-
 ``model.generate``. A ``StoppingCriteria`` sees every new token of every row: it detokenises,
 matches stop strings, applies per-row limits and aborts, and reports each row as done on its own,
 so rows with different lengths, stop strings or penalties share a batch. The model's own EOS
-handling is switched off; EOS is a per-row decision here (``ignore_eos``, ``min_tokens``).
+handling is switched off; EOS is a per-row decision here (``ignore_eos``, ``min_tokens``). Rows
+with a grammar (structured output, tool calls) are masked by ``GrammarLogits`` after the penalties.
 Events go back to the job's ``emit`` callback (thread-safe on the caller's side).
 """
 
@@ -19,6 +20,7 @@ import torch
 from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
 
 from backends.base import Unavailable
+from backends.transformers_generate.grammar import GrammarLogits
 from backends.transformers_generate.jobs import Job
 from backends.transformers_generate.rows import Row, RowLogits, Tap
 
@@ -27,8 +29,9 @@ class GenerateWorker:
     """Owns the model while generating; ``submit`` jobs, ``cancel`` them, ``close`` at the end."""
 
     def __init__(self, model: Any, tokenizer: Any, eos_ids: set[int], pad_id: int, *,
-                 max_batch_rows: int = 8, max_queue: int = 64) -> None:
+                 max_batch_rows: int = 8, max_queue: int = 64, bitmask_words: int = 0) -> None:
         self.model, self.tokenizer = model, tokenizer
+        self.bitmask_words = bitmask_words  # 32-token words per grammar bitmask row
         self.eos_ids, self.pad_id = eos_ids, pad_id
         self.max_batch_rows, self.max_queue = max_batch_rows, max_queue
         self.device = next(model.parameters()).device
@@ -135,6 +138,8 @@ class GenerateWorker:
         processors = LogitsProcessorList()
         if any(job.params.needs_processor for job in batch):
             processors.append(RowLogits(rows, width))
+        if any(job.matchers is not None for job in batch):
+            processors.append(GrammarLogits(rows, self.bitmask_words))
         self.batches_run += 1
         self.largest_batch = max(self.largest_batch, len(rows))
         tap = Tap(rows)

@@ -10,6 +10,7 @@ never sample, so they never touch it. A request with ``n > 1`` gives each sequen
 from __future__ import annotations
 
 import json
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -102,15 +103,29 @@ class StructuredOutputManager:
         return matcher
 
 
-def fill_bitmask(matchers: list[llguidance.LLMatcher | None], words: int) -> torch.Tensor | None:
+_EXECUTOR: llguidance.LLExecutor | None = None
+_BIAS: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}  # byte value -> 0 / -inf per bit
+
+
+def fill_bitmask(matchers: list[llguidance.LLMatcher | None], words: int,
+                 parallel: bool = False) -> torch.Tensor | None:
     """An int32 ``(len(matchers), words)`` bitmask: all ones for a free row (``None``), the
-    matcher's allowed tokens otherwise; None when no row is constrained."""
-    if all(m is None for m in matchers):
+    matcher's allowed tokens otherwise; None when no row is constrained. ``parallel``: the rows
+    are filled by llguidance's executor in one call (its own threads, without the GIL)."""
+    global _EXECUTOR
+    constrained = [(m, i) for i, m in enumerate(matchers) if m is not None]
+    if not constrained:
         return None
     mask = torch.full((len(matchers), words), -1, dtype=torch.int32)
-    for i, m in enumerate(matchers):
-        if m is not None:
+    if not parallel:
+        for m, i in constrained:
             _fill_row(m, mask[i])
+        return mask
+    import llguidance.torch  # only here: it compiles a kernel at import (torch._dynamo, ~200 MB of RSS)
+
+    if _EXECUTOR is None:
+        _EXECUTOR = llguidance.LLExecutor()
+    llguidance.torch.fill_next_token_bitmask_par(_EXECUTOR, constrained, mask)
     return mask
 
 
@@ -120,20 +135,62 @@ def _fill_row(matcher: llguidance.LLMatcher, row: torch.Tensor) -> None:
     matcher.unsafe_compute_mask_ptr(row.data_ptr(), row.numel() * row.element_size())
 
 
+class PendingBitmask:
+    """The step's bitmask. With ``overlap`` (the forward runs on an accelerator, the host waits)
+    it is filled by llguidance's executor in a helper thread while the forward pass runs (the
+    matchers only change when a sampled token is consumed, after this step). On the CPU the
+    forward needs the cores itself and a hand-over costs more than it saves (measured with
+    bench/structured_output.py): it is filled in ``result``."""
+
+    _pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grammar-bitmask")
+
+    def __init__(self, matchers: list[llguidance.LLMatcher | None], words: int, overlap: bool) -> None:
+        self._matchers, self._words = matchers, words
+        self._future: Future[torch.Tensor | None] | None = None
+        if overlap and any(m is not None for m in matchers):
+            self._future = self._pool.submit(fill_bitmask, matchers, words, True)
+
+    def result(self) -> torch.Tensor | None:
+        if self._future is not None:
+            return self._future.result()
+        return fill_bitmask(self._matchers, self._words)
+
+
+def _bias(packed: torch.Tensor, vocab: int, dtype: torch.dtype) -> torch.Tensor:
+    """``(rows, vocab)``: 0 where the packed int32 bitmask allows the token, -inf where it forbids
+    it. Each byte is looked up in a 256 x 8 table (little-endian: byte ``b`` of word ``w`` holds
+    tokens ``32w + 8b .. 32w + 8b + 7``); tokens beyond the mask are forbidden."""
+    key = (packed.device, dtype)
+    table = _BIAS.get(key)
+    if table is None:
+        bits = (torch.arange(256, device=packed.device)[:, None] >> torch.arange(8, device=packed.device)) & 1
+        table = torch.zeros(256, 8, dtype=dtype, device=packed.device).masked_fill_(bits == 0, float("-inf"))
+        _BIAS[key] = table
+    flat = packed.contiguous().view(torch.uint8).reshape(-1).long()
+    bias = table.index_select(0, flat).reshape(packed.shape[0], -1)
+    if bias.shape[1] < vocab:
+        bias = torch.nn.functional.pad(bias, (0, vocab - bias.shape[1]), value=float("-inf"))
+    return bias[:, :vocab]
+
+
 def apply_bitmask(logits: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:
-    """Logits with the tokens the bitmask forbids set to -inf (vocab beyond the mask: forbidden
-    for constrained rows only when the mask is narrower, as llguidance does)."""
+    """``logits``, changed in place: the tokens the bitmask forbids set to -inf. Free rows (all
+    ones) are left alone; the constrained rows get an additive 0 / -inf bias (one table lookup and
+    one add: far cheaper on the CPU than unpacking bits and a masked fill)."""
+    constrained = (bitmask != -1).any(dim=1)
+    if not bool(constrained.any()):
+        return logits
     vocab = logits.shape[-1]
-    bits = torch.arange(32, dtype=torch.int32, device=bitmask.device)
-    allowed = ((bitmask.to(logits.device)[:, :, None] >> bits) & 1).bool().reshape(bitmask.shape[0], -1)
-    if allowed.shape[1] < vocab:
-        pad = torch.ones(allowed.shape[0], vocab - allowed.shape[1], dtype=torch.bool, device=logits.device)
-        allowed = torch.cat([allowed, pad], dim=1)
-    return logits.masked_fill(~allowed[:, :vocab], float("-inf"))
+    if bool(constrained.all()):
+        return logits.add_(_bias(bitmask.to(logits.device, non_blocking=True), vocab, logits.dtype))
+    rows = constrained.nonzero().squeeze(1)
+    bias = _bias(bitmask[rows].to(logits.device, non_blocking=True), vocab, logits.dtype)
+    return logits.index_add_(0, rows.to(logits.device), bias)
 
 
 def words_for(vocab_size: int) -> int:
     return (vocab_size + 31) // 32
 
 
-__all__ = ["StructuredOutput", "StructuredOutputManager", "apply_bitmask", "fill_bitmask", "words_for"]
+__all__ = ["PendingBitmask", "StructuredOutput", "StructuredOutputManager", "apply_bitmask", "fill_bitmask",
+           "words_for"]

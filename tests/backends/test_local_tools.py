@@ -12,7 +12,7 @@ import jsonschema
 import openai
 import pytest
 
-from backends.local.backend import LocalEngineBackend
+from backends.local import tools
 from backends.local.tool_parsers import choose_parser, parse_hermes, parse_llama3, parse_mistral
 from backends.local.tools import ToolPlan
 from tests.support.local_gateway import Env, local_gateway
@@ -119,10 +119,9 @@ def test_auto_mode_parses_with_the_deployment_parser() -> None:
     content, calls = plan.parse('<tool_call>{"name": "f", "arguments": {}}</tool_call>'
                                 '<tool_call>{"name": "g", "arguments": {}}</tool_call>')
     assert content is None and [c.name for c in calls] == ["f"]  # parallel_tool_calls false: the first
-    message, finish = LocalEngineBackend._message(plan, '<tool_call>{"name": "f", "arguments": {"x": 1}}</tool_call>',
-                                                  "stop")
+    message, finish = tools.message(plan, '<tool_call>{"name": "f", "arguments": {"x": 1}}</tool_call>', "stop")
     assert finish == "tool_calls" and message.tool_calls and message.tool_calls[0].function.name == "f"
-    message, finish = LocalEngineBackend._message(plan, "plain answer", "stop")
+    message, finish = tools.message(plan, "plain answer", "stop")
     assert finish == "stop" and message.content == "plain answer"
 
 

@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -136,6 +137,17 @@ def test_models_list_shows_how_each_model_runs(client: openai.OpenAI) -> None:
     assert cards["bloom"].model_extra["metadata"]["model_impl"] == "generate"
 
 
+def test_plain_generate_answers_a_named_tool_call_through_the_sdk(client: openai.OpenAI) -> None:
+    params = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 9}},
+              "required": ["n"], "additionalProperties": False}
+    r = client.chat.completions.create(model="neox", messages=[{"role": "user", "content": "hi"}], max_tokens=40,
+                                       tools=[{"type": "function", "function": {"name": "f", "parameters": params}}],
+                                       tool_choice={"type": "function", "function": {"name": "f"}})
+    call = (r.choices[0].message.tool_calls or [])[0]
+    assert r.choices[0].finish_reason == "tool_calls" and call.function.name == "f"  # type: ignore[union-attr]
+    assert 0 <= json.loads(call.function.arguments)["n"] <= 9  # type: ignore[union-attr]
+
+
 def test_native_on_an_unsupported_architecture_fails_the_deployment_clearly(env: Env) -> None:
     config = DeploymentConfig(provider="local", model=str(env.folders["gpt2"]), options={"model_impl": "native"})
     with pytest.raises(ConfigError, match="GPT2LMHeadModel has no native implementation; natively supported: "):
@@ -144,19 +156,19 @@ def test_native_on_an_unsupported_architecture_fails_the_deployment_clearly(env:
 
 def test_bad_input_is_an_openai_error(client: openai.OpenAI) -> None:
     tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}]
-    with pytest.raises(openai.BadRequestError, match="tools are not supported by plain transformers generate"):
-        client.chat.completions.create(model="neox", messages=[{"role": "user", "content": "hi"}], tools=tools)
+    for model in ("neox", "gpt2"):  # plain generate and the engine: tools work, a bad choice is a 400
+        with pytest.raises(openai.BadRequestError) as err:
+            client.chat.completions.create(model=model, messages=[{"role": "user", "content": "hi"}], tools=tools,
+                                           tool_choice={"type": "function", "function": {"name": "g"}})
+        assert err.value.param == "tool_choice"
     with pytest.raises(openai.BadRequestError) as err:
         client.chat.completions.create(model="neox", messages=[{"role": "user", "content": "hi"}],
-                                       response_format={"type": "json_object"})
-    assert err.value.param == "response_format"
+                                       response_format={"type": "json_schema", "json_schema": {
+                                           "name": "x", "schema": {"type": "string", "pattern": "(?<=a)b"}}})
+    assert err.value.param == "response_format.json_schema.schema"
     with pytest.raises(openai.BadRequestError) as err:
-        client.completions.create(model="neox", prompt="hi", extra_body={"guided_regex": "a+"})
+        client.completions.create(model="neox", prompt="hi", extra_body={"guided_regex": "("})
     assert err.value.param == "guided_regex"
-    with pytest.raises(openai.BadRequestError) as err:  # the engine serves gpt2: tools work, a bad choice is a 400
-        client.chat.completions.create(model="gpt2", messages=[{"role": "user", "content": "hi"}], tools=tools,
-                                       tool_choice={"type": "function", "function": {"name": "g"}})
-    assert err.value.param == "tool_choice"
     with pytest.raises(openai.BadRequestError, match="context"):
         client.completions.create(model="neox", prompt="hi", max_tokens=100_000)
 

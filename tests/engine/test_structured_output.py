@@ -14,7 +14,7 @@ import torch
 
 from engine import LLM, InvalidRequest, SamplingParams
 from engine.sampler import Sampler, SamplingRow
-from engine.structured_output import StructuredOutput, apply_bitmask, fill_bitmask, words_for
+from engine.structured_output import PendingBitmask, StructuredOutput, apply_bitmask, fill_bitmask, words_for
 from engine.tiny_model import build_tiny_model
 
 SCHEMAS: list[dict[str, Any]] = [
@@ -166,3 +166,54 @@ def test_gbnf_grammar(llm: LLM) -> None:
     p = SamplingParams(temperature=1.0, seed=4, max_tokens=20,
                        structured=StructuredOutput("grammar", 'root ::= "x" ("y" | "z")'))
     assert llm.generate(["Hi"], p)[0].outputs[0].text in ("xy", "xz")
+
+
+@pytest.mark.parametrize("ban", ["min_tokens", "logit_bias"])
+def test_a_finished_grammar_stops_even_when_eos_is_banned(llm: LLM, ban: str) -> None:
+    """The grammar is complete (it admits only EOS next) while EOS is banned: the sequence ends
+    there with "stop" and never emits a token outside the grammar."""
+    eos = sorted(llm.engine.eos_token_ids)
+    extra: dict[str, Any] = {"min_tokens": 12} if ban == "min_tokens" else {"logit_bias": {t: -100 for t in eos}}
+    for so in (StructuredOutput("regex", r"[0-9]{3}-x"),
+               StructuredOutput("json", json.dumps(SCHEMAS[0]))):
+        p = SamplingParams(temperature=1.0, seed=5, max_tokens=40, structured=so, **extra)
+        c = llm.generate(["Hi"], p)[0].outputs[0]
+        assert c.finish_reason == "stop", c.text
+        assert not set(c.token_ids) & set(eos)
+        if so.kind == "regex":
+            assert len(c.text) == 5 and c.text[:3].isdigit() and c.text.endswith("-x")
+        else:
+            jsonschema.validate(json.loads(c.text), SCHEMAS[0])
+
+
+def test_apply_bitmask_follows_every_bit() -> None:
+    """The byte-table bias equals the bits read one by one; free rows are untouched; a mask
+    narrower than the vocabulary forbids the tokens beyond it."""
+    gen = torch.Generator().manual_seed(0)
+    vocab = 100
+    mask = torch.randint(-2**31, 2**31 - 1, (4, words_for(vocab)), dtype=torch.int32, generator=gen)
+    mask[2] = -1
+    logits = torch.randn(4, vocab, generator=gen)
+    allowed = torch.tensor([[(int(mask[r, t // 32]) >> (t % 32)) & 1 for t in range(vocab)] for r in range(4)]).bool()
+    assert torch.equal(apply_bitmask(logits.clone(), mask), torch.where(allowed, logits, float("-inf")))
+    narrow_mask = torch.tensor([[-1, 0x7FFFFFFF]], dtype=torch.int32)  # tokens 0..62 allowed
+    narrow = apply_bitmask(logits[:1].clone(), narrow_mask)
+    assert not torch.isinf(narrow[0, :63]).any() and torch.isinf(narrow[0, 63:]).all()
+
+
+def test_parallel_and_overlapped_fills_equal_the_plain_one(llm: LLM) -> None:
+    """The executor's fill (used in the helper thread when the forward runs on an accelerator)
+    gives the same bitmask as the row-by-row fill."""
+    manager = llm.engine.processor.structured()
+    matchers: list[Any] = [manager.matcher(StructuredOutput("json", json.dumps(s))) for s in SCHEMAS] + [None]
+    tok = llm.engine.tokenizer
+    assert tok is not None
+    for t in tok.encode('{"', add_special_tokens=False):
+        for m in matchers[:-1]:
+            m.consume_token(t)
+    words = words_for(manager.vocab_size)
+    plain = fill_bitmask(matchers, words)
+    assert plain is not None and torch.equal(plain[-1], torch.full((words,), -1, dtype=torch.int32))
+    assert torch.equal(fill_bitmask(matchers, words, parallel=True), plain)
+    assert torch.equal(PendingBitmask(matchers, words, overlap=True).result(), plain)
+    assert torch.equal(PendingBitmask(matchers, words, overlap=False).result(), plain)

@@ -1,0 +1,187 @@
+"""Structured output and tool calls on the plain transformers path (a LogitsProcessor driven by the
+engine's llguidance grammars): every answer, streamed and not, validates; vLLM's spellings; a named
+or required tool_choice returns calls whose arguments validate; a finished grammar ends its row even
+while EOS is banned; bad input is a 400 naming the field."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import msgspec
+import pytest
+
+from backends.base import BadRequest
+from backends.factory import build_backend
+from backends.openai_wire import ChatCompletionRequest, CompletionRequest
+from backends.transformers_generate import HFGenerateBackend
+from gateway.settings import DeploymentConfig
+from tests.backends.test_local_tools import NAMED, TOOLS, WEATHER
+from tests.backends.test_local_tools import SCHEMAS as TOOL_SCHEMAS
+from tests.engine.test_structured_output import SCHEMAS
+from tests.support.fallback_models import build_model
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A random GPT-NeoX whose chat template also names the tools (the context is 256 tokens)."""
+    path = build_model("gpt_neox", tmp_path_factory.mktemp("hf-structured"))
+    config_file = path / "tokenizer_config.json"
+    config = json.loads(config_file.read_text())
+    names = "{%- if tools %}<tools>{% for t in tools %}{{ t.function.name }} {% endfor %}</tools>{%- endif %}"
+    config["chat_template"] = names + config["chat_template"]
+    config_file.write_text(json.dumps(config))
+    return path
+
+
+@pytest.fixture
+async def backend(folder: Path) -> AsyncIterator[HFGenerateBackend]:
+    made = build_backend(DeploymentConfig(provider="transformers", model=str(folder), options={}))
+    assert isinstance(made, HFGenerateBackend)
+    yield made
+    await made.aclose()
+
+
+def chat(**kw: Any) -> ChatCompletionRequest:
+    kw.setdefault("max_tokens", 200)
+    kw.setdefault("temperature", 1.0)
+    return wire({"model": "m", "messages": [{"role": "user", "content": "Give me data"}], **kw})
+
+
+def wire(body: dict[str, Any]) -> ChatCompletionRequest:
+    """The request as the gateway decodes it from the wire."""
+    return msgspec.json.decode(json.dumps(body), type=ChatCompletionRequest)
+
+
+def _fmt(schema: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "json_schema", "json_schema": {"name": "out", "schema": schema, "strict": True}}
+
+
+async def _streamed(backend: HFGenerateBackend, request: ChatCompletionRequest) -> tuple[str, list[Any], Any]:
+    """The streamed content, tool-call deltas and finish reason of choice 0."""
+    stream = await backend.chat_stream(request)
+    text, calls, finish = "", [], None
+    async for ch in stream:
+        for c in ch.choices:
+            text += c.delta.content or ""
+            calls += c.delta.tool_calls or []
+            finish = c.finish_reason or finish
+    return text, calls, finish
+
+
+@pytest.mark.parametrize("schema", SCHEMAS)
+async def test_json_schema_answers_validate_streamed_and_not(backend: HFGenerateBackend,
+                                                             schema: dict[str, Any]) -> None:
+    whole = await backend.chat(chat(response_format=_fmt(schema), n=2, seed=4))
+    for c in whole.response.choices:
+        assert c.finish_reason == "stop", c.message.content
+        jsonschema.validate(json.loads(c.message.content or ""), schema)
+    text, _, finish = await _streamed(backend, chat(response_format=_fmt(schema), stream=True, seed=5))
+    assert finish == "stop"
+    jsonschema.validate(json.loads(text), schema)
+
+
+async def test_json_object(backend: HFGenerateBackend) -> None:
+    """Any JSON object; the random model would ramble in its keys, so a bias on ``}`` (applied
+    before the grammar's mask) closes it early."""
+    close = backend.tokenizer.convert_tokens_to_ids("}")
+    r = await backend.chat(chat(response_format={"type": "json_object"}, seed=2, n=4, logit_bias={str(close): 8}))
+    for c in r.response.choices:
+        assert c.finish_reason == "stop"
+        assert isinstance(json.loads(c.message.content or ""), dict)
+
+
+async def test_constrained_and_free_requests_share_a_batch(backend: HFGenerateBackend) -> None:
+    free = chat(max_tokens=8, ignore_eos=True)
+    constrained, plain = await asyncio.gather(backend.chat(chat(response_format=_fmt(SCHEMAS[0]))),
+                                              backend.chat(free))
+    jsonschema.validate(json.loads(constrained.response.choices[0].message.content or ""), SCHEMAS[0])
+    assert plain.meter.completion_tokens == 8
+
+
+async def test_vllm_spellings(backend: HFGenerateBackend) -> None:
+    r = await backend.chat(chat(guided_choice=["yes", "no"]))
+    assert r.response.choices[0].message.content in ("yes", "no")
+    r = await backend.chat(chat(structured_outputs={"regex": r"[0-9]{3}-x"}))
+    text = r.response.choices[0].message.content or ""
+    assert len(text) == 5 and text[:3].isdigit() and text.endswith("-x")
+    done = await backend.complete(CompletionRequest(model="m", prompt="Hi", max_tokens=200, temperature=1.0,
+                                                    guided_json=SCHEMAS[1], n=2))
+    for c in done.response.choices:
+        jsonschema.validate(json.loads(c.text), SCHEMAS[1])
+    lark = await backend.complete(CompletionRequest(model="m", prompt="Hi", max_tokens=20,
+                                                    guided_grammar='start: "a" ("b" | "c")'))
+    assert lark.response.choices[0].text in ("ab", "ac")
+
+
+@pytest.mark.parametrize("ban", ["min_tokens", "logit_bias"])
+async def test_a_finished_grammar_stops_even_when_eos_is_banned(backend: HFGenerateBackend, ban: str) -> None:
+    eos = backend.worker.eos_ids
+    extra: dict[str, Any] = {"min_tokens": 12} if ban == "min_tokens" else {"logit_bias": {str(t): -100 for t in eos}}
+    r = await backend.chat(chat(structured_outputs={"regex": r"[0-9]{3}-x"}, max_tokens=40, **extra))
+    c = r.response.choices[0]
+    assert c.finish_reason == "stop" and len(c.message.content or "") == 5
+    assert r.meter.completion_tokens <= 5  # never a token past the grammar
+    text, _, finish = await _streamed(backend, chat(response_format=_fmt(SCHEMAS[0]), stream=True, **extra))
+    assert finish == "stop"
+    jsonschema.validate(json.loads(text), SCHEMAS[0])
+
+
+async def test_named_tool_choice_returns_a_valid_call(backend: HFGenerateBackend) -> None:
+    r = await backend.chat(chat(tools=TOOLS, tool_choice=NAMED, n=2, seed=2))
+    for c in r.response.choices:
+        assert c.finish_reason == "tool_calls"
+        calls = c.message.tool_calls or []
+        assert len(calls) == 1 and calls[0].function.name == "get_weather"
+        jsonschema.validate(json.loads(calls[0].function.arguments), WEATHER)
+    _, deltas, finish = await _streamed(backend, chat(tools=TOOLS, tool_choice=NAMED, stream=True))
+    assert finish == "tool_calls" and deltas[0].function["name"] == "get_weather"
+    jsonschema.validate(json.loads("".join(d.function["arguments"] for d in deltas)), WEATHER)
+
+
+async def test_required_tool_choice_returns_valid_calls(backend: HFGenerateBackend) -> None:
+    r = await backend.chat(chat(tools=TOOLS, tool_choice="required", parallel_tool_calls=False, seed=3,
+                                max_tokens=200))
+    c = r.response.choices[0]
+    assert c.finish_reason == "tool_calls"
+    calls = c.message.tool_calls or []
+    assert len(calls) == 1
+    jsonschema.validate(json.loads(calls[0].function.arguments), TOOL_SCHEMAS[calls[0].function.name])
+
+
+async def test_tool_role_messages_and_tool_choice_none(backend: HFGenerateBackend) -> None:
+    messages = [
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "get_time", "arguments": '{"zone": "utc"}'}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "12:00"},
+    ]
+    request = wire({"model": "m", "messages": messages, "tools": TOOLS, "tool_choice": "none", "max_tokens": 5})
+    r = await backend.chat(request)
+    assert not r.response.choices[0].message.tool_calls
+    auto = await backend.chat(wire({"model": "m", "messages": messages, "tools": TOOLS, "max_tokens": 5}))
+    assert auto.meter.prompt_tokens > r.meter.prompt_tokens  # the tools are rendered by the chat template
+
+
+@pytest.mark.parametrize(("kwargs", "param"), [
+    ({"response_format": _fmt({"type": "objekt"})}, "response_format.json_schema.schema"),
+    ({"response_format": _fmt({"type": "string", "pattern": "(?<=a)b"})}, "response_format.json_schema.schema"),
+    ({"guided_regex": "("}, "guided_regex"),
+    ({"guided_choice": []}, "guided_choice"),
+    ({"structured_outputs": {"json": {}, "regex": "a"}}, "structured_outputs"),
+    ({"guided_regex": "a", "guided_choice": ["a"]}, "guided_choice"),
+    ({"tool_choice": "required"}, "tool_choice"),
+    ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {
+        "a": {"type": "string", "pattern": "(?<=x)y"}}}}}], "tool_choice": "required"}, "tool_choice"),
+])
+async def test_bad_input_is_a_400_naming_the_field(backend: HFGenerateBackend, kwargs: dict[str, Any],
+                                                   param: str) -> None:
+    with pytest.raises(BadRequest) as info:
+        await backend.chat(chat(**kwargs))
+    assert info.value.param == param, info.value
+    assert backend.stats().in_flight == 0
