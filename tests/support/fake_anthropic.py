@@ -13,7 +13,7 @@ from collections import deque
 from typing import Any
 
 from backends.dev.echo_server import Exchange, pieces, send_json
-from tests.support.servers import ServerThread
+from tests.support.servers import OnLoopback
 
 
 def _text(content: Any) -> str:
@@ -22,25 +22,11 @@ def _text(content: Any) -> str:
     return "".join(b.get("text", "") for b in content or [] if isinstance(b, dict) and b.get("type") == "text")
 
 
-class FakeAnthropic:
+class FakeAnthropic(OnLoopback):
     def __init__(self) -> None:
         self.received: list[dict[str, Any]] = []
         self.headers: list[dict[str, str]] = []
         self.faults: deque[tuple[int, dict[str, Any]]] = deque()
-        self._server: ServerThread | None = None
-
-    def start(self) -> FakeAnthropic:
-        self._server = ServerThread(self, lifespan="off").start()
-        return self
-
-    def stop(self) -> None:
-        if self._server:
-            self._server.stop()
-
-    @property
-    def url(self) -> str:
-        assert self._server is not None
-        return self._server.url + "/v1"
 
     def fail_next(self, status: int, error_type: str = "api_error", message: str = "injected") -> None:
         self.faults.append((status, {"type": "error", "error": {"type": error_type, "message": message}}))

@@ -9,7 +9,7 @@ import json
 from typing import Any
 
 from backends.dev.echo_server import EchoOptions, EchoUpstream, Exchange, send_json
-from tests.support.servers import ServerThread
+from tests.support.servers import OnLoopback
 
 USAGE = {"input_tokens": 7, "input_tokens_details": {"cached_tokens": 2}, "output_tokens": 3,
          "output_tokens_details": {"reasoning_tokens": 1}, "total_tokens": 10}
@@ -26,25 +26,11 @@ def _last_user_text(body: dict[str, Any]) -> str:
     return ""
 
 
-class FakeResponsesUpstream(EchoUpstream):
+class FakeResponsesUpstream(EchoUpstream, OnLoopback):
     def __init__(self) -> None:
         super().__init__(EchoOptions())
         self.received: list[dict[str, Any]] = []
         self._ids = itertools.count(1)
-        self._server: ServerThread | None = None
-
-    def start(self) -> FakeResponsesUpstream:
-        self._server = ServerThread(self, lifespan="off").start()
-        return self
-
-    def stop(self) -> None:
-        if self._server:
-            self._server.stop()
-
-    @property
-    def url(self) -> str:
-        assert self._server is not None
-        return self._server.url + "/v1"
 
     def response(self, body: dict[str, Any], status: str = "completed") -> dict[str, Any]:
         n = next(self._ids)

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from backends.dev.echo_server import EchoOptions, EchoUpstream, Exchange, error_body, send_json
-from tests.support.servers import ServerThread
+from tests.support.servers import OnLoopback
 
 
 @dataclass
@@ -49,13 +49,12 @@ class StreamRecord:
         return self.done.wait(timeout)
 
 
-class FakeUpstream(EchoUpstream):
+class FakeUpstream(EchoUpstream, OnLoopback):
     def __init__(self) -> None:
         super().__init__(EchoOptions())
         self.faults: deque[Fault] = deque()
         self.received: list[Received] = []
         self.streams: list[StreamRecord] = []
-        self._server: ServerThread | None = None
         self.rich = False  # answer with today's full response shape (RICH_* below)
         self.byte_tokens = False  # count a chat prompt as a tokenizer at its worst would: a token a UTF-8 byte
 
@@ -75,19 +74,6 @@ class FakeUpstream(EchoUpstream):
     @property
     def last(self) -> Received:
         return self.received[-1]
-
-    def start(self) -> FakeUpstream:
-        self._server = ServerThread(self, lifespan="off").start()
-        return self
-
-    def stop(self) -> None:
-        if self._server:
-            self._server.stop()
-
-    @property
-    def url(self) -> str:
-        assert self._server is not None
-        return self._server.url + "/v1"
 
     # ------------------------------------------------------------ behaviour
 

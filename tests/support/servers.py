@@ -5,7 +5,7 @@ from __future__ import annotations
 import socket
 import threading
 import time
-from typing import Any
+from typing import Any, Self
 
 import uvicorn
 
@@ -54,3 +54,23 @@ class ServerThread:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+class OnLoopback:
+    """For an ASGI app object that serves itself: ``start()`` on a free loopback port (returns the
+    app), ``stop()``, and ``url`` (the OpenAI-style base, ``.../v1``)."""
+
+    _server: ServerThread | None = None
+
+    def start(self) -> Self:
+        self._server = ServerThread(self, lifespan="off").start()
+        return self
+
+    def stop(self) -> None:
+        if self._server:
+            self._server.stop()
+
+    @property
+    def url(self) -> str:
+        assert self._server is not None
+        return self._server.url + "/v1"
