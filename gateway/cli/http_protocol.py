@@ -29,6 +29,7 @@ BODY_TIMEOUT_ENV = "SWITCHYARD_BODY_TIMEOUT"
 MAX_CONNECTIONS_ENV = "SWITCHYARD_MAX_CONNECTIONS_PER_CLIENT"
 DEFAULT_SECONDS = 10.0
 DEFAULT_BODY_SECONDS = 30.0
+LINGER_SECONDS = 1.0  # how long a connection answered 408 still reads (and drops) before closing
 DEFAULT_MAX_CONNECTIONS = 256
 
 _open_by_client: dict[str, int] = {}  # per worker process; the event loop is single-threaded
@@ -66,6 +67,10 @@ class CoalescedWrites:
         self._pending.clear()
         self._transport.abort()
 
+    def write_eof(self) -> None:
+        self._flush()
+        self._transport.write_eof()
+
     def _flush(self) -> None:
         if self._pending:
             data = self._pending[0] if len(self._pending) == 1 else b"".join(self._pending)
@@ -82,6 +87,7 @@ class HeadDeadlineProtocol(HttpToolsProtocol):
 
     _body_timer: asyncio.TimerHandle | None = None
     _client_host: str | None = None
+    _discarding = False  # answered and half-closed: what still arrives is dropped
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         self._head_timeout = float(os.environ.get(HEADER_TIMEOUT_ENV) or DEFAULT_SECONDS)
@@ -135,10 +141,24 @@ class HeadDeadlineProtocol(HttpToolsProtocol):
     def _body_too_slow(self) -> None:
         self._body_timer = None
         cycle = getattr(self, "cycle", None)
-        if cycle is None or not cycle.response_started:
-            self.transport.write(_raw_error(408, "Request Timeout", "the request body was not sent in time",
-                                            "body_timeout"))
-        self.transport.close()
+        if cycle is not None and cycle.response_started:
+            self.transport.close()
+            return
+        self.transport.write(_raw_error(408, "Request Timeout", "the request body was not sent in time",
+                                        "body_timeout"))
+        # A lingering close: send the answer and our FIN, then read and drop what the client still
+        # sends for a moment. Closing at once with its bytes unread would reset the connection, and
+        # a reset can destroy the 408 before the client reads it.
+        if not self.transport.can_write_eof():  # TLS: no half-close
+            self.transport.close()
+            return
+        self._discarding = True
+        self.transport.write_eof()
+        self.loop.call_later(LINGER_SECONDS, self.transport.close)
+
+    def data_received(self, data: bytes) -> None:
+        if not self._discarding:
+            super().data_received(data)
 
     def _arm(self) -> None:
         self._head_timer = self.loop.call_later(self._head_timeout, self._too_slow)
