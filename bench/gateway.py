@@ -7,20 +7,22 @@ quotas with high limits, usage metered into PostgreSQL. A fresh PostgreSQL datab
 dropped. Load comes from a small raw-HTTP/1.1 asyncio client on keep-alive connections (or ``wrk``
 for (a) with ``--wrk``).
 
-    .venv/bin/python -m bench.gateway [--seconds 8] [--rates 500,1000] [--workers 1] [--no-pin]
-                                      [--wrk] [--profile prof.txt --profile-phase a]
+    .venv/bin/python -m bench.gateway [--seconds 8] [--rates 500,1000] [--slices 3] [--workers 1]
+                                      [--no-pin] [--wrk] [--profile prof.txt --profile-phase a]
 
 Pinning (the default on a machine with at least two CPUs): the gateway (all its workers) runs on
 the first ``--workers`` CPUs with ``taskset``; this process (the load generator) and the echo
 upstreams on the others (PostgreSQL and Redis are not pinned). Each figure is measured in the same
-run against the upstream hit directly, so ratios hold better than absolute numbers on a busy host.
+run against the upstream hit directly, so ratios hold better than absolute numbers on a busy host;
+(b) and (c) alternate short slices of each (``--slices``) so that a pause of the host hits both.
 
 (a) non-streaming requests/s at 64 concurrent connections, zero upstream latency, and its ratio
     to the direct upstream's rate; the gateway's CPU time per request
 (b) added latency p50/p99 at fixed offered rates (default 500 and 1,000 requests/s), 20 ms upstream
     latency; the rate actually served
-(c) 64 concurrent streams of 20 chunks 5 ms apart: added time to first chunk and total p50/p99;
-    streams completed per second, and their ratio to the direct upstream's
+(c) 64 concurrent streams of 20 chunks 5 ms apart, kept up (each connection starts its next stream
+    as the last ends) and in bursts (all 64 start at once): added time to first chunk and total
+    p50/p99; streams completed per second, and their ratio to the direct upstream's
 (d) each gateway worker's RSS after the run; and usage rows in PostgreSQL = requests sent.
 """
 
@@ -34,6 +36,8 @@ import signal
 import subprocess
 import sys
 import tempfile
+from collections.abc import Awaitable, Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -150,14 +154,32 @@ async def throughput(
     return rows, sent
 
 
+async def interleaved(gw: Gateway, slices: int, load: Callable[[Target], Awaitable[Run]], direct: Target,
+                      via: Target) -> tuple[Run, Run, float]:
+    """``slices`` short runs each way, alternating (direct, gateway, direct, ...), pooled: a pause of
+    this shared machine (another process, the hypervisor) lands on both sides alike instead of
+    deciding one side's percentiles. Also the gateway's CPU seconds during its runs."""
+    d, g, cpu = Run(), Run(), 0.0
+    for _ in range(slices):
+        for pooled, target in ((d, direct), (g, via)):
+            cpu0 = gateway_cpu(gw)
+            part = await load(target)
+            if pooled is g:
+                cpu += gateway_cpu(gw) - cpu0
+            pooled.results += part.results
+            pooled.errors += part.errors
+            pooled.seconds += part.seconds
+    return d, g, cpu
+
+
 async def latency(args: argparse.Namespace, gw: Gateway, direct: Target, via: Target) -> tuple[list[list[str]], int]:
     """(b): added latency at fixed offered rates (20 ms upstream), and the rate actually served."""
     rows: list[list[str]] = []
     sent = 0
     profiler = _profile(gw, args, "b")
     for rate in args.rates:
-        d = await open_loop(direct, rate, args.seconds / 2)
-        g = await open_loop(via, rate, args.seconds / 2)
+        load = partial(open_loop, rate=rate, seconds=args.seconds / 2 / args.slices)
+        d, g, _ = await interleaved(gw, args.slices, load, direct, via)
         sent += len(g.results)
         for q, target in ((0.5, "<= 1 ms added"), (0.99, "<= 3 ms added")):
             added = g.pct(q) - d.pct(q)
@@ -177,13 +199,24 @@ async def latency(args: argparse.Namespace, gw: Gateway, direct: Target, via: Ta
 
 
 async def streams(args: argparse.Namespace, gw: Gateway, direct: Target, via: Target) -> tuple[list[list[str]], int]:
-    """(c): 64 concurrent streams of 20 chunks: added time to first chunk and to the end; streams/s."""
-    d = await bursts(direct, 64, args.rounds)
+    """(c): 64 concurrent streams of 20 chunks, two ways: kept up (64 connections, each starting its
+    next stream as the last ends) and in bursts (64 started at the same instant, ``--rounds`` times):
+    added time to the first chunk and to the end; streams completed per second; gateway CPU."""
+    rows: list[list[str]] = []
+    sent = 0
     profiler = _profile(gw, args, "c")
-    cpu0 = gateway_cpu(gw)
-    g = await bursts(via, 64, args.rounds)
-    cpu = gateway_cpu(gw) - cpu0
+    for how, slices, load in (
+        ("kept up", args.slices, partial(closed_loop, connections=64, seconds=args.seconds / args.slices)),
+        ("bursts", 1, partial(bursts, concurrency=64, rounds=args.rounds)),
+    ):
+        d, g, cpu = await interleaved(gw, slices, load, direct, via)
+        rows += _stream_rows(how, d, g, cpu)
+        sent += len(g.results)
     _stop_profile(profiler)
+    return rows, sent
+
+
+def _stream_rows(how: str, d: Run, g: Run, cpu: float) -> list[list[str]]:
     rows: list[list[str]] = []
     for label, what, q, target in (
         ("TTFC p50", "first", 0.5, "<= 2 ms added"),
@@ -193,7 +226,7 @@ async def streams(args: argparse.Namespace, gw: Gateway, direct: Target, via: Ta
     ):
         rows.append(
             [
-                f"(c) 64 streams x20 chunks: {label} (ms)",
+                f"(c) 64 streams x20, {how}: {label} (ms)",
                 f"{d.pct(q, what):.2f}",
                 f"{g.pct(q, what):.2f}",
                 f"{g.pct(q, what) - d.pct(q, what):+.2f}",
@@ -203,7 +236,7 @@ async def streams(args: argparse.Namespace, gw: Gateway, direct: Target, via: Ta
         )
     rows.append(
         [
-            "(c) gateway CPU per stream (ms)",
+            f"(c) {how}: gateway CPU per stream (ms)",
             "-",
             f"{cpu * 1000 / max(1, len(g.results)):.3f}",
             "-",
@@ -214,7 +247,7 @@ async def streams(args: argparse.Namespace, gw: Gateway, direct: Target, via: Ta
     d_sps, g_sps = len(d.ok) / d.seconds, len(g.ok) / g.seconds
     rows.append(
         [
-            "(c) streams completed per second",
+            f"(c) {how}: streams completed per second",
             f"{d_sps:,.0f}",
             f"{g_sps:,.0f}",
             f"{g_sps / d_sps:.1%} of direct",
@@ -222,7 +255,7 @@ async def streams(args: argparse.Namespace, gw: Gateway, direct: Target, via: Ta
             "",
         ]
     )
-    return rows, len(g.results)
+    return rows
 
 
 async def measure(
@@ -267,6 +300,7 @@ def _profile(gw: Gateway, args: argparse.Namespace, phase: str) -> subprocess.Po
         "raw",
         "--rate",
         "200",
+        "--nonblocking",  # sampling without pausing the gateway (pausing it skews what is measured)
         *(["--subprocesses"] if args.workers > 1 else []),
         "--output",
         args.profile,
@@ -292,6 +326,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=float, default=8.0, help="Length of each timed phase.")
     parser.add_argument("--rounds", type=int, default=10, help="Rounds of 64 concurrent streams for (c).")
+    parser.add_argument("--slices", type=int, default=3,
+                        help="(b) and (c): alternate this many short runs each way, direct and through the gateway.")
     parser.add_argument("--rates", default="500,1000", help="Offered requests/s of (b), comma-separated.")
     parser.add_argument("--workers", type=int, default=1, help="Gateway worker processes.")
     parser.add_argument("--no-pin", dest="pin", action="store_false", help="Do not pin processes to CPUs.")

@@ -7,8 +7,9 @@ and ``gateway.services`` builds the set a running app uses.
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 
 @dataclass(frozen=True)
@@ -69,9 +70,18 @@ class Admission(Protocol):
         """Check and reserve in one atomic step; raise QuotaExceeded or QuotaUnavailable."""
         ...
 
-    async def settle(self, ticket: Ticket, actual_tokens: int, cost: float) -> None:
-        """Release concurrency, correct reserved tokens to the actual count, add the cost."""
+    def settle(self, ticket: Ticket, actual_tokens: int, cost: float) -> asyncio.Future[None]:
+        """Release concurrency, correct reserved tokens to the actual count, add the cost. The
+        settlement is on its way when this returns (the request path does not wait for more); the
+        future completes when it is acknowledged, and never fails (an outage is logged)."""
         ...
+
+
+def completed(value: Any = None) -> asyncio.Future[Any]:
+    """A future that is already done (what a ``settle`` with nothing to wait for returns)."""
+    future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+    future.set_result(value)
+    return future
 
 
 @dataclass

@@ -11,6 +11,7 @@ cached chains' first blocks).
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 from typing import Any
@@ -22,7 +23,7 @@ from backends.base import Backend, EngineBacked
 from backends.config import DeploymentConfig
 from backends.factory import build_backend
 from gateway.app import create_app
-from gateway.contracts import Principal, Ticket, UsageRecord
+from gateway.contracts import Principal, Ticket, UsageRecord, completed
 from gateway.pipeline import Pipeline
 from gateway.routing.router import Router
 from gateway.services import Services
@@ -49,8 +50,8 @@ class Unmetered:
     async def admit(self, principal: Principal, model: str, reserve_tokens: int) -> Ticket:
         return Ticket(principal=principal, model=model, reserved_tokens=reserve_tokens)
 
-    async def settle(self, ticket: Ticket, actual_tokens: int, cost: float) -> None:
-        return None
+    def settle(self, ticket: Ticket, actual_tokens: int, cost: float) -> asyncio.Future[None]:
+        return completed()
 
 
 class NoUsage:

@@ -18,13 +18,13 @@ from typing import Any
 
 from litestar import Response
 from litestar.background_tasks import BackgroundTask
-from litestar.response import Stream
 
 from backends.base import BackendError, BadRequest, ChunkStream, Completed, ContextTooLong, Meter, Unavailable
 from backends.call import CallContext, CallingTenant, forwarded_tenant
 from gateway.calls import CallDescription
 from gateway.contracts import INCOMPLETE, Principal, QuotaExceeded, QuotaState, QuotaUnavailable, Ticket, UsageRecord
 from gateway.errors import ApiError, from_backend_error, retry_after_header
+from gateway.event_stream import EventStream
 from gateway.quotas.reservation import prompt_reservation
 from gateway.routing.deployment import Deployment
 from gateway.routing.plan import RoutePlan
@@ -222,7 +222,7 @@ class Pipeline:
         return Response(content=flight.call.dialect.unary(result.response), media_type="application/json",
                         headers=self._headers(flight))
 
-    def _stream_response(self, flight: _Flight, stream: ChunkStream[Any]) -> Stream:
+    def _stream_response(self, flight: _Flight, stream: ChunkStream[Any]) -> EventStream:
         async def on_end(meter: Meter, outcome: Outcome, error: ApiError | None) -> None:
             error_type = error.type if error else (None if outcome is Outcome.COMPLETED else outcome.value)
             if outcome is Outcome.FAILED and flight.deployment is not None and error and error.status >= 500:
@@ -232,8 +232,7 @@ class Pipeline:
 
         relay = SSERelay(stream, flight.call.model, on_end, flight.call.dialect.stream(stream.meter))
         headers = self._headers(flight) | {"cache-control": "no-cache", "x-accel-buffering": "no"}
-        return Stream(relay.events(), media_type="text/event-stream", headers=headers,
-                      background=BackgroundTask(relay.finish))
+        return EventStream(relay.events(), headers=headers, background=BackgroundTask(relay.finish))
 
     # ------------------------------------------------------------ settlement
 
@@ -244,8 +243,8 @@ class Pipeline:
         deployment, principal = flight.deployment, flight.call.principal
         if deployment is not None:
             deployment.health.record_tokens(meter.total_tokens)  # for the deployment's tokens_per_minute
-        try:
-            await self.services.admission.settle(flight.ticket, meter.total_tokens, cost)
+        try:  # sent now, acknowledged after the reply: the reply does not wait for Redis
+            self.services.admission.settle(flight.ticket, meter.total_tokens, cost)
         except Exception:
             log.exception("settling request %s failed", flight.request_id)
         now = time.perf_counter()

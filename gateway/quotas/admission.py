@@ -2,7 +2,9 @@
 
 ``admit`` reserves one request, ``reserve_tokens`` tokens and their worst-case price for the key
 and its tenant in one atomic store call; ``settle`` releases the concurrency lease and corrects
-tokens and money to the actual figures. Concurrency leases last ``lease_seconds`` and a heartbeat
+tokens and money to the actual figures; it is sent at once and acknowledged later, so a reply
+never waits for it (commands on one connection run in order: this process's next admission sees
+it). Concurrency leases last ``lease_seconds`` and a heartbeat
 (``start``) renews this process's live ones every third of that, so the slots of a replica that
 died free themselves within one lease. A budget bucket the store lost is rebuilt from the usage
 records before the request is admitted. A store outage (or, for a lost budget bucket, a database
@@ -18,17 +20,19 @@ import logging
 import math
 import secrets
 import time
-from typing import Literal
+from functools import partial
+from typing import Any, Literal
 
 import msgspec
 
-from gateway.contracts import Principal, QuotaExceeded, QuotaUnavailable, Ticket
+from gateway.contracts import Principal, QuotaExceeded, QuotaUnavailable, Ticket, completed
 from gateway.quotas.limits import LimitsSource, Scope, period_id, recorded_spend
 from gateway.quotas.store import Decision, Lease, QuotaStore, Reservation, lease_for
 from gateway.usage.pricing import PriceTable
 
 log = logging.getLogger("switchyard.quotas")
 
+SETTLE_WAIT_SECONDS = 5.0  # at shutdown, for the settlements sent to be acknowledged
 MAX_HOLD_SECONDS = 6 * 3600  # the heartbeat stops renewing a lease this old (a request never settled)
 
 REASONS = {
@@ -65,6 +69,7 @@ class QuotaAdmission:
         self.lease_seconds = lease_seconds
         self._last_outage_log = 0.0
         self._live: dict[str, Lease] = {}  # ticket id -> lease of every admitted, unsettled request
+        self._settling: set[asyncio.Future[None]] = set()  # settlements sent and not yet acknowledged
         self._heartbeat: asyncio.Task[None] | None = None
 
     # ------------------------------------------------------------ heartbeat
@@ -74,6 +79,9 @@ class QuotaAdmission:
             self._heartbeat = asyncio.get_running_loop().create_task(self._beat(), name="quota-heartbeat")
 
     async def aclose(self) -> None:
+        """Stop the heartbeat, once the settlements on their way are acknowledged (or time out)."""
+        if self._settling:
+            await asyncio.wait(list(self._settling), timeout=SETTLE_WAIT_SECONDS)
         if self._heartbeat is not None:
             self._heartbeat.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -141,16 +149,28 @@ class QuotaAdmission:
                  micros)
         await self.store.seed_budget(scope.kind, scope.id, pid, tokens, micros, ttl)
 
-    async def settle(self, ticket: Ticket, actual_tokens: int, cost: float) -> None:
+    def settle(self, ticket: Ticket, actual_tokens: int, cost: float) -> asyncio.Future[None]:
         if not ticket.token:
-            return  # admitted fail-open: nothing was reserved
+            return completed()  # admitted fail-open: nothing was reserved
         wire = msgspec.json.decode(ticket.token, type=_LeaseWire)
         lease = Lease(wire.ticket_id, wire.second, wire.tokens, wire.micros, [tuple(s) for s in wire.scopes])  # type: ignore[misc]
         self._live.pop(lease.ticket_id, None)
         try:
-            await self.store.settle(lease, time.time(), max(0, int(actual_tokens)), round(cost * 1e6))
+            sent = self.store.settle(lease, time.time(), max(0, int(actual_tokens)), round(cost * 1e6))
         except Exception as exc:  # the lease expires by itself; the budget keeps the reservation
             self._outage("settle", exc)
+            return completed()
+        acknowledged: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._settling.add(acknowledged)
+        sent.add_done_callback(partial(self._acknowledged, acknowledged))
+        return acknowledged
+
+    def _acknowledged(self, acknowledged: asyncio.Future[None], reply: asyncio.Future[Any]) -> None:
+        self._settling.discard(acknowledged)
+        if not reply.cancelled() and isinstance(exc := reply.exception(), Exception):
+            self._outage("settle", exc)  # the lease expires by itself; the budget keeps the reservation
+        if not acknowledged.done():
+            acknowledged.set_result(None)
 
     def _outage(self, what: str, exc: Exception) -> None:
         now = time.monotonic()

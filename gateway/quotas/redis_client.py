@@ -4,7 +4,8 @@ Commands issued in one turn of the event loop go out in one write at the end of 
 replies are matched in order (Redis answers each connection in order), so concurrent requests
 share one connection and their round trips overlap with no pool to check out of; replies are
 parsed by hiredis (C). This costs about a tenth of redis-py's asyncio client per command, and the
-quota store issues two commands per request (admit, settle).
+quota store issues two commands per request: admit, and settle, which the request path sends
+without waiting for its reply (``submit``).
 
 Failure model: a command waits at most ``timeout`` seconds; a timeout or a broken connection
 aborts the connection, fails every command waiting on it with ``RedisUnavailable``, and the next
@@ -17,6 +18,7 @@ import asyncio
 import hashlib
 import ssl
 from collections import deque
+from functools import partial
 from urllib.parse import unquote, urlsplit
 
 import hiredis
@@ -60,7 +62,11 @@ class _Protocol(asyncio.Protocol):
         self.reader.feed(data)
         while (reply := self.reader.gets()) is not False:
             future = self.waiting.popleft()
-            if not future.done():  # a waiter that timed out leaves its slot, so replies stay in order
+            if future.done():  # a waiter that timed out leaves its slot, so replies stay in order
+                continue
+            if isinstance(reply, hiredis.ReplyError):
+                future.set_exception(RedisError(str(reply)))
+            else:
                 future.set_result(reply)
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -98,9 +104,39 @@ class Script:
         try:
             return await self.client.execute("EVALSHA", self.sha, len(keys), *keys, *args)
         except RedisError as exc:
-            if not str(exc).startswith("NOSCRIPT"):
+            if not _unknown_script(exc):
                 raise
         return await self.client.execute("EVAL", self.source, len(keys), *keys, *args)
+
+    def submit(self, keys: list[str], args: list[Arg]) -> asyncio.Future[object]:
+        """Run the script without waiting: sent with this turn's other commands, its reply in the
+        future returned (no timeout of its own: a later command's timeout fails it)."""
+        result: asyncio.Future[object] = asyncio.get_running_loop().create_future()
+
+        def on_reply(reply: asyncio.Future[object]) -> None:
+            if not reply.cancelled() and _unknown_script(reply.exception()):
+                reply = self.client.submit("EVAL", self.source, len(keys), *keys, *args)
+                reply.add_done_callback(partial(_copy_outcome, result))
+            else:
+                _copy_outcome(result, reply)
+
+        self.client.submit("EVALSHA", self.sha, len(keys), *keys, *args).add_done_callback(on_reply)
+        return result
+
+
+def _unknown_script(exc: BaseException | None) -> bool:
+    return isinstance(exc, RedisError) and str(exc).startswith("NOSCRIPT")
+
+
+def _copy_outcome(result: asyncio.Future[object], reply: asyncio.Future[object]) -> None:
+    if result.done():
+        return
+    if reply.cancelled():
+        result.cancel()
+    elif (exc := reply.exception()) is not None:
+        result.set_exception(exc)
+    else:
+        result.set_result(reply.result())
 
 
 class RespClient:
@@ -131,10 +167,15 @@ class RespClient:
         protocol = self._protocol
         if protocol is None or protocol.lost:
             protocol = await self._connect()
-        reply = await self._wait(protocol, protocol.send(encode_command(args)))
-        if isinstance(reply, hiredis.ReplyError):
-            raise RedisError(str(reply))
-        return reply
+        return await self._wait(protocol, protocol.send(encode_command(args)))
+
+    def submit(self, *args: Arg) -> asyncio.Future[object]:
+        """Send a command without waiting for its reply: on the open connection it leaves with this
+        turn's other commands, in order; with none open it is sent once one is (``execute``)."""
+        protocol = self._protocol
+        if protocol is None or protocol.lost:
+            return asyncio.ensure_future(self.execute(*args))
+        return protocol.send(encode_command(args))
 
     async def ping(self) -> bool:
         return await self.execute("PING") in (b"PONG", "PONG")
@@ -185,7 +226,8 @@ class RespClient:
         if self.db:
             commands.append(("SELECT", self.db))
         for command in commands:
-            reply = await protocol.send(encode_command(command))
-            if isinstance(reply, hiredis.ReplyError):
+            try:
+                await protocol.send(encode_command(command))
+            except RedisError as exc:
                 protocol.transport.close()  # type: ignore[union-attr]
-                raise RedisError(f"{command[0]!r} failed: {reply}")
+                raise RedisError(f"{command[0]!r} failed: {exc}") from None

@@ -9,6 +9,8 @@ scope with a budget whose bucket is missing is refused as ``unseeded`` until it 
 
 from __future__ import annotations
 
+import asyncio
+
 from gateway.contracts import QuotaState
 from gateway.quotas.limits import WINDOW_SECONDS, period_id
 from gateway.quotas.redis_client import Arg, RespClient
@@ -204,14 +206,14 @@ class RedisStore:
     async def seed_budget(self, kind: str, sid: str, pid: str, tokens: int, micros: int, ttl: int) -> None:
         await self._seed(keys=[f"{self._base(kind, sid)}:bd:{pid}"], args=[tokens, micros, ttl])
 
-    async def settle(self, lease: Lease, now: float, actual_tokens: int, actual_micros: int) -> None:
+    def settle(self, lease: Lease, now: float, actual_tokens: int, actual_micros: int) -> asyncio.Future[object]:
         keys: list[str] = []
         for kind, sid, pid in lease.scopes:
             base = self._base(kind, sid)
             keys += [base + ":tk", base + ":cc", f"{base}:bd:{pid}"]
         args: list[Arg] = [lease.ticket_id, lease.second, actual_tokens - lease.tokens, actual_micros - lease.micros,
                            actual_tokens, actual_micros]
-        await self._settle(keys=keys, args=args)
+        return self._settle.submit(keys=keys, args=args)
 
     async def renew(self, leases: list[Lease], now: float, lease_seconds: float) -> None:
         keys: list[str] = []

@@ -17,11 +17,12 @@ A store checks and reserves every limit of every scope in one atomic step, or re
 
 from __future__ import annotations
 
+import asyncio
 import math
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
-from gateway.contracts import QuotaState
+from gateway.contracts import QuotaState, completed
 from gateway.quotas.limits import WINDOW_SECONDS, Scope, period_id
 
 
@@ -59,7 +60,10 @@ class Lease:
 class QuotaStore(Protocol):
     async def reserve(self, r: Reservation) -> Decision: ...
 
-    async def settle(self, lease: Lease, now: float, actual_tokens: int, actual_micros: int) -> None: ...
+    def settle(self, lease: Lease, now: float, actual_tokens: int, actual_micros: int) -> asyncio.Future[Any]:
+        """Correct the reservation (the command is on its way when this returns); the future holds
+        the store's acknowledgement, or its failure."""
+        ...
 
     async def seed_budget(self, kind: str, sid: str, pid: str, tokens: int, micros: int, ttl: int) -> None:
         """Start a budget bucket at the recorded spend, unless the bucket already exists."""
@@ -164,7 +168,7 @@ class MemoryStore:
                 if lease.ticket_id in held:
                     held[lease.ticket_id] = now + lease_seconds
 
-    async def settle(self, lease: Lease, now: float, actual_tokens: int, actual_micros: int) -> None:
+    def settle(self, lease: Lease, now: float, actual_tokens: int, actual_micros: int) -> asyncio.Future[Any]:
         for kind, sid, pid in lease.scopes:
             base = f"{kind}:{sid}"
             known = self._leases.get(base, {}).pop(lease.ticket_id, None) is not None
@@ -176,3 +180,4 @@ class MemoryStore:
             if budget is not None:
                 budget[0] += actual_tokens - reserved_tokens
                 budget[1] += actual_micros - reserved_micros
+        return completed()

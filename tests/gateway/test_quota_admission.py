@@ -27,6 +27,7 @@ from gateway.usage.writer import UsageWriter
 from tests.conftest import ADMIN_KEY, gateway_settings
 from tests.gateway.tenancy_fixtures import REDIS_URL, db, plain_url, redis, redis_prefix  # noqa: F401
 from tests.support.fake_upstream import FakeUpstream
+from tests.support.redis_server import RedisProcess
 from tests.support.servers import ServerThread
 
 DEAD_REDIS = "redis://127.0.0.1:9/0"  # nothing listens on port 9
@@ -106,6 +107,40 @@ async def test_the_heartbeat_keeps_a_live_lease_and_a_dead_ones_expires(db: Data
     await asyncio.sleep(1.2)
     await live.settle(await live.admit(p, "m", 10), 5, 0.0)  # the slot freed itself within a lease
     await live.settle(held, 5, 0.0)
+
+
+async def test_a_settlement_is_sent_at_once_and_awaited_at_close(
+    db: Database, redis: Redis, redis_prefix: str  # noqa: F811
+) -> None:
+    p = await principal_with(db, Limits(max_concurrency=1, token_budget=1000, budget_period="total"), Limits())
+    client = connect_redis(REDIS_URL)
+    adm = QuotaAdmission(RedisStore(client, prefix=redis_prefix), LimitsSource(db), PRICES)
+    ticket = await adm.admit(p, "m", 600)
+    acknowledged = adm.settle(ticket, 100, 0.0)  # not awaited: the next admission still sees it
+    assert not acknowledged.done()
+    again = await adm.admit(p, "m", 600)  # the slot is free and 100 + 600 <= 1000
+    adm.settle(again, 600, 0.0)
+    await adm.aclose()  # waits for the settlement on its way
+    budget = await redis.hgetall(f"{redis_prefix}:tenant:{p.tenant_id}:bd:total")
+    assert int(budget[b"tokens"]) == 700 and acknowledged.done()
+    assert await redis.zcard(f"{redis_prefix}:tenant:{p.tenant_id}:cc") == 0
+    await client.aclose()
+
+
+async def test_a_settlement_redis_refuses_is_logged_not_raised(db: Database, caplog: pytest.LogCaptureFixture) -> None:
+    p = await principal_with(db, Limits(requests_per_minute=100), Limits())
+    server = RedisProcess().start()
+    client = connect_redis(server.url, timeout=0.5)
+    try:
+        adm = QuotaAdmission(RedisStore(client), LimitsSource(db), PRICES)
+        ticket = await adm.admit(p, "m", 10)
+        server.stop()  # Redis is gone by the time the settlement goes out
+        with caplog.at_level(logging.ERROR, "switchyard.quotas"):
+            await adm.settle(ticket, 5, 0.0)  # completes (the lease expires by itself), never raises
+        assert "quota store unavailable during settle" in caplog.text
+    finally:
+        await client.aclose()
+        server.stop()
 
 
 @pytest.mark.parametrize("policy", ["fail_closed", "fail_open"])

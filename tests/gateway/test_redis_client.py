@@ -52,6 +52,25 @@ async def test_scripts_load_themselves_and_errors_raise(server: RedisProcess) ->
         await client.aclose()
 
 
+async def test_submitted_commands_go_out_in_order_without_waiting(server: RedisProcess) -> None:
+    client = RespClient.from_url(server.url)
+    try:
+        first = client.submit("SET", "n", 1)  # no connection yet: sent once one is open
+        assert await first == b"OK"
+        sent = [client.submit("INCR", "n") for _ in range(5)]  # not awaited ...
+        assert await client.execute("GET", "n") == b"6"  # ... yet done before a later command
+        assert [await s for s in sent] == [2, 3, 4, 5, 6]
+        script = client.register_script("return redis.call('INCRBY', KEYS[1], ARGV[1])")
+        await client.execute("SCRIPT", "FLUSH")
+        assert await script.submit(keys=["n"], args=[10]) == 16  # NOSCRIPT: sent whole, still answered
+        assert await script.submit(keys=["n"], args=[1]) == 17
+        failed = client.submit("NOSUCHCOMMAND")
+        with pytest.raises(RedisError, match="ERR"):
+            await failed
+    finally:
+        await client.aclose()
+
+
 async def test_select_and_auth_from_the_url(server: RedisProcess) -> None:
     admin = RespClient.from_url(server.url)
     await admin.execute("CONFIG", "SET", "requirepass", "s3cret")

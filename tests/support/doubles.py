@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from dataclasses import dataclass, field
 
-from gateway.contracts import Principal, QuotaExceeded, QuotaState, Ticket, UsageRecord
+from gateway.contracts import Principal, QuotaExceeded, QuotaState, Ticket, UsageRecord, completed
 
 
 class StaticKeys:
@@ -40,8 +41,9 @@ class ScriptedAdmission:
                                 ticket=ticket)
         return Ticket(principal=principal, model=model, reserved_tokens=reserve_tokens, requests=state)
 
-    async def settle(self, ticket: Ticket, actual_tokens: int, cost: float) -> None:
+    def settle(self, ticket: Ticket, actual_tokens: int, cost: float) -> asyncio.Future[None]:
         self.settled.append(Settlement(ticket, actual_tokens, cost))
+        return completed()
 
 
 @dataclass
