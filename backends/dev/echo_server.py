@@ -32,7 +32,7 @@ _PIECE = re.compile(r"\S+\s*")
 @dataclass
 class EchoOptions:
     latency: float = 0.0  # seconds before the response headers
-    chunk_delay: float = 0.0  # seconds between stream chunks
+    chunk_delay: float = 0.0  # seconds after each stream chunk but the usage chunk
     report_usage: bool = True  # False: behave like an upstream that never reports usage
     output_words: int | None = None  # answer with this many words (one stream chunk each), not the echo
     model_ids: tuple[str, ...] = ("echo",)
@@ -174,7 +174,8 @@ class EchoUpstream:
                     return False
                 data = b"[DONE]" if item is None else json.dumps(item).encode()
                 await ex.send({"type": "http.response.body", "body": b"data: " + data + b"\n\n", "more_body": True})
-                if self.options.chunk_delay and item is not None:
+                if self.options.chunk_delay and item is not None and item.get("usage") is None:
+                    # the usage chunk follows the last one at once, as OpenAI's does
                     await _sleep_unless(gone, self.options.chunk_delay)
             await ex.send({"type": "http.response.body", "body": b"", "more_body": False})
             return not gone.is_set()

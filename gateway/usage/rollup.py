@@ -2,7 +2,8 @@
 
 ``aggregate`` folds usage rows (the dicts ``writer.to_row`` makes) into per-hour sums and latency
 bucket counts; ``apply`` adds them to the tables with one upsert per table
-(``ON CONFLICT … DO UPDATE SET n = n + excluded.n``), so concurrent writers add up correctly.
+(``ON CONFLICT … DO UPDATE SET n = n + excluded.n``), so concurrent writers add up correctly
+(on PostgreSQL as column arrays: ``pg_bulk``).
 The writer calls it with exactly the rows its insert created, in the same transaction.
 """
 
@@ -13,10 +14,11 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.dialects import sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from gateway.db.models import LatencyDaily, LatencyHourly, UsageHourly
+from gateway.usage import pg_bulk
 
 # Latency / TTFT buckets grow geometrically: bucket 0 holds everything up to MIN_MS, bucket i > 0
 # holds (MIN_MS * GROWTH**(i-1), MIN_MS * GROWTH**i]. A bucket's geometric midpoint is within
@@ -86,7 +88,12 @@ def aggregate(rows: Iterable[Mapping[str, Any]]) -> tuple[dict[HourKey, dict[str
 
 async def apply(conn: AsyncConnection, rows: Iterable[Mapping[str, Any]]) -> None:
     hourly, latency = aggregate(rows)
-    dialect = postgresql if conn.dialect.name == "postgresql" else sqlite
+    if conn.dialect.name == "postgresql":  # column arrays, one statement per table (pg_bulk)
+        await pg_bulk.add_rollups(conn, pg_bulk.UPSERT_HOURLY, {k: [v[c] for c in _SUMS] for k, v in hourly.items()})
+        await pg_bulk.add_rollups(conn, pg_bulk.UPSERT_LATENCY_HOURLY, {k: (n,) for k, n in latency.items()})
+        await pg_bulk.add_rollups(conn, pg_bulk.UPSERT_LATENCY_DAILY, {k: (n,) for k, n in daily(latency).items()})
+        return
+    dialect = sqlite
     if hourly:
         ins = dialect.insert(UsageHourly)
         stmt = ins.on_conflict_do_update(

@@ -2,7 +2,10 @@
 
 The event loop only queues records (``add``); the thread writes what has queued up and fsyncs it
 once (group commit), then wakes every ``sync`` that was waiting for those records. A write or an
-fsync never blocks the loop, whatever the disk. ``rotate`` starts a new segment at a point in the
+fsync never blocks the loop, whatever the disk. The thread needs the GIL twice per group (to write,
+and to wake the waiters): a busy loop thread gives it up only after the interpreter's switch
+interval, 5 ms by default, a wait every reply behind it would share; the process runs with
+``SWITCH_INTERVAL`` instead. ``rotate`` starts a new segment at a point in the
 queue (records queued before it stay in the old one) and writes the given records (the requests
 still in flight) into the new one first.
 """
@@ -11,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +26,8 @@ from gateway.usage.journal import Journal
 log = logging.getLogger("switchyard.usage")
 
 T = TypeVar("T")
+
+SWITCH_INTERVAL = 0.0005  # seconds a thread waits for the GIL before the running one must yield it
 
 
 @dataclass
@@ -44,6 +50,7 @@ class WriteAhead:
         self._cond = threading.Condition()
         self._closing = False
         self._loop: asyncio.AbstractEventLoop | None = None
+        sys.setswitchinterval(min(sys.getswitchinterval(), SWITCH_INTERVAL))
         self._thread = threading.Thread(target=self._run, name="usage-wal", daemon=True)
         self._thread.start()
 

@@ -7,7 +7,8 @@ admitted request is noted there first (``begin``: a record of its reservation, m
 so a request the process died in is settled from its reservation when the segment is replayed;
 its real record replaces that one. Segments of a writer that is gone (their ``flock`` is free) are
 replayed together at start. A background task inserts the buffer in batches
-(``INSERT … ON CONFLICT (request_id) DO NOTHING``, so a retried batch never doubles a row), moving
+(``INSERT … ON CONFLICT (request_id) DO NOTHING``, so a retried batch never doubles a row; on
+PostgreSQL as column arrays, ``pg_bulk``, which keeps the event loop free), moving
 to a new segment each time (the requests still in flight move along). If the database fails, the
 batch goes to the local journal and the writer keeps going: memory stays bounded (a full buffer
 spills to the journal too) and the journal is replayed once inserts work again. Each insert also
@@ -30,13 +31,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.dialects import sqlite
 
 from gateway.contracts import INCOMPLETE, UsageRecord
 from gateway.db.engine import Database
 from gateway.db.errors import is_bad_data, is_unavailable
 from gateway.db.models import UsageRow
-from gateway.usage import rollup
+from gateway.usage import pg_bulk, rollup
 from gateway.usage.journal import Journal, Quarantine, read_records
 from gateway.usage.pricing import PriceTable
 from gateway.usage.wal import WriteAhead
@@ -110,9 +111,8 @@ class UsageWriter:
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
         self._lock = asyncio.Lock()
-        dialect = postgresql if db.dialect == "postgresql" else sqlite
-        self._statement = (
-            dialect.insert(UsageRow).on_conflict_do_nothing(index_elements=["request_id"]).returning(UsageRow.request_id)
+        self._statement = (  # SQLite's; PostgreSQL's is pg_bulk.INSERT_USAGE
+            sqlite.insert(UsageRow).on_conflict_do_nothing(index_elements=["request_id"]).returning(UsageRow.request_id)
         )
 
     # ------------------------------------------------------------ UsageSink
@@ -265,7 +265,10 @@ class UsageWriter:
         except Exception as exc:
             raise _BadRecord(f"{type(exc).__name__}: {exc}") from None
         async with self.db.engine.begin() as conn:
-            created = set((await conn.execute(self._statement, rows)).scalars())  # not those already there
+            if self.db.dialect == "postgresql":
+                created = await pg_bulk.insert_usage(conn, rows)
+            else:
+                created = set((await conn.execute(self._statement, rows)).scalars())  # not those already there
             await rollup.apply(conn, [r for r in rows if r["request_id"] in created])
 
     def _failed(self, exc: BaseException) -> bool:

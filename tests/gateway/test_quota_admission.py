@@ -110,7 +110,7 @@ async def test_the_heartbeat_keeps_a_live_lease_and_a_dead_ones_expires(db: Data
 
 
 async def test_a_settlement_is_sent_at_once_and_awaited_at_close(
-    db: Database, redis: Redis, redis_prefix: str  # noqa: F811
+    db: Database, redis: Redis, redis_prefix: str
 ) -> None:
     p = await principal_with(db, Limits(max_concurrency=1, token_budget=1000, budget_period="total"), Limits())
     client = connect_redis(REDIS_URL)

@@ -6,6 +6,7 @@ import asyncio
 import dataclasses
 import json
 import logging
+import sys
 import time
 import uuid
 from datetime import UTC, datetime
@@ -20,6 +21,7 @@ from gateway.db import Database
 from gateway.db.models import UsageHourly, UsageRow
 from gateway.usage.pricing import Price, PriceTable
 from gateway.usage.report import ReportQuery, usage_report
+from gateway.usage.wal import SWITCH_INTERVAL
 from gateway.usage.writer import UsageWriter
 from tests.gateway.tenancy_fixtures import db  # noqa: F401
 
@@ -55,6 +57,36 @@ async def test_batches_are_written_and_costed(db: Database, tmp_path: Path) -> N
     async with db.session() as s:
         cost = await s.scalar(select(func.sum(UsageRow.cost)).where(UsageRow.tenant_id == tenant))
     assert cost == pytest.approx(50 * (10 * 1.0 + 5 * 2.0) / 1e6)
+
+
+async def test_every_field_arrives_as_recorded(db: Database, tmp_path: Path) -> None:
+    """Each column of a row and of its hourly rollup holds the record's value (on PostgreSQL the
+    batch goes in as column arrays, gateway.usage.pg_bulk: a column out of place shows here)."""
+    tenant = uuid.uuid4().hex[:8]
+    started = datetime(2026, 3, 4, 5, 6, 7, 890000, tzinfo=UTC)
+    full = rec(tenant, deployment="grp/1", provider="anthropic", endpoint="completions", stream=True,
+               prompt_tokens=1234, completion_tokens=567, cached_tokens=89, exact=False, cost=0.25, status=502,
+               error_type="upstream_error", latency_ms=12.5, ttft_ms=3.25, started_at=started.timestamp())
+    bare = rec(tenant, tenant_id=None, deployment=None, provider=None, ttft_ms=None, started_at=started.timestamp())
+    w = UsageWriter(db, PRICES, journal_dir=tmp_path)
+    assert sys.getswitchinterval() <= SWITCH_INTERVAL  # the write-ahead thread gets the GIL within it
+    for r in (full, bare):
+        w.record(r)
+    await w.aclose()
+    async with db.session() as s:
+        rows = {r.request_id: r for r in (await s.scalars(select(UsageRow).where(
+            UsageRow.request_id.in_([full.request_id, bare.request_id])))).all()}
+        hourly = (await s.scalars(select(UsageHourly).where(UsageHourly.tenant_id == tenant))).all()
+    got = rows[full.request_id]
+    assert (got.tenant_id, got.key_id, got.model, got.deployment, got.provider, got.endpoint, got.stream) == (
+        tenant, "k1", "m", "grp/1", "anthropic", "completions", True)
+    assert (got.prompt_tokens, got.completion_tokens, got.cached_tokens, got.exact, got.cost, got.status) == (
+        1234, 567, 89, False, 0.25, 502)
+    assert (got.error_type, got.latency_ms, got.ttft_ms, got.started_at) == ("upstream_error", 12.5, 3.25, started)
+    empty = rows[bare.request_id]
+    assert (empty.tenant_id, empty.deployment, empty.provider, empty.ttft_ms, empty.error_type) == (None,) * 5
+    assert [(h.hour, h.error_type, h.requests, h.errors, h.prompt_tokens, h.cached_tokens, h.cost) for h in hourly] == [
+        (started.replace(minute=0, second=0, microsecond=0), "upstream_error", 1, 1, 1234, 89, 0.25)]
 
 
 async def test_same_request_id_is_never_doubled(db: Database, tmp_path: Path) -> None:
