@@ -6,7 +6,8 @@ Each sample goes to the first stage (innermost frame first) whose pattern one of
 matches; ``--cpu-ms`` (the bench's "gateway CPU per request") turns shares into microseconds per
 request. Native time (the event loop's C code, system calls made from C) shows under the Python
 frame that called it, or as "event loop" when none did. Threads that py-spy saw waiting on a lock
-(logging's queue listener) are listed but left out of the shares.
+(logging's queue listener) and the usage write-ahead thread (its samples are mostly an fsync
+that holds no GIL) are counted but left out of the shares.
 """
 
 from __future__ import annotations
@@ -39,6 +40,9 @@ STAGES: list[tuple[str, tuple[str, ...]]] = [
 ]
 
 
+WAL_THREAD = "the usage write-ahead thread (mostly in fsync, which py-spy counts as busy)"
+
+
 def summarise(path: Path) -> tuple[Counter[str], int]:
     stages: Counter[str] = Counter()
     total = 0
@@ -49,6 +53,9 @@ def summarise(path: Path) -> tuple[Counter[str], int]:
         n = int(count)
         total += n
         frames = stack.split(";")[::-1]
+        if any("WriteAhead._run" in f for f in frames):
+            stages[WAL_THREAD] += n
+            continue
         stage = next((name for f in frames for name, pats in STAGES if any(p in f for p in pats)), "other")
         stages[stage] += n
     return stages, total
@@ -61,8 +68,10 @@ def main() -> None:
     args = parser.parse_args()
     stages, total = summarise(args.profile)
     waiting = stages.pop(WAITING, 0)
-    active = total - waiting
-    print(f"{total} samples, {waiting} of them threads waiting on a lock; shares of the other {active}")
+    wal = stages.pop(WAL_THREAD, 0)
+    active = total - waiting - wal
+    print(f"{total} samples: {waiting} of threads waiting on a lock, {wal} of {WAL_THREAD}; "
+          f"shares of the other {active}, the event loop's thread")
     for name, n in stages.most_common():
         us = f"  {n / active * args.cpu_ms * 1000:6.1f} us/request" if args.cpu_ms else ""
         print(f"{n / active:6.1%}{us}  {name}")

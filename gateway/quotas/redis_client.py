@@ -186,13 +186,18 @@ class RespClient:
             protocol.transport.close()
 
     async def _wait(self, protocol: _Protocol, future: asyncio.Future[object]) -> object:
+        """The reply, within the timeout: one timer per command (a cancelled caller leaves its
+        future cancelled, and its reply is skipped when it comes)."""
+        timer = asyncio.get_running_loop().call_later(self.timeout, self._expire, protocol, future)
         try:
-            async with asyncio.timeout(self.timeout):
-                return await asyncio.shield(future)
-        except TimeoutError:
-            future.cancel()  # its reply will never be read
-            self._abort(protocol, "timed out")
-            raise RedisUnavailable(f"Redis did not answer within {self.timeout} s") from None
+            return await future
+        finally:
+            timer.cancel()
+
+    def _expire(self, protocol: _Protocol, future: asyncio.Future[object]) -> None:
+        if not future.done():
+            future.set_exception(RedisUnavailable(f"Redis did not answer within {self.timeout} s"))
+            self._abort(protocol, "timed out")  # the replies after it can no longer be matched
 
     def _abort(self, protocol: _Protocol, why: str) -> None:
         """Drop a connection whose replies can no longer be trusted to arrive."""
