@@ -300,7 +300,6 @@ def _profile(gw: Gateway, args: argparse.Namespace, phase: str) -> subprocess.Po
         "raw",
         "--rate",
         "200",
-        "--nonblocking",  # sampling without pausing the gateway (pausing it skews what is measured)
         *(["--subprocesses"] if args.workers > 1 else []),
         "--output",
         args.profile,
