@@ -20,8 +20,9 @@ run against the upstream hit directly, so ratios hold better than absolute numbe
     to the direct upstream's rate; the gateway's CPU time per request
 (b) added latency p50/p99 at fixed offered rates (default 500 and 1,000 requests/s), 20 ms upstream
     latency; the rate actually served
-(c) 64 concurrent streams of 20 chunks 5 ms apart, kept up (each connection starts its next stream
-    as the last ends) and in bursts (all 64 start at once): added time to first chunk and total
+(c) 64 concurrent streams of 20 chunks 5 ms apart, kept up (64 connections started evenly over
+    a stream's 100 ms, each starting its next stream as the last ends) and in bursts (all 64
+    start at once): added time to first chunk and total
     p50/p99; streams completed per second, and their ratio to the direct upstream's
 (d) each gateway worker's RSS after the run; and usage rows in PostgreSQL = requests sent.
 """
@@ -61,6 +62,7 @@ from bench.loadgen import Run, Target, bursts, closed_loop, http_request, open_l
 # ---------------------------------------------------------------- the benchmark
 
 
+STREAM_SECONDS = 0.1  # how long a stream of the "streamy" upstream lasts: 20 chunks 5 ms apart
 CHAT = {"messages": [{"role": "user", "content": "Say hello to the benchmark, please."}], "max_tokens": 16}
 
 
@@ -199,14 +201,16 @@ async def latency(args: argparse.Namespace, gw: Gateway, direct: Target, via: Ta
 
 
 async def streams(args: argparse.Namespace, gw: Gateway, direct: Target, via: Target) -> tuple[list[list[str]], int]:
-    """(c): 64 concurrent streams of 20 chunks, two ways: kept up (64 connections, each starting its
-    next stream as the last ends) and in bursts (64 started at the same instant, ``--rounds`` times):
-    added time to the first chunk and to the end; streams completed per second; gateway CPU."""
+    """(c): 64 concurrent streams of 20 chunks, two ways: kept up (64 connections started evenly over
+    a stream's length, each starting its next stream as the last ends) and in bursts (64 started at
+    the same instant, ``--rounds`` times): added time to the first chunk and to the end; streams
+    completed per second; gateway CPU."""
     rows: list[list[str]] = []
     sent = 0
     profiler = _profile(gw, args, "c")
     for how, slices, load in (
-        ("kept up", args.slices, partial(closed_loop, connections=64, seconds=args.seconds / args.slices)),
+        ("kept up", args.slices,
+         partial(closed_loop, connections=64, seconds=args.seconds / args.slices, stagger=STREAM_SECONDS)),
         ("bursts", 1, partial(bursts, concurrency=64, rounds=args.rounds)),
     ):
         d, g, cpu = await interleaved(gw, slices, load, direct, via)

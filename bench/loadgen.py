@@ -95,14 +95,17 @@ class Run:
         return values[min(len(values) - 1, int(q * len(values)))] * 1000
 
 
-async def closed_loop(target: tuple[str, int, bytes], connections: int, seconds: float) -> Run:
-    """``connections`` clients, each sending its next request as soon as the last one is answered."""
+async def closed_loop(target: Target, connections: int, seconds: float, stagger: float = 0.0) -> Run:
+    """``connections`` clients, each sending its next request as soon as the last one is answered;
+    their first requests spread evenly over ``stagger`` seconds (else all at once, and requests
+    of equal length stay in step, arriving in bursts)."""
     host, port, raw = target
     run = Run()
     stop_at = time.perf_counter() + seconds
 
-    async def client() -> None:
+    async def client(i: int) -> None:
         conn = await Conn.open(host, port)
+        await asyncio.sleep(stagger * i / connections)
         try:
             while time.perf_counter() < stop_at:
                 try:
@@ -115,7 +118,7 @@ async def closed_loop(target: tuple[str, int, bytes], connections: int, seconds:
             conn.close()
 
     t0 = time.perf_counter()
-    await asyncio.gather(*(client() for _ in range(connections)))
+    await asyncio.gather(*(client(i) for i in range(connections)))
     run.seconds = time.perf_counter() - t0
     return run
 
