@@ -26,7 +26,8 @@ from gateway.admin.service import TenancyService
 from gateway.auth.audit import AuditLog
 from gateway.auth.authenticator import SqlAuthenticator
 from gateway.auth.guard import AuthGuard
-from gateway.auth.throttle import AuthThrottle, FailureCounts, MemoryFailures, RedisFailures
+from gateway.auth.throttle import AuthThrottle, FailureCounts, MemoryFailures
+from gateway.auth.throttle_redis import RedisFailures
 from gateway.contracts import Admission, Authenticator, UsageSink
 from gateway.dashboard.pages import dashboard_router
 from gateway.dashboard.sessions import Sessions
@@ -131,6 +132,8 @@ class Tenancy:
         self.usage.start()
         self.guard.audit.start()
         self.admission.start()
+        if isinstance(counts := self.guard.throttle.counts, RedisFailures):
+            counts.start()
 
     async def _sync_prices(self) -> None:
         """The config's prices are written to model_prices (so reports and dashboards can read
@@ -169,6 +172,8 @@ class Tenancy:
         return checks
 
     async def aclose(self) -> None:
+        if isinstance(counts := self.guard.throttle.counts, RedisFailures):
+            await counts.aclose()
         await self.admission.aclose()
         await self.usage.aclose()
         await self.guard.audit.aclose()

@@ -5,7 +5,7 @@ client's address and, when the token is shaped like one of our keys, against its
 (someone guessing one key from many addresses). Once a count reaches its limit, that address or
 prefix is refused with 429 until the window that started with its first failure ends, before any
 key lookup, so a correct guess during the block gains nothing. Counts live in Redis when one is
-configured (shared by every replica) and in process otherwise. Should Redis be unreachable, the
+configured (shared by every replica, ``throttle_redis``) and in process otherwise. Should Redis be unreachable, the
 throttle lets requests through (authentication itself still decides) and logs it.
 """
 
@@ -18,32 +18,11 @@ import time
 from typing import Protocol
 
 from gateway.auth.keys import VISIBLE_CHARS, looks_like_key
-from gateway.quotas.redis_client import RedisError, RespClient
 
 log = logging.getLogger("switchyard.auth")
 
 _MAX_MEMORY_ENTRIES = 100_000
 _KEY_CHARS = re.compile(r"[A-Za-z0-9_-]+")  # what a generated key is made of (url-safe base64)
-
-# KEYS: counters; ARGV: their limits (0: none). The longest wait (ms) among those at their limit.
-_BLOCKED = """
-local wait = 0
-for i, key in ipairs(KEYS) do
-  local limit = tonumber(ARGV[i])
-  if limit > 0 and tonumber(redis.call('GET', key) or '0') >= limit then
-    wait = math.max(wait, redis.call('PTTL', key))
-  end
-end
-return wait
-"""
-# KEYS: counters; ARGV[1]: the window (ms), started by a counter's first failure.
-_FAIL = """
-for _, key in ipairs(KEYS) do
-  if redis.call('INCR', key) == 1 then redis.call('PEXPIRE', key, ARGV[1]) end
-end
-return 1
-"""
-
 
 class Throttled(Exception):
     """Too many failed attempts: refused for ``retry_after`` seconds."""
@@ -59,7 +38,9 @@ class FailureCounts(Protocol):
         """Seconds until every counter at its limit (name -> limit) has reset; 0 if none is."""
         ...
 
-    async def fail(self, names: list[str], window: float) -> None: ...
+    async def fail(self, counters: dict[str, int], window: float) -> None:
+        """Count a failure against each counter (name -> limit); a window starts at a counter's first."""
+        ...
 
 
 class MemoryFailures:
@@ -76,45 +57,13 @@ class MemoryFailures:
                 wait = max(wait, end - now)
         return wait
 
-    async def fail(self, names: list[str], window: float) -> None:
+    async def fail(self, counters: dict[str, int], window: float) -> None:
         now = time.monotonic()
         if len(self._counts) > _MAX_MEMORY_ENTRIES:
             self._counts = {k: v for k, v in self._counts.items() if v[1] > now}
-        for name in names:
+        for name in counters:
             count, end = self._counts.get(name, (0, 0.0))
             self._counts[name] = (count + 1, end) if end > now else (1, now + window)
-
-
-class RedisFailures:
-    """Counts shared by every replica: one script call per check and per failure."""
-
-    def __init__(self, redis: RespClient, prefix: str = "sy:authfail") -> None:
-        self.redis = redis
-        self.prefix = prefix
-        self._blocked = redis.register_script(_BLOCKED)
-        self._fail = redis.register_script(_FAIL)
-        self._warned = float("-inf")  # when the outage was last logged (once a minute, not per request)
-
-    async def blocked(self, counters: dict[str, int]) -> float:
-        names = list(counters)
-        try:
-            wait = await self._blocked([f"{self.prefix}:{n}" for n in names], [counters[n] for n in names])
-        except (RedisError, ConnectionError) as exc:
-            self._warn(exc)
-            return 0.0
-        return max(0, int(wait)) / 1000  # type: ignore[call-overload]  # an integer reply
-
-    async def fail(self, names: list[str], window: float) -> None:
-        try:
-            await self._fail([f"{self.prefix}:{n}" for n in names], [max(1, int(window * 1000))])
-        except (RedisError, ConnectionError) as exc:
-            self._warn(exc)
-
-    def _warn(self, exc: Exception) -> None:
-        if (now := time.monotonic()) - self._warned >= 60:
-            self._warned = now
-            log.warning("auth throttle unavailable (%s): failed attempts are not counted meanwhile",
-                        type(exc).__name__)
 
 
 def key_prefix(token: str | None) -> str | None:
@@ -145,4 +94,4 @@ class AuthThrottle:
 
     async def failed(self, address: str, token: str | None) -> None:
         if counters := self._counters(address, token):
-            await self.counts.fail(list(counters), self.window)
+            await self.counts.fail(counters, self.window)

@@ -18,6 +18,7 @@ import asyncio
 import hashlib
 import ssl
 from collections import deque
+from collections.abc import Callable
 from functools import partial
 from urllib.parse import unquote, urlsplit
 
@@ -92,6 +93,49 @@ class _Protocol(asyncio.Protocol):
             self.transport.write(data)
 
 
+class _Subscriber(asyncio.Protocol):
+    """A connection in pub/sub mode: the data of each message on its channel goes to ``on_message``."""
+
+    def __init__(self, on_message: Callable[[bytes], None]) -> None:
+        loop = asyncio.get_running_loop()
+        self.on_message = on_message
+        self.reader = hiredis.Reader()
+        self.transport: asyncio.Transport | None = None
+        self.subscribed: asyncio.Future[None] = loop.create_future()
+        self.closed: asyncio.Future[None] = loop.create_future()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        self.reader.feed(data)
+        while (reply := self.reader.gets()) is not False:
+            if isinstance(reply, list) and reply[:1] == [b"message"]:
+                self.on_message(reply[2])
+            elif isinstance(reply, list) and reply[:1] == [b"subscribe"] and not self.subscribed.done():
+                self.subscribed.set_result(None)
+            elif isinstance(reply, hiredis.ReplyError) and not self.subscribed.done():
+                self.subscribed.set_exception(RedisError(str(reply)))  # AUTH (or SUBSCRIBE) refused
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.subscribed.done():
+            self.subscribed.set_exception(RedisUnavailable(f"connection to Redis lost ({exc or 'closed'})"))
+        if not self.closed.done():
+            self.closed.set_result(None)
+
+
+class Subscription:
+    """A channel followed on a connection of its own (``RespClient.subscribe``)."""
+
+    def __init__(self, protocol: _Subscriber) -> None:
+        self._protocol = protocol
+        self.closed: asyncio.Future[None] = protocol.closed  # done when the connection is lost
+
+    def close(self) -> None:
+        if self._protocol.transport is not None:
+            self._protocol.transport.close()
+
+
 class Script:
     """A Lua script run by its SHA-1 (EVALSHA), sent whole once when the server lacks it."""
 
@@ -162,6 +206,30 @@ class RespClient:
 
     def register_script(self, source: str) -> Script:
         return Script(self, source)
+
+    async def subscribe(self, channel: str, on_message: Callable[[bytes], None]) -> Subscription:
+        """Follow ``channel`` on a new connection (SUBSCRIBE): ``on_message`` gets each message's
+        data, from the time this returns until the subscription's ``closed`` is done."""
+        loop = asyncio.get_running_loop()
+        commands: list[tuple[Arg, ...]] = []
+        if self.password is not None:
+            commands.append(("AUTH", self.username, self.password) if self.username else ("AUTH", self.password))
+        commands.append(("SUBSCRIBE", channel))
+        try:
+            async with asyncio.timeout(self.timeout):
+                _, protocol = await loop.create_connection(
+                    lambda: _Subscriber(on_message), self.host, self.port,
+                    ssl=ssl.create_default_context() if self.tls else None)
+                subscription = Subscription(protocol)
+                protocol.transport.write(b"".join(encode_command(c) for c in commands))  # type: ignore[union-attr]
+                try:
+                    await protocol.subscribed
+                except BaseException:
+                    subscription.close()
+                    raise
+        except (OSError, TimeoutError) as exc:
+            raise RedisUnavailable(f"cannot subscribe at {self.host}:{self.port} ({exc})") from None
+        return subscription
 
     async def execute(self, *args: Arg) -> object:
         protocol = self._protocol

@@ -20,7 +20,8 @@ import httpx
 import pytest
 import yaml
 
-from gateway.auth.throttle import AuthThrottle, MemoryFailures, RedisFailures, Throttled
+from gateway.auth.throttle import AuthThrottle, MemoryFailures, Throttled
+from gateway.auth.throttle_redis import RedisFailures
 from gateway.db import migrate
 from gateway.quotas.redis_client import RespClient
 from tests.conftest import ADMIN_KEY, gateway_settings
