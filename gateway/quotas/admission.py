@@ -18,7 +18,6 @@ import asyncio
 import contextlib
 import logging
 import math
-import secrets
 import time
 from functools import partial
 from typing import Any, Literal
@@ -26,6 +25,7 @@ from typing import Any, Literal
 import msgspec
 
 from gateway.contracts import Principal, QuotaExceeded, QuotaUnavailable, Ticket, completed
+from gateway.ids import random_id
 from gateway.quotas.limits import LimitsSource, Scope, period_id, recorded_spend
 from gateway.quotas.store import Decision, Lease, QuotaStore, Reservation, lease_for
 from gateway.usage.pricing import PriceTable
@@ -113,7 +113,7 @@ class QuotaAdmission:
                 return Ticket(principal=principal, model=model, reserved_tokens=0)
             raise QuotaUnavailable("quota limits unavailable; try again shortly") from None
         micros = math.ceil(reserve_tokens * self.prices.max_per_million(model))
-        r = Reservation(secrets.token_hex(16), time.time(), reserve_tokens, micros, scopes, self.lease_seconds)
+        r = Reservation(random_id(), time.time(), reserve_tokens, micros, scopes, self.lease_seconds)
         try:
             decision = await self.store.reserve(r)
             for _ in scopes:  # each pass rebuilds one lost budget bucket

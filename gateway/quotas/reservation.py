@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 
-from backends.base import BackendError, Tokenizing
+from backends.base import BackendError
 from gateway.calls import CallDescription
 from gateway.routing.router import ModelGroup
 
@@ -27,12 +27,9 @@ def prompt_reservation(call: CallDescription, group: ModelGroup) -> int:
     counts = []
     try:
         for d in group.deployments:
-            if isinstance(d.backend, Tokenizing):
-                counts.append(call.count_prompt(d.backend))
-            elif d.counter is not None:
-                counts.append(call.count_prompt(d.counter))
-            else:
+            if d.prompt_counter is None:
                 return call.prompt_bound
+            counts.append(call.count_prompt(d.prompt_counter))
     except BackendError:  # the template refuses the request: the backend answers that itself
         return call.prompt_bound
     except Exception:

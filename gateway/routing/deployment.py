@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from backends.base import Backend
+from backends.base import Backend, Tokenizing
 from backends.prompt_count import PromptCounter
 from gateway.routing.health import DeploymentHealth
 from gateway.settings import CircuitConfig, DeploymentConfig
@@ -16,6 +16,12 @@ class Deployment:
     backend: Backend
     health: DeploymentHealth = field(default_factory=lambda: DeploymentHealth(CircuitConfig()))
     counter: PromptCounter | None = None  # the configured tokenizer (``tokenizer:``), for reservations
+    # what counts a prompt for reservations: the backend when it knows its tokenizer, else the
+    # counter (a runtime-checkable Protocol's isinstance is too slow to repeat per request)
+    prompt_counter: Tokenizing | PromptCounter | None = field(init=False, default=None)
+
+    def __post_init__(self) -> None:
+        self.prompt_counter = self.backend if isinstance(self.backend, Tokenizing) else self.counter
 
     @property
     def id(self) -> str:

@@ -3,10 +3,11 @@ a context variable, set by the telemetry middleware and filled in by the pipelin
 
 from __future__ import annotations
 
-import os
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
+
+from gateway.ids import random_id
 
 
 @dataclass
@@ -25,28 +26,9 @@ class RequestInfo:
     span: Any = None  # the request's OpenTelemetry span, when tracing is on
 
 
-_ID_BYTES = 16
-_POOL_BYTES = _ID_BYTES * 256  # ids read from the OS per system call (one per request cost ~3% of it)
-_pool = b""
-_taken = 0
-
-
 def new_request_id() -> str:
-    """32 hex digits from the OS's CSPRNG, as ``secrets.token_hex(16)``, read ahead in batches."""
-    global _pool, _taken
-    if _taken >= len(_pool):
-        _pool, _taken = os.urandom(_POOL_BYTES), 0
-    _taken += _ID_BYTES
-    return _pool[_taken - _ID_BYTES : _taken].hex()
+    return random_id()
 
-
-def _forget_pool() -> None:
-    """A forked child must not hand out its parent's ids."""
-    global _pool, _taken
-    _pool, _taken = b"", 0
-
-
-os.register_at_fork(after_in_child=_forget_pool)
 
 current: ContextVar[RequestInfo | None] = ContextVar("switchyard_request", default=None)
 
