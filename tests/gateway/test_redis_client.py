@@ -71,6 +71,28 @@ async def test_submitted_commands_go_out_in_order_without_waiting(server: RedisP
         await client.aclose()
 
 
+async def test_a_subscription_gets_each_message_until_its_connection_closes(server: RedisProcess) -> None:
+    admin = RespClient.from_url(server.url)
+    await admin.execute("CONFIG", "SET", "requirepass", "s3cret")
+    await admin.execute("AUTH", "s3cret")
+    try:
+        got: list[bytes] = []
+        with pytest.raises(RedisError, match="WRONGPASS|invalid"):
+            await RespClient.from_url(f"redis://:wrong@127.0.0.1:{server.port}/0").subscribe("ch", got.append)
+        subscription = await RespClient.from_url(f"redis://:s3cret@127.0.0.1:{server.port}/0").subscribe(
+            "ch", got.append)
+        assert await admin.execute("PUBLISH", "ch", "one") == 1 and await admin.execute("PUBLISH", "other", "x") == 0
+        await admin.execute("PUBLISH", "ch", b"two")
+        deadline = time.monotonic() + 5
+        while len(got) < 2 and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        assert got == [b"one", b"two"] and not subscription.closed.done()
+        await admin.execute("CLIENT", "KILL", "TYPE", "pubsub")
+        await asyncio.wait_for(subscription.closed, 5)
+    finally:
+        await admin.aclose()
+
+
 async def test_select_and_auth_from_the_url(server: RedisProcess) -> None:
     admin = RespClient.from_url(server.url)
     await admin.execute("CONFIG", "SET", "requirepass", "s3cret")
