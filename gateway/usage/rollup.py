@@ -93,9 +93,8 @@ async def apply(conn: AsyncConnection, rows: Iterable[Mapping[str, Any]]) -> Non
         await pg_bulk.add_rollups(conn, pg_bulk.UPSERT_LATENCY_HOURLY, {k: (n,) for k, n in latency.items()})
         await pg_bulk.add_rollups(conn, pg_bulk.UPSERT_LATENCY_DAILY, {k: (n,) for k, n in daily(latency).items()})
         return
-    dialect = sqlite
     if hourly:
-        ins = dialect.insert(UsageHourly)
+        ins = sqlite.insert(UsageHourly)
         stmt = ins.on_conflict_do_update(
             index_elements=["tenant_id", "key_id", "model", "hour", "error_type"],
             set_={c: getattr(UsageHourly, c) + getattr(ins.excluded, c) for c in _SUMS},
@@ -105,7 +104,7 @@ async def apply(conn: AsyncConnection, rows: Iterable[Mapping[str, Any]]) -> Non
             for k, v in sorted(hourly.items())  # a fixed order: concurrent writers lock rows alike
         ])  # fmt: skip
     if latency:
-        ins = dialect.insert(LatencyHourly)
+        ins = sqlite.insert(LatencyHourly)
         stmt = ins.on_conflict_do_update(
             index_elements=["tenant_id", "model", "hour", "kind", "bucket"],
             set_={"count": LatencyHourly.count + ins.excluded.count},
@@ -114,7 +113,7 @@ async def apply(conn: AsyncConnection, rows: Iterable[Mapping[str, Any]]) -> Non
             {"tenant_id": k[0], "model": k[1], "hour": k[2], "kind": k[3], "bucket": k[4], "count": n}
             for k, n in sorted(latency.items())
         ])  # fmt: skip
-        ins = dialect.insert(LatencyDaily)
+        ins = sqlite.insert(LatencyDaily)
         stmt = ins.on_conflict_do_update(
             index_elements=["tenant_id", "day", "model", "kind", "bucket"],
             set_={"count": LatencyDaily.count + ins.excluded.count},
