@@ -7,6 +7,7 @@ Replays are safe to repeat: inserts are idempotent by request_id.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 from collections.abc import Callable, Iterable
@@ -43,33 +44,43 @@ class Journal:
         self.directory = directory
         directory.mkdir(parents=True, exist_ok=True)
         self.path = directory / f"usage-{os.getpid()}-{os.urandom(3).hex()}.jsonl"
-        self._file: IO[bytes] = self.path.open("ab")
-        fcntl.flock(self._file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        self._file: IO[bytes] = self.path.open("ab", buffering=0)  # each append is its own write call
+        self._fd = self._file.fileno()
+        fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         self.count = 0  # records appended and not yet truncated away
+        self._size = 0  # bytes of whole lines in the file
 
     def append(self, records: Iterable[UsageRecord], *, fsync: bool = True) -> None:
-        """Write ``records`` through to the file (a process crash loses none of them); ``fsync``
-        also waits until the disk holds them (``sync`` does that later for several appends)."""
+        """Write ``records`` through to the file, in one ``write`` call (a process crash loses none
+        of them); ``fsync`` also waits until the disk holds them (``sync`` does that later for
+        several appends, from any thread)."""
         data = b"".join(_encoder.encode(r) + b"\n" for r in records)
         if not data:
             return
-        self._file.write(data)
-        self._file.flush()
+        try:
+            written = 0
+            while written < len(data):  # a short write only comes with a full disk, whose next call raises
+                written += os.write(self._fd, data[written:])
+        except OSError:
+            with contextlib.suppress(OSError):  # never leave a torn line for the next append to follow
+                os.ftruncate(self._fd, self._size)
+            raise
+        self._size += len(data)
         if fsync:
-            os.fsync(self._file.fileno())
+            os.fsync(self._fd)
         self.count += data.count(b"\n")
 
     def sync(self) -> None:
-        os.fsync(self._file.fileno())
+        if not self._file.closed:  # a closed (discarded) journal has nothing left to keep
+            os.fsync(self._fd)
 
     def read(self, on_unreadable: Callable[[bytes, str], None] | None = None) -> list[UsageRecord]:
         return read_records(self.path, on_unreadable)
 
     def truncate(self) -> None:
-        self._file.truncate(0)
-        self._file.flush()
-        os.fsync(self._file.fileno())
-        self.count = 0
+        os.ftruncate(self._fd, 0)
+        os.fsync(self._fd)
+        self.count = self._size = 0
 
     def orphans(self) -> list[Path]:
         """Journal files of writers that are gone (their lock is free)."""

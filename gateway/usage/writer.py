@@ -1,8 +1,9 @@
 """The batched background usage writer (a UsageSink).
 
-``record`` appends to an in-memory buffer and queues the record for the write-ahead segment
-(``gateway.usage.wal``, written and fsynced by a thread); ``sync`` (awaited by the pipeline before
-a response's last byte) returns once it is on disk, one fsync serving all the records waiting. An
+``record`` appends to an in-memory buffer and writes the record to the write-ahead segment
+(``gateway.usage.wal``: written at once, so a crash of the process loses nothing, and fsynced by a
+thread within milliseconds); with ``sync_before_reply``, ``sync`` (awaited by the pipeline before a
+response's last byte) returns once it is fsynced, one fsync serving all the records waiting. An
 admitted request is noted there first (``begin``: a record of its reservation, marked incomplete),
 so a request the process died in is settled from its reservation when the segment is replayed;
 its real record replaces that one. Segments of a writer that is gone (their ``flock`` is free) are
@@ -90,7 +91,7 @@ class UsageWriter:
         flush_interval: float = 0.5,
         max_buffer: int = 10_000,
         retry_interval: float = 1.0,
-        sync_before_reply: bool = True,
+        sync_before_reply: bool = False,
     ) -> None:
         self.db = db
         self.prices = prices
@@ -185,7 +186,7 @@ class UsageWriter:
                 return False
             if not self._buffer:
                 return True
-            taken, retired = await self._rotate()
+            taken, retired = self._rotate()
             for i in range(0, len(taken), self.batch_size):
                 try:
                     written = await self._write(taken[i : i + self.batch_size])
@@ -215,11 +216,11 @@ class UsageWriter:
                 return
             interval = self.flush_interval if await self.flush() else self.retry_interval
 
-    async def _rotate(self) -> tuple[list[UsageRecord], Journal]:
+    def _rotate(self) -> tuple[list[UsageRecord], Journal]:
         """Take the buffer and start a new write-ahead segment holding the requests in flight; the
         old segment is retired once the records taken are in the database or the journal."""
         taken, self._buffer = self._buffer, []
-        return taken, await self.wal.rotate(list(self._open.values()))
+        return taken, self.wal.rotate(list(self._open.values()))
 
     def _spill(self) -> None:
         self.journal.append(self._buffer)

@@ -1,0 +1,102 @@
+"""The write-ahead segment: written before ``add`` returns, fsynced by its thread."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from gateway.contracts import UsageRecord
+from gateway.usage.journal import read_records
+from gateway.usage.wal import WriteAhead
+
+
+def rec() -> UsageRecord:
+    return UsageRecord(request_id=uuid.uuid4().hex, key_id="k1", tenant_id="t1", model="m", deployment="d",
+                       provider="openai", endpoint="chat.completions", started_at=time.time(), status=200,
+                       prompt_tokens=10, completion_tokens=5)
+
+
+@pytest.fixture
+def fsyncs(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The file descriptors fsynced, in order."""
+    seen: list[int] = []
+    real = os.fsync
+
+    def fsync(fd: int) -> None:
+        seen.append(fd)
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    return seen
+
+
+async def test_a_record_is_in_the_file_when_add_returns(tmp_path: Path) -> None:
+    """Nothing to await: a process killed right after ``add`` has the record in its segment."""
+    wal = WriteAhead(tmp_path, sync_interval=3600)
+    records = [rec(), rec()]
+    for r in records:
+        wal.add(r)
+    assert read_records(wal.segment.path) == records
+    await wal.aclose()
+
+
+async def test_sync_returns_once_the_segment_is_fsynced(tmp_path: Path, fsyncs: list[int]) -> None:
+    wal = WriteAhead(tmp_path, sync_interval=3600)  # no fsync but the one a waiter asks for
+    wal.add(rec())
+    await asyncio.wait_for(wal.sync(), 5)
+    assert fsyncs == [wal.segment._fd]
+    await wal.aclose()
+
+
+async def test_unsynced_writes_are_fsynced_within_the_interval(tmp_path: Path, fsyncs: list[int]) -> None:
+    wal = WriteAhead(tmp_path, sync_interval=0.05)
+    for _ in range(3):
+        wal.add(rec())
+    deadline = time.monotonic() + 5
+    while not fsyncs and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)
+    assert fsyncs == [wal.segment._fd]  # one fsync for the three writes
+    await asyncio.sleep(0.2)
+    assert len(fsyncs) == 1  # nothing written since: nothing to fsync
+    await wal.aclose()
+
+
+async def test_rotate_keeps_the_old_records_and_carries_the_given_ones(tmp_path: Path, fsyncs: list[int]) -> None:
+    wal = WriteAhead(tmp_path, sync_interval=3600)
+    settled, in_flight = rec(), rec()
+    wal.add(in_flight)
+    wal.add(settled)
+    retired = wal.rotate([in_flight])
+    assert read_records(retired.path) == [in_flight, settled]
+    assert read_records(wal.segment.path) == [in_flight]
+    await wal.sync()
+    assert sorted(fsyncs) == sorted([retired._fd, wal.segment._fd])  # a waiter needs both on disk
+    retired.discard()
+    await wal.aclose()
+
+
+async def test_a_disk_that_refuses_a_write_is_logged_once_and_not_raised(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    wal = WriteAhead(tmp_path, sync_interval=3600)
+    first = rec()
+    wal.add(first)
+    segment_fd = os.dup(wal.segment._fd)
+    full = os.open("/dev/full", os.O_WRONLY)
+    os.dup2(full, wal.segment._fd)  # the segment's descriptor now answers every write with ENOSPC
+    for _ in range(3):
+        wal.add(rec())
+    assert sum("write-ahead segment failed" in m for m in caplog.messages) == 1
+    os.dup2(segment_fd, wal.segment._fd)
+    for fd in (full, segment_fd):
+        os.close(fd)
+    written = rec()
+    wal.add(written)
+    assert "the usage write-ahead segment is written again" in caplog.messages
+    assert read_records(wal.segment.path) == [first, written]  # whole lines only
+    await wal.aclose()
