@@ -1,10 +1,15 @@
 """Quotas in Redis: one Lua script per admission (one round trip, atomic across replicas).
 
 The scripts mirror ``MemoryStore`` exactly. Per scope there are four keys:
-``<prefix>:<kind>:<id>:rq`` and ``:tk`` (hashes second -> count, the 60 s sliding windows),
-``:cc`` (sorted set of in-flight tickets scored by lease end, renewed by the heartbeat) and
-``:bd:<period>`` (hash with ``tokens`` and ``micros`` spent plus reserved in the budget period; a
-scope with a budget whose bucket is missing is refused as ``unseeded`` until it is rebuilt).
+``<prefix>:<kind>:<id>:rqw`` and ``:tkw`` (the 60 s sliding windows: hashes second -> count, plus
+``sum``, the total of the seconds held, and ``lo``, the oldest second held), ``:cc`` (sorted set of
+in-flight tickets scored by lease end, renewed by the heartbeat) and ``:bd:<period>`` (hash with
+``tokens`` and ``micros`` spent plus reserved in the budget period; a scope with a budget whose
+bucket is missing is refused as ``unseeded`` until it is rebuilt).
+
+A window is read in constant time: ``sum`` and ``lo`` answer it, and only when a second has left
+the window are the seconds that left read, subtracted and deleted (and the oldest one left found).
+A full scan of the hash is the fallback for a clock far from the one that wrote the window.
 """
 
 from __future__ import annotations
@@ -30,20 +35,61 @@ local lease = tonumber(ARGV[5])
 local win = tonumber(ARGV[6])
 local nscopes = #KEYS / 4
 
-local function window(key)
+-- A window: (used, oldest second held or nil); the seconds that left it are deleted.
+local function rescan(key)
   local data = redis.call('HGETALL', key)
   local used, oldest, stale = 0, nil, {}
   for i = 1, #data, 2 do
     local s = tonumber(data[i])
-    if s <= sec - win then
-      stale[#stale + 1] = data[i]
-    else
-      used = used + tonumber(data[i + 1])
-      if oldest == nil or s < oldest then oldest = s end
+    if s ~= nil then  -- not 'sum' or 'lo'
+      if s <= sec - win then
+        stale[#stale + 1] = data[i]
+      else
+        used = used + tonumber(data[i + 1])
+        if oldest == nil or s < oldest then oldest = s end
+      end
     end
   end
+  if oldest == nil then
+    redis.call('DEL', key)
+    return 0, nil
+  end
   if #stale > 0 then redis.call('HDEL', key, unpack(stale)) end
-  return used, (oldest or sec)
+  redis.call('HSET', key, 'sum', used, 'lo', oldest)
+  return used, oldest
+end
+
+local function window(key)
+  local meta = redis.call('HMGET', key, 'sum', 'lo')
+  local used, lo = tonumber(meta[1]), tonumber(meta[2])
+  if lo == nil then return 0, nil end
+  local cutoff = sec - win
+  if lo > cutoff then return used, lo end
+  if cutoff - lo > 4 * win then return rescan(key) end
+  local names = {}
+  for s = lo, cutoff do names[#names + 1] = s end
+  local left = redis.call('HMGET', key, unpack(names))
+  for i = 1, #left do
+    if left[i] then used = used - tonumber(left[i]) end
+  end
+  redis.call('HDEL', key, unpack(names))
+  names = {}
+  for s = cutoff + 1, sec do names[#names + 1] = s end
+  local held = redis.call('HMGET', key, unpack(names))
+  for i = 1, #held do
+    if held[i] then
+      redis.call('HSET', key, 'sum', used, 'lo', cutoff + i)
+      return used, cutoff + i
+    end
+  end
+  return rescan(key)  -- nothing held up to now: the window is empty, or holds only seconds ahead of this clock
+end
+
+local function add(key, lo, n)
+  redis.call('HINCRBY', key, sec, n)
+  redis.call('HINCRBY', key, 'sum', n)
+  if lo == nil or sec < lo then redis.call('HSET', key, 'lo', sec) end
+  redis.call('EXPIRE', key, win * 2)
 end
 
 local req = {-1, -1, -1}
@@ -57,6 +103,7 @@ local function reject(reason, i, retry_ms, rq, tk)
   return {0, reason, i - 1, retry_ms, rq[1], rq[2], rq[3], tk[1], tk[2], tk[3]}
 end
 
+local lows = {}
 for i = 1, nscopes do
   local k = (i - 1) * 4
   local a = 6 + (i - 1) * 6
@@ -64,6 +111,8 @@ for i = 1, nscopes do
   local tbudget, mbudget = tonumber(ARGV[a + 4]), tonumber(ARGV[a + 5])
   local rq_used, rq_oldest = window(KEYS[k + 1])
   local tk_used, tk_oldest = window(KEYS[k + 2])
+  lows[k + 1], lows[k + 2] = rq_oldest, tk_oldest
+  rq_oldest, tk_oldest = rq_oldest or sec, tk_oldest or sec
   redis.call('ZREMRANGEBYSCORE', KEYS[k + 3], '-inf', now)
   if rpm >= 0 then
     local reset = math.floor((rq_oldest + win - now) * 1000)
@@ -72,7 +121,7 @@ for i = 1, nscopes do
   end
   if tpm >= 0 then
     local reset = math.floor((tk_oldest + win - now) * 1000)
-    if tk_used + tokens > tpm then return reject('tokens', i, reset, req, {tpm, tpm - tk_used, reset}) end
+    if tk_used + tokens > tpm then return reject('tokens', i, reset, req, {tpm, math.max(0, tpm - tk_used), reset}) end
     tok = tighter(tok, tpm, tpm - tk_used - tokens, reset)
   end
   if conc >= 0 and redis.call('ZCARD', KEYS[k + 3]) + 1 > conc then
@@ -93,10 +142,8 @@ end
 for i = 1, nscopes do
   local k = (i - 1) * 4
   local budget_ttl = tonumber(ARGV[6 + (i - 1) * 6 + 6])
-  redis.call('HINCRBY', KEYS[k + 1], sec, 1)
-  redis.call('EXPIRE', KEYS[k + 1], win * 2)
-  redis.call('HINCRBY', KEYS[k + 2], sec, tokens)
-  redis.call('EXPIRE', KEYS[k + 2], win * 2)
+  add(KEYS[k + 1], lows[k + 1], 1)
+  add(KEYS[k + 2], lows[k + 2], tokens)
   redis.call('ZADD', KEYS[k + 3], now + lease, ticket)
   redis.call('EXPIRE', KEYS[k + 3], math.ceil(lease))
   redis.call('HINCRBY', KEYS[k + 4], 'tokens', tokens)
@@ -118,7 +165,10 @@ for k = 1, #KEYS, 3 do
   local known = redis.call('ZREM', KEYS[k + 1], ticket) == 1
   local dt, dm = dtokens, dmicros
   if not known then dt, dm = tokens, micros end
-  if redis.call('HEXISTS', KEYS[k], sec) == 1 then redis.call('HINCRBY', KEYS[k], sec, dt) end
+  if redis.call('HEXISTS', KEYS[k], sec) == 1 then
+    redis.call('HINCRBY', KEYS[k], sec, dt)
+    redis.call('HINCRBY', KEYS[k], 'sum', dt)
+  end
   if redis.call('EXISTS', KEYS[k + 2]) == 1 then
     redis.call('HINCRBY', KEYS[k + 2], 'tokens', dt)
     redis.call('HINCRBY', KEYS[k + 2], 'micros', dm)
@@ -182,7 +232,7 @@ class RedisStore:
             lim = scope.limits
             pid, ttl = period_id(lim.budget_period, r.now)
             base = self._base(scope.kind, scope.id)
-            keys += [base + ":rq", base + ":tk", base + ":cc", f"{base}:bd:{pid}"]
+            keys += [base + ":rqw", base + ":tkw", base + ":cc", f"{base}:bd:{pid}"]
             cost = NONE if lim.cost_budget is None else round(lim.cost_budget * 1e6)
             args += [
                 _limit(lim.requests_per_minute),
@@ -210,7 +260,7 @@ class RedisStore:
         keys: list[str] = []
         for kind, sid, pid in lease.scopes:
             base = self._base(kind, sid)
-            keys += [base + ":tk", base + ":cc", f"{base}:bd:{pid}"]
+            keys += [base + ":tkw", base + ":cc", f"{base}:bd:{pid}"]
         args: list[Arg] = [lease.ticket_id, lease.second, actual_tokens - lease.tokens, actual_micros - lease.micros,
                            actual_tokens, actual_micros]
         return self._settle.submit(keys=keys, args=args)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import random
 import uuid
 from collections.abc import AsyncIterator
 
@@ -169,3 +170,37 @@ async def test_settle_of_a_lease_the_store_lost_adds_the_actual_figures(store: Q
     await store.settle(lease_for(ghost), NOW, 200, 0)  # unknown: its 200 are added
     assert (await store.reserve(res(scopes, tokens=700))).admitted
     assert not (await store.reserve(res(scopes, tokens=1))).admitted
+
+
+async def test_redis_windows_decide_as_the_memory_store_does_over_a_random_history(
+    redis: Redis, redis_prefix: str
+) -> None:
+    """The Redis windows keep a running sum and their oldest second instead of adding up every
+    second on each admission: over a random history (steps of seconds, a minute, hours; a clock a
+    second behind; settlements that correct the tokens) every decision and every header figure
+    matches the in-process store's."""
+    rng = random.Random(23)
+    memory, remote = MemoryStore(), RedisStore(connect_redis(REDIS_URL), prefix=redis_prefix)
+    scopes = [Scope("key", "k1", Limits(requests_per_minute=30, tokens_per_minute=4000)),
+              Scope("tenant", "t1", Limits(tokens_per_minute=3000))]
+    now, held = NOW, []
+    for _ in range(1500):
+        step = rng.random()
+        now += 7200 if step < 0.003 else 61 if step < 0.03 else rng.choice([0, 0, 0, 0.1, 0.2, 0.5, 1, 2])
+        at = now - 1 if rng.random() < 0.05 else now  # a replica whose clock is a second behind
+        if held and rng.random() < 0.4:
+            lease = held.pop(rng.randrange(len(held)))
+            actual = rng.randrange(0, 2 * lease.tokens + 1)
+            await memory.settle(lease, at, actual, 0)
+            await remote.settle(lease, at, actual, 0)
+            continue
+        r = res(scopes, now=at, tokens=rng.randrange(1, 300))
+        got, want = await remote.reserve(r), await memory.reserve(r)
+        assert (got.admitted, got.reason, got.scope_index) == (want.admitted, want.reason, want.scope_index)
+        for mine, theirs in ((got.requests, want.requests), (got.tokens, want.tokens)):
+            assert (mine is None) == (theirs is None)
+            if mine and theirs:
+                assert (mine.limit, mine.remaining) == (theirs.limit, theirs.remaining)
+                assert mine.reset_seconds == pytest.approx(theirs.reset_seconds, abs=0.002)
+        if got.admitted:
+            held.append(lease_for(r))
