@@ -6,6 +6,7 @@ import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 from litestar import Litestar
 from litestar.datastructures import State
@@ -23,6 +24,7 @@ from gateway.controllers.responses import ResponsesController
 from gateway.controllers.tokenize import TokenizeController
 from gateway.drain import DRAIN
 from gateway.errors import exception_handlers
+from gateway.event_stream import DIRECT_SEND
 from gateway.heap import settle_heap
 from gateway.pipeline import Pipeline
 from gateway.reload import Reloader
@@ -68,7 +70,7 @@ def create_app(
             await services.aclose()
             await telemetry.tracing.aclose()
 
-    return Litestar(
+    return GatewayApp(
         route_handlers=[
             ChatController, CompletionsController, EmbeddingsController, MessagesController, ModelsController,
             HealthController, TokenizeController, ResponsesController,
@@ -93,6 +95,16 @@ def create_app(
         debug=False,
         state=State({"settings": settings, "services": services, "pipeline": pipeline, "reloader": reloader}),
     )
+
+
+class GatewayApp(Litestar):
+    """Litestar that keeps the server's unwrapped ``send`` in each HTTP scope (``EventStream`` sends
+    a stream's body through it)."""
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            scope[DIRECT_SEND] = send
+        await super().__call__(scope, receive, send)
 
 
 def create_app_from_env() -> Litestar:

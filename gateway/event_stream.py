@@ -1,9 +1,15 @@
-"""The response a relayed stream goes out in: Litestar's ``Stream`` with a cheaper disconnect watch.
+"""The response a relayed stream goes out in: Litestar's ``Stream``, cheaper per stream and per chunk.
 
 Litestar streams its body inside an anyio task group that listens for the client's disconnect;
 its cancel scopes cost more per stream than relaying twenty chunks does. Here one plain asyncio
 task waits on ``receive()`` and cancels the body's task when the client goes away, as the task
 group did; the response then ends normally, so its background task (the settlement) still runs.
+
+The start message goes through every ``send`` wrapper on the way out (the ``before_send`` hooks
+add their headers, the telemetry middleware notes the status); the body's messages, one per chunk,
+go straight to the server's ``send``, which the app (``gateway.app.GatewayApp``) keeps in the scope under
+``DIRECT_SEND``: none of those wrappers looks at a body message, and each would cost a coroutine
+per chunk.
 """
 
 from __future__ import annotations
@@ -14,7 +20,9 @@ from typing import Any
 
 from litestar.response.base import ASGIResponse
 from litestar.response.streaming import ASGIStreamingResponse, Stream
-from litestar.types import Receive, Send
+from litestar.types import Receive, Scope, Send
+
+DIRECT_SEND = "switchyard.direct_send"  # scope key: the ASGI server's own send, unwrapped
 
 
 class EventStream(Stream):
@@ -31,6 +39,11 @@ class EventStream(Stream):
 
 class _WatchedBody(ASGIStreamingResponse):
     __slots__ = ()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self.start_response(send=send)
+        await self.send_body(scope.get(DIRECT_SEND, send), receive)  # type: ignore[arg-type]  # a custom scope key
+        await self.after_response()
 
     async def send_body(self, send: Send, receive: Receive) -> None:
         body = asyncio.current_task()

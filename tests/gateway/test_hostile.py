@@ -78,3 +78,16 @@ def test_messages_max_tokens_out_of_range_is_a_400(env: GatewayEnv) -> None:
     response = _post(env, "/v1/messages", {"model": "echo", "max_tokens": 2**63, "messages": CHAT})
     assert response.status_code == 400, response.text
     assert "max_tokens" in response.text
+
+
+def test_a_streamed_answer_carries_the_headers_of_every_wrapper(env: GatewayEnv) -> None:
+    """A stream's body goes straight to the server (gateway.event_stream); its start message still
+    passes the before_send hook (nosniff) and the telemetry middleware (the request id)."""
+    body = {"model": "echo", "messages": CHAT, "stream": True}
+    with httpx.stream("POST", env.server.url + "/v1/chat/completions", json=body, headers=AUTH, timeout=10) as r:
+        assert r.status_code == 200
+        assert r.headers["x-content-type-options"] == "nosniff"
+        assert r.headers["x-request-id"]
+        assert r.headers["content-type"].startswith("text/event-stream")
+        events = b"".join(r.iter_bytes())
+    assert events.count(b"data: ") >= 2 and events.rstrip().endswith(b"data: [DONE]")
