@@ -9,8 +9,9 @@ The writer calls it with exactly the rows its insert created, in the same transa
 
 from __future__ import annotations
 
+import asyncio
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -27,6 +28,9 @@ from gateway.usage import pg_bulk
 # (finer buckets cost rows: a month's percentiles read every hour's used buckets).
 MIN_MS = 0.1
 GROWTH = 1.08
+# Rows a writer handles between two turns of the event loop (a batch of 500 in one go held every
+# request in flight for milliseconds at a time).
+SLICE_ROWS = 100
 
 _SUMS = ("requests", "errors", "prompt_tokens", "completion_tokens", "cached_tokens", "cost", "latency_ms_sum")
 HourKey = tuple[str, str, str, datetime, str]  # tenant, key, model, hour, error type
@@ -61,9 +65,14 @@ def bucket_value(bucket: int) -> float:
     return MIN_MS if bucket <= 0 else MIN_MS * GROWTH ** (bucket - 0.5)
 
 
-def aggregate(rows: Iterable[Mapping[str, Any]]) -> tuple[dict[HourKey, dict[str, float]], dict[LatencyKey, int]]:
-    hourly: dict[HourKey, dict[str, float]] = {}
-    latency: dict[LatencyKey, int] = {}
+def aggregate(
+    rows: Iterable[Mapping[str, Any]],
+    hourly: dict[HourKey, dict[str, float]] | None = None,
+    latency: dict[LatencyKey, int] | None = None,
+) -> tuple[dict[HourKey, dict[str, float]], dict[LatencyKey, int]]:
+    """The rollups of ``rows``, added to ``hourly`` and ``latency`` when given."""
+    hourly = {} if hourly is None else hourly
+    latency = {} if latency is None else latency
     for r in rows:
         tenant, hour = r["tenant_id"] or "", hour_of(r["started_at"])
         key = (tenant, r["key_id"], r["model"], hour, r["error_type"] or "")
@@ -86,8 +95,13 @@ def aggregate(rows: Iterable[Mapping[str, Any]]) -> tuple[dict[HourKey, dict[str
     return hourly, latency
 
 
-async def apply(conn: AsyncConnection, rows: Iterable[Mapping[str, Any]]) -> None:
-    hourly, latency = aggregate(rows)
+async def apply(conn: AsyncConnection, rows: Sequence[Mapping[str, Any]]) -> None:
+    hourly: dict[HourKey, dict[str, float]] = {}
+    latency: dict[LatencyKey, int] = {}
+    for i in range(0, len(rows), SLICE_ROWS):
+        if i:
+            await asyncio.sleep(0)  # the event loop serves requests between slices
+        aggregate(rows[i : i + SLICE_ROWS], hourly, latency)
     if conn.dialect.name == "postgresql":  # column arrays, one statement per table (pg_bulk)
         await pg_bulk.add_rollups(conn, pg_bulk.UPSERT_HOURLY, {k: [v[c] for c in _SUMS] for k, v in hourly.items()})
         await pg_bulk.add_rollups(conn, pg_bulk.UPSERT_LATENCY_HOURLY, {k: (n,) for k, n in latency.items()})

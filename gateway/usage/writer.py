@@ -9,7 +9,7 @@ so a request the process died in is settled from its reservation when the segmen
 its real record replaces that one. Segments of a writer that is gone (their ``flock`` is free) are
 replayed together at start. A background task inserts the buffer in batches
 (``INSERT … ON CONFLICT (request_id) DO NOTHING``, so a retried batch never doubles a row; on
-PostgreSQL as column arrays, ``pg_bulk``, which keeps the event loop free), moving
+PostgreSQL as JSON, ``pg_bulk``, in slices with the event loop free between them), moving
 to a new segment each time (the requests still in flight move along). If the database fails, the
 batch goes to the local journal and the writer keeps going: memory stays bounded (a full buffer
 spills to the journal too) and the journal is replayed once inserts work again. Each insert also
@@ -261,13 +261,21 @@ class UsageWriter:
         return True
 
     async def _insert(self, records: list[UsageRecord]) -> None:
-        try:
-            rows = [to_row(r) for r in records]
-        except Exception as exc:
-            raise _BadRecord(f"{type(exc).__name__}: {exc}") from None
+        """One transaction; on PostgreSQL in slices of ``rollup.SLICE_ROWS`` rows, the event loop
+        serving requests between them."""
+        rows: list[dict[str, Any]] = []
+        for i in range(0, len(records), rollup.SLICE_ROWS):
+            if i:
+                await asyncio.sleep(0)
+            try:
+                rows += [to_row(r) for r in records[i : i + rollup.SLICE_ROWS]]
+            except Exception as exc:
+                raise _BadRecord(f"{type(exc).__name__}: {exc}") from None
         async with self.db.engine.begin() as conn:
             if self.db.dialect == "postgresql":
-                created = await pg_bulk.insert_usage(conn, rows)
+                created: set[str] = set()
+                for i in range(0, len(rows), rollup.SLICE_ROWS):
+                    created |= await pg_bulk.insert_usage(conn, rows[i : i + rollup.SLICE_ROWS])
             else:
                 created = set((await conn.execute(self._statement, rows)).scalars())  # not those already there
             await rollup.apply(conn, [r for r in rows if r["request_id"] in created])

@@ -60,13 +60,16 @@ async def test_batches_are_written_and_costed(db: Database, tmp_path: Path) -> N
 
 
 async def test_every_field_arrives_as_recorded(db: Database, tmp_path: Path) -> None:
-    """Each column of a row and of its hourly rollup holds the record's value (on PostgreSQL the
-    batch goes in as column arrays, gateway.usage.pg_bulk: a column out of place shows here)."""
+    """Each column of a row and of its hourly rollup holds the record's value, to the microsecond
+    and the last digit (on PostgreSQL the batch goes in as JSON, gateway.usage.pg_bulk: a column out
+    of place, a string badly quoted or a number rounded shows here)."""
     tenant = uuid.uuid4().hex[:8]
-    started = datetime(2026, 3, 4, 5, 6, 7, 890000, tzinfo=UTC)
-    full = rec(tenant, deployment="grp/1", provider="anthropic", endpoint="completions", stream=True,
-               prompt_tokens=1234, completion_tokens=567, cached_tokens=89, exact=False, cost=0.25, status=502,
-               error_type="upstream_error", latency_ms=12.5, ttft_ms=3.25, started_at=started.timestamp())
+    started = datetime(2026, 3, 4, 5, 6, 7, 890123, tzinfo=UTC)
+    odd = 'g/"1",{x}\\n\u00e9\U0001f680'  # quotes, braces, a backslash, accents, an emoji
+    full = rec(tenant, deployment=odd, provider="anthropic", endpoint="completions", stream=True,
+               prompt_tokens=1234, completion_tokens=567, cached_tokens=89, exact=False, cost=0.1234567890123,
+               status=502, error_type="upstream_error", latency_ms=12.345678901, ttft_ms=3.25,
+               started_at=started.timestamp())
     bare = rec(tenant, tenant_id=None, deployment=None, provider=None, ttft_ms=None, started_at=started.timestamp())
     w = UsageWriter(db, PRICES, journal_dir=tmp_path)
     assert sys.getswitchinterval() <= SWITCH_INTERVAL  # the write-ahead thread gets the GIL within it
@@ -79,14 +82,15 @@ async def test_every_field_arrives_as_recorded(db: Database, tmp_path: Path) -> 
         hourly = (await s.scalars(select(UsageHourly).where(UsageHourly.tenant_id == tenant))).all()
     got = rows[full.request_id]
     assert (got.tenant_id, got.key_id, got.model, got.deployment, got.provider, got.endpoint, got.stream) == (
-        tenant, "k1", "m", "grp/1", "anthropic", "completions", True)
+        tenant, "k1", "m", odd, "anthropic", "completions", True)
     assert (got.prompt_tokens, got.completion_tokens, got.cached_tokens, got.exact, got.cost, got.status) == (
-        1234, 567, 89, False, 0.25, 502)
-    assert (got.error_type, got.latency_ms, got.ttft_ms, got.started_at) == ("upstream_error", 12.5, 3.25, started)
+        1234, 567, 89, False, 0.1234567890123, 502)
+    assert (got.error_type, got.latency_ms, got.ttft_ms, got.started_at) == (
+        "upstream_error", 12.345678901, 3.25, started)
     empty = rows[bare.request_id]
     assert (empty.tenant_id, empty.deployment, empty.provider, empty.ttft_ms, empty.error_type) == (None,) * 5
     assert [(h.hour, h.error_type, h.requests, h.errors, h.prompt_tokens, h.cached_tokens, h.cost) for h in hourly] == [
-        (started.replace(minute=0, second=0, microsecond=0), "upstream_error", 1, 1, 1234, 89, 0.25)]
+        (started.replace(minute=0, second=0, microsecond=0), "upstream_error", 1, 1, 1234, 89, 0.1234567890123)]
 
 
 async def test_same_request_id_is_never_doubled(db: Database, tmp_path: Path) -> None:
