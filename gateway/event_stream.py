@@ -42,7 +42,10 @@ class _WatchedBody(ASGIStreamingResponse):
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await self.start_response(send=send)
-        await self.send_body(scope.get(DIRECT_SEND, send), receive)  # type: ignore[arg-type]  # a custom scope key
+        if self.is_head_response:
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        else:
+            await self.send_body(scope.get(DIRECT_SEND, send), receive)  # type: ignore[arg-type]  # a custom scope key
         await self.after_response()
 
     async def send_body(self, send: Send, receive: Receive) -> None:

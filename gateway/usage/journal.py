@@ -71,8 +71,15 @@ class Journal:
         self.count += data.count(b"\n")
 
     def sync(self) -> None:
-        if not self._file.closed:  # a closed (discarded) journal has nothing left to keep
+        """Fsync what was written (from any thread). A journal closed meanwhile (discarded once its
+        records were safe elsewhere) has nothing left to keep."""
+        if self._file.closed:
+            return
+        try:
             os.fsync(self._fd)
+        except OSError:
+            if not self._file.closed:
+                raise
 
     def read(self, on_unreadable: Callable[[bytes, str], None] | None = None) -> list[UsageRecord]:
         return read_records(self.path, on_unreadable)

@@ -107,7 +107,7 @@ class WriteAhead:
             for segment in segments:
                 try:
                     segment.sync()
-                except (OSError, ValueError):  # a failing disk, or a segment discarded meanwhile
+                except OSError:  # a failing disk: the records are still in memory, and go to SQL as usual
                     log.exception("fsyncing the usage write-ahead segment failed")
             loop = self._loop
             if waiters and loop is not None and not loop.is_closed():
