@@ -20,6 +20,7 @@ class ServerThread:
     """``with ServerThread(app) as server: server.url`` — started on a free port, stopped on exit."""
 
     def __init__(self, app: Any, *, lifespan: str = "on", startup_timeout: float = 30.0) -> None:
+        self.app = app
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._sock.bind(("127.0.0.1", 0))

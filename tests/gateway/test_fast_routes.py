@@ -1,0 +1,71 @@
+"""The busiest routes served directly (gateway.fast_routes) answer exactly as Litestar's routes do:
+the same requests, on one served gateway, with the direct path on and then off."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from tests.conftest import ADMIN_KEY
+from tests.gateway.conftest import LIMITED_KEY, THROTTLED_KEY, GatewayEnv
+
+CHAT = {"model": "echo", "messages": [{"role": "user", "content": "hi"}]}
+ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
+JSON = {"Content-Type": "application/json"}
+VOLATILE = {"date", "x-request-id", "content-length"}  # differ from one answer to the next
+
+CASES: dict[str, tuple[str, dict[str, str], bytes]] = {
+    "chat": ("/v1/chat/completions", ADMIN | JSON, json.dumps(CHAT).encode()),
+    "chat without /v1": ("/chat/completions", ADMIN | JSON, json.dumps(CHAT).encode()),
+    "text completion": ("/v1/completions", ADMIN | JSON, json.dumps({"model": "echo", "prompt": "hi"}).encode()),
+    "stream": ("/v1/chat/completions", ADMIN | JSON, json.dumps(CHAT | {"stream": True}).encode()),
+    "no key": ("/v1/chat/completions", JSON, json.dumps(CHAT).encode()),
+    "wrong key": ("/v1/chat/completions", {"Authorization": "Bearer sk-nope"} | JSON, json.dumps(CHAT).encode()),
+    "model not allowed": ("/v1/chat/completions", {"Authorization": f"Bearer {LIMITED_KEY}"} | JSON,
+                          json.dumps(CHAT).encode()),
+    "rate limited": ("/v1/chat/completions", {"Authorization": f"Bearer {THROTTLED_KEY}"} | JSON,
+                     json.dumps(CHAT).encode()),
+    "unknown model": ("/v1/chat/completions", ADMIN | JSON, json.dumps(CHAT | {"model": "nope"}).encode()),
+    "empty body": ("/v1/chat/completions", ADMIN | JSON, b""),
+    "not JSON": ("/v1/chat/completions", ADMIN | JSON, b"{nope"),
+    "missing messages": ("/v1/chat/completions", ADMIN | JSON, b'{"model": "echo"}'),
+    "wrong type": ("/v1/completions", ADMIN | JSON, b'{"model": "echo", "prompt": "x", "max_tokens": "many"}'),
+    "form content type": ("/v1/chat/completions", ADMIN | {"Content-Type": "application/x-www-form-urlencoded"},
+                          json.dumps(CHAT).encode()),
+    "too large": ("/v1/chat/completions", ADMIN | JSON, b'{"pad": "' + b"x" * (5 * 1024 * 1024) + b'"}'),
+}
+
+
+@pytest.fixture
+def direct_off(env: GatewayEnv) -> Iterator[None]:
+    fast, env.server.app.fast_routes = env.server.app.fast_routes, None
+    try:
+        yield
+    finally:
+        env.server.app.fast_routes = fast
+
+
+def _answer(env: GatewayEnv, path: str, headers: dict[str, str], body: bytes) -> tuple[int, set[str], object]:
+    response = httpx.post(env.server.url + path, headers=headers, content=body, timeout=30)
+    names = {name for name in response.headers if name not in VOLATILE}
+    if response.headers.get("content-type", "").startswith("text/event-stream"):
+        content: object = [line.split(b":")[0] for line in response.content.splitlines()]  # the events' shape
+    elif response.status_code == 200:
+        content = sorted(response.json())  # ids and timestamps differ; the fields do not
+    else:
+        content = response.json()
+    return response.status_code, names, content
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_the_direct_route_answers_as_litestar_does(env: GatewayEnv, case: str, request: pytest.FixtureRequest) -> None:
+    assert env.server.app.fast_routes is not None and env.server.app.fast_routes.serves(
+        {"type": "http", "method": "POST", "path": CASES[case][0]})
+    direct = _answer(env, *CASES[case])
+    request.getfixturevalue("direct_off")
+    assert env.server.app.fast_routes is None
+    assert direct == _answer(env, *CASES[case])
+    assert direct[0] != 500
