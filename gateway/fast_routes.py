@@ -4,10 +4,11 @@
 the same order and with the same parts: the route's own handler object (its ``before_request``
 hook, its guards, its body-size limit, its exception handlers, its ``to_response``), the app's
 ``before_send`` hooks, the telemetry middleware, and the body decoding the route's DTO does.
-Only the machinery between them is skipped: per request it cost more than a quarter of what the
-gateway's own work costs (``bench.gateway_floor``: a Litestar route 0.086 ms of CPU, the whole
-gateway 0.475 ms). Every other method and path, and these routes' OpenAPI description, stay
-Litestar's.
+Only the machinery between them is skipped (``bench.gateway_floor``: a Litestar route alone costs
+0.086 ms of CPU per request, the whole gateway 0.475 ms); served this way the gateway spends about
+7 % less CPU per request (``bench.gateway`` (a), six runs alternating with and without). Every
+other method and path, and these routes' OpenAPI description, stay Litestar's; ``tests/gateway/
+test_fast_routes.py`` sends each kind of request both ways and gets the same answer.
 """
 
 from __future__ import annotations
