@@ -1,12 +1,18 @@
-"""BatchedStreamHandler: the lines of one event-loop turn in one write; nothing held back for long."""
+"""BatchedStreamHandler: the lines of one event-loop turn in one write; nothing held back for long;
+the access line formatted straight into it is the line logging writes."""
 
 from __future__ import annotations
 
 import asyncio
 import io
+import json
 import logging
+import time
 
-from gateway.telemetry.logs import BatchedStreamHandler
+import pytest
+
+from gateway.telemetry.context import RequestInfo
+from gateway.telemetry.logs import ACCESS, BatchedStreamHandler, JsonFormatter, TextFormatter, log_access
 
 
 class CountingStream(io.StringIO):
@@ -55,3 +61,49 @@ async def test_close_flushes_what_is_held() -> None:
     for handler in log.handlers:
         handler.close()
     assert stream.getvalue() == "INFO last words\n"
+
+
+class _PassAll(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return True  # lets everything through; its presence alone sends access lines through logging
+
+
+@pytest.mark.parametrize("formatter", [JsonFormatter(), TextFormatter()], ids=["json", "text"])
+def test_the_direct_access_line_is_the_line_logging_writes(formatter: logging.Formatter,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """log_access formats straight into the handler while nothing else could see the record; the
+    line is the one the logging path writes (same clock), and a filter anywhere sends it through
+    logging again."""
+    now = 1_780_000_000.123456
+    monkeypatch.setattr(time, "time", lambda: now)
+    monkeypatch.setattr(time, "time_ns", lambda: int(now * 1e9))
+    monkeypatch.setattr(time, "perf_counter", lambda: 10.5)
+    parent = logging.getLogger("switchyard")
+    saved = (parent.handlers[:], parent.propagate, parent.level)
+    stream = CountingStream()
+    handler = BatchedStreamHandler(stream)
+    handler.setFormatter(formatter)
+    parent.handlers[:] = [handler]
+    parent.propagate, parent.level = False, logging.INFO
+    info = RequestInfo("req-1", "POST", "/v1/chat/completions", tenant_id="t-1", key_id="k-1", model="fast",
+                       deployment="fast#0", status=200, prompt_tokens=12, completion_tokens=3)
+    emitted: list[logging.LogRecord] = []
+    handler.handle = lambda record: bool(emitted.append(record)) or logging.Handler.handle(handler, record)  # type: ignore[method-assign]
+    try:
+        log_access(info, 10.25)
+        assert not emitted  # no LogRecord was made
+        ACCESS.addFilter(_PassAll())
+        try:
+            log_access(info, 10.25)
+        finally:
+            ACCESS.filters.clear()
+        assert len(emitted) == 1
+    finally:
+        parent.handlers[:], parent.propagate, parent.level = saved
+    direct, through_logging = stream.getvalue().splitlines()
+    assert direct == through_logging
+    if isinstance(formatter, JsonFormatter):
+        line = json.loads(direct)
+        assert line["latency_ms"] == 250.0 and line["message"] == "POST /v1/chat/completions 200"
+    else:
+        assert direct.endswith(" INFO switchyard.access: POST /v1/chat/completions 200")

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from gateway.quotas import redis_client
 from gateway.quotas.redis_client import RedisError, RedisUnavailable, RespClient, encode_command
 from tests.support.redis_server import RedisProcess
 
@@ -23,6 +24,18 @@ def server() -> Iterator[RedisProcess]:
 
 def test_encoding() -> None:
     assert encode_command(("SET", "k", 1.5, b"\x00")) == b"*4\r\n$3\r\nSET\r\n$1\r\nk\r\n$3\r\n1.5\r\n$1\r\n\x00\r\n"
+
+
+def test_encoding_with_remembered_arguments_keeps_each_type_apart() -> None:
+    """Equal-hashing 1, 1.0 and True never share an encoding; the remembered ones stay bounded."""
+    once = encode_command(("EVALSHA", "k", 1, 1.0, True, b"1", "1"))
+    assert once == encode_command(("EVALSHA", "k", 1, 1.0, True, b"1", "1"))
+    assert once == b"*7\r\n$7\r\nEVALSHA\r\n$1\r\nk\r\n$1\r\n1\r\n$3\r\n1.0\r\n$4\r\nTrue\r\n$1\r\n1\r\n$1\r\n1\r\n"
+    assert encode_command((True, 1)) == b"*2\r\n$4\r\nTrue\r\n$1\r\n1\r\n"
+    for i in range(3 * redis_client._BULK_CACHE_SIZE):
+        assert encode_command((f"key:{i}", i)) == b"*2\r\n$%d\r\nkey:%d\r\n$%d\r\n%d\r\n" % (
+            len(str(i)) + 4, i, len(str(i)), i)
+    assert len(redis_client._BULK_CACHE) <= redis_client._BULK_CACHE_SIZE
 
 
 async def test_concurrent_commands_get_their_own_replies(server: RedisProcess) -> None:
