@@ -1,0 +1,198 @@
+"""How ``workers: N`` scales across cores: non-streamed requests/s through the gateway with 1, 2, 4,
+... workers, each worker on its own pinned CPU, on the full production path of ``bench.gateway``
+(SQL API keys and usage in PostgreSQL, Redis quotas, one tenant key, routing).
+
+    .venv/bin/python -m bench.gateway_scaling [--workers 1,2,4,8] [--seconds 8] [--loaders 4]
+                                              [--upstreams 2] [--connections 64]
+
+Each worker count gets a fresh gateway on CPUs 0..N-1 and ``--connections`` keep-alive connections
+per worker, spread over ``--loaders`` load-generator processes; the load generators and the
+``--upstreams`` echo upstreams (zero latency, one deployment each in the routed group) share the
+other CPUs. Before the gateways, the same load generators hit the upstreams directly: the harness's
+own ceiling, which every gateway figure must stay well under to mean anything. Reported per worker
+count: requests/s, requests/s per worker, scaling efficiency (rate / (N x the one-worker rate)),
+gateway CPU per request, Redis CPU (its own ``INFO cpu``) per request and as a share of a core, and
+each worker's RSS; at the end, usage rows in PostgreSQL = requests sent.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import socket
+import tempfile
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from multiprocessing import get_context
+from pathlib import Path
+from typing import Any
+
+from bench.gateway import CHAT, gateway_config, gateway_cpu
+from bench.harness import (
+    REDIS_URL,
+    count_usage_rows,
+    fresh_database,
+    make_tenant_key,
+    print_table,
+    rss_mib,
+    start_gateway,
+    start_upstream,
+    stop,
+    worker_pids,
+)
+from bench.loadgen import Target, closed_loop, http_request
+
+
+@dataclass
+class Load:
+    sent: int
+    ok: int
+    errors: int
+    seconds: float
+
+
+def _load_part(target: Target, connections: int, seconds: float, start_at: float) -> Load:
+    """One load generator process: a closed loop from the shared start instant."""
+    import uvloop
+
+    async def go() -> Load:
+        await asyncio.sleep(max(0.0, start_at - time.time()))
+        run = await closed_loop(target, connections, seconds)
+        return Load(len(run.results), len(run.ok), run.errors + len(run.results) - len(run.ok), run.seconds)
+
+    return uvloop.run(go())
+
+
+def _pin(cpus: set[int]) -> None:
+    os.sched_setaffinity(0, cpus)
+
+
+def offer(pool: ProcessPoolExecutor, targets: list[Target], connections: int, seconds: float, loaders: int) -> Load:
+    """``connections`` in all, spread over ``loaders`` processes (and round-robin over ``targets``)."""
+    start_at = time.time() + 0.5
+    shares = [connections // loaders + (i < connections % loaders) for i in range(loaders)]
+    futures = [
+        pool.submit(_load_part, targets[i % len(targets)], share, seconds, start_at)
+        for i, share in enumerate(shares)
+        if share
+    ]
+    parts = [f.result() for f in futures]
+    return Load(
+        sum(p.sent for p in parts),
+        sum(p.ok for p in parts),
+        sum(p.errors for p in parts),
+        max(p.seconds for p in parts),
+    )
+
+
+def redis_cpu_seconds() -> float:
+    """Redis's own user + system CPU seconds (``INFO cpu``), from a raw RESP exchange."""
+    host, port = REDIS_URL.removeprefix("redis://").split("/")[0].split(":")
+    with socket.create_connection((host, int(port)), timeout=5) as sock:
+        sock.sendall(b"INFO cpu\r\n")
+        data = b""
+        while not data.endswith(b"\r\n") or data.count(b"\r\n") < 2 or len(data) < _bulk_length(data):
+            data += sock.recv(65536)
+    fields = dict(line.split(":", 1) for line in data.decode().splitlines()[1:] if ":" in line)
+    return float(fields["used_cpu_sys"]) + float(fields["used_cpu_user"])
+
+
+def _bulk_length(data: bytes) -> int:
+    """The full length of a RESP bulk string reply whose header has arrived."""
+    head, _, _ = data.partition(b"\r\n")
+    return len(head) + 2 + int(head[1:]) + 2
+
+
+def scaling_config(db_url: str, upstreams: list[str], journal: Path) -> dict[str, Any]:
+    config = gateway_config(db_url, upstreams[0], upstreams[0], upstreams[0], journal)
+    config["models"] = [
+        {
+            "name": "fast",
+            "max_retries": 0,
+            "deployments": [
+                {"provider": "openai", "model": "echo", "api_base": url + "/v1", "api_key": "sk-upstream"}
+                for url in upstreams
+            ],
+        }
+    ]
+    # Every connection comes from 127.0.0.1: lift the per-client connection cap for the bench.
+    config["server"] = {"max_connections_per_client": 0}
+    return config
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--workers", default="1,2,4,8", help="Worker counts to measure, comma-separated.")
+    parser.add_argument("--seconds", type=float, default=8.0, help="Length of each timed run.")
+    parser.add_argument("--loaders", type=int, default=4, help="Load-generator processes.")
+    parser.add_argument("--upstreams", type=int, default=2, help="Echo upstream processes (deployments).")
+    parser.add_argument("--connections", type=int, default=64, help="Connections per gateway worker.")
+    args = parser.parse_args()
+    counts = [int(n) for n in args.workers.split(",") if n]
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) <= max(counts):
+        raise SystemExit(f"{len(cpus)} CPUs: not enough for {max(counts)} pinned workers plus the load")
+    rest = set(cpus[max(counts):])
+    rest_list = ",".join(map(str, sorted(rest)))
+    _pin(rest)
+    rows: list[list[str]] = []
+    sent = 0
+    with tempfile.TemporaryDirectory() as tmp, fresh_database() as db_url:
+        ups = [start_upstream(cpus=rest_list) for _ in range(args.upstreams)]
+        pool = ProcessPoolExecutor(args.loaders, mp_context=get_context("spawn"), initializer=_pin, initargs=(rest,))
+        try:
+            direct = [http_request(url, "/v1/chat/completions", CHAT | {"model": "echo"}, None) for _, url in ups]
+            offer(pool, direct, 64, 1.0, args.loaders)  # warm-up: the pool's processes and imports
+            most = args.connections * max(counts)
+            d = offer(pool, direct, most, args.seconds, args.loaders)
+            rows.append(["direct upstreams (the harness's ceiling)", str(most), f"{d.ok / d.seconds:,.0f}",
+                         "-", "-", "-", "-", "-", f"errors {d.errors}"])
+            base = 0.0
+            for n in counts:
+                gw = start_gateway(scaling_config(db_url, [url for _, url in ups], Path(tmp) / f"journal{n}"),
+                                   Path(tmp), n, ",".join(map(str, cpus[:n])))
+                try:
+                    key = make_tenant_key(gw.url)
+                    via = [http_request(gw.url, "/v1/chat/completions", CHAT | {"model": "fast"}, key)]
+                    sent += offer(pool, via, args.connections * n, 1.0, args.loaders).sent  # warm-up
+                    cpu0, rcpu0 = gateway_cpu(gw), redis_cpu_seconds()
+                    g = offer(pool, via, args.connections * n, args.seconds, args.loaders)
+                    cpu, rcpu = gateway_cpu(gw) - cpu0, redis_cpu_seconds() - rcpu0
+                    sent += g.sent
+                    rss = [rss_mib(pid) for pid in worker_pids(gw.proc.pid)]
+                finally:
+                    stop(gw.proc)
+                rate = g.ok / g.seconds
+                base = base or rate / n
+                rows.append(
+                    [
+                        f"gateway, {n} worker(s)",
+                        str(args.connections * n),
+                        f"{rate:,.0f}",
+                        f"{rate / n:,.0f}",
+                        f"{rate / (n * base):.0%}",
+                        f"{cpu * 1000 / max(1, g.sent):.3f}",
+                        f"{rcpu * 1e6 / max(1, g.sent):.0f} us, {rcpu / g.seconds:.0%} of a core",
+                        ", ".join(f"{r:.0f}" for r in rss),
+                        f"errors {g.errors}",
+                    ]
+                )
+        finally:
+            pool.shutdown()
+            for proc, _ in ups:
+                stop(proc)
+        rows_in_db = asyncio.run(count_usage_rows(db_url))
+    print(f"gateway workers on CPUs 0..N-1; {args.loaders} load generators and {args.upstreams} upstreams on "
+          f"{rest_list}; {args.seconds:g} s runs")
+    print_table(
+        rows,
+        ["run", "conns", "req/s", "req/s per worker", "efficiency", "gateway CPU ms/req", "Redis CPU per req",
+         "RSS MiB per worker", "notes"],
+    )
+    print(f"usage rows in PostgreSQL: {rows_in_db:,}; requests sent through the gateway: {sent:,}")
+
+
+if __name__ == "__main__":
+    main()
