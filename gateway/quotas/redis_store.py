@@ -10,6 +10,9 @@ bucket is missing is refused as ``unseeded`` until it is rebuilt).
 A window is read in constant time: ``sum`` and ``lo`` answer it, and only when a second has left
 the window are the seconds that left read, subtracted and deleted (and the oldest one left found).
 A full scan of the hash is the fallback for a clock far from the one that wrote the window.
+
+Each key's TTL is refreshed by its scope's first admission of a second (the window's counter for
+that second is new), not by every admission; a settlement skips corrections of zero.
 """
 
 from __future__ import annotations
@@ -85,11 +88,14 @@ local function window(key)
   return rescan(key)  -- nothing held up to now: the window is empty, or holds only seconds ahead of this clock
 end
 
+-- Adds n to this second; true when it is the first write of this second to the window, the one
+-- that refreshes the key's TTL (a TTL a second older than the last write still outlives the window).
 local function add(key, lo, n)
-  redis.call('HINCRBY', key, sec, n)
+  local first = redis.call('HINCRBY', key, sec, n) == n
   redis.call('HINCRBY', key, 'sum', n)
   if lo == nil or sec < lo then redis.call('HSET', key, 'lo', sec) end
-  redis.call('EXPIRE', key, win * 2)
+  if first then redis.call('EXPIRE', key, win * 2) end
+  return first
 end
 
 local req = {-1, -1, -1}
@@ -103,7 +109,7 @@ local function reject(reason, i, retry_ms, rq, tk)
   return {0, reason, i - 1, retry_ms, rq[1], rq[2], rq[3], tk[1], tk[2], tk[3]}
 end
 
-local lows = {}
+local lows, held = {}, {}
 for i = 1, nscopes do
   local k = (i - 1) * 4
   local a = 6 + (i - 1) * 6
@@ -124,7 +130,8 @@ for i = 1, nscopes do
     if tk_used + tokens > tpm then return reject('tokens', i, reset, req, {tpm, math.max(0, tpm - tk_used), reset}) end
     tok = tighter(tok, tpm, tpm - tk_used - tokens, reset)
   end
-  if conc >= 0 and redis.call('ZCARD', KEYS[k + 3]) + 1 > conc then
+  held[i] = redis.call('ZCARD', KEYS[k + 3])
+  if conc >= 0 and held[i] + 1 > conc then
     return reject('concurrency', i, 1000, req, tok)
   end
   if tbudget >= 0 or mbudget >= 0 then
@@ -142,13 +149,16 @@ end
 for i = 1, nscopes do
   local k = (i - 1) * 4
   local budget_ttl = tonumber(ARGV[6 + (i - 1) * 6 + 6])
-  add(KEYS[k + 1], lows[k + 1], 1)
+  -- The scope's first admission of this second refreshes the TTLs of its tickets and budget: the
+  -- tickets' key then outlives every lease given out in this second (each ends before now + 1 + lease;
+  -- the heartbeat's renewals extend it from there). A tickets' key this ZADD creates gets one too.
+  local first = add(KEYS[k + 1], lows[k + 1], 1)
   add(KEYS[k + 2], lows[k + 2], tokens)
   redis.call('ZADD', KEYS[k + 3], now + lease, ticket)
-  redis.call('EXPIRE', KEYS[k + 3], math.ceil(lease))
+  if first or held[i] == 0 then redis.call('EXPIRE', KEYS[k + 3], math.ceil(lease) + 1) end
   redis.call('HINCRBY', KEYS[k + 4], 'tokens', tokens)
   redis.call('HINCRBY', KEYS[k + 4], 'micros', micros)
-  if budget_ttl > 0 then redis.call('EXPIRE', KEYS[k + 4], budget_ttl + 86400) end
+  if first and budget_ttl > 0 then redis.call('EXPIRE', KEYS[k + 4], budget_ttl + 86400) end
 end
 return {1, '', -1, 0, req[1], req[2], req[3], tok[1], tok[2], tok[3]}
 """
@@ -165,13 +175,14 @@ for k = 1, #KEYS, 3 do
   local known = redis.call('ZREM', KEYS[k + 1], ticket) == 1
   local dt, dm = dtokens, dmicros
   if not known then dt, dm = tokens, micros end
-  if redis.call('HEXISTS', KEYS[k], sec) == 1 then
+  -- (a correction of zero changes nothing: no call is made for it)
+  if dt ~= 0 and redis.call('HEXISTS', KEYS[k], sec) == 1 then
     redis.call('HINCRBY', KEYS[k], sec, dt)
     redis.call('HINCRBY', KEYS[k], 'sum', dt)
   end
-  if redis.call('EXISTS', KEYS[k + 2]) == 1 then
-    redis.call('HINCRBY', KEYS[k + 2], 'tokens', dt)
-    redis.call('HINCRBY', KEYS[k + 2], 'micros', dm)
+  if (dt ~= 0 or dm ~= 0) and redis.call('EXISTS', KEYS[k + 2]) == 1 then
+    if dt ~= 0 then redis.call('HINCRBY', KEYS[k + 2], 'tokens', dt) end
+    if dm ~= 0 then redis.call('HINCRBY', KEYS[k + 2], 'micros', dm) end
   end
 end
 return 1

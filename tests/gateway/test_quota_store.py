@@ -178,7 +178,7 @@ async def test_redis_windows_decide_as_the_memory_store_does_over_a_random_histo
     """The Redis windows keep a running sum and their oldest second instead of adding up every
     second on each admission: over a random history (steps of seconds, a minute, hours; a clock a
     second behind; settlements that correct the tokens) every decision and every header figure
-    matches the in-process store's."""
+    matches the in-process store's, and every key the scripts write has a TTL."""
     rng = random.Random(23)
     memory, remote = MemoryStore(), RedisStore(connect_redis(REDIS_URL), prefix=redis_prefix)
     scopes = [Scope("key", "k1", Limits(requests_per_minute=30, tokens_per_minute=4000)),
@@ -204,3 +204,22 @@ async def test_redis_windows_decide_as_the_memory_store_does_over_a_random_histo
                 assert mine.reset_seconds == pytest.approx(theirs.reset_seconds, abs=0.002)
         if got.admitted:
             held.append(lease_for(r))
+        if rng.random() < 0.1:  # the scripts refresh TTLs once a second: still, no key is ever left without one
+            keys = [k async for k in redis.scan_iter(match=f"{redis_prefix}*")]
+            assert keys and all([await redis.ttl(k) > 0 for k in keys]), {k: await redis.ttl(k) for k in keys}
+
+
+async def test_a_tickets_key_emptied_and_made_again_within_a_second_keeps_a_ttl(
+    redis: Redis, redis_prefix: str
+) -> None:
+    """TTLs are refreshed by a scope's first admission of each second; a tickets' key that the last
+    settlement emptied (Redis deletes it) and the next admission of that second creates again gets one."""
+    store = RedisStore(connect_redis(REDIS_URL), prefix=redis_prefix)
+    scopes = key(max_concurrency=5)
+    first = res(scopes)
+    assert (await store.reserve(first)).admitted
+    await store.settle(lease_for(first), NOW, 10, 0)
+    assert not [k async for k in redis.scan_iter(match=f"{redis_prefix}*:cc")]
+    assert (await store.reserve(res(scopes, now=NOW + 0.1))).admitted  # the same second
+    tickets = [k async for k in redis.scan_iter(match=f"{redis_prefix}*:cc")]
+    assert len(tickets) == 2 and all([await redis.ttl(k) > 0 for k in tickets])
