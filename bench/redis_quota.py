@@ -1,9 +1,12 @@
 """What one admission and one settlement cost Redis: its own CPU microseconds per script call
 (``INFO commandstats``) and the round trip seen by the gateway's client, with the sliding windows
 full (a key and its tenant, each limited on requests/min, tokens/min and concurrency, with
-reservations in each of the last 60 seconds).
+reservations in each of the last 60 seconds). First as a gateway's steady state, each request
+admitted while ``--in-flight`` others hold their concurrency tickets and the oldest then settled
+(the CPU of both scripts per request); then ``--calls`` admissions in a row, and their settlements
+(the tickets pile up meanwhile).
 
-    .venv/bin/python -m bench.redis_quota [--redis redis://127.0.0.1:6379/15] [--calls 3000]
+    .venv/bin/python -m bench.redis_quota [--redis redis://127.0.0.1:6379/15] [--calls 3000] [--in-flight 64]
 
 Uses a fresh key prefix in the given database and deletes its keys afterwards. Resets the
 server's command statistics (``CONFIG RESETSTAT``).
@@ -41,7 +44,7 @@ def quantile(values: list[float], q: float) -> float:
     return values[min(len(values) - 1, int(q * len(values)))]
 
 
-async def measure(url: str, calls: int) -> list[list[str]]:
+async def measure(url: str, calls: int, in_flight: int) -> list[list[str]]:
     redis = connect_redis(url)
     prefix = f"bench-quota:{uuid.uuid4().hex[:8]}"
     store = RedisStore(redis, prefix=prefix)
@@ -52,6 +55,22 @@ async def measure(url: str, calls: int) -> list[list[str]]:
         await store.reserve(r)
         await store.settle(lease_for(r), r.now, 80, 0)
     rows = []
+    # A gateway's steady state: a request admitted as the oldest of ``in_flight`` is settled.
+    open_: list[Lease] = []
+    for _ in range(in_flight):
+        r = Reservation(uuid.uuid4().hex, time.time(), 100, 0, scopes, 30)
+        await store.reserve(r)
+        open_.append(lease_for(r))
+    await redis.execute("CONFIG", "RESETSTAT")
+    for _ in range(calls):
+        r = Reservation(uuid.uuid4().hex, time.time(), 100, 0, scopes, 30)
+        await store.reserve(r)
+        open_.append(lease_for(r))
+        await store.settle(open_.pop(0), time.time(), 80, 0)
+    n, us = await script_micros(redis)
+    rows.append([f"admission + settlement, {in_flight} in flight (per request)", f"{us / calls:.1f}", "-", "-"])
+    for lease in open_:
+        await store.settle(lease, time.time(), 80, 0)
     leases: list[Lease] = []
     await redis.execute("CONFIG", "RESETSTAT")
     trips = []
@@ -90,8 +109,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--redis", default="redis://127.0.0.1:6379/15")
     parser.add_argument("--calls", type=int, default=3000)
+    parser.add_argument("--in-flight", type=int, default=64, help="Requests in flight in the first row.")
     args = parser.parse_args()
-    rows = asyncio.run(measure(args.redis, args.calls))
+    rows = asyncio.run(measure(args.redis, args.calls, args.in_flight))
     print_table(rows, ["script", "Redis CPU us/call", "round trip p50 us", "round trip p99 us"])
 
 
