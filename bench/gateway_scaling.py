@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import socket
 import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -43,6 +42,7 @@ from bench.harness import (
     worker_pids,
 )
 from bench.loadgen import Target, closed_loop, http_request
+from gateway.quotas.redis_store import connect_redis
 
 
 @dataclass
@@ -88,21 +88,19 @@ def offer(pool: ProcessPoolExecutor, targets: list[Target], connections: int, se
 
 
 def redis_cpu_seconds() -> float:
-    """Redis's own user + system CPU seconds (``INFO cpu``), from a raw RESP exchange."""
-    host, port = REDIS_URL.removeprefix("redis://").split("/")[0].split(":")
-    with socket.create_connection((host, int(port)), timeout=5) as sock:
-        sock.sendall(b"INFO cpu\r\n")
-        data = b""
-        while not data.endswith(b"\r\n") or data.count(b"\r\n") < 2 or len(data) < _bulk_length(data):
-            data += sock.recv(65536)
-    fields = dict(line.split(":", 1) for line in data.decode().splitlines()[1:] if ":" in line)
+    """Redis's own user + system CPU seconds (``INFO cpu``)."""
+
+    async def info() -> bytes:
+        redis = connect_redis(REDIS_URL)
+        try:
+            reply = await redis.execute("INFO", "cpu")
+        finally:
+            await redis.aclose()
+        assert isinstance(reply, bytes)
+        return reply
+
+    fields = dict(line.split(":", 1) for line in asyncio.run(info()).decode().splitlines() if ":" in line)
     return float(fields["used_cpu_sys"]) + float(fields["used_cpu_user"])
-
-
-def _bulk_length(data: bytes) -> int:
-    """The full length of a RESP bulk string reply whose header has arrived."""
-    head, _, _ = data.partition(b"\r\n")
-    return len(head) + 2 + int(head[1:]) + 2
 
 
 def scaling_config(db_url: str, upstreams: list[str], journal: Path) -> dict[str, Any]:
