@@ -111,12 +111,20 @@ class GatewayApp(Litestar):
     fast_routes: FastRoutes | None = None
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] == "http":
-            scope[DIRECT_SEND] = send
+        if scope["type"] != "http":
+            await super().__call__(scope, receive, send)
+            return
+        scope[DIRECT_SEND] = send
+        try:
             if self.fast_routes is not None and self.fast_routes.serves(scope):
                 await self.fast_routes(scope, receive, send)
-                return
-        await super().__call__(scope, receive, send)
+            else:
+                await super().__call__(scope, receive, send)
+        finally:
+            # The server's send is bound to its request cycle, which holds the scope: left in place,
+            # the pair is a reference cycle, and each request's some 16 objects wait for the
+            # garbage collector instead of going as the request ends.
+            del scope[DIRECT_SEND]
 
 
 def create_app_from_env() -> Litestar:
