@@ -11,10 +11,12 @@ for (a) with ``--wrk``).
                                       [--no-pin] [--wrk] [--profile prof.txt --profile-phase a]
 
 Pinning (the default on a machine with at least two CPUs): the gateway (all its workers) runs on
-the first ``--workers`` CPUs with ``taskset``; this process (the load generator) and the echo
-upstreams on the others (PostgreSQL and Redis are not pinned). Each figure is measured in the same
-run against the upstream hit directly, so ratios hold better than absolute numbers on a busy host;
-(b) and (c) alternate short slices of each (``--slices``) so that a pause of the host hits both.
+the first ``--workers`` CPUs with ``taskset``; this process (the load generator), the echo
+upstreams, and the running Redis and PostgreSQL servers (``harness.services_on``, for the run) on
+the others: the gateway has its cores to itself, as beside stores on other machines. Each figure
+is measured in the same run against the upstream hit directly, so ratios hold better than absolute
+numbers on a busy host; (b) and (c) alternate short slices of each (``--slices``) so that a pause
+of the host hits both.
 
 (a) non-streaming requests/s at 64 concurrent connections, zero upstream latency, and its ratio
     to the direct upstream's rate; the gateway's CPU time per request
@@ -52,6 +54,7 @@ from bench.harness import (
     make_tenant_key,
     print_table,
     rss_mib,
+    services_on,
     start_gateway,
     start_upstream,
     stop,
@@ -349,7 +352,8 @@ def main() -> None:
         uvloop.install()
     except ImportError:
         pass
-    with tempfile.TemporaryDirectory() as tmp, fresh_database() as db_url:
+    load_set = {int(c) for c in load_cpus.split(",")} if load_cpus else None
+    with tempfile.TemporaryDirectory() as tmp, fresh_database() as db_url, services_on(load_set) as moved:
         work = Path(tmp)
         procs = {}
         try:
@@ -390,7 +394,8 @@ def main() -> None:
         finally:
             for proc in procs.values():
                 stop(proc)
-    pinning = f"gateway on CPUs {gateway_cpus}, load and upstreams on {load_cpus}" if gateway_cpus else "unpinned"
+    pinning = (f"gateway on CPUs {gateway_cpus}; load, upstreams, Redis and PostgreSQL ({len(moved)} processes) "
+               f"on {load_cpus}" if gateway_cpus else "unpinned")
     print(f"{args.workers} gateway worker(s), {pinning}, {args.seconds:g} s phases")
     print_table(rows)
 

@@ -9,10 +9,11 @@ Each worker count gets a fresh gateway on CPUs 0..N-1 and ``--connections`` keep
 per worker, spread over ``--loaders`` load-generator processes; the load generators and the
 ``--upstreams`` echo upstreams (zero latency, one deployment each in the routed group) share the
 other CPUs. Before the gateways, the same load generators hit the upstreams directly: the harness's
-own ceiling, which every gateway figure must stay well under to mean anything. Reported per worker
-count: requests/s, requests/s per worker, scaling efficiency (rate / (N x the one-worker rate)),
-gateway CPU per request, Redis CPU (its own ``INFO cpu``) per request and as a share of a core, and
-each worker's RSS; at the end, usage rows in PostgreSQL = requests sent.
+own ceiling, which every gateway figure must stay well under to mean anything. The running Redis
+and PostgreSQL servers are moved to those other CPUs for the run (``harness.services_on``).
+Reported per worker count: requests/s, requests/s per worker, scaling efficiency (rate / (N x the
+one-worker rate)), gateway CPU per request, Redis CPU (its own ``INFO cpu``) per request and as a
+share of a core, and each worker's RSS; at the end, usage rows in PostgreSQL = requests sent.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from bench.harness import (
     make_tenant_key,
     print_table,
     rss_mib,
+    services_on,
     start_gateway,
     start_upstream,
     stop,
@@ -137,7 +139,7 @@ def main() -> None:
     _pin(rest)
     rows: list[list[str]] = []
     sent = 0
-    with tempfile.TemporaryDirectory() as tmp, fresh_database() as db_url:
+    with tempfile.TemporaryDirectory() as tmp, fresh_database() as db_url, services_on(rest):
         ups = [start_upstream(cpus=rest_list) for _ in range(args.upstreams)]
         pool = ProcessPoolExecutor(args.loaders, mp_context=get_context("spawn"), initializer=_pin, initargs=(rest,))
         try:

@@ -82,6 +82,36 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+SERVICES = ("redis-server", "postgres")  # process names of the stores a gateway under test uses
+
+
+@contextlib.contextmanager
+def services_on(cpus: set[int] | None) -> Iterator[list[str]]:
+    """Redis and PostgreSQL (every thread, and the backends the postmaster forks later) moved to
+    ``cpus`` for the block, so that a gateway pinned elsewhere has its core to itself, as it would
+    beside stores on other machines; their affinities are restored afterwards. Yields what was
+    moved ("name pid"); processes this user may not move are left where they are."""
+    saved: dict[int, set[int]] = {}
+    moved: list[str] = []
+    if cpus:
+        for proc in Path("/proc").iterdir():
+            with contextlib.suppress(OSError):
+                if not proc.name.isdigit() or (name := (proc / "comm").read_text().strip()) not in SERVICES:
+                    continue
+                for task in (proc / "task").iterdir():
+                    tid = int(task.name)
+                    before = os.sched_getaffinity(tid)
+                    os.sched_setaffinity(tid, cpus)
+                    saved[tid] = before
+                moved.append(f"{name} {proc.name}")
+    try:
+        yield moved
+    finally:
+        for tid, before in saved.items():
+            with contextlib.suppress(OSError):
+                os.sched_setaffinity(tid, before)
+
+
 def worker_pids(pid: int) -> list[int]:
     """The processes serving requests: the children of a multi-worker supervisor, else ``pid``."""
     children: list[int] = []
