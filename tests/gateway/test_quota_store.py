@@ -207,6 +207,21 @@ async def test_redis_windows_decide_as_the_memory_store_does_over_a_random_histo
         if i % 10 == 0:  # the scripts refresh TTLs once a second: still, no key is ever left without one
             keys = [k async for k in redis.scan_iter(match=f"{redis_prefix}*")]
             assert keys and all([await redis.ttl(k) > 0 for k in keys]), {k: await redis.ttl(k) for k in keys}
+            for window in [k for k in keys if k.endswith(b":win")]:
+                assert_window_totals(await redis.hgetall(window))
+                assert await redis.object("encoding", window) == b"hashtable"  # fields found in O(1)
+
+
+def assert_window_totals(fields: dict[bytes, bytes]) -> None:
+    """A window hash's running totals are the sums of its seconds' counters, and ``lo`` the oldest
+    second held (the same seconds for requests and tokens; its field's name is padded past 64 bytes,
+    so that Redis keeps the hash as a hash table)."""
+    seconds = {kind: {int(f[1:]): int(v) for f, v in fields.items() if f[:1] == kind and f[1:].isdigit()}
+               for kind in (b"r", b"t")}
+    assert seconds[b"r"].keys() == seconds[b"t"].keys()
+    assert int(fields[b"rs"]) == sum(seconds[b"r"].values())
+    assert int(fields[b"ts"]) == sum(seconds[b"t"].values())
+    assert int(fields[b"lo" + b"#" * 64]) == min(seconds[b"r"])
 
 
 async def test_a_tickets_key_emptied_and_made_again_within_a_second_keeps_a_ttl(
