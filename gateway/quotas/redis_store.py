@@ -33,6 +33,7 @@ counts the same.
 from __future__ import annotations
 
 import asyncio
+import math
 
 from gateway.contracts import QuotaState
 from gateway.quotas.limits import WINDOW_SECONDS, period_id
@@ -44,15 +45,19 @@ ARGS_PER_SCOPE = 6
 NONE = -1  # "no limit" in script arguments and results
 
 RESERVE = """
+-- Arguments: now, the ticket's member, tokens, micros, its lease's end, the window, this second and
+-- its two counters' field names, the TTLs of a window and of a tickets' key; then per scope its
+-- requests/min, tokens/min, concurrency, token and micro-dollar budgets (-1: none) and the TTL of
+-- its budget bucket (0: none). What goes to Redis unchanged (scores, increments, TTLs) stays the
+-- string it came as: a number turned back into a command's argument costs a third of the call.
 local now = tonumber(ARGV[1])
-local sec = math.floor(now)
-local ticket = ARGV[2] .. string.rep('#', 64)  -- past 64 bytes: the set stays a skiplist (see above)
+local ticket = ARGV[2]
 local tokens = tonumber(ARGV[3])
 local micros = tonumber(ARGV[4])
-local lease = tonumber(ARGV[5])
 local win = tonumber(ARGV[6])
+local sec = tonumber(ARGV[7])
+local rsec, tsec = ARGV[8], ARGV[9]
 local nscopes = #KEYS / 3
-local rsec, tsec = 'r' .. sec, 't' .. sec
 local lo_field = 'lo' .. string.rep('#', 64)  -- past 64 bytes: the hash stays a hash table (see above)
 
 -- A window after a full scan: (requests used, tokens used, oldest second held or nil); the seconds
@@ -131,34 +136,36 @@ end
 local windows, held = {}, {}
 for i = 1, nscopes do
   local k = (i - 1) * 3
-  local a = 6 + (i - 1) * 6
-  local rpm, tpm, conc = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])
-  local tbudget, mbudget = tonumber(ARGV[a + 4]), tonumber(ARGV[a + 5])
+  local a = 11 + (i - 1) * 6
+  local rpm, tpm, conc = ARGV[a + 1], ARGV[a + 2], ARGV[a + 3]
+  local tbudget, mbudget = ARGV[a + 4], ARGV[a + 5]
   local rq_used, tk_used, lo, rnow, tnow = window(KEYS[k + 1])
   windows[i] = {rq_used, tk_used, lo, rnow, tnow}
   local oldest = lo or sec
-  redis.call('ZREMRANGEBYSCORE', KEYS[k + 2], '-inf', now)
-  if rpm >= 0 then
+  redis.call('ZREMRANGEBYSCORE', KEYS[k + 2], '-inf', ARGV[1])
+  if rpm ~= '-1' then
+    rpm = tonumber(rpm)
     local reset = math.floor((oldest + win - now) * 1000)
     if rq_used + 1 > rpm then return reject('requests', i, reset, {rpm, 0, reset}, tok) end
     req = tighter(req, rpm, rpm - rq_used - 1, reset)
   end
-  if tpm >= 0 then
+  if tpm ~= '-1' then
+    tpm = tonumber(tpm)
     local reset = math.floor((oldest + win - now) * 1000)
     if tk_used + tokens > tpm then return reject('tokens', i, reset, req, {tpm, math.max(0, tpm - tk_used), reset}) end
     tok = tighter(tok, tpm, tpm - tk_used - tokens, reset)
   end
   held[i] = redis.call('ZCARD', KEYS[k + 2])
-  if conc >= 0 and held[i] + 1 > conc then
+  if conc ~= '-1' and held[i] + 1 > tonumber(conc) then
     return reject('concurrency', i, 1000, req, tok)
   end
-  if tbudget >= 0 or mbudget >= 0 then
+  if tbudget ~= '-1' or mbudget ~= '-1' then
     local spent = redis.call('HMGET', KEYS[k + 3], 'tokens', 'micros')
     if not (spent[1] or spent[2]) then return reject('unseeded', i, 0, req, tok) end
-    if tbudget >= 0 and (tonumber(spent[1]) or 0) + tokens > tbudget then
+    if tbudget ~= '-1' and (tonumber(spent[1]) or 0) + tokens > tonumber(tbudget) then
       return reject('token_budget', i, -1, req, tok)
     end
-    if mbudget >= 0 and (tonumber(spent[2]) or 0) + micros > mbudget then
+    if mbudget ~= '-1' and (tonumber(spent[2]) or 0) + micros > tonumber(mbudget) then
       return reject('cost_budget', i, -1, req, tok)
     end
   end
@@ -166,7 +173,7 @@ end
 
 for i = 1, nscopes do
   local k = (i - 1) * 3
-  local budget_ttl = tonumber(ARGV[6 + (i - 1) * 6 + 6])
+  local budget_ttl = ARGV[11 + (i - 1) * 6 + 6]
   local w = windows[i]
   -- The scope's first admission of this second (the window's counters for it are new) refreshes
   -- the TTLs: the window's (a TTL a second older than the last write still outlives the window),
@@ -180,47 +187,45 @@ for i = 1, nscopes do
   else
     redis.call('HSET', KEYS[k + 1], rsec, rnext, tsec, tnext, 'rs', w[1] + 1, 'ts', w[2] + tokens)
   end
-  if first then redis.call('EXPIRE', KEYS[k + 1], win * 2) end
-  redis.call('ZADD', KEYS[k + 2], now + lease, ticket)
-  if first or held[i] == 0 then redis.call('EXPIRE', KEYS[k + 2], math.ceil(lease) + 1) end
-  redis.call('HINCRBY', KEYS[k + 3], 'tokens', tokens)
-  redis.call('HINCRBY', KEYS[k + 3], 'micros', micros)
-  if first and budget_ttl > 0 then redis.call('EXPIRE', KEYS[k + 3], budget_ttl + 86400) end
+  if first then redis.call('EXPIRE', KEYS[k + 1], ARGV[10]) end
+  redis.call('ZADD', KEYS[k + 2], ARGV[5], ticket)
+  if first or held[i] == 0 then redis.call('EXPIRE', KEYS[k + 2], ARGV[11]) end
+  redis.call('HINCRBY', KEYS[k + 3], 'tokens', ARGV[3])
+  redis.call('HINCRBY', KEYS[k + 3], 'micros', ARGV[4])
+  if first and budget_ttl ~= '0' then redis.call('EXPIRE', KEYS[k + 3], budget_ttl) end
 end
 return {1, '', -1, 0, req[1], req[2], req[3], tok[1], tok[2], tok[3]}
 """
 
 SETTLE = """
-local ticket = ARGV[1] .. string.rep('#', 64)  -- the member the reservation added
-local tsec = 't' .. ARGV[2]
-local dtokens = tonumber(ARGV[3])
-local dmicros = tonumber(ARGV[4])
-local tokens = tonumber(ARGV[5])
-local micros = tonumber(ARGV[6])
+-- Arguments: the ticket's member, the token counter of the second it was reserved in, the
+-- corrections of tokens and micro-dollars, and the actual figures (integers, as strings).
+local ticket, tsec = ARGV[1], ARGV[2]
 for k = 1, #KEYS, 3 do
   -- a ticket this Redis does not hold was reserved before it lost its state: add the actual figures
   local known = redis.call('ZREM', KEYS[k + 1], ticket) == 1
-  local dt, dm = dtokens, dmicros
-  if not known then dt, dm = tokens, micros end
+  local dt, dm = ARGV[3], ARGV[4]
+  if not known then dt, dm = ARGV[5], ARGV[6] end
   -- (a correction of zero changes nothing: no call is made for it; a second gone from the window stays gone)
-  if dt ~= 0 then
+  if dt ~= '0' then
     local m = redis.call('HMGET', KEYS[k], tsec, 'ts')
-    if m[1] then redis.call('HSET', KEYS[k], tsec, tonumber(m[1]) + dt, 'ts', (tonumber(m[2]) or 0) + dt) end
+    if m[1] then
+      local n = tonumber(dt)
+      redis.call('HSET', KEYS[k], tsec, tonumber(m[1]) + n, 'ts', (tonumber(m[2]) or 0) + n)
+    end
   end
-  if (dt ~= 0 or dm ~= 0) and redis.call('EXISTS', KEYS[k + 2]) == 1 then
-    if dt ~= 0 then redis.call('HINCRBY', KEYS[k + 2], 'tokens', dt) end
-    if dm ~= 0 then redis.call('HINCRBY', KEYS[k + 2], 'micros', dm) end
+  if (dt ~= '0' or dm ~= '0') and redis.call('EXISTS', KEYS[k + 2]) == 1 then
+    if dt ~= '0' then redis.call('HINCRBY', KEYS[k + 2], 'tokens', dt) end
+    if dm ~= '0' then redis.call('HINCRBY', KEYS[k + 2], 'micros', dm) end
   end
 end
 return 1
 """
 
 RENEW = """
-local until_ = tonumber(ARGV[1])
-local ttl = math.ceil(tonumber(ARGV[2]))
+-- Arguments: the leases' new end, the TTL of a tickets' key, then the tickets' members.
 for i = 1, #KEYS do
-  local member = ARGV[i + 2] .. string.rep('#', 64)  -- the member the reservation added
-  if redis.call('ZADD', KEYS[i], 'XX', 'CH', until_, member) == 1 then redis.call('EXPIRE', KEYS[i], ttl) end
+  if redis.call('ZADD', KEYS[i], 'XX', 'CH', ARGV[1], ARGV[i + 2]) == 1 then redis.call('EXPIRE', KEYS[i], ARGV[2]) end
 end
 return 1
 """
@@ -236,6 +241,11 @@ return 1
 def connect_redis(url: str, *, timeout: float = 2.0) -> RespClient:
     """The pipelining client (``resp.py``); ``timeout`` keeps an unreachable Redis from hanging a request."""
     return RespClient.from_url(url, timeout=timeout)
+
+
+def _member(ticket_id: str) -> str:
+    """A ticket's member in its scopes' ``:cc`` sets: the id padded past 64 bytes (see above)."""
+    return ticket_id + "#" * 64
 
 
 def _limit(value: int | None) -> int:
@@ -266,7 +276,9 @@ class RedisStore:
 
     async def reserve(self, r: Reservation) -> Decision:
         keys: list[str] = []
-        args: list[Arg] = [r.now, r.ticket_id, r.tokens, r.micros, r.lease_seconds, WINDOW_SECONDS]
+        sec = math.floor(r.now)
+        args: list[Arg] = [r.now, _member(r.ticket_id), r.tokens, r.micros, r.now + r.lease_seconds, WINDOW_SECONDS,
+                           sec, f"r{sec}", f"t{sec}", 2 * WINDOW_SECONDS, math.ceil(r.lease_seconds) + 1]
         for scope in r.scopes:
             lim = scope.limits
             pid, ttl = period_id(lim.budget_period, r.now)
@@ -279,7 +291,7 @@ class RedisStore:
                 _limit(lim.max_concurrency),
                 _limit(lim.token_budget),
                 cost,
-                ttl,
+                ttl + 86400 if ttl > 0 else 0,  # a day past the period's end
             ]
         out = await self._reserve(keys=keys, args=args)
         assert isinstance(out, list)  # the script returns its array reply
@@ -300,16 +312,16 @@ class RedisStore:
         for kind, sid, pid in lease.scopes:
             base = self._base(kind, sid)
             keys += [base + ":win", base + ":cc", f"{base}:bd:{pid}"]
-        args: list[Arg] = [lease.ticket_id, lease.second, actual_tokens - lease.tokens, actual_micros - lease.micros,
-                           actual_tokens, actual_micros]
+        args: list[Arg] = [_member(lease.ticket_id), f"t{lease.second}", actual_tokens - lease.tokens,
+                           actual_micros - lease.micros, actual_tokens, actual_micros]
         return self._settle.submit(keys=keys, args=args)
 
     async def renew(self, leases: list[Lease], now: float, lease_seconds: float) -> None:
         keys: list[str] = []
-        args: list[Arg] = [now + lease_seconds, lease_seconds]
+        args: list[Arg] = [now + lease_seconds, math.ceil(lease_seconds)]
         for lease in leases:
             for kind, sid, _ in lease.scopes:
                 keys.append(self._base(kind, sid) + ":cc")
-                args.append(lease.ticket_id)
+                args.append(_member(lease.ticket_id))
         if keys:
             await self._renew(keys=keys, args=args)
