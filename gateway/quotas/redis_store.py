@@ -40,8 +40,6 @@ from gateway.quotas.limits import WINDOW_SECONDS, period_id
 from gateway.quotas.redis_client import Arg, RespClient
 from gateway.quotas.store import Decision, Lease, Reservation, budget_retry
 
-KEYS_PER_SCOPE = 3
-ARGS_PER_SCOPE = 6
 NONE = -1  # "no limit" in script arguments and results
 
 RESERVE = """
