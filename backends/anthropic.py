@@ -29,7 +29,7 @@ from backends.call import NO_CONTEXT, CallContext
 from backends.config import DeploymentConfig
 from backends.embeddings_wire import EmbeddingList, EmbeddingRequest
 from backends.estimate import estimate_chat_prompt, estimate_text
-from backends.http_upstream import HTTPBackend, SSELines
+from backends.http_upstream import HTTPBackend
 from backends.openai_wire import (
     ANTHROPIC_EVENTS,
     ANTHROPIC_MESSAGE,
@@ -49,6 +49,7 @@ from backends.openai_wire import (
     set_extra_params,
 )
 from backends.raw_http import RawStream
+from backends.sse import SSELines
 
 DEFAULT_API_BASE = "https://api.anthropic.com/v1"
 API_VERSION = "2023-06-01"

@@ -37,7 +37,6 @@ from backends.raw_http import RawHTTP, RawStream
 # Idle pooled connections are dropped before common servers drop them (uvicorn and Node: 5 s), so a
 # request is never sent on a connection the upstream is closing (a POST is never retried).
 _IDLE_SECONDS = 4.0
-_DRAIN_SECONDS = 0.5  # after [DONE], how long to wait for the body's end
 _CONTEXT_HINTS = ("context length", "context_length", "maximum context", "context window", "too many tokens",
                   "prompt is too long")
 
@@ -217,99 +216,6 @@ class HTTPUpstream:
             self._raw.close()
         if self._session is not None:
             await self._session.close()
-
-
-class SSELines:
-    """The ``data:`` payloads of a server-sent-events body, one at a time, within deadlines: each
-    ``next`` by the deadline it is given, and after the first event every line within ``idle``.
-
-    A deadline is one timer per stream, not a timeout scope per line: a line only notes its time, and
-    the timer, when it fires early for the idle limit, moves itself to the last line's time + idle.
-    When a limit is reached the pending read fails. ``close()`` drops the timer (the end of the body
-    and any failure do too)."""
-
-    def __init__(self, stream: RawStream, deployment: str, idle: float | None = None) -> None:
-        self._content = stream
-        self._deployment = deployment
-        self._idle = idle
-        self._started = False  # an event arrived: from now on silences are bounded by ``idle``
-        self._last = 0.0  # loop time of the last line read
-        self._deadline = 0.0
-        self._timer: asyncio.TimerHandle | None = None
-        self._expired: str | None = None  # why the timer failed the read: "idle" or "deadline"
-        self._idle_armed = False  # the timer also watches the idle limit
-
-    async def next(self, deadline: float) -> bytes | None:
-        """The next event's data (its bytes as sent), or None at ``[DONE]`` / the end of the body."""
-        loop = asyncio.get_running_loop()
-        if self._timer is None or self._deadline != deadline or self._idle_unarmed():
-            self._deadline = deadline
-            self._arm()
-        try:
-            while line := await self._content.readline():
-                self._last = loop.time()
-                if line.startswith(b"data:"):  # skip event names, comments, keep-alives, blanks
-                    data = line[5:].strip()
-                    if data != b"[DONE]":
-                        self._started = True
-                        return data
-                    await self._drain()
-                    break
-        except (TimeoutError, OSError) as exc:
-            self.close()
-            if self._expired == "idle":
-                raise Timeout(f"upstream {self._deployment} stream was silent for {self._idle:g} s "
-                              "(idle timeout)") from None
-            if self._expired or isinstance(exc, TimeoutError):
-                raise Timeout(f"upstream {self._deployment} stream timed out") from None
-            raise Unavailable(f"upstream {self._deployment} stream broke: {type(exc).__name__}") from None
-        except ValueError as exc:  # a line longer than the read buffer
-            self.close()
-            raise UpstreamError(f"upstream {self._deployment} sent an oversized event: {exc}") from None
-        except BaseException:
-            self.close()
-            raise
-        self.close()
-        return None
-
-    def close(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-
-    def _due(self) -> tuple[float, str]:
-        if self._started and self._idle is not None and self._last + self._idle < self._deadline:
-            return self._last + self._idle, "idle"
-        return self._deadline, "deadline"
-
-    def _idle_unarmed(self) -> bool:
-        """The first event has come, but the timer still waits only for the deadline."""
-        return self._started and self._idle is not None and not self._idle_armed
-
-    def _arm(self) -> None:
-        self.close()
-        at, _ = self._due()
-        self._idle_armed = self._started and self._idle is not None
-        self._timer = asyncio.get_running_loop().call_at(at, self._expire)
-
-    def _expire(self) -> None:
-        self._timer = None
-        at, why = self._due()
-        if asyncio.get_running_loop().time() < at:  # lines came since it was set: wait for the new limit
-            self._timer = asyncio.get_running_loop().call_at(at, self._expire)
-            return
-        self._expired = why
-        self._content.set_exception(TimeoutError())
-
-    async def _drain(self) -> None:
-        """Read what follows ``[DONE]`` up to the end of the body, so the connection can go back to
-        the pool instead of being closed (an upstream that keeps talking gets cut off instead)."""
-        try:
-            async with asyncio.timeout(_DRAIN_SECONDS):
-                while not self._content.at_eof() and await self._content.readany():
-                    pass
-        except (TimeoutError, OSError, ValueError):
-            pass
 
 
 class HTTPBackend:

@@ -20,7 +20,7 @@ from backends.call import NO_CONTEXT, CallContext
 from backends.config import DeploymentConfig
 from backends.embeddings_wire import EmbeddingList, EmbeddingRequest
 from backends.estimate import estimate_chat_prompt, estimate_completion_prompt, estimate_embedding_input, estimate_text
-from backends.http_upstream import ErrorDetail, ErrorEnvelope, HTTPBackend, HTTPUpstream, SSELines
+from backends.http_upstream import ErrorDetail, ErrorEnvelope, HTTPBackend, HTTPUpstream
 from backends.openai_wire import (
     ChatCompletion,
     ChatCompletionChunk,
@@ -36,6 +36,7 @@ from backends.openai_wire import (
 )
 from backends.raw_http import RawStream
 from backends.responses_http import RelayedResponse, ResponsesEvent, respond, respond_stream, upstream_body
+from backends.sse import WAIT, SSELines
 
 DEFAULT_API_BASE = "https://api.openai.com/v1"
 
@@ -203,8 +204,18 @@ class _ChunkReader:
 
     async def next(self, deadline: float) -> Any:
         data = await self._lines.next(deadline)
-        if data is None:
-            return None
+        return None if data is None else self._decode(data)
+
+    def poll(self) -> Any:
+        """``next`` without waiting: a chunk if a whole one has arrived, None at the end, else WAIT."""
+        data = self._lines.poll()
+        return data if data is None or data is WAIT else self._decode(data)  # type: ignore[arg-type]
+
+    @property
+    def lines(self) -> SSELines:
+        return self._lines
+
+    def _decode(self, data: bytes) -> Any:
         try:
             chunk = self._decoder.decode(data)
             set_relayed(chunk, _raw_object.decode(data), data)
@@ -222,7 +233,8 @@ class _ChunkReader:
 
 
 class _Relay(Generic[C]):
-    """Relays upstream chunks, keeping the meter current and usage chunks as the client asked.
+    """Relays upstream chunks, keeping the meter current and usage chunks as the client asked:
+    pulled (``__anext__``) or pushed as they arrive (``push``).
 
     ``aclose()`` (also before the first ``__anext__``) closes the upstream response.
     """
@@ -236,6 +248,7 @@ class _Relay(Generic[C]):
         self._text_of: Callable[[C], str] = text_of
         self._saw_usage = False
         self._closed = False
+        self._failure: BaseException | None = None  # met while pushing: raised by the next __anext__
 
     def __aiter__(self) -> _Relay[C]:
         return self
@@ -244,6 +257,9 @@ class _Relay(Generic[C]):
         if self._closed:
             raise StopAsyncIteration
         try:
+            if (failure := self._failure) is not None:
+                self._failure = None
+                raise failure
             while True:
                 chunk = self._pending if self._pending is not None else await self._reader.next(self._deadline)
                 self._pending = None
@@ -258,6 +274,31 @@ class _Relay(Generic[C]):
         if self._want_usage and not self._saw_usage:
             return self._estimated_usage_chunk()
         raise StopAsyncIteration
+
+    async def push(self, sink: Callable[[C], bool]) -> None:
+        """Hand each chunk to ``sink`` as soon as it arrives, inside the upstream connection's
+        callback (no task switch per chunk), until ``sink`` returns False, the stream ends or fails,
+        or this task is cancelled; then return, and ``__anext__`` goes on from there (an end or a
+        failure met here is met again, or raised, by the next ``__anext__``)."""
+        if self._closed or self._pending is not None or self._failure is not None:
+            return
+        reader = self._reader
+        reader.lines.arm(self._deadline)
+
+        def relay_arrived() -> bool:
+            try:
+                while (chunk := reader.poll()) is not WAIT:
+                    if chunk is None:
+                        return False
+                    if (out := self._account(chunk)) is not None and not sink(out):
+                        return False
+                return True
+            except Exception as exc:  # raised by the next __anext__, in the task
+                self._failure = exc
+                return False
+
+        if relay_arrived():
+            await reader.lines.content.wait(relay_arrived)
 
     def _account(self, chunk: C) -> C | None:
         """Update the meter from one chunk; the chunk to relay, or None to drop it."""

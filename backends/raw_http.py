@@ -18,7 +18,7 @@ import socket
 import ssl
 import time
 import zlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -260,7 +260,8 @@ class RawStream:
     """A streamed answer: ``status`` and ``headers``, then the body as it arrives, read by line
     (``readline``) or as it comes (``readany``). Reading stops (``pause_reading``) while more than
     ``_HIGH_WATER`` bytes wait unread. ``set_exception`` makes the next read raise it (a deadline);
-    ``close`` hands a finished answer's connection back, else aborts it."""
+    ``close`` hands a finished answer's connection back, else aborts it. ``line_nowait`` and
+    ``wait(listener)`` read the body inside the connection's own callbacks, as it arrives."""
 
     def __init__(self, conn: _Connection, client: RawHTTP, slots: asyncio.Semaphore) -> None:
         self.status = 0
@@ -270,6 +271,7 @@ class RawStream:
         self._eof = False
         self._exc: BaseException | None = None
         self._waiter: asyncio.Future[None] | None = None
+        self._listener: Callable[[], bool] | None = None
         self._paused = False
         self._closed = False
 
@@ -280,6 +282,10 @@ class RawStream:
         if len(self._buffer) > _HIGH_WATER and not self._paused and self._conn.transport is not None:
             self._paused = True
             self._conn.transport.pause_reading()
+        if (listener := self._listener) is not None:
+            if listener():
+                return
+            self._listener = None  # it has had its last call: the rest is the waiting task's
         self._wake()
 
     def end(self) -> None:
@@ -295,24 +301,29 @@ class RawStream:
 
     async def readline(self) -> bytes:
         """The next line with its ``\n``; at the end, what is left (b"" when nothing is)."""
-        while True:
-            if self._exc is not None:
-                raise self._exc
-            at = self._buffer.find(b"\n")
-            if at >= 0:
-                return self._take(at + 1)
-            if self._eof:
-                return self._take(len(self._buffer))
-            if len(self._buffer) > _MAX_LINE:
-                raise ValueError(f"a line longer than {_MAX_LINE} bytes")
-            await self._wait()
+        while (line := self.line_nowait()) is None:
+            await self.wait()
+        return line
+
+    def line_nowait(self) -> bytes | None:
+        """``readline`` without waiting: None when no whole line has arrived yet."""
+        if self._exc is not None:
+            raise self._exc
+        at = self._buffer.find(b"\n")
+        if at >= 0:
+            return self._take(at + 1)
+        if self._eof:
+            return self._take(len(self._buffer))
+        if len(self._buffer) > _MAX_LINE:
+            raise ValueError(f"a line longer than {_MAX_LINE} bytes")
+        return None
 
     async def readany(self) -> bytes:
         """Whatever has arrived (waiting for something); b"" at the end."""
         while not self._buffer and not self._eof:
             if self._exc is not None:
                 raise self._exc
-            await self._wait()
+            await self.wait()
         return self._take(len(self._buffer))
 
     async def read(self) -> bytes:
@@ -346,12 +357,16 @@ class RawStream:
             self._conn.transport.resume_reading()
         return data
 
-    async def _wait(self) -> None:
+    async def wait(self, listener: Callable[[], bool] | None = None) -> None:
+        """Until more of the body arrives, it ends or fails. With ``listener``: until it ends or
+        fails, or ``listener`` returns False; it is called, from the connection's callbacks,
+        each time more arrives (to read it at once, with no task switch)."""
         self._waiter = asyncio.get_running_loop().create_future()
+        self._listener = listener
         try:
             await self._waiter
         finally:
-            self._waiter = None
+            self._waiter = self._listener = None
 
     def _wake(self) -> None:
         if self._waiter is not None and not self._waiter.done():

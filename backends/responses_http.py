@@ -14,8 +14,9 @@ import msgspec
 from backends.base import ChunkStream, Completed, Meter, UpstreamError
 from backends.config import DeploymentConfig
 from backends.estimate import estimate_text
-from backends.http_upstream import HTTPUpstream, SSELines
+from backends.http_upstream import HTTPUpstream
 from backends.responses_wire import RelayedResponse, ResponsesEvent
+from backends.sse import SSELines
 
 _FINAL_EVENTS = frozenset({"response.completed", "response.incomplete", "response.failed"})
 

@@ -9,26 +9,41 @@ The start message goes through every ``send`` wrapper on the way out (the ``befo
 add their headers, the telemetry middleware notes the status); the body's messages, one per chunk,
 go straight to the server's ``send``, which the app (``gateway.app.GatewayApp``) keeps in the scope under
 ``DIRECT_SEND``: none of those wrappers looks at a body message, and each would cost a coroutine
-per chunk.
+per chunk. A server that can also write a body chunk synchronously (``switchyard serve``'s protocol,
+``gateway.cli.http_protocol``) puts that writer in the scope under ``WRITE_NOW``; a body that can use
+it (``WritesDirectly``) is given it, and writes chunks from the callbacks where they arrive.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterable, Callable
+from typing import Any, Protocol, runtime_checkable
 
 from litestar.response.base import ASGIResponse
 from litestar.response.streaming import ASGIStreamingResponse, Stream
 from litestar.types import Receive, Scope, Send
 
 DIRECT_SEND = "switchyard.direct_send"  # scope key: the ASGI server's own send, unwrapped
+WRITE_NOW = "switchyard.write_now"  # scope key: the server's synchronous body writer (WriteNow), if any
+
+# Does what ``send({"type": "http.response.body", "body": data, "more_body": True})`` would, without
+# waiting, and returns True; or writes nothing and returns False when it cannot do it now (the
+# response has not started or is over, the client left, or its write buffer is full).
+WriteNow = Callable[[bytes], bool]
+
+
+@runtime_checkable
+class WritesDirectly(Protocol):
+    """An event iterator that can also write its events itself, with the server's ``WriteNow``."""
+
+    def write_directly(self, write_now: WriteNow) -> None: ...
 
 
 class EventStream(Stream):
     """``text/event-stream`` from an async iterator of bytes."""
 
-    def __init__(self, events: AsyncIterator[bytes], **kwargs: Any) -> None:
+    def __init__(self, events: AsyncIterable[bytes], **kwargs: Any) -> None:
         super().__init__(events, media_type="text/event-stream", **kwargs)
 
     def to_asgi_response(self, *args: Any, **kwargs: Any) -> ASGIResponse:
@@ -45,6 +60,9 @@ class _WatchedBody(ASGIStreamingResponse):
         if self.is_head_response:
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         else:
+            write_now: WriteNow | None = scope.get(WRITE_NOW)  # type: ignore[assignment]  # a custom scope key
+            if write_now is not None and isinstance(self.iterator, WritesDirectly):
+                self.iterator.write_directly(write_now)
             await self.send_body(scope.get(DIRECT_SEND, send), receive)  # type: ignore[arg-type]  # a custom scope key
         await self.after_response()
 

@@ -232,7 +232,7 @@ class Pipeline:
 
         relay = SSERelay(stream, flight.call.model, on_end, flight.call.dialect.stream(stream.meter))
         headers = self._headers(flight) | {"cache-control": "no-cache", "x-accel-buffering": "no"}
-        return EventStream(relay.events(), headers=headers, background=BackgroundTask(relay.finish))
+        return EventStream(relay, headers=headers, background=BackgroundTask(relay.finish))
 
     # ------------------------------------------------------------ settlement
 

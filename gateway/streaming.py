@@ -6,6 +6,9 @@ closes the upstream and settles the request: before the last byte when the strea
 usage is durable first), else as the response's background task, after the client disconnected.
 While the process drains (``gateway.drain``), each read races the drain time; a stream still
 running when it ends is cut with a last chunk carrying ``finish_reason: length`` and the usage.
+
+Served by ``switchyard serve``, a stream's chunks after the first go from the upstream's connection
+callback straight to the client's (``SSERelay.write_directly``), with no task switch per chunk.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from backends.openai_wire import (
 )
 from gateway.drain import DRAIN, is_cut
 from gateway.errors import ApiError, from_backend_error
+from gateway.event_stream import WriteNow
 
 log = logging.getLogger("switchyard.streaming")
 
@@ -85,18 +89,39 @@ class SSERelay:
         self._outcome = Outcome.DISCONNECTED  # until the generator says otherwise
         self._error: ApiError | None = None
         self._finished = False
+        self._last: Any = None  # the last chunk relayed
+        self._write_now: WriteNow | None = None
+        self._held: bytes | None = None  # pushed, but the client could not take it then
+
+    def __aiter__(self) -> AsyncIterator[bytes]:
+        return self.events()
+
+    def write_directly(self, write_now: WriteNow) -> None:
+        """From the second chunk on, relay each chunk to the client with ``write_now`` inside the
+        upstream connection's callback, where the stream can push (``_Relay.push``): no task
+        switch per chunk. Anything else (the end, a failure, a full client buffer, the drain)
+        comes back to ``events``."""
+        self._write_now = write_now
 
     async def events(self) -> AsyncIterator[bytes]:
         encoder = self._encoder
-        last: Any = None
+        push: Callable[[Callable[[Any], bool]], Awaitable[None]] | None = (
+            getattr(self._stream.chunks, "push", None) if self._write_now is not None else None)
         try:
             async for chunk in self._stream:
                 chunk.model = self._model
                 if data := encoder.chunk(chunk):
                     yield data
-                last = chunk
+                self._last = chunk
                 if DRAIN.draining:
                     break
+                if push is not None:
+                    await push(self._pushed)
+                    if (held := self._held) is not None:
+                        self._held = None
+                        yield held
+                    if DRAIN.draining:
+                        break
             if DRAIN.draining:  # the process is shutting down: the rest races its drain time
                 while not is_cut(chunk := await _next_or_stop(self._stream)):
                     if chunk is _END:
@@ -104,11 +129,11 @@ class SSERelay:
                     chunk.model = self._model
                     if data := encoder.chunk(chunk):
                         yield data
-                    last = chunk
+                    self._last = chunk
                 else:
                     self._outcome = Outcome.DRAINED
                     await asyncio.shield(self.finish())  # the provider closed, the request settled
-                    if (final := cut_chunk(last, self._stream.meter)) is not None:
+                    if (final := cut_chunk(self._last, self._stream.meter)) is not None:
                         yield encoder.chunk(final)
                     yield encoder.done()
                     return
@@ -124,6 +149,15 @@ class SSERelay:
         self._outcome = Outcome.COMPLETED
         await asyncio.shield(self.finish())  # settled and its usage durable before the last byte
         yield encoder.done()
+
+    def _pushed(self, chunk: Any) -> bool:
+        """A chunk the stream pushed: written to the client now; False when ``events`` must take over."""
+        chunk.model = self._model
+        self._last = chunk
+        if (data := self._encoder.chunk(chunk)) and not self._write_now(data):  # type: ignore[misc]  # set when pushing
+            self._held = data
+            return False
+        return not DRAIN.draining
 
     def _fail(self, error: ApiError) -> None:
         self._outcome, self._error = Outcome.FAILED, error

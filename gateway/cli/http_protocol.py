@@ -12,7 +12,10 @@ environment so that worker processes see them too (``server.*`` in the config).
 
 Writes are coalesced per event-loop turn (``CoalescedWrites``): uvicorn writes a response's head
 and its body separately, two system calls where one does; a stream's chunks, each written in a
-turn of its own, still leave as they come.
+turn of its own, still leave as they come; a response's end is written as soon as it is sent.
+
+Each request's scope also gets a synchronous body writer (``gateway.event_stream.WRITE_NOW``), which
+a relayed stream uses to write its chunks from the upstream's callbacks.
 """
 
 from __future__ import annotations
@@ -20,9 +23,13 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import weakref
+from functools import partial
 from typing import Any
 
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
+
+from gateway.event_stream import WRITE_NOW
 
 HEADER_TIMEOUT_ENV = "SWITCHYARD_HEADER_TIMEOUT"
 BODY_TIMEOUT_ENV = "SWITCHYARD_BODY_TIMEOUT"
@@ -56,11 +63,11 @@ class CoalescedWrites:
 
     def write(self, data: bytes) -> None:
         if not self._pending:
-            self._loop.call_soon(self._flush)
+            self._loop.call_soon(self.flush)
         self._pending.append(data)
 
     def close(self) -> None:
-        self._flush()
+        self.flush()
         self._transport.close()
 
     def abort(self) -> None:
@@ -68,10 +75,18 @@ class CoalescedWrites:
         self._transport.abort()
 
     def write_eof(self) -> None:
-        self._flush()
+        self.flush()
         self._transport.write_eof()
 
-    def _flush(self) -> None:
+    def write_now(self, data: bytes) -> None:
+        """Write ``data`` at once, after what is pending, in one system call."""
+        if self._pending:
+            self._pending.append(data)
+            self.flush()
+        else:
+            self._transport.write(data)
+
+    def flush(self) -> None:
         if self._pending:
             data = self._pending[0] if len(self._pending) == 1 else b"".join(self._pending)
             self._pending.clear()
@@ -80,6 +95,18 @@ class CoalescedWrites:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._transport, name)
+
+
+def _write_body_now(request: weakref.ref[RequestResponseCycle], data: bytes) -> bool:
+    """What ``cycle.send`` does with ``{"type": "http.response.body", "body": data, "more_body":
+    True}`` for a chunked response, when it need not wait (``gateway.event_stream.WriteNow``)."""
+    cycle = request()
+    if (cycle is None or cycle.disconnected or cycle.flow.write_paused or not cycle.response_started
+            or cycle.response_complete or not cycle.chunked_encoding):
+        return False
+    if data:
+        cycle.transport.write_now(b"%x\r\n%b\r\n" % (len(data), data))  # type: ignore[attr-defined]  # CoalescedWrites
+    return True
 
 
 class HeadDeadlineProtocol(HttpToolsProtocol):
@@ -115,11 +142,21 @@ class HeadDeadlineProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self._disarm()
         super().on_headers_complete()
+        if (cycle := self.cycle) is not None and cycle.scope is self.scope:  # a request, not an upgrade
+            # By weak reference: the scope is the cycle's, and a cycle kept alive by a cycle waits for the
+            # garbage collector (gateway.app.GatewayApp says why that matters).
+            self.scope[WRITE_NOW] = partial(_write_body_now, weakref.ref(cycle))  # type: ignore[literal-required]  # our key
         self._body_timer = self.loop.call_later(self._body_timeout, self._body_too_slow)
 
     def on_message_complete(self) -> None:
         self._disarm_body()
         super().on_message_complete()
+
+    def on_response_complete(self) -> None:
+        # The answer's last bytes leave now, not after what the app still does in this turn (its
+        # after-response hooks, the access log): they are the client's latency.
+        self.transport.flush()  # type: ignore[attr-defined]  # CoalescedWrites
+        super().on_response_complete()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()

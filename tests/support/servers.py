@@ -9,6 +9,8 @@ from typing import Any, Self
 
 import uvicorn
 
+from gateway.cli.http_protocol import HeadDeadlineProtocol
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -26,7 +28,8 @@ class ServerThread:
         self._sock.bind(("127.0.0.1", 0))
         self.port = int(self._sock.getsockname()[1])
         config = uvicorn.Config(
-            app, lifespan=lifespan, log_level="warning", access_log=False, timeout_graceful_shutdown=2
+            app, lifespan=lifespan, log_level="warning", access_log=False, timeout_graceful_shutdown=2,
+            http=HeadDeadlineProtocol,  # switchyard serve's (and its direct stream writes)
         )
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._sock]}, daemon=True)

@@ -1,0 +1,140 @@
+"""The ``data:`` payloads of an upstream's server-sent-events body, within deadlines.
+
+Read one at a time by a task (``next``), or inside the connection's callback as each piece of the
+body arrives (``poll`` from a ``RawStream.wait`` listener): both read the same lines the same way,
+so a relay can change between them at any event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Final
+
+from backends.base import Timeout, Unavailable, UpstreamError
+from backends.raw_http import RawStream
+
+_DRAIN_SECONDS = 0.5  # after [DONE], how long to wait for the body's end
+
+
+class _Wait:
+    """``SSELines.poll``'s answer when no whole event has arrived yet."""
+
+
+WAIT: Final = _Wait()
+
+
+class SSELines:
+    """The ``data:`` payloads of a server-sent-events body, one at a time, within deadlines: each
+    ``next`` by the deadline it is given, and after the first event every line within ``idle``.
+
+    A deadline is one timer per stream, not a timeout scope per line: a line only notes its time, and
+    the timer, when it fires early for the idle limit, moves itself to the last line's time + idle.
+    When a limit is reached the pending read fails. ``close()`` drops the timer (the end of the body
+    and any failure do too)."""
+
+    def __init__(self, stream: RawStream, deployment: str, idle: float | None = None) -> None:
+        self._content = stream
+        self._deployment = deployment
+        self._idle = idle
+        self._started = False  # an event arrived: from now on silences are bounded by ``idle``
+        self._done = False  # ``[DONE]`` came: the events are over
+        self._last = 0.0  # loop time of the last line read
+        self._deadline = 0.0
+        self._timer: asyncio.TimerHandle | None = None
+        self._expired: str | None = None  # why the timer failed the read: "idle" or "deadline"
+        self._idle_armed = False  # the timer also watches the idle limit
+
+    @property
+    def content(self) -> RawStream:
+        return self._content
+
+    async def next(self, deadline: float) -> bytes | None:
+        """The next event's data (its bytes as sent), or None at ``[DONE]`` / the end of the body."""
+        self.arm(deadline)
+        try:
+            while (data := self.poll()) is WAIT:
+                await self._content.wait()
+        except BaseException:
+            self.close()
+            raise
+        if data is None:
+            if self._done:
+                await self._drain()
+            self.close()
+        return data  # type: ignore[return-value]  # not WAIT
+
+    def arm(self, deadline: float) -> None:
+        """Bound the reads from now on by ``deadline`` (and ``idle``, once an event has come)."""
+        if self._timer is None or self._deadline != deadline or self._idle_unarmed():
+            self._deadline = deadline
+            self._arm()
+
+    def poll(self) -> bytes | None | _Wait:
+        """``next`` without waiting: the next event's data if it has arrived whole, None at the end,
+        else ``WAIT``. Failures raise as they do from ``next``."""
+        if self._done:
+            return None
+        content = self._content
+        try:
+            while (line := content.line_nowait()) is not None:
+                if not line:
+                    return None
+                self._last = asyncio.get_running_loop().time()
+                if line.startswith(b"data:"):  # skip event names, comments, keep-alives, blanks
+                    data = line[5:].strip()
+                    if data == b"[DONE]":
+                        self._done = True
+                        return None
+                    self._started = True
+                    return data
+        except (TimeoutError, OSError) as exc:
+            self.close()
+            if self._expired == "idle":
+                raise Timeout(f"upstream {self._deployment} stream was silent for {self._idle:g} s "
+                              "(idle timeout)") from None
+            if self._expired or isinstance(exc, TimeoutError):
+                raise Timeout(f"upstream {self._deployment} stream timed out") from None
+            raise Unavailable(f"upstream {self._deployment} stream broke: {type(exc).__name__}") from None
+        except ValueError as exc:  # a line longer than the read buffer
+            self.close()
+            raise UpstreamError(f"upstream {self._deployment} sent an oversized event: {exc}") from None
+        return WAIT
+
+    def close(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _due(self) -> tuple[float, str]:
+        if self._started and self._idle is not None and self._last + self._idle < self._deadline:
+            return self._last + self._idle, "idle"
+        return self._deadline, "deadline"
+
+    def _idle_unarmed(self) -> bool:
+        """The first event has come, but the timer still waits only for the deadline."""
+        return self._started and self._idle is not None and not self._idle_armed
+
+    def _arm(self) -> None:
+        self.close()
+        at, _ = self._due()
+        self._idle_armed = self._started and self._idle is not None
+        self._timer = asyncio.get_running_loop().call_at(at, self._expire)
+
+    def _expire(self) -> None:
+        self._timer = None
+        at, why = self._due()
+        if asyncio.get_running_loop().time() < at:  # lines came since it was set: wait for the new limit
+            self._timer = asyncio.get_running_loop().call_at(at, self._expire)
+            return
+        self._expired = why
+        self._content.set_exception(TimeoutError())
+
+    async def _drain(self) -> None:
+        """Read what follows ``[DONE]`` up to the end of the body, so the connection can go back to
+        the pool instead of being closed (an upstream that keeps talking gets cut off instead)."""
+        try:
+            async with asyncio.timeout(_DRAIN_SECONDS):
+                while not self._content.at_eof() and await self._content.readany():
+                    pass
+        except (TimeoutError, OSError, ValueError):
+            pass

@@ -1,0 +1,55 @@
+"""A client that reads a stream slowly gets all of it, in order: the relay's direct writes stop when
+the client's buffer is full and the rest waits for it (nothing dropped, nothing reordered)."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from urllib.parse import urlsplit
+
+from tests.conftest import ADMIN_KEY
+from tests.gateway.conftest import GatewayEnv
+from tests.support.fake_upstream import FakeUpstream
+
+WORDS = 25_000  # about 6 MB of events: more than the gateway's socket and transport buffers hold
+
+
+def _chunked_body(raw: bytes) -> bytes:
+    head, _, rest = raw.partition(b"\r\n\r\n")
+    assert b"transfer-encoding: chunked" in head.lower(), head
+    body = bytearray()
+    while True:
+        size_line, _, rest = rest.partition(b"\r\n")
+        size = int(size_line, 16)
+        if size == 0:
+            return bytes(body)
+        body += rest[:size]
+        rest = rest[size + 2:]
+
+
+def test_a_slow_reader_gets_every_chunk_in_order(env: GatewayEnv, upstream: FakeUpstream) -> None:
+    url = urlsplit(env.base_url)
+    upstream.options.output_words = WORDS
+    payload = json.dumps({"model": "echo", "stream": True, "max_tokens": WORDS,
+                          "messages": [{"role": "user", "content": "hi"}]}).encode()
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # a small window: the gateway must wait
+        sock.connect((url.hostname, url.port))
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: gw\r\ncontent-type: application/json\r\n"
+                     b"authorization: Bearer " + ADMIN_KEY.encode() + b"\r\nconnection: close\r\n"
+                     b"content-length: %d\r\n\r\n" % len(payload) + payload)
+        time.sleep(1.0)  # the upstream has sent everything by now; the gateway holds what the client has not read
+        raw = bytearray()
+        while data := sock.recv(65536):
+            raw += data
+            time.sleep(0.001)  # and the client goes on reading slowly
+    events = [line[6:] for line in _chunked_body(bytes(raw)).split(b"\n\n") if line.startswith(b"data: ")]
+    assert events[-1] == b"[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    text = [c["choices"][0]["delta"].get("content") for c in chunks if c["choices"]]
+    assert "".join(t for t in text if t) == " ".join(f"w{i}" for i in range(WORDS))
+    assert all(c["model"] == "echo" for c in chunks)
+    record = env.usage.wait_for(1)[0]
+    assert record.completion_tokens == WORDS and record.extra == {"outcome": "completed"}
+    assert upstream.streams[-1].completed
