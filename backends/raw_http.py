@@ -46,6 +46,7 @@ class _Connection(asyncio.Protocol):
     """One keep-alive connection, used by one request at a time."""
 
     def __init__(self) -> None:
+        self._loop = asyncio.get_running_loop()  # kept: each lookup is a system call on Python 3.11
         self.transport: asyncio.Transport | None = None
         self.closed = False
         self.idle_since = 0.0
@@ -108,7 +109,7 @@ class _Connection(asyncio.Protocol):
         they arrive (an empty body: the body goes to ``stream``)."""
         if self.closed or self.transport is None:
             raise ProtocolError("the upstream closed the connection")
-        self._answer = asyncio.get_running_loop().create_future()
+        self._answer = self._loop.create_future()
         self._headers, self._body, self._headers_done, self._length_known = {}, [], False, False
         self._keep_alive, self._stream = False, stream
         self.transport.write(request)
@@ -267,6 +268,7 @@ class RawStream:
         self.status = 0
         self.headers: dict[str, str] = {}
         self._conn, self._client, self._slots = conn, client, slots
+        self._loop = asyncio.get_running_loop()  # kept: each lookup is a system call on Python 3.11
         self._buffer = bytearray()
         self._eof = False
         self._exc: BaseException | None = None
@@ -361,7 +363,7 @@ class RawStream:
         """Until more of the body arrives, it ends or fails. With ``listener``: until it ends or
         fails, or ``listener`` returns False; it is called, from the connection's callbacks,
         each time more arrives (to read it at once, with no task switch)."""
-        self._waiter = asyncio.get_running_loop().create_future()
+        self._waiter = self._loop.create_future()
         self._listener = listener
         try:
             await self._waiter

@@ -33,6 +33,8 @@ class SSELines:
     and any failure do too)."""
 
     def __init__(self, stream: RawStream, deployment: str, idle: float | None = None) -> None:
+        # Kept: on Python 3.11 each asyncio.get_running_loop() is a getpid system call.
+        self._loop = asyncio.get_running_loop()
         self._content = stream
         self._deployment = deployment
         self._idle = idle
@@ -79,7 +81,7 @@ class SSELines:
             while (line := content.line_nowait()) is not None:
                 if not line:
                     return None
-                self._last = asyncio.get_running_loop().time()
+                self._last = self._loop.time()
                 if line.startswith(b"data:"):  # skip event names, comments, keep-alives, blanks
                     data = line[5:].strip()
                     if data == b"[DONE]":
@@ -118,13 +120,13 @@ class SSELines:
         self.close()
         at, _ = self._due()
         self._idle_armed = self._started and self._idle is not None
-        self._timer = asyncio.get_running_loop().call_at(at, self._expire)
+        self._timer = self._loop.call_at(at, self._expire)
 
     def _expire(self) -> None:
         self._timer = None
         at, why = self._due()
-        if asyncio.get_running_loop().time() < at:  # lines came since it was set: wait for the new limit
-            self._timer = asyncio.get_running_loop().call_at(at, self._expire)
+        if self._loop.time() < at:  # lines came since it was set: wait for the new limit
+            self._timer = self._loop.call_at(at, self._expire)
             return
         self._expired = why
         self._content.set_exception(TimeoutError())

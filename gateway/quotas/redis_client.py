@@ -65,6 +65,7 @@ def encode_command(args: tuple[Arg, ...]) -> bytes:
 
 class _Protocol(asyncio.Protocol):
     def __init__(self) -> None:
+        self.loop = asyncio.get_running_loop()  # kept: each lookup is a system call on Python 3.11
         self.transport: asyncio.Transport | None = None
         self.reader = hiredis.Reader()
         self.waiting: deque[asyncio.Future[object]] = deque()
@@ -94,7 +95,7 @@ class _Protocol(asyncio.Protocol):
                 future.set_exception(error)
 
     def send(self, payload: bytes) -> asyncio.Future[object]:
-        loop = asyncio.get_running_loop()
+        loop = self.loop
         future = loop.create_future()
         self.waiting.append(future)
         if not self.outgoing:
