@@ -110,9 +110,13 @@ def _write_body_now(request: weakref.ref[RequestResponseCycle], data: bytes) -> 
 
 
 class HeadDeadlineProtocol(HttpToolsProtocol):
-    _head_timer: asyncio.TimerHandle | None = None
+    """The deadlines' timers are armed only for a head or body still incomplete when a read has been
+    parsed: a request that comes whole in one read (most do) costs no timer."""
 
+    _head_timer: asyncio.TimerHandle | None = None
+    _head_since: float | None = None  # loop time the pending request head began (None: none pending)
     _body_timer: asyncio.TimerHandle | None = None
+    _body_since: float | None = None  # loop time the pending request body began
     _client_host: str | None = None
     _discarding = False  # answered and half-closed: what still arrives is dropped
 
@@ -132,24 +136,24 @@ class HeadDeadlineProtocol(HttpToolsProtocol):
         if host is not None:
             self._client_host = host
             _open_by_client[host] = _open_by_client.get(host, 0) + 1
+        self._head_since = self.loop.time()
         self._arm()
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
-        if self._head_timer is None:  # the next request on a kept-alive connection
-            self._arm()
+        if self._head_since is None:  # the next request on a kept-alive connection
+            self._head_since = self.loop.time()
 
     def on_headers_complete(self) -> None:
-        self._disarm()
+        self._head_since, self._body_since = None, self.loop.time()
         super().on_headers_complete()
         if (cycle := self.cycle) is not None and cycle.scope is self.scope:  # a request, not an upgrade
             # By weak reference: the scope is the cycle's, and a cycle kept alive by a cycle waits for the
             # garbage collector (gateway.app.GatewayApp says why that matters).
             self.scope[WRITE_NOW] = partial(_write_body_now, weakref.ref(cycle))  # type: ignore[literal-required]  # our key
-        self._body_timer = self.loop.call_later(self._body_timeout, self._body_too_slow)
 
     def on_message_complete(self) -> None:
-        self._disarm_body()
+        self._body_since = None
         super().on_message_complete()
 
     def on_response_complete(self) -> None:
@@ -176,7 +180,7 @@ class HeadDeadlineProtocol(HttpToolsProtocol):
             self._body_timer = None
 
     def _body_too_slow(self) -> None:
-        self._body_timer = None
+        self._body_timer = self._body_since = None
         cycle = getattr(self, "cycle", None)
         if cycle is not None and cycle.response_started:
             self.transport.close()
@@ -196,9 +200,18 @@ class HeadDeadlineProtocol(HttpToolsProtocol):
     def data_received(self, data: bytes) -> None:
         if not self._discarding:
             super().data_received(data)
+            self._arm()
 
     def _arm(self) -> None:
-        self._head_timer = self.loop.call_later(self._head_timeout, self._too_slow)
+        """Timers for what is pending after this read, none for what is not."""
+        if self._head_since is None:
+            self._disarm()
+        elif self._head_timer is None:
+            self._head_timer = self.loop.call_at(self._head_since + self._head_timeout, self._too_slow)
+        if self._body_since is None:
+            self._disarm_body()
+        elif self._body_timer is None:
+            self._body_timer = self.loop.call_at(self._body_since + self._body_timeout, self._body_too_slow)
 
     def _disarm(self) -> None:
         if self._head_timer is not None:
@@ -206,5 +219,5 @@ class HeadDeadlineProtocol(HttpToolsProtocol):
             self._head_timer = None
 
     def _too_slow(self) -> None:
-        self._head_timer = None
+        self._head_timer = self._head_since = None
         self.transport.close()

@@ -7,9 +7,10 @@ parsed by hiredis (C). This costs about a tenth of redis-py's asyncio client per
 quota store issues two commands per request: admit, and settle, which the request path sends
 without waiting for its reply (``submit``).
 
-Failure model: a command waits at most ``timeout`` seconds; a timeout or a broken connection
-aborts the connection, fails every command waiting on it with ``RedisUnavailable``, and the next
-command reconnects. Error replies raise ``RedisError``.
+Failure model: a command waits at most ``timeout`` seconds (one timer per connection, for the
+oldest command waiting: a timer per command cost about as much as the rest of the client); a timeout
+or a broken connection aborts the connection, fails every command waiting on it with
+``RedisUnavailable``, and the next command reconnects. Error replies raise ``RedisError``.
 """
 
 from __future__ import annotations
@@ -64,13 +65,22 @@ def encode_command(args: tuple[Arg, ...]) -> bytes:
 
 
 class _Protocol(asyncio.Protocol):
-    def __init__(self) -> None:
+    """One connection: commands written in order, their replies matched to them in order.
+
+    A reply not in ``timeout`` after its command was sent fails that command and drops the
+    connection (the replies after it could no longer be matched). Replies come in order, so one
+    timer, for the oldest command waiting, watches them all."""
+
+    def __init__(self, timeout: float) -> None:
         self.loop = asyncio.get_running_loop()  # kept: each lookup is a system call on Python 3.11
+        self.timeout = timeout
         self.transport: asyncio.Transport | None = None
         self.reader = hiredis.Reader()
         self.waiting: deque[asyncio.Future[object]] = deque()
+        self.sent_at: deque[float] = deque()  # the loop time each waiting command was sent
         self.outgoing: list[bytes] = []  # written together when this turn of the loop ends
         self.lost = False
+        self._watch: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -79,7 +89,8 @@ class _Protocol(asyncio.Protocol):
         self.reader.feed(data)
         while (reply := self.reader.gets()) is not False:
             future = self.waiting.popleft()
-            if future.done():  # a waiter that timed out leaves its slot, so replies stay in order
+            self.sent_at.popleft()
+            if future.done():  # a cancelled waiter leaves its slot, so replies stay in order
                 continue
             if isinstance(reply, hiredis.ReplyError):
                 future.set_exception(RedisError(str(reply)))
@@ -88,7 +99,11 @@ class _Protocol(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = True
+        if self._watch is not None:
+            self._watch.cancel()
+            self._watch = None
         error = RedisUnavailable(f"connection to Redis lost ({exc or 'closed'})")
+        self.sent_at.clear()
         while self.waiting:
             future = self.waiting.popleft()
             if not future.done():
@@ -97,11 +112,30 @@ class _Protocol(asyncio.Protocol):
     def send(self, payload: bytes) -> asyncio.Future[object]:
         loop = self.loop
         future = loop.create_future()
+        now = loop.time()
         self.waiting.append(future)
+        self.sent_at.append(now)
+        if self._watch is None:
+            self._watch = loop.call_at(now + self.timeout, self._check)
         if not self.outgoing:
             loop.call_soon(self._flush)
         self.outgoing.append(payload)
         return future
+
+    def _check(self) -> None:
+        """The oldest command's deadline: passed, it fails and the connection goes; else wait for it."""
+        self._watch = None
+        if not self.waiting or self.lost:
+            return
+        due = self.sent_at[0] + self.timeout
+        if self.loop.time() < due:
+            self._watch = self.loop.call_at(due, self._check)
+            return
+        if not (oldest := self.waiting[0]).done():
+            oldest.set_exception(RedisUnavailable(f"Redis did not answer within {self.timeout} s"))
+        if self.transport is not None:
+            self.transport.abort()
+        self.connection_lost(RedisUnavailable("timed out"))
 
     def _flush(self) -> None:
         data, self.outgoing = b"".join(self.outgoing), []
@@ -170,7 +204,7 @@ class Script:
 
     def submit(self, keys: list[str], args: list[Arg]) -> asyncio.Future[object]:
         """Run the script without waiting: sent with this turn's other commands, its reply in the
-        future returned (no timeout of its own: a later command's timeout fails it)."""
+        future returned (within the client's timeout, as every command is)."""
         result: asyncio.Future[object] = asyncio.get_running_loop().create_future()
 
         def on_reply(reply: asyncio.Future[object]) -> None:
@@ -251,7 +285,7 @@ class RespClient:
         protocol = self._protocol
         if protocol is None or protocol.lost:
             protocol = await self._connect()
-        return await self._wait(protocol, protocol.send(encode_command(args)))
+        return await protocol.send(encode_command(args))
 
     def submit(self, *args: Arg) -> asyncio.Future[object]:
         """Send a command without waiting for its reply: on the open connection it leaves with this
@@ -269,28 +303,6 @@ class RespClient:
         if protocol is not None and protocol.transport is not None:
             protocol.transport.close()
 
-    async def _wait(self, protocol: _Protocol, future: asyncio.Future[object]) -> object:
-        """The reply, within the timeout: one timer per command (a cancelled caller leaves its
-        future cancelled, and its reply is skipped when it comes)."""
-        timer = asyncio.get_running_loop().call_later(self.timeout, self._expire, protocol, future)
-        try:
-            return await future
-        finally:
-            timer.cancel()
-
-    def _expire(self, protocol: _Protocol, future: asyncio.Future[object]) -> None:
-        if not future.done():
-            future.set_exception(RedisUnavailable(f"Redis did not answer within {self.timeout} s"))
-            self._abort(protocol, "timed out")  # the replies after it can no longer be matched
-
-    def _abort(self, protocol: _Protocol, why: str) -> None:
-        """Drop a connection whose replies can no longer be trusted to arrive."""
-        if protocol.transport is not None:
-            protocol.transport.abort()
-        protocol.connection_lost(RedisUnavailable(why))
-        if self._protocol is protocol:
-            self._protocol = None
-
     async def _connect(self) -> _Protocol:
         if self._connecting is None:
             self._connecting = asyncio.Lock()
@@ -301,7 +313,8 @@ class RespClient:
             try:
                 async with asyncio.timeout(self.timeout):
                     _, protocol = await loop.create_connection(
-                        _Protocol, self.host, self.port, ssl=ssl.create_default_context() if self.tls else None)
+                        lambda: _Protocol(self.timeout), self.host, self.port,
+                        ssl=ssl.create_default_context() if self.tls else None)
                     await self._handshake(protocol)
             except (OSError, TimeoutError) as exc:
                 raise RedisUnavailable(f"cannot connect to Redis at {self.host}:{self.port} ({exc})") from None

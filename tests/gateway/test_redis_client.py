@@ -142,3 +142,21 @@ async def test_unreachable_paused_and_restarted_servers(server: RedisProcess) ->
         assert await client.ping()
     finally:
         await client.aclose()
+
+
+async def test_a_command_sent_without_waiting_times_out_too(server: RedisProcess) -> None:
+    """``submit`` (the settlement's way) is watched by the same deadline as ``execute``: a reply that
+    never comes fails it, and the connection is replaced."""
+    client = RespClient.from_url(server.url, timeout=0.5)
+    try:
+        assert await client.ping()
+        server.pause()
+        t0 = time.monotonic()
+        sent = client.submit("PING")
+        with pytest.raises(RedisUnavailable, match="within 0.5 s"):
+            await sent
+        assert 0.4 < time.monotonic() - t0 < 2
+        server.resume()
+        assert await client.ping()
+    finally:
+        await client.aclose()
