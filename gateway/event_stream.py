@@ -69,7 +69,7 @@ class _WatchedBody(ASGIStreamingResponse):
     async def send_body(self, send: Send, receive: Receive) -> None:
         body = asyncio.current_task()
         assert body is not None
-        watcher = asyncio.get_running_loop().create_task(_cancel_on_disconnect(receive, body))
+        watcher = body.get_loop().create_task(_cancel_on_disconnect(receive, body))
         try:
             await self._stream(send)
         except asyncio.CancelledError:

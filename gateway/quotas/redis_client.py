@@ -205,7 +205,8 @@ class Script:
     def submit(self, keys: list[str], args: list[Arg]) -> asyncio.Future[object]:
         """Run the script without waiting: sent with this turn's other commands, its reply in the
         future returned (within the client's timeout, as every command is)."""
-        result: asyncio.Future[object] = asyncio.get_running_loop().create_future()
+        sent = self.client.submit("EVALSHA", self.sha, len(keys), *keys, *args)
+        result: asyncio.Future[object] = sent.get_loop().create_future()
 
         def on_reply(reply: asyncio.Future[object]) -> None:
             if not reply.cancelled() and _unknown_script(reply.exception()):
@@ -214,7 +215,7 @@ class Script:
             else:
                 _copy_outcome(result, reply)
 
-        self.client.submit("EVALSHA", self.sha, len(keys), *keys, *args).add_done_callback(on_reply)
+        sent.add_done_callback(on_reply)
         return result
 
 

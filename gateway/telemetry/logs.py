@@ -102,14 +102,15 @@ class BatchedStreamHandler(logging.Handler):
         if level >= logging.WARNING:
             self.flush()
             return
+        if self._pending:  # a write is already due (asking for the loop again costs a system call)
+            return
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
             self.flush()
             return
-        if not self._pending:
-            self._pending = True
-            loop.call_later(self.delay, self.flush)
+        self._pending = True
+        loop.call_later(self.delay, self.flush)
 
     def flush(self) -> None:
         with self._write_lock:
