@@ -11,14 +11,15 @@ go straight to the server's ``send``, which the app (``gateway.app.GatewayApp``)
 ``DIRECT_SEND``: none of those wrappers looks at a body message, and each would cost a coroutine
 per chunk. A server that can also write a body chunk synchronously (``switchyard serve``'s protocol,
 ``gateway.cli.http_protocol``) puts that writer in the scope under ``WRITE_NOW``; a body that can use
-it (``WritesDirectly``) is given it, and writes chunks from the callbacks where they arrive.
+it (one with a ``write_directly`` method) is given it, and writes chunks from the callbacks where
+they arrive.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterable, Callable
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 from litestar.response.base import ASGIResponse
 from litestar.response.streaming import ASGIStreamingResponse, Stream
@@ -31,13 +32,6 @@ WRITE_NOW = "switchyard.write_now"  # scope key: the server's synchronous body w
 # waiting, and returns True; or writes nothing and returns False when it cannot do it now (the
 # response has not started or is over, the client left, or its write buffer is full).
 WriteNow = Callable[[bytes], bool]
-
-
-@runtime_checkable
-class WritesDirectly(Protocol):
-    """An event iterator that can also write its events itself, with the server's ``WriteNow``."""
-
-    def write_directly(self, write_now: WriteNow) -> None: ...
 
 
 class EventStream(Stream):
@@ -61,8 +55,10 @@ class _WatchedBody(ASGIStreamingResponse):
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         else:
             write_now: WriteNow | None = scope.get(WRITE_NOW)  # type: ignore[assignment]  # a custom scope key
-            if write_now is not None and isinstance(self.iterator, WritesDirectly):
-                self.iterator.write_directly(write_now)
+            # an event iterator that can write its events itself (gateway.streaming.SSERelay); a
+            # duck-typed look, as an isinstance check on a runtime Protocol costs microseconds
+            if write_now is not None and (write_directly := getattr(self.iterator, "write_directly", None)):
+                write_directly(write_now)
             await self.send_body(scope.get(DIRECT_SEND, send), receive)  # type: ignore[arg-type]  # a custom scope key
         await self.after_response()
 
