@@ -1,13 +1,19 @@
-"""A client that reads a stream slowly gets all of it, in order: the relay's direct writes stop when
-the client's buffer is full and the rest waits for it (nothing dropped, nothing reordered)."""
+"""The relay writes a stream's chunks itself, from the upstream's callbacks; a client that reads
+slowly gets all of it, in order: the direct writes stop when the client's buffer is full and the
+rest waits for it (nothing dropped, nothing reordered)."""
 
 from __future__ import annotations
 
 import json
 import socket
 import time
+from typing import Any
+from unittest.mock import patch
 from urllib.parse import urlsplit
 
+import openai
+
+from gateway.streaming import SSERelay
 from tests.conftest import ADMIN_KEY
 from tests.gateway.conftest import GatewayEnv
 from tests.support.fake_upstream import FakeUpstream
@@ -53,3 +59,23 @@ def test_a_slow_reader_gets_every_chunk_in_order(env: GatewayEnv, upstream: Fake
     record = env.usage.wait_for(1)[0]
     assert record.completion_tokens == WORDS and record.extra == {"outcome": "completed"}
     assert upstream.streams[-1].completed
+
+
+def test_chunks_after_the_first_are_written_from_the_upstream_callback(env: GatewayEnv,
+                                                                      upstream: FakeUpstream) -> None:
+    """Served by switchyard serve's protocol, the relay writes chunks itself (no task switch per chunk)."""
+    upstream.options.chunk_delay = 0.002
+    pushed = []
+    original = SSERelay._pushed
+
+    def counting(relay: SSERelay, chunk: Any) -> bool:
+        pushed.append(chunk)
+        return original(relay, chunk)
+
+    client = openai.OpenAI(base_url=env.base_url, api_key=ADMIN_KEY, max_retries=0)
+    with patch.object(SSERelay, "_pushed", counting):
+        stream = client.chat.completions.create(model="echo", messages=[{"role": "user", "content": "a b c d e f"}],
+                                                stream=True)
+        text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+    assert text == "a b c d e f"
+    assert len(pushed) >= 5  # all but the first (and any a full client buffer sent the other way)
