@@ -83,7 +83,7 @@ class CoalescedWrites:
         if self._pending:
             self._pending.append(data)
             self.flush()
-        else:
+        elif not self._transport.is_closing():  # as flush: a closing transport takes no more
             self._transport.write(data)
 
     def flush(self) -> None:
