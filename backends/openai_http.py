@@ -31,7 +31,6 @@ from backends.openai_wire import (
     Usage,
     encode_with_extra,
     extra_params,
-    relayed,
     set_relayed,
 )
 from backends.raw_http import RawStream
@@ -45,7 +44,11 @@ R = TypeVar("R", ChatCompletion, TextCompletion, EmbeddingList)
 
 
 def _chat_text(chunk: ChatCompletionChunk) -> str:
-    return "".join(c.delta.content for c in chunk.choices if isinstance(c.delta.content, str))
+    choices = chunk.choices
+    if len(choices) == 1:  # nearly every chunk: no generator for it
+        content = choices[0].delta.content
+        return content if isinstance(content, str) else ""
+    return "".join(c.delta.content for c in choices if isinstance(c.delta.content, str))
 
 
 def _completion_text(chunk: TextCompletion) -> str:
@@ -313,7 +316,7 @@ class _Relay(Generic[C]):
         if isinstance(usage, Usage):
             self._saw_usage = True
             _meter_from_usage(meter, usage)
-        if not self._want_usage and (usage is not UNSET or "usage" in (relayed(chunk) or ())):
+        if not self._want_usage and usage is not UNSET:  # a usage field sent, even null, is not relayed
             chunk.usage = UNSET
             if not chunk.choices:
                 return None

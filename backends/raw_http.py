@@ -261,7 +261,7 @@ class RawStream:
     """A streamed answer: ``status`` and ``headers``, then the body as it arrives, read by line
     (``readline``) or as it comes (``readany``). Reading stops (``pause_reading``) while more than
     ``_HIGH_WATER`` bytes wait unread. ``set_exception`` makes the next read raise it (a deadline);
-    ``close`` hands a finished answer's connection back, else aborts it. ``line_nowait`` and
+    ``close`` hands a finished answer's connection back, else aborts it. ``lines_nowait`` and
     ``wait(listener)`` read the body inside the connection's own callbacks, as it arrives."""
 
     def __init__(self, conn: _Connection, client: RawHTTP, slots: asyncio.Semaphore) -> None:
@@ -303,17 +303,21 @@ class RawStream:
 
     async def readline(self) -> bytes:
         """The next line with its ``\n``; at the end, what is left (b"" when nothing is)."""
-        while (line := self.line_nowait()) is None:
+        while (line := self._line_nowait(self._buffer.find(b"\n"))) is None:
             await self.wait()
         return line
 
-    def line_nowait(self) -> bytes | None:
-        """``readline`` without waiting: None when no whole line has arrived yet."""
+    def lines_nowait(self) -> bytes | None:
+        """Every whole line that has arrived, with their ``\n`` (at the end, what is left: b"" when
+        nothing is); None when no whole line has arrived yet."""
+        return self._line_nowait(self._buffer.rfind(b"\n"))
+
+    def _line_nowait(self, newline: int) -> bytes | None:
+        """What ends at ``newline`` (an index in the buffer, -1: none), as ``lines_nowait`` says."""
         if self._exc is not None:
             raise self._exc
-        at = self._buffer.find(b"\n")
-        if at >= 0:
-            return self._take(at + 1)
+        if newline >= 0:
+            return self._take(newline + 1)
         if self._eof:
             return self._take(len(self._buffer))
         if len(self._buffer) > _MAX_LINE:

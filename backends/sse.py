@@ -8,6 +8,7 @@ so a relay can change between them at any event.
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from typing import Final
 
 from backends.base import Timeout, Unavailable, UpstreamError
@@ -39,7 +40,8 @@ class SSELines:
         self._deployment = deployment
         self._idle = idle
         self._started = False  # an event arrived: from now on silences are bounded by ``idle``
-        self._done = False  # ``[DONE]`` came: the events are over
+        self._done = False  # ``[DONE]`` came: the events are over (once those in _events are read)
+        self._events: deque[bytes] = deque()  # data of events read but not yet returned
         self._last = 0.0  # loop time of the last line read
         self._deadline = 0.0
         self._timer: asyncio.TimerHandle | None = None
@@ -73,22 +75,29 @@ class SSELines:
 
     def poll(self) -> bytes | None | _Wait:
         """``next`` without waiting: the next event's data if it has arrived whole, None at the end,
-        else ``WAIT``. Failures raise as they do from ``next``."""
+        else ``WAIT``. Failures raise as they do from ``next``. The lines that have arrived are
+        read together, and their events kept for the next calls."""
+        if self._events:
+            return self._events.popleft()
         if self._done:
             return None
-        content = self._content
         try:
-            while (line := content.line_nowait()) is not None:
-                if not line:
+            while (lines := self._content.lines_nowait()) is not None:
+                if not lines:
                     return None
                 self._last = self._loop.time()
-                if line.startswith(b"data:"):  # skip event names, comments, keep-alives, blanks
-                    data = line[5:].strip()
-                    if data == b"[DONE]":
-                        self._done = True
-                        return None
-                    self._started = True
-                    return data
+                for line in lines.split(b"\n"):
+                    if line.startswith(b"data:"):  # skip event names, comments, keep-alives, blanks
+                        data = line[5:].strip()
+                        if data == b"[DONE]":  # what follows it is drained, not read
+                            self._done = True
+                            break
+                        self._started = True
+                        self._events.append(data)
+                if self._events:
+                    return self._events.popleft()
+                if self._done:
+                    return None
         except (TimeoutError, OSError) as exc:
             self.close()
             if self._expired == "idle":

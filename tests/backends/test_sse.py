@@ -1,0 +1,70 @@
+"""SSELines reads the events of an upstream's body as they arrive, in whatever pieces they come."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from backends.base import UpstreamError
+from backends.raw_http import RawStream
+from backends.sse import WAIT, SSELines
+
+
+class _Conn:
+    transport: Any = None
+    _stream: Any = None
+
+    def close(self) -> None:
+        pass
+
+
+class _Pool:
+    def _release(self, conn: Any) -> None:
+        pass
+
+
+def body_stream() -> RawStream:
+    return RawStream(_Conn(), _Pool(), asyncio.Semaphore(1))  # type: ignore[arg-type]
+
+
+async def test_events_come_whole_however_the_body_is_cut() -> None:
+    stream = body_stream()
+    lines = SSELines(stream, "dep", idle=60)
+    pieces = [
+        b": a comment, then a keep-alive\n\nevent: message\ndata: {\"a\":1}\n\ndata: {\"b\"",  # 1.5 events
+        b":2}\r\n\r\n",  # the rest of one, with CRLF endings
+        b"data: {\"c\":3}\n\ndata: {\"d\":4}\n\n",  # two in one piece
+        b"data: [DONE]\n\ndata: {\"after\":5}\n\n",  # what follows [DONE] is not an event
+    ]
+    got: list[bytes] = []
+    deadline = asyncio.get_running_loop().time() + 10
+    stream.feed(pieces[0])
+    got.append(await lines.next(deadline))  # type: ignore[arg-type]
+    assert lines.poll() is WAIT  # half an event is not one
+    for piece in pieces[1:]:
+        stream.feed(piece)
+    stream.end()
+    while (data := await lines.next(deadline)) is not None:
+        got.append(data)
+    assert got == [b'{"a":1}', b'{"b":2}', b'{"c":3}', b'{"d":4}']
+    assert lines.poll() is None
+
+
+async def test_a_last_event_without_a_newline_still_counts_at_the_end() -> None:
+    stream = body_stream()
+    lines = SSELines(stream, "dep")
+    stream.feed(b"data: {\"a\":1}\n\ndata: {\"b\":2}")
+    stream.end()
+    deadline = asyncio.get_running_loop().time() + 10
+    assert [await lines.next(deadline), await lines.next(deadline), await lines.next(deadline)] == [
+        b'{"a":1}', b'{"b":2}', None]
+
+
+async def test_an_endless_line_is_an_error() -> None:
+    stream = body_stream()
+    lines = SSELines(stream, "dep")
+    stream.feed(b"data: " + b"x" * (3 << 20))
+    with pytest.raises(UpstreamError, match="oversized"):
+        await lines.next(asyncio.get_running_loop().time() + 10)
