@@ -258,11 +258,12 @@ class RawHTTP:
 
 
 class RawStream:
-    """A streamed answer: ``status`` and ``headers``, then the body as it arrives, read by line
-    (``readline``) or as it comes (``readany``). Reading stops (``pause_reading``) while more than
-    ``_HIGH_WATER`` bytes wait unread. ``set_exception`` makes the next read raise it (a deadline);
-    ``close`` hands a finished answer's connection back, else aborts it. ``lines_nowait`` and
-    ``wait(listener)`` read the body inside the connection's own callbacks, as it arrives."""
+    """A streamed answer: ``status`` and ``headers``, then the body as it arrives, read in whole
+    lines (``lines_nowait``, then ``wait``) or as it comes (``readany``). Reading stops
+    (``pause_reading``) while more than ``_HIGH_WATER`` bytes wait unread. ``set_exception`` makes
+    the next read raise it (a deadline); ``close`` hands a finished answer's connection back, else
+    aborts it. With ``wait(listener)`` the body is read inside the connection's own callbacks, as
+    it arrives."""
 
     def __init__(self, conn: _Connection, client: RawHTTP, slots: asyncio.Semaphore) -> None:
         self.status = 0
@@ -301,22 +302,12 @@ class RawStream:
 
     # ------------------------------------------------------------ read by the caller
 
-    async def readline(self) -> bytes:
-        """The next line with its ``\n``; at the end, what is left (b"" when nothing is)."""
-        while (line := self._line_nowait(self._buffer.find(b"\n"))) is None:
-            await self.wait()
-        return line
-
     def lines_nowait(self) -> bytes | None:
         """Every whole line that has arrived, with their ``\n`` (at the end, what is left: b"" when
-        nothing is); None when no whole line has arrived yet."""
-        return self._line_nowait(self._buffer.rfind(b"\n"))
-
-    def _line_nowait(self, newline: int) -> bytes | None:
-        """What ends at ``newline`` (an index in the buffer, -1: none), as ``lines_nowait`` says."""
+        nothing is); None when no whole line has arrived yet (``wait`` for more)."""
         if self._exc is not None:
             raise self._exc
-        if newline >= 0:
+        if (newline := self._buffer.rfind(b"\n")) >= 0:
             return self._take(newline + 1)
         if self._eof:
             return self._take(len(self._buffer))

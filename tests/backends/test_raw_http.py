@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from backends.raw_http import ProtocolError, RawHTTP
+from backends.raw_http import ProtocolError, RawHTTP, RawStream
 
 
 class Server:
@@ -122,6 +122,12 @@ async def test_unreachable_and_bad_input() -> None:
     assert issubclass(ProtocolError, OSError)
 
 
+async def whole_lines(stream: RawStream) -> bytes:
+    while (lines := stream.lines_nowait()) is None:
+        await stream.wait()
+    return lines
+
+
 async def test_a_stream_is_read_by_line_and_its_connection_reused(server: tuple[Server, str]) -> None:
     s, base = server
     head = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
@@ -132,9 +138,10 @@ async def test_a_stream_is_read_by_line_and_its_connection_reused(server: tuple[
     stream = await client.open_stream("/chat/completions", b"{}")
     assert (stream.status, stream.headers["content-type"]) == (200, "text/event-stream")
     lines = []
-    while line := await stream.readline():
-        lines.append(line)
-    assert lines == [b"data: one\n", b"\n", b"data: two\n", b"\n"] and stream.at_eof()
+    while read := await whole_lines(stream):
+        lines.append(read)
+    assert b"".join(lines) == b"data: one\n\ndata: two\n\n" and stream.at_eof()
+    assert all(read.endswith(b"\n") for read in lines)  # never half a line
     stream.close()
     assert (await client.post("/x", b"{}")).body == b"after"
     assert s.connections == 1  # the finished stream's connection carried the next request
@@ -149,7 +156,7 @@ async def test_an_unfinished_stream_is_cut_and_a_deadline_fails_its_read(server:
     assert await stream.readany() == b"data:"
     stream.set_exception(TimeoutError())
     with pytest.raises(TimeoutError):
-        await stream.readline()
+        await whole_lines(stream)
     stream.close()
     await asyncio.wait_for(s.disconnected.wait(), 5)  # the upstream sees the caller go
 
