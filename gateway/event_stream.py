@@ -59,21 +59,30 @@ class _WatchedBody(ASGIStreamingResponse):
             # duck-typed look, as an isinstance check on a runtime Protocol costs microseconds
             if write_now is not None and (write_directly := getattr(self.iterator, "write_directly", None)):
                 write_directly(write_now)
-            await self.send_body(scope.get(DIRECT_SEND, send), receive)  # type: ignore[arg-type]  # a custom scope key
+            await self.send_body(scope.get(DIRECT_SEND, send), receive, write_now)  # type: ignore[arg-type]
         await self.after_response()
 
-    async def send_body(self, send: Send, receive: Receive) -> None:
+    async def send_body(self, send: Send, receive: Receive, write_now: WriteNow | None = None) -> None:
         body = asyncio.current_task()
         assert body is not None
         watcher = body.get_loop().create_task(_cancel_on_disconnect(receive, body))
         try:
-            await self._stream(send)
+            await (self._stream(send) if write_now is None else self._write_stream(send, write_now))
         except asyncio.CancelledError:
             # the client left (the watcher cancelled this task), unless something else cancels too
             if not watcher.done() or watcher.cancelled() or body.uncancel() > 0:
                 raise
         finally:
             watcher.cancel()
+
+    async def _write_stream(self, send: Send, write_now: WriteNow) -> None:
+        """``_stream``, but each chunk is written at once (with the response's head, for the first),
+        not at the end of the loop's turn: one turn less before the client has it. A chunk the
+        writer cannot take now (a full client buffer) goes through ``send``, which waits."""
+        async for chunk in self.iterator:
+            if not write_now(chunk):
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
 async def _cancel_on_disconnect(receive: Receive, body: asyncio.Task[Any]) -> None:

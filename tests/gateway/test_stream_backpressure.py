@@ -13,6 +13,7 @@ from urllib.parse import urlsplit
 
 import openai
 
+from gateway.cli import http_protocol
 from gateway.streaming import SSERelay
 from tests.conftest import ADMIN_KEY
 from tests.gateway.conftest import GatewayEnv
@@ -79,3 +80,32 @@ def test_chunks_after_the_first_are_written_from_the_upstream_callback(env: Gate
         text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
     assert text == "a b c d e f"
     assert len(pushed) >= 5  # all but the first (and any a full client buffer sent the other way)
+
+
+def test_every_chunk_is_written_as_soon_as_it_is_ready(env: GatewayEnv, upstream: FakeUpstream) -> None:
+    """The first chunk and the end (pulled by the response's task) are written at once too, the
+    first with the response's head, not at the end of the loop's turn: every event the client
+    gets went through the synchronous writer."""
+    written: list[bytes] = []
+    write_body_now = http_protocol._write_body_now
+
+    def recording(request: Any, data: bytes) -> bool:
+        done = write_body_now(request, data)
+        if done:
+            written.append(data)
+        return done
+
+    url = urlsplit(env.base_url)
+    payload = json.dumps({"model": "echo", "stream": True,
+                          "messages": [{"role": "user", "content": "a b c"}]}).encode()
+    with patch.object(http_protocol, "_write_body_now", recording), socket.socket() as sock:
+        sock.connect((url.hostname, url.port))
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: gw\r\ncontent-type: application/json\r\n"
+                     b"authorization: Bearer " + ADMIN_KEY.encode() + b"\r\nconnection: close\r\n"
+                     b"content-length: %d\r\n\r\n" % len(payload) + payload)
+        raw = bytearray()
+        while data := sock.recv(65536):
+            raw += data
+    body = _chunked_body(bytes(raw))
+    assert body.endswith(b"data: [DONE]\n\n") and body.count(b"data: ") >= 5
+    assert b"".join(written) == body
