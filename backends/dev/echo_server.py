@@ -32,7 +32,9 @@ _PIECE = re.compile(r"\S+\s*")
 @dataclass
 class EchoOptions:
     latency: float = 0.0  # seconds before the response headers
-    chunk_delay: float = 0.0  # seconds after each stream chunk but the usage chunk
+    # seconds between stream chunks (but the usage chunk), on a fixed clock like a model server's
+    # decode steps: chunk k leaves k delays after the first, at once if this process ran late
+    chunk_delay: float = 0.0
     report_usage: bool = True  # False: behave like an upstream that never reports usage
     output_words: int | None = None  # answer with this many words (one stream chunk each), not the echo
     model_ids: tuple[str, ...] = ("echo",)
@@ -168,6 +170,8 @@ class EchoUpstream:
                        "headers": [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]})
         gone = asyncio.Event()
         watcher = asyncio.create_task(_watch_disconnect(ex.receive, gone))
+        loop = asyncio.get_running_loop()
+        due = loop.time()
         try:
             for item in [*events, None]:
                 if gone.is_set():
@@ -176,7 +180,8 @@ class EchoUpstream:
                 await ex.send({"type": "http.response.body", "body": b"data: " + data + b"\n\n", "more_body": True})
                 if self.options.chunk_delay and item is not None and item.get("usage") is None:
                     # the usage chunk follows the last one at once, as OpenAI's does
-                    await _sleep_unless(gone, self.options.chunk_delay)
+                    due += self.options.chunk_delay
+                    await _sleep_unless(gone, due - loop.time())
             await ex.send({"type": "http.response.body", "body": b"", "more_body": False})
             return not gone.is_set()
         finally:
@@ -190,6 +195,8 @@ async def _watch_disconnect(receive: Receive, gone: asyncio.Event) -> None:
 
 
 async def _sleep_unless(event: asyncio.Event, seconds: float) -> None:
+    if seconds <= 0:
+        return
     try:
         await asyncio.wait_for(event.wait(), seconds)
     except TimeoutError:
@@ -266,7 +273,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description="OpenAI-compatible echo upstream for local development.")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8001)
-    parser.add_argument("--chunk-delay", type=float, default=0.0, help="Seconds between stream chunks.")
+    parser.add_argument("--chunk-delay", type=float, default=0.0, help="Seconds between stream chunks (a fixed clock).")
     parser.add_argument("--latency", type=float, default=0.0, help="Seconds before the response headers.")
     parser.add_argument("--output-words", type=int, default=None, help="Answer with this many words (chunks).")
     args = parser.parse_args()
