@@ -160,7 +160,7 @@ class QuotaAdmission:
         except Exception as exc:  # the lease expires by itself; the budget keeps the reservation
             self._outage("settle", exc)
             return completed()
-        acknowledged: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        acknowledged: asyncio.Future[None] = sent.get_loop().create_future()  # not a lookup: a system call on 3.11
         self._settling.add(acknowledged)
         sent.add_done_callback(partial(self._acknowledged, acknowledged))
         return acknowledged
