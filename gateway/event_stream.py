@@ -23,7 +23,7 @@ from typing import Any
 
 from litestar.response.base import ASGIResponse
 from litestar.response.streaming import ASGIStreamingResponse, Stream
-from litestar.types import Receive, Scope, Send
+from litestar.types import HTTPResponseBodyEvent, Receive, Scope, Send
 
 DIRECT_SEND = "switchyard.direct_send"  # scope key: the ASGI server's own send, unwrapped
 WRITE_NOW = "switchyard.write_now"  # scope key: the server's synchronous body writer (WriteNow), if any
@@ -80,9 +80,12 @@ class _WatchedBody(ASGIStreamingResponse):
         not at the end of the loop's turn: one turn less before the client has it. A chunk the
         writer cannot take now (a full client buffer) goes through ``send``, which waits."""
         async for chunk in self.iterator:
-            if not write_now(chunk):
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
+            data = chunk if isinstance(chunk, bytes) else chunk.encode(self.encoding)
+            if not write_now(data):
+                event: HTTPResponseBodyEvent = {"type": "http.response.body", "body": data, "more_body": True}
+                await send(event)
+        end: HTTPResponseBodyEvent = {"type": "http.response.body", "body": b"", "more_body": False}
+        await send(end)
 
 
 async def _cancel_on_disconnect(receive: Receive, body: asyncio.Task[Any]) -> None:
