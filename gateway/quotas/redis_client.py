@@ -78,7 +78,7 @@ class _Protocol(asyncio.Protocol):
         self.reader = hiredis.Reader()
         self.waiting: deque[asyncio.Future[object]] = deque()
         self.sent_at: deque[float] = deque()  # the loop time each waiting command was sent
-        self.outgoing: list[bytes] = []  # written together when this turn of the loop ends
+        self.outgoing: list[bytes] = []  # commands nobody waits on: written together when the turn ends
         self.lost = False
         self._watch: asyncio.TimerHandle | None = None
 
@@ -109,7 +109,10 @@ class _Protocol(asyncio.Protocol):
             if not future.done():
                 future.set_exception(error)
 
-    def send(self, payload: bytes) -> asyncio.Future[object]:
+    def send(self, payload: bytes, at_once: bool = True) -> asyncio.Future[object]:
+        """Send a command: at once (with the commands this turn left for its end, in order, in one
+        system call), or with ``at_once=False`` when the loop's turn ends, with the others left so
+        (a busy loop writes many commands in one call)."""
         loop = self.loop
         future = loop.create_future()
         now = loop.time()
@@ -117,9 +120,11 @@ class _Protocol(asyncio.Protocol):
         self.sent_at.append(now)
         if self._watch is None:
             self._watch = loop.call_at(now + self.timeout, self._check)
-        if not self.outgoing:
-            loop.call_soon(self._flush)
         self.outgoing.append(payload)
+        if at_once:
+            self._flush()
+        elif len(self.outgoing) == 1:
+            loop.call_soon(self._flush)
         return future
 
     def _check(self) -> None:
@@ -138,6 +143,8 @@ class _Protocol(asyncio.Protocol):
         self.connection_lost(RedisUnavailable("timed out"))
 
     def _flush(self) -> None:
+        if not self.outgoing:
+            return
         data, self.outgoing = b"".join(self.outgoing), []
         if self.transport is not None and not self.lost:
             self.transport.write(data)
@@ -289,12 +296,13 @@ class RespClient:
         return await protocol.send(encode_command(args))
 
     def submit(self, *args: Arg) -> asyncio.Future[object]:
-        """Send a command without waiting for its reply: on the open connection it leaves with this
-        turn's other commands, in order; with none open it is sent once one is (``execute``)."""
+        """Send a command without waiting for its reply: on the open connection it leaves when this
+        turn of the loop ends, with the turn's other such commands, in order; with none open it is
+        sent once one is (``execute``). A command that is waited for (``execute``) leaves at once."""
         protocol = self._protocol
         if protocol is None or protocol.lost:
             return asyncio.ensure_future(self.execute(*args))
-        return protocol.send(encode_command(args))
+        return protocol.send(encode_command(args), at_once=False)
 
     async def ping(self) -> bool:
         return await self.execute("PING") in (b"PONG", "PONG")

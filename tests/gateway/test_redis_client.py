@@ -7,6 +7,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
+import redis
 
 from gateway.quotas import redis_client
 from gateway.quotas.redis_client import RedisError, RedisUnavailable, RespClient, encode_command
@@ -81,6 +82,28 @@ async def test_submitted_commands_go_out_in_order_without_waiting(server: RedisP
         with pytest.raises(RedisError, match="ERR"):
             await failed
     finally:
+        await client.aclose()
+
+
+async def test_a_command_waited_for_leaves_at_once_one_not_waited_for_when_the_turn_ends(
+        server: RedisProcess) -> None:
+    """An admission does not wait for the loop's turn to end before Redis has it; a settlement
+    (nobody waits on it) goes out with the turn's others, and the first carries any left pending."""
+    client = RespClient.from_url(server.url)
+    observer = redis.Redis.from_url(server.url)  # a second, blocking connection: sees what Redis has now
+    try:
+        await client.execute("PING")
+        protocol = client._protocol
+        assert protocol is not None
+        later = client.submit("SET", "later", 1)
+        time.sleep(0.2)  # still this turn of the loop
+        assert observer.get("later") is None
+        now = protocol.send(encode_command(("SET", "now", 1)))  # as execute sends
+        time.sleep(0.2)
+        assert observer.mget("later", "now") == [b"1", b"1"]  # both written, in order, before the turn ended
+        assert await later == b"OK" and await now == b"OK"
+    finally:
+        observer.close()
         await client.aclose()
 
 
