@@ -263,7 +263,8 @@ class Pipeline:
             await self.services.usage.sync()  # durable before the response's last byte
         except Exception:
             log.exception("recording usage for %s failed", flight.request_id)
-        hooks.on_settle(self.telemetry, record, meter.phases, flight.attempt_span)
+        finally:  # a cancelled wait for the fsync still counts the request
+            hooks.on_settle(self.telemetry, record, meter.phases, flight.attempt_span)
 
     def _cost(self, flight: _Flight, meter: Meter) -> float:
         names = [flight.deployment.id] if flight.deployment else []

@@ -13,7 +13,6 @@ callback straight to the client's (``SSERelay.write_directly``), with no task sw
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from enum import Enum
@@ -132,7 +131,7 @@ class SSERelay:
                     self._last = chunk
                 else:
                     self._outcome = Outcome.DRAINED
-                    await asyncio.shield(self.finish())  # the provider closed, the request settled
+                    await self.finish()  # the provider closed, the request settled
                     if (final := cut_chunk(self._last, self._stream.meter)) is not None:
                         yield encoder.chunk(final)
                     yield encoder.done()
@@ -147,7 +146,7 @@ class SSERelay:
             yield encoder.error(self._error)  # type: ignore[arg-type]
             return
         self._outcome = Outcome.COMPLETED
-        await asyncio.shield(self.finish())  # settled and its usage durable before the last byte
+        await self.finish()  # settled and its usage durable before the last byte
         yield encoder.done()
 
     def _pushed(self, chunk: Any) -> bool:
@@ -163,7 +162,9 @@ class SSERelay:
         self._outcome, self._error = Outcome.FAILED, error
 
     async def finish(self) -> None:
-        """Close the upstream and report the outcome; idempotent."""
+        """Close the upstream and report the outcome; idempotent. Awaited in the response's own task,
+        not shielded in a task of its own (three loop turns before the stream's last bytes): a
+        cancellation while the upstream closes still reports the outcome, as a unary answer's does."""
         if self._finished:
             return
         self._finished = True
@@ -171,7 +172,8 @@ class SSERelay:
             await self._stream.aclose()
         except Exception:
             log.exception("closing the upstream stream failed")
-        await self._on_end(self._stream.meter, self._outcome, self._error)
+        finally:
+            await self._on_end(self._stream.meter, self._outcome, self._error)
 
 
 _END = object()

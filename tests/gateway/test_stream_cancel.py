@@ -2,8 +2,15 @@
 
 from __future__ import annotations
 
-import openai
+import asyncio
+from typing import Any
 
+import openai
+import pytest
+
+from backends.base import ChunkStream, Meter
+from gateway.errors import ApiError
+from gateway.streaming import Outcome, SSERelay
 from tests.conftest import ADMIN_KEY
 from tests.gateway.conftest import GatewayEnv
 from tests.support.fake_upstream import FakeUpstream, Fault
@@ -42,3 +49,36 @@ async def test_async_client_cancel_with_slow_upstream(env: GatewayEnv, upstream:
     assert record.wait(10)
     assert record.completed is False
     assert env.usage.wait_for(1)[0].extra == {"outcome": "client_disconnected"}
+
+
+async def test_a_relay_cancelled_while_it_finishes_still_reports_its_outcome() -> None:
+    """SSERelay.finish runs in the response's task (no shielding task): cancelled while the
+    upstream closes, it still settles the request before the cancellation goes on."""
+    closing = asyncio.Event()
+
+    class _Closing:
+        def __aiter__(self) -> _Closing:
+            return self
+
+        async def __anext__(self) -> Any:
+            raise StopAsyncIteration
+
+        async def aclose(self) -> None:
+            closing.set()
+            await asyncio.Event().wait()  # an upstream that takes its time to close
+
+    ended: list[tuple[Meter, Outcome, ApiError | None]] = []
+
+    async def on_end(meter: Meter, outcome: Outcome, error: ApiError | None) -> None:
+        ended.append((meter, outcome, error))
+
+    stream = ChunkStream(chunks=_Closing(), meter=Meter(completion_tokens=3))
+    relay = SSERelay(stream, "public", on_end)
+    finishing = asyncio.ensure_future(relay.finish())
+    await closing.wait()
+    finishing.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await finishing
+    assert [(m.completion_tokens, o) for m, o, _ in ended] == [(3, Outcome.DISCONNECTED)]
+    await relay.finish()  # idempotent: the background task's call reports nothing twice
+    assert len(ended) == 1
