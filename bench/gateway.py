@@ -1,7 +1,7 @@
 """What the gateway adds to every request, measured against the same upstream hit directly.
 
 Starts, each in its own process on loopback: three echo upstreams (no latency; 20 ms latency; 20
-chunks 5 ms apart), and the gateway (``switchyard serve`` settings: uvicorn + uvloop + httptools,
+chunks 5 ms apart on a fixed clock), and the gateway (``switchyard serve`` settings: uvicorn + uvloop + httptools,
 one worker unless ``--workers``) on the full production path: SQL API keys (PostgreSQL), Redis
 quotas with high limits, usage metered into PostgreSQL. A fresh PostgreSQL database is created and
 dropped. Load comes from a small raw-HTTP/1.1 asyncio client on keep-alive connections (or ``wrk``
