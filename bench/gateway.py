@@ -1,6 +1,6 @@
 """What the gateway adds to every request, measured against the same upstream hit directly.
 
-Starts, each in its own process on loopback: three echo upstreams (no latency; 20 ms latency; 20
+Starts, each in its own process on loopback: three upstreams (no latency; 20 ms latency; 20
 chunks 5 ms apart on a fixed clock), and the gateway (``switchyard serve`` settings: uvicorn + uvloop + httptools,
 one worker unless ``--workers``) on the full production path: SQL API keys (PostgreSQL), Redis
 quotas with high limits, usage metered into PostgreSQL. A fresh PostgreSQL database is created and
@@ -9,9 +9,16 @@ for (a) with ``--wrk``).
 
     .venv/bin/python -m bench.gateway [--seconds 8] [--rates 500,1000] [--slices 3] [--workers 1]
                                       [--no-pin] [--wrk] [--profile prof.txt --profile-phase a]
+                                      [--upstream lean|echo]
+
+The upstreams are ``bench.lean_upstream`` (a raw asyncio protocol; about 0.3 ms of CPU per
+20-chunk stream) unless ``--upstream echo`` takes the dev echo server (uvicorn and an ASGI app;
+about 0.8 ms). They share the load CPU with Redis: with the echo server that CPU was full during
+(c), so Redis and the upstream answered the gateway late, and (a) measured the echo server's rate
+(8,000-12,000 requests/s here) more than the gateway's ratio to a model server's.
 
 Pinning (the default on a machine with at least two CPUs): the gateway (all its workers) runs on
-the first ``--workers`` CPUs with ``taskset``; this process (the load generator), the echo
+the first ``--workers`` CPUs with ``taskset``; this process (the load generator), the
 upstreams, and the running Redis and PostgreSQL servers (``harness.services_on``, for the run) on
 the others: the gateway has its cores to itself, as beside stores on other machines. Each figure
 is measured in the same run against the upstream hit directly, so ratios hold better than absolute
@@ -47,6 +54,7 @@ from typing import Any
 from bench.harness import (
     ADMIN_KEY,
     REDIS_URL,
+    UPSTREAMS,
     Gateway,
     count_usage_rows,
     cpu_seconds,
@@ -341,6 +349,8 @@ def main() -> None:
     parser.add_argument("--profile", help="py-spy raw (collapsed) profile of the gateway, written to this file.")
     parser.add_argument("--profile-phase", default="a", help="The phase --profile covers: a, b or c.")
     parser.add_argument("--phases", default="abc", help="Which of the phases (a) (b) (c) to run.")
+    parser.add_argument("--upstream", choices=sorted(UPSTREAMS), default="lean",
+                        help="The upstreams: lean (bench.lean_upstream) or echo (backends.dev.echo_server).")
     args = parser.parse_args()
     args.rates = [float(r) for r in args.rates.split(",") if r]
     gateway_cpus, load_cpus = cpu_plan(args.workers, args.pin)
@@ -357,9 +367,10 @@ def main() -> None:
         work = Path(tmp)
         procs = {}
         try:
-            procs["fast"], fast = start_upstream(cpus=load_cpus)
-            procs["slow"], slow = start_upstream("--latency", "0.02", cpus=load_cpus)
-            procs["streamy"], streamy = start_upstream("--output-words", "20", "--chunk-delay", "0.005", cpus=load_cpus)
+            procs["fast"], fast = start_upstream(cpus=load_cpus, module=UPSTREAMS[args.upstream])
+            procs["slow"], slow = start_upstream("--latency", "0.02", cpus=load_cpus, module=UPSTREAMS[args.upstream])
+            procs["streamy"], streamy = start_upstream("--output-words", "20", "--chunk-delay", "0.005", cpus=load_cpus,
+                                                       module=UPSTREAMS[args.upstream])
             config = gateway_config(db_url, fast, slow, streamy, work / "journal")
             gw = start_gateway(config, work, args.workers, gateway_cpus)
             try:

@@ -6,7 +6,8 @@ the same CPU: A from another checkout (``--baseline``, a git worktree of the com
 change: its ``gateway`` and ``backends`` packages go first on the path) and B from this tree. Only
 one of them has load at a time: each round runs a short slice of the upstream hit directly, then
 A, then B (then B before A the next round), for (b) requests at a fixed offered rate with 20 ms
-upstream latency and (c) 64 streams kept up; the slices of each are pooled.
+upstream latency and (c) 64 streams kept up; the slices of each are pooled. The upstreams are
+``bench.gateway``'s (``--upstream``).
 
     git worktree add /tmp/base HEAD~1
     .venv/bin/python -m bench.gateway_ab --baseline /tmp/base [--rounds 8] [--slice 1.5] [--rate 1000]
@@ -25,6 +26,7 @@ from pathlib import Path
 
 from bench.gateway import CHAT, STREAM_SECONDS, cpu_plan, errors_of, gateway_config, gateway_cpu
 from bench.harness import (
+    UPSTREAMS,
     Gateway,
     fresh_database,
     make_tenant_key,
@@ -100,6 +102,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=8, help="Rounds of slices: direct, A, B.")
     parser.add_argument("--slice", type=float, default=1.5, help="Seconds of each slice.")
     parser.add_argument("--rate", type=float, default=1000.0, help="Offered requests/s of (b).")
+    parser.add_argument("--upstream", choices=sorted(UPSTREAMS), default="lean",
+                        help="The upstreams: lean (bench.lean_upstream) or echo (backends.dev.echo_server).")
     args = parser.parse_args()
     gateway_cpus, load_cpus = cpu_plan(1, True)
     if load_cpus is not None:
@@ -112,9 +116,9 @@ def main() -> None:
         procs = {}
         gateways: dict[str, Gateway] = {}
         try:
-            procs["slow"], slow = start_upstream("--latency", "0.02", cpus=load_cpus)
+            procs["slow"], slow = start_upstream("--latency", "0.02", cpus=load_cpus, module=UPSTREAMS[args.upstream])
             procs["streamy"], streamy = start_upstream("--output-words", "20", "--chunk-delay", "0.005",
-                                                       cpus=load_cpus)
+                                                       cpus=load_cpus, module=UPSTREAMS[args.upstream])
             for who, path in zip(BUILDS, (str(Path(args.baseline).resolve()), None), strict=True):
                 work = Path(tmp) / who
                 work.mkdir()

@@ -49,13 +49,18 @@ def wait_http(url: str, proc: subprocess.Popen[bytes], timeout: float = 60.0) ->
     raise RuntimeError(f"{url} did not come up")
 
 
-def start_upstream(*args: str, cpus: str | None = None) -> tuple[subprocess.Popen[bytes], str]:
+ECHO = "backends.dev.echo_server"  # the dev echo upstream (ASGI under uvicorn)
+LEAN = "bench.lean_upstream"  # the same answers for the benchmarks' requests, at a fraction of the CPU
+UPSTREAMS = {"echo": ECHO, "lean": LEAN}
+
+
+def start_upstream(*args: str, cpus: str | None = None, module: str = ECHO) -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
     cmd = [
         *(["taskset", "-c", cpus] if cpus else []),
         sys.executable,
         "-m",
-        "backends.dev.echo_server",
+        module,
         "--port",
         str(port),
         *args,
