@@ -13,9 +13,9 @@ for (a) with ``--wrk``).
 
 The upstreams are ``bench.lean_upstream`` (a raw asyncio protocol; about 0.3 ms of CPU per
 20-chunk stream) unless ``--upstream echo`` takes the dev echo server (uvicorn and an ASGI app;
-about 0.8 ms). They share the load CPU with Redis: with the echo server that CPU was full during
-(c), so Redis and the upstream answered the gateway late, and (a) measured the echo server's rate
-(8,000-12,000 requests/s here) more than the gateway's ratio to a model server's.
+about 0.8 ms). They share the load CPU with Redis and the load generator. The choice moves (a)'s
+direct rate most (here 28,000-39,000 requests/s lean, 8,000-15,000 echo, so the ratio to it);
+with the two alternated in one run, (b) and (c) through the gateway came out the same within noise.
 
 Pinning (the default on a machine with at least two CPUs): the gateway (all its workers) runs on
 the first ``--workers`` CPUs with ``taskset``; this process (the load generator), the
