@@ -26,6 +26,7 @@ from backends.base import (
 )
 from backends.openai_wire import ErrorBody, ErrorDetail
 from gateway.db.errors import is_unavailable
+from gateway.json_response import JSONResponse
 
 log = logging.getLogger("switchyard.errors")
 
@@ -70,12 +71,7 @@ class ApiError(Exception):
         return ErrorBody(error=ErrorDetail(message=self.message, type=self.type, param=self.param, code=self.code))
 
     def to_response(self) -> Response[bytes]:
-        return Response(
-            content=msgspec.json.encode(self.body()),
-            status_code=self.status,
-            media_type="application/json",
-            headers=self.headers,
-        )
+        return JSONResponse(msgspec.json.encode(self.body()), status_code=self.status, headers=self.headers)
 
 
 class ParameterError(ValueError):

@@ -25,6 +25,7 @@ from gateway.calls import CallDescription
 from gateway.contracts import INCOMPLETE, Principal, QuotaExceeded, QuotaState, QuotaUnavailable, Ticket, UsageRecord
 from gateway.errors import ApiError, from_backend_error, retry_after_header
 from gateway.event_stream import EventStream
+from gateway.json_response import JSONResponse
 from gateway.quotas.reservation import prompt_reservation
 from gateway.routing.deployment import Deployment
 from gateway.routing.plan import RoutePlan
@@ -219,8 +220,7 @@ class Pipeline:
     async def _unary_response(self, flight: _Flight, result: Completed[Any]) -> Response[Any]:
         result.response.model = flight.call.model
         await self._settle(flight, result.meter, 200, None)
-        return Response(content=flight.call.dialect.unary(result.response), media_type="application/json",
-                        headers=self._headers(flight))
+        return JSONResponse(flight.call.dialect.unary(result.response), headers=self._headers(flight))
 
     def _stream_response(self, flight: _Flight, stream: ChunkStream[Any]) -> EventStream:
         async def on_end(meter: Meter, outcome: Outcome, error: ApiError | None) -> None:
