@@ -5,7 +5,8 @@ Starts the upstreams, PostgreSQL, Redis and pinning as ``bench.gateway`` does, a
 the same CPU: A from another checkout (``--baseline``, a git worktree of the commit before the
 change: its ``gateway`` and ``backends`` packages go first on the path) and B from this tree. Only
 one of them has load at a time: each round runs a short slice of the upstream hit directly, then
-A, then B (then B before A the next round), for (b) requests at a fixed offered rate with 20 ms
+A, then B (then B before A the next round), for (a) requests on 64 connections with no upstream
+latency (the CPU per request is the figure to read), (b) requests at a fixed offered rate with 20 ms
 upstream latency and (c) 64 streams kept up; the slices of each are pooled. The upstreams are
 ``bench.gateway``'s (``--upstream``).
 
@@ -56,17 +57,20 @@ def python_path(first: str | None) -> Iterator[None]:
             os.environ["PYTHONPATH"] = saved
 
 
-async def compare(args: argparse.Namespace, gateways: dict[str, Gateway], key: str, slow: str,
+async def compare(args: argparse.Namespace, gateways: dict[str, Gateway], key: str, fast: str, slow: str,
                   streamy: str) -> list[list[str]]:
-    targets: dict[str, dict[str, Target]] = {"b": {}, "c": {}}
+    targets: dict[str, dict[str, Target]] = {"a": {}, "b": {}, "c": {}}
+    targets["a"]["direct"] = http_request(fast, "/v1/chat/completions", CHAT | {"model": "echo"}, None)
     targets["b"]["direct"] = http_request(slow, "/v1/chat/completions", CHAT | {"model": "echo"}, None)
     targets["c"]["direct"] = http_request(streamy, "/v1/chat/completions", CHAT | {"model": "echo", "stream": True},
                                           None)
     for name, gw in gateways.items():
+        targets["a"][name] = http_request(gw.url, "/v1/chat/completions", CHAT | {"model": "fast"}, key)
         targets["b"][name] = http_request(gw.url, "/v1/chat/completions", CHAT | {"model": "slow"}, key)
         targets["c"][name] = http_request(gw.url, "/v1/chat/completions", CHAT | {"model": "streamy", "stream": True},
                                           key)
     loads: dict[str, Callable[[Target], Awaitable[Run]]] = {
+        "a": partial(closed_loop, connections=64, seconds=args.slice),
         "b": partial(open_loop, rate=args.rate, seconds=args.slice),
         "c": partial(closed_loop, connections=64, seconds=args.slice, stagger=STREAM_SECONDS),
     }
@@ -85,7 +89,8 @@ async def compare(args: argparse.Namespace, gateways: dict[str, Gateway], key: s
                 pooled.errors += part.errors
                 pooled.seconds += part.seconds
     rows = []
-    for phase, what, label in (("b", "total", f"(b) latency @{args.rate:g}/s"), ("c", "first", "(c) kept up: TTFC")):
+    for phase, what, label in (("a", "total", "(a) 64 connections"), ("b", "total", f"(b) latency @{args.rate:g}/s"),
+                               ("c", "first", "(c) kept up: TTFC")):
         direct = runs[phase, "direct"]
         for who in BUILDS:
             g = runs[phase, who]
@@ -116,6 +121,7 @@ def main() -> None:
         procs = {}
         gateways: dict[str, Gateway] = {}
         try:
+            procs["fast"], fast = start_upstream(cpus=load_cpus, module=UPSTREAMS[args.upstream])
             procs["slow"], slow = start_upstream("--latency", "0.02", cpus=load_cpus, module=UPSTREAMS[args.upstream])
             procs["streamy"], streamy = start_upstream("--output-words", "20", "--chunk-delay", "0.005",
                                                        cpus=load_cpus, module=UPSTREAMS[args.upstream])
@@ -123,10 +129,10 @@ def main() -> None:
                 work = Path(tmp) / who
                 work.mkdir()
                 with python_path(path):
-                    gateways[who] = start_gateway(gateway_config(db_url, slow, slow, streamy, work / "journal"),
+                    gateways[who] = start_gateway(gateway_config(db_url, fast, slow, streamy, work / "journal"),
                                                   work, 1, gateway_cpus)
             key = make_tenant_key(gateways["B"].url)
-            rows = asyncio.run(compare(args, gateways, key, slow, streamy))
+            rows = asyncio.run(compare(args, gateways, key, fast, slow, streamy))
         finally:
             for gw in gateways.values():
                 stop(gw.proc)
