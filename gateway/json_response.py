@@ -6,7 +6,7 @@ every header again: on a completion's dozen headers (the request id, six rate-li
 was a tenth of the CPU of sending the answer. Here the body is bytes already, so the start
 message's header list is made in one pass, with the same headers in the same order. A route or app
 that adds anything of its own to the response (headers, cookies, a background task) gets Litestar's
-conversion unchanged.
+conversion unchanged. ``gateway.event_stream`` makes a stream's header list the same way.
 """
 
 from __future__ import annotations
@@ -54,13 +54,22 @@ class JSONResponse(Response[bytes]):
                 headers=headers, is_head_response=is_head_response, media_type=media_type,
                 status_code=status_code, type_encoders=type_encoders,
             )
-        raw = [(name.lower().encode("latin-1"), value.encode("latin-1")) for name, value in self.headers.items()]
-        names = {name for name, _ in raw}
-        if b"content-type" not in names:
-            raw.append((b"content-type", JSON))
-        if b"content-length" not in names:
-            raw.append((b"content-length", b"%d" % len(self.content)))
+        raw = encode_headers(self.headers, JSON, len(self.content))
         return _EncodedResponse(self.status_code or status_code or 200, raw, self.content)
+
+
+def encode_headers(
+    headers: dict[str, Any], content_type: bytes, content_length: int | None
+) -> list[tuple[bytes, bytes]]:
+    """The header list ``ASGIResponse`` makes of ``headers``: names lowercased, in order, then the
+    content type and (when given) length unless ``headers`` has them."""
+    raw = [(name.lower().encode("latin-1"), value.encode("latin-1")) for name, value in headers.items()]
+    names = {name for name, _ in raw}
+    if b"content-type" not in names:
+        raw.append((b"content-type", content_type))
+    if content_length is not None and b"content-length" not in names:
+        raw.append((b"content-length", b"%d" % content_length))
+    return raw
 
 
 class _EncodedResponse(ASGIResponse):

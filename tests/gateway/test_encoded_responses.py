@@ -1,5 +1,6 @@
-"""``JSONResponse`` sends what Litestar's ``Response`` sends for the same answer, byte for byte,
-and takes Litestar's own way when a route or the app adds something of its own."""
+"""``JSONResponse`` sends what Litestar's ``Response`` sends for the same answer, and ``EventStream``
+what Litestar's ``Stream`` sends for the same events, byte for byte; both take Litestar's own way
+when a route or the app adds something of its own."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ import pytest
 from litestar import Response
 from litestar.background_tasks import BackgroundTask
 from litestar.datastructures import Cookie
+from litestar.response import Stream
 
+from gateway.event_stream import EventStream
 from gateway.json_response import JSONResponse
 
 BODY = b'{"id":"chatcmpl-1","choices":[]}'
@@ -20,15 +23,22 @@ HEADERS = {"x-request-id": "req-1", "X-RateLimit-Limit-Requests": "60", "x-ratel
 def sent(response: Response[Any], **route: Any) -> list[dict[str, Any]]:
     """The ASGI messages ``response`` sends when a route with ``route``'s settings returns it."""
     messages: list[dict[str, Any]] = []
+    ended = asyncio.Event()
 
     async def send(message: Any) -> None:
         messages.append(message)
+        if message["type"] == "http.response.body" and not message.get("more_body"):
+            ended.set()
 
-    async def receive() -> Any:
+    async def receive() -> Any:  # as a server's: the disconnect comes once the response is over
+        await ended.wait()
         return {"type": "http.disconnect"}
 
-    asgi = response.to_asgi_response(None, None, **({"cookies": [], "headers": {}, "status_code": 200} | route))  # type: ignore[arg-type]
-    asyncio.run(asgi({"type": "http"}, receive, send))  # type: ignore[arg-type]
+    async def run() -> None:
+        asgi = response.to_asgi_response(None, None, **({"cookies": [], "headers": {}, "status_code": 200} | route))  # type: ignore[arg-type]
+        await asgi({"type": "http"}, receive, send)  # type: ignore[arg-type]
+
+    asyncio.run(run())
     return messages
 
 
@@ -60,3 +70,26 @@ def test_the_responses_own_cookie_is_sent() -> None:
         response.set_cookie("session", "s1")
     assert sent(ours) == sent(litestars)
     assert any(name == b"set-cookie" for name, _ in sent(ours)[0]["headers"])
+
+
+async def _events() -> Any:
+    for event in (b"data: 1\n\n", b"data: [DONE]\n\n"):
+        yield event
+
+
+@pytest.mark.parametrize("route", [
+    {}, {"headers": {"x-route": "1"}}, {"cookies": [Cookie(key="k", value="v")]}, {"status_code": 201},
+    {"media_type": "application/json"},
+], ids=["plain", "route headers", "route cookies", "route status", "route media type"])
+def test_an_event_stream_sends_what_litestars_stream_sends(route: dict[str, Any]) -> None:
+    done: list[str] = []
+
+    async def finish(who: str) -> None:
+        done.append(who)
+
+    ours = sent(EventStream(_events(), headers=HEADERS, background=BackgroundTask(finish, "ours")), **route)
+    litestars = sent(Stream(_events(), media_type="text/event-stream", headers=HEADERS,
+                            background=BackgroundTask(finish, "litestars")), **route)
+    assert ours == litestars
+    assert [m.get("body") for m in ours[1:]] == [b"data: 1\n\n", b"data: [DONE]\n\n", b""]
+    assert done == ["ours", "litestars"]
