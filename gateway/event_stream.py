@@ -18,21 +18,20 @@ they arrive.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterable, Callable, Iterable
+from collections.abc import AsyncIterable, Callable
 from typing import TYPE_CHECKING, Any
 
-from litestar.datastructures import Cookie, MutableScopeHeaders
+from litestar.datastructures import MutableScopeHeaders
 from litestar.enums import MediaType
 from litestar.response.base import ASGIResponse
 from litestar.response.streaming import ASGIStreamingResponse, Stream
-from litestar.types import HTTPResponseBodyEvent, Receive, Scope, Send, TypeEncodersMap
+from litestar.types import HTTPResponseBodyEvent, Receive, Scope, Send
 from litestar.utils.helpers import get_enum_string_value
 
-from gateway.json_response import encode_headers
+from gateway.json_response import encode_headers, litestar_adds
 
 if TYPE_CHECKING:
     from litestar import Litestar, Request
-    from litestar.background_tasks import BackgroundTask, BackgroundTasks
 
 DIRECT_SEND = "switchyard.direct_send"  # scope key: the ASGI server's own send, unwrapped
 WRITE_NOW = "switchyard.write_now"  # scope key: the server's synchronous body writer (WriteNow), if any
@@ -49,37 +48,20 @@ class EventStream(Stream):
     def __init__(self, events: AsyncIterable[bytes], **kwargs: Any) -> None:
         super().__init__(events, media_type="text/event-stream", **kwargs)
 
-    def to_asgi_response(
-        self,
-        app: Litestar | None,
-        request: Request[Any, Any, Any],
-        *,
-        background: BackgroundTask | BackgroundTasks | None = None,
-        cookies: Iterable[Cookie] | None = None,
-        encoded_headers: Iterable[tuple[bytes, bytes]] | None = None,
-        headers: dict[str, str] | None = None,
-        is_head_response: bool = False,
-        media_type: MediaType | str | None = None,
-        status_code: int | None = None,
-        type_encoders: TypeEncodersMap | None = None,
-    ) -> ASGIResponse:
-        if app is not None or cookies or encoded_headers is not None or headers or is_head_response or self.cookies:
-            response = super().to_asgi_response(
-                app, request, background=background, cookies=cookies, encoded_headers=encoded_headers,
-                headers=headers, is_head_response=is_head_response, media_type=media_type,
-                status_code=status_code, type_encoders=type_encoders,
-            )
+    def to_asgi_response(self, app: Litestar | None, request: Request[Any, Any, Any], **kwargs: Any) -> ASGIResponse:
+        if litestar_adds(app, kwargs) or self.cookies:
+            response = super().to_asgi_response(app, request, **kwargs)
             response.__class__ = _WatchedBody  # same slots: only send_body differs
             return response
         # what Stream.to_asgi_response and ASGIResponse do, with the header list made in one pass
-        kind = get_enum_string_value(media_type or self.media_type or MediaType.JSON)
+        kind = get_enum_string_value(kwargs.get("media_type") or self.media_type or MediaType.JSON)
         content_type = f"{kind}; charset={self.encoding}" if kind.startswith("text/") else kind
         response = _WatchedBody.__new__(_WatchedBody)
         response.headers = MutableScopeHeaders({"headers": encode_headers(self.headers, content_type.encode(), None)})
-        response.status_code = self.status_code or status_code or 200
+        response.status_code = self.status_code or kwargs.get("status_code") or 200
         response.body = b""
         response.content_length = 0
-        response.background = self.background or background
+        response.background = self.background or kwargs.get("background")
         response.encoding = self.encoding
         response.is_head_response = False
         response._encoded_cookies = ()

@@ -11,18 +11,14 @@ conversion unchanged. ``gateway.event_stream`` makes a stream's header list the 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from litestar import Response
-from litestar.datastructures import Cookie, MutableScopeHeaders
+from litestar.datastructures import MutableScopeHeaders
 from litestar.response.base import ASGIResponse
-from litestar.types import TypeEncodersMap
 
 if TYPE_CHECKING:
     from litestar import Litestar, Request
-    from litestar.background_tasks import BackgroundTask, BackgroundTasks
-    from litestar.enums import MediaType
 
 JSON = b"application/json"
 
@@ -33,29 +29,18 @@ class JSONResponse(Response[bytes]):
     def __init__(self, body: bytes, *, status_code: int | None = None, headers: dict[str, str] | None = None) -> None:
         super().__init__(body, status_code=status_code, media_type="application/json", headers=headers)
 
-    def to_asgi_response(
-        self,
-        app: Litestar | None,
-        request: Request[Any, Any, Any],
-        *,
-        background: BackgroundTask | BackgroundTasks | None = None,
-        cookies: Iterable[Cookie] | None = None,
-        encoded_headers: Iterable[tuple[bytes, bytes]] | None = None,
-        headers: dict[str, str] | None = None,
-        is_head_response: bool = False,
-        media_type: MediaType | str | None = None,
-        status_code: int | None = None,
-        type_encoders: TypeEncodersMap | None = None,
-    ) -> ASGIResponse:
-        if (app is not None or background is not None or cookies or encoded_headers is not None or headers
-                or is_head_response or self.background is not None or self.cookies):
-            return super().to_asgi_response(
-                app, request, background=background, cookies=cookies, encoded_headers=encoded_headers,
-                headers=headers, is_head_response=is_head_response, media_type=media_type,
-                status_code=status_code, type_encoders=type_encoders,
-            )
+    def to_asgi_response(self, app: Litestar | None, request: Request[Any, Any, Any], **kwargs: Any) -> ASGIResponse:
+        if litestar_adds(app, kwargs) or kwargs.get("background") is not None or self.background or self.cookies:
+            return super().to_asgi_response(app, request, **kwargs)
         raw = encode_headers(self.headers, JSON, len(self.content))
-        return _EncodedResponse(self.status_code or status_code or 200, raw, self.content)
+        return _EncodedResponse(self.status_code or kwargs.get("status_code") or 200, raw, self.content)
+
+
+def litestar_adds(app: Litestar | None, route: dict[str, Any]) -> bool:
+    """Whether Litestar's ``to_asgi_response``, given ``route``'s keywords (what the route and app
+    add), has more to put in the response than its own content, status and headers."""
+    return bool(app is not None or route.get("cookies") or route.get("encoded_headers") is not None
+                or route.get("headers") or route.get("is_head_response"))
 
 
 def encode_headers(
