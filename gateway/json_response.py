@@ -2,11 +2,11 @@
 
 Litestar's ``ASGIResponse`` puts its headers one by one into a ``MutableScopeHeaders`` and then sets
 ``content-type`` and ``content-length`` where absent with two case-insensitive scans that decode
-every header again: on a completion's dozen headers (the request id, six rate-limit headers) that
-was a tenth of the CPU of sending the answer. Here the body is bytes already, so the start
-message's header list is made in one pass, with the same headers in the same order. A route or app
-that adds anything of its own to the response (headers, cookies, a background task) gets Litestar's
-conversion unchanged. ``gateway.event_stream`` makes a stream's header list the same way.
+every header again, on a completion's dozen headers (the request id, six rate-limit headers). Here
+the body is bytes already, so the start message's header list is made in one pass, with the same
+headers in the same order (``bench.gateway_ab``: 4-8 % less CPU per request). A route or app that
+adds headers or cookies of its own gets Litestar's conversion unchanged. ``gateway.event_stream``
+makes a stream's header list the same way.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from litestar.response.base import ASGIResponse
 
 if TYPE_CHECKING:
     from litestar import Litestar, Request
+    from litestar.background_tasks import BackgroundTask, BackgroundTasks
 
 JSON = b"application/json"
 
@@ -26,14 +27,17 @@ JSON = b"application/json"
 class JSONResponse(Response[bytes]):
     """``application/json`` with a body already encoded."""
 
-    def __init__(self, body: bytes, *, status_code: int | None = None, headers: dict[str, str] | None = None) -> None:
-        super().__init__(body, status_code=status_code, media_type="application/json", headers=headers)
+    def __init__(self, body: bytes, *, status_code: int | None = None, headers: dict[str, str] | None = None,
+                 background: BackgroundTask | BackgroundTasks | None = None) -> None:
+        super().__init__(body, status_code=status_code, media_type="application/json", headers=headers,
+                         background=background)
 
     def to_asgi_response(self, app: Litestar | None, request: Request[Any, Any, Any], **kwargs: Any) -> ASGIResponse:
-        if litestar_adds(app, kwargs) or kwargs.get("background") is not None or self.background or self.cookies:
+        if litestar_adds(app, kwargs) or self.cookies:
             return super().to_asgi_response(app, request, **kwargs)
-        raw = encode_headers(self.headers, JSON, len(self.content))
-        return _EncodedResponse(self.status_code or kwargs.get("status_code") or 200, raw, self.content)
+        return _EncodedResponse(self.status_code or kwargs.get("status_code") or 200,
+                                encode_headers(self.headers, JSON, len(self.content)), self.content,
+                                self.background or kwargs.get("background"))
 
 
 def litestar_adds(app: Litestar | None, route: dict[str, Any]) -> bool:
@@ -62,13 +66,14 @@ class _EncodedResponse(ASGIResponse):
 
     __slots__ = ()
 
-    def __init__(self, status_code: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
+    def __init__(self, status_code: int, headers: list[tuple[bytes, bytes]], body: bytes,
+                 background: BackgroundTask | BackgroundTasks | None) -> None:
         # every slot ASGIResponse.__init__ sets, without its per-header work
         self.headers = MutableScopeHeaders({"headers": headers})
         self.status_code = status_code
         self.body = body
         self.content_length = len(body)
-        self.background = None
+        self.background = background
         self.encoding = "utf-8"
         self.is_head_response = False
         self._encoded_cookies = ()

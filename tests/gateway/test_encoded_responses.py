@@ -5,6 +5,7 @@ when a route or the app adds something of its own."""
 from __future__ import annotations
 
 import asyncio
+from functools import partial
 from typing import Any
 
 import pytest
@@ -61,6 +62,21 @@ def test_what_a_route_adds_is_sent_as_litestar_sends_it(route: dict[str, Any]) -
     ours = sent(JSONResponse(BODY, headers=HEADERS), **route)
     litestars = sent(Response(BODY, media_type="application/json", headers=HEADERS), **route)
     assert ours == litestars
+
+
+def test_a_background_task_runs_after_the_answer_as_litestars_does() -> None:
+    ran: list[str] = []
+
+    async def task(who: str) -> None:
+        ran.append(who)
+
+    def litestars(**kw: Any) -> Response[bytes]:
+        return Response(BODY, media_type="application/json", **kw)
+
+    for make in (partial(JSONResponse, BODY), litestars):
+        sent(make(headers=HEADERS), background=BackgroundTask(task, "route"))
+        sent(make(headers=HEADERS, background=BackgroundTask(task, "own")), background=BackgroundTask(task, "route"))
+    assert ran == ["route", "own"] * 2
 
 
 def test_the_responses_own_cookie_is_sent() -> None:
