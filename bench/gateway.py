@@ -14,7 +14,7 @@ for (a) with ``--wrk``).
 The upstreams are ``bench.lean_upstream`` (a raw asyncio protocol; about 0.3 ms of CPU per
 20-chunk stream) unless ``--upstream echo`` takes the dev echo server (uvicorn and an ASGI app;
 about 0.8 ms). They share the load CPU with Redis and the load generator. The choice moves (a)'s
-direct rate most (here 28,000-39,000 requests/s lean, 8,000-15,000 echo, so the ratio to it);
+direct rate most (here 28,000-40,000 requests/s lean, 8,000-15,000 echo, so the ratio to it);
 with the two alternated in one run, (b) and (c) through the gateway came out the same within noise.
 
 Pinning (the default on a machine with at least two CPUs): the gateway (all its workers) runs on
