@@ -11,7 +11,7 @@ upstream latency and (c) 64 streams kept up; the slices of each are pooled. The 
 ``bench.gateway``'s (``--upstream``).
 
     git worktree add /tmp/base HEAD~1
-    .venv/bin/python -m bench.gateway_ab --baseline /tmp/base [--rounds 8] [--slice 1.5] [--rate 1000]
+    .venv/bin/python -m bench.gateway_ab --baseline /tmp/base [--rounds 8] [--slice 1.5] [--rate 1000] [--phases abc]
 """
 
 from __future__ import annotations
@@ -74,6 +74,7 @@ async def compare(args: argparse.Namespace, gateways: dict[str, Gateway], key: s
         "b": partial(open_loop, rate=args.rate, seconds=args.slice),
         "c": partial(closed_loop, connections=64, seconds=args.slice, stagger=STREAM_SECONDS),
     }
+    loads = {phase: load for phase, load in loads.items() if phase in args.phases}
     runs = {(phase, who): Run() for phase in loads for who in ("direct", *BUILDS)}
     cpu = {(phase, who): 0.0 for phase in loads for who in BUILDS}
     for round_ in range(args.rounds):
@@ -91,6 +92,8 @@ async def compare(args: argparse.Namespace, gateways: dict[str, Gateway], key: s
     rows = []
     for phase, what, label in (("a", "total", "(a) 64 connections"), ("b", "total", f"(b) latency @{args.rate:g}/s"),
                                ("c", "first", "(c) kept up: TTFC")):
+        if phase not in loads:
+            continue
         direct = runs[phase, "direct"]
         for who in BUILDS:
             g = runs[phase, who]
@@ -109,6 +112,7 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=1000.0, help="Offered requests/s of (b).")
     parser.add_argument("--upstream", choices=sorted(UPSTREAMS), default="lean",
                         help="The upstreams: lean (bench.lean_upstream) or echo (backends.dev.echo_server).")
+    parser.add_argument("--phases", default="abc", help="Which of the phases (a) (b) (c) to run.")
     args = parser.parse_args()
     gateway_cpus, load_cpus = cpu_plan(1, True)
     if load_cpus is not None:

@@ -64,6 +64,15 @@ def encode_command(args: tuple[Arg, ...]) -> bytes:
     return b"".join(out)
 
 
+# Commands awaiting replies beyond which a command that is waited for leaves with the loop's turn,
+# not at once. Each write to Redis is a system call and a loopback packet. At 64 connections with
+# no upstream latency (bench.gateway (a)) Redis then read 0.09 times per request instead of 0.86,
+# and the gateway spent 3 % less CPU per request (bench.gateway_ab --phases a, 20 rounds); at
+# 1,000 requests/s and with 64 streams, where seldom more than one or two commands await, the
+# latencies stayed the same (12 rounds).
+PIPELINE_BEYOND = 3
+
+
 class _Protocol(asyncio.Protocol):
     """One connection: commands written in order, their replies matched to them in order.
 
@@ -111,8 +120,10 @@ class _Protocol(asyncio.Protocol):
 
     def send(self, payload: bytes, at_once: bool = True) -> asyncio.Future[object]:
         """Send a command: at once (with the commands this turn left for its end, in order, in one
-        system call), or with ``at_once=False`` when the loop's turn ends, with the others left so
-        (a busy loop writes many commands in one call)."""
+        system call), or when the loop's turn ends, with the others left so: with
+        ``at_once=False``, or while more than ``PIPELINE_BEYOND`` commands await their replies
+        (Redis is behind, and the command's reply would come after theirs; a busy loop then
+        writes many commands in one call)."""
         loop = self.loop
         future = loop.create_future()
         now = loop.time()
@@ -121,7 +132,7 @@ class _Protocol(asyncio.Protocol):
         if self._watch is None:
             self._watch = loop.call_at(now + self.timeout, self._check)
         self.outgoing.append(payload)
-        if at_once:
+        if at_once and len(self.waiting) <= PIPELINE_BEYOND + 1:  # the others, and this one
             self._flush()
         elif len(self.outgoing) == 1:
             loop.call_soon(self._flush)

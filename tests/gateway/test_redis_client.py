@@ -107,6 +107,30 @@ async def test_a_command_waited_for_leaves_at_once_one_not_waited_for_when_the_t
         await client.aclose()
 
 
+async def test_a_command_waited_for_joins_the_turns_end_while_redis_is_behind(server: RedisProcess) -> None:
+    """With more than PIPELINE_BEYOND commands awaiting replies, an admission goes out with them at
+    the turn's end (one system call), in order; once they are answered it leaves at once again."""
+    client = RespClient.from_url(server.url)
+    observer = redis.Redis.from_url(server.url)
+    try:
+        await client.execute("PING")
+        protocol = client._protocol
+        assert protocol is not None
+        behind = [client.submit("INCR", "behind") for _ in range(redis_client.PIPELINE_BEYOND + 1)]
+        queued = protocol.send(encode_command(("SET", "queued", 1)))
+        time.sleep(0.2)  # still this turn of the loop
+        assert observer.mget("behind", "queued") == [None, None]
+        assert await queued == b"OK"
+        assert [await b for b in behind] == list(range(1, redis_client.PIPELINE_BEYOND + 2))
+        now = protocol.send(encode_command(("SET", "now", 1)))
+        time.sleep(0.2)
+        assert observer.get("now") == b"1"
+        assert await now == b"OK"
+    finally:
+        observer.close()
+        await client.aclose()
+
+
 async def test_a_subscription_gets_each_message_until_its_connection_closes(server: RedisProcess) -> None:
     admin = RespClient.from_url(server.url)
     await admin.execute("CONFIG", "SET", "requirepass", "s3cret")
