@@ -2,8 +2,9 @@
 
 Builds a database (SQLite file, and PostgreSQL when ``--pg`` gives a server URL), fills the
 rollups with a month of synthetic traffic for one tenant (``--requests`` spread over 30 days,
-``--keys`` keys, ``--models`` models, a few error types) through the same code path the usage
-writer uses (``gateway.usage.rollup.apply``), plus the raw usage rows of the last hour (what the
+``--keys`` keys, ``--models`` models, a few error types) with ``gateway.usage.rollup.apply`` (the usage
+writer's path on SQLite; on PostgreSQL its insert statement adds the same sums), plus the raw usage
+rows of the last hour (what the
 "now" panel reads), and a quieter second tenant. Then times what the dashboard page fetches:
 the month by hour and by day, the live limits, the last hour by minute (from the records) and the
 operator's view of the month. Prints a table.

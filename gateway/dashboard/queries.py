@@ -21,7 +21,8 @@ from gateway.dashboard.ranges import Range
 from gateway.db.engine import Database
 from gateway.db.models import ApiKey, LatencyDaily, LatencyHourly, UsageHourly, UsageRow
 from gateway.quotas.limits import Limits, Period, period_start
-from gateway.usage.rollup import bucket_value, day_of, hour_of
+from gateway.usage.buckets import bucket_value
+from gateway.usage.rollup import day_of, hour_of
 
 __all__ = ["FIELDS", "RATE_LIMITED", "Range", "budget_used", "cells", "fold", "live", "percentiles", "summary"]
 

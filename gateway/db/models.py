@@ -174,7 +174,7 @@ class UsageHourly(Base):
 
 class LatencyHourly(Base):
     """Per tenant, model and UTC hour: how many requests fell in each latency / TTFT bucket
-    (``gateway.usage.rollup.bucket_of``), so percentiles come from the rollup too."""
+    (``gateway.usage.buckets.bucket_of``), so percentiles come from the rollup too."""
 
     __tablename__ = "latency_hourly"
     __table_args__ = (Index("ix_latency_hourly_tenant_hour", "tenant_id", "hour"),)
@@ -183,7 +183,7 @@ class LatencyHourly(Base):
     model: Mapped[str] = mapped_column(String(200), primary_key=True)
     hour: Mapped[datetime] = mapped_column(UTCDateTime, primary_key=True)
     kind: Mapped[str] = mapped_column(String(8), primary_key=True)  # latency | ttft
-    bucket: Mapped[int] = mapped_column(Integer, primary_key=True)  # see gateway.usage.rollup.bucket_of
+    bucket: Mapped[int] = mapped_column(Integer, primary_key=True)  # see gateway.usage.buckets.bucket_of
     count: Mapped[int] = mapped_column(BigInteger, default=0)
 
 

@@ -10,7 +10,6 @@ The writer calls it with exactly the rows its insert created, in the same transa
 from __future__ import annotations
 
 import asyncio
-import math
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
@@ -20,14 +19,8 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from gateway.db.models import LatencyDaily, LatencyHourly, UsageHourly
 from gateway.usage import pg_bulk
+from gateway.usage.buckets import bucket_of
 
-# Latency / TTFT buckets grow geometrically: bucket 0 holds everything up to MIN_MS, bucket i > 0
-# holds (MIN_MS * GROWTH**(i-1), MIN_MS * GROWTH**i]. A bucket's geometric midpoint is within
-# sqrt(GROWTH) - 1 (3.9 %) of any value in it, so percentiles read from the rollup are that close to
-# the exact ones; 0.1 ms .. 1 h spans about 220 buckets, of which a model's hour uses a few dozen
-# (finer buckets cost rows: a month's percentiles read every hour's used buckets).
-MIN_MS = 0.1
-GROWTH = 1.08
 # Rows a writer handles between two turns of the event loop (a batch of 500 in one go held every
 # request in flight for milliseconds at a time).
 SLICE_ROWS = 100
@@ -52,17 +45,6 @@ def daily(latency: Mapping[LatencyKey, int]) -> dict[LatencyKey, int]:
         k = (tenant, model, day_of(hour), kind, bucket)
         out[k] = out.get(k, 0) + n
     return out
-
-
-def bucket_of(ms: float) -> int:
-    if ms <= MIN_MS:
-        return 0
-    return max(1, math.ceil(math.log(ms / MIN_MS) / math.log(GROWTH) - 1e-9))
-
-
-def bucket_value(bucket: int) -> float:
-    """The value a bucket stands for: its geometric midpoint (MIN_MS for bucket 0)."""
-    return MIN_MS if bucket <= 0 else MIN_MS * GROWTH ** (bucket - 0.5)
 
 
 def aggregate(

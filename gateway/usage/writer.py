@@ -112,7 +112,7 @@ class UsageWriter:
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
         self._lock = asyncio.Lock()
-        self._statement = (  # SQLite's; PostgreSQL's is pg_bulk.INSERT_USAGE
+        self._statement = (  # SQLite's; PostgreSQL's is pg_bulk.INSERT_USAGE_AND_ROLLUPS
             sqlite.insert(UsageRow).on_conflict_do_nothing(index_elements=["request_id"]).returning(UsageRow.request_id)
         )
 
@@ -272,12 +272,11 @@ class UsageWriter:
             except Exception as exc:
                 raise _BadRecord(f"{type(exc).__name__}: {exc}") from None
         async with self.db.engine.begin() as conn:
-            if self.db.dialect == "postgresql":
-                created: set[str] = set()
+            if self.db.dialect == "postgresql":  # the rollups in the same statements, by PostgreSQL
                 for i in range(0, len(rows), rollup.SLICE_ROWS):
-                    created |= await pg_bulk.insert_usage(conn, rows[i : i + rollup.SLICE_ROWS])
-            else:
-                created = set((await conn.execute(self._statement, rows)).scalars())  # not those already there
+                    await pg_bulk.insert_usage_and_rollups(conn, rows[i : i + rollup.SLICE_ROWS])
+                return
+            created = set((await conn.execute(self._statement, rows)).scalars())  # not those already there
             await rollup.apply(conn, [r for r in rows if r["request_id"] in created])
 
     def _failed(self, exc: BaseException) -> bool:

@@ -1,6 +1,6 @@
 """latency histograms on fine geometric buckets (percentiles within 4 %), per hour and per day
 
-The bucket numbers of ``latency_hourly`` change meaning (``gateway.usage.rollup.bucket_of``), so the
+The bucket numbers of ``latency_hourly`` change meaning (``gateway.usage.buckets.bucket_of``), so the
 table is emptied and rebuilt from the usage records, and gains an index on (tenant_id, hour); the new
 ``latency_daily`` holds the same counts per UTC day. Downgrade rebuilds the old coarse buckets.
 
@@ -71,7 +71,7 @@ def _rebuild(bucket_of: Callable[[float], int], with_daily: bool) -> None:
 
 
 def upgrade() -> None:
-    from gateway.usage.rollup import bucket_of
+    from gateway.usage.buckets import bucket_of
 
     # a range's percentiles read its hours for every model: an index range, not the tenant's history
     op.create_index("ix_latency_hourly_tenant_hour", "latency_hourly", ["tenant_id", "hour"])

@@ -18,8 +18,8 @@ from gateway.dashboard.ranges import Range
 from gateway.db import Database
 from gateway.errors import ParameterError
 from gateway.usage import records
+from gateway.usage.buckets import bucket_of
 from gateway.usage.pricing import PriceTable
-from gateway.usage.rollup import bucket_of
 from gateway.usage.writer import UsageWriter
 from tests.gateway.tenancy_fixtures import db, drop_pg_database, new_pg_database  # noqa: F401
 

@@ -10,13 +10,15 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
-from sqlalchemy import insert
+from sqlalchemy import insert, select, text
 
 from gateway.contracts import UsageRecord
 from gateway.dashboard.queries import Range, live, percentiles, summary
 from gateway.db import Database, migrate
-from gateway.db.models import UsageRow
+from gateway.db.models import LatencyDaily, LatencyHourly, UsageHourly, UsageRow
 from gateway.quotas.limits import Limits
+from gateway.usage import rollup
+from gateway.usage.buckets import GROWTH, MIN_MS
 from gateway.usage.pricing import Price, PriceTable
 from gateway.usage.report import ReportQuery, usage_report
 from gateway.usage.writer import UsageWriter, to_row
@@ -67,6 +69,65 @@ async def test_writer_keeps_rollups_matching_the_records(db: Database, tmp_path:
     now = await live(db, a, Limits(requests_per_minute=100, budget_period="total"), now=NOW)
     assert now["used"]["token_budget"] == got["totals"]["total_tokens"]
     assert now["used"]["requests_per_minute"] == 12  # the records started within the last minute
+
+
+def edge_records(tenant: str) -> list[UsageRecord]:
+    """Latencies on and beside bucket bounds, and zero; 4xx and 5xx; hours on both sides of a UTC
+    midnight that is not one in the database's time zone."""
+    midnight = datetime.now(UTC).replace(hour=0, minute=0, second=0, microsecond=0).timestamp()
+    latencies = [0.05, 0.0, MIN_MS, MIN_MS * 1.0000001, 0.5, 1.0, 250.0, 86_400_000.0]
+    latencies += [MIN_MS * GROWTH**i * f for i in (1, 2, 17, 60, 150) for f in (1.0, 1 - 1e-12, 1 + 1e-12)]
+    out = []
+    for i, ms in enumerate(latencies):
+        status = (200, 200, 429, 502)[i % 4]
+        out.append(UsageRecord(
+            request_id=uuid.uuid4().hex, key_id=f"{tenant}-k{i % 2}", tenant_id=tenant,
+            model=f"m{1 + i % 2}", deployment="d", provider="openai", endpoint="chat.completions",
+            started_at=midnight + (-1800 if i % 3 else 1800) - 86400 * (i % 2), status=status,
+            error_type=None if status == 200 else f"e{status}", prompt_tokens=i, completion_tokens=2 * i,
+            cached_tokens=i % 3, cost=i * 1e-6, latency_ms=ms, ttft_ms=None if i % 3 == 0 else ms / 2,
+        ))  # fmt: skip
+    return out
+
+
+async def test_rollups_made_by_postgresql_equal_those_made_in_python(db: Database, tmp_path: Path) -> None:
+    """On PostgreSQL the usage insert also aggregates the rollups (``pg_bulk``); on SQLite
+    ``rollup.aggregate`` does. Both give what ``aggregate`` gives for the same rows: the same
+    hours (in UTC, whatever the database's time zone), sums and latency buckets, bucket for bucket."""
+    name = ""
+    if db.dialect == "postgresql":
+        async with db.engine.begin() as conn:
+            name = await conn.scalar(text("SELECT current_database()"))
+            await conn.exec_driver_sql(f'ALTER DATABASE "{name}" SET timezone TO \'Asia/Kolkata\'')
+        await db.engine.dispose()  # new connections take the database's time zone
+    tenant = uuid.uuid4().hex[:8]
+    records = edge_records(tenant)
+    w = UsageWriter(db, PRICES, journal_dir=tmp_path, batch_size=7, flush_interval=0.05)
+    w.start()
+    for r in records + records[:5]:  # a replayed batch adds nothing
+        w.record(r)
+    await w.aclose()
+    hourly, latency = rollup.aggregate(to_row(r) for r in records)
+    async with db.session() as s:
+        got_hourly = {(h.tenant_id, h.key_id, h.model, h.hour, h.error_type): h
+                      for h in await s.scalars(select(UsageHourly).where(UsageHourly.tenant_id == tenant))}
+        got_latency = {(x.tenant_id, x.model, x.hour, x.kind, x.bucket): x.count
+                       for x in await s.scalars(select(LatencyHourly).where(LatencyHourly.tenant_id == tenant))}
+        got_daily = {(x.tenant_id, x.model, x.day, x.kind, x.bucket): x.count
+                     for x in await s.scalars(select(LatencyDaily).where(LatencyDaily.tenant_id == tenant))}
+    if db.dialect == "postgresql":
+        async with db.engine.begin() as conn:
+            await conn.exec_driver_sql(f'ALTER DATABASE "{name}" RESET timezone')
+        await db.engine.dispose()
+    assert set(got_hourly) == set(hourly)
+    for key, sums in hourly.items():
+        row = got_hourly[key]
+        counts = ("requests", "errors", "prompt_tokens", "completion_tokens", "cached_tokens")
+        assert [getattr(row, c) for c in counts] == [sums[c] for c in counts]
+        assert row.cost == pytest.approx(sums["cost"]) and row.latency_ms_sum == pytest.approx(sums["latency_ms_sum"])
+    assert got_latency == latency
+    assert got_daily == rollup.daily(latency)
+    assert len({k[4] for k in latency}) > 10  # many buckets, bounds included
 
 
 def test_percentiles_and_range_parsing() -> None:
