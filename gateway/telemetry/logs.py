@@ -28,6 +28,8 @@ ACCESS = logging.getLogger("switchyard.access")
 
 
 class JsonFormatter(logging.Formatter):
+    uses_fields = True  # an access line carries ``access_fields``
+
     def format_access(self, created: float, logger: str, message: str, fields: dict[str, Any]) -> str:
         """The line ``format`` makes of an INFO record with these ``fields``, built directly."""
         return _encoder.encode(
@@ -55,23 +57,22 @@ class JsonFormatter(logging.Formatter):
 class TextFormatter(logging.Formatter):
     """``time level logger: message``, as ``logging.Formatter`` writes it."""
 
+    uses_fields = False  # an access line is its message alone
+
     def __init__(self) -> None:
         super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
+        self._second = -1  # the second whose date and time ``_stamp`` holds
+        self._stamp = ""
 
     def format_access(self, created: float, logger: str, message: str, fields: dict[str, Any]) -> str:
-        """The line ``format`` makes of an INFO record created at ``created``, built directly."""
-        record = _TimeOnly(created)
-        return f"{self.formatTime(record)} INFO {logger}: {message}"  # type: ignore[arg-type]
-
-
-class _TimeOnly:
-    """What ``Formatter.formatTime`` reads of a record: its creation time and milliseconds."""
-
-    __slots__ = ("created", "msecs")
-
-    def __init__(self, created: float) -> None:
-        self.created = created
-        self.msecs = int((created - int(created)) * 1000) + 0.0
+        """The line ``format`` makes of an INFO record created at ``created``, built directly; the
+        date and time of a second are formatted once (``formatTime`` converts and formats them for
+        every record)."""
+        second = int(created)
+        if second != self._second:
+            self._stamp = time.strftime(self.default_time_format, self.converter(created))
+            self._second = second
+        return f"{self._stamp},{int((created - second) * 1000):03d} INFO {logger}: {message}"
 
 
 class BatchedStreamHandler(logging.Handler):
@@ -167,12 +168,12 @@ def access_fields(info: RequestInfo, started: float) -> dict[str, Any]:
 def log_access(info: RequestInfo, started: float) -> None:
     if not ACCESS.isEnabledFor(logging.INFO):
         return
-    fields = access_fields(info, started)
     handler = _direct_access_handler()
     if handler is None:
-        ACCESS.info("%s %s %s", info.method, info.path, info.status, extra={"fields": fields})
+        ACCESS.info("%s %s %s", info.method, info.path, info.status, extra={"fields": access_fields(info, started)})
         return
     formatter: JsonFormatter | TextFormatter = handler.formatter  # type: ignore[assignment]
+    fields = access_fields(info, started) if formatter.uses_fields else {}
     message = f"{info.method} {info.path} {info.status}"
     handler.add_line(formatter.format_access(time.time(), ACCESS.name, message, fields) + "\n")
 

@@ -107,3 +107,14 @@ def test_the_direct_access_line_is_the_line_logging_writes(formatter: logging.Fo
         assert line["latency_ms"] == 250.0 and line["message"] == "POST /v1/chat/completions 200"
     else:
         assert direct.endswith(" INFO switchyard.access: POST /v1/chat/completions 200")
+
+
+def test_a_text_access_line_has_the_time_logging_gives_each_record() -> None:
+    """TextFormatter formats a second's date and time once: lines within a second, across a second's
+    end and after a gap still carry the time ``formatTime`` gives each record, milliseconds included."""
+    formatter = TextFormatter()
+    base = 1_780_000_000.0
+    for created in (base + 0.0004, base + 0.5, base + 0.9996, base + 1.0, base + 1.001, base + 3600.25, base + 0.75):
+        record = logging.LogRecord("switchyard.access", logging.INFO, __file__, 1, "GET /x 200", None, None)
+        record.created, record.msecs = created, int((created - int(created)) * 1000) + 0.0
+        assert formatter.format_access(created, "switchyard.access", "GET /x 200", {}) == formatter.format(record)
