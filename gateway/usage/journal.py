@@ -55,10 +55,20 @@ class Journal:
         of them); ``fsync`` also waits until the disk holds them (``sync`` does that later for
         several appends, from any thread)."""
         data = b"".join(_encoder.encode(r) + b"\n" for r in records)
-        if not data:
-            return
+        if data:
+            self.write_lines(data, data.count(b"\n"))
+            if fsync:
+                os.fsync(self._fd)
+
+    def append_one(self, record: UsageRecord) -> None:
+        """``append([record], fsync=False)``, for the write-ahead segment's one record a call."""
+        self.write_lines(_encoder.encode(record) + b"\n", 1)
+
+    def write_lines(self, data: bytes, lines: int) -> None:
+        """Write ``lines`` whole lines, ``data``, in one ``write`` call; a write the disk refuses
+        leaves none of them."""
         try:
-            written = 0
+            written = os.write(self._fd, data)
             while written < len(data):  # a short write only comes with a full disk, whose next call raises
                 written += os.write(self._fd, data[written:])
         except OSError:
@@ -66,9 +76,7 @@ class Journal:
                 os.ftruncate(self._fd, self._size)
             raise
         self._size += len(data)
-        if fsync:
-            os.fsync(self._fd)
-        self.count += data.count(b"\n")
+        self.count += lines
 
     def sync(self) -> None:
         """Fsync what was written (from any thread). A journal closed meanwhile (discarded once its

@@ -37,6 +37,9 @@ class WriteAhead:
         self.segment = Journal(directory)
         self.sync_interval = sync_interval
         self._unsynced: list[Journal] = []  # segments written since the thread last fsynced them
+        # The segment last put in that list: while the thread has not taken the list, a write to it
+        # needs no lock (the thread takes the list, then fsyncs it, after the write).
+        self._listed: Journal | None = None
         self._waiters: list[asyncio.Future[None]] = []
         self._cond = threading.Condition()
         self._closing = False
@@ -49,7 +52,13 @@ class WriteAhead:
     def add(self, record: UsageRecord) -> None:
         """Write ``record`` to the segment now. A disk that refuses it is logged, not raised: the
         record is still in the writer's memory and goes to SQL as usual."""
-        self._write(self.segment, (record,))
+        segment = self.segment
+        try:
+            segment.append_one(record)
+        except OSError:
+            self._refused()
+            return
+        self._written(segment)
 
     async def sync(self) -> None:
         """Return once every record added so far is fsynced (at once after ``aclose``)."""
@@ -80,17 +89,27 @@ class WriteAhead:
         try:
             segment.append(records, fsync=False)
         except OSError:
-            if not self._failing:
-                log.exception("writing the usage write-ahead segment failed; records wait in memory")
-            self._failing = True
+            self._refused()
             return
+        self._written(segment)
+
+    def _refused(self) -> None:
+        if not self._failing:
+            log.exception("writing the usage write-ahead segment failed; records wait in memory")
+        self._failing = True
+
+    def _written(self, segment: Journal) -> None:
+        """Have the thread fsync ``segment`` (just written)."""
         if self._failing:
             log.warning("the usage write-ahead segment is written again")
             self._failing = False
+        if self._listed is segment:
+            return
         with self._cond:
             if segment not in self._unsynced:
                 self._unsynced.append(segment)
                 self._cond.notify()
+            self._listed = segment
 
     # ------------------------------------------------------------ the thread
 
@@ -102,6 +121,7 @@ class WriteAhead:
                 if not (self._waiters or self._closing):  # let writes gather; a waiter cuts it short
                     self._cond.wait(self.sync_interval)
                 segments, self._unsynced = self._unsynced, []
+                self._listed = None
                 waiters, self._waiters = self._waiters, []
                 closing = self._closing
             for segment in segments:

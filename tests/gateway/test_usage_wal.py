@@ -66,6 +66,20 @@ async def test_unsynced_writes_are_fsynced_within_the_interval(tmp_path: Path, f
     await wal.aclose()
 
 
+async def test_a_write_after_the_thread_took_its_segment_is_fsynced_again(tmp_path: Path, fsyncs: list[int]) -> None:
+    """The lock-free path (the segment already listed for the thread) never skips a write the
+    thread's last fsync may have missed: once the thread takes the list, the next write lists it again."""
+    wal = WriteAhead(tmp_path, sync_interval=0.02)
+    for round_ in range(1, 4):
+        wal.add(rec())
+        wal.add(rec())  # already listed: no lock
+        deadline = time.monotonic() + 5
+        while len(fsyncs) < round_ and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        assert fsyncs == [wal.segment._fd] * round_
+    await wal.aclose()
+
+
 async def test_rotate_keeps_the_old_records_and_carries_the_given_ones(tmp_path: Path, fsyncs: list[int]) -> None:
     wal = WriteAhead(tmp_path, sync_interval=3600)
     settled, in_flight = rec(), rec()
