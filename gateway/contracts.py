@@ -50,7 +50,7 @@ class Ticket:
     reserved_tokens: int
     requests: QuotaState | None = None
     tokens: QuotaState | None = None
-    token: str = ""  # opaque id of the reservation in the quota store
+    reservation: object = None  # opaque: what the admission reserved, for its settle (None: nothing)
 
 
 class QuotaExceeded(Exception):

@@ -22,8 +22,6 @@ import time
 from functools import partial
 from typing import Any, Literal
 
-import msgspec
-
 from gateway.contracts import Principal, QuotaExceeded, QuotaUnavailable, Ticket, completed
 from gateway.ids import random_id
 from gateway.quotas.limits import LimitsSource, Scope, period_id, recorded_spend
@@ -42,14 +40,6 @@ REASONS = {
     "token_budget": "token budget",
     "cost_budget": "spending budget",
 }
-
-
-class _LeaseWire(msgspec.Struct, array_like=True):
-    ticket_id: str
-    second: int
-    tokens: int
-    micros: int
-    scopes: list[tuple[str, str, str]]
 
 
 class QuotaAdmission:
@@ -135,9 +125,8 @@ class QuotaAdmission:
         )
         if not decision.admitted:
             raise QuotaExceeded(_message(decision, scopes), retry_after=decision.retry_after, ticket=ticket)
-        lease = lease_for(r)
+        lease = ticket.reservation = lease_for(r)
         self._live[lease.ticket_id] = lease
-        ticket.token = msgspec.json.encode(_LeaseWire(**lease.__dict__)).decode()
         return ticket
 
     async def _seed_budget(self, scope: Scope, now: float) -> None:
@@ -150,10 +139,9 @@ class QuotaAdmission:
         await self.store.seed_budget(scope.kind, scope.id, pid, tokens, micros, ttl)
 
     def settle(self, ticket: Ticket, actual_tokens: int, cost: float) -> asyncio.Future[None]:
-        if not ticket.token:
+        lease = ticket.reservation
+        if not isinstance(lease, Lease):
             return completed()  # admitted fail-open: nothing was reserved
-        wire = msgspec.json.decode(ticket.token, type=_LeaseWire)
-        lease = Lease(wire.ticket_id, wire.second, wire.tokens, wire.micros, [tuple(s) for s in wire.scopes])  # type: ignore[misc]
         self._live.pop(lease.ticket_id, None)
         try:
             sent = self.store.settle(lease, time.time(), max(0, int(actual_tokens)), round(cost * 1e6))

@@ -59,7 +59,7 @@ async def test_key_and_tenant_limits_from_sql(db: Database) -> None:
         await adm.admit(p, "m", 1)  # the tenant's 3 requests/min
     assert "requests per minute" in over.value.message and "tenant" in over.value.message
     assert over.value.ticket is not None and over.value.ticket.requests is not None
-    assert third.token
+    assert third.reservation is not None
 
 
 async def test_money_is_reserved_at_the_highest_price(db: Database) -> None:
@@ -89,7 +89,7 @@ async def test_redis_down_fail_open_admits_without_counting(db: Database) -> Non
     redis = connect_redis(DEAD_REDIS, timeout=0.5)
     adm = QuotaAdmission(RedisStore(redis), LimitsSource(db), PRICES, on_unavailable="fail_open")
     tickets = [await adm.admit(p, "m", 10) for _ in range(3)]
-    assert all(t.token == "" and t.requests is None for t in tickets)
+    assert all(t.reservation is None and t.requests is None for t in tickets)
     for t in tickets:
         await adm.settle(t, 5, 0.0)  # nothing was reserved: nothing to do, no error
     await redis.aclose()
@@ -158,7 +158,7 @@ async def test_a_lost_budget_is_not_handed_out_while_the_records_cannot_be_read(
         with pytest.raises(QuotaUnavailable):
             await adm.admit(p, "m", 10)
     else:
-        assert (await adm.admit(p, "m", 10)).token == ""
+        assert (await adm.admit(p, "m", 10)).reservation is None
     await limits.db.dispose()
 
 
