@@ -4,7 +4,8 @@
 the same order and with the same parts: the route's own handler object (its ``before_request``
 hook, its guards, its body-size limit, its exception handlers, its ``to_response`` and
 ``after_response``), the app's ``before_send`` hooks, the telemetry middleware, and the body
-decoding the route's DTO does.
+decoding the route's DTO does. The body is read as ``Request.body()`` reads it, in one loop
+(``_read_body``: 4 % less CPU per request, ``bench.gateway_ab --phases a``).
 Only the machinery between them is skipped (``bench.gateway_floor``: a Litestar route alone costs
 0.086 ms of CPU per request, the whole gateway 0.475 ms); served this way the gateway spends about
 7 % less CPU per request (``bench.gateway`` (a), six runs alternating with and without). Every
@@ -14,12 +15,14 @@ test_fast_routes.py`` sends each kind of request both ways and gets the same ans
 
 from __future__ import annotations
 
+import math
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from litestar import Litestar, Request, Response
-from litestar.exceptions import HTTPException
+from litestar.exceptions import HTTPException, InternalServerException
+from litestar.exceptions.http_exceptions import RequestEntityTooLarge
 from litestar.handlers import HTTPRouteHandler
 from litestar.routes import HTTPRoute
 from litestar.types import ExceptionHandlersMap, HTTPScope, Message, Receive, Send
@@ -84,7 +87,7 @@ class FastRoutes:
             result = await before(request) if before is not None else None
             if not result:
                 route = self._routes[path]
-                if not (body := await request.body()):
+                if not (body := await _read_body(request, receive, handler.resolve_request_max_body_size())):
                     raise ApiError(400, "the request body must be a JSON object")  # as a missing `data` is
                 result = await route.serve(request, decode_body(body, route.body_type))
             response = await handler.to_response(app=app, data=result, request=request)
@@ -103,6 +106,29 @@ class FastRoutes:
         await response.to_asgi_response(app=None, request=request, type_encoders=handler.resolve_type_encoders())(
             scope, receive, send
         )
+
+
+async def _read_body(request: Request[Any, Any, Any], receive: Receive, limit: int | None) -> bytes:
+    """The body, as ``request.body()`` reads it (Litestar's ``Request.stream``) without its async
+    generator and list of chunks: 413 when the announced length or the bytes sent pass ``limit``,
+    500 when the client leaves mid-body. Nothing on these routes reads the body again."""
+    most = limit or math.inf
+    if (announced := request.content_length) is not None and announced > most:
+        raise RequestEntityTooLarge
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        event = await receive()
+        if event["type"] == "http.request":
+            if chunk := event["body"]:
+                size += len(chunk)
+                if size > most:
+                    raise RequestEntityTooLarge
+                chunks.append(chunk)
+            if not event.get("more_body", False):
+                return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        elif event["type"] == "http.disconnect":
+            raise InternalServerException("client disconnected prematurely")
 
 
 def _post_handler(app: Litestar, path: str) -> HTTPRouteHandler:
