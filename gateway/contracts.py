@@ -8,6 +8,7 @@ and ``gateway.services`` builds the set a running app uses.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -122,6 +123,7 @@ class UsageSink(Protocol):
         reservation, marked incomplete); its ``record`` replaces it."""
         ...
 
-    async def sync(self) -> None:
-        """Return once every record and ``begin`` so far is durable (before a response's last byte)."""
+    def sync(self) -> Awaitable[None]:
+        """Done once every record and ``begin`` so far is durable (awaited before a response's last
+        byte; already done when a sink keeps nothing waiting)."""
         ...

@@ -9,7 +9,7 @@ read only when Prometheus scrapes.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Awaitable, Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
@@ -93,8 +93,8 @@ class MeteredSink:
     def begin(self, record: UsageRecord) -> None:
         self.inner.begin(record)
 
-    async def sync(self) -> None:
-        await self.inner.sync()
+    def sync(self) -> Awaitable[None]:
+        return self.inner.sync()
 
 
 class StateCollector(Collector):

@@ -28,13 +28,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+from collections.abc import Awaitable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy.dialects import sqlite
 
-from gateway.contracts import INCOMPLETE, UsageRecord
+from gateway.contracts import INCOMPLETE, UsageRecord, completed
 from gateway.db.engine import Database
 from gateway.db.errors import is_bad_data, is_unavailable
 from gateway.db.models import UsageRow
@@ -99,6 +100,7 @@ class UsageWriter:
         self.wal = WriteAhead(journal_dir)
         self.sync_before_reply = sync_before_reply
         self._open: dict[str, UsageRecord] = {}  # begun and not yet recorded, by request id
+        self._synced: asyncio.Future[None] | None = None  # what ``sync`` returns while nothing waits for fsyncs
         self.quarantine = Quarantine(journal_dir)
         self.batch_size = batch_size
         self.flush_interval = flush_interval
@@ -144,9 +146,12 @@ class UsageWriter:
         except Exception:  # never raise into the request path
             log.exception("reservation of %s not journaled", record.request_id)
 
-    async def sync(self) -> None:
+    def sync(self) -> Awaitable[None]:
         if self.sync_before_reply:
-            await self.wal.sync()
+            return self.wal.sync()
+        if self._synced is None:  # made in the running loop; awaiting a done future does not suspend
+            self._synced = completed()
+        return self._synced
 
     # ------------------------------------------------------------ lifecycle
 

@@ -6,6 +6,7 @@ import asyncio
 import dataclasses
 import json
 import logging
+import os
 import sys
 import time
 import uuid
@@ -295,3 +296,26 @@ async def test_a_writer_that_died_is_replayed_from_its_write_ahead_segment(db: D
     lost = rows[in_flight.request_id]
     assert (lost.status, lost.error_type, lost.prompt_tokens, lost.completion_tokens) == (500, "incomplete", 70, 30)
     assert not list(tmp_path.glob("usage-*.jsonl"))  # replayed files are gone
+
+
+@pytest.mark.parametrize("sync_before_reply", [True, False])
+async def test_sync_waits_for_the_fsync_only_when_asked_to(
+    db: Database, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sync_before_reply: bool
+) -> None:
+    """With ``sync_before_reply`` the reply's wait ends once the record is fsynced; without, there is
+    nothing to wait for (the write-ahead thread fsyncs within its interval)."""
+    fsyncs: list[int] = []
+    real = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: fsyncs.append(fd) or real(fd))
+    w = UsageWriter(db, PRICES, journal_dir=tmp_path, flush_interval=3600, sync_before_reply=sync_before_reply)
+    w.wal.sync_interval = 3600  # no fsync but the one a reply may wait for
+    w.record(rec())
+    waited = w.sync()
+    if sync_before_reply:
+        await asyncio.wait_for(waited, 5)
+        assert fsyncs == [w.wal.segment._fd]
+    else:
+        assert isinstance(waited, asyncio.Future) and waited.done()
+        await waited
+        assert fsyncs == []
+    await w.aclose()
