@@ -108,20 +108,22 @@ async def test_a_command_waited_for_leaves_at_once_one_not_waited_for_when_the_t
 
 
 async def test_a_command_waited_for_joins_the_turns_end_while_redis_is_behind(server: RedisProcess) -> None:
-    """With more than PIPELINE_BEYOND commands awaiting replies, an admission goes out with them at
-    the turn's end (one system call), in order; once they are answered it leaves at once again."""
+    """With more than PIPELINE_BEYOND commands written and unanswered, an admission goes out at the
+    turn's end (with whatever else is left for it), in order; once they are answered it leaves at
+    once again. Commands only queued for the turn's end do not count."""
     client = RespClient.from_url(server.url)
     observer = redis.Redis.from_url(server.url)
     try:
         await client.execute("PING")
         protocol = client._protocol
         assert protocol is not None
-        behind = [client.submit("INCR", "behind") for _ in range(redis_client.PIPELINE_BEYOND + 1)]
-        queued = protocol.send(encode_command(("SET", "queued", 1)))
-        time.sleep(0.2)  # still this turn of the loop
-        assert observer.mget("behind", "queued") == [None, None]
-        assert await queued == b"OK"
-        assert [await b for b in behind] == list(range(1, redis_client.PIPELINE_BEYOND + 2))
+        settled = [client.submit("INCR", "settled") for _ in range(redis_client.PIPELINE_BEYOND + 5)]
+        first = protocol.send(encode_command(("SET", "first", 1)))  # only queued: written at once, with them
+        queued = protocol.send(encode_command(("SET", "queued", 1)))  # now all those are written, unanswered
+        time.sleep(0.2)  # still this turn of the loop: no reply read
+        assert observer.mget("settled", "first", "queued") == [b"%d" % len(settled), b"1", None]
+        assert await queued == b"OK" and await first == b"OK"
+        assert await asyncio.gather(*settled) == list(range(1, len(settled) + 1))
         now = protocol.send(encode_command(("SET", "now", 1)))
         time.sleep(0.2)
         assert observer.get("now") == b"1"
