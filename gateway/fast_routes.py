@@ -5,7 +5,7 @@ the same order and with the same parts: the route's own handler object (its ``be
 hook, its guards, its body-size limit, its exception handlers, its ``to_response`` and
 ``after_response``), the app's ``before_send`` hooks, the telemetry middleware, and the body
 decoding the route's DTO does. The body is read as ``Request.body()`` reads it, in one loop
-(``_read_body``: 4 % less CPU per request, ``bench.gateway_ab --phases a``).
+(``_read_body``: 3.3 % less CPU per request, ``bench.gateway_ab --phases a``, 20 rounds).
 Only the machinery between them is skipped (``bench.gateway_floor``: a Litestar route alone costs
 0.086 ms of CPU per request, the whole gateway 0.475 ms); served this way the gateway spends about
 7 % less CPU per request (``bench.gateway`` (a), six runs alternating with and without). Every
