@@ -59,11 +59,13 @@ def _backfill() -> None:
     usage = sa.table("usage_records", *(sa.column(c) for c in (
         "id", "tenant_id", "key_id", "model", "status", "error_type", "prompt_tokens", "completion_tokens",
         "cached_tokens", "cost", "latency_ms", "ttft_ms")), sa.column("started_at", UTCDateTime))  # fmt: skip
+    # The hour columns are typed so that SQLite gets the text the ORM writes (microseconds included):
+    # rows in another format would compare and conflict as different hours.
     hourly_t = sa.table("usage_hourly", *(sa.column(c) for c in (
-        "tenant_id", "key_id", "model", "hour", "error_type", "requests", "errors", "prompt_tokens",
-        "completion_tokens", "cached_tokens", "cost", "latency_ms_sum")))  # fmt: skip
-    latency_t = sa.table("latency_hourly", *(sa.column(c) for c in ("tenant_id", "model", "hour", "kind", "bucket",
-                                                                     "count")))
+        "tenant_id", "key_id", "model", "error_type", "requests", "errors", "prompt_tokens",
+        "completion_tokens", "cached_tokens", "cost", "latency_ms_sum")), sa.column("hour", UTCDateTime))  # fmt: skip
+    latency_t = sa.table("latency_hourly", *(sa.column(c) for c in ("tenant_id", "model", "kind", "bucket", "count")),
+                         sa.column("hour", UTCDateTime))
     hourly: dict = {}
     latency: dict = {}
     last = 0
@@ -80,16 +82,14 @@ def _backfill() -> None:
                 acc[f] += n
         for k, n in lat.items():
             latency[k] = latency.get(k, 0) + n
-    hour = UTCDateTime().process_bind_param  # the rows are written by plain Core: convert like the ORM does
-    dialect = conn.dialect
     if hourly:
         conn.execute(hourly_t.insert(), [
-            {"tenant_id": k[0], "key_id": k[1], "model": k[2], "hour": hour(k[3], dialect), "error_type": k[4], **v}
+            {"tenant_id": k[0], "key_id": k[1], "model": k[2], "hour": k[3], "error_type": k[4], **v}
             for k, v in hourly.items()
         ])  # fmt: skip
     if latency:
         conn.execute(latency_t.insert(), [
-            {"tenant_id": k[0], "model": k[1], "hour": hour(k[2], dialect), "kind": k[3], "bucket": k[4], "count": n}
+            {"tenant_id": k[0], "model": k[1], "hour": k[2], "kind": k[3], "bucket": k[4], "count": n}
             for k, n in latency.items()
         ])  # fmt: skip
 

@@ -31,10 +31,11 @@ def _rebuild(bucket_of: Callable[[float], int], with_daily: bool) -> None:
     conn = op.get_bind()
     usage = sa.table("usage_records", *(sa.column(c) for c in ("id", "tenant_id", "model", "status", "latency_ms",
                                                                "ttft_ms")), sa.column("started_at", UTCDateTime))
-    latency_t = sa.table("latency_hourly", *(sa.column(c) for c in ("tenant_id", "model", "hour", "kind", "bucket",
-                                                                     "count")))
-    daily_t = sa.table("latency_daily", *(sa.column(c) for c in ("tenant_id", "day", "model", "kind", "bucket",
-                                                                 "count")))
+    # Typed hour and day columns: SQLite then gets the ORM's text for them (see 0007_sqlite_times).
+    latency_t = sa.table("latency_hourly", *(sa.column(c) for c in ("tenant_id", "model", "kind", "bucket", "count")),
+                         sa.column("hour", UTCDateTime))
+    daily_t = sa.table("latency_daily", *(sa.column(c) for c in ("tenant_id", "model", "kind", "bucket", "count")),
+                       sa.column("day", UTCDateTime))
     conn.execute(latency_t.delete())
     counts: dict[tuple[str, str, object, str, int], int] = {}
     last = 0
@@ -51,10 +52,9 @@ def _rebuild(bucket_of: Callable[[float], int], with_daily: bool) -> None:
                 if ms is not None:
                     k = (r.tenant_id or "", r.model, hour, kind, bucket_of(ms))
                     counts[k] = counts.get(k, 0) + 1
-    to_db = UTCDateTime().process_bind_param
     if counts:
         conn.execute(latency_t.insert(), [
-            {"tenant_id": k[0], "model": k[1], "hour": to_db(k[2], conn.dialect), "kind": k[3],  # type: ignore[arg-type]
+            {"tenant_id": k[0], "model": k[1], "hour": k[2], "kind": k[3],
              "bucket": k[4], "count": n}
             for k, n in counts.items()
         ])  # fmt: skip
@@ -64,7 +64,7 @@ def _rebuild(bucket_of: Callable[[float], int], with_daily: bool) -> None:
             k = (tenant, model, hour.replace(hour=0), kind, bucket)  # type: ignore[attr-defined]
             days[k] = days.get(k, 0) + n
         conn.execute(daily_t.insert(), [
-            {"tenant_id": k[0], "model": k[1], "day": to_db(k[2], conn.dialect), "kind": k[3],  # type: ignore[arg-type]
+            {"tenant_id": k[0], "model": k[1], "day": k[2], "kind": k[3],
              "bucket": k[4], "count": n}
             for k, n in days.items()
         ])  # fmt: skip

@@ -4,7 +4,6 @@ from older records, and read by the dashboard queries with the same totals as th
 from __future__ import annotations
 
 import asyncio
-import time
 import uuid
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -21,11 +20,13 @@ from gateway.usage import rollup
 from gateway.usage.buckets import GROWTH, MIN_MS
 from gateway.usage.pricing import Price, PriceTable
 from gateway.usage.report import ReportQuery, usage_report
+from gateway.usage.rollup import hour_of
 from gateway.usage.writer import UsageWriter, to_row
 from tests.gateway.tenancy_fixtures import db, drop_pg_database, new_pg_database  # noqa: F401
 
 PRICES = PriceTable({"m1": Price(1.0, 2.0), "m2": Price(3.0, 4.0)})
-NOW = time.time()
+# Yesterday, 23:30:07 UTC: a day before NOW to an hour after it spans three UTC days on every run.
+NOW = datetime.now(UTC).replace(hour=0, minute=0, second=0, microsecond=0).timestamp() - 1800 + 7
 
 
 def mixed_records(tenant: str, n: int = 60) -> list[UsageRecord]:
@@ -63,7 +64,8 @@ async def test_writer_keeps_rollups_matching_the_records(db: Database, tmp_path:
     assert got["errors"] == [{"error_type": "upstream_error", "requests": 6, "rate": 0.1}]
     assert got["ttft_ms"]["p50"] == pytest.approx(40.0, rel=0.04) and got["latency_ms"]["p99"] is not None
     daily = await summary(db, a, Range(rng.start, rng.end, "day"))
-    assert sum(p["requests"] for p in daily["series"]) == 60 and len(daily["series"]) <= 2
+    assert sum(p["requests"] for p in daily["series"]) == 60 and len(daily["series"]) == 3
+    assert daily["ttft_ms"] == got["ttft_ms"] and daily["latency_ms"] == got["latency_ms"]
     other = await summary(db, b, rng)
     assert other["totals"]["requests"] == 7 and all(a not in k["key_id"] for k in other["by_key"])
     now = await live(db, a, Limits(requests_per_minute=100, budget_period="total"), now=NOW)
@@ -140,7 +142,10 @@ def test_percentiles_and_range_parsing() -> None:
 
 
 @pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
-async def test_migration_backfills_existing_records(backend: str, tmp_path: Path) -> None:
+async def test_migrations_backfill_existing_records(backend: str, tmp_path: Path) -> None:
+    """0002 and 0004 roll up the records written before them. On SQLite, 0007 merges the rollup rows
+    that earlier versions of those two wrote with times in another text (no fraction of a second)
+    into the usage writer's rows of the same hours."""
     pg = None
     if backend == "sqlite":
         url = f"sqlite+aiosqlite:///{tmp_path / 'b.db'}"
@@ -149,15 +154,32 @@ async def test_migration_backfills_existing_records(backend: str, tmp_path: Path
     try:
         await asyncio.to_thread(migrate.upgrade, url, "0001")
         database = Database.from_url(url)
-        records = mixed_records("old")
+        old, new = mixed_records("old"), mixed_records("old", 10)
         async with database.engine.begin() as conn:
-            await conn.execute(insert(UsageRow), [to_row(r) for r in records])
+            await conn.execute(insert(UsageRow), [to_row(r) for r in old])
+        await asyncio.to_thread(migrate.upgrade, url, "0006_responses")
+        if backend == "sqlite":
+            async with database.engine.begin() as conn:
+                for table, column in (("usage_hourly", "hour"), ("latency_hourly", "hour"), ("latency_daily", "day")):
+                    await conn.exec_driver_sql(f"UPDATE {table} SET {column} = substr({column}, 1, 19)")
+        w = UsageWriter(database, PRICES, journal_dir=tmp_path / "wal", flush_interval=0.05)
+        w.start()
+        for r in new:  # the same hours again, through the writer
+            w.record(r)
+        await w.aclose()
         await asyncio.to_thread(migrate.upgrade, url)
-        rng = Range(datetime.fromtimestamp(NOW - 86400, UTC), datetime.fromtimestamp(NOW + 3600, UTC))
-        got = await summary(database, "old", rng)
-        assert got["totals"]["requests"] == 60 and got["totals"]["errors"] == 6
-        assert got["totals"]["prompt_tokens"] == sum(r.prompt_tokens for r in records)
-        assert got["ttft_ms"]["p50"] == pytest.approx(40.0, rel=0.04)
+        first_hour = hour_of(datetime.fromtimestamp(NOW - 4 * 3600, UTC))  # the oldest records' hour
+        for rng in (Range(datetime.fromtimestamp(NOW - 86400, UTC), datetime.fromtimestamp(NOW + 3600, UTC)),
+                    Range(first_hour, first_hour + timedelta(hours=5)),  # a range starting on a filled hour
+                    Range(first_hour - timedelta(days=2), first_hour + timedelta(days=2), "day")):  # whole days
+            got = await summary(database, "old", rng)
+            assert got["totals"]["requests"] == 70 and got["totals"]["errors"] == 7, rng
+            assert got["totals"]["prompt_tokens"] == sum(r.prompt_tokens for r in old + new)
+            assert got["ttft_ms"]["p50"] == pytest.approx(40.0, rel=0.04), rng
+        async with database.session() as s:
+            rows = (await s.execute(select(UsageHourly.requests)
+                                    .where(UsageHourly.tenant_id == "old", UsageHourly.error_type == ""))).all()
+        assert len(rows) == 9 and sum(n for (n,) in rows) == 54 + 9  # one per key, model and hour with successes
         await database.dispose()
     finally:
         if pg:
