@@ -12,6 +12,9 @@ upstream latency and (c) 64 streams kept up; the slices of each are pooled. The 
 
     git worktree add /tmp/base HEAD~1
     .venv/bin/python -m bench.gateway_ab --baseline /tmp/base [--rounds 8] [--slice 1.5] [--rate 1000] [--phases abc]
+
+``--baseline-venv`` runs A from another virtual environment (another Python, other library
+versions) with this tree's code unless ``--baseline`` names another checkout as well.
 """
 
 from __future__ import annotations
@@ -106,7 +109,8 @@ async def compare(args: argparse.Namespace, gateways: dict[str, Gateway], key: s
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--baseline", required=True, help="A checkout of the build to compare with (A).")
+    parser.add_argument("--baseline", help="A checkout of the build to compare with (A); default: this tree.")
+    parser.add_argument("--baseline-venv", type=Path, help="A virtual environment A runs from (default: this one).")
     parser.add_argument("--rounds", type=int, default=8, help="Rounds of slices: direct, A, B.")
     parser.add_argument("--slice", type=float, default=1.5, help="Seconds of each slice.")
     parser.add_argument("--rate", type=float, default=1000.0, help="Offered requests/s of (b).")
@@ -114,6 +118,8 @@ def main() -> None:
                         help="The upstreams: lean (bench.lean_upstream) or echo (backends.dev.echo_server).")
     parser.add_argument("--phases", default="abc", help="Which of the phases (a) (b) (c) to run.")
     args = parser.parse_args()
+    if args.baseline is None and args.baseline_venv is None:
+        parser.error("nothing to compare: give --baseline, --baseline-venv or both")
     gateway_cpus, load_cpus = cpu_plan(1, True)
     if load_cpus is not None:
         os.sched_setaffinity(0, {int(c) for c in load_cpus.split(",")})
@@ -129,12 +135,13 @@ def main() -> None:
             procs["slow"], slow = start_upstream("--latency", "0.02", cpus=load_cpus, module=UPSTREAMS[args.upstream])
             procs["streamy"], streamy = start_upstream("--output-words", "20", "--chunk-delay", "0.005",
                                                        cpus=load_cpus, module=UPSTREAMS[args.upstream])
-            for who, path in zip(BUILDS, (str(Path(args.baseline).resolve()), None), strict=True):
+            baseline = str(Path(args.baseline).resolve()) if args.baseline else None
+            for who, path, venv in zip(BUILDS, (baseline, None), (args.baseline_venv, None), strict=True):
                 work = Path(tmp) / who
                 work.mkdir()
                 with python_path(path):
                     gateways[who] = start_gateway(gateway_config(db_url, fast, slow, streamy, work / "journal"),
-                                                  work, 1, gateway_cpus)
+                                                  work, 1, gateway_cpus, venv)
             key = make_tenant_key(gateways["B"].url)
             rows = asyncio.run(compare(args, gateways, key, fast, slow, streamy))
         finally:
@@ -142,7 +149,8 @@ def main() -> None:
                 stop(gw.proc)
             for proc in procs.values():
                 stop(proc)
-    print(f"A: {args.baseline}, B: this tree; {args.rounds} rounds of {args.slice:g} s slices, gateways on CPUs "
+    a = " from ".join(str(x) for x in (args.baseline or "this tree", args.baseline_venv) if x)
+    print(f"A: {a}, B: this tree; {args.rounds} rounds of {args.slice:g} s slices, gateways on CPUs "
           f"{gateway_cpus}")
     print_table(rows, ["measurement", "added p50 / p90 / p99 (ms)", "served/s (direct)", "CPU per request (ms)",
                        "errors"])

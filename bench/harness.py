@@ -142,8 +142,10 @@ class Gateway:
     log: Path
 
 
-def start_gateway(config: dict[str, Any], workdir: Path, workers: int = 1, cpus: str | None = None) -> Gateway:
-    """``switchyard serve`` with ``workers`` workers, as a separate process (on ``cpus`` with taskset)."""
+def start_gateway(config: dict[str, Any], workdir: Path, workers: int = 1, cpus: str | None = None,
+                  venv: Path | None = None) -> Gateway:
+    """``switchyard serve`` with ``workers`` workers, as a separate process (on ``cpus`` with taskset),
+    from ``venv`` (default: this interpreter's)."""
     path = workdir / "gateway.yaml"
     path.write_text(yaml.safe_dump(config))
     port = free_port()
@@ -151,7 +153,7 @@ def start_gateway(config: dict[str, Any], workdir: Path, workers: int = 1, cpus:
     log = workdir / "gateway.log"
     cmd = [
         *(["taskset", "-c", cpus] if cpus else []),
-        str(Path(sys.executable).parent / "switchyard"),
+        str(venv / "bin" / "switchyard" if venv else Path(sys.executable).parent / "switchyard"),
         "serve",
         "--config",
         str(path),
