@@ -66,6 +66,7 @@ from bench.harness import (
     start_gateway,
     start_upstream,
     stop,
+    usage_caught_up,
     worker_pids,
 )
 from bench.loadgen import Run, Target, bursts, closed_loop, http_request, open_loop, wrk_rps
@@ -274,7 +275,7 @@ def _stream_rows(how: str, d: Run, g: Run, cpu: float) -> list[list[str]]:
 
 
 async def measure(
-    args: argparse.Namespace, gw: Gateway, key: str, ups: dict[str, str], pids: dict[str, int]
+    args: argparse.Namespace, gw: Gateway, key: str, ups: dict[str, str], pids: dict[str, int], db_url: str
 ) -> tuple[list[list[str]], int]:
     sent = 0
 
@@ -296,6 +297,11 @@ async def measure(
     )
     for name, phase in phases:
         if name in args.phases:
+            # each phase starts with the usage of the ones before written: a backlog (a) left would
+            # otherwise keep PostgreSQL busy on the load CPU through the first slices of (b)
+            waited = await usage_caught_up(db_url, sent)
+            if waited > 1:
+                print(f"({name}) waited {waited:.1f} s for the usage rows of the phases before", file=sys.stderr)
             phase_rows, phase_sent = await phase()
             rows += phase_rows
             sent += phase_sent
@@ -377,7 +383,7 @@ def main() -> None:
                 key = make_tenant_key(gw.url)
                 ups = {"fast": fast, "slow": slow, "streamy": streamy}
                 pids = {name: proc.pid for name, proc in procs.items()}
-                rows, sent = asyncio.run(measure(args, gw, key, ups, pids))
+                rows, sent = asyncio.run(measure(args, gw, key, ups, pids, db_url))
                 rss = [rss_mib(pid) for pid in worker_pids(gw.proc.pid)]
             finally:
                 code = stop(gw.proc)

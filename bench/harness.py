@@ -217,6 +217,15 @@ async def count_usage_rows(url: str) -> int:
         await conn.close()
 
 
+async def usage_caught_up(url: str, sent: int, timeout: float = 120.0) -> float:
+    """Wait until the usage rows in PostgreSQL number ``sent`` (the gateway has written what a phase
+    left buffered); the seconds it took."""
+    t0 = time.perf_counter()
+    while await count_usage_rows(url) < sent and time.perf_counter() - t0 < timeout:
+        await asyncio.sleep(0.2)
+    return time.perf_counter() - t0
+
+
 def make_tenant_key(gateway_url: str) -> str:
     """A tenant and an API key with high limits on both, through the admin API."""
     with httpx.Client(base_url=gateway_url, headers={"authorization": f"Bearer {ADMIN_KEY}"}, timeout=10) as admin:
