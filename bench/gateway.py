@@ -297,8 +297,8 @@ async def measure(
     )
     for name, phase in phases:
         if name in args.phases:
-            # each phase starts with the usage of the ones before written: a backlog (a) left would
-            # otherwise keep PostgreSQL busy on the load CPU through the first slices of (b)
+            # each phase starts with the usage of the ones before written, so that their writes (PostgreSQL
+            # shares the load CPU) do not fall in its slices
             waited = await usage_caught_up(db_url, sent)
             if waited > 1:
                 print(f"({name}) waited {waited:.1f} s for the usage rows of the phases before", file=sys.stderr)

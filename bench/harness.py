@@ -218,10 +218,16 @@ async def count_usage_rows(url: str) -> int:
 
 
 async def usage_caught_up(url: str, sent: int, timeout: float = 120.0) -> float:
-    """Wait until the usage rows in PostgreSQL number ``sent`` (the gateway has written what a phase
-    left buffered); the seconds it took."""
+    """Wait until the usage rows in PostgreSQL number ``sent``, or stop growing for a second (``sent``
+    is approximate with wrk): the gateway has written what a phase left buffered. The seconds it took."""
     t0 = time.perf_counter()
-    while await count_usage_rows(url) < sent and time.perf_counter() - t0 < timeout:
+    rows, since = -1, t0
+    while time.perf_counter() - t0 < timeout:
+        now_rows = await count_usage_rows(url)
+        if now_rows >= sent or (now_rows == rows and time.perf_counter() - since >= 1.0):
+            break
+        if now_rows != rows:
+            rows, since = now_rows, time.perf_counter()
         await asyncio.sleep(0.2)
     return time.perf_counter() - t0
 
