@@ -36,6 +36,7 @@ from gateway.db.migrate import SchemaNotReady, check_schema
 from gateway.db.models import ModelPrice, utcnow
 from gateway.quotas.admission import QuotaAdmission
 from gateway.quotas.limits import LimitsSource
+from gateway.quotas.redis_credit import RedisCredit
 from gateway.quotas.redis_store import RedisStore, connect_redis
 from gateway.quotas.store import MemoryStore, QuotaStore
 from gateway.routing.router import Router
@@ -99,8 +100,9 @@ class Tenancy:
         audit = AuditLog(db, key_use_interval=auth.key_use_audit_seconds, retention=auth.audit_retention_days * 86400)
         guard = AuthGuard(throttle, audit)
         prices = PriceTable.from_settings(settings)
+        credit = RedisCredit(store) if isinstance(store, RedisStore) and settings.quotas.credit else None
         admission = QuotaAdmission(store, limits, prices, on_unavailable=settings.redis.on_unavailable,
-                                   lease_seconds=settings.quotas.lease_seconds)
+                                   lease_seconds=settings.quotas.lease_seconds, credit=credit)
         usage = UsageWriter(db, prices, journal_dir=Path(settings.usage.journal_dir),
                             sync_before_reply=settings.usage.sync_before_reply)
 

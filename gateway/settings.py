@@ -100,6 +100,10 @@ class QuotasConfig(Conf):
     # A concurrency slot is a lease of this many seconds, renewed by the live replica every third
     # of it: the slots of a replica that died free themselves within one lease.
     lease_seconds: Annotated[float, Meta(ge=1, le=3600)] = 30.0
+    # With Redis: a key admitted at 20 or more requests a second is counted in Redis once a second
+    # for the next second's worth (credit, gateway/quotas/credit.py) instead of once a request;
+    # false counts every request in Redis as it comes.
+    credit: bool = True
 
 
 class UsageConfig(Conf):

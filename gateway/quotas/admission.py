@@ -9,7 +9,9 @@ it). Concurrency leases last ``lease_seconds`` and a heartbeat
 died free themselves within one lease. A budget bucket the store lost is rebuilt from the usage
 records before the request is admitted. A store outage (or, for a lost budget bucket, a database
 outage) follows the configured policy: ``fail_closed`` raises QuotaUnavailable (503),
-``fail_open`` admits without counting; both log.
+``fail_open`` admits without counting; both log. With ``credit`` (Redis), a key admitted at least
+``credit.MIN_DEMAND`` times a second is admitted and settled in process while this replica's
+credit for the second lasts (``credit.py``), and through the store otherwise.
 """
 
 from __future__ import annotations
@@ -19,12 +21,15 @@ import contextlib
 import logging
 import math
 import time
+from collections.abc import Callable
 from functools import partial
 from typing import Any, Literal
 
 from gateway.contracts import Principal, QuotaExceeded, QuotaUnavailable, Ticket, completed
 from gateway.ids import random_id
+from gateway.quotas.credit import CreditKeeper, LocalLease
 from gateway.quotas.limits import LimitsSource, Scope, period_id, recorded_spend
+from gateway.quotas.redis_credit import RedisCredit
 from gateway.quotas.store import Decision, Lease, QuotaStore, Reservation, lease_for
 from gateway.usage.pricing import PriceTable
 
@@ -51,6 +56,8 @@ class QuotaAdmission:
         *,
         on_unavailable: Literal["fail_closed", "fail_open"] = "fail_closed",
         lease_seconds: float = 30.0,
+        credit: RedisCredit | None = None,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.store = store
         self.limits = limits
@@ -61,17 +68,25 @@ class QuotaAdmission:
         self._live: dict[str, Lease] = {}  # ticket id -> lease of every admitted, unsettled request
         self._settling: set[asyncio.Future[None]] = set()  # settlements sent and not yet acknowledged
         self._heartbeat: asyncio.Task[None] | None = None
+        self.clock = clock
+        # busy keys are admitted on credit (credit.py)
+        self.credit = (CreditKeeper(credit, lease_seconds=lease_seconds, on_outage=self._outage, clock=clock)
+                       if credit else None)
 
     # ------------------------------------------------------------ heartbeat
 
     def start(self) -> None:
         if self._heartbeat is None:
             self._heartbeat = asyncio.get_running_loop().create_task(self._beat(), name="quota-heartbeat")
+        if self.credit is not None:
+            self.credit.start()
 
     async def aclose(self) -> None:
         """Stop the heartbeat, once the settlements on their way are acknowledged (or time out)."""
         if self._settling:
             await asyncio.wait(list(self._settling), timeout=SETTLE_WAIT_SECONDS)
+        if self.credit is not None:
+            await self.credit.aclose()
         if self._heartbeat is not None:
             self._heartbeat.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -103,7 +118,9 @@ class QuotaAdmission:
                 return Ticket(principal=principal, model=model, reserved_tokens=0)
             raise QuotaUnavailable("quota limits unavailable; try again shortly") from None
         micros = math.ceil(reserve_tokens * self.prices.max_per_million(model))
-        r = Reservation(random_id(), time.time(), reserve_tokens, micros, scopes, self.lease_seconds)
+        if self.credit is not None and (ticket := self.credit.take(principal, scopes, model, reserve_tokens, micros)):
+            return ticket
+        r = Reservation(random_id(), self.clock(), reserve_tokens, micros, scopes, self.lease_seconds)
         try:
             decision = await self.store.reserve(r)
             for _ in scopes:  # each pass rebuilds one lost budget bucket
@@ -127,6 +144,8 @@ class QuotaAdmission:
             raise QuotaExceeded(_message(decision, scopes), retry_after=decision.retry_after, ticket=ticket)
         lease = ticket.reservation = lease_for(r)
         self._live[lease.ticket_id] = lease
+        if self.credit is not None:
+            self.credit.hold(principal)
         return ticket
 
     async def _seed_budget(self, scope: Scope, now: float) -> None:
@@ -140,11 +159,17 @@ class QuotaAdmission:
 
     def settle(self, ticket: Ticket, actual_tokens: int, cost: float) -> asyncio.Future[None]:
         lease = ticket.reservation
+        if isinstance(lease, LocalLease):
+            assert self.credit is not None
+            self.credit.settle(lease, max(0, int(actual_tokens)), round(cost * 1e6))
+            return completed()  # the corrections leave with the next second's give-back
         if not isinstance(lease, Lease):
             return completed()  # admitted fail-open: nothing was reserved
+        if self.credit is not None:
+            self.credit.release(ticket.principal)
         self._live.pop(lease.ticket_id, None)
         try:
-            sent = self.store.settle(lease, time.time(), max(0, int(actual_tokens)), round(cost * 1e6))
+            sent = self.store.settle(lease, self.clock(), max(0, int(actual_tokens)), round(cost * 1e6))
         except Exception as exc:  # the lease expires by itself; the budget keeps the reservation
             self._outage("settle", exc)
             return completed()

@@ -42,16 +42,10 @@ from gateway.quotas.store import Decision, Lease, Reservation, budget_retry
 
 NONE = -1  # "no limit" in script arguments and results
 
-RESERVE = """
--- Arguments: now, the ticket's member, tokens, micros, its lease's end, the window, this second and
--- its two counters' field names, the TTLs of a window and of a tickets' key; then per scope its
--- requests/min, tokens/min, concurrency, token and micro-dollar budgets (-1: none) and the TTL of
--- its budget bucket (0: none). What goes to Redis unchanged (scores, increments, TTLs) stays the
--- string it came as: a number turned back into a command's argument costs a third of the call.
+WINDOWS = """
+-- Shared by RESERVE and GRANT (redis_credit.py): ARGV[1] is now, ARGV[6] the window, ARGV[7] this
+-- second and ARGV[8], ARGV[9] its two counters' field names.
 local now = tonumber(ARGV[1])
-local ticket = ARGV[2]
-local tokens = tonumber(ARGV[3])
-local micros = tonumber(ARGV[4])
 local win = tonumber(ARGV[6])
 local sec = tonumber(ARGV[7])
 local rsec, tsec = ARGV[8], ARGV[9]
@@ -119,7 +113,17 @@ local function window(key)
   rq, tk, lo = rescan(key)
   return rq, tk, lo, rnow, tnow
 end
+"""
 
+RESERVE = WINDOWS + """
+-- Arguments: now, the ticket's member, tokens, micros, its lease's end, the window, this second and
+-- its two counters' field names, the TTLs of a window and of a tickets' key; then per scope its
+-- requests/min, tokens/min, concurrency, token and micro-dollar budgets (-1: none) and the TTL of
+-- its budget bucket (0: none). What goes to Redis unchanged (scores, increments, TTLs) stays the
+-- string it came as: a number turned back into a command's argument costs a third of the call.
+local ticket = ARGV[2]
+local tokens = tonumber(ARGV[3])
+local micros = tonumber(ARGV[4])
 local req = {-1, -1, -1}
 local tok = {-1, -1, -1}
 local function tighter(state, limit, remaining, reset)
