@@ -40,11 +40,6 @@ local first_slot, end_slot, pool = tonumber(ARGV[base + 2]), tonumber(ARGV[base 
 local grow = end_slot - first_slot
 local pad = string.rep('#', 64)
 local req, tok = {-1, -1, -1}, {-1, -1, -1}
-local function tighter(state, limit, remaining, reset)
-  if remaining < 0 then remaining = 0 end
-  if state[1] == -1 or remaining < state[2] then return {limit, remaining, reset} end
-  return state
-end
 -- what a grant may take of one limit: a sixteenth of it at most, and no more than is left
 local function fits(used, want, limit) return want * 16 <= limit and used + want <= limit end
 
@@ -86,24 +81,11 @@ for j = first_slot, end_slot - 1 do
   members[#members + 1] = prefix .. j .. pad
 end
 for i = 1, nscopes do
-  local k = (i - 1) * 3
-  local budget_ttl = ARGV[11 + (i - 1) * 6 + 6]
-  local w = windows[i]
-  local first = w[4] == nil
-  local rnext, tnext = (w[4] or 0) + n, (w[5] or 0) + tokens
-  if w[3] == nil or sec < w[3] then
-    redis.call('HSET', KEYS[k + 1], rsec, rnext, tsec, tnext, 'rs', w[1] + n, 'ts', w[2] + tokens, lo_field, sec)
-  else
-    redis.call('HSET', KEYS[k + 1], rsec, rnext, tsec, tnext, 'rs', w[1] + n, 'ts', w[2] + tokens)
-  end
-  if first then redis.call('EXPIRE', KEYS[k + 1], ARGV[10]) end
+  count(i, windows[i], n, tokens)
   if grow > 0 then
-    redis.call('ZADD', KEYS[k + 2], unpack(members))
-    redis.call('EXPIRE', KEYS[k + 2], ARGV[11])
+    redis.call('ZADD', KEYS[(i - 1) * 3 + 2], unpack(members))
+    redis.call('EXPIRE', KEYS[(i - 1) * 3 + 2], ARGV[11])
   end
-  redis.call('HINCRBY', KEYS[k + 3], 'tokens', ARGV[3])
-  redis.call('HINCRBY', KEYS[k + 3], 'micros', ARGV[4])
-  if first and budget_ttl ~= '0' then redis.call('EXPIRE', KEYS[k + 3], budget_ttl) end
 end
 return {1, '', -1, 0, req[1], req[2], req[3], tok[1], tok[2], tok[3]}
 """

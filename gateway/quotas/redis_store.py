@@ -43,7 +43,8 @@ from gateway.quotas.store import Decision, Lease, Reservation, budget_retry
 NONE = -1  # "no limit" in script arguments and results
 
 WINDOWS = """
--- Shared by RESERVE and GRANT (redis_credit.py): ARGV[1] is now, ARGV[6] the window, ARGV[7] this
+-- Shared by RESERVE and GRANT (redis_credit.py): ARGV[1] is now, ARGV[3] and ARGV[4] the tokens and
+-- micro-dollars to count in a budget, ARGV[6] the window, ARGV[7] this
 -- second and ARGV[8], ARGV[9] its two counters' field names.
 local now = tonumber(ARGV[1])
 local win = tonumber(ARGV[6])
@@ -113,6 +114,35 @@ local function window(key)
   rq, tk, lo = rescan(key)
   return rq, tk, lo, rnow, tnow
 end
+
+-- A limit's state for the headers: the most restrictive of the scopes' {limit, remaining, reset}.
+local function tighter(state, limit, remaining, reset)
+  if remaining < 0 then remaining = 0 end
+  if state[1] == -1 or remaining < state[2] then return {limit, remaining, reset} end
+  return state
+end
+
+-- Count n requests and `tokens` tokens in scope i's window ``w`` (as window() read it) for this
+-- second, and ARGV[3] tokens and ARGV[4] micro-dollars in its budget; ARGV[10] is a window's TTL.
+-- The scope's first admission of this second (the window's counters for it are new) refreshes the
+-- TTLs: the window's (a TTL a second older than the last write still outlives the window) and its
+-- budget's; it is returned, for the caller to refresh its tickets' key's too.
+local function count(i, w, n, tokens)
+  local k = (i - 1) * 3
+  local budget_ttl = ARGV[11 + (i - 1) * 6 + 6]
+  local first = w[4] == nil
+  local rnext, tnext = (w[4] or 0) + n, (w[5] or 0) + tokens
+  if w[3] == nil or sec < w[3] then
+    redis.call('HSET', KEYS[k + 1], rsec, rnext, tsec, tnext, 'rs', w[1] + n, 'ts', w[2] + tokens, lo_field, sec)
+  else
+    redis.call('HSET', KEYS[k + 1], rsec, rnext, tsec, tnext, 'rs', w[1] + n, 'ts', w[2] + tokens)
+  end
+  if first then redis.call('EXPIRE', KEYS[k + 1], ARGV[10]) end
+  redis.call('HINCRBY', KEYS[k + 3], 'tokens', ARGV[3])
+  redis.call('HINCRBY', KEYS[k + 3], 'micros', ARGV[4])
+  if first and budget_ttl ~= '0' then redis.call('EXPIRE', KEYS[k + 3], budget_ttl) end
+  return first
+end
 """
 
 RESERVE = WINDOWS + """
@@ -126,11 +156,6 @@ local tokens = tonumber(ARGV[3])
 local micros = tonumber(ARGV[4])
 local req = {-1, -1, -1}
 local tok = {-1, -1, -1}
-local function tighter(state, limit, remaining, reset)
-  if remaining < 0 then remaining = 0 end
-  if state[1] == -1 or remaining < state[2] then return {limit, remaining, reset} end
-  return state
-end
 local function reject(reason, i, retry_ms, rq, tk)
   return {0, reason, i - 1, retry_ms, rq[1], rq[2], rq[3], tk[1], tk[2], tk[3]}
 end
@@ -175,26 +200,12 @@ end
 
 for i = 1, nscopes do
   local k = (i - 1) * 3
-  local budget_ttl = ARGV[11 + (i - 1) * 6 + 6]
-  local w = windows[i]
-  -- The scope's first admission of this second (the window's counters for it are new) refreshes
-  -- the TTLs: the window's (a TTL a second older than the last write still outlives the window),
-  -- and those of its tickets and budget: the tickets' key then outlives every lease given out in
-  -- this second (each ends before now + 1 + lease; the heartbeat's renewals extend it from there).
-  -- A tickets' key this ZADD creates gets one too.
-  local first = w[4] == nil
-  local rnext, tnext = (w[4] or 0) + 1, (w[5] or 0) + tokens
-  if w[3] == nil or sec < w[3] then
-    redis.call('HSET', KEYS[k + 1], rsec, rnext, tsec, tnext, 'rs', w[1] + 1, 'ts', w[2] + tokens, lo_field, sec)
-  else
-    redis.call('HSET', KEYS[k + 1], rsec, rnext, tsec, tnext, 'rs', w[1] + 1, 'ts', w[2] + tokens)
-  end
-  if first then redis.call('EXPIRE', KEYS[k + 1], ARGV[10]) end
+  -- The tickets' key's TTL is refreshed with the window's: it then outlives every lease given out
+  -- in this second (each ends before now + 1 + lease; the heartbeat's renewals extend it from
+  -- there). A tickets' key this ZADD creates gets one too.
+  local first = count(i, windows[i], 1, tokens)
   redis.call('ZADD', KEYS[k + 2], ARGV[5], ticket)
   if first or held[i] == 0 then redis.call('EXPIRE', KEYS[k + 2], ARGV[11]) end
-  redis.call('HINCRBY', KEYS[k + 3], 'tokens', ARGV[3])
-  redis.call('HINCRBY', KEYS[k + 3], 'micros', ARGV[4])
-  if first and budget_ttl ~= '0' then redis.call('EXPIRE', KEYS[k + 3], budget_ttl) end
 end
 return {1, '', -1, 0, req[1], req[2], req[3], tok[1], tok[2], tok[3]}
 """
