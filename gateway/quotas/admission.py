@@ -68,6 +68,7 @@ class QuotaAdmission:
         self._live: dict[str, Lease] = {}  # ticket id -> lease of every admitted, unsettled request
         self._settling: set[asyncio.Future[None]] = set()  # settlements sent and not yet acknowledged
         self._heartbeat: asyncio.Task[None] | None = None
+        self._done: asyncio.Future[None] | None = None  # what a settlement with nothing to send returns
         self.clock = clock
         # busy keys are admitted on credit (credit.py)
         self.credit = (CreditKeeper(credit, lease_seconds=lease_seconds, on_outage=self._outage, clock=clock)
@@ -78,6 +79,7 @@ class QuotaAdmission:
     def start(self) -> None:
         if self._heartbeat is None:
             self._heartbeat = asyncio.get_running_loop().create_task(self._beat(), name="quota-heartbeat")
+            self._done = completed()  # made once in the serving loop: a loop lookup is a system call on 3.11
         if self.credit is not None:
             self.credit.start()
 
@@ -91,7 +93,7 @@ class QuotaAdmission:
             self._heartbeat.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._heartbeat
-            self._heartbeat = None
+            self._heartbeat = self._done = None
 
     async def _beat(self) -> None:
         while True:
@@ -162,9 +164,9 @@ class QuotaAdmission:
         if isinstance(lease, LocalLease):
             assert self.credit is not None
             self.credit.settle(lease, max(0, int(actual_tokens)), round(cost * 1e6))
-            return completed()  # the corrections leave with the next second's give-back
+            return self._done or completed()  # the corrections leave with the next second's give-back
         if not isinstance(lease, Lease):
-            return completed()  # admitted fail-open: nothing was reserved
+            return self._done or completed()  # admitted fail-open: nothing was reserved
         if self.credit is not None:
             self.credit.release(ticket.principal)
         self._live.pop(lease.ticket_id, None)

@@ -44,7 +44,7 @@ GIVE_BACK_WAIT_SECONDS = 5.0  # at shutdown, for the last give-back to be acknow
 class Bundle:
     """One key's scopes (the key, its tenant) as this replica admits them: demand, credit, slots."""
 
-    number: int
+    prefix: str  # its slots' members: this process's prefix and the bundle's number
     scopes: list[Scope]
     # demand: admissions (on credit or not) of the second ``demand_second`` and of the one before
     demand_second: int = -1
@@ -101,7 +101,7 @@ class Bundle:
         return not (self.in_flight or self.pool or self.pending or self.second >= 0) and self.demand_second < sec - 1
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class LocalLease:
     """A request admitted on credit: its slot and what it reserved, for ``CreditKeeper.settle``."""
 
@@ -135,7 +135,7 @@ class CreditKeeper:
         bundle = self._bundles.get(who)
         if bundle is None:
             self._numbers += 1
-            bundle = self._bundles[who] = Bundle(self._numbers, scopes)
+            bundle = self._bundles[who] = Bundle(f"{self.prefix}{self._numbers}:", scopes)
         bundle.scopes = scopes  # the limits as now cached: the next grant uses them
         now = self.clock()
         sec = math.floor(now)
@@ -246,7 +246,7 @@ class CreditKeeper:
         bundle.next_slot += grow
         bundle.granting = True
         try:
-            grant: Grant = await self.store.grant(bundle.scopes, now, requests, tokens, micros, self.prefix, slots,
+            grant: Grant = await self.store.grant(bundle.scopes, now, requests, tokens, micros, bundle.prefix, slots,
                                                   len(bundle.pool) + grow, self.lease_seconds)
         except Exception as exc:
             self.on_outage("admission credit", exc)
@@ -301,7 +301,7 @@ class CreditKeeper:
                             sum(c[1] for c in changes), sum(c[2] for c in changes), let_go)
             let_go = []
             try:
-                sent = self.store.give_back(bundle.scopes, seconds[0] if seconds else self.clock(), self.prefix, back)
+                sent = self.store.give_back(bundle.scopes, seconds[0] if seconds else self.clock(), bundle.prefix, back)
             except Exception as exc:  # the budget keeps what was reserved; the slots run out by themselves
                 self.on_outage("admission credit", exc)
                 continue
@@ -317,7 +317,7 @@ class CreditKeeper:
         for bundle in list(self._bundles.values()):
             if bundle.pool:
                 try:
-                    await self.store.renew(bundle.scopes, now, self.prefix, sorted(bundle.pool), self.lease_seconds)
+                    await self.store.renew(bundle.scopes, now, bundle.prefix, sorted(bundle.pool), self.lease_seconds)
                 except Exception as exc:  # the slots run out by themselves
                     self.on_outage("slot renewal", exc)
 

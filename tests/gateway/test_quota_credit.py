@@ -12,6 +12,7 @@ import time
 import pytest
 from redis.asyncio import Redis
 
+from gateway.admin.service import TenancyService
 from gateway.contracts import Principal, QuotaExceeded, Ticket
 from gateway.db import Database
 from gateway.quotas.admission import QuotaAdmission
@@ -172,3 +173,23 @@ async def test_the_slots_of_a_replica_that_died_run_out(db: Database, redis: Red
     await other.admit(p, "m", 1)
     assert await redis.zcard(f"{redis_prefix}:key:{p.key_id}:cc") == 1
     await other.aclose()
+
+
+async def test_two_keys_of_a_tenant_hold_slots_of_their_own(db: Database, redis: Redis, redis_prefix: str) -> None:
+    first = await principal_with(db, Limits(max_concurrency=10_000), Limits())
+    second = Principal(key_id=(await TenancyService(db).create_key(first.tenant_id or "")).key.id,
+                       tenant_id=first.tenant_id)
+    clock = Clock()
+    adm = admission(redis_prefix, db, clock)
+    assert adm.credit is not None
+    for who in (first, second):
+        for t in [await adm.admit(who, "m", 1) for _ in range(20)]:
+            await adm.settle(t, 1, 0.0)
+    clock.at(1, 0.01)
+    await adm.credit.tick()
+    pools = [len(b.pool) for b in adm.credit._bundles.values()]
+    assert len(pools) == 2 and min(pools) > 0
+    assert await redis.zcard(f"{redis_prefix}:tenant:{first.tenant_id}:cc") == sum(pools)
+    await adm.aclose()
+    await acknowledged(adm)
+    assert await redis.zcard(f"{redis_prefix}:tenant:{first.tenant_id}:cc") == 0
