@@ -214,28 +214,36 @@ async def test_busy_key_on_credit_is_counted_exactly(
     """Hundreds of requests a second on one key: both replicas admit on credit (credit.py), and
     once they hand back what they did not use, Redis holds exactly what the usage records hold."""
     tid, key = tenant_key(gateways[0], requests_per_minute=100_000, token_budget=10**8, budget_period="day")
+    seen: list[bytes] = []  # concurrency slots a replica took with its credit
+
+    async def watch() -> None:
+        while not seen:
+            seen.extend(m for m in await redis.zrange(f"sy:q:tenant:{tid}:cc", 0, -1) if m.startswith(b"pool:"))
+            await asyncio.sleep(0.005)
+
+    watcher = asyncio.create_task(watch())
     try:
-        for _ in range(3):
-            results = await hammer(gateways, key, 80, max_tokens=5)
+        for _ in range(4):
+            results = await hammer(gateways, key, 100, max_tokens=5)
             assert not [r for r in results if isinstance(r, BaseException)]
-        slots = [m for m in await redis.zrange(f"sy:q:tenant:{tid}:cc", 0, -1) if m.startswith(b"pool:")]
-        assert slots  # concurrency slots a replica took with its credit
-        count, tokens, _ = await wait_rows(database, tid, 240)
-        assert count == 240
+        await asyncio.wait_for(watcher, 5)
+        count, tokens, _ = await wait_rows(database, tid, 400)
+        assert count == 400
         budget = f"sy:q:tenant:{tid}:bd:{datetime.now(UTC).strftime('d%Y%m%d')}"
         for _ in range(50):  # the next second's give-back (acknowledged a moment later)
             counted = await redis.hmget(f"sy:q:tenant:{tid}:win", ["rs"])
             spent = await redis.hmget(budget, ["tokens"])
-            if int(counted[0] or 0) == 240 and int(spent[0] or 0) == tokens:
+            if int(counted[0] or 0) == 400 and int(spent[0] or 0) == tokens:
                 break
             await asyncio.sleep(0.1)
-        assert (int(counted[0] or 0), int(spent[0] or 0)) == (240, tokens)
+        assert (int(counted[0] or 0), int(spent[0] or 0)) == (400, tokens)
         for _ in range(50):  # and the slots once the key is quiet
             if not await redis.zcard(f"sy:q:tenant:{tid}:cc"):
                 break
             await asyncio.sleep(0.1)
         assert await redis.zcard(f"sy:q:tenant:{tid}:cc") == 0
     finally:
+        watcher.cancel()
         await cleanup(redis, tid)
 
 
