@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import mmap
 import os
 from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
@@ -27,15 +28,22 @@ def read_records(path: Path, on_unreadable: Callable[[bytes, str], None] | None 
     """Every record in a journal file. A complete line that is not a usage record (say, a value of
     the wrong type in a file edited by hand) goes to ``on_unreadable`` with the reason, so that a
     replay can set it aside instead of dropping it; a last line with no newline is a write torn by
-    a crash and holds no complete record."""
+    a crash and holds no complete record, and so is one cut short by the zeros after a mapped
+    segment's records (``MappedJournal``)."""
     out: list[UsageRecord] = []
     with path.open("rb") as f:
         for line in f:
+            if (end := line.find(b"\0")) >= 0:  # a mapped segment's unwritten rest (JSON has no NUL)
+                line = line[:end]
+                if not line:
+                    break
             try:
                 out.append(_decoder.decode(line))
             except msgspec.DecodeError as exc:
                 if on_unreadable is not None and line.endswith(b"\n") and line.strip():
                     on_unreadable(line.rstrip(b"\n"), str(exc))
+            if end >= 0:
+                break
     return out
 
 
@@ -121,6 +129,62 @@ class Journal:
         empty = self.count == 0 and self.path.stat().st_size == 0
         self._file.close()
         if remove_if_empty and empty:
+            self.path.unlink(missing_ok=True)
+
+
+class MappedJournal(Journal):
+    """A write-ahead segment written through a shared memory mapping of its file.
+
+    An append is a copy into the page cache: no system call and no update of the file's times per
+    record (a ``write`` here took 1.2 µs alone and 8-10 µs while the fsync thread worked on the same
+    file), and as safe against a killed process as a ``write``, since the pages are the kernel's.
+    The file is allocated ahead (``posix_fallocate``), so that a copy never meets a full disk (which
+    would end the process with SIGBUS); growing it allocates first and raises OSError as a failed
+    write does, before any byte is copied. Past the records the file holds zeros, until ``close``
+    cuts them off; ``read_records`` stops at the first.
+    """
+
+    def __init__(self, directory: Path, *, size: int = 4 << 20) -> None:
+        self.directory = directory
+        directory.mkdir(parents=True, exist_ok=True)
+        self.path = directory / f"usage-{os.getpid()}-{os.urandom(3).hex()}.jsonl"
+        self._file = self.path.open("xb+", buffering=0)
+        self._fd = self._file.fileno()
+        fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        self.count = 0
+        self._size = 0
+        try:
+            os.posix_fallocate(self._fd, 0, size)
+            self._map = mmap.mmap(self._fd, size)
+        except BaseException:
+            self.discard()
+            raise
+
+    def write_lines(self, data: bytes, lines: int) -> None:
+        end = self._size + len(data)
+        if end > len(self._map):
+            size = max(end, 2 * len(self._map))
+            os.posix_fallocate(self._fd, 0, size)
+            self._map.resize(size)
+        self._map[self._size : end] = data
+        self._size = end
+        self.count += lines
+
+    def truncate(self) -> None:
+        self._map[: self._size] = bytes(self._size)
+        os.fsync(self._fd)
+        self.count = self._size = 0
+
+    def discard(self) -> None:
+        if hasattr(self, "_map"):
+            self._map.close()
+        super().discard()
+
+    def close(self, *, remove_if_empty: bool = True) -> None:
+        self._map.close()
+        os.ftruncate(self._fd, self._size)  # the zeros past the records go
+        self._file.close()
+        if remove_if_empty and self.count == 0 and self._size == 0:
             self.path.unlink(missing_ok=True)
 
 

@@ -1,11 +1,12 @@
 """The usage writer's write-ahead segment: written by the event loop, fsynced by a thread.
 
-``add`` writes a record into the segment file at once, with one ``write`` call: the record is in the
+``add`` writes a record into the segment file at once, a copy into its memory mapping
+(``MappedJournal``; one ``write`` call where the file system cannot map it): the record is in the
 operating system's page cache, so a gateway process that is killed or crashes the next instant
 loses none. Durability against a power loss or a kernel crash is the fsync's: a thread of its own
 fsyncs what was written (one fsync for all of it, group commit) within ``sync_interval`` of the
 first unsynced write, or at once when ``sync`` waits for it. The fsync never blocks the loop,
-whatever the disk; a write to the page cache takes a microsecond or so.
+whatever the disk; a copy into the page cache takes well under a microsecond.
 
 The thread needs the GIL to wake the ``sync`` waiters after its fsync: a busy loop thread gives it
 up only after the interpreter's switch interval, 5 ms by default, a wait every reply behind it
@@ -23,7 +24,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from gateway.contracts import UsageRecord
-from gateway.usage.journal import Journal
+from gateway.usage.journal import Journal, MappedJournal
 
 log = logging.getLogger("switchyard.usage")
 
@@ -34,7 +35,7 @@ SYNC_INTERVAL = 0.01  # seconds an unsynced write waits for its fsync when no re
 class WriteAhead:
     def __init__(self, directory: Path, *, sync_interval: float = SYNC_INTERVAL) -> None:
         self.directory = directory
-        self.segment = Journal(directory)
+        self.segment = new_segment(directory)
         self.sync_interval = sync_interval
         self._unsynced: list[Journal] = []  # segments written since the thread last fsynced them
         # The segment last put in that list: while the thread has not taken the list, a write to it
@@ -74,7 +75,7 @@ class WriteAhead:
     def rotate(self, carry: list[UsageRecord]) -> Journal:
         """Start a new segment holding ``carry``, and return the old one, which holds every record
         added before (the caller discards it once those records are safe elsewhere)."""
-        retired, self.segment = self.segment, Journal(self.directory)
+        retired, self.segment = self.segment, new_segment(self.directory)
         self._write(self.segment, carry)
         return retired
 
@@ -134,6 +135,16 @@ class WriteAhead:
                 loop.call_soon_threadsafe(_wake, waiters)
             if closing:
                 return
+
+
+def new_segment(directory: Path) -> Journal:
+    """A segment written through a memory mapping; on a file system that cannot allocate a file
+    ahead (or map it), one written with ``write`` calls."""
+    try:
+        return MappedJournal(directory)
+    except OSError as exc:
+        log.warning("usage write-ahead segment not mapped (%s); writing it with write calls", exc)
+        return Journal(directory)
 
 
 def _wake(waiters: list[asyncio.Future[None]]) -> None:

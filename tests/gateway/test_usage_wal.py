@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from gateway.contracts import UsageRecord
-from gateway.usage.journal import read_records
+from gateway.usage.journal import Journal, MappedJournal, read_records
 from gateway.usage.wal import WriteAhead
 
 
@@ -94,15 +94,20 @@ async def test_rotate_keeps_the_old_records_and_carries_the_given_ones(tmp_path:
     await wal.aclose()
 
 
+@pytest.mark.parametrize("segment", ["mapped", "written"])
 async def test_a_disk_that_refuses_a_write_is_logged_once_and_not_raised(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, segment: str
 ) -> None:
     wal = WriteAhead(tmp_path, sync_interval=3600)
+    assert isinstance(wal.segment, MappedJournal)
+    wal.segment.discard()
+    # a mapped segment meets the refusal when it grows (each record here outgrows 64 bytes)
+    wal.segment = MappedJournal(tmp_path, size=64) if segment == "mapped" else Journal(tmp_path)
     first = rec()
     wal.add(first)
     segment_fd = os.dup(wal.segment._fd)
     full = os.open("/dev/full", os.O_WRONLY)
-    os.dup2(full, wal.segment._fd)  # the segment's descriptor now answers every write with ENOSPC
+    os.dup2(full, wal.segment._fd)  # the segment's descriptor now refuses every write and allocation
     for _ in range(3):
         wal.add(rec())
     assert sum("write-ahead segment failed" in m for m in caplog.messages) == 1
@@ -114,3 +119,19 @@ async def test_a_disk_that_refuses_a_write_is_logged_once_and_not_raised(
     assert "the usage write-ahead segment is written again" in caplog.messages
     assert read_records(wal.segment.path) == [first, written]  # whole lines only
     await wal.aclose()
+
+
+def test_a_mapped_segment_reads_back_whole_records_only(tmp_path: Path) -> None:
+    """Past a mapped segment's records its file holds zeros (and, after a process killed mid-copy,
+    part of a line): a reader takes the whole records; ``close`` cuts the file to them."""
+    segment = MappedJournal(tmp_path, size=256)
+    records = [rec() for _ in range(3)]  # each outgrows the size before: the file grows
+    for r in records:
+        segment.append_one(r)
+    whole = segment._size
+    torn = b'{"request_id": "tor'  # a copy cut short by a SIGKILL
+    segment._map[whole : whole + len(torn)] = torn
+    assert read_records(segment.path) == records
+    assert os.path.getsize(segment.path) > whole
+    segment.close(remove_if_empty=False)
+    assert os.path.getsize(segment.path) == whole and read_records(segment.path) == records

@@ -20,6 +20,7 @@ from sqlalchemy import func, select
 from gateway.contracts import UsageRecord
 from gateway.db import Database
 from gateway.db.models import UsageHourly, UsageRow
+from gateway.usage.journal import MappedJournal
 from gateway.usage.pricing import Price, PriceTable
 from gateway.usage.report import ReportQuery, usage_report
 from gateway.usage.wal import SWITCH_INTERVAL
@@ -285,6 +286,8 @@ async def test_a_writer_that_died_is_replayed_from_its_write_ahead_segment(db: D
     await dead.sync()  # what the pipeline awaits before a response's last byte
     await dead.wal.aclose()
     for journal in (dead.wal.segment, dead.journal):  # the process is gone: locks free, nothing cleaned up
+        if isinstance(journal, MappedJournal):
+            journal._map.close()  # the mapping holds a descriptor of the file, and so its lock
         journal._file.close()
     heir = UsageWriter(db, PRICES, journal_dir=tmp_path)
     heir.start()
