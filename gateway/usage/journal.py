@@ -144,7 +144,7 @@ class MappedJournal(Journal):
     cuts them off; ``read_records`` stops at the first.
     """
 
-    def __init__(self, directory: Path, *, size: int = 4 << 20) -> None:
+    def __init__(self, directory: Path, *, size: int = 1 << 20) -> None:
         self.directory = directory
         directory.mkdir(parents=True, exist_ok=True)
         self.path = directory / f"usage-{os.getpid()}-{os.urandom(3).hex()}.jsonl"
