@@ -4,7 +4,8 @@ Each second a replica asks Redis (``redis_credit.GRANT``) for credit for every k
 least ``MIN_DEMAND`` requests for in the second before: half again that second's requests, tokens
 and money, for this second only, counted in Redis at once against every limit of the key and its
 tenant (so no replica ever admits past a limit), plus concurrency slots for the requests it has
-in flight. While the credit lasts a request is admitted in this process (``take``: no round trip)
+in flight; each as much of that as is left of the limit and at most a sixteenth of it. While the
+credit lasts a request is admitted in this process (``take``: no round trip)
 and settled here (its slot back in the pool, its token and money corrections summed); a request
 the credit does not cover goes to Redis as before (``QuotaStore.reserve``). At the next second the
 replica hands back what it did not use, with the corrections (``GIVE_BACK``, not waited for), and
@@ -13,8 +14,9 @@ takes the next second's credit.
 What credit costs: what one replica holds and has not used (at most a sixteenth of a limit, for at
 most a second; slots until the next second) is refused to the others meanwhile, and a request's
 ``x-ratelimit-remaining-*`` counts down from the state at the grant, not the other replicas' use
-since. A key below ``MIN_DEMAND`` requests a second, or near any of its limits, is never on
-credit: it is counted request by request, exactly as without. A replica that dies holds its
+since. A key below ``MIN_DEMAND`` requests a second is never on credit, and a request the credit
+does not cover (nothing left of it, or no free slot) is counted request by request, exactly as
+without: a key near a limit gets at most what is left of it. A replica that dies holds its
 credit until the second ends and its slots until their lease runs out, as it holds its tickets.
 """
 
@@ -140,10 +142,10 @@ class CreditKeeper:
         now = self.clock()
         sec = math.floor(now)
         bundle.count(sec, tokens, micros)
-        if (bundle.second != sec or bundle.requests < 1 or bundle.tokens < tokens or bundle.micros < micros
-                or not bundle.free):
+        short = bundle.second != sec or bundle.requests < 1 or bundle.tokens < tokens or bundle.micros < micros
+        if short or not bundle.free:
             if bundle.demand[0] >= MIN_DEMAND and not bundle.granting and bundle.refused != sec:
-                self._top_up(bundle, now, sec, tokens, micros)
+                self._top_up(bundle, now, tokens, micros, slots_only=not bundle.free)
             return None
         bundle.requests -= 1
         bundle.tokens -= tokens
@@ -241,13 +243,12 @@ class CreditKeeper:
     async def _take_credit(self, bundle: Bundle, now: float, requests: int, tokens: int, micros: int,
                            target: int) -> None:
         sec = math.floor(now)
-        grow = max(0, target - len(bundle.pool))
-        slots = range(bundle.next_slot, bundle.next_slot + grow)
-        bundle.next_slot += grow
+        wanted = range(bundle.next_slot, bundle.next_slot + max(0, target - len(bundle.pool)))
+        bundle.next_slot = wanted.stop
         bundle.granting = True
         try:
-            grant: Grant = await self.store.grant(bundle.scopes, now, requests, tokens, micros, bundle.prefix, slots,
-                                                  len(bundle.pool) + grow, self.lease_seconds)
+            grant: Grant = await self.store.grant(bundle.scopes, now, requests, tokens, micros, bundle.prefix, wanted,
+                                                  len(bundle.pool), self.lease_seconds)
         except Exception as exc:
             self.on_outage("admission credit", exc)
             grant = Grant(False)
@@ -257,6 +258,8 @@ class CreditKeeper:
             bundle.refused = sec
             self._give_back(bundle, 0)  # and no idle slots held against the concurrency limit meanwhile
             return
+        requests, tokens, micros, grown = grant.credit
+        slots = wanted[:grown]
         bundle.pool.update(slots)
         bundle.free.extend(slots)
         if bundle.second > sec:  # a later second's credit came first: this one goes back
@@ -270,13 +273,16 @@ class CreditKeeper:
         bundle.used = bundle.used_tokens = 0
         bundle.states, bundle.granted_at = (grant.requests, grant.tokens), now
 
-    def _top_up(self, bundle: Bundle, now: float, sec: int, tokens: int, micros: int) -> None:
+    def _top_up(self, bundle: Bundle, now: float, tokens: int, micros: int, *, slots_only: bool) -> None:
         """Ask for more of this second's credit, not waited for: as much again as this second's
-        demand so far (a key that has just become busy is on credit within a few dozen requests)."""
-        requests, demand_tokens, demand_micros = bundle.demand
+        demand so far (a key that has just become busy is on credit within a few dozen requests);
+        with no slot free, slots alone first (credit that no slot could use would be held from the
+        other replicas for nothing)."""
+        requests, demand_tokens, demand_micros = (0, 0, 0) if slots_only else bundle.demand
         target = math.ceil(bundle.peak * 1.25) + 2
         task = asyncio.get_running_loop().create_task(self._take_credit(
-            bundle, now, requests, max(demand_tokens, 2 * tokens), max(demand_micros, 2 * micros), target))
+            bundle, now, requests, max(demand_tokens, 2 * tokens) if requests else 0,
+            max(demand_micros, 2 * micros) if requests else 0, target))
         self._granting.add(task)
         task.add_done_callback(self._granting.discard)
 

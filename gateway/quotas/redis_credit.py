@@ -1,10 +1,10 @@
 """Credit in Redis: a replica takes a second's worth of admissions for a busy key in one call.
 
-``GRANT`` checks and counts, for every scope of a key (the key, its tenant), ``n`` requests and
-``tokens`` tokens in this second's window counters, ``tokens`` and ``micros`` in the budget bucket,
-and new concurrency slots (members ``<prefix><i>`` of the scope's ``:cc`` set, renewed like
-tickets), all or none, with the same window reading as ``RESERVE``. A grant is at most a
-sixteenth of every limit it counts against and must fit under the limit: the credit counts in
+``GRANT`` counts, for every scope of a key (the key, its tenant), ``n`` requests and ``tokens``
+tokens in this second's window counters, ``tokens`` and ``micros`` in the budget bucket, and new
+concurrency slots (members ``<prefix><i>`` of the scope's ``:cc`` set, renewed like tickets), with
+the same window reading as ``RESERVE``; each is what was asked, cut to at most a sixteenth of every
+limit it counts against and to what is left under it (neither requests nor slots: nothing). The credit counts in
 Redis as used before any of it is, so replicas together never admit past a limit, and the credit
 one replica has not used keeps the others from at most a sixteenth of it, for at most a second.
 
@@ -30,18 +30,21 @@ PAD = "#" * 64  # a pool slot's member is padded as a ticket's is (redis_store.p
 GRANT = WINDOWS + """
 -- Arguments: now, the pool's member prefix, tokens, micros, the slots' lease end, the window,
 -- this second and its two counters' field names, the TTLs of a window and of a tickets' key; per
--- scope its six limits as RESERVE takes them; then the requests wanted, the first and the end
--- (exclusive) of the new slots' numbers, and the pool's size with them.
+-- scope its six limits as RESERVE takes them; then the requests wanted, and the first and the end
+-- (exclusive) of the numbers of the slots wanted. Returns, after RESERVE's ten values, the
+-- requests, tokens, micro-dollars and slots granted.
 local prefix = ARGV[2]
 local tokens, micros = tonumber(ARGV[3]), tonumber(ARGV[4])
 local base = 11 + nscopes * 6
 local n = tonumber(ARGV[base + 1])
-local first_slot, end_slot, pool = tonumber(ARGV[base + 2]), tonumber(ARGV[base + 3]), tonumber(ARGV[base + 4])
-local grow = end_slot - first_slot
+local first_slot = tonumber(ARGV[base + 2])
+local grow = tonumber(ARGV[base + 3]) - first_slot
+local pool = tonumber(ARGV[base + 4])  -- slots the replica holds already
 local pad = string.rep('#', 64)
 local req, tok = {-1, -1, -1}, {-1, -1, -1}
--- what a grant may take of one limit: a sixteenth of it at most, and no more than is left
-local function fits(used, want, limit) return want * 16 <= limit and used + want <= limit end
+-- what a grant may take of one limit: what is wanted, at most a sixteenth of the limit, and no
+-- more than is left of it
+local function most(used, want, limit) return math.max(0, math.min(want, math.floor(limit / 16), limit - used)) end
 
 local windows, held = {}, {}
 for i = 1, nscopes do
@@ -54,40 +57,43 @@ for i = 1, nscopes do
   redis.call('ZREMRANGEBYSCORE', KEYS[k + 2], '-inf', ARGV[1])
   if rpm ~= '-1' then
     rpm = tonumber(rpm)
-    if not fits(rq_used, n, rpm) then return {0, 'requests'} end
+    n = most(rq_used, n, rpm)
     req = tighter(req, rpm, rpm - rq_used, reset)
   end
   if tpm ~= '-1' then
     tpm = tonumber(tpm)
-    if not fits(tk_used, tokens, tpm) then return {0, 'tokens'} end
+    tokens = most(tk_used, tokens, tpm)
     tok = tighter(tok, tpm, tpm - tk_used, reset)
   end
   held[i] = redis.call('ZCARD', KEYS[k + 2])
-  if conc ~= '-1' and not (pool * 16 <= tonumber(conc) and held[i] + grow <= tonumber(conc)) then
-    return {0, 'concurrency'}
+  if conc ~= '-1' then  -- the pool, the slots held already included, counts as one limit
+    conc = tonumber(conc)
+    grow = math.max(0, math.min(grow, math.floor(conc / 16) - pool, conc - held[i]))
   end
   if tbudget ~= '-1' or mbudget ~= '-1' then
     local spent = redis.call('HMGET', KEYS[k + 3], 'tokens', 'micros')
     if not (spent[1] or spent[2]) then return {0, 'unseeded'} end
-    local spent_tokens, spent_micros = tonumber(spent[1]) or 0, tonumber(spent[2]) or 0
-    if tbudget ~= '-1' and not fits(spent_tokens, tokens, tonumber(tbudget)) then return {0, 'token_budget'} end
-    if mbudget ~= '-1' and not fits(spent_micros, micros, tonumber(mbudget)) then return {0, 'cost_budget'} end
+    if tbudget ~= '-1' then tokens = most(tonumber(spent[1]) or 0, tokens, tonumber(tbudget)) end
+    if mbudget ~= '-1' then micros = most(tonumber(spent[2]) or 0, micros, tonumber(mbudget)) end
   end
 end
+if n < 1 and grow < 1 then return {0, 'requests'} end  -- (a grant of slots alone asks no requests)
+if tokens < 1 and tonumber(ARGV[3]) > 0 then return {0, 'tokens'} end
+if micros < 1 and tonumber(ARGV[4]) > 0 then return {0, 'cost_budget'} end
 
 local members = {}
-for j = first_slot, end_slot - 1 do
+for j = first_slot, first_slot + grow - 1 do
   members[#members + 1] = ARGV[5]
   members[#members + 1] = prefix .. j .. pad
 end
 for i = 1, nscopes do
-  count(i, windows[i], n, tokens)
+  count(i, windows[i], n, tokens, micros)
   if grow > 0 then
     redis.call('ZADD', KEYS[(i - 1) * 3 + 2], unpack(members))
     redis.call('EXPIRE', KEYS[(i - 1) * 3 + 2], ARGV[11])
   end
 end
-return {1, '', -1, 0, req[1], req[2], req[3], tok[1], tok[2], tok[3]}
+return {1, '', -1, 0, req[1], req[2], req[3], tok[1], tok[2], tok[3], n, tokens, micros, grow}
 """
 
 GIVE_BACK = """
@@ -131,6 +137,7 @@ class Grant:
     reason: str = ""
     requests: QuotaState | None = None
     tokens: QuotaState | None = None
+    credit: tuple[int, int, int, int] = (0, 0, 0, 0)  # requests, tokens, micro-dollars and slots granted
 
 
 @dataclass(frozen=True)
@@ -161,8 +168,8 @@ class RedisCredit:
 
     async def grant(self, scopes: list[Scope], now: float, requests: int, tokens: int, micros: int, prefix: str,
                     slots: range, pool: int, lease_seconds: float) -> Grant:
-        """Count ``requests``, ``tokens`` and ``micros`` in second ``floor(now)`` and add the pool
-        slots ``slots`` (the pool then holds ``pool``) for every scope, or nothing."""
+        """Count up to ``requests``, ``tokens`` and ``micros`` in second ``floor(now)``, and add up
+        to the pool slots ``slots`` (to the ``pool`` held), for every scope; or nothing."""
         sec = math.floor(now)
         args: list[Arg] = [now, prefix, tokens, micros, now + lease_seconds, WINDOW_SECONDS, sec, f"r{sec}", f"t{sec}",
                            2 * WINDOW_SECONDS, math.ceil(lease_seconds) + 1]
@@ -177,8 +184,9 @@ class RedisCredit:
         assert isinstance(out, list)
         if not int(out[0]):
             return Grant(False, out[1].decode() if isinstance(out[1], bytes) else str(out[1]))
-        return Grant(True, "", _state(int(out[4]), int(out[5]), int(out[6])), _state(int(out[7]), int(out[8]),
-                                                                                       int(out[9])))
+        return Grant(True, "", _state(int(out[4]), int(out[5]), int(out[6])),
+                     _state(int(out[7]), int(out[8]), int(out[9])), (int(out[10]), int(out[11]), int(out[12]),
+                                                                      int(out[13])))
 
     def give_back(self, scopes: list[Scope], now: float, prefix: str, back: GiveBack) -> asyncio.Future[object]:
         """Send ``back`` without waiting; the future holds Redis's acknowledgement."""

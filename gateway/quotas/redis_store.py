@@ -43,8 +43,7 @@ from gateway.quotas.store import Decision, Lease, Reservation, budget_retry
 NONE = -1  # "no limit" in script arguments and results
 
 WINDOWS = """
--- Shared by RESERVE and GRANT (redis_credit.py): ARGV[1] is now, ARGV[3] and ARGV[4] the tokens and
--- micro-dollars to count in a budget, ARGV[6] the window, ARGV[7] this
+-- Shared by RESERVE and GRANT (redis_credit.py): ARGV[1] is now, ARGV[6] the window, ARGV[7] this
 -- second and ARGV[8], ARGV[9] its two counters' field names.
 local now = tonumber(ARGV[1])
 local win = tonumber(ARGV[6])
@@ -123,11 +122,11 @@ local function tighter(state, limit, remaining, reset)
 end
 
 -- Count n requests and `tokens` tokens in scope i's window ``w`` (as window() read it) for this
--- second, and ARGV[3] tokens and ARGV[4] micro-dollars in its budget; ARGV[10] is a window's TTL.
+-- second, and as many tokens and `micros` micro-dollars in its budget; ARGV[10] is a window's TTL.
 -- The scope's first admission of this second (the window's counters for it are new) refreshes the
 -- TTLs: the window's (a TTL a second older than the last write still outlives the window) and its
 -- budget's; it is returned, for the caller to refresh its tickets' key's too.
-local function count(i, w, n, tokens)
+local function count(i, w, n, tokens, micros)
   local k = (i - 1) * 3
   local budget_ttl = ARGV[11 + (i - 1) * 6 + 6]
   local first = w[4] == nil
@@ -138,8 +137,8 @@ local function count(i, w, n, tokens)
     redis.call('HSET', KEYS[k + 1], rsec, rnext, tsec, tnext, 'rs', w[1] + n, 'ts', w[2] + tokens)
   end
   if first then redis.call('EXPIRE', KEYS[k + 1], ARGV[10]) end
-  redis.call('HINCRBY', KEYS[k + 3], 'tokens', ARGV[3])
-  redis.call('HINCRBY', KEYS[k + 3], 'micros', ARGV[4])
+  redis.call('HINCRBY', KEYS[k + 3], 'tokens', tokens)
+  redis.call('HINCRBY', KEYS[k + 3], 'micros', micros)
   if first and budget_ttl ~= '0' then redis.call('EXPIRE', KEYS[k + 3], budget_ttl) end
   return first
 end
@@ -203,7 +202,7 @@ for i = 1, nscopes do
   -- The tickets' key's TTL is refreshed with the window's: it then outlives every lease given out
   -- in this second (each ends before now + 1 + lease; the heartbeat's renewals extend it from
   -- there). A tickets' key this ZADD creates gets one too.
-  local first = count(i, windows[i], 1, tokens)
+  local first = count(i, windows[i], 1, tokens, micros)
   redis.call('ZADD', KEYS[k + 2], ARGV[5], ticket)
   if first or held[i] == 0 then redis.call('EXPIRE', KEYS[k + 2], ARGV[11]) end
 end

@@ -137,23 +137,29 @@ async def test_replicas_on_credit_never_admit_past_a_limit(db: Database, redis: 
     await b.aclose()
 
 
-async def test_a_key_near_its_limit_or_at_a_low_rate_gets_no_credit(db: Database, redis: Redis,
-                                                                   redis_prefix: str) -> None:
-    near = await principal_with(db, Limits(), Limits(requests_per_minute=300))  # 20 and 45 > 300 / 16
+async def test_credit_is_cut_to_what_is_left_and_a_slow_key_gets_none(db: Database, redis: Redis,
+                                                                      redis_prefix: str) -> None:
+    near = await principal_with(db, Limits(), Limits(requests_per_minute=40, max_concurrency=64))
     slow = await principal_with(db, Limits(), Limits(requests_per_minute=100_000))
     clock = Clock()
     adm = admission(redis_prefix, db, clock)
     assert adm.credit is not None
-    for _ in range(30):
-        await adm.admit(near, "m", 1)
+    admitted: list[Ticket] = []
+    with pytest.raises(QuotaExceeded, match="requests per minute"):
+        while True:  # none settles: in flight to the end
+            admitted.append(await adm.admit(near, "m", 1))
+    assert len(admitted) == 40  # all of the limit, and no more
+    assert any(isinstance(t.reservation, LocalLease) for t in admitted)  # some of it on credit: 2 at a time
+    bundle = adm.credit._bundles[(near.key_id, near.tenant_id)]
+    assert 0 < len(bundle.pool) <= 64 // 16
     for _ in range(19):
         await adm.admit(slow, "m", 1)
     clock.at(1, 0.01)
     await adm.credit.tick()
+    await acknowledged(adm)
+    assert (await window(redis, redis_prefix, near, clock.start))[2] == 40
     clock.at(1, 0.5)
-    for who in (near, slow):
-        assert isinstance((await adm.admit(who, "m", 1)).reservation, Lease)
-    assert await redis.zcard(f"{redis_prefix}:key:{near.key_id}:cc") == 31  # no slots taken for either
+    assert isinstance((await adm.admit(slow, "m", 1)).reservation, Lease)  # 19 a second: no credit
     await adm.aclose()
 
 
