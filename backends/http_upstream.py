@@ -149,8 +149,8 @@ class HTTPUpstream:
         """A whole (non-streaming) answer's body, within the total timeout; non-2xx -> typed error."""
         self.in_flight += 1
         try:
-            async with asyncio.timeout(self.timeouts.total):
-                answer = await self.raw.post(path, payload, headers)
+            raw = self.raw
+            answer = await raw.post(path, payload, headers, deadline=raw.clock() + self.timeouts.total)
         except TimeoutError:
             raise Timeout(f"upstream {self.deployment_id} did not answer within the total timeout") from None
         except (OSError, ValueError) as exc:  # refused, reset, unreadable, a bad base URL or header

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from litestar import Litestar, Request, Response
-from litestar.exceptions import HTTPException, InternalServerException
+from litestar.exceptions import ClientException, HTTPException, InternalServerException
 from litestar.exceptions.http_exceptions import RequestEntityTooLarge
 from litestar.handlers import HTTPRouteHandler
 from litestar.routes import HTTPRoute
@@ -29,6 +29,7 @@ from litestar.types import ExceptionHandlersMap, HTTPScope, Message, Receive, Se
 
 from gateway.body import decode_body
 from gateway.errors import ApiError
+from gateway.request_headers import request_headers
 from gateway.telemetry.middleware import TelemetryMiddleware
 from gateway.telemetry.tracing import Tracing
 
@@ -113,7 +114,7 @@ async def _read_body(request: Request[Any, Any, Any], receive: Receive, limit: i
     generator and list of chunks: 413 when the announced length or the bytes sent pass ``limit``,
     500 when the client leaves mid-body. Nothing on these routes reads the body again."""
     most = limit or math.inf
-    if (announced := request.content_length) is not None and announced > most:
+    if (announced := _content_length(request.scope)) is not None and announced > most:
         raise RequestEntityTooLarge
     chunks: list[bytes] = []
     size = 0
@@ -129,6 +130,17 @@ async def _read_body(request: Request[Any, Any, Any], receive: Receive, limit: i
                 return chunks[0] if len(chunks) == 1 else b"".join(chunks)
         elif event["type"] == "http.disconnect":
             raise InternalServerException("client disconnected prematurely")
+
+
+def _content_length(scope: HTTPScope) -> int | None:
+    """``request.content_length``: the header's value; a bad one is a 400 (Litestar's ClientException)."""
+    value = request_headers(scope).get("content-length")
+    if value is None:
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise ClientException(f"Invalid content-length: {value!r}") from None
 
 
 def _post_handler(app: Litestar, path: str) -> HTTPRouteHandler:

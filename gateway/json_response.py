@@ -29,8 +29,16 @@ class JSONResponse(Response[bytes]):
 
     def __init__(self, body: bytes, *, status_code: int | None = None, headers: dict[str, str] | None = None,
                  background: BackgroundTask | BackgroundTasks | None = None) -> None:
-        super().__init__(body, status_code=status_code, media_type="application/json", headers=headers,
-                         background=background)
+        # what Response.__init__ sets, without its isinstance checks against typing.Mapping (1-2 % of
+        # a request's CPU in py-spy): the arguments here are never cookies or header objects
+        self.content = body
+        self.background = background
+        self.cookies = []
+        self.encoding = "utf-8"
+        self.headers = dict(headers) if headers else {}
+        self.media_type = "application/json"
+        self.status_code = status_code
+        self.response_type_encoders = dict(self.type_encoders or {})
 
     def to_asgi_response(self, app: Litestar | None, request: Request[Any, Any, Any], **kwargs: Any) -> ASGIResponse:
         if litestar_adds(app, kwargs) or self.cookies:

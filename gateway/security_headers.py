@@ -18,6 +18,7 @@ _DASHBOARD: list[tuple[bytes, bytes]] = [
     (b"referrer-policy", b"no-referrer"),
     (b"cache-control", b"no-store"),
 ]
+_WITH_DASHBOARD = _ALWAYS + _DASHBOARD
 
 
 async def add_security_headers(message: Message, scope: Scope) -> None:
@@ -25,8 +26,8 @@ async def add_security_headers(message: Message, scope: Scope) -> None:
     if message["type"] != "http.response.start" or scope["type"] != "http":
         return
     path = scope.get("path", "")
-    extra = _ALWAYS + (_DASHBOARD if path == DASHBOARD_PREFIX or path.startswith(DASHBOARD_PREFIX + "/") else [])
+    extra = _WITH_DASHBOARD if path == DASHBOARD_PREFIX or path.startswith(DASHBOARD_PREFIX + "/") else _ALWAYS
     headers = list(message.get("headers", []))
-    present = {bytes(name).lower() for name, _ in headers}
+    present = [name.lower() for name, _ in headers]  # bytes or bytearray: a list compares both
     headers.extend((name, value) for name, value in extra if name not in present)
     message["headers"] = headers

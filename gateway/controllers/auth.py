@@ -16,6 +16,7 @@ from gateway.auth.guard import client_address, guard_of
 from gateway.contracts import Principal
 from gateway.errors import ApiError
 from gateway.pipeline import Pipeline, bearer_token
+from gateway.request_headers import request_headers
 
 
 def pipeline_of(request: Request[Any, Any, Any]) -> Pipeline:
@@ -26,13 +27,14 @@ def pipeline_of(request: Request[Any, Any, Any]) -> Pipeline:
 async def authenticate_request(request: Request[Any, Any, Any]) -> None:
     pipeline = pipeline_of(request)
     guard = guard_of(request)
+    headers = request_headers(request.scope)
     if guard is None:
-        principal = await pipeline.authenticate(request.headers)
+        principal = await pipeline.authenticate(headers)
     else:
-        client, token = client_address(request), bearer_token(request.headers)
+        client, token = client_address(request), bearer_token(headers)
         await guard.check(client, token)
         try:
-            principal = await pipeline.authenticate(request.headers)
+            principal = await pipeline.authenticate(headers)
         except ApiError as exc:
             if exc.status == 401 and token is not None:  # a wrong key, not a missing one
                 await guard.failed(client, token, "api")

@@ -14,6 +14,9 @@ class Price:
     cached_input_per_million: float | None = None
 
 
+FREE = Price()  # a model with no price
+
+
 class PriceTable:
     """Built from the config's ``prices`` section, optionally overlaid with the model_prices table."""
 
@@ -48,7 +51,7 @@ class PriceTable:
         self.prices.update(prices)
 
     def get(self, model: str) -> Price:
-        return self.prices.get(model, Price())
+        return self.prices.get(model, FREE)
 
     def max_per_million(self, model: str) -> float:
         """The highest per-token price, used to reserve money before the split is known."""

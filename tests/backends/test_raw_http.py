@@ -101,6 +101,27 @@ async def test_connection_closed_by_the_upstream(server: tuple[Server, str]) -> 
     client.close()
 
 
+@pytest.mark.parametrize("kept_alive", [False, True])
+async def test_deadline_closes_the_connection(server: tuple[Server, str], kept_alive: bool) -> None:
+    """``deadline`` bounds a request on a new connection (asyncio.timeout) and on an idle one (a timer
+    on the answer); either way TimeoutError, and the upstream sees the connection go."""
+    s, base = server
+    client = RawHTTP(base, {}, connect_timeout=2)
+    if kept_alive:
+        s.answers = [answer(b"first")]
+        assert (await client.post("/x", b"{}")).body == b"first"
+    s.hang = True
+    started = asyncio.get_running_loop().time()
+    with pytest.raises(TimeoutError):
+        await client.post("/x", b"{}", deadline=client.clock() + 0.3)
+    assert 0.25 < asyncio.get_running_loop().time() - started < 3
+    await asyncio.wait_for(s.disconnected.wait(), 5)
+    assert s.connections == 1
+    s.hang, s.answers = False, [answer(b"after")]
+    assert (await client.post("/x", b"{}", deadline=client.clock() + 5)).body == b"after"  # a new connection
+    client.close()
+
+
 async def test_cancelled_request_closes_its_connection(server: tuple[Server, str]) -> None:
     s, base = server
     s.hang = True
