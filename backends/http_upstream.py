@@ -165,14 +165,14 @@ class HTTPUpstream:
                           headers: Mapping[str, str] | None = None) -> tuple[RawStream, float, float]:
         """(stream, first-event deadline, total deadline) once the answer's headers are in (within
         the first-event deadline); non-2xx -> typed error. The caller must ``close_stream`` it."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.timeouts.total
-        first_deadline = min(deadline, loop.time() + self.timeouts.first_byte)
+        raw = self.raw
+        now = raw.clock()
+        deadline = now + self.timeouts.total
+        first_deadline = min(deadline, now + self.timeouts.first_byte)
         self.in_flight += 1
         try:
             try:
-                async with asyncio.timeout_at(first_deadline):
-                    stream = await self.raw.open_stream(path, payload, headers)
+                stream = await raw.open_stream(path, payload, headers, deadline=first_deadline)
             except TimeoutError:
                 raise Timeout(f"upstream {self.deployment_id} did not answer in time") from None
             except (OSError, ValueError) as exc:

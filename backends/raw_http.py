@@ -46,7 +46,7 @@ class _Connection(asyncio.Protocol):
     """One keep-alive connection, used by one request at a time."""
 
     def __init__(self) -> None:
-        self._loop = asyncio.get_running_loop()  # kept: each lookup is a system call on Python 3.11
+        self.loop = asyncio.get_running_loop()  # kept: each lookup is a system call on Python 3.11
         self.transport: asyncio.Transport | None = None
         self.closed = False
         self.idle_since = 0.0
@@ -111,13 +111,13 @@ class _Connection(asyncio.Protocol):
         TimeoutError if the answer is not in by then."""
         if self.closed or self.transport is None:
             raise ProtocolError("the upstream closed the connection")
-        answer = self._answer = self._loop.create_future()
+        answer = self._answer = self.loop.create_future()
         self._headers, self._body, self._headers_done, self._length_known = {}, [], False, False
         self._keep_alive, self._stream = False, stream
         self.transport.write(request)
         if deadline is None:
             return await answer
-        timer = self._loop.call_at(deadline, _time_out, answer)
+        timer = self.loop.call_at(deadline, _time_out, answer)
         try:
             return await answer
         finally:
@@ -207,16 +207,21 @@ class RawHTTP:
             self._release(conn)
         return _decoded(answer)
 
-    async def open_stream(self, path: str, body: bytes, headers: Mapping[str, str] | None = None) -> RawStream:
-        """POST ``body`` and return once the answer's status and headers are in; its body is read
-        from the stream as it arrives. The caller must ``close()`` the stream."""
+    async def open_stream(self, path: str, body: bytes, headers: Mapping[str, str] | None = None, *,
+                          deadline: float | None = None) -> RawStream:
+        """POST ``body`` and return once the answer's status and headers are in (by ``deadline``, as
+        ``post``'s); its body is read from the stream as it arrives. The caller must ``close()`` the
+        stream."""
         slots = self._slots_now()
+        if deadline is not None and (slots.locked() or not self._idle):
+            async with asyncio.timeout_at(deadline):
+                return await self.open_stream(path, body, headers)
         await slots.acquire()
         stream: RawStream | None = None
         try:
             conn = await self._connection()
             stream = RawStream(conn, self, slots)
-            answer = await conn.exchange(self._request(path, body, headers), stream)
+            answer = await conn.exchange(self._request(path, body, headers), stream, deadline)
         except BaseException:
             if stream is not None:
                 stream.close()
@@ -299,7 +304,7 @@ class RawStream:
         self.status = 0
         self.headers: dict[str, str] = {}
         self._conn, self._client, self._slots = conn, client, slots
-        self._loop = asyncio.get_running_loop()  # kept: each lookup is a system call on Python 3.11
+        self.loop = conn.loop
         self._buffer = bytearray()
         self._eof = False
         self._exc: BaseException | None = None
@@ -388,7 +393,7 @@ class RawStream:
         """Until more of the body arrives, it ends or fails. With ``listener``: until it ends or
         fails, or ``listener`` returns False; it is called, from the connection's callbacks,
         each time more arrives (to read it at once, with no task switch)."""
-        self._waiter = self._loop.create_future()
+        self._waiter = self.loop.create_future()
         self._listener = listener
         try:
             await self._waiter

@@ -34,8 +34,7 @@ class SSELines:
     and any failure do too)."""
 
     def __init__(self, stream: RawStream, deployment: str, idle: float | None = None) -> None:
-        # Kept: on Python 3.11 each asyncio.get_running_loop() is a getpid system call.
-        self._loop = asyncio.get_running_loop()
+        self._loop = stream.loop  # not asyncio.get_running_loop(): a getpid system call each on Python 3.11
         self._content = stream
         self._deployment = deployment
         self._idle = idle
@@ -143,9 +142,14 @@ class SSELines:
     async def _drain(self) -> None:
         """Read what follows ``[DONE]`` up to the end of the body, so the connection can go back to
         the pool instead of being closed (an upstream that keeps talking gets cut off instead)."""
+        content = self._content
+        if content.at_eof():  # the usual case: the end of the body came with ``[DONE]``
+            return
+        timer = self._loop.call_later(_DRAIN_SECONDS, content.set_exception, TimeoutError())
         try:
-            async with asyncio.timeout(_DRAIN_SECONDS):
-                while not self._content.at_eof() and await self._content.readany():
-                    pass
+            while not content.at_eof() and await content.readany():
+                pass
         except (TimeoutError, OSError, ValueError):
             pass
+        finally:
+            timer.cancel()

@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 
 DIRECT_SEND = "switchyard.direct_send"  # scope key: the ASGI server's own send, unwrapped
 WRITE_NOW = "switchyard.write_now"  # scope key: the server's synchronous body writer (WriteNow), if any
+LOOP = "switchyard.loop"  # scope key: the server's event loop, if it says (a lookup is a getpid on Python 3.11)
 
 # Does what ``send({"type": "http.response.body", "body": data, "more_body": True})`` would, without
 # waiting, and returns True; or writes nothing and returns False when it cannot do it now (the
@@ -82,11 +83,13 @@ class _WatchedBody(ASGIStreamingResponse):
             # duck-typed look, as an isinstance check on a runtime Protocol costs microseconds
             if write_now is not None and (write_directly := getattr(self.iterator, "write_directly", None)):
                 write_directly(write_now)
-            await self.send_body(scope.get(DIRECT_SEND, send), receive, write_now)  # type: ignore[arg-type]
+            await self.send_body(scope.get(DIRECT_SEND, send), receive, write_now,  # type: ignore[arg-type]
+                                 scope.get(LOOP))  # type: ignore[arg-type]
         await self.after_response()
 
-    async def send_body(self, send: Send, receive: Receive, write_now: WriteNow | None = None) -> None:
-        body = asyncio.current_task()
+    async def send_body(self, send: Send, receive: Receive, write_now: WriteNow | None = None,
+                        loop: asyncio.AbstractEventLoop | None = None) -> None:
+        body = asyncio.current_task(loop)
         assert body is not None
         watcher = body.get_loop().create_task(_cancel_on_disconnect(receive, body))
         try:

@@ -15,7 +15,8 @@ and its body separately, two system calls where one does; a stream's chunks, eac
 turn of its own, still leave as they come; a response's end is written as soon as it is sent.
 
 Each request's scope also gets a synchronous body writer (``gateway.event_stream.WRITE_NOW``), which
-a relayed stream uses to write its chunks from the upstream's callbacks.
+a relayed stream uses to write its chunks from the upstream's callbacks, and the serving loop
+(``gateway.event_stream.LOOP``), which it would otherwise look up with a ``getpid`` system call.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
-from gateway.event_stream import WRITE_NOW
+from gateway.event_stream import LOOP, WRITE_NOW
 
 HEADER_TIMEOUT_ENV = "SWITCHYARD_HEADER_TIMEOUT"
 BODY_TIMEOUT_ENV = "SWITCHYARD_BODY_TIMEOUT"
@@ -151,6 +152,7 @@ class HeadDeadlineProtocol(HttpToolsProtocol):
             # By weak reference: the scope is the cycle's, and a cycle kept alive by a cycle waits for the
             # garbage collector (gateway.app.GatewayApp says why that matters).
             self.scope[WRITE_NOW] = partial(_write_body_now, weakref.ref(cycle))  # type: ignore[literal-required]  # our key
+            self.scope[LOOP] = self.loop  # type: ignore[literal-required]  # our key
 
     def on_message_complete(self) -> None:
         self._body_since = None

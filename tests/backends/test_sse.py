@@ -16,6 +16,9 @@ class _Conn:
     transport: Any = None
     _stream: Any = None
 
+    def __init__(self) -> None:
+        self.loop = asyncio.get_running_loop()
+
     def close(self) -> None:
         pass
 
@@ -68,3 +71,23 @@ async def test_an_endless_line_is_an_error() -> None:
     stream.feed(b"data: " + b"x" * (3 << 20))
     with pytest.raises(UpstreamError, match="oversized"):
         await lines.next(asyncio.get_running_loop().time() + 10)
+
+
+async def test_what_follows_done_is_drained_for_half_a_second_at_most() -> None:
+    """After ``[DONE]`` the body is read to its end so the connection can be reused; a body that
+    does not end within the drain time is given up (the stream failed, so its connection closes)."""
+    loop = asyncio.get_running_loop()
+    ended, endless = body_stream(), body_stream()
+    for stream in (ended, endless):
+        stream.feed(b"data: {\"a\":1}\n\ndata: [DONE]\n\n")
+    loop.call_later(0.05, ended.feed, b": trailing\n\n")
+    loop.call_later(0.1, ended.end)
+    for stream, least, most in ((ended, 0.08, 0.4), (endless, 0.45, 2.0)):
+        lines = SSELines(stream, "dep")
+        started = loop.time()
+        assert [await lines.next(started + 10), await lines.next(started + 10)] == [b'{"a":1}', None]
+        assert least < loop.time() - started < most
+    assert ended.at_eof()
+    assert not endless.at_eof()
+    with pytest.raises(TimeoutError):
+        await endless.readany()
