@@ -25,10 +25,11 @@ from litestar.exceptions import ClientException, HTTPException, InternalServerEx
 from litestar.exceptions.http_exceptions import RequestEntityTooLarge
 from litestar.handlers import HTTPRouteHandler
 from litestar.routes import HTTPRoute
-from litestar.types import ExceptionHandlersMap, HTTPScope, Message, Receive, Send
+from litestar.types import ASGIApp, ExceptionHandlersMap, HTTPScope, Message, Receive, Send
 
 from gateway.body import decode_body
 from gateway.errors import ApiError
+from gateway.json_response import JSONResponse
 from gateway.request_headers import request_headers
 from gateway.telemetry.middleware import TelemetryMiddleware
 from gateway.telemetry.tracing import Tracing
@@ -47,6 +48,7 @@ class FastRoutes:
         self._app = app
         self._routes = routes
         self._handlers = {path: _post_handler(app, path) for path in routes}
+        self._plain = {path for path, handler in self._handlers.items() if _adds_nothing(handler)}
         self._telemetry = TelemetryMiddleware(self._serve, tracing)
 
     def serves(self, scope: HTTPScope) -> bool:
@@ -91,7 +93,10 @@ class FastRoutes:
                 if not (body := await _read_body(request, receive, handler.resolve_request_max_body_size())):
                     raise ApiError(400, "the request body must be a JSON object")  # as a missing `data` is
                 result = await route.serve(request, decode_body(body, route.body_type))
-            response = await handler.to_response(app=app, data=result, request=request)
+            if type(result) is JSONResponse and path in self._plain and result.sends_itself():
+                response: ASGIApp = result.send_to  # what to_response would make of it, without its layers
+            else:
+                response = await handler.to_response(app=app, data=result, request=request)
         except Exception as exc:
             await self._error(scope, receive, send, exc)
             return
@@ -148,6 +153,15 @@ def _post_handler(app: Litestar, path: str) -> HTTPRouteHandler:
         if isinstance(route, HTTPRoute) and route.path == path and "POST" in route.route_handler_map:
             return route.route_handler_map["POST"][0]
     raise LookupError(f"no POST route {path} to serve directly")
+
+
+def _adds_nothing(handler: HTTPRouteHandler) -> bool:
+    """Whether the route's ``to_response`` puts nothing of its own into a ``Response`` returned to
+    it: no return DTO, after-request hook, background task, response headers or cookies, on the
+    route or any layer above it, and the status code that ``JSONResponse.send_to`` defaults to."""
+    return (handler.resolve_return_dto() is None and not any(layer.after_request for layer in handler.ownership_layers)
+            and handler.background is None and not handler.resolve_response_headers()
+            and not handler.resolve_response_cookies() and handler.status_code == 200)
 
 
 def _exception_handler(handlers: ExceptionHandlersMap, exc: Exception) -> Callable[..., Response[Any]] | None:

@@ -8,7 +8,10 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
+from litestar import Litestar, Response, post
+from litestar.datastructures import ResponseHeader
 
+from gateway.fast_routes import _adds_nothing, _post_handler
 from tests.conftest import ADMIN_KEY
 from tests.gateway.conftest import LIMITED_KEY, THROTTLED_KEY, GatewayEnv
 
@@ -73,3 +76,21 @@ def test_the_direct_route_answers_as_litestar_does(env: GatewayEnv, case: str, r
     assert env.server.app.fast_routes is None
     assert direct == _answer(env, *CASES[case])
     assert direct[0] == (413 if case.startswith("too large") else direct[0]) != 500
+
+
+def test_a_route_that_adds_to_its_responses_keeps_litestars_conversion() -> None:
+    """A completion goes out without ``to_response`` only from a route that adds nothing to it."""
+    @post("/plain", status_code=200)
+    async def plain() -> Response[bytes]:
+        return Response(b"")
+
+    @post("/headed", status_code=200, response_headers=[ResponseHeader(name="x-extra", value="1")])
+    async def headed() -> Response[bytes]:
+        return Response(b"")
+
+    @post("/created")
+    async def created() -> Response[bytes]:
+        return Response(b"")
+
+    app = Litestar([plain, headed, created])
+    assert [_adds_nothing(_post_handler(app, p)) for p in ("/plain", "/headed", "/created")] == [True, False, False]
