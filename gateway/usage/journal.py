@@ -24,7 +24,8 @@ _encoder = msgspec.json.Encoder()
 _decoder = msgspec.json.Decoder(UsageRecord)
 
 
-def read_records(path: Path, on_unreadable: Callable[[bytes, str], None] | None = None) -> list[UsageRecord]:
+def read_records(path: Path, on_unreadable: Callable[[bytes, str], None] | None = None, *,
+                 start: int = 0) -> list[UsageRecord]:
     """Every record in a journal file. A complete line that is not a usage record (say, a value of
     the wrong type in a file edited by hand) goes to ``on_unreadable`` with the reason, so that a
     replay can set it aside instead of dropping it; a last line with no newline is a write torn by
@@ -32,6 +33,7 @@ def read_records(path: Path, on_unreadable: Callable[[bytes, str], None] | None 
     segment's records (``MappedJournal``)."""
     out: list[UsageRecord] = []
     with path.open("rb") as f:
+        f.seek(start)
         for line in f:
             if (end := line.find(b"\0")) >= 0:  # a mapped segment's unwritten rest (JSON has no NUL)
                 line = line[:end]
@@ -97,8 +99,15 @@ class Journal:
             if not self._file.closed:
                 raise
 
-    def read(self, on_unreadable: Callable[[bytes, str], None] | None = None) -> list[UsageRecord]:
-        return read_records(self.path, on_unreadable)
+    @property
+    def size(self) -> int:
+        """Bytes of the whole lines written (an offset ``read`` can start at)."""
+        return self._size
+
+    def read(self, on_unreadable: Callable[[bytes, str], None] | None = None, *,
+             start: int = 0) -> list[UsageRecord]:
+        """The records from byte ``start`` (the start of a line) on."""
+        return read_records(self.path, on_unreadable, start=start)
 
     def truncate(self) -> None:
         os.ftruncate(self._fd, 0)

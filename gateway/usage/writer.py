@@ -110,6 +110,7 @@ class UsageWriter:
         self.quarantined = 0  # records this writer set aside as refused by the database
         self.db_healthy = True
         self._buffer: list[UsageRecord] = []
+        self._replayed = 0  # bytes of the journal already in the database (its records read and written)
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
@@ -302,14 +303,20 @@ class UsageWriter:
         log.warning("a usage journal line is not a usage record (%s); kept in %s", reason, self.quarantine.path)
 
     async def _replay_journal(self) -> bool:
-        while self.journal.count:
-            seen = self.journal.count
-            records = self.journal.read(self._set_aside)
+        """Write the journal's records to the database, then empty it. Records spilled while the
+        earlier ones were being written are read next, from where the last read ended: each
+        record is read and sent once, however long the database is slow and spills go on."""
+        journal = self.journal
+        while journal.count:
+            end = journal.size
+            records = journal.read(self._set_aside, start=self._replayed)
             for i in range(0, len(records), self.batch_size):
                 if not await self._write(records[i : i + self.batch_size]):
                     return False
-            if self.journal.count == seen:  # nothing spilled meanwhile (no await since the check)
-                self.journal.truncate()
+            self._replayed = end
+            if journal.size == end:  # nothing spilled meanwhile (no await since the check)
+                journal.truncate()
+                self._replayed = 0
         return True
 
     async def _replay_orphans(self) -> None:

@@ -132,6 +132,29 @@ async def test_outage_goes_to_journal_then_replays(db: Database, tmp_path: Path)
     assert not [p for p in tmp_path.glob("usage-*.jsonl") if p.stat().st_size > 0]
 
 
+async def test_records_spilled_during_a_replay_are_each_sent_once(db: Database, tmp_path: Path) -> None:
+    """While the journal's records go to the database, more spill into it (a slow database): the
+    next read starts where the last ended, so no record is read and sent again, and the journal
+    is emptied once it has caught up."""
+    tenant = uuid.uuid4().hex[:8]
+    w = UsageWriter(db, PRICES, journal_dir=tmp_path, batch_size=4)
+    w.journal.append([rec(tenant) for _ in range(6)])
+    sent: list[str] = []
+    write = w._write
+
+    async def slow_write(batch: list[UsageRecord]) -> bool:
+        sent.extend(r.request_id for r in batch)
+        if len(sent) <= 8:  # the first batches: more records spill meanwhile
+            w.journal.append([rec(tenant) for _ in range(3)])
+        return await write(batch)
+
+    w._write = slow_write  # type: ignore[method-assign]
+    assert await w.flush()
+    assert len(sent) == len(set(sent)) == 6 + 3 * 2 == await count(db, tenant_id=tenant)  # two spills
+    assert w.journal.count == 0 and w.journal.size == 0
+    await w.aclose()
+
+
 async def test_a_journal_line_that_is_no_record_is_kept_not_dropped(
     db: Database, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
