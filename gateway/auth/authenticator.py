@@ -11,13 +11,12 @@ fails with 503.
 
 from __future__ import annotations
 
-import hmac
 import time
 from dataclasses import dataclass
 
 from sqlalchemy import select
 
-from gateway.auth.keys import hash_key, looks_like_key, same_secret
+from gateway.auth.keys import hash_key, looks_like_key, same_hash
 from gateway.caching import RefreshingCache
 from gateway.contracts import Principal
 from gateway.db.engine import Database
@@ -44,15 +43,16 @@ class SqlAuthenticator:
     ) -> None:
         self.db = db
         self.admin_key = admin_key
+        self._admin_digest = hash_key(admin_key) if admin_key else None
         self._cache: RefreshingCache[str, _Entry] = RefreshingCache(
             min(ttl, 5.0), stale_grace=stale_grace, max_entries=max_entries, name="api keys")
 
     async def authenticate(self, token: str) -> Principal | None:
-        if self.admin_key and same_secret(token, self.admin_key):
+        digest = hash_key(token)  # once: compared with the admin key's, then looked up
+        if self._admin_digest is not None and same_hash(digest, self._admin_digest):
             return Principal(key_id=ADMIN_KEY_ID, tenant_id=None, is_admin=True)
         if not looks_like_key(token):
             return None
-        digest = hash_key(token)
         entry = await self._cache.get(digest, lambda: self._load(digest))
         if entry.expires_at is not None and time.time() >= entry.expires_at:
             return None
@@ -86,7 +86,3 @@ class SqlAuthenticator:
         )
         expires = key.expires_at.timestamp() if key.expires_at else None
         return _Entry(principal, expires)
-
-
-def same_hash(a: str, b: str) -> bool:
-    return hmac.compare_digest(a.encode(), b.encode())

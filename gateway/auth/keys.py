@@ -38,9 +38,10 @@ def looks_like_key(token: str) -> bool:
     return token.startswith(KEY_PREFIX) and 20 <= len(token) <= 200
 
 
-def same_secret(a: str, b: str) -> bool:
-    """Constant-time equality of two secrets (compared as hashes so lengths don't leak)."""
-    return hmac.compare_digest(hash_key(a), hash_key(b))
+def same_hash(a: str, b: str) -> bool:
+    """Constant-time equality of two key hashes (``hash_key``: of equal length, so a secret is
+    compared by its hash and its length does not leak)."""
+    return hmac.compare_digest(a.encode(), b.encode())
 
 
 def new_id(kind: str) -> str:
