@@ -104,14 +104,30 @@ class _WatchedBody(ASGIStreamingResponse):
     async def _write_stream(self, send: Send, write_now: WriteNow) -> None:
         """``_stream``, but each chunk is written at once (with the response's head, for the first),
         not at the end of the loop's turn: one turn less before the client has it. A chunk the
-        writer cannot take now (a full client buffer) goes through ``send``, which waits."""
+        writer cannot take now (a full client buffer) goes through ``send``, which waits.
+
+        An iterator whose ``last_event`` is the chunk it ends with (``SSERelay``'s ``[DONE]``) has
+        that chunk sent with the end of the body, in the same system call: it is held until the
+        iterator stops, which it does at once."""
+        last = getattr(self.iterator, "last_event", None)
+        held = b""
         async for chunk in self.iterator:
             data = chunk if isinstance(chunk, bytes) else chunk.encode(self.encoding)
-            if not write_now(data):
-                event: HTTPResponseBodyEvent = {"type": "http.response.body", "body": data, "more_body": True}
-                await send(event)
-        end: HTTPResponseBodyEvent = {"type": "http.response.body", "body": b"", "more_body": False}
+            if held:  # not the last after all
+                await _write(send, write_now, held)
+                held = b""
+            if data == last:
+                held = data
+            else:
+                await _write(send, write_now, data)
+        end: HTTPResponseBodyEvent = {"type": "http.response.body", "body": held, "more_body": False}
         await send(end)
+
+
+async def _write(send: Send, write_now: WriteNow, data: bytes) -> None:
+    if not write_now(data):
+        event: HTTPResponseBodyEvent = {"type": "http.response.body", "body": data, "more_body": True}
+        await send(event)
 
 
 async def _cancel_on_disconnect(receive: Receive, body: asyncio.Task[Any]) -> None:

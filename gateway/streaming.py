@@ -65,6 +65,8 @@ class StreamEncoder(Protocol):
 
 
 class OpenAIEvents:
+    last_event = DONE  # what ``done`` returns, always
+
     def __init__(self, meter: Meter | None = None) -> None:
         pass
 
@@ -91,6 +93,12 @@ class SSERelay:
         self._last: Any = None  # the last chunk relayed
         self._write_now: WriteNow | None = None
         self._held: bytes | None = None  # pushed, but the client could not take it then
+
+    @property
+    def last_event(self) -> bytes | None:
+        """The event a completed stream ends with, when the dialect's is always the same (OpenAI's
+        ``[DONE]``): ``gateway.event_stream`` sends it with the end of the body."""
+        return getattr(self._encoder, "last_event", None)
 
     def __aiter__(self) -> AsyncIterator[bytes]:
         return self.events()

@@ -14,7 +14,7 @@ from litestar.background_tasks import BackgroundTask
 from litestar.datastructures import Cookie
 from litestar.response import Stream
 
-from gateway.event_stream import EventStream
+from gateway.event_stream import WRITE_NOW, EventStream
 from gateway.json_response import JSONResponse
 
 BODY = b'{"id":"chatcmpl-1","choices":[]}'
@@ -109,3 +109,44 @@ def test_an_event_stream_sends_what_litestars_stream_sends(route: dict[str, Any]
     assert ours == litestars
     assert [m.get("body") for m in ours[1:]] == [b"data: 1\n\n", b"data: [DONE]\n\n", b""]
     assert done == ["ours", "litestars"]
+
+
+class _Relay:
+    """An event iterator that says which event it ends with, as gateway.streaming.SSERelay does."""
+
+    last_event = b"data: [DONE]\n\n"
+
+    def __init__(self, events: list[bytes]) -> None:
+        self.events = events
+
+    async def __aiter__(self) -> Any:
+        for event in self.events:
+            yield event
+
+
+@pytest.mark.parametrize("events", [
+    [b"data: 1\n\n", b"data: 2\n\n", b"data: [DONE]\n\n"],
+    [b"data: 1\n\n", b"data: [DONE]\n\n", b"data: late\n\n"],  # not the last after all: sent in order
+    [b"data: 1\n\n"],  # no [DONE]: the end alone
+])
+def test_the_last_event_leaves_with_the_end_of_the_body(events: list[bytes]) -> None:
+    """With the server's synchronous writer, each event is written at once but the last one, which
+    goes in the message that ends the body (one system call with the end, not two)."""
+    written: list[bytes] = []
+    messages: list[dict[str, Any]] = []
+
+    async def send(message: Any) -> None:
+        messages.append(message)
+
+    async def receive() -> Any:
+        await asyncio.sleep(3600)
+
+    async def run() -> None:
+        asgi = EventStream(_Relay(events)).to_asgi_response(None, None, cookies=[], headers={}, status_code=200)  # type: ignore[arg-type]
+        scope = {"type": "http", WRITE_NOW: lambda data: written.append(data) is None}
+        await asgi(scope, receive, send)  # type: ignore[arg-type]
+
+    asyncio.run(run())
+    ends_done = events[-1] == _Relay.last_event
+    assert written == (events[:-1] if ends_done else events)
+    assert messages[-1] == {"type": "http.response.body", "body": events[-1] if ends_done else b"", "more_body": False}
