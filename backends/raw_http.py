@@ -3,7 +3,8 @@ by httptools (the parser uvicorn serves with), whole (``post``) or streamed (``o
 
 aiohttp cost about 0.1 ms of CPU per request in the gateway (bench/gateway_floor.py: a Litestar
 route forwarding with aiohttp served a third of what the route alone did); a request here is one
-write and the reads of its answer, and a stream's body is read by line from one buffer.
+write (the requests of a busy event-loop turn written together: ``backends.turn_writes``) and the
+reads of its answer, and a stream's body is read by line from one buffer.
 
 What it does not do, and needs not for an API upstream: redirects, proxies from the environment,
 cookies, ``Expect: 100-continue``, compression other than gzip/deflate on a whole answer (it asks
@@ -25,6 +26,8 @@ from urllib.parse import urlsplit
 
 import httptools
 
+from backends.turn_writes import TurnWrites
+
 USER_AGENT = "switchyard"
 _MAX_LINE = 2 << 20  # a streamed line (an SSE event) longer than this is an error
 _HIGH_WATER = 4 << 20  # unread bytes of a stream beyond which the connection stops reading
@@ -43,10 +46,12 @@ class RawAnswer:
 
 
 class _Connection(asyncio.Protocol):
-    """One keep-alive connection, used by one request at a time."""
+    """One keep-alive connection, used by one request at a time; its requests go out through
+    ``writes``, its client's for the running loop."""
 
-    def __init__(self) -> None:
+    def __init__(self, writes: TurnWrites) -> None:
         self.loop = asyncio.get_running_loop()  # kept: each lookup is a system call on Python 3.11
+        self.writes = writes
         self.transport: asyncio.Transport | None = None
         self.closed = False
         self.idle_since = 0.0
@@ -114,7 +119,7 @@ class _Connection(asyncio.Protocol):
         answer = self._answer = self.loop.create_future()
         self._headers, self._body, self._headers_done, self._length_known = {}, [], False, False
         self._keep_alive, self._stream = False, stream
-        self.transport.write(request)
+        self.writes.write(self.transport, request)
         if deadline is None:
             return await answer
         timer = self.loop.call_at(deadline, _time_out, answer)
@@ -178,6 +183,7 @@ class RawHTTP:
         self._resolved: list[tuple[int, tuple[Any, ...]]] = []
         self._resolved_at = -DNS_SECONDS
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._writes: TurnWrites | None = None  # for the connections of one loop (the last one used)
 
     def clock(self) -> float:
         """The running loop's time, what a ``deadline`` is on (the loop kept, as ``_Connection`` does)."""
@@ -268,12 +274,15 @@ class RawHTTP:
                 return conn
             conn.close()
         loop = asyncio.get_running_loop()
+        if self._writes is None or self._writes.loop is not loop:
+            self._writes = TurnWrites(loop)
+        writes = self._writes
         async with asyncio.timeout(self.connect_timeout):
             addresses = await self._addresses(loop)
             for i, (family, address) in enumerate(addresses):
                 try:
                     _, conn = await loop.create_connection(
-                        _Connection, address[0], address[1], family=family, ssl=self._tls,
+                        lambda: _Connection(writes), address[0], address[1], family=family, ssl=self._tls,
                         server_hostname=self._host if self._tls else None)
                     return conn
                 except OSError:

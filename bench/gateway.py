@@ -321,6 +321,7 @@ def _profile(gw: Gateway, args: argparse.Namespace, phase: str) -> subprocess.Po
         "raw",
         "--rate",
         "200",
+        "--nonblocking",
         *(["--subprocesses"] if args.workers > 1 else []),
         "--output",
         args.profile,

@@ -28,6 +28,7 @@ from backends.base import ChunkStream, Meter
 from backends.openai_http import _chat_text, _ChunkReader, _Relay
 from backends.openai_wire import ChatCompletionChunk
 from backends.raw_http import RawStream, _Connection
+from backends.turn_writes import TurnWrites
 from gateway.streaming import SSERelay
 
 HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
@@ -73,7 +74,7 @@ def upstream_chunk(i: int) -> bytes:
 
 async def open_relay(push: bool, written: list[int]) -> tuple[_Connection, AsyncIterator[bytes]]:
     """A relay over a connection that has answered with its headers and first chunk."""
-    conn = _Connection()
+    conn = _Connection(TurnWrites(asyncio.get_running_loop()))
     conn.connection_made(_DroppingTransport())  # type: ignore[arg-type]
     slots = asyncio.Semaphore(1)
     await slots.acquire()

@@ -74,6 +74,18 @@ async def test_keep_alive_headers_and_path(server: tuple[Server, str]) -> None:
     assert head.endswith('{"q":2}')
 
 
+async def test_requests_of_one_turn_each_reach_the_upstream_whole(server: tuple[Server, str]) -> None:
+    s, base = server
+    s.answers = [answer(b'{"n":%d}' % i) for i in range(6)]
+    client = RawHTTP(base, {}, connect_timeout=2)
+    bodies = [b'{"q":%d}' % i for i in range(6)]
+    answers = await asyncio.gather(*(client.post("/chat/completions", body) for body in bodies))
+    client.close()
+    assert sorted(a.body for a in answers) == sorted(b'{"n":%d}' % i for i in range(6))
+    assert sorted(r.split(b"\r\n\r\n", 1)[1] for r in s.requests) == sorted(bodies)
+    assert s.connections == 6  # one request at a time on a connection: six in one turn took six
+
+
 async def test_chunked_gzip_and_errors_statuses(server: tuple[Server, str]) -> None:
     s, base = server
     packed = gzip.compress(b'{"zipped":true}')
