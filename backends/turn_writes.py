@@ -1,5 +1,8 @@
 """Requests to one upstream, written together at the end of an event-loop turn when a turn makes several.
 
+``Turn`` is the gate this takes: the first call of a turn is told so, the others wait for its end.
+The server uses it for the ends of its answers too (``gateway.cli.http_protocol``).
+
 A request written to a sleeping upstream process wakes it; on one host (an engine or a vLLM next
 to the gateway, the benchmark's upstream) that is a cross-CPU wake-up. Written one by one as the
 requests of a busy turn reach the upstream client, each request can wake the upstream again,
@@ -18,6 +21,29 @@ upstream went away) is dropped: the exchange waiting for its answer fails as it 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
+
+
+class Turn:
+    """One event loop's turns as a gate: ``first()`` is true for its first call in a turn and false
+    for the others until the turn ends (the loop's next round of callbacks), which calls ``on_end``."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, on_end: Callable[[], None] | None = None) -> None:
+        self.loop = loop
+        self._on_end = on_end
+        self._open = False
+
+    def first(self) -> bool:
+        if self._open:
+            return False
+        self._open = True
+        self.loop.call_soon(self._end)
+        return True
+
+    def _end(self) -> None:
+        self._open = False
+        if self._on_end is not None:
+            self._on_end()
 
 
 class TurnWrites:
@@ -25,19 +51,16 @@ class TurnWrites:
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
+        self._turn = Turn(loop, self._flush)
         self._pending: list[tuple[asyncio.Transport, bytes]] = []
-        self._turn_open = False  # this turn has written once; the rest wait for _flush
 
     def write(self, transport: asyncio.Transport, data: bytes) -> None:
-        if self._turn_open:
+        if self._turn.first():
+            transport.write(data)
+        else:
             self._pending.append((transport, data))
-            return
-        self._turn_open = True
-        self.loop.call_soon(self._flush)
-        transport.write(data)
 
     def _flush(self) -> None:
-        self._turn_open = False
         pending, self._pending = self._pending, []
         for transport, data in pending:
             if not transport.is_closing():
