@@ -104,7 +104,8 @@ class Tenancy:
         admission = QuotaAdmission(store, limits, prices, on_unavailable=settings.redis.on_unavailable,
                                    lease_seconds=settings.quotas.lease_seconds, credit=credit)
         usage = UsageWriter(db, prices, journal_dir=Path(settings.usage.journal_dir),
-                            sync_before_reply=settings.usage.sync_before_reply)
+                            sync_before_reply=settings.usage.sync_before_reply,
+                            fsync_interval=settings.usage.fsync_interval_ms / 1000)
 
         def changed() -> None:  # this process sees admin changes at once; other replicas within the TTL
             authenticator.invalidate()

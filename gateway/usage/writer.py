@@ -42,7 +42,7 @@ from gateway.db.models import UsageRow
 from gateway.usage import pg_bulk, rollup
 from gateway.usage.journal import Journal, Quarantine, read_records
 from gateway.usage.pricing import PriceTable
-from gateway.usage.wal import WriteAhead
+from gateway.usage.wal import SYNC_INTERVAL, WriteAhead
 
 log = logging.getLogger("switchyard.usage")
 
@@ -93,11 +93,12 @@ class UsageWriter:
         max_buffer: int = 10_000,
         retry_interval: float = 1.0,
         sync_before_reply: bool = False,
+        fsync_interval: float = SYNC_INTERVAL,
     ) -> None:
         self.db = db
         self.prices = prices
         self.journal = Journal(journal_dir)
-        self.wal = WriteAhead(journal_dir)
+        self.wal = WriteAhead(journal_dir, sync_interval=fsync_interval)
         self.sync_before_reply = sync_before_reply
         self._open: dict[str, UsageRecord] = {}  # begun and not yet recorded, by request id
         self._synced: asyncio.Future[None] | None = None  # what ``sync`` returns while nothing waits for fsyncs

@@ -20,6 +20,7 @@ from sqlalchemy import func, select
 from gateway.contracts import UsageRecord
 from gateway.db import Database
 from gateway.db.models import UsageHourly, UsageRow
+from gateway.settings import ConfigError, load_settings
 from gateway.usage.journal import MappedJournal
 from gateway.usage.pricing import Price, PriceTable
 from gateway.usage.report import ReportQuery, usage_report
@@ -333,8 +334,8 @@ async def test_sync_waits_for_the_fsync_only_when_asked_to(
     fsyncs: list[int] = []
     real = os.fsync
     monkeypatch.setattr(os, "fsync", lambda fd: fsyncs.append(fd) or real(fd))
-    w = UsageWriter(db, PRICES, journal_dir=tmp_path, flush_interval=3600, sync_before_reply=sync_before_reply)
-    w.wal.sync_interval = 3600  # no fsync but the one a reply may wait for
+    w = UsageWriter(db, PRICES, journal_dir=tmp_path, flush_interval=3600, sync_before_reply=sync_before_reply,
+                    fsync_interval=3600)  # no fsync but the one a reply may wait for
     w.record(rec())
     waited = w.sync()
     if sync_before_reply:
@@ -345,3 +346,22 @@ async def test_sync_waits_for_the_fsync_only_when_asked_to(
         await waited
         assert fsyncs == []
     await w.aclose()
+
+
+async def test_records_are_fsynced_within_the_configured_interval(
+    db: Database, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``usage.fsync_interval_ms`` (here 400) sets when the write-ahead thread fsyncs a record."""
+    fsyncs: list[float] = []
+    real = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: fsyncs.append(time.monotonic()) or real(fd))
+    interval = load_settings(env={"SWITCHYARD__USAGE__FSYNC_INTERVAL_MS": "400"}).usage.fsync_interval_ms / 1000
+    w = UsageWriter(db, PRICES, journal_dir=tmp_path, flush_interval=3600, fsync_interval=interval)
+    started = time.monotonic()
+    w.record(rec())
+    while not fsyncs and time.monotonic() - started < 5:
+        await asyncio.sleep(0.01)
+    assert fsyncs and 0.35 <= fsyncs[0] - started < 2
+    await w.aclose()
+    with pytest.raises(ConfigError, match="fsync_interval_ms"):
+        load_settings(env={"SWITCHYARD__USAGE__FSYNC_INTERVAL_MS": "0"})
