@@ -15,7 +15,8 @@ The first write of a turn goes at once, so a request that is alone in its turn (
 gateway) is not delayed; the later ones wait at most for the rest of the turn (what the turn's
 other requests still do before their own writes) and then leave in the order they were made.
 A write whose connection has closed or been aborted meanwhile (the request was cancelled, the
-upstream went away) is dropped: the exchange waiting for its answer fails as it would have.
+upstream went away) is dropped, and a connection whose write raises is aborted: the exchange
+waiting for its answer fails as it would have, and the turn's other requests still go.
 """
 
 from __future__ import annotations
@@ -63,5 +64,8 @@ class TurnWrites:
     def _flush(self) -> None:
         pending, self._pending = self._pending, []
         for transport, data in pending:
-            if not transport.is_closing():
-                transport.write(data)
+            try:
+                if not transport.is_closing():
+                    transport.write(data)
+            except Exception:  # one connection's failure is not the others': its exchange fails as it goes
+                transport.abort()

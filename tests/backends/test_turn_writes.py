@@ -58,3 +58,36 @@ async def test_a_write_whose_connection_was_aborted_is_dropped() -> None:
         assert unread(pairs[1][1]) == b""  # end of stream: the connection went without the request
         first.close()
 
+
+
+class RefusingTransport(asyncio.Transport):
+    """A transport whose write raises (what a broken one might do)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.aborted = False
+
+    def is_closing(self) -> bool:
+        return self.aborted
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        raise RuntimeError("refused")
+
+    def abort(self) -> None:
+        self.aborted = True
+
+
+async def test_a_write_that_raises_aborts_its_connection_and_the_others_still_go() -> None:
+    loop = asyncio.get_running_loop()
+    writes = TurnWrites(loop)
+    with socket_pairs(2) as pairs:
+        first, last = [(await loop.create_connection(asyncio.Protocol, sock=ours))[0] for ours, _ in pairs]
+        refusing = RefusingTransport()
+        writes.write(first, b"first")
+        writes.write(refusing, b"refused")
+        writes.write(last, b"after it")
+        await asyncio.sleep(0)
+        assert refusing.aborted
+        assert unread(pairs[1][1]) == b"after it"
+        first.close()
+        last.close()
