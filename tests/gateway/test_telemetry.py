@@ -17,12 +17,13 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from backends.factory import build_backend
 from engine.tiny_model import build_tiny_model
-from gateway.contracts import Principal
+from gateway.contracts import Principal, UsageRecord
 from gateway.routing.router import Router
 from gateway.services import Services
 from gateway.settings import parse_settings
 from gateway.telemetry import Telemetry
 from gateway.telemetry.logs import JsonFormatter
+from gateway.telemetry.metrics import GatewayMetrics
 from tests.support.doubles import RecordingSink, ScriptedAdmission, StaticKeys
 from tests.support.fake_upstream import FakeUpstream, Fault
 from tests.support.servers import ServerThread
@@ -241,3 +242,26 @@ def test_tracing_is_off_by_default_and_otlp_export_is_configurable(fake_upstream
             assert any(a.key == "service.name" and a.value.string_value == "sy-test" for a in attributes)
             names |= {s.name for scope in resource.scope_spans for s in scope.spans}
     assert {"chat echo", "auth", "admission", "upstream openai:upstream-echo"} <= names
+
+
+def test_latency_buckets_sums_and_series_as_prometheus_counts_them() -> None:
+    """A value on a bucket's bound is in that bucket ("le"); buckets are cumulative; a series
+    appears once used, with its ``_created`` sample."""
+    metrics = GatewayMetrics()
+    for latency_ms in (10.0, 10.5, 250.0, 400_000.0):  # 0.01 s (a bound), just above it, 0.25 s, past every bound
+        metrics.observe(UsageRecord(request_id="r", key_id="k", tenant_id=None, model="m", deployment="d",
+                                    provider="openai", endpoint="chat.completions", started_at=0.0, status=200,
+                                    prompt_tokens=3, latency_ms=latency_ms))
+    samples = {(s.name, s.labels.get("le")): s.value
+               for fam in text_string_to_metric_families(metrics.render().decode()) for s in fam.samples
+               if fam.name == "switchyard_request_latency_seconds"}
+    assert samples[("switchyard_request_latency_seconds_bucket", "0.01")] == 1
+    assert samples[("switchyard_request_latency_seconds_bucket", "0.025")] == 2
+    assert samples[("switchyard_request_latency_seconds_bucket", "0.25")] == 3
+    assert samples[("switchyard_request_latency_seconds_bucket", "300.0")] == 3
+    assert samples[("switchyard_request_latency_seconds_bucket", "+Inf")] == 4
+    assert samples[("switchyard_request_latency_seconds_count", None)] == 4
+    assert samples[("switchyard_request_latency_seconds_sum", None)] == pytest.approx(400.2705)
+    text = metrics.render()
+    assert b'switchyard_request_latency_seconds_created{endpoint="chat.completions",model="m"}' in text
+    assert b"switchyard_time_to_first_token_seconds_count" not in text  # nothing counted yet
