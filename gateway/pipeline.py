@@ -305,11 +305,15 @@ def _circuit_tenant(principal: Principal) -> str:
     return principal.tenant_id or principal.key_id
 
 
+_REQUESTS_HEADERS = ("x-ratelimit-limit-requests", "x-ratelimit-remaining-requests", "x-ratelimit-reset-requests")
+_TOKENS_HEADERS = ("x-ratelimit-limit-tokens", "x-ratelimit-remaining-tokens", "x-ratelimit-reset-tokens")
+
+
 def _ratelimit_headers(ticket: Ticket) -> dict[str, str]:
     headers: dict[str, str] = {}
-    for kind, state in (("requests", ticket.requests), ("tokens", ticket.tokens)):
+    for (limit, remaining, reset), state in ((_REQUESTS_HEADERS, ticket.requests), (_TOKENS_HEADERS, ticket.tokens)):
         if isinstance(state, QuotaState):
-            headers[f"x-ratelimit-limit-{kind}"] = str(state.limit)
-            headers[f"x-ratelimit-remaining-{kind}"] = str(max(0, state.remaining))
-            headers[f"x-ratelimit-reset-{kind}"] = f"{max(0.0, state.reset_seconds):.3f}s"
+            headers[limit] = str(state.limit)
+            headers[remaining] = str(max(0, state.remaining))
+            headers[reset] = f"{max(0.0, state.reset_seconds):.3f}s"
     return headers
