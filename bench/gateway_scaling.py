@@ -3,7 +3,7 @@
 (SQL API keys and usage in PostgreSQL, Redis quotas, one tenant key, routing).
 
     .venv/bin/python -m bench.gateway_scaling [--workers 1,2,4,8] [--seconds 8] [--loaders 4]
-                                              [--upstreams 2] [--connections 64]
+                                              [--upstreams 2] [--connections 64] [--no-credit]
 
 Each worker count gets a fresh gateway on CPUs 0..N-1 and ``--connections`` keep-alive connections
 per worker, spread over ``--loaders`` load-generator processes; the load generators and the
@@ -13,7 +13,10 @@ own ceiling, which every gateway figure must stay well under to mean anything. T
 and PostgreSQL servers are moved to those other CPUs for the run (``harness.services_on``).
 Reported per worker count: requests/s, requests/s per worker, scaling efficiency (rate / (N x the
 one-worker rate)), gateway CPU per request, Redis CPU (its own ``INFO cpu``) per request and as a
-share of a core, and each worker's RSS; at the end, usage rows in PostgreSQL = requests sent.
+share of a core, the same of PostgreSQL (all its processes: the usage inserts, the key lookups), and
+each worker's RSS; at the end, usage rows in PostgreSQL = requests sent. The one key is busy enough
+to be admitted on credit (``quotas.credit``: Redis counts it once a second per worker);
+``--no-credit`` counts every request in Redis, as it counts the requests of keys too quiet for credit.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from bench.harness import (
     count_usage_rows,
     fresh_database,
     make_tenant_key,
+    postgres_cpu_seconds,
     print_table,
     rss_mib,
     services_on,
@@ -105,8 +109,9 @@ def redis_cpu_seconds() -> float:
     return float(fields["used_cpu_sys"]) + float(fields["used_cpu_user"])
 
 
-def scaling_config(db_url: str, upstreams: list[str], journal: Path) -> dict[str, Any]:
+def scaling_config(db_url: str, upstreams: list[str], journal: Path, credit: bool = True) -> dict[str, Any]:
     config = gateway_config(db_url, upstreams[0], upstreams[0], upstreams[0], journal)
+    config["quotas"] = {"credit": credit}
     config["models"] = [
         {
             "name": "fast",
@@ -129,6 +134,7 @@ def main() -> None:
     parser.add_argument("--loaders", type=int, default=4, help="Load-generator processes.")
     parser.add_argument("--upstreams", type=int, default=2, help="Echo upstream processes (deployments).")
     parser.add_argument("--connections", type=int, default=64, help="Connections per gateway worker.")
+    parser.add_argument("--no-credit", action="store_true", help="Count every request in Redis (quotas.credit off).")
     args = parser.parse_args()
     counts = [int(n) for n in args.workers.split(",") if n]
     cpus = sorted(os.sched_getaffinity(0))
@@ -148,18 +154,19 @@ def main() -> None:
             most = args.connections * max(counts)
             d = offer(pool, direct, most, args.seconds, args.loaders)
             rows.append(["direct upstreams (the harness's ceiling)", str(most), f"{d.ok / d.seconds:,.0f}",
-                         "-", "-", "-", "-", "-", f"errors {d.errors}"])
+                         "-", "-", "-", "-", "-", "-", f"errors {d.errors}"])
             base = 0.0
             for n in counts:
-                gw = start_gateway(scaling_config(db_url, [url for _, url in ups], Path(tmp) / f"journal{n}"),
-                                   Path(tmp), n, ",".join(map(str, cpus[:n])))
+                config = scaling_config(db_url, [url for _, url in ups], Path(tmp) / f"journal{n}", not args.no_credit)
+                gw = start_gateway(config, Path(tmp), n, ",".join(map(str, cpus[:n])))
                 try:
                     key = make_tenant_key(gw.url)
                     via = [http_request(gw.url, "/v1/chat/completions", CHAT | {"model": "fast"}, key)]
                     sent += offer(pool, via, args.connections * n, 1.0, args.loaders).sent  # warm-up
-                    cpu0, rcpu0 = gateway_cpu(gw), redis_cpu_seconds()
+                    cpu0, rcpu0, pcpu0 = gateway_cpu(gw), redis_cpu_seconds(), postgres_cpu_seconds()
                     g = offer(pool, via, args.connections * n, args.seconds, args.loaders)
                     cpu, rcpu = gateway_cpu(gw) - cpu0, redis_cpu_seconds() - rcpu0
+                    pcpu = postgres_cpu_seconds() - pcpu0
                     sent += g.sent
                     rss = [rss_mib(pid) for pid in worker_pids(gw.proc.pid)]
                 finally:
@@ -175,6 +182,7 @@ def main() -> None:
                         f"{rate / (n * base):.0%}",
                         f"{cpu * 1000 / max(1, g.sent):.3f}",
                         f"{rcpu * 1e6 / max(1, g.sent):.0f} us, {rcpu / g.seconds:.0%} of a core",
+                        f"{pcpu * 1e6 / max(1, g.sent):.0f} us, {pcpu / g.seconds:.0%} of a core",
                         ", ".join(f"{r:.0f}" for r in rss),
                         f"errors {g.errors}",
                     ]
@@ -185,11 +193,11 @@ def main() -> None:
                 stop(proc)
         rows_in_db = asyncio.run(count_usage_rows(db_url))
     print(f"gateway workers on CPUs 0..N-1; {args.loaders} load generators and {args.upstreams} upstreams on "
-          f"{rest_list}; {args.seconds:g} s runs")
+          f"{rest_list}; {args.seconds:g} s runs; credit {'off' if args.no_credit else 'on'}")
     print_table(
         rows,
         ["run", "conns", "req/s", "req/s per worker", "efficiency", "gateway CPU ms/req", "Redis CPU per req",
-         "RSS MiB per worker", "notes"],
+         "PostgreSQL CPU per req", "RSS MiB per worker", "notes"],
     )
     print(f"usage rows in PostgreSQL: {rows_in_db:,}; requests sent through the gateway: {sent:,}")
 

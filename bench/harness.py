@@ -90,6 +90,17 @@ def cpu_seconds(pid: int) -> float:
 SERVICES = ("redis-server", "postgres")  # process names of the stores a gateway under test uses
 
 
+def postgres_cpu_seconds() -> float:
+    """User + system CPU time of every PostgreSQL process now running (the postmaster, its
+    background workers and the backends; a backend that exits takes its time with it)."""
+    total = 0.0
+    for proc in Path("/proc").iterdir():
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            if proc.name.isdigit() and (proc / "comm").read_text().strip() == "postgres":
+                total += cpu_seconds(int(proc.name))
+    return total
+
+
 @contextlib.contextmanager
 def services_on(cpus: set[int] | None) -> Iterator[list[str]]:
     """Redis and PostgreSQL (every thread, and the backends the postmaster forks later) moved to
