@@ -74,15 +74,20 @@ def read_stream(sock: socket.socket) -> bytes:
     return data.split(b"\r\n\r\n", 1)[1]
 
 
+def send_requests(clients: list[socket.socket], port: int) -> None:
+    """Client ``i`` connects and sends ``GET /<i>``."""
+    for i, sock in enumerate(clients):
+        sock.settimeout(10)
+        sock.connect(("127.0.0.1", port))
+        sock.sendall(b"GET /%d HTTP/1.1\r\nhost: test\r\n\r\n" % i)
+
+
 def test_streamed_answers_ending_in_one_turn_each_leave_at_once() -> None:
     clients = [socket.socket() for _ in range(CLIENTS)]
     app = ReleasedTogether(clients, streamed=True)
     try:
         with ServerThread(app) as server:
-            for i, sock in enumerate(clients):
-                sock.settimeout(10)
-                sock.connect(("127.0.0.1", server.port))
-                sock.sendall(b"GET /%d HTTP/1.1\r\nhost: test\r\n\r\n" % i)
+            send_requests(clients, server.port)
             assert app.noted.wait(10)
             assert app.at_once == dict.fromkeys(range(CLIENTS), True)
             for i, sock in enumerate(clients):
@@ -97,10 +102,7 @@ def test_answers_ending_in_one_turn_leave_together_and_whole() -> None:
     app = ReleasedTogether(clients)
     try:
         with ServerThread(app) as server:
-            for i, sock in enumerate(clients):
-                sock.settimeout(10)
-                sock.connect(("127.0.0.1", server.port))
-                sock.sendall(b"GET /%d HTTP/1.1\r\nhost: test\r\n\r\n" % i)
+            send_requests(clients, server.port)
             assert app.noted.wait(10)
             assert any(app.at_once.values())  # the first to end in the turn: written at once
             assert not all(app.at_once.values())  # the others: at the turn's end, together
