@@ -90,14 +90,21 @@ def cpu_seconds(pid: int) -> float:
 SERVICES = ("redis-server", "postgres")  # process names of the stores a gateway under test uses
 
 
+def processes_named(names: tuple[str, ...]) -> Iterator[tuple[str, Path]]:
+    """(name, /proc/<pid>) of each running process whose name is one of ``names``."""
+    for proc in Path("/proc").iterdir():
+        with contextlib.suppress(OSError):
+            if proc.name.isdigit() and (name := (proc / "comm").read_text().strip()) in names:
+                yield name, proc
+
+
 def postgres_cpu_seconds() -> float:
     """User + system CPU time of every PostgreSQL process now running (the postmaster, its
     background workers and the backends; a backend that exits takes its time with it)."""
     total = 0.0
-    for proc in Path("/proc").iterdir():
+    for _, proc in processes_named(("postgres",)):
         with contextlib.suppress(OSError, IndexError, ValueError):
-            if proc.name.isdigit() and (proc / "comm").read_text().strip() == "postgres":
-                total += cpu_seconds(int(proc.name))
+            total += cpu_seconds(int(proc.name))
     return total
 
 
@@ -110,10 +117,8 @@ def services_on(cpus: set[int] | None) -> Iterator[list[str]]:
     saved: dict[int, set[int]] = {}
     moved: list[str] = []
     if cpus:
-        for proc in Path("/proc").iterdir():
+        for name, proc in processes_named(SERVICES):
             with contextlib.suppress(OSError):
-                if not proc.name.isdigit() or (name := (proc / "comm").read_text().strip()) not in SERVICES:
-                    continue
                 for task in (proc / "task").iterdir():
                     tid = int(task.name)
                     before = os.sched_getaffinity(tid)
