@@ -61,6 +61,7 @@ from bench.harness import (
     fresh_database,
     make_tenant_key,
     print_table,
+    report_if_exited,
     rss_mib,
     services_on,
     start_gateway,
@@ -387,6 +388,7 @@ def main() -> None:
                 rows, sent = asyncio.run(measure(args, gw, key, ups, pids, db_url))
                 rss = [rss_mib(pid) for pid in worker_pids(gw.proc.pid)]
             finally:
+                report_if_exited(gw)
                 code = stop(gw.proc)
             rows.append(
                 [

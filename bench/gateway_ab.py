@@ -35,6 +35,7 @@ from bench.harness import (
     fresh_database,
     make_tenant_key,
     print_table,
+    report_if_exited,
     services_on,
     start_gateway,
     start_upstream,
@@ -146,6 +147,7 @@ def main() -> None:
             rows = asyncio.run(compare(args, gateways, key, fast, slow, streamy))
         finally:
             for gw in gateways.values():
+                report_if_exited(gw)
                 stop(gw.proc)
             for proc in procs.values():
                 stop(proc)

@@ -27,6 +27,7 @@ from bench.harness import (
     fresh_database,
     make_tenant_key,
     print_table,
+    report_if_exited,
     start_gateway,
     start_upstream,
     stop,
@@ -106,6 +107,7 @@ def main() -> None:
                     ]
                 )
             finally:
+                report_if_exited(gw)
                 stop(gw.proc)
     finally:
         stop(upstream_proc)

@@ -40,6 +40,7 @@ from bench.harness import (
     make_tenant_key,
     postgres_cpu_seconds,
     print_table,
+    report_if_exited,
     rss_mib,
     services_on,
     start_gateway,
@@ -170,6 +171,7 @@ def main() -> None:
                     sent += g.sent
                     rss = [rss_mib(pid) for pid in worker_pids(gw.proc.pid)]
                 finally:
+                    report_if_exited(gw)
                     stop(gw.proc)
                 rate = g.ok / g.seconds
                 base = base or rate / n

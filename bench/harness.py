@@ -158,6 +158,18 @@ class Gateway:
     log: Path
 
 
+def report_if_exited(gw: Gateway, lines: int = 40) -> None:
+    """If the gateway has exited without being stopped, say so on stderr with its exit code (a
+    negative one is a signal) and the last ``lines`` lines of its log that are not access lines: a
+    load generator sees only refused connections, and the log goes with the run's temporary files."""
+    code = gw.proc.poll()
+    if code is None:
+        return
+    kept = [line for line in gw.log.read_text(errors="replace").splitlines() if "switchyard.access" not in line]
+    tail = "\n".join(kept[-lines:])
+    print(f"the gateway at {gw.url} exited by itself (code {code}); the end of its log:\n{tail}", file=sys.stderr)
+
+
 def start_gateway(config: dict[str, Any], workdir: Path, workers: int = 1, cpus: str | None = None,
                   venv: Path | None = None) -> Gateway:
     """``switchyard serve`` with ``workers`` workers, as a separate process (on ``cpus`` with taskset),

@@ -24,6 +24,7 @@ from bench.harness import (
     fresh_database,
     make_tenant_key,
     print_table,
+    report_if_exited,
     rss_mib,
     start_gateway,
     start_upstream,
@@ -99,6 +100,7 @@ def main() -> None:
                 key = make_tenant_key(gw.url)
                 sent, errors, rss = asyncio.run(soak(gw.url, key, args.concurrency, args.seconds, gw.proc.pid))
             finally:
+                report_if_exited(gw)
                 code = stop(gw.proc)
             rows = asyncio.run(count_usage_rows(db_url))
             problems = [line for line in gw.log.read_text().splitlines() if "ERROR" in line or "rror" in line][-5:]
