@@ -47,8 +47,8 @@ class WriteAhead:
         self._failing = False  # the last write failed (logged once, until one succeeds)
         self._loop: asyncio.AbstractEventLoop | None = None
         sys.setswitchinterval(min(sys.getswitchinterval(), SWITCH_INTERVAL))
-        self._thread = threading.Thread(target=self._run, name="usage-wal", daemon=True)
-        self._thread.start()
+        self._fsync_thread = threading.Thread(target=self._run, name="usage-wal", daemon=True)
+        self._fsync_thread.start()
 
     def add(self, record: UsageRecord) -> None:
         """Write ``record`` to the segment now. A disk that refuses it is logged, not raised: the
@@ -84,7 +84,7 @@ class WriteAhead:
         with self._cond:
             self._closing = True
             self._cond.notify()
-        await asyncio.to_thread(self._thread.join)
+        await asyncio.to_thread(self._fsync_thread.join)
 
     def _write(self, segment: Journal, records: Iterable[UsageRecord]) -> None:
         try:
