@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 
 from gateway.cli import app
 from gateway.contracts import UsageRecord
-from gateway.db import Database
+from gateway.db import Database, migrate
 from gateway.usage.pricing import PriceTable
 from gateway.usage.writer import UsageWriter
 from tests.gateway.tenancy_fixtures import drop_pg_database, new_pg_database
@@ -57,6 +57,7 @@ async def cli(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathF
         name, url = await new_pg_database()
     config = workdir / "switchyard.yaml"
     config.write_text(f"database:\n  url: {url}\nprices:\n  m: {{input_per_million: 1.0, output_per_million: 2.0}}\n")
+    await asyncio.to_thread(migrate.upgrade, url)  # each test can run alone, without another's bootstrap
     yield Cli(config, workdir), url
     if name:
         await drop_pg_database(name)
