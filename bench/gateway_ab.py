@@ -10,8 +10,15 @@ latency (the CPU per request is the figure to read), (b) requests at a fixed off
 upstream latency and (c) 64 streams kept up; the slices of each are pooled. The upstreams are
 ``bench.gateway``'s (``--upstream``).
 
+Two processes of the same build differ too, by a few per cent of CPU per request for as long as
+they run (an A/A run of 16 rounds on the 2-core host: B above A in 14 of them, pooled 0.133 vs
+0.135 ms; in another, 0.141 vs 0.140). ``--pairs N`` shares the rounds among N pairs of gateway
+processes started in turn, and prints B's CPU per request over A's for each pair under the table:
+a change shows when every pair agrees on it.
+
     git worktree add /tmp/base HEAD~1
-    .venv/bin/python -m bench.gateway_ab --baseline /tmp/base [--rounds 8] [--slice 1.5] [--rate 1000] [--phases abc]
+    .venv/bin/python -m bench.gateway_ab --baseline /tmp/base [--rounds 8] [--pairs 1] [--slice 1.5] [--rate 1000]
+                                      [--phases abc]
 
 ``--baseline-venv`` runs A from another virtual environment (another Python, other library
 versions) with this tree's code unless ``--baseline`` names another checkout as well.
@@ -23,8 +30,10 @@ import argparse
 import asyncio
 import os
 import tempfile
+from collections import defaultdict
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
@@ -61,8 +70,19 @@ def python_path(first: str | None) -> Iterator[None]:
             os.environ["PYTHONPATH"] = saved
 
 
+@dataclass
+class Pooled:
+    """Every slice so far, by (phase, who); the gateways' CPU seconds in them; and for each phase,
+    B's CPU per request over A's in each pair of gateway processes."""
+
+    runs: dict[tuple[str, str], Run] = field(default_factory=lambda: defaultdict(Run))
+    cpu: dict[tuple[str, str], float] = field(default_factory=lambda: defaultdict(float))
+    pair_ratios: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
+
+
 async def compare(args: argparse.Namespace, gateways: dict[str, Gateway], key: str, fast: str, slow: str,
-                  streamy: str) -> list[list[str]]:
+                  streamy: str, rounds: int, pooled: Pooled) -> None:
+    """``rounds`` rounds through this pair of gateways, added to ``pooled``."""
     targets: dict[str, dict[str, Target]] = {"a": {}, "b": {}, "c": {}}
     targets["a"]["direct"] = http_request(fast, "/v1/chat/completions", CHAT | {"model": "echo"}, None)
     targets["b"]["direct"] = http_request(slow, "/v1/chat/completions", CHAT | {"model": "echo"}, None)
@@ -79,9 +99,9 @@ async def compare(args: argparse.Namespace, gateways: dict[str, Gateway], key: s
         "c": partial(closed_loop, connections=64, seconds=args.slice, stagger=STREAM_SECONDS),
     }
     loads = {phase: load for phase, load in loads.items() if phase in args.phases}
-    runs = {(phase, who): Run() for phase in loads for who in ("direct", *BUILDS)}
-    cpu = {(phase, who): 0.0 for phase in loads for who in BUILDS}
-    for round_ in range(args.rounds):
+    cpu: dict[tuple[str, str], float] = defaultdict(float)  # this pair's
+    served: dict[tuple[str, str], int] = defaultdict(int)
+    for round_ in range(rounds):
         order = ("direct", *BUILDS) if round_ % 2 == 0 else ("direct", *reversed(BUILDS))
         for phase, load in loads.items():
             for who in order:
@@ -89,23 +109,37 @@ async def compare(args: argparse.Namespace, gateways: dict[str, Gateway], key: s
                 part = await load(targets[phase][who])
                 if who in gateways:
                     cpu[phase, who] += gateway_cpu(gateways[who]) - cpu0
-                pooled = runs[phase, who]
-                pooled.results += part.results
-                pooled.errors += part.errors
-                pooled.seconds += part.seconds
-    rows = []
+                    served[phase, who] += len(part.results)
+                run = pooled.runs[phase, who]
+                run.results += part.results
+                run.errors += part.errors
+                run.seconds += part.seconds
+    for phase in loads:
+        a, b = (cpu[phase, who] / max(1, served[phase, who]) for who in BUILDS)
+        pooled.cpu[phase, "A"] += cpu[phase, "A"]
+        pooled.cpu[phase, "B"] += cpu[phase, "B"]
+        if a > 0:
+            pooled.pair_ratios[phase].append(b / a)
+
+
+def table(args: argparse.Namespace, pooled: Pooled) -> tuple[list[list[str]], list[str]]:
+    """The rows of the pooled slices, and a line per phase with B's CPU per request over A's in each
+    pair of gateway processes."""
+    rows, notes = [], []
     for phase, what, label in (("a", "total", "(a) 64 connections"), ("b", "total", f"(b) latency @{args.rate:g}/s"),
                                ("c", "first", "(c) kept up: TTFC")):
-        if phase not in loads:
+        if phase not in args.phases:
             continue
-        direct = runs[phase, "direct"]
+        direct = pooled.runs[phase, "direct"]
         for who in BUILDS:
-            g = runs[phase, who]
+            g = pooled.runs[phase, who]
             added = [g.pct(q, what) - direct.pct(q, what) for q in (0.5, 0.9, 0.99)]
             rows.append([f"{label}, {who}", " / ".join(f"{a:+.2f}" for a in added),
                          f"{len(g.ok) / g.seconds:,.0f} ({len(direct.ok) / direct.seconds:,.0f})",
-                         f"{cpu[phase, who] / max(1, len(g.results)) * 1000:.3f}", f"{errors_of(g)}"])
-    return rows
+                         f"{pooled.cpu[phase, who] / max(1, len(g.results)) * 1000:.3f}", f"{errors_of(g)}"])
+        ratios = ", ".join(f"{r:.3f}" for r in pooled.pair_ratios[phase])
+        notes.append(f"({phase}) B's CPU per request / A's, each pair of gateway processes: {ratios}")
+    return rows, notes
 
 
 def main() -> None:
@@ -118,6 +152,8 @@ def main() -> None:
     parser.add_argument("--upstream", choices=sorted(UPSTREAMS), default="lean",
                         help="The upstreams: lean (bench.lean_upstream) or echo (backends.dev.echo_server).")
     parser.add_argument("--phases", default="abc", help="Which of the phases (a) (b) (c) to run.")
+    parser.add_argument("--pairs", type=int, default=1,
+                        help="Pairs of gateway processes started in turn, the rounds shared among them.")
     args = parser.parse_args()
     if args.baseline is None and args.baseline_venv is None:
         parser.error("nothing to compare: give --baseline, --baseline-venv or both")
@@ -128,34 +164,42 @@ def main() -> None:
     import uvloop
 
     uvloop.install()
+    pooled = Pooled()
     with tempfile.TemporaryDirectory() as tmp, fresh_database() as db_url, services_on(load_set):
         procs = {}
-        gateways: dict[str, Gateway] = {}
         try:
             procs["fast"], fast = start_upstream(cpus=load_cpus, module=UPSTREAMS[args.upstream])
             procs["slow"], slow = start_upstream("--latency", "0.02", cpus=load_cpus, module=UPSTREAMS[args.upstream])
             procs["streamy"], streamy = start_upstream("--output-words", "20", "--chunk-delay", "0.005",
                                                        cpus=load_cpus, module=UPSTREAMS[args.upstream])
             baseline = str(Path(args.baseline).resolve()) if args.baseline else None
-            for who, path, venv in zip(BUILDS, (baseline, None), (args.baseline_venv, None), strict=True):
-                work = Path(tmp) / who
-                work.mkdir()
-                with python_path(path):
-                    gateways[who] = start_gateway(gateway_config(db_url, fast, slow, streamy, work / "journal"),
-                                                  work, 1, gateway_cpus, venv)
-            key = make_tenant_key(gateways["B"].url)
-            rows = asyncio.run(compare(args, gateways, key, fast, slow, streamy))
+            for pair in range(args.pairs):
+                rounds = args.rounds // args.pairs + (pair < args.rounds % args.pairs)
+                gateways: dict[str, Gateway] = {}
+                try:
+                    for who, path, venv in zip(BUILDS, (baseline, None), (args.baseline_venv, None), strict=True):
+                        work = Path(tmp) / f"{who}{pair}"
+                        work.mkdir()
+                        with python_path(path):
+                            gateways[who] = start_gateway(
+                                gateway_config(db_url, fast, slow, streamy, work / "journal"), work, 1, gateway_cpus,
+                                venv)
+                    key = make_tenant_key(gateways["B"].url)
+                    asyncio.run(compare(args, gateways, key, fast, slow, streamy, rounds, pooled))
+                finally:
+                    for gw in gateways.values():
+                        report_if_exited(gw)
+                        stop(gw.proc)
         finally:
-            for gw in gateways.values():
-                report_if_exited(gw)
-                stop(gw.proc)
             for proc in procs.values():
                 stop(proc)
+    rows, notes = table(args, pooled)
     a = " from ".join(str(x) for x in (args.baseline or "this tree", args.baseline_venv) if x)
-    print(f"A: {a}, B: this tree; {args.rounds} rounds of {args.slice:g} s slices, gateways on CPUs "
-          f"{gateway_cpus}")
+    print(f"A: {a}, B: this tree; {args.rounds} rounds of {args.slice:g} s slices through {args.pairs} pair(s) "
+          f"of gateway processes, gateways on CPUs {gateway_cpus}")
     print_table(rows, ["measurement", "added p50 / p90 / p99 (ms)", "served/s (direct)", "CPU per request (ms)",
                        "errors"])
+    print("\n".join(notes))
 
 
 if __name__ == "__main__":

@@ -8,7 +8,10 @@ The compiled copy is A. On the 2-core development host (2026-12-05), 12 to 16 ro
 
 - ``MODULES`` as they are: (a) 0.130 vs 0.144, 0.124 vs 0.140 and 0.124 vs 0.140 ms of CPU per
   request (10-11 % less); (c) 0.673 vs 0.654, 0.758 vs 0.752, 0.701 vs 0.726 and 0.733 vs 0.706 ms
-  per stream (no difference); four runs with (c), none stopped.
+  per stream (no difference); four runs with (c), none stopped. With ``--pairs 4`` (a fresh pair of
+  gateways every 2-4 rounds), (a) 0.132 vs 0.147, 0.145 vs 0.163, 0.139 vs 0.151 ms, the pure
+  build's CPU per request over the compiled one's 1.06-1.22 in each of the 12 pairs; one more such
+  run ended within 30 s, a gateway gone (its log not kept): not crash-free either.
 - With ``backends/raw_http.py`` and ``backends/openai_http.py`` compiled too: (a) 0.117 vs 0.136,
   0.113 vs 0.130, 0.115 vs 0.130 and 0.117 vs 0.135 ms (10-14 % less), but the gateway stopped in
   5 of 6 runs with (c) and 1 of 4 of (a) alone: a task's wakeup raised ``TypeError('invalid
