@@ -115,9 +115,9 @@ async def compare(args: argparse.Namespace, gateways: dict[str, Gateway], key: s
                 run.errors += part.errors
                 run.seconds += part.seconds
     for phase in loads:
+        for who in BUILDS:
+            pooled.cpu[phase, who] += cpu[phase, who]
         a, b = (cpu[phase, who] / max(1, served[phase, who]) for who in BUILDS)
-        pooled.cpu[phase, "A"] += cpu[phase, "A"]
-        pooled.cpu[phase, "B"] += cpu[phase, "B"]
         if a > 0:
             pooled.pair_ratios[phase].append(b / a)
 
