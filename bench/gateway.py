@@ -59,6 +59,7 @@ from bench.harness import (
     count_usage_rows,
     cpu_seconds,
     fresh_database,
+    interpreter,
     make_tenant_key,
     print_table,
     report_if_exited,
@@ -417,6 +418,7 @@ def main() -> None:
     pinning = (f"gateway on CPUs {gateway_cpus}; load, upstreams, Redis and PostgreSQL ({len(moved)} processes) "
                f"on {load_cpus}" if gateway_cpus else "unpinned")
     print(f"{args.workers} gateway worker(s), {pinning}, {args.seconds:g} s phases")
+    print(f"Python: {interpreter()}")
     print_table(rows)
 
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import sys
 import tempfile
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Iterator
@@ -42,6 +43,7 @@ from bench.harness import (
     UPSTREAMS,
     Gateway,
     fresh_database,
+    interpreter,
     make_tenant_key,
     print_table,
     report_if_exited,
@@ -197,6 +199,8 @@ def main() -> None:
     a = " from ".join(str(x) for x in (args.baseline or "this tree", args.baseline_venv) if x)
     print(f"A: {a}, B: this tree; {args.rounds} rounds of {args.slice:g} s slices through {args.pairs} pair(s) "
           f"of gateway processes, gateways on CPUs {gateway_cpus}")
+    a_python = args.baseline_venv / "bin" / "python" if args.baseline_venv else sys.executable
+    print(f"A's Python: {interpreter(a_python)}\nB's Python: {interpreter()}")
     print_table(rows, ["measurement", "added p50 / p90 / p99 (ms)", "served/s (direct)", "CPU per request (ms)",
                        "errors"])
     print("\n".join(notes))

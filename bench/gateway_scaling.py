@@ -37,6 +37,7 @@ from bench.harness import (
     REDIS_URL,
     count_usage_rows,
     fresh_database,
+    interpreter,
     make_tenant_key,
     postgres_cpu_seconds,
     print_table,
@@ -196,6 +197,7 @@ def main() -> None:
         rows_in_db = asyncio.run(count_usage_rows(db_url))
     print(f"gateway workers on CPUs 0..N-1; {args.loaders} load generators and {args.upstreams} upstreams on "
           f"{rest_list}; {args.seconds:g} s runs; credit {'off' if args.no_credit else 'on'}")
+    print(f"Python: {interpreter()}")
     print_table(
         rows,
         ["run", "conns", "req/s", "req/s per worker", "efficiency", "gateway CPU ms/req", "Redis CPU per req",

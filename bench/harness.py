@@ -282,6 +282,32 @@ def make_tenant_key(gateway_url: str) -> str:
         return str(created["key"])
 
 
+# Run in the interpreter described (it may be another virtual environment's): its version and path,
+# which of the configure flags that make CPython faster it was built with, and whether the
+# interpreter is in a shared libpython (position-independent code, calls between its own functions
+# through the PLT) or in the executable.
+_DESCRIBE = """
+import os, sys, sysconfig
+flags = [f for f in ("--enable-optimizations", "--with-lto") if f in (sysconfig.get_config_var("CONFIG_ARGS") or "")]
+with open("/proc/self/maps") as maps:
+    shared = any("libpython" in line for line in maps)
+print(f"{sys.implementation.name} {sys.version.split()[0]} at {os.path.realpath(sys.executable)}; configure flags: "
+      f"{', '.join(flags) or 'neither --enable-optimizations nor --with-lto'}; interpreter in "
+      f"{'a shared libpython' if shared else 'the executable'}")
+"""
+
+
+def interpreter(python: Path | str = sys.executable) -> str:
+    """One line on the Python a gateway runs on, for a benchmark's header: the same code costs
+    about a tenth less CPU per request on one build of CPython 3.11 than on another
+    (docs/deployment.md), so a reading means little without it."""
+    try:
+        done = subprocess.run([str(python), "-c", _DESCRIBE], capture_output=True, text=True, check=False)
+    except OSError as exc:
+        return f"{python} (not described: {exc})"
+    return done.stdout.strip() if done.returncode == 0 else f"{python} (not described: {done.stderr.strip()[-200:]})"
+
+
 def print_table(rows: list[list[str]], header: list[str] | None = None) -> None:
     header = header or ["measurement", "direct", "via gateway", "added", "target", "notes"]
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]

@@ -1,0 +1,30 @@
+"""The benchmark harness says which interpreter a reading was taken on, and ``make`` makes the venv
+from the one it is given (docs/deployment.md, "The interpreter's build")."""
+
+from __future__ import annotations
+
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+from bench.harness import ROOT, interpreter
+
+
+def test_interpreter_names_version_path_and_build() -> None:
+    line = interpreter()
+    assert line.startswith(f"cpython {platform.python_version()} at {Path(sys.executable).resolve()}")
+    assert "configure flags: " in line
+    assert line.endswith(("interpreter in a shared libpython", "interpreter in the executable"))
+
+
+def test_interpreter_that_cannot_run_is_said_so(tmp_path: Path) -> None:
+    missing = tmp_path / "python3"
+    assert interpreter(missing) == f"{missing} (not described: [Errno 2] No such file or directory: '{missing}')"
+
+
+def test_make_builds_the_venv_from_the_python_it_is_given(tmp_path: Path) -> None:
+    venv = tmp_path / "venv"
+    plan = subprocess.run(["make", "-n", "install", "PYTHON=/opt/py/bin/python3", f"VENV={venv}"], cwd=ROOT,
+                          capture_output=True, text=True, check=True).stdout
+    assert f"/opt/py/bin/python3 -m venv {venv}" in plan.splitlines()
