@@ -1,5 +1,5 @@
 """The benchmark harness says which interpreter a reading was taken on, and ``make`` makes the venv
-from the one it is given (docs/deployment.md, "The interpreter's build")."""
+from the one it is given (docs/deployment.md); ``bench.stream_cost`` fits a line."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from bench.harness import ROOT, interpreter
+from bench.stream_cost import fit
 
 
 def test_interpreter_names_version_path_and_build() -> None:
@@ -28,3 +29,9 @@ def test_make_builds_the_venv_from_the_python_it_is_given(tmp_path: Path) -> Non
     plan = subprocess.run(["make", "-n", "install", "PYTHON=/opt/py/bin/python3", f"VENV={venv}"], cwd=ROOT,
                           capture_output=True, text=True, check=True).stdout
     assert f"/opt/py/bin/python3 -m venv {venv}" in plan.splitlines()
+
+
+def test_stream_cost_fit_is_least_squares() -> None:
+    assert fit([(1, 3.0), (3, 7.0)]) == (1.0, 2.0)
+    intercept, slope = fit([(0, 1.0), (1, 2.0), (2, 2.0)])
+    assert (round(intercept, 6), round(slope, 6)) == (1.166667, 0.5)
