@@ -3,7 +3,7 @@ chunk adds, next to a non-streamed request: CPU per request through the whole pr
 ``bench.gateway`` (SQL API keys, Redis quotas, routing, PostgreSQL metering), for streams of a few
 lengths at one concurrency.
 
-    .venv/bin/python -m bench.stream_cost [--words 1,5,20] [--connections 128] [--seconds 5]
+    .venv/bin/python -m bench.stream_cost [--words 1,5,20] [--connections 256] [--seconds 5]
                                           [--chunk-delay 0.005]
 
 One ``bench.lean_upstream`` per length (a role chunk, ``--words`` content chunks, the finish and
@@ -11,9 +11,10 @@ usage chunks, ``--chunk-delay`` apart), and the gateway on its own pinned CPU wi
 upstreams, Redis and PostgreSQL on the others, as ``bench.gateway`` runs them. Each row is a closed
 loop of ``--connections`` keep-alive connections (their streams started evenly over the first
 stream's length): requests/s, the gateway's CPU per request, and the share of its core that is.
-The default keeps the core busy in every row (the share reads 90-100 %), as in (a) and in a burst;
+The default keeps the core busy in every row (the share reads 98-100 %), as in (a) and in a burst;
 a lighter load costs more per stream and per chunk, as each event then wakes the loop on its own
-(16 connections on the 2-core host: 0.54 ms + 59 us per chunk, against 0.32 ms + 26 us busy).
+(on the 2-core host, 16 connections: 0.54 ms + 59 us per chunk; 128 connections, the longest
+streams' row at 90-93 %: 0.28-0.32 ms + 26-27 us).
 The last lines fit CPU per stream = fixed + per chunk x chunks over the stream rows (least
 squares), and set the fixed part beside the non-streamed request's cost.
 
@@ -61,7 +62,7 @@ def fit(points: list[tuple[float, float]]) -> tuple[float, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--words", default="1,5,20", help="Content chunks per stream, comma-separated (two at least).")
-    parser.add_argument("--connections", type=int, default=128, help="Concurrent connections of each closed loop.")
+    parser.add_argument("--connections", type=int, default=256, help="Concurrent connections of each closed loop.")
     parser.add_argument("--seconds", type=float, default=5.0, help="Length of each timed run.")
     parser.add_argument("--chunk-delay", type=float, default=0.005, help="Seconds between a stream's chunks.")
     args = parser.parse_args()
