@@ -9,7 +9,8 @@ so a request the process died in is settled from its reservation when the segmen
 its real record replaces that one. Segments of a writer that is gone (their ``flock`` is free) are
 replayed together at start. A background task inserts the buffer in batches
 (``INSERT … ON CONFLICT (request_id) DO NOTHING``, so a retried batch never doubles a row; on
-PostgreSQL as JSON, ``pg_bulk``, in slices with the event loop free between them), moving
+PostgreSQL as JSON, ``pg_bulk``, in slices with the event loop free between them, each slice a
+transaction of its own, so that the writers of several workers do not deadlock on the rollups), moving
 to a new segment each time (the requests still in flight move along). If the database fails, the
 batch goes to the local journal and the writer keeps going: memory stays bounded (a full buffer
 spills to the journal too) and the journal is replayed once inserts work again. Each insert also
@@ -268,8 +269,14 @@ class UsageWriter:
         return True
 
     async def _insert(self, records: list[UsageRecord]) -> None:
-        """One transaction; on PostgreSQL in slices of ``rollup.SLICE_ROWS`` rows, the event loop
-        serving requests between them."""
+        """On SQLite one transaction. On PostgreSQL slices of ``rollup.SLICE_ROWS`` rows, the event
+        loop serving requests between them, each slice a transaction of its own: its one statement
+        locks the rollup rows it adds to in one order (table by table, key by key), so the writers
+        of other workers and replicas adding to the same rows wait for each other. In one
+        transaction, a later slice could need rows another writer held while that writer waited
+        for rows an earlier slice held: a deadlock (four writers, 500-record batches: 11 in 10
+        rounds). A batch that fails after some of its slices is journaled whole; its replay skips
+        the rows already in (by request id), whose rollups went in with them."""
         rows: list[dict[str, Any]] = []
         for i in range(0, len(records), rollup.SLICE_ROWS):
             if i:
@@ -278,11 +285,12 @@ class UsageWriter:
                 rows += [to_row(r) for r in records[i : i + rollup.SLICE_ROWS]]
             except Exception as exc:
                 raise _BadRecord(f"{type(exc).__name__}: {exc}") from None
-        async with self.db.engine.begin() as conn:
-            if self.db.dialect == "postgresql":  # the rollups in the same statements, by PostgreSQL
-                for i in range(0, len(rows), rollup.SLICE_ROWS):
+        if self.db.dialect == "postgresql":  # the rollups in the same statement, by PostgreSQL
+            for i in range(0, len(rows), rollup.SLICE_ROWS):
+                async with self.db.engine.begin() as conn:
                     await pg_bulk.insert_usage_and_rollups(conn, rows[i : i + rollup.SLICE_ROWS])
-                return
+            return
+        async with self.db.engine.begin() as conn:
             created = set((await conn.execute(self._statement, rows)).scalars())  # not those already there
             await rollup.apply(conn, [r for r in rows if r["request_id"] in created])
 
