@@ -1,7 +1,7 @@
 # Switchyard: `make run` serves the embedded default; `make test` runs the whole suite.
 VENV    ?= .venv
 # The interpreter the venv is made from: its build changes the gateway's CPU per request by about
-# a tenth (docs/deployment.md, "The Python interpreter").
+# a tenth (docs/deployment.md, "How many gateway replicas").
 PYTHON  ?= python3
 PY      := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
