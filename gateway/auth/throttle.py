@@ -34,6 +34,10 @@ class Throttled(Exception):
 
 
 class FailureCounts(Protocol):
+    def blocks_nobody(self) -> bool:
+        """True when ``blocked`` would return 0 whatever it is asked, known without a round trip."""
+        ...
+
     async def blocked(self, counters: dict[str, int]) -> float:
         """Seconds until every counter at its limit (name -> limit) has reset; 0 if none is."""
         ...
@@ -48,6 +52,9 @@ class MemoryFailures:
 
     def __init__(self) -> None:
         self._counts: dict[str, tuple[int, float]] = {}  # name -> (count, window end)
+
+    def blocks_nobody(self) -> bool:
+        return not self._counts  # no failure yet (kept until pruned: then each check looks them up)
 
     async def blocked(self, counters: dict[str, int]) -> float:
         now, wait = time.monotonic(), 0.0
@@ -84,6 +91,11 @@ class AuthThrottle:
         if (prefix := key_prefix(token)) is not None:
             counters[f"prefix:{prefix}"] = self.per_prefix
         return {name: limit for name, limit in counters.items() if limit > 0}
+
+    def blocks_nobody(self) -> bool:
+        """True when ``check`` would pass anyone: nothing is blocked (the usual case), and the
+        caller may skip it (its counters and lookups cost a few µs a request)."""
+        return self.counts.blocks_nobody()
 
     async def check(self, address: str, token: str | None) -> None:
         """Raise ``Throttled`` while the address (or the token's prefix) is over its limit."""

@@ -85,6 +85,7 @@ class RedisFailures:
         self._fail = redis.register_script(_FAIL)
         self._load = redis.register_script(_LOAD)
         self._blocks: dict[str, float] = {}  # name -> time.monotonic() when its block ends
+        self._last_end = 0.0  # when the last of those blocks ends
         self._following = False  # subscribed and loaded: the blocks in memory are complete
         self._task: asyncio.Task[None] | None = None
         self._warned = float("-inf")  # when the outage was last logged (once a minute, not per request)
@@ -103,6 +104,13 @@ class RedisFailures:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
+
+    def blocks_nobody(self) -> bool:
+        if not self._following:
+            return False
+        if self._blocks and time.monotonic() >= self._last_end:  # every block has ended
+            self._blocks.clear()
+        return not self._blocks
 
     async def blocked(self, counters: dict[str, int]) -> float:
         if self._following:
@@ -172,6 +180,7 @@ class RedisFailures:
         ends = now + left_ms / 1000
         if ends > self._blocks.get(name, 0.0):
             self._blocks[name] = ends
+            self._last_end = max(self._last_end, ends)
 
     def _warn(self, exc: Exception, meanwhile: str = "failed attempts are not counted meanwhile") -> None:
         if (now := time.monotonic()) - self._warned >= 60:

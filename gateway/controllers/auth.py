@@ -32,7 +32,8 @@ async def authenticate_request(request: Request[Any, Any, Any]) -> None:
         principal = await pipeline.authenticate(headers)
     else:
         client, token = client_address(request), bearer_token(headers)
-        await guard.check(client, token)
+        if not guard.throttle.blocks_nobody():
+            await guard.check(client, token)
         try:
             principal = await pipeline.authenticate(headers)
         except ApiError as exc:

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 
 import pytest
 
-from gateway.auth.throttle import AuthThrottle, Throttled
+from gateway.auth.throttle import AuthThrottle, FailureCounts, MemoryFailures, Throttled
 from gateway.auth.throttle_redis import RedisFailures
 from gateway.quotas.redis_client import RespClient
 from tests.support.redis_server import RedisProcess
@@ -54,7 +54,7 @@ def no_round_trips(counts: RedisFailures) -> None:
     counts._blocked = refuse  # type: ignore[assignment,method-assign]
 
 
-def throttle(counts: RedisFailures, window: float = 60) -> AuthThrottle:
+def throttle(counts: FailureCounts, window: float = 60) -> AuthThrottle:
     return AuthThrottle(counts, per_address=3, per_prefix=0, window=window)
 
 
@@ -74,6 +74,39 @@ async def test_a_block_reaches_every_replica_and_is_checked_in_memory(
     with pytest.raises(Throttled):
         await throttle(a).check("10.1.0.1", None)
     await throttle(a).check("10.1.0.2", None)  # other addresses are not
+
+
+async def test_nobody_blocked_is_known_in_memory_and_ends_with_the_last_block(
+    server: RedisProcess, replicas: Callable[[], Awaitable[RedisFailures]],
+) -> None:
+    """``blocks_nobody`` lets the request path skip the check: true only while the replica follows
+    the blocks and none is running (an ended one is forgotten), never while it asks Redis."""
+    a, b = await replicas(), await replicas()
+    assert throttle(a).blocks_nobody() and throttle(b).blocks_nobody()
+    for _ in range(3):
+        await throttle(a, window=0.5).failed("10.5.0.1", None)
+    assert not throttle(a).blocks_nobody()
+    await until(lambda: not throttle(b).blocks_nobody())  # by the channel
+    with pytest.raises(Throttled):
+        await throttle(b).check("10.5.0.1", None)
+    await until(lambda: throttle(a).blocks_nobody() and throttle(b).blocks_nobody())  # the window ended
+    assert not a._blocks and not b._blocks
+    await throttle(b).check("10.5.0.1", None)
+    admin = RespClient.from_url(server.url)
+    try:
+        await admin.execute("CLIENT", "KILL", "TYPE", "pubsub")
+        await until(lambda: not b.following)
+        assert not throttle(b).blocks_nobody()  # it may have missed a block: checks go to Redis
+    finally:
+        await admin.aclose()
+
+
+async def test_in_process_counts_block_nobody_until_a_failure() -> None:
+    counts = MemoryFailures()
+    assert throttle(counts).blocks_nobody()
+    await throttle(counts).failed("10.6.0.1", None)
+    assert not throttle(counts).blocks_nobody()
+    await throttle(counts).check("10.6.0.1", None)  # one failure of three: not blocked
 
 
 async def test_a_replica_that_starts_later_loads_the_blocks_running(
