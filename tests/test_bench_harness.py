@@ -1,14 +1,17 @@
 """The benchmark harness says which interpreter a reading was taken on, and ``make`` makes the venv
-from the one it is given (docs/deployment.md); ``bench.stream_cost`` fits a line."""
+from the one it is given (docs/deployment.md); ``bench.stream_cost`` fits a line; ``bench.rss_rounds``
+reads a process's resident memory by kind."""
 
 from __future__ import annotations
 
+import os
 import platform
 import subprocess
 import sys
 from pathlib import Path
 
 from bench.harness import ROOT, interpreter
+from bench.rss_rounds import resident_mib
 from bench.stream_cost import fit
 
 
@@ -35,3 +38,11 @@ def test_stream_cost_fit_is_least_squares() -> None:
     assert fit([(1, 3.0), (3, 7.0)]) == (1.0, 2.0)
     intercept, slope = fit([(0, 1.0), (1, 2.0), (2, 2.0)])
     assert (round(intercept, 6), round(slope, 6)) == (1.166667, 0.5)
+
+
+def test_resident_memory_is_read_by_kind() -> None:
+    anon, mapped = resident_mib(os.getpid())
+    held = bytearray(64 << 20)  # touched: 64 MiB more anonymous memory
+    assert 0 < anon and 0 < mapped
+    assert resident_mib(os.getpid())[0] - anon > 60
+    del held
