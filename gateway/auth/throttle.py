@@ -52,9 +52,13 @@ class MemoryFailures:
 
     def __init__(self) -> None:
         self._counts: dict[str, tuple[int, float]] = {}  # name -> (count, window end)
+        self._last_end = 0.0  # when the last of those windows ends
 
     def blocks_nobody(self) -> bool:
-        return not self._counts  # no failure yet (kept until pruned: then each check looks them up)
+        """True while no failure is counted (every window ended: the counts are dropped)."""
+        if self._counts and time.monotonic() >= self._last_end:
+            self._counts.clear()
+        return not self._counts
 
     async def blocked(self, counters: dict[str, int]) -> float:
         now, wait = time.monotonic(), 0.0
@@ -71,6 +75,7 @@ class MemoryFailures:
         for name in counters:
             count, end = self._counts.get(name, (0, 0.0))
             self._counts[name] = (count + 1, end) if end > now else (1, now + window)
+        self._last_end = max(self._last_end, now + window)
 
 
 def key_prefix(token: str | None) -> str | None:

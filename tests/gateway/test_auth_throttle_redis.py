@@ -101,12 +101,17 @@ async def test_nobody_blocked_is_known_in_memory_and_ends_with_the_last_block(
         await admin.aclose()
 
 
-async def test_in_process_counts_block_nobody_until_a_failure() -> None:
+async def test_in_process_counts_block_nobody_while_no_failure_is_counted() -> None:
     counts = MemoryFailures()
     assert throttle(counts).blocks_nobody()
-    await throttle(counts).failed("10.6.0.1", None)
+    for _ in range(3):
+        await throttle(counts, window=0.3).failed("10.6.0.1", None)
     assert not throttle(counts).blocks_nobody()
-    await throttle(counts).check("10.6.0.1", None)  # one failure of three: not blocked
+    with pytest.raises(Throttled):
+        await throttle(counts).check("10.6.0.1", None)
+    await asyncio.sleep(0.35)  # the window ended: its counts go
+    assert throttle(counts).blocks_nobody()
+    await throttle(counts).check("10.6.0.1", None)
 
 
 async def test_a_replica_that_starts_later_loads_the_blocks_running(
