@@ -345,6 +345,16 @@ def cpu_plan(workers: int, pin: bool) -> tuple[str | None, str | None]:
     return ",".join(map(str, cpus[:workers])), ",".join(map(str, cpus[workers:]))
 
 
+def pin_load(workers: int, pin: bool = True) -> tuple[str | None, str | None, set[int] | None]:
+    """``cpu_plan``, with this process (the load generator) moved onto the load CPUs: (the
+    gateway's CPUs, the load's, the load's as a set for ``services_on``), all None unpinned."""
+    gateway_cpus, load_cpus = cpu_plan(workers, pin)
+    load_set = {int(c) for c in load_cpus.split(",")} if load_cpus else None
+    if load_set:
+        os.sched_setaffinity(0, load_set)
+    return gateway_cpus, load_cpus, load_set
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=float, default=8.0, help="Length of each timed phase.")
@@ -362,16 +372,13 @@ def main() -> None:
                         help="The upstreams: lean (bench.lean_upstream) or echo (backends.dev.echo_server).")
     args = parser.parse_args()
     args.rates = [float(r) for r in args.rates.split(",") if r]
-    gateway_cpus, load_cpus = cpu_plan(args.workers, args.pin)
-    if load_cpus is not None:
-        os.sched_setaffinity(0, {int(c) for c in load_cpus.split(",")})
+    gateway_cpus, load_cpus, load_set = pin_load(args.workers, args.pin)
     try:
         import uvloop
 
         uvloop.install()
     except ImportError:
         pass
-    load_set = {int(c) for c in load_cpus.split(",")} if load_cpus else None
     with tempfile.TemporaryDirectory() as tmp, fresh_database() as db_url, services_on(load_set) as moved:
         work = Path(tmp)
         procs = {}

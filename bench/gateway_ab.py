@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
-from bench.gateway import CHAT, STREAM_SECONDS, cpu_plan, errors_of, gateway_config, gateway_cpu
+from bench.gateway import CHAT, STREAM_SECONDS, errors_of, gateway_config, gateway_cpu, pin_load
 from bench.harness import (
     UPSTREAMS,
     Gateway,
@@ -159,10 +159,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.baseline is None and args.baseline_venv is None:
         parser.error("nothing to compare: give --baseline, --baseline-venv or both")
-    gateway_cpus, load_cpus = cpu_plan(1, True)
-    if load_cpus is not None:
-        os.sched_setaffinity(0, {int(c) for c in load_cpus.split(",")})
-    load_set = {int(c) for c in load_cpus.split(",")} if load_cpus else None
+    gateway_cpus, load_cpus, load_set = pin_load(1)
     import uvloop
 
     uvloop.install()

@@ -15,11 +15,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import tempfile
 from pathlib import Path
 
-from bench.gateway import CHAT, cpu_plan, gateway_config
+from bench.gateway import CHAT, gateway_config, pin_load
 from bench.harness import (
     UPSTREAMS,
     fresh_database,
@@ -48,10 +47,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=8, help="Rounds of load.")
     parser.add_argument("--seconds", type=float, default=10.0, help="Length of each round.")
     args = parser.parse_args()
-    gateway_cpus, load_cpus = cpu_plan(1, True)
-    load_set = {int(c) for c in load_cpus.split(",")} if load_cpus else None
-    if load_set:
-        os.sched_setaffinity(0, load_set)
+    gateway_cpus, load_cpus, load_set = pin_load(1)
     rows: list[list[str]] = []
     with tempfile.TemporaryDirectory() as tmp, fresh_database() as db_url, services_on(load_set):
         proc, fast = start_upstream(cpus=load_cpus, module=UPSTREAMS["lean"])

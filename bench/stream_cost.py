@@ -27,11 +27,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import tempfile
 from pathlib import Path
 
-from bench.gateway import CHAT, cpu_plan, gateway_config, gateway_cpu
+from bench.gateway import CHAT, gateway_config, gateway_cpu, pin_load
 from bench.harness import (
     fresh_database,
     interpreter,
@@ -69,10 +68,7 @@ def main() -> None:
     lengths = sorted({int(w) for w in args.words.split(",") if w})
     if len(lengths) < 2:
         parser.error("--words needs two lengths at least, to split a stream's cost")
-    gateway_cpus, load_cpus = cpu_plan(1, True)
-    load_set = {int(c) for c in load_cpus.split(",")} if load_cpus else None
-    if load_set:
-        os.sched_setaffinity(0, load_set)
+    gateway_cpus, load_cpus, load_set = pin_load(1)
     rows: list[list[str]] = []
     streams: list[tuple[float, float]] = []  # (chunks, CPU ms per stream)
     unary = 0.0

@@ -23,7 +23,7 @@ import tempfile
 from functools import partial
 from pathlib import Path
 
-from bench.gateway import CHAT, STREAM_SECONDS, cpu_plan, gateway_config, gateway_cpu
+from bench.gateway import CHAT, STREAM_SECONDS, gateway_config, gateway_cpu, pin_load
 from bench.harness import (
     UPSTREAMS,
     fresh_database,
@@ -68,10 +68,7 @@ def main() -> None:
     parser.add_argument("--shapes", default="kept-up,bursts", help="Load shapes, comma-separated: kept-up, bursts.")
     args = parser.parse_args()
     shapes = [s for s in args.shapes.split(",") if s]
-    gateway_cpus, load_cpus = cpu_plan(1, True)
-    load_set = {int(c) for c in load_cpus.split(",")} if load_cpus else None
-    if load_set:
-        os.sched_setaffinity(0, load_set)
+    gateway_cpus, load_cpus, load_set = pin_load(1)
     loads = {
         "kept-up": partial(closed_loop, connections=64, seconds=args.seconds, stagger=STREAM_SECONDS),
         "bursts": partial(bursts, concurrency=64, rounds=args.rounds),
