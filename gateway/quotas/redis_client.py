@@ -88,6 +88,7 @@ class _Protocol(asyncio.Protocol):
         self.waiting: deque[asyncio.Future[object]] = deque()
         self.sent_at: deque[float] = deque()  # the loop time each waiting command was sent
         self.outgoing: list[bytes] = []  # commands nobody waits on: written together when the turn ends
+        self.scripts: set[str] = set()  # SHA-1s of the scripts sent SCRIPT LOAD on this connection
         self.lost = False
         self._watch: asyncio.TimerHandle | None = None
 
@@ -205,7 +206,12 @@ class Subscription:
 
 
 class Script:
-    """A Lua script run by its SHA-1 (EVALSHA), sent whole once when the server lacks it."""
+    """A Lua script run by its SHA-1 (EVALSHA). Each connection is sent ``SCRIPT LOAD`` ahead of
+    the script's first EVALSHA on it: Redis runs a connection's commands in order, so the script is
+    known when its EVALSHA arrives, on a new server or one restarted (an empty script cache). Were
+    the EVALSHA answered NOSCRIPT instead, the script would go again whole (EVAL) behind the commands
+    sent in the meantime: a settlement sent without waiting would run after the next admission.
+    That fallback stays for a cache flushed while the connection is open (``SCRIPT FLUSH``)."""
 
     def __init__(self, client: RespClient, source: str) -> None:
         self.client = client
@@ -213,8 +219,10 @@ class Script:
         self.sha = hashlib.sha1(source.encode()).hexdigest()
 
     async def __call__(self, keys: list[str], args: list[Arg]) -> object:
+        protocol = self.client.open_connection() or await self.client.connect()
+        self._load_on(protocol)
         try:
-            return await self.client.execute("EVALSHA", self.sha, len(keys), *keys, *args)
+            return await protocol.send(encode_command(("EVALSHA", self.sha, len(keys), *keys, *args)))
         except RedisError as exc:
             if not _unknown_script(exc):
                 raise
@@ -222,8 +230,13 @@ class Script:
 
     def submit(self, keys: list[str], args: list[Arg]) -> asyncio.Future[object]:
         """Run the script without waiting: sent with this turn's other commands, its reply in the
-        future returned (within the client's timeout, as every command is)."""
-        sent = self.client.submit("EVALSHA", self.sha, len(keys), *keys, *args)
+        future returned (within the client's timeout, as every command is). With no connection
+        open it is sent once one is, as ``__call__`` sends it."""
+        protocol = self.client.open_connection()
+        if protocol is None:
+            return asyncio.ensure_future(self(keys, args))
+        self._load_on(protocol)
+        sent = protocol.send(encode_command(("EVALSHA", self.sha, len(keys), *keys, *args)), at_once=False)
         result: asyncio.Future[object] = sent.get_loop().create_future()
 
         def on_reply(reply: asyncio.Future[object]) -> None:
@@ -236,9 +249,21 @@ class Script:
         sent.add_done_callback(on_reply)
         return result
 
+    def _load_on(self, protocol: _Protocol) -> None:
+        """Queue ``SCRIPT LOAD`` on ``protocol`` unless it had it. Its reply is not needed: a script
+        Redis refuses to load is answered NOSCRIPT, and its EVAL then raises Redis's reason."""
+        if self.sha not in protocol.scripts:
+            protocol.scripts.add(self.sha)
+            protocol.send(encode_command(("SCRIPT", "LOAD", self.source)), at_once=False).add_done_callback(_ignore)
+
 
 def _unknown_script(exc: BaseException | None) -> bool:
     return isinstance(exc, RedisError) and str(exc).startswith("NOSCRIPT")
+
+
+def _ignore(reply: asyncio.Future[object]) -> None:
+    if not reply.cancelled():
+        reply.exception()  # retrieved, so that asyncio does not log it as never retrieved
 
 
 def _copy_outcome(result: asyncio.Future[object], reply: asyncio.Future[object]) -> None:
@@ -301,19 +326,22 @@ class RespClient:
         return subscription
 
     async def execute(self, *args: Arg) -> object:
-        protocol = self._protocol
-        if protocol is None or protocol.lost:
-            protocol = await self._connect()
+        protocol = self.open_connection() or await self.connect()
         return await protocol.send(encode_command(args))
 
     def submit(self, *args: Arg) -> asyncio.Future[object]:
         """Send a command without waiting for its reply: on the open connection it leaves when this
         turn of the loop ends, with the turn's other such commands, in order; with none open it is
         sent once one is (``execute``). A command that is waited for (``execute``) leaves at once."""
-        protocol = self._protocol
-        if protocol is None or protocol.lost:
+        protocol = self.open_connection()
+        if protocol is None:
             return asyncio.ensure_future(self.execute(*args))
         return protocol.send(encode_command(args), at_once=False)
+
+    def open_connection(self) -> _Protocol | None:
+        """The connection, unless there is none or it is lost."""
+        protocol = self._protocol
+        return None if protocol is None or protocol.lost else protocol
 
     async def ping(self) -> bool:
         return await self.execute("PING") in (b"PONG", "PONG")
@@ -323,7 +351,8 @@ class RespClient:
         if protocol is not None and protocol.transport is not None:
             protocol.transport.close()
 
-    async def _connect(self) -> _Protocol:
+    async def connect(self) -> _Protocol:
+        """A new connection (unless another caller just opened one)."""
         if self._connecting is None:
             self._connecting = asyncio.Lock()
         async with self._connecting:

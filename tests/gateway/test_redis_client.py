@@ -85,6 +85,28 @@ async def test_submitted_commands_go_out_in_order_without_waiting(server: RedisP
         await client.aclose()
 
 
+async def test_a_script_sent_without_waiting_runs_before_later_commands_on_a_new_server(
+        server: RedisProcess) -> None:
+    """A server that never saw the script (new, or restarted: its script cache is empty) still runs
+    it before the commands sent after it: a settlement is counted before the next admission."""
+    client = RespClient.from_url(server.url)
+    try:
+        await client.execute("SCRIPT", "FLUSH")
+        await client.aclose()  # a new connection, as after a restart
+        script = client.register_script("return redis.call('INCRBY', KEYS[1], ARGV[1])")
+        await client.execute("SET", "n", 0)
+        settled = script.submit(keys=["n"], args=[5])  # not awaited
+        assert await client.execute("GET", "n") == b"5"
+        assert await settled == 5
+        assert await client.execute("SCRIPT", "EXISTS", script.sha) == [1]
+        broken = client.register_script("return (")  # a script Redis cannot load: its own error
+        with pytest.raises(RedisError, match="(?i)compil|syntax|error"):
+            await broken.submit(keys=[], args=[])
+        assert await client.execute("GET", "n") == b"5"  # still in step
+    finally:
+        await client.aclose()
+
+
 async def test_a_command_waited_for_leaves_at_once_one_not_waited_for_when_the_turn_ends(
         server: RedisProcess) -> None:
     """An admission does not wait for the loop's turn to end before Redis has it; a settlement
