@@ -174,7 +174,8 @@ class GatewayProcess:
 
         env = {k: v for k, v in os.environ.items() if not k.startswith("SWITCHYARD")}
         env |= {"SWITCHYARD_CONFIG": str(self.config_path), "SWITCHYARD__USAGE__JOURNAL_DIR": str(self.journal_dir)}
-        cmd = [sys.executable, "-m", "uvicorn", "--factory", "gateway.app:create_app_from_env",
+        cmd = [sys.executable, "-m", "tests.support.stack_dump",  # uvicorn, able to show its stacks (stop)
+               "uvicorn", "--factory", "gateway.app:create_app_from_env",
                "--host", "127.0.0.1", "--port", str(self.port), "--log-level", "warning"]  # fmt: skip
         log = self.log_path.open("wb")
         self.proc = subprocess.Popen(cmd, env=env, cwd=repo_root(), stdout=log, stderr=subprocess.STDOUT)
@@ -192,9 +193,12 @@ class GatewayProcess:
         raise RuntimeError("gateway did not start in time")
 
     def stop(self) -> int | None:
-        """SIGTERM and wait (the usage buffer is flushed on the way out); returns the exit code."""
+        """SIGTERM and wait (the usage buffer is flushed on the way out); returns the exit code. A
+        gateway still running 30 s later is made to dump its tasks' and threads' stacks, and the
+        error raised shows them with the end of its log."""
         import signal
         import subprocess
+        import time
 
         if self.proc is None or self.proc.poll() is not None:
             return None if self.proc is None else self.proc.returncode
@@ -202,5 +206,14 @@ class GatewayProcess:
         try:
             return self.proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
-            self.proc.kill()
-            return self.proc.wait()
+            self.proc.send_signal(signal.SIGUSR2)  # every asyncio task's stack (tests.support.stack_dump)
+            time.sleep(1)
+            self.proc.send_signal(signal.SIGABRT)  # every thread's (faulthandler), and the end
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+            lines = [line for line in self.log_path.read_text().splitlines() if "switchyard.access" not in line]
+            raise AssertionError("the gateway did not exit within 30 s of SIGTERM; its log, less the access lines:\n"
+                                 + "\n".join(lines)[-20000:]) from None
