@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import logging
+import time
 
 import pytest
 
+from gateway import caching
 from gateway.caching import RefreshingCache
 
 
@@ -80,3 +83,38 @@ async def test_bounded() -> None:
     for i in range(5):
         await cache.get(i, Loader())
     assert len(cache._entries) == 3
+
+
+async def test_while_loads_fail_only_the_first_request_waits_and_retries_are_spaced(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A database slow to refuse costs one request its wait, not every request: until a load
+    succeeds, the entry answers at once and a background load retries now and then."""
+    monkeypatch.setattr(caching, "RETRY_SECONDS", 0.3)
+    cache: RefreshingCache[str, int] = RefreshingCache(0.3, stale_grace=10.0, name="keys")
+    load = Loader()
+    assert await cache.get("k", load) == 1
+    load.fail, load.delay = True, 0.5  # a database that takes its time to refuse
+    await asyncio.sleep(0.31)
+    with caplog.at_level(logging.INFO, "switchyard.cache"):
+        t0 = time.monotonic()
+        assert await cache.get("k", load) == 1  # this one waits for the failing load
+        assert time.monotonic() - t0 >= 0.5
+        t0 = time.monotonic()
+        assert [await cache.get("k", load) for _ in range(50)] == [1] * 50
+        assert time.monotonic() - t0 < 0.25  # the others answer at once, with no load of their own
+        assert load.calls == 2
+        await asyncio.sleep(0.3)
+        assert await cache.get("k", load) == 1  # a retry starts, behind the answer
+        await asyncio.sleep(0.6)
+        assert load.calls == 3  # ... and fails
+        load.fail, load.delay = False, 0.05
+        assert await cache.get("k", load) == 1 and load.calls == 3  # too soon for the next retry
+        await asyncio.sleep(0.3)
+        assert await cache.get("k", load) == 1  # the next retry, which works
+        await asyncio.sleep(0.1)
+        assert await cache.get("k", load) == 4  # fresh again
+    messages = [r.getMessage() for r in caplog.records]
+    assert len(messages) == 2, messages
+    assert messages[0].startswith("keys: loads failing (ConnectionError: database down)")
+    assert messages[1] == "keys: loads work again"

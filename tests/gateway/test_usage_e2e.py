@@ -1,10 +1,12 @@
 """Metering through a PostgreSQL outage: a gateway process under load while its database goes away
-(connections terminated, database renamed so reconnects fail) and comes back. Every request ends
-up as exactly one usage row: none lost, none doubled; SIGTERM flushes what is still buffered."""
+(connections terminated, database renamed so reconnects fail; or silent, behind a black hole)
+and comes back. Every request ends up as exactly one usage row: none lost, none doubled; SIGTERM
+flushes what is still buffered."""
 
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -19,8 +21,9 @@ from sqlalchemy.engine import make_url
 from gateway.db import Database, migrate
 from gateway.db.models import UsageRow
 from tests.conftest import ADMIN_KEY
-from tests.gateway.tenancy_fixtures import GatewayProcess, pg_admin, pg_url  # noqa: F401
+from tests.gateway.tenancy_fixtures import PG_HOST, PG_PORT, GatewayProcess, pg_admin, pg_url  # noqa: F401
 from tests.support.fake_upstream import FakeUpstream
+from tests.support.tcp_gate import TcpGate
 
 CHAT = [{"role": "user", "content": "count me exactly once"}]
 
@@ -104,3 +107,55 @@ async def test_postgres_outage_during_load_loses_and_doubles_nothing(
         stored = (await s.scalars(select(UsageRow.request_id).where(UsageRow.tenant_id == tid))).all()
     assert len(stored) == len(set(stored)) == len(request_ids)
     assert set(stored) == set(request_ids)
+
+
+async def test_a_database_that_stops_answering_holds_up_one_request_not_every_one(
+    pg_url: str, database: Database, fake_upstream_server: FakeUpstream, tmp_path: Path
+) -> None:
+    """The database goes silent (connections dropped, new ones never answered: a connect waits
+    for its 5 s timeout). The first request to find its key's cache entry expired waits for that;
+    the ones after it are answered from the entries at once while loads retry behind them. When
+    the database answers again every request is in it, once."""
+    gate = TcpGate(PG_HOST, PG_PORT)
+    via_gate = make_url(pg_url).set(host="127.0.0.1", port=await gate.start())
+    config: dict[str, Any] = {
+        "auth": {"admin_key": ADMIN_KEY, "key_cache_seconds": 1},
+        "database": {"url": via_gate.render_as_string(hide_password=False)},
+        "models": [{"name": "echo", "deployments": [
+            {"provider": "openai", "model": "upstream-echo", "api_base": fake_upstream_server.url, "api_key": "k"}]}],
+    }  # fmt: skip
+    gw = await asyncio.to_thread(GatewayProcess(config, tmp_path).start)  # the gate runs on this loop
+    try:
+        async with httpx.AsyncClient(base_url=gw.url, headers={"authorization": f"Bearer {ADMIN_KEY}"}) as admin:
+            tid = (await admin.post("/admin/v1/tenants", json={"name": f"s-{uuid.uuid4().hex[:6]}"})).json()["id"]
+            key = (await admin.post("/admin/v1/keys", json={"tenant_id": tid})).json()["key"]
+        client = openai.AsyncOpenAI(base_url=gw.url + "/v1", api_key=key, max_retries=0, timeout=60)
+        request_ids: list[str] = []
+
+        async def timed_request() -> float:
+            t0 = time.monotonic()
+            raw = await client.chat.completions.with_raw_response.create(model="echo", messages=CHAT)  # type: ignore[arg-type]
+            request_ids.append(raw.headers["x-request-id"])
+            return time.monotonic() - t0
+
+        for _ in range(10):
+            await timed_request()
+        gate.black_hole()
+        await asyncio.sleep(2.2)  # the key's and its limits' entries expire (1 s and 2 s)
+        first = await timed_request()
+        after = [await timed_request() for _ in range(30)]
+        assert first >= 4.0  # it waited for a connect to time out
+        assert max(after) < 2.0, after  # the others did not wait for the database
+        gate.reopen()
+        await asyncio.sleep(1.5)  # a retry finds the database again
+        for _ in range(10):
+            await timed_request()
+        await client.close()
+    finally:
+        assert await asyncio.to_thread(gw.stop) in (0, -15)
+        await gate.aclose()
+    log = gw.log_path.read_text()
+    assert "api keys: loads failing" in log and "api keys: loads work again" in log
+    async with database.session() as s:
+        stored = (await s.scalars(select(UsageRow.request_id).where(UsageRow.tenant_id == tid))).all()
+    assert sorted(stored) == sorted(request_ids)
