@@ -10,7 +10,12 @@ without waiting for its reply (``submit``).
 Failure model: a command waits at most ``timeout`` seconds (one timer per connection, for the
 oldest command waiting: a timer per command cost about as much as the rest of the client); a timeout
 or a broken connection aborts the connection, fails every command waiting on it with
-``RedisUnavailable``, and the next command reconnects. Error replies raise ``RedisError``.
+``RedisUnavailable``, and the next command reconnects. Error replies raise ``RedisError``. From a
+timeout (a command's, or a connect's) until Redis answers a PING again (sent in the background,
+``RECOVERY_INTERVAL`` apart), every command fails at once (``RedisUnavailable``): a Redis gone silent
+costs the requests already waiting the timeout, not every request after them. A refused or lost
+connection fails fast by itself, and the next command simply reconnects (a restarted Redis is used
+again at once).
 """
 
 from __future__ import annotations
@@ -64,6 +69,8 @@ def encode_command(args: tuple[Arg, ...]) -> bytes:
     return b"".join(out)
 
 
+RECOVERY_INTERVAL = 0.5  # seconds between the PINGs that find out whether a silent Redis is back
+
 # Commands written and not yet answered beyond which a command that is waited for (an admission)
 # leaves with the loop's turn, not at once: Redis is behind, and each write is a system call and a
 # loopback packet. Measured against writing every admission at once (bench.gateway_ab, 16 rounds):
@@ -80,9 +87,10 @@ class _Protocol(asyncio.Protocol):
     connection (the replies after it could no longer be matched). Replies come in order, so one
     timer, for the oldest command waiting, watches them all."""
 
-    def __init__(self, timeout: float) -> None:
+    def __init__(self, timeout: float, on_timeout: Callable[[], None] = lambda: None) -> None:
         self.loop = asyncio.get_running_loop()  # kept: each lookup is a system call on Python 3.11
         self.timeout = timeout
+        self.on_timeout = on_timeout
         self.transport: asyncio.Transport | None = None
         self.reader = hiredis.Reader()
         self.waiting: deque[asyncio.Future[object]] = deque()
@@ -108,6 +116,8 @@ class _Protocol(asyncio.Protocol):
                 future.set_result(reply)
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self.lost:
+            return  # a timeout ended it already (then the transport closed)
         self.lost = True
         if self._watch is not None:
             self._watch.cancel()
@@ -148,6 +158,7 @@ class _Protocol(asyncio.Protocol):
         if self.loop.time() < due:
             self._watch = self.loop.call_at(due, self._check)
             return
+        self.on_timeout()
         if not (oldest := self.waiting[0]).done():
             oldest.set_exception(RedisUnavailable(f"Redis did not answer within {self.timeout} s"))
         if self.transport is not None:
@@ -219,6 +230,7 @@ class Script:
         self.sha = hashlib.sha1(source.encode()).hexdigest()
 
     async def __call__(self, keys: list[str], args: list[Arg]) -> object:
+        self.client.check_available()
         protocol = self.client.open_connection() or await self.client.connect()
         self._load_on(protocol)
         try:
@@ -233,7 +245,7 @@ class Script:
         future returned (within the client's timeout, as every command is). With no connection
         open it is sent once one is, as ``__call__`` sends it."""
         protocol = self.client.open_connection()
-        if protocol is None:
+        if protocol is None or self.client.failing:
             return asyncio.ensure_future(self(keys, args))
         self._load_on(protocol)
         sent = protocol.send(encode_command(("EVALSHA", self.sha, len(keys), *keys, *args)), at_once=False)
@@ -285,6 +297,8 @@ class RespClient:
         self.timeout = timeout
         self._protocol: _Protocol | None = None
         self._connecting: asyncio.Lock | None = None
+        self.failing = False  # a command or a connect timed out, and Redis has not answered a PING since
+        self._recovery: asyncio.Task[None] | None = None  # while failing: the PINGs that find out
 
     @classmethod
     def from_url(cls, url: str, *, timeout: float = 2.0) -> RespClient:
@@ -326,6 +340,7 @@ class RespClient:
         return subscription
 
     async def execute(self, *args: Arg) -> object:
+        self.check_available()
         protocol = self.open_connection() or await self.connect()
         return await protocol.send(encode_command(args))
 
@@ -334,9 +349,34 @@ class RespClient:
         turn of the loop ends, with the turn's other such commands, in order; with none open it is
         sent once one is (``execute``). A command that is waited for (``execute``) leaves at once."""
         protocol = self.open_connection()
-        if protocol is None:
+        if protocol is None or self.failing:
             return asyncio.ensure_future(self.execute(*args))
         return protocol.send(encode_command(args), at_once=False)
+
+    def check_available(self) -> None:
+        """Raise ``RedisUnavailable`` at once while Redis is silent (``failing``)."""
+        if self.failing:
+            raise RedisUnavailable("Redis did not answer in time; commands fail at once until it answers a PING")
+
+    def _timed_out(self) -> None:
+        if not self.failing:
+            self.failing = True
+            self._recovery = asyncio.get_running_loop().create_task(self._recover(), name="redis-recovery")
+
+    async def _recover(self) -> None:
+        """PING until Redis answers (any reply, an error included: it is there again)."""
+        while True:
+            try:
+                protocol = self.open_connection() or await self.connect()
+                await protocol.send(encode_command(("PING",)))
+            except RedisUnavailable:
+                await asyncio.sleep(RECOVERY_INTERVAL)
+                continue
+            except RedisError:
+                pass
+            self.failing = False
+            self._recovery = None
+            return
 
     def open_connection(self) -> _Protocol | None:
         """The connection, unless there is none or it is lost."""
@@ -347,6 +387,10 @@ class RespClient:
         return await self.execute("PING") in (b"PONG", "PONG")
 
     async def aclose(self) -> None:
+        if self._recovery is not None:
+            self._recovery.cancel()
+            self._recovery = None
+            self.failing = False
         protocol, self._protocol = self._protocol, None
         if protocol is not None and protocol.transport is not None:
             protocol.transport.close()
@@ -362,10 +406,12 @@ class RespClient:
             try:
                 async with asyncio.timeout(self.timeout):
                     _, protocol = await loop.create_connection(
-                        lambda: _Protocol(self.timeout), self.host, self.port,
+                        lambda: _Protocol(self.timeout, self._timed_out), self.host, self.port,
                         ssl=ssl.create_default_context() if self.tls else None)
                     await self._handshake(protocol)
             except (OSError, TimeoutError) as exc:
+                if isinstance(exc, TimeoutError):
+                    self._timed_out()
                 raise RedisUnavailable(f"cannot connect to Redis at {self.host}:{self.port} ({exc})") from None
             self._protocol = protocol
             return protocol

@@ -101,6 +101,47 @@ def test_redis_outage_fail_closed_503_fail_open_serves_and_both_recover(
         assert httpx.get(closed_gw.url + "/readyz", timeout=10).json()["dependencies"]["redis"] is True
 
 
+def test_a_silent_redis_holds_up_the_requests_that_found_it_not_every_one_after(
+    upstream: FakeUpstream, redis_server: RedisProcess, tmp_path: Path
+) -> None:
+    """Redis stops answering (paused: connections open, no replies). The request that finds out
+    waits for the 2 s timeout; the ones after it get their policy's answer at once (fail_open:
+    served; fail_closed: 503) instead of each waiting 2 s, until Redis answers again."""
+    from gateway.app import create_app
+
+    db_url = f"sqlite+aiosqlite:///{tmp_path / 'keys.db'}"
+    migrate.upgrade(db_url)
+    closed_app = create_app(_tenancy_settings(upstream.url, db_url, redis_server.url, "fail_closed", tmp_path / "j1"))
+    open_app = create_app(_tenancy_settings(upstream.url, db_url, redis_server.url, "fail_open", tmp_path / "j2"))
+    with ServerThread(closed_app) as closed_gw, ServerThread(open_app) as open_gw:
+        admin = httpx.Client(base_url=closed_gw.url, headers={"authorization": f"Bearer {ADMIN_KEY}"}, timeout=10)
+        tid = admin.post("/admin/v1/tenants", json={"name": f"s-{uuid.uuid4().hex[:6]}"}).json()["id"]
+        key = admin.post("/admin/v1/keys", json={"tenant_id": tid}).json()
+        assert admin.put(f"/admin/v1/keys/{key['id']}/limits", json={"requests_per_minute": 10_000}).status_code == 200
+        admin.close()
+        closed = openai.OpenAI(base_url=closed_gw.url + "/v1", api_key=key["key"], max_retries=0, timeout=30)
+        opened = openai.OpenAI(base_url=open_gw.url + "/v1", api_key=key["key"], max_retries=0, timeout=30)
+        time.sleep(1.1)  # past the key cache TTL, so both see the limits just set
+        assert _status(closed)[0] == 200 and _status(opened)[0] == 200
+
+        redis_server.pause()
+        try:
+            for client, expected in ((closed, 503), (opened, 200)):
+                t0 = time.monotonic()
+                assert _status(client)[0] == expected  # this one waited for Redis's timeout
+                assert time.monotonic() - t0 >= 1.5
+                t0 = time.monotonic()
+                assert [_status(client)[0] for _ in range(20)] == [expected] * 20
+                assert time.monotonic() - t0 < 10  # not 20 x 2 s
+        finally:
+            redis_server.resume()
+        deadline = time.monotonic() + 15
+        while _status(closed)[0] != 200:
+            assert time.monotonic() < deadline, "fail-closed gateway did not recover"
+            time.sleep(0.1)
+        assert _status(opened)[0] == 200
+
+
 # ---------------------------------------------------------------- upstream faults, leaks
 
 

@@ -194,6 +194,45 @@ async def test_select_and_auth_from_the_url(server: RedisProcess) -> None:
         await admin.aclose()
 
 
+async def recovered(client: RespClient) -> None:
+    """Wait for the client's background PING to find Redis answering again."""
+    deadline = time.monotonic() + 5
+    while client.failing:
+        assert time.monotonic() < deadline, "the client did not find Redis back"
+        await asyncio.sleep(0.02)
+
+
+async def test_a_silent_server_fails_commands_at_once_until_it_answers_again(server: RedisProcess) -> None:
+    """Once a command timed out, the next ones do not each wait for the timeout: they fail at once
+    while a PING in the background finds out when Redis answers again; then they are sent again."""
+    client = RespClient.from_url(server.url, timeout=0.5)
+    script = client.register_script("return 1")
+    try:
+        assert await client.ping()
+        server.pause()
+        with pytest.raises(RedisUnavailable, match="within 0.5 s"):
+            await client.execute("PING")
+        assert client.failing
+        t0 = time.monotonic()
+        for _ in range(20):
+            with pytest.raises(RedisUnavailable, match="fail at once"):
+                await client.execute("PING")
+            with pytest.raises(RedisUnavailable, match="fail at once"):
+                await script(keys=[], args=[])
+            with pytest.raises(RedisUnavailable, match="fail at once"):
+                await client.submit("PING")
+            with pytest.raises(RedisUnavailable, match="fail at once"):
+                await script.submit(keys=[], args=[])
+        assert time.monotonic() - t0 < 0.4  # 80 commands, none waited for the 0.5 s timeout
+        await asyncio.sleep(1.2)  # PINGs go on timing out in the background
+        assert client.failing
+        server.resume()
+        await recovered(client)
+        assert await client.ping() and await script(keys=[], args=[]) == 1
+    finally:
+        await client.aclose()
+
+
 async def test_unreachable_paused_and_restarted_servers(server: RedisProcess) -> None:
     with pytest.raises(RedisUnavailable):
         await RespClient.from_url(DEAD, timeout=0.5).execute("PING")
@@ -205,6 +244,7 @@ async def test_unreachable_paused_and_restarted_servers(server: RedisProcess) ->
         results = await asyncio.gather(*(client.execute("PING") for _ in range(20)), return_exceptions=True)
         assert all(isinstance(r, RedisUnavailable) for r in results) and time.monotonic() - t0 < 2
         server.resume()
+        await recovered(client)
         assert await client.ping()  # reconnected
         server.stop()
         with pytest.raises(RedisUnavailable):
@@ -228,6 +268,7 @@ async def test_a_command_sent_without_waiting_times_out_too(server: RedisProcess
             await sent
         assert 0.4 < time.monotonic() - t0 < 2
         server.resume()
+        await recovered(client)
         assert await client.ping()
     finally:
         await client.aclose()
