@@ -12,6 +12,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -61,9 +62,12 @@ def _status(client: openai.OpenAI) -> tuple[int, Any]:
         return exc.status_code, exc.body
 
 
-def test_redis_outage_fail_closed_503_fail_open_serves_and_both_recover(
+@contextmanager
+def fail_closed_and_fail_open(
     upstream: FakeUpstream, redis_server: RedisProcess, tmp_path: Path
-) -> None:
+) -> Iterator[tuple[ServerThread, openai.OpenAI, ServerThread, openai.OpenAI]]:
+    """Two gateways on one database and one Redis, ``fail_closed`` and ``fail_open``, each with a
+    client for one key (10,000 requests a minute) that both have served once."""
     from gateway.app import create_app
 
     db_url = f"sqlite+aiosqlite:///{tmp_path / 'keys.db'}"
@@ -76,10 +80,17 @@ def test_redis_outage_fail_closed_503_fail_open_serves_and_both_recover(
         key = admin.post("/admin/v1/keys", json={"tenant_id": tid}).json()
         assert admin.put(f"/admin/v1/keys/{key['id']}/limits", json={"requests_per_minute": 10_000}).status_code == 200
         admin.close()
-        closed = openai.OpenAI(base_url=closed_gw.url + "/v1", api_key=key["key"], max_retries=0, timeout=10)
-        opened = openai.OpenAI(base_url=open_gw.url + "/v1", api_key=key["key"], max_retries=0, timeout=10)
+        closed = openai.OpenAI(base_url=closed_gw.url + "/v1", api_key=key["key"], max_retries=0, timeout=30)
+        opened = openai.OpenAI(base_url=open_gw.url + "/v1", api_key=key["key"], max_retries=0, timeout=30)
         time.sleep(1.1)  # past the key cache TTL, so both see the limits just set
         assert _status(closed)[0] == 200 and _status(opened)[0] == 200
+        yield closed_gw, closed, open_gw, opened
+
+
+def test_redis_outage_fail_closed_503_fail_open_serves_and_both_recover(
+    upstream: FakeUpstream, redis_server: RedisProcess, tmp_path: Path
+) -> None:
+    with fail_closed_and_fail_open(upstream, redis_server, tmp_path) as (closed_gw, closed, open_gw, opened):
 
         redis_server.stop()
         status, body = _status(closed)
@@ -107,22 +118,7 @@ def test_a_silent_redis_holds_up_the_requests_that_found_it_not_every_one_after(
     """Redis stops answering (paused: connections open, no replies). The request that finds out
     waits for the 2 s timeout; the ones after it get their policy's answer at once (fail_open:
     served; fail_closed: 503) instead of each waiting 2 s, until Redis answers again."""
-    from gateway.app import create_app
-
-    db_url = f"sqlite+aiosqlite:///{tmp_path / 'keys.db'}"
-    migrate.upgrade(db_url)
-    closed_app = create_app(_tenancy_settings(upstream.url, db_url, redis_server.url, "fail_closed", tmp_path / "j1"))
-    open_app = create_app(_tenancy_settings(upstream.url, db_url, redis_server.url, "fail_open", tmp_path / "j2"))
-    with ServerThread(closed_app) as closed_gw, ServerThread(open_app) as open_gw:
-        admin = httpx.Client(base_url=closed_gw.url, headers={"authorization": f"Bearer {ADMIN_KEY}"}, timeout=10)
-        tid = admin.post("/admin/v1/tenants", json={"name": f"s-{uuid.uuid4().hex[:6]}"}).json()["id"]
-        key = admin.post("/admin/v1/keys", json={"tenant_id": tid}).json()
-        assert admin.put(f"/admin/v1/keys/{key['id']}/limits", json={"requests_per_minute": 10_000}).status_code == 200
-        admin.close()
-        closed = openai.OpenAI(base_url=closed_gw.url + "/v1", api_key=key["key"], max_retries=0, timeout=30)
-        opened = openai.OpenAI(base_url=open_gw.url + "/v1", api_key=key["key"], max_retries=0, timeout=30)
-        time.sleep(1.1)  # past the key cache TTL, so both see the limits just set
-        assert _status(closed)[0] == 200 and _status(opened)[0] == 200
+    with fail_closed_and_fail_open(upstream, redis_server, tmp_path) as (_, closed, _, opened):
 
         redis_server.pause()
         try:

@@ -36,6 +36,23 @@ async def database(pg_url: str) -> AsyncIterator[Database]:
     await db.dispose()
 
 
+def echo_config(db_url: str, upstream: FakeUpstream) -> dict[str, Any]:
+    """A gateway on ``db_url`` with model ``echo`` on the fake upstream, and keys cached for 1 s."""
+    return {
+        "auth": {"admin_key": ADMIN_KEY, "key_cache_seconds": 1},
+        "database": {"url": db_url},
+        "models": [{"name": "echo", "deployments": [
+            {"provider": "openai", "model": "upstream-echo", "api_base": upstream.url, "api_key": "k"}]}],
+    }  # fmt: skip
+
+
+async def new_tenant_key(gw: GatewayProcess) -> tuple[str, str]:
+    """A new tenant and a key of it, made through the admin API: (tenant id, key)."""
+    async with httpx.AsyncClient(base_url=gw.url, headers={"authorization": f"Bearer {ADMIN_KEY}"}) as admin:
+        tid = (await admin.post("/admin/v1/tenants", json={"name": f"t-{uuid.uuid4().hex[:6]}"})).json()["id"]
+        return tid, (await admin.post("/admin/v1/keys", json={"tenant_id": tid})).json()["key"]
+
+
 async def outage(name: str, seconds: float) -> None:
     """Cut every connection to database ``name`` and keep new ones out for ``seconds``."""
     hidden = name + "_away"
@@ -59,17 +76,9 @@ async def outage(name: str, seconds: float) -> None:
 async def test_postgres_outage_during_load_loses_and_doubles_nothing(
     pg_url: str, database: Database, fake_upstream_server: FakeUpstream, tmp_path: Path
 ) -> None:
-    config: dict[str, Any] = {
-        "auth": {"admin_key": ADMIN_KEY, "key_cache_seconds": 1},
-        "database": {"url": pg_url},
-        "models": [{"name": "echo", "deployments": [
-            {"provider": "openai", "model": "upstream-echo", "api_base": fake_upstream_server.url, "api_key": "k"}]}],
-    }  # fmt: skip
-    gw = GatewayProcess(config, tmp_path).start()
+    gw = GatewayProcess(echo_config(pg_url, fake_upstream_server), tmp_path).start()
     try:
-        async with httpx.AsyncClient(base_url=gw.url, headers={"authorization": f"Bearer {ADMIN_KEY}"}) as admin:
-            tid = (await admin.post("/admin/v1/tenants", json={"name": f"o-{uuid.uuid4().hex[:6]}"})).json()["id"]
-            key = (await admin.post("/admin/v1/keys", json={"tenant_id": tid})).json()["key"]
+        tid, key = await new_tenant_key(gw)
         client = openai.AsyncOpenAI(base_url=gw.url + "/v1", api_key=key, max_retries=0, timeout=30)
         request_ids: list[str] = []
         failures: list[BaseException] = []
@@ -118,17 +127,10 @@ async def test_a_database_that_stops_answering_holds_up_one_request_not_every_on
     the database answers again every request is in it, once."""
     gate = TcpGate(PG_HOST, PG_PORT)
     via_gate = make_url(pg_url).set(host="127.0.0.1", port=await gate.start())
-    config: dict[str, Any] = {
-        "auth": {"admin_key": ADMIN_KEY, "key_cache_seconds": 1},
-        "database": {"url": via_gate.render_as_string(hide_password=False)},
-        "models": [{"name": "echo", "deployments": [
-            {"provider": "openai", "model": "upstream-echo", "api_base": fake_upstream_server.url, "api_key": "k"}]}],
-    }  # fmt: skip
+    config = echo_config(via_gate.render_as_string(hide_password=False), fake_upstream_server)
     gw = await asyncio.to_thread(GatewayProcess(config, tmp_path).start)  # the gate runs on this loop
     try:
-        async with httpx.AsyncClient(base_url=gw.url, headers={"authorization": f"Bearer {ADMIN_KEY}"}) as admin:
-            tid = (await admin.post("/admin/v1/tenants", json={"name": f"s-{uuid.uuid4().hex[:6]}"})).json()["id"]
-            key = (await admin.post("/admin/v1/keys", json={"tenant_id": tid})).json()["key"]
+        tid, key = await new_tenant_key(gw)
         client = openai.AsyncOpenAI(base_url=gw.url + "/v1", api_key=key, max_retries=0, timeout=60)
         request_ids: list[str] = []
 
