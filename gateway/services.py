@@ -10,6 +10,7 @@ buffer). An engine node (``gateway.engine_node``) builds its own, tenancy-free s
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -97,7 +98,8 @@ class Tenancy:
         auth = settings.auth
         throttle = AuthThrottle(failures, per_address=auth.max_failures_per_address,
                                 per_prefix=auth.max_failures_per_prefix, window=auth.failure_window)
-        audit = AuditLog(db, key_use_interval=auth.key_use_audit_seconds, retention=auth.audit_retention_days * 86400)
+        audit = AuditLog(db, key_use_interval=auth.key_use_audit_seconds, retention=auth.audit_retention_days * 86400,
+                         spill_dir=Path(settings.usage.journal_dir))
         guard = AuthGuard(throttle, audit)
         prices = PriceTable.from_settings(settings)
         credit = RedisCredit(store) if isinstance(store, RedisStore) and settings.quotas.credit else None
@@ -178,8 +180,7 @@ class Tenancy:
         if isinstance(counts := self.guard.throttle.counts, RedisFailures):
             await counts.aclose()
         await self.admission.aclose()
-        await self.usage.aclose()
-        await self.guard.audit.aclose()
+        await asyncio.gather(self.usage.aclose(), self.guard.audit.aclose())  # each waits 10 s at most for SQL
         store = self.admission.store
         if isinstance(store, RedisStore):
             await store.redis.aclose()

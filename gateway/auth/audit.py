@@ -2,7 +2,10 @@
 from where, in the ``auth_events`` table the admin reads (``GET /admin/v1/audit``,
 ``switchyard admin audit``).
 
-Events are buffered in process and written in batches every second, off the request path. Key use
+Events are buffered in process and written in batches every second, off the request path. At
+shutdown, events the database does not take in time are kept in a file in ``spill_dir`` (the usage
+journal's folder), which the next process to start on that folder takes up (``audit-*.jsonl``,
+claimed by renaming, so one process takes each). Key use
 is recorded once per key and client address per ``key_use_interval`` (per process), so a busy key
 writes a row an hour per address, not a row per request. Failures are bounded by the throttle; if
 the database is down, the buffer keeps the newest ``max_buffer`` events and counts what it drops.
@@ -14,13 +17,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import re
 import time
 from collections import deque
-from dataclasses import asdict, dataclass
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any, Literal
 
+import msgspec
 from sqlalchemy import delete, insert, select
 
 from gateway.contracts import Principal
@@ -38,8 +43,9 @@ _UNPRINTABLE = re.compile(r"[^\x21-\x7e]")
 _PRUNE_EVERY = 3600.0
 
 
-@dataclass(frozen=True)
-class AuditEntry:
+class AuditEntry(msgspec.Struct, frozen=True):
+    """One event, as buffered, inserted and kept in a spill file."""
+
     at: datetime
     event: str
     client: str
@@ -51,8 +57,9 @@ class AuditEntry:
 
 class AuditLog:
     def __init__(self, db: Database, *, key_use_interval: float = 3600.0, retention: float = 90 * 86400.0,
-                 max_buffer: int = 10_000, flush_every: float = 1.0) -> None:
+                 max_buffer: int = 10_000, flush_every: float = 1.0, spill_dir: Path | None = None) -> None:
         self.db = db
+        self.spill_dir = spill_dir
         self.key_use_interval = key_use_interval
         self.retention = retention
         self.flush_every = flush_every
@@ -87,7 +94,7 @@ class AuditLog:
         if not batch:
             return
         async with self.db.session() as session:
-            await session.execute(insert(AuthEvent), [asdict(e) for e in batch])
+            await session.execute(insert(AuthEvent), [msgspec.structs.asdict(e) for e in batch])
             await session.commit()
         for _ in batch:
             self._buffer.popleft()
@@ -101,7 +108,36 @@ class AuditLog:
         return int(result.rowcount or 0)  # type: ignore[attr-defined]  # a CursorResult
 
     def start(self) -> None:
+        self._take_up_spilled()
         self._task = asyncio.create_task(self._run(), name="audit-writer")
+
+    def _take_up_spilled(self) -> None:
+        """Buffer the events earlier processes kept in ``spill_dir`` at their shutdown."""
+        if self.spill_dir is None:
+            return
+        for path in sorted(self.spill_dir.glob("audit-*.jsonl")):
+            claimed = path.with_name(f"claimed-{os.getpid()}-{path.name}")
+            try:
+                path.rename(claimed)  # atomic: of several workers starting together, one takes it
+            except FileNotFoundError:
+                continue
+            for line in claimed.read_bytes().splitlines():
+                try:
+                    self._buffer.append(msgspec.json.decode(line, type=AuditEntry))
+                except msgspec.DecodeError:
+                    log.warning("an unreadable line in %s left out", path.name)
+            claimed.unlink()
+
+    def _spill(self) -> bool:
+        """Keep the buffered events in a file of ``spill_dir``; True when written."""
+        if self.spill_dir is None or not self._buffer:
+            return False
+        self.spill_dir.mkdir(parents=True, exist_ok=True)
+        path = self.spill_dir / f"audit-{os.getpid()}-{os.urandom(3).hex()}.jsonl"
+        partial = path.with_suffix(".partial")  # renamed once whole: a reader never sees half of it
+        partial.write_bytes(b"".join(msgspec.json.encode(e) + b"\n" for e in self._buffer))
+        partial.rename(path)
+        return True
 
     async def _run(self) -> None:
         pruned = float("-inf")
@@ -125,14 +161,24 @@ class AuditLog:
                 except Exception as exc:
                     log.warning("old audit events not pruned yet (%s)", type(exc).__name__)
 
-    async def aclose(self) -> None:
+    async def aclose(self, timeout: float = 10.0) -> None:
+        """Stop the writer and write what is buffered, waiting at most ``timeout`` seconds for the
+        database (one that has gone silent must not hold the process's shutdown)."""
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
         try:
-            await self.flush()
-        except Exception:
-            log.exception("audit events lost at shutdown: %d", len(self._buffer))
+            async with asyncio.timeout(timeout):
+                await self.flush()
+        except Exception as exc:
+            try:
+                if self._spill():
+                    log.warning("audit events not written at shutdown (%s): %d kept in %s for the next start",
+                                type(exc).__name__, len(self._buffer), self.spill_dir)
+                    return
+            except OSError:
+                log.exception("keeping the audit events in %s failed", self.spill_dir)
+            log.error("audit events lost at shutdown: %d (%s)", len(self._buffer), type(exc).__name__)
 
 
 async def list_events(db: Database, *, event: str | None = None, key_id: str | None = None,

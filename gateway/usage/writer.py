@@ -15,7 +15,8 @@ to a new segment each time (the requests still in flight move along). If the dat
 batch goes to the local journal and the writer keeps going: memory stays bounded (a full buffer
 spills to the journal too) and the journal is replayed once inserts work again. Each insert also
 adds the rows it created to the hourly rollups (``gateway.usage.rollup``), in the same transaction.
-``aclose`` (application shutdown, which uvicorn runs on SIGTERM) flushes what is left.
+``aclose`` (application shutdown, which uvicorn runs on SIGTERM) flushes what is left, waiting at most
+``SHUTDOWN_SECONDS`` for the database before journaling it.
 
 Only an outage (``gateway.db.errors.is_unavailable``) sends a batch to the journal. When the
 database refuses a batch for another reason, its records are inserted one at a time: the good ones
@@ -46,6 +47,8 @@ from gateway.usage.pricing import PriceTable
 from gateway.usage.wal import SYNC_INTERVAL, WriteAhead
 
 log = logging.getLogger("switchyard.usage")
+
+SHUTDOWN_SECONDS = 10.0  # the most ``aclose`` waits for the database (a connect alone may take 5 s to fail)
 
 
 def to_row(r: UsageRecord) -> dict[str, Any]:
@@ -162,18 +165,25 @@ class UsageWriter:
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._run(), name="usage-writer")
 
-    async def aclose(self) -> None:
-        """Stop the loop after its current step, then flush: to the database if it is up, else
-        to the journal. (Never cancelled mid-insert, so no batch is lost on the way out.)"""
-        if self._task is not None:
-            self._stopping = True
-            self._wake.set()
-            await asyncio.gather(self._task, return_exceptions=True)
-            self._task = None
-        for attempt in range(3):  # a connection the outage broke may fail once more
-            if await self.flush():
-                break
-            await asyncio.sleep(0.2 * (attempt + 1))
+    async def aclose(self, timeout: float = SHUTDOWN_SECONDS) -> None:
+        """Stop the loop after its current step, then flush: to the database if it takes the
+        records within ``timeout`` seconds in all, else to the journal, which the next writer on
+        this folder replays. A step still under way at the deadline is cancelled: a batch cancelled
+        mid-insert is journaled whole (re-inserting it is harmless), so none is lost on the way out."""
+        try:
+            async with asyncio.timeout(timeout):
+                if self._task is not None:
+                    self._stopping = True
+                    self._wake.set()
+                    await asyncio.gather(self._task, return_exceptions=True)
+                for attempt in range(3):  # a connection the outage broke may fail once more
+                    if await self.flush():
+                        break
+                    await asyncio.sleep(0.2 * (attempt + 1))
+        except TimeoutError:
+            log.warning("the usage database did not take the last records within %.0f s; they wait in %s",
+                        timeout, self.journal.directory)
+        self._task = None
         if self._buffer:
             self._spill()
         if self._open:  # requests that never settled: their reservations stand, marked incomplete

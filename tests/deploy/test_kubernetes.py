@@ -117,7 +117,7 @@ def test_gateway_probes_drain_and_scaling(overlay: str) -> None:
     assert c["livenessProbe"]["httpGet"]["path"] == "/healthz"
     # The gateway drains for 10 s after SIGTERM (README "Serving in production"); the preStop sleep runs first.
     pre = c["lifecycle"]["preStop"]["sleep"]["seconds"]
-    assert pod_spec(gw)["terminationGracePeriodSeconds"] >= pre + 10 + 5
+    assert pod_spec(gw)["terminationGracePeriodSeconds"] >= pre + 10 + 5 + 10  # preStop, drain, settle, SQL flush
     kinds = {
         (o["kind"], o["spec"].get("scaleTargetRef", {}).get("name"))
         for o in objs

@@ -263,6 +263,37 @@ async def test_audit_events_are_kept_for_the_retention_period(tmp_path: Path) ->
         await db.dispose()
 
 
+async def test_audit_events_the_database_does_not_take_at_shutdown_wait_for_the_next_start(tmp_path: Path) -> None:
+    """Shutdown with the database unreachable: the buffered events go to a file beside the usage
+    journal, and the next audit log started on that folder writes them (once: the file is claimed)."""
+    from gateway.auth.audit import AuditLog, list_events
+    from gateway.contracts import Principal
+    from gateway.db.engine import Database
+
+    spill = tmp_path / "journal"
+    down = Database.from_url(f"postgresql+asyncpg://nobody@127.0.0.1:{free_port()}/gone")  # refuses connections
+    audit = AuditLog(down, spill_dir=spill)
+    for client in ("10.0.0.1", "10.0.0.2", "10.0.0.3"):
+        audit.record("key_used", client=client, surface="api", principal=Principal(key_id="key_s", tenant_id="ten_s"))
+    await audit.aclose(timeout=3)
+    await down.dispose()
+    assert [p.name.startswith("audit-") for p in spill.iterdir()] == [True]
+
+    url = f"sqlite+aiosqlite:///{tmp_path / 'audit.db'}"
+    await asyncio.to_thread(migrate.upgrade, url)
+    db = Database.from_url(url)
+    try:
+        second, third = AuditLog(db, spill_dir=spill), AuditLog(db, spill_dir=spill)
+        second.start()
+        third.start()  # started together: only one of them takes the file
+        await asyncio.gather(second.aclose(), third.aclose())
+        rows = await list_events(db)
+        assert sorted(r["client"] for r in rows) == ["10.0.0.1", "10.0.0.2", "10.0.0.3"]
+        assert {r["key_id"] for r in rows} == {"key_s"} and list(spill.iterdir()) == []
+    finally:
+        await db.dispose()
+
+
 def test_dashboard_pages_carry_the_full_policy(replicas: Replicas) -> None:
     """Every dashboard page, the sign-in form included, gets the one strict policy (no page sets a
     weaker one of its own): scripts only from the gateway, no plugins, no foreign form targets."""

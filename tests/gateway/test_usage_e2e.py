@@ -53,6 +53,16 @@ async def new_tenant_key(gw: GatewayProcess) -> tuple[str, str]:
         return tid, (await admin.post("/admin/v1/keys", json={"tenant_id": tid})).json()["key"]
 
 
+async def behind_a_gate(pg_url: str, upstream: FakeUpstream, workdir: Path) -> tuple[TcpGate, dict[str, Any],
+                                                                                   GatewayProcess]:
+    """A gateway process reaching PostgreSQL through a ``TcpGate`` (which runs on this loop, so
+    the process is started from a thread): (the gate, the gateway's config, the gateway)."""
+    gate = TcpGate(PG_HOST, PG_PORT)
+    via_gate = make_url(pg_url).set(host="127.0.0.1", port=await gate.start())
+    config = echo_config(via_gate.render_as_string(hide_password=False), upstream)
+    return gate, config, await asyncio.to_thread(GatewayProcess(config, workdir).start)
+
+
 async def outage(name: str, seconds: float) -> None:
     """Cut every connection to database ``name`` and keep new ones out for ``seconds``."""
     hidden = name + "_away"
@@ -125,10 +135,7 @@ async def test_a_database_that_stops_answering_holds_up_one_request_not_every_on
     for its 5 s timeout). The first request to find its key's cache entry expired waits for that;
     the ones after it are answered from the entries at once while loads retry behind them. When
     the database answers again every request is in it, once."""
-    gate = TcpGate(PG_HOST, PG_PORT)
-    via_gate = make_url(pg_url).set(host="127.0.0.1", port=await gate.start())
-    config = echo_config(via_gate.render_as_string(hide_password=False), fake_upstream_server)
-    gw = await asyncio.to_thread(GatewayProcess(config, tmp_path).start)  # the gate runs on this loop
+    gate, _, gw = await behind_a_gate(pg_url, fake_upstream_server, tmp_path)
     try:
         tid, key = await new_tenant_key(gw)
         client = openai.AsyncOpenAI(base_url=gw.url + "/v1", api_key=key, max_retries=0, timeout=60)
@@ -161,3 +168,42 @@ async def test_a_database_that_stops_answering_holds_up_one_request_not_every_on
     async with database.session() as s:
         stored = (await s.scalars(select(UsageRow.request_id).where(UsageRow.tenant_id == tid))).all()
     assert sorted(stored) == sorted(request_ids)
+
+
+async def test_sigterm_while_the_database_is_silent_exits_and_the_next_start_writes_every_record(
+    pg_url: str, database: Database, fake_upstream_server: FakeUpstream, tmp_path: Path
+) -> None:
+    """A gateway stopped while its database does not answer does not wait for it past its shutdown
+    bound (``stop`` allows 30 s): the records it could not write wait in its journal folder, and
+    the next gateway started there writes them, each once."""
+    gate, config, gw = await behind_a_gate(pg_url, fake_upstream_server, tmp_path)
+    try:
+        tid, key = await new_tenant_key(gw)
+        client = openai.AsyncOpenAI(base_url=gw.url + "/v1", api_key=key, max_retries=0, timeout=60)
+        request_ids = []
+        for i in range(20):
+            if i == 10:
+                gate.black_hole()
+            raw = await client.chat.completions.with_raw_response.create(model="echo", messages=CHAT)  # type: ignore[arg-type]
+            request_ids.append(raw.headers["x-request-id"])
+        await client.close()
+        t0 = time.monotonic()
+        assert await asyncio.to_thread(gw.stop) in (0, -15)  # with the database still silent
+        assert time.monotonic() - t0 < 20  # its bound is 10 s (a wait for each failed connect was 26 s)
+        assert "did not take the last records" in gw.log_path.read_text()
+        gate.reopen()
+        after = await asyncio.to_thread(GatewayProcess(config, tmp_path).start)  # the same journal folder
+        try:
+            deadline = time.monotonic() + 20
+            while True:
+                async with database.session() as s:
+                    stored = (await s.scalars(select(UsageRow.request_id).where(UsageRow.tenant_id == tid))).all()
+                if len(stored) >= len(request_ids) or time.monotonic() > deadline:
+                    break
+                await asyncio.sleep(0.2)
+            assert sorted(stored) == sorted(request_ids)
+        finally:
+            assert await asyncio.to_thread(after.stop) in (0, -15)
+    finally:
+        await asyncio.to_thread(gw.stop)
+        await gate.aclose()
