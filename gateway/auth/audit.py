@@ -5,9 +5,9 @@ from where, in the ``auth_events`` table the admin reads (``GET /admin/v1/audit`
 Events are buffered in process and written in batches every second, off the request path. At
 shutdown, events the database does not take in time are kept in a file in ``spill_dir`` (the usage
 journal's folder), which the next process to start on that folder takes up (``audit-*.jsonl``,
-claimed by renaming, so one process takes each). Key use
-is recorded once per key and client address per ``key_use_interval`` (per process), so a busy key
-writes a row an hour per address, not a row per request. Failures are bounded by the throttle; if
+claimed by renaming, so one process takes each). Key use is recorded once per key and client
+address per ``key_use_interval`` (per process), so a busy key writes a row an hour per address, not
+a row per request. Failures are bounded by the throttle; if
 the database is down, the buffer keeps the newest ``max_buffer`` events and counts what it drops.
 Client addresses are stored as printable ASCII only (a proxy's header could carry anything).
 Events older than ``retention`` seconds are deleted by the writer, once an hour.
@@ -125,7 +125,7 @@ class AuditLog:
                 try:
                     self._buffer.append(msgspec.json.decode(line, type=AuditEntry))
                 except msgspec.DecodeError:
-                    log.warning("an unreadable line in %s left out", path.name)
+                    log.warning("an unreadable line in %s left out: %r", path.name, line[:500])
             claimed.unlink()
 
     def _spill(self) -> bool:
