@@ -25,7 +25,7 @@ from tests.gateway.test_quota_e2e import (  # noqa: F401
     admin,
     cleanup,
     database,
-    hammer,
+    hammer_past_credit,
     rows_by_status,
     tenant_key,
     wait_rows,
@@ -63,12 +63,12 @@ async def test_quota_exact_and_usage_complete_across_three_replicas(
 ) -> None:
     tid, key = tenant_key(replicas[2], requests_per_minute=60)
     try:
-        results = await hammer(replicas, key, 150, max_tokens=3)
+        results = await hammer_past_credit(replicas, key, 150, 30, max_tokens=3)
         ok = [r for r in results if not isinstance(r, BaseException)]
         limited = [r for r in results if isinstance(r, openai.RateLimitError)]
-        assert len(ok) == 60 and len(limited) == 90, {type(r).__name__ for r in results}
-        count, tokens, cost = await wait_rows(database, tid, 150)
-        assert count == 150 and (await rows_by_status(database, tid)) == {200: 60, 429: 90}
+        assert len(ok) == 60 and len(limited) == 120, {type(r).__name__ for r in results}
+        count, tokens, cost = await wait_rows(database, tid, 180)
+        assert count == 180 and (await rows_by_status(database, tid)) == {200: 60, 429: 120}
         assert tokens == sum(r.usage.total_tokens for r in ok) and cost > 0
     finally:
         await cleanup(redis, tid)
