@@ -77,7 +77,8 @@ class AnthropicBackend(HTTPBackend):
             extra = {rename.get(k, k): v for k, v in extra_params(request).items() if k not in drop}
             request = msgspec.structs.replace(request)
             set_extra_params(request, extra)
-        body = to_messages_request(request, self.upstream_model, stream=stream, max_tokens=max_tokens)
+        body = to_messages_request(request, self.upstream_model, stream=stream, max_tokens=max_tokens,
+                                   dropped=drop)
         for name in drop:
             body.pop(name, None)
         return body

@@ -7,6 +7,7 @@ Pure functions over plain dicts (Anthropic side) and the wire Structs (OpenAI si
 from __future__ import annotations
 
 import json
+from collections.abc import Collection
 from typing import Any
 
 import msgspec
@@ -116,13 +117,53 @@ def _tool_choice(choice: Any) -> dict[str, Any] | None:
     return {"type": "tool", "name": name}
 
 
+# Modelled OpenAI request fields with no Messages API equivalent, and the values that leave the
+# output as it would be without them (what clients such as LangChain send by default): any other
+# value is a 400 naming the field, unless the deployment's ``drop_params`` lists it.
+_NEUTRAL: dict[str, tuple[Any, ...]] = {
+    "seed": (None,),
+    "presence_penalty": (None, 0),
+    "frequency_penalty": (None, 0),
+    "logit_bias": (None, {}),
+    "logprobs": (None, False),
+    "top_logprobs": (None, 0),
+    "min_p": (None, 0),
+    "repetition_penalty": (None, 1),
+    "min_tokens": (None, 0),
+    "ignore_eos": (None, False),
+    "stop_token_ids": (None, []),
+    "skip_special_tokens": (None, True),
+    "include_stop_str_in_output": (None, False),
+    "prompt_logprobs": (None,),
+    "structured_outputs": (None,),
+    "guided_json": (None,),
+    "guided_regex": (None,),
+    "guided_choice": (None,),
+    "guided_grammar": (None,),
+    "chat_template_kwargs": (None, {}),
+}
+
+
+def _refuse_unmapped(request: ChatCompletionRequest, dropped: Collection[str]) -> None:
+    for name, neutral in _NEUTRAL.items():
+        value = getattr(request, name)
+        if value is not UNSET and value not in neutral and name not in dropped:
+            raise BadRequest(f"'{name}' is not supported by the anthropic provider", param=name)
+    fmt = request.response_format
+    if fmt not in (UNSET, None) and fmt.type != "text" and "response_format" not in dropped:
+        raise BadRequest(f"response_format {fmt.type!r} is not supported by the anthropic provider",
+                         param="response_format")
+
+
 def to_messages_request(request: ChatCompletionRequest, model: str, *, stream: bool,
-                        max_tokens: int | None = None) -> dict[str, Any]:
+                        max_tokens: int | None = None, dropped: Collection[str] = ()) -> dict[str, Any]:
     """The Messages API body for a chat request. ``max_tokens`` is required there: the caller's
     (the client's limit, else the gateway's cap, else the deployment's), else the client's limit,
-    else ``DEFAULT_MAX_TOKENS``."""
+    else ``DEFAULT_MAX_TOKENS``. A field set to something Anthropic cannot do is a 400 naming it,
+    never dropped silently, unless ``dropped`` (the deployment's ``drop_params``) names it."""
     if isinstance(request.n, int) and request.n > 1:
         raise BadRequest("the anthropic provider returns one choice (n must be 1)", param="n")
+    _refuse_unmapped(request, dropped)
     system, messages = _messages(request)
     body: dict[str, Any] = {"model": model, "messages": messages,
                             "max_tokens": max_tokens or request.output_limit() or DEFAULT_MAX_TOKENS}
@@ -143,6 +184,8 @@ def to_messages_request(request: ChatCompletionRequest, model: str, *, stream: b
                          for t in request.tools]
     if (choice := _tool_choice(request.tool_choice)) is not None:
         body["tool_choice"] = choice
+    if request.parallel_tool_calls is False and request.tools and body.get("tool_choice", {}).get("type") != "none":
+        body["tool_choice"] = body.get("tool_choice", {"type": "auto"}) | {"disable_parallel_tool_use": True}
     if isinstance(request.user, str):
         body["metadata"] = {"user_id": request.user}
     _map_extra(request, body)

@@ -1,0 +1,88 @@
+"""OpenAI chat fields the Messages API has no equivalent for, sent to an ``anthropic`` deployment:
+a 400 naming the field (never dropped silently), unless the value changes nothing or the
+deployment's ``drop_params`` lists it; ``parallel_tool_calls: false`` is mapped."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import openai
+import pytest
+
+from backends.factory import build_backend
+from gateway.app import create_app
+from gateway.contracts import Principal
+from gateway.routing.router import Router
+from gateway.services import Services
+from gateway.settings import parse_settings
+from tests.conftest import ADMIN_KEY
+from tests.support.doubles import RecordingSink, ScriptedAdmission, StaticKeys
+from tests.support.fake_anthropic import FakeAnthropic
+from tests.support.servers import ServerThread
+
+HELLO = [{"role": "user", "content": "hello"}]
+TOOLS = [{"type": "function", "function": {"name": "search", "parameters": {"type": "object", "properties": {}}}}]
+
+
+@pytest.fixture(scope="module")
+def upstream() -> Iterator[FakeAnthropic]:
+    server = FakeAnthropic().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def client(upstream: FakeAnthropic) -> Iterator[openai.OpenAI]:
+    deployment = {"provider": "anthropic", "model": "claude-test", "api_base": upstream.url, "api_key": "sk-ant"}
+    settings = parse_settings({"models": [
+        {"name": "claude", "max_retries": 0, "deployments": [deployment]},
+        {"name": "lenient", "max_retries": 0, "deployments": [deployment | {"drop_params": ["seed", "response_format"]}]},
+    ]}, env={})
+    services = Services(authenticator=StaticKeys({ADMIN_KEY: Principal("admin", None, is_admin=True)}),
+                        admission=ScriptedAdmission(), usage=RecordingSink(),
+                        router=Router.from_settings(settings, build_backend))
+    with ServerThread(create_app(settings, services)) as server:
+        yield openai.OpenAI(base_url=server.url + "/v1", api_key=ADMIN_KEY, max_retries=0)
+
+
+@pytest.mark.parametrize(("field", "value"), [
+    ("seed", 7), ("presence_penalty", 0.5), ("frequency_penalty", -1.0), ("logit_bias", {"50256": -100}),
+    ("logprobs", True), ("top_logprobs", 2), ("min_p", 0.1), ("repetition_penalty", 1.2), ("min_tokens", 3),
+    ("response_format", {"type": "json_object"}),
+    ("response_format", {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}}),
+    ("guided_json", {"type": "object"}), ("chat_template_kwargs", {"enable_thinking": False}),
+])
+def test_a_field_anthropic_cannot_honour_is_a_400_naming_it(client: openai.OpenAI, upstream: FakeAnthropic,
+                                                            field: str, value: Any) -> None:
+    upstream.received.clear()
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(model="claude", messages=HELLO, extra_body={field: value})  # type: ignore[arg-type]
+    assert err.value.param == field and field in err.value.message
+    assert upstream.received == []  # refused before any request went upstream
+
+
+def test_values_that_change_nothing_are_accepted(client: openai.OpenAI, upstream: FakeAnthropic) -> None:
+    """What SDK wrappers send by default does not make every request fail."""
+    upstream.received.clear()
+    client.chat.completions.create(
+        model="claude", messages=HELLO, presence_penalty=0, frequency_penalty=0.0, logprobs=False, logit_bias={},
+        response_format={"type": "text"}, extra_body={"repetition_penalty": 1.0, "min_p": 0})  # type: ignore[arg-type]
+    sent = upstream.received[-1]
+    assert not {"presence_penalty", "frequency_penalty", "logprobs", "logit_bias", "response_format"} & set(sent)
+
+
+def test_drop_params_lets_a_deployment_ignore_what_anthropic_cannot_do(client: openai.OpenAI,
+                                                                      upstream: FakeAnthropic) -> None:
+    upstream.received.clear()
+    client.chat.completions.create(model="lenient", messages=HELLO, seed=3, response_format={"type": "json_object"})
+    assert "seed" not in upstream.received[-1] and "response_format" not in upstream.received[-1]
+
+
+def test_parallel_tool_calls_false_disables_parallel_tool_use(client: openai.OpenAI, upstream: FakeAnthropic) -> None:
+    upstream.received.clear()
+    client.chat.completions.create(model="claude", messages=HELLO, tools=TOOLS, parallel_tool_calls=False)  # type: ignore[arg-type]
+    assert upstream.received[-1]["tool_choice"] == {"type": "auto", "disable_parallel_tool_use": True}
+    client.chat.completions.create(model="claude", messages=HELLO, tools=TOOLS, parallel_tool_calls=False,  # type: ignore[arg-type]
+                                   tool_choice={"type": "function", "function": {"name": "search"}})
+    assert upstream.received[-1]["tool_choice"] == {"type": "tool", "name": "search", "disable_parallel_tool_use": True}
