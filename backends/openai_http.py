@@ -15,7 +15,7 @@ from typing import Any, Generic, TypeVar
 import msgspec
 from msgspec import UNSET
 
-from backends.base import ChunkStream, Completed, Meter, UpstreamError
+from backends.base import ChunkStream, Completed, Meter, Unavailable, UpstreamError
 from backends.call import NO_CONTEXT, CallContext
 from backends.config import DeploymentConfig
 from backends.embeddings_wire import EmbeddingList, EmbeddingRequest
@@ -247,6 +247,7 @@ class _Relay(Generic[C]):
         self._http, self._response, self._reader = http, response, reader
         self._pending: C | None = first
         self._last: C = first
+        self._last_choices: C = first  # the last chunk with choices: a finished stream's has finish_reasons
         self._deadline, self._meter, self._want_usage = deadline, meter, want_usage
         self._text_of: Callable[[C], str] = text_of
         self._saw_usage = False
@@ -267,6 +268,7 @@ class _Relay(Generic[C]):
                 chunk = self._pending if self._pending is not None else await self._reader.next(self._deadline)
                 self._pending = None
                 if chunk is None:
+                    self._check_finished()
                     break
                 if (out := self._account(chunk)) is not None:
                     return out
@@ -303,10 +305,18 @@ class _Relay(Generic[C]):
         if relay_arrived():
             await reader.lines.content.wait(relay_arrived)
 
+    def _check_finished(self) -> None:
+        """At the end of the body: a stream that ended without ``[DONE]`` while a choice was still
+        unfinished (its last chunk had no ``finish_reason``) was cut short, not completed."""
+        if not self._reader.lines.saw_done and any(c.finish_reason is None for c in self._last_choices.choices):
+            raise Unavailable(f"upstream {self._http.deployment_id} ended the stream before it finished")
+
     def _account(self, chunk: C) -> C | None:
         """Update the meter from one chunk; the chunk to relay, or None to drop it."""
         meter = self._meter
         self._last = chunk
+        if chunk.choices:
+            self._last_choices = chunk
         if text := self._text_of(chunk):
             if meter.first_token_at is None:
                 meter.first_token_at = time.perf_counter()

@@ -51,6 +51,11 @@ class SSELines:
     def content(self) -> RawStream:
         return self._content
 
+    @property
+    def saw_done(self) -> bool:
+        """``[DONE]`` came (not merely the end of the body)."""
+        return self._done
+
     async def next(self, deadline: float) -> bytes | None:
         """The next event's data (its bytes as sent), or None at ``[DONE]`` / the end of the body."""
         self.arm(deadline)

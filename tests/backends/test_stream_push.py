@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from backends.base import Timeout, UpstreamError
+from backends.base import Timeout, Unavailable, UpstreamError
 from backends.openai_http import OpenAIHTTPBackend
 from backends.openai_wire import ChatCompletionRequest, ChatMessage, StreamOptions
 from gateway.streaming import SSERelay
@@ -63,6 +63,31 @@ async def test_a_push_the_sink_stops_goes_on_by_pulling(backend: OpenAIHTTPBacke
     got += [c async for c in stream]
     assert text(got) == WORDS
     assert stream.meter.completion_tokens == len(WORDS) and backend.stats().in_flight == 0
+
+
+@pytest.mark.parametrize("pushed", [False, True])
+async def test_a_stream_whose_body_ends_before_it_finished_fails(backend: OpenAIHTTPBackend, upstream: FakeUpstream,
+                                                                 pushed: bool) -> None:
+    """The body ends without [DONE] while the choice has no finish_reason: cut short (a proxy or the
+    upstream dropped it), not completed, whether the chunks were pulled or pushed."""
+    upstream.fail_next(Fault(end_after_chunks=3))
+    stream = await backend.chat_stream(chat())
+    got = [await anext(stream.chunks)]
+    if pushed:
+        await stream.chunks.push(lambda chunk: got.append(chunk) or True)  # type: ignore[attr-defined]
+    with pytest.raises(Unavailable, match="ended the stream before it finished"):
+        async for chunk in stream:
+            got.append(chunk)
+    assert len(got) == 3 and stream.meter.completion_tokens == 3  # what was relayed is metered
+    assert backend.stats().in_flight == 0
+
+
+async def test_a_finished_stream_without_done_completes(backend: OpenAIHTTPBackend, upstream: FakeUpstream) -> None:
+    """Every choice finished: an upstream that leaves out [DONE] is not a failure."""
+    upstream.fail_next(Fault(end_after_chunks=3, finish_last=True))
+    stream = await backend.chat_stream(chat())
+    chunks = [c async for c in stream]
+    assert len(chunks) == 3 and chunks[-1].choices[0].finish_reason == "stop"
 
 
 async def test_a_failure_met_while_pushing_is_raised_by_the_next_read(backend: OpenAIHTTPBackend,

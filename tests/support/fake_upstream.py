@@ -29,6 +29,8 @@ class Fault:
     delay: float = 0.0  # seconds before the response headers
     error_after_chunks: int | None = None  # stream: send N chunks, then an error event
     hang_after_chunks: int | None = None  # stream: send N chunks, then stall until the client leaves
+    end_after_chunks: int | None = None  # stream: send N chunks, then end the body without [DONE]
+    finish_last: bool = False  # with end_after_chunks: the last chunk has a finish_reason
 
 
 @dataclass
@@ -112,7 +114,8 @@ class FakeUpstream(EchoUpstream, OnLoopback):
         record = StreamRecord(ex.path)
         self.streams.append(record)
         try:
-            if fault and (fault.error_after_chunks is not None or fault.hang_after_chunks is not None):
+            if fault and any(n is not None for n in (fault.error_after_chunks, fault.hang_after_chunks,
+                                                     fault.end_after_chunks)):
                 record.completed = await self._faulty_stream(ex, payload, fault)
             else:
                 record.completed = await self.stream(ex, payload, ex.path.endswith("/chat/completions"))
@@ -127,14 +130,19 @@ class FakeUpstream(EchoUpstream, OnLoopback):
         out, _, _ = self.output(payload, chat)
         await ex.send({"type": "http.response.start", "status": 200,
                        "headers": [(b"content-type", b"text/event-stream")]})
-        count = fault.error_after_chunks if fault.error_after_chunks is not None else fault.hang_after_chunks
-        for piece in (out * (count or 1))[: count or 0]:
+        count = next((n for n in (fault.error_after_chunks, fault.hang_after_chunks, fault.end_after_chunks)
+                      if n is not None), 0)
+        for i, piece in enumerate((out * (count or 1))[:count]):
+            finish = "stop" if fault.finish_last and i == count - 1 else None
             chunk = ({"id": "chatcmpl-f", "object": "chat.completion.chunk", "created": 0, "model": "m",
-                      "choices": [{"index": 0, "delta": {"content": piece}, "finish_reason": None}]} if chat else
+                      "choices": [{"index": 0, "delta": {"content": piece}, "finish_reason": finish}]} if chat else
                      {"id": "cmpl-f", "object": "text_completion", "created": 0, "model": "m",
-                      "choices": [{"index": 0, "text": piece, "finish_reason": None}]})
+                      "choices": [{"index": 0, "text": piece, "finish_reason": finish}]})
             await ex.send({"type": "http.response.body", "body": b"data: " + json.dumps(chunk).encode() + b"\n\n",
                            "more_body": True})
+        if fault.end_after_chunks is not None:
+            await ex.send({"type": "http.response.body", "body": b"", "more_body": False})
+            return True
         if fault.error_after_chunks is not None:
             event = error_body("injected mid-stream failure", "injected", "server_error")
             await ex.send({"type": "http.response.body", "body": b"data: " + json.dumps(event).encode() + b"\n\n",
