@@ -211,7 +211,7 @@ class SamplingFields(WireStruct, dict=True):
     top_p: TopP | None | UnsetType = UNSET
     n: ChoiceCount | None | UnsetType = UNSET
     stop: str | StopList | None | UnsetType = UNSET
-    seed: int | None | UnsetType = UNSET
+    seed: Annotated[int, Meta(ge=-(2**63), le=2**63 - 1)] | None | UnsetType = UNSET  # OpenAI's: a 64-bit integer
     presence_penalty: Penalty | None | UnsetType = UNSET
     frequency_penalty: Penalty | None | UnsetType = UNSET
     logit_bias: dict[str, float] | None | UnsetType = UNSET
@@ -219,7 +219,7 @@ class SamplingFields(WireStruct, dict=True):
     stream: bool | None | UnsetType = UNSET
     stream_options: StreamOptions | None | UnsetType = UNSET
     # Extensions understood by vLLM-style engines (ours included); passed through elsewhere.
-    top_k: Annotated[int, Meta(ge=-1)] | None | UnsetType = UNSET
+    top_k: Annotated[int, Meta(ge=-1, le=2**31 - 1)] | None | UnsetType = UNSET
     min_p: TopP | None | UnsetType = UNSET
     repetition_penalty: Annotated[float, Meta(gt=0.0, le=2.0)] | None | UnsetType = UNSET
     min_tokens: NonNegInt | None | UnsetType = UNSET

@@ -46,6 +46,8 @@ def test_unknown_model_is_404(env: GatewayEnv) -> None:
         ({"top_logprobs": 30, "logprobs": True}, "top_logprobs"),
         ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
         ({"stream_options": {"include_usage": True}}, "stream_options"),
+        ({"seed": 2**70}, "seed"),
+        ({"extra_body": {"top_k": 2**63}}, "top_k"),
     ],
 )
 def test_out_of_range_is_400_naming_the_param(env: GatewayEnv, kwargs: dict, param: str) -> None:
