@@ -2,15 +2,19 @@
 
 Requests and responses are translated by ``backends.anthropic_wire``; streams are translated
 event by event (``message_start`` -> role chunk, ``content_block_delta`` -> content / tool-call
-deltas, ``message_delta`` -> finish reason and output usage), so nothing is buffered. Text
-completions are served as a one-message chat. Plumbing (timeouts, status -> typed error; 529
-"overloaded" -> Unavailable) is ``backends.http_upstream``.
+deltas, ``message_delta`` -> finish reason and output usage), so nothing is buffered; a stream
+that ends without ``message_stop`` was cut short and fails (Unavailable). Text completions are
+served as a one-message chat. A /v1/messages request (``anthropic_body``) goes as the client sent
+it, with its ``anthropic-version`` and ``anthropic-beta`` headers (``forward_client_headers``).
+Plumbing (timeouts, status -> typed error; 529 "overloaded" -> Unavailable) is
+``backends.http_upstream``.
 """
 
 from __future__ import annotations
 
 import json
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import msgspec
@@ -53,6 +57,24 @@ from backends.sse import SSELines
 
 DEFAULT_API_BASE = "https://api.anthropic.com/v1"
 API_VERSION = "2023-06-01"
+# A /v1/messages client's headers that go upstream as sent (the version it speaks, the betas it opts into).
+FORWARDED_HEADERS = ("anthropic-version", "anthropic-beta")
+_CLIENT_HEADERS = "_anthropic_client_headers"  # on a chat request: those of FORWARDED_HEADERS the client sent
+# Fields of a /v1/messages body that the gateway sets itself upstream, and count_tokens does not take.
+_GENERATION_ONLY = frozenset({"max_tokens", "stream"})
+
+
+def forward_client_headers(request: ChatCompletionRequest, headers: Mapping[str, str]) -> None:
+    """Have ``request`` (one from /v1/messages) carry the client's ``FORWARDED_HEADERS`` upstream
+    (a value that could not be a header line is left out: it would fail as the upstream's fault)."""
+    request.__dict__[_CLIENT_HEADERS] = {name: value for name in FORWARDED_HEADERS
+                                         if (value := headers.get(name)) is not None
+                                         and not any(c in value for c in "\r\n\0")}
+
+
+def _upstream_headers(request: ChatCompletionRequest) -> dict[str, str]:
+    sent: dict[str, str] = request.__dict__.get(_CLIENT_HEADERS) or {}
+    return {"anthropic-version": API_VERSION} | sent
 
 
 class AnthropicBackend(HTTPBackend):
@@ -60,11 +82,15 @@ class AnthropicBackend(HTTPBackend):
     default_api_base = DEFAULT_API_BASE
 
     def __init__(self, config: DeploymentConfig) -> None:
-        headers = {"anthropic-version": API_VERSION}
+        headers = {}  # anthropic-version goes with each request: a /v1/messages client's own, if it sent one
         if config.api_key:
             headers["x-api-key"] = config.api_key
         super().__init__(config, headers)
         self._max_tokens = int(config.options.get("max_tokens", 4096))
+
+    def serves_messages(self) -> bool:
+        """A /v1/messages request comes as the client sent it (gateway.dialects.anthropic_request)."""
+        return True
 
     def _request(self, request: ChatCompletionRequest, ctx: CallContext, stream: bool) -> dict[str, Any]:
         max_tokens = ctx.output_limit(request.output_limit()) or self._max_tokens
@@ -87,7 +113,7 @@ class AnthropicBackend(HTTPBackend):
 
     async def chat(self, request: ChatCompletionRequest, ctx: CallContext = NO_CONTEXT) -> Completed[ChatCompletion]:
         body = self._request(request, ctx, stream=False)
-        data = await self._unary(body)
+        data = await self._unary(body, "/messages", _upstream_headers(request))
         response = from_messages_response(data, request.model)
         response.__dict__[ANTHROPIC_MESSAGE] = data  # /v1/messages relays it as it came
         usage = response.usage if isinstance(response.usage, Usage) else Usage()
@@ -102,7 +128,7 @@ class AnthropicBackend(HTTPBackend):
     ) -> ChunkStream[ChatCompletionChunk]:
         body = self._request(request, ctx, stream=True)
         meter = Meter(prompt_tokens=estimate_chat_prompt(request), exact=False)
-        events = await self._open(body)
+        events = await self._open(body, _upstream_headers(request))
         relay = _StreamTranslator(self, events, request.model, request.include_usage, meter,
                                   keep_events=anthropic_body(request) is not None)
         try:
@@ -141,10 +167,16 @@ class AnthropicBackend(HTTPBackend):
         raise BadRequest("the anthropic provider serves no embeddings", param="model")
 
     async def count_chat_tokens(self, request: ChatCompletionRequest) -> int:
-        """The upstream's own count (``POST /messages/count_tokens``; backends.base.TokenCounting)."""
-        body = self._request(request, NO_CONTEXT, stream=False)
-        counted = {k: v for k, v in body.items() if k in ("model", "messages", "system", "tools", "tool_choice")}
-        data = await self._unary(counted, "/messages/count_tokens")
+        """The upstream's own count (``POST /messages/count_tokens``; backends.base.TokenCounting): of
+        a /v1/messages body as the client sent it, else of the chat request's translation."""
+        if (original := anthropic_body(request)) is not None:
+            drop = self.config.drop_params
+            counted = {k: v for k, v in original.items() if k not in drop and k not in _GENERATION_ONLY}
+            counted["model"] = self.upstream_model
+        else:
+            body = self._request(request, NO_CONTEXT, stream=False)
+            counted = {k: v for k, v in body.items() if k in ("model", "messages", "system", "tools", "tool_choice")}
+        data = await self._unary(counted, "/messages/count_tokens", _upstream_headers(request))
         tokens = data.get("input_tokens")
         if not isinstance(tokens, int):
             raise UpstreamError(f"upstream {self.deployment_id} sent no input_tokens")
@@ -152,8 +184,8 @@ class AnthropicBackend(HTTPBackend):
 
     # ------------------------------------------------------------ internals
 
-    async def _unary(self, body: dict[str, Any], path: str = "/messages") -> dict[str, Any]:
-        raw = await self.http.post(path, msgspec.json.encode(body))
+    async def _unary(self, body: dict[str, Any], path: str, headers: Mapping[str, str]) -> dict[str, Any]:
+        raw = await self.http.post(path, msgspec.json.encode(body), headers)
         try:
             data = json.loads(raw)
         except (ValueError, RecursionError):
@@ -162,8 +194,9 @@ class AnthropicBackend(HTTPBackend):
             raise UpstreamError(f"upstream {self.deployment_id} sent an unusable answer")
         return data
 
-    async def _open(self, body: dict[str, Any]) -> _Events:
-        response, first_deadline, deadline = await self.http.open_stream("/messages", msgspec.json.encode(body))
+    async def _open(self, body: dict[str, Any], headers: Mapping[str, str]) -> _Events:
+        response, first_deadline, deadline = await self.http.open_stream("/messages", msgspec.json.encode(body),
+                                                                         headers)
         return _Events(response, self.deployment_id, first_deadline, deadline, self.http.timeouts.idle)
 
 
@@ -230,7 +263,8 @@ class _StreamTranslator:
         self._tool_index: dict[int, int] = {}  # content block index -> tool call index
         self._usage: dict[str, Any] = {}
         self._closed = False
-        self._ended = False
+        self._ended = False  # message_stop came
+        self._cut = False  # the body ended before message_stop: the events read are out, the failure next
 
     def __aiter__(self) -> _StreamTranslator:
         return self
@@ -260,7 +294,10 @@ class _StreamTranslator:
 
     async def _step(self) -> None:
         made = len(self._pending)
-        event = await self._events.next()
+        event = None if self._cut else await self._events.next()
+        if event is None and not self._ended:
+            self._cut_short(made)
+            return
         if event is not None and self._kept is not None:
             self._kept.append(event)
         self._translate(event)
@@ -270,9 +307,20 @@ class _StreamTranslator:
             self._pending[made].__dict__[ANTHROPIC_EVENTS] = self._kept
             self._kept = []
 
+    def _cut_short(self, made: int) -> None:
+        """The body ended before ``message_stop``: the stream was cut, not completed. Events read but
+        not yet relayed go out first (on a chunk without choices), then the failure, as any other
+        mid-stream failure (the client gets an error event; the request settles as failed)."""
+        if self._kept and not self._cut:
+            self._cut = True
+            self._pending.append(ChatCompletionChunk(id=self._id, model=self._model, choices=[]))
+            self._pending[made].__dict__[ANTHROPIC_EVENTS] = self._kept
+            self._kept = []
+            return
+        raise Unavailable(f"upstream {self._backend.deployment_id} ended the stream before message_stop")
+
     def _translate(self, event: dict[str, Any] | None) -> None:
         if event is None:
-            self._finish()
             return
         kind = event.get("type")
         if kind == "message_start":

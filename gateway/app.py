@@ -23,6 +23,7 @@ from gateway.controllers.messages import MessagesController
 from gateway.controllers.models import ModelsController
 from gateway.controllers.responses import ResponsesController
 from gateway.controllers.tokenize import TokenizeController
+from gateway.dialects.anthropic import on_messages_paths
 from gateway.drain import DRAIN
 from gateway.errors import exception_handlers
 from gateway.event_stream import DIRECT_SEND
@@ -86,7 +87,7 @@ def create_app(
             "services": Provide(lambda: services, sync_to_thread=False, use_cache=True),
             "pipeline": Provide(lambda: pipeline, sync_to_thread=False, use_cache=True),
         },
-        exception_handlers=exception_handlers,  # type: ignore[arg-type]
+        exception_handlers=on_messages_paths(exception_handlers),  # Anthropic's error shape under /v1/messages
         request_max_body_size=settings.server.max_body_bytes,
         lifespan=[lifespan],
         openapi_config=OpenAPIConfig(

@@ -1,22 +1,60 @@
 """``POST /v1/messages``: Anthropic's Messages API, routed like chat completions; errors in
-Anthropic's shape ``{"type": "error", "error": {"type", "message"}}``."""
+Anthropic's shape ``{"type": "error", "error": {"type", "message"}}``. A deployment that speaks the
+Messages API gets the request as the client sent it; any other, its translation to chat."""
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Awaitable, Mapping
 from typing import Any
 
 from litestar import Controller, Request, Response, post
 from litestar.openapi.datastructures import ResponseSpec
 
-from backends.base import BackendError, TokenCounting, Tokenizing
+from backends.base import Backend, BackendError, BadRequest, ChunkStream, Completed, TokenCounting, Tokenizing
+from backends.call import CallContext
 from backends.estimate import estimate_chat_prompt
+from backends.openai_wire import ChatCompletionRequest
 from gateway.body import WireBody
-from gateway.calls import describe_chat
+from gateway.calls import CallDescription, describe_chat
+from gateway.contracts import Principal
 from gateway.controllers.auth import authenticate_request, pipeline_of, principal_of
 from gateway.controllers.docs import error_responses
-from gateway.dialects.anthropic import ANTHROPIC, CountTokensRequest, MessagesRequest, error_handlers, to_chat_request
-from gateway.errors import from_backend_error
+from gateway.dialects.anthropic import ANTHROPIC, error_handlers
+from gateway.dialects.anthropic_request import (
+    CountTokensRequest,
+    MessagesRequest,
+    as_sent,
+    serves_messages,
+    to_chat_request,
+)
+from gateway.errors import ApiError, from_backend_error
 from gateway.pipeline import Pipeline
+from gateway.request_headers import request_headers
+from gateway.routing.router import ModelGroup
+
+
+def describe_messages(principal: Principal, data: MessagesRequest, group: ModelGroup,
+                      headers: Mapping[str, str]) -> CallDescription:
+    """A Messages call. Without a deployment that speaks the Messages API it is a translated chat
+    call (what cannot be translated is a 400 at once); with one, that deployment gets the request as
+    sent, and any other (a fallback) its translation when it is tried, a 400 naming what cannot be."""
+    if not any(serves_messages(d.backend) for d in group.deployments):
+        return describe_chat(principal, to_chat_request(data), endpoint="messages", dialect=ANTHROPIC)
+    call = describe_chat(principal, as_sent(data, headers), endpoint="messages", dialect=ANTHROPIC)
+    translated: list[ChatCompletionRequest] = []
+
+    def invoke(backend: Backend, ctx: CallContext) -> Awaitable[Completed[Any] | ChunkStream[Any]]:
+        if serves_messages(backend):
+            return call.invoke(backend, ctx)
+        if not translated:
+            try:
+                translated.append(to_chat_request(data))
+            except ApiError as exc:
+                raise BadRequest(exc.message, param=exc.param) from None
+        return backend.chat_stream(translated[0], ctx) if call.stream else backend.chat(translated[0], ctx)
+
+    return dataclasses.replace(call, invoke=invoke)
 
 
 class MessagesController(Controller):
@@ -32,13 +70,17 @@ class MessagesController(Controller):
         return_dto=None,
         summary="Create a message (Anthropic Messages API)",
         description="For clients that speak Anthropic's API (`x-api-key` or bearer auth). Served by any "
-        "provider behind the model. With `stream: true` the answer is Anthropic's event stream.",
+        "provider behind the model: an Anthropic deployment gets the request as sent (with the client's "
+        "`anthropic-version` and `anthropic-beta` headers), any other its translation. With `stream: true` "
+        "the answer is Anthropic's event stream.",
         responses={200: ResponseSpec(None, description="An Anthropic `message` object (or its event stream)"),
                    **error_responses()},
     )
     async def create(self, request: Request[Any, Any, Any], data: MessagesRequest) -> Response[Any]:
-        call = describe_chat(principal_of(request), to_chat_request(data), endpoint="messages", dialect=ANTHROPIC)
-        return await pipeline_of(request).serve(call)
+        principal, pipeline = principal_of(request), pipeline_of(request)
+        group = pipeline.group_for(principal, data.model)
+        call = describe_messages(principal, data, group, request_headers(request.scope))
+        return await pipeline.serve(call)
 
     @post(
         "/count_tokens",
@@ -47,19 +89,21 @@ class MessagesController(Controller):
         return_dto=None,
         summary="Count a conversation's input tokens (Anthropic Messages API)",
         description="Exact for models the built-in engine serves (their chat template) and for Anthropic "
-        "deployments (asked upstream); an estimate otherwise. Not metered.",
+        "deployments (the body as sent, counted upstream); an estimate otherwise. Not metered.",
         responses={200: ResponseSpec(None, description='`{"input_tokens": n}`'), **error_responses()},
     )
     async def count_tokens(self, request: Request[Any, Any, Any], data: CountTokensRequest,
                            pipeline: Pipeline) -> dict[str, int]:
         group = pipeline.group_for(principal_of(request), data.model)
-        chat = to_chat_request(data.as_messages_request())
+        messages = data.as_messages_request()
         backends = [d.backend for d in group.deployments]
         try:
             if tokenizer := next((b for b in backends if isinstance(b, Tokenizing)), None):
-                return {"input_tokens": len(tokenizer.tokenize_chat(chat))}
+                return {"input_tokens": len(tokenizer.tokenize_chat(to_chat_request(messages)))}
             if counter := next((b for b in backends if isinstance(b, TokenCounting)), None):
+                chat = as_sent(messages, request_headers(request.scope)) if serves_messages(counter) \
+                    else to_chat_request(messages)
                 return {"input_tokens": await counter.count_chat_tokens(chat)}
         except BackendError as exc:
             raise from_backend_error(exc) from None
-        return {"input_tokens": estimate_chat_prompt(chat)}
+        return {"input_tokens": estimate_chat_prompt(to_chat_request(messages))}

@@ -1,254 +1,39 @@
 """Anthropic's Messages API at the gateway's edge (``POST /v1/messages``): the whole dialect.
 
-Requests are decoded into the Structs below and converted to an OpenAI chat request, so they are
-authenticated, admitted, routed and metered exactly like ``/v1/chat/completions`` (to any
-provider). Answers are converted back: a ``message`` object, or the Messages stream events
-(``ANTHROPIC``); errors take Anthropic's shape ``{"type": "error", "error": {"type", "message"}}``
-(``error_handlers``). The provider side (OpenAI requests sent to Anthropic) is
-``backends.anthropic_wire``.
+Requests (``gateway.dialects.anthropic_request``) go as the client sent them to a deployment that
+speaks the Messages API, and are translated to an OpenAI chat request for any other, so they are
+authenticated, admitted, routed and metered exactly like ``/v1/chat/completions``. Answers are
+converted back (here): a ``message`` object, or the Messages stream events (``ANTHROPIC``); errors
+take Anthropic's shape ``{"type": "error", "error": {"type", "message"}}`` (``error_handlers``, and
+``on_messages_paths`` for the app's own: an unknown URL or method under ``/v1/messages``). The
+provider side (OpenAI requests sent to Anthropic) is ``backends.anthropic_wire``.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
-from typing import Annotated, Any, ClassVar, Literal
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import msgspec
 from litestar import Request, Response
-from msgspec import UNSET, Meta, Struct, UnsetType
 
 from backends.base import Meter
 from backends.openai_wire import (
-    ANTHROPIC_BODY,
     ANTHROPIC_MESSAGE,
-    MAX_TOKEN_COUNT,
     ChatCompletion,
     ChatCompletionChunk,
-    ChatCompletionRequest,
-    ChatMessage,
-    FilePart,
-    FunctionCall,
-    FunctionDef,
-    ImagePart,
-    ImageURL,
-    StreamOptions,
-    TextPart,
-    Tool,
-    ToolCall,
     Usage,
     anthropic_events,
-    set_extra_params,
 )
-from gateway.body import RAW_BODY
 from gateway.dialects import Dialect
+from gateway.dialects.anthropic_request import CountTokensRequest as CountTokensRequest
+from gateway.dialects.anthropic_request import MessagesRequest as MessagesRequest
+from gateway.dialects.anthropic_request import to_chat_request as to_chat_request
 from gateway.errors import ApiError, exception_handlers
 
 _FINISH_TO_STOP = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use",
                    "content_filter": "refusal", "function_call": "tool_use"}
-
-
-class _Wire(Struct, kw_only=True):
-    pass
-
-
-CacheControl = dict[str, Any] | UnsetType  # {"type": "ephemeral", "ttl"?}: passed to an Anthropic upstream
-
-
-class TextBlock(_Wire, tag_field="type", tag="text"):
-    text: str
-    cache_control: CacheControl = UNSET
-
-
-class ImageSource(_Wire):
-    type: Literal["base64", "url"]
-    media_type: str | UnsetType = UNSET
-    data: str | UnsetType = UNSET
-    url: str | UnsetType = UNSET
-
-
-class ImageBlock(_Wire, tag_field="type", tag="image"):
-    source: ImageSource
-    cache_control: CacheControl = UNSET
-
-
-class DocumentBlock(_Wire, tag_field="type", tag="document"):
-    source: dict[str, Any]  # base64 (a PDF), text, url or content
-    title: str | None | UnsetType = UNSET
-    context: str | None | UnsetType = UNSET
-    citations: dict[str, Any] | UnsetType = UNSET
-    cache_control: CacheControl = UNSET
-
-
-class ThinkingBlock(_Wire, tag_field="type", tag="thinking"):
-    thinking: str
-    signature: str | UnsetType = UNSET
-
-
-class RedactedThinkingBlock(_Wire, tag_field="type", tag="redacted_thinking"):
-    data: str
-
-
-class ToolUseBlock(_Wire, tag_field="type", tag="tool_use"):
-    id: str
-    name: str
-    input: dict[str, Any]
-    cache_control: CacheControl = UNSET
-
-
-class ToolResultBlock(_Wire, tag_field="type", tag="tool_result"):
-    tool_use_id: str
-    content: str | list[TextBlock] = ""
-    is_error: bool | UnsetType = UNSET
-    cache_control: CacheControl = UNSET
-
-
-Block = TextBlock | ImageBlock | DocumentBlock | ToolUseBlock | ToolResultBlock | ThinkingBlock | RedactedThinkingBlock
-
-
-class InputMessage(_Wire):
-    role: Literal["user", "assistant"]
-    content: str | list[Block]
-
-
-class InputTool(_Wire):
-    name: str
-    input_schema: dict[str, Any]
-    description: str | UnsetType = UNSET
-    cache_control: CacheControl = UNSET
-
-
-class ToolChoice(_Wire):
-    type: Literal["auto", "any", "tool", "none"]
-    name: str | UnsetType = UNSET
-
-
-class Metadata(_Wire):
-    user_id: str | None | UnsetType = UNSET
-
-
-class MessagesRequest(_Wire, dict=True):
-    raw_body: ClassVar[bool] = True  # kept as sent (gateway.body), for an Anthropic upstream
-
-    model: str
-    max_tokens: Annotated[int, Meta(ge=1, le=MAX_TOKEN_COUNT)]
-    messages: Annotated[list[InputMessage], Meta(min_length=1)]
-    system: str | list[TextBlock] | UnsetType = UNSET
-    temperature: Annotated[float, Meta(ge=0.0, le=1.0)] | UnsetType = UNSET
-    top_p: Annotated[float, Meta(ge=0.0, le=1.0)] | UnsetType = UNSET
-    top_k: Annotated[int, Meta(ge=0)] | UnsetType = UNSET
-    stop_sequences: list[str] | UnsetType = UNSET
-    stream: bool | UnsetType = UNSET
-    tools: list[InputTool] | UnsetType = UNSET
-    tool_choice: ToolChoice | UnsetType = UNSET
-    metadata: Metadata | UnsetType = UNSET
-    thinking: dict[str, Any] | UnsetType = UNSET  # extended thinking: {"type": "enabled", "budget_tokens"}
-
-
-class CountTokensRequest(_Wire):
-    """``POST /v1/messages/count_tokens``: a Messages request without its generation settings."""
-
-    model: str
-    messages: Annotated[list[InputMessage], Meta(min_length=1)]
-    system: str | list[TextBlock] | UnsetType = UNSET
-    tools: list[InputTool] | UnsetType = UNSET
-    tool_choice: ToolChoice | UnsetType = UNSET
-
-    def as_messages_request(self) -> MessagesRequest:
-        return MessagesRequest(model=self.model, max_tokens=1, messages=self.messages, system=self.system,
-                               tools=self.tools, tool_choice=self.tool_choice)
-
-
-# ---------------------------------------------------------------- request -> OpenAI
-
-
-def _result_text(block: ToolResultBlock) -> str:
-    return block.content if isinstance(block.content, str) else "".join(b.text for b in block.content)
-
-
-def _convert_message(message: InputMessage) -> list[ChatMessage]:
-    if isinstance(message.content, str):
-        return [ChatMessage(role=message.role, content=message.content)]
-    parts: list[TextPart | ImagePart | FilePart] = []
-    calls: list[ToolCall] = []
-    results: list[ChatMessage] = []
-    for block in message.content:
-        if isinstance(block, TextBlock):
-            parts.append(TextPart(text=block.text))
-        elif isinstance(block, ImageBlock):
-            src = block.source
-            url = src.url if src.type == "url" else f"data:{src.media_type};base64,{src.data}"
-            parts.append(ImagePart(image_url=ImageURL(url=str(url))))
-        elif isinstance(block, DocumentBlock):
-            parts.append(_document_part(block))
-        elif isinstance(block, ThinkingBlock | RedactedThinkingBlock):
-            continue  # earlier thinking: only an Anthropic upstream uses it (it gets the request as sent)
-        elif isinstance(block, ToolUseBlock):
-            arguments = msgspec.json.encode(block.input).decode()
-            calls.append(ToolCall(id=block.id, function=FunctionCall(name=block.name, arguments=arguments)))
-        else:
-            results.append(ChatMessage(role="tool", tool_call_id=block.tool_use_id, content=_result_text(block)))
-    out = list(results)
-    if parts or calls:
-        converted = ChatMessage(role=message.role, content=parts or None)  # type: ignore[arg-type]
-        if calls:
-            converted.tool_calls = calls
-        out.append(converted)
-    return out
-
-
-def _document_part(block: DocumentBlock) -> TextPart | FilePart:
-    """A document for an OpenAI-shaped request: its text, or a PDF as a ``file`` part."""
-    source = block.source
-    if source.get("type") == "text" and isinstance(source.get("data"), str):
-        return TextPart(text=source["data"])
-    if source.get("type") == "base64" and isinstance(source.get("data"), str):
-        media = source.get("media_type") or "application/pdf"
-        return FilePart(file={"file_data": f"data:{media};base64,{source['data']}",
-                              "filename": block.title or "document"})
-    raise ApiError(400, f"document source of type {source.get('type')!r} is served only by Anthropic deployments",
-                   param="messages")
-
-
-def _tool_choice(choice: ToolChoice) -> str | dict[str, Any]:
-    if choice.type == "tool":
-        if not choice.name:
-            raise ApiError(400, "tool_choice of type 'tool' needs a name", param="tool_choice.name")
-        return {"type": "function", "function": {"name": choice.name}}
-    return {"auto": "auto", "any": "required", "none": "none"}[choice.type]
-
-
-def to_chat_request(req: MessagesRequest) -> ChatCompletionRequest:
-    messages: list[ChatMessage] = []
-    if req.system:
-        system = req.system if isinstance(req.system, str) else "".join(b.text for b in req.system)
-        messages.append(ChatMessage(role="system", content=system))
-    for message in req.messages:
-        messages.extend(_convert_message(message))
-    chat = ChatCompletionRequest(model=req.model, messages=messages, max_tokens=req.max_tokens)
-    if req.temperature is not UNSET:
-        chat.temperature = req.temperature
-    if req.top_p is not UNSET:
-        chat.top_p = req.top_p
-    if req.top_k is not UNSET:
-        chat.top_k = req.top_k
-    if req.stop_sequences:
-        chat.stop = list(req.stop_sequences)  # all of them: a provider allowing fewer refuses, never a cut
-    if req.tools:
-        chat.tools = [Tool(function=FunctionDef(name=t.name, description=t.description, parameters=t.input_schema))
-                      for t in req.tools]
-    if req.tool_choice is not UNSET:
-        chat.tool_choice = _tool_choice(req.tool_choice)
-    if req.metadata is not UNSET and isinstance(req.metadata.user_id, str):
-        chat.user = req.metadata.user_id
-    if req.stream:
-        chat.stream = True
-        chat.stream_options = StreamOptions(include_usage=True)  # message_delta carries the usage
-    if req.thinking is not UNSET:  # the engine refuses it by name; an OpenAI-shaped upstream gets it
-        set_extra_params(chat, {"thinking": msgspec.Raw(msgspec.json.encode(req.thinking))})
-    if (raw := req.__dict__.get(RAW_BODY)) is not None:  # an Anthropic upstream gets the request as sent
-        chat.__dict__[ANTHROPIC_BODY] = msgspec.json.decode(raw)
-    return chat
 
 
 # ---------------------------------------------------------------- OpenAI -> response
@@ -383,7 +168,8 @@ class MessagesEvents:
 ANTHROPIC = Dialect(unary=message_body, stream=MessagesEvents)
 
 _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-                404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error", 503: "overloaded_error"}
+                404: "not_found_error", 405: "invalid_request_error", 413: "request_too_large",
+                429: "rate_limit_error", 503: "overloaded_error"}
 
 
 def _in_anthropic_shape(handler: Callable[[Request[Any, Any, Any], Any], Response[bytes]]) -> Callable[..., Any]:
@@ -403,3 +189,24 @@ def _in_anthropic_shape(handler: Callable[[Request[Any, Any, Any], Any], Respons
 def error_handlers() -> dict[Any, Callable[..., Any]]:
     """The gateway's exception handlers, answering in Anthropic's error shape."""
     return {exc: _in_anthropic_shape(h) for exc, h in exception_handlers.items()}  # type: ignore[arg-type]  # handlers are typed per exception
+
+
+MESSAGES_PATH = "/v1/messages"
+
+
+def on_messages_paths(handlers: Mapping[Any, Any]) -> dict[Any, Callable[..., Any]]:
+    """The app's exception ``handlers``, answering in Anthropic's shape under ``/v1/messages``: an
+    unknown URL or a method not allowed there fails before any controller's handlers apply."""
+
+    def choose(handler: Callable[..., Response[bytes]]) -> Callable[..., Response[bytes]]:
+        anthropic = _in_anthropic_shape(handler)
+
+        def handle(request: Request[Any, Any, Any], exc: Exception) -> Response[bytes]:
+            path = request.scope["path"]
+            if path == MESSAGES_PATH or path.startswith(MESSAGES_PATH + "/"):
+                return anthropic(request, exc)
+            return handler(request, exc)
+
+        return handle
+
+    return {exc: choose(handler) for exc, handler in handlers.items()}

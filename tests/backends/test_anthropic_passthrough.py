@@ -1,0 +1,252 @@
+"""A /v1/messages request to an Anthropic deployment goes as the client sent it (block, source and
+tool types the gateway does not know included; headers anthropic-version and anthropic-beta too),
+count_tokens counts the body as sent, and a stream that ends without message_stop fails instead of
+passing for a finished answer; the anthropic and openai SDKs against a gateway on loopback, a
+loopback server speaking the Messages API and one speaking OpenAI's (a fallback)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import anthropic
+import httpx
+import openai
+import pytest
+
+from backends.dev.echo_server import Exchange
+from backends.factory import build_backend
+from gateway.app import create_app
+from gateway.contracts import Principal
+from gateway.routing.router import Router
+from gateway.services import Services
+from gateway.settings import parse_settings
+from tests.conftest import ADMIN_KEY
+from tests.support.doubles import RecordingSink, ScriptedAdmission, StaticKeys
+from tests.support.fake_anthropic import FakeAnthropic, _text
+from tests.support.fake_upstream import FakeUpstream
+from tests.support.servers import ServerThread
+
+
+class CuttingAnthropic(FakeAnthropic):
+    """Ends the stream after the first text delta, without message_stop, when the text starts with CUT."""
+
+    async def _stream(self, ex: Exchange, payload: dict[str, Any], blocks: list[dict[str, Any]], stop: str,
+                      usage: dict[str, int], matched: str | None = None) -> None:
+        if not _text(payload["messages"][-1]["content"]).startswith("CUT"):
+            return await super()._stream(ex, payload, blocks, stop, usage, matched)
+        await ex.send({"type": "http.response.start", "status": 200,
+                       "headers": [(b"content-type", b"text/event-stream")]})
+        for kind, data in [
+            ("message_start", {"message": {"id": "msg_cut", "type": "message", "role": "assistant",
+                                           "model": payload["model"], "content": [],
+                                           "usage": {"input_tokens": 5, "output_tokens": 1}}}),
+            ("content_block_start", {"index": 0, "content_block": {"type": "text", "text": ""}}),
+            ("content_block_delta", {"index": 0, "delta": {"type": "text_delta", "text": "partial"}}),
+            ("ping", {}),
+        ]:
+            raw = f"event: {kind}\ndata: {json.dumps({'type': kind} | data)}\n\n".encode()
+            await ex.send({"type": "http.response.body", "body": raw, "more_body": True})
+        await ex.send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+@pytest.fixture(scope="module")
+def anthropic_upstream() -> Iterator[CuttingAnthropic]:
+    server = CuttingAnthropic().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def gateway(anthropic_upstream: CuttingAnthropic,
+            fake_upstream_server: FakeUpstream) -> Iterator[tuple[ServerThread, RecordingSink]]:
+    deployment = {"provider": "anthropic", "model": "claude-test", "api_base": anthropic_upstream.url,
+                  "api_key": "sk-ant"}
+    settings = parse_settings({"models": [
+        {"name": "claude", "max_retries": 0, "deployments": [deployment]},
+        {"name": "claude-fb", "max_retries": 0, "fallbacks": ["oai"], "deployments": [deployment | {"name": "fb"}]},
+        {"name": "oai", "max_retries": 0, "deployments": [{"provider": "openai", "model": "upstream-echo",
+                                                           "api_base": fake_upstream_server.url}]},
+    ]}, env={})
+    usage = RecordingSink()
+    services = Services(authenticator=StaticKeys({ADMIN_KEY: Principal("admin", None, is_admin=True)}),
+                        admission=ScriptedAdmission(), usage=usage,
+                        router=Router.from_settings(settings, build_backend))
+    with ServerThread(create_app(settings, services)) as server:
+        yield server, usage
+
+
+@pytest.fixture
+def upstream(anthropic_upstream: CuttingAnthropic, fake_upstream_server: FakeUpstream,
+             gateway: tuple[ServerThread, RecordingSink]) -> CuttingAnthropic:
+    anthropic_upstream.received.clear()
+    anthropic_upstream.headers.clear()
+    anthropic_upstream.faults.clear()
+    fake_upstream_server.reset()
+    gateway[1].records.clear()
+    return anthropic_upstream
+
+
+@pytest.fixture
+def ant(gateway: tuple[ServerThread, RecordingSink]) -> anthropic.Anthropic:
+    return anthropic.Anthropic(base_url=gateway[0].url, api_key=ADMIN_KEY, max_retries=0)
+
+
+USER = [{"role": "user", "content": "hi"}]
+# Valid Messages requests that OpenAI's chat shape cannot carry: an Anthropic deployment gets them as sent.
+AS_SENT: dict[str, dict[str, Any]] = {
+    "document with a url source": {"messages": [{"role": "user", "content": [
+        {"type": "document", "source": {"type": "url", "url": "https://example.com/a.pdf"}},
+        {"type": "text", "text": "summarise"}]}]},
+    "document with a content source": {"messages": [{"role": "user", "content": [
+        {"type": "document", "source": {"type": "content", "content": [{"type": "text", "text": "abc"}]}},
+        {"type": "text", "text": "summarise"}]}]},
+    "image from the Files API": {"messages": [{"role": "user", "content": [
+        {"type": "image", "source": {"type": "file", "file_id": "file_123"}}, {"type": "text", "text": "what"}]}]},
+    "a server tool without input_schema": {"messages": USER, "tools": [
+        {"type": "web_search_20250305", "name": "web_search", "max_uses": 2}], "tool_choice": {"type": "any"}},
+    "a tool result holding an image": {
+        "messages": [{"role": "user", "content": "x"},
+                     {"role": "assistant", "content": [{"type": "tool_use", "id": "tu1", "name": "shot", "input": {}}]},
+                     {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "tu1", "content": [
+                         {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                                      "data": "iVBORw0KGgo="}}]}]}],
+        "tools": [{"name": "shot", "input_schema": {"type": "object"}}]},
+    "a search_result block": {"messages": [{"role": "user", "content": [
+        {"type": "search_result", "source": "https://x", "title": "t", "content": [{"type": "text", "text": "abc"}]},
+        {"type": "text", "text": "q"}]}]},
+    "a block and a tool of types not yet known": {"messages": [{"role": "user", "content": [
+        {"type": "hologram", "frames": 3}, {"type": "text", "text": "q"}]}],
+        "tools": [{"type": "mcp_toolset", "mcp_server_name": "files"}]},
+    "tool_choice with disable_parallel_tool_use": {
+        "messages": USER, "tools": [{"name": "f", "input_schema": {"type": "object"}}],
+        "tool_choice": {"type": "auto", "disable_parallel_tool_use": True}},
+}
+
+
+@pytest.mark.parametrize("case", list(AS_SENT))
+def test_anthropic_deployment_gets_the_request_as_sent(ant: anthropic.Anthropic, upstream: CuttingAnthropic,
+                                                        case: str) -> None:
+    body = {"max_tokens": 16} | AS_SENT[case]
+    message = ant.messages.create(model="claude", **body, extra_body={"future_field": {"a": 1}})  # type: ignore[call-overload]
+    assert message.model == "claude"
+    assert upstream.received[-1] == body | {"model": "claude-test", "future_field": {"a": 1}}
+
+
+def test_streamed_request_goes_as_sent_too(ant: anthropic.Anthropic, upstream: CuttingAnthropic) -> None:
+    body = {"max_tokens": 16} | AS_SENT["a search_result block"]
+    with ant.messages.stream(model="claude", **body) as stream:  # type: ignore[arg-type]
+        final = stream.get_final_message()
+    assert final.content[0].text == "q"  # type: ignore[union-attr]
+    assert upstream.received[-1] == body | {"model": "claude-test", "stream": True}
+
+
+def test_a_fallback_to_another_provider_refuses_what_it_cannot_carry(
+        ant: anthropic.Anthropic, upstream: CuttingAnthropic, fake_upstream_server: FakeUpstream) -> None:
+    """claude-fb's Anthropic deployment is overloaded; its fallback speaks OpenAI's chat: a request it
+    cannot carry is a 400 naming the field there (never a silent loss), one it can is served."""
+    upstream.fail_next(529, "overloaded_error", "overloaded")
+    with pytest.raises(anthropic.BadRequestError) as refused:
+        ant.messages.create(model="claude-fb", max_tokens=16, **AS_SENT["document with a url source"])
+    assert "messages[0].content[0].source.type" in refused.value.message
+    assert len(upstream.received) == 1 and fake_upstream_server.received == []
+    upstream.fail_next(529, "overloaded_error", "overloaded")
+    message = ant.messages.create(model="claude-fb", max_tokens=16, messages=[{"role": "user", "content": "a b"}])
+    assert message.content[0].text == "a b"  # type: ignore[union-attr]
+    assert fake_upstream_server.last.json["messages"] == [{"role": "user", "content": "a b"}]
+
+
+COUNTED = {
+    "system": [{"type": "text", "text": "Sys A.", "cache_control": {"type": "ephemeral"}},
+               {"type": "text", "text": "Sys B."}],
+    "messages": [
+        {"role": "user", "content": [{"type": "text", "text": "hi"}, {"type": "image", "source": {
+            "type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}}]},
+        {"role": "assistant", "content": [{"type": "thinking", "thinking": "hmm", "signature": "sig"},
+                                          {"type": "tool_use", "id": "tu1", "name": "f", "input": {"a": 1}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "tu1", "content": "ok", "is_error": True}]},
+    ],
+    "tools": [{"name": "f", "input_schema": {"type": "object"}}],
+    "thinking": {"type": "enabled", "budget_tokens": 2048},
+}
+
+
+def test_count_tokens_counts_the_body_as_sent(ant: anthropic.Anthropic, upstream: CuttingAnthropic) -> None:
+    counted = ant.messages.count_tokens(model="claude", **COUNTED)  # type: ignore[arg-type]
+    assert counted.input_tokens > 0
+    assert upstream.received[-1] == COUNTED | {"model": "claude-test"}  # thinking, cache_control, is_error kept
+
+
+def test_count_tokens_leaves_out_what_the_gateway_sets(gateway: tuple[ServerThread, RecordingSink],
+                                                      upstream: CuttingAnthropic) -> None:
+    body = COUNTED | {"model": "claude", "max_tokens": 9, "stream": True}
+    response = httpx.post(gateway[0].url + "/v1/messages/count_tokens", json=body,
+                          headers={"x-api-key": ADMIN_KEY, "anthropic-beta": "token-counting-2024-11-01"})
+    assert response.status_code == 200, response.text
+    assert upstream.received[-1] == COUNTED | {"model": "claude-test"}
+    assert upstream.headers[-1]["anthropic-beta"] == "token-counting-2024-11-01"
+
+
+def test_client_anthropic_headers_are_forwarded(ant: anthropic.Anthropic, upstream: CuttingAnthropic,
+                                                gateway: tuple[ServerThread, RecordingSink]) -> None:
+    beta = "files-api-2025-04-14,interleaved-thinking-2025-05-14"
+    ant.messages.create(model="claude", max_tokens=8, messages=USER, extra_headers={"anthropic-beta": beta})
+    assert upstream.headers[-1]["anthropic-beta"] == beta
+    assert upstream.headers[-1]["anthropic-version"] == ant.default_headers["anthropic-version"]  # the SDK's
+    with ant.messages.stream(model="claude", max_tokens=8, messages=USER,
+                             extra_headers={"anthropic-beta": beta}) as stream:
+        stream.get_final_message()
+    assert upstream.headers[-1]["anthropic-beta"] == beta
+    httpx.post(gateway[0].url + "/v1/messages", json={"model": "claude", "max_tokens": 8, "messages": USER},
+               headers={"x-api-key": ADMIN_KEY, "anthropic-version": "2099-01-01"}).raise_for_status()
+    assert upstream.headers[-1]["anthropic-version"] == "2099-01-01"
+    assert "anthropic-beta" not in upstream.headers[-1]
+    openai.OpenAI(base_url=gateway[0].url + "/v1", api_key=ADMIN_KEY, max_retries=0).chat.completions.create(
+        model="claude", messages=[{"role": "user", "content": "hi"}], extra_headers={"anthropic-beta": beta})
+    assert upstream.headers[-1]["anthropic-version"] == "2023-06-01"  # an OpenAI client's request: the default
+    assert "anthropic-beta" not in upstream.headers[-1]
+
+
+def _sse(url: str, body: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    events: list[tuple[str, dict[str, Any]]] = []
+    with httpx.stream("POST", url, json=body, headers={"x-api-key": ADMIN_KEY}, timeout=20) as r:
+        assert r.status_code == 200, r.read()
+        kind = ""
+        for line in r.iter_lines():
+            if line.startswith("event: "):
+                kind = line.removeprefix("event: ")
+            elif line.startswith("data: "):
+                events.append((kind, json.loads(line.removeprefix("data: "))))
+    return events
+
+
+def test_a_cut_stream_ends_with_an_error_event(gateway: tuple[ServerThread, RecordingSink],
+                                               upstream: CuttingAnthropic, ant: anthropic.Anthropic) -> None:
+    body = {"model": "claude", "max_tokens": 16, "stream": True, "messages": [{"role": "user", "content": "CUT"}]}
+    events = _sse(gateway[0].url + "/v1/messages", body)
+    kinds = [kind for kind, _ in events]
+    assert kinds == ["message_start", "content_block_start", "content_block_delta", "ping", "error"]
+    assert "message_stop" in events[-1][1]["error"]["message"]
+    record = gateway[1].wait_for(1)[0]
+    assert record.extra == {"outcome": "failed"} and record.error_type is not None
+    assert record.prompt_tokens == 5  # what message_start reported
+    with pytest.raises(anthropic.APIStatusError):
+        with ant.messages.stream(model="claude", max_tokens=16, messages=[{"role": "user", "content": "CUT"}]) as s:
+            list(s)
+
+
+def test_a_cut_stream_fails_for_openai_clients_too(gateway: tuple[ServerThread, RecordingSink],
+                                                   upstream: CuttingAnthropic) -> None:
+    client = openai.OpenAI(base_url=gateway[0].url + "/v1", api_key=ADMIN_KEY, max_retries=0)
+    stream = client.chat.completions.create(model="claude", messages=[{"role": "user", "content": "CUT"}],
+                                            stream=True)
+    texts: list[str] = []
+    with pytest.raises(openai.APIError):
+        for chunk in stream:
+            texts.extend(c.delta.content or "" for c in chunk.choices)
+    assert "".join(texts) == "partial"
+    assert gateway[1].wait_for(1)[0].extra == {"outcome": "failed"}
+    whole = client.chat.completions.create(model="claude", messages=[{"role": "user", "content": "a whole answer"}],
+                                           stream=True)
+    assert "".join(c.choices[0].delta.content or "" for c in whole if c.choices) == "a whole answer"

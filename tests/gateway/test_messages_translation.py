@@ -1,0 +1,131 @@
+"""``POST /v1/messages`` translated for an OpenAI upstream: what chat can carry goes (system blocks and
+tool-result texts one per line, is_error told in the text, disable_parallel_tool_use as
+parallel_tool_calls: false), what it cannot is a 400 naming the field before the upstream is asked;
+empty content is refused as Anthropic refuses it; routing errors under /v1/messages take Anthropic's
+shape. The anthropic SDK (or raw HTTP) against a gateway in front of the fake OpenAI upstream."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anthropic
+import httpx
+import msgspec
+import pytest
+
+from gateway.dialects.anthropic_request import MessagesRequest, as_sent, to_chat_request
+from gateway.errors import ApiError
+from tests.conftest import ADMIN_KEY
+from tests.gateway.conftest import GatewayEnv
+from tests.support.fake_upstream import FakeUpstream
+
+
+@pytest.fixture
+def client(env: GatewayEnv) -> anthropic.Anthropic:
+    return anthropic.Anthropic(base_url=env.server.url, api_key=ADMIN_KEY, max_retries=0)
+
+
+def _post(env: GatewayEnv, body: dict[str, Any], path: str = "/v1/messages") -> httpx.Response:
+    return httpx.post(env.server.url + path, json={"model": "echo", "max_tokens": 8} | body,
+                      headers={"x-api-key": ADMIN_KEY}, timeout=10)
+
+
+def test_tool_round_trip_keeps_separators_errors_and_parallelism(client: anthropic.Anthropic,
+                                                                  upstream: FakeUpstream) -> None:
+    client.messages.create(
+        model="echo", max_tokens=16,
+        system=[{"type": "text", "text": "S1"}, {"type": "text", "text": "S2"}],
+        tools=[{"name": "f", "description": "d", "input_schema": {"type": "object"}}],
+        tool_choice={"type": "auto", "disable_parallel_tool_use": True},
+        messages=[
+            {"role": "user", "content": "q"},
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "f", "input": {"x": 1}}]},
+            {"role": "user", "content": [
+                {"type": "tool_result", "tool_use_id": "t1", "is_error": True,
+                 "content": [{"type": "text", "text": "r1"}, {"type": "text", "text": "r2"}]},
+                {"type": "tool_result", "tool_use_id": "t2", "content": [{"type": "text", "text": "fine"}]},
+                {"type": "text", "text": "and?"}]},
+        ])
+    sent = upstream.last.json
+    assert sent["messages"][0] == {"role": "system", "content": "S1\nS2"}
+    assert sent["messages"][3] == {"role": "tool", "content": "[tool error] r1\nr2", "tool_call_id": "t1"}
+    assert sent["messages"][4] == {"role": "tool", "content": "fine", "tool_call_id": "t2"}
+    assert sent["tool_choice"] == "auto" and sent["parallel_tool_calls"] is False
+
+
+UNTRANSLATABLE: list[tuple[dict[str, Any], str]] = [
+    ({"messages": [{"role": "user", "content": [
+        {"type": "document", "source": {"type": "url", "url": "https://x/a.pdf"}}]}]},
+     "messages[0].content[0].source.type"),
+    ({"messages": [{"role": "user", "content": [{"type": "image", "source": {"type": "file", "file_id": "f1"}}]}]},
+     "messages[0].content[0].source.type"),
+    ({"messages": [{"role": "user", "content": "q"}], "tools": [{"type": "web_search_20250305", "name": "web"}]},
+     "tools[0].type"),
+    ({"messages": [{"role": "user", "content": "q"}], "tools": [{"name": "f"}]}, "tools[0].input_schema"),
+    ({"messages": [{"role": "user", "content": [{"type": "search_result", "source": "s", "title": "t",
+                                                  "content": [{"type": "text", "text": "abc"}]}]}]},
+     "messages[0].content[0].type"),
+    ({"messages": [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": [
+        {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AAAA"}}]}]}]},
+     "messages[0].content[0].content[0].type"),
+    ({"messages": [{"role": "user", "content": [{"type": "text"}]}]}, "messages[0].content[0].text"),
+    ({"messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]}, "messages[0].content[0].text"),
+    ({"messages": [{"role": "user", "content": "q"}], "tools": [{"name": "f", "input_schema": {}}],
+      "tool_choice": {"type": "tool"}}, "tool_choice.name"),
+]
+
+
+@pytest.mark.parametrize(("body", "field"), UNTRANSLATABLE)
+def test_what_chat_cannot_carry_is_a_400_naming_it(env: GatewayEnv, upstream: FakeUpstream,
+                                                   body: dict[str, Any], field: str) -> None:
+    response = _post(env, body)
+    assert response.status_code == 400, response.text
+    error = response.json()
+    assert error["type"] == "error" and error["error"]["type"] == "invalid_request_error"
+    assert error["error"]["message"].startswith(field + ": ")
+    assert upstream.received == []
+
+
+@pytest.mark.parametrize("messages", [
+    [{"role": "user", "content": []}],
+    [{"role": "user", "content": "q"}, {"role": "assistant", "content": []}, {"role": "user", "content": "r"}],
+    [{"role": "user", "content": ""}],
+])
+def test_empty_content_is_refused(env: GatewayEnv, upstream: FakeUpstream, messages: list[Any]) -> None:
+    for path in ("/v1/messages", "/v1/messages/count_tokens"):
+        response = _post(env, {"messages": messages}, path)
+        assert response.status_code == 400, response.text
+        assert response.json()["type"] == "error"
+        assert "content" in response.json()["error"]["message"]
+    assert upstream.received == []
+
+
+def test_a_final_assistant_message_may_be_empty(env: GatewayEnv, upstream: FakeUpstream) -> None:
+    response = _post(env, {"messages": [{"role": "user", "content": "a b"}, {"role": "assistant", "content": []}]})
+    assert response.status_code == 200, response.text
+    assert upstream.last.json["messages"] == [{"role": "user", "content": "a b"}]
+
+
+def test_empty_content_is_refused_for_every_deployment() -> None:
+    """The engine, and an Anthropic deployment, get the same 400 (the check precedes any translation)."""
+    body = msgspec.convert({"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": []}]},
+                           MessagesRequest)
+    for translate in (to_chat_request, lambda r: as_sent(r, {})):
+        with pytest.raises(ApiError) as refused:
+            translate(body)
+        assert refused.value.status == 400 and refused.value.param == "messages[0].content"
+
+
+def test_routing_errors_under_messages_take_anthropic_shape(env: GatewayEnv) -> None:
+    with httpx.Client(base_url=env.server.url, headers={"x-api-key": ADMIN_KEY}, timeout=10) as http:
+        wrong_method = http.get("/v1/messages")
+        assert wrong_method.status_code == 405
+        assert wrong_method.json()["type"] == "error"
+        assert wrong_method.json()["error"]["type"] == "invalid_request_error"
+        assert "allow" in wrong_method.headers
+        unknown = http.post("/v1/messages/nope", json={})
+        assert unknown.status_code == 404
+        assert unknown.json() == {"type": "error", "error": {
+            "type": "not_found_error", "message": "Invalid URL (POST /v1/messages/nope)"}}
+        elsewhere = http.post("/v1/nope", json={})  # OpenAI's shape everywhere else
+        assert elsewhere.status_code == 404 and elsewhere.json()["error"]["code"] == "unknown_url"
