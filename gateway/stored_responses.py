@@ -3,19 +3,25 @@
 
 A caller only ever sees what its own owner scope stored: the tenant, or the key itself for keys
 without a tenant (admin keys). A row not visible to the caller is reported exactly like a missing one.
+A row, once stored, is never replaced: a second answer under a stored id (an upstream serving
+Responses that reuses its ids) is not kept, so no answer overwrites or takes over another's.
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import delete, select
+from sqlalchemy.exc import IntegrityError
 
 from gateway.contracts import Principal
 from gateway.db.engine import Database
 from gateway.db.models import StoredResponse
+
+log = logging.getLogger("switchyard.responses")
 
 
 def owner_of(principal: Principal) -> str:
@@ -25,28 +31,40 @@ def owner_of(principal: Principal) -> str:
 @dataclass(frozen=True)
 class Kept:
     """One stored answer: the response object, its own input items, and the whole conversation
-    (earlier context, this input, this output) a continuation starts from."""
+    (earlier context, this input, this output) a continuation starts from. ``upstream_previous_id``:
+    when the conversation began by continuing a response only the upstream holds (an id the gateway
+    never kept), that id, for the upstream to resolve the turns before ``context``."""
 
     response: dict[str, Any]
     input_items: list[dict[str, Any]]
     context: list[dict[str, Any]]
+    upstream_previous_id: str | None = None
 
 
 class ResponseStore:
     def __init__(self, db: Database) -> None:
         self._db = db
 
-    async def save(self, principal: Principal, kept: Kept, previous_response_id: str | None) -> None:
+    async def save(self, principal: Principal, kept: Kept, previous_response_id: str | None) -> bool:
+        """Store ``kept``; False (logged) when its id is already stored, for this owner or another,
+        and that row is left as it is."""
         response = kept.response
         row = StoredResponse(
             id=response["id"], owner=owner_of(principal), model=str(response.get("model", "")),
             created_at=datetime.fromtimestamp(int(response.get("created_at") or 0), UTC),
-            previous_response_id=previous_response_id, input_items=kept.input_items, context=kept.context,
-            response=response,
+            previous_response_id=previous_response_id, upstream_previous_id=kept.upstream_previous_id,
+            input_items=kept.input_items, context=kept.context, response=response,
         )
         async with self._db.session() as s:
-            await s.merge(row)  # a retried id replaces its own earlier row
-            await s.commit()
+            s.add(row)  # an insert, never a merge: an existing row keeps its answer and its owner
+            try:
+                await s.commit()
+            except IntegrityError:
+                await s.rollback()
+                log.warning("response %s not stored: a response with that id is already stored (the upstream "
+                            "reused the id); the stored one is kept", row.id)
+                return False
+        return True
 
     async def get(self, principal: Principal, response_id: str) -> Kept | None:
         async with self._db.session() as s:
@@ -54,7 +72,7 @@ class ResponseStore:
                 StoredResponse.id == response_id, StoredResponse.owner == owner_of(principal)))).scalar_one_or_none()
         if row is None:
             return None
-        return Kept(row.response, row.input_items, row.context)
+        return Kept(row.response, row.input_items, row.context, row.upstream_previous_id)
 
     async def delete(self, principal: Principal, response_id: str) -> bool:
         async with self._db.session() as s:

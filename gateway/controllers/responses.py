@@ -23,11 +23,13 @@ from gateway.contracts import Principal
 from gateway.controllers.auth import authenticate_request, pipeline_of, principal_of
 from gateway.controllers.docs import error_responses
 from gateway.dialects import Dialect
-from gateway.dialects.responses import (
+from gateway.dialects.responses import responses_dialect
+from gateway.dialects.responses_request import (
     ResponsesRequest,
+    echoed_fields,
     input_items,
     raw_request,
-    responses_dialect,
+    responses_param,
     to_chat_request,
 )
 from gateway.errors import ApiError
@@ -61,13 +63,17 @@ def _for_upstream(item: dict[str, Any]) -> dict[str, Any]:
 
 
 def _described_for_passthrough(principal: Principal, data: ResponsesRequest, context: list[dict[str, Any]] | None,
-                               inputs: list[dict[str, Any]], dialect: Dialect) -> CallDescription:
+                               upstream_previous: str | None, inputs: list[dict[str, Any]],
+                               dialect: Dialect) -> CallDescription:
     """A call whose deployments include one serving Responses itself: that one gets the request as
-    sent (a kept conversation's items put before the input, in place of ``previous_response_id``);
-    any other (a fallback) gets it translated to chat when it is tried."""
+    sent (a kept conversation's items put before the input, in place of ``previous_response_id``,
+    which then names ``upstream_previous``: where the kept conversation began from a response only
+    the upstream holds); any other (a fallback) gets it translated to chat when it is tried."""
     body = raw_request(data)
     if context is not None:
         body.pop("previous_response_id", None)
+        if upstream_previous is not None:
+            body["previous_response_id"] = upstream_previous
         body["input"] = [_for_upstream(item) for item in context + inputs]
     stream = bool(data.stream)
 
@@ -127,32 +133,41 @@ class ResponsesController(Controller):
         previous = data.previous_response_id if isinstance(data.previous_response_id, str) else None
         context: list[dict[str, Any]] = []
         kept_previous = False
+        upstream_previous: str | None = None  # a response only the upstream holds, that this conversation continues
         if previous is not None:
             store = _store(services)
             kept = await store.get(principal, previous) if store is not None else None
             if kept is not None:
-                context, kept_previous = kept.context, True
-            elif not native:  # an upstream serving Responses may know it; nothing else can
+                context, kept_previous, upstream_previous = kept.context, True, kept.upstream_previous_id
+            elif native:  # an upstream serving Responses may know it; nothing else can
+                upstream_previous = previous
+            else:
                 raise ApiError(400, f"Previous response with id '{previous}' not found.",
                                param="previous_response_id", code="previous_response_not_found")
         inputs = input_items(data)
         store = _store(services) if data.store is not False else None
-        extra = {"previous_response_id": previous, "store": store is not None,
-                 "instructions": data.instructions if isinstance(data.instructions, str) else None}
+        extra = echoed_fields(data) | {
+            "previous_response_id": previous, "store": store is not None,
+            "instructions": data.instructions if isinstance(data.instructions, str) else None}
         finished: list[dict[str, Any]] = []
         dialect = responses_dialect(extra, finished.append,
                                     {"previous_response_id": previous} if kept_previous else {})
         if native:
-            call = _described_for_passthrough(principal, data, context if kept_previous else None, inputs, dialect)
+            call = _described_for_passthrough(principal, data, context if kept_previous else None, upstream_previous,
+                                              inputs, dialect)
         else:
             call = describe_chat(principal, to_chat_request(data, context), endpoint="responses", dialect=dialect)
-        response = await pipeline.serve(call)
+        try:
+            response = await pipeline.serve(call)
+        except ApiError as exc:  # a chat request's field named as this request names it
+            exc.param = responses_param(exc.param)
+            raise
         if store is None:
             return response
 
         async def save() -> None:
             final = finished[0]
-            kept = Kept(final, inputs, context + inputs + list(final.get("output") or []))
+            kept = Kept(final, inputs, context + inputs + list(final.get("output") or []), upstream_previous)
             try:
                 await store.save(principal, kept, previous)
             except Exception:  # the answer is produced and metered; only its later retrieval is lost

@@ -215,6 +215,8 @@ class StoredResponse(Base):
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     model: Mapped[str] = mapped_column(String(200))
     previous_response_id: Mapped[str | None] = mapped_column(String(80), default=None)
+    # the conversation began by continuing a response only the upstream holds: that response's id
+    upstream_previous_id: Mapped[str | None] = mapped_column(String(80), default=None)
     input_items: Mapped[list[Any]] = mapped_column(JSON)
     context: Mapped[list[Any]] = mapped_column(JSON)
     response: Mapped[dict[str, Any]] = mapped_column(JSON)

@@ -3,6 +3,8 @@ OpenAI upstream (the loopback echo upstream)."""
 
 from __future__ import annotations
 
+import json
+
 import httpx
 import openai
 import pytest
@@ -93,3 +95,129 @@ def test_bad_input_names_the_field(env: GatewayEnv, body: dict[str, object], par
     assert r.status_code == 400, r.text
     error = r.json()["error"]
     assert error["param"] is not None and error["param"].startswith(param)
+
+
+def _post(env: GatewayEnv, body: dict[str, object]) -> httpx.Response:
+    return httpx.post(env.base_url + "/responses", json=body, headers={"Authorization": f"Bearer {ADMIN_KEY}"})
+
+
+# ---------------------------------------------------------------- every field mapped to chat, or a 400 naming it
+
+TOOL = {"type": "function", "name": "f", "parameters": {"type": "object", "properties": {}}}
+
+
+def test_text_verbosity_and_strict_tools_are_mapped(client: openai.OpenAI, upstream: FakeUpstream) -> None:
+    schema = {"type": "object", "properties": {}}
+    client.responses.create(model="echo", input="x", tools=[  # type: ignore[list-item]
+                                TOOL | {"strict": True, "defer_loading": False, "output_schema": None}],
+                            text={"verbosity": "low", "format": {  # type: ignore[typeddict-unknown-key]
+                                "type": "json_schema", "name": "n", "schema": schema, "description": "d"}})
+    sent = upstream.last.json
+    assert sent["verbosity"] == "low"
+    assert sent["tools"][0]["function"] == {"name": "f", "parameters": TOOL["parameters"], "strict": True}
+    assert sent["response_format"]["json_schema"] == {"name": "n", "schema": schema, "description": "d"}
+
+
+def test_tool_choices_chat_can_express_are_mapped(client: openai.OpenAI, upstream: FakeUpstream) -> None:
+    client.responses.create(model="echo", input="x", tools=[TOOL], tool_choice={  # type: ignore[list-item]
+        "type": "allowed_tools", "mode": "required", "tools": [{"type": "function", "name": "f"}]})
+    assert upstream.last.json["tool_choice"] == {"type": "allowed_tools", "allowed_tools": {
+        "mode": "required", "tools": [{"type": "function", "function": {"name": "f"}}]}}
+    client.responses.create(model="echo", input="x", tools=[TOOL],  # type: ignore[list-item]
+                            tool_choice={"type": "function", "name": "f"})
+    assert upstream.last.json["tool_choice"] == {"type": "function", "function": {"name": "f"}}
+    client.responses.create(model="echo", input="x", tools=[TOOL], tool_choice="required")  # type: ignore[list-item]
+    assert upstream.last.json["tool_choice"] == "required"
+
+
+@pytest.mark.parametrize(("extra", "param"), [
+    ({"tool_choice": {"type": "file_search"}}, "tool_choice"),
+    ({"tool_choice": {"type": "web_search_preview"}}, "tool_choice"),
+    ({"tool_choice": "sometimes"}, "tool_choice"),
+    ({"tool_choice": {"type": "function"}}, "tool_choice.name"),
+    ({"tool_choice": {"type": "allowed_tools", "mode": "auto", "tools": [{"type": "mcp", "server_label": "s"}]}},
+     "tool_choice.tools[0].type"),
+    ({"tool_choice": {"type": "allowed_tools", "mode": "sometimes", "tools": [{"type": "function", "name": "f"}]}},
+     "tool_choice.mode"),
+    ({"text": {"format": {"type": "json_schema", "name": "x"}}}, "text.format.schema"),
+    ({"text": {"verbosity": "loud"}}, "text.verbosity"),
+    ({"text": {"brand_new": 1}}, "text.brand_new"),
+    ({"tools": [TOOL | {"brand_new": 1}]}, "tools[0].brand_new"),
+    ({"tools": [TOOL | {"defer_loading": True}]}, "tools[0].defer_loading"),
+    ({"tools": [{"type": "web_search"}]}, "tools[0]"),
+])
+def test_what_chat_cannot_express_is_a_400_naming_it(env: GatewayEnv, upstream: FakeUpstream,
+                                                      extra: dict[str, object], param: str) -> None:
+    body = {"model": "echo", "input": "x", "tools": [TOOL]} | extra
+    r = _post(env, body)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == param, r.text
+    assert not upstream.received  # nothing forwarded
+
+
+@pytest.mark.parametrize(("item", "param"), [
+    ({"role": "user", "content": []}, "input[0].content"),
+    ({"type": "message", "content": "x"}, "input[0].role"),
+    ({"type": "function_call_output", "output": "r"}, "input[0].call_id"),
+    ({"type": "function_call", "name": "f", "arguments": "{}"}, "input[0].call_id"),
+    ({"role": "user", "content": [{"type": "input_text"}]}, "input[0].content[0].text"),
+])
+def test_a_bad_input_item_names_its_field(env: GatewayEnv, upstream: FakeUpstream, item: dict[str, object],
+                                          param: str) -> None:
+    r = _post(env, {"model": "echo", "input": [item]})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == param
+    assert not upstream.received
+
+
+def test_max_output_tokens_is_bounded_like_max_tokens(env: GatewayEnv, upstream: FakeUpstream) -> None:
+    r = _post(env, {"model": "echo", "input": "x", "max_output_tokens": 2**40})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "max_output_tokens", r.text
+    assert not upstream.received
+
+
+def test_a_providers_error_names_the_responses_field(client: openai.OpenAI, upstream: FakeUpstream) -> None:
+    for chat_param, param in (("max_tokens", "max_output_tokens"),
+                              ("response_format.json_schema.schema", "text.format.schema"),
+                              ("tools[0].function.parameters", "tools[0].parameters"),
+                              ("messages[2].content", "input")):
+        upstream.fail_next(Fault(status=400, body={"error": {
+            "message": "bad", "type": "invalid_request_error", "param": chat_param, "code": None}}))
+        with pytest.raises(openai.BadRequestError) as err:
+            client.responses.create(model="echo", input="x", max_output_tokens=5)
+        assert err.value.body["param"] == param  # type: ignore[index]
+
+
+def test_the_response_reports_the_requests_settings(client: openai.OpenAI) -> None:
+    settings = {"tools": [TOOL], "tool_choice": "required", "parallel_tool_calls": False, "temperature": 0.3,
+                "top_p": 0.5, "max_output_tokens": 50, "metadata": {"k": "v"}}
+    response = client.responses.create(model="echo", input="hi", **settings)  # type: ignore[arg-type]
+    events = list(client.responses.create(model="echo", input="hi", stream=True, **settings))  # type: ignore[arg-type]
+    for reported in (response, events[0].response, events[-1].response):  # type: ignore[union-attr]
+        assert reported.tool_choice == "required" and reported.parallel_tool_calls is False
+        assert [t.name for t in reported.tools] == ["f"]  # type: ignore[union-attr]
+        assert (reported.temperature, reported.top_p, reported.max_output_tokens) == (0.3, 0.5, 50)
+        assert reported.metadata == {"k": "v"}
+    plain = client.responses.create(model="echo", input="hi")
+    assert (plain.tools, plain.tool_choice, plain.parallel_tool_calls) == ([], "auto", True)
+    assert plain.max_output_tokens is None and plain.temperature is None
+
+
+def test_response_ids_are_the_gateways_own(client: openai.OpenAI, upstream: FakeUpstream) -> None:
+    """An upstream may reuse completion ids (Ollama's chatcmpl-<0..999>): every response still gets
+    an id of its own, the same in every event of its stream."""
+    body = {"id": "chatcmpl-123", "object": "chat.completion", "created": 1, "model": "m",
+            "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "hi"}}],
+            "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}
+    chunk = {"id": "chatcmpl-123", "object": "chat.completion.chunk", "created": 1, "model": "m",
+             "choices": [{"index": 0, "delta": {"content": "hi"}, "finish_reason": "stop"}]}
+    stream = Fault(status=200, headers={"content-type": "text/event-stream"},
+                   body=b"data: " + json.dumps(chunk).encode() + b"\n\ndata: [DONE]\n\n")
+    upstream.fail_next(Fault(status=200, body=body), Fault(status=200, body=body), stream, stream)
+    ids = [client.responses.create(model="echo", input="x").id for _ in range(2)]
+    for _ in range(2):
+        events = list(client.responses.create(model="echo", input="x", stream=True))
+        seen = {e.response.id for e in events if hasattr(e, "response")}  # type: ignore[union-attr]
+        assert len(seen) == 1
+        ids += seen
+    assert len(set(ids)) == 4 and all(i.startswith("resp_") and "123" not in i for i in ids)

@@ -6,6 +6,8 @@ Responses itself (``responses_api: true``), metered from its usage."""
 
 from __future__ import annotations
 
+import itertools
+import json
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -14,13 +16,14 @@ import httpx
 import openai
 import pytest
 
+from backends.dev.echo_server import Exchange
 from gateway.app import create_app
 from gateway.db import Database
 from tests.conftest import ADMIN_KEY, gateway_settings
 from tests.gateway.tenancy_fixtures import db, plain_url  # noqa: F401
 from tests.gateway.test_tenant_e2e import wait_for_rows
 from tests.support.fake_responses import USAGE, FakeResponsesUpstream
-from tests.support.fake_upstream import FakeUpstream
+from tests.support.fake_upstream import FakeUpstream, Fault
 from tests.support.servers import ServerThread
 
 
@@ -38,9 +41,35 @@ class Gateway:
         return r.json()["id"], openai.OpenAI(base_url=self.url + "/v1", api_key=key, max_retries=0, timeout=20)
 
 
+FAIL_PART_WAY = "fail part-way"  # a streamed input the upstream below fails after a few events
+
+
+class FailingResponsesUpstream(FakeResponsesUpstream):
+    """The Responses upstream, but a stream for ``FAIL_PART_WAY`` ends with an ``error`` event."""
+
+    async def handle(self, ex: Exchange) -> None:
+        body = ex.json() if ex.method == "POST" else None
+        if not (isinstance(body, dict) and body.get("stream") and body.get("input") == FAIL_PART_WAY):
+            return await super().handle(ex)
+        self.received.append(body)
+        start = self.response(body, "in_progress") | {"output": []}
+        events = [{"type": "response.created", "response": start}, {"type": "response.in_progress", "response": start},
+                  {"type": "response.output_item.added", "output_index": 0,
+                   "item": {"type": "message", "id": "msg_f", "role": "assistant", "status": "in_progress",
+                            "content": []}},
+                  {"type": "error", "code": "server_error", "message": "the upstream broke", "param": None}]
+        await ex.send({"type": "http.response.start", "status": 200,
+                       "headers": [(b"content-type", b"text/event-stream")]})
+        for seq, event in enumerate(events):
+            data = json.dumps(event | {"sequence_number": seq})
+            await ex.send({"type": "http.response.body", "more_body": True,
+                           "body": f"event: {event['type']}\ndata: {data}\n\n".encode()})
+        await ex.send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
 @pytest.fixture(scope="module")
 def responses_upstream() -> Iterator[FakeResponsesUpstream]:
-    server = FakeResponsesUpstream().start()
+    server = FailingResponsesUpstream().start()
     yield server
     server.stop()
 
@@ -102,8 +131,6 @@ def test_a_streamed_answer_is_stored_before_it_completes(gateway: Gateway, upstr
 
 
 def test_function_calls_are_kept_in_the_conversation(gateway: Gateway, upstream: FakeUpstream) -> None:
-    from tests.support.fake_upstream import Fault
-
     client = gateway.tenant_client()
     tools = [{"type": "function", "name": "lookup", "parameters": {"type": "object", "properties": {}}}]
     upstream.fail_next(Fault(status=200, body={
@@ -248,3 +275,140 @@ def test_a_kept_conversation_continues_on_a_native_upstream(gateway: Gateway, na
     # an id the gateway never kept goes to the upstream as it is (the provider may hold it)
     client.responses.create(model="native", input="again", previous_response_id="resp_upstream_only")
     assert native.received[-1]["previous_response_id"] == "resp_upstream_only"
+
+
+# ---------------------------------------------------------------- ids: an upstream's reused ids never collide
+
+
+def _answer_with_id(upstream: FakeUpstream, text: str, completion_id: str = "chatcmpl-123") -> None:
+    upstream.fail_next(Fault(status=200, body={
+        "id": completion_id, "object": "chat.completion", "created": 1, "model": "upstream-echo",
+        "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": text}}],
+        "usage": {"prompt_tokens": 5, "completion_tokens": 1, "total_tokens": 6}}))
+
+
+def test_an_upstreams_reused_completion_ids_never_collide(gateway: Gateway, upstream: FakeUpstream) -> None:
+    """The upstream answers every completion as ``chatcmpl-123`` (as Ollama reuses ids): each stored
+    response still has an id of its own, and no tenant's answer replaces or takes over another's."""
+    alice, bob = gateway.tenant_client(), gateway.tenant_client()
+    _answer_with_id(upstream, "alice's secret")
+    secret = alice.responses.create(model="echo", input="x")
+    _answer_with_id(upstream, "bob's answer")
+    other = bob.responses.create(model="echo", input="y")
+    assert other.id != secret.id
+    assert alice.responses.retrieve(secret.id).output_text == "alice's secret"
+    assert bob.responses.retrieve(other.id).output_text == "bob's answer"
+    with pytest.raises(openai.NotFoundError):
+        bob.responses.retrieve(secret.id)
+    _answer_with_id(upstream, "alice's second")
+    second = alice.responses.create(model="echo", input="z")
+    assert second.id != secret.id and alice.responses.retrieve(secret.id).output_text == "alice's secret"
+    alice.responses.create(model="echo", input="go on", previous_response_id=secret.id)
+    assert [m["content"] for m in upstream.last.json["messages"]] == ["x", "alice's secret", "go on"]
+
+
+def test_a_streamed_response_has_one_id_in_every_event_and_in_the_store(gateway: Gateway,
+                                                                      upstream: FakeUpstream) -> None:
+    client = gateway.tenant_client()
+    chunk = {"id": "chatcmpl-123", "object": "chat.completion.chunk", "created": 1, "model": "m",
+             "choices": [{"index": 0, "delta": {"content": "streamed"}, "finish_reason": "stop"}]}
+    stream = Fault(status=200, headers={"content-type": "text/event-stream"},
+                   body=b"data: " + json.dumps(chunk).encode() + b"\n\ndata: [DONE]\n\n")
+    upstream.fail_next(stream, stream)
+    ids = []
+    for _ in range(2):
+        events = list(client.responses.create(model="echo", input="x", stream=True))
+        seen = {e.response.id for e in events if hasattr(e, "response")}  # type: ignore[union-attr]
+        assert len(seen) == 1 and events[-1].type == "response.completed"
+        ids += seen
+    assert ids[0] != ids[1]
+    assert [client.responses.retrieve(i).id for i in ids] == ids
+
+
+def test_a_passed_through_id_already_stored_is_not_replaced(gateway: Gateway, native: FakeResponsesUpstream) -> None:
+    """An upstream serving Responses that reuses its ids: the first answer stored under an id keeps
+    it (and its owner); a later one under the same id is answered but not stored."""
+    alice, bob = gateway.tenant_client(), gateway.tenant_client()
+    ids = native._ids
+    native._ids = itertools.repeat(uuid.uuid4().hex)  # every answer under one id
+    try:
+        first = alice.responses.create(model="native", input="alice's secret")
+        again = bob.responses.create(model="native", input="bob's text")
+        assert again.id == first.id and again.output_text == "bob's text"  # answered as the upstream sent it
+        with pytest.raises(openai.NotFoundError):
+            bob.responses.retrieve(again.id)  # not stored: the id is taken
+        assert alice.responses.retrieve(first.id).output_text == "alice's secret"
+        alice.responses.create(model="native", input="alice's other")
+        assert alice.responses.retrieve(first.id).output_text == "alice's secret"  # not replaced either
+    finally:
+        native._ids = ids
+
+
+# ---------------------------------------------------------------- a chain that starts at the upstream
+
+
+def test_a_chain_from_an_upstream_only_response_keeps_it(gateway: Gateway, native: FakeResponsesUpstream) -> None:
+    """Turn B continues a response only the upstream holds (A); the gateway keeps B. Turn C, from
+    B, goes with B's turn and A's id, so the upstream still reaches A, and so does turn D."""
+    client = gateway.tenant_client()
+    b = client.responses.create(model="native", input="turn B", previous_response_id="resp_upstream_only_A")
+    assert native.received[-1]["previous_response_id"] == "resp_upstream_only_A"
+    c = client.responses.create(model="native", input="turn C", previous_response_id=b.id)
+    sent = native.received[-1]
+    assert sent["previous_response_id"] == "resp_upstream_only_A"
+    assert [item.get("role", item["type"]) for item in sent["input"]] == ["user", "reasoning", "assistant", "user"]
+    assert sent["input"][0]["content"][0]["text"] == "turn B" and sent["input"][3]["content"][0]["text"] == "turn C"
+    assert c.previous_response_id == b.id
+    client.responses.create(model="native", input="turn D", previous_response_id=c.id)
+    sent = native.received[-1]
+    assert sent["previous_response_id"] == "resp_upstream_only_A" and len(sent["input"]) == 7
+    # the record of the chain's start stays inside the gateway
+    assert [item.id for item in client.responses.input_items.list(c.id).data] and \
+        all(item.type == "message" for item in client.responses.input_items.list(c.id).data)
+
+
+# ---------------------------------------------------------------- a stream that fails part-way
+
+
+def test_a_stream_failing_part_way_ends_failed_and_is_not_stored(gateway: Gateway, upstream: FakeUpstream) -> None:
+    client = gateway.tenant_client()
+    upstream.fail_next(Fault(error_after_chunks=2))
+    events = list(client.responses.create(model="echo", input="one two three four", stream=True))
+    kinds = [e.type for e in events]
+    assert kinds[0] == "response.created" and "response.output_text.delta" in kinds
+    assert kinds[-2:] == ["error", "response.failed"] and "response.completed" not in kinds
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    failed = events[-1].response  # type: ignore[union-attr]
+    assert failed.status == "failed" and failed.error is not None and failed.error.message
+    assert failed.id == events[0].response.id  # type: ignore[union-attr]
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(failed.id)
+
+
+def test_an_upstream_stream_cut_short_ends_failed_and_is_not_stored(gateway: Gateway, upstream: FakeUpstream) -> None:
+    """A chat upstream's stream that ends with no finish_reason (the connection closed) is an error
+    of the backend's, so the response fails: never ``response.completed``, never stored."""
+    client = gateway.tenant_client()
+    chunk = {"id": "chatcmpl-cut", "object": "chat.completion.chunk", "created": 1, "model": "m",
+             "choices": [{"index": 0, "delta": {"content": "partial"}, "finish_reason": None}]}
+    upstream.fail_next(Fault(status=200, headers={"content-type": "text/event-stream"},
+                             body=b"data: " + json.dumps(chunk).encode() + b"\n\n"))
+    events = list(client.responses.create(model="echo", input="x", stream=True))
+    assert [e.type for e in events][-2:] == ["error", "response.failed"]
+    assert events[-1].response.status == "failed"  # type: ignore[union-attr]
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(events[-1].response.id)  # type: ignore[union-attr]
+
+
+def test_a_passed_through_stream_failing_part_way_ends_failed(gateway: Gateway, native: FakeResponsesUpstream) -> None:
+    client = gateway.tenant_client()
+    events = list(client.responses.create(model="native", input=FAIL_PART_WAY, stream=True))
+    kinds = [e.type for e in events]
+    assert kinds == ["response.created", "response.in_progress", "response.output_item.added", "error",
+                     "response.failed"]
+    assert [e.sequence_number for e in events] == list(range(len(events)))  # numbered on from the upstream's
+    failed = events[-1].response  # type: ignore[union-attr]
+    assert failed.status == "failed" and failed.model == "native" and failed.error is not None
+    assert failed.id == events[0].response.id  # type: ignore[union-attr]
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(failed.id)

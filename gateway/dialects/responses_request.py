@@ -1,0 +1,371 @@
+"""OpenAI's Responses API requests at the gateway's edge (``POST /v1/responses``): what is decoded,
+and the translation to an OpenAI chat request (``to_chat_request``), so a call is authenticated,
+admitted, routed and metered like chat. A field is either mapped to chat or a 400 naming it, never
+dropped; errors about the chat request name the Responses field where the mapping is known
+(``responses_param``). ``input_items`` gives a request's input as stored items, ``echoed_fields`` the
+request's settings as a response object reports them. The answers' side is ``gateway.dialects.responses``.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from typing import Annotated, Any, ClassVar, Literal, TypeVar
+
+import msgspec
+from msgspec import UNSET, Meta, Struct, UnsetType
+
+from backends.openai_wire import (
+    MAX_TOKEN_COUNT,
+    ChatCompletionRequest,
+    ChatMessage,
+    FunctionCall,
+    FunctionDef,
+    JSONSchemaFormat,
+    ResponseFormat,
+    StreamOptions,
+    TextPart,
+    Tool,
+    ToolCall,
+    set_extra_params,
+)
+from gateway.body import RAW_BODY, validation_error
+from gateway.errors import ApiError
+
+
+class _Wire(Struct, kw_only=True):
+    pass
+
+
+class InputText(_Wire, tag_field="type", tag="input_text"):
+    text: str
+
+
+class OutputText(_Wire, tag_field="type", tag="output_text"):
+    text: str
+
+
+class MessageItem(_Wire, tag_field="type", tag="message"):
+    role: Literal["user", "assistant", "system", "developer"]
+    content: str | Annotated[list[InputText | OutputText], Meta(min_length=1)]
+
+
+class FunctionCallItem(_Wire, tag_field="type", tag="function_call"):
+    call_id: str
+    name: str
+    arguments: str
+    id: str | UnsetType = UNSET
+
+
+class FunctionCallOutputItem(_Wire, tag_field="type", tag="function_call_output"):
+    call_id: str
+    output: str
+
+
+Item = MessageItem | FunctionCallItem | FunctionCallOutputItem
+_ITEM: Any = Item  # for ``_convert``, which takes a type
+
+
+# What is translated to chat is read strictly: a field these do not model is a 400 naming it.
+class FunctionTool(_Wire, tag_field="type", tag="function", forbid_unknown_fields=True):
+    name: str
+    parameters: dict[str, Any] | None = None
+    description: str | None | UnsetType = UNSET
+    strict: bool | None | UnsetType = UNSET
+
+
+class TextFormat(_Wire, forbid_unknown_fields=True):
+    type: Literal["text", "json_object", "json_schema"]
+    name: str | UnsetType = UNSET
+    schema: dict[str, Any] | UnsetType = UNSET
+    description: str | None | UnsetType = UNSET
+    strict: bool | None | UnsetType = UNSET
+
+
+class TextConfig(_Wire, forbid_unknown_fields=True):
+    format: TextFormat | None | UnsetType = UNSET
+    verbosity: Literal["low", "medium", "high"] | None | UnsetType = UNSET
+
+
+class FunctionChoice(_Wire, tag_field="type", tag="function", forbid_unknown_fields=True):
+    name: str
+
+
+class AllowedTools(_Wire, tag_field="type", tag="allowed_tools", forbid_unknown_fields=True):
+    mode: Literal["auto", "required"]
+    tools: Annotated[list[FunctionChoice], Meta(min_length=1)]
+
+
+_TOOL_CHOICE: Any = FunctionChoice | AllowedTools  # for ``_convert``, which takes a type
+
+
+class ResponsesRequest(_Wire, dict=True):
+    raw_body: ClassVar[bool] = True  # kept as sent (gateway.body), for an upstream that serves Responses
+
+    model: str
+    input: str | list[dict[str, Any]]  # items; checked where translated (``_items``), as sent otherwise
+    instructions: str | None | UnsetType = UNSET
+    tools: list[dict[str, Any]] | UnsetType = UNSET  # function tools where translated (``_function_tools``)
+    tool_choice: str | dict[str, Any] | UnsetType = UNSET  # checked where translated (``_tool_choice``)
+    text: dict[str, Any] | None | UnsetType = UNSET  # checked where translated (``TextConfig``)
+    max_output_tokens: Annotated[int, Meta(ge=1, le=MAX_TOKEN_COUNT)] | None | UnsetType = UNSET
+    temperature: Annotated[float, Meta(ge=0.0, le=2.0)] | None | UnsetType = UNSET
+    top_p: Annotated[float, Meta(ge=0.0, le=1.0)] | None | UnsetType = UNSET
+    stream: bool | None | UnsetType = UNSET
+    store: bool | None | UnsetType = UNSET
+    previous_response_id: str | None | UnsetType = UNSET
+    user: str | UnsetType = UNSET
+
+
+# Fields of the Responses API with no chat equivalent, and the values that ask for nothing (so a
+# translated request may carry them); any other value is a 400 naming the field.
+_NO_OP_VALUES: dict[str, tuple[Any, ...]] = {
+    "include": (None, []), "truncation": (None, "disabled"), "background": (None, False),
+    "reasoning": (None, {}), "prompt": (None,), "conversation": (None,),
+}
+# Fields passed on to a chat provider under the same name (the built-in engine checks them itself).
+_CHAT_SAME_NAME = ("metadata", "parallel_tool_calls", "service_tier", "prompt_cache_key", "safety_identifier",
+                   "top_logprobs")
+
+
+def raw_request(req: ResponsesRequest) -> dict[str, Any]:
+    """The request as the client sent it, every field included."""
+    raw: dict[str, Any] = msgspec.json.decode(req.__dict__[RAW_BODY])
+    return raw
+
+
+def _translated_extras(req: ResponsesRequest) -> dict[str, msgspec.Raw]:
+    """The fields the Structs do not model, as chat parameters (``reasoning.effort`` becomes
+    ``reasoning_effort``); a field chat cannot express is a 400 naming it."""
+    raw = raw_request(req)
+    known = {f.encode_name for f in msgspec.structs.fields(ResponsesRequest)}
+    extras: dict[str, msgspec.Raw] = {}
+    for name, value in raw.items():
+        if name in known:
+            continue
+        if name in _CHAT_SAME_NAME:
+            extras[name] = msgspec.Raw(msgspec.json.encode(value))
+        elif name == "reasoning" and isinstance(value, dict) and set(value) <= {"effort", "summary"} \
+                and value.get("summary") in (None, "auto"):
+            if value.get("effort") is not None:
+                extras["reasoning_effort"] = msgspec.Raw(msgspec.json.encode(value["effort"]))
+        elif value not in _NO_OP_VALUES.get(name, ()):
+            raise ApiError(400, f"'{name}' is not supported for this model: it is served through chat "
+                           "completions, which have no equivalent", param=name, code="unsupported_parameter")
+    return extras
+
+
+_T = TypeVar("_T")
+_UNKNOWN_FIELD = re.compile(r"Object contains unknown field `([^`]+)`")
+
+
+def _convert(value: Any, type_: type[_T], where: str) -> _T:
+    """``value`` read as ``type_``, or a 400 naming the field inside ``where`` (``input[0].role``)."""
+    try:
+        return msgspec.convert(value, type_)
+    except msgspec.ValidationError as exc:
+        error = validation_error(exc)  # names the field relative to ``value``
+        param = f"{where}.{error.param}" if error.param else where
+        if error.code == "missing_required_parameter":
+            raise ApiError(400, f"missing required parameter '{param}'", param=param, code=error.code) from None
+        problem = str(exc).rpartition(" - at `")[0] or str(exc)
+        if unknown := _UNKNOWN_FIELD.match(problem):
+            param = f"{param}.{unknown.group(1)}"
+            raise ApiError(400, f"'{param}' is not supported for this model: it is served through chat "
+                           "completions, which have no equivalent", param=param, code="unsupported_parameter") from None
+        raise ApiError(400, f"invalid value for '{param}': {problem}", param=param, code=error.code) from None
+
+
+# Fields of a function tool with no chat equivalent, and the values that ask for nothing.
+_TOOL_NO_OP_VALUES: dict[str, tuple[Any, ...]] = {
+    "defer_loading": (None, False), "async": (None, False), "allowed_callers": (None, ["direct"]),
+    "output_schema": (None,),
+}
+
+
+def _function_tools(tools: list[dict[str, Any]]) -> list[Tool]:
+    out: list[Tool] = []
+    for i, entry in enumerate(tools):
+        if not isinstance(entry, dict) or entry.get("type") != "function":
+            raise ApiError(400, f"tools[{i}]: only function tools can be served by this model",
+                           param=f"tools[{i}]", code="unsupported_parameter")
+        entry = {k: v for k, v in entry.items() if v not in _TOOL_NO_OP_VALUES.get(k, ())}
+        tool = _convert(entry, FunctionTool, f"tools[{i}]")
+        out.append(Tool(function=FunctionDef(name=tool.name, description=tool.description or UNSET,
+                                             parameters=tool.parameters if tool.parameters is not None else UNSET,
+                                             strict=tool.strict if isinstance(tool.strict, bool) else UNSET)))
+    return out
+
+
+def _tool_choice(choice: str | dict[str, Any]) -> str | dict[str, Any]:
+    """Responses' ``tool_choice`` in chat's shape; a choice chat has no twin for is a 400 naming it."""
+    if isinstance(choice, str):
+        if choice not in ("none", "auto", "required"):
+            raise ApiError(400, f"tool_choice must be none, auto, required or an object, not {choice!r}",
+                           param="tool_choice", code="invalid_value")
+        return choice
+    kind = choice.get("type")
+    if kind not in ("function", "allowed_tools"):
+        raise ApiError(400, f"tool_choice of type {kind!r} is not supported for this model: it is served through "
+                       "chat completions, which choose only among function tools", param="tool_choice",
+                       code="unsupported_parameter")
+    chosen: FunctionChoice | AllowedTools = _convert(choice, _TOOL_CHOICE, "tool_choice")
+    if isinstance(chosen, FunctionChoice):
+        return {"type": "function", "function": {"name": chosen.name}}
+    return {"type": "allowed_tools", "allowed_tools": {
+        "mode": chosen.mode, "tools": [{"type": "function", "function": {"name": t.name}} for t in chosen.tools]}}
+
+
+def _response_format(fmt: TextFormat) -> ResponseFormat | None:
+    """``text.format`` as chat's ``response_format`` (None for plain text, the default)."""
+    if fmt.type == "json_object":
+        return ResponseFormat(type="json_object")
+    if fmt.type == "text":
+        return None
+    if fmt.name is UNSET:
+        raise ApiError(400, "text.format of type json_schema needs a name", param="text.format.name",
+                       code="missing_required_parameter")
+    if fmt.schema is UNSET:
+        raise ApiError(400, "text.format of type json_schema needs a schema", param="text.format.schema",
+                       code="missing_required_parameter")
+    return ResponseFormat(type="json_schema", json_schema=JSONSchemaFormat(
+        name=fmt.name, schema=fmt.schema, description=fmt.description if isinstance(fmt.description, str) else UNSET,
+        strict=fmt.strict if isinstance(fmt.strict, bool) else UNSET))
+
+
+def _items(raw: list[dict[str, Any]]) -> list[Item]:
+    items: list[Item] = []
+    for i, entry in enumerate(raw):
+        if isinstance(entry, dict) and "type" not in entry and "role" in entry:
+            entry = {"type": "message"} | entry
+        items.append(_convert(entry, _ITEM, f"input[{i}]"))
+    return items
+
+
+_ID_PREFIX = {"message": "msg_", "function_call": "fc_", "function_call_output": "fco_"}
+
+
+def input_items(req: ResponsesRequest) -> list[dict[str, Any]]:
+    """The request's input as Responses items, each with an id, as ``input_items`` lists them."""
+    if isinstance(req.input, str):
+        raw: list[dict[str, Any]] = [{"type": "message", "role": "user",
+                                      "content": [{"type": "input_text", "text": req.input}]}]
+    else:  # items this gateway does not model (say, for an upstream serving Responses) are kept as sent
+        raw = [dict(entry) for entry in req.input]
+    out = []
+    for item in raw:
+        if "type" not in item and "role" in item:
+            item["type"] = "message"
+        if isinstance(item.get("content"), str):
+            kind = "output_text" if item.get("role") == "assistant" else "input_text"
+            item["content"] = [{"type": kind, "text": item["content"]}]
+        item.setdefault("id", _ID_PREFIX.get(str(item.get("type")), "item_") + uuid.uuid4().hex)
+        if item["type"] != "function_call_output" or "status" not in item:
+            item.setdefault("status", "completed")
+        out.append(item)
+    return out
+
+
+def _item_messages(items: list[Item]) -> list[ChatMessage]:
+    messages: list[ChatMessage] = []
+    for item in items:
+        if isinstance(item, MessageItem):
+            if isinstance(item.content, str) or len(item.content) == 1:  # one part reads the same as a string
+                text = item.content if isinstance(item.content, str) else item.content[0].text
+                messages.append(ChatMessage(role=item.role, content=text))
+            else:
+                messages.append(ChatMessage(role=item.role, content=[TextPart(text=p.text) for p in item.content]))
+        elif isinstance(item, FunctionCallItem):
+            call = ToolCall(id=item.call_id, function=FunctionCall(name=item.name, arguments=item.arguments))
+            last = messages[-1] if messages else None
+            if last is not None and last.role == "assistant" and last.tool_calls:
+                last.tool_calls.append(call)
+            else:
+                messages.append(ChatMessage(role="assistant", content=None, tool_calls=[call]))
+        else:
+            messages.append(ChatMessage(role="tool", tool_call_id=item.call_id, content=item.output))
+    return messages
+
+
+def to_chat_request(req: ResponsesRequest, context: list[dict[str, Any]] | None = None) -> ChatCompletionRequest:
+    """The chat request for ``req``, continuing ``context`` (a stored conversation's items) if given;
+    instructions are the request's own (never carried over from earlier responses). A field chat
+    cannot express is a 400 naming it."""
+    messages: list[ChatMessage] = []
+    if req.instructions:
+        messages.append(ChatMessage(role="system", content=req.instructions))
+    if context:  # what chat can carry of it (an upstream's reasoning items, say, it cannot)
+        messages.extend(_item_messages(_items([i for i in context if i.get("type") in _ID_PREFIX])))
+    if isinstance(req.input, str):
+        if not req.input:
+            raise ApiError(400, "input must not be empty", param="input")
+        messages.append(ChatMessage(role="user", content=req.input))
+    else:
+        if not req.input:
+            raise ApiError(400, "input must not be empty", param="input")
+        messages.extend(_item_messages(_items(req.input)))
+    chat = ChatCompletionRequest(model=req.model, messages=messages)
+    if isinstance(req.max_output_tokens, int):
+        chat.max_tokens = req.max_output_tokens
+    if req.temperature is not UNSET:
+        chat.temperature = req.temperature
+    if req.top_p is not UNSET:
+        chat.top_p = req.top_p
+    if req.tools:
+        chat.tools = _function_tools(req.tools)
+    if req.tool_choice is not UNSET:
+        chat.tool_choice = _tool_choice(req.tool_choice)
+    extras = _translated_extras(req) if RAW_BODY in req.__dict__ else {}
+    if isinstance(req.text, dict):
+        text = _convert(req.text, TextConfig, "text")
+        if isinstance(text.format, TextFormat) and (response_format := _response_format(text.format)) is not None:
+            chat.response_format = response_format
+        if isinstance(text.verbosity, str):
+            extras["verbosity"] = msgspec.Raw(msgspec.json.encode(text.verbosity))
+    if req.user is not UNSET:
+        chat.user = req.user
+    if req.stream:
+        chat.stream = True
+        chat.stream_options = StreamOptions(include_usage=True)
+    if extras:
+        set_extra_params(chat, extras)
+    return chat
+
+
+# A chat request's fields (as a provider's errors name them) and the Responses fields they came from.
+_CHAT_PARAMS = (("max_completion_tokens", "max_output_tokens"), ("max_tokens", "max_output_tokens"),
+                ("response_format.json_schema", "text.format"), ("response_format", "text.format"),
+                ("verbosity", "text.verbosity"),
+                ("tool_choice.function", "tool_choice"), ("tool_choice.allowed_tools", "tool_choice"))
+_CHAT_TOOL = re.compile(r"^tools\[(\d+)\]\.function\b")
+
+
+def responses_param(param: str | None) -> str | None:
+    """The Responses request's name for a field of the chat request it became (``max_tokens`` ->
+    ``max_output_tokens``; any message -> ``input``, as instructions and merged tool calls shift
+    the indices); a name with no known origin is kept."""
+    if param is None:
+        return None
+    if param == "messages" or param.startswith(("messages[", "messages.")):
+        return "input"
+    for chat, ours in _CHAT_PARAMS:
+        if param == chat or param.startswith((chat + ".", chat + "[")):
+            return ours + param[len(chat):]
+    return _CHAT_TOOL.sub(r"tools[\1]", param, count=1)
+
+
+def echoed_fields(req: ResponsesRequest) -> dict[str, Any]:
+    """The request's settings as a response object reports them (OpenAI's defaults where not sent)."""
+    raw = raw_request(req) if RAW_BODY in req.__dict__ else {}
+    parallel = raw.get("parallel_tool_calls")
+    return {
+        "tools": req.tools if isinstance(req.tools, list) else [],
+        "tool_choice": req.tool_choice if req.tool_choice is not UNSET else "auto",
+        "parallel_tool_calls": parallel if isinstance(parallel, bool) else True,
+        "temperature": req.temperature if req.temperature is not UNSET else None,
+        "top_p": req.top_p if req.top_p is not UNSET else None,
+        "max_output_tokens": req.max_output_tokens if req.max_output_tokens is not UNSET else None,
+        "text": {"format": {"type": "text"}} | (req.text if isinstance(req.text, dict) else {}),
+        "metadata": raw.get("metadata") or {},
+        "user": req.user if req.user is not UNSET else None,
+    } | {name: raw[name] for name in ("reasoning", "truncation", "service_tier", "top_logprobs") if name in raw}
