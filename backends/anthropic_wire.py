@@ -64,7 +64,16 @@ def _content_blocks(message: ChatMessage) -> list[dict[str, Any]]:
         elif isinstance(part, FilePart):
             blocks.append(_document_block(part.file))
         else:
-            raise BadRequest("the anthropic provider does not accept audio input", param="messages")
+            from backends.openai_wire import RefusalPart  # here: the module's imports are not this function's
+
+            if isinstance(part, RefusalPart) and message.role == "assistant":  # what the assistant said
+                blocks.append({"type": "text", "text": part.refusal})
+                continue
+            if isinstance(part, RefusalPart):
+                raise BadRequest(f"a 'refusal' content part is accepted only in an assistant message, not in a "
+                                 f"{message.role} message", param="messages")
+            raise BadRequest(f"the anthropic provider does not accept '{part.__struct_config__.tag}' content parts "
+                             f"(in a {message.role} message's content)", param="messages")
     return blocks
 
 

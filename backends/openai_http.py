@@ -31,6 +31,7 @@ from backends.openai_wire import (
     Usage,
     encode_with_extra,
     extra_params,
+    raw_fields,
     set_relayed,
 )
 from backends.raw_http import RawStream
@@ -66,15 +67,24 @@ def _meter_from_usage(meter: Meter, usage: Usage) -> None:
 _raw_object = msgspec.json.Decoder(dict[str, msgspec.Raw])
 
 
+_encoder = msgspec.json.Encoder()
+_TRUE = msgspec.Raw(b"true")
+_INCLUDE_USAGE = msgspec.Raw(b'{"include_usage":true}')
+
+
 def adjust_params(payload: bytes, config: DeploymentConfig) -> bytes:
     """``payload`` without the deployment's ``drop_params`` and with its ``rename_params`` applied."""
     fields = _raw_object.decode(payload)
+    _adjust(fields, config)
+    return _encoder.encode(fields)
+
+
+def _adjust(fields: dict[str, msgspec.Raw], config: DeploymentConfig) -> None:
     for name in config.drop_params:
         fields.pop(name, None)
     for old, new in config.rename_params.items():
         if old in fields:
             fields[new] = fields.pop(old)
-    return msgspec.json.encode(fields)
 
 
 class OpenAIHTTPBackend(HTTPBackend):
@@ -143,13 +153,33 @@ class OpenAIHTTPBackend(HTTPBackend):
         return ctx.tenant_headers() if self.forward_tenant else None
 
     def _payload(self, request: ChatCompletionRequest | CompletionRequest, stream: bool, ctx: CallContext) -> bytes:
-        """The request as the client sent it (fields the gateway does not model included), with the
-        upstream's model name, usage always requested when streaming, the gateway's output cap where
-        the client set none, and the deployment's ``drop_params`` / ``rename_params`` applied."""
+        """The request as the client sent it (fields the gateway does not model included, at any
+        depth), with the upstream's model name, usage always requested when streaming, the gateway's
+        output cap where the client set none, and the deployment's ``drop_params`` /
+        ``rename_params`` applied."""
+        cap = ctx.output_cap if isinstance(request, ChatCompletionRequest) and request.output_limit() is None \
+            else None  # the gateway's reservation, as the upstream's limit
+        if (sent := raw_fields(request)) is None:  # built by the gateway: encoded from its fields
+            return self._encoded_payload(request, stream, cap)
+        fields = dict(sent)  # the client's own top-level fields: only those the gateway owns are replaced
+        fields["model"] = msgspec.Raw(_encoder.encode(self.upstream_model))
+        if stream:
+            fields["stream"], fields["stream_options"] = _TRUE, _INCLUDE_USAGE
+        else:
+            fields.pop("stream", None)
+            fields.pop("stream_options", None)
+        if cap is not None:
+            fields["max_completion_tokens"] = msgspec.Raw(_encoder.encode(cap))
+        if self.config.drop_params or self.config.rename_params:
+            _adjust(fields, self.config)
+        return _encoder.encode(fields)
+
+    def _encoded_payload(self, request: ChatCompletionRequest | CompletionRequest, stream: bool,
+                         cap: int | None) -> bytes:
+        """``_payload`` for a request the gateway built (a translation, a copy): from its fields."""
         extra = extra_params(request)
-        if isinstance(request, ChatCompletionRequest) and request.output_limit() is None:
-            if (cap := ctx.output_cap) is not None:  # the gateway's reservation, as the upstream's limit
-                request = msgspec.structs.replace(request, max_completion_tokens=cap)
+        if cap is not None:
+            request = msgspec.structs.replace(request, max_completion_tokens=cap)
         if stream:
             upstream = msgspec.structs.replace(
                 request, model=self.upstream_model, stream=True, stream_options=StreamOptions(include_usage=True)

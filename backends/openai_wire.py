@@ -35,13 +35,16 @@ class WireStruct(Struct, kw_only=True):
 # ---------------------------------------------------------------- pass-through
 #
 # The gateway models only the fields it reads. Requests and answers are Structs with a ``__dict__``
-# (``dict=True``) that carries, besides the fields, what came on the wire and is not modelled:
-# ``extra_params`` (a request's unknown top-level fields, as raw JSON) and ``relayed`` (an upstream
-# answer or chunk as it came, top-level fields as raw JSON). Encoding merges them back, so nothing
-# the gateway does not own is lost either way; ``msgspec.structs.replace`` starts a fresh object
-# without them (what the gateway builds itself is encoded from its fields alone).
+# (``dict=True``) that carries, besides the fields, what came on the wire: ``raw_fields`` (a client's
+# request, every top-level field as raw JSON: an HTTP upstream gets these, nested bytes unchanged,
+# with only the fields the gateway owns replaced), ``extra_params`` (its top-level fields not
+# modelled) and ``relayed`` (an upstream answer or chunk as it came, top-level fields as raw JSON).
+# Nothing the gateway does not own is lost either way; ``msgspec.structs.replace`` starts a fresh
+# object without them (what the gateway builds itself is encoded from its fields alone). So a
+# decoded request is never changed in place: a changed copy is made with ``replace``.
 
 _EXTRA = "_extra_params"
+_RAW_FIELDS = "_raw_fields"
 _RELAYED = "_relayed"
 _SOURCE = "_relayed_source"
 _encoder = msgspec.json.Encoder()
@@ -55,6 +58,16 @@ def extra_params(obj: Struct) -> dict[str, msgspec.Raw]:
 
 def set_extra_params(obj: Struct, extra: dict[str, msgspec.Raw]) -> None:
     obj.__dict__[_EXTRA] = extra
+
+
+def raw_fields(obj: Struct) -> dict[str, msgspec.Raw] | None:
+    """A request's top-level fields as the client sent them (None: the gateway built the object)."""
+    raw: dict[str, msgspec.Raw] | None = getattr(obj, "__dict__", {}).get(_RAW_FIELDS)
+    return raw
+
+
+def set_raw_fields(obj: Struct, fields: dict[str, msgspec.Raw]) -> None:
+    obj.__dict__[_RAW_FIELDS] = fields
 
 
 def relayed(obj: Struct) -> dict[str, msgspec.Raw] | None:
@@ -144,7 +157,23 @@ class FilePart(WireStruct, tag_field="type", tag="file"):
     file: dict[str, Any]  # file_data (a data URL), file_id, filename
 
 
-ContentPart = TextPart | ImagePart | AudioPart | FilePart
+class RefusalPart(WireStruct, tag_field="type", tag="refusal"):
+    """An assistant turn's refusal, as OpenAI's answers carry it."""
+
+    refusal: str
+
+
+class VideoURL(WireStruct):
+    url: str
+
+
+class VideoPart(WireStruct, tag_field="type", tag="video_url"):
+    """vLLM's video input."""
+
+    video_url: VideoURL
+
+
+ContentPart = TextPart | ImagePart | AudioPart | FilePart | RefusalPart | VideoPart
 
 
 class FunctionCall(WireStruct):

@@ -9,16 +9,19 @@ error message: ``Expected `float` <= 2.0 - at `$.temperature``` becomes a 400 wi
 from __future__ import annotations
 
 import re
+import zlib
 from collections.abc import Generator
 from typing import Any, TypeVar
 
 import msgspec
 from litestar.dto import AbstractDTO
 from litestar.dto.data_structures import DTOFieldDefinition
+from litestar.exceptions.http_exceptions import RequestEntityTooLarge
 from litestar.typing import FieldDefinition
 
-from backends.openai_wire import set_extra_params
+from backends.openai_wire import set_extra_params, set_raw_fields
 from gateway.errors import ApiError
+from gateway.request_headers import request_headers
 
 T = TypeVar("T")
 
@@ -30,6 +33,9 @@ _decoders: dict[type, msgspec.json.Decoder[Any]] = {}
 _fields: dict[type, frozenset[str]] = {}
 _raw_object = msgspec.json.Decoder(dict[str, msgspec.Raw])
 RAW_BODY = "_raw_body"  # the body's bytes, on a request type that keeps them (raw_body = True)
+# Content-Encoding -> zlib's wbits (gzip: a gzip header; deflate: zlib-wrapped, raw deflate also taken)
+_WBITS = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
+_DEFAULT_LIMIT = 10_000_000  # Litestar's default request_max_body_size, for a route that sets none
 
 
 def _param_path(where: str) -> str | None:
@@ -79,14 +85,62 @@ def decode_body(raw: bytes, type_: type[T]) -> T:
         raise ApiError(400, "the JSON body is nested too deeply", code="invalid_json") from None
 
 
+def decoded_content(raw: bytes, encoding: str, limit: int | None) -> bytes:
+    """``raw`` with its ``Content-Encoding`` (gzip, deflate or identity; several, comma-separated, are
+    undone last first) undone: 413 when the decoded body passes ``limit`` (the route's maximum body
+    size: a small bomb never inflates past it), 400 for data that does not decode, 415 for another
+    coding. Called only for a request that has the header."""
+    codings = [c for c in (c.strip() for c in encoding.lower().split(",")) if c not in ("identity", "")]
+    for coding in codings:
+        if coding not in _WBITS:
+            raise ApiError(415, f"Content-Encoding {coding!r} is not supported: send the body uncompressed, or "
+                           "with Content-Encoding gzip or deflate", code="unsupported_content_encoding")
+    for coding in reversed(codings):
+        wbits = _WBITS[coding]
+        try:
+            try:
+                raw = _inflate(raw, wbits, limit or _DEFAULT_LIMIT)
+            except zlib.error:
+                if coding != "deflate":
+                    raise
+                raw = _inflate(raw, -zlib.MAX_WBITS, limit or _DEFAULT_LIMIT)  # raw deflate, as some clients send
+        except zlib.error:
+            raise ApiError(400, f"the request body is not valid {coding} data (Content-Encoding: {coding})",
+                           code="invalid_body") from None
+    return raw
+
+
+def _inflate(data: bytes, wbits: int, limit: int) -> bytes:
+    """``data`` inflated (each member of a multi-member gzip body in turn), at most ``limit`` bytes."""
+    pieces: list[bytes] = []
+    size = 0
+    while True:
+        inflater = zlib.decompressobj(wbits)
+        piece = inflater.decompress(data, limit - size + 1)
+        size += len(piece)
+        if size > limit:
+            raise RequestEntityTooLarge
+        pieces.append(piece)
+        if not inflater.eof:  # the data ended before the stream did
+            raise zlib.error("truncated")
+        data = inflater.unused_data
+        if not data:
+            return pieces[0] if len(pieces) == 1 else b"".join(pieces)
+        if wbits <= zlib.MAX_WBITS:  # deflate: one stream, nothing after it
+            raise zlib.error("trailing data")
+
+
 def keep_extra_params(body: Any, raw: bytes) -> None:
-    """Record the top-level fields of ``raw`` that ``body``'s type does not model (as raw JSON), to be
-    forwarded unchanged to an HTTP upstream (``backends.openai_wire.extra_params``)."""
+    """Record ``raw``'s top-level fields (as raw JSON): all of them, which an HTTP upstream gets with
+    every nested byte as sent (``backends.openai_wire.raw_fields``), and apart those that ``body``'s
+    type does not model (``backends.openai_wire.extra_params``, read by the other providers)."""
     type_ = type(body)
     known = _fields.get(type_)
     if known is None:
         known = _fields[type_] = frozenset(f.encode_name for f in msgspec.structs.fields(type_))
-    extra = {k: v for k, v in _raw_object.decode(raw).items() if k not in known}
+    fields = _raw_object.decode(raw)
+    set_raw_fields(body, fields)
+    extra = {k: v for k, v in fields.items() if k not in known}
     if extra:
         set_extra_params(body, extra)
 
@@ -113,6 +167,9 @@ class WireBody(AbstractDTO[T]):
         return schema_creator.for_field_definition(FieldDefinition.from_annotation(cls.model_type))
 
     def decode_bytes(self, value: bytes) -> Any:
+        connection = self.asgi_connection
+        if (encoding := request_headers(connection.scope).get("content-encoding")) is not None:
+            value = decoded_content(value, encoding, connection.route_handler.resolve_request_max_body_size())
         return decode_body(value, self.model_type)
 
     def decode_builtins(self, value: dict[str, Any]) -> Any:

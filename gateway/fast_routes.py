@@ -27,7 +27,7 @@ from litestar.handlers import HTTPRouteHandler
 from litestar.routes import HTTPRoute
 from litestar.types import ASGIApp, ExceptionHandlersMap, HTTPScope, Message, Receive, Send
 
-from gateway.body import decode_body
+from gateway.body import decode_body, decoded_content
 from gateway.errors import ApiError
 from gateway.json_response import JSONResponse
 from gateway.request_headers import request_headers
@@ -90,8 +90,11 @@ class FastRoutes:
             result = await before(request) if before is not None else None
             if not result:
                 route = self._routes[path]
-                if not (body := await _read_body(request, receive, handler.resolve_request_max_body_size())):
+                limit = handler.resolve_request_max_body_size()
+                if not (body := await _read_body(request, receive, limit)):
                     raise ApiError(400, "the request body must be a JSON object")  # as a missing `data` is
+                if (encoding := request_headers(scope).get("content-encoding")) is not None:  # as WireBody
+                    body = decoded_content(body, encoding, limit)
                 result = await route.serve(request, decode_body(body, route.body_type))
             if type(result) is JSONResponse and path in self._plain and result.sends_itself():
                 response: ASGIApp = result.send_to  # what to_response would make of it, without its layers
