@@ -5,7 +5,7 @@
 
 from engine.async_engine import AsyncEngine
 from engine.config import EngineConfig
-from engine.errors import EngineClosed, EngineError, InvalidRequest, RequestRejected
+from engine.errors import EngineClosed, EngineError, InvalidRequest, RequestFailed, RequestRejected
 from engine.llm_engine import LLM, LLMEngine
 from engine.metrics import MetricsSnapshot
 from engine.outputs import CompletionOutput, RequestOutput
@@ -23,6 +23,7 @@ __all__ = [
     "LLMEngine",
     "MetricsSnapshot",
     "PoolingParams",
+    "RequestFailed",
     "RequestOutput",
     "RequestRejected",
     "SamplingParams",

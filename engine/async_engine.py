@@ -77,6 +77,7 @@ class AsyncEngine:
     ) -> AsyncIterator[RequestOutput]:
         """Validate and queue a request (raising RequestRejected / InvalidRequest / EngineClosed now,
         not later); return an async iterator of its outputs, the last one with ``finished=True``.
+        A request that fails mid-run (``RequestOutput.error``) raises that error from the iterator.
         ``tenant`` and ``weight`` feed fair scheduling and the per-tenant metrics; ``pooling`` makes it
         an embedding request (its final output carries ``embedding``)."""
         if self._closed:
@@ -165,7 +166,7 @@ class AsyncEngine:
                 queue = self._streams.get(output.request_id)
                 if queue is None:
                     continue
-                queue.put_nowait(output)
+                queue.put_nowait(output if output.error is None else output.error)  # failed: raised there
                 if output.finished:
                     del self._streams[output.request_id]
 

@@ -1,6 +1,7 @@
 """The engine's exceptions. Each carries the request field at fault (``param``), so a caller maps
 types, never message text: ``InvalidRequest`` (malformed: a 400), ``RequestRejected`` (can never
-fit this model's context or KV cache), ``EngineClosed`` (shut down: try elsewhere)."""
+fit this model's context or KV cache), ``RequestFailed`` (one request broke down mid-run; the
+others go on), ``EngineClosed`` (shut down: try elsewhere)."""
 
 from __future__ import annotations
 
@@ -26,6 +27,12 @@ class ChatTemplateError(InvalidRequest):
 
     def __init__(self, message: str, *, param: str | None = "messages") -> None:
         super().__init__(message, param=param)
+
+
+class RequestFailed(EngineError, RuntimeError):
+    """One request failed while it ran (sampling its row raised), not the engine: the step's other
+    requests go on. A request whose own input turns out unusable mid-run (its grammar breaks
+    down) fails with ``InvalidRequest`` instead."""
 
 
 class EngineClosed(EngineError, RuntimeError):

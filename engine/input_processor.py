@@ -1,9 +1,10 @@
 """The engine's front door: a request is validated once, into an ``EngineRequest`` the core trusts.
 
-As vLLM's input processor: the prompt is tokenized (when given as text), its token ids checked
-against the vocabulary, the sampling parameters taken as validated (``SamplingParams`` checks
-itself on construction), and the sequence's maximum length fixed against the model's context and
-the whole KV cache. ``LLMEngine.add_processed`` and the scheduler then take it as it is.
+As vLLM's input processor: the prompt is tokenized (when given as text), its token ids and every
+other token id the caller gave (``stop_token_ids``, ``logit_bias``) checked against the vocabulary,
+the sampling parameters taken as validated (``SamplingParams`` checks itself on construction),
+and the sequence's maximum length fixed against the model's context and the whole KV cache.
+``LLMEngine.add_processed`` and the scheduler then take it as it is.
 """
 
 from __future__ import annotations
@@ -104,11 +105,7 @@ class InputProcessor:
         if pooling is not None and params.n != 1:
             raise InvalidRequest("an embedding request has one sequence", param="n")
         prompt_ids = self.tokenize(prompt)
-        vocab = self.limits.vocab_size
-        if vocab is not None and any(not 0 <= t < vocab for t in prompt_ids):
-            raise InvalidRequest(f"prompt token ids must be in [0, {vocab})", param="prompt")
-        if params.logit_bias and vocab is not None and any(not 0 <= t < vocab for t in params.logit_bias):
-            raise InvalidRequest(f"logit_bias token ids must be in [0, {vocab})", param="logit_bias")
+        self._check_token_ids(prompt_ids, params)
         if params.structured is not None:
             if pooling is not None:
                 raise InvalidRequest("an embedding request has no structured output", param=params.structured.param)
@@ -116,3 +113,17 @@ class InputProcessor:
         max_len = self.limits.max_len(len(prompt_ids), 0 if pooling is not None else params.max_tokens)
         text = prompt if isinstance(prompt, str) else None
         return EngineRequest(request_id, prompt_ids, text, params, max_len, priority, tenant, float(weight), pooling)
+
+    def _check_token_ids(self, prompt_ids: list[int], params: SamplingParams) -> None:
+        """Every token id the caller gave must index the vocabulary: they reach the sampler's
+        tensors (an id off it would fail the whole batch's step, or wrap to another token)."""
+        vocab = self.limits.vocab_size
+        given: list[tuple[str, str, list[int]]] = [
+            ("prompt", "prompt token ids", prompt_ids),
+            ("stop_token_ids", "stop_token_ids", list(params.stop_token_ids)),
+            ("logit_bias", "logit_bias token ids", list(params.logit_bias)),
+        ]
+        for param, what, ids in given:
+            if any(not isinstance(t, int) or t < 0 or (vocab is not None and t >= vocab) for t in ids):
+                where = f"[0, {vocab})" if vocab is not None else "non-negative integers"
+                raise InvalidRequest(f"{what} must be in {where}", param=param)

@@ -13,7 +13,7 @@ from torch import nn
 from engine.block_manager import BlockManager, PrefixCacheSummary
 from engine.capacity.kv import Capacity, KVLayout
 from engine.config import EngineConfig
-from engine.errors import InvalidRequest
+from engine.errors import EngineError, InvalidRequest, RequestFailed
 from engine.fair_queue import FairQueue
 from engine.input_processor import EngineRequest, InputProcessor, RequestLimits
 from engine.metrics import EngineMetrics, MetricsSnapshot
@@ -193,14 +193,18 @@ class LLMEngine:
         for j, item in enumerate(result.sampled):
             assert sample is not None
             seq = item.seq
+            req = self._requests[seq.request_id]
+            touched[req.request_id] = req
+            if (exc := result.failed.get(seq.seq_id)) is not None:
+                self._fail(req, RequestFailed(f"sampling this request failed: {exc!r}"))
+            if seq.is_finished:  # its request failed (this step, by another of its sequences)
+                continue
             logprob = None
             if seq.params.logprobs is not None and sample.logprobs is not None:
                 assert sample.top_ids is not None and sample.top_logprobs is not None
                 top = dict(zip(sample.top_ids[j], sample.top_logprobs[j]))
                 logprob = TokenLogprob(sample.token_ids[j], sample.logprobs[j], top)
             self._append(seq, sample.token_ids[j], logprob)
-            req = self._requests[seq.request_id]
-            touched[req.request_id] = req
         self._record_step()
         outputs = [req.output() for req in touched.values() if req.stream or req.finished]
         for req in touched.values():
@@ -214,6 +218,9 @@ class LLMEngine:
         seq.append_token(token, logprob)
         if seq.matcher is not None:
             seq.matcher.consume_token(token)
+            if seq.matcher.is_error():  # it accepts nothing more; is_stopped() would read "complete"
+                self._fail(self._requests[seq.request_id], self._grammar_error(seq))
+                return
         m = self.metrics
         m.generation_tokens += 1
         if previous is None:
@@ -224,6 +231,25 @@ class LLMEngine:
         reason = self._stop_reason(seq, token)
         if reason is not None:
             self.scheduler.finish(seq, reason)
+
+    def _fail(self, req: RequestState, error: EngineError) -> None:
+        """End a request that broke down mid-run: its sequences finish with "error", their blocks
+        are freed, and its output carries ``error``."""
+        if req.error is None:
+            req.error = error
+        for seq in req.seqs:
+            if not seq.is_finished:
+                self.scheduler.finish(seq, FinishReason.ERROR)
+
+    @staticmethod
+    def _grammar_error(seq: Sequence) -> InvalidRequest:
+        """The grammar engine gave up on a constrained sequence (e.g. a parser row limit): a
+        400 naming the constraint's field, never an answer that claims to be complete."""
+        assert seq.matcher is not None and seq.params.structured is not None
+        param = seq.params.structured.param
+        reason = (seq.matcher.get_error().strip().splitlines() or ["no reason given"])[0]  # then its state dump
+        return InvalidRequest(f"{param}: the grammar engine failed while generating ({reason}); "
+                              "simplify the constraint", param=param)
 
     def _stop_reason(self, seq: Sequence, token: int) -> FinishReason | None:
         """As vLLM: nothing but the length limit or a finished grammar stops a sequence before
@@ -300,6 +326,8 @@ class LLM:
         use_tqdm: bool = False,
         priority: Seq[int] | None = None,
     ) -> list[RequestOutput]:
+        """One finished output per prompt, in order. A request that failed mid-run (its grammar
+        broke down) comes back with ``error`` set and its sequences finished with "error"."""
         prompt_list = _prompt_list(prompts)
         if sampling_params is None or isinstance(sampling_params, SamplingParams):
             params_list = [sampling_params or SamplingParams()] * len(prompt_list)

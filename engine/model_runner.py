@@ -22,7 +22,7 @@ from engine.cuda_graphs import DecodeGraphs
 from engine.layers.attention import ATTENTION_BACKENDS, PagedAttention
 from engine.pooling import pool_step
 from engine.prompt_logprobs import compute_prompt_logprobs
-from engine.sampler import Sampler, SamplerOutput, SamplingRow
+from engine.sampler import Sampler, SamplerOutput, SamplingRow, join_rows
 from engine.scheduler import ScheduledSeq
 from engine.sequence import TokenLogprob
 from engine.step_inputs import StepInputBuilder
@@ -37,6 +37,7 @@ class StepResult:
     output: SamplerOutput | None
     prompt_logprobs: dict[int, list[TokenLogprob]] = field(default_factory=dict)  # new ones, by seq_id
     embeddings: dict[int, list[float]] = field(default_factory=dict)  # pooled this step, by seq_id
+    failed: dict[int, Exception] = field(default_factory=dict)  # rows that could not be sampled, by seq_id
 
 
 class ModelRunner:
@@ -198,8 +199,28 @@ class ModelRunner:
             return StepResult([], None, prompt_logprobs, embeddings)
         bitmask = pending.result()
         logits = self.model.compute_logits(hidden[step.sample_rows])
-        output = self.sampler(logits, [self._row(item) for item in sampled], bitmask)
-        return StepResult(sampled, output, prompt_logprobs, embeddings)
+        output, failed = self._sample(logits, sampled, bitmask)
+        return StepResult(sampled, output, prompt_logprobs, embeddings, failed)
+
+    def _sample(self, logits: torch.Tensor, sampled: list[ScheduledSeq],
+                bitmask: torch.Tensor | None) -> tuple[SamplerOutput, dict[int, Exception]]:
+        """The batch's draw. Should it raise, each row is drawn alone, so a row that cannot be
+        sampled fails its own request (its seq_id -> the error), never its batch mates. (Applying
+        the bitmask twice is harmless: it adds 0 or -inf.)"""
+        try:
+            return self.sampler(logits, [self._row(item) for item in sampled], bitmask), {}
+        except Exception:
+            pass
+        parts: list[SamplerOutput | None] = []
+        failed: dict[int, Exception] = {}
+        for j, item in enumerate(sampled):
+            try:
+                mask = bitmask[j : j + 1] if bitmask is not None else None
+                parts.append(self.sampler(logits[j : j + 1], [self._row(item)], mask))
+            except Exception as exc:
+                failed[item.seq.seq_id] = exc
+                parts.append(None)
+        return join_rows(parts), failed
 
     def _row(self, item: ScheduledSeq) -> SamplingRow:
         seq = item.seq

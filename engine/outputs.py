@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from engine.errors import EngineError
 from engine.sampling_params import SamplingParams
 from engine.sequence import Sequence, TokenLogprob
 
@@ -93,6 +94,9 @@ class RequestOutput:
     # once the prompt has been computed (by the first output that carries generated tokens).
     prompt_logprobs: list[TokenLogprob | None] | None = None
     embedding: list[float] | None = None  # an embedding request's result (engine.pooling)
+    # Set when the request failed mid-run (its sequences finish with "error"); ``AsyncEngine``
+    # raises it on the request's stream instead of yielding this output.
+    error: EngineError | None = None
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -115,6 +119,7 @@ class RequestState:
     arrival_time: float
     sent_tokens: list[int]  # per sequence: tokens already reported
     stream: bool  # report every step (else only the final output)
+    error: EngineError | None = None  # why it failed mid-run
 
     @property
     def finished(self) -> bool:
@@ -154,4 +159,5 @@ class RequestState:
             min(scheduled) if scheduled else None,
             list(self.seqs[0].prompt_logprobs) if self.seqs[0].prompt_logprobs is not None else None,
             self.seqs[0].embedding,
+            self.error,
         )

@@ -2,9 +2,10 @@
 
 Order of operations per row: penalties (repetition on prompt + output, presence/frequency on
 output), the min_tokens ban on stop tokens, logit_bias, the grammar's token bitmask, then greedy
-argmax, or temperature, top_k, top_p and min_p and a draw. Draws use the exponential race (argmax
-of p / q, q ~ Exp(1)), with q taken from the row's own torch.Generator when the request has a
-seed, so a seeded row gives the same tokens whatever else is in the batch.
+argmax (also for a temperature below ``SAMPLING_EPS``), or temperature, top_k, top_p and min_p and
+a draw. Draws use the exponential race (argmax of p / q, q ~ Exp(1)), with q taken from the row's
+own torch.Generator when the request has a seed, so a seeded row gives the same tokens whatever
+else is in the batch.
 Logprobs are those of the raw model distribution.
 """
 
@@ -14,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.sampling_params import SamplingParams
+from engine.sampling_params import SAMPLING_EPS, SamplingParams
 from engine.structured_output import apply_bitmask
 
 _NEG_INF = float("-inf")
@@ -37,6 +38,20 @@ class SamplerOutput:
     logprobs: list[float] | None  # of the sampled tokens, when any row asked
     top_ids: list[list[int]] | None  # per row, trimmed to the row's own ``logprobs``
     top_logprobs: list[list[float]] | None
+
+
+def join_rows(parts: list[SamplerOutput | None]) -> SamplerOutput:
+    """One-row outputs as the batch's output; a failed row (None) gets token -1 and no logprobs."""
+    want = any(p is not None and p.logprobs is not None for p in parts)
+    tokens = [p.token_ids[0] if p is not None else -1 for p in parts]
+    if not want:
+        return SamplerOutput(tokens, None, None, None)
+    return SamplerOutput(
+        tokens,
+        [p.logprobs[0] if p is not None and p.logprobs else 0.0 for p in parts],
+        [p.top_ids[0] if p is not None and p.top_ids else [] for p in parts],
+        [p.top_logprobs[0] if p is not None and p.top_logprobs else [] for p in parts],
+    )
 
 
 def _padded(rows: list[list[int]], pad: int, device: torch.device) -> torch.Tensor:
@@ -126,7 +141,8 @@ class Sampler:
 
         if any(r.params.needs_penalties for r in rows):
             logits = apply_penalties(logits, rows)
-        banned = [(i, t) for i, r in enumerate(rows) for t in r.banned_ids]
+        vocab = logits.shape[-1]  # ids off the vocabulary are refused on entry; never index with one
+        banned = [(i, t) for i, r in enumerate(rows) for t in r.banned_ids if 0 <= t < vocab]
         if banned:
             logits = logits.clone()
             ri, ti = zip(*banned)
@@ -163,9 +179,10 @@ class Sampler:
         sub_rows = [rows[i] for i in idx]
         index = torch.tensor(idx, device=dev)
         sub = logits.index_select(0, index)
-        temp = torch.tensor([r.params.temperature for r in sub_rows], device=dev)
+        temp = torch.tensor([r.params.temperature for r in sub_rows], device=dev).clamp_min_(SAMPLING_EPS)
         sub = sub / temp[:, None]
-        top_k = [r.params.top_k for r in sub_rows]
+        vocab = logits.shape[-1]
+        top_k = [k if 0 < k < vocab else 0 for k in (r.params.top_k for r in sub_rows)]  # k >= vocab: all
         top_p = [r.params.top_p for r in sub_rows]
         if any(top_k) or any(p < 1.0 for p in top_p):
             sub = apply_top_k_top_p(

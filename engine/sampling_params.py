@@ -12,11 +12,17 @@ if TYPE_CHECKING:
     from engine.structured_output import StructuredOutput
 
 MAX_LOGPROBS = 20
+# A temperature below this samples greedily (vLLM's _SAMPLING_EPS): dividing the logits by a tiny
+# one overflows them to inf, and the draw to NaN.
+SAMPLING_EPS = 1e-5
+# A top_k above this keeps every token of any vocabulary: it is normalised to 0 (off), as -1 is,
+# so no caller's value overflows the sampler's integer tensors.
+MAX_TOP_K = 2**31 - 1
 
 
 @dataclass
 class SamplingParams:
-    """How to sample one request. ``temperature == 0`` means greedy.
+    """How to sample one request. ``temperature`` 0 (or below ``SAMPLING_EPS``) means greedy.
 
     ``max_tokens=None`` means "until the context is full". ``logprobs=k`` returns the sampled
     token's logprob plus the ``k`` most likely alternatives at each step; ``prompt_logprobs=k`` the
@@ -71,12 +77,12 @@ class SamplingParams:
         for ok, param, message in checks:
             if not ok:
                 raise InvalidRequest(message, param=param)
-        if self.top_k == -1:
+        if self.top_k == -1 or self.top_k > MAX_TOP_K:
             self.top_k = 0
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        return self.temperature < SAMPLING_EPS
 
     @property
     def needs_penalties(self) -> bool:

@@ -24,6 +24,7 @@ class FinishReason(str, enum.Enum):
     STOP = "stop"  # EOS, a stop token id or a stop string
     LENGTH = "length"  # max_tokens or max_model_len reached
     ABORT = "abort"  # cancelled by the caller
+    ERROR = "error"  # the request failed mid-run (``RequestOutput.error`` says why)
 
 
 @dataclass

@@ -102,7 +102,23 @@ class LocalEngineBackend:
         limit = ctx.output_limit(request.output_limit(), self.engine.max_model_len - len(prompt))
         grammar = plan.grammar() if plan is not None else None
         params = wire.sampling_params(request, limit, wire.chat_logprobs_count(request), structured=grammar)
-        return EngineRun(self.engine, [prompt], params, "messages", ctx), plan
+        try:
+            run = EngineRun(self.engine, [prompt], params, "messages", ctx, limit_param=wire.limit_field(request))
+        except BadRequest as exc:
+            if plan is not None and grammar is not None and exc.param == grammar.param:
+                self._check_tool_schemas(plan)  # name the tool whose schema cannot be compiled
+            raise
+        return run, plan
+
+    def _check_tool_schemas(self, plan: ToolPlan) -> None:
+        """A BadRequest naming ``tools[i].function.parameters`` for the first tool schema the grammar
+        engine cannot compile (the tool-call grammar is built from them)."""
+        compiler = self.engine.engine.processor.structured()
+        for schema in plan.schemas():
+            try:
+                compiler.compile(schema)
+            except InvalidRequest as exc:
+                raise BadRequest(exc.message, param=exc.param) from None
 
     async def chat(self, request: ChatCompletionRequest, ctx: CallContext = NO_CONTEXT) -> Completed[ChatCompletion]:
         run, plan = self._start_chat(request, ctx)

@@ -36,8 +36,11 @@ class _Completion:
             raise BadRequest("the prompt is empty", param="prompt")
         self.count = wire.opt(request.logprobs, None)  # alternatives per token (None: no logprobs)
         self.echo = bool(request.echo)
-        limit = request.output_limit()
+        # The gateway's cap (admission reserved that much per sequence) when the client set no limit.
+        room = backend.engine.max_model_len - max(len(p) for p in self.prompts)
+        limit = ctx.output_limit(request.output_limit(), room)
         self.score_only = limit == 0  # max_tokens 0: the prompt alone
+        self.skip_special = bool(wire.opt(request.skip_special_tokens, True))  # as the text is decoded
         prompt_logprobs = self.count if self.echo else None
         params = wire.sampling_params(request, 1 if self.score_only else limit, self.count, prompt_logprobs)
         self.run = EngineRun(backend.engine, self.prompts, params, "prompt", ctx, count_output=not self.score_only)
@@ -60,7 +63,7 @@ class _Completion:
         if self.score_only:
             return "", CompletionLogprobs() if self.count is not None else None
         text, items = (o.delta_text, o.delta_logprobs) if delta else (o.text, o.logprobs)
-        return text, self.backend.logprobs.completion(items, offset)
+        return text, self.backend.logprobs.completion(items, offset, self.skip_special)
 
     def finish_reason(self, reason: str | None) -> Any:
         return "length" if self.score_only and reason is not None else wire.finish_reason(reason)

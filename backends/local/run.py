@@ -7,7 +7,7 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any, Protocol
 
-from backends.base import BadRequest, ContextTooLong, Meter, Unavailable
+from backends.base import BadRequest, ContextTooLong, Meter, Unavailable, UpstreamError
 from backends.call import CallContext
 from backends.local.wire import LogprobFormatter
 from backends.openai_wire import PromptTokensDetails, Usage
@@ -16,6 +16,7 @@ from engine import (
     EngineClosed,
     InvalidRequest,
     PoolingParams,
+    RequestFailed,
     RequestOutput,
     RequestRejected,
     SamplingParams,
@@ -35,9 +36,14 @@ class EngineRun:
     """The engine requests behind one wire request, their meter, and their abort."""
 
     def __init__(self, engine: AsyncEngine, prompts: list[list[int]], params: SamplingParams, param: str,
-                 ctx: CallContext, *, count_output: bool = True, pooling: PoolingParams | None = None) -> None:
+                 ctx: CallContext, *, count_output: bool = True, pooling: PoolingParams | None = None,
+                 limit_param: str = "max_tokens") -> None:
+        """``param`` is the wire field holding the prompt, ``limit_param`` the one holding the
+        output limit (chat's ``max_completion_tokens`` when the client sent that): errors name them."""
         self.engine = engine
         self.n = params.n
+        self.param = param
+        self.limit_param = limit_param
         self.count_output = count_output  # False: what it generates is thrown away (scoring a prompt)
         self.meter = Meter(prompt_tokens=sum(len(p) for p in prompts), exact=True)
         self.ids: list[str] = []
@@ -53,18 +59,20 @@ class EngineRun:
                 self.ids.append(rid)
         except RequestRejected as exc:
             self.abort()
-            raise ContextTooLong(exc.message, param=_field(exc.param, param)) from None
+            raise ContextTooLong(exc.message, param=self._field(exc.param)) from None
         except InvalidRequest as exc:
             self.abort()
-            raise BadRequest(exc.message, param=_field(exc.param, param)) from None
+            raise BadRequest(exc.message, param=self._field(exc.param)) from None
         except EngineClosed as exc:
             self.abort()
             raise Unavailable(exc.message) from None
 
     async def outputs(self) -> AsyncIterator[tuple[int, RequestOutput]]:
-        """``(prompt index, output)`` for every engine output, prompt by prompt."""
+        """``(prompt index, output)`` for every engine output, prompt by prompt. A request that
+        fails mid-run is a ``BadRequest`` (its input: a grammar the grammar engine gave up on) or an
+        ``UpstreamError`` (the engine failed on it); its batch mates are unaffected."""
         for p, (rid, stream) in enumerate(zip(self.ids, self.streams)):
-            async for out in stream:
+            async for out in self._guarded(rid, stream):
                 for o in out.outputs:
                     if o.delta_token_ids and self.count_output:
                         self.meter.completion_tokens += len(o.delta_token_ids)
@@ -75,6 +83,21 @@ class EngineRun:
                     self.meter.cached_tokens += out.num_cached_tokens
                     self.meter.phases.extend(_phases(out))
                 yield p, out
+
+    async def _guarded(self, rid: str, stream: AsyncIterator[RequestOutput]) -> AsyncIterator[RequestOutput]:
+        try:
+            async for out in stream:
+                yield out
+        except InvalidRequest as exc:
+            self.finished.add(rid)
+            raise BadRequest(exc.message, param=self._field(exc.param)) from None
+        except RequestFailed as exc:
+            self.finished.add(rid)
+            raise UpstreamError(f"the local engine failed on this request: {exc.message}") from None
+
+    def _field(self, engine_param: str | None) -> str:
+        """The wire field an engine error names."""
+        return self.limit_param if engine_param == "max_tokens" else _field(engine_param, self.param)
 
     def abort(self) -> None:
         for rid in self.ids:

@@ -66,6 +66,12 @@ class ToolPlan:
             return StructuredOutput("json", json.dumps(array, sort_keys=True), "tool_choice")
         return None
 
+    def schemas(self) -> list[StructuredOutput]:
+        """The ``parameters`` schemas the grammar is built from, each naming its tool's field."""
+        return [StructuredOutput("json", json.dumps(t["function"]["parameters"], sort_keys=True),
+                                 f"tools[{i}].function.parameters")
+                for i, t in enumerate(self.tools) if self.mode != "named" or t["function"]["name"] == self.named]
+
     def parse(self, text: str) -> tuple[str | None, list[ParsedCall]]:
         """The content and the calls in a finished output's text."""
         if self.mode == "named":

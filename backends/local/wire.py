@@ -59,11 +59,19 @@ def logit_bias(request: SamplingFields) -> dict[int, float]:
     return bias
 
 
+def limit_field(request: SamplingFields) -> str:
+    """The wire field holding the request's output limit: chat's ``max_completion_tokens`` when the
+    client sent it (it wins over ``max_tokens``), else ``max_tokens``."""
+    return "max_completion_tokens" if isinstance(getattr(request, "max_completion_tokens", None), int) else "max_tokens"
+
+
 def sampling_params(request: SamplingFields, limit: int | None, logprobs: int | None,
                     prompt_logprobs: int | None = None, structured: StructuredOutput | None = None) -> SamplingParams:
     """Engine sampling parameters for a wire request; a BadRequest names the offending field.
     ``structured`` overrides the request's own output constraint (tool calling's grammar)."""
     refuse_unsupported(request)
+    if limit is not None and limit < 1:
+        raise BadRequest(f"{limit_field(request)} must be >= 1", param=limit_field(request))
     if structured is None:
         structured = structured_from_request(request)
     top_k = opt(request.top_k, 0)
@@ -190,15 +198,18 @@ class LogprobFormatter:
     def _top(self, top: dict[int, float]) -> dict[str, float]:
         return {self.token(i): v for i, v in sorted(top.items(), key=lambda kv: -kv[1])}
 
-    def completion(self, items: list[Any] | None, offset: int) -> CompletionLogprobs | None:
+    def completion(self, items: list[Any] | None, offset: int,
+                   skip_special_tokens: bool = True) -> CompletionLogprobs | None:
+        """Generated tokens from text offset ``offset`` on. Offsets index the returned text, which
+        was decoded with ``skip_special_tokens`` as the request asked: a skipped special token
+        (e.g. an end-of-turn the model emitted) takes no room there."""
         if items is None:
             return None
         result = CompletionLogprobs()
         for lp in items:
-            text = self.token(lp.token_id)
-            result.tokens.append(text)
+            result.tokens.append(self.token(lp.token_id))
             result.token_logprobs.append(lp.logprob)
             result.top_logprobs.append(self._top(lp.top))
             result.text_offset.append(offset)
-            offset += len(text)
+            offset += len(self.tokenizer.decode([lp.token_id], skip_special_tokens=skip_special_tokens))
         return result

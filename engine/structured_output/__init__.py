@@ -5,6 +5,8 @@ sampler (``engine.sampler`` applies it before sampling).
 Preemption by recompute keeps a sequence's output tokens (they are re-fed as prompt), so the
 matcher, which has consumed exactly those tokens, stays valid; chunked prefill and prefix caching
 never sample, so they never touch it. A request with ``n > 1`` gives each sequence its own matcher.
+A matcher that errs while generating (a grammar past the parser's limits) fails its request
+(``LLMEngine``): it never reads as a complete answer.
 """
 
 from __future__ import annotations
@@ -39,6 +41,14 @@ class StructuredOutput:
 _JSON_OPTIONS = {"whitespace_flexible": False}
 
 
+_REGEX_META = frozenset("\\.+*?()|[]{}^$#&-~")  # what regex_syntax::escape escapes
+
+
+def _regex_literal(text: str) -> str:
+    """A regex matching exactly ``text``."""
+    return "".join("\\" + c if c in _REGEX_META else c for c in text)
+
+
 @lru_cache(maxsize=512)
 def _grammar_text(kind: Kind, spec: str) -> str:
     """The llguidance grammar for a spec (cached by the spec); ValueError when it is not valid."""
@@ -58,8 +68,9 @@ def _grammar_text(kind: Kind, spec: str) -> str:
         choices = json.loads(spec)
         if not choices or not all(isinstance(c, str) for c in choices):
             raise ValueError("choice must be a non-empty list of strings")
-        lark = "start: " + " | ".join(json.dumps(c) for c in choices)
-        return llguidance.LLMatcher.grammar_from_lark(lark)
+        # One regex, which the lexer matches whole: as a Lark alternation of literals each choice
+        # would be a parser item, and a parser row holds at most 2000 (the matcher then errs mid-answer).
+        return llguidance.LLMatcher.grammar_from_regex("|".join(_regex_literal(c) for c in choices))
     if kind == "grammar":
         lark = spec if "::=" not in spec else gbnf_to_lark(spec)
         return llguidance.LLMatcher.grammar_from_lark(lark)

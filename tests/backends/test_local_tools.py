@@ -89,7 +89,8 @@ def test_tool_role_messages_are_accepted(env: Env) -> None:
     ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
     ({"tools": TOOLS, "tool_choice": "sometimes"}, "tool_choice"),
     ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {
-        "a": {"type": "string", "pattern": "(?<=x)y"}}}}}], "tool_choice": "required"}, "tool_choice"),
+        "a": {"type": "string", "pattern": "(?<=x)y"}}}}}], "tool_choice": "required"},
+     "tools[0].function.parameters"),  # the tool whose schema the grammar engine cannot compile
 ])
 def test_bad_tool_choice_is_a_400(env: Env, kwargs: dict[str, Any], param: str) -> None:
     with pytest.raises(openai.BadRequestError) as info:

@@ -1,0 +1,156 @@
+"""The local backend's guards: bad token ids are a 400 that spares the batch and the deployment's
+circuit, a grammar the grammar engine gives up on is a 400 (never a "stop"), completions honour the
+gateway's output cap, text offsets index the returned text, and 400s name the field the client sent."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import msgspec
+import openai
+import pytest
+
+from backends.base import BadRequest, ContextTooLong
+from backends.call import CallContext
+from backends.local import LocalEngineBackend
+from backends.openai_wire import ChatCompletionRequest, CompletionRequest
+from engine import AsyncEngine, EngineConfig
+from engine.tiny_model import build_tiny_model
+from tests.support.local_gateway import Env, local_gateway
+
+MAX_LEN = 96
+MESSAGES = [{"role": "user", "content": "Tell me about trains."}]
+WIDE_LARK = "start: " + " | ".join(json.dumps(f"opt{i}") for i in range(2500))  # > 2000 items in a parser row
+SPECIAL = 2  # the tiny tokenizer's <|start_header_id|>: special, not an end of sequence
+
+
+@pytest.fixture(scope="module")
+def backend(tmp_path_factory: pytest.TempPathFactory) -> LocalEngineBackend:
+    folder = build_tiny_model(tmp_path_factory.mktemp("guards") / "tiny", seed=5, max_position_embeddings=512)
+    engine = AsyncEngine(EngineConfig(model=str(folder), num_kv_blocks=64, block_size=16, max_model_len=MAX_LEN))
+    return LocalEngineBackend(engine, str(folder))
+
+
+def chat(**body: Any) -> ChatCompletionRequest:
+    return msgspec.json.decode(json.dumps({"model": "tiny", "messages": MESSAGES, **body}), type=ChatCompletionRequest)
+
+
+def completion(**body: Any) -> CompletionRequest:
+    return msgspec.json.decode(json.dumps({"model": "tiny", "prompt": "The train", **body}), type=CompletionRequest)
+
+
+# -- token ids off the vocabulary ---------------------------------------------------------------
+
+async def test_stop_token_ids_off_the_vocabulary_are_a_400_and_spare_the_batch(backend: LocalEngineBackend) -> None:
+    good = asyncio.create_task(backend.chat(chat(max_tokens=16, temperature=0, ignore_eos=True)))
+    await asyncio.sleep(0.05)
+    with pytest.raises(BadRequest) as info:
+        await backend.chat(chat(max_tokens=4, min_tokens=2, stop_token_ids=[99999999]))
+    assert info.value.param == "stop_token_ids"
+    assert (await good).response.usage.completion_tokens == 16
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
+    with local_gateway(tmp_path_factory.mktemp("guards-gw")) as served:
+        yield served
+
+
+def test_bad_stop_token_ids_never_open_the_circuit(env: Env) -> None:
+    client = env.client()
+    for _ in range(8):
+        with pytest.raises(openai.BadRequestError) as info:
+            client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=2,
+                                           extra_body={"min_tokens": 1, "stop_token_ids": [99999999]})
+        assert info.value.body["param"] == "stop_token_ids"  # type: ignore[index]
+    ok = client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=2, temperature=0)
+    assert ok.choices[0].finish_reason in ("stop", "length")
+    env.wait_idle()
+
+
+# -- a grammar the grammar engine gives up on -----------------------------------------------------
+
+async def test_a_grammar_that_errs_mid_answer_is_a_400_naming_the_field(backend: LocalEngineBackend) -> None:
+    with pytest.raises(BadRequest) as info:
+        await backend.chat(chat(max_tokens=8, temperature=0, guided_grammar=WIDE_LARK))
+    assert info.value.param == "guided_grammar" and "grammar engine failed" in info.value.message
+    stream = await backend.chat_stream(chat(max_tokens=8, temperature=0, guided_grammar=WIDE_LARK, stream=True))
+    finishes = []
+    with pytest.raises(BadRequest) as info:
+        async for chunk in stream.chunks:
+            finishes += [c.finish_reason for c in chunk.choices if c.finish_reason]
+    assert info.value.param == "guided_grammar" and not finishes
+
+
+async def test_guided_choice_with_thousands_of_options(backend: LocalEngineBackend) -> None:
+    choices = [f"opt{i}" for i in range(2500)]
+    done = await backend.chat(chat(max_tokens=12, temperature=0, guided_choice=choices))
+    answer = done.response.choices[0]
+    assert answer.finish_reason == "stop" and answer.message.content in choices
+
+
+# -- completions: the gateway's cap, text offsets -------------------------------------------------
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_completions_without_max_tokens_stop_at_the_gateway_cap(backend: LocalEngineBackend,
+                                                                       stream: bool) -> None:
+    capped = CallContext(output_cap=3)
+    request = completion(temperature=0, ignore_eos=True, stream=stream)
+    if stream:
+        s = await backend.complete_stream(request, capped)
+        chunks = [c async for c in s.chunks]
+        assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == ["length"]
+        assert s.meter.completion_tokens == 3
+    else:
+        done = await backend.complete(request, capped)
+        assert done.response.usage.completion_tokens == 3
+    asked = await backend.complete(completion(temperature=0, ignore_eos=True, max_tokens=5), capped)
+    assert asked.response.usage.completion_tokens == 5  # a limit the client set wins
+    uncapped = await backend.complete(completion(temperature=0, ignore_eos=True))
+    assert uncapped.response.usage.completion_tokens > 3  # no gateway: up to the context
+
+
+@pytest.mark.parametrize("skip", [True, False])
+async def test_completion_text_offsets_index_the_returned_text(backend: LocalEngineBackend, skip: bool) -> None:
+    tokenizer = backend.tokenizer
+    body = dict(max_tokens=12, temperature=1.0, seed=3, ignore_eos=True, logprobs=0,
+                logit_bias={str(SPECIAL): 6}, skip_special_tokens=skip)
+    choice = (await backend.complete(completion(**body))).response.choices[0]
+    lp = choice.logprobs
+    assert lp is not None
+    special = tokenizer.decode([SPECIAL], skip_special_tokens=False)
+    assert special in lp.tokens and any(t != special for t in lp.tokens)  # special tokens among ordinary ones
+    pieces = ["" if skip and t == special else t for t in lp.tokens]  # each token's part of the text
+    assert lp.text_offset[0] == 0 and lp.text_offset == sorted(lp.text_offset)
+    for piece, offset in zip(pieces, lp.text_offset):
+        assert offset <= len(choice.text)
+        if "\ufffd" not in piece:  # part of a character: its text comes with the token that completes it
+            assert choice.text[offset : offset + len(piece)] == piece
+    streamed = await backend.complete_stream(completion(**body, stream=True))
+    offsets = [o for c in [c async for c in streamed.chunks] for ch in c.choices if ch.logprobs
+               for o in ch.logprobs.text_offset]
+    assert offsets == lp.text_offset
+
+
+# -- 400s name the field the client sent -----------------------------------------------------------
+
+async def test_output_limit_errors_name_the_field_sent(backend: LocalEngineBackend) -> None:
+    for field in ("max_completion_tokens", "max_tokens"):
+        with pytest.raises(BadRequest) as info:
+            await backend.chat(chat(**{field: 0}))
+        assert info.value.param == field and field in info.value.message
+        with pytest.raises(ContextTooLong) as too_long:
+            await backend.chat(chat(**{field: MAX_LEN}))
+        assert too_long.value.param == field
+
+
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "bad"}}])
+async def test_an_uncompilable_tool_schema_is_named(backend: LocalEngineBackend, choice: Any) -> None:
+    tools = [{"type": "function", "function": {"name": "good", "parameters": {"type": "object"}}},
+             {"type": "function", "function": {"name": "bad", "parameters": {"type": "nonsense"}}}]
+    with pytest.raises(BadRequest) as info:
+        await backend.chat(chat(max_tokens=8, tools=tools, tool_choice=choice))
+    assert info.value.param == "tools[1].function.parameters" and "nonsense" in info.value.message
