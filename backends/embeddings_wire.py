@@ -15,7 +15,7 @@ from backends.openai_wire import WireStruct
 EmbeddingInput = str | Annotated[list[str | int | list[int]], Meta(min_length=1)]
 
 
-class EmbeddingRequest(WireStruct, kw_only=True):
+class EmbeddingRequest(WireStruct, kw_only=True, dict=True):  # dict: the client's fields kept for pass-through
     model: str
     input: EmbeddingInput
     encoding_format: Literal["float", "base64"] | UnsetType = UNSET

@@ -87,6 +87,15 @@ def _adjust(fields: dict[str, msgspec.Raw], config: DeploymentConfig) -> None:
             fields[new] = fields.pop(old)
 
 
+def _stream_options(sent: msgspec.Raw | None) -> msgspec.Raw:
+    """The client's ``stream_options`` (vLLM's ``continuous_usage_stats`` and the like kept) with
+    usage asked for: the gateway meters every stream."""
+    options = msgspec.json.decode(sent) if sent is not None else None
+    if not isinstance(options, dict) or not options:
+        return _INCLUDE_USAGE
+    return msgspec.Raw(_encoder.encode(options | {"include_usage": True}))
+
+
 class OpenAIHTTPBackend(HTTPBackend):
     """One deployment on an OpenAI-compatible HTTP upstream."""
 
@@ -124,7 +133,13 @@ class OpenAIHTTPBackend(HTTPBackend):
                                        ctx)
 
     async def embed(self, request: EmbeddingRequest, ctx: CallContext = NO_CONTEXT) -> Completed[EmbeddingList]:
-        payload = msgspec.json.encode(msgspec.structs.replace(request, model=self.upstream_model))
+        if (sent := raw_fields(request)) is not None:  # as the client sent it, every field: only the model is ours
+            fields = dict(sent)
+            fields["model"] = msgspec.Raw(_encoder.encode(self.upstream_model))
+            _adjust(fields, self.config)
+            payload = _encoder.encode(fields)
+        else:
+            payload = msgspec.json.encode(msgspec.structs.replace(request, model=self.upstream_model))
         response = await self._unary("/embeddings", payload, EmbeddingList, ctx)
         meter = Meter(prompt_tokens=response.usage.prompt_tokens, first_token_at=time.perf_counter())
         if not response.usage.prompt_tokens:  # an upstream that reports no usage: our estimate
@@ -164,7 +179,7 @@ class OpenAIHTTPBackend(HTTPBackend):
         fields = dict(sent)  # the client's own top-level fields: only those the gateway owns are replaced
         fields["model"] = msgspec.Raw(_encoder.encode(self.upstream_model))
         if stream:
-            fields["stream"], fields["stream_options"] = _TRUE, _INCLUDE_USAGE
+            fields["stream"], fields["stream_options"] = _TRUE, _stream_options(fields.get("stream_options"))
         else:
             fields.pop("stream", None)
             fields.pop("stream_options", None)

@@ -8,6 +8,8 @@ from backends.base import BadRequest, Completed
 from backends.call import CallContext
 from backends.embeddings_wire import Embedding, EmbeddingList, EmbeddingRequest, EmbeddingUsage, encode_vector
 from backends.local.run import EngineRun, LocalModel, collect
+from backends.local.wire import NO_EFFECT_PARAMS
+from backends.openai_wire import extra_params
 from engine import SamplingParams
 
 
@@ -15,6 +17,9 @@ async def embed(backend: LocalModel, request: EmbeddingRequest, ctx: CallContext
     if backend.pooling is None:
         raise BadRequest(f"the model '{request.model}' does not serve embeddings (its deployment sets no "
                          "options.pooling)", param="model")
+    for name in extra_params(request):  # what the engine cannot honour is named, never dropped
+        if name not in NO_EFFECT_PARAMS:
+            raise BadRequest(f"'{name}' is not supported by the local engine", param=name)
     try:
         inputs = request.inputs()
     except ValueError as exc:

@@ -65,6 +65,7 @@ def test_embeddings_equal_transformers_mean_pooling(env: Env) -> None:
     ({"model": "tiny", "input": "hi", "dimensions": 3}, "dimensions"),
     ({"model": "tiny", "input": [10**9]}, "input"),
     ({"model": "plain", "input": "hi"}, "model"),
+    ({"model": "tiny", "input": "hi", "input_type": "query"}, "input_type"),  # not honoured: named, not dropped
 ])
 def test_bad_embedding_requests_name_their_field(env: Env, body: dict[str, Any], param: str) -> None:
     answer = _post(env, "/v1/embeddings", body)

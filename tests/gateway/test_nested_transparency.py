@@ -187,6 +187,25 @@ def test_completions_keep_client_bytes(nested_env: GatewayEnv, up: RawRecorder, 
     assert json.loads(got["stream_options"]) == {"include_usage": True}
 
 
+def test_stream_options_keep_the_clients_own_keys(nested_env: GatewayEnv, up: RawRecorder) -> None:
+    """Usage is always asked for upstream; the client's other stream options (vLLM's) go too."""
+    answer = _post(nested_env, _body(model=b'"echo"', messages=b'[{"role": "user", "content": "hi"}]', stream=b"true",
+                                     stream_options=b'{"continuous_usage_stats": true}'))
+    assert answer.status_code == 200, answer.text
+    assert json.loads(up.last_fields()["stream_options"]) == {"continuous_usage_stats": True, "include_usage": True}
+    assert '"usage"' not in answer.text  # the client did not ask for usage: none relayed
+
+
+def test_embeddings_keep_every_field_the_client_sent(nested_env: GatewayEnv, up: RawRecorder) -> None:
+    """Fields of other providers' embedding APIs (input_type, truncate) reach the upstream as sent."""
+    answer = _post(nested_env, _body(model=b'"echo"', input=b'["caf\\u00e9"]', input_type=b'"query"',
+                                     truncate=b'{"side": "END"}', encoding_format=b'"float"'), "/v1/embeddings")
+    assert answer.status_code == 200, answer.text
+    got = up.last_fields()
+    assert got["input"] == b'["caf\\u00e9"]' and got["input_type"] == b'"query"'
+    assert got["truncate"] == b'{"side": "END"}' and got["model"] == b'"upstream-echo"'
+
+
 def test_refusal_and_video_parts_reach_an_http_upstream(client: openai.OpenAI, up: RawRecorder, route: str) -> None:
     messages: Any = [
         {"role": "user", "content": [{"type": "text", "text": "hi"},
