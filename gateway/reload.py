@@ -1,7 +1,11 @@
 """Config reload without restart: re-read the YAML and swap the routing table and prices.
 
 Triggered by SIGHUP (single-process serving) or ``POST /admin/v1/reload``. Only ``models`` and
-``prices`` take effect; server, database, Redis and auth settings need a restart.
+``prices`` take effect; server, database, Redis and auth settings need a restart. The new prices
+reach every consumer: the pipeline's settings, and the services' ``on_reload`` hooks (the price
+table that admission reserves money from and the usage writer prices records with, and the
+model_prices table). A file that cannot be read or parsed, or one that would leave a gateway
+serving models with none (an empty or truncated file), is refused and the old config stays.
 
 With several workers (``switchyard serve --workers N``), SIGHUP goes to uvicorn's supervisor, which
 replaces the workers one by one (each new one ready before an old one drains and exits, as on
@@ -13,10 +17,12 @@ answered.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import msgspec
@@ -41,11 +47,12 @@ class Reloader:
 
     def reload(self) -> Settings:
         """Apply the config file now; ConfigError (naming the key) leaves the old table in place."""
-        if self.config_path is None:
-            raise ConfigError("this gateway was started without a config file; nothing to reload")
-        fresh = load_settings(self.config_path)
-        self.pipeline.services.router.reload(fresh, self._build)
+        with _refusal_logged(self.config_path):
+            fresh = self._load()
+            self.pipeline.services.router.reload(fresh, self._build)
         self.pipeline.settings = _reloadable(self.pipeline.settings, fresh)
+        for hook in self.pipeline.services.on_reload:  # no await in between: no request sees half of it
+            hook(fresh)
         return fresh
 
     def reload_everywhere(self) -> tuple[Settings, bool]:
@@ -55,12 +62,23 @@ class Reloader:
         supervisor = os.environ.get(SUPERVISOR_PID_ENV)
         if supervisor is None or int(supervisor) != os.getppid():
             return self.reload(), False
-        if self.config_path is None:
-            raise ConfigError("this gateway was started without a config file; nothing to reload")
-        fresh = load_settings(self.config_path)  # a bad file is refused before any worker restarts
+        with _refusal_logged(self.config_path):
+            fresh = self._load()  # a bad file is refused before any worker restarts
         os.kill(int(supervisor), signal.SIGHUP)
         log.info("asked the supervisor (pid %s) to restart the workers on %s", supervisor, self.config_path)
         return fresh, True
+
+    def _load(self) -> Settings:
+        """The config file's settings, or ConfigError (naming what is wrong) if they cannot replace
+        the running ones."""
+        if self.config_path is None:
+            raise ConfigError("this gateway was started without a config file; nothing to reload")
+        fresh = load_settings(self.config_path)
+        serving = len(self.pipeline.settings.models)
+        if serving and not fresh.models:  # an empty or truncated file would turn every request into a 404
+            raise ConfigError(f"config file {self.config_path} defines no models (the gateway serves {serving});"
+                              " refusing to reload it")
+        return fresh
 
     def install_sighup(self) -> bool:
         """Reload on SIGHUP (only possible from the main thread, where uvicorn runs one worker)."""
@@ -73,8 +91,21 @@ class Reloader:
         try:
             self.reload()
             log.info("reloaded %s on SIGHUP", self.config_path)
-        except ConfigError as exc:
-            log.error("reload on SIGHUP failed, keeping the previous config: %s", exc)
+        except ConfigError:
+            pass  # logged, in one line
+        except Exception as exc:  # never raise into the event loop's signal callback
+            log.error("reload of %s failed, keeping the previous config: %s: %s", self.config_path,
+                      type(exc).__name__, exc)
+
+
+@contextlib.contextmanager
+def _refusal_logged(path: Path | None) -> Iterator[None]:
+    """A refused reload is logged in one line (the API answers 400 with the same message)."""
+    try:
+        yield
+    except ConfigError as exc:
+        log.error("reload of %s refused, keeping the previous config: %s", path, exc)
+        raise
 
 
 def _reloadable(current: Settings, fresh: Settings) -> Settings:

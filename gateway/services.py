@@ -65,6 +65,9 @@ class Services:
     # Engine nodes: take the tenant a gateway forwards (backends.call headers) for principals without one.
     tenant_from_headers: bool = False
     auth_guard: AuthGuard | None = None  # throttles failed authentications and audits key use; None: neither
+    # Called (in the event loop, without awaiting) with the new settings after a config reload
+    # (gateway.reload) has swapped the routing table: what else must see the new models and prices.
+    on_reload: list[Callable[[Settings], None]] = field(default_factory=list)
 
     async def aclose(self) -> None:
         for close in reversed(self.closers):
@@ -85,6 +88,7 @@ class Tenancy:
     prices: PriceTable
     guard: AuthGuard
     sessions: Sessions | None = None  # dashboard sign-ins; None: no /dashboard
+    _syncing: set[asyncio.Task[None]] = field(default_factory=set, init=False, repr=False)  # after a reload
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Tenancy:
@@ -140,6 +144,26 @@ class Tenancy:
         if isinstance(counts := self.guard.throttle.counts, RedisFailures):
             counts.start()
 
+    def reload_prices(self, fresh: Settings) -> None:
+        """After a config reload: the new prices take effect at once for admission (the money a
+        request reserves) and metering (the cost of each usage record), which share this one
+        table, and are written to model_prices in the background, as at start-up. A model the new
+        config no longer prices keeps its last price, as it would from model_prices after a restart."""
+        self.prices.update(PriceTable.from_settings(fresh).prices)
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # a caller outside the event loop: model_prices is written at the next start
+            return
+        task = loop.create_task(self._sync_reloaded(), name="sync-prices")
+        self._syncing.add(task)
+        task.add_done_callback(self._syncing.discard)
+
+    async def _sync_reloaded(self) -> None:
+        try:
+            await self._sync_prices()
+        except Exception as exc:  # the prices are in effect; only reports miss them until the next start
+            log.error("writing the reloaded prices to model_prices failed: %s: %s", type(exc).__name__, exc)
+
     async def _sync_prices(self) -> None:
         """The config's prices are written to model_prices (so reports and dashboards can read
         them); prices stored there for models the config does not name are used as well."""
@@ -177,6 +201,8 @@ class Tenancy:
         return checks
 
     async def aclose(self) -> None:
+        if self._syncing:
+            await asyncio.wait(list(self._syncing), timeout=10)
         if isinstance(counts := self.guard.throttle.counts, RedisFailures):
             await counts.aclose()
         await self.admission.aclose()
@@ -200,4 +226,5 @@ def build_services(settings: Settings) -> Services:
         routes=tenancy.routers(),
         responses=ResponseStore(tenancy.db),
         auth_guard=tenancy.guard,
+        on_reload=[tenancy.reload_prices],
     )

@@ -228,9 +228,11 @@ def load_settings(path: str | Path | None = None, env: dict[str, str] | None = N
     env = dict(os.environ) if env is None else env
     path = Path(path or env.get("SWITCHYARD_CONFIG") or "config/default.yaml")
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"config file {path} is not UTF-8 text (byte {exc.start}: {exc.reason})") from None
     try:
         raw = yaml.safe_load(text)
     except yaml.YAMLError as exc:

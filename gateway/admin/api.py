@@ -17,6 +17,7 @@ from litestar.di import Provide
 from litestar.handlers import BaseRouteHandler
 
 from gateway.admin.auth import require_admin, require_tenant
+from gateway.admin.params import refuse_nul
 from gateway.admin.schemas import AdminBody, KeyCreate, KeyRotate, LimitsBody, TenantCreate, TenantUpdate, decode
 from gateway.admin.service import AdminError, CreatedKey, TenancyService
 from gateway.auth.audit import EVENTS, list_events
@@ -224,6 +225,7 @@ def admin_routers(svc: TenancyService, db: Database, auth: Authenticator) -> lis
         path="/admin/v1",
         route_handlers=[TenantController, KeyController, UsageController, AuditController],
         guards=[admin_guard],
+        before_request=refuse_nul,  # a NUL in a path or query parameter: 400 naming it
         dependencies=deps,
         exception_handlers=handlers,  # type: ignore[arg-type]
         tags=["admin"],
@@ -231,6 +233,7 @@ def admin_routers(svc: TenancyService, db: Database, auth: Authenticator) -> lis
     tenant = Router(
         path="/v1",
         route_handlers=[own_usage],
+        before_request=refuse_nul,
         dependencies={**deps, "principal": Provide(tenant_principal)},
         exception_handlers=handlers,  # type: ignore[arg-type]
         tags=["usage"],

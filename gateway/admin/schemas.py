@@ -8,6 +8,7 @@ from typing import Annotated, Any, Literal, TypeVar
 import msgspec
 from msgspec import UNSET, Meta, Struct, UnsetType
 
+from gateway.admin.params import nul_error, nul_field
 from gateway.admin.service import MAX_COST_BUDGET, MAX_SECONDS, MAX_WEIGHT, AdminError
 from gateway.body import WireBody
 from gateway.quotas.limits import Limits
@@ -76,10 +77,13 @@ def decode(body: bytes, type: type[T]) -> T:
     if not body.strip():
         body = b"{}"
     try:
-        return msgspec.json.decode(body, type=type)
+        decoded = msgspec.json.decode(body, type=type)
     except msgspec.ValidationError as exc:
         problem, sep, where = str(exc).rpartition(" - at `")
         param = where.rstrip("`").removeprefix("$.") if sep else None
         raise AdminError(f"invalid request body: {problem or exc}", param=param or None) from None
     except msgspec.DecodeError:
         raise AdminError("the request body must be a JSON object") from None
+    if (field := nul_field(decoded)) is not None:  # PostgreSQL text cannot hold one
+        raise nul_error(field)
+    return decoded

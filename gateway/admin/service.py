@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import select
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError
 
 from gateway.auth.keys import generate_key, new_id
@@ -92,9 +93,7 @@ class TenancyService:
     # ------------------------------------------------------------ tenants
 
     async def create_tenant(self, name: str, *, weight: float = 1.0) -> TenantView:
-        name = name.strip()
-        if not name or len(name) > 200:
-            raise AdminError("tenant name must be 1-200 characters", param="name")
+        name = tenant_name(name)
         check_range("weight", weight, high=MAX_WEIGHT, low_open=True)
         async with self.db.session() as s:
             if await s.scalar(select(Tenant).where(Tenant.name == name)) is not None:
@@ -128,6 +127,8 @@ class TenancyService:
             raise AdminError("status must be 'active' or 'disabled'", param="status")
         if weight is not None:
             check_range("weight", weight, high=MAX_WEIGHT, low_open=True)
+        if name is not None:
+            name = tenant_name(name)
         async with self.db.session() as s:
             tenant = await self._tenant(s, ref)
             if status is not None:
@@ -135,7 +136,7 @@ class TenancyService:
             if weight is not None:
                 tenant.weight = weight
             if name is not None:
-                tenant.name = name.strip()
+                tenant.name = name
             try:
                 await s.commit()
             except IntegrityError:
@@ -158,6 +159,8 @@ class TenancyService:
             raise AdminError(
                 "a key needs exactly one of: a tenant (tenant key) or admin=true (admin key)", param="tenant_id"
             )
+        if len(name) > MAX_NAME:
+            raise AdminError(f"key name must be at most {MAX_NAME} characters, got {len(name)}", param="name")
         if expires_at is not None:
             expires_at = expires_at if expires_at.tzinfo else expires_at.replace(tzinfo=UTC)
             try:  # stored in UTC: an offset that pushes 9999-12-31 past the calendar is refused
@@ -244,23 +247,33 @@ class TenancyService:
             return Limits.from_row(row) if row is not None else Limits()
 
     async def set_limits(self, scope: str, ref: str, limits: Limits) -> Limits:
+        """Replace every limit of the scope (PUT)."""
         check_limits(limits)
-        async with self.db.session() as s:
-            sid = await self._scope_id(s, scope, ref)
-            row = await s.scalar(select(Limit).where(Limit.scope == scope, Limit.scope_id == sid))
-            if row is None:
-                s.add(_limit_row(scope, sid, limits))
-            else:
-                for field, value in limits.as_dict().items():
-                    setattr(row, field, value)
-            await s.commit()
-            self.on_change()
-            return limits
+        return await self._write_limits(scope, ref, limits.as_dict())
 
     async def update_limits(self, scope: str, ref: str, **changes: object) -> Limits:
-        """Change only the given fields (None clears a limit)."""
-        current = await self.get_limits(scope, ref)
-        return await self.set_limits(scope, ref, replace(current, **changes))  # type: ignore[arg-type]
+        """Change only the given fields (None clears a limit); the others stay as they are, even
+        when several updates of one scope run at once."""
+        check_limits(replace(Limits(), **changes))  # type: ignore[arg-type]  # (a TypeError names an unknown field)
+        if not changes:
+            return await self.get_limits(scope, ref)
+        return await self._write_limits(scope, ref, changes)
+
+    async def _write_limits(self, scope: str, ref: str, values: dict[str, object]) -> Limits:
+        """One statement, atomic on SQLite and PostgreSQL: insert the scope's row, or (it exists,
+        or a concurrent request has just inserted it) set the given columns of it; never a
+        read-modify-write that a concurrent update could overtake."""
+        async with self.db.session() as s:
+            sid = await self._scope_id(s, scope, ref)
+            insert = (postgresql if self.db.dialect == "postgresql" else sqlite).insert(Limit)
+            now = utcnow()
+            statement = insert.values(scope=scope, scope_id=sid, updated_at=now, **values).on_conflict_do_update(
+                index_elements=["scope", "scope_id"], set_={**values, "updated_at": now}
+            ).returning(*(Limit.__table__.c[f] for f in LIMIT_FIELDS))
+            row = (await s.execute(statement)).one()
+            await s.commit()
+        self.on_change()
+        return Limits(**row._mapping)
 
 
 # The largest value each number may take: it must fit its column and keep quota arithmetic
@@ -269,7 +282,9 @@ INT32_MAX = 2**31 - 1
 INT64_MAX = 2**63 - 1
 MAX_COST_BUDGET = 1e12  # a trillion in the price unit
 MAX_WEIGHT = 1e6
+MAX_NAME = 200  # tenant and key names (their columns' length)
 MAX_SECONDS = 100 * 365 * 86400  # a hundred years: key expiry, rotation grace
+LIMIT_FIELDS = tuple(f.name for f in fields(Limits))
 LIMIT_MAX: dict[str, float] = {
     "requests_per_minute": INT32_MAX,
     "tokens_per_minute": INT32_MAX,
@@ -277,6 +292,14 @@ LIMIT_MAX: dict[str, float] = {
     "token_budget": INT64_MAX,
     "cost_budget": MAX_COST_BUDGET,
 }
+
+
+def tenant_name(name: str) -> str:
+    """The name stripped of surrounding blanks, or an AdminError unless it is 1-200 characters."""
+    name = name.strip()
+    if not name or len(name) > MAX_NAME:
+        raise AdminError(f"tenant name must be 1-{MAX_NAME} characters", param="name")
+    return name
 
 
 def check_range(field: str, value: float, *, low: float = 0, high: float, low_open: bool = False) -> None:

@@ -193,13 +193,19 @@ def limits_set(
     """Change the given limits of a tenant or key; the others stay as they are."""
     scope, ref = _scope(tenant, key)
     given = {
-        "requests_per_minute": rpm,
-        "tokens_per_minute": tpm,
-        "max_concurrency": concurrency,
-        "token_budget": token_budget,
-        "cost_budget": cost_budget,
+        ("requests_per_minute", "--rpm"): rpm,
+        ("tokens_per_minute", "--tpm"): tpm,
+        ("max_concurrency", "--concurrency"): concurrency,
+        ("token_budget", "--token-budget"): token_budget,
+        ("cost_budget", "--cost-budget"): cost_budget,
     }
-    changes: dict[str, Any] = {k: (None if v is not None and v < 0 else v) for k, v in given.items() if v is not None}
+    changes: dict[str, Any] = {}
+    for (field, option), value in given.items():
+        if value is None:
+            continue
+        if value < 0 and value != -1:  # only -1 means "no limit": -5 is a typo, not a removal
+            fail(f"{option} must be -1 (no limit) or at least 0, got {value!r}")
+        changes[field] = None if value == -1 else value
     if period is not None:
         changes["budget_period"] = period
     limits = run(config, lambda svc, _: svc.update_limits(scope, ref, **changes))

@@ -181,11 +181,17 @@ class DashboardApi(Controller):
         rng = _range(start, end, bucket, range, tz)
         if table == "requests":
             f = _filter(tenant, rng, q, model, key_id, status)
+            batches = records.batches(db, f)
+            try:  # the query runs (and any error answers) before the 200 and the CSV start
+                first = await anext(batches, None)
+            except ParameterError as exc:
+                raise AdminError(exc.message, param=exc.param) from None
 
             async def body() -> AsyncIterator[str]:
-                yield records.csv_text([], header=True)
-                async for batch in records.batches(db, f):
-                    yield records.csv_text(batch)
+                yield records.csv_text(first or [], header=True)
+                if first is not None:
+                    async for batch in batches:
+                        yield records.csv_text(batch)
 
             return _csv(body(), f"requests-{tenant}.csv")
         data = await queries.summary(db, tenant, rng)

@@ -20,6 +20,7 @@ from litestar.params import Body
 from litestar.response import Redirect
 from litestar.static_files import create_static_files_router
 
+from gateway.admin.params import refuse_nul
 from gateway.admin.service import AdminError, TenancyService
 from gateway.auth.guard import AuthGuard, client_address
 from gateway.contracts import Authenticator, Principal
@@ -36,7 +37,7 @@ _INDEX = (STATIC / "index.html").read_text()
 
 
 def _html(body: str, status: int = 200, headers: dict[str, str] | None = None) -> Response[str]:
-    return Response(body, media_type="text/html; charset=utf-8", status_code=status, headers=headers)
+    return Response(body, media_type="text/html", status_code=status, headers=headers)  # Litestar adds the charset
 
 
 def _login_page(sessions: Sessions, message: str = "", status: int = 200, *, https: bool = False,
@@ -142,6 +143,7 @@ def dashboard_router(svc: TenancyService, db: Database, auth: Authenticator, ses
             "guard": Provide(lambda: guard, sync_to_thread=False),
             "revocations": Provide(lambda: revocations, sync_to_thread=False),
         },
+        before_request=refuse_nul,  # a NUL in a path or query parameter: 400 naming it
         exception_handlers={AdminError: _error, **database_exception_handlers},  # type: ignore[dict-item]
         include_in_schema=False,
     )

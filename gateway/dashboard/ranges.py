@@ -20,6 +20,8 @@ Bucket = Literal["minute", "hour", "day"]
 PRESETS = {"1h": timedelta(hours=1), "24h": timedelta(days=1), "7d": timedelta(days=7), "30d": timedelta(days=30)}
 MAX_RANGE = timedelta(days=400)
 MAX_MINUTE_RANGE = timedelta(hours=6)
+EDGE = timedelta(days=2)  # how far from the calendar's ends (years 1 and 9999) a range must stay
+CALENDAR = "dates must lie between 0001-01-04 and 9999-12-28"
 
 
 @dataclass(frozen=True)
@@ -46,8 +48,10 @@ class Range:
         else:
             e = _parse(end, "end", zone) if end else now
             if end and len(end.strip()) == 10:
-                e += timedelta(days=1)  # a bare end date includes that day
-            s = _parse(start, "start", zone) if start else e - timedelta(days=7)
+                e = _shift(e, timedelta(days=1), "end")  # a bare end date includes that day
+            s = _parse(start, "start", zone) if start else _shift(e, -timedelta(days=7), "end")
+        _inside_calendar(s, "start")
+        _inside_calendar(e, "end")
         if s >= e:
             raise ParameterError("start must be before end", param="start")
         if e - s > MAX_RANGE:
@@ -71,6 +75,20 @@ class Range:
     @property
     def tz_name(self) -> str:
         return getattr(self.tz, "key", None) or "UTC"
+
+
+def _shift(t: datetime, by: timedelta, param: str) -> datetime:
+    try:
+        return t + by
+    except OverflowError:
+        raise ParameterError(f"{param} is out of range: {CALENDAR}", param=param) from None
+
+
+def _inside_calendar(t: datetime, param: str) -> None:
+    """Bucket arithmetic (a day or an hour past either end, in any time zone) must stay within
+    Python's calendar: a time within two days of either end of it is refused, naming ``param``."""
+    _shift(t, -EDGE, param)
+    _shift(t, EDGE, param)
 
 
 def _auto_bucket(span: timedelta) -> Bucket:
@@ -118,4 +136,4 @@ def _parse(text: str, param: str, zone: tzinfo) -> datetime:
     try:
         return value.astimezone(UTC) if value.tzinfo else value.replace(tzinfo=zone).astimezone(UTC)
     except OverflowError:
-        raise ParameterError(f"{param} is out of range", param=param) from None
+        raise ParameterError(f"{param} is out of range: {CALENDAR}", param=param) from None

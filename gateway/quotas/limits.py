@@ -1,21 +1,30 @@
-"""What a caller may use: the limits of its key and of its tenant, read from SQL and cached."""
+"""What a caller may use: the limits of its key and of its tenant, read from SQL and cached.
+
+A rotated key continues the key it replaced (``ApiKey.rotated_from``): a key's scope is counted
+under the first key of its rotation chain, so the old key in its grace period and every key
+rotated from it share one set of counters (rates, concurrency and budgets, in the store), and a
+budget rebuilt from the usage records sums the spend of the whole chain. Each key keeps its own
+limits (rotation copies them).
+"""
 
 from __future__ import annotations
 
 import calendar
 from dataclasses import dataclass, fields
 from datetime import UTC, datetime
-from typing import Literal
+from typing import Any, Literal
 
-from sqlalchemy import and_, func, or_, select
+from sqlalchemy import and_, func, literal, or_, select
+from sqlalchemy.ext.asyncio import AsyncSession
 
 from gateway.caching import RefreshingCache
 from gateway.contracts import Principal
 from gateway.db.engine import Database
-from gateway.db.models import Limit, UsageRow
+from gateway.db.models import ApiKey, Limit, UsageRow
 
 Period = Literal["day", "month", "total"]
 WINDOW_SECONDS = 60  # requests/min and tokens/min are sliding windows of one-second buckets
+MAX_CHAIN = 10_000  # rotations followed at most (a guard: a chain cannot loop)
 
 
 @dataclass(frozen=True)
@@ -85,13 +94,35 @@ def period_start(period: Period, now: float) -> float | None:
     return None if period == "total" else _bucket(period, now)[0]
 
 
+async def chain_root(session: AsyncSession, key_id: str) -> str:
+    """The first key of ``key_id``'s rotation chain (``key_id`` itself for a key never rotated)."""
+    up = select(ApiKey.id, ApiKey.rotated_from, literal(0).label("depth")).where(ApiKey.id == key_id).cte(
+        "up", recursive=True)
+    up = up.union_all(select(ApiKey.id, ApiKey.rotated_from, up.c.depth + 1)
+                      .where(ApiKey.id == up.c.rotated_from, up.c.depth < MAX_CHAIN))
+    root = await session.scalar(select(up.c.id).order_by(up.c.depth.desc()).limit(1))
+    return root or key_id
+
+
+def _chain(root: str) -> Any:
+    """The ids of ``root`` and of every key rotated from it, directly or not (a subquery)."""
+    down = select(ApiKey.id, literal(0).label("depth")).where(ApiKey.id == root).cte("down", recursive=True)
+    down = down.union_all(select(ApiKey.id, down.c.depth + 1)
+                          .where(ApiKey.rotated_from == down.c.id, down.c.depth < MAX_CHAIN))
+    return select(down.c.id)
+
+
 async def recorded_spend(db: Database, scope: Scope, now: float) -> tuple[int, int]:
-    """Tokens and micro-dollars the usage records show for ``scope`` in its current budget period."""
-    column = UsageRow.key_id if scope.kind == "key" else UsageRow.tenant_id
+    """Tokens and micro-dollars the usage records show for ``scope`` in its current budget period
+    (a key's scope: every key of its rotation chain)."""
+    if scope.kind == "key":
+        whose = or_(UsageRow.key_id == scope.id, UsageRow.key_id.in_(_chain(scope.id)))
+    else:
+        whose = UsageRow.tenant_id == scope.id
     query = select(
         func.coalesce(func.sum(UsageRow.prompt_tokens + UsageRow.completion_tokens), 0),
         func.coalesce(func.sum(UsageRow.cost), 0.0),
-    ).where(column == scope.id)
+    ).where(whose)
     start = period_start(scope.limits.budget_period, now)
     if start is not None:
         query = query.where(UsageRow.started_at >= datetime.fromtimestamp(start, UTC))
@@ -120,8 +151,9 @@ class LimitsSource:
             wanted.append(and_(Limit.scope == "tenant", Limit.scope_id == principal.tenant_id))
         async with self.db.session() as session:
             rows = (await session.scalars(select(Limit).where(or_(*wanted)))).all()
+            root = await chain_root(session, principal.key_id)
         found = {(r.scope, r.scope_id): Limits.from_row(r) for r in rows}
-        scopes = [Scope("key", principal.key_id, found.get(("key", principal.key_id), Limits()))]
+        scopes = [Scope("key", root, found.get(("key", principal.key_id), Limits()))]
         if principal.tenant_id is not None:
             tid = principal.tenant_id
             scopes.append(Scope("tenant", tid, found.get(("tenant", tid), Limits())))

@@ -5,6 +5,7 @@ exits non-zero (never a traceback) and never prints a tenant's chosen name raw t
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import subprocess
 import sys
@@ -166,3 +167,66 @@ def test_cli_prints_tenant_names_with_escapes_shown_not_obeyed(cli_config: Path)
     dup = switchyard(cli_config, "tenant", "create", evil)
     assert "\x1b" not in dup.stderr
     _one_line_error(dup, "already exists")
+
+
+# ---------------------------------------------------------------- NUL characters, blank names
+
+
+@pytest.mark.parametrize(("method", "path", "body", "param"), [
+    ("POST", "/admin/v1/tenants", {"name": "a\x00b"}, "name"),
+    ("PATCH", "/admin/v1/tenants/{tenant}", {"name": "a\x00b"}, "name"),
+    ("POST", "/admin/v1/keys", {"tenant_id": "x\x00"}, "tenant_id"),
+    ("POST", "/admin/v1/keys", {"tenant_id": "{tenant}", "models": ["ok", "m\x00"]}, "models[1]"),
+    ("GET", "/admin/v1/tenants/ab%00", None, "tenant_id"),
+    ("GET", "/admin/v1/tenants/ab%00/limits", None, "tenant_id"),
+    ("GET", "/admin/v1/keys/ab%00", None, "key_id"),
+    ("POST", "/admin/v1/keys/ab%00/revoke", None, "key_id"),
+    ("GET", "/admin/v1/keys?tenant_id=%00", None, "tenant_id"),
+    ("GET", "/admin/v1/usage?key_id=%00", None, "key_id"),
+    ("GET", "/admin/v1/audit?client=%00", None, "client"),
+])
+def test_nul_anywhere_in_an_admin_request_is_a_400_naming_it(
+    admin: httpx.Client, tenant_id: str, method: str, path: str, body: dict[str, object] | None, param: str,
+) -> None:
+    if body is not None:
+        body = {k: v.replace("{tenant}", tenant_id) if isinstance(v, str) else v for k, v in body.items()}
+    response = admin.request(method, path.replace("{tenant}", tenant_id), json=body)
+    _assert_400(response, param)
+    error = response.json()["error"]
+    assert error["type"] == "invalid_request_error" and "NUL" in error["message"] and "\x00" not in error["message"]
+
+
+def test_nul_in_the_tenants_own_usage_query_is_a_400(admin: httpx.Client, tenant_id: str) -> None:
+    key = admin.post("/admin/v1/keys", json={"tenant_id": tenant_id}).json()["key"]
+    response = admin.get("/v1/usage", params={"key_id": "\x00"}, headers={"authorization": f"Bearer {key}"})
+    _assert_400(response, "key_id")
+    assert admin.get("/v1/usage", headers={"authorization": f"Bearer {key}"}).status_code == 200
+
+
+def test_a_blank_tenant_name_is_refused_on_update_as_on_create(admin: httpx.Client, tenant_id: str) -> None:
+    _assert_400(admin.post("/admin/v1/tenants", json={"name": "   "}), "name")
+    _assert_400(admin.patch(f"/admin/v1/tenants/{tenant_id}", json={"name": "   "}), "name")
+    assert admin.get(f"/admin/v1/tenants/{tenant_id}").json()["name"] == "hostile-numbers"
+
+
+def test_cli_key_name_too_long_is_a_validation_message(cli_config: Path) -> None:
+    assert switchyard(cli_config, "tenant", "create", "names").returncode == 0
+    done = switchyard(cli_config, "key", "create", "--tenant", "names", "--name", "n" * 300)
+    _one_line_error(done, "name", "200")
+    assert "database" not in done.stderr.lower()
+
+
+def test_cli_negative_limits_other_than_minus_one_are_errors(cli_config: Path) -> None:
+    """Only -1 removes a limit: another negative number is a one-line error, and changes nothing."""
+    wrong = {"--rpm": "-5", "--cost-budget": "-0.5", "--tpm": "-2", "--concurrency": "-100", "--token-budget": "-3"}
+    assert switchyard(cli_config, "tenant", "create", "negatives").returncode == 0
+    limits = ["limits", "set", "--tenant", "negatives"]
+    assert switchyard(cli_config, *limits, *(a for option in wrong for a in (option, "7"))).returncode == 0
+    for option, value in wrong.items():
+        _one_line_error(done := switchyard(cli_config, *limits, option, value), option, "-1")
+        assert done.returncode == 1
+    shown = json.loads(switchyard(cli_config, "limits", "show", "--tenant", "negatives", "--json").stdout)
+    assert [v for k, v in shown.items() if k != "budget_period"] == [7, 7, 7, 7, 7.0]
+    removed = switchyard(cli_config, *limits, *(a for option in wrong for a in (option, "-1")), "--json")
+    assert removed.returncode == 0, removed.stderr
+    assert all(v is None for k, v in json.loads(removed.stdout).items() if k != "budget_period")
