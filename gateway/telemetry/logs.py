@@ -165,16 +165,23 @@ def access_fields(info: RequestInfo, started: float) -> dict[str, Any]:
     return fields
 
 
+def printable(text: str) -> str:
+    """``text`` with control characters escaped (``\\x00``, ``\\n``): a client's path or name can
+    neither put a NUL in a log line nor start a forged one."""
+    return text if text.isprintable() else text.encode("unicode_escape").decode("ascii")
+
+
 def log_access(info: RequestInfo, started: float) -> None:
     if not ACCESS.isEnabledFor(logging.INFO):
         return
     handler = _direct_access_handler()
+    path = printable(info.path)
     if handler is None:
-        ACCESS.info("%s %s %s", info.method, info.path, info.status, extra={"fields": access_fields(info, started)})
+        ACCESS.info("%s %s %s", info.method, path, info.status, extra={"fields": access_fields(info, started)})
         return
     formatter: JsonFormatter | TextFormatter = handler.formatter  # type: ignore[assignment]
     fields = access_fields(info, started) if formatter.uses_fields else {}
-    message = f"{info.method} {info.path} {info.status}"
+    message = f"{info.method} {path} {info.status}"
     handler.add_line(formatter.format_access(time.time(), ACCESS.name, message, fields) + "\n")
 
 

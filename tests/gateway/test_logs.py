@@ -109,6 +109,27 @@ def test_the_direct_access_line_is_the_line_logging_writes(formatter: logging.Fo
         assert direct.endswith(" INFO switchyard.access: POST /v1/chat/completions 200")
 
 
+@pytest.mark.parametrize("formatter", [JsonFormatter(), TextFormatter()], ids=["json", "text"])
+def test_control_characters_in_a_path_are_escaped_in_the_access_line(formatter: logging.Formatter) -> None:
+    """A path with %00 or %0a (decoded by the server) cannot write a NUL or start a forged line."""
+    parent = logging.getLogger("switchyard")
+    saved = (parent.handlers[:], parent.propagate, parent.level)
+    stream = CountingStream()
+    handler = BatchedStreamHandler(stream)
+    handler.setFormatter(formatter)
+    parent.handlers[:] = [handler]
+    parent.propagate, parent.level = False, logging.INFO
+    try:
+        log_access(RequestInfo("req-1", "GET", "/admin/v1/tenants/a\x00b\nINFO forged", status=400), 0.0)
+    finally:
+        parent.handlers[:], parent.propagate, parent.level = saved
+    written = stream.getvalue()
+    assert "\x00" not in written and written.count("\n") == 1
+    line = written.rstrip("\n")
+    message = json.loads(line)["message"] if isinstance(formatter, JsonFormatter) else line
+    assert message.endswith("GET /admin/v1/tenants/a\\x00b\\nINFO forged 400")
+
+
 def test_a_text_access_line_has_the_time_logging_gives_each_record() -> None:
     """TextFormatter formats a second's date and time once: lines within a second, across a second's
     end and after a gap still carry the time ``formatTime`` gives each record, milliseconds included."""
