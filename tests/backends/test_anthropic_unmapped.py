@@ -37,7 +37,8 @@ def client(upstream: FakeAnthropic) -> Iterator[openai.OpenAI]:
     deployment = {"provider": "anthropic", "model": "claude-test", "api_base": upstream.url, "api_key": "sk-ant"}
     settings = parse_settings({"models": [
         {"name": "claude", "max_retries": 0, "deployments": [deployment]},
-        {"name": "lenient", "max_retries": 0, "deployments": [deployment | {"drop_params": ["seed", "response_format"]}]},
+        {"name": "lenient", "max_retries": 0,
+         "deployments": [deployment | {"drop_params": ["seed", "response_format"]}]},
     ]}, env={})
     services = Services(authenticator=StaticKeys({ADMIN_KEY: Principal("admin", None, is_admin=True)}),
                         admission=ScriptedAdmission(), usage=RecordingSink(),
