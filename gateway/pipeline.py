@@ -187,7 +187,7 @@ class Pipeline:
                 hooks.end_attempt(span, exc.kind)
                 self.telemetry.upstream_error(attempt.deployment.id, exc.kind)
                 if isinstance(exc, BadRequest):
-                    health.on_success(None, tenant)  # the deployment answered; the request was at fault
+                    health.on_refused()  # the request was at fault: nothing learnt of the deployment
                 else:
                     health.on_failure(tenant)
                 following = plan.after(exc)

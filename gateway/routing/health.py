@@ -4,8 +4,10 @@ States: ``closed`` (normal) -> ``open`` after ``failures`` failures within ``win
 after ``cooldown`` seconds one trial request is let through (``half_open``); its success closes
 the circuit, its failure opens it again for another cooldown.
 
-Only failures of the deployment count (the pipeline reports a request's own 4xx as a success of
-the deployment), and each is charged to the tenant whose request met it. When ``failures``
+Only failures of the deployment count, and each is charged to the tenant whose request met it. A
+request's own 4xx (``on_refused``) says nothing either way: it neither counts as a failure nor
+clears the failures in the window (a client sending bad requests would otherwise keep a failing
+deployment's circuit closed); as a half-open trial it ends without a verdict. When ``failures``
 failures in the window all come from one tenant while another tenant was served well by the
 deployment in that window, the tenant's requests are the likely cause: a circuit opens for that
 tenant alone (``admits(tenant)`` refuses it for ``cooldown`` seconds) and the others are served.
@@ -99,6 +101,10 @@ class DeploymentHealth:
 
     def tenant_retry_after(self, tenant: str | None) -> float:
         return self._tenants.retry_after(tenant)
+
+    def on_refused(self) -> None:
+        """The deployment refused the request as the request's own fault (a 4xx): no verdict."""
+        self._trial_running = False
 
     def on_success(self, latency: float | None, tenant: str | None = None) -> None:
         self._tenants.on_success(tenant)

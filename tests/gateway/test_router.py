@@ -95,6 +95,21 @@ def test_circuit_breaker_state_machine() -> None:
     assert health.view().latency_ewma_ms == pytest.approx(200.0)
 
 
+def test_a_requests_own_4xx_neither_fails_nor_heals_the_deployment() -> None:
+    """Bad requests between the failures do not keep a failing deployment's circuit closed."""
+    clock = _Clock()
+    health = DeploymentHealth(CircuitConfig(failures=3, window=10, cooldown=5), clock=clock)
+    for t in (0.0, 1.0, 2.0):
+        clock.now = t
+        health.on_failure("t")
+        health.on_refused()
+    assert health.state == "open"
+    clock.now = 7.5
+    health.on_attempt()
+    health.on_refused()  # a half-open trial refused as the request's fault: the next request tries again
+    assert health.state == "half_open" and health.available()
+
+
 def test_one_tenants_failures_open_its_own_circuit_while_others_are_served() -> None:
     clock = _Clock()
     health = DeploymentHealth(CircuitConfig(failures=3, window=10, cooldown=5), clock=clock)

@@ -281,6 +281,21 @@ def test_failed_half_open_trial_reopens(
     assert _states(gateway, "breaker")["br-a"] == "healthy"
 
 
+def test_a_clients_400_between_failures_does_not_keep_the_circuit_closed(
+    client: openai.OpenAI, upstreams: dict[str, FakeUpstream], gateway: tuple[ServerThread, Path]
+) -> None:
+    a = upstreams["A"]
+    a.fail_next(Fault(status=500), Fault(status=400), Fault(status=500))
+    client.chat.completions.create(model="breaker", messages=MESSAGES)  # a fails, b answers
+    with pytest.raises(openai.BadRequestError):
+        client.chat.completions.create(model="breaker", messages=MESSAGES)  # the request's own fault
+    client.chat.completions.create(model="breaker", messages=MESSAGES)  # a's second failure in the window
+    assert _states(gateway, "breaker")["br-a"] == "open"
+    time.sleep(0.6)
+    client.chat.completions.create(model="breaker", messages=MESSAGES)  # let it recover for later tests
+    assert _states(gateway, "breaker")["br-a"] == "healthy"
+
+
 def test_max_concurrency_is_respected(client: openai.OpenAI, upstreams: dict[str, FakeUpstream]) -> None:
     upstreams["A"].fail_next(Fault(hang_after_chunks=1))
     stream = client.chat.completions.create(model="capped", messages=MESSAGES, stream=True)
