@@ -109,17 +109,15 @@ class AsyncEngine:
                 self.abort(request_id)
 
     def abort(self, request_id: str) -> None:
-        """Cancel a request; its blocks are freed now, or right after the running step."""
-        for i, pending in enumerate(self._adds):
-            if pending.request_id == request_id:
-                del self._adds[i]
-                self._streams.pop(request_id, None)
-                return
+        """Cancel a request; its blocks are freed now, or right after the running step. Its stream
+        ends with a final output (``finish_reason`` "abort"), also when the engine had not taken it
+        in yet."""
         if request_id not in self._streams:
             return
         if self._in_flight:
             self._aborts.append(request_id)
         else:
+            self._add_pending()
             self._abort_now(request_id)
 
     def _abort_now(self, request_id: str) -> None:
@@ -129,9 +127,14 @@ class AsyncEngine:
             queue.put_nowait(final)
 
     def _apply_pending(self) -> None:
+        """Between steps: the requests added meanwhile join the engine, then the aborts apply (an
+        abort of a request added meanwhile finds it in the engine and ends its stream)."""
+        self._add_pending()
         aborts, self._aborts = self._aborts, []
         for request_id in aborts:
             self._abort_now(request_id)
+
+    def _add_pending(self) -> None:
         adds, self._adds = self._adds, []
         for request in adds:
             try:
@@ -161,14 +164,14 @@ class AsyncEngine:
                 continue
             finally:
                 self._in_flight = False
-            self._apply_pending()
-            for output in outputs:
-                queue = self._streams.get(output.request_id)
+            for output in outputs:  # before the aborts made during the step: a request that finished
+                queue = self._streams.get(output.request_id)  # in it gets its last output
                 if queue is None:
                     continue
                 queue.put_nowait(output if output.error is None else output.error)  # failed: raised there
                 if output.finished:
                     del self._streams[output.request_id]
+            self._apply_pending()
 
     def _fail_all(self, exc: Exception) -> None:
         """A step raised: end every stream with the error and drop its requests."""
@@ -176,6 +179,7 @@ class AsyncEngine:
             self.engine.abort_request(request_id)
             queue.put_nowait(EngineClosed(f"engine step failed: {exc!r}"))
         self._streams.clear()
+        self._adds.clear()  # their streams are ended: nobody would read them
 
     async def shutdown(self) -> None:
         self._closed = True

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import time
 
 import pytest
 
@@ -83,6 +84,41 @@ async def test_explicit_abort_ends_the_stream(engine: LLMEngine) -> None:
     eng.abort("cancel-me")
     rest = await collect(it)
     assert rest and rest[-1].finished and rest[-1].outputs[0].finish_reason == "abort"
+    await wait_idle(eng)
+    assert_all_free(eng)
+    await eng.shutdown()
+
+
+async def test_an_abort_before_the_engine_took_the_request_in_ends_its_stream(engine: LLMEngine) -> None:
+    eng = AsyncEngine(engine=engine)
+    it = eng.add_request("early", ids(10, 4), SamplingParams(temperature=0, max_tokens=20))
+    eng.abort("early")  # still waiting to join the engine
+    rest = await asyncio.wait_for(collect(it), 10)
+    assert rest and rest[-1].finished and rest[-1].outputs[0].finish_reason == "abort"
+    await wait_idle(eng)
+    assert_all_free(eng)
+    await eng.shutdown()
+
+
+async def test_an_abort_during_the_step_that_finishes_the_request_keeps_its_last_output(
+        engine: LLMEngine, monkeypatch: pytest.MonkeyPatch) -> None:
+    step = engine.step
+
+    def slow_step() -> list:
+        time.sleep(0.2)  # long enough for the abort below to come while it runs
+        return step()
+
+    monkeypatch.setattr(engine, "step", slow_step)
+    eng = AsyncEngine(engine=engine)
+    it = eng.add_request("last", ids(10, 5), SamplingParams(temperature=0, max_tokens=1))
+    for _ in range(1000):  # the step that prefills and samples its one token is running
+        if eng._in_flight:
+            break
+        await asyncio.sleep(0.001)
+    assert eng._in_flight
+    eng.abort("last")
+    rest = await asyncio.wait_for(collect(it), 10)
+    assert rest and rest[-1].finished and rest[-1].outputs[0].finish_reason in ("length", "abort")
     await wait_idle(eng)
     assert_all_free(eng)
     await eng.shutdown()
