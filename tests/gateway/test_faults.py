@@ -297,3 +297,31 @@ async def test_bulk_client_disconnects_mid_stream(leak_gateway: LeakCheckedGatew
     while leak_gateway.tasks() > tasks_before and time.monotonic() < deadline:
         await asyncio.sleep(0.1)
     assert leak_gateway.tasks() <= tasks_before
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_client_that_leaves_before_the_answer_began_ends_its_request_at_once(
+        leak_gateway: LeakCheckedGateway, upstream: FakeUpstream, stream: bool,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """The upstream is slow to answer (3 s); the client gives up after 0.3 s: the request is
+    cancelled then (the upstream call abandoned, its slots freed), settled as client_disconnected,
+    and nothing is logged as the app's failure."""
+    upstream.fail_next(Fault(delay=3))
+    leak_gateway.usage.records.clear()
+    tasks_before = leak_gateway.tasks()
+    body = httpx.Request("POST", "/", json={"model": "echo", "messages": CHAT, "stream": stream}).content
+    host, port = leak_gateway.server.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port))) as client:
+        client.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                       b"authorization: Bearer " + ADMIN_KEY.encode() + b"\r\ncontent-length: %d\r\n\r\n" % len(body)
+                       + body)
+        time.sleep(0.3)
+    left = time.monotonic()
+    [record] = leak_gateway.usage.wait_for(1, 10)
+    assert time.monotonic() - left < 1.5  # settled when the client left, not when the upstream answered
+    assert record.status == 499 and record.error_type == "client_disconnected"
+    deadline = time.monotonic() + 5
+    while leak_gateway.tasks() > tasks_before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert leak_gateway.tasks() <= tasks_before
+    assert "Exception in ASGI application" not in caplog.text
