@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -26,7 +27,7 @@ from gateway.controllers.tokenize import TokenizeController
 from gateway.dialects.anthropic import on_messages_paths
 from gateway.drain import DRAIN
 from gateway.errors import exception_handlers
-from gateway.event_stream import DIRECT_SEND
+from gateway.event_stream import CLIENT_LEFT, DIRECT_SEND
 from gateway.fast_routes import FastRoute, FastRoutes
 from gateway.heap import settle_heap
 from gateway.pipeline import Pipeline
@@ -116,11 +117,19 @@ class GatewayApp(Litestar):
             await super().__call__(scope, receive, send)
             return
         scope[DIRECT_SEND] = send
+        scope[CLIENT_LEFT] = False  # the server may cancel the request if its client leaves: ended quietly below
         try:
             if self.fast_routes is not None and self.fast_routes.serves(scope):
                 await self.fast_routes(scope, receive, send)
             else:
                 await super().__call__(scope, receive, send)
+        except asyncio.CancelledError:
+            # the server cancelled it as the client left (settled as client_disconnected on the way
+            # out): not a failure of the app, which the server would log as one
+            task = asyncio.current_task()
+            if not scope.get(CLIENT_LEFT) or task is None or task.cancelling() > 1:
+                raise
+            task.uncancel()
         finally:
             # The server's send is bound to its request cycle, which holds the scope: left in place,
             # the pair is a reference cycle, and each request's some 16 objects wait for the

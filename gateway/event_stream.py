@@ -36,6 +36,10 @@ if TYPE_CHECKING:
 DIRECT_SEND = "switchyard.direct_send"  # scope key: the ASGI server's own send, unwrapped
 WRITE_NOW = "switchyard.write_now"  # scope key: the server's synchronous body writer (WriteNow), if any
 LOOP = "switchyard.loop"  # scope key: the server's event loop, if it says (a lookup is a getpid on Python 3.11)
+# scope key: False from an app that ends a request quietly when the server cancels its task because
+# the client left before the response began (``gateway.app.GatewayApp``); the server
+# (``gateway.cli.http_protocol``) sets it True as it does, and cancels no other app's requests
+CLIENT_LEFT = "switchyard.client_left"
 
 # Does what ``send({"type": "http.response.body", "body": data, "more_body": True})`` would, without
 # waiting, and returns True; or writes nothing and returns False when it cannot do it now (the

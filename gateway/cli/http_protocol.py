@@ -43,7 +43,7 @@ from typing import Any
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
 from backends.turn_writes import Turn
-from gateway.event_stream import LOOP, WRITE_NOW
+from gateway.event_stream import CLIENT_LEFT, LOOP, WRITE_NOW
 
 HEADER_TIMEOUT_ENV = "SWITCHYARD_HEADER_TIMEOUT"
 BODY_TIMEOUT_ENV = "SWITCHYARD_BODY_TIMEOUT"
@@ -54,7 +54,6 @@ LINGER_SECONDS = 1.0  # how long a connection answered 408 still reads (and drop
 DEFAULT_MAX_CONNECTIONS = 256
 
 _open_by_client: dict[str, int] = {}  # per worker process; the event loop is single-threaded
-_left: weakref.WeakSet[asyncio.Task[Any]] = weakref.WeakSet()  # request tasks cancelled as their client left
 _answer_turns: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Turn] = weakref.WeakKeyDictionary()
 
 
@@ -125,18 +124,6 @@ def _write_body_now(request: weakref.ref[RequestResponseCycle], data: bytes) -> 
     return True
 
 
-async def _until_the_client_leaves(app: Any, scope: Any, receive: Any, send: Any) -> None:
-    """``app``, whose task ``connection_lost`` cancels when the client leaves before the response
-    began: that cancellation ends the request quietly (uvicorn would log it as the app's failure)."""
-    try:
-        await app(scope, receive, send)
-    except asyncio.CancelledError:
-        task = asyncio.current_task()
-        if task is None or task not in _left or task.cancelling() > 1:
-            raise
-        task.uncancel()
-
-
 class HeadDeadlineProtocol(HttpToolsProtocol):
     """The deadlines' timers are armed only for a head or body still incomplete when a read has been
     parsed: a request that comes whole in one read (most do) costs no timer."""
@@ -199,7 +186,7 @@ class HeadDeadlineProtocol(HttpToolsProtocol):
 
     def _start_asgi_task(self, cycle: RequestResponseCycle, app: Any) -> None:
         """uvicorn's, keeping the connection's request task (``self.tasks`` is the whole server's)."""
-        run = cycle.run_asgi(partial(_until_the_client_leaves, app))
+        run = cycle.run_asgi(app)
         fresh = getattr(self.config, "reset_contextvars", False)
         task = self.loop.create_task(run, context=contextvars.Context()) if fresh else self.loop.create_task(run)
         task.add_done_callback(self.tasks.discard)
@@ -210,9 +197,10 @@ class HeadDeadlineProtocol(HttpToolsProtocol):
         self._disarm()
         self._disarm_body()
         task, self._request_task = self._request_task, None
-        if task is not None and not task.done() and (cycle := self.cycle) is not None and not cycle.response_started:
-            _left.add(task)  # still working on an answer nobody will read
-            task.cancel()
+        if (task is not None and not task.done() and (cycle := self.cycle) is not None and not cycle.response_started
+                and cycle.scope.get(CLIENT_LEFT) is False):  # an app that ends such a request quietly
+            cycle.scope[CLIENT_LEFT] = True  # type: ignore[literal-required]  # our key
+            task.cancel()  # still working on an answer nobody will read
         if self._client_host is not None:
             left = _open_by_client.get(self._client_host, 1) - 1
             if left > 0:
