@@ -66,6 +66,7 @@ class ApiError(Exception):
         self.param = param
         self.code = code
         self.headers = dict(headers or {})
+        self.kind: str | None = None  # a provider failure's kind (BackendError.kind): the usage row's error_type
 
     def body(self) -> ErrorBody:
         return ErrorBody(error=ErrorDetail(message=self.message, type=self.type, param=self.param, code=self.code))
@@ -91,7 +92,14 @@ def retry_after_header(seconds: float | None) -> dict[str, str]:
 
 
 def from_backend_error(exc: BackendError) -> ApiError:
-    """The client-facing error for a provider failure (the router has given up on it)."""
+    """The client-facing error for a provider failure (the router has given up on it); its ``kind``
+    is the failure's, as a request that failed before its answer began records it."""
+    error = _client_error(exc)
+    error.kind = exc.kind
+    return error
+
+
+def _client_error(exc: BackendError) -> ApiError:
     if isinstance(exc, ModelNotFound):
         return ApiError(404, exc.message, param="model", code="model_not_found")
     if isinstance(exc, ContextTooLong):

@@ -224,7 +224,11 @@ class Pipeline:
 
     def _stream_response(self, flight: _Flight, stream: ChunkStream[Any]) -> EventStream:
         async def on_end(meter: Meter, outcome: Outcome, error: ApiError | None) -> None:
-            error_type = error.type if error else (None if outcome is Outcome.COMPLETED else outcome.value)
+            # a provider failure is recorded under its kind, as one before the first chunk is
+            if error is not None:
+                error_type: str | None = error.kind or error.type
+            else:
+                error_type = None if outcome is Outcome.COMPLETED else outcome.value
             if outcome is Outcome.FAILED and flight.deployment is not None and error and error.status >= 500:
                 # the provider broke the stream after it started
                 flight.deployment.health.on_failure(_circuit_tenant(flight.call.principal))

@@ -149,6 +149,16 @@ def test_stream_errors_before_first_chunk_are_http_errors(env: GatewayEnv, upstr
     assert err.value.status_code == 503
 
 
+def test_a_stream_broken_mid_way_is_recorded_as_one_broken_before_it(env: GatewayEnv, upstream: FakeUpstream) -> None:
+    """The same failure (the upstream ends the body early) has one error_type, whenever it comes."""
+    upstream.fail_next(Fault(end_after_chunks=2))
+    with pytest.raises(openai.APIError):
+        for _ in sdk(env).chat.completions.create(model="echo", messages=[{"role": "user", "content": "a b"}],
+                                                  stream=True):
+            pass
+    assert env.usage.wait_for(1)[0].error_type == "unavailable"  # Unavailable's kind, as before a first chunk
+
+
 def test_stream_error_mid_way_is_an_error_event(env: GatewayEnv, upstream: FakeUpstream) -> None:
     upstream.fail_next(Fault(error_after_chunks=2))
     stream = sdk(env).chat.completions.create(model="echo", messages=[{"role": "user", "content": "a b c"}],
