@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import pytest
@@ -15,6 +16,23 @@ from tests.conftest import ADMIN_KEY, gateway_settings
 from tests.support.doubles import RecordingSink, ScriptedAdmission, StaticKeys
 from tests.support.fake_upstream import FakeUpstream
 from tests.support.servers import ServerThread
+
+ROUTES = ["direct", "litestar"]  # how a request to the busiest routes can be served
+
+
+@contextmanager
+def served_by(env: GatewayEnv, route: str) -> Iterator[str]:
+    """``env``'s gateway serving the busiest routes directly (``gateway.fast_routes``, as it does by
+    default), or, for ``"litestar"``, through Litestar's routing like every other route."""
+    app = env.server.app
+    fast = app.fast_routes
+    if route == "litestar":
+        app.fast_routes = None
+    try:
+        yield route
+    finally:
+        app.fast_routes = fast
+
 
 LIMITED_KEY = "sk-test-limited"  # may use only the model "other"
 THROTTLED_KEY = "sk-test-throttled"  # always rate limited

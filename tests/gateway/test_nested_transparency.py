@@ -25,7 +25,7 @@ from gateway.contracts import Principal
 from gateway.routing.router import Router
 from gateway.services import Services
 from tests.conftest import ADMIN_KEY, gateway_settings
-from tests.gateway.conftest import GatewayEnv
+from tests.gateway.conftest import ROUTES, GatewayEnv, served_by
 from tests.support.doubles import RecordingSink, ScriptedAdmission, StaticKeys
 from tests.support.fake_upstream import FakeUpstream
 from tests.support.servers import ServerThread
@@ -101,17 +101,11 @@ def up(recorder: RawRecorder) -> RawRecorder:
     return recorder
 
 
-@pytest.fixture(params=["direct", "litestar"])
+@pytest.fixture(params=ROUTES)
 def route(request: pytest.FixtureRequest, nested_env: GatewayEnv) -> Iterator[str]:
     """Each test on the direct route (gateway.fast_routes) and on Litestar's."""
-    app = nested_env.server.app
-    fast = app.fast_routes
-    if request.param == "litestar":
-        app.fast_routes = None
-    try:
-        yield request.param
-    finally:
-        app.fast_routes = fast
+    with served_by(nested_env, request.param) as served:
+        yield served
 
 
 @pytest.fixture

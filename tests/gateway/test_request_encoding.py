@@ -16,7 +16,7 @@ from litestar.exceptions.http_exceptions import RequestEntityTooLarge
 from gateway.body import decoded_content
 from gateway.errors import ApiError
 from tests.conftest import ADMIN_KEY
-from tests.gateway.conftest import GatewayEnv
+from tests.gateway.conftest import ROUTES, GatewayEnv, served_by
 from tests.support.fake_upstream import FakeUpstream
 
 CHAT = json.dumps({"model": "echo", "messages": [{"role": "user", "content": "hi there"}]}).encode()
@@ -30,16 +30,11 @@ def _raw_deflate(data: bytes) -> bytes:
     return packer.compress(data) + packer.flush()
 
 
-@pytest.fixture(params=["direct", "litestar"])
+@pytest.fixture(params=ROUTES)
 def route(request: pytest.FixtureRequest, env: GatewayEnv) -> Iterator[str]:
-    app = env.server.app
-    fast = app.fast_routes
-    if request.param == "litestar":
-        app.fast_routes = None
-    try:
-        yield request.param
-    finally:
-        app.fast_routes = fast
+    """Each test on the direct route (gateway.fast_routes) and on Litestar's."""
+    with served_by(env, request.param) as served:
+        yield served
 
 
 def _post(env: GatewayEnv, path: str, body: bytes, encoding: str | None) -> httpx.Response:
