@@ -110,11 +110,18 @@ def decoded_content(raw: bytes, encoding: str, limit: int | None) -> bytes:
     return raw
 
 
+MAX_GZIP_MEMBERS = 16  # a gzip body in more members is refused: each costs a copy of what follows it
+
+
 def _inflate(data: bytes, wbits: int, limit: int) -> bytes:
-    """``data`` inflated (each member of a multi-member gzip body in turn), at most ``limit`` bytes."""
+    """``data`` inflated (each member of a multi-member gzip body in turn), at most ``limit`` bytes
+    and ``MAX_GZIP_MEMBERS`` members (thousands of empty ones would inflate to nothing while their
+    copies took the event loop for seconds)."""
     pieces: list[bytes] = []
     size = 0
     while True:
+        if len(pieces) == MAX_GZIP_MEMBERS:
+            raise zlib.error(f"more than {MAX_GZIP_MEMBERS} gzip members")
         inflater = zlib.decompressobj(wbits)
         piece = inflater.decompress(data, limit - size + 1)
         size += len(piece)

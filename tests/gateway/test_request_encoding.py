@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import time
 import zlib
 from collections.abc import Iterator
 
@@ -13,7 +14,7 @@ import httpx
 import pytest
 from litestar.exceptions.http_exceptions import RequestEntityTooLarge
 
-from gateway.body import decoded_content
+from gateway.body import MAX_GZIP_MEMBERS, decoded_content
 from gateway.errors import ApiError
 from tests.conftest import ADMIN_KEY
 from tests.gateway.conftest import ROUTES, GatewayEnv, served_by
@@ -113,3 +114,13 @@ def test_decoded_size_is_bounded_exactly() -> None:
     with pytest.raises(ApiError) as caught:
         decoded_content(data, "br, gzip", 1000)
     assert caught.value.status == 415 and "'br'" in caught.value.message
+
+
+def test_a_body_of_many_gzip_members_is_refused_quickly() -> None:
+    """Thousands of empty members inflate to nothing; each would cost a copy of the rest of the
+    body (seconds of the event loop for a few MB): more than MAX_GZIP_MEMBERS is a 400."""
+    assert decoded_content(gzip.compress(b"") * (MAX_GZIP_MEMBERS - 1) + gzip.compress(b"{}"), "gzip", 1000) == b"{}"
+    started = time.perf_counter()
+    with pytest.raises(ApiError) as caught:
+        decoded_content(gzip.compress(b"") * 200_000, "gzip", 8 << 20)  # 4 MB of empty members
+    assert caught.value.status == 400 and time.perf_counter() - started < 1
