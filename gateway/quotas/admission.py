@@ -130,6 +130,9 @@ class QuotaAdmission:
                     break
                 await self._seed_budget(scopes[decision.scope_index], r.now)
                 decision = await self.store.reserve(r)
+        except asyncio.CancelledError:  # the client left while the store reserved: give back what it may hold
+            self._give_back(r)
+            raise
         except Exception as exc:  # the store (Redis), or the records a lost bucket is rebuilt from
             self._outage("admit", exc)
             if self.on_unavailable == "fail_open":
@@ -179,6 +182,22 @@ class QuotaAdmission:
         self._settling.add(acknowledged)
         sent.add_done_callback(partial(self._acknowledged, acknowledged))
         return acknowledged
+
+    def _give_back(self, r: Reservation) -> None:
+        """Settle a reservation whose answer nobody waits for at zero: it frees what the store holds
+        for it if the reservation was made (the store runs it after the reservation), and changes
+        nothing if it was refused or never ran (a ticket the store does not hold adds its actual
+        figures, zero)."""
+        try:
+            sent = self.store.settle(lease_for(r), self.clock(), 0, 0)
+        except Exception as exc:  # the lease expires by itself
+            self._outage("settle", exc)
+            return
+        sent.add_done_callback(self._given_back)
+
+    def _given_back(self, reply: asyncio.Future[Any]) -> None:
+        if not reply.cancelled() and isinstance(exc := reply.exception(), Exception):
+            self._outage("settle", exc)  # the lease expires by itself
 
     def _acknowledged(self, acknowledged: asyncio.Future[None], reply: asyncio.Future[Any]) -> None:
         self._settling.discard(acknowledged)

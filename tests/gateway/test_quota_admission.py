@@ -127,6 +127,29 @@ async def test_a_settlement_is_sent_at_once_and_awaited_at_close(
     await client.aclose()
 
 
+async def test_an_admission_cancelled_while_redis_reserves_gives_the_reservation_back(
+    db: Database, redis: Redis, redis_prefix: str
+) -> None:
+    """The client left (its request cancelled) after the reservation went to Redis: the slot and
+    the tokens it took are freed at once, not held until the lease expires."""
+    p = await principal_with(db, Limits(max_concurrency=1, token_budget=1000, budget_period="total"), Limits())
+    client = connect_redis(REDIS_URL)
+    adm = QuotaAdmission(RedisStore(client, prefix=redis_prefix), LimitsSource(db), PRICES, lease_seconds=60)
+    await adm.settle(await adm.admit(p, "m", 100), 100, 0.0)  # limits cached: the next admission goes to Redis at once
+    task = asyncio.create_task(adm.admit(p, "m", 600))
+    await asyncio.sleep(0)  # sent, its answer not read yet
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await asyncio.sleep(0.2)
+    assert await redis.zcard(f"{redis_prefix}:tenant:{p.tenant_id}:cc") == 0
+    budget = await redis.hgetall(f"{redis_prefix}:tenant:{p.tenant_id}:bd:total")
+    assert int(budget[b"tokens"]) == 100
+    adm.settle(await adm.admit(p, "m", 900), 900, 0.0)  # the slot is free, and the 600 not held
+    await adm.aclose()
+    await client.aclose()
+
+
 async def test_a_settlement_redis_refuses_is_logged_not_raised(db: Database, caplog: pytest.LogCaptureFixture) -> None:
     p = await principal_with(db, Limits(requests_per_minute=100), Limits())
     server = RedisProcess().start()
