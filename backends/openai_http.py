@@ -292,7 +292,7 @@ class _Relay(Generic[C]):
         self._http, self._response, self._reader = http, response, reader
         self._pending: C | None = first
         self._last: C = first
-        self._last_choices: C = first  # the last chunk with choices: a finished stream's has finish_reasons
+        self._unfinished: set[int] = set()  # indices of the choices seen whose finish_reason has not come
         self._deadline, self._meter, self._want_usage = deadline, meter, want_usage
         self._text_of: Callable[[C], str] = text_of
         self._saw_usage = False
@@ -351,17 +351,20 @@ class _Relay(Generic[C]):
             await reader.lines.content.wait(relay_arrived)
 
     def _check_finished(self) -> None:
-        """At the end of the body: a stream that ended without ``[DONE]`` while a choice was still
-        unfinished (its last chunk had no ``finish_reason``) was cut short, not completed."""
-        if not self._reader.lines.saw_done and any(c.finish_reason is None for c in self._last_choices.choices):
+        """At the end of the body: a stream that ended without ``[DONE]`` while a choice it had
+        begun had no ``finish_reason`` yet was cut short, not completed."""
+        if not self._reader.lines.saw_done and self._unfinished:
             raise Unavailable(f"upstream {self._http.deployment_id} ended the stream before it finished")
 
     def _account(self, chunk: C) -> C | None:
         """Update the meter from one chunk; the chunk to relay, or None to drop it."""
         meter = self._meter
         self._last = chunk
-        if chunk.choices:
-            self._last_choices = chunk
+        for choice in chunk.choices:
+            if choice.finish_reason is None:
+                self._unfinished.add(choice.index)
+            else:
+                self._unfinished.discard(choice.index)
         if text := self._text_of(chunk):
             if meter.first_token_at is None:
                 meter.first_token_at = time.perf_counter()

@@ -82,6 +82,16 @@ async def test_a_stream_whose_body_ends_before_it_finished_fails(backend: OpenAI
     assert backend.stats().in_flight == 0
 
 
+async def test_a_stream_cut_while_another_choice_was_unfinished_fails(backend: OpenAIHTTPBackend,
+                                                                      upstream: FakeUpstream) -> None:
+    """n=2: choice 0 finished in the last chunk, choice 1 had not: still cut short."""
+    upstream.fail_next(Fault(end_after_chunks=3, finish_last=True, alternate_choices=True))
+    stream = await backend.chat_stream(chat())
+    with pytest.raises(Unavailable, match="ended the stream before it finished"):
+        async for _ in stream:
+            pass
+
+
 async def test_a_finished_stream_without_done_completes(backend: OpenAIHTTPBackend, upstream: FakeUpstream) -> None:
     """Every choice finished: an upstream that leaves out [DONE] is not a failure."""
     upstream.fail_next(Fault(end_after_chunks=3, finish_last=True))

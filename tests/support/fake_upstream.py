@@ -31,6 +31,7 @@ class Fault:
     hang_after_chunks: int | None = None  # stream: send N chunks, then stall until the client leaves
     end_after_chunks: int | None = None  # stream: send N chunks, then end the body without [DONE]
     finish_last: bool = False  # with end_after_chunks: the last chunk has a finish_reason
+    alternate_choices: bool = False  # the chunks alternate between choices 0 and 1 (n=2)
 
 
 @dataclass
@@ -134,10 +135,11 @@ class FakeUpstream(EchoUpstream, OnLoopback):
                       if n is not None), 0)
         for i, piece in enumerate((out * (count or 1))[:count]):
             finish = "stop" if fault.finish_last and i == count - 1 else None
+            index = i % 2 if fault.alternate_choices else 0
             chunk = ({"id": "chatcmpl-f", "object": "chat.completion.chunk", "created": 0, "model": "m",
-                      "choices": [{"index": 0, "delta": {"content": piece}, "finish_reason": finish}]} if chat else
+                      "choices": [{"index": index, "delta": {"content": piece}, "finish_reason": finish}]} if chat else
                      {"id": "cmpl-f", "object": "text_completion", "created": 0, "model": "m",
-                      "choices": [{"index": 0, "text": piece, "finish_reason": finish}]})
+                      "choices": [{"index": index, "text": piece, "finish_reason": finish}]})
             await ex.send({"type": "http.response.body", "body": b"data: " + json.dumps(chunk).encode() + b"\n\n",
                            "more_body": True})
         if fault.end_after_chunks is not None:
