@@ -74,6 +74,13 @@ class ResponseStore:
             return None
         return Kept(row.response, row.input_items, row.context, row.upstream_previous_id)
 
+    async def held_by_another(self, principal: Principal, response_id: str) -> bool:
+        """Whether ``response_id`` is stored for another owner: an id the caller must not reach
+        through an upstream either (the upstream that answered it serves every tenant)."""
+        async with self._db.session() as s:
+            owner = (await s.execute(select(StoredResponse.owner).where(StoredResponse.id == response_id))).scalar()
+        return owner is not None and owner != owner_of(principal)
+
     async def delete(self, principal: Principal, response_id: str) -> bool:
         async with self._db.session() as s:
             result = await s.execute(delete(StoredResponse).where(

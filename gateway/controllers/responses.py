@@ -139,9 +139,9 @@ class ResponsesController(Controller):
             kept = await store.get(principal, previous) if store is not None else None
             if kept is not None:
                 context, kept_previous, upstream_previous = kept.context, True, kept.upstream_previous_id
-            elif native:  # an upstream serving Responses may know it; nothing else can
-                upstream_previous = previous
-            else:
+            elif native and not (store is not None and await store.held_by_another(principal, previous)):
+                upstream_previous = previous  # an upstream serving Responses may know it; nothing else can
+            else:  # unknown, or another tenant's (never passed on: the upstream would resolve it for anyone)
                 raise ApiError(400, f"Previous response with id '{previous}' not found.",
                                param="previous_response_id", code="previous_response_not_found")
         inputs = input_items(data)

@@ -197,6 +197,20 @@ def test_one_tenant_never_sees_anothers(gateway: Gateway) -> None:
     assert alice.responses.retrieve(secret.id).output_text == "alice's secret"  # untouched by the attempts
 
 
+def test_another_tenants_id_is_not_passed_to_an_upstream_serving_responses(
+        gateway: Gateway, native: FakeResponsesUpstream) -> None:
+    """An upstream serving Responses resolves ids for whoever sends them: an id the gateway holds for
+    another tenant is refused here, never passed on."""
+    alice, mallory = gateway.tenant_client(), gateway.tenant_client()
+    secret = alice.responses.create(model="native", input="alice's secret")
+    sent_before = len(native.received)
+    with pytest.raises(openai.BadRequestError):
+        mallory.responses.create(model="native", input="continue", previous_response_id=secret.id)
+    assert len(native.received) == sent_before
+    mallory.responses.create(model="native", input="go on", previous_response_id="resp_only_upstream_knows")
+    assert native.received[-1]["previous_response_id"] == "resp_only_upstream_knows"  # unknown ids still go
+
+
 def test_bad_listing_parameters_are_400s(gateway: Gateway) -> None:
     client = gateway.tenant_client()
     response = client.responses.create(model="echo", input="x")
