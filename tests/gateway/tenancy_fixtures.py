@@ -72,6 +72,15 @@ async def pg_url() -> AsyncIterator[str]:
 
 
 @pytest.fixture(scope="module")
+async def migrated_pg_url() -> AsyncIterator[str]:
+    """A PostgreSQL database for this module, migrated to the head."""
+    name, url = await new_pg_database()
+    await asyncio.to_thread(migrate.upgrade, url)
+    yield url
+    await drop_pg_database(name)
+
+
+@pytest.fixture(scope="module")
 def sqlite_url(tmp_path_factory: pytest.TempPathFactory) -> str:
     return f"sqlite+aiosqlite:///{tmp_path_factory.mktemp('db') / 'switchyard.db'}"
 

@@ -4,20 +4,18 @@ exits non-zero (never a traceback) and never prints a tenant's chosen name raw t
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
-from gateway.db import migrate
 from tests.conftest import ADMIN_KEY, gateway_settings
-from tests.gateway.tenancy_fixtures import drop_pg_database, new_pg_database
+from tests.gateway.tenancy_fixtures import migrated_pg_url  # noqa: F401  (fixture)
 from tests.support.fake_upstream import FakeUpstream
 from tests.support.servers import ServerThread
 
@@ -25,20 +23,12 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
-async def pg_url() -> AsyncIterator[str]:
-    name, url = await new_pg_database()
-    await asyncio.to_thread(migrate.upgrade, url)
-    yield url
-    await drop_pg_database(name)
-
-
-@pytest.fixture(scope="module")
-def admin(pg_url: str, fake_upstream_server: FakeUpstream, tmp_path_factory: pytest.TempPathFactory,
+def admin(migrated_pg_url: str, fake_upstream_server: FakeUpstream, tmp_path_factory: pytest.TempPathFactory,
           ) -> Iterator[httpx.Client]:
     from gateway.app import create_app
 
     work = tmp_path_factory.mktemp("hostile-admin")
-    settings = gateway_settings(fake_upstream_server.url, database={"url": pg_url},
+    settings = gateway_settings(fake_upstream_server.url, database={"url": migrated_pg_url},
                                 usage={"journal_dir": str(work / "journal")})
     with ServerThread(create_app(settings)) as server, httpx.Client(
         base_url=server.url, headers={"authorization": f"Bearer {ADMIN_KEY}"}, timeout=10

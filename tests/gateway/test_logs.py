@@ -8,6 +8,8 @@ import io
 import json
 import logging
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 
@@ -68,6 +70,23 @@ class _PassAll(logging.Filter):
         return True  # lets everything through; its presence alone sends access lines through logging
 
 
+@contextmanager
+def the_only_handler(formatter: logging.Formatter) -> Iterator[tuple[CountingStream, BatchedStreamHandler]]:
+    """The gateway's loggers writing through one BatchedStreamHandler with ``formatter`` (as
+    ``install_logging`` sets them up), into the stream yielded; put back as they were after."""
+    parent = logging.getLogger("switchyard")
+    saved = (parent.handlers[:], parent.propagate, parent.level)
+    stream = CountingStream()
+    handler = BatchedStreamHandler(stream)
+    handler.setFormatter(formatter)
+    parent.handlers[:] = [handler]
+    parent.propagate, parent.level = False, logging.INFO
+    try:
+        yield stream, handler
+    finally:
+        parent.handlers[:], parent.propagate, parent.level = saved
+
+
 @pytest.mark.parametrize("formatter", [JsonFormatter(), TextFormatter()], ids=["json", "text"])
 def test_the_direct_access_line_is_the_line_logging_writes(formatter: logging.Formatter,
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
@@ -78,18 +97,11 @@ def test_the_direct_access_line_is_the_line_logging_writes(formatter: logging.Fo
     monkeypatch.setattr(time, "time", lambda: now)
     monkeypatch.setattr(time, "time_ns", lambda: int(now * 1e9))
     monkeypatch.setattr(time, "perf_counter", lambda: 10.5)
-    parent = logging.getLogger("switchyard")
-    saved = (parent.handlers[:], parent.propagate, parent.level)
-    stream = CountingStream()
-    handler = BatchedStreamHandler(stream)
-    handler.setFormatter(formatter)
-    parent.handlers[:] = [handler]
-    parent.propagate, parent.level = False, logging.INFO
     info = RequestInfo("req-1", "POST", "/v1/chat/completions", tenant_id="t-1", key_id="k-1", model="fast",
                        deployment="fast#0", status=200, prompt_tokens=12, completion_tokens=3)
     emitted: list[logging.LogRecord] = []
-    handler.handle = lambda record: bool(emitted.append(record)) or logging.Handler.handle(handler, record)  # type: ignore[method-assign]
-    try:
+    with the_only_handler(formatter) as (stream, handler):
+        handler.handle = lambda record: bool(emitted.append(record)) or logging.Handler.handle(handler, record)  # type: ignore[method-assign]
         log_access(info, 10.25)
         assert not emitted  # no LogRecord was made
         ACCESS.addFilter(_PassAll())
@@ -98,8 +110,6 @@ def test_the_direct_access_line_is_the_line_logging_writes(formatter: logging.Fo
         finally:
             ACCESS.filters.clear()
         assert len(emitted) == 1
-    finally:
-        parent.handlers[:], parent.propagate, parent.level = saved
     direct, through_logging = stream.getvalue().splitlines()
     assert direct == through_logging
     if isinstance(formatter, JsonFormatter):
@@ -112,17 +122,8 @@ def test_the_direct_access_line_is_the_line_logging_writes(formatter: logging.Fo
 @pytest.mark.parametrize("formatter", [JsonFormatter(), TextFormatter()], ids=["json", "text"])
 def test_control_characters_in_a_path_are_escaped_in_the_access_line(formatter: logging.Formatter) -> None:
     """A path with %00 or %0a (decoded by the server) cannot write a NUL or start a forged line."""
-    parent = logging.getLogger("switchyard")
-    saved = (parent.handlers[:], parent.propagate, parent.level)
-    stream = CountingStream()
-    handler = BatchedStreamHandler(stream)
-    handler.setFormatter(formatter)
-    parent.handlers[:] = [handler]
-    parent.propagate, parent.level = False, logging.INFO
-    try:
+    with the_only_handler(formatter) as (stream, _):
         log_access(RequestInfo("req-1", "GET", "/admin/v1/tenants/a\x00b\nINFO forged", status=400), 0.0)
-    finally:
-        parent.handlers[:], parent.propagate, parent.level = saved
     written = stream.getvalue()
     assert "\x00" not in written and written.count("\n") == 1
     line = written.rstrip("\n")

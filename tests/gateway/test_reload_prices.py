@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,21 +22,13 @@ from gateway.db.models import ModelPrice, UsageRow
 from gateway.services import Tenancy
 from gateway.settings import load_settings, parse_settings
 from tests.conftest import ADMIN_KEY
-from tests.gateway.tenancy_fixtures import REDIS_URL, drop_pg_database, new_pg_database
+from tests.gateway.tenancy_fixtures import REDIS_URL, migrated_pg_url  # noqa: F401  (fixture)
 from tests.support.fake_upstream import FakeUpstream
 from tests.support.servers import ServerThread
 
 BUDGET = 0.25  # USD
 PRICE = 1000.0  # USD per million tokens, input and output: each request reserves about $0.19
 WORDS = " ".join(f"w{i}" for i in range(20))
-
-
-@pytest.fixture(scope="module")
-async def pg_url() -> AsyncIterator[str]:
-    name, url = await new_pg_database()
-    await asyncio.to_thread(migrate.upgrade, url)
-    yield url
-    await drop_pg_database(name)
 
 
 def _config(upstream: str, db_url: str, journal: Path, *, pricey: bool) -> dict[str, Any]:
@@ -56,16 +48,16 @@ def _config(upstream: str, db_url: str, journal: Path, *, pricey: bool) -> dict[
 
 
 @pytest.fixture(scope="module")
-def gateway(pg_url: str, fake_upstream_server: FakeUpstream,
+def gateway(migrated_pg_url: str, fake_upstream_server: FakeUpstream,
             tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerThread, Path, dict[str, Any]]]:
     from gateway.app import create_app
 
     work = tmp_path_factory.mktemp("reload-prices")
     path = work / "gw.yaml"
-    path.write_text(yaml.safe_dump(_config(fake_upstream_server.url, pg_url, work / "journal", pricey=False)))
+    path.write_text(yaml.safe_dump(_config(fake_upstream_server.url, migrated_pg_url, work / "journal", pricey=False)))
     app = create_app(load_settings(path, env={}), config_path=path)
     with ServerThread(app) as server:
-        yield server, path, {"upstream": fake_upstream_server.url, "db": pg_url, "journal": work / "journal"}
+        yield server, path, {"upstream": fake_upstream_server.url, "db": migrated_pg_url, "journal": work / "journal"}
 
 
 def _admin() -> dict[str, str]:
@@ -79,7 +71,7 @@ async def _chat(client: httpx.AsyncClient, key: str, model: str) -> int:
 
 
 async def test_a_reloaded_price_holds_the_cost_budget(gateway: tuple[ServerThread, Path, dict[str, Any]],
-                                                     pg_url: str) -> None:
+                                                     migrated_pg_url: str) -> None:
     server, path, where = gateway
     path.write_text(yaml.safe_dump(_config(where["upstream"], where["db"], where["journal"], pricey=True)))
     async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
@@ -101,7 +93,7 @@ async def test_a_reloaded_price_holds_the_cost_budget(gateway: tuple[ServerThrea
         else:
             raise AssertionError("the cost budget never refused a request")
 
-    db = Database.from_url(pg_url)
+    db = Database.from_url(migrated_pg_url)
     try:
         deadline = time.monotonic() + 10
         while True:  # the usage writer flushes in the background
