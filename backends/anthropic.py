@@ -5,7 +5,9 @@ event by event (``message_start`` -> role chunk, ``content_block_delta`` -> cont
 deltas, ``message_delta`` -> finish reason and output usage), so nothing is buffered; a stream
 that ends without ``message_stop`` was cut short and fails (Unavailable). Text completions are
 served as a one-message chat. A /v1/messages request (``anthropic_body``) goes as the client sent
-it, with its ``anthropic-version`` and ``anthropic-beta`` headers (``forward_client_headers``).
+it, with its ``anthropic-version`` and ``anthropic-beta`` headers (``forward_client_headers``), once
+the betas, server tools and Files API references it opts into are allowed by the deployment
+(``backends.anthropic_opt_ins``).
 Plumbing (timeouts, status -> typed error; 529 "overloaded" -> Unavailable) is
 ``backends.http_upstream``.
 """
@@ -19,6 +21,7 @@ from typing import Any
 
 import msgspec
 
+from backends.anthropic_opt_ins import check_opt_ins
 from backends.anthropic_wire import STOP_REASONS, from_messages_response, to_messages_request, usage_of
 from backends.base import (
     BadRequest,
@@ -93,6 +96,12 @@ class AnthropicBackend(HTTPBackend):
         return True
 
     def _request(self, request: ChatCompletionRequest, ctx: CallContext, stream: bool) -> dict[str, Any]:
+        """The upstream body for ``request``, once what it opts into is allowed (a 400 else)."""
+        body = self._body(request, ctx, stream)
+        check_opt_ins(self.config, body, _upstream_headers(request))
+        return body
+
+    def _body(self, request: ChatCompletionRequest, ctx: CallContext, stream: bool) -> dict[str, Any]:
         max_tokens = ctx.output_limit(request.output_limit()) or self._max_tokens
         drop, rename = self.config.drop_params, self.config.rename_params
         if (original := anthropic_body(request)) is not None:  # a /v1/messages request: sent as it came
@@ -173,6 +182,7 @@ class AnthropicBackend(HTTPBackend):
             drop = self.config.drop_params
             counted = {k: v for k, v in original.items() if k not in drop and k not in _GENERATION_ONLY}
             counted["model"] = self.upstream_model
+            check_opt_ins(self.config, counted, _upstream_headers(request))
         else:
             body = self._request(request, NO_CONTEXT, stream=False)
             counted = {k: v for k, v in body.items() if k in ("model", "messages", "system", "tools", "tool_choice")}

@@ -15,6 +15,9 @@ from msgspec import Meta, Struct
 from backends.providers import PROVIDERS
 
 Seconds = Annotated[float, Meta(gt=0)]
+# An anthropic-beta value or a server tool type, as Anthropic spells them ("files-api-2025-04-14",
+# "web_search_20250305"): no blanks, no commas.
+OptInName = Annotated[str, Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")]
 
 
 class ConfigError(ValueError):
@@ -59,10 +62,18 @@ class DeploymentConfig(Conf):
     rename_params: dict[str, str] = msgspec.field(default_factory=dict)  # sent under another name
     # The upstream serves OpenAI's Responses API itself: /v1/responses is passed through, not translated.
     responses_api: bool = False
+    # What an anthropic deployment's clients may opt into (backends.anthropic_opt_ins); empty: nothing.
+    # Their own fees (a web search's, long context's) are not priced by the gateway; listing
+    # "files-api-2025-04-14" lets every tenant of the deployment reference any file uploaded with its key.
+    anthropic_betas: list[OptInName] = msgspec.field(default_factory=list)  # anthropic-beta header values
+    server_tools: list[OptInName] = msgspec.field(default_factory=list)  # tool types Anthropic runs
 
     def __post_init__(self) -> None:
         if self.provider not in PROVIDERS:
             raise ValueError(f"unknown provider {self.provider!r} (known: {', '.join(sorted(PROVIDERS))})")
+        if self.provider != "anthropic" and (self.anthropic_betas or self.server_tools):
+            raise ValueError(f"anthropic_betas and server_tools apply to anthropic deployments only, "
+                             f"not to provider {self.provider!r}")
 
     @property
     def id(self) -> str:

@@ -71,8 +71,9 @@ class MessagesController(Controller):
         summary="Create a message (Anthropic Messages API)",
         description="For clients that speak Anthropic's API (`x-api-key` or bearer auth). Served by any "
         "provider behind the model: an Anthropic deployment gets the request as sent (with the client's "
-        "`anthropic-version` and `anthropic-beta` headers), any other its translation. With `stream: true` "
-        "the answer is Anthropic's event stream.",
+        "`anthropic-version` and `anthropic-beta` headers), any other its translation. Betas, server tools "
+        "and Files API `file_id`s go only to a deployment that lists them (`anthropic_betas`, "
+        "`server_tools`); else a 400 names them. With `stream: true` the answer is Anthropic's event stream.",
         responses={200: ResponseSpec(None, description="An Anthropic `message` object (or its event stream)"),
                    **error_responses()},
     )

@@ -62,7 +62,9 @@ def anthropic_upstream() -> Iterator[CuttingAnthropic]:
 def gateway(anthropic_upstream: CuttingAnthropic,
             fake_upstream_server: FakeUpstream) -> Iterator[tuple[ServerThread, RecordingSink]]:
     deployment = {"provider": "anthropic", "model": "claude-test", "api_base": anthropic_upstream.url,
-                  "api_key": "sk-ant"}
+                  "api_key": "sk-ant", "anthropic_betas": ["files-api-2025-04-14", "interleaved-thinking-2025-05-14",
+                                                           "token-counting-2024-11-01"],
+                  "server_tools": ["web_search_20250305", "mcp_toolset"]}  # what the tests below opt into
     settings = parse_settings({"models": [
         {"name": "claude", "max_retries": 0, "deployments": [deployment]},
         {"name": "claude-fb", "max_retries": 0, "fallbacks": ["oai"], "deployments": [deployment | {"name": "fb"}]},
