@@ -29,9 +29,11 @@ from backends.responses_wire import RelayedResponse, ResponsesEvent
 
 
 class BackendError(Exception):
-    """A provider failure. ``retryable`` says whether another attempt (or deployment) may help."""
+    """A provider failure. ``retryable`` says whether another attempt (or deployment) may help;
+    ``blames_deployment`` whether it counts against the deployment's circuit breaker."""
 
     retryable: bool = False
+    blames_deployment: bool = True
     kind: str = "upstream_error"
 
     def __init__(self, message: str, *, param: str | None = None, status: int | None = None) -> None:
@@ -42,6 +44,7 @@ class BackendError(Exception):
 
 
 class BadRequest(BackendError):
+    blames_deployment = False  # the request's own fault
     kind = "invalid_request_error"
 
 
@@ -51,8 +54,9 @@ class ContextTooLong(BadRequest):
     kind = "context_length_exceeded"
 
 
-class ModelNotFound(BadRequest):
-    """The provider does not know the deployment's model (an upstream 404): the client gets a 404."""
+class ModelNotFound(BackendError):
+    """The provider does not know the deployment's model (an upstream 404): the deployment is
+    misconfigured, not the request, so the router moves on to the next deployment or fallback."""
 
     kind = "model_not_found"
 
@@ -82,6 +86,14 @@ class UpstreamError(BackendError):
     """The provider answered with something we cannot use (bad body, unexpected status)."""
 
     kind = "upstream_error"
+
+
+class RequestFailed(BackendError):
+    """The provider failed this one request while serving others (the in-process engine's
+    per-request failure, e.g. sampling its row raised): nothing learnt of the deployment."""
+
+    blames_deployment = False
+    kind = "request_failed"
 
 
 class AuthFailed(BackendError):

@@ -84,11 +84,16 @@ def retry_after(headers: Mapping[str, str]) -> float | None:
 
 def status_error(status: int, headers: Mapping[str, str], body: bytes) -> BackendError:
     """The typed error for an upstream answer with a non-2xx status."""
-    detail = parse_error(body)
+    return detail_error(status, parse_error(body), retry_after(headers))
+
+
+def detail_error(status: int, detail: ErrorDetail, wait: float | None = None) -> BackendError:
+    """The typed error for an upstream failure with HTTP ``status`` and error object ``detail``
+    (``wait``: the seconds its ``Retry-After`` asked for)."""
     message = detail.message or f"upstream answered HTTP {status}"
     code = str(detail.code) if detail.code is not None else ""
     if status == 429:
-        return RateLimited(message, retry_after=retry_after(headers), status=status)
+        return RateLimited(message, retry_after=wait, status=status)
     if status in (401, 403):
         return AuthFailed(message, status=status)
     if status in (400, 413, 422):
@@ -102,6 +107,37 @@ def status_error(status: int, headers: Mapping[str, str], body: bytes) -> Backen
     if status >= 500:  # includes Anthropic's 529 "overloaded"
         return Unavailable(message, status=status)
     return UpstreamError(f"upstream answered HTTP {status}: {message}", status=status)
+
+
+# The HTTP status an error object's ``code`` or ``type`` stands for (OpenAI's, Anthropic's, vLLM's names).
+_STATUS_BY_NAME = {
+    "rate_limit_exceeded": 429, "rate_limit_error": 429, "rate_limited": 429, "insufficient_quota": 429,
+    "overloaded": 529, "overloaded_error": 529, "server_error": 500, "internal_error": 500, "api_error": 500,
+    "service_unavailable": 503, "server_is_overloaded": 503, "timeout": 408, "timeout_error": 408,
+    "context_length_exceeded": 400, "invalid_request_error": 400, "bad_request": 400, "badrequesterror": 400,
+    "model_not_found": 404, "not_found_error": 404, "authentication_error": 401, "invalid_api_key": 401,
+    "permission_error": 403, "internalservererror": 500,
+}
+
+
+def event_error(detail: ErrorDetail) -> BackendError:
+    """The typed error for an ``{"error": {...}}`` event that a stream sent instead of its answer,
+    by the status its ``code`` (a number, as vLLM sends) or its ``code`` / ``type`` name stands
+    for; an error object naming none of them is an ``UpstreamError``."""
+    status = _status_of(detail)
+    if status is None:
+        return UpstreamError(f"upstream failed the stream: {detail.message or 'an error event'}")
+    return detail_error(status, detail)
+
+
+def _status_of(detail: ErrorDetail) -> int | None:
+    code = detail.code
+    if (isinstance(code, int) or (isinstance(code, str) and code.isdigit())) and 400 <= int(code) < 600:
+        return int(code)
+    for name in (detail.code, detail.type):
+        if isinstance(name, str) and (status := _STATUS_BY_NAME.get(name.lower())) is not None:
+            return status
+    return None
 
 
 class HTTPUpstream:

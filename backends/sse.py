@@ -2,7 +2,10 @@
 
 Read one at a time by a task (``next``), or inside the connection's callback as each piece of the
 body arrives (``poll`` from a ``RawStream.wait`` listener): both read the same lines the same way,
-so a relay can change between them at any event.
+so a relay can change between them at any event. A first event that is an ``{"error": {...}}``
+object is the upstream failing the request before its answer began: it raises as the typed error
+its content names (``backends.http_upstream.event_error``), so the router can retry it as it does
+an error status; an error event after that is the caller's to read.
 """
 
 from __future__ import annotations
@@ -11,7 +14,10 @@ import asyncio
 from collections import deque
 from typing import Final
 
+import msgspec
+
 from backends.base import Timeout, Unavailable, UpstreamError
+from backends.http_upstream import ErrorDetail, ErrorEnvelope, event_error
 from backends.raw_http import RawStream
 
 _DRAIN_SECONDS = 0.5  # after [DONE], how long to wait for the body's end
@@ -96,6 +102,8 @@ class SSELines:
                         if data == b"[DONE]":  # what follows it is drained, not read
                             self._done = True
                             break
+                        if not self._started:
+                            _raise_if_error(data)
                         self._started = True
                         self._events.append(data)
                 if self._events:
@@ -158,3 +166,15 @@ class SSELines:
             pass
         finally:
             timer.cancel()
+
+
+def _raise_if_error(data: bytes) -> None:
+    """Raise the typed error for ``data`` when it is an ``{"error": ...}`` object."""
+    if b'"error"' not in data:  # the usual first event: no decoding
+        return
+    try:
+        envelope = msgspec.json.decode(data, type=ErrorEnvelope)
+    except (msgspec.MsgspecError, RecursionError):
+        return
+    error = envelope.error
+    raise event_error(error if isinstance(error, ErrorDetail) else ErrorDetail(message=error))

@@ -21,6 +21,7 @@ from backends.base import (
     ContextTooLong,
     ModelNotFound,
     RateLimited,
+    RequestFailed,
     Timeout,
     Unavailable,
 )
@@ -67,6 +68,7 @@ class ApiError(Exception):
         self.code = code
         self.headers = dict(headers or {})
         self.kind: str | None = None  # a provider failure's kind (BackendError.kind): the usage row's error_type
+        self.cause: BackendError | None = None  # the provider failure it answers, if any
 
     def body(self) -> ErrorBody:
         return ErrorBody(error=ErrorDetail(message=self.message, type=self.type, param=self.param, code=self.code))
@@ -95,13 +97,15 @@ def from_backend_error(exc: BackendError) -> ApiError:
     """The client-facing error for a provider failure (the router has given up on it); its ``kind``
     is the failure's, as a request that failed before its answer began records it."""
     error = _client_error(exc)
-    error.kind = exc.kind
+    error.kind, error.cause = exc.kind, exc
     return error
 
 
 def _client_error(exc: BackendError) -> ApiError:
-    if isinstance(exc, ModelNotFound):
-        return ApiError(404, exc.message, param="model", code="model_not_found")
+    if isinstance(exc, ModelNotFound):  # the gateway serves the model; its deployment's upstream does not
+        return ApiError(502, exc.message, code="upstream_model_not_found")
+    if isinstance(exc, RequestFailed):
+        return ApiError(500, exc.message, code="request_failed")
     if isinstance(exc, ContextTooLong):
         return ApiError(400, exc.message, param=exc.param or "messages", code="context_length_exceeded")
     if isinstance(exc, BadRequest):

@@ -19,7 +19,7 @@ from typing import Any
 from litestar import Response
 from litestar.background_tasks import BackgroundTask
 
-from backends.base import BackendError, BadRequest, ChunkStream, Completed, ContextTooLong, Meter, Unavailable
+from backends.base import BackendError, ChunkStream, Completed, ContextTooLong, Meter, RateLimited, Unavailable
 from backends.call import CallContext, CallingTenant, forwarded_tenant
 from gateway.calls import CallDescription
 from gateway.contracts import INCOMPLETE, Principal, QuotaExceeded, QuotaState, QuotaUnavailable, Ticket, UsageRecord
@@ -28,7 +28,8 @@ from gateway.event_stream import EventStream
 from gateway.json_response import JSONResponse
 from gateway.quotas.reservation import prompt_reservation
 from gateway.routing.deployment import Deployment
-from gateway.routing.plan import RoutePlan
+from gateway.routing.health import DeploymentHealth
+from gateway.routing.plan import RoutePlan, holds_off
 from gateway.routing.router import ModelGroup
 from gateway.services import Services
 from gateway.settings import Settings
@@ -150,11 +151,8 @@ class Pipeline:
         plan = RoutePlan(flight.group, self.services.router.resolve, prompt_tokens=call.prompt_tokens,
                          routing_key=call.routing_key)
         attempt = plan.first()
-        if attempt is None and plan.too_long:
-            raise ContextTooLong(f"the prompt (about {call.prompt_tokens} tokens) exceeds the context window of "
-                                 f"every deployment of '{call.model}'", param="messages")
         if attempt is None:
-            raise Unavailable(f"no deployment of '{call.model}' is available (circuits open or at capacity)")
+            raise _nothing_to_try(plan, call)
         tenant = _circuit_tenant(call.principal)
         while True:
             health = attempt.deployment.health
@@ -186,10 +184,7 @@ class Pipeline:
             except BackendError as exc:
                 hooks.end_attempt(span, exc.kind)
                 self.telemetry.upstream_error(attempt.deployment.id, exc.kind)
-                if isinstance(exc, BadRequest):
-                    health.on_refused()  # the request was at fault: nothing learnt of the deployment
-                else:
-                    health.on_failure(tenant)
+                _record_failure(health, exc, tenant)
                 following = plan.after(exc)
                 if following is None:
                     raise
@@ -229,8 +224,7 @@ class Pipeline:
                 error_type: str | None = error.kind or error.type
             else:
                 error_type = None if outcome is Outcome.COMPLETED else outcome.value
-            if outcome is Outcome.FAILED and flight.deployment is not None and error and error.status >= 500:
-                # the provider broke the stream after it started
+            if outcome is Outcome.FAILED and flight.deployment is not None and error and _broke_stream(error):
                 flight.deployment.health.on_failure(_circuit_tenant(flight.call.principal))
             await self._settle(flight, meter, 200, error_type, outcome=outcome.value)
 
@@ -302,6 +296,36 @@ def _reservation_record(flight: _Flight, prompt: int, output: int) -> UsageRecor
         started_at=flight.started_at, status=500, prompt_tokens=prompt, completion_tokens=output, exact=False,
         error_type=INCOMPLETE, stream=flight.call.stream, extra={"outcome": INCOMPLETE},
     )
+
+
+def _nothing_to_try(plan: RoutePlan, call: CallDescription) -> BackendError:
+    """Why the plan had no first attempt: the prompt fits no deployment, the upstreams asked to
+    wait (a 429 with the shortest wait left), or circuits open / deployments at capacity."""
+    if plan.too_long:
+        return ContextTooLong(f"the prompt (about {call.prompt_tokens} tokens) exceeds the context window of "
+                              f"every deployment of '{call.model}'", param="messages")
+    if (wait := plan.held_off()) is not None:
+        return RateLimited(f"the upstreams of '{call.model}' asked for no requests for {math.ceil(wait)} s",
+                           retry_after=wait)
+    return Unavailable(f"no deployment of '{call.model}' is available (circuits open or at capacity)")
+
+
+def _record_failure(health: DeploymentHealth, exc: BackendError, tenant: str) -> None:
+    """Tell the deployment's health of a failed attempt: counted against it only when the
+    deployment is at fault (not the request's own 4xx, nor the provider failing this one request);
+    a long ``Retry-After`` holds it off for that long."""
+    if not exc.blames_deployment:
+        health.on_refused()
+        return
+    health.on_failure(tenant)
+    if (seconds := holds_off(exc)) is not None:
+        health.hold_off(seconds)
+
+
+def _broke_stream(error: ApiError) -> bool:
+    """A failure after a stream began that counts against its deployment: a 5xx, unless the
+    provider failed this one request alone."""
+    return error.status >= 500 and (error.cause is None or error.cause.blames_deployment)
 
 
 def _circuit_tenant(principal: Principal) -> str:

@@ -7,7 +7,7 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any, Protocol
 
-from backends.base import BadRequest, ContextTooLong, Meter, Unavailable, UpstreamError
+from backends.base import BadRequest, ContextTooLong, Meter, RequestFailed, Unavailable
 from backends.call import CallContext
 from backends.local.wire import LogprobFormatter
 from backends.openai_wire import PromptTokensDetails, Usage
@@ -16,11 +16,11 @@ from engine import (
     EngineClosed,
     InvalidRequest,
     PoolingParams,
-    RequestFailed,
     RequestOutput,
     RequestRejected,
     SamplingParams,
 )
+from engine import RequestFailed as EngineRequestFailed
 
 
 class LocalModel(Protocol):
@@ -69,8 +69,8 @@ class EngineRun:
 
     async def outputs(self) -> AsyncIterator[tuple[int, RequestOutput]]:
         """``(prompt index, output)`` for every engine output, prompt by prompt. A request that
-        fails mid-run is a ``BadRequest`` (its input: a grammar the grammar engine gave up on) or an
-        ``UpstreamError`` (the engine failed on it); its batch mates are unaffected."""
+        fails mid-run is a ``BadRequest`` (its input: a grammar the grammar engine gave up on) or a
+        ``RequestFailed`` (the engine failed on it alone); its batch mates are unaffected."""
         for p, (rid, stream) in enumerate(zip(self.ids, self.streams)):
             async for out in self._guarded(rid, stream):
                 for o in out.outputs:
@@ -91,9 +91,9 @@ class EngineRun:
         except InvalidRequest as exc:
             self.finished.add(rid)
             raise BadRequest(exc.message, param=self._field(exc.param)) from None
-        except RequestFailed as exc:
+        except EngineRequestFailed as exc:
             self.finished.add(rid)
-            raise UpstreamError(f"the local engine failed on this request: {exc.message}") from None
+            raise RequestFailed(f"the local engine failed on this request: {exc.message}") from None
 
     def _field(self, engine_param: str | None) -> str:
         """The wire field an engine error names."""

@@ -5,13 +5,16 @@ after ``cooldown`` seconds one trial request is let through (``half_open``); its
 the circuit, its failure opens it again for another cooldown.
 
 Only failures of the deployment count, and each is charged to the tenant whose request met it. A
-request's own 4xx (``on_refused``) says nothing either way: it neither counts as a failure nor
-clears the failures in the window (a client sending bad requests would otherwise keep a failing
-deployment's circuit closed); as a half-open trial it ends without a verdict. When ``failures``
-failures in the window all come from one tenant while another tenant was served well by the
-deployment in that window, the tenant's requests are the likely cause: a circuit opens for that
-tenant alone (``admits(tenant)`` refuses it for ``cooldown`` seconds) and the others are served.
-Otherwise (several tenants failing, or nobody else served) the deployment's circuit opens.
+request's own 4xx, or a failure of that request alone (``on_refused``), says nothing either way: it
+neither counts as a failure nor clears the failures in the window (a client sending bad requests
+would otherwise keep a failing deployment's circuit closed); as a half-open trial it ends without a
+verdict. When ``failures`` failures in the window all come from one tenant while another tenant was
+served well by the deployment in that window, the tenant's requests are the likely cause: a circuit
+opens for that tenant alone (``admits(tenant)`` refuses it for ``cooldown`` seconds) and the others
+are served. Otherwise (several tenants failing, or nobody else served) the deployment's circuit opens.
+
+Apart from the circuit, an upstream may ask for no requests for a while (a 429's ``Retry-After``
+longer than the router waits out: ``hold_off``): the deployment takes none until then.
 """
 
 from __future__ import annotations
@@ -53,6 +56,7 @@ class DeploymentHealth:
         self._served: dict[str | None, float] = {}  # tenant -> its last success here
         self._opened_at: float | None = None
         self._trial_running = False
+        self._held_until = 0.0  # no request before this time (``hold_off``)
         self.latency_ewma: float | None = None  # seconds to first token
         self.requests = 0
         self.errors = 0
@@ -69,9 +73,20 @@ class DeploymentHealth:
         return "open"
 
     def available(self) -> bool:
-        """Whether a request may be sent now (a half-open circuit admits one trial at a time)."""
+        """Whether a request may be sent now (a half-open circuit admits one trial at a time, and
+        none is sent while the upstream asked to wait)."""
+        if self._held_until and self.held_for() > 0:
+            return False
         state = self.state
         return state == "closed" or (state == "half_open" and not self._trial_running)
+
+    def hold_off(self, seconds: float) -> None:
+        """The upstream asked for no request for ``seconds`` (its ``Retry-After``)."""
+        self._held_until = max(self._held_until, self._clock() + seconds)
+
+    def held_for(self) -> float:
+        """Seconds left until the upstream takes requests again (0: it does now)."""
+        return max(0.0, self._held_until - self._clock())
 
     def record_tokens(self, tokens: int) -> None:
         if self.tokens_per_minute is not None and tokens > 0:
@@ -103,7 +118,8 @@ class DeploymentHealth:
         return self._tenants.retry_after(tenant)
 
     def on_refused(self) -> None:
-        """The deployment refused the request as the request's own fault (a 4xx): no verdict."""
+        """The request failed for a reason of its own (its 4xx, or the provider failing this one
+        request while serving others): no verdict on the deployment."""
         self._trial_running = False
 
     def on_success(self, latency: float | None, tenant: str | None = None) -> None:

@@ -7,7 +7,11 @@ move to the next deployment of the group in strategy order (round again when the
 deployments than retries), waiting a jittered exponential backoff; when the group's retries are
 spent, the group's ``fallbacks`` are tried in turn. A prompt too long for the deployment
 (``ContextTooLong`` from the provider, or an estimate above its configured ``context_window``)
-goes to ``context_window_fallbacks`` instead.
+goes to ``context_window_fallbacks`` instead. A deployment whose upstream does not know its model
+(``ModelNotFound``) is misconfigured: it is not tried again for the request, and the next
+deployment (else the fallbacks) is tried at once, without spending a retry. A 429 whose
+``Retry-After`` is longer than ``MAX_BACKOFF`` is never waited out: the deployment is held off
+for that long (``DeploymentHealth.hold_off``, by the caller) and the plan moves on without it.
 """
 
 from __future__ import annotations
@@ -16,11 +20,19 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from backends.base import BackendError, ContextTooLong, RateLimited
+from backends.base import BackendError, ContextTooLong, ModelNotFound, RateLimited
 from gateway.routing.deployment import Deployment
 from gateway.routing.router import ModelGroup
 
-MAX_BACKOFF = 5.0
+MAX_BACKOFF = 5.0  # the longest wait before a retry; a longer Retry-After holds the deployment off
+
+
+def holds_off(error: BackendError) -> float | None:
+    """The seconds ``error`` asks its deployment to take no request for, when longer than the
+    plan waits out (a 429's ``Retry-After`` over ``MAX_BACKOFF``); else None."""
+    if isinstance(error, RateLimited) and error.retry_after is not None and error.retry_after > MAX_BACKOFF:
+        return error.retry_after
+    return None
 
 
 @dataclass
@@ -43,10 +55,14 @@ class RoutePlan:
         self._fallbacks = list(group.config.fallbacks)
         self._context_fallbacks = list(group.config.context_window_fallbacks)
         self._count = 0
+        self._entered: list[ModelGroup] = []
+        self._misconfigured: set[Deployment] = set()  # their upstream does not know their model
+        self._current: Deployment | None = None  # the deployment of the last attempt
         self._enter(group)
 
     def _enter(self, group: ModelGroup) -> None:
         self._group = group
+        self._entered.append(group)
         self._tried_groups.add(group.name)
         self._order = group.ordered(self._routing_key)
         self._pos = -1
@@ -62,6 +78,9 @@ class RoutePlan:
     def after(self, error: BackendError) -> Attempt | None:
         if isinstance(error, ContextTooLong):
             return self._next_group(self._context_fallbacks)
+        if isinstance(error, ModelNotFound) and self._current is not None:
+            self._misconfigured.add(self._current)
+            return self._next_in_group(0.0) or self._next_group(self._fallbacks)
         if not error.retryable:
             return None
         if self._retries_left > 0:
@@ -70,6 +89,12 @@ class RoutePlan:
             if attempt := self._next_in_group(self._backoff(error)):
                 return attempt
         return self._next_group(self._fallbacks)
+
+    def held_off(self) -> float | None:
+        """The shortest wait left of the deployments held off in the groups tried (see
+        ``holds_off``), or None when none is: why no attempt was left, if it was that."""
+        waits = [w for group in self._entered for d in group.deployments if (w := d.health.held_for()) > 0]
+        return min(waits, default=None)
 
     # ------------------------------------------------------------ internals
 
@@ -88,7 +113,8 @@ class RoutePlan:
             if window is not None and self._prompt_tokens > window:
                 self.too_long = True
                 continue
-            if deployment.accepts():
+            if deployment not in self._misconfigured and deployment.accepts():
+                self._current = deployment
                 self._count += 1
                 return Attempt(self._group, deployment, delay, self._count)
         return None

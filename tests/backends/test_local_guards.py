@@ -1,6 +1,7 @@
 """The local backend's guards: bad token ids are a 400 that spares the batch and the deployment's
-circuit, a grammar the grammar engine gives up on is a 400 (never a "stop"), completions honour the
-gateway's output cap, text offsets index the returned text, and 400s name the field the client sent."""
+circuit, a request the engine fails alone is a 500 that spares the circuit too, a grammar the
+grammar engine gives up on is a 400 (never a "stop"), completions honour the gateway's output cap,
+text offsets index the returned text, and 400s name the field the client sent."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
+import httpx
 import msgspec
 import openai
 import pytest
@@ -18,8 +20,9 @@ from backends.call import CallContext
 from backends.local import LocalEngineBackend
 from backends.openai_wire import ChatCompletionRequest, CompletionRequest
 from engine import AsyncEngine, EngineConfig
+from engine.sampler import SamplingRow
 from engine.tiny_model import build_tiny_model
-from tests.support.local_gateway import Env, local_gateway
+from tests.support.local_gateway import KEY, Env, local_gateway
 
 MAX_LEN = 96
 MESSAGES = [{"role": "user", "content": "Tell me about trains."}]
@@ -68,6 +71,64 @@ def test_bad_stop_token_ids_never_open_the_circuit(env: Env) -> None:
         assert info.value.body["param"] == "stop_token_ids"  # type: ignore[index]
     ok = client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=2, temperature=0)
     assert ok.choices[0].finish_reason in ("stop", "length")
+    env.wait_idle()
+
+
+# -- a request the engine fails alone ------------------------------------------------------------
+
+POISON_SEED = 666  # a request with this seed cannot be sampled
+
+
+def _poison_sampling(env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
+    runner = env.backend.engine.engine.runner
+    row = runner._row
+
+    def poisoned(item: Any) -> SamplingRow:
+        if item.seq.params.seed == POISON_SEED:
+            raise IndexError("index 99999999 is out of bounds")
+        return row(item)
+
+    monkeypatch.setattr(runner, "_row", poisoned)
+
+
+def _failed_stream(client: openai.OpenAI) -> None:
+    stream = client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=4, seed=POISON_SEED,
+                                            stream=True)
+    with pytest.raises(openai.APIError) as info:
+        for _ in stream:
+            pass
+    assert info.value.body["code"] == "request_failed"  # type: ignore[index]
+
+
+def _circuit(env: Env) -> dict[str, Any]:
+    rows = httpx.get(env.server.url + "/admin/v1/deployments", headers={"authorization": f"Bearer {KEY}"})
+    return next(r for r in rows.json()["data"] if r["model"] == "tiny")
+
+
+def test_a_request_the_engine_fails_is_a_500_that_never_opens_the_circuit(env: Env,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """More such failures than the circuit's limit (5): each a 500 server_error saying the engine
+    failed the request, metered once, none counted against the deployment, which serves on."""
+    _poison_sampling(env, monkeypatch)
+    client = env.client()
+    env.usage.records.clear()
+    for _ in range(6):
+        with pytest.raises(openai.InternalServerError) as info:
+            client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=4, seed=POISON_SEED)
+        assert info.value.status_code == 500 and info.value.code == "request_failed"
+        assert info.value.body["type"] == "server_error"  # type: ignore[index]
+        assert "engine failed on this request" in info.value.message
+    for _ in range(2):  # a stream fails after its first chunk (the role): an error event, then the end
+        _failed_stream(client)
+    circuit = _circuit(env)
+    assert (circuit["state"], circuit["error_rate"], circuit["consecutive_failures"]) == ("healthy", 0.0, 0)
+    ok = client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=2, temperature=0)
+    assert ok.choices[0].finish_reason in ("stop", "length")
+    rows = env.usage.wait_for(9)
+    assert [(r.status, r.error_type) for r in rows[:6]] == [(500, "request_failed")] * 6
+    assert [(r.status, r.error_type, r.extra) for r in rows[6:8]] == [(200, "request_failed",
+                                                                      {"outcome": "failed"})] * 2
+    assert (rows[8].status, rows[8].error_type, len(rows)) == (200, None, 9)
     env.wait_idle()
 
 

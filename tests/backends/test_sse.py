@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from backends.base import UpstreamError
+from backends.base import BackendError, BadRequest, RateLimited, Unavailable, UpstreamError
 from backends.raw_http import RawStream
 from backends.sse import WAIT, SSELines
 
@@ -63,6 +63,32 @@ async def test_a_last_event_without_a_newline_still_counts_at_the_end() -> None:
     deadline = asyncio.get_running_loop().time() + 10
     assert [await lines.next(deadline), await lines.next(deadline), await lines.next(deadline)] == [
         b'{"a":1}', b'{"b":2}', None]
+
+
+@pytest.mark.parametrize(("event", "error"), [
+    (b'{"error": {"message": "slow down", "type": "rate_limit_error"}}', RateLimited),
+    (b'{"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}', Unavailable),
+    (b'{"error": {"message": "no", "type": "BadRequestError", "param": "n", "code": 400}}', BadRequest),
+    (b'{"error": {"message": "something odd"}}', UpstreamError),
+    (b'{"error": "a bare string"}', UpstreamError),
+])
+async def test_a_first_event_that_is_an_error_raises_its_typed_error(event: bytes,
+                                                                    error: type[BackendError]) -> None:
+    stream = body_stream()
+    lines = SSELines(stream, "dep")
+    stream.feed(b"data: " + event + b"\n\n")
+    with pytest.raises(error) as raised:
+        await lines.next(asyncio.get_running_loop().time() + 10)
+    assert type(raised.value) is error
+
+
+async def test_an_error_event_after_the_first_is_data_for_the_caller() -> None:
+    stream = body_stream()
+    lines = SSELines(stream, "dep")
+    later = b'{"error": {"message": "slow down", "type": "rate_limit_error"}}'
+    stream.feed(b'data: {"a":1}\n\ndata: ' + later + b"\n\n")
+    deadline = asyncio.get_running_loop().time() + 10
+    assert [await lines.next(deadline), await lines.next(deadline)] == [b'{"a":1}', later]
 
 
 async def test_an_endless_line_is_an_error() -> None:

@@ -135,6 +135,19 @@ def test_a_lone_tenants_failures_open_the_deployments_circuit() -> None:
     assert health.state == "open" and health.admits("only")
 
 
+def test_a_hold_off_refuses_requests_until_it_ends_whatever_the_circuit() -> None:
+    clock = _Clock()
+    health = DeploymentHealth(CircuitConfig(failures=5, window=10, cooldown=5), clock=clock)
+    health.hold_off(30.0)
+    health.hold_off(10.0)  # a shorter wait asked later does not shorten the first
+    assert health.state == "closed" and not health.available() and health.held_for() == pytest.approx(30.0)
+    health.on_success(0.1)  # a straggler's success does not end it either
+    clock.now = 29.0
+    assert not health.available()
+    clock.now = 30.0
+    assert health.available() and health.held_for() == 0.0
+
+
 def test_tokens_per_minute_window() -> None:
     clock = _Clock()
     health = DeploymentHealth(CircuitConfig(), clock=clock, tokens_per_minute=100)

@@ -129,12 +129,14 @@ def test_tool_choice_without_tools_is_400(client: openai.OpenAI, upstream: FakeU
     assert upstream.received == []
 
 
-def test_upstream_unknown_model_is_404(client: openai.OpenAI, upstream: FakeUpstream) -> None:
+def test_upstream_unknown_model_is_a_502(client: openai.OpenAI, upstream: FakeUpstream) -> None:
+    """The gateway serves the model the client named; its upstream not knowing it is the gateway's
+    misconfiguration (see tests/gateway/test_routing_failover.py), not the client's 404."""
     upstream.fail_next(Fault(status=404, body={"error": {"message": "The model `upstream-echo` does not exist",
                                                          "type": "invalid_request_error", "code": "model_not_found"}}))
-    with pytest.raises(openai.NotFoundError) as caught:
+    with pytest.raises(openai.InternalServerError) as caught:
         client.chat.completions.create(model="echo", messages=[{"role": "user", "content": "hi"}])
-    assert caught.value.code == "model_not_found"
+    assert caught.value.status_code == 502 and caught.value.code == "upstream_model_not_found"
 
 
 def test_routes_without_v1(env: GatewayEnv, upstream: FakeUpstream) -> None:

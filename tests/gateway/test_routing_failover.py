@@ -1,0 +1,220 @@
+"""Failures the router moves past, across real loopback upstreams: a deployment whose upstream does
+not know its model, a stream whose first event is an error, a 429 asking for a longer wait than
+the router waits out. Each client request leaves exactly one usage row."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from backends.factory import build_backend
+from gateway.app import create_app
+from gateway.contracts import Principal, UsageRecord
+from gateway.routing.router import Router
+from gateway.services import Services
+from gateway.settings import parse_settings
+from tests.conftest import ADMIN_KEY
+from tests.support.doubles import RecordingSink, ScriptedAdmission, StaticKeys
+from tests.support.fake_upstream import FakeUpstream, Fault
+from tests.support.servers import ServerThread
+
+MESSAGES: Any = [{"role": "user", "content": "route me"}]
+NO_BREAKER = {"failures": 1_000_000}
+UNKNOWN_MODEL = Fault(status=404, body={"error": {"message": "The model `m` does not exist",
+                                                  "type": "invalid_request_error", "code": "model_not_found"}})
+
+
+def _dep(name: str, url: str) -> dict[str, Any]:
+    return {"name": name, "provider": "openai", "model": "m", "api_base": url,
+            "timeouts": {"connect": 1, "first_byte": 2, "total": 5}}
+
+
+def _group(name: str, *deployments: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    return {"name": name, "strategy": "priority", "deployments": list(deployments), "max_retries": 2,
+            "retry_backoff": 0.01, "circuit": NO_BREAKER} | extra
+
+
+def _models(a: str, b: str) -> list[dict[str, Any]]:
+    return [
+        _group("misconfigured", _dep("mc-a", a), _dep("mc-b", b)),
+        _group("counted", _dep("ct-a", a), _dep("ct-b", b), circuit={"failures": 2, "window": 60, "cooldown": 60}),
+        _group("lost", _dep("lo-a", a), max_retries=0, fallbacks=["backup"]),
+        _group("backup", _dep("bk-b", b), max_retries=0),
+        _group("unknown", _dep("un-a", a)),
+        _group("streamed", _dep("st-a", a), _dep("st-b", b)),
+        _group("limited", _dep("li-a", a), _dep("li-b", b)),
+        _group("lone", _dep("ln-a", a)),
+        _group("spilling", _dep("sp-a", a), fallbacks=["backup"]),
+    ]
+
+
+@dataclass
+class Env:
+    server: ServerThread
+    usage: RecordingSink
+    a: FakeUpstream
+    b: FakeUpstream
+
+
+@pytest.fixture(scope="module")
+def gateway() -> Iterator[Env]:
+    a, b = FakeUpstream().start(), FakeUpstream().start()
+    settings = parse_settings({"auth": {"admin_key": ADMIN_KEY}, "models": _models(a.url, b.url)}, env={})
+    usage = RecordingSink()
+    keys = StaticKeys({ADMIN_KEY: Principal(key_id="admin", tenant_id=None, is_admin=True)})
+    services = Services(authenticator=keys, admission=ScriptedAdmission(), usage=usage,
+                        router=Router.from_settings(settings, build_backend))
+    with ServerThread(create_app(settings, services)) as server:
+        yield Env(server, usage, a, b)
+    a.stop()
+    b.stop()
+
+
+@pytest.fixture
+def env(gateway: Env) -> Env:
+    gateway.a.reset()
+    gateway.b.reset()
+    gateway.usage.records.clear()
+    return gateway
+
+
+@pytest.fixture
+def client(env: Env) -> openai.OpenAI:
+    return openai.OpenAI(base_url=env.server.url + "/v1", api_key=ADMIN_KEY, max_retries=0)
+
+
+def _counts(env: Env) -> tuple[int, int]:
+    return len(env.a.received), len(env.b.received)
+
+
+def _only_row(env: Env) -> UsageRecord:
+    """The one usage row of the one request the test sent."""
+    [row] = env.usage.wait_for(1)
+    time.sleep(0.05)
+    assert len(env.usage.records) == 1
+    return row
+
+
+def _state(env: Env, deployment: str) -> str:
+    rows = httpx.get(env.server.url + "/admin/v1/deployments", headers={"authorization": f"Bearer {ADMIN_KEY}"})
+    return next(r["state"] for r in rows.json()["data"] if r["deployment"] == deployment)
+
+
+# ---------------------------------------------------------------- the upstream does not know the model
+
+
+def test_an_unknown_model_moves_to_the_next_deployment(env: Env, client: openai.OpenAI) -> None:
+    env.a.fail_next(UNKNOWN_MODEL)
+    reply = client.chat.completions.create(model="misconfigured", messages=MESSAGES)
+    assert reply.choices[0].message.content == "route me" and reply.model == "misconfigured"
+    assert _counts(env) == (1, 1)
+    row = _only_row(env)
+    assert (row.status, row.error_type, row.deployment) == (200, None, "mc-b")
+
+
+def test_an_unknown_model_counts_against_the_deployments_circuit(env: Env, client: openai.OpenAI) -> None:
+    env.a.fail_next(UNKNOWN_MODEL, UNKNOWN_MODEL)
+    for _ in range(2):
+        assert client.chat.completions.create(model="counted", messages=MESSAGES).choices
+    assert _state(env, "ct-a") == "open" and _counts(env) == (2, 2)
+    assert client.chat.completions.create(model="counted", messages=MESSAGES).choices
+    assert _counts(env) == (2, 3)  # the open deployment gets no traffic
+
+
+def test_an_unknown_model_falls_back_to_the_fallback_group(env: Env, client: openai.OpenAI) -> None:
+    env.a.fail_next(UNKNOWN_MODEL)
+    assert client.chat.completions.create(model="lost", messages=MESSAGES).model == "lost"
+    assert _counts(env) == (1, 1)
+    assert _only_row(env).deployment == "bk-b"
+
+
+def test_an_unknown_model_everywhere_is_a_502(env: Env, client: openai.OpenAI) -> None:
+    """The client named a model the gateway serves: not its 404, but the gateway's upstream failing it."""
+    env.a.fail_next(UNKNOWN_MODEL)
+    with pytest.raises(openai.InternalServerError) as caught:
+        client.chat.completions.create(model="unknown", messages=MESSAGES)
+    assert caught.value.status_code == 502 and caught.value.code == "upstream_model_not_found"
+    assert caught.value.body["type"] == "upstream_error" and "does not exist" in caught.value.message  # type: ignore[index]
+    assert _counts(env) == (1, 0)  # not retried where it cannot succeed
+    row = _only_row(env)
+    assert (row.status, row.error_type, row.deployment) == (502, "model_not_found", "un-a")
+
+
+# ---------------------------------------------------------------- a stream whose first event is an error
+
+
+def _first_event(error: dict[str, Any]) -> Fault:
+    """A 200 stream whose only event is ``{"error": error}``."""
+    return Fault(status=200, headers={"content-type": "text/event-stream"},
+                 body=b"data: " + json.dumps({"error": error}).encode() + b"\n\n")
+
+
+@pytest.mark.parametrize("fault", [
+    _first_event({"message": "slow down", "type": "rate_limit_error", "code": "rate_limit_exceeded"}),
+    _first_event({"message": "Overloaded", "type": "overloaded_error"}),
+    _first_event({"object": "error", "message": "engine died", "type": "InternalServerError", "code": 500}),
+    Fault(error_after_chunks=0),  # the fake upstream's own error event (server_error), before any chunk
+], ids=["rate-limited", "overloaded", "vllm-500", "server-error"])
+def test_a_first_event_error_is_retried_on_the_next_deployment(env: Env, client: openai.OpenAI,
+                                                                fault: Fault) -> None:
+    env.a.fail_next(fault)
+    chunks = list(client.chat.completions.create(model="streamed", messages=MESSAGES, stream=True))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "route me"
+    assert _counts(env) == (1, 1)
+    row = _only_row(env)
+    assert (row.status, row.error_type, row.deployment, row.extra) == (200, None, "st-b", {"outcome": "completed"})
+
+
+def test_a_first_event_naming_the_requests_fault_is_a_400_not_retried(env: Env, client: openai.OpenAI) -> None:
+    env.a.fail_next(_first_event({"message": "bad logit_bias", "type": "BadRequestError", "param": "logit_bias",
+                                  "code": 400}))
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.chat.completions.create(model="streamed", messages=MESSAGES, stream=True)
+    assert caught.value.body["param"] == "logit_bias"  # type: ignore[index]
+    assert _counts(env) == (1, 0)
+    row = _only_row(env)
+    assert (row.status, row.error_type) == (400, "invalid_request_error")
+
+
+# ---------------------------------------------------------------- a 429 asking for a long wait
+
+
+def test_a_long_retry_after_holds_the_deployment_off(env: Env, client: openai.OpenAI) -> None:
+    env.a.fail_next(Fault(status=429, headers={"retry-after": "30"}))
+    t0 = time.monotonic()
+    assert client.chat.completions.create(model="limited", messages=MESSAGES).choices
+    assert time.monotonic() - t0 < 2 and _counts(env) == (1, 1)  # moved on at once
+    assert _only_row(env).deployment == "li-b"
+    for _ in range(3):  # the priority deployment asked for 30 s without requests
+        assert client.chat.completions.create(model="limited", messages=MESSAGES).choices
+    assert _counts(env) == (1, 4)
+
+
+def test_a_long_retry_after_falls_back(env: Env, client: openai.OpenAI) -> None:
+    env.a.fail_next(Fault(status=429, headers={"retry-after": "30"}))
+    assert client.chat.completions.create(model="spilling", messages=MESSAGES).model == "spilling"
+    assert _counts(env) == (1, 1)
+
+
+def test_a_long_retry_after_with_nothing_left_is_a_429_carrying_it(env: Env, client: openai.OpenAI) -> None:
+    env.a.fail_next(Fault(status=429, headers={"retry-after": "30"}))
+    t0 = time.monotonic()
+    with pytest.raises(openai.RateLimitError) as caught:
+        client.chat.completions.create(model="lone", messages=MESSAGES)
+    assert time.monotonic() - t0 < 2  # not retried after the router's longest backoff
+    response = caught.value.response
+    assert response.headers["retry-after"] == "30" and caught.value.code == "upstream_rate_limited"
+    assert caught.value.body["type"] == "rate_limit_error"  # type: ignore[index]
+    assert (_only_row(env).status, _only_row(env).error_type) == (429, "rate_limited")
+    with pytest.raises(openai.RateLimitError) as again:  # the upstream is not asked again before its time
+        client.chat.completions.create(model="lone", messages=MESSAGES)
+    assert 28 <= int(again.value.response.headers["retry-after"]) <= 30
+    assert _counts(env) == (1, 0)
+    assert [(r.status, r.error_type) for r in env.usage.wait_for(2)] == [(429, "rate_limited")] * 2
