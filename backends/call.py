@@ -5,9 +5,10 @@ Passed explicitly to every ``Backend`` method (no context variables). It holds
 - the calling tenant and its fair-share weight: the local engine schedules fairly across tenants
   (``scheduling: fair``); an ``openai`` deployment with ``forward_tenant: true`` (an engine node,
   ``switchyard engine serve``) sends it in ``TENANT_HEADER`` / ``WEIGHT_HEADER``;
-- the gateway's output cap (``quotas.default_max_tokens``) for chat requests that set no limit:
-  admission reserved that many output tokens per sequence, and the backend makes the reservation
-  hold. An HTTP upstream is sent the cap as the request's limit; an in-process engine, which knows
+- the gateway's output cap for requests that set no limit (``quotas.default_max_tokens``; for a
+  text completion at most 16, that API's own default): admission reserved that many output tokens
+  per sequence, and the backend makes the reservation hold. An HTTP upstream is sent the cap as
+  the request's limit; an in-process engine, which knows
   its context, stops at the cap or where the context ends, whichever comes first, rather than
   refusing a limit the client never asked for. A limit the client set always wins.
 

@@ -2,7 +2,8 @@
 
 Plumbing (pooled client, timeouts, status -> typed error) is ``backends.http_upstream``. Streams
 are relayed chunk by chunk, never buffered; usage is always requested upstream
-(``stream_options.include_usage``) and stripped again when the client did not ask for it; when
+(``stream_options.include_usage``) and stripped again when the client did not ask for it (a
+client that asked for vLLM's ``continuous_usage_stats`` keeps each chunk's usage as sent); when
 the upstream reports none, the meter holds an estimate (``exact=False``).
 """
 
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 import msgspec
@@ -96,6 +98,11 @@ def _stream_options(sent: msgspec.Raw | None) -> msgspec.Raw:
     return msgspec.Raw(_encoder.encode(options | {"include_usage": True}))
 
 
+def _limit_field(request: ChatCompletionRequest | CompletionRequest) -> str:
+    """Where the request's output limit goes: chat's ``max_completion_tokens``, completions' ``max_tokens``."""
+    return "max_completion_tokens" if isinstance(request, ChatCompletionRequest) else "max_tokens"
+
+
 class OpenAIHTTPBackend(HTTPBackend):
     """One deployment on an OpenAI-compatible HTTP upstream."""
 
@@ -123,14 +130,13 @@ class OpenAIHTTPBackend(HTTPBackend):
         self, request: ChatCompletionRequest, ctx: CallContext = NO_CONTEXT
     ) -> ChunkStream[ChatCompletionChunk]:
         return await self._open_stream("/chat/completions", self._payload(request, True, ctx), ChatCompletionChunk,
-                                       request.include_usage, estimate_chat_prompt(request), _chat_text, ctx)
+                                       request, estimate_chat_prompt(request), _chat_text, ctx)
 
     async def complete_stream(
         self, request: CompletionRequest, ctx: CallContext = NO_CONTEXT
     ) -> ChunkStream[TextCompletion]:
         return await self._open_stream("/completions", self._payload(request, True, ctx), TextCompletion,
-                                       request.include_usage, estimate_completion_prompt(request), _completion_text,
-                                       ctx)
+                                       request, estimate_completion_prompt(request), _completion_text, ctx)
 
     async def embed(self, request: EmbeddingRequest, ctx: CallContext = NO_CONTEXT) -> Completed[EmbeddingList]:
         if (sent := raw_fields(request)) is not None:  # as the client sent it, every field: only the model is ours
@@ -172,8 +178,7 @@ class OpenAIHTTPBackend(HTTPBackend):
         depth), with the upstream's model name, usage always requested when streaming, the gateway's
         output cap where the client set none, and the deployment's ``drop_params`` /
         ``rename_params`` applied."""
-        cap = ctx.output_cap if isinstance(request, ChatCompletionRequest) and request.output_limit() is None \
-            else None  # the gateway's reservation, as the upstream's limit
+        cap = ctx.output_cap if request.output_limit() is None else None  # the reservation, as the upstream's limit
         if (sent := raw_fields(request)) is None:  # built by the gateway: encoded from its fields
             return self._encoded_payload(request, stream, cap)
         fields = dict(sent)  # the client's own top-level fields: only those the gateway owns are replaced
@@ -184,7 +189,7 @@ class OpenAIHTTPBackend(HTTPBackend):
             fields.pop("stream", None)
             fields.pop("stream_options", None)
         if cap is not None:
-            fields["max_completion_tokens"] = msgspec.Raw(_encoder.encode(cap))
+            fields[_limit_field(request)] = msgspec.Raw(_encoder.encode(cap))
         if self.config.drop_params or self.config.rename_params:
             _adjust(fields, self.config)
         return _encoder.encode(fields)
@@ -194,11 +199,10 @@ class OpenAIHTTPBackend(HTTPBackend):
         """``_payload`` for a request the gateway built (a translation, a copy): from its fields."""
         extra = extra_params(request)
         if cap is not None:
-            request = msgspec.structs.replace(request, max_completion_tokens=cap)
+            request = msgspec.structs.replace(request, **{_limit_field(request): cap})
         if stream:
-            upstream = msgspec.structs.replace(
-                request, model=self.upstream_model, stream=True, stream_options=StreamOptions(include_usage=True)
-            )
+            options = StreamOptions(include_usage=True, continuous_usage_stats=request.continuous_usage or UNSET)
+            upstream = msgspec.structs.replace(request, model=self.upstream_model, stream=True, stream_options=options)
         else:
             upstream = msgspec.structs.replace(request, model=self.upstream_model, stream=UNSET, stream_options=UNSET)
         payload = encode_with_extra(upstream, extra)
@@ -224,9 +228,11 @@ class OpenAIHTTPBackend(HTTPBackend):
         except (msgspec.MsgspecError, RecursionError) as exc:
             raise UpstreamError(f"upstream {self.deployment_id} sent an invalid response: {exc}") from None
 
-    async def _open_stream(self, path: str, payload: bytes, type_: type[C], want_usage: bool, prompt_estimate: int,
+    async def _open_stream(self, path: str, payload: bytes, type_: type[C],
+                           request: ChatCompletionRequest | CompletionRequest, prompt_estimate: int,
                            text_of: Callable[[C], str], ctx: CallContext) -> ChunkStream[C]:
-        """Open the stream and read its first chunk, so failures before the first byte raise here."""
+        """Open the stream and read its first chunk, so failures before the first byte raise here;
+        usage is relayed as ``request`` asked for it."""
         response, first_deadline, deadline = await self.http.open_stream(path, payload, self._headers(ctx))
         reader = _ChunkReader(response, type_, self.deployment_id, self.http.timeouts.idle)
         try:
@@ -238,7 +244,8 @@ class OpenAIHTTPBackend(HTTPBackend):
             await self.http.close_stream(response)
             raise
         meter = Meter(prompt_tokens=prompt_estimate, exact=False)
-        relay = _Relay(self.http, response, reader, first, deadline, meter, want_usage, text_of)
+        usage = _UsageWanted(request.include_usage, request.continuous_usage)
+        relay = _Relay(self.http, response, reader, first, deadline, meter, usage, text_of)
         return ChunkStream(chunks=relay, meter=meter)
 
 
@@ -280,6 +287,15 @@ class _ChunkReader:
         self._lines.close()
 
 
+@dataclass(frozen=True)
+class _UsageWanted:
+    """The usage a client asked for in a stream: the closing usage chunk (``include_usage``), the
+    usage each chunk carries (vLLM's ``continuous_usage_stats``)."""
+
+    final: bool
+    per_chunk: bool
+
+
 class _Relay(Generic[C]):
     """Relays upstream chunks, keeping the meter current and usage chunks as the client asked:
     pulled (``__anext__``) or pushed as they arrive (``push``).
@@ -288,12 +304,12 @@ class _Relay(Generic[C]):
     """
 
     def __init__(self, http: HTTPUpstream, response: RawStream, reader: _ChunkReader, first: C,
-                 deadline: float, meter: Meter, want_usage: bool, text_of: Callable[[C], str]) -> None:
+                 deadline: float, meter: Meter, usage: _UsageWanted, text_of: Callable[[C], str]) -> None:
         self._http, self._response, self._reader = http, response, reader
         self._pending: C | None = first
         self._last: C = first
         self._unfinished: set[int] = set()  # indices of the choices seen whose finish_reason has not come
-        self._deadline, self._meter, self._want_usage = deadline, meter, want_usage
+        self._deadline, self._meter, self._usage = deadline, meter, usage
         self._text_of: Callable[[C], str] = text_of
         self._saw_usage = False
         self._closed = False
@@ -321,7 +337,7 @@ class _Relay(Generic[C]):
             await self.aclose()
             raise
         await self.aclose()
-        if self._want_usage and not self._saw_usage:
+        if self._usage.final and not self._saw_usage:
             return self._estimated_usage_chunk()
         raise StopAsyncIteration
 
@@ -374,10 +390,11 @@ class _Relay(Generic[C]):
         if isinstance(usage, Usage):
             self._saw_usage = True
             _meter_from_usage(meter, usage)
-        if not self._want_usage and usage is not UNSET:  # a usage field sent, even null, is not relayed
-            chunk.usage = UNSET
-            if not chunk.choices:
+        if usage is not UNSET and not self._usage.final:  # a usage field sent, even null, is not relayed
+            if not chunk.choices:  # the closing usage chunk
                 return None
+            if not self._usage.per_chunk:
+                chunk.usage = UNSET
         return chunk
 
     def _estimated_usage_chunk(self) -> C:

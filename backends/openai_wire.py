@@ -205,6 +205,7 @@ class ChatMessage(WireStruct):
 
 class StreamOptions(WireStruct):
     include_usage: bool = False
+    continuous_usage_stats: bool | UnsetType = UNSET  # vLLM: the usage so far in every chunk
 
 
 class FunctionDef(WireStruct):
@@ -272,6 +273,12 @@ class SamplingFields(WireStruct, dict=True):
     @property
     def include_usage(self) -> bool:
         return bool(self.stream_options) and bool(self.stream_options.include_usage)  # type: ignore[union-attr]
+
+    @property
+    def continuous_usage(self) -> bool:
+        """vLLM's ``stream_options.continuous_usage_stats``: the client wants usage in every chunk."""
+        options = self.stream_options
+        return isinstance(options, StreamOptions) and options.continuous_usage_stats is True
 
     def stop_list(self) -> list[str]:
         if not self.stop:

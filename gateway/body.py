@@ -14,6 +14,7 @@ from collections.abc import Generator
 from typing import Any, TypeVar
 
 import msgspec
+from litestar.connection import ASGIConnection
 from litestar.dto import AbstractDTO
 from litestar.dto.data_structures import DTOFieldDefinition
 from litestar.exceptions.http_exceptions import RequestEntityTooLarge
@@ -110,6 +111,14 @@ def decoded_content(raw: bytes, encoding: str, limit: int | None) -> bytes:
     return raw
 
 
+def request_content(connection: ASGIConnection[Any, Any, Any, Any], raw: bytes) -> bytes:
+    """``raw``, the body of ``connection``'s request, with its ``Content-Encoding`` (if it has one)
+    undone by ``decoded_content`` within the route's maximum body size."""
+    if (encoding := request_headers(connection.scope).get("content-encoding")) is None:
+        return raw
+    return decoded_content(raw, encoding, connection.route_handler.resolve_request_max_body_size())
+
+
 MAX_GZIP_MEMBERS = 16  # a gzip body in more members is refused: each costs a copy of what follows it
 
 
@@ -174,10 +183,7 @@ class WireBody(AbstractDTO[T]):
         return schema_creator.for_field_definition(FieldDefinition.from_annotation(cls.model_type))
 
     def decode_bytes(self, value: bytes) -> Any:
-        connection = self.asgi_connection
-        if (encoding := request_headers(connection.scope).get("content-encoding")) is not None:
-            value = decoded_content(value, encoding, connection.route_handler.resolve_request_max_body_size())
-        return decode_body(value, self.model_type)
+        return decode_body(request_content(self.asgi_connection, value), self.model_type)
 
     def decode_builtins(self, value: dict[str, Any]) -> Any:
         raise ApiError(400, "the request body must be JSON (application/json)", code="invalid_body")

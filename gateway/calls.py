@@ -29,6 +29,8 @@ from gateway.dialects import OPENAI, Dialect
 from gateway.errors import ApiError
 from gateway.routing.cache_aware import chat_prefix, completion_prefix
 
+# A text completion without max_tokens generates 16 tokens: OpenAI's documented default, and vLLM's.
+COMPLETION_DEFAULT_MAX_TOKENS = 16
 Invoke = Callable[[Backend, CallContext], Awaitable[Completed[Any] | ChunkStream[Any]]]
 # The prompt's tokens with a backend's own tokenizer (exact), or with a deployment's configured one.
 CountPrompt = Callable[[Tokenizing | PromptCounter], int]
@@ -50,6 +52,7 @@ class CallDescription:
     invoke: Invoke  # the backend method with the body bound: ``invoke(backend, ctx)``
     dialect: Dialect = OPENAI
     count_prompt: CountPrompt | None = None  # None: only the bound is known
+    api_default_limit: int | None = None  # the API's own cap per sequence where the client sets none
 
 
 def describe_chat(principal: Principal, body: ChatCompletionRequest, *, endpoint: str = "chat.completions",
@@ -97,5 +100,5 @@ def describe_completion(principal: Principal, body: CompletionRequest) -> CallDe
         principal=principal, endpoint="completions", model=body.model, stream=stream,
         prompt_tokens=estimate_completion_prompt(body), prompt_bound=bound_completion_prompt(body),
         output_limit=body.output_limit(), sequences=body.sequences(), routing_key=completion_prefix(body),
-        invoke=invoke,
+        invoke=invoke, api_default_limit=COMPLETION_DEFAULT_MAX_TOKENS,
     )

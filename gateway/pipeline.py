@@ -107,7 +107,7 @@ class Pipeline:
         hooks.on_request(call.endpoint, call.model, call.stream, call.output_limit)
         group = self.group_for(call.principal, call.model)
         # The output of every sequence generated (n choices, several prompts) is reserved up front.
-        cap = self.settings.quotas.default_max_tokens  # what backends hold a request without a limit to
+        cap = _output_cap(self.settings.quotas.default_max_tokens, call.api_default_limit)
         limit = call.output_limit
         per_sequence = limit if limit is not None else cap if cap is not None else DEFAULT_OUTPUT_RESERVE
         reserve = prompt_reservation(call, group) + per_sequence * call.sequences
@@ -296,6 +296,14 @@ def _reservation_record(flight: _Flight, prompt: int, output: int) -> UsageRecor
         started_at=flight.started_at, status=500, prompt_tokens=prompt, completion_tokens=output, exact=False,
         error_type=INCOMPLETE, stream=flight.call.stream, extra={"outcome": INCOMPLETE},
     )
+
+
+def _output_cap(configured: int | None, api_default: int | None) -> int | None:
+    """What backends hold a request without a limit to: the gateway's ``default_max_tokens``, or the
+    API's own default where that is lower (a text completion's 16 tokens)."""
+    if api_default is None:
+        return configured
+    return api_default if configured is None else min(configured, api_default)
 
 
 def _nothing_to_try(plan: RoutePlan, call: CallDescription) -> BackendError:

@@ -95,7 +95,8 @@ class ModelGroupConfig(Conf):
 class QuotasConfig(Conf):
     # Chat requests that set no max_tokens are sent upstream with this cap (as
     # max_completion_tokens) and reserved at it, so admission's reservation bounds what they can
-    # spend; null sends them uncapped (the reservation then assumes 1024 output tokens).
+    # spend; null sends them uncapped (the reservation then assumes 1024 output tokens). Text
+    # completions get their API's own default, 16 (this cap where lower), as max_tokens.
     default_max_tokens: Annotated[int, Meta(ge=1)] | None = 1024
     # A concurrency slot is a lease of this many seconds, renewed by the live replica every third
     # of it: the slots of a replica that died free themselves within one lease.

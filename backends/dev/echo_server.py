@@ -7,7 +7,8 @@ ASGI app with no framework; the tests' fake upstream builds on it (error injecti
 Behaviour: a chat completion answers with the last user message, a text completion with its
 (first) prompt; ``max_tokens`` truncates (finish_reason ``length``); ``n`` repeats the choice;
 one "token" is one whitespace-delimited word; streams send one word per chunk and a usage chunk
-when ``stream_options.include_usage`` is set.
+when ``stream_options.include_usage`` is set (with vLLM's ``continuous_usage_stats`` too, every
+chunk carries the usage so far, as vLLM's do).
 """
 
 from __future__ import annotations
@@ -151,7 +152,8 @@ class EchoUpstream:
         """Send an SSE stream; True when it completed, False when the client went away."""
         out, finish, prompt_tokens = self.output(payload, chat)
         n = payload.get("n") or 1
-        want_usage = bool((payload.get("stream_options") or {}).get("include_usage")) and self.options.report_usage
+        options = payload.get("stream_options") or {}
+        want_usage = bool(options.get("include_usage")) and self.options.report_usage
         base = _envelope(payload, chat, stream=True)
         events: list[dict[str, Any]] = []
         if chat:
@@ -165,6 +167,8 @@ class EchoUpstream:
         if want_usage:
             for event in events:
                 event["usage"] = None
+            if options.get("continuous_usage_stats"):
+                _count_usage(events, prompt_tokens)
             events.append(base | {"choices": [], "usage": _usage(prompt_tokens, len(out) * n)})
         await ex.send({"type": "http.response.start", "status": 200,
                        "headers": [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]})
@@ -178,7 +182,7 @@ class EchoUpstream:
                     return False
                 data = b"[DONE]" if item is None else json.dumps(item).encode()
                 await ex.send({"type": "http.response.body", "body": b"data: " + data + b"\n\n", "more_body": True})
-                if self.options.chunk_delay and item is not None and item.get("usage") is None:
+                if self.options.chunk_delay and item is not None and item["choices"]:
                     # the usage chunk follows the last one at once, as OpenAI's does
                     due += self.options.chunk_delay
                     await _sleep_unless(gone, due - loop.time())
@@ -225,6 +229,14 @@ def _chat_delta(index: int, delta: dict[str, Any] | None, finish: str | None = N
 
 def _text_delta(index: int, text: str, finish: str | None = None) -> dict[str, Any]:
     return {"index": index, "text": text, "finish_reason": finish, "logprobs": None}
+
+
+def _count_usage(events: list[dict[str, Any]], prompt_tokens: int) -> None:
+    """vLLM's ``continuous_usage_stats``: each chunk carries the usage so far (a piece is a token)."""
+    generated = 0
+    for event in events:
+        generated += sum(1 for c in event["choices"] if (c.get("delta") or {}).get("content") or c.get("text"))
+        event["usage"] = _usage(prompt_tokens, generated)
 
 
 def _usage(prompt: int, completion: int) -> dict[str, int]:

@@ -21,6 +21,7 @@ from gateway.admin.params import refuse_nul
 from gateway.admin.schemas import AdminBody, KeyCreate, KeyRotate, LimitsBody, TenantCreate, TenantUpdate, decode
 from gateway.admin.service import AdminError, CreatedKey, TenancyService
 from gateway.auth.audit import EVENTS, list_events
+from gateway.body import request_content
 from gateway.contracts import Authenticator, Principal
 from gateway.controllers.docs import error_responses
 from gateway.db.engine import Database
@@ -134,7 +135,7 @@ class KeyController(Controller):
 
     @post("/{key_id:str}/rotate", responses=ERRORS, status_code=201)
     async def rotate_key(self, svc: TenancyService, key_id: str, request: Request) -> dict[str, Any]:
-        body = decode(await request.body(), KeyRotate)  # the body is optional here: {} by default
+        body = decode(request_content(request, await request.body()), KeyRotate)  # optional here: {} by default
         return _created_key(await svc.rotate_key(key_id, grace_seconds=body.grace_seconds))
 
     @get("/{key_id:str}/limits", responses=ERRORS)

@@ -10,7 +10,7 @@ from msgspec import UNSET, Meta, Struct, UnsetType
 
 from gateway.admin.params import nul_error, nul_field
 from gateway.admin.service import MAX_COST_BUDGET, MAX_SECONDS, MAX_WEIGHT, AdminError
-from gateway.body import WireBody
+from gateway.body import WireBody, request_content
 from gateway.quotas.limits import Limits
 
 T = TypeVar("T")
@@ -66,10 +66,11 @@ class LimitsBody(Body):
 
 
 class AdminBody(WireBody[T]):
-    """Documents the Struct in the OpenAPI schema; decodes with :func:`decode` (empty body = {})."""
+    """Documents the Struct in the OpenAPI schema; decodes with :func:`decode` (empty body = {}),
+    once the body's ``Content-Encoding`` is undone as for the API's routes."""
 
     def decode_bytes(self, value: bytes) -> Any:
-        return decode(value, self.model_type)
+        return decode(request_content(self.asgi_connection, value), self.model_type)
 
 
 def decode(body: bytes, type: type[T]) -> T:

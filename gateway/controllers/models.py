@@ -1,4 +1,5 @@
-"""``GET /v1/models`` and ``GET /v1/models/{id}``: only the models the caller may use."""
+"""``GET /v1/models`` and ``GET /v1/models/{id}``: only the models the caller may use, each by its
+name and by every alias (a card of the same shape, ``metadata.alias_of`` naming the model)."""
 
 from __future__ import annotations
 
@@ -15,11 +16,16 @@ from gateway.errors import ApiError
 from gateway.pipeline import Pipeline
 from gateway.routing.router import ModelGroup
 
+_WILDCARD = "*?["  # a name with one of these is a pattern for the router, not a model name
 
-def _card(group: ModelGroup) -> ModelCard:
+
+def _card(group: ModelGroup, name: str) -> ModelCard:
+    """The group's card under ``name``: its own name, or an alias (one a wildcard matched included)."""
     metadata: dict[str, Any] = {"deployments": len(group.deployments)}
     if group.config.aliases:
         metadata["aliases"] = list(group.config.aliases)
+    if name != group.name:
+        metadata["alias_of"] = group.name
     # Engine-backed deployments say how they run the model (native / transformers / generate).
     impls = sorted({str(m["model_impl"]) for d in group.deployments
                     if isinstance(m := getattr(d.backend, "metadata", None), dict) and "model_impl" in m})
@@ -29,8 +35,14 @@ def _card(group: ModelGroup) -> ModelCard:
         metadata["embeddings"] = True
     # The context a request can count on: the smallest of the deployments that know theirs.
     contexts = [d.backend.max_model_len for d in group.deployments if isinstance(d.backend, Tokenizing)]
-    return ModelCard(id=group.name, owned_by=group.config.owned_by, metadata=metadata,
+    return ModelCard(id=name, owned_by=group.config.owned_by, metadata=metadata,
                      max_model_len=min(contexts) if contexts else UNSET)
+
+
+def _listed(group: ModelGroup) -> list[ModelCard]:
+    """A card for the group's name and one for each alias. A wildcard alias (``gpt-4o-*``) stands for
+    names that cannot be enumerated, so it is not listed (a name it matches is still retrievable)."""
+    return [_card(group, name) for name in group.names if not any(c in name for c in _WILDCARD)]
 
 
 class ModelsController(Controller):
@@ -40,8 +52,10 @@ class ModelsController(Controller):
 
     @get("/", summary="List the models this key may use", responses=error_responses(401))
     async def list_models(self, request: Request[Any, Any, Any], pipeline: Pipeline) -> ModelList:
+        """Each model by its name and by each of its aliases; wildcard aliases (``gpt-4o-*``) match
+        names that cannot be enumerated and are not listed."""
         principal = principal_of(request)
-        return ModelList(data=[_card(g) for g in pipeline.visible_groups(principal)])
+        return ModelList(data=[card for g in pipeline.visible_groups(principal) for card in _listed(g)])
 
     @get("/{model_id:path}", summary="Retrieve a model", responses=error_responses(401, 404))
     async def retrieve(self, request: Request[Any, Any, Any], model_id: str, pipeline: Pipeline) -> ModelCard:
@@ -50,4 +64,4 @@ class ModelsController(Controller):
         group = pipeline.services.router.resolve(name)
         if group is None or group not in pipeline.visible_groups(principal):
             raise ApiError(404, f"The model '{name}' does not exist.", param="model", code="model_not_found")
-        return _card(group)
+        return _card(group, name)

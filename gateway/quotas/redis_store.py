@@ -158,6 +158,20 @@ local tok = {-1, -1, -1}
 local function reject(reason, i, retry_ms, rq, tk)
   return {0, reason, i - 1, retry_ms, rq[1], rq[2], rq[3], tk[1], tk[2], tk[3]}
 end
+-- The tokens/min state of scopes i.. as they stand (nothing reserved), tightened into tok: for the
+-- headers of a request refused at scope i (whose window window() read as w) before its tokens counted.
+local function tokens_left(i, w)
+  local state = tok
+  for j = i, nscopes do
+    local tpm = ARGV[11 + (j - 1) * 6 + 2]
+    if tpm ~= '-1' then
+      if j > i then w = {window(KEYS[(j - 1) * 3 + 1])} end
+      tpm = tonumber(tpm)
+      state = tighter(state, tpm, tpm - w[2], math.floor(((w[3] or sec) + win - now) * 1000))
+    end
+  end
+  return state
+end
 
 local windows, held = {}, {}
 for i = 1, nscopes do
@@ -172,7 +186,9 @@ for i = 1, nscopes do
   if rpm ~= '-1' then
     rpm = tonumber(rpm)
     local reset = math.floor((oldest + win - now) * 1000)
-    if rq_used + 1 > rpm then return reject('requests', i, reset, {rpm, 0, reset}, tok) end
+    if rq_used + 1 > rpm then
+      return reject('requests', i, reset, {rpm, 0, reset}, tokens_left(i, windows[i]))
+    end
     req = tighter(req, rpm, rpm - rq_used - 1, reset)
   end
   if tpm ~= '-1' then

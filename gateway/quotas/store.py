@@ -132,7 +132,7 @@ class MemoryStore:
                 reset = (req_oldest if req_oldest is not None else sec) + WINDOW_SECONDS - r.now
                 if req_used + 1 > lim.requests_per_minute:
                     state = tighter(None, lim.requests_per_minute, 0, reset)
-                    return Decision(False, "requests", i, reset, state, tok_state)
+                    return Decision(False, "requests", i, reset, state, self._tokens_left(r, i, tok_state))
                 req_state = tighter(req_state, lim.requests_per_minute, lim.requests_per_minute - req_used - 1, reset)
             if lim.tokens_per_minute is not None:
                 reset = (tok_oldest if tok_oldest is not None else sec) + WINDOW_SECONDS - r.now
@@ -157,6 +157,18 @@ class MemoryStore:
             budget[0] += r.tokens
             budget[1] += r.micros
         return Decision(True, requests=req_state, tokens=tok_state)
+
+    def _tokens_left(self, r: Reservation, first: int, state: QuotaState | None) -> QuotaState | None:
+        """``state`` tightened by the tokens/min of the scopes from ``first`` on, as they stand
+        (nothing reserved): for the headers of a request refused before those scopes' tokens counted."""
+        sec = math.floor(r.now)
+        for scope in r.scopes[first:]:
+            tpm = scope.limits.tokens_per_minute
+            if tpm is not None:
+                used, oldest = self._window(f"{scope.kind}:{scope.id}:tk").used(sec)
+                reset = (oldest if oldest is not None else sec) + WINDOW_SECONDS - r.now
+                state = tighter(state, tpm, tpm - used, reset)
+        return state
 
     async def seed_budget(self, kind: str, sid: str, pid: str, tokens: int, micros: int, ttl: int) -> None:
         self._budgets.setdefault(f"{kind}:{sid}:{pid}", [tokens, micros])

@@ -10,6 +10,7 @@ import msgspec
 import pytest
 
 from backends.base import AuthFailed, BadRequest, ContextTooLong, RateLimited, Timeout, Unavailable, UpstreamError
+from backends.call import CallContext
 from backends.http_upstream import status_error
 from backends.openai_http import OpenAIHTTPBackend
 from backends.openai_wire import (
@@ -50,6 +51,19 @@ async def test_unary_chat_sends_upstream_model_and_meters_exactly(backend: OpenA
     assert upstream.last.json == {"model": "up-model", "messages": [{"role": "user", "content": "one two three"}],
                                   "temperature": 0.3}
     assert upstream.last.headers["authorization"] == "Bearer sk-x"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_built_completion_without_a_limit_gets_the_output_cap(backend: OpenAIHTTPBackend,
+                                                                     upstream: FakeUpstream, stream: bool) -> None:
+    """A completion the gateway built (no client bytes) is encoded with the cap as ``max_tokens``."""
+    request = CompletionRequest(model="public", prompt="four words right here", stream=stream)
+    if stream:
+        chunks = (await backend.complete_stream(request, CallContext(output_cap=2))).chunks
+        text = "".join([c.choices[0].text async for c in chunks if c.choices])
+    else:
+        text = (await backend.complete(request, CallContext(output_cap=2))).response.choices[0].text
+    assert upstream.last.json["max_tokens"] == 2 and text == "four words "
 
 
 async def test_unary_without_upstream_usage_is_estimated(backend: OpenAIHTTPBackend, upstream: FakeUpstream) -> None:

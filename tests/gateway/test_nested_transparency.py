@@ -187,7 +187,9 @@ def test_stream_options_keep_the_clients_own_keys(nested_env: GatewayEnv, up: Ra
                                      stream_options=b'{"continuous_usage_stats": true}'))
     assert answer.status_code == 200, answer.text
     assert json.loads(up.last_fields()["stream_options"]) == {"continuous_usage_stats": True, "include_usage": True}
-    assert '"usage"' not in answer.text  # the client did not ask for usage: none relayed
+    chunks = [json.loads(line[6:]) for line in answer.text.splitlines() if line.startswith("data: {")]
+    # each chunk's usage relayed as asked; not the closing usage chunk, which include_usage asks for
+    assert all(c["choices"] and c["usage"]["prompt_tokens"] for c in chunks)
 
 
 def test_embeddings_keep_every_field_the_client_sent(nested_env: GatewayEnv, up: RawRecorder) -> None:

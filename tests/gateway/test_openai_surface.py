@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import openai
 import pytest
 
-from tests.conftest import ADMIN_KEY
+from backends.factory import build_backend
+from gateway.contracts import Principal
+from gateway.routing.router import Router
+from gateway.services import Services
+from tests.conftest import ADMIN_KEY, gateway_settings
 from tests.gateway.conftest import GatewayEnv
+from tests.support.doubles import RecordingSink, ScriptedAdmission, StaticKeys
 from tests.support.fake_upstream import FakeUpstream
 
 
@@ -157,11 +164,32 @@ async def test_async_client_chat_and_stream(aclient: openai.AsyncOpenAI) -> None
 
 def test_models_list_and_retrieve(client: openai.OpenAI, env: GatewayEnv) -> None:
     ids = [m.id for m in client.models.list().data]
-    assert ids == ["echo", "other", "impatient", "trimmed", "dead"]
+    assert ids == ["echo", "echo-alias", "other", "impatient", "trimmed", "dead"]
     assert client.models.retrieve("echo").id == "echo"
-    assert client.models.retrieve("echo-alias").id == "echo"
+    assert client.models.retrieve("echo-alias").id == "echo-alias"
     with pytest.raises(openai.NotFoundError):
         client.models.retrieve("no-such-model")
+
+
+def test_aliases_are_listed_as_models_but_not_wildcards(start_gateway: Any, upstream: FakeUpstream) -> None:
+    """An alias is a model a client can name: listed and retrieved with the model's card (its own id,
+    ``alias_of`` the model); a wildcard alias matches names that cannot be listed, but resolves."""
+    deployment = {"provider": "openai", "model": "upstream-echo", "api_base": upstream.url}
+    settings = gateway_settings(upstream.url, models=[
+        {"name": "echo", "aliases": ["gpt-4o-mini", "echo-*"], "owned_by": "acme", "deployments": [deployment]}])
+    services = Services(authenticator=StaticKeys({ADMIN_KEY: Principal(key_id="admin", tenant_id=None, is_admin=True)}),
+                        admission=ScriptedAdmission(), usage=RecordingSink(),
+                        router=Router.from_settings(settings, build_backend))
+    client = openai.OpenAI(base_url=start_gateway(settings, services).url + "/v1", api_key=ADMIN_KEY, max_retries=0)
+    cards = [m.model_dump() for m in client.models.list().data]
+    assert [c["id"] for c in cards] == ["echo", "gpt-4o-mini"]
+    model, alias = cards
+    assert alias["owned_by"] == model["owned_by"] == "acme" and alias["object"] == model["object"] == "model"
+    assert alias["metadata"] == model["metadata"] | {"alias_of": "echo"}
+    assert client.models.retrieve("gpt-4o-mini").model_dump() == alias
+    assert client.models.retrieve("echo-large").id == "echo-large"  # a name the wildcard matches
+    reply = client.chat.completions.create(model="gpt-4o-mini", messages=[{"role": "user", "content": "hi"}])
+    assert reply.model == "gpt-4o-mini"
 
 
 def test_models_list_shows_only_allowed_models(env: GatewayEnv) -> None:
@@ -187,6 +215,25 @@ def test_reservations_bound_what_a_request_can_generate(
     reserved = [s.ticket.reserved_tokens for s in env.admission.settled]
     prompts = [r - out for r, out in zip(reserved, (1024, 30, 30), strict=True)]
     assert all(0 < p < 100 for p in prompts), reserved  # prompt bound (bytes + template) + limit x sequences
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_completions_without_a_limit_get_the_apis_default(client: openai.OpenAI, upstream: FakeUpstream,
+                                                          env: GatewayEnv, stream: bool) -> None:
+    """A text completion without max_tokens goes upstream with ``max_tokens: 16``, the API's own
+    default (OpenAI's and vLLM's), which admission reserved: not the chat cap of 1024, which would
+    lengthen every such answer; a limit the client set is left alone."""
+    def complete(**limit: int) -> None:
+        answer = client.completions.create(model="echo", prompt="a b c", stream=stream, **limit)  # type: ignore[call-overload]
+        if stream:
+            list(answer)
+
+    complete()
+    assert upstream.last.json["max_tokens"] == 16 and "max_completion_tokens" not in upstream.last.json
+    reserved = env.admission.settled[-1].ticket.reserved_tokens
+    assert 16 < reserved < 16 + 100  # the prompt's bound and the default
+    complete(max_tokens=2)
+    assert upstream.last.json["max_tokens"] == 2
 
 
 def test_embeddings_pass_through_an_http_upstream(client: openai.OpenAI, upstream: FakeUpstream,

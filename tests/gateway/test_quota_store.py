@@ -52,6 +52,23 @@ async def test_requests_per_minute_sliding_window(store: QuotaStore) -> None:
     assert later.admitted
 
 
+async def test_a_refusal_for_requests_reports_the_tokens_left(store: QuotaStore) -> None:
+    """A request refused for requests/min still reports tokens/min (OpenAI's clients read both sets of
+    headers): the tightest of every scope's, the refusing one's and those after it included, as they
+    stand (the refused request reserved nothing)."""
+    scopes = [Scope("key", "k1", Limits(requests_per_minute=1, tokens_per_minute=1000)),
+              Scope("tenant", "t1", Limits(tokens_per_minute=500))]
+    assert (await store.reserve(res(scopes, tokens=100))).admitted
+    over = await store.reserve(res(scopes, now=NOW + 10, tokens=100))
+    assert not over.admitted and over.reason == "requests" and over.scope_index == 0
+    assert over.tokens is not None and (over.tokens.limit, over.tokens.remaining) == (500, 400)
+    assert over.tokens.reset_seconds == pytest.approx(49.75, abs=0.002)
+    alone = [Scope("key", "k2", Limits(requests_per_minute=1, tokens_per_minute=1000)), Scope("tenant", "t2", Limits())]
+    assert (await store.reserve(res(alone, tokens=100))).admitted
+    over = await store.reserve(res(alone, tokens=100))
+    assert over.tokens is not None and (over.tokens.limit, over.tokens.remaining) == (1000, 900)
+
+
 async def test_concurrent_admissions_are_exact(store: QuotaStore) -> None:
     scopes = key(requests_per_minute=100)
     decisions = await asyncio.gather(*(store.reserve(res(scopes)) for _ in range(300)))

@@ -146,6 +146,10 @@ def test_rate_limit_429_with_openai_headers(gateway: Gateway) -> None:
     headers = limited.value.response.headers
     assert int(headers["retry-after"]) >= 1
     assert headers["x-ratelimit-remaining-requests"] == "0"
+    # the tokens/min standing too, as OpenAI's clients read both (the refused request reserved nothing)
+    assert headers["x-ratelimit-limit-tokens"] == "100000"
+    assert int(second.headers["x-ratelimit-remaining-tokens"]) <= int(headers["x-ratelimit-remaining-tokens"]) < 100_000
+    assert headers["x-ratelimit-reset-tokens"].endswith("s")
     assert limited.value.body["code"] == "rate_limit_exceeded"  # type: ignore[index]
 
 

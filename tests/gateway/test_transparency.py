@@ -153,3 +153,28 @@ def test_openapi_lists_accepted_fields(env: GatewayEnv) -> None:
     for name in ("chat_template_kwargs", "stop_token_ids", "skip_special_tokens", "include_stop_str_in_output"):
         assert name in text, name
     assert "/chat/completions" in schema["paths"] and "/v1/chat/completions" in schema["paths"]
+
+
+@pytest.mark.parametrize("include_usage", [False, True])
+def test_continuous_usage_relayed_in_every_chunk(client: openai.OpenAI, upstream: FakeUpstream, env: GatewayEnv,
+                                                 include_usage: bool) -> None:
+    """vLLM's ``continuous_usage_stats``: each chunk's usage reaches the client as the upstream sent it
+    (the closing usage chunk only with ``include_usage``); the metering stays exact."""
+    options = {"continuous_usage_stats": True} | ({"include_usage": True} if include_usage else {})
+    stream = client.chat.completions.create(  # type: ignore[call-overload]
+        model="echo", messages=[{"role": "user", "content": "a b c"}], stream=True, stream_options=options)
+    chunks = [c.model_dump() for c in stream]
+    assert upstream.last.json["stream_options"] == {"continuous_usage_stats": True, "include_usage": True}
+    relayed = [c for c in chunks if c["choices"]]
+    assert [c["usage"]["completion_tokens"] for c in relayed] == [0, 1, 2, 3, 3]
+    assert len(chunks) == len(relayed) + include_usage
+    record = env.usage.wait_for(1)[0]
+    assert (record.completion_tokens, record.exact) == (3, True)
+
+
+def test_continuous_usage_relayed_in_every_completion_chunk(client: openai.OpenAI, upstream: FakeUpstream) -> None:
+    stream = client.completions.create(  # type: ignore[call-overload]
+        model="echo", prompt="a b c", stream=True, stream_options={"continuous_usage_stats": True})
+    chunks = [c.model_dump() for c in stream]
+    assert [c["usage"]["completion_tokens"] for c in chunks] == [1, 2, 3, 3]
+    assert all(c["choices"] for c in chunks)
