@@ -28,13 +28,6 @@ TOOLS = [{"type": "function", "function": {"name": "search", "description": "fin
 
 
 @pytest.fixture(scope="module")
-def anthropic_upstream() -> Iterator[FakeAnthropic]:
-    server = FakeAnthropic().start()
-    yield server
-    server.stop()
-
-
-@pytest.fixture(scope="module")
 def gateway(anthropic_upstream: FakeAnthropic) -> Iterator[tuple[ServerThread, RecordingSink]]:
     settings = parse_settings({"models": [{"name": "claude", "max_retries": 0, "deployments": [{
         "provider": "anthropic", "model": "claude-test", "api_base": anthropic_upstream.url, "api_key": "sk-ant"}]}]},

@@ -32,13 +32,6 @@ IMAGE_FILE = {"type": "image", "source": {"type": "file", "file_id": "file_other
 
 
 @pytest.fixture(scope="module")
-def anthropic_upstream() -> Iterator[FakeAnthropic]:
-    server = FakeAnthropic().start()
-    yield server
-    server.stop()
-
-
-@pytest.fixture(scope="module")
 def gateway(anthropic_upstream: FakeAnthropic) -> Iterator[ServerThread]:
     closed = {"provider": "anthropic", "model": "claude-test", "api_base": anthropic_upstream.url, "api_key": "sk"}
     opened = closed | {"name": "opened", "anthropic_betas": [FILES, LONG], "server_tools": ["web_search_20250305"]}

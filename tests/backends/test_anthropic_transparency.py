@@ -27,13 +27,6 @@ from tests.support.servers import ServerThread
 
 
 @pytest.fixture(scope="module")
-def anthropic_upstream() -> Iterator[FakeAnthropic]:
-    server = FakeAnthropic().start()
-    yield server
-    server.stop()
-
-
-@pytest.fixture(scope="module")
 def gateway(anthropic_upstream: FakeAnthropic) -> Iterator[ServerThread]:
     deployment = {"provider": "anthropic", "model": "claude-test", "api_base": anthropic_upstream.url,
                   "api_key": "sk-ant"}

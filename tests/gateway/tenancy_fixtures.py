@@ -10,15 +10,19 @@ from __future__ import annotations
 import asyncio
 import os
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
 import asyncpg
+import httpx
 import pytest
 from redis.asyncio import Redis
 
 from gateway.db import Database, migrate
+from tests.conftest import ADMIN_KEY, gateway_settings
+from tests.support.fake_upstream import FakeUpstream
+from tests.support.servers import ServerThread
 
 PG_HOST = os.environ.get("SWITCHYARD_TEST_PG_HOST", "127.0.0.1")
 PG_PORT = int(os.environ.get("SWITCHYARD_TEST_PG_PORT", "5432"))
@@ -78,6 +82,21 @@ async def migrated_pg_url() -> AsyncIterator[str]:
     await asyncio.to_thread(migrate.upgrade, url)
     yield url
     await drop_pg_database(name)
+
+
+@pytest.fixture(scope="module")
+def pg_admin_api(migrated_pg_url: str, fake_upstream_server: FakeUpstream,
+                 tmp_path_factory: pytest.TempPathFactory) -> Iterator[httpx.Client]:
+    """The real app on this module's migrated PostgreSQL, and a client holding the admin key."""
+    from gateway.app import create_app
+
+    work = tmp_path_factory.mktemp("admin-api")
+    settings = gateway_settings(fake_upstream_server.url, database={"url": migrated_pg_url},
+                                usage={"journal_dir": str(work / "journal")})
+    with ServerThread(create_app(settings)) as server, httpx.Client(
+        base_url=server.url, headers={"authorization": f"Bearer {ADMIN_KEY}"}, timeout=30
+    ) as client:
+        yield client
 
 
 @pytest.fixture(scope="module")

@@ -9,15 +9,12 @@ import gzip
 import json
 import uuid
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import httpx
 import pytest
 
-from tests.conftest import ADMIN_KEY, gateway_settings
-from tests.gateway.tenancy_fixtures import migrated_pg_url  # noqa: F401  (fixture)
-from tests.support.fake_upstream import FakeUpstream
-from tests.support.servers import ServerThread
+from tests.gateway.tenancy_fixtures import migrated_pg_url, pg_admin_api  # noqa: F401  (fixtures)
 
 Pack = Callable[[bytes], bytes]
 
@@ -38,17 +35,8 @@ ENCODINGS: list[tuple[str, Pack]] = [
 
 
 @pytest.fixture(scope="module")
-def admin(migrated_pg_url: str, fake_upstream_server: FakeUpstream, tmp_path_factory: pytest.TempPathFactory,
-          ) -> Iterator[httpx.Client]:
-    from gateway.app import create_app
-
-    work = tmp_path_factory.mktemp("admin-encoding")
-    settings = gateway_settings(fake_upstream_server.url, database={"url": migrated_pg_url},
-                                usage={"journal_dir": str(work / "journal")})
-    with ServerThread(create_app(settings)) as server, httpx.Client(
-        base_url=server.url, headers={"authorization": f"Bearer {ADMIN_KEY}"}, timeout=30
-    ) as client:
-        yield client
+def admin(pg_admin_api: httpx.Client) -> httpx.Client:
+    return pg_admin_api
 
 
 def _send(admin: httpx.Client, method: str, path: str, body: bytes, encoding: str) -> httpx.Response:

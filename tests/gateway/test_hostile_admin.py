@@ -8,32 +8,19 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.conftest import ADMIN_KEY, gateway_settings
-from tests.gateway.tenancy_fixtures import migrated_pg_url  # noqa: F401  (fixture)
-from tests.support.fake_upstream import FakeUpstream
-from tests.support.servers import ServerThread
+from tests.gateway.tenancy_fixtures import migrated_pg_url, pg_admin_api  # noqa: F401  (fixtures)
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
-def admin(migrated_pg_url: str, fake_upstream_server: FakeUpstream, tmp_path_factory: pytest.TempPathFactory,
-          ) -> Iterator[httpx.Client]:
-    from gateway.app import create_app
-
-    work = tmp_path_factory.mktemp("hostile-admin")
-    settings = gateway_settings(fake_upstream_server.url, database={"url": migrated_pg_url},
-                                usage={"journal_dir": str(work / "journal")})
-    with ServerThread(create_app(settings)) as server, httpx.Client(
-        base_url=server.url, headers={"authorization": f"Bearer {ADMIN_KEY}"}, timeout=10
-    ) as client:
-        yield client
+def admin(pg_admin_api: httpx.Client) -> httpx.Client:
+    return pg_admin_api
 
 
 @pytest.fixture(scope="module")
