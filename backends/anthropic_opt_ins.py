@@ -67,7 +67,7 @@ def _file_references(value: Any, where: str) -> Iterator[str]:
         if isinstance(item, list):
             stack.extend((child, f"{at}[{i}]") for i, child in reversed(list(enumerate(item))))
         elif isinstance(item, dict):
-            if "file_id" in item:
+            if item.get("file_id") is not None:  # a citation of a plain document carries "file_id": null
                 yield at
                 continue
             free_form = str(item.get("type", "")).endswith("tool_use")

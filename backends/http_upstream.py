@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import email.utils
+import math
 import time
 from collections.abc import Mapping
 
@@ -27,6 +28,7 @@ from backends.base import (
     ContextTooLong,
     ModelNotFound,
     RateLimited,
+    RequestFailed,
     Timeout,
     Unavailable,
     UpstreamError,
@@ -63,17 +65,20 @@ def parse_error(body: bytes) -> ErrorDetail:
 
 
 def retry_after(headers: Mapping[str, str]) -> float | None:
-    """Seconds from ``retry-after-ms`` or ``retry-after`` (seconds or an HTTP date)."""
+    """Seconds from ``retry-after-ms`` or ``retry-after`` (seconds or an HTTP date); a value that is
+    no finite number ("inf", "nan") is ignored."""
     if (ms := headers.get("retry-after-ms")) is not None:
         try:
-            return max(0.0, float(ms) / 1000)
+            if math.isfinite(wait := float(ms)):
+                return max(0.0, wait / 1000)
         except ValueError:
             pass
     value = headers.get("retry-after")
     if value is None:
         return None
     try:
-        return max(0.0, float(value))
+        wait = float(value)
+        return max(0.0, wait) if math.isfinite(wait) else None
     except ValueError:
         try:
             when = email.utils.parsedate_to_datetime(value)
@@ -104,6 +109,8 @@ def detail_error(status: int, detail: ErrorDetail, wait: float | None = None) ->
         return ModelNotFound(message, param="model", status=status)
     if status == 408:
         return Timeout(message, status=status)
+    if status == 500 and code == RequestFailed.kind:  # an engine node failed this one request alone
+        return RequestFailed(message, status=status)
     if status >= 500:  # includes Anthropic's 529 "overloaded"
         return Unavailable(message, status=status)
     return UpstreamError(f"upstream answered HTTP {status}: {message}", status=status)

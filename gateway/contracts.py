@@ -111,6 +111,7 @@ class UsageRecord:
 
 
 INCOMPLETE = "incomplete"  # ``extra["outcome"]`` of the record that stands for a request until it settles
+QUOTA_REFUSED = "rate_limit_exceeded"  # the code (and usage row's error_type) of a 429 from the gateway's quotas
 
 
 class UsageSink(Protocol):

@@ -22,7 +22,16 @@ from litestar.background_tasks import BackgroundTask
 from backends.base import BackendError, ChunkStream, Completed, ContextTooLong, Meter, RateLimited, Unavailable
 from backends.call import CallContext, CallingTenant, forwarded_tenant
 from gateway.calls import CallDescription
-from gateway.contracts import INCOMPLETE, Principal, QuotaExceeded, QuotaState, QuotaUnavailable, Ticket, UsageRecord
+from gateway.contracts import (
+    INCOMPLETE,
+    QUOTA_REFUSED,
+    Principal,
+    QuotaExceeded,
+    QuotaState,
+    QuotaUnavailable,
+    Ticket,
+    UsageRecord,
+)
 from gateway.errors import ApiError, from_backend_error, retry_after_header
 from gateway.event_stream import EventStream
 from gateway.json_response import JSONResponse
@@ -208,7 +217,7 @@ class Pipeline:
             headers = retry_after_header(exc.retry_after)
             if exc.ticket is not None:
                 headers.update(_ratelimit_headers(exc.ticket))
-            raise ApiError(429, exc.message, code="rate_limit_exceeded", headers=headers) from None
+            raise ApiError(429, exc.message, code=QUOTA_REFUSED, headers=headers) from None
         except QuotaUnavailable:
             raise ApiError(503, "the quota service is unavailable", code="quota_unavailable") from None
 

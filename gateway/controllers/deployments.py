@@ -22,7 +22,7 @@ class DeploymentState(msgspec.Struct):
     deployment: str
     provider: str
     upstream_model: str
-    state: str  # healthy | open | cooling
+    state: str  # healthy | open | cooling | held (its upstream asked for no request until held_for_seconds pass)
     latency_ewma_ms: float | None
     in_flight: int
     queue_depth: int
@@ -30,6 +30,7 @@ class DeploymentState(msgspec.Struct):
     errors: int
     error_rate: float
     consecutive_failures: int
+    held_for_seconds: float  # 0: the upstream takes requests now
 
 
 class DeploymentList(msgspec.Struct):
@@ -76,6 +77,7 @@ class DeploymentsController(Controller):
                     state=view.state, latency_ewma_ms=view.latency_ewma_ms, in_flight=stats.in_flight,
                     queue_depth=stats.queue_depth, requests=view.requests, errors=view.errors,
                     error_rate=view.error_rate, consecutive_failures=view.consecutive_failures,
+                    held_for_seconds=view.held_for_seconds,
                 ))
         return DeploymentList(data=rows)
 

@@ -221,5 +221,6 @@ class DashboardApi(Controller):
                 view = d.health.view()
                 rows.append({"deployment": d.id, "model": group.name, "provider": d.config.provider,
                              "state": view.state, "latency_ewma_ms": view.latency_ewma_ms,
-                             "requests": view.requests, "errors": view.errors, "error_rate": view.error_rate})
+                             "requests": view.requests, "errors": view.errors, "error_rate": view.error_rate,
+                             "held_for_seconds": view.held_for_seconds})
         return {"data": rows}

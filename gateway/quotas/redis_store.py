@@ -155,25 +155,25 @@ local tokens = tonumber(ARGV[3])
 local micros = tonumber(ARGV[4])
 local req = {-1, -1, -1}
 local tok = {-1, -1, -1}
-local function reject(reason, i, retry_ms, rq, tk)
-  return {0, reason, i - 1, retry_ms, rq[1], rq[2], rq[3], tk[1], tk[2], tk[3]}
-end
--- The tokens/min state of scopes i.. as they stand (nothing reserved), tightened into tok: for the
--- headers of a request refused at scope i (whose window window() read as w) before its tokens counted.
-local function tokens_left(i, w)
-  local state = tok
-  for j = i, nscopes do
-    local tpm = ARGV[11 + (j - 1) * 6 + 2]
-    if tpm ~= '-1' then
-      if j > i then w = {window(KEYS[(j - 1) * 3 + 1])} end
-      tpm = tonumber(tpm)
-      state = tighter(state, tpm, tpm - w[2], math.floor(((w[3] or sec) + win - now) * 1000))
+local windows, held = {}, {}
+-- A refusal at scope i, whatever its reason, with the tightest requests/min and tokens/min of every
+-- scope as they stand (nothing reserved) for its headers: the windows of scopes 1..i were read by the
+-- loop below, those after i are read here (only a refusal pays for them).
+local function reject(reason, i, retry_ms)
+  local rq, tk = {-1, -1, -1}, {-1, -1, -1}
+  for j = 1, nscopes do
+    local a = 11 + (j - 1) * 6
+    local rpm, tpm = ARGV[a + 1], ARGV[a + 2]
+    if rpm ~= '-1' or tpm ~= '-1' then
+      local w = windows[j] or {window(KEYS[(j - 1) * 3 + 1])}
+      local reset = math.floor(((w[3] or sec) + win - now) * 1000)
+      if rpm ~= '-1' then rq = tighter(rq, tonumber(rpm), tonumber(rpm) - w[1], reset) end
+      if tpm ~= '-1' then tk = tighter(tk, tonumber(tpm), tonumber(tpm) - w[2], reset) end
     end
   end
-  return state
+  return {0, reason, i - 1, retry_ms, rq[1], rq[2], rq[3], tk[1], tk[2], tk[3]}
 end
 
-local windows, held = {}, {}
 for i = 1, nscopes do
   local k = (i - 1) * 3
   local a = 11 + (i - 1) * 6
@@ -187,28 +187,28 @@ for i = 1, nscopes do
     rpm = tonumber(rpm)
     local reset = math.floor((oldest + win - now) * 1000)
     if rq_used + 1 > rpm then
-      return reject('requests', i, reset, {rpm, 0, reset}, tokens_left(i, windows[i]))
+      return reject('requests', i, reset)
     end
     req = tighter(req, rpm, rpm - rq_used - 1, reset)
   end
   if tpm ~= '-1' then
     tpm = tonumber(tpm)
     local reset = math.floor((oldest + win - now) * 1000)
-    if tk_used + tokens > tpm then return reject('tokens', i, reset, req, {tpm, math.max(0, tpm - tk_used), reset}) end
+    if tk_used + tokens > tpm then return reject('tokens', i, reset) end
     tok = tighter(tok, tpm, tpm - tk_used - tokens, reset)
   end
   held[i] = redis.call('ZCARD', KEYS[k + 2])
   if conc ~= '-1' and held[i] + 1 > tonumber(conc) then
-    return reject('concurrency', i, 1000, req, tok)
+    return reject('concurrency', i, 1000)
   end
   if tbudget ~= '-1' or mbudget ~= '-1' then
     local spent = redis.call('HMGET', KEYS[k + 3], 'tokens', 'micros')
-    if not (spent[1] or spent[2]) then return reject('unseeded', i, 0, req, tok) end
+    if not (spent[1] or spent[2]) then return reject('unseeded', i, 0) end
     if tbudget ~= '-1' and (tonumber(spent[1]) or 0) + tokens > tonumber(tbudget) then
-      return reject('token_budget', i, -1, req, tok)
+      return reject('token_budget', i, -1)
     end
     if mbudget ~= '-1' and (tonumber(spent[2]) or 0) + micros > tonumber(mbudget) then
-      return reject('cost_budget', i, -1, req, tok)
+      return reject('cost_budget', i, -1)
     end
   end
 end

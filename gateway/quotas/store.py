@@ -91,6 +91,11 @@ def tighter(current: QuotaState | None, limit: int, remaining: int, reset: float
     return current
 
 
+def _reset(oldest: int | None, now: float) -> float:
+    """Seconds until the oldest second a window holds leaves it (an empty window: this second)."""
+    return (oldest if oldest is not None else math.floor(now)) + WINDOW_SECONDS - now
+
+
 @dataclass
 class _Window:
     buckets: dict[int, int] = field(default_factory=dict)
@@ -126,27 +131,25 @@ class MemoryStore:
             budget = self._budgets.get(f"{base}:{period_id(lim.budget_period, r.now)[0]}")
             if budget is None:
                 if lim.token_budget is not None or lim.cost_budget is not None:
-                    return Decision(False, "unseeded", i, 0.0, req_state, tok_state)
+                    return self._refuse(r, "unseeded", i, 0.0)
                 budget = [0, 0]
             if lim.requests_per_minute is not None:
-                reset = (req_oldest if req_oldest is not None else sec) + WINDOW_SECONDS - r.now
+                reset = _reset(req_oldest, r.now)
                 if req_used + 1 > lim.requests_per_minute:
-                    state = tighter(None, lim.requests_per_minute, 0, reset)
-                    return Decision(False, "requests", i, reset, state, self._tokens_left(r, i, tok_state))
+                    return self._refuse(r, "requests", i, reset)
                 req_state = tighter(req_state, lim.requests_per_minute, lim.requests_per_minute - req_used - 1, reset)
             if lim.tokens_per_minute is not None:
-                reset = (tok_oldest if tok_oldest is not None else sec) + WINDOW_SECONDS - r.now
+                reset = _reset(tok_oldest, r.now)
                 if tok_used + r.tokens > lim.tokens_per_minute:
-                    state = tighter(None, lim.tokens_per_minute, lim.tokens_per_minute - tok_used, reset)
-                    return Decision(False, "tokens", i, reset, req_state, state)
+                    return self._refuse(r, "tokens", i, reset)
                 left = lim.tokens_per_minute - tok_used - r.tokens
                 tok_state = tighter(tok_state, lim.tokens_per_minute, left, reset)
             if lim.max_concurrency is not None and len(leases) + 1 > lim.max_concurrency:
-                return Decision(False, "concurrency", i, 1.0, req_state, tok_state)
+                return self._refuse(r, "concurrency", i, 1.0)
             if lim.token_budget is not None and budget[0] + r.tokens > lim.token_budget:
-                return Decision(False, "token_budget", i, budget_retry(r, scope), req_state, tok_state)
+                return self._refuse(r, "token_budget", i, budget_retry(r, scope))
             if lim.cost_budget is not None and budget[1] + r.micros > round(lim.cost_budget * 1e6):
-                return Decision(False, "cost_budget", i, budget_retry(r, scope), req_state, tok_state)
+                return self._refuse(r, "cost_budget", i, budget_retry(r, scope))
         for scope in r.scopes:
             base = f"{scope.kind}:{scope.id}"
             rq, tk = self._window(base + ":rq").buckets, self._window(base + ":tk").buckets
@@ -158,17 +161,22 @@ class MemoryStore:
             budget[1] += r.micros
         return Decision(True, requests=req_state, tokens=tok_state)
 
-    def _tokens_left(self, r: Reservation, first: int, state: QuotaState | None) -> QuotaState | None:
-        """``state`` tightened by the tokens/min of the scopes from ``first`` on, as they stand
-        (nothing reserved): for the headers of a request refused before those scopes' tokens counted."""
+    def _refuse(self, r: Reservation, reason: str, index: int, retry_after: float) -> Decision:
+        """A refusal at scope ``index``, whatever its reason, with the tightest requests/min and
+        tokens/min of every scope as they stand (nothing reserved) for its headers."""
         sec = math.floor(r.now)
-        for scope in r.scopes[first:]:
-            tpm = scope.limits.tokens_per_minute
-            if tpm is not None:
-                used, oldest = self._window(f"{scope.kind}:{scope.id}:tk").used(sec)
-                reset = (oldest if oldest is not None else sec) + WINDOW_SECONDS - r.now
-                state = tighter(state, tpm, tpm - used, reset)
-        return state
+        requests: QuotaState | None = None
+        tokens: QuotaState | None = None
+        for scope in r.scopes:
+            base, lim = f"{scope.kind}:{scope.id}", scope.limits
+            if lim.requests_per_minute is not None:
+                used, oldest = self._window(base + ":rq").used(sec)
+                requests = tighter(requests, lim.requests_per_minute, lim.requests_per_minute - used,
+                                   _reset(oldest, r.now))
+            if lim.tokens_per_minute is not None:
+                used, oldest = self._window(base + ":tk").used(sec)
+                tokens = tighter(tokens, lim.tokens_per_minute, lim.tokens_per_minute - used, _reset(oldest, r.now))
+        return Decision(False, reason, index, retry_after, requests, tokens)
 
     async def seed_budget(self, kind: str, sid: str, pid: str, tokens: int, micros: int, ttl: int) -> None:
         self._budgets.setdefault(f"{kind}:{sid}:{pid}", [tokens, micros])

@@ -35,12 +35,13 @@ Clock = Callable[[], float]
 class HealthView:
     """A snapshot for the admin endpoint and metrics."""
 
-    state: str  # "healthy" | "open" | "cooling" (half-open, trial in progress or allowed)
+    state: str  # "healthy" | "open" | "cooling" (half-open, trial in progress or allowed) | "held" (``hold_off``)
     latency_ewma_ms: float | None
     requests: int
     errors: int
     error_rate: float
     consecutive_failures: int
+    held_for_seconds: float  # until the upstream takes requests again (``hold_off``; 0: it does now)
 
 
 class DeploymentHealth:
@@ -157,7 +158,11 @@ class DeploymentHealth:
         self._failures.clear()
 
     def view(self) -> HealthView:
-        state = {"closed": "healthy", "open": "open", "half_open": "cooling"}[self.state]
+        """The circuit's state, unless the upstream asked to wait ("held": no request, not even a
+        half-open trial, is sent until then; an open circuit shows as open)."""
+        held_for, circuit = self.held_for(), self.state
+        state = "held" if held_for > 0 and circuit != "open" else {
+            "closed": "healthy", "open": "open", "half_open": "cooling"}[circuit]
         return HealthView(
             state=state,
             latency_ewma_ms=None if self.latency_ewma is None else self.latency_ewma * 1000,
@@ -165,6 +170,7 @@ class DeploymentHealth:
             errors=self.errors,
             error_rate=self.errors / self.requests if self.requests else 0.0,
             consecutive_failures=self.consecutive_failures,
+            held_for_seconds=held_for,
         )
 
 

@@ -11,7 +11,8 @@ goes to ``context_window_fallbacks`` instead. A deployment whose upstream does n
 (``ModelNotFound``) is misconfigured: it is not tried again for the request, and the next
 deployment (else the fallbacks) is tried at once, without spending a retry. A 429 whose
 ``Retry-After`` is longer than ``MAX_BACKOFF`` is never waited out: the deployment is held off
-for that long (``DeploymentHealth.hold_off``, by the caller) and the plan moves on without it.
+for that long, at most ``MAX_HOLD_OFF`` (``DeploymentHealth.hold_off``, by the caller), and the
+plan moves on without it.
 """
 
 from __future__ import annotations
@@ -25,13 +26,14 @@ from gateway.routing.deployment import Deployment
 from gateway.routing.router import ModelGroup
 
 MAX_BACKOFF = 5.0  # the longest wait before a retry; a longer Retry-After holds the deployment off
+MAX_HOLD_OFF = 60.0  # the longest a deployment is held off: a longer Retry-After is probed again after this
 
 
 def holds_off(error: BackendError) -> float | None:
     """The seconds ``error`` asks its deployment to take no request for, when longer than the
-    plan waits out (a 429's ``Retry-After`` over ``MAX_BACKOFF``); else None."""
+    plan waits out (a 429's ``Retry-After`` over ``MAX_BACKOFF``), at most ``MAX_HOLD_OFF``; else None."""
     if isinstance(error, RateLimited) and error.retry_after is not None and error.retry_after > MAX_BACKOFF:
-        return error.retry_after
+        return min(error.retry_after, MAX_HOLD_OFF)
     return None
 
 

@@ -22,7 +22,7 @@ from prometheus_client.samples import Sample
 from prometheus_client.utils import floatToGoString
 
 from backends.base import EngineBacked
-from gateway.contracts import UsageRecord, UsageSink
+from gateway.contracts import QUOTA_REFUSED, UsageRecord, UsageSink
 from gateway.routing.router import Router
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -68,7 +68,7 @@ class GatewayMetrics:
     def observe(self, r: UsageRecord) -> None:
         model, endpoint = r.model, r.endpoint
         _count(self._requests, (model, endpoint, str(r.status)), 1)
-        if r.status == 429 and r.deployment is None:  # the gateway's own refusal, not an upstream's 429
+        if r.status == 429 and r.error_type == QUOTA_REFUSED:  # the gateway's own refusal, not an upstream's 429
             _count(self._quota_rejections, (model,), 1)
         if r.deployment is None:  # never reached a provider: no latency or tokens to speak of
             return
@@ -162,7 +162,7 @@ class MeteredSink:
 
 
 class StateCollector(Collector):
-    """Read at scrape time: circuit states, the usage writer's backlog, and every local engine."""
+    """Read at scrape time: circuit states and hold-offs, the usage writer's backlog, and every local engine."""
 
     def __init__(self, router: Router, usage: UsageSink) -> None:
         self.router = router
@@ -175,11 +175,16 @@ class StateCollector(Collector):
         circuit = GaugeMetricFamily("switchyard_circuit_state",
                                     "1 for the circuit breaker's current state of each deployment",
                                     labels=["deployment", "state"])
+        held = GaugeMetricFamily("switchyard_deployment_held_seconds",
+                                 "Seconds until the deployment's upstream takes requests again, as its 429's "
+                                 "Retry-After asked (0: it does now; apart from the circuit)", labels=["deployment"])
         for d in _unique(self.router):
             current = d.health.state
             for state in CIRCUIT_STATES:
                 circuit.add_metric([d.id, state], 1.0 if state == current else 0.0)
+            held.add_metric([d.id], d.health.held_for())
         yield circuit
+        yield held
         pending = getattr(self.usage, "pending", None)
         if isinstance(pending, int):
             yield GaugeMetricFamily("switchyard_usage_writer_backlog",

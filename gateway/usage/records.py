@@ -37,6 +37,8 @@ WHY = {
     "upstream_error": "The provider failed (a 5xx or a broken answer) on every deployment tried.",
     "upstream_auth": "The provider rejected the gateway's credentials for this deployment.",
     "client_disconnected": "The client went away before the answer was complete.",
+    "request_failed": "The engine failed this one request while serving others.",
+    "model_not_found": "The provider does not know the model of any deployment tried (a configuration error).",
 }
 
 

@@ -179,6 +179,20 @@ def test_a_file_id_among_a_tool_calls_arguments_is_the_clients_own(ant: anthropi
     assert upstream.received[-1]["messages"][1]["content"][0]["input"] == {"file_id": "mine"}
 
 
+def test_a_cited_answer_replayed_is_no_file_reference(ant: anthropic.Anthropic, upstream: FakeAnthropic) -> None:
+    """An earlier answer's citations of a plain-text document carry ``"file_id": null`` (the SDK's
+    model of them dumps it): a conversation that replays the answer references no file."""
+    document = {"type": "document", "source": {"type": "text", "media_type": "text/plain", "data": "The sky."},
+                "citations": {"enabled": True}}
+    cited = {"type": "char_location", "cited_text": "The sky.", "document_index": 0, "document_title": None,
+             "start_char_index": 0, "end_char_index": 8, "file_id": None}
+    messages: Any = [{"role": "user", "content": [document, {"type": "text", "text": "What colour?"}]},
+                     {"role": "assistant", "content": [{"type": "text", "text": "Blue.", "citations": [cited]}]},
+                     {"role": "user", "content": "Sure?"}]
+    ant.messages.create(model="claude", max_tokens=8, messages=messages)
+    assert upstream.received[-1]["messages"] == messages
+
+
 # ---------------------------------------------------------------- config
 
 

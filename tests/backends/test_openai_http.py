@@ -9,7 +9,16 @@ import httpx
 import msgspec
 import pytest
 
-from backends.base import AuthFailed, BadRequest, ContextTooLong, RateLimited, Timeout, Unavailable, UpstreamError
+from backends.base import (
+    AuthFailed,
+    BadRequest,
+    ContextTooLong,
+    RateLimited,
+    RequestFailed,
+    Timeout,
+    Unavailable,
+    UpstreamError,
+)
 from backends.call import CallContext
 from backends.http_upstream import status_error
 from backends.openai_http import OpenAIHTTPBackend
@@ -129,6 +138,9 @@ async def test_stream_usage_estimated_when_upstream_reports_none(backend: OpenAI
         (Fault(status=429, headers={"retry-after": "4"}), RateLimited, 429),
         (Fault(status=500), Unavailable, 500),
         (Fault(status=502), Unavailable, 502),
+        # an engine node (switchyard engine serve) failed this one request: not the node's failure
+        (Fault(status=500, body={"error": {"message": "sampling failed", "code": "request_failed"}}),
+         RequestFailed, 500),
         (Fault(status=401), AuthFailed, 401),
         (Fault(status=403), AuthFailed, 403),
         (Fault(status=400), BadRequest, 400),

@@ -6,6 +6,7 @@ import asyncio
 import random
 import uuid
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 from redis.asyncio import Redis
@@ -67,6 +68,43 @@ async def test_a_refusal_for_requests_reports_the_tokens_left(store: QuotaStore)
     assert (await store.reserve(res(alone, tokens=100))).admitted
     over = await store.reserve(res(alone, tokens=100))
     assert over.tokens is not None and (over.tokens.limit, over.tokens.remaining) == (1000, 900)
+
+
+REFUSING: dict[str, dict[str, Any]] = {
+    "tokens": {"tokens_per_minute": 150},
+    "concurrency": {"max_concurrency": 1},
+    "token_budget": {"token_budget": 150},
+    "cost_budget": {"cost_budget": 0.00015},  # 150 micro-dollars
+}
+
+
+@pytest.mark.parametrize("where", [0, 1], ids=["key", "tenant"])
+@pytest.mark.parametrize("reason", list(REFUSING))
+async def test_every_refusal_reports_requests_and_tokens_as_they_stand(
+    store: QuotaStore, reason: str, where: int
+) -> None:
+    """Whatever refuses a request (a rate, concurrency, a budget; at the key or at its tenant), the
+    refusal reports both requests/min and tokens/min: the tightest of every scope's, as they stand
+    (the refused request reserved nothing)."""
+    limits: list[dict[str, Any]] = [{"requests_per_minute": 10, "tokens_per_minute": 1000},
+                                    {"requests_per_minute": 4, "tokens_per_minute": 2000}]
+    limits[where] |= REFUSING[reason]
+    scopes = await seeded(store, [Scope("key", "k1", Limits(**limits[0])), Scope("tenant", "t1", Limits(**limits[1]))])
+    assert (await store.reserve(res(scopes, tokens=100, micros=100))).admitted
+    over = await store.reserve(res(scopes, now=NOW + 10, tokens=100, micros=100))
+    assert (over.admitted, over.reason, over.scope_index) == (False, reason, where)
+    assert over.requests is not None and (over.requests.limit, over.requests.remaining) == (4, 3)
+    assert over.requests.reset_seconds == pytest.approx(49.75, abs=0.002)
+    tokens = (150, 50) if reason == "tokens" else (1000, 900)
+    assert over.tokens is not None and (over.tokens.limit, over.tokens.remaining) == tokens
+    assert over.tokens.reset_seconds == pytest.approx(49.75, abs=0.002)
+
+
+async def test_a_refusal_reports_no_state_of_a_limit_no_scope_has(store: QuotaStore) -> None:
+    scopes = key(max_concurrency=1)
+    assert (await store.reserve(res(scopes))).admitted
+    over = await store.reserve(res(scopes))
+    assert over.reason == "concurrency" and over.requests is None and over.tokens is None
 
 
 async def test_concurrent_admissions_are_exact(store: QuotaStore) -> None:

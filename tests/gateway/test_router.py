@@ -148,6 +148,22 @@ def test_a_hold_off_refuses_requests_until_it_ends_whatever_the_circuit() -> Non
     assert health.available() and health.held_for() == 0.0
 
 
+def test_the_health_view_shows_a_hold_off_apart_from_the_circuit() -> None:
+    """A held deployment takes no request, not even a half-open trial: its view says "held" and for
+    how long, unless its circuit is open (then "open", with the hold's seconds beside it)."""
+    clock = _Clock()
+    health = DeploymentHealth(CircuitConfig(failures=1, window=10, cooldown=5), clock=clock)
+    health.hold_off(30.0)
+    clock.now = 10.0
+    assert (health.view().state, health.view().held_for_seconds) == ("held", pytest.approx(20.0))
+    health.on_failure()
+    assert (health.view().state, health.view().held_for_seconds) == ("open", pytest.approx(20.0))
+    clock.now = 16.0  # the cooldown is over: half-open, but no trial while held
+    assert health.state == "half_open" and health.view().state == "held"
+    clock.now = 30.0
+    assert (health.view().state, health.view().held_for_seconds) == ("cooling", 0.0)
+
+
 def test_tokens_per_minute_window() -> None:
     clock = _Clock()
     health = DeploymentHealth(CircuitConfig(), clock=clock, tokens_per_minute=100)

@@ -11,6 +11,7 @@ import httpx
 import openai
 import pytest
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from backends.factory import build_backend
 from gateway.app import create_app
@@ -72,6 +73,8 @@ def _config(u: dict[str, FakeUpstream]) -> dict:
              "deployments": [_dep("n-a", a, context_window=40)]},
             {"name": "lat", "strategy": "lowest_latency", "deployments": [_dep("lt-a", a), _dep("lt-b", b)],
              "max_retries": 0, "circuit": NO_BREAKER},
+            {"name": "held", "strategy": "priority", "deployments": [_dep("h-a", a), _dep("h-b", b)],
+             "max_retries": 1, "retry_backoff": 0.01, "circuit": NO_BREAKER},
         ],
     }
 
@@ -318,6 +321,25 @@ def test_lowest_latency_learns(client: openai.OpenAI, upstreams: dict[str, FakeU
     for _ in range(30):
         client.chat.completions.create(model="lat", messages=MESSAGES, max_tokens=1)
     assert _count(upstreams["B"]) > 2 * _count(upstreams["A"])
+
+
+def test_a_deployment_held_off_by_its_upstream_shows_in_the_admin_view_and_metrics(
+    client: openai.OpenAI, upstreams: dict[str, FakeUpstream], gateway: tuple[ServerThread, Path]
+) -> None:
+    """An upstream's 429 with a Retry-After over 5 s holds its deployment off: the admin view says
+    "held" and for how long, and /metrics exports the seconds left (the circuit stays closed)."""
+    upstreams["A"].fail_next(Fault(status=429, headers={"retry-after": "60"}))
+    assert client.chat.completions.create(model="held", messages=MESSAGES).choices  # served by h-b
+    rows = httpx.get(gateway[0].url + "/admin/v1/deployments", headers={"authorization": f"Bearer {ADMIN_KEY}"})
+    held = {r["deployment"]: r for r in rows.json()["data"] if r["model"] == "held"}
+    assert (held["h-a"]["state"], held["h-b"]["state"]) == ("held", "healthy")
+    assert 55 < held["h-a"]["held_for_seconds"] <= 60 and held["h-b"]["held_for_seconds"] == 0
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for fam in text_string_to_metric_families(httpx.get(gateway[0].url + "/metrics").text)
+               for s in fam.samples}
+    assert 55 < samples[("switchyard_deployment_held_seconds", (("deployment", "h-a"),))] <= 60
+    assert samples[("switchyard_deployment_held_seconds", (("deployment", "h-b"),))] == 0
+    assert samples[("switchyard_circuit_state", (("deployment", "h-a"), ("state", "closed")))] == 1
 
 
 def test_deployments_view_needs_an_admin(gateway: tuple[ServerThread, Path]) -> None:

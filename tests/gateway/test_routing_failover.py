@@ -17,6 +17,7 @@ import pytest
 from backends.factory import build_backend
 from gateway.app import create_app
 from gateway.contracts import Principal, UsageRecord
+from gateway.routing.plan import MAX_HOLD_OFF
 from gateway.routing.router import Router
 from gateway.services import Services
 from gateway.settings import parse_settings
@@ -27,6 +28,7 @@ from tests.support.servers import ServerThread
 
 MESSAGES: Any = [{"role": "user", "content": "route me"}]
 NO_BREAKER = {"failures": 1_000_000}
+ABSURD_WAITS = ["1e300", "86400000"]  # Retry-After values no deployment should be held off for
 UNKNOWN_MODEL = Fault(status=404, body={"error": {"message": "The model `m` does not exist",
                                                   "type": "invalid_request_error", "code": "model_not_found"}})
 
@@ -52,6 +54,8 @@ def _models(a: str, b: str) -> list[dict[str, Any]]:
         _group("limited", _dep("li-a", a), _dep("li-b", b)),
         _group("lone", _dep("ln-a", a)),
         _group("spilling", _dep("sp-a", a), fallbacks=["backup"]),
+        _group("absurd", _dep("ab-a", a)),
+        *(_group(f"held-{wait}", _dep(f"held-{wait}-a", a)) for wait in ABSURD_WAITS),
     ]
 
 
@@ -218,3 +222,37 @@ def test_a_long_retry_after_with_nothing_left_is_a_429_carrying_it(env: Env, cli
     assert 28 <= int(again.value.response.headers["retry-after"]) <= 30
     assert _counts(env) == (1, 0)
     assert [(r.status, r.error_type) for r in env.usage.wait_for(2)] == [(429, "rate_limited")] * 2
+
+
+# ---------------------------------------------------------------- odd Retry-After values, a first chunk saying error
+
+
+@pytest.mark.parametrize("headers", [{"retry-after": "inf"}, {"retry-after": "Infinity"}, {"retry-after": "1e400"},
+                                     {"retry-after-ms": "inf"}], ids=["inf", "Infinity", "1e400", "ms-inf"])
+def test_an_infinite_retry_after_is_ignored(env: Env, client: openai.OpenAI, headers: dict[str, str]) -> None:
+    """Not a delay in seconds: the 429 is retried as one without Retry-After (it was a 500, and
+    would have held the deployment off for good)."""
+    env.a.fail_next(Fault(status=429, headers=headers))
+    assert client.chat.completions.create(model="absurd", messages=MESSAGES).choices
+    assert _counts(env) == (2, 0)
+    assert (_only_row(env).status, _only_row(env).error_type) == (200, None)
+
+
+@pytest.mark.parametrize("wait", ABSURD_WAITS)
+def test_an_absurd_retry_after_holds_off_for_a_bounded_time(env: Env, client: openai.OpenAI, wait: str) -> None:
+    env.a.fail_next(Fault(status=429, headers={"retry-after": wait}))
+    with pytest.raises(openai.RateLimitError):
+        client.chat.completions.create(model=f"held-{wait}", messages=MESSAGES)
+    with pytest.raises(openai.RateLimitError) as again:  # held off, but not for days
+        client.chat.completions.create(model=f"held-{wait}", messages=MESSAGES)
+    assert MAX_HOLD_OFF - 2 <= int(again.value.response.headers["retry-after"]) <= MAX_HOLD_OFF
+    assert _counts(env) == (1, 0)
+    assert [(r.status, r.error_type) for r in env.usage.wait_for(2)] == [(429, "rate_limited")] * 2
+
+
+def test_a_first_chunk_saying_error_is_relayed(env: Env, client: openai.OpenAI) -> None:
+    """A first event that merely contains the word (the text "error") is the answer, not a failure."""
+    chunks = list(client.completions.create(model="absurd", prompt="error", stream=True))
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == "error"
+    assert _counts(env) == (1, 0)
+    assert _only_row(env).error_type is None

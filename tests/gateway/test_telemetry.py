@@ -59,7 +59,8 @@ def env(fake_upstream_server: FakeUpstream, tmp_path_factory: pytest.TempPathFac
             "options": {"num_kv_blocks": 64, "block_size": 16, "enable_prefix_caching": True}}
     settings = parse_settings({
         "models": [{"name": "echo", "deployments": [echo], "max_retries": 0, "circuit": {"failures": 1000}},
-                   {"name": "tiny", "deployments": [tiny], "max_retries": 0}],
+                   {"name": "tiny", "deployments": [tiny], "max_retries": 0},
+                   {"name": "held", "deployments": [echo | {"name": "held-dep"}], "max_retries": 0}],
         "telemetry": {"tracing": True},
     }, env={})  # fmt: skip
     spans = InMemorySpanExporter()
@@ -131,6 +132,22 @@ def test_upstream_429_is_not_a_quota_rejection(env: Env, upstream: FakeUpstream)
                  status="429") == 2
     assert delta(after, before, "switchyard_quota_rejections_total", model="echo") == 1  # the gateway's own refusal
     assert delta(after, before, "switchyard_upstream_errors_total", deployment="echo-dep", kind="rate_limited") == 1
+
+
+def test_a_held_off_upstream_is_not_a_quota_rejection(env: Env, upstream: FakeUpstream) -> None:
+    """The second request finds the deployment held off by the first's long Retry-After: refused
+    before any upstream is tried, but for the upstream's limit, not for the gateway's quotas."""
+    before = env.scrape()
+    upstream.fail_next(Fault(status=429, headers={"retry-after": "30"}))
+    for _ in range(2):
+        with pytest.raises(openai.RateLimitError):
+            env.client().chat.completions.create(model="held", messages=MESSAGES)
+    after = env.scrape()
+
+    assert delta(after, before, "switchyard_requests_total", model="held", endpoint="chat.completions",
+                 status="429") == 2
+    assert delta(after, before, "switchyard_quota_rejections_total", model="held") == 0
+    assert delta(after, before, "switchyard_upstream_errors_total", deployment="held-dep", kind="rate_limited") == 1
 
 
 def test_span_tree_of_an_engine_request(env: Env) -> None:

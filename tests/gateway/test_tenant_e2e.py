@@ -153,6 +153,21 @@ def test_rate_limit_429_with_openai_headers(gateway: Gateway) -> None:
     assert limited.value.body["code"] == "rate_limit_exceeded"  # type: ignore[index]
 
 
+def test_a_budget_429_carries_the_rate_limit_headers_of_the_tenant(gateway: Gateway) -> None:
+    """A 429 for another reason than requests/min (here the key's token budget) carries the
+    requests/min and tokens/min standing too, here the tenant's, as they stand (nothing reserved)."""
+    tid = gateway.tenant(requests_per_minute=5, tokens_per_minute=100_000)
+    key = gateway.key(tid)
+    assert gateway.admin.put(f"/admin/v1/keys/{key['id']}/limits", json={"token_budget": 1}).status_code == 200
+    with pytest.raises(openai.RateLimitError) as limited:
+        gateway.client(key["key"]).chat.completions.create(model="echo", messages=CHAT, max_tokens=5)  # type: ignore[arg-type]
+    headers = limited.value.response.headers
+    assert "budget" in limited.value.message
+    assert (headers["x-ratelimit-limit-requests"], headers["x-ratelimit-remaining-requests"]) == ("5", "5")
+    assert (headers["x-ratelimit-limit-tokens"], headers["x-ratelimit-remaining-tokens"]) == ("100000", "100000")
+    assert headers["x-ratelimit-reset-requests"].endswith("s") and headers["x-ratelimit-reset-tokens"].endswith("s")
+
+
 def wait_for_rows(db: Database, tenant_id: str, count: int, timeout: float = 15.0) -> list[UsageRow]:
     """Poll (from a private event loop: this test is synchronous) until ``count`` rows exist."""
     import asyncio
