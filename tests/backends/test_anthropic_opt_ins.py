@@ -13,14 +13,9 @@ import httpx
 import openai
 import pytest
 
-from backends.factory import build_backend
-from gateway.app import create_app
-from gateway.contracts import Principal
-from gateway.routing.router import Router
-from gateway.services import Services
 from gateway.settings import ConfigError, parse_settings
+from tests.backends.conftest import admin_gateway
 from tests.conftest import ADMIN_KEY
-from tests.support.doubles import RecordingSink, ScriptedAdmission, StaticKeys
 from tests.support.fake_anthropic import FakeAnthropic
 from tests.support.servers import ServerThread
 
@@ -35,14 +30,10 @@ IMAGE_FILE = {"type": "image", "source": {"type": "file", "file_id": "file_other
 def gateway(anthropic_upstream: FakeAnthropic) -> Iterator[ServerThread]:
     closed = {"provider": "anthropic", "model": "claude-test", "api_base": anthropic_upstream.url, "api_key": "sk"}
     opened = closed | {"name": "opened", "anthropic_betas": [FILES, LONG], "server_tools": ["web_search_20250305"]}
-    settings = parse_settings({"models": [
+    with admin_gateway([
         {"name": "claude", "max_retries": 0, "deployments": [closed]},  # lists nothing: none allowed
         {"name": "claude-open", "max_retries": 0, "deployments": [opened]},
-    ]}, env={})
-    services = Services(authenticator=StaticKeys({ADMIN_KEY: Principal("admin", None, is_admin=True)}),
-                        admission=ScriptedAdmission(), usage=RecordingSink(),
-                        router=Router.from_settings(settings, build_backend))
-    with ServerThread(create_app(settings, services)) as server:
+    ]) as server:
         yield server
 
 

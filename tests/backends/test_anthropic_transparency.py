@@ -14,14 +14,8 @@ import httpx
 import openai
 import pytest
 
-from backends.factory import build_backend
-from gateway.app import create_app
-from gateway.contracts import Principal
-from gateway.routing.router import Router
-from gateway.services import Services
-from gateway.settings import parse_settings
+from tests.backends.conftest import admin_gateway
 from tests.conftest import ADMIN_KEY
-from tests.support.doubles import RecordingSink, ScriptedAdmission, StaticKeys
 from tests.support.fake_anthropic import FakeAnthropic
 from tests.support.servers import ServerThread
 
@@ -30,15 +24,11 @@ from tests.support.servers import ServerThread
 def gateway(anthropic_upstream: FakeAnthropic) -> Iterator[ServerThread]:
     deployment = {"provider": "anthropic", "model": "claude-test", "api_base": anthropic_upstream.url,
                   "api_key": "sk-ant"}
-    settings = parse_settings({"models": [
+    with admin_gateway([
         {"name": "claude", "max_retries": 0, "deployments": [deployment]},
         {"name": "claude-trim", "max_retries": 0,
          "deployments": [deployment | {"name": "trim", "drop_params": ["verbosity"]}]},
-    ]}, env={})
-    services = Services(authenticator=StaticKeys({ADMIN_KEY: Principal("admin", None, is_admin=True)}),
-                        admission=ScriptedAdmission(), usage=RecordingSink(),
-                        router=Router.from_settings(settings, build_backend))
-    with ServerThread(create_app(settings, services)) as server:
+    ]) as server:
         yield server
 
 
