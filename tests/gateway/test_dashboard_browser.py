@@ -279,7 +279,7 @@ async def test_operator_view_shows_all_tenants_spenders_budgets_and_circuits(  #
     assert "yes" in await near.inner_text()
     assert await page.locator("#deployments tbody tr").count() >= 1
     states = await page.locator("#deployments tbody tr td:nth-child(4)").all_inner_texts()
-    assert set(states) <= {"healthy", "open", "cooling"}
+    assert set(states) <= {"healthy", "open", "cooling", "held"}
     await check_chart(page, "chart-tenants", tmp_path / "operator-chart.png", expect_zeros=True)
     await context.close()
 
