@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import httpx
 import pytest
 
 from backends.factory import build_backend
@@ -38,3 +40,17 @@ def admin_gateway(models: list[dict[str, Any]]) -> Iterator[ServerThread]:
                         router=Router.from_settings(settings, build_backend))
     with ServerThread(create_app(settings, services)) as server:
         yield server
+
+
+def sse_events(url: str, body: dict[str, Any], headers: dict[str, str]) -> list[tuple[str, dict[str, Any]]]:
+    """POST ``body`` to ``url`` and read its event stream (Anthropic's shape): (event, data) pairs."""
+    events: list[tuple[str, dict[str, Any]]] = []
+    with httpx.stream("POST", url, json=body, headers=headers, timeout=20) as r:
+        assert r.status_code == 200, r.read()
+        kind = ""
+        for line in r.iter_lines():
+            if line.startswith("event: "):
+                kind = line.removeprefix("event: ")
+            elif line.startswith("data: "):
+                events.append((kind, json.loads(line.removeprefix("data: "))))
+    return events

@@ -22,6 +22,7 @@ from gateway.contracts import Principal
 from gateway.routing.router import Router
 from gateway.services import Services
 from gateway.settings import parse_settings
+from tests.backends.conftest import sse_events
 from tests.conftest import ADMIN_KEY
 from tests.support.doubles import RecordingSink, ScriptedAdmission, StaticKeys
 from tests.support.fake_anthropic import FakeAnthropic, _text
@@ -210,23 +211,10 @@ def test_client_anthropic_headers_are_forwarded(ant: anthropic.Anthropic, upstre
     assert "anthropic-beta" not in upstream.headers[-1]
 
 
-def _sse(url: str, body: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
-    events: list[tuple[str, dict[str, Any]]] = []
-    with httpx.stream("POST", url, json=body, headers={"x-api-key": ADMIN_KEY}, timeout=20) as r:
-        assert r.status_code == 200, r.read()
-        kind = ""
-        for line in r.iter_lines():
-            if line.startswith("event: "):
-                kind = line.removeprefix("event: ")
-            elif line.startswith("data: "):
-                events.append((kind, json.loads(line.removeprefix("data: "))))
-    return events
-
-
 def test_a_cut_stream_ends_with_an_error_event(gateway: tuple[ServerThread, RecordingSink],
                                                upstream: CuttingAnthropic, ant: anthropic.Anthropic) -> None:
     body = {"model": "claude", "max_tokens": 16, "stream": True, "messages": [{"role": "user", "content": "CUT"}]}
-    events = _sse(gateway[0].url + "/v1/messages", body)
+    events = sse_events(gateway[0].url + "/v1/messages", body, {"x-api-key": ADMIN_KEY})
     kinds = [kind for kind, _ in events]
     assert kinds == ["message_start", "content_block_start", "content_block_delta", "ping", "error"]
     assert "message_stop" in events[-1][1]["error"]["message"]

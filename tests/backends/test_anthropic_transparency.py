@@ -6,15 +6,13 @@ loopback server speaking the Messages API."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 
 import anthropic
-import httpx
 import openai
 import pytest
 
-from tests.backends.conftest import admin_gateway
+from tests.backends.conftest import admin_gateway, sse_events
 from tests.conftest import ADMIN_KEY
 from tests.support.fake_anthropic import FakeAnthropic
 from tests.support.servers import ServerThread
@@ -160,26 +158,13 @@ def test_thinking_reaches_openai_clients_as_reasoning_content(oai: openai.OpenAI
     assert "".join(getattr(d, "reasoning_content", None) or "" for d in deltas) == "let me think"
 
 
-def _sse_events(url: str, body: dict[str, object], headers: dict[str, str]) -> list[tuple[str, dict[str, object]]]:
-    events: list[tuple[str, dict[str, object]]] = []
-    with httpx.stream("POST", url, json=body, headers=headers, timeout=20) as r:
-        assert r.status_code == 200, r.read()
-        kind = ""
-        for line in r.iter_lines():
-            if line.startswith("event: "):
-                kind = line.removeprefix("event: ")
-            elif line.startswith("data: "):
-                events.append((kind, json.loads(line.removeprefix("data: "))))
-    return events
-
-
 def test_a_streamed_anthropic_answer_is_relayed_event_for_event(gateway: ServerThread, upstream: FakeAnthropic) -> None:
     """Thinking signatures, pings and every other event reach an Anthropic client as the upstream sent
     them; only the model's name is the one the client asked for."""
     body = MESSAGES_BODY | {"stream": True}
-    direct = _sse_events(upstream.url + "/v1/messages", body | {"model": "claude-test"},
+    direct = sse_events(upstream.url + "/v1/messages", body | {"model": "claude-test"},
                          {"x-api-key": "sk-ant", "anthropic-version": "2023-06-01"})
-    relayed = _sse_events(gateway.url + "/v1/messages", body | {"model": "claude"}, {"x-api-key": ADMIN_KEY})
+    relayed = sse_events(gateway.url + "/v1/messages", body | {"model": "claude"}, {"x-api-key": ADMIN_KEY})
     assert [k for k, _ in relayed] == [k for k, _ in direct]
     assert ("content_block_delta", {"type": "content_block_delta", "index": 0,
                                     "delta": {"type": "signature_delta", "signature": "sig-1"}}) in relayed
