@@ -4,11 +4,13 @@
 
     .venv/bin/python -m bench.gateway_scaling [--workers 1,2,4,8] [--seconds 8] [--loaders 4]
                                               [--upstreams 2] [--connections 64] [--no-credit]
+                                              [--upstream lean|echo]
 
 Each worker count gets a fresh gateway on CPUs 0..N-1 and ``--connections`` keep-alive connections
 per worker, spread over ``--loaders`` load-generator processes; the load generators and the
-``--upstreams`` echo upstreams (zero latency, one deployment each in the routed group) share the
-other CPUs. Before the gateways, the same load generators hit the upstreams directly: the harness's
+``--upstreams`` upstreams (zero latency, one deployment each in the routed group; ``bench.lean_upstream``
+unless ``--upstream echo`` takes the dev echo server, as in ``bench.gateway``) share the other CPUs.
+Before the gateways, the same load generators hit the upstreams directly: the harness's
 own ceiling, which every gateway figure must stay well under to mean anything. The running Redis
 and PostgreSQL servers are moved to those other CPUs for the run (``harness.services_on``).
 Reported per worker count: requests/s, requests/s per worker, scaling efficiency (rate / (N x the
@@ -35,6 +37,7 @@ from typing import Any
 from bench.gateway import CHAT, gateway_config, gateway_cpu
 from bench.harness import (
     REDIS_URL,
+    UPSTREAMS,
     count_usage_rows,
     fresh_database,
     interpreter,
@@ -137,6 +140,8 @@ def main() -> None:
     parser.add_argument("--upstreams", type=int, default=2, help="Echo upstream processes (deployments).")
     parser.add_argument("--connections", type=int, default=64, help="Connections per gateway worker.")
     parser.add_argument("--no-credit", action="store_true", help="Count every request in Redis (quotas.credit off).")
+    parser.add_argument("--upstream", choices=sorted(UPSTREAMS), default="lean",
+                        help="The upstreams' server: bench.lean_upstream or the dev echo server.")
     args = parser.parse_args()
     counts = [int(n) for n in args.workers.split(",") if n]
     cpus = sorted(os.sched_getaffinity(0))
@@ -148,7 +153,7 @@ def main() -> None:
     rows: list[list[str]] = []
     sent = 0
     with tempfile.TemporaryDirectory() as tmp, fresh_database() as db_url, services_on(rest):
-        ups = [start_upstream(cpus=rest_list) for _ in range(args.upstreams)]
+        ups = [start_upstream(cpus=rest_list, module=UPSTREAMS[args.upstream]) for _ in range(args.upstreams)]
         pool = ProcessPoolExecutor(args.loaders, mp_context=get_context("spawn"), initializer=_pin, initargs=(rest,))
         try:
             direct = [http_request(url, "/v1/chat/completions", CHAT | {"model": "echo"}, None) for _, url in ups]
@@ -195,8 +200,8 @@ def main() -> None:
             for proc, _ in ups:
                 stop(proc)
         rows_in_db = asyncio.run(count_usage_rows(db_url))
-    print(f"gateway workers on CPUs 0..N-1; {args.loaders} load generators and {args.upstreams} upstreams on "
-          f"{rest_list}; {args.seconds:g} s runs; credit {'off' if args.no_credit else 'on'}")
+    print(f"gateway workers on CPUs 0..N-1; {args.loaders} load generators and {args.upstreams} {args.upstream} "
+          f"upstreams on {rest_list}; {args.seconds:g} s runs; credit {'off' if args.no_credit else 'on'}")
     print(f"Python: {interpreter()}")
     print_table(
         rows,
