@@ -22,7 +22,13 @@ from typing import Any
 import msgspec
 
 from backends.anthropic_opt_ins import check_opt_ins
-from backends.anthropic_wire import STOP_REASONS, from_messages_response, to_messages_request, usage_of
+from backends.anthropic_wire import (
+    STOP_REASONS,
+    from_messages_response,
+    server_tool_calls,
+    to_messages_request,
+    usage_of,
+)
 from backends.base import (
     BadRequest,
     ChunkStream,
@@ -127,7 +133,7 @@ class AnthropicBackend(HTTPBackend):
         response.__dict__[ANTHROPIC_MESSAGE] = data  # /v1/messages relays it as it came
         usage = response.usage if isinstance(response.usage, Usage) else Usage()
         meter = Meter(prompt_tokens=usage.prompt_tokens, completion_tokens=usage.completion_tokens,
-                      first_token_at=time.perf_counter())
+                      first_token_at=time.perf_counter(), tool_calls=server_tool_calls(data.get("usage")))
         if isinstance(usage.prompt_tokens_details, msgspec.Struct):
             meter.cached_tokens = usage.prompt_tokens_details.cached_tokens
         return Completed(response, meter)
@@ -336,7 +342,7 @@ class _StreamTranslator:
         if kind == "message_start":
             message = event.get("message") or {}
             self._id = str(message.get("id") or self._id)
-            self._usage.update(message.get("usage") or {})
+            self._take_usage(message.get("usage"))
             self._meter.prompt_tokens = usage_of(self._usage).prompt_tokens  # the real count, from the start
             self._pending.append(self._chunk(ChatDelta(role="assistant", content="")))
         elif kind == "content_block_start":
@@ -360,7 +366,7 @@ class _StreamTranslator:
         elif kind == "content_block_delta":
             self._delta(int(event.get("index", 0)), event.get("delta") or {})
         elif kind == "message_delta":
-            self._usage.update(event.get("usage") or {})
+            self._take_usage(event.get("usage"))
             delta = event.get("delta") or {}
             reason = STOP_REASONS.get(delta.get("stop_reason") or "", "stop")
             self._pending.append(self._chunk(ChatDelta(), reason, delta.get("stop_sequence")))
@@ -374,6 +380,14 @@ class _StreamTranslator:
             if error.get("type") == "rate_limit_error":
                 raise RateLimited(message)
             raise UpstreamError(message)
+
+    def _take_usage(self, usage: Any) -> None:
+        """A ``usage`` object of the stream's (its counts are the totals so far), the server tools'
+        calls at once: a stream cut short after them still has them billed."""
+        if isinstance(usage, dict):
+            self._usage.update(usage)
+            if calls := server_tool_calls(self._usage):
+                self._meter.tool_calls = calls
 
     def _delta(self, index: int, delta: dict[str, Any]) -> None:
         if delta.get("type") == "text_delta":

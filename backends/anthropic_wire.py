@@ -247,6 +247,16 @@ def usage_of(data: dict[str, Any]) -> Usage:
     return usage
 
 
+def server_tool_calls(usage: Any) -> dict[str, int]:
+    """The calls of Anthropic's server tools a ``usage`` object reports (``"server_tool_use":
+    {"web_search_requests": 2}``), by tool: ``{"web_search": 2}``."""
+    reported = usage.get("server_tool_use") if isinstance(usage, dict) else None
+    if not isinstance(reported, dict):
+        return {}
+    return {name.removesuffix("_requests"): n for name, n in reported.items()
+            if name.endswith("_requests") and type(n) is int and n > 0}
+
+
 def from_messages_response(data: dict[str, Any], public_model: str) -> ChatCompletion:
     text, calls = [], []
     for block in data.get("content") or []:

@@ -114,6 +114,8 @@ class Meter:
     cached_tokens: int = 0
     exact: bool = True
     first_token_at: float | None = None  # time.perf_counter() of the first output token
+    # calls of tools the provider runs and bills per call, as it reports them, by tool: {"web_search": 2}
+    tool_calls: dict[str, int] = field(default_factory=dict)
     phases: list[tuple[str, float, float]] = field(default_factory=list)  # (name, start, end) in unix time,
     # e.g. the engine's queue / prefill / decode; the gateway turns them into trace spans
 

@@ -19,6 +19,9 @@ from backends.responses_wire import RelayedResponse, ResponsesEvent
 from backends.sse import SSELines
 
 _FINAL_EVENTS = frozenset({"response.completed", "response.incomplete", "response.failed"})
+# output items of calls the client runs, not the provider: the others (web_search_call, ...) are billed per call
+_CLIENT_CALLS = frozenset({"function_call", "custom_tool_call", "computer_call", "local_shell_call", "shell_call",
+                           "apply_patch_call"})
 
 
 def meter_usage(meter: Meter, usage: Any) -> bool:
@@ -31,6 +34,19 @@ def meter_usage(meter: Meter, usage: Any) -> bool:
     meter.cached_tokens = int(details.get("cached_tokens") or 0) if isinstance(details, dict) else 0
     meter.exact = True
     return True
+
+
+def hosted_tool_calls(response: dict[str, Any]) -> dict[str, int]:
+    """The calls of the provider's own tools among a response's output items (``web_search_call``,
+    ``file_search_call``, ...), by tool: ``{"web_search": 2}``."""
+    calls: dict[str, int] = {}
+    output = response.get("output")
+    for item in output if isinstance(output, list) else ():
+        kind = item.get("type") if isinstance(item, dict) else None
+        if isinstance(kind, str) and kind.endswith("_call") and kind not in _CLIENT_CALLS:
+            tool = kind.removesuffix("_call")
+            calls[tool] = calls.get(tool, 0) + 1
+    return calls
 
 
 def upstream_body(body: dict[str, Any], config: DeploymentConfig, stream: bool, output_cap: int | None) -> bytes:
@@ -59,7 +75,7 @@ async def respond(http: HTTPUpstream, payload: bytes, prompt_estimate: int,
         raise UpstreamError(f"upstream {http.deployment_id} sent an invalid response: {exc}") from None
     if not isinstance(body, dict):
         raise UpstreamError(f"upstream {http.deployment_id} sent an invalid response")
-    meter = Meter(first_token_at=time.perf_counter())
+    meter = Meter(first_token_at=time.perf_counter(), tool_calls=hosted_tool_calls(body))
     if not meter_usage(meter, body.get("usage")):
         meter.prompt_tokens, meter.exact = prompt_estimate, False
         meter.completion_tokens = estimate_text(_output_text(body))
@@ -133,6 +149,7 @@ class _Events:
                 meter.completion_tokens += estimate_text(str(event.get("delta", "")))
         elif kind in _FINAL_EVENTS and isinstance(response := event.get("response"), dict):
             meter_usage(meter, response.get("usage"))
+            meter.tool_calls = hosted_tool_calls(response)
         elif kind == "error":
             raise UpstreamError(f"upstream {self._http.deployment_id} failed mid-stream: {event.get('message')}")
         return ResponsesEvent(event)

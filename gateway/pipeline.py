@@ -282,11 +282,13 @@ class Pipeline:
         cached = min(meter.cached_tokens, meter.prompt_tokens)
         cached_rate = price.cached_input_per_million if price.cached_input_per_million is not None \
             else price.input_per_million
+        fees = sum(price.per_tool_call.get(tool, 0.0) * n for tool, n in meter.tool_calls.items()) if meter.tool_calls \
+            else 0.0
         return (
             (meter.prompt_tokens - cached) * price.input_per_million
             + cached * cached_rate
             + meter.completion_tokens * price.output_per_million
-        ) / 1_000_000
+        ) / 1_000_000 + fees
 
     def _headers(self, flight: _Flight) -> dict[str, str]:
         return {"x-request-id": flight.request_id} | _ratelimit_headers(flight.ticket)

@@ -142,6 +142,10 @@ class PriceConfig(Conf):
     input_per_million: Annotated[float, Meta(ge=0)] = 0.0
     output_per_million: Annotated[float, Meta(ge=0)] = 0.0
     cached_input_per_million: Annotated[float, Meta(ge=0)] | None = None
+    # USD per call of a tool the provider runs and bills per call, as its answer reports the calls:
+    # {web_search: 0.01} (Anthropic's usage.server_tool_use, a Responses web_search_call item)
+    per_tool_call: dict[Annotated[str, Meta(min_length=1)], Annotated[float, Meta(ge=0)]] = msgspec.field(
+        default_factory=dict)
 
 
 class Settings(Conf):

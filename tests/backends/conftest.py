@@ -31,12 +31,13 @@ def anthropic_upstream() -> Iterator[FakeAnthropic]:
 
 
 @contextmanager
-def admin_gateway(models: list[dict[str, Any]]) -> Iterator[ServerThread]:
-    """A gateway on loopback serving ``models`` (config entries) to the admin key, with scripted
-    admission and usage recorded in memory."""
-    settings = parse_settings({"models": models}, env={})
+def admin_gateway(models: list[dict[str, Any]], prices: dict[str, Any] | None = None,
+                  usage: RecordingSink | None = None) -> Iterator[ServerThread]:
+    """A gateway on loopback serving ``models`` (config entries, and ``prices``) to the admin key, with
+    scripted admission and usage recorded in memory (in ``usage`` when given)."""
+    settings = parse_settings({"models": models, "prices": prices or {}}, env={})
     services = Services(authenticator=StaticKeys({ADMIN_KEY: Principal("admin", None, is_admin=True)}),
-                        admission=ScriptedAdmission(), usage=RecordingSink(),
+                        admission=ScriptedAdmission(), usage=usage if usage is not None else RecordingSink(),
                         router=Router.from_settings(settings, build_backend))
     with ServerThread(create_app(settings, services)) as server:
         yield server

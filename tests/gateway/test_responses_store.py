@@ -11,6 +11,7 @@ import json
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import httpx
 import openai
@@ -22,7 +23,7 @@ from gateway.db import Database
 from tests.conftest import ADMIN_KEY, gateway_settings
 from tests.gateway.tenancy_fixtures import db, plain_url  # noqa: F401
 from tests.gateway.test_tenant_e2e import wait_for_rows
-from tests.support.fake_responses import USAGE, FakeResponsesUpstream
+from tests.support.fake_responses import SEARCH, USAGE, FakeResponsesUpstream
 from tests.support.fake_upstream import FakeUpstream, Fault
 from tests.support.servers import ServerThread
 
@@ -90,7 +91,8 @@ def gateway(db: Database, fake_upstream_server: FakeUpstream, responses_upstream
     settings = gateway_settings(fake_upstream_server.url, auth={"admin_key": ADMIN_KEY},
                                 database={"url": plain_url(db)},
                                 models=[{"name": "echo", "deployments": [deployment]},
-                                        {"name": "native", "deployments": [native]}])
+                                        {"name": "native", "deployments": [native]}],
+                                prices={"native": {"per_tool_call": {"web_search": 0.01}}})  # tokens free
     settings.usage.journal_dir = str(tmp_path_factory.mktemp("journal"))
     with (
         ServerThread(create_app(settings)) as server,
@@ -272,6 +274,25 @@ def test_a_passed_through_stream_is_relayed_event_for_event(gateway: Gateway, na
     assert final.model == "native" and final.id.startswith("resp_up_")
     assert native.received[-1]["stream"] is True
     assert client.responses.retrieve(final.id).output_text == "one two three"  # kept by the gateway too
+
+
+def test_built_in_tool_calls_are_priced_per_call_into_cost_and_budgets(gateway: Gateway, db: Database) -> None:
+    """Each web_search_call item of an answer costs the model's per_tool_call price (the file search
+    is not priced, the client's function call is not the provider's), stream or not, and the fees
+    count against the tenant's money budget."""
+    tenant, client = gateway.tenant()
+    gateway.admin.patch(f"/admin/v1/tenants/{tenant}/limits",
+                        json={"cost_budget": 0.03, "budget_period": "total"}).raise_for_status()
+    tools: Any = [{"type": "web_search"}, {"type": "file_search", "vector_store_ids": ["vs_1"]}]
+    answer = client.responses.create(model="native", input=f"{SEARCH} one", tools=tools)
+    assert [item.type for item in answer.output][-4:] == ["web_search_call", "web_search_call",
+                                                          "file_search_call", "function_call"]
+    list(client.responses.create(model="native", input=f"{SEARCH} two", tools=tools, stream=True))
+    rows = wait_for_rows(db, tenant, 2)
+    assert [row.cost for row in rows] == [pytest.approx(0.02), pytest.approx(0.02)]
+    with pytest.raises(openai.RateLimitError) as refused:  # 0.04 spent of 0.03
+        client.responses.create(model="native", input="hello")
+    assert "spending budget" in refused.value.message
 
 
 def test_a_kept_conversation_continues_on_a_native_upstream(gateway: Gateway, native: FakeResponsesUpstream) -> None:

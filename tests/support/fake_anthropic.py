@@ -61,6 +61,10 @@ class FakeAnthropic(OnLoopback):
         usage = {"input_tokens": sum(len(pieces(_text(m["content"]))) for m in payload["messages"]),
                  "output_tokens": sum(len(pieces(b.get("text", ""))) or 1 for b in blocks),
                  "cache_read_input_tokens": 2}
+        searches = sum(t.get("max_uses", 1) for t in payload.get("tools") or []
+                       if str(t.get("type", "")).startswith("web_search"))
+        if searches:  # as many searches as the tool allows
+            usage["server_tool_use"] = {"web_search_requests": searches, "web_fetch_requests": 0}
         if not payload.get("stream"):
             return await send_json(ex, 200, {"id": "msg_1", "type": "message", "role": "assistant",
                                              "model": payload["model"], "content": blocks, "stop_reason": stop,
@@ -89,7 +93,7 @@ class FakeAnthropic(OnLoopback):
         return [{"type": "text", "text": "".join(words[:limit])}], stop
 
     async def _stream(self, ex: Exchange, payload: dict[str, Any], blocks: list[dict[str, Any]], stop: str,
-                      usage: dict[str, int], matched: str | None = None) -> None:
+                      usage: dict[str, Any], matched: str | None = None) -> None:
         await ex.send({"type": "http.response.start", "status": 200,
                        "headers": [(b"content-type", b"text/event-stream")]})
 
@@ -127,7 +131,8 @@ class FakeAnthropic(OnLoopback):
         await event(
             "message_delta",
             {"delta": {"stop_reason": stop, "stop_sequence": matched},
-             "usage": {"output_tokens": usage["output_tokens"]}},
+             "usage": {"output_tokens": usage["output_tokens"]}
+             | ({"server_tool_use": usage["server_tool_use"]} if "server_tool_use" in usage else {})},
         )
         await event("message_stop", {})
         await ex.send({"type": "http.response.body", "body": b"", "more_body": False})

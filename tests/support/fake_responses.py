@@ -11,6 +11,15 @@ from typing import Any
 from backends.dev.echo_server import EchoOptions, EchoUpstream, Exchange, send_json
 from tests.support.servers import OnLoopback
 
+SEARCH = "search:"  # an input that begins so is answered with TOOL_CALLS after the message
+# two web searches and a file search (the provider's tools), and a call of the client's own function
+TOOL_CALLS: list[dict[str, Any]] = [
+    {"type": "web_search_call", "id": "ws_1", "status": "completed", "action": {"type": "search", "query": "a"}},
+    {"type": "web_search_call", "id": "ws_2", "status": "completed", "action": {"type": "search", "query": "b"}},
+    {"type": "file_search_call", "id": "fs_1", "status": "completed", "queries": ["c"], "results": None},
+    {"type": "function_call", "id": "fc_1", "call_id": "call_1", "name": "f", "arguments": "{}",
+     "status": "completed"},
+]
 USAGE = {"input_tokens": 7, "input_tokens_details": {"cached_tokens": 2}, "output_tokens": 3,
          "output_tokens_details": {"reasoning_tokens": 1}, "total_tokens": 10}
 
@@ -34,6 +43,7 @@ class FakeResponsesUpstream(EchoUpstream, OnLoopback):
 
     def response(self, body: dict[str, Any], status: str = "completed") -> dict[str, Any]:
         n = next(self._ids)
+        text = _last_user_text(body)
         return {
             "id": f"resp_up_{n}", "object": "response", "created_at": 1_700_000_000, "status": status,
             "model": body.get("model"), "service_tier": "default", "x_vendor_field": {"kept": True},
@@ -41,7 +51,8 @@ class FakeResponsesUpstream(EchoUpstream, OnLoopback):
             "output": [
                 {"type": "reasoning", "id": f"rs_{n}", "summary": [], "encrypted_content": "opaque"},
                 {"type": "message", "id": f"msg_up_{n}", "role": "assistant", "status": "completed",
-                 "content": [{"type": "output_text", "text": _last_user_text(body), "annotations": []}]},
+                 "content": [{"type": "output_text", "text": text, "annotations": []}]},
+                *(TOOL_CALLS if text.startswith(SEARCH) else ()),
             ],
             "usage": USAGE if status != "in_progress" else None,
         }
