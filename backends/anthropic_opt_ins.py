@@ -48,8 +48,8 @@ def _check_tools(allowed: list[str], tools: Any) -> None:
         kind = tool.get("type") if isinstance(tool, dict) else None
         if kind not in _CLIENT_TOOL_TYPES and kind not in allowed:
             param = f"tools[{i}].type"
-            raise BadRequest(f"{param}: the server tool {kind!r} is not enabled for this model "
-                             "(its deployment's server_tools does not list it)", param=param)
+            raise BadRequest(f"{param}: the tool type {kind!r} (a tool Anthropic runs or defines) is not enabled "
+                             "for this model (its deployment's server_tools does not list it)", param=param)
 
 
 def _check_no_files(body: Mapping[str, Any]) -> None:
