@@ -25,7 +25,7 @@ from backends.anthropic_opt_ins import check_opt_ins
 from backends.anthropic_wire import (
     STOP_REASONS,
     from_messages_response,
-    server_tool_calls,
+    meter_billing,
     to_messages_request,
     usage_of,
 )
@@ -133,7 +133,8 @@ class AnthropicBackend(HTTPBackend):
         response.__dict__[ANTHROPIC_MESSAGE] = data  # /v1/messages relays it as it came
         usage = response.usage if isinstance(response.usage, Usage) else Usage()
         meter = Meter(prompt_tokens=usage.prompt_tokens, completion_tokens=usage.completion_tokens,
-                      first_token_at=time.perf_counter(), tool_calls=server_tool_calls(data.get("usage")))
+                      first_token_at=time.perf_counter())
+        meter_billing(meter, data.get("usage"))
         if isinstance(usage.prompt_tokens_details, msgspec.Struct):
             meter.cached_tokens = usage.prompt_tokens_details.cached_tokens
         return Completed(response, meter)
@@ -382,12 +383,11 @@ class _StreamTranslator:
             raise UpstreamError(message)
 
     def _take_usage(self, usage: Any) -> None:
-        """A ``usage`` object of the stream's (its counts are the totals so far), the server tools'
-        calls at once: a stream cut short after them still has them billed."""
+        """A ``usage`` object of the stream's (its counts are the totals so far); what it bills apart
+        from tokens (cache writes, server tool calls) at once: a stream cut short still has it billed."""
         if isinstance(usage, dict):
             self._usage.update(usage)
-            if calls := server_tool_calls(self._usage):
-                self._meter.tool_calls = calls
+            meter_billing(self._meter, self._usage)
 
     def _delta(self, index: int, delta: dict[str, Any]) -> None:
         if delta.get("type") == "text_delta":

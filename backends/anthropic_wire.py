@@ -13,7 +13,7 @@ from typing import Any
 import msgspec
 from msgspec import UNSET
 
-from backends.base import BadRequest
+from backends.base import BadRequest, Meter
 from backends.openai_wire import (
     AssistantMessage,
     ChatChoice,
@@ -247,14 +247,33 @@ def usage_of(data: dict[str, Any]) -> Usage:
     return usage
 
 
+def meter_billing(meter: Meter, usage: Any) -> None:
+    """What an Anthropic ``usage`` object bills apart from plain tokens, onto ``meter``: the prompt's
+    cache writes (``cache_creation_input_tokens``, of them ``cache_creation.ephemeral_1h_input_tokens``
+    kept an hour) and the server tools' calls."""
+    if not isinstance(usage, dict):
+        return
+    written = _count(usage.get("cache_creation_input_tokens"))
+    detail = usage.get("cache_creation")
+    meter.cache_write_tokens = written
+    meter.cache_write_1h_tokens = min(written, _count(detail.get("ephemeral_1h_input_tokens"))) \
+        if isinstance(detail, dict) else 0
+    if calls := server_tool_calls(usage):
+        meter.tool_calls = calls
+
+
+def _count(value: Any) -> int:
+    return value if type(value) is int and value > 0 else 0
+
+
 def server_tool_calls(usage: Any) -> dict[str, int]:
     """The calls of Anthropic's server tools a ``usage`` object reports (``"server_tool_use":
     {"web_search_requests": 2}``), by tool: ``{"web_search": 2}``."""
     reported = usage.get("server_tool_use") if isinstance(usage, dict) else None
     if not isinstance(reported, dict):
         return {}
-    return {name.removesuffix("_requests"): n for name, n in reported.items()
-            if name.endswith("_requests") and type(n) is int and n > 0}
+    return {name.removesuffix("_requests"): _count(n) for name, n in reported.items()
+            if name.endswith("_requests") and _count(n)}
 
 
 def from_messages_response(data: dict[str, Any], public_model: str) -> ChatCompletion:

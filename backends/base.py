@@ -114,6 +114,10 @@ class Meter:
     cached_tokens: int = 0
     exact: bool = True
     first_token_at: float | None = None  # time.perf_counter() of the first output token
+    # prompt tokens the provider wrote to its prompt cache (billed above plain input), and of those
+    # the ones kept an hour (Anthropic's 1-hour cache, billed higher still)
+    cache_write_tokens: int = 0
+    cache_write_1h_tokens: int = 0
     # calls of tools the provider runs and bills per call, as it reports them, by tool: {"web_search": 2}
     tool_calls: dict[str, int] = field(default_factory=dict)
     phases: list[tuple[str, float, float]] = field(default_factory=list)  # (name, start, end) in unix time,

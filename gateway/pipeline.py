@@ -45,6 +45,7 @@ from gateway.settings import Settings
 from gateway.streaming import Outcome, SSERelay
 from gateway.telemetry import Telemetry, hooks
 from gateway.telemetry.context import request_id
+from gateway.usage.pricing import request_cost
 
 log = logging.getLogger("switchyard.pipeline")
 
@@ -277,18 +278,7 @@ class Pipeline:
         names = [flight.deployment.id] if flight.deployment else []
         prices = self.settings.prices
         price = next((prices[n] for n in (*names, flight.group.name) if n in prices), None)
-        if price is None:
-            return 0.0
-        cached = min(meter.cached_tokens, meter.prompt_tokens)
-        cached_rate = price.cached_input_per_million if price.cached_input_per_million is not None \
-            else price.input_per_million
-        fees = sum(price.per_tool_call.get(tool, 0.0) * n for tool, n in meter.tool_calls.items()) if meter.tool_calls \
-            else 0.0
-        return (
-            (meter.prompt_tokens - cached) * price.input_per_million
-            + cached * cached_rate
-            + meter.completion_tokens * price.output_per_million
-        ) / 1_000_000 + fees
+        return 0.0 if price is None else request_cost(price, meter)
 
     def _headers(self, flight: _Flight) -> dict[str, str]:
         return {"x-request-id": flight.request_id} | _ratelimit_headers(flight.ticket)

@@ -1,10 +1,36 @@
-"""Prices per model (USD per million tokens) and the cost of one request."""
+"""Prices per model (USD per million tokens, and per call of a provider's tool) and the cost of one request."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from backends.base import Meter
 from gateway.settings import PriceConfig, Settings
+
+
+def request_cost(price: PriceConfig, meter: Meter) -> float:
+    """What a request cost, in USD, from its meter: the prompt's tokens at the input price but those
+    read from the provider's cache (the cached price) and those written to it (the cache write
+    prices), the output's at the output price, and each call of a priced tool of the provider's."""
+    prompt = meter.prompt_tokens
+    cached = min(meter.cached_tokens, prompt)
+    written = min(meter.cache_write_tokens, prompt - cached)
+    written_1h = min(meter.cache_write_1h_tokens, written)
+    read_rate = price.input_per_million if price.cached_input_per_million is None else price.cached_input_per_million
+    write_rate = price.input_per_million if price.cache_write_input_per_million is None \
+        else price.cache_write_input_per_million
+    write_1h_rate = write_rate if price.cache_write_1h_input_per_million is None \
+        else price.cache_write_1h_input_per_million
+    tokens = (
+        (prompt - cached - written) * price.input_per_million
+        + cached * read_rate
+        + (written - written_1h) * write_rate
+        + written_1h * write_1h_rate
+        + meter.completion_tokens * price.output_per_million
+    ) / 1_000_000
+    if not meter.tool_calls:
+        return tokens
+    return tokens + sum(price.per_tool_call.get(tool, 0.0) * calls for tool, calls in meter.tool_calls.items())
 
 
 @dataclass(frozen=True)
@@ -12,6 +38,7 @@ class Price:
     input_per_million: float = 0.0
     output_per_million: float = 0.0
     cached_input_per_million: float | None = None
+    highest_per_million: float = 0.0  # of every per-token price, cache writes included: what a reservation takes
 
 
 FREE = Price()  # a model with no price
@@ -25,12 +52,7 @@ class PriceTable:
 
     @classmethod
     def from_config(cls, prices: dict[str, PriceConfig]) -> PriceTable:
-        return cls(
-            {
-                name: Price(p.input_per_million, p.output_per_million, p.cached_input_per_million)
-                for name, p in prices.items()
-            }
-        )
+        return cls({name: _price(p) for name, p in prices.items()})
 
     @classmethod
     def from_settings(cls, settings: Settings) -> PriceTable:
@@ -43,7 +65,8 @@ class PriceTable:
             priced = [table.prices[d.id] for d in group.deployments if d.id in table.prices]
             if priced:
                 table.prices[group.name] = Price(
-                    max(p.input_per_million for p in priced), max(p.output_per_million for p in priced)
+                    max(p.input_per_million for p in priced), max(p.output_per_million for p in priced),
+                    highest_per_million=max(_highest(p) for p in priced),
                 )
         return table
 
@@ -55,8 +78,7 @@ class PriceTable:
 
     def max_per_million(self, model: str) -> float:
         """The highest per-token price, used to reserve money before the split is known."""
-        p = self.get(model)
-        return max(p.input_per_million, p.output_per_million)
+        return _highest(self.get(model))
 
     def cost(self, model: str, prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> float:
         p = self.get(model)
@@ -67,3 +89,13 @@ class PriceTable:
             + completion_tokens * p.output_per_million
         )
         return total / 1_000_000
+
+
+def _price(p: PriceConfig) -> Price:
+    rates = (p.cache_write_input_per_million, p.cache_write_1h_input_per_million)
+    return Price(p.input_per_million, p.output_per_million, p.cached_input_per_million,
+                 max((r for r in rates if r is not None), default=0.0))
+
+
+def _highest(p: Price) -> float:
+    return max(p.input_per_million, p.output_per_million, p.highest_per_million)

@@ -2,8 +2,10 @@
 
 It echoes the last user text (cut at the first of ``stop_sequences`` it contains, reported as
 ``stop_reason: stop_sequence``); when the request offers tools and the text starts with ``tool:``,
-it answers with a ``tool_use`` block for the first tool instead. ``fail_next`` queues an HTTP
-status; every request body is kept in ``received``.
+it answers with a ``tool_use`` block for the first tool instead. Its usage reports 2 prompt tokens
+read from the cache, ``CACHE_WRITE`` written to it per ``cache_control`` breakpoint (by TTL), and a
+web search tool's ``max_uses`` searches. ``fail_next`` queues an HTTP status; every request body is
+kept in ``received``.
 """
 
 from __future__ import annotations
@@ -20,6 +22,25 @@ def _text(content: Any) -> str:
     if isinstance(content, str):
         return content
     return "".join(b.get("text", "") for b in content or [] if isinstance(b, dict) and b.get("type") == "text")
+
+
+CACHE_WRITE = 8  # prompt tokens reported written to the cache per cache_control breakpoint
+
+
+def _cache_writes(payload: dict[str, Any]) -> dict[str, int]:
+    """Tokens written to the prompt cache by TTL ("5m", "1h"): CACHE_WRITE per breakpoint."""
+    written: dict[str, int] = {}
+    stack: list[Any] = [payload.get("system"), payload.get("messages"), payload.get("tools")]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, list):
+            stack.extend(item)
+        elif isinstance(item, dict):
+            if isinstance(marker := item.get("cache_control"), dict):
+                ttl = marker.get("ttl", "5m")
+                written[ttl] = written.get(ttl, 0) + CACHE_WRITE
+            stack.extend(v for k, v in item.items() if k != "cache_control")
+    return written
 
 
 class FakeAnthropic(OnLoopback):
@@ -65,6 +86,9 @@ class FakeAnthropic(OnLoopback):
                        if str(t.get("type", "")).startswith("web_search"))
         if searches:  # as many searches as the tool allows
             usage["server_tool_use"] = {"web_search_requests": searches, "web_fetch_requests": 0}
+        if written := _cache_writes(payload):  # CACHE_WRITE tokens for each cache_control breakpoint
+            usage["cache_creation_input_tokens"] = sum(written.values())
+            usage["cache_creation"] = {f"ephemeral_{ttl}_input_tokens": n for ttl, n in written.items()}
         if not payload.get("stream"):
             return await send_json(ex, 200, {"id": "msg_1", "type": "message", "role": "assistant",
                                              "model": payload["model"], "content": blocks, "stop_reason": stop,
@@ -101,11 +125,11 @@ class FakeAnthropic(OnLoopback):
             raw = f"event: {kind}\ndata: {json.dumps({'type': kind} | data)}\n\n".encode()
             await ex.send({"type": "http.response.body", "body": raw, "more_body": True})
 
+        cache = {k: v for k, v in usage.items() if k.startswith("cache_")}  # reads and writes, known at the start
         await event("message_start", {"message": {"id": "msg_s", "type": "message", "role": "assistant",
                                                   "model": payload["model"], "content": [],
                                                   "usage": {"input_tokens": usage["input_tokens"],
-                                                            "output_tokens": 1,
-                                                            "cache_read_input_tokens": 2}}})
+                                                            "output_tokens": 1} | cache}})
         await event("ping", {})
         for index, block in enumerate(blocks):
             if block["type"] == "thinking":

@@ -1,0 +1,58 @@
+"""What a request costs from its meter (``request_cost``), and the price a money reservation takes
+(``PriceTable.max_per_million``: the highest per-token price, cache writes included)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from backends.base import Meter
+from gateway.settings import PriceConfig, parse_settings
+from gateway.usage.pricing import PriceTable, request_cost
+
+FULL = PriceConfig(input_per_million=3.0, output_per_million=15.0, cached_input_per_million=0.3,
+                   cache_write_input_per_million=3.75, cache_write_1h_input_per_million=6.0,
+                   per_tool_call={"web_search": 0.01})
+
+
+@pytest.mark.parametrize(("price", "meter", "cost"), [
+    # 100 prompt tokens: 20 read from the cache, 30 written to it (10 of them for an hour), 50 plain
+    (FULL, Meter(prompt_tokens=100, completion_tokens=10, cached_tokens=20, cache_write_tokens=30,
+                 cache_write_1h_tokens=10), (50 * 3 + 20 * 0.3 + 20 * 3.75 + 10 * 6 + 10 * 15) / 1e6),
+    # no cache prices: every prompt token at the input price; the 1-hour writes at the write price
+    (PriceConfig(input_per_million=2.0, output_per_million=4.0),
+     Meter(prompt_tokens=100, completion_tokens=10, cached_tokens=20, cache_write_tokens=30), (100 * 2 + 40) / 1e6),
+    (PriceConfig(input_per_million=2.0, cache_write_input_per_million=5.0),
+     Meter(prompt_tokens=100, cache_write_tokens=30, cache_write_1h_tokens=30), (70 * 2 + 30 * 5) / 1e6),
+    # counts past what they are part of are cut to it: no token is priced twice
+    (FULL, Meter(prompt_tokens=10, cached_tokens=8, cache_write_tokens=50, cache_write_1h_tokens=90),
+     (8 * 0.3 + 2 * 6) / 1e6),
+    # each call of a priced tool; an unpriced tool's calls cost nothing
+    (FULL, Meter(tool_calls={"web_search": 3, "web_fetch": 5}), 0.03),
+    (PriceConfig(), Meter(prompt_tokens=1000, completion_tokens=1000, tool_calls={"web_search": 3}), 0.0),
+])
+def test_request_cost(price: PriceConfig, meter: Meter, cost: float) -> None:
+    assert request_cost(price, meter) == pytest.approx(cost)
+
+
+def test_a_reservation_takes_the_highest_per_token_price_cache_writes_included() -> None:
+    dep: dict[str, Any] = {"provider": "openai", "model": "x", "api_base": "http://127.0.0.1:9/v1"}
+    settings = parse_settings({
+        "models": [{"name": "g", "deployments": [dep | {"name": "a"}, dep | {"name": "b"}]}],
+        "prices": {"m": {"input_per_million": 1, "output_per_million": 2, "cache_write_1h_input_per_million": 6},
+                   "n": {"input_per_million": 1, "output_per_million": 8, "cache_write_input_per_million": 5},
+                   "a": {"input_per_million": 1, "output_per_million": 2},
+                   "b": {"input_per_million": 1, "output_per_million": 2, "cache_write_input_per_million": 7}},
+    }, env={})  # fmt: skip
+    table = PriceTable.from_settings(settings)
+    assert table.max_per_million("m") == 6.0 and table.max_per_million("n") == 8.0
+    assert table.max_per_million("g") == 7.0  # the group priced by its deployments: the dearest of them
+
+
+@pytest.mark.parametrize("field", ["cache_write_input_per_million", "cache_write_1h_input_per_million"])
+def test_a_negative_cache_write_price_fails_config_load(field: str) -> None:
+    from gateway.settings import ConfigError
+
+    with pytest.raises(ConfigError, match=field):
+        parse_settings({"prices": {"m": {field: -1}}}, env={})
