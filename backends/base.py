@@ -62,12 +62,17 @@ class ModelNotFound(BackendError):
 
 
 class RateLimited(BackendError):
+    """A 429. ``exhausted``: the upstream's limit is used up for every request (else it refused a
+    request as large as this one only, and stays open to the rest: no verdict on the deployment)."""
+
     retryable = True
     kind = "rate_limited"
 
-    def __init__(self, message: str, *, retry_after: float | None = None, **kw: Any) -> None:
+    def __init__(self, message: str, *, retry_after: float | None = None, exhausted: bool = True, **kw: Any) -> None:
         super().__init__(message, **kw)
         self.retry_after = retry_after
+        self.exhausted = exhausted
+        self.blames_deployment = exhausted
 
 
 class Timeout(BackendError):

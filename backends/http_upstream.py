@@ -87,18 +87,42 @@ def retry_after(headers: Mapping[str, str]) -> float | None:
         return max(0.0, when.timestamp() - time.time())
 
 
+# What a rate-limited answer says is left of the upstream's limits (OpenAI's and Azure's, Anthropic's)
+_REMAINING = ("x-ratelimit-remaining-requests", "x-ratelimit-remaining-tokens",
+              "anthropic-ratelimit-requests-remaining", "anthropic-ratelimit-tokens-remaining",
+              "anthropic-ratelimit-input-tokens-remaining", "anthropic-ratelimit-output-tokens-remaining")
+
+
+def limit_exhausted(headers: Mapping[str, str]) -> bool:
+    """Whether a 429 leaves the upstream closed to every request: True unless it says what is left of
+    its limits and nothing is at zero (then it refused a request as large as this one: OpenAI's
+    "Request too large", or more tokens than are left just now), and True for a value not a number."""
+    seen = False
+    for name in _REMAINING:
+        if (value := headers.get(name)) is not None:
+            try:
+                left = float(value)
+            except ValueError:
+                return True
+            if not left > 0:  # zero, negative or NaN
+                return True
+            seen = True
+    return not seen
+
+
 def status_error(status: int, headers: Mapping[str, str], body: bytes) -> BackendError:
     """The typed error for an upstream answer with a non-2xx status."""
-    return detail_error(status, parse_error(body), retry_after(headers))
+    exhausted = status != 429 or limit_exhausted(headers)
+    return detail_error(status, parse_error(body), retry_after(headers), exhausted)
 
 
-def detail_error(status: int, detail: ErrorDetail, wait: float | None = None) -> BackendError:
+def detail_error(status: int, detail: ErrorDetail, wait: float | None = None, exhausted: bool = True) -> BackendError:
     """The typed error for an upstream failure with HTTP ``status`` and error object ``detail``
-    (``wait``: the seconds its ``Retry-After`` asked for)."""
+    (``wait``: the seconds its ``Retry-After`` asked for; ``exhausted``: see ``RateLimited``)."""
     message = detail.message or f"upstream answered HTTP {status}"
     code = str(detail.code) if detail.code is not None else ""
     if status == 429:
-        return RateLimited(message, retry_after=wait, status=status)
+        return RateLimited(message, retry_after=wait, exhausted=exhausted, status=status)
     if status in (401, 403):
         return AuthFailed(message, status=status)
     if status in (400, 413, 422):

@@ -12,7 +12,9 @@ goes to ``context_window_fallbacks`` instead. A deployment whose upstream does n
 deployment (else the fallbacks) is tried at once, without spending a retry. A 429 whose
 ``Retry-After`` is longer than ``MAX_BACKOFF`` is never waited out: the deployment is held off
 for that long, at most ``MAX_HOLD_OFF`` (``DeploymentHealth.hold_off``, by the caller), and the
-plan moves on without it.
+plan moves on without it. A 429 that refused this request alone (``RateLimited.exhausted`` false:
+its upstream has some of every limit left) holds nothing off; the request is not sent to that
+deployment again.
 """
 
 from __future__ import annotations
@@ -32,7 +34,8 @@ MAX_HOLD_OFF = 60.0  # the longest a deployment is held off: a longer Retry-Afte
 def holds_off(error: BackendError) -> float | None:
     """The seconds ``error`` asks its deployment to take no request for, when longer than the
     plan waits out (a 429's ``Retry-After`` over ``MAX_BACKOFF``), at most ``MAX_HOLD_OFF``; else None."""
-    if isinstance(error, RateLimited) and error.retry_after is not None and error.retry_after > MAX_BACKOFF:
+    if isinstance(error, RateLimited) and error.exhausted and error.retry_after is not None \
+            and error.retry_after > MAX_BACKOFF:
         return min(error.retry_after, MAX_HOLD_OFF)
     return None
 
@@ -58,7 +61,8 @@ class RoutePlan:
         self._context_fallbacks = list(group.config.context_window_fallbacks)
         self._count = 0
         self._entered: list[ModelGroup] = []
-        self._misconfigured: set[Deployment] = set()  # their upstream does not know their model
+        # not sent this request again: their upstream does not know their model, or refused this request alone
+        self._not_again: set[Deployment] = set()
         self._current: Deployment | None = None  # the deployment of the last attempt
         self._enter(group)
 
@@ -81,10 +85,12 @@ class RoutePlan:
         if isinstance(error, ContextTooLong):
             return self._next_group(self._context_fallbacks)
         if isinstance(error, ModelNotFound) and self._current is not None:
-            self._misconfigured.add(self._current)
+            self._not_again.add(self._current)
             return self._next_in_group(0.0) or self._next_group(self._fallbacks)
         if not error.retryable:
             return None
+        if isinstance(error, RateLimited) and not error.exhausted and self._current is not None:
+            self._not_again.add(self._current)
         if self._retries_left > 0:
             self._retries_left -= 1
             self._retry += 1
@@ -115,7 +121,7 @@ class RoutePlan:
             if window is not None and self._prompt_tokens > window:
                 self.too_long = True
                 continue
-            if deployment not in self._misconfigured and deployment.accepts():
+            if deployment not in self._not_again and deployment.accepts():
                 self._current = deployment
                 self._count += 1
                 return Attempt(self._group, deployment, delay, self._count)

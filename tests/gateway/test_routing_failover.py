@@ -56,6 +56,9 @@ def _models(a: str, b: str) -> list[dict[str, Any]]:
         _group("spilling", _dep("sp-a", a), fallbacks=["backup"]),
         _group("absurd", _dep("ab-a", a)),
         *(_group(f"held-{wait}", _dep(f"held-{wait}-a", a)) for wait in ABSURD_WAITS),
+        _group("sized", _dep("sz-a", a), _dep("sz-b", b)),  # each 429 test its own group: hold-offs last
+        _group("sized-lone", _dep("sl-a", a)),
+        *(_group(f"used-{i}", _dep(f"used-{i}-a", a), _dep(f"used-{i}-b", b)) for i in range(3)),
     ]
 
 
@@ -222,6 +225,47 @@ def test_a_long_retry_after_with_nothing_left_is_a_429_carrying_it(env: Env, cli
     assert 28 <= int(again.value.response.headers["retry-after"]) <= 30
     assert _counts(env) == (1, 0)
     assert [(r.status, r.error_type) for r in env.usage.wait_for(2)] == [(429, "rate_limited")] * 2
+
+
+TOO_LARGE = {"retry-after": "30", "x-ratelimit-remaining-requests": "499", "x-ratelimit-remaining-tokens": "2000"}
+
+
+def test_a_429_for_this_request_alone_holds_nothing_off(env: Env, client: openai.OpenAI) -> None:
+    """Some of every limit left (OpenAI's "Request too large", or more tokens than are left now): the
+    request goes to the next deployment, and the refusing one keeps serving the others."""
+    env.a.fail_next(Fault(status=429, headers=TOO_LARGE))
+    assert client.chat.completions.create(model="sized", messages=MESSAGES).choices
+    assert _counts(env) == (1, 1) and _only_row(env).deployment == "sz-b"
+    assert _state(env, "sz-a") == "healthy"
+    assert client.chat.completions.create(model="sized", messages=MESSAGES).choices
+    assert _counts(env) == (2, 1)  # the priority deployment again
+
+
+def test_a_429_for_this_request_alone_is_not_retried_on_its_deployment(env: Env, client: openai.OpenAI) -> None:
+    env.a.fail_next(Fault(status=429, headers=TOO_LARGE, body={"error": {
+        "message": "Request too large for m on tokens per min (TPM): Limit 30000, Requested 50000.",
+        "type": "tokens", "code": "rate_limit_exceeded"}}))
+    t0 = time.monotonic()
+    with pytest.raises(openai.RateLimitError) as caught:
+        client.chat.completions.create(model="sized-lone", messages=MESSAGES)
+    assert time.monotonic() - t0 < 2 and _counts(env) == (1, 0)  # neither waited out nor sent again
+    assert "Request too large" in caught.value.message
+    assert client.chat.completions.create(model="sized-lone", messages=MESSAGES).choices  # not held off
+    assert _counts(env) == (2, 0)
+
+
+@pytest.mark.parametrize(("group", "left"), enumerate([
+    {"x-ratelimit-remaining-requests": "0", "x-ratelimit-remaining-tokens": "2000"},
+    {"anthropic-ratelimit-requests-remaining": "10", "anthropic-ratelimit-input-tokens-remaining": "0"},
+    {"x-ratelimit-remaining-tokens": "lots"},
+]), ids=["openai-requests", "anthropic-input-tokens", "not-a-number"])
+def test_a_429_with_a_limit_used_up_holds_the_deployment_off(env: Env, client: openai.OpenAI, group: int,
+                                                             left: dict[str, str]) -> None:
+    env.a.fail_next(Fault(status=429, headers={"retry-after": "30"} | left))
+    assert client.chat.completions.create(model=f"used-{group}", messages=MESSAGES).choices
+    assert _state(env, f"used-{group}-a") == "held"
+    assert client.chat.completions.create(model=f"used-{group}", messages=MESSAGES).choices
+    assert _counts(env) == (1, 2)
 
 
 # ---------------------------------------------------------------- odd Retry-After values, a first chunk saying error
