@@ -4,8 +4,8 @@ and files of the Files API (a ``file_id``, which any holder of that key may read
 
 Each is a 400 naming it unless the deployment's config lists it (``anthropic_betas``,
 ``server_tools``; a ``file_id`` needs the Files API beta listed). A server tool's calls that the
-answer's usage reports (web searches) are priced as the config's ``prices`` say (``per_tool_call``);
-other fees (a code execution container's hours, a beta's own rates such as long context's) are not.
+answer's usage reports (web searches) are priced as the config's ``prices`` say (``per_tool_call``), as
+are long context's rates (``long_prompts``); a code execution container's hours are not.
 """
 
 from __future__ import annotations

@@ -138,6 +138,21 @@ class DashboardConfig(Conf):
     session_secret: str | None = None  # signs session cookies (use ${ENV}); needed with several workers
 
 
+Rate = Annotated[float, Meta(ge=0)]  # USD per million tokens
+
+
+class LongPromptPrice(Conf):
+    """The per-token prices of a request whose prompt has more than ``above_tokens`` tokens (Anthropic's
+    long-context and Gemini's long-prompt rates): a price left unset is the model's own."""
+
+    above_tokens: Annotated[int, Meta(ge=1)]
+    input_per_million: Rate | None = None
+    output_per_million: Rate | None = None
+    cached_input_per_million: Rate | None = None
+    cache_write_input_per_million: Rate | None = None
+    cache_write_1h_input_per_million: Rate | None = None
+
+
 class PriceConfig(Conf):
     input_per_million: Annotated[float, Meta(ge=0)] = 0.0
     output_per_million: Annotated[float, Meta(ge=0)] = 0.0
@@ -150,6 +165,27 @@ class PriceConfig(Conf):
     # {web_search: 0.01} (Anthropic's usage.server_tool_use, a Responses web_search_call item)
     per_tool_call: dict[Annotated[str, Meta(min_length=1)], Annotated[float, Meta(ge=0)]] = msgspec.field(
         default_factory=dict)
+    # other per-token prices for longer prompts; the one with the highest threshold under the prompt applies
+    long_prompts: list[LongPromptPrice] = msgspec.field(default_factory=list)
+
+    def for_prompt(self, prompt_tokens: int) -> PriceConfig:
+        """The prices of a request with a prompt of ``prompt_tokens``: these, or a long prompt's."""
+        tiers = [t for t in self.long_prompts if prompt_tokens > t.above_tokens]
+        if not tiers:
+            return self
+        tier = max(tiers, key=lambda t: t.above_tokens)
+        rates = {f: v for f in _TIER_RATES if (v := getattr(tier, f)) is not None}
+        return msgspec.structs.replace(self, **rates, long_prompts=[])
+
+    def rates(self) -> list[float]:
+        """Every per-token price these prices may charge, the long prompts' included."""
+        own = [getattr(self, f) for f in _TIER_RATES]
+        tiers = [getattr(t, f) for t in self.long_prompts for f in _TIER_RATES]
+        return [r for r in (*own, *tiers) if r is not None]
+
+
+_TIER_RATES = ("input_per_million", "output_per_million", "cached_input_per_million", "cache_write_input_per_million",
+               "cache_write_1h_input_per_million")
 
 
 class Settings(Conf):

@@ -11,8 +11,10 @@ from gateway.settings import PriceConfig, Settings
 def request_cost(price: PriceConfig, meter: Meter) -> float:
     """What a request cost, in USD, from its meter: the prompt's tokens at the input price but those
     read from the provider's cache (the cached price) and those written to it (the cache write
-    prices), the output's at the output price, and each call of a priced tool of the provider's."""
+    prices), the output's at the output price, each at the rates of the prompt's length, and each
+    call of a priced tool of the provider's."""
     prompt = meter.prompt_tokens
+    price = price.for_prompt(prompt)
     cached = min(meter.cached_tokens, prompt)
     written = min(meter.cache_write_tokens, prompt - cached)
     written_1h = min(meter.cache_write_1h_tokens, written)
@@ -38,7 +40,7 @@ class Price:
     input_per_million: float = 0.0
     output_per_million: float = 0.0
     cached_input_per_million: float | None = None
-    highest_per_million: float = 0.0  # of every per-token price, cache writes included: what a reservation takes
+    highest_per_million: float = 0.0  # of every per-token price (cache writes, long prompts'): what a reservation takes
 
 
 FREE = Price()  # a model with no price
@@ -92,9 +94,7 @@ class PriceTable:
 
 
 def _price(p: PriceConfig) -> Price:
-    rates = (p.cache_write_input_per_million, p.cache_write_1h_input_per_million)
-    return Price(p.input_per_million, p.output_per_million, p.cached_input_per_million,
-                 max((r for r in rates if r is not None), default=0.0))
+    return Price(p.input_per_million, p.output_per_million, p.cached_input_per_million, max(p.rates()))
 
 
 def _highest(p: Price) -> float:

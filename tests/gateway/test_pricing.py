@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from backends.base import Meter
-from gateway.settings import PriceConfig, parse_settings
+from gateway.settings import ConfigError, LongPromptPrice, PriceConfig, parse_settings
 from gateway.usage.pricing import PriceTable, request_cost
 
 FULL = PriceConfig(input_per_million=3.0, output_per_million=15.0, cached_input_per_million=0.3,
@@ -36,6 +36,23 @@ def test_request_cost(price: PriceConfig, meter: Meter, cost: float) -> None:
     assert request_cost(price, meter) == pytest.approx(cost)
 
 
+LONG = PriceConfig(input_per_million=3.0, output_per_million=15.0, cached_input_per_million=0.3,
+                   long_prompts=[LongPromptPrice(above_tokens=200_000, input_per_million=6.0, output_per_million=22.5),
+                                 LongPromptPrice(above_tokens=1_000, input_per_million=4.0)])
+
+
+@pytest.mark.parametrize(("prompt", "rates"), [
+    (1_000, (3.0, 15.0, 0.3)),  # not above the threshold: the model's own prices
+    (1_001, (4.0, 15.0, 0.3)),  # the unset prices are the model's own
+    (200_000, (4.0, 15.0, 0.3)),
+    (200_001, (6.0, 22.5, 0.3)),  # the highest threshold under the prompt
+])
+def test_a_long_prompt_is_priced_at_its_rates(prompt: int, rates: tuple[float, float, float]) -> None:
+    meter = Meter(prompt_tokens=prompt, completion_tokens=100, cached_tokens=10)
+    read, plain = 10, prompt - 10
+    assert request_cost(LONG, meter) == pytest.approx((plain * rates[0] + 100 * rates[1] + read * rates[2]) / 1e6)
+
+
 def test_a_reservation_takes_the_highest_per_token_price_cache_writes_included() -> None:
     dep: dict[str, Any] = {"provider": "openai", "model": "x", "api_base": "http://127.0.0.1:9/v1"}
     settings = parse_settings({
@@ -43,16 +60,24 @@ def test_a_reservation_takes_the_highest_per_token_price_cache_writes_included()
         "prices": {"m": {"input_per_million": 1, "output_per_million": 2, "cache_write_1h_input_per_million": 6},
                    "n": {"input_per_million": 1, "output_per_million": 8, "cache_write_input_per_million": 5},
                    "a": {"input_per_million": 1, "output_per_million": 2},
-                   "b": {"input_per_million": 1, "output_per_million": 2, "cache_write_input_per_million": 7}},
+                   "b": {"input_per_million": 1, "output_per_million": 2, "cache_write_input_per_million": 7},
+                   "long": {"input_per_million": 1, "output_per_million": 2,
+                            "long_prompts": [{"above_tokens": 1000, "output_per_million": 9}]}},
     }, env={})  # fmt: skip
     table = PriceTable.from_settings(settings)
     assert table.max_per_million("m") == 6.0 and table.max_per_million("n") == 8.0
     assert table.max_per_million("g") == 7.0  # the group priced by its deployments: the dearest of them
+    assert table.max_per_million("long") == 9.0
 
 
-@pytest.mark.parametrize("field", ["cache_write_input_per_million", "cache_write_1h_input_per_million"])
-def test_a_negative_cache_write_price_fails_config_load(field: str) -> None:
-    from gateway.settings import ConfigError
-
+@pytest.mark.parametrize(("price", "field"), [
+    ({"cache_write_input_per_million": -1}, "cache_write_input_per_million"),
+    ({"cache_write_1h_input_per_million": -1}, "cache_write_1h_input_per_million"),
+    ({"long_prompts": [{"above_tokens": 0, "input_per_million": 1}]}, "above_tokens"),
+    ({"long_prompts": [{"input_per_million": 1}]}, "above_tokens"),
+    ({"long_prompts": [{"above_tokens": 10, "output_per_million": -2}]}, "output_per_million"),
+    ({"long_prompts": [{"above_tokens": 10, "per_tool_call": {}}]}, "per_tool_call"),
+])
+def test_a_bad_price_fails_config_load(price: dict[str, Any], field: str) -> None:
     with pytest.raises(ConfigError, match=field):
-        parse_settings({"prices": {"m": {field: -1}}}, env={})
+        parse_settings({"prices": {"m": price}}, env={})
