@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The gateway benchmarks on a bare x86-64 Linux host with a Python 3.12 and no network, from the
 # kit bench/bare_host/build_kit.sh packed: PostgreSQL 15 and Redis started from native.tar.xz (as
-# user pgkit, made if missing), the wheels installed for the host's python3, then each of STEPS.
+# user pgkit, made if missing, else nobody), the wheels installed for the host's python3, then each of STEPS.
 # Run as root, in the repository's root, on a host with nothing on ports 5432 and 6379:
 #
 #     [STEPS="scaling gateway nocredit"] [OUT=/tmp/kitout] bash bench/bare_host/run.sh [KIT_DIR]
@@ -25,9 +25,13 @@ fi
 export TZ=UTC
 LIBS=/tmp/kitroot/kitlib
 PGBIN=/tmp/kitroot/usr/lib/postgresql/15/bin
-id pgkit >/dev/null 2>&1 || useradd -M -s /bin/sh pgkit || exit 1
-rm -rf /tmp/pgdata && mkdir -p /tmp/pgdata && chown pgkit /tmp/pgdata
-asuser() { runuser -u pgkit -- env LD_LIBRARY_PATH=$LIBS TZ=UTC "$@"; }
+PGUSER=pgkit  # PostgreSQL refuses to run as root
+id $PGUSER >/dev/null 2>&1 || useradd -M -s /bin/sh $PGUSER 2>/dev/null || PGUSER=nobody
+rm -rf /tmp/pgdata && mkdir -p /tmp/pgdata && chown $PGUSER /tmp/pgdata
+asuser() {
+  if command -v runuser >/dev/null; then runuser -u $PGUSER -- env LD_LIBRARY_PATH=$LIBS TZ=UTC "$@"
+  else setpriv --reuid=$PGUSER --regid="$(id -g $PGUSER)" --clear-groups env LD_LIBRARY_PATH=$LIBS TZ=UTC "$@"; fi
+}
 asuser "$PGBIN/initdb" -D /tmp/pgdata -U postgres --auth=trust --locale=C --encoding=UTF8 >"$OUT/initdb.log" 2>&1 \
   || { log "initdb failed"; tail -20 "$OUT/initdb.log"; exit 1; }
 cat >>/tmp/pgdata/postgresql.conf <<EOF
