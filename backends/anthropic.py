@@ -343,12 +343,13 @@ class _StreamTranslator:
         if kind == "message_start":
             message = event.get("message") or {}
             self._id = str(message.get("id") or self._id)
-            self._take_usage(message.get("usage"))
-            self._meter.prompt_tokens = usage_of(self._usage).prompt_tokens  # the real count, from the start
+            self._take_usage(message.get("usage"))  # the real prompt count, from the start
             self._pending.append(self._chunk(ChatDelta(role="assistant", content="")))
         elif kind == "content_block_start":
             block = event.get("content_block") or {}
-            if block.get("type") == "tool_use":
+            if block.get("type") == "server_tool_use":
+                self._count_call(block.get("name"))
+            elif block.get("type") == "tool_use":
                 index = self._tool_index.setdefault(int(event.get("index", 0)), len(self._tool_index))
                 self._pending.append(
                     self._chunk(
@@ -383,11 +384,22 @@ class _StreamTranslator:
             raise UpstreamError(message)
 
     def _take_usage(self, usage: Any) -> None:
-        """A ``usage`` object of the stream's (its counts are the totals so far); what it bills apart
-        from tokens (cache writes, server tool calls) at once: a stream cut short still has it billed."""
+        """A ``usage`` object of the stream's (its counts are the totals so far): the prompt's tokens,
+        and what is billed apart from plain tokens (cache reads and writes, server tool calls), at once:
+        a stream cut short still has them billed."""
         if isinstance(usage, dict):
             self._usage.update(usage)
             meter_billing(self._meter, self._usage)
+            counted = usage_of(self._usage)
+            self._meter.prompt_tokens = counted.prompt_tokens
+            details = counted.prompt_tokens_details
+            self._meter.cached_tokens = details.cached_tokens if isinstance(details, msgspec.Struct) else 0
+
+    def _count_call(self, tool: Any) -> None:
+        """A call of a server tool (a ``server_tool_use`` block), counted as it starts: a stream cut short
+        before its usage reports the calls still has them billed (the usage's count replaces these)."""
+        if isinstance(tool, str) and tool:
+            self._meter.tool_calls[tool] = self._meter.tool_calls.get(tool, 0) + 1
 
     def _delta(self, index: int, delta: dict[str, Any]) -> None:
         if delta.get("type") == "text_delta":

@@ -238,9 +238,11 @@ def _map_extra(request: ChatCompletionRequest, body: dict[str, Any]) -> None:
 
 
 def usage_of(data: dict[str, Any]) -> Usage:
-    cached = int(data.get("cache_read_input_tokens") or 0)
-    prompt = int(data.get("input_tokens") or 0) + cached + int(data.get("cache_creation_input_tokens") or 0)
-    completion = int(data.get("output_tokens") or 0)
+    """OpenAI's usage from Anthropic's: the prompt is the plain input, the cache reads and the cache
+    writes; a count that is no positive integer is 0."""
+    cached = _count(data.get("cache_read_input_tokens"))
+    prompt = _count(data.get("input_tokens")) + cached + _count(data.get("cache_creation_input_tokens"))
+    completion = _count(data.get("output_tokens"))
     usage = Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
     if cached:
         usage.prompt_tokens_details = PromptTokensDetails(cached_tokens=cached)
@@ -258,8 +260,8 @@ def meter_billing(meter: Meter, usage: Any) -> None:
     meter.cache_write_tokens = written
     meter.cache_write_1h_tokens = min(written, _count(detail.get("ephemeral_1h_input_tokens"))) \
         if isinstance(detail, dict) else 0
-    if calls := server_tool_calls(usage):
-        meter.tool_calls = calls
+    if isinstance(usage.get("server_tool_use"), dict):  # the calls billed: they replace the blocks counted
+        meter.tool_calls = server_tool_calls(usage)
 
 
 def _count(value: Any) -> int:

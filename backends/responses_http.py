@@ -42,11 +42,17 @@ def hosted_tool_calls(response: dict[str, Any]) -> dict[str, int]:
     calls: dict[str, int] = {}
     output = response.get("output")
     for item in output if isinstance(output, list) else ():
-        kind = item.get("type") if isinstance(item, dict) else None
-        if isinstance(kind, str) and kind.endswith("_call") and kind not in _CLIENT_CALLS:
-            tool = kind.removesuffix("_call")
+        if tool := _hosted_tool(item):
             calls[tool] = calls.get(tool, 0) + 1
     return calls
+
+
+def _hosted_tool(item: Any) -> str | None:
+    """The provider's tool an output item is a call of (``web_search`` for a ``web_search_call``), else None."""
+    kind = item.get("type") if isinstance(item, dict) else None
+    if isinstance(kind, str) and kind.endswith("_call") and kind not in _CLIENT_CALLS:
+        return kind.removesuffix("_call")
+    return None
 
 
 def upstream_body(body: dict[str, Any], config: DeploymentConfig, stream: bool, output_cap: int | None) -> bytes:
@@ -147,6 +153,8 @@ class _Events:
                 meter.first_token_at = time.perf_counter()
             if not meter.exact:
                 meter.completion_tokens += estimate_text(str(event.get("delta", "")))
+        elif kind == "response.output_item.done" and (tool := _hosted_tool(event.get("item"))):
+            meter.tool_calls[tool] = meter.tool_calls.get(tool, 0) + 1  # billed if the stream ends short
         elif kind in _FINAL_EVENTS and isinstance(response := event.get("response"), dict):
             meter_usage(meter, response.get("usage"))
             meter.tool_calls = hosted_tool_calls(response)

@@ -43,18 +43,25 @@ class Gateway:
 
 
 FAIL_PART_WAY = "fail part-way"  # a streamed input the upstream below fails after a few events
+SEARCH_FAIL = "search, then fail part-way"  # ... after a web search made
 
 
 class FailingResponsesUpstream(FakeResponsesUpstream):
-    """The Responses upstream, but a stream for ``FAIL_PART_WAY`` ends with an ``error`` event."""
+    """The Responses upstream, but a stream for ``FAIL_PART_WAY`` ends with an ``error`` event (for
+    ``SEARCH_FAIL`` after a web search's items)."""
 
     async def handle(self, ex: Exchange) -> None:
         body = ex.json() if ex.method == "POST" else None
-        if not (isinstance(body, dict) and body.get("stream") and body.get("input") == FAIL_PART_WAY):
+        if not (isinstance(body, dict) and body.get("stream") and body.get("input") in (FAIL_PART_WAY, SEARCH_FAIL)):
             return await super().handle(ex)
         self.received.append(body)
         start = self.response(body, "in_progress") | {"output": []}
+        search = {"type": "web_search_call", "id": "ws_f", "status": "in_progress"}
+        searched = [{"type": "response.output_item.added", "output_index": 0, "item": search},
+                    {"type": "response.output_item.done", "output_index": 0,
+                     "item": search | {"status": "completed", "action": {"type": "search", "query": "q"}}}]
         events = [{"type": "response.created", "response": start}, {"type": "response.in_progress", "response": start},
+                  *(searched if body["input"] == SEARCH_FAIL else ()),
                   {"type": "response.output_item.added", "output_index": 0,
                    "item": {"type": "message", "id": "msg_f", "role": "assistant", "status": "in_progress",
                             "content": []}},
@@ -293,6 +300,15 @@ def test_built_in_tool_calls_are_priced_per_call_into_cost_and_budgets(gateway: 
     with pytest.raises(openai.RateLimitError) as refused:  # 0.04 spent of 0.03
         client.responses.create(model="native", input="hello")
     assert "spending budget" in refused.value.message
+
+
+def test_a_stream_failing_after_a_search_still_prices_it(gateway: Gateway, db: Database) -> None:
+    """A web search made before the stream failed (its output item done, no final event to report
+    it) costs its per-call price all the same."""
+    tenant, client = gateway.tenant()
+    events = list(client.responses.create(model="native", input=SEARCH_FAIL, stream=True))
+    assert events[-1].type == "response.failed"
+    assert [row.cost for row in wait_for_rows(db, tenant, 1)] == [pytest.approx(0.01)]
 
 
 def test_a_kept_conversation_continues_on_a_native_upstream(gateway: Gateway, native: FakeResponsesUpstream) -> None:

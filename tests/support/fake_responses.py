@@ -80,6 +80,8 @@ class FakeResponsesUpstream(EchoUpstream, OnLoopback):
                "content_index": 0, "delta": word} for word in text.split(" ")),
             {"type": "response.output_text.done", "item_id": final["output"][1]["id"], "output_index": 1,
              "content_index": 0, "text": text},
+            *({"type": f"response.output_item.{step}", "output_index": i, "item": item}  # TOOL_CALLS, if any
+              for i, item in enumerate(final["output"][2:], 2) for step in ("added", "done")),
             {"type": "response.completed", "response": final},
         ]
         for seq, event in enumerate(events):
