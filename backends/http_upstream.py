@@ -121,7 +121,8 @@ def detail_error(status: int, detail: ErrorDetail, wait: float | None = None, ex
     (``wait``: the seconds its ``Retry-After`` asked for; ``exhausted``: see ``RateLimited``)."""
     message = detail.message or f"upstream answered HTTP {status}"
     code = str(detail.code) if detail.code is not None else ""
-    if status == 429:
+    if status == 429:  # out of credit (OpenAI's insufficient_quota) closes the upstream whatever is left
+        exhausted = exhausted or code == "insufficient_quota" or detail.type == "insufficient_quota"
         return RateLimited(message, retry_after=wait, exhausted=exhausted, status=status)
     if status in (401, 403):
         return AuthFailed(message, status=status)

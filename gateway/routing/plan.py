@@ -13,8 +13,8 @@ deployment (else the fallbacks) is tried at once, without spending a retry. A 42
 ``Retry-After`` is longer than ``MAX_BACKOFF`` is never waited out: the deployment is held off
 for that long, at most ``MAX_HOLD_OFF`` (``DeploymentHealth.hold_off``, by the caller), and the
 plan moves on without it. A 429 that refused this request alone (``RateLimited.exhausted`` false:
-its upstream has some of every limit left) holds nothing off; the request is not sent to that
-deployment again.
+its upstream has some of every limit left) holds nothing off; with such a long ``Retry-After`` the
+request is not sent to that deployment again.
 """
 
 from __future__ import annotations
@@ -89,8 +89,9 @@ class RoutePlan:
             return self._next_in_group(0.0) or self._next_group(self._fallbacks)
         if not error.retryable:
             return None
-        if isinstance(error, RateLimited) and not error.exhausted and self._current is not None:
-            self._not_again.add(self._current)
+        if isinstance(error, RateLimited) and not error.exhausted and error.retry_after is not None \
+                and error.retry_after > MAX_BACKOFF and self._current is not None:
+            self._not_again.add(self._current)  # not before its wait: the others and fallbacks may take it
         if self._retries_left > 0:
             self._retries_left -= 1
             self._retry += 1

@@ -58,7 +58,8 @@ def _models(a: str, b: str) -> list[dict[str, Any]]:
         *(_group(f"held-{wait}", _dep(f"held-{wait}-a", a)) for wait in ABSURD_WAITS),
         _group("sized", _dep("sz-a", a), _dep("sz-b", b)),  # each 429 test its own group: hold-offs last
         _group("sized-lone", _dep("sl-a", a)),
-        *(_group(f"used-{i}", _dep(f"used-{i}-a", a), _dep(f"used-{i}-b", b)) for i in range(3)),
+        _group("sized-soon", _dep("ss-a", a)),
+        *(_group(f"used-{i}", _dep(f"used-{i}-a", a), _dep(f"used-{i}-b", b)) for i in range(4)),
     ]
 
 
@@ -254,14 +255,25 @@ def test_a_429_for_this_request_alone_is_not_retried_on_its_deployment(env: Env,
     assert _counts(env) == (2, 0)
 
 
-@pytest.mark.parametrize(("group", "left"), enumerate([
-    {"x-ratelimit-remaining-requests": "0", "x-ratelimit-remaining-tokens": "2000"},
-    {"anthropic-ratelimit-requests-remaining": "10", "anthropic-ratelimit-input-tokens-remaining": "0"},
-    {"x-ratelimit-remaining-tokens": "lots"},
-]), ids=["openai-requests", "anthropic-input-tokens", "not-a-number"])
+def test_a_429_for_this_request_alone_asking_a_short_wait_is_retried_there(env: Env, client: openai.OpenAI) -> None:
+    env.a.fail_next(Fault(status=429, headers=TOO_LARGE | {"retry-after": "0.2"}))
+    assert client.chat.completions.create(model="sized-soon", messages=MESSAGES).choices
+    assert _counts(env) == (2, 0)  # waited out and sent again: the tokens it lacked may be back
+
+
+OUT_OF_CREDIT = {"error": {"message": "You exceeded your current quota", "type": "insufficient_quota",
+                           "code": "insufficient_quota"}}
+
+
+@pytest.mark.parametrize(("group", "left", "body"), [
+    (0, {"x-ratelimit-remaining-requests": "0", "x-ratelimit-remaining-tokens": "2000"}, None),
+    (1, {"anthropic-ratelimit-requests-remaining": "10", "anthropic-ratelimit-input-tokens-remaining": "0"}, None),
+    (2, {"x-ratelimit-remaining-tokens": "lots"}, None),
+    (3, {"x-ratelimit-remaining-requests": "499", "x-ratelimit-remaining-tokens": "2000"}, OUT_OF_CREDIT),
+], ids=["openai-requests", "anthropic-input-tokens", "not-a-number", "out-of-credit"])
 def test_a_429_with_a_limit_used_up_holds_the_deployment_off(env: Env, client: openai.OpenAI, group: int,
-                                                             left: dict[str, str]) -> None:
-    env.a.fail_next(Fault(status=429, headers={"retry-after": "30"} | left))
+                                                             left: dict[str, str], body: Any) -> None:
+    env.a.fail_next(Fault(status=429, headers={"retry-after": "30"} | left, body=body))
     assert client.chat.completions.create(model=f"used-{group}", messages=MESSAGES).choices
     assert _state(env, f"used-{group}-a") == "held"
     assert client.chat.completions.create(model=f"used-{group}", messages=MESSAGES).choices
