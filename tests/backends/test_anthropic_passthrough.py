@@ -6,7 +6,6 @@ loopback server speaking the Messages API and one speaking OpenAI's (a fallback)
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -25,7 +24,7 @@ from gateway.settings import parse_settings
 from tests.backends.conftest import sse_events
 from tests.conftest import ADMIN_KEY
 from tests.support.doubles import RecordingSink, ScriptedAdmission, StaticKeys
-from tests.support.fake_anthropic import FakeAnthropic, _text
+from tests.support.fake_anthropic import FakeAnthropic, _text, send_events
 from tests.support.fake_upstream import FakeUpstream
 from tests.support.servers import ServerThread
 
@@ -37,19 +36,14 @@ class CuttingAnthropic(FakeAnthropic):
                       usage: dict[str, int], matched: str | None = None) -> None:
         if not _text(payload["messages"][-1]["content"]).startswith("CUT"):
             return await super()._stream(ex, payload, blocks, stop, usage, matched)
-        await ex.send({"type": "http.response.start", "status": 200,
-                       "headers": [(b"content-type", b"text/event-stream")]})
-        for kind, data in [
+        await send_events(ex, [
             ("message_start", {"message": {"id": "msg_cut", "type": "message", "role": "assistant",
                                            "model": payload["model"], "content": [],
                                            "usage": {"input_tokens": 5, "output_tokens": 1}}}),
             ("content_block_start", {"index": 0, "content_block": {"type": "text", "text": ""}}),
             ("content_block_delta", {"index": 0, "delta": {"type": "text_delta", "text": "partial"}}),
             ("ping", {}),
-        ]:
-            raw = f"event: {kind}\ndata: {json.dumps({'type': kind} | data)}\n\n".encode()
-            await ex.send({"type": "http.response.body", "body": raw, "more_body": True})
-        await ex.send({"type": "http.response.body", "body": b"", "more_body": False})
+        ])
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,6 @@ server speaking the Messages API."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -17,7 +16,7 @@ from backends.dev.echo_server import Exchange
 from tests.backends.conftest import admin_gateway, sse_events
 from tests.conftest import ADMIN_KEY
 from tests.support.doubles import RecordingSink
-from tests.support.fake_anthropic import CACHE_WRITE, FakeAnthropic, _text
+from tests.support.fake_anthropic import CACHE_WRITE, FakeAnthropic, _text, send_events
 
 PRICE = {"input_per_million": 3.0, "output_per_million": 15.0, "cached_input_per_million": 0.3,
          "cache_write_input_per_million": 3.75, "cache_write_1h_input_per_million": 6.0,
@@ -68,12 +67,7 @@ class SearchingAnthropic(FakeAnthropic):
             billed = searches if text.startswith(WHOLE) else 0
             events += [("message_delta", {"delta": {"stop_reason": "end_turn", "stop_sequence": None}, "usage": {
                 "output_tokens": 3, "server_tool_use": {"web_search_requests": billed}}}), ("message_stop", {})]
-        await ex.send({"type": "http.response.start", "status": 200,
-                       "headers": [(b"content-type", b"text/event-stream")]})
-        for kind, data in events:
-            raw = f"event: {kind}\ndata: {json.dumps({'type': kind} | data)}\n\n".encode()
-            await ex.send({"type": "http.response.body", "body": raw, "more_body": True})
-        await ex.send({"type": "http.response.body", "body": b"", "more_body": False})
+        await send_events(ex, events)
 
 
 @pytest.fixture(scope="module")
