@@ -6,6 +6,8 @@
 #
 #     [STEPS="scaling gateway nocredit"] [OUT=/tmp/kitout] bash bench/bare_host/run.sh [KIT_DIR]
 #
+# Steps: scaling, nocredit (bench.gateway_scaling with and without credit), gateway (bench.gateway),
+# streams2, streams4 (its (c) with 2 or 4 workers), smoke (one worker, 1 s: a check of the kit).
 # Each step's output goes to $OUT/<step>.txt, the progress to $OUT/steps.log.
 set -u
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
@@ -83,6 +85,8 @@ for step in $STEPS; do
     nocredit) timeout 200 $PY -m bench.gateway_scaling --workers 1,2,4,8 --seconds 6 --loaders 4 --upstreams 3 \
                 --no-credit ;;
     gateway) timeout 260 $PY -m bench.gateway --seconds 6 --slices 3 ;;
+    streams2 | streams4) timeout 200 $PY -m bench.gateway --workers "${step#streams}" --phases c --seconds 6 \
+                           --slices 3 ;;  # (c) with more workers: the streams goal names no core count
     smoke) timeout 120 $PY -m bench.gateway_scaling --workers 1 --seconds 1 --loaders 2 --upstreams 1 ;;
   esac >"$OUT/$step.txt" 2>&1
   log "step $step: exit $? ($(tail -1 "$OUT/$step.txt"))"
