@@ -138,7 +138,7 @@ class DashboardConfig(Conf):
     session_secret: str | None = None  # signs session cookies (use ${ENV}); needed with several workers
 
 
-Rate = Annotated[float, Meta(ge=0)]  # USD per million tokens
+Rate = Annotated[float, Meta(ge=0)]  # USD per million tokens, or per call
 
 
 class LongPromptPrice(Conf):
@@ -154,16 +154,16 @@ class LongPromptPrice(Conf):
 
 
 class PriceConfig(Conf):
-    input_per_million: Annotated[float, Meta(ge=0)] = 0.0
-    output_per_million: Annotated[float, Meta(ge=0)] = 0.0
-    cached_input_per_million: Annotated[float, Meta(ge=0)] | None = None
+    input_per_million: Rate = 0.0
+    output_per_million: Rate = 0.0
+    cached_input_per_million: Rate | None = None
     # prompt tokens written to the provider's prompt cache (Anthropic's cache_creation_input_tokens);
     # None: at the input price. The 1-hour cache's writes; None: at the cache write price.
-    cache_write_input_per_million: Annotated[float, Meta(ge=0)] | None = None
-    cache_write_1h_input_per_million: Annotated[float, Meta(ge=0)] | None = None
+    cache_write_input_per_million: Rate | None = None
+    cache_write_1h_input_per_million: Rate | None = None
     # USD per call of a tool the provider runs and bills per call, as its answer reports the calls:
     # {web_search: 0.01} (Anthropic's usage.server_tool_use, a Responses web_search_call item)
-    per_tool_call: dict[Annotated[str, Meta(min_length=1)], Annotated[float, Meta(ge=0)]] = msgspec.field(
+    per_tool_call: dict[Annotated[str, Meta(min_length=1)], Rate] = msgspec.field(
         default_factory=dict)
     # other per-token prices for longer prompts; the one with the highest threshold under the prompt applies
     long_prompts: list[LongPromptPrice] = msgspec.field(default_factory=list)
