@@ -252,9 +252,11 @@ def usage_of(data: dict[str, Any]) -> Usage:
 def meter_billing(meter: Meter, usage: Any) -> None:
     """What an Anthropic ``usage`` object bills apart from plain tokens, onto ``meter``: the prompt's
     cache writes (``cache_creation_input_tokens``, of them ``cache_creation.ephemeral_1h_input_tokens``
-    kept an hour) and the server tools' calls."""
+    kept an hour), the server tools' calls and the service tier (``service_tier``)."""
     if not isinstance(usage, dict):
         return
+    if isinstance(tier := usage.get("service_tier"), str) and tier:
+        meter.service_tier = tier
     written = _count(usage.get("cache_creation_input_tokens"))
     detail = usage.get("cache_creation")
     meter.cache_write_tokens = written

@@ -125,6 +125,9 @@ class Meter:
     cache_write_1h_tokens: int = 0
     # calls of tools the provider runs and bills per call, as it reports them, by tool: {"web_search": 2}
     tool_calls: dict[str, int] = field(default_factory=dict)
+    # the service tier the provider says it served the request at (OpenAI's "priority", "flex",
+    # "default"; Anthropic's "priority", "standard"), priced by the model's service_tiers; None: not said
+    service_tier: str | None = None
     phases: list[tuple[str, float, float]] = field(default_factory=list)  # (name, start, end) in unix time,
     # e.g. the engine's queue / prefill / decode; the gateway turns them into trace spans
 

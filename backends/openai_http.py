@@ -34,6 +34,7 @@ from backends.openai_wire import (
     encode_with_extra,
     extra_params,
     raw_fields,
+    service_tier,
     set_relayed,
 )
 from backends.raw_http import RawStream
@@ -119,12 +120,12 @@ class OpenAIHTTPBackend(HTTPBackend):
     async def chat(self, request: ChatCompletionRequest, ctx: CallContext = NO_CONTEXT) -> Completed[ChatCompletion]:
         response = await self._unary("/chat/completions", self._payload(request, False, ctx), ChatCompletion, ctx)
         text = "".join(c.message.content or "" for c in response.choices)
-        return Completed(response, self._unary_meter(response.usage, lambda: estimate_chat_prompt(request), text))
+        return Completed(response, self._unary_meter(response, lambda: estimate_chat_prompt(request), text))
 
     async def complete(self, request: CompletionRequest, ctx: CallContext = NO_CONTEXT) -> Completed[TextCompletion]:
         response = await self._unary("/completions", self._payload(request, False, ctx), TextCompletion, ctx)
         text = "".join(c.text for c in response.choices)
-        return Completed(response, self._unary_meter(response.usage, lambda: estimate_completion_prompt(request), text))
+        return Completed(response, self._unary_meter(response, lambda: estimate_completion_prompt(request), text))
 
     async def chat_stream(
         self, request: ChatCompletionRequest, ctx: CallContext = NO_CONTEXT
@@ -210,9 +211,9 @@ class OpenAIHTTPBackend(HTTPBackend):
             else payload
 
     @staticmethod
-    def _unary_meter(usage: Any, prompt: Callable[[], int], text: str) -> Meter:
-        meter = Meter(first_token_at=time.perf_counter())
-        if isinstance(usage, Usage):
+    def _unary_meter(response: ChatCompletion | TextCompletion, prompt: Callable[[], int], text: str) -> Meter:
+        meter = Meter(first_token_at=time.perf_counter(), service_tier=service_tier(response))
+        if isinstance(usage := response.usage, Usage):
             _meter_from_usage(meter, usage)
         else:
             meter.prompt_tokens, meter.completion_tokens, meter.exact = prompt(), estimate_text(text), False
@@ -243,7 +244,7 @@ class OpenAIHTTPBackend(HTTPBackend):
             reader.close()
             await self.http.close_stream(response)
             raise
-        meter = Meter(prompt_tokens=prompt_estimate, exact=False)
+        meter = Meter(prompt_tokens=prompt_estimate, exact=False, service_tier=service_tier(first))
         usage = _UsageWanted(request.include_usage, request.continuous_usage)
         relay = _Relay(self.http, response, reader, first, deadline, meter, usage, text_of)
         return ChunkStream(chunks=relay, meter=meter)
@@ -390,6 +391,7 @@ class _Relay(Generic[C]):
         if isinstance(usage, Usage):
             self._saw_usage = True
             _meter_from_usage(meter, usage)
+            meter.service_tier = service_tier(chunk) or meter.service_tier
         if usage is not UNSET and not self._usage.final:  # a usage field sent, even null, is not relayed
             if not chunk.choices:  # the closing usage chunk
                 return None

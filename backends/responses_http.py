@@ -24,6 +24,12 @@ _CLIENT_CALLS = frozenset({"function_call", "custom_tool_call", "computer_call",
                            "apply_patch_call"})
 
 
+def meter_tier(meter: Meter, response: dict[str, Any]) -> None:
+    """The service tier a response says it was served at (``"service_tier": "priority"``), onto ``meter``."""
+    if isinstance(tier := response.get("service_tier"), str) and tier:
+        meter.service_tier = tier
+
+
 def meter_usage(meter: Meter, usage: Any) -> bool:
     """Take a Responses ``usage`` object's counts into ``meter``; False when there is none."""
     if not isinstance(usage, dict) or not isinstance(usage.get("input_tokens"), int):
@@ -82,6 +88,7 @@ async def respond(http: HTTPUpstream, payload: bytes, prompt_estimate: int,
     if not isinstance(body, dict):
         raise UpstreamError(f"upstream {http.deployment_id} sent an invalid response")
     meter = Meter(first_token_at=time.perf_counter(), tool_calls=hosted_tool_calls(body))
+    meter_tier(meter, body)
     if not meter_usage(meter, body.get("usage")):
         meter.prompt_tokens, meter.exact = prompt_estimate, False
         meter.completion_tokens = estimate_text(_output_text(body))
@@ -158,6 +165,9 @@ class _Events:
         elif kind in _FINAL_EVENTS and isinstance(response := event.get("response"), dict):
             meter_usage(meter, response.get("usage"))
             meter.tool_calls = hosted_tool_calls(response)
+            meter_tier(meter, response)
+        elif kind == "response.created" and isinstance(response := event.get("response"), dict):
+            meter_tier(meter, response)  # the tier asked for; the final event's says the one served
         elif kind == "error":
             raise UpstreamError(f"upstream {self._http.deployment_id} failed mid-stream: {event.get('message')}")
         return ResponsesEvent(event)

@@ -141,16 +141,29 @@ class DashboardConfig(Conf):
 Rate = Annotated[float, Meta(ge=0)]  # USD per million tokens, or per call
 
 
-class LongPromptPrice(Conf):
-    """The per-token prices of a request whose prompt has more than ``above_tokens`` tokens (Anthropic's
-    long-context and Gemini's long-prompt rates): a price left unset is the model's own."""
+class TierRates(Conf):
+    """Per-token prices that replace a model's own for some requests: a price left unset is the model's own."""
 
-    above_tokens: Annotated[int, Meta(ge=1)]
     input_per_million: Rate | None = None
     output_per_million: Rate | None = None
     cached_input_per_million: Rate | None = None
     cache_write_input_per_million: Rate | None = None
     cache_write_1h_input_per_million: Rate | None = None
+
+
+class LongPromptPrice(TierRates, kw_only=True):
+    """The prices of a request whose prompt has more than ``above_tokens`` tokens (Anthropic's
+    long-context and Gemini's long-prompt rates)."""
+
+    above_tokens: Annotated[int, Meta(ge=1)]
+
+
+class ServiceTierPrice(TierRates):
+    """The prices of a request the provider says it served at a service tier (OpenAI's ``service_tier``
+    ``priority`` or ``flex``, Anthropic's ``usage.service_tier``). Its ``long_prompts`` replace the
+    model's own; unset, the model's own apply over these prices."""
+
+    long_prompts: list[LongPromptPrice] | None = None
 
 
 class PriceConfig(Conf):
@@ -167,6 +180,17 @@ class PriceConfig(Conf):
         default_factory=dict)
     # other per-token prices for longer prompts; the one with the highest threshold under the prompt applies
     long_prompts: list[LongPromptPrice] = msgspec.field(default_factory=list)
+    # other prices by the service tier the answer says it was served at ({priority: {...}, flex: {...}})
+    service_tiers: dict[Annotated[str, Meta(min_length=1)], ServiceTierPrice] = msgspec.field(
+        default_factory=dict)
+
+    def for_tier(self, tier: str | None) -> PriceConfig:
+        """The prices of a request served at service tier ``tier``: a listed tier's, else these."""
+        prices = self.service_tiers.get(tier) if tier is not None else None
+        if prices is None:
+            return self
+        long_prompts = self.long_prompts if prices.long_prompts is None else prices.long_prompts
+        return msgspec.structs.replace(self, **_set_rates(prices), long_prompts=long_prompts, service_tiers={})
 
     def for_prompt(self, prompt_tokens: int) -> PriceConfig:
         """The prices of a request with a prompt of ``prompt_tokens``: these, or a long prompt's."""
@@ -174,18 +198,22 @@ class PriceConfig(Conf):
         if not tiers:
             return self
         tier = max(tiers, key=lambda t: t.above_tokens)
-        rates = {f: v for f in _TIER_RATES if (v := getattr(tier, f)) is not None}
-        return msgspec.structs.replace(self, **rates, long_prompts=[])
+        return msgspec.structs.replace(self, **_set_rates(tier), long_prompts=[])
 
     def rates(self) -> list[float]:
-        """Every per-token price these prices may charge, the long prompts' included."""
-        own = [getattr(self, f) for f in _TIER_RATES]
-        tiers = [getattr(t, f) for t in self.long_prompts for f in _TIER_RATES]
-        return [r for r in (*own, *tiers) if r is not None]
+        """Every per-token price these prices may charge, the long prompts' and service tiers' included."""
+        priced = [self, *self.long_prompts]
+        for tier in self.service_tiers.values():
+            priced += [tier, *(tier.long_prompts or ())]
+        return [r for p in priced for f in _TIER_RATES if (r := getattr(p, f)) is not None]
 
 
 _TIER_RATES = ("input_per_million", "output_per_million", "cached_input_per_million", "cache_write_input_per_million",
                "cache_write_1h_input_per_million")
+
+
+def _set_rates(rates: TierRates) -> dict[str, float]:
+    return {f: v for f in _TIER_RATES if (v := getattr(rates, f)) is not None}
 
 
 class Settings(Conf):

@@ -11,10 +11,10 @@ from gateway.settings import PriceConfig, Settings
 def request_cost(price: PriceConfig, meter: Meter) -> float:
     """What a request cost, in USD, from its meter: the prompt's tokens at the input price but those
     read from the provider's cache (the cached price) and those written to it (the cache write
-    prices), the output's at the output price, each at the rates of the prompt's length, and each
-    call of a priced tool of the provider's."""
+    prices), the output's at the output price, each at the rates of the service tier the answer says
+    it was served at and of the prompt's length, and each call of a priced tool of the provider's."""
     prompt = meter.prompt_tokens
-    price = price.for_prompt(prompt)
+    price = price.for_tier(meter.service_tier).for_prompt(prompt)
     cached = min(meter.cached_tokens, prompt)
     written = min(meter.cache_write_tokens, prompt - cached)
     written_1h = min(meter.cache_write_1h_tokens, written)
@@ -40,7 +40,8 @@ class Price:
     input_per_million: float = 0.0
     output_per_million: float = 0.0
     cached_input_per_million: float | None = None
-    highest_per_million: float = 0.0  # of every per-token price (cache writes, long prompts'): what a reservation takes
+    highest_per_million: float = 0.0  # of every per-token price (cache writes, long prompts', service tiers'):
+    # what a reservation takes
 
 
 FREE = Price()  # a model with no price

@@ -1,5 +1,6 @@
-"""What a request costs from its meter (``request_cost``), and the price a money reservation takes
-(``PriceTable.max_per_million``: the highest per-token price, cache writes included)."""
+"""What a request costs from its meter (``request_cost``: cache reads and writes, tool calls, long
+prompts' and service tiers' rates), and the price a money reservation takes
+(``PriceTable.max_per_million``: the highest per-token price, cache writes and tiers included)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import Any
 import pytest
 
 from backends.base import Meter
-from gateway.settings import ConfigError, LongPromptPrice, PriceConfig, parse_settings
+from gateway.settings import ConfigError, LongPromptPrice, PriceConfig, ServiceTierPrice, parse_settings
 from gateway.usage.pricing import PriceTable, request_cost
 
 FULL = PriceConfig(input_per_million=3.0, output_per_million=15.0, cached_input_per_million=0.3,
@@ -53,6 +54,30 @@ def test_a_long_prompt_is_priced_at_its_rates(prompt: int, rates: tuple[float, f
     assert request_cost(LONG, meter) == pytest.approx((plain * rates[0] + 100 * rates[1] + read * rates[2]) / 1e6)
 
 
+TIERED = PriceConfig(input_per_million=2.0, output_per_million=8.0, cached_input_per_million=0.5,
+                     long_prompts=[LongPromptPrice(above_tokens=1_000, input_per_million=4.0)],
+                     service_tiers={"priority": ServiceTierPrice(input_per_million=3.5, output_per_million=14.0),
+                                    "flex": ServiceTierPrice(output_per_million=4.0, long_prompts=[]),
+                                    "scale": ServiceTierPrice(long_prompts=[
+                                        LongPromptPrice(above_tokens=500, output_per_million=20.0)])})
+
+
+@pytest.mark.parametrize(("tier", "prompt", "rates"), [
+    (None, 100, (2.0, 8.0, 0.5)),  # no tier said: the model's own prices
+    ("default", 100, (2.0, 8.0, 0.5)),  # a tier not listed: the same
+    ("priority", 100, (3.5, 14.0, 0.5)),  # the unset prices are the model's own
+    ("priority", 1_001, (4.0, 14.0, 0.5)),  # the model's long prompts apply over the tier's prices
+    ("flex", 1_001, (2.0, 4.0, 0.5)),  # the tier's own long prompts (none) replace the model's
+    ("scale", 501, (2.0, 20.0, 0.5)),
+    ("scale", 1_001, (2.0, 20.0, 0.5)),
+])
+def test_a_request_is_priced_at_its_service_tiers_rates(tier: str | None, prompt: int,
+                                                        rates: tuple[float, float, float]) -> None:
+    meter = Meter(prompt_tokens=prompt, completion_tokens=100, cached_tokens=10, service_tier=tier)
+    expected = ((prompt - 10) * rates[0] + 100 * rates[1] + 10 * rates[2]) / 1e6
+    assert request_cost(TIERED, meter) == pytest.approx(expected)
+
+
 def test_a_reservation_takes_the_highest_per_token_price_cache_writes_included() -> None:
     dep: dict[str, Any] = {"provider": "openai", "model": "x", "api_base": "http://127.0.0.1:9/v1"}
     settings = parse_settings({
@@ -62,12 +87,16 @@ def test_a_reservation_takes_the_highest_per_token_price_cache_writes_included()
                    "a": {"input_per_million": 1, "output_per_million": 2},
                    "b": {"input_per_million": 1, "output_per_million": 2, "cache_write_input_per_million": 7},
                    "long": {"input_per_million": 1, "output_per_million": 2,
-                            "long_prompts": [{"above_tokens": 1000, "output_per_million": 9}]}},
+                            "long_prompts": [{"above_tokens": 1000, "output_per_million": 9}]},
+                   "tiered": {"input_per_million": 1, "output_per_million": 2, "service_tiers": {
+                       "priority": {"output_per_million": 4,
+                                    "long_prompts": [{"above_tokens": 1000, "output_per_million": 11}]}}}},
     }, env={})  # fmt: skip
     table = PriceTable.from_settings(settings)
     assert table.max_per_million("m") == 6.0 and table.max_per_million("n") == 8.0
     assert table.max_per_million("g") == 7.0  # the group priced by its deployments: the dearest of them
     assert table.max_per_million("long") == 9.0
+    assert table.max_per_million("tiered") == 11.0  # a service tier's prices, its long prompts' included
 
 
 @pytest.mark.parametrize(("price", "field"), [
@@ -77,6 +106,10 @@ def test_a_reservation_takes_the_highest_per_token_price_cache_writes_included()
     ({"long_prompts": [{"input_per_million": 1}]}, "above_tokens"),
     ({"long_prompts": [{"above_tokens": 10, "output_per_million": -2}]}, "output_per_million"),
     ({"long_prompts": [{"above_tokens": 10, "per_tool_call": {}}]}, "per_tool_call"),
+    ({"service_tiers": {"priority": {"input_per_million": -1}}}, "input_per_million"),
+    ({"service_tiers": {"priority": {"above_tokens": 10}}}, "above_tokens"),
+    ({"service_tiers": {"": {"input_per_million": 1}}}, "service_tiers"),
+    ({"service_tiers": {"flex": {"long_prompts": [{"input_per_million": 1}]}}}, "above_tokens"),
 ])
 def test_a_bad_price_fails_config_load(price: dict[str, Any], field: str) -> None:
     with pytest.raises(ConfigError, match=field):

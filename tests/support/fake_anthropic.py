@@ -98,6 +98,8 @@ class FakeAnthropic(OnLoopback):
         if written := _cache_writes(payload):  # CACHE_WRITE tokens for each cache_control breakpoint
             usage["cache_creation_input_tokens"] = sum(written.values())
             usage["cache_creation"] = {f"ephemeral_{ttl}_input_tokens": n for ttl, n in written.items()}
+        if "service_tier" in payload:  # "auto": served at the priority tier; "standard_only": the standard one
+            usage["service_tier"] = "priority" if payload["service_tier"] == "auto" else "standard"
         if not payload.get("stream"):
             return await send_json(ex, 200, {"id": "msg_1", "type": "message", "role": "assistant",
                                              "model": payload["model"], "content": blocks, "stop_reason": stop,
@@ -134,7 +136,7 @@ class FakeAnthropic(OnLoopback):
             raw = f"event: {kind}\ndata: {json.dumps({'type': kind} | data)}\n\n".encode()
             await ex.send({"type": "http.response.body", "body": raw, "more_body": True})
 
-        cache = {k: v for k, v in usage.items() if k.startswith("cache_")}  # reads and writes, known at the start
+        cache = {k: v for k, v in usage.items() if k.startswith(("cache_", "service_tier"))}  # known at the start
         await event("message_start", {"message": {"id": "msg_s", "type": "message", "role": "assistant",
                                                   "model": payload["model"], "content": [],
                                                   "usage": {"input_tokens": usage["input_tokens"],

@@ -9,6 +9,7 @@ import json
 from typing import Any
 
 from backends.dev.echo_server import EchoOptions, EchoUpstream, Exchange, send_json
+from tests.support.fake_upstream import served_tier
 from tests.support.servers import OnLoopback
 
 SEARCH = "search:"  # an input that begins so is answered with TOOL_CALLS after the message
@@ -46,7 +47,7 @@ class FakeResponsesUpstream(EchoUpstream, OnLoopback):
         text = _last_user_text(body)
         return {
             "id": f"resp_up_{n}", "object": "response", "created_at": 1_700_000_000, "status": status,
-            "model": body.get("model"), "service_tier": "default", "x_vendor_field": {"kept": True},
+            "model": body.get("model"), "service_tier": served_tier(body), "x_vendor_field": {"kept": True},
             "previous_response_id": body.get("previous_response_id"),
             "output": [
                 {"type": "reasoning", "id": f"rs_{n}", "summary": [], "encrypted_content": "opaque"},

@@ -140,6 +140,8 @@ class FakeUpstream(EchoUpstream, OnLoopback):
                       "choices": [{"index": index, "delta": {"content": piece}, "finish_reason": finish}]} if chat else
                      {"id": "cmpl-f", "object": "text_completion", "created": 0, "model": "m",
                       "choices": [{"index": index, "text": piece, "finish_reason": finish}]})
+            if "service_tier" in payload:
+                chunk["service_tier"] = served_tier(payload)
             await ex.send({"type": "http.response.body", "body": b"data: " + json.dumps(chunk).encode() + b"\n\n",
                            "more_body": True})
         if fault.end_after_chunks is not None:
@@ -169,6 +171,12 @@ RICH_MESSAGE = {"role": "assistant", "content": "hi", "refusal": None, "reasonin
                                                   "start_index": 0, "end_index": 2}}]}
 
 
+def served_tier(payload: dict[str, Any]) -> str:
+    """The service tier OpenAI says it served a request at: the one asked for, "default" for "auto" or none."""
+    asked = payload.get("service_tier")
+    return asked if asked in ("priority", "flex", "scale") else "default"
+
+
 async def _send_events(ex: Exchange, events: list[dict[str, Any]]) -> None:
     await ex.send({"type": "http.response.start", "status": 200,
                    "headers": [(b"content-type", b"text/event-stream")]})
@@ -181,7 +189,7 @@ async def _send_events(ex: Exchange, events: list[dict[str, Any]]) -> None:
 async def _rich_answer(ex: Exchange, payload: dict[str, Any]) -> None:
     chat = ex.path.endswith("/chat/completions")
     base = {"id": "chatcmpl-rich" if chat else "cmpl-rich", "created": 1700000000, "model": payload.get("model"),
-            "service_tier": "default", "system_fingerprint": "fp_rich", "kv_transfer_params": None}
+            "service_tier": served_tier(payload), "system_fingerprint": "fp_rich", "kv_transfer_params": None}
     if not payload.get("stream"):
         if chat:
             choice = {"index": 0, "message": RICH_MESSAGE, "finish_reason": "stop", "logprobs": RICH_LOGPROBS,
