@@ -330,7 +330,7 @@ def _nothing_to_try(plan: RoutePlan, call: CallDescription) -> BackendError:
 def _record_failure(health: DeploymentHealth, exc: BackendError, tenant: str) -> None:
     """Tell the deployment's health of a failed attempt: counted against it only when the
     deployment is at fault (not the request's own 4xx, nor the provider failing this one request);
-    a long ``Retry-After`` holds it off for that long."""
+    a 429 with a limit used up holds it off for its ``Retry-After``."""
     if not exc.blames_deployment:
         health.on_refused()
         return

@@ -14,7 +14,7 @@ opens for that tenant alone (``admits(tenant)`` refuses it for ``cooldown`` seco
 are served. Otherwise (several tenants failing, or nobody else served) the deployment's circuit opens.
 
 Apart from the circuit, an upstream may ask for no requests for a while (a 429's ``Retry-After``
-longer than the router waits out: ``hold_off``): the deployment takes none until then.
+when a limit of the deployment's is used up: ``hold_off``): the deployment takes none until then.
 """
 
 from __future__ import annotations
@@ -73,10 +73,10 @@ class DeploymentHealth:
             return "half_open"
         return "open"
 
-    def available(self) -> bool:
+    def available(self, after_hold: bool = False) -> bool:
         """Whether a request may be sent now (a half-open circuit admits one trial at a time, and
-        none is sent while the upstream asked to wait)."""
-        if self._held_until and self.held_for() > 0:
+        none is sent while the upstream asked to wait; ``after_hold``: once that wait is over)."""
+        if not after_hold and self._held_until and self.held_for() > 0:
             return False
         state = self.state
         return state == "closed" or (state == "half_open" and not self._trial_running)

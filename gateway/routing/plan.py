@@ -12,9 +12,12 @@ goes to ``context_window_fallbacks`` instead. A deployment whose upstream does n
 deployment (else the fallbacks) is tried at once, without spending a retry. A 429 whose
 ``Retry-After`` is longer than ``MAX_BACKOFF`` is never waited out: the deployment is held off
 for that long, at most ``MAX_HOLD_OFF`` (``DeploymentHealth.hold_off``, by the caller), and the
-plan moves on without it. A 429 that refused this request alone (``RateLimited.exhausted`` false:
-its upstream has some of every limit left) holds nothing off; with such a long ``Retry-After`` the
-request is not sent to that deployment again.
+plan moves on without it. A shorter one holds the deployment off too, so that other requests do
+not spend a round trip on it meanwhile: the plan takes the group's other deployments, and only
+when none of them takes a request now does it wait out the shortest such hold on its deployment
+(an attempt with that ``delay``). A 429 that refused this request alone (``RateLimited.exhausted``
+false: its upstream has some of every limit left) holds nothing off; with a ``Retry-After`` over
+``MAX_BACKOFF`` the request is not sent to that deployment again.
 """
 
 from __future__ import annotations
@@ -27,15 +30,15 @@ from backends.base import BackendError, ContextTooLong, ModelNotFound, RateLimit
 from gateway.routing.deployment import Deployment
 from gateway.routing.router import ModelGroup
 
-MAX_BACKOFF = 5.0  # the longest wait before a retry; a longer Retry-After holds the deployment off
+MAX_BACKOFF = 5.0  # the longest wait before a retry, and the longest hold-off a request waits out
 MAX_HOLD_OFF = 60.0  # the longest a deployment is held off: a longer Retry-After is probed again after this
 
 
 def holds_off(error: BackendError) -> float | None:
-    """The seconds ``error`` asks its deployment to take no request for, when longer than the
-    plan waits out (a 429's ``Retry-After`` over ``MAX_BACKOFF``), at most ``MAX_HOLD_OFF``; else None."""
+    """The seconds ``error`` asks its deployment to take no request for (the ``Retry-After`` of a
+    429 with a limit used up), at most ``MAX_HOLD_OFF``; else None."""
     if isinstance(error, RateLimited) and error.exhausted and error.retry_after is not None \
-            and error.retry_after > MAX_BACKOFF:
+            and error.retry_after > 0:
         return min(error.retry_after, MAX_HOLD_OFF)
     return None
 
@@ -114,19 +117,32 @@ class RoutePlan:
         return min(delay, MAX_BACKOFF)
 
     def _next_in_group(self, delay: float) -> Attempt | None:
-        """The next deployment in order whose circuit still admits a request."""
+        """The next deployment in order whose circuit still admits a request, else the one held off
+        for the shortest wait the plan waits out."""
         for _ in range(len(self._order)):
             self._pos = (self._pos + 1) % len(self._order)
             deployment = self._order[self._pos]
-            window = deployment.config.context_window
-            if window is not None and self._prompt_tokens > window:
-                self.too_long = True
-                continue
-            if deployment not in self._not_again and deployment.accepts():
-                self._current = deployment
-                self._count += 1
-                return Attempt(self._group, deployment, delay, self._count)
+            if self._may_try(deployment) and deployment.accepts():
+                return self._attempt(deployment, delay)
+        held = [(wait, d) for d in self._group.deployments
+                if 0 < (wait := d.health.held_for()) <= MAX_BACKOFF and self._may_try(d) and d.accepts(after_hold=True)]
+        if held:
+            wait, deployment = min(held, key=lambda h: h[0])
+            return self._attempt(deployment, max(delay, wait))
         return None
+
+    def _may_try(self, deployment: Deployment) -> bool:
+        """Whether this request may go to ``deployment``: its prompt fits, and it was not ruled out."""
+        window = deployment.config.context_window
+        if window is not None and self._prompt_tokens > window:
+            self.too_long = True
+            return False
+        return deployment not in self._not_again
+
+    def _attempt(self, deployment: Deployment, delay: float) -> Attempt:
+        self._current = deployment
+        self._count += 1
+        return Attempt(self._group, deployment, delay, self._count)
 
     def _next_group(self, names: list[str]) -> Attempt | None:
         while names:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,6 +60,8 @@ def _models(a: str, b: str) -> list[dict[str, Any]]:
         _group("sized", _dep("sz-a", a), _dep("sz-b", b)),  # each 429 test its own group: hold-offs last
         _group("sized-lone", _dep("sl-a", a)),
         _group("sized-soon", _dep("ss-a", a)),
+        _group("soon", _dep("so-a", a), _dep("so-b", b)),
+        _group("soon-lone", _dep("sn-a", a)),
         *(_group(f"used-{i}", _dep(f"used-{i}-a", a), _dep(f"used-{i}-b", b)) for i in range(4)),
     ]
 
@@ -226,6 +229,38 @@ def test_a_long_retry_after_with_nothing_left_is_a_429_carrying_it(env: Env, cli
     assert 28 <= int(again.value.response.headers["retry-after"]) <= 30
     assert _counts(env) == (1, 0)
     assert [(r.status, r.error_type) for r in env.usage.wait_for(2)] == [(429, "rate_limited")] * 2
+
+
+def test_a_short_retry_after_holds_the_deployment_off_for_the_others(env: Env, client: openai.OpenAI) -> None:
+    """A limit used up with a wait of a second: the next requests go straight to the other
+    deployment for that second (none spends a round trip on a 429 first), then the first serves again."""
+    env.a.fail_next(Fault(status=429, headers={"retry-after": "1"}))
+    t0 = time.monotonic()
+    for _ in range(3):
+        assert client.chat.completions.create(model="soon", messages=MESSAGES).choices
+    assert time.monotonic() - t0 < 0.8 and _counts(env) == (1, 3)
+    assert _state(env, "so-a") == "held"
+    time.sleep(max(0.0, 1.05 - (time.monotonic() - t0)))
+    assert client.chat.completions.create(model="soon", messages=MESSAGES).choices
+    assert _counts(env) == (2, 3)  # the priority deployment again
+
+
+def test_a_short_retry_after_with_nothing_else_is_waited_out_by_every_request(env: Env, client: openai.OpenAI) -> None:
+    """The one deployment asked for a second without requests: the request that met the 429 and
+    one that came meanwhile both wait it out and are served, and neither reaches the upstream before."""
+    env.a.fail_next(Fault(status=429, headers={"retry-after": "1"}))
+    with ThreadPoolExecutor(1) as pool:
+        t0 = time.monotonic()
+        first = pool.submit(client.chat.completions.create, model="soon-lone", messages=MESSAGES)
+        while not env.a.received:
+            time.sleep(0.01)
+        time.sleep(0.1)  # the 429 is back at the gateway
+        assert client.chat.completions.create(model="soon-lone", messages=MESSAGES).choices
+        second_done = time.monotonic() - t0
+        assert first.result(timeout=10).choices
+    assert second_done >= 0.9  # waited for the hold to end, not sent at once
+    assert _counts(env) == (3, 0)  # the 429, then each request once
+    assert [r.status for r in env.usage.wait_for(2)] == [200, 200]
 
 
 TOO_LARGE = {"retry-after": "30", "x-ratelimit-remaining-requests": "499", "x-ratelimit-remaining-tokens": "2000"}
