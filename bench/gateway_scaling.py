@@ -15,7 +15,9 @@ own ceiling, which every gateway figure must stay well under to mean anything. T
 and PostgreSQL servers are moved to those other CPUs for the run (``harness.services_on``).
 Reported per worker count: requests/s, requests/s per worker, scaling efficiency (rate / (N x the
 one-worker rate)), gateway CPU per request, Redis CPU (its own ``INFO cpu``) per request and as a
-share of a core, the same of PostgreSQL (all its processes: the usage inserts, the key lookups), and
+share of a core, the same of PostgreSQL (all its processes: the usage inserts, the key lookups),
+how the workers split the connections and the work (each one's keep-alive connections and share of
+its core: uvicorn's workers accept from one shared socket, which need not split them evenly), and
 each worker's RSS; at the end, usage rows in PostgreSQL = requests sent. The one key is busy enough
 to be admitted on credit (``quotas.credit``: Redis counts it once a second per worker);
 ``--no-credit`` counts every request in Redis, as it counts the requests of keys too quiet for credit.
@@ -27,6 +29,7 @@ import argparse
 import asyncio
 import os
 import tempfile
+import threading
 import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
@@ -38,7 +41,9 @@ from bench.gateway import CHAT, gateway_config, gateway_cpu
 from bench.harness import (
     REDIS_URL,
     UPSTREAMS,
+    connections_per_worker,
     count_usage_rows,
+    cpu_seconds,
     fresh_database,
     interpreter,
     make_tenant_key,
@@ -132,6 +137,10 @@ def scaling_config(db_url: str, upstreams: list[str], journal: Path, credit: boo
     return config
 
 
+def _count_connections(into: list[int], workers: list[int], port: int) -> None:
+    into.extend(connections_per_worker(workers, port))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workers", default="1,2,4,8", help="Worker counts to measure, comma-separated.")
@@ -161,7 +170,7 @@ def main() -> None:
             most = args.connections * max(counts)
             d = offer(pool, direct, most, args.seconds, args.loaders)
             rows.append(["direct upstreams (the harness's ceiling)", str(most), f"{d.ok / d.seconds:,.0f}",
-                         "-", "-", "-", "-", "-", "-", f"errors {d.errors}"])
+                         "-", "-", "-", "-", "-", "-", "-", f"errors {d.errors}"])
             base = 0.0
             for n in counts:
                 config = scaling_config(db_url, [url for _, url in ups], Path(tmp) / f"journal{n}", not args.no_credit)
@@ -170,10 +179,18 @@ def main() -> None:
                     key = make_tenant_key(gw.url)
                     via = [http_request(gw.url, "/v1/chat/completions", CHAT | {"model": "fast"}, key)]
                     sent += offer(pool, via, args.connections * n, 1.0, args.loaders).sent  # warm-up
+                    workers = worker_pids(gw.proc.pid)
                     cpu0, rcpu0, pcpu0 = gateway_cpu(gw), redis_cpu_seconds(), postgres_cpu_seconds()
+                    each0 = [cpu_seconds(pid) for pid in workers]
+                    conns: list[int] = []  # counted half-way through the run, while the connections are open
+                    counting = threading.Timer(args.seconds / 2, _count_connections,
+                                               (conns, workers, int(gw.url.rsplit(":", 1)[1])))
+                    counting.start()
                     g = offer(pool, via, args.connections * n, args.seconds, args.loaders)
+                    counting.join()
                     cpu, rcpu = gateway_cpu(gw) - cpu0, redis_cpu_seconds() - rcpu0
                     pcpu = postgres_cpu_seconds() - pcpu0
+                    busy = [(cpu_seconds(pid) - c) / g.seconds for pid, c in zip(workers, each0, strict=True)]
                     sent += g.sent
                     rss = [rss_mib(pid) for pid in worker_pids(gw.proc.pid)]
                 finally:
@@ -191,6 +208,7 @@ def main() -> None:
                         f"{cpu * 1000 / max(1, g.sent):.3f}",
                         f"{rcpu * 1e6 / max(1, g.sent):.0f} us, {rcpu / g.seconds:.0%} of a core",
                         f"{pcpu * 1e6 / max(1, g.sent):.0f} us, {pcpu / g.seconds:.0%} of a core",
+                        " ".join(f"{c}:{b:.0%}" for c, b in zip(conns, busy, strict=True)),
                         ", ".join(f"{r:.0f}" for r in rss),
                         f"errors {g.errors}",
                     ]
@@ -206,7 +224,7 @@ def main() -> None:
     print_table(
         rows,
         ["run", "conns", "req/s", "req/s per worker", "efficiency", "gateway CPU ms/req", "Redis CPU per req",
-         "PostgreSQL CPU per req", "RSS MiB per worker", "notes"],
+         "PostgreSQL CPU per req", "per worker: conns:busy", "RSS MiB per worker", "notes"],
     )
     print(f"usage rows in PostgreSQL: {rows_in_db:,}; requests sent through the gateway: {sent:,}")
 

@@ -144,6 +144,24 @@ def worker_pids(pid: int) -> list[int]:
     return workers or [pid]
 
 
+def connections_per_worker(pids: list[int], port: int) -> list[int]:
+    """How many established TCP connections to ``port`` each process in ``pids`` holds (the
+    keep-alive connections each worker accepted from a shared listening socket), in order."""
+    established = set()
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        if int(fields[1].rsplit(":", 1)[1], 16) == port and fields[3] == "01":  # local port, ESTABLISHED
+            established.add(f"socket:[{fields[9]}]")
+    counts = []
+    for pid in pids:
+        held = 0
+        for fd in Path(f"/proc/{pid}/fd").iterdir():
+            with contextlib.suppress(OSError):
+                held += os.readlink(fd) in established
+        counts.append(held)
+    return counts
+
+
 def rss_mib(pid: int) -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):

@@ -1,15 +1,17 @@
 """The benchmark harness says which interpreter a reading was taken on, and ``make`` makes the venv
 from the one it is given (docs/deployment.md); ``bench.stream_cost`` fits a line; ``bench.rss_rounds``
-reads a process's resident memory by kind."""
+reads a process's resident memory by kind; the harness counts each worker's connections."""
 
 from __future__ import annotations
 
+import os
 import platform
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
-from bench.harness import ROOT, interpreter
+from bench.harness import ROOT, connections_per_worker, interpreter
 from bench.rss_rounds import resident_mib
 from bench.stream_cost import fit
 
@@ -50,3 +52,16 @@ def test_resident_memory_is_read_by_kind() -> None:
         assert 64 < anon < 200 and 0 < mapped
     finally:
         child.communicate("")
+
+
+def test_connections_per_worker_counts_the_accepted_ones() -> None:
+    """This process listens, holds three accepted connections and their clients' ends: three."""
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        port = server.getsockname()[1]
+        clients = [socket.create_connection(("127.0.0.1", port)) for _ in range(3)]
+        accepted = [server.accept()[0] for _ in clients]
+        try:
+            assert connections_per_worker([os.getpid()], port) == [3]
+        finally:
+            for sock in clients + accepted:
+                sock.close()
