@@ -34,7 +34,7 @@ from backends.openai_wire import (
     encode_with_extra,
     extra_params,
     raw_fields,
-    service_tier,
+    relayed,
     set_relayed,
 )
 from backends.raw_http import RawStream
@@ -65,6 +65,24 @@ def _meter_from_usage(meter: Meter, usage: Usage) -> None:
     details = usage.prompt_tokens_details
     meter.cached_tokens = details.cached_tokens if details is not UNSET and details is not None else 0
     meter.exact = True
+
+
+def _tier_field(obj: Any) -> msgspec.Raw | None:
+    """An upstream answer's (or chunk's) ``service_tier`` field as it came, None when it has none."""
+    raw = relayed(obj)
+    return raw.get("service_tier") if raw is not None else None
+
+
+def _served_tier(sent: msgspec.Raw | None) -> str | None:
+    """The service tier a ``service_tier`` field says the request was served at (``"priority"``), None
+    when it names none."""
+    if sent is None:
+        return None
+    try:
+        tier = msgspec.json.decode(sent)
+    except msgspec.DecodeError:
+        return None
+    return tier if isinstance(tier, str) and tier else None
 
 
 _raw_object = msgspec.json.Decoder(dict[str, msgspec.Raw])
@@ -212,7 +230,7 @@ class OpenAIHTTPBackend(HTTPBackend):
 
     @staticmethod
     def _unary_meter(response: ChatCompletion | TextCompletion, prompt: Callable[[], int], text: str) -> Meter:
-        meter = Meter(first_token_at=time.perf_counter(), service_tier=service_tier(response))
+        meter = Meter(first_token_at=time.perf_counter(), service_tier=_served_tier(_tier_field(response)))
         if isinstance(usage := response.usage, Usage):
             _meter_from_usage(meter, usage)
         else:
@@ -244,7 +262,7 @@ class OpenAIHTTPBackend(HTTPBackend):
             reader.close()
             await self.http.close_stream(response)
             raise
-        meter = Meter(prompt_tokens=prompt_estimate, exact=False, service_tier=service_tier(first))
+        meter = Meter(prompt_tokens=prompt_estimate, exact=False)
         usage = _UsageWanted(request.include_usage, request.continuous_usage)
         relay = _Relay(self.http, response, reader, first, deadline, meter, usage, text_of)
         return ChunkStream(chunks=relay, meter=meter)
@@ -313,8 +331,10 @@ class _Relay(Generic[C]):
         self._deadline, self._meter, self._usage = deadline, meter, usage
         self._text_of: Callable[[C], str] = text_of
         self._saw_usage = False
+        self._tier_sent: msgspec.Raw | None = None  # the latest service_tier field a chunk sent
         self._closed = False
         self._failure: BaseException | None = None  # met while pushing: raised by the next __anext__
+        self._note_tier(first)
 
     def __aiter__(self) -> _Relay[C]:
         return self
@@ -382,6 +402,8 @@ class _Relay(Generic[C]):
                 self._unfinished.add(choice.index)
             else:
                 self._unfinished.discard(choice.index)
+        if meter.service_tier is None:
+            self._note_tier(chunk)
         if text := self._text_of(chunk):
             if meter.first_token_at is None:
                 meter.first_token_at = time.perf_counter()
@@ -391,13 +413,20 @@ class _Relay(Generic[C]):
         if isinstance(usage, Usage):
             self._saw_usage = True
             _meter_from_usage(meter, usage)
-            meter.service_tier = service_tier(chunk) or meter.service_tier
         if usage is not UNSET and not self._usage.final:  # a usage field sent, even null, is not relayed
             if not chunk.choices:  # the closing usage chunk
                 return None
             if not self._usage.per_chunk:
                 chunk.usage = UNSET
         return chunk
+
+    def _note_tier(self, chunk: C) -> None:
+        """The service tier a chunk names, onto the meter (read until one does: a first chunk may
+        name none, as Azure's prompt filter results, and a stream may end without a usage chunk)."""
+        sent = _tier_field(chunk)
+        if sent is not None and sent != self._tier_sent:  # decoded once, not on every chunk
+            self._tier_sent = sent
+            self._meter.service_tier = _served_tier(sent) or self._meter.service_tier
 
     def _estimated_usage_chunk(self) -> C:
         """The upstream reported no usage but the client asked for it: send our estimate."""

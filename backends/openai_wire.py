@@ -76,20 +76,6 @@ def relayed(obj: Struct) -> dict[str, msgspec.Raw] | None:
     return raw
 
 
-def service_tier(obj: Struct) -> str | None:
-    """The service tier an upstream answer (or chunk) says it was served at (``"service_tier":
-    "priority"``), None when it says none."""
-    raw = relayed(obj)
-    sent = raw.get("service_tier") if raw is not None else None
-    if sent is None:
-        return None
-    try:
-        tier = msgspec.json.decode(sent)
-    except msgspec.DecodeError:
-        return None
-    return tier if isinstance(tier, str) and tier else None
-
-
 def set_relayed(obj: Struct, raw: dict[str, msgspec.Raw], source: bytes | None = None) -> None:
     """Keep an upstream answer's top-level fields (``raw``) and, given, its exact bytes (``source``)."""
     obj.__dict__[_RELAYED] = raw

@@ -52,8 +52,11 @@ def gateway_url(upstreams: tuple[FakeUpstream, FakeResponsesUpstream, FakeAnthro
                                             "responses_api": True}]},
         {"name": "claude", "deployments": [{"provider": "anthropic", "model": "claude-test",
                                             "api_base": messages.url, "api_key": "sk"}]},
+        {"name": "pair", "deployments": [{"provider": "openai", "model": "up", "api_base": chat.url, "name": name}
+                                         for name in ("one", "two")]},
     ]
-    with admin_gateway(models, {"gpt": PRICE, "native": PRICE, "claude": PRICE}, usage) as server:
+    prices = {"gpt": PRICE, "native": PRICE, "claude": PRICE, "pair": PRICE}
+    with admin_gateway(models, prices, usage) as server:
         yield server.url
 
 
@@ -123,6 +126,42 @@ def test_an_anthropic_answer_is_priced_at_the_tier_its_usage_names(gateway_url: 
         assert record.extra.get("service_tier") == served
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_chat_request_to_an_anthropic_deployment_is_priced_at_the_tier_its_usage_names(
+        client: openai.OpenAI, usage: RecordingSink, stream: bool) -> None:
+    """/v1/chat/completions translated to Anthropic's Messages API: the tier of its usage, as on /v1/messages."""
+    before = len(usage.records)
+    tier: Any = {"service_tier": "auto"}  # a value both APIs take: served at the priority tier
+    answer = client.chat.completions.create(model="claude", messages=[{"role": "user", "content": "hello there"}],
+                                            max_tokens=8, stream=stream, **tier)
+    if stream:
+        list(answer)
+    record = _records(usage, before, 1)[0]
+    assert record.exact and record.extra.get("service_tier") == "priority"
+    assert record.cost == pytest.approx(_cost("priority", record.prompt_tokens, record.cached_tokens,
+                                              record.completion_tokens))
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_request_retried_on_another_deployment_is_priced_at_the_tier_of_the_answer(
+        client: openai.OpenAI, usage: RecordingSink, upstreams: tuple[FakeUpstream, ...], stream: bool) -> None:
+    """The first attempt fails before any byte; the meter is the answering attempt's, tier and all."""
+    before = len(usage.records)
+    upstream = upstreams[0]
+    upstream.fail_next(Fault(status=503))
+    sent = len(upstream.received)
+    answer = client.chat.completions.create(model="pair", messages=[{"role": "user", "content": "hi"}],
+                                            stream=stream, service_tier="flex")
+    if stream:
+        list(answer)
+    assert len(upstream.received) == sent + 2  # the failed attempt, then the one that answered
+    record = _records(usage, before, 1)[0]
+    assert record.status == 200 and record.extra.get("service_tier") == "flex"
+    cached = RICH_USAGE["prompt_tokens_details"]["cached_tokens"]
+    assert record.cost == pytest.approx(_cost("flex", RICH_USAGE["prompt_tokens"], cached,
+                                              RICH_USAGE["completion_tokens"]))
+
+
 def test_an_answer_naming_no_tier_is_priced_at_the_models_own_rates(client: openai.OpenAI, usage: RecordingSink,
                                                                     upstreams: tuple[FakeUpstream, ...]) -> None:
     upstreams[0].rich = False  # the plain echo answer: no service_tier field
@@ -155,3 +194,29 @@ def test_a_stream_cut_short_is_priced_at_the_tier_its_first_chunk_named(client: 
     assert not record.exact and record.completion_tokens > 0
     assert record.cost == pytest.approx(_cost("priority", record.prompt_tokens, 0, record.completion_tokens))
     assert record.extra.get("service_tier") == "priority"
+
+
+@pytest.mark.parametrize("finished", [False, True])
+def test_a_tier_named_after_the_first_chunk_prices_a_stream_without_usage(
+        client: openai.OpenAI, usage: RecordingSink, upstreams: tuple[FakeUpstream, ...], finished: bool) -> None:
+    """A stream whose first chunk names no tier (Azure's first, the prompt filter results, names none;
+    openai-ruby keeps the latest tier a chunk names for this reason) and that sends no usage chunk:
+    the tier the later chunks name, whether it is cut short or ends without usage."""
+    upstream = upstreams[0]
+    upstream.rich = False
+    upstream.fail_next(Fault(end_after_chunks=3, finish_last=finished, tier_from_chunk=1))
+    before = len(usage.records)
+    try:
+        answer = client.chat.completions.create(model="gpt", messages=[{"role": "user", "content": "one two three"}],
+                                                stream=True, service_tier="priority")
+        if finished:
+            assert {c.service_tier for c in answer} == {None, "priority"}
+        else:
+            with pytest.raises(openai.APIError):
+                list(answer)
+    finally:
+        upstream.rich = True
+    record = _records(usage, before, 1)[0]
+    assert not record.exact and record.completion_tokens > 0
+    assert record.extra.get("service_tier") == "priority"
+    assert record.cost == pytest.approx(_cost("priority", record.prompt_tokens, 0, record.completion_tokens))

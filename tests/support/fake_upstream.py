@@ -32,6 +32,7 @@ class Fault:
     end_after_chunks: int | None = None  # stream: send N chunks, then end the body without [DONE]
     finish_last: bool = False  # with end_after_chunks: the last chunk has a finish_reason
     alternate_choices: bool = False  # the chunks alternate between choices 0 and 1 (n=2)
+    tier_from_chunk: int = 0  # stream: the chunks before this one name no service tier (as Azure's first)
 
 
 @dataclass
@@ -140,7 +141,7 @@ class FakeUpstream(EchoUpstream, OnLoopback):
                       "choices": [{"index": index, "delta": {"content": piece}, "finish_reason": finish}]} if chat else
                      {"id": "cmpl-f", "object": "text_completion", "created": 0, "model": "m",
                       "choices": [{"index": index, "text": piece, "finish_reason": finish}]})
-            if "service_tier" in payload:
+            if "service_tier" in payload and i >= fault.tier_from_chunk:
                 chunk["service_tier"] = served_tier(payload)
             await ex.send({"type": "http.response.body", "body": b"data: " + json.dumps(chunk).encode() + b"\n\n",
                            "more_body": True})
