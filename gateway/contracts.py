@@ -107,6 +107,7 @@ class UsageRecord:
     latency_ms: float = 0.0
     ttft_ms: float | None = None
     stream: bool = False
+    service_tier: str | None = None  # the provider's tier it says it served the request at ("priority")
     extra: dict[str, str] = field(default_factory=dict)
 
 

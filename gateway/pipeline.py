@@ -264,7 +264,8 @@ class Pipeline:
             completion_tokens=meter.completion_tokens, cached_tokens=meter.cached_tokens, exact=meter.exact,
             cost=cost, error_type=error_type, latency_ms=(now - flight.t0) * 1000,
             ttft_ms=(meter.first_token_at - flight.t0) * 1000 if meter.first_token_at else None,
-            stream=flight.call.stream, extra=_record_extra(outcome, meter),
+            stream=flight.call.stream, service_tier=meter.service_tier,
+            extra={"outcome": outcome} if outcome else {},
         )
         try:
             self.services.usage.record(record)
@@ -286,14 +287,6 @@ class Pipeline:
     @staticmethod
     def _may_use(principal: Principal, group: ModelGroup) -> bool:
         return any(principal.may_use(name) for name in group.names)
-
-
-def _record_extra(outcome: str | None, meter: Meter) -> dict[str, str]:
-    """A usage row's notes: how a request that did not complete ended, the service tier it was served at."""
-    extra = {"outcome": outcome} if outcome else {}
-    if meter.service_tier is not None:
-        extra["service_tier"] = meter.service_tier
-    return extra
 
 
 def _reservation_record(flight: _Flight, prompt: int, output: int) -> UsageRecord:

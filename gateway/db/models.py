@@ -137,6 +137,7 @@ class UsageRow(Base):
     latency_ms: Mapped[float] = mapped_column(Float, default=0.0)
     ttft_ms: Mapped[float | None] = mapped_column(Float)
     started_at: Mapped[datetime] = mapped_column(UTCDateTime, index=True)
+    service_tier: Mapped[str | None] = mapped_column(String(40))  # as the provider named it
 
 
 class ModelPrice(Base):

@@ -21,7 +21,7 @@ from gateway.errors import ParameterError
 
 COLUMNS = ("request_id", "started_at", "tenant_id", "key_id", "model", "deployment", "provider", "endpoint",
            "stream", "status", "error_type", "prompt_tokens", "completion_tokens", "cached_tokens", "exact",
-           "cost", "latency_ms", "ttft_ms")
+           "cost", "latency_ms", "ttft_ms", "service_tier")
 STATUSES = ("ok", "error", "429")
 MAX_PAGE = 500
 

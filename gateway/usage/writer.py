@@ -71,6 +71,7 @@ def to_row(r: UsageRecord) -> dict[str, Any]:
         "latency_ms": r.latency_ms,
         "ttft_ms": r.ttft_ms,
         "started_at": datetime.fromtimestamp(r.started_at, UTC),
+        "service_tier": r.service_tier,
     }
 
 

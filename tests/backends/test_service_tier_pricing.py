@@ -90,7 +90,7 @@ def test_chat_and_completions_are_priced_at_the_tier_served(client: openai.OpenA
     expected = _cost(served, RICH_USAGE["prompt_tokens"], cached, RICH_USAGE["completion_tokens"])
     for record in _records(usage, before, 4):
         assert record.cost == pytest.approx(expected)
-        assert record.extra.get("service_tier") == served
+        assert record.service_tier == served
 
 
 @pytest.mark.parametrize(("asked", "served"), [("priority", "priority"), ("flex", "flex"), (None, "default")])
@@ -105,7 +105,7 @@ def test_a_responses_answer_is_priced_at_the_tier_served(client: openai.OpenAI, 
     expected = _cost(served, USAGE["input_tokens"], 2, USAGE["output_tokens"])
     for record in _records(usage, before, 2):
         assert record.cost == pytest.approx(expected)
-        assert record.extra.get("service_tier") == served
+        assert record.service_tier == served
 
 
 @pytest.mark.parametrize(("asked", "served"), [("auto", "priority"), ("standard_only", "standard")])
@@ -123,7 +123,7 @@ def test_an_anthropic_answer_is_priced_at_the_tier_its_usage_names(gateway_url: 
     for record, reported in zip(_records(usage, before, 2), [answer.usage, streamed.usage], strict=True):
         prompt = reported.input_tokens + (reported.cache_read_input_tokens or 0)
         assert record.cost == pytest.approx(_cost(rates, prompt, 2, reported.output_tokens))
-        assert record.extra.get("service_tier") == served
+        assert record.service_tier == served
 
 
 @pytest.mark.parametrize("stream", [False, True])
@@ -137,7 +137,7 @@ def test_a_chat_request_to_an_anthropic_deployment_is_priced_at_the_tier_its_usa
     if stream:
         list(answer)
     record = _records(usage, before, 1)[0]
-    assert record.exact and record.extra.get("service_tier") == "priority"
+    assert record.exact and record.service_tier == "priority"
     assert record.cost == pytest.approx(_cost("priority", record.prompt_tokens, record.cached_tokens,
                                               record.completion_tokens))
 
@@ -156,7 +156,7 @@ def test_a_request_retried_on_another_deployment_is_priced_at_the_tier_of_the_an
         list(answer)
     assert len(upstream.received) == sent + 2  # the failed attempt, then the one that answered
     record = _records(usage, before, 1)[0]
-    assert record.status == 200 and record.extra.get("service_tier") == "flex"
+    assert record.status == 200 and record.service_tier == "flex"
     cached = RICH_USAGE["prompt_tokens_details"]["cached_tokens"]
     assert record.cost == pytest.approx(_cost("flex", RICH_USAGE["prompt_tokens"], cached,
                                               RICH_USAGE["completion_tokens"]))
@@ -174,7 +174,7 @@ def test_an_answer_naming_no_tier_is_priced_at_the_models_own_rates(client: open
     assert answer.service_tier is None and answer.usage is not None
     record = _records(usage, before, 1)[0]
     assert record.cost == pytest.approx(_cost("default", answer.usage.prompt_tokens, 0, answer.usage.completion_tokens))
-    assert "service_tier" not in record.extra
+    assert record.service_tier is None
 
 
 def test_a_stream_cut_short_is_priced_at_the_tier_its_first_chunk_named(client: openai.OpenAI, usage: RecordingSink,
@@ -193,7 +193,7 @@ def test_a_stream_cut_short_is_priced_at_the_tier_its_first_chunk_named(client: 
     record = _records(usage, before, 1)[0]
     assert not record.exact and record.completion_tokens > 0
     assert record.cost == pytest.approx(_cost("priority", record.prompt_tokens, 0, record.completion_tokens))
-    assert record.extra.get("service_tier") == "priority"
+    assert record.service_tier == "priority"
 
 
 @pytest.mark.parametrize("finished", [False, True])
@@ -218,5 +218,5 @@ def test_a_tier_named_after_the_first_chunk_prices_a_stream_without_usage(
         upstream.rich = True
     record = _records(usage, before, 1)[0]
     assert not record.exact and record.completion_tokens > 0
-    assert record.extra.get("service_tier") == "priority"
+    assert record.service_tier == "priority"
     assert record.cost == pytest.approx(_cost("priority", record.prompt_tokens, 0, record.completion_tokens))

@@ -156,6 +156,9 @@ def test_request_detail_is_the_tenants_own_only(a_client: httpx.Client, dash: Da
     assert {r["tenant_id"] for r in mine["data"]} == {dash.a.id}
     one = a_client.get(f"/dashboard/api/requests/{mine['data'][0]['request_id']}").json()
     assert one["request_id"] == mine["data"][0]["request_id"] and one["explanation"]
+    assert one["service_tier"] is None  # a field of its own (the seeded answers named no tier)
+    exported = a_client.get("/dashboard/api/export.csv", params={"table": "requests", "range": "7d"}).text
+    assert "service_tier" in next(csv.reader(io.StringIO(exported)))
     with httpx.Client(base_url=dash.url) as admin:
         login(admin, ADMIN_KEY)
         theirs = admin.get("/dashboard/api/requests", params={"tenant_id": dash.b.id, "limit": 1}).json()["data"][0]

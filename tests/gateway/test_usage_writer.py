@@ -72,7 +72,7 @@ async def test_every_field_arrives_as_recorded(db: Database, tmp_path: Path) -> 
     full = rec(tenant, deployment=odd, provider="anthropic", endpoint="completions", stream=True,
                prompt_tokens=1234, completion_tokens=567, cached_tokens=89, exact=False, cost=0.1234567890123,
                status=502, error_type="upstream_error", latency_ms=12.345678901, ttft_ms=3.25,
-               started_at=started.timestamp())
+               started_at=started.timestamp(), service_tier="priority")
     bare = rec(tenant, tenant_id=None, deployment=None, provider=None, ttft_ms=None, started_at=started.timestamp())
     w = UsageWriter(db, PRICES, journal_dir=tmp_path)
     assert sys.getswitchinterval() <= SWITCH_INTERVAL  # the write-ahead thread gets the GIL within it
@@ -88,10 +88,11 @@ async def test_every_field_arrives_as_recorded(db: Database, tmp_path: Path) -> 
         tenant, "k1", "m", odd, "anthropic", "completions", True)
     assert (got.prompt_tokens, got.completion_tokens, got.cached_tokens, got.exact, got.cost, got.status) == (
         1234, 567, 89, False, 0.1234567890123, 502)
-    assert (got.error_type, got.latency_ms, got.ttft_ms, got.started_at) == (
-        "upstream_error", 12.345678901, 3.25, started)
+    assert (got.error_type, got.latency_ms, got.ttft_ms, got.started_at, got.service_tier) == (
+        "upstream_error", 12.345678901, 3.25, started, "priority")
     empty = rows[bare.request_id]
-    assert (empty.tenant_id, empty.deployment, empty.provider, empty.ttft_ms, empty.error_type) == (None,) * 5
+    assert (empty.tenant_id, empty.deployment, empty.provider, empty.ttft_ms, empty.error_type,
+            empty.service_tier) == (None,) * 6
     assert [(h.hour, h.error_type, h.requests, h.errors, h.prompt_tokens, h.cached_tokens, h.cost) for h in hourly] == [
         (started.replace(minute=0, second=0, microsecond=0), "upstream_error", 1, 1, 1234, 89, 0.1234567890123)]
 
