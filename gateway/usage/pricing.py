@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from backends.base import Meter
 from gateway.settings import PriceConfig, Settings
@@ -60,16 +60,21 @@ class PriceTable:
     @classmethod
     def from_settings(cls, settings: Settings) -> PriceTable:
         """The config's prices; a model group priced only per deployment gets the highest of its
-        deployments' prices, so reservations (made before a deployment is picked) never undershoot."""
+        deployments' prices, and a group priced itself reserves at the highest of its own and its
+        deployments' (a request is priced at its deployment's), so reservations (made before a
+        deployment is picked) never undershoot."""
         table = cls.from_config(settings.prices)
         for group in settings.models:
-            if group.name in table.prices:
-                continue
             priced = [table.prices[d.id] for d in group.deployments if d.id in table.prices]
-            if priced:
+            if not priced:
+                continue
+            highest = max(_highest(p) for p in priced)
+            if (own := table.prices.get(group.name)) is not None:
+                table.prices[group.name] = replace(own, highest_per_million=max(_highest(own), highest))
+            else:
                 table.prices[group.name] = Price(
                     max(p.input_per_million for p in priced), max(p.output_per_million for p in priced),
-                    highest_per_million=max(_highest(p) for p in priced),
+                    highest_per_million=highest,
                 )
         return table
 

@@ -295,6 +295,23 @@ def test_group_priced_per_deployment_reserves_the_highest_price() -> None:
     assert table.max_per_million("unpriced") == 0.0
 
 
+def test_group_priced_itself_reserves_at_its_dearest_deployments_price_too() -> None:
+    """A request is priced at its deployment's price when it has one: the group's own price alone
+    would reserve too little for the dearer deployment (a service tier of its, here)."""
+    from gateway.settings import parse_settings
+
+    dep = {"provider": "openai", "model": "x", "api_base": "http://127.0.0.1:9/v1"}
+    settings = parse_settings({
+        "models": [{"name": "g", "deployments": [dep | {"name": "plain"}, dep | {"name": "tiered"}]}],
+        "prices": {"g": {"input_per_million": 1, "output_per_million": 2},
+                   "tiered": {"input_per_million": 1, "output_per_million": 2,
+                              "service_tiers": {"priority": {"output_per_million": 7}}}},
+    }, env={})  # fmt: skip
+    table = PriceTable.from_settings(settings)
+    assert table.max_per_million("g") == 7.0
+    assert table.cost("g", 1_000_000, 1_000_000) == 3.0  # the group's own prices still cost its records
+
+
 async def test_a_writer_that_died_is_replayed_from_its_write_ahead_segment(db: Database, tmp_path: Path) -> None:
     """Records synced by a writer that then died are written by the next one; a request it died in
     is recorded from its reservation (incomplete), and a settled request's own record wins."""
