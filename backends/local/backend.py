@@ -139,6 +139,8 @@ class LocalEngineBackend:
         cid, created = response_id("chatcmpl"), int(time.time())
 
         def chunk(choices: list[ChatChunkChoice], usage: Usage | None = None) -> ChatCompletionChunk:
+            if usage is None and request.continuous_usage:  # vLLM's: the usage so far in every chunk
+                usage = usage_of(run.meter)
             return ChatCompletionChunk(id=cid, model=request.model, choices=choices, created=created,
                                        usage=usage if usage is not None else UNSET)
 
@@ -147,33 +149,43 @@ class LocalEngineBackend:
                 yield chunk([ChatChunkChoice(index=i, delta=ChatDelta(role="assistant", content=""))])
             finished: set[int] = set()  # one finish chunk per choice, though later outputs still carry it
             buffered = [""] * run.n  # with tools the text is held back until it is known to be a call
+            held: list[list[Any]] = [[] for _ in range(run.n)]  # and so are its logprobs
             async for _, out in run.outputs():
                 for o in out.outputs:
                     if o.index in finished:
                         continue
                     if o.finish_reason is not None:
                         finished.add(o.index)
+                    logprobs = o.delta_logprobs if request.logprobs else None
                     if plan is not None and plan.mode == "named":  # the text is the arguments: stream them
                         if not buffered[o.index]:
                             buffered[o.index] = tools.call_id()
                             head = ToolCallDelta(index=0, id=buffered[o.index], type="function",
                                                  function={"name": plan.named, "arguments": ""})
                             yield chunk([ChatChunkChoice(index=o.index, delta=ChatDelta(tool_calls=[head]))])
-                        if o.delta_text:
+                        if o.delta_text or logprobs:
                             part = ToolCallDelta(index=0, function={"arguments": o.delta_text})
-                            yield chunk([ChatChunkChoice(index=o.index, delta=ChatDelta(tool_calls=[part]))])
+                            delta = ChatDelta(tool_calls=[part]) if o.delta_text else ChatDelta()
+                            yield chunk([ChatChunkChoice(index=o.index, delta=delta,
+                                                         logprobs=self.logprobs.chat(logprobs))])
                         if o.finish_reason is not None:
                             ended: FinishReason = "length" if o.finish_reason == "length" else "tool_calls"
-                            yield chunk([ChatChunkChoice(index=o.index, delta=ChatDelta(), finish_reason=ended)])
+                            yield chunk([ChatChunkChoice(index=o.index, delta=ChatDelta(), finish_reason=ended,
+                                                         stop_reason=o.stop_reason)])
                         continue
                     if plan is not None:
                         buffered[o.index] += o.delta_text
+                        held[o.index] += logprobs or []
                         if o.finish_reason is not None:
-                            for c in tools.final_deltas(plan, o.index, buffered[o.index],
-                                                        wire.finish_reason(o.finish_reason)):
+                            closing = tools.final_deltas(plan, o.index, buffered[o.index],
+                                                         wire.finish_reason(o.finish_reason))
+                            if request.logprobs:
+                                closing[0].logprobs = self.logprobs.chat(held[o.index])
+                            closing[-1].stop_reason = o.stop_reason
+                            for c in closing:
                                 yield chunk([c])
                         continue
-                    if o.delta_text or (o.delta_logprobs and request.logprobs):
+                    if o.delta_text or logprobs:
                         yield chunk([ChatChunkChoice(index=o.index, delta=ChatDelta(content=o.delta_text),
                                                      logprobs=self.logprobs.chat(o.delta_logprobs))])
                     if o.finish_reason is not None:

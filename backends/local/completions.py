@@ -20,6 +20,7 @@ from backends.base import BadRequest, ChunkStream, ClosingChunks, Completed
 from backends.call import CallContext
 from backends.local import wire
 from backends.local.run import EngineRun, LocalModel, collect, response_id, usage_of
+from backends.local.wire import TextOffsets
 from backends.openai_wire import CompletionChoice, CompletionLogprobs, CompletionRequest, TextCompletion, Usage
 from engine import RequestOutput
 
@@ -58,12 +59,17 @@ class _Completion:
             return text, None
         return text, self.backend.logprobs.prompt(self.prompts[p], out.prompt_logprobs or [])
 
-    def generated(self, o: Any, offset: int, delta: bool) -> tuple[str, CompletionLogprobs | None]:
-        """The continuation (all of it, or the new part) and its logprobs, from ``offset`` on."""
+    def generated(self, o: Any, offsets: TextOffsets | int, delta: bool) -> tuple[str, CompletionLogprobs | None]:
+        """The continuation (all of it, or the new part) and its logprobs, their text offsets
+        counted by ``offsets`` (or from that offset on)."""
         if self.score_only:
             return "", CompletionLogprobs() if self.count is not None else None
         text, items = (o.delta_text, o.delta_logprobs) if delta else (o.text, o.logprobs)
-        return text, self.backend.logprobs.completion(items, offset, self.skip_special)
+        return text, self.backend.logprobs.completion(items, offsets, self.skip_special)
+
+    def offsets(self, start: int) -> TextOffsets:
+        """A counter of one choice's text offsets, its continuation starting at ``start``."""
+        return TextOffsets(self.backend.logprobs, start, self.skip_special)
 
     def finish_reason(self, reason: str | None) -> Any:
         return "length" if self.score_only and reason is not None else wire.finish_reason(reason)
@@ -102,18 +108,20 @@ def complete_stream(
     cid, created = response_id("cmpl"), int(time.time())
 
     def chunk(choices: list[CompletionChoice], usage: Usage | None = None) -> TextCompletion:
+        if usage is None and request.continuous_usage:  # vLLM's: the usage so far in every chunk
+            usage = usage_of(c.run.meter)
         return TextCompletion(id=cid, model=request.model, choices=choices, created=created,
                               usage=usage if usage is not None else UNSET)
 
     async def gen() -> AsyncIterator[TextCompletion]:
-        offsets: dict[int, int] = {}  # text offset of the next token, per choice
+        offsets: dict[int, TextOffsets] = {}  # text offsets of the tokens, per choice
         pending_echo = set(range(len(c.prompts))) if c.echo else set()
         scored = c.count is not None  # the echo waits for the prompt's logprobs (its first output)
         if c.echo and not scored:
             for p in range(len(c.prompts)):
                 text, _ = c.echo_part(p, None)
                 for i in range(c.n):
-                    offsets[p * c.n + i] = len(text)
+                    offsets[p * c.n + i] = c.offsets(len(text))
                     yield chunk([CompletionChoice(index=p * c.n + i, text=text)])
             pending_echo.clear()
         finished: set[int] = set()  # one finish chunk per choice, though later outputs still carry it
@@ -122,15 +130,16 @@ def complete_stream(
                 pending_echo.discard(p)
                 text, lp = c.echo_part(p, out)
                 for i in range(c.n):
-                    offsets[p * c.n + i] = len(text)
+                    offsets[p * c.n + i] = c.offsets(len(text))
                     yield chunk([CompletionChoice(index=p * c.n + i, text=text, logprobs=lp)])
             for o in out.outputs:
                 index = p * c.n + o.index
                 if index in finished:
                     continue
-                text, lp = c.generated(o, offsets.get(index, 0), delta=True)
+                if index not in offsets:
+                    offsets[index] = c.offsets(0)
+                text, lp = c.generated(o, offsets[index], delta=True)
                 if text or (lp is not None and lp.tokens):
-                    offsets[index] = offsets.get(index, 0) + len(text)
                     yield chunk([CompletionChoice(index=index, text=text, logprobs=lp)])
                 if o.finish_reason is not None:
                     finished.add(index)

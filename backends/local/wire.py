@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import codecs
 import json
 from typing import Any
 
@@ -164,8 +165,18 @@ class LogprobFormatter:
 
     def token_bytes(self, token_id: int) -> list[int]:
         """The token's own bytes, also when it holds only part of a character (OpenAI's ``bytes``)."""
+        return list(self.own_bytes(token_id))
+
+    def own_bytes(self, token_id: int) -> bytes:
         own = getattr(self.tokenizer, "token_bytes", None)
-        return list(own(token_id) if own is not None else self.token(token_id).encode())
+        return bytes(own(token_id)) if own is not None else self.token(token_id).encode()
+
+    def text_bytes(self, token_id: int, skip_special_tokens: bool) -> bytes:
+        """What the token adds to a text decoded with ``skip_special_tokens`` (nothing for a skipped
+        special token), as UTF-8 bytes."""
+        if skip_special_tokens and not self.tokenizer.decode([token_id], skip_special_tokens=True):
+            return b""
+        return self.own_bytes(token_id)
 
     def chat(self, items: list[Any] | None) -> ChoiceLogprobs | None:
         if items is None:
@@ -184,32 +195,67 @@ class LogprobFormatter:
         the first token). Text offsets are positions in the echoed text (the prompt decoded without
         special tokens), so a special token such as BOS takes no room there."""
         result = CompletionLogprobs()
-        offset = 0
+        offsets = TextOffsets(self, 0, skip_special_tokens=True)
         for i, token_id in enumerate(prompt_ids):
             lp = items[i] if i < len(items) else None
-            text = self.token(token_id)
-            result.tokens.append(text)
+            result.tokens.append(self.token(token_id))
             result.token_logprobs.append(lp.logprob if lp is not None else None)
             result.top_logprobs.append(self._top(lp.top) if lp is not None else None)
-            result.text_offset.append(offset)
-            offset += len(self.tokenizer.decode([token_id], skip_special_tokens=True))
+            result.text_offset.append(offsets.push(token_id))
         return result
 
     def _top(self, top: dict[int, float]) -> dict[str, float]:
         return {self.token(i): v for i, v in sorted(top.items(), key=lambda kv: -kv[1])}
 
-    def completion(self, items: list[Any] | None, offset: int,
+    def completion(self, items: list[Any] | None, offsets: TextOffsets | int,
                    skip_special_tokens: bool = True) -> CompletionLogprobs | None:
-        """Generated tokens from text offset ``offset`` on. Offsets index the returned text, which
-        was decoded with ``skip_special_tokens`` as the request asked: a skipped special token
+        """Generated tokens, their offsets counted by ``offsets`` (a stream keeps one per choice
+        across its chunks), or from text offset ``offsets`` on. Offsets index the returned text,
+        which was decoded with ``skip_special_tokens`` as the request asked: a skipped special token
         (e.g. an end-of-turn the model emitted) takes no room there."""
         if items is None:
             return None
+        if isinstance(offsets, int):
+            offsets = TextOffsets(self, offsets, skip_special_tokens)
         result = CompletionLogprobs()
         for lp in items:
             result.tokens.append(self.token(lp.token_id))
             result.token_logprobs.append(lp.logprob)
             result.top_logprobs.append(self._top(lp.top))
-            result.text_offset.append(offset)
-            offset += len(self.tokenizer.decode([lp.token_id], skip_special_tokens=skip_special_tokens))
+            result.text_offset.append(offsets.push(lp.token_id))
         return result
+
+
+class TextOffsets:
+    """OpenAI's ``text_offset`` of tokens decoded one after another: where each token's text starts.
+
+    Counted on the tokens' bytes, not on their text one by one, so that a token holding part of a
+    character is at that character (the text holds one character for all its tokens), and a byte
+    no later token completes takes the one U+FFFD the text shows for it. What a stream holds back
+    (a possible stop string's start) does not move the offsets: they are those of the whole answer.
+    """
+
+    def __init__(self, formatter: LogprobFormatter, start: int, skip_special_tokens: bool) -> None:
+        self.formatter = formatter
+        self.skip_special_tokens = skip_special_tokens
+        self.chars = start  # characters decoded so far (an incomplete last character not yet)
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def push(self, token_id: int) -> int:
+        """The offset of the next token, ``token_id``."""
+        data = self.formatter.text_bytes(token_id, self.skip_special_tokens)
+        pending = self._decoder.getstate()[0]  # the bytes of a character begun and not yet complete
+        offset = self.chars
+        if pending and data and not _continues(pending + data[:1]):
+            offset += len(pending.decode("utf-8", errors="replace"))  # the incomplete character is a U+FFFD
+        self.chars += len(self._decoder.decode(data))
+        return offset
+
+
+def _continues(data: bytes) -> bool:
+    """Whether ``data`` is valid UTF-8 so far (possibly ending inside a character)."""
+    try:
+        codecs.getincrementaldecoder("utf-8")().decode(data)
+    except UnicodeDecodeError:
+        return False
+    return True

@@ -24,7 +24,7 @@ from backends.embeddings_wire import EmbeddingList, EmbeddingRequest
 from backends.local import tools
 from backends.local.structured import from_request as structured_from_request
 from backends.local.tool_parsers import choose_parser
-from backends.local.wire import LogprobFormatter, chat_messages
+from backends.local.wire import LogprobFormatter, TextOffsets, chat_messages
 from backends.openai_wire import (
     ChatChoice,
     ChatChunkChoice,
@@ -92,8 +92,11 @@ class HFGenerateBackend:
         cid, created = _id("chatcmpl"), int(time.time())
         pending = PendingLogprobs()
         buffered = [""] * run.job.num_rows  # with tools the text is held back until it is known to be a call
+        held: list[list[Any]] = [[] for _ in range(run.job.num_rows)]  # and so are its logprobs
 
         def chunk(choices: list[ChatChunkChoice], usage: Usage | None = None) -> ChatCompletionChunk:
+            if usage is None and request.continuous_usage:  # vLLM's: the usage so far in every chunk
+                usage = _usage(run.meter)
             return ChatCompletionChunk(
                 id=cid,
                 model=request.model,
@@ -108,10 +111,13 @@ class HFGenerateBackend:
                 return []
             if plan is not None:
                 buffered[ev.index] += ev.text
+                held[ev.index] += lps
                 if ev.finish is None:
                     return []
-                return [chunk([c]) for c in tools.final_deltas(plan, ev.index, buffered[ev.index],
-                                                               _reason(ev.finish))]
+                closing = tools.final_deltas(plan, ev.index, buffered[ev.index], _reason(ev.finish))
+                if k is not None:
+                    closing[0].logprobs = self.logprobs.chat(held[ev.index])
+                return [chunk([c]) for c in closing]
             logprobs = self.logprobs.chat(lps) if k is not None else None
             if ev.finish is not None:
                 return [chunk([ChatChunkChoice(index=ev.index, delta=ChatDelta(), finish_reason=_reason(ev.finish),
@@ -152,9 +158,11 @@ class HFGenerateBackend:
         cid, created = _id("cmpl"), int(time.time())
         pending = PendingLogprobs()
         echoes = self._echoes(request, prompts)
-        offsets = [len(e) for e in echoes]  # text_offset of the next token, per choice
+        offsets = [TextOffsets(self.logprobs, len(e), True) for e in echoes]  # text offsets, per choice
 
         def chunk(choices: list[CompletionChoice], usage: Usage | None = None) -> TextCompletion:
+            if usage is None and request.continuous_usage:  # vLLM's: the usage so far in every chunk
+                usage = _usage(run.meter)
             return TextCompletion(
                 id=cid,
                 model=request.model,
@@ -170,7 +178,6 @@ class HFGenerateBackend:
             logprobs = None
             if k is not None:
                 logprobs = self.logprobs.completion(lps, offsets[ev.index])
-                offsets[ev.index] += sum(len(t) for t in logprobs.tokens) if logprobs is not None else 0
             reason = _reason(ev.finish) if ev.finish is not None else None
             return [chunk([CompletionChoice(index=ev.index, text=ev.text, finish_reason=reason, logprobs=logprobs)])]
 

@@ -73,6 +73,20 @@ def test_streamed_tool_call_deltas(env: Env) -> None:
     jsonschema.validate(json.loads(args), WEATHER)
 
 
+@pytest.mark.parametrize("tool_choice", [NAMED, "required", "auto"])
+def test_streamed_tool_answers_carry_the_logprobs_asked_for(env: Env, tool_choice: Any) -> None:
+    """``logprobs`` is honoured streamed as not: the same tokens, whether the text streams as
+    arguments (a named function) or is held back until it is known to be a call."""
+    body: Any = dict(model="tiny", messages=MESSAGES, tools=TOOLS, tool_choice=tool_choice, max_tokens=24,
+                     temperature=1.0, seed=4, logprobs=True, top_logprobs=2)
+    whole = env.client().chat.completions.create(**body).choices[0]
+    assert whole.logprobs is not None and whole.logprobs.content
+    streamed = [t for chunk in env.client().chat.completions.create(**body, stream=True) for c in chunk.choices
+                if c.logprobs and c.logprobs.content for t in c.logprobs.content]
+    assert [(t.token, t.logprob) for t in streamed] == [(t.token, t.logprob) for t in whole.logprobs.content]
+    assert [len(t.top_logprobs) for t in streamed] == [2] * len(streamed)
+
+
 def test_tool_role_messages_are_accepted(env: Env) -> None:
     messages: list[Any] = MESSAGES + [
         {"role": "assistant", "content": None, "tool_calls": [

@@ -116,3 +116,29 @@ def test_messages_stop_sequence_and_input_tokens_on_the_engine(env: Env) -> None
     start = next(e for e in events if e.type == "message_start")
     assert start.message.usage.input_tokens == free.usage.input_tokens > 0
     assert final.stop_reason == "stop_sequence" and final.stop_sequence == stop
+
+
+@pytest.mark.parametrize("include_usage", [False, True])
+def test_continuous_usage_stats_puts_the_usage_so_far_in_every_chunk(env: Env, include_usage: bool) -> None:
+    """vLLM's ``stream_options.continuous_usage_stats`` is honoured, not dropped: every chunk with
+    choices carries the usage so far (as the gateway relays it from an upstream), the closing usage
+    chunk only with ``include_usage``; the last count is the metered one."""
+    options = {"continuous_usage_stats": True} | ({"include_usage": True} if include_usage else {})
+    env.usage.records.clear()
+    chat = env.client().chat.completions.create(  # type: ignore[call-overload]
+        model="tiny", messages=MESSAGES, max_tokens=4, temperature=0, stream=True, stream_options=options,
+        extra_body={"ignore_eos": True})
+    chunks = [c for c in chat]
+    with_choices = [c for c in chunks if c.choices]
+    assert all(c.usage is not None for c in with_choices)
+    counts = [c.usage.completion_tokens for c in with_choices]
+    assert counts[0] == 0 and counts[-1] == 4 and counts == sorted(counts)
+    record = env.usage.wait_for(1)[0]
+    assert {c.usage.prompt_tokens for c in with_choices} == {record.prompt_tokens}
+    assert record.completion_tokens == 4
+    assert len(chunks) == len(with_choices) + include_usage
+    text = env.client().completions.create(  # type: ignore[call-overload]
+        model="tiny", prompt="hi", max_tokens=3, temperature=0, stream=True, stream_options=options,
+        extra_body={"ignore_eos": True})
+    usages = [c.usage for c in text if c.choices]
+    assert all(u is not None for u in usages) and usages[-1].completion_tokens == 3

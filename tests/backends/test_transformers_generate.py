@@ -134,6 +134,17 @@ async def test_seeded_sampling_repeats(backend_for) -> None:
     assert (await backend.complete(req)).response.choices[0].text == first
 
 
+async def test_continuous_usage_stats_puts_the_usage_so_far_in_every_chunk(backend_for) -> None:
+    backend = backend_for("gpt2")
+    options = StreamOptions(continuous_usage_stats=True)
+    asked = dict(max_tokens=4, ignore_eos=True, stream=True, stream_options=options)
+    streams = [await backend.chat_stream(chat("hi", **asked)),
+               await backend.complete_stream(completion(PROMPTS[0], **asked))]
+    for stream in streams:  # every chunk carries the usage so far
+        counts = [c.usage.completion_tokens async for c in stream.chunks]
+        assert counts == sorted(counts) and counts[-1] == stream.meter.completion_tokens == 4
+
+
 async def test_closing_a_stream_aborts_and_meters_what_was_produced(backend_for) -> None:
     backend = backend_for("gpt2")
     stream = await backend.complete_stream(completion(PROMPTS[0], max_tokens=200, ignore_eos=True, stream=True))

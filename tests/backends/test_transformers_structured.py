@@ -153,6 +153,17 @@ async def test_required_tool_choice_returns_valid_calls(backend: HFGenerateBacke
     jsonschema.validate(json.loads(calls[0].function.arguments), TOOL_SCHEMAS[calls[0].function.name])
 
 
+@pytest.mark.parametrize("tool_choice", [NAMED, "required"])
+async def test_streamed_tool_calls_carry_the_logprobs_asked_for(backend: HFGenerateBackend, tool_choice: Any) -> None:
+    body = dict(tools=TOOLS, tool_choice=tool_choice, seed=4, max_tokens=12, logprobs=True, top_logprobs=2)
+    whole = (await backend.chat(chat(**body))).response.choices[0].logprobs
+    assert whole is not None and whole.content
+    stream = await backend.chat_stream(chat(**body, stream=True))
+    streamed = [t for c in [c async for c in stream.chunks] for ch in c.choices if ch.logprobs
+                for t in ch.logprobs.content]
+    assert [(t.token, t.logprob) for t in streamed] == [(t.token, t.logprob) for t in whole.content]
+
+
 async def test_tool_role_messages_and_tool_choice_none(backend: HFGenerateBackend) -> None:
     messages = [
         {"role": "user", "content": "Weather in Paris?"},

@@ -1,0 +1,69 @@
+"""Text completions' ``logprobs.text_offset`` on the local engine: each token's offset is where its
+text starts in the returned text (a token holding part of a character at that character), the same
+streamed as not, also while a stop string's prefix is held back and for an echoed prompt."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import msgspec
+import pytest
+
+from backends.local import LocalEngineBackend
+from backends.openai_wire import CompletionLogprobs, CompletionRequest
+from engine import AsyncEngine, EngineConfig
+from engine.tiny_model import build_tiny_model
+
+SUN = "\U0001f31e"  # four UTF-8 bytes: four tokens of the tiny byte-level tokenizer
+
+
+@pytest.fixture(scope="module")
+def backend(tmp_path_factory: pytest.TempPathFactory) -> LocalEngineBackend:
+    folder = build_tiny_model(tmp_path_factory.mktemp("offsets") / "tiny", seed=5, max_position_embeddings=512)
+    engine = AsyncEngine(EngineConfig(model=str(folder), num_kv_blocks=64, block_size=16, max_model_len=128))
+    return LocalEngineBackend(engine, str(folder))
+
+
+def completion(**body: Any) -> CompletionRequest:
+    return msgspec.json.decode(json.dumps({"model": "tiny", "prompt": "The train", **body}), type=CompletionRequest)
+
+
+async def _both(backend: LocalEngineBackend, **body: Any) -> tuple[str, CompletionLogprobs, str, list[int]]:
+    """The non-streamed text and logprobs, and the streamed text and offsets, of one request."""
+    choice = (await backend.complete(completion(**body))).response.choices[0]
+    assert choice.logprobs is not None
+    streamed = await backend.complete_stream(completion(**body, stream=True))
+    chunks = [ch for c in [c async for c in streamed.chunks] for ch in c.choices]
+    offsets = [o for ch in chunks if ch.logprobs for o in ch.logprobs.text_offset]
+    return choice.text, choice.logprobs, "".join(ch.text for ch in chunks), offsets
+
+
+def _assert_offsets_index(text: str, lp: CompletionLogprobs) -> None:
+    """Offsets rise, stay in the text, and a whole token's text is found at its offset (a special
+    token takes no room: its text was skipped)."""
+    assert lp.text_offset == sorted(lp.text_offset)
+    for token, offset in zip(lp.tokens, lp.text_offset):
+        assert offset <= len(text)
+        if "\ufffd" not in token and not token.startswith("<|") and offset < len(text):
+            assert text[offset : offset + len(token)] == token
+
+
+async def test_streamed_offsets_agree_while_a_stop_string_prefix_is_held_back(backend: LocalEngineBackend) -> None:
+    body = dict(max_tokens=8, temperature=0, ignore_eos=True, logprobs=0)
+    plain = (await backend.complete(completion(**body))).response.choices[0].text
+    # every prefix of the answer could begin this stop string: the stream holds its text back to the end
+    text, lp, streamed_text, offsets = await _both(backend, **body, stop=[plain + "\u2603"])
+    assert text == streamed_text == plain
+    _assert_offsets_index(text, lp)
+    assert offsets == lp.text_offset
+
+
+async def test_offsets_of_tokens_holding_part_of_a_character(backend: LocalEngineBackend) -> None:
+    body = dict(max_tokens=12, temperature=0, logprobs=0, echo=True, prompt=f"sun {SUN} day",
+                guided_regex=f"{SUN}{SUN} ok")
+    text, lp, streamed_text, offsets = await _both(backend, **body)
+    assert text == streamed_text == f"sun {SUN} day{SUN}{SUN} ok"
+    _assert_offsets_index(text, lp)
+    assert lp.text_offset[lp.tokens.index(" d")] == text.index(" day")  # after the prompt's sun
+    assert offsets == lp.text_offset
