@@ -184,9 +184,13 @@ class PriceConfig(Conf):
     service_tiers: dict[Annotated[str, Meta(min_length=1)], ServiceTierPrice] = msgspec.field(
         default_factory=dict)
 
+    def __post_init__(self) -> None:
+        self.service_tiers = {name.lower(): prices for name, prices in self.service_tiers.items()}
+
     def for_tier(self, tier: str | None) -> PriceConfig:
-        """The prices of a request served at service tier ``tier``: a listed tier's, else these."""
-        prices = self.service_tiers.get(tier) if tier is not None else None
+        """The prices of a request served at service tier ``tier`` (its name in any case): a listed
+        tier's, else these."""
+        prices = self.service_tiers.get(tier.lower()) if tier is not None else None
         if prices is None:
             return self
         long_prompts = self.long_prompts if prices.long_prompts is None else prices.long_prompts

@@ -78,6 +78,13 @@ def test_a_request_is_priced_at_its_service_tiers_rates(tier: str | None, prompt
     assert request_cost(TIERED, meter) == pytest.approx(expected)
 
 
+def test_a_tier_is_matched_whatever_the_case_of_its_name() -> None:
+    price = parse_settings({"prices": {"m": {"input_per_million": 1.0, "service_tiers": {
+        "Priority": {"input_per_million": 2.0}}}}}, env={}).prices["m"]
+    for tier in ("priority", "PRIORITY"):
+        assert request_cost(price, Meter(prompt_tokens=1_000_000, service_tier=tier)) == pytest.approx(2.0)
+
+
 def test_a_reservation_takes_the_highest_per_token_price_cache_writes_included() -> None:
     dep: dict[str, Any] = {"provider": "openai", "model": "x", "api_base": "http://127.0.0.1:9/v1"}
     settings = parse_settings({
