@@ -60,6 +60,38 @@ def validation_error(exc: msgspec.ValidationError) -> ApiError:
     return ApiError(400, f"invalid value for '{param}': {problem}", param=param, code="invalid_value")
 
 
+def _nul_refused(raw: bytes) -> ApiError:
+    """The 400 for a body holding a NUL character, naming the field it lies in where the body parses."""
+    where = _nul_path(raw)
+    if where is None:
+        return ApiError(400, "the request body contains a NUL character (\\u0000), which is not allowed in any "
+                        "field", code="invalid_value")
+    return ApiError(400, f"invalid value for '{where}': a NUL character (\\u0000) is not allowed in any field",
+                    param=where, code="invalid_value")
+
+
+def _nul_path(raw: bytes) -> str | None:
+    """Where a string (a value or a key) holding a NUL lies in ``raw`` (``messages[0].content``), or
+    None when ``raw`` is not JSON. Iterative: any depth."""
+    try:
+        stack: list[tuple[Any, str]] = [(msgspec.json.decode(raw), "")]
+    except (msgspec.DecodeError, RecursionError):
+        return None
+    while stack:
+        value, at = stack.pop()
+        if isinstance(value, str) and "\x00" in value:
+            return at or None
+        if isinstance(value, dict):
+            for key, child in reversed(value.items()):
+                path = f"{at}.{key}" if at else key
+                if "\x00" in key:
+                    return path
+                stack.append((child, path))
+        elif isinstance(value, list):
+            stack.extend((child, f"{at}[{i}]") for i, child in reversed(list(enumerate(value))))
+    return None
+
+
 def decode_body(raw: bytes, type_: type[T]) -> T:
     """Decode a JSON body into ``type_`` or raise a 400 ApiError."""
     decoder = _decoders.get(type_)
@@ -67,8 +99,7 @@ def decode_body(raw: bytes, type_: type[T]) -> T:
         decoder = _decoders[type_] = msgspec.json.Decoder(type_)
     # the substring test first: the pattern starts with a lookbehind, so searching it tries every byte
     if b"\x00" in raw or (b"\\u0000" in raw and _NUL_ESCAPE.search(raw)):
-        raise ApiError(400, "the request body contains a NUL character (\\u0000), which is not allowed in any field",
-                       code="invalid_value")
+        raise _nul_refused(raw)
     try:
         body = decoder.decode(raw)
         if getattr(type_, "raw_body", False):  # translated requests keep the original for a same-dialect upstream

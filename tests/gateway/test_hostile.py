@@ -42,15 +42,19 @@ def test_largest_allowed_token_count_is_not_a_5xx(env: GatewayEnv) -> None:
     assert response.status_code < 500, response.text
 
 
-@pytest.mark.parametrize("body", [
-    b'{"model": "echo", "messages": [{"role": "user", "content": "a\\u0000b"}]}',
-    b'{"model": "echo\\u0000", "messages": [{"role": "user", "content": "ab"}]}',
-    b'{"model": "echo", "messages": [{"role": "user", "content": "a\\\\\\u0000b"}]}',
+@pytest.mark.parametrize(("body", "param"), [
+    (b'{"model": "echo", "messages": [{"role": "user", "content": "a\\u0000b"}]}', "messages[0].content"),
+    (b'{"model": "echo\\u0000", "messages": [{"role": "user", "content": "ab"}]}', "model"),
+    (b'{"model": "echo", "messages": [{"role": "user", "content": "a\\\\\\u0000b"}]}', "messages[0].content"),
+    (b'{"model": "echo", "messages": [{"role": "user", "content": "ab"}], "meta\\u0000": 1}', "meta\x00"),
+    (b'{"model": "echo", "messages": [{"role": "user", "content": "a\x00b"}]}', None),  # a raw NUL: not JSON
 ])
-def test_nul_characters_are_refused_with_a_400(env: GatewayEnv, body: bytes) -> None:
+def test_nul_characters_are_refused_with_a_400_naming_the_field(env: GatewayEnv, body: bytes,
+                                                                param: str | None) -> None:
     response = _post(env, "/v1/chat/completions", body)
     assert response.status_code == 400, response.text
-    assert "NUL" in response.json()["error"]["message"]
+    error = response.json()["error"]
+    assert "NUL" in error["message"] and error["param"] == param
 
 
 def test_an_escaped_backslash_before_u0000_is_not_a_nul(env: GatewayEnv) -> None:
