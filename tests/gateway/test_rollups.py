@@ -7,6 +7,7 @@ import asyncio
 import uuid
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import insert, select, text
@@ -141,6 +142,13 @@ def test_percentiles_and_range_parsing() -> None:
             Range.parse(*bad)
 
 
+LATER_COLUMNS = ("service_tier",)  # usage_records' columns added after 0001 (0009)
+
+
+def _columns_of_0001(row: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in row.items() if k not in LATER_COLUMNS}
+
+
 @pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
 async def test_migrations_backfill_existing_records(backend: str, tmp_path: Path) -> None:
     """0002 and 0004 roll up the records written before them. On SQLite, 0007 merges the rollup rows
@@ -155,18 +163,22 @@ async def test_migrations_backfill_existing_records(backend: str, tmp_path: Path
         await asyncio.to_thread(migrate.upgrade, url, "0001")
         database = Database.from_url(url)
         old, new = mixed_records("old"), mixed_records("old", 10)
-        async with database.engine.begin() as conn:
-            await conn.execute(insert(UsageRow), [to_row(r) for r in old])
+        async with database.engine.begin() as conn:  # rows as 0001 had them: without later columns
+            await conn.execute(insert(UsageRow), [_columns_of_0001(to_row(r)) for r in old])
         await asyncio.to_thread(migrate.upgrade, url, "0006_responses")
-        if backend == "sqlite":
-            async with database.engine.begin() as conn:
+        async with database.engine.begin() as conn:
+            if backend == "sqlite":
                 for table, column in (("usage_hourly", "hour"), ("latency_hourly", "hour"), ("latency_daily", "day")):
                     await conn.exec_driver_sql(f"UPDATE {table} SET {column} = substr({column}, 1, 19)")
+            # today's writer writes the column a later migration (0009) adds: there for the write only
+            await conn.exec_driver_sql("ALTER TABLE usage_records ADD COLUMN service_tier VARCHAR(40)")
         w = UsageWriter(database, PRICES, journal_dir=tmp_path / "wal", flush_interval=0.05)
         w.start()
         for r in new:  # the same hours again, through the writer
             w.record(r)
         await w.aclose()
+        async with database.engine.begin() as conn:
+            await conn.exec_driver_sql("ALTER TABLE usage_records DROP COLUMN service_tier")
         await asyncio.to_thread(migrate.upgrade, url)
         first_hour = hour_of(datetime.fromtimestamp(NOW - 4 * 3600, UTC))  # the oldest records' hour
         for rng in (Range(datetime.fromtimestamp(NOW - 86400, UTC), datetime.fromtimestamp(NOW + 3600, UTC)),
