@@ -54,6 +54,7 @@ from backends.openai_wire import (
     ChatMessage,
     CompletionChoice,
     CompletionRequest,
+    PromptTokensDetails,
     TextCompletion,
     ToolCallDelta,
     Usage,
@@ -435,6 +436,8 @@ class _StreamTranslator:
             usage = Usage(
                 prompt_tokens=m.prompt_tokens, completion_tokens=m.completion_tokens, total_tokens=m.total_tokens
             )
+            if m.cached_tokens:  # as a whole answer's usage has them (usage_of)
+                usage.prompt_tokens_details = PromptTokensDetails(cached_tokens=m.cached_tokens)
             self._pending.append(ChatCompletionChunk(id=self._id, model=self._model, choices=[], usage=usage))
 
     async def aclose(self) -> None:

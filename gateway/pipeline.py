@@ -174,7 +174,7 @@ class Pipeline:
                 attempt = following
                 continue
             if attempt.delay:
-                await asyncio.sleep(attempt.delay)
+                await _wait_out(attempt.delay, health)
                 if not health.available():  # e.g. another request took its half-open trial meanwhile
                     skipped = Unavailable(f"deployment {attempt.deployment.id} is no longer available")
                     if (following := plan.after(skipped)) is None:
@@ -225,7 +225,7 @@ class Pipeline:
     async def _unary_response(self, flight: _Flight, result: Completed[Any]) -> Response[Any]:
         result.response.model = flight.call.model
         await self._settle(flight, result.meter, 200, None)
-        return JSONResponse(flight.call.dialect.unary(result.response), headers=self._headers(flight))
+        return JSONResponse(flight.call.dialect.unary(result.response, result.meter), headers=self._headers(flight))
 
     def _stream_response(self, flight: _Flight, stream: ChunkStream[Any]) -> EventStream:
         async def on_end(meter: Meter, outcome: Outcome, error: ApiError | None) -> None:
@@ -318,6 +318,17 @@ def _nothing_to_try(plan: RoutePlan, call: CallDescription) -> BackendError:
         return RateLimited(f"the upstreams of '{call.model}' asked for no requests for {math.ceil(wait)} s",
                            retry_after=wait)
     return Unavailable(f"no deployment of '{call.model}' is available (circuits open or at capacity)")
+
+
+TIMER_SLACK = 0.01  # seconds an event loop's timer may fire early (uvloop's have millisecond resolution)
+
+
+async def _wait_out(delay: float, health: DeploymentHealth) -> None:
+    """Sleep ``delay`` seconds, then whatever little is left of the deployment's hold: the timer may
+    end the sleep just before the hold it waited out (a longer hold, set meanwhile, is not waited)."""
+    await asyncio.sleep(delay)
+    if 0 < (left := health.held_for()) <= TIMER_SLACK:
+        await asyncio.sleep(left + 0.001)
 
 
 def _record_failure(health: DeploymentHealth, exc: BackendError, tenant: str) -> None:

@@ -180,8 +180,17 @@ class ResponsesController(Controller):
         return response
 
     @get("/{response_id:str}", summary="Retrieve a stored response", responses=error_responses())
-    async def retrieve(self, request: Request[Any, Any, Any], response_id: str,
-                       services: Services) -> dict[str, Any]:
+    async def retrieve(
+        self, request: Request[Any, Any, Any], response_id: str, services: Services, stream: bool = False,
+        include: Annotated[list[str] | None, Parameter(query="include[]")] = None,
+    ) -> dict[str, Any]:
+        # a stored response is read back as kept: no stream to replay, no fields to add to it
+        if stream:
+            raise ApiError(400, "a stored response cannot be streamed again; retrieve it without 'stream'",
+                           param="stream", code="unsupported_parameter")
+        if include:
+            raise ApiError(400, "'include' is not supported when retrieving a stored response: it is returned "
+                           "as it was stored", param="include", code="unsupported_parameter")
         return (await _kept(services, principal_of(request), response_id)).response
 
     @delete("/{response_id:str}", status_code=200, summary="Delete a stored response", responses=error_responses())

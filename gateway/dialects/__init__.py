@@ -12,12 +12,18 @@ from backends.openai_wire import encode_answer
 from gateway.streaming import OpenAIEvents, StreamEncoder
 
 
+def relayed_answer(answer: Any, meter: Meter) -> bytes:
+    """An upstream's answer relayed with every field it sent (its own usage: the meter is not needed)."""
+    return encode_answer(answer)
+
+
 @dataclass(frozen=True)
 class Dialect:
-    """How a whole answer (``unary``) and a stream's events (``stream``) are encoded."""
+    """How a whole answer (``unary``, given the call's meter: a dialect may report usage the provider
+    did not, as metered) and a stream's events (``stream``, given the call's meter) are encoded."""
 
-    unary: Callable[[Any], bytes] = encode_answer  # an upstream's answer relayed with every field it sent
-    stream: Callable[[Meter], StreamEncoder] = OpenAIEvents  # given the call's meter
+    unary: Callable[[Any, Meter], bytes] = relayed_answer
+    stream: Callable[[Meter], StreamEncoder] = OpenAIEvents
 
 
 OPENAI = Dialect()

@@ -23,6 +23,7 @@ from backends.openai_wire import (
     ANTHROPIC_MESSAGE,
     ChatCompletion,
     ChatCompletionChunk,
+    PromptTokensDetails,
     Usage,
     anthropic_events,
 )
@@ -40,16 +41,29 @@ _FINISH_TO_STOP = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "to
 
 
 def _usage(usage: Any) -> dict[str, int]:
+    """Anthropic's usage from OpenAI's: a prompt's cached tokens are ``cache_read_input_tokens``,
+    apart from ``input_tokens`` (as Anthropic counts them; the two add up to the prompt)."""
     if not isinstance(usage, Usage):
         return {"input_tokens": 0, "output_tokens": 0}
-    return {"input_tokens": usage.prompt_tokens, "output_tokens": usage.completion_tokens}
+    details = usage.prompt_tokens_details
+    cached = min(details.cached_tokens, usage.prompt_tokens) if isinstance(details, PromptTokensDetails) else 0
+    counts = {"input_tokens": usage.prompt_tokens - cached, "output_tokens": usage.completion_tokens}
+    return counts | ({"cache_read_input_tokens": cached} if cached > 0 else {})
 
 
-def message_body(response: ChatCompletion) -> bytes:
+def _thinking(text: str) -> dict[str, Any]:
+    """A thinking block of an upstream's reasoning: it has no signature (an Anthropic upstream's
+    blocks are relayed as they came)."""
+    return {"type": "thinking", "thinking": text, "signature": ""}
+
+
+def message_body(response: ChatCompletion, meter: Meter) -> bytes:
     if (message := response.__dict__.get(ANTHROPIC_MESSAGE)) is not None:  # an Anthropic upstream's, as it came
         return msgspec.json.encode(message | {"model": response.model})
     choice = response.choices[0]
     content: list[dict[str, Any]] = []
+    if isinstance(reasoning := choice.message.reasoning_content, str) and reasoning:
+        content.append(_thinking(reasoning))  # as the stream has it: a thinking block first
     if choice.message.content:
         content.append({"type": "text", "text": choice.message.content})
     for call in choice.message.tool_calls or []:
@@ -116,7 +130,7 @@ class MessagesEvents:
             delta = choice.delta
             if isinstance(delta.reasoning_content, str) and delta.reasoning_content:
                 if self._block_kind != "thinking":
-                    out += self._open({"type": "thinking", "thinking": ""}, "thinking")
+                    out += self._open(_thinking(""), "thinking")
                 out += _event("content_block_delta", {"index": self._block, "delta": {
                     "type": "thinking_delta", "thinking": delta.reasoning_content}})
             if isinstance(delta.content, str) and delta.content:
@@ -160,9 +174,7 @@ class MessagesEvents:
                 + _event("message_stop", {}))
 
     def error(self, error: ApiError) -> bytes:
-        kind = {429: "rate_limit_error", 503: "overloaded_error", 400: "invalid_request_error"}.get(
-            error.status, "api_error")
-        return _event("error", {"error": {"type": kind, "message": error.message}})
+        return _event("error", {"error": {"type": error_type(error.status), "message": error.message}})
 
 
 ANTHROPIC = Dialect(unary=message_body, stream=MessagesEvents)
@@ -172,13 +184,19 @@ _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: 
                 429: "rate_limit_error", 503: "overloaded_error"}
 
 
+def error_type(status: int) -> str:
+    """Anthropic's error ``type`` for an HTTP status: a 4xx it names no type for is an
+    ``invalid_request_error`` (as Anthropic's own are), a 5xx an ``api_error``."""
+    return _ERROR_TYPES.get(status) or ("invalid_request_error" if 400 <= status < 500 else "api_error")
+
+
 def _in_anthropic_shape(handler: Callable[[Request[Any, Any, Any], Any], Response[bytes]]) -> Callable[..., Any]:
     """Wrap one of the gateway's exception handlers to answer in Anthropic's error shape."""
 
     def handle(request: Request[Any, Any, Any], exc: Exception) -> Response[bytes]:
         response = handler(request, exc)
         error = msgspec.json.decode(response.content)["error"]
-        body = {"type": "error", "error": {"type": _ERROR_TYPES.get(response.status_code or 500, "api_error"),
+        body = {"type": "error", "error": {"type": error_type(response.status_code or 500),
                                            "message": error["message"]}}
         return Response(content=msgspec.json.encode(body), status_code=response.status_code,
                         media_type="application/json", headers=dict(response.headers))

@@ -353,11 +353,28 @@ class _Translation:
             chat.parallel_tool_calls = False
 
 
+_KNOWN_FIELDS = frozenset(f.encode_name for f in msgspec.structs.fields(MessagesRequest))
+_fields_of = msgspec.json.Decoder(dict[str, msgspec.Raw])
+
+
+def _refuse_unknown_fields(req: MessagesRequest, translation: _Translation) -> None:
+    """A top-level field the gateway does not model (``mcp_servers``, ``container``,
+    ``service_tier``, a typo): only an Anthropic upstream can honour it, so a translation refuses it
+    rather than drop it (null changes nothing)."""
+    if (raw := req.__dict__.get(RAW_BODY)) is None:
+        return
+    for name, value in _fields_of.decode(raw).items():
+        if name not in _KNOWN_FIELDS and bytes(value).strip() != b"null":
+            translation.refuse(name, f"the field {name!r} {_ONLY_ANTHROPIC}")
+
+
 def to_chat_request(req: MessagesRequest, *, strict: bool = True) -> ChatCompletionRequest:
     """The OpenAI chat request for ``req``; with ``strict`` (for any provider but Anthropic) what
     cannot be translated is a 400 naming the field, else it stands in as its JSON text."""
     check_content(req.messages)
     translation = _Translation(strict)
+    if strict:
+        _refuse_unknown_fields(req, translation)
     messages: list[ChatMessage] = []
     if req.system and (system := translation.system(req.system)):
         messages.append(ChatMessage(role="system", content=system))

@@ -22,6 +22,7 @@ from backends.openai_wire import (
     ChatCompletionChunk,
     PromptTokensDetails,
     Usage,
+    relayed,
 )
 from backends.responses_wire import RelayedResponse, ResponsesEvent
 from gateway.dialects import Dialect
@@ -29,23 +30,44 @@ from gateway.dialects.responses_request import responses_param
 from gateway.errors import ApiError
 
 
-def _usage(usage: Any) -> dict[str, Any]:
-    if not isinstance(usage, Usage):
-        return {"input_tokens": 0, "output_tokens": 0, "total_tokens": 0,
-                "input_tokens_details": {"cached_tokens": 0}, "output_tokens_details": {"reasoning_tokens": 0}}
-    details = usage.prompt_tokens_details
-    cached = details.cached_tokens if isinstance(details, PromptTokensDetails) else 0
-    return {"input_tokens": usage.prompt_tokens, "output_tokens": usage.completion_tokens,
-            "total_tokens": usage.prompt_tokens + usage.completion_tokens,
+def _usage(usage: Any, meter: Meter | None = None, reasoning: int = 0) -> dict[str, Any]:
+    """A response's ``usage``: the provider's, else what was metered (an estimate where it reported
+    none), so the answer always says what the usage record holds."""
+    if isinstance(usage, Usage):
+        details = usage.prompt_tokens_details
+        cached = details.cached_tokens if isinstance(details, PromptTokensDetails) else 0
+        prompt, completion = usage.prompt_tokens, usage.completion_tokens
+    elif meter is not None:
+        prompt, completion, cached = meter.prompt_tokens, meter.completion_tokens, meter.cached_tokens
+    else:
+        prompt = completion = cached = 0
+    return {"input_tokens": prompt, "output_tokens": completion, "total_tokens": prompt + completion,
             "input_tokens_details": {"cached_tokens": cached or 0},
-            "output_tokens_details": {"reasoning_tokens": 0}}
+            "output_tokens_details": {"reasoning_tokens": reasoning}}
+
+
+def _reasoning_tokens(answer: Any) -> int:
+    """An upstream answer's (or usage chunk's) ``usage.completion_tokens_details.reasoning_tokens``
+    as it came (0 where it sent none)."""
+    raw = (relayed(answer) or {}).get("usage")
+    try:
+        usage = msgspec.json.decode(raw) if raw is not None else None
+    except msgspec.DecodeError:
+        return 0
+    details = usage.get("completion_tokens_details") if isinstance(usage, dict) else None
+    tokens = details.get("reasoning_tokens") if isinstance(details, dict) else None
+    return tokens if isinstance(tokens, int) else 0
+
+
+# chat's finish reasons that end a response short, and the reason a response object gives
+_INCOMPLETE = {"length": "max_output_tokens", "content_filter": "content_filter"}
 
 
 def _response(rid: str, model: str, status: str, output: list[dict[str, Any]], usage: Any,
-              incomplete: bool = False, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+              incomplete: str | None = None, extra: dict[str, Any] | None = None) -> dict[str, Any]:
     return {"id": rid, "object": "response", "created_at": int(time.time()), "status": status, "model": model,
             "output": output, "error": None,
-            "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
+            "incomplete_details": {"reason": incomplete} if incomplete else None,
             "parallel_tool_calls": True, "tool_choice": "auto", "tools": [], "usage": usage} | (extra or {})
 
 
@@ -64,7 +86,8 @@ def _message_item(text: str, status: str = "completed") -> dict[str, Any]:
             "content": [{"type": "output_text", "text": text, "annotations": []}]}
 
 
-def response_object(response: ChatCompletion, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+def response_object(response: ChatCompletion, extra: dict[str, Any] | None = None,
+                    meter: Meter | None = None) -> dict[str, Any]:
     choice = response.choices[0]
     output: list[dict[str, Any]] = []
     if choice.message.content:
@@ -72,9 +95,9 @@ def response_object(response: ChatCompletion, extra: dict[str, Any] | None = Non
     for call in choice.message.tool_calls or []:
         output.append({"type": "function_call", "id": "fc_" + uuid.uuid4().hex, "call_id": call.id,
                        "name": call.function.name, "arguments": call.function.arguments, "status": "completed"})
-    incomplete = choice.finish_reason == "length"
-    return _response(new_response_id(), response.model,
-                     "incomplete" if incomplete else "completed", output, _usage(response.usage), incomplete, extra)
+    incomplete = _INCOMPLETE.get(choice.finish_reason or "")
+    return _response(new_response_id(), response.model, "incomplete" if incomplete else "completed", output,
+                     _usage(response.usage, meter, _reasoning_tokens(response)), incomplete, extra)
 
 
 class ResponsesEvents:
@@ -84,6 +107,7 @@ class ResponsesEvents:
                  on_final: Callable[[dict[str, Any]], None] | None = None) -> None:
         # ``meter`` as Dialect.stream passes it (usage comes in chunks); ``extra`` fields go on every
         # response object; ``on_final`` gets the finished response before its last event is sent.
+        self._meter = meter
         self._extra = extra
         self._on_final = on_final
         self._seq = 0
@@ -94,6 +118,7 @@ class ResponsesEvents:
         self._text: int | None = None  # output index of the open message item
         self._tools: dict[int, int] = {}  # chat tool call index -> output index
         self._usage: Any = None
+        self._reasoning = 0  # the provider's reasoning tokens, from its usage chunk
         self._finish: str | None = None
 
     def _event(self, kind: str, data: dict[str, Any]) -> bytes:
@@ -114,7 +139,7 @@ class ResponsesEvents:
             self._model = chunk.model
         out = self._start()
         if isinstance(chunk.usage, Usage):
-            self._usage = chunk.usage
+            self._usage, self._reasoning = chunk.usage, _reasoning_tokens(chunk)
         for choice in chunk.choices[:1]:
             delta = choice.delta
             if isinstance(delta.content, str) and delta.content:
@@ -168,9 +193,9 @@ class ResponsesEvents:
                 out += self._event("response.function_call_arguments.done", {
                     "item_id": item["id"], "output_index": index, "arguments": item["arguments"]})
             out += self._event("response.output_item.done", {"output_index": index, "item": item})
-        incomplete = self._finish == "length"
+        incomplete = _INCOMPLETE.get(self._finish or "")
         final = _response(self._id, self._model, "incomplete" if incomplete else "completed", self._output,
-                          _usage(self._usage), incomplete, self._extra)
+                          _usage(self._usage, self._meter, self._reasoning), incomplete, self._extra)
         if self._on_final is not None:
             self._on_final(final)
         return out + self._event("response.incomplete" if incomplete else "response.completed", {"response": final})
@@ -181,7 +206,8 @@ class ResponsesEvents:
         out = self._start() + self._error_event(error)
         for item in self._output:
             item["status"] = "incomplete"
-        failed = _response(self._id, self._model, "failed", self._output, _usage(self._usage), extra=self._extra)
+        failed = _response(self._id, self._model, "failed", self._output,
+                           _usage(self._usage, self._meter, self._reasoning), extra=self._extra)
         return out + self._event("response.failed", {"response": failed | {"error": _failure(error)}})
 
     def _error_event(self, error: ApiError) -> bytes:
@@ -242,11 +268,11 @@ def responses_dialect(extra: dict[str, Any], on_final: Callable[[dict[str, Any]]
     (for ``store``)."""
     relayed_extra = relayed_extra or {}
 
-    def unary(response: ChatCompletion | RelayedResponse) -> bytes:
+    def unary(response: ChatCompletion | RelayedResponse, meter: Meter) -> bytes:
         if isinstance(response, RelayedResponse):
             final = _relayed(response.body, response.model, relayed_extra)
         else:
-            final = response_object(response, extra)
+            final = response_object(response, extra, meter)
         if final.get("status") in ("completed", "incomplete"):
             on_final(final)
         return msgspec.json.encode(final)

@@ -121,7 +121,9 @@ class ResponsesRequest(_Wire, dict=True):
 # translated request may carry them); any other value is a 400 naming the field.
 _NO_OP_VALUES: dict[str, tuple[Any, ...]] = {
     "include": (None, []), "truncation": (None, "disabled"), "background": (None, False),
-    "reasoning": (None, {}), "prompt": (None,), "conversation": (None,),
+    "reasoning": (None, {}), "prompt": (None,), "conversation": (None,), "max_tool_calls": (None,),
+    "context_management": (None, []), "moderation": (None,),
+    "stream_options": (None, {}, {"include_obfuscation": False}),  # the gateway's streams are never obfuscated
 }
 # Fields passed on to a chat provider under the same name (the built-in engine checks them itself).
 _CHAT_SAME_NAME = ("metadata", "parallel_tool_calls", "service_tier", "prompt_cache_key", "safety_identifier",
@@ -260,7 +262,7 @@ def input_items(req: ResponsesRequest) -> list[dict[str, Any]]:
             kind = "output_text" if item.get("role") == "assistant" else "input_text"
             item["content"] = [{"type": kind, "text": item["content"]}]
         item.setdefault("id", _ID_PREFIX.get(str(item.get("type")), "item_") + uuid.uuid4().hex)
-        if item["type"] != "function_call_output" or "status" not in item:
+        if item.get("type") != "function_call_output" or "status" not in item:  # no type: a 400 where translated
             item.setdefault("status", "completed")
         out.append(item)
     return out
@@ -305,8 +307,8 @@ def to_chat_request(req: ResponsesRequest, context: list[dict[str, Any]] | None 
             raise ApiError(400, "input must not be empty", param="input")
         messages.extend(_item_messages(_items(req.input)))
     chat = ChatCompletionRequest(model=req.model, messages=messages)
-    if isinstance(req.max_output_tokens, int):
-        chat.max_tokens = req.max_output_tokens
+    if isinstance(req.max_output_tokens, int):  # not max_tokens, which OpenAI's reasoning models refuse
+        chat.max_completion_tokens = req.max_output_tokens
     if req.temperature is not UNSET:
         chat.temperature = req.temperature
     if req.top_p is not UNSET:
@@ -335,7 +337,7 @@ def to_chat_request(req: ResponsesRequest, context: list[dict[str, Any]] | None 
 # A chat request's fields (as a provider's errors name them) and the Responses fields they came from.
 _CHAT_PARAMS = (("max_completion_tokens", "max_output_tokens"), ("max_tokens", "max_output_tokens"),
                 ("response_format.json_schema", "text.format"), ("response_format", "text.format"),
-                ("verbosity", "text.verbosity"),
+                ("verbosity", "text.verbosity"), ("reasoning_effort", "reasoning.effort"),
                 ("tool_choice.function", "tool_choice"), ("tool_choice.allowed_tools", "tool_choice"))
 _CHAT_TOOL = re.compile(r"^tools\[(\d+)\]\.function\b")
 

@@ -138,6 +138,9 @@ def test_stream_round_trip_with_usage(client: openai.OpenAI, gateway: tuple[Serv
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "stop"
     assert chunks[-1].choices == [] and chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 3
     assert gateway[1].wait_for(1)[0].exact
+    whole = client.chat.completions.create(model="claude", messages=[{"role": "user", "content": "stream this please"}])
+    assert chunks[-1].usage == whole.usage  # the cached tokens (prompt_tokens_details) too
+    assert whole.usage is not None and whole.usage.prompt_tokens_details is not None
 
 
 def test_tool_calls_non_stream_and_stream(client: openai.OpenAI) -> None:

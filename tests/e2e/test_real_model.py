@@ -170,5 +170,5 @@ def test_responses_api_on_the_engine(env: Env) -> None:
     assert second.status in ("completed", "incomplete") and second.output_text
     with pytest.raises(openai.BadRequestError) as err:
         client.responses.create(model="tiny", input="x", reasoning={"effort": "high"})
-    assert err.value.body["param"] == "reasoning_effort"  # type: ignore[index]
+    assert err.value.body["param"] == "reasoning.effort"  # type: ignore[index]  # as the request names it
     env.wait_idle()

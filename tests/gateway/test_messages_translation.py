@@ -72,6 +72,11 @@ UNTRANSLATABLE: list[tuple[dict[str, Any], str]] = [
     ({"messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]}, "messages[0].content[0].text"),
     ({"messages": [{"role": "user", "content": "q"}], "tools": [{"name": "f", "input_schema": {}}],
       "tool_choice": {"type": "tool"}}, "tool_choice.name"),
+    ({"messages": [{"role": "user", "content": "q"}],
+      "mcp_servers": [{"type": "url", "url": "https://mcp.example/sse", "name": "m"}]}, "mcp_servers"),
+    ({"messages": [{"role": "user", "content": "q"}], "container": "container_1"}, "container"),
+    ({"messages": [{"role": "user", "content": "q"}], "service_tier": "standard_only"}, "service_tier"),
+    ({"messages": [{"role": "user", "content": "q"}], "stop_sequence": ["END"]}, "stop_sequence"),  # a typo
 ]
 
 
@@ -84,6 +89,28 @@ def test_what_chat_cannot_carry_is_a_400_naming_it(env: GatewayEnv, upstream: Fa
     assert error["type"] == "error" and error["error"]["type"] == "invalid_request_error"
     assert error["error"]["message"].startswith(field + ": ")
     assert upstream.received == []
+
+
+def test_an_unknown_field_set_to_null_changes_nothing(env: GatewayEnv, upstream: FakeUpstream) -> None:
+    response = _post(env, {"messages": [{"role": "user", "content": "q"}], "container": None})
+    assert response.status_code == 200, response.text
+    assert "container" not in upstream.last.json
+
+
+def test_whole_and_streamed_answers_agree(client: anthropic.Anthropic, upstream: FakeUpstream) -> None:
+    """An upstream's reasoning is a thinking block in both; the prompt's cached tokens are
+    ``cache_read_input_tokens``, apart from ``input_tokens`` (Anthropic's usage), in both."""
+    upstream.rich = True  # reasoning_content, and usage with 2 of 9 prompt tokens cached
+    kw: Any = {"model": "echo", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
+    whole = client.messages.create(**kw)
+    with client.messages.stream(**kw) as stream:
+        streamed = stream.get_final_message()
+    for message in (whole, streamed):
+        assert [b.type for b in message.content] == ["thinking", "text"]
+        assert message.usage.input_tokens == 7 and message.usage.cache_read_input_tokens == 2
+        assert message.usage.output_tokens == 4
+    assert whole.content[0].thinking == "thought about it" and streamed.content[0].thinking == "thought"
+    assert whole.content[1].text == streamed.content[1].text == "hi"
 
 
 @pytest.mark.parametrize("messages", [
@@ -127,5 +154,8 @@ def test_routing_errors_under_messages_take_anthropic_shape(env: GatewayEnv) -> 
         assert unknown.status_code == 404
         assert unknown.json() == {"type": "error", "error": {
             "type": "not_found_error", "message": "Invalid URL (POST /v1/messages/nope)"}}
+        unsupported = http.post("/v1/messages", content=b"{}", headers={"content-encoding": "br"})
+        assert unsupported.status_code == 415  # any 4xx Anthropic names no type for: invalid_request_error
+        assert unsupported.json()["error"]["type"] == "invalid_request_error"
         elsewhere = http.post("/v1/nope", json={})  # OpenAI's shape everywhere else
         assert elsewhere.status_code == 404 and elsewhere.json()["error"]["code"] == "unknown_url"

@@ -30,7 +30,8 @@ def test_response_round_trip(client: openai.OpenAI, upstream: FakeUpstream, env:
     sent = upstream.last.json
     assert sent["messages"] == [{"role": "system", "content": "be brief"},
                                 {"role": "user", "content": "hello from responses"}]
-    assert sent["max_tokens"] == 64 and sent["temperature"] == 0.2
+    # chat's max_tokens is refused by OpenAI's reasoning models: the limit goes as max_completion_tokens
+    assert sent["max_completion_tokens"] == 64 and "max_tokens" not in sent and sent["temperature"] == 0.2
     assert env.usage.wait_for(1)[0].endpoint == "responses"
 
 
@@ -161,6 +162,8 @@ def test_what_chat_cannot_express_is_a_400_naming_it(env: GatewayEnv, upstream: 
     ({"type": "function_call_output", "output": "r"}, "input[0].call_id"),
     ({"type": "function_call", "name": "f", "arguments": "{}"}, "input[0].call_id"),
     ({"role": "user", "content": [{"type": "input_text"}]}, "input[0].content[0].text"),
+    ({}, "input[0].type"),
+    ({"content": "x"}, "input[0].type"),
 ])
 def test_a_bad_input_item_names_its_field(env: GatewayEnv, upstream: FakeUpstream, item: dict[str, object],
                                           param: str) -> None:
@@ -180,7 +183,7 @@ def test_a_providers_error_names_the_responses_field(client: openai.OpenAI, upst
     for chat_param, param in (("max_tokens", "max_output_tokens"),
                               ("response_format.json_schema.schema", "text.format.schema"),
                               ("tools[0].function.parameters", "tools[0].parameters"),
-                              ("messages[2].content", "input")):
+                              ("messages[2].content", "input"), ("reasoning_effort", "reasoning.effort")):
         upstream.fail_next(Fault(status=400, body={"error": {
             "message": "bad", "type": "invalid_request_error", "param": chat_param, "code": None}}))
         with pytest.raises(openai.BadRequestError) as err:
@@ -221,3 +224,66 @@ def test_response_ids_are_the_gateways_own(client: openai.OpenAI, upstream: Fake
         assert len(seen) == 1
         ids += seen
     assert len(set(ids)) == 4 and all(i.startswith("resp_") and "123" not in i for i in ids)
+
+
+def test_usage_an_upstream_does_not_report_is_the_metered_estimate(client: openai.OpenAI, upstream: FakeUpstream,
+                                                                   env: GatewayEnv) -> None:
+    """The answer reports the usage that was metered, streamed or not, never zeros."""
+    upstream.options.report_usage = False
+    response = client.responses.create(model="echo", input="one two three four")
+    events = list(client.responses.create(model="echo", input="one two three four", stream=True))
+    rows = env.usage.wait_for(2)
+    for usage, row in ((response.usage, rows[0]), (events[-1].response.usage, rows[1])):  # type: ignore[union-attr]
+        assert usage is not None and row.prompt_tokens > 0
+        assert (usage.input_tokens, usage.output_tokens) == (row.prompt_tokens, row.completion_tokens)
+        assert usage.total_tokens == row.prompt_tokens + row.completion_tokens
+
+
+def test_a_filtered_answer_is_incomplete(client: openai.OpenAI, upstream: FakeUpstream) -> None:
+    """Chat's ``finish_reason: content_filter`` is an incomplete response for ``content_filter``,
+    streamed or not."""
+    body = {"id": "chatcmpl-1", "object": "chat.completion", "created": 1, "model": "m",
+            "choices": [{"index": 0, "finish_reason": "content_filter",
+                         "message": {"role": "assistant", "content": "partial"}}],
+            "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}
+    chunk = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1, "model": "m",
+             "choices": [{"index": 0, "delta": {"content": "partial"}, "finish_reason": "content_filter"}]}
+    stream = Fault(status=200, headers={"content-type": "text/event-stream"},
+                   body=b"data: " + json.dumps(chunk).encode() + b"\n\ndata: [DONE]\n\n")
+    upstream.fail_next(Fault(status=200, body=body), stream)
+    response = client.responses.create(model="echo", input="x")
+    events = list(client.responses.create(model="echo", input="x", stream=True))
+    assert events[-1].type == "response.incomplete"
+    for final in (response, events[-1].response):  # type: ignore[union-attr]
+        assert final.status == "incomplete" and final.output_text == "partial"
+        assert final.incomplete_details is not None and final.incomplete_details.reason == "content_filter"
+
+
+def test_responses_fields_that_ask_for_nothing_are_accepted(client: openai.OpenAI, upstream: FakeUpstream) -> None:
+    """A Responses field chat has no twin for is fine where its value asks for nothing (null, or a
+    stream not obfuscated: the gateway never obfuscates)."""
+    events = list(client.responses.create(model="echo", input="hi there", stream=True, max_tool_calls=None,
+                                          stream_options={"include_obfuscation": False}))
+    assert events[-1].type == "response.completed"
+    sent = upstream.last.json
+    assert "max_tool_calls" not in sent and sent["stream_options"] == {"include_usage": True}
+
+
+def test_reasoning_tokens_are_reported(client: openai.OpenAI, upstream: FakeUpstream) -> None:
+    """A chat provider's ``completion_tokens_details.reasoning_tokens`` is the response's
+    ``output_tokens_details.reasoning_tokens``, streamed or not."""
+    usage = {"prompt_tokens": 3, "completion_tokens": 45, "total_tokens": 48,
+             "completion_tokens_details": {"reasoning_tokens": 40}}
+    body = {"id": "chatcmpl-1", "object": "chat.completion", "created": 1, "model": "m", "usage": usage,
+            "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "hi"}}]}
+    chunks = [{"choices": [{"index": 0, "delta": {"content": "hi"}, "finish_reason": "stop"}]},
+              {"choices": [], "usage": usage}]
+    envelope = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1, "model": "m"}
+    stream = Fault(status=200, headers={"content-type": "text/event-stream"}, body=b"".join(
+        b"data: " + json.dumps(envelope | c).encode() + b"\n\n" for c in chunks) + b"data: [DONE]\n\n")
+    upstream.fail_next(Fault(status=200, body=body), stream)
+    response = client.responses.create(model="echo", input="x")
+    events = list(client.responses.create(model="echo", input="x", stream=True))
+    for final in (response, events[-1].response):  # type: ignore[union-attr]
+        assert final.usage is not None and final.usage.output_tokens == 45
+        assert final.usage.output_tokens_details.reasoning_tokens == 40
