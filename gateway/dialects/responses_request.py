@@ -124,10 +124,10 @@ _NO_OP_VALUES: dict[str, tuple[Any, ...]] = {
     "reasoning": (None, {}), "prompt": (None,), "conversation": (None,), "max_tool_calls": (None,),
     "context_management": (None, []), "moderation": (None,),
     "stream_options": (None, {}, {"include_obfuscation": False}),  # the gateway's streams are never obfuscated
+    "top_logprobs": (None, 0),  # a translated answer carries no log-probabilities back
 }
 # Fields passed on to a chat provider under the same name (the built-in engine checks them itself).
-_CHAT_SAME_NAME = ("metadata", "parallel_tool_calls", "service_tier", "prompt_cache_key", "safety_identifier",
-                   "top_logprobs")
+_CHAT_SAME_NAME = ("metadata", "parallel_tool_calls", "service_tier", "prompt_cache_key", "safety_identifier")
 
 
 def raw_request(req: ResponsesRequest) -> dict[str, Any]:

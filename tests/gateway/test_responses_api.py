@@ -146,6 +146,7 @@ def test_tool_choices_chat_can_express_are_mapped(client: openai.OpenAI, upstrea
     ({"tools": [TOOL | {"brand_new": 1}]}, "tools[0].brand_new"),
     ({"tools": [TOOL | {"defer_loading": True}]}, "tools[0].defer_loading"),
     ({"tools": [{"type": "web_search"}]}, "tools[0]"),
+    ({"top_logprobs": 3}, "top_logprobs"),  # no log-probabilities come back through chat: not silently nothing
 ])
 def test_what_chat_cannot_express_is_a_400_naming_it(env: GatewayEnv, upstream: FakeUpstream,
                                                       extra: dict[str, object], param: str) -> None:
