@@ -19,8 +19,11 @@ from backends.openai_wire import (
     MAX_TOKEN_COUNT,
     ChatCompletionRequest,
     ChatMessage,
+    FilePart,
     FunctionCall,
     FunctionDef,
+    ImagePart,
+    ImageURL,
     JSONSchemaFormat,
     ResponseFormat,
     StreamOptions,
@@ -45,9 +48,24 @@ class OutputText(_Wire, tag_field="type", tag="output_text"):
     text: str
 
 
+class InputImage(_Wire, tag_field="type", tag="input_image", forbid_unknown_fields=True):
+    """An image by URL or data URL (chat's ``image_url`` part); chat has no image by ``file_id``."""
+
+    image_url: str
+    detail: Literal["low", "high", "auto"] | UnsetType = UNSET
+
+
+class InputFile(_Wire, tag_field="type", tag="input_file", forbid_unknown_fields=True):
+    """A file by id or as data (chat's ``file`` part); chat has no file by URL."""
+
+    file_id: str | UnsetType = UNSET
+    file_data: str | UnsetType = UNSET
+    filename: str | UnsetType = UNSET
+
+
 class MessageItem(_Wire, tag_field="type", tag="message"):
     role: Literal["user", "assistant", "system", "developer"]
-    content: str | Annotated[list[InputText | OutputText], Meta(min_length=1)]
+    content: str | Annotated[list[InputText | OutputText | InputImage | InputFile], Meta(min_length=1)]
 
 
 class FunctionCallItem(_Wire, tag_field="type", tag="function_call"):
@@ -272,11 +290,12 @@ def _item_messages(items: list[Item]) -> list[ChatMessage]:
     messages: list[ChatMessage] = []
     for item in items:
         if isinstance(item, MessageItem):
-            if isinstance(item.content, str) or len(item.content) == 1:  # one part reads the same as a string
-                text = item.content if isinstance(item.content, str) else item.content[0].text
-                messages.append(ChatMessage(role=item.role, content=text))
+            if isinstance(item.content, str):
+                messages.append(ChatMessage(role=item.role, content=item.content))
+            elif len(item.content) == 1 and isinstance(part := item.content[0], InputText | OutputText):
+                messages.append(ChatMessage(role=item.role, content=part.text))  # reads the same as a string
             else:
-                messages.append(ChatMessage(role=item.role, content=[TextPart(text=p.text) for p in item.content]))
+                messages.append(ChatMessage(role=item.role, content=[_chat_part(p) for p in item.content]))
         elif isinstance(item, FunctionCallItem):
             call = ToolCall(id=item.call_id, function=FunctionCall(name=item.name, arguments=item.arguments))
             last = messages[-1] if messages else None
@@ -287,6 +306,15 @@ def _item_messages(items: list[Item]) -> list[ChatMessage]:
         else:
             messages.append(ChatMessage(role="tool", tool_call_id=item.call_id, content=item.output))
     return messages
+
+
+def _chat_part(part: InputText | OutputText | InputImage | InputFile) -> TextPart | ImagePart | FilePart:
+    if isinstance(part, InputImage):
+        return ImagePart(image_url=ImageURL(url=part.image_url, detail=part.detail))
+    if isinstance(part, InputFile):
+        return FilePart(file={k: v for k in ("file_id", "file_data", "filename")
+                              if isinstance(v := getattr(part, k), str)})
+    return TextPart(text=part.text)
 
 
 def to_chat_request(req: ResponsesRequest, context: list[dict[str, Any]] | None = None) -> ChatCompletionRequest:

@@ -165,6 +165,11 @@ def test_what_chat_cannot_express_is_a_400_naming_it(env: GatewayEnv, upstream: 
     ({"role": "user", "content": [{"type": "input_text"}]}, "input[0].content[0].text"),
     ({}, "input[0].type"),
     ({"content": "x"}, "input[0].type"),
+    ({"role": "user", "content": [{"type": "input_image", "file_id": "file-1"}]}, "input[0].content[0].file_id"),
+    ({"role": "user", "content": [{"type": "input_image", "image_url": "u", "file_id": "f"}]},
+     "input[0].content[0].file_id"),
+    ({"role": "user", "content": [{"type": "input_file", "file_url": "https://x/a.pdf"}]},
+     "input[0].content[0].file_url"),
 ])
 def test_a_bad_input_item_names_its_field(env: GatewayEnv, upstream: FakeUpstream, item: dict[str, object],
                                           param: str) -> None:
@@ -288,3 +293,18 @@ def test_reasoning_tokens_are_reported(client: openai.OpenAI, upstream: FakeUpst
     for final in (response, events[-1].response):  # type: ignore[union-attr]
         assert final.usage is not None and final.usage.output_tokens == 45
         assert final.usage.output_tokens_details.reasoning_tokens == 40
+
+
+def test_images_and_files_in_the_input_become_chat_parts(client: openai.OpenAI, upstream: FakeUpstream) -> None:
+    """input_image and input_file parts go to chat as image_url and file parts, beside the text."""
+    image = "data:image/png;base64,iVBORw0KGgo="
+    client.responses.create(model="echo", input=[{"role": "user", "content": [
+        {"type": "input_text", "text": "what is this"},
+        {"type": "input_image", "image_url": image, "detail": "low"},
+        {"type": "input_file", "file_data": "data:application/pdf;base64,JVBERi0=", "filename": "a.pdf"},
+        {"type": "input_image", "image_url": "https://example.com/b.png"}]}])
+    assert upstream.last.json["messages"][-1]["content"] == [
+        {"type": "text", "text": "what is this"},
+        {"type": "image_url", "image_url": {"url": image, "detail": "low"}},
+        {"type": "file", "file": {"file_data": "data:application/pdf;base64,JVBERi0=", "filename": "a.pdf"}},
+        {"type": "image_url", "image_url": {"url": "https://example.com/b.png"}}]
