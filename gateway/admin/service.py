@@ -208,13 +208,22 @@ class TenancyService:
             return key_view(key)
 
     async def rotate_key(self, key_id: str, *, grace_seconds: float = 86400) -> CreatedKey:
-        """A new key with the same tenant, models and limits; the old one works for the grace period."""
+        """A new key with the same tenant, models, limits and expiry; the old one works for the grace
+        period. A key rotated already is refused: its expiry is now its grace period's end, which
+        a second new key would inherit."""
         check_range("grace_seconds", grace_seconds, high=MAX_SECONDS)
         async with self.db.session() as s:
             old = await self._key(s, key_id)
             if old.revoked_at is not None:
                 raise AdminError(f"key {key_id} is revoked and cannot be rotated", param="key_id")
             now = utcnow()
+            if old.expires_at is not None and old.expires_at <= now:
+                raise AdminError(f"key {key_id} has expired and cannot be rotated; create a new key",
+                                 param="key_id")
+            successor = await s.scalar(select(ApiKey.id).where(ApiKey.rotated_from == old.id).limit(1))
+            if successor is not None:
+                raise Conflict(f"key {key_id} was rotated already, to {successor}: rotate that key instead",
+                               param="key_id")
             material = generate_key()
             new = ApiKey(
                 id=new_id("key"), tenant_id=old.tenant_id, name=old.name, prefix=material.prefix,

@@ -123,12 +123,16 @@ end
 
 -- Count n requests and `tokens` tokens in scope i's window ``w`` (as window() read it) for this
 -- second, and as many tokens and `micros` micro-dollars in its budget; ARGV[10] is a window's TTL.
+-- A scope without a budget keeps up a bucket that exists (a budget removed in this period) but
+-- never makes one: it would hold only what was spent since this Redis lost its state, and a budget
+-- set later in the period would trust it instead of rebuilding it from the usage records.
 -- The scope's first admission of this second (the window's counters for it are new) refreshes the
 -- TTLs: the window's (a TTL a second older than the last write still outlives the window) and its
 -- budget's; it is returned, for the caller to refresh its tickets' key's too.
 local function count(i, w, n, tokens, micros)
   local k = (i - 1) * 3
-  local budget_ttl = ARGV[11 + (i - 1) * 6 + 6]
+  local a = 11 + (i - 1) * 6
+  local budget_ttl = ARGV[a + 6]
   local first = w[4] == nil
   local rnext, tnext = (w[4] or 0) + n, (w[5] or 0) + tokens
   if w[3] == nil or sec < w[3] then
@@ -137,9 +141,11 @@ local function count(i, w, n, tokens, micros)
     redis.call('HSET', KEYS[k + 1], rsec, rnext, tsec, tnext, 'rs', w[1] + n, 'ts', w[2] + tokens)
   end
   if first then redis.call('EXPIRE', KEYS[k + 1], ARGV[10]) end
-  redis.call('HINCRBY', KEYS[k + 3], 'tokens', tokens)
-  redis.call('HINCRBY', KEYS[k + 3], 'micros', micros)
-  if first and budget_ttl ~= '0' then redis.call('EXPIRE', KEYS[k + 3], budget_ttl) end
+  if ARGV[a + 4] ~= '-1' or ARGV[a + 5] ~= '-1' or redis.call('EXISTS', KEYS[k + 3]) == 1 then
+    redis.call('HINCRBY', KEYS[k + 3], 'tokens', tokens)
+    redis.call('HINCRBY', KEYS[k + 3], 'micros', micros)
+    if first and budget_ttl ~= '0' then redis.call('EXPIRE', KEYS[k + 3], budget_ttl) end
+  end
   return first
 end
 """

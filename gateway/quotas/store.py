@@ -13,6 +13,9 @@ A store checks and reserves every limit of every scope in one atomic step, or re
   caller rebuilds it from the usage records (``seed_budget``) and asks again, so a store that lost
   its state never hands out a budget twice. A settle whose lease the store does not know (it
   restarted since the admission) adds the actual figures instead of correcting a reservation.
+  A scope without a budget never makes a bucket (it adds to one that exists: a budget removed in
+  the period): one made by a store that lost its state would hold only the spend since, and a
+  budget set later in the period would trust it instead of being rebuilt from the records.
 """
 
 from __future__ import annotations
@@ -156,9 +159,12 @@ class MemoryStore:
             rq[sec] = rq.get(sec, 0) + 1
             tk[sec] = tk.get(sec, 0) + r.tokens
             self._leases[base][r.ticket_id] = r.now + r.lease_seconds
-            budget = self._budgets.setdefault(f"{base}:{period_id(scope.limits.budget_period, r.now)[0]}", [0, 0])
-            budget[0] += r.tokens
-            budget[1] += r.micros
+            # a scope with a budget has its bucket (checked above); one without keeps up a bucket
+            # that exists but never makes one (see the module's docstring)
+            budget = self._budgets.get(f"{base}:{period_id(scope.limits.budget_period, r.now)[0]}")
+            if budget is not None:
+                budget[0] += r.tokens
+                budget[1] += r.micros
         return Decision(True, requests=req_state, tokens=tok_state)
 
     def _refuse(self, r: Reservation, reason: str, index: int, retry_after: float) -> Decision:

@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from sqlalchemy import select, text
 
-from gateway.admin.service import TenancyService
+from gateway.admin.service import AdminError, TenancyService
 from gateway.auth.authenticator import SqlAuthenticator
 from gateway.auth.keys import KEY_PREFIX, generate_key, hash_key
 from gateway.db import Database
@@ -100,6 +100,24 @@ async def test_rotation_keeps_old_key_for_the_grace_period(db: Database) -> None
     assert await auth.authenticate(old.secret) is None
     assert await auth.authenticate(new.secret) is not None
 
+
+
+async def test_rotation_never_hands_out_a_key_that_is_dead_or_dying(db: Database) -> None:
+    """An expired key is not rotated (the new key would inherit its past expiry), nor is a key
+    rotated already (in its grace period: the new key would inherit the grace period's end)."""
+    svc = TenancyService(db)
+    tenant = await svc.create_tenant(f"rotation-{time.time_ns()}")
+    expired = await svc.create_key(tenant.id, expires_at=datetime.now(UTC) - timedelta(days=1))
+    with pytest.raises(AdminError, match="expired") as refused:
+        await svc.rotate_key(expired.key.id)
+    assert refused.value.param == "key_id" and refused.value.status == 400
+    old = await svc.create_key(tenant.id)
+    new = await svc.rotate_key(old.key.id, grace_seconds=60)
+    assert new.key.expires_at is None
+    with pytest.raises(AdminError, match=new.key.id) as refused:
+        await svc.rotate_key(old.key.id, grace_seconds=60)  # a second rotation of the key in its grace
+    assert refused.value.param == "key_id" and refused.value.status == 409
+    assert (await svc.rotate_key(new.key.id)).key.expires_at is None  # the newest key of the chain rotates
 
 async def test_admin_keys(db: Database) -> None:
     svc = TenancyService(db)

@@ -237,3 +237,29 @@ async def test_budget_survives_a_store_restart(
     await adm.settle(ticket, 100, 0.0)
     with pytest.raises(QuotaExceeded):
         await adm.admit(p, "m", 1)
+
+
+@pytest.mark.parametrize("store_kind", ["memory", "redis"])
+async def test_a_budget_set_after_a_store_restart_counts_the_period_already_spent(
+    db: Database, redis: Redis, redis_prefix: str, tmp_path: Path, store_kind: str
+) -> None:
+    """A fresh store admits a tenant without a budget; a budget set afterwards in the same period
+    still counts what the usage records show for the period (the restart lost it from the store)."""
+    p = await principal_with(db, Limits(), Limits())
+    writer = UsageWriter(db, PRICES, journal_dir=tmp_path)
+    writer.record(UsageRecord(
+        request_id=uuid.uuid4().hex, key_id=p.key_id, tenant_id=p.tenant_id, model="m", deployment="d",
+        provider="openai", endpoint="chat.completions", started_at=time.time(), status=200,
+        prompt_tokens=600, completion_tokens=300,
+    ))  # fmt: skip
+    await writer.aclose()
+    store = MemoryStore() if store_kind == "memory" else RedisStore(connect_redis(REDIS_URL), prefix=redis_prefix)
+    limits = LimitsSource(db)
+    adm = QuotaAdmission(store, limits, PRICES)
+    await adm.settle(await adm.admit(p, "m", 50), 50, 0.0)  # no budget yet: admitted
+    assert p.tenant_id is not None
+    await TenancyService(db).update_limits("tenant", p.tenant_id, token_budget=1000)
+    limits.invalidate()
+    with pytest.raises(QuotaExceeded, match="token budget"):
+        await adm.admit(p, "m", 150)  # 900 spent this month before the restart (it was taken as 50)
+    await adm.admit(p, "m", 100)

@@ -65,7 +65,7 @@ async def test_a_busy_key_is_admitted_on_credit_and_counted_exactly(db: Database
                                                                     redis_prefix: str) -> None:
     p = await principal_with(db, Limits(token_budget=10**9, budget_period="total"),
                              Limits(requests_per_minute=100_000, tokens_per_minute=10**7, max_concurrency=1_000,
-                                    budget_period="total"))
+                                    token_budget=10**9, budget_period="total"))
     clock = Clock()
     adm = admission(redis_prefix, db, clock)
     assert adm.credit is not None
