@@ -14,7 +14,7 @@ from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import and_, case, func, or_, select
+from sqlalchemy import Select, and_, case, func, or_, select
 from sqlalchemy.sql.elements import ColumnElement
 
 from gateway.dashboard.ranges import Range
@@ -30,6 +30,7 @@ __all__ = ["FIELDS", "RATE_LIMITED", "Range", "budget_used", "cells", "fold", "l
 RATE_LIMITED = frozenset({"rate_limit_exceeded", "rate_limited", "upstream_rate_limited"})
 FIELDS = ("requests", "errors", "rate_limited", "prompt_tokens", "completion_tokens", "total_tokens", "cost")
 QS = (0.5, 0.9, 0.99)
+HOUR = timedelta(hours=1)
 
 
 def _zero() -> dict[str, Any]:
@@ -56,10 +57,36 @@ def _minute(db: Database) -> ColumnElement[Any]:
     return func.strftime("%Y-%m-%d %H:%M:00", UsageRow.started_at)
 
 
+def _records(db: Database, by: str) -> tuple[Select[Any], ColumnElement[Any]]:
+    """The usage records summed per minute and per value of ``by`` (the caller adds the range)."""
+    r = UsageRow
+    at = _minute(db).label("at")
+    q = select(at, getattr(r, by).label("name"), func.count().label("requests"),
+               func.sum(case((r.status >= 400, 1), else_=0)).label("errors"),
+               func.sum(case((r.error_type.in_(RATE_LIMITED), 1), else_=0)).label("rate_limited"),
+               func.sum(r.prompt_tokens).label("prompt_tokens"),
+               func.sum(r.completion_tokens).label("completion_tokens"), func.sum(r.cost).label("cost"))
+    return q, at
+
+
+def partial_hours(rng: Range, now: datetime | None = None) -> list[datetime]:
+    """The UTC hours of an hour- or day-bucketed range that its rollup rows cannot serve whole: the
+    one the range's end cuts (unless the end is still to come: nothing has started after now), and
+    those a bucket starts inside (a local midnight on the half hour, in zones such as Asia/Kolkata)."""
+    now = now or datetime.now(UTC)
+    starts = {hour_of(t) for t in rng.buckets() if t != hour_of(t)}
+    if rng.end != hour_of(rng.end) and rng.end < now:
+        starts.add(hour_of(rng.end))
+    return sorted(starts)
+
+
 async def cells(db: Database, rng: Range, by: str, tenant_id: str | None = None) -> Sequence[Any]:
     """Rows of (at, name, requests, errors, rate_limited, prompt_tokens, completion_tokens, cost): the
     range's usage summed per hour (the rollup) or minute (the records) and per value of column ``by``
-    (model, key_id, error_type or tenant_id)."""
+    (model, key_id, error_type or tenant_id). Hours the range or a bucket cuts (``partial_hours``) are
+    read from the records, so that every row counts in its own bucket and none after the end does."""
+    r = UsageRow
+    queries = []
     if rng.bucket != "minute":
         h = UsageHourly
         at, name = h.hour.label("at"), getattr(h, by).label("name")
@@ -68,21 +95,30 @@ async def cells(db: Database, rng: Range, by: str, tenant_id: str | None = None)
                    func.sum(h.prompt_tokens).label("prompt_tokens"),
                    func.sum(h.completion_tokens).label("completion_tokens"), func.sum(h.cost).label("cost"))
         q = q.where(h.hour >= hour_of(rng.start), h.hour < rng.end)
+        cut = partial_hours(rng)
+        if cut:
+            q = q.where(h.hour.not_in(cut))
         if tenant_id is not None:
             q = q.where(h.tenant_id == tenant_id)
+        queries.append(q.group_by(at, name))
+        if cut:
+            edges, minute = _records(db, by)
+            spans = [and_(r.started_at >= max(t, rng.start), r.started_at < min(t + HOUR, rng.end)) for t in cut]
+            edges = edges.where(or_(*spans))
+            if tenant_id is not None:
+                edges = edges.where(r.tenant_id == tenant_id)
+            queries.append(edges.group_by(minute, getattr(r, by)))
     else:
-        r = UsageRow
-        at, name = _minute(db).label("at"), getattr(r, by).label("name")
-        q = select(at, name, func.count().label("requests"),
-                   func.sum(case((r.status >= 400, 1), else_=0)).label("errors"),
-                   func.sum(case((r.error_type.in_(RATE_LIMITED), 1), else_=0)).label("rate_limited"),
-                   func.sum(r.prompt_tokens).label("prompt_tokens"),
-                   func.sum(r.completion_tokens).label("completion_tokens"), func.sum(r.cost).label("cost"))
+        q, minute = _records(db, by)
         q = q.where(r.started_at >= rng.start, r.started_at < rng.end)
         if tenant_id is not None:
             q = q.where(r.tenant_id == tenant_id)
+        queries.append(q.group_by(minute, getattr(r, by)))
+    out: list[Any] = []
     async with db.session() as s:
-        return (await s.execute(q.group_by(at, name))).all()
+        for query in queries:
+            out += (await s.execute(query)).all()
+    return out
 
 
 def _when(value: Any) -> datetime:

@@ -10,7 +10,7 @@ import csv
 import io
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import Select, and_, or_, select
@@ -102,10 +102,16 @@ async def search(db: Database, f: RecordFilter, limit: int = 50, before: str | N
 
 
 def _cursor(text: str) -> tuple[datetime, int]:
+    """A ``next_before`` cursor; a forged one (a time that leaves the calendar in UTC, an id past
+    64 bits) is refused like a malformed one, naming ``before``, before it reaches the database."""
     try:
         at, _, row_id = text.rpartition("~")
-        return datetime.fromisoformat(at), int(row_id)
-    except ValueError:
+        when, ident = datetime.fromisoformat(at), int(row_id)
+        when = when.astimezone(UTC) if when.tzinfo else when.replace(tzinfo=UTC)
+        if not -(2**63) <= ident < 2**63:
+            raise ValueError(row_id)
+        return when, ident
+    except (ValueError, OverflowError):
         raise ParameterError("before must be a cursor from a previous page (next_before)", param="before") from None
 
 

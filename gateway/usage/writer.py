@@ -75,6 +75,17 @@ def to_row(r: UsageRecord) -> dict[str, Any]:
     }
 
 
+def _inserted(rows: list[dict[str, Any]], created: set[str]) -> list[dict[str, Any]]:
+    """The rows an insert created: of the ids it returned, each one's first row (a batch holding an id
+    twice had its later rows skipped by ``ON CONFLICT DO NOTHING``; the rollups must skip them too)."""
+    left, out = set(created), []
+    for r in rows:
+        if r["request_id"] in left:
+            left.discard(r["request_id"])
+            out.append(r)
+    return out
+
+
 class _BadRecord(Exception):
     """A record that cannot even be made into a row (``to_row`` failed on one of its values)."""
 
@@ -303,7 +314,7 @@ class UsageWriter:
             return
         async with self.db.engine.begin() as conn:
             created = set((await conn.execute(self._statement, rows)).scalars())  # not those already there
-            await rollup.apply(conn, [r for r in rows if r["request_id"] in created])
+            await rollup.apply(conn, _inserted(rows, created))
 
     def _failed(self, exc: BaseException) -> bool:
         if self.db_healthy:

@@ -54,6 +54,14 @@ def test_nul_in_a_parameter_is_a_400_naming_it(a_client: httpx.Client, path: str
     _assert_400(a_client.get(path), param)
 
 
+@pytest.mark.parametrize("cursor", [
+    "9999-12-31T23:59:59.999999-01:00~1",  # a time past the calendar's end in UTC
+    "2026-01-01T00:00:00+00:00~99999999999999999999999",  # a row id past 64 bits
+])
+def test_a_forged_paging_cursor_is_a_400_naming_before(a_client: httpx.Client, cursor: str) -> None:
+    _assert_400(a_client.get("/dashboard/api/requests", params={"before": cursor}), "before")
+
+
 def test_the_request_export_answers_errors_before_it_starts(a_client: httpx.Client) -> None:
     """A refused export is a whole JSON error, not a 200 whose CSV body breaks off."""
     with a_client.stream("GET", "/dashboard/api/export.csv?table=requests&q=%00") as response:

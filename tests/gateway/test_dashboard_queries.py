@@ -110,6 +110,27 @@ async def test_series_are_zero_filled_by_model_and_key_and_count_429s(db: Databa
     assert [p["requests"] for p in recent["series"] if p["requests"]] == [1] and recent["totals"]["errors"] == 1
 
 
+async def test_hours_a_range_or_a_bucket_cuts_count_only_their_own_rows(db: Database, tmp_path: Path) -> None:
+    """A range ending mid-hour counts no row after its end; local days that start on the half hour
+    (Asia/Kolkata) count each row in its own day. The rollup's hour holds both sides of such a cut:
+    those hours are read from the records (the totals were off by the rows on the wrong side)."""
+    t = uuid.uuid4().hex[:8]
+    base = datetime(2026, 11, 12, tzinfo=UTC)
+    rows = [_record(t, base + timedelta(minutes=25 * i), status=(200, 200, 429)[i % 3],
+                    error=(None, None, "rate_limit_exceeded")[i % 3]) for i in range(300)]
+    await _write(db, tmp_path, rows)
+    for start, end, tz in (("2026-11-12T00:00:00Z", "2026-11-13T10:30:00Z", None),
+                           ("2026-11-12", "2026-11-15", "Asia/Kolkata")):
+        rng = Range.parse(start, end, None, tz=tz)
+        got = await summary(db, t, rng)
+        bounds = [*rng.buckets(), rng.end]
+        want = [sum(lo.timestamp() <= r.started_at < hi.timestamp() for r in rows)
+                for lo, hi in zip(bounds, bounds[1:], strict=False)]
+        assert [p["requests"] for p in got["series"]] == want, (start, end, tz)
+        assert got["totals"]["rate_limited"] == sum(
+            rng.start.timestamp() <= r.started_at < rng.end.timestamp() and r.status == 429 for r in rows)
+
+
 async def test_request_log_search_detail_and_export_stay_in_the_tenant(db: Database, tmp_path: Path) -> None:
     mine, theirs = uuid.uuid4().hex[:8], uuid.uuid4().hex[:8]
     rows = [_record(mine, NOW - timedelta(minutes=i), model=("x", "y")[i % 2]) for i in range(7)]

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import insert, select, text
+from sqlalchemy import func, insert, select, text
 
 from gateway.contracts import UsageRecord
 from gateway.dashboard.queries import Range, live, percentiles, summary
@@ -72,6 +72,25 @@ async def test_writer_keeps_rollups_matching_the_records(db: Database, tmp_path:
     now = await live(db, a, Limits(requests_per_minute=100, budget_period="total"), now=NOW)
     assert now["used"]["token_budget"] == got["totals"]["total_tokens"]
     assert now["used"]["requests_per_minute"] == 12  # the records started within the last minute
+
+
+async def test_a_request_id_twice_in_one_batch_is_rolled_up_once(db: Database, tmp_path: Path) -> None:
+    """The insert skips a request id's second record in the same batch; the rollups must skip it too
+    (on SQLite they added every record whose id the insert returned: each such duplicate counted twice)."""
+    tenant = uuid.uuid4().hex[:8]
+    records = mixed_records(tenant, 10)
+    w = UsageWriter(db, PRICES, journal_dir=tmp_path, batch_size=100)
+    for r in records + records[:4]:  # one batch holding four ids twice
+        w.record(r)
+    assert await w.flush()
+    await w.aclose()
+    async with db.session() as s:
+        rolled = (await s.execute(select(func.sum(UsageHourly.requests), func.sum(UsageHourly.prompt_tokens))
+                                  .where(UsageHourly.tenant_id == tenant))).one()
+        latencies = await s.scalar(select(func.sum(LatencyHourly.count)).where(
+            LatencyHourly.tenant_id == tenant, LatencyHourly.kind == "latency"))
+    assert tuple(rolled) == (10, sum(r.prompt_tokens for r in records))
+    assert latencies == sum(r.status < 400 for r in records)
 
 
 def edge_records(tenant: str) -> list[UsageRecord]:
