@@ -216,12 +216,8 @@ def test_gateway_answers_503_when_redis_is_down(gateway_without_redis: tuple[str
     assert httpx.get(url + "/healthz").status_code == 200
 
 
-@pytest.mark.parametrize("store_kind", ["memory", "redis"])
-async def test_budget_survives_a_store_restart(
-    db: Database, redis: Redis, redis_prefix: str, tmp_path: Path, store_kind: str
-) -> None:
-    """A fresh store (restarted gateway, flushed Redis) starts the budget from the usage records."""
-    p = await principal_with(db, Limits(token_budget=1000, budget_period="month"), Limits())
+async def _spent_900_tokens(db: Database, p: Principal, tmp_path: Path) -> None:
+    """A usage row of 900 tokens this month for ``p``, written before the store under test starts."""
     writer = UsageWriter(db, PRICES, journal_dir=tmp_path)
     writer.record(UsageRecord(
         request_id=uuid.uuid4().hex, key_id=p.key_id, tenant_id=p.tenant_id, model="m", deployment="d",
@@ -229,6 +225,15 @@ async def test_budget_survives_a_store_restart(
         prompt_tokens=600, completion_tokens=300,
     ))  # fmt: skip
     await writer.aclose()
+
+
+@pytest.mark.parametrize("store_kind", ["memory", "redis"])
+async def test_budget_survives_a_store_restart(
+    db: Database, redis: Redis, redis_prefix: str, tmp_path: Path, store_kind: str
+) -> None:
+    """A fresh store (restarted gateway, flushed Redis) starts the budget from the usage records."""
+    p = await principal_with(db, Limits(token_budget=1000, budget_period="month"), Limits())
+    await _spent_900_tokens(db, p, tmp_path)
     store = MemoryStore() if store_kind == "memory" else RedisStore(connect_redis(REDIS_URL), prefix=redis_prefix)
     adm = QuotaAdmission(store, LimitsSource(db), PRICES)
     with pytest.raises(QuotaExceeded, match="token budget"):
@@ -246,13 +251,7 @@ async def test_a_budget_set_after_a_store_restart_counts_the_period_already_spen
     """A fresh store admits a tenant without a budget; a budget set afterwards in the same period
     still counts what the usage records show for the period (the restart lost it from the store)."""
     p = await principal_with(db, Limits(), Limits())
-    writer = UsageWriter(db, PRICES, journal_dir=tmp_path)
-    writer.record(UsageRecord(
-        request_id=uuid.uuid4().hex, key_id=p.key_id, tenant_id=p.tenant_id, model="m", deployment="d",
-        provider="openai", endpoint="chat.completions", started_at=time.time(), status=200,
-        prompt_tokens=600, completion_tokens=300,
-    ))  # fmt: skip
-    await writer.aclose()
+    await _spent_900_tokens(db, p, tmp_path)
     store = MemoryStore() if store_kind == "memory" else RedisStore(connect_redis(REDIS_URL), prefix=redis_prefix)
     limits = LimitsSource(db)
     adm = QuotaAdmission(store, limits, PRICES)
