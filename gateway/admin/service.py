@@ -316,7 +316,12 @@ def check_range(field: str, value: float, *, low: float = 0, high: float, low_op
     ok = (value > low if low_open else value >= low) and value <= high and math.isfinite(value)
     if not ok:
         bracket = "(" if low_open else "["
-        raise AdminError(f"{field} must lie in {bracket}{low:g}, {high:g}], got {value!r}", param=field)
+        raise AdminError(f"{field} must lie in {bracket}{bound(low)}, {bound(high)}], got {value!r}", param=field)
+
+
+def bound(value: float) -> str:
+    """A range's end as written: a whole number in full (2147483647, not 2.14748e+09)."""
+    return str(int(value)) if math.isfinite(value) and float(value).is_integer() else f"{value:g}"
 
 
 def check_limits(limits: Limits) -> None:

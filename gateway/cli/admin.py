@@ -16,7 +16,7 @@ import typer
 from sqlalchemy.exc import SQLAlchemyError
 
 from gateway.admin.bootstrap import bootstrap as run_bootstrap
-from gateway.admin.service import MAX_SECONDS, AdminError, TenancyService
+from gateway.admin.service import LIMIT_MAX, MAX_SECONDS, AdminError, TenancyService, bound
 from gateway.cli.db import ConfigOpt, console, err, fail, safe, settings_from
 from gateway.cli.errors import explain
 from gateway.cli.output import plain, print_secret, show, show_one
@@ -203,8 +203,8 @@ def limits_set(
     for (field, option), value in given.items():
         if value is None:
             continue
-        if value < 0 and value != -1:  # only -1 means "no limit": -5 is a typo, not a removal
-            fail(f"{option} must be -1 (no limit) or at least 0, got {value!r}")
+        if value != -1 and not 0 <= value <= LIMIT_MAX[field]:  # -5 is a typo, not a removal; NaN fails too
+            fail(f"{option} must be -1 (no limit) or lie in [0, {bound(LIMIT_MAX[field])}], got {value!r}")
         changes[field] = None if value == -1 else value
     if period is not None:
         changes["budget_period"] = period

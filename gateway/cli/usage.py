@@ -57,6 +57,8 @@ def _bounds(start: str | None, end: str | None, since: str | None) -> tuple[date
         raise
     if since:
         return (hi or datetime.now(UTC)) - parse_duration(since), hi
+    if lo is not None and hi is not None and lo >= hi:
+        fail("--start must be before --end")
     return lo, hi
 
 
@@ -129,7 +131,7 @@ def usage_export(
     now = datetime.now(UTC)
     hi = hi or now + timedelta(seconds=1)
     lo = lo or hi - timedelta(days=30)
-    if lo >= hi:
+    if lo >= hi:  # a --start after the default end (now)
         fail("--start must be before --end")
     progress = Progress()
     target = output.open("w", encoding="utf-8", newline="") if output else sys.stdout

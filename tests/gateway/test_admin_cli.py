@@ -102,6 +102,11 @@ def test_bootstrap_once_then_tenants_keys_limits(cli: tuple[Cli, str]) -> None:
         (("key", "create"), "exactly one of"),
         (("usage", "report", "--start", "yesterday"), "start must be a date"),
         (("usage", "report", "--by", "colour"), "cannot group by"),
+        (("usage", "report", "--start", "2026-02-01", "--end", "2026-01-01"), "--start must be before --end"),
+        (("limits", "set", "--tenant", "default", "--rpm", "99999999999"), "--rpm must be -1 (no limit) or lie "
+                                                                            "in [0, 2147483647], got 99999999999"),
+        (("limits", "set", "--tenant", "default", "--cost-budget", "nan"), "--cost-budget must be -1"),
+        (("limits", "set", "--tenant", "default", "--rpm", "-5"), "--rpm must be -1 (no limit)"),
     ):
         done = run(*bad, ok=False)
         assert done.returncode != 0 and message in done.stderr, (bad, done.stderr)
