@@ -125,9 +125,9 @@ def test_cli_unreachable_database_is_one_line_and_exit_1(tmp_path: Path) -> None
 def test_cli_out_of_range_numbers_are_one_line_errors(cli_config: Path) -> None:
     assert switchyard(cli_config, "tenant", "create", "nums").returncode == 0
     _one_line_error(switchyard(cli_config, "limits", "set", "--tenant", "nums", "--cost-budget", "1e308"),
-                    "cost_budget")
+                    "--cost-budget")
     _one_line_error(switchyard(cli_config, "limits", "set", "--tenant", "nums", "--token-budget", str(2**63)),
-                    "token_budget")
+                    "--token-budget")
     _one_line_error(switchyard(cli_config, "key", "create", "--tenant", "nums", "--expires-in-days", "1e300"),
                     "--expires-in-days")
     _one_line_error(switchyard(cli_config, "usage", "report", "--end", "9999-12-31T23:00:00-05:00"), "end")
