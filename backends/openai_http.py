@@ -331,7 +331,9 @@ class _Relay(Generic[C]):
         self._deadline, self._meter, self._usage = deadline, meter, usage
         self._text_of: Callable[[C], str] = text_of
         self._saw_usage = False
-        self._tier_sent: msgspec.Raw | None = None  # the latest service_tier field a chunk sent
+        # chunks still read for the service tier until one names it: the first two (Azure's first,
+        # its prompt filter results, names none), then only the usage chunk (a per-chunk cost saved)
+        self._tier_reads = 2
         self._closed = False
         self._failure: BaseException | None = None  # met while pushing: raised by the next __anext__
         self._note_tier(first)
@@ -402,7 +404,8 @@ class _Relay(Generic[C]):
                 self._unfinished.add(choice.index)
             else:
                 self._unfinished.discard(choice.index)
-        if meter.service_tier is None:
+        if self._tier_reads and meter.service_tier is None:
+            self._tier_reads -= 1
             self._note_tier(chunk)
         if text := self._text_of(chunk):
             if meter.first_token_at is None:
@@ -413,6 +416,8 @@ class _Relay(Generic[C]):
         if isinstance(usage, Usage):
             self._saw_usage = True
             _meter_from_usage(meter, usage)
+            if meter.service_tier is None:
+                self._note_tier(chunk)
         if usage is not UNSET and not self._usage.final:  # a usage field sent, even null, is not relayed
             if not chunk.choices:  # the closing usage chunk
                 return None
@@ -421,12 +426,8 @@ class _Relay(Generic[C]):
         return chunk
 
     def _note_tier(self, chunk: C) -> None:
-        """The service tier a chunk names, onto the meter (read until one does: a first chunk may
-        name none, as Azure's prompt filter results, and a stream may end without a usage chunk)."""
-        sent = _tier_field(chunk)
-        if sent is not None and sent != self._tier_sent:  # decoded once, not on every chunk
-            self._tier_sent = sent
-            self._meter.service_tier = _served_tier(sent) or self._meter.service_tier
+        """The service tier a chunk names, onto the meter (a stream may end without a usage chunk)."""
+        self._meter.service_tier = _served_tier(_tier_field(chunk)) or self._meter.service_tier
 
     def _estimated_usage_chunk(self) -> C:
         """The upstream reported no usage but the client asked for it: send our estimate."""
