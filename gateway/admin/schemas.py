@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
 from typing import Annotated, Any, Literal, TypeVar
 
@@ -73,6 +74,9 @@ class AdminBody(WireBody[T]):
         return decode(request_content(self.asgi_connection, value), self.model_type)
 
 
+_UNKNOWN_FIELD = re.compile(r"Object contains unknown field `([^`]+)`")
+
+
 def decode(body: bytes, type: type[T]) -> T:
     """Decode a JSON body, turning every problem into a 400 that names the parameter."""
     if not body.strip():
@@ -81,7 +85,9 @@ def decode(body: bytes, type: type[T]) -> T:
         decoded = msgspec.json.decode(body, type=type)
     except msgspec.ValidationError as exc:
         problem, sep, where = str(exc).rpartition(" - at `")
-        param = where.rstrip("`").removeprefix("$.") if sep else None
+        param = where.rstrip("`").removeprefix("$").removeprefix(".") if sep else None
+        if unknown := _UNKNOWN_FIELD.match(problem or str(exc)):  # the field itself, not the object holding it
+            param = f"{param}.{unknown.group(1)}" if param else unknown.group(1)
         raise AdminError(f"invalid request body: {problem or exc}", param=param or None) from None
     except msgspec.DecodeError:
         raise AdminError("the request body must be a JSON object") from None

@@ -110,10 +110,11 @@ class TenancyService:
         async with self.db.session() as s:
             return [tenant_view(t) for t in await s.scalars(select(Tenant).order_by(Tenant.created_at, Tenant.id))]
 
-    async def _tenant(self, s, ref: str) -> Tenant:
+    async def _tenant(self, s, ref: str, param: str = "tenant") -> Tenant:
+        """The tenant ``ref`` names (id or name); else a 404 naming ``param``, where the caller took it."""
         tenant = await s.get(Tenant, ref) or await s.scalar(select(Tenant).where(Tenant.name == ref))
         if tenant is None:
-            raise NotFound(f"no tenant {ref!r}", param="tenant")
+            raise NotFound(f"no tenant {ref!r}", param=param)
         return tenant
 
     async def get_tenant(self, ref: str) -> TenantView:
@@ -169,7 +170,7 @@ class TenancyService:
                 raise AdminError("expires_at must lie between 0001-01-01 and 9999-12-31 in UTC",
                                  param="expires_at") from None
         async with self.db.session() as s:
-            tenant_id = (await self._tenant(s, tenant)).id if tenant is not None else None
+            tenant_id = (await self._tenant(s, tenant, "tenant_id")).id if tenant is not None else None
             material = generate_key()
             key = ApiKey(
                 id=new_id("key"), tenant_id=tenant_id, name=name, prefix=material.prefix,
@@ -184,7 +185,7 @@ class TenancyService:
         async with self.db.session() as s:
             query = select(ApiKey).order_by(ApiKey.created_at, ApiKey.id)
             if tenant is not None:
-                query = query.where(ApiKey.tenant_id == (await self._tenant(s, tenant)).id)
+                query = query.where(ApiKey.tenant_id == (await self._tenant(s, tenant, "tenant_id")).id)
             now = utcnow()
             return [key_view(k, now) for k in await s.scalars(query)]
 
