@@ -98,6 +98,19 @@ def test_stop_token_ids_min_tokens_and_max_tokens(llm: LLM) -> None:
     assert len(held.token_ids) == 10 and stop_tok not in held.token_ids  # banned before min_tokens
 
 
+def test_eos_ends_a_sequence_without_a_stop_reason_even_when_listed_in_stop_token_ids(llm: LLM) -> None:
+    """As vLLM: the EOS check comes first, so ``stop_reason`` stays None for EOS."""
+    prompt = ids(12, 9)
+    eos = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=10))[0].outputs[0].token_ids[3]
+    saved = llm.engine.eos_token_ids
+    llm.engine.eos_token_ids = {eos}
+    try:
+        out = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=10, stop_token_ids=[eos]))[0].outputs[0]
+    finally:
+        llm.engine.eos_token_ids = saved
+    assert out.finish_reason == "stop" and out.stop_reason is None
+
+
 def test_over_long_requests_are_rejected_clearly(llm: LLM) -> None:
     with pytest.raises(RequestRejected, match="context"):
         llm.generate([ids(256, 10)], GREEDY)
