@@ -3,7 +3,8 @@
 Requests and responses are translated by ``backends.anthropic_wire``; streams are translated
 event by event (``message_start`` -> role chunk, ``content_block_delta`` -> content / tool-call
 deltas, ``message_delta`` -> finish reason and output usage), so nothing is buffered; a stream
-that ends without ``message_stop`` was cut short and fails (Unavailable). Text completions are
+that ends without ``message_stop`` was cut short and fails (Unavailable); the events a /v1/messages
+client is relayed that came before a failure reach it first. Text completions are
 served as a one-message chat. A /v1/messages request (``anthropic_body``) goes as the client sent
 it, with its ``anthropic-version`` and ``anthropic-beta`` headers (``forward_client_headers``), once
 the betas, server tools and Files API references it opts into are allowed by the deployment
@@ -30,6 +31,7 @@ from backends.anthropic_wire import (
     usage_of,
 )
 from backends.base import (
+    BackendError,
     BadRequest,
     ChunkStream,
     Completed,
@@ -281,8 +283,9 @@ class _StreamTranslator:
         self._tool_index: dict[int, int] = {}  # content block index -> tool call index
         self._usage: dict[str, Any] = {}
         self._closed = False
+        self._primed = False  # the first chunk exists: a failure from now on is mid-stream
         self._ended = False  # message_stop came
-        self._cut = False  # the body ended before message_stop: the events read are out, the failure next
+        self._failure: BackendError | None = None  # raised once the events read before it are out
 
     def __aiter__(self) -> _StreamTranslator:
         return self
@@ -291,6 +294,7 @@ class _StreamTranslator:
         """Read until the first chunk exists, so errors before the first byte are raised here."""
         while not self._pending and not self._ended:
             await self._step()
+        self._primed = True
 
     async def __anext__(self) -> ChatCompletionChunk:
         try:
@@ -312,30 +316,32 @@ class _StreamTranslator:
 
     async def _step(self) -> None:
         made = len(self._pending)
-        event = None if self._cut else await self._events.next()
-        if event is None and not self._ended:
-            self._cut_short(made)
-            return
-        if event is not None and self._kept is not None:
-            self._kept.append(event)
-        self._translate(event)
+        if self._failure is not None:
+            raise self._failure
+        try:
+            event = await self._events.next()
+            if event is None and not self._ended:
+                raise Unavailable(f"upstream {self._backend.deployment_id} ended the stream before message_stop")
+            if event is not None and self._kept is not None and event.get("type") != "error":
+                self._kept.append(event)  # an error event goes out as the failure it raises
+            self._translate(event)
+        except BackendError as exc:
+            self._fail(exc)
         if self._kept and self._ended and len(self._pending) == made:
             self._pending.append(ChatCompletionChunk(id=self._id, model=self._model, choices=[]))
         if self._kept and len(self._pending) > made:
             self._pending[made].__dict__[ANTHROPIC_EVENTS] = self._kept
             self._kept = []
 
-    def _cut_short(self, made: int) -> None:
-        """The body ended before ``message_stop``: the stream was cut, not completed. Events read but
-        not yet relayed go out first (on a chunk without choices), then the failure, as any other
-        mid-stream failure (the client gets an error event; the request settles as failed)."""
-        if self._kept and not self._cut:
-            self._cut = True
-            self._pending.append(ChatCompletionChunk(id=self._id, model=self._model, choices=[]))
-            self._pending[made].__dict__[ANTHROPIC_EVENTS] = self._kept
-            self._kept = []
-            return
-        raise Unavailable(f"upstream {self._backend.deployment_id} ended the stream before message_stop")
+    def _fail(self, exc: BackendError) -> None:
+        """A failure mid-stream (an error event, the body ended before ``message_stop``, a broken
+        connection): the events read but not yet relayed go out first, in order, on a chunk without
+        choices; then it is raised, as any other mid-stream failure (the client gets an error event;
+        the request settles as failed). Before the first chunk it is raised at once (it can be retried)."""
+        if not self._primed or not self._kept:
+            raise exc
+        self._failure = exc
+        self._pending.append(ChatCompletionChunk(id=self._id, model=self._model, choices=[]))
 
     def _translate(self, event: dict[str, Any] | None) -> None:
         if event is None:

@@ -210,13 +210,16 @@ ANTHROPIC_FIELDS = frozenset({"thinking", "metadata", "service_tier", "container
                               "context_management", "top_k"})
 # OpenAI fields that do not change the output and have no Anthropic equivalent: not sent.
 NO_EFFECT_FIELDS = frozenset({"store", "prompt_cache_key", "safety_identifier"})
+# service_tier: OpenAI's values with an Anthropic equivalent, and Anthropic's own; any other
+# (OpenAI's flex, priority, scale) is a tier Anthropic cannot be asked for: a 400 naming it.
+SERVICE_TIERS = {"auto": "auto", "default": "standard_only", "standard_only": "standard_only"}
 
 
 def _map_extra(request: ChatCompletionRequest, body: dict[str, Any]) -> None:
     """The request's unmodelled fields, mapped for Anthropic: ``reasoning_effort`` -> ``thinking``
-    budget; Anthropic's own fields (``thinking``, ``metadata``, ...) as they are (a ``metadata``
-    without ``user_id`` keeps the one from ``user``); anything else is a 400 naming it, never a silent
-    drop (a deployment's ``drop_params`` removes a field before this)."""
+    budget; ``service_tier`` by ``SERVICE_TIERS``; Anthropic's own fields (``thinking``, ``metadata``,
+    ...) as they are (a ``metadata`` without ``user_id`` keeps the one from ``user``); anything else
+    is a 400 naming it, never a silent drop (a deployment's ``drop_params`` removes a field before this)."""
     for name, raw in extra_params(request).items():
         value = msgspec.json.decode(raw)
         if name == "reasoning_effort":
@@ -231,6 +234,13 @@ def _map_extra(request: ChatCompletionRequest, body: dict[str, Any]) -> None:
             body.pop("top_k", None)
         elif name == "metadata" and isinstance(value, dict):
             body["metadata"] = body.get("metadata", {}) | value
+        elif name == "service_tier":
+            tier = SERVICE_TIERS.get(value) if isinstance(value, str) else None
+            if tier is None and value is not None:  # null asks for nothing
+                raise BadRequest(f"service_tier {value!r} cannot be served by the anthropic provider (it takes "
+                                 "'auto' or 'default' ('standard_only'))", param="service_tier")
+            if tier is not None:
+                body["service_tier"] = tier
         elif name in ANTHROPIC_FIELDS:
             body[name] = value
         elif name not in NO_EFFECT_FIELDS:

@@ -104,6 +104,8 @@ class MessagesEvents:
     def __init__(self, meter: Meter | None = None) -> None:
         self._meter = meter  # the call's: the prompt's tokens for message_start
         self._relaying: bool | None = None  # decided by the first chunk
+        self._relayed_open: list[int] = []  # relaying: the content blocks started and not yet stopped
+        self._relayed_stop = False  # relaying: message_stop came
         self._started = False
         self._block: int = -1  # index of the open content block
         self._block_kind: str | None = None
@@ -116,7 +118,9 @@ class MessagesEvents:
         if self._relaying is None:
             self._relaying = events is not None
         if self._relaying:
-            return b"".join(_relayed_event(e, chunk.model) for e in events or ())
+            if isinstance(chunk.usage, Usage):
+                self._usage = _usage(chunk.usage)
+            return b"".join(self._relay(e, chunk.model) for e in events or ())
         out = b""
         if not self._started:
             self._started = True
@@ -153,6 +157,16 @@ class MessagesEvents:
                 self._stop = _stop(choice.finish_reason, choice.stop_reason)
         return out
 
+    def _relay(self, event: dict[str, Any], model: str) -> bytes:
+        kind, index = event.get("type"), event.get("index")
+        if kind == "content_block_start" and isinstance(index, int):
+            self._relayed_open.append(index)
+        elif kind == "content_block_stop" and index in self._relayed_open:
+            self._relayed_open.remove(index)
+        elif kind == "message_stop":
+            self._relayed_stop = True
+        return _relayed_event(event, model)
+
     def _open(self, block: dict[str, Any], kind: str) -> bytes:
         out = self._close()
         self._block += 1
@@ -166,8 +180,16 @@ class MessagesEvents:
         return _event("content_block_stop", {"index": self._block})
 
     def done(self) -> bytes:
-        if self._relaying:  # message_stop came from the upstream
-            return b""
+        """The message's end. A relayed stream ended by the upstream's ``message_stop`` has it; one
+        cut short by the drain (``gateway.drain``) is ended here as a translated stream is: its open
+        blocks stopped, ``max_tokens`` (the cut chunk's ``length``) with the usage so far."""
+        if self._relaying:
+            if self._relayed_stop:
+                return b""
+            return (b"".join(_event("content_block_stop", {"index": i}) for i in self._relayed_open)
+                    + _event("message_delta", {"delta": {"stop_reason": "max_tokens", "stop_sequence": None},
+                                               "usage": self._usage})
+                    + _event("message_stop", {}))
         return (self._close()
                 + _event("message_delta", {"delta": self._stop,
                                            "usage": self._usage})

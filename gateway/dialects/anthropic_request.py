@@ -35,6 +35,7 @@ from backends.openai_wire import (
     TextPart,
     Tool,
     ToolCall,
+    extra_params,
     set_extra_params,
 )
 from gateway.body import RAW_BODY
@@ -287,7 +288,11 @@ class _Translation:
             media = source.get("media_type") or "application/pdf"
             return FilePart(file={"file_data": f"data:{media};base64,{source['data']}",
                                   "filename": block.title or "document"})
-        self.refuse(f"{where}.source.type", f"a document source of type {source.get('type')!r} {_ONLY_ANTHROPIC}")
+        if source.get("type") in ("text", "base64"):
+            self.refuse(f"{where}.source.data", f"a document source of type {source['type']!r} needs its data")
+        else:
+            self.refuse(f"{where}.source.type",
+                        f"a document source of type {source.get('type')!r} {_ONLY_ANTHROPIC}")
         return _stand_in(raw)
 
     def tool_result(self, block: ToolResultBlock, where: str) -> ChatMessage:
@@ -296,12 +301,13 @@ class _Translation:
         else:  # OpenAI's tool message holds text only: text blocks, one per line
             texts = []
             for k, item in enumerate(block.content):
-                if item.get("type") == "text" and isinstance(item.get("text"), str):
-                    texts.append(item["text"])
-                else:
-                    self.refuse(f"{where}.content[{k}].type",
-                                f"a tool result holding a {item.get('type')!r} block {_ONLY_ANTHROPIC}")
-                    texts.append(_stand_in(item).text)
+                at = f"{where}.content[{k}]"
+                if item.get("type") == "text" and (part := self.convert(item, TextBlock, at)) is not None:
+                    texts.append(part.text)
+                    continue
+                if item.get("type") != "text":  # a text block that does not convert is refused as such
+                    self.refuse(f"{at}.type", f"a tool result holding a {item.get('type')!r} block {_ONLY_ANTHROPIC}")
+                texts.append(_stand_in(item).text)
             text = "\n".join(texts)
         if block.is_error is True:
             # OpenAI's shape has no is_error. A failed tool is routine in an agent loop, so refusing it
@@ -381,6 +387,7 @@ def to_chat_request(req: MessagesRequest, *, strict: bool = True) -> ChatComplet
     for i, message in enumerate(req.messages):
         messages.extend(translation.message(message, i))
     chat = ChatCompletionRequest(model=req.model, messages=messages, max_tokens=req.max_tokens)
+    _prefill(chat)
     if req.temperature is not UNSET:
         chat.temperature = req.temperature
     if req.top_p is not UNSET:
@@ -399,8 +406,25 @@ def to_chat_request(req: MessagesRequest, *, strict: bool = True) -> ChatComplet
         chat.stream = True
         chat.stream_options = StreamOptions(include_usage=True)  # message_delta carries the usage
     if req.thinking is not UNSET:  # the engine refuses it by name; an OpenAI-shaped upstream gets it
-        set_extra_params(chat, {"thinking": msgspec.Raw(msgspec.json.encode(req.thinking))})
+        set_extra_params(chat, extra_params(chat) | {"thinking": msgspec.Raw(msgspec.json.encode(req.thinking))})
     return chat
+
+
+# vLLM's (and SGLang's) chat fields for an answer that continues the final assistant message.
+_CONTINUE = {"continue_final_message": msgspec.Raw(b"true"), "add_generation_prompt": msgspec.Raw(b"false")}
+
+
+def _prefill(chat: ChatCompletionRequest) -> None:
+    """A final assistant message (Anthropic's prefill) is the start of the answer, which continues it
+    (the answer holds only what follows, as Anthropic's does): it goes last, with ``_CONTINUE``. One
+    without text asks for nothing: it is left out (unless it is all there is), and the answer is a new turn."""
+    last = chat.messages[-1] if chat.messages else None
+    if last is None or last.role != "assistant" or last.tool_calls:
+        return
+    if last.text():
+        set_extra_params(chat, extra_params(chat) | _CONTINUE)
+    elif len(chat.messages) > 1:
+        chat.messages.pop()
 
 
 def as_sent(req: MessagesRequest, headers: Mapping[str, str]) -> ChatCompletionRequest:

@@ -231,3 +231,26 @@ def test_anthropic_sdk_through_the_gateway_to_the_anthropic_provider(
         final = stream.get_final_message()
     assert final.stop_reason == "tool_use"
     assert final.content[0].type == "tool_use" and final.content[0].input == {"q": "x"}  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(("asked", "sent"), [("auto", "auto"), ("default", "standard_only"),
+                                             ("standard_only", "standard_only"), (None, None)])  # null asks for none
+def test_openai_service_tiers_are_mapped_to_anthropics(client: openai.OpenAI, anthropic_upstream: FakeAnthropic,
+                                                       asked: str, sent: str) -> None:
+    for stream in (False, True):
+        answer = client.chat.completions.create(model="claude", messages=[{"role": "user", "content": "x"}],
+                                                stream=stream, service_tier=asked)  # type: ignore[arg-type]
+        if stream:
+            list(answer)  # type: ignore[arg-type]
+        assert anthropic_upstream.received[-1].get("service_tier", "not sent") == (sent or "not sent")
+
+
+@pytest.mark.parametrize("asked", ["flex", "priority", "scale"])
+def test_a_service_tier_anthropic_cannot_honour_is_a_400(client: openai.OpenAI, anthropic_upstream: FakeAnthropic,
+                                                        asked: str) -> None:
+    for stream in (False, True):
+        with pytest.raises(openai.BadRequestError) as refused:
+            client.chat.completions.create(model="claude", messages=[{"role": "user", "content": "x"}],
+                                           stream=stream, service_tier=asked)  # type: ignore[arg-type]
+        assert refused.value.param == "service_tier" and asked in refused.value.message
+    assert anthropic_upstream.received == []

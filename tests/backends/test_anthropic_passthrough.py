@@ -6,7 +6,7 @@ loopback server speaking the Messages API and one speaking OpenAI's (a fallback)
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import anthropic
@@ -16,8 +16,10 @@ import pytest
 
 from backends.dev.echo_server import Exchange
 from backends.factory import build_backend
+from gateway import streaming
 from gateway.app import create_app
 from gateway.contracts import Principal
+from gateway.drain import Drain
 from gateway.routing.router import Router
 from gateway.services import Services
 from gateway.settings import parse_settings
@@ -28,22 +30,30 @@ from tests.support.fake_anthropic import FakeAnthropic, _text, send_events
 from tests.support.fake_upstream import FakeUpstream
 from tests.support.servers import ServerThread
 
+PARTIAL: list[tuple[str, dict[str, Any]]] = [
+    ("message_start", {"message": {"id": "msg_cut", "type": "message", "role": "assistant", "model": "claude-test",
+                                   "content": [], "usage": {"input_tokens": 5, "output_tokens": 1}}}),
+    ("content_block_start", {"index": 0, "content_block": {"type": "text", "text": ""}}),
+    ("content_block_delta", {"index": 0, "delta": {"type": "text_delta", "text": "partial"}}),
+]
+OVERLOADED = ("error", {"error": {"type": "overloaded_error", "message": "Overloaded"}})
+
 
 class CuttingAnthropic(FakeAnthropic):
-    """Ends the stream after the first text delta, without message_stop, when the text starts with CUT."""
+    """When the text starts with CUT, ends the stream after the first text delta without message_stop;
+    with FAIL, closes that block and sends an error event; with DROP, drops the connection after it."""
 
     async def _stream(self, ex: Exchange, payload: dict[str, Any], blocks: list[dict[str, Any]], stop: str,
                       usage: dict[str, int], matched: str | None = None) -> None:
-        if not _text(payload["messages"][-1]["content"]).startswith("CUT"):
-            return await super()._stream(ex, payload, blocks, stop, usage, matched)
-        await send_events(ex, [
-            ("message_start", {"message": {"id": "msg_cut", "type": "message", "role": "assistant",
-                                           "model": payload["model"], "content": [],
-                                           "usage": {"input_tokens": 5, "output_tokens": 1}}}),
-            ("content_block_start", {"index": 0, "content_block": {"type": "text", "text": ""}}),
-            ("content_block_delta", {"index": 0, "delta": {"type": "text_delta", "text": "partial"}}),
-            ("ping", {}),
-        ])
+        text = _text(payload["messages"][-1]["content"])
+        if text.startswith("CUT"):
+            return await send_events(ex, [*PARTIAL, ("ping", {})])
+        if text.startswith("FAIL"):
+            return await send_events(ex, [*PARTIAL, ("content_block_stop", {"index": 0}), ("ping", {}), OVERLOADED])
+        if text.startswith("DROP"):
+            await send_events(ex, [*PARTIAL, ("ping", {})], end=False)
+            raise ConnectionResetError("dropped")  # uvicorn closes the connection mid-body
+        return await super()._stream(ex, payload, blocks, stop, usage, matched)
 
 
 @pytest.fixture(scope="module")
@@ -234,3 +244,62 @@ def test_a_cut_stream_fails_for_openai_clients_too(gateway: tuple[ServerThread, 
     whole = client.chat.completions.create(model="claude", messages=[{"role": "user", "content": "a whole answer"}],
                                            stream=True)
     assert "".join(c.choices[0].delta.content or "" for c in whole if c.choices) == "a whole answer"
+
+
+def test_events_before_an_error_event_are_relayed_in_order(gateway: tuple[ServerThread, RecordingSink],
+                                                           upstream: CuttingAnthropic,
+                                                           ant: anthropic.Anthropic) -> None:
+    body = {"model": "claude", "max_tokens": 16, "stream": True, "messages": [{"role": "user", "content": "FAIL"}]}
+    events = sse_events(gateway[0].url + "/v1/messages", body, {"x-api-key": ADMIN_KEY})
+    assert [kind for kind, _ in events] == ["message_start", "content_block_start", "content_block_delta",
+                                            "content_block_stop", "ping", "error"]
+    assert events[-1][1]["error"]["type"] == "overloaded_error" and "Overloaded" in events[-1][1]["error"]["message"]
+    assert gateway[1].wait_for(1)[0].extra == {"outcome": "failed"}
+    seen: list[str] = []
+    with pytest.raises(anthropic.APIStatusError) as failed:
+        with ant.messages.stream(model="claude", max_tokens=16, messages=[{"role": "user", "content": "FAIL"}]) as s:
+            seen.extend(event.type for event in s)
+    assert seen[-1] == "content_block_stop"  # the SDK leaves out pings
+    assert failed.value.body["error"]["type"] == "overloaded_error"  # type: ignore[index]
+
+
+def test_a_dropped_connection_relays_what_came_then_an_error_event(gateway: tuple[ServerThread, RecordingSink],
+                                                                   upstream: CuttingAnthropic) -> None:
+    body = {"model": "claude", "max_tokens": 16, "stream": True, "messages": [{"role": "user", "content": "DROP"}]}
+    events = sse_events(gateway[0].url + "/v1/messages", body, {"x-api-key": ADMIN_KEY})
+    assert [kind for kind, _ in events] == ["message_start", "content_block_start", "content_block_delta", "ping",
+                                            "error"]
+    assert events[-1][1]["error"]["type"] in ("overloaded_error", "api_error")
+    assert gateway[1].wait_for(1)[0].extra == {"outcome": "failed"}
+
+
+class _CutAfter(Drain):
+    """A drain under way whose time runs out after ``reads`` more chunks."""
+
+    def __init__(self, reads: int) -> None:
+        super().__init__()
+        self.draining, self._reads = True, reads
+
+    async def next_or_cut(self, chunks: AsyncIterator[Any]) -> Any:
+        self._reads -= 1
+        if self._reads < 0:
+            self.cut.set()
+        return await super().next_or_cut(chunks)
+
+
+def test_a_drained_relay_ends_as_a_whole_message(gateway: tuple[ServerThread, RecordingSink],
+                                                 upstream: CuttingAnthropic, ant: anthropic.Anthropic,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """The drain time runs out mid-stream: the open block is closed and the message ends with
+    max_tokens and the usage so far, as a translated stream's does (finish_reason length)."""
+    monkeypatch.setattr(streaming, "DRAIN", _CutAfter(reads=1))
+    body = {"model": "claude", "max_tokens": 16, "stream": True, "messages": [{"role": "user", "content": "CUT"}]}
+    events = sse_events(gateway[0].url + "/v1/messages", body, {"x-api-key": ADMIN_KEY})
+    assert [kind for kind, _ in events] == ["message_start", "content_block_start", "content_block_delta",
+                                            "content_block_stop", "message_delta", "message_stop"]
+    assert events[-2][1]["delta"]["stop_reason"] == "max_tokens" and events[-2][1]["usage"]["output_tokens"] > 0
+    assert gateway[1].wait_for(1)[0].extra == {"outcome": "drained"}
+    monkeypatch.setattr(streaming, "DRAIN", _CutAfter(reads=1))
+    with ant.messages.stream(model="claude", max_tokens=16, messages=[{"role": "user", "content": "CUT"}]) as s:
+        final = s.get_final_message()
+    assert final.content[0].text == "partial" and final.stop_reason == "max_tokens"  # type: ignore[union-attr]

@@ -69,6 +69,10 @@ UNTRANSLATABLE: list[tuple[dict[str, Any], str]] = [
         {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AAAA"}}]}]}]},
      "messages[0].content[0].content[0].type"),
     ({"messages": [{"role": "user", "content": [{"type": "text"}]}]}, "messages[0].content[0].text"),
+    ({"messages": [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": [
+        {"type": "text"}]}]}]}, "messages[0].content[0].content[0].text"),
+    ({"messages": [{"role": "user", "content": [{"type": "document", "source": {"type": "text"}}]}]},
+     "messages[0].content[0].source.data"),
     ({"messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]}, "messages[0].content[0].text"),
     ({"messages": [{"role": "user", "content": "q"}], "tools": [{"name": "f", "input_schema": {}}],
       "tool_choice": {"type": "tool"}}, "tool_choice.name"),
@@ -159,3 +163,28 @@ def test_routing_errors_under_messages_take_anthropic_shape(env: GatewayEnv) -> 
         assert unsupported.json()["error"]["type"] == "invalid_request_error"
         elsewhere = http.post("/v1/nope", json={})  # OpenAI's shape everywhere else
         assert elsewhere.status_code == 404 and elsewhere.json()["error"]["code"] == "unknown_url"
+
+
+def test_a_prefill_is_continued_not_answered_in_a_new_turn(client: anthropic.Anthropic,
+                                                           upstream: FakeUpstream) -> None:
+    """A final assistant message is the start of the answer (Anthropic's prefill): it goes last, with
+    vLLM's continue_final_message (and no generation prompt), and the answer is what follows it, as
+    Anthropic's holds only what the model added."""
+    kw: Any = {"model": "echo", "max_tokens": 8, "messages": [{"role": "user", "content": "a b"},
+                                                               {"role": "assistant", "content": "{"}]}
+    whole = client.messages.create(**kw)
+    with client.messages.stream(**kw) as stream:
+        streamed = stream.get_final_message()
+    for sent in (upstream.received[-2].json, upstream.last.json):
+        assert sent["messages"][-1] == {"role": "assistant", "content": "{"}
+        assert sent["continue_final_message"] is True and sent["add_generation_prompt"] is False
+    assert whole.content[0].text == streamed.content[0].text == "a b"  # type: ignore[union-attr]
+
+
+def test_an_empty_final_assistant_message_is_no_prefill(env: GatewayEnv, upstream: FakeUpstream) -> None:
+    for empty in ("", [], [{"type": "text", "text": ""}]):
+        messages = [{"role": "user", "content": "a b"}, {"role": "assistant", "content": empty}]
+        response = _post(env, {"messages": messages})
+        assert response.status_code == 200, response.text
+        assert upstream.last.json["messages"] == [{"role": "user", "content": "a b"}]
+        assert "continue_final_message" not in upstream.last.json

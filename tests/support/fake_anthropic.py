@@ -24,13 +24,14 @@ def _text(content: Any) -> str:
     return "".join(b.get("text", "") for b in content or [] if isinstance(b, dict) and b.get("type") == "text")
 
 
-async def send_events(ex: Exchange, events: list[tuple[str, dict[str, Any]]]) -> None:
-    """Answer with an event stream of ``events`` ((event type, data) pairs), then end the body."""
+async def send_events(ex: Exchange, events: list[tuple[str, dict[str, Any]]], end: bool = True) -> None:
+    """Answer with an event stream of ``events`` ((event type, data) pairs), then end the body (if ``end``)."""
     await ex.send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]})
     for kind, data in events:
         raw = f"event: {kind}\ndata: {json.dumps({'type': kind} | data)}\n\n".encode()
         await ex.send({"type": "http.response.body", "body": raw, "more_body": True})
-    await ex.send({"type": "http.response.body", "body": b"", "more_body": False})
+    if end:
+        await ex.send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
 CACHE_WRITE = 8  # prompt tokens reported written to the cache per cache_control breakpoint
