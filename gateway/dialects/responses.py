@@ -81,21 +81,33 @@ def _failure(error: ApiError) -> dict[str, Any]:
     return {"code": error.code or error.type, "message": error.message}
 
 
-def _message_item(text: str, status: str = "completed") -> dict[str, Any]:
+# a message's content part kinds (chat's ``content`` and ``refusal``) and the field holding their text
+_PART_TEXT = {"output_text": "text", "refusal": "refusal"}
+
+
+def _part(kind: str, text: str) -> dict[str, Any]:
+    return {"type": kind, "text": text, "annotations": []} if kind == "output_text" else {"type": kind, kind: text}
+
+
+def _message_item(parts: list[dict[str, Any]], status: str = "completed") -> dict[str, Any]:
     return {"type": "message", "id": "msg_" + uuid.uuid4().hex, "role": "assistant", "status": status,
-            "content": [{"type": "output_text", "text": text, "annotations": []}]}
+            "content": parts}
 
 
 def response_object(response: ChatCompletion, extra: dict[str, Any] | None = None,
                     meter: Meter | None = None) -> dict[str, Any]:
     choice = response.choices[0]
     output: list[dict[str, Any]] = []
-    if choice.message.content:
-        output.append(_message_item(choice.message.content))
+    parts = [_part(kind, text) for kind, text in (("output_text", choice.message.content),
+                                                  ("refusal", choice.message.refusal)) if text]
+    if parts:
+        output.append(_message_item(parts))
     for call in choice.message.tool_calls or []:
         output.append({"type": "function_call", "id": "fc_" + uuid.uuid4().hex, "call_id": call.id,
                        "name": call.function.name, "arguments": call.function.arguments, "status": "completed"})
     incomplete = _INCOMPLETE.get(choice.finish_reason or "")
+    if incomplete and output:
+        output[-1]["status"] = "incomplete"  # the item being written when the answer was cut short
     return _response(new_response_id(), response.model, "incomplete" if incomplete else "completed", output,
                      _usage(response.usage, meter, _reasoning_tokens(response)), incomplete, extra)
 
@@ -142,22 +154,9 @@ class ResponsesEvents:
             self._usage, self._reasoning = chunk.usage, _reasoning_tokens(chunk)
         for choice in chunk.choices[:1]:
             delta = choice.delta
-            if isinstance(delta.content, str) and delta.content:
-                if self._text is None:
-                    self._text = len(self._output)
-                    item = _message_item("", "in_progress")
-                    item["content"] = []
-                    self._output.append(item)
-                    out += self._event("response.output_item.added", {"output_index": self._text, "item": item})
-                    out += self._event("response.content_part.added", {
-                        "item_id": item["id"], "output_index": self._text, "content_index": 0,
-                        "part": {"type": "output_text", "text": "", "annotations": []}})
-                    item["content"] = [{"type": "output_text", "text": "", "annotations": []}]
-                item = self._output[self._text]
-                item["content"][0]["text"] += delta.content
-                out += self._event("response.output_text.delta", {
-                    "item_id": item["id"], "output_index": self._text, "content_index": 0, "delta": delta.content,
-                    "logprobs": []})
+            for kind, text in (("output_text", delta.content), ("refusal", delta.refusal)):
+                if isinstance(text, str) and text:
+                    out += self._message_delta(kind, text)
             for call in delta.tool_calls or []:
                 function = call.function if isinstance(call.function, dict) else {}
                 if call.index not in self._tools:
@@ -178,22 +177,45 @@ class ResponsesEvents:
                 self._finish = choice.finish_reason
         return out
 
+    def _message_delta(self, kind: str, text: str) -> bytes:
+        """``text`` added to the open message's last part of ``kind`` (output_text or refusal), the
+        message and the part opened first where they are not."""
+        out = b""
+        if self._text is None:
+            self._text = len(self._output)
+            self._output.append(_message_item([], "in_progress"))
+            out += self._event("response.output_item.added", {"output_index": self._text,
+                                                              "item": self._output[self._text]})
+        item = self._output[self._text]
+        parts: list[dict[str, Any]] = item["content"]
+        where = {"item_id": item["id"], "output_index": self._text, "content_index": len(parts) - 1}
+        if not parts or parts[-1]["type"] != kind:
+            where["content_index"] = len(parts)
+            parts.append(_part(kind, ""))
+            out += self._event("response.content_part.added", where | {"part": parts[-1]})
+        parts[-1][_PART_TEXT[kind]] += text
+        if kind == "refusal":
+            return out + self._event("response.refusal.delta", where | {"delta": text})
+        return out + self._event("response.output_text.delta", where | {"delta": text, "logprobs": []})
+
     def done(self) -> bytes:
         out = b""
+        incomplete = _INCOMPLETE.get(self._finish or "")
         for index, item in enumerate(self._output):
-            item["status"] = "completed"
+            # the item being written when the answer was cut short is incomplete
+            item["status"] = "incomplete" if incomplete and index == len(self._output) - 1 else "completed"
             if item["type"] == "message":
-                part = item["content"][0]
-                out += self._event("response.output_text.done", {
-                    "item_id": item["id"], "output_index": index, "content_index": 0, "text": part["text"],
-                    "logprobs": []})
-                out += self._event("response.content_part.done", {
-                    "item_id": item["id"], "output_index": index, "content_index": 0, "part": part})
+                for content_index, part in enumerate(item["content"]):
+                    where = {"item_id": item["id"], "output_index": index, "content_index": content_index}
+                    if part["type"] == "refusal":
+                        out += self._event("response.refusal.done", where | {"refusal": part["refusal"]})
+                    else:
+                        out += self._event("response.output_text.done", where | {"text": part["text"], "logprobs": []})
+                    out += self._event("response.content_part.done", where | {"part": part})
             else:
                 out += self._event("response.function_call_arguments.done", {
                     "item_id": item["id"], "output_index": index, "arguments": item["arguments"]})
             out += self._event("response.output_item.done", {"output_index": index, "item": item})
-        incomplete = _INCOMPLETE.get(self._finish or "")
         final = _response(self._id, self._model, "incomplete" if incomplete else "completed", self._output,
                           _usage(self._usage, self._meter, self._reasoning), incomplete, self._extra)
         if self._on_final is not None:
@@ -245,6 +267,27 @@ class RelayedEvents(ResponsesEvents):
             self._seq = seq + 1  # events the gateway adds (a failure) follow the upstream's numbering
         self._relaying = True
         return b"event: " + kind.encode() + b"\ndata: " + msgspec.json.encode(event) + b"\n\n"
+
+    def _message_delta(self, kind: str, text: str) -> bytes:
+        """``text`` added to the open message's last part of ``kind`` (output_text or refusal), the
+        message and the part opened first where they are not."""
+        out = b""
+        if self._text is None:
+            self._text = len(self._output)
+            self._output.append(_message_item([], "in_progress"))
+            out += self._event("response.output_item.added", {"output_index": self._text,
+                                                              "item": self._output[self._text]})
+        item = self._output[self._text]
+        parts: list[dict[str, Any]] = item["content"]
+        where = {"item_id": item["id"], "output_index": self._text, "content_index": len(parts) - 1}
+        if not parts or parts[-1]["type"] != kind:
+            where["content_index"] = len(parts)
+            parts.append(_part(kind, ""))
+            out += self._event("response.content_part.added", where | {"part": parts[-1]})
+        parts[-1][_PART_TEXT[kind]] += text
+        if kind == "refusal":
+            return out + self._event("response.refusal.delta", where | {"delta": text})
+        return out + self._event("response.output_text.delta", where | {"delta": text, "logprobs": []})
 
     def done(self) -> bytes:
         return b"" if self._relaying else super().done()

@@ -25,6 +25,7 @@ from backends.openai_wire import (
     ImagePart,
     ImageURL,
     JSONSchemaFormat,
+    RefusalPart,
     ResponseFormat,
     StreamOptions,
     TextPart,
@@ -48,6 +49,12 @@ class OutputText(_Wire, tag_field="type", tag="output_text"):
     text: str
 
 
+class Refusal(_Wire, tag_field="type", tag="refusal"):
+    """An assistant message's refusal, as a response's output gives it (chat's ``refusal`` part)."""
+
+    refusal: str
+
+
 class InputImage(_Wire, tag_field="type", tag="input_image", forbid_unknown_fields=True):
     """An image by URL or data URL (chat's ``image_url`` part); chat has no image by ``file_id``."""
 
@@ -63,9 +70,12 @@ class InputFile(_Wire, tag_field="type", tag="input_file", forbid_unknown_fields
     filename: str | UnsetType = UNSET
 
 
+Part = InputText | OutputText | Refusal | InputImage | InputFile
+
+
 class MessageItem(_Wire, tag_field="type", tag="message"):
     role: Literal["user", "assistant", "system", "developer"]
-    content: str | Annotated[list[InputText | OutputText | InputImage | InputFile], Meta(min_length=1)]
+    content: str | Annotated[list[Part], Meta(min_length=1)]
 
 
 class FunctionCallItem(_Wire, tag_field="type", tag="function_call"):
@@ -77,7 +87,7 @@ class FunctionCallItem(_Wire, tag_field="type", tag="function_call"):
 
 class FunctionCallOutputItem(_Wire, tag_field="type", tag="function_call_output"):
     call_id: str
-    output: str
+    output: str | list[InputText | InputImage | InputFile]  # chat's tool message holds text only (``_items``)
 
 
 Item = MessageItem | FunctionCallItem | FunctionCallOutputItem
@@ -133,6 +143,8 @@ class ResponsesRequest(_Wire, dict=True):
     store: bool | None | UnsetType = UNSET
     previous_response_id: str | None | UnsetType = UNSET
     user: str | UnsetType = UNSET
+    parallel_tool_calls: bool | None | UnsetType = UNSET
+    metadata: dict[str, Any] | None | UnsetType = UNSET  # the response's own, never sent to chat (``_check_metadata``)
 
 
 # Fields of the Responses API with no chat equivalent, and the values that ask for nothing (so a
@@ -145,7 +157,7 @@ _NO_OP_VALUES: dict[str, tuple[Any, ...]] = {
     "top_logprobs": (None, 0),  # a translated answer carries no log-probabilities back
 }
 # Fields passed on to a chat provider under the same name (the built-in engine checks them itself).
-_CHAT_SAME_NAME = ("metadata", "parallel_tool_calls", "service_tier", "prompt_cache_key", "safety_identifier")
+_CHAT_SAME_NAME = ("service_tier", "prompt_cache_key", "safety_identifier")
 
 
 def raw_request(req: ResponsesRequest) -> dict[str, Any]:
@@ -173,6 +185,20 @@ def _translated_extras(req: ResponsesRequest) -> dict[str, msgspec.Raw]:
             raise ApiError(400, f"'{name}' is not supported for this model: it is served through chat "
                            "completions, which have no equivalent", param=name, code="unsupported_parameter")
     return extras
+
+
+def _check_metadata(metadata: dict[str, Any] | None | UnsetType) -> None:
+    """``metadata`` within the Responses API's limits (16 pairs, keys of 64 characters, string values
+    of 512), or a 400 naming it. It tags the response object; chat providers refuse it (OpenAI's
+    without ``store``, Anthropic's beyond ``user_id``), so it is never sent to chat."""
+    if not isinstance(metadata, dict):
+        return
+    if len(metadata) > 16:
+        raise ApiError(400, "invalid value for 'metadata': at most 16 pairs", param="metadata", code="invalid_value")
+    for key, value in metadata.items():
+        if len(key) > 64 or not isinstance(value, str) or len(value) > 512:
+            raise ApiError(400, f"invalid value for 'metadata': key {key[:70]!r}: keys are strings of at most 64 "
+                           "characters, values strings of at most 512", param="metadata", code="invalid_value")
 
 
 _T = TypeVar("_T")
@@ -258,7 +284,16 @@ def _items(raw: list[dict[str, Any]]) -> list[Item]:
     for i, entry in enumerate(raw):
         if isinstance(entry, dict) and "type" not in entry and "role" in entry:
             entry = {"type": "message"} | entry
-        items.append(_convert(entry, _ITEM, f"input[{i}]"))
+        item = _convert(entry, _ITEM, f"input[{i}]")
+        if isinstance(item, FunctionCallOutputItem) and not isinstance(item.output, str):
+            for j, part in enumerate(item.output):
+                if not isinstance(part, InputText):
+                    kind = entry["output"][j]["type"]
+                    raise ApiError(400, f"input[{i}].output[{j}]: a function call's output of type {kind!r} is "
+                                   "not supported for this model: it is served through chat completions, whose tool "
+                                   "messages hold text only", param=f"input[{i}].output[{j}]",
+                                   code="unsupported_parameter")
+        items.append(item)
     return items
 
 
@@ -303,12 +338,16 @@ def _item_messages(items: list[Item]) -> list[ChatMessage]:
                 last.tool_calls.append(call)
             else:
                 messages.append(ChatMessage(role="assistant", content=None, tool_calls=[call]))
-        else:
-            messages.append(ChatMessage(role="tool", tool_call_id=item.call_id, content=item.output))
+        else:  # a list of parts holds only text parts (``_items``): one per line
+            output = item.output if isinstance(item.output, str) else "\n".join(
+                p.text for p in item.output if isinstance(p, InputText))
+            messages.append(ChatMessage(role="tool", tool_call_id=item.call_id, content=output))
     return messages
 
 
-def _chat_part(part: InputText | OutputText | InputImage | InputFile) -> TextPart | ImagePart | FilePart:
+def _chat_part(part: Part) -> TextPart | RefusalPart | ImagePart | FilePart:
+    if isinstance(part, Refusal):
+        return RefusalPart(refusal=part.refusal)
     if isinstance(part, InputImage):
         return ImagePart(image_url=ImageURL(url=part.image_url, detail=part.detail))
     if isinstance(part, InputFile):
@@ -345,6 +384,9 @@ def to_chat_request(req: ResponsesRequest, context: list[dict[str, Any]] | None 
         chat.tools = _function_tools(req.tools)
     if req.tool_choice is not UNSET:
         chat.tool_choice = _tool_choice(req.tool_choice)
+    if req.parallel_tool_calls is not UNSET and req.tools:  # OpenAI's chat refuses it without tools
+        chat.parallel_tool_calls = req.parallel_tool_calls
+    _check_metadata(req.metadata)
     extras = _translated_extras(req) if RAW_BODY in req.__dict__ else {}
     if isinstance(req.text, dict):
         text = _convert(req.text, TextConfig, "text")
@@ -387,15 +429,14 @@ def responses_param(param: str | None) -> str | None:
 def echoed_fields(req: ResponsesRequest) -> dict[str, Any]:
     """The request's settings as a response object reports them (OpenAI's defaults where not sent)."""
     raw = raw_request(req) if RAW_BODY in req.__dict__ else {}
-    parallel = raw.get("parallel_tool_calls")
     return {
         "tools": req.tools if isinstance(req.tools, list) else [],
         "tool_choice": req.tool_choice if req.tool_choice is not UNSET else "auto",
-        "parallel_tool_calls": parallel if isinstance(parallel, bool) else True,
+        "parallel_tool_calls": req.parallel_tool_calls if isinstance(req.parallel_tool_calls, bool) else True,
         "temperature": req.temperature if req.temperature is not UNSET else None,
         "top_p": req.top_p if req.top_p is not UNSET else None,
         "max_output_tokens": req.max_output_tokens if req.max_output_tokens is not UNSET else None,
         "text": {"format": {"type": "text"}} | (req.text if isinstance(req.text, dict) else {}),
-        "metadata": raw.get("metadata") or {},
+        "metadata": req.metadata or {},
         "user": req.user if req.user is not UNSET else None,
     } | {name: raw[name] for name in ("reasoning", "truncation", "service_tier", "top_logprobs") if name in raw}

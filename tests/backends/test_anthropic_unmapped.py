@@ -87,3 +87,17 @@ def test_parallel_tool_calls_false_disables_parallel_tool_use(client: openai.Ope
     client.chat.completions.create(model="claude", messages=HELLO, tools=TOOLS, parallel_tool_calls=False,  # type: ignore[arg-type]
                                    tool_choice={"type": "function", "function": {"name": "search"}})
     assert upstream.received[-1]["tool_choice"] == {"type": "tool", "name": "search", "disable_parallel_tool_use": True}
+
+
+def test_a_translated_responses_request_keeps_its_metadata_and_parallel_tool_calls(
+        client: openai.OpenAI, upstream: FakeAnthropic) -> None:
+    """``/v1/responses`` to an anthropic deployment: ``parallel_tool_calls: false`` is mapped as
+    chat's is, and ``metadata`` (the response's own) is reported back, not sent to Anthropic, whose
+    ``metadata`` takes only ``user_id``."""
+    upstream.received.clear()
+    tools = [{"type": "function", "name": "search", "parameters": {"type": "object", "properties": {}}}]
+    response = client.responses.create(model="claude", input="hello", tools=tools,  # type: ignore[arg-type]
+                                       parallel_tool_calls=False, metadata={"k": "v"}, store=False)
+    assert response.status == "completed" and response.metadata == {"k": "v"}
+    sent = upstream.received[-1]
+    assert sent["tool_choice"] == {"type": "auto", "disable_parallel_tool_use": True} and "metadata" not in sent

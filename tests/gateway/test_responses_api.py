@@ -308,3 +308,111 @@ def test_images_and_files_in_the_input_become_chat_parts(client: openai.OpenAI, 
         {"type": "image_url", "image_url": {"url": image, "detail": "low"}},
         {"type": "file", "file": {"file_data": "data:application/pdf;base64,JVBERi0=", "filename": "a.pdf"}},
         {"type": "image_url", "image_url": {"url": "https://example.com/b.png"}}]
+
+
+# ---------------------------------------------------------------- function outputs, metadata, answers cut short
+
+
+def _called(output: object) -> list[dict[str, object]]:
+    return [{"role": "user", "content": "find it"},
+            {"type": "function_call", "call_id": "call_1", "name": "lookup", "arguments": "{}"},
+            {"type": "function_call_output", "call_id": "call_1", "output": output}]
+
+
+def test_a_function_output_of_text_parts_is_the_tool_messages_text(client: openai.OpenAI,
+                                                                   upstream: FakeUpstream) -> None:
+    """A ``function_call_output`` may hold a list of parts: its text parts are the chat tool
+    message's content, one per line (chat's tool message holds text only)."""
+    client.responses.create(model="echo", input=_called([  # type: ignore[arg-type]
+        {"type": "input_text", "text": "first"}, {"type": "input_text", "text": "second"}]))
+    assert upstream.last.json["messages"][2] == {"role": "tool", "content": "first\nsecond", "tool_call_id": "call_1"}
+
+
+@pytest.mark.parametrize(("part", "param"), [
+    ({"type": "input_image", "image_url": "https://example.com/a.png"}, "input[2].output[1]"),
+    ({"type": "input_file", "file_id": "file-1"}, "input[2].output[1]"),
+    ({"type": "input_text"}, "input[2].output[1].text"),
+    ({"type": "refusal", "refusal": "no"}, "input[2].output[1].type"),
+])
+def test_a_function_output_part_chat_cannot_carry_is_a_400_naming_it(env: GatewayEnv, upstream: FakeUpstream,
+                                                                     part: dict[str, object], param: str) -> None:
+    r = _post(env, {"model": "echo", "input": _called([{"type": "input_text", "text": "see"}, part])})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == param, r.text
+    assert not upstream.received
+
+
+def test_metadata_is_echoed_and_not_sent_to_chat(client: openai.OpenAI, upstream: FakeUpstream) -> None:
+    """``metadata`` belongs to the response object: chat providers refuse it (OpenAI's without
+    ``store``, Anthropic's beyond ``user_id``), so it is reported back, never forwarded."""
+    metadata = {f"k{i}": "v" * 512 for i in range(15)} | {"k" * 64: ""}
+    response = client.responses.create(model="echo", input="hi", metadata=metadata)
+    assert "metadata" not in upstream.last.json
+    events = list(client.responses.create(model="echo", input="hi", stream=True, metadata=metadata))
+    assert "metadata" not in upstream.last.json
+    for reported in (response, events[0].response, events[-1].response):  # type: ignore[union-attr]
+        assert reported.metadata == metadata
+
+
+@pytest.mark.parametrize("metadata", [
+    {f"k{i}": "v" for i in range(17)}, {"k" * 65: "v"}, {"k": "v" * 513}, {"k": 1}, {"k": None}, ["k"], "k",
+])
+def test_metadata_beyond_the_apis_limits_is_a_400_naming_it(env: GatewayEnv, upstream: FakeUpstream,
+                                                            metadata: object) -> None:
+    r = _post(env, {"model": "echo", "input": "x", "metadata": metadata})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == "metadata", r.text
+    assert not upstream.received
+
+
+def test_parallel_tool_calls_goes_to_chat(client: openai.OpenAI, env: GatewayEnv, upstream: FakeUpstream) -> None:
+    """As sent, where there are tools: OpenAI's chat refuses it without (the Responses API does not)."""
+    client.responses.create(model="echo", input="x", tools=[TOOL], parallel_tool_calls=False)  # type: ignore[list-item]
+    assert upstream.last.json["parallel_tool_calls"] is False
+    response = client.responses.create(model="echo", input="x", parallel_tool_calls=False)
+    assert "parallel_tool_calls" not in upstream.last.json and response.parallel_tool_calls is False
+    upstream.received.clear()
+    r = _post(env, {"model": "echo", "input": "x", "parallel_tool_calls": "sometimes"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "parallel_tool_calls", r.text
+    assert not upstream.received
+
+
+def test_an_answer_cut_short_has_its_message_incomplete(client: openai.OpenAI) -> None:
+    """At ``max_output_tokens`` (chat's ``finish_reason: length``) the response and the message item
+    it was writing are incomplete, streamed or not."""
+    response = client.responses.create(model="echo", input="one two three four", max_output_tokens=2)
+    events = list(client.responses.create(model="echo", input="one two three four", max_output_tokens=2,
+                                          stream=True))
+    assert events[-1].type == "response.incomplete"
+    done = [e.item for e in events if e.type == "response.output_item.done"]  # type: ignore[union-attr]
+    for final in (response, events[-1].response):  # type: ignore[union-attr]
+        assert final.status == "incomplete" and final.incomplete_details is not None
+        assert final.incomplete_details.reason == "max_output_tokens"
+        assert [item.status for item in final.output] == ["incomplete"]  # type: ignore[union-attr]
+    assert [item.status for item in done] == ["incomplete"]  # type: ignore[union-attr]
+
+
+def test_a_refusal_is_the_messages_refusal_part(client: openai.OpenAI, upstream: FakeUpstream) -> None:
+    """Chat's ``refusal`` is a ``refusal`` content part of the message, streamed as
+    ``response.refusal.delta`` and ``.done``; a client may send it back as input."""
+    body = {"id": "chatcmpl-1", "object": "chat.completion", "created": 1, "model": "m",
+            "choices": [{"index": 0, "finish_reason": "stop",
+                         "message": {"role": "assistant", "content": None, "refusal": "I can't help"}}],
+            "usage": {"prompt_tokens": 1, "completion_tokens": 3, "total_tokens": 4}}
+    envelope = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1, "model": "m"}
+    chunks = [{"index": 0, "delta": {"role": "assistant", "refusal": "I can't"}},
+              {"index": 0, "delta": {"refusal": " help"}, "finish_reason": "stop"}]
+    stream = Fault(status=200, headers={"content-type": "text/event-stream"}, body=b"".join(
+        b"data: " + json.dumps(envelope | {"choices": [c]}).encode() + b"\n\n" for c in chunks) + b"data: [DONE]\n\n")
+    upstream.fail_next(Fault(status=200, body=body), stream)
+    response = client.responses.create(model="echo", input="x")
+    events = list(client.responses.create(model="echo", input="x", stream=True))
+    assert [e.type for e in events if "refusal" in e.type] == ["response.refusal.delta"] * 2 + ["response.refusal.done"]
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    for final in (response, events[-1].response):  # type: ignore[union-attr]
+        assert final.status == "completed" and final.output_text == ""
+        assert [p.model_dump() for p in final.output[0].content] == [  # type: ignore[union-attr]
+            {"type": "refusal", "refusal": "I can't help"}]
+    client.responses.create(model="echo", input=[{"role": "user", "content": "x"}, *response.output,  # type: ignore[list-item]
+                                                 {"role": "user", "content": "why?"}])
+    assert upstream.last.json["messages"][1]["content"] == [{"type": "refusal", "refusal": "I can't help"}]

@@ -246,11 +246,13 @@ def test_what_a_stored_response_cannot_give_is_a_400_naming_it(gateway: Gateway)
 
 def test_translated_requests_map_or_refuse_unmodelled_fields(gateway: Gateway, upstream: FakeUpstream) -> None:
     client = gateway.tenant_client()
-    client.responses.create(model="echo", input="x", reasoning={"effort": "low"}, metadata={"k": "v"},
-                            parallel_tool_calls=False, include=[], truncation="disabled")
+    response = client.responses.create(model="echo", input="x", reasoning={"effort": "low"}, metadata={"k": "v"},
+                                       parallel_tool_calls=False, include=[], truncation="disabled")
     sent = upstream.last.json
-    assert sent["reasoning_effort"] == "low" and sent["metadata"] == {"k": "v"}
-    assert sent["parallel_tool_calls"] is False and "include" not in sent and "truncation" not in sent
+    assert sent["reasoning_effort"] == "low" and "metadata" not in sent  # the response's own: kept, not sent
+    assert "parallel_tool_calls" not in sent  # no tools: OpenAI's chat refuses it
+    assert "include" not in sent and "truncation" not in sent
+    assert response.metadata == {"k": "v"} and client.responses.retrieve(response.id).metadata == {"k": "v"}
     for kwargs, param in (({"include": ["file_search_call.results"]}, "include"),
                           ({"truncation": "auto"}, "truncation"),
                           ({"tools": [{"type": "web_search"}]}, "tools[0]"),
