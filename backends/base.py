@@ -63,16 +63,24 @@ class ModelNotFound(BackendError):
 
 class RateLimited(BackendError):
     """A 429. ``exhausted``: the upstream's limit is used up for every request (else it refused a
-    request as large as this one only, and stays open to the rest: no verdict on the deployment)."""
+    request as large as this one only, and stays open to the rest: no verdict on the deployment).
+    ``reported``: the upstream said which of its limits are used up (rate-limit headers, or out of
+    credit); a bare 429 may be about one tenant's or key's own quota upstream, or one request.
+    ``tokens_left``: what it said is left of its tokens per minute, for ``tokens_reset`` seconds."""
 
     retryable = True
     kind = "rate_limited"
 
-    def __init__(self, message: str, *, retry_after: float | None = None, exhausted: bool = True, **kw: Any) -> None:
+    def __init__(self, message: str, *, retry_after: float | None = None, exhausted: bool = True,
+                 reported: bool = False, tokens_left: float | None = None, tokens_reset: float | None = None,
+                 **kw: Any) -> None:
         super().__init__(message, **kw)
         self.retry_after = retry_after
         self.exhausted = exhausted
         self.blames_deployment = exhausted
+        self.reported = reported
+        self.tokens_left = tokens_left
+        self.tokens_reset = tokens_reset
 
 
 class Timeout(BackendError):

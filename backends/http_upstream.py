@@ -10,8 +10,10 @@ failures become typed ``BackendError``s.
 from __future__ import annotations
 
 import asyncio
+import datetime
 import email.utils
 import math
+import re
 import time
 from collections.abc import Mapping
 
@@ -110,10 +112,47 @@ def limit_exhausted(headers: Mapping[str, str]) -> bool:
     return not seen
 
 
+# What a rate-limited answer says is left of the upstream's tokens per minute, and when that resets
+_TOKENS_LEFT = (("x-ratelimit-remaining-tokens", "x-ratelimit-reset-tokens"),
+                ("anthropic-ratelimit-tokens-remaining", "anthropic-ratelimit-tokens-reset"))
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|h|m|s)")  # OpenAI's reset times: "1m30.5s", "20ms"
+_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def tokens_left(headers: Mapping[str, str]) -> tuple[float | None, float | None]:
+    """The tokens a 429 says are left of the upstream's tokens per minute, and the seconds until
+    that limit resets (OpenAI's duration, or Anthropic's RFC 3339 time); None for what it does not say."""
+    for remaining, reset in _TOKENS_LEFT:
+        if (value := headers.get(remaining)) is not None:
+            try:
+                left = float(value)
+            except ValueError:
+                return None, None
+            return (max(0.0, left), _reset_seconds(headers.get(reset))) if math.isfinite(left) else (None, None)
+    return None, None
+
+
+def _reset_seconds(value: str | None) -> float | None:
+    if not value:
+        return None
+    parts = _DURATION.findall(value)
+    if parts and "".join(n + unit for n, unit in parts) == value:
+        return sum(float(n) * _SECONDS[unit] for n, unit in parts)
+    try:
+        when = datetime.datetime.fromisoformat(value)
+    except ValueError:
+        return None
+    return max(0.0, when.timestamp() - time.time()) if when.tzinfo else None
+
+
 def status_error(status: int, headers: Mapping[str, str], body: bytes) -> BackendError:
     """The typed error for an upstream answer with a non-2xx status."""
     exhausted = status != 429 or limit_exhausted(headers)
-    return detail_error(status, parse_error(body), retry_after(headers), exhausted)
+    error = detail_error(status, parse_error(body), retry_after(headers), exhausted)
+    if isinstance(error, RateLimited):  # what it says of the upstream's limits
+        error.reported = error.reported or any(name in headers for name in _REMAINING)
+        error.tokens_left, error.tokens_reset = tokens_left(headers)
+    return error
 
 
 def detail_error(status: int, detail: ErrorDetail, wait: float | None = None, exhausted: bool = True) -> BackendError:
@@ -122,8 +161,9 @@ def detail_error(status: int, detail: ErrorDetail, wait: float | None = None, ex
     message = detail.message or f"upstream answered HTTP {status}"
     code = str(detail.code) if detail.code is not None else ""
     if status == 429:  # out of credit (OpenAI's insufficient_quota) closes the upstream whatever is left
-        exhausted = exhausted or code == "insufficient_quota" or detail.type == "insufficient_quota"
-        return RateLimited(message, retry_after=wait, exhausted=exhausted, status=status)
+        out_of_credit = code == "insufficient_quota" or detail.type == "insufficient_quota"
+        return RateLimited(message, retry_after=wait, exhausted=exhausted or out_of_credit, reported=out_of_credit,
+                           status=status)
     if status in (401, 403):
         return AuthFailed(message, status=status)
     if status in (400, 413, 422):

@@ -38,7 +38,7 @@ from gateway.json_response import JSONResponse
 from gateway.quotas.reservation import prompt_reservation
 from gateway.routing.deployment import Deployment
 from gateway.routing.health import DeploymentHealth
-from gateway.routing.plan import RoutePlan, holds_off
+from gateway.routing.plan import RoutePlan, holds_off, tokens_left
 from gateway.routing.router import ModelGroup
 from gateway.services import Services
 from gateway.settings import Settings
@@ -139,7 +139,7 @@ class Pipeline:
         # The engine schedules fairly by the tenant; backends hold a request without a limit to the cap.
         ctx = CallContext(tenant=CallingTenant.of(principal.tenant_id, principal.tenant_weight), output_cap=cap)
         try:
-            result = await self._call(flight, ctx)
+            result = await self._call(flight, ctx, call.prompt_tokens + per_sequence * call.sequences)
         except BackendError as exc:
             error = from_backend_error(exc)
             await self._settle(flight, Meter(exact=False), error.status, exc.kind)
@@ -155,27 +155,21 @@ class Pipeline:
             return self._stream_response(flight, result)
         return await self._unary_response(flight, result)
 
-    async def _call(self, flight: _Flight, ctx: CallContext) -> Completed[Any] | ChunkStream[Any]:
-        """Follow the route plan until an attempt succeeds; the last failure is raised."""
+    async def _call(self, flight: _Flight, ctx: CallContext, tokens: int) -> Completed[Any] | ChunkStream[Any]:
+        """Follow the route plan until an attempt succeeds; the last failure is raised (``tokens``:
+        what the request may spend of an upstream's tokens per minute)."""
         call = flight.call
+        tenant = _circuit_tenant(call.principal)
         plan = RoutePlan(flight.group, self.services.router.resolve, prompt_tokens=call.prompt_tokens,
-                         routing_key=call.routing_key)
+                         routing_key=call.routing_key, tenant=tenant, tokens=tokens)
         attempt = plan.first()
         if attempt is None:
             raise _nothing_to_try(plan, call)
-        tenant = _circuit_tenant(call.principal)
         while True:
             health = attempt.deployment.health
-            if not health.admits(tenant):  # this tenant's own circuit on the deployment is open
-                refused = Unavailable(f"deployment {attempt.deployment.id} is refusing this tenant's requests for "
-                                      f"{math.ceil(health.tenant_retry_after(tenant))} s after repeated failures")
-                if (following := plan.after(refused)) is None:
-                    raise refused
-                attempt = following
-                continue
             if attempt.delay:
-                await _wait_out(attempt.delay, health)
-                if not health.available():  # e.g. another request took its half-open trial meanwhile
+                await _wait_out(attempt.delay, health, tenant)
+                if not health.available(tenant=tenant):  # e.g. another request took its half-open trial meanwhile
                     skipped = Unavailable(f"deployment {attempt.deployment.id} is no longer available")
                     if (following := plan.after(skipped)) is None:
                         raise skipped
@@ -310,37 +304,46 @@ def _output_cap(configured: int | None, api_default: int | None) -> int | None:
 
 def _nothing_to_try(plan: RoutePlan, call: CallDescription) -> BackendError:
     """Why the plan had no first attempt: the prompt fits no deployment, the upstreams asked to
-    wait (a 429 with the shortest wait left), or circuits open / deployments at capacity."""
+    wait (a 429 with the shortest wait left), the tenant's own circuits are open, or circuits open /
+    deployments at capacity."""
     if plan.too_long:
         return ContextTooLong(f"the prompt (about {call.prompt_tokens} tokens) exceeds the context window of "
                               f"every deployment of '{call.model}'", param="messages")
     if (wait := plan.held_off()) is not None:
         return RateLimited(f"the upstreams of '{call.model}' asked for no requests for {math.ceil(wait)} s",
                            retry_after=wait)
+    if plan.tenant_refused > 0:
+        return Unavailable(f"the deployments of '{call.model}' are refusing this tenant's requests for "
+                           f"{math.ceil(plan.tenant_refused)} s after repeated failures")
     return Unavailable(f"no deployment of '{call.model}' is available (circuits open or at capacity)")
 
 
 TIMER_SLACK = 0.01  # seconds an event loop's timer may fire early (uvloop's have millisecond resolution)
 
 
-async def _wait_out(delay: float, health: DeploymentHealth) -> None:
-    """Sleep ``delay`` seconds, then whatever little is left of the deployment's hold: the timer may
-    end the sleep just before the hold it waited out (a longer hold, set meanwhile, is not waited)."""
+async def _wait_out(delay: float, health: DeploymentHealth, tenant: str) -> None:
+    """Sleep ``delay`` seconds, then whatever little is left of the deployment's hold (for ``tenant``):
+    the timer may end the sleep just before the hold it waited out (a longer hold, set meanwhile, is
+    not waited)."""
     await asyncio.sleep(delay)
-    if 0 < (left := health.held_for()) <= TIMER_SLACK:
+    if 0 < (left := health.held_for(tenant)) <= TIMER_SLACK:
         await asyncio.sleep(left + 0.001)
 
 
 def _record_failure(health: DeploymentHealth, exc: BackendError, tenant: str) -> None:
     """Tell the deployment's health of a failed attempt: counted against it only when the
     deployment is at fault (not the request's own 4xx, nor the provider failing this one request);
-    a 429 with a limit used up holds it off for its ``Retry-After``."""
+    a 429 with a limit used up holds it off for its ``Retry-After`` (for ``tenant`` alone when it did
+    not say which limit), and one saying how many tokens are left marks it short of tokens."""
+    if (left := tokens_left(exc)) is not None:
+        health.note_tokens_left(*left)
     if not exc.blames_deployment:
         health.on_refused()
         return
     health.on_failure(tenant)
     if (seconds := holds_off(exc)) is not None:
-        health.hold_off(seconds)
+        said = isinstance(exc, RateLimited) and exc.reported
+        health.hold_off(seconds, None if said else tenant)
 
 
 def _broke_stream(error: ApiError) -> bool:

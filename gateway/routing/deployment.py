@@ -27,9 +27,10 @@ class Deployment:
     def id(self) -> str:
         return self.config.id
 
-    def accepts(self, after_hold: bool = False) -> bool:
-        """Whether it may take a request now (``after_hold``: once the wait its upstream asked for is over)."""
+    def accepts(self, after_hold: bool = False, tenant: str | None = None) -> bool:
+        """Whether it may take a request (of ``tenant``) now (``after_hold``: once the wait its
+        upstream asked for is over)."""
         limit = self.config.max_concurrency
         if limit is not None and self.backend.stats().in_flight >= limit:
             return False
-        return self.health.available(after_hold) and self.health.within_tpm()
+        return self.health.available(after_hold, tenant) and self.health.within_tpm()

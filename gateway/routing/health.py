@@ -15,10 +15,16 @@ are served. Otherwise (several tenants failing, or nobody else served) the deplo
 
 Apart from the circuit, an upstream may ask for no requests for a while (a 429's ``Retry-After``
 when a limit of the deployment's is used up: ``hold_off``): the deployment takes none until then.
+A 429 that does not say which limit is used up (no rate-limit headers: it may be about one
+tenant's or key's own quota upstream, or one request) holds the deployment off for its tenant
+alone, and for everyone once a second tenant meets one with no request served there in between.
+A 429 saying how many tokens are left of its limit marks the deployment short of tokens until the
+limit resets (``short_of``): the plan prefers other deployments for the requests that need more.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections import deque
 from collections.abc import Callable
@@ -58,10 +64,18 @@ class DeploymentHealth:
         self._opened_at: float | None = None
         self._trial_running = False
         self._held_until = 0.0  # no request before this time (``hold_off``)
+        self._tenant_holds: dict[str, tuple[float, float]] = {}  # tenant -> (since, until) of its own hold
+        self._tokens_left = math.inf  # what the upstream said is left of its tokens per minute ...
+        self._tokens_left_until = 0.0  # ... until this time (``note_tokens_left``)
         self.latency_ewma: float | None = None  # seconds to first token
         self.requests = 0
         self.errors = 0
         self.consecutive_failures = 0
+
+    def reconfigure(self, config: CircuitConfig, tokens_per_minute: int | None) -> None:
+        """New settings for the same upstream (a config reload): what was learnt of it stays."""
+        self.config = self._tenants.config = config
+        self.tokens_per_minute = tokens_per_minute
 
     # ------------------------------------------------------------ circuit
 
@@ -73,21 +87,49 @@ class DeploymentHealth:
             return "half_open"
         return "open"
 
-    def available(self, after_hold: bool = False) -> bool:
-        """Whether a request may be sent now (a half-open circuit admits one trial at a time, and
-        none is sent while the upstream asked to wait; ``after_hold``: once that wait is over)."""
-        if not after_hold and self._held_until and self.held_for() > 0:
+    def available(self, after_hold: bool = False, tenant: str | None = None) -> bool:
+        """Whether a request (of ``tenant``) may be sent now (a half-open circuit admits one trial at
+        a time, and none is sent while the upstream asked to wait; ``after_hold``: once that wait is over)."""
+        if not after_hold and (self._held_until or self._tenant_holds) and self.held_for(tenant) > 0:
             return False
         state = self.state
         return state == "closed" or (state == "half_open" and not self._trial_running)
 
-    def hold_off(self, seconds: float) -> None:
-        """The upstream asked for no request for ``seconds`` (its ``Retry-After``)."""
-        self._held_until = max(self._held_until, self._clock() + seconds)
+    def hold_off(self, seconds: float, tenant: str | None = None) -> None:
+        """The upstream asked for no request for ``seconds`` (its ``Retry-After``); with ``tenant``
+        (its 429 said nothing of the deployment's limits) from that tenant, and from everyone once
+        another tenant is held off too since the last request served here."""
+        now = self._clock()
+        until = now + seconds
+        if tenant is not None:
+            served = max(self._served.values(), default=-math.inf)
+            holds = {t: hold for t, hold in self._tenant_holds.items() if hold[1] > now}
+            held = holds.get(tenant, (now, until))[1]
+            holds[tenant] = (now, max(held, until))
+            self._tenant_holds = holds
+            if not any(t != tenant and since > served for t, (since, _) in holds.items()):
+                return
+        self._held_until = max(self._held_until, until)
 
-    def held_for(self) -> float:
-        """Seconds left until the upstream takes requests again (0: it does now)."""
-        return max(0.0, self._held_until - self._clock())
+    def held_for(self, tenant: str | None = None) -> float:
+        """Seconds left until the upstream takes requests (of ``tenant``) again (0: it does now)."""
+        until = self._held_until
+        if tenant is not None and (own := self._tenant_holds.get(tenant)) is not None:
+            until = max(until, own[1])
+        return max(0.0, until - self._clock())
+
+    def note_tokens_left(self, tokens: float, seconds: float) -> None:
+        """The upstream said only ``tokens`` are left of its tokens per minute, for ``seconds``."""
+        self._tokens_left, self._tokens_left_until = tokens, self._clock() + seconds
+
+    def short_of(self, tokens: int) -> bool:
+        """Whether the upstream said fewer than ``tokens`` are left now (``note_tokens_left``)."""
+        if tokens <= self._tokens_left:
+            return False
+        if self._clock() < self._tokens_left_until:
+            return True
+        self._tokens_left = math.inf  # its limit has reset
+        return False
 
     def record_tokens(self, tokens: int) -> None:
         if self.tokens_per_minute is not None and tokens > 0:
@@ -188,7 +230,7 @@ class _TenantCircuits:
         self._opened[tenant] = now
 
     def admits(self, tenant: str | None) -> bool:
-        return self.retry_after(tenant) <= 0
+        return not self._opened or self.retry_after(tenant) <= 0
 
     def retry_after(self, tenant: str | None) -> float:
         opened = self._opened.get(tenant)

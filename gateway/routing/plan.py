@@ -17,7 +17,10 @@ not spend a round trip on it meanwhile: the plan takes the group's other deploym
 when none of them takes a request now does it wait out the shortest such hold on its deployment
 (an attempt with that ``delay``). A 429 that refused this request alone (``RateLimited.exhausted``
 false: its upstream has some of every limit left) holds nothing off; with a ``Retry-After`` over
-``MAX_BACKOFF`` the request is not sent to that deployment again.
+``MAX_BACKOFF`` the request is not sent to that deployment again. A 429 that does not say which
+limit is used up holds the deployment off for the request's tenant (see ``DeploymentHealth``). A
+deployment whose upstream said fewer tokens are left than the request needs (``tokens``: its prompt
+estimate and output reserve) is tried after the others, and after waiting out a short hold.
 """
 
 from __future__ import annotations
@@ -43,6 +46,15 @@ def holds_off(error: BackendError) -> float | None:
     return None
 
 
+def tokens_left(error: BackendError) -> tuple[float, float] | None:
+    """What a 429 says is left of its deployment's tokens per minute, and for how many seconds
+    (until the limit resets, else its ``Retry-After``; at most ``MAX_HOLD_OFF``); else None."""
+    if not isinstance(error, RateLimited) or error.tokens_left is None:
+        return None
+    wait = error.tokens_reset if error.tokens_reset is not None else error.retry_after
+    return None if wait is None or wait <= 0 else (error.tokens_left, min(wait, MAX_HOLD_OFF))
+
+
 @dataclass
 class Attempt:
     group: ModelGroup
@@ -53,11 +65,15 @@ class Attempt:
 
 class RoutePlan:
     def __init__(self, group: ModelGroup, resolve: Callable[[str], ModelGroup | None],
-                 rng: random.Random | None = None, prompt_tokens: int = 0, routing_key: str | None = None) -> None:
+                 rng: random.Random | None = None, prompt_tokens: int = 0, routing_key: str | None = None,
+                 tenant: str | None = None, tokens: int = 0) -> None:
         self._resolve = resolve
+        self._tenant = tenant  # whose request: a deployment may be held off for this tenant alone
+        self._tokens = tokens  # what the request may spend of a deployment's tokens per minute
         self._routing_key = routing_key  # the prompt's opening, for strategy cache_aware
         self._prompt_tokens = prompt_tokens  # estimated; deployments with a smaller context_window are skipped
         self.too_long = False  # some deployment was skipped because the prompt exceeds its context window
+        self.tenant_refused = 0.0  # the seconds left of the tenant's own open circuit on a deployment skipped
         self._rng = rng or group.rng
         self._tried_groups = {group.name}
         self._fallbacks = list(group.config.fallbacks)
@@ -105,7 +121,7 @@ class RoutePlan:
     def held_off(self) -> float | None:
         """The shortest wait left of the deployments held off in the groups tried (see
         ``holds_off``), or None when none is: why no attempt was left, if it was that."""
-        waits = [w for group in self._entered for d in group.deployments if (w := d.health.held_for()) > 0]
+        waits = [w for group in self._entered for d in group.deployments if (w := d.health.held_for(self._tenant)) > 0]
         return min(waits, default=None)
 
     # ------------------------------------------------------------ internals
@@ -117,25 +133,33 @@ class RoutePlan:
         return min(delay, MAX_BACKOFF)
 
     def _next_in_group(self, delay: float) -> Attempt | None:
-        """The next deployment in order whose circuit still admits a request, else the one held off
-        for the shortest wait the plan waits out."""
+        """The next deployment in order whose circuit still admits a request and whose upstream has
+        the tokens it needs left, else the one held off for the shortest wait the plan waits out,
+        else the first that admits it though short of tokens."""
+        tenant = self._tenant
         for _ in range(len(self._order)):
             self._pos = (self._pos + 1) % len(self._order)
             deployment = self._order[self._pos]
-            if self._may_try(deployment) and deployment.accepts():
+            if self._may_try(deployment) and deployment.accepts(tenant=tenant) \
+                    and not deployment.health.short_of(self._tokens):
                 return self._attempt(deployment, delay)
-        held = [(wait, d) for d in self._group.deployments
-                if 0 < (wait := d.health.held_for()) <= MAX_BACKOFF and self._may_try(d) and d.accepts(after_hold=True)]
+        held = [(wait, d) for d in self._group.deployments if 0 < (wait := d.health.held_for(tenant)) <= MAX_BACKOFF
+                and self._may_try(d) and d.accepts(after_hold=True)]
         if held:
             wait, deployment = min(held, key=lambda h: h[0])
             return self._attempt(deployment, max(delay, wait))
-        return None
+        short = next((d for d in self._order if self._may_try(d) and d.accepts(tenant=tenant)), None)
+        return None if short is None else self._attempt(short, delay)
 
     def _may_try(self, deployment: Deployment) -> bool:
-        """Whether this request may go to ``deployment``: its prompt fits, and it was not ruled out."""
+        """Whether this request may go to ``deployment``: its prompt fits, it was not ruled out, and
+        its tenant's own circuit there is closed."""
         window = deployment.config.context_window
         if window is not None and self._prompt_tokens > window:
             self.too_long = True
+            return False
+        if not deployment.health.admits(self._tenant):
+            self.tenant_refused = max(self.tenant_refused, deployment.health.tenant_retry_after(self._tenant))
             return False
         return deployment not in self._not_again
 

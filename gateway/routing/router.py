@@ -3,7 +3,8 @@
 ``Router.resolve(name)`` finds the group for a public name or alias (``*`` wildcards allowed in
 aliases, e.g. ``gpt-4o-*``); ``gateway.routing.plan.RoutePlan`` gives the attempts for one request
 (strategy order, retries, fallbacks). ``reload(settings)`` swaps the routing table
-in place: unchanged deployments keep their backend and health, removed ones are closed once idle.
+in place: unchanged deployments keep their backend and health, changed ones that call the same
+upstream keep their health (circuit, hold-offs, token window), removed ones are closed once idle.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from backends.prompt_count import PromptCounter
 from gateway.routing.deployment import Deployment
 from gateway.routing.health import DeploymentHealth
 from gateway.routing.strategies import STRATEGIES
-from gateway.settings import ConfigError, DeploymentConfig, ModelGroupConfig, Settings
+from gateway.settings import CircuitConfig, ConfigError, DeploymentConfig, ModelGroupConfig, Settings
 
 log = logging.getLogger("switchyard.router")
 
@@ -137,17 +138,29 @@ def _build_groups(
 ) -> list[ModelGroup]:
     _check_fallbacks(settings)
     groups = []
+    carried: list[tuple[DeploymentHealth, CircuitConfig, int | None]] = []
     for i, config in enumerate(settings.models):
         deployments = []
         for j, dep in enumerate(config.deployments):
             old = reuse.get((config.name, dep.id))
             if old is not None and old.config == dep and old.health.config == config.circuit:
                 deployments.append(old)
+                continue
+            if old is not None and _same_upstream(old.config, dep):  # its circuit, holds and token window stay
+                health = old.health
+                carried.append((health, config.circuit, dep.tokens_per_minute))
             else:
                 health = DeploymentHealth(config.circuit, tokens_per_minute=dep.tokens_per_minute)
-                deployments.append(Deployment(dep, build(dep), health, _counter(dep, f"models[{i}].deployments[{j}]")))
+            deployments.append(Deployment(dep, build(dep), health, _counter(dep, f"models[{i}].deployments[{j}]")))
         groups.append(ModelGroup(config, deployments))
+    for health, circuit, tokens_per_minute in carried:  # once the whole table is built: a config error changes nothing
+        health.reconfigure(circuit, tokens_per_minute)
     return groups
+
+
+def _same_upstream(old: DeploymentConfig, new: DeploymentConfig) -> bool:
+    """Whether a changed deployment still calls the same upstream model with the same credentials."""
+    return (old.provider, old.model, old.api_base, old.api_key) == (new.provider, new.model, new.api_base, new.api_key)
 
 
 async def _retire(deployment: Deployment) -> None:

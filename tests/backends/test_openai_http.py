@@ -182,6 +182,29 @@ def test_retry_after_forms() -> None:
                       ContextTooLong)
 
 
+def test_what_a_429_says_of_the_upstreams_limits() -> None:
+    """Whether it names its limits (a bare 429 may be one tenant's own quota), and the tokens left
+    of its tokens per minute with the seconds until they reset (OpenAI's duration, Anthropic's time)."""
+    def limited(headers: dict[str, str], body: bytes = b"") -> RateLimited:
+        error = status_error(429, httpx.Headers(headers), body)
+        assert isinstance(error, RateLimited)
+        return error
+
+    assert not limited({"retry-after": "5"}).reported
+    assert limited({}, b'{"error": {"message": "no credit", "code": "insufficient_quota"}}').reported
+    openai_style = limited({"x-ratelimit-remaining-requests": "9", "x-ratelimit-remaining-tokens": "300",
+                            "x-ratelimit-reset-tokens": "1m30.5s"})
+    assert openai_style.reported and not openai_style.exhausted
+    assert (openai_style.tokens_left, openai_style.tokens_reset) == (300.0, 90.5)
+    assert limited({"x-ratelimit-remaining-tokens": "0", "x-ratelimit-reset-tokens": "20ms"}).tokens_reset == 0.02
+    at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + 30))
+    anthropic = limited({"anthropic-ratelimit-tokens-remaining": "12", "anthropic-ratelimit-tokens-reset": at})
+    assert anthropic.tokens_left == 12.0 and anthropic.tokens_reset is not None and 25 < anthropic.tokens_reset <= 30
+    for odd in ({"x-ratelimit-remaining-tokens": "lots"}, {"x-ratelimit-remaining-tokens": "nan"}):
+        assert limited(odd).tokens_left is None
+    assert limited({"x-ratelimit-remaining-tokens": "5", "x-ratelimit-reset-tokens": "soon"}).tokens_reset is None
+
+
 async def test_mid_stream_error_event_raises(backend: OpenAIHTTPBackend, upstream: FakeUpstream) -> None:
     upstream.fail_next(Fault(error_after_chunks=1))
     stream = await backend.chat_stream(chat(stream=True))

@@ -75,6 +75,8 @@ def _config(u: dict[str, FakeUpstream]) -> dict:
              "max_retries": 0, "circuit": NO_BREAKER},
             {"name": "held", "strategy": "priority", "deployments": [_dep("h-a", a), _dep("h-b", b)],
              "max_retries": 1, "retry_backoff": 0.01, "circuit": NO_BREAKER},
+            {"name": "relearn", "strategy": "priority", "deployments": [_dep("rl-a", a), _dep("rl-b", b)],
+             "max_retries": 1, "retry_backoff": 0.01, "circuit": {"failures": 1, "window": 60, "cooldown": 60}},
         ],
     }
 
@@ -326,9 +328,10 @@ def test_lowest_latency_learns(client: openai.OpenAI, upstreams: dict[str, FakeU
 def test_a_deployment_held_off_by_its_upstream_shows_in_the_admin_view_and_metrics(
     client: openai.OpenAI, upstreams: dict[str, FakeUpstream], gateway: tuple[ServerThread, Path]
 ) -> None:
-    """An upstream's 429 with a Retry-After over 5 s holds its deployment off: the admin view says
-    "held" and for how long, and /metrics exports the seconds left (the circuit stays closed)."""
-    upstreams["A"].fail_next(Fault(status=429, headers={"retry-after": "60"}))
+    """An upstream's 429 with a limit used up and a Retry-After over 5 s holds its deployment off:
+    the admin view says "held" and for how long, and /metrics exports the seconds left (the circuit
+    stays closed)."""
+    upstreams["A"].fail_next(Fault(status=429, headers={"retry-after": "60", "x-ratelimit-remaining-tokens": "0"}))
     assert client.chat.completions.create(model="held", messages=MESSAGES).choices  # served by h-b
     rows = httpx.get(gateway[0].url + "/admin/v1/deployments", headers={"authorization": f"Bearer {ADMIN_KEY}"})
     held = {r["deployment"]: r for r in rows.json()["data"] if r["model"] == "held"}
@@ -376,6 +379,32 @@ def test_reload_changes_routing_without_dropping_in_flight(
         assert _count(c) == 1
         rest = [first, *iterator]  # the stream that started before the reload runs to the end
         assert "".join(ch.choices[0].delta.content or "" for ch in rest if ch.choices) == words
+    finally:
+        path.write_text(original)
+        assert httpx.post(server.url + "/admin/v1/reload", headers=admin).status_code == 200
+
+
+def test_a_reload_keeps_what_was_learnt_of_an_unchanged_upstream(
+    client: openai.OpenAI, upstreams: dict[str, FakeUpstream], gateway: tuple[ServerThread, Path]
+) -> None:
+    """A reload that changes a deployment's weight and its group's circuit settings, not its
+    upstream: the open circuit (and a hold-off) stay, and no request is sent there before its time."""
+    server, path = gateway
+    original = path.read_text()
+    upstreams["A"].fail_next(Fault(status=500))
+    assert client.chat.completions.create(model="relearn", messages=MESSAGES).choices  # rl-a's circuit opens
+    assert _states(gateway, "relearn")["rl-a"] == "open"
+    config = _config(upstreams)
+    relearn = next(m for m in config["models"] if m["name"] == "relearn")
+    relearn["circuit"]["cooldown"] = 30
+    relearn["deployments"][0]["weight"] = 2
+    admin = {"authorization": f"Bearer {ADMIN_KEY}"}
+    try:
+        path.write_text(yaml.safe_dump(config))
+        assert httpx.post(server.url + "/admin/v1/reload", headers=admin).status_code == 200
+        assert _states(gateway, "relearn")["rl-a"] == "open"
+        assert client.chat.completions.create(model="relearn", messages=MESSAGES).choices
+        assert (_count(upstreams["A"]), _count(upstreams["B"])) == (1, 2)
     finally:
         path.write_text(original)
         assert httpx.post(server.url + "/admin/v1/reload", headers=admin).status_code == 200

@@ -30,6 +30,7 @@ from tests.support.servers import ServerThread
 MESSAGES: Any = [{"role": "user", "content": "route me"}]
 NO_BREAKER = {"failures": 1_000_000}
 ABSURD_WAITS = ["1e300", "86400000"]  # Retry-After values no deployment should be held off for
+TENANTS = ("t1", "t2", "t3")
 UNKNOWN_MODEL = Fault(status=404, body={"error": {"message": "The model `m` does not exist",
                                                   "type": "invalid_request_error", "code": "model_not_found"}})
 
@@ -64,6 +65,12 @@ def _models(a: str, b: str) -> list[dict[str, Any]]:
         _group("soon-lone", _dep("sn-a", a)),
         _group("waited", _dep("wt-a", a), max_retries=1),
         *(_group(f"used-{i}", _dep(f"used-{i}-a", a), _dep(f"used-{i}-b", b)) for i in range(4)),
+        _group("bare", _dep("ba-a", a), _dep("ba-b", b)),
+        _group("bare-shared", _dep("bs-a", a), _dep("bs-b", b)),
+        _group("tight", _dep("ti-a", a), _dep("ti-b", b)),
+        _group("tight-lone", _dep("tl-a", a)),
+        _group("own-circuit", _dep("oc-a", a), _dep("oc-b", b), max_retries=0,
+               circuit={"failures": 2, "window": 60, "cooldown": 60}),
     ]
 
 
@@ -80,7 +87,8 @@ def gateway() -> Iterator[Env]:
     a, b = FakeUpstream().start(), FakeUpstream().start()
     settings = parse_settings({"auth": {"admin_key": ADMIN_KEY}, "models": _models(a.url, b.url)}, env={})
     usage = RecordingSink()
-    keys = StaticKeys({ADMIN_KEY: Principal(key_id="admin", tenant_id=None, is_admin=True)})
+    keys = StaticKeys({ADMIN_KEY: Principal(key_id="admin", tenant_id=None, is_admin=True)}
+                      | {f"sk-{t}": Principal(key_id=f"key-{t}", tenant_id=t) for t in TENANTS})
     services = Services(authenticator=keys, admission=ScriptedAdmission(), usage=usage,
                         router=Router.from_settings(settings, build_backend))
     with ServerThread(create_app(settings, services)) as server:
@@ -100,6 +108,10 @@ def env(gateway: Env) -> Env:
 @pytest.fixture
 def client(env: Env) -> openai.OpenAI:
     return openai.OpenAI(base_url=env.server.url + "/v1", api_key=ADMIN_KEY, max_retries=0)
+
+
+def _tenant(env: Env, tenant: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=env.server.url + "/v1", api_key=f"sk-{tenant}", max_retries=0)
 
 
 def _counts(env: Env) -> tuple[int, int]:
@@ -235,7 +247,7 @@ def test_a_long_retry_after_with_nothing_left_is_a_429_carrying_it(env: Env, cli
 def test_a_short_retry_after_holds_the_deployment_off_for_the_others(env: Env, client: openai.OpenAI) -> None:
     """A limit used up with a wait of a second: the next requests go straight to the other
     deployment for that second (none spends a round trip on a 429 first), then the first serves again."""
-    env.a.fail_next(Fault(status=429, headers={"retry-after": "1"}))
+    env.a.fail_next(Fault(status=429, headers={"retry-after": "1", "x-ratelimit-remaining-requests": "0"}))
     t0 = time.monotonic()
     for _ in range(3):
         assert client.chat.completions.create(model="soon", messages=MESSAGES).choices
@@ -303,6 +315,71 @@ def test_a_429_for_this_request_alone_asking_a_short_wait_is_retried_there(env: 
     env.a.fail_next(Fault(status=429, headers=TOO_LARGE | {"retry-after": "0.2"}))
     assert client.chat.completions.create(model="sized-soon", messages=MESSAGES).choices
     assert _counts(env) == (2, 0)  # waited out and sent again: the tokens it lacked may be back
+
+
+BARE = Fault(status=429, headers={"retry-after": "30"})  # as Azure's: a wait, nothing said of the limits
+
+
+def test_a_bare_429_holds_the_deployment_off_for_its_tenant_alone(env: Env, client: openai.OpenAI) -> None:
+    """A 429 that says nothing of the deployment's limits may be about one tenant's (or key's) own
+    quota upstream, or its one request: that tenant's requests go elsewhere for its Retry-After,
+    the other tenants' are still sent there."""
+    env.a.fail_next(BARE)
+    one, two = _tenant(env, "t1"), _tenant(env, "t2")
+    assert one.chat.completions.create(model="bare", messages=MESSAGES).choices
+    assert _counts(env) == (1, 1)
+    assert two.chat.completions.create(model="bare", messages=MESSAGES).choices
+    assert _counts(env) == (2, 1) and _state(env, "ba-a") == "healthy"
+    assert one.chat.completions.create(model="bare", messages=MESSAGES).choices
+    assert _counts(env) == (2, 2)  # the tenant that met the 429 is not sent there before its wait
+
+
+def test_bare_429s_of_two_tenants_hold_the_deployment_off_for_everyone(env: Env, client: openai.OpenAI) -> None:
+    """Two tenants meet a bare 429 with nobody served there in between: a limit of the deployment's."""
+    env.a.fail_next(BARE, BARE)
+    for tenant in ("t1", "t2"):
+        assert _tenant(env, tenant).chat.completions.create(model="bare-shared", messages=MESSAGES).choices
+    assert _counts(env) == (2, 2) and _state(env, "bs-a") == "held"
+    assert _tenant(env, "t3").chat.completions.create(model="bare-shared", messages=MESSAGES).choices
+    assert _counts(env) == (2, 3)
+
+
+def test_a_tenants_own_open_circuit_sends_its_requests_to_the_other_deployment(env: Env,
+                                                                                client: openai.OpenAI) -> None:
+    """One tenant's requests failed twice where another's were served: its own circuit on the
+    deployment opens, and its next request goes to the other deployment (it was refused with a
+    503 when the group had no retry left)."""
+    one, two = _tenant(env, "t1"), _tenant(env, "t2")
+    assert two.chat.completions.create(model="own-circuit", messages=MESSAGES).choices
+    env.a.fail_next(Fault(status=500), Fault(status=500))
+    for _ in range(2):
+        with pytest.raises(openai.InternalServerError):
+            one.chat.completions.create(model="own-circuit", messages=MESSAGES)
+    assert _state(env, "oc-a") == "healthy" and _counts(env) == (3, 0)
+    assert one.chat.completions.create(model="own-circuit", messages=MESSAGES).choices
+    assert _counts(env) == (3, 1)
+    assert two.chat.completions.create(model="own-circuit", messages=MESSAGES).choices
+    assert _counts(env) == (4, 1)
+
+
+TOKENS_LOW = {"x-ratelimit-remaining-requests": "499", "x-ratelimit-remaining-tokens": "300",
+              "x-ratelimit-reset-tokens": "1m30s"}
+
+
+def test_a_deployment_short_of_tokens_gets_the_requests_that_fit(env: Env, client: openai.OpenAI) -> None:
+    """Its upstream said 300 tokens are left this minute: a request reserving more (its prompt and
+    max_tokens) goes to the other deployment until the reset, a small one is still sent there, and
+    where no other deployment can take it, a large one is sent there all the same."""
+    env.a.fail_next(Fault(status=429, headers=TOKENS_LOW))
+    assert client.chat.completions.create(model="tight", messages=MESSAGES, max_tokens=1000).choices
+    assert _counts(env) == (1, 1)
+    assert client.chat.completions.create(model="tight", messages=MESSAGES, max_tokens=1000).choices
+    assert _counts(env) == (1, 2)  # not sent where it would meet the same 429
+    assert client.chat.completions.create(model="tight", messages=MESSAGES, max_tokens=100).choices
+    assert _counts(env) == (2, 2) and _state(env, "ti-a") == "healthy"
+    env.a.fail_next(Fault(status=429, headers=TOKENS_LOW))
+    assert client.chat.completions.create(model="tight-lone", messages=MESSAGES, max_tokens=1000).choices
+    assert _counts(env) == (4, 2)  # the upstream's count may be below the reservation: retried there
 
 
 OUT_OF_CREDIT = {"error": {"message": "You exceeded your current quota", "type": "insufficient_quota",
