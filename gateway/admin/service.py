@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, fields, replace
 from datetime import UTC, datetime, timedelta
 
-from sqlalchemy import select
+from sqlalchemy import select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError
 
@@ -214,6 +214,10 @@ class TenancyService:
         a second new key would inherit."""
         check_range("grace_seconds", grace_seconds, high=MAX_SECONDS)
         async with self.db.session() as s:
+            # Rotations of one key take turns: this no-op write holds the key's row (PostgreSQL) or
+            # the database (SQLite) until the commit, so the key and its successor are read after
+            # any rotation that got there first has committed, and that one's successor is named.
+            await s.execute(update(ApiKey).where(ApiKey.id == key_id).values(rotated_from=ApiKey.rotated_from))
             old = await self._key(s, key_id)
             if old.revoked_at is not None:
                 raise AdminError(f"key {key_id} is revoked and cannot be rotated", param="key_id")

@@ -93,7 +93,7 @@ def usage_report_cmd(
         if rows:
             writer = csv.DictWriter(out, fieldnames=list(rows[0]))
             writer.writeheader()
-            writer.writerows({k: cell(v) for k, v in r.items()} for r in rows)
+            writer.writerows({k: cell(records.sheet_cell(v)) for k, v in r.items()} for r in rows)
         typer.echo(out.getvalue(), nl=False)
     elif rows:
         show(rows, False)

@@ -7,8 +7,6 @@ the tenant it wants. Errors answer in the OpenAI shape.
 
 from __future__ import annotations
 
-import csv
-import io
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -195,12 +193,7 @@ class DashboardApi(Controller):
 
             return _csv(body(), f"requests-{tenant}.csv")
         data = await queries.summary(db, tenant, rng)
-        out = io.StringIO()
-        writer = csv.writer(out, lineterminator="\n")
-        writer.writerow(CSV_TABLES[table])
-        for row in data[table]:
-            writer.writerow([row[c] for c in CSV_TABLES[table]])
-        return _csv(out.getvalue(), f"usage-{tenant}-{table}.csv")
+        return _csv(records.csv_table(CSV_TABLES[table], data[table]), f"usage-{tenant}-{table}.csv")
 
     @get("/tenants")
     async def tenants(self, session: SessionData, svc: TenancyService) -> dict[str, Any]:

@@ -17,6 +17,7 @@ from typing import Any
 from sqlalchemy import Select, and_, case, func, or_, select
 from sqlalchemy.sql.elements import ColumnElement
 
+from gateway.contracts import QUOTA_REFUSED
 from gateway.dashboard.ranges import Range
 from gateway.db.engine import Database
 from gateway.db.models import ApiKey, LatencyDaily, LatencyHourly, UsageHourly, UsageRow
@@ -28,6 +29,8 @@ __all__ = ["FIELDS", "RATE_LIMITED", "Range", "budget_used", "cells", "fold", "l
 
 # error types of requests answered 429: the gateway's own quota refusals and upstreams' rate limits
 RATE_LIMITED = frozenset({"rate_limit_exceeded", "rate_limited", "upstream_rate_limited"})
+# error types of requests refused at admission: the quotas counted nothing for them
+REFUSED = frozenset({QUOTA_REFUSED, "quota_unavailable"})
 FIELDS = ("requests", "errors", "rate_limited", "prompt_tokens", "completion_tokens", "total_tokens", "cost")
 QS = (0.5, 0.9, 0.99)
 HOUR = timedelta(hours=1)
@@ -257,14 +260,16 @@ def percentiles(counts: dict[int, int], qs: tuple[float, ...] = QS) -> dict[str,
 
 async def live(db: Database, tenant_id: str, limits: Limits, now: float | None = None) -> dict[str, Any]:
     """The tenant's limits and how much of each is in use now: the last 60 s of requests and tokens
-    (an index range on usage_records), and the budget period so far (from the rollups)."""
+    (an index range on usage_records) that the limits counted (not the requests refused at
+    admission), and the budget period so far (from the rollups)."""
     now = now or time.time()
     since = datetime.fromtimestamp(now - 60, UTC)
+    admitted = or_(UsageRow.error_type.is_(None), UsageRow.error_type.not_in(REFUSED))
     async with db.session() as s:
         minute = (await s.execute(
             select(func.count().label("requests"),
                    func.coalesce(func.sum(UsageRow.prompt_tokens + UsageRow.completion_tokens), 0).label("tokens"))
-            .where(UsageRow.tenant_id == tenant_id, UsageRow.started_at >= since))).one()  # fmt: skip
+            .where(UsageRow.tenant_id == tenant_id, UsageRow.started_at >= since, admitted))).one()  # fmt: skip
     tokens, cost = (await budget_used(db, [tenant_id], limits.budget_period, now)).get(tenant_id, (0, 0.0))
     return {
         "tenant_id": tenant_id,

@@ -28,7 +28,7 @@ from typing import Any, Literal
 from gateway.contracts import Principal, QuotaExceeded, QuotaUnavailable, Ticket, completed
 from gateway.ids import random_id
 from gateway.quotas.credit import CreditKeeper, LocalLease
-from gateway.quotas.limits import LimitsSource, Scope, period_id, recorded_spend
+from gateway.quotas.limits import LimitsSource, Scope, period_id, period_start, recorded_spend
 from gateway.quotas.redis_credit import RedisCredit
 from gateway.quotas.store import Decision, Lease, QuotaStore, Reservation, lease_for
 from gateway.usage.pricing import PriceTable
@@ -155,12 +155,14 @@ class QuotaAdmission:
 
     async def _seed_budget(self, scope: Scope, now: float) -> None:
         """Rebuild a budget bucket the store does not hold from the usage records (the store is new,
-        or restarted empty); a database outage here is an outage of admission."""
+        or restarted empty, or the budget was just set) and the reservations in flight; a database
+        outage here is an outage of admission."""
         pid, ttl = period_id(scope.limits.budget_period, now)
         tokens, micros = await recorded_spend(self.limits.db, scope, now)
         log.info("budget of %s rebuilt from the usage records: %d tokens, %d micro-dollars", scope.label, tokens,
                  micros)
-        await self.store.seed_budget(scope.kind, scope.id, pid, tokens, micros, ttl)
+        await self.store.seed_budget(scope.kind, scope.id, pid, tokens, micros, ttl, now,
+                                     period_start(scope.limits.budget_period, now))
 
     def settle(self, ticket: Ticket, actual_tokens: int, cost: float) -> asyncio.Future[None]:
         lease = ticket.reservation

@@ -6,7 +6,8 @@ The scripts mirror ``MemoryStore`` exactly. Per scope there are three keys:
 ``lo``, the oldest second held, the same for both: every admission adds to both), ``:cc`` (sorted
 set of in-flight tickets scored by lease end, renewed by the heartbeat) and ``:bd:<period>`` (hash
 with ``tokens`` and ``micros`` spent plus reserved in the budget period; a scope with a budget
-whose bucket is missing is refused as ``unseeded`` until it is rebuilt).
+whose bucket is missing is refused as ``unseeded`` until it is rebuilt: ``SEED`` starts it at the
+usage records' figures plus the reservations of the tickets in flight, which no record holds yet).
 
 A window is read in constant time: one HMGET of the totals, ``lo`` and this second's counters
 answers it, and one HSET writes an admission (the script runs alone, so values read and written
@@ -20,14 +21,14 @@ a minute; concurrency and budgets are unaffected.)
 Each key's TTL is refreshed by its scope's first admission of a second (the window's counter for
 that second is new), not by every admission; a settlement skips corrections of zero.
 
-A ticket's member in ``:cc`` is its id padded past 64 bytes (``zset-max-listpack-value``): Redis
-then keeps the set as a skiplist and a dict, where ZADD and ZREM cost about a microsecond,
-instead of a listpack, where each ZADD scans every ticket in flight (some 14 µs at 64 in flight,
-25 µs at 127). For the same reason the window's ``lo`` field is named ``lo`` padded past 64 bytes
-(``hash-max-listpack-value``): the window, some 120 fields when full, stays a hash table, where a
-field is found in constant time, not a listpack scanned for each field an HMGET or HSET names
-(about 1 µs a call instead of 0.25). Only speed depends on either: a Redis configured otherwise
-counts the same.
+A ticket's member in ``:cc`` is its id and reservation, padded past 64 bytes
+(``zset-max-listpack-value``): Redis then keeps the set as a skiplist and a dict, where ZADD and
+ZREM cost about a microsecond, instead of a listpack, where each ZADD scans every ticket in flight
+(some 14 µs at 64 in flight, 25 µs at 127). For the same reason the window's ``lo`` field is
+named ``lo`` padded past 64 bytes (``hash-max-listpack-value``): the window, some 120 fields when
+full, stays a hash table, where a field is found in constant time, not a listpack scanned for each
+field an HMGET or HSET names (about 1 µs a call instead of 0.25). Only speed depends on either: a
+Redis configured otherwise counts the same.
 """
 
 from __future__ import annotations
@@ -265,8 +266,20 @@ return 1
 """
 
 SEED = """
+-- Keys: the budget bucket, the scope's tickets. Arguments: the tokens and micro-dollars the usage
+-- records show, the period's TTL, now, and the second the period began (-1: the "total" period).
 if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
-redis.call('HSET', KEYS[1], 'tokens', ARGV[1], 'micros', ARGV[2])
+local tokens, micros, since = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[5])
+-- The tickets in flight that were reserved in this period (while the scope had no bucket) are in
+-- no usage record yet, and their settlements will correct their reservations: the bucket starts
+-- with those. Leases that ended are dropped first, as RESERVE drops them (their settlements add
+-- the actual figures); a pool's slots (redis_credit.py) hold no reservation of their own.
+redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', ARGV[4])
+for _, m in ipairs(redis.call('ZRANGE', KEYS[2], 0, -1)) do
+  local s, t, mi = string.match(m, '^[^:]+:(%d+):(%d+):(%d+)#')
+  if s and tonumber(s) >= since then tokens, micros = tokens + tonumber(t), micros + tonumber(mi) end
+end
+redis.call('HSET', KEYS[1], 'tokens', tokens, 'micros', micros)
 if tonumber(ARGV[3]) > 0 then redis.call('EXPIRE', KEYS[1], tonumber(ARGV[3]) + 86400) end
 return 1
 """
@@ -277,9 +290,11 @@ def connect_redis(url: str, *, timeout: float = 2.0) -> RespClient:
     return RespClient.from_url(url, timeout=timeout)
 
 
-def _member(ticket_id: str) -> str:
-    """A ticket's member in its scopes' ``:cc`` sets: the id padded past 64 bytes (see above)."""
-    return ticket_id + "#" * 64
+def _member(ticket_id: str, second: int, tokens: int, micros: int) -> str:
+    """A ticket's member in its scopes' ``:cc`` sets: its id and reservation (the second it was made
+    in, its tokens and micro-dollars, which SEED counts while it is in flight), padded past 64 bytes
+    (see above)."""
+    return f"{ticket_id}:{second}:{tokens}:{micros}" + "#" * 64
 
 
 def _limit(value: int | None) -> int:
@@ -311,8 +326,9 @@ class RedisStore:
     async def reserve(self, r: Reservation) -> Decision:
         keys: list[str] = []
         sec = math.floor(r.now)
-        args: list[Arg] = [r.now, _member(r.ticket_id), r.tokens, r.micros, r.now + r.lease_seconds, WINDOW_SECONDS,
-                           sec, f"r{sec}", f"t{sec}", 2 * WINDOW_SECONDS, math.ceil(r.lease_seconds) + 1]
+        args: list[Arg] = [r.now, _member(r.ticket_id, sec, r.tokens, r.micros), r.tokens, r.micros,
+                           r.now + r.lease_seconds, WINDOW_SECONDS, sec, f"r{sec}", f"t{sec}", 2 * WINDOW_SECONDS,
+                           math.ceil(r.lease_seconds) + 1]
         for scope in r.scopes:
             lim = scope.limits
             pid, ttl = period_id(lim.budget_period, r.now)
@@ -338,16 +354,20 @@ class RedisStore:
         retry = budget_retry(r, r.scopes[index]) if retry_ms < 0 else max(retry_ms / 1000, 0.001)
         return Decision(False, reason, index, retry, req, tok)
 
-    async def seed_budget(self, kind: str, sid: str, pid: str, tokens: int, micros: int, ttl: int) -> None:
-        await self._seed(keys=[f"{self._base(kind, sid)}:bd:{pid}"], args=[tokens, micros, ttl])
+    async def seed_budget(self, kind: str, sid: str, pid: str, tokens: int, micros: int, ttl: int, now: float,
+                          since: float | None) -> None:
+        base = self._base(kind, sid)
+        start = NONE if since is None else math.floor(since)
+        await self._seed(keys=[f"{base}:bd:{pid}", base + ":cc"], args=[tokens, micros, ttl, now, start])
 
     def settle(self, lease: Lease, now: float, actual_tokens: int, actual_micros: int) -> asyncio.Future[object]:
         keys: list[str] = []
         for kind, sid, pid in lease.scopes:
             base = self._base(kind, sid)
             keys += [base + ":win", base + ":cc", f"{base}:bd:{pid}"]
-        args: list[Arg] = [_member(lease.ticket_id), f"t{lease.second}", actual_tokens - lease.tokens,
-                           actual_micros - lease.micros, actual_tokens, actual_micros]
+        member = _member(lease.ticket_id, lease.second, lease.tokens, lease.micros)
+        args: list[Arg] = [member, f"t{lease.second}", actual_tokens - lease.tokens, actual_micros - lease.micros,
+                           actual_tokens, actual_micros]
         return self._settle.submit(keys=keys, args=args)
 
     async def renew(self, leases: list[Lease], now: float, lease_seconds: float) -> None:
@@ -356,6 +376,6 @@ class RedisStore:
         for lease in leases:
             for kind, sid, _ in lease.scopes:
                 keys.append(self._base(kind, sid) + ":cc")
-                args.append(_member(lease.ticket_id))
+                args.append(_member(lease.ticket_id, lease.second, lease.tokens, lease.micros))
         if keys:
             await self._renew(keys=keys, args=args)

@@ -11,8 +11,11 @@ A store checks and reserves every limit of every scope in one atomic step, or re
 - budgets: tokens and micro-dollars per period bucket, reserved at admit, corrected at settle.
   A bucket the store does not hold (a restart, a flushed Redis) is refused as ``unseeded``: the
   caller rebuilds it from the usage records (``seed_budget``) and asks again, so a store that lost
-  its state never hands out a budget twice. A settle whose lease the store does not know (it
-  restarted since the admission) adds the actual figures instead of correcting a reservation.
+  its state never hands out a budget twice. The rebuilt bucket also holds the reservations of the
+  leases in flight that were made in the period (a budget set while requests run): no usage
+  record holds them yet, and their settlements correct them as for any reservation. A settle
+  whose lease the store does not know (it restarted since the admission) adds the actual figures
+  instead of correcting a reservation.
   A scope without a budget never makes a bucket (it adds to one that exists: a budget removed in
   the period): one made by a store that lost its state would hold only the spend since, and a
   budget set later in the period would trust it instead of being rebuilt from the records.
@@ -68,8 +71,10 @@ class QuotaStore(Protocol):
         the store's acknowledgement, or its failure."""
         ...
 
-    async def seed_budget(self, kind: str, sid: str, pid: str, tokens: int, micros: int, ttl: int) -> None:
-        """Start a budget bucket at the recorded spend, unless the bucket already exists."""
+    async def seed_budget(self, kind: str, sid: str, pid: str, tokens: int, micros: int, ttl: int, now: float,
+                          since: float | None) -> None:
+        """Start a budget bucket at the recorded spend plus the reservations of the scope's leases in
+        flight made since ``since`` (the period's start; None: ever), unless the bucket exists."""
         ...
 
     async def renew(self, leases: list[Lease], now: float, lease_seconds: float) -> None:
@@ -100,6 +105,16 @@ def _reset(oldest: int | None, now: float) -> float:
 
 
 @dataclass
+class _Held:
+    """A lease in flight: when it ends, and the reservation it holds (the second it was made in)."""
+
+    until: float
+    second: int
+    tokens: int
+    micros: int
+
+
+@dataclass
 class _Window:
     buckets: dict[int, int] = field(default_factory=dict)
 
@@ -114,7 +129,7 @@ class MemoryStore:
 
     def __init__(self) -> None:
         self._windows: dict[str, _Window] = {}
-        self._leases: dict[str, dict[str, float]] = {}
+        self._leases: dict[str, dict[str, _Held]] = {}
         self._budgets: dict[str, list[int]] = {}  # [tokens, micros]
 
     def _window(self, key: str) -> _Window:
@@ -129,7 +144,7 @@ class MemoryStore:
             req_used, req_oldest = self._window(base + ":rq").used(sec)
             tok_used, tok_oldest = self._window(base + ":tk").used(sec)
             leases = self._leases.setdefault(base, {})
-            for tid in [t for t, until in leases.items() if until <= r.now]:
+            for tid in [t for t, held in leases.items() if held.until <= r.now]:
                 del leases[tid]
             budget = self._budgets.get(f"{base}:{period_id(lim.budget_period, r.now)[0]}")
             if budget is None:
@@ -158,7 +173,7 @@ class MemoryStore:
             rq, tk = self._window(base + ":rq").buckets, self._window(base + ":tk").buckets
             rq[sec] = rq.get(sec, 0) + 1
             tk[sec] = tk.get(sec, 0) + r.tokens
-            self._leases[base][r.ticket_id] = r.now + r.lease_seconds
+            self._leases[base][r.ticket_id] = _Held(r.now + r.lease_seconds, sec, r.tokens, r.micros)
             # a scope with a budget has its bucket (checked above); one without keeps up a bucket
             # that exists but never makes one (see the module's docstring)
             budget = self._budgets.get(f"{base}:{period_id(scope.limits.budget_period, r.now)[0]}")
@@ -184,15 +199,23 @@ class MemoryStore:
                 tokens = tighter(tokens, lim.tokens_per_minute, lim.tokens_per_minute - used, _reset(oldest, r.now))
         return Decision(False, reason, index, retry_after, requests, tokens)
 
-    async def seed_budget(self, kind: str, sid: str, pid: str, tokens: int, micros: int, ttl: int) -> None:
-        self._budgets.setdefault(f"{kind}:{sid}:{pid}", [tokens, micros])
+    async def seed_budget(self, kind: str, sid: str, pid: str, tokens: int, micros: int, ttl: int, now: float,
+                          since: float | None) -> None:
+        if f"{kind}:{sid}:{pid}" in self._budgets:
+            return
+        leases = self._leases.get(f"{kind}:{sid}", {})
+        for tid in [t for t, held in leases.items() if held.until <= now]:
+            del leases[tid]  # ended: its settlement adds the actual figures
+        live = [h for h in leases.values() if since is None or h.second >= math.floor(since)]
+        self._budgets[f"{kind}:{sid}:{pid}"] = [tokens + sum(h.tokens for h in live),
+                                                micros + sum(h.micros for h in live)]
 
     async def renew(self, leases: list[Lease], now: float, lease_seconds: float) -> None:
         for lease in leases:
             for kind, sid, _ in lease.scopes:
                 held = self._leases.get(f"{kind}:{sid}", {})
                 if lease.ticket_id in held:
-                    held[lease.ticket_id] = now + lease_seconds
+                    held[lease.ticket_id].until = now + lease_seconds
 
     def settle(self, lease: Lease, now: float, actual_tokens: int, actual_micros: int) -> asyncio.Future[Any]:
         for kind, sid, pid in lease.scopes:

@@ -1,5 +1,10 @@
 """Single usage records: the request log's search and detail, and the CSV export of a range.
 
+Every CSV the gateway writes goes through ``csv_table``: a text cell that a spreadsheet would read
+as a formula (it begins with ``=``, ``+``, ``-``, ``@``, a tab or a carriage return: a key's name, a
+model or service tier an upstream named) is written with a leading ``'``, as OWASP recommends;
+numbers are written as they are.
+
 Every query is scoped by ``RecordFilter.tenant_id`` when it is set (the dashboard always sets it
 to the caller's own tenant); the CLI's export may leave it empty to export all tenants.
 """
@@ -23,6 +28,7 @@ COLUMNS = ("request_id", "started_at", "tenant_id", "key_id", "model", "deployme
            "stream", "status", "error_type", "prompt_tokens", "completion_tokens", "cached_tokens", "exact",
            "cost", "latency_ms", "ttft_ms", "service_tier")
 STATUSES = ("ok", "error", "429")
+FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
 MAX_PAGE = 500
 
 # why a request failed, in words, for the error types the gateway records
@@ -138,23 +144,42 @@ def explain(status: int, error_type: str | None) -> str:
 
 
 async def batches(db: Database, f: RecordFilter, size: int = 5000) -> AsyncIterator[list[dict[str, Any]]]:
-    """All matching records, oldest first, a batch at a time (keyset paging: constant memory)."""
-    last = 0
+    """All matching records, oldest first, a batch at a time (keyset paging on (started_at, id),
+    the order it returns: a row written late with an earlier time is neither skipped nor repeated)."""
+    q = f.where(select(UsageRow)).order_by(UsageRow.started_at, UsageRow.id).limit(size)
+    page = q
     while True:
-        q = f.where(select(UsageRow)).where(UsageRow.id > last).order_by(UsageRow.id).limit(size)
         async with db.session() as s:
-            rows = (await s.execute(q)).scalars().all()
+            rows = (await s.execute(page)).scalars().all()
         if not rows:
             return
-        last = rows[-1].id
+        at, last = rows[-1].started_at, rows[-1].id
+        page = q.where(or_(UsageRow.started_at > at, and_(UsageRow.started_at == at, UsageRow.id > last)))
         yield [as_dict(r) for r in rows]
 
 
-def csv_text(rows: Iterable[dict[str, Any]], header: bool = False) -> str:
+def sheet_cell(value: Any) -> Any:
+    """A cell as a spreadsheet should read it: text that would start a formula gets a leading
+    quote; numbers, booleans and other text are unchanged, None is empty."""
+    if value is None:
+        return ""
+    if isinstance(value, str) and value.startswith(FORMULA_START):
+        return "'" + value
+    return value
+
+
+def csv_table(columns: Iterable[str], rows: Iterable[dict[str, Any]], header: bool = True) -> str:
+    """``rows`` (dicts holding every column) as CSV, every cell through ``sheet_cell``; lines end
+    in CRLF (RFC 4180), so that a cell holding a lone CR is quoted too."""
+    columns = tuple(columns)
     out = io.StringIO()
-    writer = csv.writer(out, lineterminator="\n")
+    writer = csv.writer(out)
     if header:
-        writer.writerow(COLUMNS)
+        writer.writerow(columns)
     for r in rows:
-        writer.writerow(["" if r[c] is None else r[c] for c in COLUMNS])
+        writer.writerow([sheet_cell(r[c]) for c in columns])
     return out.getvalue()
+
+
+def csv_text(rows: Iterable[dict[str, Any]], header: bool = False) -> str:
+    return csv_table(COLUMNS, rows, header)

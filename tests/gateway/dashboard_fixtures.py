@@ -39,6 +39,7 @@ class DashEnv:
     url: str
     a: Tenant
     b: Tenant
+    db_url: str
 
 
 def seed(tenant_id: str, key_ids: list[str], n: int, base: int, now: float) -> list[UsageRecord]:
@@ -111,7 +112,7 @@ async def dash(fake_upstream_server, tmp_path_factory: pytest.TempPathFactory) -
     writer.journal.close()
     await db.dispose()
     try:
-        yield DashEnv(server.url, tenants[0], tenants[1])
+        yield DashEnv(server.url, tenants[0], tenants[1], url)
     finally:
         server.stop()
         await drop_pg_database(pg)

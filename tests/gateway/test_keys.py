@@ -119,6 +119,25 @@ async def test_rotation_never_hands_out_a_key_that_is_dead_or_dying(db: Database
     assert refused.value.param == "key_id" and refused.value.status == 409
     assert (await svc.rotate_key(new.key.id)).key.expires_at is None  # the newest key of the chain rotates
 
+async def test_concurrent_rotations_of_a_key_make_one_successor(db: Database) -> None:
+    """Rotations of one key at once: one succeeds, every other is a 409 naming its successor."""
+    svc = TenancyService(db)
+    tenant = await svc.create_tenant(f"race-{time.time_ns()}")
+    for _ in range(3):
+        old = await svc.create_key(tenant.id)
+        done = await asyncio.gather(*(svc.rotate_key(old.key.id, grace_seconds=60) for _ in range(4)),
+                                    return_exceptions=True)
+        made = [d for d in done if not isinstance(d, BaseException)]
+        assert len(made) == 1, done
+        for refused in done:
+            if refused is not made[0]:
+                assert isinstance(refused, AdminError) and refused.status == 409, refused
+                assert made[0].key.id in refused.message and refused.param == "key_id"
+        async with db.session() as s:
+            assert (await s.scalars(select(ApiKey.id).where(ApiKey.rotated_from == old.key.id))).all() == [
+                made[0].key.id]
+
+
 async def test_admin_keys(db: Database) -> None:
     svc = TenancyService(db)
     auth = SqlAuthenticator(db, ttl=1.0, admin_key="config-admin-secret")

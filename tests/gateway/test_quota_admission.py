@@ -262,3 +262,30 @@ async def test_a_budget_set_after_a_store_restart_counts_the_period_already_spen
     with pytest.raises(QuotaExceeded, match="token budget"):
         await adm.admit(p, "m", 150)  # 900 spent this month before the restart (it was taken as 50)
     await adm.admit(p, "m", 100)
+
+
+@pytest.mark.parametrize("store_kind", ["memory", "redis"])
+async def test_a_budget_set_while_requests_are_in_flight_counts_their_reservations(
+    db: Database, redis: Redis, redis_prefix: str, tmp_path: Path, store_kind: str
+) -> None:
+    """Requests admitted before the tenant had a budget, and not settled yet, are in no usage record:
+    the budget's bucket, built when the budget is set, starts with their reservations (their
+    settlements then correct them to the actual figures, as for any request)."""
+    p = await principal_with(db, Limits(), Limits())
+    await _spent_900_tokens(db, p, tmp_path)
+    store = MemoryStore() if store_kind == "memory" else RedisStore(connect_redis(REDIS_URL), prefix=redis_prefix)
+    limits = LimitsSource(db)
+    adm = QuotaAdmission(store, limits, PRICES)
+    in_flight = [await adm.admit(p, "m", 400) for _ in range(2)]  # no budget yet: admitted
+    assert p.tenant_id is not None
+    await TenancyService(db).update_limits("tenant", p.tenant_id, token_budget=2000)
+    limits.invalidate()
+    with pytest.raises(QuotaExceeded, match="token budget"):
+        await adm.admit(p, "m", 301)  # 900 recorded + 800 in flight
+    late = await adm.admit(p, "m", 300)
+    for ticket in in_flight:
+        await adm.settle(ticket, 250, 0.0)  # 300 fewer than reserved
+    await adm.settle(late, 300, 0.0)
+    await adm.admit(p, "m", 300)
+    with pytest.raises(QuotaExceeded, match="token budget"):
+        await adm.admit(p, "m", 1)

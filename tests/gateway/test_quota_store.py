@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 
-from gateway.quotas.limits import Limits, Scope, period_id
+from gateway.quotas.limits import Limits, Scope, period_id, period_start
 from gateway.quotas.redis_store import RedisStore, connect_redis
 from gateway.quotas.store import MemoryStore, QuotaStore, Reservation, lease_for
 from tests.gateway.tenancy_fixtures import REDIS_URL, redis, redis_prefix  # noqa: F401
@@ -32,7 +32,7 @@ async def seeded(store: QuotaStore, scopes: list[Scope], *, now: float = NOW, to
     """Create the budget buckets (what admission does from the usage records for a new bucket)."""
     for s in scopes:
         pid, ttl = period_id(s.limits.budget_period, now)
-        await store.seed_budget(s.kind, s.id, pid, tokens, 0, ttl)
+        await store.seed_budget(s.kind, s.id, pid, tokens, 0, ttl, now, period_start(s.limits.budget_period, now))
     return scopes
 
 
@@ -205,6 +205,23 @@ async def test_a_lost_budget_bucket_is_refused_until_rebuilt(store: QuotaStore) 
     await seeded(store, scopes, tokens=995)
     assert not (await store.reserve(res(scopes, tokens=10))).admitted
     assert (await store.reserve(res(scopes, tokens=5))).admitted
+
+
+async def test_a_bucket_built_while_leases_run_starts_with_their_reservations_of_the_period(
+    store: QuotaStore,
+) -> None:
+    """A budget set while the scope's requests run: the bucket holds the records' figures and the
+    reservations of the leases in flight made in the period; not those of a past period (their
+    settlements correct that period's bucket) nor of leases that ended (theirs add the actual figures)."""
+    free, budget = key(), key(token_budget=1000, budget_period="day")
+    for r in (Reservation("yesterday", NOW - 86400, 50, 0, free, lease_seconds=2 * 86400),
+              Reservation("ended", NOW - 30, 70, 0, free, lease_seconds=10),
+              Reservation("live", NOW - 5, 400, 0, free)):
+        assert (await store.reserve(r)).admitted
+    assert (await store.reserve(res(budget))).reason == "unseeded"
+    await seeded(store, budget, tokens=100)
+    assert (await store.reserve(res(budget, tokens=501))).reason == "token_budget"
+    assert (await store.reserve(res(budget, tokens=500))).admitted
 
 
 async def test_renewed_lease_outlives_its_first_term(store: QuotaStore) -> None:
