@@ -2,8 +2,9 @@
 
 OpenAI's ``response_format`` (``json_object``, ``json_schema``), vLLM's ``structured_outputs``
 (``json``, ``regex``, ``choice``, ``grammar``) and the older ``guided_json`` / ``guided_regex`` /
-``guided_choice`` / ``guided_grammar``. At most one may be given; a malformed one is a 400 naming
-the field (the engine's input processor then reports what the grammar engine cannot compile).
+``guided_choice`` / ``guided_grammar``. At most one may be given, and none where the request's
+``tool_choice`` forces a call (that call's grammar shapes the output); a malformed one is a 400
+naming the field (the engine's input processor then reports what the grammar engine cannot compile).
 """
 
 from __future__ import annotations
@@ -91,3 +92,13 @@ def from_request(request: SamplingFields) -> StructuredOutput | None:
         raise BadRequest("give one output constraint (response_format, structured_outputs or guided_*), not "
                          "several", param=found[1].param)
     return found[0] if found else None
+
+
+def output_constraint(request: SamplingFields, tool_grammar: StructuredOutput | None) -> StructuredOutput | None:
+    """The constraint to generate with: ``tool_grammar`` (a forced tool call's, ``tools.ToolPlan``)
+    or else the request's own. Both is a 400 naming the request's: it could not hold as well."""
+    own = from_request(request)
+    if tool_grammar is not None and own is not None:
+        raise BadRequest(f"{own.param} cannot be combined with a tool_choice that forces a call (the call's "
+                         "grammar shapes the output)", param=own.param)
+    return tool_grammar or own

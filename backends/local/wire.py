@@ -9,7 +9,7 @@ from typing import Any
 from msgspec import UNSET
 
 from backends.base import BadRequest
-from backends.local.structured import from_request as structured_from_request
+from backends.local.structured import output_constraint
 from backends.openai_wire import (
     ChatCompletionRequest,
     ChoiceLogprobs,
@@ -22,6 +22,7 @@ from backends.openai_wire import (
     extra_params,
 )
 from engine import InvalidRequest, SamplingParams
+from engine.sequence import TokenLogprob as EngineTokenLogprob
 from engine.structured_output import StructuredOutput
 
 
@@ -69,12 +70,12 @@ def limit_field(request: SamplingFields) -> str:
 def sampling_params(request: SamplingFields, limit: int | None, logprobs: int | None,
                     prompt_logprobs: int | None = None, structured: StructuredOutput | None = None) -> SamplingParams:
     """Engine sampling parameters for a wire request; a BadRequest names the offending field.
-    ``structured`` overrides the request's own output constraint (tool calling's grammar)."""
+    ``structured`` is tool calling's grammar (a forced call), used instead of the request's own
+    output constraint, which the request may then not give."""
     refuse_unsupported(request)
     if limit is not None and limit < 1:
         raise BadRequest(f"{limit_field(request)} must be >= 1", param=limit_field(request))
-    if structured is None:
-        structured = structured_from_request(request)
+    structured = output_constraint(request, structured)
     top_k = opt(request.top_k, 0)
     try:
         return SamplingParams(
@@ -200,11 +201,14 @@ class LogprobFormatter:
             lp = items[i] if i < len(items) else None
             result.tokens.append(self.token(token_id))
             result.token_logprobs.append(lp.logprob if lp is not None else None)
-            result.top_logprobs.append(self._top(lp.top) if lp is not None else None)
+            result.top_logprobs.append(self._top(lp) if lp is not None else None)
             result.text_offset.append(offsets.push(token_id))
         return result
 
-    def _top(self, top: dict[int, float]) -> dict[str, float]:
+    def _top(self, lp: EngineTokenLogprob) -> dict[str, float]:
+        """The most likely tokens and, as OpenAI and vLLM answer, always the token itself (so there
+        may be ``logprobs + 1`` entries): its logprob is there even when it is not among them."""
+        top = {lp.token_id: lp.logprob, **lp.top}
         return {self.token(i): v for i, v in sorted(top.items(), key=lambda kv: -kv[1])}
 
     def completion(self, items: list[Any] | None, offsets: TextOffsets | int,
@@ -221,7 +225,7 @@ class LogprobFormatter:
         for lp in items:
             result.tokens.append(self.token(lp.token_id))
             result.token_logprobs.append(lp.logprob)
-            result.top_logprobs.append(self._top(lp.top))
+            result.top_logprobs.append(self._top(lp))
             result.text_offset.append(offsets.push(lp.token_id))
         return result
 

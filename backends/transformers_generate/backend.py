@@ -22,7 +22,7 @@ from backends.base import BackendStats, BadRequest, ChunkStream, ClosingChunks, 
 from backends.call import NO_CONTEXT, CallContext
 from backends.embeddings_wire import EmbeddingList, EmbeddingRequest
 from backends.local import tools
-from backends.local.structured import from_request as structured_from_request
+from backends.local.structured import output_constraint
 from backends.local.tool_parsers import choose_parser
 from backends.local.wire import LogprobFormatter, TextOffsets, chat_messages
 from backends.openai_wire import (
@@ -253,7 +253,8 @@ class HFGenerateBackend:
         ctx: CallContext,
         structured: StructuredOutput | None = None,
     ) -> JobRun:
-        """``structured`` (a tool call's grammar) replaces the request's own output constraint."""
+        """``structured`` (a forced tool call's grammar) is used instead of the request's own output
+        constraint, which the request may then not give."""
         if not all(prompts):
             raise BadRequest("the prompt is empty", param="prompt")
         longest = max(len(p) for p in prompts)
@@ -275,7 +276,7 @@ class HFGenerateBackend:
             )
         params = row_params(request, limit if limit is not None else room, self.vocab_size, logprobs)
         n = request.n or 1
-        so = structured if structured is not None else structured_from_request(request)
+        so = output_constraint(request, structured)
         matchers = self.grammars.matchers(so, len(prompts) * n) if so is not None else None
         args = dict(prompts=prompts, n=n, key=generate_key(request), params=params, matchers=matchers)
         return JobRun(self.worker, args, sum(len(p) for p in prompts), self._active)

@@ -105,6 +105,11 @@ def test_tool_role_messages_are_accepted(env: Env) -> None:
     ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {
         "a": {"type": "string", "pattern": "(?<=x)y"}}}}}], "tool_choice": "required"},
      "tools[0].function.parameters"),  # the tool whose schema the grammar engine cannot compile
+    # a forced call is enforced by its own grammar: the request's output constraint cannot also hold
+    ({"tools": TOOLS, "tool_choice": "required", "response_format": {"type": "json_object"}}, "response_format"),
+    ({"tools": TOOLS, "tool_choice": NAMED, "response_format": {"type": "json_schema", "json_schema": {
+        "name": "x", "schema": TIME}}}, "response_format.json_schema.schema"),
+    ({"tools": TOOLS, "tool_choice": NAMED, "extra_body": {"guided_regex": "a+"}}, "guided_regex"),
 ])
 def test_bad_tool_choice_is_a_400(env: Env, kwargs: dict[str, Any], param: str) -> None:
     with pytest.raises(openai.BadRequestError) as info:

@@ -189,6 +189,9 @@ async def test_tool_role_messages_and_tool_choice_none(backend: HFGenerateBacken
     ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
     ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {
         "a": {"type": "string", "pattern": "(?<=x)y"}}}}}], "tool_choice": "required"}, "tool_choice"),
+    # a forced call's grammar shapes the output: the request's own constraint could not hold as well
+    ({"tools": TOOLS, "tool_choice": NAMED, "response_format": {"type": "json_object"}}, "response_format"),
+    ({"tools": TOOLS, "tool_choice": "required", "guided_regex": "a+"}, "guided_regex"),
 ])
 async def test_bad_input_is_a_400_naming_the_field(backend: HFGenerateBackend, kwargs: dict[str, Any],
                                                    param: str) -> None:
