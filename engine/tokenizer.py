@@ -207,14 +207,30 @@ class Tokenizer:
         return compile_chat_template(self.chat_template)
 
     def render_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
-                    **kwargs: Any) -> str:
-        """The chat template's text for ``messages`` (extra kwargs reach the template, e.g. tools)."""
+                    continue_final_message: bool = False, **kwargs: Any) -> str:
+        """The chat template's text for ``messages`` (extra kwargs reach the template, e.g. tools);
+        ``continue_final_message``: cut after the final message's text (``continued``)."""
         try:
             variables = {"tools": None, "documents": None, **self.special_tokens, **kwargs}
-            return self._template.render(messages=messages, add_generation_prompt=add_generation_prompt, **variables)
+            text = self._template.render(messages=messages, add_generation_prompt=add_generation_prompt, **variables)
         except jinja2.exceptions.TemplateError as e:
             raise ChatTemplateError(f"chat template error: {e}") from e
+        return continued(text, messages[-1].get("content") or "") if continue_final_message else text
 
     def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
-                            **kwargs: Any) -> list[int]:
-        return self.encode(self.render_chat(messages, add_generation_prompt, **kwargs), add_special_tokens=False)
+                            continue_final_message: bool = False, **kwargs: Any) -> list[int]:
+        text = self.render_chat(messages, add_generation_prompt, continue_final_message, **kwargs)
+        return self.encode(text, add_special_tokens=False)
+
+
+def continued(rendered: str, final: str) -> str:
+    """``rendered`` cut right after the final message's text, as transformers' ``continue_final_message``
+    does: what the template closes that message with (an end-of-turn token) is dropped, so the model
+    goes on writing it. Its trailing whitespace stays only where the template kept it."""
+    stripped = final.strip()
+    at = rendered.rfind(stripped) if stripped else -1
+    if at < 0:
+        raise ChatTemplateError("continue_final_message: the final message's text is not in the prompt the chat "
+                                "template made of the conversation")
+    whole = final.lstrip()
+    return rendered[:at + (len(whole) if rendered.startswith(whole, at) else len(stripped))]

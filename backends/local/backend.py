@@ -79,9 +79,9 @@ class LocalEngineBackend:
         try:
             variables = {k: v for k, v in (wire.opt(request.chat_template_kwargs, None) or {}).items()
                          if k not in ("messages", "add_generation_prompt")}
-            return self.tokenizer.apply_chat_template(wire.chat_messages(request),
-                                                      add_generation_prompt=add_generation_prompt,
-                                                      **{**variables, **kwargs})
+            add, cont = wire.chat_prompt_options(request, add_generation_prompt)
+            return self.tokenizer.apply_chat_template(wire.chat_messages(request), add_generation_prompt=add,
+                                                      continue_final_message=cont, **{**variables, **kwargs})
         except InvalidRequest as exc:  # no template, or the template refused the conversation
             raise BadRequest(exc.message, param=exc.param) from None
 

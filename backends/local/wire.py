@@ -34,10 +34,15 @@ def opt(value: Any, default: Any) -> Any:
 NO_EFFECT_PARAMS = frozenset({"metadata", "store", "user", "service_tier", "prompt_cache_key", "safety_identifier"})
 
 
+# vLLM's chat fields that shape the prompt (``chat_prompt_options``): a chat request's, nobody else's.
+CHAT_PROMPT_PARAMS = frozenset({"add_generation_prompt", "continue_final_message"})
+
+
 def refuse_unsupported(request: SamplingFields) -> None:
     """A request field the engine does not support is a 400 naming it, never a silent drop."""
+    taken = NO_EFFECT_PARAMS | CHAT_PROMPT_PARAMS if isinstance(request, ChatCompletionRequest) else NO_EFFECT_PARAMS
     for name in extra_params(request):
-        if name not in NO_EFFECT_PARAMS:
+        if name not in taken:
             raise BadRequest(f"'{name}' is not supported by the local engine", param=name)
     if request.include_stop_str_in_output:
         raise BadRequest("include_stop_str_in_output is not supported by the local engine",
@@ -101,6 +106,25 @@ def sampling_params(request: SamplingFields, limit: int | None, logprobs: int | 
         )
     except InvalidRequest as exc:
         raise BadRequest(exc.message, param=exc.param) from None
+
+
+def chat_prompt_options(request: ChatCompletionRequest, add_generation_prompt: bool = True) -> tuple[bool, bool]:
+    """vLLM's ``add_generation_prompt`` (default true) and ``continue_final_message`` (default false:
+    true makes the answer go on with the final assistant message instead of starting a new turn)."""
+    extras = extra_params(request)
+    chosen = {"add_generation_prompt": add_generation_prompt, "continue_final_message": False}
+    for name in chosen:
+        value = json.loads(bytes(extras[name])) if name in extras else None
+        if value is not None and not isinstance(value, bool):
+            raise BadRequest(f"{name} must be a boolean", param=name)
+        chosen[name] = chosen[name] if value is None else value
+    add, cont = chosen["add_generation_prompt"], chosen["continue_final_message"]
+    if add and cont:
+        raise BadRequest("continue_final_message and add_generation_prompt cannot both be true",
+                         param="continue_final_message")
+    if cont and (not request.messages or request.messages[-1].role != "assistant"):
+        raise BadRequest("continue_final_message needs the final message to be the assistant's", param="messages")
+    return add, cont
 
 
 def chat_messages(request: ChatCompletionRequest) -> list[dict[str, str]]:

@@ -24,7 +24,7 @@ from backends.embeddings_wire import EmbeddingList, EmbeddingRequest
 from backends.local import tools
 from backends.local.structured import output_constraint
 from backends.local.tool_parsers import choose_parser
-from backends.local.wire import LogprobFormatter, TextOffsets, chat_messages
+from backends.local.wire import LogprobFormatter, TextOffsets, chat_messages, chat_prompt_options
 from backends.openai_wire import (
     ChatChoice,
     ChatChunkChoice,
@@ -213,8 +213,12 @@ class HFGenerateBackend:
         if not getattr(self.tokenizer, "chat_template", None):
             raise BadRequest("this model has no chat template; use /v1/completions", param="messages")
         kwargs = plan.template_kwargs if plan is not None else {}
-        text = self.tokenizer.apply_chat_template(chat_messages(request), add_generation_prompt=True,
-                                                  tokenize=False, **kwargs)
+        add, cont = chat_prompt_options(request)
+        try:
+            text = self.tokenizer.apply_chat_template(chat_messages(request), add_generation_prompt=add,
+                                                      continue_final_message=cont, tokenize=False, **kwargs)
+        except ValueError as exc:  # e.g. the final message's text is not in the rendered prompt
+            raise BadRequest(f"chat template: {exc}", param="messages") from None
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
     def _text_prompts(self, request: CompletionRequest) -> list[list[int]]:

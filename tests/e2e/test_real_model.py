@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from backends.local.default_model import default_model_path
-from tests.support.local_gateway import Env, local_gateway
+from tests.support.local_gateway import KEY, Env, local_gateway
 
 PROMPTS = [
     "What is the capital of France?",
@@ -172,3 +172,53 @@ def test_responses_api_on_the_engine(env: Env) -> None:
         client.responses.create(model="tiny", input="x", reasoning={"effort": "high"})
     assert err.value.body["param"] == "reasoning.effort"  # type: ignore[index]  # as the request names it
     env.wait_idle()
+
+
+PREFILL = [{"role": "user", "content": "Count from one to ten in words."},
+           {"role": "assistant", "content": "One, two, three, four,"}]
+
+
+def test_continue_final_message_is_transformers_prompt_and_greedy_answer(env: Env, reference: Any) -> None:
+    """vLLM's ``continue_final_message``: the prompt ends inside the assistant's message, as
+    transformers' ``apply_chat_template(continue_final_message=True)`` makes it, and the answer goes on
+    with it; an Anthropic prefill on /v1/messages (translated to chat) is answered the same way."""
+    from transformers import AutoTokenizer
+
+    path = _model_file()
+    hf = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    ids = hf.apply_chat_template(PREFILL, add_generation_prompt=False, continue_final_message=True, tokenize=False)
+    ids = hf.encode(ids, add_special_tokens=False)
+    want, _ = _greedy(reference, ids)
+    answer = env.client().chat.completions.create(
+        model="tiny", messages=PREFILL, max_tokens=NEW_TOKENS, temperature=0,  # type: ignore[arg-type]
+        extra_body={"continue_final_message": True, "add_generation_prompt": False})
+    assert answer.usage is not None and answer.usage.prompt_tokens == len(ids)
+    text = env.backend.tokenizer.decode([t for t in want if t != 2])
+    assert answer.choices[0].message.content == text
+
+    import anthropic
+
+    messages = anthropic.Anthropic(base_url=env.server.url, api_key=KEY, max_retries=0).messages.create(
+        model="tiny", max_tokens=NEW_TOKENS, messages=PREFILL,  # type: ignore[arg-type]
+        extra_body={"temperature": 0})  # this SDK version takes no temperature argument
+    assert messages.content[0].text == text  # type: ignore[union-attr]
+    assert messages.usage.input_tokens == len(ids)
+    env.wait_idle()
+
+
+@pytest.mark.parametrize(("extra", "param"), [
+    ({"continue_final_message": True}, "continue_final_message"),  # add_generation_prompt defaults to true
+    ({"continue_final_message": True, "add_generation_prompt": False, "messages_end_with_user": True}, "messages"),
+    ({"continue_final_message": "yes", "add_generation_prompt": False}, "continue_final_message"),
+    ({"add_generation_prompt": 1}, "add_generation_prompt"),
+])
+def test_bad_chat_prompt_options_are_a_400_naming_them(env: Env, extra: dict[str, Any], param: str) -> None:
+    messages = PREFILL[:1] if extra.pop("messages_end_with_user", False) else PREFILL
+    with pytest.raises(openai.BadRequestError) as err:
+        env.client().chat.completions.create(model="tiny", messages=messages, max_tokens=4,  # type: ignore[arg-type]
+                                             extra_body=extra)
+    assert err.value.body["param"] == param  # type: ignore[index]
+    with pytest.raises(openai.BadRequestError) as err:  # a chat field: text completions refuse it
+        env.client().completions.create(model="tiny", prompt="Hi", max_tokens=4,
+                                        extra_body={"continue_final_message": True})
+    assert err.value.body["param"] == "continue_final_message"  # type: ignore[index]

@@ -162,3 +162,15 @@ def test_stop_matcher_without_matching_holds_back_but_never_stops() -> None:
     m = StopMatcher(["STOP"])
     assert m.feed("a STOP b ST", match=False) == ("a STOP b ", False)  # "ST" could begin one
     assert m.feed("OP c") == ("", True)  # a stop string ending in matched text: cut there
+
+
+def test_continued_cuts_the_prompt_right_after_the_final_message() -> None:
+    from engine.errors import ChatTemplateError
+    from engine.tokenizer import continued
+
+    rendered = "<s>user\nHi</s>\n<s>assistant\nHello there </s>\n"
+    assert continued(rendered, "Hello there ") == "<s>user\nHi</s>\n<s>assistant\nHello there "
+    trimmed = rendered.replace("there ", "there")  # a template that strips the message's whitespace
+    assert continued(trimmed, "Hello there ") == "<s>user\nHi</s>\n<s>assistant\nHello there"
+    with pytest.raises(ChatTemplateError, match="continue_final_message"):
+        continued(rendered, "Goodbye")
