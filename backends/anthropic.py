@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import msgspec
+from msgspec import UNSET
 
 from backends.anthropic_opt_ins import check_opt_ins
 from backends.anthropic_wire import (
@@ -57,6 +58,7 @@ from backends.openai_wire import (
     CompletionChoice,
     CompletionRequest,
     PromptTokensDetails,
+    SamplingFields,
     TextCompletion,
     ToolCallDelta,
     Usage,
@@ -74,6 +76,9 @@ FORWARDED_HEADERS = ("anthropic-version", "anthropic-beta")
 _CLIENT_HEADERS = "_anthropic_client_headers"  # on a chat request: those of FORWARDED_HEADERS the client sent
 # Fields of a /v1/messages body that the gateway sets itself upstream, and count_tokens does not take.
 _GENERATION_ONLY = frozenset({"max_tokens", "stream"})
+# A text completion's own fields, and the values that ask for nothing.
+_TEXT_ONLY: dict[str, tuple[Any, ...]] = {"echo": (UNSET, None, False), "suffix": (UNSET, None, ""),
+                                          "best_of": (UNSET, None, 1), "logprobs": (UNSET, None)}
 
 
 def forward_client_headers(request: ChatCompletionRequest, headers: Mapping[str, str]) -> None:
@@ -161,12 +166,19 @@ class AnthropicBackend(HTTPBackend):
 
     @staticmethod
     def _as_chat(request: CompletionRequest) -> ChatCompletionRequest:
+        """A one-message chat with every field ``request`` shares with chat (and its unmodelled ones),
+        so the chat translation refuses what Anthropic cannot do; a text completion's own field that
+        asks for something (``_TEXT_ONLY``) is a 400 naming it."""
         prompts = request.prompts()
         if len(prompts) != 1 or not isinstance(prompts[0], str):
             raise BadRequest("the anthropic provider takes exactly one text prompt", param="prompt")
-        fields = {f: getattr(request, f) for f in ("model", "max_tokens", "temperature", "top_p", "stop", "user",
-                                                   "stream", "stream_options", "top_k")}
-        return ChatCompletionRequest(messages=[ChatMessage(role="user", content=prompts[0])], **fields)
+        for name, neutral in _TEXT_ONLY.items():
+            if getattr(request, name) not in neutral:
+                raise BadRequest(f"'{name}' is not supported by the anthropic provider", param=name)
+        fields = {f.name: getattr(request, f.name) for f in msgspec.structs.fields(SamplingFields)}
+        chat = ChatCompletionRequest(messages=[ChatMessage(role="user", content=prompts[0])], **fields)
+        set_extra_params(chat, extra_params(request))
+        return chat
 
     async def complete(self, request: CompletionRequest, ctx: CallContext = NO_CONTEXT) -> Completed[TextCompletion]:
         done = await self.chat(self._as_chat(request), ctx)
@@ -391,11 +403,11 @@ class _StreamTranslator:
             raise UpstreamError(message)
 
     def _take_usage(self, usage: Any) -> None:
-        """A ``usage`` object of the stream's (its counts are the totals so far): the prompt's tokens,
-        and what is billed apart from plain tokens (cache reads and writes, server tool calls), at once:
-        a stream cut short still has them billed."""
+        """A ``usage`` object of the stream's (its counts are the totals so far; a null one is no count,
+        as the anthropic SDK reads it): the prompt's tokens, and what is billed apart from plain tokens
+        (cache reads and writes, server tool calls), at once: a stream cut short still has them billed."""
         if isinstance(usage, dict):
-            self._usage.update(usage)
+            self._usage.update({name: value for name, value in usage.items() if value is not None})
             meter_billing(self._meter, self._usage)
             counted = usage_of(self._usage)
             self._meter.prompt_tokens = counted.prompt_tokens

@@ -32,7 +32,7 @@ from backends.openai_wire import (
 
 DEFAULT_MAX_TOKENS = 4096
 STOP_REASONS = {"end_turn": "stop", "stop_sequence": "stop", "max_tokens": "length", "tool_use": "tool_calls",
-                "pause_turn": "stop", "refusal": "content_filter"}
+                "pause_turn": "stop", "refusal": "content_filter", "model_context_window_exceeded": "length"}
 
 
 def _image_block(url: str) -> dict[str, Any]:
@@ -179,7 +179,10 @@ def to_messages_request(request: ChatCompletionRequest, model: str, *, stream: b
     if system:
         body["system"] = system
     if isinstance(request.temperature, float | int):
-        body["temperature"] = min(float(request.temperature), 1.0)  # Anthropic's range is 0..1
+        if request.temperature > 1:
+            raise BadRequest(f"temperature {request.temperature} is out of the anthropic provider's range "
+                             "(0 to 1)", param="temperature")
+        body["temperature"] = request.temperature
     if isinstance(request.top_p, float | int):
         body["top_p"] = request.top_p
     if isinstance(request.top_k, int) and request.top_k > 0:
@@ -230,8 +233,7 @@ def _map_extra(request: ChatCompletionRequest, body: dict[str, Any]) -> None:
                 raise BadRequest(f"unsupported reasoning_effort {value!r}", param="reasoning_effort")
             budget = min(budget, max(1024, int(body["max_tokens"]) - 1))
             body["thinking"] = {"type": "enabled", "budget_tokens": budget}
-            body.pop("temperature", None)  # Anthropic refuses a temperature with thinking
-            body.pop("top_k", None)
+            _refuse_with_thinking(body)
         elif name == "metadata" and isinstance(value, dict):
             body["metadata"] = body.get("metadata", {}) | value
         elif name == "service_tier":
@@ -245,6 +247,16 @@ def _map_extra(request: ChatCompletionRequest, body: dict[str, Any]) -> None:
             body[name] = value
         elif name not in NO_EFFECT_FIELDS:
             raise BadRequest(f"'{name}' is not supported by the anthropic provider", param=name)
+
+
+def _refuse_with_thinking(body: dict[str, Any]) -> None:
+    """Anthropic's extended thinking takes no temperature but 1 and no top_k: either is a 400 naming it."""
+    if body.get("temperature", 1) != 1:
+        raise BadRequest("the anthropic provider takes no temperature but 1 with reasoning_effort (extended "
+                         "thinking)", param="temperature")
+    if "top_k" in body:
+        raise BadRequest("the anthropic provider takes no top_k with reasoning_effort (extended thinking)",
+                         param="top_k")
 
 
 def usage_of(data: dict[str, Any]) -> Usage:

@@ -40,9 +40,13 @@ _FINISH_TO_STOP = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "to
 # ---------------------------------------------------------------- OpenAI -> response
 
 
-def _usage(usage: Any) -> dict[str, int]:
-    """Anthropic's usage from OpenAI's: a prompt's cached tokens are ``cache_read_input_tokens``,
-    apart from ``input_tokens`` (as Anthropic counts them; the two add up to the prompt)."""
+def _usage(usage: Any, meter: Meter | None = None) -> dict[str, int]:
+    """Anthropic's usage from OpenAI's, else (the provider reported none) what ``meter`` counted: a
+    prompt's cached tokens are ``cache_read_input_tokens``, apart from ``input_tokens`` (as Anthropic
+    counts them; the two add up to the prompt)."""
+    if not isinstance(usage, Usage) and meter is not None:
+        usage = Usage(prompt_tokens=meter.prompt_tokens, completion_tokens=meter.completion_tokens,
+                      prompt_tokens_details=PromptTokensDetails(cached_tokens=meter.cached_tokens))
     if not isinstance(usage, Usage):
         return {"input_tokens": 0, "output_tokens": 0}
     details = usage.prompt_tokens_details
@@ -74,7 +78,7 @@ def message_body(response: ChatCompletion, meter: Meter) -> bytes:
         content.append({"type": "tool_use", "id": call.id, "name": call.function.name, "input": arguments})
     return msgspec.json.encode({
         "id": response.id, "type": "message", "role": "assistant", "model": response.model, "content": content,
-        **_stop(choice.finish_reason, choice.stop_reason), "usage": _usage(response.usage),
+        **_stop(choice.finish_reason, choice.stop_reason), "usage": _usage(response.usage, meter),
     })
 
 

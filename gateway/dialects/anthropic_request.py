@@ -198,6 +198,17 @@ def check_content(messages: list[InputMessage]) -> None:
                                 "message may have none)", param=param, code="invalid_value")
 
 
+def check_prefill(messages: list[InputMessage]) -> None:
+    """Anthropic's rule: a final assistant message (a prefill) does not end in whitespace."""
+    last = messages[-1]
+    blocks = [{"type": "text", "text": last.content}] if isinstance(last.content, str) else last.content
+    text = blocks[-1].get("text") if blocks and blocks[-1].get("type") == "text" else None
+    if last.role == "assistant" and isinstance(text, str) and text != text.rstrip():
+        param = f"messages[{len(messages) - 1}].content"
+        raise ApiError(400, f"{param}: final assistant content cannot end with trailing whitespace",
+                       param=param, code="invalid_value")
+
+
 def _stand_in(value: Any) -> TextPart:
     """What cannot be translated, as text: sizes the call for a deployment that gets it as sent."""
     return TextPart(text=msgspec.json.encode(value).decode())
@@ -379,7 +390,8 @@ def to_chat_request(req: MessagesRequest, *, strict: bool = True) -> ChatComplet
     cannot be translated is a 400 naming the field, else it stands in as its JSON text."""
     check_content(req.messages)
     translation = _Translation(strict)
-    if strict:
+    if strict:  # an Anthropic upstream applies its rules itself
+        check_prefill(req.messages)
         _refuse_unknown_fields(req, translation)
     messages: list[ChatMessage] = []
     if req.system and (system := translation.system(req.system)):

@@ -56,7 +56,7 @@ def test_translation_of_a_full_request() -> None:
         {
             "model": "claude",
             "max_tokens": 50,
-            "temperature": 1.5,
+            "temperature": 0.7,
             "top_p": 0.9,
             "stop": ["END"],
             "user": "u1",
@@ -85,7 +85,7 @@ def test_translation_of_a_full_request() -> None:
         ChatCompletionRequest,
     )
     body = to_messages_request(request, "claude-test", stream=False)
-    assert body["system"] == "be brief" and body["max_tokens"] == 50 and body["temperature"] == 1.0
+    assert body["system"] == "be brief" and body["max_tokens"] == 50 and body["temperature"] == 0.7
     assert body["stop_sequences"] == ["END"] and body["metadata"] == {"user_id": "u1"}
     assert body["tool_choice"] == {"type": "tool", "name": "search"}
     assert body["tools"][0]["input_schema"]["properties"] == {"q": {"type": "string"}}
@@ -164,6 +164,20 @@ def test_tool_calls_non_stream_and_stream(client: openai.OpenAI) -> None:
     assert deltas[0].id == "toolu_1" and deltas[0].function.name == "search"
     assert json.loads("".join(d.function.arguments or "" for d in deltas)) == {"q": "rain"}
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "tool_calls"
+
+
+def test_a_full_context_window_is_finish_reason_length(client: openai.OpenAI,
+                                                       anthropic_upstream: FakeAnthropic) -> None:
+    """Anthropic's ``model_context_window_exceeded`` cut the answer short, as ``max_tokens`` does."""
+    anthropic_upstream.stop_reason = "model_context_window_exceeded"
+    try:
+        whole = client.chat.completions.create(model="claude", messages=[{"role": "user", "content": "a b"}])
+        chunks = list(client.chat.completions.create(model="claude", messages=[{"role": "user", "content": "a b"}],
+                                                     stream=True))
+    finally:
+        anthropic_upstream.stop_reason = None
+    assert whole.choices[0].finish_reason == "length"
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
 
 
 def test_text_completion_served_as_chat(client: openai.OpenAI) -> None:

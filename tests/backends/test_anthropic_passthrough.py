@@ -39,9 +39,21 @@ PARTIAL: list[tuple[str, dict[str, Any]]] = [
 OVERLOADED = ("error", {"error": {"type": "overloaded_error", "message": "Overloaded"}})
 
 
+NULLS: list[tuple[str, dict[str, Any]]] = [  # a message_delta's null counts: message_start's stand
+    ("message_start", {"message": {"id": "msg_n", "type": "message", "role": "assistant", "model": "claude-test",
+                                   "content": [], "usage": {"input_tokens": 5, "cache_read_input_tokens": 3,
+                                                            "output_tokens": 1}}}),
+    *PARTIAL[1:], ("content_block_stop", {"index": 0}),
+    ("message_delta", {"delta": {"stop_reason": "end_turn", "stop_sequence": None},
+                       "usage": {"input_tokens": None, "cache_read_input_tokens": None, "output_tokens": 2}}),
+    ("message_stop", {}),
+]
+
+
 class CuttingAnthropic(FakeAnthropic):
     """When the text starts with CUT, ends the stream after the first text delta without message_stop;
-    with FAIL, closes that block and sends an error event; with DROP, drops the connection after it."""
+    with FAIL, closes that block and sends an error event; with DROP, drops the connection after it;
+    with NULLS, answers ``NULLS``."""
 
     async def _stream(self, ex: Exchange, payload: dict[str, Any], blocks: list[dict[str, Any]], stop: str,
                       usage: dict[str, int], matched: str | None = None) -> None:
@@ -50,6 +62,8 @@ class CuttingAnthropic(FakeAnthropic):
             return await send_events(ex, [*PARTIAL, ("ping", {})])
         if text.startswith("FAIL"):
             return await send_events(ex, [*PARTIAL, ("content_block_stop", {"index": 0}), ("ping", {}), OVERLOADED])
+        if text.startswith("NULLS"):
+            return await send_events(ex, NULLS)
         if text.startswith("DROP"):
             await send_events(ex, [*PARTIAL, ("ping", {})], end=False)
             raise ConnectionResetError("dropped")  # uvicorn closes the connection mid-body
@@ -244,6 +258,20 @@ def test_a_cut_stream_fails_for_openai_clients_too(gateway: tuple[ServerThread, 
     whole = client.chat.completions.create(model="claude", messages=[{"role": "user", "content": "a whole answer"}],
                                            stream=True)
     assert "".join(c.choices[0].delta.content or "" for c in whole if c.choices) == "a whole answer"
+
+
+def test_null_counts_in_message_delta_keep_message_starts(gateway: tuple[ServerThread, RecordingSink],
+                                                          upstream: CuttingAnthropic) -> None:
+    """A null count in ``message_delta`` is no count (as the anthropic SDK reads it): the prompt's
+    tokens are message_start's, in the usage chunk and in what is billed."""
+    client = openai.OpenAI(base_url=gateway[0].url + "/v1", api_key=ADMIN_KEY, max_retries=0)
+    chunks = list(client.chat.completions.create(model="claude", messages=[{"role": "user", "content": "NULLS"}],
+                                                 stream=True, stream_options={"include_usage": True}))
+    usage = chunks[-1].usage
+    assert usage is not None and (usage.prompt_tokens, usage.completion_tokens) == (8, 2)
+    assert usage.prompt_tokens_details is not None and usage.prompt_tokens_details.cached_tokens == 3
+    record = gateway[1].wait_for(1)[0]
+    assert (record.prompt_tokens, record.cached_tokens, record.completion_tokens) == (8, 3, 2)
 
 
 def test_events_before_an_error_event_are_relayed_in_order(gateway: tuple[ServerThread, RecordingSink],

@@ -49,13 +49,24 @@ def ant(gateway: ServerThread) -> anthropic.Anthropic:
 
 def test_reasoning_effort_becomes_a_thinking_budget(oai: openai.OpenAI, upstream: FakeAnthropic) -> None:
     oai.chat.completions.create(model="claude", messages=[{"role": "user", "content": "hi"}], max_tokens=8000,
-                                temperature=0.5, reasoning_effort="medium", user="u-9",
+                                temperature=1, reasoning_effort="medium", user="u-9",
                                 metadata={"trace": "t1"}, store=True)
     sent = upstream.received[-1]
     assert sent["thinking"] == {"type": "enabled", "budget_tokens": 4096}
-    assert "temperature" not in sent  # Anthropic refuses a temperature with thinking
+    assert sent["temperature"] == 1  # the one temperature Anthropic takes with thinking
     assert sent["metadata"] == {"user_id": "u-9", "trace": "t1"}
     assert "store" not in sent and "reasoning_effort" not in sent
+
+
+@pytest.mark.parametrize(("field", "value"), [("temperature", 0.5), ("top_k", 5)])
+def test_what_thinking_cannot_honour_is_a_400_naming_it(oai: openai.OpenAI, upstream: FakeAnthropic,
+                                                        field: str, value: float) -> None:
+    """Anthropic's extended thinking takes no temperature but 1 and no top_k: refused, never dropped."""
+    with pytest.raises(openai.BadRequestError) as err:
+        oai.chat.completions.create(model="claude", messages=[{"role": "user", "content": "hi"}],
+                                    reasoning_effort="medium", extra_body={field: value})
+    assert err.value.param == field and field in err.value.message
+    assert upstream.received == []
 
 
 def test_anthropic_fields_pass_as_they_are(oai: openai.OpenAI, upstream: FakeAnthropic) -> None:

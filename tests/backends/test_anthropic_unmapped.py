@@ -63,6 +63,31 @@ def test_a_field_anthropic_cannot_honour_is_a_400_naming_it(client: openai.OpenA
     assert upstream.received == []  # refused before any request went upstream
 
 
+def test_a_temperature_above_anthropics_range_is_a_400_naming_it(client: openai.OpenAI,
+                                                                  upstream: FakeAnthropic) -> None:
+    """OpenAI's temperature goes to 2, Anthropic's to 1: refused, never capped."""
+    upstream.received.clear()
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(model="claude", messages=HELLO, temperature=1.5)  # type: ignore[arg-type]
+    assert err.value.param == "temperature" and "temperature" in err.value.message
+    client.chat.completions.create(model="claude", messages=HELLO, temperature=1)  # type: ignore[arg-type]
+    assert [sent["temperature"] for sent in upstream.received] == [1]
+
+
+@pytest.mark.parametrize(("field", "value"), [
+    ("seed", 7), ("n", 2), ("presence_penalty", 0.5), ("logprobs", 2), ("echo", True), ("suffix", "end"),
+    ("best_of", 2), ("logit_bias", {"50256": -100}), ("reasoning_effort", "turbo"),
+])
+def test_a_text_completion_field_anthropic_cannot_honour_is_a_400_naming_it(
+        client: openai.OpenAI, upstream: FakeAnthropic, field: str, value: Any) -> None:
+    """/v1/completions served as a chat: no field is dropped on the way."""
+    upstream.received.clear()
+    with pytest.raises(openai.BadRequestError) as err:
+        client.completions.create(model="claude", prompt="hello", extra_body={field: value})
+    assert err.value.param == field and field in err.value.message
+    assert upstream.received == []
+
+
 def test_values_that_change_nothing_are_accepted(client: openai.OpenAI, upstream: FakeAnthropic) -> None:
     """What SDK wrappers send by default does not make every request fail."""
     upstream.received.clear()

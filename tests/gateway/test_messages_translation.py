@@ -188,3 +188,29 @@ def test_an_empty_final_assistant_message_is_no_prefill(env: GatewayEnv, upstrea
         assert response.status_code == 200, response.text
         assert upstream.last.json["messages"] == [{"role": "user", "content": "a b"}]
         assert "continue_final_message" not in upstream.last.json
+
+
+@pytest.mark.parametrize("prefill", ["{ ", "\n", [{"type": "text", "text": "a"}, {"type": "text", "text": "b\t"}]])
+def test_a_prefill_ending_in_whitespace_is_refused_as_anthropic_refuses_it(
+        client: anthropic.Anthropic, upstream: FakeUpstream, prefill: Any) -> None:
+    with pytest.raises(anthropic.BadRequestError) as err:
+        client.messages.create(model="echo", max_tokens=8, messages=[
+            {"role": "user", "content": "a b"}, {"role": "assistant", "content": prefill}])
+    assert err.value.body["error"]["type"] == "invalid_request_error"  # type: ignore[index]
+    assert err.value.body["error"]["message"] == (  # type: ignore[index]
+        "messages[1].content: final assistant content cannot end with trailing whitespace")
+    assert upstream.received == []
+
+
+def test_usage_the_upstream_did_not_report_is_what_was_metered(client: anthropic.Anthropic, upstream: FakeUpstream,
+                                                              env: GatewayEnv) -> None:
+    """As a stream's: the whole answer reports the tokens billed (estimated), not zeros."""
+    upstream.options.report_usage = False
+    kw: Any = {"model": "echo", "max_tokens": 8, "messages": [{"role": "user", "content": "a b c"}]}
+    whole = client.messages.create(**kw)
+    with client.messages.stream(**kw) as stream:
+        streamed = stream.get_final_message()
+    billed = [(r.prompt_tokens, r.completion_tokens) for r in env.usage.wait_for(2)]
+    assert billed[0] == billed[1] and billed[0][1] == 3
+    for message in (whole, streamed):
+        assert (message.usage.input_tokens, message.usage.output_tokens) == billed[0]

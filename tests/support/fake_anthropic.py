@@ -4,8 +4,8 @@ It echoes the last user text (cut at the first of ``stop_sequences`` it contains
 ``stop_reason: stop_sequence``); when the request offers tools and the text starts with ``tool:``,
 it answers with a ``tool_use`` block for the first tool instead. Its usage reports 2 prompt tokens
 read from the cache, ``CACHE_WRITE`` written to it per ``cache_control`` breakpoint (by TTL), and a
-web search tool's ``max_uses`` searches. ``fail_next`` queues an HTTP status; every request body is
-kept in ``received``.
+web search tool's ``max_uses`` searches. ``fail_next`` queues an HTTP status; ``stop_reason`` forces
+the answers' stop reason; every request body is kept in ``received``.
 """
 
 from __future__ import annotations
@@ -58,6 +58,7 @@ class FakeAnthropic(OnLoopback):
         self.received: list[dict[str, Any]] = []
         self.headers: list[dict[str, str]] = []
         self.faults: deque[tuple[int, dict[str, Any]]] = deque()
+        self.stop_reason: str | None = None  # set: every answer's stop_reason
 
     def fail_next(self, status: int, error_type: str = "api_error", message: str = "injected") -> None:
         self.faults.append((status, {"type": "error", "error": {"type": error_type, "message": message}}))
@@ -88,7 +89,7 @@ class FakeAnthropic(OnLoopback):
         matched = self._stop_sequence(payload, blocks)
         if payload.get("thinking"):  # extended thinking: a thinking block first
             blocks.insert(0, {"type": "thinking", "thinking": "let me think", "signature": "sig-1"})
-        stop = "stop_sequence" if matched else stop
+        stop = self.stop_reason or ("stop_sequence" if matched else stop)
         usage = {"input_tokens": sum(len(pieces(_text(m["content"]))) for m in payload["messages"]),
                  "output_tokens": sum(len(pieces(b.get("text", ""))) or 1 for b in blocks),
                  "cache_read_input_tokens": 2}
