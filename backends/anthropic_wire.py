@@ -208,6 +208,7 @@ def to_messages_request(request: ChatCompletionRequest, model: str, *, stream: b
 
 # reasoning_effort -> an extended-thinking budget (Anthropic's minimum is 1024 tokens)
 THINKING_BUDGETS = {"minimal": 1024, "low": 1024, "medium": 4096, "high": 16384}
+MIN_THINKING_BUDGET = 1024  # Anthropic's smallest budget_tokens
 # Request fields of Anthropic's own Messages API that an OpenAI-shaped request may carry: sent as they are.
 ANTHROPIC_FIELDS = frozenset({"thinking", "metadata", "service_tier", "container", "mcp_servers",
                               "context_management", "top_k"})
@@ -231,7 +232,11 @@ def _map_extra(request: ChatCompletionRequest, body: dict[str, Any]) -> None:
             budget = THINKING_BUDGETS.get(value) if isinstance(value, str) else None
             if budget is None:
                 raise BadRequest(f"unsupported reasoning_effort {value!r}", param="reasoning_effort")
-            budget = min(budget, max(1024, int(body["max_tokens"]) - 1))
+            if int(body["max_tokens"]) <= MIN_THINKING_BUDGET:  # the budget must lie below max_tokens
+                field = "max_completion_tokens" if request.max_completion_tokens not in (UNSET, None) else "max_tokens"
+                raise BadRequest(f"reasoning_effort needs {field} above {MIN_THINKING_BUDGET} on the anthropic "
+                                 f"provider (its smallest thinking budget)", param=field)
+            budget = min(budget, int(body["max_tokens"]) - 1)
             body["thinking"] = {"type": "enabled", "budget_tokens": budget}
             _refuse_with_thinking(body)
         elif name == "metadata" and isinstance(value, dict):

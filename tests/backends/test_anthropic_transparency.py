@@ -64,9 +64,23 @@ def test_what_thinking_cannot_honour_is_a_400_naming_it(oai: openai.OpenAI, upst
     """Anthropic's extended thinking takes no temperature but 1 and no top_k: refused, never dropped."""
     with pytest.raises(openai.BadRequestError) as err:
         oai.chat.completions.create(model="claude", messages=[{"role": "user", "content": "hi"}],
-                                    reasoning_effort="medium", extra_body={field: value})
+                                    reasoning_effort="medium", max_tokens=4000, extra_body={field: value})
     assert err.value.param == field and field in err.value.message
     assert upstream.received == []
+
+
+@pytest.mark.parametrize("limit", ["max_tokens", "max_completion_tokens"])
+def test_reasoning_effort_with_no_room_for_a_thinking_budget_is_a_400_naming_the_limit(
+        oai: openai.OpenAI, upstream: FakeAnthropic, limit: str) -> None:
+    """Anthropic's budget_tokens is at least 1024 and below max_tokens: a smaller limit cannot hold one."""
+    with pytest.raises(openai.BadRequestError) as err:
+        oai.chat.completions.create(model="claude", messages=[{"role": "user", "content": "hi"}],
+                                    reasoning_effort="low", extra_body={limit: 1024})
+    assert err.value.param == limit and "1024" in err.value.message
+    assert upstream.received == []
+    oai.chat.completions.create(model="claude", messages=[{"role": "user", "content": "hi"}],
+                                reasoning_effort="low", extra_body={limit: 1025})
+    assert upstream.received[-1]["thinking"] == {"type": "enabled", "budget_tokens": 1024}
 
 
 def test_anthropic_fields_pass_as_they_are(oai: openai.OpenAI, upstream: FakeAnthropic) -> None:
