@@ -380,6 +380,7 @@ class AssistantMessage(WireStruct):
     tool_calls: list[ToolCall] | UnsetType = UNSET
     refusal: str | None = None  # always present, as OpenAI's schema requires
     reasoning_content: str | None | UnsetType = UNSET  # a reasoning model's thinking (vLLM, DeepSeek)
+    reasoning: str | None | UnsetType = UNSET  # the same, as newer vLLM and OpenRouter name it
 
 
 FinishReason = Literal["stop", "length", "tool_calls", "content_filter", "function_call"]
@@ -416,6 +417,7 @@ class ChatDelta(WireStruct):
     tool_calls: list[ToolCallDelta] | UnsetType = UNSET
     refusal: str | None | UnsetType = UNSET
     reasoning_content: str | None | UnsetType = UNSET
+    reasoning: str | None | UnsetType = UNSET
 
 
 class ChatChunkChoice(WireStruct):

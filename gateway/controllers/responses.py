@@ -23,7 +23,7 @@ from gateway.contracts import Principal
 from gateway.controllers.auth import authenticate_request, pipeline_of, principal_of
 from gateway.controllers.docs import error_responses
 from gateway.dialects import Dialect
-from gateway.dialects.responses import responses_dialect
+from gateway.dialects.responses import TRANSLATED_REASONING, responses_dialect
 from gateway.dialects.responses_request import (
     ResponsesRequest,
     echoed_fields,
@@ -62,6 +62,11 @@ def _for_upstream(item: dict[str, Any]) -> dict[str, Any]:
     return item
 
 
+def _translated_reasoning(item: dict[str, Any]) -> bool:
+    """A reasoning item this gateway made of a chat provider's reasoning text (see ``TRANSLATED_REASONING``)."""
+    return item.get("type") == "reasoning" and str(item.get("id", "")).startswith(TRANSLATED_REASONING)
+
+
 def _described_for_passthrough(principal: Principal, data: ResponsesRequest, context: list[dict[str, Any]] | None,
                                upstream_previous: str | None, inputs: list[dict[str, Any]],
                                dialect: Dialect) -> CallDescription:
@@ -74,7 +79,7 @@ def _described_for_passthrough(principal: Principal, data: ResponsesRequest, con
         body.pop("previous_response_id", None)
         if upstream_previous is not None:
             body["previous_response_id"] = upstream_previous
-        body["input"] = [_for_upstream(item) for item in context + inputs]
+        body["input"] = [_for_upstream(item) for item in context + inputs if not _translated_reasoning(item)]
     stream = bool(data.stream)
 
     def invoke(backend: Backend, ctx: CallContext) -> Awaitable[Completed[Any] | ChunkStream[Any]]:

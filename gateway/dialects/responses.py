@@ -18,8 +18,10 @@ import msgspec
 
 from backends.base import Meter
 from backends.openai_wire import (
+    AssistantMessage,
     ChatCompletion,
     ChatCompletionChunk,
+    ChatDelta,
     PromptTokensDetails,
     Usage,
     relayed,
@@ -81,39 +83,83 @@ def _failure(error: ApiError) -> dict[str, Any]:
     return {"code": error.code or error.type, "message": error.message}
 
 
-# a message's content part kinds (chat's ``content`` and ``refusal``) and the field holding their text
-_PART_TEXT = {"output_text": "text", "refusal": "refusal"}
+# content part kinds (chat's ``content``, ``refusal`` and reasoning text) and the field holding their text;
+# each streams as ``response.<kind>.delta`` and ``.done``
+_PART_TEXT = {"output_text": "text", "refusal": "refusal", "reasoning_text": "text"}
 
 
 def _part(kind: str, text: str) -> dict[str, Any]:
-    return {"type": kind, "text": text, "annotations": []} if kind == "output_text" else {"type": kind, kind: text}
+    if kind == "output_text":
+        return {"type": kind, "text": text, "annotations": []}
+    return {"type": kind, _PART_TEXT[kind]: text}
 
 
-def _message_item(parts: list[dict[str, Any]], status: str = "completed") -> dict[str, Any]:
+# The id of a reasoning item made here from a chat provider's reasoning text: no upstream serving
+# Responses knows it, so a kept conversation sent to one leaves it out (``controllers.responses``).
+TRANSLATED_REASONING = "rs_sy"
+
+
+def _content_item(kind: str, parts: list[dict[str, Any]], status: str = "completed") -> dict[str, Any]:
+    """A ``message`` or ``reasoning`` item holding ``parts``."""
+    if kind == "reasoning":
+        return {"type": "reasoning", "id": TRANSLATED_REASONING + uuid.uuid4().hex, "summary": [], "content": parts,
+                "status": status}
     return {"type": "message", "id": "msg_" + uuid.uuid4().hex, "role": "assistant", "status": status,
             "content": parts}
 
 
-def response_object(response: ChatCompletion, extra: dict[str, Any] | None = None,
-                    meter: Meter | None = None) -> dict[str, Any]:
-    choice = response.choices[0]
+def _reasoning(message: AssistantMessage | ChatDelta) -> str:
+    """A chat message's (or delta's) reasoning text, under either name providers give it."""
+    for text in (message.reasoning_content, message.reasoning):
+        if isinstance(text, str) and text:
+            return text
+    return ""
+
+
+def _output(message: AssistantMessage) -> list[dict[str, Any]]:
+    """A chat answer's message as output items: its reasoning (first, as OpenAI gives it), its text
+    and refusal, then its function calls."""
     output: list[dict[str, Any]] = []
-    parts = [_part(kind, text) for kind, text in (("output_text", choice.message.content),
-                                                  ("refusal", choice.message.refusal)) if text]
+    if reasoning := _reasoning(message):
+        output.append(_content_item("reasoning", [_part("reasoning_text", reasoning)]))
+    parts = [_part(kind, text) for kind, text in (("output_text", message.content), ("refusal", message.refusal))
+             if text]
     if parts:
-        output.append(_message_item(parts))
-    for call in choice.message.tool_calls or []:
+        output.append(_content_item("message", parts))
+    for call in message.tool_calls or []:
         output.append({"type": "function_call", "id": "fc_" + uuid.uuid4().hex, "call_id": call.id,
                        "name": call.function.name, "arguments": call.function.arguments, "status": "completed"})
-    incomplete = _INCOMPLETE.get(choice.finish_reason or "")
+    return output
+
+
+def response_object(response: ChatCompletion, extra: dict[str, Any] | None = None,
+                    meter: Meter | None = None) -> dict[str, Any]:
+    """A chat answer as a response object; one with no choice has no output (as its stream would)."""
+    choice = response.choices[0] if response.choices else None
+    output = _output(choice.message) if choice is not None else []
+    incomplete = _INCOMPLETE.get(choice.finish_reason or "") if choice is not None else None
     if incomplete and output:
         output[-1]["status"] = "incomplete"  # the item being written when the answer was cut short
     return _response(new_response_id(), response.model, "incomplete" if incomplete else "completed", output,
                      _usage(response.usage, meter, _reasoning_tokens(response)), incomplete, extra)
 
 
+def _arguments_complete(item: dict[str, Any]) -> bool:
+    """Whether a function call's arguments so far are a whole JSON document (no delta can follow)."""
+    try:
+        msgspec.json.decode(item["arguments"])
+    except msgspec.DecodeError:
+        return False
+    return True
+
+
 class ResponsesEvents:
-    """OpenAI chat chunks -> the Responses event stream (a ``gateway.streaming.StreamEncoder``)."""
+    """OpenAI chat chunks -> the Responses event stream (a ``gateway.streaming.StreamEncoder``).
+
+    As OpenAI streams them, one item at a time: an item is done before the next is added. An item
+    begun while another is open (a function call whose deltas chat interleaves with an earlier
+    call's) waits, its text kept, until the open one is over: a message or reasoning item as soon as
+    another begins, a function call once its arguments are whole JSON (else at the end)."""
 
     def __init__(self, meter: Meter | None = None, extra: dict[str, Any] | None = None,
                  on_final: Callable[[dict[str, Any]], None] | None = None) -> None:
@@ -126,9 +172,10 @@ class ResponsesEvents:
         self._id = new_response_id()  # the same in every event and in the stored response
         self._started = False
         self._model = ""
-        self._output: list[dict[str, Any]] = []
-        self._text: int | None = None  # output index of the open message item
-        self._tools: dict[int, int] = {}  # chat tool call index -> output index
+        self._output: list[dict[str, Any]] = []  # items added so far, in output order
+        self._open: dict[str, Any] | None = None  # the last of them, while it is not done
+        self._waiting: list[dict[str, Any]] = []  # items begun while another was open, in order
+        self._tools: dict[int, dict[str, Any]] = {}  # chat tool call index -> its item
         self._usage: Any = None
         self._reasoning = 0  # the provider's reasoning tokens, from its usage chunk
         self._finish: str | None = None
@@ -154,68 +201,114 @@ class ResponsesEvents:
             self._usage, self._reasoning = chunk.usage, _reasoning_tokens(chunk)
         for choice in chunk.choices[:1]:
             delta = choice.delta
-            for kind, text in (("output_text", delta.content), ("refusal", delta.refusal)):
+            for item_kind, kind, text in (("reasoning", "reasoning_text", _reasoning(delta)),
+                                          ("message", "output_text", delta.content),
+                                          ("message", "refusal", delta.refusal)):
                 if isinstance(text, str) and text:
-                    out += self._message_delta(kind, text)
+                    out += self._content_delta(item_kind, kind, text)
             for call in delta.tool_calls or []:
                 function = call.function if isinstance(call.function, dict) else {}
-                if call.index not in self._tools:
-                    self._tools[call.index] = len(self._output)
-                    call_id = call.id if isinstance(call.id, str) else ""
-                    item = {"type": "function_call", "id": "fc_" + uuid.uuid4().hex, "call_id": call_id,
-                            "name": function.get("name") or "", "arguments": "", "status": "in_progress"}
-                    self._output.append(item)
-                    out += self._event("response.output_item.added",
-                                       {"output_index": self._tools[call.index], "item": dict(item)})
-                index = self._tools[call.index]
-                arguments = function.get("arguments")
-                if arguments:
-                    self._output[index]["arguments"] += arguments
-                    out += self._event("response.function_call_arguments.delta", {
-                        "item_id": self._output[index]["id"], "output_index": index, "delta": arguments})
+                if (item := self._tools.get(call.index)) is None:
+                    item = self._tools[call.index] = {
+                        "type": "function_call", "id": "fc_" + uuid.uuid4().hex,
+                        "call_id": call.id if isinstance(call.id, str) else "", "name": function.get("name") or "",
+                        "arguments": "", "status": "in_progress"}
+                    out += self._begin(item)
+                if arguments := function.get("arguments"):
+                    out += self._add_arguments(item, arguments)
+            out += self._advance()
             if choice.finish_reason:
                 self._finish = choice.finish_reason
         return out
 
-    def _message_delta(self, kind: str, text: str) -> bytes:
-        """``text`` added to the open message's last part of ``kind`` (output_text or refusal), the
-        message and the part opened first where they are not."""
+    def _begin(self, item: dict[str, Any]) -> bytes:
+        """A new item: added now if no other is open, else once those before it are done."""
+        self._waiting.append(item)
+        return self._advance()
+
+    def _advance(self) -> bytes:
+        """The open item done and the next waiting one added, for as long as the open one is over."""
         out = b""
-        if self._text is None:
-            self._text = len(self._output)
-            self._output.append(_message_item([], "in_progress"))
-            out += self._event("response.output_item.added", {"output_index": self._text,
-                                                              "item": self._output[self._text]})
-        item = self._output[self._text]
+        while self._waiting and (self._open is None or self._open["type"] != "function_call"
+                                 or _arguments_complete(self._open)):
+            if self._open is not None:
+                out += self._close(self._open, "completed")
+            out += self._add(self._waiting.pop(0))
+        return out
+
+    def _add(self, item: dict[str, Any]) -> bytes:
+        """``item`` added to the output and opened: its text so far sent as one delta per part."""
+        self._output.append(item)
+        self._open = item
+        if item["type"] == "function_call":
+            arguments, item["arguments"] = item["arguments"], ""
+            out = self._event("response.output_item.added", {"output_index": len(self._output) - 1, "item": item})
+            return out + (self._add_arguments(item, arguments) if arguments else b"")
+        parts, item["content"] = item["content"], []
+        out = self._event("response.output_item.added", {"output_index": len(self._output) - 1, "item": item})
+        for part in parts:
+            out += self._add_text(item, part["type"], part[_PART_TEXT[part["type"]]])
+        return out
+
+    def _add_arguments(self, item: dict[str, Any], arguments: str) -> bytes:
+        item["arguments"] += arguments
+        if item is not self._open:
+            return b""
+        return self._event("response.function_call_arguments.delta", {
+            "item_id": item["id"], "output_index": len(self._output) - 1, "delta": arguments})
+
+    def _content_delta(self, item_kind: str, kind: str, text: str) -> bytes:
+        """``text`` added to the latest message (or reasoning) item not yet done, else to a new one."""
+        pending = ([self._open] if self._open is not None else []) + self._waiting
+        item = next((i for i in reversed(pending) if i["type"] == item_kind), None)
+        out = b""
+        if item is None:
+            item = _content_item(item_kind, [], "in_progress")
+            out += self._begin(item)
+        return out + self._add_text(item, kind, text)
+
+    def _add_text(self, item: dict[str, Any], kind: str, text: str) -> bytes:
+        """``text`` added to ``item``'s last part of ``kind``, a part of that kind opened first where
+        the last is another; events sent for the open item only."""
         parts: list[dict[str, Any]] = item["content"]
-        where = {"item_id": item["id"], "output_index": self._text, "content_index": len(parts) - 1}
+        where = {"item_id": item["id"], "output_index": len(self._output) - 1, "content_index": len(parts) - 1}
+        out = b""
         if not parts or parts[-1]["type"] != kind:
-            where["content_index"] = len(parts)
             parts.append(_part(kind, ""))
-            out += self._event("response.content_part.added", where | {"part": parts[-1]})
+            where["content_index"] = len(parts) - 1
+            if item is self._open:
+                out += self._event("response.content_part.added", where | {"part": parts[-1]})
         parts[-1][_PART_TEXT[kind]] += text
-        if kind == "refusal":
-            return out + self._event("response.refusal.delta", where | {"delta": text})
-        return out + self._event("response.output_text.delta", where | {"delta": text, "logprobs": []})
+        if item is not self._open:
+            return b""
+        return out + self._event(f"response.{kind}.delta",
+                                 where | {"delta": text} | ({"logprobs": []} if kind == "output_text" else {}))
+
+    def _close(self, item: dict[str, Any], status: str) -> bytes:
+        """The open item done, with ``status``."""
+        self._open = None
+        item["status"] = status
+        index = len(self._output) - 1
+        out = b""
+        if item["type"] == "function_call":
+            out += self._event("response.function_call_arguments.done", {
+                "item_id": item["id"], "output_index": index, "arguments": item["arguments"]})
+        for content_index, part in enumerate(item.get("content", [])):
+            where = {"item_id": item["id"], "output_index": index, "content_index": content_index}
+            field = _PART_TEXT[part["type"]]
+            done = {field: part[field]} | ({"logprobs": []} if part["type"] == "output_text" else {})
+            out += self._event(f"response.{part['type']}.done", where | done)
+            out += self._event("response.content_part.done", where | {"part": part})
+        return out + self._event("response.output_item.done", {"output_index": index, "item": item})
 
     def done(self) -> bytes:
         out = b""
         incomplete = _INCOMPLETE.get(self._finish or "")
-        for index, item in enumerate(self._output):
-            # the item being written when the answer was cut short is incomplete
-            item["status"] = "incomplete" if incomplete and index == len(self._output) - 1 else "completed"
-            if item["type"] == "message":
-                for content_index, part in enumerate(item["content"]):
-                    where = {"item_id": item["id"], "output_index": index, "content_index": content_index}
-                    if part["type"] == "refusal":
-                        out += self._event("response.refusal.done", where | {"refusal": part["refusal"]})
-                    else:
-                        out += self._event("response.output_text.done", where | {"text": part["text"], "logprobs": []})
-                    out += self._event("response.content_part.done", where | {"part": part})
-            else:
-                out += self._event("response.function_call_arguments.done", {
-                    "item_id": item["id"], "output_index": index, "arguments": item["arguments"]})
-            out += self._event("response.output_item.done", {"output_index": index, "item": item})
+        while self._open is not None or self._waiting:
+            if self._open is not None:  # the item being written when the answer was cut short is incomplete
+                out += self._close(self._open, "incomplete" if incomplete and not self._waiting else "completed")
+            if self._waiting:
+                out += self._add(self._waiting.pop(0))
         final = _response(self._id, self._model, "incomplete" if incomplete else "completed", self._output,
                           _usage(self._usage, self._meter, self._reasoning), incomplete, self._extra)
         if self._on_final is not None:
@@ -224,10 +317,10 @@ class ResponsesEvents:
 
     def error(self, error: ApiError) -> bytes:
         """A failure mid-stream: the ``error`` event, then ``response.failed`` ending the response
-        (its items so far marked incomplete); a failed response is not stored."""
+        (the item it was writing marked incomplete); a failed response is not stored."""
         out = self._start() + self._error_event(error)
-        for item in self._output:
-            item["status"] = "incomplete"
+        if self._open is not None:
+            self._open["status"] = "incomplete"
         failed = _response(self._id, self._model, "failed", self._output,
                            _usage(self._usage, self._meter, self._reasoning), extra=self._extra)
         return out + self._event("response.failed", {"response": failed | {"error": _failure(error)}})
@@ -267,27 +360,6 @@ class RelayedEvents(ResponsesEvents):
             self._seq = seq + 1  # events the gateway adds (a failure) follow the upstream's numbering
         self._relaying = True
         return b"event: " + kind.encode() + b"\ndata: " + msgspec.json.encode(event) + b"\n\n"
-
-    def _message_delta(self, kind: str, text: str) -> bytes:
-        """``text`` added to the open message's last part of ``kind`` (output_text or refusal), the
-        message and the part opened first where they are not."""
-        out = b""
-        if self._text is None:
-            self._text = len(self._output)
-            self._output.append(_message_item([], "in_progress"))
-            out += self._event("response.output_item.added", {"output_index": self._text,
-                                                              "item": self._output[self._text]})
-        item = self._output[self._text]
-        parts: list[dict[str, Any]] = item["content"]
-        where = {"item_id": item["id"], "output_index": self._text, "content_index": len(parts) - 1}
-        if not parts or parts[-1]["type"] != kind:
-            where["content_index"] = len(parts)
-            parts.append(_part(kind, ""))
-            out += self._event("response.content_part.added", where | {"part": parts[-1]})
-        parts[-1][_PART_TEXT[kind]] += text
-        if kind == "refusal":
-            return out + self._event("response.refusal.delta", where | {"delta": text})
-        return out + self._event("response.output_text.delta", where | {"delta": text, "logprobs": []})
 
     def done(self) -> bytes:
         return b"" if self._relaying else super().done()

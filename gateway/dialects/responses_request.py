@@ -90,7 +90,14 @@ class FunctionCallOutputItem(_Wire, tag_field="type", tag="function_call_output"
     output: str | list[InputText | InputImage | InputFile]  # chat's tool message holds text only (``_items``)
 
 
-Item = MessageItem | FunctionCallItem | FunctionCallOutputItem
+class ReasoningItem(_Wire, tag_field="type", tag="reasoning"):
+    """Earlier reasoning, as a response's output gives it: accepted and not sent to chat, which has no
+    field for it (DeepSeek refuses ``reasoning_content`` in its input); the answer is in the message."""
+
+    summary: list[dict[str, Any]]
+
+
+Item = MessageItem | FunctionCallItem | FunctionCallOutputItem | ReasoningItem
 _ITEM: Any = Item  # for ``_convert``, which takes a type
 
 
@@ -133,8 +140,8 @@ class ResponsesRequest(_Wire, dict=True):
     model: str
     input: str | list[dict[str, Any]]  # items; checked where translated (``_items``), as sent otherwise
     instructions: str | None | UnsetType = UNSET
-    tools: list[dict[str, Any]] | UnsetType = UNSET  # function tools where translated (``_function_tools``)
-    tool_choice: str | dict[str, Any] | UnsetType = UNSET  # checked where translated (``_tool_choice``)
+    tools: list[dict[str, Any]] | None | UnsetType = UNSET  # function tools where translated (``_function_tools``)
+    tool_choice: str | dict[str, Any] | None | UnsetType = UNSET  # checked where translated (``_tool_choice``)
     text: dict[str, Any] | None | UnsetType = UNSET  # checked where translated (``TextConfig``)
     max_output_tokens: Annotated[int, Meta(ge=1, le=MAX_TOKEN_COUNT)] | None | UnsetType = UNSET
     temperature: Annotated[float, Meta(ge=0.0, le=2.0)] | None | UnsetType = UNSET
@@ -142,7 +149,7 @@ class ResponsesRequest(_Wire, dict=True):
     stream: bool | None | UnsetType = UNSET
     store: bool | None | UnsetType = UNSET
     previous_response_id: str | None | UnsetType = UNSET
-    user: str | UnsetType = UNSET
+    user: str | None | UnsetType = UNSET
     parallel_tool_calls: bool | None | UnsetType = UNSET
     metadata: dict[str, Any] | None | UnsetType = UNSET  # the response's own, never sent to chat (``_check_metadata``)
 
@@ -334,12 +341,12 @@ def _item_messages(items: list[Item]) -> list[ChatMessage]:
         elif isinstance(item, FunctionCallItem):
             call = ToolCall(id=item.call_id, function=FunctionCall(name=item.name, arguments=item.arguments))
             last = messages[-1] if messages else None
-            if last is not None and last.role == "assistant" and last.tool_calls:
-                last.tool_calls.append(call)
+            if last is not None and last.role == "assistant":  # one chat turn: its text, then its calls
+                last.tool_calls = [*(last.tool_calls or []), call]
             else:
                 messages.append(ChatMessage(role="assistant", content=None, tool_calls=[call]))
-        else:  # a list of parts holds only text parts (``_items``): one per line
-            output = item.output if isinstance(item.output, str) else "\n".join(
+        elif isinstance(item, FunctionCallOutputItem):  # a list of parts holds only text parts (``_items``)
+            output = item.output if isinstance(item.output, str) else "\n".join(  # one per line
                 p.text for p in item.output if isinstance(p, InputText))
             messages.append(ChatMessage(role="tool", tool_call_id=item.call_id, content=output))
     return messages
@@ -382,9 +389,11 @@ def to_chat_request(req: ResponsesRequest, context: list[dict[str, Any]] | None 
         chat.top_p = req.top_p
     if req.tools:
         chat.tools = _function_tools(req.tools)
-    if req.tool_choice is not UNSET:
+    # OpenAI's chat refuses these without tools (the Responses API does not): a choice that asks for
+    # nothing then is left out, any other goes on for the provider to judge
+    if isinstance(req.tool_choice, str | dict) and (req.tools or req.tool_choice not in ("auto", "none")):
         chat.tool_choice = _tool_choice(req.tool_choice)
-    if req.parallel_tool_calls is not UNSET and req.tools:  # OpenAI's chat refuses it without tools
+    if isinstance(req.parallel_tool_calls, bool) and req.tools:
         chat.parallel_tool_calls = req.parallel_tool_calls
     _check_metadata(req.metadata)
     extras = _translated_extras(req) if RAW_BODY in req.__dict__ else {}
@@ -394,7 +403,7 @@ def to_chat_request(req: ResponsesRequest, context: list[dict[str, Any]] | None 
             chat.response_format = response_format
         if isinstance(text.verbosity, str):
             extras["verbosity"] = msgspec.Raw(msgspec.json.encode(text.verbosity))
-    if req.user is not UNSET:
+    if isinstance(req.user, str):
         chat.user = req.user
     if req.stream:
         chat.stream = True
@@ -431,12 +440,12 @@ def echoed_fields(req: ResponsesRequest) -> dict[str, Any]:
     raw = raw_request(req) if RAW_BODY in req.__dict__ else {}
     return {
         "tools": req.tools if isinstance(req.tools, list) else [],
-        "tool_choice": req.tool_choice if req.tool_choice is not UNSET else "auto",
+        "tool_choice": req.tool_choice if isinstance(req.tool_choice, str | dict) else "auto",
         "parallel_tool_calls": req.parallel_tool_calls if isinstance(req.parallel_tool_calls, bool) else True,
         "temperature": req.temperature if req.temperature is not UNSET else None,
         "top_p": req.top_p if req.top_p is not UNSET else None,
         "max_output_tokens": req.max_output_tokens if req.max_output_tokens is not UNSET else None,
         "text": {"format": {"type": "text"}} | (req.text if isinstance(req.text, dict) else {}),
         "metadata": req.metadata or {},
-        "user": req.user if req.user is not UNSET else None,
+        "user": req.user if isinstance(req.user, str) else None,
     } | {name: raw[name] for name in ("reasoning", "truncation", "service_tier", "top_logprobs") if name in raw}

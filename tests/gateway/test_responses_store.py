@@ -341,6 +341,19 @@ def test_a_kept_conversation_continues_on_a_native_upstream(gateway: Gateway, na
     assert native.received[-1]["previous_response_id"] == "resp_upstream_only"
 
 
+def test_reasoning_made_of_a_chat_answer_is_not_sent_to_a_native_upstream(
+        gateway: Gateway, upstream: FakeUpstream, native: FakeResponsesUpstream) -> None:
+    upstream.fail_next(Fault(status=200, body={
+        "id": "chatcmpl-r", "object": "chat.completion", "created": 1, "model": "upstream-echo",
+        "choices": [{"index": 0, "finish_reason": "stop",
+                     "message": {"role": "assistant", "reasoning_content": "hmm", "content": "Ada"}}]}))
+    client = gateway.tenant_client()
+    first = client.responses.create(model="echo", input="my name is Ada")
+    assert [item.type for item in first.output] == ["reasoning", "message"]
+    client.responses.create(model="native", input="what is my name?", previous_response_id=first.id)
+    assert [item["type"] for item in native.received[-1]["input"]] == ["message", "message", "message"]
+
+
 # ---------------------------------------------------------------- ids: an upstream's reused ids never collide
 
 
