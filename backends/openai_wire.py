@@ -245,7 +245,7 @@ class SamplingFields(WireStruct, dict=True):
     presence_penalty: Penalty | None | UnsetType = UNSET
     frequency_penalty: Penalty | None | UnsetType = UNSET
     logit_bias: dict[str, float] | None | UnsetType = UNSET
-    user: str | UnsetType = UNSET
+    user: str | None | UnsetType = UNSET
     stream: bool | None | UnsetType = UNSET
     stream_options: StreamOptions | None | UnsetType = UNSET
     # Extensions understood by vLLM-style engines (ours included); passed through elsewhere.

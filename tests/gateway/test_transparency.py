@@ -52,6 +52,13 @@ def test_every_request_field_reaches_the_upstream(client: openai.OpenAI, upstrea
     assert "stream" not in sent and "stream_options" not in sent
 
 
+def test_a_null_user_is_passed_on_as_sent(client: openai.OpenAI, upstream: FakeUpstream) -> None:
+    """``user: null`` asks for nothing, as OpenAI's optional fields do: passed on, not a 400."""
+    client.chat.completions.create(model="echo", messages=[{"role": "user", "content": "hi"}],
+                                   extra_body={"user": None})
+    assert upstream.last.json["user"] is None
+
+
 def test_streamed_request_keeps_every_field(client: openai.OpenAI, upstream: FakeUpstream) -> None:
     list(_chat(client, stream=True))  # type: ignore[call-overload]
     sent = upstream.last.json
