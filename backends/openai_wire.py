@@ -14,6 +14,8 @@ from typing import Annotated, Any, Literal
 import msgspec
 from msgspec import UNSET, Meta, Struct, UnsetType
 
+from backends.logprobs_wire import PromptLogprobs
+
 NonNegInt = Annotated[int, Meta(ge=0)]
 PosInt = Annotated[int, Meta(ge=1)]
 # Token counts a client may ask for: bounded so no arithmetic or storage downstream (quota
@@ -257,7 +259,7 @@ class SamplingFields(WireStruct, dict=True):
     stop_token_ids: list[NonNegInt] | None | UnsetType = UNSET
     skip_special_tokens: bool | None | UnsetType = UNSET
     include_stop_str_in_output: bool | None | UnsetType = UNSET
-    prompt_logprobs: Annotated[int, Meta(ge=0, le=20)] | None | UnsetType = UNSET
+    prompt_logprobs: Annotated[int, Meta(ge=0, le=20)] | None | UnsetType = UNSET  # vLLM's -1 (all tokens): a 400
     # vLLM's structured outputs: {"json": schema, "regex": ..., "choice": [...], "grammar": ...},
     # and the older guided_* spellings.
     structured_outputs: dict[str, Any] | None | UnsetType = UNSET
@@ -402,6 +404,7 @@ class ChatCompletion(WireStruct, dict=True):
     object: str = "chat.completion"
     usage: Usage | UnsetType = UNSET
     system_fingerprint: str | None | UnsetType = UNSET
+    prompt_logprobs: PromptLogprobs | None | UnsetType = UNSET  # vLLM's, when the client asked for them
 
 
 class ToolCallDelta(WireStruct):
@@ -451,6 +454,7 @@ class CompletionChoice(WireStruct):
     finish_reason: FinishReason | None = None
     logprobs: CompletionLogprobs | None = None
     stop_reason: str | int | None | UnsetType = UNSET  # vLLM: the stop string or token that matched
+    prompt_logprobs: PromptLogprobs | None | UnsetType = UNSET  # vLLM's, when the client asked for them
 
 
 class TextCompletion(WireStruct, dict=True):

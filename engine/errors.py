@@ -7,6 +7,9 @@ from __future__ import annotations
 
 
 class EngineError(Exception):
+    """A message names the field at fault as ``param`` spells it (``SamplingParams``' names), so a
+    front end whose clients call it otherwise can say it their way."""
+
     def __init__(self, message: str, *, param: str | None = None) -> None:
         super().__init__(message)
         self.message = message

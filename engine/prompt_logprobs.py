@@ -6,7 +6,7 @@ position predicts the first output token: that one is sampled, not scored). Chun
 fills them chunk by chunk; after a preemption the recomputed positions are skipped. A sequence
 that wants them never takes prompt blocks from the prefix cache (``Sequence.computes_whole_prompt``),
 since cached positions would not run through the model. The values are those of the raw model
-distribution, as the sampler's logprobs.
+distribution, as the sampler's logprobs; each carries its token's rank in the vocabulary.
 """
 
 from __future__ import annotations
@@ -41,7 +41,9 @@ def compute_prompt_logprobs(
         rows = hidden[row0 + first - start : row0 + last - start]
         logprobs = compute_logits(rows).float().log_softmax(dim=-1)
         targets = torch.tensor(seq.prompt_token_ids[first + 1 : last + 1], device=logprobs.device)
-        chosen = logprobs.gather(1, targets[:, None]).squeeze(1).tolist()
+        picked = logprobs.gather(1, targets[:, None])
+        chosen = picked.squeeze(1).tolist()
+        ranks = (logprobs >= picked).sum(dim=-1).tolist()  # vLLM's rank: ties count against the token
         k = seq.params.prompt_logprobs or 0
         top_ids: list[list[int]] = [[] for _ in chosen]
         top_vals: list[list[float]] = [[] for _ in chosen]
@@ -49,7 +51,7 @@ def compute_prompt_logprobs(
             values, ids = logprobs.topk(min(k, logprobs.shape[-1]), dim=-1)
             top_ids, top_vals = ids.tolist(), values.tolist()
         found[seq.seq_id] = [
-            TokenLogprob(token, value, dict(zip(ids_i, vals_i)))
-            for token, value, ids_i, vals_i in zip(targets.tolist(), chosen, top_ids, top_vals)
+            TokenLogprob(token, value, dict(zip(ids_i, vals_i)), rank)
+            for token, value, ids_i, vals_i, rank in zip(targets.tolist(), chosen, top_ids, top_vals, ranks)
         ]
     return found

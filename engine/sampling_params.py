@@ -26,8 +26,9 @@ class SamplingParams:
 
     ``max_tokens=None`` means "until the context is full". ``logprobs=k`` returns the sampled
     token's logprob plus the ``k`` most likely alternatives at each step; ``prompt_logprobs=k`` the
-    same for every prompt token (the first has none), computed in the prefill
-    (``engine.prompt_logprobs``).
+    same for every prompt token (the first has none), with each token's rank, computed in the prefill
+    (``engine.prompt_logprobs``). Both ``k`` are at most ``MAX_LOGPROBS`` (vLLM's default
+    ``max_logprobs``); vLLM's ``-1`` (the whole vocabulary per token) is refused.
     """
 
     n: int = 1

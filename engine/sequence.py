@@ -29,11 +29,14 @@ class FinishReason(str, enum.Enum):
 
 @dataclass
 class TokenLogprob:
-    """The sampled token's logprob and the top alternatives (token id -> logprob)."""
+    """The sampled token's logprob and the top alternatives (token id -> logprob). ``rank`` is the
+    token's place in the vocabulary by logprob (1: the most likely; ties count against it, as vLLM
+    counts them); prompt logprobs carry it (vLLM's ``rank``), sampled tokens leave it None."""
 
     token_id: int
     logprob: float
     top: dict[int, float]
+    rank: int | None = None
 
 
 _seq_ids = itertools.count()

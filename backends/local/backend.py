@@ -101,7 +101,8 @@ class LocalEngineBackend:
         prompt = self.tokenize_chat(request)
         limit = ctx.output_limit(request.output_limit(), self.engine.max_model_len - len(prompt))
         grammar = plan.grammar() if plan is not None else None
-        params = wire.sampling_params(request, limit, wire.chat_logprobs_count(request), structured=grammar)
+        params = wire.sampling_params(request, limit, wire.chat_logprobs_count(request),
+                                      wire.opt(request.prompt_logprobs, None), structured=grammar)
         try:
             run = EngineRun(self.engine, [prompt], params, "messages", ctx, limit_param=wire.limit_field(request))
         except BadRequest as exc:
@@ -128,8 +129,10 @@ class LocalEngineBackend:
             message, finish = tools.message(plan, o.text, wire.finish_reason(o.finish_reason))
             choices.append(ChatChoice(index=o.index, message=message, finish_reason=finish,
                                       logprobs=self.logprobs.chat(o.logprobs), stop_reason=o.stop_reason))
+        k = wire.opt(request.prompt_logprobs, None)  # vLLM's: once, at the top level
+        prompt_lp = UNSET if k is None else self.logprobs.prompt_entries(final[0].prompt_logprobs, k)
         response = ChatCompletion(id=response_id("chatcmpl"), model=request.model, choices=choices,
-                                  usage=usage_of(run.meter))
+                                  usage=usage_of(run.meter), prompt_logprobs=prompt_lp)
         return Completed(response, run.meter)
 
     async def chat_stream(

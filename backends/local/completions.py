@@ -5,7 +5,8 @@ tokens' logprobs (the first is null, as OpenAI and vLLM answer), computed by the
 prefill (``SamplingParams.prompt_logprobs``). ``max_tokens: 0`` scores the prompt without
 generating: the engine samples one token for its last position, which is thrown away (not
 returned, not metered). lm-evaluation-harness's ``local-completions`` loglikelihood requests are
-``echo: true, logprobs: 1`` with ``max_tokens`` 0 or 1.
+``echo: true, logprobs: 1`` with ``max_tokens`` 0 or 1. vLLM's ``prompt_logprobs: k`` puts the same
+values, in vLLM's shape (``backends.logprobs_wire``), on each choice; they are not streamed.
 """
 
 from __future__ import annotations
@@ -14,13 +15,14 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from msgspec import UNSET
+from msgspec import UNSET, UnsetType
 
 from backends.base import BadRequest, ChunkStream, ClosingChunks, Completed
 from backends.call import CallContext
 from backends.local import wire
 from backends.local.run import EngineRun, LocalModel, collect, response_id, usage_of
 from backends.local.wire import TextOffsets
+from backends.logprobs_wire import PromptLogprobs
 from backends.openai_wire import CompletionChoice, CompletionLogprobs, CompletionRequest, TextCompletion, Usage
 from engine import RequestOutput
 
@@ -37,12 +39,14 @@ class _Completion:
             raise BadRequest("the prompt is empty", param="prompt")
         self.count = wire.opt(request.logprobs, None)  # alternatives per token (None: no logprobs)
         self.echo = bool(request.echo)
+        self.prompt_k: int | None = wire.opt(request.prompt_logprobs, None)  # vLLM's (None: not asked)
         # The gateway's cap (admission reserved that much per sequence) when the client set no limit.
         room = backend.engine.max_model_len - max(len(p) for p in self.prompts)
         limit = ctx.output_limit(request.output_limit(), room)
         self.score_only = limit == 0  # max_tokens 0: the prompt alone
         self.skip_special = bool(wire.opt(request.skip_special_tokens, True))  # as the text is decoded
-        prompt_logprobs = self.count if self.echo else None
+        wanted = [k for k in (self.count if self.echo else None, self.prompt_k) if k is not None]
+        prompt_logprobs = max(wanted) if wanted else None  # the echo and prompt_logprobs each take theirs
         params = wire.sampling_params(request, 1 if self.score_only else limit, self.count, prompt_logprobs)
         self.run = EngineRun(backend.engine, self.prompts, params, "prompt", ctx, count_output=not self.score_only)
 
@@ -57,7 +61,13 @@ class _Completion:
         text = self.backend.tokenizer.decode(self.prompts[p])
         if self.count is None or out is None:
             return text, None
-        return text, self.backend.logprobs.prompt(self.prompts[p], out.prompt_logprobs or [])
+        return text, self.backend.logprobs.prompt(self.prompts[p], out.prompt_logprobs or [], self.count)
+
+    def prompt_entries(self, out: RequestOutput) -> PromptLogprobs | UnsetType:
+        """vLLM's ``prompt_logprobs`` of ``out``'s prompt, when the client asked for them."""
+        if self.prompt_k is None:
+            return UNSET
+        return self.backend.logprobs.prompt_entries(out.prompt_logprobs, self.prompt_k)
 
     def generated(self, o: Any, offsets: TextOffsets | int, delta: bool) -> tuple[str, CompletionLogprobs | None]:
         """The continuation (all of it, or the new part) and its logprobs, their text offsets
@@ -92,11 +102,13 @@ async def complete(
     choices = []
     for p, final in enumerate(finals):
         echo, echo_lp = c.echo_part(p, final)
+        prompt_lp = c.prompt_entries(final)
         for o in final.outputs:
             text, lp = c.generated(o, len(echo), delta=False)
             choices.append(CompletionChoice(index=p * c.n + o.index, text=echo + text,
                                             finish_reason=c.finish_reason(o.finish_reason),
-                                            logprobs=_joined(echo_lp, lp), stop_reason=o.stop_reason))
+                                            logprobs=_joined(echo_lp, lp), stop_reason=o.stop_reason,
+                                            prompt_logprobs=prompt_lp))
     response = TextCompletion(id=response_id("cmpl"), model=request.model, choices=choices, usage=usage_of(c.run.meter))
     return Completed(response, c.run.meter)
 

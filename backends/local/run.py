@@ -59,10 +59,10 @@ class EngineRun:
                 self.ids.append(rid)
         except RequestRejected as exc:
             self.abort()
-            raise ContextTooLong(exc.message, param=self._field(exc.param)) from None
+            raise ContextTooLong(self._message(exc), param=self._field(exc.param)) from None
         except InvalidRequest as exc:
             self.abort()
-            raise BadRequest(exc.message, param=self._field(exc.param)) from None
+            raise BadRequest(self._message(exc), param=self._field(exc.param)) from None
         except EngineClosed as exc:
             self.abort()
             raise Unavailable(exc.message) from None
@@ -90,7 +90,7 @@ class EngineRun:
                 yield out
         except InvalidRequest as exc:
             self.finished.add(rid)
-            raise BadRequest(exc.message, param=self._field(exc.param)) from None
+            raise BadRequest(self._message(exc), param=self._field(exc.param)) from None
         except EngineRequestFailed as exc:
             self.finished.add(rid)
             raise RequestFailed(f"the local engine failed on this request: {exc.message}") from None
@@ -98,6 +98,13 @@ class EngineRun:
     def _field(self, engine_param: str | None) -> str:
         """The wire field an engine error names."""
         return self.limit_param if engine_param == "max_tokens" else _field(engine_param, self.param)
+
+    def _message(self, exc: InvalidRequest) -> str:
+        """The engine's message, the output limit in it called as the client called it (the engine
+        spells a field as ``param`` does: ``EngineError``)."""
+        if exc.param == "max_tokens" and self.limit_param != "max_tokens":
+            return exc.message.replace("max_tokens", self.limit_param)
+        return exc.message
 
     def abort(self) -> None:
         for rid in self.ids:

@@ -5,7 +5,10 @@ parsed by the deployment's tool-call parser (``backends.local.tool_parsers``); `
 named function are enforced with a grammar, so even a small model returns a call whose arguments
 validate: a named function's output is its arguments object (its ``parameters`` schema), ``required``
 an array of ``{"name", "parameters"}`` objects (one item when ``parallel_tool_calls`` is false).
-``none`` renders no tools and parses nothing.
+``none`` renders no tools and parses nothing. A forced call cut short by the length limit keeps
+``finish_reason: length`` and has no content (the grammar's text is no answer): a named function's
+call carries the arguments generated so far (as OpenAI and vLLM answer; the stream has streamed
+them), ``required`` the calls generated whole, the cut one left out (vLLM answers a JSON parse error).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from backends.openai_wire import (
 from engine.structured_output import StructuredOutput
 
 _EMPTY_PARAMS = {"type": "object", "properties": {}}
+_BETWEEN_ITEMS = " \t\n\r,"  # what JSON allows between an array's items
 
 
 def _set(value: Any) -> bool:
@@ -87,6 +91,24 @@ class ToolPlan:
         if not self.parallel:
             calls = calls[:1]
         return content, calls
+
+    def cut_calls(self, text: str) -> list[ParsedCall]:
+        """The calls in a forced call's output cut short: a named function's with the arguments
+        generated so far, the items of a ``required`` array that were generated whole."""
+        if self.mode == "named":
+            assert self.named is not None
+            return [ParsedCall(self.named, text.strip())]
+        calls: list[ParsedCall] = []
+        decoder, start = json.JSONDecoder(), text.find("[")
+        pos = start + 1 if start >= 0 else len(text)
+        while True:
+            while pos < len(text) and text[pos] in _BETWEEN_ITEMS:
+                pos += 1
+            try:
+                item, pos = decoder.raw_decode(text, pos)
+            except json.JSONDecodeError:  # the cut item (or the array's end)
+                return calls
+            calls.append(ParsedCall(item["name"], json.dumps(item["parameters"], ensure_ascii=False)))
 
 
 def plan(request: ChatCompletionRequest, parser: str) -> ToolPlan | None:
@@ -145,9 +167,12 @@ def wire_calls(calls: list[ParsedCall]) -> list[ToolCall]:
 
 def message(plan: ToolPlan | None, text: str, finish: Any) -> tuple[AssistantMessage, Any]:
     """The assistant message for a finished output (``finish``: its wire finish reason), with its
-    tool calls parsed when it has any (then the finish reason is ``tool_calls``)."""
-    if plan is None or finish == "length":
+    tool calls parsed when it has any (then the finish reason is ``tool_calls``); a forced call cut
+    short by the length limit has the calls it got whole (or, named, cut) and no content."""
+    if plan is None or (finish == "length" and plan.mode == "auto"):
         return AssistantMessage(content=text), finish
+    if finish == "length":
+        return AssistantMessage(content=None, tool_calls=wire_calls(plan.cut_calls(text)) or UNSET), finish
     content, calls = plan.parse(text)
     if not calls:
         return AssistantMessage(content=text), finish

@@ -10,6 +10,7 @@ from msgspec import UNSET
 
 from backends.base import BadRequest
 from backends.local.structured import output_constraint
+from backends.logprobs_wire import PromptLogprob, PromptLogprobs
 from backends.openai_wire import (
     ChatCompletionRequest,
     ChoiceLogprobs,
@@ -47,9 +48,8 @@ def refuse_unsupported(request: SamplingFields) -> None:
     if request.include_stop_str_in_output:
         raise BadRequest("include_stop_str_in_output is not supported by the local engine",
                          param="include_stop_str_in_output")
-    if opt(request.prompt_logprobs, None) is not None:
-        raise BadRequest("prompt_logprobs is not supported here (use completions with echo and logprobs)",
-                         param="prompt_logprobs")
+    if opt(request.prompt_logprobs, None) is not None and request.is_stream:  # as vLLM: they are not streamed
+        raise BadRequest("prompt_logprobs are not available when stream is true", param="prompt_logprobs")
 
 
 def logit_bias(request: SamplingFields) -> dict[int, float]:
@@ -215,24 +215,44 @@ class LogprobFormatter:
                                     top_logprobs=top))
         return ChoiceLogprobs(content=out)
 
-    def prompt(self, prompt_ids: list[int], items: list[Any]) -> CompletionLogprobs:
-        """The echoed prompt's tokens with their logprobs (``items[0]`` is None: nothing predicts
-        the first token). Text offsets are positions in the echoed text (the prompt decoded without
-        special tokens), so a special token such as BOS takes no room there."""
+    def prompt(self, prompt_ids: list[int], items: list[Any], k: int | None = None) -> CompletionLogprobs:
+        """The echoed prompt's tokens with their logprobs and ``k`` alternatives (``items[0]`` is None:
+        nothing predicts the first token). Text offsets are positions in the echoed text (the prompt
+        decoded without special tokens), so a special token such as BOS takes no room there."""
         result = CompletionLogprobs()
         offsets = TextOffsets(self, 0, skip_special_tokens=True)
         for i, token_id in enumerate(prompt_ids):
             lp = items[i] if i < len(items) else None
             result.tokens.append(self.token(token_id))
             result.token_logprobs.append(lp.logprob if lp is not None else None)
-            result.top_logprobs.append(self._top(lp) if lp is not None else None)
+            result.top_logprobs.append(self._top(lp, k) if lp is not None else None)
             result.text_offset.append(offsets.push(token_id))
         return result
 
-    def _top(self, lp: EngineTokenLogprob) -> dict[str, float]:
-        """The most likely tokens and, as OpenAI and vLLM answer, always the token itself (so there
-        may be ``logprobs + 1`` entries): its logprob is there even when it is not among them."""
-        top = {lp.token_id: lp.logprob, **lp.top}
+    def prompt_entries(self, items: list[Any] | None, k: int) -> PromptLogprobs:
+        """vLLM's ``prompt_logprobs`` (``backends.logprobs_wire``) from the engine's: per prompt
+        token, itself (with its rank) and its ``k`` most likely alternatives (ranks 1 to ``k``)."""
+        out: PromptLogprobs = []
+        for lp in items or []:
+            if lp is None:
+                out.append(None)
+                continue
+            best = sorted(lp.top.items(), key=lambda kv: -kv[1])[:k]
+            entry = {str(lp.token_id): self._entry(lp.logprob, lp.rank, lp.token_id)}
+            for rank, (token_id, value) in enumerate(best, start=1):
+                entry.setdefault(str(token_id), self._entry(value, rank, token_id))
+            out.append(entry)
+        return out
+
+    def _entry(self, logprob: float, rank: int | None, token_id: int) -> PromptLogprob:
+        """One token's entry; -inf, which JSON cannot carry, becomes vLLM's -9999.0."""
+        return PromptLogprob(logprob=max(logprob, -9999.0), rank=rank, decoded_token=self.token(token_id))
+
+    def _top(self, lp: EngineTokenLogprob, k: int | None = None) -> dict[str, float]:
+        """The ``k`` (default: all it has) most likely tokens and, as OpenAI and vLLM answer, always
+        the token itself (so there may be ``k + 1`` entries): its logprob is there even when it is
+        not among them."""
+        top = {lp.token_id: lp.logprob, **dict(sorted(lp.top.items(), key=lambda kv: -kv[1])[:k])}
         return {self.token(i): v for i, v in sorted(top.items(), key=lambda kv: -kv[1])}
 
     def completion(self, items: list[Any] | None, offsets: TextOffsets | int,

@@ -24,7 +24,7 @@ from backends.embeddings_wire import EmbeddingList, EmbeddingRequest
 from backends.local import tools
 from backends.local.structured import output_constraint
 from backends.local.tool_parsers import choose_parser
-from backends.local.wire import LogprobFormatter, TextOffsets, chat_messages, chat_prompt_options
+from backends.local.wire import LogprobFormatter, TextOffsets, chat_messages, chat_prompt_options, limit_field
 from backends.openai_wire import (
     ChatChoice,
     ChatChunkChoice,
@@ -270,13 +270,14 @@ class HFGenerateBackend:
         room = self.max_model_len - longest
         if isinstance(request, ChatCompletionRequest):
             limit = ctx.output_limit(limit, room)
+        field = limit_field(request)  # chat's max_completion_tokens when the client sent that
         if limit is not None and limit < 1:
-            raise BadRequest("max_tokens must be at least 1", param="max_tokens")
+            raise BadRequest(f"{field} must be at least 1", param=field)
         if limit is not None and limit > room:
             raise ContextTooLong(
-                f"{longest} prompt tokens + {limit} output tokens exceed this model's context of "
+                f"{longest} prompt tokens + {limit} output tokens ({field}) exceed this model's context of "
                 f"{self.max_model_len} tokens",
-                param="max_tokens",
+                param=field,
             )
         params = row_params(request, limit if limit is not None else room, self.vocab_size, logprobs)
         n = request.n or 1

@@ -205,7 +205,8 @@ async def test_output_limit_errors_name_the_field_sent(backend: LocalEngineBacke
         assert info.value.param == field and field in info.value.message
         with pytest.raises(ContextTooLong) as too_long:
             await backend.chat(chat(**{field: MAX_LEN}))
-        assert too_long.value.param == field
+        assert too_long.value.param == field and f"plus {field} ({MAX_LEN})" in too_long.value.message
+        assert field == "max_tokens" or "max_tokens" not in too_long.value.message
 
 
 @pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "bad"}}])

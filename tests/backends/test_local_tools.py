@@ -87,6 +87,47 @@ def test_streamed_tool_answers_carry_the_logprobs_asked_for(env: Env, tool_choic
     assert [len(t.top_logprobs) for t in streamed] == [2] * len(streamed)
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_forced_call_cut_by_the_length_limit_is_no_content(env: Env, stream: bool) -> None:
+    """Cut short, a forced call keeps finish_reason length and never turns into content: a named
+    function's call carries the arguments so far, ``required`` only calls generated whole."""
+    client = env.client()
+    for choice, max_tokens, whole in ((NAMED, 6, 0), ("required", 6, 0), ("required", 60, 1)):
+        body: Any = dict(model="tiny", messages=MESSAGES, tools=TOOLS, tool_choice=choice, max_tokens=max_tokens,
+                         temperature=0)
+        calls: dict[int, tuple[str, str]] = {}  # streamed: index -> (name, arguments)
+        if stream:
+            content, finish = "", None
+            for chunk in client.chat.completions.create(**body, stream=True):
+                for c in chunk.choices:
+                    content += c.delta.content or ""
+                    for d in c.delta.tool_calls or []:
+                        name, args = calls.get(d.index, ("", ""))
+                        calls[d.index] = (name + (d.function.name or ""), args + (d.function.arguments or ""))
+                    finish = c.finish_reason or finish
+            got = list(calls.values())
+        else:
+            answer = client.chat.completions.create(**body).choices[0]
+            content, finish = answer.message.content or "", answer.finish_reason
+            got = [(c.function.name, c.function.arguments) for c in answer.message.tool_calls or []]
+        assert finish == "length" and content == ""
+        if choice == NAMED:  # the arguments so far
+            assert len(got) == 1 and got[0][0] == "get_weather" and got[0][1].startswith("{")
+        else:  # the calls generated whole, the cut one left out
+            assert len(got) == whole
+            for name, args in got:
+                jsonschema.validate(json.loads(args), SCHEMAS[name])
+
+
+def test_a_cut_required_array_keeps_the_calls_generated_whole() -> None:
+    plan = ToolPlan(TOOLS, "required", None, parallel=True, parser="hermes")
+    cut = '[ {"name": "get_time", "parameters": {"zone": "utc"}} ,\n{"name": "get_weather", "parameters": {"ci'
+    assert [(c.name, json.loads(c.arguments)) for c in plan.cut_calls(cut)] == [("get_time", {"zone": "utc"})]
+    assert plan.cut_calls('[{"name": "get_ti') == [] and plan.cut_calls("") == []
+    message, finish = tools.message(plan, cut, "length")
+    assert finish == "length" and message.content is None and len(message.tool_calls or []) == 1
+
+
 def test_tool_role_messages_are_accepted(env: Env) -> None:
     messages: list[Any] = MESSAGES + [
         {"role": "assistant", "content": None, "tool_calls": [

@@ -203,6 +203,18 @@ async def test_bad_requests_are_typed(backend_for) -> None:
     assert no_scoring.value.param == "echo"
 
 
+async def test_output_limit_errors_name_the_field_sent(backend_for) -> None:
+    backend = backend_for("phi3")
+    for field in ("max_completion_tokens", "max_tokens"):
+        with pytest.raises(BadRequest) as low:
+            await backend.chat(chat("hi", **{field: 0}))
+        assert low.value.param == field and field in low.value.message
+        with pytest.raises(ContextTooLong) as too_long:
+            await backend.chat(chat("hi", **{field: 100_000}))
+        assert too_long.value.param == field and field in too_long.value.message
+        assert field == "max_tokens" or "max_tokens" not in too_long.value.message
+
+
 async def test_logprobs_are_the_models_raw_distribution(folder, backend_for) -> None:
     backend = backend_for("gpt2")
     ids = backend.tokenizer.encode(PROMPTS[0])
