@@ -104,8 +104,9 @@ def sampling_params(request: SamplingFields, limit: int | None, logprobs: int | 
             logit_bias=logit_bias(request),
             structured=structured,
         )
-    except InvalidRequest as exc:
-        raise BadRequest(exc.message, param=exc.param) from None
+    except InvalidRequest as exc:  # the engine spells the output limit max_tokens: the client's name for it
+        message = exc.message.replace("max_tokens", limit_field(request)) if exc.param == "min_tokens" else exc.message
+        raise BadRequest(message, param=exc.param) from None
 
 
 def chat_prompt_options(request: ChatCompletionRequest, add_generation_prompt: bool = True) -> tuple[bool, bool]:

@@ -7,7 +7,7 @@ from typing import Any
 from msgspec import UNSET
 
 from backends.base import BadRequest
-from backends.local.wire import NO_EFFECT_PARAMS
+from backends.local.wire import NO_EFFECT_PARAMS, limit_field
 from backends.openai_wire import SamplingFields, extra_params
 from backends.transformers_generate.jobs import GenerateKey, RowParams
 
@@ -63,5 +63,5 @@ def row_params(request: SamplingFields, max_new_tokens: int, vocab: int, logprob
         logprobs=logprobs,
     )
     if params.min_tokens > params.max_new_tokens:
-        raise BadRequest("min_tokens must be <= max_tokens", param="min_tokens")
+        raise BadRequest(f"min_tokens must be <= {limit_field(request)}", param="min_tokens")
     return params

@@ -207,6 +207,9 @@ async def test_output_limit_errors_name_the_field_sent(backend: LocalEngineBacke
             await backend.chat(chat(**{field: MAX_LEN}))
         assert too_long.value.param == field and f"plus {field} ({MAX_LEN})" in too_long.value.message
         assert field == "max_tokens" or "max_tokens" not in too_long.value.message
+        with pytest.raises(BadRequest) as info:
+            await backend.chat(chat(**{field: 4, "min_tokens": 8}))
+        assert info.value.param == "min_tokens" and info.value.message == f"min_tokens must be <= {field}"
 
 
 @pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "bad"}}])

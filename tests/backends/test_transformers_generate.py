@@ -213,6 +213,9 @@ async def test_output_limit_errors_name_the_field_sent(backend_for) -> None:
             await backend.chat(chat("hi", **{field: 100_000}))
         assert too_long.value.param == field and field in too_long.value.message
         assert field == "max_tokens" or "max_tokens" not in too_long.value.message
+        with pytest.raises(BadRequest) as info:
+            await backend.chat(chat("hi", **{field: 4, "min_tokens": 8}))
+        assert info.value.param == "min_tokens" and info.value.message == f"min_tokens must be <= {field}"
 
 
 async def test_logprobs_are_the_models_raw_distribution(folder, backend_for) -> None:
