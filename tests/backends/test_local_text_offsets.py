@@ -1,6 +1,9 @@
-"""Text completions' ``logprobs.text_offset`` on the local engine: each token's offset is where its
+"""Text completions' logprobs on the local engine. ``text_offset``: each token's offset is where its
 text starts in the returned text (a token holding part of a character at that character), the same
-streamed as not, also while a stop string's prefix is held back and for an echoed prompt."""
+streamed as not, also while a stop string's prefix is held back and for an echoed prompt.
+``top_logprobs``: as OpenAI and vLLM answer, each position's dict holds the ``logprobs`` most likely
+tokens and always the token actually there (the sampled one, or the echoed prompt's), so it has
+``logprobs`` or ``logprobs + 1`` entries; the same streamed as not."""
 
 from __future__ import annotations
 
@@ -67,3 +70,28 @@ async def test_offsets_of_tokens_holding_part_of_a_character(backend: LocalEngin
     _assert_offsets_index(text, lp)
     assert lp.text_offset[lp.tokens.index(" d")] == text.index(" day")  # after the prompt's sun
     assert offsets == lp.text_offset
+
+
+def _assert_the_token_is_among_its_top(lp: CompletionLogprobs, k: int) -> int:
+    """Every scored position lists its own token with its logprob; return how many were not in the
+    top ``k`` (so the test knows it saw some)."""
+    outside = 0
+    for token, value, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs, strict=True):
+        if value is None:
+            assert top is None  # the prompt's first token: nothing predicts it
+            continue
+        assert top is not None and top.get(token) == pytest.approx(value), (token, value, top)
+        assert k <= len(top) <= k + 1
+        outside += len(top) == k + 1
+    return outside
+
+
+@pytest.mark.parametrize("k", [0, 1, 2])
+async def test_top_logprobs_always_hold_the_sampled_and_echoed_tokens(backend: LocalEngineBackend, k: int) -> None:
+    body = dict(max_tokens=10, temperature=1.0, seed=3, ignore_eos=True, logprobs=k, echo=True)
+    choice = (await backend.complete(completion(prompt="The train runs", **body))).response.choices[0]
+    assert choice.logprobs is not None
+    assert _assert_the_token_is_among_its_top(choice.logprobs, k) > 0  # sampling at t=1 left the top k
+    streamed = await backend.complete_stream(completion(prompt="The train runs", **body, stream=True))
+    parts = [ch.logprobs for c in [c async for c in streamed.chunks] for ch in c.choices if ch.logprobs]
+    assert [t for p in parts for t in p.top_logprobs] == choice.logprobs.top_logprobs
