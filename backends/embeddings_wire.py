@@ -66,8 +66,8 @@ class EmbeddingUsage(WireStruct):
     total_tokens: int = 0
 
 
-class EmbeddingList(WireStruct):
+class EmbeddingList(WireStruct, dict=True):  # dict: an upstream's answer relayed with every field it sent
     data: list[Embedding]
     model: str
     object: str = "list"
-    usage: EmbeddingUsage = msgspec.field(default_factory=EmbeddingUsage)
+    usage: EmbeddingUsage | None = msgspec.field(default_factory=EmbeddingUsage)  # null from some upstreams

@@ -59,10 +59,16 @@ class ErrorEnvelope(msgspec.Struct):
 
 
 def parse_error(body: bytes) -> ErrorDetail:
+    """An error answer's error object: its ``error``, else the object itself when it has a message
+    (vLLM's and SGLang's ``{"object": "error", "message": ...}``), else the body as text."""
     try:
         envelope = msgspec.json.decode(body, type=ErrorEnvelope)
     except (msgspec.MsgspecError, RecursionError):
-        return ErrorDetail(message=body.decode("utf-8", "replace").strip()[:500])
+        try:
+            detail = msgspec.json.decode(body, type=ErrorDetail)
+        except (msgspec.MsgspecError, RecursionError):
+            detail = ErrorDetail()
+        return detail if detail.message else ErrorDetail(message=body.decode("utf-8", "replace").strip()[:500])
     return ErrorDetail(message=envelope.error) if isinstance(envelope.error, str) else envelope.error
 
 
@@ -178,7 +184,7 @@ def detail_error(status: int, detail: ErrorDetail, wait: float | None = None, ex
         return RequestFailed(message, status=status)
     if status >= 500:  # includes Anthropic's 529 "overloaded"
         return Unavailable(message, status=status)
-    return UpstreamError(f"upstream answered HTTP {status}: {message}", status=status)
+    return UpstreamError(f"upstream answered HTTP {status}: {message}" if detail.message else message, status=status)
 
 
 # The HTTP status an error object's ``code`` or ``type`` stands for (OpenAI's, Anthropic's, vLLM's names).
@@ -193,13 +199,26 @@ _STATUS_BY_NAME = {
 
 
 def event_error(detail: ErrorDetail) -> BackendError:
-    """The typed error for an ``{"error": {...}}`` event that a stream sent instead of its answer,
+    """The typed error for an ``{"error": {...}}`` event (or body) sent instead of an answer,
     by the status its ``code`` (a number, as vLLM sends) or its ``code`` / ``type`` name stands
     for; an error object naming none of them is an ``UpstreamError``."""
     status = _status_of(detail)
     if status is None:
-        return UpstreamError(f"upstream failed the stream: {detail.message or 'an error event'}")
+        return UpstreamError(f"upstream failed the request: {detail.message or 'an error object'}")
     return detail_error(status, detail)
+
+
+def raise_if_error(data: bytes) -> None:
+    """Raise the typed error for ``data`` (an event, or a 2xx answer's body) when it is an
+    ``{"error": ...}`` object."""
+    if b'"error"' not in data:  # the usual event: no decoding
+        return
+    try:
+        envelope = msgspec.json.decode(data, type=ErrorEnvelope)
+    except (msgspec.MsgspecError, RecursionError):
+        return
+    error = envelope.error
+    raise event_error(error if isinstance(error, ErrorDetail) else ErrorDetail(message=error))
 
 
 def _status_of(detail: ErrorDetail) -> int | None:

@@ -22,7 +22,7 @@ from backends.call import NO_CONTEXT, CallContext
 from backends.config import DeploymentConfig
 from backends.embeddings_wire import EmbeddingList, EmbeddingRequest
 from backends.estimate import estimate_chat_prompt, estimate_completion_prompt, estimate_embedding_input, estimate_text
-from backends.http_upstream import ErrorDetail, ErrorEnvelope, HTTPBackend, HTTPUpstream
+from backends.http_upstream import ErrorDetail, ErrorEnvelope, HTTPBackend, HTTPUpstream, raise_if_error
 from backends.openai_wire import (
     ChatCompletion,
     ChatCompletionChunk,
@@ -166,8 +166,9 @@ class OpenAIHTTPBackend(HTTPBackend):
         else:
             payload = msgspec.json.encode(msgspec.structs.replace(request, model=self.upstream_model))
         response = await self._unary("/embeddings", payload, EmbeddingList, ctx)
-        meter = Meter(prompt_tokens=response.usage.prompt_tokens, first_token_at=time.perf_counter())
-        if not response.usage.prompt_tokens:  # an upstream that reports no usage: our estimate
+        reported = response.usage.prompt_tokens if response.usage is not None else 0
+        meter = Meter(prompt_tokens=reported, first_token_at=time.perf_counter())
+        if not reported:  # an upstream that reports no usage: our estimate
             meter.prompt_tokens, meter.exact = estimate_embedding_input(request), False
         return Completed(response, meter)
 
@@ -245,6 +246,7 @@ class OpenAIHTTPBackend(HTTPBackend):
                 set_relayed(response, _raw_object.decode(body), body)
             return response
         except (msgspec.MsgspecError, RecursionError) as exc:
+            raise_if_error(body)  # a 2xx whose body is an error object fails as what it names
             raise UpstreamError(f"upstream {self.deployment_id} sent an invalid response: {exc}") from None
 
     async def _open_stream(self, path: str, payload: bytes, type_: type[C],

@@ -402,7 +402,7 @@ class ChatCompletion(WireStruct, dict=True):
     choices: list[ChatChoice]
     created: int = msgspec.field(default_factory=lambda: int(time.time()))
     object: str = "chat.completion"
-    usage: Usage | UnsetType = UNSET
+    usage: Usage | None | UnsetType = UNSET
     system_fingerprint: str | None | UnsetType = UNSET
     prompt_logprobs: PromptLogprobs | None | UnsetType = UNSET  # vLLM's, when the client asked for them
 

@@ -2,7 +2,10 @@
 
 Read one at a time by a task (``next``), or inside the connection's callback as each piece of the
 body arrives (``poll`` from a ``RawStream.wait`` listener): both read the same lines the same way,
-so a relay can change between them at any event. A first event that is an ``{"error": {...}}``
+so a relay can change between them at any event. An event ends at a blank line (or the end of the
+body); its data is its ``data:`` lines joined (a JSON object cut across them is whole, as the SSE
+standard and the openai SDK read it), by a space rather than the standard's newline, so that an
+event relayed as it came stays one ``data:`` line. A first event that is an ``{"error": {...}}``
 object is the upstream failing the request before its answer began: it raises as the typed error
 its content names (``backends.http_upstream.event_error``), so the router can retry it as it does
 an error status; an error event after that is the caller's to read.
@@ -14,10 +17,8 @@ import asyncio
 from collections import deque
 from typing import Final
 
-import msgspec
-
 from backends.base import Timeout, Unavailable, UpstreamError
-from backends.http_upstream import ErrorDetail, ErrorEnvelope, event_error
+from backends.http_upstream import raise_if_error
 from backends.raw_http import RawStream
 
 _DRAIN_SECONDS = 0.5  # after [DONE], how long to wait for the body's end
@@ -47,6 +48,7 @@ class SSELines:
         self._started = False  # an event arrived: from now on silences are bounded by ``idle``
         self._done = False  # ``[DONE]`` came: the events are over (once those in _events are read)
         self._events: deque[bytes] = deque()  # data of events read but not yet returned
+        self._data: bytes | None = None  # the data lines of an event whose closing blank line has not come
         self._last = 0.0  # loop time of the last line read
         self._deadline = 0.0
         self._timer: asyncio.TimerHandle | None = None
@@ -93,22 +95,26 @@ class SSELines:
             return None
         try:
             while (lines := self._content.lines_nowait()) is not None:
-                if not lines:
-                    return None
                 self._last = self._loop.time()
-                for line in lines.split(b"\n"):
-                    if line.startswith(b"data:"):  # skip event names, comments, keep-alives, blanks
-                        data = line[5:].strip()
+                data = self._data
+                # at the end of the body, a blank line: a last event not yet closed by one still counts
+                for line in lines.splitlines() if lines else (b"",):
+                    if line.startswith(b"data:"):  # skip event names, ids, comments, keep-alives
+                        data = line[5:].strip() if data is None else data + b" " + line[5:].strip()
+                    elif not line and data is not None:  # a blank line ends the event
                         if data == b"[DONE]":  # what follows it is drained, not read
                             self._done = True
+                            data = None
                             break
                         if not self._started:
-                            _raise_if_error(data)
+                            raise_if_error(data)
                         self._started = True
                         self._events.append(data)
+                        data = None
+                self._data = data
                 if self._events:
                     return self._events.popleft()
-                if self._done:
+                if self._done or not lines:
                     return None
         except (TimeoutError, OSError) as exc:
             self.close()
@@ -166,15 +172,3 @@ class SSELines:
             pass
         finally:
             timer.cancel()
-
-
-def _raise_if_error(data: bytes) -> None:
-    """Raise the typed error for ``data`` when it is an ``{"error": ...}`` object."""
-    if b'"error"' not in data:  # the usual first event: no decoding
-        return
-    try:
-        envelope = msgspec.json.decode(data, type=ErrorEnvelope)
-    except (msgspec.MsgspecError, RecursionError):
-        return
-    error = envelope.error
-    raise event_error(error if isinstance(error, ErrorDetail) else ErrorDetail(message=error))

@@ -20,6 +20,7 @@ from backends.base import (
     UpstreamError,
 )
 from backends.call import CallContext
+from backends.embeddings_wire import EmbeddingRequest
 from backends.http_upstream import status_error
 from backends.openai_http import OpenAIHTTPBackend
 from backends.openai_wire import (
@@ -167,6 +168,62 @@ async def test_rate_limit_retry_after(backend: OpenAIHTTPBackend, upstream: Fake
     with pytest.raises(RateLimited) as info:
         await backend.chat(chat())
     assert info.value.retry_after == 4.0 and info.value.retryable
+
+
+async def test_a_2xx_error_object_fails_as_the_error_it_names(backend: OpenAIHTTPBackend,
+                                                              upstream: FakeUpstream) -> None:
+    """An upstream that answers 200 with an error object instead of an answer fails as that error
+    (here retryable), not as an invalid answer."""
+    upstream.fail_next(Fault(status=200, body={"error": {"message": "model overloaded", "type": "server_error",
+                                                         "code": 503}}))
+    with pytest.raises(Unavailable) as info:
+        await backend.chat(chat())
+    assert info.value.message == "model overloaded" and info.value.retryable
+
+
+async def test_an_error_object_at_the_top_level_gives_its_message(backend: OpenAIHTTPBackend,
+                                                                 upstream: FakeUpstream) -> None:
+    """vLLM's and SGLang's error answers are the error object itself, not one under ``error``."""
+    upstream.fail_next(Fault(status=400, body={"object": "error", "message": "temperature must be non-negative",
+                                               "type": "BadRequestError", "param": "temperature", "code": 400}))
+    with pytest.raises(BadRequest) as info:
+        await backend.chat(chat())
+    assert info.value.message == "temperature must be non-negative" and info.value.param == "temperature"
+    assert status_error(422, {}, b'{"detail": "Not Found"}').message == '{"detail": "Not Found"}'  # no message: as text
+
+
+def test_a_status_without_a_message_is_named_once() -> None:
+    assert status_error(301, {}, b"").message == "upstream answered HTTP 301"
+    assert status_error(418, {}, b"teapot").message == "upstream answered HTTP 418: teapot"
+
+
+async def test_usage_null_in_a_whole_answer_is_estimated(backend: OpenAIHTTPBackend, upstream: FakeUpstream) -> None:
+    answer = {"id": "c-1", "object": "chat.completion", "created": 1, "model": "m", "usage": None,
+              "choices": [{"index": 0, "message": {"role": "assistant", "content": "four five"},
+                           "finish_reason": "stop"}]}
+    upstream.fail_next(Fault(status=200, body=answer))
+    result = await backend.chat(chat())
+    assert not result.meter.exact and result.meter.prompt_tokens > 0 and result.meter.completion_tokens > 0
+    assert msgspec.json.decode(encode_answer(result.response)) == answer  # relayed as it came
+
+
+async def test_an_embeddings_answer_is_relayed_with_every_field(backend: OpenAIHTTPBackend,
+                                                               upstream: FakeUpstream) -> None:
+    """Fields the gateway does not model (vLLM's id and created, usage details) and the vectors' own
+    digits reach the client as the upstream sent them; only the model is the gateway's."""
+    answer = (b'{"id":"embd-1","object":"list","created":5,"model":"m","data":[{"object":"embedding","index":0,'
+              b'"embedding":[0.1000000000000000055511151231257827,-2.5e-1]}],'
+              b'"usage":{"prompt_tokens":3,"total_tokens":3,"completion_tokens":0}}')
+    upstream.fail_next(Fault(status=200, body=answer))
+    result = await backend.embed(EmbeddingRequest(model="public", input="x"))
+    assert encode_answer(result.response) == answer
+    assert result.meter.prompt_tokens == 3 and result.meter.exact
+    result.response.model = "public"
+    assert encode_answer(result.response) == answer.replace(b'"model":"m"', b'"model":"public"')
+    upstream.fail_next(Fault(status=200, body={"object": "list", "model": "m", "usage": None,
+                                               "data": [{"object": "embedding", "index": 0, "embedding": [1.0]}]}))
+    result = await backend.embed(EmbeddingRequest(model="public", input="one two"))
+    assert not result.meter.exact and result.meter.prompt_tokens > 0  # a null usage: our estimate
 
 
 def test_retry_after_forms() -> None:

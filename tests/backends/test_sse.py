@@ -65,6 +65,20 @@ async def test_a_last_event_without_a_newline_still_counts_at_the_end() -> None:
         b'{"a":1}', b'{"b":2}', None]
 
 
+async def test_an_events_data_lines_are_one_event_on_one_line() -> None:
+    """Several ``data:`` lines are one event (a JSON object may be cut across them), joined on one
+    line (relayed as it came, it stays one ``data:`` line); it is whole at its blank line, however
+    the body is cut, and at the end of the body without one."""
+    stream = body_stream()
+    lines = SSELines(stream, "dep")
+    deadline = asyncio.get_running_loop().time() + 10
+    stream.feed(b'data: {"a":\r\nid: 7\r\ndata: 1}\r\n')
+    assert lines.poll() is WAIT  # its blank line has not come
+    stream.feed(b'\r\ndata: [1,\ndata: 2]\n\ndata: {"b":\ndata: 2}')
+    stream.end()
+    assert [await lines.next(deadline) for _ in range(4)] == [b'{"a": 1}', b"[1, 2]", b'{"b": 2}', None]
+
+
 @pytest.mark.parametrize(("event", "error"), [
     (b'{"error": {"message": "slow down", "type": "rate_limit_error"}}', RateLimited),
     (b'{"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}', Unavailable),

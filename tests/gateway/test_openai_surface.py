@@ -14,7 +14,7 @@ from gateway.services import Services
 from tests.conftest import ADMIN_KEY, gateway_settings
 from tests.gateway.conftest import GatewayEnv
 from tests.support.doubles import RecordingSink, ScriptedAdmission, StaticKeys
-from tests.support.fake_upstream import FakeUpstream
+from tests.support.fake_upstream import FakeUpstream, Fault
 
 
 @pytest.fixture
@@ -252,3 +252,23 @@ def test_embeddings_pass_through_an_http_upstream(client: openai.OpenAI, upstrea
         assert a.embedding == pytest.approx(b.embedding, abs=1e-6)
     records = env.usage.wait_for(2)
     assert all(r.endpoint == "embeddings" and r.exact and r.prompt_tokens == 4 for r in records)
+
+
+def test_embeddings_answers_are_relayed_as_the_upstream_sent_them(client: openai.OpenAI, upstream: FakeUpstream,
+                                                                  env: GatewayEnv) -> None:
+    """Base64 vectors byte for byte, and fields the gateway does not model (vLLM's id and created,
+    usage details), with only the model the gateway's; a usage of null is metered by estimate."""
+    vector = "zczMPQAAgL4AAEBA"  # base64 of float32 0.1, -0.25, 3.0
+    answer = (b'{"id":"embd-1","object":"list","created":5,"model":"upstream-echo","data":[{"object":"embedding",'
+              b'"index":0,"embedding":"' + vector.encode() + b'"}],"usage":{"prompt_tokens":3,"total_tokens":3,'
+              b'"completion_tokens":0}}')
+    upstream.fail_next(Fault(status=200, body=answer, headers={"content-type": "application/json"}))
+    raw = client.embeddings.with_raw_response.create(model="echo", input="hello", encoding_format="base64")
+    assert raw.content == answer.replace(b'"model":"upstream-echo"', b'"model":"echo"')
+    assert raw.parse().data[0].embedding == vector
+    upstream.fail_next(Fault(status=200, body={"object": "list", "model": "m", "usage": None,
+                                               "data": [{"object": "embedding", "index": 0, "embedding": [1.0]}]}))
+    assert client.embeddings.create(model="echo", input="one two", encoding_format="float").data[0].embedding == [1.0]
+    first, second = env.usage.wait_for(2)
+    assert (first.prompt_tokens, first.exact, second.exact, second.status) == (3, True, False, 200)
+    assert second.prompt_tokens > 0
