@@ -259,6 +259,10 @@ class OpenAIHTTPBackend(HTTPBackend):
         try:
             first = await reader.next(first_deadline)
             if first is None:
+                kind = response.headers.get("content-type", "").split(";")[0].strip()
+                if kind != "text/event-stream":  # e.g. a whole JSON answer: the upstream does not stream
+                    raise UpstreamError(f"upstream {self.deployment_id} answered a stream request with "
+                                        f"{kind or 'no content-type'}, not an event stream")
                 raise UpstreamError(f"upstream {self.deployment_id} ended the stream without a chunk")
         except BaseException:
             reader.close()

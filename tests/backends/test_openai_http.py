@@ -207,6 +207,13 @@ async def test_usage_null_in_a_whole_answer_is_estimated(backend: OpenAIHTTPBack
     assert msgspec.json.decode(encode_answer(result.response)) == answer  # relayed as it came
 
 
+async def test_a_whole_answer_to_a_stream_request_says_so(backend: OpenAIHTTPBackend, upstream: FakeUpstream) -> None:
+    """An upstream that does not stream (a JSON answer to ``stream: true``) is named as such."""
+    upstream.fail_next(Fault(status=200, body={"id": "c-1", "object": "chat.completion", "choices": []}))
+    with pytest.raises(UpstreamError, match="answered a stream request with application/json, not an event stream"):
+        await backend.chat_stream(chat(stream=True))
+
+
 async def test_an_embeddings_answer_is_relayed_with_every_field(backend: OpenAIHTTPBackend,
                                                                upstream: FakeUpstream) -> None:
     """Fields the gateway does not model (vLLM's id and created, usage details) and the vectors' own
