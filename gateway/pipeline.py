@@ -228,8 +228,11 @@ class Pipeline:
                 error_type: str | None = error.kind or error.type
             else:
                 error_type = None if outcome is Outcome.COMPLETED else outcome.value
-            if outcome is Outcome.FAILED and flight.deployment is not None and error and _broke_stream(error):
-                flight.deployment.health.on_failure(_circuit_tenant(flight.call.principal))
+            if outcome is Outcome.FAILED and flight.deployment is not None and error:
+                if error.cause is not None:  # the provider failed mid-stream: an upstream error, as one before it
+                    self.telemetry.upstream_error(flight.deployment.id, error.cause.kind)
+                if _broke_stream(error):
+                    flight.deployment.health.on_failure(_circuit_tenant(flight.call.principal))
             await self._settle(flight, meter, 200, error_type, outcome=outcome.value)
 
         relay = SSERelay(stream, flight.call.model, on_end, flight.call.dialect.stream(stream.meter))

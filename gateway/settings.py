@@ -4,7 +4,9 @@
   secrets stay out of config files. An unset ``${VAR}`` without a default is an error naming it.
 - Environment variables ``SWITCHYARD__SECTION__KEY=value`` override keys after loading
   (the value is parsed as a YAML scalar: ``SWITCHYARD__SERVER__PORT=9000``).
-- Validation errors name the offending key: ``config error at models[0].deployments[1].weight``.
+- Validation errors name the offending key: ``config error at models[0].deployments[1].weight``;
+  a key given twice in one mapping, a fallback naming no model and a deployment named twice in one
+  model are errors too.
 """
 
 from __future__ import annotations
@@ -232,13 +234,26 @@ class Settings(Conf):
     telemetry: TelemetryConfig = msgspec.field(default_factory=TelemetryConfig)
     dashboard: DashboardConfig = msgspec.field(default_factory=DashboardConfig)
 
-    def __post_init__(self) -> None:
-        seen: set[str] = set()
-        for i, group in enumerate(self.models):
-            for name in (group.name, *group.aliases):
-                if name in seen:
-                    raise ValueError(f"model name {name!r} is defined twice (models[{i}])")
-                seen.add(name)
+
+def _check_references(settings: Settings) -> None:
+    """What one key cannot say alone: model names and deployment names unique, fallbacks known."""
+    names: set[str] = set()
+    for i, group in enumerate(settings.models):
+        for where, name in (("name", group.name), *((f"aliases[{j}]", a) for j, a in enumerate(group.aliases))):
+            if name in names:
+                raise ConfigError(f"config error at models[{i}].{where}: model name {name!r} is defined twice")
+            names.add(name)
+        ids: set[str] = set()
+        for j, dep in enumerate(group.deployments):
+            if dep.id in ids:
+                raise ConfigError(f"config error at models[{i}].deployments[{j}]: deployment {dep.id!r} is defined "
+                                  f"twice in model {group.name!r} (give each its own name)")
+            ids.add(dep.id)
+    for i, group in enumerate(settings.models):
+        for key in ("fallbacks", "context_window_fallbacks"):
+            for j, name in enumerate(getattr(group, key)):
+                if name not in names:
+                    raise ConfigError(f"config error at models[{i}].{key}[{j}]: unknown model {name!r}")
 
 
 def _interpolate(value: Any, path: str, env: dict[str, str]) -> Any:
@@ -274,7 +289,11 @@ def _apply_env_overrides(raw: dict[str, Any], env: dict[str, str]) -> None:
                 child = {}
                 node[key] = child
             node = child
-        node[keys[-1]] = yaml.safe_load(text) if text != "" else None
+        try:
+            node[keys[-1]] = yaml.safe_load(text) if text != "" else None
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"config error at {'.'.join(keys)}: environment variable {var} is not a YAML value "
+                              f"({_yaml_problem(exc)})") from None
 
 
 def _path_of(msg: str) -> tuple[str, str]:
@@ -294,10 +313,12 @@ def parse_settings(raw: Any, env: dict[str, str] | None = None) -> Settings:
     raw = _interpolate(raw, "", env)
     _apply_env_overrides(raw, env)
     try:
-        return msgspec.convert(raw, Settings, strict=False)
+        settings = msgspec.convert(raw, Settings, strict=False)
     except msgspec.ValidationError as exc:
         problem, where = _path_of(str(exc))
         raise ConfigError(f"config error at {where}: {problem}") from None
+    _check_references(settings)
+    return settings
 
 
 def load_settings(path: str | Path | None = None, env: dict[str, str] | None = None) -> Settings:
@@ -311,7 +332,31 @@ def load_settings(path: str | Path | None = None, env: dict[str, str] | None = N
     except UnicodeDecodeError as exc:
         raise ConfigError(f"config file {path} is not UTF-8 text (byte {exc.start}: {exc.reason})") from None
     try:
-        raw = yaml.safe_load(text)
+        raw = yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader
     except yaml.YAMLError as exc:
-        raise ConfigError(f"config file {path} is not valid YAML: {exc}") from None
+        raise ConfigError(f"config file {path} is not valid YAML: {_yaml_problem(exc)}") from None
     return parse_settings(raw, env)
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader, but a key given twice in one mapping is an error, not the last one winning."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            if isinstance(key_node, yaml.ScalarNode) and key_node.tag != "tag:yaml.org,2002:merge":
+                key = self.construct_object(key_node, deep=deep)
+                if key in seen:
+                    raise yaml.constructor.ConstructorError(None, None, f"key {key!r} is given twice",
+                                                            key_node.start_mark)
+                seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    """A YAML error in one line: where (line and column, from 1) and what."""
+    if isinstance(exc, yaml.MarkedYAMLError) and exc.problem is not None:
+        mark = exc.problem_mark
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+        return where + exc.problem
+    return " ".join(str(exc).split())

@@ -53,8 +53,8 @@ def settings_from(config: Path | None) -> Settings:
             return load_settings(config)
         return parse_settings({})
     except ConfigError as exc:
-        err.print(f"[red]{safe(str(exc))}[/red]")
-        raise typer.Exit(2) from None
+        fail(str(exc), 2)
+        raise AssertionError("unreachable") from None
 
 
 def fail(message: str, code: int = 1) -> None:

@@ -13,7 +13,8 @@ import asyncio
 import fnmatch
 import logging
 import random
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Coroutine, Iterator
+from typing import Any
 
 from backends.base import Backend
 from backends.prompt_count import PromptCounter
@@ -91,17 +92,32 @@ class Router:
             yield from group.deployments
 
     def reload(self, settings: Settings, build: BackendBuilder) -> None:
-        """Swap in a new routing table; requests already routed keep their deployment."""
+        """Swap in a new routing table; requests already routed keep their deployment. A config
+        error part way leaves the table as it was and closes the backends built for it."""
         current = {(g.name, d.id): d for g in self.groups for d in g.deployments}
-        groups = _build_groups(settings, build, current)
+        built: list[Backend] = []
+
+        def build_new(config: DeploymentConfig) -> Backend:
+            built.append(build(config))
+            return built[-1]
+
+        try:
+            groups = _build_groups(settings, build_new, current)
+        except BaseException:
+            for backend in built:  # e.g. a local engine loaded before a later deployment failed
+                self._in_background(backend.aclose())
+            raise
         kept = {id(d) for g in groups for d in g.deployments}
         self._install(groups)
         for deployment in current.values():
             if id(deployment) not in kept:
-                task = asyncio.get_running_loop().create_task(_retire(deployment))
-                self._retiring.add(task)
-                task.add_done_callback(self._retiring.discard)
+                self._in_background(_retire(deployment))
         log.info("routing table reloaded: %d models", len(groups))
+
+    def _in_background(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(work)
+        self._retiring.add(task)
+        task.add_done_callback(self._retiring.discard)
 
     async def ready(self) -> dict[str, bool]:
         """Readiness of every deployment, checked concurrently."""
@@ -113,15 +129,6 @@ class Router:
         for task in list(self._retiring):
             task.cancel()
         await asyncio.gather(*(d.backend.aclose() for d in self.deployments()), return_exceptions=True)
-
-
-def _check_fallbacks(settings: Settings) -> None:
-    names = {n for g in settings.models for n in (g.name, *g.aliases)}
-    for i, group in enumerate(settings.models):
-        for key in ("fallbacks", "context_window_fallbacks"):
-            for j, name in enumerate(getattr(group, key)):
-                if name not in names:
-                    raise ConfigError(f"config error at models[{i}].{key}[{j}]: unknown model {name!r}")
 
 
 def _counter(dep: DeploymentConfig, where: str) -> PromptCounter | None:
@@ -136,7 +143,6 @@ def _counter(dep: DeploymentConfig, where: str) -> PromptCounter | None:
 def _build_groups(
     settings: Settings, build: BackendBuilder, reuse: dict[tuple[str, str], Deployment]
 ) -> list[ModelGroup]:
-    _check_fallbacks(settings)
     groups = []
     carried: list[tuple[DeploymentHealth, CircuitConfig, int | None]] = []
     for i, config in enumerate(settings.models):

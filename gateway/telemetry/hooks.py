@@ -73,4 +73,5 @@ def on_settle(telemetry: Telemetry, record: UsageRecord, phases: list[tuple[str,
         attempt.set_attribute("gen_ai.usage.input_tokens", record.prompt_tokens)
         attempt.set_attribute("gen_ai.usage.output_tokens", record.completion_tokens)
         telemetry.tracing.phases(attempt, phases)
-        end_attempt(attempt, record.error_type if record.status >= 500 else None)
+        failed = record.status >= 500 or record.extra.get("outcome") == "failed"  # a stream that broke is a 200
+        end_attempt(attempt, record.error_type if failed else None)

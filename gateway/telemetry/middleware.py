@@ -14,12 +14,14 @@ from typing import Any
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 
+from gateway.event_stream import CLIENT_LEFT
 from gateway.telemetry.context import RequestInfo, current, new_request_id
 from gateway.telemetry.logs import log_access
 from gateway.telemetry.tracing import Tracing, mark_error
 
 TRACED_PREFIXES = ("/v1/", "/admin/")
 _HEADER = b"x-request-id"
+CLIENT_CLOSED = 499  # nginx's "client closed request"
 
 
 class TelemetryMiddleware:
@@ -34,7 +36,9 @@ class TelemetryMiddleware:
             return
         info = RequestInfo(new_request_id(), scope.get("method", "GET"), path)
         started = time.perf_counter()
-        span = self.tracing.start_request(info.method, path)
+        # named by its route: Litestar has routed the request (its template); the fast routes' paths are fixed
+        span = (self.tracing.start_request(info.method, path, scope.get("path_template") or path)
+                if self.tracing.enabled else None)
         info.span = span
         token = current.set(info)
         otel_token = otel_context.attach(trace.set_span_in_context(span)) if span is not None else None
@@ -50,7 +54,8 @@ class TelemetryMiddleware:
         try:
             await self.app(scope, receive, send_wrapper)
         except BaseException:
-            info.status = info.status or 500
+            # the client left before an answer began (499, as its usage row): not the gateway failing
+            info.status = info.status or (CLIENT_CLOSED if scope.get(CLIENT_LEFT) else 500)
             raise
         finally:
             self._finish(info, started)

@@ -52,11 +52,13 @@ class Tracing:
             provider.add_span_processor(SimpleSpanProcessor(exporter))
         return cls(provider)
 
-    def start_request(self, method: str, path: str) -> Span | None:
+    def start_request(self, method: str, path: str, route: str) -> Span | None:
+        """The request's span, named by its route (``GET /v1/models/{model_id}``), never by a
+        path a client makes up."""
         if self.tracer is None:
             return None
-        return self.tracer.start_span(f"{method} {path}", kind=SpanKind.SERVER,
-                                      attributes={"http.request.method": method, "url.path": path})
+        return self.tracer.start_span(f"{method} {route}", kind=SpanKind.SERVER, attributes={
+            "http.request.method": method, "url.path": path, "http.route": route})
 
     def span(self, name: str, attributes: dict[str, Any] | None = None) -> AbstractContextManager[Any]:
         """A child of the current span (a no-op when tracing is off)."""

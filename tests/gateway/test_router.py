@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import random
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
-from backends.base import BackendStats
+from backends.base import Backend, BackendStats
 from backends.factory import build_backend
 from backends.openai_http import OpenAIHTTPBackend
 from backends.providers import register_provider
@@ -53,10 +55,35 @@ def test_missing_provider_module_is_a_config_error() -> None:
 
 
 def test_unknown_fallback_is_a_config_error_naming_the_key() -> None:
-    settings = parse_settings({"models": [{"name": "a", "fallbacks": ["zzz"], "deployments": [
-        {"provider": "openai", "model": "x"}]}]}, env={})
-    with pytest.raises(ConfigError, match=r"models\[0\]\.fallbacks\[0\]"):
-        Router.from_settings(settings, build_backend)
+    """Found when the file is read (``switchyard serve --workers N`` checks it before any worker starts)."""
+    with pytest.raises(ConfigError, match=r"models\[0\]\.fallbacks\[0\]: unknown model 'zzz'"):
+        parse_settings({"models": [{"name": "a", "fallbacks": ["zzz"], "deployments": [
+            {"provider": "openai", "model": "x"}]}]}, env={})
+
+
+async def test_a_reload_that_fails_part_way_keeps_the_table_and_closes_what_it_built(tmp_path: Path) -> None:
+    closed: list[str] = []
+
+    def build(config: DeploymentConfig) -> Backend:
+        backend = build_backend(config)
+        close = backend.aclose
+
+        async def aclose() -> None:
+            closed.append(config.id)
+            await close()
+
+        backend.aclose = aclose  # type: ignore[method-assign]
+        return backend
+
+    dep = {"provider": "openai", "model": "x", "api_base": "http://127.0.0.1:1/v1"}
+    router = Router.from_settings(parse_settings({"models": [{"name": "a", "deployments": [dep]}]}, env={}), build)
+    broken = parse_settings({"models": [{"name": "a", "deployments": [
+        dep, dep | {"name": "new"}, dep | {"name": "bad", "tokenizer": str(tmp_path / "missing")}]}]}, env={})
+    with pytest.raises(ConfigError, match=r"deployments\[2\]\.tokenizer"):
+        router.reload(broken, build)
+    await asyncio.sleep(0.05)
+    assert [d.id for d in router.deployments()] == ["openai:x"] and sorted(closed) == ["bad", "new"]
+    await router.aclose()
 
 
 class _Clock:

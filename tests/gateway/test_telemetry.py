@@ -12,7 +12,9 @@ from dataclasses import dataclass
 import httpx
 import openai
 import pytest
+from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import StatusCode
 from prometheus_client.parser import text_string_to_metric_families
 
 from backends.factory import build_backend
@@ -187,6 +189,56 @@ def test_failed_attempt_span_and_streamed_request(env: Env, upstream: FakeUpstre
     roots = [s for s in finished if s.name == "chat echo"]
     assert len(roots) == 2 and roots[1].attributes["gen_ai.request.stream"] is True
     assert roots[1].attributes["gen_ai.usage.output_tokens"] > 0
+
+
+def _finished(env: Env, name: str, count: int = 1) -> list[ReadableSpan]:
+    """The finished spans named ``name``, once there are ``count`` of them (a stream's end at its settlement)."""
+    deadline = time.monotonic() + 10
+    while len(found := [s for s in env.spans.get_finished_spans() if s.name == name]) < count \
+            and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return found
+
+
+def test_a_stream_the_upstream_breaks_is_an_upstream_error_in_metrics_and_on_its_attempt_span(
+        env: Env, upstream: FakeUpstream) -> None:
+    before = env.scrape()
+    env.spans.clear()
+    for fault in (Fault(error_after_chunks=2), Fault(end_after_chunks=2)):
+        upstream.fail_next(fault)
+        with pytest.raises(openai.APIError):
+            list(env.client().chat.completions.create(model="echo", messages=MESSAGES, stream=True))
+    assert len(_finished(env, "chat echo", 2)) == 2
+    after = env.scrape()
+    for kind in ("upstream_error", "unavailable"):  # the failure, and the body that ended before it finished
+        assert delta(after, before, "switchyard_upstream_errors_total", deployment="echo-dep", kind=kind) == 1
+    attempts = [s for s in env.spans.get_finished_spans() if s.name == "upstream echo-dep"]
+    assert [s.attributes.get("error.type") for s in attempts] == ["upstream_error", "unavailable"]
+    assert all(s.status.status_code is StatusCode.ERROR for s in attempts)
+
+
+def test_a_client_that_leaves_before_the_answer_is_499_not_a_server_error(env: Env, upstream: FakeUpstream,
+                                                                          caplog: pytest.LogCaptureFixture) -> None:
+    env.spans.clear()
+    upstream.fail_next(Fault(delay=3))
+    with caplog.at_level(logging.INFO, logger="switchyard.access"), pytest.raises(httpx.ReadTimeout):
+        httpx.post(env.url + "/v1/chat/completions", json={"model": "echo", "messages": MESSAGES},
+                   headers={"authorization": f"Bearer {KEY}"}, timeout=0.5)
+    (root,) = _finished(env, "chat echo")
+    assert root.attributes["error.type"] == "client_disconnected"
+    assert root.attributes["http.response.status_code"] == 499  # as its usage row says; it was a 500
+    access = [r.getMessage() for r in caplog.records if r.name == "switchyard.access"]
+    assert access == ["POST /v1/chat/completions 499"]
+
+
+def test_a_request_span_is_named_by_its_route_not_by_a_path_a_client_made_up(env: Env) -> None:
+    env.spans.clear()
+    for model in ("bogus-1", "bogus-2"):
+        assert httpx.get(f"{env.url}/v1/models/{model}", headers={"authorization": f"Bearer {KEY}"}).status_code == 404
+    spans = _finished(env, "GET /v1/models/{model_id}")
+    assert len(spans) == 2 and all(s.attributes["http.route"] == "/v1/models/{model_id}" for s in spans)
+    assert {s.attributes["url.path"] for s in spans} == {"/v1/models/bogus-1", "/v1/models/bogus-2"}
+    assert not any("bogus" in s.name for s in env.spans.get_finished_spans())
 
 
 def test_access_log_is_json_with_request_fields_and_no_secrets(env: Env) -> None:

@@ -1,0 +1,73 @@
+"""A config file an operator got wrong ends in one line that names the key (or the line) and what is
+wrong with it: YAML syntax, a key given twice, an environment override that is not YAML, two
+deployments of one model under one name, a fallback naming no model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from gateway.cli import app
+from gateway.settings import ConfigError, load_settings, parse_settings
+
+DEP = {"provider": "openai", "model": "m", "api_base": "http://127.0.0.1:9/v1"}
+
+
+def _load(tmp_path: Path, text: str, env: dict[str, str] | None = None) -> str:
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as caught:
+        load_settings(path, env=env or {})
+    message = str(caught.value)
+    assert "\n" not in message, message
+    return message
+
+
+def test_bad_yaml_is_one_line_with_its_line_and_column(tmp_path: Path) -> None:
+    message = _load(tmp_path, "server:\n  port: 8000\nmodels: [{name: a, deployments: []\n")
+    assert "is not valid YAML: line 4, column 1: expected ',' or '}', but got '<stream end>'" in message, message
+    message = _load(tmp_path, "models:\n\t- name: a\n")
+    assert "line 2, column 1: found character '\\t' that cannot start any token" in message, message
+
+
+def test_a_key_given_twice_is_an_error_not_the_last_one_winning(tmp_path: Path) -> None:
+    models = "models:\n  - name: a\n    deployments: [{provider: openai, model: m}]\n"
+    assert "line 5, column 1: key 'models' is given twice" in _load(tmp_path, models + "auth: {}\nmodels: []\n")
+    assert "key 'port' is given twice" in _load(tmp_path, "server: {port: 1, host: h, port: 2}\n")
+    # a merge key's values are overridden, as YAML means them to be
+    path = tmp_path / "merge.yaml"
+    path.write_text("x-base: &base {host: h, port: 1}\nserver: {<<: *base, port: 2}\n")
+    with pytest.raises(ConfigError, match="unknown field `x-base`"):  # parsed; only the section is unknown
+        load_settings(path, env={})
+
+
+def test_an_env_override_that_is_not_yaml_names_the_key_and_the_variable() -> None:
+    with pytest.raises(ConfigError) as caught:
+        parse_settings({}, env={"SWITCHYARD__SERVER__PORT": "[1"})
+    assert str(caught.value).startswith("config error at server.port: environment variable "
+                                        "SWITCHYARD__SERVER__PORT is not a YAML value (")
+
+
+def test_two_deployments_of_one_model_need_their_own_names() -> None:
+    with pytest.raises(ConfigError, match=r"models\[0\]\.deployments\[1\]: deployment 'openai:m' is defined twice"):
+        parse_settings({"models": [{"name": "a", "deployments": [DEP, DEP]}]}, env={})
+    # named apart they are two deployments; one deployment may serve two models
+    parse_settings({"models": [{"name": "a", "deployments": [DEP, DEP | {"name": "second"}]},
+                               {"name": "b", "deployments": [DEP]}]}, env={})
+
+
+def test_a_model_name_given_twice_names_the_key() -> None:
+    with pytest.raises(ConfigError, match=r"config error at models\[1\]\.aliases\[0\]: model name 'a' is defined"):
+        parse_settings({"models": [{"name": "a", "deployments": [DEP]},
+                                   {"name": "b", "aliases": ["a"], "deployments": [DEP]}]}, env={})
+
+
+def test_the_admin_cli_reports_a_bad_config_file_as_one_error_line(tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text("models: [\n")
+    done = CliRunner().invoke(app, ["tenant", "list", "--config", str(path)])
+    lines = done.stderr.strip().splitlines()
+    assert done.exit_code == 2 and len(lines) == 1, done.stderr
+    assert lines[0].startswith("error: config file ") and "is not valid YAML: line 2" in lines[0], lines[0]
