@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 from pathlib import Path
@@ -22,6 +23,8 @@ from msgspec import Meta
 
 # Deployment-level config lives in backends/ (gateway -> backends); re-exported here for callers.
 from backends.config import Conf, ConfigError, DeploymentConfig, Seconds, Timeouts
+
+log = logging.getLogger("switchyard.settings")
 
 __all__ = ["ConfigError", "DeploymentConfig", "Settings", "Timeouts", "load_settings", "parse_settings"]
 
@@ -254,6 +257,12 @@ def _check_references(settings: Settings) -> None:
             for j, name in enumerate(getattr(group, key)):
                 if name not in names:
                     raise ConfigError(f"config error at models[{i}].{key}[{j}]: unknown model {name!r}")
+    # A price applies to a model's name or a deployment's; any other key (an alias, a typo) prices nothing.
+    # Not an error: prices of models served elsewhere may be kept in one file (they fill model_prices).
+    priced = {g.name for g in settings.models} | {d.id for g in settings.models for d in g.deployments}
+    for key in sorted(settings.prices.keys() - priced):
+        log.warning("prices.%s names no model or deployment of this config: requests are not priced by it%s", key,
+                    " (prices go by the model's name, not an alias)" if key in names else "")
 
 
 def _interpolate(value: Any, path: str, env: dict[str, str]) -> Any:

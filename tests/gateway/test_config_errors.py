@@ -71,3 +71,15 @@ def test_the_admin_cli_reports_a_bad_config_file_as_one_error_line(tmp_path: Pat
     lines = done.stderr.strip().splitlines()
     assert done.exit_code == 2 and len(lines) == 1, done.stderr
     assert lines[0].startswith("error: config file ") and "is not valid YAML: line 2" in lines[0], lines[0]
+
+
+def test_a_price_naming_no_model_or_deployment_is_warned_of(caplog: pytest.LogCaptureFixture) -> None:
+    """Prices go by a model's or a deployment's name: one keyed by an alias or a typo prices nothing."""
+    raw = {"models": [{"name": "a", "aliases": ["a-latest"], "deployments": [DEP | {"name": "a-east"}]}],
+           "prices": {name: {"input_per_million": 1.0} for name in ("a", "a-east", "a-latest", "typo")}}
+    with caplog.at_level("WARNING", logger="switchyard.settings"):
+        parse_settings(raw)
+    warned = [r.getMessage() for r in caplog.records]
+    assert len(warned) == 2, warned
+    assert warned[0].startswith("prices.a-latest names no model or deployment") and "not an alias" in warned[0]
+    assert warned[1].startswith("prices.typo names no model or deployment") and "alias" not in warned[1]
