@@ -48,7 +48,7 @@ class DeploymentConfig(Conf):
     name: str | None = None  # defaults to "<provider>:<model>"
     api_base: str | None = None
     api_key: str | None = None  # use ${ENV_VAR}; never commit a secret
-    weight: Annotated[float, Meta(gt=0)] = 1.0
+    weight: Annotated[float, Meta(gt=0, le=1e6)] = 1.0  # relative to the group's others: finite
     max_concurrency: Annotated[int, Meta(ge=1)] | None = None
     tokens_per_minute: Annotated[int, Meta(ge=1)] | None = None
     context_window: Annotated[int, Meta(ge=1)] | None = None

@@ -85,9 +85,9 @@ class CircuitConfig(Conf):
 class ModelGroupConfig(Conf):
     """A public model name and the deployments behind it."""
 
-    name: str
+    name: Annotated[str, Meta(min_length=1)]
     deployments: Annotated[list[DeploymentConfig], Meta(min_length=1)]
-    aliases: list[str] = msgspec.field(default_factory=list)
+    aliases: list[Annotated[str, Meta(min_length=1)]] = msgspec.field(default_factory=list)
     strategy: Literal["weighted", "least_busy", "lowest_latency", "priority", "cache_aware"] = "weighted"
     fallbacks: list[str] = msgspec.field(default_factory=list)
     context_window_fallbacks: list[str] = msgspec.field(default_factory=list)

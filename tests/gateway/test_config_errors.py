@@ -4,6 +4,7 @@ deployments of one model under one name, a fallback naming no model."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -83,3 +84,13 @@ def test_a_price_naming_no_model_or_deployment_is_warned_of(caplog: pytest.LogCa
     assert len(warned) == 2, warned
     assert warned[0].startswith("prices.a-latest names no model or deployment") and "not an alias" in warned[0]
     assert warned[1].startswith("prices.typo names no model or deployment") and "alias" not in warned[1]
+
+
+@pytest.mark.parametrize(("model", "where"), [
+    ({"name": ""}, "models[0].name"),
+    ({"name": "a", "aliases": [""]}, "models[0].aliases[0]"),
+    ({"name": "a", "deployments": [DEP | {"weight": float("inf")}]}, "models[0].deployments[0].weight"),
+])
+def test_an_empty_model_name_or_an_infinite_weight_is_an_error_naming_it(model: dict[str, object], where: str) -> None:
+    with pytest.raises(ConfigError, match=rf"config error at {re.escape(where)}"):
+        parse_settings({"models": [{"deployments": [DEP]} | model]})
