@@ -47,8 +47,11 @@ class Range:
             e, s = now, now - PRESETS[preset]
         else:
             e = _parse(end, "end", zone) if end else now
-            if end and len(end.strip()) == 10:
-                e = _shift(e, timedelta(days=1), "end")  # a bare end date includes that day
+            if end and len(end.strip()) == 10:  # a bare end date includes that day, to the next local midnight
+                try:
+                    e = _next(e, "day", zone)
+                except OverflowError:
+                    raise ParameterError(f"end is out of range: {CALENDAR}", param="end") from None
             s = _parse(start, "start", zone) if start else _shift(e, -timedelta(days=7), "end")
         _inside_calendar(s, "start")
         _inside_calendar(e, "end")

@@ -83,8 +83,11 @@ class RecordFilter:
 
 
 def as_dict(row: UsageRow) -> dict[str, Any]:
+    """A record's columns; its cost to twelve significant digits, without the binary noise of its
+    arithmetic (0.1 + 0.2 is 0.3, not 0.30000000000000004)."""
     out = {c: getattr(row, c) for c in COLUMNS}
     out["started_at"] = row.started_at.isoformat()
+    out["cost"] = float(f"{row.cost:.12g}")
     out["total_tokens"] = row.prompt_tokens + row.completion_tokens
     return out
 

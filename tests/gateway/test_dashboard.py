@@ -201,3 +201,28 @@ async def test_csv_exports_quote_a_key_name_or_tier_that_starts_a_formula(dash: 
         requests = client.get("/dashboard/api/export.csv", params={**params, "table": "requests"}).text
     assert [(r["key_name"], r["requests"]) for r in csv.DictReader(io.StringIO(by_key))] == [("'" + name, "1")]
     assert [r["service_tier"] for r in csv.DictReader(io.StringIO(requests))] == ["'@SUM(1+1)"]
+
+
+async def test_request_costs_carry_no_floating_noise(dash: DashEnv, tmp_path: Path) -> None:
+    """A cost as its arithmetic left it (0.1 + 0.2) reads 0.3 in the log, the detail and the CSV."""
+    at = time.time() - 62 * 86400  # a day of its own, outside every range the other tests read
+    db = Database.from_url(dash.db_url)
+    writer = UsageWriter(db, PriceTable(), journal_dir=tmp_path)
+    for cost in (0.1 + 0.2, (3 * 0.15 + 2 * 0.6) / 1e6):
+        writer.record(UsageRecord(
+            request_id=uuid.uuid4().hex, key_id=dash.a.key_ids[0], tenant_id=dash.a.id, model="echo",
+            deployment="d", provider="openai", endpoint="chat.completions", started_at=at, status=200,
+            prompt_tokens=3, completion_tokens=2, cost=cost,
+        ))  # fmt: skip
+    assert await writer.flush()
+    writer.journal.close()
+    await db.dispose()
+    day = datetime.fromtimestamp(at, UTC).date().isoformat()
+    params = {"start": day, "end": day, "tz": "UTC"}
+    with httpx.Client(base_url=dash.url) as client:
+        login(client, dash.a.key)
+        log = client.get("/dashboard/api/requests", params=params).json()["data"]
+        detail = client.get(f"/dashboard/api/requests/{log[0]['request_id']}").json()
+        exported = client.get("/dashboard/api/export.csv", params={**params, "table": "requests"}).text
+    assert sorted(r["cost"] for r in log) == [1.65e-06, 0.3] and detail["cost"] in (1.65e-06, 0.3)
+    assert sorted(r["cost"] for r in csv.DictReader(io.StringIO(exported))) == ["0.3", "1.65e-06"]

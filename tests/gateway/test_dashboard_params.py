@@ -76,6 +76,14 @@ def test_a_range_near_the_calendar_end_is_still_served(a_client: httpx.Client) -
     assert response.status_code == 200, response.text
 
 
+def test_a_custom_week_ending_on_a_dst_day_has_seven_days(a_client: httpx.Client) -> None:
+    params = {"start": "2025-03-03", "end": "2025-03-09", "tz": "America/New_York", "bucket": "day"}
+    data = a_client.get("/dashboard/api/summary", params=params).json()
+    assert data["end"] == "2025-03-10T04:00:00+00:00" and len(data["series"]) == 7
+    rows = a_client.get("/dashboard/api/export.csv", params=params).text.splitlines()
+    assert len(rows) == 1 + 7
+
+
 def test_range_parse_names_the_parameter_instead_of_overflowing() -> None:
     for end in ("9999-12-31", "0001-01-02", "9999-12-31T23:59:59"):
         with pytest.raises(ParameterError) as raised:

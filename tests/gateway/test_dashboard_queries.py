@@ -70,6 +70,18 @@ def test_ranges_fit_the_preset_and_the_time_zone() -> None:
         Range.parse(None, None, "minute", NOW, preset="7d")
 
 
+def test_a_bare_end_date_ends_at_the_next_local_midnight_on_a_dst_day() -> None:
+    """The day the clocks change has 23 or 25 hours: a range ending on it neither spills an hour
+    into the next day (an extra bucket) nor loses its last hour."""
+    ny = ZoneInfo("America/New_York")
+    for day, hours in (("2025-03-09", 23), ("2025-11-02", 25)):
+        one = Range.parse(day, day, None, tz="America/New_York")
+        assert one.end - one.start == timedelta(hours=hours) and len(one.buckets()) == hours
+        assert one.end.astimezone(ny).hour == 0
+    week = Range.parse("2025-03-03", "2025-03-09", "day", tz="America/New_York")
+    assert [t.astimezone(ny).day for t in week.buckets()] == list(range(3, 10))
+
+
 def _record(tenant: str, at: datetime, *, model: str = "m", key: str = "k", status: int = 200,
             error: str | None = None, latency: float = 100.0) -> UsageRecord:
     ok = status < 400

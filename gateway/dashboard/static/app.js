@@ -32,7 +32,11 @@
     return p;
   }
 
-  const fmt = (v) => typeof v === "number" ? (Number.isInteger(v) ? v.toLocaleString("en-US") : v.toFixed(6).replace(/0+$/, "").replace(/\.$/, "")) : (v ?? "—");
+  // Numbers with grouping and never an exponent; costs (USD) with two to eight decimals, so that a
+  // tiny cost is not shown as 0 and none carries floating noise.
+  const fmt = (v) => typeof v === "number" ? v.toLocaleString("en-US", { maximumFractionDigits: 6 }) : (v ?? "—");
+  const money = (v) => typeof v === "number"
+    ? v.toLocaleString("en-US", { minimumFractionDigits: 2, maximumFractionDigits: 8 }) : fmt(v);
   const when = (iso) => new Date(iso).toLocaleString(undefined, { dateStyle: "medium", timeStyle: "short" });
 
   function table(el, columns, rows, onClick) {
@@ -94,7 +98,7 @@
 
   const USAGE_COLUMNS = [["requests", "Requests"], ["errors", "Errors"], ["rate_limited", "429s"],
     ["prompt_tokens", "Prompt tokens"], ["completion_tokens", "Completion tokens"], ["total_tokens", "Total tokens"],
-    ["cost", "Cost (USD)"]];
+    ["cost", "Cost (USD)", money]];
 
   function split(data, field) {
     const by = $("split").value;
@@ -120,7 +124,7 @@
       card.id = "total-" + key;
       card.textContent = label;
       const b = document.createElement("b");
-      b.textContent = fmt(data.totals[key]);
+      b.textContent = (key === "cost" ? money : fmt)(data.totals[key]);
       b.dataset.value = data.totals[key];
       card.appendChild(b);
       totals.appendChild(card);
@@ -163,18 +167,18 @@
     const data = await api("limits" + p);
     const rows = ["requests_per_minute", "tokens_per_minute", "token_budget", "cost_budget"].map((k) => ({
       name: k.replaceAll("_", " ") + (k.endsWith("budget") ? " (" + data.limits.budget_period + ")" : ""),
-      used: data.used[k], limit: data.limits[k] ?? "no limit",
+      used: data.used[k], limit: data.limits[k] ?? "no limit", show: k === "cost_budget" ? money : fmt,
     }));
     const body = $("live").tBodies[0];
     body.replaceChildren();
     for (const r of rows) {
       const tr = body.insertRow();
-      for (const v of [r.name, fmt(r.used), fmt(r.limit)]) tr.insertCell().textContent = v;
+      for (const v of [r.name, r.show(r.used), r.show(r.limit)]) tr.insertCell().textContent = v;
     }
   }
 
   const LOG_COLUMNS = [["started_at", "Time", when], ["key_id", "Key", (v) => state.names[v] || v], ["model", "Model"],
-    ["deployment", "Deployment"], ["status", "Status"], ["total_tokens", "Tokens"], ["cost", "Cost (USD)"],
+    ["deployment", "Deployment"], ["status", "Status"], ["total_tokens", "Tokens"], ["cost", "Cost (USD)", money],
     ["latency_ms", "Latency (ms)", (v) => v == null ? "—" : Math.round(v).toString()], ["error_type", "Error"]];
 
   function logParams() {
@@ -208,13 +212,15 @@
     for (const [k, v] of Object.entries(d)) {
       if (k === "explanation") continue;
       const dt = document.createElement("dt"); dt.textContent = k.replaceAll("_", " ");
-      const dd = document.createElement("dd"); dd.textContent = k === "started_at" ? when(v) + " (" + v + ")" : fmt(v);
+      const dd = document.createElement("dd"); dd.textContent = k === "started_at" ? when(v) + " (" + v + ")" : (k === "cost" ? money : fmt)(v);
       dd.dataset.field = k;
       dl.append(dt, dd);
     }
     $("detail").hidden = false;
     $("detail").scrollIntoView({ block: "nearest" });
   }
+
+  const byBudget = (v, row) => (row.budget === "cost" ? money : fmt)(v);
 
   async function loadOperator(ticket) {
     const q = rangeParams(false);
@@ -223,8 +229,8 @@
     chart("chart-tenants", data, Object.entries(data.series_by_tenant));
     const cols = [["name", "Tenant"], ["status", "Status"], ...USAGE_COLUMNS, ["error_rate", "Error rate"]];
     table($("tenants"), cols, data.tenants);
-    table($("top-spenders"), [["name", "Tenant"], ["cost", "Cost (USD)"], ["total_tokens", "Tokens"], ["requests", "Requests"]], data.top_spenders);
-    table($("budgets"), [["name", "Tenant"], ["budget", "Budget"], ["period", "Period"], ["used", "Used"], ["limit", "Limit"],
+    table($("top-spenders"), [["name", "Tenant"], ["cost", "Cost (USD)", money], ["total_tokens", "Tokens"], ["requests", "Requests"]], data.top_spenders);
+    table($("budgets"), [["name", "Tenant"], ["budget", "Budget"], ["period", "Period"], ["used", "Used", byBudget], ["limit", "Limit", byBudget],
       ["share", "Used share", (v) => (v * 100).toFixed(1) + "%"], ["near_limit", "Near limit", (v) => v ? "yes" : ""]], data.budgets);
     table($("deployments"), [["deployment", "Deployment"], ["model", "Model"], ["provider", "Provider"], ["state", "Circuit"],
       ["latency_ewma_ms", "Latency EWMA (ms)"], ["requests", "Requests"], ["errors", "Errors"], ["error_rate", "Error rate"]], deps.data);
@@ -278,6 +284,7 @@
     } catch (e) {
       if (stale(ticket)) return;
       $("message").textContent = e.message;
+      $("view-" + state.view).hidden = $("csv").hidden = true; // no numbers of the previous choice under this one
       document.body.dataset.error = String(e);
     }
   }
@@ -287,7 +294,7 @@
     $("tz").textContent = TZ;
     const today = new Date();
     $("end").value = today.toLocaleDateString("en-CA");
-    $("start").value = new Date(today.getTime() - 6 * 86400000).toLocaleDateString("en-CA");
+    $("start").value = new Date(today.getFullYear(), today.getMonth(), today.getDate() - 6).toLocaleDateString("en-CA");
     if (state.me.role === "admin") {
       $("who").textContent = "admin";
       $("tab-operator").hidden = false;
@@ -310,7 +317,8 @@
     $("more").addEventListener("click", () => loadRequests(true));
     window.addEventListener("hashchange", () => show(true));
     await show(true);
-    setInterval(() => { if (state.view === "usage" && state.tenant) live().catch(() => {}); }, 5000);
+    // every view checks its session: one signed out elsewhere, revoked or expired leads back to sign-in
+    setInterval(() => (state.view === "usage" && state.tenant ? live() : api("me")).catch(() => {}), 5000);
   }
 
   start().catch((e) => { document.body.dataset.error = String(e); });
