@@ -24,10 +24,13 @@ from backends.embeddings_wire import EmbeddingList, EmbeddingRequest
 from backends.estimate import estimate_chat_prompt, estimate_completion_prompt, estimate_embedding_input, estimate_text
 from backends.http_upstream import ErrorDetail, ErrorEnvelope, HTTPBackend, HTTPUpstream, raise_if_error
 from backends.openai_wire import (
+    AssistantMessage,
     ChatCompletion,
     ChatCompletionChunk,
     ChatCompletionRequest,
+    ChatDelta,
     CompletionRequest,
+    FunctionCall,
     StreamOptions,
     TextCompletion,
     Usage,
@@ -47,24 +50,62 @@ C = TypeVar("C", ChatCompletionChunk, TextCompletion)
 R = TypeVar("R", ChatCompletion, TextCompletion, EmbeddingList)
 
 
+def _generated(message: AssistantMessage | ChatDelta) -> str:
+    """The text a message (or a chunk's delta) generated: its content, reasoning, refusal, and its
+    tool calls' names and arguments."""
+    reasoning = message.reasoning_content or message.reasoning
+    parts = [t for t in (message.content, reasoning, message.refusal) if isinstance(t, str)]
+    for call in message.tool_calls or ():
+        function = call.function
+        named = (function.name, function.arguments) if isinstance(function, FunctionCall) else \
+            (function.get("name"), function.get("arguments")) if isinstance(function, dict) else ()
+        parts += (t for t in named if isinstance(t, str))
+    return " ".join(parts)
+
+
 def _chat_text(chunk: ChatCompletionChunk) -> str:
     choices = chunk.choices
-    if len(choices) == 1:  # nearly every chunk: no generator for it
-        content = choices[0].delta.content
-        return content if isinstance(content, str) else ""
-    return "".join(c.delta.content for c in choices if isinstance(c.delta.content, str))
+    if len(choices) == 1 and (content := choices[0].delta.content):  # nearly every chunk: no generator for it
+        return content
+    return " ".join(_generated(c.delta) for c in choices)
 
 
 def _completion_text(chunk: TextCompletion) -> str:
     return "".join(c.text for c in chunk.choices)
 
 
-def _meter_from_usage(meter: Meter, usage: Usage) -> None:
-    meter.prompt_tokens = usage.prompt_tokens
-    meter.completion_tokens = usage.completion_tokens
+class _Counts(msgspec.Struct):
+    """The counts an upstream's ``usage`` holds: None for one it left out."""
+
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+
+
+_counts = msgspec.json.Decoder(_Counts)
+
+
+def _reported(usage: Usage, answer: Any) -> tuple[bool, bool]:
+    """Whether ``answer``'s usage holds its prompt count, and its completion count (a 0 read from
+    ``usage`` may be a count the upstream left out)."""
+    if usage.prompt_tokens and usage.completion_tokens:
+        return True, True
+    raw = (relayed(answer) or {}).get("usage")
+    counts = _counts.decode(raw) if raw is not None else _Counts(0, 0)
+    return counts.prompt_tokens is not None, counts.completion_tokens is not None
+
+
+def _meter_from_usage(meter: Meter, usage: Usage, answer: Any) -> tuple[bool, bool]:
+    """The counts ``answer``'s usage holds, onto the meter; a count it left out stays as the meter
+    has it (an estimate), and the meter is then inexact. Which counts it held (``_reported``)."""
+    has_prompt, has_completion = _reported(usage, answer)
+    if has_prompt:
+        meter.prompt_tokens = usage.prompt_tokens
+    if has_completion:
+        meter.completion_tokens = usage.completion_tokens
     details = usage.prompt_tokens_details
     meter.cached_tokens = details.cached_tokens if details is not UNSET and details is not None else 0
-    meter.exact = True
+    meter.exact = has_prompt and has_completion
+    return has_prompt, has_completion
 
 
 def _tier_field(obj: Any) -> msgspec.Raw | None:
@@ -137,13 +178,15 @@ class OpenAIHTTPBackend(HTTPBackend):
 
     async def chat(self, request: ChatCompletionRequest, ctx: CallContext = NO_CONTEXT) -> Completed[ChatCompletion]:
         response = await self._unary("/chat/completions", self._payload(request, False, ctx), ChatCompletion, ctx)
-        text = "".join(c.message.content or "" for c in response.choices)
-        return Completed(response, self._unary_meter(response, lambda: estimate_chat_prompt(request), text))
+        meter = self._unary_meter(response, lambda: estimate_chat_prompt(request),
+                                  lambda: " ".join(_generated(c.message) for c in response.choices))
+        return Completed(response, meter)
 
     async def complete(self, request: CompletionRequest, ctx: CallContext = NO_CONTEXT) -> Completed[TextCompletion]:
         response = await self._unary("/completions", self._payload(request, False, ctx), TextCompletion, ctx)
-        text = "".join(c.text for c in response.choices)
-        return Completed(response, self._unary_meter(response, lambda: estimate_completion_prompt(request), text))
+        meter = self._unary_meter(response, lambda: estimate_completion_prompt(request),
+                                  lambda: _completion_text(response))
+        return Completed(response, meter)
 
     async def chat_stream(
         self, request: ChatCompletionRequest, ctx: CallContext = NO_CONTEXT
@@ -230,12 +273,18 @@ class OpenAIHTTPBackend(HTTPBackend):
             else payload
 
     @staticmethod
-    def _unary_meter(response: ChatCompletion | TextCompletion, prompt: Callable[[], int], text: str) -> Meter:
-        meter = Meter(first_token_at=time.perf_counter(), service_tier=_served_tier(_tier_field(response)))
-        if isinstance(usage := response.usage, Usage):
-            _meter_from_usage(meter, usage)
-        else:
-            meter.prompt_tokens, meter.completion_tokens, meter.exact = prompt(), estimate_text(text), False
+    def _unary_meter(response: ChatCompletion | TextCompletion, prompt: Callable[[], int],
+                     text: Callable[[], str]) -> Meter:
+        """The answer's usage; what it does not hold (all, or one count) is estimated, inexact."""
+        meter = Meter(first_token_at=time.perf_counter(), service_tier=_served_tier(_tier_field(response)),
+                      exact=False)
+        usage = response.usage
+        has_prompt, has_completion = _meter_from_usage(meter, usage, response) if isinstance(usage, Usage) \
+            else (False, False)
+        if not has_prompt:
+            meter.prompt_tokens = prompt()
+        if not has_completion:
+            meter.completion_tokens = estimate_text(text())
         return meter
 
     async def _unary(self, path: str, payload: bytes, type_: type[R], ctx: CallContext) -> R:
@@ -337,6 +386,7 @@ class _Relay(Generic[C]):
         self._deadline, self._meter, self._usage = deadline, meter, usage
         self._text_of: Callable[[C], str] = text_of
         self._saw_usage = False
+        self._estimating = True  # the completion counted from the text, until a usage holds its count
         # chunks still read for the service tier until one names it: the first two (Azure's first,
         # its prompt filter results, names none), then only the usage chunk (a per-chunk cost saved)
         self._tier_reads = 2
@@ -416,12 +466,12 @@ class _Relay(Generic[C]):
         if text := self._text_of(chunk):
             if meter.first_token_at is None:
                 meter.first_token_at = time.perf_counter()
-            if not self._saw_usage:
+            if self._estimating:
                 meter.completion_tokens += estimate_text(text)
         usage = chunk.usage
         if isinstance(usage, Usage):
             self._saw_usage = True
-            _meter_from_usage(meter, usage)
+            self._estimating = not _meter_from_usage(meter, usage, chunk)[1]
             if meter.service_tier is None:
                 self._note_tier(chunk)
         if usage is not UNSET and not self._usage.final:  # a usage field sent, even null, is not relayed

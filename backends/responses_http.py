@@ -30,16 +30,19 @@ def meter_tier(meter: Meter, response: dict[str, Any]) -> None:
         meter.service_tier = tier
 
 
-def meter_usage(meter: Meter, usage: Any) -> bool:
-    """Take a Responses ``usage`` object's counts into ``meter``; False when there is none."""
-    if not isinstance(usage, dict) or not isinstance(usage.get("input_tokens"), int):
-        return False
-    details = usage.get("input_tokens_details")
-    meter.prompt_tokens = usage["input_tokens"]
-    meter.completion_tokens = int(usage.get("output_tokens") or 0)
-    meter.cached_tokens = int(details.get("cached_tokens") or 0) if isinstance(details, dict) else 0
-    meter.exact = True
-    return True
+def meter_usage(meter: Meter, usage: Any) -> tuple[bool, bool]:
+    """Take the counts a Responses ``usage`` object holds into ``meter``, exact when it holds both;
+    a count it lacks stays as the meter has it (an estimate). Whether it held input, and output."""
+    if not isinstance(usage, dict):
+        return False, False
+    if has_prompt := isinstance(prompt := usage.get("input_tokens"), int):
+        details = usage.get("input_tokens_details")
+        meter.prompt_tokens = prompt
+        meter.cached_tokens = int(details.get("cached_tokens") or 0) if isinstance(details, dict) else 0
+    if has_completion := isinstance(completion := usage.get("output_tokens"), int):
+        meter.completion_tokens = completion
+    meter.exact = has_prompt and has_completion
+    return has_prompt, has_completion
 
 
 def hosted_tool_calls(response: dict[str, Any]) -> dict[str, int]:
@@ -87,17 +90,22 @@ async def respond(http: HTTPUpstream, payload: bytes, prompt_estimate: int,
         raise UpstreamError(f"upstream {http.deployment_id} sent an invalid response: {exc}") from None
     if not isinstance(body, dict):
         raise UpstreamError(f"upstream {http.deployment_id} sent an invalid response")
-    meter = Meter(first_token_at=time.perf_counter(), tool_calls=hosted_tool_calls(body))
+    meter = Meter(first_token_at=time.perf_counter(), tool_calls=hosted_tool_calls(body), exact=False)
     meter_tier(meter, body)
-    if not meter_usage(meter, body.get("usage")):
-        meter.prompt_tokens, meter.exact = prompt_estimate, False
+    has_prompt, has_completion = meter_usage(meter, body.get("usage"))
+    if not has_prompt:
+        meter.prompt_tokens = prompt_estimate
+    if not has_completion:
         meter.completion_tokens = estimate_text(_output_text(body))
     return Completed(RelayedResponse(body), meter)
 
 
 def _output_text(body: dict[str, Any]) -> str:
-    return "".join(part.get("text", "") for item in body.get("output") or () if isinstance(item, dict)
-                   for part in item.get("content") or () if isinstance(part, dict))
+    """The text a response's output generated: its parts' text and its function calls' arguments."""
+    items = [item for item in body.get("output") or () if isinstance(item, dict)]
+    calls = [arguments for item in items if isinstance(arguments := item.get("arguments"), str)]
+    return " ".join([*calls, *(part.get("text", "") for item in items for part in item.get("content") or ()
+                               if isinstance(part, dict))])
 
 
 async def respond_stream(http: HTTPUpstream, payload: bytes, prompt_estimate: int,

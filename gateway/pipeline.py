@@ -3,6 +3,13 @@
 Controllers decode and validate the body and describe the call once (``gateway.calls``); ``serve``
 takes that description the whole way. Every outcome (success, provider failure, client gone
 mid-stream) is settled with the admission service and recorded once.
+
+A request is charged for its prompt at most once, and whenever an upstream may have processed it:
+the answer's meter (exact where the provider reported usage); a client gone while an attempt was
+with a deployment leaves the prompt spent there, so its estimate is recorded and settled (inexact,
+``client_disconnected``); gone before any attempt was sent (waiting out a hold-off), nothing. A
+failed attempt is not charged, a timeout included: it cannot tell a connection never made from a
+prompt processed, and charging it would bill the prompt twice when the next attempt answers.
 """
 
 from __future__ import annotations
@@ -64,6 +71,8 @@ class _Flight:
     t0: float
     deployment: Deployment | None = None
     attempt_span: Any = None  # the trace span of the attempt that answered (tracing on)
+    # an attempt is with a deployment, not refused: the client leaving now leaves the prompt spent
+    prompt_sent: bool = False
 
 
 def bearer_token(headers: Mapping[str, str]) -> str | None:
@@ -146,7 +155,8 @@ class Pipeline:
             error.headers.update(self._headers(flight))
             raise error from None
         except asyncio.CancelledError:  # the client went away before the answer was ready
-            await asyncio.shield(self._settle(flight, Meter(exact=False), 499, "client_disconnected"))
+            spent = Meter(prompt_tokens=call.prompt_tokens if flight.prompt_sent else 0, exact=False)
+            await asyncio.shield(self._settle(flight, spent, 499, "client_disconnected", Outcome.DISCONNECTED.value))
             raise
         except BaseException:
             await self._settle(flight, Meter(exact=False), 500, "internal_error")
@@ -179,6 +189,7 @@ class Pipeline:
             health.on_attempt()
             t0 = time.perf_counter()
             span = hooks.start_attempt(self.telemetry, attempt.deployment)
+            flight.prompt_sent = True
             try:
                 result = await call.invoke(attempt.deployment.backend, ctx)
             except asyncio.CancelledError:
@@ -186,6 +197,7 @@ class Pipeline:
                 hooks.end_attempt(span, "client_disconnected")
                 raise
             except BackendError as exc:
+                flight.prompt_sent = False  # refused, or a timeout: not charged (see ``serve``)
                 hooks.end_attempt(span, exc.kind)
                 self.telemetry.upstream_error(attempt.deployment.id, exc.kind)
                 _record_failure(health, exc, tenant)
