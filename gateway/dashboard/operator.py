@@ -17,6 +17,7 @@ from gateway.quotas.limits import Period
 NEAR = 0.8  # a budget this much used is "near its limit"
 TOP = 5
 CHART_LINES = 8
+OTHERS = "*"  # the chart line of every tenant beyond the busiest; no tenant id is "*"
 
 
 async def overview(db: Database, rng: Range) -> dict[str, Any]:
@@ -38,20 +39,24 @@ async def overview(db: Database, rng: Range) -> dict[str, Any]:
         "bucket": rng.bucket,
         "tz": rng.tz_name,
         "series": series,
-        "series_by_tenant": _busiest(by_tenant, names),
+        **_busiest(by_tenant, names),
         "tenants": rows,
         "top_spenders": sorted((r for r in rows if r["cost"] > 0), key=lambda r: -r["cost"])[:TOP],
         "budgets": await _budgets(db, limits, names),
     }
 
 
-def _busiest(by_tenant: dict[str, list[dict[str, Any]]], names: dict[str, str]) -> dict[str, list[int]]:
-    """Requests per bucket of the CHART_LINES busiest tenants, and of all the others as one line."""
+def _busiest(by_tenant: dict[str, list[dict[str, Any]]], names: dict[str, str]) -> dict[str, Any]:
+    """Requests per bucket of the CHART_LINES busiest tenants, and of all the others as one line:
+    keyed by tenant id ("" for admin keys, OTHERS for the rest) so that no name can hide another
+    line, with each line's label apart."""
     ranked = sorted(by_tenant.items(), key=lambda kv: -sum(p["requests"] for p in kv[1]))
-    out = {names.get(t, t or "(admin keys)"): [p["requests"] for p in pts] for t, pts in ranked[:CHART_LINES]}
+    lines = {t: [p["requests"] for p in pts] for t, pts in ranked[:CHART_LINES]}
+    labels = {t: names.get(t, t or "(admin keys)") for t in lines}
     if rest := ranked[CHART_LINES:]:
-        out["other tenants"] = [sum(pts[i]["requests"] for _, pts in rest) for i in range(len(rest[0][1]))]
-    return out
+        lines[OTHERS] = [sum(pts[i]["requests"] for _, pts in rest) for i in range(len(rest[0][1]))]
+        labels[OTHERS] = "other tenants"
+    return {"series_by_tenant": lines, "tenant_labels": labels}
 
 
 async def _budgets(db: Database, limits: Any, names: dict[str, str]) -> list[dict[str, Any]]:

@@ -3,7 +3,8 @@
 Every CSV the gateway writes goes through ``csv_table``: a text cell that a spreadsheet would read
 as a formula (it begins with ``=``, ``+``, ``-``, ``@``, a tab or a carriage return: a key's name, a
 model or service tier an upstream named) is written with a leading ``'``, as OWASP recommends;
-numbers are written as they are.
+numbers are written in plain decimal notation (``0.00000165``, never ``1.65e-06``), which every
+spreadsheet locale reads.
 
 Every query is scoped by ``RecordFilter.tenant_id`` when it is set (the dashboard always sets it
 to the caller's own tenant); the CLI's export may leave it empty to export all tenants.
@@ -16,6 +17,7 @@ import io
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from decimal import Decimal
 from typing import Any
 
 from sqlalchemy import Select, and_, or_, select
@@ -163,9 +165,12 @@ async def batches(db: Database, f: RecordFilter, size: int = 5000) -> AsyncItera
 
 def sheet_cell(value: Any) -> Any:
     """A cell as a spreadsheet should read it: text that would start a formula gets a leading
-    quote; numbers, booleans and other text are unchanged, None is empty."""
+    quote; a float in plain decimal notation, the digits of its shortest repr and no exponent;
+    integers, booleans and other text are unchanged, None is empty."""
     if value is None:
         return ""
+    if isinstance(value, float):
+        return format(Decimal(repr(value)), "f")
     if isinstance(value, str) and value.startswith(FORMULA_START):
         return "'" + value
     return value

@@ -204,7 +204,8 @@ async def test_csv_exports_quote_a_key_name_or_tier_that_starts_a_formula(dash: 
 
 
 async def test_request_costs_carry_no_floating_noise(dash: DashEnv, tmp_path: Path) -> None:
-    """A cost as its arithmetic left it (0.1 + 0.2) reads 0.3 in the log, the detail and the CSV."""
+    """A cost as its arithmetic left it (0.1 + 0.2) reads 0.3 in the log, the detail and the CSV;
+    a tiny one is written in the CSV in plain decimals (0.00000165), never with an exponent."""
     at = time.time() - 62 * 86400  # a day of its own, outside every range the other tests read
     db = Database.from_url(dash.db_url)
     writer = UsageWriter(db, PriceTable(), journal_dir=tmp_path)
@@ -225,4 +226,4 @@ async def test_request_costs_carry_no_floating_noise(dash: DashEnv, tmp_path: Pa
         detail = client.get(f"/dashboard/api/requests/{log[0]['request_id']}").json()
         exported = client.get("/dashboard/api/export.csv", params={**params, "table": "requests"}).text
     assert sorted(r["cost"] for r in log) == [1.65e-06, 0.3] and detail["cost"] in (1.65e-06, 0.3)
-    assert sorted(r["cost"] for r in csv.DictReader(io.StringIO(exported))) == ["0.3", "1.65e-06"]
+    assert sorted(r["cost"] for r in csv.DictReader(io.StringIO(exported))) == ["0.00000165", "0.3"]

@@ -1,7 +1,8 @@
 """The dashboards at their edges, in headless Chromium: a tenant whose names, models and errors are
 markup, costs from a millionth of a dollar to millions, a new tenant with no usage in a fresh
-browser (no console error anywhere), a session ended elsewhere, a range the API refuses, and the
-default custom dates in a week that changed the clocks."""
+browser (no console error anywhere), a session ended elsewhere, a range the API refuses, the
+default custom dates in a week that changed the clocks, a time zone the server does not know, and
+a request-log search that fails."""
 
 from __future__ import annotations
 
@@ -27,6 +28,12 @@ pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"no Chromiu
 
 MARKUP = '<img src=x onerror="window.__xss=1">"</script><script>window.__xss=2</script>'
 SHORT = "<img src=x onerror=__xss=3></script>"  # fits error_type and service_tier
+UNKNOWN_TZ = """(() => {  // the browser reports a zone the server's zoneinfo lacks
+  const resolved = Intl.DateTimeFormat.prototype.resolvedOptions;
+  Intl.DateTimeFormat.prototype.resolvedOptions = function () {
+    return { ...resolved.call(this), timeZone: "Etc/Unknown" };
+  };
+})();"""
 COSTS = {"big": 1234567.5, "noisy": 0.1 + 0.2, "tiny": 2e-7}  # model -> the cost of its one request
 
 
@@ -196,4 +203,55 @@ async def test_the_default_custom_dates_span_seven_local_days_after_a_clock_chan
     page = await context.new_page()
     await sign_in(page, dash.url, dash.a.key)
     assert (await page.input_value("#start"), await page.input_value("#end")) == ("2025-03-09", "2025-03-15")
+    await context.close()
+
+
+async def test_a_time_zone_the_server_does_not_know_falls_back_to_utc(browser, dash: DashEnv) -> None:  # type: ignore[no-untyped-def]
+    """The data calls ask again in UTC, and the page says so next to the range, instead of showing no data."""
+    from playwright.async_api import expect
+
+    context = await browser.new_context()
+    await context.add_init_script(UNKNOWN_TZ)
+    page = await context.new_page()
+    asked: list[str] = []
+    page.on("request", lambda r: asked.append(r.url) if "tz=" in r.url else None)
+    await sign_in(page, dash.url, dash.a.key)
+    assert int(await page.get_attribute("#total-requests b", "data-value") or 0) == dash.a.requests
+    note = page.locator("#tz-note")
+    assert await note.is_visible() and "UTC" in await note.inner_text() and "Etc/Unknown" in await note.inner_text()
+    assert await page.inner_text("#tz") == "UTC" and await page.inner_text("#message") == ""
+    assert "tz=UTC" in (await page.get_attribute("#csv", "href") or "")
+    await page.click("#tab-requests")
+    await expect(page.locator("#requests tbody tr")).to_have_count(50)
+    assert "tz=UTC" in asked[-1] and "tz=Etc" in asked[0]
+    await context.close()
+
+
+async def test_a_failed_log_search_leaves_no_rows_of_the_last(browser, dash: DashEnv) -> None:  # type: ignore[no-untyped-def]
+    """A search the API refuses (a bad filter) or that never arrives (the network) shows its error
+    alone: none of the rows, the detail or the "older" button of the search before it."""
+    from playwright.async_api import expect
+
+    context = await browser.new_context()
+    page = await context.new_page()
+    await sign_in(page, dash.url, dash.a.key)
+    await page.click("#tab-requests")
+    rows = page.locator("#requests tbody tr")
+    await expect(rows).to_have_count(50)
+    await rows.first.click()
+    await expect(page.locator("#detail")).to_be_visible()
+    await page.evaluate("() => document.getElementById('status').add(new Option('bogus', 'bogus'))")
+    await page.select_option("#status", "bogus")
+    await page.click("#search")
+    await expect(page.locator("#message")).to_contain_text("status must be one of")
+    await expect(rows).to_have_count(0)
+    assert await page.locator("#detail").is_hidden() and await page.locator("#more").is_hidden()
+    await page.select_option("#status", "")
+    await page.click("#search")
+    await expect(rows).to_have_count(50)
+    await expect(page.locator("#message")).to_have_text("")
+    await page.route("**/dashboard/api/requests?*", lambda route: route.abort())
+    await page.click("#search")
+    await expect(page.locator("#message")).to_have_text(re.compile(r"\S"))
+    await expect(rows).to_have_count(0)
     await context.close()

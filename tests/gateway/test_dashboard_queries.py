@@ -222,9 +222,27 @@ async def test_percentiles_over_days_read_whole_days_daily_and_the_edges_hourly(
 
 
 def test_the_operator_chart_draws_the_busiest_tenants_and_the_rest_as_one_line() -> None:
-    from gateway.dashboard.operator import CHART_LINES, _busiest
+    from gateway.dashboard.operator import CHART_LINES, OTHERS, _busiest
 
     by_tenant = {f"t{i}": [{"requests": i}, {"requests": 2 * i}] for i in range(CHART_LINES + 3)}
-    lines = _busiest(by_tenant, {"t10": "ten"})
-    assert len(lines) == CHART_LINES + 1 and list(lines)[:2] == ["ten", "t9"]
-    assert lines["other tenants"] == [0 + 1 + 2, 0 + 2 + 4]
+    got = _busiest(by_tenant, {"t10": "ten"})
+    lines, labels = got["series_by_tenant"], got["tenant_labels"]
+    assert len(lines) == CHART_LINES + 1 and list(lines)[:2] == ["t10", "t9"]
+    assert [labels[t] for t in list(lines)[:2]] == ["ten", "t9"]
+    assert lines[OTHERS] == [0 + 1 + 2, 0 + 2 + 4] and labels[OTHERS] == "other tenants"
+
+
+def test_operator_chart_lines_are_keyed_by_tenant_so_no_name_hides_another() -> None:
+    """Tenants named like the chart's own lines ("other tenants", "(admin keys)") keep their lines."""
+    from gateway.dashboard.operator import CHART_LINES, _busiest
+
+    by_tenant = {f"ten_{i}": [{"requests": 100 + i}] for i in range(CHART_LINES - 1)}
+    by_tenant[""] = [{"requests": 50}]  # admin keys
+    by_tenant["ten_x"] = [{"requests": 1}]
+    by_tenant["ten_y"] = [{"requests": 2}]  # these two are "the rest"
+    names = {"ten_0": "other tenants", "ten_1": "(admin keys)"}
+    got = _busiest(by_tenant, names)
+    lines, labels = got["series_by_tenant"], got["tenant_labels"]
+    assert len(lines) == len(labels) == CHART_LINES + 1
+    assert sum(ys[0] for ys in lines.values()) == sum(pts[0]["requests"] for pts in by_tenant.values())
+    assert sorted(labels.values()).count("other tenants") == 2 and list(labels.values()).count("(admin keys)") == 2

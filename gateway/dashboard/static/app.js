@@ -1,27 +1,27 @@
 // The dashboards: usage (a tenant's, or the one an admin picks), the request log and, for admins, the
 // operator's view. Reads /dashboard/api/* with the session cookie. Charts span exactly the chosen
-// range and draw every bucket, zeros included; times are in the browser's time zone. Text is always
-// inserted as text, never as HTML.
+// range and draw every bucket, zeros included; times are in the browser's time zone (UTC where the
+// server does not know it). Text is always inserted as text, never as HTML.
 "use strict";
 (function () {
   const $ = (id) => document.getElementById(id);
   const TZ = Intl.DateTimeFormat().resolvedOptions().timeZone || "UTC";
   const COLORS = ["#2563eb", "#dc2626", "#16a34a", "#9333ea", "#ea580c", "#0891b2", "#4d7c0f", "#be185d"];
-  const state = { me: null, tenant: null, charts: {}, view: "usage", cursor: null, names: {}, shown: 0 };
+  const state = { me: null, tenant: null, charts: {}, view: "usage", cursor: null, names: {}, shown: 0, tz: TZ };
   window.__sy = state; // for the browser tests: the charts' scales and data
 
   async function api(path) {
     const res = await fetch("/dashboard/api/" + path, { credentials: "same-origin" });
     if (res.status === 401) { location.href = "/dashboard/login"; throw new Error("signed out"); }
     const body = await res.json();
-    if (!res.ok) throw new Error(body.error ? body.error.message : res.statusText);
+    if (!res.ok) throw Object.assign(new Error(body.error ? body.error.message : res.statusText), { param: body.error?.param });
     return body;
   }
 
   function rangeParams(withTenant) {
     const p = new URLSearchParams();
     if (withTenant && state.me.role === "admin" && state.tenant) p.set("tenant_id", state.tenant);
-    p.set("tz", TZ);
+    p.set("tz", state.tz);
     if ($("range").value === "custom") {
       if ($("start").value) p.set("start", $("start").value);
       if ($("end").value) p.set("end", $("end").value);
@@ -37,7 +37,16 @@
   const fmt = (v) => typeof v === "number" ? v.toLocaleString("en-US", { maximumFractionDigits: 6 }) : (v ?? "—");
   const money = (v) => typeof v === "number"
     ? v.toLocaleString("en-US", { minimumFractionDigits: 2, maximumFractionDigits: 8 }) : fmt(v);
-  const when = (iso) => new Date(iso).toLocaleString(undefined, { dateStyle: "medium", timeStyle: "short" });
+  const when = (iso) => new Date(iso).toLocaleString(undefined, { dateStyle: "medium", timeStyle: "short", timeZone: state.tz });
+
+  // A time zone the server does not know (one its zoneinfo lacks, or a legacy alias) gives way to
+  // UTC, and the page says so next to the range.
+  function useUtc() {
+    state.tz = "UTC";
+    $("tz").textContent = "UTC";
+    $("tz-note").textContent = "Times in UTC: the server does not know your time zone " + TZ + ".";
+    $("tz-note").hidden = false;
+  }
 
   function table(el, columns, rows, onClick) {
     el.replaceChildren();
@@ -92,6 +101,7 @@
         points: { show: xs.length <= 60 } }))],
       axes: [{}, { size: 60 }],
       legend: { live: false },
+      tzDate: (ts) => uPlot.tzDate(new Date(ts * 1000), state.tz),
     };
     state.charts[id] = new uPlot(opts, [xs, ...lines.map(([, ys]) => ys)], el);
   }
@@ -202,6 +212,13 @@
     $("more").hidden = !state.cursor;
   }
 
+  // A failed search shows its error and none of the rows of the last one.
+  function searchFailed(e) {
+    $("message").textContent = e.message;
+    $("requests").replaceChildren();
+    $("more").hidden = $("detail").hidden = true;
+  }
+
   async function detail(row) {
     const p = state.me.role === "admin" ? "?tenant_id=" + encodeURIComponent(state.tenant) : "";
     const d = await api("requests/" + encodeURIComponent(row.request_id) + p);
@@ -226,7 +243,7 @@
     const q = rangeParams(false);
     const [data, deps] = await Promise.all([api("overview?" + q), api("deployments")]);
     if (stale(ticket)) return;
-    chart("chart-tenants", data, Object.entries(data.series_by_tenant));
+    chart("chart-tenants", data, Object.entries(data.series_by_tenant).map(([id, ys]) => [data.tenant_labels[id], ys]));
     const cols = [["name", "Tenant"], ["status", "Status"], ...USAGE_COLUMNS, ["error_rate", "Error rate"]];
     table($("tenants"), cols, data.tenants);
     table($("top-spenders"), [["name", "Tenant"], ["cost", "Cost (USD)", money], ["total_tokens", "Tokens"], ["requests", "Requests"]], data.top_spenders);
@@ -283,6 +300,7 @@
       document.body.dataset.ready = "1";
     } catch (e) {
       if (stale(ticket)) return;
+      if (e.param === "tz" && state.tz !== "UTC") { useUtc(); return show(); }
       $("message").textContent = e.message;
       $("view-" + state.view).hidden = $("csv").hidden = true; // no numbers of the previous choice under this one
       document.body.dataset.error = String(e);
@@ -313,8 +331,13 @@
     });
     $("split").addEventListener("change", () => show());
     $("controls").addEventListener("submit", (e) => { e.preventDefault(); show(); });
-    $("log-search").addEventListener("submit", (e) => { e.preventDefault(); loadRequests(false).catch((x) => { $("message").textContent = x.message; }); });
-    $("more").addEventListener("click", () => loadRequests(true));
+    const search = (more) => {
+      const ticket = state.shown;
+      $("message").textContent = "";
+      loadRequests(more, ticket).catch((e) => stale(ticket) || searchFailed(e));
+    };
+    $("log-search").addEventListener("submit", (e) => { e.preventDefault(); search(false); });
+    $("more").addEventListener("click", () => search(true));
     window.addEventListener("hashchange", () => show(true));
     await show(true);
     // every view checks its session: one signed out elsewhere, revoked or expired leads back to sign-in
