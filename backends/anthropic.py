@@ -44,7 +44,7 @@ from backends.base import (
 from backends.call import NO_CONTEXT, CallContext
 from backends.config import DeploymentConfig
 from backends.embeddings_wire import EmbeddingList, EmbeddingRequest
-from backends.estimate import estimate_chat_prompt, estimate_text
+from backends.estimate import estimate_chat_prompt, estimate_text, generated_text
 from backends.http_upstream import HTTPBackend
 from backends.openai_wire import (
     ANTHROPIC_EVENTS,
@@ -142,9 +142,20 @@ class AnthropicBackend(HTTPBackend):
         usage = response.usage if isinstance(response.usage, Usage) else Usage()
         meter = Meter(prompt_tokens=usage.prompt_tokens, completion_tokens=usage.completion_tokens,
                       first_token_at=time.perf_counter())
-        meter_billing(meter, data.get("usage"))
+        meter_billing(meter, reported := data.get("usage"))
         if isinstance(usage.prompt_tokens_details, msgspec.Struct):
             meter.cached_tokens = usage.prompt_tokens_details.cached_tokens
+        has_prompt, has_completion = (isinstance(reported, dict) and type(reported.get(name)) is int
+                                      for name in ("input_tokens", "output_tokens"))
+        if not (has_prompt and has_completion):  # a count it left out: estimated, and the answer shows it
+            if not has_prompt:
+                meter.prompt_tokens = estimate_chat_prompt(request)
+            if not has_completion:
+                meter.completion_tokens = estimate_text(generated_text(response.choices[0].message))
+            meter.exact = False
+            usage.prompt_tokens, usage.completion_tokens = meter.prompt_tokens, meter.completion_tokens
+            usage.total_tokens = meter.total_tokens
+            response.usage = usage
         return Completed(response, meter)
 
     async def chat_stream(
@@ -387,7 +398,7 @@ class _StreamTranslator:
         elif kind == "content_block_delta":
             self._delta(int(event.get("index", 0)), event.get("delta") or {})
         elif kind == "message_delta":
-            self._take_usage(event.get("usage"))
+            self._take_usage(event.get("usage"), output=True)
             delta = event.get("delta") or {}
             reason = STOP_REASONS.get(delta.get("stop_reason") or "", "stop")
             self._pending.append(self._chunk(ChatDelta(), reason, delta.get("stop_sequence")))
@@ -402,17 +413,23 @@ class _StreamTranslator:
                 raise RateLimited(message)
             raise UpstreamError(message)
 
-    def _take_usage(self, usage: Any) -> None:
+    def _take_usage(self, usage: Any, output: bool = False) -> None:
         """A ``usage`` object of the stream's (its counts are the totals so far; a null one is no count,
         as the anthropic SDK reads it): the prompt's tokens, and what is billed apart from plain tokens
-        (cache reads and writes, server tool calls), at once: a stream cut short still has them billed."""
+        (cache reads and writes, server tool calls), at once: a stream cut short still has them billed.
+        With ``output`` (message_delta's), its output count is the answer's, kept though no
+        message_stop follows; the meter is exact once both counts came (else they stay estimated)."""
         if isinstance(usage, dict):
             self._usage.update({name: value for name, value in usage.items() if value is not None})
             meter_billing(self._meter, self._usage)
             counted = usage_of(self._usage)
-            self._meter.prompt_tokens = counted.prompt_tokens
+            has_prompt = type(self._usage.get("input_tokens")) is int
+            if has_prompt:
+                self._meter.prompt_tokens = counted.prompt_tokens
             details = counted.prompt_tokens_details
             self._meter.cached_tokens = details.cached_tokens if isinstance(details, msgspec.Struct) else 0
+            if output and type(completion := usage.get("output_tokens")) is int:
+                self._meter.completion_tokens, self._meter.exact = completion, has_prompt
 
     def _count_call(self, tool: Any) -> None:
         """A call of a server tool (a ``server_tool_use`` block), counted as it starts: a stream cut short
@@ -428,27 +445,20 @@ class _StreamTranslator:
             self._meter.completion_tokens += estimate_text(text)
             self._pending.append(self._chunk(ChatDelta(content=text)))
         elif delta.get("type") == "thinking_delta":  # extended thinking, as reasoning_content
-            self._pending.append(self._chunk(ChatDelta(reasoning_content=delta.get("thinking", ""))))
+            thinking = delta.get("thinking", "")
+            self._meter.completion_tokens += estimate_text(thinking)
+            self._pending.append(self._chunk(ChatDelta(reasoning_content=thinking)))
         elif delta.get("type") == "input_json_delta":
-            tool = self._tool_index.get(index, 0)
+            tool, arguments = self._tool_index.get(index, 0), delta.get("partial_json", "")
+            self._meter.completion_tokens += estimate_text(arguments)
             self._pending.append(
-                self._chunk(
-                    ChatDelta(
-                        tool_calls=[ToolCallDelta(index=tool, function={"arguments": delta.get("partial_json", "")})]
-                    )
-                )
+                self._chunk(ChatDelta(tool_calls=[ToolCallDelta(index=tool, function={"arguments": arguments})]))
             )
 
     def _finish(self) -> None:
         if self._ended:
             return
-        self._ended = True
-        if self._usage:
-            usage = usage_of(self._usage)
-            m = self._meter
-            m.prompt_tokens, m.completion_tokens, m.exact = usage.prompt_tokens, usage.completion_tokens, True
-            if isinstance(usage.prompt_tokens_details, msgspec.Struct):
-                m.cached_tokens = usage.prompt_tokens_details.cached_tokens
+        self._ended = True  # the meter has the usage reported (_take_usage)
         if self._want_usage:
             m = self._meter
             usage = Usage(

@@ -13,7 +13,7 @@ from __future__ import annotations
 import msgspec
 
 from backends.embeddings_wire import EmbeddingRequest
-from backends.openai_wire import ChatCompletionRequest, CompletionRequest
+from backends.openai_wire import AssistantMessage, ChatCompletionRequest, ChatDelta, CompletionRequest, FunctionCall
 
 _PER_MESSAGE_OVERHEAD = 4  # role and separators, as chat templates add them
 # Bounds: a chat template's tokens around one message (role, start and end markers, a name), and
@@ -26,6 +26,19 @@ def estimate_text(text: str) -> int:
     if not text:
         return 0
     return max(len(text.split()), (len(text) + 3) // 4)
+
+
+def generated_text(message: AssistantMessage | ChatDelta) -> str:
+    """The text a message (or a chunk's delta) generated: its content, reasoning, refusal, and its
+    tool calls' names and arguments."""
+    reasoning = message.reasoning_content or message.reasoning
+    parts = [t for t in (message.content, reasoning, message.refusal) if isinstance(t, str)]
+    for call in message.tool_calls or ():
+        function = call.function
+        named = (function.name, function.arguments) if isinstance(function, FunctionCall) else \
+            (function.get("name"), function.get("arguments")) if isinstance(function, dict) else ()
+        parts += (t for t in named if isinstance(t, str))
+    return " ".join(parts)
 
 
 def estimate_chat_prompt(request: ChatCompletionRequest) -> int:

@@ -21,16 +21,20 @@ from backends.base import ChunkStream, Completed, Meter, Unavailable, UpstreamEr
 from backends.call import NO_CONTEXT, CallContext
 from backends.config import DeploymentConfig
 from backends.embeddings_wire import EmbeddingList, EmbeddingRequest
-from backends.estimate import estimate_chat_prompt, estimate_completion_prompt, estimate_embedding_input, estimate_text
+from backends.estimate import (
+    estimate_chat_prompt,
+    estimate_completion_prompt,
+    estimate_embedding_input,
+    estimate_text,
+    generated_text,
+)
 from backends.http_upstream import ErrorDetail, ErrorEnvelope, HTTPBackend, HTTPUpstream, raise_if_error
+from backends.openai_usage import meter_from_usage, without_null_counts
 from backends.openai_wire import (
-    AssistantMessage,
     ChatCompletion,
     ChatCompletionChunk,
     ChatCompletionRequest,
-    ChatDelta,
     CompletionRequest,
-    FunctionCall,
     StreamOptions,
     TextCompletion,
     Usage,
@@ -50,62 +54,15 @@ C = TypeVar("C", ChatCompletionChunk, TextCompletion)
 R = TypeVar("R", ChatCompletion, TextCompletion, EmbeddingList)
 
 
-def _generated(message: AssistantMessage | ChatDelta) -> str:
-    """The text a message (or a chunk's delta) generated: its content, reasoning, refusal, and its
-    tool calls' names and arguments."""
-    reasoning = message.reasoning_content or message.reasoning
-    parts = [t for t in (message.content, reasoning, message.refusal) if isinstance(t, str)]
-    for call in message.tool_calls or ():
-        function = call.function
-        named = (function.name, function.arguments) if isinstance(function, FunctionCall) else \
-            (function.get("name"), function.get("arguments")) if isinstance(function, dict) else ()
-        parts += (t for t in named if isinstance(t, str))
-    return " ".join(parts)
-
-
 def _chat_text(chunk: ChatCompletionChunk) -> str:
     choices = chunk.choices
     if len(choices) == 1 and (content := choices[0].delta.content):  # nearly every chunk: no generator for it
         return content
-    return " ".join(_generated(c.delta) for c in choices)
+    return " ".join(generated_text(c.delta) for c in choices)
 
 
 def _completion_text(chunk: TextCompletion) -> str:
     return "".join(c.text for c in chunk.choices)
-
-
-class _Counts(msgspec.Struct):
-    """The counts an upstream's ``usage`` holds: None for one it left out."""
-
-    prompt_tokens: int | None = None
-    completion_tokens: int | None = None
-
-
-_counts = msgspec.json.Decoder(_Counts)
-
-
-def _reported(usage: Usage, answer: Any) -> tuple[bool, bool]:
-    """Whether ``answer``'s usage holds its prompt count, and its completion count (a 0 read from
-    ``usage`` may be a count the upstream left out)."""
-    if usage.prompt_tokens and usage.completion_tokens:
-        return True, True
-    raw = (relayed(answer) or {}).get("usage")
-    counts = _counts.decode(raw) if raw is not None else _Counts(0, 0)
-    return counts.prompt_tokens is not None, counts.completion_tokens is not None
-
-
-def _meter_from_usage(meter: Meter, usage: Usage, answer: Any) -> tuple[bool, bool]:
-    """The counts ``answer``'s usage holds, onto the meter; a count it left out stays as the meter
-    has it (an estimate), and the meter is then inexact. Which counts it held (``_reported``)."""
-    has_prompt, has_completion = _reported(usage, answer)
-    if has_prompt:
-        meter.prompt_tokens = usage.prompt_tokens
-    if has_completion:
-        meter.completion_tokens = usage.completion_tokens
-    details = usage.prompt_tokens_details
-    meter.cached_tokens = details.cached_tokens if details is not UNSET and details is not None else 0
-    meter.exact = has_prompt and has_completion
-    return has_prompt, has_completion
 
 
 def _tier_field(obj: Any) -> msgspec.Raw | None:
@@ -179,7 +136,7 @@ class OpenAIHTTPBackend(HTTPBackend):
     async def chat(self, request: ChatCompletionRequest, ctx: CallContext = NO_CONTEXT) -> Completed[ChatCompletion]:
         response = await self._unary("/chat/completions", self._payload(request, False, ctx), ChatCompletion, ctx)
         meter = self._unary_meter(response, lambda: estimate_chat_prompt(request),
-                                  lambda: " ".join(_generated(c.message) for c in response.choices))
+                                  lambda: " ".join(generated_text(c.message) for c in response.choices))
         return Completed(response, meter)
 
     async def complete(self, request: CompletionRequest, ctx: CallContext = NO_CONTEXT) -> Completed[TextCompletion]:
@@ -279,7 +236,7 @@ class OpenAIHTTPBackend(HTTPBackend):
         meter = Meter(first_token_at=time.perf_counter(), service_tier=_served_tier(_tier_field(response)),
                       exact=False)
         usage = response.usage
-        has_prompt, has_completion = _meter_from_usage(meter, usage, response) if isinstance(usage, Usage) \
+        has_prompt, has_completion = meter_from_usage(meter, usage, response) if isinstance(usage, Usage) \
             else (False, False)
         if not has_prompt:
             meter.prompt_tokens = prompt()
@@ -290,7 +247,10 @@ class OpenAIHTTPBackend(HTTPBackend):
     async def _unary(self, path: str, payload: bytes, type_: type[R], ctx: CallContext) -> R:
         body = await self.http.post(path, payload, self._headers(ctx))
         try:
-            response = msgspec.json.decode(body, type=type_)
+            try:
+                response = msgspec.json.decode(body, type=type_)
+            except msgspec.ValidationError:  # a usage count sent as null (left out): decoded without it
+                response = msgspec.json.decode(without_null_counts(body), type=type_)
             if hasattr(response, "__dict__"):  # relayed as it came, but for the fields the gateway owns
                 set_relayed(response, _raw_object.decode(body), body)
             return response
@@ -347,9 +307,17 @@ class _ChunkReader:
     def _decode(self, data: bytes) -> Any:
         try:
             chunk = self._decoder.decode(data)
-            set_relayed(chunk, _raw_object.decode(data), data)
-            return chunk
         except (msgspec.MsgspecError, RecursionError) as exc:
+            chunk = self._decode_failed(data, exc)
+        set_relayed(chunk, _raw_object.decode(data), data)
+        return chunk
+
+    def _decode_failed(self, data: bytes, exc: Exception) -> Any:
+        """A chunk that did not decode: one whose usage holds a count sent as null (left out),
+        decoded without it; else the failure it names (or its invalidity) raised."""
+        try:
+            return self._decoder.decode(without_null_counts(data))
+        except (msgspec.MsgspecError, RecursionError):
             try:
                 envelope = msgspec.json.decode(data, type=ErrorEnvelope)
             except (msgspec.MsgspecError, RecursionError):
@@ -471,7 +439,7 @@ class _Relay(Generic[C]):
         usage = chunk.usage
         if isinstance(usage, Usage):
             self._saw_usage = True
-            self._estimating = not _meter_from_usage(meter, usage, chunk)[1]
+            self._estimating = not meter_from_usage(meter, usage, chunk)[1]
             if meter.service_tier is None:
                 self._note_tier(chunk)
         if usage is not UNSET and not self._usage.final:  # a usage field sent, even null, is not relayed

@@ -41,10 +41,10 @@ _FINISH_TO_STOP = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "to
 
 
 def _usage(usage: Any, meter: Meter | None = None) -> dict[str, int]:
-    """Anthropic's usage from OpenAI's, else (the provider reported none) what ``meter`` counted: a
-    prompt's cached tokens are ``cache_read_input_tokens``, apart from ``input_tokens`` (as Anthropic
-    counts them; the two add up to the prompt)."""
-    if not isinstance(usage, Usage) and meter is not None:
+    """Anthropic's usage from OpenAI's, else (the provider reported none, or not every count) what
+    ``meter`` counted: a prompt's cached tokens are ``cache_read_input_tokens``, apart from
+    ``input_tokens`` (as Anthropic counts them; the two add up to the prompt)."""
+    if meter is not None and not (isinstance(usage, Usage) and meter.exact):
         usage = Usage(prompt_tokens=meter.prompt_tokens, completion_tokens=meter.completion_tokens,
                       prompt_tokens_details=PromptTokensDetails(cached_tokens=meter.cached_tokens))
     if not isinstance(usage, Usage):
@@ -133,7 +133,7 @@ class MessagesEvents:
                 "stop_reason": None, "stop_sequence": None,
                 "usage": {"input_tokens": self._meter.prompt_tokens if self._meter else 0, "output_tokens": 0}}})
         if isinstance(chunk.usage, Usage):
-            self._usage = _usage(chunk.usage)
+            self._usage = _usage(chunk.usage, self._meter)  # the meter has taken this usage in
         for choice in chunk.choices[:1]:
             delta = choice.delta
             if isinstance(delta.reasoning_content, str) and delta.reasoning_content:

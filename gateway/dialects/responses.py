@@ -33,9 +33,9 @@ from gateway.errors import ApiError
 
 
 def _usage(usage: Any, meter: Meter | None = None, reasoning: int = 0) -> dict[str, Any]:
-    """A response's ``usage``: the provider's, else what was metered (an estimate where it reported
-    none), so the answer always says what the usage record holds."""
-    if isinstance(usage, Usage):
+    """A response's ``usage``: the provider's, else (it reported none, or not every count) what was
+    metered (an estimate where it reported none), so the answer always says what the usage record holds."""
+    if isinstance(usage, Usage) and (meter is None or meter.exact):
         details = usage.prompt_tokens_details
         cached = details.cached_tokens if isinstance(details, PromptTokensDetails) else 0
         prompt, completion = usage.prompt_tokens, usage.completion_tokens

@@ -8,6 +8,7 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
+import anthropic
 import openai
 import pytest
 
@@ -70,14 +71,14 @@ def env(gateway: Env, upstream: FakeUpstream) -> Env:
     return gateway
 
 
-def _answer(chat: bool, usage: dict[str, int]) -> dict[str, Any]:
+def _answer(chat: bool, usage: dict[str, Any]) -> dict[str, Any]:
     choice = ({"index": 0, "message": {"role": "assistant", "content": ANSWER}, "finish_reason": "stop"} if chat
               else {"index": 0, "text": ANSWER, "finish_reason": "stop"})
     return {"id": "x", "object": "chat.completion" if chat else "text_completion", "created": 0, "model": "m",
             "choices": [choice], "usage": usage}
 
 
-def _events(chat: bool, usage: dict[str, int]) -> bytes:
+def _events(chat: bool, usage: dict[str, Any]) -> bytes:
     def chunk(piece: str | None, finish: str | None) -> dict[str, Any]:
         choice = ({"index": 0, "delta": {} if piece is None else {"content": piece}, "finish_reason": finish}
                   if chat else {"index": 0, "text": piece or "", "finish_reason": finish})
@@ -107,10 +108,15 @@ def _create(client: openai.OpenAI, chat: bool, stream: bool) -> str:
 @pytest.mark.parametrize("stream", [False, True], ids=["unary", "stream"])
 @pytest.mark.parametrize("chat", [True, False], ids=["chat", "completions"])
 @pytest.mark.parametrize("missing", ["completion_tokens", "prompt_tokens"])
+@pytest.mark.parametrize("null", [False, True], ids=["absent", "null"])
 def test_a_count_the_upstream_left_out_of_its_usage_is_estimated_not_zero(
-        env: Env, upstream: FakeUpstream, chat: bool, stream: bool, missing: str) -> None:
-    reported = {"prompt_tokens": 3, "completion_tokens": 6}
-    del reported[missing]
+        env: Env, upstream: FakeUpstream, chat: bool, stream: bool, missing: str, null: bool) -> None:
+    """Left out, or sent as null (the answer is relayed, not a 502)."""
+    reported: dict[str, int | None] = {"prompt_tokens": 3, "completion_tokens": 6}
+    if null:
+        reported[missing] = reported["total_tokens"] = None
+    else:
+        del reported[missing]
     body = _events(chat, reported) if stream else _answer(chat, reported)
     upstream.fail_next(Fault(status=200, body=body, headers=SSE if stream else {}))
     assert _create(env.client(), chat, stream).split() == ANSWER.split()
@@ -122,6 +128,24 @@ def test_a_count_the_upstream_left_out_of_its_usage_is_estimated_not_zero(
     else:
         assert record.completion_tokens == 6
         assert record.prompt_tokens >= estimate_text(PROMPT)  # from the prompt
+
+
+def test_a_null_count_in_a_whole_answer_reaches_the_client_as_sent(env: Env, upstream: FakeUpstream) -> None:
+    upstream.fail_next(Fault(status=200, body=_answer(True, {"prompt_tokens": 3, "completion_tokens": None})))
+    raw = env.client().chat.completions.with_raw_response.create(
+        model="echo", messages=[{"role": "user", "content": PROMPT}])
+    assert json.loads(raw.text)["usage"] == {"prompt_tokens": 3, "completion_tokens": None}
+    record = env.record()
+    assert record.prompt_tokens == 3 and record.completion_tokens >= estimate_text(ANSWER) and not record.exact
+
+
+def test_an_embeddings_usage_with_a_null_count_is_estimated(env: Env, upstream: FakeUpstream) -> None:
+    body = {"object": "list", "model": "m", "data": [{"object": "embedding", "index": 0, "embedding": [0.5]}],
+            "usage": {"prompt_tokens": None, "total_tokens": None}}
+    upstream.fail_next(Fault(status=200, body=body))
+    assert env.client().embeddings.create(model="echo", input=PROMPT).data[0].embedding == [0.5]
+    record = env.record()
+    assert record.status == 200 and not record.exact and record.prompt_tokens >= estimate_text(PROMPT)
 
 
 def test_a_usage_holding_both_counts_stays_exact_with_a_zero_completion(env: Env, upstream: FakeUpstream) -> None:
@@ -229,3 +253,34 @@ def test_a_count_a_responses_upstream_left_out_is_estimated(env: Env, upstream: 
         assert record.completion_tokens >= estimate_text(ANSWER) + estimate_text(ARGUMENTS)
     else:
         assert record.completion_tokens == 6 and record.prompt_tokens >= estimate_text(PROMPT)
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["unary", "stream"])
+@pytest.mark.parametrize("dialect", ["messages", "responses"])
+def test_a_translated_answer_shows_the_counts_metered_where_the_upstream_left_one_out(
+        env: Env, upstream: FakeUpstream, dialect: str, stream: bool) -> None:
+    """A /v1/messages or /v1/responses answer from a chat upstream whose usage lacks the completion
+    count: the client is shown the estimate the usage record holds, not 0."""
+    reported = {"prompt_tokens": 3}
+    upstream.fail_next(Fault(status=200, body=_events(True, reported) if stream else _answer(True, reported),
+                             headers=SSE if stream else {}))
+    messages: Any = [{"role": "user", "content": PROMPT}]
+    if dialect == "messages":
+        client = anthropic.Anthropic(base_url=env.server.url, api_key=KEY, max_retries=0)
+        if stream:
+            with client.messages.stream(model="echo", max_tokens=64, messages=messages) as events:
+                usage: Any = events.get_final_message().usage
+        else:
+            usage = client.messages.create(model="echo", max_tokens=64, messages=messages).usage
+        shown = (usage.input_tokens, usage.output_tokens)
+    else:
+        if stream:
+            [done] = [e for e in env.client().responses.create(model="echo", input=PROMPT, store=False, stream=True)
+                      if e.type == "response.completed"]
+            usage = done.response.usage
+        else:
+            usage = env.client().responses.create(model="echo", input=PROMPT, store=False).usage
+        shown = (usage.input_tokens, usage.output_tokens)
+    record = env.record()
+    assert record.completion_tokens >= estimate_text(ANSWER) and not record.exact
+    assert shown == (record.prompt_tokens, record.completion_tokens) and record.prompt_tokens == 3
