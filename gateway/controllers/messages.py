@@ -5,7 +5,7 @@ Messages API gets the request as the client sent it; any other, its translation 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Awaitable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from litestar import Controller, Request, Response, post
@@ -14,7 +14,7 @@ from litestar.openapi.datastructures import ResponseSpec
 from backends.base import Backend, BackendError, BadRequest, ChunkStream, Completed, TokenCounting, Tokenizing
 from backends.call import CallContext
 from backends.estimate import estimate_chat_prompt
-from backends.openai_wire import ChatCompletionRequest
+from backends.openai_wire import ChatCompletionRequest, extra_params
 from gateway.body import WireBody
 from gateway.calls import CallDescription, describe_chat
 from gateway.contracts import Principal
@@ -33,6 +33,27 @@ from gateway.pipeline import Pipeline
 from gateway.request_headers import request_headers
 from gateway.routing.router import ModelGroup
 
+# vLLM's chat fields a translated prefill is sent with (``anthropic_request._prefill``)
+_PREFILL_FIELDS = ("continue_final_message", "add_generation_prompt")
+Invoke = Callable[[Backend, CallContext], Awaitable[Completed[Any] | ChunkStream[Any]]]
+
+
+def _prefill_refused(data: MessagesRequest, invoke: Invoke) -> Invoke:
+    """``invoke``, where a chat upstream that does not know ``_PREFILL_FIELDS`` (OpenAI's own API)
+    refuses them: its 400 names the prefill, not a field the client never sent."""
+    last = f"messages[{len(data.messages) - 1}]"
+
+    async def call(backend: Backend, ctx: CallContext) -> Completed[Any] | ChunkStream[Any]:
+        try:
+            return await invoke(backend, ctx)
+        except BadRequest as exc:
+            if exc.param not in _PREFILL_FIELDS and not any(f in exc.message for f in _PREFILL_FIELDS):
+                raise
+            raise BadRequest(f"{last}: this model cannot continue a final assistant message (a prefill): its "
+                             f"provider refused vLLM's continue_final_message ({exc.message})", param=last) from None
+
+    return call
+
 
 def describe_messages(principal: Principal, data: MessagesRequest, group: ModelGroup,
                       headers: Mapping[str, str]) -> CallDescription:
@@ -40,7 +61,10 @@ def describe_messages(principal: Principal, data: MessagesRequest, group: ModelG
     call (what cannot be translated is a 400 at once); with one, that deployment gets the request as
     sent, and any other (a fallback) its translation when it is tried, a 400 naming what cannot be."""
     if not any(serves_messages(d.backend) for d in group.deployments):
-        return describe_chat(principal, to_chat_request(data), endpoint="messages", dialect=ANTHROPIC)
+        chat = to_chat_request(data)
+        call = describe_chat(principal, chat, endpoint="messages", dialect=ANTHROPIC)
+        prefill = any(f in extra_params(chat) for f in _PREFILL_FIELDS)
+        return dataclasses.replace(call, invoke=_prefill_refused(data, call.invoke)) if prefill else call
     call = describe_chat(principal, as_sent(data, headers), endpoint="messages", dialect=ANTHROPIC)
     translated: list[ChatCompletionRequest] = []
 
@@ -54,7 +78,7 @@ def describe_messages(principal: Principal, data: MessagesRequest, group: ModelG
                 raise BadRequest(exc.message, param=exc.param) from None
         return backend.chat_stream(translated[0], ctx) if call.stream else backend.chat(translated[0], ctx)
 
-    return dataclasses.replace(call, invoke=invoke)
+    return dataclasses.replace(call, invoke=_prefill_refused(data, invoke))
 
 
 class MessagesController(Controller):

@@ -17,7 +17,7 @@ from gateway.dialects.anthropic_request import MessagesRequest, as_sent, to_chat
 from gateway.errors import ApiError
 from tests.conftest import ADMIN_KEY
 from tests.gateway.conftest import GatewayEnv
-from tests.support.fake_upstream import FakeUpstream
+from tests.support.fake_upstream import FakeUpstream, Fault
 
 
 @pytest.fixture
@@ -179,6 +179,20 @@ def test_a_prefill_is_continued_not_answered_in_a_new_turn(client: anthropic.Ant
         assert sent["messages"][-1] == {"role": "assistant", "content": "{"}
         assert sent["continue_final_message"] is True and sent["add_generation_prompt"] is False
     assert whole.content[0].text == streamed.content[0].text == "a b"  # type: ignore[union-attr]
+
+
+def test_a_provider_that_cannot_continue_a_prefill_is_a_400_naming_the_message(
+        client: anthropic.Anthropic, upstream: FakeUpstream) -> None:
+    """OpenAI's own API refuses vLLM's continue_final_message (param null, the field in its message):
+    the client is told its prefill cannot be continued, not of a field it never sent."""
+    refusal = {"error": {"message": "Unrecognized request argument supplied: continue_final_message",
+                         "type": "invalid_request_error", "param": None, "code": None}}
+    upstream.fail_next(Fault(status=400, body=refusal))
+    with pytest.raises(anthropic.BadRequestError) as err:
+        client.messages.create(model="echo", max_tokens=8, messages=[{"role": "user", "content": "a b"},
+                                                                     {"role": "assistant", "content": "{"}])
+    message = err.value.body["error"]["message"]  # type: ignore[index]
+    assert message.startswith("messages[1]: this model cannot continue a final assistant message"), message
 
 
 def test_an_empty_final_assistant_message_is_no_prefill(env: GatewayEnv, upstream: FakeUpstream) -> None:
