@@ -53,10 +53,28 @@ class ServerConfig(Conf):
 class DatabaseConfig(Conf):
     url: str = "sqlite+aiosqlite:///var/switchyard.db"
 
+    def __post_init__(self) -> None:
+        from sqlalchemy.engine import make_url
+        from sqlalchemy.exc import ArgumentError, NoSuchModuleError
+
+        try:
+            make_url(self.url).get_dialect()
+        except NoSuchModuleError:
+            scheme = self.url.partition("://")[0]
+            raise ValueError(f"database.url has an unknown dialect or driver {scheme!r} "
+                             "(e.g. postgresql+asyncpg, sqlite+aiosqlite)") from None
+        except ArgumentError:  # after its subclass above
+            raise ValueError("database.url is not a URL (dialect+driver://user:password@host/name)") from None
+
 
 class RedisConfig(Conf):
     url: str | None = None  # None: the in-process quota store (embedded default)
     on_unavailable: Literal["fail_closed", "fail_open"] = "fail_closed"
+
+    def __post_init__(self) -> None:
+        scheme = (self.url or "redis:").partition(":")[0]
+        if scheme not in ("redis", "rediss", "unix"):
+            raise ValueError(f"redis.url has scheme {scheme!r}; it must be redis://, rediss:// or unix://")
 
 
 class AuthConfig(Conf):

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from functools import wraps
 from pathlib import Path
 from types import FrameType
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -22,6 +22,9 @@ from gateway.cli.http_protocol import (
 )
 from gateway.settings import ConfigError, load_settings
 
+if TYPE_CHECKING:
+    from uvicorn import Config
+
 SETTLE_SECONDS = 5  # after server.drain_seconds: for the streams cut then to settle, before uvicorn cancels
 # A rolling restart (SIGHUP, several workers) waits this long for each new worker to finish startup
 # (migrations, and loading any local engine's model) before retiring an old one; uvicorn's default
@@ -29,6 +32,7 @@ SETTLE_SECONDS = 5  # after server.drain_seconds: for the streams cut then to se
 # one that misses the deadline is killed and the old workers keep serving). The supervisor's
 # liveness pings use the same figure.
 WORKER_STARTUP_SECONDS = 120
+APP_FACTORY = "gateway.app:create_app_from_env"
 
 
 def serve(
@@ -62,8 +66,7 @@ def serve(
     n_workers = workers or settings.server.workers
     if n_workers > 1:  # the workers' reload endpoint asks this process for a rolling restart
         os.environ[SUPERVISOR_PID_ENV] = str(os.getpid())
-    uvicorn.run(
-        "gateway.app:create_app_from_env",
+    options: dict[str, Any] = dict(
         factory=True,
         host=host or settings.server.host,
         port=settings.server.port if port is None else port,
@@ -76,6 +79,21 @@ def serve(
         log_level="info",
         access_log=False,  # one access line per request costs more than the request; see telemetry.json_logs
     )
+    if n_workers == 1:
+        uvicorn.run(APP_FACTORY, **options)
+    else:
+        _supervise(uvicorn.Config(APP_FACTORY, **options))
+
+
+def _supervise(config: Config) -> None:
+    """Run several workers (as ``uvicorn.run`` does); workers that cannot start end it in one line."""
+    from gateway.cli.workers import Supervisor
+
+    supervisor = Supervisor(config, sockets=[config.bind_socket()])
+    supervisor.run()
+    if supervisor.failure is not None:
+        typer.echo(f"error: {supervisor.failure.message}", err=True)
+        raise typer.Exit(supervisor.failure.status)
 
 
 def _check_database(url: str) -> None:

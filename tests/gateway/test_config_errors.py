@@ -94,3 +94,13 @@ def test_a_price_naming_no_model_or_deployment_is_warned_of(caplog: pytest.LogCa
 def test_an_empty_model_name_or_an_infinite_weight_is_an_error_naming_it(model: dict[str, object], where: str) -> None:
     with pytest.raises(ConfigError, match=rf"config error at {re.escape(where)}"):
         parse_settings({"models": [{"deployments": [DEP]} | model]})
+
+
+@pytest.mark.parametrize(("section", "named"), [
+    ({"redis": {"url": "localhost:6379"}}, "redis.url has scheme 'localhost'"),
+    ({"database": {"url": "postgres://u@h/db"}}, "database.url has an unknown dialect or driver 'postgres'"),
+    ({"database": {"url": "nonsense"}}, "database.url is not a URL"),
+])
+def test_a_bad_redis_or_database_url_is_a_config_error_naming_the_key(section: dict, named: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(named)):
+        parse_settings(section, env={})

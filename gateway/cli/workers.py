@@ -1,0 +1,152 @@
+"""Several workers (``switchyard serve --workers N``) under uvicorn's supervisor, which gives up when
+they cannot start.
+
+uvicorn restarts a worker that exits, whatever the reason: one whose start-up fails (a deployment's
+model file that cannot load, a database gone at start) fails again, and the supervisor lives on
+serving nothing. Here a worker that exits before it finished start-up ends the supervisor, with the
+worker's error in one line, when no other worker is serving or when its slot failed that way
+``MAX_STARTUP_FAILURES`` times in a row. A worker that dies after start-up is restarted, and a
+rolling restart (SIGHUP) keeps the old worker when a new one fails, as before.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import threading
+from collections.abc import Awaitable, Callable
+from multiprocessing import Pipe
+from socket import socket
+from typing import Any
+
+import msgspec
+from uvicorn.config import STARTUP_FAILURE, Config
+from uvicorn.supervisors.multiprocess import Multiprocess, Process
+
+from gateway.settings import ConfigError
+
+log = logging.getLogger("uvicorn.error")
+
+MAX_STARTUP_FAILURES = 3  # in a row, in one worker's slot, while another worker serves
+
+
+class StartupFailure(msgspec.Struct, frozen=True):
+    """Why a worker could not start: the one line to print and the exit status it calls for."""
+
+    message: str
+    status: int  # 2 for a config error (as with one worker), else 1
+
+
+def _failure(exc: BaseException) -> StartupFailure:
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:  # the lifespan's task group
+        exc = exc.exceptions[0]
+    if isinstance(exc, ConfigError):
+        return StartupFailure(str(exc), 2)
+    first = (str(exc).strip().splitlines() or [""])[0]  # SQLAlchemy's errors add the statement below
+    return StartupFailure(f"a worker failed at start-up: {type(exc).__name__}: {first}", 1)
+
+
+class Worker(Process):
+    """A uvicorn worker that, failing before it finished start-up (the app factory or the app's
+    lifespan start-up raised), sends the supervisor why, over a pipe of its own."""
+
+    def __init__(self, config: Config, sockets: list[socket]) -> None:
+        self.failure_in, self.failure_out = Pipe(duplex=False)
+        super().__init__(config, sockets)
+
+    def start(self) -> None:
+        super().start()
+        # the child holds its ends now: a worker that dies mid-health-check is seen at once (EOF),
+        # not after the health check's timeout
+        self.child_conn.close()
+        self.failure_out.close()
+
+    def failure(self) -> StartupFailure:
+        """What the worker sent, once it has exited before finishing start-up."""
+        try:
+            if self.failure_in.poll():
+                return msgspec.msgpack.decode(self.failure_in.recv_bytes(), type=StartupFailure)
+        except (OSError, EOFError):
+            pass
+        return StartupFailure(f"a worker exited with status {self.exitcode} before finishing start-up", 1)
+
+    def target(self, sockets: list[socket] | None = None) -> None:  # pragma: no cover  (in the worker)
+        threading.Thread(target=self.always_pong, daemon=True).start()
+        try:
+            self.config.load()  # the app factory: settings, deployments (a local model loads here)
+        except Exception as exc:
+            self._report(exc)
+            if not isinstance(exc, ConfigError):
+                raise  # an unexpected error keeps its traceback
+            sys.exit(STARTUP_FAILURE)
+        self.config.loaded_app = self._watch_startup(self.config.loaded_app)
+        self.server.run(sockets)
+
+    def _watch_startup(self, app: Any) -> Callable[..., Awaitable[None]]:
+        """The app, for the lifespan only (connections, made after start-up, call ``app`` itself):
+        an error before start-up completed is reported."""
+
+        async def lifespan(scope: Any, receive: Any, send: Any) -> None:
+            self.config.loaded_app = app
+            try:
+                await app(scope, receive, send)
+            except BaseException as exc:
+                if not self.server.started:
+                    self._report(exc)
+                raise
+
+        return lifespan
+
+    def _report(self, exc: BaseException) -> None:
+        self.failure_out.send_bytes(msgspec.msgpack.encode(_failure(exc)))
+
+
+class Supervisor(Multiprocess):
+    """uvicorn's supervisor with ``Worker``s; ``failure`` says why it gave up, if it did."""
+
+    def __init__(self, config: Config, sockets: list[socket]) -> None:
+        super().__init__(config, sockets)
+        self.failure: StartupFailure | None = None
+        self._serving: set[int] = set()  # pids of workers that finished start-up
+        self._failed_starts: dict[int, int] = {}  # slot -> start-up failures in a row
+
+    def init_processes(self) -> None:
+        for _ in range(self.processes_num):
+            worker = Worker(self.config, self.sockets)
+            worker.start()
+            self.processes.append(worker)
+
+    def keep_subprocess_alive(self) -> None:
+        if self.should_exit.is_set():
+            return
+        for idx, process in enumerate(self.processes):
+            started = process._healthcheck(self.config.timeout_worker_healthcheck) if process.exitcode is None else None
+            if started is not None:
+                if started and process.pid not in self._serving:
+                    self._serving.add(process.pid)  # type: ignore[arg-type]
+                    self._failed_starts.pop(idx, None)
+                continue
+            process.kill()  # hung, or gone
+            process.join()
+            if process.pid in self._serving:
+                self._serving.discard(process.pid)
+            elif self._give_up(idx, process):
+                return
+            if self.should_exit.is_set():
+                return
+            log.info("Child process [%s] died", process.pid)
+            self.processes[idx] = Worker(self.config, self.sockets)
+            self.processes[idx].start()
+
+    def _give_up(self, idx: int, process: Process) -> bool:
+        """A worker exited before finishing start-up: stop when no other worker serves, or when
+        its slot keeps failing so."""
+        failed = self._failed_starts[idx] = self._failed_starts.get(idx, 0) + 1
+        serving = any(p.pid in self._serving and p.exitcode is None for p in self.processes if p is not process)
+        if serving and failed < MAX_STARTUP_FAILURES:
+            return False
+        self.failure = process.failure() if isinstance(process, Worker) else StartupFailure(
+            f"a worker exited with status {process.exitcode} before finishing start-up", 1)
+        log.error("Child process [%s] failed to start, stopping the parent process.", process.pid)
+        self.should_exit.set()
+        return True
