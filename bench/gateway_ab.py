@@ -7,8 +7,9 @@ change: its ``gateway`` and ``backends`` packages go first on the path) and B fr
 one of them has load at a time: each round runs a short slice of the upstream hit directly, then
 A, then B (then B before A the next round), for (a) requests on 64 connections with no upstream
 latency (the CPU per request is the figure to read), (b) requests at a fixed offered rate with 20 ms
-upstream latency and (c) 64 streams kept up; the slices of each are pooled. The upstreams are
-``bench.gateway``'s (``--upstream``).
+upstream latency and (c) 64 streams kept up, and with ``--phases`` holding ``s``, (c)'s bursts
+(64 streams started at once, ``BURSTS_PER_SLICE`` times a slice); the slices of each are pooled.
+The upstreams are ``bench.gateway``'s (``--upstream``).
 
 Two processes of the same build differ too, by a few per cent of CPU per request for as long as
 they run (an A/A run of 16 rounds on the 2-core host: B above A in 14 of them, pooled 0.133 vs
@@ -18,7 +19,7 @@ a change shows when every pair agrees on it.
 
     git worktree add /tmp/base HEAD~1
     .venv/bin/python -m bench.gateway_ab --baseline /tmp/base [--rounds 8] [--pairs 1] [--slice 1.5] [--rate 1000]
-                                      [--phases abc]
+                                      [--phases abcs]
 
 ``--baseline-venv`` runs A from another virtual environment (another Python, other library
 versions) with this tree's code unless ``--baseline`` names another checkout as well.
@@ -52,9 +53,10 @@ from bench.harness import (
     start_upstream,
     stop,
 )
-from bench.loadgen import Run, Target, closed_loop, http_request, open_loop
+from bench.loadgen import Run, Target, bursts, closed_loop, http_request, open_loop
 
 BUILDS = ("A", "B")
+BURSTS_PER_SLICE = 8  # (c)'s bursts: 64 streams at once, this many times in each slice (~0.1 s each)
 
 
 @contextmanager
@@ -85,7 +87,7 @@ class Pooled:
 async def compare(args: argparse.Namespace, gateways: dict[str, Gateway], key: str, fast: str, slow: str,
                   streamy: str, rounds: int, pooled: Pooled) -> None:
     """``rounds`` rounds through this pair of gateways, added to ``pooled``."""
-    targets: dict[str, dict[str, Target]] = {"a": {}, "b": {}, "c": {}}
+    targets: dict[str, dict[str, Target]] = {"a": {}, "b": {}, "c": {}, "s": {}}
     targets["a"]["direct"] = http_request(fast, "/v1/chat/completions", CHAT | {"model": "echo"}, None)
     targets["b"]["direct"] = http_request(slow, "/v1/chat/completions", CHAT | {"model": "echo"}, None)
     targets["c"]["direct"] = http_request(streamy, "/v1/chat/completions", CHAT | {"model": "echo", "stream": True},
@@ -99,7 +101,9 @@ async def compare(args: argparse.Namespace, gateways: dict[str, Gateway], key: s
         "a": partial(closed_loop, connections=64, seconds=args.slice),
         "b": partial(open_loop, rate=args.rate, seconds=args.slice),
         "c": partial(closed_loop, connections=64, seconds=args.slice, stagger=STREAM_SECONDS),
+        "s": partial(bursts, concurrency=64, rounds=BURSTS_PER_SLICE),
     }
+    targets["s"] = targets["c"]
     loads = {phase: load for phase, load in loads.items() if phase in args.phases}
     cpu: dict[tuple[str, str], float] = defaultdict(float)  # this pair's
     served: dict[tuple[str, str], int] = defaultdict(int)
@@ -129,7 +133,7 @@ def table(args: argparse.Namespace, pooled: Pooled) -> tuple[list[list[str]], li
     pair of gateway processes."""
     rows, notes = [], []
     for phase, what, label in (("a", "total", "(a) 64 connections"), ("b", "total", f"(b) latency @{args.rate:g}/s"),
-                               ("c", "first", "(c) kept up: TTFC")):
+                               ("c", "first", "(c) kept up: TTFC"), ("s", "first", "(c) bursts: TTFC")):
         if phase not in args.phases:
             continue
         direct = pooled.runs[phase, "direct"]
@@ -153,7 +157,8 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=1000.0, help="Offered requests/s of (b).")
     parser.add_argument("--upstream", choices=sorted(UPSTREAMS), default="lean",
                         help="The upstreams: lean (bench.lean_upstream) or echo (backends.dev.echo_server).")
-    parser.add_argument("--phases", default="abc", help="Which of the phases (a) (b) (c) to run.")
+    parser.add_argument("--phases", default="abc",
+                        help="Which of the phases (a) (b) (c) to run, and s for (c)'s bursts.")
     parser.add_argument("--pairs", type=int, default=1,
                         help="Pairs of gateway processes started in turn, the rounds shared among them.")
     args = parser.parse_args()
