@@ -229,7 +229,8 @@ def test_response_ids_are_the_gateways_own(client: openai.OpenAI, upstream: Fake
         seen = {e.response.id for e in events if hasattr(e, "response")}  # type: ignore[union-attr]
         assert len(seen) == 1
         ids += seen
-    assert len(set(ids)) == 4 and all(i.startswith("resp_") and "123" not in i for i in ids)
+    # not the upstream's id (a random id of the gateway's may hold "123" by chance: 3 % of runs failed so)
+    assert len(set(ids)) == 4 and all(i.startswith("resp_") and "chatcmpl" not in i for i in ids)
 
 
 def test_usage_an_upstream_does_not_report_is_the_metered_estimate(client: openai.OpenAI, upstream: FakeUpstream,
