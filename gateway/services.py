@@ -27,6 +27,7 @@ from gateway.admin.service import TenancyService
 from gateway.auth.audit import AuditLog
 from gateway.auth.authenticator import SqlAuthenticator
 from gateway.auth.guard import AuthGuard
+from gateway.auth.keys import hash_key
 from gateway.auth.throttle import AuthThrottle, FailureCounts, MemoryFailures
 from gateway.auth.throttle_redis import RedisFailures
 from gateway.contracts import Admission, Authenticator, UsageSink
@@ -119,7 +120,9 @@ class Tenancy:
 
         dash = settings.dashboard
         sessions = (
-            Sessions.create(dash.session_secret, dash.session_seconds, dash.secure_cookies) if dash.enabled else None
+            Sessions.create(dash.session_secret, dash.session_seconds, dash.secure_cookies,
+                            hash_key(settings.auth.admin_key) if settings.auth.admin_key else None)
+            if dash.enabled else None
         )
         service = TenancyService(db, on_change=changed)
         return cls(db, authenticator, admission, usage, service, prices, guard, sessions)

@@ -52,7 +52,10 @@ async def session_of(request: Request[Any, Any, Any], sessions: Sessions, svc: T
         raise NotSignedIn("Sign in at /dashboard/login first.")
     if await revocations.is_revoked(session):
         raise NotSignedIn("This session was signed out; sign in again.")
-    if session.key_id != ADMIN_KEY_ID:  # the config's bootstrap admin key has no row to check
+    if session.key_id == ADMIN_KEY_ID:  # the config's admin key has no row: the session's fingerprint is checked
+        if not session.admin_key or session.admin_key != sessions.admin_fingerprint:
+            raise NotSignedIn("The admin key of this session was changed in the config; sign in again.")
+    else:
         try:
             active = (await svc.get_key(session.key_id)).status == "active"
             if active and session.tenant_id is not None:

@@ -22,6 +22,7 @@ from litestar.static_files import create_static_files_router
 
 from gateway.admin.params import refuse_nul
 from gateway.admin.service import AdminError, TenancyService
+from gateway.auth.authenticator import ADMIN_KEY_ID
 from gateway.auth.guard import AuthGuard, client_address
 from gateway.contracts import Authenticator, Principal
 from gateway.dashboard.api import DashboardApi, NotSignedIn, session_of
@@ -81,7 +82,8 @@ async def login(
         await guard.failed(client, key, "dashboard", "login_failed")
         return _login_page(sessions, "That API key is not valid (or is revoked or expired).", 401, https=https)
     guard.audit.record("login", client=client, surface="dashboard", principal=principal)
-    cookie, _ = sessions.issue(principal.key_id, principal.tenant_id, principal.is_admin)
+    fingerprint = (sessions.admin_fingerprint or "") if principal.key_id == ADMIN_KEY_ID else ""
+    cookie, _ = sessions.issue(principal.key_id, principal.tenant_id, principal.is_admin, fingerprint)
     response: Response[Any] = Redirect(PATH, status_code=303)
     attrs = sessions.cookie_attrs(request.url.scheme == "https")
     response.set_cookie(SESSION_COOKIE, cookie, max_age=int(sessions.lifetime), **attrs)  # type: ignore[call-overload]

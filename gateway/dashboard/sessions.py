@@ -5,6 +5,11 @@ with HMAC-SHA256; the key itself is never stored. The CSRF token of a session is
 nonce, so every form carries a value a cross-site page cannot read. Before sign-in, the login
 form is protected with a double-submit cookie. Sessions signed by one worker verify in another
 when ``dashboard.session_secret`` is set; without it each process uses a random secret.
+
+The config's bootstrap admin key has no row whose revocation ends its sessions, so its sessions
+carry a fingerprint of the key (an HMAC of its hash under the session secret, which a cookie's
+reader cannot test guesses against): when the key is changed or removed from the config, the
+sessions signed in with the old one end (``admin_fingerprint``).
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ class SessionData(msgspec.Struct, array_like=True):
     is_admin: bool
     expires: float
     nonce: str
+    admin_key: str = ""  # the bootstrap admin key's fingerprint, for a session signed in with it
 
 
 @dataclass
@@ -37,16 +43,27 @@ class Sessions:
     secret: bytes
     lifetime: float
     secure: bool = False
+    admin_key_digest: str | None = None  # the hash of the config's bootstrap admin key, if any
 
     @classmethod
-    def create(cls, secret: str | None, lifetime: float, secure: bool) -> Sessions:
-        return cls(secret.encode() if secret else os.urandom(32), lifetime, secure)
+    def create(cls, secret: str | None, lifetime: float, secure: bool,
+               admin_key_digest: str | None = None) -> Sessions:
+        return cls(secret.encode() if secret else os.urandom(32), lifetime, secure, admin_key_digest)
+
+    @property
+    def admin_fingerprint(self) -> str | None:
+        """What a session signed in with the config's bootstrap admin key holds of it (None: no key)."""
+        if self.admin_key_digest is None:
+            return None
+        return self._sign(b"admin-key:" + self.admin_key_digest.encode())
 
     def _sign(self, data: bytes) -> str:
         return base64.urlsafe_b64encode(hmac.new(self.secret, data, hashlib.sha256).digest()).decode().rstrip("=")
 
-    def issue(self, key_id: str, tenant_id: str | None, is_admin: bool) -> tuple[str, SessionData]:
-        data = SessionData(key_id, tenant_id, is_admin, time.time() + self.lifetime, secrets.token_urlsafe(16))
+    def issue(self, key_id: str, tenant_id: str | None, is_admin: bool,
+              admin_key: str = "") -> tuple[str, SessionData]:
+        data = SessionData(key_id, tenant_id, is_admin, time.time() + self.lifetime, secrets.token_urlsafe(16),
+                           admin_key)
         payload = base64.urlsafe_b64encode(msgspec.msgpack.encode(data)).decode().rstrip("=")
         return f"{payload}.{self._sign(payload.encode())}", data
 

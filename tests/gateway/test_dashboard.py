@@ -114,6 +114,40 @@ def test_revoking_the_key_ends_its_dashboard_session(dash: DashEnv) -> None:
         assert client.get("/dashboard/api/summary").status_code == 401
 
 
+def test_a_session_of_the_config_admin_key_ends_when_the_key_is_changed(dash: DashEnv, tmp_path: Path,
+                                                                       fake_upstream_server) -> None:  # type: ignore[no-untyped-def]
+    """The bootstrap admin key has no row to revoke: a restart with another key (or none) in the config
+    ends the sessions signed in with the old one, though the session secret is the same."""
+    from gateway.app import create_app
+    from tests.conftest import gateway_settings
+    from tests.support.servers import ServerThread
+
+    def serve(admin_key: str | None, n: int) -> ServerThread:
+        settings = gateway_settings(fake_upstream_server.url, auth={"admin_key": admin_key},
+                                    database={"url": dash.db_url}, usage={"journal_dir": str(tmp_path / f"j{n}")},
+                                    dashboard={"session_secret": "kept-across-restarts"})
+        return ServerThread(create_app(settings)).start()
+
+    old_key, new_key = "sk-admin-" + uuid.uuid4().hex, "sk-admin-" + uuid.uuid4().hex
+    server = serve(old_key, 0)
+    try:
+        with httpx.Client(base_url=server.url) as client:
+            assert login(client, old_key).status_code == 303
+            cookie = client.cookies["sy_session"]
+            assert client.get("/dashboard/api/me").json()["role"] == "admin"
+    finally:
+        server.stop()
+    for n, (admin_key, status) in enumerate([(old_key, 200), (new_key, 401), (None, 401)], start=1):
+        server = serve(admin_key, n)
+        try:
+            me = httpx.get(server.url + "/dashboard/api/me", cookies={"sy_session": cookie})
+            assert me.status_code == status, (admin_key == old_key, me.text)
+            if status == 401:
+                assert "admin key" in me.json()["error"]["message"]
+        finally:
+            server.stop()
+
+
 def test_logout_needs_the_csrf_token_and_ends_the_session(a_client: httpx.Client) -> None:
     assert a_client.post("/dashboard/logout", data={"csrf": "wrong"}).status_code == 403
     csrf = a_client.get("/dashboard/api/me").json()["csrf"]
