@@ -229,6 +229,7 @@ class Pipeline:
             raise ApiError(503, "the quota service is unavailable", code="quota_unavailable") from None
 
     async def _unary_response(self, flight: _Flight, result: Completed[Any]) -> Response[Any]:
+        hooks.on_response_model(flight.attempt_span, getattr(result.response, "model", None))
         result.response.model = flight.call.model
         await self._settle(flight, result.meter, 200, None)
         return JSONResponse(flight.call.dialect.unary(result.response, result.meter), headers=self._headers(flight))
@@ -247,7 +248,9 @@ class Pipeline:
                     flight.deployment.health.on_failure(_circuit_tenant(flight.call.principal))
             await self._settle(flight, meter, 200, error_type, outcome=outcome.value)
 
-        relay = SSERelay(stream, flight.call.model, on_end, flight.call.dialect.stream(stream.meter))
+        relay = SSERelay(stream, flight.call.model, on_end, flight.call.dialect.stream(stream.meter),
+                         on_first=None if flight.attempt_span is None else
+                         lambda chunk: hooks.on_response_model(flight.attempt_span, getattr(chunk, "model", None)))
         headers = self._headers(flight) | {"cache-control": "no-cache", "x-accel-buffering": "no"}
         return EventStream(relay, headers=headers, background=BackgroundTask(relay.finish))
 

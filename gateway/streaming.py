@@ -82,8 +82,9 @@ class OpenAIEvents:
 
 class SSERelay:
     def __init__(self, stream: ChunkStream[Any], public_model: str, on_end: OnEnd,
-                 encoder: StreamEncoder | None = None) -> None:
+                 encoder: StreamEncoder | None = None, on_first: Callable[[Any], None] | None = None) -> None:
         self._stream = stream
+        self._on_first = on_first  # shown the first chunk as the provider sent it (its model, for a span)
         self._model = public_model
         self._on_end = on_end
         self._encoder = encoder or OpenAIEvents()
@@ -114,8 +115,12 @@ class SSERelay:
         encoder = self._encoder
         push: Callable[[Callable[[Any], bool]], Awaitable[None]] | None = (
             getattr(self._stream.chunks, "push", None) if self._write_now is not None else None)
+        on_first = self._on_first
         try:
             async for chunk in self._stream:
+                if on_first is not None:
+                    on_first(chunk)
+                    on_first = None
                 chunk.model = self._model
                 if data := encoder.chunk(chunk):
                     yield data

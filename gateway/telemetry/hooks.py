@@ -55,6 +55,17 @@ def end_attempt(span: Span | None, error_type: str | None = None) -> None:
         span.end()
 
 
+def on_response_model(attempt: Span | None, model: Any) -> None:
+    """The model the provider says answered (``gen_ai.response.model``: a dated version, say), on the
+    request's span and the attempt's, before the public name replaces it in the answer."""
+    if attempt is None or not isinstance(model, str) or not model:
+        return
+    attempt.set_attribute("gen_ai.response.model", model)
+    info = request_info()
+    if info is not None and info.span is not None:
+        info.span.set_attribute("gen_ai.response.model", model)
+
+
 def on_settle(telemetry: Telemetry, record: UsageRecord, phases: list[tuple[str, float, float]],
               attempt: Span | None) -> None:
     """Usage onto the request span and the log line; engine phases under the answering attempt."""

@@ -167,6 +167,7 @@ def test_span_tree_of_an_engine_request(env: Env) -> None:
         assert spans[name].parent.span_id == root.context.span_id, name
         assert spans[name].context.trace_id == root.context.trace_id
     assert attempt.attributes["gen_ai.provider.name"] == "local"
+    assert root.attributes["gen_ai.response.model"] == attempt.attributes["gen_ai.response.model"]
     phases = [spans[n] for n in ("engine.queue", "engine.prefill", "engine.decode")]
     assert all(p.parent.span_id == attempt.context.span_id for p in phases)
     assert phases[0].end_time <= phases[1].end_time <= phases[2].end_time
@@ -189,6 +190,10 @@ def test_failed_attempt_span_and_streamed_request(env: Env, upstream: FakeUpstre
     roots = [s for s in finished if s.name == "chat echo"]
     assert len(roots) == 2 and roots[1].attributes["gen_ai.request.stream"] is True
     assert roots[1].attributes["gen_ai.usage.output_tokens"] > 0
+    # the model the upstream said answered, not the public name the client was shown
+    assert roots[1].attributes["gen_ai.response.model"] == attempts[1].attributes["gen_ai.response.model"] \
+        == "upstream-echo"
+    assert "gen_ai.response.model" not in attempts[0].attributes  # the failed attempt had no answer
 
 
 def _finished(env: Env, name: str, count: int = 1) -> list[ReadableSpan]:
