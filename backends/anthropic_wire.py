@@ -25,6 +25,7 @@ from backends.openai_wire import (
     ImagePart,
     PromptTokensDetails,
     TextPart,
+    Tool,
     ToolCall,
     Usage,
     extra_params,
@@ -112,6 +113,16 @@ def _messages(request: ChatCompletionRequest) -> tuple[str | None, list[dict[str
     return ("\n\n".join(system) if system else None), out
 
 
+def _tool(tool: Tool) -> dict[str, Any]:
+    """A function tool as Anthropic's: ``strict: true`` is its strict tool use (structured outputs,
+    generally available on the Messages API: no beta header), so the schema stays enforced; a model
+    without it refuses the request upstream (a 400), never a silent drop. ``strict: false`` is the default."""
+    function = tool.function
+    out = {"name": function.name, "description": function.description or "",
+           "input_schema": function.parameters or {"type": "object", "properties": {}}}
+    return out | ({"strict": True} if function.strict is True else {})
+
+
 def _tool_choice(choice: Any) -> dict[str, Any] | None:
     if choice in (None, UNSET):
         return None
@@ -190,10 +201,7 @@ def to_messages_request(request: ChatCompletionRequest, model: str, *, stream: b
     if stops := request.stop_list():
         body["stop_sequences"] = stops
     if request.tools:
-        body["tools"] = [{"name": t.function.name,
-                          "description": t.function.description or "",
-                          "input_schema": t.function.parameters or {"type": "object", "properties": {}}}
-                         for t in request.tools]
+        body["tools"] = [_tool(t) for t in request.tools]
     if (choice := _tool_choice(request.tool_choice)) is not None:
         body["tool_choice"] = choice
     if request.parallel_tool_calls is False and request.tools and body.get("tool_choice", {}).get("type") != "none":

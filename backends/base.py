@@ -109,6 +109,15 @@ class RequestFailed(BackendError):
     kind = "request_failed"
 
 
+class UntranslatableAnswer(UpstreamError):
+    """An answer the client's API cannot express (``gateway.dialects``: a /v1/messages tool call whose
+    arguments are not a JSON object): a 502 for this request, with the upstream's usage recorded; no
+    verdict on the deployment, whose answer is fine in its own dialect."""
+
+    blames_deployment = False
+    kind = "untranslatable_answer"
+
+
 class AuthFailed(BackendError):
     """The provider refused our credentials: a configuration problem, not the client's."""
 

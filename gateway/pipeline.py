@@ -229,10 +229,22 @@ class Pipeline:
             raise ApiError(503, "the quota service is unavailable", code="quota_unavailable") from None
 
     async def _unary_response(self, flight: _Flight, result: Completed[Any]) -> Response[Any]:
+        """The answer in the client's dialect, settled with its meter. One the dialect cannot express
+        (a ``BackendError``: ``UntranslatableAnswer``) fails as the provider's, still charged what the
+        upstream reported: it did the work, as a stream failing after its chunks is charged them."""
         hooks.on_response_model(flight.attempt_span, getattr(result.response, "model", None))
         result.response.model = flight.call.model
+        try:
+            body = flight.call.dialect.unary(result.response, result.meter)
+        except BackendError as exc:
+            error = from_backend_error(exc)
+            if flight.deployment is not None:
+                self.telemetry.upstream_error(flight.deployment.id, exc.kind)
+            await self._settle(flight, result.meter, error.status, exc.kind)
+            error.headers.update(self._headers(flight))
+            raise error from None
         await self._settle(flight, result.meter, 200, None)
-        return JSONResponse(flight.call.dialect.unary(result.response, result.meter), headers=self._headers(flight))
+        return JSONResponse(body, headers=self._headers(flight))
 
     def _stream_response(self, flight: _Flight, stream: ChunkStream[Any]) -> EventStream:
         async def on_end(meter: Meter, outcome: Outcome, error: ApiError | None) -> None:

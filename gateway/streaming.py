@@ -59,7 +59,10 @@ class StreamEncoder(Protocol):
 
     def chunk(self, chunk: Any) -> bytes: ...
 
-    def done(self) -> bytes: ...
+    def done(self) -> bytes:
+        """The stream's last events. A ``BackendError`` (an answer the dialect cannot express) fails
+        the stream instead: it is settled as failed and ends with ``error``'s event."""
+        ...
 
     def error(self, error: ApiError) -> bytes: ...
 
@@ -149,6 +152,7 @@ class SSERelay:
                         yield encoder.chunk(final)
                     yield encoder.done()
                     return
+            end = encoder.done()  # before the settlement: an answer the dialect cannot end fails
         except BackendError as exc:
             self._fail(from_backend_error(exc))
             yield encoder.error(self._error)  # type: ignore[arg-type]
@@ -160,7 +164,7 @@ class SSERelay:
             return
         self._outcome = Outcome.COMPLETED
         await self.finish()  # settled and its usage durable before the last byte
-        yield encoder.done()
+        yield end
 
     def _pushed(self, chunk: Any) -> bool:
         """A chunk the stream pushed: written to the client now; False when ``events`` must take over."""

@@ -18,7 +18,7 @@ from typing import Any
 import msgspec
 from litestar import Request, Response
 
-from backends.base import Meter
+from backends.base import Meter, UntranslatableAnswer
 from backends.openai_wire import (
     ANTHROPIC_MESSAGE,
     ChatCompletion,
@@ -35,6 +35,7 @@ from gateway.errors import ApiError, exception_handlers
 
 _FINISH_TO_STOP = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use",
                    "content_filter": "refusal", "function_call": "tool_use"}
+_QUOTED = 500  # characters of a tool call's unusable arguments quoted in the error
 
 
 # ---------------------------------------------------------------- OpenAI -> response
@@ -71,15 +72,36 @@ def message_body(response: ChatCompletion, meter: Meter) -> bytes:
     if choice.message.content:
         content.append({"type": "text", "text": choice.message.content})
     for call in choice.message.tool_calls or []:
-        try:
-            arguments = json.loads(call.function.arguments or "{}")
-        except (ValueError, RecursionError):
-            arguments = {}
+        arguments = _tool_input(call.id, call.function.name, call.function.arguments,
+                                cut=choice.finish_reason == "length")
         content.append({"type": "tool_use", "id": call.id, "name": call.function.name, "input": arguments})
     return msgspec.json.encode({
         "id": response.id, "type": "message", "role": "assistant", "model": response.model, "content": content,
         **_stop(choice.finish_reason, choice.stop_reason), "usage": _usage(response.usage, meter),
     })
+
+
+def _tool_input(call_id: str, name: str, arguments: str, *, cut: bool = False) -> dict[str, Any]:
+    """A tool call's ``arguments`` as a ``tool_use`` block's ``input``, which is always a JSON object
+    (none sent: ``{}``). Other text (invalid JSON from a small model, an array, a string) cannot be
+    written there, and ``{}`` would lose it: the answer fails as untranslatable (a 502, ``api_error``,
+    naming the call and quoting the text; the upstream's usage recorded). A stream relays the text as
+    it comes (``input_json_delta``), then ends the same way: an ``error`` event (``MessagesEvents``).
+
+    An answer ``cut`` by the length limit is not a failure: Anthropic's own API answers such a call
+    as an incomplete ``tool_use`` block with ``stop_reason: max_tokens``, which tells the client to
+    ask again with more room; its ``input`` is ``{}`` here (a stream has relayed the text as sent)."""
+    try:
+        value = json.loads(arguments or "{}")
+    except (ValueError, RecursionError):
+        value = None
+    if not isinstance(value, dict):
+        if cut:
+            return {}
+        quoted = arguments if len(arguments) <= _QUOTED else arguments[:_QUOTED] + "..."
+        raise UntranslatableAnswer(f"the upstream's tool call {call_id!r} ({name!r}) has arguments that are not a "
+                                   f"JSON object, which a tool_use block's input must be: {quoted!r}")
+    return value
 
 
 def _stop(finish: str | None, matched: Any) -> dict[str, Any]:
@@ -114,6 +136,7 @@ class MessagesEvents:
         self._block: int = -1  # index of the open content block
         self._block_kind: str | None = None
         self._tools: dict[int, int] = {}  # OpenAI tool call index -> content block index
+        self._calls: dict[int, tuple[str, str, list[str]]] = {}  # tool call index -> id, name, arguments sent
         self._stop: dict[str, Any] = {"stop_reason": "end_turn", "stop_sequence": None}
         self._usage: dict[str, int] = {"output_tokens": 0}
 
@@ -149,11 +172,13 @@ class MessagesEvents:
             for call in delta.tool_calls or []:
                 if call.index not in self._tools:
                     function = call.function if isinstance(call.function, dict) else {}
-                    out += self._open({"type": "tool_use", "id": call.id or "", "name": function.get("name", ""),
-                                       "input": {}}, "tool_use")
+                    name = function.get("name", "")
+                    out += self._open({"type": "tool_use", "id": call.id or "", "name": name, "input": {}}, "tool_use")
                     self._tools[call.index] = self._block
+                    self._calls[call.index] = (call.id or "", str(name), [])
                 arguments = call.function.get("arguments") if isinstance(call.function, dict) else None
                 if arguments:
+                    self._calls[call.index][2].append(arguments)
                     out += _event("content_block_delta", {"index": self._tools[call.index],
                                                           "delta": {"type": "input_json_delta",
                                                                     "partial_json": arguments}})
@@ -186,7 +211,9 @@ class MessagesEvents:
     def done(self) -> bytes:
         """The message's end. A relayed stream ended by the upstream's ``message_stop`` has it; one
         cut short by the drain (``gateway.drain``) is ended here as a translated stream is: its open
-        blocks stopped, ``max_tokens`` (the cut chunk's ``length``) with the usage so far."""
+        blocks stopped, ``max_tokens`` (the cut chunk's ``length``) with the usage so far. A tool call
+        whose arguments (relayed as sent) are not a JSON object raises ``UntranslatableAnswer`` instead,
+        as a whole answer's does: the relay ends the stream with an ``error`` event."""
         if self._relaying:
             if self._relayed_stop:
                 return b""
@@ -194,6 +221,9 @@ class MessagesEvents:
                     + _event("message_delta", {"delta": {"stop_reason": "max_tokens", "stop_sequence": None},
                                                "usage": self._usage})
                     + _event("message_stop", {}))
+        cut = self._stop["stop_reason"] == "max_tokens"
+        for call_id, name, arguments in self._calls.values():
+            _tool_input(call_id, name, "".join(arguments), cut=cut)
         return (self._close()
                 + _event("message_delta", {"delta": self._stop,
                                            "usage": self._usage})

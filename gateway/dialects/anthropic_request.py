@@ -171,6 +171,7 @@ class InputTool(_Wire):
     name: str
     input_schema: dict[str, Any]
     description: str | UnsetType = UNSET
+    strict: bool | UnsetType = UNSET  # strict tool use: the input follows input_schema (OpenAI's function.strict)
     cache_control: CacheControl = UNSET
 
 
@@ -347,7 +348,7 @@ class _Translation:
             self.refuse(f"tools[{i}].type", f"a tool of type {kind!r} (a server tool) {_ONLY_ANTHROPIC}")
         elif (tool := self.convert(raw, InputTool, f"tools[{i}]")) is not None:
             return Tool(function=FunctionDef(name=tool.name, description=tool.description,
-                                             parameters=tool.input_schema))
+                                             parameters=tool.input_schema, strict=tool.strict))
         name = raw.get("name")
         return Tool(function=FunctionDef(name=name if isinstance(name, str) else str(kind or "tool"),
                                          description=_stand_in(raw).text))

@@ -46,6 +46,8 @@ WHY = {
     "upstream_auth": "The provider rejected the gateway's credentials for this deployment.",
     "client_disconnected": "The client went away before the answer was complete.",
     "request_failed": "The engine failed this one request while serving others.",
+    "untranslatable_answer": "The provider's answer cannot be written in the client's API (a tool call's "
+                             "arguments that are not a JSON object, for /v1/messages); its usage is recorded.",
     "model_not_found": "The provider does not know the model of any deployment tried (a configuration error).",
 }
 

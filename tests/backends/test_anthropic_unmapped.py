@@ -126,3 +126,22 @@ def test_a_translated_responses_request_keeps_its_metadata_and_parallel_tool_cal
     assert response.status == "completed" and response.metadata == {"k": "v"}
     sent = upstream.received[-1]
     assert sent["tool_choice"] == {"type": "auto", "disable_parallel_tool_use": True} and "metadata" not in sent
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["unary", "stream"])
+def test_a_strict_function_tool_stays_strict(client: openai.OpenAI, upstream: FakeAnthropic, stream: bool) -> None:
+    """``strict: true`` is Anthropic's strict tool use (generally available: no beta header), so the
+    schema the client believes enforced is; ``strict: false`` or none sends nothing, as before."""
+    upstream.received.clear()
+    upstream.headers.clear()
+    schema = {"type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"],
+              "additionalProperties": False}
+    tools: Any = [{"type": "function", "function": {"name": f"f{i}", "parameters": schema} | strict}
+                  for i, strict in enumerate([{"strict": True}, {"strict": False}, {}])]
+    answer = client.chat.completions.create(model="claude", messages=HELLO, tools=tools, stream=stream)
+    if stream:
+        list(answer)  # type: ignore[arg-type]
+    sent = upstream.received[-1]["tools"]
+    assert [t.get("strict") for t in sent] == [True, None, None]
+    assert sent[0] == {"name": "f0", "description": "", "input_schema": schema, "strict": True}
+    assert "anthropic-beta" not in upstream.headers[-1]

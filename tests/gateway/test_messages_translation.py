@@ -228,3 +228,14 @@ def test_usage_the_upstream_did_not_report_is_what_was_metered(client: anthropic
     assert billed[0] == billed[1] and billed[0][1] == 3
     for message in (whole, streamed):
         assert (message.usage.input_tokens, message.usage.output_tokens) == billed[0]
+
+
+def test_a_strict_tool_stays_strict_for_a_chat_upstream(client: anthropic.Anthropic, upstream: FakeUpstream) -> None:
+    """Anthropic's ``strict`` on a tool is OpenAI's ``function.strict``: the schema stays enforced."""
+    schema = {"type": "object", "properties": {}, "additionalProperties": False}
+    client.messages.create(model="echo", max_tokens=8, messages=[{"role": "user", "content": "q"}], tools=[
+        {"name": "f", "input_schema": schema, "strict": True}, {"name": "g", "input_schema": schema, "strict": False},
+        {"name": "h", "input_schema": schema}])
+    functions = [tool["function"] for tool in upstream.last.json["tools"]]
+    assert [f.get("strict") for f in functions] == [True, False, None]
+    assert functions[0] == {"name": "f", "parameters": schema, "strict": True}
