@@ -184,14 +184,27 @@ def _translated_extras(req: ResponsesRequest) -> dict[str, msgspec.Raw]:
             continue
         if name in _CHAT_SAME_NAME:
             extras[name] = msgspec.Raw(msgspec.json.encode(value))
-        elif name == "reasoning" and isinstance(value, dict) and set(value) <= {"effort", "summary"} \
-                and value.get("summary") in (None, "auto"):
-            if value.get("effort") is not None:
-                extras["reasoning_effort"] = msgspec.Raw(msgspec.json.encode(value["effort"]))
+        elif name == "reasoning" and isinstance(value, dict):
+            if (effort := _reasoning_effort(value)) is not None:
+                extras["reasoning_effort"] = effort
         elif value not in _NO_OP_VALUES.get(name, ()):
-            raise ApiError(400, f"'{name}' is not supported for this model: it is served through chat "
-                           "completions, which have no equivalent", param=name, code="unsupported_parameter")
+            raise _unsupported(name)
     return extras
+
+
+def _reasoning_effort(reasoning: dict[str, Any]) -> msgspec.Raw | None:
+    """``reasoning.effort`` as chat's ``reasoning_effort``; a field of ``reasoning`` chat cannot express
+    (a ``summary`` other than ``auto``: no summaries come back through chat) is a 400 naming it."""
+    for key, value in reasoning.items():
+        if key not in ("effort", "summary") or (key == "summary" and value not in (None, "auto")):
+            raise _unsupported(f"reasoning.{key}")
+    effort = reasoning.get("effort")
+    return None if effort is None else msgspec.Raw(msgspec.json.encode(effort))
+
+
+def _unsupported(param: str) -> ApiError:
+    return ApiError(400, f"'{param}' is not supported for this model: it is served through chat completions, "
+                    "which have no equivalent", param=param, code="unsupported_parameter")
 
 
 def _check_metadata(metadata: dict[str, Any] | None | UnsetType) -> None:

@@ -147,6 +147,9 @@ def test_tool_choices_chat_can_express_are_mapped(client: openai.OpenAI, upstrea
     ({"tools": [TOOL | {"defer_loading": True}]}, "tools[0].defer_loading"),
     ({"tools": [{"type": "web_search"}]}, "tools[0]"),
     ({"top_logprobs": 3}, "top_logprobs"),  # no log-probabilities come back through chat: not silently nothing
+    ({"reasoning": {"summary": "detailed"}}, "reasoning.summary"),  # no summaries come back through chat
+    ({"reasoning": {"effort": "low", "brand_new": 1}}, "reasoning.brand_new"),
+    ({"reasoning": "low"}, "reasoning"),
 ])
 def test_what_chat_cannot_express_is_a_400_naming_it(env: GatewayEnv, upstream: FakeUpstream,
                                                       extra: dict[str, object], param: str) -> None:
