@@ -45,7 +45,7 @@ from backends.call import NO_CONTEXT, CallContext
 from backends.config import DeploymentConfig
 from backends.embeddings_wire import EmbeddingList, EmbeddingRequest
 from backends.estimate import estimate_chat_prompt, estimate_text, generated_text
-from backends.http_upstream import HTTPBackend
+from backends.http_upstream import HTTPBackend, LimitsLeft, limits_left
 from backends.openai_wire import (
     ANTHROPIC_EVENTS,
     ANTHROPIC_MESSAGE,
@@ -136,7 +136,7 @@ class AnthropicBackend(HTTPBackend):
 
     async def chat(self, request: ChatCompletionRequest, ctx: CallContext = NO_CONTEXT) -> Completed[ChatCompletion]:
         body = self._request(request, ctx, stream=False)
-        data = await self._unary(body, "/messages", _upstream_headers(request))
+        data, left = await self._unary(body, "/messages", _upstream_headers(request))
         response = from_messages_response(data, request.model)
         response.__dict__[ANTHROPIC_MESSAGE] = data  # /v1/messages relays it as it came
         usage = response.usage if isinstance(response.usage, Usage) else Usage()
@@ -156,7 +156,7 @@ class AnthropicBackend(HTTPBackend):
             usage.prompt_tokens, usage.completion_tokens = meter.prompt_tokens, meter.completion_tokens
             usage.total_tokens = meter.total_tokens
             response.usage = usage
-        return Completed(response, meter)
+        return Completed(response, meter, *left)
 
     async def chat_stream(
         self, request: ChatCompletionRequest, ctx: CallContext = NO_CONTEXT
@@ -171,7 +171,7 @@ class AnthropicBackend(HTTPBackend):
         except BaseException:
             await relay.aclose()
             raise
-        return ChunkStream(chunks=relay, meter=meter)
+        return ChunkStream(relay, meter, *limits_left(events.response.headers))
 
     # ------------------------------------------------------------ text completions, as chat
 
@@ -197,13 +197,13 @@ class AnthropicBackend(HTTPBackend):
         text = TextCompletion(id=chat.id, model=chat.model, usage=chat.usage, choices=[
             CompletionChoice(index=0, text=chat.choices[0].message.content or "",
                              finish_reason=chat.choices[0].finish_reason)])
-        return Completed(text, done.meter)
+        return Completed(text, done.meter, done.tokens_left, done.tokens_reset)
 
     async def complete_stream(
         self, request: CompletionRequest, ctx: CallContext = NO_CONTEXT
     ) -> ChunkStream[TextCompletion]:
         chat = await self.chat_stream(self._as_chat(request), ctx)
-        return ChunkStream(chunks=_AsText(chat), meter=chat.meter)
+        return ChunkStream(_AsText(chat), chat.meter, chat.tokens_left, chat.tokens_reset)
 
     async def embed(self, request: EmbeddingRequest, ctx: CallContext = NO_CONTEXT) -> Completed[EmbeddingList]:
         raise BadRequest("the anthropic provider serves no embeddings", param="model")
@@ -219,7 +219,7 @@ class AnthropicBackend(HTTPBackend):
         else:
             body = self._request(request, NO_CONTEXT, stream=False)
             counted = {k: v for k, v in body.items() if k in ("model", "messages", "system", "tools", "tool_choice")}
-        data = await self._unary(counted, "/messages/count_tokens", _upstream_headers(request))
+        data, _ = await self._unary(counted, "/messages/count_tokens", _upstream_headers(request))
         tokens = data.get("input_tokens")
         if not isinstance(tokens, int):
             raise UpstreamError(f"upstream {self.deployment_id} sent no input_tokens")
@@ -227,15 +227,17 @@ class AnthropicBackend(HTTPBackend):
 
     # ------------------------------------------------------------ internals
 
-    async def _unary(self, body: dict[str, Any], path: str, headers: Mapping[str, str]) -> dict[str, Any]:
-        raw = await self.http.post(path, msgspec.json.encode(body), headers)
+    async def _unary(self, body: dict[str, Any], path: str,
+                     headers: Mapping[str, str]) -> tuple[dict[str, Any], LimitsLeft]:
+        """The answer's object, and what its head said of the upstream's limits."""
+        answer = await self.http.post(path, msgspec.json.encode(body), headers)
         try:
-            data = json.loads(raw)
+            data = json.loads(answer.body)
         except (ValueError, RecursionError):
             raise UpstreamError(f"upstream {self.deployment_id} sent invalid JSON") from None
         if not isinstance(data, dict) or data.get("type") == "error":
             raise UpstreamError(f"upstream {self.deployment_id} sent an unusable answer")
-        return data
+        return data, limits_left(answer.headers)
 
     async def _open(self, body: dict[str, Any], headers: Mapping[str, str]) -> _Events:
         response, first_deadline, deadline = await self.http.open_stream("/messages", msgspec.json.encode(body),

@@ -161,6 +161,10 @@ ResultT = TypeVar("ResultT", ChatCompletion, TextCompletion, EmbeddingList, Rela
 class Completed(Generic[ResultT]):
     response: ResultT
     meter: Meter
+    # what the answer's rate-limit headers said is left of the upstream's tokens per minute (0: no
+    # request is left), for ``tokens_reset`` seconds, as a 429 tells it (``RateLimited``); None: not said
+    tokens_left: float | None = None
+    tokens_reset: float | None = None
 
 
 @dataclass
@@ -174,6 +178,8 @@ class ChunkStream(Generic[ChunkT]):
 
     chunks: AsyncIterator[ChunkT]
     meter: Meter = field(default_factory=Meter)
+    tokens_left: float | None = None  # what the answer's head said of the upstream's limits (see ``Completed``)
+    tokens_reset: float | None = None
 
     def __aiter__(self) -> AsyncIterator[ChunkT]:
         return self.chunks

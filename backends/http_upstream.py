@@ -36,7 +36,7 @@ from backends.base import (
     UpstreamError,
 )
 from backends.config import DeploymentConfig
-from backends.raw_http import RawHTTP, RawStream
+from backends.raw_http import RawAnswer, RawHTTP, RawStream
 
 # Idle pooled connections are dropped before common servers drop them (uvicorn and Node: 5 s), so a
 # request is never sent on a connection the upstream is closing (a POST is never retried).
@@ -118,15 +118,19 @@ def limit_exhausted(headers: Mapping[str, str]) -> bool:
     return not seen
 
 
-# What a rate-limited answer says is left of the upstream's tokens per minute, and when that resets
+# What an answer (a 429, or any of OpenAI's, Azure's, Anthropic's) says is left of the upstream's tokens
+# per minute, and when that resets
 _TOKENS_LEFT = (("x-ratelimit-remaining-tokens", "x-ratelimit-reset-tokens"),
                 ("anthropic-ratelimit-tokens-remaining", "anthropic-ratelimit-tokens-reset"))
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|h|m|s)")  # OpenAI's reset times: "1m30.5s", "20ms"
 _SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 
 
-def tokens_left(headers: Mapping[str, str]) -> tuple[float | None, float | None]:
-    """The tokens a 429 says are left of the upstream's tokens per minute, and the seconds until
+LimitsLeft = tuple[float | None, float | None]  # (tokens left, seconds until they reset); None: not said
+
+
+def tokens_left(headers: Mapping[str, str]) -> LimitsLeft:
+    """The tokens an answer says are left of the upstream's tokens per minute, and the seconds until
     that limit resets (OpenAI's duration, or Anthropic's RFC 3339 time); None for what it does not say."""
     for remaining, reset in _TOKENS_LEFT:
         if (value := headers.get(remaining)) is not None:
@@ -136,6 +140,30 @@ def tokens_left(headers: Mapping[str, str]) -> tuple[float | None, float | None]
                 return None, None
             return (max(0.0, left), _reset_seconds(headers.get(reset))) if math.isfinite(left) else (None, None)
     return None, None
+
+
+# What every answer of OpenAI's, Azure's and Anthropic's says is left of its requests per minute, and when that resets
+_REQUESTS_LEFT = (("x-ratelimit-remaining-requests", "x-ratelimit-reset-requests"),
+                  ("anthropic-ratelimit-requests-remaining", "anthropic-ratelimit-requests-reset"))
+_NOTHING_SAID: LimitsLeft = (None, None)
+
+
+def limits_left(headers: Mapping[str, str]) -> LimitsLeft:
+    """What a successful answer says is left of its upstream's limits, as ``tokens_left`` says it of
+    a 429: the tokens left of its tokens per minute (0 when no request is left: until the requests
+    reset), and the seconds until that resets. An answer that says nothing of them (vLLM's, SGLang's)
+    costs two dict lookups."""
+    if "x-ratelimit-remaining-tokens" not in headers and "anthropic-ratelimit-tokens-remaining" not in headers:
+        return _NOTHING_SAID
+    for remaining, reset in _REQUESTS_LEFT:
+        if (value := headers.get(remaining)) is not None:
+            try:
+                if float(value) <= 0:
+                    return 0.0, _reset_seconds(headers.get(reset))
+            except ValueError:
+                pass
+            break
+    return tokens_left(headers)
 
 
 def _reset_seconds(value: str | None) -> float | None:
@@ -272,8 +300,8 @@ class HTTPUpstream:
             url = self._urls[path] = yarl.URL(self.base + path)
         return url
 
-    async def post(self, path: str, payload: bytes, headers: Mapping[str, str] | None = None) -> bytes:
-        """A whole (non-streaming) answer's body, within the total timeout; non-2xx -> typed error."""
+    async def post(self, path: str, payload: bytes, headers: Mapping[str, str] | None = None) -> RawAnswer:
+        """A whole (non-streaming) answer, within the total timeout; non-2xx -> typed error."""
         self.in_flight += 1
         try:
             raw = self.raw
@@ -286,7 +314,7 @@ class HTTPUpstream:
             self.in_flight -= 1
         if answer.status >= 300:
             raise status_error(answer.status, answer.headers, answer.body)
-        return answer.body
+        return answer
 
     async def open_stream(self, path: str, payload: bytes,
                           headers: Mapping[str, str] | None = None) -> tuple[RawStream, float, float]:

@@ -28,7 +28,15 @@ from backends.estimate import (
     estimate_text,
     generated_text,
 )
-from backends.http_upstream import ErrorDetail, ErrorEnvelope, HTTPBackend, HTTPUpstream, raise_if_error
+from backends.http_upstream import (
+    ErrorDetail,
+    ErrorEnvelope,
+    HTTPBackend,
+    HTTPUpstream,
+    LimitsLeft,
+    limits_left,
+    raise_if_error,
+)
 from backends.openai_usage import meter_from_usage, without_null_counts
 from backends.openai_wire import (
     ChatCompletion,
@@ -134,16 +142,17 @@ class OpenAIHTTPBackend(HTTPBackend):
     # ------------------------------------------------------------ Backend protocol
 
     async def chat(self, request: ChatCompletionRequest, ctx: CallContext = NO_CONTEXT) -> Completed[ChatCompletion]:
-        response = await self._unary("/chat/completions", self._payload(request, False, ctx), ChatCompletion, ctx)
+        response, left = await self._unary("/chat/completions", self._payload(request, False, ctx), ChatCompletion,
+                                           ctx)
         meter = self._unary_meter(response, lambda: estimate_chat_prompt(request),
                                   lambda: " ".join(generated_text(c.message) for c in response.choices))
-        return Completed(response, meter)
+        return Completed(response, meter, *left)
 
     async def complete(self, request: CompletionRequest, ctx: CallContext = NO_CONTEXT) -> Completed[TextCompletion]:
-        response = await self._unary("/completions", self._payload(request, False, ctx), TextCompletion, ctx)
+        response, left = await self._unary("/completions", self._payload(request, False, ctx), TextCompletion, ctx)
         meter = self._unary_meter(response, lambda: estimate_completion_prompt(request),
                                   lambda: _completion_text(response))
-        return Completed(response, meter)
+        return Completed(response, meter, *left)
 
     async def chat_stream(
         self, request: ChatCompletionRequest, ctx: CallContext = NO_CONTEXT
@@ -165,12 +174,12 @@ class OpenAIHTTPBackend(HTTPBackend):
             payload = _encoder.encode(fields)
         else:
             payload = msgspec.json.encode(msgspec.structs.replace(request, model=self.upstream_model))
-        response = await self._unary("/embeddings", payload, EmbeddingList, ctx)
+        response, left = await self._unary("/embeddings", payload, EmbeddingList, ctx)
         reported = response.usage.prompt_tokens if response.usage is not None else 0
         meter = Meter(prompt_tokens=reported, first_token_at=time.perf_counter())
         if not reported:  # an upstream that reports no usage: our estimate
             meter.prompt_tokens, meter.exact = estimate_embedding_input(request), False
-        return Completed(response, meter)
+        return Completed(response, meter, *left)
 
     # ------------------------------------------------------------ Responses API (ServesResponses)
 
@@ -244,8 +253,10 @@ class OpenAIHTTPBackend(HTTPBackend):
             meter.completion_tokens = estimate_text(text())
         return meter
 
-    async def _unary(self, path: str, payload: bytes, type_: type[R], ctx: CallContext) -> R:
-        body = await self.http.post(path, payload, self._headers(ctx))
+    async def _unary(self, path: str, payload: bytes, type_: type[R], ctx: CallContext) -> tuple[R, LimitsLeft]:
+        """The decoded answer, and what its head said of the upstream's limits."""
+        answer = await self.http.post(path, payload, self._headers(ctx))
+        body = answer.body
         try:
             try:
                 response = msgspec.json.decode(body, type=type_)
@@ -253,7 +264,7 @@ class OpenAIHTTPBackend(HTTPBackend):
                 response = msgspec.json.decode(without_null_counts(body), type=type_)
             if hasattr(response, "__dict__"):  # relayed as it came, but for the fields the gateway owns
                 set_relayed(response, _raw_object.decode(body), body)
-            return response
+            return response, limits_left(answer.headers)
         except (msgspec.MsgspecError, RecursionError) as exc:
             raise_if_error(body)  # a 2xx whose body is an error object fails as what it names
             raise UpstreamError(f"upstream {self.deployment_id} sent an invalid response: {exc}") from None
@@ -280,7 +291,7 @@ class OpenAIHTTPBackend(HTTPBackend):
         meter = Meter(prompt_tokens=prompt_estimate, exact=False)
         usage = _UsageWanted(request.include_usage, request.continuous_usage)
         relay = _Relay(self.http, response, reader, first, deadline, meter, usage, text_of)
-        return ChunkStream(chunks=relay, meter=meter)
+        return ChunkStream(relay, meter, *limits_left(response.headers))
 
 
 class _ChunkReader:

@@ -14,7 +14,7 @@ import msgspec
 from backends.base import ChunkStream, Completed, Meter, UpstreamError
 from backends.config import DeploymentConfig
 from backends.estimate import estimate_text
-from backends.http_upstream import HTTPUpstream
+from backends.http_upstream import HTTPUpstream, limits_left
 from backends.responses_wire import RelayedResponse, ResponsesEvent
 from backends.sse import SSELines
 
@@ -83,7 +83,8 @@ def upstream_body(body: dict[str, Any], config: DeploymentConfig, stream: bool, 
 
 async def respond(http: HTTPUpstream, payload: bytes, prompt_estimate: int,
                   headers: dict[str, str] | None) -> Completed[RelayedResponse]:
-    raw = await http.post("/responses", payload, headers)
+    answer = await http.post("/responses", payload, headers)
+    raw = answer.body
     try:
         body = msgspec.json.decode(raw)
     except (msgspec.DecodeError, RecursionError) as exc:
@@ -97,7 +98,7 @@ async def respond(http: HTTPUpstream, payload: bytes, prompt_estimate: int,
         meter.prompt_tokens = prompt_estimate
     if not has_completion:
         meter.completion_tokens = estimate_text(_output_text(body))
-    return Completed(RelayedResponse(body), meter)
+    return Completed(RelayedResponse(body), meter, *limits_left(answer.headers))
 
 
 def _output_text(body: dict[str, Any]) -> str:
@@ -119,7 +120,7 @@ async def respond_stream(http: HTTPUpstream, payload: bytes, prompt_estimate: in
     except BaseException:
         await events.aclose()
         raise
-    return ChunkStream(chunks=events, meter=meter)
+    return ChunkStream(events, meter, *limits_left(response.headers))
 
 
 class _Events:

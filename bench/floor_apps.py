@@ -65,6 +65,6 @@ def proxy_app() -> Litestar:
         answer = await upstream.post(
             "/chat/completions", msgspec.json.encode(msgspec.structs.replace(body, model="echo"))
         )
-        return Response(answer, media_type="application/json")
+        return Response(answer.body, media_type="application/json")
 
     return Litestar([chat])

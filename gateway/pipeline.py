@@ -45,7 +45,7 @@ from gateway.json_response import JSONResponse
 from gateway.quotas.reservation import prompt_reservation
 from gateway.routing.deployment import Deployment
 from gateway.routing.health import DeploymentHealth
-from gateway.routing.plan import RoutePlan, holds_off, tokens_left
+from gateway.routing.plan import MAX_HOLD_OFF, RoutePlan, holds_off, tokens_left
 from gateway.routing.router import ModelGroup
 from gateway.services import Services
 from gateway.settings import Settings
@@ -167,7 +167,9 @@ class Pipeline:
 
     async def _call(self, flight: _Flight, ctx: CallContext, tokens: int) -> Completed[Any] | ChunkStream[Any]:
         """Follow the route plan until an attempt succeeds; the last failure is raised (``tokens``:
-        what the request may spend of an upstream's tokens per minute)."""
+        what the request may spend of an upstream's tokens per minute). A success whose answer says
+        what is left of its upstream's limits (OpenAI's, Anthropic's rate-limit headers) replaces what
+        its deployment's health knew of them: short of tokens until the reset (no reset said: not short)."""
         call = flight.call
         tenant = _circuit_tenant(call.principal)
         plan = RoutePlan(flight.group, self.services.router.resolve, prompt_tokens=call.prompt_tokens,
@@ -213,6 +215,8 @@ class Pipeline:
                 hooks.end_attempt(span, "internal_error")
                 raise
             health.on_success(time.perf_counter() - t0, tenant)  # to the answer, or a stream's first chunk
+            if result.tokens_left is not None:  # its upstream said what is left of its limits: until they reset
+                health.note_tokens_left(result.tokens_left, min(result.tokens_reset or 0.0, MAX_HOLD_OFF))
             flight.attempt_span = span  # ended at settlement, so it covers a stream to its end
             return result
 

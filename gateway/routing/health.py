@@ -19,7 +19,10 @@ A 429 that does not say which limit is used up (no rate-limit headers: it may be
 tenant's or key's own quota upstream, or one request) holds the deployment off for its tenant
 alone, and for everyone once a second tenant meets one with no request served there in between.
 A 429 saying how many tokens are left of its limit marks the deployment short of tokens until the
-limit resets (``short_of``): the plan prefers other deployments for the requests that need more.
+limit resets (``short_of``): the plan prefers other deployments for the requests that need more. So
+does a successful answer saying so (OpenAI, Azure and Anthropic send their rate-limit headers with
+every answer; none left of the requests: short of every token), before any 429; the next answer
+that says what is left replaces it (one with plenty left ends it).
 """
 
 from __future__ import annotations
@@ -119,7 +122,8 @@ class DeploymentHealth:
         return max(0.0, until - self._clock())
 
     def note_tokens_left(self, tokens: float, seconds: float) -> None:
-        """The upstream said only ``tokens`` are left of its tokens per minute, for ``seconds``."""
+        """The upstream said only ``tokens`` are left of its tokens per minute, for ``seconds``
+        (replacing what it said before)."""
         self._tokens_left, self._tokens_left_until = tokens, self._clock() + seconds
 
     def short_of(self, tokens: int) -> bool:

@@ -20,7 +20,8 @@ false: its upstream has some of every limit left) holds nothing off; with a ``Re
 ``MAX_BACKOFF`` the request is not sent to that deployment again. A 429 that does not say which
 limit is used up holds the deployment off for the request's tenant (see ``DeploymentHealth``). A
 deployment whose upstream said fewer tokens are left than the request needs (``tokens``: its prompt
-estimate and output reserve) is tried after the others, and after waiting out a short hold.
+estimate and output reserve), in a 429 or in a successful answer's rate-limit headers, is tried
+after the others, and after waiting out a short hold.
 """
 
 from __future__ import annotations

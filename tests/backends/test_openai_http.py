@@ -21,7 +21,7 @@ from backends.base import (
 )
 from backends.call import CallContext
 from backends.embeddings_wire import EmbeddingRequest
-from backends.http_upstream import status_error
+from backends.http_upstream import limits_left, status_error
 from backends.openai_http import OpenAIHTTPBackend
 from backends.openai_wire import (
     ChatCompletionChunk,
@@ -267,6 +267,21 @@ def test_what_a_429_says_of_the_upstreams_limits() -> None:
     for odd in ({"x-ratelimit-remaining-tokens": "lots"}, {"x-ratelimit-remaining-tokens": "nan"}):
         assert limited(odd).tokens_left is None
     assert limited({"x-ratelimit-remaining-tokens": "5", "x-ratelimit-reset-tokens": "soon"}).tokens_reset is None
+
+
+def test_what_a_successful_answer_says_of_the_upstreams_limits() -> None:
+    """The tokens left and the seconds until they reset, as a 429 says them; no request left: no token
+    either, until the requests reset; an answer without rate-limit headers (vLLM's) says nothing."""
+    assert limits_left({"content-type": "application/json"}) == (None, None)
+    said = {"x-ratelimit-remaining-requests": "499", "x-ratelimit-remaining-tokens": "100",
+            "x-ratelimit-reset-requests": "120ms", "x-ratelimit-reset-tokens": "6m0s"}
+    assert limits_left(said) == (100.0, 360.0)
+    assert limits_left(said | {"x-ratelimit-remaining-requests": "0"}) == (0.0, 0.12)
+    assert limits_left(said | {"x-ratelimit-remaining-requests": "many"}) == (100.0, 360.0)
+    at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + 30))
+    left, reset = limits_left({"anthropic-ratelimit-requests-remaining": "0", "anthropic-ratelimit-requests-reset": at,
+                               "anthropic-ratelimit-tokens-remaining": "80000"})
+    assert left == 0.0 and reset is not None and 25 < reset <= 30
 
 
 async def test_mid_stream_error_event_raises(backend: OpenAIHTTPBackend, upstream: FakeUpstream) -> None:

@@ -5,7 +5,8 @@ It echoes the last user text (cut at the first of ``stop_sequences`` it contains
 it answers with a ``tool_use`` block for the first tool instead. Its usage reports 2 prompt tokens
 read from the cache, ``CACHE_WRITE`` written to it per ``cache_control`` breakpoint (by TTL), and a
 web search tool's ``max_uses`` searches. ``fail_next`` queues an HTTP status; ``stop_reason`` forces
-the answers' stop reason; every request body is kept in ``received``.
+the answers' stop reason; ``answer_headers`` go in the head of every answer (as Anthropic's
+rate-limit headers do); every request body is kept in ``received``.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from collections import deque
 from typing import Any
 
 from backends.dev.echo_server import Exchange, pieces, send_json
+from tests.support.fake_upstream import with_headers
 from tests.support.servers import OnLoopback
 
 
@@ -59,6 +61,7 @@ class FakeAnthropic(OnLoopback):
         self.headers: list[dict[str, str]] = []
         self.faults: deque[tuple[int, dict[str, Any]]] = deque()
         self.stop_reason: str | None = None  # set: every answer's stop_reason
+        self.answer_headers: dict[str, str] = {}  # added to the head of every answer
 
     def fail_next(self, status: int, error_type: str = "api_error", message: str = "injected") -> None:
         self.faults.append((status, {"type": "error", "error": {"type": error_type, "message": message}}))
@@ -73,7 +76,8 @@ class FakeAnthropic(OnLoopback):
             if not message.get("more_body"):
                 break
         headers = {k.decode().lower(): v.decode() for k, v in scope["headers"]}
-        ex = Exchange(scope["method"], scope["path"], headers, body, receive, send)
+        ex = Exchange(scope["method"], scope["path"], headers, body, receive,
+                      with_headers(send, self.answer_headers) if self.answer_headers else send)
         if ex.method == "GET":
             return await send_json(ex, 200, {"data": [{"id": "claude-test", "type": "model"}]})
         payload = json.loads(body)

@@ -3,12 +3,14 @@
 Built on the echo upstream (``backends.dev.echo_server``): answers echo the prompt. Tests (and
 benchmarks) shape it with ``options`` (latency, chunk delay, output length, usage reporting) and queue one-shot
 ``Fault``s; every request is recorded in ``received`` and every stream in ``streams`` (whether it
-ran to the end or the client went away).
+ran to the end or the client went away). ``answer_headers`` go in the head of every answer (as
+OpenAI's rate-limit headers do).
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import threading
 from collections import deque
@@ -61,6 +63,7 @@ class FakeUpstream(EchoUpstream, OnLoopback):
         self.streams: list[StreamRecord] = []
         self.rich = False  # answer with today's full response shape (RICH_* below)
         self.byte_tokens = False  # count a chat prompt as a tokenizer at its worst would: a token a UTF-8 byte
+        self.answer_headers: dict[str, str] = {}  # added to the head of every answer
 
     # ------------------------------------------------------------ control
 
@@ -68,6 +71,7 @@ class FakeUpstream(EchoUpstream, OnLoopback):
         self.options = EchoOptions()
         self.rich = False
         self.byte_tokens = False
+        self.answer_headers = {}
         self.faults.clear()
         self.received.clear()
         self.streams.clear()
@@ -94,6 +98,8 @@ class FakeUpstream(EchoUpstream, OnLoopback):
         except ValueError:
             payload = None
         self.received.append(Received(ex.method, ex.path, ex.headers, payload))
+        if self.answer_headers:
+            ex = dataclasses.replace(ex, send=with_headers(ex.send, self.answer_headers))
         fault = self.faults.popleft() if self.faults else None
         if fault is None:
             return await self._answer(ex, payload, None)
@@ -156,6 +162,18 @@ class FakeUpstream(EchoUpstream, OnLoopback):
         while (await ex.receive())["type"] != "http.disconnect":
             pass
         return False
+
+
+def with_headers(send: Any, headers: dict[str, str]) -> Any:
+    """An ASGI ``send`` that adds ``headers`` to the response's head."""
+    extra = [(k.encode(), v.encode()) for k, v in headers.items()]
+
+    async def sending(message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.start":
+            message = message | {"headers": [*message.get("headers", ()), *extra]}
+        await send(message)
+
+    return sending
 
 
 # ---------------------------------------------------------------- today's full response shape
