@@ -10,15 +10,21 @@ Passed explicitly to every ``Backend`` method (no context variables). It holds
   per sequence, and the backend makes the reservation hold. An HTTP upstream is sent the cap as
   the request's limit; an in-process engine, which knows
   its context, stops at the cap or where the context ends, whichever comes first, rather than
-  refusing a limit the client never asked for. A limit the client set always wins.
+  refusing a limit the client never asked for. A limit the client set always wins;
+- ``on_meter``: a backend that meters a call from its start (the in-process engine) hands the
+  gateway its ``Meter`` there, so a call cancelled before its answer is charged what it counts.
 
 A caller without a gateway (tests, scripts) passes nothing: no tenant, no cap.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from backends.base import Meter
 
 TENANT_HEADER = "x-switchyard-tenant"
 WEIGHT_HEADER = "x-switchyard-tenant-weight"
@@ -39,6 +45,7 @@ class CallingTenant:
 class CallContext:
     tenant: CallingTenant | None = None
     output_cap: int | None = None  # generated tokens per sequence when the request sets no limit
+    on_meter: Callable[[Meter], None] | None = None  # given the meter of a call as it starts
 
     def output_limit(self, requested: int | None, room: int | None = None) -> int | None:
         """The client's limit if it set one; else the gateway's cap (None: none), at most ``room``."""

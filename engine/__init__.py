@@ -3,7 +3,7 @@
 ``from engine import LLM, SamplingParams`` for offline generation; ``AsyncEngine`` for serving.
 """
 
-from engine.async_engine import AsyncEngine
+from engine.async_engine import AsyncEngine, RequestStream
 from engine.config import EngineConfig
 from engine.errors import EngineClosed, EngineError, InvalidRequest, RequestFailed, RequestRejected
 from engine.llm_engine import LLM, LLMEngine
@@ -26,5 +26,6 @@ __all__ = [
     "RequestFailed",
     "RequestOutput",
     "RequestRejected",
+    "RequestStream",
     "SamplingParams",
 ]

@@ -3,13 +3,14 @@
 One background task drives ``LLMEngine.step`` in a dedicated worker thread, so the event loop
 never blocks on the model. Requests and aborts that arrive while a step is running are applied
 right after it; an abort with no step in flight frees the sequence's blocks immediately.
-Leaving the output iterator early (client gone) aborts the request.
+Leaving the output iterator early (client gone) aborts the request; ``RequestStream.cancel`` aborts
+it and returns its final output, which tells whether the engine ever started on it.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from concurrent.futures import ThreadPoolExecutor
 
 from engine.block_manager import PrefixCacheSummary
@@ -74,9 +75,9 @@ class AsyncEngine:
         tenant: str = "",
         weight: float = 1.0,
         pooling: PoolingParams | None = None,
-    ) -> AsyncIterator[RequestOutput]:
+    ) -> RequestStream:
         """Validate and queue a request (raising RequestRejected / InvalidRequest / EngineClosed now,
-        not later); return an async iterator of its outputs, the last one with ``finished=True``.
+        not later); return its ``RequestStream``: its outputs, the last one with ``finished=True``.
         A request that fails mid-run (``RequestOutput.error``) raises that error from the iterator.
         ``tenant`` and ``weight`` feed fair scheduling and the per-tenant metrics; ``pooling`` makes it
         an embedding request (its final output carries ``embedding``)."""
@@ -90,23 +91,7 @@ class AsyncEngine:
         self._adds.append(request)
         self._ensure_running()
         self._wake.set()
-        return self._stream(request_id, queue)
-
-    async def _stream(
-        self, request_id: str, queue: asyncio.Queue[RequestOutput | BaseException]
-    ) -> AsyncIterator[RequestOutput]:
-        finished = False
-        try:
-            while not finished:
-                item = await queue.get()
-                if isinstance(item, BaseException):
-                    finished = True
-                    raise item
-                finished = item.finished
-                yield item
-        finally:
-            if not finished:
-                self.abort(request_id)
+        return RequestStream(self, request_id, queue)
 
     def abort(self, request_id: str) -> None:
         """Cancel a request; its blocks are freed now, or right after the running step. Its stream
@@ -186,6 +171,58 @@ class AsyncEngine:
         self._wake.set()
         if self._task is not None:
             await asyncio.gather(self._task, return_exceptions=True)
+        self._add_pending()  # so that every stream still open ends with a final output
         for request_id in list(self._streams):
             self._abort_now(request_id)
         self._executor.shutdown(wait=True)
+
+
+class RequestStream:
+    """One request's outputs, an async iterator (the last output has ``finished=True``; leaving
+    early aborts the request), and ``cancel``."""
+
+    def __init__(self, engine: AsyncEngine, request_id: str,
+                 queue: asyncio.Queue[RequestOutput | BaseException]) -> None:
+        self.request_id = request_id
+        self._engine = engine
+        self._queue = queue
+        self._ended = False  # the final output (or the error) has been taken from the queue
+        self._final: RequestOutput | None = None
+        self._outputs = self._iterate()
+
+    def __aiter__(self) -> RequestStream:
+        return self
+
+    async def __anext__(self) -> RequestOutput:
+        return await self._outputs.__anext__()
+
+    async def aclose(self) -> None:
+        await self._outputs.aclose()
+
+    async def cancel(self) -> RequestOutput | None:
+        """Abort the request if it has not ended and return its final output once the abort has
+        applied (after the running step at most); its ``first_scheduled_time`` is None when the
+        engine never started on it. None: the request failed. Not while another task iterates."""
+        if not self._ended:
+            self._engine.abort(self.request_id)
+            while not self._ended:
+                item = await self._queue.get()
+                if isinstance(item, BaseException):
+                    self._ended = True
+                elif item.finished:
+                    self._ended, self._final = True, item
+        return self._final
+
+    async def _iterate(self) -> AsyncGenerator[RequestOutput, None]:
+        try:
+            while not self._ended:
+                item = await self._queue.get()
+                if isinstance(item, BaseException):
+                    self._ended = True
+                    raise item
+                if item.finished:
+                    self._ended, self._final = True, item
+                yield item
+        finally:
+            if not self._ended:
+                self._engine.abort(self.request_id)

@@ -7,7 +7,9 @@ mid-stream) is settled with the admission service and recorded once.
 A request is charged for its prompt at most once, and whenever an upstream may have processed it:
 the answer's meter (exact where the provider reported usage); a client gone while an attempt was
 with a deployment leaves the prompt spent there, so its estimate is recorded and settled (inexact,
-``client_disconnected``); gone before any attempt was sent (waiting out a hold-off), nothing. A
+``client_disconnected``), or what the backend's own meter counts where it handed one over
+(``CallContext.on_meter``: the engine, which charges nothing for a prompt it never started on);
+gone before any attempt was sent (waiting out a hold-off), nothing. A
 failed attempt is not charged, a timeout included: it cannot tell a connection never made from a
 prompt processed, and charging it would bill the prompt twice when the next attempt answers.
 """
@@ -73,6 +75,10 @@ class _Flight:
     attempt_span: Any = None  # the trace span of the attempt that answered (tracing on)
     # an attempt is with a deployment, not refused: the client leaving now leaves the prompt spent
     prompt_sent: bool = False
+    meter: Meter | None = None  # the attempt's own meter, where its backend handed it over
+
+    def metered(self, meter: Meter) -> None:
+        self.meter = meter
 
 
 def bearer_token(headers: Mapping[str, str]) -> str | None:
@@ -146,7 +152,8 @@ class Pipeline:
         self.services.usage.begin(_reservation_record(flight, reserve - per_sequence * call.sequences,
                                                       per_sequence * call.sequences))
         # The engine schedules fairly by the tenant; backends hold a request without a limit to the cap.
-        ctx = CallContext(tenant=CallingTenant.of(principal.tenant_id, principal.tenant_weight), output_cap=cap)
+        ctx = CallContext(tenant=CallingTenant.of(principal.tenant_id, principal.tenant_weight), output_cap=cap,
+                          on_meter=flight.metered)
         try:
             result = await self._call(flight, ctx, call.prompt_tokens + per_sequence * call.sequences)
         except BackendError as exc:
@@ -155,7 +162,8 @@ class Pipeline:
             error.headers.update(self._headers(flight))
             raise error from None
         except asyncio.CancelledError:  # the client went away before the answer was ready
-            spent = Meter(prompt_tokens=call.prompt_tokens if flight.prompt_sent else 0, exact=False)
+            spent = flight.meter if flight.meter is not None else Meter(
+                prompt_tokens=call.prompt_tokens if flight.prompt_sent else 0, exact=False)
             await asyncio.shield(self._settle(flight, spent, 499, "client_disconnected", Outcome.DISCONNECTED.value))
             raise
         except BaseException:
@@ -191,7 +199,7 @@ class Pipeline:
             health.on_attempt()
             t0 = time.perf_counter()
             span = hooks.start_attempt(self.telemetry, attempt.deployment)
-            flight.prompt_sent = True
+            flight.prompt_sent, flight.meter = True, None
             try:
                 result = await call.invoke(attempt.deployment.backend, ctx)
             except asyncio.CancelledError:
@@ -199,7 +207,7 @@ class Pipeline:
                 hooks.end_attempt(span, "client_disconnected")
                 raise
             except BackendError as exc:
-                flight.prompt_sent = False  # refused, or a timeout: not charged (see ``serve``)
+                flight.prompt_sent, flight.meter = False, None  # refused, or a timeout: not charged (see ``serve``)
                 hooks.end_attempt(span, exc.kind)
                 self.telemetry.upstream_error(attempt.deployment.id, exc.kind)
                 _record_failure(health, exc, tenant)

@@ -96,8 +96,11 @@ class LocalEngineBackend:
 
     # ------------------------------------------------------------ chat
 
-    def _start_chat(self, request: ChatCompletionRequest, ctx: CallContext) -> tuple[EngineRun, ToolPlan | None]:
+    def _start_chat(self, request: ChatCompletionRequest,
+                    ctx: CallContext) -> tuple[EngineRun, ToolPlan | None, str]:
+        """The engine run, the tool plan (None: no tools) and the text each choice echoes first."""
         plan = tools.plan(request, self.tool_parser)
+        echo = wire.chat_echo(request)
         prompt = self.tokenize_chat(request)
         limit = ctx.output_limit(request.output_limit(), self.engine.max_model_len - len(prompt))
         grammar = plan.grammar() if plan is not None else None
@@ -109,7 +112,7 @@ class LocalEngineBackend:
             if plan is not None and grammar is not None and exc.param == grammar.param:
                 self._check_tool_schemas(plan)  # name the tool whose schema cannot be compiled
             raise
-        return run, plan
+        return run, plan, echo
 
     def _check_tool_schemas(self, plan: ToolPlan) -> None:
         """A BadRequest naming ``tools[i].function.parameters`` for the first tool schema the grammar
@@ -122,11 +125,13 @@ class LocalEngineBackend:
                 raise BadRequest(exc.message, param=exc.param) from None
 
     async def chat(self, request: ChatCompletionRequest, ctx: CallContext = NO_CONTEXT) -> Completed[ChatCompletion]:
-        run, plan = self._start_chat(request, ctx)
+        run, plan, echo = self._start_chat(request, ctx)
         final = await collect(run)
         choices = []
         for o in final[0].outputs:
             message, finish = tools.message(plan, o.text, wire.finish_reason(o.finish_reason))
+            if echo:
+                message.content = echo + (message.content or "")
             choices.append(ChatChoice(index=o.index, message=message, finish_reason=finish,
                                       logprobs=self.logprobs.chat(o.logprobs), stop_reason=o.stop_reason))
         k = wire.opt(request.prompt_logprobs, None)  # vLLM's: once, at the top level
@@ -138,7 +143,7 @@ class LocalEngineBackend:
     async def chat_stream(
         self, request: ChatCompletionRequest, ctx: CallContext = NO_CONTEXT
     ) -> ChunkStream[ChatCompletionChunk]:
-        run, plan = self._start_chat(request, ctx)
+        run, plan, echo = self._start_chat(request, ctx)
         cid, created = response_id("chatcmpl"), int(time.time())
 
         def chunk(choices: list[ChatChunkChoice], usage: Usage | None = None) -> ChatCompletionChunk:
@@ -150,6 +155,8 @@ class LocalEngineBackend:
         async def gen() -> AsyncIterator[ChatCompletionChunk]:
             for i in range(run.n):
                 yield chunk([ChatChunkChoice(index=i, delta=ChatDelta(role="assistant", content=""))])
+            for i in range(run.n if echo else 0):  # vLLM's: the echoed text, after the role, before the answer
+                yield chunk([ChatChunkChoice(index=i, delta=ChatDelta(content=echo))])
             finished: set[int] = set()  # one finish chunk per choice, though later outputs still carry it
             buffered = [""] * run.n  # with tools the text is held back until it is known to be a call
             held: list[list[Any]] = [[] for _ in range(run.n)]  # and so are its logprobs

@@ -18,6 +18,7 @@ from engine import (
     PoolingParams,
     RequestOutput,
     RequestRejected,
+    RequestStream,
     SamplingParams,
 )
 from engine import RequestFailed as EngineRequestFailed
@@ -33,7 +34,11 @@ class LocalModel(Protocol):
 
 
 class EngineRun:
-    """The engine requests behind one wire request, their meter, and their abort."""
+    """The engine requests behind one wire request, their meter, and their abort.
+
+    The meter is the gateway's from the start (``CallContext.on_meter``), so a call cancelled
+    before its answer is charged what the engine computed; a prompt the engine never started on
+    (still queued when the client left) is not charged at all (``aclose``)."""
 
     def __init__(self, engine: AsyncEngine, prompts: list[list[int]], params: SamplingParams, param: str,
                  ctx: CallContext, *, count_output: bool = True, pooling: PoolingParams | None = None,
@@ -45,9 +50,11 @@ class EngineRun:
         self.param = param
         self.limit_param = limit_param
         self.count_output = count_output  # False: what it generates is thrown away (scoring a prompt)
-        self.meter = Meter(prompt_tokens=sum(len(p) for p in prompts), exact=True)
+        self.prompt_lengths = [len(p) for p in prompts]
+        self.meter = Meter(prompt_tokens=sum(self.prompt_lengths), exact=True)
         self.ids: list[str] = []
-        self.streams: list[AsyncIterator[RequestOutput]] = []
+        self.streams: list[RequestStream] = []
+        self._closed = False
         self.finished: set[str] = set()
         who = ctx.tenant
         tenant, weight = (who.tenant_id, who.weight) if who is not None else ("", 1.0)
@@ -66,6 +73,8 @@ class EngineRun:
         except EngineClosed as exc:
             self.abort()
             raise Unavailable(exc.message) from None
+        if ctx.on_meter is not None:
+            ctx.on_meter(self.meter)
 
     async def outputs(self) -> AsyncIterator[tuple[int, RequestOutput]]:
         """``(prompt index, output)`` for every engine output, prompt by prompt. A request that
@@ -113,7 +122,16 @@ class EngineRun:
         self.finished.update(self.ids)
 
     async def aclose(self) -> None:
+        """Abort what has not finished and, once the aborts have applied, take the prompts the
+        engine never started on off the meter: it did no work for them."""
         self.abort()
+        if self._closed:
+            return
+        self._closed = True
+        for stream, length in zip(self.streams, self.prompt_lengths):
+            final = await stream.cancel()
+            if final is not None and final.first_scheduled_time is None:
+                self.meter.prompt_tokens -= length
 
 
 def _phases(out: RequestOutput) -> list[tuple[str, float, float]]:
@@ -134,7 +152,7 @@ async def collect(run: EngineRun) -> list[RequestOutput]:
         async for p, out in run.outputs():
             finals[p] = out
     finally:
-        run.abort()
+        await run.aclose()
     return [finals[p] for p in range(len(run.ids))]
 
 

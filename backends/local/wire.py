@@ -35,13 +35,13 @@ def opt(value: Any, default: Any) -> Any:
 NO_EFFECT_PARAMS = frozenset({"metadata", "store", "user", "service_tier", "prompt_cache_key", "safety_identifier"})
 
 
-# vLLM's chat fields that shape the prompt (``chat_prompt_options``): a chat request's, nobody else's.
-CHAT_PROMPT_PARAMS = frozenset({"add_generation_prompt", "continue_final_message"})
+# vLLM's chat fields the engine honours (``chat_prompt_options``, ``chat_echo``): a chat request's, nobody else's.
+CHAT_PARAMS = frozenset({"add_generation_prompt", "continue_final_message", "echo"})
 
 
 def refuse_unsupported(request: SamplingFields) -> None:
     """A request field the engine does not support is a 400 naming it, never a silent drop."""
-    taken = NO_EFFECT_PARAMS | CHAT_PROMPT_PARAMS if isinstance(request, ChatCompletionRequest) else NO_EFFECT_PARAMS
+    taken = NO_EFFECT_PARAMS | CHAT_PARAMS if isinstance(request, ChatCompletionRequest) else NO_EFFECT_PARAMS
     for name in extra_params(request):
         if name not in taken:
             raise BadRequest(f"'{name}' is not supported by the local engine", param=name)
@@ -112,20 +112,35 @@ def sampling_params(request: SamplingFields, limit: int | None, logprobs: int | 
 def chat_prompt_options(request: ChatCompletionRequest, add_generation_prompt: bool = True) -> tuple[bool, bool]:
     """vLLM's ``add_generation_prompt`` (default true) and ``continue_final_message`` (default false:
     true makes the answer go on with the final assistant message instead of starting a new turn)."""
-    extras = extra_params(request)
-    chosen = {"add_generation_prompt": add_generation_prompt, "continue_final_message": False}
-    for name in chosen:
-        value = json.loads(bytes(extras[name])) if name in extras else None
-        if value is not None and not isinstance(value, bool):
-            raise BadRequest(f"{name} must be a boolean", param=name)
-        chosen[name] = chosen[name] if value is None else value
-    add, cont = chosen["add_generation_prompt"], chosen["continue_final_message"]
+    add = _chat_flag(request, "add_generation_prompt", add_generation_prompt)
+    cont = _chat_flag(request, "continue_final_message", False)
     if add and cont:
         raise BadRequest("continue_final_message and add_generation_prompt cannot both be true",
                          param="continue_final_message")
     if cont and (not request.messages or request.messages[-1].role != "assistant"):
         raise BadRequest("continue_final_message needs the final message to be the assistant's", param="messages")
     return add, cont
+
+
+def chat_echo(request: ChatCompletionRequest) -> str:
+    """vLLM's chat ``echo``: the text every choice's content starts with. That is the final message's
+    text when it has the answer's role (the assistant's with ``add_generation_prompt``, else the
+    final message's own: a ``continue_final_message`` prefix comes back before its continuation),
+    "" otherwise or without ``echo``. It is not generated: no logprobs, no completion tokens."""
+    if not _chat_flag(request, "echo", False):
+        return ""
+    add, _ = chat_prompt_options(request)
+    last = request.messages[-1]
+    return last.text() if not add or last.role == "assistant" else ""
+
+
+def _chat_flag(request: ChatCompletionRequest, name: str, default: bool) -> bool:
+    """A boolean vLLM chat field sent as an extra (null or absent: ``default``)."""
+    extras = extra_params(request)
+    value = json.loads(bytes(extras[name])) if name in extras else None
+    if value is not None and not isinstance(value, bool):
+        raise BadRequest(f"{name} must be a boolean", param=name)
+    return default if value is None else value
 
 
 def chat_messages(request: ChatCompletionRequest) -> list[dict[str, str]]:

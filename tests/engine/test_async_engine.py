@@ -201,3 +201,53 @@ async def test_failed_step_leaves_no_unwritten_blocks_in_the_prefix_cache(checkp
     assert outs[-1].outputs[0].token_ids == expected
     assert_all_free(eng)
     await eng.shutdown()
+
+
+async def test_cancel_tells_a_request_the_engine_never_started_from_one_it_ran(
+        checkpoint, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``RequestStream.cancel`` returns the final output once the abort has applied: a request still
+    queued (one sequence at a time) was never scheduled; one the engine ran, or was running in the
+    step under way when it was cancelled, was; also when its iterator was left first."""
+    engine = LLMEngine(EngineConfig(str(checkpoint("llama")), block_size=8, num_kv_blocks=64, max_model_len=256,
+                                    max_num_seqs=1))
+    eng = AsyncEngine(engine=engine)
+    running = eng.add_request("running", ids(20, 6), SamplingParams(temperature=0, max_tokens=200, ignore_eos=True))
+    queued = eng.add_request("queued", ids(20, 7), SamplingParams(temperature=0, max_tokens=4))
+    assert not (await running.__anext__()).finished
+    assert engine.get_metrics().num_waiting == 1
+    never = await queued.cancel()
+    assert never is not None and never.first_scheduled_time is None and never.outputs[0].finish_reason == "abort"
+    await running.aclose()  # left early: the iterator aborts it
+    ran = await running.cancel()
+    assert ran is not None and ran.first_scheduled_time is not None and ran.outputs[0].finish_reason == "abort"
+    done = eng.add_request("done", ids(10, 8), SamplingParams(temperature=0, max_tokens=2))
+    outs = await collect(done)
+    assert await done.cancel() is outs[-1]
+
+    step = engine.step
+
+    def slow_step() -> list:
+        time.sleep(0.2)  # long enough for the cancel below to come while it runs
+        return step()
+
+    monkeypatch.setattr(engine, "step", slow_step)
+    prefilling = eng.add_request("prefilling", ids(30, 9), SamplingParams(temperature=0, max_tokens=50))
+    for _ in range(1000):  # the step that schedules its prefill is running
+        if eng._in_flight:
+            break
+        await asyncio.sleep(0.001)
+    assert eng._in_flight
+    started = await prefilling.cancel()
+    assert started is not None and started.first_scheduled_time is not None
+    await wait_idle(eng)
+    assert_all_free(eng)
+    await eng.shutdown()
+
+
+async def test_a_shutdown_ends_a_request_not_yet_taken_in_with_a_final_output(engine: LLMEngine) -> None:
+    eng = AsyncEngine(engine=engine)
+    late = eng.add_request("late", ids(10, 10), SamplingParams(temperature=0, max_tokens=4))
+    await eng.shutdown()  # before the engine loop took the request in
+    final = await asyncio.wait_for(late.cancel(), 10)
+    assert final is not None and final.first_scheduled_time is None and final.outputs[0].finish_reason == "abort"
+    assert_all_free(eng)

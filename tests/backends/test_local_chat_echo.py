@@ -1,0 +1,87 @@
+"""vLLM's chat ``echo`` on the built-in engine, through the gateway with the openai SDK: each choice's
+content starts with the final message when that message has the answer's role (the assistant's, or
+with ``add_generation_prompt: false`` the final message's own), streamed as its own delta after the
+role; it carries no logprobs and the usage stays the engine's exact counts."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import openai
+import pytest
+
+from tests.support.local_gateway import Env, local_gateway
+
+PREFIX = "One, two, three,"
+PREFILL = [{"role": "user", "content": "Count to ten."}, {"role": "assistant", "content": PREFIX}]
+ASKED = [{"role": "user", "content": "Tell me about trains."}]
+CONTINUE = {"continue_final_message": True, "add_generation_prompt": False}
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
+    with local_gateway(tmp_path_factory.mktemp("chat-echo")) as served:
+        yield served
+
+
+def _create(env: Env, messages: list[dict[str, str]], extra: dict[str, Any], **args: Any) -> Any:
+    return env.client().chat.completions.create(
+        model="tiny", messages=messages, max_tokens=6, temperature=0,  # type: ignore[arg-type]
+        extra_body={"ignore_eos": True, **extra}, **args)
+
+
+@pytest.mark.parametrize(("messages", "extra", "echoed"), [
+    (PREFILL, CONTINUE, PREFIX),  # the assistant's prefix, then its continuation
+    (PREFILL, {}, PREFIX),  # a new assistant turn after an assistant message: the same role
+    (ASKED, {"add_generation_prompt": False}, ASKED[0]["content"]),  # the answer has the user's role
+    (ASKED, {}, ""),  # the final message is the user's, the answer the assistant's: nothing echoed
+])
+def test_each_choice_starts_with_the_echo_and_usage_stays_exact(
+        env: Env, messages: list[dict[str, str]], extra: dict[str, Any], echoed: str) -> None:
+    plain = _create(env, messages, extra, n=2)
+    env.usage.records.clear()
+    echo = _create(env, messages, {**extra, "echo": True}, n=2)
+    assert [c.message.content for c in echo.choices] == [echoed + (c.message.content or "") for c in plain.choices]
+    assert echo.usage.prompt_tokens == plain.usage.prompt_tokens
+    assert echo.usage.completion_tokens == plain.usage.completion_tokens == 12  # generated tokens only
+    record = env.usage.wait_for(1)[-1]
+    assert record.exact and (record.prompt_tokens, record.completion_tokens) == (plain.usage.prompt_tokens, 12)
+    env.wait_idle()
+
+
+def test_a_stream_sends_the_echo_after_the_role_and_before_the_answer(env: Env) -> None:
+    whole = _create(env, PREFILL, {**CONTINUE, "echo": True}, n=2)
+    chunks = list(_create(env, PREFILL, {**CONTINUE, "echo": True}, n=2, stream=True,
+                          stream_options={"include_usage": True}))
+    for i in range(2):
+        deltas = [c.choices[0].delta for c in chunks if c.choices and c.choices[0].index == i]
+        assert deltas[0].role == "assistant" and not deltas[0].content
+        assert deltas[1].content == PREFIX and deltas[1].role is None
+        assert "".join(d.content or "" for d in deltas) == whole.choices[i].message.content
+    usage = chunks[-1].usage
+    assert usage is not None and (usage.prompt_tokens, usage.completion_tokens) == (
+        whole.usage.prompt_tokens, whole.usage.completion_tokens)
+    env.wait_idle()
+
+
+def test_the_echo_carries_no_logprobs(env: Env) -> None:
+    echo = _create(env, PREFILL, {**CONTINUE, "echo": True}, logprobs=True, top_logprobs=2)
+    plain = _create(env, PREFILL, CONTINUE, logprobs=True, top_logprobs=2)
+    got, want = echo.choices[0].logprobs.content, plain.choices[0].logprobs.content
+    assert len(got) == echo.usage.completion_tokens == 6
+    assert [(lp.token, lp.logprob) for lp in got] == [(lp.token, lp.logprob) for lp in want]
+    chunks = list(_create(env, PREFILL, {**CONTINUE, "echo": True}, logprobs=True, stream=True))
+    echoed = [c.choices[0] for c in chunks if c.choices and c.choices[0].delta.content == PREFIX]
+    assert len(echoed) == 1 and echoed[0].logprobs is None
+    streamed = [lp for c in chunks if c.choices and c.choices[0].logprobs for lp in c.choices[0].logprobs.content]
+    assert [lp.token for lp in streamed] == [lp.token for lp in want]
+    env.wait_idle()
+
+
+def test_echo_must_be_a_boolean(env: Env) -> None:
+    with pytest.raises(openai.BadRequestError) as err:
+        _create(env, PREFILL, {"echo": "yes"})
+    assert err.value.body["param"] == "echo"  # type: ignore[index]
+    assert _create(env, PREFILL, {"echo": None}).choices[0].message.content == _create(env, PREFILL, {}).choices[
+        0].message.content
