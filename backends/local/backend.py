@@ -159,6 +159,7 @@ class LocalEngineBackend:
                 yield chunk([ChatChunkChoice(index=i, delta=ChatDelta(content=echo))])
             finished: set[int] = set()  # one finish chunk per choice, though later outputs still carry it
             buffered = [""] * run.n  # with tools the text is held back until it is known to be a call
+            call_ids = [""] * run.n  # a named function's call: its id, sent first, then its arguments
             held: list[list[Any]] = [[] for _ in range(run.n)]  # and so are its logprobs
             async for _, out in run.outputs():
                 for o in out.outputs:
@@ -168,18 +169,20 @@ class LocalEngineBackend:
                         finished.add(o.index)
                     logprobs = o.delta_logprobs if request.logprobs else None
                     if plan is not None and plan.mode == "named":  # the text is the arguments: stream them
-                        if not buffered[o.index]:
-                            buffered[o.index] = tools.call_id()
-                            head = ToolCallDelta(index=0, id=buffered[o.index], type="function",
+                        if not call_ids[o.index]:
+                            call_ids[o.index] = tools.call_id()
+                            head = ToolCallDelta(index=0, id=call_ids[o.index], type="function",
                                                  function={"name": plan.named, "arguments": ""})
                             yield chunk([ChatChunkChoice(index=o.index, delta=ChatDelta(tool_calls=[head]))])
+                        buffered[o.index] += o.delta_text
                         if o.delta_text or logprobs:
                             part = ToolCallDelta(index=0, function={"arguments": o.delta_text})
                             delta = ChatDelta(tool_calls=[part]) if o.delta_text else ChatDelta()
                             yield chunk([ChatChunkChoice(index=o.index, delta=delta,
                                                          logprobs=self.logprobs.chat(logprobs))])
                         if o.finish_reason is not None:
-                            ended: FinishReason = "length" if o.finish_reason == "length" else "tool_calls"
+                            ended: FinishReason = tools.forced_finish(plan, buffered[o.index],
+                                                                      wire.finish_reason(o.finish_reason))
                             yield chunk([ChatChunkChoice(index=o.index, delta=ChatDelta(), finish_reason=ended,
                                                          stop_reason=o.stop_reason)])
                         continue

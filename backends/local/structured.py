@@ -4,7 +4,9 @@ OpenAI's ``response_format`` (``json_object``, ``json_schema``), vLLM's ``struct
 (``json``, ``regex``, ``choice``, ``grammar``) and the older ``guided_json`` / ``guided_regex`` /
 ``guided_choice`` / ``guided_grammar``. At most one may be given, and none where the request's
 ``tool_choice`` forces a call (that call's grammar shapes the output); a malformed one is a 400
-naming the field (the engine's input processor then reports what the grammar engine cannot compile).
+naming the field (the engine's input processor then reports what the grammar engine cannot compile),
+and so is a ``structured_outputs`` option the engine does not honour (``whitespace_pattern``,
+``structural_tag``, ``disable_additional_properties``, ...), never silently dropped.
 """
 
 from __future__ import annotations
@@ -19,6 +21,9 @@ from backends.openai_wire import ChatCompletionRequest, SamplingFields
 from engine.structured_output import StructuredOutput
 
 _VLLM_KEYS = ("json", "regex", "choice", "grammar")
+# The structured_outputs fields read here, and vLLM's two that change nothing here: the engine's
+# JSON has no free whitespace (as ``disable_any_whitespace``) and it has one grammar backend.
+_TAKEN_KEYS = frozenset({*_VLLM_KEYS, "json_object", "disable_any_whitespace", "disable_fallback"})
 
 
 def _set(value: Any) -> bool:
@@ -64,6 +69,10 @@ def from_request(request: SamplingFields) -> StructuredOutput | None:
     so = request.structured_outputs
     if _set(so):
         assert isinstance(so, dict)
+        for key, value in so.items():  # whitespace_pattern, structural_tag, ...: refused, never dropped
+            if key not in _TAKEN_KEYS and value is not None and value is not False:
+                raise BadRequest(f"structured_outputs.{key} is not supported by the local engine",
+                                 param=f"structured_outputs.{key}")
         keys = [k for k in _VLLM_KEYS if so.get(k) is not None]
         if so.get("json_object"):
             keys.append("json_object")

@@ -9,6 +9,8 @@ an array of ``{"name", "parameters"}`` objects (one item when ``parallel_tool_ca
 ``finish_reason: length`` and has no content (the grammar's text is no answer): a named function's
 call carries the arguments generated so far (as OpenAI and vLLM answer; the stream has streamed
 them), ``required`` the calls generated whole, the cut one left out (vLLM answers a JSON parse error).
+One cut by a stop string (or stop token id) is the same with ``finish_reason: stop``: never
+``tool_calls`` over arguments that are not JSON.
 """
 
 from __future__ import annotations
@@ -35,10 +37,30 @@ from engine.structured_output import StructuredOutput
 
 _EMPTY_PARAMS = {"type": "object", "properties": {}}
 _BETWEEN_ITEMS = " \t\n\r,"  # what JSON allows between an array's items
+_SCHEMA_MAPS = frozenset({"properties", "patternProperties", "$defs", "definitions", "dependentSchemas"})
+_VALUE_KEYS = frozenset({"enum", "const", "default", "examples"})  # JSON values, not schemas
 
 
 def _set(value: Any) -> bool:
     return value is not None and value is not UNSET
+
+
+def _rebased(node: Any, base: str) -> Any:
+    """A schema with its local references (``#`` and ``#/...``) pointing under the JSON pointer
+    ``base``, where it is placed inside a larger schema; the values it holds are left alone."""
+    if isinstance(node, list):
+        return [_rebased(n, base) for n in node]
+    if not isinstance(node, dict):
+        return node
+    out: dict[str, Any] = {}
+    for key, value in node.items():
+        if key == "$ref" and isinstance(value, str) and (value == "#" or value.startswith("#/")):
+            out[key] = "#" + base + value[1:]
+        elif key in _SCHEMA_MAPS and isinstance(value, dict):  # names -> schemas (a name may be "enum")
+            out[key] = {name: _rebased(schema, base) for name, schema in value.items()}
+        else:
+            out[key] = value if key in _VALUE_KEYS else _rebased(value, base)
+    return out
 
 
 @dataclass
@@ -58,13 +80,14 @@ class ToolPlan:
         if self.mode == "named":
             assert self.named is not None
             return StructuredOutput("json", json.dumps(params[self.named], sort_keys=True), "tool_choice")
-        if self.mode == "required":
+        if self.mode == "required":  # each tool's schema under $defs, its own references rebased there
+            defs = {f"tool{i}": _rebased(schema, f"/$defs/tool{i}") for i, schema in enumerate(params.values())}
             item = {"anyOf": [
-                {"type": "object", "properties": {"name": {"const": name}, "parameters": schema},
+                {"type": "object", "properties": {"name": {"const": name}, "parameters": {"$ref": f"#/$defs/tool{i}"}},
                  "required": ["name", "parameters"], "additionalProperties": False}
-                for name, schema in params.items()
+                for i, name in enumerate(params)
             ]}
-            array: dict[str, Any] = {"type": "array", "items": item, "minItems": 1}
+            array: dict[str, Any] = {"type": "array", "items": item, "minItems": 1, "$defs": defs}
             if not self.parallel:
                 array["maxItems"] = 1
             return StructuredOutput("json", json.dumps(array, sort_keys=True), "tool_choice")
@@ -91,6 +114,14 @@ class ToolPlan:
         if not self.parallel:
             calls = calls[:1]
         return content, calls
+
+    def whole(self, text: str) -> bool:
+        """Whether a forced call's output is its grammar's whole JSON text, not one cut short."""
+        try:
+            json.loads(text)
+        except json.JSONDecodeError:
+            return False
+        return True
 
     def cut_calls(self, text: str) -> list[ParsedCall]:
         """The calls in a forced call's output cut short: a named function's with the arguments
@@ -165,13 +196,20 @@ def wire_calls(calls: list[ParsedCall]) -> list[ToolCall]:
     return [ToolCall(id=call_id(), function=FunctionCall(name=c.name, arguments=c.arguments)) for c in calls]
 
 
+def forced_finish(plan: ToolPlan, text: str, finish: Any) -> Any:
+    """A forced call's wire finish reason: ``tool_calls`` when its output is whole, else the
+    engine's (``length``, or ``stop`` where a stop string or stop token id cut the JSON short)."""
+    return "tool_calls" if finish == "stop" and plan.whole(text) else finish
+
+
 def message(plan: ToolPlan | None, text: str, finish: Any) -> tuple[AssistantMessage, Any]:
     """The assistant message for a finished output (``finish``: its wire finish reason), with its
     tool calls parsed when it has any (then the finish reason is ``tool_calls``); a forced call cut
-    short by the length limit has the calls it got whole (or, named, cut) and no content."""
+    short (length limit, stop string) keeps that finish reason, has the calls it got whole (or,
+    named, cut) and no content."""
     if plan is None or (finish == "length" and plan.mode == "auto"):
         return AssistantMessage(content=text), finish
-    if finish == "length":
+    if plan.mode != "auto" and forced_finish(plan, text, finish) != "tool_calls":
         return AssistantMessage(content=None, tool_calls=wire_calls(plan.cut_calls(text)) or UNSET), finish
     content, calls = plan.parse(text)
     if not calls:

@@ -72,7 +72,11 @@ def _grammar_text(kind: Kind, spec: str) -> str:
         # would be a parser item, and a parser row holds at most 2000 (the matcher then errs mid-answer).
         return llguidance.LLMatcher.grammar_from_regex("|".join(_regex_literal(c) for c in choices))
     if kind == "grammar":
-        lark = spec if "::=" not in spec else gbnf_to_lark(spec)
+        try:
+            lark = spec if "::=" not in spec else gbnf_to_lark(spec)
+        except Exception as exc:  # the converter (pure text parsing) raises GbnfToLarkError, a bare
+            # Exception ("Rule 'x' not found") or IndexError on the client's malformed GBNF
+            raise ValueError(f"the GBNF grammar cannot be read: {exc}") from None
         return llguidance.LLMatcher.grammar_from_lark(lark)
     raise ValueError(f"unknown structured output kind {kind!r}")
 

@@ -36,6 +36,7 @@ from gateway.errors import ApiError, exception_handlers
 _FINISH_TO_STOP = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use",
                    "content_filter": "refusal", "function_call": "tool_use"}
 _QUOTED = 500  # characters of a tool call's unusable arguments quoted in the error
+_CUT = ("max_tokens", "stop_sequence")  # stop reasons of an answer cut short, a tool call's JSON with it
 
 
 # ---------------------------------------------------------------- OpenAI -> response
@@ -71,13 +72,14 @@ def message_body(response: ChatCompletion, meter: Meter) -> bytes:
         content.append(_thinking(reasoning))  # as the stream has it: a thinking block first
     if choice.message.content:
         content.append({"type": "text", "text": choice.message.content})
+    stop = _stop(choice.finish_reason, choice.stop_reason)
     for call in choice.message.tool_calls or []:
         arguments = _tool_input(call.id, call.function.name, call.function.arguments,
-                                cut=choice.finish_reason == "length")
+                                cut=stop["stop_reason"] in _CUT)
         content.append({"type": "tool_use", "id": call.id, "name": call.function.name, "input": arguments})
     return msgspec.json.encode({
         "id": response.id, "type": "message", "role": "assistant", "model": response.model, "content": content,
-        **_stop(choice.finish_reason, choice.stop_reason), "usage": _usage(response.usage, meter),
+        **stop, "usage": _usage(response.usage, meter),
     })
 
 
@@ -88,9 +90,10 @@ def _tool_input(call_id: str, name: str, arguments: str, *, cut: bool = False) -
     naming the call and quoting the text; the upstream's usage recorded). A stream relays the text as
     it comes (``input_json_delta``), then ends the same way: an ``error`` event (``MessagesEvents``).
 
-    An answer ``cut`` by the length limit is not a failure: Anthropic's own API answers such a call
-    as an incomplete ``tool_use`` block with ``stop_reason: max_tokens``, which tells the client to
-    ask again with more room; its ``input`` is ``{}`` here (a stream has relayed the text as sent)."""
+    An answer ``cut`` by the length limit or by one of the client's stop sequences is not a failure:
+    Anthropic's own API answers such a call as an incomplete ``tool_use`` block with ``stop_reason:
+    max_tokens`` (or ``stop_sequence``), which tells the client why; its ``input`` is ``{}`` here (a
+    stream has relayed the text as sent)."""
     try:
         value = json.loads(arguments or "{}")
     except (ValueError, RecursionError):
@@ -221,7 +224,7 @@ class MessagesEvents:
                     + _event("message_delta", {"delta": {"stop_reason": "max_tokens", "stop_sequence": None},
                                                "usage": self._usage})
                     + _event("message_stop", {}))
-        cut = self._stop["stop_reason"] == "max_tokens"
+        cut = self._stop["stop_reason"] in _CUT
         for call_id, name, arguments in self._calls.values():
             _tool_input(call_id, name, "".join(arguments), cut=cut)
         return (self._close()

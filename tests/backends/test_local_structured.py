@@ -62,6 +62,9 @@ def test_sdk_parse_with_a_pydantic_model(env: Env) -> None:
 @pytest.mark.parametrize("extra", [
     {"structured_outputs": {"choice": ["alpha", "beta"]}},
     {"guided_choice": ["alpha", "beta"]},
+    # options that change nothing here: the engine's JSON has no free whitespace, and it has one backend
+    {"structured_outputs": {"choice": ["alpha", "beta"], "disable_any_whitespace": True, "disable_fallback": True,
+                            "whitespace_pattern": None, "disable_additional_properties": False}},
 ])
 def test_vllm_choice(env: Env, extra: dict[str, Any]) -> None:
     r = env.client().chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=20, extra_body=extra)
@@ -91,6 +94,15 @@ def test_logit_bias_bans_and_forces(env: Env) -> None:
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}, "response_format.json_schema.schema"),
     ({"extra_body": {"guided_json": "{nope"}}, "guided_json"),
     ({"extra_body": {"structured_outputs": {"regex": "("}}}, "structured_outputs.regex"),
+    ({"extra_body": {"guided_grammar": "root ::= ("}}, "guided_grammar"),  # GBNF the converter rejects
+    ({"extra_body": {"guided_grammar": "root ::= item"}}, "guided_grammar"),  # a rule never defined
+    ({"extra_body": {"structured_outputs": {"grammar": 'root ::= "a'}}}, "structured_outputs.grammar"),
+    # vLLM options the engine does not honour: never silently dropped
+    ({"extra_body": {"structured_outputs": {"choice": ["a"], "whitespace_pattern": " "}}},
+     "structured_outputs.whitespace_pattern"),
+    ({"extra_body": {"structured_outputs": {"json": SCHEMAS[0], "disable_additional_properties": True}}},
+     "structured_outputs.disable_additional_properties"),
+    ({"extra_body": {"structured_outputs": {"structural_tag": "{}"}}}, "structured_outputs.structural_tag"),
     ({"extra_body": {"guided_regex": "a", "guided_choice": ["b"]}}, "guided_choice"),
     ({"logit_bias": {"5": 150}}, "logit_bias"),
     ({"logit_bias": {"999999": 1}}, "logit_bias"),

@@ -59,6 +59,57 @@ def test_required_returns_valid_calls(env: Env) -> None:
     jsonschema.validate(json.loads(fn.arguments), SCHEMAS[fn.name])
 
 
+# Tool schemas with their own $defs (as openai.pydantic_function_tool writes nested models), one
+# name in both meaning different things, and a reference to the schema's root.
+SHIP = {"$defs": {"Addr": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 8}},
+                           "required": ["city"], "additionalProperties": False}},
+        "type": "object", "properties": {"to": {"$ref": "#/$defs/Addr"}, "kg": {"type": "integer", "maximum": 9}},
+        "required": ["to", "kg"], "additionalProperties": False}
+TAG = {"$defs": {"Addr": {"type": "string", "maxLength": 6}}, "type": "object",
+       "properties": {"label": {"$ref": "#/$defs/Addr"}, "same": {"$ref": "#/properties/label"}},
+       "required": ["label", "same"], "additionalProperties": False}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_required_with_tools_whose_schemas_have_defs(env: Env, stream: bool) -> None:
+    """``required`` builds one grammar from all the tools: each tool's references still point into
+    its own schema (vLLM's grammar hoists the $defs), so every call validates against its tool's."""
+    ref_tools: Any = [{"type": "function", "function": {"name": "ship", "parameters": SHIP}},
+                      {"type": "function", "function": {"name": "tag", "parameters": TAG}}]
+    body: Any = dict(model="tiny", messages=MESSAGES, tools=ref_tools, tool_choice="required", max_tokens=200,
+                     n=3, temperature=1.0, seed=6)
+    calls: dict[tuple[int, int], list[str]] = {}
+    finishes: list[str] = []
+    if stream:
+        for chunk in env.client().chat.completions.create(**body, stream=True):
+            for c in chunk.choices:
+                for d in c.delta.tool_calls or []:
+                    got = calls.setdefault((c.index, d.index), ["", ""])
+                    got[0] += d.function.name or "" if d.function else ""
+                    got[1] += d.function.arguments or "" if d.function else ""
+                finishes += [c.finish_reason] if c.finish_reason else []
+    else:
+        for c in env.client().chat.completions.create(**body).choices:
+            for i, t in enumerate(c.message.tool_calls or []):
+                calls[(c.index, i)] = [t.function.name, t.function.arguments]  # type: ignore[union-attr]
+            finishes.append(c.finish_reason)
+    assert finishes == ["tool_calls"] * 3 and calls
+    for name, args in calls.values():
+        jsonschema.validate(json.loads(args), {"ship": SHIP, "tag": TAG}[name])
+
+
+def test_required_grammar_rebases_each_tools_references() -> None:
+    """A reference to a tool schema's root moves with it; a property named like a keyword is a
+    schema, a const holding "$ref" is a value."""
+    schema = {"type": "object", "properties": {"enum": {"$ref": "#"}, "c": {"const": {"$ref": "#"}}}}
+    plan = ToolPlan([{"type": "function", "function": {"name": "t", "parameters": schema}}], "required", None,
+                    parallel=True, parser="hermes")
+    grammar = plan.grammar()
+    assert grammar is not None
+    props = json.loads(grammar.spec)["$defs"]["tool0"]["properties"]
+    assert props == {"enum": {"$ref": "#/$defs/tool0"}, "c": {"const": {"$ref": "#"}}}
+
+
 def test_streamed_tool_call_deltas(env: Env) -> None:
     stream = env.client().chat.completions.create(model="tiny", messages=MESSAGES, tools=TOOLS, tool_choice=NAMED,
                                                   max_tokens=200, stream=True)
@@ -117,6 +168,35 @@ def test_a_forced_call_cut_by_the_length_limit_is_no_content(env: Env, stream: b
             assert len(got) == whole
             for name, args in got:
                 jsonschema.validate(json.loads(args), SCHEMAS[name])
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("tool_choice", [NAMED, "required"])
+def test_a_forced_call_cut_by_a_stop_string_is_no_call(env: Env, stream: bool, tool_choice: Any) -> None:
+    """A stop string that cuts a forced call's JSON ends the answer with finish_reason stop, never
+    tool_calls with arguments that are not JSON, and the grammar's text never becomes content."""
+    body: Any = dict(model="tiny", messages=MESSAGES, tools=TOOLS, tool_choice=tool_choice, max_tokens=60,
+                     temperature=0, stop=['"'])  # the JSON's first key opens with one: cut right there
+    calls: dict[int, tuple[str, str]] = {}
+    if stream:
+        content, finish = "", None
+        for chunk in env.client().chat.completions.create(**body, stream=True):
+            for c in chunk.choices:
+                content += c.delta.content or ""
+                for d in c.delta.tool_calls or []:
+                    name, args = calls.get(d.index, ("", ""))
+                    calls[d.index] = (name + (d.function.name or ""), args + (d.function.arguments or ""))
+                finish = c.finish_reason or finish
+        got = list(calls.values())
+    else:
+        answer = env.client().chat.completions.create(**body).choices[0]
+        content, finish = answer.message.content or "", answer.finish_reason
+        got = [(c.function.name, c.function.arguments) for c in answer.message.tool_calls or []]
+    assert finish == "stop" and content == ""
+    if tool_choice == NAMED:  # the arguments so far, as a length cut gives them
+        assert got == [("get_weather", "{")]
+    else:  # no call was generated whole
+        assert got == []
 
 
 def test_a_cut_required_array_keeps_the_calls_generated_whole() -> None:

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from typing import Any, Literal
 
 import jsonschema
+import openai
 import pytest
 from pydantic import BaseModel, Field
 
@@ -105,5 +106,18 @@ def test_sdk_parse_with_a_pydantic_model(env: Env) -> None:
     choice = answer.choices[0]
     assert choice.finish_reason == "stop"
     person = choice.message.parsed
+    assert isinstance(person, Person) and 0 <= person.age <= 120 and len(person.hobbies) <= 3
+    env.wait_idle()
+
+
+def test_sdk_parse_of_a_required_pydantic_tool(env: Env) -> None:
+    """``openai.pydantic_function_tool`` writes the nested model under ``$defs``: with ``required``
+    (one grammar for all the tools) the call still parses into the model."""
+    answer = env.client().chat.completions.parse(
+        model="tiny", tools=[openai.pydantic_function_tool(Person)], tool_choice="required", max_tokens=200,
+        temperature=0, messages=[{"role": "user", "content": "Record a person living in Rome, with hobbies."}])
+    choice = answer.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.tool_calls
+    person = choice.message.tool_calls[0].function.parsed_arguments
     assert isinstance(person, Person) and 0 <= person.age <= 120 and len(person.hobbies) <= 3
     env.wait_idle()

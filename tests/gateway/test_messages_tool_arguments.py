@@ -2,8 +2,8 @@
 object (invalid JSON from a small model, an array, a string): a ``tool_use`` block's ``input`` cannot
 hold them, so the whole answer is a 502 in Anthropic's shape naming the call and quoting its text (not
 ``input: {}``), and a stream relays the text as sent, then ends with an ``error`` event. Either way
-the upstream's usage is what the request is charged. A call cut by the length limit is Anthropic's
-incomplete block with ``stop_reason: max_tokens`` instead."""
+the upstream's usage is what the request is charged. A call cut by the length limit or a stop
+sequence is Anthropic's incomplete block with ``stop_reason: max_tokens`` / ``stop_sequence`` instead."""
 
 from __future__ import annotations
 
@@ -25,14 +25,14 @@ KW: Any = {"model": "echo", "max_tokens": 64, "messages": [{"role": "user", "con
            "tools": [{"name": "weather", "input_schema": {"type": "object"}}]}
 
 
-def _answer(arguments: str, finish: str = "tool_calls") -> dict[str, Any]:
+def _answer(arguments: str, finish: str = "tool_calls", matched: str | None = None) -> dict[str, Any]:
     call = {"id": "call_7", "type": "function", "function": {"name": "weather", "arguments": arguments}}
     message = {"role": "assistant", "content": None, "tool_calls": [call]}
     return {"id": "x", "object": "chat.completion", "created": 0, "model": "m", "usage": USAGE,
-            "choices": [{"index": 0, "message": message, "finish_reason": finish}]}
+            "choices": [{"index": 0, "message": message, "finish_reason": finish, "stop_reason": matched}]}
 
 
-def _events(arguments: str, finish: str = "tool_calls") -> bytes:
+def _events(arguments: str, finish: str = "tool_calls", matched: str | None = None) -> bytes:
     """The call's arguments in two pieces, then the finish and the usage (as include_usage asks)."""
     half = len(arguments) // 2
     deltas: list[dict[str, Any]] = [
@@ -40,7 +40,8 @@ def _events(arguments: str, finish: str = "tool_calls") -> bytes:
                                               "function": {"name": "weather", "arguments": arguments[:half]}}]},
         {"tool_calls": [{"index": 0, "function": {"arguments": arguments[half:]}}]}, {}]
     chunks = [{"id": "x", "object": "chat.completion.chunk", "created": 0, "model": "m",
-               "choices": [{"index": 0, "delta": d, "finish_reason": None if d else finish}]} for d in deltas]
+               "choices": [{"index": 0, "delta": d, "finish_reason": None if d else finish,
+                            "stop_reason": None if d else matched}]} for d in deltas]
     chunks.append({"id": "x", "object": "chat.completion.chunk", "created": 0, "model": "m", "choices": [],
                    "usage": USAGE})
     return b"".join(b"data: " + json.dumps(c).encode() + b"\n\n" for c in chunks) + b"data: [DONE]\n\n"
@@ -110,20 +111,23 @@ def test_arguments_that_are_an_object_or_none_are_the_input(
         assert message.stop_reason == "tool_use"
 
 
-def test_a_call_cut_by_the_length_limit_is_an_incomplete_block_not_a_failure(
-        client: anthropic.Anthropic, env: GatewayEnv, upstream: FakeUpstream) -> None:
-    """As Anthropic answers a tool call cut by ``max_tokens``: the block, ``stop_reason: max_tokens``
-    (the client retries with more room), whole or streamed (the text relayed as sent)."""
-    cut = '{"city": "Par'
-    upstream.fail_next(Fault(status=200, body=_answer(cut, "length")))
+@pytest.mark.parametrize(("finish", "matched", "reason"), [("length", None, "max_tokens"),
+                                                          ("stop", "Par", "stop_sequence")])
+def test_a_call_cut_by_the_length_limit_or_a_stop_sequence_is_an_incomplete_block_not_a_failure(
+        client: anthropic.Anthropic, env: GatewayEnv, upstream: FakeUpstream, finish: str, matched: str | None,
+        reason: str) -> None:
+    """As Anthropic answers a tool call cut by ``max_tokens`` or a stop sequence: the block, with that
+    ``stop_reason`` (the client knows why), whole or streamed (the text relayed as sent)."""
+    cut = '{"city": "'
+    upstream.fail_next(Fault(status=200, body=_answer(cut, finish, matched)))
     whole = client.messages.create(**KW)
-    assert (whole.stop_reason, whole.content[0].type, whole.content[0].input) == ("max_tokens", "tool_use", {})
-    upstream.fail_next(Fault(status=200, body=_events(cut, "length"), headers=SSE))
+    assert (whole.stop_reason, whole.content[0].type, whole.content[0].input) == (reason, "tool_use", {})
+    upstream.fail_next(Fault(status=200, body=_events(cut, finish, matched), headers=SSE))
     response = httpx.post(env.server.url + "/v1/messages", json=KW | {"stream": True},
                           headers={"x-api-key": ADMIN_KEY}, timeout=10)
     events = _sse(response.text)
     assert "".join(e["delta"]["partial_json"] for kind, e in events if kind == "content_block_delta") == cut
     assert [k for k, _ in events][-2:] == ["message_delta", "message_stop"]
-    assert events[-2][1]["delta"]["stop_reason"] == "max_tokens"
+    assert events[-2][1]["delta"]["stop_reason"] == reason
     records = env.usage.wait_for(2)
     assert [(r.status, r.error_type) for r in records] == [(200, None), (200, None)]
