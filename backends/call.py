@@ -21,10 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from backends.base import Meter
+from typing import Any
 
 TENANT_HEADER = "x-switchyard-tenant"
 WEIGHT_HEADER = "x-switchyard-tenant-weight"
@@ -45,7 +42,8 @@ class CallingTenant:
 class CallContext:
     tenant: CallingTenant | None = None
     output_cap: int | None = None  # generated tokens per sequence when the request sets no limit
-    on_meter: Callable[[Meter], None] | None = None  # given the meter of a call as it starts
+    # given the ``backends.base.Meter`` of a call as it starts (Any: base imports this module)
+    on_meter: Callable[[Any], None] | None = None
 
     def output_limit(self, requested: int | None, room: int | None = None) -> int | None:
         """The client's limit if it set one; else the gateway's cap (None: none), at most ``room``."""
