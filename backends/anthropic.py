@@ -45,7 +45,7 @@ from backends.call import NO_CONTEXT, CallContext
 from backends.config import DeploymentConfig
 from backends.embeddings_wire import EmbeddingList, EmbeddingRequest
 from backends.estimate import estimate_chat_prompt, estimate_text, generated_text
-from backends.http_upstream import HTTPBackend, LimitsLeft, limits_left
+from backends.http_upstream import HTTPBackend, answered, streamed
 from backends.openai_wire import (
     ANTHROPIC_EVENTS,
     ANTHROPIC_MESSAGE,
@@ -136,7 +136,7 @@ class AnthropicBackend(HTTPBackend):
 
     async def chat(self, request: ChatCompletionRequest, ctx: CallContext = NO_CONTEXT) -> Completed[ChatCompletion]:
         body = self._request(request, ctx, stream=False)
-        data, left = await self._unary(body, "/messages", _upstream_headers(request))
+        data, head = await self._unary(body, "/messages", _upstream_headers(request))
         response = from_messages_response(data, request.model)
         response.__dict__[ANTHROPIC_MESSAGE] = data  # /v1/messages relays it as it came
         usage = response.usage if isinstance(response.usage, Usage) else Usage()
@@ -156,7 +156,7 @@ class AnthropicBackend(HTTPBackend):
             usage.prompt_tokens, usage.completion_tokens = meter.prompt_tokens, meter.completion_tokens
             usage.total_tokens = meter.total_tokens
             response.usage = usage
-        return Completed(response, meter, *left)
+        return answered(response, meter, head)
 
     async def chat_stream(
         self, request: ChatCompletionRequest, ctx: CallContext = NO_CONTEXT
@@ -171,7 +171,7 @@ class AnthropicBackend(HTTPBackend):
         except BaseException:
             await relay.aclose()
             raise
-        return ChunkStream(relay, meter, *limits_left(events.response.headers))
+        return streamed(relay, meter, events.response.headers)
 
     # ------------------------------------------------------------ text completions, as chat
 
@@ -228,8 +228,8 @@ class AnthropicBackend(HTTPBackend):
     # ------------------------------------------------------------ internals
 
     async def _unary(self, body: dict[str, Any], path: str,
-                     headers: Mapping[str, str]) -> tuple[dict[str, Any], LimitsLeft]:
-        """The answer's object, and what its head said of the upstream's limits."""
+                     headers: Mapping[str, str]) -> tuple[dict[str, Any], Mapping[str, str]]:
+        """The answer's object, and its head."""
         answer = await self.http.post(path, msgspec.json.encode(body), headers)
         try:
             data = json.loads(answer.body)
@@ -237,7 +237,7 @@ class AnthropicBackend(HTTPBackend):
             raise UpstreamError(f"upstream {self.deployment_id} sent invalid JSON") from None
         if not isinstance(data, dict) or data.get("type") == "error":
             raise UpstreamError(f"upstream {self.deployment_id} sent an unusable answer")
-        return data, limits_left(answer.headers)
+        return data, answer.headers
 
     async def _open(self, body: dict[str, Any], headers: Mapping[str, str]) -> _Events:
         response, first_deadline, deadline = await self.http.open_stream("/messages", msgspec.json.encode(body),

@@ -35,6 +35,7 @@ class BackendError(Exception):
     retryable: bool = False
     blames_deployment: bool = True
     kind: str = "upstream_error"
+    upstream_request_id: str | None = None  # the provider's own id of the error answer, when its head named one
 
     def __init__(self, message: str, *, param: str | None = None, status: int | None = None) -> None:
         super().__init__(message)
@@ -145,6 +146,9 @@ class Meter:
     # the service tier the provider says it served the request at (OpenAI's "priority", "flex",
     # "default"; Anthropic's "priority", "standard"), priced by the model's service_tiers; None: not said
     service_tier: str | None = None
+    # the provider's own id of its answer (its x-request-id, apim-request-id or request-id header), what
+    # its support asks for; None: an answer without one, or the in-process engine's
+    upstream_request_id: str | None = None
     phases: list[tuple[str, float, float]] = field(default_factory=list)  # (name, start, end) in unix time,
     # e.g. the engine's queue / prefill / decode; the gateway turns them into trace spans
 

@@ -15,7 +15,7 @@ import email.utils
 import math
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 
 import aiohttp
 import anyio
@@ -27,10 +27,15 @@ from backends.base import (
     BackendError,
     BackendStats,
     BadRequest,
+    ChunkStream,
+    ChunkT,
+    Completed,
     ContextTooLong,
+    Meter,
     ModelNotFound,
     RateLimited,
     RequestFailed,
+    ResultT,
     Timeout,
     Unavailable,
     UpstreamError,
@@ -166,6 +171,34 @@ def limits_left(headers: Mapping[str, str]) -> LimitsLeft:
     return tokens_left(headers)
 
 
+# The provider's own id of an answer, which its support asks for: OpenAI's and OpenAI-compatible servers'
+# (vLLM's), Azure's (which sends apim-request-id too), Anthropic's
+_REQUEST_ID_HEADERS = ("x-request-id", "apim-request-id", "request-id")
+MAX_REQUEST_ID = 128  # the characters of it kept (usage_records.upstream_request_id)
+
+
+def upstream_request_id(headers: Mapping[str, str]) -> str | None:
+    """The provider's id of an answer: the first of ``_REQUEST_ID_HEADERS`` its head holds (three dict
+    lookups at most, no parsing); None when it names none."""
+    for name in _REQUEST_ID_HEADERS:
+        if value := headers.get(name):
+            return value[:MAX_REQUEST_ID]
+    return None
+
+
+def answered(response: ResultT, meter: Meter, headers: Mapping[str, str]) -> Completed[ResultT]:
+    """A whole answer with what its head says: the provider's request id (onto ``meter``) and what
+    is left of its limits."""
+    meter.upstream_request_id = upstream_request_id(headers)
+    return Completed(response, meter, *limits_left(headers))
+
+
+def streamed(chunks: AsyncIterator[ChunkT], meter: Meter, headers: Mapping[str, str]) -> ChunkStream[ChunkT]:
+    """``answered`` for a stream, from its response's head."""
+    meter.upstream_request_id = upstream_request_id(headers)
+    return ChunkStream(chunks, meter, *limits_left(headers))
+
+
 def _reset_seconds(value: str | None) -> float | None:
     if not value:
         return None
@@ -186,6 +219,7 @@ def status_error(status: int, headers: Mapping[str, str], body: bytes) -> Backen
     if isinstance(error, RateLimited):  # what it says of the upstream's limits
         error.reported = error.reported or any(name in headers for name in _REMAINING)
         error.tokens_left, error.tokens_reset = tokens_left(headers)
+    error.upstream_request_id = upstream_request_id(headers)
     return error
 
 

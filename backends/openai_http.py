@@ -10,7 +10,7 @@ the upstream reports none, the meter holds an estimate (``exact=False``).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -33,9 +33,9 @@ from backends.http_upstream import (
     ErrorEnvelope,
     HTTPBackend,
     HTTPUpstream,
-    LimitsLeft,
-    limits_left,
+    answered,
     raise_if_error,
+    streamed,
 )
 from backends.openai_usage import meter_from_usage, without_null_counts
 from backends.openai_wire import (
@@ -142,17 +142,17 @@ class OpenAIHTTPBackend(HTTPBackend):
     # ------------------------------------------------------------ Backend protocol
 
     async def chat(self, request: ChatCompletionRequest, ctx: CallContext = NO_CONTEXT) -> Completed[ChatCompletion]:
-        response, left = await self._unary("/chat/completions", self._payload(request, False, ctx), ChatCompletion,
+        response, head = await self._unary("/chat/completions", self._payload(request, False, ctx), ChatCompletion,
                                            ctx)
         meter = self._unary_meter(response, lambda: estimate_chat_prompt(request),
                                   lambda: " ".join(generated_text(c.message) for c in response.choices))
-        return Completed(response, meter, *left)
+        return answered(response, meter, head)
 
     async def complete(self, request: CompletionRequest, ctx: CallContext = NO_CONTEXT) -> Completed[TextCompletion]:
-        response, left = await self._unary("/completions", self._payload(request, False, ctx), TextCompletion, ctx)
+        response, head = await self._unary("/completions", self._payload(request, False, ctx), TextCompletion, ctx)
         meter = self._unary_meter(response, lambda: estimate_completion_prompt(request),
                                   lambda: _completion_text(response))
-        return Completed(response, meter, *left)
+        return answered(response, meter, head)
 
     async def chat_stream(
         self, request: ChatCompletionRequest, ctx: CallContext = NO_CONTEXT
@@ -174,12 +174,12 @@ class OpenAIHTTPBackend(HTTPBackend):
             payload = _encoder.encode(fields)
         else:
             payload = msgspec.json.encode(msgspec.structs.replace(request, model=self.upstream_model))
-        response, left = await self._unary("/embeddings", payload, EmbeddingList, ctx)
+        response, head = await self._unary("/embeddings", payload, EmbeddingList, ctx)
         reported = response.usage.prompt_tokens if response.usage is not None else 0
         meter = Meter(prompt_tokens=reported, first_token_at=time.perf_counter())
         if not reported:  # an upstream that reports no usage: our estimate
             meter.prompt_tokens, meter.exact = estimate_embedding_input(request), False
-        return Completed(response, meter, *left)
+        return answered(response, meter, head)
 
     # ------------------------------------------------------------ Responses API (ServesResponses)
 
@@ -253,8 +253,9 @@ class OpenAIHTTPBackend(HTTPBackend):
             meter.completion_tokens = estimate_text(text())
         return meter
 
-    async def _unary(self, path: str, payload: bytes, type_: type[R], ctx: CallContext) -> tuple[R, LimitsLeft]:
-        """The decoded answer, and what its head said of the upstream's limits."""
+    async def _unary(self, path: str, payload: bytes, type_: type[R],
+                     ctx: CallContext) -> tuple[R, Mapping[str, str]]:
+        """The decoded answer, and its head."""
         answer = await self.http.post(path, payload, self._headers(ctx))
         body = answer.body
         try:
@@ -264,7 +265,7 @@ class OpenAIHTTPBackend(HTTPBackend):
                 response = msgspec.json.decode(without_null_counts(body), type=type_)
             if hasattr(response, "__dict__"):  # relayed as it came, but for the fields the gateway owns
                 set_relayed(response, _raw_object.decode(body), body)
-            return response, limits_left(answer.headers)
+            return response, answer.headers
         except (msgspec.MsgspecError, RecursionError) as exc:
             raise_if_error(body)  # a 2xx whose body is an error object fails as what it names
             raise UpstreamError(f"upstream {self.deployment_id} sent an invalid response: {exc}") from None
@@ -291,7 +292,7 @@ class OpenAIHTTPBackend(HTTPBackend):
         meter = Meter(prompt_tokens=prompt_estimate, exact=False)
         usage = _UsageWanted(request.include_usage, request.continuous_usage)
         relay = _Relay(self.http, response, reader, first, deadline, meter, usage, text_of)
-        return ChunkStream(relay, meter, *limits_left(response.headers))
+        return streamed(relay, meter, response.headers)
 
 
 class _ChunkReader:

@@ -14,7 +14,7 @@ import msgspec
 from backends.base import ChunkStream, Completed, Meter, UpstreamError
 from backends.config import DeploymentConfig
 from backends.estimate import estimate_text
-from backends.http_upstream import HTTPUpstream, limits_left
+from backends.http_upstream import HTTPUpstream, answered, streamed
 from backends.responses_wire import RelayedResponse, ResponsesEvent
 from backends.sse import SSELines
 
@@ -98,7 +98,7 @@ async def respond(http: HTTPUpstream, payload: bytes, prompt_estimate: int,
         meter.prompt_tokens = prompt_estimate
     if not has_completion:
         meter.completion_tokens = estimate_text(_output_text(body))
-    return Completed(RelayedResponse(body), meter, *limits_left(answer.headers))
+    return answered(RelayedResponse(body), meter, answer.headers)
 
 
 def _output_text(body: dict[str, Any]) -> str:
@@ -120,7 +120,7 @@ async def respond_stream(http: HTTPUpstream, payload: bytes, prompt_estimate: in
     except BaseException:
         await events.aclose()
         raise
-    return ChunkStream(events, meter, *limits_left(response.headers))
+    return streamed(events, meter, response.headers)
 
 
 class _Events:

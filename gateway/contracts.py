@@ -108,6 +108,9 @@ class UsageRecord:
     ttft_ms: float | None = None
     stream: bool = False
     service_tier: str | None = None  # the provider's tier it says it served the request at ("priority")
+    # the provider's own id of the answer (or of the last attempt's error answer), for its support:
+    # the operator's, never shown to the tenant
+    upstream_request_id: str | None = None
     extra: dict[str, str] = field(default_factory=dict)
 
 

@@ -158,7 +158,8 @@ class Pipeline:
             result = await self._call(flight, ctx, call.prompt_tokens + per_sequence * call.sequences)
         except BackendError as exc:
             error = from_backend_error(exc)
-            await self._settle(flight, Meter(exact=False), error.status, exc.kind)
+            await self._settle(flight, Meter(exact=False, upstream_request_id=exc.upstream_request_id),
+                               error.status, exc.kind)
             error.headers.update(self._headers(flight))
             raise error from None
         except asyncio.CancelledError:  # the client went away before the answer was ready
@@ -208,7 +209,7 @@ class Pipeline:
                 raise
             except BackendError as exc:
                 flight.prompt_sent, flight.meter = False, None  # refused, or a timeout: not charged (see ``serve``)
-                hooks.end_attempt(span, exc.kind)
+                hooks.end_attempt(span, exc.kind, exc.upstream_request_id)
                 self.telemetry.upstream_error(attempt.deployment.id, exc.kind)
                 _record_failure(health, exc, tenant)
                 following = plan.after(exc)
@@ -301,6 +302,7 @@ class Pipeline:
             cost=cost, error_type=error_type, latency_ms=(now - flight.t0) * 1000,
             ttft_ms=(meter.first_token_at - flight.t0) * 1000 if meter.first_token_at else None,
             stream=flight.call.stream, service_tier=meter.service_tier,
+            upstream_request_id=meter.upstream_request_id,
             extra={"outcome": outcome} if outcome else {},
         )
         try:

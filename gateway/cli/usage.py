@@ -126,7 +126,7 @@ def usage_export(
     config: ConfigOpt = None,
 ) -> None:
     """Every request of the range as CSV (time, tenant, key, model, deployment, status, tokens, cost,
-    latency, error), oldest first; default range: the last 30 days."""
+    latency, error, the provider's request id), oldest first; default range: the last 30 days."""
     lo, hi = _bounds(start, end, since)
     now = datetime.now(UTC)
     hi = hi or now + timedelta(seconds=1)
@@ -138,11 +138,11 @@ def usage_export(
 
     async def job(svc: TenancyService, db: Database) -> int:
         tenant_id = (await svc.get_tenant(tenant)).id if tenant else None
-        f = records.RecordFilter(tenant_id, lo, hi, key_id=key)
-        target.write(records.csv_text([], header=True))
+        f = records.RecordFilter(tenant_id, lo, hi, key_id=key, operator=True)
+        target.write(records.csv_text([], header=True, operator=True))
         n = 0
         async for batch in records.batches(db, f):
-            target.write(records.csv_text(batch))
+            target.write(records.csv_text(batch, operator=True))
             n += len(batch)
             progress.update(f"exporting: {n:,} requests (up to {batch[-1]['started_at'][:19]})")
         return n

@@ -89,12 +89,13 @@ def _range(start: str | None, end: str | None, bucket: str | None, preset: str |
         raise AdminError(exc.message, param=exc.param) from None
 
 
-def _filter(tenant: str, rng: Range, q: str, model: str | None, key_id: str | None,
+def _filter(session: SessionData, tenant: str, rng: Range, q: str, model: str | None, key_id: str | None,
             status: str | None) -> records.RecordFilter:
+    """The records ``session`` asked for; an admin's carry the operator's columns."""
     if status not in (None, "", *records.STATUSES):
         raise AdminError(f"status must be one of {', '.join(records.STATUSES)}", param="status")
     return records.RecordFilter(tenant, rng.start, rng.end, text=q[:200], model=model or None,
-                                key_id=key_id or None, status=status or None)
+                                key_id=key_id or None, status=status or None, operator=session.is_admin)
 
 
 def _csv(body: str | AsyncIterator[str], name: str) -> Response[Any]:
@@ -135,7 +136,7 @@ class DashboardApi(Controller):
     ) -> dict[str, Any]:
         """A page of the tenant's request log, newest first."""
         tenant = await tenant_for(session, tenant_id, svc)
-        f = _filter(tenant, _range(start, end, None, range, tz), q, model, key_id, status)
+        f = _filter(session, tenant, _range(start, end, None, range, tz), q, model, key_id, status)
         try:
             rows, cursor = await records.search(db, f, limit, before)
         except ParameterError as exc:
@@ -147,7 +148,7 @@ class DashboardApi(Controller):
                              tenant_id: str | None = None) -> dict[str, Any]:
         """One request; another tenant's is "not found", exactly like one that does not exist."""
         tenant = await tenant_for(session, tenant_id, svc)
-        row = await records.one(db, tenant, request_id)
+        row = await records.one(db, tenant, request_id, session.is_admin)
         if row is None:
             raise NotFound(f"No request {request_id[:64]!r} in this tenant's usage.", param="request_id")
         return row
@@ -181,7 +182,7 @@ class DashboardApi(Controller):
         tenant = await tenant_for(session, tenant_id, svc)
         rng = _range(start, end, bucket, range, tz)
         if table == "requests":
-            f = _filter(tenant, rng, q, model, key_id, status)
+            f = _filter(session, tenant, rng, q, model, key_id, status)
             batches = records.batches(db, f)
             try:  # the query runs (and any error answers) before the 200 and the CSV start
                 first = await anext(batches, None)
@@ -189,10 +190,10 @@ class DashboardApi(Controller):
                 raise AdminError(exc.message, param=exc.param) from None
 
             async def body() -> AsyncIterator[str]:
-                yield records.csv_text(first or [], header=True)
+                yield records.csv_text(first or [], header=True, operator=f.operator)
                 if first is not None:
                     async for batch in batches:
-                        yield records.csv_text(batch)
+                        yield records.csv_text(batch, operator=f.operator)
 
             return _csv(body(), f"requests-{tenant}.csv")
         data = await queries.summary(db, tenant, rng)

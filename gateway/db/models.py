@@ -138,6 +138,7 @@ class UsageRow(Base):
     ttft_ms: Mapped[float | None] = mapped_column(Float)
     started_at: Mapped[datetime] = mapped_column(UTCDateTime, index=True)
     service_tier: Mapped[str | None] = mapped_column(String(40))  # as the provider named it
+    upstream_request_id: Mapped[str | None] = mapped_column(String(128))  # the provider's id of its answer
 
 
 class ModelPrice(Base):

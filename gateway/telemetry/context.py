@@ -23,6 +23,7 @@ class RequestInfo:
     error_type: str | None = None
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
+    upstream_request_id: str | None = None  # the provider's own id of its answer (for the operator's log)
     span: Any = None  # the request's OpenTelemetry span, when tracing is on
 
 

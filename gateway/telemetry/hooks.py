@@ -11,6 +11,8 @@ from gateway.telemetry import Telemetry
 from gateway.telemetry.context import request_info
 from gateway.telemetry.tracing import OPERATIONS, mark_error
 
+UPSTREAM_REQUEST_ID = "switchyard.upstream_request_id"  # an attempt span's: the provider's id of its answer
+
 
 def on_principal(principal: Principal) -> None:
     info = request_info()
@@ -48,8 +50,11 @@ def start_attempt(telemetry: Telemetry, deployment: Any) -> Span | None:
     })  # fmt: skip
 
 
-def end_attempt(span: Span | None, error_type: str | None = None) -> None:
+def end_attempt(span: Span | None, error_type: str | None = None, upstream_request_id: str | None = None) -> None:
+    """End an attempt's span, marked with the error it failed with and the provider's id of its answer."""
     if span is not None:
+        if upstream_request_id is not None:
+            span.set_attribute(UPSTREAM_REQUEST_ID, upstream_request_id)
         if error_type is not None:
             mark_error(span, error_type)
         span.end()
@@ -73,6 +78,7 @@ def on_settle(telemetry: Telemetry, record: UsageRecord, phases: list[tuple[str,
     if info is not None:
         info.deployment, info.error_type = record.deployment, record.error_type
         info.prompt_tokens, info.completion_tokens = record.prompt_tokens, record.completion_tokens
+        info.upstream_request_id = record.upstream_request_id
         span = info.span
         if span is not None:
             span.set_attribute("gen_ai.usage.input_tokens", record.prompt_tokens)
@@ -85,4 +91,4 @@ def on_settle(telemetry: Telemetry, record: UsageRecord, phases: list[tuple[str,
         attempt.set_attribute("gen_ai.usage.output_tokens", record.completion_tokens)
         telemetry.tracing.phases(attempt, phases)
         failed = record.status >= 500 or record.extra.get("outcome") == "failed"  # a stream that broke is a 200
-        end_attempt(attempt, record.error_type if failed else None)
+        end_attempt(attempt, record.error_type if failed else None, record.upstream_request_id)

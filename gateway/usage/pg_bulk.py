@@ -28,6 +28,7 @@ USAGE_COLUMNS = (
     ("prompt_tokens", "integer"), ("completion_tokens", "integer"), ("cached_tokens", "integer"),
     ("exact", "boolean"), ("cost", "float8"), ("status", "integer"), ("error_type", "varchar"),
     ("latency_ms", "float8"), ("ttft_ms", "float8"), ("started_at", "timestamptz"), ("service_tier", "varchar"),
+    ("upstream_request_id", "varchar"),
 )
 HOURLY_KEY = (("tenant_id", "varchar"), ("key_id", "varchar"), ("model", "varchar"), ("hour", "timestamptz"),
               ("error_type", "varchar"))

@@ -7,7 +7,10 @@ numbers are written in plain decimal notation (``0.00000165``, never ``1.65e-06`
 spreadsheet locale reads.
 
 Every query is scoped by ``RecordFilter.tenant_id`` when it is set (the dashboard always sets it
-to the caller's own tenant); the CLI's export may leave it empty to export all tenants.
+to the caller's own tenant); the CLI's export may leave it empty to export all tenants. The
+operator's views (``RecordFilter.operator``: the CLI's export, an admin's dashboard) add the
+provider's own request id (``upstream_request_id``), which identifies the operator's provider
+account's traffic and is never shown to a tenant.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from gateway.errors import ParameterError
 COLUMNS = ("request_id", "started_at", "tenant_id", "key_id", "model", "deployment", "provider", "endpoint",
            "stream", "status", "error_type", "prompt_tokens", "completion_tokens", "cached_tokens", "exact",
            "cost", "latency_ms", "ttft_ms", "service_tier")
+OPERATOR_COLUMNS = (*COLUMNS, "upstream_request_id")  # what the operator's views add to a tenant's
 STATUSES = ("ok", "error", "429")
 FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
 MAX_PAGE = 500
@@ -61,6 +65,7 @@ class RecordFilter:
     model: str | None = None
     key_id: str | None = None
     status: str | None = None  # ok | error | 429
+    operator: bool = False  # the operator reads: rows carry ``OPERATOR_COLUMNS``
 
     def where(self, q: Select[Any]) -> Select[Any]:
         if self.status not in (None, "", *STATUSES):
@@ -86,10 +91,15 @@ class RecordFilter:
         return q
 
 
-def as_dict(row: UsageRow) -> dict[str, Any]:
-    """A record's columns; its cost to twelve significant digits, without the binary noise of its
-    arithmetic (0.1 + 0.2 is 0.3, not 0.30000000000000004)."""
-    out = {c: getattr(row, c) for c in COLUMNS}
+def columns(operator: bool) -> tuple[str, ...]:
+    """The columns of a record the operator (else a tenant) reads."""
+    return OPERATOR_COLUMNS if operator else COLUMNS
+
+
+def as_dict(row: UsageRow, operator: bool = False) -> dict[str, Any]:
+    """A record's columns (``columns``); its cost to twelve significant digits, without the binary
+    noise of its arithmetic (0.1 + 0.2 is 0.3, not 0.30000000000000004)."""
+    out = {c: getattr(row, c) for c in columns(operator)}
     out["started_at"] = row.started_at.isoformat()
     out["cost"] = float(f"{row.cost:.12g}")
     out["total_tokens"] = row.prompt_tokens + row.completion_tokens
@@ -111,7 +121,7 @@ async def search(db: Database, f: RecordFilter, limit: int = 50, before: str | N
     more = len(rows) > limit
     rows = rows[:limit]
     cursor = f"{rows[-1].started_at.isoformat()}~{rows[-1].id}" if more and rows else None
-    return [as_dict(r) for r in rows], cursor
+    return [as_dict(r, f.operator) for r in rows], cursor
 
 
 def _cursor(text: str) -> tuple[datetime, int]:
@@ -128,7 +138,8 @@ def _cursor(text: str) -> tuple[datetime, int]:
         raise ParameterError("before must be a cursor from a previous page (next_before)", param="before") from None
 
 
-async def one(db: Database, tenant_id: str | None, request_id: str) -> dict[str, Any] | None:
+async def one(db: Database, tenant_id: str | None, request_id: str,
+              operator: bool = False) -> dict[str, Any] | None:
     """One record with a sentence on why it failed; None when it is not this tenant's."""
     q = select(UsageRow).where(UsageRow.request_id == request_id)
     if tenant_id is not None:
@@ -137,7 +148,7 @@ async def one(db: Database, tenant_id: str | None, request_id: str) -> dict[str,
         row = (await s.execute(q)).scalar_one_or_none()
     if row is None:
         return None
-    out = as_dict(row)
+    out = as_dict(row, operator)
     out["explanation"] = explain(row.status, row.error_type)
     return out
 
@@ -162,7 +173,7 @@ async def batches(db: Database, f: RecordFilter, size: int = 5000) -> AsyncItera
             return
         at, last = rows[-1].started_at, rows[-1].id
         page = q.where(or_(UsageRow.started_at > at, and_(UsageRow.started_at == at, UsageRow.id > last)))
-        yield [as_dict(r) for r in rows]
+        yield [as_dict(r, f.operator) for r in rows]
 
 
 def sheet_cell(value: Any) -> Any:
@@ -191,5 +202,5 @@ def csv_table(columns: Iterable[str], rows: Iterable[dict[str, Any]], header: bo
     return out.getvalue()
 
 
-def csv_text(rows: Iterable[dict[str, Any]], header: bool = False) -> str:
-    return csv_table(COLUMNS, rows, header)
+def csv_text(rows: Iterable[dict[str, Any]], header: bool = False, operator: bool = False) -> str:
+    return csv_table(columns(operator), rows, header)

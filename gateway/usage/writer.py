@@ -72,6 +72,7 @@ def to_row(r: UsageRecord) -> dict[str, Any]:
         "ttft_ms": r.ttft_ms,
         "started_at": datetime.fromtimestamp(r.started_at, UTC),
         "service_tier": r.service_tier,
+        "upstream_request_id": r.upstream_request_id,
     }
 
 

@@ -160,7 +160,7 @@ def test_usage_csvs_quote_what_a_spreadsheet_would_run_as_a_formula(cli: tuple[C
             writer.record(UsageRecord(
                 request_id=uuid.uuid4().hex, key_id="k", tenant_id=tenant["id"], model=text, deployment="d",
                 provider="openai", endpoint="chat.completions", started_at=1_767_225_600.0 + i, status=200,
-                prompt_tokens=10, completion_tokens=5, cost=-0.25, service_tier=text,
+                prompt_tokens=10, completion_tokens=5, cost=-0.25, service_tier=text, upstream_request_id=text,
             ))  # fmt: skip
         await writer.aclose()
         await db.dispose()
@@ -172,5 +172,6 @@ def test_usage_csvs_quote_what_a_spreadsheet_would_run_as_a_formula(cli: tuple[C
     assert sorted(r["model"] for r in report) == sorted("'" + t for t in hostile)
     assert {r["cost"] for r in report} == {"-0.25"}
     export = list(csv.DictReader(io.StringIO(run("usage", "export", *span).stdout, newline="")))
-    assert [(r["model"], r["service_tier"]) for r in export] == [("'" + t, "'" + t) for t in hostile]
+    assert [(r["model"], r["service_tier"], r["upstream_request_id"]) for r in export] == [
+        ("'" + t, "'" + t, "'" + t) for t in hostile]
     assert {(r["cost"], r["prompt_tokens"]) for r in export} == {("-0.25", "10")}

@@ -243,6 +243,31 @@ async def test_csv_exports_quote_a_key_name_or_tier_that_starts_a_formula(dash: 
     assert [r["service_tier"] for r in csv.DictReader(io.StringIO(requests))] == ["'@SUM(1+1)"]
 
 
+async def test_the_providers_request_id_is_the_operators_not_the_tenants(dash: DashEnv, tmp_path: Path) -> None:
+    """An admin's request log, detail and CSV carry ``upstream_request_id`` (it identifies the
+    operator's provider account's traffic); the tenant's own show neither the column nor the id."""
+    at = time.time() - 64 * 86400  # a day of its own, outside every range the other tests read
+    rid = uuid.uuid4().hex
+    await _write_usage(dash, tmp_path, UsageRecord(
+        request_id=rid, key_id=dash.a.key_ids[0], tenant_id=dash.a.id, model="echo", deployment="d", provider="openai",
+        endpoint="chat.completions", started_at=at, status=200, upstream_request_id="req_provider_7",
+    ))  # fmt: skip
+    day = datetime.fromtimestamp(at, UTC).date().isoformat()
+    params = {"start": day, "end": day, "tenant_id": dash.a.id}
+    seen = {}
+    for who in (dash.a.key, ADMIN_KEY):
+        with httpx.Client(base_url=dash.url) as client:
+            login(client, who)
+            listed = client.get("/dashboard/api/requests", params=params).json()["data"]
+            detail = client.get(f"/dashboard/api/requests/{rid}", params={"tenant_id": dash.a.id}).json()
+            exported = client.get("/dashboard/api/export.csv", params={**params, "table": "requests"}).text
+        seen[who] = [row.get("upstream_request_id", "absent") for row in (*listed, detail,
+                                                                            *csv.DictReader(io.StringIO(exported)))]
+        if who == dash.a.key:
+            assert "req_provider_7" not in str(listed) + str(detail) + exported
+    assert seen == {dash.a.key: ["absent"] * 3, ADMIN_KEY: ["req_provider_7"] * 3}
+
+
 async def test_request_costs_carry_no_floating_noise(dash: DashEnv, tmp_path: Path) -> None:
     """A cost as its arithmetic left it (0.1 + 0.2) reads 0.3 in the log, the detail and the CSV;
     a tiny one is written in the CSV in plain decimals (0.00000165), never with an exponent."""

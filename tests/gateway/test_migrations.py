@@ -97,3 +97,45 @@ def test_db_cli_works_from_any_directory(tmp_path: Path) -> None:
     down = run("db", "downgrade", "--config", str(config), "--revision", "base")
     assert down.returncode == 0, down.stderr
     assert "(empty)" in run("db", "current", "--config", str(config)).stdout
+
+
+async def _usage_columns(url: str) -> dict[str, object]:
+    db = Database.from_url(url)
+    try:
+        async with db.engine.connect() as conn:
+            found = await conn.run_sync(lambda c: inspect(c).get_columns("usage_records"))
+    finally:
+        await db.dispose()
+    return {c["name"]: c for c in found}
+
+
+async def test_0010_adds_and_drops_the_upstream_request_id_keeping_the_rows(empty_url: str) -> None:
+    """``usage_records.upstream_request_id`` (nullable, 128 characters) comes with 0010 and goes with
+    its downgrade; the rows written before and after stay."""
+    await asyncio.to_thread(migrate.upgrade, empty_url, "0009_usage_service_tier")
+    assert "upstream_request_id" not in await _usage_columns(empty_url)
+    db = Database.from_url(empty_url)
+    row = ("'r1', 'k', 'm', 'chat.completions', false, 0, 0, 0, true, 0.0, 200, 0.0, "
+           "'2026-12-06 00:00:00+00:00'")
+    insert = ("INSERT INTO usage_records (request_id, key_id, model, endpoint, stream, prompt_tokens, "
+              "completion_tokens, cached_tokens, exact, cost, status, latency_ms, started_at{}) VALUES ({}{})")
+    try:
+        async with db.engine.begin() as conn:
+            await conn.exec_driver_sql(insert.format("", row, ""))
+        await asyncio.to_thread(migrate.upgrade, empty_url)
+        column = (await _usage_columns(empty_url))["upstream_request_id"]
+        assert column["nullable"] and getattr(column["type"], "length", None) == 128
+        async with db.engine.begin() as conn:
+            await conn.exec_driver_sql(insert.format(", upstream_request_id", row.replace("'r1'", "'r2'"),
+                                                     ", 'req_abc'"))
+            got = dict((await conn.exec_driver_sql(
+                "SELECT request_id, upstream_request_id FROM usage_records")).all())
+        assert got == {"r1": None, "r2": "req_abc"}
+        await asyncio.to_thread(migrate.downgrade, empty_url, "0009_usage_service_tier")
+        assert "upstream_request_id" not in await _usage_columns(empty_url)
+        async with db.engine.connect() as conn:
+            assert (await conn.exec_driver_sql("SELECT count(*) FROM usage_records")).scalar() == 2
+        await asyncio.to_thread(migrate.upgrade, empty_url)
+        await check_schema(db.engine)
+    finally:
+        await db.dispose()

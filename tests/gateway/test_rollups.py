@@ -161,7 +161,7 @@ def test_percentiles_and_range_parsing() -> None:
             Range.parse(*bad)
 
 
-LATER_COLUMNS = ("service_tier",)  # usage_records' columns added after 0001 (0009)
+LATER_COLUMNS = ("service_tier", "upstream_request_id")  # usage_records' columns added after 0001 (0009, 0010)
 
 
 def _columns_of_0001(row: dict[str, Any]) -> dict[str, Any]:
@@ -189,8 +189,9 @@ async def test_migrations_backfill_existing_records(backend: str, tmp_path: Path
             if backend == "sqlite":
                 for table, column in (("usage_hourly", "hour"), ("latency_hourly", "hour"), ("latency_daily", "day")):
                     await conn.exec_driver_sql(f"UPDATE {table} SET {column} = substr({column}, 1, 19)")
-            # today's writer writes the column a later migration (0009) adds: there for the write only
+            # today's writer writes the columns later migrations (0009, 0010) add: there for the write only
             await conn.exec_driver_sql("ALTER TABLE usage_records ADD COLUMN service_tier VARCHAR(40)")
+            await conn.exec_driver_sql("ALTER TABLE usage_records ADD COLUMN upstream_request_id VARCHAR(128)")
         w = UsageWriter(database, PRICES, journal_dir=tmp_path / "wal", flush_interval=0.05)
         w.start()
         for r in new:  # the same hours again, through the writer
@@ -198,6 +199,7 @@ async def test_migrations_backfill_existing_records(backend: str, tmp_path: Path
         await w.aclose()
         async with database.engine.begin() as conn:
             await conn.exec_driver_sql("ALTER TABLE usage_records DROP COLUMN service_tier")
+            await conn.exec_driver_sql("ALTER TABLE usage_records DROP COLUMN upstream_request_id")
         await asyncio.to_thread(migrate.upgrade, url)
         first_hour = hour_of(datetime.fromtimestamp(NOW - 4 * 3600, UTC))  # the oldest records' hour
         for rng in (Range(datetime.fromtimestamp(NOW - 86400, UTC), datetime.fromtimestamp(NOW + 3600, UTC)),

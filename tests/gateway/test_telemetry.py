@@ -272,6 +272,24 @@ def test_access_log_is_json_with_request_fields_and_no_secrets(env: Env) -> None
     assert KEY not in text and "sk-wrong" not in text and "private prompt" not in text
 
 
+def test_the_providers_request_id_is_on_the_access_line_and_the_attempt_span(env: Env, upstream: FakeUpstream,
+                                                                              caplog: pytest.LogCaptureFixture) -> None:
+    """Each attempt's span carries the id of its answer, a failed one's too; the access line the
+    id of the answer (or of the error answer of the attempt that failed last)."""
+    env.spans.clear()
+    upstream.fail_next(Fault(status=400, headers={"x-request-id": "req_up_refused"}))
+    with caplog.at_level(logging.INFO, logger="switchyard.access"):
+        with pytest.raises(openai.BadRequestError):
+            env.client().chat.completions.create(model="echo", messages=MESSAGES)
+        upstream.answer_headers = {"x-request-id": "req_up_answer"}
+        list(env.client().chat.completions.create(model="echo", messages=MESSAGES, stream=True))
+        assert len(_finished(env, "chat echo", 2)) == 2
+    attempts = [s for s in env.spans.get_finished_spans() if s.name == "upstream echo-dep"]
+    assert [s.attributes.get("switchyard.upstream_request_id") for s in attempts] == ["req_up_refused", "req_up_answer"]
+    lines = [r.fields for r in caplog.records if r.name == "switchyard.access"]  # type: ignore[attr-defined]
+    assert [f.get("upstream_request_id") for f in lines] == ["req_up_refused", "req_up_answer"]
+
+
 def test_tracing_is_off_by_default_and_otlp_export_is_configurable(fake_upstream_server: FakeUpstream) -> None:
     import threading
     from http.server import BaseHTTPRequestHandler, HTTPServer

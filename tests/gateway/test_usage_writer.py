@@ -72,7 +72,7 @@ async def test_every_field_arrives_as_recorded(db: Database, tmp_path: Path) -> 
     full = rec(tenant, deployment=odd, provider="anthropic", endpoint="completions", stream=True,
                prompt_tokens=1234, completion_tokens=567, cached_tokens=89, exact=False, cost=0.1234567890123,
                status=502, error_type="upstream_error", latency_ms=12.345678901, ttft_ms=3.25,
-               started_at=started.timestamp(), service_tier="priority")
+               started_at=started.timestamp(), service_tier="priority", upstream_request_id="req_" + "9" * 124)
     bare = rec(tenant, tenant_id=None, deployment=None, provider=None, ttft_ms=None, started_at=started.timestamp())
     w = UsageWriter(db, PRICES, journal_dir=tmp_path)
     assert sys.getswitchinterval() <= SWITCH_INTERVAL  # the write-ahead thread gets the GIL within it
@@ -88,11 +88,11 @@ async def test_every_field_arrives_as_recorded(db: Database, tmp_path: Path) -> 
         tenant, "k1", "m", odd, "anthropic", "completions", True)
     assert (got.prompt_tokens, got.completion_tokens, got.cached_tokens, got.exact, got.cost, got.status) == (
         1234, 567, 89, False, 0.1234567890123, 502)
-    assert (got.error_type, got.latency_ms, got.ttft_ms, got.started_at, got.service_tier) == (
-        "upstream_error", 12.345678901, 3.25, started, "priority")
+    assert (got.error_type, got.latency_ms, got.ttft_ms, got.started_at, got.service_tier,
+            got.upstream_request_id) == ("upstream_error", 12.345678901, 3.25, started, "priority", "req_" + "9" * 124)
     empty = rows[bare.request_id]
     assert (empty.tenant_id, empty.deployment, empty.provider, empty.ttft_ms, empty.error_type,
-            empty.service_tier) == (None,) * 6
+            empty.service_tier, empty.upstream_request_id) == (None,) * 7
     assert [(h.hour, h.error_type, h.requests, h.errors, h.prompt_tokens, h.cached_tokens, h.cost) for h in hourly] == [
         (started.replace(minute=0, second=0, microsecond=0), "upstream_error", 1, 1, 1234, 89, 0.1234567890123)]
 
@@ -179,6 +179,31 @@ async def test_a_journal_line_that_is_no_record_is_kept_not_dropped(
     assert len(kept) == 1 and json.loads(kept[0]["unreadable_line"]) == bad
     assert "prompt_tokens" in kept[0]["quarantine_reason"]
     assert any("not a usage record" in r.message for r in caplog.records)
+
+
+async def test_a_journal_keeps_the_upstream_request_id_and_one_written_before_it_still_replays(
+        db: Database, tmp_path: Path) -> None:
+    """A record's ``upstream_request_id`` goes through the journal (a SQL outage) to its row; a line
+    written before records had one (no such key) is still a record: its row has none."""
+    tenant = uuid.uuid4().hex[:8]
+    new, old = rec(tenant, upstream_request_id="req_abc"), rec(tenant)
+    older = json.loads(msgspec.json.encode(old))
+    del older["upstream_request_id"]
+    dead = Database.from_url("postgresql+asyncpg://nobody@127.0.0.1:9/none")  # nothing listens on port 9
+    w = UsageWriter(dead, PRICES, journal_dir=tmp_path)
+    w.record(new)
+    assert not await w.flush()  # to the journal
+    await w.aclose()
+    await dead.dispose()
+    (tmp_path / "usage-1-old.jsonl").write_bytes(json.dumps(older).encode() + b"\n")
+    w2 = UsageWriter(db, PRICES, journal_dir=tmp_path, flush_interval=0.05)
+    w2.start()
+    await asyncio.sleep(0.3)
+    await w2.aclose()
+    async with db.session() as s:
+        rows = (await s.execute(select(UsageRow.request_id, UsageRow.upstream_request_id)
+                                .where(UsageRow.tenant_id == tenant))).all()
+    assert dict(rows) == {new.request_id: "req_abc", old.request_id: None}
 
 
 async def test_a_refused_record_is_quarantined_and_later_batches_go_through(

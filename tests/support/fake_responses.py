@@ -1,15 +1,17 @@
 """A loopback upstream that serves OpenAI's Responses API (``POST /v1/responses``), streaming and not,
 answering with fields and events the gateway does not model (a reasoning item, a vendor field, a
-reasoning-summary event), echoing the last user text, and recording every body it received."""
+reasoning-summary event), echoing the last user text, and recording every body it received;
+``answer_headers`` go in the head of every answer."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 from typing import Any
 
 from backends.dev.echo_server import EchoOptions, EchoUpstream, Exchange, send_json
-from tests.support.fake_upstream import served_tier
+from tests.support.fake_upstream import served_tier, with_headers
 from tests.support.servers import OnLoopback
 
 SEARCH = "search:"  # an input that begins so is answered with TOOL_CALLS after the message
@@ -41,6 +43,7 @@ class FakeResponsesUpstream(EchoUpstream, OnLoopback):
         super().__init__(EchoOptions())
         self.received: list[dict[str, Any]] = []
         self._ids = itertools.count(1)
+        self.answer_headers: dict[str, str] = {}  # added to the head of every answer
 
     def response(self, body: dict[str, Any], status: str = "completed") -> dict[str, Any]:
         n = next(self._ids)
@@ -63,6 +66,8 @@ class FakeResponsesUpstream(EchoUpstream, OnLoopback):
             return await super().handle(ex)
         body = ex.json()
         self.received.append(body)
+        if self.answer_headers:
+            ex = dataclasses.replace(ex, send=with_headers(ex.send, self.answer_headers))
         if not body.get("stream"):
             return await send_json(ex, 200, self.response(body))
         await ex.send({"type": "http.response.start", "status": 200,
