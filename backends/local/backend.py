@@ -158,9 +158,10 @@ class LocalEngineBackend:
             for i in range(run.n if echo else 0):  # vLLM's: the echoed text, after the role, before the answer
                 yield chunk([ChatChunkChoice(index=i, delta=ChatDelta(content=echo))])
             finished: set[int] = set()  # one finish chunk per choice, though later outputs still carry it
-            buffered = [""] * run.n  # with tools the text is held back until it is known to be a call
+            buffered = [""] * run.n  # required: the text is held back until it is known to be a call
             call_ids = [""] * run.n  # a named function's call: its id, sent first, then its arguments
-            held: list[list[Any]] = [[] for _ in range(run.n)]  # and so are its logprobs
+            held: list[list[Any]] = [[] for _ in range(run.n)]  # the logprobs of text held back
+            auto = [plan.streaming() for _ in range(run.n)] if plan is not None and plan.mode == "auto" else []
             async for _, out in run.outputs():
                 for o in out.outputs:
                     if o.index in finished:
@@ -187,11 +188,20 @@ class LocalEngineBackend:
                                                          stop_reason=o.stop_reason)])
                         continue
                     if plan is not None:
-                        buffered[o.index] += o.delta_text
                         held[o.index] += logprobs or []
+                        if auto:  # content as it comes, held from where a call may start
+                            content = auto[o.index].feed(o.delta_text)
+                            if content:
+                                lps = self.logprobs.chat(held[o.index]) if request.logprobs else None
+                                yield chunk([ChatChunkChoice(index=o.index, delta=ChatDelta(content=content),
+                                                             logprobs=lps)])
+                                held[o.index] = []
+                        else:
+                            buffered[o.index] += o.delta_text
                         if o.finish_reason is not None:
-                            closing = tools.final_deltas(plan, o.index, buffered[o.index],
-                                                         wire.finish_reason(o.finish_reason))
+                            reason = wire.finish_reason(o.finish_reason)
+                            closing = (tools.streamed_final_deltas(auto[o.index], o.index, reason) if auto
+                                       else tools.final_deltas(plan, o.index, buffered[o.index], reason))
                             if request.logprobs:
                                 closing[0].logprobs = self.logprobs.chat(held[o.index])
                             closing[-1].stop_reason = o.stop_reason

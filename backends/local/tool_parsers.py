@@ -3,7 +3,9 @@
 ``hermes`` (Hermes / Qwen: ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``), ``llama3``
 (Llama 3.x JSON: ``{"name": ..., "parameters": {...}}``, optionally after ``<|python_tag|>``, several
 separated by ``;``) and ``mistral`` (``[TOOL_CALLS] [{"name": ..., "arguments": {...}}, ...]``).
-``auto`` picks one from the chat template's own markers (hermes when it has none).
+``auto`` picks one from the chat template's own markers (hermes when it has none). The content
+before a call is the text before its marker as generated (as vLLM's, not stripped), so a stream
+that sent it as it came agrees with the whole answer; ``None`` when there is none.
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ def parse_hermes(text: str) -> tuple[str | None, list[ParsedCall]]:
         if call is None:
             return text, []
         calls.append(call)
-    content = text[: text.index("<tool_call>")].strip()
+    content = text[: text.index("<tool_call>")]  # as vLLM: not stripped (it streams as generated)
     return content or None, calls
 
 
@@ -85,7 +87,7 @@ def parse_mistral(text: str) -> tuple[str | None, list[ParsedCall]]:
     calls = [_call(o) for o in (obj if isinstance(obj, list) else [obj])]
     if any(c is None for c in calls):
         return text, []
-    return head.strip() or None, [c for c in calls if c is not None]
+    return head or None, [c for c in calls if c is not None]  # as vLLM: not stripped
 
 
 PARSERS: dict[str, Callable[[str], tuple[str | None, list[ParsedCall]]]] = {

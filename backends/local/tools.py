@@ -1,7 +1,8 @@
 """Tool calling for the local engine: ``tools``, ``tool_choice`` and ``parallel_tool_calls``.
 
 As vLLM: tools are rendered through the model's chat template; with ``auto`` the model's text is
-parsed by the deployment's tool-call parser (``backends.local.tool_parsers``); ``required`` and a
+parsed by the deployment's tool-call parser (``backends.local.tool_parsers``), streamed as it is
+generated up to where a call may start (``backends.local.tool_stream``); ``required`` and a
 named function are enforced with a grammar, so even a small model returns a call whose arguments
 validate: a named function's output is its arguments object (its ``parameters`` schema), ``required``
 an array of ``{"name", "parameters"}`` objects (one item when ``parallel_tool_calls`` is false).
@@ -16,6 +17,7 @@ One cut by a stop string (or stop token id) is the same with ``finish_reason: st
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -24,6 +26,7 @@ from msgspec import UNSET
 
 from backends.base import BadRequest
 from backends.local.tool_parsers import PARSERS, ParsedCall
+from backends.local.tool_stream import StreamingToolParser
 from backends.openai_wire import (
     AssistantMessage,
     ChatChunkChoice,
@@ -35,6 +38,7 @@ from backends.openai_wire import (
 )
 from engine.structured_output import StructuredOutput
 
+_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")  # OpenAI's function names
 _EMPTY_PARAMS = {"type": "object", "properties": {}}
 _BETWEEN_ITEMS = " \t\n\r,"  # what JSON allows between an array's items
 _SCHEMA_MAPS = frozenset({"properties", "patternProperties", "$defs", "definitions", "dependentSchemas"})
@@ -115,6 +119,10 @@ class ToolPlan:
             calls = calls[:1]
         return content, calls
 
+    def streaming(self) -> StreamingToolParser:
+        """An ``auto`` output's streaming parser (its calls as ``parse`` finds them)."""
+        return StreamingToolParser(self.parser, self.parse)
+
     def whole(self, text: str) -> bool:
         """Whether a forced call's output is its grammar's whole JSON text, not one cut short."""
         try:
@@ -144,7 +152,8 @@ class ToolPlan:
 
 def plan(request: ChatCompletionRequest, parser: str) -> ToolPlan | None:
     """The request's tool plan (None when it has no tools or tool_choice is ``none``); 400s name
-    the field: tool_choice without tools, an unknown tool, a malformed choice."""
+    the field: tool_choice without tools, an unknown tool, a malformed choice, a function name
+    OpenAI refuses, ``parameters`` that are not an object's schema."""
     tools = request.tools if _set(request.tools) else None
     choice = request.tool_choice if _set(request.tool_choice) else None
     if not tools:
@@ -155,8 +164,13 @@ def plan(request: ChatCompletionRequest, parser: str) -> ToolPlan | None:
     if len(set(names)) != len(names):
         raise BadRequest("tool names must be unique", param="tools")
     for i, t in enumerate(tools):
-        if _set(t.function.parameters) and not isinstance(t.function.parameters, dict):
-            raise BadRequest("parameters must be a JSON schema object", param=f"tools[{i}].function.parameters")
+        if not _NAME.fullmatch(t.function.name):
+            raise BadRequest("a function's name must match ^[a-zA-Z0-9_-]{1,64}$", param=f"tools[{i}].function.name")
+        params = t.function.parameters
+        if _set(params) and (not isinstance(params, dict) or params.get("type", "object") != "object"):
+            kind = f" (not type {params.get('type')!r})" if isinstance(params, dict) else ""
+            raise BadRequest(f"parameters must be an object's JSON schema{kind}",
+                             param=f"tools[{i}].function.parameters")
     named = None
     if choice is None:
         mode = "auto"
@@ -218,16 +232,29 @@ def message(plan: ToolPlan | None, text: str, finish: Any) -> tuple[AssistantMes
 
 
 def final_deltas(plan: ToolPlan, index: int, text: str, finish: Any) -> list[ChatChunkChoice]:
-    """A tool-using output's closing stream deltas: its content, or one tool-call delta per call
-    (id, name and the whole arguments), then the finish reason."""
+    """The closing stream deltas of an output whose whole text was held back (``required``; ``auto``
+    on plain ``generate``): its content, or one tool-call delta per call (id, name and the whole
+    arguments), then the finish reason."""
     msg, reason = message(plan, text, finish)
+    return closing_deltas(index, msg.content or "", msg.tool_calls or [], reason)
+
+
+def streamed_final_deltas(parser: StreamingToolParser, index: int, finish: Any) -> list[ChatChunkChoice]:
+    """An ``auto`` output's closing stream deltas once its content so far has streamed: the held
+    text as content, or its calls (then the finish reason is ``tool_calls``), as ``message`` has them."""
+    rest, calls = parser.finish(parse=finish != "length")
+    return closing_deltas(index, rest, wire_calls(calls), "tool_calls" if calls else finish)
+
+
+def closing_deltas(index: int, content: str, calls: list[ToolCall], reason: Any) -> list[ChatChunkChoice]:
+    """The content (when any), one tool-call delta per call, then the finish reason."""
     out = []
-    if msg.content:
-        out.append(ChatChunkChoice(index=index, delta=ChatDelta(content=msg.content)))
-    if msg.tool_calls:
+    if content:
+        out.append(ChatChunkChoice(index=index, delta=ChatDelta(content=content)))
+    if calls:
         deltas = [ToolCallDelta(index=i, id=c.id, type="function",
                                 function={"name": c.function.name, "arguments": c.function.arguments})
-                  for i, c in enumerate(msg.tool_calls)]
+                  for i, c in enumerate(calls)]
         out.append(ChatChunkChoice(index=index, delta=ChatDelta(tool_calls=deltas)))
     out.append(ChatChunkChoice(index=index, delta=ChatDelta(), finish_reason=reason))
     return out

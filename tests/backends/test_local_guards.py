@@ -215,7 +215,8 @@ async def test_output_limit_errors_name_the_field_sent(backend: LocalEngineBacke
 @pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "bad"}}])
 async def test_an_uncompilable_tool_schema_is_named(backend: LocalEngineBackend, choice: Any) -> None:
     tools = [{"type": "function", "function": {"name": "good", "parameters": {"type": "object"}}},
-             {"type": "function", "function": {"name": "bad", "parameters": {"type": "nonsense"}}}]
+             {"type": "function", "function": {"name": "bad", "parameters": {
+                 "type": "object", "properties": {"a": {"type": "nonsense"}}}}}]
     with pytest.raises(BadRequest) as info:
         await backend.chat(chat(max_tokens=8, tools=tools, tool_choice=choice))
     assert info.value.param == "tools[1].function.parameters" and "nonsense" in info.value.message

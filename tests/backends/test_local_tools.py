@@ -138,6 +138,27 @@ def test_streamed_tool_answers_carry_the_logprobs_asked_for(env: Env, tool_choic
     assert [len(t.top_logprobs) for t in streamed] == [2] * len(streamed)
 
 
+@pytest.mark.parametrize("stop", [None, "stop-from-the-answer"])
+def test_auto_streams_the_content_as_it_is_generated(env: Env, stop: str | None) -> None:
+    """With tools and ``auto`` (what agent frameworks send on every turn) the content streams as it
+    comes, held only from where a call may start; streamed, it is the whole answer's content (a
+    stop string cutting it as it cuts the whole answer)."""
+    body: Any = dict(model="tiny", messages=MESSAGES, tools=TOOLS, max_tokens=16, temperature=1.0, seed=6, n=2)
+    if stop:
+        text = env.client().chat.completions.create(**body).choices[0].message.content or ""
+        body["stop"] = [text[len(text) // 2:len(text) // 2 + 3]]
+    whole = env.client().chat.completions.create(**body)
+    chunks = list(env.client().chat.completions.create(**body, stream=True, stream_options={"include_usage": True}))
+    assert [c.delta.role for c in chunks[0].choices] == ["assistant"] and chunks[-1].usage is not None
+    for choice in whole.choices:
+        assert not choice.message.tool_calls and choice.message.content
+        deltas = [c.delta.content for ch in chunks for c in ch.choices if c.index == choice.index and c.delta.content]
+        assert len(deltas) > 1 and "".join(deltas) == choice.message.content
+        assert [c.finish_reason for ch in chunks for c in ch.choices
+                if c.index == choice.index and c.finish_reason] == [choice.finish_reason]
+    assert not stop or whole.choices[0].finish_reason == "stop"
+
+
 @pytest.mark.parametrize("stream", [False, True])
 def test_a_forced_call_cut_by_the_length_limit_is_no_content(env: Env, stream: bool) -> None:
     """Cut short, a forced call keeps finish_reason length and never turns into content: a named
@@ -238,10 +259,30 @@ def test_bad_tool_choice_is_a_400(env: Env, kwargs: dict[str, Any], param: str) 
     assert info.value.param == param, info.value.body
 
 
+@pytest.mark.parametrize(("function", "param"), [
+    ({"name": "get weather", "parameters": TIME}, "tools[1].function.name"),  # OpenAI's ^[a-zA-Z0-9_-]{1,64}$
+    ({"name": "f" * 65}, "tools[1].function.name"),
+    ({"name": "f", "parameters": {"type": "string"}}, "tools[1].function.parameters"),  # not an object's schema
+    ({"name": "f", "parameters": {"type": "array", "items": {}}}, "tools[1].function.parameters"),
+])
+def test_a_tool_openai_refuses_is_a_400(env: Env, function: dict[str, Any], param: str) -> None:
+    with pytest.raises(openai.BadRequestError) as info:
+        env.client().chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=5,
+                                             tools=[TOOLS[0], {"type": "function", "function": function}])
+    assert info.value.param == param, info.value.body
+
+
+def test_object_schemas_without_a_type_and_absent_parameters_are_accepted(env: Env) -> None:
+    fns: Any = [{"name": "a-b_1", "parameters": {"properties": {"x": {"type": "string"}}}}, {"name": "c"}]
+    r = env.client().chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=2,
+                                             tools=[{"type": "function", "function": f} for f in fns])
+    assert r.choices[0].finish_reason in ("length", "stop")
+
+
 def test_parsers() -> None:
     content, calls = parse_hermes('Sure.\n<tool_call>\n{"name": "f", "arguments": {"a": 1}}\n</tool_call>\n'
                                   '<tool_call>{"name": "g", "arguments": {}}</tool_call>')
-    assert content == "Sure." and [(c.name, json.loads(c.arguments)) for c in calls] == [("f", {"a": 1}), ("g", {})]
+    assert content == "Sure.\n" and [(c.name, json.loads(c.arguments)) for c in calls] == [("f", {"a": 1}), ("g", {})]
     assert parse_hermes("just text") == ("just text", [])
     content, calls = parse_llama3('<|python_tag|>{"name": "f", "parameters": {"a": 1}}; '
                                   '{"name": "g", "parameters": {}}')
