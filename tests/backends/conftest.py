@@ -43,6 +43,21 @@ def admin_gateway(models: list[dict[str, Any]], prices: dict[str, Any] | None = 
         yield server
 
 
+def three_providers(chat_url: str, responses_url: str, messages_url: str,
+                    **pair: Any) -> list[dict[str, Any]]:
+    """Models ``gpt`` (chat upstream), ``native`` (a Responses upstream), ``claude`` (Anthropic) and
+    ``pair`` (two deployments ``one`` and ``two`` of the chat upstream; ``pair``: its group's options)."""
+    return [
+        {"name": "gpt", "deployments": [{"provider": "openai", "model": "up", "api_base": chat_url}]},
+        {"name": "native", "deployments": [{"provider": "openai", "model": "up", "api_base": responses_url,
+                                            "responses_api": True}]},
+        {"name": "claude", "deployments": [{"provider": "anthropic", "model": "claude-test",
+                                            "api_base": messages_url, "api_key": "sk"}]},
+        {"name": "pair", **pair, "deployments": [{"provider": "openai", "model": "up", "api_base": chat_url,
+                                                  "name": name} for name in ("one", "two")]},
+    ]
+
+
 def sse_events(url: str, body: dict[str, Any], headers: dict[str, str]) -> list[tuple[str, dict[str, Any]]]:
     """POST ``body`` to ``url`` and read its event stream (Anthropic's shape): (event, data) pairs."""
     events: list[tuple[str, dict[str, Any]]] = []

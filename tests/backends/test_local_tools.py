@@ -167,21 +167,7 @@ def test_a_forced_call_cut_by_the_length_limit_is_no_content(env: Env, stream: b
     for choice, max_tokens, whole in ((NAMED, 6, 0), ("required", 6, 0), ("required", 60, 1)):
         body: Any = dict(model="tiny", messages=MESSAGES, tools=TOOLS, tool_choice=choice, max_tokens=max_tokens,
                          temperature=0)
-        calls: dict[int, tuple[str, str]] = {}  # streamed: index -> (name, arguments)
-        if stream:
-            content, finish = "", None
-            for chunk in client.chat.completions.create(**body, stream=True):
-                for c in chunk.choices:
-                    content += c.delta.content or ""
-                    for d in c.delta.tool_calls or []:
-                        name, args = calls.get(d.index, ("", ""))
-                        calls[d.index] = (name + (d.function.name or ""), args + (d.function.arguments or ""))
-                    finish = c.finish_reason or finish
-            got = list(calls.values())
-        else:
-            answer = client.chat.completions.create(**body).choices[0]
-            content, finish = answer.message.content or "", answer.finish_reason
-            got = [(c.function.name, c.function.arguments) for c in answer.message.tool_calls or []]
+        content, finish, got = _first_choice(client, body, stream)
         assert finish == "length" and content == ""
         if choice == NAMED:  # the arguments so far
             assert len(got) == 1 and got[0][0] == "get_weather" and got[0][1].startswith("{")
@@ -198,21 +184,7 @@ def test_a_forced_call_cut_by_a_stop_string_is_no_call(env: Env, stream: bool, t
     tool_calls with arguments that are not JSON, and the grammar's text never becomes content."""
     body: Any = dict(model="tiny", messages=MESSAGES, tools=TOOLS, tool_choice=tool_choice, max_tokens=60,
                      temperature=0, stop=['"'])  # the JSON's first key opens with one: cut right there
-    calls: dict[int, tuple[str, str]] = {}
-    if stream:
-        content, finish = "", None
-        for chunk in env.client().chat.completions.create(**body, stream=True):
-            for c in chunk.choices:
-                content += c.delta.content or ""
-                for d in c.delta.tool_calls or []:
-                    name, args = calls.get(d.index, ("", ""))
-                    calls[d.index] = (name + (d.function.name or ""), args + (d.function.arguments or ""))
-                finish = c.finish_reason or finish
-        got = list(calls.values())
-    else:
-        answer = env.client().chat.completions.create(**body).choices[0]
-        content, finish = answer.message.content or "", answer.finish_reason
-        got = [(c.function.name, c.function.arguments) for c in answer.message.tool_calls or []]
+    content, finish, got = _first_choice(env.client(), body, stream)
     assert finish == "stop" and content == ""
     if tool_choice == NAMED:  # the arguments so far, as a length cut gives them
         assert got == [("get_weather", "{")]
@@ -326,3 +298,20 @@ def test_anthropic_messages_tools_map_onto_the_same_machinery(env: Env) -> None:
     streamed = [b for b in final.content if b.type == "tool_use"]
     assert final.stop_reason == "tool_use" and streamed
     jsonschema.validate(streamed[0].input, WEATHER)
+
+
+def _first_choice(client: openai.OpenAI, body: Any, stream: bool) -> tuple[str, str | None, list[tuple[str, str]]]:
+    """The answer's content, finish reason and (name, arguments) of each call, whole or streamed."""
+    if not stream:
+        answer = client.chat.completions.create(**body).choices[0]
+        calls = [(c.function.name, c.function.arguments) for c in answer.message.tool_calls or []]
+        return answer.message.content or "", answer.finish_reason, calls
+    content, finish, streamed = "", None, {}
+    for chunk in client.chat.completions.create(**body, stream=True):
+        for c in chunk.choices:
+            content += c.delta.content or ""
+            for d in c.delta.tool_calls or []:
+                name, args = streamed.get(d.index, ("", ""))
+                streamed[d.index] = (name + (d.function.name or ""), args + (d.function.arguments or ""))
+            finish = c.finish_reason or finish
+    return content, finish, list(streamed.values())

@@ -16,7 +16,7 @@ import pytest
 
 from backends.http_upstream import MAX_REQUEST_ID
 from gateway.contracts import UsageRecord
-from tests.backends.conftest import admin_gateway
+from tests.backends.conftest import admin_gateway, three_providers
 from tests.conftest import ADMIN_KEY
 from tests.support.doubles import RecordingSink
 from tests.support.fake_anthropic import FakeAnthropic
@@ -61,17 +61,7 @@ def usage() -> RecordingSink:
 @pytest.fixture(scope="module")
 def gateway_url(upstreams: tuple[FakeUpstream, FakeResponsesUpstream, FakeAnthropic],
                 usage: RecordingSink) -> Iterator[str]:
-    chat, responses, messages = upstreams
-    models = [
-        {"name": "gpt", "deployments": [{"provider": "openai", "model": "up", "api_base": chat.url}]},
-        {"name": "native", "deployments": [{"provider": "openai", "model": "up", "api_base": responses.url,
-                                            "responses_api": True}]},
-        {"name": "claude", "deployments": [{"provider": "anthropic", "model": "claude-test",
-                                            "api_base": messages.url, "api_key": "sk"}]},
-        {"name": "pair", "max_retries": 1, "circuit": {"failures": 1000},
-         "deployments": [{"provider": "openai", "model": "up", "api_base": chat.url, "name": name}
-                         for name in ("one", "two")]},
-    ]
+    models = three_providers(*(upstream.url for upstream in upstreams), max_retries=1, circuit={"failures": 1000})
     with admin_gateway(models, None, usage) as server:
         yield server.url
 
