@@ -91,8 +91,10 @@ class HFGenerateBackend:
         run, plan = self._start_chat(request, k, ctx)
         cid, created = _id("chatcmpl"), int(time.time())
         pending = PendingLogprobs()
-        buffered = [""] * run.job.num_rows  # with tools the text is held back until it is known to be a call
-        held: list[list[Any]] = [[] for _ in range(run.job.num_rows)]  # and so are its logprobs
+        buffered = [""] * run.job.num_rows  # a forced call: the text is held back until it is known to be a call
+        held: list[list[Any]] = [[] for _ in range(run.job.num_rows)]  # the logprobs of text held back
+        # auto: content as it is generated, held only from where a call may start (as the engine streams it)
+        auto = [plan.streaming() for _ in range(run.job.num_rows)] if plan is not None and plan.mode == "auto" else []
 
         def chunk(choices: list[ChatChunkChoice], usage: Usage | None = None) -> ChatCompletionChunk:
             if usage is None and request.continuous_usage:  # vLLM's: the usage so far in every chunk
@@ -110,14 +112,24 @@ class HFGenerateBackend:
             if lps is None:
                 return []
             if plan is not None:
-                buffered[ev.index] += ev.text
                 held[ev.index] += lps
+                out: list[ChatCompletionChunk] = []
+                if auto:
+                    if content := auto[ev.index].feed(ev.text):
+                        logprobs = self.logprobs.chat(held[ev.index]) if k is not None else None
+                        out.append(chunk([ChatChunkChoice(index=ev.index, delta=ChatDelta(content=content),
+                                                          logprobs=logprobs)]))
+                        held[ev.index] = []
+                else:
+                    buffered[ev.index] += ev.text
                 if ev.finish is None:
-                    return []
-                closing = tools.final_deltas(plan, ev.index, buffered[ev.index], _reason(ev.finish))
+                    return out
+                reason = _reason(ev.finish)
+                closing = (tools.streamed_final_deltas(auto[ev.index], ev.index, reason) if auto
+                           else tools.final_deltas(plan, ev.index, buffered[ev.index], reason))
                 if k is not None:
                     closing[0].logprobs = self.logprobs.chat(held[ev.index])
-                return [chunk([c]) for c in closing]
+                return out + [chunk([c]) for c in closing]
             logprobs = self.logprobs.chat(lps) if k is not None else None
             if ev.finish is not None:
                 return [chunk([ChatChunkChoice(index=ev.index, delta=ChatDelta(), finish_reason=_reason(ev.finish),

@@ -164,6 +164,22 @@ async def test_streamed_tool_calls_carry_the_logprobs_asked_for(backend: HFGener
     assert [(t.token, t.logprob) for t in streamed] == [(t.token, t.logprob) for t in whole.content]
 
 
+async def test_auto_streams_the_content_as_it_is_generated(backend: HFGenerateBackend) -> None:
+    """With tools and ``auto`` the content streams as it comes (held only from where a call may
+    start), and is the whole answer's content, its logprobs with it."""
+    body = dict(tools=TOOLS, seed=3, max_tokens=12, logprobs=True)
+    whole = (await backend.chat(chat(**body))).response.choices[0]
+    assert whole.message.content and not whole.message.tool_calls
+    stream = await backend.chat_stream(chat(**body, stream=True))
+    choices = [c for ch in [ch async for ch in stream.chunks] for c in ch.choices]
+    deltas = [c.delta.content for c in choices if c.delta.content]
+    assert len(deltas) > 1 and "".join(deltas) == whole.message.content
+    assert whole.logprobs is not None
+    streamed = [(t.token, t.logprob) for c in choices if c.logprobs for t in c.logprobs.content]
+    assert streamed == [(t.token, t.logprob) for t in whole.logprobs.content]
+    assert [c.finish_reason for c in choices if c.finish_reason] == [whole.finish_reason]
+
+
 async def test_tool_role_messages_and_tool_choice_none(backend: HFGenerateBackend) -> None:
     messages = [
         {"role": "user", "content": "Weather in Paris?"},
