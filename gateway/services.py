@@ -134,12 +134,15 @@ class Tenancy:
         return routers
 
     async def start(self) -> None:
-        """Refuse to run on an un-migrated database; load prices; start the usage writer."""
+        """Refuse to run on a database this version cannot run on; load prices; start the usage writer."""
         try:
-            await check_schema(self.db.engine)
+            schema = await check_schema(self.db.engine)
         except SchemaNotReady as exc:
             log.error("%s", exc)  # the one line an operator needs, before the start-up traceback
             raise
+        if schema.newer:  # an older replica during a rolling upgrade
+            log.warning("database schema %s is newer than this version's %s and records that it may run on it",
+                        schema.current, schema.head)
         await self._sync_prices()
         self.usage.start()
         self.guard.audit.start()

@@ -1,4 +1,5 @@
-"""Alembic environment: async engines (aiosqlite / asyncpg), batch mode on SQLite."""
+"""Alembic environment: async engines (aiosqlite / asyncpg), batch mode on SQLite; each run ends by
+recording which versions may run on the schema it leaves (``gateway.db.schema_compat``)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from sqlalchemy.ext.asyncio import create_async_engine
 from sqlalchemy.pool import NullPool
 
 from gateway.db.models import Base
+from gateway.db.schema_compat import record
 
 config = context.config
 target_metadata = Base.metadata
@@ -35,6 +37,10 @@ def _run(connection: Connection) -> None:
     )
     with context.begin_transaction():
         context.run_migrations()
+    # after the migrations' own commit (SQLite's DDL is not transactional: alembic commits as it goes);
+    # a crash in between leaves a row for another revision, which older code reads as "no record"
+    record(connection, context.script)
+    connection.commit()
 
 
 async def run_online() -> None:

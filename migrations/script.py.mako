@@ -15,6 +15,9 @@ revision: str = ${repr(up_revision)}
 down_revision: str | None = ${repr(down_revision)}
 branch_labels: str | Sequence[str] | None = ${repr(branch_labels)}
 depends_on: str | Sequence[str] | None = ${repr(depends_on)}
+# True when the previous version's code keeps working after this migration (it adds a table or a
+# nullable column that code never names): its replicas then still start during a rolling upgrade
+previous_code_compatible = False
 
 
 def upgrade() -> None:

@@ -17,6 +17,7 @@ from rich.markup import escape
 from gateway.cli.errors import explain
 from gateway.db import migrate
 from gateway.db.engine import Database, safe_url
+from gateway.db.schema_compat import SchemaState
 from gateway.settings import ConfigError, Settings, load_settings, parse_settings
 
 # Tables take the terminal's width (or $COLUMNS), 80 columns when piped: scripts read --json instead.
@@ -69,10 +70,10 @@ def upgrade(config: ConfigOpt = None, revision: str = typer.Option("head", help=
     target = revision if revision != "head" else migrate.head_revision()
     err.print(f"migrating {safe_url(url)} to {target} ...")
     try:
-        migrate.upgrade(url, revision, progress=lambda line: err.print(f"  {safe(line)}"))
+        reached = migrate.upgrade(url, revision, progress=lambda line: err.print(f"  {safe(line)}"))
     except Exception as exc:
         fail(f"upgrade of {safe_url(url)} failed: {explain(exc, url)}")
-    console.print(f"database {safe_url(url)} is at revision {target}")
+    console.print(f"database {safe_url(url)} is at revision {reached}")
 
 
 @db_app.command()
@@ -92,25 +93,28 @@ def downgrade(
 def current(
     config: ConfigOpt = None, as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False
 ) -> None:
-    """Show the database's revision and the latest one."""
+    """Show the database's revision, the latest one of this version, and whether it may run on it."""
     url = settings_from(config).database.url
 
-    async def run() -> str | None:
+    async def run() -> SchemaState:
         db = Database.from_url(url)
         try:
-            return await migrate.current_revision(db.engine)
+            return await migrate.schema_state(db.engine)
         finally:
             await db.dispose()
 
     try:
-        rev = asyncio.run(run())
+        found = asyncio.run(run())
     except Exception as exc:
         fail(explain(exc, url))
     if as_json:
-        head = migrate.head_revision()
-        typer.echo(json.dumps({"current": rev, "head": head, "up_to_date": rev == head}))
+        typer.echo(json.dumps({"current": found.current, "head": found.head, "up_to_date": found.current == found.head,
+                               "usable": found.usable, "oldest_compatible": found.oldest}))
         return
-    console.print(f"current: {rev or '(empty)'}  head: {migrate.head_revision()}")
+    console.print(f"current: {found.current or '(empty)'}  head: {found.head}")
+    if found.newer:
+        verdict = found.problem() or "it records that this version may run on it"
+        console.print(safe(f"newer than this version: {verdict}"))
 
 
 @db_app.command()
@@ -119,30 +123,33 @@ def wait(
     timeout: float = typer.Option(600.0, min=0.0, max=86400.0, help="Seconds to wait before giving up."),
     interval: float = typer.Option(2.0, min=0.1, max=60.0, help="Seconds between checks."),
 ) -> None:
-    """Wait until the database is migrated to the latest revision (an init container runs this, so a
-    new gateway starts only after the migration Job has finished)."""
+    """Wait until this version may run on the database: migrated to its latest revision, or to a newer
+    one recording it as compatible (an init container runs this, so a new gateway starts only after
+    the migration Job has finished, and an old one restarting during the rollout still starts). A
+    newer schema that this version may not run on fails at once: no wait mends it."""
     url = settings_from(config).database.url
-    head = migrate.head_revision()
 
-    async def poll() -> str:
+    async def poll() -> SchemaState | str:
         deadline = time.monotonic() + timeout
         last = "not checked yet"
         while True:
             db = Database.from_url(url)
             try:
-                rev = await migrate.current_revision(db.engine)
-                if rev == head:
-                    return ""
-                last = f"at revision {rev or '(empty)'}, not {head}"
+                found = await migrate.schema_state(db.engine)
+                if found.usable or found.newer:
+                    return found
+                last = found.problem() or ""
             except Exception as exc:
                 last = f"unreachable ({type(exc).__name__}: {exc})"
             finally:
                 await db.dispose()
             if time.monotonic() + interval > deadline:
-                return last
+                return f"{last} (after {timeout:g} s)"
             await asyncio.sleep(interval)
 
-    problem = asyncio.run(poll())
-    if problem:
-        fail(f"database {safe_url(url)} is {problem} after {timeout:g} s: run `switchyard db upgrade`")
-    console.print(f"database {safe_url(url)} is at revision {head}")
+    found = asyncio.run(poll())
+    if isinstance(found, str) or not found.usable:
+        fail(f"database {safe_url(url)} is {found if isinstance(found, str) else found.problem()}")
+        return
+    console.print(f"database {safe_url(url)} is at revision {found.current}"
+                  + (f", which records that this version ({found.head}) may run on it" if found.newer else ""))

@@ -2,23 +2,27 @@
 the same settings as the server, so ``switchyard db upgrade`` works from any directory.
 
 Alembic's env.py runs its own event loop, so these functions are synchronous; async callers use
-``asyncio.to_thread``. ``check_schema`` is the start-up guard against an un-migrated database.
+``asyncio.to_thread``. ``check_schema`` is the start-up guard against a database this version
+cannot run on: an un-migrated one, or a newer one that does not record this version as compatible
+(``gateway.db.schema_compat``).
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
+from functools import cache
 from pathlib import Path
 from typing import Any
 
 from alembic import command
 from alembic.config import Config
-from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy.engine import Connection
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+from sqlalchemy.pool import NullPool
 
 from gateway.db.engine import ensure_sqlite_dir, normalise_url, safe_url
+from gateway.db.schema_compat import SchemaState, state
 
 MIGRATIONS = Path(__file__).resolve().parents[2] / "migrations"
 
@@ -49,41 +53,61 @@ def _with_progress(cfg: Config, progress: Callable[[str], None] | None) -> Confi
     return cfg
 
 
-def upgrade(url: str, revision: str = "head", progress: Callable[[str], None] | None = None) -> None:
+def upgrade(url: str, revision: str = "head", progress: Callable[[str], None] | None = None) -> str | None:
+    """Migrate to ``revision``; return the revision the database is at then. A database newer than
+    this version is left as it is when it records this version as compatible (an older replica's
+    start during a rolling upgrade), else SchemaNotReady says which version it needs."""
+    found = asyncio.run(_state_of(url))
+    if found.newer:
+        if not found.usable:
+            raise SchemaNotReady(f"database {safe_url(url)} is {found.problem()}")
+        if progress is not None:
+            progress(f"{found.current} is newer than this version's {found.head} and records that it may run "
+                     "on it: nothing to migrate")
+        return found.current
     command.upgrade(_with_progress(alembic_config(url), progress), revision)
+    return head_revision() if revision == "head" else revision
 
 
 def downgrade(url: str, revision: str = "-1", progress: Callable[[str], None] | None = None) -> None:
     command.downgrade(_with_progress(alembic_config(url), progress), revision)
 
 
+@cache
+def script_directory() -> ScriptDirectory:
+    """This version's migrations."""
+    return ScriptDirectory.from_config(alembic_config("sqlite://"))
+
+
 def head_revision() -> str | None:
-    return ScriptDirectory.from_config(alembic_config("sqlite://")).get_current_head()
+    return script_directory().get_current_head()
 
 
-def _current(conn: Connection) -> str | None:
-    return MigrationContext.configure(conn).get_current_revision()
-
-
-async def current_revision(engine: AsyncEngine) -> str | None:
-    async with engine.connect() as conn:
-        return await conn.run_sync(_current)
-
-
-async def check_schema(engine: AsyncEngine) -> None:
-    """Raise SchemaNotReady unless the database is at the head revision."""
-    head = head_revision()
+async def _state_of(url: str) -> SchemaState:
+    engine = create_async_engine(alembic_config(url).get_main_option("sqlalchemy.url") or "", poolclass=NullPool)
     try:
-        current = await current_revision(engine)
+        return await schema_state(engine)
+    finally:
+        await engine.dispose()
+
+
+async def schema_state(engine: AsyncEngine) -> SchemaState:
+    """Where ``engine``'s database stands for this version (an unreachable one raises)."""
+    async with engine.connect() as conn:
+        return await conn.run_sync(state, script_directory())
+
+
+async def check_schema(engine: AsyncEngine) -> SchemaState:
+    """Raise SchemaNotReady unless this version may run on the database: at its head revision, or
+    newer and recording this version as compatible."""
+    try:
+        found = await schema_state(engine)
     except Exception as exc:  # unreachable database: say so, with the URL but no password
         reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise SchemaNotReady(
             f"cannot reach the database at {safe_url(engine.url)}: {reason}. Check that it is running and that "
             "database.url in the config (or SWITCHYARD__DATABASE__URL) points at it"
         ) from None
-    if current != head:
-        state = "empty (never migrated)" if current is None else f"at revision {current}"
-        raise SchemaNotReady(
-            f"database {safe_url(engine.url)} is {state}, this version needs {head}: "
-            "run `switchyard db upgrade --config <your config>` first"
-        )
+    if (problem := found.problem()) is not None:
+        raise SchemaNotReady(f"database {safe_url(engine.url)} is {problem}")
+    return found

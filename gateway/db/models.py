@@ -249,3 +249,14 @@ class RevokedSession(Base):
 
     session_id: Mapped[str] = mapped_column(String(64), primary_key=True)
     expires_at: Mapped[datetime] = mapped_column(UTCDateTime, index=True)
+
+
+class SchemaCompatibility(Base):
+    """One row, rewritten by every migration run (``gateway.db.schema_compat``): the database's
+    revision and the oldest revision whose code may still run on it, so that during a rolling
+    upgrade a replica of the previous version restarts on the migrated schema instead of refusing it."""
+
+    __tablename__ = "schema_compatibility"
+
+    revision: Mapped[str] = mapped_column(String(64), primary_key=True)
+    oldest_revision: Mapped[str] = mapped_column(String(64))

@@ -15,6 +15,7 @@ revision: str = "0009_usage_service_tier"
 down_revision: str | None = "0008_upstream_previous"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
+previous_code_compatible = True  # a nullable column the previous version never names
 
 
 def upgrade() -> None:

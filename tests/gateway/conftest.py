@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
@@ -13,6 +14,7 @@ from gateway.contracts import Principal
 from gateway.routing.router import Router
 from gateway.services import Services
 from tests.conftest import ADMIN_KEY, gateway_settings
+from tests.gateway.tenancy_fixtures import drop_pg_database, new_pg_database
 from tests.support.doubles import RecordingSink, ScriptedAdmission, StaticKeys
 from tests.support.fake_upstream import FakeUpstream
 from tests.support.servers import ServerThread
@@ -92,3 +94,14 @@ def env(gateway_env: GatewayEnv, upstream: FakeUpstream) -> GatewayEnv:
     gateway_env.usage.records.clear()
     gateway_env.admission.settled.clear()
     return gateway_env
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+async def empty_url(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[str]:
+    """The URL of a new, empty database: a SQLite file, then a PostgreSQL database."""
+    if request.param == "sqlite":
+        yield f"sqlite+aiosqlite:///{tmp_path / 'm.db'}"
+        return
+    name, url = await new_pg_database()
+    yield url
+    await drop_pg_database(name)

@@ -13,20 +13,9 @@ from sqlalchemy import inspect
 
 from gateway.db import Database, SchemaNotReady, check_schema, migrate
 from gateway.db.models import Base
-from tests.gateway.tenancy_fixtures import drop_pg_database, new_pg_database
 
 TABLES = {"tenants", "api_keys", "limits", "usage_records", "model_prices", "usage_hourly", "latency_hourly",
-          "stored_responses", "auth_events", "revoked_sessions", "latency_daily"}
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-async def empty_url(request: pytest.FixtureRequest, tmp_path: Path):  # type: ignore[no-untyped-def]
-    if request.param == "sqlite":
-        yield f"sqlite+aiosqlite:///{tmp_path / 'm.db'}"
-        return
-    name, url = await new_pg_database()
-    yield url
-    await drop_pg_database(name)
+          "stored_responses", "auth_events", "revoked_sessions", "latency_daily", "schema_compatibility"}
 
 
 async def tables(url: str) -> set[str]:
