@@ -126,10 +126,12 @@ class LocalEngineBackend:
 
     async def chat(self, request: ChatCompletionRequest, ctx: CallContext = NO_CONTEXT) -> Completed[ChatCompletion]:
         run, plan, echo = self._start_chat(request, ctx)
+        role = wire.answer_role(request)
         final = await collect(run)
         choices = []
         for o in final[0].outputs:
             message, finish = tools.message(plan, o.text, wire.finish_reason(o.finish_reason))
+            message.role = role
             if echo:
                 message.content = echo + (message.content or "")
             choices.append(ChatChoice(index=o.index, message=message, finish_reason=finish,
@@ -144,6 +146,7 @@ class LocalEngineBackend:
         self, request: ChatCompletionRequest, ctx: CallContext = NO_CONTEXT
     ) -> ChunkStream[ChatCompletionChunk]:
         run, plan, echo = self._start_chat(request, ctx)
+        role = wire.answer_role(request)
         cid, created = response_id("chatcmpl"), int(time.time())
 
         def chunk(choices: list[ChatChunkChoice], usage: Usage | None = None) -> ChatCompletionChunk:
@@ -154,7 +157,7 @@ class LocalEngineBackend:
 
         async def gen() -> AsyncIterator[ChatCompletionChunk]:
             for i in range(run.n):
-                yield chunk([ChatChunkChoice(index=i, delta=ChatDelta(role="assistant", content=""))])
+                yield chunk([ChatChunkChoice(index=i, delta=ChatDelta(role=role, content=""))])
             for i in range(run.n if echo else 0):  # vLLM's: the echoed text, after the role, before the answer
                 yield chunk([ChatChunkChoice(index=i, delta=ChatDelta(content=echo))])
             finished: set[int] = set()  # one finish chunk per choice, though later outputs still carry it

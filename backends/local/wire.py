@@ -13,6 +13,7 @@ from backends.local.structured import output_constraint
 from backends.logprobs_wire import PromptLogprob, PromptLogprobs
 from backends.openai_wire import (
     ChatCompletionRequest,
+    ChatMessage,
     ChoiceLogprobs,
     CompletionLogprobs,
     CompletionRequest,
@@ -129,9 +130,22 @@ def chat_echo(request: ChatCompletionRequest) -> str:
     "" otherwise or without ``echo``. It is not generated: no logprobs, no completion tokens."""
     if not _chat_flag(request, "echo", False):
         return ""
-    add, _ = chat_prompt_options(request)
     last = request.messages[-1]
-    return last.text() if not add or last.role == "assistant" else ""
+    return message_text(last) if last.role == answer_role(request) else ""
+
+
+def answer_role(request: ChatCompletionRequest) -> str:
+    """vLLM's role of the answer: the assistant's, or without ``add_generation_prompt`` the final
+    message's (the answer goes on with it rather than starting a turn)."""
+    add, _ = chat_prompt_options(request)
+    return "assistant" if add or not request.messages else request.messages[-1].role
+
+
+def message_text(message: ChatMessage) -> str:
+    """A message's text as vLLM gives it to a chat template: its text parts joined by newlines."""
+    if isinstance(message.content, list):
+        return "\n".join(p.text for p in message.content if isinstance(p, TextPart))
+    return message.content or ""
 
 
 def _chat_flag(request: ChatCompletionRequest, name: str, default: bool) -> bool:
@@ -149,7 +163,7 @@ def chat_messages(request: ChatCompletionRequest) -> list[dict[str, str]]:
     for i, m in enumerate(request.messages):
         if isinstance(m.content, list) and any(not isinstance(p, TextPart) for p in m.content):
             raise BadRequest("this model accepts text content only", param=f"messages[{i}].content")
-        message: dict[str, Any] = {"role": m.role, "content": m.text()}
+        message: dict[str, Any] = {"role": m.role, "content": message_text(m)}
         if m.tool_calls:
             message["tool_calls"] = [
                 {"id": c.id, "type": "function",

@@ -24,7 +24,15 @@ from backends.embeddings_wire import EmbeddingList, EmbeddingRequest
 from backends.local import tools
 from backends.local.structured import output_constraint
 from backends.local.tool_parsers import choose_parser
-from backends.local.wire import LogprobFormatter, TextOffsets, chat_messages, chat_prompt_options, limit_field
+from backends.local.wire import (
+    LogprobFormatter,
+    TextOffsets,
+    answer_role,
+    chat_echo,
+    chat_messages,
+    chat_prompt_options,
+    limit_field,
+)
 from backends.openai_wire import (
     ChatChoice,
     ChatChunkChoice,
@@ -74,11 +82,15 @@ class HFGenerateBackend:
 
     async def chat(self, request: ChatCompletionRequest, ctx: CallContext = NO_CONTEXT) -> Completed[ChatCompletion]:
         k = _chat_logprobs(request)
+        role, echo = answer_role(request), chat_echo(request)
         run, plan = self._start_chat(request, k, ctx)
         texts, reasons, lps = await collect(run)
         choices = []
         for i, t in enumerate(texts):
             message, finish = tools.message(plan, t, _reason(reasons[i]))
+            message.role = role
+            if echo:  # vLLM's: the final message's text first, not generated (no logprobs, no tokens)
+                message.content = echo + (message.content or "")
             choices.append(ChatChoice(index=i, message=message, finish_reason=finish,
                                       logprobs=self.logprobs.chat(lps[i]) if k is not None else None))
         response = ChatCompletion(id=_id("chatcmpl"), model=request.model, choices=choices, usage=_usage(run.meter))
@@ -88,6 +100,7 @@ class HFGenerateBackend:
         self, request: ChatCompletionRequest, ctx: CallContext = NO_CONTEXT
     ) -> ChunkStream[ChatCompletionChunk]:
         k = _chat_logprobs(request)
+        role, echo = answer_role(request), chat_echo(request)
         run, plan = self._start_chat(request, k, ctx)
         cid, created = _id("chatcmpl"), int(time.time())
         pending = PendingLogprobs()
@@ -136,10 +149,10 @@ class HFGenerateBackend:
                                                logprobs=logprobs)])]
             return [chunk([ChatChunkChoice(index=ev.index, delta=ChatDelta(content=ev.text), logprobs=logprobs)])]
 
-        first = [
-            chunk([ChatChunkChoice(index=i, delta=ChatDelta(role="assistant", content=""))])
-            for i in range(run.job.num_rows)
-        ]
+        first = [chunk([ChatChunkChoice(index=i, delta=ChatDelta(role=role, content=""))])
+                 for i in range(run.job.num_rows)]
+        first += [chunk([ChatChunkChoice(index=i, delta=ChatDelta(content=echo))])
+                  for i in range(run.job.num_rows if echo else 0)]
         usage = (lambda: chunk([], _usage(run.meter))) if request.include_usage else None
         return ChunkStream(ClosingChunks(relay(run, first, on_event, usage), run.cancel), run.meter)
 

@@ -1,7 +1,8 @@
-"""vLLM's chat ``echo`` on the built-in engine, through the gateway with the openai SDK: each choice's
-content starts with the final message when that message has the answer's role (the assistant's, or
-with ``add_generation_prompt: false`` the final message's own), streamed as its own delta after the
-role; it carries no logprobs and the usage stays the engine's exact counts."""
+"""vLLM's chat ``echo`` on the built-in engine and on the transformers fallback (the same tiny model),
+through the gateway with the openai SDK: each choice's content starts with the final message when
+that message has the answer's role (the assistant's, or with ``add_generation_prompt: false`` the
+final message's own, which the answer then carries), streamed as its own delta after the role; it
+carries no logprobs and the usage stays the exact counts."""
 
 from __future__ import annotations
 
@@ -21,28 +22,36 @@ CONTINUE = {"continue_final_message": True, "add_generation_prompt": False}
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
-    with local_gateway(tmp_path_factory.mktemp("chat-echo")) as served:
+    fallback = {"name": "tiny-hf", "max_retries": 0,
+                "deployments": [{"provider": "transformers", "model": "{folder}", "options": {}}]}
+    with local_gateway(tmp_path_factory.mktemp("chat-echo"), extra_models=[fallback]) as served:
         yield served
 
 
-def _create(env: Env, messages: list[dict[str, str]], extra: dict[str, Any], **args: Any) -> Any:
+def _create(env: Env, messages: list[Any], extra: dict[str, Any], model: str = "tiny", **args: Any) -> Any:
     return env.client().chat.completions.create(
-        model="tiny", messages=messages, max_tokens=6, temperature=0,  # type: ignore[arg-type]
+        model=model, messages=messages, max_tokens=6, temperature=0,
         extra_body={"ignore_eos": True, **extra}, **args)
 
 
-@pytest.mark.parametrize(("messages", "extra", "echoed"), [
-    (PREFILL, CONTINUE, PREFIX),  # the assistant's prefix, then its continuation
-    (PREFILL, {}, PREFIX),  # a new assistant turn after an assistant message: the same role
-    (ASKED, {"add_generation_prompt": False}, ASKED[0]["content"]),  # the answer has the user's role
-    (ASKED, {}, ""),  # the final message is the user's, the answer the assistant's: nothing echoed
+PARTS = [{"role": "user", "content": [{"type": "text", "text": "Tell me"}, {"type": "text", "text": "about trains."}]}]
+
+
+@pytest.mark.parametrize("model", ["tiny", "tiny-hf"])
+@pytest.mark.parametrize(("messages", "extra", "echoed", "role"), [
+    (PREFILL, CONTINUE, PREFIX, "assistant"),  # the assistant's prefix, then its continuation
+    (PREFILL, {}, PREFIX, "assistant"),  # a new assistant turn after an assistant message: the same role
+    (ASKED, {"add_generation_prompt": False}, ASKED[0]["content"], "user"),  # the answer goes on with it
+    (PARTS, {"add_generation_prompt": False}, "Tell me\nabout trains.", "user"),  # parts: vLLM joins with \n
+    (ASKED, {}, "", "assistant"),  # the final message is the user's, the answer the assistant's: nothing echoed
 ])
 def test_each_choice_starts_with_the_echo_and_usage_stays_exact(
-        env: Env, messages: list[dict[str, str]], extra: dict[str, Any], echoed: str) -> None:
-    plain = _create(env, messages, extra, n=2)
+        env: Env, model: str, messages: list[Any], extra: dict[str, Any], echoed: str, role: str) -> None:
+    plain = _create(env, messages, extra, model, n=2)
     env.usage.records.clear()
-    echo = _create(env, messages, {**extra, "echo": True}, n=2)
+    echo = _create(env, messages, {**extra, "echo": True}, model, n=2)
     assert [c.message.content for c in echo.choices] == [echoed + (c.message.content or "") for c in plain.choices]
+    assert {c.message.role for c in echo.choices} == {c.message.role for c in plain.choices} == {role}
     assert echo.usage.prompt_tokens == plain.usage.prompt_tokens
     assert echo.usage.completion_tokens == plain.usage.completion_tokens == 12  # generated tokens only
     record = env.usage.wait_for(1)[-1]
@@ -50,14 +59,18 @@ def test_each_choice_starts_with_the_echo_and_usage_stays_exact(
     env.wait_idle()
 
 
-def test_a_stream_sends_the_echo_after_the_role_and_before_the_answer(env: Env) -> None:
-    whole = _create(env, PREFILL, {**CONTINUE, "echo": True}, n=2)
-    chunks = list(_create(env, PREFILL, {**CONTINUE, "echo": True}, n=2, stream=True,
+@pytest.mark.parametrize("model", ["tiny", "tiny-hf"])
+@pytest.mark.parametrize(("messages", "extra", "echoed", "role"), [
+    (PREFILL, CONTINUE, PREFIX, "assistant"), (ASKED, {"add_generation_prompt": False}, ASKED[0]["content"], "user")])
+def test_a_stream_sends_the_echo_after_the_role_and_before_the_answer(
+        env: Env, model: str, messages: list[Any], extra: dict[str, Any], echoed: str, role: str) -> None:
+    whole = _create(env, messages, {**extra, "echo": True}, model, n=2)
+    chunks = list(_create(env, messages, {**extra, "echo": True}, model, n=2, stream=True,
                           stream_options={"include_usage": True}))
     for i in range(2):
         deltas = [c.choices[0].delta for c in chunks if c.choices and c.choices[0].index == i]
-        assert deltas[0].role == "assistant" and not deltas[0].content
-        assert deltas[1].content == PREFIX and deltas[1].role is None
+        assert deltas[0].role == role and not deltas[0].content
+        assert deltas[1].content == echoed and deltas[1].role is None
         assert "".join(d.content or "" for d in deltas) == whole.choices[i].message.content
     usage = chunks[-1].usage
     assert usage is not None and (usage.prompt_tokens, usage.completion_tokens) == (
@@ -79,9 +92,10 @@ def test_the_echo_carries_no_logprobs(env: Env) -> None:
     env.wait_idle()
 
 
-def test_echo_must_be_a_boolean(env: Env) -> None:
+@pytest.mark.parametrize("model", ["tiny", "tiny-hf"])
+def test_echo_must_be_a_boolean(env: Env, model: str) -> None:
     with pytest.raises(openai.BadRequestError) as err:
-        _create(env, PREFILL, {"echo": "yes"})
+        _create(env, PREFILL, {"echo": "yes"}, model)
     assert err.value.body["param"] == "echo"  # type: ignore[index]
-    assert _create(env, PREFILL, {"echo": None}).choices[0].message.content == _create(env, PREFILL, {}).choices[
-        0].message.content
+    assert _create(env, PREFILL, {"echo": None}, model).choices[0].message.content == _create(
+        env, PREFILL, {}, model).choices[0].message.content
