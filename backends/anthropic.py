@@ -334,7 +334,7 @@ class _StreamTranslator:
         raise StopAsyncIteration
 
     def _chunk(self, delta: ChatDelta, finish: str | None = None, stop: Any = None) -> ChatCompletionChunk:
-        choice = ChatChunkChoice(index=0, delta=delta, finish_reason=finish)  # type: ignore[arg-type]  # a STOP_REASONS value
+        choice = ChatChunkChoice(index=0, delta=delta, finish_reason=finish)  # a STOP_REASONS value
         if isinstance(stop, str):
             choice.stop_reason = stop  # the stop sequence that matched
         return ChatCompletionChunk(id=self._id, model=self._model, choices=[choice])

@@ -330,7 +330,7 @@ def from_messages_response(data: dict[str, Any], public_model: str) -> ChatCompl
     if calls:
         message.tool_calls = calls
     finish = STOP_REASONS.get(data.get("stop_reason") or "", "stop")
-    choice = ChatChoice(index=0, message=message, finish_reason=finish)  # type: ignore[arg-type]
+    choice = ChatChoice(index=0, message=message, finish_reason=finish)
     if isinstance(stop := data.get("stop_sequence"), str):
         choice.stop_reason = stop  # the stop sequence that matched
     return ChatCompletion(id=str(data.get("id") or "msg"), model=public_model, choices=[choice],

@@ -48,6 +48,10 @@ class BadRequest(BackendError):
     blames_deployment = False  # the request's own fault
     kind = "invalid_request_error"
 
+    def __init__(self, message: str, *, code: str | None = None, **kw: Any) -> None:
+        super().__init__(message, **kw)
+        self.code = code  # the upstream's own error code (OpenAI's "unsupported_parameter", ...), for the client
+
 
 class ContextTooLong(BadRequest):
     """The prompt (plus the requested output) exceeds the deployment's context window."""

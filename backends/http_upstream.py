@@ -237,7 +237,8 @@ def detail_error(status: int, detail: ErrorDetail, wait: float | None = None, ex
     if status in (400, 413, 422):
         if code == "context_length_exceeded" or any(h in message.lower() for h in _CONTEXT_HINTS):
             return ContextTooLong(message, param=detail.param, status=status)
-        return BadRequest(message, param=detail.param, status=status)
+        named = detail.code if isinstance(detail.code, str) and not detail.code.isdigit() else None  # not vLLM's 400
+        return BadRequest(message, param=detail.param, status=status, code=named)
     if status == 404 and (code == "model_not_found" or "model" in message.lower()):
         return ModelNotFound(message, param="model", status=status)
     if status == 408:

@@ -385,13 +385,14 @@ class AssistantMessage(WireStruct):
     reasoning: str | None | UnsetType = UNSET  # the same, as newer vLLM and OpenRouter name it
 
 
+# The gateway's own finish reasons; an answer's is any str (DeepSeek's "insufficient_system_resource"), relayed.
 FinishReason = Literal["stop", "length", "tool_calls", "content_filter", "function_call"]
 
 
 class ChatChoice(WireStruct):
     index: int
     message: AssistantMessage
-    finish_reason: FinishReason | None = None
+    finish_reason: str | None = None
     logprobs: ChoiceLogprobs | None = None
     stop_reason: str | int | None | UnsetType = UNSET  # vLLM: the stop string or token that matched
 
@@ -426,7 +427,7 @@ class ChatDelta(WireStruct):
 class ChatChunkChoice(WireStruct):
     index: int
     delta: ChatDelta
-    finish_reason: FinishReason | None = None
+    finish_reason: str | None = None
     logprobs: ChoiceLogprobs | None = None
     stop_reason: str | int | None | UnsetType = UNSET  # vLLM: the stop string or token that matched
 
@@ -451,7 +452,7 @@ class CompletionLogprobs(WireStruct):
 class CompletionChoice(WireStruct):
     index: int
     text: str
-    finish_reason: FinishReason | None = None
+    finish_reason: str | None = None
     logprobs: CompletionLogprobs | None = None
     stop_reason: str | int | None | UnsetType = UNSET  # vLLM: the stop string or token that matched
     prompt_logprobs: PromptLogprobs | None | UnsetType = UNSET  # vLLM's, when the client asked for them

@@ -109,7 +109,7 @@ def _client_error(exc: BackendError) -> ApiError:
     if isinstance(exc, ContextTooLong):
         return ApiError(400, exc.message, param=exc.param or "messages", code="context_length_exceeded")
     if isinstance(exc, BadRequest):
-        return ApiError(400, exc.message, param=exc.param, code=exc.kind)
+        return ApiError(400, exc.message, param=exc.param, code=exc.code or exc.kind)
     if isinstance(exc, RateLimited):
         return ApiError(
             429, exc.message, code="upstream_rate_limited", headers=retry_after_header(exc.retry_after)

@@ -125,6 +125,23 @@ def test_upstream_bad_request_and_context_length(env: GatewayEnv, upstream: Fake
     assert err.value.code == "context_length_exceeded"
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_upstream_bad_request_keeps_its_own_code(env: GatewayEnv, upstream: FakeUpstream, stream: bool) -> None:
+    """An upstream 400's ``code`` (OpenAI's ``unsupported_parameter``, ``invalid_prompt``, ...) is what a
+    client branches on: relayed, not replaced by the error's type; vLLM's numeric code is no such name."""
+    body = {"error": {"message": "temperature is not supported", "type": "invalid_request_error",
+                      "param": "temperature", "code": "unsupported_parameter"}}
+    upstream.fail_next(Fault(status=400, body=body))
+    with pytest.raises(openai.BadRequestError) as err:
+        sdk(env).chat.completions.create(model="echo", messages=MESSAGES, stream=stream)
+    assert (err.value.code, err.value.param) == ("unsupported_parameter", "temperature")
+    upstream.fail_next(Fault(status=400, body={"object": "error", "message": "bad n", "type": "BadRequestError",
+                                               "param": None, "code": 400}))
+    with pytest.raises(openai.BadRequestError) as err:
+        sdk(env).completions.create(model="echo", prompt="hi", stream=stream)
+    assert err.value.code == "invalid_request_error" and err.value.body["message"] == "bad n"  # type: ignore[index]
+
+
 def test_upstream_timeout_is_504(env: GatewayEnv, upstream: FakeUpstream) -> None:
     upstream.fail_next(Fault(delay=2.0))
     with pytest.raises(openai.APIStatusError) as err:

@@ -4,6 +4,8 @@ upstream that records what it receives and answers with today's full response sh
 
 from __future__ import annotations
 
+import json
+
 import httpx
 import openai
 import pytest
@@ -185,3 +187,26 @@ def test_continuous_usage_relayed_in_every_completion_chunk(client: openai.OpenA
     chunks = [c.model_dump() for c in stream]
     assert [c["usage"]["completion_tokens"] for c in chunks] == [1, 2, 3, 3]
     assert all(c["choices"] for c in chunks)
+
+
+@pytest.mark.parametrize("reason", ["insufficient_system_resource", "model_length", "abort"])
+def test_a_finish_reason_the_gateway_does_not_know_is_relayed(client: openai.OpenAI, upstream: FakeUpstream,
+                                                              reason: str) -> None:
+    """Providers document finish reasons of their own (DeepSeek's ``insufficient_system_resource``,
+    Mistral's ``model_length``, vLLM's ``abort``): relayed as sent, not a 502."""
+    choice = {"index": 0, "message": {"role": "assistant", "content": "a"}, "finish_reason": reason}
+    upstream.fail_next(Fault(status=200, body={"id": "x", "object": "chat.completion", "created": 1, "model": "m",
+                                               "choices": [choice]}))
+    reply = client.chat.completions.create(model="echo", messages=[{"role": "user", "content": "hi"}])
+    assert reply.choices[0].finish_reason == reason and reply.choices[0].message.content == "a"
+    chunk = {"id": "x", "object": "chat.completion.chunk", "created": 1, "model": "m",
+             "choices": [{"index": 0, "delta": {"content": "a"}, "finish_reason": reason}]}
+    upstream.fail_next(Fault(status=200, headers={"content-type": "text/event-stream"},
+                             body=b"data: " + json.dumps(chunk).encode() + b"\n\ndata: [DONE]\n\n"))
+    chunks = list(client.chat.completions.create(model="echo", messages=[{"role": "user", "content": "hi"}],
+                                                 stream=True))
+    assert [c.choices[0].finish_reason for c in chunks] == [reason]
+    text = {"id": "x", "object": "text_completion", "created": 1, "model": "m",
+            "choices": [{"index": 0, "text": "a", "finish_reason": reason}]}
+    upstream.fail_next(Fault(status=200, body=text))
+    assert client.completions.create(model="echo", prompt="hi").choices[0].finish_reason == reason
