@@ -7,6 +7,7 @@ status the openai SDK maps to its typed exceptions. Nothing returns a traceback 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Mapping
 
 import msgspec
@@ -28,6 +29,9 @@ from backends.base import (
 from backends.openai_wire import ErrorBody, ErrorDetail
 from gateway.db.errors import is_unavailable
 from gateway.json_response import JSONResponse
+from gateway.telemetry.context import RequestInfo, new_request_id
+from gateway.telemetry.logs import log_access
+from gateway.telemetry.middleware import TRACED_PREFIXES
 
 log = logging.getLogger("switchyard.errors")
 
@@ -161,7 +165,20 @@ def _http_error(request: Request, exc: HTTPException) -> Response[bytes]:
     else:
         message, code = str(exc.detail), None
     headers = {k: v for k, v in (exc.headers or {}).items() if k.lower() == "allow"}
+    if status in (404, 405) and not _has_handler(request):
+        headers |= _unrouted_request(request, status)
     return ApiError(status, message, code=code, headers=headers).to_response()
+
+
+def _unrouted_request(request: Request, status: int) -> dict[str, str]:
+    """The id and access line of an API request that no route took (an unknown URL, a method not
+    allowed): the telemetry middleware, which runs once a route is found, never saw it."""
+    path = request.scope["path"]
+    if not path.startswith(TRACED_PREFIXES):
+        return {}
+    info = RequestInfo(new_request_id(), request.method, path, status=status)
+    log_access(info, time.perf_counter())
+    return {"x-request-id": info.request_id}
 
 
 def _has_handler(request: Request) -> bool:

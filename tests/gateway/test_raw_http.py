@@ -93,11 +93,20 @@ def test_huge_bodies_are_413(http: httpx.Client) -> None:
     assert_openai_error(http.post("/v1/completions", content=chunked()), 413)
 
 
-def test_unknown_route_and_wrong_method(http: httpx.Client) -> None:
-    assert assert_openai_error(http.post("/v1/nothing-here", content=b"{}"), 404)["code"] == "unknown_url"
-    error = assert_openai_error(http.get("/v1/chat/completions"), 405)
-    assert error["code"] == "method_not_allowed"
-    assert_openai_error(http.delete("/v1/models"), 405)
+def test_unknown_route_and_wrong_method(http: httpx.Client, caplog: pytest.LogCaptureFixture) -> None:
+    """No route takes them, yet each is an API answer: its own ``x-request-id`` and access line."""
+    answers = [http.post("/v1/nothing-here", content=b"{}"), http.get("/v1/chat/completions"),
+               http.delete("/v1/models"), http.post("/v1/messages/nope", json={})]
+    assert assert_openai_error(answers[0], 404)["code"] == "unknown_url"
+    assert assert_openai_error(answers[1], 405)["code"] == "method_not_allowed"
+    assert_openai_error(answers[2], 405)
+    assert answers[3].status_code == 404 and answers[3].json()["type"] == "error"  # Anthropic's shape there
+    ids = [a.headers.get("x-request-id") for a in answers]
+    assert all(ids) and len(set(ids)) == 4
+    lines = [r.getMessage() for r in caplog.records if r.name == "switchyard.access"]
+    for line in ("POST /v1/nothing-here 404", "GET /v1/chat/completions 405", "DELETE /v1/models 405"):
+        assert line in lines
+    assert "x-request-id" not in http.get("/nothing-here").headers  # not an API path: no id, as before
 
 
 def test_fuzzed_bodies_never_5xx(http: httpx.Client) -> None:
