@@ -110,11 +110,22 @@ def decode_body(raw: bytes, type_: type[T]) -> T:
     except msgspec.ValidationError as exc:
         raise validation_error(exc) from None
     except msgspec.DecodeError as exc:
-        raise ApiError(
-            400, f"We could not parse the JSON body of your request ({exc}).", code="invalid_json"
-        ) from None
+        raise ApiError(400, f"We could not parse the JSON body of your request ({_decode_reason(raw, exc)}).",
+                       code="invalid_json") from None
     except RecursionError:
         raise ApiError(400, "the JSON body is nested too deeply", code="invalid_json") from None
+
+
+_LONE_HIGH_SURROGATE = re.compile(rb"(?<!\\)(?:\\\\)*(\\u[dD][89abAB][0-9a-fA-F]{2})(?!\\u[dD][c-fC-F])")
+
+
+def _decode_reason(raw: bytes, exc: msgspec.DecodeError) -> str:
+    """msgspec's reason, but for a high surrogate escape with no low one after it (half an emoji, as
+    JavaScript's string slicing leaves it), which msgspec calls "Input data was truncated"."""
+    if str(exc) == "Input data was truncated" and (lone := _LONE_HIGH_SURROGATE.search(raw)) is not None:
+        escape = lone.group(1).decode()
+        return f"{escape} at byte {lone.start(1)} is half of a UTF-16 surrogate pair, not a character"
+    return str(exc)
 
 
 def decoded_content(raw: bytes, encoding: str, limit: int | None) -> bytes:

@@ -70,6 +70,19 @@ def test_absurdly_nested_json_is_400(http: httpx.Client) -> None:
     assert assert_openai_error(http.post("/v1/chat/completions", content=body), 400)["code"] == "invalid_json"
 
 
+def test_half_a_surrogate_pair_is_named(http: httpx.Client) -> None:
+    """Half an emoji (a high surrogate escape alone, as JavaScript's slicing leaves it) is said to
+    be that, not "Input data was truncated"; an escaped backslash before ``u`` is no escape."""
+    body = b'{"model": "echo", "messages": [{"role": "user", "content": "x\\\\ud83d y \\ud83d"}]}'
+    error = assert_openai_error(http.post("/v1/chat/completions", content=body), 400)
+    assert error["code"] == "invalid_json"
+    assert "\\ud83d at byte 71 is half of a UTF-16 surrogate pair" in error["message"]
+    whole = b'{"model": "echo", "messages": [{"role": "user", "content": "\\ud83d\\ude00"}]}'
+    assert http.post("/v1/chat/completions", content=whole).status_code == 200
+    cut = assert_openai_error(http.post("/v1/chat/completions", content=b'{"model": "ech'), 400)
+    assert "truncated" in cut["message"]
+
+
 def test_empty_body_is_400(http: httpx.Client) -> None:
     assert_openai_error(http.post("/v1/chat/completions", content=b""), 400)
     assert_openai_error(http.post("/v1/completions", content=b""), 400)
