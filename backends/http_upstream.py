@@ -16,6 +16,7 @@ import math
 import re
 import time
 from collections.abc import AsyncIterator, Mapping
+from typing import Any
 
 import aiohttp
 import anyio
@@ -63,9 +64,16 @@ class ErrorEnvelope(msgspec.Struct):
     error: ErrorDetail | str
 
 
+class FastAPIError(msgspec.Struct):
+    """FastAPI's ``{"detail": "..."}``, or for a 422 the list of what failed validation and where."""
+
+    detail: str | list[dict[str, Any]]
+
+
 def parse_error(body: bytes) -> ErrorDetail:
     """An error answer's error object: its ``error``, else the object itself when it has a message
-    (vLLM's and SGLang's ``{"object": "error", "message": ...}``), else the body as text."""
+    (vLLM's and SGLang's ``{"object": "error", "message": ...}``), else FastAPI's ``detail``, else
+    the body as text."""
     try:
         envelope = msgspec.json.decode(body, type=ErrorEnvelope)
     except (msgspec.MsgspecError, RecursionError):
@@ -73,8 +81,30 @@ def parse_error(body: bytes) -> ErrorDetail:
             detail = msgspec.json.decode(body, type=ErrorDetail)
         except (msgspec.MsgspecError, RecursionError):
             detail = ErrorDetail()
-        return detail if detail.message else ErrorDetail(message=body.decode("utf-8", "replace").strip()[:500])
+        return detail if detail.message else _fastapi_error(body) or ErrorDetail(
+            message=body.decode("utf-8", "replace").strip()[:500])
     return ErrorDetail(message=envelope.error) if isinstance(envelope.error, str) else envelope.error
+
+
+def _fastapi_error(body: bytes) -> ErrorDetail | None:
+    """FastAPI's error as one: a validation error's items as ``where: what``, the first one's body
+    field as the ``param`` (its ``loc`` after ``"body"``: ``messages.0.content`` -> ``messages[0].content``)."""
+    try:
+        detail = msgspec.json.decode(body, type=FastAPIError).detail
+    except (msgspec.MsgspecError, RecursionError):
+        return None
+    if isinstance(detail, str):
+        return ErrorDetail(message=detail) if detail else None
+    places = [_field(item.get("loc")) for item in detail]
+    said = [f"{where}: {item.get('msg')}" if where else str(item.get("msg")) for where, item in zip(places, detail)]
+    return ErrorDetail(message="; ".join(said)[:500], param=places[0] if places else None) if said else None
+
+
+def _field(loc: Any) -> str | None:
+    """A FastAPI ``loc`` (``["body", "messages", 0, "content"]``) as a request field, None outside the body."""
+    if not isinstance(loc, list) or len(loc) < 2 or loc[0] != "body":
+        return None
+    return "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in loc[1:]).lstrip(".") or None
 
 
 def retry_after(headers: Mapping[str, str]) -> float | None:

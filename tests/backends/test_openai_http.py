@@ -189,7 +189,8 @@ async def test_an_error_object_at_the_top_level_gives_its_message(backend: OpenA
     with pytest.raises(BadRequest) as info:
         await backend.chat(chat())
     assert info.value.message == "temperature must be non-negative" and info.value.param == "temperature"
-    assert status_error(422, {}, b'{"detail": "Not Found"}').message == '{"detail": "Not Found"}'  # no message: as text
+    assert status_error(422, {}, b'{"status": "nope"}').message == '{"status": "nope"}'  # no message: as text
+    assert status_error(422, {}, b'{"detail": "Not Found"}').message == "Not Found"  # FastAPI's
 
 
 def test_a_status_without_a_message_is_named_once() -> None:

@@ -142,6 +142,21 @@ def test_upstream_bad_request_keeps_its_own_code(env: GatewayEnv, upstream: Fake
     assert err.value.code == "invalid_request_error" and err.value.body["message"] == "bad n"  # type: ignore[index]
 
 
+def test_a_fastapi_upstream_error_reads_as_one(env: GatewayEnv, upstream: FakeUpstream) -> None:
+    """Upstreams written with FastAPI answer ``{"detail": ...}``: its text, or a validation error's
+    items, is the message (not the raw JSON), the first item's body field the ``param``."""
+    loc = {"loc": ["body", "messages", 0, "content"], "msg": "Field required", "type": "missing"}
+    upstream.fail_next(Fault(status=422, body={"detail": [loc, {"loc": ["query", "v"], "msg": "bad"}]}))
+    with pytest.raises(openai.BadRequestError) as err:
+        sdk(env).chat.completions.create(model="echo", messages=MESSAGES)
+    assert err.value.body["message"] == "messages[0].content: Field required; bad"  # type: ignore[index]
+    assert err.value.param == "messages[0].content"
+    upstream.fail_next(Fault(status=400, body={"detail": "Model is still loading"}))
+    with pytest.raises(openai.BadRequestError) as err:
+        sdk(env).chat.completions.create(model="echo", messages=MESSAGES)
+    assert err.value.body["message"] == "Model is still loading"  # type: ignore[index]
+
+
 def test_upstream_timeout_is_504(env: GatewayEnv, upstream: FakeUpstream) -> None:
     upstream.fail_next(Fault(delay=2.0))
     with pytest.raises(openai.APIStatusError) as err:
