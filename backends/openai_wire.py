@@ -314,7 +314,7 @@ class ChatCompletionRequest(SamplingFields, kw_only=True):
 class CompletionRequest(SamplingFields, kw_only=True):
     prompt: str | Annotated[list[str | int | list[int]], Meta(min_length=1)]
     echo: bool | None | UnsetType = UNSET
-    logprobs: Annotated[int, Meta(ge=0, le=5)] | None | UnsetType = UNSET
+    logprobs: TopLogprobs | None | UnsetType = UNSET
     suffix: str | None | UnsetType = UNSET
     best_of: ChoiceCount | None | UnsetType = UNSET
 

@@ -218,3 +218,20 @@ def test_past_the_cap_is_a_400_naming_the_field(env: Env, k: int) -> None:
     with pytest.raises(openai.BadRequestError) as info:
         env.client().completions.create(model="tiny", prompt=PROMPT, max_tokens=2, extra_body={"prompt_logprobs": k})
     assert info.value.param == "prompt_logprobs"
+
+
+def test_a_text_completion_takes_vllms_twenty_logprobs_not_openais_five(env: Env) -> None:
+    """``logprobs`` on /v1/completions goes to 20 (vLLM's ``max_logprobs``; OpenAI's own cap of 5
+    is its upstream's to enforce), whole and streamed; past 20 a 400 names it."""
+    client = env.client()
+    answer = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=2, logprobs=20, temperature=0)
+    # keyed by the token's text, as OpenAI's: tokens decoding alike (the tiny model's bytes) share a key
+    assert [5 < len(top) <= 20 for top in answer.choices[0].logprobs.top_logprobs] == [True, True]
+    chunks = list(client.completions.create(model="tiny", prompt=PROMPT, max_tokens=2, logprobs=20, stream=True,
+                                            temperature=0))
+    assert [top for c in chunks if c.choices and c.choices[0].logprobs
+            for top in c.choices[0].logprobs.top_logprobs] == answer.choices[0].logprobs.top_logprobs
+    with pytest.raises(openai.BadRequestError) as info:
+        client.completions.create(model="tiny", prompt=PROMPT, max_tokens=2, logprobs=21)
+    assert info.value.param == "logprobs"
+    env.wait_idle()
