@@ -14,6 +14,7 @@ import msgspec
 from msgspec import UNSET
 
 from backends.base import BadRequest, Meter
+from backends.function_tools import function_call, function_def
 from backends.openai_wire import (
     AssistantMessage,
     ChatChoice,
@@ -32,6 +33,7 @@ from backends.openai_wire import (
 )
 
 DEFAULT_MAX_TOKENS = 4096
+_PROVIDER = "the anthropic provider"  # as the 400s for what it cannot take name it
 STOP_REASONS = {"end_turn": "stop", "stop_sequence": "stop", "max_tokens": "length", "tool_use": "tool_calls",
                 "pause_turn": "stop", "refusal": "content_filter", "model_context_window_exceeded": "length"}
 
@@ -78,14 +80,15 @@ def _content_blocks(message: ChatMessage) -> list[dict[str, Any]]:
     return blocks
 
 
-def _tool_use_blocks(message: ChatMessage) -> list[dict[str, Any]]:
+def _tool_use_blocks(message: ChatMessage, index: int) -> list[dict[str, Any]]:
     blocks = []
-    for call in message.tool_calls or []:
+    for j, call in enumerate(message.tool_calls or []):
+        function = function_call(call, f"messages[{index}].tool_calls[{j}]", _PROVIDER)
         try:
-            arguments = json.loads(call.function.arguments or "{}")
+            arguments = json.loads(function.arguments or "{}")
         except (ValueError, RecursionError):
             raise BadRequest("tool call arguments must be JSON", param="messages") from None
-        blocks.append({"type": "tool_use", "id": call.id, "name": call.function.name, "input": arguments})
+        blocks.append({"type": "tool_use", "id": call.id, "name": function.name, "input": arguments})
     return blocks
 
 
@@ -100,11 +103,11 @@ def _messages(request: ChatCompletionRequest) -> tuple[str | None, list[dict[str
         else:
             out.append({"role": role, "content": blocks})
 
-    for message in request.messages:
+    for i, message in enumerate(request.messages):
         if message.role in ("system", "developer"):
             system.append(message.text())
         elif message.role == "assistant":
-            add("assistant", _content_blocks(message) + _tool_use_blocks(message))
+            add("assistant", _content_blocks(message) + _tool_use_blocks(message, i))
         elif message.role in ("tool", "function"):
             result = {"type": "tool_result", "tool_use_id": message.tool_call_id or "", "content": message.text()}
             add("user", [result])
@@ -113,11 +116,11 @@ def _messages(request: ChatCompletionRequest) -> tuple[str | None, list[dict[str
     return ("\n\n".join(system) if system else None), out
 
 
-def _tool(tool: Tool) -> dict[str, Any]:
+def _tool(tool: Tool, index: int) -> dict[str, Any]:
     """A function tool as Anthropic's: ``strict: true`` is its strict tool use (structured outputs,
     generally available on the Messages API: no beta header), so the schema stays enforced; a model
     without it refuses the request upstream (a 400), never a silent drop. ``strict: false`` is the default."""
-    function = tool.function
+    function = function_def(tool, index, _PROVIDER)
     out = {"name": function.name, "description": function.description or "",
            "input_schema": function.parameters or {"type": "object", "properties": {}}}
     return out | ({"strict": True} if function.strict is True else {})
@@ -201,7 +204,7 @@ def to_messages_request(request: ChatCompletionRequest, model: str, *, stream: b
     if stops := request.stop_list():
         body["stop_sequences"] = stops
     if request.tools:
-        body["tools"] = [_tool(t) for t in request.tools]
+        body["tools"] = [_tool(t, i) for i, t in enumerate(request.tools)]
     if (choice := _tool_choice(request.tool_choice)) is not None:
         body["tool_choice"] = choice
     if request.parallel_tool_calls is False and request.tools and body.get("tool_choice", {}).get("type") != "none":

@@ -13,7 +13,8 @@ from __future__ import annotations
 import msgspec
 
 from backends.embeddings_wire import EmbeddingRequest
-from backends.openai_wire import AssistantMessage, ChatCompletionRequest, ChatDelta, CompletionRequest, FunctionCall
+from backends.openai_wire import AssistantMessage, ChatCompletionRequest, ChatDelta, CompletionRequest
+from backends.tools_wire import CustomCall, FunctionCall, ToolCall, ToolCallDelta
 
 _PER_MESSAGE_OVERHEAD = 4  # role and separators, as chat templates add them
 # Bounds: a chat template's tokens around one message (role, start and end markers, a name), and
@@ -34,11 +35,20 @@ def generated_text(message: AssistantMessage | ChatDelta) -> str:
     reasoning = message.reasoning_content or message.reasoning
     parts = [t for t in (message.content, reasoning, message.refusal) if isinstance(t, str)]
     for call in message.tool_calls or ():
-        function = call.function
-        named = (function.name, function.arguments) if isinstance(function, FunctionCall) else \
-            (function.get("name"), function.get("arguments")) if isinstance(function, dict) else ()
-        parts += (t for t in named if isinstance(t, str))
+        parts += (t for t in _call_parts(call) if isinstance(t, str))
     return " ".join(parts)
+
+
+def _call_parts(call: ToolCall | ToolCallDelta) -> tuple[object, ...]:
+    """A tool call's (or a call delta's) name and its arguments (a function's) or input (a custom tool's)."""
+    for body in (call.function, call.custom):
+        if isinstance(body, FunctionCall):
+            return body.name, body.arguments
+        if isinstance(body, CustomCall):
+            return body.name, body.input
+        if isinstance(body, dict):
+            return body.get("name"), body.get("arguments"), body.get("input")
+    return ()
 
 
 def estimate_chat_prompt(request: ChatCompletionRequest) -> int:

@@ -15,6 +15,9 @@ import msgspec
 from msgspec import UNSET, Meta, Struct, UnsetType
 
 from backends.logprobs_wire import PromptLogprobs
+from backends.tools_wire import FunctionCall as FunctionCall
+from backends.tools_wire import FunctionDef as FunctionDef
+from backends.tools_wire import Tool, ToolCall, ToolCallDelta
 
 NonNegInt = Annotated[int, Meta(ge=0)]
 PosInt = Annotated[int, Meta(ge=1)]
@@ -178,17 +181,6 @@ class VideoPart(WireStruct, tag_field="type", tag="video_url"):
 ContentPart = TextPart | ImagePart | AudioPart | FilePart | RefusalPart | VideoPart
 
 
-class FunctionCall(WireStruct):
-    name: str
-    arguments: str
-
-
-class ToolCall(WireStruct):
-    id: str
-    function: FunctionCall
-    type: Literal["function"] = "function"
-
-
 class ChatMessage(WireStruct):
     role: Literal["system", "developer", "user", "assistant", "tool", "function"]
     content: str | list[ContentPart] | None = None
@@ -208,18 +200,6 @@ class ChatMessage(WireStruct):
 class StreamOptions(WireStruct):
     include_usage: bool = False
     continuous_usage_stats: bool | UnsetType = UNSET  # vLLM: the usage so far in every chunk
-
-
-class FunctionDef(WireStruct):
-    name: str
-    description: str | UnsetType = UNSET
-    parameters: dict[str, Any] | UnsetType = UNSET
-    strict: bool | UnsetType = UNSET
-
-
-class Tool(WireStruct):
-    function: FunctionDef
-    type: Literal["function"] = "function"
 
 
 class JSONSchemaFormat(WireStruct):
@@ -406,13 +386,6 @@ class ChatCompletion(WireStruct, dict=True):
     usage: Usage | None | UnsetType = UNSET
     system_fingerprint: str | None | UnsetType = UNSET
     prompt_logprobs: PromptLogprobs | None | UnsetType = UNSET  # vLLM's, when the client asked for them
-
-
-class ToolCallDelta(WireStruct):
-    index: int
-    id: str | UnsetType = UNSET
-    type: str | UnsetType = UNSET
-    function: dict[str, Any] | UnsetType = UNSET
 
 
 class ChatDelta(WireStruct):

@@ -22,9 +22,11 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
 from msgspec import UNSET
 
 from backends.base import BadRequest
+from backends.function_tools import function_def
 from backends.local.tool_parsers import PARSERS, ParsedCall
 from backends.local.tool_stream import StreamingToolParser
 from backends.openai_wire import (
@@ -160,13 +162,14 @@ def plan(request: ChatCompletionRequest, parser: str) -> ToolPlan | None:
         if choice not in (None, "none"):
             raise BadRequest("tool_choice requires tools", param="tool_choice")
         return None
-    names = [t.function.name for t in tools]
+    functions = [function_def(t, i, "this model") for i, t in enumerate(tools)]
+    names = [f.name for f in functions]
     if len(set(names)) != len(names):
         raise BadRequest("tool names must be unique", param="tools")
-    for i, t in enumerate(tools):
-        if not _NAME.fullmatch(t.function.name):
+    for i, f in enumerate(functions):
+        if not _NAME.fullmatch(f.name):
             raise BadRequest("a function's name must match ^[a-zA-Z0-9_-]{1,64}$", param=f"tools[{i}].function.name")
-        params = t.function.parameters
+        params = f.parameters
         if _set(params) and (not isinstance(params, dict) or params.get("type", "object") != "object"):
             kind = f" (not type {params.get('type')!r})" if isinstance(params, dict) else ""
             raise BadRequest(f"parameters must be an object's JSON schema{kind}",
@@ -192,11 +195,10 @@ def plan(request: ChatCompletionRequest, parser: str) -> ToolPlan | None:
     else:
         raise BadRequest("tool_choice must be none, auto, required or a named function", param="tool_choice")
     rendered = []
-    for t in tools:
-        fn: dict[str, Any] = {"name": t.function.name,
-                              "parameters": t.function.parameters if _set(t.function.parameters) else _EMPTY_PARAMS}
-        if _set(t.function.description):
-            fn["description"] = t.function.description
+    for f in functions:
+        fn: dict[str, Any] = {"name": f.name, "parameters": f.parameters if _set(f.parameters) else _EMPTY_PARAMS}
+        if _set(f.description):
+            fn["description"] = f.description
         rendered.append({"type": "function", "function": fn})
     parallel = request.parallel_tool_calls is not False
     return ToolPlan(rendered, mode, named, parallel, parser)
@@ -252,8 +254,7 @@ def closing_deltas(index: int, content: str, calls: list[ToolCall], reason: Any)
     if content:
         out.append(ChatChunkChoice(index=index, delta=ChatDelta(content=content)))
     if calls:
-        deltas = [ToolCallDelta(index=i, id=c.id, type="function",
-                                function={"name": c.function.name, "arguments": c.function.arguments})
+        deltas = [ToolCallDelta(index=i, id=c.id, type="function", function=msgspec.to_builtins(c.function))
                   for i, c in enumerate(calls)]
         out.append(ChatChunkChoice(index=index, delta=ChatDelta(tool_calls=deltas)))
     out.append(ChatChunkChoice(index=index, delta=ChatDelta(), finish_reason=reason))

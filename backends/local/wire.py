@@ -9,6 +9,7 @@ from typing import Any
 from msgspec import UNSET
 
 from backends.base import BadRequest
+from backends.function_tools import function_call
 from backends.local.structured import output_constraint
 from backends.logprobs_wire import PromptLogprob, PromptLogprobs
 from backends.openai_wire import (
@@ -165,10 +166,11 @@ def chat_messages(request: ChatCompletionRequest) -> list[dict[str, str]]:
             raise BadRequest("this model accepts text content only", param=f"messages[{i}].content")
         message: dict[str, Any] = {"role": m.role, "content": message_text(m)}
         if m.tool_calls:
+            functions = [function_call(c, f"messages[{i}].tool_calls[{j}]", "this model")
+                         for j, c in enumerate(m.tool_calls)]
             message["tool_calls"] = [
-                {"id": c.id, "type": "function",
-                 "function": {"name": c.function.name, "arguments": _arguments(c.function.arguments)}}
-                for c in m.tool_calls
+                {"id": c.id, "type": "function", "function": {"name": f.name, "arguments": _arguments(f.arguments)}}
+                for c, f in zip(m.tool_calls, functions, strict=True)
             ]
         if m.tool_call_id:
             message["tool_call_id"] = m.tool_call_id

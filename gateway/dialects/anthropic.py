@@ -19,6 +19,7 @@ import msgspec
 from litestar import Request, Response
 
 from backends.base import Meter, UntranslatableAnswer
+from backends.function_tools import answered_function, check_delta
 from backends.openai_wire import (
     ANTHROPIC_MESSAGE,
     ChatCompletion,
@@ -35,6 +36,7 @@ from gateway.errors import ApiError, exception_handlers
 
 _FINISH_TO_STOP = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use",
                    "content_filter": "refusal", "function_call": "tool_use"}
+_API = "the Messages API"
 _QUOTED = 500  # characters of a tool call's unusable arguments quoted in the error
 _CUT = ("max_tokens", "stop_sequence")  # stop reasons of an answer cut short, a tool call's JSON with it
 
@@ -74,9 +76,9 @@ def message_body(response: ChatCompletion, meter: Meter) -> bytes:
         content.append({"type": "text", "text": choice.message.content})
     stop = _stop(choice.finish_reason, choice.stop_reason)
     for call in choice.message.tool_calls or []:
-        arguments = _tool_input(call.id, call.function.name, call.function.arguments,
-                                cut=stop["stop_reason"] in _CUT)
-        content.append({"type": "tool_use", "id": call.id, "name": call.function.name, "input": arguments})
+        function = answered_function(call, _API)
+        arguments = _tool_input(call.id, function.name, function.arguments, cut=stop["stop_reason"] in _CUT)
+        content.append({"type": "tool_use", "id": call.id, "name": function.name, "input": arguments})
     return msgspec.json.encode({
         "id": response.id, "type": "message", "role": "assistant", "model": response.model, "content": content,
         **stop, "usage": _usage(response.usage, meter),
@@ -173,6 +175,7 @@ class MessagesEvents:
                 out += _event("content_block_delta", {"index": self._block,
                                                       "delta": {"type": "text_delta", "text": delta.content}})
             for call in delta.tool_calls or []:
+                check_delta(call, _API)
                 if call.index not in self._tools:
                     function = call.function if isinstance(call.function, dict) else {}
                     name = function.get("name", "")

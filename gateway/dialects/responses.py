@@ -17,6 +17,7 @@ from typing import Any
 import msgspec
 
 from backends.base import Meter
+from backends.function_tools import answered_function, check_delta
 from backends.openai_wire import (
     AssistantMessage,
     ChatCompletion,
@@ -62,6 +63,7 @@ def _reasoning_tokens(answer: Any) -> int:
 
 
 # chat's finish reasons that end a response short, and the reason a response object gives
+_API = "the Responses API served by chat completions"
 _INCOMPLETE = {"length": "max_output_tokens", "content_filter": "content_filter"}
 
 
@@ -127,8 +129,9 @@ def _output(message: AssistantMessage) -> list[dict[str, Any]]:
     if parts:
         output.append(_content_item("message", parts))
     for call in message.tool_calls or []:
+        function = answered_function(call, _API)
         output.append({"type": "function_call", "id": "fc_" + uuid.uuid4().hex, "call_id": call.id,
-                       "name": call.function.name, "arguments": call.function.arguments, "status": "completed"})
+                       "name": function.name, "arguments": function.arguments, "status": "completed"})
     return output
 
 
@@ -207,6 +210,7 @@ class ResponsesEvents:
                 if isinstance(text, str) and text:
                     out += self._content_delta(item_kind, kind, text)
             for call in delta.tool_calls or []:
+                check_delta(call, _API)
                 function = call.function if isinstance(call.function, dict) else {}
                 if (item := self._tools.get(call.index)) is None:
                     item = self._tools[call.index] = {

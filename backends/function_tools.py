@@ -1,0 +1,46 @@
+"""For backends that serve function tools only (the built-in engine, the Anthropic translation):
+a custom tool, or a custom call in the conversation, is a 400 naming it, never dropped. For answers
+translated to an API without custom tools (``/v1/messages``, ``/v1/responses`` served by chat): a
+custom call fails the answer as untranslatable."""
+
+from __future__ import annotations
+
+from msgspec import UNSET
+
+from backends.base import BadRequest, UntranslatableAnswer
+from backends.tools_wire import FunctionCall, FunctionDef, Tool, ToolCall, ToolCallDelta
+
+
+def function_def(tool: Tool, index: int, backend: str) -> FunctionDef:
+    """``tools[index]``'s function, or a 400 naming its type."""
+    if isinstance(tool.function, FunctionDef) and tool.type == "function":
+        return tool.function
+    raise BadRequest(f"{backend} serves function tools only, not {tool.type} tools", param=f"tools[{index}].type",
+                     code="unsupported_parameter")
+
+
+def function_call(call: ToolCall, where: str, backend: str) -> FunctionCall:
+    """A function call of the conversation, or a 400 naming it (``where``: ``messages[1].tool_calls[0]``)."""
+    if isinstance(call.function, FunctionCall) and call.type == "function":
+        return call.function
+    raise BadRequest(f"{backend} serves function tools only, not {call.type} tool calls", param=where,
+                     code="unsupported_parameter")
+
+
+def answered_function(call: ToolCall, api: str) -> FunctionCall:
+    """An upstream answer's function call, for an answer translated to ``api``: a custom tool's call
+    has no twin there, so the answer fails as untranslatable (a 502), never passed off as another."""
+    if isinstance(call.function, FunctionCall) and call.type == "function":
+        return call.function
+    raise _untranslatable(call.id, api)
+
+
+def check_delta(call: ToolCallDelta, api: str) -> None:
+    """``answered_function`` for a streamed call delta."""
+    if call.type == "custom" or call.custom is not UNSET:
+        raise _untranslatable(call.id if isinstance(call.id, str) else f"#{call.index}", api)
+
+
+def _untranslatable(call_id: str, api: str) -> UntranslatableAnswer:
+    return UntranslatableAnswer(f"the upstream's tool call {call_id!r} is a custom tool call, which {api} cannot "
+                                "express")

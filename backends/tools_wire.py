@@ -1,0 +1,70 @@
+"""OpenAI's chat tool types: function tools and custom tools (GPT-5's: free-form text input,
+optionally held to a grammar), their calls in an answer or a conversation, and streamed call deltas.
+
+A tool or a call carries the object its ``type`` names (``function`` or ``custom``). A backend that
+serves function tools only refuses a custom one with a 400 naming it (``function_only``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from msgspec import UNSET, Struct, UnsetType
+
+
+class FunctionCall(Struct, kw_only=True):
+    name: str
+    arguments: str
+
+
+class CustomCall(Struct, kw_only=True):
+    """A custom tool's call: its ``input`` is free text, not JSON arguments."""
+
+    name: str
+    input: str
+
+
+def _check(kind: str, function: object, custom: object) -> None:
+    """Raised in ``__post_init__``, msgspec makes the error a 400 naming the missing field."""
+    if (function if kind == "function" else custom) is UNSET:
+        raise ValueError(f"Object missing required field `{kind}`")
+
+
+class ToolCall(Struct, kw_only=True):
+    id: str
+    function: FunctionCall | UnsetType = UNSET
+    type: Literal["function", "custom"] = "function"
+    custom: CustomCall | UnsetType = UNSET
+
+    def __post_init__(self) -> None:
+        _check(self.type, self.function, self.custom)
+
+
+class ToolCallDelta(Struct, kw_only=True):
+    index: int
+    id: str | UnsetType = UNSET
+    type: str | UnsetType = UNSET
+    function: dict[str, Any] | UnsetType = UNSET
+    custom: dict[str, Any] | UnsetType = UNSET  # a custom call's ``name`` and ``input`` text so far
+
+
+class FunctionDef(Struct, kw_only=True):
+    name: str
+    description: str | UnsetType = UNSET
+    parameters: dict[str, Any] | UnsetType = UNSET
+    strict: bool | UnsetType = UNSET
+
+
+class CustomToolDef(Struct, kw_only=True):
+    name: str
+    description: str | UnsetType = UNSET
+    format: dict[str, Any] | UnsetType = UNSET  # {"type": "text"} or {"type": "grammar", "grammar": {...}}
+
+
+class Tool(Struct, kw_only=True):
+    function: FunctionDef | UnsetType = UNSET
+    type: Literal["function", "custom"] = "function"
+    custom: CustomToolDef | UnsetType = UNSET
+
+    def __post_init__(self) -> None:
+        _check(self.type, self.function, self.custom)
