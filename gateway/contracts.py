@@ -55,10 +55,10 @@ class Ticket:
 
 
 class QuotaExceeded(Exception):
-    def __init__(self, message: str, *, retry_after: float, ticket: Ticket | None = None) -> None:
+    def __init__(self, message: str, *, retry_after: float | None, ticket: Ticket | None = None) -> None:
         super().__init__(message)
         self.message = message
-        self.retry_after = retry_after
+        self.retry_after = retry_after  # None: no wait admits the request (a limit of 0, or under it)
         self.ticket = ticket  # carries the limit states for the headers
 
 

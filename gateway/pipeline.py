@@ -235,6 +235,8 @@ class Pipeline:
                 return await self.services.admission.admit(principal, group.name, reserve)
         except QuotaExceeded as exc:
             headers = retry_after_header(exc.retry_after)
+            if exc.retry_after is None:  # no wait admits it: the SDKs' retries would be refused too
+                headers["x-should-retry"] = "false"
             if exc.ticket is not None:
                 headers.update(_ratelimit_headers(exc.ticket))
             raise ApiError(429, exc.message, code=QUOTA_REFUSED, headers=headers) from None

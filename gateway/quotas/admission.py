@@ -146,7 +146,10 @@ class QuotaAdmission:
             tokens=decision.tokens,
         )
         if not decision.admitted:
-            raise QuotaExceeded(_message(decision, scopes), retry_after=decision.retry_after, ticket=ticket)
+            if never := _never_admitted(decision, scopes, reserve_tokens, micros):
+                raise QuotaExceeded(never, retry_after=None, ticket=ticket)
+            raise QuotaExceeded(_message(decision, scopes, reserve_tokens, micros), retry_after=decision.retry_after,
+                                ticket=ticket)
         lease = ticket.reservation = lease_for(r)
         self._live[lease.ticket_id] = lease
         if self.credit is not None:
@@ -221,9 +224,40 @@ class QuotaAdmission:
             )
 
 
-def _message(decision: Decision, scopes: list[Scope]) -> str:
-    scope = scopes[decision.scope_index].kind if 0 <= decision.scope_index < len(scopes) else "key"
+RESERVED = "its prompt plus max_tokens for each choice"
+PER_PERIOD = {"day": " a day", "month": " a month", "total": " in all"}
+
+
+def _never_admitted(decision: Decision, scopes: list[Scope], tokens: int, micros: int) -> str | None:
+    """The message of a refusal that no wait ends (a limit of zero, or one smaller than what the
+    request alone reserves), or None."""
+    if not 0 <= decision.scope_index < len(scopes):
+        return None
+    scope = scopes[decision.scope_index]
+    lim, what = scope.limits, REASONS.get(decision.reason, decision.reason)
+    limit = {"requests": lim.requests_per_minute, "tokens": lim.tokens_per_minute, "concurrency": lim.max_concurrency,
+             "token_budget": lim.token_budget, "cost_budget": lim.cost_budget}.get(decision.reason)
+    if limit is None:
+        return None
+    if limit == 0:
+        return f"The {scope.kind}'s limit on {what} is 0: it admits no requests."
+    per = PER_PERIOD.get(lim.budget_period, "") if decision.reason.endswith("budget") else ""
+    if decision.reason in ("tokens", "token_budget") and tokens > limit:
+        asked = f"limit {limit}{per}, requested {tokens}"
+    elif decision.reason == "cost_budget" and micros > round(limit * 1e6):
+        asked = f"limit {limit:g} USD{per}, requested up to {micros / 1e6:g} USD"
+    else:
+        return None
+    return f"Request too large for {scope.kind} on {what}: {asked} ({RESERVED}); reduce the prompt or max_tokens."
+
+
+def _message(decision: Decision, scopes: list[Scope], tokens: int, micros: int) -> str:
+    found = scopes[decision.scope_index] if 0 <= decision.scope_index < len(scopes) else None
+    scope = found.kind if found else "key"
     what = REASONS.get(decision.reason, decision.reason)
-    if decision.reason in ("token_budget", "cost_budget"):
-        return f"Your {scope}'s {what} for this period is exhausted."
+    if decision.reason in ("token_budget", "cost_budget"):  # spent, or not enough left for this reservation
+        reserved = f"{tokens} tokens" if decision.reason == "token_budget" else f"up to {micros / 1e6:g} USD"
+        wait = "" if found and found.limits.budget_period == "total" else "wait for the next period, or "
+        return (f"Your {scope}'s {what} for this period has too little left for this request, which reserves "
+                f"{reserved} ({RESERVED}); {wait}lower max_tokens.")
     return f"Rate limit reached for {scope} on {what}; retry after {math.ceil(decision.retry_after)} s."

@@ -201,7 +201,18 @@ for i = 1, nscopes do
   if tpm ~= '-1' then
     tpm = tonumber(tpm)
     local reset = math.floor((oldest + win - now) * 1000)
-    if tk_used + tokens > tpm then return reject('tokens', i, reset) end
+    if tk_used + tokens > tpm then
+      -- retry when the seconds leaving the window free what is missing (not merely the oldest)
+      local need, room_at = tk_used + tokens - tpm, oldest
+      for s = oldest, sec do
+        local t = redis.call('HGET', KEYS[k + 1], 't' .. s)
+        if t then
+          room_at, need = s, need - tonumber(t)
+          if need <= 0 then break end
+        end
+      end
+      return reject('tokens', i, math.floor((room_at + win - now) * 1000))
+    end
     tok = tighter(tok, tpm, tpm - tk_used - tokens, reset)
   end
   held[i] = redis.call('ZCARD', KEYS[k + 2])

@@ -104,6 +104,16 @@ def _reset(oldest: int | None, now: float) -> float:
     return (oldest if oldest is not None else math.floor(now)) + WINDOW_SECONDS - now
 
 
+def _room_at(buckets: dict[int, int], need: int) -> int | None:
+    """The second whose leaving the window frees ``need`` tokens, with the seconds before it; the
+    newest held when none does (None: the window is empty)."""
+    for second in sorted(buckets):
+        need -= buckets[second]
+        if need <= 0:
+            return second
+    return max(buckets, default=None)
+
+
 @dataclass
 class _Held:
     """A lease in flight: when it ends, and the reservation it holds (the second it was made in)."""
@@ -159,7 +169,8 @@ class MemoryStore:
             if lim.tokens_per_minute is not None:
                 reset = _reset(tok_oldest, r.now)
                 if tok_used + r.tokens > lim.tokens_per_minute:
-                    return self._refuse(r, "tokens", i, reset)
+                    room_at = _room_at(self._window(base + ":tk").buckets, tok_used + r.tokens - lim.tokens_per_minute)
+                    return self._refuse(r, "tokens", i, _reset(room_at, r.now))
                 left = lim.tokens_per_minute - tok_used - r.tokens
                 tok_state = tighter(tok_state, lim.tokens_per_minute, left, reset)
             if lim.max_concurrency is not None and len(leases) + 1 > lim.max_concurrency:

@@ -145,6 +145,19 @@ async def test_tokens_per_minute_reserve_then_settle(store: QuotaStore) -> None:
     assert d.admitted and d.tokens and d.tokens.remaining == 0
 
 
+async def test_a_tokens_refusal_retries_when_enough_tokens_have_left_the_window(store: QuotaStore) -> None:
+    """Retry-After of a tokens/min refusal is when the seconds that leave the window free what the
+    request needs, not when the oldest leaves (its 50 tokens would not make room for 200)."""
+    scopes = key(tokens_per_minute=1000)
+    assert (await store.reserve(res(scopes, tokens=50))).admitted
+    assert (await store.reserve(res(scopes, now=NOW + 10, tokens=850))).admitted
+    over = await store.reserve(res(scopes, now=NOW + 20, tokens=200))
+    assert not over.admitted and over.reason == "tokens"
+    assert over.retry_after == pytest.approx(49.75, abs=0.01)  # when the second of the 850 leaves
+    assert not (await store.reserve(res(scopes, now=NOW + 60, tokens=200))).admitted
+    assert (await store.reserve(res(scopes, now=NOW + 70, tokens=200))).admitted
+
+
 async def test_concurrency_lease_released_on_settle(store: QuotaStore) -> None:
     scopes = key(max_concurrency=2)
     one, two = res(scopes), res(scopes)
