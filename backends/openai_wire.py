@@ -397,6 +397,15 @@ class ChatDelta(WireStruct):
     reasoning: str | None | UnsetType = UNSET
 
 
+def reasoning_text(message: AssistantMessage | ChatDelta) -> str:
+    """A chat message's (or a chunk's delta's) reasoning text, under either name providers give it
+    (``reasoning_content``, or ``reasoning``); "" for none."""
+    for text in (message.reasoning_content, message.reasoning):
+        if isinstance(text, str) and text:
+            return text
+    return ""
+
+
 class ChatChunkChoice(WireStruct):
     index: int
     delta: ChatDelta

@@ -27,6 +27,7 @@ from backends.openai_wire import (
     PromptTokensDetails,
     Usage,
     anthropic_events,
+    reasoning_text,
 )
 from gateway.dialects import Dialect
 from gateway.dialects.anthropic_request import CountTokensRequest as CountTokensRequest
@@ -70,7 +71,7 @@ def message_body(response: ChatCompletion, meter: Meter) -> bytes:
         return msgspec.json.encode(message | {"model": response.model})
     choice = response.choices[0]
     content: list[dict[str, Any]] = []
-    if isinstance(reasoning := choice.message.reasoning_content, str) and reasoning:
+    if reasoning := reasoning_text(choice.message):
         content.append(_thinking(reasoning))  # as the stream has it: a thinking block first
     if choice.message.content:
         content.append({"type": "text", "text": choice.message.content})
@@ -140,8 +141,9 @@ class MessagesEvents:
         self._started = False
         self._block: int = -1  # index of the open content block
         self._block_kind: str | None = None
-        self._tools: dict[int, int] = {}  # OpenAI tool call index -> content block index
-        self._calls: dict[int, tuple[str, str, list[str]]] = {}  # tool call index -> id, name, arguments sent
+        self._tools: dict[int, int] = {}  # OpenAI tool call index -> content block index, once opened
+        self._calls: dict[int, tuple[str, str, list[str]]] = {}  # tool call index -> id, name, arguments so far
+        self._waiting: list[int] = []  # tool calls begun while another's block was open, in order
         self._stop: dict[str, Any] = {"stop_reason": "end_turn", "stop_sequence": None}
         self._usage: dict[str, int] = {"output_tokens": 0}
 
@@ -164,11 +166,11 @@ class MessagesEvents:
             self._usage = _usage(chunk.usage, self._meter)  # the meter has taken this usage in
         for choice in chunk.choices[:1]:
             delta = choice.delta
-            if isinstance(delta.reasoning_content, str) and delta.reasoning_content:
+            if reasoning := reasoning_text(delta):
                 if self._block_kind != "thinking":
                     out += self._open(_thinking(""), "thinking")
                 out += _event("content_block_delta", {"index": self._block, "delta": {
-                    "type": "thinking_delta", "thinking": delta.reasoning_content}})
+                    "type": "thinking_delta", "thinking": reasoning}})
             if isinstance(delta.content, str) and delta.content:
                 if self._block_kind != "text":
                     out += self._open({"type": "text", "text": ""}, "text")
@@ -176,21 +178,45 @@ class MessagesEvents:
                                                       "delta": {"type": "text_delta", "text": delta.content}})
             for call in delta.tool_calls or []:
                 check_delta(call, _API)
-                if call.index not in self._tools:
+                if call.index not in self._calls:
                     function = call.function if isinstance(call.function, dict) else {}
-                    name = function.get("name", "")
-                    out += self._open({"type": "tool_use", "id": call.id or "", "name": name, "input": {}}, "tool_use")
-                    self._tools[call.index] = self._block
-                    self._calls[call.index] = (call.id or "", str(name), [])
+                    self._calls[call.index] = (call.id or "", str(function.get("name", "")), [])
+                    self._waiting.append(call.index)
                 arguments = call.function.get("arguments") if isinstance(call.function, dict) else None
                 if arguments:
                     self._calls[call.index][2].append(arguments)
-                    out += _event("content_block_delta", {"index": self._tools[call.index],
-                                                          "delta": {"type": "input_json_delta",
-                                                                    "partial_json": arguments}})
+                    if call.index in self._tools:
+                        out += self._input_delta(call.index, arguments)
+                out += self._open_calls()
             if choice.finish_reason:
                 self._stop = _stop(choice.finish_reason, choice.stop_reason)
         return out
+
+    def _open_calls(self, *, all_: bool = False) -> bytes:
+        """Waiting tool calls' blocks opened in turn, their arguments so far as one delta, while the
+        open block is not a call whose arguments are still partial JSON (``all_``: in any case). Chat
+        may interleave parallel calls' deltas; Anthropic's blocks are each whole before the next starts."""
+        out = b""
+        while self._waiting and (all_ or self._block_kind != "tool_use" or self._open_call_whole()):
+            index = self._waiting.pop(0)
+            call_id, name, arguments = self._calls[index]
+            out += self._open({"type": "tool_use", "id": call_id, "name": name, "input": {}}, "tool_use")
+            self._tools[index] = self._block
+            if arguments:
+                out += self._input_delta(index, "".join(arguments))
+        return out
+
+    def _open_call_whole(self) -> bool:
+        """Whether the open tool_use block's arguments so far are a whole JSON document."""
+        try:
+            msgspec.json.decode("".join(self._calls[next(reversed(self._tools))][2]))
+        except msgspec.DecodeError:
+            return False
+        return True
+
+    def _input_delta(self, index: int, arguments: str) -> bytes:
+        return _event("content_block_delta", {"index": self._tools[index],
+                                              "delta": {"type": "input_json_delta", "partial_json": arguments}})
 
     def _relay(self, event: dict[str, Any], model: str) -> bytes:
         kind, index = event.get("type"), event.get("index")
@@ -230,7 +256,7 @@ class MessagesEvents:
         cut = self._stop["stop_reason"] in _CUT
         for call_id, name, arguments in self._calls.values():
             _tool_input(call_id, name, "".join(arguments), cut=cut)
-        return (self._close()
+        return (self._open_calls(all_=True) + self._close()
                 + _event("message_delta", {"delta": self._stop,
                                            "usage": self._usage})
                 + _event("message_stop", {}))
@@ -243,7 +269,7 @@ ANTHROPIC = Dialect(unary=message_body, stream=MessagesEvents)
 
 _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                 404: "not_found_error", 405: "invalid_request_error", 413: "request_too_large",
-                429: "rate_limit_error", 503: "overloaded_error"}
+                429: "rate_limit_error", 503: "overloaded_error", 504: "timeout_error"}
 
 
 def error_type(status: int) -> str:

@@ -22,9 +22,9 @@ from backends.openai_wire import (
     AssistantMessage,
     ChatCompletion,
     ChatCompletionChunk,
-    ChatDelta,
     PromptTokensDetails,
     Usage,
+    reasoning_text,
     relayed,
 )
 from backends.responses_wire import RelayedResponse, ResponsesEvent
@@ -68,9 +68,10 @@ _INCOMPLETE = {"length": "max_output_tokens", "content_filter": "content_filter"
 
 
 def _response(rid: str, model: str, status: str, output: list[dict[str, Any]], usage: Any,
-              incomplete: str | None = None, extra: dict[str, Any] | None = None) -> dict[str, Any]:
-    return {"id": rid, "object": "response", "created_at": int(time.time()), "status": status, "model": model,
-            "output": output, "error": None,
+              incomplete: str | None = None, extra: dict[str, Any] | None = None,
+              created_at: int | None = None) -> dict[str, Any]:
+    return {"id": rid, "object": "response", "created_at": created_at or int(time.time()), "status": status,
+            "model": model, "output": output, "error": None,
             "incomplete_details": {"reason": incomplete} if incomplete else None,
             "parallel_tool_calls": True, "tool_choice": "auto", "tools": [], "usage": usage} | (extra or {})
 
@@ -110,19 +111,11 @@ def _content_item(kind: str, parts: list[dict[str, Any]], status: str = "complet
             "content": parts}
 
 
-def _reasoning(message: AssistantMessage | ChatDelta) -> str:
-    """A chat message's (or delta's) reasoning text, under either name providers give it."""
-    for text in (message.reasoning_content, message.reasoning):
-        if isinstance(text, str) and text:
-            return text
-    return ""
-
-
 def _output(message: AssistantMessage) -> list[dict[str, Any]]:
     """A chat answer's message as output items: its reasoning (first, as OpenAI gives it), its text
     and refusal, then its function calls."""
     output: list[dict[str, Any]] = []
-    if reasoning := _reasoning(message):
+    if reasoning := reasoning_text(message):
         output.append(_content_item("reasoning", [_part("reasoning_text", reasoning)]))
     parts = [_part(kind, text) for kind, text in (("output_text", message.content), ("refusal", message.refusal))
              if text]
@@ -173,6 +166,7 @@ class ResponsesEvents:
         self._on_final = on_final
         self._seq = 0
         self._id = new_response_id()  # the same in every event and in the stored response
+        self._created = int(time.time())  # as is the creation time
         self._started = False
         self._model = ""
         self._output: list[dict[str, Any]] = []  # items added so far, in output order
@@ -192,7 +186,7 @@ class ResponsesEvents:
         if self._started:
             return b""
         self._started = True
-        start = _response(self._id, self._model, "in_progress", [], None, extra=self._extra)
+        start = _response(self._id, self._model, "in_progress", [], None, extra=self._extra, created_at=self._created)
         return self._event("response.created", {"response": start}) + \
             self._event("response.in_progress", {"response": start})
 
@@ -204,7 +198,7 @@ class ResponsesEvents:
             self._usage, self._reasoning = chunk.usage, _reasoning_tokens(chunk)
         for choice in chunk.choices[:1]:
             delta = choice.delta
-            for item_kind, kind, text in (("reasoning", "reasoning_text", _reasoning(delta)),
+            for item_kind, kind, text in (("reasoning", "reasoning_text", reasoning_text(delta)),
                                           ("message", "output_text", delta.content),
                                           ("message", "refusal", delta.refusal)):
                 if isinstance(text, str) and text:
@@ -314,7 +308,7 @@ class ResponsesEvents:
             if self._waiting:
                 out += self._add(self._waiting.pop(0))
         final = _response(self._id, self._model, "incomplete" if incomplete else "completed", self._output,
-                          _usage(self._usage, self._meter, self._reasoning), incomplete, self._extra)
+                          _usage(self._usage, self._meter, self._reasoning), incomplete, self._extra, self._created)
         if self._on_final is not None:
             self._on_final(final)
         return out + self._event("response.incomplete" if incomplete else "response.completed", {"response": final})
@@ -326,7 +320,8 @@ class ResponsesEvents:
         if self._open is not None:
             self._open["status"] = "incomplete"
         failed = _response(self._id, self._model, "failed", self._output,
-                           _usage(self._usage, self._meter, self._reasoning), extra=self._extra)
+                           _usage(self._usage, self._meter, self._reasoning), extra=self._extra,
+                           created_at=self._created)
         return out + self._event("response.failed", {"response": failed | {"error": _failure(error)}})
 
     def _error_event(self, error: ApiError) -> bytes:

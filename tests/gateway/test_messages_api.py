@@ -75,6 +75,15 @@ def test_errors_reach_the_sdk_typed(client: anthropic.Anthropic, env: GatewayEnv
         client.messages.create(model="echo", max_tokens=5, messages=[{"role": "user", "content": "x"}])
 
 
+def test_a_timeout_is_a_timeout_error(env: GatewayEnv, upstream: FakeUpstream) -> None:
+    """A gateway timeout (504) has Anthropic's type for it, ``timeout_error``."""
+    upstream.fail_next(Fault(status=408))  # the upstream timed out: the gateway's 504
+    response = httpx.post(env.server.url + "/v1/messages", headers={"x-api-key": ADMIN_KEY},
+                          json={"model": "echo", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}]})
+    assert response.status_code == 504
+    assert response.json() == {"type": "error", "error": {"type": "timeout_error", "message": "injected 408"}}
+
+
 def test_malformed_messages_body_is_400(env: GatewayEnv) -> None:
     response = httpx.post(env.server.url + "/v1/messages", headers={"x-api-key": ADMIN_KEY},
                           content=b'{"model": "echo", "max_tokens": 5, "messages": [{"role": "system"}]}')

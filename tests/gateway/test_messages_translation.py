@@ -117,6 +117,54 @@ def test_whole_and_streamed_answers_agree(client: anthropic.Anthropic, upstream:
     assert whole.content[1].text == streamed.content[1].text == "hi"
 
 
+def test_reasoning_under_either_name_is_a_thinking_block(client: anthropic.Anthropic, upstream: FakeUpstream) -> None:
+    """Newer vLLM and OpenRouter name a chat answer's reasoning ``reasoning`` (not ``reasoning_content``):
+    it is the thinking block all the same, whole and streamed."""
+    envelope = {"id": "chatcmpl-1", "created": 1, "model": "m"}
+    chunks = [{"delta": {"role": "assistant", "reasoning": "thought"}}, {"delta": {"reasoning": " hard"}},
+              {"delta": {"content": "hi"}}, {"delta": {}, "finish_reason": "stop"}]
+    upstream.fail_next(
+        Fault(status=200, body=envelope | {"object": "chat.completion", "choices": [
+            {"index": 0, "finish_reason": "stop",
+             "message": {"role": "assistant", "reasoning": "thought hard", "content": "hi"}}]}),
+        Fault(status=200, headers={"content-type": "text/event-stream"}, body=b"".join(
+            b"data: " + msgspec.json.encode(envelope | {"object": "chat.completion.chunk",
+                                                        "choices": [{"index": 0} | c]}) + b"\n\n"
+            for c in chunks) + b"data: [DONE]\n\n"))
+    kw: Any = {"model": "echo", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
+    whole = client.messages.create(**kw)
+    with client.messages.stream(**kw) as stream:
+        streamed = stream.get_final_message()
+    for message in (whole, streamed):
+        assert [b.type for b in message.content] == ["thinking", "text"]
+        assert message.content[0].thinking == "thought hard"  # type: ignore[union-attr]
+
+
+def test_interleaved_parallel_calls_stream_as_whole_blocks(client: anthropic.Anthropic, upstream: FakeUpstream) -> None:
+    """Chat may interleave parallel calls' argument deltas; Anthropic's stream has each block whole
+    between its start and stop (no delta for a stopped block), in the order the calls began."""
+    envelope = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1, "model": "m"}
+    calls = [[{"index": 0, "id": "call_a", "type": "function", "function": {"name": "f", "arguments": ""}}],
+             [{"index": 0, "function": {"arguments": '{"a":'}}],
+             [{"index": 1, "id": "call_b", "type": "function", "function": {"name": "g", "arguments": '{"b":'}}],
+             [{"index": 0, "function": {"arguments": "1}"}}], [{"index": 1, "function": {"arguments": "2}"}}]]
+    chunks = [{"delta": {"role": "assistant", "content": "Let me look."}},
+              *({"delta": {"tool_calls": c}} for c in calls), {"delta": {}, "finish_reason": "tool_calls"}]
+    upstream.fail_next(Fault(status=200, headers={"content-type": "text/event-stream"}, body=b"".join(
+        b"data: " + msgspec.json.encode(envelope | {"choices": [{"index": 0} | c]}) + b"\n\n" for c in chunks)
+        + b"data: [DONE]\n\n"))
+    events = list(client.messages.create(model="echo", max_tokens=8, stream=True, tools=[
+        {"name": n, "input_schema": {"type": "object"}} for n in "fg"], messages=[{"role": "user", "content": "q"}]))
+    blocks = [(e.type, e.index) for e in events if e.type.startswith("content_block")]  # type: ignore[union-attr]
+    assert [b for i, b in enumerate(blocks) if i == 0 or b != blocks[i - 1]] == [
+        ("content_block_start", 0), ("content_block_delta", 0), ("content_block_stop", 0),
+        ("content_block_start", 1), ("content_block_delta", 1), ("content_block_stop", 1),
+        ("content_block_start", 2), ("content_block_delta", 2), ("content_block_stop", 2)]
+    arguments = [[e.delta.partial_json for e in events  # type: ignore[union-attr]
+                  if e.type == "content_block_delta" and e.index == i] for i in (1, 2)]
+    assert arguments == [['{"a":', "1}"], ['{"b":', "2}"]]
+
+
 @pytest.mark.parametrize("messages", [
     [{"role": "user", "content": []}],
     [{"role": "user", "content": "q"}, {"role": "assistant", "content": []}, {"role": "user", "content": "r"}],

@@ -141,6 +141,15 @@ def test_a_message_and_its_function_calls_are_one_chat_turn(client: openai.OpenA
         {"role": "tool", "content": "42", "tool_call_id": "call_1"}]
 
 
+def test_a_stream_spanning_seconds_has_one_creation_time(client: openai.OpenAI, upstream: FakeUpstream) -> None:
+    """``created_at`` is the response's, the same in ``response.created`` and ``response.completed``
+    (and so in the stored response) however long the answer takes."""
+    upstream.options.chunk_delay = 0.4
+    events = list(client.responses.create(model="echo", input="one two three four", stream=True))
+    assert events[0].type == "response.created" and events[-1].type == "response.completed"
+    assert events[0].response.created_at == events[-1].response.created_at  # type: ignore[union-attr]
+
+
 # ---------------------------------------------------------------- null is not set
 
 
