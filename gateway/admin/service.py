@@ -329,10 +329,13 @@ def bound(value: float) -> str:
     return str(int(value)) if math.isfinite(value) and float(value).is_integer() else f"{value:g}"
 
 
+BUDGET_PERIODS = ("day", "month", "total")
+
+
 def check_limits(limits: Limits) -> None:
     for field, value in limits.as_dict().items():
         if field == "budget_period":
-            if value not in ("day", "month", "total"):
+            if value not in BUDGET_PERIODS:
                 raise AdminError("budget_period must be day, month or total", param="budget_period")
         elif value is not None:
             check_range(field, value, high=LIMIT_MAX[field])  # type: ignore[arg-type]

@@ -16,7 +16,7 @@ import typer
 from sqlalchemy.exc import SQLAlchemyError
 
 from gateway.admin.bootstrap import bootstrap as run_bootstrap
-from gateway.admin.service import LIMIT_MAX, MAX_SECONDS, AdminError, TenancyService, bound
+from gateway.admin.service import BUDGET_PERIODS, LIMIT_MAX, MAX_SECONDS, AdminError, TenancyService, bound
 from gateway.cli.db import ConfigOpt, console, err, fail, safe, settings_from
 from gateway.cli.errors import explain
 from gateway.cli.output import plain, print_secret, show, show_one
@@ -207,6 +207,8 @@ def limits_set(
             fail(f"{option} must be -1 (no limit) or lie in [0, {bound(LIMIT_MAX[field])}], got {value!r}")
         changes[field] = None if value == -1 else value
     if period is not None:
+        if period not in BUDGET_PERIODS:
+            fail(f"--period must be {', '.join(BUDGET_PERIODS[:-1])} or {BUDGET_PERIODS[-1]}, got {period!r}")
         changes["budget_period"] = period
     limits = run(config, lambda svc, _: svc.update_limits(scope, ref, **changes))
     show_one(limits.as_dict(), as_json)

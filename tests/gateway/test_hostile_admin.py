@@ -130,6 +130,7 @@ def test_cli_out_of_range_numbers_are_one_line_errors(cli_config: Path) -> None:
                     "--token-budget")
     _one_line_error(switchyard(cli_config, "key", "create", "--tenant", "nums", "--expires-in-days", "1e300"),
                     "--expires-in-days")
+    _one_line_error(switchyard(cli_config, "limits", "set", "--tenant", "nums", "--period", "week"), "--period", "week")
     _one_line_error(switchyard(cli_config, "usage", "report", "--end", "9999-12-31T23:00:00-05:00"), "end")
     assert switchyard(cli_config, "usage", "report", "--end", "9999-12-31").returncode == 0
 
