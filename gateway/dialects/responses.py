@@ -325,7 +325,8 @@ class ResponsesEvents:
         return out + self._event("response.failed", {"response": failed | {"error": _failure(error)}})
 
     def _error_event(self, error: ApiError) -> bytes:
-        return self._event("error", {"code": str(error.status), "message": error.message,
+        """OpenAI's ``error`` event: the error's code (``server_error``, ...), as the failed response has it."""
+        return self._event("error", {"code": _failure(error)["code"], "message": error.message,
                                      "param": responses_param(error.param)})
 
 

@@ -457,6 +457,7 @@ def test_a_stream_failing_part_way_ends_failed_and_is_not_stored(gateway: Gatewa
     assert [e.sequence_number for e in events] == list(range(len(events)))
     failed = events[-1].response  # type: ignore[union-attr]
     assert failed.status == "failed" and failed.error is not None and failed.error.message
+    assert events[-2].code == failed.error.code and not events[-2].code.isdigit()  # type: ignore[union-attr]
     assert failed.id == events[0].response.id  # type: ignore[union-attr]
     with pytest.raises(openai.NotFoundError):
         client.responses.retrieve(failed.id)
