@@ -233,7 +233,7 @@ class SamplingFields(WireStruct, dict=True):
     # Extensions understood by vLLM-style engines (ours included); passed through elsewhere.
     top_k: Annotated[int, Meta(ge=-1, le=2**31 - 1)] | None | UnsetType = UNSET
     min_p: TopP | None | UnsetType = UNSET
-    repetition_penalty: Annotated[float, Meta(gt=0.0, le=2.0)] | None | UnsetType = UNSET
+    repetition_penalty: Annotated[float, Meta(gt=0.0)] | None | UnsetType = UNSET  # vLLM's: no upper bound
     min_tokens: NonNegInt | None | UnsetType = UNSET
     ignore_eos: bool | None | UnsetType = UNSET
     stop_token_ids: list[NonNegInt] | None | UnsetType = UNSET

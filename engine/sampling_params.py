@@ -28,7 +28,8 @@ class SamplingParams:
     token's logprob plus the ``k`` most likely alternatives at each step; ``prompt_logprobs=k`` the
     same for every prompt token (the first has none), with each token's rank, computed in the prefill
     (``engine.prompt_logprobs``). Both ``k`` are at most ``MAX_LOGPROBS`` (vLLM's default
-    ``max_logprobs``); vLLM's ``-1`` (the whole vocabulary per token) is refused.
+    ``max_logprobs``); vLLM's ``-1`` (the whole vocabulary per token) is refused. ``seed=-1`` means
+    no seed, as in vLLM.
     """
 
     n: int = 1
@@ -55,6 +56,8 @@ class SamplingParams:
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         self.stop = [s for s in self.stop if s]
+        if self.seed == -1:
+            self.seed = None
         checks: list[tuple[bool, str, str]] = [
             (self.n >= 1, "n", "n must be >= 1"),
             (self.temperature >= 0.0, "temperature", "temperature must be >= 0"),

@@ -32,15 +32,17 @@ def refuse_unsupported(request: SamplingFields) -> None:
 
 
 def generate_key(request: SamplingFields) -> GenerateKey:
-    """Greedy requests share one key whatever their sampling knobs; seeded sampling runs alone."""
+    """Greedy requests share one key whatever their sampling knobs; seeded sampling runs alone
+    (``seed: -1`` is vLLM's "no seed")."""
     refuse_unsupported(request)
     repetition = opt(request.repetition_penalty, 1.0)
     temperature = opt(request.temperature, 1.0)
     if temperature == 0.0:
         return GenerateKey(repetition_penalty=repetition)
     top_k = opt(request.top_k, 0)
+    seed = opt(request.seed, None)
     return GenerateKey(True, temperature, opt(request.top_p, 1.0), max(top_k, 0), opt(request.min_p, 0.0),
-                       repetition, opt(request.seed, None))
+                       repetition, None if seed == -1 else seed)
 
 
 def logit_bias(request: SamplingFields, vocab: int) -> dict[int, float]:

@@ -17,6 +17,7 @@ from backends.factory import build_backend
 from backends.openai_wire import ChatCompletionRequest, ChatMessage, CompletionRequest, StreamOptions, set_extra_params
 from backends.transformers_generate import HFGenerateBackend
 from backends.transformers_generate.jobs import Event, GenerateKey, Job, RowParams
+from backends.transformers_generate.params import generate_key
 from backends.transformers_generate.worker import GenerateWorker
 from gateway.settings import ConfigError, DeploymentConfig
 from tests.support.fallback_models import build_model
@@ -132,6 +133,12 @@ async def test_seeded_sampling_repeats(backend_for) -> None:
     req = completion(PROMPTS[1], temperature=1.0, seed=7, max_tokens=10, ignore_eos=True)
     first = (await backend.complete(req)).response.choices[0].text
     assert (await backend.complete(req)).response.choices[0].text == first
+
+
+def test_seed_minus_one_is_no_seed() -> None:
+    """vLLM's ``seed: -1`` means unseeded: sampled afresh (and batched), never seeded with -1."""
+    assert generate_key(completion(PROMPTS[0], temperature=1.0, seed=-1)).seed is None
+    assert generate_key(completion(PROMPTS[0], temperature=1.0, seed=0)).seed == 0
 
 
 async def test_continuous_usage_stats_puts_the_usage_so_far_in_every_chunk(backend_for) -> None:
