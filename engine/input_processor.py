@@ -47,7 +47,7 @@ class RequestLimits:
         """The sequence's maximum length, or RequestRejected saying why it can never run."""
         if num_prompt_tokens == 0:
             raise RequestRejected("the prompt must contain at least one token")
-        if max_tokens == 0:  # pooling: the prompt alone
+        if max_tokens == 0:  # pooling or scoring: the prompt alone
             if num_prompt_tokens > self.max_model_len:
                 raise RequestRejected(f"the input has {num_prompt_tokens} tokens, but this model's context is "
                                       f"{self.max_model_len} tokens")

@@ -199,6 +199,11 @@ class LLMEngine:
                 self._fail(req, RequestFailed(f"sampling this request failed: {exc!r}"))
             if seq.is_finished:  # its request failed (this step, by another of its sequences)
                 continue
+            if seq.params.max_tokens == 0:  # scoring: the prompt alone (its logprobs), no token
+                self.metrics.prompt_tokens += seq.num_prompt_tokens
+                req.texts[seq.index].finish()
+                self.scheduler.finish(seq, FinishReason.LENGTH)
+                continue
             logprob = None
             if seq.params.logprobs is not None and sample.logprobs is not None:
                 assert sample.top_ids is not None and sample.top_logprobs is not None

@@ -24,7 +24,9 @@ MAX_TOP_K = 2**31 - 1
 class SamplingParams:
     """How to sample one request. ``temperature`` 0 (or below ``SAMPLING_EPS``) means greedy.
 
-    ``max_tokens=None`` means "until the context is full". ``logprobs=k`` returns the sampled
+    ``max_tokens=None`` means "until the context is full"; ``max_tokens=0`` processes the prompt
+    alone and generates nothing (scoring: its ``prompt_logprobs``, a prompt as long as the context
+    included). ``logprobs=k`` returns the sampled
     token's logprob plus the ``k`` most likely alternatives at each step; ``prompt_logprobs=k`` the
     same for every prompt token (the first has none), with each token's rank, computed in the prefill
     (``engine.prompt_logprobs``). Both ``k`` are at most ``MAX_LOGPROBS`` (vLLM's default
@@ -67,7 +69,7 @@ class SamplingParams:
             (self.repetition_penalty > 0.0, "repetition_penalty", "repetition_penalty must be > 0"),
             (-2.0 <= self.presence_penalty <= 2.0, "presence_penalty", "presence_penalty must be in [-2, 2]"),
             (-2.0 <= self.frequency_penalty <= 2.0, "frequency_penalty", "frequency_penalty must be in [-2, 2]"),
-            (self.max_tokens is None or self.max_tokens >= 1, "max_tokens", "max_tokens must be >= 1"),
+            (self.max_tokens is None or self.max_tokens >= 0, "max_tokens", "max_tokens must be >= 0"),
             (self.min_tokens >= 0, "min_tokens", "min_tokens must be >= 0"),
             (self.max_tokens is None or self.min_tokens <= self.max_tokens, "min_tokens",
              "min_tokens must be <= max_tokens"),

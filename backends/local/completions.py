@@ -3,10 +3,10 @@
 ``echo`` returns the prompt before the continuation; with ``logprobs`` it also returns the prompt
 tokens' logprobs (the first is null, as OpenAI and vLLM answer), computed by the engine in the same
 prefill (``SamplingParams.prompt_logprobs``). ``max_tokens: 0`` scores the prompt without
-generating: the engine samples one token for its last position, which is thrown away (not
-returned, not metered). lm-evaluation-harness's ``local-completions`` loglikelihood requests are
-``echo: true, logprobs: 1`` with ``max_tokens`` 0 or 1. vLLM's ``prompt_logprobs: k`` puts the same
-values, in vLLM's shape (``backends.logprobs_wire``), on each choice; they are not streamed.
+generating (the engine's ``max_tokens=0``: a prompt as long as the context fits).
+lm-evaluation-harness's ``local-completions`` loglikelihood requests are ``echo: true, logprobs: 1``
+with ``max_tokens`` 0 or 1. vLLM's ``prompt_logprobs: k`` puts the same values, in vLLM's shape
+(``backends.logprobs_wire``), on each choice; they are not streamed.
 """
 
 from __future__ import annotations
@@ -47,7 +47,8 @@ class _Completion:
         self.skip_special = bool(wire.opt(request.skip_special_tokens, True))  # as the text is decoded
         wanted = [k for k in (self.count if self.echo else None, self.prompt_k) if k is not None]
         prompt_logprobs = max(wanted) if wanted else None  # the echo and prompt_logprobs each take theirs
-        params = wire.sampling_params(request, 1 if self.score_only else limit, self.count, prompt_logprobs)
+        params = wire.sampling_params(request, 0 if self.score_only else limit, self.count, prompt_logprobs,
+                                      score_only=self.score_only)
         self.run = EngineRun(backend.engine, self.prompts, params, "prompt", ctx, count_output=not self.score_only)
 
     @property

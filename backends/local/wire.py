@@ -75,12 +75,14 @@ def limit_field(request: SamplingFields) -> str:
 
 
 def sampling_params(request: SamplingFields, limit: int | None, logprobs: int | None,
-                    prompt_logprobs: int | None = None, structured: StructuredOutput | None = None) -> SamplingParams:
+                    prompt_logprobs: int | None = None, structured: StructuredOutput | None = None,
+                    score_only: bool = False) -> SamplingParams:
     """Engine sampling parameters for a wire request; a BadRequest names the offending field.
     ``structured`` is tool calling's grammar (a forced call), used instead of the request's own
-    output constraint, which the request may then not give."""
+    output constraint, which the request may then not give. ``score_only``: a limit of 0, the
+    prompt processed alone (a text completion's ``max_tokens: 0``)."""
     refuse_unsupported(request)
-    if limit is not None and limit < 1:
+    if limit is not None and limit < 1 and not (score_only and limit == 0):
         raise BadRequest(f"{limit_field(request)} must be >= 1", param=limit_field(request))
     structured = output_constraint(request, structured)
     top_k = opt(request.top_k, 0)

@@ -117,6 +117,25 @@ def test_streamed_echo_carries_the_same_prompt_logprobs(env: Env) -> None:
     env.wait_idle()
 
 
+def test_a_prompt_as_long_as_the_context_is_scored(env: Env) -> None:
+    """lm-evaluation-harness's rolling loglikelihood (perplexity) sends windows of exactly the
+    model's context with ``max_tokens: 0``: scored as vLLM scores them; one more token to generate
+    has no room (a 400 naming max_tokens), and a prompt past the context none at all."""
+    client, context = env.client(), env.backend.max_model_len
+    tokens = [(7 * i) % 200 + 5 for i in range(context)]
+    answer = client.completions.create(model="tiny", prompt=tokens, max_tokens=0, echo=True, logprobs=1)
+    choice = answer.choices[0]
+    assert choice.finish_reason == "length" and answer.usage.completion_tokens == 0
+    assert choice.logprobs is not None and len(choice.logprobs.token_logprobs or []) == context
+    assert answer.usage.prompt_tokens == context
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.completions.create(model="tiny", prompt=tokens, max_tokens=1, echo=True, logprobs=1)
+    assert refused.value.param in ("max_tokens", "prompt")
+    with pytest.raises(openai.BadRequestError):
+        client.completions.create(model="tiny", prompt=[*tokens, 5], max_tokens=0, echo=True, logprobs=1)
+    env.wait_idle()
+
+
 def test_prompt_logprobs_ignore_a_warm_prefix_cache(env: Env) -> None:
     """A second scoring of the same prompt finds its blocks cached but still computes every position."""
     client = env.client()

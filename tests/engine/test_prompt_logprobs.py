@@ -38,3 +38,16 @@ def test_prompt_logprobs_equal_a_full_forward_with_a_cached_prefix(checkpoint, b
         assert lp.rank == int((row >= row[prompt[p]]).sum())
         values, ids = row.topk(K)
         assert list(lp.top) == ids.tolist() and list(lp.top.values()) == pytest.approx(values.tolist(), abs=1e-4)
+
+
+def test_max_tokens_zero_scores_a_prompt_as_long_as_the_context(checkpoint) -> None:
+    """``max_tokens=0`` processes the prompt alone: its logprobs, no token, finish "length", a
+    prompt filling the whole context included (one more token to generate has no room)."""
+    llm = LLM(str(checkpoint("llama")), block_size=8, num_kv_blocks=64, max_model_len=64)
+    prompt = [random.Random(5).randrange(384) for _ in range(64)]
+    out = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=0, prompt_logprobs=1))[0]
+    assert out.outputs[0].token_ids == [] and out.outputs[0].text == "" and out.outputs[0].finish_reason == "length"
+    assert out.prompt_logprobs is not None and len(out.prompt_logprobs) == 64
+    assert llm.generate([prompt[:10]], SamplingParams(max_tokens=0))[0].outputs[0].token_ids == []
+    with pytest.raises(ValueError, match="at least one must be left"):
+        llm.generate([prompt], SamplingParams(temperature=0, max_tokens=1))
