@@ -284,7 +284,8 @@ class OpenAIHTTPBackend(HTTPBackend):
                 if kind != "text/event-stream":  # e.g. a whole JSON answer: the upstream does not stream
                     raise UpstreamError(f"upstream {self.deployment_id} answered a stream request with "
                                         f"{kind or 'no content-type'}, not an event stream")
-                raise UpstreamError(f"upstream {self.deployment_id} ended the stream without a chunk")
+                # as a dropped connection: nothing reached the client, so another deployment may serve it
+                raise Unavailable(f"upstream {self.deployment_id} ended the stream without a chunk")
         except BaseException:
             reader.close()
             await self.http.close_stream(response)

@@ -11,7 +11,7 @@ from typing import Any
 
 import msgspec
 
-from backends.base import ChunkStream, Completed, Meter, UpstreamError
+from backends.base import ChunkStream, Completed, Meter, Unavailable, UpstreamError
 from backends.config import DeploymentConfig
 from backends.estimate import estimate_text
 from backends.http_upstream import HTTPUpstream, answered, streamed
@@ -135,7 +135,8 @@ class _Events:
     async def prime(self, first_deadline: float) -> None:
         self._first = await self._read(first_deadline)
         if self._first is None:
-            raise UpstreamError(f"upstream {self._http.deployment_id} ended the stream without an event")
+            # as a dropped connection: nothing reached the client, so another deployment may serve it
+            raise Unavailable(f"upstream {self._http.deployment_id} ended the stream without an event")
 
     def __aiter__(self) -> _Events:
         return self

@@ -72,6 +72,7 @@ class _Flight:
     started_at: float
     t0: float
     deployment: Deployment | None = None
+    served_by: ModelGroup | None = None  # the group of ``deployment``: the one asked for, or a fallback
     attempt_span: Any = None  # the trace span of the attempt that answered (tracing on)
     # an attempt is with a deployment, not refused: the client leaving now leaves the prompt spent
     prompt_sent: bool = False
@@ -196,7 +197,7 @@ class Pipeline:
                         raise skipped
                     attempt = following
                     continue
-            flight.deployment = attempt.deployment
+            flight.deployment, flight.served_by = attempt.deployment, attempt.group
             health.on_attempt()
             t0 = time.perf_counter()
             span = hooks.start_attempt(self.telemetry, attempt.deployment)
@@ -316,9 +317,11 @@ class Pipeline:
             hooks.on_settle(self.telemetry, record, meter.phases, flight.attempt_span)
 
     def _cost(self, flight: _Flight, meter: Meter) -> float:
+        """At the price of the deployment that answered, else of its model (a fallback's own)."""
         names = [flight.deployment.id] if flight.deployment else []
+        group = flight.served_by or flight.group
         prices = self.settings.prices
-        price = next((prices[n] for n in (*names, flight.group.name) if n in prices), None)
+        price = next((prices[n] for n in (*names, group.name) if n in prices), None)
         return 0.0 if price is None else request_cost(price, meter)
 
     def _headers(self, flight: _Flight) -> dict[str, str]:

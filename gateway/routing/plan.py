@@ -8,8 +8,9 @@ deployments than retries), waiting a jittered exponential backoff; when the grou
 spent, the group's ``fallbacks`` are tried in turn. A prompt too long for the deployment
 (``ContextTooLong`` from the provider, or an estimate above its configured ``context_window``)
 goes to ``context_window_fallbacks`` instead. A deployment whose upstream does not know its model
-(``ModelNotFound``) is misconfigured: it is not tried again for the request, and the next
-deployment (else the fallbacks) is tried at once, without spending a retry. A 429 whose
+(``ModelNotFound``) or refuses its credentials (``AuthFailed``: its 401 / 403) is misconfigured: it
+is not tried again for the request, and the next deployment (else the fallbacks) is tried at once,
+without spending a retry. A 429 whose
 ``Retry-After`` is longer than ``MAX_BACKOFF`` is never waited out: the deployment is held off
 for that long, at most ``MAX_HOLD_OFF`` (``DeploymentHealth.hold_off``, by the caller), and the
 plan moves on without it. A shorter one holds the deployment off too, so that other requests do
@@ -30,7 +31,7 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from backends.base import BackendError, ContextTooLong, ModelNotFound, RateLimited
+from backends.base import AuthFailed, BackendError, ContextTooLong, ModelNotFound, RateLimited
 from gateway.routing.deployment import Deployment
 from gateway.routing.router import ModelGroup
 
@@ -104,7 +105,7 @@ class RoutePlan:
     def after(self, error: BackendError) -> Attempt | None:
         if isinstance(error, ContextTooLong):
             return self._next_group(self._context_fallbacks)
-        if isinstance(error, ModelNotFound) and self._current is not None:
+        if isinstance(error, (ModelNotFound, AuthFailed)) and self._current is not None:
             self._not_again.add(self._current)
             return self._next_in_group(0.0) or self._next_group(self._fallbacks)
         if not error.retryable:

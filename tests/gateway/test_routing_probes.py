@@ -1,0 +1,252 @@
+"""Routing as operators and clients see it, across real loopback upstreams: a provider refusing a
+deployment's key, what a fallback's answer is named and priced at, aliases, a half-open circuit's
+single trial, least_busy under concurrent streams, a stream's own first-byte timeout."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from backends.factory import build_backend
+from gateway.app import create_app
+from gateway.contracts import Principal, UsageRecord
+from gateway.routing.router import Router
+from gateway.services import Services
+from gateway.settings import parse_settings
+from tests.conftest import ADMIN_KEY
+from tests.support.doubles import RecordingSink, ScriptedAdmission, StaticKeys
+from tests.support.fake_upstream import FakeUpstream, Fault
+from tests.support.servers import ServerThread
+
+MESSAGES: Any = [{"role": "user", "content": "route me"}]
+NO_BREAKER = {"failures": 1_000_000}
+BAD_KEY = Fault(status=401, body={"error": {"message": "Incorrect API key provided", "type": "invalid_request_error",
+                                            "code": "invalid_api_key"}})
+
+
+def _dep(name: str, url: str, **extra: Any) -> dict[str, Any]:
+    return {"name": name, "provider": "openai", "model": "m", "api_base": url,
+            "timeouts": {"connect": 1, "first_byte": 2, "total": 5}} | extra
+
+
+def _group(name: str, *deployments: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    return {"name": name, "strategy": "priority", "deployments": list(deployments), "max_retries": 2,
+            "retry_backoff": 0.01, "circuit": NO_BREAKER} | extra
+
+
+def _models(a: str, b: str) -> list[dict[str, Any]]:
+    return [
+        _group("keyed", _dep("ky-a", a), _dep("ky-b", b)),
+        _group("keyed-count", _dep("kc-a", a), _dep("kc-b", b), circuit={"failures": 2, "window": 60, "cooldown": 60}),
+        _group("keyed-lone", _dep("kl-a", a)),
+        _group("keyed-spill", _dep("ks-a", a), fallbacks=["dear"]),
+        _group("cheap", _dep("ch-a", a), max_retries=0, fallbacks=["dear"], aliases=["thrifty", "thrift-*"]),
+        _group("dear", _dep("de-b", b), max_retries=0),
+        _group("trial", _dep("tr-a", a), _dep("tr-b", b), max_retries=1,
+               circuit={"failures": 1, "window": 60, "cooldown": 0.3}),
+        _group("busy", _dep("bu-a", a), _dep("bu-b", b), strategy="least_busy", max_retries=0),
+        _group("claude", _dep("cl-a", a, provider="anthropic", api_key="sk-ant"), _dep("cl-b", b)),
+        _group("slow-head", _dep("sh-a", a, timeouts={"connect": 1, "first_byte": 0.3, "total": 5}), _dep("sh-b", b)),
+    ]
+
+
+@dataclass
+class Env:
+    server: ServerThread
+    usage: RecordingSink
+    a: FakeUpstream
+    b: FakeUpstream
+
+
+@pytest.fixture(scope="module")
+def gateway() -> Iterator[Env]:
+    a, b = FakeUpstream().start(), FakeUpstream().start()
+    prices = {"cheap": {"input_per_million": 1, "output_per_million": 1},
+              "dear": {"input_per_million": 1000, "output_per_million": 1000}}
+    settings = parse_settings({"auth": {"admin_key": ADMIN_KEY}, "models": _models(a.url, b.url),
+                               "prices": prices}, env={})
+    usage = RecordingSink()
+    keys = StaticKeys({ADMIN_KEY: Principal(key_id="admin", tenant_id=None, is_admin=True)})
+    services = Services(authenticator=keys, admission=ScriptedAdmission(), usage=usage,
+                        router=Router.from_settings(settings, build_backend))
+    with ServerThread(create_app(settings, services)) as server:
+        yield Env(server, usage, a, b)
+    a.stop()
+    b.stop()
+
+
+@pytest.fixture
+def env(gateway: Env) -> Env:
+    gateway.a.reset()
+    gateway.b.reset()
+    gateway.usage.records.clear()
+    return gateway
+
+
+@pytest.fixture
+def client(env: Env) -> openai.OpenAI:
+    return openai.OpenAI(base_url=env.server.url + "/v1", api_key=ADMIN_KEY, max_retries=0)
+
+
+def _counts(env: Env) -> tuple[int, int]:
+    return len(env.a.received), len(env.b.received)
+
+
+def _only_row(env: Env) -> UsageRecord:
+    [row] = env.usage.wait_for(1)
+    time.sleep(0.05)
+    assert len(env.usage.records) == 1
+    return row
+
+
+def _state(env: Env, deployment: str) -> str:
+    rows = httpx.get(env.server.url + "/admin/v1/deployments", headers={"authorization": f"Bearer {ADMIN_KEY}"})
+    return next(r["state"] for r in rows.json()["data"] if r["deployment"] == deployment)
+
+
+# ---------------------------------------------------------------- a provider refusing the deployment's key
+
+
+def test_a_bad_provider_key_moves_to_the_next_deployment(env: Env, client: openai.OpenAI) -> None:
+    """One deployment's key is wrong (an operator's mistake): the others serve the client."""
+    env.a.fail_next(BAD_KEY)
+    reply = client.chat.completions.create(model="keyed", messages=MESSAGES)
+    assert reply.choices[0].message.content == "route me" and reply.model == "keyed"
+    assert _counts(env) == (1, 1)
+    row = _only_row(env)
+    assert (row.status, row.error_type, row.deployment) == (200, None, "ky-b")
+
+
+def test_a_bad_provider_key_counts_against_the_deployments_circuit(env: Env, client: openai.OpenAI) -> None:
+    env.a.fail_next(BAD_KEY, Fault(status=403))
+    for _ in range(2):
+        assert client.chat.completions.create(model="keyed-count", messages=MESSAGES).choices
+    assert _state(env, "kc-a") == "open" and _counts(env) == (2, 2)
+
+
+def test_a_bad_provider_key_falls_back(env: Env, client: openai.OpenAI) -> None:
+    env.a.fail_next(BAD_KEY)
+    assert client.chat.completions.create(model="keyed-spill", messages=MESSAGES).model == "keyed-spill"
+    assert _counts(env) == (1, 1)  # not retried where the same key is refused
+
+
+def test_a_bad_provider_key_everywhere_is_a_502_not_the_clients_fault(env: Env, client: openai.OpenAI) -> None:
+    env.a.fail_next(BAD_KEY)
+    with pytest.raises(openai.APIStatusError) as caught:
+        client.chat.completions.create(model="keyed-lone", messages=MESSAGES)
+    assert caught.value.status_code == 502 and caught.value.code == "upstream_auth"
+    assert _counts(env) == (1, 0)
+    row = _only_row(env)
+    assert (row.status, row.error_type, row.deployment) == (502, "upstream_auth", "kl-a")
+
+
+# ---------------------------------------------------------------- fallbacks and aliases
+
+
+def test_a_fallbacks_answer_names_the_model_asked_for_and_costs_what_it_served(env: Env,
+                                                                                client: openai.OpenAI) -> None:
+    env.a.fail_next(Fault(status=503))
+    assert client.chat.completions.create(model="cheap", messages=MESSAGES).model == "cheap"
+    row = _only_row(env)
+    assert (row.model, row.deployment) == ("cheap", "de-b")
+    tokens = row.prompt_tokens + row.completion_tokens
+    assert tokens > 0 and row.cost == pytest.approx(tokens * 1000 / 1e6)  # "dear" served it, at its price
+
+
+def test_an_alias_routes_to_its_model_and_is_answered_under_its_own_name(env: Env, client: openai.OpenAI) -> None:
+    assert client.chat.completions.create(model="thrifty", messages=MESSAGES).model == "thrifty"
+    assert client.chat.completions.create(model="thrift-9", messages=MESSAGES).model == "thrift-9"
+    assert _counts(env) == (2, 0)
+    rows = env.usage.wait_for(2)
+    assert {r.model for r in rows} == {"cheap"}
+
+
+def test_models_lists_aliases_but_not_wildcards(env: Env, client: openai.OpenAI) -> None:
+    cards = {m.id: m for m in client.models.list()}
+    assert "thrifty" in cards and not any("*" in name for name in cards)
+    assert (cards["thrifty"].model_extra or {})["metadata"]["alias_of"] == "cheap"
+    assert client.models.retrieve("thrift-9").id == "thrift-9"
+
+
+# ---------------------------------------------------------------- the circuit's half-open trial
+
+
+def test_a_half_open_circuit_sends_one_trial_not_a_burst(env: Env, client: openai.OpenAI) -> None:
+    env.a.fail_next(Fault(status=500))
+    assert client.chat.completions.create(model="trial", messages=MESSAGES).model == "trial"  # tr-b answers
+    assert _state(env, "tr-a") == "open"
+    time.sleep(0.35)
+    env.a.fail_next(Fault(status=500, delay=0.5))  # the trial is slow, and fails
+
+    def ask(_: int) -> str:
+        try:
+            return client.chat.completions.create(model="trial", messages=MESSAGES).model
+        except openai.APIStatusError as exc:
+            return str(exc.status_code)
+
+    with ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(ask, range(8)))
+    assert len(env.a.received) == 2  # the failure that opened the circuit, then one trial
+    assert answers.count("trial") >= 7 and _state(env, "tr-a") == "open"
+    time.sleep(0.35)
+    assert client.chat.completions.create(model="trial", messages=MESSAGES).choices  # the trial succeeds
+    assert _state(env, "tr-a") == "healthy"
+
+
+# ---------------------------------------------------------------- streams
+
+
+def test_least_busy_spreads_concurrent_streams(env: Env, client: openai.OpenAI) -> None:
+    for upstream in (env.a, env.b):
+        upstream.fail_next(*[Fault(hang_after_chunks=1)] * 4)
+    streams = []
+    for _ in range(4):
+        stream = client.chat.completions.create(model="busy", messages=MESSAGES, stream=True)
+        next(iter(stream))
+        streams.append(stream)
+    assert _counts(env) == (2, 2)
+    for stream in streams:
+        stream.close()
+    env.usage.wait_for(4)  # settled before the next test
+
+
+def test_a_streams_first_byte_timeout_moves_to_the_next_deployment(env: Env, client: openai.OpenAI) -> None:
+    env.a.fail_next(Fault(delay=1.0))
+    started = time.monotonic()
+    chunks = list(client.chat.completions.create(model="slow-head", messages=MESSAGES, stream=True))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "route me"
+    assert time.monotonic() - started < 0.9 and _counts(env) == (1, 1)
+    row = _only_row(env)
+    assert (row.status, row.deployment) == (200, "sh-b")
+
+
+@pytest.mark.parametrize("fault", [Fault(hang_after_chunks=0), Fault(end_after_chunks=0)], ids=["silent", "empty"])
+def test_a_stream_that_sends_no_event_is_retried(env: Env, client: openai.OpenAI, fault: Fault) -> None:
+    """Headers, then nothing (or the end): nothing reached the client yet, so the next deployment answers."""
+    env.a.fail_next(fault)
+    chunks = list(client.chat.completions.create(model="slow-head", messages=MESSAGES, stream=True))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "route me"
+    assert _counts(env) == (1, 1)
+    row = _only_row(env)
+    assert (row.status, row.deployment) == (200, "sh-b")
+
+
+@pytest.mark.parametrize("kind", ["api_error", "overloaded_error"])
+def test_an_anthropic_streams_first_event_naming_a_server_error_is_retried(env: Env, client: openai.OpenAI,
+                                                                           kind: str) -> None:
+    """As an OpenAI-compatible stream's is: by the status its error type names (api_error: a 500)."""
+    event = {"type": "error", "error": {"type": kind, "message": "boom"}}
+    env.a.fail_next(Fault(status=200, headers={"content-type": "text/event-stream"},
+                          body=b"event: error\ndata: " + json.dumps(event).encode() + b"\n\n"))
+    chunks = list(client.chat.completions.create(model="claude", messages=MESSAGES, stream=True))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "route me"
+    assert _counts(env) == (1, 1)
+    assert _only_row(env).deployment == "cl-b"
