@@ -6,7 +6,7 @@ OpenAI's error shape (``{"error": {...}}``) with a fitting status.
 
 from __future__ import annotations
 
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -53,12 +53,11 @@ def _report_query(
         unknown = [g for g in groups if g not in GROUPS]
         if unknown:
             raise AdminError(f"cannot group by {unknown[0]!r}; choose from {', '.join(GROUPS)}", param="group_by")
-        return ReportQuery(
-            start=parse_day(start, "start") if start else None,
-            end=end_of_day(end, "end") if end else None,
-            group_by=groups,
-            **filters,
-        )
+        lo = parse_day(start, "start") if start else None
+        hi = end_of_day(end, "end") if end else None
+        if lo is not None and hi is not None and lo >= hi:
+            raise AdminError("start must be before end", param="start")
+        return ReportQuery(start=lo, end=hi, group_by=groups, **filters)
     except ParameterError as exc:
         raise AdminError(exc.message, param=exc.param) from None
 
@@ -120,6 +119,9 @@ class KeyController(Controller):
         expires = data.expires_at
         if data.expires_in_seconds is not None:
             expires = datetime.now(UTC) + timedelta(seconds=data.expires_in_seconds)
+        elif expires is not None and expires.replace(tzinfo=expires.tzinfo or UTC) <= datetime.now(UTC):
+            # its secret would be shown once, for a key that never works
+            raise AdminError("expires_at must be in the future", param="expires_at")
         created = await svc.create_key(
             data.tenant_id, name=data.name, models=data.models, expires_at=expires, admin=data.admin
         )
@@ -158,13 +160,16 @@ class UsageController(Controller):
     async def report(
         self,
         db: Database,
+        svc: TenancyService,
         start: str | None = None,
         end: str | None = None,
         group_by: str | None = None,
         tenant_id: str | None = None,
         key_id: str | None = None,
     ) -> dict[str, Any]:
-        q = _report_query(start, end, group_by, ("tenant", "model", "day"), tenant_id=tenant_id, key_id=key_id)
+        q = _report_query(start, end, group_by, ("tenant", "model", "day"), key_id=key_id)
+        if tenant_id is not None:  # an id or a name, as everywhere else in the admin API
+            q = replace(q, tenant_id=(await svc.get_tenant(tenant_id, param="tenant_id")).id)
         return {"object": "list", "data": await usage_report(db, q)}
 
 
@@ -175,6 +180,7 @@ class AuditController(Controller):
     async def events(
         self,
         db: Database,
+        svc: TenancyService,
         event: str | None = None,
         key_id: str | None = None,
         tenant_id: str | None = None,
@@ -191,6 +197,8 @@ class AuditController(Controller):
             start = parse_day(since, "since") if since else None
         except ParameterError as exc:
             raise AdminError(exc.message, param=exc.param) from None
+        if tenant_id is not None:
+            tenant_id = (await svc.get_tenant(tenant_id, param="tenant_id")).id
         rows = await list_events(db, event=event, key_id=key_id, tenant_id=tenant_id, client=client, since=start,
                                  limit=limit)
         return {"object": "list", "data": rows}

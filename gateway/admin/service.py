@@ -117,9 +117,9 @@ class TenancyService:
             raise NotFound(f"no tenant {ref!r}", param=param)
         return tenant
 
-    async def get_tenant(self, ref: str) -> TenantView:
+    async def get_tenant(self, ref: str, param: str = "tenant") -> TenantView:
         async with self.db.session() as s:
-            return tenant_view(await self._tenant(s, ref))
+            return tenant_view(await self._tenant(s, ref, param))
 
     async def update_tenant(
         self, ref: str, *, status: str | None = None, weight: float | None = None, name: str | None = None
@@ -162,6 +162,9 @@ class TenancyService:
             )
         if len(name) > MAX_NAME:
             raise AdminError(f"key name must be at most {MAX_NAME} characters, got {len(name)}", param="name")
+        if models is not None and not models:  # an empty allow-list must not read as "every model"
+            raise AdminError("models must name at least one model; leave it out to allow every model",
+                             param="models")
         if expires_at is not None:
             expires_at = expires_at if expires_at.tzinfo else expires_at.replace(tzinfo=UTC)
             try:  # stored in UTC: an offset that pushes 9999-12-31 past the calendar is refused

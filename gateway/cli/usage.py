@@ -7,6 +7,7 @@ import csv
 import io
 import re
 import sys
+from contextlib import nullcontext
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Annotated, Any
@@ -134,24 +135,21 @@ def usage_export(
     if lo >= hi:  # a --start after the default end (now)
         fail("--start must be before --end")
     progress = Progress()
-    target = output.open("w", encoding="utf-8", newline="") if output else sys.stdout
 
     async def job(svc: TenancyService, db: Database) -> int:
         tenant_id = (await svc.get_tenant(tenant)).id if tenant else None
         f = records.RecordFilter(tenant_id, lo, hi, key_id=key, operator=True)
-        target.write(records.csv_text([], header=True, operator=True))
-        n = 0
-        async for batch in records.batches(db, f):
-            target.write(records.csv_text(batch, operator=True))
-            n += len(batch)
-            progress.update(f"exporting: {n:,} requests (up to {batch[-1]['started_at'][:19]})")
+        # the file is opened once the database and the tenant are known: a typo leaves it as it was
+        with output.open("w", encoding="utf-8", newline="") if output else nullcontext(sys.stdout) as target:
+            target.write(records.csv_text([], header=True, operator=True))
+            n = 0
+            async for batch in records.batches(db, f):
+                target.write(records.csv_text(batch, operator=True))
+                n += len(batch)
+                progress.update(f"exporting: {n:,} requests (up to {batch[-1]['started_at'][:19]})")
         return n
 
-    try:
-        n = run(config, job)
-    finally:
-        if output:
-            target.close()
+    n = run(config, job)
     where = f" to {output}" if output else ""
     progress.done(f"exported {n:,} requests from {lo:%Y-%m-%d %H:%M} to {hi:%Y-%m-%d %H:%M} UTC{where}")
 

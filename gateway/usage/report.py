@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import case, func, select
@@ -42,9 +42,12 @@ def parse_day(text: str, param: str) -> datetime:
 
 
 def end_of_day(text: str, param: str) -> datetime:
-    """An end bound: a bare date includes that whole day (9999-12-31 up to the last representable instant)."""
+    """An end bound: a bare date, in any form ``date.fromisoformat`` reads (``2026-01-31``,
+    ``20260131``), includes that whole day (9999-12-31 up to the last representable instant)."""
     value = parse_day(text, param)
-    if len(text.strip()) != 10:
+    try:
+        date.fromisoformat(text.strip())
+    except ValueError:  # a time of day: the bound itself
         return value
     try:
         return value + timedelta(days=1)

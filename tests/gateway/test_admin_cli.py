@@ -98,7 +98,7 @@ def test_bootstrap_once_then_tenants_keys_limits(cli: tuple[Cli, str]) -> None:
     for bad, message in (
         (("tenant", "show", "nope"), "no tenant"),
         (("limits", "show"), "exactly one of --tenant or --key"),
-        (("limits", "set", "--tenant", "default", "--period", "week"), "budget_period"),
+        (("limits", "set", "--tenant", "default", "--period", "week"), "--period must be day, month or total"),
         (("key", "create"), "exactly one of"),
         (("usage", "report", "--start", "yesterday"), "start must be a date"),
         (("usage", "report", "--by", "colour"), "cannot group by"),
