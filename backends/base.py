@@ -310,7 +310,9 @@ class Tokenizing(Protocol):
         """The text of ``ids``; BadRequest on ``tokens`` for an id outside the vocabulary."""
         ...
 
-    def token_strings(self, ids: list[int]) -> list[str]: ...
+    def token_strings(self, ids: list[int]) -> list[str]:
+        """Each token's vocabulary entry, as vLLM's ``token_strs`` (``Ġhe``, not its decoded text)."""
+        ...
 
 
 @runtime_checkable

@@ -19,8 +19,8 @@ class EmbeddingRequest(WireStruct, kw_only=True, dict=True):  # dict: the client
     model: str
     input: EmbeddingInput
     encoding_format: Literal["float", "base64"] | UnsetType = UNSET
-    dimensions: Annotated[int, Meta(ge=1)] | UnsetType = UNSET
-    user: str | UnsetType = UNSET
+    dimensions: Annotated[int, Meta(ge=1)] | None | UnsetType = UNSET  # null: not set (as vLLM takes it)
+    user: str | None | UnsetType = UNSET
 
     def inputs(self) -> list[str] | list[list[int]]:
         """The input as a list: strings, or token-id lists (a flat list of ids is one input).
@@ -42,6 +42,11 @@ class EmbeddingRequest(WireStruct, kw_only=True, dict=True):  # dict: the client
         if not all(texts):
             raise ValueError("input must not contain an empty string")
         return texts
+
+    @property
+    def listed(self) -> bool:
+        """Whether ``input`` is a list of inputs (strings or token-id lists), not one input."""
+        return isinstance(self.input, list) and not all(isinstance(v, int) for v in self.input)
 
     @property
     def base64(self) -> bool:

@@ -324,6 +324,11 @@ class CompletionRequest(SamplingFields, kw_only=True):
             return [list(p) for p in self.prompt]  # type: ignore[arg-type, return-value]
         raise ValueError("prompt must be a string, a list of strings, or token id lists")
 
+    @property
+    def listed(self) -> bool:
+        """Whether ``prompt`` is a list of prompts (strings or token-id lists), not one prompt."""
+        return isinstance(self.prompt, list) and not all(isinstance(p, int) for p in self.prompt)
+
 
 # ---------------------------------------------------------------- responses
 

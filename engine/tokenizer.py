@@ -164,6 +164,10 @@ class Tokenizer:
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self._codec.decode(ids, skip_special_tokens)
 
+    def piece(self, token_id: int) -> str:
+        """The token's vocabulary entry (``Ġhe``, ``<0xE7>``), as transformers' ``convert_ids_to_tokens``."""
+        return self._codec.piece(token_id) or ""
+
     def token_bytes(self, token_id: int) -> bytes:
         """The token's own bytes: its text's UTF-8, or, for a token holding part of a character (its
         text decodes to U+FFFD), the bytes of its piece (byte-level BPE, or ``<0xXX>`` byte fallback)."""

@@ -92,7 +92,7 @@ class LocalEngineBackend:
         return self.tokenizer.decode(ids, skip_special_tokens=False)
 
     def token_strings(self, ids: list[int]) -> list[str]:
-        return [self.logprobs.token(t) for t in ids]
+        return [self.tokenizer.piece(t) for t in ids]
 
     # ------------------------------------------------------------ chat
 

@@ -49,7 +49,8 @@ class _Completion:
         prompt_logprobs = max(wanted) if wanted else None  # the echo and prompt_logprobs each take theirs
         params = wire.sampling_params(request, 0 if self.score_only else limit, self.count, prompt_logprobs,
                                       score_only=self.score_only)
-        self.run = EngineRun(backend.engine, self.prompts, params, "prompt", ctx, count_output=not self.score_only)
+        self.run = EngineRun(backend.engine, self.prompts, params, "prompt", ctx, count_output=not self.score_only,
+                             listed=request.listed)
 
     @property
     def n(self) -> int:

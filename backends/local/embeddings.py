@@ -31,7 +31,8 @@ async def embed(backend: LocalModel, request: EmbeddingRequest, ctx: CallContext
     prompts = [backend.tokenizer.encode(i) if isinstance(i, str) else list(i) for i in inputs]
     if not all(prompts):
         raise BadRequest("an input has no tokens", param="input")
-    run = EngineRun(backend.engine, prompts, SamplingParams(max_tokens=None), "input", ctx, pooling=backend.pooling)
+    run = EngineRun(backend.engine, prompts, SamplingParams(max_tokens=None), "input", ctx, pooling=backend.pooling,
+                   listed=request.listed)
     finals = await collect(run)
     vectors = [out.embedding or [] for out in finals]
     data = [Embedding(index=i, embedding=encode_vector(v, request.base64)) for i, v in enumerate(vectors)]

@@ -42,9 +42,10 @@ class EngineRun:
 
     def __init__(self, engine: AsyncEngine, prompts: list[list[int]], params: SamplingParams, param: str,
                  ctx: CallContext, *, count_output: bool = True, pooling: PoolingParams | None = None,
-                 limit_param: str = "max_tokens") -> None:
+                 limit_param: str = "max_tokens", listed: bool = False) -> None:
         """``param`` is the wire field holding the prompt, ``limit_param`` the one holding the
-        output limit (chat's ``max_completion_tokens`` when the client sent that): errors name them."""
+        output limit (chat's ``max_completion_tokens`` when the client sent that): errors name them.
+        ``listed``: the prompts are the items of a wire list, so an error names its item (``input[2]``)."""
         self.engine = engine
         self.n = params.n
         self.param = param
@@ -64,12 +65,11 @@ class EngineRun:
                 self.streams.append(engine.add_request(rid, prompt, params, tenant=tenant, weight=weight,
                                                        pooling=pooling))
                 self.ids.append(rid)
-        except RequestRejected as exc:
-            self.abort()
-            raise ContextTooLong(self._message(exc), param=self._field(exc.param)) from None
         except InvalidRequest as exc:
             self.abort()
-            raise BadRequest(self._message(exc), param=self._field(exc.param)) from None
+            message, field = self._prompt_error(exc, len(self.ids) if listed else None)  # the one refused
+            kind = ContextTooLong if isinstance(exc, RequestRejected) else BadRequest
+            raise kind(message, param=field) from None
         except EngineClosed as exc:
             self.abort()
             raise Unavailable(exc.message) from None
@@ -107,6 +107,14 @@ class EngineRun:
     def _field(self, engine_param: str | None) -> str:
         """The wire field an engine error names."""
         return self.limit_param if engine_param == "max_tokens" else _field(engine_param, self.param)
+
+    def _prompt_error(self, exc: InvalidRequest, index: int | None) -> tuple[str, str]:
+        """The message and field of an engine error on one prompt, named ``input[2]`` by its ``index``
+        in the wire list (None: the prompt is not an item of a list)."""
+        field, message = self._field(exc.param), self._message(exc)
+        if index is not None and field == self.param:
+            return f"{field}[{index}]: {message}", f"{field}[{index}]"
+        return message, field
 
     def _message(self, exc: InvalidRequest) -> str:
         """The engine's message, the output limit in it called as the client called it (the engine

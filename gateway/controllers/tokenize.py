@@ -11,7 +11,8 @@ from litestar import Controller, Request, post
 from msgspec import UNSET, Meta, UnsetType
 
 from backends.base import BackendError, Tokenizing
-from backends.openai_wire import ChatCompletionRequest, ChatMessage
+from backends.openai_wire import ChatCompletionRequest, ChatMessage, set_extra_params
+from backends.tools_wire import Tool
 from gateway.body import WireBody
 from gateway.contracts import Principal
 from gateway.controllers.auth import authenticate_request, principal_of
@@ -27,8 +28,19 @@ class TokenizeRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     prompt: str | UnsetType = UNSET
     messages: Annotated[list[ChatMessage], Meta(min_length=1)] | UnsetType = UNSET
     add_special_tokens: bool = True  # for a prompt
-    add_generation_prompt: bool = True  # for messages
+    add_generation_prompt: bool = True  # for messages, as are the three below (as chat completions take them)
+    continue_final_message: bool = False
+    tools: list[Tool] | None | UnsetType = UNSET
+    chat_template_kwargs: dict[str, Any] | None | UnsetType = UNSET
     return_token_strs: bool = False
+
+    def chat_request(self) -> ChatCompletionRequest:
+        """The conversation as a chat completion request, rendered as the engine renders a chat prompt."""
+        chat = ChatCompletionRequest(model=self.model, messages=self.messages,  # type: ignore[arg-type]
+                                     tools=self.tools, chat_template_kwargs=self.chat_template_kwargs)
+        if self.continue_final_message:
+            set_extra_params(chat, {"continue_final_message": msgspec.Raw(b"true")})
+        return chat
 
 
 class TokenizeResponse(msgspec.Struct, kw_only=True):
@@ -73,8 +85,7 @@ class TokenizeController(Controller):
             if isinstance(data.prompt, str):
                 ids = tokenizer.tokenize_text(data.prompt, data.add_special_tokens)
             else:
-                chat = ChatCompletionRequest(model=data.model, messages=data.messages)  # type: ignore[arg-type]
-                ids = tokenizer.tokenize_chat(chat, data.add_generation_prompt)
+                ids = tokenizer.tokenize_chat(data.chat_request(), data.add_generation_prompt)
         except BackendError as exc:
             raise from_backend_error(exc) from None
         strings = tokenizer.token_strings(ids) if data.return_token_strs else UNSET

@@ -10,7 +10,7 @@ import anthropic
 import httpx
 import pytest
 import torch
-from transformers import AutoModel
+from transformers import AutoModel, AutoTokenizer
 
 from engine.tokenizer import Tokenizer
 from tests.support.local_gateway import KEY, Env, local_gateway
@@ -66,11 +66,55 @@ def test_embeddings_equal_transformers_mean_pooling(env: Env) -> None:
     ({"model": "tiny", "input": [10**9]}, "input"),
     ({"model": "plain", "input": "hi"}, "model"),
     ({"model": "tiny", "input": "hi", "input_type": "query"}, "input_type"),  # not honoured: named, not dropped
+    ({"model": "tiny", "input": "x " * 3000}, "input"),
+    ({"model": "tiny", "input": ["ok", "x " * 3000]}, "input[1]"),  # the bad one of a batch by its index
+    ({"model": "tiny", "input": [[1, 2], [3], [10**9]]}, "input[2]"),
 ])
 def test_bad_embedding_requests_name_their_field(env: Env, body: dict[str, Any], param: str) -> None:
     answer = _post(env, "/v1/embeddings", body)
     assert answer.status_code == 400, answer.text
     assert answer.json()["error"]["param"] == param
+
+
+def test_a_prompt_of_a_batch_the_model_cannot_take_is_named_by_its_index(env: Env) -> None:
+    embedding = _post(env, "/v1/embeddings", {"model": "tiny", "input": ["ok", "fine", "x " * 3000]}).json()["error"]
+    assert embedding["code"] == "context_length_exceeded" and embedding["message"].startswith("input[2]: ")
+    completion = _post(env, "/v1/completions", {"model": "tiny", "prompt": ["x " * 3000, "ok"], "max_tokens": 1})
+    assert completion.status_code == 400 and completion.json()["error"]["param"] == "prompt[0]"
+    env.wait_idle()
+
+
+def test_embedding_options_sent_as_null_are_unset(env: Env) -> None:
+    """vLLM takes ``dimensions`` and ``user`` as optional: a client that writes null for them is served."""
+    answer = _post(env, "/v1/embeddings", {"model": "tiny", "input": "hi", "dimensions": None, "user": None})
+    assert answer.status_code == 200, answer.text
+    assert len(answer.json()["data"][0]["embedding"]) == env.backend.engine.hidden_size
+
+
+def test_tokenize_takes_vllms_chat_fields(env: Env) -> None:
+    """``tools``, ``chat_template_kwargs`` and ``continue_final_message`` count as chat renders them."""
+    tok = Tokenizer(env.folder)
+    messages = [{"role": "user", "content": "Weather in Paris?"}, {"role": "assistant", "content": "It is"}]
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+    cont = _post(env, "/tokenize", {"model": "tiny", "messages": messages, "continue_final_message": True,
+                                    "add_generation_prompt": False})
+    assert cont.status_code == 200, cont.text
+    assert cont.json()["tokens"] == tok.apply_chat_template(messages, add_generation_prompt=False,
+                                                            continue_final_message=True)
+    asked = {"model": "tiny", "messages": messages[:1], "tools": tools, "chat_template_kwargs": {"x": 1}}
+    counted = _post(env, "/tokenize", asked)
+    assert counted.status_code == 200, counted.text
+    chat = _post(env, "/v1/chat/completions", {**asked, "max_tokens": 1}).json()
+    assert counted.json()["count"] == chat["usage"]["prompt_tokens"]
+    env.wait_idle()
+
+
+def test_token_strs_are_the_vocabulary_entries(env: Env) -> None:
+    """As vLLM's (transformers' ``convert_ids_to_tokens``): a token holding part of a character is its
+    byte-level piece, not a replacement character."""
+    answer = _post(env, "/tokenize", {"model": "tiny", "prompt": "火车 hello", "return_token_strs": True}).json()
+    want = AutoTokenizer.from_pretrained(str(env.folder)).convert_ids_to_tokens(answer["tokens"])
+    assert answer["token_strs"] == want and "\ufffd" not in "".join(answer["token_strs"])
 
 
 def test_tokenize_detokenize_and_the_model_card(env: Env) -> None:
