@@ -92,6 +92,16 @@ def _tool_use_blocks(message: ChatMessage, index: int) -> list[dict[str, Any]]:
     return blocks
 
 
+def _system_text(message: ChatMessage) -> str:
+    """A system or developer message's text: Anthropic's system prompt takes text only, so any other
+    part is a 400 naming its type, never dropped."""
+    for part in message.content if isinstance(message.content, list) else []:
+        if not isinstance(part, TextPart):
+            raise BadRequest(f"the anthropic provider takes text only in a {message.role} message (its system "
+                             f"prompt), not '{part.__struct_config__.tag}' content parts", param="messages")
+    return message.text()
+
+
 def _messages(request: ChatCompletionRequest) -> tuple[str | None, list[dict[str, Any]]]:
     """(system prompt, alternating user/assistant messages)."""
     system: list[str] = []
@@ -105,12 +115,13 @@ def _messages(request: ChatCompletionRequest) -> tuple[str | None, list[dict[str
 
     for i, message in enumerate(request.messages):
         if message.role in ("system", "developer"):
-            system.append(message.text())
+            system.append(_system_text(message))
         elif message.role == "assistant":
             add("assistant", _content_blocks(message) + _tool_use_blocks(message, i))
-        elif message.role in ("tool", "function"):
-            result = {"type": "tool_result", "tool_use_id": message.tool_call_id or "", "content": message.text()}
-            add("user", [result])
+        elif message.role in ("tool", "function"):  # text as a string; with images or documents, as blocks
+            parts = message.content if isinstance(message.content, list) else []
+            content = message.text() if all(isinstance(p, TextPart) for p in parts) else _content_blocks(message)
+            add("user", [{"type": "tool_result", "tool_use_id": message.tool_call_id or "", "content": content}])
         else:
             add("user", _content_blocks(message))
     return ("\n\n".join(system) if system else None), out
@@ -197,8 +208,8 @@ def to_messages_request(request: ChatCompletionRequest, model: str, *, stream: b
             raise BadRequest(f"temperature {request.temperature} is out of the anthropic provider's range "
                              "(0 to 1)", param="temperature")
         body["temperature"] = request.temperature
-    if isinstance(request.top_p, float | int):
-        body["top_p"] = request.top_p
+    if isinstance(request.top_p, float | int) and request.top_p < 1:  # 1 asks for nothing, and newer
+        body["top_p"] = request.top_p  # models refuse any top_p beside a temperature
     if isinstance(request.top_k, int) and request.top_k > 0:
         body["top_k"] = request.top_k
     if stops := request.stop_list():
