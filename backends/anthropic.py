@@ -127,7 +127,7 @@ class AnthropicBackend(HTTPBackend):
             request = msgspec.structs.replace(request)
             set_extra_params(request, extra)
         body = to_messages_request(request, self.upstream_model, stream=stream, max_tokens=max_tokens,
-                                   dropped=drop)
+                                   dropped=drop, answer_room=ctx.output_limit(request.output_limit()) is None)
         for name in drop:
             body.pop(name, None)
         return body

@@ -190,11 +190,14 @@ def _refuse_unmapped(request: ChatCompletionRequest, dropped: Collection[str]) -
 
 
 def to_messages_request(request: ChatCompletionRequest, model: str, *, stream: bool,
-                        max_tokens: int | None = None, dropped: Collection[str] = ()) -> dict[str, Any]:
+                        max_tokens: int | None = None, dropped: Collection[str] = (),
+                        answer_room: bool = False) -> dict[str, Any]:
     """The Messages API body for a chat request. ``max_tokens`` is required there: the caller's
     (the client's limit, else the gateway's cap, else the deployment's), else the client's limit,
-    else ``DEFAULT_MAX_TOKENS``. A field set to something Anthropic cannot do is a 400 naming it,
-    never dropped silently, unless ``dropped`` (the deployment's ``drop_params``) names it."""
+    else ``DEFAULT_MAX_TOKENS``. ``answer_room``: that is a default nobody set as a limit, so a
+    ``reasoning_effort``'s thinking budget is added to it (as OpenAI's reasoning models think beyond
+    a default), rather than taken out of the answer's room. A field set to something Anthropic cannot
+    do is a 400 naming it, never dropped silently, unless ``dropped`` (the deployment's ``drop_params``) names it."""
     if isinstance(request.n, int) and request.n > 1:
         raise BadRequest("the anthropic provider returns one choice (n must be 1)", param="n")
     _refuse_unmapped(request, dropped)
@@ -222,7 +225,7 @@ def to_messages_request(request: ChatCompletionRequest, model: str, *, stream: b
         body["tool_choice"] = body.get("tool_choice", {"type": "auto"}) | {"disable_parallel_tool_use": True}
     if isinstance(request.user, str):
         body["metadata"] = {"user_id": request.user}
-    _map_extra(request, body)
+    _map_extra(request, body, answer_room)
     if stream:
         body["stream"] = True
     return body
@@ -241,7 +244,7 @@ NO_EFFECT_FIELDS = frozenset({"store", "prompt_cache_key", "safety_identifier"})
 SERVICE_TIERS = {"auto": "auto", "default": "standard_only", "standard_only": "standard_only"}
 
 
-def _map_extra(request: ChatCompletionRequest, body: dict[str, Any]) -> None:
+def _map_extra(request: ChatCompletionRequest, body: dict[str, Any], answer_room: bool = False) -> None:
     """The request's unmodelled fields, mapped for Anthropic: ``reasoning_effort`` -> ``thinking``
     budget; ``service_tier`` by ``SERVICE_TIERS``; Anthropic's own fields (``thinking``, ``metadata``,
     ...) as they are (a ``metadata`` without ``user_id`` keeps the one from ``user``); anything else
@@ -254,7 +257,9 @@ def _map_extra(request: ChatCompletionRequest, body: dict[str, Any]) -> None:
             budget = THINKING_BUDGETS.get(value) if isinstance(value, str) else None
             if budget is None:
                 raise BadRequest(f"unsupported reasoning_effort {value!r}", param="reasoning_effort")
-            if int(body["max_tokens"]) <= MIN_THINKING_BUDGET:  # the budget must lie below max_tokens
+            if answer_room:  # no limit set: the answer keeps the default's room beside the thinking
+                body["max_tokens"] = int(body["max_tokens"]) + budget
+            elif int(body["max_tokens"]) <= MIN_THINKING_BUDGET:  # the budget must lie below max_tokens
                 field = "max_completion_tokens" if request.max_completion_tokens not in (UNSET, None) else "max_tokens"
                 raise BadRequest(f"reasoning_effort needs {field} above {MIN_THINKING_BUDGET} on the anthropic "
                                  f"provider (its smallest thinking budget)", param=field)

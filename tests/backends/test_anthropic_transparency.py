@@ -9,9 +9,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import anthropic
+import msgspec
 import openai
 import pytest
 
+from backends.anthropic_wire import to_messages_request
+from backends.openai_wire import ChatCompletionRequest, ChatMessage, set_extra_params
 from tests.backends.conftest import admin_gateway, sse_events
 from tests.conftest import ADMIN_KEY
 from tests.support.fake_anthropic import FakeAnthropic
@@ -56,6 +59,18 @@ def test_reasoning_effort_becomes_a_thinking_budget(oai: openai.OpenAI, upstream
     assert sent["temperature"] == 1  # the one temperature Anthropic takes with thinking
     assert sent["metadata"] == {"user_id": "u-9", "trace": "t1"}
     assert "store" not in sent and "reasoning_effort" not in sent
+
+
+def test_a_thinking_budget_without_a_limit_leaves_the_answer_its_room() -> None:
+    """With no limit from the client nor the gateway (``quotas.default_max_tokens: null``), the
+    thinking budget goes on top of the deployment's default max_tokens instead of taking all but
+    one of its tokens; a limit someone set still holds both."""
+    request = ChatCompletionRequest(model="claude", messages=[ChatMessage(role="user", content="hi")])
+    set_extra_params(request, {"reasoning_effort": msgspec.Raw(b'"high"')})
+    body = to_messages_request(request, "claude-test", stream=False, max_tokens=4096, answer_room=True)
+    assert body["thinking"] == {"type": "enabled", "budget_tokens": 16384} and body["max_tokens"] == 4096 + 16384
+    body = to_messages_request(request, "claude-test", stream=False, max_tokens=4096)
+    assert body["thinking"] == {"type": "enabled", "budget_tokens": 4095} and body["max_tokens"] == 4096
 
 
 @pytest.mark.parametrize(("field", "value"), [("temperature", 0.5), ("top_k", 5)])
