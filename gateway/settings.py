@@ -3,8 +3,10 @@
 - ``${VAR}`` and ``${VAR:-default}`` in any string value are replaced from the environment, so
   secrets stay out of config files. An unset ``${VAR}`` without a default is an error naming it.
 - Environment variables ``SWITCHYARD__SECTION__KEY=value`` override keys after loading
-  (the value is parsed as a YAML scalar: ``SWITCHYARD__SERVER__PORT=9000``).
-- Validation errors name the offending key: ``config error at models[0].deployments[1].weight``;
+  (the value is parsed as a YAML scalar: ``SWITCHYARD__SERVER__PORT=9000``; a number or a date
+  stays text where the key takes text, so that a secret of digits is not an error).
+- Validation errors name the offending key and where it was set (the file, or the environment
+  variable that overrode it): ``config error at models[0].deployments[1].weight (in prod.yaml)``;
   a key given twice in one mapping, a fallback naming no model and a deployment named twice in one
   model are errors too.
 """
@@ -14,6 +16,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+from datetime import date
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -30,6 +33,15 @@ __all__ = ["ConfigError", "DeploymentConfig", "Settings", "Timeouts", "load_sett
 
 ENV_PREFIX = "SWITCHYARD__"
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+_UNKNOWN_FIELD = re.compile(r"^Object contains unknown field `(.+)`$")
+
+
+class _Invalid(Exception):
+    """A problem at one key; ``parse_settings`` turns it into a ConfigError naming where the key was set."""
+
+    def __init__(self, where: str, problem: str) -> None:
+        super().__init__(where, problem)
+        self.where, self.problem = where, problem
 
 
 class ServerConfig(Conf):
@@ -262,19 +274,19 @@ def _check_references(settings: Settings) -> None:
     for i, group in enumerate(settings.models):
         for where, name in (("name", group.name), *((f"aliases[{j}]", a) for j, a in enumerate(group.aliases))):
             if name in names:
-                raise ConfigError(f"config error at models[{i}].{where}: model name {name!r} is defined twice")
+                raise _Invalid(f"models[{i}].{where}", f"model name {name!r} is defined twice")
             names.add(name)
         ids: set[str] = set()
         for j, dep in enumerate(group.deployments):
             if dep.id in ids:
-                raise ConfigError(f"config error at models[{i}].deployments[{j}]: deployment {dep.id!r} is defined "
-                                  f"twice in model {group.name!r} (give each its own name)")
+                raise _Invalid(f"models[{i}].deployments[{j}]", f"deployment {dep.id!r} is defined twice in "
+                               f"model {group.name!r} (give each its own name)")
             ids.add(dep.id)
     for i, group in enumerate(settings.models):
         for key in ("fallbacks", "context_window_fallbacks"):
             for j, name in enumerate(getattr(group, key)):
                 if name not in names:
-                    raise ConfigError(f"config error at models[{i}].{key}[{j}]: unknown model {name!r}")
+                    raise _Invalid(f"models[{i}].{key}[{j}]", f"unknown model {name!r}")
     # A price applies to a model's name or a deployment's; any other key (an alias, a typo) prices nothing.
     # Not an error: prices of models served elsewhere may be kept in one file (they fill model_prices).
     priced = {g.name for g in settings.models} | {d.id for g in settings.models for d in g.deployments}
@@ -292,7 +304,7 @@ def _interpolate(value: Any, path: str, env: dict[str, str]) -> Any:
                 return env[name]
             if default is not None:
                 return default
-            raise ConfigError(f"config error at {path or '<root>'}: environment variable {name} is not set")
+            raise _Invalid(path or "<root>", f"environment variable {name} is not set")
 
         return _ENV_REF.sub(sub, value)
     if isinstance(value, dict):
@@ -302,7 +314,10 @@ def _interpolate(value: Any, path: str, env: dict[str, str]) -> Any:
     return value
 
 
-def _apply_env_overrides(raw: dict[str, Any], env: dict[str, str]) -> None:
+def _apply_env_overrides(raw: dict[str, Any], env: dict[str, str]) -> dict[str, str]:
+    """Apply the ``SWITCHYARD__`` variables to ``raw``; returns the keys they set ("server.port")
+    and the variable that set each."""
+    overridden: dict[str, str] = {}
     for var, text in env.items():
         if not var.startswith(ENV_PREFIX):
             continue
@@ -317,10 +332,26 @@ def _apply_env_overrides(raw: dict[str, Any], env: dict[str, str]) -> None:
                 node[key] = child
             node = child
         try:
-            node[keys[-1]] = yaml.safe_load(text) if text != "" else None
+            value = yaml.safe_load(text) if text != "" else None
         except yaml.YAMLError as exc:
             raise ConfigError(f"config error at {'.'.join(keys)}: environment variable {var} is not a YAML value "
                               f"({_yaml_problem(exc)})") from None
+        # msgspec's lax conversion reads a number from its text where the key takes a number
+        node[keys[-1]] = text if isinstance(value, int | float | date) and not isinstance(value, bool) else value
+        overridden[".".join(keys)] = var
+    return overridden
+
+
+def _located(error: _Invalid, source: str | None, overridden: dict[str, str]) -> ConfigError:
+    """The one-line error for a problem at a key: it names the environment variable that set the
+    key (or a section above it, or a key under it), else the file."""
+    key = error.where.replace("[", ".").replace("]", "")
+    if unknown := _UNKNOWN_FIELD.match(error.problem):
+        key = unknown.group(1) if key == "<root>" else f"{key}.{unknown.group(1)}"
+    var = next((v for k, v in overridden.items() if f"{k}.".startswith(f"{key}.") or f"{key}.".startswith(f"{k}.")),
+               None)
+    where = f" (set by environment variable {var})" if var else f" (in {source})" if source else ""
+    return ConfigError(f"config error at {error.where}{where}: {error.problem}")
 
 
 def _path_of(msg: str) -> tuple[str, str]:
@@ -331,20 +362,25 @@ def _path_of(msg: str) -> tuple[str, str]:
     return problem, where.rstrip("`").removeprefix("$.").removeprefix("$") or "<root>"
 
 
-def parse_settings(raw: Any, env: dict[str, str] | None = None) -> Settings:
+def parse_settings(raw: Any, env: dict[str, str] | None = None, source: str | Path | None = None) -> Settings:
+    """Settings from a parsed YAML document; errors name ``source`` (the file) where it is given."""
     env = dict(os.environ) if env is None else env
     if raw is None:
         raw = {}
-    if not isinstance(raw, dict):
-        raise ConfigError("config error at <root>: expected a mapping of sections")
-    raw = _interpolate(raw, "", env)
-    _apply_env_overrides(raw, env)
+    overridden: dict[str, str] = {}
     try:
-        settings = msgspec.convert(raw, Settings, strict=False)
-    except msgspec.ValidationError as exc:
-        problem, where = _path_of(str(exc))
-        raise ConfigError(f"config error at {where}: {problem}") from None
-    _check_references(settings)
+        if not isinstance(raw, dict):
+            raise _Invalid("<root>", "expected a mapping of sections")
+        raw = _interpolate(raw, "", env)
+        overridden = _apply_env_overrides(raw, env)
+        try:
+            settings = msgspec.convert(raw, Settings, strict=False)
+        except msgspec.ValidationError as exc:
+            problem, where = _path_of(str(exc))
+            raise _Invalid(where, problem) from None
+        _check_references(settings)
+    except _Invalid as exc:
+        raise _located(exc, None if source is None else str(source), overridden) from None
     return settings
 
 
@@ -362,7 +398,7 @@ def load_settings(path: str | Path | None = None, env: dict[str, str] | None = N
         raw = yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader
     except yaml.YAMLError as exc:
         raise ConfigError(f"config file {path} is not valid YAML: {_yaml_problem(exc)}") from None
-    return parse_settings(raw, env)
+    return parse_settings(raw, env, path)
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):

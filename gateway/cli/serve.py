@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import os
 import signal
+import socket
 from collections.abc import Callable
 from functools import wraps
 from pathlib import Path
@@ -38,7 +40,8 @@ APP_FACTORY = "gateway.app:create_app_from_env"
 def serve(
     config: Annotated[Path, typer.Option("--config", "-c", help="YAML settings file.")] = Path("config/default.yaml"),
     host: Annotated[str | None, typer.Option(help="Bind address (default: server.host from the config).")] = None,
-    port: Annotated[int | None, typer.Option(help="Port (default: server.port from the config).")] = None,
+    port: Annotated[int | None, typer.Option(min=0, max=65535, help="Port (default: server.port from the "
+                                             "config).")] = None,
     workers: Annotated[int | None, typer.Option(min=1, help="Worker processes (default: server.workers).")] = None,
     header_timeout: Annotated[float | None, typer.Option(min=0.1, help="Seconds a client may take to send a request's "
                                                          "line and headers (default: server.header_timeout).")] = None,
@@ -79,17 +82,45 @@ def serve(
         log_level="info",
         access_log=False,  # one access line per request costs more than the request; see telemetry.json_logs
     )
+    uv_config = uvicorn.Config(APP_FACTORY, **options)
+    sockets = [_listen(uv_config.host, uv_config.port)]
     if n_workers == 1:
-        uvicorn.run(APP_FACTORY, **options)
+        _serve_one(uv_config, sockets)
     else:
-        _supervise(uvicorn.Config(APP_FACTORY, **options))
+        _supervise(uv_config, sockets)
 
 
-def _supervise(config: Config) -> None:
+def _listen(host: str, port: int) -> socket.socket:
+    """The listening socket, bound before the app loads (a local model may take minutes): a port in
+    use or an address this host lacks ends ``serve`` at once, in one line."""
+    try:
+        sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+    except OSError as exc:
+        typer.echo(f"error: cannot listen on {host}:{port}: {exc.strerror or exc}", err=True)
+        raise typer.Exit(1) from None
+    sock.set_inheritable(True)  # several workers: each child serves it
+    return sock
+
+
+def _serve_one(config: Config, sockets: list[socket.socket]) -> None:
+    """One worker in this process, on ``sockets`` (as ``uvicorn.run`` does on its own)."""
+    from uvicorn import Server
+    from uvicorn.config import STARTUP_FAILURE
+
+    server = Server(config)  # it loads the app factory: settings, deployments (a local model's too)
+    with contextlib.suppress(KeyboardInterrupt):
+        server.run(sockets=sockets)
+    if not server.started:
+        raise typer.Exit(STARTUP_FAILURE)
+
+
+def _supervise(config: Config, sockets: list[socket.socket]) -> None:
     """Run several workers (as ``uvicorn.run`` does); workers that cannot start end it in one line."""
     from gateway.cli.workers import Supervisor
 
-    supervisor = Supervisor(config, sockets=[config.bind_socket()])
+    supervisor = Supervisor(config, sockets=sockets)
     supervisor.run()
     if supervisor.failure is not None:
         typer.echo(f"error: {supervisor.failure.message}", err=True)

@@ -104,3 +104,37 @@ def test_an_empty_model_name_or_an_infinite_weight_is_an_error_naming_it(model: 
 def test_a_bad_redis_or_database_url_is_a_config_error_naming_the_key(section: dict, named: str) -> None:
     with pytest.raises(ConfigError, match=re.escape(named)):
         parse_settings(section, env={})
+
+
+def test_a_mistake_in_the_file_names_the_file(tmp_path: Path) -> None:
+    """An operator with several config files (and env overrides) is told which one to open."""
+    path = tmp_path / "c.yaml"
+    assert _load(tmp_path, "server: {port: many}\n") == (
+        f"config error at server.port (in {path}): Expected `int`, got `str`")
+    assert _load(tmp_path, "auth: {admin_key: '${UNSET_IN_TEST}'}\n") == (
+        f"config error at auth.admin_key (in {path}): environment variable UNSET_IN_TEST is not set")
+    models = "models: [{name: a, fallbacks: [b], deployments: [{provider: openai, model: m}]}]\n"
+    assert f"config error at models[0].fallbacks[0] (in {path}): unknown model 'b'" == _load(tmp_path, models)
+
+
+@pytest.mark.parametrize(("var", "value", "where"), [
+    ("SWITCHYARD__SERVER__PORT", "many", "server.port"),  # a bad value
+    ("SWITCHYARD__SERVER__PROT", "9000", "server"),  # a typo'd key
+    ("SWITCHYARD__NOPE__KEY", "1", "<root>"),  # a typo'd section
+    ("SWITCHYARD__MODELS__0__NAME", "b", "models"),  # list items cannot be overridden
+])
+def test_a_bad_env_override_names_the_variable_not_the_file(tmp_path: Path, var: str, value: str, where: str) -> None:
+    models = "models: [{name: a, deployments: [{provider: openai, model: m}]}]\n"
+    message = _load(tmp_path, "server: {port: 8000}\n" + models, env={var: value})
+    assert message.startswith(f"config error at {where} (set by environment variable {var}): "), message
+    assert str(tmp_path) not in message
+
+
+def test_an_env_override_that_reads_as_a_number_or_a_date_stays_text_where_the_key_is_text() -> None:
+    settings = parse_settings({}, env={
+        "SWITCHYARD__AUTH__ADMIN_KEY": "0123456789", "SWITCHYARD__DASHBOARD__SESSION_SECRET": "2024-01-01",
+        "SWITCHYARD__SERVER__PORT": "9000", "SWITCHYARD__AUTH__KEY_CACHE_SECONDS": "1.5",
+        "SWITCHYARD__QUOTAS__DEFAULT_MAX_TOKENS": "null", "SWITCHYARD__TELEMETRY__METRICS": "false"})
+    assert settings.auth.admin_key == "0123456789" and settings.dashboard.session_secret == "2024-01-01"
+    assert settings.server.port == 9000 and settings.auth.key_cache_seconds == 1.5
+    assert settings.quotas.default_max_tokens is None and settings.telemetry.metrics is False

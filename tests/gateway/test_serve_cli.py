@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -11,8 +12,11 @@ from pathlib import Path
 
 import httpx
 import openai
+import pytest
 import yaml
+from typer.testing import CliRunner
 
+from gateway.cli import app
 from gateway.settings import load_settings
 from tests.support.fake_upstream import FakeUpstream
 from tests.support.servers import free_port
@@ -125,3 +129,32 @@ def test_echo_config_routes_to_the_echo_upstream_make_run_starts() -> None:
     assert settings.models[0].name == "echo"
     assert settings.models[0].deployments[0].api_base == "http://127.0.0.1:8001/v1"
     assert "http://127.0.0.1:8001" in (ROOT / "Makefile").read_text()
+
+
+@pytest.mark.parametrize("port", ["70000", "-5"])
+def test_serve_refuses_a_port_out_of_range_before_serving(tmp_path: Path, port: str,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """--port 70000 once bound port 4464 (70000 mod 65536) while logging 70000."""
+    monkeypatch.setattr("gateway.cli.serve._check_database", lambda url: pytest.fail("went on to serve"))
+    config = tmp_path / "c.yaml"
+    config.write_text("models: []\n")
+    done = CliRunner().invoke(app, ["serve", "--config", str(config), "--port", port])
+    assert done.exit_code == 2 and "--port" in done.stderr, done.output
+
+
+def test_serve_on_a_port_in_use_fails_at_once_before_the_app_starts(tmp_path: Path) -> None:
+    """Not after the app's start-up (a local model's load may take minutes), and in one line."""
+    config = tmp_path / "c.yaml"
+    config.write_text(yaml.safe_dump({"database": {"url": f"sqlite+aiosqlite:///{tmp_path}/sy.db"}, "models": []}))
+    env = os.environ | {"SWITCHYARD__USAGE__JOURNAL_DIR": str(tmp_path / "journal")}
+    subprocess.run([SWITCHYARD, "db", "upgrade", "--config", str(config)], env=env, check=True, capture_output=True)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        for workers in ("1", "2"):
+            done = subprocess.run([SWITCHYARD, "serve", "--config", str(config), "--port", str(port), "--workers",
+                                   workers], env=env, capture_output=True, text=True, cwd=tmp_path, timeout=60)
+            assert done.returncode == 1, done.stderr
+            assert done.stderr.strip().splitlines() == [f"error: cannot listen on 127.0.0.1:{port}: "
+                                                        "Address already in use"], done.stderr
