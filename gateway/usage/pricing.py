@@ -61,8 +61,9 @@ class PriceTable:
     def from_settings(cls, settings: Settings) -> PriceTable:
         """The config's prices; a model group priced only per deployment gets the highest of its
         deployments' prices, and a group priced itself reserves at the highest of its own and its
-        deployments' (a request is priced at its deployment's), so reservations (made before a
-        deployment is picked) never undershoot."""
+        deployments' (a request is priced at its deployment's), and of the models its fallbacks may
+        hand it to (an answer from a fallback is priced at the fallback's), so reservations (made
+        before a deployment is picked) never undershoot."""
         table = cls.from_config(settings.prices)
         for group in settings.models:
             priced = [table.prices[d.id] for d in group.deployments if d.id in table.prices]
@@ -76,7 +77,23 @@ class PriceTable:
                     max(p.input_per_million for p in priced), max(p.output_per_million for p in priced),
                     highest_per_million=highest,
                 )
+        table._reserve_for_fallbacks(settings)
         return table
+
+    def _reserve_for_fallbacks(self, settings: Settings) -> None:
+        """Raise each model's reservation price to the highest of every model its fallbacks (and
+        theirs, in turn) may serve it with."""
+        groups = {name: g for g in settings.models for name in (g.name, *g.aliases)}
+        reserved = {g.name: _highest(self.get(g.name)) for g in settings.models}
+        for group in settings.models:
+            seen, todo = {group.name}, [*group.fallbacks, *group.context_window_fallbacks]
+            while todo:
+                if (other := groups.get(todo.pop())) is not None and other.name not in seen:
+                    seen.add(other.name)
+                    todo += [*other.fallbacks, *other.context_window_fallbacks]
+            highest = max(reserved[name] for name in seen)
+            if highest > reserved[group.name]:
+                self.prices[group.name] = replace(self.get(group.name), highest_per_million=highest)
 
     def update(self, prices: dict[str, Price]) -> None:
         self.prices.update(prices)

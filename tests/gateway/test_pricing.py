@@ -106,6 +106,27 @@ def test_a_reservation_takes_the_highest_per_token_price_cache_writes_included()
     assert table.max_per_million("tiered") == 11.0  # a service tier's prices, its long prompts' included
 
 
+def test_a_reservation_covers_every_model_a_fallback_may_serve_it_with() -> None:
+    """An answer from a fallback is priced at the fallback's price: a model reserves at the highest
+    of those its fallbacks reach (theirs in turn, through aliases, past a cycle), so a cost budget
+    is never passed by a request it admitted."""
+    dep: dict[str, Any] = {"provider": "openai", "model": "x", "api_base": "http://127.0.0.1:9/v1"}
+    settings = parse_settings({
+        "models": [{"name": "cheap", "deployments": [dep], "fallbacks": ["mid"]},
+                   {"name": "mid", "deployments": [dep], "context_window_fallbacks": ["big"], "fallbacks": ["cheap"]},
+                   {"name": "dear", "aliases": ["big"], "deployments": [dep]},
+                   {"name": "free", "deployments": [dep], "fallbacks": ["dear"]},
+                   {"name": "alone", "deployments": [dep]}],
+        "prices": {"cheap": {"input_per_million": 1, "output_per_million": 2},
+                   "mid": {"input_per_million": 3, "output_per_million": 4},
+                   "dear": {"input_per_million": 10, "output_per_million": 30},
+                   "alone": {"input_per_million": 1, "output_per_million": 5}},
+    }, env={})  # fmt: skip
+    table = PriceTable.from_settings(settings)
+    assert [table.max_per_million(m) for m in ("cheap", "mid", "dear", "free", "alone")] == [30, 30, 30, 30, 5]
+    assert table.cost("cheap", 1_000_000, 0) == 1.0 and table.cost("free", 1_000_000, 0) == 0.0  # own prices
+
+
 @pytest.mark.parametrize(("price", "field"), [
     ({"cache_write_input_per_million": -1}, "cache_write_input_per_million"),
     ({"cache_write_1h_input_per_million": -1}, "cache_write_1h_input_per_million"),
