@@ -8,6 +8,7 @@ them and re-export them.
 from __future__ import annotations
 
 from typing import Annotated, Any
+from urllib.parse import urlsplit
 
 import msgspec
 from msgspec import Meta, Struct
@@ -71,6 +72,11 @@ class DeploymentConfig(Conf):
     def __post_init__(self) -> None:
         if self.provider not in PROVIDERS:
             raise ValueError(f"unknown provider {self.provider!r} (known: {', '.join(sorted(PROVIDERS))})")
+        if self.api_base is not None:
+            url = urlsplit(self.api_base)
+            if url.scheme not in ("http", "https") or not url.hostname:
+                raise ValueError(f"api_base must be an http(s) URL such as https://api.openai.com/v1, "
+                                 f"got {self.api_base!r}")
         if self.provider != "anthropic" and (self.anthropic_betas or self.server_tools):
             raise ValueError(f"anthropic_betas and server_tools apply to anthropic deployments only, "
                              f"not to provider {self.provider!r}")

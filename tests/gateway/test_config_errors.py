@@ -106,6 +106,13 @@ def test_a_bad_redis_or_database_url_is_a_config_error_naming_the_key(section: d
         parse_settings(section, env={})
 
 
+@pytest.mark.parametrize("base", ["not a url", "api.openai.com/v1", "ftp://h/v1", "http://"])
+def test_an_api_base_that_is_no_http_url_is_a_config_error(base: str) -> None:
+    """Caught at load (or reload), not when the first request fails."""
+    with pytest.raises(ConfigError, match=r"models\[0\]\.deployments\[0\]: api_base must be an http\(s\) URL"):
+        parse_settings({"models": [{"name": "a", "deployments": [DEP | {"api_base": base}]}]}, env={})
+
+
 def test_a_mistake_in_the_file_names_the_file(tmp_path: Path) -> None:
     """An operator with several config files (and env overrides) is told which one to open."""
     path = tmp_path / "c.yaml"
