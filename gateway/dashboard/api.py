@@ -134,14 +134,16 @@ class DashboardApi(Controller):
         tz: str | None = None, q: str = "", model: str | None = None, key_id: str | None = None,
         status: str | None = None, limit: int = 50, before: str | None = None,
     ) -> dict[str, Any]:
-        """A page of the tenant's request log, newest first."""
+        """A page of the tenant's request log, newest first, and the names of the tenant's keys (the
+        log shows a key by its name even when the page has not loaded the usage view)."""
         tenant = await tenant_for(session, tenant_id, svc)
         f = _filter(session, tenant, _range(start, end, None, range, tz), q, model, key_id, status)
         try:
             rows, cursor = await records.search(db, f, limit, before)
         except ParameterError as exc:
             raise AdminError(exc.message, param=exc.param) from None
-        return {"data": rows, "next_before": cursor}
+        names = {k.id: k.name for k in await svc.list_keys(tenant) if k.name}
+        return {"data": rows, "next_before": cursor, "key_names": names}
 
     @get("/requests/{request_id:str}")
     async def request_detail(self, session: SessionData, svc: TenancyService, db: Database, request_id: str,

@@ -55,7 +55,11 @@
       const th = document.createElement("th");
       th.textContent = label;
       th.dataset.key = key;
-      if (el.classList.contains("sortable")) th.addEventListener("click", () => sortBy(el, i));
+      if (el.classList.contains("sortable")) {
+        th.tabIndex = 0;
+        th.addEventListener("click", () => sortBy(el, i));
+        onActivate(th, () => sortBy(el, i));
+      }
       head.appendChild(th);
     });
     const body = el.createTBody();
@@ -72,8 +76,19 @@
         td.textContent = show ? show(row[key], row) : fmt(row[key]);
         td.dataset.value = row[key] ?? "";
       }
-      if (onClick) { tr.tabIndex = 0; tr.addEventListener("click", () => onClick(row)); }
+      if (onClick) {
+        tr.tabIndex = 0;
+        tr.addEventListener("click", () => onClick(row));
+        onActivate(tr, () => onClick(row));
+      }
     }
+  }
+
+  // Enter or Space on a focused header or row does what a click does, for keyboard users.
+  function onActivate(el, action) {
+    el.addEventListener("keydown", (e) => {
+      if (e.key === "Enter" || e.key === " ") { e.preventDefault(); action(); }
+    });
   }
 
   function sortBy(el, index) {
@@ -157,7 +172,7 @@
       $("cap-errors").textContent = "Errors (429s included)" + per;
       chart("chart-errors", data, split(data, "errors"));
     }
-    table($("latency"), [["kind", ""], ["p50", "p50"], ["p90", "p90"], ["p99", "p99"]],
+    table($("latency"), [["kind", "Latency"], ["p50", "p50"], ["p90", "p90"], ["p99", "p99"]],
       [{ kind: "total latency", ...data.latency_ms }, { kind: "time to first token", ...data.ttft_ms }]);
     table($("by-model"), [["model", "Model"], ...USAGE_COLUMNS, ["latency_p50", "p50 ms"], ["latency_p99", "p99 ms"]], data.by_model);
     table($("by-key"), [["key_id", "Key"], ["key_name", "Name"], ...USAGE_COLUMNS], data.by_key);
@@ -206,6 +221,7 @@
     if (more && state.cursor) q.set("before", state.cursor);
     const page = await api("requests?" + q);
     if (stale(ticket)) return;
+    Object.assign(state.names, page.key_names);
     if (more) appendRows($("requests"), LOG_COLUMNS, page.data, detail);
     else { table($("requests"), LOG_COLUMNS, page.data, detail); $("detail").hidden = true; }
     state.cursor = page.next_before;
