@@ -426,6 +426,11 @@ class _Relay(Generic[C]):
         if relay_arrived():
             await reader.lines.content.wait(relay_arrived)
 
+    @property
+    def unfinished(self) -> set[int]:
+        """The indices of the choices relayed whose ``finish_reason`` has not come (for a stream cut short)."""
+        return self._unfinished
+
     def _check_finished(self) -> None:
         """At the end of the body: a stream that ended without ``[DONE]`` while a choice it had
         begun had no ``finish_reason`` yet was cut short, not completed."""
@@ -456,7 +461,7 @@ class _Relay(Generic[C]):
             if meter.service_tier is None:
                 self._note_tier(chunk)
         if usage is not UNSET and not self._usage.final:  # a usage field sent, even null, is not relayed
-            if not chunk.choices:  # the closing usage chunk
+            if not chunk.choices and usage is not None:  # the closing usage chunk (not Azure's first, usage null)
                 return None
             if not self._usage.per_chunk:
                 chunk.usage = UNSET

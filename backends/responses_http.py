@@ -131,6 +131,7 @@ class _Events:
         self._lines = SSELines(response, http.deployment_id, http.timeouts.idle)
         self._first: ResponsesEvent | None = None
         self._closed = False
+        self._finished = False  # its last event (response completed, incomplete or failed) came
 
     async def prime(self, first_deadline: float) -> None:
         self._first = await self._read(first_deadline)
@@ -150,6 +151,8 @@ class _Events:
             raise
         if event is None:
             await self.aclose()
+            if not self._finished:  # cut short: a failure, not an answer
+                raise Unavailable(f"upstream {self._http.deployment_id} ended the stream before it finished")
             raise StopAsyncIteration
         return event
 
@@ -173,6 +176,7 @@ class _Events:
         elif kind == "response.output_item.done" and (tool := _hosted_tool(event.get("item"))):
             meter.tool_calls[tool] = meter.tool_calls.get(tool, 0) + 1  # billed if the stream ends short
         elif kind in _FINAL_EVENTS and isinstance(response := event.get("response"), dict):
+            self._finished = True
             meter_usage(meter, response.get("usage"))
             meter.tool_calls = hosted_tool_calls(response)
             meter_tier(meter, response)

@@ -148,7 +148,8 @@ class SSERelay:
                 else:
                     self._outcome = Outcome.DRAINED
                     await self.finish()  # the provider closed, the request settled
-                    if (final := cut_chunk(self._last, self._stream.meter)) is not None:
+                    unfinished = getattr(self._stream.chunks, "unfinished", None)
+                    if (final := cut_chunk(self._last, self._stream.meter, unfinished)) is not None:
                         yield encoder.chunk(final)
                     yield encoder.done()
                     return
@@ -203,16 +204,18 @@ async def _next_or_stop(stream: ChunkStream[Any]) -> Any:
         return _END
 
 
-def cut_chunk(last: Any, meter: Meter) -> Any:
-    """The last chunk of a stream cut short: every choice of ``last`` finished for ``length``, with
-    the usage the meter holds (None when nothing was relayed, or for a chunk type not known here)."""
+def cut_chunk(last: Any, meter: Meter, unfinished: set[int] | None = None) -> Any:
+    """The last chunk of a stream cut short: the choices still ``unfinished`` (where the stream
+    knows them; else every choice of ``last``) finished for ``length``, with the usage the meter
+    holds (None when nothing was relayed, or for a chunk type not known here: its dialect's ``done``
+    ends the stream)."""
+    if not isinstance(last, ChatCompletionChunk | TextCompletion):
+        return None
     usage = Usage(prompt_tokens=meter.prompt_tokens, completion_tokens=meter.completion_tokens,
                   total_tokens=meter.prompt_tokens + meter.completion_tokens)
-    indices = sorted({c.index for c in last.choices}) or [0] if last is not None else []
+    indices = sorted(unfinished) if unfinished is not None else sorted({c.index for c in last.choices}) or [0]
     if isinstance(last, ChatCompletionChunk):
         choices = [ChatChunkChoice(index=i, delta=ChatDelta(), finish_reason="length") for i in indices]
         return ChatCompletionChunk(id=last.id, model=last.model, choices=choices, created=last.created, usage=usage)
-    if isinstance(last, TextCompletion):
-        text = [CompletionChoice(index=i, text="", finish_reason="length") for i in indices]
-        return TextCompletion(id=last.id, model=last.model, choices=text, created=last.created, usage=usage)
-    return None
+    text = [CompletionChoice(index=i, text="", finish_reason="length") for i in indices]
+    return TextCompletion(id=last.id, model=last.model, choices=text, created=last.created, usage=usage)

@@ -345,6 +345,7 @@ class RelayedEvents(ResponsesEvents):
         self._relayed_extra = relayed_extra
         self._relaying = False
         self._response: dict[str, Any] | None = None  # the upstream's latest response object
+        self._ended = False  # the upstream's last event (its response completed, incomplete or failed) came
 
     def chunk(self, chunk: Any) -> bytes:
         if not isinstance(chunk, ResponsesEvent):
@@ -354,6 +355,7 @@ class RelayedEvents(ResponsesEvents):
         if isinstance(response := event.get("response"), dict):
             event = event | {"response": _relayed(response, chunk.model, self._relayed_extra)}
             self._response = event["response"]
+            self._ended = kind in ("response.completed", "response.incomplete", "response.failed")
             if kind in ("response.completed", "response.incomplete") and self._on_final is not None:
                 self._on_final(event["response"])
         if isinstance(seq := event.get("sequence_number"), int):
@@ -362,7 +364,15 @@ class RelayedEvents(ResponsesEvents):
         return b"event: " + kind.encode() + b"\ndata: " + msgspec.json.encode(event) + b"\n\n"
 
     def done(self) -> bytes:
-        return b"" if self._relaying else super().done()
+        """Nothing after the upstream's own last event; a stream cut before it (the drain) ends with
+        ``response.incomplete``: the response as last relayed, with the usage metered."""
+        if not self._relaying:
+            return super().done()
+        if self._ended or self._response is None:
+            return b""
+        cut = self._response | {"status": "incomplete", "incomplete_details": {"reason": "max_output_tokens"},
+                                "usage": _usage(None, self._meter)}
+        return self._event("response.incomplete", {"response": cut})
 
     def error(self, error: ApiError) -> bytes:
         """A failure in the middle of an upstream's stream: the ``error`` event, then
