@@ -8,101 +8,62 @@ import json
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any
 
-import httpx
 import openai
 import pytest
 
-from backends.factory import build_backend
-from gateway.app import create_app
-from gateway.contracts import Principal, UsageRecord
+from gateway.contracts import Principal
 from gateway.routing.plan import MAX_HOLD_OFF
-from gateway.routing.router import Router
-from gateway.services import Services
-from gateway.settings import parse_settings
 from tests.conftest import ADMIN_KEY
-from tests.support.doubles import RecordingSink, ScriptedAdmission, StaticKeys
-from tests.support.fake_upstream import FakeUpstream, Fault
-from tests.support.servers import ServerThread
+from tests.support.fake_upstream import Fault
+from tests.support.routing_env import Env, dep, group, routing_gateway
 
 MESSAGES: Any = [{"role": "user", "content": "route me"}]
-NO_BREAKER = {"failures": 1_000_000}
 ABSURD_WAITS = ["1e300", "86400000"]  # Retry-After values no deployment should be held off for
 TENANTS = ("t1", "t2", "t3")
 UNKNOWN_MODEL = Fault(status=404, body={"error": {"message": "The model `m` does not exist",
                                                   "type": "invalid_request_error", "code": "model_not_found"}})
 
 
-def _dep(name: str, url: str) -> dict[str, Any]:
-    return {"name": name, "provider": "openai", "model": "m", "api_base": url,
-            "timeouts": {"connect": 1, "first_byte": 2, "total": 5}}
-
-
-def _group(name: str, *deployments: dict[str, Any], **extra: Any) -> dict[str, Any]:
-    return {"name": name, "strategy": "priority", "deployments": list(deployments), "max_retries": 2,
-            "retry_backoff": 0.01, "circuit": NO_BREAKER} | extra
-
-
 def _models(a: str, b: str) -> list[dict[str, Any]]:
     return [
-        _group("misconfigured", _dep("mc-a", a), _dep("mc-b", b)),
-        _group("counted", _dep("ct-a", a), _dep("ct-b", b), circuit={"failures": 2, "window": 60, "cooldown": 60}),
-        _group("lost", _dep("lo-a", a), max_retries=0, fallbacks=["backup"]),
-        _group("backup", _dep("bk-b", b), max_retries=0),
-        _group("unknown", _dep("un-a", a)),
-        _group("streamed", _dep("st-a", a), _dep("st-b", b)),
-        _group("limited", _dep("li-a", a), _dep("li-b", b)),
-        _group("lone", _dep("ln-a", a)),
-        _group("spilling", _dep("sp-a", a), fallbacks=["backup"]),
-        _group("absurd", _dep("ab-a", a)),
-        *(_group(f"held-{wait}", _dep(f"held-{wait}-a", a)) for wait in ABSURD_WAITS),
-        _group("sized", _dep("sz-a", a), _dep("sz-b", b)),  # each 429 test its own group: hold-offs last
-        _group("sized-lone", _dep("sl-a", a)),
-        _group("sized-soon", _dep("ss-a", a)),
-        _group("soon", _dep("so-a", a), _dep("so-b", b)),
-        _group("soon-lone", _dep("sn-a", a)),
-        _group("waited", _dep("wt-a", a), max_retries=1),
-        *(_group(f"used-{i}", _dep(f"used-{i}-a", a), _dep(f"used-{i}-b", b)) for i in range(4)),
-        _group("bare", _dep("ba-a", a), _dep("ba-b", b)),
-        _group("bare-shared", _dep("bs-a", a), _dep("bs-b", b)),
-        _group("tight", _dep("ti-a", a), _dep("ti-b", b)),
-        _group("tight-lone", _dep("tl-a", a)),
-        _group("own-circuit", _dep("oc-a", a), _dep("oc-b", b), max_retries=0,
+        group("misconfigured", dep("mc-a", a), dep("mc-b", b)),
+        group("counted", dep("ct-a", a), dep("ct-b", b), circuit={"failures": 2, "window": 60, "cooldown": 60}),
+        group("lost", dep("lo-a", a), max_retries=0, fallbacks=["backup"]),
+        group("backup", dep("bk-b", b), max_retries=0),
+        group("unknown", dep("un-a", a)),
+        group("streamed", dep("st-a", a), dep("st-b", b)),
+        group("limited", dep("li-a", a), dep("li-b", b)),
+        group("lone", dep("ln-a", a)),
+        group("spilling", dep("sp-a", a), fallbacks=["backup"]),
+        group("absurd", dep("ab-a", a)),
+        *(group(f"held-{wait}", dep(f"held-{wait}-a", a)) for wait in ABSURD_WAITS),
+        group("sized", dep("sz-a", a), dep("sz-b", b)),  # each 429 test its own group: hold-offs last
+        group("sized-lone", dep("sl-a", a)),
+        group("sized-soon", dep("ss-a", a)),
+        group("soon", dep("so-a", a), dep("so-b", b)),
+        group("soon-lone", dep("sn-a", a)),
+        group("waited", dep("wt-a", a), max_retries=1),
+        *(group(f"used-{i}", dep(f"used-{i}-a", a), dep(f"used-{i}-b", b)) for i in range(4)),
+        group("bare", dep("ba-a", a), dep("ba-b", b)),
+        group("bare-shared", dep("bs-a", a), dep("bs-b", b)),
+        group("tight", dep("ti-a", a), dep("ti-b", b)),
+        group("tight-lone", dep("tl-a", a)),
+        group("own-circuit", dep("oc-a", a), dep("oc-b", b), max_retries=0,
                circuit={"failures": 2, "window": 60, "cooldown": 60}),
     ]
 
 
-@dataclass
-class Env:
-    server: ServerThread
-    usage: RecordingSink
-    a: FakeUpstream
-    b: FakeUpstream
-
-
 @pytest.fixture(scope="module")
 def gateway() -> Iterator[Env]:
-    a, b = FakeUpstream().start(), FakeUpstream().start()
-    settings = parse_settings({"auth": {"admin_key": ADMIN_KEY}, "models": _models(a.url, b.url)}, env={})
-    usage = RecordingSink()
-    keys = StaticKeys({ADMIN_KEY: Principal(key_id="admin", tenant_id=None, is_admin=True)}
-                      | {f"sk-{t}": Principal(key_id=f"key-{t}", tenant_id=t) for t in TENANTS})
-    services = Services(authenticator=keys, admission=ScriptedAdmission(), usage=usage,
-                        router=Router.from_settings(settings, build_backend))
-    with ServerThread(create_app(settings, services)) as server:
-        yield Env(server, usage, a, b)
-    a.stop()
-    b.stop()
-
+    tenants = {f"sk-{t}": Principal(key_id=f"key-{t}", tenant_id=t) for t in TENANTS}
+    with routing_gateway(_models, keys=tenants) as env:
+        yield env
 
 @pytest.fixture
 def env(gateway: Env) -> Env:
-    gateway.a.reset()
-    gateway.b.reset()
-    gateway.usage.records.clear()
-    return gateway
+    return gateway.reset()
 
 
 @pytest.fixture
@@ -114,23 +75,6 @@ def _tenant(env: Env, tenant: str) -> openai.OpenAI:
     return openai.OpenAI(base_url=env.server.url + "/v1", api_key=f"sk-{tenant}", max_retries=0)
 
 
-def _counts(env: Env) -> tuple[int, int]:
-    return len(env.a.received), len(env.b.received)
-
-
-def _only_row(env: Env) -> UsageRecord:
-    """The one usage row of the one request the test sent."""
-    [row] = env.usage.wait_for(1)
-    time.sleep(0.05)
-    assert len(env.usage.records) == 1
-    return row
-
-
-def _state(env: Env, deployment: str) -> str:
-    rows = httpx.get(env.server.url + "/admin/v1/deployments", headers={"authorization": f"Bearer {ADMIN_KEY}"})
-    return next(r["state"] for r in rows.json()["data"] if r["deployment"] == deployment)
-
-
 # ---------------------------------------------------------------- the upstream does not know the model
 
 
@@ -138,8 +82,8 @@ def test_an_unknown_model_moves_to_the_next_deployment(env: Env, client: openai.
     env.a.fail_next(UNKNOWN_MODEL)
     reply = client.chat.completions.create(model="misconfigured", messages=MESSAGES)
     assert reply.choices[0].message.content == "route me" and reply.model == "misconfigured"
-    assert _counts(env) == (1, 1)
-    row = _only_row(env)
+    assert env.counts() == (1, 1)
+    row = env.only_row()
     assert (row.status, row.error_type, row.deployment) == (200, None, "mc-b")
 
 
@@ -147,16 +91,16 @@ def test_an_unknown_model_counts_against_the_deployments_circuit(env: Env, clien
     env.a.fail_next(UNKNOWN_MODEL, UNKNOWN_MODEL)
     for _ in range(2):
         assert client.chat.completions.create(model="counted", messages=MESSAGES).choices
-    assert _state(env, "ct-a") == "open" and _counts(env) == (2, 2)
+    assert env.state("ct-a") == "open" and env.counts() == (2, 2)
     assert client.chat.completions.create(model="counted", messages=MESSAGES).choices
-    assert _counts(env) == (2, 3)  # the open deployment gets no traffic
+    assert env.counts() == (2, 3)  # the open deployment gets no traffic
 
 
-def test_an_unknown_model_falls_back_to_the_fallback_group(env: Env, client: openai.OpenAI) -> None:
+def test_an_unknown_model_falls_back_to_the_fallbackgroup(env: Env, client: openai.OpenAI) -> None:
     env.a.fail_next(UNKNOWN_MODEL)
     assert client.chat.completions.create(model="lost", messages=MESSAGES).model == "lost"
-    assert _counts(env) == (1, 1)
-    assert _only_row(env).deployment == "bk-b"
+    assert env.counts() == (1, 1)
+    assert env.only_row().deployment == "bk-b"
 
 
 def test_an_unknown_model_everywhere_is_a_502(env: Env, client: openai.OpenAI) -> None:
@@ -166,8 +110,8 @@ def test_an_unknown_model_everywhere_is_a_502(env: Env, client: openai.OpenAI) -
         client.chat.completions.create(model="unknown", messages=MESSAGES)
     assert caught.value.status_code == 502 and caught.value.code == "upstream_model_not_found"
     assert caught.value.body["type"] == "upstream_error" and "does not exist" in caught.value.message  # type: ignore[index]
-    assert _counts(env) == (1, 0)  # not retried where it cannot succeed
-    row = _only_row(env)
+    assert env.counts() == (1, 0)  # not retried where it cannot succeed
+    row = env.only_row()
     assert (row.status, row.error_type, row.deployment) == (502, "model_not_found", "un-a")
 
 
@@ -191,8 +135,8 @@ def test_a_first_event_error_is_retried_on_the_next_deployment(env: Env, client:
     env.a.fail_next(fault)
     chunks = list(client.chat.completions.create(model="streamed", messages=MESSAGES, stream=True))
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "route me"
-    assert _counts(env) == (1, 1)
-    row = _only_row(env)
+    assert env.counts() == (1, 1)
+    row = env.only_row()
     assert (row.status, row.error_type, row.deployment, row.extra) == (200, None, "st-b", {"outcome": "completed"})
 
 
@@ -202,8 +146,8 @@ def test_a_first_event_naming_the_requests_fault_is_a_400_not_retried(env: Env, 
     with pytest.raises(openai.BadRequestError) as caught:
         client.chat.completions.create(model="streamed", messages=MESSAGES, stream=True)
     assert caught.value.body["param"] == "logit_bias"  # type: ignore[index]
-    assert _counts(env) == (1, 0)
-    row = _only_row(env)
+    assert env.counts() == (1, 0)
+    row = env.only_row()
     assert (row.status, row.error_type) == (400, "invalid_request_error")
 
 
@@ -214,17 +158,17 @@ def test_a_long_retry_after_holds_the_deployment_off(env: Env, client: openai.Op
     env.a.fail_next(Fault(status=429, headers={"retry-after": "30"}))
     t0 = time.monotonic()
     assert client.chat.completions.create(model="limited", messages=MESSAGES).choices
-    assert time.monotonic() - t0 < 2 and _counts(env) == (1, 1)  # moved on at once
-    assert _only_row(env).deployment == "li-b"
+    assert time.monotonic() - t0 < 2 and env.counts() == (1, 1)  # moved on at once
+    assert env.only_row().deployment == "li-b"
     for _ in range(3):  # the priority deployment asked for 30 s without requests
         assert client.chat.completions.create(model="limited", messages=MESSAGES).choices
-    assert _counts(env) == (1, 4)
+    assert env.counts() == (1, 4)
 
 
 def test_a_long_retry_after_falls_back(env: Env, client: openai.OpenAI) -> None:
     env.a.fail_next(Fault(status=429, headers={"retry-after": "30"}))
     assert client.chat.completions.create(model="spilling", messages=MESSAGES).model == "spilling"
-    assert _counts(env) == (1, 1)
+    assert env.counts() == (1, 1)
 
 
 def test_a_long_retry_after_with_nothing_left_is_a_429_carrying_it(env: Env, client: openai.OpenAI) -> None:
@@ -236,11 +180,11 @@ def test_a_long_retry_after_with_nothing_left_is_a_429_carrying_it(env: Env, cli
     response = caught.value.response
     assert response.headers["retry-after"] == "30" and caught.value.code == "upstream_rate_limited"
     assert caught.value.body["type"] == "rate_limit_error"  # type: ignore[index]
-    assert (_only_row(env).status, _only_row(env).error_type) == (429, "rate_limited")
+    assert (env.only_row().status, env.only_row().error_type) == (429, "rate_limited")
     with pytest.raises(openai.RateLimitError) as again:  # the upstream is not asked again before its time
         client.chat.completions.create(model="lone", messages=MESSAGES)
     assert 28 <= int(again.value.response.headers["retry-after"]) <= 30
-    assert _counts(env) == (1, 0)
+    assert env.counts() == (1, 0)
     assert [(r.status, r.error_type) for r in env.usage.wait_for(2)] == [(429, "rate_limited")] * 2
 
 
@@ -251,11 +195,11 @@ def test_a_short_retry_after_holds_the_deployment_off_for_the_others(env: Env, c
     t0 = time.monotonic()
     for _ in range(3):
         assert client.chat.completions.create(model="soon", messages=MESSAGES).choices
-    assert time.monotonic() - t0 < 0.8 and _counts(env) == (1, 3)
-    assert _state(env, "so-a") == "held"
+    assert time.monotonic() - t0 < 0.8 and env.counts() == (1, 3)
+    assert env.state("so-a") == "held"
     time.sleep(max(0.0, 1.05 - (time.monotonic() - t0)))
     assert client.chat.completions.create(model="soon", messages=MESSAGES).choices
-    assert _counts(env) == (2, 3)  # the priority deployment again
+    assert env.counts() == (2, 3)  # the priority deployment again
 
 
 def test_a_short_retry_after_with_nothing_else_is_waited_out_by_every_request(env: Env, client: openai.OpenAI) -> None:
@@ -272,7 +216,7 @@ def test_a_short_retry_after_with_nothing_else_is_waited_out_by_every_request(en
         second_done = time.monotonic() - t0
         assert first.result(timeout=10).choices
     assert second_done >= 0.9  # waited for the hold to end, not sent at once
-    assert _counts(env) == (3, 0)  # the 429, then each request once
+    assert env.counts() == (3, 0)  # the 429, then each request once
     assert [r.status for r in env.usage.wait_for(2)] == [200, 200]
 
 
@@ -292,10 +236,10 @@ def test_a_429_for_this_request_alone_holds_nothing_off(env: Env, client: openai
     request goes to the next deployment, and the refusing one keeps serving the others."""
     env.a.fail_next(Fault(status=429, headers=TOO_LARGE))
     assert client.chat.completions.create(model="sized", messages=MESSAGES).choices
-    assert _counts(env) == (1, 1) and _only_row(env).deployment == "sz-b"
-    assert _state(env, "sz-a") == "healthy"
+    assert env.counts() == (1, 1) and env.only_row().deployment == "sz-b"
+    assert env.state("sz-a") == "healthy"
     assert client.chat.completions.create(model="sized", messages=MESSAGES).choices
-    assert _counts(env) == (2, 1)  # the priority deployment again
+    assert env.counts() == (2, 1)  # the priority deployment again
 
 
 def test_a_429_for_this_request_alone_is_not_retried_on_its_deployment(env: Env, client: openai.OpenAI) -> None:
@@ -305,16 +249,16 @@ def test_a_429_for_this_request_alone_is_not_retried_on_its_deployment(env: Env,
     t0 = time.monotonic()
     with pytest.raises(openai.RateLimitError) as caught:
         client.chat.completions.create(model="sized-lone", messages=MESSAGES)
-    assert time.monotonic() - t0 < 2 and _counts(env) == (1, 0)  # neither waited out nor sent again
+    assert time.monotonic() - t0 < 2 and env.counts() == (1, 0)  # neither waited out nor sent again
     assert "Request too large" in caught.value.message
     assert client.chat.completions.create(model="sized-lone", messages=MESSAGES).choices  # not held off
-    assert _counts(env) == (2, 0)
+    assert env.counts() == (2, 0)
 
 
 def test_a_429_for_this_request_alone_asking_a_short_wait_is_retried_there(env: Env, client: openai.OpenAI) -> None:
     env.a.fail_next(Fault(status=429, headers=TOO_LARGE | {"retry-after": "0.2"}))
     assert client.chat.completions.create(model="sized-soon", messages=MESSAGES).choices
-    assert _counts(env) == (2, 0)  # waited out and sent again: the tokens it lacked may be back
+    assert env.counts() == (2, 0)  # waited out and sent again: the tokens it lacked may be back
 
 
 BARE = Fault(status=429, headers={"retry-after": "30"})  # as Azure's: a wait, nothing said of the limits
@@ -327,11 +271,11 @@ def test_a_bare_429_holds_the_deployment_off_for_its_tenant_alone(env: Env, clie
     env.a.fail_next(BARE)
     one, two = _tenant(env, "t1"), _tenant(env, "t2")
     assert one.chat.completions.create(model="bare", messages=MESSAGES).choices
-    assert _counts(env) == (1, 1)
+    assert env.counts() == (1, 1)
     assert two.chat.completions.create(model="bare", messages=MESSAGES).choices
-    assert _counts(env) == (2, 1) and _state(env, "ba-a") == "healthy"
+    assert env.counts() == (2, 1) and env.state("ba-a") == "healthy"
     assert one.chat.completions.create(model="bare", messages=MESSAGES).choices
-    assert _counts(env) == (2, 2)  # the tenant that met the 429 is not sent there before its wait
+    assert env.counts() == (2, 2)  # the tenant that met the 429 is not sent there before its wait
 
 
 def test_bare_429s_of_two_tenants_hold_the_deployment_off_for_everyone(env: Env, client: openai.OpenAI) -> None:
@@ -339,9 +283,9 @@ def test_bare_429s_of_two_tenants_hold_the_deployment_off_for_everyone(env: Env,
     env.a.fail_next(BARE, BARE)
     for tenant in ("t1", "t2"):
         assert _tenant(env, tenant).chat.completions.create(model="bare-shared", messages=MESSAGES).choices
-    assert _counts(env) == (2, 2) and _state(env, "bs-a") == "held"
+    assert env.counts() == (2, 2) and env.state("bs-a") == "held"
     assert _tenant(env, "t3").chat.completions.create(model="bare-shared", messages=MESSAGES).choices
-    assert _counts(env) == (2, 3)
+    assert env.counts() == (2, 3)
 
 
 def test_a_tenants_own_open_circuit_sends_its_requests_to_the_other_deployment(env: Env,
@@ -355,11 +299,11 @@ def test_a_tenants_own_open_circuit_sends_its_requests_to_the_other_deployment(e
     for _ in range(2):
         with pytest.raises(openai.InternalServerError):
             one.chat.completions.create(model="own-circuit", messages=MESSAGES)
-    assert _state(env, "oc-a") == "healthy" and _counts(env) == (3, 0)
+    assert env.state("oc-a") == "healthy" and env.counts() == (3, 0)
     assert one.chat.completions.create(model="own-circuit", messages=MESSAGES).choices
-    assert _counts(env) == (3, 1)
+    assert env.counts() == (3, 1)
     assert two.chat.completions.create(model="own-circuit", messages=MESSAGES).choices
-    assert _counts(env) == (4, 1)
+    assert env.counts() == (4, 1)
 
 
 TOKENS_LOW = {"x-ratelimit-remaining-requests": "499", "x-ratelimit-remaining-tokens": "300",
@@ -372,14 +316,14 @@ def test_a_deployment_short_of_tokens_gets_the_requests_that_fit(env: Env, clien
     where no other deployment can take it, a large one is sent there all the same."""
     env.a.fail_next(Fault(status=429, headers=TOKENS_LOW))
     assert client.chat.completions.create(model="tight", messages=MESSAGES, max_tokens=1000).choices
-    assert _counts(env) == (1, 1)
+    assert env.counts() == (1, 1)
     assert client.chat.completions.create(model="tight", messages=MESSAGES, max_tokens=1000).choices
-    assert _counts(env) == (1, 2)  # not sent where it would meet the same 429
+    assert env.counts() == (1, 2)  # not sent where it would meet the same 429
     assert client.chat.completions.create(model="tight", messages=MESSAGES, max_tokens=100).choices
-    assert _counts(env) == (2, 2) and _state(env, "ti-a") == "healthy"
+    assert env.counts() == (2, 2) and env.state("ti-a") == "healthy"
     env.a.fail_next(Fault(status=429, headers=TOKENS_LOW))
     assert client.chat.completions.create(model="tight-lone", messages=MESSAGES, max_tokens=1000).choices
-    assert _counts(env) == (4, 2)  # the upstream's count may be below the reservation: retried there
+    assert env.counts() == (4, 2)  # the upstream's count may be below the reservation: retried there
 
 
 OUT_OF_CREDIT = {"error": {"message": "You exceeded your current quota", "type": "insufficient_quota",
@@ -396,9 +340,9 @@ def test_a_429_with_a_limit_used_up_holds_the_deployment_off(env: Env, client: o
                                                              left: dict[str, str], body: Any) -> None:
     env.a.fail_next(Fault(status=429, headers={"retry-after": "30"} | left, body=body))
     assert client.chat.completions.create(model=f"used-{group}", messages=MESSAGES).choices
-    assert _state(env, f"used-{group}-a") == "held"
+    assert env.state(f"used-{group}-a") == "held"
     assert client.chat.completions.create(model=f"used-{group}", messages=MESSAGES).choices
-    assert _counts(env) == (1, 2)
+    assert env.counts() == (1, 2)
 
 
 # ---------------------------------------------------------------- odd Retry-After values, a first chunk saying error
@@ -411,8 +355,8 @@ def test_an_infinite_retry_after_is_ignored(env: Env, client: openai.OpenAI, hea
     would have held the deployment off for good)."""
     env.a.fail_next(Fault(status=429, headers=headers))
     assert client.chat.completions.create(model="absurd", messages=MESSAGES).choices
-    assert _counts(env) == (2, 0)
-    assert (_only_row(env).status, _only_row(env).error_type) == (200, None)
+    assert env.counts() == (2, 0)
+    assert (env.only_row().status, env.only_row().error_type) == (200, None)
 
 
 @pytest.mark.parametrize("wait", ABSURD_WAITS)
@@ -423,7 +367,7 @@ def test_an_absurd_retry_after_holds_off_for_a_bounded_time(env: Env, client: op
     with pytest.raises(openai.RateLimitError) as again:  # held off, but not for days
         client.chat.completions.create(model=f"held-{wait}", messages=MESSAGES)
     assert MAX_HOLD_OFF - 2 <= int(again.value.response.headers["retry-after"]) <= MAX_HOLD_OFF
-    assert _counts(env) == (1, 0)
+    assert env.counts() == (1, 0)
     assert [(r.status, r.error_type) for r in env.usage.wait_for(2)] == [(429, "rate_limited")] * 2
 
 
@@ -431,5 +375,5 @@ def test_a_first_chunk_saying_error_is_relayed(env: Env, client: openai.OpenAI) 
     """A first event that merely contains the word (the text "error") is the answer, not a failure."""
     chunks = list(client.completions.create(model="absurd", prompt="error", stream=True))
     assert "".join(c.choices[0].text for c in chunks if c.choices) == "error"
-    assert _counts(env) == (1, 0)
-    assert _only_row(env).error_type is None
+    assert env.counts() == (1, 0)
+    assert env.only_row().error_type is None

@@ -8,108 +8,51 @@ import json
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any
 
-import httpx
 import openai
 import pytest
 
-from backends.factory import build_backend
-from gateway.app import create_app
-from gateway.contracts import Principal, UsageRecord
-from gateway.routing.router import Router
-from gateway.services import Services
-from gateway.settings import parse_settings
 from tests.conftest import ADMIN_KEY
-from tests.support.doubles import RecordingSink, ScriptedAdmission, StaticKeys
-from tests.support.fake_upstream import FakeUpstream, Fault
-from tests.support.servers import ServerThread
+from tests.support.fake_upstream import Fault
+from tests.support.routing_env import Env, dep, group, routing_gateway
 
 MESSAGES: Any = [{"role": "user", "content": "route me"}]
-NO_BREAKER = {"failures": 1_000_000}
 BAD_KEY = Fault(status=401, body={"error": {"message": "Incorrect API key provided", "type": "invalid_request_error",
                                             "code": "invalid_api_key"}})
 
 
-def _dep(name: str, url: str, **extra: Any) -> dict[str, Any]:
-    return {"name": name, "provider": "openai", "model": "m", "api_base": url,
-            "timeouts": {"connect": 1, "first_byte": 2, "total": 5}} | extra
-
-
-def _group(name: str, *deployments: dict[str, Any], **extra: Any) -> dict[str, Any]:
-    return {"name": name, "strategy": "priority", "deployments": list(deployments), "max_retries": 2,
-            "retry_backoff": 0.01, "circuit": NO_BREAKER} | extra
-
-
 def _models(a: str, b: str) -> list[dict[str, Any]]:
     return [
-        _group("keyed", _dep("ky-a", a), _dep("ky-b", b)),
-        _group("keyed-count", _dep("kc-a", a), _dep("kc-b", b), circuit={"failures": 2, "window": 60, "cooldown": 60}),
-        _group("keyed-lone", _dep("kl-a", a)),
-        _group("keyed-spill", _dep("ks-a", a), fallbacks=["dear"]),
-        _group("cheap", _dep("ch-a", a), max_retries=0, fallbacks=["dear"], aliases=["thrifty", "thrift-*"]),
-        _group("dear", _dep("de-b", b), max_retries=0),
-        _group("trial", _dep("tr-a", a), _dep("tr-b", b), max_retries=1,
+        group("keyed", dep("ky-a", a), dep("ky-b", b)),
+        group("keyed-count", dep("kc-a", a), dep("kc-b", b), circuit={"failures": 2, "window": 60, "cooldown": 60}),
+        group("keyed-lone", dep("kl-a", a)),
+        group("keyed-spill", dep("ks-a", a), fallbacks=["dear"]),
+        group("cheap", dep("ch-a", a), max_retries=0, fallbacks=["dear"], aliases=["thrifty", "thrift-*"]),
+        group("dear", dep("de-b", b), max_retries=0),
+        group("trial", dep("tr-a", a), dep("tr-b", b), max_retries=1,
                circuit={"failures": 1, "window": 60, "cooldown": 0.3}),
-        _group("busy", _dep("bu-a", a), _dep("bu-b", b), strategy="least_busy", max_retries=0),
-        _group("claude", _dep("cl-a", a, provider="anthropic", api_key="sk-ant"), _dep("cl-b", b)),
-        _group("slow-head", _dep("sh-a", a, timeouts={"connect": 1, "first_byte": 0.3, "total": 5}), _dep("sh-b", b)),
+        group("busy", dep("bu-a", a), dep("bu-b", b), strategy="least_busy", max_retries=0),
+        group("claude", dep("cl-a", a, provider="anthropic", api_key="sk-ant"), dep("cl-b", b)),
+        group("slow-head", dep("sh-a", a, timeouts={"connect": 1, "first_byte": 0.3, "total": 5}), dep("sh-b", b)),
     ]
-
-
-@dataclass
-class Env:
-    server: ServerThread
-    usage: RecordingSink
-    a: FakeUpstream
-    b: FakeUpstream
 
 
 @pytest.fixture(scope="module")
 def gateway() -> Iterator[Env]:
-    a, b = FakeUpstream().start(), FakeUpstream().start()
     prices = {"cheap": {"input_per_million": 1, "output_per_million": 1},
               "dear": {"input_per_million": 1000, "output_per_million": 1000}}
-    settings = parse_settings({"auth": {"admin_key": ADMIN_KEY}, "models": _models(a.url, b.url),
-                               "prices": prices}, env={})
-    usage = RecordingSink()
-    keys = StaticKeys({ADMIN_KEY: Principal(key_id="admin", tenant_id=None, is_admin=True)})
-    services = Services(authenticator=keys, admission=ScriptedAdmission(), usage=usage,
-                        router=Router.from_settings(settings, build_backend))
-    with ServerThread(create_app(settings, services)) as server:
-        yield Env(server, usage, a, b)
-    a.stop()
-    b.stop()
-
+    with routing_gateway(_models, prices=prices) as env:
+        yield env
 
 @pytest.fixture
 def env(gateway: Env) -> Env:
-    gateway.a.reset()
-    gateway.b.reset()
-    gateway.usage.records.clear()
-    return gateway
+    return gateway.reset()
 
 
 @pytest.fixture
 def client(env: Env) -> openai.OpenAI:
     return openai.OpenAI(base_url=env.server.url + "/v1", api_key=ADMIN_KEY, max_retries=0)
-
-
-def _counts(env: Env) -> tuple[int, int]:
-    return len(env.a.received), len(env.b.received)
-
-
-def _only_row(env: Env) -> UsageRecord:
-    [row] = env.usage.wait_for(1)
-    time.sleep(0.05)
-    assert len(env.usage.records) == 1
-    return row
-
-
-def _state(env: Env, deployment: str) -> str:
-    rows = httpx.get(env.server.url + "/admin/v1/deployments", headers={"authorization": f"Bearer {ADMIN_KEY}"})
-    return next(r["state"] for r in rows.json()["data"] if r["deployment"] == deployment)
 
 
 # ---------------------------------------------------------------- a provider refusing the deployment's key
@@ -120,8 +63,8 @@ def test_a_bad_provider_key_moves_to_the_next_deployment(env: Env, client: opena
     env.a.fail_next(BAD_KEY)
     reply = client.chat.completions.create(model="keyed", messages=MESSAGES)
     assert reply.choices[0].message.content == "route me" and reply.model == "keyed"
-    assert _counts(env) == (1, 1)
-    row = _only_row(env)
+    assert env.counts() == (1, 1)
+    row = env.only_row()
     assert (row.status, row.error_type, row.deployment) == (200, None, "ky-b")
 
 
@@ -129,13 +72,13 @@ def test_a_bad_provider_key_counts_against_the_deployments_circuit(env: Env, cli
     env.a.fail_next(BAD_KEY, Fault(status=403))
     for _ in range(2):
         assert client.chat.completions.create(model="keyed-count", messages=MESSAGES).choices
-    assert _state(env, "kc-a") == "open" and _counts(env) == (2, 2)
+    assert env.state("kc-a") == "open" and env.counts() == (2, 2)
 
 
 def test_a_bad_provider_key_falls_back(env: Env, client: openai.OpenAI) -> None:
     env.a.fail_next(BAD_KEY)
     assert client.chat.completions.create(model="keyed-spill", messages=MESSAGES).model == "keyed-spill"
-    assert _counts(env) == (1, 1)  # not retried where the same key is refused
+    assert env.counts() == (1, 1)  # not retried where the same key is refused
 
 
 def test_a_bad_provider_key_everywhere_is_a_502_not_the_clients_fault(env: Env, client: openai.OpenAI) -> None:
@@ -143,8 +86,8 @@ def test_a_bad_provider_key_everywhere_is_a_502_not_the_clients_fault(env: Env, 
     with pytest.raises(openai.APIStatusError) as caught:
         client.chat.completions.create(model="keyed-lone", messages=MESSAGES)
     assert caught.value.status_code == 502 and caught.value.code == "upstream_auth"
-    assert _counts(env) == (1, 0)
-    row = _only_row(env)
+    assert env.counts() == (1, 0)
+    row = env.only_row()
     assert (row.status, row.error_type, row.deployment) == (502, "upstream_auth", "kl-a")
 
 
@@ -155,7 +98,7 @@ def test_a_fallbacks_answer_names_the_model_asked_for_and_costs_what_it_served(e
                                                                                 client: openai.OpenAI) -> None:
     env.a.fail_next(Fault(status=503))
     assert client.chat.completions.create(model="cheap", messages=MESSAGES).model == "cheap"
-    row = _only_row(env)
+    row = env.only_row()
     assert (row.model, row.deployment) == ("cheap", "de-b")
     tokens = row.prompt_tokens + row.completion_tokens
     assert tokens > 0 and row.cost == pytest.approx(tokens * 1000 / 1e6)  # "dear" served it, at its price
@@ -164,7 +107,7 @@ def test_a_fallbacks_answer_names_the_model_asked_for_and_costs_what_it_served(e
 def test_an_alias_routes_to_its_model_and_is_answered_under_its_own_name(env: Env, client: openai.OpenAI) -> None:
     assert client.chat.completions.create(model="thrifty", messages=MESSAGES).model == "thrifty"
     assert client.chat.completions.create(model="thrift-9", messages=MESSAGES).model == "thrift-9"
-    assert _counts(env) == (2, 0)
+    assert env.counts() == (2, 0)
     rows = env.usage.wait_for(2)
     assert {r.model for r in rows} == {"cheap"}
 
@@ -182,7 +125,7 @@ def test_models_lists_aliases_but_not_wildcards(env: Env, client: openai.OpenAI)
 def test_a_half_open_circuit_sends_one_trial_not_a_burst(env: Env, client: openai.OpenAI) -> None:
     env.a.fail_next(Fault(status=500))
     assert client.chat.completions.create(model="trial", messages=MESSAGES).model == "trial"  # tr-b answers
-    assert _state(env, "tr-a") == "open"
+    assert env.state("tr-a") == "open"
     time.sleep(0.35)
     env.a.fail_next(Fault(status=500, delay=0.5))  # the trial is slow, and fails
 
@@ -195,10 +138,10 @@ def test_a_half_open_circuit_sends_one_trial_not_a_burst(env: Env, client: opena
     with ThreadPoolExecutor(8) as pool:
         answers = list(pool.map(ask, range(8)))
     assert len(env.a.received) == 2  # the failure that opened the circuit, then one trial
-    assert answers.count("trial") >= 7 and _state(env, "tr-a") == "open"
+    assert answers.count("trial") >= 7 and env.state("tr-a") == "open"
     time.sleep(0.35)
     assert client.chat.completions.create(model="trial", messages=MESSAGES).choices  # the trial succeeds
-    assert _state(env, "tr-a") == "healthy"
+    assert env.state("tr-a") == "healthy"
 
 
 # ---------------------------------------------------------------- streams
@@ -212,7 +155,7 @@ def test_least_busy_spreads_concurrent_streams(env: Env, client: openai.OpenAI) 
         stream = client.chat.completions.create(model="busy", messages=MESSAGES, stream=True)
         next(iter(stream))
         streams.append(stream)
-    assert _counts(env) == (2, 2)
+    assert env.counts() == (2, 2)
     for stream in streams:
         stream.close()
     env.usage.wait_for(4)  # settled before the next test
@@ -223,8 +166,8 @@ def test_a_streams_first_byte_timeout_moves_to_the_next_deployment(env: Env, cli
     started = time.monotonic()
     chunks = list(client.chat.completions.create(model="slow-head", messages=MESSAGES, stream=True))
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "route me"
-    assert time.monotonic() - started < 0.9 and _counts(env) == (1, 1)
-    row = _only_row(env)
+    assert time.monotonic() - started < 0.9 and env.counts() == (1, 1)
+    row = env.only_row()
     assert (row.status, row.deployment) == (200, "sh-b")
 
 
@@ -234,8 +177,8 @@ def test_a_stream_that_sends_no_event_is_retried(env: Env, client: openai.OpenAI
     env.a.fail_next(fault)
     chunks = list(client.chat.completions.create(model="slow-head", messages=MESSAGES, stream=True))
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "route me"
-    assert _counts(env) == (1, 1)
-    row = _only_row(env)
+    assert env.counts() == (1, 1)
+    row = env.only_row()
     assert (row.status, row.deployment) == (200, "sh-b")
 
 
@@ -248,5 +191,5 @@ def test_an_anthropic_streams_first_event_naming_a_server_error_is_retried(env: 
                           body=b"event: error\ndata: " + json.dumps(event).encode() + b"\n\n"))
     chunks = list(client.chat.completions.create(model="claude", messages=MESSAGES, stream=True))
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "route me"
-    assert _counts(env) == (1, 1)
-    assert _only_row(env).deployment == "cl-b"
+    assert env.counts() == (1, 1)
+    assert env.only_row().deployment == "cl-b"

@@ -1,0 +1,86 @@
+"""Two loopback upstreams (``a`` and ``b``) behind a real gateway, for routing tests: a module
+declares its model groups with ``dep`` and ``group`` and serves them with ``routing_gateway``."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from backends.factory import build_backend
+from gateway.app import create_app
+from gateway.contracts import Principal, UsageRecord
+from gateway.routing.router import Router
+from gateway.services import Services
+from gateway.settings import parse_settings
+from tests.conftest import ADMIN_KEY
+from tests.support.doubles import RecordingSink, ScriptedAdmission, StaticKeys
+from tests.support.fake_upstream import FakeUpstream
+from tests.support.servers import ServerThread
+
+NO_BREAKER = {"failures": 1_000_000}
+
+
+def dep(name: str, url: str, **extra: Any) -> dict[str, Any]:
+    return {"name": name, "provider": "openai", "model": "m", "api_base": url,
+            "timeouts": {"connect": 1, "first_byte": 2, "total": 5}} | extra
+
+
+def group(name: str, *deployments: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    """A model tried in order (``priority``), two retries 10 ms apart, no circuit breaking."""
+    return {"name": name, "strategy": "priority", "deployments": list(deployments), "max_retries": 2,
+            "retry_backoff": 0.01, "circuit": NO_BREAKER} | extra
+
+
+@dataclass
+class Env:
+    server: ServerThread
+    usage: RecordingSink
+    a: FakeUpstream
+    b: FakeUpstream
+
+    def reset(self) -> Env:
+        """Each test's start: no faults queued, nothing received, no usage rows."""
+        self.a.reset()
+        self.b.reset()
+        self.usage.records.clear()
+        return self
+
+    def counts(self) -> tuple[int, int]:
+        """The requests each upstream received."""
+        return len(self.a.received), len(self.b.received)
+
+    def only_row(self) -> UsageRecord:
+        """The one usage row of the one request the test sent."""
+        [row] = self.usage.wait_for(1)
+        time.sleep(0.05)
+        assert len(self.usage.records) == 1
+        return row
+
+    def state(self, deployment: str) -> str:
+        """The deployment's state in the admin API's listing (``closed``, ``open``, ``held``, ...)."""
+        rows = httpx.get(self.server.url + "/admin/v1/deployments", headers={"authorization": f"Bearer {ADMIN_KEY}"})
+        return next(r["state"] for r in rows.json()["data"] if r["deployment"] == deployment)
+
+
+@contextmanager
+def routing_gateway(models: Callable[[str, str], list[dict[str, Any]]], *, prices: dict[str, Any] | None = None,
+                    keys: dict[str, Principal] | None = None) -> Iterator[Env]:
+    """A gateway serving ``models(a_url, b_url)`` (and ``prices``) to the admin key and ``keys``."""
+    a, b = FakeUpstream().start(), FakeUpstream().start()
+    try:
+        settings = parse_settings({"auth": {"admin_key": ADMIN_KEY}, "models": models(a.url, b.url),
+                                   "prices": prices or {}}, env={})
+        usage = RecordingSink()
+        principals = StaticKeys({ADMIN_KEY: Principal(key_id="admin", tenant_id=None, is_admin=True)} | (keys or {}))
+        services = Services(authenticator=principals, admission=ScriptedAdmission(), usage=usage,
+                            router=Router.from_settings(settings, build_backend))
+        with ServerThread(create_app(settings, services)) as server:
+            yield Env(server, usage, a, b)
+    finally:
+        a.stop()
+        b.stop()
