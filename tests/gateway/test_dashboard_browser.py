@@ -271,6 +271,9 @@ async def test_operator_view_shows_all_tenants_spenders_budgets_and_circuits(  #
         "rows => rows.map(r => Array.from(r.cells).map(c => c.dataset.value))")
     counts = {r[0]: int(r[2]) for r in rows}
     assert counts[dash.a.name] == dash.a.requests and counts[dash.b.name] == dash.b.requests
+    for table in ("tenants", "deployments"):  # fractions shown as percentages, sorted by their values
+        rates = await page.locator(f"#{table} tbody tr td:last-child").all_inner_texts()
+        assert rates and all(r.endswith("%") for r in rates), rates
     spenders = await page.locator("#top-spenders tbody tr td:first-child").all_inner_texts()
     assert spenders[:2] == sorted([dash.a.name, dash.b.name], key=lambda n: -(dash.a.cost if n == dash.a.name
                                                                                  else dash.b.cost))

@@ -117,8 +117,8 @@ async def test_costs_read_as_dollars_and_large_numbers_in_full(browser, dash: Da
     assert re.fullmatch(r"1,234,567\.\d{2,8}", used) and limit == "2,000,000.00"
     numbers = await page.locator("#totals b, #view-usage td").evaluate_all(
         "cells => cells.filter(c => c.dataset.value !== '' && !isNaN(Number(c.dataset.value))).map(c => c.textContent)")
-    assert numbers and all(re.fullmatch(r"[\d,]+(\.\d{1,8})?", n) and not re.search(r"0{10}\d*$", n.split(".")[-1])
-                           for n in numbers), numbers
+    assert numbers and all(re.fullmatch(r"[\d,]+(\.\d{1,8})?%?", n) and not re.search(r"0{10}\d*%?$", n.split(".")[-1])
+                           for n in numbers), numbers  # a share of requests as a percentage
     await page.click("#tab-requests")
     await expect(page.locator("#requests tbody tr")).to_have_count(4)
     costs = await page.locator("#requests tbody tr td:nth-child(7)").all_inner_texts()

@@ -35,6 +35,7 @@
   // Numbers with grouping and never an exponent; costs (USD) with two to eight decimals, so that a
   // tiny cost is not shown as 0 and none carries floating noise.
   const fmt = (v) => typeof v === "number" ? v.toLocaleString("en-US", { maximumFractionDigits: 6 }) : (v ?? "—");
+  const percent = (v) => typeof v === "number" ? (v * 100).toFixed(1) + "%" : "—";  // a fraction, as a percentage
   const money = (v) => typeof v === "number"
     ? v.toLocaleString("en-US", { minimumFractionDigits: 2, maximumFractionDigits: 8 }) : fmt(v);
   const when = (iso) => new Date(iso).toLocaleString(undefined, { dateStyle: "medium", timeStyle: "short", timeZone: state.tz });
@@ -176,7 +177,7 @@
       [{ kind: "total latency", ...data.latency_ms }, { kind: "time to first token", ...data.ttft_ms }]);
     table($("by-model"), [["model", "Model"], ...USAGE_COLUMNS, ["latency_p50", "p50 ms"], ["latency_p99", "p99 ms"]], data.by_model);
     table($("by-key"), [["key_id", "Key"], ["key_name", "Name"], ...USAGE_COLUMNS], data.by_key);
-    table($("errors"), [["error_type", "Error type"], ["requests", "Requests"], ["rate", "Share of requests"]], data.errors);
+    table($("errors"), [["error_type", "Error type"], ["requests", "Requests"], ["rate", "Share of requests", percent]], data.errors);
     table($("series"), [["t", "Bucket start (" + data.tz + ")", when], ...USAGE_COLUMNS], data.series);
     q.set("table", "series");
     $("csv").href = "/dashboard/api/export.csv?" + q;
@@ -260,13 +261,13 @@
     const [data, deps] = await Promise.all([api("overview?" + q), api("deployments")]);
     if (stale(ticket)) return;
     chart("chart-tenants", data, Object.entries(data.series_by_tenant).map(([id, ys]) => [data.tenant_labels[id], ys]));
-    const cols = [["name", "Tenant"], ["status", "Status"], ...USAGE_COLUMNS, ["error_rate", "Error rate"]];
+    const cols = [["name", "Tenant"], ["status", "Status"], ...USAGE_COLUMNS, ["error_rate", "Error rate", percent]];
     table($("tenants"), cols, data.tenants);
     table($("top-spenders"), [["name", "Tenant"], ["cost", "Cost (USD)", money], ["total_tokens", "Tokens"], ["requests", "Requests"]], data.top_spenders);
     table($("budgets"), [["name", "Tenant"], ["budget", "Budget"], ["period", "Period"], ["used", "Used", byBudget], ["limit", "Limit", byBudget],
-      ["share", "Used share", (v) => (v * 100).toFixed(1) + "%"], ["near_limit", "Near limit", (v) => v ? "yes" : ""]], data.budgets);
+      ["share", "Used share", percent], ["near_limit", "Near limit", (v) => v ? "yes" : ""]], data.budgets);
     table($("deployments"), [["deployment", "Deployment"], ["model", "Model"], ["provider", "Provider"], ["state", "Circuit"],
-      ["latency_ewma_ms", "Latency EWMA (ms)"], ["requests", "Requests"], ["errors", "Errors"], ["error_rate", "Error rate"]], deps.data);
+      ["latency_ewma_ms", "Latency EWMA (ms)"], ["requests", "Requests"], ["errors", "Errors"], ["error_rate", "Error rate", percent]], deps.data);
   }
 
   // The view and its controls live in the address (#usage?range=30d&split=model): reload and
