@@ -45,6 +45,7 @@ async def test_a_key_that_does_not_work_gets_a_clear_message(browser, dash: Dash
         await page.click("#sign-in")
     assert (await answer.value).status == 401
     assert await page.inner_text("#message") == INVALID
+    assert await page.get_attribute("#message", "role") == "alert"  # read out by a screen reader
     assert key not in await page.content()
     assert not [c for c in await context.cookies() if c["name"] == "sy_session"]
     assert [p for p in problems if "401" not in p] == []
