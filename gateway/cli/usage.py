@@ -21,7 +21,7 @@ from gateway.cli.output import cell, show
 from gateway.db.engine import Database
 from gateway.errors import ParameterError
 from gateway.usage import records
-from gateway.usage.report import ReportQuery, end_of_day, parse_day, usage_report
+from gateway.usage.report import ReportQuery, end_of_day, parse_day, report_columns, usage_report
 
 usage_app = typer.Typer(no_args_is_help=True, help="Usage reports and exports.")
 _UNITS = {"m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
@@ -79,11 +79,11 @@ def usage_report_cmd(
     if fmt not in ("table", "csv", "json"):
         fail("--format must be table, csv or json")
     lo, hi = _bounds(start, end, since)
+    groups = tuple(g.strip() for g in by.split(",") if g.strip())
 
     async def job(svc: TenancyService, db: Database) -> list[dict[str, Any]]:
         tenant_id = (await svc.get_tenant(tenant)).id if tenant else None
-        q = ReportQuery(start=lo, end=hi, group_by=tuple(g.strip() for g in by.split(",") if g.strip()),
-                        tenant_id=tenant_id, key_id=key)
+        q = ReportQuery(start=lo, end=hi, group_by=groups, tenant_id=tenant_id, key_id=key)
         return await usage_report(db, q)
 
     rows = run(config, job)
@@ -91,10 +91,9 @@ def usage_report_cmd(
         show(rows, True)
     elif fmt == "csv":
         out = io.StringIO()
-        if rows:
-            writer = csv.DictWriter(out, fieldnames=list(rows[0]))
-            writer.writeheader()
-            writer.writerows({k: cell(records.sheet_cell(v)) for k, v in r.items()} for r in rows)
+        writer = csv.DictWriter(out, fieldnames=report_columns(groups))  # the header also with no rows
+        writer.writeheader()
+        writer.writerows({k: cell(records.sheet_cell(v)) for k, v in r.items()} for r in rows)
         typer.echo(out.getvalue(), nl=False)
     elif rows:
         show(rows, False)

@@ -61,6 +61,14 @@ def _day(dialect: str) -> ColumnElement[Any]:
     return func.strftime("%Y-%m-%d", UsageRow.started_at)
 
 
+MEASURES = ("requests", "errors", "prompt_tokens", "completion_tokens", "cached_tokens", "total_tokens", "cost")
+
+
+def report_columns(group_by: tuple[str, ...]) -> list[str]:
+    """A report row's keys, in order: its groups, then ``MEASURES`` (a CSV header with no rows too)."""
+    return [*group_by, *MEASURES]
+
+
 async def usage_report(db: Database, q: ReportQuery) -> list[dict[str, Any]]:
     unknown = [g for g in q.group_by if g not in GROUPS]
     if unknown:

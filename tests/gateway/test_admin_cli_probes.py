@@ -80,3 +80,10 @@ def test_report_totals_and_compact_end_dates(cli: tuple[Cli, str]) -> None:
     assert len(total) == 1 and total[0]["requests"] == sum(r["requests"] for r in by_day) == 3
     assert total[0]["cost"] == round(sum(r["cost"] for r in by_day), 8)
     assert run.json("usage", "report", *span, "--end", "2026-01-01", "--by", "day") == by_day[:1]
+    sheet = run("usage", "report", *span, "--by", "model,day", "--format", "csv").stdout
+    rows = list(csv.DictReader(io.StringIO(sheet, newline="")))
+    assert [r["day"] for r in rows] == ["2026-01-01", "2026-01-02"] and rows[0]["requests"] == "2"
+    empty = run("usage", "report", "--tenant", tenant["id"], "--start", "2001-01-01", "--end", "2001-01-02",
+                "--by", "model,day", "--format", "csv").stdout
+    assert empty.splitlines() == [",".join(["model", "day", "requests", "errors", "prompt_tokens",
+                                            "completion_tokens", "cached_tokens", "total_tokens", "cost"])]
