@@ -191,7 +191,8 @@ class Pipeline:
             health = attempt.deployment.health
             if attempt.delay:
                 await _wait_out(attempt.delay, health, tenant)
-                if not health.available(tenant=tenant):  # e.g. another request took its half-open trial meanwhile
+                # another request took its half-open trial meanwhile, or a reload removed it
+                if not health.available(tenant=tenant) or attempt.deployment.retired:
                     skipped = Unavailable(f"deployment {attempt.deployment.id} is no longer available")
                     if (following := plan.after(skipped)) is None:
                         raise skipped

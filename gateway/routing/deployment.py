@@ -19,6 +19,7 @@ class Deployment:
     # what counts a prompt for reservations: the backend when it knows its tokenizer, else the
     # counter (a runtime-checkable Protocol's isinstance is too slow to repeat per request)
     prompt_counter: Tokenizing | PromptCounter | None = field(init=False, default=None)
+    retired: bool = field(init=False, default=False)  # a reload removed it: no new attempt may start on it
 
     def __post_init__(self) -> None:
         self.prompt_counter = self.backend if isinstance(self.backend, Tokenizing) else self.counter

@@ -155,7 +155,9 @@ class RoutePlan:
 
     def _may_try(self, deployment: Deployment) -> bool:
         """Whether this request may go to ``deployment``: its prompt fits, it was not ruled out, and
-        its tenant's own circuit there is closed."""
+        its tenant's own circuit there is closed, and no reload removed it."""
+        if deployment.retired:
+            return False
         window = deployment.config.context_window
         if window is not None and self._prompt_tokens > window:
             self.too_long = True

@@ -111,6 +111,7 @@ class Router:
         self._install(groups)
         for deployment in current.values():
             if id(deployment) not in kept:
+                deployment.retired = True  # a request waiting out a backoff must not try it once it closes
                 self._in_background(_retire(deployment))
         log.info("routing table reloaded: %d models", len(groups))
 

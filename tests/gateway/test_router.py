@@ -9,12 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from backends.base import Backend, BackendStats
+from backends.base import Backend, BackendStats, Unavailable
 from backends.factory import build_backend
 from backends.openai_http import OpenAIHTTPBackend
 from backends.providers import register_provider
 from gateway.routing.deployment import Deployment
 from gateway.routing.health import DeploymentHealth
+from gateway.routing.plan import RoutePlan
 from gateway.routing.router import ModelGroup, Router
 from gateway.routing.strategies import least_busy, priority, weighted
 from gateway.settings import CircuitConfig, ConfigError, DeploymentConfig, ModelGroupConfig, parse_settings
@@ -83,6 +84,27 @@ async def test_a_reload_that_fails_part_way_keeps_the_table_and_closes_what_it_b
         router.reload(broken, build)
     await asyncio.sleep(0.05)
     assert [d.id for d in router.deployments()] == ["openai:x"] and sorted(closed) == ["bad", "new"]
+    await router.aclose()
+
+
+async def test_a_plan_made_before_a_reload_never_tries_a_deployment_it_removed() -> None:
+    """A request waiting out a retry's backoff holds the old table: once a reload removes a
+    deployment (its backend closes when idle), the plan passes it over for the others or fallbacks."""
+    dep = {"provider": "openai", "model": "x", "api_base": "http://127.0.0.1:1/v1"}
+    settings = {"models": [{"name": "a", "deployments": [dep | {"name": "old"}, dep | {"name": "kept"}]}]}
+    router = Router.from_settings(parse_settings(settings, env={}), build_backend)
+    before = router.resolve("a")
+    assert before is not None
+    router.reload(parse_settings({"models": [{"name": "a", "deployments": [dep | {"name": "kept"}]}]}, env={}),
+                  build_backend)
+    old = next(d for d in before.deployments if d.id == "old")
+    assert old.retired and not any(d.retired for d in router.deployments())
+    plan, tried = RoutePlan(before, router.resolve), []
+    attempt = plan.first()
+    while attempt is not None and len(tried) < 6:  # the first attempt, then each retry after a failure
+        tried.append(attempt.deployment.id)
+        attempt = plan.after(Unavailable("down"))
+    assert tried and set(tried) == {"kept"}
     await router.aclose()
 
 
