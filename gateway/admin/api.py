@@ -17,9 +17,10 @@ from litestar.di import Provide
 from litestar.handlers import BaseRouteHandler
 
 from gateway.admin.auth import require_admin, require_tenant
+from gateway.admin.pages import Page
 from gateway.admin.params import refuse_nul
 from gateway.admin.schemas import AdminBody, KeyCreate, KeyRotate, LimitsBody, TenantCreate, TenantUpdate, decode
-from gateway.admin.service import AdminError, CreatedKey, TenancyService
+from gateway.admin.service import AdminError, CreatedKey, TenancyService, page_query
 from gateway.auth.audit import EVENTS, list_events
 from gateway.body import request_content
 from gateway.contracts import Authenticator, Principal
@@ -37,8 +38,10 @@ def _error(_: Request, exc: AdminError) -> Response[bytes]:
     return Response(msgspec.json.encode(body), status_code=exc.status, media_type="application/json")
 
 
-def _listing(items: list[Any]) -> dict[str, Any]:
-    return {"object": "list", "data": [asdict(i) for i in items]}
+def _listing(page: Page[Any]) -> dict[str, Any]:
+    data = [asdict(i) for i in page.items]
+    return {"object": "list", "data": data, "has_more": page.has_more,
+            "first_id": data[0]["id"] if data else None, "last_id": data[-1]["id"] if data else None}
 
 
 def _created_key(created: CreatedKey) -> dict[str, Any]:
@@ -66,8 +69,9 @@ class TenantController(Controller):
     path = "/tenants"
 
     @get("/", responses=ERRORS)
-    async def list_tenants(self, svc: TenancyService) -> dict[str, Any]:
-        return _listing(await svc.list_tenants())
+    async def list_tenants(self, svc: TenancyService, limit: int | None = None, after: str | None = None
+                           ) -> dict[str, Any]:
+        return _listing(await svc.list_tenants(page_query(limit, after)))
 
     @post("/", responses=ERRORS, status_code=201, dto=AdminBody[TenantCreate], return_dto=None)
     async def create_tenant(self, svc: TenancyService, data: TenantCreate) -> dict[str, Any]:
@@ -91,8 +95,9 @@ class TenantController(Controller):
         return asdict(await svc.update_tenant(tenant_id, status="active"))
 
     @get("/{tenant_id:str}/keys", responses=ERRORS)
-    async def tenant_keys(self, svc: TenancyService, tenant_id: str) -> dict[str, Any]:
-        return _listing(await svc.list_keys(tenant_id))
+    async def tenant_keys(self, svc: TenancyService, tenant_id: str, limit: int | None = None,
+                          after: str | None = None) -> dict[str, Any]:
+        return _listing(await svc.list_keys(tenant_id, page_query(limit, after)))
 
     @get("/{tenant_id:str}/limits", responses=ERRORS)
     async def get_limits(self, svc: TenancyService, tenant_id: str) -> dict[str, Any]:
@@ -111,8 +116,9 @@ class KeyController(Controller):
     path = "/keys"
 
     @get("/", responses=ERRORS)
-    async def list_keys(self, svc: TenancyService, tenant_id: str | None = None) -> dict[str, Any]:
-        return _listing(await svc.list_keys(tenant_id))
+    async def list_keys(self, svc: TenancyService, tenant_id: str | None = None, limit: int | None = None,
+                        after: str | None = None) -> dict[str, Any]:
+        return _listing(await svc.list_keys(tenant_id, page_query(limit, after)))
 
     @post("/", responses=ERRORS, status_code=201, dto=AdminBody[KeyCreate], return_dto=None)
     async def create_key(self, svc: TenancyService, data: KeyCreate) -> dict[str, Any]:

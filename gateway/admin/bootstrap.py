@@ -34,7 +34,7 @@ async def bootstrap(url: str, progress: Callable[[str], None] | None = None) -> 
         if keys:
             return BootstrapResult(created=False)
         svc = TenancyService(db)
-        names = {t.name: t for t in await svc.list_tenants()}
+        names = {t.name: t for t in (await svc.list_tenants()).items}
         tenant = names.get(DEFAULT_TENANT) or await svc.create_tenant(DEFAULT_TENANT)
         created = await svc.create_key(tenant.id, name="default")
         return BootstrapResult(True, tenant.id, created.key.id, created.secret)

@@ -10,11 +10,14 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, fields, replace
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import Select, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncSession
 
+from gateway.admin.pages import MAX_LIMIT, Page, PageQuery, UnknownCursor, read_page
 from gateway.auth.keys import generate_key, new_id
 from gateway.db.engine import Database
 from gateway.db.models import ApiKey, Limit, Tenant, utcnow
@@ -106,9 +109,10 @@ class TenancyService:
                 raise Conflict(f"a tenant named {name!r} already exists", param="name") from None
             return tenant_view(tenant)
 
-    async def list_tenants(self) -> list[TenantView]:
+    async def list_tenants(self, page: PageQuery = PageQuery()) -> Page[TenantView]:
         async with self.db.session() as s:
-            return [tenant_view(t) for t in await s.scalars(select(Tenant).order_by(Tenant.created_at, Tenant.id))]
+            rows, more = await _read_page(s, select(Tenant), Tenant, page)
+            return Page([tenant_view(t) for t in rows], more)
 
     async def _tenant(self, s, ref: str, param: str = "tenant") -> Tenant:
         """The tenant ``ref`` names (id or name); else a 404 naming ``param``, where the caller took it."""
@@ -184,13 +188,14 @@ class TenancyService:
             await s.commit()
             return CreatedKey(key_view(key), material.secret)
 
-    async def list_keys(self, tenant: str | None = None) -> list[KeyView]:
+    async def list_keys(self, tenant: str | None = None, page: PageQuery = PageQuery()) -> Page[KeyView]:
         async with self.db.session() as s:
-            query = select(ApiKey).order_by(ApiKey.created_at, ApiKey.id)
+            query = select(ApiKey)
             if tenant is not None:
                 query = query.where(ApiKey.tenant_id == (await self._tenant(s, tenant, "tenant_id")).id)
+            rows, more = await _read_page(s, query, ApiKey, page)
             now = utcnow()
-            return [key_view(k, now) for k in await s.scalars(query)]
+            return Page([key_view(k, now) for k in rows], more)
 
     async def _key(self, s, key_id: str) -> ApiKey:
         key = await s.get(ApiKey, key_id)
@@ -309,6 +314,23 @@ LIMIT_MAX: dict[str, float] = {
     "token_budget": INT64_MAX,
     "cost_budget": MAX_COST_BUDGET,
 }
+
+
+def page_query(limit: int | None, after: str | None) -> PageQuery:
+    """The page a listing asks for, or a 400 naming the parameter out of range."""
+    if limit is not None and not 1 <= limit <= MAX_LIMIT:
+        raise AdminError(f"limit must be between 1 and {MAX_LIMIT}, got {limit}", param="limit")
+    if after is not None and not after:
+        raise AdminError("after must be the id of the last row of the previous page", param="after")
+    return PageQuery(limit, after)
+
+
+async def _read_page(s: AsyncSession, query: Select[Any], model: type[Tenant | ApiKey], page: PageQuery
+                     ) -> tuple[list[Any], bool]:
+    try:
+        return await read_page(s, query, model, page)
+    except UnknownCursor:
+        raise AdminError(f"after names no row of this listing: {page.after!r}", param="after") from None
 
 
 def tenant_name(name: str) -> str:

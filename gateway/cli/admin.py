@@ -64,7 +64,7 @@ def tenant_create(name: str, weight: float = 1.0, config: ConfigOpt = None, as_j
 @tenant_app.command("list")
 def tenant_list(config: ConfigOpt = None, as_json: JsonOpt = False) -> None:
     """List tenants."""
-    show([asdict(t) for t in run(config, lambda svc, _: svc.list_tenants())], as_json, TENANT_COLUMNS,
+    show([asdict(t) for t in run(config, lambda svc, _: svc.list_tenants()).items], as_json, TENANT_COLUMNS,
          empty="no tenants yet: create one with `switchyard tenant create NAME`")
 
 
@@ -74,7 +74,7 @@ def tenant_show(tenant: str, config: ConfigOpt = None, as_json: JsonOpt = False)
 
     async def job(svc: TenancyService, _: Database) -> dict[str, Any]:
         t = await svc.get_tenant(tenant)
-        keys = await svc.list_keys(t.id)
+        keys = (await svc.list_keys(t.id)).items
         return {
             **asdict(t),
             "limits": (await svc.get_limits("tenant", t.id)).as_dict(),
@@ -141,7 +141,7 @@ def key_list(
     as_json: JsonOpt = False,
 ) -> None:
     """List keys (prefixes only; secrets are never stored)."""
-    keys = [asdict(k) for k in run(config, lambda svc, _: svc.list_keys(tenant))]
+    keys = [asdict(k) for k in run(config, lambda svc, _: svc.list_keys(tenant)).items]
     show(keys, as_json, KEY_TABLE if tenant else KEY_TABLE_ALL, empty="no keys")
 
 

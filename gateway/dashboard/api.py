@@ -142,7 +142,7 @@ class DashboardApi(Controller):
             rows, cursor = await records.search(db, f, limit, before)
         except ParameterError as exc:
             raise AdminError(exc.message, param=exc.param) from None
-        names = {k.id: k.name for k in await svc.list_keys(tenant) if k.name}
+        names = {k.id: k.name for k in (await svc.list_keys(tenant)).items if k.name}
         return {"data": rows, "next_before": cursor, "key_names": names}
 
     @get("/requests/{request_id:str}")
@@ -205,7 +205,7 @@ class DashboardApi(Controller):
     async def tenants(self, session: SessionData, svc: TenancyService) -> dict[str, Any]:
         if not session.is_admin:
             raise NotYours("Only admins list tenants.")
-        return {"data": [{"id": t.id, "name": t.name, "status": t.status} for t in await svc.list_tenants()]}
+        return {"data": [{"id": t.id, "name": t.name, "status": t.status} for t in (await svc.list_tenants()).items]}
 
     @get("/deployments")
     async def deployments(self, request: Request[Any, Any, Any], session: SessionData) -> dict[str, Any]:

@@ -255,3 +255,41 @@ async def test_database_outage_is_503_on_admin_and_dashboard_routes(
     finally:
         server.stop()
         await drop_pg_database(name)
+
+
+async def pages(api: httpx.AsyncClient, path: str, limit: int, **query: str) -> list[dict[str, object]]:
+    """Every page of a listing, ``limit`` rows at a time, checking each page's own fields."""
+    seen: list[dict[str, object]] = []
+    after: object = None
+    while True:
+        params = query | {"limit": limit} | ({"after": after} if after else {})
+        body = (await api.get(path, params=params, headers=admin())).raise_for_status().json()
+        data = body["data"]
+        assert len(data) <= limit
+        assert (body["first_id"], body["last_id"]) == ((data[0]["id"], data[-1]["id"]) if data else (None, None))
+        seen += data
+        if not body["has_more"]:
+            return seen
+        assert len(data) == limit
+        after = body["last_id"]
+
+
+async def test_listings_page_in_creation_order(api: httpx.AsyncClient) -> None:
+    tenant = await new_tenant(api)
+    for i in range(5):
+        r = await api.post("/admin/v1/keys", json={"tenant_id": tenant["id"], "name": f"k{i}"}, headers=admin())
+        assert r.status_code == 201, r.text
+    for path, query in ((f"/admin/v1/tenants/{tenant['id']}/keys", {}),
+                        ("/admin/v1/keys", {"tenant_id": str(tenant["id"])})):
+        whole = (await api.get(path, params=query, headers=admin())).json()
+        assert [k["name"] for k in whole["data"]] == [f"k{i}" for i in range(5)] and whole["has_more"] is False
+        for limit in (1, 2, 5):
+            assert await pages(api, path, limit, **query) == whole["data"]
+    whole = (await api.get("/admin/v1/tenants", headers=admin())).json()["data"]
+    assert await pages(api, "/admin/v1/tenants", 2) == whole
+
+
+async def test_a_bad_page_is_400_naming_the_parameter(api: httpx.AsyncClient) -> None:
+    for params, param in (({"limit": 0}, "limit"), ({"limit": 1001}, "limit"), ({"after": "key_missing"}, "after"),
+                          ({"after": ""}, "after")):
+        assert_error(await api.get("/admin/v1/keys", params=params, headers=admin()), 400, param)
