@@ -2,7 +2,7 @@
 markup, costs from a millionth of a dollar to millions, a new tenant with no usage in a fresh
 browser (no console error anywhere), a session ended elsewhere, a range the API refuses, the
 default custom dates in a week that changed the clocks, a time zone the server does not know, and
-a request-log search that fails."""
+a request-log search that fails, and a proxy's HTML error page or a lost connection instead of the API."""
 
 from __future__ import annotations
 
@@ -254,4 +254,26 @@ async def test_a_failed_log_search_leaves_no_rows_of_the_last(browser, dash: Das
     await page.click("#search")
     await expect(page.locator("#message")).to_have_text(re.compile(r"\S"))
     await expect(rows).to_have_count(0)
+    await context.close()
+
+
+async def test_a_proxy_error_page_is_said_as_its_status_not_a_parse_error(browser, dash: DashEnv) -> None:  # type: ignore[no-untyped-def]
+    """A load balancer's HTML 502 in front of the gateway reads as the status it is, and a lost
+    connection as the gateway out of reach, never as the JSON parser's "Unexpected token"."""
+    from playwright.async_api import expect
+
+    context = await browser.new_context()
+    page = await context.new_page()
+    await sign_in(page, dash.url, dash.a.key)
+    await page.click("#tab-requests")
+    await expect(page.locator("#requests tbody tr")).to_have_count(50)
+    await page.route("**/dashboard/api/requests?*", lambda route: route.fulfill(
+        status=502, content_type="text/html", body="<html><body><h1>502 Bad Gateway</h1></body></html>"))
+    await page.click("#search")
+    await expect(page.locator("#message")).to_contain_text("502")
+    assert "token" not in await page.inner_text("#message") and "JSON" not in await page.inner_text("#message")
+    await page.unroute("**/dashboard/api/requests?*")
+    await page.route("**/dashboard/api/requests?*", lambda route: route.abort())
+    await page.click("#search")
+    await expect(page.locator("#message")).to_contain_text("could not be reached")
     await context.close()

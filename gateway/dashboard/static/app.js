@@ -10,11 +10,25 @@
   const state = { me: null, tenant: null, charts: {}, view: "usage", cursor: null, names: {}, shown: 0, tz: TZ };
   window.__sy = state; // for the browser tests: the charts' scales and data
 
+  // An answer that is not the API's JSON (a proxy's HTML error page, a cut connection) is said as
+  // what happened, not as the JSON parser's complaint.
   async function api(path) {
-    const res = await fetch("/dashboard/api/" + path, { credentials: "same-origin" });
+    let res;
+    try {
+      res = await fetch("/dashboard/api/" + path, { credentials: "same-origin" });
+    } catch (e) {
+      throw new Error("The gateway could not be reached; try again.");
+    }
     if (res.status === 401) { location.href = "/dashboard/login"; throw new Error("signed out"); }
-    const body = await res.json();
-    if (!res.ok) throw Object.assign(new Error(body.error ? body.error.message : res.statusText), { param: body.error?.param });
+    let body;
+    try {
+      body = await res.json();
+    } catch (e) {
+      const status = `${res.status} ${res.statusText}`.trim();
+      throw new Error(res.ok ? "The gateway's answer could not be read; try again."
+        : `The gateway answered ${status}; try again in a moment.`);
+    }
+    if (!res.ok) throw Object.assign(new Error(body?.error ? body.error.message : res.statusText), { param: body?.error?.param });
     return body;
   }
 
