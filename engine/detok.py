@@ -3,7 +3,8 @@
 ``IncrementalDetokenizer`` decodes a small sliding window of ids (as vLLM does) and holds back a
 token while its text ends in U+FFFD, i.e. while it is an incomplete UTF-8 sequence whose
 remaining bytes are in later tokens. ``StopMatcher`` holds back the tail of the text that could
-still become a stop string, so stop strings that span tokens are cut cleanly.
+still become a stop string, so stop strings that span tokens are cut cleanly (or, when the stop
+string stays in the output, keeps that tail only to find one).
 """
 
 from __future__ import annotations
@@ -48,34 +49,47 @@ class IncrementalDetokenizer:
 class StopMatcher:
     """``feed(new_text) -> (emit, stopped)``.
 
-    ``emit`` is text that can safely go to the client; once a stop string appears, everything
-    from it onwards is dropped and ``stopped`` is True. ``flush()`` returns what was held back
-    when generation ends for another reason.
+    ``emit`` is text that can safely go to the client; once a stop string appears, ``stopped`` is
+    True and the text is cut before it, or with ``include`` (vLLM's ``include_stop_str_in_output``)
+    right after it. Without ``include`` the tail that could still begin a stop string is held back,
+    and ``flush()`` returns it when generation ends for another reason; with ``include`` nothing is
+    held back (the text up to a stop string's end is output anyway), and the emitted tail is only
+    kept to find a stop string that spans tokens. As vLLM, a stop string is looked for only where it
+    ends in new text.
     """
 
-    def __init__(self, stop_strings: list[str] | None = None) -> None:
+    def __init__(self, stop_strings: list[str] | None = None, include: bool = False) -> None:
         self.stops = [s for s in (stop_strings or []) if s]
-        self.held = ""
+        self.include = include
+        self.held = ""  # the tail kept from earlier text: not yet emitted, or with ``include`` emitted
         self.stopped = False
         self.matched: str | None = None  # the stop string found (the earliest in the text)
 
     def feed(self, new_text: str, match: bool = True) -> tuple[str, bool]:
         """With ``match=False`` (before ``min_tokens``) stop strings are not looked for, but a
-        tail that could begin one is still held back, so a stop string that ends in later text
-        is cut cleanly."""
+        tail that could begin one is still kept, so a stop string that ends in later text is cut
+        cleanly."""
         if self.stopped:
             return "", True
         if not self.stops:
             return new_text, False
+        old = len(self.held)
         buf = self.held + new_text
-        hits = [(i, s) for i, s in ((buf.find(s), s) for s in self.stops) if i >= 0] if match else []
-        if hits:
-            at, self.matched = min(hits, key=lambda hit: hit[0])
+        sent = old if self.include else 0  # where this call's output starts in ``buf``
+        hit = self._first_hit(buf, old) if match else None
+        if hit is not None:
+            at, self.matched = hit
             self.held, self.stopped = "", True
-            return buf[:at], True
-        keep = self._partial_tail(buf)
+            end = at + len(self.matched) if self.include else at
+            return buf[sent:end], True
+        keep = len(max(self.stops, key=len)) - 1 if self.include else self._partial_tail(buf)
         self.held = buf[len(buf) - keep :] if keep else ""
-        return buf[: len(buf) - keep], False
+        return buf[sent:] if self.include else buf[: len(buf) - keep], False
+
+    def _first_hit(self, buf: str, old: int) -> tuple[int, str] | None:
+        """The earliest stop string in ``buf`` that ends after its first ``old`` characters."""
+        hits = [(i, s) for i, s in ((buf.find(s, max(old - len(s) + 1, 0)), s) for s in self.stops) if i >= 0]
+        return min(hits, key=lambda hit: hit[0]) if hits else None
 
     def _partial_tail(self, buf: str) -> int:
         """Length of the longest suffix of ``buf`` that is a proper prefix of a stop string."""
@@ -89,4 +103,4 @@ class StopMatcher:
 
     def flush(self) -> str:
         out, self.held = self.held, ""
-        return "" if self.stopped else out
+        return "" if self.stopped or self.include else out

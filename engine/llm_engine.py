@@ -264,10 +264,10 @@ class LLMEngine:
         may_stop = seq.num_output_tokens >= p.min_tokens
         if may_stop:
             if not p.ignore_eos and token in self.eos_token_ids:  # first, as vLLM: no stop_reason
-                text.stop(None)
+                text.stop(None, token)
                 return FinishReason.STOP
             if token in p.stop_token_ids:
-                text.stop(token)
+                text.stop(token, token)
                 return FinishReason.STOP
         if text.push(token, check_stop=may_stop):
             return FinishReason.STOP

@@ -12,8 +12,9 @@ from engine.sequence import Sequence, TokenLogprob
 
 
 class TextState:
-    """Turns a sequence's tokens into text. ``push`` returns True when a stop string matched
-    (the stop string itself never reaches ``text``). Without a tokenizer, text stays empty."""
+    """Turns a sequence's tokens into text. ``push`` returns True when a stop string matched (the
+    stop string reaches ``text`` only with ``include_stop_str_in_output``). Without a tokenizer,
+    text stays empty."""
 
     def __init__(self, tokenizer: Any, params: SamplingParams, prompt_ids: list[int]) -> None:
         self.text = ""
@@ -21,12 +22,13 @@ class TextState:
         self._delta: list[str] = []
         self._detok = None
         self._matcher = None
+        self._include = params.include_stop_str_in_output
         if tokenizer is not None:
             from engine.detok import IncrementalDetokenizer, StopMatcher
 
             self._detok = IncrementalDetokenizer(tokenizer, prompt_ids, params.skip_special_tokens)
             if params.stop:
-                self._matcher = StopMatcher(list(params.stop))
+                self._matcher = StopMatcher(list(params.stop), include=self._include)
 
     def _emit(self, piece: str) -> None:
         if piece:
@@ -47,9 +49,13 @@ class TextState:
             self.stop_reason = self._matcher.matched  # vLLM's stop_reason: the stop string that matched
         return stopped
 
-    def stop(self, reason: str | int | None) -> None:
-        """Finished on a stop token / EOS (not part of the text)."""
+    def stop(self, reason: str | int | None, token_id: int | None = None) -> None:
+        """Finished (on ``token_id``, a stop token / EOS, if given: as vLLM, not part of the text
+        unless ``include_stop_str_in_output``, then decoded as any token, never matched as a stop
+        string)."""
         self.stop_reason = reason
+        if self._include and token_id is not None:
+            self.push(token_id, check_stop=False)
         self.finish()
 
     def finish(self) -> None:

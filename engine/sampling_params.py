@@ -31,7 +31,9 @@ class SamplingParams:
     same for every prompt token (the first has none), with each token's rank, computed in the prefill
     (``engine.prompt_logprobs``). Both ``k`` are at most ``MAX_LOGPROBS`` (vLLM's default
     ``max_logprobs``); vLLM's ``-1`` (the whole vocabulary per token) is refused. ``seed=-1`` means
-    no seed, as in vLLM.
+    no seed, as in vLLM. ``include_stop_str_in_output``, as vLLM: the text is cut after the stop
+    string that ended it rather than before, and a stop token (EOS, ``stop_token_ids``) is decoded
+    into it as any token is (nothing for a special token skipped by ``skip_special_tokens``).
     """
 
     n: int = 1
@@ -47,6 +49,7 @@ class SamplingParams:
     min_tokens: int = 0
     stop: list[str] = field(default_factory=list)
     stop_token_ids: list[int] = field(default_factory=list)
+    include_stop_str_in_output: bool = False  # keep the stop string (or stop token's text) that ended it
     ignore_eos: bool = False
     logprobs: int | None = None
     prompt_logprobs: int | None = None

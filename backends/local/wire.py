@@ -47,9 +47,6 @@ def refuse_unsupported(request: SamplingFields) -> None:
     for name in extra_params(request):
         if name not in taken:
             raise BadRequest(f"'{name}' is not supported by the local engine", param=name)
-    if request.include_stop_str_in_output:
-        raise BadRequest("include_stop_str_in_output is not supported by the local engine",
-                         param="include_stop_str_in_output")
     if opt(request.prompt_logprobs, None) is not None and request.is_stream:  # as vLLM: they are not streamed
         raise BadRequest("prompt_logprobs are not available when stream is true", param="prompt_logprobs")
 
@@ -101,6 +98,7 @@ def sampling_params(request: SamplingFields, limit: int | None, logprobs: int | 
             min_tokens=opt(request.min_tokens, 0),
             stop=request.stop_list(),
             stop_token_ids=list(opt(request.stop_token_ids, [])),
+            include_stop_str_in_output=bool(opt(request.include_stop_str_in_output, False)),
             skip_special_tokens=bool(opt(request.skip_special_tokens, True)),
             ignore_eos=bool(opt(request.ignore_eos, False)),
             logprobs=logprobs,

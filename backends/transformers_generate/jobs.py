@@ -30,6 +30,7 @@ class RowParams:
     min_tokens: int = 0
     ignore_eos: bool = False
     stop: list[str] = field(default_factory=list)
+    include_stop_str_in_output: bool = False  # vLLM's: keep the stop string (or EOS's text) that ended it
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     logit_bias: dict[int, float] = field(default_factory=dict)

@@ -24,7 +24,7 @@ def refuse_unsupported(request: SamplingFields) -> None:
     for name in extra_params(request):
         if name not in taken:
             raise BadRequest(f"'{name}' is not supported by this deployment", param=name)
-    for name in ("stop_token_ids", "include_stop_str_in_output", "prompt_logprobs", "chat_template_kwargs"):
+    for name in ("stop_token_ids", "prompt_logprobs", "chat_template_kwargs"):
         if opt(getattr(request, name, None), None) not in (None, False, [], {}):
             raise BadRequest(f"'{name}' is not supported by this deployment", param=name)
     if opt(request.skip_special_tokens, True) is False:
@@ -61,6 +61,7 @@ def row_params(request: SamplingFields, max_new_tokens: int, vocab: int, logprob
         min_tokens=opt(request.min_tokens, 0),
         ignore_eos=bool(request.ignore_eos),
         stop=request.stop_list(),
+        include_stop_str_in_output=bool(opt(request.include_stop_str_in_output, False)),
         presence_penalty=opt(request.presence_penalty, 0.0),
         frequency_penalty=opt(request.frequency_penalty, 0.0),
         logit_bias=logit_bias(request, vocab),

@@ -25,7 +25,7 @@ class Row:
         self.job, self.index, self.prompt = job, index, prompt
         self.eos_ids, self.tokenizer = eos_ids, tokenizer
         self.detok = IncrementalDetokenizer(tokenizer, prompt)
-        self.stops = StopMatcher(job.params.stop)
+        self.stops = StopMatcher(job.params.stop, job.params.include_stop_str_in_output)
         self.matcher = job.matchers[index] if job.matchers is not None else None
         self.output: list[int] = []
         self.finished = False
@@ -61,7 +61,9 @@ class Row:
             alternatives = dict(zip(top.indices.tolist(), top.values.tolist())) if top is not None else {}
             lp = TokenLogprob(token, float(logprobs[token]), alternatives)
         if self.count >= p.min_tokens and not p.ignore_eos and token in self.eos_ids:
-            self.job.emit(Event(index=self.index, token=True, logprob=lp))
+            # As vLLM: EOS is decoded into the text only with include_stop_str_in_output.
+            text = self.stops.feed(self.detok.push(token), match=False)[0] if p.include_stop_str_in_output else ""
+            self.job.emit(Event(index=self.index, text=text, token=True, logprob=lp))
             self.end("stop")
             return
         if self.matcher is not None:

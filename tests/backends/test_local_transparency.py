@@ -26,8 +26,7 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
 
 @pytest.mark.parametrize("name, value", [("reasoning_effort", "low"), ("verbosity", "low"),
                                          ("web_search_options", {}),
-                                         ("prediction", {"type": "content", "content": "x"}),
-                                         ("include_stop_str_in_output", True)])
+                                         ("prediction", {"type": "content", "content": "x"})])
 def test_unsupported_parameter_is_a_400_naming_it(env: Env, name: str, value: object) -> None:
     with pytest.raises(openai.BadRequestError) as caught:
         env.client().chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=2,  # type: ignore[arg-type]

@@ -128,6 +128,25 @@ async def test_stop_strings_cut_the_text(backend_for) -> None:
     assert held.text == full and held.finish_reason == "length"  # no stop string counts before min_tokens
 
 
+@pytest.mark.parametrize("include", [True, False])
+async def test_included_stop_string_stays_in_the_text(backend_for, include: bool) -> None:
+    """vLLM's include_stop_str_in_output: cut right after the stop string instead of before it,
+    streamed or not, for every choice; the same tokens either way."""
+    backend = backend_for("gpt2")
+    full = (await backend.complete(completion(PROMPTS[0], max_tokens=12, ignore_eos=True))).response.choices[0].text
+    stop = full[3:6]
+    want = full[: full.index(stop) + len(stop) * include]
+    kw = dict(max_tokens=12, ignore_eos=True, stop=[stop], include_stop_str_in_output=include, n=2)
+    whole = await backend.complete(completion(PROMPTS[0], **kw))
+    assert [(c.text, c.finish_reason) for c in whole.response.choices] == [(want, "stop")] * 2
+    stream = await backend.complete_stream(completion(PROMPTS[0], **kw, stream=True))
+    texts = ["", ""]
+    async for chunk in stream:
+        for c in chunk.choices:
+            texts[c.index] += c.text
+    assert texts == [want] * 2 and stream.meter.completion_tokens == whole.meter.completion_tokens
+
+
 async def test_seeded_sampling_repeats(backend_for) -> None:
     backend = backend_for("gpt2")
     req = completion(PROMPTS[1], temperature=1.0, seed=7, max_tokens=10, ignore_eos=True)

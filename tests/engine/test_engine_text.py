@@ -77,3 +77,34 @@ async def test_streamed_text_deltas_add_up(llm: LLM) -> None:
     pieces = [o.outputs[0].delta_text async for o in eng.add_request("stream", PROMPT, params)]
     assert "".join(pieces) == text
     await eng.shutdown()
+
+
+def test_included_stop_string_stays_in_the_output(llm: LLM) -> None:
+    """vLLM's include_stop_str_in_output: cut right after the stop string; same tokens either way."""
+    text, tokens = free_run(llm)
+    stop = spanning_stop(llm, text, tokens)
+    base = dict(temperature=0, max_tokens=30, ignore_eos=True, stop=[stop])
+    cut = llm.generate([PROMPT], SamplingParams(**base))[0].outputs[0]  # type: ignore[arg-type]
+    kept = llm.generate([PROMPT], SamplingParams(**base, include_stop_str_in_output=True))[0].outputs[0]  # type: ignore[arg-type]
+    assert kept.text == text[: text.index(stop) + len(stop)] and kept.finish_reason == "stop"
+    assert kept.stop_reason == stop and kept.token_ids == cut.token_ids
+
+
+def test_stop_token_text_is_included_as_vllm_decodes_it(llm: LLM) -> None:
+    """A stop token id or EOS that ends the sequence is decoded into the text only with
+    include_stop_str_in_output, and a special one only without skip_special_tokens."""
+    text, tokens = free_run(llm)
+    k = next(k for k in range(1, len(tokens)) if tokens[k] not in tokens[:k]  # whole characters either way
+             and not any(llm.tokenizer.decode(tokens[:j]).endswith("\ufffd") for j in (k, k + 1)))
+    base = dict(temperature=0, max_tokens=30, stop_token_ids=[tokens[k]])
+    for include, want in ((False, tokens[:k]), (True, tokens[: k + 1])):
+        out = llm.generate([PROMPT], SamplingParams(**base, include_stop_str_in_output=include))[0].outputs[0]  # type: ignore[arg-type]
+        assert out.text == llm.tokenizer.decode(want) and out.stop_reason == tokens[k]
+        assert out.token_ids == tokens[: k + 1]
+    eos = sorted(llm.tokenizer.eos_token_ids)[0]
+    forced = dict(temperature=0, max_tokens=5, logit_bias={eos: 100.0})
+    for include, skip, eos_text in ((True, False, llm.tokenizer.decode([eos], skip_special_tokens=False)),
+                                    (True, True, ""), (False, False, "")):
+        out = llm.generate([PROMPT], SamplingParams(**forced, include_stop_str_in_output=include,  # type: ignore[arg-type]
+                                                    skip_special_tokens=skip))[0].outputs[0]
+        assert out.token_ids == [eos] and out.text == eos_text, (include, skip)

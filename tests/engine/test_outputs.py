@@ -49,3 +49,26 @@ def test_held_back_text_is_released_when_generation_ends_otherwise() -> None:
 def test_without_a_tokenizer_text_stays_empty() -> None:
     state = TextState(None, SamplingParams(stop=["x"]), [1])
     assert state.push(1) is False and state.text == ""
+
+
+def test_included_stop_string_stays_and_nothing_is_held_back() -> None:
+    state = TextState(PieceTokenizer(), SamplingParams(stop=[" EN"], include_stop_str_in_output=True), [])
+    deltas = []
+    for t in [1, 2, 6, 7, 8]:
+        stopped = state.push(t)
+        deltas.append(state.take_delta())
+        if stopped:
+            break
+    assert stopped and state.stop_reason == " EN"
+    assert deltas == ["Hel", "lo", " E", "N"] and state.text == "Hello EN"
+
+
+def test_stop_token_text_is_included_only_when_asked() -> None:
+    """As vLLM: the token that ended the sequence (EOS or a stop token id) is decoded into the
+    text with include_stop_str_in_output, never otherwise."""
+    for include, want in ((False, "Hello"), (True, "Hello!")):
+        state = TextState(PieceTokenizer(), SamplingParams(stop=["zz"], include_stop_str_in_output=include), [])
+        state.push(1)
+        state.push(2)
+        state.stop(5, 5)
+        assert state.text == want and state.stop_reason == 5

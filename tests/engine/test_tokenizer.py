@@ -164,6 +164,32 @@ def test_stop_matcher_without_matching_holds_back_but_never_stops() -> None:
     assert m.feed("OP c") == ("", True)  # a stop string ending in matched text: cut there
 
 
+def test_stop_matcher_including_the_stop_string_holds_nothing_back() -> None:
+    """vLLM's include_stop_str_in_output: cut right after the stop string, found also across
+    pieces though nothing is held back; text after it in the same piece is dropped."""
+    m = StopMatcher(["STOP", "\n\n"], include=True)
+    assert m.feed("Hello S") == ("Hello S", False)
+    assert m.feed("T") == ("T", False)
+    assert m.feed("ill going. S") == ("ill going. S", False)
+    assert m.feed("TO") == ("TO", False)
+    assert m.feed("P and more") == ("P", True) and m.matched == "STOP"
+    assert m.feed("more") == ("", True) and m.flush() == ""
+    m = StopMatcher(["xyz", "yz!"], include=True)
+    assert m.feed("ab xyz!") == ("ab xyz", True)  # the earliest stop string wins
+    m = StopMatcher(["</end>"], include=True)
+    assert m.feed("partial </e") == ("partial </e", False) and m.flush() == ""
+
+
+def test_stop_matcher_looks_only_where_a_stop_string_ends_in_new_text() -> None:
+    """As vLLM (its search starts where a match would end in the new text): a stop string lying
+    wholly in text fed before ``min_tokens`` ends nothing later."""
+    for include in (False, True):
+        m = StopMatcher(["ab", "ababc"], include=include)
+        assert m.feed("xabab", match=False)[1] is False
+        out, stopped = m.feed("c")
+        assert stopped and m.matched == "ababc"
+
+
 def test_continued_cuts_the_prompt_right_after_the_final_message() -> None:
     from engine.errors import ChatTemplateError
     from engine.tokenizer import continued
