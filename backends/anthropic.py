@@ -23,6 +23,7 @@ from typing import Any
 import msgspec
 from msgspec import UNSET
 
+from backends.anthropic_functions import as_function_call, function_call_delta, uses_functions
 from backends.anthropic_opt_ins import check_opt_ins
 from backends.anthropic_wire import (
     STOP_REASONS,
@@ -139,6 +140,8 @@ class AnthropicBackend(HTTPBackend):
         data, head = await self._unary(body, "/messages", _upstream_headers(request))
         response = from_messages_response(data, request.model)
         response.__dict__[ANTHROPIC_MESSAGE] = data  # /v1/messages relays it as it came
+        if uses_functions(request):
+            as_function_call(response)
         usage = response.usage if isinstance(response.usage, Usage) else Usage()
         meter = Meter(prompt_tokens=usage.prompt_tokens, completion_tokens=usage.completion_tokens,
                       first_token_at=time.perf_counter())
@@ -165,7 +168,7 @@ class AnthropicBackend(HTTPBackend):
         meter = Meter(prompt_tokens=estimate_chat_prompt(request), exact=False)
         events = await self._open(body, _upstream_headers(request))
         relay = _StreamTranslator(self, events, request.model, request.include_usage, meter,
-                                  keep_events=anthropic_body(request) is not None)
+                                  keep_events=anthropic_body(request) is not None, functions=uses_functions(request))
         try:
             await relay.prime()
         except BaseException:
@@ -299,8 +302,9 @@ class _StreamTranslator:
     (``ANTHROPIC_EVENTS``): on the first chunk made after it, or on a last chunk without choices."""
 
     def __init__(self, backend: AnthropicBackend, events: _Events, model: str, want_usage: bool, meter: Meter,
-                 keep_events: bool = False) -> None:
+                 keep_events: bool = False, functions: bool = False) -> None:
         self._backend, self._events, self._model = backend, events, model
+        self._functions = functions  # the request used legacy functions: deltas and finish in their shape
         self._want_usage, self._meter = want_usage, meter
         self._kept: list[dict[str, Any]] | None = [] if keep_events else None
         self._id = "msg"
@@ -334,6 +338,8 @@ class _StreamTranslator:
         raise StopAsyncIteration
 
     def _chunk(self, delta: ChatDelta, finish: str | None = None, stop: Any = None) -> ChatCompletionChunk:
+        if self._functions:
+            delta, finish = function_call_delta(delta, finish)
         choice = ChatChunkChoice(index=0, delta=delta, finish_reason=finish)  # a STOP_REASONS value
         if isinstance(stop, str):
             choice.stop_reason = stop  # the stop sequence that matched

@@ -13,6 +13,7 @@ from typing import Any
 import msgspec
 from msgspec import UNSET
 
+from backends.anthropic_functions import as_tools
 from backends.base import BadRequest, Meter
 from backends.function_tools import function_call, function_def
 from backends.openai_wire import (
@@ -53,6 +54,11 @@ def _document_block(file: dict[str, Any]) -> dict[str, Any]:
     raise BadRequest("the anthropic provider takes files as base64 data URLs (file_data)", param="messages")
 
 
+def _cached(block: dict[str, Any], cache_control: Any) -> dict[str, Any]:
+    """``block`` with the part's ``cache_control`` (Anthropic's prompt-caching breakpoint), if it has one."""
+    return block | {"cache_control": cache_control} if isinstance(cache_control, dict) else block
+
+
 def _content_blocks(message: ChatMessage) -> list[dict[str, Any]]:
     if message.content is None:
         return []
@@ -61,11 +67,11 @@ def _content_blocks(message: ChatMessage) -> list[dict[str, Any]]:
     blocks: list[dict[str, Any]] = []
     for part in message.content:
         if isinstance(part, TextPart):
-            blocks.append({"type": "text", "text": part.text})
+            blocks.append(_cached({"type": "text", "text": part.text}, part.cache_control))
         elif isinstance(part, ImagePart):
-            blocks.append(_image_block(part.image_url.url))
+            blocks.append(_cached(_image_block(part.image_url.url), part.cache_control))
         elif isinstance(part, FilePart):
-            blocks.append(_document_block(part.file))
+            blocks.append(_cached(_document_block(part.file), part.cache_control))
         else:
             from backends.openai_wire import RefusalPart  # here: the module's imports are not this function's
 
@@ -92,19 +98,20 @@ def _tool_use_blocks(message: ChatMessage, index: int) -> list[dict[str, Any]]:
     return blocks
 
 
-def _system_text(message: ChatMessage) -> str:
-    """A system or developer message's text: Anthropic's system prompt takes text only, so any other
-    part is a 400 naming its type, never dropped."""
+def _system_blocks(message: ChatMessage) -> list[dict[str, Any]]:
+    """A system or developer message's text blocks, one per text part (empty ones left out: Anthropic
+    refuses them), each with its ``cache_control``: Anthropic's system prompt takes text only, so any
+    other part is a 400 naming its type, never dropped."""
     for part in message.content if isinstance(message.content, list) else []:
         if not isinstance(part, TextPart):
             raise BadRequest(f"the anthropic provider takes text only in a {message.role} message (its system "
                              f"prompt), not '{part.__struct_config__.tag}' content parts", param="messages")
-    return message.text()
+    return [block for block in _content_blocks(message) if block["text"]]
 
 
-def _messages(request: ChatCompletionRequest) -> tuple[str | None, list[dict[str, Any]]]:
-    """(system prompt, alternating user/assistant messages)."""
-    system: list[str] = []
+def _messages(request: ChatCompletionRequest) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(the system prompt's text blocks, in order, alternating user/assistant messages)."""
+    system: list[dict[str, Any]] = []
     out: list[dict[str, Any]] = []
 
     def add(role: str, blocks: list[dict[str, Any]]) -> None:
@@ -115,16 +122,17 @@ def _messages(request: ChatCompletionRequest) -> tuple[str | None, list[dict[str
 
     for i, message in enumerate(request.messages):
         if message.role in ("system", "developer"):
-            system.append(_system_text(message))
+            system.extend(_system_blocks(message))
         elif message.role == "assistant":
             add("assistant", _content_blocks(message) + _tool_use_blocks(message, i))
-        elif message.role in ("tool", "function"):  # text as a string; with images or documents, as blocks
+        elif message.role in ("tool", "function"):  # text as a string; with images, documents or caching, blocks
             parts = message.content if isinstance(message.content, list) else []
-            content = message.text() if all(isinstance(p, TextPart) for p in parts) else _content_blocks(message)
+            plain = all(isinstance(p, TextPart) and not isinstance(p.cache_control, dict) for p in parts)
+            content = message.text() if plain else _content_blocks(message)
             add("user", [{"type": "tool_result", "tool_use_id": message.tool_call_id or "", "content": content}])
         else:
             add("user", _content_blocks(message))
-    return ("\n\n".join(system) if system else None), out
+    return system, out
 
 
 def _tool(tool: Tool, index: int) -> dict[str, Any]:
@@ -134,7 +142,7 @@ def _tool(tool: Tool, index: int) -> dict[str, Any]:
     function = function_def(tool, index, _PROVIDER)
     out = {"name": function.name, "description": function.description or "",
            "input_schema": function.parameters or {"type": "object", "properties": {}}}
-    return out | ({"strict": True} if function.strict is True else {})
+    return _cached(out | ({"strict": True} if function.strict is True else {}), tool.cache_control)
 
 
 def _tool_choice(choice: Any) -> dict[str, Any] | None:
@@ -200,6 +208,7 @@ def to_messages_request(request: ChatCompletionRequest, model: str, *, stream: b
     do is a 400 naming it, never dropped silently, unless ``dropped`` (the deployment's ``drop_params``) names it."""
     if isinstance(request.n, int) and request.n > 1:
         raise BadRequest("the anthropic provider returns one choice (n must be 1)", param="n")
+    request = as_tools(request)  # legacy function calling, as tool calling
     _refuse_unmapped(request, dropped)
     system, messages = _messages(request)
     body: dict[str, Any] = {"model": model, "messages": messages,

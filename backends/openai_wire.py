@@ -136,8 +136,14 @@ def encode_answer(obj: Any) -> bytes:
 # ---------------------------------------------------------------- requests
 
 
+# A content part's (or a tool's) ``cache_control``: Anthropic's prompt-caching breakpoint, as clients
+# of LiteLLM and OpenRouter send it (``{"type": "ephemeral"}``); an object, or null for none.
+CacheControl = dict[str, Any] | None | UnsetType
+
+
 class TextPart(WireStruct, tag_field="type", tag="text"):
     text: str
+    cache_control: CacheControl = UNSET
 
 
 class ImageURL(WireStruct):
@@ -147,6 +153,7 @@ class ImageURL(WireStruct):
 
 class ImagePart(WireStruct, tag_field="type", tag="image_url"):
     image_url: ImageURL
+    cache_control: CacheControl = UNSET
 
 
 class InputAudio(WireStruct):
@@ -160,6 +167,7 @@ class AudioPart(WireStruct, tag_field="type", tag="input_audio"):
 
 class FilePart(WireStruct, tag_field="type", tag="file"):
     file: dict[str, Any]  # file_data (a data URL), file_id, filename
+    cache_control: CacheControl = UNSET
 
 
 class RefusalPart(WireStruct, tag_field="type", tag="refusal"):
@@ -187,6 +195,7 @@ class ChatMessage(WireStruct):
     name: str | UnsetType = UNSET
     tool_calls: list[ToolCall] | UnsetType = UNSET
     tool_call_id: str | UnsetType = UNSET
+    function_call: FunctionCall | None | UnsetType = UNSET  # legacy function calling: an assistant's call
 
     def text(self) -> str:
         """The message's text: a string content, or its text parts joined."""
@@ -365,6 +374,7 @@ class AssistantMessage(WireStruct):
     role: str = "assistant"
     content: str | None = None
     tool_calls: list[ToolCall] | UnsetType = UNSET
+    function_call: FunctionCall | UnsetType = UNSET  # legacy function calling: the answer's call
     refusal: str | None = None  # always present, as OpenAI's schema requires
     reasoning_content: str | None | UnsetType = UNSET  # a reasoning model's thinking (vLLM, DeepSeek)
     reasoning: str | None | UnsetType = UNSET  # the same, as newer vLLM and OpenRouter name it
@@ -397,6 +407,7 @@ class ChatDelta(WireStruct):
     role: str | UnsetType = UNSET
     content: str | None | UnsetType = UNSET
     tool_calls: list[ToolCallDelta] | UnsetType = UNSET
+    function_call: dict[str, Any] | UnsetType = UNSET  # legacy function calling: the call's name, arguments
     refusal: str | None | UnsetType = UNSET
     reasoning_content: str | None | UnsetType = UNSET
     reasoning: str | None | UnsetType = UNSET

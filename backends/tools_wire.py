@@ -65,6 +65,7 @@ class Tool(Struct, kw_only=True):
     function: FunctionDef | UnsetType = UNSET
     type: Literal["function", "custom"] = "function"
     custom: CustomToolDef | UnsetType = UNSET
+    cache_control: dict[str, Any] | None | UnsetType = UNSET  # Anthropic's prompt-caching breakpoint
 
     def __post_init__(self) -> None:
         _check(self.type, self.function, self.custom)

@@ -85,7 +85,8 @@ def test_translation_of_a_full_request() -> None:
         ChatCompletionRequest,
     )
     body = to_messages_request(request, "claude-test", stream=False)
-    assert body["system"] == "be brief" and body["max_tokens"] == 50 and body["temperature"] == 0.7
+    assert body["system"] == [{"type": "text", "text": "be brief"}]
+    assert body["max_tokens"] == 50 and body["temperature"] == 0.7
     assert body["stop_sequences"] == ["END"] and body["metadata"] == {"user_id": "u1"}
     assert body["tool_choice"] == {"type": "tool", "name": "search"}
     assert body["tools"][0]["input_schema"]["properties"] == {"q": {"type": "string"}}
@@ -110,7 +111,8 @@ def test_chat_round_trip(
     assert reply.usage is not None and reply.usage.completion_tokens == 3
     assert reply.usage.prompt_tokens_details is not None and reply.usage.prompt_tokens_details.cached_tokens == 2
     sent = anthropic_upstream.received[-1]
-    assert sent["model"] == "claude-test" and sent["system"] == "sys" and sent["stop_sequences"] == ["zzz"]
+    assert sent["model"] == "claude-test" and sent["system"] == [{"type": "text", "text": "sys"}]
+    assert sent["stop_sequences"] == ["zzz"]
     assert anthropic_upstream.headers[-1]["x-api-key"] == "sk-ant"
     assert anthropic_upstream.headers[-1]["anthropic-version"] == "2023-06-01"
     record = gateway[1].wait_for(1)[0]

@@ -104,7 +104,7 @@ def test_system_and_developer_messages_become_the_system_prompt() -> None:
                              {"role": "developer", "content": [{"type": "text", "text": "two"}]},
                              {"role": "user", "content": "hi"},
                              {"role": "system", "content": "three"}])
-    assert body["system"] == "one\n\ntwo\n\nthree"
+    assert body["system"] == [{"type": "text", "text": text} for text in ("one", "two", "three")]
     assert body["messages"] == [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]
 
 
