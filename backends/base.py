@@ -302,8 +302,10 @@ class Tokenizing(Protocol):
 
     def tokenize_text(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
 
-    def tokenize_chat(self, request: ChatCompletionRequest, add_generation_prompt: bool = True) -> list[int]:
-        """The chat template's token ids; BadRequest names what the template refused."""
+    def tokenize_chat(self, request: ChatCompletionRequest, add_generation_prompt: bool = True,
+                      add_special_tokens: bool = False) -> list[int]:
+        """The chat template's token ids (with the tokenizer's special tokens added to them when
+        ``add_special_tokens``); BadRequest names what the template refused."""
         ...
 
     def detokenize(self, ids: list[int]) -> str:

@@ -222,9 +222,12 @@ class Tokenizer:
         return continued(text, messages[-1].get("content") or "") if continue_final_message else text
 
     def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
-                            continue_final_message: bool = False, **kwargs: Any) -> list[int]:
+                            continue_final_message: bool = False, *, add_special_tokens: bool = False,
+                            **kwargs: Any) -> list[int]:
+        """The template's text as token ids; ``add_special_tokens`` adds the tokenizer's own (a BOS)
+        to what the template wrote, as vLLM's /tokenize does when asked."""
         text = self.render_chat(messages, add_generation_prompt, continue_final_message, **kwargs)
-        return self.encode(text, add_special_tokens=False)
+        return self.encode(text, add_special_tokens=add_special_tokens)
 
 
 def continued(rendered: str, final: str) -> str:

@@ -31,6 +31,8 @@ from gateway.routing.cache_aware import chat_prefix, completion_prefix
 
 # A text completion without max_tokens generates 16 tokens: OpenAI's documented default, and vLLM's.
 COMPLETION_DEFAULT_MAX_TOKENS = 16
+# The field that caps the output, by endpoint, where describe_chat serves a translated one.
+OUTPUT_FIELDS = {"messages": "max_tokens", "responses": "max_output_tokens"}
 Invoke = Callable[[Backend, CallContext], Awaitable[Completed[Any] | ChunkStream[Any]]]
 # The prompt's tokens with a backend's own tokenizer (exact), or with a deployment's configured one.
 CountPrompt = Callable[[Tokenizing | PromptCounter], int]
@@ -53,6 +55,7 @@ class CallDescription:
     dialect: Dialect = OPENAI
     count_prompt: CountPrompt | None = None  # None: only the bound is known
     api_default_limit: int | None = None  # the API's own cap per sequence where the client sets none
+    output_field: str | None = "max_tokens"  # the field the output reservation came from (None: no output)
 
 
 def describe_chat(principal: Principal, body: ChatCompletionRequest, *, endpoint: str = "chat.completions",
@@ -65,6 +68,8 @@ def describe_chat(principal: Principal, body: ChatCompletionRequest, *, endpoint
     if body.tool_choice not in (None, msgspec.UNSET) and not body.tools:
         raise ApiError(400, "'tool_choice' is only allowed when 'tools' are specified.", param="tool_choice")
     stream = body.is_stream
+    field = OUTPUT_FIELDS.get(endpoint) or (
+        "max_completion_tokens" if isinstance(body.max_completion_tokens, int) else "max_tokens")
 
     def invoke(backend: Backend, ctx: CallContext) -> Awaitable[Completed[Any] | ChunkStream[Any]]:
         return backend.chat_stream(body, ctx) if stream else backend.chat(body, ctx)
@@ -73,7 +78,7 @@ def describe_chat(principal: Principal, body: ChatCompletionRequest, *, endpoint
         principal=principal, endpoint=endpoint, model=body.model, stream=stream,
         prompt_tokens=estimate_chat_prompt(body), prompt_bound=bound_chat_prompt(body),
         output_limit=body.output_limit(), sequences=body.sequences(), routing_key=chat_prefix(body), invoke=invoke,
-        dialect=dialect, count_prompt=lambda tokenizer: _count_chat(tokenizer, body),
+        dialect=dialect, count_prompt=lambda tokenizer: _count_chat(tokenizer, body), output_field=field,
     )
 
 

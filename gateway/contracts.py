@@ -67,8 +67,11 @@ class QuotaUnavailable(Exception):
 
 
 class Admission(Protocol):
-    async def admit(self, principal: Principal, model: str, reserve_tokens: int) -> Ticket:
-        """Check and reserve in one atomic step; raise QuotaExceeded or QuotaUnavailable."""
+    async def admit(self, principal: Principal, model: str, reserve_tokens: int,
+                    output_field: str | None = "max_tokens") -> Ticket:
+        """Check and reserve in one atomic step; raise QuotaExceeded or QuotaUnavailable.
+        ``output_field`` names the request's field the output reservation came from, for the
+        refusal's message (None: the request generates nothing, as embeddings)."""
         ...
 
     def settle(self, ticket: Ticket, actual_tokens: int, cost: float) -> asyncio.Future[None]:
@@ -102,7 +105,7 @@ class UsageRecord:
     completion_tokens: int = 0
     cached_tokens: int = 0
     exact: bool = True
-    cost: float = 0.0
+    cost: float | None = None  # USD; None: not priced yet (the usage writer prices it by ``model``)
     error_type: str | None = None
     latency_ms: float = 0.0
     ttft_ms: float | None = None

@@ -47,7 +47,8 @@ class NodeKey:
 class Unmetered:
     """Admission that admits everything (quotas belong to the gateway in front of the node)."""
 
-    async def admit(self, principal: Principal, model: str, reserve_tokens: int) -> Ticket:
+    async def admit(self, principal: Principal, model: str, reserve_tokens: int,
+                    output_field: str | None = "max_tokens") -> Ticket:
         return Ticket(principal=principal, model=model, reserved_tokens=reserve_tokens)
 
     def settle(self, ticket: Ticket, actual_tokens: int, cost: float) -> asyncio.Future[None]:

@@ -140,7 +140,7 @@ class Pipeline:
         rid = request_id()
         principal = call.principal
         try:
-            ticket = await self._admit(principal, group, reserve)
+            ticket = await self._admit(principal, group, reserve, call.output_field)
         except ApiError as exc:  # refused by quotas: still one usage row (no tokens) for this request
             self.services.usage.record(UsageRecord(
                 request_id=rid, key_id=principal.key_id, tenant_id=principal.tenant_id,
@@ -231,10 +231,10 @@ class Pipeline:
             flight.attempt_span = span  # ended at settlement, so it covers a stream to its end
             return result
 
-    async def _admit(self, principal: Principal, group: ModelGroup, reserve: int) -> Ticket:
+    async def _admit(self, principal: Principal, group: ModelGroup, reserve: int, output_field: str | None) -> Ticket:
         try:
             with self.telemetry.tracing.span("admission"):
-                return await self.services.admission.admit(principal, group.name, reserve)
+                return await self.services.admission.admit(principal, group.name, reserve, output_field)
         except QuotaExceeded as exc:
             headers = retry_after_header(exc.retry_after)
             if exc.retry_after is None:  # no wait admits it: the SDKs' retries would be refused too
@@ -293,7 +293,7 @@ class Pipeline:
         if deployment is not None:
             deployment.health.record_tokens(meter.total_tokens)  # for the deployment's tokens_per_minute
         try:  # sent now, acknowledged after the reply: the reply does not wait for Redis
-            self.services.admission.settle(flight.ticket, meter.total_tokens, cost)
+            self.services.admission.settle(flight.ticket, meter.total_tokens, cost or 0.0)
         except Exception:
             log.exception("settling request %s failed", flight.request_id)
         now = time.perf_counter()
@@ -317,13 +317,14 @@ class Pipeline:
         finally:  # a cancelled wait for the fsync still counts the request
             hooks.on_settle(self.telemetry, record, meter.phases, flight.attempt_span)
 
-    def _cost(self, flight: _Flight, meter: Meter) -> float:
-        """At the price of the deployment that answered, else of its model (a fallback's own)."""
+    def _cost(self, flight: _Flight, meter: Meter) -> float | None:
+        """At the price of the deployment that answered, else of its model (a fallback's own); None
+        where neither has a price (the usage writer prices it by the requested model's)."""
         names = [flight.deployment.id] if flight.deployment else []
         group = flight.served_by or flight.group
         prices = self.settings.prices
         price = next((prices[n] for n in (*names, group.name) if n in prices), None)
-        return 0.0 if price is None else request_cost(price, meter)
+        return None if price is None else request_cost(price, meter)
 
     def _headers(self, flight: _Flight) -> dict[str, str]:
         return {"x-request-id": flight.request_id} | _ratelimit_headers(flight.ticket)

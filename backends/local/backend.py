@@ -73,7 +73,8 @@ class LocalEngineBackend:
     def tokenize_text(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
 
-    def tokenize_chat(self, request: ChatCompletionRequest, add_generation_prompt: bool = True) -> list[int]:
+    def tokenize_chat(self, request: ChatCompletionRequest, add_generation_prompt: bool = True,
+                      add_special_tokens: bool = False) -> list[int]:
         plan = tools.plan(request, self.tool_parser)
         kwargs = plan.template_kwargs if plan is not None else {}
         try:
@@ -81,7 +82,8 @@ class LocalEngineBackend:
                          if k not in ("messages", "add_generation_prompt")}
             add, cont = wire.chat_prompt_options(request, add_generation_prompt)
             return self.tokenizer.apply_chat_template(wire.chat_messages(request), add_generation_prompt=add,
-                                                      continue_final_message=cont, **{**variables, **kwargs})
+                                                      continue_final_message=cont,
+                                                      add_special_tokens=add_special_tokens, **{**variables, **kwargs})
         except InvalidRequest as exc:  # no template, or the template refused the conversation
             raise BadRequest(exc.message, param=exc.param) from None
 

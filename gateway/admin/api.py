@@ -123,6 +123,8 @@ class KeyController(Controller):
     @post("/", responses=ERRORS, status_code=201, dto=AdminBody[KeyCreate], return_dto=None)
     async def create_key(self, svc: TenancyService, data: KeyCreate) -> dict[str, Any]:
         expires = data.expires_at
+        if data.expires_in_seconds is not None and expires is not None:
+            raise AdminError("give expires_in_seconds or expires_at, not both", param="expires_in_seconds")
         if data.expires_in_seconds is not None:
             expires = datetime.now(UTC) + timedelta(seconds=data.expires_in_seconds)
         elif expires is not None and expires.replace(tzinfo=expires.tzinfo or UTC) <= datetime.now(UTC):

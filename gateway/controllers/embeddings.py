@@ -36,6 +36,7 @@ def describe_embeddings(principal: Principal, body: EmbeddingRequest) -> CallDes
         prompt_tokens=estimate_embedding_input(body), prompt_bound=bound_embedding_input(body), output_limit=0,
         sequences=len(inputs),
         routing_key=first if isinstance(first, str) else " ".join(map(str, first)), invoke=invoke,
+        output_field=None,
     )
 
 

@@ -97,6 +97,7 @@ def _described_for_passthrough(principal: Principal, data: ResponsesRequest, con
         prompt_tokens=estimate_text(msgspec.json.encode(body.get("input")).decode()),
         prompt_bound=BOUND_PER_CONVERSATION + bound_text(msgspec.json.encode(body).decode()),  # every byte sent
         output_limit=limit, sequences=1, routing_key=None, invoke=invoke, dialect=dialect,
+        output_field="max_output_tokens",
     )
 
 

@@ -27,7 +27,8 @@ class TokenizeRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     model: str
     prompt: str | UnsetType = UNSET
     messages: Annotated[list[ChatMessage], Meta(min_length=1)] | UnsetType = UNSET
-    add_special_tokens: bool = True  # for a prompt
+    # unset: True for a prompt, False for messages (their chat template writes the special tokens)
+    add_special_tokens: bool | UnsetType = UNSET
     add_generation_prompt: bool = True  # for messages, as are the three below (as chat completions take them)
     continue_final_message: bool = False
     tools: list[Tool] | None | UnsetType = UNSET
@@ -83,9 +84,10 @@ class TokenizeController(Controller):
         tokenizer = tokenizer_for(pipeline, principal_of(request), data.model)
         try:
             if isinstance(data.prompt, str):
-                ids = tokenizer.tokenize_text(data.prompt, data.add_special_tokens)
+                ids = tokenizer.tokenize_text(data.prompt, data.add_special_tokens is not False)
             else:
-                ids = tokenizer.tokenize_chat(data.chat_request(), data.add_generation_prompt)
+                ids = tokenizer.tokenize_chat(data.chat_request(), data.add_generation_prompt,
+                                              data.add_special_tokens is True)
         except BackendError as exc:
             raise from_backend_error(exc) from None
         strings = tokenizer.token_strings(ids) if data.return_token_strs else UNSET

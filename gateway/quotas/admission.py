@@ -110,7 +110,8 @@ class QuotaAdmission:
 
     # ------------------------------------------------------------ admission
 
-    async def admit(self, principal: Principal, model: str, reserve_tokens: int) -> Ticket:
+    async def admit(self, principal: Principal, model: str, reserve_tokens: int,
+                    output_field: str | None = "max_tokens") -> Ticket:
         reserve_tokens = max(0, int(reserve_tokens))
         try:
             scopes = await self.limits.scopes(principal)
@@ -146,10 +147,10 @@ class QuotaAdmission:
             tokens=decision.tokens,
         )
         if not decision.admitted:
-            if never := _never_admitted(decision, scopes, reserve_tokens, micros):
+            if never := _never_admitted(decision, scopes, reserve_tokens, micros, output_field):
                 raise QuotaExceeded(never, retry_after=None, ticket=ticket)
-            raise QuotaExceeded(_message(decision, scopes, reserve_tokens, micros), retry_after=decision.retry_after,
-                                ticket=ticket)
+            raise QuotaExceeded(_message(decision, scopes, reserve_tokens, micros, output_field),
+                                retry_after=decision.retry_after, ticket=ticket)
         lease = ticket.reservation = lease_for(r)
         self._live[lease.ticket_id] = lease
         if self.credit is not None:
@@ -224,13 +225,21 @@ class QuotaAdmission:
             )
 
 
-RESERVED = "its prompt plus max_tokens for each choice"
 PER_PERIOD = {"day": " a day", "month": " a month", "total": " in all"}
 
 
-def _never_admitted(decision: Decision, scopes: list[Scope], tokens: int, micros: int) -> str | None:
-    """The message of a refusal that no wait ends (a limit of zero, or one smaller than what the
-    request alone reserves), or None."""
+def _reserved(output_field: str | None) -> tuple[str, str]:
+    """What a request reserves, and what the client may reduce, for the field that caps its output
+    (None: a request that generates nothing reserves its input alone)."""
+    if output_field is None:
+        return "its input", "the input"
+    return f"its prompt plus {output_field} for each choice", f"the prompt or {output_field}"
+
+
+def _never_admitted(decision: Decision, scopes: list[Scope], tokens: int, micros: int,
+                    output_field: str | None) -> str | None:
+    """The message of a refusal that no wait ends (a limit of zero, one smaller than what the
+    request alone reserves, or a budget that never resets without enough left), or None."""
     if not 0 <= decision.scope_index < len(scopes):
         return None
     scope = scopes[decision.scope_index]
@@ -241,23 +250,30 @@ def _never_admitted(decision: Decision, scopes: list[Scope], tokens: int, micros
         return None
     if limit == 0:
         return f"The {scope.kind}'s limit on {what} is 0: it admits no requests."
-    per = PER_PERIOD.get(lim.budget_period, "") if decision.reason.endswith("budget") else ""
+    reserved, lower = _reserved(output_field)
+    budget = decision.reason.endswith("budget")
+    per = PER_PERIOD.get(lim.budget_period, "") if budget else ""
     if decision.reason in ("tokens", "token_budget") and tokens > limit:
         asked = f"limit {limit}{per}, requested {tokens}"
     elif decision.reason == "cost_budget" and micros > round(limit * 1e6):
         asked = f"limit {limit:g} USD{per}, requested up to {micros / 1e6:g} USD"
+    elif budget and lim.budget_period == "total":
+        asks = f"{tokens} tokens" if decision.reason == "token_budget" else f"up to {micros / 1e6:g} USD"
+        return (f"Your {scope.kind}'s {what} (in all: it never resets) is spent, or has too little left for this "
+                f"request, which reserves {asks} ({reserved}). No wait restores it: an admin must raise the "
+                f"budget (or, if some is left, reduce {lower}).")
     else:
         return None
-    return f"Request too large for {scope.kind} on {what}: {asked} ({RESERVED}); reduce the prompt or max_tokens."
+    return f"Request too large for {scope.kind} on {what}: {asked} ({reserved}); reduce {lower}."
 
 
-def _message(decision: Decision, scopes: list[Scope], tokens: int, micros: int) -> str:
+def _message(decision: Decision, scopes: list[Scope], tokens: int, micros: int, output_field: str | None) -> str:
     found = scopes[decision.scope_index] if 0 <= decision.scope_index < len(scopes) else None
     scope = found.kind if found else "key"
     what = REASONS.get(decision.reason, decision.reason)
-    if decision.reason in ("token_budget", "cost_budget"):  # spent, or not enough left for this reservation
-        reserved = f"{tokens} tokens" if decision.reason == "token_budget" else f"up to {micros / 1e6:g} USD"
-        wait = "" if found and found.limits.budget_period == "total" else "wait for the next period, or "
+    if decision.reason in ("token_budget", "cost_budget"):  # not enough left for this reservation this period
+        reserved, lower = _reserved(output_field)
+        asks = f"{tokens} tokens" if decision.reason == "token_budget" else f"up to {micros / 1e6:g} USD"
         return (f"Your {scope}'s {what} for this period has too little left for this request, which reserves "
-                f"{reserved} ({RESERVED}); {wait}lower max_tokens.")
+                f"{asks} ({reserved}); wait for the next period, or reduce {lower}.")
     return f"Rate limit reached for {scope} on {what}; retry after {math.ceil(decision.retry_after)} s."

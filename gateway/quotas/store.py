@@ -88,8 +88,9 @@ def lease_for(r: Reservation) -> Lease:
 
 
 def budget_retry(r: Reservation, scope: Scope) -> float:
-    ends_in = period_id(scope.limits.budget_period, r.now)[1]
-    return float(ends_in) if ends_in else 3600.0
+    """Seconds until the budget's period ends; 0 for the "total" period, which never ends (no wait
+    restores it: admission refuses with no Retry-After)."""
+    return float(period_id(scope.limits.budget_period, r.now)[1])
 
 
 def tighter(current: QuotaState | None, limit: int, remaining: int, reset: float) -> QuotaState:

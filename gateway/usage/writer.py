@@ -141,10 +141,7 @@ class UsageWriter:
 
     def record(self, record: UsageRecord) -> None:
         try:
-            if record.cost == 0.0:
-                record.cost = self.prices.cost(
-                    record.model, record.prompt_tokens, record.completion_tokens, record.cached_tokens
-                )
+            self._priced(record)
             self._buffer.append(record)
             self._open.pop(record.request_id, None)
             self.wal.add(record)
@@ -157,13 +154,21 @@ class UsageWriter:
 
     def begin(self, record: UsageRecord) -> None:
         try:
-            if record.cost == 0.0:  # priced as admission reserved it: every token at the highest price
+            if record.cost is None:  # priced as admission reserved it: every token at the highest price
                 tokens = record.prompt_tokens + record.completion_tokens
                 record.cost = math.ceil(tokens * self.prices.max_per_million(record.model)) / 1e6
             self._open[record.request_id] = record
             self.wal.add(record)
         except Exception:  # never raise into the request path
             log.exception("reservation of %s not journaled", record.request_id)
+
+    def _priced(self, record: UsageRecord) -> UsageRecord:
+        """``record`` with a cost: one not priced yet (None) at its model's price; a priced 0.0 (a
+        free deployment or fallback answered) stays 0.0."""
+        if record.cost is None:
+            record.cost = self.prices.cost(record.model, record.prompt_tokens, record.completion_tokens,
+                                           record.cached_tokens)
+        return record
 
     def sync(self) -> Awaitable[None]:
         if self.sync_before_reply:
@@ -305,7 +310,7 @@ class UsageWriter:
             if i:
                 await asyncio.sleep(0)
             try:
-                rows += [to_row(r) for r in records[i : i + rollup.SLICE_ROWS]]
+                rows += [to_row(self._priced(r)) for r in records[i : i + rollup.SLICE_ROWS]]
             except Exception as exc:
                 raise _BadRecord(f"{type(exc).__name__}: {exc}") from None
         if self.db.dialect == "postgresql":  # the rollups in the same statement, by PostgreSQL

@@ -109,6 +109,22 @@ def test_tokenize_takes_vllms_chat_fields(env: Env) -> None:
     env.wait_idle()
 
 
+def test_tokenize_messages_honours_add_special_tokens(env: Env) -> None:
+    """As vLLM's: for messages the default is false (the chat template writes the BOS); true adds the
+    tokenizer's own special tokens to the rendered conversation; a prompt adds them by default."""
+    tok = Tokenizer(env.folder)
+    messages = [{"role": "user", "content": "Hello"}]
+    plain = _post(env, "/tokenize", {"model": "tiny", "messages": messages}).json()["tokens"]
+    off = _post(env, "/tokenize", {"model": "tiny", "messages": messages, "add_special_tokens": False}).json()
+    on = _post(env, "/tokenize", {"model": "tiny", "messages": messages, "add_special_tokens": True}).json()
+    assert plain == off["tokens"] == tok.apply_chat_template(messages)
+    assert on["tokens"] == tok.encode(tok.render_chat(messages), add_special_tokens=True)
+    assert on["tokens"] == [tok.bos_token_id, *plain] and on["count"] == len(plain) + 1
+    prompt = _post(env, "/tokenize", {"model": "tiny", "prompt": "Hello"}).json()["tokens"]
+    bare = _post(env, "/tokenize", {"model": "tiny", "prompt": "Hello", "add_special_tokens": False}).json()
+    assert prompt == [tok.bos_token_id, *bare["tokens"]]
+
+
 def test_token_strs_are_the_vocabulary_entries(env: Env) -> None:
     """As vLLM's (transformers' ``convert_ids_to_tokens``): a token holding part of a character is its
     byte-level piece, not a replacement character."""

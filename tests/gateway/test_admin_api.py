@@ -104,6 +104,18 @@ async def test_bad_bodies_are_400_naming_the_field(api: httpx.AsyncClient) -> No
     assert_error(await api.get("/admin/v1/usage?start=yesterday", headers=h), 400, "start")
 
 
+async def test_a_key_given_two_expiries_is_400_naming_both(api: httpx.AsyncClient) -> None:
+    tid = (await new_tenant(api))["id"]
+    body = {"tenant_id": tid, "expires_in_seconds": 3600, "expires_at": "2099-01-01T00:00:00Z"}
+    r = await api.post("/admin/v1/keys", json=body, headers=admin())
+    assert_error(r, 400, "expires_in_seconds")
+    assert "expires_at" in r.json()["error"]["message"] and "expires_in_seconds" in r.json()["error"]["message"]
+    listed = (await api.get(f"/admin/v1/keys?tenant_id={tid}", headers=admin())).json()
+    assert listed["data"] == []  # nothing was created
+    r = await api.post("/admin/v1/keys", json={"tenant_id": tid, "expires_in_seconds": 3600}, headers=admin())
+    assert r.status_code == 201, r.text
+
+
 async def test_key_lifecycle(api: httpx.AsyncClient) -> None:
     tid = (await new_tenant(api))["id"]
     r = await api.post("/admin/v1/keys", json={"tenant_id": tid, "name": "ci", "models": ["m1"]}, headers=admin())

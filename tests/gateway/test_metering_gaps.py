@@ -39,7 +39,7 @@ class Env:
         [record] = self.usage.wait_for(1)
         [settled] = self.admission.settled
         assert settled.actual_tokens == record.prompt_tokens + record.completion_tokens  # quotas as recorded
-        assert settled.cost == pytest.approx(record.cost)
+        assert settled.cost == pytest.approx(record.cost or 0.0)  # None: no price (the writer prices it)
         return record
 
 
@@ -173,7 +173,7 @@ def test_a_client_gone_before_the_first_byte_is_charged_the_prompt_the_upstream_
     assert (record.status, record.error_type, record.extra) == (499, "client_disconnected",
                                                               {"outcome": "client_disconnected"})
     assert record.prompt_tokens >= estimate_text(PROMPT) and record.completion_tokens == 0 and not record.exact
-    assert record.cost > 0
+    assert record.cost is not None and record.cost > 0
 
 
 def test_a_client_gone_while_its_request_waits_out_a_hold_off_is_charged_nothing(

@@ -289,3 +289,23 @@ async def test_a_budget_set_while_requests_are_in_flight_counts_their_reservatio
     await adm.admit(p, "m", 300)
     with pytest.raises(QuotaExceeded, match="token budget"):
         await adm.admit(p, "m", 1)
+
+
+@pytest.mark.parametrize("store_kind", ["memory", "redis"])
+@pytest.mark.parametrize("period", ["total", "day"])
+async def test_a_spent_lifetime_budget_asks_no_wait(
+    db: Database, redis: Redis, redis_prefix: str, tmp_path: Path, store_kind: str, period: str
+) -> None:
+    """A "total" budget never resets: its refusal has no retry time and says an admin must raise it;
+    a budget with a period is refused until the period ends."""
+    p = await principal_with(db, Limits(token_budget=1000, budget_period=period), Limits())  # type: ignore[arg-type]
+    await _spent_900_tokens(db, p, tmp_path)
+    store = MemoryStore() if store_kind == "memory" else RedisStore(connect_redis(REDIS_URL), prefix=redis_prefix)
+    adm = QuotaAdmission(store, LimitsSource(db), PRICES)
+    with pytest.raises(QuotaExceeded, match="token budget") as refused:
+        await adm.admit(p, "m", 200)
+    if period == "total":
+        assert refused.value.retry_after is None and "admin must raise" in refused.value.message
+    else:
+        assert refused.value.retry_after is not None and refused.value.retry_after > 0
+        assert "admin" not in refused.value.message

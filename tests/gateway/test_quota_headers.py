@@ -344,7 +344,7 @@ def test_a_request_larger_than_a_whole_limit_is_told_to_shrink_not_to_retry(
 
 @pytest.mark.parametrize(("limits", "what"), [
     ({"token_budget": 1000, "budget_period": "day"}, "token budget"),
-    ({"cost_budget": 0.01, "budget_period": "total"}, "spending budget"),  # 1000 tokens at 10 USD/M
+    ({"cost_budget": 0.01, "budget_period": "month"}, "spending budget"),  # 1000 tokens at 10 USD/M
 ])
 def test_a_budget_with_room_left_is_not_called_exhausted(
         gateway: Gateway, upstream: FakeUpstream, limits: dict[str, Any], what: str) -> None:
@@ -360,6 +360,53 @@ def test_a_budget_with_room_left_is_not_called_exhausted(
     assert "max_tokens" in refused.value.message
     assert int(refused.value.response.headers["retry-after"]) >= 1
     chat(gateway.client(key), max_tokens=20)
+
+
+@pytest.mark.parametrize(("limits", "what"), [
+    ({"token_budget": 1000, "budget_period": "total"}, "token budget"),
+    ({"cost_budget": 0.01, "budget_period": "total"}, "spending budget"),  # 1000 tokens at 10 USD/M
+])
+def test_a_spent_lifetime_budget_is_not_told_to_retry(
+        gateway: Gateway, upstream: FakeUpstream, limits: dict[str, Any], what: str) -> None:
+    """A budget that never resets, spent: no wait restores it, so the 429 has no Retry-After, tells
+    the SDKs not to retry, and says an admin must raise it."""
+    _, key = gateway.tenant_key(limits)
+    upstream.options.output_words = 400
+    assert chat(gateway.client(key), max_tokens=400).parse().usage.total_tokens > 400
+    with pytest.raises(openai.RateLimitError) as refused:
+        chat(gateway.client(key), max_tokens=700)
+    assert what in refused.value.message and "spent" in refused.value.message
+    assert "admin must raise" in refused.value.message and "retry after" not in refused.value.message
+    h = refused.value.response.headers
+    assert "retry-after" not in h and "retry-after-ms" not in h and h["x-should-retry"] == "false"
+
+
+def test_a_refusal_names_the_field_the_reservation_came_from(gateway: Gateway, upstream: FakeUpstream) -> None:
+    """Each endpoint's 429 names the request's own field that capped the output it reserved."""
+    import anthropic
+
+    _, key = gateway.tenant_key({"tokens_per_minute": 300})
+    client = gateway.client(key)
+    calls = {
+        "max_completion_tokens": lambda: chat(client, max_completion_tokens=400),
+        "max_tokens": lambda: chat(client, max_tokens=400),
+        "completions max_tokens": lambda: client.completions.create(model="echo", prompt="hi", max_tokens=400),
+        "max_output_tokens": lambda: client.responses.create(model="echo", input="hi", max_output_tokens=400),
+    }
+    for field, call in calls.items():
+        with pytest.raises(openai.RateLimitError) as refused:
+            call()
+        named = field.split()[-1]
+        assert f"plus {named} for each choice" in refused.value.message, (field, refused.value.message)
+        assert f"or {named}." in refused.value.message, (field, refused.value.message)
+    with pytest.raises(openai.RateLimitError) as refused:
+        client.embeddings.create(model="echo", input="hello " * 400)
+    assert "(its input)" in refused.value.message and "reduce the input" in refused.value.message
+    assert "max_" not in refused.value.message
+    messages = anthropic.Anthropic(base_url=gateway.url, api_key=key["key"], max_retries=0, timeout=20)
+    with pytest.raises(anthropic.RateLimitError) as too_big:
+        messages.messages.create(model="echo", max_tokens=400, messages=[{"role": "user", "content": "hi"}])
+    assert "plus max_tokens for each choice" in too_big.value.message, too_big.value.message
 
 
 def test_reset_headers_lie_within_the_window(gateway: Gateway, upstream: FakeUpstream) -> None:

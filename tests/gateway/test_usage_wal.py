@@ -135,3 +135,16 @@ def test_a_mapped_segment_reads_back_whole_records_only(tmp_path: Path) -> None:
     assert os.path.getsize(segment.path) > whole
     segment.close(remove_if_empty=False)
     assert os.path.getsize(segment.path) == whole and read_records(segment.path) == records
+
+
+def test_a_segment_the_previous_version_wrote_still_reads(tmp_path: Path) -> None:
+    """Before ``cost`` could be None (not priced yet), every record was written priced: a line of
+    that version reads back with its cost, a free answer's 0.0 included."""
+    path = tmp_path / "usage-1-abcdef.jsonl"
+    line = ('{"request_id":"r%d","key_id":"k","tenant_id":null,"model":"m","deployment":"d","provider":"openai",'
+            '"endpoint":"chat.completions","started_at":1700000000.0,"status":200,"prompt_tokens":10,'
+            '"completion_tokens":5,"cached_tokens":0,"exact":true,"cost":%s,"error_type":null,"latency_ms":1.0,'
+            '"ttft_ms":null,"stream":false,"service_tier":null,"upstream_request_id":null,"extra":{}}\n')
+    path.write_text(line % (1, "0.0") + line % (2, "0.25"))
+    assert [(r.request_id, r.cost) for r in read_records(path)] == [("r1", 0.0), ("r2", 0.25)]
+    assert read_records(path)[0].cost is not None  # priced: replay never prices it again

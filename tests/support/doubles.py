@@ -33,7 +33,8 @@ class ScriptedAdmission:
         self.throttled = throttled or {}  # key_id -> retry_after seconds
         self.settled: list[Settlement] = []
 
-    async def admit(self, principal: Principal, model: str, reserve_tokens: int) -> Ticket:
+    async def admit(self, principal: Principal, model: str, reserve_tokens: int,
+                    output_field: str | None = "max_tokens") -> Ticket:
         state = QuotaState(limit=60, remaining=59, reset_seconds=1.0)
         if principal.key_id in self.throttled:
             ticket = Ticket(principal, model, 0, requests=QuotaState(60, 0, 7.0))
