@@ -24,6 +24,7 @@ import signal
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import msgspec
 
@@ -44,24 +45,33 @@ class Reloader:
         self.pipeline = pipeline
         self.config_path = Path(config_path) if config_path else None
         self._build = build
+        self._running: set[asyncio.Task[Any]] = set()  # reloads under way (a task nobody holds may be collected)
 
-    def reload(self) -> Settings:
-        """Apply the config file now; ConfigError (naming the key) leaves the old table in place."""
+    async def reload(self) -> Settings:
+        """Apply the config file now; ConfigError (naming the key) leaves the old table in place.
+        The new backends are built off the event loop, which keeps serving meanwhile. A reload
+        runs to its end even if its caller is cancelled (an admin client that stopped waiting)."""
+        task = asyncio.get_running_loop().create_task(self._reload())
+        self._running.add(task)
+        task.add_done_callback(self._running.discard)
+        return await asyncio.shield(task)
+
+    async def _reload(self) -> Settings:
         with _refusal_logged(self.config_path):
             fresh = self._load()
-            self.pipeline.services.router.reload(fresh, self._build)
+            await self.pipeline.services.router.reload(fresh, self._build)  # one at a time
         self.pipeline.settings = _reloadable(self.pipeline.settings, fresh)
         for hook in self.pipeline.services.on_reload:  # no await in between: no request sees half of it
             hook(fresh)
         return fresh
 
-    def reload_everywhere(self) -> tuple[Settings, bool]:
+    async def reload_everywhere(self) -> tuple[Settings, bool]:
         """Reload this process, or (under a multi-worker supervisor) check the file and ask the
         supervisor to restart every worker on it. Returns the new settings and whether the
         workers are being restarted."""
         supervisor = os.environ.get(SUPERVISOR_PID_ENV)
         if supervisor is None or int(supervisor) != os.getppid():
-            return self.reload(), False
+            return await self.reload(), False
         with _refusal_logged(self.config_path):
             fresh = self._load()  # a bad file is refused before any worker restarts
         os.kill(int(supervisor), signal.SIGHUP)
@@ -87,13 +97,20 @@ class Reloader:
         asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, self._on_sighup)
         return True
 
-    def _on_sighup(self) -> None:
+    def _on_sighup(self) -> asyncio.Task[None]:
+        """Start a reload (the signal callback must not wait for it); the task, for tests."""
+        task = asyncio.get_running_loop().create_task(self._reload_on_sighup())
+        self._running.add(task)
+        task.add_done_callback(self._running.discard)
+        return task
+
+    async def _reload_on_sighup(self) -> None:
         try:
-            self.reload()
+            await self.reload()
             log.info("reloaded %s on SIGHUP", self.config_path)
         except ConfigError:
             pass  # logged, in one line
-        except Exception as exc:  # never raise into the event loop's signal callback
+        except Exception as exc:  # nobody awaits this task: say what failed
             log.error("reload of %s failed, keeping the previous config: %s: %s", self.config_path,
                       type(exc).__name__, exc)
 

@@ -25,6 +25,9 @@ request's task cancelled at once: the upstream call is abandoned, and the reques
 ``client_disconnected`` and frees its limits' slots then, not when the upstream would have answered.
 After the response began, a stream notices the client leaving itself (``gateway.event_stream``).
 
+An HTTP/1.0 request's response without a length goes out close-delimited, not chunked
+(``gateway.cli.http10``).
+
 Each request's scope also gets a synchronous body writer (``gateway.event_stream.WRITE_NOW``), which
 a relayed stream uses to write its chunks from the upstream's callbacks, and the serving loop
 (``gateway.event_stream.LOOP``), which it would otherwise look up with a ``getpid`` system call.
@@ -43,6 +46,7 @@ from typing import Any
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
 from backends.turn_writes import Turn
+from gateway.cli.http10 import as_http10
 from gateway.event_stream import CLIENT_LEFT, LOOP, WRITE_NOW
 
 HEADER_TIMEOUT_ENV = "SWITCHYARD_HEADER_TIMEOUT"
@@ -167,7 +171,9 @@ class HeadDeadlineProtocol(HttpToolsProtocol):
         if (cycle := self.cycle) is not None and cycle.scope is self.scope:  # a request, not an upgrade
             # By weak reference: the scope is the cycle's, and a cycle kept alive by a cycle waits for the
             # garbage collector (gateway.app.GatewayApp says why that matters).
-            self.scope[WRITE_NOW] = partial(_write_body_now, weakref.ref(cycle))  # type: ignore[literal-required]  # our key
+            writer = (as_http10(cycle) if self.scope["http_version"] == "1.0"  # no chunked encoding
+                      else partial(_write_body_now, weakref.ref(cycle)))
+            self.scope[WRITE_NOW] = writer  # type: ignore[literal-required]  # our key
             self.scope[LOOP] = self.loop  # type: ignore[literal-required]  # our key
 
     def on_message_complete(self) -> None:

@@ -102,7 +102,7 @@ class DeploymentsController(Controller):
         _require_admin(request)
         reloader: Reloader = request.app.state["reloader"]
         try:
-            fresh, restarting = reloader.reload_everywhere()
+            fresh, restarting = await reloader.reload_everywhere()
         except ConfigError as exc:
             raise ApiError(400, str(exc), code="invalid_config") from None
         return ReloadResult(models=[m.name for m in fresh.models], workers_restarting=restarting)

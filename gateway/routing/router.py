@@ -2,9 +2,10 @@
 
 ``Router.resolve(name)`` finds the group for a public name or alias (``*`` wildcards allowed in
 aliases, e.g. ``gpt-4o-*``); ``gateway.routing.plan.RoutePlan`` gives the attempts for one request
-(strategy order, retries, fallbacks). ``reload(settings)`` swaps the routing table
-in place: unchanged deployments keep their backend and health, changed ones that call the same
-upstream keep their health (circuit, hold-offs, token window), removed ones are closed once idle.
+(strategy order, retries, fallbacks). ``reload(settings)`` swaps the routing table in place, the new
+backends built off the event loop: unchanged deployments keep their backend and health, changed ones
+that call the same upstream keep their health (circuit, hold-offs, token window), removed ones are
+closed once idle.
 """
 
 from __future__ import annotations
@@ -64,6 +65,7 @@ class ModelGroup:
 class Router:
     def __init__(self, groups: list[ModelGroup]) -> None:
         self._retiring: set[asyncio.Task[None]] = set()
+        self._reloading = asyncio.Lock()
         self._install(groups)
 
     def _install(self, groups: list[ModelGroup]) -> None:
@@ -79,7 +81,8 @@ class Router:
 
     @classmethod
     def from_settings(cls, settings: Settings, build: BackendBuilder) -> Router:
-        return cls(_build_groups(settings, build, {}))
+        groups, _ = _build_groups(settings, build, {})  # nothing reused, nothing carried
+        return cls(groups)
 
     def resolve(self, name: str) -> ModelGroup | None:
         group = self._by_name.get(name)
@@ -91,28 +94,35 @@ class Router:
         for group in self.groups:
             yield from group.deployments
 
-    def reload(self, settings: Settings, build: BackendBuilder) -> None:
-        """Swap in a new routing table; requests already routed keep their deployment. A config
-        error part way leaves the table as it was and closes the backends built for it."""
-        current = {(g.name, d.id): d for g in self.groups for d in g.deployments}
-        built: list[Backend] = []
+    async def reload(self, settings: Settings, build: BackendBuilder) -> None:
+        """Swap in a new routing table; requests already routed keep their deployment. The new
+        backends are built in a worker thread, as a local engine loads its weights for seconds:
+        the loop keeps serving meanwhile, and the table changes in one step on the loop once all
+        are built. A config error part way leaves the table as it was and closes the backends
+        built for it. Reloads run one at a time. Not to be cancelled (the build runs on in its
+        thread): a caller that may be shields it."""
+        async with self._reloading:
+            current = {(g.name, d.id): d for g in self.groups for d in g.deployments}
+            built: list[Backend] = []
 
-        def build_new(config: DeploymentConfig) -> Backend:
-            built.append(build(config))
-            return built[-1]
+            def build_new(config: DeploymentConfig) -> Backend:
+                built.append(build(config))
+                return built[-1]
 
-        try:
-            groups = _build_groups(settings, build_new, current)
-        except BaseException:
-            for backend in built:  # e.g. a local engine loaded before a later deployment failed
-                self._in_background(backend.aclose())
-            raise
-        kept = {id(d) for g in groups for d in g.deployments}
-        self._install(groups)
-        for deployment in current.values():
-            if id(deployment) not in kept:
-                deployment.retired = True  # a request waiting out a backoff must not try it once it closes
-                self._in_background(_retire(deployment))
+            try:
+                groups, carried = await asyncio.to_thread(_build_groups, settings, build_new, current)
+            except BaseException:
+                for backend in built:  # e.g. a local engine loaded before a later deployment failed
+                    self._in_background(backend.aclose())
+                raise
+            for health, circuit, tokens_per_minute in carried:  # on the loop, once all is built
+                health.reconfigure(circuit, tokens_per_minute)
+            kept = {id(d) for g in groups for d in g.deployments}
+            self._install(groups)
+            for deployment in current.values():
+                if id(deployment) not in kept:
+                    deployment.retired = True  # a request waiting out a backoff must not try it once it closes
+                    self._in_background(_retire(deployment))
         log.info("routing table reloaded: %d models", len(groups))
 
     def _in_background(self, work: Coroutine[Any, Any, None]) -> None:
@@ -141,11 +151,17 @@ def _counter(dep: DeploymentConfig, where: str) -> PromptCounter | None:
         raise ConfigError(f"config error at {where}.tokenizer: cannot load {dep.tokenizer!r} ({exc})") from None
 
 
+Carried = list[tuple[DeploymentHealth, CircuitConfig, int | None]]  # kept healths and their new settings
+
+
 def _build_groups(
     settings: Settings, build: BackendBuilder, reuse: dict[tuple[str, str], Deployment]
-) -> list[ModelGroup]:
+) -> tuple[list[ModelGroup], Carried]:
+    """The groups for ``settings``, reusing ``reuse``'s deployments where they are unchanged, and
+    the kept healths to reconfigure once the whole table is built (a config error changes nothing).
+    Touches nothing the loop uses: it may run in a worker thread."""
     groups = []
-    carried: list[tuple[DeploymentHealth, CircuitConfig, int | None]] = []
+    carried: Carried = []
     for i, config in enumerate(settings.models):
         deployments = []
         for j, dep in enumerate(config.deployments):
@@ -160,9 +176,7 @@ def _build_groups(
                 health = DeploymentHealth(config.circuit, tokens_per_minute=dep.tokens_per_minute)
             deployments.append(Deployment(dep, build(dep), health, _counter(dep, f"models[{i}].deployments[{j}]")))
         groups.append(ModelGroup(config, deployments))
-    for health, circuit, tokens_per_minute in carried:  # once the whole table is built: a config error changes nothing
-        health.reconfigure(circuit, tokens_per_minute)
-    return groups
+    return groups, carried
 
 
 def _same_upstream(old: DeploymentConfig, new: DeploymentConfig) -> bool:

@@ -84,7 +84,7 @@ def test_a_broken_file_is_refused_and_the_old_config_stays(
 
 
 @pytest.mark.parametrize("content", [NOT_UTF8, b""], ids=["not-utf8", "empty"])
-def test_sighup_with_a_broken_file_logs_one_line(
+async def test_sighup_with_a_broken_file_logs_one_line(
     tmp_path: Path, content: bytes, caplog: pytest.LogCaptureFixture
 ) -> None:
     path = tmp_path / "gw.yaml"
@@ -94,18 +94,22 @@ def test_sighup_with_a_broken_file_logs_one_line(
     pipeline: Any = SimpleNamespace(settings=settings, services=SimpleNamespace(router=router, on_reload=[]))
     path.write_bytes(content)
     with caplog.at_level(logging.INFO, logger="switchyard.reload"):
-        Reloader(pipeline, path)._on_sighup()  # what the event loop calls on SIGHUP
+        await Reloader(pipeline, path)._on_sighup()  # what the event loop calls on SIGHUP, and its reload
     lines = [rec for rec in caplog.records if rec.name == "switchyard.reload"]
     assert len(lines) == 1 and lines[0].levelno == logging.ERROR and lines[0].exc_info is None, lines
     assert "keeping the previous config" in lines[0].getMessage()
     assert pipeline.settings is settings
 
 
-def test_a_gateway_without_models_may_reload_an_empty_file(tmp_path: Path) -> None:
+async def test_a_gateway_without_models_may_reload_an_empty_file(tmp_path: Path) -> None:
     """Nothing is lost: a gateway that serves no models yet accepts a file that defines none."""
     path = tmp_path / "gw.yaml"
     path.write_text("")
     settings = load_settings(path, env={})
-    router = SimpleNamespace(reload=lambda *_: None)
-    pipeline: Any = SimpleNamespace(settings=settings, services=SimpleNamespace(router=router, on_reload=[]))
-    assert Reloader(pipeline, path).reload().models == []
+
+    async def reload(*_: object) -> None:
+        pass
+
+    pipeline: Any = SimpleNamespace(settings=settings, services=SimpleNamespace(router=SimpleNamespace(reload=reload),
+                                                                                on_reload=[]))
+    assert (await Reloader(pipeline, path).reload()).models == []

@@ -81,7 +81,7 @@ async def test_a_reload_that_fails_part_way_keeps_the_table_and_closes_what_it_b
     broken = parse_settings({"models": [{"name": "a", "deployments": [
         dep, dep | {"name": "new"}, dep | {"name": "bad", "tokenizer": str(tmp_path / "missing")}]}]}, env={})
     with pytest.raises(ConfigError, match=r"deployments\[2\]\.tokenizer"):
-        router.reload(broken, build)
+        await router.reload(broken, build)
     await asyncio.sleep(0.05)
     assert [d.id for d in router.deployments()] == ["openai:x"] and sorted(closed) == ["bad", "new"]
     await router.aclose()
@@ -95,8 +95,8 @@ async def test_a_plan_made_before_a_reload_never_tries_a_deployment_it_removed()
     router = Router.from_settings(parse_settings(settings, env={}), build_backend)
     before = router.resolve("a")
     assert before is not None
-    router.reload(parse_settings({"models": [{"name": "a", "deployments": [dep | {"name": "kept"}]}]}, env={}),
-                  build_backend)
+    await router.reload(parse_settings({"models": [{"name": "a", "deployments": [dep | {"name": "kept"}]}]}, env={}),
+                        build_backend)
     old = next(d for d in before.deployments if d.id == "old")
     assert old.retired and not any(d.retired for d in router.deployments())
     plan, tried = RoutePlan(before, router.resolve), []

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import threading
 from collections import deque
 from collections.abc import AsyncIterator, Iterator
@@ -339,3 +340,44 @@ def test_a_stream_asked_with_connection_close_ends_whole_and_closes(wire: Wire) 
     response, data = raw_events(wire, headers_extra={"connection": "close"})
     assert response.headers["connection"] == "close" and data[-1] == "[DONE]"
     assert response.headers["x-request-id"] == wire.usage.wait_for(1)[0].request_id
+
+
+def raw_http(wire: Wire, version: str, body: dict[str, Any]) -> tuple[bytes, bytes]:
+    """Head and body of one request sent over a raw socket, read until the gateway closes."""
+    payload = json.dumps(body).encode()
+    close = "connection: close\r\n" if version == "1.1" else ""  # 1.0 closes by default
+    request = (f"POST /v1/chat/completions HTTP/{version}\r\nhost: 127.0.0.1\r\nauthorization: Bearer {ADMIN_KEY}\r\n"
+               f"content-type: application/json\r\ncontent-length: {len(payload)}\r\n{close}\r\n").encode() + payload
+    host, port = wire.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(request)
+        received = b""
+        while piece := sock.recv(65536):
+            received += piece
+    head, _, rest = received.partition(b"\r\n\r\n")
+    return head.lower(), rest
+
+
+def test_an_http10_stream_is_plain_sse_ended_by_closing(wire: Wire) -> None:
+    """HTTP/1.0 has no chunked encoding: the body is the events themselves, delimited by the close."""
+    for _ in range(2):
+        wire.upstream.scripts.append([events(chunk("a"), chunk("b"), chunk(finish="stop"))])
+    head, body = raw_http(wire, "1.0", {"model": "echo", "messages": CHAT, "stream": True})
+    assert b"transfer-encoding" not in head and b"content-length" not in head, head
+    assert b"\r\nconnection: close" in head, head
+    assert body.endswith(b"data: [DONE]\n\n") and body.startswith(b"data: "), body[:200]
+    assert all(not line or line.startswith(b"data: ") for line in body.split(b"\n")), body
+    assert [json.loads(line[6:])["choices"][0]["delta"].get("content") for line in body.split(b"\n")
+            if line.startswith(b"data: {")] == ["a", "b", None]
+    head, body = raw_http(wire, "1.1", {"model": "echo", "messages": CHAT, "stream": True})
+    assert b"transfer-encoding: chunked" in head and body.endswith(b"0\r\n\r\n"), (head, body[-50:])
+
+
+def test_an_http10_answer_has_a_length_and_no_chunks(wire: Wire) -> None:
+    answer = {"id": "chatcmpl-w", "object": "chat.completion", "created": 1, "model": "up", "usage": usage_of(1, 1),
+              "choices": [{"index": 0, "message": {"role": "assistant", "content": "a"}, "finish_reason": "stop"}]}
+    wire.upstream.scripts.append([json.dumps(answer).encode()])
+    head, body = raw_http(wire, "1.0", {"model": "echo", "messages": CHAT})
+    assert head.startswith(b"http/1.1 200 ") and b"transfer-encoding" not in head, head
+    assert f"content-length: {len(body)}".encode() in head and b"\r\nconnection: close" in head, head
+    assert json.loads(body)["choices"][0]["message"]["content"] == "a"
