@@ -54,7 +54,7 @@ from gateway.settings import Settings
 from gateway.streaming import Outcome, SSERelay
 from gateway.telemetry import Telemetry, hooks
 from gateway.telemetry.context import request_id
-from gateway.usage.pricing import request_cost
+from gateway.usage.pricing import PriceTable, request_cost
 
 log = logging.getLogger("switchyard.pipeline")
 
@@ -96,6 +96,15 @@ class Pipeline:
         self.services = services
         self.settings = settings
         self.telemetry = telemetry or Telemetry()
+
+    @property
+    def settings(self) -> Settings:
+        return self._settings
+
+    @settings.setter
+    def settings(self, settings: Settings) -> None:  # a reload sets new ones: their prices with them
+        self._settings = settings
+        self._prices = PriceTable.from_settings(settings)  # for a model priced only per deployment
 
     # ------------------------------------------------------------ entry points
 
@@ -293,7 +302,7 @@ class Pipeline:
         if deployment is not None:
             deployment.health.record_tokens(meter.total_tokens)  # for the deployment's tokens_per_minute
         try:  # sent now, acknowledged after the reply: the reply does not wait for Redis
-            self.services.admission.settle(flight.ticket, meter.total_tokens, cost or 0.0)
+            self.services.admission.settle(flight.ticket, meter.total_tokens, cost)
         except Exception:
             log.exception("settling request %s failed", flight.request_id)
         now = time.perf_counter()
@@ -317,14 +326,17 @@ class Pipeline:
         finally:  # a cancelled wait for the fsync still counts the request
             hooks.on_settle(self.telemetry, record, meter.phases, flight.attempt_span)
 
-    def _cost(self, flight: _Flight, meter: Meter) -> float | None:
-        """At the price of the deployment that answered, else of its model (a fallback's own); None
-        where neither has a price (the usage writer prices it by the requested model's)."""
+    def _cost(self, flight: _Flight, meter: Meter) -> float:
+        """At the price of the deployment that answered, else of its model (a fallback's own; one
+        priced only per deployment at the highest of theirs, as it reserves); nothing where neither
+        has a price. The quota's spend and the usage row get this same figure."""
         names = [flight.deployment.id] if flight.deployment else []
         group = flight.served_by or flight.group
         prices = self.settings.prices
         price = next((prices[n] for n in (*names, group.name) if n in prices), None)
-        return None if price is None else request_cost(price, meter)
+        if price is None:
+            return self._prices.cost(group.name, meter.prompt_tokens, meter.completion_tokens, meter.cached_tokens)
+        return request_cost(price, meter)
 
     def _headers(self, flight: _Flight) -> dict[str, str]:
         return {"x-request-id": flight.request_id} | _ratelimit_headers(flight.ticket)

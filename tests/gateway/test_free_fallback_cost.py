@@ -1,5 +1,5 @@
-"""A request a free fallback answers costs nothing: its usage row keeps the priced 0.0 rather
-than being repriced at the requested model's price. The real app on PostgreSQL, the openai SDK as
+"""A request a free (or unpriced) fallback answers costs nothing: its usage row keeps 0.0 rather
+than being priced at the requested model's price. The real app on PostgreSQL, the openai SDK as
 the client, a primary deployment that is down and the fake upstream behind the free fallback."""
 
 from __future__ import annotations
@@ -38,9 +38,13 @@ async def _row(url: str, request_id: str) -> UsageRow:
         await db.dispose()
 
 
+@pytest.mark.parametrize("fallback_price", [{"input_per_million": 0.0, "output_per_million": 0.0}, None],
+                         ids=["priced-free", "unpriced"])
 async def test_an_answer_from_a_free_fallback_costs_nothing(migrated_pg_url: str,
                                                             fake_upstream_server: FakeUpstream,
-                                                            tmp_path_factory: pytest.TempPathFactory) -> None:
+                                                            tmp_path_factory: pytest.TempPathFactory,
+                                                            fallback_price: dict[str, float] | None) -> None:
+    """Priced at 0, or not priced at all (an answer is priced at the model that gave it)."""
     from gateway.app import create_app
 
     fake_upstream_server.reset()
@@ -51,8 +55,8 @@ async def test_an_answer_from_a_free_fallback_costs_nothing(migrated_pg_url: str
         usage={"journal_dir": str(tmp_path_factory.mktemp("free-fallback") / "journal")},
         models=[{"name": "dear", "deployments": [dep | {"api_base": DOWN}], "fallbacks": ["self-hosted"]},
                 {"name": "self-hosted", "deployments": [dep | {"api_base": fake_upstream_server.url}]}],
-        prices={"dear": {"input_per_million": 50.0, "output_per_million": 100.0},
-                "self-hosted": {"input_per_million": 0.0, "output_per_million": 0.0}},
+        prices={"dear": {"input_per_million": 50.0, "output_per_million": 100.0}}
+        | ({"self-hosted": fallback_price} if fallback_price else {}),
     )
     with ServerThread(create_app(settings)) as server:
         async with httpx.AsyncClient(base_url=server.url, timeout=30,
