@@ -39,12 +39,12 @@ def test_unknown_model_is_404(env: GatewayEnv) -> None:
 @pytest.mark.parametrize(
     ("kwargs", "param"),
     [
-        ({"temperature": 5}, "temperature"),
+        ({"temperature": -0.5}, "temperature"),
         ({"n": 0}, "n"),
         ({"max_tokens": -1}, "max_tokens"),
         ({"top_p": 1.5}, "top_p"),
         ({"top_logprobs": 30, "logprobs": True}, "top_logprobs"),
-        ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
+        ({"stop": [str(i) for i in range(1025)]}, "stop"),
         ({"stream_options": {"include_usage": True}}, "stream_options"),
         ({"seed": 2**70}, "seed"),
         ({"extra_body": {"top_k": 2**63}}, "top_k"),

@@ -54,6 +54,18 @@ def test_every_request_field_reaches_the_upstream(client: openai.OpenAI, upstrea
     assert "stream" not in sent and "stream_options" not in sent
 
 
+def test_what_vllm_takes_beyond_openais_limits_reaches_the_upstream(client: openai.OpenAI,
+                                                                    upstream: FakeUpstream) -> None:
+    """OpenAI's own limits (temperature to 2, four stop strings) are its API's to enforce: a vLLM
+    upstream takes a temperature of 3 and eight stop strings, so the gateway passes them on."""
+    stops = [f"<stop{i}>" for i in range(8)]
+    client.chat.completions.create(model="echo", messages=[{"role": "user", "content": "hi"}], temperature=3,
+                                   stop=stops)
+    client.completions.create(model="echo", prompt="hi", temperature=2.5, stop=stops)
+    assert (upstream.last.json["temperature"], upstream.last.json["stop"]) == (2.5, stops)
+    assert upstream.received[-2].json["temperature"] == 3
+
+
 def test_a_null_user_is_passed_on_as_sent(client: openai.OpenAI, upstream: FakeUpstream) -> None:
     """``user: null`` asks for nothing, as OpenAI's optional fields do: passed on, not a 400."""
     client.chat.completions.create(model="echo", messages=[{"role": "user", "content": "hi"}],
