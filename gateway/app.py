@@ -82,7 +82,7 @@ def create_app(
             *services.routes,
             *extra_routes,
         ],
-        middleware=[lambda app: TelemetryMiddleware(app, telemetry.tracing)],  # type: ignore[list-item,return-value]  # a plain ASGI callable
+        middleware=[lambda app: TelemetryMiddleware(app, telemetry)],  # type: ignore[list-item,return-value]  # a plain ASGI callable
         before_send=[add_security_headers],
         dependencies={
             "services": Provide(lambda: services, sync_to_thread=False, use_cache=True),
@@ -102,7 +102,7 @@ def create_app(
     app.fast_routes = FastRoutes(app, {
         "/v1/chat/completions": (chat := FastRoute(ChatCompletionRequest, create_chat)), "/chat/completions": chat,
         "/v1/completions": (text := FastRoute(CompletionRequest, create_completion)), "/completions": text,
-    }, telemetry.tracing)  # fmt: skip
+    }, telemetry)  # fmt: skip
     return app
 
 

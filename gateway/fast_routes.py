@@ -31,8 +31,8 @@ from gateway.body import decode_body, decoded_content
 from gateway.errors import ApiError
 from gateway.json_response import JSONResponse
 from gateway.request_headers import request_headers
+from gateway.telemetry import Telemetry
 from gateway.telemetry.middleware import TelemetryMiddleware
-from gateway.telemetry.tracing import Tracing
 
 
 @dataclass(frozen=True)
@@ -44,12 +44,12 @@ class FastRoute:
 
 
 class FastRoutes:
-    def __init__(self, app: Litestar, routes: Mapping[str, FastRoute], tracing: Tracing) -> None:
+    def __init__(self, app: Litestar, routes: Mapping[str, FastRoute], telemetry: Telemetry) -> None:
         self._app = app
         self._routes = routes
         self._handlers = {path: _post_handler(app, path) for path in routes}
         self._plain = {path for path, handler in self._handlers.items() if _adds_nothing(handler)}
-        self._telemetry = TelemetryMiddleware(self._serve, tracing)
+        self._telemetry = TelemetryMiddleware(self._serve, telemetry)
 
     def serves(self, scope: HTTPScope) -> bool:
         return scope["method"] == "POST" and scope["path"] in self._routes

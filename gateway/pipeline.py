@@ -129,7 +129,9 @@ class Pipeline:
         return [g for g in self.services.router.groups if self._may_use(principal, g)]
 
     def group_for(self, principal: Principal, model: str) -> ModelGroup:
-        group = self.services.router.resolve(model)
+        return self._usable(principal, model, self.services.router.resolve(model))
+
+    def _usable(self, principal: Principal, model: str, group: ModelGroup | None) -> ModelGroup:
         if group is None:
             raise ApiError(404, f"The model '{model}' does not exist.", param="model", code="model_not_found")
         if not self._may_use(principal, group):
@@ -139,8 +141,9 @@ class Pipeline:
     # ------------------------------------------------------------ the path
 
     async def serve(self, call: CallDescription) -> Response[Any]:
-        hooks.on_request(call.endpoint, call.model, call.stream, call.output_limit)
-        group = self.group_for(call.principal, call.model)
+        found = self.services.router.resolve(call.model)
+        hooks.on_request(call.endpoint, call.model, found, call.stream, call.output_limit)
+        group = self._usable(call.principal, call.model, found)
         # The output of every sequence generated (n choices, several prompts) is reserved up front.
         cap = _output_cap(self.settings.quotas.default_max_tokens, call.api_default_limit)
         limit = call.output_limit

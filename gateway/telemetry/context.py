@@ -25,6 +25,7 @@ class RequestInfo:
     completion_tokens: int | None = None
     upstream_request_id: str | None = None  # the provider's own id of its answer (for the operator's log)
     span: Any = None  # the request's OpenTelemetry span, when tracing is on
+    metered: bool = False  # its usage record was counted into the metrics
 
 
 def new_request_id() -> str:

@@ -7,6 +7,7 @@ from typing import Any
 from opentelemetry.trace import Span
 
 from gateway.contracts import Principal, UsageRecord
+from gateway.routing.router import ModelGroup
 from gateway.telemetry import Telemetry
 from gateway.telemetry.context import request_info
 from gateway.telemetry.tracing import OPERATIONS, mark_error
@@ -20,8 +21,10 @@ def on_principal(principal: Principal) -> None:
         info.tenant_id, info.key_id = principal.tenant_id, principal.key_id
 
 
-def on_request(endpoint: str, model: str, stream: bool, max_tokens: int | None) -> None:
-    """Name the request span per the GenAI conventions (``chat <model>``) once the model is known."""
+def on_request(endpoint: str, model: str, group: ModelGroup | None, stream: bool, max_tokens: int | None) -> None:
+    """Name the request span per the GenAI conventions (``chat <model>``) by the model ``group`` the
+    requested name resolved to: a name a client made up (none, or one a wildcard matched) never
+    names a span (span names must be few); it is the ``gen_ai.request.model`` attribute."""
     info = request_info()
     if info is None:
         return
@@ -29,7 +32,8 @@ def on_request(endpoint: str, model: str, stream: bool, max_tokens: int | None) 
     span = info.span
     if span is not None:
         operation = OPERATIONS.get(endpoint, endpoint)
-        span.update_name(f"{operation} {model}")
+        if group is not None:
+            span.update_name(f"{operation} {group.name}")
         span.set_attribute("gen_ai.operation.name", operation)
         span.set_attribute("gen_ai.request.model", model)
         span.set_attribute("gen_ai.request.stream", stream)

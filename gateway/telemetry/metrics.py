@@ -24,10 +24,16 @@ from prometheus_client.utils import floatToGoString
 from backends.base import EngineBacked
 from gateway.contracts import QUOTA_REFUSED, UsageRecord, UsageSink
 from gateway.routing.router import Router
+from gateway.telemetry.context import request_info
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 CIRCUIT_STATES = ("closed", "half_open", "open")
+UNKNOWN_MODEL = "unknown"  # the model label of a request refused before it reached a model group
+# the endpoints whose requests are metered: one refused before its usage record is counted under these
+METERED_PATHS = {"/v1/chat/completions": "chat.completions", "/v1/completions": "completions",
+                 "/chat/completions": "chat.completions", "/completions": "completions",
+                 "/v1/embeddings": "embeddings", "/v1/messages": "messages", "/v1/responses": "responses"}
 
 
 class _Histogram:
@@ -81,6 +87,13 @@ class GatewayMetrics:
             _count(self._tokens, (model, "prompt"), r.prompt_tokens)
         if r.completion_tokens:
             _count(self._tokens, (model, "completion"), r.completion_tokens)
+
+    def refused(self, method: str, path: str, status: int) -> None:
+        """A request to a metered endpoint answered without a usage record (a 401, a 400, a model
+        that does not exist): counted under ``UNKNOWN_MODEL``, never under a name a client made up."""
+        endpoint = METERED_PATHS.get(path) if method == "POST" else None
+        if endpoint is not None:
+            _count(self._requests, (UNKNOWN_MODEL, endpoint, str(status)), 1)
 
     def upstream_error(self, deployment: str, kind: str) -> None:
         _count(self._upstream_errors, (deployment, kind), 1)
@@ -151,6 +164,8 @@ class MeteredSink:
     def record(self, record: UsageRecord) -> None:
         try:
             self.metrics.observe(record)
+            if (info := request_info()) is not None:
+                info.metered = True  # not counted again as refused
         finally:
             self.inner.record(record)
 

@@ -15,19 +15,21 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 
 from gateway.event_stream import CLIENT_LEFT
+from gateway.telemetry import Telemetry
 from gateway.telemetry.context import RequestInfo, current, new_request_id
 from gateway.telemetry.logs import log_access
-from gateway.telemetry.tracing import Tracing, mark_error
+from gateway.telemetry.tracing import mark_error
 
-TRACED_PREFIXES = ("/v1/", "/admin/")
+TRACED_PREFIXES = ("/v1/", "/admin/", "/chat/completions", "/completions")  # the last two: vLLM's paths without /v1
 _HEADER = b"x-request-id"
 CLIENT_CLOSED = 499  # nginx's "client closed request"
 
 
 class TelemetryMiddleware:
-    def __init__(self, app: Any, tracing: Tracing) -> None:
+    def __init__(self, app: Any, telemetry: Telemetry) -> None:
         self.app = app
-        self.tracing = tracing
+        self.tracing = telemetry.tracing
+        self.metrics = telemetry.metrics
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         path = scope.get("path", "")
@@ -71,4 +73,6 @@ class TelemetryMiddleware:
             if info.status is not None and info.status >= 500:
                 mark_error(span, info.error_type or str(info.status))
             span.end()
+        if not info.metered and self.metrics is not None and info.status is not None:
+            self.metrics.refused(info.method, info.path, info.status)  # 401, 400, an unknown model, ...
         log_access(info, started)
