@@ -251,3 +251,47 @@ async def test_a_shutdown_ends_a_request_not_yet_taken_in_with_a_final_output(en
     final = await asyncio.wait_for(late.cancel(), 10)
     assert final is not None and final.first_scheduled_time is None and final.outputs[0].finish_reason == "abort"
     assert_all_free(eng)
+
+
+async def test_aborts_mid_prefill_and_mid_decode_free_everything_and_spare_the_others(checkpoint) -> None:
+    """Six blocks and a 16-token budget: prompts are chunked and sequences preempted. Aborting some
+    requests while they prefill and others while they decode frees every block and cache
+    reference, and the requests left run to exactly the tokens they give alone."""
+    path = str(checkpoint("llama"))
+    prompts = [ids(40 + 3 * i, 60 + i) for i in range(6)]
+    params = SamplingParams(temperature=0, max_tokens=14)
+    solo = AsyncEngine(engine=LLMEngine(EngineConfig(path, num_kv_blocks=32, max_model_len=96)))
+    alone = [await collect(solo.add_request(f"s{i}", p, params)) for i, p in enumerate(prompts)]
+    await solo.shutdown()
+    eng = AsyncEngine(engine=LLMEngine(EngineConfig(path, num_kv_blocks=6, max_model_len=96,
+                                                    max_num_batched_tokens=16)))
+    streams = [eng.add_request(f"r{i}", p, params) for i, p in enumerate(prompts)]
+
+    async def abort_in_prefill(stream) -> None:
+        seqs = None
+        for _ in range(2000):  # until a step has computed part of its prompt, not all of it
+            state = eng.engine._requests.get(stream.request_id)
+            seqs = state.seqs if state is not None else seqs
+            if seqs and 0 < seqs[0].num_computed_tokens < seqs[0].num_prompt_tokens:
+                break
+            await asyncio.sleep(0.001)
+        final = await stream.cancel()  # applies after the step in flight, which may end the prefill
+        assert final is not None and final.outputs[0].finish_reason == "abort"
+
+    async def abort_in_decode(stream) -> None:
+        async for out in stream:
+            if len(out.outputs[0].token_ids) >= 3:
+                break
+        await stream.aclose()
+
+    kept = [collect(streams[i]) for i in (1, 3, 5)]
+    results = await asyncio.gather(abort_in_prefill(streams[0]), abort_in_decode(streams[2]),
+                                   abort_in_prefill(streams[4]), *kept)
+    for i, outs in zip((1, 3, 5), results[3:]):
+        assert outs[-1].outputs[0].token_ids == alone[i][-1].outputs[0].token_ids
+    await wait_idle(eng)
+    bm = eng.engine.block_manager
+    assert_all_free(eng)
+    assert all(b.ref_cnt == 0 for b in bm.pool.blocks) and not bm._chains
+    assert eng.engine.scheduler.num_preemptions > 0
+    await eng.shutdown()

@@ -164,3 +164,91 @@ def test_priority_policy_serves_lower_priority_values_first(checkpoint) -> None:
                         priority=[5, 0, 2], use_tqdm=True)
     order = sorted(range(3), key=lambda i: outs[i].first_token_time or 0.0)
     assert order == [1, 2, 0]
+
+
+# -- concurrency invariants: a request's output never depends on what runs beside it -------------
+
+SHARED = ids(50, 30)  # three full 16-token blocks and a bit
+
+
+def _mixed_requests() -> tuple[list[list[int]], list[SamplingParams]]:
+    """Different lengths (1, exact block multiples, ragged), a shared three-block prefix, identical
+    prompts, and seeded sampling with n = 2, as a batch of users would send them."""
+    prompts = [ids(1, 31), ids(16, 32), ids(37, 33), SHARED + ids(3, 34), SHARED + ids(14, 35),
+               SHARED + ids(3, 34), ids(48, 36), SHARED[:48]]
+    params = [SamplingParams(temperature=0, max_tokens=m) for m in (20, 16, 11, 25, 9, 25, 16, 13)]
+    prompts.append(ids(21, 37))
+    params.append(SamplingParams(temperature=0.8, top_p=0.9, seed=5, n=2, max_tokens=18))
+    return prompts, params
+
+
+def _alone(checkpoint, prompts: list[list[int]], params: list[SamplingParams]) -> list[list[list[int]]]:
+    solo = LLM(str(checkpoint("llama")), num_kv_blocks=64, max_model_len=96, enable_prefix_caching=False)
+    return [[c.token_ids for c in solo.generate([p], sp)[0].outputs] for p, sp in zip(prompts, params)]
+
+
+@pytest.mark.parametrize("options", [
+    dict(num_kv_blocks=64),  # one batch, prefix cache on
+    dict(num_kv_blocks=64, max_num_batched_tokens=16),  # chunked prefill beside decodes
+    dict(num_kv_blocks=6, max_num_batched_tokens=24),  # six blocks: preemption and eviction
+    dict(num_kv_blocks=6, max_num_seqs=3, enable_prefix_caching=False),
+], ids=["batch", "chunked", "preempt", "preempt-nocache"])
+def test_batched_output_equals_each_request_alone(checkpoint, options: dict) -> None:
+    """Greedy and seeded outputs are token-exact whatever the batch, chunking, preemption or
+    prefix cache (float32 on CPU: no tolerance needed); run twice so the second pass takes what
+    the first left in (or evicted from) the cache; every block is free afterwards."""
+    prompts, params = _mixed_requests()
+    expected = _alone(checkpoint, prompts, params)
+    llm = LLM(str(checkpoint("llama")), max_model_len=96, **options)
+    for _ in range(2):
+        outs = llm.generate(prompts, params)
+        assert [[c.token_ids for c in o.outputs] for o in outs] == expected
+        assert_no_leak(llm)
+    if options["num_kv_blocks"] == 6:
+        assert llm.engine.scheduler.num_preemptions > 0
+
+
+def test_a_fully_cached_prompt_and_an_evicted_one_give_the_same_tokens(checkpoint) -> None:
+    """A prompt of exactly three blocks, all cached, still computes its last block (to sample);
+    once evicted by other prompts it is recomputed, with the same output."""
+    llm = LLM(str(checkpoint("llama")), num_kv_blocks=8, max_model_len=128)
+    prompt = ids(48, 40)
+    first = llm.generate([prompt], GREEDY)[0]
+    again = llm.generate([prompt], GREEDY)[0]
+    assert again.num_cached_tokens == 32 and again.outputs[0].token_ids == first.outputs[0].token_ids
+    root = llm.engine.block_manager.cache_summary(64).root_hashes[0]
+    llm.generate([ids(100, 41), ids(100, 42)], GREEDY)  # 7 blocks each: the cache turns over
+    assert root not in llm.engine.block_manager.cache_summary(64).root_hashes
+    evicted = llm.generate([prompt], GREEDY)[0]
+    assert evicted.num_cached_tokens == 0 and evicted.outputs[0].token_ids == first.outputs[0].token_ids
+    assert_no_leak(llm)
+
+
+@pytest.mark.parametrize("prompt_len, max_tokens", [(16, 16), (15, 1), (15, 17), (1, 31), (48, 48)])
+def test_max_tokens_ending_on_a_block_boundary(checkpoint, prompt_len: int, max_tokens: int) -> None:
+    llm = LLM(str(checkpoint("llama")), num_kv_blocks=8, max_model_len=96)
+    out = llm.generate([ids(prompt_len, 43)], SamplingParams(temperature=0, max_tokens=max_tokens))[0].outputs[0]
+    assert len(out.token_ids) == max_tokens and out.finish_reason == "length"
+    whole = llm.generate([ids(prompt_len, 43)], SamplingParams(temperature=0, max_tokens=None))[0].outputs[0]
+    assert len(whole.token_ids) == 96 - prompt_len and whole.finish_reason == "length"  # max_model_len
+    assert_no_leak(llm)
+
+
+def test_min_tokens_holds_eos_back_then_lets_it_stop(llm: LLM) -> None:
+    prompt = ids(14, 44)
+    free = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=12))[0].outputs[0].token_ids
+    eos = free[2]
+    saved = llm.engine.eos_token_ids, llm.engine.runner.eos_token_ids
+    llm.engine.eos_token_ids, llm.engine.runner.eos_token_ids = {eos}, [eos]
+    try:
+        stopped = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=12))[0].outputs[0]
+        held = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=12, min_tokens=3))[0].outputs[0]
+    finally:
+        llm.engine.eos_token_ids, llm.engine.runner.eos_token_ids = saved
+    assert stopped.token_ids == free[:3] and stopped.finish_reason == "stop"
+    assert held.token_ids[:2] == free[:2] and eos not in held.token_ids[:3]
+    if eos in held.token_ids:  # a later EOS may stop it, and then it is the last token
+        assert held.token_ids.index(eos) == len(held.token_ids) - 1 and held.finish_reason == "stop"
+    else:
+        assert len(held.token_ids) == 12
+    assert_no_leak(llm)
