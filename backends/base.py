@@ -23,6 +23,7 @@ from backends.openai_wire import (
     CompletionRequest,
     TextCompletion,
 )
+from backends.redaction import redact
 from backends.responses_wire import RelayedResponse, ResponsesEvent
 
 # ---------------------------------------------------------------- errors
@@ -38,6 +39,7 @@ class BackendError(Exception):
     upstream_request_id: str | None = None  # the provider's own id of the error answer, when its head named one
 
     def __init__(self, message: str, *, param: str | None = None, status: int | None = None) -> None:
+        message = redact(message)  # an upstream's words may echo the gateway's key for it
         super().__init__(message)
         self.message = message
         self.param = param

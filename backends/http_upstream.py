@@ -43,6 +43,7 @@ from backends.base import (
 )
 from backends.config import DeploymentConfig
 from backends.raw_http import RawAnswer, RawHTTP, RawStream
+from backends.redaction import register
 
 # Idle pooled connections are dropped before common servers drop them (uvicorn and Node: 5 s), so a
 # request is never sent on a connection the upstream is closing (a POST is never retried).
@@ -331,6 +332,7 @@ class HTTPUpstream:
 
     def __init__(self, config: DeploymentConfig, default_base: str, headers: dict[str, str]) -> None:
         self.deployment_id = config.id
+        register(config.api_key)
         self.timeouts = config.timeouts
         self.base = (config.api_base or default_base).rstrip("/")
         self.headers = headers

@@ -15,6 +15,7 @@ from backends.base import ChunkStream, Completed, Meter, Unavailable, UpstreamEr
 from backends.config import DeploymentConfig
 from backends.estimate import estimate_text
 from backends.http_upstream import HTTPUpstream, answered, streamed
+from backends.redaction import redact_failure
 from backends.responses_wire import RelayedResponse, ResponsesEvent
 from backends.sse import SSELines
 
@@ -91,6 +92,7 @@ async def respond(http: HTTPUpstream, payload: bytes, prompt_estimate: int,
         raise UpstreamError(f"upstream {http.deployment_id} sent an invalid response: {exc}") from None
     if not isinstance(body, dict):
         raise UpstreamError(f"upstream {http.deployment_id} sent an invalid response")
+    redact_failure(body)
     meter = Meter(first_token_at=time.perf_counter(), tool_calls=hosted_tool_calls(body), exact=False)
     meter_tier(meter, body)
     has_prompt, has_completion = meter_usage(meter, body.get("usage"))
@@ -177,6 +179,7 @@ class _Events:
             meter.tool_calls[tool] = meter.tool_calls.get(tool, 0) + 1  # billed if the stream ends short
         elif kind in _FINAL_EVENTS and isinstance(response := event.get("response"), dict):
             self._finished = True
+            redact_failure(response)
             meter_usage(meter, response.get("usage"))
             meter.tool_calls = hosted_tool_calls(response)
             meter_tier(meter, response)

@@ -37,6 +37,9 @@ def opt(value: Any, default: Any) -> Any:
 NO_EFFECT_PARAMS = frozenset({"metadata", "store", "user", "service_tier", "prompt_cache_key", "safety_identifier"})
 
 
+MAX_LOGIT_BIAS = 300  # OpenAI's limit on logit_bias entries
+MAX_STOP_TOKEN_IDS = 1024  # each generated token is looked up in them, and min_tokens bans them at every step
+
 # vLLM's chat fields the engine honours (``chat_prompt_options``, ``chat_echo``): a chat request's, nobody else's.
 CHAT_PARAMS = frozenset({"add_generation_prompt", "continue_final_message", "echo"})
 
@@ -52,9 +55,13 @@ def refuse_unsupported(request: SamplingFields) -> None:
 
 
 def logit_bias(request: SamplingFields) -> dict[int, float]:
-    """OpenAI's logit_bias (token id as a string -> bias in [-100, 100])."""
+    """OpenAI's logit_bias (token id as a string -> bias in [-100, 100]), of at most OpenAI's
+    ``MAX_LOGIT_BIAS`` tokens: the sampler applies each at every step of the batch it joins."""
+    asked = opt(request.logit_bias, None) or {}
+    if len(asked) > MAX_LOGIT_BIAS:
+        raise BadRequest(f"logit_bias may hold at most {MAX_LOGIT_BIAS} tokens, not {len(asked)}", param="logit_bias")
     bias: dict[int, float] = {}
-    for key, value in (opt(request.logit_bias, None) or {}).items():
+    for key, value in asked.items():
         try:
             token = int(key)
         except ValueError:
@@ -63,6 +70,14 @@ def logit_bias(request: SamplingFields) -> dict[int, float]:
             raise BadRequest("logit_bias values must be in [-100, 100]", param="logit_bias")
         bias[token] = float(value)
     return bias
+
+
+def stop_token_ids(request: SamplingFields) -> list[int]:
+    ids = list(opt(request.stop_token_ids, []))
+    if len(ids) > MAX_STOP_TOKEN_IDS:
+        raise BadRequest(f"stop_token_ids may hold at most {MAX_STOP_TOKEN_IDS} tokens, not {len(ids)}",
+                         param="stop_token_ids")
+    return ids
 
 
 def limit_field(request: SamplingFields) -> str:
@@ -97,7 +112,7 @@ def sampling_params(request: SamplingFields, limit: int | None, logprobs: int | 
             max_tokens=limit,
             min_tokens=opt(request.min_tokens, 0),
             stop=request.stop_list(),
-            stop_token_ids=list(opt(request.stop_token_ids, [])),
+            stop_token_ids=stop_token_ids(request),
             include_stop_str_in_output=bool(opt(request.include_stop_str_in_output, False)),
             skip_special_tokens=bool(opt(request.skip_special_tokens, True)),
             ignore_eos=bool(opt(request.ignore_eos, False)),

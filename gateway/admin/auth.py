@@ -45,7 +45,7 @@ async def principal_of(connection: ASGIConnection, auth: Authenticator) -> Princ
     guard, client = guard_of(connection), client_address(connection)
     token = bearer(connection)
     if guard is not None:
-        await guard.check(client, token)
+        await guard.check(client)
     if token is None:
         raise Unauthorized("Missing bearer token: send 'Authorization: Bearer <API key>'.")
     try:

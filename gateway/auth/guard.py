@@ -33,16 +33,21 @@ class AuthGuard:
     throttle: AuthThrottle
     audit: AuditLog
 
-    async def check(self, client: str, token: str | None) -> None:
-        """Raise ``ApiError`` 429 (with Retry-After) while this client or key prefix is throttled."""
+    async def check(self, client: str) -> None:
+        """Raise ``ApiError`` 429 (with Retry-After) while this client address is throttled."""
         try:
-            await self.throttle.check(client, token)
+            await self.throttle.check(client)
         except Throttled as exc:
             raise throttled_error(exc) from None
 
     async def failed(self, client: str, token: str | None, surface: Surface, event: Event = "key_failed") -> None:
-        await self.throttle.failed(client, token)
+        """Count and audit a failure; raise ``ApiError`` 429 when the token's key prefix is throttled
+        (the caller answers 401 otherwise)."""
         self.audit.record(event, client=client, surface=surface, key_prefix=key_prefix(token))
+        try:
+            await self.throttle.failed(client, token)
+        except Throttled as exc:
+            raise throttled_error(exc) from None
 
     def succeeded(self, principal: Principal, client: str, surface: Surface) -> None:
         self.audit.key_used(principal, client=client, surface=surface)

@@ -2,9 +2,11 @@
 
 Each failure (an unknown, revoked or expired key; a failed dashboard sign-in) counts against the
 client's address and, when the token is shaped like one of our keys, against its visible prefix
-(someone guessing one key from many addresses). Once a count reaches its limit, that address or
-prefix is refused with 429 until the window that started with its first failure ends, before any
-key lookup, so a correct guess during the block gains nothing. Counts live in Redis when one is
+(someone guessing one key from many addresses). Once a count reaches its limit, that address is
+refused with 429 until the window that started with its first failure ends, before any key lookup.
+A blocked prefix only turns the next failures under it into 429s: the key that owns the prefix still
+authenticates, since its prefix is no secret (admins and dashboards show it) and whoever knows it
+must not be able to lock its holder out by failing under it. Counts live in Redis when one is
 configured (shared by every replica, ``throttle_redis``) and in process otherwise. Should Redis be unreachable, the
 throttle lets requests through (authentication itself still decides) and logs it.
 """
@@ -102,13 +104,17 @@ class AuthThrottle:
         caller may skip it (its counters and lookups cost a few µs a request)."""
         return self.counts.blocks_nobody()
 
-    async def check(self, address: str, token: str | None) -> None:
-        """Raise ``Throttled`` while the address (or the token's prefix) is over its limit."""
-        counters = self._counters(address, token)
-        if counters and (wait := await self.counts.blocked(counters)) > 0:
-            scope = "address" if await self.counts.blocked({f"addr:{address}": self.per_address}) else "key prefix"
-            raise Throttled(max(1, math.ceil(wait)), scope)
+    async def check(self, address: str) -> None:
+        """Raise ``Throttled`` while the address is over its limit (before its key is looked up)."""
+        if self.per_address and (wait := await self.counts.blocked({f"addr:{address}": self.per_address})) > 0:
+            raise Throttled(max(1, math.ceil(wait)), "address")
 
     async def failed(self, address: str, token: str | None) -> None:
-        if counters := self._counters(address, token):
+        """Count a failure; raise ``Throttled`` when the token's prefix was already over its limit."""
+        counters = self._counters(address, token)
+        prefix = {name: limit for name, limit in counters.items() if name.startswith("prefix:")}
+        wait = await self.counts.blocked(prefix) if prefix else 0.0
+        if counters:
             await self.counts.fail(counters, self.window)
+        if wait > 0:
+            raise Throttled(max(1, math.ceil(wait)), "key prefix")

@@ -33,7 +33,7 @@ async def authenticate_request(request: Request[Any, Any, Any]) -> None:
     else:
         client, token = client_address(request), bearer_token(headers)
         if not guard.throttle.blocks_nobody():
-            await guard.check(client, token)
+            await guard.check(client)
         try:
             principal = await pipeline.authenticate(headers)
         except ApiError as exc:

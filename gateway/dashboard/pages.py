@@ -69,7 +69,7 @@ async def login(
         return _login_page(sessions, "The form expired; please sign in again.", 403, https=https)
     client, key = client_address(request), data.get("api_key", "").strip()
     try:
-        await guard.check(client, key)
+        await guard.check(client)
     except ApiError as exc:
         return _login_page(sessions, exc.message, exc.status, https=https, headers=exc.headers)
     try:
@@ -79,7 +79,10 @@ async def login(
         return _login_page(sessions, "Sign-in is temporarily unavailable; please try again shortly.", 503,
                            https=https)
     if principal is None:
-        await guard.failed(client, key, "dashboard", "login_failed")
+        try:
+            await guard.failed(client, key, "dashboard", "login_failed")
+        except ApiError as exc:
+            return _login_page(sessions, exc.message, exc.status, https=https, headers=exc.headers)
         return _login_page(sessions, "That API key is not valid (or is revoked or expired).", 401, https=https)
     guard.audit.record("login", client=client, surface="dashboard", principal=principal)
     fingerprint = (sessions.admin_fingerprint or "") if principal.key_id == ADMIN_KEY_ID else ""

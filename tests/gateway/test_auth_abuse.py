@@ -140,6 +140,21 @@ def test_guessing_one_key_from_many_addresses_is_throttled_by_its_prefix(replica
     assert rows and rows[0]["key_prefix"] == prefix and rows[0]["key_id"] is None and rows[0]["surface"] == "api"
 
 
+def test_failing_under_a_keys_prefix_does_not_lock_its_holder_out(replicas: Replicas) -> None:
+    """The prefix is no secret (listings and dashboards show it): whoever knows it may have the
+    guesses under it refused, never the key itself, on the API, the admin API or the dashboard."""
+    a, b = replicas.urls
+    victim = replicas.new_key()
+    prefix = victim["key"][:12]
+    for i in range(PER_PREFIX + 2):
+        _models((a, b)[i % 2], f"203.0.114.{i + 1}", prefix + uuid.uuid4().hex * 2)
+    _assert_throttled(_models(a, "203.0.114.60", prefix + uuid.uuid4().hex * 2))
+    assert _models(a, "203.0.114.61", victim["key"]).status_code == 200
+    assert _models(b, "203.0.114.62", victim["key"]).status_code == 200
+    with httpx.Client(base_url=a, headers=_from("203.0.114.63")) as client:
+        assert login(client, victim["key"]).status_code == 303
+
+
 def test_dashboard_sign_in_is_throttled_and_audited(replicas: Replicas) -> None:
     a, b = replicas.urls
     with httpx.Client(base_url=a, headers=_from("192.0.2.7")) as client:
@@ -219,15 +234,15 @@ def test_revoking_a_key_ends_its_sessions_on_every_replica(replicas: Replicas) -
 async def test_the_in_process_throttle_blocks_for_the_rest_of_the_window() -> None:
     """The embedded default (no Redis): the same rules, counted in process."""
     throttle = AuthThrottle(MemoryFailures(), per_address=2, per_prefix=0, window=0.5)
-    await throttle.check("10.0.0.1", None)
+    await throttle.check("10.0.0.1")
     for _ in range(2):
         await throttle.failed("10.0.0.1", _wrong_key())
     with pytest.raises(Throttled) as err:
-        await throttle.check("10.0.0.1", None)
+        await throttle.check("10.0.0.1")
     assert err.value.scope == "address" and err.value.retry_after == 1
-    await throttle.check("10.0.0.2", None)
+    await throttle.check("10.0.0.2")
     await asyncio.sleep(0.6)
-    await throttle.check("10.0.0.1", None)  # the window ended
+    await throttle.check("10.0.0.1")  # the window ended
 
 
 async def test_an_unreachable_redis_does_not_stop_authentication() -> None:
@@ -236,7 +251,8 @@ async def test_an_unreachable_redis_does_not_stop_authentication() -> None:
     throttle = AuthThrottle(RedisFailures(redis), per_address=1, per_prefix=1, window=60)
     try:
         await throttle.failed("10.0.0.3", _wrong_key())
-        await throttle.check("10.0.0.3", _wrong_key())
+        await throttle.check("10.0.0.3")
+        await throttle.failed("10.0.0.3", _wrong_key())  # nor does a prefix over its limit
     finally:
         await redis.aclose()
 

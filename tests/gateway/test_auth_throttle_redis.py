@@ -65,15 +65,15 @@ async def test_a_block_reaches_every_replica_and_is_checked_in_memory(
     no_round_trips(a)
     no_round_trips(b)
     for i in range(3):
-        await throttle(a if i % 2 else b).check("10.1.0.1", None)  # not blocked yet: no round trip either
+        await throttle(a if i % 2 else b).check("10.1.0.1")  # not blocked yet: no round trip either
         await throttle(a if i % 2 else b).failed("10.1.0.1", None)
     with pytest.raises(Throttled) as blocked:  # the replica whose failure reached the limit: at once
-        await throttle(b).check("10.1.0.1", None)
+        await throttle(b).check("10.1.0.1")
     assert blocked.value.scope == "address" and 59 <= blocked.value.retry_after <= 60
     await until(lambda: "addr:10.1.0.1" in a._blocks)  # the other: by the channel
     with pytest.raises(Throttled):
-        await throttle(a).check("10.1.0.1", None)
-    await throttle(a).check("10.1.0.2", None)  # other addresses are not
+        await throttle(a).check("10.1.0.1")
+    await throttle(a).check("10.1.0.2")  # other addresses are not
 
 
 async def test_nobody_blocked_is_known_in_memory_and_ends_with_the_last_block(
@@ -88,10 +88,10 @@ async def test_nobody_blocked_is_known_in_memory_and_ends_with_the_last_block(
     assert not throttle(a).blocks_nobody()
     await until(lambda: not throttle(b).blocks_nobody())  # by the channel
     with pytest.raises(Throttled):
-        await throttle(b).check("10.5.0.1", None)
+        await throttle(b).check("10.5.0.1")
     await until(lambda: throttle(a).blocks_nobody() and throttle(b).blocks_nobody())  # the window ended
     assert not a._blocks and not b._blocks
-    await throttle(b).check("10.5.0.1", None)
+    await throttle(b).check("10.5.0.1")
     admin = RespClient.from_url(server.url)
     try:
         await admin.execute("CLIENT", "KILL", "TYPE", "pubsub")
@@ -108,10 +108,10 @@ async def test_in_process_counts_block_nobody_while_no_failure_is_counted() -> N
         await throttle(counts, window=0.3).failed("10.6.0.1", None)
     assert not throttle(counts).blocks_nobody()
     with pytest.raises(Throttled):
-        await throttle(counts).check("10.6.0.1", None)
+        await throttle(counts).check("10.6.0.1")
     await asyncio.sleep(0.35)  # the window ended: its counts go
     assert throttle(counts).blocks_nobody()
-    await throttle(counts).check("10.6.0.1", None)
+    await throttle(counts).check("10.6.0.1")
 
 
 async def test_a_replica_that_starts_later_loads_the_blocks_running(
@@ -123,9 +123,9 @@ async def test_a_replica_that_starts_later_loads_the_blocks_running(
     late = await replicas()
     no_round_trips(late)
     with pytest.raises(Throttled):
-        await throttle(late).check("10.2.0.1", None)
+        await throttle(late).check("10.2.0.1")
     await asyncio.sleep(0.7)  # the window that started with the first failure ends
-    await throttle(late).check("10.2.0.1", None)
+    await throttle(late).check("10.2.0.1")
 
 
 async def test_a_replica_whose_subscription_breaks_checks_in_redis_until_it_follows_again(
@@ -139,11 +139,11 @@ async def test_a_replica_whose_subscription_breaks_checks_in_redis_until_it_foll
         for _ in range(3):
             await throttle(a).failed("10.3.0.1", None)  # published while b does not listen
         with pytest.raises(Throttled):
-            await throttle(b).check("10.3.0.1", None)  # asked Redis meanwhile
+            await throttle(b).check("10.3.0.1")  # asked Redis meanwhile
         await until(lambda: b.following)  # subscribed again, and loaded what it missed
         no_round_trips(b)
         with pytest.raises(Throttled):
-            await throttle(b).check("10.3.0.1", None)
+            await throttle(b).check("10.3.0.1")
     finally:
         await admin.aclose()
 
@@ -154,7 +154,7 @@ async def test_without_redis_the_throttle_lets_requests_through(server: RedisPro
     counts.start()  # keeps trying to follow, quietly
     try:
         await throttle(counts).failed("10.4.0.1", None)
-        await throttle(counts).check("10.4.0.1", None)
+        await throttle(counts).check("10.4.0.1")
         assert not counts.following
     finally:
         await counts.aclose()

@@ -23,7 +23,7 @@ from gateway.db import Database
 from tests.conftest import ADMIN_KEY, gateway_settings
 from tests.gateway.tenancy_fixtures import db, plain_url  # noqa: F401
 from tests.gateway.test_tenant_e2e import wait_for_rows
-from tests.support.fake_responses import SEARCH, USAGE, FakeResponsesUpstream
+from tests.support.fake_responses import ECHO_FAILURE, SEARCH, USAGE, FakeResponsesUpstream
 from tests.support.fake_upstream import FakeUpstream, Fault
 from tests.support.servers import ServerThread
 
@@ -44,6 +44,7 @@ class Gateway:
 
 FAIL_PART_WAY = "fail part-way"  # a streamed input the upstream below fails after a few events
 SEARCH_FAIL = "search, then fail part-way"  # ... after a web search made
+NATIVE_KEY = "sk-native-upstream-secret"  # the native deployment's key: long enough to be redacted
 
 
 class FailingResponsesUpstream(FakeResponsesUpstream):
@@ -93,7 +94,7 @@ def gateway(db: Database, fake_upstream_server: FakeUpstream, responses_upstream
             tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
     deployment = {"provider": "openai", "model": "upstream-echo", "api_base": fake_upstream_server.url,
                   "api_key": "sk-up"}
-    native = {"provider": "openai", "model": "up-model", "api_base": responses_upstream.url, "api_key": "sk-up",
+    native = {"provider": "openai", "model": "up-model", "api_base": responses_upstream.url, "api_key": NATIVE_KEY,
               "responses_api": True}
     settings = gateway_settings(fake_upstream_server.url, auth={"admin_key": ADMIN_KEY},
                                 database={"url": plain_url(db)},
@@ -280,6 +281,16 @@ def test_passed_through_as_sent_and_relayed_as_it_came(gateway: Gateway, native:
     row = wait_for_rows(db, tenant, 1)[0]
     assert (row.endpoint, row.prompt_tokens, row.completion_tokens, row.cached_tokens, row.exact) == (
         "responses", 7, 3, 2, True)
+
+
+def test_a_passed_through_failure_echoing_the_providers_key_does_not_hand_it_over(gateway: Gateway) -> None:
+    client = gateway.tenant_client()
+    failed = client.responses.create(model="native", input=ECHO_FAILURE)
+    assert failed.status == "failed" and failed.error is not None and failed.error.message.startswith("refused ")
+    events = list(client.responses.create(model="native", input=ECHO_FAILURE, stream=True))
+    assert events[-1].type == "response.failed"
+    for answer in (failed, events[-1].response):
+        assert NATIVE_KEY not in answer.model_dump_json()
 
 
 def test_a_passed_through_stream_is_relayed_event_for_event(gateway: Gateway, native: FakeResponsesUpstream) -> None:

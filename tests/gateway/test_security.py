@@ -56,7 +56,8 @@ def served(fake_upstream_server: FakeUpstream, tmp_path_factory: pytest.TempPath
                   "api_key": UPSTREAM_SECRET}
     settings = gateway_settings(fake_upstream_server.url, database={"url": db_url},
                                 usage={"journal_dir": str(work / "journal")},
-                                models=[{"name": "echo", "max_retries": 0, "deployments": [deployment]}])
+                                models=[{"name": "echo", "max_retries": 0, "circuit": {"failures": 50},
+                                         "deployments": [deployment]}])
     with ServerThread(create_app(settings)) as server, httpx.Client(
         base_url=server.url, headers={"authorization": f"Bearer {ADMIN_KEY}"}, timeout=10
     ) as admin:
@@ -141,3 +142,17 @@ def test_tenants_are_isolated_across_routes(served: Served, upstream: FakeUpstre
     # models: a tenant key lists models, never another tenant's ids
     models = httpx.get(served.url + "/v1/models", headers={"authorization": f"Bearer {b.key}"})
     assert models.status_code == 200 and a.id not in models.text
+
+
+def test_an_upstream_error_echoing_the_providers_key_does_not_hand_it_over(
+    served: Served, upstream: FakeUpstream, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    echo = {"error": {"message": f"bad header Authorization: Bearer {UPSTREAM_SECRET}", "type": "x", "code": None}}
+    tenant = httpx.Client(base_url=served.url, headers={"authorization": f"Bearer {served.a.key}"}, timeout=10)
+    # relayed as the client's fault (400), as the upstream's (418), and as an error object in a 2xx answer
+    for status, stream in ((400, False), (400, True), (418, False), (418, True), (200, False)):
+        upstream.fail_next(Fault(status=status, body=echo))
+        r = tenant.post("/v1/chat/completions", json={"model": "echo", "messages": CHAT, "stream": stream})
+        assert r.status_code >= 400 and "bad header" in r.text and UPSTREAM_SECRET not in r.text
+    assert UPSTREAM_SECRET not in "\n".join(f"{r.getMessage()} {r.exc_text or ''}" for r in caplog.records)

@@ -38,6 +38,11 @@ def _last_user_text(body: dict[str, Any]) -> str:
     return ""
 
 
+# An input answered as a failure whose message echoes the request's authorization header (as some
+# upstreams and proxies in front of them do).
+ECHO_FAILURE = "fail, echoing my headers"
+
+
 class FakeResponsesUpstream(EchoUpstream, OnLoopback):
     def __init__(self) -> None:
         super().__init__(EchoOptions())
@@ -68,11 +73,14 @@ class FakeResponsesUpstream(EchoUpstream, OnLoopback):
         self.received.append(body)
         if self.answer_headers:
             ex = dataclasses.replace(ex, send=with_headers(ex.send, self.answer_headers))
+        final = self.response(body)
+        if _last_user_text(body) == ECHO_FAILURE:
+            final |= {"status": "failed", "error": {"code": "server_error",
+                                                    "message": f"refused {ex.headers.get('authorization')}"}}
         if not body.get("stream"):
-            return await send_json(ex, 200, self.response(body))
+            return await send_json(ex, 200, final)
         await ex.send({"type": "http.response.start", "status": 200,
                        "headers": [(b"content-type", b"text/event-stream")]})
-        final = self.response(body)
         start = final | {"status": "in_progress", "output": [], "usage": None}
         text = final["output"][1]["content"][0]["text"]
         events: list[dict[str, Any]] = [
@@ -88,7 +96,7 @@ class FakeResponsesUpstream(EchoUpstream, OnLoopback):
              "content_index": 0, "text": text},
             *({"type": f"response.output_item.{step}", "output_index": i, "item": item}  # TOOL_CALLS, if any
               for i, item in enumerate(final["output"][2:], 2) for step in ("added", "done")),
-            {"type": "response.completed", "response": final},
+            {"type": f"response.{final['status']}", "response": final},
         ]
         for seq, event in enumerate(events):
             data = json.dumps(event | {"sequence_number": seq})
