@@ -24,8 +24,11 @@ model: $(STAMP)
 
 install: $(STAMP) model
 
-# The loopback echo upstream runs only while the config routes to it (api_base on port 8001).
-run: install
+# The default model is fetched only while the config serves it (so a config with a model of its own,
+# or config/echo.yaml, runs without network); the loopback echo upstream runs only while the config
+# routes to it (api_base on port 8001).
+run: $(STAMP)
+	@if grep -qE '^[^#]*SmolLM2-135M-Instruct\.Q4_1\.gguf' $(CONFIG); then $(PY) -m backends.local.default_model; fi
 	@if grep -qE '^[[:space:]]*api_base:[[:space:]]*http://127.0.0.1:8001' $(CONFIG); then \
 	  $(PY) -m backends.dev.echo_server --port 8001 & echo_pid=$$!; trap 'kill $$echo_pid 2>/dev/null' EXIT; fi; \
 	$(VENV)/bin/switchyard bootstrap --config $(CONFIG) && $(VENV)/bin/switchyard serve --config $(CONFIG)

@@ -59,7 +59,7 @@ def main() -> int:
             fetch(target)
         except (OSError, subprocess.SubprocessError, zipfile.BadZipFile, KeyError) as exc:
             print(f"could not fetch the default model ({exc}); put a .gguf file at {target}, or point the smollm2 "
-                  "deployment's `model:` in config/default.yaml (or SWITCHYARD_DEFAULT_MODEL) at a local model",
+                  "deployment's `model:` in config/default.yaml at a local model",
                   file=sys.stderr)
             return 1
         print(f"default model ready: {target}", flush=True)

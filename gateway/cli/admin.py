@@ -18,7 +18,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from gateway.admin.bootstrap import bootstrap as run_bootstrap
 from gateway.admin.service import BUDGET_PERIODS, LIMIT_MAX, MAX_SECONDS, AdminError, TenancyService, bound
 from gateway.cli.db import ConfigOpt, console, err, fail, safe, settings_from
-from gateway.cli.errors import explain
+from gateway.cli.errors import debugging, explain
 from gateway.cli.output import plain, print_secret, show, show_one
 from gateway.db.engine import Database
 from gateway.db.migrate import SchemaNotReady, check_schema
@@ -46,6 +46,8 @@ def run(config: Any, job: Callable[[TenancyService, Database], Awaitable[T]]) ->
     try:
         return asyncio.run(go())
     except (AdminError, SchemaNotReady, ValueError, OverflowError, SQLAlchemyError, OSError) as exc:
+        if debugging():
+            raise
         fail(explain(exc, url))  # no database, refused, not migrated, unknown tenant: one line, with the fix
     raise AssertionError("unreachable")
 
@@ -236,6 +238,8 @@ def bootstrap(config: ConfigOpt = None, as_json: JsonOpt = False) -> None:
     try:
         result = asyncio.run(run_bootstrap(url, progress=lambda line: err.print(f"  {safe(line)}")))
     except Exception as exc:
+        if debugging():
+            raise
         fail(f"bootstrap failed: {explain(exc, url)}")
     if as_json:
         typer.echo(json.dumps(asdict(result), indent=2))

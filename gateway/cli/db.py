@@ -14,7 +14,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from gateway.cli.errors import explain
+from gateway.cli.errors import debugging, explain
 from gateway.db import migrate
 from gateway.db.engine import Database, safe_url
 from gateway.db.schema_compat import SchemaState
@@ -72,6 +72,8 @@ def upgrade(config: ConfigOpt = None, revision: str = typer.Option("head", help=
     try:
         reached = migrate.upgrade(url, revision, progress=lambda line: err.print(f"  {safe(line)}"))
     except Exception as exc:
+        if debugging():
+            raise
         fail(f"upgrade of {safe_url(url)} failed: {explain(exc, url)}")
     console.print(f"database {safe_url(url)} is at revision {reached}")
 
@@ -85,6 +87,8 @@ def downgrade(
     try:
         migrate.downgrade(url, revision, progress=lambda line: err.print(f"  {safe(line)}"))
     except Exception as exc:
+        if debugging():
+            raise
         fail(f"downgrade of {safe_url(url)} failed: {explain(exc, url)}")
     console.print(f"database {safe_url(url)} downgraded to {revision}")
 
@@ -106,6 +110,8 @@ def current(
     try:
         found = asyncio.run(run())
     except Exception as exc:
+        if debugging():
+            raise
         fail(explain(exc, url))
     if as_json:
         typer.echo(json.dumps({"current": found.current, "head": found.head, "up_to_date": found.current == found.head,

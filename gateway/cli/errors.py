@@ -65,6 +65,12 @@ def explain(exc: BaseException, url: str | URL | None = None) -> str:
     return f"{type(exc).__name__}: {reason} (set {DEBUG_ENV}=1 to see the traceback)"
 
 
+def debugging() -> bool:
+    """``SWITCHYARD_DEBUG=1``: a command that fails shows the traceback instead of its one line
+    (an explained mistake too: call it in the ``except`` block and re-raise)."""
+    return bool(os.environ.get(DEBUG_ENV))
+
+
 def die(message: str, code: int = 1) -> None:
     sys.stderr.write(f"error: {message}\n")
     raise SystemExit(code)
@@ -80,6 +86,6 @@ class GuardedTyper(typer.Typer):
             sys.stderr.write("interrupted\n")
             raise SystemExit(130) from None
         except Exception as exc:
-            if os.environ.get(DEBUG_ENV):
+            if debugging():
                 raise
             die(explain(exc))

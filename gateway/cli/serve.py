@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from gateway.cli.errors import debugging
 from gateway.cli.http_protocol import (
     BODY_TIMEOUT_ENV,
     HEADER_TIMEOUT_ENV,
@@ -142,6 +143,8 @@ def _check_database(url: str) -> None:
     try:
         asyncio.run(check())
     except SchemaNotReady as exc:
+        if debugging():
+            raise
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from None
 

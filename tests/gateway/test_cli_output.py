@@ -96,6 +96,24 @@ def test_common_mistakes_end_in_one_line_with_the_fix(tmp_path: Path) -> None:
                                                                                           for k in keys)), out
 
 
+def test_debugging_shows_the_traceback_of_a_common_mistake(tmp_path: Path) -> None:
+    """README: a mistake ends in one line, never a traceback (``SWITCHYARD_DEBUG=1`` shows one): the
+    explained mistakes too, not only the unexpected ones."""
+    fresh = config_for(tmp_path, f"sqlite+aiosqlite:///{tmp_path / 'fresh.db'}", "fresh.yaml")
+    gone = config_for(tmp_path, UNREACHABLE, "gone.yaml")
+    debug = {DEBUG_ENV: "1"}
+    for args in (("tenant", "list", "--config", gone), ("tenant", "list", "--config", fresh),
+                 ("db", "current", "--config", gone), ("db", "upgrade", "--config", gone),
+                 ("bootstrap", "--config", gone), ("serve", "--config", gone, "--port", "0")):
+        done = run(*args, cwd=tmp_path, env=debug)
+        assert done.returncode != 0 and "Traceback (most recent call last)" in done.stderr, (args, done.stderr)
+        plain = run(*args, cwd=tmp_path)  # without it: the one line
+        assert plain.stderr.splitlines()[-1].startswith("error: ") and "Traceback" not in plain.stderr, plain.stderr
+    runner = CliRunner()
+    invoked = runner.invoke(app, ["tenant", "show", "nope"], env={"SWITCHYARD_CONFIG": fresh, **debug})
+    assert invoked.exception is not None and not isinstance(invoked.exception, SystemExit), invoked.stderr
+
+
 def test_an_unexpected_error_is_one_line_unless_debugging(capsys: pytest.CaptureFixture[str],
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     guarded = GuardedTyper()

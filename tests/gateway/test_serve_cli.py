@@ -131,6 +131,43 @@ def test_echo_config_routes_to_the_echo_upstream_make_run_starts() -> None:
     assert "http://127.0.0.1:8001" in (ROOT / "Makefile").read_text()
 
 
+def _make_run_offline(tmp_path: Path, config: Path) -> tuple[int, list[str]]:
+    """``make run CONFIG=config`` with the Makefile as shipped, on a machine where the default model
+    cannot be fetched: the venv's python and switchyard are stand-ins that log their arguments (the
+    fetch fails as without network)."""
+    venv, log = tmp_path / "venv", tmp_path / "calls.log"
+    (venv / "bin").mkdir(parents=True)
+    for name, fail_on in (("python", "backends.local.default_model"), ("switchyard", "")):
+        script = venv / "bin" / name
+        script.write_text(f'#!/bin/sh\necho "{name} $*" >> {log}\n'
+                          + (f'case "$*" in *{fail_on}*) echo "could not fetch" >&2; exit 1;; esac\n' if fail_on
+                             else "") + "exit 0\n")
+        script.chmod(0o755)
+    # the Makefile's stamp of an installed venv: $(VENV)/.installed-<cksum of pyproject.toml>
+    digest = subprocess.run("cat pyproject.toml | cksum | cut -d' ' -f1", shell=True, cwd=ROOT, capture_output=True,
+                            text=True, check=True).stdout.strip()
+    (venv / f".installed-{digest}").touch()
+    done = subprocess.run(["make", "-s", f"VENV={venv}", f"CONFIG={config}", "run"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60)
+    return done.returncode, log.read_text().splitlines() if log.exists() else []
+
+
+def test_make_run_needs_the_default_model_only_when_the_config_serves_it(tmp_path: Path) -> None:
+    """README: without network, put a .gguf file there, or point the deployment's `model:` at any
+    local file; `make run CONFIG=config/echo.yaml` needs no model weights."""
+    rc, calls = _make_run_offline(tmp_path / "default", ROOT / "config/default.yaml")
+    assert rc != 0 and not any(c.startswith("switchyard") for c in calls), calls  # the fetch failed: stop
+    own = tmp_path / "own.yaml"
+    own.write_text((ROOT / "config/default.yaml").read_text().replace(
+        "${SWITCHYARD_MODELS:-~/.cache/switchyard/models}/SmolLM2-135M-Instruct.Q4_1.gguf", "/models/mine.gguf"))
+    assert "/models/mine.gguf" in own.read_text()
+    for config in (own, ROOT / "config/echo.yaml"):
+        rc, calls = _make_run_offline(tmp_path / config.stem, config)
+        assert rc == 0, calls
+        assert not any("backends.local.default_model" in c for c in calls), calls
+        assert f"switchyard bootstrap --config {config}" in calls and f"switchyard serve --config {config}" in calls
+
+
 @pytest.mark.parametrize("port", ["70000", "-5"])
 def test_serve_refuses_a_port_out_of_range_before_serving(tmp_path: Path, port: str,
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
