@@ -68,11 +68,12 @@ def create_app(
             for start in services.starters:
                 await start()
             reloader.install_sighup()
+            telemetry.start()
             DRAIN.install(settings.server.drain_readiness_seconds, settings.server.drain_seconds)
             yield
         finally:
             await services.aclose()
-            await telemetry.tracing.aclose()
+            await telemetry.aclose()
 
     app = GatewayApp(
         route_handlers=[

@@ -8,6 +8,7 @@ import math
 import os
 import signal
 import socket
+import tempfile
 from collections.abc import Callable
 from functools import wraps
 from pathlib import Path
@@ -118,11 +119,15 @@ def _serve_one(config: Config, sockets: list[socket.socket]) -> None:
 
 
 def _supervise(config: Config, sockets: list[socket.socket]) -> None:
-    """Run several workers (as ``uvicorn.run`` does); workers that cannot start end it in one line."""
+    """Run several workers (as ``uvicorn.run`` does); workers that cannot start end it in one line.
+    The workers share their metrics through a directory of this server's, removed when it stops."""
     from gateway.cli.workers import Supervisor
+    from gateway.telemetry.shared_metrics import METRICS_DIR_ENV
 
     supervisor = Supervisor(config, sockets=sockets)
-    supervisor.run()
+    with tempfile.TemporaryDirectory(prefix="switchyard-metrics-") as metrics_dir:
+        os.environ[METRICS_DIR_ENV] = metrics_dir  # the workers, spawned, inherit it
+        supervisor.run()
     if supervisor.failure is not None:
         typer.echo(f"error: {supervisor.failure.message}", err=True)
         raise typer.Exit(supervisor.failure.status)

@@ -26,6 +26,17 @@ class Telemetry:
             install_logging(json=True)
         return cls(GatewayMetrics() if cfg.metrics else None, Tracing.from_config(cfg, exporters))
 
+    def start(self) -> None:
+        """At the app's start-up: with several workers, publish this worker's metrics periodically."""
+        if self.metrics is not None and self.metrics.shared is not None:
+            self.metrics.shared.start()
+
+    async def aclose(self) -> None:
+        """At the app's shutdown, after its last request: publish the metrics one last time, close tracing."""
+        if self.metrics is not None and self.metrics.shared is not None:
+            await self.metrics.shared.aclose()
+        await self.tracing.aclose()
+
     def upstream_error(self, deployment: str, kind: str) -> None:
         if self.metrics is not None:
             self.metrics.upstream_error(deployment, kind)

@@ -1,0 +1,151 @@
+"""``GET /metrics`` of ``switchyard serve --workers 2``, as real processes: whichever worker answers,
+a scrape shows the whole server's counters and histograms, and they never go back, across a rolling
+restart (SIGHUP) too."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.gateway.test_serve_workers import _workers
+from tests.support.fake_upstream import FakeUpstream
+from tests.support.servers import free_port
+
+SWITCHYARD = str(Path(sys.executable).parent / "switchyard")
+KEY = "sk-metrics-workers"
+PUBLISHED_WITHIN = 5.0  # seconds: a worker publishes its figures every second
+
+
+class Gateway:
+    def __init__(self, proc: subprocess.Popen[bytes], url: str) -> None:
+        self.proc, self.url = proc, url
+        self.seen: list[tuple[float, float]] = []  # every scrape's (requests, latency observations)
+
+    def chat(self, n: int) -> None:
+        """``n`` chat completions, each on a connection of its own, a few at a time: both workers answer."""
+
+        def one(i: int) -> None:
+            with openai.OpenAI(base_url=self.url + "/v1", api_key=KEY, max_retries=0) as client:
+                reply = client.chat.completions.create(model="echo", messages=[{"role": "user", "content": f"m{i}"}])
+                assert reply.choices[0].message.content == f"m{i}"
+
+        with ThreadPoolExecutor(4) as pool:
+            list(pool.map(one, range(n)))
+
+    def scrape(self) -> tuple[float, float]:
+        """(requests counted, latency observations) in one scrape on a new connection; each scrape
+        shows at least what every earlier one showed."""
+        with httpx.Client(timeout=5) as client:
+            text = client.get(self.url + "/metrics").text
+        samples = {(s.name, s.labels.get("status")): s.value
+                   for f in text_string_to_metric_families(text) for s in f.samples
+                   if s.labels.get("model") == "echo"}
+        figures = (samples.get(("switchyard_requests_total", "200"), 0.0),
+                   samples.get(("switchyard_request_latency_seconds_count", None), 0.0))
+        if self.seen:
+            assert all(now >= before for now, before in zip(figures, self.seen[-1], strict=True)), (figures, self.seen)
+        self.seen.append(figures)
+        return figures
+
+    def expect(self, total: int, scrapes: int = 12) -> None:
+        """Once the workers published, every scrape shows ``total`` requests and observations."""
+        deadline = time.monotonic() + PUBLISHED_WITHIN
+        while self.scrape() != (total, total):
+            assert time.monotonic() < deadline, f"scrapes show {self.seen[-5:]}, not {total}"
+            time.sleep(0.1)
+        for _ in range(scrapes):
+            assert self.scrape() == (total, total), self.seen[-5:]
+
+
+@pytest.fixture
+def gateway(tmp_path: Path, upstream: FakeUpstream) -> Iterator[Gateway]:
+    config = tmp_path / "gw.yaml"
+    config.write_text(yaml.safe_dump({
+        "auth": {"admin_key": KEY}, "database": {"url": f"sqlite+aiosqlite:///{tmp_path}/gw.db"},
+        "usage": {"journal_dir": str(tmp_path / "journal")},
+        "models": [{"name": "echo", "deployments": [{"provider": "openai", "model": "e", "api_base": upstream.url}]}],
+    }))
+    subprocess.run([SWITCHYARD, "db", "upgrade", "--config", str(config)], cwd=tmp_path, check=True,
+                   capture_output=True)
+    port = free_port()
+    proc = subprocess.Popen([SWITCHYARD, "serve", "--config", str(config), "--port", str(port), "--workers", "2"],
+                            cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    gw = Gateway(proc, f"http://127.0.0.1:{port}")
+    try:
+        deadline = time.monotonic() + 90
+        while len(_workers(proc.pid)) < 2 or not _healthy(gw.url):
+            assert proc.poll() is None and time.monotonic() < deadline, "the gateway did not start"
+            time.sleep(0.2)
+        yield gw
+    finally:
+        proc.terminate()
+        assert proc.wait(timeout=30) == 0
+
+
+def _healthy(url: str) -> bool:
+    try:
+        return httpx.get(url + "/healthz", timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def test_every_scrape_shows_every_workers_requests_and_they_keep_counting_across_a_rolling_restart(
+        gateway: Gateway) -> None:
+    gateway.chat(20)
+    gateway.expect(20)
+    old = _workers(gateway.proc.pid)
+    gateway.proc.send_signal(signal.SIGHUP)  # both workers are replaced, one after the other
+    deadline = time.monotonic() + 90
+    while len(_workers(gateway.proc.pid) - old) < 2 or len(_workers(gateway.proc.pid)) > 2:
+        assert gateway.proc.poll() is None and time.monotonic() < deadline, "the workers were not replaced"
+        try:
+            gateway.scrape()  # during the restart too: never fewer
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.05)
+    gateway.expect(20)  # the old workers' requests still count
+    gateway.chat(10)
+    gateway.expect(30)
+
+
+def test_the_metrics_directory_is_the_servers_and_goes_with_it(gateway: Gateway) -> None:
+    """One file per worker that served, in a directory the server removes as it stops."""
+    environ = Path(f"/proc/{min(_workers(gateway.proc.pid))}/environ").read_bytes().split(b"\0")
+    directory = Path(next(v for v in environ if v.startswith(b"SWITCHYARD_METRICS_DIR=")).split(b"=", 1)[1].decode())
+    gateway.chat(4)
+    gateway.expect(4, scrapes=2)
+    deadline = time.monotonic() + PUBLISHED_WITHIN
+    while len(list(directory.glob("*.msgpack"))) < 2:
+        assert time.monotonic() < deadline, list(directory.iterdir())
+        time.sleep(0.1)
+    assert len(list(directory.glob("*.msgpack"))) == 2
+    gateway.proc.terminate()
+    assert gateway.proc.wait(timeout=30) == 0
+    assert not directory.exists()
+
+
+def test_a_killed_workers_requests_still_count(gateway: Gateway) -> None:
+    """A worker that dies without shutting down leaves its last published figures, which count on."""
+    gateway.chat(12)
+    gateway.expect(12)  # both workers published all they counted
+    first = _workers(gateway.proc.pid)
+    os.kill(min(first), signal.SIGKILL)
+    deadline = time.monotonic() + 90
+    while len(_workers(gateway.proc.pid) - first) < 1 or not _healthy(gateway.url):
+        assert gateway.proc.poll() is None and time.monotonic() < deadline, "the killed worker was not replaced"
+        time.sleep(0.2)
+    gateway.expect(12)
+    gateway.chat(6)
+    gateway.expect(18)
