@@ -84,13 +84,14 @@ def apply_penalties(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tens
 
 
 def apply_logit_bias(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
-    """OpenAI's logit_bias: added to the logits; -100 bans the token outright."""
+    """OpenAI's logit_bias: added to the logits; -100 bans the token outright. A few tensor
+    operations a row, however many tokens it biases (a request may bias the whole vocabulary)."""
     logits = logits.clone()
-    vocab = logits.shape[-1]
     for i, r in enumerate(rows):
-        for token, bias in r.params.logit_bias.items():
-            if 0 <= token < vocab:
-                logits[i, token] = _NEG_INF if bias <= -100.0 else logits[i, token] + bias
+        if r.params.logit_bias:
+            ids, bias, banned = (t.to(logits.device, non_blocking=True) for t in r.params.bias_tensors)
+            logits[i, ids] += bias.to(logits.dtype)
+            logits[i, banned] = _NEG_INF
     return logits
 
 

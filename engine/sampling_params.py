@@ -4,11 +4,14 @@ naming the field)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import TYPE_CHECKING
 
 from engine.errors import InvalidRequest
 
 if TYPE_CHECKING:
+    import torch
+
     from engine.structured_output import StructuredOutput
 
 MAX_LOGPROBS = 20
@@ -92,6 +95,16 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature < SAMPLING_EPS
+
+    @cached_property
+    def bias_tensors(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``logit_bias`` as the sampler applies it at every step, built once: the ids biased, their
+        biases, and the ids banned (-100). The input processor has checked every id is in the vocabulary."""
+        import torch
+
+        kept = [(t, b) for t, b in self.logit_bias.items() if b > -100.0]
+        return (torch.tensor([t for t, _ in kept], dtype=torch.long), torch.tensor([b for _, b in kept]),
+                torch.tensor([t for t, b in self.logit_bias.items() if b <= -100.0], dtype=torch.long))
 
     @property
     def needs_penalties(self) -> bool:
