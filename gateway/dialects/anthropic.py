@@ -34,10 +34,17 @@ from gateway.dialects.anthropic_request import CountTokensRequest as CountTokens
 from gateway.dialects.anthropic_request import MessagesRequest as MessagesRequest
 from gateway.dialects.anthropic_request import to_chat_request as to_chat_request
 from gateway.errors import ApiError, exception_handlers
+from gateway.ids import random_id
 
 _FINISH_TO_STOP = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use",
                    "content_filter": "refusal", "function_call": "tool_use"}
 _API = "the Messages API"
+
+
+def message_id(answer_id: str) -> str:
+    """A Messages answer's id: Anthropic's ``msg_`` form; an answer translated from a chat completion
+    (``chatcmpl-...``) gets a new one, one that already has it (from Anthropic) is kept."""
+    return answer_id if answer_id.startswith("msg_") else "msg_" + random_id()
 _QUOTED = 500  # characters of a tool call's unusable arguments quoted in the error
 _CUT = ("max_tokens", "stop_sequence")  # stop reasons of an answer cut short, a tool call's JSON with it
 
@@ -81,7 +88,8 @@ def message_body(response: ChatCompletion, meter: Meter) -> bytes:
         arguments = _tool_input(call.id, function.name, function.arguments, cut=stop["stop_reason"] in _CUT)
         content.append({"type": "tool_use", "id": call.id, "name": function.name, "input": arguments})
     return msgspec.json.encode({
-        "id": response.id, "type": "message", "role": "assistant", "model": response.model, "content": content,
+        "id": message_id(response.id), "type": "message", "role": "assistant", "model": response.model,
+        "content": content,
         **stop, "usage": _usage(response.usage, meter),
     })
 
@@ -159,7 +167,8 @@ class MessagesEvents:
         if not self._started:
             self._started = True
             out += _event("message_start", {"message": {
-                "id": chunk.id, "type": "message", "role": "assistant", "model": chunk.model, "content": [],
+                "id": message_id(chunk.id), "type": "message", "role": "assistant", "model": chunk.model,
+                "content": [],
                 "stop_reason": None, "stop_sequence": None,
                 "usage": {"input_tokens": self._meter.prompt_tokens if self._meter else 0, "output_tokens": 0}}})
         if isinstance(chunk.usage, Usage):

@@ -24,6 +24,7 @@ def test_message_round_trip(client: anthropic.Anthropic, upstream: FakeUpstream,
     assert message.content[0].type == "text" and message.content[0].text == "hello from anthropic"
     assert message.stop_reason == "end_turn" and message.role == "assistant"
     assert message.usage.output_tokens == 3
+    assert message.id.startswith("msg_") and "chatcmpl" not in message.id  # Anthropic's id form
     sent = upstream.last.json
     assert sent["messages"][0] == {"role": "system", "content": "be brief"}
     assert sent["max_tokens"] == 64 and sent["stop"] == ["END"] and sent["temperature"] == 0.2
@@ -42,6 +43,7 @@ def test_message_stream(client: anthropic.Anthropic) -> None:
         final = stream.get_final_message()
     assert text == "streamed words here"
     assert final.stop_reason == "end_turn" and final.usage.output_tokens == 3
+    assert final.id.startswith("msg_") and "chatcmpl" not in final.id
 
 
 def test_tool_results_are_translated(client: anthropic.Anthropic, upstream: FakeUpstream) -> None:
