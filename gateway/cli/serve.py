@@ -40,7 +40,8 @@ APP_FACTORY = "gateway.app:create_app_from_env"
 
 
 def serve(
-    config: Annotated[Path, typer.Option("--config", "-c", help="YAML settings file.")] = Path("config/default.yaml"),
+    config: Annotated[Path | None, typer.Option("--config", "-c", help="YAML settings file (default: "
+                                                "$SWITCHYARD_CONFIG or config/default.yaml).")] = None,
     host: Annotated[str | None, typer.Option(help="Bind address (default: server.host from the config).")] = None,
     port: Annotated[int | None, typer.Option(min=0, max=65535, help="Port (default: server.port from the "
                                              "config).")] = None,
@@ -53,6 +54,7 @@ def serve(
 
     from gateway.reload import SUPERVISOR_PID_ENV
 
+    config = Path(config or os.environ.get("SWITCHYARD_CONFIG") or "config/default.yaml")  # as the admin commands
     try:
         settings = load_settings(config)
     except ConfigError as exc:

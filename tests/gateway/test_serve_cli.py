@@ -124,6 +124,14 @@ def test_serve_rejects_a_bad_config_naming_the_key(tmp_path: Path) -> None:
     assert "server.port" in result.stderr
 
 
+def test_serve_without_config_takes_switchyard_config_as_the_admin_commands_do(tmp_path: Path) -> None:
+    config = tmp_path / "from-env.yaml"
+    config.write_text("server:\n  port: many\n")
+    result = subprocess.run([SWITCHYARD, "serve"], capture_output=True, text=True,
+                            env={**os.environ, "SWITCHYARD_CONFIG": str(config)})
+    assert result.returncode == 2 and "from-env.yaml" in result.stderr and "server.port" in result.stderr
+
+
 def test_echo_config_routes_to_the_echo_upstream_make_run_starts() -> None:
     settings = load_settings(ROOT / "config/echo.yaml", env={})
     assert settings.models[0].name == "echo"
