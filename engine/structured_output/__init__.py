@@ -23,6 +23,7 @@ import torch
 from llguidance.gbnf_to_lark import gbnf_to_lark
 
 from engine.errors import InvalidRequest
+from engine.structured_output.schema_cycles import find_cycle
 
 Kind = Literal["json", "json_object", "regex", "choice", "grammar"]
 
@@ -61,6 +62,14 @@ def _grammar_text(kind: Kind, spec: str) -> str:
             raise ValueError(f"the JSON schema is not valid JSON: {exc}") from None
         if not isinstance(schema, (dict, bool)):
             raise ValueError("the JSON schema must be an object")
+        if schema is False:
+            raise ValueError("the JSON schema false matches no value")
+        if schema is True:  # any JSON value; llguidance takes only an object
+            spec = "{}"
+        loop = find_cycle(schema)
+        if loop is not None:
+            raise ValueError(f"the JSON schema refers to itself with nothing in between ({loop} comes back to "
+                             "where it started without a value), so no value can match it")
         return llguidance.LLMatcher.grammar_from_json_schema(spec, defaults=_JSON_OPTIONS)  # type: ignore[arg-type]
     if kind == "regex":
         return llguidance.LLMatcher.grammar_from_regex(spec)

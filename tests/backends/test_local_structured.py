@@ -111,3 +111,22 @@ def test_bad_input_is_a_400_naming_the_field(env: Env, kwargs: dict[str, Any], p
     with pytest.raises(openai.BadRequestError) as info:
         env.client().chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=5, **kwargs)
     assert info.value.param == param, info.value.body
+
+
+_LOOP = {"type": "object", "properties": {"x": {"$ref": "#/$defs/a"}}, "required": ["x"],
+         "$defs": {"a": {"allOf": [{"$ref": "#/$defs/a"}]}}}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_schema_looping_on_itself_is_a_400_before_any_answer(env: Env, stream: bool) -> None:
+    # It used to compile, then fail when generation reached the loop: streamed, after a 200.
+    with pytest.raises(openai.BadRequestError) as info:
+        env.client().chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=20, stream=stream,
+                                             response_format=_fmt(_LOOP))
+    assert info.value.param == "response_format.json_schema.schema"
+    assert "refers to itself" in str(info.value.body)
+    tools: Any = [{"type": "function", "function": {"name": "f", "parameters": _LOOP}}]
+    with pytest.raises(openai.BadRequestError) as info:
+        env.client().chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=20, stream=stream,
+                                             tools=tools, tool_choice="required")
+    assert "refers to itself" in str(info.value.body)

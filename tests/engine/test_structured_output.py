@@ -217,3 +217,46 @@ def test_parallel_and_overlapped_fills_equal_the_plain_one(llm: LLM) -> None:
     assert torch.equal(fill_bitmask(matchers, words, parallel=True), plain)
     assert torch.equal(PendingBitmask(matchers, words, overlap=True).result(), plain)
     assert torch.equal(PendingBitmask(matchers, words, overlap=False).result(), plain)
+
+
+_SELF = {"$defs": {"a": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"}
+
+
+@pytest.mark.parametrize("schema", [
+    _SELF,
+    {"$ref": "#"},
+    {"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"allOf": [{"$ref": "#/$defs/a"}]}}, "$ref": "#/$defs/a"},
+    {"type": "object", "properties": {"x": {"$ref": "#/$defs/a"}}, "required": ["x"], **{k: v for k, v in _SELF.items()
+                                                                                        if k == "$defs"}},
+])
+def test_a_schema_looping_on_itself_is_refused_up_front(llm: LLM, schema: dict[str, Any]) -> None:
+    # The grammar engine compiles it, then errs at the loop: a request failed mid-answer (after a
+    # streamed 200). Refused when the request is made instead.
+    so = StructuredOutput("json", json.dumps(schema), param="response_format.json_schema.schema")
+    with pytest.raises(InvalidRequest) as info:
+        llm.engine.processor.process("x", "Hi", SamplingParams(structured=so))
+    assert info.value.param == so.param and "refers to itself" in info.value.message
+
+
+def test_recursion_through_a_value_is_still_accepted(llm: LLM) -> None:
+    tree = {"$defs": {"n": {"type": "object", "properties": {"v": {"type": "integer"}, "c": {
+        "type": "array", "items": {"$ref": "#/$defs/n"}, "maxItems": 2}}, "required": ["v"],
+        "additionalProperties": False}}, "$ref": "#/$defs/n"}
+    either = {"$defs": {"a": {"anyOf": [{"$ref": "#/$defs/a"}, {"type": "integer"}]}}, "$ref": "#/$defs/a"}
+    for schema in (tree, either):
+        out = llm.generate(["Hello"], json_params(schema, temperature=0, max_tokens=200))[0].outputs[0]
+        if out.finish_reason == "stop":
+            jsonschema.validate(json.loads(out.text), schema)
+
+
+def test_boolean_schemas(llm: LLM) -> None:
+    # ``true`` (any value) and ``false`` (none) are JSON schemas; llguidance takes objects only
+    # and answered "Expecting object schema to apply options" to both.
+    out = llm.generate(["Hello"], SamplingParams(structured=StructuredOutput("json", "true"), temperature=0,
+                                                 max_tokens=40))[0].outputs[0]
+    if out.finish_reason == "stop":
+        json.loads(out.text)
+    so = StructuredOutput("json", "false", param="structured_outputs.json")
+    with pytest.raises(InvalidRequest) as info:
+        llm.engine.processor.process("x", "Hi", SamplingParams(structured=so))
+    assert info.value.param == so.param and "matches no value" in info.value.message
