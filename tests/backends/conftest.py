@@ -8,6 +8,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import httpx
+import openai
 import pytest
 
 from backends.factory import build_backend
@@ -28,6 +29,22 @@ def anthropic_upstream() -> Iterator[FakeAnthropic]:
     server = FakeAnthropic().start()
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="module")
+def claude_gateway_url(anthropic_upstream: FakeAnthropic) -> Iterator[str]:
+    """A gateway serving the model ``claude`` from the module's fake Anthropic upstream, to the admin key."""
+    deployment = {"provider": "anthropic", "model": "claude-test", "api_base": anthropic_upstream.url,
+                  "api_key": "sk"}
+    with admin_gateway([{"name": "claude", "max_retries": 0, "deployments": [deployment]}]) as server:
+        yield server.url
+
+
+@pytest.fixture
+def claude_client(claude_gateway_url: str, anthropic_upstream: FakeAnthropic) -> openai.OpenAI:
+    """The openai SDK on ``claude_gateway_url``, the upstream's record of requests cleared."""
+    anthropic_upstream.received.clear()
+    return openai.OpenAI(base_url=claude_gateway_url + "/v1", api_key=ADMIN_KEY, max_retries=0)
 
 
 @contextmanager

@@ -5,14 +5,11 @@ speaking the Messages API."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import openai
 import pytest
 
-from tests.backends.conftest import admin_gateway
-from tests.conftest import ADMIN_KEY
 from tests.support.fake_anthropic import FakeAnthropic
 
 CACHED = {"type": "ephemeral"}
@@ -20,30 +17,16 @@ IMAGE_URL = {"url": "data:image/png;base64,AAAA"}
 TOOL = {"type": "function", "function": {"name": "search", "parameters": {"type": "object", "properties": {}}}}
 
 
-@pytest.fixture(scope="module")
-def gateway_url(anthropic_upstream: FakeAnthropic) -> Iterator[str]:
-    deployment = {"provider": "anthropic", "model": "claude-test", "api_base": anthropic_upstream.url,
-                  "api_key": "sk"}
-    with admin_gateway([{"name": "claude", "max_retries": 0, "deployments": [deployment]}]) as server:
-        yield server.url
-
-
-@pytest.fixture
-def client(gateway_url: str, anthropic_upstream: FakeAnthropic) -> openai.OpenAI:
-    anthropic_upstream.received.clear()
-    return openai.OpenAI(base_url=gateway_url + "/v1", api_key=ADMIN_KEY, max_retries=0)
-
-
-def sent(client: openai.OpenAI, upstream: FakeAnthropic, messages: list[dict[str, Any]],
+def sent(claude_client: openai.OpenAI, upstream: FakeAnthropic, messages: list[dict[str, Any]],
          **fields: Any) -> dict[str, Any]:
     """The body the upstream received for a chat request."""
-    client.chat.completions.create(model="claude", messages=messages, **fields)  # type: ignore[arg-type]
+    claude_client.chat.completions.create(model="claude", messages=messages, **fields)  # type: ignore[arg-type]
     return upstream.received[-1]
 
 
 def test_each_text_part_of_system_and_developer_messages_is_a_system_block_in_order(
-        client: openai.OpenAI, anthropic_upstream: FakeAnthropic) -> None:
-    body = sent(client, anthropic_upstream, [
+        claude_client: openai.OpenAI, anthropic_upstream: FakeAnthropic) -> None:
+    body = sent(claude_client, anthropic_upstream, [
         {"role": "system", "content": [{"type": "text", "text": "Be brief."},
                                        {"type": "text", "text": "Answer in French."}]},
         {"role": "developer", "content": "No lists."},
@@ -53,10 +36,10 @@ def test_each_text_part_of_system_and_developer_messages_is_a_system_block_in_or
 
 
 def test_cache_control_reaches_anthropic_on_every_kind_of_block_and_on_tools(
-        client: openai.OpenAI, anthropic_upstream: FakeAnthropic) -> None:
+        claude_client: openai.OpenAI, anthropic_upstream: FakeAnthropic) -> None:
     long_ttl = {"type": "ephemeral", "ttl": "1h"}
     call = {"id": "t1", "type": "function", "function": {"name": "search", "arguments": "{}"}}
-    body = sent(client, anthropic_upstream, [
+    body = sent(claude_client, anthropic_upstream, [
         {"role": "system", "content": [{"type": "text", "text": "rules", "cache_control": long_ttl},
                                        {"type": "text", "text": "more"}]},
         {"role": "user", "content": [{"type": "text", "text": "look", "cache_control": CACHED},
@@ -75,8 +58,9 @@ def test_cache_control_reaches_anthropic_on_every_kind_of_block_and_on_tools(
     assert body["tools"][0]["cache_control"] == CACHED
 
 
-def test_a_part_without_cache_control_sends_none(client: openai.OpenAI, anthropic_upstream: FakeAnthropic) -> None:
-    body = sent(client, anthropic_upstream, [{"role": "user", "content": [
+def test_a_part_without_cache_control_sends_none(claude_client: openai.OpenAI,
+                                                 anthropic_upstream: FakeAnthropic) -> None:
+    body = sent(claude_client, anthropic_upstream, [{"role": "user", "content": [
         {"type": "text", "text": "plain", "cache_control": None}]}], tools=[TOOL])
     assert body["messages"][0]["content"] == [{"type": "text", "text": "plain"}]
     assert "cache_control" not in body["tools"][0]
@@ -91,15 +75,15 @@ def test_a_part_without_cache_control_sends_none(client: openai.OpenAI, anthropi
      "messages[0].content[0].cache_control"),
 ])
 def test_a_cache_control_that_is_not_an_object_is_a_400_naming_it(
-        client: openai.OpenAI, anthropic_upstream: FakeAnthropic, message: dict[str, Any], param: str) -> None:
+        claude_client: openai.OpenAI, anthropic_upstream: FakeAnthropic, message: dict[str, Any], param: str) -> None:
     with pytest.raises(openai.BadRequestError) as refused:
-        client.chat.completions.create(model="claude", messages=[message])  # type: ignore[list-item]
+        claude_client.chat.completions.create(model="claude", messages=[message])  # type: ignore[list-item]
     assert refused.value.param == param and anthropic_upstream.received == []
 
 
 def test_a_tools_cache_control_that_is_not_an_object_is_a_400_naming_it(
-        client: openai.OpenAI, anthropic_upstream: FakeAnthropic) -> None:
+        claude_client: openai.OpenAI, anthropic_upstream: FakeAnthropic) -> None:
     with pytest.raises(openai.BadRequestError) as refused:
-        client.chat.completions.create(model="claude", messages=[{"role": "user", "content": "x"}],
+        claude_client.chat.completions.create(model="claude", messages=[{"role": "user", "content": "x"}],
                                        tools=[TOOL | {"cache_control": 1}])  # type: ignore[list-item]
     assert refused.value.param == "tools[0].cache_control" and anthropic_upstream.received == []

@@ -5,14 +5,11 @@ shape, as OpenAI answers it; an openai SDK user against a loopback server speaki
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import openai
 import pytest
 
-from tests.backends.conftest import admin_gateway
-from tests.conftest import ADMIN_KEY
 from tests.support.fake_anthropic import FakeAnthropic
 
 SCHEMA = {"type": "object", "properties": {"q": {"type": "string"}}}
@@ -20,22 +17,8 @@ FUNCTIONS = [{"name": "search", "description": "look it up", "parameters": SCHEM
 ASK = [{"role": "user", "content": "tool:cats"}]  # the fake answers with a call of the first tool
 
 
-@pytest.fixture(scope="module")
-def gateway_url(anthropic_upstream: FakeAnthropic) -> Iterator[str]:
-    deployment = {"provider": "anthropic", "model": "claude-test", "api_base": anthropic_upstream.url,
-                  "api_key": "sk"}
-    with admin_gateway([{"name": "claude", "max_retries": 0, "deployments": [deployment]}]) as server:
-        yield server.url
-
-
-@pytest.fixture
-def client(gateway_url: str, anthropic_upstream: FakeAnthropic) -> openai.OpenAI:
-    anthropic_upstream.received.clear()
-    return openai.OpenAI(base_url=gateway_url + "/v1", api_key=ADMIN_KEY, max_retries=0)
-
-
-def create(client: openai.OpenAI, messages: list[dict[str, Any]], **fields: Any) -> Any:
-    return client.chat.completions.create(model="claude", messages=messages, **fields)  # type: ignore[arg-type]
+def create(claude_client: openai.OpenAI, messages: list[dict[str, Any]], **fields: Any) -> Any:
+    return claude_client.chat.completions.create(model="claude", messages=messages, **fields)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(("function_call", "choice"), [
@@ -44,16 +27,16 @@ def create(client: openai.OpenAI, messages: list[dict[str, Any]], **fields: Any)
     ("none", {"type": "none"}),
 ])
 def test_functions_and_function_call_become_tools_and_tool_choice(
-        client: openai.OpenAI, anthropic_upstream: FakeAnthropic, function_call: Any, choice: Any) -> None:
-    create(client, [{"role": "user", "content": "hi"}], functions=FUNCTIONS, function_call=function_call)
+        claude_client: openai.OpenAI, anthropic_upstream: FakeAnthropic, function_call: Any, choice: Any) -> None:
+    create(claude_client, [{"role": "user", "content": "hi"}], functions=FUNCTIONS, function_call=function_call)
     sent = anthropic_upstream.received[-1]
     assert sent["tools"] == [{"name": "search", "description": "look it up", "input_schema": SCHEMA}]
     assert sent["tool_choice"] == choice
 
 
 def test_a_legacy_call_and_its_result_in_the_conversation_become_tool_use_and_tool_result(
-        client: openai.OpenAI, anthropic_upstream: FakeAnthropic) -> None:
-    create(client, [{"role": "user", "content": "find cats"},
+        claude_client: openai.OpenAI, anthropic_upstream: FakeAnthropic) -> None:
+    create(claude_client, [{"role": "user", "content": "find cats"},
                     {"role": "assistant", "content": None,
                      "function_call": {"name": "search", "arguments": '{"q": "cats"}'}},
                     {"role": "function", "name": "search", "content": "three cats"}], functions=FUNCTIONS)
@@ -64,16 +47,16 @@ def test_a_legacy_call_and_its_result_in_the_conversation_become_tool_use_and_to
                                                    "content": "three cats"}]}
 
 
-def test_the_answer_takes_the_legacy_shape(client: openai.OpenAI) -> None:
-    reply = create(client, ASK, functions=FUNCTIONS)
+def test_the_answer_takes_the_legacy_shape(claude_client: openai.OpenAI) -> None:
+    reply = create(claude_client, ASK, functions=FUNCTIONS)
     choice = reply.choices[0]
     assert choice.finish_reason == "function_call" and choice.message.tool_calls is None
     assert choice.message.function_call is not None and choice.message.function_call.name == "search"
     assert json.loads(choice.message.function_call.arguments) == {"q": "cats"}
 
 
-def test_a_streamed_answer_takes_the_legacy_shape(client: openai.OpenAI) -> None:
-    chunks = list(create(client, ASK, functions=FUNCTIONS, stream=True))
+def test_a_streamed_answer_takes_the_legacy_shape(claude_client: openai.OpenAI) -> None:
+    chunks = list(create(claude_client, ASK, functions=FUNCTIONS, stream=True))
     deltas = [c.choices[0].delta for c in chunks if c.choices]
     assert all(d.tool_calls is None for d in deltas)
     calls = [d.function_call for d in deltas if d.function_call is not None]
@@ -82,9 +65,9 @@ def test_a_streamed_answer_takes_the_legacy_shape(client: openai.OpenAI) -> None
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "function_call"
 
 
-def test_tools_keep_their_own_shape(client: openai.OpenAI) -> None:
+def test_tools_keep_their_own_shape(claude_client: openai.OpenAI) -> None:
     tools = [{"type": "function", "function": FUNCTIONS[0]}]
-    choice = create(client, ASK, tools=tools).choices[0]
+    choice = create(claude_client, ASK, tools=tools).choices[0]
     assert choice.finish_reason == "tool_calls" and choice.message.tool_calls and choice.message.function_call is None
 
 
@@ -96,8 +79,8 @@ def test_tools_keep_their_own_shape(client: openai.OpenAI) -> None:
     ([{"role": "user", "content": "x"}, {"role": "function", "name": "search", "content": "r"}], {}, "messages[1]"),
 ])
 def test_what_legacy_function_calling_cannot_mean_is_a_400_naming_it(
-        client: openai.OpenAI, anthropic_upstream: FakeAnthropic, messages: list[dict[str, Any]],
+        claude_client: openai.OpenAI, anthropic_upstream: FakeAnthropic, messages: list[dict[str, Any]],
         fields: dict[str, Any], param: str) -> None:
     with pytest.raises(openai.BadRequestError) as refused:
-        create(client, messages, **fields)
+        create(claude_client, messages, **fields)
     assert refused.value.param == param and anthropic_upstream.received == []
