@@ -27,7 +27,7 @@ MAX_TOKEN_COUNT = 2**31 - 1
 TokenCount = Annotated[int, Meta(ge=0, le=MAX_TOKEN_COUNT)]
 # OpenAI's own limits (temperature to 2, four stop strings) are not the gateway's: vLLM and others
 # take more, and OpenAI answers its 400 itself; the built-in engine and the Anthropic translation
-# check their own. A thousand stop strings bound the matching work a request can ask for.
+# check their own. 1,024 stop strings bound the matching work a request can ask for.
 Temperature = Annotated[float, Meta(ge=0.0)]
 TopP = Annotated[float, Meta(ge=0.0, le=1.0)]
 Penalty = Annotated[float, Meta(ge=-2.0, le=2.0)]
