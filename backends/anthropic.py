@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import msgspec
 from msgspec import UNSET
 
 from backends.anthropic_functions import as_function_call, function_call_delta, uses_functions
+from backends.anthropic_json import as_json_answer, json_delta, json_format
 from backends.anthropic_opt_ins import check_opt_ins
 from backends.anthropic_wire import (
     STOP_REASONS,
@@ -74,6 +75,7 @@ DEFAULT_API_BASE = "https://api.anthropic.com/v1"
 API_VERSION = "2023-06-01"
 # A /v1/messages client's headers that go upstream as sent (the version it speaks, the betas it opts into).
 FORWARDED_HEADERS = ("anthropic-version", "anthropic-beta")
+_Shape = Callable[[ChatDelta, str | None], tuple[ChatDelta, str | None]]  # a streamed delta and finish, reshaped
 _CLIENT_HEADERS = "_anthropic_client_headers"  # on a chat request: those of FORWARDED_HEADERS the client sent
 # Fields of a /v1/messages body that the gateway sets itself upstream, and count_tokens does not take.
 _GENERATION_ONLY = frozenset({"max_tokens", "stream"})
@@ -142,6 +144,8 @@ class AnthropicBackend(HTTPBackend):
         response.__dict__[ANTHROPIC_MESSAGE] = data  # /v1/messages relays it as it came
         if uses_functions(request):
             as_function_call(response)
+        elif json_format(request, self.config.drop_params) is not None:  # answered through its forced tool
+            as_json_answer(response)
         usage = response.usage if isinstance(response.usage, Usage) else Usage()
         meter = Meter(prompt_tokens=usage.prompt_tokens, completion_tokens=usage.completion_tokens,
                       first_token_at=time.perf_counter())
@@ -168,13 +172,19 @@ class AnthropicBackend(HTTPBackend):
         meter = Meter(prompt_tokens=estimate_chat_prompt(request), exact=False)
         events = await self._open(body, _upstream_headers(request))
         relay = _StreamTranslator(self, events, request.model, request.include_usage, meter,
-                                  keep_events=anthropic_body(request) is not None, functions=uses_functions(request))
+                                  keep_events=anthropic_body(request) is not None, shape=self._shape(request))
         try:
             await relay.prime()
         except BaseException:
             await relay.aclose()
             raise
         return streamed(relay, meter, events.response.headers)
+
+    def _shape(self, request: ChatCompletionRequest) -> _Shape | None:
+        """How a streamed answer is reshaped: legacy functions', or a JSON response_format's."""
+        if uses_functions(request):
+            return function_call_delta
+        return json_delta if json_format(request, self.config.drop_params) is not None else None
 
     # ------------------------------------------------------------ text completions, as chat
 
@@ -302,9 +312,9 @@ class _StreamTranslator:
     (``ANTHROPIC_EVENTS``): on the first chunk made after it, or on a last chunk without choices."""
 
     def __init__(self, backend: AnthropicBackend, events: _Events, model: str, want_usage: bool, meter: Meter,
-                 keep_events: bool = False, functions: bool = False) -> None:
+                 keep_events: bool = False, shape: _Shape | None = None) -> None:
         self._backend, self._events, self._model = backend, events, model
-        self._functions = functions  # the request used legacy functions: deltas and finish in their shape
+        self._shape = shape  # the request used legacy functions or a JSON response_format: deltas in its shape
         self._want_usage, self._meter = want_usage, meter
         self._kept: list[dict[str, Any]] | None = [] if keep_events else None
         self._id = "msg"
@@ -338,8 +348,8 @@ class _StreamTranslator:
         raise StopAsyncIteration
 
     def _chunk(self, delta: ChatDelta, finish: str | None = None, stop: Any = None) -> ChatCompletionChunk:
-        if self._functions:
-            delta, finish = function_call_delta(delta, finish)
+        if self._shape is not None:
+            delta, finish = self._shape(delta, finish)
         choice = ChatChunkChoice(index=0, delta=delta, finish_reason=finish)  # a STOP_REASONS value
         if isinstance(stop, str):
             choice.stop_reason = stop  # the stop sequence that matched

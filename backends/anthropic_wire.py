@@ -14,6 +14,7 @@ import msgspec
 from msgspec import UNSET
 
 from backends.anthropic_functions import as_tools
+from backends.anthropic_json import add_json_tool, json_format
 from backends.base import BadRequest, Meter
 from backends.function_tools import function_call, function_def
 from backends.openai_wire import (
@@ -191,10 +192,6 @@ def _refuse_unmapped(request: ChatCompletionRequest, dropped: Collection[str]) -
         value = getattr(request, name)
         if value is not UNSET and value not in neutral and name not in dropped:
             raise BadRequest(f"'{name}' is not supported by the anthropic provider", param=name)
-    fmt = request.response_format
-    if fmt not in (UNSET, None) and fmt.type != "text" and "response_format" not in dropped:
-        raise BadRequest(f"response_format {fmt.type!r} is not supported by the anthropic provider",
-                         param="response_format")
 
 
 def to_messages_request(request: ChatCompletionRequest, model: str, *, stream: bool,
@@ -235,6 +232,8 @@ def to_messages_request(request: ChatCompletionRequest, model: str, *, stream: b
     if isinstance(request.user, str):
         body["metadata"] = {"user_id": request.user}
     _map_extra(request, body, answer_room)
+    if (fmt := json_format(request, dropped)) is not None:  # a JSON answer, through one forced tool
+        add_json_tool(fmt, body)
     if stream:
         body["stream"] = True
     return body

@@ -2,7 +2,9 @@
 
 It echoes the last user text (cut at the first of ``stop_sequences`` it contains, reported as
 ``stop_reason: stop_sequence``); when the request offers tools and the text starts with ``tool:``,
-it answers with a ``tool_use`` block for the first tool instead. Its usage reports 2 prompt tokens
+it answers with a ``tool_use`` block for the first tool instead; a ``tool_choice`` forcing a tool
+is answered with a call of that tool, whose input is the JSON after ``json:`` in the text (else
+``{"q": text}``). Its usage reports 2 prompt tokens
 read from the cache, ``CACHE_WRITE`` written to it per ``cache_control`` breakpoint (by TTL), and a
 web search tool's ``max_uses`` searches. ``fail_next`` queues an HTTP status; ``stop_reason`` forces
 the answers' stop reason; ``answer_headers`` go in the head of every answer (as Anthropic's
@@ -125,6 +127,10 @@ class FakeAnthropic(OnLoopback):
 
     def _answer(self, payload: dict[str, Any]) -> tuple[list[dict[str, Any]], str]:
         text = _text(payload["messages"][-1]["content"]) if payload["messages"] else ""
+        forced = payload.get("tool_choice") or {}
+        if forced.get("type") == "tool":  # as Anthropic: a forced call, no text before it
+            arguments = json.loads(text[5:]) if text.startswith("json:") else {"q": text}
+            return [{"type": "tool_use", "id": "toolu_1", "name": forced["name"], "input": arguments}], "tool_use"
         if payload.get("tools") and text.startswith("tool:"):
             tool = payload["tools"][0]["name"]
             return [{"type": "tool_use", "id": "toolu_1", "name": tool, "input": {"q": text[5:]}}], "tool_use"
