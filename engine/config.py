@@ -61,6 +61,7 @@ def resolve_dtype(dtype: str | torch.dtype, device: str, model: str) -> torch.dt
 
 
 ATTN_BACKENDS = ("auto", "torch", "cpu", "triton")
+DEFAULT_MAX_NUM_SEQS = 256  # sequences in one batch, unless the token budget per step is smaller
 
 
 def triton_available() -> bool:
@@ -110,7 +111,7 @@ class EngineConfig:
     gpu_memory_utilization: float = 0.9
     kv_cache_bytes: int | None = None
     num_kv_blocks: int | None = None
-    max_num_seqs: int = 256
+    max_num_seqs: int = 0  # 0: DEFAULT_MAX_NUM_SEQS, or max_num_batched_tokens where that is fewer
     max_num_batched_tokens: int = 2048
     max_model_len: int | None = None
     enable_prefix_caching: bool = True
@@ -127,8 +128,13 @@ class EngineConfig:
             raise ValueError("block_size must be positive")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError("gpu_memory_utilization must be in (0, 1]")
-        if self.max_num_seqs <= 0 or self.max_num_batched_tokens <= 0:
+        if self.max_num_seqs < 0 or self.max_num_batched_tokens <= 0:
             raise ValueError("max_num_seqs and max_num_batched_tokens must be positive")
+        self.max_num_seqs = self.max_num_seqs or min(DEFAULT_MAX_NUM_SEQS, self.max_num_batched_tokens)
+        if self.max_num_batched_tokens < self.max_num_seqs:  # as vLLM: each running sequence's decode needs a token
+            raise ValueError(f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= max_num_seqs "
+                             f"({self.max_num_seqs}): each running sequence needs a token of every step's budget; "
+                             "raise max_num_batched_tokens or lower max_num_seqs")
         if self.num_kv_blocks is not None and self.num_kv_blocks <= 0:
             raise ValueError("num_kv_blocks must be positive")
         if self.kv_cache_bytes is not None and self.kv_cache_bytes <= 0:

@@ -34,7 +34,7 @@ from gateway.pipeline import Pipeline
 from gateway.reload import Reloader
 from gateway.security_headers import add_security_headers
 from gateway.services import Services, build_services
-from gateway.settings import Settings, load_settings
+from gateway.settings import CONFIG_WARNED_ENV, Settings, load_settings
 from gateway.telemetry import Telemetry
 from gateway.telemetry.endpoint import metrics_route
 from gateway.telemetry.logs import install_logging, lean_log_records
@@ -141,7 +141,7 @@ class GatewayApp(Litestar):
 def create_app_from_env() -> Litestar:
     """Factory for ``uvicorn --factory`` (used by ``switchyard serve``): config from $SWITCHYARD_CONFIG."""
     path = os.environ.get("SWITCHYARD_CONFIG") or "config/default.yaml"
-    settings = load_settings(path)
+    settings = load_settings(path, warn=CONFIG_WARNED_ENV not in os.environ)
     install_logging(json=settings.telemetry.json_logs)  # a served process owns its stderr
     lean_log_records()
     app = create_app(settings, config_path=path)

@@ -28,6 +28,9 @@ from msgspec import Meta
 from backends.config import Conf, ConfigError, DeploymentConfig, Seconds, Timeouts
 
 log = logging.getLogger("switchyard.settings")
+# set by ``switchyard serve`` once it has loaded the config and warned of what it found: the app
+# factory (in the same process with one worker, in each worker with several) then loads it quietly
+CONFIG_WARNED_ENV = "SWITCHYARD_CONFIG_WARNED"
 
 __all__ = ["ConfigError", "DeploymentConfig", "Settings", "Timeouts", "load_settings", "parse_settings"]
 
@@ -287,8 +290,12 @@ def _check_references(settings: Settings) -> None:
             for j, name in enumerate(getattr(group, key)):
                 if name not in names:
                     raise _Invalid(f"models[{i}].{key}[{j}]", f"unknown model {name!r}")
-    # A price applies to a model's name or a deployment's; any other key (an alias, a typo) prices nothing.
-    # Not an error: prices of models served elsewhere may be kept in one file (they fill model_prices).
+
+
+def _warn_of_unused_prices(settings: Settings) -> None:
+    """A price applies to a model's name or a deployment's; any other key (an alias, a typo) prices nothing.
+    Not an error: prices of models served elsewhere may be kept in one file (they fill model_prices)."""
+    names = {name for g in settings.models for name in (g.name, *g.aliases)}
     priced = {g.name for g in settings.models} | {d.id for g in settings.models for d in g.deployments}
     for key in sorted(settings.prices.keys() - priced):
         log.warning("prices.%s names no model or deployment of this config: requests are not priced by it%s", key,
@@ -362,8 +369,10 @@ def _path_of(msg: str) -> tuple[str, str]:
     return problem, where.rstrip("`").removeprefix("$.").removeprefix("$") or "<root>"
 
 
-def parse_settings(raw: Any, env: dict[str, str] | None = None, source: str | Path | None = None) -> Settings:
-    """Settings from a parsed YAML document; errors name ``source`` (the file) where it is given."""
+def parse_settings(raw: Any, env: dict[str, str] | None = None, source: str | Path | None = None,
+                   warn: bool = True) -> Settings:
+    """Settings from a parsed YAML document; errors name ``source`` (the file) where it is given.
+    ``warn``: log what is allowed but likely a mistake (prices that price nothing)."""
     env = dict(os.environ) if env is None else env
     if raw is None:
         raw = {}
@@ -381,11 +390,14 @@ def parse_settings(raw: Any, env: dict[str, str] | None = None, source: str | Pa
         _check_references(settings)
     except _Invalid as exc:
         raise _located(exc, None if source is None else str(source), overridden) from None
+    if warn:
+        _warn_of_unused_prices(settings)
     return settings
 
 
-def load_settings(path: str | Path | None = None, env: dict[str, str] | None = None) -> Settings:
-    """Load settings from ``path`` (default: $SWITCHYARD_CONFIG or config/default.yaml)."""
+def load_settings(path: str | Path | None = None, env: dict[str, str] | None = None, warn: bool = True) -> Settings:
+    """Load settings from ``path`` (default: $SWITCHYARD_CONFIG or config/default.yaml); ``warn``: as
+    ``parse_settings``."""
     env = dict(os.environ) if env is None else env
     path = Path(path or env.get("SWITCHYARD_CONFIG") or "config/default.yaml")
     try:
@@ -398,7 +410,7 @@ def load_settings(path: str | Path | None = None, env: dict[str, str] | None = N
         raw = yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader
     except yaml.YAMLError as exc:
         raise ConfigError(f"config file {path} is not valid YAML: {_yaml_problem(exc)}") from None
-    return parse_settings(raw, env, path)
+    return parse_settings(raw, env, path, warn)
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):

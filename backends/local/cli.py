@@ -76,7 +76,7 @@ def generate(
     temperature: Annotated[float, typer.Option("--temperature", help="Default temperature (0 = greedy).")] = 0.0,
     max_model_len: Annotated[int | None, typer.Option("--max-model-len")] = None,
     gpu_memory_utilization: Annotated[float, typer.Option("--gpu-memory-utilization")] = 0.9,
-    max_num_seqs: Annotated[int, typer.Option("--max-num-seqs")] = 256,
+    max_num_seqs: Annotated[int, typer.Option("--max-num-seqs", help="0: 256, or the token budget if lower")] = 0,
     max_num_batched_tokens: Annotated[int, typer.Option("--max-num-batched-tokens")] = 2048,
     block_size: Annotated[int, typer.Option("--block-size")] = 16,
     dtype: Annotated[str, typer.Option(

@@ -24,7 +24,7 @@ from gateway.cli.http_protocol import (
     MAX_CONNECTIONS_ENV,
     HeadDeadlineProtocol,
 )
-from gateway.settings import ConfigError, load_settings
+from gateway.settings import CONFIG_WARNED_ENV, ConfigError, load_settings
 
 if TYPE_CHECKING:
     from uvicorn import Config
@@ -61,8 +61,9 @@ def serve(
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
     _check_database(settings.database.url)
-    # Workers are separate processes: they load the same file through the app factory.
+    # Workers are separate processes: they load the same file through the app factory, warning of nothing again.
     os.environ["SWITCHYARD_CONFIG"] = str(config.resolve())
+    os.environ[CONFIG_WARNED_ENV] = "1"
     # On SIGTERM the app drains (gateway.drain), then uvicorn waits for in-flight requests, runs the
     # app's shutdown (usage flush) and re-raises the signal with the handler it found: make that a
     # clean exit (status 0).

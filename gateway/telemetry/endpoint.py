@@ -12,6 +12,7 @@ from gateway.telemetry.metrics import CONTENT_TYPE, GatewayMetrics, StateCollect
 
 
 def metrics_route(metrics: GatewayMetrics, router: Router, usage: UsageSink) -> HTTPRouteHandler:
+    metrics.watch_engines(router)
     metrics.registry.register(StateCollector(router, usage))
 
     @get("/metrics", include_in_schema=False, sync_to_thread=False)

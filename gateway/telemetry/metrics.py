@@ -6,10 +6,13 @@ Request metrics are fed from the usage records the pipeline already emits (``Met
 the request path pays one dictionary lookup and a few increments. Engine and routing state are
 read only when Prometheus scrapes.
 
-With several workers (``switchyard serve --workers N``) the counters and histograms are the whole
-server's, whichever worker answers the scrape (``gateway.telemetry.shared_metrics``); the state read
-at scrape time (circuits, hold-offs, the usage writer's backlog, local engines) is the answering
-worker's own, as each worker has its own circuits, writer and engines.
+With several workers (``switchyard serve --workers N``) the counters and histograms, the local
+engines' ``vllm:*`` ones included, are the whole server's, whichever worker answers the scrape
+(``gateway.telemetry.shared_metrics``, ``gateway.telemetry.engine_families``); the state read at
+scrape time (circuits, hold-offs, the usage writer's backlog, the engines' running and waiting
+requests and KV-cache usage) is the answering worker's own, as each worker has its own circuits,
+writer and engines: an exited worker's live state must not count on, and one engine's fraction of
+its KV cache does not add up with another's.
 """
 
 from __future__ import annotations
@@ -30,6 +33,16 @@ from backends.base import EngineBacked
 from gateway.contracts import QUOTA_REFUSED, UsageRecord, UsageSink
 from gateway.routing.router import Router
 from gateway.telemetry.context import request_info
+from gateway.telemetry.engine_families import (
+    COUNTERS,
+    HISTOGRAMS,
+    LABELS,
+    SCHEDULED,
+    SCHEDULED_DOC,
+    WEIGHT_LABELS,
+    EngineFigures,
+    gauge_families,
+)
 from gateway.telemetry.shared_metrics import Counts, Figures, Histogram, Labels, SharedMetrics
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -77,6 +90,7 @@ class GatewayMetrics:
         self._upstream_errors: Counts = {}  # (deployment, kind)
         self._latency: dict[Labels, _Histogram] = {}  # (model, endpoint)
         self._ttft: dict[Labels, _Histogram] = {}
+        self.engines = EngineFigures(list)  # the local engines' counters and histograms: see ``watch_engines``
         self.shared = SharedMetrics.from_env(self.figures)
         self.registry.register(_Families(self))
 
@@ -107,17 +121,22 @@ class GatewayMetrics:
     def upstream_error(self, deployment: str, kind: str) -> None:
         _count(self._upstream_errors, (deployment, kind), 1)
 
+    def watch_engines(self, router: Router) -> None:
+        """Count the router's local engines' ``vllm:*`` counters and histograms in with this worker's."""
+        self.engines.snapshots = lambda: engine_snapshots(router)
+
     def render(self) -> bytes:
         return generate_latest(self.registry)
 
     def figures(self) -> Figures:
-        """This worker's figures: its counters' live dictionaries, copies of its histograms."""
+        """This worker's figures: its counters' live dictionaries, copies of its histograms, its engines'."""
+        engines = self.engines.figures()
         return Figures(
             counters={"switchyard_requests": self._requests, "switchyard_tokens": self._tokens,
                       "switchyard_quota_rejections": self._quota_rejections,
-                      "switchyard_upstream_errors": self._upstream_errors},
+                      "switchyard_upstream_errors": self._upstream_errors, **engines.counters},
             histograms={"switchyard_request_latency_seconds": _copies(self._latency),
-                        "switchyard_time_to_first_token_seconds": _copies(self._ttft)})
+                        "switchyard_time_to_first_token_seconds": _copies(self._ttft), **engines.histograms})
 
     def families(self) -> Iterator[Any]:
         figures = self.figures() if self.shared is None else self.shared.total()
@@ -125,15 +144,24 @@ class GatewayMetrics:
         yield _counter("switchyard_requests", "Requests answered, by model group, endpoint and HTTP status",
                        ["model", "endpoint", "status"], counters.get("switchyard_requests", {}))
         yield _histogram("switchyard_request_latency_seconds", "Time from admission to the last byte",
-                         ["model", "endpoint"], histograms.get("switchyard_request_latency_seconds", {}))
+                         ["model", "endpoint"], histograms.get("switchyard_request_latency_seconds", {}),
+                         LATENCY_BUCKETS)
         yield _histogram("switchyard_time_to_first_token_seconds", "Time from admission to the first token",
-                         ["model", "endpoint"], histograms.get("switchyard_time_to_first_token_seconds", {}))
+                         ["model", "endpoint"], histograms.get("switchyard_time_to_first_token_seconds", {}),
+                         LATENCY_BUCKETS)
         yield _counter("switchyard_tokens", "Tokens metered, by model group and kind (prompt|completion)",
                        ["model", "kind"], counters.get("switchyard_tokens", {}))
         yield _counter("switchyard_quota_rejections", "Requests refused by quotas (429)", ["model"],
                        counters.get("switchyard_quota_rejections", {}))
         yield _counter("switchyard_upstream_errors", "Failed upstream attempts, by deployment and kind",
                        ["deployment", "kind"], counters.get("switchyard_upstream_errors", {}))
+        if not self.engines.bounds:  # this worker has no local engine (nor has any other: the same config)
+            return
+        for name, (doc, _) in COUNTERS.items():
+            yield _counter(name, doc, LABELS, counters.get(name, {}))
+        for name, (doc, _) in HISTOGRAMS.items():
+            yield _histogram(name, doc, LABELS, histograms.get(name, {}), self.engines.bounds[name])
+        yield _counter(SCHEDULED, SCHEDULED_DOC, WEIGHT_LABELS, counters.get(SCHEDULED, {}))
 
 
 class _Families(Collector):
@@ -168,9 +196,10 @@ def _counter(name: str, doc: str, labels: list[str], counts: Counts) -> CounterM
     return family
 
 
-def _histogram(name: str, doc: str, labels: list[str], series: dict[Labels, Histogram]) -> HistogramMetricFamily:
+def _histogram(name: str, doc: str, labels: list[str], series: dict[Labels, Histogram],
+               buckets: tuple[float, ...]) -> HistogramMetricFamily:
     family = HistogramMetricFamily(name, doc, labels=labels)
-    bounds = [*(floatToGoString(b) for b in LATENCY_BUCKETS), "+Inf"]
+    bounds = [*(floatToGoString(b) for b in buckets), "+Inf"]
     for values, hist in series.items():
         family.add_metric(list(values), list(zip(bounds, map(float, accumulate(hist.counts)), strict=True)),
                           hist.total)
@@ -228,7 +257,7 @@ class StateCollector(Collector):
         if isinstance(pending, int):
             yield GaugeMetricFamily("switchyard_usage_writer_backlog",
                                     "Usage records not yet in the database (buffered or journaled)", value=pending)
-        yield from _engine_families(self.router)
+        yield from gauge_families(engine_snapshots(self.router))
 
 
 def _unique(router: Router) -> list[Any]:
@@ -236,62 +265,6 @@ def _unique(router: Router) -> list[Any]:
     return list({d.id: d for d in router.deployments()}.values())
 
 
-def _engine_families(router: Router) -> Iterator[Any]:
-    """vLLM's metric names (``vllm:*``) with ``model_name`` set to the deployment id."""
-    snaps = [(d.id, d.backend.engine_metrics()) for d in _unique(router) if isinstance(d.backend, EngineBacked)]
-    if not snaps:
-        return
-    labels = ["model_name"]
-    gauges = {
-        "vllm:num_requests_running": ("Requests in the engine's running batch", "num_running"),
-        "vllm:num_requests_waiting": ("Requests waiting to be scheduled", "num_waiting"),
-        "vllm:kv_cache_usage_perc": ("Fraction of KV-cache blocks in use (0..1)", "kv_usage"),
-    }
-    counters = {
-        "vllm:prefix_cache_queries": ("Prompt tokens looked up in the prefix cache", "prefix_cache_queries"),
-        "vllm:prefix_cache_hits": ("Prompt tokens served from the prefix cache", "prefix_cache_hits"),
-        "vllm:num_preemptions": ("Sequences preempted (recomputed)", "num_preemptions"),
-        "vllm:prompt_tokens": ("Prompt tokens processed", "prompt_tokens"),
-        "vllm:generation_tokens": ("Tokens generated", "generation_tokens"),
-    }
-    histograms = {
-        "vllm:time_to_first_token_seconds": ("Time to the first token", "ttft"),
-        "vllm:inter_token_latency_seconds": ("Time between output tokens", "itl"),
-        "vllm:e2e_request_latency_seconds": ("Arrival to finish", "e2e_latency"),
-    }
-    for name, (doc, attr) in gauges.items():
-        g = GaugeMetricFamily(name, doc, labels=labels)
-        for dep, snap in snaps:
-            g.add_metric([dep], float(getattr(snap, attr)))
-        yield g
-    for name, (doc, attr) in counters.items():
-        c = CounterMetricFamily(name, doc, labels=labels)
-        for dep, snap in snaps:
-            c.add_metric([dep], float(getattr(snap, attr)))
-        yield c
-    for name, (doc, attr) in histograms.items():
-        h = HistogramMetricFamily(name, doc, labels=labels)
-        for dep, snap in snaps:
-            hist = getattr(snap, attr)
-            bounds = [*(str(b) for b in hist.buckets), "+Inf"]
-            h.add_metric([dep], list(zip(bounds, (float(c) for c in hist.cumulative()))), hist.sum)
-        yield h
-    yield from _weight_class_families(snaps)
-
-
-def _weight_class_families(snaps: list[tuple[str, Any]]) -> Iterator[Any]:
-    """Fair scheduling by tenant weight class (never by tenant id: per-tenant figures are on
-    ``GET /admin/v1/engine/tenants``)."""
-    labels = ["model_name", "weight_class"]
-    waiting = GaugeMetricFamily("switchyard_engine_waiting_by_weight_class",
-                                "Sequences waiting in the engine, by the tenant weight class", labels=labels)
-    running = GaugeMetricFamily("switchyard_engine_running_by_weight_class",
-                                "Sequences running in the engine, by the tenant weight class", labels=labels)
-    tokens = CounterMetricFamily("switchyard_engine_tokens_scheduled_by_weight_class",
-                                 "Prefill and decode tokens scheduled, by the tenant weight class", labels=labels)
-    for dep, snap in snaps:
-        for cls, fig in (getattr(snap, "weight_classes", None) or {}).items():
-            waiting.add_metric([dep, cls], float(fig.num_waiting))
-            running.add_metric([dep, cls], float(fig.num_running))
-            tokens.add_metric([dep, cls], float(fig.tokens_scheduled))
-    yield from (waiting, running, tokens)
+def engine_snapshots(router: Router) -> list[tuple[str, Any]]:
+    """Each local engine's ``engine.MetricsSnapshot``, by deployment id."""
+    return [(d.id, d.backend.engine_metrics()) for d in _unique(router) if isinstance(d.backend, EngineBacked)]

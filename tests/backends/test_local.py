@@ -180,6 +180,9 @@ def test_bad_deployment_options(env: Env, tmp_path: Path) -> None:
         build_backend(DeploymentConfig(provider="local", model=str(tmp_path / "junk"), options={"builtin": "tiny"}))
     with pytest.raises(ConfigError, match="does not exist"):
         build_backend(DeploymentConfig(provider="local", model=str(tmp_path / "absent")))
+    with pytest.raises(ConfigError, match=r"local:.*: max_num_batched_tokens \(4\) must be >= max_num_seqs \(8\)"):
+        build_backend(DeploymentConfig(provider="local", model=str(env.folder),
+                                       options={"max_num_seqs": 8, "max_num_batched_tokens": 4}))
 
 
 def test_chat_without_max_tokens_stops_at_the_cap_or_the_context(env: Env) -> None:

@@ -252,3 +252,10 @@ def test_min_tokens_holds_eos_back_then_lets_it_stop(llm: LLM) -> None:
     else:
         assert len(held.token_ids) == 12
     assert_no_leak(llm)
+
+
+def test_a_token_budget_below_the_batch_size_is_refused_naming_both(checkpoint) -> None:
+    """As vLLM: each running sequence's decode needs a token of every step's budget."""
+    with pytest.raises(ValueError, match=r"max_num_batched_tokens \(4\) must be >= max_num_seqs \(8\)"):
+        LLM(str(checkpoint("llama")), num_kv_blocks=64, max_num_seqs=8, max_num_batched_tokens=4)
+    assert LLM(str(checkpoint("llama")), num_kv_blocks=64, max_num_batched_tokens=8).engine.config.max_num_seqs == 8

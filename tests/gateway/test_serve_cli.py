@@ -203,3 +203,27 @@ def test_serve_on_a_port_in_use_fails_at_once_before_the_app_starts(tmp_path: Pa
             assert done.returncode == 1, done.stderr
             assert done.stderr.strip().splitlines() == [f"error: cannot listen on 127.0.0.1:{port}: "
                                                         "Address already in use"], done.stderr
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_serve_warns_of_a_price_that_prices_nothing_once(tmp_path: Path, upstream: FakeUpstream, workers: str) -> None:
+    """The server loads its config once in ``serve`` and again in each worker: one warning a price all the same."""
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump({
+        "database": {"url": f"sqlite+aiosqlite:///{tmp_path}/sy.db"}, "usage": {"journal_dir": str(tmp_path / "j")},
+        "models": [{"name": "echo", "aliases": ["echo-latest"],
+                    "deployments": [{"provider": "openai", "model": "e", "api_base": upstream.url}]}],
+        "prices": {"echo-latest": {"input_per_million": 1.0}, "gone": {"input_per_million": 1.0}},
+    }))
+    subprocess.run([SWITCHYARD, "db", "upgrade", "--config", str(config)], check=True, capture_output=True)
+    port = free_port()
+    proc = subprocess.Popen([SWITCHYARD, "serve", "--config", str(config), "--port", str(port), "--workers", workers],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=tmp_path)
+    try:
+        _wait_healthy(f"http://127.0.0.1:{port}", proc)
+    finally:
+        proc.terminate()
+        _, stderr = proc.communicate(timeout=30)
+    warned = [line for line in stderr.decode().splitlines() if "names no model or deployment" in line]
+    assert len(warned) == 2, warned
+    assert "prices.echo-latest" in warned[0] and "prices.gone" in warned[1], warned
