@@ -1,23 +1,33 @@
 """Wire spellings of structured output -> the engine's ``StructuredOutput``.
 
-OpenAI's ``response_format`` (``json_object``, ``json_schema``), vLLM's ``structured_outputs``
-(``json``, ``regex``, ``choice``, ``grammar``) and the older ``guided_json`` / ``guided_regex`` /
-``guided_choice`` / ``guided_grammar``. At most one may be given, and none where the request's
-``tool_choice`` forces a call (that call's grammar shapes the output); a malformed one is a 400
-naming the field (the engine's input processor then reports what the grammar engine cannot compile),
-and so is a ``structured_outputs`` option the engine does not honour (``whitespace_pattern``,
-``structural_tag``, ``disable_additional_properties``, ...), never silently dropped.
+OpenAI's ``response_format`` (``json_object``, ``json_schema``; on text completions too, as vLLM
+takes it there, though the gateway does not model it there, so an HTTP upstream gets it as sent),
+vLLM's ``structured_outputs`` (``json``, ``regex``, ``choice``, ``grammar``) and the older
+``guided_json`` / ``guided_regex`` / ``guided_choice`` / ``guided_grammar``. At most one may be
+given, and none where the request's ``tool_choice`` forces a call (that call's grammar shapes the
+output); a malformed one is a 400 naming the field (the engine's input processor then reports what
+the grammar engine cannot compile), and so is a ``structured_outputs`` option the engine does not
+honour (``whitespace_pattern``, ``structural_tag``, ``disable_additional_properties``, ...), never
+silently dropped.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
+import msgspec
 from msgspec import UNSET
 
 from backends.base import BadRequest
-from backends.openai_wire import ChatCompletionRequest, SamplingFields
+from backends.openai_wire import (
+    ChatCompletionRequest,
+    JSONSchemaFormat,
+    ResponseFormat,
+    SamplingFields,
+    extra_params,
+)
 from engine.structured_output import StructuredOutput
 
 _VLLM_KEYS = ("json", "regex", "choice", "grammar")
@@ -53,16 +63,45 @@ def _text(value: Any, param: str) -> str:
     return value
 
 
+_format_decoder = msgspec.json.Decoder(ResponseFormat | None)
+_MISSING = re.compile(r"Object missing required field `([^`]+)`")
+
+
+def _format_error(exc: msgspec.ValidationError) -> BadRequest:
+    """A 400 naming the field of a completion's ``response_format``, as the gateway names chat's."""
+    problem, sep, where = str(exc).rpartition(" - at `")
+    if not sep:
+        problem, where = str(exc), ""
+    param = "response_format" + where.rstrip("`").removeprefix("$")
+    if missing := _MISSING.match(problem):
+        return BadRequest(f"missing required parameter '{param}.{missing[1]}'", param=f"{param}.{missing[1]}")
+    return BadRequest(f"invalid value for '{param}': {problem}", param=param)
+
+
+def response_format(request: SamplingFields) -> ResponseFormat | None:
+    """Chat's ``response_format``, or a text completion's (an unmodelled field there) read as chat's:
+    what chat's would refuse (``structural_tag``, a ``json_schema`` without a name) is a 400 naming it."""
+    if isinstance(request, ChatCompletionRequest):
+        return request.response_format if isinstance(request.response_format, ResponseFormat) else None
+    raw = extra_params(request).get("response_format")
+    if raw is None:
+        return None
+    try:
+        return _format_decoder.decode(raw)
+    except msgspec.ValidationError as exc:
+        raise _format_error(exc) from None
+
+
 def from_request(request: SamplingFields) -> StructuredOutput | None:
     """The request's output constraint, or None."""
     found: list[StructuredOutput] = []
-    fmt = getattr(request, "response_format", None)
-    if isinstance(request, ChatCompletionRequest) and _set(fmt) and fmt.type != "text":  # type: ignore[union-attr]
-        if fmt.type == "json_object":  # type: ignore[union-attr]
+    fmt = response_format(request)
+    if fmt is not None and fmt.type != "text":
+        if fmt.type == "json_object":
             found.append(StructuredOutput("json_object", "", "response_format"))
         else:
-            js = fmt.json_schema  # type: ignore[union-attr]
-            if not _set(js) or not _set(js.schema):
+            js = fmt.json_schema
+            if not isinstance(js, JSONSchemaFormat) or not _set(js.schema):
                 raise BadRequest("json_schema.schema is required", param="response_format.json_schema.schema")
             param = "response_format.json_schema.schema"
             found.append(StructuredOutput("json", _json_spec(js.schema, param), param))

@@ -41,11 +41,19 @@ MAX_STOP_TOKEN_IDS = 1024  # each generated token is looked up in them, and min_
 
 # vLLM's chat fields the engine honours (``chat_prompt_options``, ``chat_echo``): a chat request's, nobody else's.
 CHAT_PARAMS = frozenset({"add_generation_prompt", "continue_final_message", "echo"})
+# A text completion's fields the engine honours though the gateway does not model them (an HTTP
+# upstream gets them as sent): ``response_format``, read by ``backends.local.structured``.
+COMPLETION_PARAMS = frozenset({"response_format"})
+
+
+def honoured_extras(request: SamplingFields) -> frozenset[str]:
+    """The unmodelled fields of ``request`` that the engine honours or that change nothing."""
+    return NO_EFFECT_PARAMS | (CHAT_PARAMS if isinstance(request, ChatCompletionRequest) else COMPLETION_PARAMS)
 
 
 def refuse_unsupported(request: SamplingFields) -> None:
     """A request field the engine does not support is a 400 naming it, never a silent drop."""
-    taken = NO_EFFECT_PARAMS | CHAT_PARAMS if isinstance(request, ChatCompletionRequest) else NO_EFFECT_PARAMS
+    taken = honoured_extras(request)
     for name in extra_params(request):
         if name not in taken:
             raise BadRequest(f"'{name}' is not supported by the local engine", param=name)

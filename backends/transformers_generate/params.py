@@ -7,8 +7,8 @@ from typing import Any
 from msgspec import UNSET
 
 from backends.base import BadRequest
-from backends.local.wire import CHAT_PARAMS, NO_EFFECT_PARAMS, limit_field
-from backends.openai_wire import ChatCompletionRequest, SamplingFields, extra_params
+from backends.local.wire import honoured_extras, limit_field
+from backends.openai_wire import SamplingFields, extra_params
 from backends.transformers_generate.jobs import GenerateKey, RowParams
 
 
@@ -19,8 +19,9 @@ def opt(value: Any, default: Any) -> Any:
 
 def refuse_unsupported(request: SamplingFields) -> None:
     """A field plain generate does not support is a 400 naming it, never a silent drop. vLLM's chat
-    fields are the engine's (``backends.local.wire``: the prompt's options and ``echo``)."""
-    taken = NO_EFFECT_PARAMS | CHAT_PARAMS if isinstance(request, ChatCompletionRequest) else NO_EFFECT_PARAMS
+    fields are the engine's (``backends.local.wire``: the prompt's options and ``echo``), and so is a
+    text completion's ``response_format`` (``backends.local.structured``)."""
+    taken = honoured_extras(request)
     for name in extra_params(request):
         if name not in taken:
             raise BadRequest(f"'{name}' is not supported by this deployment", param=name)

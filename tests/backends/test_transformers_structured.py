@@ -19,6 +19,7 @@ from backends.base import BadRequest
 from backends.factory import build_backend
 from backends.openai_wire import ChatCompletionRequest, CompletionRequest
 from backends.transformers_generate import HFGenerateBackend
+from gateway.body import decode_body
 from gateway.settings import DeploymentConfig
 from tests.backends.test_local_tools import NAMED, TOOLS, WEATHER
 from tests.backends.test_local_tools import SCHEMAS as TOOL_SCHEMAS
@@ -116,6 +117,31 @@ async def test_vllm_spellings(backend: HFGenerateBackend) -> None:
     lark = await backend.complete(CompletionRequest(model="m", prompt="Hi", max_tokens=20,
                                                     guided_grammar='start: "a" ("b" | "c")'))
     assert lark.response.choices[0].text in ("ab", "ac")
+
+
+def completion(**kw: Any) -> CompletionRequest:
+    """A text completion as the gateway decodes it, its unmodelled fields (``response_format``) kept."""
+    body = {"model": "m", "prompt": "Hi", "max_tokens": 200, "temperature": 1.0, **kw}
+    return decode_body(json.dumps(body).encode(), CompletionRequest)
+
+
+async def test_completions_response_format(backend: HFGenerateBackend) -> None:
+    done = await backend.complete(completion(response_format=_fmt(SCHEMAS[1]), n=2, seed=2))
+    for c in done.response.choices:
+        assert c.finish_reason == "stop"
+        jsonschema.validate(json.loads(c.text), SCHEMAS[1])
+    stream = await backend.complete_stream(completion(response_format=_fmt(SCHEMAS[0]), stream=True, seed=3))
+    chunks = [c async for ch in stream for c in ch.choices]
+    assert [c.finish_reason for c in chunks if c.finish_reason] == ["stop"]
+    jsonschema.validate(json.loads("".join(c.text for c in chunks)), SCHEMAS[0])
+    free = await backend.complete(completion(response_format={"type": "json_object"}, seed=3))
+    if free.response.choices[0].finish_reason == "stop":  # else cut off by max_tokens inside a string
+        assert isinstance(json.loads(free.response.choices[0].text), dict)
+    for kw, param in [({"response_format": {"type": "json_object"}, "guided_json": SCHEMAS[0]}, "guided_json"),
+                      ({"response_format": {"type": "structural_tag"}}, "response_format.type")]:
+        with pytest.raises(BadRequest) as info:
+            await backend.complete(completion(**kw))
+        assert info.value.param == param, info.value
 
 
 @pytest.mark.parametrize("ban", ["min_tokens", "logit_bias"])

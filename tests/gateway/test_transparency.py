@@ -86,6 +86,19 @@ def test_completions_forward_unmodelled_fields(client: openai.OpenAI, upstream: 
     assert upstream.last.json["guided_choice"] == ["a"] and upstream.last.json["metadata"] == {"k": "v"}
 
 
+@pytest.mark.parametrize("fmt", [
+    {"type": "json_schema", "json_schema": {"name": "o", "schema": {"type": "object"}, "strict": True}},
+    {"type": "json_object"},
+    # vLLM's structural tags, which the built-in engine refuses: an HTTP upstream gets them as sent
+    {"type": "structural_tag", "format": {"type": "triggered_tags", "triggers": ["<f"], "tags": []},
+     "extra": {"k": "v"}},
+])
+def test_completions_response_format_passed_through(client: openai.OpenAI, upstream: FakeUpstream,
+                                                    fmt: dict[str, object]) -> None:
+    client.completions.create(model="echo", prompt="hi", extra_body={"response_format": fmt})
+    assert upstream.last.json["response_format"] == fmt
+
+
 def test_unary_answer_relayed_field_by_field(client: openai.OpenAI, upstream: FakeUpstream) -> None:
     upstream.rich = True
     reply = client.chat.completions.create(model="echo", messages=[{"role": "user", "content": "hi"}])
