@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -16,14 +15,11 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.gateway.test_serve_workers import _workers
 from tests.support.fake_upstream import FakeUpstream
-from tests.support.servers import free_port
+from tests.support.serve_process import healthy, serving_workers, worker_pids
 
-SWITCHYARD = str(Path(sys.executable).parent / "switchyard")
 KEY = "sk-metrics-workers"
 PUBLISHED_WITHIN = 5.0  # seconds: a worker publishes its figures every second
 
@@ -71,44 +67,23 @@ class Gateway:
 
 @pytest.fixture
 def gateway(tmp_path: Path, upstream: FakeUpstream) -> Iterator[Gateway]:
-    config = tmp_path / "gw.yaml"
-    config.write_text(yaml.safe_dump({
+    config = {
         "auth": {"admin_key": KEY}, "database": {"url": f"sqlite+aiosqlite:///{tmp_path}/gw.db"},
         "usage": {"journal_dir": str(tmp_path / "journal")},
         "models": [{"name": "echo", "deployments": [{"provider": "openai", "model": "e", "api_base": upstream.url}]}],
-    }))
-    subprocess.run([SWITCHYARD, "db", "upgrade", "--config", str(config)], cwd=tmp_path, check=True,
-                   capture_output=True)
-    port = free_port()
-    proc = subprocess.Popen([SWITCHYARD, "serve", "--config", str(config), "--port", str(port), "--workers", "2"],
-                            cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    gw = Gateway(proc, f"http://127.0.0.1:{port}")
-    try:
-        deadline = time.monotonic() + 90
-        while len(_workers(proc.pid)) < 2 or not _healthy(gw.url):
-            assert proc.poll() is None and time.monotonic() < deadline, "the gateway did not start"
-            time.sleep(0.2)
-        yield gw
-    finally:
-        proc.terminate()
-        assert proc.wait(timeout=30) == 0
-
-
-def _healthy(url: str) -> bool:
-    try:
-        return httpx.get(url + "/healthz", timeout=1).status_code == 200
-    except httpx.HTTPError:
-        return False
+    }
+    with serving_workers(config, tmp_path, 2) as (proc, url):
+        yield Gateway(proc, url)
 
 
 def test_every_scrape_shows_every_workers_requests_and_they_keep_counting_across_a_rolling_restart(
         gateway: Gateway) -> None:
     gateway.chat(20)
     gateway.expect(20)
-    old = _workers(gateway.proc.pid)
+    old = worker_pids(gateway.proc.pid)
     gateway.proc.send_signal(signal.SIGHUP)  # both workers are replaced, one after the other
     deadline = time.monotonic() + 90
-    while len(_workers(gateway.proc.pid) - old) < 2 or len(_workers(gateway.proc.pid)) > 2:
+    while len(worker_pids(gateway.proc.pid) - old) < 2 or len(worker_pids(gateway.proc.pid)) > 2:
         assert gateway.proc.poll() is None and time.monotonic() < deadline, "the workers were not replaced"
         try:
             gateway.scrape()  # during the restart too: never fewer
@@ -122,7 +97,7 @@ def test_every_scrape_shows_every_workers_requests_and_they_keep_counting_across
 
 def test_the_metrics_directory_is_the_servers_and_goes_with_it(gateway: Gateway) -> None:
     """One file per worker that served, in a directory the server removes as it stops."""
-    environ = Path(f"/proc/{min(_workers(gateway.proc.pid))}/environ").read_bytes().split(b"\0")
+    environ = Path(f"/proc/{min(worker_pids(gateway.proc.pid))}/environ").read_bytes().split(b"\0")
     directory = Path(next(v for v in environ if v.startswith(b"SWITCHYARD_METRICS_DIR=")).split(b"=", 1)[1].decode())
     gateway.chat(4)
     gateway.expect(4, scrapes=2)
@@ -140,10 +115,10 @@ def test_a_killed_workers_requests_still_count(gateway: Gateway) -> None:
     """A worker that dies without shutting down leaves its last published figures, which count on."""
     gateway.chat(12)
     gateway.expect(12)  # both workers published all they counted
-    first = _workers(gateway.proc.pid)
+    first = worker_pids(gateway.proc.pid)
     os.kill(min(first), signal.SIGKILL)
     deadline = time.monotonic() + 90
-    while len(_workers(gateway.proc.pid) - first) < 1 or not _healthy(gateway.url):
+    while len(worker_pids(gateway.proc.pid) - first) < 1 or not healthy(gateway.url):
         assert gateway.proc.poll() is None and time.monotonic() < deadline, "the killed worker was not replaced"
         time.sleep(0.2)
     gateway.expect(12)

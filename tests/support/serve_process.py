@@ -5,6 +5,8 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +14,8 @@ import httpx
 import yaml
 
 from tests.support.servers import free_port
+
+SWITCHYARD = str(Path(sys.executable).parent / "switchyard")
 
 
 def start_serve(config: dict[str, Any], workdir: Path, *args: str) -> tuple[subprocess.Popen[bytes], str, Path]:
@@ -35,3 +39,41 @@ def start_serve(config: dict[str, Any], workdir: Path, *args: str) -> tuple[subp
             time.sleep(0.1)
     proc.kill()
     raise RuntimeError("gateway did not start")
+
+
+def worker_pids(pid: int) -> set[int]:
+    """The worker processes of the ``switchyard serve`` supervisor ``pid``."""
+    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    return {int(c) for c in children if b"spawn_main" in Path(f"/proc/{c}/cmdline").read_bytes()}
+
+
+@contextmanager
+def serving_workers(config: dict[str, Any], workdir: Path, workers: int,
+                    timeout: float = 120) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
+    """``switchyard serve --workers N`` on ``config`` (its database migrated first), once every
+    worker runs and ``/healthz`` answers: (process, base URL). Stopped with SIGTERM, which must
+    end it cleanly (exit 0)."""
+    path = workdir / "gw.yaml"
+    path.write_text(yaml.safe_dump(config))
+    subprocess.run([SWITCHYARD, "db", "upgrade", "--config", str(path)], cwd=workdir, check=True, capture_output=True)
+    port = free_port()
+    proc = subprocess.Popen([SWITCHYARD, "serve", "--config", str(path), "--port", str(port),
+                             "--workers", str(workers)],
+                            cwd=workdir, stdout=(workdir / "gw.log").open("wb"), stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + timeout
+        while len(worker_pids(proc.pid)) < workers or not healthy(url):
+            assert proc.poll() is None and time.monotonic() < deadline, "the gateway did not start"
+            time.sleep(0.2)
+        yield proc, url
+    finally:
+        proc.terminate()
+        assert proc.wait(timeout=30) == 0
+
+
+def healthy(url: str) -> bool:
+    try:
+        return httpx.get(url + "/healthz", timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False
