@@ -17,13 +17,20 @@ import httpx
 import openai
 import pytest
 
-from backends.dev.echo_server import Exchange
 from gateway.app import create_app
 from gateway.db import Database
 from tests.conftest import ADMIN_KEY, gateway_settings
 from tests.gateway.tenancy_fixtures import db, plain_url  # noqa: F401
 from tests.gateway.test_tenant_e2e import wait_for_rows
-from tests.support.fake_responses import ECHO_FAILURE, SEARCH, USAGE, FakeResponsesUpstream
+from tests.support.fake_responses import (
+    ECHO_FAILURE,
+    FAIL_PART_WAY,
+    SEARCH,
+    SEARCH_FAIL,
+    USAGE,
+    FailingResponsesUpstream,
+    FakeResponsesUpstream,
+)
 from tests.support.fake_upstream import FakeUpstream, Fault
 from tests.support.servers import ServerThread
 
@@ -42,38 +49,7 @@ class Gateway:
         return r.json()["id"], openai.OpenAI(base_url=self.url + "/v1", api_key=key, max_retries=0, timeout=20)
 
 
-FAIL_PART_WAY = "fail part-way"  # a streamed input the upstream below fails after a few events
-SEARCH_FAIL = "search, then fail part-way"  # ... after a web search made
 NATIVE_KEY = "sk-native-upstream-secret"  # the native deployment's key: long enough to be redacted
-
-
-class FailingResponsesUpstream(FakeResponsesUpstream):
-    """The Responses upstream, but a stream for ``FAIL_PART_WAY`` ends with an ``error`` event (for
-    ``SEARCH_FAIL`` after a web search's items)."""
-
-    async def handle(self, ex: Exchange) -> None:
-        body = ex.json() if ex.method == "POST" else None
-        if not (isinstance(body, dict) and body.get("stream") and body.get("input") in (FAIL_PART_WAY, SEARCH_FAIL)):
-            return await super().handle(ex)
-        self.received.append(body)
-        start = self.response(body, "in_progress") | {"output": []}
-        search = {"type": "web_search_call", "id": "ws_f", "status": "in_progress"}
-        searched = [{"type": "response.output_item.added", "output_index": 0, "item": search},
-                    {"type": "response.output_item.done", "output_index": 0,
-                     "item": search | {"status": "completed", "action": {"type": "search", "query": "q"}}}]
-        events = [{"type": "response.created", "response": start}, {"type": "response.in_progress", "response": start},
-                  *(searched if body["input"] == SEARCH_FAIL else ()),
-                  {"type": "response.output_item.added", "output_index": 0,
-                   "item": {"type": "message", "id": "msg_f", "role": "assistant", "status": "in_progress",
-                            "content": []}},
-                  {"type": "error", "code": "server_error", "message": "the upstream broke", "param": None}]
-        await ex.send({"type": "http.response.start", "status": 200,
-                       "headers": [(b"content-type", b"text/event-stream")]})
-        for seq, event in enumerate(events):
-            data = json.dumps(event | {"sequence_number": seq})
-            await ex.send({"type": "http.response.body", "more_body": True,
-                           "body": f"event: {event['type']}\ndata: {data}\n\n".encode()})
-        await ex.send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
 @pytest.fixture(scope="module")
