@@ -96,12 +96,15 @@ async def hammer(gateways: list[GatewayProcess], key: str, n: int, **kwargs: Any
 
 
 async def hammer_past_credit(gateways: list[GatewayProcess], key: str, n: int, more: int, **kwargs: Any) -> list[Any]:
-    """``hammer`` with ``n`` requests, then, after a second and a half, ``more`` (few enough to be
-    counted one by one). A replica that admitted 20 requests in a second admits on credit the next
+    """``hammer`` with ``n`` requests, then, after two seconds and a quarter, ``more`` (few enough to
+    be counted one by one). A replica that admitted 20 requests in a second admits on credit the next
     (credit.py): the credit it has not used (at most a sixteenth of a limit) is refused to the
-    others until it hands it back, a second later at most; the later requests find it there."""
+    others until it hands it back at its next tick. The tick just after the burst hands back and,
+    the second before having been busy, takes credit again (what is left of the limit, if any); the
+    tick after that, a second later, hands it back for good: two seconds after the burst at most.
+    The later requests find it there."""
     results = await hammer(gateways, key, n, **kwargs)
-    await asyncio.sleep(1.5)
+    await asyncio.sleep(2.25)
     return results + await hammer(gateways, key, more, **kwargs)
 
 
