@@ -30,6 +30,9 @@ def json_format(request: ChatCompletionRequest, dropped: Collection[str] = ()) -
     fmt = request.response_format
     if fmt in (UNSET, None) or fmt.type == "text" or _PARAM in dropped:
         return None
+    if fmt.type == "structural_tag":  # vLLM's
+        raise BadRequest("response_format type 'structural_tag' is not supported by the anthropic provider",
+                         param="response_format.type")
     return fmt
 
 

@@ -222,7 +222,7 @@ class JSONSchemaFormat(WireStruct):
 
 
 class ResponseFormat(WireStruct):
-    type: Literal["text", "json_object", "json_schema"]
+    type: Literal["text", "json_object", "json_schema", "structural_tag"]  # the last: vLLM's, for HTTP upstreams
     json_schema: JSONSchemaFormat | UnsetType = UNSET
 
 

@@ -97,6 +97,9 @@ def from_request(request: SamplingFields) -> StructuredOutput | None:
     found: list[StructuredOutput] = []
     fmt = response_format(request)
     if fmt is not None and fmt.type != "text":
+        if fmt.type == "structural_tag":
+            raise BadRequest("response_format type 'structural_tag' is not supported by the local engine",
+                             param="response_format.type")
         if fmt.type == "json_object":
             found.append(StructuredOutput("json_object", "", "response_format"))
         else:

@@ -85,6 +85,13 @@ def test_what_a_forced_tool_cannot_answer_faithfully_is_a_400_naming_response_fo
     assert refused.value.param == "response_format" and anthropic_upstream.received == []
 
 
+def test_vllms_structural_tag_is_a_400_naming_the_type(claude_client: openai.OpenAI,
+                                                        anthropic_upstream: FakeAnthropic) -> None:
+    with pytest.raises(openai.BadRequestError) as refused:
+        create(claude_client, response_format={"type": "structural_tag", "format": {"type": "triggered_tags"}})
+    assert refused.value.param == "response_format.type" and anthropic_upstream.received == []
+
+
 def test_tools_without_a_json_response_format_keep_their_calls(claude_client: openai.OpenAI) -> None:
     choice = create(claude_client, messages=[{"role": "user", "content": "tool:x"}], tools=TOOLS,
                     response_format={"type": "text"}).choices[0]

@@ -93,9 +93,11 @@ def test_completions_forward_unmodelled_fields(client: openai.OpenAI, upstream: 
     {"type": "structural_tag", "format": {"type": "triggered_tags", "triggers": ["<f"], "tags": []},
      "extra": {"k": "v"}},
 ])
-def test_completions_response_format_passed_through(client: openai.OpenAI, upstream: FakeUpstream,
-                                                    fmt: dict[str, object]) -> None:
+def test_response_format_passed_through(client: openai.OpenAI, upstream: FakeUpstream, fmt: dict[str, object]) -> None:
     client.completions.create(model="echo", prompt="hi", extra_body={"response_format": fmt})
+    assert upstream.last.json["response_format"] == fmt
+    client.chat.completions.create(model="echo", messages=[{"role": "user", "content": "hi"}],
+                                   extra_body={"response_format": fmt})
     assert upstream.last.json["response_format"] == fmt
 
 
