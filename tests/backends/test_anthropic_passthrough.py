@@ -6,7 +6,7 @@ loopback server speaking the Messages API and one speaking OpenAI's (a fallback)
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import anthropic
@@ -19,13 +19,12 @@ from backends.factory import build_backend
 from gateway import streaming
 from gateway.app import create_app
 from gateway.contracts import Principal
-from gateway.drain import Drain
 from gateway.routing.router import Router
 from gateway.services import Services
 from gateway.settings import parse_settings
 from tests.backends.conftest import sse_events
 from tests.conftest import ADMIN_KEY
-from tests.support.doubles import RecordingSink, ScriptedAdmission, StaticKeys
+from tests.support.doubles import CutAfter, RecordingSink, ScriptedAdmission, StaticKeys
 from tests.support.fake_anthropic import FakeAnthropic, _text, send_events
 from tests.support.fake_upstream import FakeUpstream
 from tests.support.servers import ServerThread
@@ -301,33 +300,19 @@ def test_a_dropped_connection_relays_what_came_then_an_error_event(gateway: tupl
     assert gateway[1].wait_for(1)[0].extra == {"outcome": "failed"}
 
 
-class _CutAfter(Drain):
-    """A drain under way whose time runs out after ``reads`` more chunks."""
-
-    def __init__(self, reads: int) -> None:
-        super().__init__()
-        self.draining, self._reads = True, reads
-
-    async def next_or_cut(self, chunks: AsyncIterator[Any]) -> Any:
-        self._reads -= 1
-        if self._reads < 0:
-            self.cut.set()
-        return await super().next_or_cut(chunks)
-
-
 def test_a_drained_relay_ends_as_a_whole_message(gateway: tuple[ServerThread, RecordingSink],
                                                  upstream: CuttingAnthropic, ant: anthropic.Anthropic,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     """The drain time runs out mid-stream: the open block is closed and the message ends with
     max_tokens and the usage so far, as a translated stream's does (finish_reason length)."""
-    monkeypatch.setattr(streaming, "DRAIN", _CutAfter(reads=1))
+    monkeypatch.setattr(streaming, "DRAIN", CutAfter(reads=1))
     body = {"model": "claude", "max_tokens": 16, "stream": True, "messages": [{"role": "user", "content": "CUT"}]}
     events = sse_events(gateway[0].url + "/v1/messages", body, {"x-api-key": ADMIN_KEY})
     assert [kind for kind, _ in events] == ["message_start", "content_block_start", "content_block_delta",
                                             "content_block_stop", "message_delta", "message_stop"]
     assert events[-2][1]["delta"]["stop_reason"] == "max_tokens" and events[-2][1]["usage"]["output_tokens"] > 0
     assert gateway[1].wait_for(1)[0].extra == {"outcome": "drained"}
-    monkeypatch.setattr(streaming, "DRAIN", _CutAfter(reads=1))
+    monkeypatch.setattr(streaming, "DRAIN", CutAfter(reads=1))
     with ant.messages.stream(model="claude", max_tokens=16, messages=[{"role": "user", "content": "CUT"}]) as s:
         final = s.get_final_message()
     assert final.content[0].text == "partial" and final.stop_reason == "max_tokens"  # type: ignore[union-attr]

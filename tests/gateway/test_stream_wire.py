@@ -24,12 +24,11 @@ from backends.responses_wire import ResponsesEvent
 from gateway import streaming
 from gateway.contracts import Principal
 from gateway.dialects.responses import RelayedEvents
-from gateway.drain import Drain
 from gateway.errors import ApiError
 from gateway.routing.router import Router
 from gateway.services import Services
 from tests.conftest import ADMIN_KEY, gateway_settings
-from tests.support.doubles import RecordingSink, ScriptedAdmission, StaticKeys
+from tests.support.doubles import CutAfter, RecordingSink, ScriptedAdmission, StaticKeys
 from tests.support.servers import OnLoopback, ServerThread
 
 Script = list[bytes | float]  # body pieces, each sent on its own; a float: a pause of that many seconds
@@ -248,20 +247,6 @@ def test_an_error_mid_stream_ends_the_stream_with_an_error_event_and_no_done(wir
     assert all(r.completion_tokens >= 1 for r in records)
 
 
-class _CutAfter(Drain):
-    """A drain under way whose time runs out after ``reads`` more chunks."""
-
-    def __init__(self, reads: int) -> None:
-        super().__init__()
-        self.draining, self._reads = True, reads
-
-    async def next_or_cut(self, chunks: AsyncIterator[Any]) -> Any:
-        self._reads -= 1
-        if self._reads < 0:
-            self.cut.set()
-        return await super().next_or_cut(chunks)
-
-
 @pytest.mark.parametrize("n", [1, 2])
 def test_a_drained_stream_finishes_each_unfinished_choice_once(wire: Wire, monkeypatch: pytest.MonkeyPatch,
                                                                n: int) -> None:
@@ -270,7 +255,7 @@ def test_a_drained_stream_finishes_each_unfinished_choice_once(wire: Wire, monke
     second = [chunk("b", index=1)] if n == 2 else []
     sent = [chunk("a", index=0), *second, chunk(finish="stop", index=0)]
     wire.upstream.scripts.append([events(*sent, done=False), 2.0, events(chunk(finish="stop", index=1))])
-    monkeypatch.setattr(streaming, "DRAIN", _CutAfter(reads=len(sent) - 1))
+    monkeypatch.setattr(streaming, "DRAIN", CutAfter(reads=len(sent) - 1))
     _, data = raw_events(wire, n=n)
     assert data[-1] == "[DONE]"
     finishes = [(c["index"], c["finish_reason"]) for d in data[:-1] for c in json.loads(d)["choices"]
@@ -294,7 +279,7 @@ async def test_a_drained_relayed_responses_stream_ends_incomplete(monkeypatch: p
     async def on_end(meter: Meter, outcome: streaming.Outcome, error: ApiError | None) -> None:
         outcomes.append(outcome)
 
-    monkeypatch.setattr(streaming, "DRAIN", _CutAfter(reads=1))
+    monkeypatch.setattr(streaming, "DRAIN", CutAfter(reads=1))
     meter = Meter(prompt_tokens=3, completion_tokens=1)
     relay = streaming.SSERelay(ChunkStream(upstream_events(), meter), "public", on_end,
                                RelayedEvents(meter, {}, {}, lambda response: None))

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from typing import Any
 
 from gateway.contracts import Principal, QuotaExceeded, QuotaState, Ticket, UsageRecord, completed
+from gateway.drain import Drain
 
 
 class StaticKeys:
@@ -67,3 +70,17 @@ class RecordingSink:
         with self.arrived:
             self.arrived.wait_for(lambda: len(self.records) >= count, timeout)
             return list(self.records)
+
+
+class CutAfter(Drain):
+    """A drain under way whose time runs out after ``reads`` more chunks."""
+
+    def __init__(self, reads: int) -> None:
+        super().__init__()
+        self.draining, self._reads = True, reads
+
+    async def next_or_cut(self, chunks: AsyncIterator[Any]) -> Any:
+        self._reads -= 1
+        if self._reads < 0:
+            self.cut.set()
+        return await super().next_or_cut(chunks)
