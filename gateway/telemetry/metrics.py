@@ -85,6 +85,7 @@ class GatewayMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self._requests: Counts = {}  # (model, endpoint, status) -> [count, created]
+        self._streams: Counts = {}  # (model, endpoint, outcome): a started stream's end (its status is 200)
         self._quota_rejections: Counts = {}  # (model,)
         self._tokens: Counts = {}  # (model, kind)
         self._upstream_errors: Counts = {}  # (deployment, kind)
@@ -101,6 +102,8 @@ class GatewayMetrics:
             _count(self._quota_rejections, (model,), 1)
         if r.deployment is None:  # never reached a provider: no latency or tokens to speak of
             return
+        if r.stream and (outcome := r.extra.get("outcome")) is not None:
+            _count(self._streams, (model, endpoint, outcome), 1)
         key = (model, endpoint)
         if r.latency_ms is not None:
             (self._latency.get(key) or self._latency.setdefault(key, _Histogram())).observe(r.latency_ms / 1000)
@@ -132,7 +135,8 @@ class GatewayMetrics:
         """This worker's figures: its counters' live dictionaries, copies of its histograms, its engines'."""
         engines = self.engines.figures()
         return Figures(
-            counters={"switchyard_requests": self._requests, "switchyard_tokens": self._tokens,
+            counters={"switchyard_requests": self._requests, "switchyard_streams": self._streams,
+                      "switchyard_tokens": self._tokens,
                       "switchyard_quota_rejections": self._quota_rejections,
                       "switchyard_upstream_errors": self._upstream_errors, **engines.counters},
             histograms={"switchyard_request_latency_seconds": _copies(self._latency),
@@ -143,6 +147,9 @@ class GatewayMetrics:
         counters, histograms = figures.counters, figures.histograms
         yield _counter("switchyard_requests", "Requests answered, by model group, endpoint and HTTP status",
                        ["model", "endpoint", "status"], counters.get("switchyard_requests", {}))
+        yield _counter("switchyard_streams", "Streams begun (a 200), by model group, endpoint and how they ended: "
+                       "completed, failed (an error event), client_disconnected, drained",
+                       ["model", "endpoint", "outcome"], counters.get("switchyard_streams", {}))
         yield _histogram("switchyard_request_latency_seconds", "Time from admission to the last byte",
                          ["model", "endpoint"], histograms.get("switchyard_request_latency_seconds", {}),
                          LATENCY_BUCKETS)

@@ -222,6 +222,26 @@ def test_a_stream_the_upstream_breaks_is_an_upstream_error_in_metrics_and_on_its
     assert all(s.status.status_code is StatusCode.ERROR for s in attempts)
 
 
+def test_streams_are_counted_by_how_they_ended(env: Env, upstream: FakeUpstream) -> None:
+    """Each is a 200 in ``switchyard_requests_total``: how it ended is ``switchyard_streams_total``'s outcome."""
+    before = env.scrape()
+    env.usage.records.clear()
+    client = env.client()
+    list(client.chat.completions.create(model="echo", messages=MESSAGES, max_tokens=5, stream=True))
+    upstream.fail_next(Fault(error_after_chunks=2))
+    with pytest.raises(openai.APIError):
+        list(client.chat.completions.create(model="echo", messages=MESSAGES, stream=True))
+    upstream.fail_next(Fault(hang_after_chunks=1))
+    with client.chat.completions.create(model="echo", messages=MESSAGES, stream=True) as left:
+        next(iter(left))  # the first chunk, then the client goes
+    env.usage.wait_for(3)
+    after = env.scrape()
+    labels = dict(model="echo", endpoint="chat.completions")
+    for outcome in ("completed", "failed", "client_disconnected"):
+        assert delta(after, before, "switchyard_streams_total", **labels, outcome=outcome) == 1, outcome
+    assert delta(after, before, "switchyard_requests_total", **labels, status="200") == 3
+
+
 def test_a_client_that_leaves_before_the_answer_is_499_not_a_server_error(env: Env, upstream: FakeUpstream,
                                                                           caplog: pytest.LogCaptureFixture) -> None:
     env.spans.clear()
