@@ -12,10 +12,12 @@ rolling restart (SIGHUP) keeps the old worker when a new one fails, as before.
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import threading
 from collections.abc import Awaitable, Callable
 from multiprocessing import Pipe
+from pathlib import Path
 from socket import socket
 from typing import Any
 
@@ -24,6 +26,7 @@ from uvicorn.config import STARTUP_FAILURE, Config
 from uvicorn.supervisors.multiprocess import Multiprocess, Process
 
 from gateway.settings import ConfigError
+from gateway.telemetry.shared_metrics import METRICS_DIR_ENV, retire_exited
 
 log = logging.getLogger("uvicorn.error")
 
@@ -137,6 +140,16 @@ class Supervisor(Multiprocess):
             log.info("Child process [%s] died", process.pid)
             self.processes[idx] = Worker(self.config, self.sockets)
             self.processes[idx].start()
+        self._retire_metrics()
+
+    def _retire_metrics(self) -> None:
+        """Fold the metrics files of workers that exited (replaced, or crashed) into one."""
+        if (directory := os.environ.get(METRICS_DIR_ENV)) is None:
+            return
+        try:
+            retire_exited(Path(directory), {p.pid for p in self.processes if p.pid is not None})
+        except (OSError, msgspec.DecodeError):
+            log.exception("folding exited workers' metrics failed")
 
     def _give_up(self, idx: int, process: Process) -> bool:
         """A worker exited before finishing start-up: stop when no other worker serves, or when

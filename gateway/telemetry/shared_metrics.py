@@ -6,10 +6,12 @@ makes no system call), and publishes its figures to a directory the supervisor m
 every ``PUBLISH_SECONDS`` off the request path, at each scrape it answers, and when it shuts down.
 A scrape adds up the files of every worker the server has had, the scraping worker's fresh.
 
-- A worker that has exited (a rolling restart, a crash) keeps its last file, so the totals never go
-  back (prometheus_client's multiprocess mode keeps a dead worker's counter files the same way). A
-  worker shut down gracefully publishes after its last request; one killed loses at most what it
-  counted since its last publish, which a scrape it answered itself may have shown.
+- A worker that has exited (a rolling restart, a crash) keeps counting with its last figures, so the
+  totals never go back. A worker shut down gracefully publishes after its last request; one killed
+  loses at most what it counted since its last publish, which a scrape it answered itself may have
+  shown. The supervisor folds an exited worker's file into one file of all exited workers'
+  figures (``retire_exited``), so the directory holds one file per live worker and one more, however
+  often workers are replaced (prometheus_client's multiprocess mode keeps a file per dead worker).
 - Successive scrapes never decrease, whichever worker answers: each publishes its own figures before
   reading, so what one scrape showed of a worker is in that worker's file for the next.
 - Another worker's figures may lag by up to ``PUBLISH_SECONDS``.
@@ -36,6 +38,7 @@ import msgspec
 METRICS_DIR_ENV = "SWITCHYARD_METRICS_DIR"  # set by the supervisor of several workers
 PUBLISH_SECONDS = 1.0
 SUFFIX = ".msgpack"
+RETIRED = "retired" + SUFFIX  # the exited workers' figures, added up by the supervisor
 
 Labels = tuple[str, ...]
 Counts = dict[Labels, list[float]]  # label values -> [count, created]
@@ -75,6 +78,57 @@ def merge(all_figures: list[Figures]) -> Figures:
     return out
 
 
+class Retired(msgspec.Struct):
+    """The exited workers' figures added up, and the names of the worker files already in them: a
+    scrape that still finds one of those (it is removed just after this file is replaced) skips it."""
+
+    figures: Figures
+    folded: list[str]
+
+
+def retire_exited(directory: Path, live_pids: set[int]) -> None:
+    """Fold the files of workers no longer running into ``RETIRED`` (the supervisor's, between
+    replacing workers). The new ``RETIRED`` replaces the old before the folded files go: a scrape
+    reads the workers' files before ``RETIRED``, so it counts each figure once whenever it runs."""
+    path = directory / RETIRED
+    exited = [e for e in os.scandir(directory) if (pid := _worker_of(e.name)) is not None and pid not in live_pids]
+    for entry in exited:
+        if not entry.name.endswith(SUFFIX):  # a file a killed worker was writing
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(entry.path)
+    exited = [e for e in exited if e.name.endswith(SUFFIX)]
+    if not exited:
+        return
+    retired = _read_retired(path)
+    folded = [name for name in retired.folded if (directory / name).exists()]  # left by a supervisor killed here
+    figures = [retired.figures]
+    for entry in exited:
+        if entry.name in folded:
+            continue
+        with contextlib.suppress(OSError, msgspec.DecodeError):  # one that never published a whole file
+            figures.append(msgspec.msgpack.decode(Path(entry.path).read_bytes(), type=Figures))
+        folded.append(entry.name)
+    tmp = path.with_name(RETIRED + ".tmp")
+    tmp.write_bytes(msgspec.msgpack.encode(Retired(merge(figures), folded)))
+    os.replace(tmp, path)
+    for name in folded:
+        with contextlib.suppress(FileNotFoundError):
+            (directory / name).unlink()
+
+
+def _worker_of(name: str) -> int | None:
+    """The pid of the worker whose file (or file being written) this is; None for ``RETIRED``."""
+    pid = name.split("-", 1)[0]
+    return int(pid) if pid.isdigit() and "-" in name else None
+
+
+def _read_retired(path: Path) -> Retired:
+    try:
+        return msgspec.msgpack.decode(path.read_bytes(), type=Retired)
+    except FileNotFoundError:
+        return Retired(Figures({}, {}), [])
+
+
 class SharedMetrics:
     """This worker's file in the server's metrics directory, and the sum of every worker's."""
 
@@ -109,17 +163,25 @@ class SharedMetrics:
         return merge([self._own(), *self._others()])
 
     def _others(self) -> list[Figures]:
+        """The other workers' latest files, then the exited workers' (read last: see ``retire_exited``)."""
         try:
-            entries = [e for e in os.scandir(self.directory) if e.name.endswith(SUFFIX) and e.name != self.path.name]
+            entries = [e for e in os.scandir(self.directory)
+                       if e.name.endswith(SUFFIX) and e.name not in (self.path.name, RETIRED)]
         except OSError:
             return []
-        out = []
+        found: dict[str, Figures] = {}
         for entry in entries:
             try:
-                out.append(self._decoder.decode(Path(entry.path).read_bytes()))
-            except (OSError, msgspec.DecodeError):  # gone since listed (the server is stopping)
+                found[entry.name] = self._decoder.decode(Path(entry.path).read_bytes())
+            except (OSError, msgspec.DecodeError):  # gone since listed: folded, or the server is stopping
                 continue
-        return out
+        try:
+            retired = msgspec.msgpack.decode((self.directory / RETIRED).read_bytes(), type=Retired)
+        except (OSError, msgspec.DecodeError):
+            return list(found.values())
+        for name in retired.folded:
+            found.pop(name, None)
+        return [*found.values(), retired.figures]
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._publish_periodically())

@@ -17,6 +17,7 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from gateway.telemetry.shared_metrics import RETIRED
 from tests.support.fake_upstream import FakeUpstream
 from tests.support.serve_process import healthy, serving_workers, worker_pids
 
@@ -39,6 +40,19 @@ class Gateway:
 
         with ThreadPoolExecutor(4) as pool:
             list(pool.map(one, range(n)))
+
+    def metrics_directory(self) -> Path:
+        environ = Path(f"/proc/{min(worker_pids(self.proc.pid))}/environ").read_bytes().split(b"\0")
+        return Path(next(v for v in environ if v.startswith(b"SWITCHYARD_METRICS_DIR=")).split(b"=", 1)[1].decode())
+
+    def files_become(self, names: set[str]) -> None:
+        """The metrics directory comes to hold just the live workers' files and ``names``."""
+        directory, deadline = self.metrics_directory(), time.monotonic() + PUBLISHED_WITHIN
+        want = lambda: {f"{pid}-" for pid in worker_pids(self.proc.pid)} | names  # noqa: E731
+        have = lambda: {p.name if p.name in names else p.name.split("-")[0] + "-" for p in directory.iterdir()}  # noqa: E731
+        while have() != want():
+            assert time.monotonic() < deadline, (sorted(have()), sorted(want()))
+            time.sleep(0.1)
 
     def scrape(self) -> tuple[float, float]:
         """(requests counted, latency observations) in one scrape on a new connection; each scrape
@@ -91,14 +105,22 @@ def test_every_scrape_shows_every_workers_requests_and_they_keep_counting_across
             pass
         time.sleep(0.05)
     gateway.expect(20)  # the old workers' requests still count
+    gateway.files_become({RETIRED})  # the old workers' files folded into one
     gateway.chat(10)
     gateway.expect(30)
+    old = worker_pids(gateway.proc.pid)
+    gateway.proc.send_signal(signal.SIGHUP)  # however often they are replaced: still one for the exited
+    deadline = time.monotonic() + 90
+    while len(worker_pids(gateway.proc.pid) - old) < 2 or len(worker_pids(gateway.proc.pid)) > 2:
+        assert gateway.proc.poll() is None and time.monotonic() < deadline, "the workers were not replaced"
+        time.sleep(0.05)
+    gateway.expect(30)
+    gateway.files_become({RETIRED})
 
 
 def test_the_metrics_directory_is_the_servers_and_goes_with_it(gateway: Gateway) -> None:
     """One file per worker that served, in a directory the server removes as it stops."""
-    environ = Path(f"/proc/{min(worker_pids(gateway.proc.pid))}/environ").read_bytes().split(b"\0")
-    directory = Path(next(v for v in environ if v.startswith(b"SWITCHYARD_METRICS_DIR=")).split(b"=", 1)[1].decode())
+    directory = gateway.metrics_directory()
     gateway.chat(4)
     gateway.expect(4, scrapes=2)
     deadline = time.monotonic() + PUBLISHED_WITHIN
@@ -122,5 +144,6 @@ def test_a_killed_workers_requests_still_count(gateway: Gateway) -> None:
         assert gateway.proc.poll() is None and time.monotonic() < deadline, "the killed worker was not replaced"
         time.sleep(0.2)
     gateway.expect(12)
+    gateway.files_become({RETIRED})
     gateway.chat(6)
     gateway.expect(18)

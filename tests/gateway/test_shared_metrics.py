@@ -3,6 +3,7 @@ in one process: two ``GatewayMetrics`` stand for two workers."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -10,7 +11,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.contracts import UsageRecord
 from gateway.telemetry.metrics import GatewayMetrics
-from gateway.telemetry.shared_metrics import METRICS_DIR_ENV
+from gateway.telemetry.shared_metrics import METRICS_DIR_ENV, RETIRED, retire_exited
 
 
 def _record(latency_ms: float) -> UsageRecord:
@@ -53,3 +54,35 @@ def test_a_scrape_adds_up_every_workers_figures_taking_the_earliest_start(
                                                   "chat.completions", "200")][1]  # one started first
     assert _samples(two)["switchyard_requests_total"] == 5  # one published as it answered its scrape
     assert len(list(tmp_path.iterdir())) == 2
+
+
+def test_exited_workers_files_are_folded_into_one_and_count_on_once(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(METRICS_DIR_ENV, str(tmp_path))
+    live, exited = GatewayMetrics(), GatewayMetrics()
+    live.observe(_record(50.0))
+    for _ in range(4):
+        exited.observe(_record(80.0))
+    assert exited.shared is not None and live.shared is not None
+    exited.shared.publish()
+    dead = tmp_path / "999999999-0badf00d.msgpack"  # as an exited worker (its pid gone) left it
+    exited.shared.path.rename(dead)
+    (tmp_path / "999999999-0badf00d.msgpack.tmp").write_bytes(b"half a file")  # it was killed mid-write
+    assert _samples(live)["switchyard_requests_total"] == 5
+
+    retire_exited(tmp_path, {os.getpid()})
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([live.shared.path.name, RETIRED])
+    assert _samples(live)["switchyard_requests_total"] == 5
+    assert _samples(live)["switchyard_request_latency_seconds_count"] == 5
+
+    # a supervisor killed between replacing RETIRED and removing the folded file: counted once
+    retired = (tmp_path / RETIRED).read_bytes()
+    live.shared.path.with_name("999999998-0badf00d.msgpack").write_bytes(b"")  # an unreadable one: folded as nothing
+    exited.shared.path = dead
+    exited.shared._written = b""
+    exited.shared.publish()  # the folded file, back as it was
+    assert _samples(live)["switchyard_requests_total"] == 5
+    retire_exited(tmp_path, {os.getpid()})  # the next fold removes it without adding it again
+    assert not dead.exists() and (tmp_path / RETIRED).read_bytes() != retired
+    assert _samples(live)["switchyard_requests_total"] == 5
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([live.shared.path.name, RETIRED])
