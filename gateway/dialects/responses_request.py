@@ -376,6 +376,17 @@ def _chat_part(part: Part) -> TextPart | RefusalPart | ImagePart | FilePart:
     return TextPart(text=part.text)
 
 
+def _context_messages(context: list[dict[str, Any]]) -> list[ChatMessage]:
+    """A kept conversation's turns as chat messages. One chat cannot carry (kept from an upstream
+    serving Responses: an image by ``file_id``, say) is a 400 naming ``previous_response_id``, the
+    field that brought it, not an ``input[i]`` of a request whose input holds no such item."""
+    try:
+        return _item_messages(_items([i for i in context if i.get("type") in _ID_PREFIX]))
+    except ApiError as exc:
+        raise ApiError(400, f"the conversation previous_response_id continues cannot be served by this model: "
+                       f"an earlier turn's {exc.message}", param="previous_response_id", code=exc.code) from None
+
+
 def to_chat_request(req: ResponsesRequest, context: list[dict[str, Any]] | None = None) -> ChatCompletionRequest:
     """The chat request for ``req``, continuing ``context`` (a stored conversation's items) if given;
     instructions are the request's own (never carried over from earlier responses). A field chat
@@ -384,7 +395,7 @@ def to_chat_request(req: ResponsesRequest, context: list[dict[str, Any]] | None 
     if req.instructions:
         messages.append(ChatMessage(role="system", content=req.instructions))
     if context:  # what chat can carry of it (an upstream's reasoning items, say, it cannot)
-        messages.extend(_item_messages(_items([i for i in context if i.get("type") in _ID_PREFIX])))
+        messages.extend(_context_messages(context))
     if isinstance(req.input, str):
         if not req.input:
             raise ApiError(400, "input must not be empty", param="input")

@@ -341,6 +341,19 @@ def test_reasoning_made_of_a_chat_answer_is_not_sent_to_a_native_upstream(
     assert [item["type"] for item in native.received[-1]["input"]] == ["message", "message", "message"]
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_kept_turn_chat_cannot_carry_is_a_400_naming_previous_response_id(gateway: Gateway, stream: bool) -> None:
+    # kept from a native upstream: an image by file_id, which chat has no field for; the new input is plain text
+    client = gateway.tenant_client()
+    first = client.responses.create(model="native", input=[{"role": "user", "content": [
+        {"type": "input_image", "file_id": "file_1", "detail": "auto"}, {"type": "input_text", "text": "what?"}]}])
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.responses.create(model="echo", input="next", previous_response_id=first.id, stream=stream)
+    error = caught.value.body
+    assert isinstance(error, dict) and error["param"] == "previous_response_id", error
+    assert "file_id" in error["message"]
+
+
 # ---------------------------------------------------------------- ids: an upstream's reused ids never collide
 
 
