@@ -43,7 +43,7 @@ from backends.base import (
 )
 from backends.config import DeploymentConfig
 from backends.raw_http import RawAnswer, RawHTTP, RawStream
-from backends.redaction import register
+from backends.redaction import register, register_headers
 
 # Idle pooled connections are dropped before common servers drop them (uvicorn and Node: 5 s), so a
 # request is never sent on a connection the upstream is closing (a POST is never retried).
@@ -332,9 +332,13 @@ class HTTPUpstream:
 
     def __init__(self, config: DeploymentConfig, default_base: str, headers: dict[str, str]) -> None:
         self.deployment_id = config.id
-        register(config.api_key)
         self.timeouts = config.timeouts
         self.base = (config.api_base or default_base).rstrip("/")
+        # what it sends that an upstream's error words may echo: its key (whatever header carries it),
+        # and the password of an api_base's user info (the readiness probes' basic auth)
+        register(config.api_key)
+        register_headers(headers)
+        register(yarl.URL(self.base).password)
         self.headers = headers
         self.limit = config.max_concurrency or 256
         self._session: aiohttp.ClientSession | None = None

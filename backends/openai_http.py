@@ -53,6 +53,7 @@ from backends.openai_wire import (
     set_relayed,
 )
 from backends.raw_http import RawStream
+from backends.redaction import redact_json
 from backends.responses_http import RelayedResponse, ResponsesEvent, respond, respond_stream, upstream_body
 from backends.sse import WAIT, SSELines
 
@@ -96,7 +97,17 @@ _raw_object = msgspec.json.Decoder(dict[str, msgspec.Raw])
 
 _encoder = msgspec.json.Encoder()
 _TRUE = msgspec.Raw(b"true")
+_NULL = msgspec.Raw(b"null")
 _INCLUDE_USAGE = msgspec.Raw(b'{"include_usage":true}')
+
+
+def _keep_relayed(obj: Any, data: bytes) -> None:
+    """Keep an answer's or chunk's ``data`` on ``obj`` to relay as it came; one that carries an
+    error (OpenRouter's failure, whole or mid-stream) with every provider secret masked in it."""
+    raw = _raw_object.decode(data)
+    if (error := raw.get("error")) is not None and error != _NULL:  # a dict lookup: no scan of the chunk
+        raw = _raw_object.decode(data := redact_json(data))
+    set_relayed(obj, raw, data)
 
 
 def adjust_params(payload: bytes, config: DeploymentConfig) -> bytes:
@@ -264,7 +275,7 @@ class OpenAIHTTPBackend(HTTPBackend):
             except msgspec.ValidationError:  # a usage count sent as null (left out): decoded without it
                 response = msgspec.json.decode(without_null_counts(body), type=type_)
             if hasattr(response, "__dict__"):  # relayed as it came, but for the fields the gateway owns
-                set_relayed(response, _raw_object.decode(body), body)
+                _keep_relayed(response, body)
             return response, answer.headers
         except (msgspec.MsgspecError, RecursionError) as exc:
             raise_if_error(body)  # a 2xx whose body is an error object fails as what it names
@@ -322,7 +333,7 @@ class _ChunkReader:
             chunk = self._decoder.decode(data)
         except (msgspec.MsgspecError, RecursionError) as exc:
             chunk = self._decode_failed(data, exc)
-        set_relayed(chunk, _raw_object.decode(data), data)
+        _keep_relayed(chunk, data)
         return chunk
 
     def _decode_failed(self, data: bytes, exc: Exception) -> Any:

@@ -14,7 +14,7 @@ import msgspec
 from backends.base import ChunkStream, Completed, Meter, Unavailable, UpstreamError
 from backends.config import DeploymentConfig
 from backends.estimate import estimate_text
-from backends.http_upstream import HTTPUpstream, answered, streamed
+from backends.http_upstream import HTTPUpstream, answered, raise_if_error, streamed
 from backends.redaction import redact_failure
 from backends.responses_wire import RelayedResponse, ResponsesEvent
 from backends.sse import SSELines
@@ -92,6 +92,8 @@ async def respond(http: HTTPUpstream, payload: bytes, prompt_estimate: int,
         raise UpstreamError(f"upstream {http.deployment_id} sent an invalid response: {exc}") from None
     if not isinstance(body, dict):
         raise UpstreamError(f"upstream {http.deployment_id} sent an invalid response")
+    if "status" not in body:  # no response: an {"error": ...} object with a 2xx fails as what it names
+        raise_if_error(raw)
     redact_failure(body)
     meter = Meter(first_token_at=time.perf_counter(), tool_calls=hosted_tool_calls(body), exact=False)
     meter_tier(meter, body)
@@ -187,6 +189,8 @@ class _Events:
             meter_tier(meter, response)  # the tier asked for; the final event's says the one served
         elif kind == "error":
             raise UpstreamError(f"upstream {self._http.deployment_id} failed mid-stream: {event.get('message')}")
+        elif kind is None and "error" in event:  # an {"error": ...} object (as a chat stream's): the failure it names
+            raise_if_error(data)
         return ResponsesEvent(event)
 
     async def aclose(self) -> None:

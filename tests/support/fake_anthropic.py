@@ -4,9 +4,11 @@ It echoes the last user text (cut at the first of ``stop_sequences`` it contains
 ``stop_reason: stop_sequence``); when the request offers tools and the text starts with ``tool:``,
 it answers with a ``tool_use`` block for the first tool instead; a ``tool_choice`` forcing a tool
 is answered with a call of that tool, whose input is the JSON after ``json:`` in the text (else
-``{"q": text}``). Its usage reports 2 prompt tokens
+``{"q": text}``). ``fail_mid_stream_next`` has the next stream fail after its first events with an
+``event: error`` whose message echoes the request's headers (as some upstreams' do). Its usage reports 2 prompt tokens
 read from the cache, ``CACHE_WRITE`` written to it per ``cache_control`` breakpoint (by TTL), and a
-web search tool's ``max_uses`` searches. ``fail_next`` queues an HTTP status; ``stop_reason`` forces
+web search tool's ``max_uses`` searches. ``fail_next`` queues an HTTP status (its message's
+``{headers}`` replaced by the request's); ``stop_reason`` forces
 the answers' stop reason; ``answer_headers`` go in the head of every answer (as Anthropic's
 rate-limit headers do); every request body is kept in ``received``.
 """
@@ -62,11 +64,15 @@ class FakeAnthropic(OnLoopback):
         self.received: list[dict[str, Any]] = []
         self.headers: list[dict[str, str]] = []
         self.faults: deque[tuple[int, dict[str, Any]]] = deque()
+        self.stream_faults: deque[str] = deque()  # error types of the next streams' mid-stream error events
         self.stop_reason: str | None = None  # set: every answer's stop_reason
         self.answer_headers: dict[str, str] = {}  # added to the head of every answer
 
     def fail_next(self, status: int, error_type: str = "api_error", message: str = "injected") -> None:
         self.faults.append((status, {"type": "error", "error": {"type": error_type, "message": message}}))
+
+    def fail_mid_stream_next(self, error_type: str = "api_error") -> None:
+        self.stream_faults.append(error_type)
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -87,7 +93,13 @@ class FakeAnthropic(OnLoopback):
         self.headers.append(headers)
         if self.faults:
             status, error = self.faults.popleft()
+            error["error"]["message"] = error["error"]["message"].replace("{headers}", str(headers))
             return await send_json(ex, status, error)
+        if payload.get("stream") and self.stream_faults:
+            error = {"type": self.stream_faults.popleft(), "message": f"refused, you sent {headers}"}
+            return await send_events(ex, [("message_start", {"message": {
+                "id": "msg_f", "type": "message", "role": "assistant", "model": payload["model"], "content": [],
+                "usage": {"input_tokens": 1, "output_tokens": 1}}}), ("error", {"error": error})])
         if ex.path.endswith("/count_tokens"):
             return await send_json(ex, 200, {"input_tokens": sum(len(pieces(_text(m["content"])))
                                                                  for m in payload["messages"])})

@@ -41,6 +41,9 @@ def _last_user_text(body: dict[str, Any]) -> str:
 # An input answered as a failure whose message echoes the request's authorization header (as some
 # upstreams and proxies in front of them do).
 ECHO_FAILURE = "fail, echoing my headers"
+# An input answered with an ``{"error": ...}`` object echoing it: the whole answer (with status 200), or
+# an event of a stream after its first.
+ECHO_ERROR_OBJECT = "an error object, echoing my headers"
 
 
 class FakeResponsesUpstream(EchoUpstream, OnLoopback):
@@ -74,6 +77,9 @@ class FakeResponsesUpstream(EchoUpstream, OnLoopback):
         if self.answer_headers:
             ex = dataclasses.replace(ex, send=with_headers(ex.send, self.answer_headers))
         final = self.response(body)
+        if _last_user_text(body) == ECHO_ERROR_OBJECT:
+            return await self._error_object(ex, body, {"error": {
+                "type": "server_error", "message": f"refused {ex.headers.get('authorization')}"}})
         if _last_user_text(body) == ECHO_FAILURE:
             final |= {"status": "failed", "error": {"code": "server_error",
                                                     "message": f"refused {ex.headers.get('authorization')}"}}
@@ -102,6 +108,17 @@ class FakeResponsesUpstream(EchoUpstream, OnLoopback):
             data = json.dumps(event | {"sequence_number": seq})
             await ex.send({"type": "http.response.body", "more_body": True,
                            "body": f"event: {event['type']}\ndata: {data}\n\n".encode()})
+        await ex.send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    async def _error_object(self, ex: Exchange, body: dict[str, Any], error: dict[str, Any]) -> None:
+        if not body.get("stream"):
+            return await send_json(ex, 200, error)
+        start = self.response(body, "in_progress") | {"output": []}
+        await ex.send({"type": "http.response.start", "status": 200,
+                       "headers": [(b"content-type", b"text/event-stream")]})
+        for data in ({"type": "response.created", "response": start, "sequence_number": 0}, error):
+            await ex.send({"type": "http.response.body", "more_body": True,
+                           "body": f"data: {json.dumps(data)}\n\n".encode()})
         await ex.send({"type": "http.response.body", "body": b"", "more_body": False})
 
 

@@ -26,10 +26,11 @@ class Fault:
     """What to do instead of (or to) the next answer."""
 
     status: int | None = None  # answer with this status and ``body``
-    body: Any = None  # JSON body (default: an OpenAI-shaped error) or raw bytes
+    body: Any = None  # JSON body (default: an OpenAI-shaped error) or raw bytes, or a function of the request's headers
     headers: dict[str, str] = field(default_factory=dict)
     delay: float = 0.0  # seconds before the response headers
     error_after_chunks: int | None = None  # stream: send N chunks, then an error event
+    error_event: Any = None  # that event's JSON (default: OpenAI's error shape), or a function of the request's headers
     hang_after_chunks: int | None = None  # stream: send N chunks, then stall until the client leaves
     end_after_chunks: int | None = None  # stream: send N chunks, then end the body without [DONE]
     finish_last: bool = False  # with end_after_chunks: the last chunk has a finish_reason
@@ -106,7 +107,8 @@ class FakeUpstream(EchoUpstream, OnLoopback):
         if fault.delay:
             await asyncio.sleep(fault.delay)
         if fault.status is not None:
-            body = fault.body if fault.body is not None else error_body(f"injected {fault.status}", "injected")
+            body = fault.body(ex.headers) if callable(fault.body) else fault.body
+            body = body if body is not None else error_body(f"injected {fault.status}", "injected")
             if isinstance(body, bytes):
                 await ex.send({"type": "http.response.start", "status": fault.status,
                                "headers": [(k.encode(), v.encode()) for k, v in fault.headers.items()]})
@@ -155,7 +157,9 @@ class FakeUpstream(EchoUpstream, OnLoopback):
             await ex.send({"type": "http.response.body", "body": b"", "more_body": False})
             return True
         if fault.error_after_chunks is not None:
-            event = error_body("injected mid-stream failure", "injected", "server_error")
+            event = fault.error_event(ex.headers) if callable(fault.error_event) else fault.error_event
+            if event is None:
+                event = error_body("injected mid-stream failure", "injected", "server_error")
             await ex.send({"type": "http.response.body", "body": b"data: " + json.dumps(event).encode() + b"\n\n",
                            "more_body": False})
             return True
