@@ -213,12 +213,16 @@ class Tokenizer:
     def render_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
                     continue_final_message: bool = False, **kwargs: Any) -> str:
         """The chat template's text for ``messages`` (extra kwargs reach the template, e.g. tools);
-        ``continue_final_message``: cut after the final message's text (``continued``)."""
+        ``continue_final_message``: cut after the final message's text (``continued``). A value the
+        template cannot work with (a number where it iterates) is a ChatTemplateError with no param:
+        the caller knows whether its variables or its messages brought it."""
         try:
             variables = {"tools": None, "documents": None, **self.special_tokens, **kwargs}
             text = self._template.render(messages=messages, add_generation_prompt=add_generation_prompt, **variables)
         except jinja2.exceptions.TemplateError as e:
             raise ChatTemplateError(f"chat template error: {e}") from e
+        except (TypeError, ValueError, ArithmeticError, LookupError) as e:  # a variable the template cannot use
+            raise ChatTemplateError(f"chat template error: {e}", param=None) from e
         return continued(text, messages[-1].get("content") or "") if continue_final_message else text
 
     def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,

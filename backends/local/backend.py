@@ -77,15 +77,16 @@ class LocalEngineBackend:
                       add_special_tokens: bool = False) -> list[int]:
         plan = tools.plan(request, self.tool_parser)
         kwargs = plan.template_kwargs if plan is not None else {}
+        variables = wire.template_variables(request)
         try:
-            variables = {k: v for k, v in (wire.opt(request.chat_template_kwargs, None) or {}).items()
-                         if k not in ("messages", "add_generation_prompt")}
             add, cont = wire.chat_prompt_options(request, add_generation_prompt)
             return self.tokenizer.apply_chat_template(wire.chat_messages(request), add_generation_prompt=add,
                                                       continue_final_message=cont,
                                                       add_special_tokens=add_special_tokens, **{**variables, **kwargs})
-        except InvalidRequest as exc:  # no template, or the template refused the conversation
-            raise BadRequest(exc.message, param=exc.param) from None
+        except InvalidRequest as exc:  # no template, the template refused the conversation or a value in it
+            # no param: a value the template could not use, one of the client's variables if it sent any
+            param = exc.param or ("chat_template_kwargs" if variables else "messages")
+            raise BadRequest(exc.message, param=param) from None
 
     def detokenize(self, ids: list[int]) -> str:
         vocab = self.tokenizer.vocab_size

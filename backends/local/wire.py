@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import codecs
 import json
+import re
 from typing import Any
 
 from msgspec import UNSET
@@ -37,6 +38,7 @@ def opt(value: Any, default: Any) -> Any:
 NO_EFFECT_PARAMS = frozenset({"metadata", "store", "user", "service_tier", "prompt_cache_key", "safety_identifier"})
 
 
+_TOKEN_ID = re.compile(r"-?[0-9]+")  # a logit_bias key: a token id in ASCII digits (a negative one is out of range)
 MAX_STOP_TOKEN_IDS = 1024  # each generated token is looked up in them, and min_tokens bans them at every step
 
 # vLLM's chat fields the engine honours (``chat_prompt_options``, ``chat_echo``): a chat request's, nobody else's.
@@ -67,14 +69,19 @@ def logit_bias(request: SamplingFields) -> dict[int, float]:
     asked = opt(request.logit_bias, None) or {}
     bias: dict[int, float] = {}
     for key, value in asked.items():
-        try:
-            token = int(key)
-        except ValueError:
-            raise BadRequest(f"logit_bias keys must be token ids, not {key!r}", param="logit_bias") from None
+        token = bias_token(key)
+        if token is None:
+            raise BadRequest(f"logit_bias keys must be token ids, not {key!r}", param="logit_bias")
         if not -100.0 <= value <= 100.0:
             raise BadRequest("logit_bias values must be in [-100, 100]", param="logit_bias")
         bias[token] = float(value)
     return bias
+
+
+def bias_token(key: str) -> int | None:
+    """A logit_bias key as a token id (None: not one). Only ASCII digits: int() would also read
+    "1_0" as 10, " 1" as 1 and full-width digits, other tokens than the client meant."""
+    return int(key) if _TOKEN_ID.fullmatch(key) else None
 
 
 def stop_token_ids(request: SamplingFields) -> list[int]:
@@ -176,6 +183,22 @@ def _chat_flag(request: ChatCompletionRequest, name: str, default: bool) -> bool
     if value is not None and not isinstance(value, bool):
         raise BadRequest(f"{name} must be a boolean", param=name)
     return default if value is None else value
+
+
+# What the chat template is rendered with besides its variables: the request's own fields, never a
+# template variable (in ``chat_template_kwargs`` they were two values for one argument, or lost).
+RENDER_ARGUMENTS = ("messages", "add_generation_prompt", "continue_final_message", "add_special_tokens")
+
+
+def template_variables(request: ChatCompletionRequest) -> dict[str, Any]:
+    """vLLM's ``chat_template_kwargs``: variables for the chat template; a renderer's own argument there is a 400."""
+    variables: dict[str, Any] = opt(request.chat_template_kwargs, None) or {}
+    for name in RENDER_ARGUMENTS:
+        if name in variables:
+            where = "the request's messages" if name == "messages" else f"the request's own '{name}' field"
+            raise BadRequest(f"chat_template_kwargs cannot set '{name}'; use {where}",
+                             param=f"chat_template_kwargs.{name}")
+    return variables
 
 
 def chat_messages(request: ChatCompletionRequest) -> list[dict[str, str]]:

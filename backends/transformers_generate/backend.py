@@ -16,6 +16,7 @@ import time
 import uuid
 from typing import Any
 
+from jinja2.exceptions import TemplateError
 from msgspec import UNSET
 
 from backends.base import BackendStats, BadRequest, ChunkStream, ClosingChunks, Completed, ContextTooLong, Meter
@@ -242,7 +243,7 @@ class HFGenerateBackend:
         try:
             text = self.tokenizer.apply_chat_template(chat_messages(request), add_generation_prompt=add,
                                                       continue_final_message=cont, tokenize=False, **kwargs)
-        except ValueError as exc:  # e.g. the final message's text is not in the rendered prompt
+        except (ValueError, TemplateError) as exc:  # the final message's text is missing; the template refused
             raise BadRequest(f"chat template: {exc}", param="messages") from None
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 

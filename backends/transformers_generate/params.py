@@ -7,7 +7,7 @@ from typing import Any
 from msgspec import UNSET
 
 from backends.base import BadRequest
-from backends.local.wire import honoured_extras, limit_field
+from backends.local.wire import bias_token, honoured_extras, limit_field
 from backends.openai_wire import SamplingFields, extra_params
 from backends.transformers_generate.jobs import GenerateKey, RowParams
 
@@ -49,10 +49,11 @@ def generate_key(request: SamplingFields) -> GenerateKey:
 def logit_bias(request: SamplingFields, vocab: int) -> dict[int, float]:
     bias: dict[int, float] = {}
     for key, value in (opt(request.logit_bias, {}) or {}).items():
-        if not key.isdigit() or int(key) >= vocab or not -100 <= value <= 100:
+        token = bias_token(key)
+        if token is None or not 0 <= token < vocab or not -100 <= value <= 100:
             raise BadRequest(f"logit_bias: {key!r} must be a token id below {vocab} with a bias in [-100, 100]",
                              param="logit_bias")
-        bias[int(key)] = value
+        bias[token] = value
     return bias
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -222,8 +223,9 @@ async def test_bad_requests_are_typed(backend_for) -> None:
         await backend.complete(completion("hi", max_tokens=0))
     with pytest.raises(BadRequest, match="token ids"):
         await backend.complete(completion([[1, 99999]]))
-    with pytest.raises(BadRequest, match="logit_bias"):
-        await backend.complete(completion("hi", logit_bias={"x": 1.0}))
+    for key in ("x", "\u00b2", "\uff11", "1_0"):  # a superscript two passed isdigit() and then failed int(): a 500
+        with pytest.raises(BadRequest, match="logit_bias"):
+            await backend.complete(completion("hi", logit_bias={key: 1.0}))
     with pytest.raises(BadRequest, match="echo with logprobs") as no_scoring:
         await backend.complete(completion("hi", echo=True, logprobs=1))
     assert no_scoring.value.param == "echo"
@@ -357,3 +359,25 @@ async def test_unsupported_parameters_are_400s_naming_them(backend_for) -> None:
     fine = completion("hi", max_tokens=2)
     set_extra_params(fine, {"metadata": msgspec.Raw(b'{"a": "b"}'), "store": msgspec.Raw(b"true")})
     assert (await backend.complete(fine)).response.choices[0].finish_reason is not None
+
+
+async def test_a_conversation_the_chat_template_refuses_is_a_400(tmp_path: Path) -> None:
+    """A template that raises (as Gemma's and Mistral's do for a system message or roles out of turn)
+    raises jinja's TemplateError, no ValueError: it was a 500."""
+    path = build_model("gpt2", tmp_path / "strict")
+    config_path = path / "tokenizer_config.json"
+    config = json.loads(config_path.read_text())
+    refusal = "{%- if messages[0]['role'] == 'system' %}{{- raise_exception('System role not supported') }}{%- endif %}"
+    config["chat_template"] = refusal + config["chat_template"]
+    config_path.write_text(json.dumps(config))
+    backend = build_backend(DeploymentConfig(provider="transformers", model=str(path)))
+    assert isinstance(backend, HFGenerateBackend)
+    try:
+        messages = [ChatMessage(role="system", content="Be brief"), ChatMessage(role="user", content="hi")]
+        system = ChatCompletionRequest(model="m", max_tokens=4, messages=messages)
+        with pytest.raises(BadRequest, match="System role not supported") as refused:
+            await backend.chat(system)
+        assert refused.value.param == "messages"
+        assert (await backend.chat(chat("hi", max_tokens=2))).response.choices  # the template still serves others
+    finally:
+        await backend.aclose()
