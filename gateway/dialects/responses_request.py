@@ -252,9 +252,10 @@ _TOOL_NO_OP_VALUES: dict[str, tuple[Any, ...]] = {
 def _function_tools(tools: list[dict[str, Any]]) -> list[Tool]:
     out: list[Tool] = []
     for i, entry in enumerate(tools):
-        if not isinstance(entry, dict) or entry.get("type") != "function":
-            raise ApiError(400, f"tools[{i}]: only function tools can be served by this model",
-                           param=f"tools[{i}]", code="unsupported_parameter")
+        if (kind := entry.get("type")) != "function":  # a dict: ``ResponsesRequest.tools`` holds only dicts
+            raise ApiError(400, f"tools[{i}]: a {kind!r} tool is not supported for this model: it is served through "
+                           "chat completions, which call function tools only", param=f"tools[{i}]",
+                           code="unsupported_parameter")
         entry = {k: v for k, v in entry.items() if v not in _TOOL_NO_OP_VALUES.get(k, ())}
         tool = _convert(entry, FunctionTool, f"tools[{i}]")
         out.append(Tool(function=FunctionDef(name=tool.name, description=tool.description or UNSET,

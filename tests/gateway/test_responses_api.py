@@ -160,6 +160,19 @@ def test_what_chat_cannot_express_is_a_400_naming_it(env: GatewayEnv, upstream: 
     assert not upstream.received  # nothing forwarded
 
 
+@pytest.mark.parametrize("hosted", [{"type": "web_search"}, {"type": "file_search", "vector_store_ids": ["vs_1"]},
+                                    {"type": "code_interpreter", "container": {"type": "auto"}}])
+def test_a_hosted_tool_is_a_400_naming_it(env: GatewayEnv, upstream: FakeUpstream, hosted: dict[str, object]) -> None:
+    """A hosted tool chat cannot serve is a 400 whose message names the tool (not only its index), so a
+    client sending several learns which one to drop."""
+    r = _post(env, {"model": "echo", "input": "x", "tools": [TOOL, hosted]})
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert (error["param"], error["code"]) == ("tools[1]", "unsupported_parameter")
+    assert repr(hosted["type"]) in error["message"], error["message"]
+    assert not upstream.received
+
+
 @pytest.mark.parametrize(("item", "param"), [
     ({"role": "user", "content": []}, "input[0].content"),
     ({"type": "message", "content": "x"}, "input[0].role"),

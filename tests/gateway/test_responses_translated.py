@@ -190,3 +190,61 @@ def test_an_answer_with_no_choice_is_a_response_with_no_output(client: openai.Op
     response = client.responses.create(model="echo", input="x")
     assert (response.status, response.output) == ("completed", [])
     assert response.usage is not None and response.usage.output_tokens == USAGE["completion_tokens"]
+
+
+# ---------------------------------------------------------------- function calls as chat providers stream them
+
+
+def _call_delta(index: int, arguments: str, **fields: Any) -> dict[str, Any]:
+    return {"tool_calls": [{"index": index, "type": "function", "function": {"arguments": arguments}} | fields]}
+
+
+def test_function_calls_an_upstream_gives_no_id_get_call_ids_of_their_own(client: openai.OpenAI,
+                                                                         upstream: FakeUpstream) -> None:
+    """A chat provider that streams its tool calls with no ``id`` (NVIDIA NIM, GLM, StepFun), or answers
+    with an empty one: each function call gets a ``call_id`` of its own, the same in every event and in
+    the final response, so the SDK can tell the calls apart and a ``function_call_output`` can answer
+    each (the ids go to chat as the calls' and the tool messages' ids)."""
+    upstream.fail_next(_stream(_call_delta(0, '{"a":1}', function={"name": "f", "arguments": '{"a":1}'}),
+                               _call_delta(1, "", function={"name": "g", "arguments": ""}),
+                               _call_delta(1, '{"b":2}'), finish="tool_calls"),
+                       _answer({"content": None, "tool_calls": [
+                           {"id": "", "type": "function", "function": {"name": "f", "arguments": "{}"}},
+                           {"id": "", "type": "function", "function": {"name": "g", "arguments": "{}"}}]},
+                           "tool_calls"))
+    with client.responses.stream(model="echo", input="x", tools=[TOOL]) as stream:  # type: ignore[list-item]
+        events = list(stream)
+        streamed = stream.get_final_response()
+    answered = client.responses.create(model="echo", input="x", tools=[TOOL])  # type: ignore[list-item]
+    for final in (streamed, answered):
+        calls: list[Any] = [item for item in final.output if item.type == "function_call"]
+        assert [c.name for c in calls] == ["f", "g"]
+        ids = [c.call_id for c in calls]
+        assert all(ids) and len(set(ids)) == 2
+    added = [e.item.call_id for e in events if e.type == "response.output_item.added"]  # type: ignore[union-attr]
+    assert added == [c.call_id for c in streamed.output]  # type: ignore[union-attr]
+    client.responses.create(model="echo", tools=[TOOL], input=[  # type: ignore[list-item]
+        {"role": "user", "content": "x"}, *streamed.output,  # type: ignore[list-item]
+        *({"type": "function_call_output", "call_id": c.call_id, "output": "ok"} for c in streamed.output)])
+    messages = upstream.last.json["messages"]
+    assert [c["id"] for c in messages[1]["tool_calls"]] == [m["tool_call_id"] for m in messages[2:]] == added
+
+
+def test_parallel_calls_an_upstream_streams_under_one_index_stay_apart(client: openai.OpenAI,
+                                                                        upstream: FakeUpstream) -> None:
+    """A chat provider that streams each parallel call under ``index`` 0, told apart by their ids (as
+    Ollama does): each is a function call of its own, never one call with the others' arguments
+    appended to its own."""
+    upstream.fail_next(_stream(
+        _call_delta(0, '{"city":"Paris"}', id="call_a", function={"name": "f", "arguments": '{"city":"Paris"}'}),
+        _call_delta(0, '{"city":"Oslo"}', id="call_b", function={"name": "g", "arguments": '{"city":"Oslo"}'}),
+        _call_delta(0, "", id="call_c", function={"name": "f", "arguments": '{"city":'}),
+        _call_delta(0, '"Rome"}', id=""),  # an empty id on a later delta (DashScope's GLM) continues the call
+        finish="tool_calls"))
+    with client.responses.stream(model="echo", input="x", tools=[TOOL]) as stream:  # type: ignore[list-item]
+        list(stream)
+        final = stream.get_final_response()
+    assert [(i.type, getattr(i, "call_id", None), getattr(i, "name", None), getattr(i, "arguments", None))
+            for i in final.output] == [("function_call", "call_a", "f", '{"city":"Paris"}'),
+                                       ("function_call", "call_b", "g", '{"city":"Oslo"}'),
+                                       ("function_call", "call_c", "f", '{"city":"Rome"}')]
