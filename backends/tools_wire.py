@@ -42,8 +42,8 @@ class ToolCall(Struct, kw_only=True):
 
 class ToolCallDelta(Struct, kw_only=True):
     index: int
-    id: str | UnsetType = UNSET
-    type: str | UnsetType = UNSET
+    id: str | None | UnsetType = UNSET  # null in a call's later deltas, as OpenAI's schema allows
+    type: str | None | UnsetType = UNSET
     function: dict[str, Any] | UnsetType = UNSET
     custom: dict[str, Any] | UnsetType = UNSET  # a custom call's ``name`` and ``input`` text so far
 

@@ -76,13 +76,19 @@ def _thinking(text: str) -> dict[str, Any]:
 def message_body(response: ChatCompletion, meter: Meter) -> bytes:
     if (message := response.__dict__.get(ANTHROPIC_MESSAGE)) is not None:  # an Anthropic upstream's, as it came
         return msgspec.json.encode(message | {"model": response.model})
+    if not response.choices:  # no content, as a stream of no choice has none
+        return msgspec.json.encode({"id": message_id(response.id), "type": "message", "role": "assistant",
+                                    "model": response.model, "content": [], **_stop(None, None),
+                                    "usage": _usage(response.usage, meter)})
     choice = response.choices[0]
     content: list[dict[str, Any]] = []
     if reasoning := reasoning_text(choice.message):
         content.append(_thinking(reasoning))  # as the stream has it: a thinking block first
-    if choice.message.content:
-        content.append({"type": "text", "text": choice.message.content})
+    if text := (choice.message.content or "") + (choice.message.refusal or ""):  # a refusal is told in text
+        content.append({"type": "text", "text": text})
     stop = _stop(choice.finish_reason, choice.stop_reason)
+    if choice.message.tool_calls:
+        stop = _with_calls(stop)
     for call in choice.message.tool_calls or []:
         function = answered_function(call, _API)
         arguments = _tool_input(call.id, function.name, function.arguments, cut=stop["stop_reason"] in _CUT)
@@ -125,6 +131,12 @@ def _stop(finish: str | None, matched: Any) -> dict[str, Any]:
     return {"stop_reason": _FINISH_TO_STOP.get(finish or "stop", "end_turn"), "stop_sequence": None}
 
 
+def _with_calls(stop: dict[str, Any]) -> dict[str, Any]:
+    """The stop of an answer that made tool calls: ``tool_use``, though the upstream finished it as
+    ``stop`` (vLLM does for a call it was made to make: a named tool_choice, ``required``)."""
+    return {"stop_reason": "tool_use", "stop_sequence": None} if stop["stop_reason"] == "end_turn" else stop
+
+
 def _event(kind: str, data: dict[str, Any]) -> bytes:
     return b"event: " + kind.encode() + b"\ndata: " + msgspec.json.encode({"type": kind} | data) + b"\n\n"
 
@@ -152,6 +164,7 @@ class MessagesEvents:
         self._tools: dict[int, int] = {}  # OpenAI tool call index -> content block index, once opened
         self._calls: dict[int, tuple[str, str, list[str]]] = {}  # tool call index -> id, name, arguments so far
         self._waiting: list[int] = []  # tool calls begun while another's block was open, in order
+        self._held: list[tuple[str, str]] = []  # (block kind, text) sent amid a call's partial arguments
         self._stop: dict[str, Any] = {"stop_reason": "end_turn", "stop_sequence": None}
         self._usage: dict[str, int] = {"output_tokens": 0}
 
@@ -176,30 +189,49 @@ class MessagesEvents:
         for choice in chunk.choices[:1]:
             delta = choice.delta
             if reasoning := reasoning_text(delta):
-                if self._block_kind != "thinking":
-                    out += self._open(_thinking(""), "thinking")
-                out += _event("content_block_delta", {"index": self._block, "delta": {
-                    "type": "thinking_delta", "thinking": reasoning}})
+                out += self._text("thinking", reasoning)
             if isinstance(delta.content, str) and delta.content:
-                if self._block_kind != "text":
-                    out += self._open({"type": "text", "text": ""}, "text")
-                out += _event("content_block_delta", {"index": self._block,
-                                                      "delta": {"type": "text_delta", "text": delta.content}})
+                out += self._text("text", delta.content)
+            if isinstance(delta.refusal, str) and delta.refusal:  # a refusal is told in text
+                out += self._text("text", delta.refusal)
             for call in delta.tool_calls or []:
                 check_delta(call, _API)
                 if call.index not in self._calls:
                     function = call.function if isinstance(call.function, dict) else {}
-                    self._calls[call.index] = (call.id or "", str(function.get("name", "")), [])
+                    self._calls[call.index] = (call.id or "", function.get("name") or "", [])
                     self._waiting.append(call.index)
                 arguments = call.function.get("arguments") if isinstance(call.function, dict) else None
                 if arguments:
                     self._calls[call.index][2].append(arguments)
-                    if call.index in self._tools:
-                        out += self._input_delta(call.index, arguments)
-                out += self._open_calls()
+                    if self._block_kind == "tool_use" and self._tools.get(call.index) == self._block:
+                        out += self._input_delta(call.index, arguments)  # (a stopped block's: checked at the end)
+                out += self._open_calls() + self._release()
             if choice.finish_reason:
                 self._stop = _stop(choice.finish_reason, choice.stop_reason)
         return out
+
+    def _text(self, kind: str, text: str) -> bytes:
+        """Text or reasoning: a delta of the open block of its kind, else of a new one; held while a
+        call's arguments are partial JSON (its block cannot stop before they are whole)."""
+        if self._held or (self._block_kind == "tool_use" and not self._open_call_whole()):
+            self._held.append((kind, text))
+            return b""
+        return self._write(kind, text)
+
+    def _write(self, kind: str, text: str) -> bytes:
+        out = b""
+        if self._block_kind != kind:
+            out += self._open(_thinking("") if kind == "thinking" else {"type": "text", "text": ""}, kind)
+        delta = {"type": "thinking_delta", "thinking": text} if kind == "thinking" else {"type": "text_delta",
+                                                                                          "text": text}
+        return out + _event("content_block_delta", {"index": self._block, "delta": delta})
+
+    def _release(self, *, all_: bool = False) -> bytes:
+        """The text held (``_text``), once the open call's arguments are whole (``all_``: in any case)."""
+        if not self._held or (not all_ and self._block_kind == "tool_use" and not self._open_call_whole()):
+            return b""
+        held, self._held = self._held, []
+        return b"".join(self._write(kind, text) for kind, text in held)
 
     def _open_calls(self, *, all_: bool = False) -> bytes:
         """Waiting tool calls' blocks opened in turn, their arguments so far as one delta, while the
@@ -265,7 +297,11 @@ class MessagesEvents:
         cut = self._stop["stop_reason"] in _CUT
         for call_id, name, arguments in self._calls.values():
             _tool_input(call_id, name, "".join(arguments), cut=cut)
-        return (self._open_calls(all_=True) + self._close()
+        if self._calls:
+            self._stop = _with_calls(self._stop)
+        out = self._open_calls(all_=True)
+        out += self._release(all_=True)
+        return (out + self._close()
                 + _event("message_delta", {"delta": self._stop,
                                            "usage": self._usage})
                 + _event("message_stop", {}))

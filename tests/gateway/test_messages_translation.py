@@ -2,7 +2,8 @@
 tool-result texts one per line, is_error told in the text, disable_parallel_tool_use as
 parallel_tool_calls: false), what it cannot is a 400 naming the field before the upstream is asked;
 empty content is refused as Anthropic refuses it; routing errors under /v1/messages take Anthropic's
-shape. The anthropic SDK (or raw HTTP) against a gateway in front of the fake OpenAI upstream."""
+shape; answers keep Anthropic's event order and stop reasons whatever order and finish the upstream's
+chunks come in. The anthropic SDK (or raw HTTP) against a gateway in front of the fake OpenAI upstream."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from gateway.dialects.anthropic_request import MessagesRequest, as_sent, to_chat
 from gateway.errors import ApiError
 from tests.conftest import ADMIN_KEY
 from tests.gateway.conftest import GatewayEnv
-from tests.support.fake_upstream import FakeUpstream, Fault
+from tests.support.fake_upstream import FakeUpstream, Fault, chat_answer, chat_chunks
 
 
 @pytest.fixture
@@ -287,3 +288,117 @@ def test_a_strict_tool_stays_strict_for_a_chat_upstream(client: anthropic.Anthro
     functions = [tool["function"] for tool in upstream.last.json["tools"]]
     assert [f.get("strict") for f in functions] == [True, False, None]
     assert functions[0] == {"name": "f", "parameters": schema, "strict": True}
+
+
+def _in_order(events: list[Any]) -> list[tuple[str, int]]:
+    """The content block events of an Anthropic stream, checked against its contract: message_start
+    first; each block's start, deltas and stop together, indices counting up from 0; message_delta,
+    then message_stop, last. Returns (type, index) of each block event, runs of deltas as one."""
+    kinds = [e.type for e in events]
+    assert kinds[0] == "message_start" and kinds[-2:] == ["message_delta", "message_stop"], kinds
+    blocks = [(e.type, e.index) for e in events[1:-2]]
+    expected = -1
+    for kind, index in blocks:
+        if kind == "content_block_start":
+            expected += 1
+        assert index == expected, blocks
+    starts = [i for k, i in blocks if k == "content_block_start"]
+    stops = [i for k, i in blocks if k == "content_block_stop"]
+    assert starts == stops == list(range(len(starts))), blocks
+    return [b for i, b in enumerate(blocks) if i == 0 or b != blocks[i - 1]]
+
+
+def test_text_amid_a_calls_arguments_comes_after_its_block(client: anthropic.Anthropic, upstream: FakeUpstream) -> None:
+    """Text (or reasoning) an upstream sends while a call's arguments are partial JSON waits until
+    the call's block is whole: no delta for a block already stopped. Empty, null and role-only
+    deltas open no block."""
+    first = {"index": 0, "id": "call_a", "type": "function", "function": {"name": "f"}}  # no arguments yet
+    upstream.fail_next(chat_chunks(
+        {"delta": {"role": "assistant"}}, {"delta": {"content": None}}, {"delta": {"content": ""}},
+        {"delta": {"tool_calls": [first]}},
+        {"delta": {"tool_calls": [{"index": 0, "function": {"arguments": '{"a":'}}]}},
+        {"delta": {"content": "\n"}}, {"delta": {"reasoning_content": "hm"}},
+        {"delta": {"tool_calls": [{"index": 0, "function": {"arguments": "1}"}}]}},
+        {"delta": {}, "finish_reason": "tool_calls"}))
+    events = list(client.messages.create(model="echo", max_tokens=8, stream=True, tools=[
+        {"name": "f", "input_schema": {"type": "object"}}], messages=[{"role": "user", "content": "q"}]))
+    assert _in_order(events) == [
+        ("content_block_start", 0), ("content_block_delta", 0), ("content_block_stop", 0),
+        ("content_block_start", 1), ("content_block_delta", 1), ("content_block_stop", 1),
+        ("content_block_start", 2), ("content_block_delta", 2), ("content_block_stop", 2)]
+    assert [e.content_block.type for e in events if e.type == "content_block_start"] == [  # type: ignore[union-attr]
+        "tool_use", "text", "thinking"]
+    assert [e.delta.partial_json for e in events  # type: ignore[union-attr]
+            if e.type == "content_block_delta" and e.index == 0] == ['{"a":', "1}"]
+
+
+def test_a_call_finished_as_stop_is_tool_use(client: anthropic.Anthropic, upstream: FakeUpstream) -> None:
+    """vLLM finishes a call it was made to make (a named tool_choice, ``required``) as ``stop``, not
+    ``tool_calls``: the answer holds tool_use blocks, so its stop_reason is ``tool_use`` (what an
+    agent loop reads to run the tools), whole and streamed; a matched stop string stays ``stop_sequence``."""
+    call = {"id": "call_a", "type": "function", "function": {"name": "f", "arguments": '{"a": 1}'}}
+    upstream.fail_next(chat_answer({"role": "assistant", "content": None, "tool_calls": [call]}, "stop"),
+                       chat_chunks({"delta": {"role": "assistant", "tool_calls": [call | {"index": 0}]}},
+                                   {"delta": {}, "finish_reason": "stop"}))
+    kw: Any = {"model": "echo", "max_tokens": 8, "messages": [{"role": "user", "content": "q"}],
+               "tools": [{"name": "f", "input_schema": {"type": "object"}}],
+               "tool_choice": {"type": "tool", "name": "f"}}
+    whole = client.messages.create(**kw)
+    with client.messages.stream(**kw) as stream:
+        streamed = stream.get_final_message()
+    for message in (whole, streamed):
+        assert message.stop_reason == "tool_use" and message.stop_sequence is None
+        assert [(b.type, b.input) for b in message.content] == [("tool_use", {"a": 1})]  # type: ignore[union-attr]
+    upstream.fail_next(chat_answer({"role": "assistant", "content": "x", "tool_calls": [call]}, "stop",
+                                   stop_reason="END"))
+    cut = client.messages.create(**kw, stop_sequences=["END"])
+    assert (cut.stop_reason, cut.stop_sequence) == ("stop_sequence", "END")
+
+
+def test_continuation_chunks_may_null_a_calls_id_type_and_name(client: anthropic.Anthropic, env: GatewayEnv,
+                                                                upstream: FakeUpstream) -> None:
+    """OpenAI's chunk schema lets a call's later deltas carry ``id``, ``type`` and ``name`` as null
+    (only the first names them), as some OpenAI-compatible servers send them: the call is the one the
+    first delta named, in a translated stream and in a relayed chat stream alike."""
+    chunks = ({"delta": {"role": "assistant", "content": None, "tool_calls": [
+                  {"index": 0, "id": "call_a", "type": "function", "function": {"name": "f", "arguments": None}}]}},
+              {"delta": {"content": None, "tool_calls": [
+                  {"index": 0, "id": None, "type": None, "function": {"name": None, "arguments": '{"a": 1}'}}]}},
+              {"delta": {}, "finish_reason": "tool_calls"})
+    upstream.fail_next(chat_chunks(*chunks), chat_chunks(*chunks))
+    with client.messages.stream(model="echo", max_tokens=8, messages=[{"role": "user", "content": "q"}],
+                                tools=[{"name": "f", "input_schema": {"type": "object"}}]) as stream:
+        message = stream.get_final_message()
+    assert [(b.type, b.id, b.name, b.input) for b in message.content] == [  # type: ignore[union-attr]
+        ("tool_use", "call_a", "f", {"a": 1})]
+    relayed = httpx.post(env.server.url + "/v1/chat/completions", headers={"authorization": f"Bearer {ADMIN_KEY}"},
+                         json={"model": "echo", "stream": True, "messages": [{"role": "user", "content": "q"}]})
+    assert relayed.status_code == 200 and '"error"' not in relayed.text, relayed.text
+
+
+def test_an_answer_without_a_choice_is_an_empty_message(client: anthropic.Anthropic, upstream: FakeUpstream) -> None:
+    """A whole answer with no choice (``choices: []``) is a message with no content, as a stream of no
+    choice is (not a 500)."""
+    upstream.fail_next(Fault(status=200, body={"id": "x", "object": "chat.completion", "created": 0, "model": "m",
+                                               "choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 0}}),
+                       chat_chunks(usage={"prompt_tokens": 3, "completion_tokens": 0}))
+    kw: Any = {"model": "echo", "max_tokens": 8, "messages": [{"role": "user", "content": "q"}]}
+    whole = client.messages.create(**kw)
+    with client.messages.stream(**kw) as stream:
+        streamed = stream.get_final_message()
+    for message in (whole, streamed):
+        assert (message.content, message.stop_reason, message.usage.input_tokens) == ([], "end_turn", 3)
+
+
+def test_a_refusal_is_told_in_text(client: anthropic.Anthropic, upstream: FakeUpstream) -> None:
+    """An OpenAI model's ``refusal`` (its explanation in place of content) is the answer's text, whole
+    and streamed, not dropped to leave an empty message."""
+    upstream.fail_next(chat_answer({"role": "assistant", "content": None, "refusal": "I can't help."}, "stop"),
+                       chat_chunks({"delta": {"role": "assistant", "refusal": "I can't"}},
+                                   {"delta": {"refusal": " help."}}, {"delta": {}, "finish_reason": "stop"}))
+    kw: Any = {"model": "echo", "max_tokens": 8, "messages": [{"role": "user", "content": "q"}]}
+    whole = client.messages.create(**kw)
+    with client.messages.stream(**kw) as stream:
+        streamed = stream.get_final_message()
+    for message in (whole, streamed):
+        assert [(b.type, b.text) for b in message.content] == [("text", "I can't help.")]  # type: ignore[union-attr]

@@ -168,6 +168,24 @@ class FakeUpstream(EchoUpstream, OnLoopback):
         return False
 
 
+def chat_chunks(*choices: dict[str, Any], usage: dict[str, Any] | None = None) -> Fault:
+    """The next answer: a chat stream of one chunk per ``choices`` entry (a choice's ``delta`` and
+    what goes with it: ``finish_reason``, ``stop_reason``; its index is 0), then the ``usage``
+    chunk (``choices: []``) if given, then ``[DONE]``: an upstream's stream scripted chunk by chunk."""
+    envelope = {"id": "chatcmpl-s", "object": "chat.completion.chunk", "created": 1, "model": "m"}
+    chunks = [envelope | {"choices": [{"index": 0, "finish_reason": None} | c]} for c in choices]
+    if usage is not None:
+        chunks.append(envelope | {"choices": [], "usage": usage})
+    body = b"".join(b"data: " + json.dumps(c).encode() + b"\n\n" for c in chunks) + b"data: [DONE]\n\n"
+    return Fault(status=200, headers={"content-type": "text/event-stream"}, body=body)
+
+
+def chat_answer(message: dict[str, Any], finish: str | None, **choice: Any) -> Fault:
+    """The next answer: a whole chat completion of ``message`` (``choice``: more of its choice's fields)."""
+    return Fault(status=200, body={"id": "chatcmpl-s", "object": "chat.completion", "created": 1, "model": "m",
+                                   "choices": [{"index": 0, "message": message, "finish_reason": finish} | choice]})
+
+
 def with_headers(send: Any, headers: dict[str, str]) -> Any:
     """An ASGI ``send`` that adds ``headers`` to the response's head."""
     extra = [(k.encode(), v.encode()) for k, v in headers.items()]
