@@ -46,6 +46,22 @@ def build_model(path: Path, args: argparse.Namespace) -> None:
     transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).save_pretrained(path)
 
 
+def workload_args(ap: argparse.ArgumentParser, hf_batch_help: str) -> None:
+    """The options of the seeded random model and workload (``build_model``, ``workload``), the
+    engine's KV cache and batch, transformers' batch (``--hf-batch``), and the CPU threads."""
+    ap.add_argument("--num-requests", type=int, default=64)
+    ap.add_argument("--hidden", type=int, default=128)
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--heads", type=int, default=4)
+    ap.add_argument("--vocab", type=int, default=2048)
+    ap.add_argument("--block-size", type=int, default=16)
+    ap.add_argument("--kv-blocks", type=int, default=2048)
+    ap.add_argument("--max-batched-tokens", type=int, default=2048)
+    ap.add_argument("--hf-batch", type=int, default=16, help=hf_batch_help)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--seed", type=int, default=0)
+
+
 def workload(args: argparse.Namespace) -> tuple[list[list[int]], list[int]]:
     rng = random.Random(args.seed)
     prompts = [[rng.randrange(args.vocab) for _ in range(rng.randint(32, 256))] for _ in range(args.num_requests)]
@@ -116,17 +132,7 @@ def run_continuous(path: Path, prompts: list[list[int]], outputs: list[int]) -> 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--num-requests", type=int, default=64)
-    ap.add_argument("--hidden", type=int, default=128)
-    ap.add_argument("--layers", type=int, default=4)
-    ap.add_argument("--heads", type=int, default=4)
-    ap.add_argument("--vocab", type=int, default=2048)
-    ap.add_argument("--block-size", type=int, default=16)
-    ap.add_argument("--kv-blocks", type=int, default=2048)
-    ap.add_argument("--max-batched-tokens", type=int, default=2048)
-    ap.add_argument("--hf-batch", type=int, default=16, help="static batch size for transformers generate")
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--seed", type=int, default=0)
+    workload_args(ap, "static batch size for transformers generate")
     ap.add_argument("--repeat", type=int, default=1, help="runs per system; the best time counts")
     ap.add_argument("--skip", nargs="*", default=[], choices=["static", "continuous"])
     args = ap.parse_args()

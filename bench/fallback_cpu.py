@@ -25,7 +25,7 @@ import transformers
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from engine_cpu import run_static, workload
+from engine_cpu import run_static, workload, workload_args
 
 from backends.openai_wire import CompletionRequest
 from backends.transformers_generate import load_generate_backend
@@ -91,17 +91,7 @@ def run_plain_backend(path: Path, prompts: list[list[int]], outputs: list[int], 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--num-requests", type=int, default=64)
-    ap.add_argument("--hidden", type=int, default=128)
-    ap.add_argument("--layers", type=int, default=4)
-    ap.add_argument("--heads", type=int, default=4)
-    ap.add_argument("--vocab", type=int, default=2048)
-    ap.add_argument("--block-size", type=int, default=16)
-    ap.add_argument("--kv-blocks", type=int, default=2048)
-    ap.add_argument("--max-batched-tokens", type=int, default=2048)
-    ap.add_argument("--hf-batch", type=int, default=16, help="rows per generate call (plain backend and static)")
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--seed", type=int, default=0)
+    workload_args(ap, "rows per generate call (plain backend and static)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     prompts, outputs = workload(args)

@@ -27,8 +27,7 @@ from bench.harness import (
     fresh_database,
     make_tenant_key,
     print_table,
-    report_if_exited,
-    start_gateway,
+    running_gateway,
     start_upstream,
     stop,
     wait_http,
@@ -96,8 +95,8 @@ def main() -> None:
             finally:
                 stop(proc)
         with tempfile.TemporaryDirectory() as tmp, fresh_database() as db_url:
-            gw = start_gateway(gateway_config(db_url, upstream, upstream, upstream, Path(tmp) / "journal"), Path(tmp))
-            try:
+            config = gateway_config(db_url, upstream, upstream, upstream, Path(tmp) / "journal")
+            with running_gateway(config, Path(tmp)) as gw:
                 key = make_tenant_key(gw.url)
                 target = http_request(gw.url, "/v1/chat/completions", CHAT | {"model": "fast"}, key)
                 rows.append(
@@ -106,9 +105,6 @@ def main() -> None:
                         *measure(gw.proc.pid, target, args.seconds),
                     ]
                 )
-            finally:
-                report_if_exited(gw)
-                stop(gw.proc)
     finally:
         stop(upstream_proc)
     print_table(rows, ["server", "req/s @64 conns", "server CPU ms/request", "errors"])

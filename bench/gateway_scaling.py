@@ -49,10 +49,9 @@ from bench.harness import (
     make_tenant_key,
     postgres_cpu_seconds,
     print_table,
-    report_if_exited,
     rss_mib,
+    running_gateway,
     services_on,
-    start_gateway,
     start_upstream,
     stop,
     worker_pids,
@@ -174,8 +173,7 @@ def main() -> None:
             base = 0.0
             for n in counts:
                 config = scaling_config(db_url, [url for _, url in ups], Path(tmp) / f"journal{n}", not args.no_credit)
-                gw = start_gateway(config, Path(tmp), n, ",".join(map(str, cpus[:n])))
-                try:
+                with running_gateway(config, Path(tmp), n, ",".join(map(str, cpus[:n]))) as gw:
                     key = make_tenant_key(gw.url)
                     via = [http_request(gw.url, "/v1/chat/completions", CHAT | {"model": "fast"}, key)]
                     sent += offer(pool, via, args.connections * n, 1.0, args.loaders).sent  # warm-up
@@ -193,9 +191,6 @@ def main() -> None:
                     busy = [(cpu_seconds(pid) - c) / g.seconds for pid, c in zip(workers, each0, strict=True)]
                     sent += g.sent
                     rss = [rss_mib(pid) for pid in worker_pids(gw.proc.pid)]
-                finally:
-                    report_if_exited(gw)
-                    stop(gw.proc)
                 rate = g.ok / g.seconds
                 base = base or rate / n
                 rows.append(

@@ -221,6 +221,19 @@ def start_gateway(config: dict[str, Any], workdir: Path, workers: int = 1, cpus:
     return Gateway(proc, url, log)
 
 
+@contextlib.contextmanager
+def running_gateway(config: dict[str, Any], workdir: Path, workers: int = 1,
+                    cpus: str | None = None) -> Iterator[Gateway]:
+    """``start_gateway``'s gateway for the ``with`` block; then stopped, and first reported if it
+    exited by itself (``report_if_exited``)."""
+    gw = start_gateway(config, workdir, workers, cpus)
+    try:
+        yield gw
+    finally:
+        report_if_exited(gw)
+        stop(gw.proc)
+
+
 def _wait_workers_started(log: Path, workers: int, proc: subprocess.Popen[bytes], timeout: float = 60.0) -> None:
     """Until uvicorn has logged each worker's "Application startup complete."."""
     deadline = time.monotonic() + timeout

@@ -25,9 +25,8 @@ from bench.harness import (
     interpreter,
     make_tenant_key,
     print_table,
-    report_if_exited,
+    running_gateway,
     services_on,
-    start_gateway,
     start_upstream,
     stop,
     usage_caught_up,
@@ -52,9 +51,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp, fresh_database() as db_url, services_on(load_set):
         proc, fast = start_upstream(cpus=load_cpus, module=UPSTREAMS["lean"])
         try:
-            gw = start_gateway(gateway_config(db_url, fast, fast, fast, Path(tmp) / "journal"), Path(tmp), 1,
-                               gateway_cpus)
-            try:
+            config = gateway_config(db_url, fast, fast, fast, Path(tmp) / "journal")
+            with running_gateway(config, Path(tmp), 1, gateway_cpus) as gw:
                 key = make_tenant_key(gw.url)
                 pid = (worker_pids(gw.proc.pid) or [gw.proc.pid])[0]
                 anon, mapped = resident_mib(pid)
@@ -69,9 +67,6 @@ def main() -> None:
                     written = resident_mib(pid)
                     rows.append([str(i + 1), f"{len(run.ok) / run.seconds:,.0f}", f"{after[0]:.1f}", f"{after[1]:.1f}",
                                  f"{written[0]:.1f}", f"{written[1]:.1f}"])
-            finally:
-                report_if_exited(gw)
-                stop(gw.proc)
         finally:
             stop(proc)
     print(f"gateway on CPUs {gateway_cpus}, load on {load_cpus}; Python: {interpreter()}")

@@ -36,9 +36,8 @@ from bench.harness import (
     interpreter,
     make_tenant_key,
     print_table,
-    report_if_exited,
+    running_gateway,
     services_on,
-    start_gateway,
     start_upstream,
     stop,
 )
@@ -83,8 +82,7 @@ def main() -> None:
                  "deployments": [{"provider": "openai", "model": "echo", "api_base": url + "/v1", "api_key": "sk-up"}]}
                 for w, (_, url) in ups.items()
             ]
-            gw = start_gateway(config, Path(tmp), 1, gateway_cpus)
-            try:
+            with running_gateway(config, Path(tmp), 1, gateway_cpus) as gw:
                 key = make_tenant_key(gw.url)
                 runs = [("non-streamed", lengths[0], False), *(("stream", w, True) for w in lengths)]
                 for kind, words, stream in runs:
@@ -104,9 +102,6 @@ def main() -> None:
                     rows.append([kind, str(words + EXTRA_CHUNKS) if stream else "-",
                                  f"{len(run.results) / run.seconds:,.0f}", f"{per:.3f}", f"{cpu / run.seconds:.0%}",
                                  f"errors {errors}"])
-            finally:
-                report_if_exited(gw)
-                stop(gw.proc)
         finally:
             for proc, _ in ups.values():
                 stop(proc)

@@ -41,7 +41,21 @@ class QueuePolicy(Protocol):
     def __iter__(self) -> Iterator[Sequence]: ...
 
 
-class FCFSQueue:
+class _FixedOrder:
+    """The hooks of a policy whose order is fixed when a sequence arrives (FCFS, priority)."""
+
+    def charge(self, seq: Sequence, num_tokens: int) -> None:
+        """Service is not tracked: the order depends on arrival (and priority) alone."""
+
+    def slot_victim(self, head: Sequence, running: list[Sequence], max_num_seqs: int) -> Sequence | None:
+        """A full batch is never broken into for a waiting sequence."""
+        return None
+
+    def first_token_lane(self, running: list[Sequence]) -> str | None:
+        return None
+
+
+class FCFSQueue(_FixedOrder):
     """First come, first served; preempt the newest arrival."""
 
     def __init__(self) -> None:
@@ -65,16 +79,6 @@ class FCFSQueue:
     def pick_victim(self, running: list[Sequence]) -> Sequence:
         return max(running, key=lambda s: (s.arrival_time, s.seq_id))
 
-    def charge(self, seq: Sequence, num_tokens: int) -> None:
-        """Service is not tracked: the order depends on arrival alone."""
-
-    def slot_victim(self, head: Sequence, running: list[Sequence], max_num_seqs: int) -> Sequence | None:
-        """A full batch is never broken into for a waiting sequence."""
-        return None
-
-    def first_token_lane(self, running: list[Sequence]) -> str | None:
-        return None
-
     def __len__(self) -> int:
         return len(self._q)
 
@@ -82,7 +86,7 @@ class FCFSQueue:
         return iter(self._q)
 
 
-class PriorityQueue:
+class PriorityQueue(_FixedOrder):
     """Lower ``priority`` first, then arrival; preempt the lowest-priority newest."""
 
     def __init__(self) -> None:
@@ -114,15 +118,6 @@ class PriorityQueue:
 
     def pick_victim(self, running: list[Sequence]) -> Sequence:
         return max(running, key=self._key)
-
-    def charge(self, seq: Sequence, num_tokens: int) -> None:
-        """Service is not tracked: the order depends on priority and arrival alone."""
-
-    def slot_victim(self, head: Sequence, running: list[Sequence], max_num_seqs: int) -> Sequence | None:
-        return None
-
-    def first_token_lane(self, running: list[Sequence]) -> str | None:
-        return None
 
     def __len__(self) -> int:
         return len(self._seqs)

@@ -60,6 +60,16 @@ class Exchange:
         return json.loads(self.body or b"null")
 
 
+async def read_body(receive: Receive) -> bytes:
+    """An HTTP request's whole body, from however many ASGI messages it comes in."""
+    body = b""
+    while True:
+        message = await receive()
+        body += message.get("body", b"")
+        if not message.get("more_body"):
+            return body
+
+
 class EchoUpstream:
     """The ASGI app. Subclasses override :meth:`handle` to inject behaviour."""
 
@@ -68,18 +78,13 @@ class EchoUpstream:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
-            while (message := await receive())["type"] != "lifespan.shutdown":
+            while (await receive())["type"] != "lifespan.shutdown":
                 await send({"type": "lifespan.startup.complete"})
             await send({"type": "lifespan.shutdown.complete"})
             return
         if scope["type"] != "http":
             return
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
+        body = await read_body(receive)
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         await self.handle(Exchange(scope["method"], scope["path"], headers, body, receive, send))
 

@@ -8,7 +8,6 @@ stream, or cancelling a non-streamed call, aborts the engine requests, which fre
 
 from __future__ import annotations
 
-import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -38,7 +37,6 @@ from backends.openai_wire import (
     FinishReason,
     TextCompletion,
     ToolCallDelta,
-    Usage,
 )
 from engine import AsyncEngine, InvalidRequest, MetricsSnapshot, PoolingParams
 from engine.block_manager import PrefixCacheSummary
@@ -150,13 +148,7 @@ class LocalEngineBackend:
     ) -> ChunkStream[ChatCompletionChunk]:
         run, plan, echo = self._start_chat(request, ctx)
         role = wire.answer_role(request)
-        cid, created = response_id("chatcmpl"), int(time.time())
-
-        def chunk(choices: list[ChatChunkChoice], usage: Usage | None = None) -> ChatCompletionChunk:
-            if usage is None and request.continuous_usage:  # vLLM's: the usage so far in every chunk
-                usage = usage_of(run.meter)
-            return ChatCompletionChunk(id=cid, model=request.model, choices=choices, created=created,
-                                       usage=usage if usage is not None else UNSET)
+        chunk = wire.chunk_maker(ChatCompletionChunk, request, response_id("chatcmpl"), run.meter, usage_of)
 
         async def gen() -> AsyncIterator[ChatCompletionChunk]:
             for i in range(run.n):

@@ -11,7 +11,6 @@ with ``max_tokens`` 0 or 1. vLLM's ``prompt_logprobs: k`` puts the same values, 
 
 from __future__ import annotations
 
-import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -23,7 +22,7 @@ from backends.local import wire
 from backends.local.run import EngineRun, LocalModel, collect, response_id, usage_of
 from backends.local.wire import TextOffsets
 from backends.logprobs_wire import PromptLogprobs
-from backends.openai_wire import CompletionChoice, CompletionLogprobs, CompletionRequest, TextCompletion, Usage
+from backends.openai_wire import CompletionChoice, CompletionLogprobs, CompletionRequest, TextCompletion
 from engine import RequestOutput
 
 
@@ -119,13 +118,7 @@ def complete_stream(
     backend: LocalModel, request: CompletionRequest, ctx: CallContext
 ) -> ChunkStream[TextCompletion]:
     c = _Completion(backend, request, ctx)
-    cid, created = response_id("cmpl"), int(time.time())
-
-    def chunk(choices: list[CompletionChoice], usage: Usage | None = None) -> TextCompletion:
-        if usage is None and request.continuous_usage:  # vLLM's: the usage so far in every chunk
-            usage = usage_of(c.run.meter)
-        return TextCompletion(id=cid, model=request.model, choices=choices, created=created,
-                              usage=usage if usage is not None else UNSET)
+    chunk = wire.chunk_maker(TextCompletion, request, response_id("cmpl"), c.run.meter, usage_of)
 
     async def gen() -> AsyncIterator[TextCompletion]:
         offsets: dict[int, TextOffsets] = {}  # text offsets of the tokens, per choice

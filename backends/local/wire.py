@@ -5,24 +5,29 @@ from __future__ import annotations
 import codecs
 import json
 import re
-from typing import Any
+import time
+from collections.abc import Callable
+from typing import Any, Protocol, TypeVar
 
 from msgspec import UNSET
 
-from backends.base import BadRequest
+from backends.base import BadRequest, Meter
 from backends.function_tools import function_call
 from backends.local.structured import output_constraint
 from backends.logprobs_wire import PromptLogprob, PromptLogprobs
 from backends.openai_wire import (
+    ChatCompletionChunk,
     ChatCompletionRequest,
     ChatMessage,
     ChoiceLogprobs,
     CompletionLogprobs,
     CompletionRequest,
     SamplingFields,
+    TextCompletion,
     TextPart,
     TokenLogprob,
     TopLogprob,
+    Usage,
     extra_params,
 )
 from engine import InvalidRequest, SamplingParams
@@ -32,6 +37,29 @@ from engine.structured_output import StructuredOutput
 
 def opt(value: Any, default: Any) -> Any:
     return default if value is None or value is UNSET else value
+
+
+StreamChunk = TypeVar("StreamChunk", ChatCompletionChunk, TextCompletion)
+StreamChunk_co = TypeVar("StreamChunk_co", ChatCompletionChunk, TextCompletion, covariant=True)
+
+
+class ChunkMaker(Protocol[StreamChunk_co]):
+    def __call__(self, choices: list[Any], usage: Usage | None = None) -> StreamChunk_co: ...
+
+
+def chunk_maker(kind: type[StreamChunk], request: ChatCompletionRequest | CompletionRequest, cid: str,
+                meter: Meter, usage_of: Callable[[Meter], Usage]) -> ChunkMaker[StreamChunk]:
+    """The chunks of one streamed answer: its id, model and creation time in each, and the usage
+    when given (the last chunk) or, where the client asked for vLLM's continuous usage, so far."""
+    created, continuous = int(time.time()), request.continuous_usage
+
+    def chunk(choices: list[Any], usage: Usage | None = None) -> StreamChunk:
+        if usage is None and continuous:
+            usage = usage_of(meter)
+        return kind(id=cid, model=request.model, choices=choices, created=created,
+                    usage=usage if usage is not None else UNSET)
+
+    return chunk
 
 
 # Accepted though the engine does nothing with them: they do not change the output.

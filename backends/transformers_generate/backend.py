@@ -12,7 +12,6 @@ work as on the engine's backend (``backends.local.structured`` / ``tools``), the
 from __future__ import annotations
 
 import asyncio
-import time
 import uuid
 from typing import Any
 
@@ -32,6 +31,7 @@ from backends.local.wire import (
     chat_echo,
     chat_messages,
     chat_prompt_options,
+    chunk_maker,
     limit_field,
 )
 from backends.openai_wire import (
@@ -103,23 +103,12 @@ class HFGenerateBackend:
         k = _chat_logprobs(request)
         role, echo = answer_role(request), chat_echo(request)
         run, plan = self._start_chat(request, k, ctx)
-        cid, created = _id("chatcmpl"), int(time.time())
+        chunk = chunk_maker(ChatCompletionChunk, request, _id("chatcmpl"), run.meter, _usage)
         pending = PendingLogprobs()
         buffered = [""] * run.job.num_rows  # a forced call: the text is held back until it is known to be a call
         held: list[list[Any]] = [[] for _ in range(run.job.num_rows)]  # the logprobs of text held back
         # auto: content as it is generated, held only from where a call may start (as the engine streams it)
         auto = [plan.streaming() for _ in range(run.job.num_rows)] if plan is not None and plan.mode == "auto" else []
-
-        def chunk(choices: list[ChatChunkChoice], usage: Usage | None = None) -> ChatCompletionChunk:
-            if usage is None and request.continuous_usage:  # vLLM's: the usage so far in every chunk
-                usage = _usage(run.meter)
-            return ChatCompletionChunk(
-                id=cid,
-                model=request.model,
-                choices=choices,
-                created=created,
-                usage=usage if usage is not None else UNSET,
-            )
 
         def on_event(ev: Event) -> list[ChatCompletionChunk]:
             lps = pending.add(ev)
@@ -181,21 +170,10 @@ class HFGenerateBackend:
         prompts = self._text_prompts(request)
         k = _opt_int(request.logprobs)
         run = self._start(request, prompts, request.output_limit(), k, ctx)
-        cid, created = _id("cmpl"), int(time.time())
+        chunk = chunk_maker(TextCompletion, request, _id("cmpl"), run.meter, _usage)
         pending = PendingLogprobs()
         echoes = self._echoes(request, prompts)
         offsets = [TextOffsets(self.logprobs, len(e), True) for e in echoes]  # text offsets, per choice
-
-        def chunk(choices: list[CompletionChoice], usage: Usage | None = None) -> TextCompletion:
-            if usage is None and request.continuous_usage:  # vLLM's: the usage so far in every chunk
-                usage = _usage(run.meter)
-            return TextCompletion(
-                id=cid,
-                model=request.model,
-                choices=choices,
-                created=created,
-                usage=usage if usage is not None else UNSET,
-            )
 
         def on_event(ev: Event) -> list[TextCompletion]:
             lps = pending.add(ev)

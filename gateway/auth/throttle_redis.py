@@ -16,6 +16,7 @@ import contextlib
 import logging
 import time
 
+from gateway.background import stop_task
 from gateway.quotas.redis_client import RedisError, RespClient
 
 log = logging.getLogger("switchyard.auth")
@@ -100,9 +101,7 @@ class RedisFailures:
 
     async def aclose(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await stop_task(self._task)
             self._task = None
 
     def blocks_nobody(self) -> bool:

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from litestar import Controller, Request, Response, post
+from litestar import Controller, Request, Response
 from litestar.openapi.datastructures import ResponseSpec
 
 from backends.openai_wire import ChatCompletion, ChatCompletionRequest
-from gateway.body import WireBody
 from gateway.calls import describe_chat
 from gateway.controllers.auth import authenticate_request, pipeline_of, principal_of
-from gateway.controllers.docs import error_responses
+from gateway.controllers.docs import api_post
 
 
 class ChatController(Controller):
@@ -19,19 +18,14 @@ class ChatController(Controller):
     tags = ["OpenAI"]
     before_request = authenticate_request  # type: ignore[assignment]  # a function attribute reads as a method
 
-    @post(
+    @api_post(
         ["/v1/chat/completions", "/chat/completions"],  # also without /v1, as vLLM serves it
-        status_code=200,
-        dto=WireBody[ChatCompletionRequest],
-        return_dto=None,
+        ChatCompletionRequest,
         summary="Create a chat completion",
         description="OpenAI-compatible. With `stream: true` the answer is a `text/event-stream` of "
         "`chat.completion.chunk` objects, ending with `data: [DONE]`.",
-        responses={
-            200: ResponseSpec(ChatCompletion, description="The completion (or an SSE stream of chunks)",
-                              generate_examples=False),
-            **error_responses(),
-        },
+        answer=ResponseSpec(ChatCompletion, description="The completion (or an SSE stream of chunks)",
+                            generate_examples=False),
     )
     async def create(self, request: Request[Any, Any, Any], data: ChatCompletionRequest) -> Response[Any]:
         return await create_chat(request, data)

@@ -1,10 +1,14 @@
-"""OpenAPI response documentation shared by the OpenAI-compatible routes."""
+"""OpenAPI response documentation shared by the OpenAI-compatible routes, and the ``@post`` they share."""
 
 from __future__ import annotations
 
+from typing import Any
+
+from litestar import post
 from litestar.openapi.datastructures import ResponseSpec
 
 from backends.openai_wire import ErrorBody
+from gateway.body import WireBody
 
 _ERRORS = {
     400: "Invalid request: malformed JSON, wrong types or out-of-range values (``param`` names the field)",
@@ -23,3 +27,12 @@ _ERRORS = {
 def error_responses(*statuses: int) -> dict[int, ResponseSpec]:
     chosen = statuses or tuple(_ERRORS)
     return {s: ResponseSpec(ErrorBody, description=_ERRORS[s], generate_examples=False) for s in chosen}
+
+
+def api_post(path: str | list[str], body: type[Any], *, summary: str, description: str,
+             answer: ResponseSpec) -> post:
+    """A ``POST`` route of the model API: ``body`` decoded by ``WireBody`` (so the gateway words every
+    400), the handler's answer sent without a return DTO, documented as ``answer`` and every error shape."""
+    dto = WireBody[body]  # type: ignore[valid-type]  # the body type is a value here, as it is to Litestar
+    return post(path, status_code=200, dto=dto, return_dto=None, summary=summary,
+                description=description, responses={200: answer, **error_responses()})

@@ -5,18 +5,17 @@ from __future__ import annotations
 from collections.abc import Awaitable
 from typing import Any
 
-from litestar import Controller, Request, Response, post
+from litestar import Controller, Request, Response
 from litestar.openapi.datastructures import ResponseSpec
 
 from backends.base import Backend, ChunkStream, Completed
 from backends.call import CallContext
 from backends.embeddings_wire import EmbeddingList, EmbeddingRequest
 from backends.estimate import bound_embedding_input, estimate_embedding_input
-from gateway.body import WireBody
 from gateway.calls import CallDescription
 from gateway.contracts import Principal
 from gateway.controllers.auth import authenticate_request, pipeline_of, principal_of
-from gateway.controllers.docs import error_responses
+from gateway.controllers.docs import api_post
 from gateway.errors import ApiError
 
 
@@ -45,16 +44,13 @@ class EmbeddingsController(Controller):
     tags = ["OpenAI"]
     before_request = authenticate_request  # type: ignore[assignment]  # a function attribute reads as a method
 
-    @post(
+    @api_post(
         "/",
-        status_code=200,
-        dto=WireBody[EmbeddingRequest],
-        return_dto=None,
+        EmbeddingRequest,
         summary="Create embeddings",
         description="OpenAI-compatible: `input` is a string, a list of strings, token ids or lists of token ids; "
         "`encoding_format` `float` (default) or `base64`.",
-        responses={200: ResponseSpec(EmbeddingList, description="The embeddings", generate_examples=False),
-                   **error_responses()},
+        answer=ResponseSpec(EmbeddingList, description="The embeddings", generate_examples=False),
     )
     async def create(self, request: Request[Any, Any, Any], data: EmbeddingRequest) -> Response[Any]:
         return await pipeline_of(request).serve(describe_embeddings(principal_of(request), data))

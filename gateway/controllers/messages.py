@@ -8,18 +8,17 @@ import dataclasses
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-from litestar import Controller, Request, Response, post
+from litestar import Controller, Request, Response
 from litestar.openapi.datastructures import ResponseSpec
 
 from backends.base import Backend, BackendError, BadRequest, ChunkStream, Completed, TokenCounting, Tokenizing
 from backends.call import CallContext
 from backends.estimate import estimate_chat_prompt
 from backends.openai_wire import ChatCompletionRequest, extra_params
-from gateway.body import WireBody
 from gateway.calls import CallDescription, describe_chat
 from gateway.contracts import Principal
 from gateway.controllers.auth import authenticate_request, pipeline_of, principal_of
-from gateway.controllers.docs import error_responses
+from gateway.controllers.docs import api_post
 from gateway.dialects.anthropic import ANTHROPIC, error_handlers
 from gateway.dialects.anthropic_request import (
     CountTokensRequest,
@@ -87,19 +86,16 @@ class MessagesController(Controller):
     before_request = authenticate_request  # type: ignore[assignment]  # a function attribute reads as a method
     exception_handlers = error_handlers()
 
-    @post(
+    @api_post(
         "/",
-        status_code=200,
-        dto=WireBody[MessagesRequest],
-        return_dto=None,
+        MessagesRequest,
         summary="Create a message (Anthropic Messages API)",
         description="For clients that speak Anthropic's API (`x-api-key` or bearer auth). Served by any "
         "provider behind the model: an Anthropic deployment gets the request as sent (with the client's "
         "`anthropic-version` and `anthropic-beta` headers), any other its translation. Betas, server tools "
         "and Files API `file_id`s go only to a deployment that lists them (`anthropic_betas`, "
         "`server_tools`); else a 400 names them. With `stream: true` the answer is Anthropic's event stream.",
-        responses={200: ResponseSpec(None, description="An Anthropic `message` object (or its event stream)"),
-                   **error_responses()},
+        answer=ResponseSpec(None, description="An Anthropic `message` object (or its event stream)"),
     )
     async def create(self, request: Request[Any, Any, Any], data: MessagesRequest) -> Response[Any]:
         principal, pipeline = principal_of(request), pipeline_of(request)
@@ -107,15 +103,13 @@ class MessagesController(Controller):
         call = describe_messages(principal, data, group, request_headers(request.scope))
         return await pipeline.serve(call)
 
-    @post(
+    @api_post(
         "/count_tokens",
-        status_code=200,
-        dto=WireBody[CountTokensRequest],
-        return_dto=None,
+        CountTokensRequest,
         summary="Count a conversation's input tokens (Anthropic Messages API)",
         description="Exact for models the built-in engine serves (their chat template) and for Anthropic "
         "deployments (the body as sent, counted upstream); an estimate otherwise. Not metered.",
-        responses={200: ResponseSpec(None, description='`{"input_tokens": n}`'), **error_responses()},
+        answer=ResponseSpec(None, description='`{"input_tokens": n}`'),
     )
     async def count_tokens(self, request: Request[Any, Any, Any], data: CountTokensRequest,
                            pipeline: Pipeline) -> dict[str, int]:

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Annotated, Any, Literal
 
 import msgspec
-from litestar import Controller, Request, Response, delete, get, post
+from litestar import Controller, Request, Response, delete, get
 from litestar.openapi.datastructures import ResponseSpec
 from litestar.params import Parameter
 from litestar.response import Stream
@@ -17,11 +17,10 @@ from litestar.response import Stream
 from backends.base import Backend, BadRequest, ChunkStream, Completed, ServesResponses
 from backends.call import CallContext
 from backends.estimate import BOUND_PER_CONVERSATION, bound_text, estimate_text
-from gateway.body import WireBody
 from gateway.calls import CallDescription, describe_chat
 from gateway.contracts import Principal
 from gateway.controllers.auth import authenticate_request, pipeline_of, principal_of
-from gateway.controllers.docs import error_responses
+from gateway.controllers.docs import api_post, error_responses
 from gateway.dialects import Dialect
 from gateway.dialects.responses import TRANSLATED_REASONING, responses_dialect
 from gateway.dialects.responses_request import (
@@ -118,18 +117,15 @@ class ResponsesController(Controller):
     tags = ["OpenAI"]
     before_request = authenticate_request  # type: ignore[assignment]  # a function attribute reads as a method
 
-    @post(
+    @api_post(
         "/",
-        status_code=200,
-        dto=WireBody[ResponsesRequest],
-        return_dto=None,
+        ResponsesRequest,
         summary="Create a model response (OpenAI Responses API)",
         description="Passed through to a deployment that serves the Responses API (`responses_api: true`), "
         "translated via chat completions for any other. With `stream: true` the answer is the Responses event "
         "stream. Answers are stored per tenant unless `store` is false, and `previous_response_id` continues a "
         "stored conversation.",
-        responses={200: ResponseSpec(None, description="A `response` object (or its event stream)"),
-                   **error_responses()},
+        answer=ResponseSpec(None, description="A `response` object (or its event stream)"),
     )
     async def create(self, request: Request[Any, Any, Any], data: ResponsesRequest,
                      services: Services) -> Response[Any]:

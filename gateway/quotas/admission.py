@@ -17,7 +17,6 @@ credit for the second lasts (``credit.py``), and through the store otherwise.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import math
 import time
@@ -25,6 +24,7 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any, Literal
 
+from gateway.background import stop_task
 from gateway.contracts import Principal, QuotaExceeded, QuotaUnavailable, Ticket, completed
 from gateway.ids import random_id
 from gateway.quotas.credit import CreditKeeper, LocalLease
@@ -90,9 +90,7 @@ class QuotaAdmission:
         if self.credit is not None:
             await self.credit.aclose()
         if self._heartbeat is not None:
-            self._heartbeat.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._heartbeat
+            await stop_task(self._heartbeat)
             self._heartbeat = self._done = None
 
     async def _beat(self) -> None:

@@ -23,13 +23,13 @@ credit until the second ends and its slots until their lease runs out, as it hol
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from gateway.background import stop_task
 from gateway.contracts import Principal, QuotaState, Ticket
 from gateway.ids import random_id
 from gateway.quotas.limits import Scope, period_id
@@ -195,9 +195,7 @@ class CreditKeeper:
     async def aclose(self) -> None:
         """Stop granting; hand back every credit, correction and free slot, and wait for Redis."""
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await stop_task(self._task)
             self._task = None
         if self._granting:
             await asyncio.wait(list(self._granting), timeout=GIVE_BACK_WAIT_SECONDS)

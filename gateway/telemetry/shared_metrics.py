@@ -35,6 +35,8 @@ from pathlib import Path
 
 import msgspec
 
+from gateway.background import stop_task
+
 METRICS_DIR_ENV = "SWITCHYARD_METRICS_DIR"  # set by the supervisor of several workers
 PUBLISH_SECONDS = 1.0
 SUFFIX = ".msgpack"
@@ -190,9 +192,7 @@ class SharedMetrics:
         """Stop publishing periodically and publish the last figures (after the worker's last request)."""
         if self._task is None:  # the worker never finished start-up: it counted nothing
             return
-        self._task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._task
+        await stop_task(self._task)
         with contextlib.suppress(OSError):
             self.publish()
 

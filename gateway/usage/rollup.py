@@ -100,21 +100,20 @@ async def apply(conn: AsyncConnection, rows: Sequence[Mapping[str, Any]]) -> Non
             for k, v in sorted(hourly.items())  # a fixed order: concurrent writers lock rows alike
         ])  # fmt: skip
     if latency:
-        ins = sqlite.insert(LatencyHourly)
-        stmt = ins.on_conflict_do_update(
-            index_elements=["tenant_id", "model", "hour", "kind", "bucket"],
-            set_={"count": LatencyHourly.count + ins.excluded.count},
-        )
-        await conn.execute(stmt, [
-            {"tenant_id": k[0], "model": k[1], "hour": k[2], "kind": k[3], "bucket": k[4], "count": n}
-            for k, n in sorted(latency.items())
-        ])  # fmt: skip
-        ins = sqlite.insert(LatencyDaily)
-        stmt = ins.on_conflict_do_update(
-            index_elements=["tenant_id", "day", "model", "kind", "bucket"],
-            set_={"count": LatencyDaily.count + ins.excluded.count},
-        )
-        await conn.execute(stmt, [
-            {"tenant_id": k[0], "model": k[1], "day": k[2], "kind": k[3], "bucket": k[4], "count": n}
-            for k, n in sorted(daily(latency).items())
-        ])  # fmt: skip
+        await _add_latency(conn, LatencyHourly, "hour", latency)
+        await _add_latency(conn, LatencyDaily, "day", daily(latency))
+
+
+async def _add_latency(conn: AsyncConnection, table: type[LatencyHourly] | type[LatencyDaily], period: str,
+                       counts: Mapping[LatencyKey, int]) -> None:
+    """Add bucket counts to a latency table (SQLite), the key's time in its ``period`` column; the
+    conflict target is the table's primary key."""
+    ins = sqlite.insert(table)
+    stmt = ins.on_conflict_do_update(
+        index_elements=[c.name for c in table.__table__.primary_key],
+        set_={"count": table.count + ins.excluded.count},
+    )
+    await conn.execute(stmt, [
+        {"tenant_id": k[0], "model": k[1], period: k[2], "kind": k[3], "bucket": k[4], "count": n}
+        for k, n in sorted(counts.items())
+    ])  # fmt: skip

@@ -11,15 +11,11 @@ import httpx
 import openai
 import pytest
 
-from backends.factory import build_backend
-from gateway.app import create_app
-from gateway.contracts import Principal
-from gateway.routing.router import Router
-from gateway.services import Services
 from gateway.settings import parse_settings
 from tests.conftest import ADMIN_KEY
-from tests.support.doubles import RecordingSink, ScriptedAdmission, StaticKeys
+from tests.support.doubles import RecordingSink
 from tests.support.fake_anthropic import FakeAnthropic
+from tests.support.scripted_gateway import scripted_gateway
 from tests.support.servers import ServerThread
 
 
@@ -52,11 +48,7 @@ def admin_gateway(models: list[dict[str, Any]], prices: dict[str, Any] | None = 
                   usage: RecordingSink | None = None) -> Iterator[ServerThread]:
     """A gateway on loopback serving ``models`` (config entries, and ``prices``) to the admin key, with
     scripted admission and usage recorded in memory (in ``usage`` when given)."""
-    settings = parse_settings({"models": models, "prices": prices or {}}, env={})
-    services = Services(authenticator=StaticKeys({ADMIN_KEY: Principal("admin", None, is_admin=True)}),
-                        admission=ScriptedAdmission(), usage=usage if usage is not None else RecordingSink(),
-                        router=Router.from_settings(settings, build_backend))
-    with ServerThread(create_app(settings, services)) as server:
+    with scripted_gateway(parse_settings({"models": models, "prices": prices or {}}, env={}), usage=usage) as server:
         yield server
 
 

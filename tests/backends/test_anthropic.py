@@ -11,16 +11,12 @@ import openai
 import pytest
 
 from backends.anthropic_wire import to_messages_request
-from backends.factory import build_backend
 from backends.openai_wire import ChatCompletionRequest
-from gateway.app import create_app
-from gateway.contracts import Principal
-from gateway.routing.router import Router
-from gateway.services import Services
 from gateway.settings import parse_settings
 from tests.conftest import ADMIN_KEY
-from tests.support.doubles import RecordingSink, ScriptedAdmission, StaticKeys
+from tests.support.doubles import RecordingSink
 from tests.support.fake_anthropic import FakeAnthropic
+from tests.support.scripted_gateway import scripted_gateway
 from tests.support.servers import ServerThread
 
 TOOLS = [{"type": "function", "function": {"name": "search", "description": "find things",
@@ -33,13 +29,7 @@ def gateway(anthropic_upstream: FakeAnthropic) -> Iterator[tuple[ServerThread, R
         "provider": "anthropic", "model": "claude-test", "api_base": anthropic_upstream.url, "api_key": "sk-ant"}]}]},
         env={})
     usage = RecordingSink()
-    services = Services(
-        authenticator=StaticKeys({ADMIN_KEY: Principal("admin", None, is_admin=True)}),
-        admission=ScriptedAdmission(),
-        usage=usage,
-        router=Router.from_settings(settings, build_backend),
-    )
-    with ServerThread(create_app(settings, services)) as server:
+    with scripted_gateway(settings, usage=usage) as server:
         yield server, usage
 
 

@@ -14,11 +14,10 @@ import pytest
 
 from backends.anthropic_wire import to_messages_request
 from backends.base import BadRequest
-from backends.dev.echo_server import Exchange, send_json
 from backends.openai_wire import ChatCompletionRequest
 from tests.backends.conftest import admin_gateway
 from tests.conftest import ADMIN_KEY
-from tests.support.fake_anthropic import FakeAnthropic, send_events
+from tests.support.fake_anthropic import ScriptedAnthropic
 
 IMAGE = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
 TOOLS = [{"type": "function", "function": {"name": "search", "parameters": {"type": "object"}}}]
@@ -27,25 +26,6 @@ TOOLS = [{"type": "function", "function": {"name": "search", "parameters": {"typ
 def body_of(**fields: Any) -> dict[str, Any]:
     request = msgspec.convert({"model": "claude"} | fields, ChatCompletionRequest)
     return to_messages_request(request, "claude-test", stream=False)
-
-
-class ScriptedAnthropic(FakeAnthropic):
-    """Answers the next request with ``script``: a list of stream events, or (status, body)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.script: Any = None
-
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if self.script is None or scope["type"] != "http":
-            return await super().__call__(scope, receive, send)
-        script, self.script = self.script, None
-        while (await receive()).get("more_body"):
-            pass
-        ex = Exchange(scope["method"], scope["path"], {}, b"", receive, send)
-        if isinstance(script, list):
-            return await send_events(ex, script)
-        await send_json(ex, *script)
 
 
 @pytest.fixture(scope="module")

@@ -10,36 +10,16 @@ from typing import Any
 import openai
 import pytest
 
-from backends.dev.echo_server import Exchange, send_json
 from backends.estimate import estimate_text
 from gateway.contracts import UsageRecord
 from tests.backends.conftest import admin_gateway
 from tests.conftest import ADMIN_KEY
 from tests.support.doubles import RecordingSink
-from tests.support.fake_anthropic import FakeAnthropic, send_events
+from tests.support.fake_anthropic import ScriptedAnthropic
 
 PROMPT = "count every word of this prompt"
 THINKING = "first weigh each of the options with care, then pick the cheapest of them all " * 4
 ARGUMENTS = '{"city": "Paris", "days": 7, "units": "metric", "detail": "hourly forecast with wind"}'
-
-
-class ScriptedAnthropic(FakeAnthropic):
-    """Answers the next request with ``script``: a list of stream events, or a whole message."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.script: Any = None
-
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if self.script is None or scope["type"] != "http":
-            return await super().__call__(scope, receive, send)
-        script, self.script = self.script, None
-        while (await receive()).get("more_body"):
-            pass
-        ex = Exchange(scope["method"], scope["path"], {}, b"", receive, send)
-        if isinstance(script, list):
-            return await send_events(ex, script)
-        await send_json(ex, 200, script)
 
 
 @pytest.fixture(scope="module")
@@ -128,9 +108,9 @@ def test_a_whole_answer_without_usage_is_estimated_not_zero(
     before = len(usage.records)
     content = [{"type": "thinking", "thinking": THINKING, "signature": "s"},
                {"type": "tool_use", "id": "toolu_1", "name": "weather", "input": {"city": "Paris"}}]
-    scripted.script = {"id": "msg_1", "type": "message", "role": "assistant", "model": "claude-test",
-                       "content": content, "stop_reason": "tool_use", "stop_sequence": None} \
-        | ({"usage": reported} if reported is not None else {})
+    scripted.script = (200, {"id": "msg_1", "type": "message", "role": "assistant", "model": "claude-test",
+                             "content": content, "stop_reason": "tool_use", "stop_sequence": None}
+                       | ({"usage": reported} if reported is not None else {}))
     answer = client.chat.completions.create(model="claude", messages=[{"role": "user", "content": PROMPT}])
     record = _record(usage, before)
     assert not record.exact and record.completion_tokens >= estimate_text(THINKING)

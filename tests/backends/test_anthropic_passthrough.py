@@ -15,18 +15,14 @@ import openai
 import pytest
 
 from backends.dev.echo_server import Exchange
-from backends.factory import build_backend
 from gateway import streaming
-from gateway.app import create_app
-from gateway.contracts import Principal
-from gateway.routing.router import Router
-from gateway.services import Services
 from gateway.settings import parse_settings
 from tests.backends.conftest import sse_events
 from tests.conftest import ADMIN_KEY
-from tests.support.doubles import CutAfter, RecordingSink, ScriptedAdmission, StaticKeys
+from tests.support.doubles import CutAfter, RecordingSink
 from tests.support.fake_anthropic import FakeAnthropic, _text, send_events
 from tests.support.fake_upstream import FakeUpstream
+from tests.support.scripted_gateway import scripted_gateway
 from tests.support.servers import ServerThread
 
 PARTIAL: list[tuple[str, dict[str, Any]]] = [
@@ -90,10 +86,7 @@ def gateway(anthropic_upstream: CuttingAnthropic,
                                                            "api_base": fake_upstream_server.url}]},
     ]}, env={})
     usage = RecordingSink()
-    services = Services(authenticator=StaticKeys({ADMIN_KEY: Principal("admin", None, is_admin=True)}),
-                        admission=ScriptedAdmission(), usage=usage,
-                        router=Router.from_settings(settings, build_backend))
-    with ServerThread(create_app(settings, services)) as server:
+    with scripted_gateway(settings, usage=usage) as server:
         yield server, usage
 
 

@@ -10,16 +10,10 @@ from typing import Any
 import openai
 import pytest
 
-from backends.factory import build_backend
-from gateway.app import create_app
-from gateway.contracts import Principal
-from gateway.routing.router import Router
-from gateway.services import Services
 from gateway.settings import parse_settings
 from tests.conftest import ADMIN_KEY
-from tests.support.doubles import RecordingSink, ScriptedAdmission, StaticKeys
 from tests.support.fake_anthropic import FakeAnthropic
-from tests.support.servers import ServerThread
+from tests.support.scripted_gateway import scripted_gateway
 
 HELLO = [{"role": "user", "content": "hello"}]
 TOOLS = [{"type": "function", "function": {"name": "search", "parameters": {"type": "object", "properties": {}}}}]
@@ -40,10 +34,7 @@ def client(upstream: FakeAnthropic) -> Iterator[openai.OpenAI]:
         {"name": "lenient", "max_retries": 0,
          "deployments": [deployment | {"drop_params": ["seed", "response_format"]}]},
     ]}, env={})
-    services = Services(authenticator=StaticKeys({ADMIN_KEY: Principal("admin", None, is_admin=True)}),
-                        admission=ScriptedAdmission(), usage=RecordingSink(),
-                        router=Router.from_settings(settings, build_backend))
-    with ServerThread(create_app(settings, services)) as server:
+    with scripted_gateway(settings) as server:
         yield openai.OpenAI(base_url=server.url + "/v1", api_key=ADMIN_KEY, max_retries=0)
 
 

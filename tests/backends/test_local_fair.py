@@ -16,11 +16,8 @@ from backends.local import LocalEngineBackend
 from backends.local.options import engine_config
 from engine.tiny_model import build_tiny_model
 from gateway.contracts import Principal
-from gateway.routing.router import Router
-from gateway.services import Services
 from gateway.settings import ConfigError, DeploymentConfig, parse_settings
-from tests.support.doubles import RecordingSink, ScriptedAdmission, StaticKeys
-from tests.support.servers import ServerThread
+from tests.support.scripted_gateway import scripted_gateway
 
 KEYS = {
     "sk-light": Principal(key_id="k1", tenant_id="light", tenant_weight=1.0),
@@ -31,8 +28,6 @@ KEYS = {
 
 @pytest.fixture(scope="module")
 def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, LocalEngineBackend]]:
-    from gateway.app import create_app
-
     folder = build_tiny_model(tmp_path_factory.mktemp("fair") / "tiny", seed=3, max_position_embeddings=512)
     deployment = {"provider": "local", "model": str(folder),
                   "options": {"num_kv_blocks": 64, "block_size": 16, "scheduling": "fair", "max_num_seqs": 2}}
@@ -44,9 +39,7 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Loc
         built.append(build_backend(cfg))
         return built[-1]
 
-    services = Services(authenticator=StaticKeys(KEYS), admission=ScriptedAdmission(), usage=RecordingSink(),
-                        router=Router.from_settings(settings, factory))
-    with ServerThread(create_app(settings, services)) as server:
+    with scripted_gateway(settings, KEYS, build=factory) as server:
         yield server.url, built[0]
 
 

@@ -15,16 +15,11 @@ import httpx
 import openai
 import pytest
 
-from backends.factory import build_backend
 from engine.tiny_model import build_tiny_model
-from gateway.app import create_app
 from gateway.contracts import Principal
-from gateway.routing.router import Router
-from gateway.services import Services
 from gateway.settings import parse_settings
-from tests.support.doubles import RecordingSink, ScriptedAdmission, StaticKeys
 from tests.support.engine_nodes import EngineNode
-from tests.support.servers import ServerThread
+from tests.support.scripted_gateway import scripted_gateway
 
 KEY2 = "sk-test-nodes-tenant-2"
 KEY = "sk-nodes-test"
@@ -60,11 +55,8 @@ def gateway(nodes: list[EngineNode]) -> Iterator[str]:
                     "api_key": NODE_KEY, "options": {"forward_tenant": True}} for n in nodes]
     settings = parse_settings({"models": [{"name": "tiny", "strategy": "cache_aware", "deployments": deployments}]},
                               env={})
-    services = Services(authenticator=StaticKeys({KEY: Principal(key_id="k", tenant_id="t"),
-                                                  KEY2: Principal(key_id="k2", tenant_id="t2", tenant_weight=2.0)}),
-                        admission=ScriptedAdmission(), usage=RecordingSink(),
-                        router=Router.from_settings(settings, build_backend))
-    with ServerThread(create_app(settings, services)) as server:
+    keys = {KEY: Principal(key_id="k", tenant_id="t"), KEY2: Principal(key_id="k2", tenant_id="t2", tenant_weight=2.0)}
+    with scripted_gateway(settings, keys) as server:
         yield server.url
 
 

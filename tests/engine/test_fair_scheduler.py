@@ -18,8 +18,9 @@ import pytest
 from engine.block_manager import BlockManager
 from engine.fair_queue import FairQueue
 from engine.sampling_params import SamplingParams
-from engine.scheduler import FCFSQueue, QueuePolicy, Scheduler, SchedulerOutput
-from engine.sequence import FinishReason, Sequence
+from engine.scheduler import FCFSQueue, QueuePolicy, Scheduler
+from engine.sequence import Sequence
+from tests.engine.test_scheduler import fake_step as tick  # one step of the stand-in model
 
 BS = 4
 
@@ -36,17 +37,6 @@ def add(s: Scheduler, rid: str, tenant: str, prompt_len: int, max_tokens: int, t
     seq.tenant, seq.weight = tenant, weight
     s.add(seq)
     return seq
-
-
-def tick(s: Scheduler) -> SchedulerOutput:
-    out = s.schedule()
-    sampling = [item.seq for item in out.scheduled if item.samples]
-    s.update_after_step(out)
-    for seq in sampling:
-        seq.append_token(7)
-        if seq.num_output_tokens >= (seq.params.max_tokens or 0):
-            s.finish(seq, FinishReason.LENGTH)
-    return out
 
 
 def flood(policy: QueuePolicy, max_seqs: int = 8, budget: int = 64) -> tuple[dict[str, int], int]:

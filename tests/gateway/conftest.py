@@ -9,14 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from backends.factory import build_backend
 from gateway.contracts import Principal
-from gateway.routing.router import Router
-from gateway.services import Services
 from tests.conftest import ADMIN_KEY, gateway_settings
 from tests.gateway.tenancy_fixtures import drop_pg_database, new_pg_database
-from tests.support.doubles import RecordingSink, ScriptedAdmission, StaticKeys
+from tests.support.doubles import RecordingSink, ScriptedAdmission
 from tests.support.fake_upstream import FakeUpstream
+from tests.support.scripted_gateway import scripted_gateway
 from tests.support.servers import ServerThread
 
 ROUTES = ["direct", "litestar"]  # how a request to the busiest routes can be served
@@ -73,19 +71,15 @@ def _settings(upstream_url: str):
 
 @pytest.fixture(scope="module")
 def gateway_env(fake_upstream_server: FakeUpstream) -> Iterator[GatewayEnv]:
-    from gateway.app import create_app
-
     settings = _settings(fake_upstream_server.url)
     admission = ScriptedAdmission(throttled={"throttled": 7.0})
     usage = RecordingSink()
-    keys = StaticKeys({
+    keys = {
         ADMIN_KEY: Principal(key_id="admin", tenant_id=None, is_admin=True),
         LIMITED_KEY: Principal(key_id="limited", tenant_id="t1", allowed_models=frozenset({"other"})),
         THROTTLED_KEY: Principal(key_id="throttled", tenant_id="t1"),
-    })
-    services = Services(authenticator=keys, admission=admission, usage=usage,
-                        router=Router.from_settings(settings, build_backend))
-    with ServerThread(create_app(settings, services)) as server:
+    }
+    with scripted_gateway(settings, keys, admission=admission, usage=usage) as server:
         yield GatewayEnv(server, admission, usage)
 
 

@@ -11,6 +11,7 @@ import asyncio
 import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -82,6 +83,16 @@ async def migrated_pg_url() -> AsyncIterator[str]:
     await asyncio.to_thread(migrate.upgrade, url)
     yield url
     await drop_pg_database(name)
+
+
+@pytest.fixture(scope="module")
+async def database(pg_url: str) -> AsyncIterator[Database]:
+    """This module's PostgreSQL database (``pg_url``), migrated to the head, for reading what gateway
+    processes wrote to it."""
+    await asyncio.to_thread(migrate.upgrade, pg_url)
+    db = Database.from_url(pg_url)
+    yield db
+    await db.dispose()
 
 
 @pytest.fixture(scope="module")
@@ -245,3 +256,16 @@ class GatewayProcess:
             lines = [line for line in self.log_path.read_text().splitlines() if "switchyard.access" not in line]
             raise AssertionError("the gateway did not exit within 30 s of SIGTERM; its log, less the access lines:\n"
                                  + "\n".join(lines)[-20000:]) from None
+
+
+@contextmanager
+def gateway_processes(config: dict[str, Any], workdir: Path, names: list[str]) -> Iterator[list[GatewayProcess]]:
+    """A ``GatewayProcess`` on ``config`` for each of ``names``, started in turn; all stopped afterwards."""
+    procs = [GatewayProcess(config, workdir, name) for name in names]
+    try:
+        for p in procs:
+            p.start()
+        yield procs
+    finally:
+        for p in procs:
+            p.stop()

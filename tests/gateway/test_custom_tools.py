@@ -18,21 +18,17 @@ import pytest
 from backends.anthropic_wire import to_messages_request
 from backends.base import BadRequest, Meter, UntranslatableAnswer
 from backends.estimate import bound_chat_prompt, generated_text
-from backends.factory import build_backend
 from backends.local import tools
 from backends.local.wire import chat_messages
 from backends.openai_wire import AssistantMessage, ChatCompletion, ChatCompletionChunk, ChatCompletionRequest
-from gateway.contracts import Principal
 from gateway.dialects.anthropic import MessagesEvents, message_body
 from gateway.dialects.responses import ResponsesEvents, response_object
-from gateway.routing.router import Router
-from gateway.services import Services
 from tests.conftest import ADMIN_KEY, gateway_settings
 from tests.gateway.conftest import ROUTES, GatewayEnv, served_by
-from tests.gateway.test_nested_transparency import RawRecorder
-from tests.support.doubles import RecordingSink, ScriptedAdmission, StaticKeys
+from tests.gateway.test_nested_transparency import RawRecorder, recorder, up  # noqa: F401
+from tests.support.doubles import RecordingSink, ScriptedAdmission
 from tests.support.fake_upstream import Fault
-from tests.support.servers import ServerThread
+from tests.support.scripted_gateway import scripted_gateway
 
 # Spellings a re-encoding would change (spaces, a \u escape, key order): they must arrive as these bytes.
 TOOLS = (
@@ -59,16 +55,7 @@ DELTAS = [{"index": 0, "id": "call_1", "type": "custom", "custom": {"name": "cod
 
 
 @pytest.fixture(scope="module")
-def recorder() -> Iterator[RawRecorder]:
-    upstream = RawRecorder().start()
-    yield upstream
-    upstream.stop()
-
-
-@pytest.fixture(scope="module")
 def custom_env(recorder: RawRecorder) -> Iterator[GatewayEnv]:
-    from gateway.app import create_app
-
     plain = {"max_retries": 0, "circuit": {"failures": 1_000_000}}
     settings = gateway_settings(recorder.url, models=[
         {"name": "echo", "deployments": [{"provider": "openai", "model": "upstream-echo", "api_base": recorder.url,
@@ -77,18 +64,8 @@ def custom_env(recorder: RawRecorder) -> Iterator[GatewayEnv]:
                                             "api_key": "sk-ant"}], **plain},
     ])
     admission, usage = ScriptedAdmission(), RecordingSink()
-    keys = StaticKeys({ADMIN_KEY: Principal(key_id="admin", tenant_id=None, is_admin=True)})
-    services = Services(authenticator=keys, admission=admission, usage=usage,
-                        router=Router.from_settings(settings, build_backend))
-    with ServerThread(create_app(settings, services)) as server:
+    with scripted_gateway(settings, admission=admission, usage=usage) as server:
         yield GatewayEnv(server, admission, usage)
-
-
-@pytest.fixture
-def up(recorder: RawRecorder) -> RawRecorder:
-    recorder.reset()
-    recorder.bodies.clear()
-    return recorder
 
 
 @pytest.fixture(params=ROUTES)

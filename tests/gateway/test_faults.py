@@ -20,15 +20,12 @@ import httpx
 import openai
 import pytest
 
-from backends.factory import build_backend
-from gateway.contracts import Principal
 from gateway.db import migrate
-from gateway.routing.router import Router
-from gateway.services import Services
 from tests.conftest import ADMIN_KEY, gateway_settings
-from tests.support.doubles import RecordingSink, ScriptedAdmission, StaticKeys
+from tests.support.doubles import RecordingSink
 from tests.support.fake_upstream import FakeUpstream, Fault
 from tests.support.redis_server import RedisProcess
+from tests.support.scripted_gateway import scripted_gateway
 from tests.support.servers import ServerThread
 
 CHAT = [{"role": "user", "content": "one two three"}]
@@ -192,8 +189,6 @@ def open_sockets() -> int:
 
 @pytest.fixture(scope="module")
 def leak_gateway(fake_upstream_server: FakeUpstream) -> Iterator[LeakCheckedGateway]:
-    from gateway.app import create_app
-
     reset = ResetServer()
     timeouts = {"connect": 2, "first_byte": 5, "total": 10}
     deployment = {"provider": "openai", "model": "upstream-echo", "api_base": fake_upstream_server.url,
@@ -208,10 +203,7 @@ def leak_gateway(fake_upstream_server: FakeUpstream) -> Iterator[LeakCheckedGate
                                                         "api_base": f"http://127.0.0.1:{reset.port}/v1"}], **plain},
     ])  # fmt: skip
     usage = RecordingSink()
-    keys = StaticKeys({ADMIN_KEY: Principal(key_id="admin", tenant_id=None, is_admin=True)})
-    services = Services(authenticator=keys, admission=ScriptedAdmission(), usage=usage,
-                        router=Router.from_settings(settings, build_backend))
-    with ServerThread(create_app(settings, services)) as server:
+    with scripted_gateway(settings, usage=usage) as server:
         yield LeakCheckedGateway(server, usage)
     reset.close()
 

@@ -13,13 +13,11 @@ import openai
 import pytest
 
 from backends.estimate import estimate_text
-from backends.factory import build_backend
 from gateway.contracts import Principal, UsageRecord
-from gateway.routing.router import Router
-from gateway.services import Services
 from tests.conftest import gateway_settings
-from tests.support.doubles import RecordingSink, ScriptedAdmission, StaticKeys
+from tests.support.doubles import RecordingSink, ScriptedAdmission
 from tests.support.fake_upstream import FakeUpstream, Fault
+from tests.support.scripted_gateway import scripted_gateway
 from tests.support.servers import ServerThread
 
 KEY = "sk-sy-metering"
@@ -45,8 +43,6 @@ class Env:
 
 @pytest.fixture(scope="module")
 def gateway(fake_upstream_server: FakeUpstream) -> Iterator[Env]:
-    from gateway.app import create_app
-
     url = fake_upstream_server.url
     deployment = {"provider": "openai", "model": "m", "api_base": url,
                   "timeouts": {"connect": 2, "first_byte": 5, "total": 10}}
@@ -58,9 +54,8 @@ def gateway(fake_upstream_server: FakeUpstream) -> Iterator[Env]:
          "max_retries": 0, "circuit": {"failures": 1_000_000}},
     ], prices={"echo": {"input_per_million": 1_000_000, "output_per_million": 2_000_000}})
     usage, admission = RecordingSink(), ScriptedAdmission()
-    services = Services(authenticator=StaticKeys({KEY: Principal(key_id="k", tenant_id="t")}), admission=admission,
-                        usage=usage, router=Router.from_settings(settings, build_backend))
-    with ServerThread(create_app(settings, services)) as server:
+    keys = {KEY: Principal(key_id="k", tenant_id="t")}
+    with scripted_gateway(settings, keys, admission=admission, usage=usage) as server:
         yield Env(server, usage, admission)
 
 

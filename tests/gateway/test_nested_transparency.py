@@ -18,17 +18,13 @@ import pytest
 from backends.anthropic_wire import to_messages_request
 from backends.base import BadRequest
 from backends.dev.echo_server import Exchange
-from backends.factory import build_backend
 from backends.local.wire import chat_messages
 from backends.openai_wire import ChatCompletionRequest
-from gateway.contracts import Principal
-from gateway.routing.router import Router
-from gateway.services import Services
 from tests.conftest import ADMIN_KEY, gateway_settings
 from tests.gateway.conftest import ROUTES, GatewayEnv, served_by
-from tests.support.doubles import RecordingSink, ScriptedAdmission, StaticKeys
+from tests.support.doubles import RecordingSink, ScriptedAdmission
 from tests.support.fake_upstream import FakeUpstream
-from tests.support.servers import ServerThread
+from tests.support.scripted_gateway import scripted_gateway
 
 # Nested fields the gateway does not model, in spellings a re-encoding would change (an exponent,
 # \u escapes, spaces, key order): they must arrive as these bytes.
@@ -75,8 +71,6 @@ def recorder() -> Iterator[RawRecorder]:
 
 @pytest.fixture(scope="module")
 def nested_env(recorder: RawRecorder) -> Iterator[GatewayEnv]:
-    from gateway.app import create_app
-
     deployment = {"provider": "openai", "model": "upstream-echo", "api_base": recorder.url, "api_key": "sk-up",
                   "timeouts": {"connect": 2, "first_byte": 5, "total": 10}}
     plain = {"max_retries": 0, "circuit": {"failures": 1_000_000}}
@@ -87,10 +81,7 @@ def nested_env(recorder: RawRecorder) -> Iterator[GatewayEnv]:
          **plain},
     ])
     admission, usage = ScriptedAdmission(), RecordingSink()
-    keys = StaticKeys({ADMIN_KEY: Principal(key_id="admin", tenant_id=None, is_admin=True)})
-    services = Services(authenticator=keys, admission=admission, usage=usage,
-                        router=Router.from_settings(settings, build_backend))
-    with ServerThread(create_app(settings, services)) as server:
+    with scripted_gateway(settings, admission=admission, usage=usage) as server:
         yield GatewayEnv(server, admission, usage)
 
 

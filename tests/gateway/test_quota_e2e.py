@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
 
@@ -18,10 +18,17 @@ from sqlalchemy import func, select
 
 from backends.estimate import bound_chat_prompt
 from backends.openai_wire import ChatCompletionRequest
-from gateway.db import Database, migrate
+from gateway.db import Database
 from gateway.db.models import UsageRow
 from tests.conftest import ADMIN_KEY
-from tests.gateway.tenancy_fixtures import REDIS_URL, GatewayProcess, pg_url, redis  # noqa: F401
+from tests.gateway.tenancy_fixtures import (  # noqa: F401
+    REDIS_URL,
+    GatewayProcess,
+    database,
+    gateway_processes,
+    pg_url,
+    redis,
+)
 from tests.support.fake_upstream import FakeUpstream
 
 CHAT = [{"role": "user", "content": "hello there general kenobi"}]
@@ -29,36 +36,25 @@ CHAT = [{"role": "user", "content": "hello there general kenobi"}]
 RESERVED = bound_chat_prompt(msgspec.convert({"model": "echo", "messages": CHAT}, ChatCompletionRequest)) + 20
 
 
-@pytest.fixture(scope="module")
-async def database(pg_url: str) -> AsyncIterator[Database]:
-    await asyncio.to_thread(migrate.upgrade, pg_url)
-    db = Database.from_url(pg_url)
-    yield db
-    await db.dispose()
+def shared_config(pg_url: str, upstream: FakeUpstream) -> dict[str, Any]:
+    """Gateways sharing this module's PostgreSQL and Redis, model ``echo`` priced, keys cached for 1 s."""
+    return {
+        "auth": {"admin_key": ADMIN_KEY, "key_cache_seconds": 1},
+        "database": {"url": pg_url},
+        "redis": {"url": REDIS_URL},
+        "models": [{"name": "echo", "deployments": [
+            {"provider": "openai", "model": "upstream-echo", "api_base": upstream.url, "api_key": "sk-up"}]}],
+        "prices": {"echo": {"input_per_million": 10.0, "output_per_million": 10.0}},
+    }  # fmt: skip
 
 
 @pytest.fixture(scope="module")
 def gateways(
     pg_url: str, database: Database, fake_upstream_server: FakeUpstream, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[list[GatewayProcess]]:
-    config: dict[str, Any] = {
-        "auth": {"admin_key": ADMIN_KEY, "key_cache_seconds": 1},
-        "database": {"url": pg_url},
-        "redis": {"url": REDIS_URL},
-        "models": [{"name": "echo", "deployments": [
-            {"provider": "openai", "model": "upstream-echo", "api_base": fake_upstream_server.url,
-             "api_key": "sk-up"}]}],
-        "prices": {"echo": {"input_per_million": 10.0, "output_per_million": 10.0}},
-    }  # fmt: skip
     workdir = tmp_path_factory.mktemp("gateways")
-    procs = [GatewayProcess(config, workdir, f"gw{i}") for i in range(2)]
-    try:
-        for p in procs:
-            p.start()
+    with gateway_processes(shared_config(pg_url, fake_upstream_server), workdir, ["gw0", "gw1"]) as procs:
         yield procs
-    finally:
-        for p in procs:
-            p.stop()
 
 
 def admin(gw: GatewayProcess) -> httpx.Client:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Iterator
-from typing import Any
 
 import httpx
 import openai
@@ -18,8 +17,7 @@ import pytest
 from redis.asyncio import Redis
 
 from gateway.db import Database
-from tests.conftest import ADMIN_KEY
-from tests.gateway.tenancy_fixtures import REDIS_URL, GatewayProcess, pg_url, redis  # noqa: F401
+from tests.gateway.tenancy_fixtures import GatewayProcess, gateway_processes, pg_url, redis  # noqa: F401
 from tests.gateway.test_quota_e2e import (  # noqa: F401
     KEY_IDS,
     admin,
@@ -27,6 +25,7 @@ from tests.gateway.test_quota_e2e import (  # noqa: F401
     database,
     hammer_past_credit,
     rows_by_status,
+    shared_config,
     tenant_key,
     wait_rows,
 )
@@ -38,24 +37,10 @@ REPLICAS = 3
 @pytest.fixture(scope="module")
 def replicas(pg_url: str, database: Database, fake_upstream_server: FakeUpstream,
              tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[GatewayProcess]]:
-    config: dict[str, Any] = {
-        "auth": {"admin_key": ADMIN_KEY, "key_cache_seconds": 1},
-        "database": {"url": pg_url},
-        "redis": {"url": REDIS_URL},
-        "models": [{"name": "echo", "deployments": [
-            {"provider": "openai", "model": "upstream-echo", "api_base": fake_upstream_server.url,
-             "api_key": "sk-up"}]}],
-        "prices": {"echo": {"input_per_million": 10.0, "output_per_million": 10.0}},
-    }  # fmt: skip
     workdir = tmp_path_factory.mktemp("replicas")
-    procs = [GatewayProcess(config, workdir, f"replica{i}") for i in range(REPLICAS)]
-    try:
-        for p in procs:
-            p.start()
+    names = [f"replica{i}" for i in range(REPLICAS)]
+    with gateway_processes(shared_config(pg_url, fake_upstream_server), workdir, names) as procs:
         yield procs
-    finally:
-        for p in procs:
-            p.stop()
 
 
 async def test_quota_exact_and_usage_complete_across_three_replicas(

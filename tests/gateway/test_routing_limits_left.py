@@ -18,16 +18,11 @@ import httpx
 import openai
 import pytest
 
-from backends.factory import build_backend
-from gateway.app import create_app
-from gateway.contracts import Principal
-from gateway.routing.router import Router
-from gateway.services import Services
 from gateway.settings import parse_settings
 from tests.conftest import ADMIN_KEY
-from tests.support.doubles import RecordingSink, ScriptedAdmission, StaticKeys
 from tests.support.fake_anthropic import FakeAnthropic
 from tests.support.fake_upstream import FakeUpstream
+from tests.support.scripted_gateway import scripted_gateway
 from tests.support.servers import ServerThread
 
 MESSAGES: Any = [{"role": "user", "content": "route me"}]
@@ -71,10 +66,7 @@ def gateway() -> Iterator[Env]:
           for kind in ("unary", "stream")),
     ]
     settings = parse_settings({"auth": {"admin_key": ADMIN_KEY}, "models": models}, env={})
-    services = Services(authenticator=StaticKeys({ADMIN_KEY: Principal(key_id="admin", tenant_id=None, is_admin=True)}),
-                        admission=ScriptedAdmission(), usage=RecordingSink(),
-                        router=Router.from_settings(settings, build_backend))
-    with ServerThread(create_app(settings, services)) as server:
+    with scripted_gateway(settings) as server:
         yield Env(server, a, b, claude)
     for upstream in (a, b, claude):
         upstream.stop()

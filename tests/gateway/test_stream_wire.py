@@ -19,17 +19,15 @@ import openai
 import pytest
 
 from backends.base import ChunkStream, Meter
-from backends.factory import build_backend
+from backends.dev.echo_server import read_body
 from backends.responses_wire import ResponsesEvent
 from gateway import streaming
-from gateway.contracts import Principal
 from gateway.dialects.responses import RelayedEvents
 from gateway.errors import ApiError
-from gateway.routing.router import Router
-from gateway.services import Services
 from tests.conftest import ADMIN_KEY, gateway_settings
-from tests.support.doubles import CutAfter, RecordingSink, ScriptedAdmission, StaticKeys
-from tests.support.servers import OnLoopback, ServerThread
+from tests.support.doubles import CutAfter, RecordingSink
+from tests.support.scripted_gateway import scripted_gateway
+from tests.support.servers import OnLoopback
 
 Script = list[bytes | float]  # body pieces, each sent on its own; a float: a pause of that many seconds
 CHAT = [{"role": "user", "content": "hi"}]
@@ -44,13 +42,7 @@ class ScriptedUpstream(OnLoopback):
         self.finished = threading.Event()
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
-        self.received.append(json.loads(body))
+        self.received.append(json.loads(await read_body(receive)))
         script = self.scripts.popleft()
         await send({"type": "http.response.start", "status": 200,
                     "headers": [(b"content-type", b"text/event-stream")]})
@@ -78,8 +70,6 @@ class Wire:
 
 @pytest.fixture(scope="module")
 def wire_env() -> Iterator[Wire]:
-    from gateway.app import create_app
-
     upstream = ScriptedUpstream().start()
     deployment = {"provider": "openai", "model": "up", "api_base": upstream.url, "api_key": "sk-up",
                   "timeouts": {"connect": 2, "first_byte": 5, "total": 10}}
@@ -88,11 +78,7 @@ def wire_env() -> Iterator[Wire]:
         {"name": "echo", "deployments": [deployment], **plain},
         {"name": "relay", "deployments": [deployment | {"name": "relay-dep", "responses_api": True}], **plain}])
     usage = RecordingSink()
-    services = Services(authenticator=StaticKeys({ADMIN_KEY: Principal(key_id="admin", tenant_id=None,
-                                                                        is_admin=True)}),
-                        admission=ScriptedAdmission(), usage=usage,
-                        router=Router.from_settings(settings, build_backend))
-    with ServerThread(create_app(settings, services)) as server:
+    with scripted_gateway(settings, usage=usage) as server:
         yield Wire(upstream, usage, server.url)
     upstream.stop()
 

@@ -28,6 +28,7 @@ from gateway.telemetry.logs import JsonFormatter
 from gateway.telemetry.metrics import GatewayMetrics
 from tests.support.doubles import RecordingSink, ScriptedAdmission, StaticKeys
 from tests.support.fake_upstream import FakeUpstream, Fault
+from tests.support.scripted_gateway import scripted_gateway
 from tests.support.servers import ServerThread
 
 KEY, THROTTLED = "sk-telemetry-tenant", "sk-telemetry-throttled"
@@ -323,8 +324,6 @@ def test_tracing_is_off_by_default_and_otlp_export_is_configurable(fake_upstream
 
     from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-    from gateway.app import create_app
-
     assert not Telemetry.from_settings(parse_settings({}, env={})).tracing.enabled
     received: list[tuple[str, bytes]] = []
 
@@ -343,11 +342,8 @@ def test_tracing_is_off_by_default_and_otlp_export_is_configurable(fake_upstream
     settings = parse_settings({"models": [{"name": "echo", "deployments": [echo]}], "telemetry": {
         "tracing": True, "otlp_endpoint": f"http://127.0.0.1:{collector.server_port}/v1/traces",
         "service_name": "sy-test"}}, env={})  # fmt: skip
-    services = Services(authenticator=StaticKeys({KEY: Principal(key_id="k", tenant_id="t")}),
-                        admission=ScriptedAdmission(), usage=RecordingSink(),
-                        router=Router.from_settings(settings, build_backend))
     try:
-        with ServerThread(create_app(settings, services)) as server:
+        with scripted_gateway(settings, {KEY: Principal(key_id="k", tenant_id="t")}) as server:
             openai.OpenAI(base_url=server.url + "/v1", api_key=KEY).chat.completions.create(model="echo",
                                                                                             messages=MESSAGES)
         # shutting the app down flushed the batch exporter

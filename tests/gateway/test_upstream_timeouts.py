@@ -13,13 +13,10 @@ from collections.abc import Iterator
 import openai
 import pytest
 
-from backends.factory import build_backend
 from gateway.contracts import Principal
-from gateway.routing.router import Router
-from gateway.services import Services
 from gateway.settings import parse_settings
-from tests.support.doubles import RecordingSink, ScriptedAdmission, StaticKeys
 from tests.support.fake_upstream import FakeUpstream, Fault
+from tests.support.scripted_gateway import scripted_gateway
 from tests.support.servers import ServerThread
 
 KEY = "sk-timeouts"
@@ -44,15 +41,10 @@ def upstream() -> Iterator[FakeUpstream]:
 
 @pytest.fixture(scope="module")
 def gateway(upstream: FakeUpstream) -> Iterator[ServerThread]:
-    from gateway.app import create_app
-
     models = [_group("first-byte", upstream.url, first_byte=0.5), _group("total", upstream.url, total=1.0),
               _group("idle", upstream.url, idle=0.5)]
     settings = parse_settings({"models": models}, env={})
-    services = Services(authenticator=StaticKeys({KEY: Principal(key_id="k", tenant_id="t")}),
-                        admission=ScriptedAdmission(), usage=RecordingSink(),
-                        router=Router.from_settings(settings, build_backend))
-    with ServerThread(create_app(settings, services)) as server:
+    with scripted_gateway(settings, {KEY: Principal(key_id="k", tenant_id="t")}) as server:
         yield server
 
 

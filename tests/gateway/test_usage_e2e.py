@@ -8,32 +8,29 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import openai
-import pytest
 from sqlalchemy import select
 from sqlalchemy.engine import make_url
 
-from gateway.db import Database, migrate
+from gateway.db import Database
 from gateway.db.models import UsageRow
 from tests.conftest import ADMIN_KEY
-from tests.gateway.tenancy_fixtures import PG_HOST, PG_PORT, GatewayProcess, pg_admin, pg_url  # noqa: F401
+from tests.gateway.tenancy_fixtures import (  # noqa: F401
+    PG_HOST,
+    PG_PORT,
+    GatewayProcess,
+    database,
+    pg_admin,
+    pg_url,
+)
 from tests.support.fake_upstream import FakeUpstream
 from tests.support.tcp_gate import TcpGate
 
 CHAT = [{"role": "user", "content": "count me exactly once"}]
-
-
-@pytest.fixture(scope="module")
-async def database(pg_url: str) -> AsyncIterator[Database]:
-    await asyncio.to_thread(migrate.upgrade, pg_url)
-    db = Database.from_url(pg_url)
-    yield db
-    await db.dispose()
 
 
 def echo_config(db_url: str, upstream: FakeUpstream) -> dict[str, Any]:

@@ -19,7 +19,7 @@ import json
 from collections import deque
 from typing import Any
 
-from backends.dev.echo_server import Exchange, pieces, send_json
+from backends.dev.echo_server import Exchange, pieces, read_body, send_json
 from tests.support.fake_upstream import with_headers
 from tests.support.servers import OnLoopback
 
@@ -77,12 +77,7 @@ class FakeAnthropic(OnLoopback):
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             return
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
+        body = await read_body(receive)
         headers = {k.decode().lower(): v.decode() for k, v in scope["headers"]}
         ex = Exchange(scope["method"], scope["path"], headers, body, receive,
                       with_headers(send, self.answer_headers) if self.answer_headers else send)
@@ -195,3 +190,23 @@ class FakeAnthropic(OnLoopback):
         )
         await event("message_stop", {})
         await ex.send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+class ScriptedAnthropic(FakeAnthropic):
+    """Answers the next request with ``script``: a list of stream events, or (status, body); every
+    other request as ``FakeAnthropic`` does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.script: Any = None
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if self.script is None or scope["type"] != "http":
+            return await super().__call__(scope, receive, send)
+        script, self.script = self.script, None
+        while (await receive()).get("more_body"):
+            pass
+        ex = Exchange(scope["method"], scope["path"], {}, b"", receive, send)
+        if isinstance(script, list):
+            return await send_events(ex, script)
+        await send_json(ex, *script)

@@ -16,10 +16,9 @@ from backends.factory import build_backend
 from backends.local import LocalEngineBackend
 from engine.tiny_model import build_tiny_model
 from gateway.contracts import Principal
-from gateway.routing.router import Router
-from gateway.services import Services
 from gateway.settings import DeploymentConfig, parse_settings
-from tests.support.doubles import RecordingSink, ScriptedAdmission, StaticKeys
+from tests.support.doubles import RecordingSink, ScriptedAdmission
+from tests.support.scripted_gateway import scripted_gateway
 from tests.support.servers import ServerThread
 
 KEY = "sk-test-local"
@@ -54,7 +53,6 @@ def local_gateway(workdir: Path, extra_models: list[dict[str, Any]] | None = Non
     deployment's engine options (default: 192 KV blocks of 16, prefix caching off); ``extra_models``
     are more model groups (``{folder}`` in a deployment's ``model`` is the tiny model's folder);
     ``model`` serves that folder or .gguf file as ``tiny`` instead."""
-    from gateway.app import create_app
 
     folder = Path(model) if model else build_tiny_model(workdir / "tiny", seed=5, max_position_embeddings=2048)
     options = {"num_kv_blocks": 192, "block_size": 16, "enable_prefix_caching": False, **options}
@@ -73,7 +71,6 @@ def local_gateway(workdir: Path, extra_models: list[dict[str, Any]] | None = Non
         return backend
 
     usage, admission = RecordingSink(), ScriptedAdmission()
-    services = Services(authenticator=StaticKeys({KEY: Principal(key_id="k", tenant_id="t", is_admin=True)}),
-                        admission=admission, usage=usage, router=Router.from_settings(settings, factory))
-    with ServerThread(create_app(settings, services)) as server:
+    keys = {KEY: Principal(key_id="k", tenant_id="t", is_admin=True)}
+    with scripted_gateway(settings, keys, admission=admission, usage=usage, build=factory) as server:
         yield Env(server, built[0], usage, folder, admission)

@@ -11,15 +11,12 @@ from typing import Any
 
 import httpx
 
-from backends.factory import build_backend
-from gateway.app import create_app
 from gateway.contracts import Principal, UsageRecord
-from gateway.routing.router import Router
-from gateway.services import Services
 from gateway.settings import parse_settings
 from tests.conftest import ADMIN_KEY
-from tests.support.doubles import RecordingSink, ScriptedAdmission, StaticKeys
+from tests.support.doubles import RecordingSink
 from tests.support.fake_upstream import FakeUpstream
+from tests.support.scripted_gateway import scripted_gateway
 from tests.support.servers import ServerThread
 
 NO_BREAKER = {"failures": 1_000_000}
@@ -76,10 +73,8 @@ def routing_gateway(models: Callable[[str, str], list[dict[str, Any]]], *, price
         settings = parse_settings({"auth": {"admin_key": ADMIN_KEY}, "models": models(a.url, b.url),
                                    "prices": prices or {}}, env={})
         usage = RecordingSink()
-        principals = StaticKeys({ADMIN_KEY: Principal(key_id="admin", tenant_id=None, is_admin=True)} | (keys or {}))
-        services = Services(authenticator=principals, admission=ScriptedAdmission(), usage=usage,
-                            router=Router.from_settings(settings, build_backend))
-        with ServerThread(create_app(settings, services)) as server:
+        principals = {ADMIN_KEY: Principal(key_id="admin", tenant_id=None, is_admin=True)} | (keys or {})
+        with scripted_gateway(settings, principals, usage=usage) as server:
             yield Env(server, usage, a, b)
     finally:
         a.stop()
