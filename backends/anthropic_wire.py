@@ -95,6 +95,9 @@ def _tool_use_blocks(message: ChatMessage, index: int) -> list[dict[str, Any]]:
             arguments = json.loads(function.arguments or "{}")
         except (ValueError, RecursionError):
             raise BadRequest("tool call arguments must be JSON", param="messages") from None
+        if not (isinstance(call.id, str) and call.id):  # a tool_use block has one, which its tool_result names
+            raise BadRequest("the anthropic provider needs each tool call's id",
+                             param=f"messages[{index}].tool_calls[{j}].id")
         blocks.append({"type": "tool_use", "id": call.id, "name": function.name, "input": arguments})
     return blocks
 

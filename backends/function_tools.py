@@ -32,15 +32,21 @@ def answered_function(call: ToolCall, api: str) -> FunctionCall:
     has no twin there, so the answer fails as untranslatable (a 502), never passed off as another."""
     if isinstance(call.function, FunctionCall) and call.type == "function":
         return call.function
-    raise _untranslatable(call.id, api)
+    raise _untranslatable(call, api)
 
 
 def check_delta(call: ToolCallDelta, api: str) -> None:
     """``answered_function`` for a streamed call delta."""
     if call.type == "custom" or call.custom is not UNSET:
-        raise _untranslatable(call.id if isinstance(call.id, str) else f"#{call.index}", api)
+        raise _untranslatable(call, api)
 
 
-def _untranslatable(call_id: str, api: str) -> UntranslatableAnswer:
-    return UntranslatableAnswer(f"the upstream's tool call {call_id!r} is a custom tool call, which {api} cannot "
-                                "express")
+def _untranslatable(call: ToolCall | ToolCallDelta, api: str) -> UntranslatableAnswer:
+    """The failure naming ``call`` by its id, else (it has none) by its index, if any."""
+    if isinstance(call.id, str) and call.id:
+        named = repr(call.id)
+    elif isinstance(call, ToolCallDelta) and isinstance(call.index, int):
+        named = f"#{call.index}"
+    else:
+        named = "(with no id)"
+    return UntranslatableAnswer(f"the upstream's tool call {named} is a custom tool call, which {api} cannot express")

@@ -1,5 +1,6 @@
 """OpenAI's chat tool types: function tools and custom tools (GPT-5's: free-form text input,
 optionally held to a grammar), their calls in an answer or a conversation, and streamed call deltas.
+A call's ``id`` and a delta's ``index`` are optional, as providers off OpenAI's schema send them.
 
 A tool or a call carries the object its ``type`` names (``function`` or ``custom``). A backend that
 serves function tools only refuses a custom one with a 400 naming it (``function_only``).
@@ -31,7 +32,9 @@ def _check(kind: str, function: object, custom: object) -> None:
 
 
 class ToolCall(Struct, kw_only=True):
-    id: str
+    # left out or null by some providers (Gemini's OpenAI-compatible API, Ollama, NIM); an answer is
+    # relayed as it came, a translated one gives the call an id of the gateway's own
+    id: str | None | UnsetType = UNSET
     function: FunctionCall | UnsetType = UNSET
     type: Literal["function", "custom"] = "function"
     custom: CustomCall | UnsetType = UNSET
@@ -41,7 +44,9 @@ class ToolCall(Struct, kw_only=True):
 
 
 class ToolCallDelta(Struct, kw_only=True):
-    index: int
+    # left out or null by some providers (Gemini, older Ollama, mistral.rs): relayed so on plain chat;
+    # the translated dialects place such deltas with ``gateway.dialects.tool_call_slots``
+    index: int | None | UnsetType = UNSET
     id: str | None | UnsetType = UNSET  # null in a call's later deltas, as OpenAI's schema allows
     type: str | None | UnsetType = UNSET
     function: dict[str, Any] | UnsetType = UNSET

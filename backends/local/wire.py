@@ -239,8 +239,9 @@ def chat_messages(request: ChatCompletionRequest) -> list[dict[str, str]]:
         if m.tool_calls:
             functions = [function_call(c, f"messages[{i}].tool_calls[{j}]", "this model")
                          for j, c in enumerate(m.tool_calls)]
-            message["tool_calls"] = [
-                {"id": c.id, "type": "function", "function": {"name": f.name, "arguments": _arguments(f.arguments)}}
+            message["tool_calls"] = [  # a call's id where it has one (a provider's answer may have had none)
+                ({"id": c.id} if isinstance(c.id, str) else {})
+                | {"type": "function", "function": {"name": f.name, "arguments": _arguments(f.arguments)}}
                 for c, f in zip(m.tool_calls, functions, strict=True)
             ]
         if m.tool_call_id:

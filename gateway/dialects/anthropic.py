@@ -33,6 +33,7 @@ from gateway.dialects import Dialect
 from gateway.dialects.anthropic_request import CountTokensRequest as CountTokensRequest
 from gateway.dialects.anthropic_request import MessagesRequest as MessagesRequest
 from gateway.dialects.anthropic_request import to_chat_request as to_chat_request
+from gateway.dialects.tool_call_slots import CallSlots, own_call_id
 from gateway.errors import ApiError, exception_handlers
 from gateway.ids import random_id
 
@@ -47,6 +48,12 @@ def message_id(answer_id: str) -> str:
     return answer_id if answer_id.startswith("msg_") else "msg_" + random_id()
 _QUOTED = 500  # characters of a tool call's unusable arguments quoted in the error
 _CUT = ("max_tokens", "stop_sequence")  # stop reasons of an answer cut short, a tool call's JSON with it
+
+
+def tool_use_id() -> str:
+    """A tool_use block's id of the gateway's own, in Anthropic's ``toolu_`` form, for a call the
+    upstream gave none (an upstream's own id is kept, as the client sends it back in ``tool_result``)."""
+    return "toolu_" + random_id()
 
 
 # ---------------------------------------------------------------- OpenAI -> response
@@ -91,8 +98,9 @@ def message_body(response: ChatCompletion, meter: Meter) -> bytes:
         stop = _with_calls(stop)
     for call in choice.message.tool_calls or []:
         function = answered_function(call, _API)
-        arguments = _tool_input(call.id, function.name, function.arguments, cut=stop["stop_reason"] in _CUT)
-        content.append({"type": "tool_use", "id": call.id, "name": function.name, "input": arguments})
+        call_id = own_call_id(call.id, tool_use_id)
+        arguments = _tool_input(call_id, function.name, function.arguments, cut=stop["stop_reason"] in _CUT)
+        content.append({"type": "tool_use", "id": call_id, "name": function.name, "input": arguments})
     return msgspec.json.encode({
         "id": message_id(response.id), "type": "message", "role": "assistant", "model": response.model,
         "content": content,
@@ -161,8 +169,9 @@ class MessagesEvents:
         self._started = False
         self._block: int = -1  # index of the open content block
         self._block_kind: str | None = None
-        self._tools: dict[int, int] = {}  # OpenAI tool call index -> content block index, once opened
-        self._calls: dict[int, tuple[str, str, list[str]]] = {}  # tool call index -> id, name, arguments so far
+        self._slots = CallSlots(tool_use_id)  # chat's tool call deltas placed in calls
+        self._tools: dict[int, int] = {}  # a call's number (``CallSlot.number``) -> its block's index, once open
+        self._calls: dict[int, tuple[str, str, list[str]]] = {}  # a call's number -> its id, name, arguments so far
         self._waiting: list[int] = []  # tool calls begun while another's block was open, in order
         self._held: list[tuple[str, str]] = []  # (block kind, text) sent amid a call's partial arguments
         self._stop: dict[str, Any] = {"stop_reason": "end_turn", "stop_sequence": None}
@@ -196,15 +205,15 @@ class MessagesEvents:
                 out += self._text("text", delta.refusal)
             for call in delta.tool_calls or []:
                 check_delta(call, _API)
-                if call.index not in self._calls:
-                    function = call.function if isinstance(call.function, dict) else {}
-                    self._calls[call.index] = (call.id or "", function.get("name") or "", [])
-                    self._waiting.append(call.index)
-                arguments = call.function.get("arguments") if isinstance(call.function, dict) else None
-                if arguments:
-                    self._calls[call.index][2].append(arguments)
-                    if self._block_kind == "tool_use" and self._tools.get(call.index) == self._block:
-                        out += self._input_delta(call.index, arguments)  # (a stopped block's: checked at the end)
+                function = call.function if isinstance(call.function, dict) else {}
+                slot, new = self._slots.place(call)
+                if new:
+                    self._calls[slot.number] = (slot.id, function.get("name") or "", [])
+                    self._waiting.append(slot.number)
+                if arguments := function.get("arguments"):
+                    self._calls[slot.number][2].append(arguments)
+                    if self._block_kind == "tool_use" and self._tools.get(slot.number) == self._block:
+                        out += self._input_delta(slot.number, arguments)  # (a stopped block's: checked at the end)
                 out += self._open_calls() + self._release()
             if choice.finish_reason:
                 self._stop = _stop(choice.finish_reason, choice.stop_reason)

@@ -31,6 +31,7 @@ from backends.responses_wire import RelayedResponse, ResponsesEvent
 from backends.tools_wire import ToolCallDelta
 from gateway.dialects import Dialect
 from gateway.dialects.responses_request import responses_param
+from gateway.dialects.tool_call_slots import CallSlots, own_call_id
 from gateway.errors import ApiError
 
 
@@ -112,13 +113,6 @@ def _content_item(kind: str, parts: list[dict[str, Any]], status: str = "complet
             "content": parts}
 
 
-def _call_id(upstream_id: Any) -> str:
-    """A function call's ``call_id``: the upstream's id for the call, else (it sent none, or an empty
-    one, as NVIDIA NIM, GLM and StepFun do) one of the gateway's own, so that each call has one and a
-    ``function_call_output`` can answer it."""
-    return upstream_id if isinstance(upstream_id, str) and upstream_id else "call_" + uuid.uuid4().hex
-
-
 def _output(message: AssistantMessage) -> list[dict[str, Any]]:
     """A chat answer's message as output items: its reasoning (first, as OpenAI gives it), its text
     and refusal, then its function calls."""
@@ -131,7 +125,7 @@ def _output(message: AssistantMessage) -> list[dict[str, Any]]:
         output.append(_content_item("message", parts))
     for call in message.tool_calls or []:
         function = answered_function(call, _API)
-        output.append({"type": "function_call", "id": "fc_" + uuid.uuid4().hex, "call_id": _call_id(call.id),
+        output.append({"type": "function_call", "id": "fc_" + uuid.uuid4().hex, "call_id": own_call_id(call.id),
                        "name": function.name, "arguments": function.arguments, "status": "completed"})
     return output
 
@@ -180,8 +174,8 @@ class ResponsesEvents:
         self._output: list[dict[str, Any]] = []  # items added so far, in output order
         self._open: dict[str, Any] | None = None  # the last of them, while it is not done
         self._waiting: list[dict[str, Any]] = []  # items begun while another was open, in order
-        self._tools: dict[int, dict[str, Any]] = {}  # chat tool call index -> its (latest) item
-        self._call_ids: dict[int, str] = {}  # chat tool call index -> the upstream's id for that item, if any
+        self._slots = CallSlots()  # chat's tool call deltas placed in calls
+        self._tools: dict[int, dict[str, Any]] = {}  # a call's number (``CallSlot.number``) -> its item
         self._usage: Any = None
         self._reasoning = 0  # the provider's reasoning tokens, from its usage chunk
         self._finish: str | None = None
@@ -220,21 +214,18 @@ class ResponsesEvents:
         return out
 
     def _call_delta(self, call: ToolCallDelta) -> bytes:
-        """A chat tool call delta: a new function call where its ``index`` is new, or where it names an
-        id other than that of the call under its index (Ollama streams parallel calls all under index
-        0); a delta with no id, or an empty one, continues the call."""
+        """A chat tool call delta: a new function call where it starts one (``CallSlots``: a new
+        ``index``, or a new id), else more of its call's arguments."""
         check_delta(call, _API)
         function = call.function if isinstance(call.function, dict) else {}
-        upstream_id = call.id if isinstance(call.id, str) else ""
-        known = self._call_ids.get(call.index, "")
+        slot, new = self._slots.place(call)
         out = b""
-        if (item := self._tools.get(call.index)) is None or (upstream_id and known and upstream_id != known):
-            item = self._tools[call.index] = {
-                "type": "function_call", "id": "fc_" + uuid.uuid4().hex, "call_id": _call_id(upstream_id),
+        if new:
+            self._tools[slot.number] = {
+                "type": "function_call", "id": "fc_" + uuid.uuid4().hex, "call_id": slot.id,
                 "name": function.get("name") or "", "arguments": "", "status": "in_progress"}
-            out += self._begin(item)
-        if upstream_id:
-            self._call_ids[call.index] = upstream_id
+            out += self._begin(self._tools[slot.number])
+        item = self._tools[slot.number]
         if arguments := function.get("arguments"):
             out += self._add_arguments(item, arguments)
         return out

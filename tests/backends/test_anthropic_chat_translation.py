@@ -127,6 +127,16 @@ def test_an_image_in_a_tool_result_reaches_anthropic() -> None:
                                                               "data": "AAAA"}}]
 
 
+@pytest.mark.parametrize("call_id", [{}, {"id": None}, {"id": ""}])
+def test_a_conversations_call_without_an_id_is_a_400_naming_it(call_id: dict[str, Any]) -> None:
+    """A call with no id (as some providers answer them) is taken in a conversation, but a tool_use
+    block needs one: the Anthropic translation refuses it naming the field, not sends it empty."""
+    call = {"type": "function", "function": {"name": "search", "arguments": "{}"}} | call_id
+    with pytest.raises(BadRequest) as refused:
+        body_of(messages=[{"role": "user", "content": "q"}, {"role": "assistant", "tool_calls": [call]}])
+    assert refused.value.param == "messages[1].tool_calls[0].id"
+
+
 @pytest.mark.parametrize("role", ["system", "developer"])
 def test_an_image_in_a_system_message_is_a_400_not_dropped(role: str) -> None:
     with pytest.raises(BadRequest) as refused:

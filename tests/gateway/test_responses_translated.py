@@ -15,6 +15,7 @@ import pytest
 from tests.conftest import ADMIN_KEY
 from tests.gateway.conftest import GatewayEnv
 from tests.support.fake_upstream import FakeUpstream, Fault
+from tests.support.loose_tool_calls import ANSWERED, STREAMED, answered, ids_kept, streamed
 
 
 @pytest.fixture
@@ -248,3 +249,32 @@ def test_parallel_calls_an_upstream_streams_under_one_index_stay_apart(client: o
             for i in final.output] == [("function_call", "call_a", "f", '{"city":"Paris"}'),
                                        ("function_call", "call_b", "g", '{"city":"Oslo"}'),
                                        ("function_call", "call_c", "f", '{"city":"Rome"}')]
+
+
+@pytest.mark.parametrize("case", list(STREAMED))
+def test_calls_streamed_off_openais_schema_are_function_calls_each(client: openai.OpenAI, upstream: FakeUpstream,
+                                                                   case: str) -> None:
+    """Call deltas with no ``index`` or a null one (Gemini, older Ollama, mistral.rs), or parallel calls
+    all under index 0 (Ollama): each call is a function call item of its own, with its arguments whole,
+    its ``call_id`` the upstream's id (one of the gateway's own where it gave none), the same in every
+    event."""
+    upstream.fail_next(streamed(case))
+    with client.responses.stream(model="echo", input="x", tools=[TOOL]) as stream:  # type: ignore[list-item]
+        events = list(stream)
+        final = stream.get_final_response()
+    calls: list[Any] = [item for item in final.output if item.type == "function_call"]
+    expected = STREAMED[case][1]
+    assert [(c.name, c.arguments, c.status) for c in calls] == [(n, a, "completed") for _, n, a in expected]
+    assert ids_kept(expected, [c.call_id for c in calls])
+    added = [e.item.call_id for e in events if e.type == "response.output_item.added"]  # type: ignore[union-attr]
+    assert added == [c.call_id for c in calls]
+
+
+def test_answered_calls_without_an_id_get_call_ids_of_their_own(client: openai.OpenAI, upstream: FakeUpstream) -> None:
+    """A whole answer whose calls have no ``id`` or a null one: each function call gets a ``call_id`` of
+    the gateway's own, not a 502."""
+    upstream.fail_next(answered())
+    response = client.responses.create(model="echo", input="x", tools=[TOOL])  # type: ignore[list-item]
+    calls: list[Any] = [item for item in response.output if item.type == "function_call"]
+    assert [(c.name, c.arguments) for c in calls] == [(n, a) for _, n, a in ANSWERED]
+    assert ids_kept(ANSWERED, [c.call_id for c in calls]) and all(c.call_id.startswith("call_") for c in calls)

@@ -13,6 +13,7 @@ import pytest
 from tests.conftest import ADMIN_KEY
 from tests.gateway.conftest import GatewayEnv
 from tests.support.fake_upstream import RICH_LOGPROBS, RICH_MESSAGE, RICH_USAGE, FakeUpstream, Fault
+from tests.support.loose_tool_calls import ANSWERED_CALLS, STREAMED, answered, streamed
 
 UNMODELLED = {
     "reasoning_effort": "low",
@@ -237,3 +238,30 @@ def test_a_finish_reason_the_gateway_does_not_know_is_relayed(client: openai.Ope
             "choices": [{"index": 0, "text": "a", "finish_reason": reason}]}
     upstream.fail_next(Fault(status=200, body=text))
     assert client.completions.create(model="echo", prompt="hi").choices[0].finish_reason == reason
+
+
+# ---------------------------------------------------------------- tool calls off OpenAI's schema
+
+
+@pytest.mark.parametrize("case", list(STREAMED))
+def test_tool_call_deltas_off_openais_schema_are_relayed_as_sent(client: openai.OpenAI, upstream: FakeUpstream,
+                                                                 env: GatewayEnv, case: str) -> None:
+    """Call deltas with no ``index`` or a null one (Gemini, older Ollama, mistral.rs), or parallel calls
+    all under index 0 (Ollama): the stream is relayed to its end, each chunk's calls as the upstream
+    sent them (no index or id made up), as a client of the provider itself gets them; and metered."""
+    upstream.fail_next(streamed(case))
+    chunks = list(client.chat.completions.create(model="echo", messages=[{"role": "user", "content": "hi"}],
+                                                 stream=True))
+    calls = [c.choices[0].delta.to_dict()["tool_calls"] for c in chunks if c.choices and c.choices[0].delta.tool_calls]
+    assert calls == STREAMED[case][0]
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "tool_calls"
+    record = env.usage.wait_for(1)[0]
+    assert (record.status, record.error_type, record.completion_tokens) == (200, None, 9)
+
+
+def test_tool_calls_without_an_id_are_relayed_as_sent(client: openai.OpenAI, upstream: FakeUpstream) -> None:
+    """A whole answer whose calls have no ``id``, or a null one, is relayed as it came, not a 502."""
+    upstream.fail_next(answered())
+    reply = client.chat.completions.create(model="echo", messages=[{"role": "user", "content": "hi"}])
+    assert reply.choices[0].message.to_dict()["tool_calls"] == ANSWERED_CALLS
+    assert reply.choices[0].finish_reason == "tool_calls"
