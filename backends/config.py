@@ -7,6 +7,7 @@ them and re-export them.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Annotated, Any
 from urllib.parse import urlsplit
 
@@ -19,6 +20,30 @@ Seconds = Annotated[float, Meta(gt=0)]
 # An anthropic-beta value or a server tool type, as Anthropic spells them ("files-api-2025-04-14",
 # "web_search_20250305"): no blanks, no commas.
 OptInName = Annotated[str, Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")]
+
+
+def _positive_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+# The ``options`` an HTTP provider reads (the engine's are checked when it is built, backends.local.options):
+# each with its check and what it must be. Another provider's options are its own affair.
+_HTTP_OPTIONS: dict[str, dict[str, tuple[Callable[[Any], bool], str]]] = {
+    "openai": {"forward_tenant": (lambda v: isinstance(v, bool), "true or false")},  # to an engine node
+    "anthropic": {"max_tokens": (_positive_int, "a positive integer")},  # when a request sets none
+}
+
+
+def _check_http_options(provider: str, options: dict[str, Any]) -> None:
+    """An HTTP deployment's options: a typo is an error, not silently ignored (nor ``"no"`` read as true)."""
+    known = _HTTP_OPTIONS.get(provider)
+    if known is None:
+        return
+    if unknown := sorted(set(options) - set(known)):
+        raise ValueError(f"unknown options {unknown} for provider {provider!r} (known: {sorted(known)})")
+    for name, (valid, must) in known.items():
+        if name in options and not valid(options[name]):
+            raise ValueError(f"options.{name} must be {must}, got {options[name]!r}")
 
 
 class ConfigError(ValueError):
@@ -77,6 +102,7 @@ class DeploymentConfig(Conf):
             if url.scheme not in ("http", "https") or not url.hostname:
                 raise ValueError(f"api_base must be an http(s) URL such as https://api.openai.com/v1, "
                                  f"got {self.api_base!r}")
+        _check_http_options(self.provider, self.options)
         if self.provider != "anthropic" and (self.anthropic_betas or self.server_tools):
             raise ValueError(f"anthropic_betas and server_tools apply to anthropic deployments only, "
                              f"not to provider {self.provider!r}")

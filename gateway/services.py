@@ -42,7 +42,7 @@ from gateway.quotas.redis_credit import RedisCredit
 from gateway.quotas.redis_store import RedisStore, connect_redis
 from gateway.quotas.store import MemoryStore, QuotaStore
 from gateway.routing.router import Router
-from gateway.settings import Settings
+from gateway.settings import ConfigError, Settings
 from gateway.stored_responses import ResponseStore
 from gateway.usage.pricing import Price, PriceTable
 from gateway.usage.writer import UsageWriter
@@ -103,14 +103,15 @@ class Tenancy:
         auth = settings.auth
         throttle = AuthThrottle(failures, per_address=auth.max_failures_per_address,
                                 per_prefix=auth.max_failures_per_prefix, window=auth.failure_window)
+        journal = _journal_dir(settings)
         audit = AuditLog(db, key_use_interval=auth.key_use_audit_seconds, retention=auth.audit_retention_days * 86400,
-                         spill_dir=Path(settings.usage.journal_dir))
+                         spill_dir=journal)
         guard = AuthGuard(throttle, audit)
         prices = PriceTable.from_settings(settings)
         credit = RedisCredit(store) if isinstance(store, RedisStore) and settings.quotas.credit else None
         admission = QuotaAdmission(store, limits, prices, on_unavailable=settings.redis.on_unavailable,
                                    lease_seconds=settings.quotas.lease_seconds, credit=credit)
-        usage = UsageWriter(db, prices, journal_dir=Path(settings.usage.journal_dir),
+        usage = UsageWriter(db, prices, journal_dir=journal,
                             sync_before_reply=settings.usage.sync_before_reply,
                             fsync_interval=settings.usage.fsync_interval_ms / 1000)
 
@@ -217,6 +218,18 @@ class Tenancy:
         if isinstance(store, RedisStore):
             await store.redis.aclose()
         await self.db.dispose()
+
+
+def _journal_dir(settings: Settings) -> Path:
+    """``usage.journal_dir``, made if missing: one that cannot be is a config error naming the key, at
+    start-up, not a worker's failure to start with "no such file"."""
+    path = Path(settings.usage.journal_dir)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"config error at usage.journal_dir: cannot use {path} as a folder "
+                          f"({exc.strerror or exc})") from None
+    return path
 
 
 def build_services(settings: Settings) -> Services:

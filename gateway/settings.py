@@ -26,6 +26,7 @@ from msgspec import Meta
 
 # Deployment-level config lives in backends/ (gateway -> backends); re-exported here for callers.
 from backends.config import Conf, ConfigError, DeploymentConfig, Seconds, Timeouts
+from gateway.settings_keys import name_keys
 
 log = logging.getLogger("switchyard.settings")
 # set by ``switchyard serve`` once it has loaded the config and warned of what it found: the app
@@ -48,7 +49,7 @@ class _Invalid(Exception):
 
 
 class ServerConfig(Conf):
-    host: str = "127.0.0.1"
+    host: Annotated[str, Meta(min_length=1)] = "127.0.0.1"  # "" would bind every interface
     port: Annotated[int, Meta(ge=0, le=65535)] = 8000
     max_body_bytes: Annotated[int, Meta(ge=1024)] = 4 * 1024 * 1024
     workers: Annotated[int, Meta(ge=1)] = 1
@@ -171,7 +172,7 @@ class TelemetryConfig(Conf):
 
 class DashboardConfig(Conf):
     enabled: bool = True
-    session_seconds: Annotated[float, Meta(gt=0)] = 8 * 3600.0
+    session_seconds: Annotated[float, Meta(gt=0, le=100 * 365 * 86400)] = 8 * 3600.0  # the cookie's max-age: finite
     secure_cookies: bool = False  # set the Secure flag (serve the dashboard over HTTPS)
     session_secret: str | None = None  # signs session cookies (use ${ENV}); needed with several workers
 
@@ -290,6 +291,8 @@ def _check_references(settings: Settings) -> None:
             for j, name in enumerate(getattr(group, key)):
                 if name not in names:
                     raise _Invalid(f"models[{i}].{key}[{j}]", f"unknown model {name!r}")
+                if name in (group.name, *group.aliases):  # the router never enters a group twice: ignored
+                    raise _Invalid(f"models[{i}].{key}[{j}]", f"model {group.name!r} falls back to itself")
 
 
 def _warn_of_unused_prices(settings: Settings) -> None:
@@ -369,6 +372,15 @@ def _path_of(msg: str) -> tuple[str, str]:
     return problem, where.rstrip("`").removeprefix("$.").removeprefix("$") or "<root>"
 
 
+def _failure(raw: Any) -> str | None:
+    """Where ``raw`` fails to convert to Settings (None: it does not)."""
+    try:
+        msgspec.convert(raw, Settings, strict=False)
+    except msgspec.ValidationError as exc:
+        return _path_of(str(exc))[1]
+    return None
+
+
 def parse_settings(raw: Any, env: dict[str, str] | None = None, source: str | Path | None = None,
                    warn: bool = True) -> Settings:
     """Settings from a parsed YAML document; errors name ``source`` (the file) where it is given.
@@ -386,7 +398,7 @@ def parse_settings(raw: Any, env: dict[str, str] | None = None, source: str | Pa
             settings = msgspec.convert(raw, Settings, strict=False)
         except msgspec.ValidationError as exc:
             problem, where = _path_of(str(exc))
-            raise _Invalid(where, problem) from None
+            raise _Invalid(name_keys(raw, where, _failure), problem) from None
         _check_references(settings)
     except _Invalid as exc:
         raise _located(exc, None if source is None else str(source), overridden) from None

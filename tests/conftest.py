@@ -20,6 +20,23 @@ from tests.support.servers import ServerThread, free_port
 ADMIN_KEY = "sk-test-admin"
 
 
+@pytest.fixture(autouse=True)
+def _log_handlers() -> Iterator[None]:
+    """Log handlers a test installed on the root and ``switchyard`` loggers are removed after it
+    (pytest's own excepted): a command run in-process (typer's CliRunner) may install one on its
+    captured stderr (ours, or Litestar's logging config as an app is made), closed when it returns,
+    and a later command's warning would go there ("--- Logging error ---" in its own stderr)."""
+    import logging
+
+    loggers = [logging.getLogger(), logging.getLogger("switchyard")]
+    before = [set(log.handlers) for log in loggers]
+    yield
+    for log, had in zip(loggers, before, strict=True):
+        for handler in list(log.handlers):
+            if handler not in had and not type(handler).__module__.startswith("_pytest"):
+                log.removeHandler(handler)
+
+
 @pytest.fixture
 def port() -> int:
     return free_port()

@@ -8,10 +8,12 @@ Engine flags use vLLM's spelling (``--model``, ``--max-model-len``, ``--gpu-memo
 from __future__ import annotations
 
 import json
+import os
 import sys
+import tempfile
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Annotated, Any
+from typing import IO, Annotated, Any
 
 import typer
 
@@ -61,6 +63,40 @@ def _engine_config(model: str, **flags: Any) -> Any:
     return EngineConfig(model=model, **{k: v for k, v in flags.items() if v is not None})
 
 
+class _Output:
+    """``--output``: written to a temporary file beside it, which replaces it once all is written (a
+    failed run leaves what it held); stdout without one."""
+
+    def __init__(self, path: Path | None) -> None:
+        self.path = path
+        self.file: IO[str] = sys.stdout
+        if path is not None:
+            if path.is_dir():
+                raise OSError(f"cannot write {path}: Is a directory")
+            try:
+                self.file = tempfile.NamedTemporaryFile(  # closed by __exit__ or discard
+                    "w", encoding="utf-8", dir=path.parent, prefix=f".{path.name}.", delete=False)
+            except OSError as exc:
+                raise OSError(f"cannot write {path}: {exc.strerror or exc}") from None
+
+    def discard(self) -> None:
+        if self.path is not None:
+            self.file.close()
+            Path(self.file.name).unlink(missing_ok=True)
+
+    def __enter__(self) -> IO[str]:
+        return self.file
+
+    def __exit__(self, kind: object, *_: object) -> None:
+        if self.path is None:
+            return
+        if kind is not None:
+            self.discard()
+            return
+        self.file.close()
+        os.replace(self.file.name, self.path)
+
+
 @engine_app.command("generate")
 def generate(
     input_file: Annotated[
@@ -108,8 +144,10 @@ def generate(
 
     from engine import LLMEngine, SamplingParams
 
+    sink: _Output | None = None
     try:
         jobs = read_jobs(input_file, {"max_tokens": max_tokens, "temperature": temperature})
+        sink = _Output(output)  # before the work: a path it cannot write fails now, not after hours
         config = _engine_config(
             model,
             max_model_len=max_model_len,
@@ -133,14 +171,21 @@ def generate(
             group = start_tensor_parallel(config, tensor_parallel_size)
         engine = group.engine if group is not None else LLMEngine(config)
         for job in jobs:
-            prompt: str | list[int] | None = job.prompt
-            if job.messages is not None:
-                if engine.tokenizer is None:
-                    raise ValueError(f"line {job.line}: 'messages' needs a model with a tokenizer")
-                prompt = engine.tokenizer.apply_chat_template(job.messages)
-            assert prompt is not None  # a job has exactly one of prompt and messages (checked on reading)
-            engine.add_request(str(job.line), prompt, SamplingParams(**job.sampling), stream=False)
-    except (OSError, ValueError, TypeError) as exc:
+            try:
+                prompt: str | list[int] | None = job.prompt
+                if job.messages is not None:
+                    if engine.tokenizer is None:
+                        raise ValueError("'messages' needs a model with a tokenizer")
+                    prompt = engine.tokenizer.apply_chat_template(job.messages)
+                assert prompt is not None  # a job has exactly one of prompt and messages (checked on reading)
+                engine.add_request(str(job.line), prompt, SamplingParams(**job.sampling), stream=False)
+            except (ValueError, TypeError) as exc:  # a field of the wrong type too: the line it is on
+                raise ValueError(f"{input_file}:{job.line}: {exc}") from None
+    except BaseException as exc:
+        if sink is not None:
+            sink.discard()
+        if not isinstance(exc, OSError | ValueError | TypeError):
+            raise
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
 
@@ -154,11 +199,13 @@ def generate(
                     if out.finished:
                         results[out.request_id] = out
                         bar.advance(task)
+    except BaseException:
+        sink.discard()
+        raise
     finally:
         if group is not None:
             group.shutdown()
-    sink = output.open("w", encoding="utf-8") if output else sys.stdout
-    try:
+    with sink as out_file:
         for job in jobs:
             out = results[str(job.line)]
             completions = [
@@ -170,10 +217,7 @@ def generate(
                 "completion_tokens": sum(len(o.token_ids) for o in out.outputs),
                 "outputs": completions,
             }
-            sink.write(json.dumps(row, ensure_ascii=False) + "\n")
-    finally:
-        if output:
-            sink.close()
+            out_file.write(json.dumps(row, ensure_ascii=False) + "\n")
     m = engine.get_metrics()
     typer.echo(
         f"{len(jobs)} requests, {m.generation_tokens} tokens generated, "
@@ -193,6 +237,9 @@ def build_tiny(
 
     try:
         typer.echo(str(build_tiny_model(path, arch=arch, seed=seed)))
+    except OSError as exc:  # a file in the way, a folder it may not write: the path, not a database
+        typer.echo(f"error: cannot write the model into {path}: {exc.strerror or exc}", err=True)
+        raise typer.Exit(2) from None
     except ValueError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None

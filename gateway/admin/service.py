@@ -169,6 +169,9 @@ class TenancyService:
         if models is not None and not models:  # an empty allow-list must not read as "every model"
             raise AdminError("models must name at least one model; leave it out to allow every model",
                              param="models")
+        empty = next((i for i, m in enumerate(models or ()) if not m.strip()), None)
+        if empty is not None:
+            raise AdminError(f"models[{empty}] is empty: name a model", param=f"models[{empty}]")
         if expires_at is not None:
             expires_at = expires_at if expires_at.tzinfo else expires_at.replace(tzinfo=UTC)
             try:  # stored in UTC: an offset that pushes 9999-12-31 past the calendar is refused

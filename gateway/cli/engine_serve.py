@@ -14,7 +14,7 @@ import typer
 
 def serve(
     model: Annotated[str, typer.Option("--model", help="Local Hugging Face model folder.")],
-    port: Annotated[int, typer.Option("--port")] = 8100,
+    port: Annotated[int, typer.Option("--port", min=0, max=65535)] = 8100,
     host: Annotated[str, typer.Option("--host")] = "127.0.0.1",
     served_model_name: Annotated[
         str | None, typer.Option("--served-model-name", help="Public model name (default: the folder name).")
@@ -72,6 +72,7 @@ def serve(
 
     import uvicorn
 
+    from gateway.cli.serve import listen
     from gateway.engine_node import create_node_app, node_settings
     from gateway.settings import ConfigError
 
@@ -101,6 +102,7 @@ def serve(
     if builtin_tiny:
         options["builtin"] = "tiny"
     name = served_model_name or Path(model).name
+    listen(host, port).close()  # a port in use fails now, not after the model's load (uvicorn binds it then)
     try:
         app = create_node_app(
             node_settings(model, name, options), api_key=api_key, tensor_parallel_size=tensor_parallel_size

@@ -49,8 +49,10 @@ def explain(exc: BaseException, url: str | URL | None = None) -> str:
     if isinstance(exc, NoSuchTableError) or (isinstance(exc, DBAPIError) and
                                              any(s in reason.lower() for s in _UNMIGRATED)):
         return f"the database{where} is not migrated ({reason}): run `switchyard db upgrade --config <your config>`"
-    if isinstance(exc, ConnectionError | TimeoutError) or (
-            isinstance(exc, OSError) and exc.errno is not None and not isinstance(exc, FileNotFoundError)) or (
+    if isinstance(exc, OSError) and exc.filename is not None and not isinstance(exc, ConnectionError | TimeoutError):
+        # a file the command reads or writes (an --output, a folder), not the database: sockets have no file name
+        return f"{exc.filename}: {exc.strerror or reason}"
+    if isinstance(exc, ConnectionError | TimeoutError) or (isinstance(exc, OSError) and exc.errno is not None) or (
             isinstance(exc, SQLAlchemyError) and any(s in reason.lower() for s in _UNREACHABLE)):
         return (f"cannot reach the database{where}: {reason}. Check that it is running and that database.url "
                 "in the config (or SWITCHYARD__DATABASE__URL) points at it")
@@ -59,7 +61,7 @@ def explain(exc: BaseException, url: str | URL | None = None) -> str:
     if isinstance(exc, CommandError):  # alembic: an unknown or unreachable revision
         return reason
     if isinstance(exc, FileNotFoundError):
-        return f"no such file: {exc.filename or reason}"
+        return f"no such file: {reason}"
     if isinstance(exc, ValueError | OverflowError):
         return reason
     return f"{type(exc).__name__}: {reason} (set {DEBUG_ENV}=1 to see the traceback)"

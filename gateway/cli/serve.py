@@ -46,8 +46,9 @@ def serve(
     port: Annotated[int | None, typer.Option(min=0, max=65535, help="Port (default: server.port from the "
                                              "config).")] = None,
     workers: Annotated[int | None, typer.Option(min=1, help="Worker processes (default: server.workers).")] = None,
-    header_timeout: Annotated[float | None, typer.Option(min=0.1, help="Seconds a client may take to send a request's "
-                                                         "line and headers (default: server.header_timeout).")] = None,
+    header_timeout: Annotated[float | None, typer.Option(
+        min=0.1, max=3600, help="Seconds a client may take to send a request's line and headers (default: "
+        "server.header_timeout).")] = None,
 ) -> None:
     """Serve the OpenAI-compatible gateway."""
     import uvicorn
@@ -88,14 +89,14 @@ def serve(
         access_log=False,  # one access line per request costs more than the request; see telemetry.json_logs
     )
     uv_config = uvicorn.Config(APP_FACTORY, **options)
-    sockets = [_listen(uv_config.host, uv_config.port)]
+    sockets = [listen(uv_config.host, uv_config.port)]
     if n_workers == 1:
         _serve_one(uv_config, sockets)
     else:
         _supervise(uv_config, sockets)
 
 
-def _listen(host: str, port: int) -> socket.socket:
+def listen(host: str, port: int) -> socket.socket:
     """The listening socket, bound before the app loads (a local model may take minutes): a port in
     use or an address this host lacks ends ``serve`` at once, in one line."""
     try:

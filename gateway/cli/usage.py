@@ -10,7 +10,7 @@ import sys
 from contextlib import nullcontext
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Annotated, Any
+from typing import IO, Annotated, Any, TextIO
 
 import typer
 
@@ -57,7 +57,10 @@ def _bounds(start: str | None, end: str | None, since: str | None) -> tuple[date
         fail(exc.message)
         raise
     if since:
-        return (hi or datetime.now(UTC)) - parse_duration(since), hi
+        try:
+            return (hi or datetime.now(UTC)) - parse_duration(since), hi
+        except OverflowError:
+            fail(f"--since: {since!r} reaches before the year 1")
     if lo is not None and hi is not None and lo >= hi:
         fail("--start must be before --end")
     return lo, hi
@@ -115,6 +118,16 @@ class Progress:
         sys.stderr.write(f"\r{text}\033[K\n" if self.tty else f"{text}\n")
 
 
+def _open_output(output: Path | None) -> IO[str] | nullcontext[TextIO]:
+    """``--output`` opened to write (stdout without one); a path it cannot write is one line naming it."""
+    if output is None:
+        return nullcontext(sys.stdout)
+    try:
+        return output.open("w", encoding="utf-8", newline="")
+    except OSError as exc:
+        raise ValueError(f"cannot write {output}: {exc.strerror or exc}") from None
+
+
 @usage_app.command("export")
 def usage_export(
     start: StartOpt = None,
@@ -130,7 +143,11 @@ def usage_export(
     lo, hi = _bounds(start, end, since)
     now = datetime.now(UTC)
     hi = hi or now + timedelta(seconds=1)
-    lo = lo or hi - timedelta(days=30)
+    try:
+        lo = lo or hi - timedelta(days=30)
+    except OverflowError:
+        fail(f"--end: the default range, 30 days before {end}, reaches before the year 1; give --start too")
+        raise
     if lo >= hi:  # a --start after the default end (now)
         fail("--start must be before --end")
     progress = Progress()
@@ -139,7 +156,7 @@ def usage_export(
         tenant_id = (await svc.get_tenant(tenant)).id if tenant else None
         f = records.RecordFilter(tenant_id, lo, hi, key_id=key, operator=True)
         # the file is opened once the database and the tenant are known: a typo leaves it as it was
-        with output.open("w", encoding="utf-8", newline="") if output else nullcontext(sys.stdout) as target:
+        with _open_output(output) as target:
             target.write(records.csv_text([], header=True, operator=True))
             n = 0
             async for batch in records.batches(db, f):

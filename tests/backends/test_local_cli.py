@@ -60,6 +60,8 @@ def test_generate_from_jsonl(tiny: Path, tmp_path: Path) -> None:
     ('{"prompt": "x", "messages": []}', "exactly one of"),
     ('{"prompt": "x", "warp": 1}', "unknown fields \\['warp'\\]"),
     ('{"prompt": "x", "temperature": -1}', "temperature must be >= 0"),
+    ('{"prompt": "x", "max_tokens": "8"}', r"in\.jsonl:1: "),  # a wrong type: its line, not a bare TypeError
+    ('{"prompt": 5}', r"in\.jsonl:1: "),
 ])
 def test_bad_input_lines_are_clear_errors(tiny: Path, tmp_path: Path, line: str, message: str) -> None:
     src = tmp_path / "in.jsonl"
@@ -142,3 +144,52 @@ def test_engine_serve_runs_non_native_architectures(
 def test_engine_serve_tensor_parallel_refuses_the_transformers_path(tiny: Path) -> None:
     result = runner.invoke(app, ["engine", "serve", "--model", str(tiny), "-tp", "2", "--model-impl", "transformers"])
     assert result.exit_code == 2 and "native models only" in result.output
+
+
+def test_an_output_it_cannot_write_fails_before_generating(tiny: Path, tmp_path: Path) -> None:
+    """Not after the whole file was generated (hours, on a big one), with a message about a database."""
+    src = tmp_path / "in.jsonl"
+    src.write_text('{"prompt": "x", "max_tokens": 2}\n')
+    for target in (tmp_path, tmp_path / "none" / "out.jsonl"):
+        result = runner.invoke(app, ["engine", "generate", str(src), "--model", str(tiny), "-o", str(target),
+                                     "--num-kv-blocks", "256"])
+        assert result.exit_code == 2 and result.output.startswith(f"error: cannot write {target}: "), result.output
+        assert "generate" not in result.output and "database" not in result.output
+
+
+def test_a_failed_generate_leaves_the_output_file_alone(tiny: Path, tmp_path: Path) -> None:
+    src, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    src.write_text('{"prompt": "x", "temperature": -1}\n')
+    out.write_text("yesterday's results\n")
+    result = runner.invoke(app, ["engine", "generate", str(src), "--model", str(tiny), "-o", str(out)])
+    assert result.exit_code == 2 and out.read_text() == "yesterday's results\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl", "out.jsonl"]  # no temporary file left
+
+
+def test_build_tiny_onto_a_file_names_the_path(tmp_path: Path) -> None:
+    (tmp_path / "taken").write_text("")
+    result = runner.invoke(app, ["engine", "build-tiny", str(tmp_path / "taken")])
+    assert result.exit_code == 2, result.output
+    assert result.output == f"error: cannot write the model into {tmp_path / 'taken'}: File exists\n"
+
+
+@pytest.mark.parametrize("port", ["70000", "-1"])
+def test_engine_serve_refuses_a_port_out_of_range(port: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """--port 99999 once served on 99999 mod 65536, as ``switchyard serve`` did."""
+    monkeypatch.setattr("gateway.engine_node.create_node_app", lambda *a, **k: pytest.fail("went on to load"))
+    result = runner.invoke(app, ["engine", "serve", "--model", "unused", "--port", port])
+    assert result.exit_code == 2 and "--port" in result.output, result.output
+
+
+def test_engine_serve_on_a_port_in_use_fails_before_loading_the_model(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Not after the model's load (minutes on a big one), with uvicorn's own message and status 3."""
+    import socket
+
+    monkeypatch.setattr("gateway.engine_node.create_node_app", lambda *a, **k: pytest.fail("went on to load"))
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = runner.invoke(app, ["engine", "serve", "--model", "unused", "--port", str(port)])
+    assert result.exit_code == 1, result.output
+    assert result.output == f"error: cannot listen on 127.0.0.1:{port}: Address already in use\n"

@@ -10,6 +10,8 @@ import json
 import uuid
 from pathlib import Path
 
+import pytest
+
 from gateway.contracts import UsageRecord
 from gateway.db import Database
 from gateway.usage.pricing import PriceTable
@@ -87,3 +89,37 @@ def test_report_totals_and_compact_end_dates(cli: tuple[Cli, str]) -> None:
                 "--by", "model,day", "--format", "csv").stdout
     assert empty.splitlines() == [",".join(["model", "day", "requests", "errors", "prompt_tokens",
                                             "completion_tokens", "cached_tokens", "total_tokens", "cost"])]
+
+
+def test_an_export_to_a_path_it_cannot_write_names_the_path_not_the_database(cli: tuple[Cli, str],
+                                                                             tmp_path: Path) -> None:
+    run, _ = cli
+    for target, why in ((tmp_path, "Is a directory"), (tmp_path / "none" / "x.csv", "No such file or directory")):
+        done = run("usage", "export", "-o", str(target), ok=False)
+        assert done.returncode == 1 and done.stderr.count("\n") == 1, done.stderr
+        assert done.stderr.startswith(f"error: cannot write {target}: {why}"), done.stderr
+        assert "database" not in done.stderr
+
+
+@pytest.mark.parametrize(("args", "named"), [
+    (["--since", "9999999w"], "--since: '9999999w' reaches before the year 1"),
+    (["--end", "0001-01-01", "--since", "2d"], "--since: '2d' reaches before the year 1"),
+])
+def test_a_range_reaching_before_the_year_one_names_the_option(cli: tuple[Cli, str], args: list[str],
+                                                                named: str) -> None:
+    run, _ = cli
+    for command in ("report", "export"):
+        done = run("usage", command, *args, ok=False)
+        assert done.returncode == 1 and done.stderr == f"error: {named}\n", done.stderr
+    done = run("usage", "export", "--end", "0001-01-05", ok=False)  # the default range: 30 days before --end
+    assert done.returncode == 1 and done.stderr.startswith("error: --end: ") and "give --start" in done.stderr, \
+        done.stderr
+
+
+def test_a_key_for_an_empty_model_name_is_refused(cli: tuple[Cli, str]) -> None:
+    """``--model ""`` (an unset shell variable) once made a key that may call nothing, silently."""
+    run, _ = cli
+    tenant = run.json("tenant", "create", f"m-{uuid.uuid4().hex[:6]}")
+    done = run("key", "create", "--tenant", tenant["id"], "--model", "m", "--model", "", ok=False)
+    assert done.returncode == 1 and done.stderr == "error: models[1] is empty: name a model\n", done.stderr
+    assert run.json("key", "list", "--tenant", tenant["id"]) == []

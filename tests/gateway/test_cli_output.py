@@ -20,7 +20,7 @@ import typer
 from typer.testing import CliRunner
 
 from gateway.cli import app
-from gateway.cli.errors import DEBUG_ENV, GuardedTyper
+from gateway.cli.errors import DEBUG_ENV, GuardedTyper, explain
 from gateway.contracts import UsageRecord
 from gateway.db import Database
 from gateway.usage.pricing import PriceTable
@@ -187,3 +187,11 @@ def test_every_listing_has_json_and_export_writes_csv(local: tuple[dict[str, str
     rows = list(csv.DictReader(out.open()))
     assert {r["request_id"] for r in rows} == {"req-0"} and f"to {out}" in done.stderr  # req-2 is 2 h old
     assert runner.invoke(app, ["usage", "export", "--tenant", "nobody"], env=env).exit_code == 1
+
+
+def test_a_file_the_command_cannot_use_is_not_called_an_unreachable_database() -> None:
+    """An OSError naming a file (an --output that is a folder, a path in the way) says so; one without a
+    file name (a refused or unresolvable connection) is the database's."""
+    assert explain(IsADirectoryError(21, "Is a directory", "/tmp/out"), UNREACHABLE) == "/tmp/out: Is a directory"
+    assert explain(FileExistsError(17, "File exists", "/tmp/m")) == "/tmp/m: File exists"
+    assert explain(OSError(111, "Connect call failed"), UNREACHABLE).startswith("cannot reach the database at ")

@@ -145,3 +145,49 @@ def test_an_env_override_that_reads_as_a_number_or_a_date_stays_text_where_the_k
     assert settings.auth.admin_key == "0123456789" and settings.dashboard.session_secret == "2024-01-01"
     assert settings.server.port == 9000 and settings.auth.key_cache_seconds == 1.5
     assert settings.quotas.default_max_tokens is None and settings.telemetry.metrics is False
+
+
+def test_a_mistake_in_a_price_names_the_model_it_prices() -> None:
+    """Prices are keyed by model: the error says whose price is wrong, not ``prices[...]``."""
+    with pytest.raises(ConfigError, match=r"^config error at prices\.gpt-4o\.input_per_million: Expected `float` >= 0"):
+        parse_settings({"prices": {"a": {}, "gpt-4o": {"input_per_million": -1}}}, env={})
+    with pytest.raises(ConfigError, match=r"^config error at prices\.a\.service_tiers\.flex: Object contains unknown"):
+        parse_settings({"prices": {"a": {"service_tiers": {"flex": {"input_per_milion": 1}}}}}, env={})
+
+
+@pytest.mark.parametrize(("dep", "named"), [
+    ({"provider": "openai", "options": {"forward_tenat": True}}, "unknown options ['forward_tenat']"),
+    ({"provider": "openai", "options": {"forward_tenant": "no"}}, "options.forward_tenant must be true or false"),
+    ({"provider": "anthropic", "options": {"max_tokens": "abc"}}, "options.max_tokens must be a positive integer"),
+    ({"provider": "anthropic", "options": {"max_tokens": 0}}, "options.max_tokens must be a positive integer"),
+])
+def test_an_http_deployments_options_are_checked_not_ignored(dep: dict[str, object], named: str) -> None:
+    """An HTTP provider's few options are checked at load: a typo is not silently ignored, nor "no" read as true."""
+    with pytest.raises(ConfigError, match=r"^config error at models\[0\]\.deployments\[0\]: " + re.escape(named)):
+        parse_settings({"models": [{"name": "a", "deployments": [DEP | dep]}]}, env={})
+    parse_settings({"models": [{"name": "a", "deployments": [
+        DEP | {"options": {"forward_tenant": True}}, DEP | {"provider": "anthropic", "options": {"max_tokens": 8}}]}]},
+        env={})
+
+
+def test_a_model_that_falls_back_to_itself_is_an_error() -> None:
+    """The router never tries a group twice, so such a fallback would be silently ignored."""
+    for name in ("a", "a-latest"):
+        with pytest.raises(ConfigError, match=r"^config error at models\[0\]\.fallbacks\[0\]: model 'a' falls back "):
+            parse_settings({"models": [{"name": "a", "aliases": ["a-latest"], "fallbacks": [name],
+                                        "deployments": [DEP]}]}, env={})
+
+
+@pytest.mark.parametrize("value", [float("inf"), float("nan"), 1e300])
+def test_an_endless_dashboard_session_is_an_error_not_a_failing_sign_in(value: float) -> None:
+    """``session_seconds: .inf`` was accepted, and then every dashboard sign-in failed making its cookie."""
+    with pytest.raises(ConfigError, match=r"^config error at dashboard\.session_seconds: Expected `float` (<=|>) "):
+        parse_settings({"dashboard": {"session_seconds": value}}, env={})
+    parse_settings({"dashboard": {"session_seconds": 100 * 365 * 86400}}, env={})
+
+
+def test_an_empty_host_is_an_error_not_every_interface() -> None:
+    """``host: ${HOST}`` with HOST set empty would bind "" (every interface), opening the gateway to the network."""
+    with pytest.raises(ConfigError, match=r"^config error at server\.host: Expected `str` of length >= 1"):
+        parse_settings({"server": {"host": ""}}, env={})
+    assert parse_settings({"server": {"host": "0.0.0.0"}}, env={}).server.host == "0.0.0.0"

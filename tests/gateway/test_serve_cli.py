@@ -227,3 +227,29 @@ def test_serve_warns_of_a_price_that_prices_nothing_once(tmp_path: Path, upstrea
     warned = [line for line in stderr.decode().splitlines() if "names no model or deployment" in line]
     assert len(warned) == 2, warned
     assert "prices.echo-latest" in warned[0] and "prices.gone" in warned[1], warned
+
+
+@pytest.mark.parametrize("value", ["inf", "3601"])
+def test_serve_refuses_a_header_timeout_the_config_would_refuse(tmp_path: Path, value: str,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """server.header_timeout lies in (0, 3600]: --header-timeout inf once served with no deadline at all."""
+    monkeypatch.setattr("gateway.cli.serve._check_database", lambda url: pytest.fail("went on to serve"))
+    config = tmp_path / "c.yaml"
+    config.write_text("models: []\n")
+    done = CliRunner().invoke(app, ["serve", "--config", str(config), "--header-timeout", value])
+    assert done.exit_code == 2 and "--header-timeout" in done.stderr, done.output
+
+
+def test_serve_names_a_usage_journal_dir_it_cannot_use(tmp_path: Path) -> None:
+    """Not "no such file" with exit 1 from a worker's start-up: the key to fix, as a config error."""
+    config = tmp_path / "c.yaml"
+    config.write_text(yaml.safe_dump({"database": {"url": f"sqlite+aiosqlite:///{tmp_path}/sy.db"}, "models": []}))
+    (tmp_path / "a-file").write_text("")
+    env = os.environ | {"SWITCHYARD__USAGE__JOURNAL_DIR": str(tmp_path / "a-file" / "journal")}
+    subprocess.run([SWITCHYARD, "db", "upgrade", "--config", str(config)], env=env, check=True, capture_output=True)
+    done = subprocess.run([SWITCHYARD, "serve", "--config", str(config), "--port", str(free_port())], env=env,
+                          capture_output=True, text=True, cwd=tmp_path, timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().splitlines()[-1] == (
+        f"error: config error at usage.journal_dir: cannot use {tmp_path / 'a-file' / 'journal'} as a folder "
+        "(Not a directory)"), done.stderr
