@@ -46,6 +46,9 @@ def _check_http_options(provider: str, options: dict[str, Any]) -> None:
             raise ValueError(f"options.{name} must be {must}, got {options[name]!r}")
 
 
+_IN_PROCESS = frozenset({"local", "transformers"})  # the providers that run the model here, not over HTTP
+
+
 class ConfigError(ValueError):
     """Invalid configuration; the message names the key and the problem."""
 
@@ -103,9 +106,21 @@ class DeploymentConfig(Conf):
                 raise ValueError(f"api_base must be an http(s) URL such as https://api.openai.com/v1, "
                                  f"got {self.api_base!r}")
         _check_http_options(self.provider, self.options)
+        if self.provider in _IN_PROCESS and (ignored := self._http_only_fields()):
+            raise ValueError(f"provider {self.provider!r} runs the model in this process: {', '.join(ignored)} "
+                             "(read for HTTP upstreams only) would be ignored")
+        if self.provider == "anthropic" and self.responses_api:
+            raise ValueError("responses_api applies to openai deployments; anthropic's /v1/responses is translated")
         if self.provider != "anthropic" and (self.anthropic_betas or self.server_tools):
             raise ValueError(f"anthropic_betas and server_tools apply to anthropic deployments only, "
                              f"not to provider {self.provider!r}")
+
+    def _http_only_fields(self) -> list[str]:
+        """The fields set that only an HTTP upstream reads."""
+        given = {"api_base": self.api_base is not None, "api_key": self.api_key is not None,
+                 "drop_params": bool(self.drop_params), "rename_params": bool(self.rename_params),
+                 "responses_api": self.responses_api}
+        return [name for name, set_ in given.items() if set_]
 
     @property
     def id(self) -> str:

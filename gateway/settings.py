@@ -165,7 +165,8 @@ class TelemetryConfig(Conf):
 
     metrics: bool = True  # serve GET /metrics (Prometheus text format)
     tracing: bool = False  # record OpenTelemetry spans
-    otlp_endpoint: str | None = None  # OTLP/HTTP traces endpoint, e.g. http://collector:4318/v1/traces
+    # OTLP/HTTP traces endpoint, e.g. http://collector:4318/v1/traces
+    otlp_endpoint: Annotated[str, Meta(pattern=r"^https?://[^/\s]+")] | None = None
     service_name: str = "switchyard"
     json_logs: bool = False  # one JSON object per log line, with request id, tenant, model, status, latency
 

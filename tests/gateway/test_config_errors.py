@@ -170,6 +170,19 @@ def test_an_http_deployments_options_are_checked_not_ignored(dep: dict[str, obje
         env={})
 
 
+@pytest.mark.parametrize(("dep", "named"), [
+    ({"provider": "local", "model": "/m", "api_key": "sk-x"}, "'local' runs the model in this process: api_key "),
+    ({"provider": "transformers", "model": "/m", "api_base": "http://h/v1", "drop_params": ["user"]},
+     "'transformers' runs the model in this process: api_base, drop_params "),
+    ({"provider": "local", "model": "/m", "responses_api": True}, "in this process: responses_api "),
+    ({"provider": "anthropic", "model": "c", "responses_api": True}, "responses_api applies to openai deployments"),
+])
+def test_a_field_the_provider_never_reads_is_an_error_not_ignored(dep: dict[str, object], named: str) -> None:
+    """An engine run in this process has no upstream to send a key or drop a field for."""
+    with pytest.raises(ConfigError, match=r"^config error at models\[0\]\.deployments\[0\]: .*" + re.escape(named)):
+        parse_settings({"models": [{"name": "a", "deployments": [dep]}]}, env={})
+
+
 def test_a_model_that_falls_back_to_itself_is_an_error() -> None:
     """The router never tries a group twice, so such a fallback would be silently ignored."""
     for name in ("a", "a-latest"):
@@ -191,3 +204,10 @@ def test_an_empty_host_is_an_error_not_every_interface() -> None:
     with pytest.raises(ConfigError, match=r"^config error at server\.host: Expected `str` of length >= 1"):
         parse_settings({"server": {"host": ""}}, env={})
     assert parse_settings({"server": {"host": "0.0.0.0"}}, env={}).server.host == "0.0.0.0"
+
+
+def test_an_otlp_endpoint_that_is_no_url_is_an_error_not_traces_lost() -> None:
+    with pytest.raises(ConfigError, match=r"^config error at telemetry\.otlp_endpoint: Expected `str` matching regex"):
+        parse_settings({"telemetry": {"tracing": True, "otlp_endpoint": "collector:4318"}}, env={})
+    url = "http://collector:4318/v1/traces"
+    assert parse_settings({"telemetry": {"otlp_endpoint": url}}, env={}).telemetry.otlp_endpoint == url
