@@ -98,7 +98,11 @@ def serve(
 
 def listen(host: str, port: int) -> socket.socket:
     """The listening socket, bound before the app loads (a local model may take minutes): a port in
-    use or an address this host lacks ends ``serve`` at once, in one line."""
+    use or an address this host lacks ends ``serve`` at once, in one line. An empty host (an unset
+    shell variable) is refused: it would bind every interface."""
+    if not host:
+        typer.echo("error: the host is empty: name an address (0.0.0.0 for every interface)", err=True)
+        raise typer.Exit(2)
     try:
         sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

@@ -193,3 +193,10 @@ def test_engine_serve_on_a_port_in_use_fails_before_loading_the_model(monkeypatc
         result = runner.invoke(app, ["engine", "serve", "--model", "unused", "--port", str(port)])
     assert result.exit_code == 1, result.output
     assert result.output == f"error: cannot listen on 127.0.0.1:{port}: Address already in use\n"
+
+
+def test_engine_serve_refuses_an_empty_host(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--host "$HOST"`` with HOST unset would bind every interface, opening the engine to the network."""
+    monkeypatch.setattr("gateway.engine_node.create_node_app", lambda *a, **k: pytest.fail("went on to load"))
+    result = runner.invoke(app, ["engine", "serve", "--model", "unused", "--host", ""])
+    assert result.exit_code == 2 and result.output.startswith("error: the host is empty"), result.output
