@@ -5,7 +5,7 @@ mid-stream as well as in whole answers, and what the official SDKs get holds non
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import anthropic
@@ -93,24 +93,22 @@ MESSAGES: list[Any] = [{"role": "user", "content": "a b c"}]
 # ---------------------------------------------------------------- chat completions (openai upstream)
 
 
-def test_an_error_event_mid_stream_echoing_the_key_is_redacted(openai_client: openai.OpenAI,
-                                                               upstream: FakeUpstream) -> None:
-    upstream.fail_next(Fault(error_after_chunks=2, error_event=lambda h: {"error": {
-        "message": echoed(h), "type": "server_error", "code": "server_error"}}))
-    with pytest.raises(openai.APIError) as failed:
-        list(openai_client.chat.completions.create(model="chat", messages=MESSAGES, stream=True))
-    assert redaction.MASK in failed.value.message
-    assert_no_key(failed.value.message, failed.value.body)
+def _error_event(headers: dict[str, str]) -> dict[str, Any]:
+    return {"error": {"message": echoed(headers), "type": "server_error", "code": "server_error"}}
 
 
-def test_an_error_riding_on_a_chunk_echoing_the_key_is_redacted(openai_client: openai.OpenAI,
-                                                                upstream: FakeUpstream) -> None:
+def _error_on_a_chunk(headers: dict[str, str]) -> dict[str, Any]:
     """OpenRouter's failure mid-stream: a chunk with an ``error`` beside its fields, finish_reason "error"."""
-    upstream.fail_next(Fault(error_after_chunks=1, error_event=lambda h: {
-        "id": "chatcmpl-f", "object": "chat.completion.chunk", "created": 0, "model": "m",
-        "error": {"code": "server_error", "message": echoed(h)},
-        "choices": [{"index": 0, "delta": {"content": ""}, "finish_reason": "error"}]}))
-    with pytest.raises(openai.APIError) as failed:  # the SDK raises the error a chunk carries
+    return {"id": "chatcmpl-f", "object": "chat.completion.chunk", "created": 0, "model": "m",
+            "error": {"code": "server_error", "message": echoed(headers)},
+            "choices": [{"index": 0, "delta": {"content": ""}, "finish_reason": "error"}]}
+
+
+@pytest.mark.parametrize("event", [_error_event, _error_on_a_chunk], ids=["error-event", "error-on-a-chunk"])
+def test_an_error_mid_stream_echoing_the_key_is_redacted(openai_client: openai.OpenAI, upstream: FakeUpstream,
+                                                         event: Callable[[dict[str, str]], dict[str, Any]]) -> None:
+    upstream.fail_next(Fault(error_after_chunks=2, error_event=event))
+    with pytest.raises(openai.APIError) as failed:  # the SDK raises the error an event or a chunk carries
         list(openai_client.chat.completions.create(model="chat", messages=MESSAGES, stream=True))
     assert redaction.MASK in failed.value.message
     assert_no_key(failed.value.message, failed.value.body)
