@@ -22,7 +22,8 @@ from gateway.contracts import Principal
 from gateway.controllers.auth import authenticate_request, pipeline_of, principal_of
 from gateway.controllers.docs import api_post, error_responses
 from gateway.dialects import Dialect
-from gateway.dialects.responses import TRANSLATED_REASONING, responses_dialect
+from gateway.dialects.responses import responses_dialect
+from gateway.dialects.responses_reasoning import TRANSLATED_REASONING
 from gateway.dialects.responses_request import (
     ResponsesRequest,
     echoed_fields,
@@ -30,6 +31,7 @@ from gateway.dialects.responses_request import (
     raw_request,
     responses_param,
     to_chat_request,
+    wants_encrypted_reasoning,
 )
 from gateway.errors import ApiError
 from gateway.services import Services
@@ -153,7 +155,8 @@ class ResponsesController(Controller):
             "instructions": data.instructions if isinstance(data.instructions, str) else None}
         finished: list[dict[str, Any]] = []
         dialect = responses_dialect(extra, finished.append,
-                                    {"previous_response_id": previous} if kept_previous else {})
+                                    {"previous_response_id": previous} if kept_previous else {},
+                                    encrypted=wants_encrypted_reasoning(data))
         if native:
             call = _described_for_passthrough(principal, data, context if kept_previous else None, upstream_previous,
                                               inputs, dialect)

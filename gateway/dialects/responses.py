@@ -30,6 +30,7 @@ from backends.openai_wire import (
 from backends.responses_wire import RelayedResponse, ResponsesEvent
 from backends.tools_wire import ToolCallDelta
 from gateway.dialects import Dialect
+from gateway.dialects.responses_reasoning import TRANSLATED_REASONING, with_encrypted_content
 from gateway.dialects.responses_request import responses_param
 from gateway.dialects.tool_call_slots import CallSlots, own_call_id
 from gateway.errors import ApiError
@@ -99,11 +100,6 @@ def _part(kind: str, text: str) -> dict[str, Any]:
     return {"type": kind, _PART_TEXT[kind]: text}
 
 
-# The id of a reasoning item made here from a chat provider's reasoning text: no upstream serving
-# Responses knows it, so a kept conversation sent to one leaves it out (``controllers.responses``).
-TRANSLATED_REASONING = "rs_sy"
-
-
 def _content_item(kind: str, parts: list[dict[str, Any]], status: str = "completed") -> dict[str, Any]:
     """A ``message`` or ``reasoning`` item holding ``parts``."""
     if kind == "reasoning":
@@ -113,12 +109,13 @@ def _content_item(kind: str, parts: list[dict[str, Any]], status: str = "complet
             "content": parts}
 
 
-def _output(message: AssistantMessage) -> list[dict[str, Any]]:
-    """A chat answer's message as output items: its reasoning (first, as OpenAI gives it), its text
-    and refusal, then its function calls."""
+def _output(message: AssistantMessage, encrypted: bool = False) -> list[dict[str, Any]]:
+    """A chat answer's message as output items: its reasoning (first, as OpenAI gives it; with
+    ``encrypted_content`` if ``encrypted``), its text and refusal, then its function calls."""
     output: list[dict[str, Any]] = []
     if reasoning := reasoning_text(message):
-        output.append(_content_item("reasoning", [_part("reasoning_text", reasoning)]))
+        item = _content_item("reasoning", [_part("reasoning_text", reasoning)])
+        output.append(with_encrypted_content(item) if encrypted else item)
     parts = [_part(kind, text) for kind, text in (("output_text", message.content), ("refusal", message.refusal))
              if text]
     if parts:
@@ -131,10 +128,11 @@ def _output(message: AssistantMessage) -> list[dict[str, Any]]:
 
 
 def response_object(response: ChatCompletion, extra: dict[str, Any] | None = None,
-                    meter: Meter | None = None) -> dict[str, Any]:
-    """A chat answer as a response object; one with no choice has no output (as its stream would)."""
+                    meter: Meter | None = None, encrypted: bool = False) -> dict[str, Any]:
+    """A chat answer as a response object; one with no choice has no output (as its stream would).
+    Its reasoning item carries ``encrypted_content`` if ``encrypted`` (``include`` asked for it)."""
     choice = response.choices[0] if response.choices else None
-    output = _output(choice.message) if choice is not None else []
+    output = _output(choice.message, encrypted) if choice is not None else []
     incomplete = _INCOMPLETE.get(choice.finish_reason or "") if choice is not None else None
     if incomplete and output:
         output[-1]["status"] = "incomplete"  # the item being written when the answer was cut short
@@ -160,10 +158,12 @@ class ResponsesEvents:
     another begins, a function call once its arguments are whole JSON (else at the end)."""
 
     def __init__(self, meter: Meter | None = None, extra: dict[str, Any] | None = None,
-                 on_final: Callable[[dict[str, Any]], None] | None = None) -> None:
+                 on_final: Callable[[dict[str, Any]], None] | None = None, encrypted: bool = False) -> None:
         # ``meter`` as Dialect.stream passes it (usage comes in chunks); ``extra`` fields go on every
-        # response object; ``on_final`` gets the finished response before its last event is sent.
+        # response object; ``on_final`` gets the finished response before its last event is sent;
+        # ``encrypted``: a reasoning item gets ``encrypted_content`` when it is done.
         self._meter = meter
+        self._encrypted = encrypted
         self._extra = extra
         self._on_final = on_final
         self._seq = 0
@@ -297,6 +297,8 @@ class ResponsesEvents:
         """The open item done, with ``status``."""
         self._open = None
         item["status"] = status
+        if self._encrypted and item["type"] == "reasoning":
+            with_encrypted_content(item)
         index = len(self._output) - 1
         out = b""
         if item["type"] == "function_call":
@@ -351,8 +353,8 @@ class RelayedEvents(ResponsesEvents):
     translated answer (a fallback to a chat-only deployment) is encoded as ``ResponsesEvents`` does."""
 
     def __init__(self, meter: Meter | None, extra: dict[str, Any], relayed_extra: dict[str, Any],
-                 on_final: Callable[[dict[str, Any]], None]) -> None:
-        super().__init__(meter, extra, on_final)
+                 on_final: Callable[[dict[str, Any]], None], encrypted: bool = False) -> None:
+        super().__init__(meter, extra, on_final, encrypted)
         self._relayed_extra = relayed_extra
         self._relaying = False
         self._response: dict[str, Any] | None = None  # the upstream's latest response object
@@ -398,19 +400,19 @@ class RelayedEvents(ResponsesEvents):
 
 
 def responses_dialect(extra: dict[str, Any], on_final: Callable[[dict[str, Any]], None],
-                      relayed_extra: dict[str, Any] | None = None) -> Dialect:
+                      relayed_extra: dict[str, Any] | None = None, encrypted: bool = False) -> Dialect:
     """The Responses dialect for one call: ``extra`` fields on the response objects it builds
-    (``relayed_extra`` on an upstream's own), and every finished response handed to ``on_final``
-    (for ``store``)."""
+    (``relayed_extra`` on an upstream's own), every finished response handed to ``on_final`` (for
+    ``store``), and, if ``encrypted``, ``encrypted_content`` on the reasoning items it makes."""
     relayed_extra = relayed_extra or {}
 
     def unary(response: ChatCompletion | RelayedResponse, meter: Meter) -> bytes:
         if isinstance(response, RelayedResponse):
             final = _relayed(response.body, response.model, relayed_extra)
         else:
-            final = response_object(response, extra, meter)
+            final = response_object(response, extra, meter, encrypted)
         if final.get("status") in ("completed", "incomplete"):
             on_final(final)
         return msgspec.json.encode(final)
 
-    return Dialect(unary=unary, stream=lambda meter: RelayedEvents(meter, extra, relayed_extra, on_final))
+    return Dialect(unary=unary, stream=lambda meter: RelayedEvents(meter, extra, relayed_extra, on_final, encrypted))

@@ -34,6 +34,7 @@ from backends.openai_wire import (
     set_extra_params,
 )
 from gateway.body import RAW_BODY, validation_error
+from gateway.dialects.responses_reasoning import asks_encrypted_content, honoured_include, restored
 from gateway.errors import ApiError
 
 
@@ -92,7 +93,8 @@ class FunctionCallOutputItem(_Wire, tag_field="type", tag="function_call_output"
 
 class ReasoningItem(_Wire, tag_field="type", tag="reasoning"):
     """Earlier reasoning, as a response's output gives it: accepted and not sent to chat, which has no
-    field for it (DeepSeek refuses ``reasoning_content`` in its input); the answer is in the message."""
+    field for it (DeepSeek refuses ``reasoning_content`` in its input); the answer is in the message.
+    Its ``encrypted_content``, the gateway's or another's, is read where it is kept (``input_items``)."""
 
     summary: list[dict[str, Any]]
 
@@ -155,9 +157,10 @@ class ResponsesRequest(_Wire, dict=True):
 
 
 # Fields of the Responses API with no chat equivalent, and the values that ask for nothing (so a
-# translated request may carry them); any other value is a 400 naming the field.
+# translated request may carry them); any other value is a 400 naming the field. ``include`` may
+# also ask for reasoning's ``encrypted_content`` (``responses_reasoning``), and nothing else.
 _NO_OP_VALUES: dict[str, tuple[Any, ...]] = {
-    "include": (None, []), "truncation": (None, "disabled"), "background": (None, False),
+    "include": (None,), "truncation": (None, "disabled"), "background": (None, False),
     "reasoning": (None, {}), "prompt": (None,), "conversation": (None,), "max_tool_calls": (None,),
     "context_management": (None, []), "moderation": (None,),
     "stream_options": (None, {}, {"include_obfuscation": False}),  # the gateway's streams are never obfuscated
@@ -187,6 +190,8 @@ def _translated_extras(req: ResponsesRequest) -> dict[str, msgspec.Raw]:
         elif name == "reasoning" and isinstance(value, dict):
             if (effort := _reasoning_effort(value)) is not None:
                 extras["reasoning_effort"] = effort
+        elif name == "include" and honoured_include(value):
+            continue
         elif value not in _NO_OP_VALUES.get(name, ()):
             raise _unsupported(name)
     return extras
@@ -335,6 +340,7 @@ def input_items(req: ResponsesRequest) -> list[dict[str, Any]]:
         if isinstance(item.get("content"), str):
             kind = "output_text" if item.get("role") == "assistant" else "input_text"
             item["content"] = [{"type": kind, "text": item["content"]}]
+        item = restored(item)  # a reasoning item of the gateway's own: its text put back
         item.setdefault("id", _ID_PREFIX.get(str(item.get("type")), "item_") + uuid.uuid4().hex)
         if item.get("type") != "function_call_output" or "status" not in item:  # no type: a 400 where translated
             item.setdefault("status", "completed")
@@ -458,6 +464,11 @@ def responses_param(param: str | None) -> str | None:
         if param == chat or param.startswith((chat + ".", chat + "[")):
             return ours + param[len(chat):]
     return _CHAT_TOOL.sub(r"tools[\1]", param, count=1)
+
+
+def wants_encrypted_reasoning(req: ResponsesRequest) -> bool:
+    """Whether reasoning items made from a chat answer are to carry ``encrypted_content``."""
+    return RAW_BODY in req.__dict__ and asks_encrypted_content(raw_request(req))
 
 
 def echoed_fields(req: ResponsesRequest) -> dict[str, Any]:
