@@ -55,11 +55,15 @@ class Ticket:
 
 
 class QuotaExceeded(Exception):
-    def __init__(self, message: str, *, retry_after: float | None, ticket: Ticket | None = None) -> None:
+    def __init__(self, message: str, *, retry_after: float | None, ticket: Ticket | None = None,
+                 budget: bool = False) -> None:
         super().__init__(message)
         self.message = message
         self.retry_after = retry_after  # None: no wait admits the request (a limit of 0, or under it)
         self.ticket = ticket  # carries the limit states for the headers
+        # refused by what is left of a budget (tokens or money), not by a rate: OpenAI's
+        # ``insufficient_quota``, which no SDK retry can end (a period's end is hours away)
+        self.budget = budget
 
 
 class QuotaUnavailable(Exception):
@@ -119,6 +123,7 @@ class UsageRecord:
 
 INCOMPLETE = "incomplete"  # ``extra["outcome"]`` of the record that stands for a request until it settles
 QUOTA_REFUSED = "rate_limit_exceeded"  # the code (and usage row's error_type) of a 429 from the gateway's quotas
+BUDGET_SPENT = "insufficient_quota"  # the code and type of one refused by a budget (the usage row: QUOTA_REFUSED)
 
 
 class UsageSink(Protocol):

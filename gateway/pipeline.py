@@ -32,11 +32,11 @@ from backends.base import BackendError, ChunkStream, Completed, ContextTooLong, 
 from backends.call import CallContext, CallingTenant, forwarded_tenant
 from gateway.calls import CallDescription
 from gateway.contracts import (
+    BUDGET_SPENT,
     INCOMPLETE,
     QUOTA_REFUSED,
     Principal,
     QuotaExceeded,
-    QuotaState,
     QuotaUnavailable,
     Ticket,
     UsageRecord,
@@ -152,12 +152,12 @@ class Pipeline:
         rid = request_id()
         principal = call.principal
         try:
-            ticket = await self._admit(principal, group, reserve, call.output_field)
+            ticket = await self._admit(call, group, reserve)
         except ApiError as exc:  # refused by quotas: still one usage row (no tokens) for this request
             self.services.usage.record(UsageRecord(
                 request_id=rid, key_id=principal.key_id, tenant_id=principal.tenant_id,
                 model=group.name, deployment=None, provider=None, endpoint=call.endpoint, started_at=time.time(),
-                status=exc.status, error_type=exc.code, stream=call.stream,
+                status=exc.status, error_type=QUOTA_REFUSED if exc.status == 429 else exc.code, stream=call.stream,
             ))
             raise
         flight = _Flight(call=call, request_id=rid, group=group, ticket=ticket, started_at=time.time(),
@@ -243,17 +243,21 @@ class Pipeline:
             flight.attempt_span = span  # ended at settlement, so it covers a stream to its end
             return result
 
-    async def _admit(self, principal: Principal, group: ModelGroup, reserve: int, output_field: str | None) -> Ticket:
+    async def _admit(self, call: CallDescription, group: ModelGroup, reserve: int) -> Ticket:
+        """Admit ``call``, or refuse it with a 429: a spent budget as OpenAI's ``insufficient_quota``
+        (its wait, to the period's end, is hours: the SDKs would retry it at once, or the Anthropic
+        SDK sleep it out), and no SDK told to retry what no wait they would take admits."""
         try:
             with self.telemetry.tracing.span("admission"):
-                return await self.services.admission.admit(principal, group.name, reserve, output_field)
+                return await self.services.admission.admit(call.principal, group.name, reserve, call.output_field)
         except QuotaExceeded as exc:
             headers = retry_after_header(exc.retry_after)
-            if exc.retry_after is None:  # no wait admits it: the SDKs' retries would be refused too
+            if exc.retry_after is None or exc.budget:
                 headers["x-should-retry"] = "false"
             if exc.ticket is not None:
-                headers.update(_ratelimit_headers(exc.ticket))
-            raise ApiError(429, exc.message, code=QUOTA_REFUSED, headers=headers) from None
+                headers.update(call.dialect.ratelimit_headers(exc.ticket))
+            code = BUDGET_SPENT if exc.budget else QUOTA_REFUSED
+            raise ApiError(429, exc.message, type=code if exc.budget else None, code=code, headers=headers) from None
         except QuotaUnavailable:
             raise ApiError(503, "the quota service is unavailable", code="quota_unavailable") from None
 
@@ -342,7 +346,7 @@ class Pipeline:
         return request_cost(price, meter)
 
     def _headers(self, flight: _Flight) -> dict[str, str]:
-        return {"x-request-id": flight.request_id} | _ratelimit_headers(flight.ticket)
+        return {"x-request-id": flight.request_id} | flight.call.dialect.ratelimit_headers(flight.ticket)
 
     @staticmethod
     def _may_use(principal: Principal, group: ModelGroup) -> bool:
@@ -421,17 +425,3 @@ def _broke_stream(error: ApiError) -> bool:
 def _circuit_tenant(principal: Principal) -> str:
     """Whom a deployment's failures are charged to (``DeploymentHealth``): the tenant, else the key."""
     return principal.tenant_id or principal.key_id
-
-
-_REQUESTS_HEADERS = ("x-ratelimit-limit-requests", "x-ratelimit-remaining-requests", "x-ratelimit-reset-requests")
-_TOKENS_HEADERS = ("x-ratelimit-limit-tokens", "x-ratelimit-remaining-tokens", "x-ratelimit-reset-tokens")
-
-
-def _ratelimit_headers(ticket: Ticket) -> dict[str, str]:
-    headers: dict[str, str] = {}
-    for (limit, remaining, reset), state in ((_REQUESTS_HEADERS, ticket.requests), (_TOKENS_HEADERS, ticket.tokens)):
-        if isinstance(state, QuotaState):
-            headers[limit] = str(state.limit)
-            headers[remaining] = str(max(0, state.remaining))
-            headers[reset] = f"{max(0.0, state.reset_seconds):.3f}s"
-    return headers

@@ -36,6 +36,7 @@ from gateway.dialects.anthropic_request import to_chat_request as to_chat_reques
 from gateway.dialects.tool_call_slots import CallSlots, own_call_id
 from gateway.errors import ApiError, exception_handlers
 from gateway.ids import random_id
+from gateway.quotas.headers import anthropic_ratelimit_headers
 
 _FINISH_TO_STOP = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use",
                    "content_filter": "refusal", "function_call": "tool_use"}
@@ -319,7 +320,7 @@ class MessagesEvents:
         return _event("error", {"error": {"type": error_type(error.status), "message": error.message}})
 
 
-ANTHROPIC = Dialect(unary=message_body, stream=MessagesEvents)
+ANTHROPIC = Dialect(unary=message_body, stream=MessagesEvents, ratelimit_headers=anthropic_ratelimit_headers)
 
 _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                 404: "not_found_error", 405: "invalid_request_error", 413: "request_too_large",

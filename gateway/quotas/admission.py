@@ -145,10 +145,12 @@ class QuotaAdmission:
             tokens=decision.tokens,
         )
         if not decision.admitted:
+            budget = decision.reason in BUDGETS
             if never := _never_admitted(decision, scopes, reserve_tokens, micros, output_field):
-                raise QuotaExceeded(never, retry_after=None, ticket=ticket)
+                message, too_large = never  # a request larger than a whole budget: shrink it, not a spent budget
+                raise QuotaExceeded(message, retry_after=None, ticket=ticket, budget=budget and not too_large)
             raise QuotaExceeded(_message(decision, scopes, reserve_tokens, micros, output_field),
-                                retry_after=decision.retry_after, ticket=ticket)
+                                retry_after=decision.retry_after, ticket=ticket, budget=budget)
         lease = ticket.reservation = lease_for(r)
         self._live[lease.ticket_id] = lease
         if self.credit is not None:
@@ -223,6 +225,7 @@ class QuotaAdmission:
             )
 
 
+BUDGETS = frozenset({"token_budget", "cost_budget"})
 PER_PERIOD = {"day": " a day", "month": " a month", "total": " in all"}
 
 
@@ -235,9 +238,10 @@ def _reserved(output_field: str | None) -> tuple[str, str]:
 
 
 def _never_admitted(decision: Decision, scopes: list[Scope], tokens: int, micros: int,
-                    output_field: str | None) -> str | None:
+                    output_field: str | None) -> tuple[str, bool] | None:
     """The message of a refusal that no wait ends (a limit of zero, one smaller than what the
-    request alone reserves, or a budget that never resets without enough left), or None."""
+    request alone reserves, or a budget that never resets without enough left), and whether the
+    request alone is too large for the limit; or None."""
     if not 0 <= decision.scope_index < len(scopes):
         return None
     scope = scopes[decision.scope_index]
@@ -247,7 +251,7 @@ def _never_admitted(decision: Decision, scopes: list[Scope], tokens: int, micros
     if limit is None:
         return None
     if limit == 0:
-        return f"The {scope.kind}'s limit on {what} is 0: it admits no requests."
+        return f"The {scope.kind}'s limit on {what} is 0: it admits no requests.", False
     reserved, lower = _reserved(output_field)
     budget = decision.reason.endswith("budget")
     per = PER_PERIOD.get(lim.budget_period, "") if budget else ""
@@ -259,10 +263,10 @@ def _never_admitted(decision: Decision, scopes: list[Scope], tokens: int, micros
         asks = f"{tokens} tokens" if decision.reason == "token_budget" else f"up to {micros / 1e6:g} USD"
         return (f"Your {scope.kind}'s {what} (in all: it never resets) is spent, or has too little left for this "
                 f"request, which reserves {asks} ({reserved}). No wait restores it: an admin must raise the "
-                f"budget (or, if some is left, reduce {lower}).")
+                f"budget (or, if some is left, reduce {lower})."), False
     else:
         return None
-    return f"Request too large for {scope.kind} on {what}: {asked} ({reserved}); reduce {lower}."
+    return f"Request too large for {scope.kind} on {what}: {asked} ({reserved}); reduce {lower}.", True
 
 
 def _message(decision: Decision, scopes: list[Scope], tokens: int, micros: int, output_field: str | None) -> str:
