@@ -320,6 +320,7 @@ class _StreamTranslator:
         self._id = "msg"
         self._pending: list[ChatCompletionChunk] = []
         self._tool_index: dict[int, int] = {}  # content block index -> tool call index
+        self._no_arguments: set[int] = set()  # content block indexes of tool calls with no arguments yet
         self._usage: dict[str, Any] = {}
         self._closed = False
         self._primed = False  # the first chunk exists: a failure from now on is mid-stream
@@ -398,23 +399,17 @@ class _StreamTranslator:
             if block.get("type") == "server_tool_use":
                 self._count_call(block.get("name"))
             elif block.get("type") == "tool_use":
-                index = self._tool_index.setdefault(int(event.get("index", 0)), len(self._tool_index))
-                self._pending.append(
-                    self._chunk(
-                        ChatDelta(
-                            tool_calls=[
-                                ToolCallDelta(
-                                    index=index,
-                                    id=block.get("id", ""),
-                                    type="function",
-                                    function={"name": block.get("name", ""), "arguments": ""},
-                                )
-                            ]
-                        )
-                    )
-                )
+                index = self._tool_index.setdefault(at := int(event.get("index", 0)), len(self._tool_index))
+                self._no_arguments.add(at)
+                call = ToolCallDelta(index=index, id=block.get("id", ""), type="function",
+                                     function={"name": block.get("name", ""), "arguments": ""})
+                self._pending.append(self._chunk(ChatDelta(tool_calls=[call])))
         elif kind == "content_block_delta":
             self._delta(int(event.get("index", 0)), event.get("delta") or {})
+        elif kind == "content_block_stop" and (at := int(event.get("index", 0))) in self._no_arguments:
+            self._no_arguments.discard(at)  # a call of no arguments (input {}): "{}", as a whole answer has
+            call = ToolCallDelta(index=self._tool_index[at], function={"arguments": "{}"})
+            self._pending.append(self._chunk(ChatDelta(tool_calls=[call])))
         elif kind == "message_delta":
             self._take_usage(event.get("usage"), output=True)
             delta = event.get("delta") or {}
@@ -468,6 +463,8 @@ class _StreamTranslator:
             self._pending.append(self._chunk(ChatDelta(reasoning_content=thinking)))
         elif delta.get("type") == "input_json_delta":
             tool, arguments = self._tool_index.get(index, 0), delta.get("partial_json", "")
+            if arguments:
+                self._no_arguments.discard(index)
             self._meter.completion_tokens += estimate_text(arguments)
             self._pending.append(
                 self._chunk(ChatDelta(tool_calls=[ToolCallDelta(index=tool, function={"arguments": arguments})]))

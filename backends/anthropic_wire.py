@@ -41,9 +41,13 @@ STOP_REASONS = {"end_turn": "stop", "stop_sequence": "stop", "max_tokens": "leng
 
 
 def _image_block(url: str) -> dict[str, Any]:
+    """A data URL's image as base64 (its media type as Anthropic names it: lower case, no parameters,
+    ``image/jpg`` as ``image/jpeg``), any other URL's by reference."""
     if url.startswith("data:") and ";base64," in url:
         header, data = url[5:].split(";base64,", 1)
-        return {"type": "image", "source": {"type": "base64", "media_type": header, "data": data}}
+        media_type = header.split(";", 1)[0].strip().lower()
+        media_type = "image/jpeg" if media_type == "image/jpg" else media_type
+        return {"type": "image", "source": {"type": "base64", "media_type": media_type, "data": data}}
     return {"type": "image", "source": {"type": "url", "url": url}}
 
 
@@ -64,11 +68,12 @@ def _content_blocks(message: ChatMessage) -> list[dict[str, Any]]:
     if message.content is None:
         return []
     if isinstance(message.content, str):
-        return [{"type": "text", "text": message.content}] if message.content else []
+        return [{"type": "text", "text": message.content}] if message.content.strip() else []
     blocks: list[dict[str, Any]] = []
     for part in message.content:
-        if isinstance(part, TextPart):
-            blocks.append(_cached({"type": "text", "text": part.text}, part.cache_control))
+        if isinstance(part, TextPart):  # one of whitespace only left out: Anthropic refuses it
+            if part.text.strip():
+                blocks.append(_cached({"type": "text", "text": part.text}, part.cache_control))
         elif isinstance(part, ImagePart):
             blocks.append(_cached(_image_block(part.image_url.url), part.cache_control))
         elif isinstance(part, FilePart):
@@ -77,7 +82,7 @@ def _content_blocks(message: ChatMessage) -> list[dict[str, Any]]:
             from backends.openai_wire import RefusalPart  # here: the module's imports are not this function's
 
             if isinstance(part, RefusalPart) and message.role == "assistant":  # what the assistant said
-                blocks.append({"type": "text", "text": part.refusal})
+                blocks.extend([{"type": "text", "text": part.refusal}] if part.refusal.strip() else [])
                 continue
             if isinstance(part, RefusalPart):
                 raise BadRequest(f"a 'refusal' content part is accepted only in an assistant message, not in a "
@@ -110,15 +115,20 @@ def _system_blocks(message: ChatMessage) -> list[dict[str, Any]]:
         if not isinstance(part, TextPart):
             raise BadRequest(f"the anthropic provider takes text only in a {message.role} message (its system "
                              f"prompt), not '{part.__struct_config__.tag}' content parts", param="messages")
-    return [block for block in _content_blocks(message) if block["text"]]
+    return _content_blocks(message)
 
 
 def _messages(request: ChatCompletionRequest) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(the system prompt's text blocks, in order, alternating user/assistant messages)."""
+    """(the system prompt's text blocks, in order, alternating user/assistant messages). Anthropic
+    refuses an empty message: an assistant one with nothing to send (content "", as an answer can be)
+    is left out, and its neighbours merge; a user one is a 400 naming it (left out, the turn before it
+    would be continued instead of answered), as is a conversation left with none."""
     system: list[dict[str, Any]] = []
     out: list[dict[str, Any]] = []
 
     def add(role: str, blocks: list[dict[str, Any]]) -> None:
+        if not blocks:
+            return
         if out and out[-1]["role"] == role:  # Anthropic wants alternating roles: merge neighbours
             out[-1]["content"].extend(blocks)
         else:
@@ -134,8 +144,13 @@ def _messages(request: ChatCompletionRequest) -> tuple[list[dict[str, Any]], lis
             plain = all(isinstance(p, TextPart) and not isinstance(p.cache_control, dict) for p in parts)
             content = message.text() if plain else _content_blocks(message)
             add("user", [{"type": "tool_result", "tool_use_id": message.tool_call_id or "", "content": content}])
+        elif not (blocks := _content_blocks(message)):
+            raise BadRequest("the anthropic provider takes no user message without content (Anthropic refuses "
+                             "empty and whitespace-only text)", param=f"messages[{i}].content")
         else:
-            add("user", _content_blocks(message))
+            add("user", blocks)
+    if not out:
+        raise BadRequest("the anthropic provider needs a user or assistant message with content", param="messages")
     return system, out
 
 
@@ -208,6 +223,9 @@ def to_messages_request(request: ChatCompletionRequest, model: str, *, stream: b
     do is a 400 naming it, never dropped silently, unless ``dropped`` (the deployment's ``drop_params``) names it."""
     if isinstance(request.n, int) and request.n > 1:
         raise BadRequest("the anthropic provider returns one choice (n must be 1)", param="n")
+    if request.output_limit() == 0:  # Anthropic's max_tokens is at least 1 (0 is no limit to replace)
+        field = "max_completion_tokens" if request.max_completion_tokens == 0 else "max_tokens"
+        raise BadRequest(f"{field} must be at least 1 on the anthropic provider", param=field)
     request = as_tools(request)  # legacy function calling, as tool calling
     _refuse_unmapped(request, dropped)
     system, messages = _messages(request)
@@ -224,7 +242,10 @@ def to_messages_request(request: ChatCompletionRequest, model: str, *, stream: b
         body["top_p"] = request.top_p  # models refuse any top_p beside a temperature
     if isinstance(request.top_k, int) and request.top_k > 0:
         body["top_k"] = request.top_k
-    if stops := request.stop_list():
+    if stops := [s for s in request.stop_list() if s]:  # an empty one stops nowhere (Anthropic refuses it)
+        if blank := [s for s in stops if not s.strip()]:
+            raise BadRequest(f"the anthropic provider takes no stop sequence of whitespace only ({blank[0]!r})",
+                             param="stop")
         body["stop_sequences"] = stops
     if request.tools:
         body["tools"] = [_tool(t, i) for i, t in enumerate(request.tools)]
@@ -293,13 +314,17 @@ def _map_extra(request: ChatCompletionRequest, body: dict[str, Any], answer_room
 
 
 def _refuse_with_thinking(body: dict[str, Any]) -> None:
-    """Anthropic's extended thinking takes no temperature but 1 and no top_k: either is a 400 naming it."""
+    """Anthropic's extended thinking takes no temperature but 1, no top_k and no forced tool (tool_choice
+    ``required`` or a named function): each is a 400 naming its field."""
     if body.get("temperature", 1) != 1:
         raise BadRequest("the anthropic provider takes no temperature but 1 with reasoning_effort (extended "
                          "thinking)", param="temperature")
     if "top_k" in body:
         raise BadRequest("the anthropic provider takes no top_k with reasoning_effort (extended thinking)",
                          param="top_k")
+    if body.get("tool_choice", {}).get("type") in ("any", "tool"):
+        raise BadRequest("the anthropic provider forces no tool call (tool_choice 'required' or a function) with "
+                         "reasoning_effort (extended thinking)", param="tool_choice")
 
 
 def usage_of(data: dict[str, Any]) -> Usage:
