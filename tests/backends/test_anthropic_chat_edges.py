@@ -4,40 +4,17 @@ helper over tool calls, against a loopback server speaking the Messages API."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import openai
 import pytest
 
-from tests.backends.conftest import admin_gateway
-from tests.conftest import ADMIN_KEY
+from tests.backends.claude_gateway import client, gateway_url, upstream  # noqa: F401  (fixtures)
 from tests.support.fake_anthropic import ScriptedAnthropic
 
 TOOLS: Any = [{"type": "function", "function": {"name": "search", "parameters": {"type": "object"}}}]
 START = ("message_start", {"message": {"id": "msg_e", "type": "message", "role": "assistant", "model": "m",
                                        "content": [], "usage": {"input_tokens": 10, "output_tokens": 1}}})
-
-
-@pytest.fixture(scope="module")
-def upstream() -> Iterator[ScriptedAnthropic]:
-    server = ScriptedAnthropic().start()
-    yield server
-    server.stop()
-
-
-@pytest.fixture(scope="module")
-def gateway_url(upstream: ScriptedAnthropic) -> Iterator[str]:
-    deployment = {"provider": "anthropic", "model": "claude-test", "api_base": upstream.url, "api_key": "sk"}
-    with admin_gateway([{"name": "claude", "max_retries": 0, "deployments": [deployment]}]) as server:
-        yield server.url
-
-
-@pytest.fixture
-def client(gateway_url: str, upstream: ScriptedAnthropic) -> openai.OpenAI:
-    upstream.received.clear()
-    upstream.script = None
-    return openai.OpenAI(base_url=gateway_url + "/v1", api_key=ADMIN_KEY, max_retries=0)
 
 
 def tool_block(index: int, call_id: str, *pieces: str) -> list[tuple[str, dict[str, Any]]]:

@@ -4,7 +4,6 @@ the answer (whole and streamed) and the errors, against a loopback server speaki
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -15,6 +14,7 @@ import pytest
 from backends.anthropic_wire import to_messages_request
 from backends.base import BadRequest
 from backends.openai_wire import ChatCompletionRequest
+from tests.backends.claude_gateway import client, gateway_url, upstream  # noqa: F401  (fixtures)
 from tests.backends.conftest import admin_gateway
 from tests.conftest import ADMIN_KEY
 from tests.support.fake_anthropic import ScriptedAnthropic
@@ -26,29 +26,6 @@ TOOLS = [{"type": "function", "function": {"name": "search", "parameters": {"typ
 def body_of(**fields: Any) -> dict[str, Any]:
     request = msgspec.convert({"model": "claude"} | fields, ChatCompletionRequest)
     return to_messages_request(request, "claude-test", stream=False)
-
-
-@pytest.fixture(scope="module")
-def upstream() -> Iterator[ScriptedAnthropic]:
-    server = ScriptedAnthropic().start()
-    yield server
-    server.stop()
-
-
-@pytest.fixture(scope="module")
-def gateway_url(upstream: ScriptedAnthropic) -> Iterator[str]:
-    deployment = {"provider": "anthropic", "model": "claude-test", "api_base": upstream.url, "api_key": "sk"}
-    with admin_gateway([{"name": "claude", "max_retries": 0, "deployments": [deployment]}]) as server:
-        yield server.url
-
-
-@pytest.fixture
-def client(gateway_url: str, upstream: ScriptedAnthropic) -> openai.OpenAI:
-    upstream.received.clear()
-    upstream.faults.clear()
-    upstream.answer_headers = {}
-    upstream.script = None
-    return openai.OpenAI(base_url=gateway_url + "/v1", api_key=ADMIN_KEY, max_retries=0)
 
 
 START = ("message_start", {"message": {"id": "msg_x", "type": "message", "role": "assistant", "model": "m",
