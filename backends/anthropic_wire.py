@@ -253,8 +253,8 @@ def to_messages_request(request: ChatCompletionRequest, model: str, *, stream: b
         body["tool_choice"] = choice
     if request.parallel_tool_calls is False and request.tools and body.get("tool_choice", {}).get("type") != "none":
         body["tool_choice"] = body.get("tool_choice", {"type": "auto"}) | {"disable_parallel_tool_use": True}
-    if isinstance(request.user, str):
-        body["metadata"] = {"user_id": request.user}
+    if (user_id := _end_user(request, dropped)) is not None:
+        body["metadata"] = {"user_id": user_id}
     _map_extra(request, body, answer_room)
     if (fmt := json_format(request, dropped)) is not None:  # a JSON answer, through one forced tool
         add_json_tool(fmt, body)
@@ -263,14 +263,42 @@ def to_messages_request(request: ChatCompletionRequest, model: str, *, stream: b
     return body
 
 
+def _end_user(request: ChatCompletionRequest, dropped: Collection[str]) -> str | None:
+    """Anthropic's ``metadata.user_id``, its one metadata key: the request's ``metadata.user_id``, else
+    OpenAI's ``safety_identifier``, else the ``user`` it replaces (each names the end user). Any other
+    ``metadata`` key (OpenAI's take any, as tags of a stored completion) Anthropic refuses the request
+    for: a 400 naming it here, rather than a request sent that is certain to fail."""
+    extra = extra_params(request)
+    metadata = msgspec.json.decode(extra["metadata"]) if "metadata" in extra else None
+    if metadata is not None and not isinstance(metadata, dict):
+        raise BadRequest("metadata must be an object", param="metadata")
+    for key, value in (metadata or {}).items():
+        if key != "user_id":
+            raise BadRequest(f"'metadata.{key}' is not supported by the anthropic provider (its metadata takes "
+                             "user_id alone)", param=f"metadata.{key}")
+        if value is not None and not isinstance(value, str):
+            raise BadRequest("metadata.user_id must be a string (the end user's id on the anthropic provider)",
+                             param="metadata.user_id")
+    safety = msgspec.json.decode(extra["safety_identifier"]) if "safety_identifier" in extra else None
+    if safety is not None and not isinstance(safety, str):
+        raise BadRequest("safety_identifier must be a string", param="safety_identifier")
+    user = request.user if isinstance(request.user, str) and "user" not in dropped else None
+    for user_id in ((metadata or {}).get("user_id"), safety, user):
+        if user_id is not None:
+            return str(user_id)
+    return None
+
+
 # reasoning_effort -> an extended-thinking budget (Anthropic's minimum is 1024 tokens)
 THINKING_BUDGETS = {"minimal": 1024, "low": 1024, "medium": 4096, "high": 16384}
 MIN_THINKING_BUDGET = 1024  # Anthropic's smallest budget_tokens
 # Request fields of Anthropic's own Messages API that an OpenAI-shaped request may carry: sent as they are.
-ANTHROPIC_FIELDS = frozenset({"thinking", "metadata", "service_tier", "container", "mcp_servers",
+ANTHROPIC_FIELDS = frozenset({"thinking", "service_tier", "container", "mcp_servers",
                               "context_management", "top_k"})
 # OpenAI fields that do not change the output and have no Anthropic equivalent: not sent.
-NO_EFFECT_FIELDS = frozenset({"store", "prompt_cache_key", "safety_identifier"})
+NO_EFFECT_FIELDS = frozenset({"store", "prompt_cache_key"})
+# Mapped to Anthropic's metadata.user_id by _end_user.
+END_USER_FIELDS = frozenset({"metadata", "safety_identifier"})
 # service_tier: OpenAI's values with an Anthropic equivalent, and Anthropic's own; any other
 # (OpenAI's flex, priority, scale) is a tier Anthropic cannot be asked for: a 400 naming it.
 SERVICE_TIERS = {"auto": "auto", "default": "standard_only", "standard_only": "standard_only"}
@@ -278,9 +306,9 @@ SERVICE_TIERS = {"auto": "auto", "default": "standard_only", "standard_only": "s
 
 def _map_extra(request: ChatCompletionRequest, body: dict[str, Any], answer_room: bool = False) -> None:
     """The request's unmodelled fields, mapped for Anthropic: ``reasoning_effort`` -> ``thinking``
-    budget; ``service_tier`` by ``SERVICE_TIERS``; Anthropic's own fields (``thinking``, ``metadata``,
-    ...) as they are (a ``metadata`` without ``user_id`` keeps the one from ``user``); anything else
-    is a 400 naming it, never a silent drop (a deployment's ``drop_params`` removes a field before this)."""
+    budget; ``service_tier`` by ``SERVICE_TIERS``; Anthropic's own fields (``thinking``, ...) as they
+    are (``metadata`` and ``safety_identifier`` are ``_end_user``'s); anything else is a 400 naming it,
+    never a silent drop (a deployment's ``drop_params`` removes a field before this)."""
     for name, raw in extra_params(request).items():
         value = msgspec.json.decode(raw)
         if name == "reasoning_effort":
@@ -298,8 +326,8 @@ def _map_extra(request: ChatCompletionRequest, body: dict[str, Any], answer_room
             budget = min(budget, int(body["max_tokens"]) - 1)
             body["thinking"] = {"type": "enabled", "budget_tokens": budget}
             _refuse_with_thinking(body)
-        elif name == "metadata" and isinstance(value, dict):
-            body["metadata"] = body.get("metadata", {}) | value
+        elif name in END_USER_FIELDS:
+            continue
         elif name == "service_tier":
             tier = SERVICE_TIERS.get(value) if isinstance(value, str) else None
             if tier is None and value is not None:  # null asks for nothing

@@ -16,7 +16,9 @@ from msgspec import Meta, Struct
 
 from backends.providers import PROVIDERS
 
-Seconds = Annotated[float, Meta(gt=0)]
+# A timeout or period: positive and finite (``.inf`` would be a timeout that never fires, NaN never
+# compares); a day at most, which is longer than any one attempt or circuit period should take.
+Seconds = Annotated[float, Meta(gt=0, le=86400)]
 # An anthropic-beta value or a server tool type, as Anthropic spells them ("files-api-2025-04-14",
 # "web_search_20250305"): no blanks, no commas.
 OptInName = Annotated[str, Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")]

@@ -204,10 +204,10 @@ class MessagesEvents:
                 out += self._text("text", delta.content)
             if isinstance(delta.refusal, str) and delta.refusal:  # a refusal is told in text
                 out += self._text("text", delta.refusal)
-            for call in delta.tool_calls or []:
+            for position, call in enumerate(delta.tool_calls or []):
                 check_delta(call, _API)
                 function = call.function if isinstance(call.function, dict) else {}
-                slot, new = self._slots.place(call)
+                slot, new = self._slots.place(call, position)
                 if new:
                     self._calls[slot.number] = (slot.id, function.get("name") or "", [])
                     self._waiting.append(slot.number)

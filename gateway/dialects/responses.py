@@ -206,19 +206,19 @@ class ResponsesEvents:
                                           ("message", "refusal", delta.refusal)):
                 if isinstance(text, str) and text:
                     out += self._content_delta(item_kind, kind, text)
-            for call in delta.tool_calls or []:
-                out += self._call_delta(call)
+            for position, call in enumerate(delta.tool_calls or []):
+                out += self._call_delta(call, position)
             out += self._advance()
             if choice.finish_reason:
                 self._finish = choice.finish_reason
         return out
 
-    def _call_delta(self, call: ToolCallDelta) -> bytes:
-        """A chat tool call delta: a new function call where it starts one (``CallSlots``: a new
-        ``index``, or a new id), else more of its call's arguments."""
+    def _call_delta(self, call: ToolCallDelta, position: int) -> bytes:
+        """A chat tool call delta (``position``: its place in its chunk's list): a new function call where
+        it starts one (``CallSlots``: a new ``index``, a new id, a later place), else more of its call's arguments."""
         check_delta(call, _API)
         function = call.function if isinstance(call.function, dict) else {}
-        slot, new = self._slots.place(call)
+        slot, new = self._slots.place(call, position)
         out = b""
         if new:
             self._tools[slot.number] = {

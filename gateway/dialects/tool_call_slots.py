@@ -6,7 +6,9 @@ are read as well: a delta with no index (or a null one: Gemini's OpenAI-compatib
 Ollama, mistral.rs) continues the last call; parallel calls all under one index (Ollama) are told
 apart by their ids. So a delta starts a new call where it carries a non-empty id other than the
 upstream's id for the call it would continue (an id given first on a later delta names that same
-call), or where there is no call to continue. A call the
+call), or where there is no call to continue. Within one chunk's list, though, entries are calls
+apart by their places: one with no index past the first starts a new call unless it repeats the
+upstream's id of the call before it (continuations come in later chunks). A call the
 upstream gives no id (or an empty one: NVIDIA NIM, GLM, StepFun) gets one of the gateway's own, the
 same in every event. Plain chat relays the deltas as they came and never comes here.
 """
@@ -46,12 +48,18 @@ class CallSlots:
         self._calls: list[CallSlot] = []
         self._by_index: dict[int, CallSlot] = {}  # the upstream's index -> the latest call under it
 
-    def place(self, delta: ToolCallDelta) -> tuple[CallSlot, bool]:
-        """The call ``delta`` belongs to, and whether it starts that call."""
+    def place(self, delta: ToolCallDelta, position: int = 0) -> tuple[CallSlot, bool]:
+        """The call ``delta`` belongs to, and whether it starts that call; ``position``: its place in its
+        chunk's ``tool_calls`` list (past the first, a delta with no index continues no earlier chunk's call)."""
         upstream_id = delta.id if isinstance(delta.id, str) else ""
         index = delta.index if isinstance(delta.index, int) else None
         call = self._by_index.get(index) if index is not None else (self._calls[-1] if self._calls else None)
-        new = call is None or (upstream_id != "" and call.upstream_id not in ("", upstream_id))
+        if call is None:
+            new = True
+        elif index is None and position > 0:  # a second entry of one list: the same call only by its id
+            new = upstream_id == "" or call.upstream_id != upstream_id
+        else:
+            new = upstream_id != "" and call.upstream_id not in ("", upstream_id)
         if call is None or new:
             call = CallSlot(len(self._calls), own_call_id(upstream_id, self._mint), upstream_id)
             self._calls.append(call)

@@ -142,3 +142,51 @@ def test_stop_sequences_anthropic_takes(client: openai.OpenAI, upstream: Scripte
     with pytest.raises(openai.BadRequestError) as refused:
         client.chat.completions.create(model="claude", messages=[{"role": "user", "content": "x"}], stop=["END", "\n"])
     assert refused.value.param == "stop" and upstream.received == []
+
+
+# ------------------------------------------------------------ who the end user is: metadata.user_id
+
+
+@pytest.mark.parametrize(("fields", "user_id"), [
+    ({"safety_identifier": "s-1"}, "s-1"),
+    ({"user": "u-1"}, "u-1"),
+    ({"user": "u-1", "safety_identifier": "s-1"}, "s-1"),  # OpenAI's replacement of ``user`` wins
+    ({"user": "u-1", "safety_identifier": "s-1", "metadata": {"user_id": "m-1"}}, "m-1"),  # Anthropic's own
+])
+def test_the_end_user_goes_to_anthropic_as_metadata_user_id(
+        client: openai.OpenAI, upstream: ScriptedAnthropic, fields: dict[str, Any], user_id: str) -> None:
+    """``safety_identifier`` (and the ``user`` it replaces) name the end user, as Anthropic's
+    ``metadata.user_id`` does: mapped to it, not dropped."""
+    client.chat.completions.create(model="claude", messages=[{"role": "user", "content": "hi"}], **fields)
+    sent = upstream.received[-1]
+    assert sent["metadata"] == {"user_id": user_id} and "safety_identifier" not in sent and "user" not in sent
+
+
+@pytest.mark.parametrize(("metadata", "param"), [
+    ({"trace": "t1"}, "metadata.trace"),
+    ({"user_id": "u", "trace": "t1"}, "metadata.trace"),
+    ({"user_id": 7}, "metadata.user_id"),
+])
+def test_a_metadata_key_anthropic_refuses_is_a_400_of_the_gateways(
+        client: openai.OpenAI, upstream: ScriptedAnthropic, metadata: Any, param: str) -> None:
+    """OpenAI's ``metadata`` (tags of a stored completion) takes any key; Anthropic's takes ``user_id``
+    alone and refuses a request with another: a 400 naming the key, and nothing sent upstream."""
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(model="claude", messages=[{"role": "user", "content": "hi"}],
+                                       metadata=metadata, store=True)
+    error = err.value.body
+    assert isinstance(error, dict) and error["param"] == param and error["type"] == "invalid_request_error", error
+    assert param in error["message"] and "anthropic" in error["message"], error
+    assert upstream.received == []
+
+
+def test_metadata_that_is_no_object_is_a_400_and_null_asks_for_nothing(
+        client: openai.OpenAI, upstream: ScriptedAnthropic) -> None:
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(model="claude", messages=[{"role": "user", "content": "hi"}],
+                                       extra_body={"metadata": "t1"})
+    assert isinstance(err.value.body, dict) and err.value.body["param"] == "metadata", err.value.body
+    assert upstream.received == []
+    client.chat.completions.create(model="claude", messages=[{"role": "user", "content": "hi"}], user="u-1",
+                                   extra_body={"metadata": None})
+    assert upstream.received[-1]["metadata"] == {"user_id": "u-1"}

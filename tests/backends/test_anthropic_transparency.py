@@ -53,11 +53,11 @@ def ant(gateway: ServerThread) -> anthropic.Anthropic:
 def test_reasoning_effort_becomes_a_thinking_budget(oai: openai.OpenAI, upstream: FakeAnthropic) -> None:
     oai.chat.completions.create(model="claude", messages=[{"role": "user", "content": "hi"}], max_tokens=8000,
                                 temperature=1, reasoning_effort="medium", user="u-9",
-                                metadata={"trace": "t1"}, store=True)
+                                metadata={"user_id": "u-10"}, store=True)
     sent = upstream.received[-1]
     assert sent["thinking"] == {"type": "enabled", "budget_tokens": 4096}
     assert sent["temperature"] == 1  # the one temperature Anthropic takes with thinking
-    assert sent["metadata"] == {"user_id": "u-9", "trace": "t1"}
+    assert sent["metadata"] == {"user_id": "u-10"}  # Anthropic's own key wins over user (it takes no other)
     assert "store" not in sent and "reasoning_effort" not in sent
 
 

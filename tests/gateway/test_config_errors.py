@@ -211,3 +211,38 @@ def test_an_otlp_endpoint_that_is_no_url_is_an_error_not_traces_lost() -> None:
         parse_settings({"telemetry": {"tracing": True, "otlp_endpoint": "collector:4318"}}, env={})
     url = "http://collector:4318/v1/traces"
     assert parse_settings({"telemetry": {"otlp_endpoint": url}}, env={}).telemetry.otlp_endpoint == url
+
+
+@pytest.mark.parametrize("value", [float("inf"), float("nan"), 1e300])
+@pytest.mark.parametrize(("where", "key"), [
+    ("timeouts", "connect"), ("timeouts", "first_byte"), ("timeouts", "total"), ("timeouts", "idle"),
+    ("circuit", "window"), ("circuit", "cooldown"),
+])
+def test_an_endless_timeout_or_circuit_period_is_an_error(where: str, key: str, value: float) -> None:
+    """``total: .inf`` or ``cooldown: .inf`` was accepted: a timeout that never fires, a circuit never retried."""
+    if where == "timeouts":
+        group: dict[str, object] = {"name": "a", "deployments": [{**DEP, "timeouts": {key: value}}]}
+        at = rf"models\[0\]\.deployments\[0\]\.timeouts\.{key}"
+    else:
+        group = {"name": "a", "deployments": [DEP], "circuit": {key: value}}
+        at = rf"models\[0\]\.circuit\.{key}"
+    with pytest.raises(ConfigError, match=rf"^config error at {at}: Expected `float` (<=|>) "):
+        parse_settings({"models": [group]}, env={})
+
+
+def test_a_day_long_timeout_or_circuit_period_is_accepted() -> None:
+    group = {"name": "a", "deployments": [{**DEP, "timeouts": {"total": 86400, "idle": 86400}}],
+             "circuit": {"window": 86400, "cooldown": 86400}}
+    model = parse_settings({"models": [group]}, env={}).models[0]
+    assert model.circuit.cooldown == 86400 and model.deployments[0].timeouts.total == 86400
+
+
+def test_an_endless_timeout_in_a_config_file_exits_2_naming_the_key(tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text("models:\n  - name: a\n    deployments:\n      - {provider: openai, model: m, "
+                    "api_base: 'http://127.0.0.1:9/v1', timeouts: {idle: .inf}}\n")
+    done = CliRunner().invoke(app, ["tenant", "list", "--config", str(path)])
+    lines = done.stderr.strip().splitlines()
+    assert done.exit_code == 2 and len(lines) == 1, done.stderr
+    assert lines[0].startswith("error: config error at models[0].deployments[0].timeouts.idle "), lines[0]
+    assert lines[0].endswith(": Expected `float` <= 86400.0"), lines[0]

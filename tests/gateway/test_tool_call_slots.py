@@ -12,10 +12,16 @@ from gateway.dialects.tool_call_slots import CallSlots, own_call_id
 
 
 def _placed(*deltas: dict[str, Any]) -> list[tuple[int, str, bool]]:
-    """(the call's number, its id, whether the delta starts it) for each delta."""
+    """(the call's number, its id, whether the delta starts it) for each delta, each in a chunk of its own."""
+    return _chunks(*([d] for d in deltas))
+
+
+def _chunks(*chunks: list[dict[str, Any]]) -> list[tuple[int, str, bool]]:
+    """As ``_placed``, for the deltas of each chunk's ``delta.tool_calls`` list in turn."""
     numbered = iter(range(100))
     slots = CallSlots(lambda: f"own_{next(numbered)}")
-    placed = (slots.place(msgspec.convert(d, ToolCallDelta)) for d in deltas)
+    placed = (slots.place(msgspec.convert(d, ToolCallDelta), position)
+              for chunk in chunks for position, d in enumerate(chunk))
     return [(slot.number, slot.id, new) for slot, new in placed]
 
 
@@ -49,3 +55,19 @@ def test_a_whole_answers_call_keeps_its_id_or_gets_one() -> None:
     assert own_call_id("call_1") == "call_1"
     assert all(own_call_id(given).startswith("call_") and own_call_id(given) != "call_" for given in ("", None))
     assert own_call_id(None, lambda: "toolu_1") == "toolu_1"
+
+
+def test_deltas_with_no_index_nor_id_in_one_chunk_are_calls_apart() -> None:
+    """Two entries of one chunk's list are two calls by their places, though neither has an index or
+    an id; a delta of a later chunk with neither (arguments only) still continues the last call."""
+    one = {"function": {"name": "a", "arguments": "{"}}
+    two = {"function": {"name": "b", "arguments": "{}"}}
+    more = {"function": {"arguments": "}"}}
+    assert _chunks([one, two], [more]) == [(0, "own_0", True), (1, "own_1", True), (1, "own_1", False)]
+    assert _chunks([one], [more], [more, two], [more]) == [
+        (0, "own_0", True), (0, "own_0", False), (0, "own_0", False), (1, "own_1", True), (1, "own_1", False)]
+    # the same upstream id twice in one chunk is still one call; indexed deltas still go by their index
+    assert _chunks([{"id": "a"}, {"id": "a"}, {"id": "b"}], [{}]) == [
+        (0, "a", True), (0, "a", False), (1, "b", True), (1, "b", False)]
+    assert _chunks([{"index": 0}, {"index": 1}], [{"index": 0}, {"index": 1}]) == [
+        (0, "own_0", True), (1, "own_1", True), (0, "own_0", False), (1, "own_1", False)]

@@ -33,6 +33,11 @@ STREAMED: dict[str, tuple[list[list[dict[str, Any]]], list[Call]]] = {
     # (a) and (b): no index and no id (or an empty one): one call, its arguments in pieces
     "no index, no id": ([[_call('{"city":', name="f")], [{"id": "", "function": {"arguments": '"Rome"}'}}]],
                         [(None, "f", '{"city":"Rome"}')]),
+    # (a) and (b): two calls with no index and no id in one chunk: calls apart by their places, and a
+    # later chunk's delta with neither continues the second
+    "no index, no id, two in one chunk": ([[_call('{"city":"Paris"}', name="f"), _call('{"city":', name="g")],
+                                           [{"function": {"arguments": '"Oslo"}'}}]],
+                                          [(None, "f", '{"city":"Paris"}'), (None, "g", '{"city":"Oslo"}')]),
     # (c) parallel calls all under index 0, each starting with its own id
     "parallel under index 0": ([[_call('{"city":"Paris"}', index=0, id="call_a", name="f")],
                                 [_call('{"city":', index=0, id="call_b", name="g")],
