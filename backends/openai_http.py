@@ -3,7 +3,8 @@
 Plumbing (pooled client, timeouts, status -> typed error) is ``backends.http_upstream``. Streams
 are relayed chunk by chunk, never buffered; usage is always requested upstream
 (``stream_options.include_usage``) and stripped again when the client did not ask for it (a
-client that asked for vLLM's ``continuous_usage_stats`` keeps each chunk's usage as sent); when
+client that asked for vLLM's ``continuous_usage_stats`` with ``include_usage``, as vLLM needs it,
+keeps each chunk's usage as sent); when
 the upstream reports none, the meter holds an estimate (``exact=False``).
 """
 

@@ -196,7 +196,7 @@ class ChatMessage(WireStruct):
     role: Literal["system", "developer", "user", "assistant", "tool", "function"]
     content: str | list[ContentPart] | None = None
     name: str | UnsetType = UNSET
-    tool_calls: list[ToolCall] | UnsetType = UNSET
+    tool_calls: list[ToolCall] | None | UnsetType = UNSET  # null: none (as an answer sent back may hold)
     tool_call_id: str | UnsetType = UNSET
     function_call: FunctionCall | None | UnsetType = UNSET  # legacy function calling: an assistant's call
 
@@ -270,9 +270,10 @@ class SamplingFields(WireStruct, dict=True):
 
     @property
     def continuous_usage(self) -> bool:
-        """vLLM's ``stream_options.continuous_usage_stats``: the client wants usage in every chunk."""
+        """vLLM's ``stream_options.continuous_usage_stats``: the client wants usage in every chunk. As
+        vLLM, only together with ``include_usage``: without it, no chunk carries usage."""
         options = self.stream_options
-        return isinstance(options, StreamOptions) and options.continuous_usage_stats is True
+        return isinstance(options, StreamOptions) and options.include_usage and options.continuous_usage_stats is True
 
     def stop_list(self) -> list[str]:
         if not self.stop:

@@ -13,6 +13,7 @@ from msgspec import UNSET
 
 from backends.base import BadRequest, Meter
 from backends.function_tools import function_call
+from backends.local.nested_fields import unknown_nested_field
 from backends.local.structured import output_constraint
 from backends.logprobs_wire import PromptLogprob, PromptLogprobs
 from backends.openai_wire import (
@@ -82,13 +83,22 @@ def honoured_extras(request: SamplingFields) -> frozenset[str]:
 
 
 def refuse_unsupported(request: SamplingFields) -> None:
-    """A request field the engine does not support is a 400 naming it, never a silent drop."""
+    """A request field the engine does not support, at any depth, is a 400 naming it, never a silent drop."""
+    refuse_unknown_fields(request, "the local engine")
+    if opt(request.prompt_logprobs, None) is not None and request.is_stream:  # as vLLM: they are not streamed
+        raise BadRequest("prompt_logprobs are not available when stream is true", param="prompt_logprobs")
+
+
+def refuse_unknown_fields(request: SamplingFields, who: str) -> None:
+    """A 400 naming the first field of ``request`` that ``who`` (an in-process provider) would
+    ignore: a top-level one it does not honour, or one nested below a modelled field that the wire
+    types do not model (``stream_options.bogus``, ``messages[0].foo``)."""
     taken = honoured_extras(request)
     for name in extra_params(request):
         if name not in taken:
-            raise BadRequest(f"'{name}' is not supported by the local engine", param=name)
-    if opt(request.prompt_logprobs, None) is not None and request.is_stream:  # as vLLM: they are not streamed
-        raise BadRequest("prompt_logprobs are not available when stream is true", param="prompt_logprobs")
+            raise BadRequest(f"'{name}' is not supported by {who}", param=name)
+    if (path := unknown_nested_field(request)) is not None:
+        raise BadRequest(f"'{path}' is not supported by {who}", param=path)
 
 
 def logit_bias(request: SamplingFields) -> dict[int, float]:
@@ -132,11 +142,12 @@ def sampling_params(request: SamplingFields, limit: int | None, logprobs: int | 
     """Engine sampling parameters for a wire request; a BadRequest names the offending field.
     ``structured`` is tool calling's grammar (a forced call), used instead of the request's own
     output constraint, which the request may then not give. ``score_only``: a limit of 0, the
-    prompt processed alone (a text completion's ``max_tokens: 0``)."""
+    prompt processed alone (a text completion's ``max_tokens: 0``). The output constraint is read
+    first: what it cannot take (a ``structural_tag`` format) is named before the fields it holds."""
+    structured = output_constraint(request, structured)
     refuse_unsupported(request)
     if limit is not None and limit < 1 and not (score_only and limit == 0):
         raise BadRequest(f"{limit_field(request)} must be >= 1", param=limit_field(request))
-    structured = output_constraint(request, structured)
     top_k = opt(request.top_k, 0)
     try:
         return SamplingParams(

@@ -7,8 +7,8 @@ from typing import Any
 from msgspec import UNSET
 
 from backends.base import BadRequest
-from backends.local.wire import bias_token, honoured_extras, limit_field
-from backends.openai_wire import SamplingFields, extra_params
+from backends.local.wire import bias_token, limit_field, refuse_unknown_fields
+from backends.openai_wire import SamplingFields
 from backends.transformers_generate.jobs import GenerateKey, RowParams
 
 
@@ -21,10 +21,7 @@ def refuse_unsupported(request: SamplingFields) -> None:
     """A field plain generate does not support is a 400 naming it, never a silent drop. vLLM's chat
     fields are the engine's (``backends.local.wire``: the prompt's options and ``echo``), and so is a
     text completion's ``response_format`` (``backends.local.structured``)."""
-    taken = honoured_extras(request)
-    for name in extra_params(request):
-        if name not in taken:
-            raise BadRequest(f"'{name}' is not supported by this deployment", param=name)
+    refuse_unknown_fields(request, "this deployment")  # at any depth (``stream_options.bogus``)
     for name in ("stop_token_ids", "prompt_logprobs", "chat_template_kwargs"):
         if opt(getattr(request, name, None), None) not in (None, False, [], {}):
             raise BadRequest(f"'{name}' is not supported by this deployment", param=name)

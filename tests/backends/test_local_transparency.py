@@ -119,9 +119,10 @@ def test_messages_stop_sequence_and_input_tokens_on_the_engine(env: Env) -> None
 
 @pytest.mark.parametrize("include_usage", [False, True])
 def test_continuous_usage_stats_puts_the_usage_so_far_in_every_chunk(env: Env, include_usage: bool) -> None:
-    """vLLM's ``stream_options.continuous_usage_stats`` is honoured, not dropped: every chunk with
-    choices carries the usage so far (as the gateway relays it from an upstream), the closing usage
-    chunk only with ``include_usage``; the last count is the metered one."""
+    """vLLM's ``stream_options.continuous_usage_stats`` is honoured, not dropped: with ``include_usage``
+    (as vLLM needs it) every chunk with choices carries the usage so far (as the gateway relays it
+    from an upstream), then the closing usage chunk; the last count is the metered one. Without
+    ``include_usage``, as vLLM, no chunk carries usage."""
     options = {"continuous_usage_stats": True} | ({"include_usage": True} if include_usage else {})
     env.usage.records.clear()
     chat = env.client().chat.completions.create(  # type: ignore[call-overload]
@@ -129,6 +130,14 @@ def test_continuous_usage_stats_puts_the_usage_so_far_in_every_chunk(env: Env, i
         extra_body={"ignore_eos": True})
     chunks = [c for c in chat]
     with_choices = [c for c in chunks if c.choices]
+    if not include_usage:
+        assert len(chunks) == len(with_choices) and all(c.usage is None for c in chunks)
+        assert env.usage.wait_for(1)[0].completion_tokens == 4  # metered all the same
+        text = env.client().completions.create(  # type: ignore[call-overload]
+            model="tiny", prompt="hi", max_tokens=3, temperature=0, stream=True, stream_options=options,
+            extra_body={"ignore_eos": True})
+        assert all(c.usage is None for c in text)
+        return
     assert all(c.usage is not None for c in with_choices)
     counts = [c.usage.completion_tokens for c in with_choices]
     assert counts[0] == 0 and counts[-1] == 4 and counts == sorted(counts)
@@ -141,3 +150,72 @@ def test_continuous_usage_stats_puts_the_usage_so_far_in_every_chunk(env: Env, i
         extra_body={"ignore_eos": True})
     usages = [c.usage for c in text if c.choices]
     assert all(u is not None for u in usages) and usages[-1].completion_tokens == 3
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"stream": True, "stream_options": {"include_usage": True, "bogus": 1}}, "stream_options.bogus"),
+    ({"messages": [{"role": "user", "content": "hello", "foo": 1}]}, "messages[0].foo"),
+    ({"messages": [{"role": "user", "content": [{"type": "text", "text": "hi"},
+                                                 {"type": "text", "text": "there", "foo": 1}]}]},
+     "messages[0].content[1].foo"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}, "foo": 1}}]},
+     "tools[0].function.foo"),
+    ({"tools": [{"type": "function", "foo": 1, "function": {"name": "f"}}]}, "tools[0].foo"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": {}, "foo": 1}}},
+     "response_format.json_schema.foo"),
+    ({"messages": [{"role": "user", "content": "hi"},
+                   {"role": "assistant", "tool_calls": [{"id": "c", "type": "function",
+                                                         "function": {"name": "f", "arguments": "{}", "foo": 1}}]},
+                   {"role": "tool", "tool_call_id": "c", "content": "1"}]},
+     "messages[1].tool_calls[0].function.foo"),
+])
+def test_unknown_nested_field_is_a_400_naming_its_path(env: Env, body: dict[str, object], param: str) -> None:
+    """A field below the top level that the engine does not model is refused, not ignored: the 400
+    names its path (an HTTP upstream gets it as sent)."""
+    headers = {"authorization": f"Bearer {KEY}"}
+    sent = {"model": "tiny", "messages": MESSAGES, "max_tokens": 2} | body
+    answer = httpx.post(env.server.url + "/v1/chat/completions", json=sent, headers=headers, timeout=30)
+    assert answer.status_code == 400, answer.text
+    assert answer.json()["error"]["param"] == param
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"stream": True, "stream_options": {"include_usage": True, "bogus": 1}}, "stream_options.bogus"),
+    ({"response_format": {"type": "json_object", "foo": 1}}, "response_format.foo"),
+])
+def test_unknown_nested_field_on_completions(env: Env, body: dict[str, object], param: str) -> None:
+    with pytest.raises(openai.BadRequestError) as caught:
+        env.client().completions.create(model="tiny", prompt="hi", max_tokens=2, extra_body=body)
+    assert caught.value.body["param"] == param  # type: ignore[index]
+
+
+def test_modelled_nested_fields_still_work(env: Env) -> None:
+    """The nested fields the wire types model are taken: a message's ``name``, a text part's
+    ``cache_control``, a tool's ``strict`` and a schema (free-form inside), ``stream_options``' own."""
+    client = env.client()
+    messages = [{"role": "system", "content": [{"type": "text", "text": "be brief",
+                                                "cache_control": {"type": "ephemeral"}}]},
+                {"role": "user", "name": "ann", "content": "hello"}]
+    tools = [{"type": "function", "function": {"name": "f", "description": "d", "strict": True,
+                                               "parameters": {"type": "object", "x-anything": 1}}}]
+    reply = client.chat.completions.create(model="tiny", messages=messages, tools=tools,  # type: ignore[call-overload]
+                                           max_tokens=2, tool_choice="none")
+    assert reply.choices[0].message.refusal is None
+    options = {"include_usage": True, "continuous_usage_stats": True}
+    stream = client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=2,  # type: ignore[call-overload]
+                                            stream=True, stream_options=options)
+    assert [c for c in stream][-1].usage.completion_tokens == 2
+
+
+def test_an_answer_sent_back_as_history_is_taken(env: Env) -> None:
+    """The usual multi-turn loop: the previous answer's message object appended as it came, with the
+    fields only an answer has (``refusal``, ``annotations``, ``audio``, ``reasoning_content``; null
+    or empty ones too). They say nothing about the next answer: taken, not a 400."""
+    client = env.client()
+    first = client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=3)
+    history = [*MESSAGES, first.choices[0].message,
+               {"role": "assistant", "content": "ok", "refusal": None, "annotations": [], "audio": None,
+                "function_call": None, "tool_calls": None, "reasoning_content": "thought"},
+               {"role": "user", "content": "and then?"}]
+    again = client.chat.completions.create(model="tiny", messages=history, max_tokens=3)  # type: ignore[arg-type]
+    assert again.choices[0].message.role == "assistant"

@@ -20,6 +20,7 @@ from backends.transformers_generate import HFGenerateBackend
 from backends.transformers_generate.jobs import Event, GenerateKey, Job, RowParams
 from backends.transformers_generate.params import generate_key
 from backends.transformers_generate.worker import GenerateWorker
+from gateway.body import decode_body
 from gateway.settings import ConfigError, DeploymentConfig
 from tests.support.fallback_models import build_model
 
@@ -162,14 +163,43 @@ def test_seed_minus_one_is_no_seed() -> None:
 
 
 async def test_continuous_usage_stats_puts_the_usage_so_far_in_every_chunk(backend_for) -> None:
+    """As vLLM: with ``include_usage`` every chunk carries the usage so far; without it, none does."""
     backend = backend_for("gpt2")
-    options = StreamOptions(continuous_usage_stats=True)
-    asked = dict(max_tokens=4, ignore_eos=True, stream=True, stream_options=options)
-    streams = [await backend.chat_stream(chat("hi", **asked)),
-               await backend.complete_stream(completion(PROMPTS[0], **asked))]
-    for stream in streams:  # every chunk carries the usage so far
-        counts = [c.usage.completion_tokens async for c in stream.chunks]
-        assert counts == sorted(counts) and counts[-1] == stream.meter.completion_tokens == 4
+    for include_usage in (True, False):
+        options = StreamOptions(include_usage=include_usage, continuous_usage_stats=True)
+        asked = dict(max_tokens=4, ignore_eos=True, stream=True, stream_options=options)
+        streams = [await backend.chat_stream(chat("hi", **asked)),
+                   await backend.complete_stream(completion(PROMPTS[0], **asked))]
+        for stream in streams:
+            usages = [c.usage async for c in stream.chunks]
+            assert stream.meter.completion_tokens == 4
+            if not include_usage:
+                assert all(u is msgspec.UNSET for u in usages)
+                continue
+            counts = [u.completion_tokens for u in usages]
+            assert counts == sorted(counts) and counts[-1] == 4
+
+
+@pytest.mark.parametrize("body, param", [
+    (b'"stream": true, "stream_options": {"include_usage": true, "bogus": 1}', "stream_options.bogus"),
+    (b'"messages": [{"role": "user", "content": "hi", "foo": 1}]', "messages[0].foo"),
+    (b'"messages": [{"role": "user", "content": [{"type": "text", "text": "hi", "foo": 1}]}]',
+     "messages[0].content[0].foo"),
+    (b'"response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": {}, "foo": 1}}',
+     "response_format.json_schema.foo"),
+])
+async def test_unknown_nested_field_is_a_400_naming_its_path(backend_for, body: bytes, param: str) -> None:
+    """A request as the gateway decodes it: a nested field the wire types do not model is refused."""
+    backend = backend_for("gpt2")
+    fields = b'{"model": "m", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}], ' + body + b"}"
+    request = decode_body(fields, ChatCompletionRequest)
+    with pytest.raises(BadRequest) as caught:
+        await (backend.chat_stream(request) if request.is_stream else backend.chat(request))
+    assert caught.value.param == param
+    text = decode_body(b'{"model": "m", "prompt": "hi", "stream_options": {"bogus": 1}}', CompletionRequest)
+    with pytest.raises(BadRequest) as caught:
+        await backend.complete(text)
+    assert caught.value.param == "stream_options.bogus"
 
 
 async def test_closing_a_stream_aborts_and_meters_what_was_produced(backend_for) -> None:

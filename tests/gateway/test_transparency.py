@@ -195,15 +195,19 @@ def test_openapi_lists_accepted_fields(env: GatewayEnv) -> None:
 @pytest.mark.parametrize("include_usage", [False, True])
 def test_continuous_usage_relayed_in_every_chunk(client: openai.OpenAI, upstream: FakeUpstream, env: GatewayEnv,
                                                  include_usage: bool) -> None:
-    """vLLM's ``continuous_usage_stats``: each chunk's usage reaches the client as the upstream sent it
-    (the closing usage chunk only with ``include_usage``); the metering stays exact."""
+    """vLLM's ``continuous_usage_stats``: with ``include_usage`` (as vLLM needs it), each chunk's usage
+    reaches the client as the upstream sent it, and the closing usage chunk; without it, as from vLLM,
+    no usage at all. The upstream is always asked for usage; the metering stays exact."""
     options = {"continuous_usage_stats": True} | ({"include_usage": True} if include_usage else {})
     stream = client.chat.completions.create(  # type: ignore[call-overload]
         model="echo", messages=[{"role": "user", "content": "a b c"}], stream=True, stream_options=options)
     chunks = [c.model_dump() for c in stream]
     assert upstream.last.json["stream_options"] == {"continuous_usage_stats": True, "include_usage": True}
     relayed = [c for c in chunks if c["choices"]]
-    assert [c["usage"]["completion_tokens"] for c in relayed] == [0, 1, 2, 3, 3]
+    if include_usage:
+        assert [c["usage"]["completion_tokens"] for c in relayed] == [0, 1, 2, 3, 3]
+    else:
+        assert all(c["usage"] is None for c in relayed)
     assert len(chunks) == len(relayed) + include_usage
     record = env.usage.wait_for(1)[0]
     assert (record.completion_tokens, record.exact) == (3, True)
@@ -211,10 +215,11 @@ def test_continuous_usage_relayed_in_every_chunk(client: openai.OpenAI, upstream
 
 def test_continuous_usage_relayed_in_every_completion_chunk(client: openai.OpenAI, upstream: FakeUpstream) -> None:
     stream = client.completions.create(  # type: ignore[call-overload]
-        model="echo", prompt="a b c", stream=True, stream_options={"continuous_usage_stats": True})
+        model="echo", prompt="a b c", stream=True, stream_options={"continuous_usage_stats": True,
+                                                                  "include_usage": True})
     chunks = [c.model_dump() for c in stream]
-    assert [c["usage"]["completion_tokens"] for c in chunks] == [1, 2, 3, 3]
-    assert all(c["choices"] for c in chunks)
+    assert [c["usage"]["completion_tokens"] for c in chunks] == [1, 2, 3, 3, 3]
+    assert all(c["choices"] for c in chunks[:-1]) and not chunks[-1]["choices"]
 
 
 @pytest.mark.parametrize("reason", ["insufficient_system_resource", "model_length", "abort"])
