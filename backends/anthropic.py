@@ -26,6 +26,7 @@ from msgspec import UNSET
 from backends.anthropic_functions import as_function_call, function_call_delta, uses_functions
 from backends.anthropic_json import as_json_answer, json_delta, json_format
 from backends.anthropic_opt_ins import check_opt_ins
+from backends.anthropic_thinking import redacted_delta, thinking_delta
 from backends.anthropic_wire import (
     STOP_REASONS,
     from_messages_response,
@@ -396,7 +397,9 @@ class _StreamTranslator:
             self._pending.append(self._chunk(ChatDelta(role="assistant", content="")))
         elif kind == "content_block_start":
             block = event.get("content_block") or {}
-            if block.get("type") == "server_tool_use":
+            if (redacted := redacted_delta(block)) is not None:  # it comes whole
+                self._pending.append(self._chunk(redacted))
+            elif block.get("type") == "server_tool_use":
                 self._count_call(block.get("name"))
             elif block.get("type") == "tool_use":
                 index = self._tool_index.setdefault(at := int(event.get("index", 0)), len(self._tool_index))
@@ -457,10 +460,9 @@ class _StreamTranslator:
                 self._meter.first_token_at = time.perf_counter()
             self._meter.completion_tokens += estimate_text(text)
             self._pending.append(self._chunk(ChatDelta(content=text)))
-        elif delta.get("type") == "thinking_delta":  # extended thinking, as reasoning_content
-            thinking = delta.get("thinking", "")
-            self._meter.completion_tokens += estimate_text(thinking)
-            self._pending.append(self._chunk(ChatDelta(reasoning_content=thinking)))
+        elif (thinking := thinking_delta(delta)) is not None:  # reasoning_content, and thinking_blocks' pieces
+            self._meter.completion_tokens += estimate_text(thinking.reasoning_content or "")
+            self._pending.append(self._chunk(thinking))
         elif delta.get("type") == "input_json_delta":
             tool, arguments = self._tool_index.get(index, 0), delta.get("partial_json", "")
             if arguments:

@@ -15,6 +15,7 @@ from msgspec import UNSET
 
 from backends.anthropic_functions import as_tools
 from backends.anthropic_json import add_json_tool, json_format
+from backends.anthropic_thinking import answer_blocks, request_blocks
 from backends.base import BadRequest, Meter
 from backends.function_tools import function_call, function_def
 from backends.openai_wire import (
@@ -135,10 +136,11 @@ def _messages(request: ChatCompletionRequest) -> tuple[list[dict[str, Any]], lis
             out.append({"role": role, "content": blocks})
 
     for i, message in enumerate(request.messages):
+        thinking = request_blocks(message, i)  # an assistant's sent back (first in its turn); else a 400
         if message.role in ("system", "developer"):
             system.extend(_system_blocks(message))
         elif message.role == "assistant":
-            add("assistant", _content_blocks(message) + _tool_use_blocks(message, i))
+            add("assistant", thinking + _content_blocks(message) + _tool_use_blocks(message, i))
         elif message.role in ("tool", "function"):  # text as a string; with images, documents or caching, blocks
             parts = message.content if isinstance(message.content, list) else []
             plain = all(isinstance(p, TextPart) and not isinstance(p.cache_control, dict) for p in parts)
@@ -410,6 +412,8 @@ def from_messages_response(data: dict[str, Any], public_model: str) -> ChatCompl
     thinking = [b.get("thinking", "") for b in data.get("content") or [] if b.get("type") == "thinking"]
     if thinking:
         message.reasoning_content = "".join(thinking)
+    if blocks := answer_blocks(data.get("content")):  # signatures included, to be sent back (LiteLLM's)
+        message.thinking_blocks = blocks
     if calls:
         message.tool_calls = calls
     finish = STOP_REASONS.get(data.get("stop_reason") or "", "stop")

@@ -9,7 +9,7 @@ Optional request fields default to ``UNSET`` so that what the client did not sen
 from __future__ import annotations
 
 import time
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, cast
 
 import msgspec
 from msgspec import UNSET, Meta, Struct, UnsetType
@@ -108,14 +108,12 @@ ANTHROPIC_EVENTS = "_anthropic_events"
 
 
 def anthropic_events(obj: Struct) -> list[dict[str, Any]] | None:
-    events: list[dict[str, Any]] | None = getattr(obj, "__dict__", {}).get(ANTHROPIC_EVENTS)
-    return events
+    return cast(list[dict[str, Any]] | None, getattr(obj, "__dict__", {}).get(ANTHROPIC_EVENTS))
 
 
 def anthropic_body(obj: Struct) -> dict[str, Any] | None:
     """The Messages API body a chat request was translated from (None: it was not)."""
-    body: dict[str, Any] | None = getattr(obj, "__dict__", {}).get(ANTHROPIC_BODY)
-    return body
+    return cast(dict[str, Any] | None, getattr(obj, "__dict__", {}).get(ANTHROPIC_BODY))
 
 
 def encode_answer(obj: Any) -> bytes:
@@ -137,7 +135,6 @@ def encode_answer(obj: Any) -> bytes:
 
 
 # ---------------------------------------------------------------- requests
-
 
 # A content part's (or a tool's) ``cache_control``: Anthropic's prompt-caching breakpoint, as clients
 # of LiteLLM and OpenRouter send it (``{"type": "ephemeral"}``); an object, or null for none.
@@ -199,6 +196,7 @@ class ChatMessage(WireStruct):
     tool_calls: list[ToolCall] | None | UnsetType = UNSET  # null: none (as an answer sent back may hold)
     tool_call_id: str | UnsetType = UNSET
     function_call: FunctionCall | None | UnsetType = UNSET  # legacy function calling: an assistant's call
+    thinking_blocks: list[Any] | None | UnsetType = UNSET  # an answer's (LiteLLM's), sent back: anthropic_thinking
 
     def text(self) -> str:
         """The message's text: a string content, or its text parts joined."""
@@ -345,7 +343,6 @@ class CompletionRequest(SamplingFields, kw_only=True):
 
 # ---------------------------------------------------------------- responses
 
-
 class PromptTokensDetails(WireStruct):
     cached_tokens: int = 0
 
@@ -382,6 +379,7 @@ class AssistantMessage(WireStruct):
     refusal: str | None = None  # always present, as OpenAI's schema requires
     reasoning_content: str | None | UnsetType = UNSET  # a reasoning model's thinking (vLLM, DeepSeek)
     reasoning: str | None | UnsetType = UNSET  # the same, as newer vLLM and OpenRouter name it
+    thinking_blocks: list[Any] | None | UnsetType = UNSET  # Anthropic's, signatures included (as LiteLLM)
 
 
 # The gateway's own finish reasons; an answer's is any str (DeepSeek's "insufficient_system_resource"), relayed.
@@ -415,6 +413,7 @@ class ChatDelta(WireStruct):
     refusal: str | None | UnsetType = UNSET
     reasoning_content: str | None | UnsetType = UNSET
     reasoning: str | None | UnsetType = UNSET
+    thinking_blocks: list[Any] | UnsetType = UNSET  # pieces of Anthropic's (as LiteLLM streams them)
 
 
 def reasoning_text(message: AssistantMessage | ChatDelta) -> str:

@@ -23,6 +23,8 @@ from backends.openai_wire import ChatMessage, CompletionRequest, ResponseFormat,
 _EXTRA_TYPES: dict[type, dict[str, Any]] = {CompletionRequest: {"response_format": ResponseFormat | None}}
 # Fields only an answer has, on a message that a client sends back as history as it came (the
 # openai SDK's message object): they ask nothing of the next answer, so they are not refused.
+# (``thinking_blocks``, LiteLLM's, is one too: modelled on ChatMessage for the anthropic provider,
+# it is taken here as these are.)
 _ANSWER_ONLY: dict[type, frozenset[str]] = {
     ChatMessage: frozenset({"refusal", "annotations", "audio", "reasoning_content", "reasoning"})}
 _checked: dict[type, dict[str, inspect.Type]] = {}  # request type -> its fields that hold a Struct, by wire name

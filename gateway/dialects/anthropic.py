@@ -18,6 +18,7 @@ from typing import Any
 import msgspec
 from litestar import Request, Response
 
+from backends.anthropic_thinking import answer_blocks
 from backends.base import Meter, UntranslatableAnswer
 from backends.function_tools import answered_function, check_delta
 from backends.openai_wire import (
@@ -77,7 +78,8 @@ def _usage(usage: Any, meter: Meter | None = None) -> dict[str, int]:
 
 def _thinking(text: str) -> dict[str, Any]:
     """A thinking block of an upstream's reasoning: it has no signature (an Anthropic upstream's
-    blocks are relayed as they came)."""
+    blocks are relayed as they came; a whole answer's ``thinking_blocks``, as LiteLLM gives them,
+    are taken instead, signatures included)."""
     return {"type": "thinking", "thinking": text, "signature": ""}
 
 
@@ -90,7 +92,9 @@ def message_body(response: ChatCompletion, meter: Meter) -> bytes:
                                     "usage": _usage(response.usage, meter)})
     choice = response.choices[0]
     content: list[dict[str, Any]] = []
-    if reasoning := reasoning_text(choice.message):
+    if blocks := answer_blocks(choice.message.thinking_blocks):  # an upstream's signed blocks (LiteLLM's)
+        content.extend(blocks)
+    elif reasoning := reasoning_text(choice.message):
         content.append(_thinking(reasoning))  # as the stream has it: a thinking block first
     if text := (choice.message.content or "") + (choice.message.refusal or ""):  # a refusal is told in text
         content.append({"type": "text", "text": text})

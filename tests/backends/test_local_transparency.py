@@ -209,13 +209,14 @@ def test_modelled_nested_fields_still_work(env: Env) -> None:
 
 def test_an_answer_sent_back_as_history_is_taken(env: Env) -> None:
     """The usual multi-turn loop: the previous answer's message object appended as it came, with the
-    fields only an answer has (``refusal``, ``annotations``, ``audio``, ``reasoning_content``; null
-    or empty ones too). They say nothing about the next answer: taken, not a 400."""
+    fields only an answer has (``refusal``, ``annotations``, ``audio``, ``reasoning_content``,
+    ``thinking_blocks``; null or empty ones too). They say nothing about the next answer: taken, not a 400."""
     client = env.client()
     first = client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=3)
     history = [*MESSAGES, first.choices[0].message,
                {"role": "assistant", "content": "ok", "refusal": None, "annotations": [], "audio": None,
-                "function_call": None, "tool_calls": None, "reasoning_content": "thought"},
+                "function_call": None, "tool_calls": None, "reasoning_content": "thought",
+                "thinking_blocks": [{"type": "thinking", "thinking": "thought", "signature": "sig"}]},
                {"role": "user", "content": "and then?"}]
     again = client.chat.completions.create(model="tiny", messages=history, max_tokens=3)  # type: ignore[arg-type]
     assert again.choices[0].message.role == "assistant"

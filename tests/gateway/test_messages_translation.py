@@ -118,6 +118,19 @@ def test_whole_and_streamed_answers_agree(client: anthropic.Anthropic, upstream:
     assert whole.content[1].text == streamed.content[1].text == "hi"
 
 
+def test_an_answers_thinking_blocks_keep_their_signatures(client: anthropic.Anthropic,
+                                                         upstream: FakeUpstream) -> None:
+    """A chat upstream that gives Anthropic's blocks as LiteLLM does (``thinking_blocks``, beside
+    ``reasoning_content``): the whole answer's thinking is those blocks, signatures included."""
+    blocks = [{"type": "redacted_thinking", "data": "xyz"}, {"type": "thinking", "thinking": "hm", "signature": "s1"}]
+    upstream.fail_next(Fault(status=200, body={"id": "chatcmpl-1", "created": 1, "model": "m",
+                                               "object": "chat.completion", "choices": [
+        {"index": 0, "finish_reason": "stop", "message": {
+            "role": "assistant", "reasoning_content": "hm", "thinking_blocks": blocks, "content": "hi"}}]}))
+    message = client.messages.create(model="echo", max_tokens=8, messages=[{"role": "user", "content": "hi"}])
+    assert [b.model_dump(exclude_none=True) for b in message.content] == [*blocks, {"type": "text", "text": "hi"}]
+
+
 def test_reasoning_under_either_name_is_a_thinking_block(client: anthropic.Anthropic, upstream: FakeUpstream) -> None:
     """Newer vLLM and OpenRouter name a chat answer's reasoning ``reasoning`` (not ``reasoning_content``):
     it is the thinking block all the same, whole and streamed."""

@@ -74,6 +74,18 @@ def test_a_null_user_is_passed_on_as_sent(client: openai.OpenAI, upstream: FakeU
     assert upstream.last.json["user"] is None
 
 
+def test_an_assistant_turns_thinking_blocks_reach_the_upstream_as_sent(client: openai.OpenAI,
+                                                                      upstream: FakeUpstream) -> None:
+    """LiteLLM's ``thinking_blocks`` (Anthropic's, signatures included) on a message sent back: the
+    gateway reads them for an ``anthropic`` deployment only; an HTTP upstream gets them unchanged."""
+    blocks = [{"type": "thinking", "thinking": "hm", "signature": "sig", "extra": 1},
+              {"type": "redacted_thinking", "data": "xyz"}]
+    messages = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b", "thinking_blocks": blocks},
+                {"role": "user", "content": "c"}]
+    client.chat.completions.create(model="echo", messages=messages)  # type: ignore[arg-type]
+    assert upstream.last.json["messages"] == messages
+
+
 def test_streamed_request_keeps_every_field(client: openai.OpenAI, upstream: FakeUpstream) -> None:
     list(_chat(client, stream=True))  # type: ignore[call-overload]
     sent = upstream.last.json

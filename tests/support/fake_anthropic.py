@@ -10,7 +10,9 @@ read from the cache, ``CACHE_WRITE`` written to it per ``cache_control`` breakpo
 web search tool's ``max_uses`` searches. ``fail_next`` queues an HTTP status (its message's
 ``{headers}`` replaced by the request's); ``stop_reason`` forces
 the answers' stop reason; ``answer_headers`` go in the head of every answer (as Anthropic's
-rate-limit headers do); every request body is kept in ``received``.
+rate-limit headers do); every request body is kept in ``received``. With thinking on, its answers
+start with a signed thinking block, and, as Anthropic, it refuses (400) a conversation whose last
+assistant turn has tool_use blocks but does not start with a signed thinking or redacted thinking block.
 """
 
 from __future__ import annotations
@@ -59,6 +61,22 @@ def _cache_writes(payload: dict[str, Any]) -> dict[str, int]:
     return written
 
 
+def _unsigned_tool_turn(payload: dict[str, Any]) -> str | None:
+    """Anthropic's rule with thinking on: the last assistant turn, if it has tool_use blocks, starts
+    with the thinking (signed) or redacted thinking it came with. Its refusal's message, or None."""
+    if (payload.get("thinking") or {}).get("type") != "enabled":
+        return None
+    turns = [m["content"] for m in payload["messages"] if m["role"] == "assistant" and isinstance(m["content"], list)]
+    if not turns or not any(b.get("type") == "tool_use" for b in turns[-1]):
+        return None
+    first = turns[-1][0]
+    if (first.get("type") == "thinking" and first.get("signature")) or \
+            (first.get("type") == "redacted_thinking" and first.get("data")):
+        return None
+    return (f"messages: Expected `thinking` or `redacted_thinking`, but found `{first.get('type')}`. When "
+            "`thinking` is enabled, a final `assistant` message must start with a thinking block")
+
+
 class FakeAnthropic(OnLoopback):
     def __init__(self) -> None:
         self.received: list[dict[str, Any]] = []
@@ -98,6 +116,9 @@ class FakeAnthropic(OnLoopback):
         if ex.path.endswith("/count_tokens"):
             return await send_json(ex, 200, {"input_tokens": sum(len(pieces(_text(m["content"])))
                                                                  for m in payload["messages"])})
+        if refused := _unsigned_tool_turn(payload):
+            return await send_json(ex, 400, {"type": "error", "error": {"type": "invalid_request_error",
+                                                                        "message": refused}})
         blocks, stop = self._answer(payload)
         matched = self._stop_sequence(payload, blocks)
         if payload.get("thinking"):  # extended thinking: a thinking block first
