@@ -98,10 +98,16 @@ def gateway_config(db_url: str, fast: str, slow: str, streamy: str, journal: Pat
     }
 
 
-def gateway_cpu(gw: Gateway) -> float:
-    """CPU seconds used so far by the gateway: its workers and (with several) their supervisor."""
+def gateway_cpu(gw: Gateway, *, kernel_only: bool = False) -> float:
+    """CPU seconds used so far by the gateway: its workers and (with several) their supervisor
+    (``kernel_only``: their system time)."""
     pids = {gw.proc.pid, *worker_pids(gw.proc.pid)}
-    return sum(cpu_seconds(pid) for pid in pids)
+    return sum(cpu_seconds(pid, kernel_only=kernel_only) for pid in pids)
+
+
+def in_kernel(system: float, cpu: float) -> str:
+    """The note on a CPU figure: the share of it spent in the kernel, where no Python change reaches."""
+    return f", {system / cpu:.0%} of it in the kernel" if cpu > 0 else ""
 
 
 def errors_of(run: Run) -> int:
@@ -129,9 +135,9 @@ async def throughput(
         d = await closed_loop(direct, 64, args.seconds)
         d_cpu = (cpu_seconds(upstream_pid) - d_cpu0) / max(1, len(d.results))
         profiler = _profile(gw, args, "a")
-        cpu0 = gateway_cpu(gw)
+        cpu0, sys0 = gateway_cpu(gw), gateway_cpu(gw, kernel_only=True)
         g = await closed_loop(via, 64, args.seconds)
-        cpu = gateway_cpu(gw) - cpu0
+        cpu, system = gateway_cpu(gw) - cpu0, gateway_cpu(gw, kernel_only=True) - sys0
         _stop_profile(profiler)
         d_rps, g_rps, errors = len(d.ok) / d.seconds, len(g.ok) / g.seconds, errors_of(g)
         sent = len(g.results)
@@ -143,7 +149,7 @@ async def throughput(
                 f"{g_cpu * 1000:.3f}",
                 f"{(g_cpu - d_cpu) * 1000:+.3f}",
                 "",
-                f"gateway used {cpu / g.seconds:.0%} of a core",
+                f"gateway used {cpu / g.seconds:.0%} of a core{in_kernel(system, cpu)}",
             ]
         )
         rows.append(
@@ -171,21 +177,23 @@ async def throughput(
 
 
 async def interleaved(gw: Gateway, slices: int, load: Callable[[Target], Awaitable[Run]], direct: Target,
-                      via: Target) -> tuple[Run, Run, float]:
+                      via: Target) -> tuple[Run, Run, float, float]:
     """``slices`` short runs each way, alternating (direct, gateway, direct, ...), pooled: a pause of
     this shared machine (another process, the hypervisor) lands on both sides alike instead of
-    deciding one side's percentiles. Also the gateway's CPU seconds during its runs."""
-    d, g, cpu = Run(), Run(), 0.0
+    deciding one side's percentiles. Also the gateway's CPU seconds during its runs, and the part of
+    them in the kernel."""
+    d, g, cpu, system = Run(), Run(), 0.0, 0.0
     for _ in range(slices):
         for pooled, target in ((d, direct), (g, via)):
-            cpu0 = gateway_cpu(gw)
+            cpu0, sys0 = gateway_cpu(gw), gateway_cpu(gw, kernel_only=True)
             part = await load(target)
             if pooled is g:
                 cpu += gateway_cpu(gw) - cpu0
+                system += gateway_cpu(gw, kernel_only=True) - sys0
             pooled.results += part.results
             pooled.errors += part.errors
             pooled.seconds += part.seconds
-    return d, g, cpu
+    return d, g, cpu, system
 
 
 async def latency(args: argparse.Namespace, gw: Gateway, direct: Target, via: Target) -> tuple[list[list[str]], int]:
@@ -195,7 +203,7 @@ async def latency(args: argparse.Namespace, gw: Gateway, direct: Target, via: Ta
     profiler = _profile(gw, args, "b")
     for rate in args.rates:
         load = partial(open_loop, rate=rate, seconds=args.seconds / 2 / args.slices)
-        d, g, _ = await interleaved(gw, args.slices, load, direct, via)
+        d, g, *_ = await interleaved(gw, args.slices, load, direct, via)
         sent += len(g.results)
         for q, target in ((0.5, "<= 1 ms added"), (0.99, "<= 3 ms added")):
             added = g.pct(q) - d.pct(q)
@@ -227,14 +235,14 @@ async def streams(args: argparse.Namespace, gw: Gateway, direct: Target, via: Ta
          partial(closed_loop, connections=64, seconds=args.seconds / args.slices, stagger=STREAM_SECONDS)),
         ("bursts", 1, partial(bursts, concurrency=64, rounds=args.rounds)),
     ):
-        d, g, cpu = await interleaved(gw, slices, load, direct, via)
-        rows += _stream_rows(how, d, g, cpu)
+        d, g, cpu, system = await interleaved(gw, slices, load, direct, via)
+        rows += _stream_rows(how, d, g, cpu, system)
         sent += len(g.results)
     _stop_profile(profiler)
     return rows, sent
 
 
-def _stream_rows(how: str, d: Run, g: Run, cpu: float) -> list[list[str]]:
+def _stream_rows(how: str, d: Run, g: Run, cpu: float, system: float) -> list[list[str]]:
     rows: list[list[str]] = []
     for label, what, q, target in (
         ("TTFC p50", "first", 0.5, "<= 2 ms added"),
@@ -259,7 +267,7 @@ def _stream_rows(how: str, d: Run, g: Run, cpu: float) -> list[list[str]]:
             f"{cpu * 1000 / max(1, len(g.results)):.3f}",
             "-",
             "",
-            f"gateway used {cpu / g.seconds:.0%} of a core",
+            f"gateway used {cpu / g.seconds:.0%} of a core{in_kernel(system, cpu)}",
         ]
     )
     d_sps, g_sps = len(d.ok) / d.seconds, len(g.ok) / g.seconds

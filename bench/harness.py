@@ -81,10 +81,12 @@ def stop(proc: subprocess.Popen[bytes], timeout: float = 30.0) -> int:
     return proc.wait()
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time the process has used so far."""
+def cpu_seconds(pid: int, *, kernel_only: bool = False) -> float:
+    """User + system CPU time the process has used so far (``kernel_only``: the system time alone,
+    its system calls and the network stack's work done for them)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    ticks = int(fields[12]) if kernel_only else int(fields[11]) + int(fields[12])
+    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 SERVICES = ("redis-server", "postgres")  # process names of the stores a gateway under test uses
