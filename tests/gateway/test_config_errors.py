@@ -246,3 +246,17 @@ def test_an_endless_timeout_in_a_config_file_exits_2_naming_the_key(tmp_path: Pa
     assert done.exit_code == 2 and len(lines) == 1, done.stderr
     assert lines[0].startswith("error: config error at models[0].deployments[0].timeouts.idle "), lines[0]
     assert lines[0].endswith(": Expected `float` <= 86400.0"), lines[0]
+
+
+@pytest.mark.parametrize("value", [float("inf"), float("nan"), 1e300])
+@pytest.mark.parametrize("price", [{"output_per_million": None}, {"per_tool_call": {"web_search": None}},
+                                   {"service_tiers": {"flex": {"input_per_million": None}}}])
+def test_an_endless_price_is_an_error_not_an_endless_cost(price: dict[str, object], value: float) -> None:
+    """A price of ``.inf`` made every request's cost infinite: a budget spent by one request, a usage
+    row's cost stored as infinity (and null in JSON)."""
+    def filled(d: dict[str, object]) -> dict[str, object]:
+        return {k: filled(v) if isinstance(v, dict) else value for k, v in d.items()}
+    with pytest.raises(ConfigError, match=r"^config error at prices\.a\.\S+: Expected `float` (<=|>=) "):
+        parse_settings({"models": [{"name": "a", "deployments": [DEP]}], "prices": {"a": filled(price)}}, env={})
+    parse_settings({"models": [{"name": "a", "deployments": [DEP]}], "prices": {"a": {"output_per_million": 1e6}}},
+                   env={})
