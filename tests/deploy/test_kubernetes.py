@@ -12,12 +12,15 @@ import re
 import shutil
 import subprocess
 import sys
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import msgspec
 import pytest
 import yaml
+
+from tests.support.concurrent import concurrently
 
 ROOT = Path(__file__).resolve().parents[2]
 KUBE = ROOT / "deploy" / "kubernetes"
@@ -170,8 +173,19 @@ def _cli_help(words: list[str]) -> str:
     return out.stdout
 
 
+_helps: dict[tuple[str, ...], str] = {}  # one run per command for all overlays
+
+
+def _cli_helps(commands: list[tuple[str, ...]]) -> dict[tuple[str, ...], str]:
+    """`_cli_help` of each command, the ones not asked before run side by side."""
+    missing = [words for words in dict.fromkeys(commands) if words not in _helps]
+    _helps.update(zip(missing, concurrently(*(partial(_cli_help, list(words)) for words in missing)), strict=True))
+    return _helps
+
+
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_commands_are_switchyard_cli_commands(overlay: str) -> None:
+    found: list[tuple[str, tuple[str, ...], list[str]]] = []  # container, command words, its whole command
     for obj in render(overlay):
         if obj["kind"] not in WORKLOAD_KINDS:
             continue
@@ -186,9 +200,12 @@ def test_commands_are_switchyard_cli_commands(overlay: str) -> None:
                 if w.startswith("-"):
                     break
                 words.append(w)
-            helptext = _cli_help(words)
-            for opt in (w.split("=")[0] for w in cmd if w.startswith("--")):
-                assert opt in helptext, f"{overlay}: {c['name']}: `switchyard {' '.join(words)}` has no option {opt}"
+            found.append((c["name"], tuple(words), cmd))
+    helps = _cli_helps([words for _, words, _ in found])
+    for name, words, cmd in found:
+        helptext = helps[words]
+        for opt in (w.split("=")[0] for w in cmd if w.startswith("--")):
+            assert opt in helptext, f"{overlay}: {name}: `switchyard {' '.join(words)}` has no option {opt}"
 
 
 def _unknown_keys(raw: Any, typ: Any, path: str) -> list[str]:

@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 import uuid
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -25,6 +26,7 @@ from gateway.contracts import UsageRecord
 from gateway.db import Database
 from gateway.usage.pricing import PriceTable
 from gateway.usage.writer import UsageWriter
+from tests.support.concurrent import concurrently
 
 SWITCHYARD = str(Path(sys.executable).parent / "switchyard")
 UNREACHABLE = "postgresql+asyncpg://postgres@127.0.0.1:9/test"  # the discard port: refused at once
@@ -55,13 +57,16 @@ def test_common_mistakes_end_in_one_line_with_the_fix(tmp_path: Path) -> None:
     fresh = config_for(tmp_path, f"sqlite+aiosqlite:///{tmp_path / 'fresh.db'}", "fresh.yaml")
     gone = config_for(tmp_path, UNREACHABLE, "gone.yaml")
     # serve on a database that was never migrated: no ExceptionGroup, the command to run
-    one_line_error(run("serve", "--config", fresh, "--port", "0", cwd=tmp_path), "never migrated",
-                   "switchyard db upgrade")
-    one_line_error(run("serve", "--config", gone, "--port", "0", cwd=tmp_path), "cannot reach the database",
-                   "database.url")
-    one_line_error(run("tenant", "list", "--config", gone, cwd=tmp_path), "cannot reach the database")
-    one_line_error(run("tenant", "list", "--config", fresh, cwd=tmp_path), "switchyard db upgrade")
-    one_line_error(run("db", "current", "--config", gone, cwd=tmp_path), "cannot reach the database")
+    mistakes = (
+        (("serve", "--config", fresh, "--port", "0"), ("never migrated", "switchyard db upgrade")),
+        (("serve", "--config", gone, "--port", "0"), ("cannot reach the database", "database.url")),
+        (("tenant", "list", "--config", gone), ("cannot reach the database",)),
+        (("tenant", "list", "--config", fresh), ("switchyard db upgrade",)),
+        (("db", "current", "--config", gone), ("cannot reach the database",)),
+    )
+    for (_, needles), done in zip(mistakes, concurrently(*(partial(run, *args, cwd=tmp_path)
+                                                           for args, _ in mistakes)), strict=True):
+        one_line_error(done, *needles)
 
     up = run("db", "upgrade", "--config", fresh, cwd=tmp_path)
     assert up.returncode == 0 and "applied 0001" in up.stderr and "Traceback" not in up.stderr
@@ -88,9 +93,12 @@ def test_common_mistakes_end_in_one_line_with_the_fix(tmp_path: Path) -> None:
                             "web shop", "--model", "gpt-4o-mini", "--expires-in-days", "30"], env=env)
     keys = json.loads(runner.invoke(app, ["key", "list", "--json"], env=env).stdout)
     assert len(keys) == 2
-    for args, columns in ((("tenant", "list"), "80"), (("key", "list"), "80"), (("key", "list"), None),
-                          (("tenant", "show", tenant["id"]), "80")):
-        out = run(*args, "--config", fresh, cwd=tmp_path, env={"COLUMNS": columns} if columns else None).stdout
+    listings = ((("tenant", "list"), "80"), (("key", "list"), "80"), (("key", "list"), None),
+                (("tenant", "show", tenant["id"]), "80"))
+    outs = concurrently(*(partial(run, *args, "--config", fresh, cwd=tmp_path,
+                                  env={"COLUMNS": columns} if columns else None) for args, columns in listings))
+    for (args, _), done in zip(listings, outs, strict=True):
+        out = done.stdout
         assert out and max(len(line) for line in out.splitlines()) <= 80, out
         assert tenant["id"] in out and (args[0] == "tenant" and args[1] == "list" or all(k["id"] in out
                                                                                           for k in keys)), out
@@ -102,12 +110,17 @@ def test_debugging_shows_the_traceback_of_a_common_mistake(tmp_path: Path) -> No
     fresh = config_for(tmp_path, f"sqlite+aiosqlite:///{tmp_path / 'fresh.db'}", "fresh.yaml")
     gone = config_for(tmp_path, UNREACHABLE, "gone.yaml")
     debug = {DEBUG_ENV: "1"}
-    for args in (("tenant", "list", "--config", gone), ("tenant", "list", "--config", fresh),
-                 ("db", "current", "--config", gone), ("db", "upgrade", "--config", gone),
-                 ("bootstrap", "--config", gone), ("serve", "--config", gone, "--port", "0")):
-        done = run(*args, cwd=tmp_path, env=debug)
+    mistakes = (("tenant", "list", "--config", gone), ("tenant", "list", "--config", fresh),
+                ("db", "current", "--config", gone), ("db", "upgrade", "--config", gone),
+                ("bootstrap", "--config", gone), ("serve", "--config", gone, "--port", "0"))
+    # without it: the one line. The first three and serve are asserted (as exactly one line) by
+    # test_common_mistakes_end_in_one_line_with_the_fix; the two left run here.
+    plain_ones = mistakes[3:5]
+    runs = concurrently(*(partial(run, *args, cwd=tmp_path, env=debug) for args in mistakes),
+                        *(partial(run, *args, cwd=tmp_path) for args in plain_ones))
+    for args, done in zip(mistakes, runs[:len(mistakes)], strict=True):
         assert done.returncode != 0 and "Traceback (most recent call last)" in done.stderr, (args, done.stderr)
-        plain = run(*args, cwd=tmp_path)  # without it: the one line
+    for plain in runs[len(mistakes):]:
         assert plain.stderr.splitlines()[-1].startswith("error: ") and "Traceback" not in plain.stderr, plain.stderr
     runner = CliRunner()
     invoked = runner.invoke(app, ["tenant", "show", "nope"], env={"SWITCHYARD_CONFIG": fresh, **debug})

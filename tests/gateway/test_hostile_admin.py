@@ -8,12 +8,17 @@ import json
 import os
 import subprocess
 import sys
+from functools import partial
 from pathlib import Path
 
 import httpx
 import pytest
+from click.testing import Result
+from typer.testing import CliRunner
 
+from gateway.cli import app
 from tests.gateway.tenancy_fixtures import migrated_pg_url, pg_admin_api  # noqa: F401  (fixtures)
+from tests.support.concurrent import concurrently
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -97,6 +102,11 @@ def switchyard(config: Path, *args: str) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, env=env, cwd=config.parent, timeout=60)
 
 
+def in_process(config: Path, *args: str) -> Result:
+    """A step that sets up or reads back state, not the one under test: no process needed."""
+    return CliRunner().invoke(app, list(args), env={"SWITCHYARD_CONFIG": str(config)})
+
+
 def _one_line_error(done: subprocess.CompletedProcess[str], *needles: str) -> None:
     assert done.returncode != 0, done
     assert "Traceback" not in done.stderr + done.stdout, done.stderr
@@ -123,16 +133,19 @@ def test_cli_unreachable_database_is_one_line_and_exit_1(tmp_path: Path) -> None
 
 
 def test_cli_out_of_range_numbers_are_one_line_errors(cli_config: Path) -> None:
-    assert switchyard(cli_config, "tenant", "create", "nums").returncode == 0
-    _one_line_error(switchyard(cli_config, "limits", "set", "--tenant", "nums", "--cost-budget", "1e308"),
-                    "--cost-budget")
-    _one_line_error(switchyard(cli_config, "limits", "set", "--tenant", "nums", "--token-budget", str(2**63)),
-                    "--token-budget")
-    _one_line_error(switchyard(cli_config, "key", "create", "--tenant", "nums", "--expires-in-days", "1e300"),
-                    "--expires-in-days")
-    _one_line_error(switchyard(cli_config, "limits", "set", "--tenant", "nums", "--period", "week"), "--period", "week")
-    _one_line_error(switchyard(cli_config, "usage", "report", "--end", "9999-12-31T23:00:00-05:00"), "end")
-    assert switchyard(cli_config, "usage", "report", "--end", "9999-12-31").returncode == 0
+    assert in_process(cli_config, "tenant", "create", "nums").exit_code == 0
+    errors = (
+        (("limits", "set", "--tenant", "nums", "--cost-budget", "1e308"), ("--cost-budget",)),
+        (("limits", "set", "--tenant", "nums", "--token-budget", str(2**63)), ("--token-budget",)),
+        (("key", "create", "--tenant", "nums", "--expires-in-days", "1e300"), ("--expires-in-days",)),
+        (("limits", "set", "--tenant", "nums", "--period", "week"), ("--period", "week")),
+        (("usage", "report", "--end", "9999-12-31T23:00:00-05:00"), ("end",)),
+    )
+    *done, allowed = concurrently(*(partial(switchyard, cli_config, *args) for args, _ in errors),
+                                  partial(switchyard, cli_config, "usage", "report", "--end", "9999-12-31"))
+    for (_, needles), result in zip(errors, done, strict=True):
+        _one_line_error(result, *needles)
+    assert allowed.returncode == 0
 
 
 def test_cli_prints_tenant_names_with_escapes_shown_not_obeyed(cli_config: Path) -> None:
@@ -197,13 +210,14 @@ def test_cli_key_name_too_long_is_a_validation_message(cli_config: Path) -> None
 def test_cli_negative_limits_other_than_minus_one_are_errors(cli_config: Path) -> None:
     """Only -1 removes a limit: another negative number is a one-line error, and changes nothing."""
     wrong = {"--rpm": "-5", "--cost-budget": "-0.5", "--tpm": "-2", "--concurrency": "-100", "--token-budget": "-3"}
-    assert switchyard(cli_config, "tenant", "create", "negatives").returncode == 0
+    assert in_process(cli_config, "tenant", "create", "negatives").exit_code == 0
     limits = ["limits", "set", "--tenant", "negatives"]
-    assert switchyard(cli_config, *limits, *(a for option in wrong for a in (option, "7"))).returncode == 0
-    for option, value in wrong.items():
-        _one_line_error(done := switchyard(cli_config, *limits, option, value), option, "-1")
-        assert done.returncode == 1
-    shown = json.loads(switchyard(cli_config, "limits", "show", "--tenant", "negatives", "--json").stdout)
+    assert in_process(cli_config, *limits, *(a for option in wrong for a in (option, "7"))).exit_code == 0
+    done = concurrently(*(partial(switchyard, cli_config, *limits, option, value) for option, value in wrong.items()))
+    for option, result in zip(wrong, done, strict=True):
+        _one_line_error(result, option, "-1")
+        assert result.returncode == 1
+    shown = json.loads(in_process(cli_config, "limits", "show", "--tenant", "negatives", "--json").stdout)
     assert [v for k, v in shown.items() if k != "budget_period"] == [7, 7, 7, 7, 7.0]
     removed = switchyard(cli_config, *limits, *(a for option in wrong for a in (option, "-1")), "--json")
     assert removed.returncode == 0, removed.stderr

@@ -6,13 +6,18 @@ import asyncio
 import os
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 
 import pytest
 from sqlalchemy import inspect
+from typer.testing import CliRunner
 
+from gateway.cli import app
 from gateway.db import Database, SchemaNotReady, check_schema, migrate
 from gateway.db.models import Base
+from tests.support.concurrent import concurrently
 
 TABLES = {"tenants", "api_keys", "limits", "usage_records", "model_prices", "usage_hourly", "latency_hourly",
           "stored_responses", "auth_events", "revoked_sessions", "latency_daily", "schema_compatibility"}
@@ -62,7 +67,7 @@ async def test_migration_matches_the_models(empty_url: str) -> None:
     assert diff == []
 
 
-def test_db_cli_works_from_any_directory(tmp_path: Path) -> None:
+def test_db_cli_works_from_any_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     db_file = tmp_path / "cli.db"
     config = tmp_path / "conf.yaml"
     config.write_text(f"database:\n  url: sqlite+aiosqlite:///{db_file}\n")
@@ -74,18 +79,30 @@ def test_db_cli_works_from_any_directory(tmp_path: Path) -> None:
     def run(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run([*cli, *args], cwd=elsewhere, env=env, capture_output=True, text=True, timeout=60)
 
-    refused = run("tenant", "list", "--config", str(config))
+    monkeypatch.chdir(elsewhere)  # the read-backs run in-process, from the same directory and environment
+    unset = {k: None for k in os.environ if k.startswith("SWITCHYARD")}
+
+    def read(*args: str) -> str:
+        done = CliRunner().invoke(app, list(args), env=unset)
+        assert done.exit_code == 0, (args, done.stderr)
+        return done.stdout
+
+    refused, waited = concurrently(partial(run, "tenant", "list", "--config", str(config)),
+                                   partial(run, "db", "wait", "--config", str(config), "--timeout", "0.5",
+                                           "--interval", "0.2"))
     assert refused.returncode == 1 and "switchyard db upgrade" in refused.stderr
-    waited = run("db", "wait", "--config", str(config), "--timeout", "0.5", "--interval", "0.2")
     assert waited.returncode == 1 and "switchyard db upgrade" in waited.stderr and "Traceback" not in waited.stderr
     up = run("db", "upgrade", "--config", str(config))
     assert up.returncode == 0, up.stderr
-    assert run("db", "wait", "--config", str(config), "--timeout", "5").returncode == 0
-    assert f"current: {migrate.head_revision()} " in run("db", "current", "--config", str(config)).stdout
-    assert run("tenant", "list", "--config", str(config)).returncode == 0
+    with ThreadPoolExecutor(1) as pool:  # the wait's process beside the read-backs (CliRunner: one at a time)
+        ready = pool.submit(run, "db", "wait", "--config", str(config), "--timeout", "5")
+        current = read("db", "current", "--config", str(config))
+        read("tenant", "list", "--config", str(config))
+    assert ready.result().returncode == 0
+    assert f"current: {migrate.head_revision()} " in current
     down = run("db", "downgrade", "--config", str(config), "--revision", "base")
     assert down.returncode == 0, down.stderr
-    assert "(empty)" in run("db", "current", "--config", str(config)).stdout
+    assert "(empty)" in read("db", "current", "--config", str(config))
 
 
 async def _usage_columns(url: str) -> dict[str, object]:
