@@ -178,8 +178,8 @@ class DashboardConfig(Conf):
     session_secret: str | None = None  # signs session cookies (use ${ENV}); needed with several workers
 
 
-# USD per million tokens, or per call: finite (.inf would make every cost infinite), a million at most
-Rate = Annotated[float, Meta(ge=0, le=1_000_000)]
+# USD per million tokens, or per call: finite (.inf would make every cost infinite)
+Rate = Annotated[float, Meta(ge=0, le=1e12)]
 
 
 class TierRates(Conf):

@@ -258,5 +258,5 @@ def test_an_endless_price_is_an_error_not_an_endless_cost(price: dict[str, objec
         return {k: filled(v) if isinstance(v, dict) else value for k, v in d.items()}
     with pytest.raises(ConfigError, match=r"^config error at prices\.a\.\S+: Expected `float` (<=|>=) "):
         parse_settings({"models": [{"name": "a", "deployments": [DEP]}], "prices": {"a": filled(price)}}, env={})
-    parse_settings({"models": [{"name": "a", "deployments": [DEP]}], "prices": {"a": {"output_per_million": 1e6}}},
+    parse_settings({"models": [{"name": "a", "deployments": [DEP]}], "prices": {"a": {"output_per_million": 1e12}}},
                    env={})
