@@ -31,6 +31,9 @@ from gateway.usage.report import GROUPS, ReportQuery, end_of_day, parse_day, usa
 
 # Every failure is documented with the body it really has (OpenAI's shape), not Litestar's default.
 ERRORS = error_responses(400, 401, 403, 404, 409, 429, 503)
+# A PATCH with no body changes nothing, as {} does (a body of blanks decodes to {} too; see AdminBody)
+NO_CHANGES = TenantUpdate()
+NO_LIMIT_CHANGES = LimitsBody()
 
 
 def _error(_: Request, exc: AdminError) -> Response[bytes]:
@@ -82,7 +85,8 @@ class TenantController(Controller):
         return asdict(await svc.get_tenant(tenant_id))
 
     @patch("/{tenant_id:str}", responses=ERRORS, dto=AdminBody[TenantUpdate], return_dto=None)
-    async def update_tenant(self, svc: TenancyService, tenant_id: str, data: TenantUpdate) -> dict[str, Any]:
+    async def update_tenant(self, svc: TenancyService, tenant_id: str,
+                            data: TenantUpdate = NO_CHANGES) -> dict[str, Any]:
         changes = {f: getattr(data, f) for f in data.__struct_fields__ if getattr(data, f) is not msgspec.UNSET}
         return asdict(await svc.update_tenant(tenant_id, **changes))
 
@@ -104,11 +108,14 @@ class TenantController(Controller):
         return (await svc.get_limits("tenant", tenant_id)).as_dict()
 
     @put("/{tenant_id:str}/limits", responses=ERRORS, dto=AdminBody[LimitsBody], return_dto=None)
-    async def put_limits(self, svc: TenancyService, tenant_id: str, data: LimitsBody) -> dict[str, Any]:
+    async def put_limits(self, svc: TenancyService, tenant_id: str, data: LimitsBody,
+                         request: Request) -> dict[str, Any]:
+        await _refuse_blank(request)
         return (await svc.set_limits("tenant", tenant_id, data.as_limits())).as_dict()
 
     @patch("/{tenant_id:str}/limits", responses=ERRORS, dto=AdminBody[LimitsBody], return_dto=None)
-    async def patch_limits(self, svc: TenancyService, tenant_id: str, data: LimitsBody) -> dict[str, Any]:
+    async def patch_limits(self, svc: TenancyService, tenant_id: str,
+                           data: LimitsBody = NO_LIMIT_CHANGES) -> dict[str, Any]:
         return (await svc.update_limits("tenant", tenant_id, **data.changes())).as_dict()
 
 
@@ -153,11 +160,14 @@ class KeyController(Controller):
         return (await svc.get_limits("key", key_id)).as_dict()
 
     @put("/{key_id:str}/limits", responses=ERRORS, dto=AdminBody[LimitsBody], return_dto=None)
-    async def put_limits(self, svc: TenancyService, key_id: str, data: LimitsBody) -> dict[str, Any]:
+    async def put_limits(self, svc: TenancyService, key_id: str, data: LimitsBody,
+                         request: Request) -> dict[str, Any]:
+        await _refuse_blank(request)
         return (await svc.set_limits("key", key_id, data.as_limits())).as_dict()
 
     @patch("/{key_id:str}/limits", responses=ERRORS, dto=AdminBody[LimitsBody], return_dto=None)
-    async def patch_limits(self, svc: TenancyService, key_id: str, data: LimitsBody) -> dict[str, Any]:
+    async def patch_limits(self, svc: TenancyService, key_id: str,
+                           data: LimitsBody = NO_LIMIT_CHANGES) -> dict[str, Any]:
         return (await svc.update_limits("key", key_id, **data.changes())).as_dict()
 
 
@@ -210,6 +220,13 @@ class AuditController(Controller):
         rows = await list_events(db, event=event, key_id=key_id, tenant_id=tenant_id, client=client, since=start,
                                  limit=limit)
         return {"object": "list", "data": rows}
+
+
+async def _refuse_blank(request: Request) -> None:
+    """A PUT of limits replaces them all: one with a body of blanks (decoded as {}) would clear every
+    limit by mistake, so it is refused as a missing body is; ``{}`` clears them."""
+    if not request_content(request, await request.body()).strip():
+        raise AdminError("the request body must be a JSON object (PUT replaces every limit: {} clears them all)")
 
 
 def admin_routers(svc: TenancyService, db: Database, auth: Authenticator) -> list[Router]:

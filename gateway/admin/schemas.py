@@ -21,8 +21,8 @@ Budget = Annotated[float, Meta(ge=0, le=MAX_COST_BUDGET)]
 Weight = Annotated[float, Meta(gt=0, le=MAX_WEIGHT)]
 
 
-class Body(Struct, forbid_unknown_fields=True, kw_only=True):
-    pass
+class Body(Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):
+    """A request body, as decoded; never changed (so one can be a handler's default: a PATCH without a body)."""
 
 
 class TenantCreate(Body):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gzip
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -21,7 +22,15 @@ from gateway.usage.pricing import PriceTable
 from gateway.usage.writer import UsageWriter
 from tests.conftest import ADMIN_KEY, gateway_settings
 from tests.gateway.dashboard_fixtures import login
-from tests.gateway.tenancy_fixtures import LoopbackServer, db, drop_pg_database, new_pg_database, pg_admin  # noqa: F401
+from tests.gateway.tenancy_fixtures import (  # noqa: F401  (fixtures)
+    LoopbackServer,
+    db,
+    drop_pg_database,
+    migrated_pg_url,
+    new_pg_database,
+    pg_admin,
+    pg_admin_api,
+)
 from tests.support.fake_upstream import FakeUpstream
 from tests.support.servers import ServerThread
 
@@ -305,3 +314,23 @@ async def test_a_bad_page_is_400_naming_the_parameter(api: httpx.AsyncClient) ->
     for params, param in (({"limit": 0}, "limit"), ({"limit": 1001}, "limit"), ({"after": "key_missing"}, "after"),
                           ({"after": ""}, "after")):
         assert_error(await api.get("/admin/v1/keys", params=params, headers=admin()), 400, param)
+
+
+
+def test_an_empty_body_patches_nothing_and_puts_nothing(pg_admin_api: httpx.Client) -> None:
+    """Through the real app: a PATCH with no body (zero bytes, or only blanks, compressed or not)
+    changes nothing, as ``{}`` does; a PUT of limits with none is a 400 in OpenAI's shape (``{}``
+    clears every limit: never an empty body sent by mistake)."""
+    api = pg_admin_api
+    tenant = api.post("/admin/v1/tenants", json={"name": f"t-{uuid.uuid4().hex[:8]}"}).json()
+    at = f"/admin/v1/tenants/{tenant['id']}"
+    assert api.put(f"{at}/limits", json={"requests_per_minute": 7}).status_code == 200
+    json_type = {"content-type": "application/json"}
+    for body, headers in ((b"", json_type), (b"", {}), (b"  \n", json_type),
+                          (gzip.compress(b" "), json_type | {"content-encoding": "gzip"})):
+        for path in (at, f"{at}/limits"):
+            r = api.patch(path, content=body, headers=headers)
+            assert r.status_code == 200, (path, body, r.text)
+        assert_error(api.put(f"{at}/limits", content=body, headers=headers), 400)
+    assert api.get(f"{at}/limits").json()["requests_per_minute"] == 7
+    assert api.get(at).json()["name"] == tenant["name"]
