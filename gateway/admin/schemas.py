@@ -22,21 +22,21 @@ Weight = Annotated[float, Meta(gt=0, le=MAX_WEIGHT)]
 
 
 class Body(Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):
-    """A request body, as decoded; never changed (so one can be a handler's default: a PATCH without a body)."""
+    """A request body as decoded, never changed (an empty one is a PATCH's default)."""
 
 
-class TenantCreate(Body):
+class TenantCreate(Body, frozen=True):
     name: Annotated[str, Meta(min_length=1, max_length=200)]
     weight: Weight = 1.0
 
 
-class TenantUpdate(Body):
+class TenantUpdate(Body, frozen=True):
     name: Annotated[str, Meta(min_length=1, max_length=200)] | UnsetType = UNSET
     status: Literal["active", "disabled"] | UnsetType = UNSET
     weight: Weight | UnsetType = UNSET
 
 
-class KeyCreate(Body):
+class KeyCreate(Body, frozen=True):
     tenant_id: str | None = None
     admin: bool = False
     name: Annotated[str, Meta(max_length=200)] = ""
@@ -45,11 +45,11 @@ class KeyCreate(Body):
     expires_in_seconds: Annotated[float, Meta(gt=0, le=MAX_SECONDS)] | None = None
 
 
-class KeyRotate(Body):
+class KeyRotate(Body, frozen=True):
     grace_seconds: Annotated[float, Meta(ge=0, le=MAX_SECONDS)] = 86400.0
 
 
-class LimitsBody(Body):
+class LimitsBody(Body, frozen=True):
     """PUT: absent fields mean "no limit"; PATCH: absent fields stay as they are, null clears."""
 
     requests_per_minute: Int32 | None | UnsetType = UNSET
