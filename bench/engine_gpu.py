@@ -65,7 +65,7 @@ TOY = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_atte
            rms_norm_eps=1e-6, rope_theta=1000000.0, tie_word_embeddings=True)
 
 GPU = Setup("cuda", torch.bfloat16, 256, (100, 1024), (64, 128, 256), 1024, QWEN3_06B, 4096, None)
-SMOKE = Setup("cpu", torch.float32, 4, (4, 10), (2,), 20, TOY, 512, 256)
+SMOKE = Setup("cpu", torch.float32, 4, (3, 6), (2,), 20, TOY, 512, 256)  # interpreter steps are slow: few
 
 
 def timer(fn: Callable[[], object], device: str) -> float:
@@ -162,7 +162,8 @@ def make_llm(path: Path, setup: Setup, backend: str = "triton", max_num_seqs: in
 
 
 def run_ours(llm: LLM, prompts: list[list[int]], outputs: list[int], device: str) -> tuple[float, int, list]:
-    llm.generate(prompts[:2], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))  # warm-up
+    if device == "cuda":  # warm-up (compiles; the CPU smoke's interpreter has nothing to compile)
+        llm.generate(prompts[:2], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
     params = [SamplingParams(temperature=0, max_tokens=o, ignore_eos=True) for o in outputs]
     sync(device)
     t0 = time.perf_counter()
@@ -201,18 +202,19 @@ def copy_bandwidth(device: str) -> float:
     return 2 * n / (ms / 1e3)
 
 
-def decode_step_time(llm: LLM, batch: int, ctx: int, setup: Setup, steps: int) -> tuple[float, int]:
-    """Mean seconds per decode-only step with ``batch`` sequences at about ``ctx`` tokens, and the
-    KV bytes read in the mean step."""
+def decode_step_time(llm: LLM, batch: int, ctx: int, setup: Setup, steps: int, warm: int = 2) -> tuple[float, int]:
+    """Mean seconds per decode-only step with ``batch`` sequences at about ``ctx`` tokens (after
+    ``warm`` untimed steps), and the KV bytes read in the mean step."""
     engine = llm.engine
     vocab = setup.sizes["vocab_size"]
-    params = SamplingParams(temperature=0, max_tokens=steps + 4, ignore_eos=True)
+    # prefill's token + warm-up + timed steps + one more: nothing finishes while timed
+    params = SamplingParams(temperature=0, max_tokens=1 + warm + steps + 1, ignore_eos=True)
     for i in range(batch):
         engine.add_request(f"decode-{batch}-{i}", [(i * 7 + j) % vocab for j in range(ctx)], params, stream=False)
     sched = engine.scheduler
     while len(sched.waiting) or any(s.is_prefilling for s in sched.running):  # all prompts in the cache
         engine.step()
-    for _ in range(2):
+    for _ in range(warm):
         engine.step()
     sync(setup.device)
     t0 = time.perf_counter()
@@ -222,7 +224,7 @@ def decode_step_time(llm: LLM, batch: int, ctx: int, setup: Setup, steps: int) -
     elapsed = (time.perf_counter() - t0) / steps
     while engine.has_unfinished_requests():
         engine.step()
-    mean_ctx = ctx + 2 + steps // 2
+    mean_ctx = ctx + warm + steps // 2
     return elapsed, batch * mean_ctx * engine.runner.layout.bytes_per_token
 
 
@@ -276,10 +278,10 @@ def main() -> None:
         help="skip the transformers baseline (always skipped by --cpu-smoke: its manager takes ~45 s "
         "to start on CPU; bench/engine_cpu.py runs the same baseline there)",
     )
-    ap.add_argument("--decode-steps", type=int, default=None, help="timed decode steps per batch (20; smoke 3)")
+    ap.add_argument("--decode-steps", type=int, default=None, help="timed decode steps per batch (20; smoke 1)")
     args = ap.parse_args()
     args.skip_hf = args.skip_hf or args.cpu_smoke
-    args.decode_steps = args.decode_steps or (3 if args.cpu_smoke else 20)
+    args.decode_steps = args.decode_steps or (1 if args.cpu_smoke else 20)
     setup = SMOKE if args.cpu_smoke else GPU
     if setup.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("no CUDA device: run with --cpu-smoke on a CPU")
@@ -298,7 +300,8 @@ def main() -> None:
         wbytes = weight_bytes(llm)
         table.append(("copy bandwidth", f"{bw / 1e9:,.0f} GB/s; weights {wbytes / 1e9:.2f} GB"))
         for batch in setup.decode_batches:
-            step_s, kv_bytes = decode_step_time(llm, batch, setup.decode_ctx, setup, args.decode_steps)
+            step_s, kv_bytes = decode_step_time(llm, batch, setup.decode_ctx, setup, args.decode_steps,
+                                                warm=0 if args.cpu_smoke else 2)
             frac = (wbytes + kv_bytes) / step_s / bw
             table.append(
                 (

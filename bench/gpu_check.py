@@ -76,7 +76,9 @@ PERF_BATCHES = (1, 2) if CPU else (1, 32, 256)
 PERF_CTX, PERF_STEPS = (16, 1) if CPU else (1024, 20)
 PREFILL = (1, 16) if CPU else (32, 1024)  # prompts x tokens
 PROMPT_LENS = (3, 21) if CPU else (3, 37, 16, 61, 9, 24, 130, 200)
-GREEDY_TOKENS = 5 if CPU else 16
+GREEDY_TOKENS = 3 if CPU else 16  # on the CPU: prefill + 2 decode steps, each under the interpreter
+PERF_WARM = 0 if CPU else 2  # untimed decode steps first (the interpreter compiles nothing)
+PERF_TAIL = 1 if CPU else 3  # decode steps a perf request has left after the timed ones
 
 
 def stage(name: str) -> Callable[[Callable[[], str]], None]:
@@ -274,7 +276,8 @@ def perf(label: str, flags: dict[str, Any]) -> str:
     engine = llm.engine
     n, plen = PREFILL
     once = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
-    llm.generate([[(j * 7) % vocab for j in range(plen)] for _ in range(2)], once)  # warm-up (compiles)
+    if not CPU:  # warm-up (compiles; the interpreter has nothing to compile)
+        llm.generate([[(j * 7) % vocab for j in range(plen)] for _ in range(2)], once)
     sync()
     t0 = time.perf_counter()
     llm.generate([[(i * 131 + j * 7 + 1) % vocab for j in range(plen)] for i in range(n)], once)
@@ -282,13 +285,14 @@ def perf(label: str, flags: dict[str, Any]) -> str:
     out = [f"graphs={engine.runner.graphs is not None} prefill {n * plen / (time.perf_counter() - t0):,.0f} tok/s"]
     steps: dict[int, float] = {}
     for b in PERF_BATCHES:
-        params = SamplingParams(temperature=0, max_tokens=PERF_STEPS + 6, ignore_eos=True)
+        # prefill's token + the warm-up steps + the timed ones + PERF_TAIL: nothing finishes while timed
+        params = SamplingParams(temperature=0, max_tokens=1 + PERF_WARM + PERF_STEPS + PERF_TAIL, ignore_eos=True)
         for i in range(b):
             engine.add_request(f"{label}-{b}-{i}", [(i * 7919 + j * 3) % vocab for j in range(PERF_CTX)], params,
                                stream=False)
         while len(engine.scheduler.waiting) or any(s.is_prefilling for s in engine.scheduler.running):
             engine.step()
-        for _ in range(2):
+        for _ in range(PERF_WARM):
             engine.step()
         sync()
         t0 = time.perf_counter()

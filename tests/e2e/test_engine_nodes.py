@@ -35,9 +35,11 @@ def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def nodes(model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[EngineNode]]:
+    """Two nodes; the second one runs with ``--tensor-parallel-size 2`` (two rank processes), so the
+    tensor-parallel path serves the gateway tests too and needs no start-up of its own."""
     workdir = tmp_path_factory.mktemp("nodes")
-    procs = [EngineNode(model, workdir, f"node{i}", "--num-kv-blocks", "512", "--scheduling", "fair", api_key=NODE_KEY)
-             for i in range(2)]
+    procs = [EngineNode(model, workdir, f"node{i}", "--num-kv-blocks", "512", "--scheduling", "fair",
+                        *(["--tensor-parallel-size", "2"] if i == 1 else []), api_key=NODE_KEY) for i in range(2)]
     try:
         for p in procs:
             p.launch()
@@ -47,6 +49,8 @@ def nodes(model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[lis
     finally:
         for p in procs:
             p.stop()
+    for p in procs:  # a clean run and a clean shutdown, the tensor-parallel ranks included
+        assert "Traceback" not in p.log_path.read_text(), p.log_path.read_text()[-3000:]
 
 
 @pytest.fixture(scope="module")
@@ -111,24 +115,17 @@ def test_independent_conversations_spread_over_both_nodes(gateway: str, nodes: l
     assert all(a[0] > b[0] for a, b in zip(after, before))
 
 
-def test_tensor_parallel_node_answers_like_a_single_rank_node(
-    model: Path, nodes: list[EngineNode], tmp_path: Path
-) -> None:
-    node = EngineNode(model, tmp_path, "tp2", "--num-kv-blocks", "512", "--tensor-parallel-size", "2")
-    node.start()
-    try:
-        request: dict[str, Any] = {"model": "tiny", "max_tokens": 12, "temperature": 0,
-                                   "messages": [{"role": "system", "content": SYSTEM},
-                                                {"role": "user", "content": "Can you fix a flat tyre today?"}]}
-        single = openai.OpenAI(base_url=nodes[0].url + "/v1", api_key=NODE_KEY, max_retries=0)
-        split = openai.OpenAI(base_url=node.url + "/v1", api_key="any", max_retries=0)
-        want = single.chat.completions.create(**request)
-        got = split.chat.completions.create(**request)
-        assert got.choices[0].message.content == want.choices[0].message.content
-        assert got.usage is not None and got.usage.completion_tokens == 12
-    finally:
-        node.stop()
-    assert "Traceback" not in node.log_path.read_text()
+def test_tensor_parallel_node_answers_like_a_single_rank_node(nodes: list[EngineNode]) -> None:
+    request: dict[str, Any] = {"model": "tiny", "max_tokens": 12, "temperature": 0,
+                               "messages": [{"role": "system", "content": SYSTEM},
+                                            {"role": "user", "content": "Can you fix a flat tyre today?"}]}
+    single = openai.OpenAI(base_url=nodes[0].url + "/v1", api_key=NODE_KEY, max_retries=0)
+    split = openai.OpenAI(base_url=nodes[1].url + "/v1", api_key=NODE_KEY, max_retries=0)  # tensor-parallel
+    want = single.chat.completions.create(**request)
+    got = split.chat.completions.create(**request)
+    assert got.choices[0].message.content == want.choices[0].message.content
+    assert got.usage is not None and got.usage.completion_tokens == 12
+    assert "Traceback" not in nodes[1].log_path.read_text()
 
 
 def test_nodes_schedule_the_tenants_the_gateway_forwards(gateway: str, nodes: list[EngineNode]) -> None:

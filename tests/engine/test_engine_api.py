@@ -182,7 +182,11 @@ def _mixed_requests() -> tuple[list[list[int]], list[SamplingParams]]:
     return prompts, params
 
 
-def _alone(checkpoint, prompts: list[list[int]], params: list[SamplingParams]) -> list[list[list[int]]]:
+@pytest.fixture(scope="module")
+def alone(checkpoint) -> list[list[list[int]]]:
+    """Each of ``_mixed_requests`` run on its own (one engine, no prefix cache): the reference every
+    parametrization compares with, computed once per module."""
+    prompts, params = _mixed_requests()
     solo = LLM(str(checkpoint("llama")), num_kv_blocks=64, max_model_len=96, enable_prefix_caching=False)
     return [[c.token_ids for c in solo.generate([p], sp)[0].outputs] for p, sp in zip(prompts, params)]
 
@@ -193,12 +197,12 @@ def _alone(checkpoint, prompts: list[list[int]], params: list[SamplingParams]) -
     dict(num_kv_blocks=6, max_num_batched_tokens=24),  # six blocks: preemption and eviction
     dict(num_kv_blocks=6, max_num_seqs=3, enable_prefix_caching=False),
 ], ids=["batch", "chunked", "preempt", "preempt-nocache"])
-def test_batched_output_equals_each_request_alone(checkpoint, options: dict) -> None:
+def test_batched_output_equals_each_request_alone(checkpoint, alone: list[list[list[int]]], options: dict) -> None:
     """Greedy and seeded outputs are token-exact whatever the batch, chunking, preemption or
     prefix cache (float32 on CPU: no tolerance needed); run twice so the second pass takes what
     the first left in (or evicted from) the cache; every block is free afterwards."""
     prompts, params = _mixed_requests()
-    expected = _alone(checkpoint, prompts, params)
+    expected = alone
     llm = LLM(str(checkpoint("llama")), max_model_len=96, **options)
     for _ in range(2):
         outs = llm.generate(prompts, params)
