@@ -52,10 +52,12 @@ def _created_key(created: CreatedKey) -> dict[str, Any]:
 
 
 def _report_query(
-    start: str | None, end: str | None, group_by: str | None, default: tuple[str, ...], **filters: str | None
+    start: str | None, end: str | None, group_by: list[str] | None, default: tuple[str, ...], **filters: str | None
 ) -> ReportQuery:
+    """``group_by`` comma-separated, or repeated (``group_by=model&group_by=day``): every value counts."""
     try:
-        groups = tuple(g.strip() for g in group_by.split(",") if g.strip()) if group_by else default
+        joined = ",".join(group_by or ())
+        groups = tuple(g.strip() for g in joined.split(",") if g.strip()) if joined else default
         unknown = [g for g in groups if g not in GROUPS]
         if unknown:
             raise AdminError(f"cannot group by {unknown[0]!r}; choose from {', '.join(GROUPS)}", param="group_by")
@@ -181,7 +183,7 @@ class UsageController(Controller):
         svc: TenancyService,
         start: str | None = None,
         end: str | None = None,
-        group_by: str | None = None,
+        group_by: list[str] | None = None,
         tenant_id: str | None = None,
         key_id: str | None = None,
     ) -> dict[str, Any]:
@@ -244,7 +246,7 @@ def admin_routers(svc: TenancyService, db: Database, auth: Authenticator) -> lis
         principal: Principal,
         start: str | None = None,
         end: str | None = None,
-        group_by: str | None = None,
+        group_by: list[str] | None = None,
         key_id: str | None = None,
     ) -> dict[str, Any]:
         q = _report_query(start, end, group_by, ("model", "day"), tenant_id=principal.tenant_id, key_id=key_id)

@@ -6,8 +6,10 @@ broken across lines (other cells fold instead); ``--json`` carries every field i
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, is_dataclass
 from datetime import datetime
+from decimal import Decimal
 from typing import Any
 
 import typer
@@ -39,8 +41,11 @@ def cell(value: Any) -> str:
         return f"{value:%Y-%m-%d %H:%M}"
     if isinstance(value, list):
         return ", ".join(map(str, value))
-    if isinstance(value, float):
-        return format(value, ".8f").rstrip("0").rstrip(".") or "0"
+    if isinstance(value, float):  # its shortest repr in plain decimals: 7.65e-08 is 0.0000000765, not 0.00000008
+        if not math.isfinite(value):
+            return str(value)
+        text = format(Decimal(repr(value)), "f")
+        return (text.rstrip("0").rstrip(".") if "." in text else text) or "0"
     return str(value)
 
 

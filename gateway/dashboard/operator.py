@@ -13,6 +13,7 @@ from gateway.dashboard.ranges import Range
 from gateway.db.engine import Database
 from gateway.db.models import Limit, Tenant
 from gateway.quotas.limits import Period
+from gateway.usage.records import plain_cost
 
 NEAR = 0.8  # a budget this much used is "near its limit"
 TOP = 5
@@ -30,7 +31,7 @@ async def overview(db: Database, rng: Range) -> dict[str, Any]:
     for t in tenants:
         points = by_tenant.get(t.id, [])
         sums = {f: sum(p[f] for p in points) for f in FIELDS}
-        sums["cost"] = round(sums["cost"], 8)
+        sums["cost"] = plain_cost(sums["cost"])
         rows.append({"tenant_id": t.id, "name": t.name, "status": t.status, **sums,
                      "error_rate": sums["errors"] / sums["requests"] if sums["requests"] else 0.0})
     return {

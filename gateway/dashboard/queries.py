@@ -23,6 +23,7 @@ from gateway.db.engine import Database
 from gateway.db.models import ApiKey, LatencyDaily, LatencyHourly, UsageHourly, UsageRow
 from gateway.quotas.limits import Limits, Period, period_start
 from gateway.usage.buckets import bucket_value
+from gateway.usage.records import plain_cost
 from gateway.usage.rollup import day_of, hour_of
 
 __all__ = ["FIELDS", "RATE_LIMITED", "Range", "budget_used", "cells", "fold", "live", "percentiles", "summary"]
@@ -51,7 +52,7 @@ def _add(acc: dict[str, Any], cell: Any) -> None:
 
 
 def _rounded(acc: dict[str, Any]) -> dict[str, Any]:
-    return {**acc, "cost": round(acc["cost"], 8)}
+    return {**acc, "cost": plain_cost(acc["cost"])}
 
 
 def _minute(db: Database) -> ColumnElement[Any]:
@@ -295,4 +296,4 @@ async def budget_used(db: Database, tenant_ids: Sequence[str], period: Period, n
     if start is not None:
         q = q.where(UsageHourly.hour >= datetime.fromtimestamp(start, UTC))
     async with db.session() as s:
-        return {t: (int(n), round(float(c), 8)) for t, n, c in (await s.execute(q)).all()}
+        return {t: (int(n), plain_cost(c)) for t, n, c in (await s.execute(q)).all()}

@@ -96,12 +96,19 @@ def columns(operator: bool) -> tuple[str, ...]:
     return OPERATOR_COLUMNS if operator else COLUMNS
 
 
+def plain_cost(value: float | None) -> float:
+    """A cost (or a sum of costs) to twelve significant digits: what the rows hold, without the binary
+    noise of the arithmetic, and never rounded to a fixed number of decimals (a cheap model's request
+    costs well under a millionth of a dollar)."""
+    return float(f"{float(value or 0.0):.12g}")
+
+
 def as_dict(row: UsageRow, operator: bool = False) -> dict[str, Any]:
     """A record's columns (``columns``); its cost to twelve significant digits, without the binary
     noise of its arithmetic (0.1 + 0.2 is 0.3, not 0.30000000000000004)."""
     out = {c: getattr(row, c) for c in columns(operator)}
     out["started_at"] = row.started_at.isoformat()
-    out["cost"] = float(f"{row.cost:.12g}")
+    out["cost"] = plain_cost(row.cost)
     out["total_tokens"] = row.prompt_tokens + row.completion_tokens
     return out
 

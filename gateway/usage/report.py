@@ -13,6 +13,7 @@ from sqlalchemy.sql.elements import ColumnElement
 from gateway.db.engine import Database
 from gateway.db.models import UsageRow
 from gateway.errors import ParameterError
+from gateway.usage.records import plain_cost
 
 GROUPS = ("tenant", "key", "model", "day")
 
@@ -109,6 +110,6 @@ async def usage_report(db: Database, q: ReportQuery) -> list[dict[str, Any]]:
         for field in ("prompt_tokens", "completion_tokens", "cached_tokens"):
             item[field] = int(row[field] or 0)
         item["total_tokens"] = item["prompt_tokens"] + item["completion_tokens"]
-        item["cost"] = round(float(row["cost"] or 0.0), 8)
+        item["cost"] = plain_cost(row["cost"])  # the rows' sum, as the export shows each row
         out.append(item)
     return out

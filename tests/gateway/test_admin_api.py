@@ -110,6 +110,7 @@ async def test_bad_bodies_are_400_naming_the_field(api: httpx.AsyncClient) -> No
     assert_error(await api.get("/admin/v1/keys?tenant_id=ten_nope", headers=h), 404, "tenant_id")
     assert_error(await api.post("/admin/v1/keys/key_nope/rotate", json={}, headers=h), 404)
     assert_error(await api.get("/admin/v1/usage?group_by=colour", headers=h), 400, "group_by")
+    assert_error(await api.get("/admin/v1/usage?group_by=model&group_by=colour", headers=h), 400, "group_by")
     assert_error(await api.get("/admin/v1/usage?start=yesterday", headers=h), 400, "start")
 
 
@@ -207,6 +208,33 @@ async def test_usage_is_tenant_isolated(api: httpx.AsyncClient, db: Database, tm
     counts = {r["tenant"]: r["requests"] for r in rows}
     assert counts[a] == 3 and counts[b] == 5
     assert_error(await api.get("/v1/usage", headers=h), 403)  # admin keys have no tenant
+
+
+async def test_usage_cost_is_the_rows_sum_not_rounded_to_eight_decimals(
+    api: httpx.AsyncClient, db: Database, tmp_path: Path
+) -> None:
+    """A cheap model's request costs well under a millionth of a dollar (7.5e-08: one cached token at
+    $0.075/M): the report's cost is the rows' sum, as the export shows each row, not 7e-08 or 0."""
+    h = admin()
+    tenant = (await new_tenant(api))["id"]
+    key = (await api.post("/admin/v1/keys", json={"tenant_id": tenant}, headers=h)).json()
+    writer = UsageWriter(db, PriceTable(), journal_dir=tmp_path)
+    for model, cost in (("cheap", 7.5e-8), ("cheap", 1.5e-9), ("tiny", 1.23456789e-9), ("m", 0.1), ("m", 0.2)):
+        writer.record(UsageRecord(
+            request_id=uuid.uuid4().hex, key_id=key["id"], tenant_id=tenant, model=model, deployment="d",
+            provider="openai", endpoint="chat.completions", started_at=time.time(), status=200,
+            prompt_tokens=1, completion_tokens=1, cost=cost,
+        ))  # fmt: skip
+    await writer.aclose()
+    want = {"cheap": 7.65e-8, "tiny": 1.23456789e-9, "m": 0.3}
+    # group_by repeated is every value, as comma-separated is (not the last one alone)
+    for query in ("group_by=model&group_by=key", "group_by=model,key"):
+        r = await api.get(f"/admin/v1/usage?tenant_id={tenant}&{query}", headers=h)
+        assert [(row["model"], row["key"]) for row in r.json()["data"]] == [(m, key["id"]) for m in sorted(want)]
+    for r in (await api.get(f"/admin/v1/usage?tenant_id={tenant}&group_by=model", headers=h),
+              await api.get("/v1/usage?group_by=model", headers=bearer(key["key"]))):
+        assert r.status_code == 200, r.text
+        assert {row["model"]: row["cost"] for row in r.json()["data"]} == want
 
 
 async def _take_database_away(name: str, away: str) -> None:

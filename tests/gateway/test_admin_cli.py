@@ -175,3 +175,31 @@ def test_usage_csvs_quote_what_a_spreadsheet_would_run_as_a_formula(cli: tuple[C
     assert [(r["model"], r["service_tier"], r["upstream_request_id"]) for r in export] == [
         ("'" + t, "'" + t, "'" + t) for t in hostile]
     assert {(r["cost"], r["prompt_tokens"]) for r in export} == {("-0.25", "10")}
+
+
+def test_usage_report_shows_a_cheap_models_cost_as_the_rows_sum(cli: tuple[Cli, str]) -> None:
+    """Requests of a fraction of a microdollar (7.5e-08 and 1.5e-09) sum to 7.65e-08 in every
+    format, as the export's rows say; not 7e-08, nor the table's 0.00000008."""
+    run, url = cli
+    tenant = run.json("tenant", "create", f"c-{uuid.uuid4().hex[:6]}")
+
+    async def write() -> None:
+        db = Database.from_url(url)
+        writer = UsageWriter(db, PriceTable.from_config({}), journal_dir=run.cwd / "journal-c")
+        for i, cost in enumerate((7.5e-8, 1.5e-9)):
+            writer.record(UsageRecord(
+                request_id=uuid.uuid4().hex, key_id="k", tenant_id=tenant["id"], model="cheap", deployment="d",
+                provider="openai", endpoint="chat.completions", started_at=1_767_225_600.0 + i, status=200,
+                prompt_tokens=1, completion_tokens=0, cost=cost,
+            ))  # fmt: skip
+        await writer.aclose()
+        await db.dispose()
+
+    asyncio.run(write())
+    span = ("--tenant", tenant["id"], "--start", "2026-01-01", "--end", "2026-01-01", "--by", "model")
+    assert [r["cost"] for r in run.json("usage", "report", *span)] == [7.65e-8]
+    csv_rows = list(csv.DictReader(io.StringIO(run("usage", "report", *span, "--format", "csv").stdout)))
+    assert [r["cost"] for r in csv_rows] == ["0.0000000765"]
+    assert "0.0000000765" in run("usage", "report", *span).stdout.replace("\n", "").replace(" ", "")
+    export = list(csv.DictReader(io.StringIO(run("usage", "export", *span[:6]).stdout)))
+    assert sorted(r["cost"] for r in export) == ["0.0000000015", "0.000000075"]

@@ -246,3 +246,15 @@ def test_operator_chart_lines_are_keyed_by_tenant_so_no_name_hides_another() -> 
     assert len(lines) == len(labels) == CHART_LINES + 1
     assert sum(ys[0] for ys in lines.values()) == sum(pts[0]["requests"] for pts in by_tenant.values())
     assert sorted(labels.values()).count("other tenants") == 2 and list(labels.values()).count("(admin keys)") == 2
+
+
+async def test_a_cheap_models_cost_is_the_rows_sum_not_rounded_away(db: Database, tmp_path: Path) -> None:
+    """One cached token at $0.075 per million costs 7.5e-08: the totals keep it (rounded to eight
+    decimals they said 7e-08, and a 1.5e-09 request nothing), as the usage report does."""
+    t = uuid.uuid4().hex[:8]
+    rows = [_record(t, NOW - timedelta(minutes=5)), _record(t, NOW - timedelta(minutes=4))]
+    rows[0].cost, rows[1].cost = 7.5e-08, 1.5e-09
+    await _write(db, tmp_path, rows)
+    for preset in ("1h", "24h"):  # from the records, and from the hourly rollup
+        got = await summary(db, t, Range.parse(None, None, None, NOW, preset=preset))
+        assert got["totals"]["cost"] == 7.65e-08, (preset, got["totals"])
