@@ -142,8 +142,16 @@ def worker_pids(pid: int) -> list[int]:
         with contextlib.suppress(OSError):
             children += [int(c) for c in (task / "children").read_text().split()]
     # uvicorn's multiprocessing start method also forks a resource tracker: it serves nothing.
-    workers = [c for c in children if b"resource_tracker" not in Path(f"/proc/{c}/cmdline").read_bytes()]
+    workers = [c for c in children if b"resource_tracker" not in _cmdline(c)]
     return workers or [pid]
+
+
+def _cmdline(pid: int) -> bytes:
+    """``pid``'s command line; empty once it has exited."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except FileNotFoundError:
+        return b""
 
 
 def connections_per_worker(pids: list[int], port: int) -> list[int]:

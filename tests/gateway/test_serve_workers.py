@@ -16,6 +16,7 @@ import httpx
 import yaml
 
 from tests.gateway.test_gguf_config_errors import _gguf_with_int8_weights
+from tests.support.serve_process import worker_pids
 from tests.support.servers import free_port
 
 SWITCHYARD = str(Path(sys.executable).parent / "switchyard")
@@ -60,11 +61,6 @@ def test_workers_whose_start_up_fails_end_the_supervisor_naming_the_error(tmp_pa
     assert last.startswith("error: a worker failed at start-up: OperationalError: ") and "model_prices" in last
 
 
-def _workers(pid: int) -> set[int]:
-    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-    return {int(c) for c in children if b"spawn_main" in Path(f"/proc/{c}/cmdline").read_bytes()}
-
-
 def test_a_worker_killed_after_start_up_is_replaced(tmp_path: Path) -> None:
     config = _config(tmp_path, [ECHO])
     port = free_port()
@@ -79,13 +75,13 @@ def test_a_worker_killed_after_start_up_is_replaced(tmp_path: Path) -> None:
 
     try:
         deadline = time.monotonic() + 90
-        while len(_workers(proc.pid)) < 2 or not healthy():
+        while len(worker_pids(proc.pid)) < 2 or not healthy():
             assert proc.poll() is None and time.monotonic() < deadline, "the gateway did not start"
             time.sleep(0.2)
         time.sleep(1)  # both workers past start-up
-        first = _workers(proc.pid)
+        first = worker_pids(proc.pid)
         os.kill(min(first), signal.SIGKILL)
-        while len(_workers(proc.pid) - first) < 1:
+        while len(worker_pids(proc.pid) - first) < 1:
             assert proc.poll() is None and time.monotonic() < deadline, "the killed worker was not replaced"
             time.sleep(0.2)
         assert healthy() and proc.poll() is None

@@ -44,7 +44,15 @@ def start_serve(config: dict[str, Any], workdir: Path, *args: str) -> tuple[subp
 def worker_pids(pid: int) -> set[int]:
     """The worker processes of the ``switchyard serve`` supervisor ``pid``."""
     children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-    return {int(c) for c in children if b"spawn_main" in Path(f"/proc/{c}/cmdline").read_bytes()}
+    return {int(c) for c in children if b"spawn_main" in _cmdline(int(c))}
+
+
+def _cmdline(pid: int) -> bytes:
+    """``pid``'s command line; empty once it has exited (a worker replaced mid-restart does)."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except FileNotFoundError:
+        return b""
 
 
 @contextmanager
