@@ -5,8 +5,10 @@ The gateway decodes a request into Structs that keep unknown top-level fields ap
 fields unchanged. The built-in engine and the transformers fallback read the Structs alone, so a
 nested field they were sent and do not model (``stream_options.bogus``, ``messages[0].foo``) would
 be ignored without a word: this finds it, in the client's raw fields, to be refused with a 400 naming it.
-Only the raw fields whose type holds a Struct are read (again, as plain JSON); free-form objects
-(``dict[str, Any]``: a JSON schema, ``chat_template_kwargs``) are not looked into.
+Any request type that keeps its raw fields is read so (the gateway's ``/tokenize`` too, whose
+messages and tools the engine's tokenizer renders). Only the raw fields whose type holds a Struct
+are read (again, as plain JSON); free-form objects (``dict[str, Any]``: a JSON schema,
+``chat_template_kwargs``) are not looked into.
 """
 
 from __future__ import annotations
@@ -14,9 +16,9 @@ from __future__ import annotations
 from typing import Any
 
 import msgspec
-from msgspec import inspect
+from msgspec import Struct, inspect
 
-from backends.openai_wire import ChatMessage, CompletionRequest, ResponseFormat, SamplingFields, raw_fields
+from backends.openai_wire import ChatMessage, CompletionRequest, ResponseFormat, raw_fields
 
 # Unmodelled top-level fields an in-process provider reads, with the type it reads them as
 # (a text completion's ``response_format``: ``backends.local.structured``).
@@ -30,7 +32,7 @@ _ANSWER_ONLY: dict[type, frozenset[str]] = {
 _checked: dict[type, dict[str, inspect.Type]] = {}  # request type -> its fields that hold a Struct, by wire name
 
 
-def unknown_nested_field(request: SamplingFields) -> str | None:
+def unknown_nested_field(request: Struct) -> str | None:
     """The path (``messages[0].foo``) of the first field in ``request`` that its types do not model
     below the top level; None when there is none or the gateway built the request (no raw fields)."""
     sent = raw_fields(request)

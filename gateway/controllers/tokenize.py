@@ -1,6 +1,7 @@
 """``POST /tokenize`` and ``POST /detokenize`` in vLLM's shape, for models whose tokenizer the gateway
 holds (the in-process engine: ``backends.base.Tokenizing``). They run no model, so they are not
-metered; the key must be allowed the model, as for a completion."""
+metered; the key must be allowed the model, as for a completion. Nothing of them goes upstream, so
+a field they do not model, at any depth (``messages[0].foo``), is a 400 naming it, never dropped."""
 
 from __future__ import annotations
 
@@ -8,10 +9,11 @@ from typing import Annotated, Any
 
 import msgspec
 from litestar import Controller, Request, post
-from msgspec import UNSET, Meta, UnsetType
+from msgspec import UNSET, Meta, Struct, UnsetType
 
 from backends.base import BackendError, Tokenizing
-from backends.openai_wire import ChatCompletionRequest, ChatMessage, set_extra_params
+from backends.local.nested_fields import unknown_nested_field
+from backends.openai_wire import ChatCompletionRequest, ChatMessage, extra_params, set_extra_params
 from backends.tools_wire import Tool
 from gateway.body import WireBody
 from gateway.contracts import Principal
@@ -21,7 +23,7 @@ from gateway.errors import ApiError, from_backend_error
 from gateway.pipeline import Pipeline
 
 
-class TokenizeRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+class TokenizeRequest(msgspec.Struct, kw_only=True, dict=True):  # dict: the fields sent, for refuse_unmodelled
     """Exactly one of ``prompt`` (text) or ``messages`` (rendered with the model's chat template)."""
 
     model: str
@@ -51,13 +53,21 @@ class TokenizeResponse(msgspec.Struct, kw_only=True):
     token_strs: list[str] | UnsetType = UNSET
 
 
-class DetokenizeRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+class DetokenizeRequest(msgspec.Struct, kw_only=True, dict=True):
     model: str
     tokens: list[int]
 
 
 class DetokenizeResponse(msgspec.Struct, kw_only=True):
     prompt: str
+
+
+def refuse_unmodelled(body: Struct) -> None:
+    """A 400 naming the first field of ``body`` that its type does not model: a top-level one, or
+    one nested in a modelled field (``messages[0].foo``, ``tools[0].function.foo``)."""
+    path = next(iter(extra_params(body)), None) or unknown_nested_field(body)
+    if path is not None:
+        raise ApiError(400, f"'{path}' is not supported by this endpoint", param=path, code="unsupported_parameter")
 
 
 def tokenizer_for(pipeline: Pipeline, principal: Principal, model: str) -> Tokenizing:
@@ -82,6 +92,7 @@ class TokenizeController(Controller):
         if (data.prompt is UNSET) == (data.messages is UNSET):
             raise ApiError(400, "Give exactly one of 'prompt' or 'messages'.", param="prompt")
         tokenizer = tokenizer_for(pipeline, principal_of(request), data.model)
+        refuse_unmodelled(data)
         try:
             if isinstance(data.prompt, str):
                 ids = tokenizer.tokenize_text(data.prompt, data.add_special_tokens is not False)
@@ -98,6 +109,7 @@ class TokenizeController(Controller):
     async def detokenize(self, request: Request[Any, Any, Any], data: DetokenizeRequest,
                          pipeline: Pipeline) -> DetokenizeResponse:
         tokenizer = tokenizer_for(pipeline, principal_of(request), data.model)
+        refuse_unmodelled(data)
         try:
             return DetokenizeResponse(prompt=tokenizer.detokenize(data.tokens))
         except BackendError as exc:

@@ -91,6 +91,49 @@ def test_embedding_options_sent_as_null_are_unset(env: Env) -> None:
     assert len(answer.json()["data"][0]["embedding"]) == env.backend.engine.hidden_size
 
 
+def test_embedding_fields_the_engine_honours_or_that_change_nothing_are_accepted(env: Env) -> None:
+    """``user`` changes nothing, ``encoding_format`` is honoured, and ``dimensions`` is when it is the
+    model's own width (any other is a 400 naming it, above)."""
+    client = env.client()
+    plain = client.embeddings.create(model="tiny", input="hi", encoding_format="float")
+    width = env.backend.engine.hidden_size
+    same = client.embeddings.create(model="tiny", input="hi", encoding_format="float", user="u", dimensions=width)
+    assert same.data[0].embedding == plain.data[0].embedding and len(plain.data[0].embedding) == width
+
+
+HI = [{"role": "user", "content": "hi"}]
+
+
+@pytest.mark.parametrize(("path", "body", "param"), [
+    ("/tokenize", {"prompt": "hi", "bogus": 1}, "bogus"),
+    ("/tokenize", {"messages": [{"role": "user", "content": "hi", "foo": 1}]}, "messages[0].foo"),
+    ("/tokenize", {"messages": [{"role": "user", "content": [{"type": "text", "text": "hi", "foo": 1}]}]},
+     "messages[0].content[0].foo"),
+    ("/tokenize", {"messages": HI, "tools": [{"type": "function", "function": {"name": "f", "foo": 1}}]},
+     "tools[0].function.foo"),
+    ("/detokenize", {"tokens": [1], "bogus": 1}, "bogus"),
+    ("/v1/embeddings", {"input": "hi", "bogus": {"a": 1}}, "bogus"),
+])
+def test_a_field_the_engine_does_not_model_is_a_400_naming_its_path(env: Env, path: str, body: dict[str, Any],
+                                                                    param: str) -> None:
+    """Refused in OpenAI's error shape, not ignored (an HTTP upstream gets embeddings' fields as sent)."""
+    answer = _post(env, path, {"model": "tiny", **body})
+    assert answer.status_code == 400, answer.text
+    error = answer.json()["error"]
+    assert error["param"] == param and param in error["message"] and error["type"] == "invalid_request_error"
+
+
+def test_tokenize_takes_the_fields_of_an_answer_sent_back_as_history(env: Env) -> None:
+    """As chat completions do: an answer's own fields (``refusal``, ...) ask nothing, and a free-form
+    object (``chat_template_kwargs``) is not looked into."""
+    answer = {"role": "assistant", "content": "ok", "refusal": None, "annotations": [], "tool_calls": None}
+    messages = [*HI, answer, {"role": "user", "content": "and?"}]
+    plain = [*HI, {"role": "assistant", "content": "ok"}, {"role": "user", "content": "and?"}]
+    taken = _post(env, "/tokenize", {"model": "tiny", "messages": messages, "chat_template_kwargs": {"x": {"y": 1}}})
+    assert taken.status_code == 200, taken.text
+    assert taken.json()["tokens"] == _post(env, "/tokenize", {"model": "tiny", "messages": plain}).json()["tokens"]
+
+
 def test_tokenize_takes_vllms_chat_fields(env: Env) -> None:
     """``tools``, ``chat_template_kwargs`` and ``continue_final_message`` count as chat renders them."""
     tok = Tokenizer(env.folder)

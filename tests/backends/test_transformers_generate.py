@@ -13,7 +13,8 @@ import pytest
 import torch
 import transformers
 
-from backends.base import BadRequest, ContextTooLong, Unavailable
+from backends.base import BadRequest, ContextTooLong, Tokenizing, Unavailable
+from backends.embeddings_wire import EmbeddingRequest
 from backends.factory import build_backend
 from backends.openai_wire import ChatCompletionRequest, ChatMessage, CompletionRequest, StreamOptions, set_extra_params
 from backends.transformers_generate import HFGenerateBackend
@@ -389,6 +390,16 @@ async def test_unsupported_parameters_are_400s_naming_them(backend_for) -> None:
     fine = completion("hi", max_tokens=2)
     set_extra_params(fine, {"metadata": msgspec.Raw(b'{"a": "b"}'), "store": msgspec.Raw(b"true")})
     assert (await backend.complete(fine)).response.choices[0].finish_reason is not None
+
+
+async def test_embeddings_and_tokenize_are_refused_whole(backend_for) -> None:
+    """Plain generate serves neither ``/v1/embeddings`` nor ``/tokenize`` (it is not ``Tokenizing``):
+    a request for them is a 400 on ``model``, so none of its fields is ignored."""
+    backend = backend_for("gpt2")
+    assert not isinstance(backend, Tokenizing)
+    with pytest.raises(BadRequest) as caught:
+        await backend.embed(decode_body(b'{"model": "m", "input": "hi", "bogus": 1}', EmbeddingRequest))
+    assert caught.value.param == "model"
 
 
 async def test_a_conversation_the_chat_template_refuses_is_a_400(tmp_path: Path) -> None:
