@@ -23,13 +23,13 @@ from gateway.controllers.auth import authenticate_request, pipeline_of, principa
 from gateway.controllers.docs import api_post, error_responses
 from gateway.dialects import Dialect
 from gateway.dialects.responses import responses_dialect
+from gateway.dialects.responses_params import responses_param
 from gateway.dialects.responses_reasoning import TRANSLATED_REASONING
 from gateway.dialects.responses_request import (
     ResponsesRequest,
     echoed_fields,
     input_items,
     raw_request,
-    responses_param,
     to_chat_request,
     wants_encrypted_reasoning,
 )
@@ -102,7 +102,7 @@ def _described_for_passthrough(principal: Principal, data: ResponsesRequest, con
     )
 
 
-async def _saved_before_last(events: AsyncIterator[Any], finished: list[dict[str, Any]],
+async def _saved_before_last(events: AsyncIterator[Any], finished: list[Any],
                              save: Callable[[], Awaitable[None]]) -> AsyncIterator[Any]:
     """Relay ``events``; the response is stored before the event that completes it is sent, so a
     client that continues from it at once finds it."""
@@ -153,8 +153,8 @@ class ResponsesController(Controller):
         extra = echoed_fields(data) | {
             "previous_response_id": previous, "store": store is not None,
             "instructions": data.instructions if isinstance(data.instructions, str) else None}
-        finished: list[dict[str, Any]] = []
-        dialect = responses_dialect(extra, finished.append,
+        finished: list[tuple[dict[str, Any], list[dict[str, Any]]]] = []  # the response, its output as kept
+        dialect = responses_dialect(extra, lambda final, output: finished.append((final, output)),
                                     {"previous_response_id": previous} if kept_previous else {},
                                     encrypted=wants_encrypted_reasoning(data))
         if native:
@@ -171,8 +171,8 @@ class ResponsesController(Controller):
             return response
 
         async def save() -> None:
-            final = finished[0]
-            kept = Kept(final, inputs, context + inputs + list(final.get("output") or []), upstream_previous)
+            final, output = finished[0]
+            kept = Kept(final, inputs, context + inputs + output, upstream_previous)
             try:
                 await store.save(principal, kept, previous)
             except Exception:  # the answer is produced and metered; only its later retrieval is lost

@@ -4,7 +4,9 @@ an id the gateway mints (an upstream's completion ids need not be unique); a str
 way ends with ``error`` and ``response.failed``. A per-call ``responses_dialect`` hands every finished
 response object to a callback, so the controller can keep it (``gateway.stored_responses``); from an
 upstream that serves Responses itself the answer and its events are relayed as they came
-(``RelayedResponse``, ``RelayedEvents``). Requests: ``gateway.dialects.responses_request``.
+(``RelayedResponse``, ``RelayedEvents``). An answer's thinking blocks (``thinking_blocks``) go in its
+reasoning item's ``encrypted_content`` where asked for, and always in the output handed to the callback
+for a stored conversation (``responses_reasoning.kept_output``). Requests: ``gateway.dialects.responses_request``.
 """
 
 from __future__ import annotations
@@ -30,10 +32,19 @@ from backends.openai_wire import (
 from backends.responses_wire import RelayedResponse, ResponsesEvent
 from backends.tools_wire import ToolCallDelta
 from gateway.dialects import Dialect
-from gateway.dialects.responses_reasoning import TRANSLATED_REASONING, with_encrypted_content
-from gateway.dialects.responses_request import responses_param
+from gateway.dialects.responses_params import responses_param
+from gateway.dialects.responses_reasoning import (
+    TRANSLATED_REASONING,
+    answer_blocks,
+    joined_blocks,
+    kept_output,
+    with_encrypted_content,
+)
 from gateway.dialects.tool_call_slots import CallSlots, own_call_id
 from gateway.errors import ApiError
+
+# Gets a finished response (as the client gets it) and its output as a stored conversation keeps it.
+OnFinal = Callable[[dict[str, Any], list[dict[str, Any]]], None]
 
 
 def _usage(usage: Any, meter: Meter | None = None, reasoning: int = 0) -> dict[str, Any]:
@@ -111,11 +122,13 @@ def _content_item(kind: str, parts: list[dict[str, Any]], status: str = "complet
 
 def _output(message: AssistantMessage, encrypted: bool = False) -> list[dict[str, Any]]:
     """A chat answer's message as output items: its reasoning (first, as OpenAI gives it; with
-    ``encrypted_content`` if ``encrypted``), its text and refusal, then its function calls."""
+    ``encrypted_content`` if ``encrypted``, its thinking blocks in it), its text and refusal, then its
+    function calls. Thinking blocks with no text (a redacted block) make a reasoning item too."""
     output: list[dict[str, Any]] = []
-    if reasoning := reasoning_text(message):
-        item = _content_item("reasoning", [_part("reasoning_text", reasoning)])
-        output.append(with_encrypted_content(item) if encrypted else item)
+    reasoning, blocks = reasoning_text(message), answer_blocks(message.thinking_blocks)
+    if reasoning or blocks:
+        item = _content_item("reasoning", [_part("reasoning_text", reasoning)] if reasoning else [])
+        output.append(with_encrypted_content(item, blocks) if encrypted else item)
     parts = [_part(kind, text) for kind, text in (("output_text", message.content), ("refusal", message.refusal))
              if text]
     if parts:
@@ -140,6 +153,13 @@ def response_object(response: ChatCompletion, extra: dict[str, Any] | None = Non
                      _usage(response.usage, meter, _reasoning_tokens(response)), incomplete, extra)
 
 
+def _kept(response: ChatCompletion, final: dict[str, Any]) -> list[dict[str, Any]]:
+    """A response object's output (made of ``response`` by ``response_object``) as a conversation keeps it."""
+    blocks = answer_blocks(response.choices[0].message.thinking_blocks) if response.choices else []
+    return kept_output(final["output"], {item["id"]: blocks for item in final["output"]
+                                         if blocks and item["type"] == "reasoning"})
+
+
 def _arguments_complete(item: dict[str, Any]) -> bool:
     """Whether a function call's arguments so far are a whole JSON document (no delta can follow)."""
     try:
@@ -158,7 +178,7 @@ class ResponsesEvents:
     another begins, a function call once its arguments are whole JSON (else at the end)."""
 
     def __init__(self, meter: Meter | None = None, extra: dict[str, Any] | None = None,
-                 on_final: Callable[[dict[str, Any]], None] | None = None, encrypted: bool = False) -> None:
+                 on_final: OnFinal | None = None, encrypted: bool = False) -> None:
         # ``meter`` as Dialect.stream passes it (usage comes in chunks); ``extra`` fields go on every
         # response object; ``on_final`` gets the finished response before its last event is sent;
         # ``encrypted``: a reasoning item gets ``encrypted_content`` when it is done.
@@ -176,6 +196,7 @@ class ResponsesEvents:
         self._waiting: list[dict[str, Any]] = []  # items begun while another was open, in order
         self._slots = CallSlots()  # chat's tool call deltas placed in calls
         self._tools: dict[int, dict[str, Any]] = {}  # a call's number (``CallSlot.number``) -> its item
+        self._blocks: dict[str, list[dict[str, Any]]] = {}  # a reasoning item's id -> its thinking blocks
         self._usage: Any = None
         self._reasoning = 0  # the provider's reasoning tokens, from its usage chunk
         self._finish: str | None = None
@@ -201,6 +222,8 @@ class ResponsesEvents:
             self._usage, self._reasoning = chunk.usage, _reasoning_tokens(chunk)
         for choice in chunk.choices[:1]:
             delta = choice.delta
+            if isinstance(delta.thinking_blocks, list) and delta.thinking_blocks:
+                out += self._thinking(delta.thinking_blocks)
             for item_kind, kind, text in (("reasoning", "reasoning_text", reasoning_text(delta)),
                                           ("message", "output_text", delta.content),
                                           ("message", "refusal", delta.refusal)):
@@ -266,15 +289,25 @@ class ResponsesEvents:
         return self._event("response.function_call_arguments.delta", {
             "item_id": item["id"], "output_index": len(self._output) - 1, "delta": arguments})
 
-    def _content_delta(self, item_kind: str, kind: str, text: str) -> bytes:
-        """``text`` added to the latest message (or reasoning) item not yet done, else to a new one."""
+    def _pending(self, item_kind: str) -> tuple[dict[str, Any], bytes]:
+        """The latest message (or reasoning) item not yet done, else a new one begun (and its events)."""
         pending = ([self._open] if self._open is not None else []) + self._waiting
         item = next((i for i in reversed(pending) if i["type"] == item_kind), None)
-        out = b""
-        if item is None:
-            item = _content_item(item_kind, [], "in_progress")
-            out += self._begin(item)
+        if item is not None:
+            return item, b""
+        item = _content_item(item_kind, [], "in_progress")
+        return item, self._begin(item)
+
+    def _content_delta(self, item_kind: str, kind: str, text: str) -> bytes:
+        """``text`` added to the latest message (or reasoning) item not yet done, else to a new one."""
+        item, out = self._pending(item_kind)
         return out + self._add_text(item, kind, text)
+
+    def _thinking(self, pieces: list[Any]) -> bytes:
+        """A delta's thinking block pieces joined into the blocks of the reasoning item being written."""
+        item, out = self._pending("reasoning")
+        joined_blocks(self._blocks.setdefault(item["id"], []), pieces)
+        return out
 
     def _add_text(self, item: dict[str, Any], kind: str, text: str) -> bytes:
         """``text`` added to ``item``'s last part of ``kind``, a part of that kind opened first where
@@ -298,7 +331,7 @@ class ResponsesEvents:
         self._open = None
         item["status"] = status
         if self._encrypted and item["type"] == "reasoning":
-            with_encrypted_content(item)
+            with_encrypted_content(item, self._blocks.get(item["id"]))
         index = len(self._output) - 1
         out = b""
         if item["type"] == "function_call":
@@ -323,7 +356,7 @@ class ResponsesEvents:
         final = _response(self._id, self._model, "incomplete" if incomplete else "completed", self._output,
                           _usage(self._usage, self._meter, self._reasoning), incomplete, self._extra, self._created)
         if self._on_final is not None:
-            self._on_final(final)
+            self._on_final(final, kept_output(self._output, self._blocks))
         return out + self._event("response.incomplete" if incomplete else "response.completed", {"response": final})
 
     def error(self, error: ApiError) -> bytes:
@@ -353,7 +386,7 @@ class RelayedEvents(ResponsesEvents):
     translated answer (a fallback to a chat-only deployment) is encoded as ``ResponsesEvents`` does."""
 
     def __init__(self, meter: Meter | None, extra: dict[str, Any], relayed_extra: dict[str, Any],
-                 on_final: Callable[[dict[str, Any]], None], encrypted: bool = False) -> None:
+                 on_final: OnFinal, encrypted: bool = False) -> None:
         super().__init__(meter, extra, on_final, encrypted)
         self._relayed_extra = relayed_extra
         self._relaying = False
@@ -370,7 +403,7 @@ class RelayedEvents(ResponsesEvents):
             self._response = event["response"]
             self._ended = kind in ("response.completed", "response.incomplete", "response.failed")
             if kind in ("response.completed", "response.incomplete") and self._on_final is not None:
-                self._on_final(event["response"])
+                self._on_final(event["response"], event["response"].get("output") or [])
         if isinstance(seq := event.get("sequence_number"), int):
             self._seq = seq + 1  # events the gateway adds (a failure) follow the upstream's numbering
         self._relaying = True
@@ -399,20 +432,23 @@ class RelayedEvents(ResponsesEvents):
         return out
 
 
-def responses_dialect(extra: dict[str, Any], on_final: Callable[[dict[str, Any]], None],
+def responses_dialect(extra: dict[str, Any], on_final: OnFinal,
                       relayed_extra: dict[str, Any] | None = None, encrypted: bool = False) -> Dialect:
     """The Responses dialect for one call: ``extra`` fields on the response objects it builds
     (``relayed_extra`` on an upstream's own), every finished response handed to ``on_final`` (for
-    ``store``), and, if ``encrypted``, ``encrypted_content`` on the reasoning items it makes."""
+    ``store``, with its output as kept), and, if ``encrypted``, ``encrypted_content`` on the reasoning
+    items it makes."""
     relayed_extra = relayed_extra or {}
 
     def unary(response: ChatCompletion | RelayedResponse, meter: Meter) -> bytes:
         if isinstance(response, RelayedResponse):
             final = _relayed(response.body, response.model, relayed_extra)
+            kept = final.get("output") or []
         else:
             final = response_object(response, extra, meter, encrypted)
+            kept = _kept(response, final)
         if final.get("status") in ("completed", "incomplete"):
-            on_final(final)
+            on_final(final, kept)
         return msgspec.json.encode(final)
 
     return Dialect(unary=unary, stream=lambda meter: RelayedEvents(meter, extra, relayed_extra, on_final, encrypted))

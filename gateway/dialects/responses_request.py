@@ -2,7 +2,7 @@
 and the translation to an OpenAI chat request (``to_chat_request``), so a call is authenticated,
 admitted, routed and metered like chat. A field is either mapped to chat or a 400 naming it, never
 dropped; errors about the chat request name the Responses field where the mapping is known
-(``responses_param``). ``input_items`` gives a request's input as stored items, ``echoed_fields`` the
+(``responses_params``). ``input_items`` gives a request's input as stored items, ``echoed_fields`` the
 request's settings as a response object reports them. The answers' side is ``gateway.dialects.responses``.
 """
 
@@ -34,7 +34,7 @@ from backends.openai_wire import (
     set_extra_params,
 )
 from gateway.body import RAW_BODY, validation_error
-from gateway.dialects.responses_reasoning import asks_encrypted_content, honoured_include, restored
+from gateway.dialects.responses_reasoning import asks_encrypted_content, decoded_blocks, honoured_include, restored
 from gateway.errors import ApiError
 
 
@@ -92,11 +92,13 @@ class FunctionCallOutputItem(_Wire, tag_field="type", tag="function_call_output"
 
 
 class ReasoningItem(_Wire, tag_field="type", tag="reasoning"):
-    """Earlier reasoning, as a response's output gives it: accepted and not sent to chat, which has no
+    """Earlier reasoning, as a response's output gives it: its text not sent to chat, which has no
     field for it (DeepSeek refuses ``reasoning_content`` in its input); the answer is in the message.
-    Its ``encrypted_content``, the gateway's or another's, is read where it is kept (``input_items``)."""
+    Thinking blocks its ``encrypted_content`` carries (the gateway's: ``responses_reasoning``) go with
+    the assistant turn after it (``thinking_blocks``); another's blob is read nowhere."""
 
     summary: list[dict[str, Any]]
+    encrypted_content: Any = None
 
 
 Item = MessageItem | FunctionCallItem | FunctionCallOutputItem | ReasoningItem
@@ -350,7 +352,11 @@ def input_items(req: ResponsesRequest) -> list[dict[str, Any]]:
 
 def _item_messages(items: list[Item]) -> list[ChatMessage]:
     messages: list[ChatMessage] = []
+    thinking: list[dict[str, Any]] = []  # reasoning items' blocks, for the assistant turn after them
     for item in items:
+        if isinstance(item, ReasoningItem):
+            thinking += decoded_blocks(item.encrypted_content) or []
+            continue
         if isinstance(item, MessageItem):
             if isinstance(item.content, str):
                 messages.append(ChatMessage(role=item.role, content=item.content))
@@ -369,6 +375,10 @@ def _item_messages(items: list[Item]) -> list[ChatMessage]:
             output = item.output if isinstance(item.output, str) else "\n".join(  # one per line
                 p.text for p in item.output if isinstance(p, InputText))
             messages.append(ChatMessage(role="tool", tool_call_id=item.call_id, content=output))
+        if thinking and (last := messages[-1]).role == "assistant":  # sent first in its turn, as they came
+            last.thinking_blocks = [*(last.thinking_blocks if isinstance(last.thinking_blocks, list) else []),
+                                    *thinking]
+        thinking = []
     return messages
 
 
@@ -388,7 +398,8 @@ def _context_messages(context: list[dict[str, Any]]) -> list[ChatMessage]:
     serving Responses: an image by ``file_id``, say) is a 400 naming ``previous_response_id``, the
     field that brought it, not an ``input[i]`` of a request whose input holds no such item."""
     try:
-        return _item_messages(_items([i for i in context if i.get("type") in _ID_PREFIX]))
+        return _item_messages(_items([i for i in context if i.get("type") in _ID_PREFIX
+                                      or decoded_blocks(i.get("encrypted_content"))]))
     except ApiError as exc:
         raise ApiError(400, f"the conversation previous_response_id continues cannot be served by this model: "
                        f"an earlier turn's {exc.message}", param="previous_response_id", code=exc.code) from None
@@ -401,7 +412,7 @@ def to_chat_request(req: ResponsesRequest, context: list[dict[str, Any]] | None 
     messages: list[ChatMessage] = []
     if req.instructions:
         messages.append(ChatMessage(role="system", content=req.instructions))
-    if context:  # what chat can carry of it (an upstream's reasoning items, say, it cannot)
+    if context:  # what chat can carry of it (an upstream's reasoning items, say, it cannot; thinking blocks it can)
         messages.extend(_context_messages(context))
     if isinstance(req.input, str):
         if not req.input:
@@ -442,28 +453,6 @@ def to_chat_request(req: ResponsesRequest, context: list[dict[str, Any]] | None 
     if extras:
         set_extra_params(chat, extras)
     return chat
-
-
-# A chat request's fields (as a provider's errors name them) and the Responses fields they came from.
-_CHAT_PARAMS = (("max_completion_tokens", "max_output_tokens"), ("max_tokens", "max_output_tokens"),
-                ("response_format.json_schema", "text.format"), ("response_format", "text.format"),
-                ("verbosity", "text.verbosity"), ("reasoning_effort", "reasoning.effort"),
-                ("tool_choice.function", "tool_choice"), ("tool_choice.allowed_tools", "tool_choice"))
-_CHAT_TOOL = re.compile(r"^tools\[(\d+)\]\.function\b")
-
-
-def responses_param(param: str | None) -> str | None:
-    """The Responses request's name for a field of the chat request it became (``max_tokens`` ->
-    ``max_output_tokens``; any message -> ``input``, as instructions and merged tool calls shift
-    the indices); a name with no known origin is kept."""
-    if param is None:
-        return None
-    if param == "messages" or param.startswith(("messages[", "messages.")):
-        return "input"
-    for chat, ours in _CHAT_PARAMS:
-        if param == chat or param.startswith((chat + ".", chat + "[")):
-            return ours + param[len(chat):]
-    return _CHAT_TOOL.sub(r"tools[\1]", param, count=1)
 
 
 def wants_encrypted_reasoning(req: ResponsesRequest) -> bool:

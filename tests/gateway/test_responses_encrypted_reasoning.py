@@ -10,7 +10,12 @@ import httpx
 import openai
 import pytest
 
-from gateway.dialects.responses_reasoning import decoded_reasoning, encrypted_reasoning
+from gateway.dialects.responses_reasoning import (
+    decoded_blocks,
+    decoded_reasoning,
+    encrypted_reasoning,
+    joined_blocks,
+)
 from gateway.dialects.responses_request import ResponsesRequest, input_items
 from tests.conftest import ADMIN_KEY
 from tests.gateway.conftest import GatewayEnv
@@ -147,3 +152,30 @@ def test_reasoning_sent_back_is_listed_with_its_text_restored() -> None:
     assert restored["content"] == [{"type": "reasoning_text", "text": "think hard"}]
     assert restored["id"].startswith("rs_sy") and restored["encrypted_content"] == ours["encrypted_content"]
     assert "content" not in kept and not kept["id"].startswith("rs_sy")
+
+
+def test_a_blob_carries_thinking_blocks_exactly_and_an_old_one_reads() -> None:
+    """Blocks as the answer gave them (a signature, a redacted block's data, a field the gateway does
+    not model), and none from a blob made before blocks were kept (text alone)."""
+    blocks = [{"type": "redacted_thinking", "data": "EmwK", "cache_control": {"type": "ephemeral"}},
+              {"type": "thinking", "thinking": "hmm", "signature": "sig-1"}]
+    blob = encrypted_reasoning("hmm", blocks)
+    assert decoded_blocks(blob) == blocks and decoded_reasoning(blob) == "hmm"
+    old = encrypted_reasoning("think hard")
+    assert old == "swy1.eyJ0ZXh0IjoidGhpbmsgaGFyZCJ9"  # the text-only form, unchanged
+    assert decoded_reasoning(old) == "think hard" and decoded_blocks(old) is None
+    assert all(decoded_blocks(foreign) is None for foreign in FOREIGN)
+
+
+def test_a_streams_thinking_pieces_join_into_the_answers_blocks() -> None:
+    """As ``backends.anthropic_thinking`` streams them: text pieces until the signature; a redacted block whole."""
+    blocks: list[dict[str, Any]] = []
+    joined_blocks(blocks, [{"type": "redacted_thinking", "data": "EmwK"},
+                           {"type": "thinking", "thinking": "let me ", "signature": ""},
+                           {"type": "thinking", "thinking": "think", "signature": ""},
+                           {"type": "thinking", "thinking": "", "signature": "sig-1"},
+                           {"type": "thinking", "thinking": "again", "signature": ""},
+                           {"type": "thinking", "thinking": "", "signature": "sig-2"}])
+    assert blocks == [{"type": "redacted_thinking", "data": "EmwK"},
+                      {"type": "thinking", "thinking": "let me think", "signature": "sig-1"},
+                      {"type": "thinking", "thinking": "again", "signature": "sig-2"}]

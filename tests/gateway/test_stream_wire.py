@@ -268,7 +268,7 @@ async def test_a_drained_relayed_responses_stream_ends_incomplete(monkeypatch: p
     monkeypatch.setattr(streaming, "DRAIN", CutAfter(reads=1))
     meter = Meter(prompt_tokens=3, completion_tokens=1)
     relay = streaming.SSERelay(ChunkStream(upstream_events(), meter), "public", on_end,
-                               RelayedEvents(meter, {}, {}, lambda response: None))
+                               RelayedEvents(meter, {}, {}, lambda response, output: None))
     sent = [json.loads(line[6:]) for event in [e async for e in relay.events()]
             for line in event.decode().split("\n") if line.startswith("data: ")]
     assert [e["type"] for e in sent] == ["response.created", "response.output_text.delta", "response.incomplete"]
