@@ -195,7 +195,7 @@ class QuotaAdmission:
         nothing if it was refused or never ran (a ticket the store does not hold adds its actual
         figures, zero)."""
         try:
-            sent = self.store.settle(lease_for(r), self.clock(), 0, 0)
+            sent = self.store.settle(lease_for(r), self.clock(), 0, 0, given_back=True)
         except Exception as exc:  # the lease expires by itself
             self._outage("settle", exc)
             return

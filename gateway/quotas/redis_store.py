@@ -7,7 +7,9 @@ The scripts mirror ``MemoryStore`` exactly. Per scope there are three keys:
 set of in-flight tickets scored by lease end, renewed by the heartbeat) and ``:bd:<period>`` (hash
 with ``tokens`` and ``micros`` spent plus reserved in the budget period; a scope with a budget
 whose bucket is missing is refused as ``unseeded`` until it is rebuilt: ``SEED`` starts it at the
-usage records' figures plus the reservations of the tickets in flight, which no record holds yet).
+usage records' figures plus the reservations of the tickets in flight, which no record holds yet,
+and notes the second it did so in ``seeded``: ``SETTLE`` tells by it a ticket whose lease expired,
+still counted in the bucket, from one reserved before Redis lost its state).
 
 A window is read in constant time: one HMGET of the totals, ``lo`` and this second's counters
 answers it, and one HSET writes an admission (the script runs alone, so values read and written
@@ -245,11 +247,18 @@ return {1, '', -1, 0, req[1], req[2], req[3], tok[1], tok[2], tok[3]}
 
 SETTLE = """
 -- Arguments: the ticket's member, the token counter of the second it was reserved in, the
--- corrections of tokens and micro-dollars, and the actual figures (integers, as strings).
-local ticket, tsec = ARGV[1], ARGV[2]
+-- corrections of tokens and micro-dollars, the actual figures (integers, as strings), and the
+-- second it was reserved in (-1: a reservation given back, which may never have been made).
+local ticket, tsec, second = ARGV[1], ARGV[2], tonumber(ARGV[7])
 for k = 1, #KEYS, 3 do
-  -- a ticket this Redis does not hold was reserved before it lost its state: add the actual figures
+  -- a ticket this Redis does not hold was reserved before it lost its state (its budget bucket was
+  -- rebuilt after it), or never: add the actual figures; one whose lease expired (its replica could
+  -- not renew it) in a bucket older than it is still counted there: correct it
   local known = redis.call('ZREM', KEYS[k + 1], ticket) == 1
+  if not known and second >= 0 then
+    local seeded = tonumber(redis.call('HGET', KEYS[k + 2], 'seeded'))
+    known = seeded ~= nil and seeded <= second
+  end
   local dt, dm = ARGV[3], ARGV[4]
   if not known then dt, dm = ARGV[5], ARGV[6] end
   -- (a correction of zero changes nothing: no call is made for it; a second gone from the window stays gone)
@@ -290,7 +299,7 @@ for _, m in ipairs(redis.call('ZRANGE', KEYS[2], 0, -1)) do
   local s, t, mi = string.match(m, '^[^:]+:(%d+):(%d+):(%d+)#')
   if s and tonumber(s) >= since then tokens, micros = tokens + tonumber(t), micros + tonumber(mi) end
 end
-redis.call('HSET', KEYS[1], 'tokens', tokens, 'micros', micros)
+redis.call('HSET', KEYS[1], 'tokens', tokens, 'micros', micros, 'seeded', math.floor(tonumber(ARGV[4])))
 if tonumber(ARGV[3]) > 0 then redis.call('EXPIRE', KEYS[1], tonumber(ARGV[3]) + 86400) end
 return 1
 """
@@ -371,14 +380,15 @@ class RedisStore:
         start = NONE if since is None else math.floor(since)
         await self._seed(keys=[f"{base}:bd:{pid}", base + ":cc"], args=[tokens, micros, ttl, now, start])
 
-    def settle(self, lease: Lease, now: float, actual_tokens: int, actual_micros: int) -> asyncio.Future[object]:
+    def settle(self, lease: Lease, now: float, actual_tokens: int, actual_micros: int, *,
+               given_back: bool = False) -> asyncio.Future[object]:
         keys: list[str] = []
         for kind, sid, pid in lease.scopes:
             base = self._base(kind, sid)
             keys += [base + ":win", base + ":cc", f"{base}:bd:{pid}"]
         member = _member(lease.ticket_id, lease.second, lease.tokens, lease.micros)
         args: list[Arg] = [member, f"t{lease.second}", actual_tokens - lease.tokens, actual_micros - lease.micros,
-                           actual_tokens, actual_micros]
+                           actual_tokens, actual_micros, NONE if given_back else lease.second]
         return self._settle.submit(keys=keys, args=args)
 
     async def renew(self, leases: list[Lease], now: float, lease_seconds: float) -> None:

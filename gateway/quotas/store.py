@@ -14,8 +14,10 @@ A store checks and reserves every limit of every scope in one atomic step, or re
   its state never hands out a budget twice. The rebuilt bucket also holds the reservations of the
   leases in flight that were made in the period (a budget set while requests run): no usage
   record holds them yet, and their settlements correct them as for any reservation. A settle
-  whose lease the store does not know (it restarted since the admission) adds the actual figures
-  instead of correcting a reservation.
+  whose lease the store does not know adds the actual figures instead of correcting a
+  reservation when the store restarted since the admission (its bucket was rebuilt after the
+  lease's second), or when it gives back a reservation that may never have been made; a lease
+  that merely expired (its replica could not renew it) in a bucket older than it is corrected.
   A scope without a budget never makes a bucket (it adds to one that exists: a budget removed in
   the period): one made by a store that lost its state would hold only the spend since, and a
   budget set later in the period would trust it instead of being rebuilt from the records.
@@ -66,9 +68,11 @@ class Lease:
 class QuotaStore(Protocol):
     async def reserve(self, r: Reservation) -> Decision: ...
 
-    def settle(self, lease: Lease, now: float, actual_tokens: int, actual_micros: int) -> asyncio.Future[Any]:
+    def settle(self, lease: Lease, now: float, actual_tokens: int, actual_micros: int, *,
+               given_back: bool = False) -> asyncio.Future[Any]:
         """Correct the reservation (the command is on its way when this returns); the future holds
-        the store's acknowledgement, or its failure."""
+        the store's acknowledgement, or its failure. ``given_back``: the reservation may never
+        have been made (its admission was cancelled)."""
         ...
 
     async def seed_budget(self, kind: str, sid: str, pid: str, tokens: int, micros: int, ttl: int, now: float,
@@ -142,6 +146,7 @@ class MemoryStore:
         self._windows: dict[str, _Window] = {}
         self._leases: dict[str, dict[str, _Held]] = {}
         self._budgets: dict[str, list[int]] = {}  # [tokens, micros]
+        self._seeded: dict[str, int] = {}  # budget bucket -> the second it was rebuilt in
 
     def _window(self, key: str) -> _Window:
         return self._windows.setdefault(key, _Window())
@@ -219,6 +224,7 @@ class MemoryStore:
         for tid in [t for t, held in leases.items() if held.until <= now]:
             del leases[tid]  # ended: its settlement adds the actual figures
         live = [h for h in leases.values() if since is None or h.second >= math.floor(since)]
+        self._seeded[f"{kind}:{sid}:{pid}"] = math.floor(now)
         self._budgets[f"{kind}:{sid}:{pid}"] = [tokens + sum(h.tokens for h in live),
                                                 micros + sum(h.micros for h in live)]
 
@@ -229,10 +235,13 @@ class MemoryStore:
                 if lease.ticket_id in held:
                     held[lease.ticket_id].until = now + lease_seconds
 
-    def settle(self, lease: Lease, now: float, actual_tokens: int, actual_micros: int) -> asyncio.Future[Any]:
+    def settle(self, lease: Lease, now: float, actual_tokens: int, actual_micros: int, *,
+               given_back: bool = False) -> asyncio.Future[Any]:
         for kind, sid, pid in lease.scopes:
             base = f"{kind}:{sid}"
             known = self._leases.get(base, {}).pop(lease.ticket_id, None) is not None
+            if not (known or given_back):  # an admitted lease that expired, in a bucket older than it
+                known = self._seeded.get(f"{base}:{pid}", lease.second + 1) <= lease.second
             reserved_tokens, reserved_micros = (lease.tokens, lease.micros) if known else (0, 0)
             tk = self._window(base + ":tk").buckets
             if lease.second in tk:

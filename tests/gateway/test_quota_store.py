@@ -249,7 +249,8 @@ async def test_renewed_lease_outlives_its_first_term(store: QuotaStore) -> None:
 async def test_settle_of_a_lease_the_store_lost_adds_the_actual_figures(store: QuotaStore) -> None:
     scopes = await seeded(store, key(token_budget=1000))
     r = res(scopes, tokens=300)
-    ghost = Reservation("ghost", NOW, 300, 0, scopes)  # admitted by a store that has since lost its state
+    # admitted by a store that has since lost its state (its bucket was rebuilt after)
+    ghost = Reservation("ghost", NOW - 5, 300, 0, scopes)
     assert (await store.reserve(r)).admitted
     await store.settle(lease_for(r), NOW, 100, 0)  # known: 300 reserved corrected to 100
     await store.settle(lease_for(ghost), NOW, 200, 0)  # unknown: its 200 are added
@@ -325,3 +326,16 @@ async def test_a_tickets_key_emptied_and_made_again_within_a_second_keeps_a_ttl(
     assert len(tickets) == 2 and all([await redis.ttl(k) > 0 for k in tickets])
     # members past 64 bytes: the sets are skiplists (ZADD O(log n)), not listpacks scanned per ZADD
     assert [await redis.object("encoding", k) for k in tickets] == [b"skiplist", b"skiplist"]
+
+
+async def test_settle_of_a_lease_that_expired_corrects_its_reservation(store: QuotaStore) -> None:
+    """A live request whose lease ran out (its replica could not renew it: Redis unreachable for a
+    while) and was dropped by a later admission is still counted in the budget and the window it
+    was admitted in: its settlement corrects the reservation, not adds the actual figures to it."""
+    scopes = await seeded(store, key(token_budget=1000, tokens_per_minute=1000))
+    r = Reservation("slow", NOW, 300, 0, scopes, lease_seconds=5)
+    assert (await store.reserve(r)).admitted
+    assert (await store.reserve(res(scopes, now=NOW + 10, tokens=1))).admitted  # drops the expired lease
+    await store.settle(lease_for(r), NOW + 20, 100, 0)  # 300 reserved corrected to 100, not 100 added
+    assert (await store.reserve(res(scopes, now=NOW + 20, tokens=899))).admitted
+    assert not (await store.reserve(res(scopes, now=NOW + 20, tokens=1))).admitted
