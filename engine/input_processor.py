@@ -111,6 +111,9 @@ class InputProcessor:
                 raise InvalidRequest("an embedding request has no structured output", param=params.structured.param)
             self.structured().compile(params.structured)  # compile errors -> InvalidRequest naming the field
         max_len = self.limits.max_len(len(prompt_ids), 0 if pooling is not None else params.max_tokens)
+        if params.min_tokens > max_len - len(prompt_ids):  # no max_tokens: the context's end is the limit
+            raise InvalidRequest(f"min_tokens ({params.min_tokens}) is more than the context leaves for the "
+                                 f"output ({max_len - len(prompt_ids)} tokens)", param="min_tokens")
         text = prompt if isinstance(prompt, str) else None
         return EngineRequest(request_id, prompt_ids, text, params, max_len, priority, tenant, float(weight), pooling)
 

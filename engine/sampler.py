@@ -19,6 +19,7 @@ from engine.sampling_params import SAMPLING_EPS, SamplingParams
 from engine.structured_output import apply_bitmask
 
 _NEG_INF = float("-inf")
+_FLOAT_MAX = torch.finfo(torch.float32).max
 
 
 @dataclass
@@ -180,7 +181,9 @@ class Sampler:
         sub_rows = [rows[i] for i in idx]
         index = torch.tensor(idx, device=dev)
         sub = logits.index_select(0, index)
-        temp = torch.tensor([r.params.temperature for r in sub_rows], device=dev).clamp_min_(SAMPLING_EPS)
+        # A temperature past float32's range (the wire takes any finite one) would be inf, and a
+        # masked token's -inf / inf NaN: float32's largest flattens the row just as far.
+        temp = torch.tensor([r.params.temperature for r in sub_rows], device=dev).clamp_(SAMPLING_EPS, _FLOAT_MAX)
         sub = sub / temp[:, None]
         vocab = logits.shape[-1]
         top_k = [k if 0 < k < vocab else 0 for k in (r.params.top_k for r in sub_rows)]  # k >= vocab: all

@@ -51,7 +51,9 @@ class ChunkMaker(Protocol[StreamChunk_co]):
 def chunk_maker(kind: type[StreamChunk], request: ChatCompletionRequest | CompletionRequest, cid: str,
                 meter: Meter, usage_of: Callable[[Meter], Usage]) -> ChunkMaker[StreamChunk]:
     """The chunks of one streamed answer: its id, model and creation time in each, and the usage
-    when given (the last chunk) or, where the client asked for vLLM's continuous usage, so far."""
+    when given (the last chunk) or, where the client asked for vLLM's continuous usage, so far.
+    With ``n`` > 1 or several prompts that is the whole request's so far (every choice's tokens),
+    not vLLM's one choice's: each chunk's figure is what the call has cost, whichever choice it carries."""
     created, continuous = int(time.time()), request.continuous_usage
 
     def chunk(choices: list[Any], usage: Usage | None = None) -> StreamChunk:

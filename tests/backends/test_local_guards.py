@@ -153,6 +153,19 @@ async def test_guided_choice_with_thousands_of_options(backend: LocalEngineBacke
     assert answer.finish_reason == "stop" and answer.message.content in choices
 
 
+async def test_a_huge_temperature_keeps_to_the_grammar_and_the_bans(backend: LocalEngineBackend) -> None:
+    """A temperature past float32's range drew masked tokens: a grammar the answer broke was a 400
+    blaming guided_choice, and a token logit_bias banned came out."""
+    done = await backend.complete(completion(max_tokens=8, temperature=1e300, guided_choice=["yes", "no"]))
+    assert done.response.choices[0].text in ("yes", "no")
+    allowed = {"7": 0, "9": 0}
+    banned = {str(t): -100 for t in range(1024) if str(t) not in allowed}
+    done = await backend.complete(completion(max_tokens=8, temperature=1e300, logit_bias=banned, logprobs=0))
+    logprobs = done.response.choices[0].logprobs
+    assert logprobs is not None
+    assert set(logprobs.tokens) <= {backend.logprobs.token(7), backend.logprobs.token(9)}
+
+
 # -- completions: the gateway's cap, text offsets -------------------------------------------------
 
 @pytest.mark.parametrize("stream", [False, True])

@@ -62,6 +62,20 @@ def test_in_vocabulary_stop_token_ids_with_min_tokens_still_work(llm: LLM) -> No
     assert len(c.token_ids) >= 3 and not set(c.token_ids[:3]) & {VOCAB - 1, 0}
 
 
+def test_min_tokens_past_what_the_context_leaves_is_refused_without_max_tokens(llm: LLM) -> None:
+    """Without max_tokens the output may run to the context's end; a min_tokens past that cannot
+    be honoured (it was taken, and the answer ended "length" short of it). As vLLM, whose
+    max_tokens then defaults to what the context leaves: an error naming min_tokens."""
+    prompt = llm.tokenizer.encode("Hi")
+    room = 512 - len(prompt)
+    with pytest.raises(InvalidRequest) as info:
+        llm.engine.processor.process("x", prompt, SamplingParams(max_tokens=None, min_tokens=room + 1))
+    assert info.value.param == "min_tokens" and str(room) in info.value.message
+    out = llm.generate([prompt], SamplingParams(max_tokens=None, min_tokens=room, ignore_eos=False))[0]
+    assert len(out.outputs[0].token_ids) == room
+    assert_idle(llm)
+
+
 def test_sampler_never_indexes_with_an_id_off_the_vocabulary() -> None:
     """Defence in depth for callers that skip the input processor: the min_tokens ban ignores ids
     the logits have no column for (as logit_bias does), instead of failing the whole batch."""

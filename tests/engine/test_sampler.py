@@ -111,6 +111,21 @@ def test_sampling_stays_inside_the_filtered_set() -> None:
     assert seen <= allowed and len(seen) > 1
 
 
+def test_a_temperature_past_float32_range_still_keeps_banned_tokens_out() -> None:
+    """A temperature the wire takes (any finite float) above float32's range was inf in the
+    sampler's tensor: a banned token's -inf / inf is NaN, and the draw picked banned tokens
+    (logit_bias -100, min_tokens' stop tokens, a grammar's masked ones). It is as flat as can be."""
+    torch.manual_seed(6)
+    logits = torch.randn(1, V)
+    allowed = {3, 17, 41}
+    bias = {t: -100.0 for t in range(V) if t not in allowed}
+    s = Sampler("cpu", seed=7)
+    for temperature in (1e39, 1e300):
+        params = SamplingParams(temperature=temperature, logit_bias=bias)
+        seen = {s(logits, [row(params, banned=[17])]).token_ids[0] for _ in range(100)}
+        assert seen == {3, 41}, (temperature, seen)
+
+
 def test_draws_follow_the_tempered_distribution() -> None:
     """20,000 draws from a 6-token distribution at temperature 0.7: every frequency within 4
     standard errors of its probability."""
