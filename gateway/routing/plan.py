@@ -22,7 +22,8 @@ false: its upstream has some of every limit left) holds nothing off; with a ``Re
 limit is used up holds the deployment off for the request's tenant (see ``DeploymentHealth``). A
 deployment whose upstream said fewer tokens are left than the request needs (``tokens``: its prompt
 estimate and output reserve), in a 429 or in a successful answer's rate-limit headers, is tried
-after the others, and after waiting out a short hold.
+after the others, and after waiting out a short hold. A config reload that removes or changes a
+deployment of the group the plan is in sends its next attempts to the group's new table.
 """
 
 from __future__ import annotations
@@ -138,6 +139,7 @@ class RoutePlan:
         """The next deployment in order whose circuit still admits a request and whose upstream has
         the tokens it needs left, else the one held off for the shortest wait the plan waits out,
         else the first that admits it though short of tokens."""
+        self._follow_reload()
         tenant = self._tenant
         for _ in range(len(self._order)):
             self._pos = (self._pos + 1) % len(self._order)
@@ -152,6 +154,22 @@ class RoutePlan:
             return self._attempt(deployment, max(delay, wait))
         short = next((d for d in self._order if self._may_try(d) and d.accepts(tenant=tenant)), None)
         return None if short is None else self._attempt(short, delay)
+
+    def _follow_reload(self) -> None:
+        """A reload removed or changed some of the group's deployments since the plan entered it: go
+        on in the group's new table (a changed deployment as it is now), the one just tried last."""
+        if not any(d.retired for d in self._group.deployments):
+            return
+        current = self._resolve(self._group.name)
+        if current is None or current.name != self._group.name:
+            return  # the group itself was removed: its deployments left are passed over
+        self._entered[self._entered.index(self._group)] = current
+        self._group = current
+        order = current.ordered(self._routing_key)
+        if self._current in order:
+            i = order.index(self._current)
+            order = order[i + 1:] + order[:i + 1]
+        self._order, self._pos = order, -1
 
     def _may_try(self, deployment: Deployment) -> bool:
         """Whether this request may go to ``deployment``: its prompt fits, it was not ruled out, and

@@ -166,7 +166,9 @@ def _build_groups(
         deployments = []
         for j, dep in enumerate(config.deployments):
             old = reuse.get((config.name, dep.id))
-            if old is not None and old.config == dep and old.health.config == config.circuit:
+            if old is not None and old.config == dep:  # its backend stays; new circuit settings apply to it
+                if old.health.config != config.circuit:
+                    carried.append((old.health, config.circuit, dep.tokens_per_minute))
                 deployments.append(old)
                 continue
             if old is not None and _same_upstream(old.config, dep):  # its circuit, holds and token window stay

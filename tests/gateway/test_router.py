@@ -268,3 +268,42 @@ def test_priority_keeps_the_configured_order_and_weighted_orders_everyone() -> N
     assert [d.config.model for d in priority(deployments, random.Random(0))] == ["m0", "m1", "m2"]
     order = weighted(deployments, random.Random(0))
     assert sorted(d.config.model for d in order) == ["m0", "m1", "m2"] and order[0].config.model == "m1"
+
+
+async def test_a_reload_changing_only_the_circuit_keeps_the_backend() -> None:
+    """A deployment whose own config is unchanged keeps its backend (a local engine is not loaded a
+    second time beside the first) when only its group's circuit settings change; they apply to it."""
+    built: list[str] = []
+
+    def build(config: DeploymentConfig) -> Backend:
+        built.append(config.id)
+        return build_backend(config)
+
+    dep = {"provider": "openai", "model": "x", "api_base": "http://127.0.0.1:1/v1"}
+    router = Router.from_settings(parse_settings({"models": [{"name": "a", "deployments": [dep]}]}, env={}), build)
+    before = next(router.deployments())
+    await router.reload(parse_settings({"models": [{"name": "a", "circuit": {"failures": 1}, "deployments": [dep]}]},
+                                       env={}), build)
+    after = next(router.deployments())
+    assert built == ["openai:x"] and after is before and not after.retired
+    assert after.health.config.failures == 1
+    await router.aclose()
+
+
+async def test_a_plan_made_before_a_reload_goes_on_to_the_deployment_that_replaced_one() -> None:
+    """A reload that changes a group's only deployment (a new ``api_base``) while a request waits
+    out a retry's backoff: the retry goes to the deployment as it is now, not nowhere."""
+    dep = {"provider": "openai", "model": "x", "api_base": "http://127.0.0.1:1/v1", "name": "d"}
+    router = Router.from_settings(parse_settings({"models": [{"name": "a", "deployments": [dep]}]}, env={}),
+                                  build_backend)
+    before = router.resolve("a")
+    assert before is not None
+    plan = RoutePlan(before, router.resolve)
+    first = plan.first()
+    assert first is not None
+    moved = dep | {"api_base": "http://127.0.0.1:2/v1"}
+    await router.reload(parse_settings({"models": [{"name": "a", "deployments": [moved]}]}, env={}), build_backend)
+    retry = plan.after(Unavailable("down"))
+    assert retry is not None and not retry.deployment.retired
+    assert retry.deployment.config.api_base == "http://127.0.0.1:2/v1"
+    await router.aclose()
