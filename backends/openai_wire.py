@@ -21,8 +21,7 @@ from backends.tools_wire import Tool, ToolCall, ToolCallDelta
 
 NonNegInt = Annotated[int, Meta(ge=0)]
 PosInt = Annotated[int, Meta(ge=1)]
-# Token counts a client may ask for: bounded so no arithmetic or storage downstream (quota
-# reservations, cost, BIGINT columns) ever sees a number it cannot hold.
+# Token counts a client may ask for: bounded so nothing downstream (quotas, cost, BIGINT columns) overflows.
 MAX_TOKEN_COUNT = 2**31 - 1
 TokenCount = Annotated[int, Meta(ge=0, le=MAX_TOKEN_COUNT)]
 # OpenAI's own limits (temperature to 2, four stop strings) are not the gateway's: vLLM and others
@@ -102,8 +101,7 @@ def encode_with_extra(obj: Struct, extra: dict[str, msgspec.Raw]) -> bytes:
 
 ANTHROPIC_MESSAGE = "_anthropic_message"  # an Anthropic upstream's answer as it came, for /v1/messages
 ANTHROPIC_BODY = "_anthropic_body"  # a /v1/messages request as the client sent it, for an Anthropic upstream
-# On a chunk of an Anthropic upstream's stream for a /v1/messages request: the events (decoded ``data``
-# objects, in order) read since the previous chunk, up to the one this chunk came from, relayed as they came.
+# A chunk's Anthropic upstream events (decoded ``data`` objects) since the previous chunk, relayed as they came.
 ANTHROPIC_EVENTS = "_anthropic_events"
 
 
@@ -392,6 +390,7 @@ class ChatChoice(WireStruct):
     finish_reason: str | None = None
     logprobs: ChoiceLogprobs | None = None
     stop_reason: str | int | None | UnsetType = UNSET  # vLLM: the stop string or token that matched
+    matched_stop: str | int | None | UnsetType = UNSET  # SGLang's name for it
 
 
 class ChatCompletion(WireStruct, dict=True):
@@ -431,6 +430,7 @@ class ChatChunkChoice(WireStruct):
     finish_reason: str | None = None
     logprobs: ChoiceLogprobs | None = None
     stop_reason: str | int | None | UnsetType = UNSET  # vLLM: the stop string or token that matched
+    matched_stop: str | int | None | UnsetType = UNSET  # SGLang's name for it
 
 
 class ChatCompletionChunk(WireStruct, dict=True):

@@ -88,7 +88,7 @@ def message_body(response: ChatCompletion, meter: Meter) -> bytes:
         return msgspec.json.encode(message | {"model": response.model})
     if not response.choices:  # no content, as a stream of no choice has none
         return msgspec.json.encode({"id": message_id(response.id), "type": "message", "role": "assistant",
-                                    "model": response.model, "content": [], **_stop(None, None),
+                                    "model": response.model, "content": [], **_stop(None),
                                     "usage": _usage(response.usage, meter)})
     choice = response.choices[0]
     content: list[dict[str, Any]] = []
@@ -98,7 +98,7 @@ def message_body(response: ChatCompletion, meter: Meter) -> bytes:
         content.append(_thinking(reasoning))  # as the stream has it: a thinking block first
     if text := (choice.message.content or "") + (choice.message.refusal or ""):  # a refusal is told in text
         content.append({"type": "text", "text": text})
-    stop = _stop(choice.finish_reason, choice.stop_reason)
+    stop = _stop(choice.finish_reason, choice.stop_reason, choice.matched_stop)
     if choice.message.tool_calls:
         stop = _with_calls(stop)
     for call in choice.message.tool_calls or []:
@@ -137,10 +137,12 @@ def _tool_input(call_id: str, name: str, arguments: str, *, cut: bool = False) -
     return value
 
 
-def _stop(finish: str | None, matched: Any) -> dict[str, Any]:
-    """``stop_reason`` and ``stop_sequence``: a matched stop string is reported as ``stop_sequence``."""
-    if finish == "stop" and isinstance(matched, str):
-        return {"stop_reason": "stop_sequence", "stop_sequence": matched}
+def _stop(finish: str | None, *matched: Any) -> dict[str, Any]:
+    """``stop_reason`` and ``stop_sequence``: a matched stop string (vLLM's ``stop_reason``, SGLang's
+    ``matched_stop``; a token id is none) is reported as ``stop_sequence``."""
+    hit = next((m for m in matched if isinstance(m, str)), None)
+    if finish == "stop" and hit is not None:
+        return {"stop_reason": "stop_sequence", "stop_sequence": hit}
     return {"stop_reason": _FINISH_TO_STOP.get(finish or "stop", "end_turn"), "stop_sequence": None}
 
 
@@ -221,7 +223,7 @@ class MessagesEvents:
                         out += self._input_delta(slot.number, arguments)  # (a stopped block's: checked at the end)
                 out += self._open_calls() + self._release()
             if choice.finish_reason:
-                self._stop = _stop(choice.finish_reason, choice.stop_reason)
+                self._stop = _stop(choice.finish_reason, choice.stop_reason, choice.matched_stop)
         return out
 
     def _text(self, kind: str, text: str) -> bytes:

@@ -415,3 +415,22 @@ def test_a_refusal_is_told_in_text(client: anthropic.Anthropic, upstream: FakeUp
         streamed = stream.get_final_message()
     for message in (whole, streamed):
         assert [(b.type, b.text) for b in message.content] == [("text", "I can't help.")]  # type: ignore[union-attr]
+
+
+def test_sglangs_matched_stop_is_the_stop_sequence(client: anthropic.Anthropic, upstream: FakeUpstream) -> None:
+    """SGLang names the stop string that matched ``matched_stop`` (vLLM: ``stop_reason``): it is the
+    answer's ``stop_sequence`` all the same, whole and streamed; a matched token id (an int) is no
+    stop sequence."""
+    upstream.fail_next(chat_answer({"role": "assistant", "content": "x"}, "stop", matched_stop="END"),
+                       chat_chunks({"delta": {"role": "assistant", "content": "x"}},
+                                   {"delta": {}, "finish_reason": "stop", "matched_stop": "END"}),
+                       chat_answer({"role": "assistant", "content": "x"}, "stop", matched_stop=128009))
+    kw: Any = {"model": "echo", "max_tokens": 8, "messages": [{"role": "user", "content": "q"}],
+               "stop_sequences": ["END"]}
+    whole = client.messages.create(**kw)
+    with client.messages.stream(**kw) as stream:
+        streamed = stream.get_final_message()
+    for message in (whole, streamed):
+        assert (message.stop_reason, message.stop_sequence) == ("stop_sequence", "END")
+    eos = client.messages.create(**kw)
+    assert (eos.stop_reason, eos.stop_sequence) == ("end_turn", None)
