@@ -20,6 +20,8 @@ from engine.structured_output import apply_bitmask
 
 _NEG_INF = float("-inf")
 _FLOAT_MAX = torch.finfo(torch.float32).max
+_FLOAT_TINY = torch.finfo(torch.float32).tiny  # the smallest normal float32
+_PENALISED_MAX = _FLOAT_MAX * SAMPLING_EPS / 2  # a penalised logit's bound: finite after any temperature
 
 
 @dataclass
@@ -64,23 +66,42 @@ def _padded(rows: list[list[int]], pad: int, device: torch.device) -> torch.Tens
     return out.to(device)
 
 
+def _held_in_range(x: torch.Tensor, mask: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
+    """Each row's ``factor`` for its ``mask``ed entries of ``x`` (finite logits), held where the
+    largest of them scaled stays a normal float32 and within ``_PENALISED_MAX``: scaled, they stay
+    apart from the rest and in the order exact arithmetic gives them, instead of tying at inf (or
+    NaN once a temperature divides them) or at 0. A factor of 1 is never moved."""
+    largest = torch.where(mask, x.abs(), 0.0).amax(dim=1, keepdim=True).clamp_min(_FLOAT_TINY)
+    return factor.clamp(min=_FLOAT_TINY / largest, max=_PENALISED_MAX / largest)
+
+
+def apply_repetition_penalty(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+    """A seen token's positive logit divided by the row's penalty, a negative one multiplied (as
+    vLLM and transformers). The wire takes any positive finite penalty, also past float32's range
+    (1e-300, 1e300), so the seen logits are scaled in float64 by a factor held in float32's range
+    (``_held_in_range``): finite, in exact arithmetic's order, as far from the rest as float32 goes."""
+    n, vocab = logits.shape
+    dev = logits.device
+    ids = _padded([r.prompt_ids + r.output_ids for r in rows], vocab, dev)  # padding: an extra 0 column
+    padded = torch.cat([logits, logits.new_zeros(n, 1)], dim=1)
+    x = padded.gather(1, ids).double()
+    rep = torch.tensor([r.params.repetition_penalty for r in rows], dtype=torch.float64, device=dev)[:, None]
+    up, down = x > 0, x < 0
+    x = torch.where(up, x * _held_in_range(x, up, 1.0 / rep), torch.where(down, x * _held_in_range(x, down, rep), x))
+    return padded.scatter(1, ids, x.to(logits.dtype))[:, :vocab]
+
+
 def apply_penalties(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
     n, vocab = logits.shape
     dev = logits.device
-    rep = torch.tensor([r.params.repetition_penalty for r in rows], device=dev)
     pres = torch.tensor([r.params.presence_penalty for r in rows], device=dev)
     freq = torch.tensor([r.params.frequency_penalty for r in rows], device=dev)
     out_ids = _padded([r.output_ids for r in rows], vocab, dev)
     counts = torch.zeros(n, vocab + 1, device=dev)
     counts.scatter_add_(1, out_ids, torch.ones_like(out_ids, dtype=counts.dtype))
     counts = counts[:, :vocab]
-    if bool((rep != 1.0).any()):
-        seen_ids = _padded([r.prompt_ids + r.output_ids for r in rows], vocab, dev)
-        seen = torch.zeros(n, vocab + 1, dtype=torch.bool, device=dev)
-        seen.scatter_(1, seen_ids, True)
-        seen = seen[:, :vocab]
-        factor = torch.where(logits > 0, 1.0 / rep[:, None], rep[:, None])
-        logits = torch.where(seen, logits * factor, logits)
+    if any(r.params.repetition_penalty != 1.0 for r in rows):
+        logits = apply_repetition_penalty(logits, rows)
     return logits - freq[:, None] * counts - pres[:, None] * (counts > 0).to(logits.dtype)
 
 

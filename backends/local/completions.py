@@ -31,9 +31,9 @@ class _Completion:
 
     def __init__(self, backend: LocalModel, request: CompletionRequest, ctx: CallContext) -> None:
         self.backend, self.request = backend, request
-        prompts = wire.completion_prompts(request)
+        self.sent = wire.completion_prompts(request)  # as the client sent them (echoed as such)
         tokenizer = backend.tokenizer
-        self.prompts = [tokenizer.encode(p) if isinstance(p, str) else list(p) for p in prompts]
+        self.prompts = [tokenizer.encode(p) if isinstance(p, str) else list(p) for p in self.sent]
         if not all(self.prompts):
             raise BadRequest("the prompt is empty", param="prompt")
         self.count = wire.opt(request.logprobs, None)  # alternatives per token (None: no logprobs)
@@ -59,10 +59,10 @@ class _Completion:
         """The echoed prompt of prompt ``p`` and, when asked, its tokens' logprobs (from ``out``)."""
         if not self.echo:
             return "", None
-        text = self.backend.tokenizer.decode(self.prompts[p])
+        text, added = wire.echo_text(self.backend.tokenizer, self.sent[p], self.prompts[p])
         if self.count is None or out is None:
             return text, None
-        return text, self.backend.logprobs.prompt(self.prompts[p], out.prompt_logprobs or [], self.count)
+        return text, self.backend.logprobs.prompt(self.prompts[p], out.prompt_logprobs or [], self.count, added)
 
     def prompt_entries(self, out: RequestOutput) -> PromptLogprobs | UnsetType:
         """vLLM's ``prompt_logprobs`` of ``out``'s prompt, when the client asked for them."""

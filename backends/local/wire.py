@@ -292,6 +292,20 @@ def completion_prompts(request: CompletionRequest) -> list[str] | list[list[int]
         raise BadRequest(str(exc), param="prompt") from None
 
 
+def echo_text(tokenizer: Any, prompt: str | list[int], ids: list[int]) -> tuple[str, frozenset[int]]:
+    """A legacy completion's echoed prompt, and the positions in ``ids`` (the prompt's tokens) of
+    those whose text it does not hold. As vLLM: a prompt sent as text comes back exactly as sent
+    (special tokens' text in it too), less the tokens the tokenizer added (a BOS); one sent as token
+    ids is decoded with every token's text, special ones' too."""
+    if not isinstance(prompt, str):
+        return tokenizer.decode(ids, skip_special_tokens=False), frozenset()
+    own = tokenizer.encode(prompt, add_special_tokens=False)  # the text's tokens, without the added ones
+    for start in range(len(ids) - len(own) + 1):
+        if ids[start:start + len(own)] == own:
+            return prompt, frozenset(range(start)) | frozenset(range(start + len(own), len(ids)))
+    return prompt, frozenset()
+
+
 def finish_reason(reason: str | None) -> Any:
     return None if reason is None else ("length" if reason == "length" else "stop")
 
@@ -332,18 +346,20 @@ class LogprobFormatter:
                                     top_logprobs=top))
         return ChoiceLogprobs(content=out)
 
-    def prompt(self, prompt_ids: list[int], items: list[Any], k: int | None = None) -> CompletionLogprobs:
+    def prompt(self, prompt_ids: list[int], items: list[Any], k: int | None = None,
+               added: frozenset[int] = frozenset()) -> CompletionLogprobs:
         """The echoed prompt's tokens with their logprobs and ``k`` alternatives (``items[0]`` is None:
-        nothing predicts the first token). Text offsets are positions in the echoed text (the prompt
-        decoded without special tokens), so a special token such as BOS takes no room there."""
+        nothing predicts the first token). Text offsets are positions in the echoed text, which holds
+        every prompt token's text, special ones' too (``echo_text``), but for those at positions
+        ``added``: the tokenizer's own (a BOS), not in a prompt sent as text, take no room there."""
         result = CompletionLogprobs()
-        offsets = TextOffsets(self, 0, skip_special_tokens=True)
+        offsets = TextOffsets(self, 0, skip_special_tokens=False)
         for i, token_id in enumerate(prompt_ids):
             lp = items[i] if i < len(items) else None
             result.tokens.append(self.token(token_id))
             result.token_logprobs.append(lp.logprob if lp is not None else None)
             result.top_logprobs.append(self._top(lp, k) if lp is not None else None)
-            result.text_offset.append(offsets.push(token_id))
+            result.text_offset.append(offsets.push(token_id, shown=i not in added))
         return result
 
     def prompt_entries(self, items: list[Any] | None, k: int) -> PromptLogprobs:
@@ -406,9 +422,9 @@ class TextOffsets:
         self.chars = start  # characters decoded so far (an incomplete last character not yet)
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
 
-    def push(self, token_id: int) -> int:
-        """The offset of the next token, ``token_id``."""
-        data = self.formatter.text_bytes(token_id, self.skip_special_tokens)
+    def push(self, token_id: int, shown: bool = True) -> int:
+        """The offset of the next token, ``token_id`` (one not ``shown`` takes no room)."""
+        data = self.formatter.text_bytes(token_id, self.skip_special_tokens) if shown else b""
         pending = self._decoder.getstate()[0]  # the bytes of a character begun and not yet complete
         offset = self.chars
         if pending and data and not _continues(pending + data[:1]):

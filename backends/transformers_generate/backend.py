@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from collections.abc import Sequence
 from typing import Any
 
 from jinja2.exceptions import TemplateError
@@ -32,6 +33,7 @@ from backends.local.wire import (
     chat_messages,
     chat_prompt_options,
     chunk_maker,
+    echo_text,
     limit_field,
 )
 from backends.openai_wire import (
@@ -250,7 +252,8 @@ class HFGenerateBackend:
         n = request.n or 1
         if not request.echo:
             return [""] * (len(prompts) * n)
-        return [self.tokenizer.decode(p, skip_special_tokens=True) for p in prompts for _ in range(n)]
+        sent: Sequence[str | list[int]] = request.prompts()  # read once already (``_text_prompts``): valid
+        return [echo_text(self.tokenizer, s, p)[0] for s, p in zip(sent, prompts, strict=True) for _ in range(n)]
 
     def _start(
         self,

@@ -166,6 +166,20 @@ async def test_a_huge_temperature_keeps_to_the_grammar_and_the_bans(backend: Loc
     assert set(logprobs.tokens) <= {backend.logprobs.token(7), backend.logprobs.token(9)}
 
 
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+async def test_a_repetition_penalty_past_float32_range_answers_as_its_nearest_in_range(
+        backend: LocalEngineBackend, temperature: float) -> None:
+    """A repetition_penalty of 1e-300 was 0 in the sampler (1e300 inf): seen logits became inf and
+    NaN, and the answer garbage. Exactly, 1e-300 lifts the best seen token above all as 1e-30 does,
+    and 1e300 sinks seen tokens as 1e30 does: the same answers."""
+    body = dict(max_tokens=12, temperature=temperature, seed=4, ignore_eos=True, logprobs=0)
+    for extreme, near in ((1e-300, 1e-30), (1e300, 1e30)):
+        got = (await backend.complete(completion(repetition_penalty=extreme, **body))).response.choices[0]
+        want = (await backend.complete(completion(repetition_penalty=near, **body))).response.choices[0]
+        assert got.logprobs is not None and want.logprobs is not None
+        assert got.logprobs.tokens == want.logprobs.tokens and got.text == want.text, (extreme, got, want)
+
 # -- completions: the gateway's cap, text offsets -------------------------------------------------
 
 @pytest.mark.parametrize("stream", [False, True])

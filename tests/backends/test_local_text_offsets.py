@@ -1,6 +1,7 @@
 """Text completions' logprobs on the local engine. ``text_offset``: each token's offset is where its
 text starts in the returned text (a token holding part of a character at that character), the same
-streamed as not, also while a stop string's prefix is held back and for an echoed prompt.
+streamed as not, also while a stop string's prefix is held back and for an echoed prompt (a string
+prompt echoed exactly as sent, special tokens' text and its room too; a token-id one decoded whole).
 ``top_logprobs``: as OpenAI and vLLM answer, each position's dict holds the ``logprobs`` most likely
 tokens and always the token actually there (the sampled one, or the echoed prompt's), so it has
 ``logprobs`` or ``logprobs + 1`` entries; the same streamed as not."""
@@ -95,3 +96,69 @@ async def test_top_logprobs_always_hold_the_sampled_and_echoed_tokens(backend: L
     streamed = await backend.complete_stream(completion(prompt="The train runs", **body, stream=True))
     parts = [ch.logprobs for c in [c async for c in streamed.chunks] for ch in c.choices if ch.logprobs]
     assert [t for p in parts for t in p.top_logprobs] == choice.logprobs.top_logprobs
+
+
+TEMPLATED = f"<|start_header_id|>user<|end_header_id|>\n\nhi  \t é{SUN}<|eot_id|>"  # a raw chat template
+
+
+def _assert_prompt_offsets_index(text: str, prompt: str, lp: CompletionLogprobs, added: int) -> None:
+    """The echoed prompt's tokens: the ``added`` ones the tokenizer put first (a BOS, not in the
+    text) at 0, taking no room; then each one's text, special or not, at its offset (a token holding
+    part of a character at that character), one after another to the prompt's end."""
+    assert lp.text_offset[:added] == [0] * added and lp.text_offset == sorted(lp.text_offset)
+    ends = []
+    for token, offset in zip(lp.tokens[added:], lp.text_offset[added:]):
+        if offset >= len(prompt):
+            break
+        if "\ufffd" not in token:
+            assert text[offset:offset + len(token)] == token, (token, offset, text)
+            ends.append(offset + len(token))
+    assert ends[-1] == len(prompt)
+
+
+@pytest.mark.parametrize("prompt", ["A<|eot_id|>B  C", TEMPLATED, "<|begin_of_text|>x"])
+@pytest.mark.parametrize("max_tokens", [0, 4])
+async def test_a_string_prompt_is_echoed_exactly_as_sent(backend: LocalEngineBackend, prompt: str,
+                                                         max_tokens: int) -> None:
+    """Special tokens' text in a string prompt (a raw chat template, as scored) was dropped from the
+    echo. As OpenAI and vLLM: the prompt as sent, streamed and not, with n > 1 and several prompts,
+    and with logprobs its special tokens take their room (a BOS the tokenizer added takes none)."""
+    body = dict(max_tokens=max_tokens, temperature=1.0, seed=2, ignore_eos=True, echo=True, n=2,
+                prompt=[prompt, "The train"])
+    for logprobs in (None, 1):
+        done = (await backend.complete(completion(**body, logprobs=logprobs))).response.choices
+        streamed = await backend.complete_stream(completion(**body, logprobs=logprobs, stream=True))
+        texts: dict[int, str] = {}
+        offsets: dict[int, list[int]] = {}
+        for chunk in [c async for c in streamed.chunks]:
+            for ch in chunk.choices:
+                texts[ch.index] = texts.get(ch.index, "") + ch.text
+                offsets.setdefault(ch.index, []).extend(ch.logprobs.text_offset if ch.logprobs else [])
+        assert [c.index for c in done] == [0, 1, 2, 3]
+        for c in done:
+            sent = prompt if c.index < 2 else "The train"
+            assert c.text.startswith(sent) and texts[c.index] == c.text, (c.index, c.text, texts[c.index])
+            if logprobs is None:
+                continue
+            assert c.logprobs is not None and offsets[c.index] == c.logprobs.text_offset
+            _assert_prompt_offsets_index(c.text, sent, c.logprobs, added=1)
+            _assert_offsets_index(c.text, c.logprobs)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_token_id_prompt_is_echoed_with_every_token_text(backend: LocalEngineBackend, stream: bool) -> None:
+    """As vLLM, which decodes a token-id prompt with its special tokens' text (there is no text
+    sent to give back): every prompt token, the BOS too, takes its room in the echo."""
+    ids = backend.tokenizer.encode("A<|eot_id|>B  C")
+    body = dict(max_tokens=3, temperature=0, ignore_eos=True, echo=True, logprobs=0, prompt=ids)
+    if stream:
+        chunks = [ch for c in [c async for c in (await backend.complete_stream(completion(**body, stream=True))).chunks]
+                  for ch in c.choices]
+        text = "".join(ch.text for ch in chunks)
+        lp = CompletionLogprobs(tokens=[t for ch in chunks if ch.logprobs for t in ch.logprobs.tokens],
+                                text_offset=[o for ch in chunks if ch.logprobs for o in ch.logprobs.text_offset])
+    else:
+        choice = (await backend.complete(completion(**body))).response.choices[0]
+        text, lp = choice.text, choice.logprobs
+    assert text.startswith("<|begin_of_text|>A<|eot_id|>B  C")
+    _assert_prompt_offsets_index(text, "<|begin_of_text|>A<|eot_id|>B  C", lp, added=0)

@@ -21,6 +21,7 @@ from backends.transformers_generate import HFGenerateBackend
 from backends.transformers_generate.jobs import Event, GenerateKey, Job, RowParams
 from backends.transformers_generate.params import generate_key
 from backends.transformers_generate.worker import GenerateWorker
+from engine.tiny_model import EOT
 from gateway.body import decode_body
 from gateway.settings import ConfigError, DeploymentConfig
 from tests.support.fallback_models import build_model
@@ -422,3 +423,14 @@ async def test_a_conversation_the_chat_template_refuses_is_a_400(tmp_path: Path)
         assert (await backend.chat(chat("hi", max_tokens=2))).response.choices  # the template still serves others
     finally:
         await backend.aclose()
+
+
+async def test_echo_gives_a_text_prompt_back_exactly_as_sent(backend_for) -> None:
+    """Special tokens' text and whitespace included, as vLLM and OpenAI echo it (not decoded without them)."""
+    backend = backend_for("gpt2")
+    sent = f"A{EOT}B  C é"
+    answer = (await backend.complete(completion(sent, echo=True, max_tokens=2, n=2))).response
+    assert [c.text[:len(sent)] for c in answer.choices] == [sent, sent]
+    stream = await backend.complete_stream(completion(sent, echo=True, max_tokens=2))
+    first = [chunk async for chunk in stream][0]
+    assert first.choices[0].text.startswith(sent)

@@ -126,6 +126,50 @@ def test_a_temperature_past_float32_range_still_keeps_banned_tokens_out() -> Non
         assert seen == {3, 41}, (temperature, seen)
 
 
+def test_a_tiny_repetition_penalty_lifts_the_best_seen_token_as_far_as_float32_goes() -> None:
+    """A repetition_penalty below float32's range (the wire takes any positive float) was 0 in the
+    sampler's tensor: a seen positive logit / 0 is inf, and inf - inf NaN, so the answer was
+    garbage. In exact arithmetic a seen token's positive logit grows past every other one, the
+    largest most: the penalised logits stay finite and in that order, a seen negative one near 0."""
+    logits = torch.tensor([[5.0, 1.0, 3.0, -2.0, 9.0, 0.0, -0.5]])
+    seen = [2, 1, 3, 5]  # positive 3.0 and 1.0, negative -2.0, zero
+    s = Sampler("cpu", seed=8)
+    for penalty in (1e-30, 1e-38, 1e-45, 1e-300, 5e-324):
+        params = SamplingParams(repetition_penalty=penalty)
+        out = apply_penalties(logits.clone(), [row(params, prompt=seen)])
+        assert torch.isfinite(out).all(), (penalty, out)
+        x = out[0].tolist()
+        assert x[2] > x[1] > 9.0 * 1e20 and x[0] == 5.0 and x[4] == 9.0 and x[6] == -0.5, (penalty, x)
+        assert -1e-20 < x[3] <= 0.0 and x[5] == 0.0, (penalty, x)
+        for temperature in (0.0, 1e-5, 0.5, 1.0, 100.0):
+            picked = {s(logits, [row(SamplingParams(repetition_penalty=penalty, temperature=temperature),
+                                     prompt=seen)]).token_ids[0] for _ in range(20)}
+            assert picked == {2}, (penalty, temperature, picked)
+
+
+def test_a_huge_repetition_penalty_sinks_seen_tokens_in_order_without_nan() -> None:
+    """A repetition_penalty past float32's range was inf: a seen zero logit * inf is NaN. Exactly,
+    a seen positive logit shrinks to 0 and a seen negative one sinks below every other, the most
+    negative lowest: finite, in that order, even when every token has been seen."""
+    logits = torch.tensor([[5.0, 1.0, 3.0, -2.0, 9.0, 0.0, -0.5]])
+    everything = list(range(7))
+    s = Sampler("cpu", seed=9)
+    for penalty in (1e30, 1e39, 1e300, 1.7e308):
+        params = SamplingParams(repetition_penalty=penalty)
+        out = apply_penalties(logits.clone(), [row(params, prompt=[0, 3, 5, 6])])
+        x = out[0].tolist()
+        assert torch.isfinite(out).all(), (penalty, out)
+        assert 0.0 <= x[0] < 1e-20 and x[5] == 0.0 and (x[1], x[2], x[4]) == (1.0, 3.0, 9.0), (penalty, x)
+        assert x[3] < x[6] < -1e20, (penalty, x)
+        out = apply_penalties(logits.clone(), [row(params, prompt=everything)])
+        assert torch.isfinite(out).all(), (penalty, out)
+        order = out[0].argsort(descending=True).tolist()
+        assert order[:3] == [4, 0, 2] and order[-2:] == [6, 3], (penalty, order)
+        picked = {s(logits, [row(SamplingParams(repetition_penalty=penalty, temperature=0.0),
+                                 prompt=[4, 0, 2, 1, 3])]).token_ids[0] for _ in range(5)}
+        assert picked == {4}, (penalty, picked)  # 9 / penalty: still above the unseen 0 and -0.5
+
+
 def test_draws_follow_the_tempered_distribution() -> None:
     """20,000 draws from a 6-token distribution at temperature 0.7: every frequency within 4
     standard errors of its probability."""
