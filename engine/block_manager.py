@@ -124,12 +124,19 @@ class BlockPool:
         """Cache a just-filled block; return the chain id for its position.
 
         If an equal block is already cached, that block's id is returned (this one stays
-        private); if a different block holds the hash (collision), return None.
+        private). If a different block holds the hash (a collision, or a child named under a
+        since-evicted parent, which no lookup can reach), it gives way when free; while a sequence
+        holds it, return None.
         """
         existing = self._by_hash.get(h)
         if existing is not None:
-            same = self.lookup(h, parent_cache_id, salt, tokens) is existing
-            return existing.cache_id if same else None
+            if self.lookup(h, parent_cache_id, salt, tokens) is existing:
+                return existing.cache_id
+            if existing.ref_cnt:
+                return None
+            del self._free_cached[existing.block_id]
+            self._uncache(existing)
+            self._free_uncached.append(existing.block_id)
         block = self.blocks[block_id]
         block.hash, block.parent_cache_id, block.salt, block.token_ids = h, parent_cache_id, salt, tokens
         block.cache_id = next(self._cache_ids)

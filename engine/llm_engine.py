@@ -367,12 +367,18 @@ class LLM:
 
             bar = tqdm(total=len(ids), desc="generate", unit="req")
         done: dict[str, RequestOutput] = {}
-        while self.engine.has_unfinished_requests():
-            for output in self.engine.step():
-                if output.finished:
-                    done[output.request_id] = output
-                    if bar is not None:
-                        bar.update(1)
-        if bar is not None:
-            bar.close()
+        try:
+            while self.engine.has_unfinished_requests():
+                for output in self.engine.step():
+                    if output.finished:
+                        done[output.request_id] = output
+                        if bar is not None:
+                            bar.update(1)
+        except BaseException:  # a failed step or Ctrl-C: free the KV blocks, leave nothing to run later
+            for request_id in ids:
+                self.engine.abort_request(request_id)
+            raise
+        finally:
+            if bar is not None:
+                bar.close()
         return [done[i] for i in ids]

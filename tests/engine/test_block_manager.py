@@ -175,3 +175,26 @@ def test_chunked_prefill_caches_only_the_computed_chunks() -> None:
     bm.free(a)
     assert bm.pool.num_cached == 2
     assert admit(bm, seq(prompt + [1], "b")) == 8
+
+
+def test_a_block_orphaned_by_its_parents_eviction_does_not_block_the_chain_for_good() -> None:
+    """Two identical prompts computed in the same step: the second's prompt blocks stay private and
+    its later blocks are named under the first's. Once the first's blocks are evicted, such a child
+    can never be hit again; it must not stop a fresh computation of the same chain from being cached."""
+    bm = BlockManager(8, BS)
+    shared = [1, 2, 3, 4, 5, 6, 7, 8]
+    a, b = seq(shared + [0], "a"), seq(shared + [9, 9, 9, 9, 0], "b")
+    for s in (a, b):  # admitted together: neither finds the other's blocks yet
+        assert bm.allocate(s, s.num_tokens, bm.find_cached_prefix(s))
+    for s in (a, b):
+        s.num_computed_tokens = s.num_tokens
+        bm.cache_computed_blocks(s)
+    bm.free(a)
+    bm.free(b)  # cached and free, oldest first: a's two blocks, then b's [9, 9, 9, 9]
+    filler = seq(list(range(100, 128)), "filler")
+    assert bm.allocate(filler, 28) and bm.pool.num_cached == 1  # a's blocks evicted, b's child kept
+    bm.free(filler)
+    c = seq(shared + [9, 9, 9, 9, 0], "c")
+    assert admit(bm, c) == 0
+    bm.free(c)
+    assert admit(bm, seq(shared + [9, 9, 9, 9, 5], "d")) == 12

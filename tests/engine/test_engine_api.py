@@ -7,8 +7,11 @@ import random
 
 import pytest
 
-from engine import LLM, RequestRejected, SamplingParams
-from engine.sequence import FinishReason
+from engine import LLM, PoolingParams, RequestRejected, SamplingParams
+from engine.model_runner import StepResult
+from engine.outputs import RequestOutput
+from engine.scheduler import ScheduledSeq
+from engine.sequence import FinishReason, Sequence
 
 from .hf_checkpoints import checkpoint  # noqa: F401  (fixture)
 
@@ -263,3 +266,97 @@ def test_a_token_budget_below_the_batch_size_is_refused_naming_both(checkpoint) 
     with pytest.raises(ValueError, match=r"max_num_batched_tokens \(4\) must be >= max_num_seqs \(8\)"):
         LLM(str(checkpoint("llama")), num_kv_blocks=64, max_num_seqs=8, max_num_batched_tokens=4)
     assert LLM(str(checkpoint("llama")), num_kv_blocks=64, max_num_batched_tokens=8).engine.config.max_num_seqs == 8
+
+
+def test_a_generate_that_raises_mid_run_frees_its_blocks_and_leaves_nothing_queued(
+        llm: LLM, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A step that raises (a model error, Ctrl-C) ends the call; its requests must not keep their KV
+    blocks, nor run (unseen) in the next call."""
+    execute = llm.engine.runner.execute
+    calls = 0
+
+    def fails_on_the_third_step(scheduled: list[ScheduledSeq]) -> StepResult:
+        nonlocal calls
+        calls += 1
+        if calls == 3:
+            raise RuntimeError("device lost")
+        return execute(scheduled)
+
+    monkeypatch.setattr(llm.engine.runner, "execute", fails_on_the_third_step)
+    with pytest.raises(RuntimeError, match="device lost"):
+        llm.generate([ids(20, 50), ids(30, 51)], GREEDY)
+    assert_no_leak(llm)
+    before = llm.engine.get_metrics().generation_tokens
+    llm.generate([ids(5, 52)], SamplingParams(temperature=0, max_tokens=3))
+    assert llm.engine.get_metrics().generation_tokens - before == 3
+
+
+def test_prompt_logprobs_and_embeddings_under_preemption_equal_each_alone(checkpoint, llm: LLM) -> None:
+    """Recompute after preemption neither repeats prompt logprobs nor double-counts a mean pool."""
+    prompts = [SHARED + ids(5, 60), SHARED[:32], ids(40, 61), ids(7, 62)]
+    params = SamplingParams(temperature=0, max_tokens=12, prompt_logprobs=1)
+
+    def key(o: RequestOutput) -> tuple[list[int], list[int], list[float]]:  # outputs; scored prompt tokens
+        scored = [x for x in o.prompt_logprobs or [] if x is not None]
+        return o.outputs[0].token_ids, [x.token_id for x in scored], [x.logprob for x in scored]
+
+    alone = [key(llm.generate([p], params)[0]) for p in prompts]
+    mean = PoolingParams(pooling="mean")
+    embeddings = [llm.embed([p], mean)[0] for p in prompts]
+    tight = LLM(str(checkpoint("llama")), num_kv_blocks=6, max_model_len=96, max_num_batched_tokens=16)
+    for (tokens, scored, logprobs), want in zip(map(key, tight.generate(prompts, params)), alone):
+        assert (tokens, scored) == want[:2] and logprobs == pytest.approx(want[2], abs=1e-4)
+    got = tight.embed(prompts, mean)
+    assert all(max(abs(x - y) for x, y in zip(g, e)) < 1e-5 for g, e in zip(got, embeddings))
+    assert tight.engine.scheduler.num_preemptions > 0
+    assert_no_leak(tight)
+
+
+@pytest.mark.parametrize("policy", ["fcfs", "fair"])
+def test_a_request_as_large_as_the_cache_runs_amid_a_stream_of_small_ones(checkpoint, policy: str) -> None:
+    llm = LLM(str(checkpoint("llama")), num_kv_blocks=6, max_model_len=96, scheduling_policy=policy)
+    eng = llm.engine
+    big, params = ids(80, 63), SamplingParams(temperature=0, max_tokens=16)  # 96 tokens: the whole cache
+    expected = llm.generate([big], params)[0].outputs[0].token_ids
+    for i in range(3):
+        eng.add_request(f"s{i}", ids(20, 64 + i), SamplingParams(temperature=0, max_tokens=30), tenant="a")
+    eng.step()
+    eng.add_request("big", big, params, tenant="b")
+    got, steps = None, 0
+    while eng.has_unfinished_requests() and steps < 2000:
+        steps += 1
+        if steps % 2 == 0 and steps < 200:  # a new small request every other step
+            eng.add_request(f"x{steps}", ids(10, steps), SamplingParams(temperature=0, max_tokens=20), tenant="a")
+        got = next((o.outputs[0].token_ids for o in eng.step() if o.request_id == "big" and o.finished), got)
+    assert got == expected
+    assert_no_leak(llm)
+    with pytest.raises(RequestRejected):  # past the cache (here also the context): refused on entry
+        llm.generate([ids(90, 65)], SamplingParams(max_tokens=7))
+    assert_no_leak(llm)
+
+
+def _state(seq: Sequence) -> str:
+    if seq.status.value == "waiting":
+        return "preempted" if seq.num_preemptions else "waiting"
+    return "prefilling" if seq.is_prefilling else "decoding"
+
+
+def test_n_2_requests_aborted_prefilling_decoding_waiting_or_preempted_free_every_block(checkpoint) -> None:
+    for caching in (True, False):
+        llm = LLM(str(checkpoint("llama")), num_kv_blocks=5, max_model_len=64, max_num_batched_tokens=16,
+                  enable_prefix_caching=caching)
+        eng = llm.engine
+        for i in range(8):
+            eng.add_request(f"r{i}", ids(33, 70 + i % 3), SamplingParams(n=2, temperature=0.7, seed=i, max_tokens=20))
+        aborted: set[str] = set()
+        while eng.has_unfinished_requests():
+            eng.step()
+            for request_id, req in list(eng._requests.items()):
+                states = {_state(s) for s in req.seqs if not s.is_finished}
+                if states - aborted:  # a state no abort has hit yet
+                    aborted |= states
+                    eng.abort_request(request_id)
+                    break
+        assert aborted == {"prefilling", "decoding", "waiting", "preempted"}
+        assert_no_leak(llm)
+        assert not eng.block_manager._chains and (caching or eng.block_manager.pool.num_cached == 0)
