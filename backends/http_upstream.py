@@ -44,6 +44,7 @@ from backends.base import (
 from backends.config import DeploymentConfig
 from backends.raw_http import RawAnswer, RawHTTP, RawStream
 from backends.redaction import register, register_headers
+from backends.trace_context import with_trace_context
 
 # Idle pooled connections are dropped before common servers drop them (uvicorn and Node: 5 s), so a
 # request is never sent on a connection the upstream is closing (a POST is never retried).
@@ -376,7 +377,8 @@ class HTTPUpstream:
         self.in_flight += 1
         try:
             raw = self.raw
-            answer = await raw.post(path, payload, headers, deadline=raw.clock() + self.timeouts.total)
+            deadline = raw.clock() + self.timeouts.total
+            answer = await raw.post(path, payload, with_trace_context(headers), deadline=deadline)
         except TimeoutError:
             raise Timeout(f"upstream {self.deployment_id} did not answer within the total timeout") from None
         except (OSError, ValueError) as exc:  # refused, reset, unreadable, a bad base URL or header
@@ -398,7 +400,7 @@ class HTTPUpstream:
         self.in_flight += 1
         try:
             try:
-                stream = await raw.open_stream(path, payload, headers, deadline=first_deadline)
+                stream = await raw.open_stream(path, payload, with_trace_context(headers), deadline=first_deadline)
             except TimeoutError:
                 raise Timeout(f"upstream {self.deployment_id} did not answer in time") from None
             except (OSError, ValueError) as exc:

@@ -216,7 +216,8 @@ class Pipeline:
             span = hooks.start_attempt(self.telemetry, attempt.deployment)
             flight.prompt_sent, flight.meter = True, None
             try:
-                result = await call.invoke(attempt.deployment.backend, ctx)
+                with hooks.current(span):
+                    result = await call.invoke(attempt.deployment.backend, ctx)
             except asyncio.CancelledError:
                 health.on_abandoned()
                 hooks.end_attempt(span, "client_disconnected")

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
+from opentelemetry import trace
 from opentelemetry.trace import Span
 
 from gateway.contracts import Principal, UsageRecord
@@ -13,6 +15,7 @@ from gateway.telemetry.context import request_info
 from gateway.telemetry.tracing import OPERATIONS, mark_error
 
 UPSTREAM_REQUEST_ID = "switchyard.upstream_request_id"  # an attempt span's: the provider's id of its answer
+_NOOP: AbstractContextManager[None] = nullcontext()
 
 
 def on_principal(principal: Principal) -> None:
@@ -52,6 +55,14 @@ def start_attempt(telemetry: Telemetry, deployment: Any) -> Span | None:
         "gen_ai.provider.name": config.provider, "gen_ai.system": config.provider,
         "gen_ai.request.model": config.model, "switchyard.deployment": deployment.id,
     })  # fmt: skip
+
+
+def current(span: Span | None) -> AbstractContextManager[Any]:
+    """``span`` (an attempt's) as the current span while its request is sent: an HTTP upstream is
+    sent its trace context (``backends.trace_context``). Ending it, and its status, stay the caller's."""
+    if span is None:
+        return _NOOP
+    return trace.use_span(span, record_exception=False, set_status_on_exception=False)
 
 
 def end_attempt(span: Span | None, error_type: str | None = None, upstream_request_id: str | None = None) -> None:

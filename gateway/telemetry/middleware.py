@@ -20,7 +20,8 @@ from gateway.telemetry.context import RequestInfo, current, new_request_id
 from gateway.telemetry.logs import log_access
 from gateway.telemetry.tracing import mark_error
 
-TRACED_PREFIXES = ("/v1/", "/admin/", "/chat/completions", "/completions")  # the last two: vLLM's paths without /v1
+# the API's paths; after "/admin/", vLLM's without /v1 (the tokenizer's are only there)
+TRACED_PREFIXES = ("/v1/", "/admin/", "/chat/completions", "/completions", "/tokenize", "/detokenize")
 _HEADER = b"x-request-id"
 CLIENT_CLOSED = 499  # nginx's "client closed request"
 
@@ -39,7 +40,8 @@ class TelemetryMiddleware:
         info = RequestInfo(new_request_id(), scope.get("method", "GET"), path)
         started = time.perf_counter()
         # named by its route: Litestar has routed the request (its template); the fast routes' paths are fixed
-        span = (self.tracing.start_request(info.method, path, scope.get("path_template") or path)
+        span = (self.tracing.start_request(info.method, path, scope.get("path_template") or path,
+                                           scope.get("headers", ()))
                 if self.tracing.enabled else None)
         info.span = span
         token = current.set(info)

@@ -1,18 +1,21 @@
 """OpenTelemetry spans for the request path, named and attributed per the GenAI semantic conventions.
 
-Off by default: then ``Tracing.off()`` hands out one shared no-op context manager and the request
-path pays an attribute check. On, spans go to an OTLP/HTTP exporter (``telemetry.otlp_endpoint``)
-or to exporters given in code (tests use an in-memory one). The provider is this app's own, not
-the process-global one, so several apps (and tests) can trace independently.
+Off by default, and with nowhere to send spans: then ``Tracing.off()`` hands out one shared no-op
+context manager and the request path pays an attribute check. On, spans go to an OTLP/HTTP
+exporter (``telemetry.otlp_endpoint``) or to exporters given in code (tests use an in-memory one).
+The provider is this app's own, not the process-global one, so several apps (and tests) can trace
+independently.
 
 The tree: ``POST /v1/chat/completions`` (renamed ``chat <model>`` once the model is known) with
 children ``auth``, ``admission``, one ``upstream <deployment>`` per attempt, and under the attempt
-that answered, the engine's ``engine.queue`` / ``engine.prefill`` / ``engine.decode`` phases.
+that answered, the engine's ``engine.queue`` / ``engine.prefill`` / ``engine.decode`` phases. A
+client's W3C ``traceparent`` makes the request span its span's child (the trace continues); an HTTP
+upstream is sent the attempt span's (``backends.trace_context``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
 
@@ -21,10 +24,13 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExporter
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from gateway.settings import TelemetryConfig
 
 _NOOP: AbstractContextManager[None] = nullcontext()
+_W3C = TraceContextTextMapPropagator()
+_TRACE_HEADERS = (b"traceparent", b"tracestate")  # W3C trace context (ASGI header names are lower-case)
 OPERATIONS = {"chat.completions": "chat", "messages": "chat", "completions": "text_completion",
               "embeddings": "embeddings"}
 
@@ -41,7 +47,7 @@ class Tracing:
 
     @classmethod
     def from_config(cls, cfg: TelemetryConfig, exporters: Sequence[SpanExporter] = ()) -> Tracing:
-        if not cfg.tracing:
+        if not cfg.tracing or not (cfg.otlp_endpoint or exporters):  # no one would read the spans
             return cls.off()
         provider = TracerProvider(resource=Resource.create({"service.name": cfg.service_name}))
         if cfg.otlp_endpoint:
@@ -52,12 +58,16 @@ class Tracing:
             provider.add_span_processor(SimpleSpanProcessor(exporter))
         return cls(provider)
 
-    def start_request(self, method: str, path: str, route: str) -> Span | None:
+    def start_request(self, method: str, path: str, route: str,
+                      headers: Iterable[tuple[bytes, bytes]] = ()) -> Span | None:
         """The request's span, named by its route (``GET /v1/models/{model_id}``), never by a
-        path a client makes up."""
+        path a client makes up; the child of the client's span when ``headers`` (the ASGI
+        scope's) carry a W3C ``traceparent``."""
         if self.tracer is None:
             return None
-        return self.tracer.start_span(f"{method} {route}", kind=SpanKind.SERVER, attributes={
+        carrier = {k.decode("latin-1"): v.decode("latin-1") for k, v in headers if k in _TRACE_HEADERS}
+        parent = _W3C.extract(carrier) if carrier else None
+        return self.tracer.start_span(f"{method} {route}", kind=SpanKind.SERVER, context=parent, attributes={
             "http.request.method": method, "url.path": path, "http.route": route})
 
     def span(self, name: str, attributes: dict[str, Any] | None = None) -> AbstractContextManager[Any]:

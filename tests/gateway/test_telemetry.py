@@ -265,6 +265,49 @@ def test_a_client_that_leaves_before_the_answer_is_499_not_a_server_error(env: E
     assert access() == ["POST /v1/chat/completions 499"]
 
 
+def test_a_clients_traceparent_continues_its_trace_and_goes_upstream_from_the_attempt(
+        env: Env, upstream: FakeUpstream) -> None:
+    """W3C trace context: the request span is the child of the client's span, in the client's trace,
+    and the HTTP upstream is sent a ``traceparent`` naming the attempt's span as its parent, whole
+    and streamed; without one from the client, the upstream still gets the gateway's trace."""
+    trace_id, client_span = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+    client = openai.OpenAI(base_url=env.url + "/v1", api_key=KEY, max_retries=0,
+                           default_headers={"traceparent": f"00-{trace_id}-{client_span}-01"})
+    for stream in (False, True):
+        env.spans.clear()
+        if stream:
+            list(client.chat.completions.create(model="echo", messages=MESSAGES, stream=True))
+        else:
+            client.chat.completions.create(model="echo", messages=MESSAGES)
+        (root,), (attempt,) = _finished(env, "chat echo"), _finished(env, "upstream echo-dep")
+        assert format(root.context.trace_id, "032x") == trace_id and root.parent is not None
+        assert format(root.parent.span_id, "016x") == client_span and root.parent.is_remote
+        assert attempt.context.trace_id == root.context.trace_id and attempt.parent.span_id == root.context.span_id
+        sent = upstream.last.headers["traceparent"]
+        assert sent == f"00-{trace_id}-{attempt.context.span_id:016x}-01", stream
+    env.spans.clear()
+    env.client().chat.completions.create(model="echo", messages=MESSAGES)
+    (attempt,) = _finished(env, "upstream echo-dep")
+    assert upstream.last.headers["traceparent"].split("-")[1:3] == [f"{attempt.context.trace_id:032x}",
+                                                                   f"{attempt.context.span_id:016x}"]
+
+
+def test_tokenize_answers_have_a_request_id_and_one_trace(env: Env) -> None:
+    """``/tokenize`` and ``/detokenize`` (vLLM's paths, outside ``/v1``) are API answers like any other:
+    an ``x-request-id`` and a request span with its ``auth`` child (it was a root span of its own)."""
+    env.spans.clear()
+    auth = {"authorization": f"Bearer {KEY}"}
+    tokenized = httpx.post(env.url + "/tokenize", json={"model": "tiny", "prompt": "hello"}, headers=auth)
+    detokenized = httpx.post(env.url + "/detokenize", json={"model": "tiny", "tokens": tokenized.json()["tokens"]},
+                             headers=auth)
+    assert tokenized.status_code == detokenized.status_code == 200
+    assert tokenized.headers["x-request-id"] and detokenized.headers["x-request-id"]
+    roots = {s.name: s for s in _finished(env, "POST /tokenize") + _finished(env, "POST /detokenize")}
+    auths = _finished(env, "auth", 2)
+    assert len(roots) == 2 and len(auths) == 2
+    assert {a.parent.span_id for a in auths if a.parent} == {r.context.span_id for r in roots.values()}
+
+
 def test_a_request_span_is_named_by_its_route_not_by_a_path_a_client_made_up(env: Env) -> None:
     env.spans.clear()
     for model in ("bogus-1", "bogus-2"):
@@ -358,6 +401,14 @@ def test_tracing_is_off_by_default_and_otlp_export_is_configurable(fake_upstream
             assert any(a.key == "service.name" and a.value.string_value == "sy-test" for a in attributes)
             names |= {s.name for scope in resource.scope_spans for s in scope.spans}
     assert {"chat echo", "auth", "admission", "upstream openai:upstream-echo"} <= names
+
+
+def test_tracing_with_nowhere_to_send_spans_makes_none() -> None:
+    """``tracing: true`` without an OTLP endpoint (nor an exporter given in code) has no one to read
+    its spans: none are made (each request built its spans, about 0.1 ms, and dropped them)."""
+    settings = parse_settings({"telemetry": {"tracing": True}}, env={})
+    assert not Telemetry.from_settings(settings).tracing.enabled
+    assert Telemetry.from_settings(settings, [InMemorySpanExporter()]).tracing.enabled
 
 
 def test_latency_buckets_sums_and_series_as_prometheus_counts_them() -> None:
