@@ -10,6 +10,11 @@ it trickles in. A client address holding ``$SWITCHYARD_MAX_CONNECTIONS_PER_CLIEN
 (default 256; 0: no cap) gets its next one answered 429 and closed. The settings travel by
 environment so that worker processes see them too (``server.*`` in the config).
 
+A request head is bounded too: the parser keeps an incomplete header value (and uvicorn the
+request line) whole, copying it again on each read, so a head still incomplete after
+``MAX_HEAD_BYTES`` (64 KiB) is answered 431 and the connection closed. A request the parser cannot
+read at all is answered 400, as uvicorn does, but in OpenAI's error shape.
+
 Writes are coalesced per event-loop turn (``CoalescedWrites``): uvicorn writes a response's head
 and its body separately, two system calls where one does; a stream's chunks, each written in a
 turn of its own, still leave as they come. A response's end is written as soon as it is sent when
@@ -54,8 +59,9 @@ BODY_TIMEOUT_ENV = "SWITCHYARD_BODY_TIMEOUT"
 MAX_CONNECTIONS_ENV = "SWITCHYARD_MAX_CONNECTIONS_PER_CLIENT"
 DEFAULT_SECONDS = 10.0
 DEFAULT_BODY_SECONDS = 30.0
-LINGER_SECONDS = 1.0  # how long a connection answered 408 still reads (and drops) before closing
+LINGER_SECONDS = 1.0  # how long a connection answered 408 or 431 still reads (and drops) before closing
 DEFAULT_MAX_CONNECTIONS = 256
+MAX_HEAD_BYTES = 64 * 1024  # a request line and headers, counted over the reads after a head's first
 
 _open_by_client: dict[str, int] = {}  # per worker process; the event loop is single-threaded
 _answer_turns: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Turn] = weakref.WeakKeyDictionary()
@@ -139,6 +145,8 @@ class HeadDeadlineProtocol(HttpToolsProtocol):
     _client_host: str | None = None
     _discarding = False  # answered and half-closed: what still arrives is dropped
     _request_task: asyncio.Task[None] | None = None  # the task of the connection's current request
+    _head_bytes = 0  # bytes of the pending head in the reads that held nothing else
+    _head_marks = 0  # heads begun and completed: a read that saw one held more than one head's bytes
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         self._head_timeout = float(os.environ.get(HEADER_TIMEOUT_ENV) or DEFAULT_SECONDS)
@@ -162,11 +170,13 @@ class HeadDeadlineProtocol(HttpToolsProtocol):
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
+        self._head_marks += 1
         if self._head_since is None:  # the next request on a kept-alive connection
             self._head_since = self.loop.time()
 
     def on_headers_complete(self) -> None:
         self._head_since, self._body_since = None, self.loop.time()
+        self._head_marks += 1
         super().on_headers_complete()
         if (cycle := self.cycle) is not None and cycle.scope is self.scope:  # a request, not an upgrade
             # By weak reference: the scope is the cycle's, and a cycle kept alive by a cycle waits for the
@@ -227,11 +237,14 @@ class HeadDeadlineProtocol(HttpToolsProtocol):
         if cycle is not None and cycle.response_started:
             self.transport.close()
             return
-        self.transport.write(_raw_error(408, "Request Timeout", "the request body was not sent in time",
-                                        "body_timeout"))
-        # A lingering close: send the answer and our FIN, then read and drop what the client still
-        # sends for a moment. Closing at once with its bytes unread would reset the connection, and
-        # a reset can destroy the 408 before the client reads it.
+        self._answer_and_close(_raw_error(408, "Request Timeout", "the request body was not sent in time",
+                                          "body_timeout"))
+
+    def _answer_and_close(self, answer: bytes) -> None:
+        """A lingering close: send ``answer`` and our FIN, then read and drop what the client still
+        sends for a moment. Closing at once with its bytes unread would reset the connection, and
+        a reset can destroy the answer before the client reads it."""
+        self.transport.write(answer)
         if not self.transport.can_write_eof():  # TLS: no half-close
             self.transport.close()
             return
@@ -239,10 +252,28 @@ class HeadDeadlineProtocol(HttpToolsProtocol):
         self.transport.write_eof()
         self.loop.call_later(LINGER_SECONDS, self.transport.close)
 
+    def send_400_response(self, msg: str) -> None:
+        """uvicorn's answer to bytes its parser refuses, in OpenAI's error shape."""
+        self.transport.write(_raw_error(400, "Bad Request", "The request is not valid HTTP/1.1.",
+                                        "invalid_http_request"))
+        self.transport.close()
+
     def data_received(self, data: bytes) -> None:
-        if not self._discarding:
-            super().data_received(data)
-            self._arm()
+        if self._discarding:
+            return
+        marks = self._head_marks
+        super().data_received(data)
+        if self._head_since is not None and not self.transport.is_closing():
+            # a read in which no head began or ended was all head: count it
+            self._head_bytes = self._head_bytes + len(data) if marks == self._head_marks else 0
+            if self._head_bytes > MAX_HEAD_BYTES:
+                self._head_bytes = 0
+                self._disarm()
+                self._answer_and_close(_raw_error(431, "Request Header Fields Too Large", "The request line and "
+                                                  f"headers are over {MAX_HEAD_BYTES} bytes.",
+                                                  "request_header_fields_too_large"))
+                return
+        self._arm()
 
     def _arm(self) -> None:
         """Timers for what is pending after this read, none for what is not."""

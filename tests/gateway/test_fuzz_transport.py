@@ -181,3 +181,57 @@ def test_connections_per_client_address_are_capped(served: str, upstream: FakeUp
             s.close()
     time.sleep(0.3)
     assert httpx.get(served + "/healthz", timeout=5).status_code == 200
+
+
+def _send_reading(url: str, request: bytes) -> bytes:
+    """Send ``request`` whatever the server does meanwhile, and read its answer until it closes."""
+    with socket.create_connection(_addr(url), timeout=10) as s:
+        try:
+            s.sendall(request)
+        except OSError:  # the server answered and closed before taking it all
+            pass
+        answer = b""
+        try:
+            while part := s.recv(65536):
+                answer += part
+        except OSError:
+            pass
+        return answer
+
+
+@pytest.mark.parametrize("head", [
+    b"x-long: " + b"a" * 4_000_000 + b"\r\n",  # one header value
+    b"".join(b"x-h%d: v\r\n" % i for i in range(200_000)),  # many headers
+], ids=["long-value", "many-headers"])
+def test_an_oversized_request_head_is_431(served: str, upstream: FakeUpstream, head: bytes) -> None:
+    """A request head is held (and re-copied per read by the parser) until it is complete: one over
+    64 KiB is refused 431 in OpenAI's error shape, not taken into memory whole."""
+    body = b'{"model": "echo", "messages": [{"role": "user", "content": "hi"}]}'
+    answer = _send_reading(served, b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nauthorization: Bearer "
+                           + ADMIN_KEY.encode() + b"\r\n" + head + b"content-length: %d\r\n\r\n" % len(body) + body)
+    assert answer.startswith(b"HTTP/1.1 431"), answer[:300]
+    assert json.loads(answer.split(b"\r\n\r\n", 1)[1])["error"]["code"] == "request_header_fields_too_large"
+
+
+def test_a_large_head_under_the_limit_is_served(served: str, upstream: FakeUpstream) -> None:
+    body = b'{"model": "echo", "messages": [{"role": "user", "content": "hi"}]}'
+    answer = _send_reading(served, b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nconnection: close\r\n"
+                           b"authorization: Bearer " + ADMIN_KEY.encode() + b"\r\nx-long: " + b"a" * 40_000
+                           + b"\r\ncontent-length: %d\r\n\r\n" % len(body) + body)
+    assert answer.startswith(b"HTTP/1.1 200"), answer[:300]
+
+
+@pytest.mark.parametrize("request_", [
+    b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-length: abc\r\n\r\n",
+    b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-length: 2\r\ntransfer-encoding: chunked\r\n\r\n",
+    b"FOO /v1/chat/completions HTTP/1.1\r\nhost: x\r\n\r\n",
+    b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nauthorization: Bearer sk-\x00\r\n\r\n",
+], ids=["bad-length", "length-and-chunked", "unknown-method", "nul-in-header"])
+def test_a_malformed_request_is_a_400_in_openai_shape(served: str, upstream: FakeUpstream, request_: bytes) -> None:
+    answer = _send_reading(served, request_)
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400"), answer[:300]
+    assert b"content-type: application/json" in head.lower()
+    assert json.loads(body)["error"] == {"message": "The request is not valid HTTP/1.1.",
+                                         "type": "invalid_request_error", "param": None,
+                                         "code": "invalid_http_request"}
