@@ -123,7 +123,9 @@ def _messages(request: ChatCompletionRequest) -> tuple[list[dict[str, Any]], lis
     """(the system prompt's text blocks, in order, alternating user/assistant messages). Anthropic
     refuses an empty message: an assistant one with nothing to send (content "", as an answer can be)
     is left out, and its neighbours merge; a user one is a 400 naming it (left out, the turn before it
-    would be continued instead of answered), as is a conversation left with none."""
+    would be continued instead of answered), as is a conversation left with none. A final assistant
+    turn (a prefill) has the trailing whitespace of its last text cut, as LiteLLM does: Anthropic
+    refuses it there."""
     system: list[dict[str, Any]] = []
     out: list[dict[str, Any]] = []
 
@@ -142,10 +144,13 @@ def _messages(request: ChatCompletionRequest) -> tuple[list[dict[str, Any]], lis
         elif message.role == "assistant":
             add("assistant", thinking + _content_blocks(message) + _tool_use_blocks(message, i))
         elif message.role in ("tool", "function"):  # text as a string; with images, documents or caching, blocks
+            if not (isinstance(message.tool_call_id, str) and message.tool_call_id):  # its tool_result names it
+                raise BadRequest("the anthropic provider needs each tool message's tool_call_id",
+                                 param=f"messages[{i}].tool_call_id")
             parts = message.content if isinstance(message.content, list) else []
             plain = all(isinstance(p, TextPart) and not isinstance(p.cache_control, dict) for p in parts)
             content = message.text() if plain else _content_blocks(message)
-            add("user", [{"type": "tool_result", "tool_use_id": message.tool_call_id or "", "content": content}])
+            add("user", [{"type": "tool_result", "tool_use_id": message.tool_call_id, "content": content}])
         elif not (blocks := _content_blocks(message)):
             raise BadRequest("the anthropic provider takes no user message without content (Anthropic refuses "
                              "empty and whitespace-only text)", param=f"messages[{i}].content")
@@ -153,6 +158,8 @@ def _messages(request: ChatCompletionRequest) -> tuple[list[dict[str, Any]], lis
             add("user", blocks)
     if not out:
         raise BadRequest("the anthropic provider needs a user or assistant message with content", param="messages")
+    if out[-1]["role"] == "assistant" and (last := out[-1]["content"][-1]).get("type") == "text":
+        last["text"] = last["text"].rstrip()  # a prefill: Anthropic refuses one ending in whitespace
     return system, out
 
 

@@ -63,6 +63,21 @@ def test_an_empty_user_message_or_conversation_is_a_400_of_the_gateways(
     assert refused.value.param == param and upstream.received == []
 
 
+@pytest.mark.parametrize("prefill", ["The answer is ",
+                                     [{"type": "text", "text": "Say"}, {"type": "text", "text": "it:\n"}]])
+def test_a_final_assistant_message_ending_in_whitespace_is_sent_without_it(
+        client: openai.OpenAI, upstream: ScriptedAnthropic, prefill: Any) -> None:
+    """A final assistant message is a prefill on Anthropic, which refuses one ending in whitespace (its
+    400 "final assistant content cannot end with trailing whitespace"): its last text goes without
+    that whitespace (as LiteLLM sends it), an assistant turn before the last one as it came."""
+    answer = client.chat.completions.create(model="claude", messages=[
+        {"role": "user", "content": "a"}, {"role": "assistant", "content": "x \n"}, {"role": "user", "content": "b"},
+        {"role": "assistant", "content": prefill}])
+    sent = upstream.received[-1]["messages"]
+    assert sent[1]["content"] == [{"type": "text", "text": "x \n"}]
+    assert sent[-1]["content"][-1]["text"] in ("The answer is", "it:") and answer.choices[0].finish_reason == "stop"
+
+
 # ------------------------------------------------------------ tool calls streamed
 
 

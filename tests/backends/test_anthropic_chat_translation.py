@@ -114,6 +114,18 @@ def test_a_conversations_call_without_an_id_is_a_400_naming_it(call_id: dict[str
     assert refused.value.param == "messages[1].tool_calls[0].id"
 
 
+@pytest.mark.parametrize("call_id", [{}, {"tool_call_id": ""}])
+def test_a_tool_result_without_the_id_of_its_call_is_a_400_naming_it(call_id: dict[str, Any]) -> None:
+    """A tool_result block names its tool_use by id (Anthropic refuses an empty one, naming its own
+    ``tool_use_id``, a field the client never sent): a tool message without its ``tool_call_id`` (which
+    OpenAI requires too) is a 400 naming that field, not a result sent for no call."""
+    call = {"id": "t1", "type": "function", "function": {"name": "search", "arguments": "{}"}}
+    with pytest.raises(BadRequest) as refused:
+        body_of(tools=TOOLS, messages=[{"role": "user", "content": "q"}, {"role": "assistant", "tool_calls": [call]},
+                                       {"role": "tool", "content": "r"} | call_id])
+    assert refused.value.param == "messages[2].tool_call_id"
+
+
 @pytest.mark.parametrize("role", ["system", "developer"])
 def test_an_image_in_a_system_message_is_a_400_not_dropped(role: str) -> None:
     with pytest.raises(BadRequest) as refused:

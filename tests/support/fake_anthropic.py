@@ -12,7 +12,8 @@ web search tool's ``max_uses`` searches. ``fail_next`` queues an HTTP status (it
 the answers' stop reason; ``answer_headers`` go in the head of every answer (as Anthropic's
 rate-limit headers do); every request body is kept in ``received``. With thinking on, its answers
 start with a signed thinking block, and, as Anthropic, it refuses (400) a conversation whose last
-assistant turn has tool_use blocks but does not start with a signed thinking or redacted thinking block.
+assistant turn has tool_use blocks but does not start with a signed thinking or redacted thinking block,
+and a final assistant message whose content ends in whitespace.
 """
 
 from __future__ import annotations
@@ -77,6 +78,17 @@ def _unsigned_tool_turn(payload: dict[str, Any]) -> str | None:
             "`thinking` is enabled, a final `assistant` message must start with a thinking block")
 
 
+def _trailing_whitespace(payload: dict[str, Any]) -> str | None:
+    """Anthropic's rule: a final assistant message (a prefill) does not end in whitespace. Its refusal's
+    message, or None."""
+    last = payload["messages"][-1] if payload.get("messages") else {}
+    content = last.get("content")
+    text = content if isinstance(content, str) else (content[-1].get("text") if content else None)
+    if last.get("role") == "assistant" and isinstance(text, str) and text != text.rstrip():
+        return "messages: final assistant content cannot end with trailing whitespace"
+    return None
+
+
 class FakeAnthropic(OnLoopback):
     def __init__(self) -> None:
         self.received: list[dict[str, Any]] = []
@@ -116,7 +128,7 @@ class FakeAnthropic(OnLoopback):
         if ex.path.endswith("/count_tokens"):
             return await send_json(ex, 200, {"input_tokens": sum(len(pieces(_text(m["content"])))
                                                                  for m in payload["messages"])})
-        if refused := _unsigned_tool_turn(payload):
+        if refused := _unsigned_tool_turn(payload) or _trailing_whitespace(payload):
             return await send_json(ex, 400, {"type": "error", "error": {"type": "invalid_request_error",
                                                                         "message": refused}})
         blocks, stop = self._answer(payload)
