@@ -169,7 +169,7 @@ class LocalEngineBackend:
                     logprobs = o.delta_logprobs if request.logprobs else None
                     if plan is not None and plan.mode == "named":  # the text is the arguments: stream them
                         if not call_ids[o.index]:
-                            call_ids[o.index] = tools.call_id()
+                            call_ids[o.index] = tools.call_id(plan.parser)
                             head = ToolCallDelta(index=0, id=call_ids[o.index], type="function",
                                                  function={"name": plan.named, "arguments": ""})
                             yield chunk([ChatChunkChoice(index=o.index, delta=ChatDelta(tool_calls=[head]))])

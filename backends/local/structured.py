@@ -48,7 +48,7 @@ def _json_spec(schema: Any, param: str) -> str:
             raise BadRequest(f"the JSON schema is not valid JSON: {exc}", param=param) from None
     if not isinstance(schema, (dict, bool)):
         raise BadRequest("the JSON schema must be an object", param=param)
-    return json.dumps(schema, sort_keys=True)
+    return json.dumps(schema)  # as sent: the answer's keys come in the order its properties are listed
 
 
 def _choice_spec(choice: Any, param: str) -> str:

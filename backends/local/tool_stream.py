@@ -53,6 +53,7 @@ class StreamingToolParser:
     ``finish`` gives the rest of the content and the calls (``parse``: the whole-answer parser)."""
 
     def __init__(self, parser: str, parse: Callable[[str], tuple[str | None, list[ParsedCall]]]) -> None:
+        self.name = parser
         self._safe_end = SAFE_ENDS[parser]
         self._parse = parse
         self.text = ""

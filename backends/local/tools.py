@@ -85,7 +85,7 @@ class ToolPlan:
         params = {t["function"]["name"]: t["function"].get("parameters") or _EMPTY_PARAMS for t in self.tools}
         if self.mode == "named":
             assert self.named is not None
-            return StructuredOutput("json", json.dumps(params[self.named], sort_keys=True), "tool_choice")
+            return StructuredOutput("json", json.dumps(params[self.named]), "tool_choice")
         if self.mode == "required":  # each tool's schema under $defs, its own references rebased there
             defs = {f"tool{i}": _rebased(schema, f"/$defs/tool{i}") for i, schema in enumerate(params.values())}
             item = {"anyOf": [
@@ -96,12 +96,12 @@ class ToolPlan:
             array: dict[str, Any] = {"type": "array", "items": item, "minItems": 1, "$defs": defs}
             if not self.parallel:
                 array["maxItems"] = 1
-            return StructuredOutput("json", json.dumps(array, sort_keys=True), "tool_choice")
+            return StructuredOutput("json", json.dumps(array), "tool_choice")
         return None
 
     def schemas(self) -> list[StructuredOutput]:
         """The ``parameters`` schemas the grammar is built from, each naming its tool's field."""
-        return [StructuredOutput("json", json.dumps(t["function"]["parameters"], sort_keys=True),
+        return [StructuredOutput("json", json.dumps(t["function"]["parameters"]),
                                  f"tools[{i}].function.parameters")
                 for i, t in enumerate(self.tools) if self.mode != "named" or t["function"]["name"] == self.named]
 
@@ -204,12 +204,14 @@ def plan(request: ChatCompletionRequest, parser: str) -> ToolPlan | None:
     return ToolPlan(rendered, mode, named, parallel, parser)
 
 
-def call_id() -> str:
-    return "call_" + uuid.uuid4().hex[:24]
+def call_id(parser: str) -> str:
+    """A new call's id: OpenAI's ``call_...``, or with the ``mistral`` parser 9 alphanumeric characters,
+    as vLLM's Mistral parser makes them (Mistral's chat templates refuse any other id sent back)."""
+    return uuid.uuid4().hex[:9] if parser == "mistral" else "call_" + uuid.uuid4().hex[:24]
 
 
-def wire_calls(calls: list[ParsedCall]) -> list[ToolCall]:
-    return [ToolCall(id=call_id(), function=FunctionCall(name=c.name, arguments=c.arguments)) for c in calls]
+def wire_calls(calls: list[ParsedCall], parser: str) -> list[ToolCall]:
+    return [ToolCall(id=call_id(parser), function=FunctionCall(name=c.name, arguments=c.arguments)) for c in calls]
 
 
 def forced_finish(plan: ToolPlan, text: str, finish: Any) -> Any:
@@ -226,11 +228,11 @@ def message(plan: ToolPlan | None, text: str, finish: Any) -> tuple[AssistantMes
     if plan is None or (finish == "length" and plan.mode == "auto"):
         return AssistantMessage(content=text), finish
     if plan.mode != "auto" and forced_finish(plan, text, finish) != "tool_calls":
-        return AssistantMessage(content=None, tool_calls=wire_calls(plan.cut_calls(text)) or UNSET), finish
+        return AssistantMessage(content=None, tool_calls=wire_calls(plan.cut_calls(text), plan.parser) or UNSET), finish
     content, calls = plan.parse(text)
     if not calls:
         return AssistantMessage(content=text), finish
-    return AssistantMessage(content=content, tool_calls=wire_calls(calls)), "tool_calls"
+    return AssistantMessage(content=content, tool_calls=wire_calls(calls, plan.parser)), "tool_calls"
 
 
 def final_deltas(plan: ToolPlan, index: int, text: str, finish: Any) -> list[ChatChunkChoice]:
@@ -245,7 +247,7 @@ def streamed_final_deltas(parser: StreamingToolParser, index: int, finish: Any) 
     """An ``auto`` output's closing stream deltas once its content so far has streamed: the held
     text as content, or its calls (then the finish reason is ``tool_calls``), as ``message`` has them."""
     rest, calls = parser.finish(parse=finish != "length")
-    return closing_deltas(index, rest, wire_calls(calls), "tool_calls" if calls else finish)
+    return closing_deltas(index, rest, wire_calls(calls, parser.name), "tool_calls" if calls else finish)
 
 
 def closing_deltas(index: int, content: str, calls: list[ToolCall], reason: Any) -> list[ChatChunkChoice]:

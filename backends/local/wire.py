@@ -249,6 +249,9 @@ def chat_messages(request: ChatCompletionRequest) -> list[dict[str, str]]:
         if isinstance(m.content, list) and any(not isinstance(p, TextPart) for p in m.content):
             raise BadRequest("this model accepts text content only", param=f"messages[{i}].content")
         message: dict[str, Any] = {"role": m.role, "content": message_text(m)}
+        if m.function_call is not None and m.function_call is not UNSET:  # as the request's legacy ``functions``
+            raise BadRequest("legacy function calling is not supported by this model; send the call as tool_calls",
+                             param=f"messages[{i}].function_call")
         if m.tool_calls:
             functions = [function_call(c, f"messages[{i}].tool_calls[{j}]", "this model")
                          for j, c in enumerate(m.tool_calls)]

@@ -89,6 +89,23 @@ def test_logit_bias_bans_and_forces(env: Env) -> None:
     assert ids == [77] * 4 or r.choices[0].text == env.backend.detokenize([77] * 4)
 
 
+# Properties in an order that is not alphabetical (as "reasoning before answer" schemas have them).
+ORDERED = {"type": "object", "properties": {"zeta": {"type": "string", "maxLength": 4},
+                                            "alpha": {"type": "integer", "minimum": 0, "maximum": 9}},
+           "required": ["zeta", "alpha"], "additionalProperties": False}
+
+
+@pytest.mark.parametrize("extra", [
+    {"response_format": _fmt(ORDERED)},
+    {"extra_body": {"guided_json": ORDERED}},
+    {"extra_body": {"structured_outputs": {"json": ORDERED}}},
+])
+def test_json_answers_keep_the_schemas_property_order(env: Env, extra: dict[str, Any]) -> None:
+    """As OpenAI documents it (and vLLM's grammar does): the answer's keys come in the schema's order."""
+    r = env.client().chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=60, temperature=0, **extra)
+    assert list(json.loads(r.choices[0].message.content or "")) == ["zeta", "alpha"]
+
+
 @pytest.mark.parametrize(("kwargs", "param"), [
     ({"response_format": _fmt({"type": "string", "pattern": "(?<=a)b"})}, "response_format.json_schema.schema"),
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}, "response_format.json_schema.schema"),

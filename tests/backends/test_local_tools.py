@@ -5,7 +5,9 @@ tool-call deltas; bad tool_choice is a 400 naming the field; the parsers read ea
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import jsonschema
@@ -15,6 +17,7 @@ import pytest
 from backends.local import tools
 from backends.local.tool_parsers import choose_parser, parse_hermes, parse_llama3, parse_mistral
 from backends.local.tools import ToolPlan
+from engine.tiny_model import build_tiny_model
 from tests.support.local_gateway import Env, local_gateway
 
 WEATHER = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12},
@@ -108,6 +111,17 @@ def test_required_grammar_rebases_each_tools_references() -> None:
     assert grammar is not None
     props = json.loads(grammar.spec)["$defs"]["tool0"]["properties"]
     assert props == {"enum": {"$ref": "#/$defs/tool0"}, "c": {"const": {"$ref": "#"}}}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("tool_choice", [NAMED, "required"])
+def test_forced_call_arguments_keep_the_schemas_property_order(env: Env, stream: bool, tool_choice: Any) -> None:
+    """A forced call's arguments have their keys in the order the tool's schema declares them."""
+    body: Any = dict(model="tiny", messages=MESSAGES, tools=TOOLS[:1], tool_choice=tool_choice, max_tokens=300,
+                     temperature=1.0, seed=3, parallel_tool_calls=False)
+    _, finish, got = _first_choice(env.client(), body, stream)
+    assert finish == "tool_calls" and len(got) == 1
+    assert list(json.loads(got[0][1])) == ["city", "unit", "days"]  # not sorted
 
 
 def test_streamed_tool_call_deltas(env: Env) -> None:
@@ -212,6 +226,18 @@ def test_tool_role_messages_are_accepted(env: Env) -> None:
     assert r.choices[0].message.tool_calls is None
 
 
+def test_a_legacy_function_call_in_the_conversation_is_a_400(env: Env) -> None:
+    """An assistant message's legacy ``function_call`` is refused, as the request's ``functions`` are,
+    never dropped from the prompt (the model would not see the call its result answers)."""
+    messages: list[Any] = MESSAGES + [
+        {"role": "assistant", "content": None, "function_call": {"name": "get_time", "arguments": '{"zone": "utc"}'}},
+        {"role": "function", "name": "get_time", "content": "12:00"},
+    ]
+    with pytest.raises(openai.BadRequestError) as info:
+        env.client().chat.completions.create(model="tiny", messages=messages, max_tokens=5)
+    assert info.value.param == "messages[1].function_call", info.value.body
+
+
 @pytest.mark.parametrize(("kwargs", "param"), [
     ({"tool_choice": "required"}, "tool_choice"),
     ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
@@ -277,6 +303,40 @@ def test_auto_mode_parses_with_the_deployment_parser() -> None:
     assert finish == "tool_calls" and message.tool_calls and message.tool_calls[0].function.name == "f"
     message, finish = tools.message(plan, "plain answer", "stop")
     assert finish == "stop" and message.content == "plain answer"
+
+
+# Mistral's chat templates refuse a call id sent back that is not 9 alphanumeric characters.
+MISTRAL_TEMPLATE = (
+    "{{- bos_token }}{%- for message in messages %}{%- if message.tool_calls %}{{- '[TOOL_CALLS] [' }}"
+    "{%- for call in message.tool_calls %}{%- if not call.id is defined or call.id|length != 9 %}"
+    "{{- raise_exception('Tool call IDs should be alphanumeric strings with length 9!') }}{%- endif %}"
+    "{{- call.function|tojson }}{%- endfor %}{{- ']' + eos_token }}"
+    "{%- else %}{{- '[INST] ' + (message.content or '') + '[/INST]' }}{%- endif %}{%- endfor %}"
+)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_mistral_deployments_call_ids_go_back_through_its_template(tmp_path: Path, stream: bool) -> None:
+    """With the ``mistral`` parser (picked from the template's markers) call ids are 9 alphanumeric
+    characters, as vLLM's Mistral parser makes them: the answer, sent back, renders."""
+    folder = build_tiny_model(tmp_path / "mistral", seed=5, max_position_embeddings=2048)
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    (folder / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": MISTRAL_TEMPLATE}))
+    with local_gateway(tmp_path, model=str(folder)) as served:
+        client = served.client()
+        body: Any = dict(model="tiny", messages=MESSAGES, tools=TOOLS, max_tokens=200, temperature=0)
+        for choice in (NAMED, "required"):
+            if stream:
+                ids = [d.id for ch in client.chat.completions.create(**body, tool_choice=choice, stream=True)
+                       for c in ch.choices for d in c.delta.tool_calls or [] if d.id]
+            else:
+                answer = client.chat.completions.create(**body, tool_choice=choice).choices[0].message
+                ids = [c.id for c in answer.tool_calls or []]
+            assert ids and all(re.fullmatch("[A-Za-z0-9]{9}", i) for i in ids), ids
+            calls = [{"id": i, "type": "function", "function": {"name": "get_time", "arguments": "{}"}} for i in ids]
+            history = MESSAGES + [{"role": "assistant", "content": None, "tool_calls": calls},
+                                  {"role": "tool", "tool_call_id": ids[0], "content": "12:00"}]
+            client.chat.completions.create(model="tiny", messages=history, tools=TOOLS, max_tokens=2)
 
 
 def test_anthropic_messages_tools_map_onto_the_same_machinery(env: Env) -> None:
