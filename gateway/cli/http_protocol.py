@@ -30,6 +30,10 @@ request's task cancelled at once: the upstream call is abandoned, and the reques
 ``client_disconnected`` and frees its limits' slots then, not when the upstream would have answered.
 After the response began, a stream notices the client leaving itself (``gateway.event_stream``).
 
+A request offering to switch to a protocol other than WebSocket (``Upgrade: h2c``) is answered in
+HTTP/1.1, its body read as any request's (``gateway.cli.declined_upgrade``); a WebSocket upgrade is
+uvicorn's as before.
+
 An HTTP/1.0 request's response without a length goes out close-delimited, not chunked
 (``gateway.cli.http10``).
 
@@ -48,9 +52,11 @@ import weakref
 from functools import partial
 from typing import Any
 
+import httptools
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
 from backends.turn_writes import Turn
+from gateway.cli.declined_upgrade import fresh_parser, head_without_upgrade
 from gateway.cli.http10 import as_http10
 from gateway.event_stream import CLIENT_LEFT, LOOP, WRITE_NOW
 
@@ -147,6 +153,7 @@ class HeadDeadlineProtocol(HttpToolsProtocol):
     _request_task: asyncio.Task[None] | None = None  # the task of the connection's current request
     _head_bytes = 0  # bytes of the pending head in the reads that held nothing else
     _head_marks = 0  # heads begun and completed: a read that saw one held more than one head's bytes
+    _declined: bytes | None = None  # the head of a request whose upgrade is declined, to be parsed again
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         self._head_timeout = float(os.environ.get(HEADER_TIMEOUT_ENV) or DEFAULT_SECONDS)
@@ -177,6 +184,11 @@ class HeadDeadlineProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self._head_since, self._body_since = None, self.loop.time()
         self._head_marks += 1
+        parser = self.parser
+        if parser.should_upgrade() and parser.get_method() != b"CONNECT" and not self._should_upgrade():
+            self._declined = head_without_upgrade(parser.get_method(), self.url, parser.get_http_version(),
+                                                  self.headers)
+            return  # the request is taken when parsed again (``_parse``)
         super().on_headers_complete()
         if (cycle := self.cycle) is not None and cycle.scope is self.scope:  # a request, not an upgrade
             # By weak reference: the scope is the cycle's, and a cycle kept alive by a cycle waits for the
@@ -188,7 +200,8 @@ class HeadDeadlineProtocol(HttpToolsProtocol):
 
     def on_message_complete(self) -> None:
         self._body_since = None
-        super().on_message_complete()
+        if self._declined is None:  # else the parser skipped the body: the request ends when parsed again
+            super().on_message_complete()
 
     def on_response_complete(self) -> None:
         # The first answer to end in a turn leaves now, not after what the app still does in this
@@ -262,7 +275,7 @@ class HeadDeadlineProtocol(HttpToolsProtocol):
         if self._discarding:
             return
         marks = self._head_marks
-        super().data_received(data)
+        self._parse(data)
         if self._head_since is not None and not self.transport.is_closing():
             # a read in which no head began or ended was all head: count it
             self._head_bytes = self._head_bytes + len(data) if marks == self._head_marks else 0
@@ -274,6 +287,27 @@ class HeadDeadlineProtocol(HttpToolsProtocol):
                                                   "request_header_fields_too_large"))
                 return
         self._arm()
+
+    def _parse(self, data: bytes) -> None:
+        """uvicorn's ``data_received``, but a request whose upgrade is declined is parsed again
+        without it, with the bytes after its head, by a fresh parser: the connection's from then on."""
+        self._unset_keepalive_if_required()
+        while True:
+            try:
+                self.parser.feed_data(data)
+            except httptools.HttpParserError:
+                self.logger.warning("Invalid HTTP request received.")
+                self.send_400_response("Invalid HTTP request received.")
+            except httptools.HttpParserUpgrade as stop:
+                if self._declined is not None:
+                    data, self._declined = self._declined + data[stop.args[0]:], None
+                    self.parser = fresh_parser(self)
+                    continue
+                if self._should_upgrade():
+                    self.handle_websocket_upgrade()
+                else:  # CONNECT
+                    self._unsupported_upgrade_warning()
+            return
 
     def _arm(self) -> None:
         """Timers for what is pending after this read, none for what is not."""

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import json
 import socket
+import sqlite3
 import subprocess
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -19,9 +21,17 @@ from tests.support.serve_process import start_serve
 
 LIMIT = 64 * 1024
 
+# What java.net.http.HttpClient (and so Spring's RestClient, Ktor, many JVM OpenAI clients) sends over
+# plain http:// by default: an offer to switch to HTTP/2, which the gateway declines by answering in
+# HTTP/1.1 (RFC 9110 §7.8), the request's body read as any other's.
+H2C = (b"connection: Upgrade, HTTP2-Settings\r\nupgrade: h2c\r\n"
+       b"http2-settings: AAEAAEAAAAIAAAABAAMAAABkAAQBAAAAAAUAAEAA\r\n")
+
 
 @pytest.fixture(scope="module")
-def served(fake_upstream_server: FakeUpstream, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def served_at(fake_upstream_server: FakeUpstream,
+              tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
+    """The gateway's URL and its usage database."""
     work = tmp_path_factory.mktemp("served")
     db_url = f"sqlite+aiosqlite:///{work / 'gw.db'}"
     migrate.upgrade(db_url)
@@ -34,12 +44,17 @@ def served(fake_upstream_server: FakeUpstream, tmp_path_factory: pytest.TempPath
             {"provider": "openai", "model": "upstream-echo", "api_base": fake_upstream_server.url, "api_key": "k"}]}],
     }  # fmt: skip
     proc, url, _ = start_serve(config, work, "--header-timeout", "1")
-    yield url
+    yield url, work / "gw.db"
     proc.terminate()
     try:
         proc.wait(20)
     except subprocess.TimeoutExpired:
         proc.kill()
+
+
+@pytest.fixture(scope="module")
+def served(served_at: tuple[str, Path]) -> str:
+    return served_at[0]
 
 
 def _addr(url: str) -> tuple[str, int]:
@@ -139,10 +154,11 @@ def test_gateway_survived_it_all(served: str, upstream: FakeUpstream) -> None:
     assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == "still here"
 
 
-def test_slow_body_is_cut_at_body_timeout_with_a_408(served: str, upstream: FakeUpstream) -> None:
+@pytest.mark.parametrize("extra", [b"", H2C], ids=["plain", "h2c-offer"])
+def test_slow_body_is_cut_at_body_timeout_with_a_408(served: str, upstream: FakeUpstream, extra: bytes) -> None:
     """A body trickled in a byte at a time by an authenticated client is cut at server.body_timeout (2 s here)."""
     head = (b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
-            b"authorization: Bearer " + ADMIN_KEY.encode() + b"\r\ncontent-length: 1000\r\n\r\n")
+            b"authorization: Bearer " + ADMIN_KEY.encode() + b"\r\n" + extra + b"content-length: 1000\r\n\r\n")
     with socket.create_connection(_addr(served), timeout=10) as s:
         s.sendall(head)
         started = time.monotonic()
@@ -235,3 +251,104 @@ def test_a_malformed_request_is_a_400_in_openai_shape(served: str, upstream: Fak
     assert json.loads(body)["error"] == {"message": "The request is not valid HTTP/1.1.",
                                          "type": "invalid_request_error", "param": None,
                                          "code": "invalid_http_request"}
+
+
+
+def _chat(content: str, extra: bytes = H2C, chunked: bool = False) -> tuple[bytes, bytes]:
+    """A chat completion's head and body, the body framed by length or in chunks."""
+    body = json.dumps({"model": "echo", "messages": [{"role": "user", "content": content}]}).encode()
+    head = (b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+            b"authorization: Bearer " + ADMIN_KEY.encode() + b"\r\n" + extra)
+    if chunked:
+        half = len(body) // 2
+        return head + b"transfer-encoding: chunked\r\n\r\n", b"%x\r\n%b\r\n%x\r\n%b\r\n0\r\n\r\n" % (
+            half, body[:half], len(body) - half, body[half:])
+    return head + b"content-length: %d\r\n\r\n" % len(body), body
+
+
+class Answers:
+    """Responses, each with a content-length, read in turn from one connection."""
+
+    def __init__(self, s: socket.socket) -> None:
+        self.s, self.data = s, b""
+
+    def next(self) -> tuple[int, dict[str, str], bytes]:
+        while b"\r\n\r\n" not in self.data or len(self.data) < self.data.find(b"\r\n\r\n") + 4 + _length(self.data):
+            part = self.s.recv(65536)
+            assert part, f"the connection closed after {self.data[:300]!r}"
+            self.data += part
+        head, _, rest = self.data.partition(b"\r\n\r\n")
+        length = _length(self.data)
+        body, self.data = rest[:length], rest[length:]
+        lines = head.decode().split("\r\n")
+        headers = dict(line.lower().split(": ", 1) for line in lines[1:])
+        return int(lines[0][9:12]), headers, body
+
+    def chat(self, content: str, db: Path) -> None:
+        """The next answer is the echo of ``content``, with one usage row."""
+        status, headers, body = self.next()
+        assert status == 200, body
+        assert json.loads(body)["choices"][0]["message"]["content"] == content
+        assert _usage_rows(db, headers["x-request-id"]) == 1
+
+
+def _usage_rows(db: Path, request_id: str) -> int:
+    deadline = time.monotonic() + 10
+    while True:
+        with sqlite3.connect(db) as conn:
+            count = int(conn.execute("SELECT count(*) FROM usage_records WHERE request_id = ?",
+                                     (request_id,)).fetchone()[0])
+        if count or time.monotonic() > deadline:
+            return count
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("later", [False, True], ids=["body-in-same-read", "body-in-later-read"])
+def test_an_h2c_upgrade_offer_is_declined_and_the_body_read(served_at: tuple[str, Path], upstream: FakeUpstream,
+                                                            later: bool) -> None:
+    url, db = served_at
+    head, body = _chat("over h2c")
+    with socket.create_connection(_addr(url), timeout=10) as s:
+        answers = Answers(s)
+        if later:  # the head itself in two reads
+            for part in (head[:40], head[40:], body):
+                s.sendall(part)
+                time.sleep(0.2)
+        else:
+            s.sendall(head + body)
+        answers.chat("over h2c", db)
+        head, body = _chat("kept alive", extra=b"")  # the same connection serves the next request
+        s.sendall(head + body)
+        answers.chat("kept alive", db)
+        head, body = _chat("offered again", chunked=True)
+        s.sendall(head + body)
+        answers.chat("offered again", db)
+
+
+def test_pipelined_h2c_offers_are_answered_in_order(served_at: tuple[str, Path], upstream: FakeUpstream) -> None:
+    url, db = served_at
+    first, second, third = _chat("first"), _chat("second", chunked=True), _chat("third", extra=b"")
+    with socket.create_connection(_addr(url), timeout=10) as s:
+        answers = Answers(s)
+        s.sendall(b"".join(first + second + third))
+        for content in ("first", "second", "third"):
+            answers.chat(content, db)
+
+
+def test_an_h2c_upgrade_offer_without_a_body_is_served(served: str, upstream: FakeUpstream) -> None:
+    with socket.create_connection(_addr(served), timeout=10) as s:
+        answers = Answers(s)
+        for _ in range(2):
+            s.sendall(b"GET /v1/models HTTP/1.1\r\nhost: x\r\nauthorization: Bearer " + ADMIN_KEY.encode()
+                      + b"\r\n" + H2C + b"\r\n")
+            status, _, body = answers.next()
+            assert status == 200, body
+            assert [m["id"] for m in json.loads(body)["data"]] == ["echo"]
+
+
+def test_a_websocket_upgrade_is_still_uvicorns(served: str, upstream: FakeUpstream) -> None:
+    """The gateway has no WebSocket routes: the handshake is refused, as before."""
+    answer = _send_reading(served, b"GET /v1/models HTTP/1.1\r\nhost: x\r\nconnection: Upgrade\r\n"
+                           b"upgrade: websocket\r\nsec-websocket-key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+                           b"sec-websocket-version: 13\r\n\r\n")
+    assert answer.startswith(b"HTTP/1.1 403"), answer[:300]
