@@ -1,8 +1,8 @@
 """An in-process cache for what the request path reads from SQL (keys, limits).
 
-Each value is fresh for ``ttl`` seconds and is never served older than that while the database
-answers, so a change (a revoked key, new limits) is seen within ``ttl`` on every replica. Three
-things keep the database off the hot path:
+Each value is fresh for ``ttl`` seconds from when its load began (a slow load eats into that
+time) and is never served older than that while the database answers, so a change (a revoked key,
+new limits) is seen within ``ttl`` on every replica. Three things keep the database off the hot path:
 
 - one load per key at a time: concurrent callers that miss wait on the same load (no thundering
   herd when a busy key's entry expires under 64 concurrent requests);
@@ -80,6 +80,7 @@ class RefreshingCache(Generic[K, V]):
         return task
 
     async def _load(self, key: K, load: Callable[[], Awaitable[V]], generation: int) -> V:
+        started = time.monotonic()  # what the load reads is as old as this, however long it takes
         try:
             value = await load()
         except Exception as exc:
@@ -92,7 +93,7 @@ class RefreshingCache(Generic[K, V]):
         if generation == self._generation:
             if self._failing.pop(key, None) is not None and not self._failing:
                 log.warning("%s: loads work again", self.name)
-            self._entries[key] = (time.monotonic(), value)
+            self._entries[key] = (started, value)
             self._entries.move_to_end(key)
             while len(self._entries) > self.max_entries:
                 self._failing.pop(self._entries.popitem(last=False)[0], None)

@@ -54,6 +54,16 @@ async def test_never_older_than_ttl_while_loads_succeed() -> None:
     assert await cache.get("k", load) == 2  # expired: the caller waits for the new value
 
 
+async def test_a_slow_load_is_as_old_as_when_it_began() -> None:
+    """The value was read when its load began: a load that took long (a slow database) leaves it
+    fresh for the rest of the ttl, not a whole ttl more (a revocation must show within the ttl)."""
+    cache: RefreshingCache[str, int] = RefreshingCache(0.3)
+    load = Loader(delay=0.2)  # reads at the start, answers 0.2 s later
+    assert await cache.get("k", load) == 1
+    await asyncio.sleep(0.15)  # 0.35 s after the read, 0.15 s after the answer
+    assert await cache.get("k", load) == 2
+
+
 async def test_stale_grace_when_the_loader_fails() -> None:
     cache: RefreshingCache[str, int] = RefreshingCache(0.05, stale_grace=0.3)
     load = Loader()
