@@ -24,6 +24,7 @@ from gateway.routing.router import Router
 from gateway.services import Services
 from gateway.settings import parse_settings
 from gateway.stored_responses import ResponseStore
+from tests.backends.claude_gateway import upstream  # noqa: F401  (a fixture)
 from tests.conftest import ADMIN_KEY
 from tests.support.doubles import RecordingSink, ScriptedAdmission, StaticKeys
 from tests.support.fake_anthropic import ScriptedAnthropic
@@ -37,13 +38,6 @@ SIGNED = {"type": "thinking", "thinking": "let me think", "signature": "sig-1"}
 REDACTED = {"type": "redacted_thinking", "data": "EmwKAhgBEgy3va3pzix"}
 TOOL_USE = {"type": "tool_use", "id": "toolu_1", "name": "search", "input": {"q": "x"}}
 USAGE = {"input_tokens": 3, "output_tokens": 4}
-
-
-@pytest.fixture(scope="module")
-def upstream() -> Iterator[ScriptedAnthropic]:
-    server = ScriptedAnthropic().start()
-    yield server
-    server.stop()
 
 
 @pytest.fixture(scope="module")
