@@ -17,6 +17,7 @@ from litestar.response import Stream
 from backends.base import Backend, BadRequest, ChunkStream, Completed, ServesResponses
 from backends.call import CallContext
 from backends.estimate import BOUND_PER_CONVERSATION, bound_text, estimate_text
+from backends.openai_wire import ChatCompletionRequest
 from gateway.calls import CallDescription, describe_chat
 from gateway.contracts import Principal
 from gateway.controllers.auth import authenticate_request, pipeline_of, principal_of
@@ -68,6 +69,19 @@ def _translated_reasoning(item: dict[str, Any]) -> bool:
     return item.get("type") == "reasoning" and str(item.get("id", "")).startswith(TRANSLATED_REASONING)
 
 
+def _chat_request(data: ResponsesRequest, context: list[dict[str, Any]] | None,
+                  upstream_previous: str | None) -> ChatCompletionRequest:
+    """``data`` as a chat request continuing ``context``; a conversation that goes back to a response
+    only an upstream serving Responses holds (``upstream_previous``) is a 400 naming
+    ``previous_response_id``: chat cannot reach those turns, and would answer without them."""
+    if upstream_previous is not None:
+        raise ApiError(400, f"the conversation previous_response_id continues goes back to response "
+                       f"'{upstream_previous}', which only an upstream serving the Responses API holds; this "
+                       "model is served through chat completions, which cannot continue it",
+                       param="previous_response_id", code="unsupported_parameter")
+    return to_chat_request(data, context)
+
+
 def _described_for_passthrough(principal: Principal, data: ResponsesRequest, context: list[dict[str, Any]] | None,
                                upstream_previous: str | None, inputs: list[dict[str, Any]],
                                dialect: Dialect) -> CallDescription:
@@ -87,7 +101,7 @@ def _described_for_passthrough(principal: Principal, data: ResponsesRequest, con
         if isinstance(backend, ServesResponses) and backend.serves_responses():
             return backend.respond_stream(body, ctx) if stream else backend.respond(body, ctx)
         try:
-            chat = to_chat_request(data, context)
+            chat = _chat_request(data, context, upstream_previous)
         except ApiError as exc:
             raise BadRequest(exc.message, param=exc.param) from None
         return backend.chat_stream(chat, ctx) if stream else backend.chat(chat, ctx)
@@ -161,7 +175,8 @@ class ResponsesController(Controller):
             call = _described_for_passthrough(principal, data, context if kept_previous else None, upstream_previous,
                                               inputs, dialect)
         else:
-            call = describe_chat(principal, to_chat_request(data, context), endpoint="responses", dialect=dialect)
+            call = describe_chat(principal, _chat_request(data, context, upstream_previous), endpoint="responses",
+                                 dialect=dialect)
         try:
             response = await pipeline.serve(call)
         except ApiError as exc:  # a chat request's field named as this request names it

@@ -473,4 +473,5 @@ def echoed_fields(req: ResponsesRequest) -> dict[str, Any]:
         "text": {"format": {"type": "text"}} | (req.text if isinstance(req.text, dict) else {}),
         "metadata": req.metadata or {},
         "user": req.user if isinstance(req.user, str) else None,
-    } | {name: raw[name] for name in ("reasoning", "truncation", "service_tier", "top_logprobs") if name in raw}
+    } | {name: raw[name] for name in ("reasoning", "truncation", "service_tier", "top_logprobs", "safety_identifier",
+                                      "prompt_cache_key") if name in raw}

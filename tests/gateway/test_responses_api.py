@@ -371,6 +371,17 @@ def test_metadata_is_echoed_and_not_sent_to_chat(client: openai.OpenAI, upstream
         assert reported.metadata == metadata
 
 
+def test_end_user_and_cache_key_are_sent_to_chat_and_echoed(client: openai.OpenAI, upstream: FakeUpstream) -> None:
+    """``safety_identifier`` and ``prompt_cache_key`` go to chat under the same names and, as the
+    Responses API's own response object does, are reported back on it, streamed or not."""
+    sent = {"safety_identifier": "user-7", "prompt_cache_key": "conv-1"}
+    response = client.responses.create(model="echo", input="hi", **sent)  # type: ignore[arg-type]
+    assert {k: upstream.last.json[k] for k in sent} == sent
+    events = list(client.responses.create(model="echo", input="hi", stream=True, **sent))  # type: ignore[arg-type]
+    for reported in (response, events[0].response, events[-1].response):  # type: ignore[union-attr]
+        assert (reported.safety_identifier, reported.prompt_cache_key) == ("user-7", "conv-1")
+
+
 @pytest.mark.parametrize("metadata", [
     {f"k{i}": "v" for i in range(17)}, {"k" * 65: "v"}, {"k": "v" * 513}, {"k": 1}, {"k": None}, ["k"], "k",
 ])
