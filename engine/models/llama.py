@@ -1,9 +1,11 @@
-"""Llama-family decoder (Llama 1-3.x, Mistral), also the base of the Qwen2 / Qwen3 models.
+"""Llama-family decoder (Llama 1-3.x), also the base of the Mistral, Qwen2 and Qwen3 models.
 
 Weights use fused q/k/v and gate/up projections; ``load_weights`` maps Hugging Face checkpoint
-names onto them. Mistral's sliding window is applied in the attention mask (per layer, following
-``layer_types`` when the config has it), so outputs match transformers at any length; the blocks
-that fall out of the window are not released early (the cache is sized for full attention).
+names onto them. The sliding window of the architectures that have one (``sliding_window = True``
+on their attention class: Mistral, Qwen2, Qwen3) is applied in the attention mask (per layer,
+following ``layer_types`` when the config has it), so outputs match transformers at any length;
+the blocks that fall out of the window are not released early (the cache is sized for full
+attention). Llama has none: like transformers, it ignores a ``sliding_window`` in its config.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ def sliding_window_of(cfg: Any, layer: int) -> int | None:
 
 class LlamaAttention(nn.Module):
     qk_norm = False
+    sliding_window = False  # whether the config's sliding_window applies (transformers' Llama ignores it)
 
     @staticmethod
     def biases(cfg: Any) -> tuple[bool, bool]:
@@ -57,8 +60,9 @@ class LlamaAttention(nn.Module):
         if self.qk_norm:
             self.q_norm = RMSNorm(d, cfg.rms_norm_eps)
             self.k_norm = RMSNorm(d, cfg.rms_norm_eps)
+        window = sliding_window_of(cfg, layer) if self.sliding_window else None
         self.attn = PagedAttention(self.num_heads, self.num_kv_heads, d, d**-0.5,
-                                   sliding_window=sliding_window_of(cfg, layer), backend=attn_backend)
+                                   sliding_window=window, backend=attn_backend)
 
     def forward(self, rope: Rope, x: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         qkv = self.qkv_proj(x)

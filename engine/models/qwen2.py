@@ -8,6 +8,8 @@ from engine.models.llama import LlamaAttention, LlamaDecoderLayer, LlamaForCausa
 
 
 class Qwen2Attention(LlamaAttention):
+    sliding_window = True
+
     @staticmethod
     def biases(cfg: Any) -> tuple[bool, bool]:
         return True, False

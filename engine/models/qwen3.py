@@ -6,6 +6,7 @@ from engine.models.llama import LlamaAttention, LlamaDecoderLayer, LlamaForCausa
 
 
 class Qwen3Attention(LlamaAttention):
+    sliding_window = True
     qk_norm = True
 
 
