@@ -67,7 +67,7 @@ DEFAULT_SECONDS = 10.0
 DEFAULT_BODY_SECONDS = 30.0
 LINGER_SECONDS = 1.0  # how long a connection answered 408 or 431 still reads (and drops) before closing
 DEFAULT_MAX_CONNECTIONS = 256
-MAX_HEAD_BYTES = 64 * 1024  # a request line and headers, counted over the reads after a head's first
+MAX_HEAD_BYTES = 64 * 1024  # a request line and headers, counted over the reads since the one it began in
 
 _open_by_client: dict[str, int] = {}  # per worker process; the event loop is single-threaded
 _answer_turns: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Turn] = weakref.WeakKeyDictionary()
@@ -151,7 +151,7 @@ class HeadDeadlineProtocol(HttpToolsProtocol):
     _client_host: str | None = None
     _discarding = False  # answered and half-closed: what still arrives is dropped
     _request_task: asyncio.Task[None] | None = None  # the task of the connection's current request
-    _head_bytes = 0  # bytes of the pending head in the reads that held nothing else
+    _head_bytes = 0  # bytes of the reads since the pending head began
     _head_marks = 0  # heads begun and completed: a read that saw one held more than one head's bytes
     _declined: bytes | None = None  # the head of a request whose upgrade is declined, to be parsed again
 
@@ -277,8 +277,9 @@ class HeadDeadlineProtocol(HttpToolsProtocol):
         marks = self._head_marks
         self._parse(data)
         if self._head_since is not None and not self.transport.is_closing():
-            # a read in which no head began or ended was all head: count it
-            self._head_bytes = self._head_bytes + len(data) if marks == self._head_marks else 0
+            # a read in which no head began or ended was all head; the one a head began in counts
+            # whole (what came before the head in it, the end of a pipelined request, counts too)
+            self._head_bytes = self._head_bytes + len(data) if marks == self._head_marks else len(data)
             if self._head_bytes > MAX_HEAD_BYTES:
                 self._head_bytes = 0
                 self._disarm()

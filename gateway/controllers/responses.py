@@ -208,7 +208,7 @@ class ResponsesController(Controller):
         if stream:
             raise ApiError(400, "a stored response cannot be streamed again; retrieve it without 'stream'",
                            param="stream", code="unsupported_parameter")
-        if include:
+        if include or "include" in request.query_params:  # the SDK's include[], or a bare include
             raise ApiError(400, "'include' is not supported when retrieving a stored response: it is returned "
                            "as it was stored", param="include", code="unsupported_parameter")
         return (await _kept(services, principal_of(request), response_id)).response

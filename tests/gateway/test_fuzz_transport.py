@@ -229,6 +229,15 @@ def test_an_oversized_request_head_is_431(served: str, upstream: FakeUpstream, h
     assert json.loads(answer.split(b"\r\n\r\n", 1)[1])["error"]["code"] == "request_header_fields_too_large"
 
 
+def test_an_incomplete_head_over_the_limit_in_one_read_is_431(served: str) -> None:
+    """120 KB of a head with no end, sent at once (one read or two), is answered at once, not held
+    until the header timeout."""
+    with socket.create_connection(_addr(served), timeout=5) as s:
+        s.sendall(b"GET /healthz HTTP/1.1\r\nhost: x\r\nx-big: " + b"a" * 120_000)
+        answer = s.recv(65536)
+    assert answer.startswith(b"HTTP/1.1 431"), answer[:300]
+
+
 def test_a_large_head_under_the_limit_is_served(served: str, upstream: FakeUpstream) -> None:
     body = b'{"model": "echo", "messages": [{"role": "user", "content": "hi"}]}'
     answer = _send_reading(served, b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nconnection: close\r\n"

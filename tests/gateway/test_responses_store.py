@@ -211,7 +211,8 @@ def test_what_a_stored_response_cannot_give_is_a_400_naming_it(gateway: Gateway)
     """A stored response is read back as kept: a replayed stream or fields to add are refused, not ignored."""
     client = gateway.tenant_client()
     response = client.responses.create(model="echo", input="kept")
-    for params, param in (({"stream": "true"}, "stream"), ({"include[]": "reasoning.encrypted_content"}, "include")):
+    for params, param in (({"stream": "true"}, "stream"), ({"include[]": "reasoning.encrypted_content"}, "include"),
+                          ({"include": "reasoning.encrypted_content"}, "include")):  # as curl users write it
         r = httpx.get(f"{gateway.url}/v1/responses/{response.id}", params=params,
                       headers={"authorization": f"Bearer {client.api_key}"})
         assert r.status_code == 400 and r.json()["error"]["param"] == param, (params, r.text)
