@@ -68,10 +68,12 @@ def serve(
     ] = "fcfs",
 ) -> None:
     """Serve one model with the built-in engine: /v1/chat/completions, /v1/completions, /v1/models, /stats."""
+    import os
     from pathlib import Path
 
     import uvicorn
 
+    from gateway.cli.http_protocol import MAX_CONNECTIONS_ENV, HeadDeadlineProtocol
     from gateway.cli.serve import listen
     from gateway.engine_node import create_node_app, node_settings
     from gateway.settings import ConfigError
@@ -110,12 +112,15 @@ def serve(
     except (ConfigError, ValueError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
+    # A node's clients are gateways, each holding many connections from one address: no cap on them
+    # unless the operator sets one.
+    os.environ.setdefault(MAX_CONNECTIONS_ENV, "0")
     uvicorn.run(
         app,
         host=host,
         port=port,
         loop="uvloop",
-        http="httptools",
+        http=HeadDeadlineProtocol,  # the gateway's: a client gone before its answer began cancels the request
         lifespan="on",
         timeout_graceful_shutdown=10,
         log_level="warning",
