@@ -23,6 +23,10 @@ _FINAL_EVENTS = frozenset({"response.completed", "response.incomplete", "respons
 # output items of calls the client runs, not the provider: the others (web_search_call, ...) are billed per call
 _CLIENT_CALLS = frozenset({"function_call", "custom_tool_call", "computer_call", "local_shell_call", "shell_call",
                            "apply_patch_call"})
+# stream events whose ``delta`` is text the model generated: counted while no usage has come
+_GENERATED_DELTAS = frozenset({"response.output_text.delta", "response.function_call_arguments.delta",
+                               "response.reasoning_text.delta", "response.reasoning_summary_text.delta",
+                               "response.refusal.delta", "response.custom_tool_call_input.delta"})
 
 
 def meter_tier(meter: Meter, response: dict[str, Any]) -> None:
@@ -172,7 +176,7 @@ class _Events:
             raise UpstreamError(f"upstream {self._http.deployment_id} sent an invalid event")
         kind = event.get("type")
         meter = self._meter
-        if kind == "response.output_text.delta" or kind == "response.function_call_arguments.delta":
+        if kind in _GENERATED_DELTAS:
             if meter.first_token_at is None:
                 meter.first_token_at = time.perf_counter()
             if not meter.exact:

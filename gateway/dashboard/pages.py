@@ -27,7 +27,7 @@ from gateway.auth.guard import AuthGuard, client_address
 from gateway.contracts import Authenticator, Principal
 from gateway.dashboard.api import DashboardApi, NotSignedIn, session_of
 from gateway.dashboard.revocations import Revocations
-from gateway.dashboard.sessions import LOGIN_CSRF_COOKIE, PATH, SESSION_COOKIE, Sessions
+from gateway.dashboard.sessions import LOGIN_CSRF_COOKIE, PATH, SESSION_COOKIE, Sessions, same_text
 from gateway.db.engine import Database
 from gateway.errors import ApiError, database_exception_handlers
 
@@ -65,7 +65,7 @@ async def login(
 ) -> Response[Any]:
     https = request.url.scheme == "https"
     form_token, cookie_token = data.get("csrf", ""), request.cookies.get(LOGIN_CSRF_COOKIE, "")
-    if not form_token or not secrets.compare_digest(form_token, cookie_token):
+    if not form_token or not same_text(form_token, cookie_token):
         return _login_page(sessions, "The form expired; please sign in again.", 403, https=https)
     client, key = client_address(request), data.get("api_key", "").strip()
     try:

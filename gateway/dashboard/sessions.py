@@ -38,6 +38,12 @@ class SessionData(msgspec.Struct, array_like=True):
     admin_key: str = ""  # the bootstrap admin key's fingerprint, for a session signed in with it
 
 
+def same_text(a: str, b: str) -> bool:
+    """Constant-time equality of two strings, any characters (``hmac.compare_digest`` refuses to
+    compare non-ASCII ``str``: a forged cookie or form token holding one was a 500)."""
+    return hmac.compare_digest(a.encode(), b.encode())
+
+
 @dataclass
 class Sessions:
     secret: bytes
@@ -71,7 +77,7 @@ class Sessions:
         if not cookie or "." not in cookie:
             return None
         payload, _, signature = cookie.rpartition(".")
-        if not hmac.compare_digest(signature, self._sign(payload.encode())):
+        if not same_text(signature, self._sign(payload.encode())):
             return None
         try:
             data = msgspec.msgpack.decode(
@@ -85,7 +91,7 @@ class Sessions:
         return self._sign(b"csrf:" + session.nonce.encode())
 
     def check_csrf(self, session: SessionData, token: str | None) -> bool:
-        return bool(token) and hmac.compare_digest(token, self.csrf(session))  # type: ignore[type-var]
+        return token is not None and token != "" and same_text(token, self.csrf(session))
 
     def cookie_attrs(self, https: bool = False) -> dict[str, object]:
         """HttpOnly and SameSite=Strict always; Secure when configured or when the request came over

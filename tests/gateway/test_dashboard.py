@@ -156,6 +156,21 @@ def test_logout_needs_the_csrf_token_and_ends_the_session(a_client: httpx.Client
     assert a_client.get("/dashboard/api/me").status_code == 401
 
 
+def test_forged_tokens_with_non_ascii_characters_are_refused_not_500s(dash: DashEnv, a_client: httpx.Client) -> None:
+    """A form token or session cookie holding a character beyond ASCII is a wrong token like any other
+    (``hmac.compare_digest`` refuses to compare such strings: each was a 500)."""
+    assert a_client.post("/dashboard/logout", data={"csrf": "\u00e9"}).status_code == 403
+    assert a_client.get("/dashboard/api/me").status_code == 200  # still signed in
+    with httpx.Client(base_url=dash.url) as client:
+        client.get("/dashboard/login")
+        response = client.post("/dashboard/login", data={"csrf": "\u00e9", "api_key": dash.a.key})
+        assert response.status_code == 403 and "sy_session" not in client.cookies
+    payload = a_client.cookies["sy_session"].rpartition(".")[0]
+    for path in ("/dashboard/api/me", "/dashboard"):
+        response = httpx.get(dash.url + path, headers=[(b"cookie", f"sy_session={payload}.\u00e9".encode("latin-1"))])
+        assert response.status_code in (401, 303), (path, response.status_code)
+
+
 def test_cookies_are_secure_behind_tls_and_pages_carry_security_headers(dash: DashEnv) -> None:
     """Behind a TLS-terminating proxy (X-Forwarded-Proto from a trusted address) every dashboard
     cookie is Secure, HttpOnly and SameSite=Strict without any setting; pages deny framing, set a
