@@ -1,0 +1,73 @@
+"""What a passed-through Responses stream that ends before its usage is charged: an estimate of
+everything the upstream generated up to then, its reasoning (``response.reasoning_text.delta``,
+``response.reasoning_summary_text.delta``), refusals and custom tool inputs as well as its text and
+function arguments, as a chat stream cut short is charged its ``reasoning_content``. The openai SDK
+against a gateway on loopback and a loopback Responses upstream."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import openai
+import pytest
+
+from backends.dev.echo_server import Exchange
+from backends.estimate import estimate_text
+from tests.backends.conftest import admin_gateway
+from tests.conftest import ADMIN_KEY
+from tests.support.doubles import RecordingSink
+from tests.support.fake_responses import FakeResponsesUpstream
+
+REASONING = "first I weigh every option there is, then I pick the cheapest one of them all"
+# the deltas streamed before the upstream fails, by event type
+DELTAS = {"response.output_text.delta": REASONING, "response.function_call_arguments.delta": REASONING,
+          "response.reasoning_text.delta": REASONING, "response.reasoning_summary_text.delta": REASONING,
+          "response.refusal.delta": REASONING, "response.custom_tool_call_input.delta": REASONING}
+
+
+class ReasoningThenFailing(FakeResponsesUpstream):
+    """Streams one delta of the event type the input names, then an ``error`` event: no usage comes."""
+
+    async def handle(self, ex: Exchange) -> None:
+        body = ex.json()
+        start = self.response(body, "in_progress") | {"output": []}
+        events: list[dict[str, Any]] = [{"type": "response.created", "response": start},
+                                        {"type": body["input"], "item_id": "rs_1", "output_index": 0,
+                                         "content_index": 0, "delta": DELTAS[body["input"]]},
+                                        {"type": "error", "code": "server_error", "message": "broke", "param": None}]
+        await ex.send({"type": "http.response.start", "status": 200,
+                       "headers": [(b"content-type", b"text/event-stream")]})
+        for seq, event in enumerate(events):
+            data = json.dumps(event | {"sequence_number": seq})
+            await ex.send({"type": "http.response.body", "more_body": True,
+                           "body": f"event: {event['type']}\ndata: {data}\n\n".encode()})
+        await ex.send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+@pytest.fixture(scope="module")
+def usage() -> RecordingSink:
+    return RecordingSink()
+
+
+@pytest.fixture(scope="module")
+def client(usage: RecordingSink) -> Iterator[openai.OpenAI]:
+    upstream = ReasoningThenFailing().start()
+    deployment = {"provider": "openai", "model": "up", "api_base": upstream.url, "responses_api": True}
+    prices = {"native": {"input_per_million": 1.0, "output_per_million": 10.0}}
+    with admin_gateway([{"name": "native", "max_retries": 0, "deployments": [deployment]}], prices, usage) as server:
+        yield openai.OpenAI(base_url=server.url + "/v1", api_key=ADMIN_KEY, max_retries=0)
+    upstream.stop()
+
+
+@pytest.mark.parametrize("event", sorted(DELTAS))
+def test_a_stream_failing_after_its_reasoning_is_charged_the_reasoning(client: openai.OpenAI, usage: RecordingSink,
+                                                                      event: str) -> None:
+    before = len(usage.records)
+    events = list(client.responses.create(model="native", input=event, stream=True))
+    assert events[-1].type in ("error", "response.failed")
+    record = usage.wait_for(before + 1)[before]
+    assert record.exact is False
+    assert record.completion_tokens == estimate_text(REASONING)
+    assert record.cost == pytest.approx((record.prompt_tokens * 1.0 + record.completion_tokens * 10.0) / 1e6)
