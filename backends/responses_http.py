@@ -110,11 +110,22 @@ async def respond(http: HTTPUpstream, payload: bytes, prompt_estimate: int,
 
 
 def _output_text(body: dict[str, Any]) -> str:
-    """The text a response's output generated: its parts' text and its function calls' arguments."""
-    items = [item for item in body.get("output") or () if isinstance(item, dict)]
-    calls = [arguments for item in items if isinstance(arguments := item.get("arguments"), str)]
-    return " ".join([*calls, *(part.get("text", "") for item in items for part in item.get("content") or ()
-                               if isinstance(part, dict))])
+    """The text a response's output generated, the kinds ``_GENERATED_DELTAS`` stream: its messages'
+    text and refusals, its reasoning's text and summaries, its function calls' arguments and custom
+    tool calls' input."""
+    output = body.get("output")
+    texts: list[str] = []
+    for item in output if isinstance(output, list) else ():
+        if not isinstance(item, dict):
+            continue
+        if isinstance(arguments := item.get("arguments"), str):
+            texts.append(arguments)
+        if item.get("type") == "custom_tool_call" and isinstance(tool_input := item.get("input"), str):
+            texts.append(tool_input)
+        parts = [p for key in ("content", "summary") if isinstance(ps := item.get(key), list) for p in ps]
+        texts += [text for part in parts if isinstance(part, dict) for key in ("text", "refusal")
+                  if isinstance(text := part.get(key), str)]
+    return " ".join(texts)
 
 
 async def respond_stream(http: HTTPUpstream, payload: bytes, prompt_estimate: int,

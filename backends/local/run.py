@@ -37,7 +37,8 @@ class EngineRun:
     """The engine requests behind one wire request, their meter, and their abort.
 
     The meter is the gateway's from the start (``CallContext.on_meter``), so a call cancelled
-    before its answer is charged what the engine computed; a prompt the engine never started on
+    before its answer is charged what the engine computed, its prompt tokens served from the prefix
+    cache counted as such from the engine's first output on; a prompt the engine never started on
     (still queued when the client left) is not charged at all (``aclose``)."""
 
     def __init__(self, engine: AsyncEngine, prompts: list[list[int]], params: SamplingParams, param: str,
@@ -53,6 +54,7 @@ class EngineRun:
         self.count_output = count_output  # False: what it generates is thrown away (scoring a prompt)
         self.prompt_lengths = [len(p) for p in prompts]
         self.meter = Meter(prompt_tokens=sum(self.prompt_lengths), exact=True)
+        self._cached = [0] * len(prompts)  # per prompt: its cached tokens already on the meter
         self.ids: list[str] = []
         self.streams: list[RequestStream] = []
         self._closed = False
@@ -87,11 +89,17 @@ class EngineRun:
                         self.meter.completion_tokens += len(o.delta_token_ids)
                         if self.meter.first_token_at is None:
                             self.meter.first_token_at = time.perf_counter()
+                self._count_cached(p, out)
                 if out.finished:
                     self.finished.add(rid)
-                    self.meter.cached_tokens += out.num_cached_tokens
                     self.meter.phases.extend(_phases(out))
                 yield p, out
+
+    def _count_cached(self, p: int, out: RequestOutput) -> None:
+        """Put prompt ``p``'s cached tokens on the meter once the engine has scheduled it (its
+        outputs carry the count from then on), so a call cut short is charged them as cached."""
+        self.meter.cached_tokens += out.num_cached_tokens - self._cached[p]
+        self._cached[p] = out.num_cached_tokens
 
     async def _guarded(self, rid: str, stream: AsyncIterator[RequestOutput]) -> AsyncIterator[RequestOutput]:
         try:
@@ -136,9 +144,12 @@ class EngineRun:
         if self._closed:
             return
         self._closed = True
-        for stream, length in zip(self.streams, self.prompt_lengths):
+        for p, (stream, length) in enumerate(zip(self.streams, self.prompt_lengths)):
             final = await stream.cancel()
-            if final is not None and final.first_scheduled_time is None:
+            if final is None:
+                continue
+            self._count_cached(p, final)
+            if final.first_scheduled_time is None:
                 self.meter.prompt_tokens -= length
 
 

@@ -48,11 +48,12 @@ class Env:
 
 @contextmanager
 def local_gateway(workdir: Path, extra_models: list[dict[str, Any]] | None = None, model: str | None = None,
-                  **options: Any) -> Iterator[Env]:
+                  prices: dict[str, Any] | None = None, **options: Any) -> Iterator[Env]:
     """The tiny model (seed 5, 2048 positions) served as model ``tiny``; ``options`` are the
     deployment's engine options (default: 192 KV blocks of 16, prefix caching off); ``extra_models``
     are more model groups (``{folder}`` in a deployment's ``model`` is the tiny model's folder);
-    ``model`` serves that folder or .gguf file as ``tiny`` instead."""
+    ``model`` serves that folder or .gguf file as ``tiny`` instead; ``prices`` is the config's
+    ``prices`` (default: none, every request free)."""
 
     folder = Path(model) if model else build_tiny_model(workdir / "tiny", seed=5, max_position_embeddings=2048)
     options = {"num_kv_blocks": 192, "block_size": 16, "enable_prefix_caching": False, **options}
@@ -62,7 +63,8 @@ def local_gateway(workdir: Path, extra_models: list[dict[str, Any]] | None = Non
         for d in group["deployments"]:
             d["model"] = d["model"].replace("{folder}", str(folder))
         models.append(group)
-    settings = parse_settings({"auth": {"admin_key": "sk-admin-unused"}, "models": models}, env={})
+    settings = parse_settings({"auth": {"admin_key": "sk-admin-unused"}, "models": models, "prices": prices or {}},
+                              env={})
     built: list[LocalEngineBackend] = []
 
     def factory(cfg: DeploymentConfig) -> Any:
