@@ -7,7 +7,6 @@ openai SDK against a gateway on loopback and a loopback Responses upstream."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -19,7 +18,7 @@ from backends.estimate import estimate_text
 from tests.backends.conftest import admin_gateway
 from tests.conftest import ADMIN_KEY
 from tests.support.doubles import RecordingSink
-from tests.support.fake_responses import FakeResponsesUpstream
+from tests.support.fake_responses import FakeResponsesUpstream, send_events
 
 REASONING = "first I weigh every option there is, then I pick the cheapest one of them all"
 # the deltas streamed before the upstream fails, by event type
@@ -57,13 +56,7 @@ class ReasoningThenFailing(FakeResponsesUpstream):
                                         {"type": body["input"], "item_id": "rs_1", "output_index": 0,
                                          "content_index": 0, "delta": DELTAS[body["input"]]},
                                         {"type": "error", "code": "server_error", "message": "broke", "param": None}]
-        await ex.send({"type": "http.response.start", "status": 200,
-                       "headers": [(b"content-type", b"text/event-stream")]})
-        for seq, event in enumerate(events):
-            data = json.dumps(event | {"sequence_number": seq})
-            await ex.send({"type": "http.response.body", "more_body": True,
-                           "body": f"event: {event['type']}\ndata: {data}\n\n".encode()})
-        await ex.send({"type": "http.response.body", "body": b"", "more_body": False})
+        await send_events(ex, events)
 
 
 @pytest.fixture(scope="module")

@@ -85,8 +85,6 @@ class FakeResponsesUpstream(EchoUpstream, OnLoopback):
                                                     "message": f"refused {ex.headers.get('authorization')}"}}
         if not body.get("stream"):
             return await send_json(ex, 200, final)
-        await ex.send({"type": "http.response.start", "status": 200,
-                       "headers": [(b"content-type", b"text/event-stream")]})
         start = final | {"status": "in_progress", "output": [], "usage": None}
         text = final["output"][1]["content"][0]["text"]
         events: list[dict[str, Any]] = [
@@ -104,11 +102,7 @@ class FakeResponsesUpstream(EchoUpstream, OnLoopback):
               for i, item in enumerate(final["output"][2:], 2) for step in ("added", "done")),
             {"type": f"response.{final['status']}", "response": final},
         ]
-        for seq, event in enumerate(events):
-            data = json.dumps(event | {"sequence_number": seq})
-            await ex.send({"type": "http.response.body", "more_body": True,
-                           "body": f"event: {event['type']}\ndata: {data}\n\n".encode()})
-        await ex.send({"type": "http.response.body", "body": b"", "more_body": False})
+        await send_events(ex, events)
 
     async def _error_object(self, ex: Exchange, body: dict[str, Any], error: dict[str, Any]) -> None:
         if not body.get("stream"):
@@ -120,6 +114,17 @@ class FakeResponsesUpstream(EchoUpstream, OnLoopback):
             await ex.send({"type": "http.response.body", "more_body": True,
                            "body": f"data: {json.dumps(data)}\n\n".encode()})
         await ex.send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+async def send_events(ex: Exchange, events: list[dict[str, Any]]) -> None:
+    """A 200 event stream of ``events``, each named by its type and numbered in order."""
+    await ex.send({"type": "http.response.start", "status": 200,
+                   "headers": [(b"content-type", b"text/event-stream")]})
+    for seq, event in enumerate(events):
+        data = json.dumps(event | {"sequence_number": seq})
+        await ex.send({"type": "http.response.body", "more_body": True,
+                       "body": f"event: {event['type']}\ndata: {data}\n\n".encode()})
+    await ex.send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
 FAIL_PART_WAY = "fail part-way"  # a streamed input the upstream below fails after a few events
@@ -146,10 +151,4 @@ class FailingResponsesUpstream(FakeResponsesUpstream):
                    "item": {"type": "message", "id": "msg_f", "role": "assistant", "status": "in_progress",
                             "content": []}},
                   {"type": "error", "code": "server_error", "message": "the upstream broke", "param": None}]
-        await ex.send({"type": "http.response.start", "status": 200,
-                       "headers": [(b"content-type", b"text/event-stream")]})
-        for seq, event in enumerate(events):
-            data = json.dumps(event | {"sequence_number": seq})
-            await ex.send({"type": "http.response.body", "more_body": True,
-                           "body": f"event: {event['type']}\ndata: {data}\n\n".encode()})
-        await ex.send({"type": "http.response.body", "body": b"", "more_body": False})
+        await send_events(ex, events)
