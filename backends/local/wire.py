@@ -13,9 +13,9 @@ from msgspec import UNSET
 
 from backends.base import BadRequest, Meter
 from backends.function_tools import function_call
-from backends.local.nested_fields import unknown_nested_field
 from backends.local.structured import output_constraint
 from backends.logprobs_wire import PromptLogprob, PromptLogprobs
+from backends.nested_fields import unknown_nested_field
 from backends.openai_wire import (
     ChatCompletionChunk,
     ChatCompletionRequest,

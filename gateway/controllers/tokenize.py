@@ -12,7 +12,7 @@ from litestar import Controller, Request, post
 from msgspec import UNSET, Meta, Struct, UnsetType
 
 from backends.base import BackendError, Tokenizing
-from backends.local.nested_fields import unknown_nested_field
+from backends.nested_fields import unknown_nested_field
 from backends.openai_wire import ChatCompletionRequest, ChatMessage, extra_params, set_extra_params
 from backends.tools_wire import Tool
 from gateway.body import WireBody

@@ -1,4 +1,4 @@
-"""The first field nested in a request that its wire types do not model, for the in-process providers.
+"""The first field nested in a request that its wire types do not model, for whatever reads the Structs alone.
 
 The gateway decodes a request into Structs that keep unknown top-level fields apart
 (``extra_params``) but drop unknown nested ones; an HTTP upstream gets them from the client's raw
