@@ -144,7 +144,7 @@ def _validation_error(_: Request, exc: ValidationException) -> Response[bytes]:
     extra = exc.extra if isinstance(exc.extra, list) else []
     keys = [e.get("key") for e in extra if isinstance(e, dict)]
     if "data" in keys:
-        return ApiError(400, "the request body must be a JSON object").to_response()
+        return ApiError(400, "the request body must be a JSON object", code="invalid_body").to_response()
     param = next((k for k in keys if isinstance(k, str)), None)
     return ApiError(400, f"invalid parameter: {param or exc.detail}", param=param).to_response()
 

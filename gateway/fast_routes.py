@@ -92,7 +92,8 @@ class FastRoutes:
                 route = self._routes[path]
                 limit = handler.resolve_request_max_body_size()
                 if not (body := await _read_body(request, receive, limit)):
-                    raise ApiError(400, "the request body must be a JSON object")  # as a missing `data` is
+                    # as Litestar's missing `data` is (``gateway.errors``)
+                    raise ApiError(400, "the request body must be a JSON object", code="invalid_body")
                 if (encoding := request_headers(scope).get("content-encoding")) is not None:  # as WireBody
                     body = decoded_content(body, encoding, limit)
                 result = await route.serve(request, decode_body(body, route.body_type))

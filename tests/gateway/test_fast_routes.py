@@ -76,6 +76,8 @@ def test_the_direct_route_answers_as_litestar_does(env: GatewayEnv, case: str, r
     assert env.server.app.fast_routes is None
     assert direct == _answer(env, *CASES[case])
     assert direct[0] == (413 if case.startswith("too large") else direct[0]) != 500
+    if direct[0] == 400:  # every refusal of a body names its kind
+        assert isinstance(direct[2], dict) and direct[2]["error"]["code"], direct
 
 
 def test_a_route_that_adds_to_its_responses_keeps_litestars_conversion() -> None:
