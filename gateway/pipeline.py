@@ -77,6 +77,7 @@ class _Flight:
     # an attempt is with a deployment, not refused: the client leaving now leaves the prompt spent
     prompt_sent: bool = False
     meter: Meter | None = None  # the attempt's own meter, where its backend handed it over
+    attempts: int = 0  # attempts the route plan made (retries and fallbacks included)
 
     def metered(self, meter: Meter) -> None:
         self.meter = meter
@@ -174,6 +175,8 @@ class Pipeline:
             await self._settle(flight, Meter(exact=False, upstream_request_id=exc.upstream_request_id),
                                error.status, exc.kind)
             error.headers.update(self._headers(flight))
+            if flight.attempts > 1 and "retry-after" not in error.headers:
+                error.headers["x-should-retry"] = "false"  # retried here already: an SDK's retries would multiply
             raise error from None
         except asyncio.CancelledError:  # the client went away before the answer was ready
             spent = flight.meter if flight.meter is not None else Meter(
@@ -210,7 +213,7 @@ class Pipeline:
                         raise skipped
                     attempt = following
                     continue
-            flight.deployment, flight.served_by = attempt.deployment, attempt.group
+            flight.deployment, flight.served_by, flight.attempts = attempt.deployment, attempt.group, attempt.number
             health.on_attempt()
             t0 = time.perf_counter()
             span = hooks.start_attempt(self.telemetry, attempt.deployment)
