@@ -34,6 +34,7 @@ from backends.openai_wire import (
     Usage,
     extra_params,
 )
+from backends.turn_thinking import placed_thinking
 
 DEFAULT_MAX_TOKENS = 4096
 _PROVIDER = "the anthropic provider"  # as the 400s for what it cannot take name it
@@ -108,6 +109,17 @@ def _tool_use_blocks(message: ChatMessage, index: int) -> list[dict[str, Any]]:
     return blocks
 
 
+def _assistant_blocks(message: ChatMessage, index: int) -> list[dict[str, Any]]:
+    """An assistant message's text and tool_use blocks, with the thinking blocks the gateway placed in
+    its turn (``turn_thinking``) where they were: first, or just before their tool call."""
+    placed = placed_thinking(message)
+    blocks = [b for at, group in placed if at is None for b in group] + _content_blocks(message)
+    for k, call in enumerate(_tool_use_blocks(message, index)):
+        blocks += [b for at, group in placed if at == k for b in group]
+        blocks.append(call)
+    return blocks
+
+
 def _system_blocks(message: ChatMessage) -> list[dict[str, Any]]:
     """A system or developer message's text blocks, one per text part (empty ones left out: Anthropic
     refuses them), each with its ``cache_control``: Anthropic's system prompt takes text only, so any
@@ -142,7 +154,7 @@ def _messages(request: ChatCompletionRequest) -> tuple[list[dict[str, Any]], lis
         if message.role in ("system", "developer"):
             system.extend(_system_blocks(message))
         elif message.role == "assistant":
-            add("assistant", thinking + _content_blocks(message) + _tool_use_blocks(message, i))
+            add("assistant", thinking + _assistant_blocks(message, i))
         elif message.role in ("tool", "function"):  # text as a string; with images, documents or caching, blocks
             if not (isinstance(message.tool_call_id, str) and message.tool_call_id):  # its tool_result names it
                 raise BadRequest("the anthropic provider needs each tool message's tool_call_id",

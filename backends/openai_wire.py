@@ -187,7 +187,7 @@ class VideoPart(WireStruct, tag_field="type", tag="video_url"):
 ContentPart = TextPart | ImagePart | AudioPart | FilePart | RefusalPart | VideoPart
 
 
-class ChatMessage(WireStruct):
+class ChatMessage(WireStruct, dict=True):  # dict: turn_thinking
     role: Literal["system", "developer", "user", "assistant", "tool", "function"]
     content: str | list[ContentPart] | None = None
     name: str | UnsetType = UNSET

@@ -26,7 +26,8 @@ _CLIENT_CALLS = frozenset({"function_call", "custom_tool_call", "computer_call",
 # stream events whose ``delta`` is text the model generated: counted while no usage has come
 _GENERATED_DELTAS = frozenset({"response.output_text.delta", "response.function_call_arguments.delta",
                                "response.reasoning_text.delta", "response.reasoning_summary_text.delta",
-                               "response.refusal.delta", "response.custom_tool_call_input.delta"})
+                               "response.refusal.delta", "response.custom_tool_call_input.delta",
+                               "response.code_interpreter_call_code.delta"})
 
 
 def meter_tier(meter: Meter, response: dict[str, Any]) -> None:
@@ -111,8 +112,8 @@ async def respond(http: HTTPUpstream, payload: bytes, prompt_estimate: int,
 
 def _output_text(body: dict[str, Any]) -> str:
     """The text a response's output generated, the kinds ``_GENERATED_DELTAS`` stream: its messages'
-    text and refusals, its reasoning's text and summaries, its function calls' arguments and custom
-    tool calls' input."""
+    text and refusals, its reasoning's text and summaries, its function calls' arguments, custom tool
+    calls' input and code interpreter calls' code."""
     output = body.get("output")
     texts: list[str] = []
     for item in output if isinstance(output, list) else ():
@@ -122,6 +123,8 @@ def _output_text(body: dict[str, Any]) -> str:
             texts.append(arguments)
         if item.get("type") == "custom_tool_call" and isinstance(tool_input := item.get("input"), str):
             texts.append(tool_input)
+        if item.get("type") == "code_interpreter_call" and isinstance(code := item.get("code"), str):
+            texts.append(code)
         parts = [p for key in ("content", "summary") if isinstance(ps := item.get(key), list) for p in ps]
         texts += [text for part in parts if isinstance(part, dict) for key in ("text", "refusal")
                   if isinstance(text := part.get(key), str)]

@@ -33,6 +33,7 @@ from backends.openai_wire import (
     ToolCall,
     set_extra_params,
 )
+from backends.turn_thinking import place_thinking
 from gateway.body import RAW_BODY, validation_error
 from gateway.dialects.responses_reasoning import asks_encrypted_content, decoded_blocks, honoured_include, restored
 from gateway.errors import ApiError
@@ -95,7 +96,8 @@ class ReasoningItem(_Wire, tag_field="type", tag="reasoning"):
     """Earlier reasoning, as a response's output gives it: its text not sent to chat, which has no
     field for it (DeepSeek refuses ``reasoning_content`` in its input); the answer is in the message.
     Thinking blocks its ``encrypted_content`` carries (the gateway's: ``responses_reasoning``) go with
-    the assistant turn after it (``thinking_blocks``); another's blob is read nowhere."""
+    the assistant turn after it, in their place there, for a provider that takes them back
+    (``backends.turn_thinking``); another's blob is read nowhere."""
 
     summary: list[dict[str, Any]]
     encrypted_content: Any = None
@@ -357,6 +359,7 @@ def _item_messages(items: list[Item]) -> list[ChatMessage]:
         if isinstance(item, ReasoningItem):
             thinking += decoded_blocks(item.encrypted_content) or []
             continue
+        before_call: int | None = None  # where the blocks go in the turn: first, or before this call
         if isinstance(item, MessageItem):
             if isinstance(item.content, str):
                 messages.append(ChatMessage(role=item.role, content=item.content))
@@ -369,15 +372,15 @@ def _item_messages(items: list[Item]) -> list[ChatMessage]:
             last = messages[-1] if messages else None
             if last is not None and last.role == "assistant":  # one chat turn: its text, then its calls
                 last.tool_calls = [*(last.tool_calls or []), call]
+                before_call = len(last.tool_calls) - 1
             else:
                 messages.append(ChatMessage(role="assistant", content=None, tool_calls=[call]))
         elif isinstance(item, FunctionCallOutputItem):  # a list of parts holds only text parts (``_items``)
             output = item.output if isinstance(item.output, str) else "\n".join(  # one per line
                 p.text for p in item.output if isinstance(p, InputText))
             messages.append(ChatMessage(role="tool", tool_call_id=item.call_id, content=output))
-        if thinking and (last := messages[-1]).role == "assistant":  # sent first in its turn, as they came
-            last.thinking_blocks = [*(last.thinking_blocks if isinstance(last.thinking_blocks, list) else []),
-                                    *thinking]
+        if thinking and (last := messages[-1]).role == "assistant":  # in its place in the turn, as they came
+            place_thinking(last, thinking, before_call)
         thinking = []
     return messages
 

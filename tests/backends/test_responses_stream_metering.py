@@ -1,9 +1,10 @@
 """What a passed-through Responses stream that ends before its usage is charged: an estimate of
 everything the upstream generated up to then, its reasoning (``response.reasoning_text.delta``,
-``response.reasoning_summary_text.delta``), refusals and custom tool inputs as well as its text and
-function arguments, as a chat stream cut short is charged its ``reasoning_content``. A whole answer
-without usage is charged an estimate of the same kinds of generated text in its output items. The
-openai SDK against a gateway on loopback and a loopback Responses upstream."""
+``response.reasoning_summary_text.delta``), refusals, custom tool inputs and code interpreter code as
+well as its text and function arguments, as a chat stream cut short is charged its
+``reasoning_content``. A whole answer without usage is charged an estimate of the same kinds of
+generated text in its output items. The openai SDK against a gateway on loopback and a loopback
+Responses upstream."""
 
 from __future__ import annotations
 
@@ -24,7 +25,8 @@ REASONING = "first I weigh every option there is, then I pick the cheapest one o
 # the deltas streamed before the upstream fails, by event type
 DELTAS = {"response.output_text.delta": REASONING, "response.function_call_arguments.delta": REASONING,
           "response.reasoning_text.delta": REASONING, "response.reasoning_summary_text.delta": REASONING,
-          "response.refusal.delta": REASONING, "response.custom_tool_call_input.delta": REASONING}
+          "response.refusal.delta": REASONING, "response.custom_tool_call_input.delta": REASONING,
+          "response.code_interpreter_call_code.delta": REASONING}
 
 # the output item each delta type builds, holding REASONING as a whole answer carries it
 ITEMS: dict[str, Any] = {
@@ -40,6 +42,8 @@ ITEMS: dict[str, Any] = {
                                "content": [{"type": "refusal", "refusal": REASONING}]},
     "response.custom_tool_call_input.delta": {"type": "custom_tool_call", "id": "ctc_1", "call_id": "call_1",
                                               "name": "pick", "input": REASONING, "status": "completed"},
+    "response.code_interpreter_call_code.delta": {"type": "code_interpreter_call", "id": "ci_1", "code": REASONING,
+                                                  "container_id": "cntr_1", "outputs": None, "status": "completed"},
 }
 
 
