@@ -5,6 +5,7 @@ tightest of the key's and its tenant's limits, as the admission reported them.""
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -35,7 +36,19 @@ def _headers(ticket: Ticket, names: tuple[tuple[str, str, str, str], ...],
 
 
 def _duration(seconds: float) -> str:
-    return f"{seconds:.3f}s"
+    """``seconds`` as OpenAI writes a reset (Go's duration): "20ms", "1s", "8.64s", "6m0s", "1h2m5.25s";
+    rounded up to the millisecond, so a reset still ahead never reads as "0s"."""
+    ms = math.ceil(round(seconds * 1000, 6))
+    if ms == 0:
+        return "0s"
+    if ms < 1000:
+        return f"{ms}ms"
+    hours, rest = divmod(ms, 3_600_000)
+    minutes, rest = divmod(rest, 60_000)
+    text = f"{rest / 1000:.3f}".rstrip("0").rstrip(".") + "s"
+    if hours or minutes:
+        text = f"{minutes}m{text}"
+    return f"{hours}h{text}" if hours else text
 
 
 def openai_ratelimit_headers(ticket: Ticket) -> dict[str, str]:

@@ -12,10 +12,11 @@ from gateway.contracts import Principal, UsageRecord
 from gateway.routing.router import ModelGroup
 from gateway.telemetry import Telemetry
 from gateway.telemetry.context import request_info
-from gateway.telemetry.tracing import OPERATIONS, mark_error
+from gateway.telemetry.tracing import CLIENT_GONE, OPERATIONS, mark_client_gone, mark_error, mark_refused
 
 UPSTREAM_REQUEST_ID = "switchyard.upstream_request_id"  # an attempt span's: the provider's id of its answer
 _NOOP: AbstractContextManager[None] = nullcontext()
+_BROKEN_STREAM = ("failed", "drained")  # a stream's outcomes (``gateway.streaming.Outcome``) that failed it
 
 
 def on_principal(principal: Principal) -> None:
@@ -66,11 +67,15 @@ def current(span: Span | None) -> AbstractContextManager[Any]:
 
 
 def end_attempt(span: Span | None, error_type: str | None = None, upstream_request_id: str | None = None) -> None:
-    """End an attempt's span, marked with the error it failed with and the provider's id of its answer."""
+    """End an attempt's span, marked with the error it failed with (a CLIENT span: the upstream's 4xx
+    and 5xx are errors; the gateway giving it up because its own client left is not) and the
+    provider's id of its answer."""
     if span is not None:
         if upstream_request_id is not None:
             span.set_attribute(UPSTREAM_REQUEST_ID, upstream_request_id)
-        if error_type is not None:
+        if error_type == CLIENT_GONE:
+            mark_client_gone(span)
+        elif error_type is not None:
             mark_error(span, error_type)
         span.end()
 
@@ -99,11 +104,25 @@ def on_settle(telemetry: Telemetry, record: UsageRecord, phases: list[tuple[str,
             span.set_attribute("gen_ai.usage.input_tokens", record.prompt_tokens)
             span.set_attribute("gen_ai.usage.output_tokens", record.completion_tokens)
             span.set_attribute("switchyard.request_id", record.request_id)
-            if record.error_type:
-                mark_error(span, record.error_type)
+            _mark_request(span, record)
     if attempt is not None:
         attempt.set_attribute("gen_ai.usage.input_tokens", record.prompt_tokens)
         attempt.set_attribute("gen_ai.usage.output_tokens", record.completion_tokens)
         telemetry.tracing.phases(attempt, phases)
         failed = record.status >= 500 or record.extra.get("outcome") == "failed"  # a stream that broke is a 200
-        end_attempt(attempt, record.error_type if failed else None, record.upstream_request_id)
+        gone = record.error_type == CLIENT_GONE
+        end_attempt(attempt, record.error_type if failed or gone else None, record.upstream_request_id)
+
+
+def _mark_request(span: Span, record: UsageRecord) -> None:
+    """The request's (SERVER) span, per OpenTelemetry's HTTP conventions: ERROR for a 5xx or a stream
+    (a 200) that broke or was cut; a 4xx is the client's error and a client that left is no error
+    of the server's, so their status stays unset, with ``error.type`` (and an event) saying why."""
+    if not record.error_type:
+        return
+    if record.error_type == CLIENT_GONE:
+        mark_client_gone(span)
+    elif record.status >= 500 or record.extra.get("outcome") in _BROKEN_STREAM:
+        mark_error(span, record.error_type)
+    else:
+        mark_refused(span, record.error_type)

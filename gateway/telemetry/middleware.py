@@ -18,7 +18,7 @@ from gateway.event_stream import CLIENT_LEFT
 from gateway.telemetry import Telemetry
 from gateway.telemetry.context import RequestInfo, current, new_request_id
 from gateway.telemetry.logs import log_access
-from gateway.telemetry.tracing import mark_error
+from gateway.telemetry.tracing import CLIENT_GONE, mark_client_gone, mark_error
 
 # the API's paths; after "/admin/", vLLM's without /v1 (the tokenizer's are only there)
 TRACED_PREFIXES = ("/v1/", "/admin/", "/chat/completions", "/completions", "/tokenize", "/detokenize")
@@ -74,6 +74,8 @@ class TelemetryMiddleware:
                 span.set_attribute("http.response.status_code", info.status)
             if info.status is not None and info.status >= 500:
                 mark_error(span, info.error_type or str(info.status))
+            elif info.status == CLIENT_CLOSED and info.error_type != CLIENT_GONE:  # not settled: left before that
+                mark_client_gone(span)
             span.end()
         if not info.metered and self.metrics is not None and info.status is not None:
             self.metrics.refused(info.method, info.path, info.status)  # 401, 400, an unknown model, ...

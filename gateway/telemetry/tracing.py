@@ -31,6 +31,7 @@ from gateway.settings import TelemetryConfig
 _NOOP: AbstractContextManager[None] = nullcontext()
 _W3C = TraceContextTextMapPropagator()
 _TRACE_HEADERS = (b"traceparent", b"tracestate")  # W3C trace context (ASGI header names are lower-case)
+CLIENT_GONE = "client_disconnected"  # the usage rows' error type for it, and the spans' event
 OPERATIONS = {"chat.completions": "chat", "messages": "chat", "completions": "text_completion",
               "embeddings": "embeddings"}
 
@@ -97,6 +98,20 @@ class Tracing:
 
 
 def mark_error(span: Span | None, error_type: str) -> None:
+    """A failure the span's own side owns: a SERVER span's 5xx, a CLIENT span's 4xx or 5xx."""
     if span is not None:
         span.set_attribute("error.type", error_type)
         span.set_status(Status(StatusCode.ERROR, error_type))
+
+
+def mark_refused(span: Span | None, error_type: str) -> None:
+    """A SERVER span's 4xx: the client's error, so (OpenTelemetry's HTTP conventions) its status stays unset."""
+    if span is not None:
+        span.set_attribute("error.type", error_type)
+
+
+def mark_client_gone(span: Span | None) -> None:
+    """The client went away: no failure of this span's own, so its status stays unset; an event says so."""
+    if span is not None:
+        span.set_attribute("error.type", CLIENT_GONE)
+        span.add_event(CLIENT_GONE)
