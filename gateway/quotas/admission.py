@@ -30,7 +30,7 @@ from gateway.ids import random_id
 from gateway.quotas.credit import CreditKeeper, LocalLease
 from gateway.quotas.limits import LimitsSource, Scope, period_id, period_start, recorded_spend
 from gateway.quotas.redis_credit import RedisCredit
-from gateway.quotas.store import Decision, Lease, QuotaStore, Reservation, lease_for
+from gateway.quotas.store import Decision, Lease, QuotaStore, Reservation, lease_for, picos
 from gateway.usage.pricing import PriceTable
 
 log = logging.getLogger("switchyard.quotas")
@@ -102,7 +102,10 @@ class QuotaAdmission:
             leases = list(self._live.values())
             try:
                 for i in range(0, len(leases), 500):
-                    await self.store.renew(leases[i : i + 500], time.time(), self.lease_seconds)
+                    # those settled while an earlier batch was sent are left out: a renewal takes a
+                    # dropped lease back, and would hold a settled one until it expired
+                    batch = [lease for lease in leases[i : i + 500] if lease.ticket_id in self._live]
+                    await self.store.renew(batch, time.time(), self.lease_seconds)
             except Exception as exc:  # the store is down: the leases run out by themselves
                 self._outage("lease renewal", exc)
 
@@ -162,17 +165,17 @@ class QuotaAdmission:
         or restarted empty, or the budget was just set) and the reservations in flight; a database
         outage here is an outage of admission."""
         pid, ttl = period_id(scope.limits.budget_period, now)
-        tokens, micros = await recorded_spend(self.limits.db, scope, now)
-        log.info("budget of %s rebuilt from the usage records: %d tokens, %d micro-dollars", scope.label, tokens,
-                 micros)
-        await self.store.seed_budget(scope.kind, scope.id, pid, tokens, micros, ttl, now,
+        tokens, spent = await recorded_spend(self.limits.db, scope, now)
+        log.info("budget of %s rebuilt from the usage records: %d tokens, %.6f USD", scope.label, tokens,
+                 spent / 1e12)
+        await self.store.seed_budget(scope.kind, scope.id, pid, tokens, spent, ttl, now,
                                      period_start(scope.limits.budget_period, now))
 
     def settle(self, ticket: Ticket, actual_tokens: int, cost: float) -> asyncio.Future[None]:
         lease = ticket.reservation
         if isinstance(lease, LocalLease):
             assert self.credit is not None
-            self.credit.settle(lease, max(0, int(actual_tokens)), round(cost * 1e6))
+            self.credit.settle(lease, max(0, int(actual_tokens)), picos(cost))
             return self._done or completed()  # the corrections leave with the next second's give-back
         if not isinstance(lease, Lease):
             return self._done or completed()  # admitted fail-open: nothing was reserved
@@ -180,7 +183,7 @@ class QuotaAdmission:
             self.credit.release(ticket.principal)
         self._live.pop(lease.ticket_id, None)
         try:
-            sent = self.store.settle(lease, self.clock(), max(0, int(actual_tokens)), round(cost * 1e6))
+            sent = self.store.settle(lease, self.clock(), max(0, int(actual_tokens)), picos(cost))
         except Exception as exc:  # the lease expires by itself; the budget keeps the reservation
             self._outage("settle", exc)
             return completed()

@@ -34,6 +34,7 @@ from gateway.contracts import Principal, QuotaState, Ticket
 from gateway.ids import random_id
 from gateway.quotas.limits import Scope, period_id
 from gateway.quotas.redis_credit import GiveBack, Grant, RedisCredit
+from gateway.quotas.store import PICOS_PER_MICRO
 
 log = logging.getLogger("switchyard.quotas")
 
@@ -69,7 +70,7 @@ class Bundle:
     next_slot: int = 0
     granting: bool = False  # a request for credit is on its way
     refused: int = -1  # the second credit was last refused in (no more asking in it)
-    # corrections to send: second -> [requests, tokens, micros]
+    # corrections to send: second -> [requests, tokens, picos]
     pending: dict[int, list[int]] = field(default_factory=dict)
 
     def count(self, sec: int, tokens: int, micros: int) -> None:
@@ -85,17 +86,17 @@ class Bundle:
             return self.before
         return self.demand if self.demand_second == sec - 1 else (0, 0, 0)
 
-    def correct(self, sec: int, requests: int, tokens: int, micros: int) -> None:
+    def correct(self, sec: int, requests: int, tokens: int, picos: int) -> None:
         entry = self.pending.setdefault(sec, [0, 0, 0])
         entry[0] += requests
         entry[1] += tokens
-        entry[2] += micros
+        entry[2] += picos
 
     def retire(self, sec: int) -> None:
         """Move what is left of a credit older than ``sec`` to the corrections to send."""
         if self.second >= 0 and (self.second < sec or sec < 0):
             if self.requests or self.tokens or self.micros:
-                self.correct(self.second, -self.requests, -self.tokens, -self.micros)
+                self.correct(self.second, -self.requests, -self.tokens, -self.micros * PICOS_PER_MICRO)
             self.second, self.requests, self.tokens, self.micros = -1, 0, 0, 0
 
     def idle(self, sec: int) -> bool:
@@ -111,7 +112,7 @@ class LocalLease:
     slot: int
     second: int
     tokens: int
-    micros: int
+    micros: int  # reserved
 
 
 class CreditKeeper:
@@ -178,13 +179,13 @@ class CreditKeeper:
         if bundle is not None and bundle.in_flight > 0:
             bundle.in_flight -= 1
 
-    def settle(self, lease: LocalLease, actual_tokens: int, actual_micros: int) -> None:
+    def settle(self, lease: LocalLease, actual_tokens: int, actual_picos: int) -> None:
         bundle = lease.bundle
         bundle.in_flight -= 1
         if lease.slot in bundle.pool:
             bundle.free.append(lease.slot)
-        if actual_tokens != lease.tokens or actual_micros != lease.micros:
-            bundle.correct(lease.second, 0, actual_tokens - lease.tokens, actual_micros - lease.micros)
+        if actual_tokens != lease.tokens or actual_picos != lease.micros * PICOS_PER_MICRO:
+            bundle.correct(lease.second, 0, actual_tokens - lease.tokens, actual_picos - lease.micros * PICOS_PER_MICRO)
 
     # ------------------------------------------------------------ once a second
 
@@ -261,7 +262,7 @@ class CreditKeeper:
         bundle.pool.update(slots)
         bundle.free.extend(slots)
         if bundle.second > sec:  # a later second's credit came first: this one goes back
-            bundle.correct(sec, -requests, -tokens, -micros)
+            bundle.correct(sec, -requests, -tokens, -micros * PICOS_PER_MICRO)
             return
         bundle.retire(sec)
         bundle.second = sec

@@ -113,7 +113,7 @@ def _chain(root: str) -> Any:
 
 
 async def recorded_spend(db: Database, scope: Scope, now: float) -> tuple[int, int]:
-    """Tokens and micro-dollars the usage records show for ``scope`` in its current budget period
+    """Tokens and pico-dollars the usage records show for ``scope`` in its current budget period
     (a key's scope: every key of its rotation chain)."""
     if scope.kind == "key":
         whose = or_(UsageRow.key_id == scope.id, UsageRow.key_id.in_(_chain(scope.id)))
@@ -128,7 +128,7 @@ async def recorded_spend(db: Database, scope: Scope, now: float) -> tuple[int, i
         query = query.where(UsageRow.started_at >= datetime.fromtimestamp(start, UTC))
     async with db.session() as session:
         tokens, cost = (await session.execute(query)).one()
-    return int(tokens), round(float(cost) * 1e6)
+    return int(tokens), round(float(cost) * 1e12)
 
 
 class LimitsSource:

@@ -23,7 +23,8 @@ from dataclasses import dataclass
 from gateway.contracts import QuotaState
 from gateway.quotas.limits import WINDOW_SECONDS, Scope, period_id
 from gateway.quotas.redis_client import Arg
-from gateway.quotas.redis_store import WINDOWS, RedisStore, _limit, _state
+from gateway.quotas.redis_store import MONEY, WINDOWS, RedisStore, _limit, _state
+from gateway.quotas.store import PICOS_PER_MICRO
 
 PAD = "#" * 64  # a pool slot's member is padded as a ticket's is (redis_store.py: the set stays a skiplist)
 
@@ -71,10 +72,13 @@ for i = 1, nscopes do
     grow = math.max(0, math.min(grow, math.floor(conc / 16) - pool, conc - held[i]))
   end
   if tbudget ~= '-1' or mbudget ~= '-1' then
-    local spent = redis.call('HMGET', KEYS[k + 3], 'tokens', 'micros')
+    local spent = redis.call('HMGET', KEYS[k + 3], 'tokens', 'micros', 'picos')
     if not (spent[1] or spent[2]) then return {0, 'unseeded'} end
     if tbudget ~= '-1' then tokens = most(tonumber(spent[1]) or 0, tokens, tonumber(tbudget)) end
-    if mbudget ~= '-1' then micros = most(tonumber(spent[2]) or 0, micros, tonumber(mbudget)) end
+    if mbudget ~= '-1' then  -- a fraction of a micro-dollar spent counts as a whole one
+      local used = (tonumber(spent[2]) or 0) + ((tonumber(spent[3]) or 0) > 0 and 1 or 0)
+      micros = most(used, micros, tonumber(mbudget))
+    end
   end
 end
 if n < 1 and grow < 1 then return {0, 'requests'} end  -- (a grant of slots alone asks no requests)
@@ -96,15 +100,16 @@ end
 return {1, '', -1, 0, req[1], req[2], req[3], tok[1], tok[2], tok[3], n, tokens, micros, grow}
 """
 
-GIVE_BACK = """
--- Arguments: the pool's member prefix, the budget's token and micro-dollar corrections, the number
--- of slots let go and their numbers, then triples (second, requests, tokens) added to the window.
-local prefix, dt, dm = ARGV[1], ARGV[2], ARGV[3]
-local nslots = tonumber(ARGV[4])
+GIVE_BACK = MONEY + """
+-- Arguments: the pool's member prefix, the budget's corrections of tokens, micro-dollars and
+-- pico-dollars (as SETTLE takes them), the number of slots let go and their numbers, then triples
+-- (second, requests, tokens) added to the window.
+local prefix, dt, dm, dp = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local nslots = tonumber(ARGV[5])
 local pad = string.rep('#', 64)
 for k = 1, #KEYS, 3 do
-  for j = 5, 4 + nslots do redis.call('ZREM', KEYS[k + 1], prefix .. ARGV[j] .. pad) end
-  for j = 5 + nslots, #ARGV, 3 do
+  for j = 6, 5 + nslots do redis.call('ZREM', KEYS[k + 1], prefix .. ARGV[j] .. pad) end
+  for j = 6 + nslots, #ARGV, 3 do
     local rf, tf = 'r' .. ARGV[j], 't' .. ARGV[j]
     local rd, td = tonumber(ARGV[j + 1]), tonumber(ARGV[j + 2])
     -- a second gone from the window (or a Redis that lost it) stays gone
@@ -120,9 +125,9 @@ for k = 1, #KEYS, 3 do
     end
     if #sets > 0 then redis.call('HSET', KEYS[k], unpack(sets)) end
   end
-  if (dt ~= '0' or dm ~= '0') and redis.call('EXISTS', KEYS[k + 2]) == 1 then
+  if (dt ~= '0' or dm ~= '0' or dp ~= '0') and redis.call('EXISTS', KEYS[k + 2]) == 1 then
     if dt ~= '0' then redis.call('HINCRBY', KEYS[k + 2], 'tokens', dt) end
-    if dm ~= '0' then redis.call('HINCRBY', KEYS[k + 2], 'micros', dm) end
+    add_money(KEYS[k + 2], dm, dp)
   end
 end
 return 1
@@ -147,7 +152,7 @@ class GiveBack:
 
     window: list[tuple[int, int, int]]
     budget_tokens: int
-    budget_micros: int
+    budget_picos: int
     slots: list[int]
 
 
@@ -190,7 +195,8 @@ class RedisCredit:
 
     def give_back(self, scopes: list[Scope], now: float, prefix: str, back: GiveBack) -> asyncio.Future[object]:
         """Send ``back`` without waiting; the future holds Redis's acknowledgement."""
-        args: list[Arg] = [prefix, back.budget_tokens, back.budget_micros, len(back.slots), *back.slots]
+        args: list[Arg] = [prefix, back.budget_tokens, *divmod(back.budget_picos, PICOS_PER_MICRO), len(back.slots),
+                           *back.slots]
         for change in back.window:
             args += change
         return self._give_back.submit(keys=self._keys(scopes, now), args=args)

@@ -4,12 +4,18 @@ The scripts mirror ``MemoryStore`` exactly. Per scope there are three keys:
 ``<prefix>:<kind>:<id>:win`` (the 60 s sliding windows of requests and of tokens, both in one hash:
 ``r<second>`` and ``t<second>`` -> count, ``rs`` and ``ts``, the totals of the seconds held, and
 ``lo``, the oldest second held, the same for both: every admission adds to both), ``:cc`` (sorted
-set of in-flight tickets scored by lease end, renewed by the heartbeat) and ``:bd:<period>`` (hash
-with ``tokens`` and ``micros`` spent plus reserved in the budget period; a scope with a budget
+set of in-flight tickets scored by lease end, renewed by the heartbeat, which adds a ticket the
+set dropped back: see ``store.py``) and ``:bd:<period>`` (hash with ``tokens`` and the money spent
+plus reserved in the budget period: ``micros``, whole micro-dollars, and ``picos``, the
+pico-dollars past them, 0 to 999,999; a scope with a budget
 whose bucket is missing is refused as ``unseeded`` until it is rebuilt: ``SEED`` starts it at the
 usage records' figures plus the reservations of the tickets in flight, which no record holds yet,
 and notes the second it did so in ``seeded``: ``SETTLE`` tells by it a ticket whose lease expired,
 still counted in the bucket, from one reserved before Redis lost its state).
+
+(Until 2026-12 a bucket counted whole micro-dollars alone, each settlement rounded: ``micros``
+keeps that meaning, so in a rolling update a replica of the older version reads the newer ones'
+spend to the micro-dollar and the newer ones read its own, both in the same bucket.)
 
 A window is read in constant time: one HMGET of the totals, ``lo`` and this second's counters
 answers it, and one HSET writes an admission (the script runs alone, so values read and written
@@ -41,9 +47,21 @@ import math
 from gateway.contracts import QuotaState
 from gateway.quotas.limits import WINDOW_SECONDS, period_id
 from gateway.quotas.redis_client import Arg, RespClient
-from gateway.quotas.store import Decision, Lease, Reservation, budget_retry
+from gateway.quotas.store import PICOS_PER_MICRO, Decision, Lease, Reservation, budget_retry
 
 NONE = -1  # "no limit" in script arguments and results
+
+MONEY = """
+-- Add dm micro-dollars and dp pico-dollars (0 <= dp < 1e6, both strings) to budget bucket `key`:
+-- `picos` stays under a micro-dollar, carrying into `micros`.
+local function add_money(key, dm, dp)
+  if dp ~= '0' and redis.call('HINCRBY', key, 'picos', dp) >= 1000000 then
+    redis.call('HINCRBY', key, 'picos', -1000000)
+    redis.call('HINCRBY', key, 'micros', 1)
+  end
+  if dm ~= '0' then redis.call('HINCRBY', key, 'micros', dm) end
+end
+"""
 
 WINDOWS = """
 -- Shared by RESERVE and GRANT (redis_credit.py): ARGV[1] is now, ARGV[6] the window, ARGV[7] this
@@ -222,13 +240,14 @@ for i = 1, nscopes do
     return reject('concurrency', i, 1000)
   end
   if tbudget ~= '-1' or mbudget ~= '-1' then
-    local spent = redis.call('HMGET', KEYS[k + 3], 'tokens', 'micros')
+    local spent = redis.call('HMGET', KEYS[k + 3], 'tokens', 'micros', 'picos')
     if not (spent[1] or spent[2]) then return reject('unseeded', i, 0) end
     if tbudget ~= '-1' and (tonumber(spent[1]) or 0) + tokens > tonumber(tbudget) then
       return reject('token_budget', i, -1)
     end
-    if mbudget ~= '-1' and (tonumber(spent[2]) or 0) + micros > tonumber(mbudget) then
-      return reject('cost_budget', i, -1)
+    if mbudget ~= '-1' then
+      local m, b = (tonumber(spent[2]) or 0) + micros, tonumber(mbudget)
+      if m > b or (m == b and (tonumber(spent[3]) or 0) > 0) then return reject('cost_budget', i, -1) end
     end
   end
 end
@@ -245,11 +264,12 @@ end
 return {1, '', -1, 0, req[1], req[2], req[3], tok[1], tok[2], tok[3]}
 """
 
-SETTLE = """
+SETTLE = MONEY + """
 -- Arguments: the ticket's member, the token counter of the second it was reserved in, the
--- corrections of tokens and micro-dollars, the actual figures (integers, as strings), and the
--- second it was reserved in (-1: a reservation given back, which may never have been made).
-local ticket, tsec, second = ARGV[1], ARGV[2], tonumber(ARGV[7])
+-- corrections of tokens, micro-dollars and pico-dollars, the actual figures (the same three:
+-- integers, as strings), and the second it was reserved in (-1: a reservation given back, which
+-- may never have been made).
+local ticket, tsec, second = ARGV[1], ARGV[2], tonumber(ARGV[9])
 for k = 1, #KEYS, 3 do
   -- a ticket this Redis does not hold was reserved before it lost its state (its budget bucket was
   -- rebuilt after it), or never: add the actual figures; one whose lease expired (its replica could
@@ -259,8 +279,8 @@ for k = 1, #KEYS, 3 do
     local seeded = tonumber(redis.call('HGET', KEYS[k + 2], 'seeded'))
     known = seeded ~= nil and seeded <= second
   end
-  local dt, dm = ARGV[3], ARGV[4]
-  if not known then dt, dm = ARGV[5], ARGV[6] end
+  local dt, dm, dp = ARGV[3], ARGV[4], ARGV[5]
+  if not known then dt, dm, dp = ARGV[6], ARGV[7], ARGV[8] end
   -- (a correction of zero changes nothing: no call is made for it; a second gone from the window stays gone)
   if dt ~= '0' then
     local m = redis.call('HMGET', KEYS[k], tsec, 'ts')
@@ -269,38 +289,65 @@ for k = 1, #KEYS, 3 do
       redis.call('HSET', KEYS[k], tsec, tonumber(m[1]) + n, 'ts', (tonumber(m[2]) or 0) + n)
     end
   end
-  if (dt ~= '0' or dm ~= '0') and redis.call('EXISTS', KEYS[k + 2]) == 1 then
+  if (dt ~= '0' or dm ~= '0' or dp ~= '0') and redis.call('EXISTS', KEYS[k + 2]) == 1 then
     if dt ~= '0' then redis.call('HINCRBY', KEYS[k + 2], 'tokens', dt) end
-    if dm ~= '0' then redis.call('HINCRBY', KEYS[k + 2], 'micros', dm) end
+    add_money(KEYS[k + 2], dm, dp)
   end
 end
 return 1
 """
 
 RENEW = """
--- Arguments: the leases' new end, the TTL of a tickets' key, then the tickets' members.
+-- A pool's slots (redis_credit.py). Arguments: the slots' new end, the TTL of a tickets' key, then
+-- the slots' members. A slot the set dropped (it expired while its replica could not renew it) is
+-- added back: the replica still holds it.
 for i = 1, #KEYS do
-  if redis.call('ZADD', KEYS[i], 'XX', 'CH', ARGV[1], ARGV[i + 2]) == 1 then redis.call('EXPIRE', KEYS[i], ARGV[2]) end
+  if redis.call('ZADD', KEYS[i], 'CH', ARGV[1], ARGV[i + 2]) == 1 then redis.call('EXPIRE', KEYS[i], ARGV[2]) end
+end
+return 1
+"""
+
+RENEW_TICKETS = """
+-- Keys: per lease and scope, its tickets' key and its budget bucket. Arguments: the leases' new
+-- end, the TTL of a tickets' key, then the tickets' members (one per pair of keys).
+for i = 1, #KEYS, 2 do
+  local ticket = ARGV[(i + 1) / 2 + 2]
+  if redis.call('ZADD', KEYS[i], 'XX', 'CH', ARGV[1], ticket) == 1 then
+    redis.call('EXPIRE', KEYS[i], ARGV[2])
+  elseif not redis.call('ZSCORE', KEYS[i], ticket) then
+    -- dropped while its request runs: held again, over the limit if its slot was taken meanwhile
+    -- (store.py); a bucket rebuilt after its admission did not count it: its reservation is added
+    redis.call('ZADD', KEYS[i], ARGV[1], ticket)
+    redis.call('EXPIRE', KEYS[i], ARGV[2])
+    local s, t, m = string.match(ticket, '^[^:]+:(%d+):(%d+):(%d+)#')
+    local seeded = tonumber(redis.call('HGET', KEYS[i + 1], 'seeded'))
+    if s and seeded ~= nil and seeded > tonumber(s) then
+      redis.call('HINCRBY', KEYS[i + 1], 'tokens', t)
+      redis.call('HINCRBY', KEYS[i + 1], 'micros', m)
+    end
+  end
 end
 return 1
 """
 
 SEED = """
--- Keys: the budget bucket, the scope's tickets. Arguments: the tokens and micro-dollars the usage
--- records show, the period's TTL, now, and the second the period began (-1: the "total" period).
+-- Keys: the budget bucket, the scope's tickets. Arguments: the tokens, whole micro-dollars and the
+-- pico-dollars past them the usage records show, the period's TTL, now, and the second the period
+-- began (-1: the "total" period).
 if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
-local tokens, micros, since = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[5])
+local tokens, micros, since = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[6])
 -- The tickets in flight that were reserved in this period (while the scope had no bucket) are in
 -- no usage record yet, and their settlements will correct their reservations: the bucket starts
 -- with those. Leases that ended are dropped first, as RESERVE drops them (their settlements add
 -- the actual figures); a pool's slots (redis_credit.py) hold no reservation of their own.
-redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', ARGV[4])
+redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', ARGV[5])
 for _, m in ipairs(redis.call('ZRANGE', KEYS[2], 0, -1)) do
   local s, t, mi = string.match(m, '^[^:]+:(%d+):(%d+):(%d+)#')
   if s and tonumber(s) >= since then tokens, micros = tokens + tonumber(t), micros + tonumber(mi) end
 end
-redis.call('HSET', KEYS[1], 'tokens', tokens, 'micros', micros, 'seeded', math.floor(tonumber(ARGV[4])))
-if tonumber(ARGV[3]) > 0 then redis.call('EXPIRE', KEYS[1], tonumber(ARGV[3]) + 86400) end
+redis.call('HSET', KEYS[1], 'tokens', tokens, 'micros', micros, 'picos', ARGV[3],
+           'seeded', math.floor(tonumber(ARGV[5])))
+if tonumber(ARGV[4]) > 0 then redis.call('EXPIRE', KEYS[1], tonumber(ARGV[4]) + 86400) end
 return 1
 """
 
@@ -335,6 +382,7 @@ class RedisStore:
         self._settle = redis.register_script(SETTLE)
         self._seed = redis.register_script(SEED)
         self._renew = redis.register_script(RENEW)
+        self._renew_tickets = redis.register_script(RENEW_TICKETS)
 
     def _base(self, kind: str, sid: str) -> str:
         return f"{self.prefix}:{kind}:{sid}"
@@ -374,29 +422,33 @@ class RedisStore:
         retry = budget_retry(r, r.scopes[index]) if retry_ms < 0 else max(retry_ms / 1000, 0.001)
         return Decision(False, reason, index, retry, req, tok)
 
-    async def seed_budget(self, kind: str, sid: str, pid: str, tokens: int, micros: int, ttl: int, now: float,
+    async def seed_budget(self, kind: str, sid: str, pid: str, tokens: int, picos: int, ttl: int, now: float,
                           since: float | None) -> None:
         base = self._base(kind, sid)
         start = NONE if since is None else math.floor(since)
-        await self._seed(keys=[f"{base}:bd:{pid}", base + ":cc"], args=[tokens, micros, ttl, now, start])
+        micros, past = divmod(picos, PICOS_PER_MICRO)
+        await self._seed(keys=[f"{base}:bd:{pid}", base + ":cc"], args=[tokens, micros, past, ttl, now, start])
 
-    def settle(self, lease: Lease, now: float, actual_tokens: int, actual_micros: int, *,
+    def settle(self, lease: Lease, now: float, actual_tokens: int, actual_picos: int, *,
                given_back: bool = False) -> asyncio.Future[object]:
         keys: list[str] = []
         for kind, sid, pid in lease.scopes:
             base = self._base(kind, sid)
             keys += [base + ":win", base + ":cc", f"{base}:bd:{pid}"]
         member = _member(lease.ticket_id, lease.second, lease.tokens, lease.micros)
-        args: list[Arg] = [member, f"t{lease.second}", actual_tokens - lease.tokens, actual_micros - lease.micros,
-                           actual_tokens, actual_micros, NONE if given_back else lease.second]
+        correction = divmod(actual_picos - lease.micros * PICOS_PER_MICRO, PICOS_PER_MICRO)
+        args: list[Arg] = [member, f"t{lease.second}", actual_tokens - lease.tokens, *correction,
+                           actual_tokens, *divmod(actual_picos, PICOS_PER_MICRO),
+                           NONE if given_back else lease.second]
         return self._settle.submit(keys=keys, args=args)
 
     async def renew(self, leases: list[Lease], now: float, lease_seconds: float) -> None:
         keys: list[str] = []
         args: list[Arg] = [now + lease_seconds, math.ceil(lease_seconds)]
         for lease in leases:
-            for kind, sid, _ in lease.scopes:
-                keys.append(self._base(kind, sid) + ":cc")
+            for kind, sid, pid in lease.scopes:
+                base = self._base(kind, sid)
+                keys += [base + ":cc", f"{base}:bd:{pid}"]
                 args.append(_member(lease.ticket_id, lease.second, lease.tokens, lease.micros))
         if keys:
-            await self._renew(keys=keys, args=args)
+            await self._renew_tickets(keys=keys, args=args)

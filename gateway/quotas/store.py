@@ -8,7 +8,11 @@ A store checks and reserves every limit of every scope in one atomic step, or re
   ``used + this <= limit``;
 - concurrency: leases that end at settle, or ``lease_seconds`` after the last ``renew`` (the live
   replica renews its leases on a heartbeat, so a dead replica's slots free themselves);
-- budgets: tokens and micro-dollars per period bucket, reserved at admit, corrected at settle.
+- budgets: tokens and money per period bucket, reserved at admit, corrected at settle. A
+  reservation is a ceiling in whole micro-dollars; what a request cost is counted in pico-dollars
+  (``picos``: the usage records' float dollars to 1e-12, exact for any price with up to six
+  decimals per million tokens), so a budget is charged what the usage records say, however cheap
+  each request (whole micro-dollars rounded a request under half of one to nothing).
   A bucket the store does not hold (a restart, a flushed Redis) is refused as ``unseeded``: the
   caller rebuilds it from the usage records (``seed_budget``) and asks again, so a store that lost
   its state never hands out a budget twice. The rebuilt bucket also holds the reservations of the
@@ -18,6 +22,13 @@ A store checks and reserves every limit of every scope in one atomic step, or re
   reservation when the store restarted since the admission (its bucket was rebuilt after the
   lease's second), or when it gives back a reservation that may never have been made; a lease
   that merely expired (its replica could not renew it) in a bucket older than it is corrected.
+  A lease dropped while its request still runs (it expired: its replica could not renew it) is
+  held again by the heartbeat's next ``renew``, even where that puts the scope over its
+  concurrency limit (another request took the slot meanwhile): the request is running, and a slot
+  not counted would let one more in. Its reservation stays in the bucket it was counted in; a
+  bucket rebuilt after its admission without it (it was gone then) gets it again, as its
+  settlement corrects it (so a lease dropped after that rebuild counted it is counted twice: an
+  over-count of one reservation, never an under-count).
   A scope without a budget never makes a bucket (it adds to one that exists: a budget removed in
   the period): one made by a store that lost its state would hold only the spend since, and a
   budget set later in the period would trust it instead of being rebuilt from the records.
@@ -32,6 +43,13 @@ from typing import Any, Protocol
 
 from gateway.contracts import QuotaState, completed
 from gateway.quotas.limits import WINDOW_SECONDS, Scope, period_id
+
+PICOS_PER_MICRO = 1_000_000
+
+
+def picos(usd: float) -> int:
+    """Dollars (a usage record's cost) in pico-dollars, the unit budgets count spend in."""
+    return round(usd * 1e12)
 
 
 @dataclass(frozen=True)
@@ -68,21 +86,22 @@ class Lease:
 class QuotaStore(Protocol):
     async def reserve(self, r: Reservation) -> Decision: ...
 
-    def settle(self, lease: Lease, now: float, actual_tokens: int, actual_micros: int, *,
+    def settle(self, lease: Lease, now: float, actual_tokens: int, actual_picos: int, *,
                given_back: bool = False) -> asyncio.Future[Any]:
         """Correct the reservation (the command is on its way when this returns); the future holds
         the store's acknowledgement, or its failure. ``given_back``: the reservation may never
         have been made (its admission was cancelled)."""
         ...
 
-    async def seed_budget(self, kind: str, sid: str, pid: str, tokens: int, micros: int, ttl: int, now: float,
+    async def seed_budget(self, kind: str, sid: str, pid: str, tokens: int, picos: int, ttl: int, now: float,
                           since: float | None) -> None:
         """Start a budget bucket at the recorded spend plus the reservations of the scope's leases in
         flight made since ``since`` (the period's start; None: ever), unless the bucket exists."""
         ...
 
     async def renew(self, leases: list[Lease], now: float, lease_seconds: float) -> None:
-        """Extend the concurrency leases still held to ``now + lease_seconds`` (the heartbeat)."""
+        """Extend the concurrency leases to ``now + lease_seconds`` (the heartbeat), holding again
+        those the store dropped (see the module's docstring)."""
         ...
 
 
@@ -145,7 +164,7 @@ class MemoryStore:
     def __init__(self) -> None:
         self._windows: dict[str, _Window] = {}
         self._leases: dict[str, dict[str, _Held]] = {}
-        self._budgets: dict[str, list[int]] = {}  # [tokens, micros]
+        self._budgets: dict[str, list[int]] = {}  # [tokens, picos]
         self._seeded: dict[str, int] = {}  # budget bucket -> the second it was rebuilt in
 
     def _window(self, key: str) -> _Window:
@@ -183,7 +202,8 @@ class MemoryStore:
                 return self._refuse(r, "concurrency", i, 1.0)
             if lim.token_budget is not None and budget[0] + r.tokens > lim.token_budget:
                 return self._refuse(r, "token_budget", i, budget_retry(r, scope))
-            if lim.cost_budget is not None and budget[1] + r.micros > round(lim.cost_budget * 1e6):
+            if lim.cost_budget is not None and \
+                    budget[1] + r.micros * PICOS_PER_MICRO > round(lim.cost_budget * 1e6) * PICOS_PER_MICRO:
                 return self._refuse(r, "cost_budget", i, budget_retry(r, scope))
         for scope in r.scopes:
             base = f"{scope.kind}:{scope.id}"
@@ -196,7 +216,7 @@ class MemoryStore:
             budget = self._budgets.get(f"{base}:{period_id(scope.limits.budget_period, r.now)[0]}")
             if budget is not None:
                 budget[0] += r.tokens
-                budget[1] += r.micros
+                budget[1] += r.micros * PICOS_PER_MICRO
         return Decision(True, requests=req_state, tokens=tok_state)
 
     def _refuse(self, r: Reservation, reason: str, index: int, retry_after: float) -> Decision:
@@ -216,7 +236,7 @@ class MemoryStore:
                 tokens = tighter(tokens, lim.tokens_per_minute, lim.tokens_per_minute - used, _reset(oldest, r.now))
         return Decision(False, reason, index, retry_after, requests, tokens)
 
-    async def seed_budget(self, kind: str, sid: str, pid: str, tokens: int, micros: int, ttl: int, now: float,
+    async def seed_budget(self, kind: str, sid: str, pid: str, tokens: int, picos: int, ttl: int, now: float,
                           since: float | None) -> None:
         if f"{kind}:{sid}:{pid}" in self._budgets:
             return
@@ -226,16 +246,22 @@ class MemoryStore:
         live = [h for h in leases.values() if since is None or h.second >= math.floor(since)]
         self._seeded[f"{kind}:{sid}:{pid}"] = math.floor(now)
         self._budgets[f"{kind}:{sid}:{pid}"] = [tokens + sum(h.tokens for h in live),
-                                                micros + sum(h.micros for h in live)]
+                                                picos + sum(h.micros for h in live) * PICOS_PER_MICRO]
 
     async def renew(self, leases: list[Lease], now: float, lease_seconds: float) -> None:
         for lease in leases:
-            for kind, sid, _ in lease.scopes:
-                held = self._leases.get(f"{kind}:{sid}", {})
+            for kind, sid, pid in lease.scopes:
+                held = self._leases.setdefault(f"{kind}:{sid}", {})
                 if lease.ticket_id in held:
                     held[lease.ticket_id].until = now + lease_seconds
+                    continue
+                held[lease.ticket_id] = _Held(now + lease_seconds, lease.second, lease.tokens, lease.micros)
+                budget = self._budgets.get(f"{kind}:{sid}:{pid}")
+                if budget is not None and self._seeded.get(f"{kind}:{sid}:{pid}", lease.second) > lease.second:
+                    budget[0] += lease.tokens  # rebuilt without it (see the module's docstring)
+                    budget[1] += lease.micros * PICOS_PER_MICRO
 
-    def settle(self, lease: Lease, now: float, actual_tokens: int, actual_micros: int, *,
+    def settle(self, lease: Lease, now: float, actual_tokens: int, actual_picos: int, *,
                given_back: bool = False) -> asyncio.Future[Any]:
         for kind, sid, pid in lease.scopes:
             base = f"{kind}:{sid}"
@@ -249,5 +275,5 @@ class MemoryStore:
             budget = self._budgets.get(f"{base}:{pid}")
             if budget is not None:
                 budget[0] += actual_tokens - reserved_tokens
-                budget[1] += actual_micros - reserved_micros
+                budget[1] += actual_picos - reserved_micros * PICOS_PER_MICRO
         return completed()

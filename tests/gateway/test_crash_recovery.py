@@ -138,8 +138,8 @@ async def test_sigkill_mid_load_meters_every_request_and_frees_the_slots_within_
     incomplete = [t for s, e, t in rows if e == "incomplete"]
     assert len(incomplete) == 3 and all(t > 50 for t in incomplete)  # settled at what they reserved
     assert _budget_tokens(redis_server.url, tid) == sum(t for _, _, t in rows)  # the budget and the rows agree
-    micros = _budget_tokens(redis_server.url, tid, "micros")
-    assert abs(micros - _money(tmp_path, tid) * 1e6) <= len(rows)  # in money too (to rounding, a micro-dollar a row)
+    picos = _budget_tokens(redis_server.url, tid, "micros") * 10**6 + _budget_tokens(redis_server.url, tid, "picos")
+    assert abs(picos - _money(tmp_path, tid) * 1e12) <= len(rows)  # in money too (to a pico-dollar a row)
 
 
 async def test_redis_restarted_empty_never_hands_the_budget_out_twice(

@@ -136,9 +136,9 @@ async def test_a_rotated_key_is_counted_with_its_whole_chain(db: Database, tmp_p
     assert scopes[third].limits.token_budget == 1000  # each key keeps its own (copied) limits
     assert scopes[other].id == other
     for key in (first, second, third):
-        assert await recorded_spend(db, scopes[key], time.time()) == (123, 123)
-    assert await recorded_spend(db, scopes[other], time.time()) == (5000, 5000)
-    assert await recorded_spend(db, Scope("tenant", tenant.id, Limits()), time.time()) == (5123, 5123)
+        assert await recorded_spend(db, scopes[key], time.time()) == (123, 123 * 10**6)  # pico-dollars
+    assert await recorded_spend(db, scopes[other], time.time()) == (5000, 5000 * 10**6)
+    assert await recorded_spend(db, Scope("tenant", tenant.id, Limits()), time.time()) == (5123, 5123 * 10**6)
 
 
 def _chat(server: ServerThread, key: str) -> int:
