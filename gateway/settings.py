@@ -73,14 +73,29 @@ class DatabaseConfig(Conf):
         from sqlalchemy.engine import make_url
         from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 
+        from gateway.db.engine import normalise_url
+
+        scheme = self.url.partition("://")[0]
         try:
             make_url(self.url).get_dialect()
+            parsed = normalise_url(self.url)  # the driver the gateway will use
+            dialect = parsed.get_dialect(_is_async=True)  # as create_async_engine picks it
         except NoSuchModuleError:
-            scheme = self.url.partition("://")[0]
             raise ValueError(f"database.url has an unknown dialect or driver {scheme!r} "
                              "(e.g. postgresql+asyncpg, sqlite+aiosqlite)") from None
         except ArgumentError:  # after its subclass above
             raise ValueError("database.url is not a URL (dialect+driver://user:password@host/name)") from None
+        if parsed.get_backend_name() not in ("sqlite", "postgresql"):
+            raise ValueError(f"database.url must name SQLite or PostgreSQL, got {scheme!r} "
+                             "(e.g. sqlite+aiosqlite://, postgresql+asyncpg://)")
+        if not dialect.is_async:
+            raise ValueError(f"database.url names driver {parsed.drivername!r}, which has no asyncio support; "
+                             "use postgresql+asyncpg:// or sqlite+aiosqlite://")
+        try:  # a dialect SQLAlchemy knows may need a package that is not installed
+            dialect.import_dbapi()
+        except ImportError as exc:
+            raise ValueError(f"database.url names driver {parsed.drivername!r}, which is not installed ({exc}); "
+                             "use postgresql+asyncpg:// or sqlite+aiosqlite://") from None
 
 
 class RedisConfig(Conf):
@@ -277,6 +292,8 @@ class Settings(Conf):
 def _check_references(settings: Settings) -> None:
     """What one key cannot say alone: model names and deployment names unique, fallbacks known."""
     names: set[str] = set()
+    # a deployment's name keys its price and metrics: in several models it must call one upstream
+    upstreams: dict[str, tuple[str, tuple[str, str, str | None]]] = {}
     for i, group in enumerate(settings.models):
         for where, name in (("name", group.name), *((f"aliases[{j}]", a) for j, a in enumerate(group.aliases))):
             if name in names:
@@ -288,6 +305,11 @@ def _check_references(settings: Settings) -> None:
                 raise _Invalid(f"models[{i}].deployments[{j}]", f"deployment {dep.id!r} is defined twice in "
                                f"model {group.name!r} (give each its own name)")
             ids.add(dep.id)
+            upstream = (dep.provider, dep.model, dep.api_base)
+            where, first = upstreams.setdefault(dep.id, (f"models[{i}].deployments[{j}]", upstream))
+            if first != upstream:
+                raise _Invalid(f"models[{i}].deployments[{j}]", f"deployment {dep.id!r} is defined twice with "
+                               f"different upstreams ({where} and here): give each its own name")
     for i, group in enumerate(settings.models):
         for key in ("fallbacks", "context_window_fallbacks"):
             for j, name in enumerate(getattr(group, key)):

@@ -66,6 +66,13 @@ def _bounds(start: str | None, end: str | None, since: str | None) -> tuple[date
     return lo, hi
 
 
+async def _filters(svc: TenancyService, tenant: str | None, key: str | None) -> str | None:
+    """The id of the tenant ``--tenant`` names; an unknown tenant or ``--key`` is an error, not an empty range."""
+    if key:
+        await svc.get_key(key)
+    return (await svc.get_tenant(tenant)).id if tenant else None
+
+
 @usage_app.command("report")
 def usage_report_cmd(
     start: StartOpt = None,
@@ -85,7 +92,7 @@ def usage_report_cmd(
     groups = tuple(g.strip() for g in by.split(",") if g.strip())
 
     async def job(svc: TenancyService, db: Database) -> list[dict[str, Any]]:
-        tenant_id = (await svc.get_tenant(tenant)).id if tenant else None
+        tenant_id = await _filters(svc, tenant, key)
         q = ReportQuery(start=lo, end=hi, group_by=groups, tenant_id=tenant_id, key_id=key)
         return await usage_report(db, q)
 
@@ -153,7 +160,7 @@ def usage_export(
     progress = Progress()
 
     async def job(svc: TenancyService, db: Database) -> int:
-        tenant_id = (await svc.get_tenant(tenant)).id if tenant else None
+        tenant_id = await _filters(svc, tenant, key)
         f = records.RecordFilter(tenant_id, lo, hi, key_id=key, operator=True)
         # the file is opened once the database and the tenant are known: a typo leaves it as it was
         with _open_output(output) as target:

@@ -123,3 +123,19 @@ def test_a_key_for_an_empty_model_name_is_refused(cli: tuple[Cli, str]) -> None:
     done = run("key", "create", "--tenant", tenant["id"], "--model", "m", "--model", "", ok=False)
     assert done.returncode == 1 and done.stderr == "error: models[1] is empty: name a model\n", done.stderr
     assert run.json("key", "list", "--tenant", tenant["id"]) == []
+
+
+def test_a_usage_range_of_an_unknown_key_is_an_error_not_an_empty_range(cli: tuple[Cli, str], tmp_path: Path) -> None:
+    """``--key`` with a mistyped id once read as "no usage in that range" (exit 0), as an unknown
+    ``--tenant`` never did; an export to a file leaves the file alone."""
+    run, _ = cli
+    out = tmp_path / "keep.csv"
+    out.write_text("last month's export\n")
+    for args in (("report",), ("report", "--format", "csv"), ("export", "-o", str(out))):
+        done = run("usage", *args, "--key", "key_nosuchkey", ok=False)
+        assert done.returncode == 1 and done.stderr.startswith("error: no key 'key_nosuchkey'"), done.stderr
+        assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr, done.stderr
+    assert out.read_text() == "last month's export\n"
+    tenant = run.json("tenant", "create", f"k-{uuid.uuid4().hex[:6]}")
+    key = run.json("key", "create", "--tenant", tenant["id"])
+    assert run.json("usage", "report", "--key", key["id"], "--start", "2001-01-01", "--end", "2001-01-01") == []

@@ -5,6 +5,7 @@ deployments of one model under one name, a fallback naming no model."""
 from __future__ import annotations
 
 import re
+from importlib.util import find_spec
 from pathlib import Path
 
 import pytest
@@ -100,6 +101,13 @@ def test_an_empty_model_name_or_an_infinite_weight_is_an_error_naming_it(model: 
     ({"redis": {"url": "localhost:6379"}}, "redis.url has scheme 'localhost'"),
     ({"database": {"url": "postgres://u@h/db"}}, "database.url has an unknown dialect or driver 'postgres'"),
     ({"database": {"url": "nonsense"}}, "database.url is not a URL"),
+    # dialects SQLAlchemy knows that the gateway cannot use: once a ModuleNotFoundError at start-up (exit 1)
+    ({"database": {"url": "mysql://u@h/db"}}, "database.url must name SQLite or PostgreSQL, got 'mysql'"),
+    ({"database": {"url": "postgresql+pg8000://u@h/db"}},
+     "database.url names driver 'postgresql+pg8000', which has no asyncio support"),
+    pytest.param({"database": {"url": "postgresql+psycopg://u@h/db"}},
+                 "database.url names driver 'postgresql+psycopg', which is not installed (No module named 'psycopg')",
+                 marks=pytest.mark.skipif(find_spec("psycopg") is not None, reason="psycopg is installed")),
 ])
 def test_a_bad_redis_or_database_url_is_a_config_error_naming_the_key(section: dict, named: str) -> None:
     with pytest.raises(ConfigError, match=re.escape(named)):
@@ -260,3 +268,24 @@ def test_an_endless_price_is_an_error_not_an_endless_cost(price: dict[str, objec
         parse_settings({"models": [{"name": "a", "deployments": [DEP]}], "prices": {"a": filled(price)}}, env={})
     parse_settings({"models": [{"name": "a", "deployments": [DEP]}], "prices": {"a": {"output_per_million": 1e12}}},
                    env={})
+
+
+def test_one_deployment_name_for_two_different_deployments_is_an_error() -> None:
+    """A price keyed by a deployment's name (and its metrics) would apply to both, whatever each calls."""
+    with pytest.raises(ConfigError, match=re.escape(
+            "config error at models[1].deployments[0]: deployment 'primary' is defined twice with different "
+            "upstreams (models[0].deployments[0] and here): give each its own name")):
+        parse_settings({"models": [{"name": "a", "deployments": [DEP | {"name": "primary"}]},
+                                   {"name": "b", "deployments": [DEP | {"name": "primary", "model": "m2"}]}]}, env={})
+    # one upstream in two models may be weighted and limited apart in each
+    parse_settings({"models": [{"name": "a", "deployments": [DEP | {"name": "primary"}]},
+                               {"name": "b", "deployments": [DEP | {"name": "primary", "weight": 3}]}]}, env={})
+
+
+def test_serve_refuses_a_database_url_it_cannot_use_as_a_config_error(tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text("database:\n  url: mysql://u@h/db\n")
+    done = CliRunner().invoke(app, ["serve", "--config", str(path)])
+    assert done.exit_code == 2, done.output
+    assert done.stderr == (f"error: config error at database (in {path}): database.url must name SQLite or "
+                           "PostgreSQL, got 'mysql' (e.g. sqlite+aiosqlite://, postgresql+asyncpg://)\n"), done.stderr
