@@ -42,7 +42,7 @@ from backends.base import (
     UpstreamError,
 )
 from backends.config import DeploymentConfig
-from backends.raw_http import RawAnswer, RawHTTP, RawStream
+from backends.raw_http import RawAnswer, RawHTTP, RawStream, decoded_body
 from backends.redaction import register, register_headers
 from backends.trace_context import with_trace_context
 
@@ -408,7 +408,7 @@ class HTTPUpstream:
             if stream.status >= 300:
                 try:
                     async with asyncio.timeout(self.timeouts.connect):
-                        body = await stream.read()
+                        body = decoded_body(stream.headers, await stream.read())
                 except (TimeoutError, OSError, ValueError):
                     body = b""
                 finally:

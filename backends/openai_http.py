@@ -376,6 +376,7 @@ class _Relay(Generic[C]):
         self._pending: C | None = first
         self._last: C = first
         self._unfinished: set[int] = set()  # indices of the choices seen whose finish_reason has not come
+        self._began = False  # a chunk with a choice came (not only Azure's first, its prompt filter results)
         self._deadline, self._meter, self._usage = deadline, meter, usage
         self._text_of: Callable[[C], str] = text_of
         self._saw_usage = False
@@ -445,14 +446,16 @@ class _Relay(Generic[C]):
 
     def _check_finished(self) -> None:
         """At the end of the body: a stream that ended without ``[DONE]`` while a choice it had
-        begun had no ``finish_reason`` yet was cut short, not completed."""
-        if not self._reader.lines.saw_done and self._unfinished:
+        begun had no ``finish_reason`` yet, or before any choice began, was cut short, not completed."""
+        if not self._reader.lines.saw_done and (self._unfinished or not self._began):
             raise Unavailable(f"upstream {self._http.deployment_id} ended the stream before it finished")
 
     def _account(self, chunk: C) -> C | None:
         """Update the meter from one chunk; the chunk to relay, or None to drop it."""
         meter = self._meter
         self._last = chunk
+        if chunk.choices:
+            self._began = True
         for choice in chunk.choices:
             if choice.finish_reason is None:
                 self._unfinished.add(choice.index)

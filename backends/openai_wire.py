@@ -372,8 +372,8 @@ class ChoiceLogprobs(WireStruct):
 class AssistantMessage(WireStruct):
     role: str = "assistant"
     content: str | None = None
-    tool_calls: list[ToolCall] | UnsetType = UNSET
-    function_call: FunctionCall | UnsetType = UNSET  # legacy function calling: the answer's call
+    tool_calls: list[ToolCall] | None | UnsetType = UNSET  # null: none (LiteLLM, LM Studio send it), relayed
+    function_call: FunctionCall | None | UnsetType = UNSET  # legacy function calling: the answer's call
     refusal: str | None = None  # always present, as OpenAI's schema requires
     reasoning_content: str | None | UnsetType = UNSET  # a reasoning model's thinking (vLLM, DeepSeek)
     reasoning: str | None | UnsetType = UNSET  # the same, as newer vLLM and OpenRouter name it
@@ -405,14 +405,14 @@ class ChatCompletion(WireStruct, dict=True):
 
 
 class ChatDelta(WireStruct):
-    role: str | UnsetType = UNSET
+    role: str | None | UnsetType = UNSET  # this and the lists: null for none, as OpenAI's schema allows
     content: str | None | UnsetType = UNSET
-    tool_calls: list[ToolCallDelta] | UnsetType = UNSET
-    function_call: dict[str, Any] | UnsetType = UNSET  # legacy function calling: the call's name, arguments
+    tool_calls: list[ToolCallDelta] | None | UnsetType = UNSET
+    function_call: dict[str, Any] | None | UnsetType = UNSET  # legacy function calling: the call's name, arguments
     refusal: str | None | UnsetType = UNSET
     reasoning_content: str | None | UnsetType = UNSET
     reasoning: str | None | UnsetType = UNSET
-    thinking_blocks: list[Any] | UnsetType = UNSET  # pieces of Anthropic's (as LiteLLM streams them)
+    thinking_blocks: list[Any] | None | UnsetType = UNSET  # pieces of Anthropic's (as LiteLLM streams them)
 
 
 def reasoning_text(message: AssistantMessage | ChatDelta) -> str:

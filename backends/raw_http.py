@@ -234,7 +234,8 @@ class RawHTTP:
             else:
                 slots.release()
             raise
-        if answer.headers.get("content-encoding", "identity").lower() not in ("identity", ""):
+        # an error answer's body is read whole, and inflated (``decoded_body``), as ``post``'s is
+        if answer.status < 300 and answer.headers.get("content-encoding", "identity").lower() not in ("identity", ""):
             stream.close()
             raise ProtocolError("a compressed stream (content-encoding) was not asked for")
         stream.status, stream.headers = answer.status, answer.headers
@@ -424,17 +425,22 @@ def _header_lines(headers: Mapping[str, str]) -> bytes:
 
 
 def _decoded(answer: RawAnswer) -> RawAnswer:
-    """The body without a gzip/deflate content-encoding (an upstream may use one unasked)."""
-    encoding = answer.headers.get("content-encoding", "identity").lower()
+    """The answer without a gzip/deflate content-encoding (an upstream may use one unasked)."""
+    body = decoded_body(answer.headers, answer.body)
+    return answer if body is answer.body else RawAnswer(answer.status, answer.headers, body)
+
+
+def decoded_body(headers: Mapping[str, str], body: bytes) -> bytes:
+    """A whole body without its gzip/deflate content-encoding: ``body`` itself when it has none."""
+    encoding = headers.get("content-encoding", "identity").lower()
     if encoding in ("identity", ""):
-        return answer
+        return body
     if encoding not in ("gzip", "x-gzip", "deflate"):
         raise ProtocolError(f"unsupported content-encoding {encoding!r}")
     try:
-        body = zlib.decompress(answer.body, 47) if encoding != "deflate" else _inflate(answer.body)
+        return zlib.decompress(body, 47) if encoding != "deflate" else _inflate(body)
     except zlib.error as exc:
         raise ProtocolError(f"invalid {encoding} body: {exc}") from None
-    return RawAnswer(answer.status, answer.headers, body)
 
 
 def _inflate(body: bytes) -> bytes:

@@ -22,6 +22,7 @@ from backends.http_upstream import raise_if_error
 from backends.raw_http import RawStream
 
 _DRAIN_SECONDS = 0.5  # after [DONE], how long to wait for the body's end
+_BOM = b"\xef\xbb\xbf"  # U+FEFF in UTF-8
 
 
 class _Wait:
@@ -46,6 +47,7 @@ class SSELines:
         self._deployment = deployment
         self._idle = idle
         self._started = False  # an event arrived: from now on silences are bounded by ``idle``
+        self._fresh = True  # no line read yet: a byte order mark may lead the body
         self._done = False  # ``[DONE]`` came: the events are over (once those in _events are read)
         self._events: deque[bytes] = deque()  # data of events read but not yet returned
         self._data: bytes | None = None  # the data lines of an event whose closing blank line has not come
@@ -96,6 +98,9 @@ class SSELines:
         try:
             while (lines := self._content.lines_nowait()) is not None:
                 self._last = self._loop.time()
+                if self._fresh:  # the standard ignores one leading byte order mark
+                    self._fresh = False
+                    lines = lines.removeprefix(_BOM)
                 data = self._data
                 # at the end of the body, a blank line: a last event not yet closed by one still counts
                 for line in lines.splitlines() if lines else (b"",):

@@ -65,6 +65,17 @@ async def test_a_last_event_without_a_newline_still_counts_at_the_end() -> None:
         b'{"a":1}', b'{"b":2}', None]
 
 
+async def test_a_byte_order_mark_before_the_first_event_is_ignored() -> None:
+    """The SSE standard skips one leading U+FEFF: the first event behind it is an event, not lost."""
+    stream = body_stream()
+    lines = SSELines(stream, "dep")
+    stream.feed(b"\xef\xbb\xbfdata: {\"a\":1}\n\ndata: {\"b\":2}\n\n\xef\xbb\xbfdata: {\"c\":3}\n\n")
+    stream.end()
+    deadline = asyncio.get_running_loop().time() + 10
+    assert [await lines.next(deadline), await lines.next(deadline), await lines.next(deadline)] == [
+        b'{"a":1}', b'{"b":2}', None]  # a mark later on is no part of the standard: that line is no data line
+
+
 async def test_an_events_data_lines_are_one_event_on_one_line() -> None:
     """Several ``data:`` lines are one event (a JSON object may be cut across them), joined on one
     line (relayed as it came, it stays one ``data:`` line); it is whole at its blank line, however

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import gzip
+import json
+
 import openai
 import pytest
 
@@ -140,6 +143,25 @@ def test_upstream_bad_request_keeps_its_own_code(env: GatewayEnv, upstream: Fake
     with pytest.raises(openai.BadRequestError) as err:
         sdk(env).completions.create(model="echo", prompt="hi", stream=stream)
     assert err.value.code == "invalid_request_error" and err.value.body["message"] == "bad n"  # type: ignore[index]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_compressed_upstream_error_reads_as_its_status(env: GatewayEnv, upstream: FakeUpstream,
+                                                         stream: bool) -> None:
+    """An error answer gzipped unasked (a proxy in front of the upstream) is the error it holds,
+    for a stream request too: not an unreachable upstream (503), retried elsewhere."""
+    gzipped = {"content-type": "application/json", "content-encoding": "gzip"}
+    body = gzip.compress(json.dumps({"error": {"message": "bad temperature", "type": "invalid_request_error",
+                                               "param": "temperature", "code": None}}).encode())
+    upstream.fail_next(Fault(status=400, body=body, headers=gzipped))
+    with pytest.raises(openai.BadRequestError) as err:
+        sdk(env).chat.completions.create(model="echo", messages=MESSAGES, stream=stream)
+    assert (err.value.param, err.value.body["message"]) == ("temperature", "bad temperature")  # type: ignore[index]
+    upstream.fail_next(Fault(status=429, body=gzip.compress(b"slow down"), headers=gzipped | {"retry-after": "4"}))
+    with pytest.raises(openai.RateLimitError) as limited:
+        sdk(env).chat.completions.create(model="echo", messages=MESSAGES, stream=stream)
+    assert limited.value.response.headers["retry-after"] == "4"
+    assert limited.value.body["message"] == "slow down"  # type: ignore[index]
 
 
 def test_a_fastapi_upstream_error_reads_as_one(env: GatewayEnv, upstream: FakeUpstream) -> None:

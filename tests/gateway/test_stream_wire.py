@@ -218,6 +218,20 @@ def test_n_choices_interleaved_each_finish_once_and_usage_comes_last(wire: Wire)
 # ---------------------------------------------------------------- failures
 
 
+def test_a_body_that_ends_after_a_chunk_without_choices_fails(wire: Wire) -> None:
+    """Azure's first chunk (its prompt filter results, no choices), then the end of the body with no
+    ``[DONE]``: the answer never began, so the stream failed; it is not an empty completed answer."""
+    first = {"id": "", "object": "", "created": 0, "model": "", "choices": [],
+             "prompt_filter_results": [{"prompt_index": 0, "content_filter_results": {}}]}
+    wire.upstream.scripts.append([events(first, done=False)])
+    _, data = raw_events(wire)
+    assert len(data) == 2 and "error" in json.loads(data[1]) and "[DONE]" not in data
+    assert wire.usage.wait_for(1)[0].error_type is not None
+    wire.upstream.scripts.append([events(first)])  # with [DONE] the upstream said it is over: relayed as it came
+    _, data = raw_events(wire)
+    assert data[-1] == "[DONE]" and len(data) == 2
+
+
 def test_an_error_mid_stream_ends_the_stream_with_an_error_event_and_no_done(wire: Wire) -> None:
     error = {"error": {"message": "boom", "type": "server_error", "param": None, "code": None}}
     wire.upstream.scripts.append([events(chunk("a b"), done=False), b"data: " + json.dumps(error).encode() + b"\n\n"])

@@ -282,3 +282,28 @@ def test_tool_calls_without_an_id_are_relayed_as_sent(client: openai.OpenAI, ups
     reply = client.chat.completions.create(model="echo", messages=[{"role": "user", "content": "hi"}])
     assert reply.choices[0].message.to_dict()["tool_calls"] == ANSWERED_CALLS
     assert reply.choices[0].finish_reason == "tool_calls"
+
+
+def test_optional_fields_sent_as_null_are_relayed_as_sent(client: openai.OpenAI, upstream: FakeUpstream,
+                                                          env: GatewayEnv) -> None:
+    """``null`` for an answer's or a delta's optional field (``tool_calls``, ``function_call``, a delta's
+    ``role``: OpenAI's schema allows it; LiteLLM, LM Studio and others send it) is no 502: relayed, metered."""
+    message = {"role": "assistant", "content": "a b", "tool_calls": None, "function_call": None,
+               "thinking_blocks": None, "refusal": None}
+    upstream.fail_next(Fault(status=200, body={
+        "id": "x", "object": "chat.completion", "created": 1, "model": "m", "usage": RICH_USAGE,
+        "choices": [{"index": 0, "message": message, "finish_reason": "stop", "logprobs": None}]}))
+    reply = client.chat.completions.create(model="echo", messages=[{"role": "user", "content": "hi"}])
+    assert reply.choices[0].message.to_dict(exclude_none=False) == message
+    delta = {"role": None, "content": "a b", "tool_calls": None, "function_call": None, "thinking_blocks": None}
+    chunk = {"id": "x", "object": "chat.completion.chunk", "created": 1, "model": "m",
+             "choices": [{"index": 0, "delta": delta, "finish_reason": "stop"}]}
+    usage = chunk | {"choices": [], "usage": RICH_USAGE}
+    upstream.fail_next(Fault(status=200, headers={"content-type": "text/event-stream"}, body=b"".join(
+        b"data: " + json.dumps(event).encode() + b"\n\n" for event in (chunk, usage)) + b"data: [DONE]\n\n"))
+    chunks = list(client.chat.completions.create(model="echo", messages=[{"role": "user", "content": "hi"}],
+                                                 stream=True))
+    assert [c.choices[0].delta.to_dict(exclude_none=False) for c in chunks] == [delta]
+    records = env.usage.wait_for(2)
+    assert [(r.status, r.completion_tokens, r.exact) for r in records] == [
+        (200, RICH_USAGE["completion_tokens"], True)] * 2
