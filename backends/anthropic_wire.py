@@ -15,7 +15,7 @@ from msgspec import UNSET
 
 from backends.anthropic_functions import as_tools
 from backends.anthropic_json import add_json_tool, json_format
-from backends.anthropic_thinking import answer_blocks, request_blocks
+from backends.anthropic_thinking import THINKING_TYPES, answer_blocks, request_blocks
 from backends.base import BadRequest, Meter
 from backends.function_tools import function_call, function_def
 from backends.openai_wire import (
@@ -34,7 +34,7 @@ from backends.openai_wire import (
     Usage,
     extra_params,
 )
-from backends.turn_thinking import placed_thinking
+from backends.turn_thinking import Placed, place_thinking, thinking_before
 
 DEFAULT_MAX_TOKENS = 4096
 _PROVIDER = "the anthropic provider"  # as the 400s for what it cannot take name it
@@ -112,12 +112,12 @@ def _tool_use_blocks(message: ChatMessage, index: int) -> list[dict[str, Any]]:
 def _assistant_blocks(message: ChatMessage, index: int) -> list[dict[str, Any]]:
     """An assistant message's text and tool_use blocks, with the thinking blocks the gateway placed in
     its turn (``turn_thinking``) where they were: first, or just before their tool call."""
-    placed = placed_thinking(message)
-    blocks = [b for at, group in placed if at is None for b in group] + _content_blocks(message)
-    for k, call in enumerate(_tool_use_blocks(message, index)):
-        blocks += [b for at, group in placed if at == k for b in group]
+    calls = _tool_use_blocks(message, index)
+    blocks = [b for group in thinking_before(message, None, len(calls)) for b in group] + _content_blocks(message)
+    for k, call in enumerate(calls):
+        blocks += [b for group in thinking_before(message, k, len(calls)) for b in group]
         blocks.append(call)
-    return blocks
+    return blocks + [b for group in thinking_before(message, len(calls), len(calls)) for b in group]
 
 
 def _system_blocks(message: ChatMessage) -> list[dict[str, Any]]:
@@ -420,14 +420,27 @@ def server_tool_calls(usage: Any) -> dict[str, int]:
 
 
 def from_messages_response(data: dict[str, Any], public_model: str) -> ChatCompletion:
+    """An Anthropic answer as a chat completion: its text joined, its tool calls, its thinking (the text
+    joined, the blocks as they came); each run of thinking blocks also placed in the turn where it came
+    (``turn_thinking``: first, or before the call that follows it), for the Responses API."""
     text, calls = [], []
+    placed: Placed = []
+    previous: str | None = None  # the type of the block before
     for block in data.get("content") or []:
         if block.get("type") == "text":
             text.append(block.get("text", ""))
         elif block.get("type") == "tool_use":
             calls.append(ToolCall(id=block.get("id", ""), function=FunctionCall(
                 name=block.get("name", ""), arguments=msgspec.json.encode(block.get("input") or {}).decode())))
+        elif block.get("type") in THINKING_TYPES:
+            if previous in THINKING_TYPES:
+                placed[-1][1].append(block)
+            else:
+                placed.append((len(calls) if text or calls else None, [block]))
+        previous = block.get("type")
     message = AssistantMessage(content="".join(text) if text or not calls else None)
+    for before_call, blocks in placed:
+        place_thinking(message, blocks, before_call)
     thinking = [b.get("thinking", "") for b in data.get("content") or [] if b.get("type") == "thinking"]
     if thinking:
         message.reasoning_content = "".join(thinking)

@@ -369,7 +369,7 @@ class ChoiceLogprobs(WireStruct):
     content: list[TokenLogprob] | None = None
 
 
-class AssistantMessage(WireStruct):
+class AssistantMessage(WireStruct, dict=True):  # dict: turn_thinking
     role: str = "assistant"
     content: str | None = None
     tool_calls: list[ToolCall] | None | UnsetType = UNSET  # null: none (LiteLLM, LM Studio send it), relayed

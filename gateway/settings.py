@@ -292,7 +292,7 @@ class Settings(Conf):
 def _check_references(settings: Settings) -> None:
     """What one key cannot say alone: model names and deployment names unique, fallbacks known."""
     names: set[str] = set()
-    # a deployment's name keys its price and metrics: in several models it must call one upstream
+    # a deployment's name keys its price and metrics: named in several models, it must call one upstream
     upstreams: dict[str, tuple[str, tuple[str, str, str | None]]] = {}
     for i, group in enumerate(settings.models):
         for where, name in (("name", group.name), *((f"aliases[{j}]", a) for j, a in enumerate(group.aliases))):
@@ -305,8 +305,10 @@ def _check_references(settings: Settings) -> None:
                 raise _Invalid(f"models[{i}].deployments[{j}]", f"deployment {dep.id!r} is defined twice in "
                                f"model {group.name!r} (give each its own name)")
             ids.add(dep.id)
+            if not dep.name:  # an unnamed one's id is its provider and model: the same upstream model
+                continue
             upstream = (dep.provider, dep.model, dep.api_base)
-            where, first = upstreams.setdefault(dep.id, (f"models[{i}].deployments[{j}]", upstream))
+            where, first = upstreams.setdefault(dep.name, (f"models[{i}].deployments[{j}]", upstream))
             if first != upstream:
                 raise _Invalid(f"models[{i}].deployments[{j}]", f"deployment {dep.id!r} is defined twice with "
                                f"different upstreams ({where} and here): give each its own name")

@@ -31,6 +31,7 @@ from backends.openai_wire import (
 )
 from backends.responses_wire import RelayedResponse, ResponsesEvent
 from backends.tools_wire import ToolCallDelta
+from backends.turn_thinking import Blocks, placed_thinking, thinking_before
 from gateway.dialects import Dialect
 from gateway.dialects.responses_params import responses_param
 from gateway.dialects.responses_reasoning import (
@@ -120,44 +121,65 @@ def _content_item(kind: str, parts: list[dict[str, Any]], status: str = "complet
             "content": parts}
 
 
-def _output(message: AssistantMessage, encrypted: bool = False) -> list[dict[str, Any]]:
-    """A chat answer's message as output items: its reasoning (first, as OpenAI gives it; with
-    ``encrypted_content`` if ``encrypted``, its thinking blocks in it), its text and refusal, then its
-    function calls. Thinking blocks with no text (a redacted block) make a reasoning item too."""
+def _thought(blocks: Blocks) -> str:
+    """The text of thinking blocks, joined (a redacted block has none)."""
+    return "".join(str(b.get("thinking") or "") for b in blocks if b.get("type") == "thinking")
+
+
+def _output(message: AssistantMessage, encrypted: bool = False) -> tuple[list[dict[str, Any]], dict[str, Blocks]]:
+    """A chat answer's message as output items, and each reasoning item's thinking blocks (by its id):
+    its reasoning (first, as OpenAI gives it), its text and refusal, then its function calls; thinking
+    the backend placed in the turn (``backends.turn_thinking``: Anthropic's, interleaved) as one
+    reasoning item per group, in its place, as a stream gives it. A reasoning item has
+    ``encrypted_content`` if ``encrypted``, its blocks in it; blocks with no text (a redacted block)
+    make one too."""
     output: list[dict[str, Any]] = []
-    reasoning, blocks = reasoning_text(message), answer_blocks(message.thinking_blocks)
-    if reasoning or blocks:
-        item = _content_item("reasoning", [_part("reasoning_text", reasoning)] if reasoning else [])
-        output.append(with_encrypted_content(item, blocks) if encrypted else item)
+    kept: dict[str, Blocks] = {}
+
+    def add_reasoning(text: str, blocks: Blocks) -> None:
+        if text or blocks:
+            item = _content_item("reasoning", [_part("reasoning_text", text)] if text else [])
+            output.append(with_encrypted_content(item, blocks) if encrypted else item)
+            if blocks:
+                kept[item["id"]] = blocks
+
+    calls = message.tool_calls or []
+    if not placed_thinking(message):
+        add_reasoning(reasoning_text(message), answer_blocks(message.thinking_blocks))
+    for group in thinking_before(message, None, len(calls)):
+        add_reasoning(_thought(group), group)
     parts = [_part(kind, text) for kind, text in (("output_text", message.content), ("refusal", message.refusal))
              if text]
     if parts:
         output.append(_content_item("message", parts))
-    for call in message.tool_calls or []:
+    for k, call in enumerate(calls):
+        for group in thinking_before(message, k, len(calls)):
+            add_reasoning(_thought(group), group)
         function = answered_function(call, _API)
         output.append({"type": "function_call", "id": "fc_" + uuid.uuid4().hex, "call_id": own_call_id(call.id),
                        "name": function.name, "arguments": function.arguments, "status": "completed"})
-    return output
+    for group in thinking_before(message, len(calls), len(calls)):
+        add_reasoning(_thought(group), group)
+    return output, kept
+
+
+def _answer(response: ChatCompletion, extra: dict[str, Any] | None, meter: Meter | None,
+            encrypted: bool) -> tuple[dict[str, Any], dict[str, Blocks]]:
+    """``response_object``'s response, and each of its reasoning items' thinking blocks (by id)."""
+    choice = response.choices[0] if response.choices else None
+    output, blocks = _output(choice.message, encrypted) if choice is not None else ([], {})
+    incomplete = _INCOMPLETE.get(choice.finish_reason or "") if choice is not None else None
+    if incomplete and output:
+        output[-1]["status"] = "incomplete"  # the item being written when the answer was cut short
+    return _response(new_response_id(), response.model, "incomplete" if incomplete else "completed", output,
+                     _usage(response.usage, meter, _reasoning_tokens(response)), incomplete, extra), blocks
 
 
 def response_object(response: ChatCompletion, extra: dict[str, Any] | None = None,
                     meter: Meter | None = None, encrypted: bool = False) -> dict[str, Any]:
     """A chat answer as a response object; one with no choice has no output (as its stream would).
-    Its reasoning item carries ``encrypted_content`` if ``encrypted`` (``include`` asked for it)."""
-    choice = response.choices[0] if response.choices else None
-    output = _output(choice.message, encrypted) if choice is not None else []
-    incomplete = _INCOMPLETE.get(choice.finish_reason or "") if choice is not None else None
-    if incomplete and output:
-        output[-1]["status"] = "incomplete"  # the item being written when the answer was cut short
-    return _response(new_response_id(), response.model, "incomplete" if incomplete else "completed", output,
-                     _usage(response.usage, meter, _reasoning_tokens(response)), incomplete, extra)
-
-
-def _kept(response: ChatCompletion, final: dict[str, Any]) -> list[dict[str, Any]]:
-    """A response object's output (made of ``response`` by ``response_object``) as a conversation keeps it."""
-    blocks = answer_blocks(response.choices[0].message.thinking_blocks) if response.choices else []
-    return kept_output(final["output"], {item["id"]: blocks for item in final["output"]
-                                         if blocks and item["type"] == "reasoning"})
+    Its reasoning items carry ``encrypted_content`` if ``encrypted`` (``include`` asked for it)."""
+    return _answer(response, extra, meter, encrypted)[0]
 
 
 def _arguments_complete(item: dict[str, Any]) -> bool:
@@ -445,8 +467,8 @@ def responses_dialect(extra: dict[str, Any], on_final: OnFinal,
             final = _relayed(response.body, response.model, relayed_extra)
             kept = final.get("output") or []
         else:
-            final = response_object(response, extra, meter, encrypted)
-            kept = _kept(response, final)
+            final, blocks = _answer(response, extra, meter, encrypted)
+            kept = kept_output(final["output"], blocks)
         if final.get("status") in ("completed", "incomplete"):
             on_final(final, kept)
         return msgspec.json.encode(final)

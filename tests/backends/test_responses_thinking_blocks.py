@@ -137,6 +137,21 @@ def test_a_stored_tool_turn_continues_by_id_with_its_signed_thinking(
     assert third.status == "completed"
 
 
+def test_a_stored_interleaved_answer_continues_by_id_in_its_order(
+        client: openai.OpenAI, upstream: ScriptedAnthropic) -> None:
+    """A whole answer's thinking, tool_use, thinking, tool_use: each thinking block kept with its own
+    reasoning item, so the turn goes back in the order it came."""
+    later = {"type": "thinking", "thinking": "and y", "signature": "sig-2"}
+    other = {"type": "tool_use", "id": "toolu_2", "name": "search", "input": {"q": "y"}}
+    upstream.script = (200, {"id": "msg_i", "type": "message", "role": "assistant", "model": "m",
+                             "content": [SIGNED, TOOL_USE, later, other], "stop_reason": "tool_use", "usage": USAGE})
+    first = client.responses.create(**THINK, input="tool:x")
+    assert [item.type for item in first.output] == ["reasoning", "function_call", "reasoning", "function_call"]
+    client.responses.create(**THINK, previous_response_id=first.id, input=[
+        {"type": "function_call_output", "call_id": call_id, "output": "found"} for call_id in ("toolu_1", "toolu_2")])
+    assert assistant_turn(upstream) == [SIGNED, TOOL_USE, later, other]
+
+
 def _redacted_script(stream: bool) -> Any:
     """An answer whose thinking is one redacted block (no text at all), then a tool call."""
     if not stream:

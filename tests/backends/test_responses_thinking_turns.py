@@ -130,6 +130,37 @@ def test_an_interleaved_stream_round_trips(client: openai.OpenAI, anthropic_upst
     assert assistant_turn(anthropic_upstream) == [FIRST, CALL_X, SECOND, CALL_Y]
 
 
+INTERLEAVED_ANSWER: Any = (200, {"id": "msg_n", "type": "message", "role": "assistant", "model": "m",
+                                 "content": [FIRST, CALL_X, SECOND, CALL_Y], "stop_reason": "tool_use",
+                                 "usage": {"input_tokens": 3, "output_tokens": 9}})
+
+
+def test_an_interleaved_answer_round_trips(client: openai.OpenAI, anthropic_upstream: ScriptedAnthropic) -> None:
+    """Not streamed, the answer's items keep Anthropic's order too, each reasoning item with its own
+    block and text; sent back, the turn reaches Anthropic as it came."""
+    anthropic_upstream.script = INTERLEAVED_ANSWER
+    output: Any = client.responses.create(model="claude", **THINK, input="tool:x").output
+    assert [item.type for item in output] == ["reasoning", "function_call", "reasoning", "function_call"]
+    assert [decoded_blocks(output[i].encrypted_content) for i in (0, 2)] == [[FIRST], [SECOND]]
+    assert [output[i].content[0].text for i in (0, 2)] == [FIRST["thinking"], SECOND["thinking"]]
+    assert [output[i].call_id for i in (1, 3)] == ["toolu_x", "toolu_y"]
+    sent: Any = [{k: v for k, v in item.model_dump(exclude_none=True).items() if k not in ("id", "status", "content")}
+            for item in output]
+    client.responses.create(model="claude", **THINK, input=[
+        {"role": "user", "content": "tool:x"}, *sent, answered(CALL_X), answered(CALL_Y)])
+    assert assistant_turn(anthropic_upstream) == [FIRST, CALL_X, SECOND, CALL_Y]
+
+
+def test_a_chat_client_gets_an_interleaved_answers_blocks_as_before(
+        client: openai.OpenAI, anthropic_upstream: ScriptedAnthropic) -> None:
+    anthropic_upstream.script = INTERLEAVED_ANSWER
+    message: Any = client.chat.completions.create(
+        model="claude", messages=[{"role": "user", "content": "tool:x"}]).choices[0].message
+    assert message.thinking_blocks == [FIRST, SECOND]
+    assert message.reasoning_content == FIRST["thinking"] + SECOND["thinking"]
+    assert [c.id for c in message.tool_calls] == ["toolu_x", "toolu_y"]
+
+
 def test_a_fallback_to_openai_gets_no_gateway_made_thinking_blocks(
         client: openai.OpenAI, anthropic_upstream: ScriptedAnthropic, fake_upstream_server: FakeUpstream) -> None:
     anthropic_upstream.fail_next(529, "overloaded_error", "overloaded")
