@@ -211,11 +211,13 @@ class TenancyService:
             return key_view(await self._key(s, key_id))
 
     async def revoke_key(self, key_id: str) -> KeyView:
+        """Idempotent: the first revocation's time stays, even when several arrive at once (the
+        write only touches a key not revoked yet, so every answer shows the time that was kept)."""
         async with self.db.session() as s:
+            await s.execute(update(ApiKey).where(ApiKey.id == key_id, ApiKey.revoked_at.is_(None))
+                            .values(revoked_at=utcnow()))
+            await s.commit()
             key = await self._key(s, key_id)
-            if key.revoked_at is None:
-                key.revoked_at = utcnow()
-                await s.commit()
             self.on_change()
             return key_view(key)
 

@@ -3,6 +3,7 @@ on SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
@@ -45,11 +46,11 @@ async def new_tenant(api: httpx.AsyncClient) -> dict[str, str]:
     return r.json()
 
 
-async def write_usage(db: Database, tmp_path: Path, tenant: str, times: list[float]) -> None:
+async def write_usage(db: Database, tmp_path: Path, tenant: str, times: list[float], key_id: str = "k") -> None:
     writer = UsageWriter(db, PriceTable(), journal_dir=tmp_path / uuid.uuid4().hex)
     for at in times:
         writer.record(UsageRecord(
-            request_id=uuid.uuid4().hex, key_id="k", tenant_id=tenant, model="m", deployment="d",
+            request_id=uuid.uuid4().hex, key_id=key_id, tenant_id=tenant, model="m", deployment="d",
             provider="openai", endpoint="chat.completions", started_at=at, status=200,
             prompt_tokens=10, completion_tokens=5, cost=0.1,
         ))  # fmt: skip
@@ -142,3 +143,25 @@ async def test_an_end_date_in_basic_form_includes_its_day(api: httpx.AsyncClient
     for end in ("2026-01-01", "20260101"):
         r = await api.get("/admin/v1/usage", params={"tenant_id": tid, "start": "2026-01-01", "end": end}, headers=H)
         assert [row["requests"] for row in r.json()["data"]] == [1], end
+
+
+async def test_revocations_at_once_keep_the_first_ones_time(api: httpx.AsyncClient) -> None:
+    """Revoking is idempotent under concurrency too: every answer, and the key, show one time."""
+    tid = (await new_tenant(api))["id"]
+    key = (await api.post("/admin/v1/keys", json={"tenant_id": tid}, headers=H)).json()
+    answers = await asyncio.gather(*(api.post(f"/admin/v1/keys/{key['id']}/revoke", headers=H) for _ in range(6)))
+    assert {r.status_code for r in answers} == {200}
+    stored = (await api.get(f"/admin/v1/keys/{key['id']}", headers=H)).json()["revoked_at"]
+    assert {r.json()["revoked_at"] for r in answers} == {stored}
+    assert_error(await api.post("/admin/v1/keys/key_nope/revoke", headers=H), 404, "key_id")
+
+
+async def test_usage_of_an_unknown_key_is_a_404_not_an_empty_range(api: httpx.AsyncClient, db: Database,
+                                                                   tmp_path: Path) -> None:
+    """As for an unknown tenant (and the CLI's --key): a typo in key_id must not read as "no usage"."""
+    tid = (await new_tenant(api))["id"]
+    key = (await api.post("/admin/v1/keys", json={"tenant_id": tid}, headers=H)).json()
+    await write_usage(db, tmp_path, tid, [DAY], key_id=key["id"])
+    mine = await api.get("/admin/v1/usage", params={"key_id": key["id"], "group_by": "key"}, headers=H)
+    assert [(r["key"], r["requests"]) for r in mine.json()["data"]] == [(key["id"], 1)]
+    assert_error(await api.get("/admin/v1/usage?key_id=key_nope", headers=H), 404, "key_id")
