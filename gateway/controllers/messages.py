@@ -20,12 +20,14 @@ from gateway.contracts import Principal
 from gateway.controllers.auth import authenticate_request, pipeline_of, principal_of
 from gateway.controllers.docs import api_post
 from gateway.dialects.anthropic import ANTHROPIC, error_handlers
+from gateway.dialects.anthropic_params import in_messages_terms
 from gateway.dialects.anthropic_request import (
     CountTokensRequest,
     MessagesRequest,
     as_sent,
     serves_messages,
     to_chat_request,
+    translate,
 )
 from gateway.errors import ApiError, from_backend_error
 from gateway.pipeline import Pipeline
@@ -54,28 +56,45 @@ def _prefill_refused(data: MessagesRequest, invoke: Invoke) -> Invoke:
     return call
 
 
+def _named_as_sent(origins: list[str], invoke: Invoke) -> Invoke:
+    """``invoke`` of a translated request, its errors naming the fields as the client sent them."""
+
+    async def call(backend: Backend, ctx: CallContext) -> Completed[Any] | ChunkStream[Any]:
+        try:
+            return await invoke(backend, ctx)
+        except BackendError as exc:
+            raise in_messages_terms(exc, origins) from None
+
+    return call
+
+
 def describe_messages(principal: Principal, data: MessagesRequest, group: ModelGroup,
                       headers: Mapping[str, str]) -> CallDescription:
     """A Messages call. Without a deployment that speaks the Messages API it is a translated chat
     call (what cannot be translated is a 400 at once); with one, that deployment gets the request as
     sent, and any other (a fallback) its translation when it is tried, a 400 naming what cannot be."""
     if not any(serves_messages(d.backend) for d in group.deployments):
-        chat = to_chat_request(data)
+        chat, origins = translate(data)
         call = describe_chat(principal, chat, endpoint="messages", dialect=ANTHROPIC)
+        named = _named_as_sent(origins, call.invoke)
         prefill = any(f in extra_params(chat) for f in _PREFILL_FIELDS)
-        return dataclasses.replace(call, invoke=_prefill_refused(data, call.invoke)) if prefill else call
+        return dataclasses.replace(call, invoke=_prefill_refused(data, named) if prefill else named)
     call = describe_chat(principal, as_sent(data, headers), endpoint="messages", dialect=ANTHROPIC)
-    translated: list[ChatCompletionRequest] = []
+    translated: list[tuple[ChatCompletionRequest, list[str]]] = []
 
-    def invoke(backend: Backend, ctx: CallContext) -> Awaitable[Completed[Any] | ChunkStream[Any]]:
+    async def invoke(backend: Backend, ctx: CallContext) -> Completed[Any] | ChunkStream[Any]:
         if serves_messages(backend):
-            return call.invoke(backend, ctx)
+            return await call.invoke(backend, ctx)
         if not translated:
             try:
-                translated.append(to_chat_request(data))
+                translated.append(translate(data))
             except ApiError as exc:
                 raise BadRequest(exc.message, param=exc.param) from None
-        return backend.chat_stream(translated[0], ctx) if call.stream else backend.chat(translated[0], ctx)
+        chat, origins = translated[0]
+        try:
+            return await (backend.chat_stream(chat, ctx) if call.stream else backend.chat(chat, ctx))
+        except BackendError as exc:
+            raise in_messages_terms(exc, origins) from None
 
     return dataclasses.replace(call, invoke=_prefill_refused(data, invoke))
 
@@ -118,7 +137,11 @@ class MessagesController(Controller):
         backends = [d.backend for d in group.deployments]
         try:
             if tokenizer := next((b for b in backends if isinstance(b, Tokenizing)), None):
-                return {"input_tokens": len(tokenizer.tokenize_chat(to_chat_request(messages)))}
+                chat, origins = translate(messages)
+                try:
+                    return {"input_tokens": len(tokenizer.tokenize_chat(chat))}
+                except BackendError as exc:
+                    raise in_messages_terms(exc, origins) from None
             if counter := next((b for b in backends if isinstance(b, TokenCounting)), None):
                 chat = as_sent(messages, request_headers(request.scope)) if serves_messages(counter) \
                     else to_chat_request(messages)

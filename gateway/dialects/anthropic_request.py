@@ -389,16 +389,26 @@ def _refuse_unknown_fields(req: MessagesRequest, translation: _Translation) -> N
 def to_chat_request(req: MessagesRequest, *, strict: bool = True) -> ChatCompletionRequest:
     """The OpenAI chat request for ``req``; with ``strict`` (for any provider but Anthropic) what
     cannot be translated is a 400 naming the field, else it stands in as its JSON text."""
+    return translate(req, strict=strict)[0]
+
+
+def translate(req: MessagesRequest, *, strict: bool = True) -> tuple[ChatCompletionRequest, list[str]]:
+    """``to_chat_request``, with where each chat message came from (``system`` or ``messages[i]``),
+    for errors that name one (``anthropic_params``)."""
     check_content(req.messages)
     translation = _Translation(strict)
     if strict:  # an Anthropic upstream applies its rules itself
         check_prefill(req.messages)
         _refuse_unknown_fields(req, translation)
     messages: list[ChatMessage] = []
+    origins: list[str] = []
     if req.system and (system := translation.system(req.system)):
         messages.append(ChatMessage(role="system", content=system))
+        origins.append("system")
     for i, message in enumerate(req.messages):
-        messages.extend(translation.message(message, i))
+        converted = translation.message(message, i)
+        messages.extend(converted)
+        origins.extend([f"messages[{i}]"] * len(converted))
     chat = ChatCompletionRequest(model=req.model, messages=messages, max_tokens=req.max_tokens)
     _prefill(chat)
     if req.temperature is not UNSET:
@@ -420,7 +430,7 @@ def to_chat_request(req: MessagesRequest, *, strict: bool = True) -> ChatComplet
         chat.stream_options = StreamOptions(include_usage=True)  # message_delta carries the usage
     if req.thinking is not UNSET:  # the engine refuses it by name; an OpenAI-shaped upstream gets it
         set_extra_params(chat, extra_params(chat) | {"thinking": msgspec.Raw(msgspec.json.encode(req.thinking))})
-    return chat
+    return chat, origins
 
 
 # vLLM's (and SGLang's) chat fields for an answer that continues the final assistant message.
