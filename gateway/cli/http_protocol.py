@@ -13,7 +13,9 @@ environment so that worker processes see them too (``server.*`` in the config).
 A request head is bounded too: the parser keeps an incomplete header value (and uvicorn the
 request line) whole, copying it again on each read, so a head still incomplete after
 ``MAX_HEAD_BYTES`` (64 KiB) is answered 431 and the connection closed. A request the parser cannot
-read at all is answered 400, as uvicorn does, but in OpenAI's error shape.
+read at all is answered 400, as uvicorn does, but in OpenAI's error shape. A body in a transfer
+coding other than chunked (``Transfer-Encoding: gzip, chunked``), which the parser would pass on still
+coded, is answered 501 (RFC 9112 §6.1) and the connection closed.
 
 Writes are coalesced per event-loop turn (``CoalescedWrites``): uvicorn writes a response's head
 and its body separately, two system calls where one does; a stream's chunks, each written in a
@@ -81,6 +83,17 @@ def _raw_error(status: int, reason: str, message: str, code: str) -> bytes:
     if status == 429:
         head += "retry-after: 1\r\n"
     return head.encode() + b"\r\n" + body
+
+
+class _CodingRefused(Exception):
+    """Raised from the parser's callback to stop it at a head whose body it cannot decode."""
+
+
+def _unknown_transfer_coding(headers: list[tuple[bytes, bytes]]) -> bool:
+    """Whether a ``Transfer-Encoding`` of ``headers`` (names in lower case) names a coding other
+    than chunked: the parser undoes the chunks and nothing else."""
+    return any(coding.strip() not in (b"", b"chunked") for name, value in headers if name == b"transfer-encoding"
+               for coding in value.lower().split(b","))
 
 
 class CoalescedWrites:
@@ -154,6 +167,8 @@ class HeadDeadlineProtocol(HttpToolsProtocol):
     _head_bytes = 0  # bytes of the reads since the pending head began
     _head_marks = 0  # heads begun and completed: a read that saw one held more than one head's bytes
     _declined: bytes | None = None  # the head of a request whose upgrade is declined, to be parsed again
+    _coding_refused = False  # the pending request's body has a transfer coding other than chunked
+    _refusal: bytes | None = None  # the answer to a refused request, held until those before it are answered
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         self._head_timeout = float(os.environ.get(HEADER_TIMEOUT_ENV) or DEFAULT_SECONDS)
@@ -184,6 +199,9 @@ class HeadDeadlineProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self._head_since, self._body_since = None, self.loop.time()
         self._head_marks += 1
+        if _unknown_transfer_coding(self.headers):
+            self._body_since, self._coding_refused = None, True
+            raise _CodingRefused  # stops the parser; ``_parse`` answers
         parser = self.parser
         if parser.should_upgrade() and parser.get_method() != b"CONNECT" and not self._should_upgrade():
             self._declined = head_without_upgrade(parser.get_method(), self.url, parser.get_http_version(),
@@ -212,6 +230,9 @@ class HeadDeadlineProtocol(HttpToolsProtocol):
         if self.cycle.chunked_encoding or self._answers.first():
             self.transport.flush()  # type: ignore[attr-defined]  # CoalescedWrites
         super().on_response_complete()
+        if self._refusal is not None and self.cycle.response_complete:  # the last request before it is answered
+            answer, self._refusal = self._refusal, None
+            self._answer_and_close(answer)
 
     def _start_asgi_task(self, cycle: RequestResponseCycle, app: Any) -> None:
         """uvicorn's, keeping the connection's request task (``self.tasks`` is the whole server's)."""
@@ -265,6 +286,13 @@ class HeadDeadlineProtocol(HttpToolsProtocol):
         self.transport.write_eof()
         self.loop.call_later(LINGER_SECONDS, self.transport.close)
 
+    def _refuse(self, answer: bytes) -> None:
+        """``_answer_and_close`` once the requests pipelined before this one are answered, in order."""
+        if (cycle := self.cycle) is None or cycle.response_complete:
+            self._answer_and_close(answer)
+        else:  # what still arrives is dropped meanwhile
+            self._discarding, self._refusal = True, answer
+
     def send_400_response(self, msg: str) -> None:
         """uvicorn's answer to bytes its parser refuses, in OpenAI's error shape."""
         self.transport.write(_raw_error(400, "Bad Request", "The request is not valid HTTP/1.1.",
@@ -297,6 +325,11 @@ class HeadDeadlineProtocol(HttpToolsProtocol):
             try:
                 self.parser.feed_data(data)
             except httptools.HttpParserError:
+                if self._coding_refused:
+                    self._refuse(_raw_error(501, "Not Implemented", "Transfer-Encoding other than chunked is not "
+                                            "supported: send the body by length or in chunks",
+                                            "unsupported_transfer_encoding"))
+                    return
                 self.logger.warning("Invalid HTTP request received.")
                 self.send_400_response("Invalid HTTP request received.")
             except httptools.HttpParserUpgrade as stop:

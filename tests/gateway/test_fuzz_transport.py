@@ -3,6 +3,7 @@ chunked bodies, control characters and CR/LF in keys and model names."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import socket
 import sqlite3
@@ -361,3 +362,31 @@ def test_a_websocket_upgrade_is_still_uvicorns(served: str, upstream: FakeUpstre
                            b"upgrade: websocket\r\nsec-websocket-key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
                            b"sec-websocket-version: 13\r\n\r\n")
     assert answer.startswith(b"HTTP/1.1 403"), answer[:300]
+
+
+def _read_until_closed_or_quiet(s: socket.socket) -> bytes:
+    data = b""
+    s.settimeout(1)
+    try:
+        while part := s.recv(65536):
+            data += part
+    except TimeoutError:
+        pass
+    return data
+
+
+def test_a_body_in_a_transfer_coding_other_than_chunked_is_501(served: str, upstream: FakeUpstream) -> None:
+    """``Transfer-Encoding: gzip, chunked``: the parser undoes only the chunks, so the body would reach
+    the JSON decoder still gzipped. Refused 501 after the request pipelined before it is answered."""
+    head, body = _chat("first", extra=b"", chunked=True)
+    coded = gzip.compress(json.dumps({"model": "echo", "messages": [{"role": "user", "content": "x"}]}).encode())
+    refused = head.replace(b"transfer-encoding: chunked", b"transfer-encoding: gzip, chunked")
+    with socket.create_connection(_addr(served), timeout=10) as s:
+        s.sendall(head + body + refused + b"%x\r\n%b\r\n0\r\n\r\n" % (len(coded), coded))
+        answers = Answers(s)
+        status, _, first = answers.next()
+        assert status == 200 and json.loads(first)["choices"][0]["message"]["content"] == "first"
+        status, headers, error = answers.next()
+        assert status == 501 and headers["connection"] == "close"
+        assert json.loads(error)["error"]["code"] == "unsupported_transfer_encoding"
+        assert _read_until_closed_or_quiet(s) == b""
