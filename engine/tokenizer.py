@@ -216,6 +216,9 @@ class Tokenizer:
         ``continue_final_message``: cut after the final message's text (``continued``). A value the
         template cannot work with (a number where it iterates) is a ChatTemplateError with no param:
         the caller knows whether its variables or its messages brought it."""
+        final = None
+        if continue_final_message:
+            messages, final = _tagged(messages)
         try:
             variables = {"tools": None, "documents": None, **self.special_tokens, **kwargs}
             text = self._template.render(messages=messages, add_generation_prompt=add_generation_prompt, **variables)
@@ -223,7 +226,7 @@ class Tokenizer:
             raise ChatTemplateError(f"chat template error: {e}") from e
         except (TypeError, ValueError, ArithmeticError, LookupError) as e:  # a variable the template cannot use
             raise ChatTemplateError(f"chat template error: {e}", param=None) from e
-        return continued(text, messages[-1].get("content") or "") if continue_final_message else text
+        return continued(text, final) if final is not None else text
 
     def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
                             continue_final_message: bool = False, *, add_special_tokens: bool = False,
@@ -234,14 +237,33 @@ class Tokenizer:
         return self.encode(text, add_special_tokens=add_special_tokens)
 
 
+_CONTINUE_TAG = "CONTINUE_FINAL_MESSAGE_TAG "  # transformers' marker, so the cut is made where it makes it
+
+
+def _tagged(messages: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], str]:
+    """A copy of ``messages`` whose final message's text (its last text part) ends in the marker that
+    ``continued`` cuts at, and that text."""
+    final = dict(messages[-1])
+    content = final.get("content")
+    if isinstance(content, str):
+        final["content"] = content + _CONTINUE_TAG
+        return [*messages[:-1], final], content
+    parts = content if isinstance(content, list) else []
+    for at in reversed(range(len(parts))):
+        if isinstance(parts[at], dict) and "text" in parts[at]:
+            text = str(parts[at]["text"])
+            final["content"] = [*parts[:at], {**parts[at], "text": text + _CONTINUE_TAG}, *parts[at + 1:]]
+            return [*messages[:-1], final], text
+    raise ChatTemplateError("continue_final_message: the final message has no text to continue")
+
+
 def continued(rendered: str, final: str) -> str:
-    """``rendered`` cut right after the final message's text, as transformers' ``continue_final_message``
-    does: what the template closes that message with (an end-of-turn token) is dropped, so the model
-    goes on writing it. Its trailing whitespace stays only where the template kept it."""
-    stripped = final.strip()
-    at = rendered.rfind(stripped) if stripped else -1
-    if at < 0:
+    """``rendered`` (made with ``_tagged`` messages) cut right before the marker, as transformers'
+    ``continue_final_message`` does: what the template closes the final message with (an end-of-turn
+    token) is dropped, so the model goes on writing it; where the template trimmed the marker's space,
+    the message's trailing whitespace goes too."""
+    at = rendered.rfind(_CONTINUE_TAG.strip())
+    if at < 0 or final.strip() not in rendered:
         raise ChatTemplateError("continue_final_message: the final message's text is not in the prompt the chat "
                                 "template made of the conversation")
-    whole = final.lstrip()
-    return rendered[:at + (len(whole) if rendered.startswith(whole, at) else len(stripped))]
+    return rendered[:at] if rendered.startswith(_CONTINUE_TAG, at) else rendered[:at].rstrip()

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import jsonschema
 import openai
 import pytest
@@ -222,3 +223,25 @@ def test_bad_chat_prompt_options_are_a_400_naming_them(env: Env, extra: dict[str
         env.client().completions.create(model="tiny", prompt="Hi", max_tokens=4,
                                         extra_body={"continue_final_message": True})
     assert err.value.body["param"] == "continue_final_message"  # type: ignore[index]
+
+
+@pytest.mark.parametrize("final", ["<", "end", ""])
+def test_a_prefill_found_in_the_end_of_turn_is_continued_where_transformers_cuts(env: Env, final: str) -> None:
+    """A final assistant message whose text also occurs in what the template closes it with ("<" and
+    "end" in "<|im_end|>"), or that is empty: the prompt is transformers' own, never one cut inside
+    the end-of-turn token; ``/tokenize`` counts what the generation was given."""
+    from transformers import AutoTokenizer
+
+    path = _model_file()
+    hf = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    messages = [PREFILL[0], {"role": "assistant", "content": final}]
+    text = hf.apply_chat_template(messages, add_generation_prompt=False, continue_final_message=True, tokenize=False)
+    ids = hf.encode(text, add_special_tokens=False)
+    options = {"continue_final_message": True, "add_generation_prompt": False}
+    answer = env.client().chat.completions.create(model="tiny", messages=messages,  # type: ignore[arg-type]
+                                                  max_tokens=2, temperature=0, extra_body=options)
+    assert answer.usage is not None and answer.usage.prompt_tokens == len(ids)
+    counted = httpx.post(env.server.url + "/tokenize", headers={"Authorization": f"Bearer {KEY}"},
+                         json={"model": "tiny", "messages": messages, **options})
+    assert counted.json()["tokens"] == ids
+    env.wait_idle()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 from transformers import AutoTokenizer
@@ -190,13 +191,34 @@ def test_stop_matcher_looks_only_where_a_stop_string_ends_in_new_text() -> None:
         assert stopped and m.matched == "ababc"
 
 
-def test_continued_cuts_the_prompt_right_after_the_final_message() -> None:
-    from engine.errors import ChatTemplateError
-    from engine.tokenizer import continued
+# Final assistant messages to continue: plain, with spaces the template trims, none at all, and text
+# that also occurs in what the template closes the message with ("id" and ">" in "<|eot_id|>").
+PREFILLS = ["Hello there ", "  spaced  ", "", "   ", "id", ">", "d\n", [{"type": "text", "text": "in <|eot"}]]
 
-    rendered = "<s>user\nHi</s>\n<s>assistant\nHello there </s>\n"
-    assert continued(rendered, "Hello there ") == "<s>user\nHi</s>\n<s>assistant\nHello there "
-    trimmed = rendered.replace("there ", "there")  # a template that strips the message's whitespace
-    assert continued(trimmed, "Hello there ") == "<s>user\nHi</s>\n<s>assistant\nHello there"
+
+@pytest.mark.parametrize("final", PREFILLS)
+@pytest.mark.parametrize("template", [None, LLAMA31_LIKE])
+def test_continue_final_message_equals_transformers(model_dir: Path, tmp_path: Path, final: Any,
+                                                    template: str | None) -> None:
+    """The prompt ends right after the final message's text, as transformers cuts it (wherever
+    else that text occurs in the prompt), and the tokens are the same."""
+    folder = tmp_path / "m"
+    shutil.copytree(model_dir, folder)
+    if template is not None:
+        (folder / "chat_template.jinja").write_text(template)
+    hf, ours = AutoTokenizer.from_pretrained(str(folder)), Tokenizer(folder)
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": final}]
+    want = hf.apply_chat_template(messages, add_generation_prompt=False, continue_final_message=True, tokenize=False)
+    assert ours.render_chat(messages, add_generation_prompt=False, continue_final_message=True) == want
+    assert ours.apply_chat_template(messages, add_generation_prompt=False, continue_final_message=True) == \
+        hf.encode(want, add_special_tokens=False)
+    assert messages[-1]["content"] == final  # the caller's messages are left as they were
+
+
+def test_continue_final_message_refuses_a_final_message_the_template_drops(model_dir: Path, tmp_path: Path) -> None:
+    folder = tmp_path / "m"
+    shutil.copytree(model_dir, folder)
+    (folder / "chat_template.jinja").write_text("{% for m in messages %}{{ m['role'] }}{% endfor %}")
     with pytest.raises(ChatTemplateError, match="continue_final_message"):
-        continued(rendered, "Goodbye")
+        Tokenizer(folder).render_chat([{"role": "assistant", "content": "Hi"}], add_generation_prompt=False,
+                                      continue_final_message=True)
