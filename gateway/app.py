@@ -117,13 +117,15 @@ class GatewayApp(Litestar):
         if scope["type"] != "http":
             await super().__call__(scope, receive, send)
             return
-        scope[DIRECT_SEND] = send
         scope[CLIENT_LEFT] = False  # the server may cancel the request if its client leaves: ended quietly below
+        # HEAD is served as GET (RFC 9110 §9.3.2): the server, seeing HEAD in its own scope, sends no body
+        served = scope if scope["method"] != "HEAD" else scope | {"method": "GET"}
+        served[DIRECT_SEND] = send
         try:
-            if self.fast_routes is not None and self.fast_routes.serves(scope):
-                await self.fast_routes(scope, receive, send)
+            if self.fast_routes is not None and self.fast_routes.serves(served):
+                await self.fast_routes(served, receive, send)
             else:
-                await super().__call__(scope, receive, send)
+                await super().__call__(served, receive, send)
         except asyncio.CancelledError:
             # the server cancelled it as the client left (settled as client_disconnected on the way
             # out): not a failure of the app, which the server would log as one
@@ -135,7 +137,7 @@ class GatewayApp(Litestar):
             # The server's send is bound to its request cycle, which holds the scope: left in place,
             # the pair is a reference cycle, and each request's some 16 objects wait for the
             # garbage collector instead of going as the request ends.
-            del scope[DIRECT_SEND]
+            del served[DIRECT_SEND]
 
 
 def create_app_from_env() -> Litestar:

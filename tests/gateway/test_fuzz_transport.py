@@ -390,3 +390,25 @@ def test_a_body_in_a_transfer_coding_other_than_chunked_is_501(served: str, upst
         assert status == 501 and headers["connection"] == "close"
         assert json.loads(error)["error"]["code"] == "unsupported_transfer_encoding"
         assert _read_until_closed_or_quiet(s) == b""
+
+
+def test_head_is_get_without_its_body(served: str, upstream: FakeUpstream) -> None:
+    """HEAD on a GET route (uptime monitors probe with it) answers as GET would, with no body, and
+    the connection goes on; on a POST-only route it is a 405 naming the methods there are."""
+    auth = f"authorization: Bearer {ADMIN_KEY}\r\n".encode()
+    get = httpx.get(served + "/v1/models", headers={"authorization": f"Bearer {ADMIN_KEY}"}, timeout=10)
+    with socket.create_connection(_addr(served), timeout=10) as s:
+        s.sendall(b"HEAD /healthz HTTP/1.1\r\nhost: x\r\n\r\n"
+                  b"HEAD /v1/models HTTP/1.1\r\nhost: x\r\n" + auth + b"\r\n"
+                  b"HEAD /v1/chat/completions HTTP/1.1\r\nhost: x\r\n" + auth + b"\r\n"
+                  b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n")
+        data = b""
+        while data.count(b"HTTP/1.1 ") < 4 or not data.endswith(b"}"):
+            part = s.recv(65536)
+            assert part, data
+            data += part
+    heads = [h for h in data.split(b"HTTP/1.1 ")[1:]]
+    assert [h[:3] for h in heads] == [b"200", b"200", b"405", b"200"]
+    assert all(h.endswith(b"\r\n\r\n") for h in heads[:2])  # no body after a HEAD's head
+    assert f"content-length: {len(get.content)}".encode() in heads[1].lower()
+    assert b"allow: post" in heads[2].lower()
