@@ -8,7 +8,7 @@ from typing import Any, cast
 
 from sqlalchemy import select
 
-from gateway.dashboard.queries import FIELDS, budget_used, cells, fold
+from gateway.dashboard.queries import FIELDS, budget_used, cells, fold, shown
 from gateway.dashboard.ranges import Range
 from gateway.db.engine import Database
 from gateway.db.models import Limit, Tenant
@@ -39,7 +39,7 @@ async def overview(db: Database, rng: Range) -> dict[str, Any]:
         "end": rng.end.isoformat(),
         "bucket": rng.bucket,
         "tz": rng.tz_name,
-        "series": series,
+        "series": shown(series),
         **_busiest(by_tenant, names),
         "tenants": rows,
         "top_spenders": sorted((r for r in rows if r["cost"] > 0), key=lambda r: -r["cost"])[:TOP],

@@ -21,12 +21,13 @@ from gateway.contracts import QUOTA_REFUSED
 from gateway.dashboard.ranges import Range
 from gateway.db.engine import Database
 from gateway.db.models import ApiKey, LatencyDaily, LatencyHourly, UsageHourly, UsageRow
-from gateway.quotas.limits import Limits, Period, period_start
+from gateway.quotas.limits import Limits, Period, period_start, tokens_of
 from gateway.usage.buckets import bucket_value
 from gateway.usage.records import plain_cost
 from gateway.usage.rollup import day_of, hour_of
 
-__all__ = ["FIELDS", "RATE_LIMITED", "Range", "budget_used", "cells", "fold", "live", "percentiles", "summary"]
+__all__ = ["FIELDS", "RATE_LIMITED", "Range", "budget_used", "cells", "fold", "live", "percentiles", "shown",
+           "summary"]
 
 # error types of requests answered 429: the gateway's own quota refusals and upstreams' rate limits
 RATE_LIMITED = frozenset({"rate_limit_exceeded", "rate_limited", "upstream_rate_limited"})
@@ -132,7 +133,9 @@ def _when(value: Any) -> datetime:
 
 
 def fold(rows: Iterable[Any], rng: Range) -> tuple[list[dict[str, Any]], dict[str, list[dict[str, Any]]]]:
-    """The zero-filled series of all rows and, per ``name``, its own zero-filled series."""
+    """The zero-filled series of all rows and, per ``name``, its own zero-filled series. Costs are
+    the sums as they are: a total is rounded once (``_sum``), never a sum of rounded buckets, and
+    a series for the page goes through ``shown``."""
     starts = rng.buckets()
     index = {t: i for i, t in enumerate(starts)}
     slot: dict[Any, int | None] = {}  # a row's time -> its bucket (many rows share an hour)
@@ -150,10 +153,12 @@ def fold(rows: Iterable[Any], rng: Range) -> tuple[list[dict[str, Any]], dict[st
             split[name] = [_zero() for _ in starts]
         _add(split[name][i], row)
     stamp = [t.isoformat() for t in starts]
-    return (
-        [{"t": t, **_rounded(p)} for t, p in zip(stamp, total, strict=True)],
-        {k: [_rounded(p) for p in v] for k, v in sorted(split.items())},
-    )
+    return [{"t": t, **p} for t, p in zip(stamp, total, strict=True)], dict(sorted(split.items()))
+
+
+def shown(points: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A series as the page shows it: each bucket's cost rounded (``plain_cost``)."""
+    return [_rounded(p) for p in points]
 
 
 def _sum(points: Iterable[dict[str, Any]]) -> dict[str, Any]:
@@ -185,7 +190,7 @@ async def summary(db: Database, tenant_id: str, rng: Range) -> dict[str, Any]:
         "bucket": rng.bucket,
         "tz": rng.tz_name,
         "totals": totals,
-        "series": series,
+        "series": shown(series),
         "series_by_model": {m: _compact(p) for m, p in by_model.items()},
         "series_by_key": {k: _compact(p) for k, p in by_key.items()},
         "by_model": model_rows,
@@ -206,7 +211,7 @@ async def _key_names(db: Database, tenant_id: str) -> dict[str, str]:
 
 def _compact(points: list[dict[str, Any]]) -> dict[str, list[Any]]:
     """A series as columns (one list per field), as the charts take it."""
-    return {f: [p[f] for p in points] for f in FIELDS}
+    return {f: [p[f] for p in shown(points)] for f in FIELDS}
 
 
 async def _histograms(db: Database, tenant_id: str, rng: Range) -> dict[tuple[str, str], dict[int, int]]:
@@ -268,8 +273,7 @@ async def live(db: Database, tenant_id: str, limits: Limits, now: float | None =
     admitted = or_(UsageRow.error_type.is_(None), UsageRow.error_type.not_in(REFUSED))
     async with db.session() as s:
         minute = (await s.execute(
-            select(func.count().label("requests"),
-                   func.coalesce(func.sum(UsageRow.prompt_tokens + UsageRow.completion_tokens), 0).label("tokens"))
+            select(func.count().label("requests"), tokens_of(UsageRow).label("tokens"))
             .where(UsageRow.tenant_id == tenant_id, UsageRow.started_at >= since, admitted))).one()  # fmt: skip
     tokens, cost = (await budget_used(db, [tenant_id], limits.budget_period, now)).get(tenant_id, (0, 0.0))
     return {
@@ -289,7 +293,7 @@ async def budget_used(db: Database, tenant_ids: Sequence[str], period: Period, n
     """Tokens and cost each tenant used in the current budget period (from the rollups)."""
     q = select(
         UsageHourly.tenant_id,
-        func.coalesce(func.sum(UsageHourly.prompt_tokens + UsageHourly.completion_tokens), 0),
+        tokens_of(UsageHourly),
         func.coalesce(func.sum(UsageHourly.cost), 0.0),
     ).where(UsageHourly.tenant_id.in_(list(tenant_ids))).group_by(UsageHourly.tenant_id)
     start = period_start(period, now or time.time())

@@ -47,7 +47,7 @@ class Range:
             e, s = now, now - PRESETS[preset]
         else:
             e = _parse(end, "end", zone) if end else now
-            if end and len(end.strip()) == 10:  # a bare end date includes that day, to the next local midnight
+            if end and _is_date(end):  # a bare end date includes that day, to the next local midnight
                 try:
                     e = _next(e, "day", zone)
                 except OverflowError:
@@ -119,6 +119,16 @@ def _next(t: datetime, bucket: Bucket, tz: tzinfo) -> datetime:
 
 def _midnight(day: date, tz: tzinfo) -> datetime:
     return datetime.combine(day, time(), tzinfo=tz).astimezone(UTC)
+
+
+def _is_date(text: str) -> bool:
+    """Whether ``text`` is a bare date, in any form ``date.fromisoformat`` reads (``2026-01-31``,
+    ``20260131``), as the usage report reads an end date."""
+    try:
+        date.fromisoformat(text.strip())
+    except ValueError:
+        return False
+    return True
 
 
 def _zone(name: str | None) -> tzinfo:

@@ -16,11 +16,12 @@ from typing import Any, Literal
 
 from sqlalchemy import and_, func, literal, or_, select
 from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.sql.elements import ColumnElement
 
 from gateway.caching import RefreshingCache
 from gateway.contracts import Principal
 from gateway.db.engine import Database
-from gateway.db.models import ApiKey, Limit, UsageRow
+from gateway.db.models import ApiKey, Limit, UsageHourly, UsageRow
 
 Period = Literal["day", "month", "total"]
 WINDOW_SECONDS = 60  # requests/min and tokens/min are sliding windows of one-second buckets
@@ -112,6 +113,14 @@ def _chain(root: str) -> Any:
     return select(down.c.id)
 
 
+def tokens_of(table: type[UsageRow] | type[UsageHourly]) -> ColumnElement[int]:
+    """The prompt and completion tokens of ``table``'s rows, summed each on its own: a row's two
+    INTEGER counts may add up past 32 bits, which PostgreSQL's INTEGER addition refuses (its SUM of
+    INTEGERs is a BIGINT)."""
+    return (func.coalesce(func.sum(table.prompt_tokens), 0)
+            + func.coalesce(func.sum(table.completion_tokens), 0))
+
+
 async def recorded_spend(db: Database, scope: Scope, now: float) -> tuple[int, int]:
     """Tokens and pico-dollars the usage records show for ``scope`` in its current budget period
     (a key's scope: every key of its rotation chain)."""
@@ -120,7 +129,7 @@ async def recorded_spend(db: Database, scope: Scope, now: float) -> tuple[int, i
     else:
         whose = UsageRow.tenant_id == scope.id
     query = select(
-        func.coalesce(func.sum(UsageRow.prompt_tokens + UsageRow.completion_tokens), 0),
+        tokens_of(UsageRow),
         func.coalesce(func.sum(UsageRow.cost), 0.0),
     ).where(whose)
     start = period_start(scope.limits.budget_period, now)
