@@ -79,7 +79,8 @@ class HFGenerateBackend:
         template = getattr(tokenizer, "chat_template", None)
         self.tool_parser = choose_parser("auto", template if isinstance(template, str) else None)
         self.worker = GenerateWorker(model, tokenizer, eos_ids, pad, max_batch_rows=max_batch_rows,
-                                     max_queue=max_queue, bitmask_words=words_for(grammar_vocab))
+                                     max_queue=max_queue, bitmask_words=words_for(grammar_vocab),
+                                     max_len=max_model_len)
 
     # ------------------------------------------------------------ Backend protocol
 

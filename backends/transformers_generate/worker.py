@@ -1,7 +1,8 @@
 """The generation thread of the plain transformers path: a bounded queue, batching, ``generate``.
 
 One daemon thread takes the oldest queued job plus every queued job whose batch-wide parameters
-(``GenerateKey``) are equal, up to ``max_batch_rows`` rows, left-pads their prompts and runs one
+(``GenerateKey``) are equal, up to ``max_batch_rows`` rows and within the context (every row of a
+batch runs for its longest prompt plus its largest ``max_new_tokens`` positions), left-pads their prompts and runs one
 ``model.generate``. A ``StoppingCriteria`` sees every new token of every row: it detokenises,
 matches stop strings, applies per-row limits and aborts, and reports each row as done on its own,
 so rows with different lengths, stop strings or penalties share a batch. The model's own EOS
@@ -29,8 +30,10 @@ class GenerateWorker:
     """Owns the model while generating; ``submit`` jobs, ``cancel`` them, ``close`` at the end."""
 
     def __init__(self, model: Any, tokenizer: Any, eos_ids: set[int], pad_id: int, *,
-                 max_batch_rows: int = 8, max_queue: int = 64, bitmask_words: int = 0) -> None:
+                 max_batch_rows: int = 8, max_queue: int = 64, bitmask_words: int = 0,
+                 max_len: int | None = None) -> None:
         self.model, self.tokenizer = model, tokenizer
+        self.max_len = max_len  # positions a batch may span (the model's context); None: unbounded
         self.bitmask_words = bitmask_words  # 32-token words per grammar bitmask row
         self.eos_ids, self.pad_id = eos_ids, pad_id
         self.max_batch_rows, self.max_queue = max_batch_rows, max_queue
@@ -81,16 +84,22 @@ class GenerateWorker:
     # -- the thread ----------------------------------------------------------------------------
 
     def _take_batch(self) -> list[Job]:
-        """The oldest job plus queued jobs with the same key, within ``max_batch_rows`` (lock held)."""
+        """The oldest job plus queued jobs with the same key, within ``max_batch_rows`` and the
+        context (lock held): a short prompt's long output beside a long prompt's short one would
+        run the long prompt's row past the model's positions, failing both."""
         first = self._pending.popleft()
         batch, rows = [first], first.num_rows
+        width, new = _width(first), first.params.max_new_tokens
         if first.key.seed is not None:
             return batch
         for job in list(self._pending):
-            if job.key == first.key and rows + job.num_rows <= self.max_batch_rows:
+            span = max(width, _width(job)) + max(new, job.params.max_new_tokens)
+            fits = self.max_len is None or span <= self.max_len
+            if job.key == first.key and rows + job.num_rows <= self.max_batch_rows and fits:
                 self._pending.remove(job)
                 batch.append(job)
                 rows += job.num_rows
+                width, new = max(width, _width(job)), max(new, job.params.max_new_tokens)
         return batch
 
     def _loop(self) -> None:
@@ -157,3 +166,8 @@ class GenerateWorker:
         for row in rows:  # generate ended (all done, or its own max_new_tokens)
             if not row.finished:
                 row.end("abort" if row.job.aborted else "length")
+
+
+def _width(job: Job) -> int:
+    """The job's longest prompt: the width its rows are left-padded to."""
+    return max(len(p) for p in job.prompts)

@@ -377,6 +377,47 @@ def test_queued_jobs_with_equal_generate_parameters_share_a_batch(folder) -> Non
     worker.close()
 
 
+def test_jobs_that_together_exceed_the_context_do_not_share_a_batch(folder) -> None:
+    """A short prompt with a long output and a long prompt with a short one each fit the context,
+    but in one batch the long prompt's row would run past the model's positions (GPT-2's are
+    absolute, 256 here) and fail both: they run one after the other, each to its own length."""
+    path = folder("gpt2")
+    model = transformers.AutoModelForCausalLM.from_pretrained(path)
+    model.generation_config = transformers.GenerationConfig()
+    tok = transformers.AutoTokenizer.from_pretrained(path)
+    max_len = model.config.n_positions
+    worker = GenerateWorker(model, tok, set(), 0, max_batch_rows=4, max_queue=8, max_len=max_len)
+    entered, release = threading.Event(), threading.Event()
+    events: dict[str, list[Event]] = {"short": [], "long": []}
+    done = threading.Semaphore(0)
+
+    def sink(name: str) -> Callable[[Event], None]:
+        def emit(ev: Event) -> None:
+            events[name].append(ev)
+            if ev.finish is not None or ev.error is not None:
+                done.release()
+        return emit
+
+    def blocking(ev: Event) -> None:
+        entered.set()
+        release.wait(10)
+
+    short, long = tok.encode("hi"), list(range(10, max_len - 60))
+    worker.submit(Job([short], 1, GenerateKey(), RowParams(max_new_tokens=2), blocking))
+    assert entered.wait(10)
+    worker.submit(Job([short], 1, GenerateKey(), RowParams(max_new_tokens=max_len - len(short)), sink("short")))
+    worker.submit(Job([long], 1, GenerateKey(), RowParams(max_new_tokens=60), sink("long")))
+    release.set()
+    for _ in range(2):
+        assert done.acquire(timeout=60)
+    for name, limit in (("short", max_len - len(short)), ("long", 60)):
+        assert [e.error for e in events[name] if e.error is not None] == []
+        assert [e.finish for e in events[name] if e.finish is not None] == ["length"]
+        assert sum(e.token for e in events[name]) == limit
+    assert worker.batches_run == 3
+    worker.close()
+
+
 async def test_unsupported_parameters_are_400s_naming_them(backend_for) -> None:
     """Issue 19: never a silent drop; parameters that do not change the output are accepted."""
     backend = backend_for("gpt2")
