@@ -28,7 +28,7 @@ from typing import Any
 from litestar import Response
 from litestar.background_tasks import BackgroundTask
 
-from backends.base import BackendError, ChunkStream, Completed, ContextTooLong, Meter, RateLimited, Unavailable
+from backends.base import BackendError, ChunkStream, Completed, ContextTooLong, Meter, RateLimited, Timeout, Unavailable
 from backends.call import CallContext, CallingTenant, forwarded_tenant
 from gateway.calls import CallDescription
 from gateway.contracts import (
@@ -230,6 +230,8 @@ class Pipeline:
                 hooks.end_attempt(span, exc.kind, exc.upstream_request_id)
                 self.telemetry.upstream_error(attempt.deployment.id, exc.kind)
                 _record_failure(health, exc, tenant)
+                if isinstance(exc, Timeout):  # as slow as that at least: lowest_latency must not keep it first
+                    health.note_latency(time.perf_counter() - t0)
                 following = plan.after(exc)
                 if following is None:
                     raise

@@ -14,9 +14,7 @@ from gateway.controllers.auth import authenticate_request, principal_of
 from gateway.controllers.docs import error_responses
 from gateway.errors import ApiError
 from gateway.pipeline import Pipeline
-from gateway.routing.router import ModelGroup
-
-_WILDCARD = "*?["  # a name with one of these is a pattern for the router, not a model name
+from gateway.routing.router import ModelGroup, is_wildcard
 
 
 def _card(group: ModelGroup, name: str) -> ModelCard:
@@ -42,7 +40,7 @@ def _card(group: ModelGroup, name: str) -> ModelCard:
 def _listed(group: ModelGroup) -> list[ModelCard]:
     """A card for the group's name and one for each alias. A wildcard alias (``gpt-4o-*``) stands for
     names that cannot be enumerated, so it is not listed (a name it matches is still retrievable)."""
-    return [_card(group, name) for name in group.names if not any(c in name for c in _WILDCARD)]
+    return [_card(group, name) for name in group.names if not is_wildcard(name)]
 
 
 class ModelsController(Controller):

@@ -180,9 +180,13 @@ class DeploymentHealth:
         self._failures.clear()
         self.consecutive_failures = 0
         if latency is not None:
-            self.latency_ewma = (
-                latency if self.latency_ewma is None else (EWMA_ALPHA * latency + (1 - EWMA_ALPHA) * self.latency_ewma)
-            )
+            self.note_latency(latency)
+
+    def note_latency(self, latency: float) -> None:
+        """One more time to first token (or to a timeout: at least that long) into the EWMA."""
+        self.latency_ewma = (
+            latency if self.latency_ewma is None else (EWMA_ALPHA * latency + (1 - EWMA_ALPHA) * self.latency_ewma)
+        )
 
     def on_failure(self, tenant: str | None = None) -> None:
         now = self._clock()

@@ -1,21 +1,26 @@
 """Public model names -> model groups -> deployments -> Backends.
 
 ``Router.resolve(name)`` finds the group for a public name or alias (``*`` wildcards allowed in
-aliases, e.g. ``gpt-4o-*``); ``gateway.routing.plan.RoutePlan`` gives the attempts for one request
-(strategy order, retries, fallbacks). ``reload(settings)`` swaps the routing table in place, the new
-backends built off the event loop: unchanged deployments keep their backend and health, changed ones
-that call the same upstream keep their health (circuit, hold-offs, token window), removed ones are
-closed once idle.
+aliases, e.g. ``gpt-4o-*``: an exact name wins, then the most specific pattern, the one with the
+most characters besides its ``*``s, then the one listed first; ``?`` and ``[`` are plain
+characters); ``gateway.routing.plan.RoutePlan`` gives the attempts for one request (strategy order,
+retries, fallbacks). ``reload(settings)`` swaps the routing table in place, the new backends built
+off the event loop: unchanged deployments (or ones with a new ``weight`` or ``tokens_per_minute``
+alone) keep their backend and health, changed ones that call the same upstream keep their health
+(circuit, hold-offs, token window), removed ones are closed once idle.
 """
 
 from __future__ import annotations
 
 import asyncio
-import fnmatch
+import functools
 import logging
 import random
+import re
 from collections.abc import Callable, Coroutine, Iterator
 from typing import Any
+
+import msgspec
 
 from backends.base import Backend
 from backends.prompt_count import PromptCounter
@@ -28,6 +33,7 @@ log = logging.getLogger("switchyard.router")
 
 BackendBuilder = Callable[[DeploymentConfig], Backend]
 RETIRE_GRACE_SECONDS = 600.0  # the longest a removed deployment waits for in-flight requests
+ROUTER_ONLY = ("weight", "tokens_per_minute")  # deployment settings no backend reads
 
 
 class ModelGroup:
@@ -71,13 +77,17 @@ class Router:
     def _install(self, groups: list[ModelGroup]) -> None:
         self.groups = groups
         self._by_name: dict[str, ModelGroup] = {}
-        self._patterns: list[tuple[str, ModelGroup]] = []
+        patterns: list[tuple[str, ModelGroup]] = []
         for group in groups:
             for name in group.names:
-                if any(c in name for c in "*?["):
-                    self._patterns.append((name, group))
+                if is_wildcard(name):
+                    patterns.append((name, group))
                 else:
                     self._by_name[name] = group
+        # the most specific first (a stable sort: ties in the config's order), so `gpt-*` listed
+        # before `gpt-4o-*` does not take every `gpt-4o-...` name
+        patterns.sort(key=lambda p: len(p[0]) - p[0].count("*"), reverse=True)
+        self._patterns = [(_wildcard(name), group) for name, group in patterns]
 
     @classmethod
     def from_settings(cls, settings: Settings, build: BackendBuilder) -> Router:
@@ -87,7 +97,7 @@ class Router:
     def resolve(self, name: str) -> ModelGroup | None:
         group = self._by_name.get(name)
         if group is None:
-            group = next((g for pattern, g in self._patterns if fnmatch.fnmatchcase(name, pattern)), None)
+            group = next((g for pattern, g in self._patterns if pattern.fullmatch(name)), None)
         return group
 
     def deployments(self) -> Iterator[Deployment]:
@@ -115,8 +125,8 @@ class Router:
                 for backend in built:  # e.g. a local engine loaded before a later deployment failed
                     self._in_background(backend.aclose())
                 raise
-            for health, circuit, tokens_per_minute in carried:  # on the loop, once all is built
-                health.reconfigure(circuit, tokens_per_minute)
+            for apply in carried:  # on the loop, once all is built
+                apply()
             kept = {id(d) for g in groups for d in g.deployments}
             self._install(groups)
             for deployment in current.values():
@@ -142,6 +152,16 @@ class Router:
         await asyncio.gather(*(d.backend.aclose() for d in self.deployments()), return_exceptions=True)
 
 
+def is_wildcard(name: str) -> bool:
+    """Whether a configured name is a pattern (``gpt-4o-*``) rather than a model name."""
+    return "*" in name
+
+
+def _wildcard(name: str) -> re.Pattern[str]:
+    """``name`` as a pattern in which ``*`` matches any characters and every other one itself."""
+    return re.compile(".*".join(re.escape(part) for part in name.split("*")), re.DOTALL)
+
+
 def _counter(dep: DeploymentConfig, where: str) -> PromptCounter | None:
     if dep.tokenizer is None:
         return None
@@ -151,34 +171,45 @@ def _counter(dep: DeploymentConfig, where: str) -> PromptCounter | None:
         raise ConfigError(f"config error at {where}.tokenizer: cannot load {dep.tokenizer!r} ({exc})") from None
 
 
-Carried = list[tuple[DeploymentHealth, CircuitConfig, int | None]]  # kept healths and their new settings
+Carried = list[Callable[[], None]]  # what kept deployments take of the new settings, applied on the loop
 
 
 def _build_groups(
     settings: Settings, build: BackendBuilder, reuse: dict[tuple[str, str], Deployment]
 ) -> tuple[list[ModelGroup], Carried]:
-    """The groups for ``settings``, reusing ``reuse``'s deployments where they are unchanged, and
-    the kept healths to reconfigure once the whole table is built (a config error changes nothing).
-    Touches nothing the loop uses: it may run in a worker thread."""
+    """The groups for ``settings``, reusing ``reuse``'s deployments where only what the router reads
+    changed, and what the kept ones take of the new settings once the whole table is built (a config
+    error changes nothing). Touches nothing the loop uses: it may run in a worker thread."""
     groups = []
     carried: Carried = []
     for i, config in enumerate(settings.models):
         deployments = []
         for j, dep in enumerate(config.deployments):
             old = reuse.get((config.name, dep.id))
-            if old is not None and old.config == dep:  # its backend stays; new circuit settings apply to it
-                if old.health.config != config.circuit:
-                    carried.append((old.health, config.circuit, dep.tokens_per_minute))
+            if old is not None and _same_backend(old.config, dep):  # its backend and in-flight count stay
+                if old.config != dep or old.health.config != config.circuit:
+                    carried.append(functools.partial(_retune, old, dep, config.circuit))
                 deployments.append(old)
                 continue
             if old is not None and _same_upstream(old.config, dep):  # its circuit, holds and token window stay
                 health = old.health
-                carried.append((health, config.circuit, dep.tokens_per_minute))
+                carried.append(functools.partial(health.reconfigure, config.circuit, dep.tokens_per_minute))
             else:
                 health = DeploymentHealth(config.circuit, tokens_per_minute=dep.tokens_per_minute)
             deployments.append(Deployment(dep, build(dep), health, _counter(dep, f"models[{i}].deployments[{j}]")))
         groups.append(ModelGroup(config, deployments))
     return groups, carried
+
+
+def _same_backend(old: DeploymentConfig, new: DeploymentConfig) -> bool:
+    """Whether ``new`` differs from ``old`` at most in what the router alone reads (``ROUTER_ONLY``):
+    a new weight must not rebuild the backend (load a local model again, lose its in-flight count)."""
+    return old == new or msgspec.structs.replace(new, **{f: getattr(old, f) for f in ROUTER_ONLY}) == old
+
+
+def _retune(deployment: Deployment, config: DeploymentConfig, circuit: CircuitConfig) -> None:
+    deployment.config = config
+    deployment.health.reconfigure(circuit, config.tokens_per_minute)
 
 
 def _same_upstream(old: DeploymentConfig, new: DeploymentConfig) -> bool:

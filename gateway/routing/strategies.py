@@ -6,6 +6,7 @@ Each returns every candidate, best first; the plan takes the first and falls bac
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Callable, Sequence
 
@@ -19,8 +20,9 @@ Strategy = Callable[[Sequence[Deployment], random.Random, str | None], list[Depl
 
 def weighted(candidates: Sequence[Deployment], rng: random.Random, key: str | None = None) -> list[Deployment]:
     """Weighted random order without replacement (the first is a weighted pick)."""
-    # Efraimidis-Spirakis: sort by u^(1/w), u uniform in (0, 1].
-    return sorted(candidates, key=lambda d: (1.0 - rng.random()) ** (1.0 / d.config.weight), reverse=True)
+    # Efraimidis-Spirakis: sort by u^(1/w), u uniform in (0, 1], compared as its logarithm, log(u)/w:
+    # u^(1/w) itself underflows to 0.0 for small weights (0.001 and below), and ties go to the first listed.
+    return sorted(candidates, key=lambda d: math.log(1.0 - rng.random()) / d.config.weight, reverse=True)
 
 
 def least_busy(candidates: Sequence[Deployment], rng: random.Random, key: str | None = None) -> list[Deployment]:
