@@ -16,7 +16,9 @@ most a second; slots until the next second) is refused to the others meanwhile, 
 ``x-ratelimit-remaining-*`` counts down from the state at the grant, not the other replicas' use
 since. A key below ``MIN_DEMAND`` requests a second is never on credit, and a request the credit
 does not cover (nothing left of it, or no free slot) is counted request by request, exactly as
-without: a key near a limit gets at most what is left of it. A replica that dies holds its
+without: a key near a limit gets at most what is left of it. A change of the key's or its tenant's
+limits (once the limits cache sees it) ends the credit granted under the old ones at once, and a
+lowered concurrency limit shrinks the pool to a sixteenth of it. A replica that dies holds its
 credit until the second ends and its slots until their lease runs out, as it holds its tickets.
 """
 
@@ -40,6 +42,7 @@ log = logging.getLogger("switchyard.quotas")
 
 MIN_DEMAND = 20  # admissions of a key in a second before it is worth a credit
 MARGIN = 1.5  # a second's credit: this much of the second before's demand
+NO_CAP = 2**63  # pool slots a key without a concurrency limit may use
 GIVE_BACK_WAIT_SECONDS = 5.0  # at shutdown, for the last give-back to be acknowledged
 
 
@@ -49,6 +52,7 @@ class Bundle:
 
     prefix: str  # its slots' members: this process's prefix and the bundle's number
     scopes: list[Scope]
+    granted_under: list[Scope] = field(default_factory=list)  # the scopes (limits) of the credit held
     # demand: admissions (on credit or not) of the second ``demand_second`` and of the one before
     demand_second: int = -1
     demand: tuple[int, int, int] = (0, 0, 0)  # requests, tokens, micros
@@ -139,14 +143,17 @@ class CreditKeeper:
         if bundle is None:
             self._numbers += 1
             bundle = self._bundles[who] = Bundle(f"{self.prefix}{self._numbers}:", scopes)
+        if bundle.second >= 0 and scopes is not bundle.granted_under and scopes != bundle.granted_under:
+            bundle.retire(-1)  # granted under limits since changed: the store admits, exactly, until the next grant
         bundle.scopes = scopes  # the limits as now cached: the next grant uses them
         now = self.clock()
         sec = math.floor(now)
         bundle.count(sec, tokens, micros)
         short = bundle.second != sec or bundle.requests < 1 or bundle.tokens < tokens or bundle.micros < micros
-        if short or not bundle.free:
+        full = not bundle.free or len(bundle.pool) - len(bundle.free) >= _slot_cap(scopes)
+        if short or full:
             if bundle.demand[0] >= MIN_DEMAND and not bundle.granting and bundle.refused != sec:
-                self._top_up(bundle, now, tokens, micros, slots_only=not bundle.free)
+                self._top_up(bundle, now, tokens, micros, slots_only=full)
             return None
         bundle.requests -= 1
         bundle.tokens -= tokens
@@ -225,7 +232,7 @@ class CreditKeeper:
             requests, tokens, micros = bundle.demand_before(sec)
             wanted = requests >= MIN_DEMAND
             # slots: as many as were in flight at once since the last tick, and a quarter more
-            target = math.ceil(bundle.peak * 1.25) + 2 if wanted else 0
+            target = min(math.ceil(bundle.peak * 1.25) + 2, _slot_cap(bundle.scopes)) if wanted else 0
             bundle.peak = bundle.in_flight
             self._give_back(bundle, target)
             if wanted and not bundle.granting:
@@ -242,11 +249,12 @@ class CreditKeeper:
     async def _take_credit(self, bundle: Bundle, now: float, requests: int, tokens: int, micros: int,
                            target: int) -> None:
         sec = math.floor(now)
+        scopes = bundle.scopes
         wanted = range(bundle.next_slot, bundle.next_slot + max(0, target - len(bundle.pool)))
         bundle.next_slot = wanted.stop
         bundle.granting = True
         try:
-            grant: Grant = await self.store.grant(bundle.scopes, now, requests, tokens, micros, bundle.prefix, wanted,
+            grant: Grant = await self.store.grant(scopes, now, requests, tokens, micros, bundle.prefix, wanted,
                                                   len(bundle.pool), self.lease_seconds)
         except Exception as exc:
             self.on_outage("admission credit", exc)
@@ -265,7 +273,7 @@ class CreditKeeper:
             bundle.correct(sec, -requests, -tokens, -micros * PICOS_PER_MICRO)
             return
         bundle.retire(sec)
-        bundle.second = sec
+        bundle.second, bundle.granted_under = sec, scopes
         bundle.requests += requests
         bundle.tokens += tokens
         bundle.micros += micros
@@ -325,6 +333,13 @@ class CreditKeeper:
                     await self.store.renew(bundle.scopes, now, bundle.prefix, sorted(bundle.pool), self.lease_seconds)
                 except Exception as exc:  # the slots run out by themselves
                     self.on_outage("slot renewal", exc)
+
+
+def _slot_cap(scopes: list[Scope]) -> int:
+    """The most pool slots the scopes' concurrency limits, as now cached, let a replica use: a
+    sixteenth of each, as a grant gives (a pool granted under a higher limit shrinks to it)."""
+    return min((s.limits.max_concurrency // 16 for s in scopes if s.limits.max_concurrency is not None),
+               default=NO_CAP)
 
 
 def _less(state: QuotaState | None, used: int, gone: float) -> QuotaState | None:

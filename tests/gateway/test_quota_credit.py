@@ -199,3 +199,59 @@ async def test_two_keys_of_a_tenant_hold_slots_of_their_own(db: Database, redis:
     await adm.aclose()
     await acknowledged(adm)
     assert await redis.zcard(f"{redis_prefix}:tenant:{first.tenant_id}:cc") == 0
+
+
+async def test_a_lowered_concurrency_limit_shrinks_the_pool(db: Database, redis: Redis, redis_prefix: str) -> None:
+    p = await principal_with(db, Limits(), Limits(max_concurrency=320))  # a pool of 20 slots at most
+    clock = Clock()
+    adm = admission(redis_prefix, db, clock)
+    assert adm.credit is not None
+    busy = [await adm.admit(p, "m", 1) for _ in range(30)]  # 30 in flight at once
+    for t in busy:
+        await adm.settle(t, 1, 0.0)
+    clock.at(1, 0.01)
+    await adm.credit.tick()
+    assert len(adm.credit._bundles[(p.key_id, p.tenant_id)].pool) == 20
+    await TenancyService(db).set_limits("key", p.key_id, Limits(max_concurrency=4))
+    adm.limits.invalidate()
+    for second in (1, 2, 3):  # the key stays busy: at most 4 in flight, whichever way admitted
+        clock.at(second, 0.5)
+        held: list[Ticket] = []
+        with contextlib.suppress(QuotaExceeded):
+            for _ in range(30):
+                held.append(await adm.admit(p, "m", 1))
+        assert len(held) <= 4
+        for t in held:
+            await adm.settle(t, 1, 0.0)
+        for _ in range(20):  # busy enough for credit
+            with contextlib.suppress(QuotaExceeded):
+                await adm.settle(await adm.admit(p, "m", 1), 1, 0.0)
+        clock.at(second + 1, 0.01)
+        await adm.credit.tick()
+        await acknowledged(adm)
+    assert await redis.zcard(f"{redis_prefix}:key:{p.key_id}:cc") <= 4
+    await adm.aclose()
+
+
+async def test_credit_granted_under_a_limit_since_lowered_admits_nothing(db: Database, redis: Redis,
+                                                                       redis_prefix: str) -> None:
+    p = await principal_with(db, Limits(), Limits(requests_per_minute=1_600))
+    clock = Clock()
+    adm = admission(redis_prefix, db, clock)
+    assert adm.credit is not None
+    for t in [await adm.admit(p, "m", 1) for _ in range(30)]:
+        await adm.settle(t, 1, 0.0)
+    clock.at(1, 0.01)
+    await adm.credit.tick()  # credit for 45 requests in second 1
+    await TenancyService(db).set_limits("key", p.key_id, Limits(requests_per_minute=40))
+    adm.limits.invalidate()
+    clock.at(1, 0.5)
+    with pytest.raises(QuotaExceeded, match="requests per minute"):
+        await adm.admit(p, "m", 1)  # 30 in the window and 45 on credit: over 40 already
+    await TenancyService(db).set_limits("key", p.key_id, Limits(requests_per_minute=1_600))
+    adm.limits.invalidate()
+    clock.at(2, 0.01)
+    await adm.credit.tick()  # the credit not used goes back: the window holds the 30 admitted
+    await acknowledged(adm)
+    assert (await window(redis, redis_prefix, p, clock.start))[2] == 30
+    await adm.aclose()
