@@ -42,7 +42,7 @@ class BackendError(Exception):
         message = redact(message)  # an upstream's words may echo the gateway's key for it
         super().__init__(message)
         self.message = message
-        self.param = param
+        self.param = redact(param) if param else param  # relayed to the client as the error's ``param``
         self.status = status  # the upstream HTTP status, when there was one
 
 
@@ -52,7 +52,8 @@ class BadRequest(BackendError):
 
     def __init__(self, message: str, *, code: str | None = None, **kw: Any) -> None:
         super().__init__(message, **kw)
-        self.code = code  # the upstream's own error code (OpenAI's "unsupported_parameter", ...), for the client
+        # the upstream's own error code (OpenAI's "unsupported_parameter", ...), for the client
+        self.code = redact(code) if code else code
 
 
 class ContextTooLong(BadRequest):

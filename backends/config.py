@@ -7,6 +7,7 @@ them and re-export them.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Annotated, Any
 from urllib.parse import urlsplit
@@ -46,6 +47,15 @@ def _check_http_options(provider: str, options: dict[str, Any]) -> None:
     for name, (valid, must) in known.items():
         if name in options and not valid(options[name]):
             raise ValueError(f"options.{name} must be {must}, got {options[name]!r}")
+
+
+# The user info of a URL (or of what was meant as one: "user:pass@host/v1", no scheme) up to its last "@"
+_USER_INFO = re.compile(r"^((?:[^/@]*//)?[^/:@]*):[^/]*@")
+
+
+def without_password(url: str) -> str:
+    """``url`` for messages: the password of its user info (``https://user:pass@host``) masked."""
+    return _USER_INFO.sub(r"\1:***@", url, count=1)
 
 
 _IN_PROCESS = frozenset({"local", "transformers"})  # the providers that run the model here, not over HTTP
@@ -106,7 +116,7 @@ class DeploymentConfig(Conf):
             url = urlsplit(self.api_base)
             if url.scheme not in ("http", "https") or not url.hostname:
                 raise ValueError(f"api_base must be an http(s) URL such as https://api.openai.com/v1, "
-                                 f"got {self.api_base!r}")
+                                 f"got {without_password(self.api_base)!r}")
         _check_http_options(self.provider, self.options)
         if self.provider in _IN_PROCESS and (ignored := self._http_only_fields()):
             raise ValueError(f"provider {self.provider!r} runs the model in this process: {', '.join(ignored)} "

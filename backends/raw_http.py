@@ -26,6 +26,7 @@ from urllib.parse import urlsplit
 
 import httptools
 
+from backends.config import without_password
 from backends.turn_writes import TurnWrites
 
 USER_AGENT = "switchyard"
@@ -168,7 +169,7 @@ class RawHTTP:
                  idle_seconds: float = 4.0, limit: int = 256) -> None:
         url = urlsplit(base)
         if url.scheme not in ("http", "https") or not url.hostname:
-            raise ValueError(f"not an http(s) URL: {base!r}")
+            raise ValueError(f"not an http(s) URL: {without_password(base)!r}")
         self.connect_timeout, self.idle_seconds, self.limit = connect_timeout, idle_seconds, limit
         self._tls = ssl.create_default_context() if url.scheme == "https" else None
         self._host = url.hostname

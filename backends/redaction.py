@@ -3,7 +3,8 @@
 An upstream's error message is relayed to the client (and logged): some echo the request's headers,
 the gateway's own credentials for that provider among them. Each HTTP deployment registers the
 credentials it sends (``register_headers``: its API key, whatever header carries it) when it is
-built, and every ``BackendError`` message is redacted of all registered ones as it is made. What is
+built, and every ``BackendError`` message (its ``param`` and ``code`` too) is redacted of all registered
+ones as it is made. What is
 relayed as it came is looked at only where it says it failed (``redact_failure``, ``redact_json``,
 called by the relays on an error object or a failed answer alone): never an answer's or a normal
 chunk's words.
@@ -51,11 +52,11 @@ def redact(text: str) -> str:
 
 
 def redact_failure(response: object) -> None:
-    """Redact, in place, the error message of a relayed Responses object that failed (relayed as
-    it came otherwise, so only a failure's words are looked at)."""
-    if isinstance(response, dict) and response.get("status") == "failed" \
-            and isinstance(error := response.get("error"), dict) and isinstance(error.get("message"), str):
-        error["message"] = redact(error["message"])
+    """Redact, in place, the error object of a relayed Responses object that failed, each of its
+    strings (its message, code, param: relayed as it came otherwise, so only a failure's words are
+    looked at)."""
+    if isinstance(response, dict) and response.get("status") == "failed" and isinstance(response.get("error"), dict):
+        response["error"] = _masked(response["error"])[0]
 
 
 def redact_json(data: bytes) -> bytes:

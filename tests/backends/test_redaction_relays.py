@@ -126,6 +126,20 @@ def test_a_first_error_event_and_an_error_status_echoing_the_key_are_redacted(
         assert_no_key(failed.value.message, failed.value.body)
 
 
+@pytest.mark.parametrize("status", [400, 422])
+def test_the_param_and_code_of_an_error_echoing_the_key_are_redacted(openai_client: openai.OpenAI,
+                                                                     upstream: FakeUpstream, status: int) -> None:
+    """A 400's ``param`` and ``code`` are relayed to the client as its own: they are an upstream's words too."""
+    upstream.fail_next(Fault(status=status, body=lambda h: {"error": {
+        "message": "refused", "type": "invalid_request_error", "param": h.get("authorization"),
+        "code": f"bad_key:{h.get('authorization')}"}}))
+    with pytest.raises(openai.BadRequestError) as failed:
+        openai_client.chat.completions.create(model="chat", messages=MESSAGES)
+    assert failed.value.param is not None and redaction.MASK in failed.value.param
+    assert failed.value.code is not None and redaction.MASK in failed.value.code
+    assert_no_key(failed.value.message, failed.value.body)
+
+
 def test_a_whole_answer_carrying_an_error_echoing_the_key_is_redacted(openai_client: openai.OpenAI,
                                                                       upstream: FakeUpstream) -> None:
     upstream.fail_next(Fault(status=200, body=lambda h: {
@@ -188,6 +202,16 @@ def test_a_responses_error_object_mid_stream_is_a_failure_without_the_key(openai
         said = streamed.read().decode()
     assert "response.created" in said and "event: error" in said and redaction.MASK in said
     assert_no_key(said)
+
+
+def test_every_string_of_a_failed_responses_error_object_is_redacted() -> None:
+    redaction.register(RESPONSES_KEY)
+    failed = {"status": "failed", "output": [{"text": f"an answer may say {RESPONSES_KEY}"}],
+              "error": {"message": f"refused {RESPONSES_KEY}", "code": f"key:{RESPONSES_KEY}", "param": RESPONSES_KEY}}
+    redaction.redact_failure(failed)
+    assert failed["error"] == {"message": f"refused {redaction.MASK}", "code": f"key:{redaction.MASK}",
+                               "param": redaction.MASK}
+    assert failed["output"] == [{"text": f"an answer may say {RESPONSES_KEY}"}]  # an answer's words are its own
 
 
 # ---------------------------------------------------------------- what is registered

@@ -121,6 +121,19 @@ def test_an_api_base_that_is_no_http_url_is_a_config_error(base: str) -> None:
         parse_settings({"models": [{"name": "a", "deployments": [DEP | {"api_base": base}]}]}, env={})
 
 
+@pytest.mark.parametrize("base", ["htps://bob:${BASE_PASSWORD}@api.example.com/v1", "https://bob:${BASE_PASSWORD}@/v1",
+                                  "bob:${BASE_PASSWORD}@api.example.com/v1"])
+def test_an_api_base_refused_with_credentials_in_it_is_shown_without_its_password(tmp_path: Path, base: str) -> None:
+    """The one line ``serve`` prints (as the reload endpoint's answer and the SIGHUP log line do) names
+    the URL, its password masked."""
+    path = tmp_path / "c.yaml"
+    path.write_text(f"models:\n  - name: a\n    deployments: [{{provider: openai, model: m, api_base: '{base}'}}]\n")
+    done = CliRunner(env={"BASE_PASSWORD": "pw-in-the-base-url-0451"}).invoke(app, ["serve", "--config", str(path)])
+    assert done.exit_code == 2, done.output
+    assert "api_base must be an http(s) URL" in done.stderr and "bob:***@" in done.stderr, done.stderr
+    assert "pw-in-the-base-url-0451" not in done.output + done.stderr
+
+
 def test_a_mistake_in_the_file_names_the_file(tmp_path: Path) -> None:
     """An operator with several config files (and env overrides) is told which one to open."""
     path = tmp_path / "c.yaml"
