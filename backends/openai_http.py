@@ -189,7 +189,7 @@ class OpenAIHTTPBackend(HTTPBackend):
         response, head = await self._unary("/embeddings", payload, EmbeddingList, ctx)
         reported = response.usage.prompt_tokens if response.usage is not None else 0
         meter = Meter(prompt_tokens=reported, first_token_at=time.perf_counter())
-        if not reported:  # an upstream that reports no usage: our estimate
+        if reported <= 0:  # an upstream that reports no usage (or a negative count): our estimate
             meter.prompt_tokens, meter.exact = estimate_embedding_input(request), False
         return answered(response, meter, head)
 

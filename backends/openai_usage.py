@@ -1,8 +1,9 @@
 """What an OpenAI-compatible upstream's ``usage`` reports: the counts it holds, onto the meter.
 
-A count the upstream left out, or sent as ``null``, is no count: it stays as the meter has it (an
-estimate) and the meter is inexact. An answer whose usage holds a ``null`` count is decoded without
-it (``without_null_counts``) and relayed as it came.
+A count the upstream left out, or sent as ``null`` or negative, is no count: it stays as the meter has
+it (an estimate; no cached tokens) and the meter is inexact. A negative count would price the request
+below zero and credit its budget; the client still gets the usage as the upstream sent it. An answer
+whose usage holds a ``null`` count is decoded without it (``without_null_counts``) and relayed as it came.
 """
 
 from __future__ import annotations
@@ -30,12 +31,16 @@ _encoder = msgspec.json.Encoder()
 
 def reported(usage: Usage, answer: Any) -> tuple[bool, bool]:
     """Whether ``answer``'s usage holds its prompt count, and its completion count (a 0 read from
-    ``usage`` may be a count the upstream left out)."""
-    if usage.prompt_tokens and usage.completion_tokens:
+    ``usage`` may be a count the upstream left out; a negative one is no count)."""
+    if usage.prompt_tokens > 0 and usage.completion_tokens > 0:
         return True, True
     raw = (relayed(answer) or {}).get("usage")
-    counts = _counts.decode(raw) if raw is not None else _Counts(0, 0)
-    return counts.prompt_tokens is not None, counts.completion_tokens is not None
+    counts = _counts.decode(raw) if raw is not None else _Counts(usage.prompt_tokens, usage.completion_tokens)
+    return _counted(counts.prompt_tokens), _counted(counts.completion_tokens)
+
+
+def _counted(count: int | None) -> bool:
+    return count is not None and count >= 0
 
 
 def meter_from_usage(meter: Meter, usage: Usage, answer: Any) -> tuple[bool, bool]:
@@ -47,8 +52,9 @@ def meter_from_usage(meter: Meter, usage: Usage, answer: Any) -> tuple[bool, boo
     if has_completion:
         meter.completion_tokens = usage.completion_tokens
     details = usage.prompt_tokens_details
-    meter.cached_tokens = details.cached_tokens if details is not UNSET and details is not None else 0
-    meter.exact = has_prompt and has_completion
+    cached = details.cached_tokens if details is not UNSET and details is not None else 0
+    meter.cached_tokens = max(cached, 0)
+    meter.exact = has_prompt and has_completion and cached >= 0
     return has_prompt, has_completion
 
 

@@ -7,7 +7,7 @@ upstream sent them; only usage is read, for metering.
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, TypeGuard
 
 import msgspec
 
@@ -38,17 +38,24 @@ def meter_tier(meter: Meter, response: dict[str, Any]) -> None:
 
 def meter_usage(meter: Meter, usage: Any) -> tuple[bool, bool]:
     """Take the counts a Responses ``usage`` object holds into ``meter``, exact when it holds both;
-    a count it lacks stays as the meter has it (an estimate). Whether it held input, and output."""
+    a count it lacks, or holds negative, stays as the meter has it (an estimate; no cached tokens).
+    Whether it held input, and output."""
     if not isinstance(usage, dict):
         return False, False
-    if has_prompt := isinstance(prompt := usage.get("input_tokens"), int):
+    cached = 0
+    if has_prompt := _counted(prompt := usage.get("input_tokens")):
         details = usage.get("input_tokens_details")
         meter.prompt_tokens = prompt
-        meter.cached_tokens = int(details.get("cached_tokens") or 0) if isinstance(details, dict) else 0
-    if has_completion := isinstance(completion := usage.get("output_tokens"), int):
+        cached = int(details.get("cached_tokens") or 0) if isinstance(details, dict) else 0
+        meter.cached_tokens = max(cached, 0)
+    if has_completion := _counted(completion := usage.get("output_tokens")):
         meter.completion_tokens = completion
-    meter.exact = has_prompt and has_completion
+    meter.exact = has_prompt and has_completion and cached >= 0
     return has_prompt, has_completion
+
+
+def _counted(count: Any) -> TypeGuard[int]:
+    return isinstance(count, int) and count >= 0
 
 
 def hosted_tool_calls(response: dict[str, Any]) -> dict[str, int]:

@@ -60,6 +60,7 @@ class UTCDateTime(TypeDecorator[datetime]):
 
 
 BigId = BigInteger().with_variant(Integer, "sqlite")  # SQLite autoincrements only INTEGER keys
+BigCount = BigInteger().with_variant(Integer, "sqlite")  # SQLite's INTEGER holds 64 bits: as its migrations made it
 
 
 class Base(DeclarativeBase):
@@ -127,9 +128,10 @@ class UsageRow(Base):
     provider: Mapped[str | None] = mapped_column(String(40))
     endpoint: Mapped[str] = mapped_column(String(40))
     stream: Mapped[bool] = mapped_column(Boolean, default=False)
-    prompt_tokens: Mapped[int] = mapped_column(Integer, default=0)
-    completion_tokens: Mapped[int] = mapped_column(Integer, default=0)
-    cached_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    # an upstream's counts have no bound: 64 bits (0012; SQLite's INTEGER always was)
+    prompt_tokens: Mapped[int] = mapped_column(BigCount, default=0)
+    completion_tokens: Mapped[int] = mapped_column(BigCount, default=0)
+    cached_tokens: Mapped[int] = mapped_column(BigCount, default=0)
     exact: Mapped[bool] = mapped_column(Boolean, default=True)
     cost: Mapped[float] = mapped_column(Float, default=0.0)
     status: Mapped[int] = mapped_column(Integer)

@@ -115,8 +115,8 @@ def _chain(root: str) -> Any:
 
 def tokens_of(table: type[UsageRow] | type[UsageHourly]) -> ColumnElement[int]:
     """The prompt and completion tokens of ``table``'s rows, summed each on its own: a row's two
-    INTEGER counts may add up past 32 bits, which PostgreSQL's INTEGER addition refuses (its SUM of
-    INTEGERs is a BIGINT)."""
+    counts may add up past what their column holds, which PostgreSQL's addition refuses (its SUM of
+    BIGINTs is a NUMERIC)."""
     return (func.coalesce(func.sum(table.prompt_tokens), 0)
             + func.coalesce(func.sum(table.completion_tokens), 0))
 

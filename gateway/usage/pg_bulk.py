@@ -25,7 +25,7 @@ _json = msgspec.json.Encoder()
 USAGE_COLUMNS = (
     ("request_id", "varchar"), ("tenant_id", "varchar"), ("key_id", "varchar"), ("model", "varchar"),
     ("deployment", "varchar"), ("provider", "varchar"), ("endpoint", "varchar"), ("stream", "boolean"),
-    ("prompt_tokens", "integer"), ("completion_tokens", "integer"), ("cached_tokens", "integer"),
+    ("prompt_tokens", "int8"), ("completion_tokens", "int8"), ("cached_tokens", "int8"),
     ("exact", "boolean"), ("cost", "float8"), ("status", "integer"), ("error_type", "varchar"),
     ("latency_ms", "float8"), ("ttft_ms", "float8"), ("started_at", "timestamptz"), ("service_tier", "varchar"),
     ("upstream_request_id", "varchar"),

@@ -143,6 +143,15 @@ def test_an_embeddings_usage_with_a_null_count_is_estimated(env: Env, upstream: 
     assert record.status == 200 and not record.exact and record.prompt_tokens >= estimate_text(PROMPT)
 
 
+def test_an_embeddings_usage_with_a_negative_count_is_estimated(env: Env, upstream: FakeUpstream) -> None:
+    body = {"object": "list", "model": "m", "data": [{"object": "embedding", "index": 0, "embedding": [0.5]}],
+            "usage": {"prompt_tokens": -1_000_000, "total_tokens": -1_000_000}}
+    upstream.fail_next(Fault(status=200, body=body))
+    assert env.client().embeddings.create(model="echo", input=PROMPT).data[0].embedding == [0.5]
+    record = env.record()
+    assert record.status == 200 and not record.exact and record.prompt_tokens >= estimate_text(PROMPT)
+
+
 def test_a_usage_holding_both_counts_stays_exact_with_a_zero_completion(env: Env, upstream: FakeUpstream) -> None:
     upstream.fail_next(Fault(status=200, body=_answer(True, {"prompt_tokens": 3, "completion_tokens": 0})))
     _create(env.client(), True, False)
@@ -228,11 +237,16 @@ def test_a_stream_that_fails_mid_way_counts_the_chunks_it_relayed(
     assert record.prompt_tokens >= estimate_text(PROMPT) and record.completion_tokens >= 3
 
 
+@pytest.mark.parametrize("negative", [False, True], ids=["absent", "negative"])
 @pytest.mark.parametrize("missing", ["output_tokens", "input_tokens"])
-def test_a_count_a_responses_upstream_left_out_is_estimated(env: Env, upstream: FakeUpstream, missing: str) -> None:
+def test_a_count_a_responses_upstream_left_out_is_estimated(env: Env, upstream: FakeUpstream, missing: str,
+                                                            negative: bool) -> None:
     """A Responses API upstream (passed through): the same rule for its input and output counts."""
     usage = {"input_tokens": 3, "output_tokens": 6}
-    del usage[missing]
+    if negative:
+        usage[missing] = -1_000_000
+    else:
+        del usage[missing]
     output = [{"type": "message", "id": "m1", "role": "assistant", "status": "completed",
                "content": [{"type": "output_text", "text": ANSWER, "annotations": []}]},
               {"type": "function_call", "id": "fc_1", "call_id": "c1", "name": "f", "arguments": ARGUMENTS,
@@ -279,3 +293,41 @@ def test_a_translated_answer_shows_the_counts_metered_where_the_upstream_left_on
     record = env.record()
     assert record.completion_tokens >= estimate_text(ANSWER) and not record.exact
     assert shown == (record.prompt_tokens, record.completion_tokens) and record.prompt_tokens == 3
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["unary", "stream"])
+@pytest.mark.parametrize("chat", [True, False], ids=["chat", "completions"])
+@pytest.mark.parametrize("negative", ["prompt_tokens", "completion_tokens", "cached_tokens"])
+def test_a_negative_count_is_metered_as_not_reported_and_relayed_as_sent(
+        env: Env, upstream: FakeUpstream, chat: bool, stream: bool, negative: str) -> None:
+    """A negative count would be a negative cost, a credit to the budget: the meter keeps its
+    estimate (inexact) and no cached tokens; the client still gets the usage as the upstream sent it."""
+    reported: dict[str, Any] = {"prompt_tokens": 3, "completion_tokens": 6, "total_tokens": 9,
+                                "prompt_tokens_details": {"cached_tokens": 2}}
+    if negative == "cached_tokens":
+        reported["prompt_tokens_details"] = {"cached_tokens": -1_000_000}
+    else:
+        reported[negative] = -1_000_000
+    upstream.fail_next(Fault(status=200, body=_events(chat, reported) if stream else _answer(chat, reported),
+                             headers=SSE if stream else {}))
+    client, kw = env.client(), {"stream_options": {"include_usage": True}} if stream else {}
+    make = client.chat.completions if chat else client.completions
+    prompt: Any = {"messages": [{"role": "user", "content": PROMPT}]} if chat else {"prompt": PROMPT}
+    raw = make.with_raw_response.create(model="echo", stream=stream, **prompt, **kw)  # type: ignore[call-overload]
+    body = raw.http_response.read().decode()
+    if stream:
+        [shown] = [json.loads(line[6:])["usage"] for line in body.splitlines()
+                   if line.startswith("data: {") and json.loads(line[6:]).get("usage")]
+    else:
+        shown = json.loads(body)["usage"]
+    assert shown == reported  # the gateway is transparent: only its metering ignores the count
+    record = env.record()
+    assert record.status == 200 and not record.exact
+    assert record.cost is not None and record.cost >= 0
+    assert record.cached_tokens == (0 if negative == "cached_tokens" else 2)
+    if negative == "prompt_tokens":
+        assert record.prompt_tokens >= estimate_text(PROMPT) and record.completion_tokens == 6
+    elif negative == "completion_tokens":
+        assert record.prompt_tokens == 3 and record.completion_tokens >= estimate_text(ANSWER)
+    else:
+        assert (record.prompt_tokens, record.completion_tokens) == (3, 6)

@@ -9,6 +9,7 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import inspect
@@ -51,7 +52,8 @@ async def test_upgrade_from_empty_downgrade_and_again(empty_url: str) -> None:
 
 
 async def test_migration_matches_the_models(empty_url: str) -> None:
-    """Autogenerate finds nothing to do: the migration creates exactly what the ORM declares."""
+    """Autogenerate finds nothing to do: the migration creates exactly what the ORM declares, column
+    types included."""
     from alembic.autogenerate import compare_metadata
     from alembic.runtime.migration import MigrationContext
 
@@ -60,7 +62,7 @@ async def test_migration_matches_the_models(empty_url: str) -> None:
     try:
         async with db.engine.connect() as conn:
             diff = await conn.run_sync(
-                lambda c: compare_metadata(MigrationContext.configure(c, opts={"compare_type": False}), Base.metadata)
+                lambda c: compare_metadata(MigrationContext.configure(c, opts={"compare_type": True}), Base.metadata)
             )
     finally:
         await db.dispose()
@@ -141,6 +143,47 @@ async def test_0010_adds_and_drops_the_upstream_request_id_keeping_the_rows(empt
         assert "upstream_request_id" not in await _usage_columns(empty_url)
         async with db.engine.connect() as conn:
             assert (await conn.exec_driver_sql("SELECT count(*) FROM usage_records")).scalar() == 2
+        await asyncio.to_thread(migrate.upgrade, empty_url)
+        await check_schema(db.engine)
+    finally:
+        await db.dispose()
+
+
+async def test_0012_widens_the_token_counts_keeping_the_rows_and_refuses_a_lossy_downgrade(empty_url: str) -> None:
+    """Upgraded from 0011 with rows in ``usage_records``, the token counts hold 64 bits on PostgreSQL
+    (SQLite's INTEGER always did: the step changes nothing there) and the rows stay; the downgrade
+    refuses, saying why, while a count does not fit 32 bits, and goes through once none is left."""
+    big = 3_000_000_000
+    await asyncio.to_thread(migrate.upgrade, empty_url, "0011_schema_compatibility")
+    db = Database.from_url(empty_url)
+    insert = ("INSERT INTO usage_records (request_id, key_id, model, endpoint, stream, prompt_tokens, "
+              "completion_tokens, cached_tokens, exact, cost, status, latency_ms, started_at) VALUES "
+              "('{}', 'k', 'm', 'chat.completions', false, {}, {}, {}, true, 0.0, 200, 0.0, "
+              "'2026-12-07 00:00:00+00:00')")
+    counts = "SELECT request_id, prompt_tokens, completion_tokens, cached_tokens FROM usage_records ORDER BY 1"
+    try:
+        async with db.engine.begin() as conn:
+            await conn.exec_driver_sql(insert.format("r1", 2**31 - 1, 7, 3))
+        await asyncio.to_thread(migrate.upgrade, empty_url)
+        if db.dialect == "postgresql":
+            columns: dict[str, Any] = await _usage_columns(empty_url)
+            assert {str(columns[c]["type"]) for c in ("prompt_tokens", "completion_tokens", "cached_tokens")} == {
+                "BIGINT"}
+        async with db.engine.begin() as conn:
+            await conn.exec_driver_sql(insert.format("r2", big, big + 1, big + 2))
+            assert [tuple(r) for r in (await conn.exec_driver_sql(counts)).all()] == [
+                ("r1", 2**31 - 1, 7, 3), ("r2", big, big + 1, big + 2)]
+        if db.dialect == "postgresql":
+            with pytest.raises(RuntimeError, match=r"cannot downgrade below 0012.*1 usage_records row"):
+                await asyncio.to_thread(migrate.downgrade, empty_url, "0011_schema_compatibility")
+            await check_schema(db.engine)  # the refused downgrade left the schema at the head
+            async with db.engine.begin() as conn:
+                await conn.exec_driver_sql("DELETE FROM usage_records WHERE request_id = 'r2'")
+        await asyncio.to_thread(migrate.downgrade, empty_url, "0011_schema_compatibility")
+        await db.engine.dispose()  # asyncpg's statements prepared on the wider columns are stale now
+        async with db.engine.connect() as conn:
+            kept = [tuple(r) for r in (await conn.exec_driver_sql(counts)).all()]
+        assert kept[0] == ("r1", 2**31 - 1, 7, 3) and len(kept) == (1 if db.dialect == "postgresql" else 2)
         await asyncio.to_thread(migrate.upgrade, empty_url)
         await check_schema(db.engine)
     finally:
