@@ -33,10 +33,12 @@ ROOT_HASHES_SHOWN = 64  # at most this many first-block digests in /stats
 
 
 class NodeKey:
-    """Authenticator: any bearer token when no key is set, else exactly the configured one."""
+    """Authenticator: any bearer token, or none, when no key is set (as vLLM without ``--api-key``),
+    else exactly the configured one."""
 
     def __init__(self, api_key: str | None) -> None:
         self.api_key = api_key
+        self.needs_key = api_key is not None  # read by ``Pipeline.authenticate``
 
     async def authenticate(self, token: str) -> Principal | None:
         if self.api_key is not None and not hmac.compare_digest(token.encode(), self.api_key.encode()):

@@ -7,9 +7,23 @@ their prefix. Engine flags use vLLM's spelling, as ``switchyard engine generate`
 
 from __future__ import annotations
 
+import ipaddress
 from typing import Annotated, Any
 
 import typer
+
+
+def exposure_warning(host: str, api_key: str | None) -> str | None:
+    """A warning for a node that anyone reaching it may call: no key, on an address beyond loopback."""
+    if api_key is not None:
+        return None
+    try:
+        if host == "localhost" or ipaddress.ip_address(host).is_loopback:
+            return None
+    except ValueError:  # a host name: it may resolve to any interface
+        pass
+    return (f"warning: serving on {host} without --api-key (or SWITCHYARD_ENGINE_API_KEY): whoever reaches "
+            "this port may use the engine and name any tenant; give the node a key")
 
 
 def serve(
@@ -105,6 +119,8 @@ def serve(
         options["builtin"] = "tiny"
     name = served_model_name or Path(model).name
     listen(host, port).close()  # a port in use fails now, not after the model's load (uvicorn binds it then)
+    if warning := exposure_warning(host, api_key):
+        typer.echo(warning, err=True)
     try:
         app = create_node_app(
             node_settings(model, name, options), api_key=api_key, tensor_parallel_size=tensor_parallel_size
