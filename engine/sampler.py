@@ -118,18 +118,22 @@ def apply_logit_bias(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Ten
 
 
 def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor | None) -> torch.Tensor:
-    """Mask all but the ``top_k`` largest logits, then all outside the ``top_p`` nucleus.
-    ``top_k`` 0 and ``top_p`` 1 disable a row's filter; the best token is always kept."""
+    """Mask the logits below each row's ``top_k``-th largest (tokens tied with it stay), then all
+    outside the ``top_p`` nucleus: the most likely tokens until their mass reaches ``top_p``, the
+    one that crosses it included, a token after the mass has reached it exactly not (as vLLM and
+    transformers). ``top_k`` 0 and ``top_p`` 1 disable a row's filter; the best token is always kept."""
     sorted_logits, order = logits.sort(dim=-1, descending=True)
     vocab = logits.shape[-1]
     if top_k is not None:
         k = torch.where(top_k > 0, top_k, vocab)
-        ranks = torch.arange(vocab, device=logits.device)
-        sorted_logits = sorted_logits.masked_fill(ranks[None, :] >= k[:, None], _NEG_INF)
+        kth = sorted_logits.gather(1, (k - 1)[:, None])
+        sorted_logits = sorted_logits.masked_fill(sorted_logits < kth, _NEG_INF)
     if top_p is not None:
         probs = sorted_logits.softmax(dim=-1)
-        before = probs.cumsum(dim=-1) - probs  # mass strictly above each token
-        sorted_logits = sorted_logits.masked_fill(before > top_p[:, None], _NEG_INF)
+        at_or_below = probs.flip(-1).cumsum(dim=-1).flip(-1)  # the token's mass and all after it
+        drop = at_or_below <= 1.0 - top_p[:, None]
+        drop[:, 0] = False
+        sorted_logits = sorted_logits.masked_fill(drop, _NEG_INF)
     return torch.empty_like(logits).scatter_(1, order, sorted_logits)
 
 
@@ -204,7 +208,10 @@ class Sampler:
         sub = logits.index_select(0, index)
         # A temperature past float32's range (the wire takes any finite one) would be inf, and a
         # masked token's -inf / inf NaN: float32's largest flattens the row just as far.
-        temp = torch.tensor([r.params.temperature for r in sub_rows], device=dev).clamp_(SAMPLING_EPS, _FLOAT_MAX)
+        # float32 whatever Python type came in: a batch of int temperatures (``temperature=1``) was an
+        # integer tensor that cannot be clamped or divide in place, and every such request failed.
+        temps = [r.params.temperature for r in sub_rows]
+        temp = torch.tensor(temps, dtype=torch.float32, device=dev).clamp_(SAMPLING_EPS, _FLOAT_MAX)
         sub = sub / temp[:, None]
         vocab = logits.shape[-1]
         top_k = [k if 0 < k < vocab else 0 for k in (r.params.top_k for r in sub_rows)]  # k >= vocab: all

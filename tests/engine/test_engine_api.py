@@ -85,6 +85,16 @@ def test_seeded_request_is_reproducible_whatever_its_batch_mates(llm: LLM) -> No
     assert batch[2].outputs[0].token_ids == alone
 
 
+def test_an_integer_temperature_samples_as_its_float(llm: LLM) -> None:
+    """``temperature=1`` (an int) failed every request of a step whose sampled rows all had int
+    temperatures (finish_reason "error", no tokens); it samples as ``1.0`` does."""
+    prompt = ids(15, 60)
+    as_int = llm.generate([prompt, prompt], [SamplingParams(temperature=t, seed=8, max_tokens=8) for t in (1, 2)])
+    as_float = llm.generate([prompt, prompt], [SamplingParams(temperature=t, seed=8, max_tokens=8) for t in (1.0, 2.0)])
+    assert [o.outputs[0].finish_reason for o in as_int] == ["length", "length"]
+    assert [o.outputs[0].token_ids for o in as_int] == [o.outputs[0].token_ids for o in as_float]
+
+
 def test_stop_token_ids_min_tokens_and_max_tokens(llm: LLM) -> None:
     prompt = ids(12, 9)
     free = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=10))[0].outputs[0]

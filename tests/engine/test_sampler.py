@@ -25,14 +25,16 @@ def gen(seed: int) -> torch.Generator:
 
 
 def reference_keep(logits: list[float], top_k: int, top_p: float, min_p: float) -> set[int]:
-    """Which tokens survive top_k, then top_p, then min_p, computed one row at a time."""
+    """Which tokens survive top_k (ties with the k-th kept), then top_p (until the mass reaches it),
+    then min_p, computed one row at a time as vLLM and transformers define them."""
     order = sorted(range(len(logits)), key=lambda i: -logits[i])
-    kept = order[: top_k or len(order)]
+    kth = logits[order[min(top_k or len(order), len(order)) - 1]]
+    kept = [i for i in order if logits[i] >= kth]
     z = [math.exp(logits[i]) for i in kept]
     total = sum(z)
     nucleus, mass = [], 0.0
     for i, p in zip(kept, z):
-        if mass > top_p:
+        if mass >= top_p:
             break
         nucleus.append(i)
         mass += p / total
@@ -194,3 +196,72 @@ def test_logprobs_are_raw_log_softmax_with_top_alternatives() -> None:
     assert out.top_ids[0] == ref[0].topk(3).indices.tolist()
     assert out.top_ids[1] == []  # row 1 did not ask for alternatives
     assert all(abs(a - b) < 1e-6 for a, b in zip(out.top_logprobs[0], ref[0].topk(3).values.tolist()))
+
+
+def test_top_k_keeps_the_tokens_tied_with_the_kth() -> None:
+    """vLLM and transformers mask the logits below the k-th largest: a token tied with it stays
+    (ties are common in bf16 logits). The ranks cut a tie at random instead."""
+    logits = torch.tensor([[3.0, 1.0, 3.0, 2.0, 2.0, 0.0]])
+    for k, expect in ((1, {0, 2}), (2, {0, 2}), (3, {0, 2, 3, 4}), (4, {0, 2, 3, 4}), (5, {0, 1, 2, 3, 4})):
+        masked = apply_top_k_top_p(logits, torch.tensor([k]), None)
+        assert set(torch.isfinite(masked[0]).nonzero().flatten().tolist()) == expect, k
+
+
+def test_top_p_stops_once_the_mass_reaches_it_and_keeps_the_crossing_token() -> None:
+    """The nucleus is the most likely tokens until their mass reaches ``top_p``: four equal tokens
+    at top_p 0.5 keep two (the mass before the third is exactly 0.5), at 0.6 three (the third
+    crosses it), as vLLM and transformers; a row with top_p 1 beside them keeps everything."""
+    logits = torch.zeros(4, 4)
+    masked = apply_top_k_top_p(logits, None, torch.tensor([0.5, 0.6, 0.25, 1.0]))
+    assert torch.isfinite(masked).sum(dim=1).tolist() == [2, 3, 1, 4]
+    s = Sampler("cpu", seed=12)
+    n = 4000
+    draws = s(logits[:1].expand(n, -1), [row(SamplingParams(top_p=0.5))] * n).token_ids
+    assert len(set(draws)) == 2
+
+
+def _chi_square_p(counts: torch.Tensor, expected: torch.Tensor) -> float:
+    """The upper tail of Pearson's chi-square for ``counts`` against ``expected`` (both > 0)."""
+    stat = ((counts - expected) ** 2 / expected).sum()
+    dof = torch.tensor((counts.numel() - 1) / 2, dtype=torch.float64)
+    return float(torch.special.gammaincc(dof, stat / 2))
+
+
+def reference_probs(logits: torch.Tensor, temperature: float, top_k: int, top_p: float, min_p: float) -> torch.Tensor:
+    """softmax(logits / T), then top_k, top_p and min_p, one token at a time in float64."""
+    probs = (logits.double() / temperature).softmax(-1)
+    kept = set(reference_keep((logits.double() / temperature).tolist(), top_k, top_p, min_p))
+    out = torch.tensor([float(probs[i]) if i in kept else 0.0 for i in range(logits.numel())], dtype=torch.float64)
+    return out / out.sum()
+
+
+def test_draws_follow_the_filtered_distribution_for_every_setting() -> None:
+    """40,000 draws a setting from a fixed row with ties: no token outside the reference's support,
+    and the counts pass a chi-square test against it at p > 1e-6 (seeded: the same draws every run)."""
+    logits = torch.tensor([2.0, 1.5, 1.5, 1.0, 0.5, 0.0, 0.0, -1.0, -3.0])
+    settings = [(0.5, 0, 1.0, 0.0), (1.0, 0, 1.0, 0.0), (2.0, 0, 1.0, 0.0), (1.0, 2, 1.0, 0.0), (1.0, 3, 1.0, 0.0),
+                (1.0, 0, 0.6, 0.0), (2.0, 0, 0.8, 0.0), (1.0, 0, 1.0, 0.2), (1.5, 6, 0.9, 0.1), (0.7, 4, 0.7, 0.3)]
+    s = Sampler("cpu", seed=13)
+    n = 40_000
+    for temperature, top_k, top_p, min_p in settings:
+        params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
+        draws = torch.tensor(s(logits.expand(n, -1), [row(params)] * n).token_ids)
+        counts = torch.bincount(draws, minlength=logits.numel()).double()
+        ref = reference_probs(logits, temperature, top_k, top_p, min_p)
+        support = ref > 0
+        assert counts[~support].sum() == 0, (temperature, top_k, top_p, min_p, counts)
+        if support.sum() > 1:
+            p = _chi_square_p(counts[support], ref[support] * n)
+            assert p > 1e-6, (temperature, top_k, top_p, min_p, p, counts)
+
+
+def test_an_integer_temperature_samples() -> None:
+    """``SamplingParams(temperature=1)`` (an int, as Python callers write it) made the batch's
+    temperatures an integer tensor: clamping it raised, and every such request failed."""
+    torch.manual_seed(14)
+    logits = torch.randn(2, V)
+    for temps in ((1,), (1, 2)):
+        rows = [row(SamplingParams(temperature=t, seed=3), seed_gen=gen(3)) for t in temps]
+        floats = [row(SamplingParams(temperature=float(t), seed=3), seed_gen=gen(3)) for t in temps]
+        got = Sampler("cpu")(logits[: len(temps)], rows).token_ids
+        assert got == Sampler("cpu")(logits[: len(temps)], floats).token_ids
