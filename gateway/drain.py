@@ -5,7 +5,9 @@ requests are still served; after ``readiness_seconds`` uvicorn stops accepting c
 waits for the requests in flight. Streams still running ``drain_seconds`` after that are cut: the
 relay stops reading the provider (which is closed), sends a last chunk with ``finish_reason``
 ``length`` and the usage so far, and settles the request like any other, before the process
-exits. A second SIGTERM goes straight to uvicorn.
+exits. A second SIGTERM (or a SIGINT) ends the drain at once: the listener closes now if it is
+still open, and the streams still running are cut now (each with its last chunk, settled), so the
+process exits as soon as they are.
 
 The state is the process's (``DRAIN``): a SIGTERM is addressed to the whole process.
 """
@@ -29,6 +31,8 @@ class Drain:
     def __init__(self) -> None:
         self.draining = False
         self._cut: asyncio.Event | None = None
+        self._stop: Callable[[], None] | None = None  # uvicorn's own SIGTERM handling, until called
+        self._timers: tuple[asyncio.TimerHandle, ...] = ()
 
     @property
     def cut(self) -> asyncio.Event:
@@ -42,8 +46,22 @@ class Drain:
 
     def _begin(self, loop: asyncio.AbstractEventLoop, readiness_seconds: float, drain_seconds: float,
                stop: Callable[[], None]) -> None:
-        loop.call_later(readiness_seconds, stop)
-        loop.call_later(readiness_seconds + drain_seconds, self.cut.set)
+        self._stop = stop
+        self._timers = (loop.call_later(readiness_seconds, self._stop_once),
+                        loop.call_later(readiness_seconds + drain_seconds, self.cut.set))
+
+    def _stop_once(self) -> None:
+        """Have uvicorn close the listener and wait for the requests in flight (once)."""
+        if self._stop is not None:
+            stop, self._stop = self._stop, None
+            stop()
+
+    def _end_now(self) -> None:
+        """A second SIGTERM: the stop and the cut, now rather than when their time comes."""
+        for timer in self._timers:
+            timer.cancel()
+        self._stop_once()
+        self.cut.set()
 
     async def next_or_cut(self, chunks: AsyncIterator[Any]) -> Any:
         """The next chunk, or ``CUT`` when the drain time ends first (the pending read is cancelled)."""
@@ -60,17 +78,20 @@ class Drain:
         return _CUT
 
     def install(self, readiness_seconds: float, drain_seconds: float) -> bool:
-        """Take SIGTERM before uvicorn does (call from the app's start-up, in the main thread)."""
+        """Take SIGTERM (and SIGINT, while draining) before uvicorn does (call from the app's
+        start-up, in the main thread)."""
         if threading.current_thread() is not threading.main_thread():
             return False
         loop = asyncio.get_running_loop()
         previous = signal.getsignal(signal.SIGTERM)
+        previous_int = signal.getsignal(signal.SIGINT)
         if not callable(previous):  # no server handles SIGTERM here (an app run in-process)
             return False
 
         def on_sigterm(signum: int, frame: FrameType | None) -> None:
-            if self.draining:  # a second SIGTERM: uvicorn's own handling, now
-                previous(signum, frame)
+            if self.draining:  # a second SIGTERM: no more waiting
+                log.info("second SIGTERM: closing the listener and cutting streams now")
+                loop.call_soon_threadsafe(self._end_now)
                 return
             self.draining = True
             log.info("SIGTERM: not ready from now; closing the listener in %.1f s, cutting streams %.1f s later",
@@ -78,7 +99,16 @@ class Drain:
             loop.call_soon_threadsafe(self._begin, loop, readiness_seconds, drain_seconds,
                                       lambda: previous(signum, frame))
 
+        def on_sigint(signum: int, frame: FrameType | None) -> None:
+            """Ctrl-C: uvicorn's own handling, except during a drain, where it is a second SIGTERM."""
+            if self.draining:
+                on_sigterm(signal.SIGTERM, frame)
+            else:
+                previous_int(signum, frame)  # type: ignore[misc,operator]  # callable when installed
+
         signal.signal(signal.SIGTERM, on_sigterm)
+        if callable(previous_int):
+            signal.signal(signal.SIGINT, on_sigint)
         return True
 
 

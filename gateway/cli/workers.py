@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
 import threading
 from collections.abc import Awaitable, Callable
@@ -118,6 +119,16 @@ class Supervisor(Multiprocess):
             worker = Worker(self.config, self.sockets)
             worker.start()
             self.processes.append(worker)
+
+    def join_all(self) -> None:
+        """Wait for the workers to drain; a second SIGTERM (or a SIGINT) meanwhile is passed on to
+        them, which ends their drain at once."""
+        while running := [p for p in self.processes if p.process.exitcode is None]:
+            if any(sig in (signal.SIGTERM, signal.SIGINT) for sig in self.signal_queue):
+                self.signal_queue.clear()
+                for process in running:
+                    os.kill(process.pid, signal.SIGTERM)  # type: ignore[arg-type]  # started
+            running[0].process.join(0.2)
 
     def keep_subprocess_alive(self) -> None:
         if self.should_exit.is_set():
