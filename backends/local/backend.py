@@ -8,6 +8,7 @@ stream, or cancelling a non-streamed call, aborts the engine requests, which fre
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -23,7 +24,7 @@ from backends.base import (
 from backends.call import NO_CONTEXT, CallContext
 from backends.embeddings_wire import EmbeddingList, EmbeddingRequest
 from backends.local import completions, embeddings, tools, wire
-from backends.local.run import EngineRun, collect, response_id, usage_of
+from backends.local.run import EngineRun, collect, compile_grammar, response_id, usage_of
 from backends.local.tool_parsers import choose_parser
 from backends.local.tools import ToolPlan
 from backends.openai_wire import (
@@ -38,7 +39,7 @@ from backends.openai_wire import (
     TextCompletion,
     ToolCallDelta,
 )
-from engine import AsyncEngine, InvalidRequest, MetricsSnapshot, PoolingParams
+from engine import AsyncEngine, InvalidRequest, MetricsSnapshot, PoolingParams, SamplingParams
 from engine.block_manager import PrefixCacheSummary
 
 
@@ -97,23 +98,30 @@ class LocalEngineBackend:
 
     # ------------------------------------------------------------ chat
 
-    def _start_chat(self, request: ChatCompletionRequest,
-                    ctx: CallContext) -> tuple[EngineRun, ToolPlan | None, str]:
+    async def _start_chat(self, request: ChatCompletionRequest,
+                          ctx: CallContext) -> tuple[EngineRun, ToolPlan | None, str]:
         """The engine run, the tool plan (None: no tools) and the text each choice echoes first."""
+        prompt, params, plan = await asyncio.to_thread(self._prepare_chat, request, ctx)
+        run = EngineRun(self.engine, [prompt], params, "messages", ctx, limit_param=wire.limit_field(request))
+        return run, plan, wire.chat_echo(request)
+
+    def _prepare_chat(self, request: ChatCompletionRequest,
+                      ctx: CallContext) -> tuple[list[int], SamplingParams, ToolPlan | None]:
+        """The prompt's ids, the sampling parameters with the grammar compiled, and the tool plan:
+        seconds of work for a long conversation or a big schema, so run off the event loop."""
         plan = tools.plan(request, self.tool_parser)
-        echo = wire.chat_echo(request)
         prompt = self.tokenize_chat(request)
         limit = ctx.output_limit(request.output_limit(), self.engine.max_model_len - len(prompt))
         grammar = plan.grammar() if plan is not None else None
         params = wire.sampling_params(request, limit, wire.chat_logprobs_count(request),
                                       wire.opt(request.prompt_logprobs, None), structured=grammar)
         try:
-            run = EngineRun(self.engine, [prompt], params, "messages", ctx, limit_param=wire.limit_field(request))
+            compile_grammar(self.engine, params)
         except BadRequest as exc:
             if plan is not None and grammar is not None and exc.param == grammar.param:
                 self._check_tool_schemas(plan)  # name the tool whose schema cannot be compiled
             raise
-        return run, plan, echo
+        return prompt, params, plan
 
     def _check_tool_schemas(self, plan: ToolPlan) -> None:
         """A BadRequest naming ``tools[i].function.parameters`` for the first tool schema the grammar
@@ -126,7 +134,7 @@ class LocalEngineBackend:
                 raise BadRequest(exc.message, param=exc.param) from None
 
     async def chat(self, request: ChatCompletionRequest, ctx: CallContext = NO_CONTEXT) -> Completed[ChatCompletion]:
-        run, plan, echo = self._start_chat(request, ctx)
+        run, plan, echo = await self._start_chat(request, ctx)
         role = wire.answer_role(request)
         final = await collect(run)
         choices = []
@@ -146,7 +154,7 @@ class LocalEngineBackend:
     async def chat_stream(
         self, request: ChatCompletionRequest, ctx: CallContext = NO_CONTEXT
     ) -> ChunkStream[ChatCompletionChunk]:
-        run, plan, echo = self._start_chat(request, ctx)
+        run, plan, echo = await self._start_chat(request, ctx)
         role = wire.answer_role(request)
         chunk = wire.chunk_maker(ChatCompletionChunk, request, response_id("chatcmpl"), run.meter, usage_of)
 
@@ -226,7 +234,7 @@ class LocalEngineBackend:
     async def complete_stream(
         self, request: CompletionRequest, ctx: CallContext = NO_CONTEXT
     ) -> ChunkStream[TextCompletion]:
-        return completions.complete_stream(self, request, ctx)
+        return await completions.complete_stream(self, request, ctx)
 
     # ------------------------------------------------------------ embeddings
 

@@ -11,6 +11,7 @@ with ``max_tokens`` 0 or 1. vLLM's ``prompt_logprobs: k`` puts the same values, 
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -19,7 +20,7 @@ from msgspec import UNSET, UnsetType
 from backends.base import BadRequest, ChunkStream, ClosingChunks, Completed
 from backends.call import CallContext
 from backends.local import wire
-from backends.local.run import EngineRun, LocalModel, collect, response_id, usage_of
+from backends.local.run import EngineRun, LocalModel, collect, compile_grammar, response_id, usage_of
 from backends.local.wire import TextOffsets
 from backends.logprobs_wire import PromptLogprobs
 from backends.openai_wire import CompletionChoice, CompletionLogprobs, CompletionRequest, TextCompletion
@@ -27,9 +28,11 @@ from engine import RequestOutput
 
 
 class _Completion:
-    """One completion request: its prompts' ids, how it was asked, and its engine run."""
+    """One completion request: its prompts' ids, how it was asked, and its engine run (``start``)."""
 
     def __init__(self, backend: LocalModel, request: CompletionRequest, ctx: CallContext) -> None:
+        """Tokenize and check the request and compile its grammar: seconds of work for a big
+        request, so ``_start`` runs this off the event loop."""
         self.backend, self.request = backend, request
         self.sent = wire.completion_prompts(request)  # as the client sent them (echoed as such)
         tokenizer = backend.tokenizer
@@ -46,10 +49,14 @@ class _Completion:
         self.skip_special = bool(wire.opt(request.skip_special_tokens, True))  # as the text is decoded
         wanted = [k for k in (self.count if self.echo else None, self.prompt_k) if k is not None]
         prompt_logprobs = max(wanted) if wanted else None  # the echo and prompt_logprobs each take theirs
-        params = wire.sampling_params(request, 0 if self.score_only else limit, self.count, prompt_logprobs,
-                                      score_only=self.score_only)
-        self.run = EngineRun(backend.engine, self.prompts, params, "prompt", ctx, count_output=not self.score_only,
-                             listed=request.listed)
+        self.params = wire.sampling_params(request, 0 if self.score_only else limit, self.count, prompt_logprobs,
+                                           score_only=self.score_only)
+        compile_grammar(backend.engine, self.params)
+
+    def start(self, ctx: CallContext) -> None:
+        """Add the engine requests (on the event loop)."""
+        self.run = EngineRun(self.backend.engine, self.prompts, self.params, "prompt", ctx,
+                             count_output=not self.score_only, listed=self.request.listed)
 
     @property
     def n(self) -> int:
@@ -95,10 +102,16 @@ def _joined(first: CompletionLogprobs | None, second: CompletionLogprobs | None)
                               text_offset=first.text_offset + second.text_offset)
 
 
+async def _start(backend: LocalModel, request: CompletionRequest, ctx: CallContext) -> _Completion:
+    c = await asyncio.to_thread(_Completion, backend, request, ctx)
+    c.start(ctx)
+    return c
+
+
 async def complete(
     backend: LocalModel, request: CompletionRequest, ctx: CallContext
 ) -> Completed[TextCompletion]:
-    c = _Completion(backend, request, ctx)
+    c = await _start(backend, request, ctx)
     finals = await collect(c.run)
     choices = []
     for p, final in enumerate(finals):
@@ -114,10 +127,10 @@ async def complete(
     return Completed(response, c.run.meter)
 
 
-def complete_stream(
+async def complete_stream(
     backend: LocalModel, request: CompletionRequest, ctx: CallContext
 ) -> ChunkStream[TextCompletion]:
-    c = _Completion(backend, request, ctx)
+    c = await _start(backend, request, ctx)
     chunk = wire.chunk_maker(TextCompletion, request, response_id("cmpl"), c.run.meter, usage_of)
 
     async def gen() -> AsyncIterator[TextCompletion]:

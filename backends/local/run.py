@@ -33,6 +33,18 @@ class LocalModel(Protocol):
     pooling: PoolingParams | None
 
 
+def compile_grammar(engine: AsyncEngine, params: SamplingParams) -> None:
+    """Compile the request's grammar into the engine's cache now, raising a BadRequest naming its
+    field if it cannot be: called off the event loop (a grammar can take seconds to compile), so
+    the engine's own check when the request is added is a cache hit."""
+    if params.structured is None:
+        return
+    try:
+        engine.engine.processor.structured().compile(params.structured)
+    except InvalidRequest as exc:
+        raise BadRequest(exc.message, param=exc.param) from None
+
+
 class EngineRun:
     """The engine requests behind one wire request, their meter, and their abort.
 
