@@ -6,7 +6,8 @@ model file that cannot load, a database gone at start) fails again, and the supe
 serving nothing. Here a worker that exits before it finished start-up ends the supervisor, with the
 worker's error in one line, when no other worker is serving or when its slot failed that way
 ``MAX_STARTUP_FAILURES`` times in a row. A worker that dies after start-up is restarted, and a
-rolling restart (SIGHUP) keeps the old worker when a new one fails, as before.
+rolling restart (SIGHUP) keeps the old worker when a new one fails, as before; a SIGTERM or SIGINT
+during it stops it there, and every worker, old and new, drains at once.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Awaitable, Callable
 from multiprocessing import Pipe
 from pathlib import Path
@@ -50,12 +52,19 @@ def _failure(exc: BaseException) -> StartupFailure:
     return StartupFailure(f"a worker failed at start-up: {type(exc).__name__}: {first}", 1)
 
 
+_STARTED = b"started"  # a worker's word, on its pipe, that its app finished start-up
+
+
 class Worker(Process):
     """A uvicorn worker that, failing before it finished start-up (the app factory or the app's
-    lifespan start-up raised), sends the supervisor why, over a pipe of its own."""
+    lifespan start-up raised), sends the supervisor why, over a pipe of its own; and says on it when
+    its app has started, so that one killed right after (before a health check saw it serving) is
+    replaced, not taken for a configuration that cannot start."""
 
     def __init__(self, config: Config, sockets: list[socket]) -> None:
         self.failure_in, self.failure_out = Pipe(duplex=False)
+        self._said_started = False
+        self._failed: bytes | None = None  # the failure it sent, once read
         super().__init__(config, sockets)
 
     def start(self) -> None:
@@ -65,14 +74,28 @@ class Worker(Process):
         self.child_conn.close()
         self.failure_out.close()
 
+    def said_started(self) -> bool:
+        """Whether the worker said its app finished start-up (it may have exited since)."""
+        self._read()
+        return self._said_started
+
     def failure(self) -> StartupFailure:
         """What the worker sent, once it has exited before finishing start-up."""
+        self._read()
+        if self._failed is not None:
+            return msgspec.msgpack.decode(self._failed, type=StartupFailure)
+        return StartupFailure(f"a worker exited with status {self.exitcode} before finishing start-up", 1)
+
+    def _read(self) -> None:
         try:
-            if self.failure_in.poll():
-                return msgspec.msgpack.decode(self.failure_in.recv_bytes(), type=StartupFailure)
+            while self.failure_in.poll():
+                message = self.failure_in.recv_bytes()
+                if message == _STARTED:
+                    self._said_started = True
+                else:
+                    self._failed = message
         except (OSError, EOFError):
             pass
-        return StartupFailure(f"a worker exited with status {self.exitcode} before finishing start-up", 1)
 
     def target(self, sockets: list[socket] | None = None) -> None:  # pragma: no cover  (in the worker)
         threading.Thread(target=self.always_pong, daemon=True).start()
@@ -92,8 +115,14 @@ class Worker(Process):
 
         async def lifespan(scope: Any, receive: Any, send: Any) -> None:
             self.config.loaded_app = app
+
+            async def told(message: Any) -> None:
+                if message["type"] == "lifespan.startup.complete":
+                    self.failure_out.send_bytes(_STARTED)
+                await send(message)
+
             try:
-                await app(scope, receive, send)
+                await app(scope, receive, told)
             except BaseException as exc:
                 if not self.server.started:
                     self._report(exc)
@@ -113,6 +142,16 @@ class Supervisor(Multiprocess):
         self.failure: StartupFailure | None = None
         self._serving: set[int] = set()  # pids of workers that finished start-up
         self._failed_starts: dict[int, int] = {}  # slot -> start-up failures in a row
+        self._retiring: list[Process] = []  # old workers a rolling restart told to drain
+
+    def handle_signals(self) -> None:
+        """The queued signals in order, read from the queue itself: a rolling restart may take
+        a stop signal out of it while it runs."""
+        while self.signal_queue:
+            sig = self.signal_queue.pop(0)
+            handler = getattr(self, f"handle_{signal.Signals(sig).name[3:].lower()}", None)
+            if handler is not None:
+                handler()
 
     def init_processes(self) -> None:
         for _ in range(self.processes_num):
@@ -120,10 +159,53 @@ class Supervisor(Multiprocess):
             worker.start()
             self.processes.append(worker)
 
+    def restart_all(self) -> None:
+        """uvicorn's rolling restart (each new worker serving before an old one drains), which a
+        SIGTERM or SIGINT stops at any step instead of waiting until it has finished: the new worker
+        not yet serving is killed, and an old one already draining goes on draining with the rest."""
+        for idx, old in enumerate(self.processes):
+            if self._stop_requested():
+                return
+            new = Worker(self.config, self.sockets)
+            new.start()
+            if not self._wait_until_ready(new):
+                new.kill()
+                new.join()
+                if not self.should_exit.is_set():
+                    log.error("New child process [%s] was not ready in time; keeping worker [%s] and aborting "
+                              "the restart.", new.pid, old.pid)
+                return
+            old.terminate()
+            self.processes[idx] = new
+            self._retiring.append(old)
+            while old.exitcode is None and not self._stop_requested():
+                old.process.join(0.2)
+            if old.exitcode is not None:
+                self._retiring.remove(old)
+
+    def _wait_until_ready(self, process: Process) -> bool:
+        deadline = time.monotonic() + self.config.timeout_worker_healthcheck
+        while time.monotonic() < deadline and not self._stop_requested() and process.process.is_alive():
+            if process.is_ready(timeout=0.5):
+                return True
+            time.sleep(0.1)
+        return False
+
+    def _stop_requested(self) -> bool:
+        """Whether the supervisor is stopping, taking the first queued SIGTERM or SIGINT (a later
+        one stays queued: ``join_all`` passes it on as a second one)."""
+        if not self.should_exit.is_set():
+            for sig in self.signal_queue:
+                if sig in (signal.SIGTERM, signal.SIGINT):
+                    self.signal_queue.remove(sig)
+                    (self.handle_term if sig == signal.SIGTERM else self.handle_int)()
+                    break
+        return self.should_exit.is_set()
+
     def join_all(self) -> None:
-        """Wait for the workers to drain; a second SIGTERM (or a SIGINT) meanwhile is passed on to
-        them, which ends their drain at once."""
-        while running := [p for p in self.processes if p.process.exitcode is None]:
+        """Wait for the workers to drain (the ones a rolling restart retired too); a second SIGTERM
+        (or a SIGINT) meanwhile is passed on to them, which ends their drain at once."""
+        while running := [p for p in self.processes + self._retiring if p.process.exitcode is None]:
             if any(sig in (signal.SIGTERM, signal.SIGINT) for sig in self.signal_queue):
                 self.signal_queue.clear()
                 for process in running:
@@ -142,7 +224,7 @@ class Supervisor(Multiprocess):
                 continue
             process.kill()  # hung, or gone
             process.join()
-            if process.pid in self._serving:
+            if process.pid in self._serving or (isinstance(process, Worker) and process.said_started()):
                 self._serving.discard(process.pid)
             elif self._give_up(idx, process):
                 return
@@ -158,7 +240,7 @@ class Supervisor(Multiprocess):
         if (directory := os.environ.get(METRICS_DIR_ENV)) is None:
             return
         try:
-            retire_exited(Path(directory), {p.pid for p in self.processes if p.pid is not None})
+            retire_exited(Path(directory), {p.pid for p in self.processes + self._retiring if p.pid is not None})
         except (OSError, msgspec.DecodeError):
             log.exception("folding exited workers' metrics failed")
 
