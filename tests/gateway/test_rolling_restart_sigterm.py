@@ -15,6 +15,7 @@ import httpx
 from gateway.db import migrate
 from tests.gateway.test_crash_recovery import _config, _rows, _tenant, redis_server  # noqa: F401
 from tests.support.fake_upstream import FakeUpstream
+from tests.support.long_streams import open_streams
 from tests.support.redis_server import RedisProcess
 from tests.support.serve_process import start_serve
 
@@ -39,25 +40,8 @@ async def test_sigterm_during_a_rolling_restart_drains_every_worker_at_once(
     proc, url, log = start_serve(config, tmp_path, "--workers", "2")
     try:
         tid, key = _tenant(url, max_concurrency=10, token_budget=1_000_000, budget_period="total")
-        started = asyncio.Event()
-        firsts = 0
-
-        async def one(client: httpx.AsyncClient) -> list[str]:
-            nonlocal firsts
-            body = {"model": "echo", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
-            async with client.stream("POST", "/v1/chat/completions", json=body) as response:
-                lines: list[str] = []
-                async for line in response.aiter_lines():
-                    if line.startswith("data: "):
-                        firsts += not lines
-                        lines.append(line[6:])
-                        if firsts == STREAMS:
-                            started.set()
-                return lines
-
         async with httpx.AsyncClient(base_url=url, headers={"authorization": f"Bearer {key}"}, timeout=120) as c:
-            streams = [asyncio.create_task(one(c)) for _ in range(STREAMS)]
-            await asyncio.wait_for(started.wait(), 30)
+            streams = await open_streams(c, STREAMS, 30)
             proc.send_signal(signal.SIGHUP)
             await _wait_for_line(log, "Terminated child process", 90)  # the first old worker drains
             sent = time.monotonic()

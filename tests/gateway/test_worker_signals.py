@@ -19,36 +19,11 @@ import psutil
 from gateway.db import migrate
 from tests.gateway.test_crash_recovery import _config, _rows, _tenant, _wait_rows, redis_server  # noqa: F401
 from tests.support.fake_upstream import FakeUpstream
+from tests.support.long_streams import BODY, open_streams
 from tests.support.redis_server import RedisProcess
 from tests.support.serve_process import start_serve, worker_pids
 
 STREAMS = 4
-BODY = {"model": "echo", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
-
-
-async def _streams(client: httpx.AsyncClient) -> list[asyncio.Task[list[str]]]:
-    """``STREAMS`` streams, once each has its first chunk."""
-    started = asyncio.Event()
-    firsts = 0
-
-    async def one() -> list[str]:
-        nonlocal firsts
-        lines: list[str] = []
-        try:
-            async with client.stream("POST", "/v1/chat/completions", json=BODY) as response:
-                async for line in response.aiter_lines():
-                    if line.startswith("data: "):
-                        firsts += not lines
-                        lines.append(line[6:])
-                        if firsts == STREAMS:
-                            started.set()
-        except httpx.HTTPError:
-            lines.append("cut")
-        return lines
-
-    tasks = [asyncio.create_task(one()) for _ in range(STREAMS)]
-    await asyncio.wait_for(started.wait(), 30)
-    return tasks
 
 
 async def _until(check: Any, timeout: float) -> None:
@@ -93,7 +68,7 @@ async def test_sigterm_to_one_worker_drains_its_streams_and_the_worker_is_replac
         tid, key = _tenant(url, max_concurrency=10, token_budget=1_000_000, budget_period="total")
         first = worker_pids(proc.pid)
         async with httpx.AsyncClient(base_url=url, headers={"authorization": f"Bearer {key}"}, timeout=60) as c:
-            streams = await _streams(c)
+            streams = await open_streams(c, STREAMS)
             os.kill(_busiest(first, url), signal.SIGTERM)
             results = await asyncio.wait_for(asyncio.gather(*streams), 60)
         await _until(lambda: len(worker_pids(proc.pid) - first) == 1 and len(worker_pids(proc.pid)) == 2, 60)
@@ -114,7 +89,7 @@ async def test_a_sigkilled_workers_streams_are_settled_once_by_its_replacement(
         tid, key = _tenant(url, max_concurrency=10, token_budget=1_000_000, budget_period="total")
         first = worker_pids(proc.pid)
         async with httpx.AsyncClient(base_url=url, headers={"authorization": f"Bearer {key}"}, timeout=90) as c:
-            streams = await _streams(c)
+            streams = await open_streams(c, STREAMS)
             os.kill(_busiest(first, url), signal.SIGKILL)
             await _until(lambda: len(worker_pids(proc.pid) - first) >= 1, 60)
             # the replacement has started, which replays the dead worker's journal
@@ -141,7 +116,7 @@ async def test_sighup_lets_the_old_workers_finish_their_streams_and_readyz_stays
         first = worker_pids(proc.pid)
         readyz: list[int] = []
         async with httpx.AsyncClient(base_url=url, headers={"authorization": f"Bearer {key}"}, timeout=60) as c:
-            streams = await _streams(c)
+            streams = await open_streams(c, STREAMS)
             proc.send_signal(signal.SIGHUP)
             deadline = time.monotonic() + 120
             while worker_pids(proc.pid) & first or len(worker_pids(proc.pid)) < 2:
