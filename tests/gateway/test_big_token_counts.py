@@ -5,9 +5,7 @@ show it. The openai SDK as the client, the fake upstream answering with the coun
 
 from __future__ import annotations
 
-import asyncio
 import json
-import time
 import uuid
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -20,12 +18,13 @@ from sqlalchemy import select
 
 from gateway.dashboard.queries import Range, summary
 from gateway.db import Database
-from gateway.db.models import UsageHourly, UsageRow
+from gateway.db.models import UsageHourly
 from gateway.usage.report import ReportQuery, usage_report
 from tests.conftest import ADMIN_KEY, gateway_settings
 from tests.gateway.tenancy_fixtures import migrated_pg_url  # noqa: F401  (fixture)
 from tests.support.fake_upstream import FakeUpstream, Fault
 from tests.support.servers import ServerThread
+from tests.support.usage_rows import usage_row
 
 PROMPT, COMPLETION, CACHED = 3_000_000_000, 2_200_000_000, 2_500_000_000  # each past 2**31 - 1
 USAGE = {"prompt_tokens": PROMPT, "completion_tokens": COMPLETION, "total_tokens": PROMPT + COMPLETION,
@@ -41,17 +40,6 @@ def _body(stream: bool) -> Any:
     events = [chunk | {"choices": [{"index": 0, "delta": {"content": "big"}, "finish_reason": "stop"}]},
               chunk | {"choices": [], "usage": USAGE}]
     return b"".join(b"data: " + json.dumps(e).encode() + b"\n\n" for e in events) + b"data: [DONE]\n\n"
-
-
-async def _row(db: Database, request_id: str) -> UsageRow:
-    deadline = time.monotonic() + 10
-    while True:  # the usage writer flushes in the background
-        async with db.session() as s:
-            row = await s.scalar(select(UsageRow).where(UsageRow.request_id == request_id))
-        if row is not None or time.monotonic() > deadline:
-            assert row is not None, f"no usage row for {request_id}"
-            return row
-        await asyncio.sleep(0.2)
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["unary", "stream"])
@@ -80,7 +68,7 @@ async def test_a_usage_past_32_bits_lands_in_the_records_rollups_report_and_dash
                 assert isinstance(chunks, openai.AsyncStream)
                 async for _ in chunks:
                     pass
-            row = await _row(db, raw.headers["x-request-id"])
+            row = await usage_row(db, raw.headers["x-request-id"])
         assert (row.prompt_tokens, row.completion_tokens, row.cached_tokens, row.exact) == (
             PROMPT, COMPLETION, CACHED, True)
         assert not list((tmp_path / "journal").glob("*quarantine*"))

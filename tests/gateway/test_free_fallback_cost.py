@@ -4,14 +4,11 @@ the client, a primary deployment that is down and the fake upstream behind the f
 
 from __future__ import annotations
 
-import asyncio
-import time
 import uuid
 
 import httpx
 import openai
 import pytest
-from sqlalchemy import select
 
 from gateway.db import Database
 from gateway.db.models import UsageRow
@@ -19,6 +16,7 @@ from tests.conftest import ADMIN_KEY, gateway_settings
 from tests.gateway.tenancy_fixtures import migrated_pg_url  # noqa: F401  (fixture)
 from tests.support.fake_upstream import FakeUpstream
 from tests.support.servers import ServerThread
+from tests.support.usage_rows import usage_row
 
 DOWN = "http://127.0.0.1:9"  # nothing listens: the primary's connection is refused
 
@@ -26,14 +24,7 @@ DOWN = "http://127.0.0.1:9"  # nothing listens: the primary's connection is refu
 async def _row(url: str, request_id: str) -> UsageRow:
     db = Database.from_url(url)
     try:
-        deadline = time.monotonic() + 10
-        while True:  # the usage writer flushes in the background
-            async with db.session() as s:
-                row = await s.scalar(select(UsageRow).where(UsageRow.request_id == request_id))
-            if row is not None or time.monotonic() > deadline:
-                assert row is not None, f"no usage row for {request_id}"
-                return row
-            await asyncio.sleep(0.2)
+        return await usage_row(db, request_id)
     finally:
         await db.dispose()
 
