@@ -97,10 +97,15 @@ class Timeout(BackendError):
 
 
 class Unavailable(BackendError):
-    """Connection refused/reset, 5xx, engine overloaded or shutting down."""
+    """Connection refused/reset, 5xx, engine overloaded or shutting down. ``retry_after``: the seconds
+    a 5xx's ``Retry-After`` asked for, passed on to the client."""
 
     retryable = True
     kind = "unavailable"
+
+    def __init__(self, message: str, *, retry_after: float | None = None, **kw: Any) -> None:
+        super().__init__(message, **kw)
+        self.retry_after = retry_after
 
 
 class UpstreamError(BackendError):

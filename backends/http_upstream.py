@@ -278,7 +278,7 @@ def detail_error(status: int, detail: ErrorDetail, wait: float | None = None, ex
     if status == 500 and code == RequestFailed.kind:  # an engine node failed this one request alone
         return RequestFailed(message, status=status)
     if status >= 500:  # includes Anthropic's 529 "overloaded"
-        return Unavailable(message, status=status)
+        return Unavailable(message, status=status, retry_after=wait)
     return UpstreamError(f"upstream answered HTTP {status}: {message}" if detail.message else message, status=status)
 
 
@@ -326,6 +326,18 @@ def _status_of(detail: ErrorDetail) -> int | None:
     return None
 
 
+def with_basic_auth(base: yarl.URL, headers: dict[str, str]) -> tuple[yarl.URL, dict[str, str]]:
+    """``base`` without its user info (``https://user:pass@host/v1``), and ``headers`` with that user
+    info as HTTP basic auth, for every request as for the readiness probes, unless they carry an
+    ``authorization`` of their own (the deployment's key)."""
+    if base.user is None and base.password is None:
+        return base, headers
+    if not any(name.lower() == "authorization" for name in headers):
+        credentials = aiohttp.BasicAuth(base.user or "", base.password or "").encode()
+        headers = headers | {"authorization": credentials}
+    return base.with_user(None), headers
+
+
 class HTTPUpstream:
     """A deployment's pooled HTTP client and its in-flight count: answers and streams through
     ``backends.raw_http`` (a third of aiohttp's CPU per request); aiohttp only for readiness
@@ -334,13 +346,14 @@ class HTTPUpstream:
     def __init__(self, config: DeploymentConfig, default_base: str, headers: dict[str, str]) -> None:
         self.deployment_id = config.id
         self.timeouts = config.timeouts
-        self.base = (config.api_base or default_base).rstrip("/")
+        base = yarl.URL((config.api_base or default_base).rstrip("/"))
         # what it sends that an upstream's error words may echo: its key (whatever header carries it),
-        # and the password of an api_base's user info (the readiness probes' basic auth)
+        # and the password of an api_base's user info
         register(config.api_key)
-        register_headers(headers)
-        register(yarl.URL(self.base).password)
-        self.headers = headers
+        register(base.password)
+        self.base_url, self.headers = with_basic_auth(base, headers)
+        self.base = str(self.base_url)
+        register_headers(self.headers)
         self.limit = config.max_concurrency or 256
         self._session: aiohttp.ClientSession | None = None
         self._raw: RawHTTP | None = None
@@ -368,8 +381,9 @@ class HTTPUpstream:
 
     def url(self, path: str) -> yarl.URL:
         url = self._urls.get(path)
-        if url is None:
-            url = self._urls[path] = yarl.URL(self.base + path)
+        if url is None:  # a query of the api_base (Azure's api-version) kept after the path
+            url = self._urls[path] = self.base_url.with_path(self.base_url.path.rstrip("/") + path,
+                                                             keep_query=True)
         return url
 
     async def post(self, path: str, payload: bytes, headers: Mapping[str, str] | None = None) -> RawAnswer:

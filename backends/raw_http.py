@@ -63,6 +63,7 @@ class _Connection(asyncio.Protocol):
         self._headers_done = False
         self._length_known = False
         self._keep_alive = False
+        self._interim = False  # the message being read is a 1xx answer, which the final one follows
         self._stream: RawStream | None = None  # a streamed answer's body goes there as it arrives
 
     # ------------------------------------------------------------ asyncio.Protocol
@@ -90,6 +91,9 @@ class _Connection(asyncio.Protocol):
         self._headers[name.decode("latin-1").lower()] = value.decode("latin-1")
 
     def on_headers_complete(self) -> None:
+        if self._parser.get_status_code() < 200:  # an interim answer (100 Continue, 103 Early Hints)
+            self._headers, self._interim = {}, True  # its headers are not the answer's: the answer follows
+            return
         self._headers_done = True
         h = self._headers
         self._length_known = "content-length" in h or "chunked" in h.get("transfer-encoding", "").lower()
@@ -103,6 +107,9 @@ class _Connection(asyncio.Protocol):
             self._body.append(body)
 
     def on_message_complete(self) -> None:
+        if self._interim:
+            self._interim = False
+            return
         self._keep_alive = self._parser.should_keep_alive()  # only known inside this callback
         if self._stream is not None:
             self._stream.end()
@@ -119,7 +126,7 @@ class _Connection(asyncio.Protocol):
             raise ProtocolError("the upstream closed the connection")
         answer = self._answer = self.loop.create_future()
         self._headers, self._body, self._headers_done, self._length_known = {}, [], False, False
-        self._keep_alive, self._stream = False, stream
+        self._keep_alive, self._interim, self._stream = False, False, stream
         self.writes.write(self.transport, request)
         if deadline is None:
             return await answer
@@ -177,6 +184,7 @@ class RawHTTP:
         host = f"[{self._host}]" if ":" in self._host else self._host
         authority = host if self._port == (443 if self._tls else 80) else f"{host}:{self._port}"
         self._prefix = url.path.rstrip("/")
+        self._query = f"?{url.query}" if url.query else ""  # after each request's path (Azure's api-version)
         self._fixed = _header_lines({"host": authority, "user-agent": USER_AGENT, "accept": "*/*",
                                      **headers})
         self._idle: list[_Connection] = []
@@ -244,7 +252,7 @@ class RawHTTP:
 
     def _request(self, path: str, body: bytes, headers: Mapping[str, str] | None) -> bytes:
         return b"".join((
-            f"POST {self._prefix}{path} HTTP/1.1\r\n".encode(), self._fixed,
+            f"POST {self._prefix}{path}{self._query} HTTP/1.1\r\n".encode(), self._fixed,
             _header_lines(headers) if headers else b"",
             b"content-type: application/json\r\ncontent-length: %d\r\n\r\n" % len(body), body,
         ))  # fmt: skip

@@ -8,7 +8,9 @@ standard and the openai SDK read it), by a space rather than the standard's newl
 event relayed as it came stays one ``data:`` line. A first event that is an ``{"error": {...}}``
 object is the upstream failing the request before its answer began: it raises as the typed error
 its content names (``backends.http_upstream.event_error``), so the router can retry it as it does
-an error status; an error event after that is the caller's to read.
+an error status; an error event after that is the caller's to read. So does a body that ends before
+any event and is one whole ``{"error": {...}}`` object (a 2xx error answer, not a stream), as a
+whole answer's body does.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from backends.raw_http import RawStream
 
 _DRAIN_SECONDS = 0.5  # after [DONE], how long to wait for the body's end
 _BOM = b"\xef\xbb\xbf"  # U+FEFF in UTF-8
+_OPENING = 64 << 10  # the bytes of a body before its first event kept, to read an error object sent instead
 
 
 class _Wait:
@@ -50,6 +53,7 @@ class SSELines:
         self._fresh = True  # no line read yet: a byte order mark may lead the body
         self._done = False  # ``[DONE]`` came: the events are over (once those in _events are read)
         self._events: deque[bytes] = deque()  # data of events read but not yet returned
+        self._opening = b""  # the body read before the first event (its first _OPENING bytes)
         self._data: bytes | None = None  # the data lines of an event whose closing blank line has not come
         self._last = 0.0  # loop time of the last line read
         self._deadline = 0.0
@@ -101,6 +105,8 @@ class SSELines:
                 if self._fresh:  # the standard ignores one leading byte order mark
                     self._fresh = False
                     lines = lines.removeprefix(_BOM)
+                if not self._started and len(self._opening) < _OPENING:
+                    self._opening += lines[:_OPENING - len(self._opening)]
                 data = self._data
                 # at the end of the body, a blank line: a last event not yet closed by one still counts
                 for line in lines.splitlines() if lines else (b"",):
@@ -120,6 +126,8 @@ class SSELines:
                 if self._events:
                     return self._events.popleft()
                 if self._done or not lines:
+                    if not self._started:  # no event came: the body may be a whole error answer
+                        raise_if_error(self._opening)
                     return None
         except (TimeoutError, OSError) as exc:
             self.close()

@@ -121,7 +121,7 @@ def _client_error(exc: BackendError) -> ApiError:
     if isinstance(exc, Timeout):
         return ApiError(504, exc.message, code="upstream_timeout")
     if isinstance(exc, Unavailable):
-        return ApiError(503, exc.message, code="upstream_unavailable")
+        return ApiError(503, exc.message, code="upstream_unavailable", headers=retry_after_header(exc.retry_after))
     if isinstance(exc, AuthFailed):
         return ApiError(502, "the upstream provider rejected the gateway's credentials", code="upstream_auth")
     return ApiError(502, exc.message, code="bad_upstream_response")

@@ -179,6 +179,11 @@ async def test_a_2xx_error_object_fails_as_the_error_it_names(backend: OpenAIHTT
     with pytest.raises(Unavailable) as info:
         await backend.chat(chat())
     assert info.value.message == "model overloaded" and info.value.retryable
+    upstream.fail_next(Fault(status=200, body={"error": {"message": "model overloaded", "type": "server_error",
+                                                         "code": 503}}))
+    with pytest.raises(Unavailable) as info:  # the same answer to a stream request
+        await backend.chat_stream(chat(stream=True))
+    assert info.value.message == "model overloaded" and info.value.retryable
 
 
 async def test_an_error_object_at_the_top_level_gives_its_message(backend: OpenAIHTTPBackend,

@@ -202,3 +202,26 @@ async def test_a_host_name_is_resolved_once_and_each_address_tried(server: tuple
     assert [(await client.post("/x", b"{}")).body for _ in range(2)] == [b"1", b"2"]
     assert s.connections == 2 and "host: localhost:" in s.requests[0].decode()
     client.close()
+
+
+async def test_interim_answers_before_the_final_one_are_skipped(server: tuple[Server, str]) -> None:
+    """A 1xx (100 Continue, a CDN's 103 Early Hints) may precede any answer (RFC 9110 15.2): the
+    answer is the final one, its status, headers and body, whole or streamed."""
+    s, base = server
+    early = b"HTTP/1.1 103 Early Hints\r\nlink: </style.css>; rel=preload\r\n\r\n"
+    limited = b"HTTP/1.1 429 Too Many Requests\r\nretry-after: 3\r\ncontent-length: 4\r\n\r\nslow"
+    s.answers = [b"HTTP/1.1 100 Continue\r\n\r\n" + early + answer(b'{"a":1}', "x-thing: yes"), early + limited,
+                 early + answer(b"data: one\n\n", "content-type: text/event-stream")]
+    client = RawHTTP(base, {}, connect_timeout=2)
+    whole = await client.post("/x", b"{}")
+    assert (whole.status, whole.body, whole.headers["x-thing"]) == (200, b'{"a":1}', "yes")
+    assert "link" not in whole.headers
+    refused = await client.open_stream("/x", b"{}")
+    assert (refused.status, refused.headers["retry-after"], await refused.read()) == (429, "3", b"slow")
+    refused.close()
+    stream = await client.open_stream("/x", b"{}")
+    assert (stream.status, stream.headers["content-type"]) == (200, "text/event-stream")
+    assert await stream.read() == b"data: one\n\n" and stream.at_eof()
+    stream.close()
+    assert s.connections == 1  # each answer's connection kept alive for the next
+    client.close()

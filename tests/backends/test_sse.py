@@ -107,6 +107,33 @@ async def test_a_first_event_that_is_an_error_raises_its_typed_error(event: byte
     assert type(raised.value) is error
 
 
+@pytest.mark.parametrize(("body", "error"), [
+    (b'{\n  "error": {"message": "The model is overloaded", "type": "server_error", "code": 503}\n}\n', Unavailable),
+    (b'{"error": {"message": "slow down", "code": "rate_limit_exceeded"}}', RateLimited),  # no newline at its end
+])
+async def test_a_body_that_is_a_whole_error_object_raises_its_typed_error(body: bytes,
+                                                                          error: type[BackendError]) -> None:
+    """A 2xx answer to a stream request that is one JSON error object, not events, fails as the error it
+    names (as such a whole answer's body does), so the router may try another deployment."""
+    stream = body_stream()
+    lines = SSELines(stream, "dep")
+    stream.feed(body[:10])
+    assert lines.poll() is WAIT
+    stream.feed(body[10:])
+    stream.end()
+    with pytest.raises(error, match="overloaded|slow down") as raised:
+        await lines.next(asyncio.get_running_loop().time() + 10)
+    assert type(raised.value) is error
+
+
+async def test_a_body_without_events_or_an_error_object_just_ends() -> None:
+    stream = body_stream()
+    lines = SSELines(stream, "dep")
+    stream.feed(b'{"id": "x", "choices": []}\n: a comment\n\n')
+    stream.end()
+    assert await lines.next(asyncio.get_running_loop().time() + 10) is None
+
+
 async def test_an_error_event_after_the_first_is_data_for_the_caller() -> None:
     stream = body_stream()
     lines = SSELines(stream, "dep")

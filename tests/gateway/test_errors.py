@@ -97,6 +97,19 @@ def test_upstream_429_is_429_with_retry_after(env: GatewayEnv, upstream: FakeUps
     assert env.usage.wait_for(1)[0].status == 429
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_an_upstream_5xx_passes_its_retry_after_on(env: GatewayEnv, upstream: FakeUpstream, stream: bool) -> None:
+    """An overloaded upstream's ``Retry-After`` on its 503 reaches the client (the SDKs wait that long
+    before their retry), as a 429's does; a 5xx without one gets none."""
+    upstream.fail_next(Fault(status=503, headers={"retry-after": "30"}), Fault(status=500))
+    with pytest.raises(openai.InternalServerError) as err:
+        sdk(env).chat.completions.create(model="echo", messages=MESSAGES, stream=stream)
+    assert err.value.status_code == 503 and err.value.response.headers["retry-after"] == "30"
+    with pytest.raises(openai.InternalServerError) as err:
+        sdk(env).chat.completions.create(model="echo", messages=MESSAGES, stream=stream)
+    assert "retry-after" not in err.value.response.headers
+
+
 @pytest.mark.parametrize(
     ("fault", "status", "code"),
     [
