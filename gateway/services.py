@@ -109,11 +109,12 @@ class Tenancy:
         guard = AuthGuard(throttle, audit)
         prices = PriceTable.from_settings(settings)
         credit = RedisCredit(store) if isinstance(store, RedisStore) and settings.quotas.credit else None
-        admission = QuotaAdmission(store, limits, prices, on_unavailable=settings.redis.on_unavailable,
-                                   lease_seconds=settings.quotas.lease_seconds, credit=credit)
         usage = UsageWriter(db, prices, journal_dir=journal,
                             sync_before_reply=settings.usage.sync_before_reply,
                             fsync_interval=settings.usage.fsync_interval_ms / 1000)
+        admission = QuotaAdmission(store, limits, prices, on_unavailable=settings.redis.on_unavailable,
+                                   lease_seconds=settings.quotas.lease_seconds, credit=credit,
+                                   flush_records=usage.flush)
 
         def changed() -> None:  # this process sees admin changes at once; other replicas within the TTL
             authenticator.invalidate()

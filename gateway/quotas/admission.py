@@ -7,11 +7,15 @@ never waits for it (commands on one connection run in order: this process's next
 it). Concurrency leases last ``lease_seconds`` and a heartbeat
 (``start``) renews this process's live ones every third of that, so the slots of a replica that
 died free themselves within one lease. A budget bucket the store lost is rebuilt from the usage
-records before the request is admitted. A store outage (or, for a lost budget bucket, a database
-outage) follows the configured policy: ``fail_closed`` raises QuotaUnavailable (503),
-``fail_open`` admits without counting; both log. With ``credit`` (Redis), a key admitted at least
-``credit.MIN_DEMAND`` times a second is admitted and settled in process while this replica's
-credit for the second lasts (``credit.py``), and through the store otherwise.
+records before the request is admitted, once this process's own records still on their way to the
+database (the usage writer's buffer and journal: ``flush_records``) are in it: the requests settled
+here while no bucket was there to count them (a budget just set, a Redis restarted) are counted.
+(Another replica's records on their way are not: up to its writer's flush interval of spend.)
+A store outage (or, for a lost budget bucket, a database outage) follows the configured policy:
+``fail_closed`` raises QuotaUnavailable (503), ``fail_open`` admits without counting; both log.
+With ``credit`` (Redis), a key admitted at least ``credit.MIN_DEMAND`` times a second is admitted
+and settled in process while this replica's credit for the second lasts (``credit.py``), and
+through the store otherwise.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ import asyncio
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import Any, Literal
 
@@ -57,6 +61,7 @@ class QuotaAdmission:
         on_unavailable: Literal["fail_closed", "fail_open"] = "fail_closed",
         lease_seconds: float = 30.0,
         credit: RedisCredit | None = None,
+        flush_records: Callable[[], Awaitable[bool]] | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.store = store
@@ -69,6 +74,7 @@ class QuotaAdmission:
         self._settling: set[asyncio.Future[None]] = set()  # settlements sent and not yet acknowledged
         self._heartbeat: asyncio.Task[None] | None = None
         self._done: asyncio.Future[None] | None = None  # what a settlement with nothing to send returns
+        self.flush_records = flush_records  # the usage records written here into the database; False: not all
         self.clock = clock
         # busy keys are admitted on credit (credit.py)
         self.credit = (CreditKeeper(credit, lease_seconds=lease_seconds, on_outage=self._outage, clock=clock)
@@ -165,6 +171,9 @@ class QuotaAdmission:
         or restarted empty, or the budget was just set) and the reservations in flight; a database
         outage here is an outage of admission."""
         pid, ttl = period_id(scope.limits.budget_period, now)
+        if self.flush_records is not None and not await self.flush_records():
+            log.warning("rebuilding the budget of %s while some of this process's usage records are not in the "
+                        "database yet: their spend is not counted", scope.label)
         tokens, spent = await recorded_spend(self.limits.db, scope, now)
         log.info("budget of %s rebuilt from the usage records: %d tokens, %.6f USD", scope.label, tokens,
                  spent / 1e12)

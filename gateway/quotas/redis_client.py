@@ -26,7 +26,8 @@ import ssl
 from collections import deque
 from collections.abc import Callable
 from functools import partial
-from urllib.parse import unquote, urlsplit
+from typing import Any
+from urllib.parse import parse_qs, unquote, urlsplit
 
 import hiredis
 
@@ -291,8 +292,10 @@ def _copy_outcome(result: asyncio.Future[object], reply: asyncio.Future[object])
 
 class RespClient:
     def __init__(self, host: str = "127.0.0.1", port: int = 6379, *, db: int = 0, username: str | None = None,
-                 password: str | None = None, tls: bool = False, timeout: float = 2.0) -> None:
+                 password: str | None = None, tls: bool = False, timeout: float = 2.0,
+                 unix_path: str | None = None) -> None:
         self.host, self.port, self.db = host, port, db
+        self.unix_path = unix_path  # a Unix socket to connect to instead of host:port
         self.username, self.password, self.tls = username, password, tls
         self.timeout = timeout
         self._protocol: _Protocol | None = None
@@ -302,15 +305,37 @@ class RespClient:
 
     @classmethod
     def from_url(cls, url: str, *, timeout: float = 2.0) -> RespClient:
-        """``redis://[[user]:password@]host[:port][/db]`` or ``rediss://`` (TLS)."""
+        """``redis://[[user]:password@]host[:port][/db]``, ``rediss://`` (TLS), or a Unix socket as
+        redis-py writes it: ``unix://[[user]:password@]/path/to/redis.sock[?db=N]``."""
         parts = urlsplit(url)
-        if parts.scheme not in ("redis", "rediss"):
-            raise ValueError(f"unsupported Redis URL scheme {parts.scheme!r} (use redis:// or rediss://)")
+        if parts.scheme not in ("redis", "rediss", "unix"):
+            raise ValueError(f"unsupported Redis URL scheme {parts.scheme!r} (use redis://, rediss:// or unix://)")
+        username = unquote(parts.username) if parts.username else None
+        password = unquote(parts.password) if parts.password else None
+        if parts.scheme == "unix":
+            if not parts.path:
+                raise ValueError("a unix:// Redis URL needs the socket's path: unix:///path/to/redis.sock")
+            db = parse_qs(parts.query).get("db", ["0"])[-1]
+            return cls(db=int(db), username=username, password=password, timeout=timeout,
+                       unix_path=unquote(parts.path))
         path = parts.path.strip("/")
         return cls(parts.hostname or "127.0.0.1", parts.port or 6379, db=int(path) if path else 0,
-                   username=unquote(parts.username) if parts.username else None,
-                   password=unquote(parts.password) if parts.password else None,
-                   tls=parts.scheme == "rediss", timeout=timeout)
+                   username=username, password=password, tls=parts.scheme == "rediss", timeout=timeout)
+
+    @property
+    def address(self) -> str:
+        """Where Redis is, for messages."""
+        return self.unix_path or f"{self.host}:{self.port}"
+
+    async def _open(self, factory: Callable[[], asyncio.Protocol]) -> Any:
+        """A new connection's protocol, over the Unix socket or TCP (TLS for rediss://)."""
+        loop = asyncio.get_running_loop()
+        if self.unix_path is not None:
+            _, protocol = await loop.create_unix_connection(factory, self.unix_path)
+        else:
+            _, protocol = await loop.create_connection(
+                factory, self.host, self.port, ssl=ssl.create_default_context() if self.tls else None)
+        return protocol
 
     def register_script(self, source: str) -> Script:
         return Script(self, source)
@@ -318,16 +343,13 @@ class RespClient:
     async def subscribe(self, channel: str, on_message: Callable[[bytes], None]) -> Subscription:
         """Follow ``channel`` on a new connection (SUBSCRIBE): ``on_message`` gets each message's
         data, from the time this returns until the subscription's ``closed`` is done."""
-        loop = asyncio.get_running_loop()
         commands: list[tuple[Arg, ...]] = []
         if self.password is not None:
             commands.append(("AUTH", self.username, self.password) if self.username else ("AUTH", self.password))
         commands.append(("SUBSCRIBE", channel))
         try:
             async with asyncio.timeout(self.timeout):
-                _, protocol = await loop.create_connection(
-                    lambda: _Subscriber(on_message), self.host, self.port,
-                    ssl=ssl.create_default_context() if self.tls else None)
+                protocol: _Subscriber = await self._open(lambda: _Subscriber(on_message))
                 subscription = Subscription(protocol)
                 protocol.transport.write(b"".join(encode_command(c) for c in commands))  # type: ignore[union-attr]
                 try:
@@ -336,7 +358,7 @@ class RespClient:
                     subscription.close()
                     raise
         except (OSError, TimeoutError) as exc:
-            raise RedisUnavailable(f"cannot subscribe at {self.host}:{self.port} ({exc})") from None
+            raise RedisUnavailable(f"cannot subscribe at {self.address} ({exc})") from None
         return subscription
 
     async def execute(self, *args: Arg) -> object:
@@ -402,17 +424,14 @@ class RespClient:
         async with self._connecting:
             if self._protocol is not None and not self._protocol.lost:
                 return self._protocol  # another caller connected while this one waited
-            loop = asyncio.get_running_loop()
             try:
                 async with asyncio.timeout(self.timeout):
-                    _, protocol = await loop.create_connection(
-                        lambda: _Protocol(self.timeout, self._timed_out), self.host, self.port,
-                        ssl=ssl.create_default_context() if self.tls else None)
+                    protocol: _Protocol = await self._open(lambda: _Protocol(self.timeout, self._timed_out))
                     await self._handshake(protocol)
             except (OSError, TimeoutError) as exc:
                 if isinstance(exc, TimeoutError):
                     self._timed_out()
-                raise RedisUnavailable(f"cannot connect to Redis at {self.host}:{self.port} ({exc})") from None
+                raise RedisUnavailable(f"cannot connect to Redis at {self.address} ({exc})") from None
             self._protocol = protocol
             return protocol
 

@@ -201,6 +201,22 @@ local function reject(reason, i, retry_ms)
   return {0, reason, i - 1, retry_ms, rq[1], rq[2], rq[3], tk[1], tk[2], tk[3]}
 end
 
+-- Milliseconds until the seconds leaving window `key` free `need` of its counters `kind` ('r' or
+-- 't'), from its `oldest` second on: a retry then finds room (not merely when the oldest second
+-- leaves, which frees too little after a limit was lowered, or for a large request); the newest
+-- second held when none does.
+local function room_in(key, kind, oldest, need)
+  local room_at = oldest
+  for s = oldest, sec do
+    local n = redis.call('HGET', key, kind .. s)
+    if n then
+      room_at, need = s, need - tonumber(n)
+      if need <= 0 then break end
+    end
+  end
+  return math.floor((room_at + win - now) * 1000)
+end
+
 for i = 1, nscopes do
   local k = (i - 1) * 3
   local a = 11 + (i - 1) * 6
@@ -214,7 +230,7 @@ for i = 1, nscopes do
     rpm = tonumber(rpm)
     local reset = math.floor((oldest + win - now) * 1000)
     if rq_used + 1 > rpm then
-      return reject('requests', i, reset)
+      return reject('requests', i, room_in(KEYS[k + 1], 'r', oldest, rq_used + 1 - rpm))
     end
     req = tighter(req, rpm, rpm - rq_used - 1, reset)
   end
@@ -222,16 +238,7 @@ for i = 1, nscopes do
     tpm = tonumber(tpm)
     local reset = math.floor((oldest + win - now) * 1000)
     if tk_used + tokens > tpm then
-      -- retry when the seconds leaving the window free what is missing (not merely the oldest)
-      local need, room_at = tk_used + tokens - tpm, oldest
-      for s = oldest, sec do
-        local t = redis.call('HGET', KEYS[k + 1], 't' .. s)
-        if t then
-          room_at, need = s, need - tonumber(t)
-          if need <= 0 then break end
-        end
-      end
-      return reject('tokens', i, math.floor((room_at + win - now) * 1000))
+      return reject('tokens', i, room_in(KEYS[k + 1], 't', oldest, tk_used + tokens - tpm))
     end
     tok = tighter(tok, tpm, tpm - tk_used - tokens, reset)
   end

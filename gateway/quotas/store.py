@@ -5,7 +5,8 @@ A store checks and reserves every limit of every scope in one atomic step, or re
 ``MemoryStore`` is its reference, with identical semantics inside one process:
 
 - requests/min and tokens/min: a sliding window of 60 one-second buckets; admit when
-  ``used + this <= limit``;
+  ``used + this <= limit``; a refusal's retry is when enough seconds have left the window to
+  admit it (after a limit was lowered, more than the oldest one);
 - concurrency: leases that end at settle, or ``lease_seconds`` after the last ``renew`` (the live
   replica renews its leases on a heartbeat, so a dead replica's slots free themselves);
 - budgets: tokens and money per period bucket, reserved at admit, corrected at settle. A
@@ -189,7 +190,8 @@ class MemoryStore:
             if lim.requests_per_minute is not None:
                 reset = _reset(req_oldest, r.now)
                 if req_used + 1 > lim.requests_per_minute:
-                    return self._refuse(r, "requests", i, reset)
+                    room_at = _room_at(self._window(base + ":rq").buckets, req_used + 1 - lim.requests_per_minute)
+                    return self._refuse(r, "requests", i, _reset(room_at, r.now))
                 req_state = tighter(req_state, lim.requests_per_minute, lim.requests_per_minute - req_used - 1, reset)
             if lim.tokens_per_minute is not None:
                 reset = _reset(tok_oldest, r.now)

@@ -13,7 +13,7 @@ from redis.asyncio import Redis
 
 from gateway.quotas.limits import Limits, Scope, period_id, period_start
 from gateway.quotas.redis_store import RedisStore, connect_redis
-from gateway.quotas.store import MemoryStore, QuotaStore, Reservation, lease_for
+from gateway.quotas.store import Lease, MemoryStore, QuotaStore, Reservation, lease_for
 from tests.gateway.tenancy_fixtures import REDIS_URL, redis, redis_prefix  # noqa: F401
 
 NOW = 1_800_000_000.25
@@ -51,6 +51,22 @@ async def test_requests_per_minute_sliding_window(store: QuotaStore) -> None:
     assert over.retry_after == pytest.approx(29.75, abs=0.01)  # when the first second leaves the window
     later = await store.reserve(res(scopes, now=NOW + 60))
     assert later.admitted
+
+
+async def test_a_requests_refusal_after_a_lowered_limit_retries_when_enough_requests_have_left(
+        store: QuotaStore) -> None:
+    """A requests/min limit lowered below what the window holds: Retry-After is when enough
+    seconds have left it to admit a request, not when the oldest leaves (its 2 requests would still
+    leave 8, over the new limit of 5)."""
+    before = key(requests_per_minute=10)
+    for i in range(10):
+        assert (await store.reserve(res(before, now=NOW if i < 2 else NOW + 30))).admitted
+    lowered = key(requests_per_minute=5)
+    over = await store.reserve(res(lowered, now=NOW + 31))
+    assert not over.admitted and over.reason == "requests"
+    assert over.retry_after == pytest.approx(58.75, abs=0.01)  # when the second of the 8 leaves
+    assert not (await store.reserve(res(lowered, now=NOW + 61))).admitted
+    assert (await store.reserve(res(lowered, now=NOW + 31 + over.retry_after))).admitted
 
 
 async def test_a_refusal_for_requests_reports_the_tokens_left(store: QuotaStore) -> None:
@@ -269,7 +285,7 @@ async def test_redis_windows_decide_as_the_memory_store_does_over_a_random_histo
     memory, remote = MemoryStore(), RedisStore(connect_redis(REDIS_URL), prefix=redis_prefix)
     scopes = [Scope("key", "k1", Limits(requests_per_minute=30, tokens_per_minute=4000)),
               Scope("tenant", "t1", Limits(tokens_per_minute=3000))]
-    now, held = NOW, []
+    now, held = NOW, list[Lease]()
     for i in range(1500):
         step = rng.random()
         now += 7200 if step < 0.003 else 61 if step < 0.03 else rng.choice([0, 0, 0, 0.1, 0.2, 0.5, 1, 2])
@@ -298,7 +314,7 @@ async def test_redis_windows_decide_as_the_memory_store_does_over_a_random_histo
                 assert await redis.object("encoding", window) == b"hashtable"  # fields found in O(1)
 
 
-def assert_window_totals(fields: dict[bytes, bytes]) -> None:
+def assert_window_totals(fields: dict[Any, Any]) -> None:
     """A window hash's running totals are the sums of its seconds' counters, and ``lo`` the oldest
     second held (the same seconds for requests and tokens; its field's name is padded past 64 bytes,
     so that Redis keeps the hash as a hash table)."""

@@ -14,8 +14,9 @@ from tests.support.servers import free_port
 class RedisProcess:
     """A redis-server of the test's own on a free port (the machine's Redis is never touched)."""
 
-    def __init__(self) -> None:
+    def __init__(self, unix_socket: str | None = None) -> None:
         self.port = free_port()
+        self.unix_socket = unix_socket  # also listen on this Unix socket
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -24,6 +25,8 @@ class RedisProcess:
 
     def start(self) -> RedisProcess:
         cmd = ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+        if self.unix_socket is not None:
+            cmd += ["--unixsocket", self.unix_socket]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
