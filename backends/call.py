@@ -19,12 +19,25 @@ A caller without a gateway (tests, scripts) passes nothing: no tenant, no cap.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 TENANT_HEADER = "x-switchyard-tenant"
 WEIGHT_HEADER = "x-switchyard-tenant-weight"
+# The fair-share weights a tenant may have (the admin API's bounds): a ratio of at most 1e12 keeps
+# the engine's virtual time (tokens / weight) finite, and a weight the admin API allows travels to an
+# engine node unchanged.
+MIN_WEIGHT = 1e-6
+MAX_WEIGHT = 1e6
+
+
+def fair_weight(weight: float) -> float:
+    """``weight`` held within [MIN_WEIGHT, MAX_WEIGHT]; one <= 0 or not a finite number counts as 1."""
+    if not math.isfinite(weight) or weight <= 0:
+        return 1.0
+    return min(max(weight, MIN_WEIGHT), MAX_WEIGHT)
 
 
 @dataclass(frozen=True)
@@ -34,8 +47,8 @@ class CallingTenant:
 
     @classmethod
     def of(cls, tenant_id: str | None, weight: float = 1.0) -> CallingTenant | None:
-        """The tenant, or None for calls on nobody's behalf (admin keys); a weight <= 0 counts as 1."""
-        return cls(tenant_id, weight if weight > 0 else 1.0) if tenant_id else None
+        """The tenant, or None for calls on nobody's behalf (admin keys); its weight by ``fair_weight``."""
+        return cls(tenant_id, fair_weight(weight)) if tenant_id else None
 
 
 @dataclass(frozen=True)
@@ -71,4 +84,4 @@ def forwarded_tenant(headers: Mapping[str, str]) -> CallingTenant | None:
         weight = float(headers.get(WEIGHT_HEADER, "1"))
     except ValueError:
         weight = 1.0
-    return CallingTenant(tenant, weight if 0 < weight < 1e6 else 1.0)
+    return CallingTenant(tenant, fair_weight(weight))

@@ -136,7 +136,7 @@ class Pipeline:
     def _usable(self, principal: Principal, model: str, group: ModelGroup | None) -> ModelGroup:
         if group is None:
             raise ApiError(404, f"The model '{model}' does not exist.", param="model", code="model_not_found")
-        if not self._may_use(principal, group):
+        if not self.may_serve(principal, model, group):
             raise ApiError(403, f"This key may not use the model '{model}'.", param="model", code="model_not_allowed")
         return group
 
@@ -358,6 +358,13 @@ class Pipeline:
     @staticmethod
     def _may_use(principal: Principal, group: ModelGroup) -> bool:
         return any(principal.may_use(name) for name in group.names)
+
+    @classmethod
+    def may_serve(cls, principal: Principal, model: str, group: ModelGroup) -> bool:
+        """Whether ``principal`` may use ``group`` asked for as ``model``: its allow-list names the
+        model as asked for (a name that a wildcard alias such as ``gpt-*`` matches) or one of the
+        group's own names."""
+        return principal.may_use(model) or cls._may_use(principal, group)
 
 
 def _reservation_record(flight: _Flight, prompt: int, output: int) -> UsageRecord:

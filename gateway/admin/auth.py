@@ -16,6 +16,14 @@ class Unauthorized(AdminError):
     type = "authentication_error"
 
 
+class MissingKey(Unauthorized):
+    code = "missing_api_key"  # as on the API's routes
+
+
+class InvalidKey(Unauthorized):
+    code = "invalid_api_key"  # as on the API's routes, and OpenAI's
+
+
 class Forbidden(AdminError):
     status = 403
     type = "permission_error"
@@ -47,7 +55,7 @@ async def principal_of(connection: ASGIConnection, auth: Authenticator) -> Princ
     if guard is not None:
         await guard.check(client)
     if token is None:
-        raise Unauthorized("Missing bearer token: send 'Authorization: Bearer <API key>'.")
+        raise MissingKey("Missing bearer token: send 'Authorization: Bearer <API key>'.")
     try:
         principal = await auth.authenticate(token)
     except Exception:
@@ -56,7 +64,7 @@ async def principal_of(connection: ASGIConnection, auth: Authenticator) -> Princ
     if principal is None:
         if guard is not None:
             await guard.failed(client, token, "admin")
-        raise Unauthorized("Incorrect API key provided, or the key is revoked or expired.")
+        raise InvalidKey("Incorrect API key provided, or the key is revoked or expired.")
     if guard is not None:
         guard.succeeded(principal, client, "admin")
     return principal

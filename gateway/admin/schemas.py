@@ -9,8 +9,9 @@ from typing import Annotated, Any, Literal, TypeVar
 import msgspec
 from msgspec import UNSET, Meta, Struct, UnsetType
 
+from backends.call import MAX_WEIGHT, MIN_WEIGHT
 from gateway.admin.params import nul_error, nul_field
-from gateway.admin.service import MAX_COST_BUDGET, MAX_SECONDS, MAX_WEIGHT, AdminError
+from gateway.admin.service import MAX_COST_BUDGET, MAX_SECONDS, AdminError
 from gateway.body import WireBody, request_content
 from gateway.quotas.limits import Limits
 
@@ -18,7 +19,7 @@ T = TypeVar("T")
 NonNeg = Annotated[int, Meta(ge=0, le=2**63 - 1)]  # fits the BIGINT column
 Int32 = Annotated[int, Meta(ge=0, le=2**31 - 1)]  # fits an INTEGER column (a larger value would be a 500)
 Budget = Annotated[float, Meta(ge=0, le=MAX_COST_BUDGET)]
-Weight = Annotated[float, Meta(gt=0, le=MAX_WEIGHT)]
+Weight = Annotated[float, Meta(ge=MIN_WEIGHT, le=MAX_WEIGHT)]
 
 
 class Body(Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):

@@ -7,6 +7,7 @@ turns them into error bodies and the CLI into one-line messages.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, fields, replace
 from datetime import UTC, datetime, timedelta
@@ -17,6 +18,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from backends.call import MAX_WEIGHT, MIN_WEIGHT
 from gateway.admin.pages import MAX_LIMIT, Page, PageQuery, UnknownCursor, read_page
 from gateway.auth.keys import generate_key, new_id
 from gateway.db.engine import Database
@@ -97,7 +99,7 @@ class TenancyService:
 
     async def create_tenant(self, name: str, *, weight: float = 1.0) -> TenantView:
         name = tenant_name(name)
-        check_range("weight", weight, high=MAX_WEIGHT, low_open=True)
+        check_range("weight", weight, low=MIN_WEIGHT, high=MAX_WEIGHT)
         async with self.db.session() as s:
             if await s.scalar(select(Tenant).where(Tenant.name == name)) is not None:
                 raise Conflict(f"a tenant named {name!r} already exists", param="name")
@@ -131,7 +133,7 @@ class TenancyService:
         if status is not None and status not in ("active", "disabled"):
             raise AdminError("status must be 'active' or 'disabled'", param="status")
         if weight is not None:
-            check_range("weight", weight, high=MAX_WEIGHT, low_open=True)
+            check_range("weight", weight, low=MIN_WEIGHT, high=MAX_WEIGHT)
         if name is not None:
             name = tenant_name(name)
         async with self.db.session() as s:
@@ -169,7 +171,8 @@ class TenancyService:
         if models is not None and not models:  # an empty allow-list must not read as "every model"
             raise AdminError("models must name at least one model; leave it out to allow every model",
                              param="models")
-        empty = next((i for i, m in enumerate(models or ()) if not m.strip()), None)
+        models = [m.strip() for m in models] if models else None  # " echo" would never match "echo"
+        empty = next((i for i, m in enumerate(models or ()) if not m), None)
         if empty is not None:
             raise AdminError(f"models[{empty}] is empty: name a model", param=f"models[{empty}]")
         if expires_at is not None:
@@ -308,7 +311,6 @@ class TenancyService:
 INT32_MAX = 2**31 - 1
 INT64_MAX = 2**63 - 1
 MAX_COST_BUDGET = 1e12  # a trillion in the price unit
-MAX_WEIGHT = 1e6
 MAX_NAME = 200  # tenant and key names (their columns' length)
 MAX_SECONDS = 100 * 365 * 86400  # a hundred years: key expiry, rotation grace
 LIMIT_FIELDS = tuple(f.name for f in fields(Limits))
@@ -338,11 +340,20 @@ async def _read_page(s: AsyncSession, query: Select[Any], model: type[Tenant | A
         raise AdminError(f"after names no row of this listing: {page.after!r}", param="after") from None
 
 
+# What ``new_id("ten")`` makes. A tenant is named by its id or its name, the id first: a tenant named
+# like another's id could never be named by that name, and its keys would go to the other tenant.
+TENANT_ID = re.compile(r"ten_[0-9a-f]{16}")
+
+
 def tenant_name(name: str) -> str:
-    """The name stripped of surrounding blanks, or an AdminError unless it is 1-200 characters."""
+    """The name stripped of surrounding blanks, or an AdminError unless it is 1-200 characters and
+    not shaped like a tenant id."""
     name = name.strip()
     if not name or len(name) > MAX_NAME:
         raise AdminError(f"tenant name must be 1-{MAX_NAME} characters", param="name")
+    if TENANT_ID.fullmatch(name):
+        raise AdminError(f"tenant name {name!r} has the form of a tenant id (ten_ and 16 hex digits): choose "
+                         "another name", param="name")
     return name
 
 

@@ -51,15 +51,21 @@ class ModelsController(Controller):
     @get("/", summary="List the models this key may use", responses=error_responses(401))
     async def list_models(self, request: Request[Any, Any, Any], pipeline: Pipeline) -> ModelList:
         """Each model by its name and by each of its aliases; wildcard aliases (``gpt-4o-*``) match
-        names that cannot be enumerated and are not listed."""
+        names that cannot be enumerated and are not listed, but a name one matches that the key's
+        allow-list holds is."""
         principal = principal_of(request)
-        return ModelList(data=[card for g in pipeline.visible_groups(principal) for card in _listed(g)])
+        cards = [card for g in pipeline.visible_groups(principal) for card in _listed(g)]
+        listed = {card.id for card in cards}
+        for name in sorted(principal.allowed_models or ()):  # a name the key may use that a wildcard serves
+            if name not in listed and not is_wildcard(name) and (group := pipeline.services.router.resolve(name)):
+                cards.append(_card(group, name))
+        return ModelList(data=cards)
 
     @get("/{model_id:path}", summary="Retrieve a model", responses=error_responses(401, 404))
     async def retrieve(self, request: Request[Any, Any, Any], model_id: str, pipeline: Pipeline) -> ModelCard:
         principal = principal_of(request)
         name = model_id.lstrip("/")
         group = pipeline.services.router.resolve(name)
-        if group is None or group not in pipeline.visible_groups(principal):
+        if group is None or not pipeline.may_serve(principal, name, group):
             raise ApiError(404, f"The model '{name}' does not exist.", param="model", code="model_not_found")
         return _card(group, name)
