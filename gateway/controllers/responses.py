@@ -45,7 +45,16 @@ def _store(services: Services) -> ResponseStore | None:
     return services.responses
 
 
+def _check_id(response_id: str) -> None:
+    """A NUL in the path's id is a 400 naming it, as in any other path: PostgreSQL text cannot hold
+    one (the lookup raised, a 500), and no id the gateway gives has one."""
+    if "\x00" in response_id:
+        raise ApiError(400, "response_id contains a NUL character (\\u0000), which is not allowed",
+                       param="response_id", code="invalid_value")
+
+
 async def _kept(services: Services, principal: Principal, response_id: str) -> Kept:
+    _check_id(response_id)
     store = _store(services)
     kept = await store.get(principal, response_id) if store is not None else None
     if kept is None:
@@ -215,6 +224,7 @@ class ResponsesController(Controller):
 
     @delete("/{response_id:str}", status_code=200, summary="Delete a stored response", responses=error_responses())
     async def remove(self, request: Request[Any, Any, Any], response_id: str, services: Services) -> dict[str, Any]:
+        _check_id(response_id)
         store = _store(services)
         if store is None or not await store.delete(principal_of(request), response_id):
             raise ApiError(404, f"No response with id '{response_id}' found.", param="response_id",

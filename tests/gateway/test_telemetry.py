@@ -122,6 +122,11 @@ def test_counters_move_by_the_request_mix(env: Env, upstream: FakeUpstream) -> N
     assert all(TENANT not in str(labels) and "key_tel" not in str(labels) for _, labels in after)
 
 
+def test_the_scrape_names_prometheus_text_format_and_its_charset_once(env: Env) -> None:
+    """Prometheus 3 fails a scrape whose Content-Type does not parse (a charset given twice)."""
+    assert httpx.get(env.url + "/metrics").headers["content-type"] == "text/plain; version=0.0.4; charset=utf-8"
+
+
 def test_upstream_429_is_not_a_quota_rejection(env: Env, upstream: FakeUpstream) -> None:
     before = env.scrape()
     upstream.fail_next(Fault(status=429, headers={"retry-after": "0"}))
