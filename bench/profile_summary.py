@@ -26,7 +26,7 @@ STAGES: list[tuple[str, tuple[str, ...]]] = [
     ("call description (estimates)", ("describe_chat", "describe_completion")),
     ("upstream: HTTP client", ("aiohttp/", "HTTPUpstream.", "raw_http.py")),
     ("upstream: payload + answer decode", ("OpenAIHTTPBackend.", "backends/openai_wire.py")),
-    ("stream relay (chunks)", ("SSERelay.", "_Relay.", "_ChunkReader.", "SSELines.")),
+    ("stream relay (chunks)", ("SSERelay.", "ChunkRelay.", "ChunkReader.", "SSELines.")),
     ("routing", ("RoutePlan", "gateway/routing/")),
     ("settlement: usage record, metrics", ("Pipeline._settle", "MeteredSink", "hooks.on_settle")),
     ("response building", ("Pipeline._unary_response", "Pipeline._stream_response", "litestar/response/")),

@@ -1,5 +1,5 @@
 """The gateway's own CPU per relayed stream chunk, in one process: pulled by the relay's task, or
-pushed from the upstream connection's callback (``_Relay.push``, what ``switchyard serve`` does).
+pushed from the upstream connection's callback (``ChunkRelay.push``, what ``switchyard serve`` does).
 
 The real parts, from the bytes an upstream sends to the bytes for the client: the upstream
 connection's protocol and httptools parsing (``backends.raw_http``), the SSE lines, the chunk
@@ -25,7 +25,8 @@ from typing import Any
 import uvloop
 
 from backends.base import ChunkStream, Meter
-from backends.openai_http import _chat_text, _ChunkReader, _Relay
+from backends.openai_http import _chat_text
+from backends.openai_relay import ChunkReader, ChunkRelay, UsageWanted
 from backends.openai_wire import ChatCompletionChunk
 from backends.raw_http import RawStream, _Connection
 from backends.turn_writes import TurnWrites
@@ -84,10 +85,11 @@ async def open_relay(push: bool, written: list[int]) -> tuple[_Connection, Async
     conn.data_received(HEAD + upstream_chunk(0))
     await answer
     loop = asyncio.get_running_loop()
-    reader = _ChunkReader(stream, ChatCompletionChunk, "bench", 300.0)
+    reader = ChunkReader(stream, ChatCompletionChunk, "bench", 300.0)
     meter = Meter()
     first = await reader.next(loop.time() + 3600)
-    relay = _Relay(_Upstream(), stream, reader, first, loop.time() + 3600, meter, False, _chat_text)  # type: ignore[arg-type]
+    relay = ChunkRelay(_Upstream(), stream, reader, first, loop.time() + 3600, meter,  # type: ignore[arg-type]
+                       UsageWanted(False, False), _chat_text)
 
     async def on_end(*_: Any) -> None:
         pass

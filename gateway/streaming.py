@@ -109,7 +109,7 @@ class SSERelay:
 
     def write_directly(self, write_now: WriteNow) -> None:
         """From the second chunk on, relay each chunk to the client with ``write_now`` inside the
-        upstream connection's callback, where the stream can push (``_Relay.push``): no task
+        upstream connection's callback, where the stream can push (``ChunkRelay.push``): no task
         switch per chunk. Anything else (the end, a failure, a full client buffer, the drain)
         comes back to ``events``."""
         self._write_now = write_now

@@ -152,6 +152,17 @@ def _with_calls(stop: dict[str, Any]) -> dict[str, Any]:
     return {"stop_reason": "tool_use", "stop_sequence": None} if stop["stop_reason"] == "end_turn" else stop
 
 
+def _role_only(chunk: ChatCompletionChunk) -> bool:
+    """Whether a chunk says nothing but that the answer began (the role, empty content): a provider's
+    first, sent before its first output (the engine's, before the prompt is computed)."""
+    if isinstance(chunk.usage, Usage) or len(chunk.choices) != 1:
+        return False
+    choice = chunk.choices[0]
+    delta = choice.delta
+    return (choice.finish_reason is None and not delta.content and not delta.refusal and not delta.tool_calls
+            and not reasoning_text(delta) and not delta.thinking_blocks)
+
+
 def _event(kind: str, data: dict[str, Any]) -> bytes:
     return b"event: " + kind.encode() + b"\ndata: " + msgspec.json.encode({"type": kind} | data) + b"\n\n"
 
@@ -174,6 +185,7 @@ class MessagesEvents:
         self._relayed_open: list[int] = []  # relaying: the content blocks started and not yet stopped
         self._relayed_stop = False  # relaying: message_stop came
         self._started = False
+        self._head: tuple[str, str] | None = None  # the first chunk's id and model, for message_start
         self._block: int = -1  # index of the open content block
         self._block_kind: str | None = None
         self._slots = CallSlots(tool_use_id)  # chat's tool call deltas placed in calls
@@ -192,14 +204,11 @@ class MessagesEvents:
             if isinstance(chunk.usage, Usage):
                 self._usage = _usage(chunk.usage)
             return b"".join(self._relay(e, chunk.model) for e in events or ())
-        out = b""
-        if not self._started:
-            self._started = True
-            out += _event("message_start", {"message": {
-                "id": message_id(chunk.id), "type": "message", "role": "assistant", "model": chunk.model,
-                "content": [],
-                "stop_reason": None, "stop_sequence": None,
-                "usage": {"input_tokens": self._meter.prompt_tokens if self._meter else 0, "output_tokens": 0}}})
+        if self._head is None:
+            self._head = (chunk.id, chunk.model)
+        if not self._started and _role_only(chunk):
+            return b""  # message_start waits for the answer's first output (the prompt's cached tokens known)
+        out = self._start()
         if isinstance(chunk.usage, Usage):
             self._usage = _usage(chunk.usage, self._meter)  # the meter has taken this usage in
         for choice in chunk.choices[:1]:
@@ -225,6 +234,18 @@ class MessagesEvents:
             if choice.finish_reason:
                 self._stop = _stop(choice.finish_reason, choice.stop_reason, choice.matched_stop)
         return out
+
+    def _start(self) -> bytes:
+        """``message_start``, once: its usage the prompt's, as metered so far (the tokens read from the
+        prompt cache apart, as ``message_delta`` has them)."""
+        if self._started:
+            return b""
+        self._started = True
+        answer_id, model = self._head or ("", "")
+        usage = _usage(None, self._meter) if self._meter is not None else {"input_tokens": 0}
+        return _event("message_start", {"message": {
+            "id": message_id(answer_id), "type": "message", "role": "assistant", "model": model, "content": [],
+            "stop_reason": None, "stop_sequence": None, "usage": usage | {"output_tokens": 0}}})
 
     def _text(self, kind: str, text: str) -> bytes:
         """Text or reasoning: a delta of the open block of its kind, else of a new one; held while a
@@ -315,7 +336,7 @@ class MessagesEvents:
             _tool_input(call_id, name, "".join(arguments), cut=cut)
         if self._calls:
             self._stop = _with_calls(self._stop)
-        out = self._open_calls(all_=True)
+        out = self._start() + self._open_calls(all_=True)
         out += self._release(all_=True)
         return (out + self._close()
                 + _event("message_delta", {"delta": self._stop,

@@ -1,4 +1,4 @@
-"""An upstream stream pushed chunk by chunk from its connection's callbacks (``_Relay.push``), and
+"""An upstream stream pushed chunk by chunk from its connection's callbacks (``ChunkRelay.push``), and
 read on by ``__anext__`` from wherever the push stopped: nothing lost, repeated or reordered."""
 
 from __future__ import annotations

@@ -203,6 +203,25 @@ def test_cumulative_usage_in_every_chunk_is_metered_once(wire: Wire) -> None:
     assert (record.prompt_tokens, record.completion_tokens) == (5, 3)
 
 
+@pytest.mark.parametrize("with_usage", ["the finishing chunk", "every chunk"])
+def test_usage_asked_for_comes_once_in_a_last_chunk_of_no_choice(wire: Wire, with_usage: str) -> None:
+    """Usage on chunks with choices (on the finishing one, as Gemini's and Mistral's OpenAI-compatible
+    APIs send it, or cumulative on every one) is the closing usage chunk's, as OpenAI sends it: the
+    client gets it once, last, with no choice (a client that sums each chunk's usage counts it once)."""
+    every = with_usage == "every chunk"
+    wire.upstream.scripts.append([events(chunk("a", usage=usage_of(2, 1) if every else None),
+                                         chunk("b", usage=usage_of(2, 2) if every else None),
+                                         chunk(finish="stop", usage=usage_of(2, 2)))])
+    _, data = raw_events(wire, stream_options={"include_usage": True})
+    got = [json.loads(d) for d in data[:-1]]
+    assert data[-1] == "[DONE]" and len(got) == 4
+    assert [c.get("usage") is not None for c in got] == [False, False, False, True]
+    assert got[-1]["choices"] == [] and got[-1]["usage"] == usage_of(2, 2)
+    assert got[-1]["id"] == "chatcmpl-w" and got[-1]["model"] == "echo"
+    record = wire.usage.wait_for(1)[0]
+    assert (record.prompt_tokens, record.completion_tokens, record.exact) == (2, 2, True)
+
+
 def test_n_choices_interleaved_each_finish_once_and_usage_comes_last(wire: Wire) -> None:
     wire.upstream.scripts.append([events(chunk("a", index=0), chunk("b", index=1), chunk("c", index=0),
                                          chunk(finish="stop", index=1), chunk(finish="length", index=0),
