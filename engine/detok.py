@@ -83,7 +83,7 @@ class StopMatcher:
             end = at + len(self.matched) if self.include else at
             return buf[sent:end], True
         keep = len(max(self.stops, key=len)) - 1 if self.include else self._partial_tail(buf)
-        self.held = buf[len(buf) - keep :] if keep else ""
+        self.held = buf[-keep:] if keep else ""  # the whole text while it is shorter than ``keep``
         return buf[sent:] if self.include else buf[: len(buf) - keep], False
 
     def _first_hit(self, buf: str, old: int) -> tuple[int, str] | None:

@@ -67,6 +67,7 @@ class EngineRun:
         self.prompt_lengths = [len(p) for p in prompts]
         self.meter = Meter(prompt_tokens=sum(self.prompt_lengths), exact=True)
         self._cached = [0] * len(prompts)  # per prompt: its cached tokens already on the meter
+        self._generated = [0] * len(prompts)  # per prompt: its generated tokens already on the meter
         self.ids: list[str] = []
         self.streams: list[RequestStream] = []
         self._closed = False
@@ -96,16 +97,20 @@ class EngineRun:
         ``RequestFailed`` (the engine failed on it alone); its batch mates are unaffected."""
         for p, (rid, stream) in enumerate(zip(self.ids, self.streams)):
             async for out in self._guarded(rid, stream):
-                for o in out.outputs:
-                    if o.delta_token_ids and self.count_output:
-                        self.meter.completion_tokens += len(o.delta_token_ids)
-                        if self.meter.first_token_at is None:
-                            self.meter.first_token_at = time.perf_counter()
+                if any(o.delta_token_ids for o in out.outputs) and self.meter.first_token_at is None:
+                    self.meter.first_token_at = time.perf_counter()
+                self._count_generated(p, out)
                 self._count_cached(p, out)
                 if out.finished:
                     self.finished.add(rid)
                     self.meter.phases.extend(_phases(out))
                 yield p, out
+
+    def _count_generated(self, p: int, out: RequestOutput) -> None:
+        """Put prompt ``p``'s generated tokens (``out`` holds them all so far) on the meter, once."""
+        if self.count_output:
+            self.meter.completion_tokens += out.num_generated_tokens - self._generated[p]
+            self._generated[p] = out.num_generated_tokens
 
     def _count_cached(self, p: int, out: RequestOutput) -> None:
         """Put prompt ``p``'s cached tokens on the meter once the engine has scheduled it (its
@@ -150,8 +155,10 @@ class EngineRun:
         self.finished.update(self.ids)
 
     async def aclose(self) -> None:
-        """Abort what has not finished and, once the aborts have applied, take the prompts the
-        engine never started on off the meter: it did no work for them."""
+        """Abort what has not finished and, once the aborts have applied, charge what the engine
+        generated that nobody read (a later prompt's tokens, those of the step running when the
+        client left), and take the prompts the engine never started on off the meter: it did no
+        work for them."""
         self.abort()
         if self._closed:
             return
@@ -160,6 +167,7 @@ class EngineRun:
             final = await stream.cancel()
             if final is None:
                 continue
+            self._count_generated(p, final)
             self._count_cached(p, final)
             if final.first_scheduled_time is None:
                 self.meter.prompt_tokens -= length

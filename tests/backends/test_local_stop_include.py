@@ -71,3 +71,14 @@ def test_stop_string_is_kept_or_cut_as_asked(env: Env, chat: bool, stream: bool)
         assert {i: e.finish_reason for i, e in ends.items()} == {0: "stop", 1: "stop"}
         assert {i: e.model_extra["stop_reason"] for i, e in ends.items()} == {0: stop, 1: stop}
     assert runs[True][2] == runs[False][2] > 0  # the same tokens either way
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_long_stop_string_whose_characters_come_one_at_a_time_is_kept(env: Env, stream: bool) -> None:
+    """A stop string of more than three characters arriving a character at a time (an emoji is
+    several byte tokens) is found and kept, not missed until the length limit."""
+    sun = "\U0001f31e"
+    texts, ends, _ = create(env, False, stream, guided_regex=sun * 6, stop=[sun * 4], include_stop_str_in_output=True)
+    assert texts == {0: sun * 4, 1: sun * 4}
+    assert {i: (e.finish_reason, e.model_extra["stop_reason"]) for i, e in ends.items()} == {
+        0: ("stop", sun * 4), 1: ("stop", sun * 4)}

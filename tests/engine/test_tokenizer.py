@@ -181,6 +181,16 @@ def test_stop_matcher_including_the_stop_string_holds_nothing_back() -> None:
     assert m.feed("partial </e") == ("partial </e", False) and m.flush() == ""
 
 
+def test_stop_matcher_including_the_stop_string_finds_it_fed_one_character_at_a_time() -> None:
+    """A stop string longer than the text seen so far, fed a character per token (emoji, CJK):
+    the kept tail grows to the stop string's length instead of shrinking to the newest character."""
+    for stop in ("\U0001f31e\U0001f31e\U0001f31e\U0001f31e", "abcd"):
+        m = StopMatcher([stop], include=True)
+        out = [m.feed(ch) for ch in "x" + stop + "y"]
+        assert "".join(text for text, _ in out) == "x" + stop and out[len(stop)] == (stop[-1], True)
+        assert m.matched == stop
+
+
 def test_stop_matcher_looks_only_where_a_stop_string_ends_in_new_text() -> None:
     """As vLLM (its search starts where a match would end in the new text): a stop string lying
     wholly in text fed before ``min_tokens`` ends nothing later."""
