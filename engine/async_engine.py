@@ -10,7 +10,6 @@ it and returns its final output, which tells whether the engine ever started on 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator
 from concurrent.futures import ThreadPoolExecutor
 
 from engine.block_manager import PrefixCacheSummary
@@ -39,6 +38,7 @@ class AsyncEngine:
         self._in_flight = False
         self._closed = False
         self._task: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None  # the loop serving the streams
 
     @property
     def tokenizer(self):  # -> engine.tokenizer.Tokenizer | None
@@ -105,6 +105,17 @@ class AsyncEngine:
             self._add_pending()
             self._abort_now(request_id)
 
+    def abort_stream(self, request_id: str, queue: asyncio.Queue[RequestOutput | BaseException]) -> None:
+        """Abort ``request_id`` if ``queue`` is still its stream's (the id may be free, or taken by a
+        new request, once the stream has ended)."""
+        if self._streams.get(request_id) is queue:
+            self.abort(request_id)
+
+    def abort_stream_threadsafe(self, request_id: str, queue: asyncio.Queue[RequestOutput | BaseException]) -> None:
+        """``abort_stream`` from any thread (a stream dropped unfinished): it runs on the loop."""
+        if self._loop is not None and not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(self.abort_stream, request_id, queue)
+
     def _abort_now(self, request_id: str) -> None:
         final = self.engine.abort_request(request_id)
         queue = self._streams.pop(request_id, None)
@@ -131,7 +142,8 @@ class AsyncEngine:
 
     def _ensure_running(self) -> None:
         if self._task is None or self._task.done():
-            self._task = asyncio.get_running_loop().create_task(self._run(), name="engine-loop")
+            self._loop = asyncio.get_running_loop()
+            self._task = self._loop.create_task(self._run(), name="engine-loop")
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
@@ -179,7 +191,12 @@ class AsyncEngine:
 
 class RequestStream:
     """One request's outputs, an async iterator (the last output has ``finished=True``; leaving
-    early aborts the request), and ``cancel``."""
+    early aborts the request), and ``cancel``.
+
+    The stream is its own iterator and holds no reference to itself (no generator whose frame
+    holds it), so a consumer that stops iterating and drops the stream aborts the request at once,
+    not when the cycle collector finds the pair; ``aclose`` and a cancelled ``__anext__`` abort it
+    at once too."""
 
     def __init__(self, engine: AsyncEngine, request_id: str,
                  queue: asyncio.Queue[RequestOutput | BaseException]) -> None:
@@ -187,42 +204,52 @@ class RequestStream:
         self._engine = engine
         self._queue = queue
         self._ended = False  # the final output (or the error) has been taken from the queue
+        self._aborted = False  # an abort was sent (never twice: the id may be reused afterwards)
         self._final: RequestOutput | None = None
-        self._outputs = self._iterate()
 
     def __aiter__(self) -> RequestStream:
         return self
 
     async def __anext__(self) -> RequestOutput:
-        return await self._outputs.__anext__()
+        if self._ended or self._aborted:
+            raise StopAsyncIteration
+        try:
+            item = await self._queue.get()
+        except BaseException:  # the consumer was cancelled while waiting: nobody reads on
+            self._abort()
+            raise
+        return self._take(item)
+
+    def _take(self, item: RequestOutput | BaseException) -> RequestOutput:
+        if isinstance(item, BaseException):
+            self._ended = True
+            raise item
+        if item.finished:
+            self._ended, self._final = True, item
+        return item
+
+    def _abort(self) -> None:
+        if not self._ended and not self._aborted:
+            self._aborted = True
+            self._engine.abort_stream(self.request_id, self._queue)
 
     async def aclose(self) -> None:
-        await self._outputs.aclose()
+        """Stop reading: abort the request unless it has ended."""
+        self._abort()
+
+    def __del__(self) -> None:
+        if not self._ended and not self._aborted:  # dropped unfinished: from any thread, so via the loop
+            self._engine.abort_stream_threadsafe(self.request_id, self._queue)
 
     async def cancel(self) -> RequestOutput | None:
         """Abort the request if it has not ended and return its final output once the abort has
         applied (after the running step at most); its ``first_scheduled_time`` is None when the
         engine never started on it. None: the request failed. Not while another task iterates."""
-        if not self._ended:
-            self._engine.abort(self.request_id)
-            while not self._ended:
-                item = await self._queue.get()
-                if isinstance(item, BaseException):
-                    self._ended = True
-                elif item.finished:
-                    self._ended, self._final = True, item
+        self._abort()
+        while not self._ended:
+            item = await self._queue.get()
+            if isinstance(item, BaseException):
+                self._ended = True
+            elif item.finished:
+                self._ended, self._final = True, item
         return self._final
-
-    async def _iterate(self) -> AsyncGenerator[RequestOutput, None]:
-        try:
-            while not self._ended:
-                item = await self._queue.get()
-                if isinstance(item, BaseException):
-                    self._ended = True
-                    raise item
-                if item.finished:
-                    self._ended, self._final = True, item
-                yield item
-        finally:
-            if not self._ended:
-                self._engine.abort(self.request_id)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import random
 import time
 
@@ -294,4 +295,45 @@ async def test_aborts_mid_prefill_and_mid_decode_free_everything_and_spare_the_o
     assert_all_free(eng)
     assert all(b.ref_cnt == 0 for b in bm.pool.blocks) and not bm._chains
     assert eng.engine.scheduler.num_preemptions > 0
+    await eng.shutdown()
+
+
+async def test_a_stream_dropped_unfinished_aborts_its_request_without_waiting_for_the_gc(engine: LLMEngine) -> None:
+    """A consumer that breaks out of ``async for`` (or never iterates) and lets the stream go
+    aborts the request at once: the stream must not sit in a reference cycle that only the cycle
+    collector (disabled here) would free, generating its 200 tokens for nobody."""
+    eng = AsyncEngine(engine=engine)
+    params = SamplingParams(temperature=0, max_tokens=200, ignore_eos=True)
+    before = engine.get_metrics().generation_tokens
+
+    async def read_two() -> None:
+        seen = 0
+        async for _ in eng.add_request("dropped", ids(20, 11), params):
+            seen += 1
+            if seen == 2:
+                break
+
+    gc.disable()
+    try:
+        await read_two()
+        eng.add_request("never-read", ids(20, 12), params)
+        await wait_idle(eng)
+    finally:
+        gc.enable()
+    assert engine.get_metrics().generation_tokens - before < 100
+    assert_all_free(eng)
+    assert not eng._streams
+    await eng.shutdown()
+
+
+async def test_closing_an_ended_stream_spares_a_new_request_with_its_id(engine: LLMEngine) -> None:
+    eng = AsyncEngine(engine=engine)
+    old = eng.add_request("same", ids(10, 13), SamplingParams(temperature=0, max_tokens=1))
+    while "same" in eng._streams:  # finished; its final output still unread in the stream
+        await asyncio.sleep(0.01)
+    new = eng.add_request("same", ids(10, 14), SamplingParams(temperature=0, max_tokens=5, ignore_eos=True))
+    await old.aclose()
+    del old
+    outs = await collect(new)
+    assert outs[-1].outputs[0].finish_reason == "length" and len(outs[-1].outputs[0].token_ids) == 5
     await eng.shutdown()
