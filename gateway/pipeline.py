@@ -50,7 +50,7 @@ from gateway.routing.health import DeploymentHealth
 from gateway.routing.plan import MAX_HOLD_OFF, RoutePlan, holds_off, tokens_left
 from gateway.routing.router import ModelGroup
 from gateway.services import Services
-from gateway.settings import Settings
+from gateway.settings import PriceConfig, Settings
 from gateway.streaming import Outcome, SSERelay
 from gateway.telemetry import Telemetry, hooks
 from gateway.telemetry.context import request_id
@@ -59,6 +59,14 @@ from gateway.usage.pricing import PriceTable, request_cost
 log = logging.getLogger("switchyard.pipeline")
 
 DEFAULT_OUTPUT_RESERVE = 1024  # output tokens reserved per sequence when nothing sets a limit
+
+
+@dataclass(frozen=True)
+class _Pricing:
+    """The config's prices, and the table of each model's (for a model priced only per deployment)."""
+
+    prices: Mapping[str, PriceConfig]
+    table: PriceTable
 
 
 @dataclass
@@ -71,6 +79,7 @@ class _Flight:
     ticket: Ticket
     started_at: float
     t0: float
+    pricing: _Pricing  # the prices when it was admitted: a reload meanwhile does not reprice it
     deployment: Deployment | None = None
     served_by: ModelGroup | None = None  # the group of ``deployment``: the one asked for, or a fallback
     attempt_span: Any = None  # the trace span of the attempt that answered (tracing on)
@@ -78,6 +87,13 @@ class _Flight:
     prompt_sent: bool = False
     meter: Meter | None = None  # the attempt's own meter, where its backend handed it over
     attempts: int = 0  # attempts the route plan made (retries and fallbacks included)
+    reserved: int = 0  # prompt tokens counted against ``deployment``'s tokens_per_minute until settled
+
+    def release(self) -> None:
+        """Uncount the attempt's tokens from its deployment's tokens_per_minute (``reserve_tokens``)."""
+        if self.reserved and self.deployment is not None:
+            self.deployment.health.release_tokens(self.reserved)
+        self.reserved = 0
 
     def metered(self, meter: Meter) -> None:
         self.meter = meter
@@ -105,7 +121,7 @@ class Pipeline:
     @settings.setter
     def settings(self, settings: Settings) -> None:  # a reload sets new ones: their prices with them
         self._settings = settings
-        self._prices = PriceTable.from_settings(settings)  # for a model priced only per deployment
+        self._pricing = _Pricing(settings.prices, PriceTable.from_settings(settings))
 
     # ------------------------------------------------------------ entry points
 
@@ -163,7 +179,7 @@ class Pipeline:
             ))
             raise
         flight = _Flight(call=call, request_id=rid, group=group, ticket=ticket, started_at=time.time(),
-                         t0=time.perf_counter())
+                         t0=time.perf_counter(), pricing=self._pricing)
         self.services.usage.begin(_reservation_record(flight, reserve - per_sequence * call.sequences,
                                                       per_sequence * call.sequences))
         # The engine schedules fairly by the tenant; backends hold a request without a limit to the cap.
@@ -215,7 +231,8 @@ class Pipeline:
                     attempt = following
                     continue
             flight.deployment, flight.served_by, flight.attempts = attempt.deployment, attempt.group, attempt.number
-            health.on_attempt()
+            trial = health.on_attempt()
+            flight.reserved = health.reserve_tokens(call.prompt_tokens)
             t0 = time.perf_counter()
             span = hooks.start_attempt(self.telemetry, attempt.deployment)
             flight.prompt_sent, flight.meter = True, None
@@ -223,14 +240,15 @@ class Pipeline:
                 with hooks.current(span):
                     result = await call.invoke(attempt.deployment.backend, ctx)
             except asyncio.CancelledError:
-                health.on_abandoned()
+                health.on_abandoned(trial)
                 hooks.end_attempt(span, "client_disconnected")
                 raise
             except BackendError as exc:
                 flight.prompt_sent, flight.meter = False, None  # refused, or a timeout: not charged (see ``serve``)
+                flight.release()
                 hooks.end_attempt(span, exc.kind, exc.upstream_request_id)
                 self.telemetry.upstream_error(attempt.deployment.id, exc.kind)
-                _record_failure(health, exc, tenant)
+                _record_failure(health, exc, tenant, trial)
                 if isinstance(exc, Timeout):  # as slow as that at least: lowest_latency must not keep it first
                     health.note_latency(time.perf_counter() - t0)
                 following = plan.after(exc)
@@ -313,6 +331,7 @@ class Pipeline:
     ) -> None:
         cost = self._cost(flight, meter)
         deployment, principal = flight.deployment, flight.call.principal
+        flight.release()
         if deployment is not None:
             deployment.health.record_tokens(meter.total_tokens)  # for the deployment's tokens_per_minute
         try:  # sent now, acknowledged after the reply: the reply does not wait for Redis
@@ -343,13 +362,16 @@ class Pipeline:
     def _cost(self, flight: _Flight, meter: Meter) -> float:
         """At the price of the deployment that answered, else of its model (a fallback's own; one
         priced only per deployment at the highest of theirs, as it reserves); nothing where neither
-        has a price. The quota's spend and the usage row get this same figure."""
+        has a price; at the prices when the request was admitted, so that a stream a reload catches
+        (its deployment removed or repriced) costs what it would have. The quota's spend and the
+        usage row get this same figure."""
         names = [flight.deployment.id] if flight.deployment else []
         group = flight.served_by or flight.group
-        prices = self.settings.prices
+        prices = flight.pricing.prices
         price = next((prices[n] for n in (*names, group.name) if n in prices), None)
         if price is None:
-            return self._prices.cost(group.name, meter.prompt_tokens, meter.completion_tokens, meter.cached_tokens)
+            return flight.pricing.table.cost(group.name, meter.prompt_tokens, meter.completion_tokens,
+                                             meter.cached_tokens)
         return request_cost(price, meter)
 
     def _headers(self, flight: _Flight) -> dict[str, str]:
@@ -414,7 +436,7 @@ async def _wait_out(delay: float, health: DeploymentHealth, tenant: str) -> None
         await asyncio.sleep(left + 0.001)
 
 
-def _record_failure(health: DeploymentHealth, exc: BackendError, tenant: str) -> None:
+def _record_failure(health: DeploymentHealth, exc: BackendError, tenant: str, trial: int) -> None:
     """Tell the deployment's health of a failed attempt: counted against it only when the
     deployment is at fault (not the request's own 4xx, nor the provider failing this one request);
     a 429 with a limit used up holds it off for its ``Retry-After`` (for ``tenant`` alone when it did
@@ -422,7 +444,7 @@ def _record_failure(health: DeploymentHealth, exc: BackendError, tenant: str) ->
     if (left := tokens_left(exc)) is not None:
         health.note_tokens_left(*left)
     if not exc.blames_deployment:
-        health.on_refused()
+        health.on_refused(trial)
         return
     health.on_failure(tenant)
     if (seconds := holds_off(exc)) is not None:

@@ -39,11 +39,15 @@ class HealthController(Controller):
     @get("/readyz", summary="Readiness: every model has a ready deployment and every dependency answers")
     async def readyz(self, services: Services) -> Response[Readiness]:
         names = list(services.readiness)
-        deployments, results = await asyncio.gather(
-            services.router.ready(), asyncio.gather(*(_check(services.readiness[n]) for n in names))
+        groups = services.router.groups  # the table checked: a reload meanwhile installs another
+        ready, results = await asyncio.gather(
+            services.router.ready(groups), asyncio.gather(*(_check(services.readiness[n]) for n in names))
         )
         dependencies = dict(zip(names, results, strict=True))
-        models = {g.name: any(deployments[d.id] for d in g.deployments) for g in services.router.groups}
+        models = {g.name: any(ready[d] for d in g.deployments) for g in groups}
+        deployments: dict[str, bool] = {}
+        for deployment, ok in ready.items():  # an id several deployments share: ready where each is
+            deployments[deployment.id] = deployments.get(deployment.id, True) and ok
         ok = all(models.values()) and all(dependencies.values())
         body = Readiness(status="ready" if ok else "not_ready", models=models, deployments=deployments,
                          dependencies=dependencies)

@@ -61,11 +61,13 @@ class DeploymentHealth:
         self._clock = clock
         self.tokens_per_minute = tokens_per_minute
         self._tokens: deque[tuple[float, int]] = deque()  # (time, tokens) of the last minute
+        self._pending = 0  # tokens of the attempts in flight, not metered yet (``reserve_tokens``)
         self._failures: deque[tuple[float, str | None]] = deque()  # (time, tenant) within the window
         self._tenants = _TenantCircuits(config, clock)
         self._served: dict[str | None, float] = {}  # tenant -> its last success here
         self._opened_at: float | None = None
-        self._trial_running = False
+        self._trial = 0  # the number of the half-open trial in flight (0: none)
+        self._trials = 0  # trials sent so far, to number them
         self._held_until = 0.0  # no request before this time (``hold_off``)
         self._tenant_holds: dict[str, tuple[float, float]] = {}  # tenant -> (since, until) of its own hold
         self._tokens_left = math.inf  # what the upstream said is left of its tokens per minute ...
@@ -96,7 +98,7 @@ class DeploymentHealth:
         if not after_hold and (self._held_until or self._tenant_holds) and self.held_for(tenant) > 0:
             return False
         state = self.state
-        return state == "closed" or (state == "half_open" and not self._trial_running)
+        return state == "closed" or (state == "half_open" and not self._trial)
 
     def hold_off(self, seconds: float, tenant: str | None = None) -> None:
         """The upstream asked for no request for ``seconds`` (its ``Retry-After``); with ``tenant``
@@ -145,17 +147,39 @@ class DeploymentHealth:
             self._tokens.popleft()
         return sum(n for _, n in self._tokens)
 
+    def reserve_tokens(self, tokens: int) -> int:
+        """Count ``tokens`` of an attempt sent now against ``tokens_per_minute`` until its
+        ``release_tokens`` (its meter recorded, or its failure): concurrent requests do not all
+        pass before the first is metered. What was counted (0: the deployment has no limit)."""
+        if self.tokens_per_minute is None or tokens <= 0:
+            return 0
+        self._pending += tokens
+        return tokens
+
+    def release_tokens(self, tokens: int) -> None:
+        self._pending = max(0, self._pending - tokens)
+
     def within_tpm(self) -> bool:
-        return self.tokens_per_minute is None or self.tokens_last_minute() < self.tokens_per_minute
+        return self.tokens_per_minute is None or self.tokens_last_minute() + self._pending < self.tokens_per_minute
 
-    def on_attempt(self) -> None:
+    def on_attempt(self) -> int:
+        """An attempt is sent; its trial number if it is the half-open trial, else 0 (for
+        ``on_abandoned`` and ``on_refused``: only the trial's own end without a verdict frees its slot,
+        not that of a request sent before the circuit opened)."""
         self.requests += 1
-        if self.state == "half_open":
-            self._trial_running = True
+        if self.state != "half_open":
+            return 0
+        self._trials += 1
+        self._trial = self._trials
+        return self._trial
 
-    def on_abandoned(self) -> None:
-        """The attempt ended without a verdict (the client went away): free the trial slot."""
-        self._trial_running = False
+    def on_abandoned(self, trial: int) -> None:
+        """The attempt ended without a verdict (the client went away): free its trial slot."""
+        self._end_trial(trial)
+
+    def _end_trial(self, trial: int) -> None:
+        if trial and trial == self._trial:
+            self._trial = 0
 
     def admits(self, tenant: str | None) -> bool:
         """Whether this tenant's own circuit on the deployment is closed."""
@@ -164,10 +188,10 @@ class DeploymentHealth:
     def tenant_retry_after(self, tenant: str | None) -> float:
         return self._tenants.retry_after(tenant)
 
-    def on_refused(self) -> None:
+    def on_refused(self, trial: int) -> None:
         """The request failed for a reason of its own (its 4xx, or the provider failing this one
-        request while serving others): no verdict on the deployment."""
-        self._trial_running = False
+        request while serving others): no verdict on the deployment (``trial``: from ``on_attempt``)."""
+        self._end_trial(trial)
 
     def on_success(self, latency: float | None, tenant: str | None = None) -> None:
         self._tenants.on_success(tenant)
@@ -176,7 +200,7 @@ class DeploymentHealth:
             self._served = {t: at for t, at in self._served.items() if now - at <= self.config.window}
         self._served[tenant] = now
         self._opened_at = None
-        self._trial_running = False
+        self._trial = 0
         self._failures.clear()
         self.consecutive_failures = 0
         if latency is not None:
@@ -193,7 +217,7 @@ class DeploymentHealth:
         self.errors += 1
         self.consecutive_failures += 1
         if self._opened_at is not None:  # the half-open trial failed (or a straggler): reopen
-            self._opened_at, self._trial_running = now, False
+            self._opened_at, self._trial = now, 0
             return
         self._failures.append((now, tenant))
         while self._failures and now - self._failures[0][0] > self.config.window:

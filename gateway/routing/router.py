@@ -140,16 +140,20 @@ class Router:
         self._retiring.add(task)
         task.add_done_callback(self._retiring.discard)
 
-    async def ready(self) -> dict[str, bool]:
-        """Readiness of every deployment, checked concurrently."""
-        deployments = list(self.deployments())
+    async def ready(self, groups: list[ModelGroup] | None = None) -> dict[Deployment, bool]:
+        """Readiness of every deployment of ``groups`` (default: the table now), checked concurrently;
+        by the deployment, not its id: unnamed ones of the same provider and model in two groups
+        share an id, not an upstream."""
+        deployments = [d for g in (self.groups if groups is None else groups) for d in g.deployments]
         results = await asyncio.gather(*(_ready(d.backend) for d in deployments))
-        return {d.id: ok for d, ok in zip(deployments, results, strict=True)}
+        return dict(zip(deployments, results, strict=True))
 
     async def aclose(self) -> None:
-        for task in list(self._retiring):
+        """Close every backend, those of removed deployments still waiting for their requests too."""
+        retiring = list(self._retiring)
+        for task in retiring:
             task.cancel()
-        await asyncio.gather(*(d.backend.aclose() for d in self.deployments()), return_exceptions=True)
+        await asyncio.gather(*retiring, *(d.backend.aclose() for d in self.deployments()), return_exceptions=True)
 
 
 def is_wildcard(name: str) -> bool:
@@ -221,9 +225,11 @@ async def _retire(deployment: Deployment) -> None:
     """Close a removed deployment's backend once its in-flight requests are done."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + RETIRE_GRACE_SECONDS
-    while deployment.backend.stats().in_flight > 0 and loop.time() < deadline:
-        await asyncio.sleep(0.5)
-    await deployment.backend.aclose()
+    try:
+        while deployment.backend.stats().in_flight > 0 and loop.time() < deadline:
+            await asyncio.sleep(0.5)
+    finally:  # the router closing (shutdown) cancels the wait, not the close
+        await deployment.backend.aclose()
 
 
 async def _ready(backend: Backend, timeout: float = 5.0) -> bool:

@@ -87,6 +87,36 @@ async def test_a_reload_that_fails_part_way_keeps_the_table_and_closes_what_it_b
     await router.aclose()
 
 
+async def test_closing_the_router_closes_a_removed_deployment_still_serving() -> None:
+    """A reload removed a deployment with a request in flight; the gateway shuts down before it
+    ends: its backend is closed with the others, not left open."""
+    closed: list[str] = []
+
+    def build(config: DeploymentConfig) -> Backend:
+        backend = build_backend(config)
+        close = backend.aclose
+
+        async def aclose() -> None:
+            closed.append(config.id)
+            await close()
+
+        backend.aclose = aclose  # type: ignore[method-assign]
+        return backend
+
+    dep = {"provider": "openai", "model": "x", "api_base": "http://127.0.0.1:1/v1"}
+    router = Router.from_settings(parse_settings({"models": [{"name": "a", "deployments": [
+        dep | {"name": "old"}]}]}, env={}), build)
+    old = next(router.deployments())
+    assert isinstance(old.backend, OpenAIHTTPBackend)
+    old.backend.http.in_flight = 1  # a stream there is still open
+    await router.reload(parse_settings({"models": [{"name": "a", "deployments": [dep | {"name": "new"}]}]},
+                                       env={}), build)
+    await asyncio.sleep(0.05)
+    assert closed == []  # it waits for its stream
+    await router.aclose()
+    assert sorted(closed) == ["new", "old"]
+
+
 async def test_a_plan_made_before_a_reload_never_tries_a_deployment_it_removed() -> None:
     """A request waiting out a retry's backoff holds the old table: once a reload removes a
     deployment (its backend closes when idle), the plan passes it over for the others or fallbacks."""
@@ -99,7 +129,7 @@ async def test_a_plan_made_before_a_reload_never_tries_a_deployment_it_removed()
                         build_backend)
     old = next(d for d in before.deployments if d.id == "old")
     assert old.retired and not any(d.retired for d in router.deployments())
-    plan, tried = RoutePlan(before, router.resolve), []
+    plan, tried = RoutePlan(before, router.resolve), list[str]()
     attempt = plan.first()
     while attempt is not None and len(tried) < 6:  # the first attempt, then each retry after a failure
         tried.append(attempt.deployment.id)
@@ -125,14 +155,15 @@ def test_circuit_breaker_state_machine() -> None:
     clock.now = 20.0  # the first two fell out of the window
     health.on_failure()
     assert health.state == "closed" and health.available()
-    clock.now, _ = 21.0, health.on_failure()
-    clock.now, _ = 22.0, health.on_failure()
+    for t in (21.0, 22.0):
+        clock.now = t
+        health.on_failure()
     assert health.state == "open" and not health.available()
     clock.now = 27.5
     assert health.state == "half_open" and health.available()
-    health.on_attempt()
+    trial = health.on_attempt()
     assert not health.available()  # one trial at a time
-    health.on_abandoned()  # the client went away: the trial slot is free again
+    health.on_abandoned(trial)  # the client went away: the trial slot is free again
     assert health.available()
     health.on_attempt()
     health.on_failure()  # the trial failed: open for another cooldown
@@ -151,12 +182,29 @@ def test_a_requests_own_4xx_neither_fails_nor_heals_the_deployment() -> None:
     for t in (0.0, 1.0, 2.0):
         clock.now = t
         health.on_failure("t")
-        health.on_refused()
+        health.on_refused(0)
     assert health.state == "open"
     clock.now = 7.5
-    health.on_attempt()
-    health.on_refused()  # a half-open trial refused as the request's fault: the next request tries again
+    health.on_refused(health.on_attempt())  # a half-open trial refused as the request's fault: the next one tries
     assert health.state == "half_open" and health.available()
+
+
+def test_only_the_trial_itself_frees_the_half_open_trial_slot() -> None:
+    """A request sent before the circuit opened, ending without a verdict (its own 4xx, its client
+    gone) while the half-open trial is in flight, does not let a second trial through."""
+    clock = _Clock()
+    health = DeploymentHealth(CircuitConfig(failures=1, window=10, cooldown=5), clock=clock)
+    straggler, other = health.on_attempt(), health.on_attempt()
+    assert straggler == other == 0  # the circuit is closed: no trial
+    health.on_failure()
+    clock.now = 6.0
+    trial = health.on_attempt()
+    assert trial and not health.available()
+    health.on_refused(straggler)
+    health.on_abandoned(other)
+    assert not health.available()  # still the one trial in flight
+    health.on_abandoned(trial)
+    assert health.available()
 
 
 def test_one_tenants_failures_open_its_own_circuit_while_others_are_served() -> None:
@@ -222,6 +270,17 @@ def test_tokens_per_minute_window() -> None:
     assert not health.within_tpm()
     clock.now = 61  # the first 60 expired
     assert health.within_tpm() and health.tokens_last_minute() == 50
+
+
+def test_tokens_in_flight_count_against_tokens_per_minute_until_released() -> None:
+    clock = _Clock()
+    health = DeploymentHealth(CircuitConfig(), clock=clock, tokens_per_minute=100)
+    reserved = health.reserve_tokens(100)
+    assert reserved == 100 and not health.within_tpm()
+    health.release_tokens(reserved)
+    health.release_tokens(reserved)  # released twice: never below nothing
+    assert health.within_tpm() and health.reserve_tokens(99) == 99 and health.within_tpm()
+    assert DeploymentHealth(CircuitConfig()).reserve_tokens(10) == 0  # no limit: nothing counted
 
 
 def test_wildcard_aliases() -> None:

@@ -34,6 +34,7 @@ def _models(a: str, b: str) -> list[dict[str, Any]]:
                circuit={"failures": 1, "window": 60, "cooldown": 0.3}),
         group("busy", dep("bu-a", a), dep("bu-b", b), strategy="least_busy", max_retries=0),
         group("claude", dep("cl-a", a, provider="anthropic", api_key="sk-ant"), dep("cl-b", b)),
+        group("tpm-burst", dep("tb-a", a, tokens_per_minute=5), dep("tb-b", b), max_retries=0),
         group("slow-head", dep("sh-a", a, timeouts={"connect": 1, "first_byte": 0.3, "total": 5}), dep("sh-b", b)),
     ]
 
@@ -142,6 +143,44 @@ def test_a_half_open_circuit_sends_one_trial_not_a_burst(env: Env, client: opena
     time.sleep(0.35)
     assert client.chat.completions.create(model="trial", messages=MESSAGES).choices  # the trial succeeds
     assert env.state("tr-a") == "healthy"
+
+
+def test_a_request_sent_before_the_circuit_opened_does_not_free_the_trial_slot(env: Env,
+                                                                              client: openai.OpenAI) -> None:
+    """A slow request on tr-a ends with its own 400 while the half-open trial is still in flight:
+    the next request goes to tr-b, not to tr-a as a second trial."""
+    env.a.fail_next(Fault(status=400, delay=1.0), Fault(status=500), Fault(status=500, delay=1.5))
+
+    def ask(_: int) -> str:
+        try:
+            return client.chat.completions.create(model="trial", messages=MESSAGES).model
+        except openai.APIStatusError as exc:
+            return str(exc.status_code)
+
+    with ThreadPoolExecutor(2) as pool:
+        straggler = pool.submit(ask, 0)  # sent while the circuit is closed
+        time.sleep(0.1)
+        assert ask(1) == "trial"  # tr-a's 500 opens its circuit; tr-b answers
+        time.sleep(0.4)
+        trial = pool.submit(ask, 2)  # the half-open trial, slow
+        assert straggler.result() == "400"
+        assert ask(3) == "trial"
+        assert trial.result() == "trial"  # it failed on tr-a, tr-b answered it
+    assert len(env.a.received) == 3 and len(env.b.received) == 3
+
+
+def test_concurrent_requests_count_against_tokens_per_minute_before_they_are_metered(
+        env: Env, client: openai.OpenAI) -> None:
+    """tb-a may take 5 tokens a minute; two requests sent together (each prompt over 5 tokens): the
+    one in flight there counts, so the other goes to tb-b, not both to tb-a."""
+    env.a.options.latency = 0.5
+    words: Any = [{"role": "user", "content": "one two three four five six seven eight"}]
+    with ThreadPoolExecutor(2) as pool:
+        first = pool.submit(client.chat.completions.create, model="tpm-burst", messages=words)
+        time.sleep(0.2)
+        assert client.chat.completions.create(model="tpm-burst", messages=words).choices
+        assert first.result().choices
+    assert env.counts() == (1, 1)
 
 
 # ---------------------------------------------------------------- streams
