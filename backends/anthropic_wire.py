@@ -101,7 +101,10 @@ def _tool_use_blocks(message: ChatMessage, index: int) -> list[dict[str, Any]]:
         try:
             arguments = json.loads(function.arguments or "{}")
         except (ValueError, RecursionError):
-            raise BadRequest("tool call arguments must be JSON", param="messages") from None
+            arguments = None
+        if not isinstance(arguments, dict):  # a tool_use block's input is an object: Anthropic refuses any other
+            raise BadRequest("the anthropic provider takes a tool call's arguments as a JSON object",
+                             param=f"messages[{index}].tool_calls[{j}].function.arguments")
         if not (isinstance(call.id, str) and call.id):  # a tool_use block has one, which its tool_result names
             raise BadRequest("the anthropic provider needs each tool call's id",
                              param=f"messages[{index}].tool_calls[{j}].id")

@@ -180,7 +180,7 @@ class MessagesEvents:
     the gateway does not know), not rebuilt from the chunks."""
 
     def __init__(self, meter: Meter | None = None) -> None:
-        self._meter = meter  # the call's: the prompt's tokens for message_start
+        self._meter = meter  # the call's: the prompt's tokens (those read from a cache apart) for message_start
         self._relaying: bool | None = None  # decided by the first chunk
         self._relayed_open: list[int] = []  # relaying: the content blocks started and not yet stopped
         self._relayed_stop = False  # relaying: message_stop came
@@ -368,8 +368,11 @@ def _in_anthropic_shape(handler: Callable[[Request[Any, Any, Any], Any], Respons
         error = msgspec.json.decode(response.content)["error"]
         body = {"type": "error", "error": {"type": error_type(response.status_code or 500),
                                            "message": error["message"]}}
+        headers = dict(response.headers)
+        if (rid := headers.get("x-request-id")) is not None:  # Anthropic's name for it, which its SDK reads:
+            headers.setdefault("request-id", rid)  # here for an unrouted request (the middleware adds a routed one's)
         return Response(content=msgspec.json.encode(body), status_code=response.status_code,
-                        media_type="application/json", headers=dict(response.headers))
+                        media_type="application/json", headers=headers)
 
     return handle
 

@@ -1,9 +1,10 @@
 """An ASGI middleware that gives each API request its id, its request span and its access log line.
 
 The id is returned as ``x-request-id`` on every answer (errors included) and is the one the
-pipeline writes to the usage row. The span and the log line close when the app returns: after the
-last body byte and the background settlement of a stream, so a streamed answer is measured to its
-end with its token counts.
+pipeline writes to the usage row; under ``/v1/messages`` also as ``request-id``, Anthropic's name,
+where the anthropic SDK reads it (``message._request_id``, an error's ``request_id``). The span and
+the log line close when the app returns: after the last body byte and the background settlement of
+a stream, so a streamed answer is measured to its end with its token counts.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ from gateway.telemetry.tracing import CLIENT_GONE, mark_client_gone, mark_error
 # the API's paths; after "/admin/", vLLM's without /v1 (the tokenizer's are only there)
 TRACED_PREFIXES = ("/v1/", "/admin/", "/chat/completions", "/completions", "/tokenize", "/detokenize")
 _HEADER = b"x-request-id"
+_ANTHROPIC_HEADER = b"request-id"
+_MESSAGES_PATH = "/v1/messages"  # Anthropic's Messages API (``gateway.dialects.anthropic``)
 CLIENT_CLOSED = 499  # nginx's "client closed request"
 
 
@@ -50,9 +53,7 @@ class TelemetryMiddleware:
         async def send_wrapper(message: dict[str, Any]) -> None:
             if message["type"] == "http.response.start":
                 info.status = message["status"]
-                headers = message.setdefault("headers", [])
-                if not any(k.lower() == _HEADER for k, _ in headers):
-                    message["headers"] = [*headers, (_HEADER, info.request_id.encode())]
+                message["headers"] = with_request_id(message.setdefault("headers", []), info.request_id, path)
             await send(message)
 
         try:
@@ -80,3 +81,14 @@ class TelemetryMiddleware:
         if not info.metered and self.metrics is not None and info.status is not None:
             self.metrics.refused(info.method, info.path, info.status)  # 401, 400, an unknown model, ...
         log_access(info, started)
+
+
+def with_request_id(headers: list[tuple[bytes, bytes]], request_id: str, path: str) -> list[tuple[bytes, bytes]]:
+    """``headers`` with the request's id as ``x-request-id`` (unless set), and on a Messages API
+    path as ``request-id`` too (the same value)."""
+    names = {k.lower(): v for k, v in headers}
+    value = names.get(_HEADER, request_id.encode())
+    added = [(_HEADER, value)] if _HEADER not in names else []
+    if (path == _MESSAGES_PATH or path.startswith(_MESSAGES_PATH + "/")) and _ANTHROPIC_HEADER not in names:
+        added.append((_ANTHROPIC_HEADER, value))
+    return [*headers, *added] if added else headers

@@ -78,6 +78,19 @@ def test_a_final_assistant_message_ending_in_whitespace_is_sent_without_it(
     assert sent[-1]["content"][-1]["text"] in ("The answer is", "it:") and answer.choices[0].finish_reason == "stop"
 
 
+@pytest.mark.parametrize("arguments", ["[1, 2]", '"text"', "null", "not json"])
+def test_a_conversations_call_whose_arguments_are_no_object_is_a_400_naming_them(
+        client: openai.OpenAI, upstream: ScriptedAnthropic, arguments: str) -> None:
+    """A tool_use block's input is a JSON object, which Anthropic refuses anything else for: a call in the
+    conversation whose arguments are another JSON value (or no JSON) is a 400 naming them, not sent."""
+    call: Any = {"id": "c1", "type": "function", "function": {"name": "search", "arguments": arguments}}
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.chat.completions.create(model="claude", tools=TOOLS, messages=[
+            {"role": "user", "content": "q"}, {"role": "assistant", "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "c1", "content": "r"}])
+    assert refused.value.param == "messages[1].tool_calls[0].function.arguments" and upstream.received == []
+
+
 # ------------------------------------------------------------ tool calls streamed
 
 

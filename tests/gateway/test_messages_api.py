@@ -113,3 +113,24 @@ def test_fuzzed_messages_bodies_never_5xx(env: GatewayEnv) -> None:
                 doc[rng.choice(keys)] = rng.choice(values)
             response = http.post("/v1/messages", content=json.dumps(doc))
             assert response.status_code < 500, (doc, response.text)
+
+
+def test_the_request_id_is_where_the_anthropic_sdk_reads_it(client: anthropic.Anthropic, env: GatewayEnv) -> None:
+    """Anthropic names it ``request-id``: the SDK's ``_request_id`` of an answer (whole or streamed) and
+    ``request_id`` of an error are the gateway's id (its ``x-request-id``, the usage row's)."""
+    raw = client.messages.with_raw_response.create(model="echo", max_tokens=5,
+                                                   messages=[{"role": "user", "content": "x"}])
+    assert raw.request_id and raw.request_id == raw.headers["x-request-id"]
+    assert raw.parse()._request_id == raw.request_id
+    with client.messages.stream(model="echo", max_tokens=5, messages=[{"role": "user", "content": "x"}]) as stream:
+        assert stream.request_id and stream.request_id == stream.response.headers["x-request-id"]
+    with pytest.raises(anthropic.BadRequestError) as refused:
+        client.messages.create(model="echo", max_tokens=0, messages=[{"role": "user", "content": "x"}])
+    assert refused.value.request_id == refused.value.response.headers["x-request-id"]
+    counted = client.messages.with_raw_response.count_tokens(model="echo", messages=[{"role": "user", "content": "x"}])
+    assert counted.request_id == counted.headers["x-request-id"]
+    unknown = httpx.post(env.server.url + "/v1/messages/nope", headers={"x-api-key": ADMIN_KEY}, json={})
+    assert unknown.status_code == 404 and unknown.headers["request-id"] == unknown.headers["x-request-id"]
+    chat = httpx.post(env.server.url + "/v1/chat/completions", headers={"authorization": f"Bearer {ADMIN_KEY}"},
+                      json={"model": "echo", "messages": [{"role": "user", "content": "x"}]})
+    assert "request-id" not in chat.headers  # OpenAI's surface keeps its own name alone
