@@ -29,9 +29,11 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, dequantize
 from transformers import PretrainedConfig
 
 from engine.gguf_header import GGUFHeader, TensorInfo, read_header
+from engine.layers.rotary import rope_parameters
 
 GGUF_SUFFIX = ".gguf"
 _PERMUTED_ARCHS = {"llama", "mistral"}  # llama.cpp's converter permutes their q/k rows
+_NATIVE_ARCHS = _PERMUTED_ARCHS | {"qwen2", "qwen3"}  # whose attention.key_length is the config's head_dim
 _SLICE_BYTES = 16 << 20  # float32 output per slice of rows while dequantizing
 _LAYER = re.compile(r"blk\.(\d+)\.(.+)")
 _LAYER_NAMES = {
@@ -112,6 +114,20 @@ class GGUFLlamaConfig(PretrainedConfig):
     model_type = "llama"
 
 
+def _rope_scaling(head: GGUFHeader, arch: str) -> dict[str, Any]:
+    """The rope type and scaling the file's ``{arch}.rope.scaling.*`` metadata asks for (transformers'
+    GGUF mapping drops them for the native architectures)."""
+    kind = head.get(f"{arch}.rope.scaling.type", "none")
+    if kind == "none":
+        return {"rope_type": "default"}
+    if kind not in ("linear", "yarn"):
+        raise GGUFError(f"{head.path.name}: rope scaling type {kind!r} is not supported (linear, yarn are)")
+    params: dict[str, Any] = {"rope_type": kind, "factor": float(head.get(f"{arch}.rope.scaling.factor", 1.0))}
+    if kind == "yarn" and (original := head.get(f"{arch}.rope.scaling.original_context_length")) is not None:
+        params["original_max_position_embeddings"] = int(original)
+    return params
+
+
 def _llama_config(head: GGUFHeader) -> Any:
     """The config straight from a llama-architecture file's metadata."""
     value = head.get
@@ -124,7 +140,7 @@ def _llama_config(head: GGUFHeader) -> Any:
         head_dim=int(value("llama.attention.key_length", hidden // heads)), hidden_act="silu",
         rms_norm_eps=float(value("llama.attention.layer_norm_rms_epsilon", 1e-6)), attention_bias=False,
         mlp_bias=False, rope_parameters={"rope_theta": float(value("llama.rope.freq_base", 10000.0)),
-                                         "rope_type": "default"},
+                                         **_rope_scaling(head, "llama")},
         max_position_embeddings=int(value("llama.context_length", 2048)),
         bos_token_id=value("tokenizer.ggml.bos_token_id"), eos_token_id=value("tokenizer.ggml.eos_token_id"),
         architectures=["LlamaForCausalLM"],
@@ -134,23 +150,30 @@ def _llama_config(head: GGUFHeader) -> Any:
 
 @functools.lru_cache(maxsize=8)
 def load_config(path: str | Path) -> Any:
-    """The transformers config the file's metadata describes: read directly for Llama files (plain
-    RoPE), else by transformers' GGUF mapping (which parses the whole vocabulary: seconds). Raises
-    GGUFError first if a tensor has a type that cannot be dequantized."""
+    """The transformers config the file's metadata describes: read directly for Llama files, else by
+    transformers' GGUF mapping (which parses the whole vocabulary: seconds), with the rope scaling and
+    head_dim it drops put back; llama.cpp's ``rope_freqs`` factors are added to the rope parameters.
+    Raises GGUFError first if a tensor has a type that cannot be dequantized."""
     from transformers import AutoConfig
 
     file = Path(path)
     head = header(file)
     check_tensor_types(head)
     arch = str(head.get("general.architecture"))
-    if arch == "llama" and "llama.rope.scaling.type" not in head.metadata:
+    if arch == "llama":
         config = _llama_config(head)
     else:
         try:
             config = AutoConfig.from_pretrained(str(file.parent), gguf_file=file.name, local_files_only=True)
         except (ValueError, KeyError, OSError) as exc:
             raise GGUFError(f"{file}: transformers cannot read its architecture ({exc})") from None
+        if arch in _NATIVE_ARCHS:  # what transformers' mapping drops for them
+            config.rope_parameters = {**rope_parameters(config), **_rope_scaling(head, arch)}
+            if (key_length := head.get(f"{arch}.attention.key_length")) is not None:
+                config.head_dim = int(key_length)  # qwen3's
     names = {t.name for t in head.tensors}
+    if "rope_freqs.weight" in names:
+        config.rope_parameters = {**rope_parameters(config), "freq_factors": _rope_freq_factors(head)}
     config.tie_word_embeddings = "output.weight" not in names  # no separate output matrix: tied to the embeddings
     if not getattr(config, "architectures", None):  # the causal-LM class, as a folder's config.json names it
         from transformers import AutoModelForCausalLM
@@ -158,6 +181,17 @@ def load_config(path: str | Path) -> Any:
         cls: Any = AutoModelForCausalLM._model_mapping.get(type(config), None)
         config.architectures = [cls.__name__] if cls is not None else []
     return config
+
+
+def _rope_freq_factors(head: GGUFHeader) -> list[float]:
+    """The ``rope_freqs`` tensor: llama.cpp's per-dimension rope factors, which its converter writes for
+    Llama 3.1+ (``rope_type: llama3``) instead of any rope-scaling metadata."""
+    tensor = next(t for t in head.tensors if t.name == "rope_freqs.weight")
+    fd = os.open(head.path, os.O_RDONLY)
+    try:
+        return [float(x) for x in _read_dequantized(fd, tensor).flatten()]
+    finally:
+        os.close(fd)
 
 
 def _unpermute(weight: torch.Tensor, heads: int) -> torch.Tensor:
@@ -208,7 +242,7 @@ def iter_weights(
     try:
         for tensor in sorted(head.tensors, key=lambda t: -math.prod(t.shape)):
             if tensor.name == "rope_freqs.weight":
-                continue  # llama 3.1's rope scaling factors; the config carries rope_scaling
+                continue  # llama 3.1's rope factors: load_config put them in rope_parameters
             name = _hf_name(tensor.name)
             weight = _read_dequantized(fd, tensor)
             if permuted and tensor.name.endswith(("attn_q.weight", "attn_k.weight")):

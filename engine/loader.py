@@ -8,7 +8,6 @@ checkpoint (``load_weights`` raises if one is missing).
 from __future__ import annotations
 
 import contextlib
-import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,10 +21,9 @@ from engine import gguf_file
 from engine.config import parse_dtype
 from engine.models import MODEL_REGISTRY, resolve_architecture
 from engine.models.llama import head_dim_of
+from engine.weight_files import ModelLoadError, safetensors_files
 
-
-class ModelLoadError(ValueError):
-    """The folder is missing, incomplete or holds an architecture we cannot run natively."""
+__all__ = ["ModelLoadError", "iter_weights", "load_config", "load_model", "model_kv_shape", "safetensors_files"]
 
 
 def load_config(model_path: str | Path) -> Any:
@@ -37,23 +35,6 @@ def load_config(model_path: str | Path) -> Any:
     if not (path / "config.json").is_file():
         raise ModelLoadError(f"model folder {str(path)!r} has no config.json")
     return AutoConfig.from_pretrained(str(path), local_files_only=True)
-
-
-def safetensors_files(model_path: str | Path) -> list[Path]:
-    """The checkpoint files: those named by model.safetensors.index.json, else every *.safetensors."""
-    path = Path(model_path)
-    index = path / "model.safetensors.index.json"
-    if index.is_file():
-        weight_map = json.loads(index.read_text())["weight_map"]
-        files = [path / name for name in sorted(set(weight_map.values()))]
-        absent = [f.name for f in files if not f.is_file()]
-        if absent:
-            raise ModelLoadError(f"{index.name} names missing shards: {absent}")
-        return files
-    files = sorted(path.glob("*.safetensors"))
-    if not files:
-        raise ModelLoadError(f"model folder {str(path)!r} has no *.safetensors weights")
-    return files
 
 
 def iter_weights(model_path: str | Path, hf_config: Any = None,

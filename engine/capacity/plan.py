@@ -19,6 +19,7 @@ import torch
 
 from engine.capacity.kv import Capacity, KVLayout, blocks_for
 from engine.config import auto_dtype, parse_dtype
+from engine.weight_files import ModelLoadError, safetensors_files
 
 
 @dataclass(frozen=True)
@@ -113,8 +114,9 @@ def count_params_from_config(config: dict[str, Any]) -> int:
 
 def count_params_from_safetensors(folder: Path) -> int | None:
     """Sum of tensor sizes in the folder's safetensors headers (no tensor data is read)."""
-    files = sorted(folder.glob("*.safetensors"))
-    if not files:
+    try:
+        files = safetensors_files(folder)
+    except ModelLoadError:
         return None
     total = 0
     for file in files:

@@ -4,6 +4,9 @@ Inverse frequencies follow transformers' formulas for the rope types we support:
 ``linear``, ``llama3`` (Llama 3.1+) and ``yarn``. ``dynamic`` and ``longrope`` rescale by the
 current sequence length, which a paged batch of many sequences cannot honour per sequence, so
 they are rejected with a clear error instead of silently producing different numbers.
+A ``freq_factors`` list in the parameters (llama.cpp's per-dimension rope factors, which a Llama
+3.1+ GGUF file carries as its ``rope_freqs`` tensor in place of ``rope_scaling``) divides the
+inverse frequencies of any type, as llama.cpp applies them.
 """
 
 from __future__ import annotations
@@ -36,6 +39,16 @@ def rope_parameters(hf_config: Any) -> dict[str, Any]:
 
 def compute_inv_freq(params: dict[str, Any], head_dim: int, max_position: int) -> tuple[torch.Tensor, float]:
     """``(inv_freq [head_dim/2] float32, attention_scaling)`` for the given rope parameters."""
+    inv_freq, scaling = _type_inv_freq(params, head_dim, max_position)
+    factors = params.get("freq_factors")
+    if factors is None:
+        return inv_freq, scaling
+    if len(factors) != len(inv_freq):
+        raise ValueError(f"freq_factors has {len(factors)} entries; the rotary embedding has {len(inv_freq)}")
+    return inv_freq / torch.tensor(factors, dtype=torch.float32, device="cpu"), scaling
+
+
+def _type_inv_freq(params: dict[str, Any], head_dim: int, max_position: int) -> tuple[torch.Tensor, float]:
     rope_type = params["rope_type"]
     base = float(params["rope_theta"])
     dim = head_dim

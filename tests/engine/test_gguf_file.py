@@ -4,19 +4,21 @@ llama.cpp's Q/K permutation undone, and clear errors for what cannot load."""
 
 from __future__ import annotations
 
+import math
 import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 import torch
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFWriter
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFWriter, RopeScalingType
 from gguf.quants import quantize
 from safetensors.torch import load_file
 
-from engine import LLM, gguf_file
+from engine import LLM, SamplingParams, gguf_file
 from engine.loader import load_config
 from engine.tiny_model import build_tiny_model
 from tests.support.gguf_models import add_tokenizer
@@ -66,6 +68,12 @@ def _write(folder: Path, out: Path, kind: GGMLQuantizationType, extra: dict[str,
     writer.add_head_count_kv(config.num_key_value_heads)
     writer.add_layer_norm_rms_eps(config.rms_norm_eps)
     writer.add_rope_freq_base(float(config.rope_parameters["rope_theta"]))
+    rope = config.rope_parameters
+    if rope["rope_type"] in ("linear", "yarn"):  # as llama.cpp's converter writes them (llama3: rope_freqs)
+        writer.add_rope_scaling_type(RopeScalingType(rope["rope_type"]))
+        writer.add_rope_scaling_factor(rope["factor"])
+        if rope["rope_type"] == "yarn":
+            writer.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
     writer.add_vocab_size(config.vocab_size)
     add_tokenizer(writer, folder)
     for name, tensor in weights.items():
@@ -178,3 +186,56 @@ def test_serving_a_native_gguf_imports_no_compiler_or_modeling_code(
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().splitlines()[-1] == "[]"
+
+
+def _llama_cpp_rope_factors(config: Any) -> np.ndarray:
+    """What llama.cpp's converter writes as ``rope_freqs.weight`` for a ``rope_type: llama3`` model
+    (and no rope-scaling metadata at all)."""
+    rope = config.rope_parameters
+    dim = config.hidden_size // config.num_attention_heads
+    freqs = 1.0 / (rope["rope_theta"] ** (np.arange(0, dim, 2, dtype=np.float32) / dim))
+    factor, low, high = rope["factor"], rope["low_freq_factor"], rope["high_freq_factor"]
+    old = rope["original_max_position_embeddings"]
+    factors = []
+    for freq in freqs:
+        wavelen = 2 * math.pi / freq
+        if wavelen < old / high:
+            factors.append(1.0)
+        elif wavelen > old / low:
+            factors.append(factor)
+        else:
+            smooth = (old / wavelen - low) / (high - low)
+            factors.append(1 / ((1 - smooth) / factor + smooth))
+    return np.array(factors, dtype=np.float32)
+
+
+ROPES = {
+    "llama3": None,  # the tiny Llama's own
+    "linear": {"rope_type": "linear", "factor": 4.0},
+    "yarn": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32},
+}
+
+
+@pytest.mark.parametrize("rope", list(ROPES))
+def test_the_rope_scaling_of_the_file_is_applied(
+    folder: Path, rope: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """llama.cpp writes linear and yarn scaling as metadata, and a Llama 3.1+ model's as the
+    ``rope_freqs`` tensor only: generating from the file gives what the folder it was converted
+    from gives (tokens and logprobs)."""
+    if ROPES[rope] is not None:
+        folder = build_tiny_model(tmp_path / rope, seed=3, rope_scaling=ROPES[rope])
+    config = load_config(folder)
+    assert config.rope_parameters["rope_type"] == rope
+    path = tmp_path / f"{rope}.gguf"
+    extra = {"rope_freqs.weight": _llama_cpp_rope_factors(config)} if rope == "llama3" else {}
+    _write(folder, path, GGMLQuantizationType.F32, extra)
+    monkeypatch.setenv("SWITCHYARD_GGUF_CACHE", str(tmp_path))
+    params = SamplingParams(temperature=0, max_tokens=8, logprobs=1, ignore_eos=True)
+    prompts = [[(7 * i + 3) % 1000 + 4 for i in range(n)] for n in (40, 90)]
+    want, got = (LLM(str(p), max_model_len=128, num_kv_blocks=32).generate(prompts, params) for p in (folder, path))
+    for a, b in zip(want, got):
+        assert b.outputs[0].token_ids == a.outputs[0].token_ids
+        assert a.outputs[0].logprobs is not None and b.outputs[0].logprobs is not None
+        diffs = [abs(x.logprob - y.logprob) for x, y in zip(a.outputs[0].logprobs, b.outputs[0].logprobs)]
+        assert max(diffs) < 1e-4

@@ -102,3 +102,26 @@ def test_ensure_tiny_model_builds_once(tmp_path: Path) -> None:
     (broken / "stray.txt").write_text("x")
     with pytest.raises(FileExistsError, match="not a complete model folder"):
         ensure_tiny_model(broken)
+
+
+def test_other_safetensors_beside_the_checkpoint_are_not_loaded(tmp_path: Path) -> None:
+    """As transformers: model.safetensors (or the index's shards) is the checkpoint; Mistral's
+    consolidated.safetensors or a LoRA adapter in the same folder is neither loaded nor counted."""
+    from safetensors.torch import save_file
+
+    from engine.capacity.plan import count_params_from_safetensors
+
+    single = build_tiny_model(tmp_path / "single", arch="mistral", seed=4)
+    sharded = build_tiny_model(tmp_path / "sharded", arch="mistral", seed=4, max_shard_size="40KB")
+    want = count_params_from_safetensors(single)
+    ref, _ = load_model(single, torch.float32, "cpu")
+    for folder in (single, sharded):
+        for name in ("consolidated.safetensors", "adapter_model.safetensors"):
+            save_file({"layers.0.attention.wq.weight": torch.zeros(64, 64)}, str(folder / name))
+        index = folder / "model.safetensors.index.json"
+        shards = sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.is_file() else []
+        assert [f.name for f in safetensors_files(folder)] == (shards or ["model.safetensors"])
+        model, _ = load_model(folder, torch.float32, "cpu")
+        for (name, a), (_, b) in zip(ref.state_dict().items(), model.state_dict().items(), strict=True):
+            assert torch.equal(a, b), name
+        assert count_params_from_safetensors(folder) == want
