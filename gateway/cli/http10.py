@@ -5,7 +5,9 @@ transfer-encoding whatever the request's version; HTTP/1.0 has no chunked encodi
 client reads the chunk-size lines as body. uvicorn already answers a 1.0 request with
 ``connection: close``; here such a response's body goes out as it is, ended by closing the
 connection. A response with a length is uvicorn's as before. The framing is decided once per
-response, at its start; HTTP/1.1 requests never see this class.
+response, at its start; HTTP/1.1 requests never see this class. A 1.0 request's ``Expect:
+100-continue`` gets no ``100 Continue`` (which a 1.0 client would take for its answer), as RFC 9110
+§10.1.1 asks.
 """
 
 from __future__ import annotations
@@ -57,6 +59,7 @@ def as_http10(cycle: RequestResponseCycle) -> WriteNow:
     """Make uvicorn's fresh ``cycle`` (its task not yet run) an ``Http10Cycle``; return its
     synchronous body writer."""
     cycle.__class__ = Http10Cycle  # same state: only ``send`` differs
+    cycle.waiting_for_100_continue = False  # HTTP/1.0 has no 1xx answers: the expectation is ignored (RFC 9110 §10.1.1)
     return partial(_write_unframed_now, weakref.ref(cast(Http10Cycle, cycle)))
 
 

@@ -12,10 +12,12 @@ environment so that worker processes see them too (``server.*`` in the config).
 
 A request head is bounded too: the parser keeps an incomplete header value (and uvicorn the
 request line) whole, copying it again on each read, so a head still incomplete after
-``MAX_HEAD_BYTES`` (64 KiB) is answered 431 and the connection closed. A request the parser cannot
+``MAX_HEAD_BYTES`` (64 KiB) is answered 431 and the connection closed; so is a chunked body whose
+framing and trailer fields (kept as a head's are) pass it. A request the parser cannot
 read at all is answered 400, as uvicorn does, but in OpenAI's error shape. A body in a transfer
 coding other than chunked (``Transfer-Encoding: gzip, chunked``), which the parser would pass on still
-coded, is answered 501 (RFC 9112 §6.1) and the connection closed.
+coded, is answered 501 (RFC 9112 §6.1) and the connection closed. Each of these refusals follows the
+answers to the requests pipelined before the one refused, in order, as every answer does.
 
 Writes are coalesced per event-loop turn (``CoalescedWrites``): uvicorn writes a response's head
 and its body separately, two system calls where one does; a stream's chunks, each written in a
@@ -96,6 +98,15 @@ def _unknown_transfer_coding(headers: list[tuple[bytes, bytes]]) -> bool:
                for coding in value.lower().split(b","))
 
 
+def _pending_head_bytes(url: bytes, headers: list[tuple[bytes, bytes]], data: bytes) -> int:
+    """About how many bytes of ``data``, the read a still incomplete request head began in, are that
+    head's: its target and header lines as parsed so far, and the line it ends in. Until its request
+    line is complete (the target is in that line), the line holds nothing else of the head."""
+    tail = data[data.rfind(b"\n") + 1:]
+    parsed = len(url) + sum(len(name) + len(value) + 4 for name, value in headers)
+    return parsed + len(tail) if headers or url not in tail else parsed
+
+
 class CoalescedWrites:
     """A connection's transport whose writes of one event-loop turn go out as one, at the turn's
     end; closing sends what is pending first. Everything else is the transport's."""
@@ -166,6 +177,8 @@ class HeadDeadlineProtocol(HttpToolsProtocol):
     _request_task: asyncio.Task[None] | None = None  # the task of the connection's current request
     _head_bytes = 0  # bytes of the reads since the pending head began
     _head_marks = 0  # heads begun and completed: a read that saw one held more than one head's bytes
+    _body_marks = 0  # pieces of request bodies parsed
+    _framing_bytes = 0  # bytes of the reads since the pending body's last data: chunk framing, trailer fields
     _declined: bytes | None = None  # the head of a request whose upgrade is declined, to be parsed again
     _coding_refused = False  # the pending request's body has a transfer coding other than chunked
     _refusal: bytes | None = None  # the answer to a refused request, held until those before it are answered
@@ -216,6 +229,10 @@ class HeadDeadlineProtocol(HttpToolsProtocol):
             self.scope[WRITE_NOW] = writer  # type: ignore[literal-required]  # our key
             self.scope[LOOP] = self.loop  # type: ignore[literal-required]  # our key
 
+    def on_body(self, body: bytes) -> None:
+        self._body_marks += 1
+        super().on_body(body)
+
     def on_message_complete(self) -> None:
         self._body_since = None
         if self._declined is None:  # else the parser skipped the body: the request ends when parsed again
@@ -229,8 +246,9 @@ class HeadDeadlineProtocol(HttpToolsProtocol):
         # A stream's end is its last event: it leaves now, as the stream's other chunks do.
         if self.cycle.chunked_encoding or self._answers.first():
             self.transport.flush()  # type: ignore[attr-defined]  # CoalescedWrites
+        last = not self.pipeline  # no request waits to be run after this one
         super().on_response_complete()
-        if self._refusal is not None and self.cycle.response_complete:  # the last request before it is answered
+        if self._refusal is not None and last:  # the last request before the refused one is answered
             answer, self._refusal = self._refusal, None
             self._answer_and_close(answer)
 
@@ -287,35 +305,58 @@ class HeadDeadlineProtocol(HttpToolsProtocol):
         self.loop.call_later(LINGER_SECONDS, self.transport.close)
 
     def _refuse(self, answer: bytes) -> None:
-        """``_answer_and_close`` once the requests pipelined before this one are answered, in order."""
-        if (cycle := self.cycle) is None or cycle.response_complete:
+        """``_answer_and_close`` once the requests pipelined before the one refused are answered, in
+        order. A request whose body could not be read is itself the one refused: it is never run."""
+        self._head_since = self._body_since = None  # the connection takes nothing more: no deadline is pending
+        self._disarm()
+        self._disarm_body()
+        cycle = self.cycle
+        if cycle is not None and cycle.more_body:  # the body of the last request parsed is what failed
+            if self.pipeline and self.pipeline[0][0] is cycle:  # not started: those before it still answer
+                self.pipeline.popleft()
+                self._discarding, self._refusal = True, answer
+            elif cycle.response_started and not cycle.response_complete:
+                self.transport.close()  # its answer has begun: no room for another
+            else:
+                self._answer_and_close(answer)
+        elif cycle is None or cycle.response_complete:
             self._answer_and_close(answer)
         else:  # what still arrives is dropped meanwhile
             self._discarding, self._refusal = True, answer
 
     def send_400_response(self, msg: str) -> None:
-        """uvicorn's answer to bytes its parser refuses, in OpenAI's error shape."""
-        self.transport.write(_raw_error(400, "Bad Request", "The request is not valid HTTP/1.1.",
-                                        "invalid_http_request"))
-        self.transport.close()
+        """uvicorn's answer to bytes its parser refuses, in OpenAI's error shape, after the answers
+        to the requests before them (uvicorn's would take the place of the first still unanswered)."""
+        self._refuse(_raw_error(400, "Bad Request", "The request is not valid HTTP/1.1.", "invalid_http_request"))
 
     def data_received(self, data: bytes) -> None:
         if self._discarding:
             return
-        marks = self._head_marks
+        marks, bodies = self._head_marks, self._body_marks
         self._parse(data)
-        if self._head_since is not None and not self.transport.is_closing():
-            # a read in which no head began or ended was all head; the one a head began in counts
-            # whole (what came before the head in it, the end of a pipelined request, counts too)
-            self._head_bytes = self._head_bytes + len(data) if marks == self._head_marks else len(data)
+        if self._body_since is not None and not self._discarding and not self.transport.is_closing():
+            # a read of a pending body with no data in it (nor a head) is framing: a chunked body's
+            # trailer fields, which the parser and uvicorn keep as they keep a head's, are bounded as one
+            self._framing_bytes = (self._framing_bytes + len(data)
+                                   if marks == self._head_marks and bodies == self._body_marks else 0)
+            if self._framing_bytes > MAX_HEAD_BYTES:
+                self._framing_bytes = 0
+                self._fields_too_large("The request's chunk framing and trailer fields")
+                return
+        if self._head_since is not None and not self._discarding and not self.transport.is_closing():
+            # a read in which no head began or ended was all head; of the one a head began in, what
+            # came before the head (requests pipelined before it) does not count
+            self._head_bytes = (self._head_bytes + len(data) if marks == self._head_marks
+                                else _pending_head_bytes(self.url, self.headers, data))
             if self._head_bytes > MAX_HEAD_BYTES:
                 self._head_bytes = 0
-                self._disarm()
-                self._answer_and_close(_raw_error(431, "Request Header Fields Too Large", "The request line and "
-                                                  f"headers are over {MAX_HEAD_BYTES} bytes.",
-                                                  "request_header_fields_too_large"))
+                self._fields_too_large("The request line and headers")
                 return
         self._arm()
+
+    def _fields_too_large(self, what: str) -> None:
+        self._refuse(_raw_error(431, "Request Header Fields Too Large", f"{what} are over {MAX_HEAD_BYTES} bytes.",
+                                "request_header_fields_too_large"))
 
     def _parse(self, data: bytes) -> None:
         """uvicorn's ``data_received``, but a request whose upgrade is declined is parsed again

@@ -3,6 +3,7 @@ chunked bodies, control characters and CR/LF in keys and model names."""
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
 import socket
@@ -17,7 +18,7 @@ import pytest
 
 from gateway.db import migrate
 from tests.conftest import ADMIN_KEY
-from tests.support.fake_upstream import FakeUpstream
+from tests.support.fake_upstream import FakeUpstream, Fault
 from tests.support.serve_process import start_serve
 
 LIMIT = 64 * 1024
@@ -239,6 +240,37 @@ def test_an_incomplete_head_over_the_limit_in_one_read_is_431(served: str) -> No
     assert answer.startswith(b"HTTP/1.1 431"), answer[:300]
 
 
+def test_many_small_pipelined_requests_in_one_read_are_served(served: str) -> None:
+    """A read that holds many whole requests and the start of the next is not taken for one large head."""
+    one = b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n"
+    count = 2 * LIMIT // len(one)
+    with socket.create_connection(_addr(served), timeout=10) as s:
+        s.sendall(one * count + one[:20])
+        time.sleep(0.2)
+        s.sendall(one[20:])
+        data = b""
+        while data.count(b"HTTP/1.1 ") < count + 1 or not data.endswith(b"}"):
+            part = s.recv(1 << 20)
+            assert part, data[-300:]
+            data += part
+    assert data.count(b"HTTP/1.1 200 OK") == count + 1, data[-300:]
+
+
+def test_endless_trailer_fields_are_431_before_the_body_timeout(served: str) -> None:
+    """A chunked body's trailer fields are kept as a head's are: they are bounded as one, not taken
+    into memory for as long as the body timeout lets them come."""
+    head, body = _chat("trailers", extra=b"", chunked=True)
+    with socket.create_connection(_addr(served), timeout=10) as s:
+        s.sendall(head + body.removesuffix(b"\r\n"))  # the last chunk, its trailer section open
+        started = time.monotonic()
+        with contextlib.suppress(OSError):  # answered and closed while still sending
+            for _ in range(20):
+                s.sendall(b"x-trailer: v\r\n" * 1500)
+                time.sleep(0.02)
+        answer = s.recv(65536)
+    assert answer.startswith(b"HTTP/1.1 431") and time.monotonic() - started < 2, answer[:300]
+
+
 def test_a_large_head_under_the_limit_is_served(served: str, upstream: FakeUpstream) -> None:
     body = b'{"model": "echo", "messages": [{"role": "user", "content": "hi"}]}'
     answer = _send_reading(served, b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nconnection: close\r\n"
@@ -390,6 +422,43 @@ def test_a_body_in_a_transfer_coding_other_than_chunked_is_501(served: str, upst
         assert status == 501 and headers["connection"] == "close"
         assert json.loads(error)["error"]["code"] == "unsupported_transfer_encoding"
         assert _read_until_closed_or_quiet(s) == b""
+
+
+@pytest.mark.parametrize(("refused", "status"), [
+    (b"GARBAGE\r\n\r\n", 400),
+    (b"GET /v1/models HTTP/1.1\r\nx-big: " + b"a" * (LIMIT + 1024), 431),
+    (b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\nzz\r\n", 400),
+], ids=["unparsable-head", "oversized-head", "unparsable-body"])
+def test_a_request_refused_after_pipelined_ones_is_answered_after_them(
+        served_at: tuple[str, Path], upstream: FakeUpstream, refused: bytes, status: int) -> None:
+    """The refusal of a request the parser cannot take does not take the place of the answers owed
+    to the requests before it on the connection, however long they take (past the head deadline)."""
+    url, db = served_at
+    upstream.fail_next(Fault(delay=1.5))
+    first, second = _chat("first", extra=b""), _chat("second", extra=b"", chunked=True)
+    with socket.create_connection(_addr(url), timeout=10) as s:
+        s.sendall(b"".join(first + second) + refused)
+        answers = Answers(s)
+        answers.chat("first", db)
+        answers.chat("second", db)
+        got, headers, error = answers.next()
+        assert got == status and headers["connection"] == "close"
+        assert json.loads(error)["error"]["type"] == "invalid_request_error"
+        assert _read_until_closed_or_quiet(s) == b""
+
+
+def test_an_http10_expectation_of_100_continue_is_ignored(served: str, upstream: FakeUpstream) -> None:
+    """HTTP/1.0 has no 1xx answers: a ``100 Continue`` would be the 1.0 client's whole answer."""
+    head, body = _chat("over 1.0", extra=b"expect: 100-continue\r\n")
+    with socket.create_connection(_addr(served), timeout=10) as s:
+        s.sendall(head.replace(b"HTTP/1.1", b"HTTP/1.0"))
+        s.settimeout(0.5)
+        with pytest.raises(TimeoutError):
+            s.recv(1)  # nothing until the body comes
+        s.settimeout(10)
+        s.sendall(body)
+        status, _, answer = Answers(s).next()
+    assert status == 200 and json.loads(answer)["choices"][0]["message"]["content"] == "over 1.0"
 
 
 def test_head_is_get_without_its_body(served: str, upstream: FakeUpstream) -> None:
