@@ -93,6 +93,9 @@ def serve(
     if n_workers == 1:
         _serve_one(uv_config, sockets)
     else:
+        from gateway.telemetry.logs import install_logging
+
+        install_logging(json=settings.telemetry.json_logs)  # the supervisor's lines, as its workers write theirs
         _supervise(uv_config, sockets)
 
 

@@ -8,7 +8,7 @@ from litestar.handlers import HTTPRouteHandler
 
 from gateway.contracts import UsageSink
 from gateway.routing.router import Router
-from gateway.telemetry.metrics import CONTENT_TYPE, GatewayMetrics, StateCollector
+from gateway.telemetry.metrics import MEDIA_TYPE, GatewayMetrics, StateCollector
 
 
 def metrics_route(metrics: GatewayMetrics, router: Router, usage: UsageSink) -> HTTPRouteHandler:
@@ -17,6 +17,6 @@ def metrics_route(metrics: GatewayMetrics, router: Router, usage: UsageSink) -> 
 
     @get("/metrics", include_in_schema=False, sync_to_thread=False)
     def scrape() -> Response[bytes]:
-        return Response(metrics.render(), media_type=CONTENT_TYPE)
+        return Response(metrics.render(), media_type=MEDIA_TYPE)
 
     return scrape

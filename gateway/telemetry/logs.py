@@ -13,6 +13,7 @@ text as through ``logging`` without a LogRecord and the handler chain (``log_acc
 from __future__ import annotations
 
 import asyncio
+import atexit
 import logging
 import sys
 import threading
@@ -25,6 +26,7 @@ from gateway.telemetry.context import RequestInfo, request_info
 
 _encoder = msgspec.json.Encoder()
 ACCESS = logging.getLogger("switchyard.access")
+SERVER_LOGGER = "uvicorn"  # the server's own loggers' parent
 
 
 class JsonFormatter(logging.Formatter):
@@ -55,7 +57,10 @@ class JsonFormatter(logging.Formatter):
 
 
 class TextFormatter(logging.Formatter):
-    """``time level logger: message``, as ``logging.Formatter`` writes it."""
+    """``time level logger: message``, as ``logging.Formatter`` writes it, the message's control
+    characters escaped (``printable``): a path or name a client sent, which many messages quote (an
+    error's "on GET /admin/v1/tenants/..."), can neither put a NUL in a line nor start a forged one.
+    A traceback still follows on lines of its own."""
 
     uses_fields = False  # an access line is its message alone
 
@@ -63,6 +68,9 @@ class TextFormatter(logging.Formatter):
         super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
         self._second = -1  # the second whose date and time ``_stamp`` holds
         self._stamp = ""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        return printable(super().formatMessage(record))
 
     def format_access(self, created: float, logger: str, message: str, fields: dict[str, Any]) -> str:
         """The line ``format`` makes of an INFO record created at ``created``, built directly; the
@@ -131,15 +139,27 @@ class BatchedStreamHandler(logging.Handler):
 
 def install_logging(*, json: bool, level: int = logging.INFO) -> None:
     """The ``switchyard`` loggers write to stderr through one BatchedStreamHandler (idempotent):
-    JSON lines with ``json``, else ``time level logger: message``."""
+    JSON lines with ``json``, else ``time level logger: message``. With ``json`` uvicorn's own lines
+    (start-up, shutdown, the warning a malformed request causes) are JSON too, so that stderr holds
+    JSON lines only, as a log shipper parsing them expects."""
     root = logging.getLogger("switchyard")
     if any(isinstance(h, BatchedStreamHandler) for h in root.handlers):
         return
     handler = BatchedStreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter() if json else TextFormatter())
+    # the lines of the event loop's last turns (the server's shutdown) are written at exit: logging's
+    # own flush at exit misses this handler once a dictConfig (Litestar's, as an app is made) has
+    # cleared logging's list of handlers
+    atexit.register(handler.flush)
     root.addHandler(handler)
     root.setLevel(level)
     root.propagate = False
+    if json:  # the server's lines are few, and the last come as it exits: written at once
+        server_handler = logging.StreamHandler(sys.stderr)
+        server_handler.setFormatter(handler.formatter)
+        server = logging.getLogger(SERVER_LOGGER)  # "uvicorn.error" writes through it; its access log is off
+        server.handlers[:] = [server_handler]
+        server.propagate = False
 
 
 def lean_log_records() -> None:

@@ -45,9 +45,9 @@ from gateway.telemetry.engine_families import (
 )
 from gateway.telemetry.shared_metrics import Counts, Figures, Histogram, Labels, SharedMetrics
 
-# Litestar adds "; charset=utf-8" to a text/ media type itself: naming it here too sent it twice,
-# a header that Prometheus 3 refuses to parse (it fails the scrape).
-CONTENT_TYPE = "text/plain; version=0.0.4"
+# the text format's type: Litestar adds "; charset=utf-8" to a text/ type (a second charset would make
+# the header one that Go's mime.ParseMediaType, and so Prometheus 3's scraper, refuses)
+MEDIA_TYPE = "text/plain; version=0.0.4"
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 CIRCUIT_STATES = ("closed", "half_open", "open")
 UNKNOWN_MODEL = "unknown"  # the model label of a request refused before it reached a model group

@@ -1,5 +1,5 @@
 """BatchedStreamHandler: the lines of one event-loop turn in one write; nothing held back for long;
-the access line formatted straight into it is the line logging writes."""
+the access line formatted straight into it is the line logging writes; no text line can be forged."""
 
 from __future__ import annotations
 
@@ -7,14 +7,23 @@ import asyncio
 import io
 import json
 import logging
+import os
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
 
+import httpx
 import pytest
 
+from gateway.db import migrate
 from gateway.telemetry.context import RequestInfo
 from gateway.telemetry.logs import ACCESS, BatchedStreamHandler, JsonFormatter, TextFormatter, log_access
+from tests.conftest import ADMIN_KEY, gateway_settings
+from tests.support.fake_upstream import FakeUpstream
 
 
 class CountingStream(io.StringIO):
@@ -140,3 +149,59 @@ def test_a_text_access_line_has_the_time_logging_gives_each_record() -> None:
         record = logging.LogRecord("switchyard.access", logging.INFO, __file__, 1, "GET /x 200", None, None)
         record.created, record.msecs = created, int((created - int(created)) * 1000) + 0.0
         assert formatter.format_access(created, "switchyard.access", "GET /x 200", {}) == formatter.format(record)
+
+
+def test_a_text_line_quoting_a_clients_path_escapes_its_control_characters() -> None:
+    """Any message, not only the access line: an error's "on GET <path>" with a %0a in the path
+    stays one line (its traceback still follows on lines of its own)."""
+    formatter = TextFormatter()
+    path = "/admin/v1/tenants/a\x00b\n2026-12-07 09:00:00,000 CRITICAL switchyard.auth: forged"
+    try:
+        raise RuntimeError("boom")
+    except RuntimeError:
+        record = logging.LogRecord("switchyard.errors", logging.ERROR, __file__, 1, "unhandled error on %s %s",
+                                   ("GET", path), sys.exc_info())
+    first, *traceback = formatter.format(record).split("\n")
+    assert first.endswith(r"unhandled error on GET /admin/v1/tenants/a\x00b\n2026-12-07 09:00:00,000 CRITICAL "
+                          "switchyard.auth: forged")
+    assert "\x00" not in first and traceback[0] == "Traceback (most recent call last):"
+    assert not any("forged" in line for line in traceback)
+
+
+def test_a_served_error_on_a_path_with_a_newline_writes_no_forged_line(fake_upstream_server: FakeUpstream,
+                                                                      start_gateway: Any, tmp_path: Path) -> None:
+    """A 500 on a path a client chose (here a database file gone bad) logs the path as one line."""
+    db = tmp_path / "gateway.db"
+    migrate.upgrade(f"sqlite+aiosqlite:///{db}")
+    server = start_gateway(gateway_settings(fake_upstream_server.url, database={"url": f"sqlite+aiosqlite:///{db}"},
+                                            usage={"journal_dir": str(tmp_path / "journal")}))
+    admin = {"authorization": f"Bearer {ADMIN_KEY}"}
+    assert httpx.get(server.url + "/admin/v1/tenants", headers=admin).status_code == 200
+    db.write_bytes(b"not a database" * 4096)
+    with the_only_handler(TextFormatter()) as (stream, handler):
+        answer = httpx.get(server.url + "/admin/v1/tenants/t%0A2026-12-07 09:00:00,000 CRITICAL x: forged",
+                           headers=admin)
+        handler.flush()
+    assert answer.status_code == 500
+    lines = stream.getvalue().splitlines()
+    assert any(line.endswith(r"GET /admin/v1/tenants/t\n2026-12-07 09:00:00,000 CRITICAL x: forged") for line in lines)
+    assert not any(line.startswith("2026-12-07 09:00:00,000") for line in lines)
+
+
+def test_lines_of_the_loops_last_turn_are_written_at_exit(tmp_path: Path) -> None:
+    """Logging's flush at exit missed the handler once a Litestar app was made (its dictConfig clears
+    logging's list of handlers): a line logged as the event loop ended was never written."""
+    script = tmp_path / "last_words.py"
+    script.write_text(
+        "import asyncio, logging\n"
+        "from litestar import Litestar\n"
+        "from gateway.telemetry.logs import install_logging\n"
+        "install_logging(json=False)\n"
+        "Litestar()\n"
+        "async def main() -> None:\n"
+        "    logging.getLogger('switchyard.test').info('last words')\n"
+        "asyncio.run(main())\n")
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60,
+                          env=os.environ | {"PYTHONPATH": str(Path(__file__).resolve().parents[2])})
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.endswith(" INFO switchyard.test: last words\n")
