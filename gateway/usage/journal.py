@@ -49,14 +49,29 @@ def read_records(path: Path, on_unreadable: Callable[[bytes, str], None] | None 
     return out
 
 
+def _create_locked(directory: Path, mode: str) -> tuple[Path, IO[bytes]]:
+    """A new journal file, opened in ``mode`` and locked before it has the name ``orphans`` looks
+    for: a writer starting beside this one (every worker starts at once) never finds it unlocked,
+    takes it for a dead writer's and deletes it under its owner."""
+    name = f"usage-{os.getpid()}-{os.urandom(3).hex()}.jsonl"
+    fresh = directory / f".{name}.new"
+    file = fresh.open(mode, buffering=0)
+    try:
+        fcntl.flock(file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fresh.rename(directory / name)
+    except BaseException:
+        file.close()
+        fresh.unlink(missing_ok=True)
+        raise
+    return directory / name, file
+
+
 class Journal:
     def __init__(self, directory: Path) -> None:
         self.directory = directory
         directory.mkdir(parents=True, exist_ok=True)
-        self.path = directory / f"usage-{os.getpid()}-{os.urandom(3).hex()}.jsonl"
-        self._file: IO[bytes] = self.path.open("ab", buffering=0)  # each append is its own write call
+        self.path, self._file = _create_locked(directory, "ab")  # each append is its own write call
         self._fd = self._file.fileno()
-        fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         self.count = 0  # records appended and not yet truncated away
         self._size = 0  # bytes of whole lines in the file
 
@@ -156,10 +171,8 @@ class MappedJournal(Journal):
     def __init__(self, directory: Path, *, size: int = 1 << 20) -> None:
         self.directory = directory
         directory.mkdir(parents=True, exist_ok=True)
-        self.path = directory / f"usage-{os.getpid()}-{os.urandom(3).hex()}.jsonl"
-        self._file = self.path.open("xb+", buffering=0)
+        self.path, self._file = _create_locked(directory, "xb+")
         self._fd = self._file.fileno()
-        fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         self.count = 0
         self._size = 0
         try:

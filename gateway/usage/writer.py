@@ -7,14 +7,18 @@ response's last byte) returns once it is fsynced, one fsync serving all the reco
 admitted request is noted there first (``begin``: a record of its reservation, marked incomplete),
 so a request the process died in is settled from its reservation when the segment is replayed;
 its real record replaces that one. Segments of a writer that is gone (their ``flock`` is free) are
-replayed together at start. A background task inserts the buffer in batches
+replayed together at start, and retried until the database takes them (it may be down at start).
+A background task inserts the buffer in batches
 (``INSERT … ON CONFLICT (request_id) DO NOTHING``, so a retried batch never doubles a row; on
 PostgreSQL as JSON, ``pg_bulk``, in slices with the event loop free between them, each slice a
 transaction of its own, so that the writers of several workers do not deadlock on the rollups), moving
 to a new segment each time (the requests still in flight move along). If the database fails, the
 batch goes to the local journal and the writer keeps going: memory stays bounded (a full buffer
-spills to the journal too) and the journal is replayed once inserts work again. Each insert also
-adds the rows it created to the hourly rollups (``gateway.usage.rollup``), in the same transaction.
+spills to the journal too) and the journal is replayed once inserts work again. A disk that refuses
+the journal too (full, read-only) leaves the records in memory, and their write-ahead segments on
+disk, until the database or the journal takes them: nothing is dropped and the loop keeps going.
+Each insert also adds the rows it created to the hourly rollups (``gateway.usage.rollup``), in the
+same transaction.
 ``aclose`` (application shutdown, which uvicorn runs on SIGTERM) flushes what is left, waiting at most
 ``SHUTDOWN_SECONDS`` for the database before journaling it.
 
@@ -128,6 +132,8 @@ class UsageWriter:
         self.quarantined = 0  # records this writer set aside as refused by the database
         self.db_healthy = True
         self._buffer: list[UsageRecord] = []
+        self._kept: list[Journal] = []  # retired segments whose records the journal refused, back in the buffer
+        self._journal_failing = False  # the last append to the journal failed (a full disk): the flush loop retries
         self._replayed = 0  # bytes of the journal already in the database (its records read and written)
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -145,8 +151,9 @@ class UsageWriter:
             self._buffer.append(record)
             self._open.pop(record.request_id, None)
             self.wal.add(record)
-            if len(self._buffer) >= self.max_buffer:
-                self._spill()
+            full = len(self._buffer) >= self.max_buffer
+            if full and (not self._journal_failing or len(self._buffer) % self.max_buffer == 0):
+                self._spill()  # a disk that refused the journal is tried again each max_buffer records
             elif len(self._buffer) >= self.batch_size:
                 self._wake.set()
         except Exception:  # never raise into the request path
@@ -202,12 +209,14 @@ class UsageWriter:
             log.warning("the usage database did not take the last records within %.0f s; they wait in %s",
                         timeout, self.journal.directory)
         self._task = None
-        if self._buffer:
-            self._spill()
-        if self._open:  # requests that never settled: their reservations stand, marked incomplete
-            self.journal.append(list(self._open.values()))
+        # requests that never settled: their reservations stand, marked incomplete
+        self._buffer += self._open.values()
         await self.wal.aclose()
-        self.wal.segment.discard()
+        if self._spill():
+            self._retire(self.wal.segment)
+        else:  # the segments hold the records: their files stay, for the next writer to replay
+            for segment in (*self._kept, self.wal.segment):
+                segment.close(remove_if_empty=False)
         self.journal.close()
 
     @property
@@ -227,20 +236,19 @@ class UsageWriter:
                 try:
                     written = await self._write(taken[i : i + self.batch_size])
                 except BaseException:  # cancelled mid-insert: journal the rest (re-inserting is harmless)
-                    self.journal.append(taken[i:])
-                    retired.discard()
+                    self._put_aside(taken[i:], retired)
                     raise
                 if not written:
-                    self.journal.append(taken[i:])
-                    retired.discard()
+                    self._put_aside(taken[i:], retired)
                     return False
-            retired.discard()
+            self._retire(retired)
             return True
 
     # ------------------------------------------------------------ internals
 
     async def _run(self) -> None:
-        await self._replay_orphans()
+        paths, orphaned = self._read_orphans()  # read once: an unreadable line is set aside once
+        replayed = await self._replay_orphans(paths, orphaned)
         interval = self.flush_interval
         while not self._stopping:
             try:
@@ -250,7 +258,9 @@ class UsageWriter:
             self._wake.clear()
             if self._stopping:
                 return
-            interval = self.flush_interval if await self.flush() else self.retry_interval
+            if not replayed:  # the database was down at start: the records of writers that died wait for it
+                replayed = await self._replay_orphans(paths, orphaned)
+            interval = self.flush_interval if replayed and await self.flush() else self.retry_interval
 
     def _rotate(self) -> tuple[list[UsageRecord], Journal]:
         """Take the buffer and start a new write-ahead segment holding the requests in flight; the
@@ -258,9 +268,42 @@ class UsageWriter:
         taken, self._buffer = self._buffer, []
         return taken, self.wal.rotate(list(self._open.values()))
 
-    def _spill(self) -> None:
-        self.journal.append(self._buffer)
+    def _spill(self) -> bool:
+        """Move the buffer to the journal; False when the disk refused it (the records stay)."""
+        try:
+            self.journal.append(self._buffer)
+        except OSError:
+            self._journal_refused()
+            return False
+        self._journal_failing = False
         self._buffer.clear()
+        return True
+
+    def _put_aside(self, records: list[UsageRecord], retired: Journal) -> None:
+        """Journal ``records``, taken from the buffer with the segment ``retired`` and not written.
+        A disk that refuses the journal (full, read-only) leaves them in memory, ahead of the
+        buffer, and keeps their segment until a later flush has them safe: they are never lost,
+        and the loop goes on, to write them once the database is back."""
+        try:
+            self.journal.append(records)
+        except OSError:
+            self._journal_refused()
+            self._buffer[:0] = records
+            self._kept.append(retired)
+            return
+        self._journal_failing = False
+        self._retire(retired)
+
+    def _retire(self, retired: Journal) -> None:
+        """Discard ``retired`` and the segments kept for records now in the database or the journal."""
+        for segment in (*self._kept, retired):
+            segment.discard()
+        self._kept.clear()
+
+    def _journal_refused(self) -> None:
+        if not self._journal_failing:  # logged once, not once a record
+            log.exception("the usage journal refused records; they wait in memory for the database")
+        self._journal_failing = True
 
     async def _write(self, batch: list[UsageRecord]) -> bool:
         """Settle a batch: True when every record is in the database or quarantined; False when it
@@ -356,23 +399,28 @@ class UsageWriter:
                 self._replayed = 0
         return True
 
-    async def _replay_orphans(self) -> None:
-        """Journals and write-ahead segments left by writers that died (or stopped before their
-        database came back), replayed together: a request's settled record wins over the record
-        of its reservation, which stands (incomplete) for a request the writer died in."""
+    def _read_orphans(self) -> tuple[list[Path], list[UsageRecord]]:
+        """The journals and write-ahead segments left by writers that died (or stopped before their
+        database came back), and their records merged: a request's settled record wins over the
+        record of its reservation, which stands (incomplete) for a request the writer died in."""
         paths = self.journal.orphans()
         merged: dict[str, UsageRecord] = {}
         for path in paths:
             for r in read_records(path, self._set_aside):
                 if r.request_id not in merged or r.extra.get("outcome") != INCOMPLETE:
                     merged[r.request_id] = r
-        records = list(merged.values())
+        return paths, list(merged.values())
+
+    async def _replay_orphans(self, paths: list[Path], records: list[UsageRecord]) -> bool:
+        """Write the records of ``_read_orphans`` and delete their files; False when the database did
+        not take them all (the files stay; a retry writes them all again, skipped by request id)."""
         for i in range(0, len(records), self.batch_size):
             if not await self._write(records[i : i + self.batch_size]):
-                return
+                return False
         for path in paths:
             path.unlink(missing_ok=True)
         if paths:
             incomplete = sum(r.extra.get("outcome") == INCOMPLETE for r in records)
             log.info("replayed %d usage records (%d of requests in flight when their writer died) from %d files",
                      len(records), incomplete, len(paths))
+        return True
