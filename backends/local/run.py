@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -51,7 +52,8 @@ class EngineRun:
     The meter is the gateway's from the start (``CallContext.on_meter``), so a call cancelled
     before its answer is charged what the engine computed, its prompt tokens served from the prefix
     cache counted as such from the engine's first output on; a prompt the engine never started on
-    (still queued when the client left) is not charged at all (``aclose``)."""
+    (still queued when the client left) is not charged at all, and the tokens it generated that
+    were not yet read (outputs still queued when the client left) are (``aclose``)."""
 
     def __init__(self, engine: AsyncEngine, prompts: list[list[int]], params: SamplingParams, param: str,
                  ctx: CallContext, *, count_output: bool = True, pooling: PoolingParams | None = None,
@@ -71,6 +73,7 @@ class EngineRun:
         self.ids: list[str] = []
         self.streams: list[RequestStream] = []
         self._closed = False
+        self._readers: list[asyncio.Task[None]] = []  # several prompts' (``_merged``)
         self.finished: set[str] = set()
         who = ctx.tenant
         tenant, weight = (who.tenant_id, who.weight) if who is not None else ("", 1.0)
@@ -92,19 +95,59 @@ class EngineRun:
             ctx.on_meter(self.meter)
 
     async def outputs(self) -> AsyncIterator[tuple[int, RequestOutput]]:
-        """``(prompt index, output)`` for every engine output, prompt by prompt. A request that
-        fails mid-run is a ``BadRequest`` (its input: a grammar the grammar engine gave up on) or a
-        ``RequestFailed`` (the engine failed on it alone); its batch mates are unaffected."""
-        for p, (rid, stream) in enumerate(zip(self.ids, self.streams)):
-            async for out in self._guarded(rid, stream):
-                if any(o.delta_token_ids for o in out.outputs) and self.meter.first_token_at is None:
-                    self.meter.first_token_at = time.perf_counter()
-                self._count_generated(p, out)
-                self._count_cached(p, out)
-                if out.finished:
-                    self.finished.add(rid)
-                    self.meter.phases.extend(_phases(out))
-                yield p, out
+        """``(prompt index, output)`` for every engine output, as the engine makes them: several
+        prompts' interleaved (as vLLM streams them), none left waiting in the engine's queue while
+        another prompt is read. A request that fails mid-run is a ``BadRequest`` (its input: a
+        grammar the grammar engine gave up on) or a ``RequestFailed`` (the engine failed on it
+        alone); its batch mates are unaffected."""
+        async for p, out in self._merged():
+            if any(o.delta_token_ids for o in out.outputs) and self.meter.first_token_at is None:
+                self.meter.first_token_at = time.perf_counter()
+            self._count_generated(p, out)
+            self._count_cached(p, out)
+            if out.finished:
+                self.finished.add(self.ids[p])
+                self.meter.phases.extend(_phases(out))
+            yield p, out
+
+    async def _merged(self) -> AsyncIterator[tuple[int, RequestOutput]]:
+        """Every prompt's outputs in the order they come: one reader task per prompt when there are
+        several (each output copies its sequence's tokens so far: unread, they pile up quadratically)."""
+        if len(self.streams) == 1:
+            async for out in self._guarded(self.ids[0], self.streams[0]):
+                yield 0, out
+            return
+        merged: asyncio.Queue[tuple[int, RequestOutput | Exception | None]] = asyncio.Queue()
+        self._readers = [asyncio.create_task(self._read(p, merged)) for p in range(len(self.streams))]
+        try:
+            left = len(self._readers)
+            while left:
+                p, item = await merged.get()
+                if isinstance(item, Exception):
+                    raise item
+                if item is None:
+                    left -= 1
+                else:
+                    yield p, item
+        finally:
+            await self._stop_readers()
+
+    async def _read(self, p: int, merged: asyncio.Queue[tuple[int, RequestOutput | Exception | None]]) -> None:
+        """Move prompt ``p``'s outputs to ``merged``, then None (its end) or the error it failed with."""
+        try:
+            async for out in self._guarded(self.ids[p], self.streams[p]):
+                merged.put_nowait((p, out))
+        except Exception as exc:  # raised where the outputs are read
+            merged.put_nowait((p, exc))
+        else:
+            merged.put_nowait((p, None))
+
+    async def _stop_readers(self) -> None:
+        """Stop the reader tasks, so that nothing else reads the streams (``aclose`` drains them)."""
+        readers, self._readers = self._readers, []
+        for task in readers:
+            task.cancel()
+        await asyncio.gather(*readers, return_exceptions=True)
 
     def _count_generated(self, p: int, out: RequestOutput) -> None:
         """Put prompt ``p``'s generated tokens (``out`` holds them all so far) on the meter, once."""
@@ -160,6 +203,7 @@ class EngineRun:
         client left), and take the prompts the engine never started on off the meter: it did no
         work for them."""
         self.abort()
+        await self._stop_readers()
         if self._closed:
             return
         self._closed = True

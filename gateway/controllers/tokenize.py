@@ -35,7 +35,7 @@ class TokenizeRequest(msgspec.Struct, kw_only=True, dict=True):  # dict: the fie
     continue_final_message: bool = False
     tools: list[Tool] | None | UnsetType = UNSET
     chat_template_kwargs: dict[str, Any] | None | UnsetType = UNSET
-    return_token_strs: bool = False
+    return_token_strs: bool | None = False  # null: not asked (vLLM's is optional)
 
     def chat_request(self) -> ChatCompletionRequest:
         """The conversation as a chat completion request, rendered as the engine renders a chat prompt."""

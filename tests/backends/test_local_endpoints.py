@@ -126,7 +126,8 @@ def test_a_field_the_engine_does_not_model_is_a_400_naming_its_path(env: Env, pa
 def test_tokenize_takes_the_fields_of_an_answer_sent_back_as_history(env: Env) -> None:
     """As chat completions do: an answer's own fields (``refusal``, ...) ask nothing, and a free-form
     object (``chat_template_kwargs``) is not looked into."""
-    answer = {"role": "assistant", "content": "ok", "refusal": None, "annotations": [], "tool_calls": None}
+    answer: dict[str, Any] = {"role": "assistant", "content": "ok", "refusal": None, "annotations": [],
+                              "tool_calls": None}
     messages = [*HI, answer, {"role": "user", "content": "and?"}]
     plain = [*HI, {"role": "assistant", "content": "ok"}, {"role": "user", "content": "and?"}]
     taken = _post(env, "/tokenize", {"model": "tiny", "messages": messages, "chat_template_kwargs": {"x": {"y": 1}}})
@@ -174,6 +175,13 @@ def test_token_strs_are_the_vocabulary_entries(env: Env) -> None:
     answer = _post(env, "/tokenize", {"model": "tiny", "prompt": "火车 hello", "return_token_strs": True}).json()
     want = AutoTokenizer.from_pretrained(str(env.folder)).convert_ids_to_tokens(answer["tokens"])
     assert answer["token_strs"] == want and "\ufffd" not in "".join(answer["token_strs"])
+
+
+def test_tokenize_takes_return_token_strs_sent_as_null(env: Env) -> None:
+    """vLLM's ``return_token_strs`` is optional: null asks for no strings, as leaving it out does."""
+    answer = _post(env, "/tokenize", {"model": "tiny", "prompt": "hi", "return_token_strs": None})
+    assert answer.status_code == 200, answer.text
+    assert "token_strs" not in answer.json() and answer.json()["tokens"] == Tokenizer(env.folder).encode("hi")
 
 
 def test_tokenize_detokenize_and_the_model_card(env: Env) -> None:
