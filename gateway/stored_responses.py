@@ -4,7 +4,9 @@
 A caller only ever sees what its own owner scope stored: the tenant, or the key itself for keys
 without a tenant (admin keys). A row not visible to the caller is reported exactly like a missing one.
 A row, once stored, is never replaced: a second answer under a stored id (an upstream serving
-Responses that reuses its ids) is not kept, so no answer overwrites or takes over another's.
+Responses that reuses its ids) is not kept, so no answer overwrites or takes over another's. A
+deleted row stays as a tombstone (owned by no one, holding nothing): the upstream that answered it
+still holds the response, and its id must not become one the gateway passes on to it.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import delete, select
+from sqlalchemy import select, update
 from sqlalchemy.exc import IntegrityError
 
 from gateway.contracts import Principal
@@ -22,6 +24,8 @@ from gateway.db.engine import Database
 from gateway.db.models import StoredResponse
 
 log = logging.getLogger("switchyard.responses")
+
+DELETED = "deleted"  # the owner of a deleted response's tombstone: no caller's (``owner_of``)
 
 
 def owner_of(principal: Principal) -> str:
@@ -74,16 +78,19 @@ class ResponseStore:
             return None
         return Kept(row.response, row.input_items, row.context, row.upstream_previous_id)
 
-    async def held_by_another(self, principal: Principal, response_id: str) -> bool:
-        """Whether ``response_id`` is stored for another owner: an id the caller must not reach
-        through an upstream either (the upstream that answered it serves every tenant)."""
+    async def withheld(self, principal: Principal, response_id: str) -> bool:
+        """Whether ``response_id`` is stored for another owner, or was deleted: an id the caller must
+        not reach through an upstream either (the upstream that answered it serves every tenant)."""
         async with self._db.session() as s:
             owner = (await s.execute(select(StoredResponse.owner).where(StoredResponse.id == response_id))).scalar()
         return owner is not None and owner != owner_of(principal)
 
     async def delete(self, principal: Principal, response_id: str) -> bool:
+        """Forget the caller's response: its row left as a tombstone, owned by no one and emptied."""
         async with self._db.session() as s:
-            result = await s.execute(delete(StoredResponse).where(
-                StoredResponse.id == response_id, StoredResponse.owner == owner_of(principal)))
+            result = await s.execute(update(StoredResponse).where(
+                StoredResponse.id == response_id, StoredResponse.owner == owner_of(principal)).values(
+                owner=DELETED, model="", previous_response_id=None, upstream_previous_id=None,
+                input_items=[], context=[], response={}))
             await s.commit()
         return bool(getattr(result, "rowcount", 0))

@@ -6,7 +6,8 @@ generated up to where a call may start (``backends.local.tool_stream``); ``requi
 named function are enforced with a grammar, so even a small model returns a call whose arguments
 validate: a named function's output is its arguments object (its ``parameters`` schema), ``required``
 an array of ``{"name", "parameters"}`` objects (one item when ``parallel_tool_calls`` is false).
-``none`` renders no tools and parses nothing. A forced call cut short by the length limit keeps
+``none`` renders no tools and parses nothing; ``allowed_tools`` renders only the tools it allows,
+in its mode (``auto`` or ``required``). A forced call cut short by the length limit keeps
 ``finish_reason: length`` and has no content (the grammar's text is no answer): a named function's
 call carries the arguments generated so far (as OpenAI and vLLM answer; the stream has streamed
 them), ``required`` the calls generated whole, the cut one left out (vLLM answers a JSON parse error).
@@ -76,6 +77,7 @@ class ToolPlan:
     named: str | None
     parallel: bool
     parser: str
+    numbers: list[int] | None = None  # each tool's place among the request's (None: the same as here)
 
     @property
     def template_kwargs(self) -> dict[str, Any]:
@@ -101,9 +103,11 @@ class ToolPlan:
 
     def schemas(self) -> list[StructuredOutput]:
         """The ``parameters`` schemas the grammar is built from, each naming its tool's field."""
+        numbers = self.numbers or range(len(self.tools))
         return [StructuredOutput("json", json.dumps(t["function"]["parameters"]),
-                                 f"tools[{i}].function.parameters")
-                for i, t in enumerate(self.tools) if self.mode != "named" or t["function"]["name"] == self.named]
+                                 f"tools[{n}].function.parameters")
+                for n, t in zip(numbers, self.tools, strict=True)
+                if self.mode != "named" or t["function"]["name"] == self.named]
 
     def parse(self, text: str) -> tuple[str | None, list[ParsedCall]]:
         """The content and the calls in a finished output's text."""
@@ -175,6 +179,7 @@ def plan(request: ChatCompletionRequest, parser: str) -> ToolPlan | None:
             raise BadRequest(f"parameters must be an object's JSON schema{kind}",
                              param=f"tools[{i}].function.parameters")
     named = None
+    numbers = list(range(len(functions)))  # the tools rendered (all but where allowed_tools chooses)
     if choice is None:
         mode = "auto"
     elif isinstance(choice, str):
@@ -183,6 +188,9 @@ def plan(request: ChatCompletionRequest, parser: str) -> ToolPlan | None:
         if choice == "none":
             return None
         mode = choice
+    elif isinstance(choice, dict) and choice.get("type") == "allowed_tools":
+        mode, allowed = _allowed_tools(choice.get("allowed_tools"), names)
+        numbers = [i for i, name in enumerate(names) if name in allowed]
     elif isinstance(choice, dict):
         chosen = choice.get("function") if choice.get("type") == "function" else None
         named = chosen.get("name") if isinstance(chosen, dict) else None
@@ -195,13 +203,33 @@ def plan(request: ChatCompletionRequest, parser: str) -> ToolPlan | None:
     else:
         raise BadRequest("tool_choice must be none, auto, required or a named function", param="tool_choice")
     rendered = []
-    for f in functions:
+    for f in (functions[i] for i in numbers):
         fn: dict[str, Any] = {"name": f.name, "parameters": f.parameters if _set(f.parameters) else _EMPTY_PARAMS}
         if _set(f.description):
             fn["description"] = f.description
         rendered.append({"type": "function", "function": fn})
     parallel = request.parallel_tool_calls is not False
-    return ToolPlan(rendered, mode, named, parallel, parser)
+    return ToolPlan(rendered, mode, named, parallel, parser, numbers)
+
+
+def _allowed_tools(allowed: Any, names: list[str]) -> tuple[str, set[str]]:
+    """An ``allowed_tools`` choice's mode (``auto`` or ``required``) and the tools it allows, each
+    among the request's; the model is shown those alone, so it calls no other."""
+    mode = allowed.get("mode") if isinstance(allowed, dict) else None
+    listed = allowed.get("tools") if isinstance(allowed, dict) else None
+    if mode not in ("auto", "required") or not isinstance(listed, list) or not listed:
+        raise BadRequest('tool_choice of type allowed_tools must be {"type": "allowed_tools", "allowed_tools": '
+                         '{"mode": "auto" or "required", "tools": [{"type": "function", "function": {"name": ...}}]}}',
+                         param="tool_choice.allowed_tools")
+    chosen: set[str] = set()
+    for i, tool in enumerate(listed):
+        function = tool.get("function") if isinstance(tool, dict) and tool.get("type") == "function" else None
+        name = function.get("name") if isinstance(function, dict) else None
+        if not isinstance(name, str) or name not in names:
+            raise BadRequest(f"tool_choice.allowed_tools.tools[{i}] must name a function among the tools",
+                             param=f"tool_choice.allowed_tools.tools[{i}]")
+        chosen.add(name)
+    return mode, chosen
 
 
 def call_id(parser: str) -> str:

@@ -29,8 +29,9 @@ from gateway.dialects.responses_reasoning import TRANSLATED_REASONING
 from gateway.dialects.responses_request import (
     ResponsesRequest,
     echoed_fields,
-    input_items,
+    listed,
     raw_request,
+    sent_items,
     to_chat_request,
     wants_encrypted_reasoning,
 )
@@ -67,7 +68,8 @@ def _serves_responses(backend: Any) -> bool:
 
 
 def _for_upstream(item: dict[str, Any]) -> dict[str, Any]:
-    """A kept conversation item sent again as input: without the ids and status this gateway gave it."""
+    """A kept conversation item sent again as input: a message or function call without its id and
+    status (conversations kept before ``sent_items`` hold the ones this gateway gave them)."""
     if item.get("type") in ("message", "function_call", "function_call_output"):
         return {k: v for k, v in item.items() if k not in ("id", "status")}
     return item
@@ -166,12 +168,12 @@ class ResponsesController(Controller):
             kept = await store.get(principal, previous) if store is not None else None
             if kept is not None:
                 context, kept_previous, upstream_previous = kept.context, True, kept.upstream_previous_id
-            elif native and not (store is not None and await store.held_by_another(principal, previous)):
+            elif native and not (store is not None and await store.withheld(principal, previous)):
                 upstream_previous = previous  # an upstream serving Responses may know it; nothing else can
-            else:  # unknown, or another tenant's (never passed on: the upstream would resolve it for anyone)
+            else:  # unknown, another tenant's or deleted (never passed on: the upstream would resolve it for anyone)
                 raise ApiError(400, f"Previous response with id '{previous}' not found.",
                                param="previous_response_id", code="previous_response_not_found")
-        inputs = input_items(data)
+        sent = sent_items(data)  # the input as the conversation keeps it (``listed`` with ids for ``input_items``)
         store = _store(services) if data.store is not False else None
         extra = echoed_fields(data) | {
             "previous_response_id": previous, "store": store is not None,
@@ -182,7 +184,7 @@ class ResponsesController(Controller):
                                     encrypted=wants_encrypted_reasoning(data))
         if native:
             call = _described_for_passthrough(principal, data, context if kept_previous else None, upstream_previous,
-                                              inputs, dialect)
+                                              sent, dialect)
         else:
             call = describe_chat(principal, _chat_request(data, context, upstream_previous), endpoint="responses",
                                  dialect=dialect)
@@ -196,7 +198,7 @@ class ResponsesController(Controller):
 
         async def save() -> None:
             final, output = finished[0]
-            kept = Kept(final, inputs, context + inputs + output, upstream_previous)
+            kept = Kept(final, listed(sent), context + sent + output, upstream_previous)
             try:
                 await store.save(principal, kept, previous)
             except Exception:  # the answer is produced and metered; only its later retrieval is lost

@@ -20,6 +20,7 @@ from sqlalchemy import (
     Integer,
     MetaData,
     String,
+    Text,
     UniqueConstraint,
 )
 from sqlalchemy.engine import Dialect
@@ -207,20 +208,22 @@ class LatencyDaily(Base):
 class StoredResponse(Base):
     """A Responses API answer kept for ``GET /v1/responses/{id}`` and ``previous_response_id``.
 
-    ``owner`` is the tenant id (``key:<id>`` for keys without a tenant); every read filters on it.
+    ``owner`` is the tenant id (``key:<id>`` for keys without a tenant); every read filters on it. A
+    deleted response's row stays, emptied, owned by ``deleted`` (``gateway.stored_responses``).
     ``context`` holds the whole conversation up to and including this answer's output, as Responses
     items, so a continuation never depends on an earlier response still being stored."""
 
     __tablename__ = "stored_responses"
     __table_args__ = (Index("ix_stored_responses_owner_created", "owner", "created_at"),)
 
-    id: Mapped[str] = mapped_column(String(80), primary_key=True)
+    # response ids are of any length (an upstream serving Responses mints its own: 0013)
+    id: Mapped[str] = mapped_column(Text, primary_key=True)
     owner: Mapped[str] = mapped_column(String(48))
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     model: Mapped[str] = mapped_column(String(200))
-    previous_response_id: Mapped[str | None] = mapped_column(String(80), default=None)
+    previous_response_id: Mapped[str | None] = mapped_column(Text, default=None)
     # the conversation began by continuing a response only the upstream holds: that response's id
-    upstream_previous_id: Mapped[str | None] = mapped_column(String(80), default=None)
+    upstream_previous_id: Mapped[str | None] = mapped_column(Text, default=None)
     input_items: Mapped[list[Any]] = mapped_column(JSON)
     context: Mapped[list[Any]] = mapped_column(JSON)
     response: Mapped[dict[str, Any]] = mapped_column(JSON)

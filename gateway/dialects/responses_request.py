@@ -2,8 +2,9 @@
 and the translation to an OpenAI chat request (``to_chat_request``), so a call is authenticated,
 admitted, routed and metered like chat. A field is either mapped to chat or a 400 naming it, never
 dropped; errors about the chat request name the Responses field where the mapping is known
-(``responses_params``). ``input_items`` gives a request's input as stored items, ``echoed_fields`` the
-request's settings as a response object reports them. The answers' side is ``gateway.dialects.responses``.
+(``responses_params``). ``sent_items`` gives a request's input as a kept conversation holds it,
+``listed`` as ``input_items`` lists it (with ids), ``echoed_fields`` the request's settings as a
+response object reports them. The answers' side is ``gateway.dialects.responses``.
 """
 
 from __future__ import annotations
@@ -330,21 +331,31 @@ def _items(raw: list[dict[str, Any]]) -> list[Item]:
 _ID_PREFIX = {"message": "msg_", "function_call": "fc_", "function_call_output": "fco_"}
 
 
-def input_items(req: ResponsesRequest) -> list[dict[str, Any]]:
-    """The request's input as Responses items, each with an id, as ``input_items`` lists them."""
+def sent_items(req: ResponsesRequest) -> list[dict[str, Any]]:
+    """The request's input as Responses items, as sent but for their form (a string as a user
+    message, a string content as one text part, a reasoning item of the gateway's own with its text
+    restored): what a kept conversation holds and passes on, with no id or status the client did not
+    send (an upstream serving Responses refuses an id not of its own form, and a field an item lacks)."""
     if isinstance(req.input, str):
         raw: list[dict[str, Any]] = [{"type": "message", "role": "user",
                                       "content": [{"type": "input_text", "text": req.input}]}]
     else:  # items this gateway does not model (say, for an upstream serving Responses) are kept as sent
         raw = [dict(entry) for entry in req.input]
-    out = []
     for item in raw:
         if "type" not in item and "role" in item:
             item["type"] = "message"
         if isinstance(item.get("content"), str):
             kind = "output_text" if item.get("role") == "assistant" else "input_text"
             item["content"] = [{"type": kind, "text": item["content"]}]
-        item = restored(item)  # a reasoning item of the gateway's own: its text put back
+        restored(item)  # a reasoning item of the gateway's own: its text put back
+    return raw
+
+
+def listed(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``sent_items`` as the ``input_items`` endpoint lists them: each with an id and a status."""
+    out = []
+    for item in items:
+        item = dict(item)
         item.setdefault("id", _ID_PREFIX.get(str(item.get("type")), "item_") + uuid.uuid4().hex)
         if item.get("type") != "function_call_output" or "status" not in item:  # no type: a 400 where translated
             item.setdefault("status", "completed")

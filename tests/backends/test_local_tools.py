@@ -375,3 +375,41 @@ def _first_choice(client: openai.OpenAI, body: Any, stream: bool) -> tuple[str, 
                 streamed[d.index] = (name + (d.function.name or ""), args + (d.function.arguments or ""))
             finish = c.finish_reason or finish
     return content, finish, list(streamed.values())
+
+
+ALLOWED: Any = {"type": "allowed_tools", "allowed_tools": {
+    "mode": "required", "tools": [{"type": "function", "function": {"name": "get_time"}}]}}
+
+
+def test_allowed_tools_restricts_the_calls_to_the_tools_it_allows(env: Env) -> None:
+    """``allowed_tools`` (chat's, and the Responses API's through its translation) is a choice among
+    the tools it lists, in its mode: here ``required``, so every call is of ``get_time``, valid."""
+    r = env.client().chat.completions.create(model="tiny", messages=MESSAGES, tools=TOOLS, tool_choice=ALLOWED,
+                                             max_tokens=300, temperature=1.0, seed=3)
+    calls = r.choices[0].message.tool_calls or []
+    assert r.choices[0].finish_reason == "tool_calls" and calls
+    for call in calls:
+        assert call.function.name == "get_time"  # type: ignore[union-attr]
+        jsonschema.validate(json.loads(call.function.arguments), TIME)  # type: ignore[union-attr]
+    response = env.client().responses.create(
+        model="tiny", input="Weather in Paris?", max_output_tokens=300, temperature=1.0,
+        tools=[{"type": "function", "name": t["function"]["name"], "parameters": t["function"]["parameters"],
+                "strict": True} for t in TOOLS],
+        tool_choice={"type": "allowed_tools", "mode": "required", "tools": [{"type": "function", "name": "get_time"}]})
+    assert response.output and {item.type for item in response.output} == {"function_call"}
+    assert {item.name for item in response.output} == {"get_time"}  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(("allowed", "param"), [
+    ({"mode": "required", "tools": [{"type": "function", "function": {"name": "nope"}}]},
+     "tool_choice.allowed_tools.tools[0]"),
+    ({"mode": "sometimes", "tools": [{"type": "function", "function": {"name": "get_time"}}]},
+     "tool_choice.allowed_tools"),
+    ({"mode": "auto", "tools": []}, "tool_choice.allowed_tools"),
+])
+def test_a_bad_allowed_tools_choice_is_a_400_naming_it(env: Env, allowed: dict[str, Any], param: str) -> None:
+    choice: Any = {"type": "allowed_tools", "allowed_tools": allowed}
+    with pytest.raises(openai.BadRequestError) as info:
+        env.client().chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=5, tools=TOOLS,
+                                             tool_choice=choice)
+    assert info.value.param == param, info.value.body

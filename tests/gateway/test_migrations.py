@@ -188,3 +188,37 @@ async def test_0012_widens_the_token_counts_keeping_the_rows_and_refuses_a_lossy
         await check_schema(db.engine)
     finally:
         await db.dispose()
+
+
+async def test_0013_widens_the_response_ids_keeping_the_rows_and_refuses_a_lossy_downgrade(empty_url: str) -> None:
+    """Upgraded from 0012 with a row in ``stored_responses``, its ids hold any length (an upstream's
+    are not bounded) and the row stays; the downgrade refuses, saying why, while an id is longer
+    than 80 characters, and goes through once none is."""
+    await asyncio.to_thread(migrate.upgrade, empty_url, "0012_usage_token_counts_bigint")
+    db = Database.from_url(empty_url)
+    insert = ("INSERT INTO stored_responses (id, owner, created_at, model, previous_response_id, "
+              "upstream_previous_id, input_items, context, response) VALUES ('{}', 'ten_1', "
+              "'2026-12-07 00:00:00+00:00', 'm', {}, {}, '[]', '[]', '{{}}')")
+    ids = "SELECT id, previous_response_id, upstream_previous_id FROM stored_responses ORDER BY 1"
+    long_id = "resp_" + "x" * 200
+    try:
+        async with db.engine.begin() as conn:
+            await conn.exec_driver_sql(insert.format("resp_1", "NULL", "NULL"))
+        await asyncio.to_thread(migrate.upgrade, empty_url)
+        async with db.engine.begin() as conn:
+            await conn.exec_driver_sql(insert.format(long_id, f"'{long_id}'", f"'{long_id}'"))
+            assert [tuple(r) for r in (await conn.exec_driver_sql(ids)).all()] == [
+                ("resp_1", None, None), (long_id, long_id, long_id)]
+        with pytest.raises(RuntimeError, match=r"cannot downgrade below 0013.*1 stored_responses row"):
+            await asyncio.to_thread(migrate.downgrade, empty_url, "0012_usage_token_counts_bigint")
+        await check_schema(db.engine)  # the refused downgrade left the schema at the head
+        async with db.engine.begin() as conn:
+            await conn.exec_driver_sql(f"DELETE FROM stored_responses WHERE id = '{long_id}'")
+        await asyncio.to_thread(migrate.downgrade, empty_url, "0012_usage_token_counts_bigint")
+        await db.engine.dispose()  # asyncpg's statements prepared on the wider columns are stale now
+        async with db.engine.connect() as conn:
+            assert [tuple(r) for r in (await conn.exec_driver_sql(ids)).all()] == [("resp_1", None, None)]
+        await asyncio.to_thread(migrate.upgrade, empty_url)
+        await check_schema(db.engine)
+    finally:
+        await db.dispose()

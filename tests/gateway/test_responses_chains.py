@@ -5,6 +5,7 @@ naming ``previous_response_id``, never answered without its first turns."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import openai
@@ -71,3 +72,60 @@ def test_an_upstream_only_previous_id_is_not_sent_to_a_chat_fallback(
     _refused(err)
     assert not upstream.received
     assert client.responses.create(model="native-down", input="fresh").output_text == "fresh"  # the fallback serves
+
+
+def test_a_chain_of_long_upstream_ids_is_kept(chains: Gateway, native: FakeResponsesUpstream,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """Response ids an upstream mints are of any length (a proxy encodes its route into them): a
+    response under such an id, continuing another, is kept (on PostgreSQL VARCHAR(80) refused the
+    row: ``store: true`` answered, then a 404) and continues by id."""
+    monkeypatch.setattr(native, "id_prefix", "resp_" + "r" * 150 + "_")
+    client = chains.tenant_client()
+    first_id = "resp_" + "a" * 150  # only the upstream holds it
+    b = client.responses.create(model="native", input="turn B", previous_response_id=first_id)
+    assert len(b.id) > 150
+    kept = client.responses.retrieve(b.id)
+    assert kept.id == b.id and kept.output_text == "turn B"
+    client.responses.create(model="native", input="turn C", previous_response_id=b.id)
+    sent = native.received[-1]
+    assert sent["previous_response_id"] == first_id and sent["input"][0]["content"][0]["text"] == "turn B"
+    client.responses.delete(b.id)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(b.id)
+
+
+def test_a_deleted_id_is_not_passed_to_an_upstream_serving_responses(chains: Gateway,
+                                                                      native: FakeResponsesUpstream) -> None:
+    """The upstream that answered a response still holds it once the gateway's copy is deleted, and
+    resolves it for whoever sends its id: the deleted id is refused as not found, for its owner (as
+    OpenAI refuses a deleted response) and for any other tenant, never passed on."""
+    alice, mallory = chains.tenant_client(), chains.tenant_client()
+    secret = alice.responses.create(model="native", input="alice's secret")
+    alice.responses.delete(secret.id)
+    sent_before = len(native.received)
+    for client in (alice, mallory):
+        with pytest.raises(openai.BadRequestError) as err:
+            client.responses.create(model="native", input="go on", previous_response_id=secret.id)
+        assert err.value.body["code"] == "previous_response_not_found"  # type: ignore[index]
+        with pytest.raises(openai.NotFoundError):
+            client.responses.retrieve(secret.id)
+        with pytest.raises(openai.NotFoundError):
+            client.responses.delete(secret.id)
+    assert len(native.received) == sent_before
+
+
+def test_a_kept_conversation_goes_on_with_its_items_as_sent(chains: Gateway, native: FakeResponsesUpstream) -> None:
+    """Items of kinds the gateway does not model go back to the upstream as the client sent them,
+    with no id or status of the gateway's making (an upstream serving Responses refuses an id not
+    of its own form, and a field an item kind lacks); the listing still gives each an id."""
+    client = chains.tenant_client()
+    items: list[Any] = [{"type": "custom_tool_call", "call_id": "call_c", "name": "apply_patch", "input": "diff"},
+             {"type": "custom_tool_call_output", "call_id": "call_c", "output": "done"},
+             {"type": "item_reference", "id": "msg_abc"}]
+    first = client.responses.create(model="native", input=[{"role": "user", "content": "patch it"}, *items])
+    client.responses.create(model="native", input=items[1:2], previous_response_id=first.id)
+    sent = native.received[-1]["input"]
+    assert sent[1:4] == items and sent[-1] == items[1]
+    listed = client.responses.input_items.list(first.id, order="asc").data
+    assert [item.type for item in listed] == ["message", *(item["type"] for item in items)]
+    assert all(item.id for item in listed)

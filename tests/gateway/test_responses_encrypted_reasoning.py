@@ -16,7 +16,7 @@ from gateway.dialects.responses_reasoning import (
     encrypted_reasoning,
     joined_blocks,
 )
-from gateway.dialects.responses_request import ResponsesRequest, input_items
+from gateway.dialects.responses_request import ResponsesRequest, listed, sent_items
 from tests.conftest import ADMIN_KEY
 from tests.gateway.conftest import GatewayEnv
 from tests.support.fake_upstream import FakeUpstream, chat_answer, chat_chunks
@@ -148,7 +148,7 @@ def test_reasoning_sent_back_is_listed_with_its_text_restored() -> None:
     ours = {"type": "reasoning", "summary": [], "encrypted_content": encrypted_reasoning("think hard")}
     foreign = {"type": "reasoning", "summary": [], "encrypted_content": "gAAAAABoxx"}
     req = ResponsesRequest(model="m", input=[ours, foreign])
-    restored, kept = input_items(req)
+    restored, kept = listed(sent_items(req))
     assert restored["content"] == [{"type": "reasoning_text", "text": "think hard"}]
     assert restored["id"].startswith("rs_sy") and restored["encrypted_content"] == ours["encrypted_content"]
     assert "content" not in kept and not kept["id"].startswith("rs_sy")

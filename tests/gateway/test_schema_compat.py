@@ -48,16 +48,17 @@ def downgrade() -> None:
 
 
 def newer_version(tmp_path: Path) -> Path:
-    """Migrations of a newer version: 0013 adds a nullable column (flagged compatible), 0014 a NOT
-    NULL one (not flagged: the previous code's inserts would fail)."""
+    """Migrations of a newer version, numbered past any of this one's (``migrate_with`` compares
+    names): 9998 adds a nullable column (flagged compatible), 9999 a NOT NULL one (not flagged: the
+    previous code's inserts would fail)."""
     scripts = tmp_path / "newer_migrations"
     shutil.copytree(migrate.MIGRATIONS, scripts, ignore=shutil.ignore_patterns("__pycache__"))
     head = migrate.head_revision()
-    (scripts / "versions" / "0013_newer.py").write_text(NEWER.format(
-        revision="0013_newer", down=head, flag="previous_code_compatible = True", table="tenants",
+    (scripts / "versions" / "9998_newer.py").write_text(NEWER.format(
+        revision="9998_newer", down=head, flag="previous_code_compatible = True", table="tenants",
         column="region", nullable="nullable=True"))
-    (scripts / "versions" / "0014_breaking.py").write_text(NEWER.format(
-        revision="0014_breaking", down="0013_newer", flag="", table="api_keys", column="owner",
+    (scripts / "versions" / "9999_breaking.py").write_text(NEWER.format(
+        revision="9999_breaking", down="9998_newer", flag="", table="api_keys", column="owner",
         nullable="nullable=False, server_default='x'"))
     return scripts
 
@@ -93,23 +94,23 @@ async def test_an_older_version_runs_on_a_newer_schema_only_when_it_says_so(empt
     await asyncio.to_thread(migrate.upgrade, empty_url)
     db = Database.from_url(empty_url)
     try:
-        # this version's own migrations: 0008 to 0012 are flagged, 0007 is not
+        # this version's own migrations: 0008 to 0013 are flagged, 0007 is not
         assert await recorded(db) == (head, "0007_sqlite_times")
         assert (await check_schema(db.engine)).newer is False
 
-        await asyncio.to_thread(migrate_with, scripts, empty_url, "0013_newer")
-        assert await recorded(db) == ("0013_newer", "0007_sqlite_times")
+        await asyncio.to_thread(migrate_with, scripts, empty_url, "9998_newer")
+        assert await recorded(db) == ("9998_newer", "0007_sqlite_times")
         found = await check_schema(db.engine)
-        assert found.newer and found.usable and found.current == "0013_newer" and found.head == head
+        assert found.newer and found.usable and found.current == "9998_newer" and found.head == head
         # the older code works on it: its inserts name only the columns it knows
         tenant = await TenancyService(db).create_tenant("acme")
         assert (await TenancyService(db).create_key(tenant.id, name="ci")).secret
         # its `db upgrade` (a bootstrap, an init step) leaves the newer schema as it is
-        assert await asyncio.to_thread(migrate.upgrade, empty_url) == "0013_newer"
+        assert await asyncio.to_thread(migrate.upgrade, empty_url) == "9998_newer"
 
-        await asyncio.to_thread(migrate_with, scripts, empty_url, "0014_breaking")
-        assert await recorded(db) == ("0014_breaking", "0014_breaking")
-        message = f"at revision 0014_breaking, newer than this version's {head}, and it needs the code of 0014_breaking"
+        await asyncio.to_thread(migrate_with, scripts, empty_url, "9999_breaking")
+        assert await recorded(db) == ("9999_breaking", "9999_breaking")
+        message = f"at revision 9999_breaking, newer than this version's {head}, and it needs the code of 9999_breaking"
         with pytest.raises(SchemaNotReady, match=message):
             await check_schema(db.engine)
         with pytest.raises(SchemaNotReady, match=message):
@@ -128,7 +129,7 @@ async def test_a_newer_schema_that_records_nothing_is_refused(tmp_path: Path) ->
     """A row left from another revision (the table emptied by hand, or written by other tooling)
     proves nothing about the newer schema: refused, as one without the table."""
     url = f"sqlite+aiosqlite:///{tmp_path / 'stale.db'}"
-    await asyncio.to_thread(migrate_with, newer_version(tmp_path), url, "0013_newer")
+    await asyncio.to_thread(migrate_with, newer_version(tmp_path), url, "9998_newer")
     db = Database.from_url(url)
     try:
         async with db.engine.begin() as conn:
@@ -154,22 +155,22 @@ def test_db_cli_of_an_older_version_on_a_newer_schema(tmp_path: Path) -> None:
         return subprocess.run([*cli, *args, "--config", str(config)], cwd=tmp_path, env=env, capture_output=True,
                               text=True, timeout=60)
 
-    migrate_with(scripts, url, "0013_newer")
+    migrate_with(scripts, url, "9998_newer")
     waited = run("db", "wait", "--timeout", "30")
     assert waited.returncode == 0, waited.stderr
-    assert "0013_newer" in waited.stdout and "may run on it" in waited.stdout
+    assert "9998_newer" in waited.stdout and "may run on it" in waited.stdout
     current = run("db", "current")
-    assert "current: 0013_newer" in current.stdout and "records that this version may run on it" in current.stdout
+    assert "current: 9998_newer" in current.stdout and "records that this version may run on it" in current.stdout
     up = run("db", "upgrade")
-    assert up.returncode == 0 and "nothing to migrate" in up.stderr and "at revision 0013_newer" in up.stdout
+    assert up.returncode == 0 and "nothing to migrate" in up.stderr and "at revision 9998_newer" in up.stdout
     assert run("tenant", "list").returncode == 0
 
-    migrate_with(scripts, url, "0014_breaking")
+    migrate_with(scripts, url, "9999_breaking")
     started = time.monotonic()
     waited = run("db", "wait", "--timeout", "30")
     assert waited.returncode == 1 and time.monotonic() - started < 20
-    assert "needs the code of 0014_breaking or later" in waited.stderr and "Traceback" not in waited.stderr
+    assert "needs the code of 9999_breaking or later" in waited.stderr and "Traceback" not in waited.stderr
     up = run("db", "upgrade")
     assert up.returncode == 1 and "run a newer version of switchyard" in up.stderr and "Traceback" not in up.stderr
     refused = run("tenant", "list")
-    assert refused.returncode == 1 and "0014_breaking" in refused.stderr
+    assert refused.returncode == 1 and "9999_breaking" in refused.stderr

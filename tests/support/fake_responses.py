@@ -52,12 +52,13 @@ class FakeResponsesUpstream(EchoUpstream, OnLoopback):
         self.received: list[dict[str, Any]] = []
         self._ids = itertools.count(1)
         self.answer_headers: dict[str, str] = {}  # added to the head of every answer
+        self.id_prefix = "resp_up_"  # of the response ids it mints (a proxy's are long)
 
     def response(self, body: dict[str, Any], status: str = "completed") -> dict[str, Any]:
         n = next(self._ids)
         text = _last_user_text(body)
         return {
-            "id": f"resp_up_{n}", "object": "response", "created_at": 1_700_000_000, "status": status,
+            "id": f"{self.id_prefix}{n}", "object": "response", "created_at": 1_700_000_000, "status": status,
             "model": body.get("model"), "service_tier": served_tier(body), "x_vendor_field": {"kept": True},
             "previous_response_id": body.get("previous_response_id"),
             "output": [
