@@ -193,10 +193,13 @@ class AnthropicBackend(HTTPBackend):
     def _as_chat(request: CompletionRequest) -> ChatCompletionRequest:
         """A one-message chat with every field ``request`` shares with chat (and its unmodelled ones),
         so the chat translation refuses what Anthropic cannot do; a text completion's own field that
-        asks for something (``_TEXT_ONLY``) is a 400 naming it."""
+        asks for something (``_TEXT_ONLY``), or a prompt of no text, is a 400 naming it."""
         prompts = request.prompts()
         if len(prompts) != 1 or not isinstance(prompts[0], str):
             raise BadRequest("the anthropic provider takes exactly one text prompt", param="prompt")
+        if not prompts[0].strip():  # named as the client sent it, not as the chat message it becomes
+            raise BadRequest("the anthropic provider takes no empty or whitespace-only prompt (Anthropic refuses "
+                             "empty text)", param="prompt")
         for name, neutral in _TEXT_ONLY.items():
             if getattr(request, name) not in neutral:
                 raise BadRequest(f"'{name}' is not supported by the anthropic provider", param=name)

@@ -16,8 +16,9 @@ from msgspec import UNSET
 from backends.anthropic_functions import as_tools
 from backends.anthropic_json import add_json_tool, json_format
 from backends.anthropic_thinking import THINKING_TYPES, answer_blocks, request_blocks
+from backends.anthropic_tools import add_tools
 from backends.base import BadRequest, Meter
-from backends.function_tools import function_call, function_def
+from backends.function_tools import function_call
 from backends.openai_wire import (
     AssistantMessage,
     ChatChoice,
@@ -29,7 +30,6 @@ from backends.openai_wire import (
     ImagePart,
     PromptTokensDetails,
     TextPart,
-    Tool,
     ToolCall,
     Usage,
     extra_params,
@@ -178,30 +178,6 @@ def _messages(request: ChatCompletionRequest) -> tuple[list[dict[str, Any]], lis
     return system, out
 
 
-def _tool(tool: Tool, index: int) -> dict[str, Any]:
-    """A function tool as Anthropic's: ``strict: true`` is its strict tool use (structured outputs,
-    generally available on the Messages API: no beta header), so the schema stays enforced; a model
-    without it refuses the request upstream (a 400), never a silent drop. ``strict: false`` is the default."""
-    function = function_def(tool, index, _PROVIDER)
-    out = {"name": function.name, "description": function.description or "",
-           "input_schema": function.parameters or {"type": "object", "properties": {}}}
-    return _cached(out | ({"strict": True} if function.strict is True else {}), tool.cache_control)
-
-
-def _tool_choice(choice: Any) -> dict[str, Any] | None:
-    if choice in (None, UNSET):
-        return None
-    if isinstance(choice, str):
-        mapped = {"auto": "auto", "required": "any", "none": "none"}.get(choice)
-        if mapped is None:
-            raise BadRequest(f"unsupported tool_choice {choice!r}", param="tool_choice")
-        return {"type": mapped}
-    name = (choice.get("function") or {}).get("name") if isinstance(choice, dict) else None
-    if not name:
-        raise BadRequest("tool_choice must name a function", param="tool_choice")
-    return {"type": "tool", "name": name}
-
-
 # Modelled OpenAI request fields with no Messages API equivalent, and the values that leave the
 # output as it would be without them (what clients such as LangChain send by default): any other
 # value is a 400 naming the field, unless the deployment's ``drop_params`` lists it.
@@ -271,12 +247,7 @@ def to_messages_request(request: ChatCompletionRequest, model: str, *, stream: b
             raise BadRequest(f"the anthropic provider takes no stop sequence of whitespace only ({blank[0]!r})",
                              param="stop")
         body["stop_sequences"] = stops
-    if request.tools:
-        body["tools"] = [_tool(t, i) for i, t in enumerate(request.tools)]
-    if (choice := _tool_choice(request.tool_choice)) is not None:
-        body["tool_choice"] = choice
-    if request.parallel_tool_calls is False and request.tools and body.get("tool_choice", {}).get("type") != "none":
-        body["tool_choice"] = body.get("tool_choice", {"type": "auto"}) | {"disable_parallel_tool_use": True}
+    add_tools(request, body)
     if (user_id := _end_user(request, dropped)) is not None:
         body["metadata"] = {"user_id": user_id}
     _map_extra(request, body, answer_room)

@@ -1,9 +1,12 @@
 """For backends that serve function tools only (the built-in engine, the Anthropic translation):
-a custom tool, or a custom call in the conversation, is a 400 naming it, never dropped. For answers
+a custom tool, or a custom call in the conversation, is a 400 naming it, never dropped; an
+``allowed_tools`` choice is read as the tools it allows. For answers
 translated to an API without custom tools (``/v1/messages``, ``/v1/responses`` served by chat): a
 custom call fails the answer as untranslatable."""
 
 from __future__ import annotations
+
+from typing import Any
 
 from msgspec import UNSET
 
@@ -25,6 +28,26 @@ def function_call(call: ToolCall, where: str, backend: str) -> FunctionCall:
         return call.function
     raise BadRequest(f"{backend} serves function tools only, not {call.type} tool calls", param=where,
                      code="unsupported_parameter")
+
+
+def allowed_tools(allowed: Any, names: list[str]) -> tuple[str, set[str]]:
+    """An ``allowed_tools`` choice's mode (``auto`` or ``required``) and the tools it allows, each
+    among the request's (``names``); the model is shown those alone, so it calls no other."""
+    mode = allowed.get("mode") if isinstance(allowed, dict) else None
+    listed = allowed.get("tools") if isinstance(allowed, dict) else None
+    if mode not in ("auto", "required") or not isinstance(listed, list) or not listed:
+        raise BadRequest('tool_choice of type allowed_tools must be {"type": "allowed_tools", "allowed_tools": '
+                         '{"mode": "auto" or "required", "tools": [{"type": "function", "function": {"name": ...}}]}}',
+                         param="tool_choice.allowed_tools")
+    chosen: set[str] = set()
+    for i, tool in enumerate(listed):
+        function = tool.get("function") if isinstance(tool, dict) and tool.get("type") == "function" else None
+        name = function.get("name") if isinstance(function, dict) else None
+        if not isinstance(name, str) or name not in names:
+            raise BadRequest(f"tool_choice.allowed_tools.tools[{i}] must name a function among the tools",
+                             param=f"tool_choice.allowed_tools.tools[{i}]")
+        chosen.add(name)
+    return mode, chosen
 
 
 def answered_function(call: ToolCall, api: str) -> FunctionCall:

@@ -27,7 +27,7 @@ import msgspec
 from msgspec import UNSET
 
 from backends.base import BadRequest
-from backends.function_tools import function_def
+from backends.function_tools import allowed_tools, function_def
 from backends.local.tool_parsers import PARSERS, ParsedCall
 from backends.local.tool_stream import StreamingToolParser
 from backends.openai_wire import (
@@ -189,7 +189,7 @@ def plan(request: ChatCompletionRequest, parser: str) -> ToolPlan | None:
             return None
         mode = choice
     elif isinstance(choice, dict) and choice.get("type") == "allowed_tools":
-        mode, allowed = _allowed_tools(choice.get("allowed_tools"), names)
+        mode, allowed = allowed_tools(choice.get("allowed_tools"), names)
         numbers = [i for i, name in enumerate(names) if name in allowed]
     elif isinstance(choice, dict):
         chosen = choice.get("function") if choice.get("type") == "function" else None
@@ -210,26 +210,6 @@ def plan(request: ChatCompletionRequest, parser: str) -> ToolPlan | None:
         rendered.append({"type": "function", "function": fn})
     parallel = request.parallel_tool_calls is not False
     return ToolPlan(rendered, mode, named, parallel, parser, numbers)
-
-
-def _allowed_tools(allowed: Any, names: list[str]) -> tuple[str, set[str]]:
-    """An ``allowed_tools`` choice's mode (``auto`` or ``required``) and the tools it allows, each
-    among the request's; the model is shown those alone, so it calls no other."""
-    mode = allowed.get("mode") if isinstance(allowed, dict) else None
-    listed = allowed.get("tools") if isinstance(allowed, dict) else None
-    if mode not in ("auto", "required") or not isinstance(listed, list) or not listed:
-        raise BadRequest('tool_choice of type allowed_tools must be {"type": "allowed_tools", "allowed_tools": '
-                         '{"mode": "auto" or "required", "tools": [{"type": "function", "function": {"name": ...}}]}}',
-                         param="tool_choice.allowed_tools")
-    chosen: set[str] = set()
-    for i, tool in enumerate(listed):
-        function = tool.get("function") if isinstance(tool, dict) and tool.get("type") == "function" else None
-        name = function.get("name") if isinstance(function, dict) else None
-        if not isinstance(name, str) or name not in names:
-            raise BadRequest(f"tool_choice.allowed_tools.tools[{i}] must name a function among the tools",
-                             param=f"tool_choice.allowed_tools.tools[{i}]")
-        chosen.add(name)
-    return mode, chosen
 
 
 def call_id(parser: str) -> str:

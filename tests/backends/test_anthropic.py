@@ -178,6 +178,14 @@ def test_text_completion_served_as_chat(client: openai.OpenAI) -> None:
     assert "".join(c.choices[0].text for c in chunks if c.choices) == "a b"
 
 
+@pytest.mark.parametrize("prompt", ["", "  \n"])
+def test_an_empty_text_prompt_is_a_400_naming_prompt(client: openai.OpenAI, prompt: str) -> None:
+    """Named as the /v1/completions client sent it, not as ``messages[0].content`` of the chat it is served as."""
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.completions.create(model="claude", prompt=prompt)
+    assert refused.value.param == "prompt"
+
+
 @pytest.mark.parametrize(
     ("status", "kind", "message", "error", "code"),
     [
