@@ -88,6 +88,7 @@ class _Flight:
     meter: Meter | None = None  # the attempt's own meter, where its backend handed it over
     attempts: int = 0  # attempts the route plan made (retries and fallbacks included)
     reserved: int = 0  # prompt tokens counted against ``deployment``'s tokens_per_minute until settled
+    settled: bool = False  # ``Pipeline._settle`` ran: whatever fails after it settles nothing twice
 
     def release(self) -> None:
         """Uncount the attempt's tokens from its deployment's tokens_per_minute (``reserve_tokens``)."""
@@ -203,9 +204,15 @@ class Pipeline:
         except BaseException:
             await self._settle(flight, Meter(exact=False), 500, "internal_error")
             raise
-        if isinstance(result, ChunkStream):
-            return self._stream_response(flight, result)
-        return await self._unary_response(flight, result)
+        try:
+            if isinstance(result, ChunkStream):
+                return self._stream_response(flight, result)
+            return await self._unary_response(flight, result)
+        except BaseException:  # a bug between the answer and the response: settled all the same
+            if isinstance(result, ChunkStream):
+                await _close_quietly(result)
+            await asyncio.shield(self._settle(flight, result.meter, 500, "internal_error"))
+            raise
 
     async def _call(self, flight: _Flight, ctx: CallContext, tokens: int) -> Completed[Any] | ChunkStream[Any]:
         """Follow the route plan until an attempt succeeds; the last failure is raised (``tokens``:
@@ -329,6 +336,11 @@ class Pipeline:
     async def _settle(
         self, flight: _Flight, meter: Meter, status: int, error_type: str | None, outcome: str | None = None
     ) -> None:
+        """Release the request's admission and record its usage row; once per flight, the first
+        outcome wins."""
+        if flight.settled:
+            return
+        flight.settled = True
         cost = self._cost(flight, meter)
         deployment, principal = flight.deployment, flight.call.principal
         flight.release()
@@ -450,6 +462,14 @@ def _record_failure(health: DeploymentHealth, exc: BackendError, tenant: str, tr
     if (seconds := holds_off(exc)) is not None:
         said = isinstance(exc, RateLimited) and exc.reported
         health.hold_off(seconds, None if said else tenant)
+
+
+async def _close_quietly(stream: ChunkStream[Any]) -> None:
+    """Close an upstream stream no relay will read; a failure to is logged, not raised."""
+    try:
+        await stream.aclose()
+    except Exception:
+        log.exception("closing an unrelayed upstream stream failed")
 
 
 def _broke_stream(error: ApiError) -> bool:

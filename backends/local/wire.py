@@ -13,6 +13,7 @@ from msgspec import UNSET
 
 from backends.base import BadRequest, Meter
 from backends.function_tools import function_call
+from backends.local.chat_rules import check_conversation
 from backends.local.structured import output_constraint
 from backends.logprobs_wire import PromptLogprob, PromptLogprobs
 from backends.nested_fields import unknown_nested_field
@@ -243,7 +244,9 @@ def template_variables(request: ChatCompletionRequest) -> dict[str, Any]:
 
 
 def chat_messages(request: ChatCompletionRequest) -> list[dict[str, str]]:
-    """The conversation as the chat template expects it; unsupported features are refused."""
+    """The conversation as the chat template expects it; one OpenAI refuses, or with features this
+    model does not support, is refused."""
+    check_conversation(request.messages)
     messages: list[dict[str, Any]] = []
     for i, m in enumerate(request.messages):
         if isinstance(m.content, list) and any(not isinstance(p, TextPart) for p in m.content):
