@@ -34,6 +34,7 @@ from engine.layers.rotary import rope_parameters
 GGUF_SUFFIX = ".gguf"
 _PERMUTED_ARCHS = {"llama", "mistral"}  # llama.cpp's converter permutes their q/k rows
 _NATIVE_ARCHS = _PERMUTED_ARCHS | {"qwen2", "qwen3"}  # whose attention.key_length is the config's head_dim
+_FOLDER_FORMAT = 2  # of the tokenizer folders built from files: a new format builds them anew
 _SLICE_BYTES = 16 << 20  # float32 output per slice of rows while dequantizing
 _LAYER = re.compile(r"blk\.(\d+)\.(.+)")
 _LAYER_NAMES = {
@@ -52,6 +53,7 @@ _LAYER_NAMES = {
     "ffn_up.weight": "mlp.up_proj.weight",
     "ffn_down.weight": "mlp.down_proj.weight",
 }
+_END_KEYS = ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id")
 _GLOBAL_NAMES = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
                  "output.weight": "lm_head.weight"}
 
@@ -106,6 +108,19 @@ def check_tensor_types(head: GGUFHeader) -> None:
                             f"package cannot dequantize (it can: {known})")
 
 
+def check_loadable(head: GGUFHeader) -> None:
+    """Raise GGUFError for a file that cannot load, before anything is built from it: a tensor type
+    that cannot be dequantized, or a mixture of experts written as a dense architecture (Mixtral's
+    files say ``llama`` with ``llama.expert_count``), whose expert tensors neither the native model
+    nor transformers' GGUF reader (which maps the architecture onto its dense class) has a place for."""
+    arch = str(head.get("general.architecture"))
+    if arch in _NATIVE_ARCHS and (experts := int(head.get(f"{arch}.expert_count") or 0)) > 0:
+        raise GGUFError(f"{head.path.name}: a mixture-of-experts model ({arch}.expert_count = {experts}, as "
+                        f"Mixtral's files are written): neither the native {arch} model nor transformers' GGUF "
+                        "reader loads expert layers for this architecture; serve it from its Hugging Face folder")
+    check_tensor_types(head)
+
+
 class GGUFLlamaConfig(PretrainedConfig):
     """A llama-architecture file's config, with LlamaConfig's defaults for what the file does not
     say. Not LlamaConfig itself: importing that pulls in torch.distributed and sympy (~65 MB of
@@ -142,7 +157,7 @@ def _llama_config(head: GGUFHeader) -> Any:
         mlp_bias=False, rope_parameters={"rope_theta": float(value("llama.rope.freq_base", 10000.0)),
                                          **_rope_scaling(head, "llama")},
         max_position_embeddings=int(value("llama.context_length", 2048)),
-        bos_token_id=value("tokenizer.ggml.bos_token_id"), eos_token_id=value("tokenizer.ggml.eos_token_id"),
+        bos_token_id=value("tokenizer.ggml.bos_token_id"),
         architectures=["LlamaForCausalLM"],
     )
     return GGUFLlamaConfig(**fields)
@@ -152,13 +167,14 @@ def _llama_config(head: GGUFHeader) -> Any:
 def load_config(path: str | Path) -> Any:
     """The transformers config the file's metadata describes: read directly for Llama files, else by
     transformers' GGUF mapping (which parses the whole vocabulary: seconds), with the rope scaling and
-    head_dim it drops put back; llama.cpp's ``rope_freqs`` factors are added to the rope parameters.
-    Raises GGUFError first if a tensor has a type that cannot be dequantized."""
+    head_dim it drops put back; llama.cpp's ``rope_freqs`` factors are added to the rope parameters, and
+    its end-of-turn ids to ``eos_token_id``.
+    Raises GGUFError first for a file ``check_loadable`` refuses."""
     from transformers import AutoConfig
 
     file = Path(path)
     head = header(file)
-    check_tensor_types(head)
+    check_loadable(head)
     arch = str(head.get("general.architecture"))
     if arch == "llama":
         config = _llama_config(head)
@@ -171,6 +187,8 @@ def load_config(path: str | Path) -> Any:
             config.rope_parameters = {**rope_parameters(config), **_rope_scaling(head, arch)}
             if (key_length := head.get(f"{arch}.attention.key_length")) is not None:
                 config.head_dim = int(key_length)  # qwen3's
+    if (eos := _eos_token_id(head)) is not None:
+        config.eos_token_id = eos
     names = {t.name for t in head.tensors}
     if "rope_freqs.weight" in names:
         config.rope_parameters = {**rope_parameters(config), "freq_factors": _rope_freq_factors(head)}
@@ -181,6 +199,14 @@ def load_config(path: str | Path) -> Any:
         cls: Any = AutoModelForCausalLM._model_mapping.get(type(config), None)
         config.architectures = [cls.__name__] if cls is not None else []
     return config
+
+
+def _eos_token_id(head: GGUFHeader) -> int | list[int] | None:
+    """The ids that end generation, as a Hugging Face config lists them: EOS, and llama.cpp's end of
+    turn and end of message (Llama 3's ``<|eot_id|>``, ``<|eom_id|>``), which a chat model writes at
+    the end of its answer while its EOS is ``<|end_of_text|>``."""
+    ids = list(dict.fromkeys(int(v) for key in _END_KEYS if (v := head.get(key)) is not None))
+    return None if not ids else ids[0] if len(ids) == 1 else ids
 
 
 def _rope_freq_factors(head: GGUFHeader) -> list[float]:
@@ -234,7 +260,7 @@ def iter_weights(
     time, largest first: the caller copies each into the model's parameters, so beside the model
     about one tensor is ever held, and the largest while little of the model is yet in memory."""
     head = header(path)
-    check_tensor_types(head)
+    check_loadable(head)
     permuted = str(head.get("general.architecture")) in _PERMUTED_ARCHS
     heads = int(hf_config.num_attention_heads)
     kv_heads = int(getattr(hf_config, "num_key_value_heads", None) or heads)
@@ -253,14 +279,24 @@ def iter_weights(
         os.close(fd)
 
 
+def _save_named_templates(head: GGUFHeader, folder: Path) -> None:
+    """llama.cpp's named chat templates (``tokenizer.chat_template.tool_use``, ``.rag``: Hermes,
+    Command-R), which transformers' GGUF reader drops, where transformers saves named templates."""
+    for key, source in head.metadata.items():
+        name = key.removeprefix("tokenizer.chat_template.")
+        if name != key and isinstance(source, str) and re.fullmatch(r"\w+", name):
+            (folder / "additional_chat_templates").mkdir(exist_ok=True)
+            (folder / "additional_chat_templates" / f"{name}.jinja").write_text(source, encoding="utf-8")
+
+
 def tokenizer_folder(path: str | Path) -> Path:
     """A Hugging Face tokenizer folder built from the file's metadata (once; then reused). Building
     it parses the whole vocabulary through transformers' GGUF reader (seconds, ~150 MB at its peak),
     so engines ask for it before loading weights; a file that cannot load at all fails first."""
-    check_tensor_types(header(path))
+    check_loadable(header(path))
     file = Path(path).resolve()
     stat = file.stat()
-    key = hashlib.sha256(f"{file}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:16]
+    key = hashlib.sha256(f"{file}:{stat.st_size}:{stat.st_mtime_ns}:{_FOLDER_FORMAT}".encode()).hexdigest()[:16]
     root = Path(os.environ.get("SWITCHYARD_GGUF_CACHE") or Path.home() / ".cache" / "switchyard" / "gguf")
     folder = root / f"{file.stem}-{key}"
     if (folder / "tokenizer.json").is_file():
@@ -273,6 +309,7 @@ def tokenizer_folder(path: str | Path) -> Path:
         raise GGUFError(f"{file}: cannot build its tokenizer from the metadata ({exc})") from None
     partial = folder.with_name(folder.name + f".tmp{os.getpid()}")
     tokenizer.save_pretrained(str(partial))
+    _save_named_templates(header(path), partial)
     try:
         partial.replace(folder)
     except OSError:  # another process built it first

@@ -9,6 +9,7 @@ and the sequence's maximum length fixed against the model's context and the whol
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -73,9 +74,10 @@ class RequestLimits:
 
 
 class InputProcessor:
-    def __init__(self, limits: RequestLimits, tokenizer: Any = None) -> None:
+    def __init__(self, limits: RequestLimits, tokenizer: Any = None, eos_token_ids: Iterable[int] = ()) -> None:
         self.limits = limits
         self.tokenizer = tokenizer  # engine.tokenizer.Tokenizer, or None: prompts come as token ids
+        self.eos_token_ids = set(eos_token_ids)  # the engine's (the model config's too): a grammar may end on any
         self._structured: StructuredOutputManager | None = None
 
     def structured(self) -> StructuredOutputManager:
@@ -84,7 +86,8 @@ class InputProcessor:
             if self.tokenizer is None or not (Path(self.tokenizer.path) / "tokenizer.json").is_file():
                 raise InvalidRequest("structured output needs the model's tokenizer.json", param="response_format")
             vocab = max(self.limits.vocab_size or 0, self.tokenizer.vocab_size)
-            self._structured = StructuredOutputManager(self.tokenizer.path, vocab, sorted(self.tokenizer.eos_token_ids))
+            eos = sorted(self.eos_token_ids | set(self.tokenizer.eos_token_ids))
+            self._structured = StructuredOutputManager(self.tokenizer.path, vocab, eos)
         return self._structured
 
     def tokenize(self, prompt: str | list[int]) -> list[int]:

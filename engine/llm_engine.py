@@ -95,7 +95,8 @@ class LLMEngine:
         )
         vocab = int(getattr(hf_config, "vocab_size", 0)) or None
         limits = RequestLimits(max_len, self.capacity.num_blocks, config.block_size, vocab)
-        self.processor = InputProcessor(limits, self.tokenizer)  # the one place requests are validated
+        # the one place requests are validated
+        self.processor = InputProcessor(limits, self.tokenizer, self.eos_token_ids)
         self.runner.bitmask_words = words_for(max(vocab or 0, self.tokenizer.vocab_size if self.tokenizer else 0))
         self.metrics = EngineMetrics()
         self._requests: dict[str, RequestState] = {}

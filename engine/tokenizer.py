@@ -4,9 +4,9 @@ Encoding/decoding goes through ``tokenizers`` (``tokenizer.json``), or transform
 ``AutoTokenizer`` for folders without one; the chat template comes from
 ``chat_template.jinja`` or ``tokenizer_config.json`` and is rendered in a sandboxed Jinja
 environment configured like transformers' ``apply_chat_template`` (trim/lstrip blocks, loop
-controls, ``raise_exception``, ``tojson``, ``strftime_now``, the special tokens as variables),
-then tokenised without adding special tokens. Incremental detokenisation and stop strings live in
-``engine.detok`` and are re-exported here.
+controls, ``{% generation %}`` blocks, ``raise_exception``, ``tojson``, ``strftime_now``, the
+special tokens as variables), then tokenised without adding special tokens. Incremental
+detokenisation and stop strings live in ``engine.detok`` and are re-exported here.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from typing import Any
 
 import jinja2
 import jinja2.ext
+import jinja2.nodes
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer as HFTokenizer
 
@@ -50,8 +51,25 @@ def _raise(message: str) -> None:
     raise jinja2.exceptions.TemplateError(message)
 
 
+class _GenerationBlocks(jinja2.ext.Extension):
+    """transformers' ``{% generation %}...{% endgeneration %}`` (its ``AssistantTracker``): the block
+    marks the assistant's text for training masks (TRL's templates have it) and renders as its body."""
+
+    tags = {"generation"}
+
+    def parse(self, parser: Any) -> jinja2.nodes.Node:
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+        return jinja2.nodes.CallBlock(self.call_method("_body"), [], [], body).set_lineno(lineno)
+
+    @staticmethod
+    def _body(caller: Any) -> str:
+        return str(caller())
+
+
 def compile_chat_template(source: str) -> jinja2.Template:
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        extensions=[jinja2.ext.loopcontrols, _GenerationBlocks])
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
@@ -137,17 +155,29 @@ class Tokenizer:
         self._codec = _FastCodec(path) if (path / "tokenizer.json").is_file() else _TransformersCodec(path)
         self.config = _read_json(path / "tokenizer_config.json")
         self.special_tokens = {k: t for k in _SPECIAL_KEYS if (t := _token_text(self.config.get(k))) is not None}
-        self.chat_template = self._find_chat_template()
+        self.chat_templates = self._find_chat_templates()
+        self.chat_template = self.chat_templates.get("default")
+        self._compiled: dict[str, jinja2.Template] = {}
 
-    def _find_chat_template(self) -> str | None:
+    def _find_chat_templates(self) -> dict[str, str]:
+        """The chat templates by name, as transformers reads them: ``default``, and the named ones of
+        a list in tokenizer_config.json or of ``additional_chat_templates/*.jinja`` (``tool_use``,
+        ``rag``, ...)."""
+        extra = self.path / "additional_chat_templates"
+        templates = {f.stem: f.read_text(encoding="utf-8") for f in sorted(extra.glob("*.jinja"))}
         jinja_file = self.path / "chat_template.jinja"
-        if jinja_file.is_file():
-            return jinja_file.read_text(encoding="utf-8")
-        template = self.config.get("chat_template") or _read_json(self.path / "chat_template.json").get("chat_template")
-        if isinstance(template, list):  # named templates: use "default"
-            named = {t["name"]: t["template"] for t in template}
-            template = named.get("default")
-        return template
+        template = jinja_file.read_text(encoding="utf-8") if jinja_file.is_file() else (
+            self.config.get("chat_template") or _read_json(self.path / "chat_template.json").get("chat_template"))
+        if isinstance(template, list):
+            templates.update({t["name"]: t["template"] for t in template})
+        elif template:
+            templates["default"] = template
+        return templates
+
+    @property
+    def tool_chat_template(self) -> str | None:
+        """The template a request with tools renders: ``tool_use`` where there is one, as transformers picks."""
+        return self.chat_templates.get("tool_use", self.chat_template)
 
     # ------------------------------------------------------------ basics
 
@@ -204,11 +234,13 @@ class Tokenizer:
 
     # ------------------------------------------------------------ chat
 
-    @cached_property
-    def _template(self) -> jinja2.Template:
-        if not self.chat_template:
-            raise ChatTemplateError(f"the model at {str(self.path)!r} has no chat template")
-        return compile_chat_template(self.chat_template)
+    def _template(self, with_tools: bool) -> jinja2.Template:
+        name = "tool_use" if with_tools and "tool_use" in self.chat_templates else "default"
+        if name not in self._compiled:
+            if name not in self.chat_templates:
+                raise ChatTemplateError(f"the model at {str(self.path)!r} has no chat template")
+            self._compiled[name] = compile_chat_template(self.chat_templates[name])
+        return self._compiled[name]
 
     def render_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
                     continue_final_message: bool = False, **kwargs: Any) -> str:
@@ -221,7 +253,8 @@ class Tokenizer:
             messages, final = _tagged(messages)
         try:
             variables = {"tools": None, "documents": None, **self.special_tokens, **kwargs}
-            text = self._template.render(messages=messages, add_generation_prompt=add_generation_prompt, **variables)
+            template = self._template(with_tools=kwargs.get("tools") is not None)
+            text = template.render(messages=messages, add_generation_prompt=add_generation_prompt, **variables)
         except jinja2.exceptions.TemplateError as e:
             raise ChatTemplateError(f"chat template error: {e}") from e
         except (TypeError, ValueError, ArithmeticError, LookupError) as e:  # a variable the template cannot use

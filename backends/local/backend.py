@@ -58,7 +58,7 @@ class LocalEngineBackend:
         self.tokenizer = engine.tokenizer
         self.logprobs = wire.LogprobFormatter(self.tokenizer)
         self.pooling = pooling  # None: this deployment serves no embeddings
-        self.tool_parser = choose_parser(tool_parser, self.tokenizer.chat_template)
+        self.tool_parser = choose_parser(tool_parser, self.tokenizer.tool_chat_template)
         self.metadata: dict[str, Any] = {"model_impl": engine.engine.model_impl, "max_model_len": engine.max_model_len}
         if pooling is not None:
             self.metadata["pooling"] = pooling.pooling

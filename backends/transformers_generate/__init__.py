@@ -57,8 +57,9 @@ def load_generate_backend(folder: str, deployment_id: str, options: dict[str, An
                                                               dtype=dtype, local_files_only=True, **where)
     model.to(torch.device(options.get("device", "cpu"))).eval()  # type: ignore[arg-type]  # transformers' stub of .to
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(tokenizer_dir), local_files_only=True)
-    eos = model.generation_config.eos_token_id
-    eos_ids = set(eos if isinstance(eos, list) else [] if eos is None else [eos])
+    eos_ids: set[int] = set()
+    for eos in (model.generation_config.eos_token_id, getattr(info.hf_config, "eos_token_id", None)):
+        eos_ids.update(eos if isinstance(eos, list) else [] if eos is None else [eos])  # a GGUF's end of turn too
     if tokenizer.eos_token_id is not None:
         eos_ids.add(tokenizer.eos_token_id)
     # The worker sets every generation parameter itself and decides EOS per row: start from a clean

@@ -51,3 +51,17 @@ async def test_a_bloom_gguf_runs_on_plain_generate_as_transformers_does(
         result = await backend.complete(CompletionRequest(model="m", prompt=prompt, max_tokens=16, temperature=0.0))
         assert result.response.choices[0].text == tokenizer.decode(want, skip_special_tokens=True)
         assert result.meter.prompt_tokens == len(ids) and result.meter.completion_tokens == len(want)
+
+
+async def test_the_end_of_turn_token_of_the_file_stops_generation(tmp_path: Path) -> None:
+    """llama.cpp's ``tokenizer.ggml.eot_token_id`` ends an answer on this path too (as the engine's)."""
+    eot = 5
+    path = write_gguf("bloom", tmp_path / "tiny-bloom.F32.gguf", edit=lambda writer: writer.add_eot_token_id(eot))
+    built = build_backend(DeploymentConfig(provider="local", model=str(path), options={"max_model_len": 128}))
+    assert isinstance(built, HFGenerateBackend)
+    try:
+        result = await built.complete(CompletionRequest(model="m", prompt="fox", max_tokens=8, temperature=0.0,
+                                                        logit_bias={str(eot): 100}))
+        assert result.response.choices[0].finish_reason == "stop" and result.meter.completion_tokens == 1
+    finally:
+        await built.aclose()

@@ -4,10 +4,12 @@ llama.cpp's Q/K permutation undone, and clear errors for what cannot load."""
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +22,9 @@ from safetensors.torch import load_file
 
 from engine import LLM, SamplingParams, gguf_file
 from engine.loader import load_config
+from engine.structured_output import StructuredOutput
 from engine.tiny_model import build_tiny_model
+from engine.tokenizer import Tokenizer
 from tests.support.gguf_models import add_tokenizer
 
 NAMES = {v: k for k, v in gguf_file._GLOBAL_NAMES.items()}  # HF name -> GGUF name
@@ -55,8 +59,15 @@ def _add_odd(writer: GGUFWriter, name: str, array: np.ndarray, kind: GGMLQuantiz
     writer.add_tensor(name, np.zeros((array.shape[0], blocks * size), dtype=np.uint8), raw_dtype=kind)
 
 
+def _drop(writer: GGUFWriter, key: str) -> None:
+    del writer.kv_data[0][key]
+
+
 def _write(folder: Path, out: Path, kind: GGMLQuantizationType, extra: dict[str, np.ndarray] | None = None,
-           odd: tuple[str, GGMLQuantizationType] | None = None) -> None:
+           odd: tuple[str, GGMLQuantizationType] | None = None,
+           edit: Callable[[GGUFWriter], None] | None = None) -> None:
+    """The tiny folder as a GGUF file of ``kind``; ``edit`` changes the metadata (``_drop`` a key first
+    to write it anew)."""
     config = load_config(folder)
     weights = load_file(str(folder / "model.safetensors"))
     writer = GGUFWriter(str(out), "llama")
@@ -76,6 +87,8 @@ def _write(folder: Path, out: Path, kind: GGMLQuantizationType, extra: dict[str,
             writer.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
     writer.add_vocab_size(config.vocab_size)
     add_tokenizer(writer, folder)
+    if edit is not None:
+        edit(writer)
     for name, tensor in weights.items():
         array = tensor.float().numpy()
         if name.endswith("q_proj.weight"):
@@ -239,3 +252,77 @@ def test_the_rope_scaling_of_the_file_is_applied(
         assert a.outputs[0].logprobs is not None and b.outputs[0].logprobs is not None
         diffs = [abs(x.logprob - y.logprob) for x, y in zip(a.outputs[0].logprobs, b.outputs[0].logprobs)]
         assert max(diffs) < 1e-4
+
+
+def test_the_end_of_turn_and_end_of_message_tokens_stop_generation(
+    folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Llama 3 file's EOS is ``<|end_of_text|>``, while its chat turns end in ``<|eot_id|>``
+    (llama.cpp's ``eot_token_id``) or ``<|eom_id|>`` (``eom_token_id``): each stops generation, as
+    the Hugging Face generation_config's list of EOS ids does, and a grammar may end on each."""
+    tokenizer = Tokenizer(folder)
+    eos, eot = tokenizer.token_id("<|end_of_text|>"), tokenizer.token_id("<|eot_id|>")
+    eom = tokenizer.token_id("<|start_header_id|>")  # the tiny vocabulary has no <|eom_id|>: a stand-in
+    assert eos is not None and eot is not None and eom is not None
+
+    def llama3(writer: GGUFWriter) -> None:
+        _drop(writer, "tokenizer.ggml.eos_token_id")
+        writer.add_eos_token_id(eos)
+        writer.add_eot_token_id(eot)
+        writer.add_eom_token_id(eom)
+
+    path = tmp_path / "llama3.gguf"
+    _write(folder, path, GGMLQuantizationType.F32, edit=llama3)
+    monkeypatch.setenv("SWITCHYARD_GGUF_CACHE", str(tmp_path))
+    assert gguf_file.load_config(path).eos_token_id == [eos, eot, eom]
+    llm = LLM(str(path), max_model_len=64, num_kv_blocks=16)
+    for end in (eos, eot, eom):
+        out = llm.generate([[5, 6, 7]], SamplingParams(max_tokens=5, temperature=0, logit_bias={end: 100}))
+        assert (out[0].outputs[0].token_ids, out[0].outputs[0].finish_reason) == ([end], "stop"), end
+    more_or_end = StructuredOutput("regex", "a+", "structured_outputs")
+    out = llm.generate([[5, 6, 7]], SamplingParams(max_tokens=5, temperature=0, logit_bias={eot: 100},
+                                                   structured=more_or_end))
+    assert out[0].outputs[0].text == "a" and out[0].outputs[0].token_ids[-1] == eot
+
+
+def test_a_mixture_of_experts_written_as_llama_is_refused_up_front(folder: Path, tmp_path: Path) -> None:
+    """Mixtral's files say ``llama`` with ``llama.expert_count``: refused before a tokenizer or a
+    model is built, naming why, not at the first expert tensor."""
+    path = tmp_path / "mixtral.gguf"
+    _write(folder, path, GGMLQuantizationType.F32, {"blk.0.ffn_gate_exps.weight": np.zeros((2, 4, 4), np.float32)},
+           edit=lambda writer: writer.add_expert_count(2))
+    message = r"mixtral\.gguf: a mixture-of-experts model \(llama\.expert_count = 2"
+    with pytest.raises(gguf_file.GGUFError, match=message):
+        gguf_file.load_config(path)
+    with pytest.raises(gguf_file.GGUFError, match=message):
+        gguf_file.tokenizer_folder(path)
+    with pytest.raises(ValueError, match=message):
+        LLM(str(path), max_model_len=64, num_kv_blocks=8)
+
+
+def test_an_unsupported_rope_scaling_type_is_a_clear_error(folder: Path, tmp_path: Path) -> None:
+    path = tmp_path / "longrope.gguf"
+    _write(folder, path, GGMLQuantizationType.F32,
+           edit=lambda writer: writer.add_string("llama.rope.scaling.type", "longrope"))
+    with pytest.raises(gguf_file.GGUFError, match=r"rope scaling type 'longrope' is not supported \(linear, yarn"):
+        gguf_file.load_config(path)
+
+
+def test_named_chat_templates_of_the_file_are_kept(
+    folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """llama.cpp writes Hermes' and Command-R's ``tool_use`` template as ``tokenizer.chat_template.tool_use``:
+    a request with tools renders it, as from the Hugging Face folder the file came from."""
+    tool_use = "TOOL USE {{ tools | tojson }}{% for m in messages %}{{ m['content'] }}{% endfor %}"
+
+    def named(writer: GGUFWriter) -> None:
+        writer.add_chat_template([{"name": "tool_use", "template": tool_use}])
+
+    path = tmp_path / "hermes.gguf"
+    _write(folder, path, GGMLQuantizationType.F32, edit=named)
+    monkeypatch.setenv("SWITCHYARD_GGUF_CACHE", str(tmp_path))
+    tokenizer = Tokenizer(gguf_file.tokenizer_folder(path))
+    tools = [{"type": "function", "function": {"name": "weather", "parameters": {"type": "object"}}}]
+    messages = [{"role": "user", "content": "hi"}]
+    assert tokenizer.render_chat(messages, tools=tools) == f"TOOL USE {json.dumps(tools)}hi"
+    assert tokenizer.render_chat(messages) == Tokenizer(folder).render_chat(messages)

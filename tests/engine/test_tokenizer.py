@@ -66,6 +66,44 @@ def test_template_from_chat_template_jinja_with_tools(model_dir: Path, tmp_path:
         msgs, tools=tools, add_generation_prompt=True, tokenize=False)
 
 
+def test_a_template_with_generation_blocks_renders_as_transformers(model_dir: Path, tmp_path: Path) -> None:
+    """TRL's training templates wrap the assistant's text in ``{% generation %}`` (transformers' tag
+    for assistant masks): rendered as its body, not a syntax error."""
+    folder = tmp_path / "m"
+    shutil.copytree(model_dir, folder)
+    (folder / "chat_template.jinja").write_text(LLAMA31_LIKE.replace(
+        "{{ m['content'] | trim }}",
+        "{%- if m['role'] == 'assistant' %}{% generation %}{{ m['content'] | trim }}{% endgeneration %}"
+        "{%- else %}{{ m['content'] | trim }}{%- endif %}"))
+    hf = AutoTokenizer.from_pretrained(str(folder))
+    msgs: list[dict[str, Any]] = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": " Hello! "},
+                                  {"role": "user", "content": "And then?"}]
+    assert Tokenizer(folder).render_chat(msgs) == hf.apply_chat_template(msgs, add_generation_prompt=True,
+                                                                         tokenize=False)
+
+
+def test_named_templates_render_tool_use_when_tools_are_given_as_transformers(model_dir: Path,
+                                                                            tmp_path: Path) -> None:
+    """Hermes' and Command-R's tokenizer_config.json list a ``default`` and a ``tool_use`` template
+    (transformers saves that as ``additional_chat_templates/``): a request with tools renders ``tool_use``."""
+    folder = tmp_path / "m"
+    shutil.copytree(model_dir, folder)
+    cfg = json.loads((folder / "tokenizer_config.json").read_text())
+    tool_use = "TOOL USE {{ tools | tojson }}" + LLAMA31_LIKE
+    cfg["chat_template"] = [{"name": "default", "template": LLAMA31_LIKE}, {"name": "tool_use", "template": tool_use}]
+    (folder / "tokenizer_config.json").write_text(json.dumps(cfg))
+    hf, ours = AutoTokenizer.from_pretrained(str(folder)), Tokenizer(folder)
+    msgs: list[dict[str, Any]] = [{"role": "user", "content": "Hello!"}]
+    tools: list[Any] = [{"type": "function", "function": {"name": "weather", "parameters": {}}}]
+    for given in (None, tools):
+        assert ours.render_chat(msgs, tools=given) == hf.apply_chat_template(msgs, tools=given, tokenize=False,
+                                                                             add_generation_prompt=True)
+    assert ours.render_chat(msgs, tools=tools).startswith("TOOL USE") and ours.tool_chat_template == tool_use
+    resaved = tmp_path / "resaved"
+    hf.save_pretrained(str(resaved))
+    assert Tokenizer(resaved).render_chat(msgs, tools=tools) == ours.render_chat(msgs, tools=tools)
+
+
 def test_missing_template_and_template_errors(model_dir: Path, tmp_path: Path) -> None:
     folder = tmp_path / "m"
     shutil.copytree(model_dir, folder)

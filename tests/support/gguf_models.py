@@ -7,6 +7,7 @@ natively, to test the fallback."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -49,8 +50,9 @@ _ARCHS = {
 }
 
 
-def write_gguf(arch: str, out: Path, seed: int = 0) -> Path:
-    """A tiny random ``arch`` model (F32) as ``out`` (a .gguf path); its HF folder is built beside it."""
+def write_gguf(arch: str, out: Path, seed: int = 0, edit: Callable[[GGUFWriter], None] | None = None) -> Path:
+    """A tiny random ``arch`` model (F32) as ``out`` (a .gguf path); its HF folder is built beside it;
+    ``edit`` adds metadata."""
     gguf_arch, overrides = _ARCHS[arch]
     folder = build_model(arch, out.with_suffix(""), seed=seed, **overrides)
     config = transformers.AutoConfig.from_pretrained(folder)
@@ -66,6 +68,8 @@ def write_gguf(arch: str, out: Path, seed: int = 0) -> Path:
     writer.add_layer_norm_eps(config.layer_norm_epsilon)
     writer.add_vocab_size(config.vocab_size)
     add_tokenizer(writer, folder)
+    if edit is not None:
+        edit(writer)
     for hf_name, array in weights.items():
         if hf_name == "lm_head.weight":
             continue  # tied to the embeddings (no output.weight: the reader ties them back)
