@@ -4,8 +4,14 @@ Each tenant has a *virtual service*: the tokens the scheduler gave its sequences
 decode alike) divided by its weight. Admission takes the head of the tenant with the least
 virtual service (ties: the tenant admitted least recently, then the shorter backlog);
 preemption takes the newest running sequence of the tenant with the most. A tenant that comes
-back from idle starts at the least virtual service of the tenants still waiting, so idle time
-is not banked as credit.
+back from idle, or comes for the first time, starts at the queue's *virtual time*: the least
+virtual service of the tenants waiting or served, which never goes back (also while nobody
+waits); so idle time is not banked as credit.
+
+The queue remembers a tenant only while that says more than its virtual time would: one neither
+waiting, nor served since the last sweep, nor above the queue's virtual time (a newcomer would
+start where it stands) is forgotten at the next sweep, once the tenants it knows have doubled
+since the last (a gateway meets millions of tenants; each step looks at the waiting ones only).
 
 Two more rules keep a flood from setting everyone else's time to first token:
 
@@ -30,6 +36,8 @@ from dataclasses import dataclass, field
 
 from engine.sequence import Sequence
 
+SWEEP_MIN = 64  # tenants known before the queue first sweeps the idle ones out
+
 
 @dataclass
 class TenantShare:
@@ -37,78 +45,95 @@ class TenantShare:
 
     tenant: str
     weight: float = 1.0
-    virtual: float = 0.0  # tokens scheduled / weight, with the catch-up on return from idle
+    virtual: float = 0.0  # tokens scheduled / weight, from the queue's virtual time when first seen
     waiting: deque[Sequence] = field(default_factory=deque)
     last_admitted: int = 0  # the queue's admission count when this tenant last had a sequence popped
+    served: bool = False  # charged since the last sweep (it has, or had, a sequence running)
 
 
 class FairQueue:
     """A ``QueuePolicy``: weighted fair admission and preemption across ``Sequence.tenant``."""
 
     def __init__(self) -> None:
-        self._shares: dict[str, TenantShare] = {}
+        self._shares: dict[str, TenantShare] = {}  # the tenants remembered (see the module docstring)
+        self._backlogged: dict[str, TenantShare] = {}  # those with sequences waiting
+        self._vtime = 0.0  # the queue's virtual time: where a tenant starts; never goes back
+        self._sweep_at = SWEEP_MIN
         self._len = 0
         self._admissions = 0
 
     def _share(self, seq: Sequence) -> TenantShare:
         share = self._shares.get(seq.tenant)
         if share is None:
-            share = self._shares[seq.tenant] = TenantShare(seq.tenant)
+            if len(self._shares) >= self._sweep_at:
+                self._sweep()
+            share = self._shares[seq.tenant] = TenantShare(seq.tenant, virtual=self._vtime)
         share.weight = seq.weight if seq.weight > 0 else 1.0
         return share
 
-    def _system_virtual(self, exclude: TenantShare) -> float | None:
-        backlogged = [s.virtual for s in self._shares.values() if s.waiting and s is not exclude]
-        return min(backlogged) if backlogged else None
+    def _sweep(self) -> None:
+        """Advance the virtual time to the least service of the tenants waiting or served since the
+        last sweep, and forget the idle ones at or below it (each stands where a newcomer would; one
+        served since is kept: it may still run, and its service decides who is preempted)."""
+        active = [s.virtual for s in self._shares.values() if s.waiting or s.served]
+        self._vtime = max(self._vtime, min(active, default=self._vtime))
+        self._shares = {t: s for t, s in self._shares.items() if s.waiting or s.served or s.virtual > self._vtime}
+        for share in self._shares.values():
+            share.served = False
+        self._sweep_at = max(SWEEP_MIN, 2 * len(self._shares))
 
     def push(self, seq: Sequence) -> None:
         share = self._share(seq)
         if not share.waiting:
-            floor = self._system_virtual(share)
-            if floor is not None and share.virtual < floor:
-                share.virtual = floor
+            floor = min((s.virtual for s in self._backlogged.values()), default=self._vtime)
+            self._vtime = max(self._vtime, floor)
+            share.virtual = max(share.virtual, self._vtime)
+            self._backlogged[share.tenant] = share
         share.waiting.append(seq)
         self._len += 1
 
     def push_front(self, seq: Sequence) -> None:
-        self._share(seq).waiting.appendleft(seq)
+        share = self._share(seq)
+        share.waiting.appendleft(seq)
+        self._backlogged[share.tenant] = share
         self._len += 1
 
     def _next(self) -> TenantShare:
-        backlogged = [s for s in self._shares.values() if s.waiting]
-        if not backlogged:
+        if not self._backlogged:
             raise IndexError("the waiting queue is empty")
-        return min(backlogged, key=lambda s: (s.virtual, s.last_admitted, len(s.waiting),
-                                              s.waiting[0].arrival_time, s.waiting[0].seq_id))
+        return min(self._backlogged.values(), key=lambda s: (s.virtual, s.last_admitted, len(s.waiting),
+                                                             s.waiting[0].arrival_time, s.waiting[0].seq_id))
 
     def peek(self) -> Sequence:
         return self._next().waiting[0]
 
     def pop(self) -> Sequence:
+        share = self._next()
         self._len -= 1
         self._admissions += 1
-        share = self._next()
+        self._vtime = max(self._vtime, share.virtual)  # the least of the waiting
         share.last_admitted = self._admissions
-        return share.waiting.popleft()
+        seq = share.waiting.popleft()
+        if not share.waiting:
+            del self._backlogged[share.tenant]
+        return seq
 
     def remove(self, seq: Sequence) -> None:
-        self._shares[seq.tenant].waiting.remove(seq)
+        share = self._shares[seq.tenant]
+        share.waiting.remove(seq)
+        if not share.waiting:
+            del self._backlogged[share.tenant]
         self._len -= 1
 
     def pick_victim(self, running: list[Sequence]) -> Sequence:
-        def over(s: Sequence) -> float:
-            share = self._shares.get(s.tenant)
-            return share.virtual if share is not None else 0.0
-
-        return max(running, key=lambda s: (over(s), s.arrival_time, s.seq_id))
-
+        return max(running, key=lambda s: (self.virtual_service(s.tenant), s.arrival_time, s.seq_id))
     def slot_victim(self, head: Sequence, running: list[Sequence], max_num_seqs: int) -> Sequence | None:
         """The running sequence to preempt so ``head`` gets a slot, or None: only when ``head``'s
         tenant holds fewer than its weighted share of the slots and another holds more."""
         held: dict[str, int] = {}
         for seq in running:
             held[seq.tenant] = held.get(seq.tenant, 0) + 1
-        active = set(held) | {t for t, share in self._shares.items() if share.waiting}
+        active = set(held) | set(self._backlogged)
         weight = {t: self._shares[t].weight if t in self._shares else 1.0 for t in active}
         total = sum(weight.values())
 
@@ -131,9 +156,9 @@ class FairQueue:
         share = self._next()
         if share.waiting[0].first_scheduled_time is not None:
             return None  # not a new request (a preempted one coming back)
-        others = {s.tenant for s in running if s.is_prefilling} | {t for t, x in self._shares.items() if x.waiting}
+        others = {s.tenant for s in running if s.is_prefilling} | set(self._backlogged)
         others.discard(share.tenant)
-        if any(self._shares[t].virtual >= share.virtual for t in others if t in self._shares):
+        if any(self.virtual_service(t) >= share.virtual for t in others):
             return share.tenant
         return None
 
@@ -141,14 +166,17 @@ class FairQueue:
         """``num_tokens`` of ``seq`` were scheduled this step."""
         share = self._share(seq)
         share.virtual += num_tokens / share.weight
+        share.served = True
 
     def virtual_service(self, tenant: str) -> float:
+        """The tenant's virtual service (one the queue does not remember: the queue's virtual time,
+        where it would start)."""
         share = self._shares.get(tenant)
-        return share.virtual if share is not None else 0.0
+        return share.virtual if share is not None else self._vtime
 
     def __len__(self) -> int:
         return self._len
 
     def __iter__(self) -> Iterator[Sequence]:
-        for share in self._shares.values():
+        for share in self._backlogged.values():
             yield from share.waiting

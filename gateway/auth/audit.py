@@ -7,7 +7,8 @@ shutdown, events the database does not take in time are kept in a file in ``spil
 journal's folder), which the next process to start on that folder takes up (``audit-*.jsonl``,
 claimed by renaming, so one process takes each). Key use is recorded once per key and client
 address per ``key_use_interval`` (per process), so a busy key writes a row an hour per address, not
-a row per request. Failures are bounded by the throttle; if
+a row per request; of the pairs seen within the interval the newest ``MAX_SEEN`` are remembered
+(one forgotten sooner is recorded again sooner: a row more, never one less). Failures are bounded by the throttle; if
 the database is down, the buffer keeps the newest ``max_buffer`` events and counts what it drops.
 Client addresses are stored as printable ASCII only (a proxy's header could carry anything).
 Events older than ``retention`` seconds are deleted by the writer, once an hour.
@@ -21,6 +22,7 @@ import os
 import re
 import time
 from collections import deque
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Literal
@@ -41,6 +43,7 @@ Surface = Literal["api", "admin", "dashboard"]
 _CLIENT_CHARS = 64
 _UNPRINTABLE = re.compile(r"[^\x21-\x7e]")
 _PRUNE_EVERY = 3600.0
+MAX_SEEN = 100_000  # (key, client address) pairs whose last recorded use is remembered
 
 
 class AuditEntry(msgspec.Struct, frozen=True):
@@ -57,15 +60,18 @@ class AuditEntry(msgspec.Struct, frozen=True):
 
 class AuditLog:
     def __init__(self, db: Database, *, key_use_interval: float = 3600.0, retention: float = 90 * 86400.0,
-                 max_buffer: int = 10_000, flush_every: float = 1.0, spill_dir: Path | None = None) -> None:
+                 max_buffer: int = 10_000, flush_every: float = 1.0, spill_dir: Path | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.db = db
+        self._clock = clock
         self.spill_dir = spill_dir
         self.key_use_interval = key_use_interval
         self.retention = retention
         self.flush_every = flush_every
         self.dropped = 0
         self._buffer: deque[AuditEntry] = deque(maxlen=max_buffer)
-        self._seen: dict[tuple[str, str], float] = {}  # (key id, client) -> when its use was last recorded
+        # (key id, client) -> when its use was last recorded, oldest first
+        self._seen: dict[tuple[str, str], float] = {}
         self._task: asyncio.Task[None] | None = None
 
     def record(self, event: Event, *, client: str, surface: Surface, principal: Principal | None = None,
@@ -80,12 +86,15 @@ class AuditLog:
 
     def key_used(self, principal: Principal, *, client: str, surface: Surface) -> None:
         """Record a key's use from ``client`` unless recorded within ``key_use_interval``."""
-        now, seen = time.monotonic(), (principal.key_id, client)
-        if now - self._seen.get(seen, -self.key_use_interval) < self.key_use_interval:
+        now, seen = self._clock(), (principal.key_id, client)
+        last = self._seen.get(seen)
+        if last is not None and now - last < self.key_use_interval:
             return
-        if len(self._seen) >= 100_000:
-            self._seen = {k: t for k, t in self._seen.items() if now - t < self.key_use_interval}
-        self._seen[seen] = now
+        self._seen.pop(seen, None)
+        self._seen[seen] = now  # at the end: the map stays in the order of its times
+        while self._seen and (len(self._seen) > MAX_SEEN
+                              or now - next(iter(self._seen.values())) >= self.key_use_interval):
+            del self._seen[next(iter(self._seen))]  # the oldest: its interval is over, or it is one too many
         self.record("key_used", client=client, surface=surface, principal=principal)
 
     async def flush(self) -> None:

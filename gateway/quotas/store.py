@@ -46,6 +46,8 @@ from gateway.contracts import QuotaState, completed
 from gateway.quotas.limits import WINDOW_SECONDS, Scope, period_id
 
 PICOS_PER_MICRO = 1_000_000
+BUDGET_KEPT_SECONDS = 86400  # a budget bucket outlives its period by this much (as Redis keeps it)
+SWEEP_MIN = 1024  # entries below which the memory store does not sweep
 
 
 def picos(usd: float) -> int:
@@ -160,18 +162,40 @@ class _Window:
 
 
 class MemoryStore:
-    """Quota state in this process (the embedded default: one gateway process, no Redis)."""
+    """Quota state in this process (the embedded default: one gateway process, no Redis).
+
+    A process meets millions of keys over months: a reservation a minute or more after the last
+    sweep sweeps out what Redis would have let expire (windows holding nothing of the last minute,
+    scopes with no lease, budget buckets a day past their period), each of which reads as it does
+    absent: a sweep costs what the minute's reservations made."""
 
     def __init__(self) -> None:
         self._windows: dict[str, _Window] = {}
         self._leases: dict[str, dict[str, _Held]] = {}
         self._budgets: dict[str, list[int]] = {}  # [tokens, picos]
         self._seeded: dict[str, int] = {}  # budget bucket -> the second it was rebuilt in
+        self._budget_ends: dict[str, float] = {}  # budget bucket -> when it may go (none: never)
+        self._swept_at = -math.inf
+
+    def __len__(self) -> int:
+        """The entries held (windows, scopes with leases, budget buckets)."""
+        return len(self._windows) + len(self._leases) + len(self._budgets)
+
+    def _sweep(self, now: float) -> None:
+        sec = math.floor(now)
+        self._windows = {k: w for k, w in self._windows.items() if w.used(sec)[1] is not None}
+        self._leases = {k: held for k, held in self._leases.items() if held}
+        for gone in [k for k, end in self._budget_ends.items() if end <= now]:
+            del self._budgets[gone], self._budget_ends[gone]
+            self._seeded.pop(gone, None)
+        self._swept_at = now
 
     def _window(self, key: str) -> _Window:
         return self._windows.setdefault(key, _Window())
 
     async def reserve(self, r: Reservation) -> Decision:
+        if r.now >= self._swept_at + WINDOW_SECONDS and len(self) >= SWEEP_MIN:
+            self._sweep(r.now)
         sec = math.floor(r.now)
         req_state: QuotaState | None = None
         tok_state: QuotaState | None = None
@@ -247,6 +271,8 @@ class MemoryStore:
             del leases[tid]  # ended: its settlement adds the actual figures
         live = [h for h in leases.values() if since is None or h.second >= math.floor(since)]
         self._seeded[f"{kind}:{sid}:{pid}"] = math.floor(now)
+        if ttl > 0:
+            self._budget_ends[f"{kind}:{sid}:{pid}"] = now + ttl + BUDGET_KEPT_SECONDS
         self._budgets[f"{kind}:{sid}:{pid}"] = [tokens + sum(h.tokens for h in live),
                                                 picos + sum(h.micros for h in live) * PICOS_PER_MICRO]
 
@@ -271,7 +297,7 @@ class MemoryStore:
             if not (known or given_back):  # an admitted lease that expired, in a bucket older than it
                 known = self._seeded.get(f"{base}:{pid}", lease.second + 1) <= lease.second
             reserved_tokens, reserved_micros = (lease.tokens, lease.micros) if known else (0, 0)
-            tk = self._window(base + ":tk").buckets
+            tk = self._windows[base + ":tk"].buckets if base + ":tk" in self._windows else {}
             if lease.second in tk:
                 tk[lease.second] += actual_tokens - reserved_tokens
             budget = self._budgets.get(f"{base}:{pid}")

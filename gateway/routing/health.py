@@ -64,7 +64,8 @@ class DeploymentHealth:
         self._pending = 0  # tokens of the attempts in flight, not metered yet (``reserve_tokens``)
         self._failures: deque[tuple[float, str | None]] = deque()  # (time, tenant) within the window
         self._tenants = _TenantCircuits(config, clock)
-        self._served: dict[str | None, float] = {}  # tenant -> its last success here
+        self._served: dict[str | None, float] = {}  # tenant -> its last success here in the window, oldest first
+        self._last_served = -math.inf  # the last success here
         self._opened_at: float | None = None
         self._trial = 0  # the number of the half-open trial in flight (0: none)
         self._trials = 0  # trials sent so far, to number them
@@ -107,7 +108,7 @@ class DeploymentHealth:
         now = self._clock()
         until = now + seconds
         if tenant is not None:
-            served = max(self._served.values(), default=-math.inf)
+            served = self._last_served
             holds = {t: hold for t, hold in self._tenant_holds.items() if hold[1] > now}
             held = holds.get(tenant, (now, until))[1]
             holds[tenant] = (now, max(held, until))
@@ -196,9 +197,9 @@ class DeploymentHealth:
     def on_success(self, latency: float | None, tenant: str | None = None) -> None:
         self._tenants.on_success(tenant)
         now = self._clock()
-        if len(self._served) > 10_000:
-            self._served = {t: at for t, at in self._served.items() if now - at <= self.config.window}
-        self._served[tenant] = now
+        self._served.pop(tenant, None)
+        self._served[tenant] = self._last_served = now  # at the end: the map stays in the order of its times
+        self._forget_served(now)
         self._opened_at = None
         self._trial = 0
         self._failures.clear()
@@ -224,12 +225,18 @@ class DeploymentHealth:
             self._failures.popleft()
         if len(self._failures) < self.config.failures:
             return
-        others_served = any(t != tenant and now - at <= self.config.window for t, at in self._served.items())
+        self._forget_served(now)
+        others_served = len(self._served) > (1 if tenant in self._served else 0)
         if others_served and all(t == tenant for _, t in self._failures):
             self._tenants.open(tenant, now)  # one tenant's requests fail where others' succeed
         else:
             self._opened_at = now
         self._failures.clear()
+
+    def _forget_served(self, now: float) -> None:
+        """Drop the tenants last served before the window."""
+        while self._served and now - next(iter(self._served.values())) > self.config.window:
+            del self._served[next(iter(self._served))]
 
     def view(self) -> HealthView:
         """The circuit's state, unless the upstream asked to wait ("held": no request, not even a
@@ -254,12 +261,13 @@ class _TenantCircuits:
     def __init__(self, config: CircuitConfig, clock: Clock) -> None:
         self.config = config
         self._clock = clock
-        self._opened: dict[str | None, float] = {}  # tenant -> when its circuit opened
+        self._opened: dict[str | None, float] = {}  # tenant -> when its circuit opened, oldest first
 
     def open(self, tenant: str | None, now: float) -> None:
-        if len(self._opened) > 10_000:  # forget the circuits that cooled down
-            self._opened = {t: at for t, at in self._opened.items() if now - at < self.config.cooldown}
+        self._opened.pop(tenant, None)
         self._opened[tenant] = now
+        while self._opened and now - next(iter(self._opened.values())) >= self.config.cooldown:  # cooled down
+            del self._opened[next(iter(self._opened))]
 
     def admits(self, tenant: str | None) -> bool:
         return not self._opened or self.retry_after(tenant) <= 0
