@@ -336,6 +336,11 @@ class ServesResponses(Protocol):
 
     async def respond_stream(self, body: dict[str, Any], ctx: CallContext) -> ChunkStream[Any]: ...
 
+    async def held_response(self, method: str, response_id: str, action: str = "") -> dict[str, Any]:
+        """The upstream's answer to ``method`` on a response it holds (``GET``, ``DELETE``, or ``POST``
+        with ``action`` ``/cancel``): the object as it came (a failure's message redacted)."""
+        ...
+
 
 @runtime_checkable
 class TokenCounting(Protocol):

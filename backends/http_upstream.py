@@ -386,13 +386,15 @@ class HTTPUpstream:
                                                              keep_query=True)
         return url
 
-    async def post(self, path: str, payload: bytes, headers: Mapping[str, str] | None = None) -> RawAnswer:
-        """A whole (non-streaming) answer, within the total timeout; non-2xx -> typed error."""
+    async def post(self, path: str, payload: bytes, headers: Mapping[str, str] | None = None,
+                   method: str = "POST") -> RawAnswer:
+        """A whole (non-streaming) answer, within the total timeout; non-2xx -> typed error. ``method``:
+        another than POST (``GET`` or ``DELETE`` of a Responses upstream's response, an empty payload)."""
         self.in_flight += 1
         try:
             raw = self.raw
             deadline = raw.clock() + self.timeouts.total
-            answer = await raw.post(path, payload, with_trace_context(headers), deadline=deadline)
+            answer = await raw.post(path, payload, with_trace_context(headers), deadline=deadline, method=method)
         except TimeoutError:
             raise Timeout(f"upstream {self.deployment_id} did not answer within the total timeout") from None
         except (OSError, ValueError) as exc:  # refused, reset, unreadable, a bad base URL or header

@@ -13,6 +13,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
+from urllib.parse import quote
 
 import msgspec
 from msgspec import UNSET
@@ -43,7 +44,14 @@ from backends.openai_wire import (
     extra_params,
     raw_fields,
 )
-from backends.responses_http import RelayedResponse, ResponsesEvent, respond, respond_stream, upstream_body
+from backends.responses_http import (
+    RelayedResponse,
+    ResponsesEvent,
+    held_response,
+    respond,
+    respond_stream,
+    upstream_body,
+)
 
 DEFAULT_API_BASE = "https://api.openai.com/v1"
 
@@ -165,6 +173,9 @@ class OpenAIHTTPBackend(HTTPBackend):
         return await respond_stream(self.http, payload,
                                     estimate_text(msgspec.json.encode(body.get("input")).decode()),
                                     self._headers(ctx))
+
+    async def held_response(self, method: str, response_id: str, action: str = "") -> dict[str, Any]:
+        return await held_response(self.http, method, f"/responses/{quote(response_id, safe='')}{action}")
 
     # ------------------------------------------------------------ internals
 

@@ -201,7 +201,7 @@ class RawHTTP:
         return self._loop.time()
 
     async def post(self, path: str, body: bytes, headers: Mapping[str, str] | None = None, *,
-                   deadline: float | None = None) -> RawAnswer:
+                   deadline: float | None = None, method: str = "POST") -> RawAnswer:
         """POST ``body`` (JSON) to ``base + path``; the answer whatever its status. ``deadline``
         (the loop's clock) bounds it all: TimeoutError past it.
 
@@ -211,11 +211,11 @@ class RawHTTP:
         slots = self._slots_now()
         if deadline is not None and (slots.locked() or not self._idle):
             async with asyncio.timeout_at(deadline):
-                return await self.post(path, body, headers)
+                return await self.post(path, body, headers, method=method)
         async with slots:
             conn = await self._connection()
             try:
-                answer = await conn.exchange(self._request(path, body, headers), deadline=deadline)
+                answer = await conn.exchange(self._request(path, body, headers, method), deadline=deadline)
             except BaseException:
                 conn.close()
                 raise
@@ -250,9 +250,9 @@ class RawHTTP:
         stream.status, stream.headers = answer.status, answer.headers
         return stream
 
-    def _request(self, path: str, body: bytes, headers: Mapping[str, str] | None) -> bytes:
+    def _request(self, path: str, body: bytes, headers: Mapping[str, str] | None, method: str = "POST") -> bytes:
         return b"".join((
-            f"POST {self._prefix}{path}{self._query} HTTP/1.1\r\n".encode(), self._fixed,
+            f"{method} {self._prefix}{path}{self._query} HTTP/1.1\r\n".encode(), self._fixed,
             _header_lines(headers) if headers else b"",
             b"content-type: application/json\r\ncontent-length: %d\r\n\r\n" % len(body), body,
         ))  # fmt: skip

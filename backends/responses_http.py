@@ -117,6 +117,20 @@ async def respond(http: HTTPUpstream, payload: bytes, prompt_estimate: int,
     return answered(RelayedResponse(body), meter, answer.headers)
 
 
+async def held_response(http: HTTPUpstream, method: str, path: str) -> dict[str, Any]:
+    """The upstream's JSON object answering ``method`` on ``path`` (a response it holds), redacted;
+    non-2xx -> typed error."""
+    answer = await http.post(path, b"", None, method)
+    try:
+        body = msgspec.json.decode(answer.body)
+    except (msgspec.DecodeError, RecursionError):
+        body = None
+    if not isinstance(body, dict):
+        raise UpstreamError(f"upstream {http.deployment_id} sent an invalid response")
+    redact_failure(body)
+    return body
+
+
 def _output_text(body: dict[str, Any]) -> str:
     """The text a response's output generated, the kinds ``_GENERATED_DELTAS`` stream: its messages'
     text and refusals, its reasoning's text and summaries, its function calls' arguments, custom tool

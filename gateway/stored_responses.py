@@ -7,6 +7,11 @@ A row, once stored, is never replaced: a second answer under a stored id (an ups
 Responses that reuses its ids) is not kept, so no answer overwrites or takes over another's. A
 deleted row stays as a tombstone (owned by no one, holding nothing): the upstream that answered it
 still holds the response, and its id must not become one the gateway passes on to it.
+
+Every answer of an upstream serving Responses is kept so (unless ``store: false``), whatever its
+status, so its id is owned: one it still runs in the background (``queued``, ``in_progress``)
+keeps the ``deployment`` that holds it, for ``GET`` and ``cancel`` to reach, until ``finish`` stores
+it finished (once: the first caller to see it so).
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ class Kept:
     input_items: list[dict[str, Any]]
     context: list[dict[str, Any]]
     upstream_previous_id: str | None = None
+    deployment: str | None = None  # the deployment still running it in the background, if any
 
 
 class ResponseStore:
@@ -57,7 +63,7 @@ class ResponseStore:
             id=response["id"], owner=owner_of(principal), model=str(response.get("model", "")),
             created_at=datetime.fromtimestamp(int(response.get("created_at") or 0), UTC),
             previous_response_id=previous_response_id, upstream_previous_id=kept.upstream_previous_id,
-            input_items=kept.input_items, context=kept.context, response=response,
+            deployment=kept.deployment, input_items=kept.input_items, context=kept.context, response=response,
         )
         async with self._db.session() as s:
             s.add(row)  # an insert, never a merge: an existing row keeps its answer and its owner
@@ -76,7 +82,23 @@ class ResponseStore:
                 StoredResponse.id == response_id, StoredResponse.owner == owner_of(principal)))).scalar_one_or_none()
         if row is None:
             return None
-        return Kept(row.response, row.input_items, row.context, row.upstream_previous_id)
+        return Kept(row.response, row.input_items, row.context, row.upstream_previous_id, row.deployment)
+
+    async def finish(self, principal: Principal, response_id: str, response: dict[str, Any],
+                     output: list[dict[str, Any]]) -> bool:
+        """Store the finished ``response`` of one the upstream held in the background, ``output`` added
+        to its conversation; False when it is not (or no longer) held: another caller finished it first."""
+        held = (StoredResponse.id == response_id, StoredResponse.owner == owner_of(principal),
+                StoredResponse.deployment.is_not(None))
+        async with self._db.session() as s:
+            context = (await s.execute(select(StoredResponse.context).where(*held))).scalar_one_or_none()
+            if context is None:
+                return False
+            # the row still held, else another caller finished it in between: one finishes it
+            result = await s.execute(update(StoredResponse).where(*held).values(
+                response=response, context=[*context, *output], deployment=None))
+            await s.commit()
+        return bool(getattr(result, "rowcount", 0))
 
     async def withheld(self, principal: Principal, response_id: str) -> bool:
         """Whether ``response_id`` is stored for another owner, or was deleted: an id the caller must
@@ -90,7 +112,7 @@ class ResponseStore:
         async with self._db.session() as s:
             result = await s.execute(update(StoredResponse).where(
                 StoredResponse.id == response_id, StoredResponse.owner == owner_of(principal)).values(
-                owner=DELETED, model="", previous_response_id=None, upstream_previous_id=None,
+                owner=DELETED, model="", previous_response_id=None, upstream_previous_id=None, deployment=None,
                 input_items=[], context=[], response={}))
             await s.commit()
         return bool(getattr(result, "rowcount", 0))

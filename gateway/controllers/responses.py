@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Annotated, Any, Literal
 
 import msgspec
-from litestar import Controller, Request, Response, delete, get
+from litestar import Controller, Request, Response, delete, get, post
 from litestar.openapi.datastructures import ResponseSpec
 from litestar.params import Parameter
 from litestar.response import Stream
@@ -36,6 +36,7 @@ from gateway.dialects.responses_request import (
     wants_encrypted_reasoning,
 )
 from gateway.errors import ApiError
+from gateway.held_responses import CONTINUABLE, UNFINISHED, kept_output, reach
 from gateway.services import Services
 from gateway.stored_responses import Kept, ResponseStore
 
@@ -61,6 +62,15 @@ async def _kept(services: Services, principal: Principal, response_id: str) -> K
     if kept is None:
         raise ApiError(404, f"No response with id '{response_id}' found.", param="response_id", code="not_found")
     return kept
+
+
+def _check_continuable(previous: str, kept: Kept) -> None:
+    """A kept response a conversation cannot continue from (one still running in the background,
+    failed or cancelled) is a 400 naming ``previous_response_id``: there is no answer to continue."""
+    status = kept.response.get("status")
+    if status not in CONTINUABLE:
+        raise ApiError(400, f"Previous response with id '{previous}' is {status}: only a completed or "
+                       "incomplete response can be continued", param="previous_response_id", code="invalid_value")
 
 
 def _serves_responses(backend: Any) -> bool:
@@ -95,11 +105,12 @@ def _chat_request(data: ResponsesRequest, context: list[dict[str, Any]] | None,
 
 def _described_for_passthrough(principal: Principal, data: ResponsesRequest, context: list[dict[str, Any]] | None,
                                upstream_previous: str | None, inputs: list[dict[str, Any]],
-                               dialect: Dialect) -> CallDescription:
+                               dialect: Dialect, served: list[str]) -> CallDescription:
     """A call whose deployments include one serving Responses itself: that one gets the request as
     sent (a kept conversation's items put before the input, in place of ``previous_response_id``,
     which then names ``upstream_previous``: where the kept conversation began from a response only
-    the upstream holds); any other (a fallback) gets it translated to chat when it is tried."""
+    the upstream holds), its deployment's id appended to ``served``; any other (a fallback) gets it
+    translated to chat when it is tried."""
     body = raw_request(data)
     if context is not None:
         body.pop("previous_response_id", None)
@@ -110,6 +121,7 @@ def _described_for_passthrough(principal: Principal, data: ResponsesRequest, con
 
     def invoke(backend: Backend, ctx: CallContext) -> Awaitable[Completed[Any] | ChunkStream[Any]]:
         if isinstance(backend, ServesResponses) and backend.serves_responses():
+            served.append(str(getattr(backend, "deployment_id", "")))
             return backend.respond_stream(body, ctx) if stream else backend.respond(body, ctx)
         try:
             chat = _chat_request(data, context, upstream_previous)
@@ -166,7 +178,11 @@ class ResponsesController(Controller):
         if previous is not None:
             store = _store(services)
             kept = await store.get(principal, previous) if store is not None else None
+            if kept is not None and kept.deployment is not None and store is not None:  # ask how it stands
+                await reach(pipeline, store, principal, previous, kept, "GET")
+                kept = await store.get(principal, previous)
             if kept is not None:
+                _check_continuable(previous, kept)
                 context, kept_previous, upstream_previous = kept.context, True, kept.upstream_previous_id
             elif native and not (store is not None and await store.withheld(principal, previous)):
                 upstream_previous = previous  # an upstream serving Responses may know it; nothing else can
@@ -182,9 +198,10 @@ class ResponsesController(Controller):
         dialect = responses_dialect(extra, lambda final, output: finished.append((final, output)),
                                     {"previous_response_id": previous} if kept_previous else {},
                                     encrypted=wants_encrypted_reasoning(data))
+        served: list[str] = []  # the deployment serving Responses that was called (the last one answered)
         if native:
             call = _described_for_passthrough(principal, data, context if kept_previous else None, upstream_previous,
-                                              sent, dialect)
+                                              sent, dialect, served)
         else:
             call = describe_chat(principal, _chat_request(data, context, upstream_previous), endpoint="responses",
                                  dialect=dialect)
@@ -198,7 +215,8 @@ class ResponsesController(Controller):
 
         async def save() -> None:
             final, output = finished[0]
-            kept = Kept(final, listed(sent), context + sent + output, upstream_previous)
+            held = served[-1] if served and final.get("status") in UNFINISHED else None
+            kept = Kept(final, listed(sent), context + sent + kept_output(final, output), upstream_previous, held)
             try:
                 await store.save(principal, kept, previous)
             except Exception:  # the answer is produced and metered; only its later retrieval is lost
@@ -222,7 +240,25 @@ class ResponsesController(Controller):
         if include or "include" in request.query_params:  # the SDK's include[], or a bare include
             raise ApiError(400, "'include' is not supported when retrieving a stored response: it is returned "
                            "as it was stored", param="include", code="unsupported_parameter")
-        return (await _kept(services, principal_of(request), response_id)).response
+        principal = principal_of(request)
+        kept = await _kept(services, principal, response_id)
+        if kept.deployment is None:
+            return kept.response
+        store = _store(services)
+        assert store is not None  # it holds ``kept``
+        return await reach(pipeline_of(request), store, principal, response_id, kept, "GET")
+
+    @post("/{response_id:str}/cancel", status_code=200, summary="Cancel a background response",
+          responses=error_responses())
+    async def cancel(self, request: Request[Any, Any, Any], response_id: str, services: Services) -> dict[str, Any]:
+        principal = principal_of(request)
+        kept = await _kept(services, principal, response_id)
+        store = _store(services)
+        if kept.deployment is None or store is None:
+            raise ApiError(400, f"Response '{response_id}' is not running in the background "
+                           f"(it is {kept.response.get('status')}): only a background response can be cancelled",
+                           param="response_id", code="invalid_request")
+        return await reach(pipeline_of(request), store, principal, response_id, kept, "POST", "/cancel")
 
     @delete("/{response_id:str}", status_code=200, summary="Delete a stored response", responses=error_responses())
     async def remove(self, request: Request[Any, Any, Any], response_id: str, services: Services) -> dict[str, Any]:

@@ -224,6 +224,9 @@ class StoredResponse(Base):
     previous_response_id: Mapped[str | None] = mapped_column(Text, default=None)
     # the conversation began by continuing a response only the upstream holds: that response's id
     upstream_previous_id: Mapped[str | None] = mapped_column(Text, default=None)
+    # the deployment serving Responses that answered (its own id), which ``GET``/``cancel`` reach while
+    # it is not finished (``background``: 0014); NULL for a translated answer
+    deployment: Mapped[str | None] = mapped_column(Text, default=None)
     input_items: Mapped[list[Any]] = mapped_column(JSON)
     context: Mapped[list[Any]] = mapped_column(JSON)
     response: Mapped[dict[str, Any]] = mapped_column(JSON)

@@ -424,7 +424,7 @@ class RelayedEvents(ResponsesEvents):
             event = event | {"response": _relayed(response, chunk.model, self._relayed_extra)}
             self._response = event["response"]
             self._ended = kind in ("response.completed", "response.incomplete", "response.failed")
-            if kind in ("response.completed", "response.incomplete") and self._on_final is not None:
+            if self._ended and self._on_final is not None:  # failed too: the upstream's, its id owned
                 self._on_final(event["response"], event["response"].get("output") or [])
         if isinstance(seq := event.get("sequence_number"), int):
             self._seq = seq + 1  # events the gateway adds (a failure) follow the upstream's numbering
@@ -469,8 +469,7 @@ def responses_dialect(extra: dict[str, Any], on_final: OnFinal,
         else:
             final, blocks = _answer(response, extra, meter, encrypted)
             kept = kept_output(final["output"], blocks)
-        if final.get("status") in ("completed", "incomplete"):
-            on_final(final, kept)
+        on_final(final, kept)  # any status: a relayed one unfinished or failed is kept, so its id is owned
         return msgspec.json.encode(final)
 
     return Dialect(unary=unary, stream=lambda meter: RelayedEvents(meter, extra, relayed_extra, on_final, encrypted))

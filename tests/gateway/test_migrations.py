@@ -211,7 +211,9 @@ async def test_0013_widens_the_response_ids_keeping_the_rows_and_refuses_a_lossy
                 ("resp_1", None, None), (long_id, long_id, long_id)]
         with pytest.raises(RuntimeError, match=r"cannot downgrade below 0013.*1 stored_responses row"):
             await asyncio.to_thread(migrate.downgrade, empty_url, "0012_usage_token_counts_bigint")
-        await check_schema(db.engine)  # the refused downgrade left the schema at the head
+        # the refused downgrade left the schema at 0013 at least (0014's downgrade ran first on SQLite)
+        await asyncio.to_thread(migrate.upgrade, empty_url)
+        await check_schema(db.engine)
         async with db.engine.begin() as conn:
             await conn.exec_driver_sql(f"DELETE FROM stored_responses WHERE id = '{long_id}'")
         await asyncio.to_thread(migrate.downgrade, empty_url, "0012_usage_token_counts_bigint")

@@ -1,7 +1,9 @@
 """A loopback upstream that serves OpenAI's Responses API (``POST /v1/responses``), streaming and not,
 answering with fields and events the gateway does not model (a reasoning item, a vendor field, a
 reasoning-summary event), echoing the last user text, and recording every body it received;
-``answer_headers`` go in the head of every answer."""
+``answer_headers`` go in the head of every answer. A ``background: true`` request is answered
+``queued`` and held (``held``) until ``finish``; ``GET /v1/responses/{id}``, ``POST .../cancel``
+and ``DELETE`` reach a held one (any other id is a 404), each recorded in ``reached``."""
 
 from __future__ import annotations
 
@@ -53,6 +55,13 @@ class FakeResponsesUpstream(EchoUpstream, OnLoopback):
         self._ids = itertools.count(1)
         self.answer_headers: dict[str, str] = {}  # added to the head of every answer
         self.id_prefix = "resp_up_"  # of the response ids it mints (a proxy's are long)
+        self.held: dict[str, dict[str, Any]] = {}  # background responses, as a GET answers them now
+        self._finals: dict[str, dict[str, Any]] = {}  # what each becomes when finished
+        self.reached: list[tuple[str, str]] = []  # (method, path) of every request for a held response
+
+    def finish(self, response_id: str) -> None:
+        """The background response ``response_id`` is completed (with ``USAGE``)."""
+        self.held[response_id] = self._finals[response_id]
 
     def response(self, body: dict[str, Any], status: str = "completed") -> dict[str, Any]:
         n = next(self._ids)
@@ -71,6 +80,8 @@ class FakeResponsesUpstream(EchoUpstream, OnLoopback):
         }
 
     async def handle(self, ex: Exchange) -> None:
+        if "/responses/" in ex.path:
+            return await self._reach(ex)
         if ex.method != "POST" or not ex.path.endswith("/responses"):
             return await super().handle(ex)
         body = ex.json()
@@ -78,6 +89,10 @@ class FakeResponsesUpstream(EchoUpstream, OnLoopback):
         if self.answer_headers:
             ex = dataclasses.replace(ex, send=with_headers(ex.send, self.answer_headers))
         final = self.response(body)
+        if body.get("background") and not body.get("stream"):
+            self._finals[final["id"]] = final
+            self.held[final["id"]] = final | {"status": "queued", "output": [], "usage": None}
+            return await send_json(ex, 200, self.held[final["id"]])
         if _last_user_text(body) == ECHO_ERROR_OBJECT:
             return await self._error_object(ex, body, {"error": {
                 "type": "server_error", "message": f"refused {ex.headers.get('authorization')}"}})
@@ -104,6 +119,20 @@ class FakeResponsesUpstream(EchoUpstream, OnLoopback):
             {"type": f"response.{final['status']}", "response": final},
         ]
         await send_events(ex, events)
+
+    async def _reach(self, ex: Exchange) -> None:
+        self.reached.append((ex.method, ex.path))
+        response_id, _, action = ex.path.split("/responses/", 1)[1].partition("/")
+        held = self.held.get(response_id)
+        if held is None:
+            return await send_json(ex, 404, {"error": {"type": "invalid_request_error", "code": "not_found",
+                                                       "message": f"No response with id '{response_id}' found."}})
+        if ex.method == "DELETE":
+            del self.held[response_id]
+            return await send_json(ex, 200, {"id": response_id, "object": "response", "deleted": True})
+        if action == "cancel" and held["status"] in ("queued", "in_progress"):
+            held = self.held[response_id] = held | {"status": "cancelled"}
+        await send_json(ex, 200, held)
 
     async def _error_object(self, ex: Exchange, body: dict[str, Any], error: dict[str, Any]) -> None:
         if not body.get("stream"):
