@@ -29,7 +29,7 @@ from backends.base import (
 from backends.openai_wire import ErrorBody, ErrorDetail
 from gateway.db.errors import is_unavailable
 from gateway.json_response import JSONResponse
-from gateway.telemetry.context import RequestInfo, new_request_id
+from gateway.telemetry.context import RequestInfo, client_host, new_request_id
 from gateway.telemetry.logs import log_access
 from gateway.telemetry.middleware import TRACED_PREFIXES
 
@@ -176,7 +176,7 @@ def _unrouted_request(request: Request, status: int) -> dict[str, str]:
     path = request.scope["path"]
     if not path.startswith(TRACED_PREFIXES):
         return {}
-    info = RequestInfo(new_request_id(), request.method, path, status=status)
+    info = RequestInfo(new_request_id(), request.method, path, status=status, client=client_host(request.scope))
     log_access(info, time.perf_counter())
     return {"x-request-id": info.request_id}
 

@@ -26,6 +26,7 @@ from msgspec import Meta
 
 # Deployment-level config lives in backends/ (gateway -> backends); re-exported here for callers.
 from backends.config import Conf, ConfigError, DeploymentConfig, Seconds, Timeouts
+from gateway import trusted_proxies
 from gateway.settings_keys import name_keys
 
 log = logging.getLogger("switchyard.settings")
@@ -55,7 +56,7 @@ class ServerConfig(Conf):
     workers: Annotated[int, Meta(ge=1)] = 1
     # Slow-loris guards (``switchyard serve``): seconds a client may take for a request's line and
     # headers, then for its whole body (answered 408 after); connections one client address may
-    # hold open at once (0: no cap; more are answered 429).
+    # hold open at once (0: no cap; more are answered 429), the TCP peer's, a trusted proxy's too.
     header_timeout: Annotated[float, Meta(gt=0, le=3600)] = 10.0
     body_timeout: Annotated[float, Meta(gt=0, le=3600)] = 30.0
     max_connections_per_client: Annotated[int, Meta(ge=0, le=1_000_000)] = 256
@@ -64,6 +65,14 @@ class ServerConfig(Conf):
     # are ended (finish_reason "length", usage) and settled.
     drain_readiness_seconds: Annotated[float, Meta(ge=0, le=600)] = 0.0
     drain_seconds: Annotated[float, Meta(ge=0, le=3600)] = 10.0
+    # Peers (IP addresses, CIDR networks, or "*" alone; one may be given as a string) whose
+    # X-Forwarded-For names the client (gateway.trusted_proxies); applied at start, for every worker.
+    trusted_proxies: list[str] | str = msgspec.field(default_factory=lambda: list(trusted_proxies.LOOPBACK))
+
+    def __post_init__(self) -> None:
+        if isinstance(self.trusted_proxies, str):
+            self.trusted_proxies = [self.trusted_proxies]
+        trusted_proxies.check(self.trusted_proxies)
 
 
 class DatabaseConfig(Conf):

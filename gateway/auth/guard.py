@@ -17,7 +17,8 @@ from gateway.errors import ApiError
 
 
 def client_address(connection: ASGIConnection[Any, Any, Any, Any]) -> str:
-    """The peer's address (a trusted proxy's X-Forwarded-For, as uvicorn applies it)."""
+    """The client's address: the peer's, or the one a trusted proxy's X-Forwarded-For names
+    (``server.trusted_proxies``)."""
     client = connection.client
     return client.host if client is not None else "unknown"
 

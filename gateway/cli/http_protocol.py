@@ -7,8 +7,10 @@ request head is not complete ``$SWITCHYARD_HEADER_TIMEOUT`` seconds (default 10)
 is closed. A request body not complete ``$SWITCHYARD_BODY_TIMEOUT`` seconds (default 30) after
 its head is answered 408 (if no response has started) and the connection closed, however slowly
 it trickles in. A client address holding ``$SWITCHYARD_MAX_CONNECTIONS_PER_CLIENT`` connections
-(default 256; 0: no cap) gets its next one answered 429 and closed. The settings travel by
-environment so that worker processes see them too (``server.*`` in the config).
+(default 256; 0: no cap) gets its next one answered 429 and closed. That address is the TCP
+peer's, a trusted proxy's too: the cap acts before any request (and its ``X-Forwarded-For``) is
+read, and a proxy's connection carries many clients' requests in turn (``gateway.trusted_proxies``).
+The settings travel by environment so that worker processes see them too (``server.*`` in the config).
 
 A request head is bounded too: the parser keeps an incomplete header value (and uvicorn the
 request line) whole, copying it again on each read, so a head still incomplete after

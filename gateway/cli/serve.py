@@ -25,6 +25,7 @@ from gateway.cli.http_protocol import (
     HeadDeadlineProtocol,
 )
 from gateway.settings import CONFIG_WARNED_ENV, ConfigError, load_settings
+from gateway.trusted_proxies import forwarded_allow_ips
 
 if TYPE_CHECKING:
     from uvicorn import Config
@@ -37,6 +38,7 @@ SETTLE_SECONDS = 5  # after server.drain_seconds: for the streams cut then to se
 # liveness pings use the same figure.
 WORKER_STARTUP_SECONDS = 120
 APP_FACTORY = "gateway.app:create_app_from_env"
+FORWARDED_ALLOW_IPS_ENV = "FORWARDED_ALLOW_IPS"
 
 
 def serve(
@@ -87,7 +89,11 @@ def serve(
         timeout_worker_healthcheck=WORKER_STARTUP_SECONDS,
         log_level="info",
         access_log=False,  # one access line per request costs more than the request; see telemetry.json_logs
+        forwarded_allow_ips=forwarded_allow_ips(settings.server.trusted_proxies),  # travels to every worker
     )
+    if FORWARDED_ALLOW_IPS_ENV in os.environ:  # uvicorn's own, which an explicit setting overrides
+        typer.echo(f"warning: ${FORWARDED_ALLOW_IPS_ENV} is ignored; server.trusted_proxies names the trusted "
+                   "proxies", err=True)
     uv_config = uvicorn.Config(APP_FACTORY, **options)
     sockets = [listen(uv_config.host, uv_config.port)]
     if n_workers == 1:

@@ -24,8 +24,15 @@ class RequestInfo:
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     upstream_request_id: str | None = None  # the provider's own id of its answer (for the operator's log)
+    client: str | None = None  # the client's address (a trusted proxy's X-Forwarded-For: gateway.trusted_proxies)
     span: Any = None  # the request's OpenTelemetry span, when tracing is on
     metered: bool = False  # its usage record was counted into the metrics
+
+
+def client_host(scope: Any) -> str | None:
+    """The client's address in an ASGI ``scope``, as uvicorn's proxy headers middleware left it."""
+    client = scope.get("client")
+    return str(client[0]) if client else None
 
 
 def new_request_id() -> str:

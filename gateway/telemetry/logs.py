@@ -178,7 +178,7 @@ def access_fields(info: RequestInfo, started: float) -> dict[str, Any]:
         "latency_ms": round((time.perf_counter() - started) * 1000, 3), "tenant_id": info.tenant_id,
         "key_id": info.key_id, "model": info.model,
     }  # fmt: skip
-    for name in ("deployment", "error_type", "prompt_tokens", "completion_tokens", "upstream_request_id"):
+    for name in ("deployment", "error_type", "prompt_tokens", "completion_tokens", "upstream_request_id", "client"):
         value = getattr(info, name)
         if value is not None:
             fields[name] = value

@@ -17,7 +17,7 @@ from opentelemetry import trace
 
 from gateway.event_stream import CLIENT_LEFT
 from gateway.telemetry import Telemetry
-from gateway.telemetry.context import RequestInfo, current, new_request_id
+from gateway.telemetry.context import RequestInfo, client_host, current, new_request_id
 from gateway.telemetry.logs import log_access
 from gateway.telemetry.tracing import CLIENT_GONE, mark_client_gone, mark_error
 
@@ -40,7 +40,7 @@ class TelemetryMiddleware:
         if scope["type"] != "http" or not path.startswith(TRACED_PREFIXES):
             await self.app(scope, receive, send)
             return
-        info = RequestInfo(new_request_id(), scope.get("method", "GET"), path)
+        info = RequestInfo(new_request_id(), scope.get("method", "GET"), path, client=client_host(scope))
         started = time.perf_counter()
         # named by its route: Litestar has routed the request (its template); the fast routes' paths are fixed
         span = (self.tracing.start_request(info.method, path, scope.get("path_template") or path,
