@@ -78,18 +78,22 @@ class _WatchedBody(ASGIStreamingResponse):
     __slots__ = ()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await self.start_response(send=send)
-        if self.is_head_response:
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
-        else:
-            write_now: WriteNow | None = scope.get(WRITE_NOW)  # type: ignore[assignment]  # a custom scope key
-            # an event iterator that can write its events itself (gateway.streaming.SSERelay); a
-            # duck-typed look, as an isinstance check on a runtime Protocol costs microseconds
-            if write_now is not None and (write_directly := getattr(self.iterator, "write_directly", None)):
-                write_directly(write_now)
-            await self.send_body(scope.get(DIRECT_SEND, send), receive, write_now,  # type: ignore[arg-type]
-                                 scope.get(LOOP))  # type: ignore[arg-type]
-        await self.after_response()
+        """Send the response; its background task (the settlement) runs however that ends: also when
+        the server's ``send`` raises, or something other than the client's leaving cancels it."""
+        try:
+            await self.start_response(send=send)
+            if self.is_head_response:
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+            else:
+                write_now: WriteNow | None = scope.get(WRITE_NOW)  # type: ignore[assignment]  # a custom scope key
+                # an event iterator that can write its events itself (gateway.streaming.SSERelay); a
+                # duck-typed look, as an isinstance check on a runtime Protocol costs microseconds
+                if write_now is not None and (write_directly := getattr(self.iterator, "write_directly", None)):
+                    write_directly(write_now)
+                await self.send_body(scope.get(DIRECT_SEND, send), receive, write_now,  # type: ignore[arg-type]
+                                     scope.get(LOOP))  # type: ignore[arg-type]
+        finally:
+            await self.after_response()
 
     async def send_body(self, send: Send, receive: Receive, write_now: WriteNow | None = None,
                         loop: asyncio.AbstractEventLoop | None = None) -> None:

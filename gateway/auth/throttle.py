@@ -8,7 +8,9 @@ A blocked prefix only turns the next failures under it into 429s: the key that o
 authenticates, since its prefix is no secret (admins and dashboards show it) and whoever knows it
 must not be able to lock its holder out by failing under it. Counts live in Redis when one is
 configured (shared by every replica, ``throttle_redis``) and in process otherwise. Should Redis be unreachable, the
-throttle lets requests through (authentication itself still decides) and logs it.
+throttle lets requests through (authentication itself still decides) and logs it. In process, a
+count is kept until its window ends, and then dropped (oldest first: a failure costs the same
+however many addresses fail); a running one is never dropped sooner, however many there are.
 """
 
 from __future__ import annotations
@@ -17,13 +19,13 @@ import logging
 import math
 import re
 import time
+from collections.abc import Callable
 from typing import Protocol
 
 from gateway.auth.keys import VISIBLE_CHARS, looks_like_key
 
 log = logging.getLogger("switchyard.auth")
 
-_MAX_MEMORY_ENTRIES = 100_000
 _KEY_CHARS = re.compile(r"[A-Za-z0-9_-]+")  # what a generated key is made of (url-safe base64)
 
 class Throttled(Exception):
@@ -52,18 +54,20 @@ class FailureCounts(Protocol):
 class MemoryFailures:
     """In-process counts (the embedded default: one process)."""
 
-    def __init__(self) -> None:
-        self._counts: dict[str, tuple[int, float]] = {}  # name -> (count, window end)
-        self._last_end = 0.0  # when the last of those windows ends
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        # name -> (count, window end), in the order the windows started: with the throttle's one
+        # window length, the order they end in
+        self._counts: dict[str, tuple[int, float]] = {}
 
     def blocks_nobody(self) -> bool:
         """True while no failure is counted (every window ended: the counts are dropped)."""
-        if self._counts and time.monotonic() >= self._last_end:
-            self._counts.clear()
+        if self._counts:
+            self._expire(self._clock())
         return not self._counts
 
     async def blocked(self, counters: dict[str, int]) -> float:
-        now, wait = time.monotonic(), 0.0
+        now, wait = self._clock(), 0.0
         for name, limit in counters.items():
             count, end = self._counts.get(name, (0, 0.0))
             if limit and end > now and count >= limit:
@@ -71,13 +75,25 @@ class MemoryFailures:
         return wait
 
     async def fail(self, counters: dict[str, int], window: float) -> None:
-        now = time.monotonic()
-        if len(self._counts) > _MAX_MEMORY_ENTRIES:
-            self._counts = {k: v for k, v in self._counts.items() if v[1] > now}
+        now = self._clock()
+        self._expire(now)
+        counts = self._counts
         for name in counters:
-            count, end = self._counts.get(name, (0, 0.0))
-            self._counts[name] = (count + 1, end) if end > now else (1, now + window)
-        self._last_end = max(self._last_end, now + window)
+            count, end = counts.get(name, (0, 0.0))
+            if end > now:
+                counts[name] = (count + 1, end)  # in place: its window goes on
+            else:
+                counts.pop(name, None)
+                counts[name] = (1, now + window)  # a window starts: at the end
+
+    def _expire(self, now: float) -> None:
+        """Drop the counts at the front whose window ended (amortised O(1) a failure)."""
+        counts = self._counts
+        while counts:
+            name = next(iter(counts))
+            if counts[name][1] > now:
+                return
+            del counts[name]
 
 
 def key_prefix(token: str | None) -> str | None:

@@ -6,7 +6,9 @@ it; every replica follows that channel and keeps the blocks in memory, so checki
 common case: nobody is blocked) costs no round trip. A replica that starts, or whose subscription
 broke, loads the set after subscribing, and until it has, checks each request in Redis as before.
 A replica applies the blocks its own failures make at once; another's reach it with the message,
-within a turn of its event loop of the failure's reply.
+within a turn of its event loop of the failure's reply. The blocks in memory are kept in the order
+they came and dropped from the front as they end: each is gone within a window of its coming, and
+none is dropped while it runs, however many addresses are blocked.
 """
 
 from __future__ import annotations
@@ -15,13 +17,12 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 
 from gateway.background import stop_task
 from gateway.quotas.redis_client import RedisError, RespClient
 
 log = logging.getLogger("switchyard.auth")
-
-_MAX_BLOCKS = 100_000  # blocks kept in memory before the ended ones are swept
 
 # KEYS: counters; ARGV: their limits (0: none). The longest wait (ms) among those at their limit.
 _BLOCKED = """
@@ -78,15 +79,16 @@ return out
 class RedisFailures:
     """Counts shared by every replica (``FailureCounts``); ``start`` follows the blocks."""
 
-    def __init__(self, redis: RespClient, prefix: str = "sy:authfail") -> None:
+    def __init__(self, redis: RespClient, prefix: str = "sy:authfail",
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.redis = redis
+        self._clock = clock
         self.prefix = prefix
         self.channel = f"{prefix}:blocks:{redis.db}"  # channels span databases; the set does not
         self._blocked = redis.register_script(_BLOCKED)
         self._fail = redis.register_script(_FAIL)
         self._load = redis.register_script(_LOAD)
-        self._blocks: dict[str, float] = {}  # name -> time.monotonic() when its block ends
-        self._last_end = 0.0  # when the last of those blocks ends
+        self._blocks: dict[str, float] = {}  # name -> when (by the clock) its block ends, in the order they came
         self._following = False  # subscribed and loaded: the blocks in memory are complete
         self._task: asyncio.Task[None] | None = None
         self._warned = float("-inf")  # when the outage was last logged (once a minute, not per request)
@@ -107,13 +109,13 @@ class RedisFailures:
     def blocks_nobody(self) -> bool:
         if not self._following:
             return False
-        if self._blocks and time.monotonic() >= self._last_end:  # every block has ended
-            self._blocks.clear()
+        if self._blocks:
+            self._expire(self._clock())
         return not self._blocks
 
     async def blocked(self, counters: dict[str, int]) -> float:
         if self._following:
-            now, wait = time.monotonic(), 0.0
+            now, wait = self._clock(), 0.0
             for name in counters:
                 if (ends := self._blocks.get(name)) is not None:
                     if ends > now:
@@ -173,13 +175,22 @@ class RedisFailures:
             self._block(name.decode() if isinstance(name, bytes) else str(name), int(left))
 
     def _block(self, name: str, left_ms: int) -> None:
-        now = time.monotonic()
-        if len(self._blocks) >= _MAX_BLOCKS:
-            self._blocks = {n: ends for n, ends in self._blocks.items() if ends > now}
+        now = self._clock()
+        self._expire(now)
         ends = now + left_ms / 1000
         if ends > self._blocks.get(name, 0.0):
-            self._blocks[name] = ends
-            self._last_end = max(self._last_end, ends)
+            self._blocks.pop(name, None)
+            self._blocks[name] = ends  # at the end, with the latest
+
+    def _expire(self, now: float) -> None:
+        """Drop the blocks at the front that ended (amortised O(1) a block). One that ended behind a
+        running one waits for it, a window at most; ``blocked`` reads it as ended meanwhile."""
+        blocks = self._blocks
+        while blocks:
+            name = next(iter(blocks))
+            if blocks[name] > now:
+                return
+            del blocks[name]
 
     def _warn(self, exc: Exception, meanwhile: str = "failed attempts are not counted meanwhile") -> None:
         if (now := time.monotonic()) - self._warned >= 60:
