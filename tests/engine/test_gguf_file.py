@@ -25,7 +25,7 @@ from engine.loader import load_config
 from engine.structured_output import StructuredOutput
 from engine.tiny_model import build_tiny_model
 from engine.tokenizer import Tokenizer
-from tests.support.gguf_models import add_tokenizer
+from tests.support.gguf_models import add_hparams, add_tokenizer
 
 NAMES = {v: k for k, v in gguf_file._GLOBAL_NAMES.items()}  # HF name -> GGUF name
 
@@ -71,14 +71,7 @@ def _write(folder: Path, out: Path, kind: GGMLQuantizationType, extra: dict[str,
     config = load_config(folder)
     weights = load_file(str(folder / "model.safetensors"))
     writer = GGUFWriter(str(out), "llama")
-    writer.add_block_count(config.num_hidden_layers)
-    writer.add_context_length(config.max_position_embeddings)
-    writer.add_embedding_length(config.hidden_size)
-    writer.add_feed_forward_length(config.intermediate_size)
-    writer.add_head_count(config.num_attention_heads)
-    writer.add_head_count_kv(config.num_key_value_heads)
-    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
-    writer.add_rope_freq_base(float(config.rope_parameters["rope_theta"]))
+    add_hparams(writer, config)
     rope = config.rope_parameters
     if rope["rope_type"] in ("linear", "yarn"):  # as llama.cpp's converter writes them (llama3: rope_freqs)
         writer.add_rope_scaling_type(RopeScalingType(rope["rope_type"]))

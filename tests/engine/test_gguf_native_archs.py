@@ -14,7 +14,7 @@ from safetensors.numpy import load_file
 from engine import LLM, SamplingParams
 from engine.loader import load_config
 from engine.tiny_model import build_tiny_model
-from tests.support.gguf_models import add_tokenizer
+from tests.support.gguf_models import add_hparams, add_tokenizer
 
 ARCHS = {"qwen2": MODEL_ARCH.QWEN2, "qwen3": MODEL_ARCH.QWEN3}
 
@@ -22,14 +22,7 @@ ARCHS = {"qwen2": MODEL_ARCH.QWEN2, "qwen3": MODEL_ARCH.QWEN3}
 def write_gguf(folder: Path, arch: str, out: Path) -> Path:
     config = load_config(folder)
     writer = GGUFWriter(str(out), MODEL_ARCH_NAMES[ARCHS[arch]])
-    writer.add_block_count(config.num_hidden_layers)
-    writer.add_context_length(config.max_position_embeddings)
-    writer.add_embedding_length(config.hidden_size)
-    writer.add_feed_forward_length(config.intermediate_size)
-    writer.add_head_count(config.num_attention_heads)
-    writer.add_head_count_kv(config.num_key_value_heads)
-    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
-    writer.add_rope_freq_base(float(config.rope_parameters["rope_theta"]))
+    add_hparams(writer, config)
     if (head_dim := getattr(config, "head_dim", None)) is not None:  # as the converter: only when the config has one
         writer.add_key_length(head_dim)
         writer.add_value_length(head_dim)

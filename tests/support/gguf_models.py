@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import transformers
@@ -18,6 +19,18 @@ from safetensors.numpy import load_file
 from tests.support.fallback_models import build_model
 
 _TRANSPOSED = ("attn_qkv.weight", "attn_output.weight", "ffn_up.weight", "ffn_down.weight")  # GPT-2's Conv1D
+
+
+def add_hparams(writer: GGUFWriter, config: Any) -> None:
+    """A decoder's shape as GGUF metadata, from its Hugging Face ``config`` (the converter's keys)."""
+    writer.add_block_count(config.num_hidden_layers)
+    writer.add_context_length(config.max_position_embeddings)
+    writer.add_embedding_length(config.hidden_size)
+    writer.add_feed_forward_length(config.intermediate_size)
+    writer.add_head_count(config.num_attention_heads)
+    writer.add_head_count_kv(config.num_key_value_heads)
+    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
+    writer.add_rope_freq_base(float(config.rope_parameters["rope_theta"]))
 
 
 def add_tokenizer(writer: GGUFWriter, folder: Path) -> None:
