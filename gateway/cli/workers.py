@@ -204,12 +204,23 @@ class Supervisor(Multiprocess):
 
     def join_all(self) -> None:
         """Wait for the workers to drain (the ones a rolling restart retired too); a second SIGTERM
-        (or a SIGINT) meanwhile is passed on to them, which ends their drain at once."""
+        (or a SIGINT) meanwhile is passed on to them, which ends their drain at once.
+
+        A worker still starting when the stop began may not have heard its SIGTERM (one signalled
+        between fork and exec loses it) and would serve on, the supervisor waiting for it forever:
+        each such worker is told again once it says its app started. One that did hear it is
+        stopping already, and the repeat finds it with no request yet to cut."""
+        starting = [p for p in self.processes + self._retiring if isinstance(p, Worker) and not p.said_started()]
         while running := [p for p in self.processes + self._retiring if p.process.exitcode is None]:
             if any(sig in (signal.SIGTERM, signal.SIGINT) for sig in self.signal_queue):
                 self.signal_queue.clear()
                 for process in running:
                     os.kill(process.pid, signal.SIGTERM)  # type: ignore[arg-type]  # started
+            for worker in [w for w in starting if w.said_started()]:
+                starting.remove(worker)
+                if worker.exitcode is None:
+                    log.info("Child process [%s] started after the stop began: terminating it again", worker.pid)
+                    os.kill(worker.pid, signal.SIGTERM)  # type: ignore[arg-type]  # started
             running[0].process.join(0.2)
 
     def keep_subprocess_alive(self) -> None:

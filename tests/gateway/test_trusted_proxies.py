@@ -79,13 +79,7 @@ def _serve(tmp_path: Path, upstream: FakeUpstream, trusted: list[str], workers: 
         yield f"http://127.0.0.1:{port}", lines
     finally:
         proc.terminate()
-        try:
-            _, stderr = proc.communicate(timeout=30)
-        except subprocess.TimeoutExpired:
-            # a worker still starting when the SIGTERM came can miss it and go on serving (a known
-            # supervisor bug, not this test's subject): a second SIGTERM is passed on to every worker
-            proc.terminate()
-            _, stderr = proc.communicate(timeout=30)
+        _, stderr = proc.communicate(timeout=30)
         lines.extend(stderr.decode().splitlines())
 
 
