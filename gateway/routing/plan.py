@@ -7,10 +7,12 @@ move to the next deployment of the group in strategy order (round again when the
 deployments than retries), waiting a jittered exponential backoff; when the group's retries are
 spent, the group's ``fallbacks`` are tried in turn. A prompt too long for the deployment
 (``ContextTooLong`` from the provider, or an estimate above its configured ``context_window``)
-goes to ``context_window_fallbacks`` instead. A deployment whose upstream does not know its model
-(``ModelNotFound``) or refuses its credentials (``AuthFailed``: its 401 / 403) is misconfigured: it
-is not tried again for the request, and the next deployment (else the fallbacks) is tried at once,
-without spending a retry. A 429 whose
+goes to ``context_window_fallbacks`` instead. Fallbacks chain, depth-first: a fallback group is
+tried as a request for it would be, its own fallbacks (of either kind) before the next one of the
+group that fell back to it; no group is entered twice, so a cycle ends (``_Fallbacks``). A
+deployment whose upstream does not know its model (``ModelNotFound``) or refuses its credentials
+(``AuthFailed``: its 401 / 403) is misconfigured: it is not tried again for the request, and the
+next deployment (else the fallbacks) is tried at once, without spending a retry. A 429 whose
 ``Retry-After`` is longer than ``MAX_BACKOFF`` is never waited out: the deployment is held off
 for that long, at most ``MAX_HOLD_OFF`` (``DeploymentHealth.hold_off``, by the caller), and the
 plan moves on without it. A shorter one holds the deployment off too, so that other requests do
@@ -79,8 +81,8 @@ class RoutePlan:
         self.tenant_refused = 0.0  # the seconds left of the tenant's own open circuit on a deployment skipped
         self._rng = rng or group.rng
         self._tried_groups = {group.name}
-        self._fallbacks = list(group.config.fallbacks)
-        self._context_fallbacks = list(group.config.context_window_fallbacks)
+        self._fallbacks = _Fallbacks()  # each group entered pushes its own
+        self._context_fallbacks = _Fallbacks()
         self._count = 0
         self._entered: list[ModelGroup] = []
         # not sent this request again: their upstream does not know their model, or refused this request alone
@@ -92,6 +94,8 @@ class RoutePlan:
         self._group = group
         self._entered.append(group)
         self._tried_groups.add(group.name)
+        self._fallbacks.push(group.config.fallbacks)
+        self._context_fallbacks.push(group.config.context_window_fallbacks)
         self._order = group.ordered(self._routing_key)
         self._pos = -1
         self._retries_left = group.config.max_retries
@@ -190,12 +194,33 @@ class RoutePlan:
         self._count += 1
         return Attempt(self._group, deployment, delay, self._count)
 
-    def _next_group(self, names: list[str]) -> Attempt | None:
-        while names:
-            group = self._resolve(names.pop(0))
+    def _next_group(self, fallbacks: _Fallbacks) -> Attempt | None:
+        """The first attempt in the next fallback group not entered yet that has a deployment to
+        try (one without goes on to its own fallbacks, as one that failed does)."""
+        while (name := fallbacks.pop()) is not None:
+            group = self._resolve(name)
             if group is None or group.name in self._tried_groups:
                 continue
             self._enter(group)
             if attempt := self._next_in_group(0.0):
                 return attempt
+        return None
+
+
+class _Fallbacks:
+    """The fallback groups (of one kind) still to try, depth-first: a stack of the lists of the
+    groups entered, the last entered's on top, each taken in its listed order."""
+
+    def __init__(self) -> None:
+        self._lists: list[list[str]] = []
+
+    def push(self, names: list[str]) -> None:
+        self._lists.append(list(names))
+
+    def pop(self) -> str | None:
+        """The next name to try, or None when none is left."""
+        while self._lists:
+            if names := self._lists[-1]:
+                return names.pop(0)
+            self._lists.pop()
         return None

@@ -366,3 +366,23 @@ async def test_a_plan_made_before_a_reload_goes_on_to_the_deployment_that_replac
     assert retry is not None and not retry.deployment.retired
     assert retry.deployment.config.api_base == "http://127.0.0.1:2/v1"
     await router.aclose()
+
+
+async def test_fallbacks_chain_depth_first_and_enter_each_group_once() -> None:
+    """a -> [b, d], b -> [c], c -> [a, b]: b's own fallback before a's next one, and the cycle back
+    to a and b is passed over."""
+    dep = {"provider": "openai", "model": "x", "api_base": "http://127.0.0.1:1/v1"}
+    fallbacks = {"a": ["b", "d"], "b": ["c"], "c": ["a", "b"], "d": []}
+    settings = parse_settings({"models": [
+        {"name": name, "max_retries": 0, "fallbacks": names, "deployments": [dep | {"name": f"{name}-1"}]}
+        for name, names in fallbacks.items()]}, env={})
+    router = Router.from_settings(settings, build_backend)
+    start = router.resolve("a")
+    assert start is not None
+    plan, tried = RoutePlan(start, router.resolve), list[str]()
+    attempt = plan.first()
+    while attempt is not None and len(tried) < 10:
+        tried.append(attempt.group.name)
+        attempt = plan.after(Unavailable("down"))
+    assert tried == ["a", "b", "c", "d"]
+    await router.aclose()
