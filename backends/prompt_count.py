@@ -15,6 +15,8 @@ from tokenizers import Tokenizer
 from backends.estimate import BOUND_PER_CONVERSATION, BOUND_PER_MESSAGE
 from backends.openai_wire import ChatCompletionRequest
 
+GIL_FREE_CHARS = 16 * 1024  # a longer text is encoded with ``encode_batch``, which lets go of the GIL
+
 
 class PromptCounter:
     def __init__(self, tokenizer: Tokenizer) -> None:
@@ -28,7 +30,9 @@ class PromptCounter:
         return cls(Tokenizer.from_file(str(file)))
 
     def count(self, text: str) -> int:
-        return len(self.tokenizer.encode(text, add_special_tokens=False).ids) if text else 0
+        if len(text) > GIL_FREE_CHARS:  # ``encode`` would hold the GIL (and so the event loop) throughout
+            return len(self.tokenizer.encode_batch([text], add_special_tokens=False)[0])
+        return len(self.tokenizer.encode(text, add_special_tokens=False)) if text else 0
 
     def count_chat(self, request: ChatCompletionRequest) -> int:
         total = BOUND_PER_CONVERSATION

@@ -29,6 +29,10 @@ from engine.errors import ChatTemplateError
 
 __all__ = ["ChatTemplateError", "IncrementalDetokenizer", "StopMatcher", "Tokenizer"]
 
+# A text longer than this is encoded with ``encode_batch``, which lets go of the GIL while it works:
+# ``encode`` holds it throughout (about a second a megabyte), so an event loop on another thread
+# waited for a huge prompt's tokens; a shorter text keeps ``encode``, the cheaper call.
+GIL_FREE_CHARS = 16 * 1024
 _SPECIAL_KEYS = ("bos_token", "eos_token", "unk_token", "pad_token", "sep_token", "cls_token", "mask_token")
 
 
@@ -83,6 +87,8 @@ class _FastCodec:
         self._tok = HFTokenizer.from_file(str(path / "tokenizer.json"))
 
     def encode(self, text: str, add_special_tokens: bool) -> list[int]:
+        if len(text) > GIL_FREE_CHARS:
+            return self._tok.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
         return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
 
     def decode(self, ids: list[int], skip_special_tokens: bool) -> str:

@@ -44,7 +44,7 @@ from gateway.contracts import (
 from gateway.errors import ApiError, from_backend_error, retry_after_header
 from gateway.event_stream import EventStream
 from gateway.json_response import JSONResponse
-from gateway.quotas.reservation import prompt_reservation
+from gateway.quotas.reservation import reserve_prompt
 from gateway.routing.deployment import Deployment
 from gateway.routing.health import DeploymentHealth
 from gateway.routing.plan import MAX_HOLD_OFF, RoutePlan, holds_off, tokens_left
@@ -167,7 +167,7 @@ class Pipeline:
         cap = _output_cap(self.settings.quotas.default_max_tokens, call.api_default_limit)
         limit = call.output_limit
         per_sequence = limit if limit is not None else cap if cap is not None else DEFAULT_OUTPUT_RESERVE
-        reserve = prompt_reservation(call, group) + per_sequence * call.sequences
+        reserve = await reserve_prompt(call, group) + per_sequence * call.sequences
         rid = request_id()
         principal = call.principal
         try:

@@ -11,7 +11,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from engine.tiny_model import build_tiny_model
-from engine.tokenizer import ChatTemplateError, IncrementalDetokenizer, StopMatcher, Tokenizer
+from engine.tokenizer import GIL_FREE_CHARS, ChatTemplateError, IncrementalDetokenizer, StopMatcher, Tokenizer
 
 CONVERSATIONS = [
     [{"role": "user", "content": "Hello! How are you?"}],
@@ -127,6 +127,16 @@ def test_basics(tok: Tokenizer, model_dir: Path) -> None:
     assert tok.eos_token_ids == {tok.token_id("<|eot_id|>"), tok.token_id("<|end_of_text|>")}
     with pytest.raises(FileNotFoundError, match="does not exist"):
         Tokenizer(model_dir / "nowhere")
+
+
+def test_a_text_past_the_gil_free_length_encodes_as_transformers(tok: Tokenizer, model_dir: Path) -> None:
+    """Past ``GIL_FREE_CHARS`` another call of ``tokenizers`` encodes (one that lets other threads
+    run): the same ids, special tokens or not."""
+    hf = AutoTokenizer.from_pretrained(str(model_dir))
+    text = "Hello world, ça va? 日本語 🚂 " * (GIL_FREE_CHARS // 20)
+    assert len(text) > GIL_FREE_CHARS
+    assert tok.encode(text) == hf.encode(text)
+    assert tok.encode(text, add_special_tokens=False) == hf.encode(text, add_special_tokens=False)
 
 
 def test_incremental_detok_never_emits_broken_utf8(tok: Tokenizer) -> None:

@@ -14,7 +14,7 @@ from tokenizers import Tokenizer
 from backends.estimate import bound_chat_prompt, bound_text, estimate_chat_prompt
 from backends.factory import build_backend
 from backends.openai_wire import ChatCompletionRequest, ChatMessage
-from backends.prompt_count import PromptCounter
+from backends.prompt_count import GIL_FREE_CHARS, PromptCounter
 from engine.tiny_model import TOKENIZER_JSON
 from gateway.contracts import Principal
 from gateway.routing.router import Router
@@ -62,6 +62,13 @@ def test_the_engine_reserves_the_prompt_at_its_own_tokenizer_count(tmp_path: Pat
         env.wait_idle()
     assert env.admission.settled[0].ticket.reserved_tokens == exact + 3  # the template's tokens, exactly
     assert record.prompt_tokens == exact
+
+
+def test_a_configured_tokenizer_counts_a_long_text_as_a_short_one_is_counted(tokenizer: Tokenizer) -> None:
+    """Past ``GIL_FREE_CHARS`` the counter encodes with another call (one that lets other threads run)."""
+    text = TEXTS[1] + TEXTS[3] * (GIL_FREE_CHARS // len(TEXTS[3]))
+    assert len(text) > GIL_FREE_CHARS
+    assert PromptCounter(tokenizer).count(text) == len(tokenizer.encode(text, add_special_tokens=False).ids)
 
 
 def _tokenized_settings(upstream: FakeUpstream, tokenizer: str) -> Any:
