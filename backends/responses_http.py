@@ -107,14 +107,22 @@ async def respond(http: HTTPUpstream, payload: bytes, prompt_estimate: int,
     if "status" not in body:  # no response: an {"error": ...} object with a 2xx fails as what it names
         raise_if_error(raw)
     redact_failure(body)
-    meter = Meter(first_token_at=time.perf_counter(), tool_calls=hosted_tool_calls(body), exact=False)
+    meter = answer_meter(body, prompt_estimate)
+    meter.first_token_at = time.perf_counter()
+    return answered(RelayedResponse(body), meter, answer.headers)
+
+
+def answer_meter(body: dict[str, Any], prompt_estimate: int) -> Meter:
+    """What a whole ``response`` object says it spent: its usage, exact where it holds both counts;
+    the prompt ``prompt_estimate`` and the output estimated from its text where it does not."""
+    meter = Meter(tool_calls=hosted_tool_calls(body), exact=False)
     meter_tier(meter, body)
     has_prompt, has_completion = meter_usage(meter, body.get("usage"))
     if not has_prompt:
         meter.prompt_tokens = prompt_estimate
     if not has_completion:
         meter.completion_tokens = estimate_text(_output_text(body))
-    return answered(RelayedResponse(body), meter, answer.headers)
+    return meter
 
 
 async def held_response(http: HTTPUpstream, method: str, path: str) -> dict[str, Any]:

@@ -30,6 +30,7 @@ from gateway.errors import exception_handlers
 from gateway.event_stream import CLIENT_LEFT, DIRECT_SEND
 from gateway.fast_routes import FastRoute, FastRoutes
 from gateway.heap import settle_heap
+from gateway.held_responses import HeldFollower
 from gateway.pipeline import Pipeline
 from gateway.reload import Reloader
 from gateway.security_headers import add_security_headers
@@ -61,17 +62,23 @@ def create_app(
     pipeline = Pipeline(services, settings, telemetry)
     services.readiness["accepting_requests"] = DRAIN.accepting  # False once SIGTERM started the drain
     reloader = Reloader(pipeline, config_path)
+    follower = None if services.responses is None else HeldFollower(
+        pipeline, services.responses, settings.usage.background_poll_seconds)
 
     @asynccontextmanager
     async def lifespan(_: Litestar) -> AsyncIterator[None]:
         try:
             for start in services.starters:
                 await start()
+            if follower is not None:
+                follower.start()
             reloader.install_sighup()
             telemetry.start()
             DRAIN.install(settings.server.drain_readiness_seconds, settings.server.drain_seconds)
             yield
         finally:
+            if follower is not None:
+                await follower.aclose()
             await services.aclose()
             await telemetry.aclose()
 

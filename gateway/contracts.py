@@ -84,6 +84,11 @@ class Admission(Protocol):
         future completes when it is acknowledged, and never fails (an outage is logged)."""
         ...
 
+    async def charge(self, principal: Principal, tokens: int, cost: float) -> None:
+        """Count spend no admission reserved (a background response's, metered when it ends) against
+        the principal's token and money budgets; never fails (an outage is logged)."""
+        ...
+
 
 def completed(value: Any = None) -> asyncio.Future[Any]:
     """A future that is already done (what a ``settle`` with nothing to wait for returns)."""

@@ -56,6 +56,9 @@ class Unmetered:
     def settle(self, ticket: Ticket, actual_tokens: int, cost: float) -> asyncio.Future[None]:
         return completed()
 
+    async def charge(self, principal: Principal, tokens: int, cost: float) -> None:
+        return None
+
 
 class NoUsage:
     def record(self, record: UsageRecord) -> None:

@@ -377,14 +377,12 @@ class Pipeline:
         has a price; at the prices when the request was admitted, so that a stream a reload catches
         (its deployment removed or repriced) costs what it would have. The quota's spend and the
         usage row get this same figure."""
-        names = [flight.deployment.id] if flight.deployment else []
         group = flight.served_by or flight.group
-        prices = flight.pricing.prices
-        price = next((prices[n] for n in (*names, group.name) if n in prices), None)
-        if price is None:
-            return flight.pricing.table.cost(group.name, meter.prompt_tokens, meter.completion_tokens,
-                                             meter.cached_tokens)
-        return request_cost(price, meter)
+        return _priced(flight.pricing, flight.deployment.id if flight.deployment else None, group.name, meter)
+
+    def cost(self, deployment: str | None, model: str, meter: Meter) -> float:
+        """What ``meter`` costs at the current prices of ``deployment``, else of ``model`` (a group's name)."""
+        return _priced(self._pricing, deployment, model, meter)
 
     def _headers(self, flight: _Flight) -> dict[str, str]:
         return {"x-request-id": flight.request_id} | flight.call.dialect.ratelimit_headers(flight.ticket)
@@ -399,6 +397,13 @@ class Pipeline:
         model as asked for (a name that a wildcard alias such as ``gpt-*`` matches) or one of the
         group's own names."""
         return principal.may_use(model) or cls._may_use(principal, group)
+
+
+def _priced(pricing: _Pricing, deployment: str | None, model: str, meter: Meter) -> float:
+    price = next((pricing.prices[n] for n in (deployment, model) if n is not None and n in pricing.prices), None)
+    if price is None:
+        return pricing.table.cost(model, meter.prompt_tokens, meter.completion_tokens, meter.cached_tokens)
+    return request_cost(price, meter)
 
 
 def _reservation_record(flight: _Flight, prompt: int, output: int) -> UsageRecord:

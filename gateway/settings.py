@@ -182,6 +182,9 @@ class UsageConfig(Conf):
     # none either (one fsync serves all the requests finishing together; about half a millisecond
     # to a millisecond of latency).
     sync_before_reply: bool = False
+    # how often the gateway asks the upstreams how the background responses (``background: true``)
+    # nobody polls stand, so that each is metered soon after it ends (at most 16 of them a pass)
+    background_poll_seconds: Annotated[float, Meta(gt=0, le=3600)] = 30.0
 
 
 class TelemetryConfig(Conf):

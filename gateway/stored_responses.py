@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import null, select, update
 from sqlalchemy.exc import IntegrityError
 
 from gateway.contracts import Principal
@@ -49,6 +49,7 @@ class Kept:
     context: list[dict[str, Any]]
     upstream_previous_id: str | None = None
     deployment: str | None = None  # the deployment still running it in the background, if any
+    unsettled: dict[str, Any] | None = None  # its spend, not metered yet (``gateway.held_usage``)
 
 
 class ResponseStore:
@@ -64,6 +65,7 @@ class ResponseStore:
             created_at=datetime.fromtimestamp(int(response.get("created_at") or 0), UTC),
             previous_response_id=previous_response_id, upstream_previous_id=kept.upstream_previous_id,
             deployment=kept.deployment, input_items=kept.input_items, context=kept.context, response=response,
+            unsettled=kept.unsettled,
         )
         async with self._db.session() as s:
             s.add(row)  # an insert, never a merge: an existing row keeps its answer and its owner
@@ -84,12 +86,13 @@ class ResponseStore:
             return None
         return Kept(row.response, row.input_items, row.context, row.upstream_previous_id, row.deployment)
 
-    async def finish(self, principal: Principal, response_id: str, response: dict[str, Any],
+    async def finish(self, principal: Principal | None, response_id: str, response: dict[str, Any],
                      output: list[dict[str, Any]]) -> bool:
         """Store the finished ``response`` of one the upstream held in the background, ``output`` added
-        to its conversation; False when it is not (or no longer) held: another caller finished it first."""
-        held = (StoredResponse.id == response_id, StoredResponse.owner == owner_of(principal),
-                StoredResponse.deployment.is_not(None))
+        to its conversation; False when it is not (or no longer) held: another caller finished it first.
+        ``principal`` None: whoever owns it (the gateway's own follower, ``gateway.held_usage``)."""
+        held = (StoredResponse.id == response_id, StoredResponse.deployment.is_not(None),
+                *(() if principal is None else (StoredResponse.owner == owner_of(principal),)))
         async with self._db.session() as s:
             context = (await s.execute(select(StoredResponse.context).where(*held))).scalar_one_or_none()
             if context is None:
@@ -99,6 +102,27 @@ class ResponseStore:
                 response=response, context=[*context, *output], deployment=None))
             await s.commit()
         return bool(getattr(result, "rowcount", 0))
+
+    async def claim(self, response_id: str) -> dict[str, Any] | None:
+        """Take the unmetered spend of ``response_id`` to meter it: what its ``unsettled`` held, once,
+        to the first caller of any replica (the conditional update is the claim); None for the others."""
+        unsettled = (StoredResponse.id == response_id, StoredResponse.unsettled.is_not(None))
+        async with self._db.session() as s:
+            found = (await s.execute(select(StoredResponse.unsettled).where(*unsettled))).scalar_one_or_none()
+            if found is None:
+                return None
+            result = await s.execute(update(StoredResponse).where(*unsettled).values(unsettled=null()))
+            await s.commit()
+        return found if getattr(result, "rowcount", 0) else None
+
+    async def unsettled(self, limit: int, after: str = "") -> list[tuple[str, dict[str, Any]]]:
+        """Up to ``limit`` responses whose spend is not metered yet, in id order from after ``after``,
+        with what their ``unsettled`` holds."""
+        async with self._db.session() as s:
+            rows = (await s.execute(select(StoredResponse.id, StoredResponse.unsettled).where(
+                StoredResponse.unsettled.is_not(None), StoredResponse.id > after).order_by(
+                StoredResponse.id).limit(limit))).all()
+        return [(row[0], row[1]) for row in rows]
 
     async def withheld(self, principal: Principal, response_id: str) -> bool:
         """Whether ``response_id`` is stored for another owner, or was deleted: an id the caller must

@@ -14,7 +14,7 @@ from litestar.openapi.datastructures import ResponseSpec
 from litestar.params import Parameter
 from litestar.response import Stream
 
-from backends.base import Backend, BadRequest, ChunkStream, Completed, ServesResponses
+from backends.base import Backend, BadRequest, ChunkStream, Completed, Meter, ServesResponses
 from backends.call import CallContext
 from backends.estimate import BOUND_PER_CONVERSATION, bound_text, estimate_text
 from backends.openai_wire import ChatCompletionRequest
@@ -37,8 +37,10 @@ from gateway.dialects.responses_request import (
 )
 from gateway.errors import ApiError
 from gateway.held_responses import CONTINUABLE, UNFINISHED, kept_output, reach
+from gateway.held_usage import unsettled
 from gateway.services import Services
 from gateway.stored_responses import Kept, ResponseStore
+from gateway.telemetry.context import request_id
 
 log = logging.getLogger("switchyard.responses")
 
@@ -103,14 +105,26 @@ def _chat_request(data: ResponsesRequest, context: list[dict[str, Any]] | None,
     return to_chat_request(data, context)
 
 
+async def _held_unmetered(answer: Awaitable[Completed[Any]], held: list[Meter]) -> Completed[Any]:
+    """``answer``; one still running in the background settles its request at no tokens, its meter
+    (the prompt estimated) appended to ``held``: its spend is metered when it ends (``gateway.held_usage``)."""
+    done = await answer
+    body = getattr(done.response, "body", None)
+    if isinstance(body, dict) and body.get("status") in UNFINISHED:
+        held.append(done.meter)
+        done.meter = Meter(first_token_at=done.meter.first_token_at, upstream_request_id=done.meter.upstream_request_id)
+    return done
+
+
 def _described_for_passthrough(principal: Principal, data: ResponsesRequest, context: list[dict[str, Any]] | None,
                                upstream_previous: str | None, inputs: list[dict[str, Any]],
-                               dialect: Dialect, served: list[str]) -> CallDescription:
+                               dialect: Dialect, served: list[str], held: list[Meter] | None) -> CallDescription:
     """A call whose deployments include one serving Responses itself: that one gets the request as
     sent (a kept conversation's items put before the input, in place of ``previous_response_id``,
     which then names ``upstream_previous``: where the kept conversation began from a response only
     the upstream holds), its deployment's id appended to ``served``; any other (a fallback) gets it
-    translated to chat when it is tried."""
+    translated to chat when it is tried. ``held``: the answer is stored, so a background one is
+    metered when it ends (``_held_unmetered``)."""
     body = raw_request(data)
     if context is not None:
         body.pop("previous_response_id", None)
@@ -122,7 +136,9 @@ def _described_for_passthrough(principal: Principal, data: ResponsesRequest, con
     def invoke(backend: Backend, ctx: CallContext) -> Awaitable[Completed[Any] | ChunkStream[Any]]:
         if isinstance(backend, ServesResponses) and backend.serves_responses():
             served.append(str(getattr(backend, "deployment_id", "")))
-            return backend.respond_stream(body, ctx) if stream else backend.respond(body, ctx)
+            if stream:
+                return backend.respond_stream(body, ctx)
+            return backend.respond(body, ctx) if held is None else _held_unmetered(backend.respond(body, ctx), held)
         try:
             chat = _chat_request(data, context, upstream_previous)
         except ApiError as exc:
@@ -199,9 +215,10 @@ class ResponsesController(Controller):
                                     {"previous_response_id": previous} if kept_previous else {},
                                     encrypted=wants_encrypted_reasoning(data))
         served: list[str] = []  # the deployment serving Responses that was called (the last one answered)
+        held_meters: list[Meter] = []  # a background answer's own meter (``_held_unmetered``)
         if native:
             call = _described_for_passthrough(principal, data, context if kept_previous else None, upstream_previous,
-                                              sent, dialect, served)
+                                              sent, dialect, served, held_meters if store is not None else None)
         else:
             call = describe_chat(principal, _chat_request(data, context, upstream_previous), endpoint="responses",
                                  dialect=dialect)
@@ -216,11 +233,20 @@ class ResponsesController(Controller):
         async def save() -> None:
             final, output = finished[0]
             held = served[-1] if served and final.get("status") in UNFINISHED else None
-            kept = Kept(final, listed(sent), context + sent + kept_output(final, output), upstream_previous, held)
+            pending = None
+            if held is not None and held_meters:
+                provider = next((d.config.provider for d in group.deployments if d.id == held), None)
+                pending = unsettled(principal, request_id(), data.model, group.name, held, provider,
+                                    held_meters[-1].prompt_tokens, previous)
+            kept = Kept(final, listed(sent), context + sent + kept_output(final, output), upstream_previous, held,
+                        pending)
             try:
-                await store.save(principal, kept, previous)
+                saved = await store.save(principal, kept, previous)
             except Exception:  # the answer is produced and metered; only its later retrieval is lost
                 log.exception("storing response %s failed", final.get("id"))
+                saved = False
+            if pending is not None and not saved:
+                log.error("background response %s is not stored: its spend will not be metered", final.get("id"))
 
         if isinstance(response, Stream):
             response.iterator = _saved_before_last(response.iterator, finished, save)  # type: ignore[arg-type]

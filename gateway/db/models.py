@@ -22,6 +22,7 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
+    text,
 )
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -214,7 +215,11 @@ class StoredResponse(Base):
     items, so a continuation never depends on an earlier response still being stored."""
 
     __tablename__ = "stored_responses"
-    __table_args__ = (Index("ix_stored_responses_owner_created", "owner", "created_at"),)
+    __table_args__ = (
+        Index("ix_stored_responses_owner_created", "owner", "created_at"),
+        Index("ix_stored_responses_unsettled", "id", postgresql_where=text("unsettled IS NOT NULL"),
+              sqlite_where=text("unsettled IS NOT NULL")),
+    )
 
     # response ids are of any length (an upstream serving Responses mints its own: 0013)
     id: Mapped[str] = mapped_column(Text, primary_key=True)
@@ -230,6 +235,9 @@ class StoredResponse(Base):
     input_items: Mapped[list[Any]] = mapped_column(JSON)
     context: Mapped[list[Any]] = mapped_column(JSON)
     response: Mapped[dict[str, Any]] = mapped_column(JSON)
+    # a background response whose spend is not metered yet: who started it and what its usage row
+    # needs (``gateway.held_usage``); NULL once metered, the row itself the claim (0015)
+    unsettled: Mapped[dict[str, Any] | None] = mapped_column(JSON(none_as_null=True), default=None)
 
 
 class AuthEvent(Base):

@@ -201,6 +201,16 @@ class QuotaAdmission:
         sent.add_done_callback(partial(self._acknowledged, acknowledged))
         return acknowledged
 
+    async def charge(self, principal: Principal, tokens: int, cost: float) -> None:
+        """Add ``tokens`` and ``cost`` to the budgets (and this second's tokens) of the key and its
+        tenant: the store settles a reservation it never held by adding its actual figures."""
+        try:
+            scopes = await self.limits.scopes(principal)
+            r = Reservation(random_id(), self.clock(), 0, 0, scopes, self.lease_seconds)
+            await self.store.settle(lease_for(r), r.now, max(0, int(tokens)), picos(cost), given_back=True)
+        except Exception as exc:  # a bucket lost meanwhile is rebuilt from the usage records, which hold it
+            self._outage("charge", exc)
+
     def _give_back(self, r: Reservation) -> None:
         """Settle a reservation whose answer nobody waits for at zero: it frees what the store holds
         for it if the reservation was made (the store runs it after the reservation), and changes

@@ -49,6 +49,9 @@ class ScriptedAdmission:
         self.settled.append(Settlement(ticket, actual_tokens, cost))
         return completed()
 
+    async def charge(self, principal: Principal, tokens: int, cost: float) -> None:
+        self.settled.append(Settlement(Ticket(principal, "", 0), tokens, cost))
+
 
 @dataclass
 class RecordingSink:

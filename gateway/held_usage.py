@@ -1,0 +1,80 @@
+"""The spend of a background response (``background: true`` on an upstream serving Responses),
+metered once, when it ends.
+
+The request that starts one is answered ``queued`` (or ``in_progress``) before the upstream has
+spent anything it can report: its usage row records no tokens, and its stored row keeps, in
+``unsettled``, who started it and what its usage row needs (``unsettled``). The first to find it
+ended (``completed``, ``failed``, ``cancelled``, ``incomplete``) meters it (``meter_ended``): a
+``GET`` or ``cancel`` relayed to the upstream, or the gateway's follower
+(``gateway.held_responses.HeldFollower``) for one nobody asks about. Claiming the row
+(``ResponseStore.claim``) makes that one caller of any replica: it records one usage row, with the
+upstream's usage (its estimate where it reports none) at the current prices, and counts it against
+the key's and tenant's budgets (``Admission.charge``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from typing import Any
+
+from backends.base import Meter
+from backends.responses_http import answer_meter
+from gateway.contracts import Principal, UsageRecord
+from gateway.pipeline import Pipeline
+from gateway.stored_responses import ResponseStore
+
+log = logging.getLogger("switchyard.responses")
+
+
+def unsettled(principal: Principal, request_id: str, model: str, group: str, deployment: str, provider: str | None,
+              prompt_estimate: int, previous_response_id: str | None) -> dict[str, Any]:
+    """What a background response's stored row keeps until its spend is metered (``model``: as the
+    client named it; ``group``: the model its usage row names; ``request_id``: the request that started it)."""
+    return {"key_id": principal.key_id, "tenant_id": principal.tenant_id, "request_id": request_id, "model": model,
+            "group": group, "deployment": deployment, "provider": provider, "prompt_estimate": prompt_estimate,
+            "previous_response_id": previous_response_id, "started_at": time.time()}
+
+
+def starter(pending: dict[str, Any]) -> Principal:
+    """The caller that started the background response ``pending`` describes."""
+    return Principal(key_id=str(pending["key_id"]), tenant_id=pending.get("tenant_id"))
+
+
+def usage_id(response_id: str) -> str:
+    """The request id of a background response's usage row: one per response, so a row written twice
+    (a journal replayed) is one row."""
+    return "bg-" + hashlib.sha256(response_id.encode()).hexdigest()[:40]
+
+
+async def meter_ended(pipeline: Pipeline, store: ResponseStore, response_id: str, answer: dict[str, Any]) -> None:
+    """Meter the spend of ``response_id``, which ``answer`` (the upstream's) says has ended, unless
+    another caller has claimed it."""
+    pending = await store.claim(response_id)
+    if pending is None:
+        return
+    spent = answer_meter(answer, int(pending.get("prompt_estimate") or 0))
+    principal, deployment, group = starter(pending), pending.get("deployment"), str(pending.get("group", ""))
+    cost = pipeline.cost(deployment, group, spent)
+    services = pipeline.services
+    await services.admission.charge(principal, spent.total_tokens, cost)
+    record = _record(principal, response_id, pending, spent, cost, str(answer.get("status")))
+    try:
+        services.usage.record(record)
+        await services.usage.sync()
+    except Exception:
+        log.exception("recording the usage of background response %s failed", response_id)
+
+
+def _record(principal: Principal, response_id: str, pending: dict[str, Any], spent: Meter, cost: float,
+            status: str) -> UsageRecord:
+    started = float(pending.get("started_at") or time.time())
+    return UsageRecord(
+        request_id=usage_id(response_id), key_id=principal.key_id, tenant_id=principal.tenant_id,
+        model=str(pending.get("group", "")), deployment=pending.get("deployment"), provider=pending.get("provider"),
+        endpoint="responses", started_at=started, status=200, prompt_tokens=spent.prompt_tokens,
+        completion_tokens=spent.completion_tokens, cached_tokens=spent.cached_tokens, exact=spent.exact, cost=cost,
+        error_type=None if status == "completed" else status, latency_ms=(time.time() - started) * 1000,
+        service_tier=spent.service_tier, extra={"outcome": status},
+    )
