@@ -12,7 +12,9 @@ Passed explicitly to every ``Backend`` method (no context variables). It holds
   its context, stops at the cap or where the context ends, whichever comes first, rather than
   refusing a limit the client never asked for. A limit the client set always wins;
 - ``on_meter``: a backend that meters a call from its start (the in-process engine) hands the
-  gateway its ``Meter`` there, so a call cancelled before its answer is charged what it counts.
+  gateway its ``Meter`` there, so a call cancelled before its answer is charged what it counts;
+- ``rendered``: the chat prompt's ids as admission counted them with a backend's own tokenizer
+  (``Tokenizing.tokenize_chat`` with its defaults), so that backend tokenizes the prompt only once.
 
 A caller without a gateway (tests, scripts) passes nothing: no tenant, no cap.
 """
@@ -52,11 +54,26 @@ class CallingTenant:
 
 
 @dataclass(frozen=True)
+class RenderedPrompt:
+    """``backend.tokenize_chat(request)``: ids of that very request object (the body is not changed
+    after admission), which the backend uses instead of rendering the request again."""
+
+    backend: object
+    request: object
+    ids: list[int]
+
+
+@dataclass(frozen=True)
 class CallContext:
     tenant: CallingTenant | None = None
     output_cap: int | None = None  # generated tokens per sequence when the request sets no limit
     # given the ``backends.base.Meter`` of a call as it starts (Any: base imports this module)
     on_meter: Callable[[Any], None] | None = None
+    rendered: tuple[RenderedPrompt, ...] = ()
+
+    def prompt_ids(self, backend: object, request: object) -> list[int] | None:
+        """The ids admission rendered for ``request`` with ``backend``'s tokenizer (None: not rendered)."""
+        return next((r.ids for r in self.rendered if r.backend is backend and r.request is request), None)
 
     def output_limit(self, requested: int | None, room: int | None = None) -> int | None:
         """The client's limit if it set one; else the gateway's cap (None: none), at most ``room``."""

@@ -10,6 +10,8 @@ reserved below their cost.
 
 from __future__ import annotations
 
+import re
+
 import msgspec
 
 from backends.embeddings_wire import EmbeddingRequest
@@ -21,12 +23,30 @@ _PER_MESSAGE_OVERHEAD = 4  # role and separators, as chat templates add them
 # around the whole conversation (a default system prompt, the generation prompt).
 BOUND_PER_MESSAGE = 16
 BOUND_PER_CONVERSATION = 64
+# ``str.split()``'s whitespace beyond ASCII, as UTF-8: U+0085, U+00A0, U+1680, U+2000-U+200A, U+2028,
+# U+2029, U+202F, U+205F, U+3000 (whole sequences, so a match is always at a character's start).
+_UNICODE_SPACE = re.compile(rb"\xc2[\x85\xa0]|\xe1\x9a\x80|\xe2\x80[\x80-\x8a\xa8\xa9\xaf]|\xe2\x81\x9f|\xe3\x80\x80")
+# Each byte as a space (ASCII whitespace, as str.split() has it) or a word byte (any other byte).
+_WORD_OR_SPACE = bytes(32 if i < 128 and chr(i).isspace() else 120 for i in range(256))
 
 
 def estimate_text(text: str) -> int:
     if not text:
         return 0
-    return max(len(text.split()), (len(text) + 3) // 4)
+    return max(count_words(text), (len(text) + 3) // 4)
+
+
+def count_words(text: str) -> int:
+    """``len(text.split())`` without making the words (a 4 MB prompt made 1.5 million strings): its
+    UTF-8 bytes become spaces and word bytes, and a word is where a word byte follows a space."""
+    data = text.encode("utf-8", "surrogatepass")
+    if not data.isascii():
+        found = _UNICODE_SPACE.search(data)
+        while found is not None:  # each pass replaces one kind of space throughout: at most 17
+            data = data.replace(found.group(), b" ")
+            found = _UNICODE_SPACE.search(data, found.start())
+    marks = data.translate(_WORD_OR_SPACE)
+    return marks.count(b" x") + marks.startswith(b"x")
 
 
 def generated_text(message: AssistantMessage | ChatDelta) -> str:

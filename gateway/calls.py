@@ -9,13 +9,13 @@ endpoints share it, else in the controller), never a copy of the pipeline.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
 
 from backends.base import Backend, ChunkStream, Completed, Tokenizing
-from backends.call import CallContext
+from backends.call import CallContext, RenderedPrompt
 from backends.estimate import (
     bound_chat_prompt,
     bound_completion_prompt,
@@ -56,6 +56,8 @@ class CallDescription:
     count_prompt: CountPrompt | None = None  # None: only the bound is known
     api_default_limit: int | None = None  # the API's own cap per sequence where the client sets none
     output_field: str | None = "max_tokens"  # the field the output reservation came from (None: no output)
+    # what count_prompt rendered with a backend's own tokenizer: handed to that backend (CallContext.rendered)
+    rendered: list[RenderedPrompt] = field(default_factory=list)
 
 
 def describe_chat(principal: Principal, body: ChatCompletionRequest, *, endpoint: str = "chat.completions",
@@ -68,24 +70,30 @@ def describe_chat(principal: Principal, body: ChatCompletionRequest, *, endpoint
     if body.tool_choice not in (None, msgspec.UNSET) and not body.tools:
         raise ApiError(400, "'tool_choice' is only allowed when 'tools' are specified.", param="tool_choice")
     stream = body.is_stream
-    field = OUTPUT_FIELDS.get(endpoint) or (
+    output_field = OUTPUT_FIELDS.get(endpoint) or (
         "max_completion_tokens" if isinstance(body.max_completion_tokens, int) else "max_tokens")
 
     def invoke(backend: Backend, ctx: CallContext) -> Awaitable[Completed[Any] | ChunkStream[Any]]:
         return backend.chat_stream(body, ctx) if stream else backend.chat(body, ctx)
 
+    rendered: list[RenderedPrompt] = []
     return CallDescription(
         principal=principal, endpoint=endpoint, model=body.model, stream=stream,
         prompt_tokens=estimate_chat_prompt(body), prompt_bound=bound_chat_prompt(body),
         output_limit=body.output_limit(), sequences=body.sequences(), routing_key=chat_prefix(body), invoke=invoke,
-        dialect=dialect, count_prompt=lambda tokenizer: _count_chat(tokenizer, body), output_field=field,
+        dialect=dialect, count_prompt=lambda tokenizer: _count_chat(tokenizer, body, rendered),
+        output_field=output_field, rendered=rendered,
     )
 
 
-def _count_chat(tokenizer: Tokenizing | PromptCounter, body: ChatCompletionRequest) -> int:
+def _count_chat(tokenizer: Tokenizing | PromptCounter, body: ChatCompletionRequest,
+                rendered: list[RenderedPrompt]) -> int:
+    """The prompt's tokens; a backend's own rendering is kept in ``rendered``, for the backend to reuse."""
     if isinstance(tokenizer, PromptCounter):
         return tokenizer.count_chat(body)
-    return len(tokenizer.tokenize_chat(body))
+    ids = tokenizer.tokenize_chat(body)
+    rendered.append(RenderedPrompt(tokenizer, body, ids))
+    return len(ids)
 
 
 def describe_completion(principal: Principal, body: CompletionRequest) -> CallDescription:

@@ -185,7 +185,7 @@ class Pipeline:
                                                       per_sequence * call.sequences))
         # The engine schedules fairly by the tenant; backends hold a request without a limit to the cap.
         ctx = CallContext(tenant=CallingTenant.of(principal.tenant_id, principal.tenant_weight), output_cap=cap,
-                          on_meter=flight.metered)
+                          on_meter=flight.metered, rendered=tuple(call.rendered))
         try:
             result = await self._call(flight, ctx, call.prompt_tokens + per_sequence * call.sequences)
         except BackendError as exc:

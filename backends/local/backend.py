@@ -110,7 +110,9 @@ class LocalEngineBackend:
         """The prompt's ids, the sampling parameters with the grammar compiled, and the tool plan:
         seconds of work for a long conversation or a big schema, so run off the event loop."""
         plan = tools.plan(request, self.tool_parser)
-        prompt = self.tokenize_chat(request)
+        prompt = ctx.prompt_ids(self, request)  # admission's count of it: the same ids
+        if prompt is None:
+            prompt = self.tokenize_chat(request)
         limit = ctx.output_limit(request.output_limit(), self.engine.max_model_len - len(prompt))
         grammar = plan.grammar() if plan is not None else None
         params = wire.sampling_params(request, limit, wire.chat_logprobs_count(request),

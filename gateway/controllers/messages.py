@@ -13,7 +13,7 @@ from litestar.openapi.datastructures import ResponseSpec
 
 from backends.base import Backend, BackendError, BadRequest, ChunkStream, Completed, TokenCounting, Tokenizing
 from backends.call import CallContext
-from backends.estimate import estimate_chat_prompt
+from backends.estimate import bound_chat_prompt, estimate_chat_prompt
 from backends.openai_wire import ChatCompletionRequest, extra_params
 from gateway.calls import CallDescription, describe_chat
 from gateway.contracts import Principal
@@ -30,6 +30,7 @@ from gateway.dialects.anthropic_request import (
     translate,
 )
 from gateway.errors import ApiError, from_backend_error
+from gateway.off_loop import sized
 from gateway.pipeline import Pipeline
 from gateway.request_headers import request_headers
 from gateway.routing.router import ModelGroup
@@ -138,8 +139,9 @@ class MessagesController(Controller):
         try:
             if tokenizer := next((b for b in backends if isinstance(b, Tokenizing)), None):
                 chat, origins = translate(messages)
-                try:
-                    return {"input_tokens": len(tokenizer.tokenize_chat(chat))}
+                try:  # a huge conversation in a thread
+                    ids = await sized(bound_chat_prompt(chat), lambda: tokenizer.tokenize_chat(chat))
+                    return {"input_tokens": len(ids)}
                 except BackendError as exc:
                     raise in_messages_terms(exc, origins) from None
             if counter := next((b for b in backends if isinstance(b, TokenCounting)), None):

@@ -12,6 +12,7 @@ from litestar import Controller, Request, post
 from msgspec import UNSET, Meta, Struct, UnsetType
 
 from backends.base import BackendError, Tokenizing
+from backends.estimate import bound_chat_prompt, bound_text
 from backends.nested_fields import unknown_nested_field
 from backends.openai_wire import ChatCompletionRequest, ChatMessage, extra_params, set_extra_params
 from backends.tools_wire import Tool
@@ -20,6 +21,7 @@ from gateway.contracts import Principal
 from gateway.controllers.auth import authenticate_request, principal_of
 from gateway.controllers.docs import error_responses
 from gateway.errors import ApiError, from_backend_error
+from gateway.off_loop import sized
 from gateway.pipeline import Pipeline
 
 
@@ -81,6 +83,15 @@ def tokenizer_for(pipeline: Pipeline, principal: Principal, model: str) -> Token
                    "not hold; tokenizing needs a model the built-in engine serves.", param="model")
 
 
+def _tokenized(tokenizer: Tokenizing, data: TokenizeRequest) -> TokenizeResponse:
+    if isinstance(data.prompt, str):
+        ids = tokenizer.tokenize_text(data.prompt, data.add_special_tokens is not False)
+    else:
+        ids = tokenizer.tokenize_chat(data.chat_request(), data.add_generation_prompt, data.add_special_tokens is True)
+    strings = tokenizer.token_strings(ids) if data.return_token_strs else UNSET
+    return TokenizeResponse(count=len(ids), max_model_len=tokenizer.max_model_len, tokens=ids, token_strs=strings)
+
+
 class TokenizeController(Controller):
     tags = ["Tokenizer"]
     before_request = authenticate_request  # type: ignore[assignment]  # a function attribute reads as a method
@@ -93,16 +104,14 @@ class TokenizeController(Controller):
             raise ApiError(400, "Give exactly one of 'prompt' or 'messages'.", param="prompt")
         tokenizer = tokenizer_for(pipeline, principal_of(request), data.model)
         refuse_unmodelled(data)
+        if isinstance(data.prompt, str):
+            bound = bound_text(data.prompt)
+        else:
+            bound = bound_chat_prompt(data.chat_request())
         try:
-            if isinstance(data.prompt, str):
-                ids = tokenizer.tokenize_text(data.prompt, data.add_special_tokens is not False)
-            else:
-                ids = tokenizer.tokenize_chat(data.chat_request(), data.add_generation_prompt,
-                                              data.add_special_tokens is True)
+            return await sized(bound, lambda: _tokenized(tokenizer, data))  # a huge input in a thread
         except BackendError as exc:
             raise from_backend_error(exc) from None
-        strings = tokenizer.token_strings(ids) if data.return_token_strs else UNSET
-        return TokenizeResponse(count=len(ids), max_model_len=tokenizer.max_model_len, tokens=ids, token_strs=strings)
 
     @post("/detokenize", status_code=200, dto=WireBody[DetokenizeRequest], return_dto=None,
           summary="Turn token ids back into text (vLLM's shape)", responses=error_responses())

@@ -10,25 +10,22 @@ undercut by the prompt.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 
 from backends.base import BackendError
 from gateway.calls import CallDescription
+from gateway.off_loop import sized
 from gateway.routing.router import ModelGroup
 
 log = logging.getLogger("switchyard.quotas")
-# A prompt whose byte bound is past this is counted in a worker thread (a tokenizer takes about a
-# second a megabyte); a smaller one is counted on the event loop, where the thread hop would cost more.
-OFF_LOOP_BOUND = 64 * 1024
 
 
 async def reserve_prompt(call: CallDescription, group: ModelGroup) -> int:
     """``prompt_reservation``, in a worker thread where a tokenizer would count a prompt past
-    ``OFF_LOOP_BOUND`` (a huge prompt held the event loop for seconds, every other request waiting)."""
-    if call.count_prompt is not None and call.prompt_bound > OFF_LOOP_BOUND:
-        return await asyncio.to_thread(prompt_reservation, call, group)
-    return prompt_reservation(call, group)
+    ``gateway.off_loop.OFF_LOOP_BOUND`` (a huge prompt held the event loop for seconds, every other request waiting)."""
+    if call.count_prompt is None:  # only the bound: nothing to count
+        return call.prompt_bound
+    return await sized(call.prompt_bound, lambda: prompt_reservation(call, group))
 
 
 def prompt_reservation(call: CallDescription, group: ModelGroup) -> int:

@@ -14,7 +14,7 @@ import openai
 import pytest
 
 from backends.openai_wire import ChatCompletionRequest
-from gateway.quotas.reservation import OFF_LOOP_BOUND
+from gateway.off_loop import OFF_LOOP_BOUND
 from tests.support.local_gateway import local_gateway
 
 HUGE = "lorem ipsum dolor sit amet " * (2 * OFF_LOOP_BOUND // 27)  # past the bound: counted in a thread
