@@ -161,13 +161,16 @@ class LocalEngineBackend:
         chunk = wire.chunk_maker(ChatCompletionChunk, request, response_id("chatcmpl"), run.meter, usage_of)
 
         async def gen() -> AsyncIterator[ChatCompletionChunk]:
-            for i in range(run.n):
-                yield chunk([ChatChunkChoice(index=i, delta=ChatDelta(role=role, content=""))])
+            # A named function's call: its id and name first, then its arguments; without echo the role
+            # comes with them, at the first output (OpenAI's first chunk of a forced call).
+            call_ids = [""] * run.n
+            merged = plan is not None and plan.mode == "named" and not echo
+            for i in range(0 if merged else run.n):
+                yield chunk([ChatChunkChoice(index=i, delta=tools.opening_delta(plan, role, echo))])
             for i in range(run.n if echo else 0):  # vLLM's: the echoed text, after the role, before the answer
                 yield chunk([ChatChunkChoice(index=i, delta=ChatDelta(content=echo))])
             finished: set[int] = set()  # one finish chunk per choice, though later outputs still carry it
             buffered = [""] * run.n  # required: the text is held back until it is known to be a call
-            call_ids = [""] * run.n  # a named function's call: its id, sent first, then its arguments
             held: list[list[Any]] = [[] for _ in range(run.n)]  # the logprobs of text held back
             auto = [plan.streaming() for _ in range(run.n)] if plan is not None and plan.mode == "auto" else []
             async for _, out in run.outputs():
@@ -182,7 +185,9 @@ class LocalEngineBackend:
                             call_ids[o.index] = tools.call_id(plan.parser)
                             head = ToolCallDelta(index=0, id=call_ids[o.index], type="function",
                                                  function={"name": plan.named, "arguments": ""})
-                            yield chunk([ChatChunkChoice(index=o.index, delta=ChatDelta(tool_calls=[head]))])
+                            opening = ChatDelta(role=role, content=None, tool_calls=[head]) if merged else \
+                                ChatDelta(tool_calls=[head])
+                            yield chunk([ChatChunkChoice(index=o.index, delta=opening)])
                         buffered[o.index] += o.delta_text
                         if o.delta_text or logprobs:
                             part = ToolCallDelta(index=0, function={"arguments": o.delta_text})

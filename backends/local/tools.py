@@ -222,6 +222,13 @@ def wire_calls(calls: list[ParsedCall], parser: str) -> list[ToolCall]:
     return [ToolCall(id=call_id(parser), function=FunctionCall(name=c.name, arguments=c.arguments)) for c in calls]
 
 
+def opening_delta(plan: ToolPlan | None, role: str, echo: str) -> ChatDelta:
+    """A streamed choice's first delta, the role: ``content: ""`` for an answer that may be text,
+    ``content: null`` (OpenAI's) for a forced call's, which never is (unless ``echo`` starts it)."""
+    forced = plan is not None and plan.mode != "auto" and not echo
+    return ChatDelta(role=role, content=None if forced else "")
+
+
 def forced_finish(plan: ToolPlan, text: str, finish: Any) -> Any:
     """A forced call's wire finish reason: ``tool_calls`` when its output is whole, else the
     engine's (``length``, or ``stop`` where a stop string or stop token id cut the JSON short)."""

@@ -18,8 +18,10 @@ request line) whole, copying it again on each read, so a head still incomplete a
 framing and trailer fields (kept as a head's are) pass it. A request the parser cannot
 read at all is answered 400, as uvicorn does, but in OpenAI's error shape. A body in a transfer
 coding other than chunked (``Transfer-Encoding: gzip, chunked``), which the parser would pass on still
-coded, is answered 501 (RFC 9112 §6.1) and the connection closed. Each of these refusals follows the
-answers to the requests pipelined before the one refused, in order, as every answer does.
+coded, is answered 501 (RFC 9112 §6.1) and the connection closed; so is, with a 400 (RFC 9112 §3.2), an
+HTTP/1.1 request without a ``Host`` header, and any request with more than one (HTTP/1.0 may leave it
+out). Each of these refusals follows the answers to the requests pipelined before the one refused,
+in order, as every answer does.
 
 Writes are coalesced per event-loop turn (``CoalescedWrites``): uvicorn writes a response's head
 and its body separately, two system calls where one does; a stream's chunks, each written in a
@@ -89,15 +91,30 @@ def _raw_error(status: int, reason: str, message: str, code: str) -> bytes:
     return head.encode() + b"\r\n" + body
 
 
-class _CodingRefused(Exception):
-    """Raised from the parser's callback to stop it at a head whose body it cannot decode."""
+class _HeadRefused(Exception):
+    """Raised from the parser's callback to stop it at a head that is refused (``_head_refusal``)."""
 
 
-def _unknown_transfer_coding(headers: list[tuple[bytes, bytes]]) -> bool:
-    """Whether a ``Transfer-Encoding`` of ``headers`` (names in lower case) names a coding other
-    than chunked: the parser undoes the chunks and nothing else."""
-    return any(coding.strip() not in (b"", b"chunked") for name, value in headers if name == b"transfer-encoding"
-               for coding in value.lower().split(b","))
+_CODING_REFUSED = _raw_error(501, "Not Implemented", "Transfer-Encoding other than chunked is not supported: "
+                             "send the body by length or in chunks", "unsupported_transfer_encoding")
+_HOST_REFUSED = _raw_error(400, "Bad Request", "An HTTP/1.1 request must have exactly one Host header, and no "
+                           "request more than one (RFC 9112 section 3.2).", "invalid_host_header")
+
+
+def _head_refusal(headers: list[tuple[bytes, bytes]], parser: httptools.HttpRequestParser) -> bytes | None:
+    """The answer to a request head that is refused, in one pass over ``headers`` (names in lower
+    case): a ``Transfer-Encoding`` naming a coding other than chunked (the parser undoes the chunks
+    and nothing else), or not exactly one ``Host`` (an HTTP/1.0 request may send none). None: taken."""
+    hosts = 0
+    for name, value in headers:
+        if name == b"host":
+            hosts += 1
+        elif name == b"transfer-encoding" and any(coding.strip() not in (b"", b"chunked")
+                                                  for coding in value.lower().split(b",")):
+            return _CODING_REFUSED
+    if hosts == 1 or (not hosts and parser.get_http_version() == "1.0"):
+        return None
+    return _HOST_REFUSED
 
 
 def _pending_head_bytes(url: bytes, headers: list[tuple[bytes, bytes]], data: bytes) -> int:
@@ -182,7 +199,7 @@ class HeadDeadlineProtocol(HttpToolsProtocol):
     _body_marks = 0  # pieces of request bodies parsed
     _framing_bytes = 0  # bytes of the reads since the pending body's last data: chunk framing, trailer fields
     _declined: bytes | None = None  # the head of a request whose upgrade is declined, to be parsed again
-    _coding_refused = False  # the pending request's body has a transfer coding other than chunked
+    _head_refused: bytes | None = None  # the answer to the pending request's head, refused (``_head_refusal``)
     _refusal: bytes | None = None  # the answer to a refused request, held until those before it are answered
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -214,9 +231,9 @@ class HeadDeadlineProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self._head_since, self._body_since = None, self.loop.time()
         self._head_marks += 1
-        if _unknown_transfer_coding(self.headers):
-            self._body_since, self._coding_refused = None, True
-            raise _CodingRefused  # stops the parser; ``_parse`` answers
+        if (refusal := _head_refusal(self.headers, self.parser)) is not None:
+            self._body_since, self._head_refused = None, refusal
+            raise _HeadRefused  # stops the parser; ``_parse`` answers
         parser = self.parser
         if parser.should_upgrade() and parser.get_method() != b"CONNECT" and not self._should_upgrade():
             self._declined = head_without_upgrade(parser.get_method(), self.url, parser.get_http_version(),
@@ -368,10 +385,8 @@ class HeadDeadlineProtocol(HttpToolsProtocol):
             try:
                 self.parser.feed_data(data)
             except httptools.HttpParserError:
-                if self._coding_refused:
-                    self._refuse(_raw_error(501, "Not Implemented", "Transfer-Encoding other than chunked is not "
-                                            "supported: send the body by length or in chunks",
-                                            "unsupported_transfer_encoding"))
+                if self._head_refused is not None:
+                    self._refuse(self._head_refused)
                     return
                 self.logger.warning("Invalid HTTP request received.")
                 self.send_400_response("Invalid HTTP request received.")

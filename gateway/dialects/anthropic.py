@@ -167,6 +167,9 @@ def _event(kind: str, data: dict[str, Any]) -> bytes:
     return b"event: " + kind.encode() + b"\ndata: " + msgspec.json.encode({"type": kind} | data) + b"\n\n"
 
 
+_PING = _event("ping", {})
+
+
 def _relayed_event(event: dict[str, Any], model: str) -> bytes:
     """An Anthropic upstream's event as it came; the gateway owns only the model's name."""
     if event.get("type") == "message_start" and isinstance(message := event.get("message"), dict):
@@ -236,8 +239,8 @@ class MessagesEvents:
         return out
 
     def _start(self) -> bytes:
-        """``message_start``, once: its usage the prompt's, as metered so far (the tokens read from the
-        prompt cache apart, as ``message_delta`` has them)."""
+        """``message_start``, once, then a ``ping`` (as Anthropic's API sends): its usage the prompt's,
+        as metered so far (the tokens read from the prompt cache apart, as ``message_delta`` has them)."""
         if self._started:
             return b""
         self._started = True
@@ -245,7 +248,7 @@ class MessagesEvents:
         usage = _usage(None, self._meter) if self._meter is not None else {"input_tokens": 0}
         return _event("message_start", {"message": {
             "id": message_id(answer_id), "type": "message", "role": "assistant", "model": model, "content": [],
-            "stop_reason": None, "stop_sequence": None, "usage": usage | {"output_tokens": 0}}})
+            "stop_reason": None, "stop_sequence": None, "usage": usage | {"output_tokens": 0}}}) + _PING
 
     def _text(self, kind: str, text: str) -> bytes:
         """Text or reasoning: a delta of the open block of its kind, else of a new one; held while a

@@ -49,3 +49,21 @@ def test_message_start_counts_the_prompts_cached_tokens_as_cache_reads(env: Env)
     assert kinds[0] == "message_start" and kinds[-2:] == ["message_delta", "message_stop"]
     assert final.usage.cache_read_input_tokens == record.cached_tokens
     env.wait_idle()
+
+
+def test_a_ping_follows_message_start(env: Env) -> None:
+    """As Anthropic's API: ``event: ping`` / ``data: {"type": "ping"}`` right after ``message_start``
+    (the anthropic SDK skips it, and still reads the whole message)."""
+    client = anthropic.Anthropic(base_url=env.server.url, api_key=KEY, max_retries=0)
+    body = {"model": "tiny", "max_tokens": 3, "messages": [{"role": "user", "content": "Hello"}]}
+    with client.messages.with_streaming_response.create(**body, stream=True) as response:  # type: ignore[call-overload]
+        lines = [line for line in response.iter_lines() if line]
+    kinds = [line[7:] for line in lines if line.startswith("event: ")]
+    assert kinds[:2] == ["message_start", "ping"] and kinds.count("ping") == 1
+    at = lines.index("event: ping")
+    assert json.loads(lines[at + 1].removeprefix("data: ")) == {"type": "ping"}
+    assert kinds[-2:] == ["message_delta", "message_stop"]
+    with client.messages.stream(**body) as stream:  # type: ignore[arg-type]
+        final = stream.get_final_message()
+    assert final.stop_reason == "max_tokens" and final.usage.output_tokens == 3
+    env.wait_idle()
