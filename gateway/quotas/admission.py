@@ -13,6 +13,9 @@ here while no bucket was there to count them (a budget just set, a Redis restart
 (Another replica's records on their way are not: up to its writer's flush interval of spend.)
 A store outage (or, for a lost budget bucket, a database outage) follows the configured policy:
 ``fail_closed`` raises QuotaUnavailable (503), ``fail_open`` admits without counting; both log.
+The budget buckets that missed spend meanwhile (requests admitted without counting, settlements
+not acknowledged) are rebuilt from the usage records once the store answers again (``stale.py``),
+before this process's next admission.
 With ``credit`` (Redis), a key admitted at least ``credit.MIN_DEMAND`` times a second is admitted
 and settled in process while this replica's credit for the second lasts (``credit.py``), and
 through the store otherwise.
@@ -34,6 +37,7 @@ from gateway.ids import random_id
 from gateway.quotas.credit import CreditKeeper, LocalLease
 from gateway.quotas.limits import LimitsSource, Scope, period_id, period_start, recorded_spend
 from gateway.quotas.redis_credit import RedisCredit
+from gateway.quotas.stale import StaleBudgets, Uncounted
 from gateway.quotas.store import Decision, Lease, QuotaStore, Reservation, lease_for, picos
 from gateway.usage.pricing import PriceTable
 
@@ -76,9 +80,10 @@ class QuotaAdmission:
         self._done: asyncio.Future[None] | None = None  # what a settlement with nothing to send returns
         self.flush_records = flush_records  # the usage records written here into the database; False: not all
         self.clock = clock
-        # busy keys are admitted on credit (credit.py)
-        self.credit = (CreditKeeper(credit, lease_seconds=lease_seconds, on_outage=self._outage, clock=clock)
-                       if credit else None)
+        self.stale = StaleBudgets(store, limits, flush_records)  # buckets that missed spend in an outage
+        # busy keys are admitted on credit (credit.py); not while a bucket is to be rebuilt
+        self.credit = (CreditKeeper(credit, lease_seconds=lease_seconds, on_outage=self._outage, clock=clock,
+                                    blocked=self.stale.__bool__) if credit else None)
 
     # ------------------------------------------------------------ heartbeat
 
@@ -95,6 +100,7 @@ class QuotaAdmission:
             await asyncio.wait(list(self._settling), timeout=SETTLE_WAIT_SECONDS)
         if self.credit is not None:
             await self.credit.aclose()
+        await self.stale.aclose()
         if self._heartbeat is not None:
             await stop_task(self._heartbeat)
             self._heartbeat = self._done = None
@@ -125,8 +131,11 @@ class QuotaAdmission:
         except Exception as exc:  # the database is down and nothing usable is cached
             self._outage("limits lookup", exc)
             if self.on_unavailable == "fail_open":
-                return Ticket(principal=principal, model=model, reserved_tokens=0)
+                return Ticket(principal=principal, model=model, reserved_tokens=0,
+                              reservation=Uncounted(None, self.clock(), None))
             raise QuotaUnavailable("quota limits unavailable; try again shortly") from None
+        if self.stale.due():  # budgets that missed spend in an outage: rebuilt first, if Redis is back
+            await self.stale.repair()
         micros = math.ceil(reserve_tokens * self.prices.max_per_million(model))
         if self.credit is not None and (ticket := self.credit.take(principal, scopes, model, reserve_tokens, micros)):
             return ticket
@@ -143,8 +152,9 @@ class QuotaAdmission:
             raise
         except Exception as exc:  # the store (Redis), or the records a lost bucket is rebuilt from
             self._outage("admit", exc)
-            if self.on_unavailable == "fail_open":
-                return Ticket(principal=principal, model=model, reserved_tokens=0)
+            if self.on_unavailable == "fail_open":  # (the store may have run the reservation: its answer was lost)
+                return Ticket(principal=principal, model=model, reserved_tokens=0,
+                              reservation=Uncounted(scopes, r.now, lease_for(r)))
             raise QuotaUnavailable("rate limit service unavailable; try again shortly") from None
         ticket = Ticket(
             principal=principal,
@@ -186,19 +196,23 @@ class QuotaAdmission:
             assert self.credit is not None
             self.credit.settle(lease, max(0, int(actual_tokens)), picos(cost))
             return self._done or completed()  # the corrections leave with the next second's give-back
+        if isinstance(lease, Uncounted):  # admitted fail-open: its bucket is rebuilt once the store is back
+            self.stale.uncounted(ticket.principal, lease)
+            return self._done or completed()
         if not isinstance(lease, Lease):
-            return self._done or completed()  # admitted fail-open: nothing was reserved
+            return self._done or completed()  # nothing was reserved
         if self.credit is not None:
             self.credit.release(ticket.principal)
         self._live.pop(lease.ticket_id, None)
         try:
             sent = self.store.settle(lease, self.clock(), max(0, int(actual_tokens)), picos(cost))
-        except Exception as exc:  # the lease expires by itself; the budget keeps the reservation
+        except Exception as exc:  # the lease expires by itself; the bucket is rebuilt once the store is back
             self._outage("settle", exc)
+            self.stale.unsettled(lease)
             return completed()
         acknowledged: asyncio.Future[None] = sent.get_loop().create_future()  # not a lookup: a system call on 3.11
         self._settling.add(acknowledged)
-        sent.add_done_callback(partial(self._acknowledged, acknowledged))
+        sent.add_done_callback(partial(self._acknowledged, acknowledged, lease))
         return acknowledged
 
     async def charge(self, principal: Principal, tokens: int, cost: float) -> None:
@@ -227,10 +241,11 @@ class QuotaAdmission:
         if not reply.cancelled() and isinstance(exc := reply.exception(), Exception):
             self._outage("settle", exc)  # the lease expires by itself
 
-    def _acknowledged(self, acknowledged: asyncio.Future[None], reply: asyncio.Future[Any]) -> None:
+    def _acknowledged(self, acknowledged: asyncio.Future[None], lease: Lease, reply: asyncio.Future[Any]) -> None:
         self._settling.discard(acknowledged)
         if not reply.cancelled() and isinstance(exc := reply.exception(), Exception):
-            self._outage("settle", exc)  # the lease expires by itself; the budget keeps the reservation
+            self._outage("settle", exc)  # it may or may not have run: the bucket is rebuilt once the store is back
+            self.stale.unsettled(lease)
         if not acknowledged.done():
             acknowledged.set_result(None)
 

@@ -121,8 +121,9 @@ class LocalLease:
 
 class CreditKeeper:
     def __init__(self, store: RedisCredit, *, lease_seconds: float, on_outage: Callable[[str, Exception], None],
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, blocked: Callable[[], bool] = lambda: False) -> None:
         self.store = store
+        self.blocked = blocked  # no credit meanwhile (budget buckets to rebuild: stale.py)
         self.lease_seconds = lease_seconds
         self.on_outage = on_outage
         self.clock = clock
@@ -254,8 +255,8 @@ class CreditKeeper:
         bundle.next_slot = wanted.stop
         bundle.granting = True
         try:
-            grant: Grant = await self.store.grant(scopes, now, requests, tokens, micros, bundle.prefix, wanted,
-                                                  len(bundle.pool), self.lease_seconds)
+            grant: Grant = Grant(False) if self.blocked() else await self.store.grant(
+                scopes, now, requests, tokens, micros, bundle.prefix, wanted, len(bundle.pool), self.lease_seconds)
         except Exception as exc:
             self.on_outage("admission credit", exc)
             grant = Grant(False)

@@ -358,6 +358,16 @@ if tonumber(ARGV[4]) > 0 then redis.call('EXPIRE', KEYS[1], tonumber(ARGV[4]) + 
 return 1
 """
 
+FORGET = """
+-- Keys: budget buckets, then tickets' keys. Arguments: the number of buckets, then one member per
+-- tickets' key. The buckets are deleted (rebuilt from the usage records at the next admission),
+-- the members dropped (stale.py).
+local n = tonumber(ARGV[1])
+for i = 1, n do redis.call('DEL', KEYS[i]) end
+for i = n + 1, #KEYS do redis.call('ZREM', KEYS[i], ARGV[i - n + 1]) end
+return 1
+"""
+
 
 def connect_redis(url: str, *, timeout: float = 2.0) -> RespClient:
     """The pipelining client (``resp.py``); ``timeout`` keeps an unreachable Redis from hanging a request."""
@@ -390,6 +400,7 @@ class RedisStore:
         self._seed = redis.register_script(SEED)
         self._renew = redis.register_script(RENEW)
         self._renew_tickets = redis.register_script(RENEW_TICKETS)
+        self._forget = redis.register_script(FORGET)
 
     def _base(self, kind: str, sid: str) -> str:
         return f"{self.prefix}:{kind}:{sid}"
@@ -459,3 +470,13 @@ class RedisStore:
                 args.append(_member(lease.ticket_id, lease.second, lease.tokens, lease.micros))
         if keys:
             await self._renew_tickets(keys=keys, args=args)
+
+    async def forget(self, buckets: list[tuple[str, str, str]], leases: list[Lease]) -> None:
+        keys = [f"{self._base(kind, sid)}:bd:{pid}" for kind, sid, pid in buckets]
+        args: list[Arg] = [len(keys)]
+        for lease in leases:
+            member = _member(lease.ticket_id, lease.second, lease.tokens, lease.micros)
+            for kind, sid, _ in lease.scopes:
+                keys.append(self._base(kind, sid) + ":cc")
+                args.append(member)
+        await self._forget(keys=keys, args=args)

@@ -107,6 +107,15 @@ class QuotaStore(Protocol):
         those the store dropped (see the module's docstring)."""
         ...
 
+    async def ready(self) -> bool:
+        """The store answers."""
+        ...
+
+    async def forget(self, buckets: list[tuple[str, str, str]], leases: list[Lease]) -> None:
+        """Delete the budget buckets (kind, id, period id), to be rebuilt from the usage records, and
+        drop the leases from their scopes' tickets (``stale.py``: spend they missed in an outage)."""
+        ...
+
 
 def lease_for(r: Reservation) -> Lease:
     scopes = [(s.kind, s.id, period_id(s.limits.budget_period, r.now)[0]) for s in r.scopes]
@@ -288,6 +297,18 @@ class MemoryStore:
                 if budget is not None and self._seeded.get(f"{kind}:{sid}:{pid}", lease.second) > lease.second:
                     budget[0] += lease.tokens  # rebuilt without it (see the module's docstring)
                     budget[1] += lease.micros * PICOS_PER_MICRO
+
+    async def ready(self) -> bool:
+        return True
+
+    async def forget(self, buckets: list[tuple[str, str, str]], leases: list[Lease]) -> None:
+        for kind, sid, pid in buckets:
+            self._budgets.pop(f"{kind}:{sid}:{pid}", None)
+            self._seeded.pop(f"{kind}:{sid}:{pid}", None)
+            self._budget_ends.pop(f"{kind}:{sid}:{pid}", None)
+        for lease in leases:
+            for kind, sid, _ in lease.scopes:
+                self._leases.get(f"{kind}:{sid}", {}).pop(lease.ticket_id, None)
 
     def settle(self, lease: Lease, now: float, actual_tokens: int, actual_picos: int, *,
                given_back: bool = False) -> asyncio.Future[Any]:

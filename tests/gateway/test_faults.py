@@ -138,6 +138,55 @@ def test_a_silent_redis_holds_up_the_requests_that_found_it_not_every_one_after(
         assert _status(opened)[0] == 200
 
 
+def test_a_budget_holds_through_a_redis_pause_under_fail_open(
+    upstream: FakeUpstream, redis_server: RedisProcess, tmp_path: Path
+) -> None:
+    """A tenant's budget leaves room for 11 requests' tokens and one more reservation. It spends 2,
+    then 6 more while Redis is paused (served fail-open; the bucket stays in Redis, and the
+    reservation of the request that found Redis silent runs there when it resumes). Once Redis
+    answers again the budget counts each of the 8 once: exactly 4 more requests are served, then
+    ``insufficient_quota``."""
+    from gateway.app import create_app
+
+    db_url = f"sqlite+aiosqlite:///{tmp_path / 'keys.db'}"
+    migrate.upgrade(db_url)
+    app = create_app(_tenancy_settings(upstream.url, db_url, redis_server.url, "fail_open", tmp_path / "j"))
+    with ServerThread(app) as gw, httpx.Client(
+        base_url=gw.url, headers={"authorization": f"Bearer {ADMIN_KEY}"}, timeout=10
+    ) as admin:
+        tid = admin.post("/admin/v1/tenants", json={"name": f"b-{uuid.uuid4().hex[:6]}"}).json()["id"]
+        key = admin.post("/admin/v1/keys", json={"tenant_id": tid}).json()
+        assert admin.put(f"/admin/v1/tenants/{tid}/limits", json={"tokens_per_minute": 10**6}).status_code == 200
+        client = openai.OpenAI(base_url=gw.url + "/v1", api_key=key["key"], max_retries=0, timeout=30)
+        raw = client.chat.completions.with_raw_response.create(model="echo", messages=CHAT, max_tokens=8)  # type: ignore[arg-type]
+        reserved = 10**6 - int(raw.headers["x-ratelimit-remaining-tokens"])  # what each request reserves
+        usage = raw.parse().usage
+        assert usage is not None
+        used = usage.total_tokens  # what each request uses
+        limits = {"token_budget": 11 * used + reserved, "budget_period": "total"}
+        assert admin.put(f"/admin/v1/tenants/{tid}/limits", json=limits).status_code == 200
+        time.sleep(1.1)  # past the limits cache's TTL
+
+        def spend() -> int:
+            try:
+                client.chat.completions.create(model="echo", messages=CHAT, max_tokens=8)  # type: ignore[arg-type]
+                return 200
+            except openai.APIStatusError as exc:
+                assert exc.code == "insufficient_quota", exc.body
+                return exc.status_code
+
+        assert spend() == 200  # the bucket is rebuilt from the records: 2 requests' tokens
+        time.sleep(0.5)  # its settlement acknowledged
+        redis_server.pause()
+        try:
+            assert [spend() for _ in range(6)] == [200] * 6  # served without counting
+        finally:
+            redis_server.resume()
+        time.sleep(2.0)  # the gateway finds Redis again
+        after = [spend() for _ in range(6)]
+        assert after == [200] * 4 + [429] * 2  # 8 + 4 requests' tokens: no room for a 13th reservation
+
+
 # ---------------------------------------------------------------- upstream faults, leaks
 
 

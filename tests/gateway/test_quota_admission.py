@@ -21,6 +21,7 @@ from gateway.db import Database
 from gateway.quotas.admission import QuotaAdmission
 from gateway.quotas.limits import Limits, LimitsSource
 from gateway.quotas.redis_store import RedisStore, connect_redis
+from gateway.quotas.stale import Uncounted
 from gateway.quotas.store import MemoryStore
 from gateway.usage.pricing import Price, PriceTable
 from gateway.usage.writer import UsageWriter
@@ -89,9 +90,10 @@ async def test_redis_down_fail_open_admits_without_counting(db: Database) -> Non
     redis = connect_redis(DEAD_REDIS, timeout=0.5)
     adm = QuotaAdmission(RedisStore(redis), LimitsSource(db), PRICES, on_unavailable="fail_open")
     tickets = [await adm.admit(p, "m", 10) for _ in range(3)]
-    assert all(t.reservation is None and t.requests is None for t in tickets)
+    assert all(isinstance(t.reservation, Uncounted) and t.requests is None for t in tickets)
     for t in tickets:
-        await adm.settle(t, 5, 0.0)  # nothing was reserved: nothing to do, no error
+        await adm.settle(t, 5, 0.0)  # nothing was reserved: its buckets are rebuilt once Redis is back
+    await adm.aclose()
     await redis.aclose()
 
 
@@ -161,6 +163,7 @@ async def test_a_settlement_redis_refuses_is_logged_not_raised(db: Database, cap
         with caplog.at_level(logging.ERROR, "switchyard.quotas"):
             await adm.settle(ticket, 5, 0.0)  # completes (the lease expires by itself), never raises
         assert "quota store unavailable during settle" in caplog.text
+        await adm.aclose()  # its bucket would be rebuilt once Redis is back
     finally:
         await client.aclose()
         server.stop()
@@ -181,7 +184,7 @@ async def test_a_lost_budget_is_not_handed_out_while_the_records_cannot_be_read(
         with pytest.raises(QuotaUnavailable):
             await adm.admit(p, "m", 10)
     else:
-        assert (await adm.admit(p, "m", 10)).reservation is None
+        assert isinstance((await adm.admit(p, "m", 10)).reservation, Uncounted)
     await limits.db.dispose()
 
 
