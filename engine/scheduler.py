@@ -33,6 +33,7 @@ class QueuePolicy(Protocol):
     def peek(self) -> Sequence: ...
     def pop(self) -> Sequence: ...
     def remove(self, seq: Sequence) -> None: ...
+    def retire(self, seq: Sequence) -> None: ...
     def pick_victim(self, running: list[Sequence]) -> Sequence: ...
     def charge(self, seq: Sequence, num_tokens: int) -> None: ...
     def slot_victim(self, head: Sequence, running: list[Sequence], max_num_seqs: int) -> Sequence | None: ...
@@ -46,6 +47,9 @@ class _FixedOrder:
 
     def charge(self, seq: Sequence, num_tokens: int) -> None:
         """Service is not tracked: the order depends on arrival (and priority) alone."""
+
+    def retire(self, seq: Sequence) -> None:
+        """Nor is the batch: a running sequence that ends changes no order."""
 
     def slot_victim(self, head: Sequence, running: list[Sequence], max_num_seqs: int) -> Sequence | None:
         """A full batch is never broken into for a waiting sequence."""
@@ -184,6 +188,7 @@ class Scheduler:
         if seq.status is SequenceStatus.RUNNING:
             self.running.remove(seq)
             self.blocks.free(seq)
+            self.waiting.retire(seq)
         elif seq.status is SequenceStatus.WAITING:
             self.waiting.remove(seq)
         seq.status = SequenceStatus.FINISHED
@@ -278,7 +283,9 @@ class Scheduler:
 
     def _sibling_prefilling(self, seq: Sequence) -> bool:
         """A sibling (same request, n > 1) is still computing the shared prompt: wait for it
-        so this sequence can take the prompt's blocks from the cache instead of recomputing."""
+        so this sequence can take the prompt's blocks from the cache instead of recomputing
+        (asked only while the cache lacks some of them: siblings that find every full block
+        there are admitted together, not one a step)."""
         return any(
             s.request_id == seq.request_id and s.num_computed_tokens < s.num_prompt_tokens
             for s in self.running
@@ -292,9 +299,10 @@ class Scheduler:
             seq = self.waiting.peek()
             if only is not None and seq.tenant != only:
                 break
-            if seq.num_preemptions == 0 and self._sibling_prefilling(seq):
-                break
             cached = self.blocks.find_cached_prefix(seq)
+            if (seq.num_preemptions == 0 and len(cached) < (seq.num_tokens - 1) // bs
+                    and self._sibling_prefilling(seq)):
+                break
             remaining = seq.num_tokens - len(cached) * bs
             num_new = min(remaining, budget)
             if num_new < remaining and not self.enable_chunked_prefill:
