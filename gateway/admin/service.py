@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import math
 import re
+import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass, fields, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Select, select, update
+from sqlalchemy import Select, and_, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -23,6 +24,7 @@ from gateway.admin.pages import MAX_LIMIT, Page, PageQuery, UnknownCursor, read_
 from gateway.auth.keys import generate_key, new_id
 from gateway.db.engine import Database
 from gateway.db.models import ApiKey, Limit, Tenant, utcnow
+from gateway.db.names import hidden_character, name_key, shown
 from gateway.quotas.limits import Limits
 
 
@@ -101,14 +103,15 @@ class TenancyService:
         name = tenant_name(name)
         check_range("weight", weight, low=MIN_WEIGHT, high=MAX_WEIGHT)
         async with self.db.session() as s:
-            if await s.scalar(select(Tenant).where(Tenant.name == name)) is not None:
-                raise Conflict(f"a tenant named {name!r} already exists", param="name")
+            await _name_free(s, name)
             tenant = Tenant(id=new_id("ten"), name=name, status="active", weight=weight, created_at=utcnow())
             s.add(tenant)
             try:
                 await s.commit()
-            except IntegrityError:
-                raise Conflict(f"a tenant named {name!r} already exists", param="name") from None
+            except IntegrityError:  # created at the same time
+                await s.rollback()
+                await _name_free(s, name)
+                raise Conflict(f"a tenant named {shown(name)!r} already exists", param="name") from None
             return tenant_view(tenant)
 
     async def list_tenants(self, page: PageQuery = PageQuery()) -> Page[TenantView]:
@@ -117,8 +120,10 @@ class TenancyService:
             return Page([tenant_view(t) for t in rows], more)
 
     async def _tenant(self, s, ref: str, param: str = "tenant") -> Tenant:
-        """The tenant ``ref`` names (id or name); else a 404 naming ``param``, where the caller took it."""
-        tenant = await s.get(Tenant, ref) or await s.scalar(select(Tenant).where(Tenant.name == ref))
+        """The tenant ``ref`` names (its id, or its name up to case and Unicode form); else a 404
+        naming ``param``, where the caller took it."""
+        tenant = await s.get(Tenant, ref) or await s.scalar(select(Tenant).where(or_(
+            Tenant.name_key == name_key(ref), and_(Tenant.name_key.is_(None), Tenant.name == ref))))
         if tenant is None:
             raise NotFound(f"no tenant {ref!r}", param=param)
         return tenant
@@ -138,16 +143,20 @@ class TenancyService:
             name = tenant_name(name)
         async with self.db.session() as s:
             tenant = await self._tenant(s, ref)
+            tenant_id = tenant.id  # (expired by a rollback)
+            if name is not None:
+                await _name_free(s, name, tenant_id)
+                tenant.name = name
             if status is not None:
                 tenant.status = status
             if weight is not None:
                 tenant.weight = weight
-            if name is not None:
-                tenant.name = name
             try:
                 await s.commit()
-            except IntegrityError:
-                raise Conflict(f"a tenant named {name!r} already exists", param="name") from None
+            except IntegrityError:  # the name taken at the same time
+                await s.rollback()
+                await _name_free(s, name or "", tenant_id)
+                raise Conflict(f"a tenant named {shown(name or '')!r} already exists", param="name") from None
             self.on_change()
             return tenant_view(tenant)
 
@@ -346,15 +355,27 @@ TENANT_ID = re.compile(r"ten_[0-9a-f]{16}")
 
 
 def tenant_name(name: str) -> str:
-    """The name stripped of surrounding blanks, or an AdminError unless it is 1-200 characters and
-    not shaped like a tenant id."""
-    name = name.strip()
+    """The name in Unicode NFKC stripped of surrounding blanks, or an AdminError unless it is
+    1-200 characters, all visible (``gateway.db.names``), and not shaped like a tenant id."""
+    name = unicodedata.normalize("NFKC", name).strip()
     if not name or len(name) > MAX_NAME:
         raise AdminError(f"tenant name must be 1-{MAX_NAME} characters", param="name")
-    if TENANT_ID.fullmatch(name):
+    if (hidden := hidden_character(name)) is not None:
+        raise AdminError(f"tenant name holds U+{ord(hidden):04X} ({unicodedata.name(hidden, 'unnamed')}), a "
+                         "character that does not show: names must be visible text", param="name")
+    if TENANT_ID.fullmatch(name_key(name)):  # in any case: names differing in case are one name
         raise AdminError(f"tenant name {name!r} has the form of a tenant id (ten_ and 16 hex digits): choose "
                          "another name", param="name")
     return name
+
+
+async def _name_free(s: AsyncSession, name: str, tenant_id: str | None = None) -> None:
+    """A Conflict naming the tenant other than ``tenant_id`` whose name is ``name`` up to case and
+    Unicode form."""
+    other = await s.scalar(select(Tenant).where(Tenant.name_key == name_key(name), Tenant.id != tenant_id))
+    if other is not None:
+        raise Conflict(f"a tenant named {shown(other.name)!r} already exists ({other.id}): names that differ only "
+                       "in case, width or other Unicode form are one name", param="name")
 
 
 def check_range(field: str, value: float, *, low: float = 0, high: float, low_open: bool = False) -> None:

@@ -25,8 +25,10 @@ from sqlalchemy import (
     text,
 )
 from sqlalchemy.engine import Dialect
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, validates
 from sqlalchemy.types import TypeDecorator
+
+from gateway.db.names import name_key
 
 NAMING = {
     "ix": "ix_%(column_0_label)s",
@@ -74,9 +76,18 @@ class Tenant(Base):
 
     id: Mapped[str] = mapped_column(String(40), primary_key=True)
     name: Mapped[str] = mapped_column(String(200), unique=True)
+    # the name as names are compared (gateway.db.names): one tenant per name up to case and Unicode form
+    # (None: created by a version before 0016, during a rolling upgrade)
+    name_key: Mapped[str | None] = mapped_column(Text, unique=True)
     status: Mapped[str] = mapped_column(String(16), default="active")  # active | disabled
     weight: Mapped[float] = mapped_column(Float, default=1.0)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+    @validates("name")
+    def _keyed(self, _: str, name: str) -> str:
+        """Setting the name sets its key."""
+        self.name_key = name_key(name)
+        return name
 
 
 class ApiKey(Base):

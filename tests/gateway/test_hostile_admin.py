@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import sqlite3
 import subprocess
 import sys
 from functools import partial
@@ -17,6 +18,7 @@ from click.testing import Result
 from typer.testing import CliRunner
 
 from gateway.cli import app
+from gateway.db.names import name_key
 from tests.gateway.tenancy_fixtures import migrated_pg_url, pg_admin_api  # noqa: F401  (fixtures)
 from tests.support.concurrent import concurrently
 
@@ -150,15 +152,22 @@ def test_cli_out_of_range_numbers_are_one_line_errors(cli_config: Path) -> None:
 
 
 def test_cli_prints_tenant_names_with_escapes_shown_not_obeyed(cli_config: Path) -> None:
+    """Such a name is refused now; one stored before (its row written here as an older version did)
+    is still shown escaped."""
     evil = "evil\x1b]0;pwned\x07\x1b[2J[bold red]x\u202e"
-    assert switchyard(cli_config, "tenant", "create", evil).returncode == 0
+    refused = switchyard(cli_config, "tenant", "create", evil)
+    assert "\x1b" not in refused.stderr
+    _one_line_error(refused, "U+001B")
+    with sqlite3.connect(cli_config.parent / "cli.db") as conn:
+        conn.execute("INSERT INTO tenants (id, name, name_key, status, weight, created_at) VALUES "
+                     "('ten_evil', ?, ?, 'active', 1.0, '2026-12-09 00:00:00')", (evil, name_key(evil)))
     listed = switchyard(cli_config, "tenant", "list")
     assert listed.returncode == 0, listed.stderr
     assert "\x1b" not in listed.stdout and "\x07" not in listed.stdout and "\u202e" not in listed.stdout
     assert "\\x1b" in listed.stdout and "[bold red]x" in listed.stdout
-    dup = switchyard(cli_config, "tenant", "create", evil)
+    dup = switchyard(cli_config, "tenant", "create", "EVIL]0;PWNED[2J[BOLD RED]X")  # the same name, visibly
     assert "\x1b" not in dup.stderr
-    _one_line_error(dup, "already exists")
+    _one_line_error(dup, "already exists", "\\x1b")
 
 
 # ---------------------------------------------------------------- NUL characters, blank names

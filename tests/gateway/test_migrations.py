@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 from sqlalchemy import inspect
+from sqlalchemy.exc import IntegrityError
 from typer.testing import CliRunner
 
 from gateway.cli import app
@@ -220,6 +221,51 @@ async def test_0013_widens_the_response_ids_keeping_the_rows_and_refuses_a_lossy
         await db.engine.dispose()  # asyncpg's statements prepared on the wider columns are stale now
         async with db.engine.connect() as conn:
             assert [tuple(r) for r in (await conn.exec_driver_sql(ids)).all()] == [("resp_1", None, None)]
+        await asyncio.to_thread(migrate.upgrade, empty_url)
+        await check_schema(db.engine)
+    finally:
+        await db.dispose()
+
+
+async def test_0016_keys_tenant_names_and_refuses_names_that_would_be_one(empty_url: str) -> None:
+    """Upgraded from 0015 with tenants whose names differ only in case or Unicode form, the upgrade
+    refuses, listing them with their ids, and changes nothing; once they are renamed it goes through,
+    keeping every tenant, its name as it was and its keys, and a twin name is refused by the database."""
+    await asyncio.to_thread(migrate.upgrade, empty_url, "0015_responses_unsettled")
+    db = Database.from_url(empty_url)
+    tenant = ("INSERT INTO tenants (id, name, status, weight, created_at) VALUES ('{}', '{}', 'active', 1.0, "
+              "'2026-12-0{} 00:00:00+00:00')")
+    key = ("INSERT INTO api_keys (id, tenant_id, name, prefix, key_hash, is_admin, created_at) VALUES "
+           "('key_1', 'ten_b', '', 'sk-sy-x', 'h', false, '2026-12-01 00:00:00+00:00')")
+    try:
+        async with db.engine.begin() as conn:
+            for n, (tid, name) in enumerate([("ten_a", "Acme"), ("ten_b", "ＡＣＭＥ"), ("ten_c", "acme\u200b"),
+                                             ("ten_d", "Solo"), ("ten_e", "solo "), ("ten_f", "Other")]):
+                await conn.exec_driver_sql(tenant.format(tid, name, n + 1))
+            await conn.exec_driver_sql(key)
+        with pytest.raises(RuntimeError, match=r"cannot upgrade to 0016.*2 group\(s\).*'Acme' \(ten_a\), "
+                                               r"'ＡＣＭＥ' \(ten_b\), 'acme\\\\u200b' \(ten_c\); 'Solo' \(ten_d\)"):
+            await asyncio.to_thread(migrate.upgrade, empty_url)
+        async with db.engine.begin() as conn:
+            assert (await conn.exec_driver_sql("SELECT version_num FROM alembic_version")).scalar_one() == (
+                "0015_responses_unsettled")
+            await conn.exec_driver_sql("UPDATE tenants SET name = 'Acme 2' WHERE id = 'ten_b'")
+            await conn.exec_driver_sql("UPDATE tenants SET name = 'Acme 3' WHERE id = 'ten_c'")
+            await conn.exec_driver_sql("UPDATE tenants SET name = 'Solo 2' WHERE id = 'ten_e'")
+        await asyncio.to_thread(migrate.upgrade, empty_url)
+        await check_schema(db.engine)
+        await db.engine.dispose()
+        async with db.engine.begin() as conn:
+            rows = (await conn.exec_driver_sql("SELECT id, name, name_key FROM tenants ORDER BY id")).all()
+            assert [tuple(r) for r in rows] == [("ten_a", "Acme", "acme"), ("ten_b", "Acme 2", "acme 2"),
+                                                ("ten_c", "Acme 3", "acme 3"), ("ten_d", "Solo", "solo"),
+                                                ("ten_e", "Solo 2", "solo 2"), ("ten_f", "Other", "other")]
+            assert (await conn.exec_driver_sql("SELECT tenant_id FROM api_keys")).scalar_one() == "ten_b"
+        with pytest.raises(IntegrityError):
+            async with db.engine.begin() as conn:
+                await conn.exec_driver_sql("INSERT INTO tenants (id, name, name_key, status, weight, created_at) "
+                                           "VALUES ('ten_g', 'ACME', 'acme', 'active', 1.0, '2026-12-09')")
+        await asyncio.to_thread(migrate.downgrade, empty_url, "0015_responses_unsettled")
         await asyncio.to_thread(migrate.upgrade, empty_url)
         await check_schema(db.engine)
     finally:
