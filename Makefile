@@ -6,6 +6,8 @@ PYTHON  ?= python3
 PY      := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 CONFIG  ?= config/default.yaml
+# make test's pytest processes: each test file runs whole in one of them (its module fixtures shared)
+TEST_JOBS ?= 2
 
 .PHONY: install model run test lint services clean
 
@@ -43,7 +45,7 @@ lint: install
 	$(VENV)/bin/mypy
 
 test: install lint services
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_JOBS) --dist loadfile $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) var .pytest_cache
