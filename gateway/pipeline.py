@@ -230,8 +230,9 @@ class Pipeline:
             health = attempt.deployment.health
             if attempt.delay:
                 await _wait_out(attempt.delay, health, tenant)
-                # another request took its half-open trial meanwhile, or a reload removed it
-                if not health.available(tenant=tenant) or attempt.deployment.retired:
+                # meanwhile other requests took its half-open trial, its max_concurrency slots or its
+                # tokens_per_minute, or a reload removed it: on to the next, as a pick now would
+                if not attempt.deployment.accepts(tenant=tenant) or attempt.deployment.retired:
                     skipped = Unavailable(f"deployment {attempt.deployment.id} is no longer available")
                     if (following := plan.after(skipped)) is None:
                         raise skipped

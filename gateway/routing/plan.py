@@ -18,7 +18,9 @@ for that long, at most ``MAX_HOLD_OFF`` (``DeploymentHealth.hold_off``, by the c
 plan moves on without it. A shorter one holds the deployment off too, so that other requests do
 not spend a round trip on it meanwhile: the plan takes the group's other deployments, and only
 when none of them takes a request now does it wait out the shortest such hold on its deployment
-(an attempt with that ``delay``). A 429 that refused this request alone (``RateLimited.exhausted``
+(an attempt with that ``delay``; the caller skips it, with ``after``, if its circuit, its
+``max_concurrency`` or its ``tokens_per_minute`` no longer admit the request when the wait is over).
+A 429 that refused this request alone (``RateLimited.exhausted``
 false: its upstream has some of every limit left) holds nothing off; with a ``Retry-After`` over
 ``MAX_BACKOFF`` the request is not sent to that deployment again. A 429 that does not say which
 limit is used up holds the deployment off for the request's tenant (see ``DeploymentHealth``). A

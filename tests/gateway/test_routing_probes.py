@@ -1,6 +1,7 @@
 """Routing as operators and clients see it, across real loopback upstreams: a provider refusing a
 deployment's key, what a fallback's answer is named and priced at, aliases, a half-open circuit's
-single trial, least_busy under concurrent streams, a stream's own first-byte timeout."""
+single trial, least_busy under concurrent streams, a stream's own first-byte timeout, a wait-out that
+finds its deployment at its limits."""
 
 from __future__ import annotations
 
@@ -18,6 +19,10 @@ from tests.support.fake_upstream import Fault
 from tests.support.routing_env import Env, dep, group, routing_gateway
 
 MESSAGES: Any = [{"role": "user", "content": "route me"}]
+# a 429 for one request alone (some of every limit left), asking for a second's wait: waited out
+SHORT_WAIT = Fault(status=429, headers={"retry-after": "1", "x-ratelimit-remaining-requests": "499",
+                                        "x-ratelimit-remaining-tokens": "2000"})
+WORDS: Any = [{"role": "user", "content": "one two three four five six seven eight"}]  # over 5 tokens
 BAD_KEY = Fault(status=401, body={"error": {"message": "Incorrect API key provided", "type": "invalid_request_error",
                                             "code": "invalid_api_key"}})
 
@@ -35,6 +40,9 @@ def _models(a: str, b: str) -> list[dict[str, Any]]:
         group("busy", dep("bu-a", a), dep("bu-b", b), strategy="least_busy", max_retries=0),
         group("claude", dep("cl-a", a, provider="anthropic", api_key="sk-ant"), dep("cl-b", b)),
         group("tpm-burst", dep("tb-a", a, tokens_per_minute=5), dep("tb-b", b), max_retries=0),
+        group("capped-wait", dep("cw-a", a, max_concurrency=1), fallbacks=["spare"]),
+        group("tpm-wait", dep("tw-a", a, tokens_per_minute=5), fallbacks=["spare"]),
+        group("spare", dep("sp-b", b)),
         group("slow-head", dep("sh-a", a, timeouts={"connect": 1, "first_byte": 0.3, "total": 5}), dep("sh-b", b)),
     ]
 
@@ -181,6 +189,28 @@ def test_concurrent_requests_count_against_tokens_per_minute_before_they_are_met
         assert client.chat.completions.create(model="tpm-burst", messages=words).choices
         assert first.result().choices
     assert env.counts() == (1, 1)
+
+
+# ---------------------------------------------------------------- a wait-out finding its deployment at its limits
+
+
+@pytest.mark.parametrize("model", ["capped-wait", "tpm-wait"])
+def test_a_request_waiting_out_a_429_respects_its_deployments_limits(env: Env, client: openai.OpenAI,
+                                                                     model: str) -> None:
+    """A waits out its deployment's short Retry-After; meanwhile B takes the deployment's one slot
+    (``max_concurrency`` 1) or its tokens per minute (5) with a slow answer: A, after its wait, is
+    not sent there next to B but to the fallback, as a new request would be."""
+    env.a.fail_next(SHORT_WAIT, Fault(delay=1.5))
+    with ThreadPoolExecutor(1) as pool:
+        first = pool.submit(client.chat.completions.create, model=model, messages=WORDS)
+        while not env.a.received:
+            time.sleep(0.01)
+        time.sleep(0.1)  # the 429 is back at the gateway: A waits
+        assert client.chat.completions.create(model=model, messages=WORDS).choices  # B, slow
+        assert first.result(timeout=10).choices
+    assert env.a.peak_in_flight == 1
+    assert env.counts() == (2, 1)  # A's 429, B; then A on the fallback
+    assert [r.status for r in env.usage.wait_for(2)] == [200, 200]
 
 
 # ---------------------------------------------------------------- streams

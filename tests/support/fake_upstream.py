@@ -3,8 +3,8 @@
 Built on the echo upstream (``backends.dev.echo_server``): answers echo the prompt. Tests (and
 benchmarks) shape it with ``options`` (latency, chunk delay, output length, usage reporting) and queue one-shot
 ``Fault``s; every request is recorded in ``received`` and every stream in ``streams`` (whether it
-ran to the end or the client went away). ``answer_headers`` go in the head of every answer (as
-OpenAI's rate-limit headers do).
+ran to the end or the client went away), and the most requests it held at once in ``peak_in_flight``.
+``answer_headers`` go in the head of every answer (as OpenAI's rate-limit headers do).
 """
 
 from __future__ import annotations
@@ -65,6 +65,8 @@ class FakeUpstream(EchoUpstream, OnLoopback):
         self.rich = False  # answer with today's full response shape (RICH_* below)
         self.byte_tokens = False  # count a chat prompt as a tokenizer at its worst would: a token a UTF-8 byte
         self.answer_headers: dict[str, str] = {}  # added to the head of every answer
+        self.in_flight = 0  # requests received and not yet answered to the end
+        self.peak_in_flight = 0  # the most of them at once since the last ``reset``
 
     # ------------------------------------------------------------ control
 
@@ -76,6 +78,7 @@ class FakeUpstream(EchoUpstream, OnLoopback):
         self.faults.clear()
         self.received.clear()
         self.streams.clear()
+        self.peak_in_flight = self.in_flight
 
     def fail_next(self, *faults: Fault) -> None:
         self.faults.extend(faults)
@@ -94,6 +97,14 @@ class FakeUpstream(EchoUpstream, OnLoopback):
         return text, count
 
     async def handle(self, ex: Exchange) -> None:
+        self.in_flight += 1
+        self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
+        try:
+            await self._handle(ex)
+        finally:
+            self.in_flight -= 1
+
+    async def _handle(self, ex: Exchange) -> None:
         try:
             payload = ex.json()
         except ValueError:
