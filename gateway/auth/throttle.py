@@ -10,7 +10,9 @@ must not be able to lock its holder out by failing under it. Counts live in Redi
 configured (shared by every replica, ``throttle_redis``) and in process otherwise. Should Redis be unreachable, the
 throttle lets requests through (authentication itself still decides) and logs it. In process, a
 count is kept until its window ends, and then dropped (oldest first: a failure costs the same
-however many addresses fail); a running one is never dropped sooner, however many there are.
+however many addresses fail); beyond ``MAX_ENTRIES`` running ones, the oldest is dropped sooner.
+Blocks are kept apart from the counts below their limit (with a cap of their own), so a flood of
+single failures from new addresses never drops a block.
 """
 
 from __future__ import annotations
@@ -27,6 +29,9 @@ from gateway.auth.keys import VISIBLE_CHARS, looks_like_key
 log = logging.getLogger("switchyard.auth")
 
 _KEY_CHARS = re.compile(r"[A-Za-z0-9_-]+")  # what a generated key is made of (url-safe base64)
+# Most counts, and most blocks, kept in process (each: ~250 bytes): beyond, the oldest goes first,
+# so a flood of addresses (IPv6 gives millions) costs bounded memory within a window
+MAX_ENTRIES = 100_000
 
 class Throttled(Exception):
     """Too many failed attempts: refused for ``retry_after`` seconds."""
@@ -56,44 +61,64 @@ class MemoryFailures:
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
-        # name -> (count, window end), in the order the windows started: with the throttle's one
-        # window length, the order they end in
+        # name -> (count, window end), in the order the windows started (with the throttle's one
+        # window length, the order they end in): those below their limit, and those at it
         self._counts: dict[str, tuple[int, float]] = {}
+        self._blocks: dict[str, tuple[int, float]] = {}
 
     def blocks_nobody(self) -> bool:
-        """True while no failure is counted (every window ended: the counts are dropped)."""
-        if self._counts:
-            self._expire(self._clock())
-        return not self._counts
+        """True while nothing is blocked (every block's window ended: they are dropped)."""
+        if self._blocks:
+            _expire(self._blocks, self._clock())
+        return not self._blocks
 
     async def blocked(self, counters: dict[str, int]) -> float:
         now, wait = self._clock(), 0.0
         for name, limit in counters.items():
-            count, end = self._counts.get(name, (0, 0.0))
-            if limit and end > now and count >= limit:
+            if limit and (end := self._blocks.get(name, _NONE)[1]) > now:
                 wait = max(wait, end - now)
         return wait
 
     async def fail(self, counters: dict[str, int], window: float) -> None:
         now = self._clock()
-        self._expire(now)
-        counts = self._counts
-        for name in counters:
-            count, end = counts.get(name, (0, 0.0))
-            if end > now:
+        counts, blocks = self._counts, self._blocks
+        _expire(counts, now)
+        _expire(blocks, now)
+        for name, limit in counters.items():
+            if blocks.get(name, _NONE)[1] > now:
+                continue  # blocked: its window goes on
+            blocks.pop(name, None)  # one that ended behind a running one
+            count, end = counts.get(name, _NONE)
+            if end <= now:
+                counts.pop(name, None)
+                count, end = 0, now + window  # a window starts
+            if limit and count + 1 >= limit:
+                counts.pop(name, None)
+                _keep(blocks, name, (count + 1, end))
+            elif count:
                 counts[name] = (count + 1, end)  # in place: its window goes on
             else:
-                counts.pop(name, None)
-                counts[name] = (1, now + window)  # a window starts: at the end
+                _keep(counts, name, (1, end))
 
-    def _expire(self, now: float) -> None:
-        """Drop the counts at the front whose window ended (amortised O(1) a failure)."""
-        counts = self._counts
-        while counts:
-            name = next(iter(counts))
-            if counts[name][1] > now:
-                return
-            del counts[name]
+
+_NONE = (0, 0.0)
+
+
+def _keep(entries: dict[str, tuple[int, float]], name: str, value: tuple[int, float]) -> None:
+    """Add an entry at the end; when ``MAX_ENTRIES`` are kept, the oldest goes first."""
+    if len(entries) >= MAX_ENTRIES:
+        del entries[next(iter(entries))]
+    entries[name] = value
+
+
+def _expire(entries: dict[str, tuple[int, float]], now: float) -> None:
+    """Drop the entries at the front whose window ended (amortised O(1) a failure). A block that
+    ended behind a running one waits for it, a window at most; ``blocked`` reads it as ended."""
+    while entries:
+        name = next(iter(entries))
+        if entries[name][1] > now:
+            return
+        del entries[name]
 
 
 def key_prefix(token: str | None) -> str | None:

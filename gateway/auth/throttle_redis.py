@@ -7,8 +7,9 @@ common case: nobody is blocked) costs no round trip. A replica that starts, or w
 broke, loads the set after subscribing, and until it has, checks each request in Redis as before.
 A replica applies the blocks its own failures make at once; another's reach it with the message,
 within a turn of its event loop of the failure's reply. The blocks in memory are kept in the order
-they came and dropped from the front as they end: each is gone within a window of its coming, and
-none is dropped while it runs, however many addresses are blocked.
+they came and dropped from the front as they end: each is gone within a window of its coming. At
+most ``MAX_ENTRIES`` are kept (the oldest goes first); while one dropped so would still run, a check
+that finds no block in memory asks Redis, so memory stays bounded and no block is lost.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import logging
 import time
 from collections.abc import Callable
 
+from gateway.auth.throttle import MAX_ENTRIES
 from gateway.background import stop_task
 from gateway.quotas.redis_client import RedisError, RespClient
 
@@ -90,6 +92,7 @@ class RedisFailures:
         self._load = redis.register_script(_LOAD)
         self._blocks: dict[str, float] = {}  # name -> when (by the clock) its block ends, in the order they came
         self._following = False  # subscribed and loaded: the blocks in memory are complete
+        self._dropped_until = 0.0  # when the last block dropped for room ends (0: none running)
         self._task: asyncio.Task[None] | None = None
         self._warned = float("-inf")  # when the outage was last logged (once a minute, not per request)
 
@@ -107,7 +110,7 @@ class RedisFailures:
             self._task = None
 
     def blocks_nobody(self) -> bool:
-        if not self._following:
+        if not self._following or (self._dropped_until and not self._all_kept()):
             return False
         if self._blocks:
             self._expire(self._clock())
@@ -122,7 +125,8 @@ class RedisFailures:
                         wait = max(wait, ends - now)
                     else:
                         del self._blocks[name]
-            return wait
+            if wait or not self._dropped_until or self._all_kept():
+                return wait
         names = list(counters)
         try:
             reply = await self._blocked([f"{self.prefix}:{n}" for n in names], [counters[n] for n in names])
@@ -178,9 +182,18 @@ class RedisFailures:
         now = self._clock()
         self._expire(now)
         ends = now + left_ms / 1000
-        if ends > self._blocks.get(name, 0.0):
-            self._blocks.pop(name, None)
-            self._blocks[name] = ends  # at the end, with the latest
+        if ends > (blocks := self._blocks).get(name, 0.0):
+            if blocks.pop(name, None) is None and len(blocks) >= MAX_ENTRIES:
+                oldest = next(iter(blocks))
+                self._dropped_until = max(self._dropped_until, blocks.pop(oldest))
+            blocks[name] = ends  # at the end, with the latest
+
+    def _all_kept(self) -> bool:
+        """True once every block dropped for room has ended: those in memory are all there are."""
+        if self._dropped_until > self._clock():
+            return False
+        self._dropped_until = 0.0
+        return True
 
     def _expire(self, now: float) -> None:
         """Drop the blocks at the front that ended (amortised O(1) a block). One that ended behind a

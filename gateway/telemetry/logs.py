@@ -60,9 +60,10 @@ class TextFormatter(logging.Formatter):
     """``time level logger: message``, as ``logging.Formatter`` writes it, the message's control
     characters escaped (``printable``): a path or name a client sent, which many messages quote (an
     error's "on GET /admin/v1/tenants/..."), can neither put a NUL in a line nor start a forged one.
-    A traceback still follows on lines of its own."""
+    A traceback still follows on lines of its own. An access line ends with ``client=<address>``
+    (the JSON line's ``client``) when the request has one."""
 
-    uses_fields = False  # an access line is its message alone
+    uses_fields = False  # an access line is its message and its client alone
 
     def __init__(self) -> None:
         super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -70,7 +71,11 @@ class TextFormatter(logging.Formatter):
         self._stamp = ""
 
     def formatMessage(self, record: logging.LogRecord) -> str:
-        return printable(super().formatMessage(record))
+        line = super().formatMessage(record)
+        fields = getattr(record, "fields", None)
+        if isinstance(fields, dict) and (client := fields.get("client")) is not None:
+            line = f"{line} client={client}"
+        return printable(line)
 
     def format_access(self, created: float, logger: str, message: str, fields: dict[str, Any]) -> str:
         """The line ``format`` makes of an INFO record created at ``created``, built directly; the
@@ -80,7 +85,8 @@ class TextFormatter(logging.Formatter):
         if second != self._second:
             self._stamp = time.strftime(self.default_time_format, self.converter(created))
             self._second = second
-        return f"{self._stamp},{int((created - second) * 1000):03d} INFO {logger}: {message}"
+        line = f"{self._stamp},{int((created - second) * 1000):03d} INFO {logger}: {message}"
+        return line if (client := fields.get("client")) is None else f"{line} client={printable(client)}"
 
 
 class BatchedStreamHandler(logging.Handler):
@@ -200,7 +206,7 @@ def log_access(info: RequestInfo, started: float) -> None:
         ACCESS.info("%s %s %s", info.method, path, info.status, extra={"fields": access_fields(info, started)})
         return
     formatter: JsonFormatter | TextFormatter = handler.formatter  # type: ignore[assignment]
-    fields = access_fields(info, started) if formatter.uses_fields else {}
+    fields = access_fields(info, started) if formatter.uses_fields else {"client": info.client}
     message = f"{info.method} {path} {info.status}"
     handler.add_line(formatter.format_access(time.time(), ACCESS.name, message, fields) + "\n")
 

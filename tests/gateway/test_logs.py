@@ -107,7 +107,8 @@ def test_the_direct_access_line_is_the_line_logging_writes(formatter: logging.Fo
     monkeypatch.setattr(time, "time_ns", lambda: int(now * 1e9))
     monkeypatch.setattr(time, "perf_counter", lambda: 10.5)
     info = RequestInfo("req-1", "POST", "/v1/chat/completions", tenant_id="t-1", key_id="k-1", model="fast",
-                       deployment="fast#0", status=200, prompt_tokens=12, completion_tokens=3)
+                       deployment="fast#0", status=200, prompt_tokens=12, completion_tokens=3,
+                       client="198.51.100.9")
     emitted: list[logging.LogRecord] = []
     with the_only_handler(formatter) as (stream, handler):
         handler.handle = lambda record: bool(emitted.append(record)) or logging.Handler.handle(handler, record)  # type: ignore[method-assign]
@@ -124,8 +125,9 @@ def test_the_direct_access_line_is_the_line_logging_writes(formatter: logging.Fo
     if isinstance(formatter, JsonFormatter):
         line = json.loads(direct)
         assert line["latency_ms"] == 250.0 and line["message"] == "POST /v1/chat/completions 200"
+        assert line["client"] == "198.51.100.9"
     else:
-        assert direct.endswith(" INFO switchyard.access: POST /v1/chat/completions 200")
+        assert direct.endswith(" INFO switchyard.access: POST /v1/chat/completions 200 client=198.51.100.9")
 
 
 @pytest.mark.parametrize("formatter", [JsonFormatter(), TextFormatter()], ids=["json", "text"])

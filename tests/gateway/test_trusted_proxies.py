@@ -1,6 +1,6 @@
 """``server.trusted_proxies`` as a user of ``switchyard serve`` meets it: a request from loopback
 claiming an address in ``X-Forwarded-For`` is believed or not, per the setting, in every worker; the
-failed-authentication throttle and the JSON access line agree on the address."""
+failed-authentication throttle and the access line (JSON or text) agree on the address."""
 
 from __future__ import annotations
 
@@ -58,14 +58,14 @@ def test_serve_refuses_a_bad_entry_in_one_line(tmp_path: Path) -> None:
 
 
 def _serve(tmp_path: Path, upstream: FakeUpstream, trusted: list[str], workers: int,
-           env: dict[str, str] | None = None) -> Iterator[tuple[str, list[str]]]:
+           env: dict[str, str] | None = None, json_logs: bool = True) -> Iterator[tuple[str, list[str]]]:
     """A served gateway's URL, then (once it stopped) its stderr's lines."""
     config = tmp_path / "config.yaml"
     config.write_text(yaml.safe_dump({
         "server": {"trusted_proxies": trusted},
         "database": {"url": f"sqlite+aiosqlite:///{tmp_path}/sy.db"}, "usage": {"journal_dir": str(tmp_path / "j")},
         "auth": {"admin_key": ADMIN_KEY, "max_failures_per_address": PER_ADDRESS, "max_failures_per_prefix": 0},
-        "telemetry": {"json_logs": True},
+        "telemetry": {"json_logs": json_logs},
         "models": [{"name": "echo", "deployments": [{"provider": "openai", "model": "e", "api_base": upstream.url}]}],
     }))
     subprocess.run([SWITCHYARD, "db", "upgrade", "--config", str(config)], check=True, capture_output=True)
@@ -125,3 +125,18 @@ def test_an_untrusted_peer_claims_no_address_in_any_worker(tmp_path: Path, upstr
     next(served, None)
     assert _access_clients(lines) == ["127.0.0.1"] * 12, lines
     assert "warning: $FORWARDED_ALLOW_IPS is ignored; server.trusted_proxies names the trusted proxies" in lines
+
+
+def test_the_text_access_line_names_the_client_as_the_json_one_does(tmp_path: Path, upstream: FakeUpstream) -> None:
+    """Without ``telemetry.json_logs`` the access line had no client address at all."""
+    served = _serve(tmp_path, upstream, ["127.0.0.1", "10.0.0.0/8"], workers=1, json_logs=False)
+    url, lines = next(served)
+    assert _wrong_key(url, "198.51.100.9").status_code == 401
+    chained = httpx.get(url + "/v1/models", headers={"x-forwarded-for": "203.0.113.7, 10.1.2.3",
+                                                     "authorization": f"Bearer {ADMIN_KEY}"})
+    assert chained.status_code == 200
+    assert httpx.get(url + "/v1/models", headers={"authorization": f"Bearer {ADMIN_KEY}"}).status_code == 200
+    next(served, None)
+    access = [line.split(" INFO switchyard.access: ", 1)[1] for line in lines if " INFO switchyard.access: " in line]
+    assert access == ["GET /v1/models 401 client=198.51.100.9", "GET /v1/models 200 client=203.0.113.7",
+                      "GET /v1/models 200 client=127.0.0.1"], lines
