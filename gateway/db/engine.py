@@ -34,6 +34,11 @@ def ensure_sqlite_dir(url: URL) -> None:
 
 
 def make_engine(url: str, *, pool_size: int = 10) -> AsyncEngine:
+    """On PostgreSQL, no prepared statement outlives its use: a migration applied while the gateway
+    runs (a rolling upgrade) that changes a column's type would make a cached one fail once on each
+    connection (asyncpg's InvalidCachedStatementError, which aborts the transaction it is in, so it
+    cannot be retried there). Preparing each time costs one more loopback round trip per statement
+    (bench/db_statement_cache.py); the hot paths cache or batch what they read and write."""
     parsed = normalise_url(url)
     ensure_sqlite_dir(parsed)
     if parsed.get_backend_name() == "sqlite":
@@ -54,7 +59,8 @@ def make_engine(url: str, *, pool_size: int = 10) -> AsyncEngine:
         max_overflow=pool_size,
         pool_pre_ping=True,
         pool_timeout=10,
-        connect_args={"timeout": 5, "command_timeout": 30},  # an unreachable server fails fast
+        # an unreachable server fails fast; statements are prepared afresh each time (see above)
+        connect_args={"timeout": 5, "command_timeout": 30, "prepared_statement_cache_size": 0},
     )
 
 
