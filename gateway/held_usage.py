@@ -21,7 +21,7 @@ from typing import Any
 
 from backends.base import Meter
 from backends.responses_http import answer_meter
-from gateway.contracts import Principal, UsageRecord
+from gateway.contracts import Principal, UsageRecord, UsageSink
 from gateway.pipeline import Pipeline
 from gateway.stored_responses import ResponseStore
 
@@ -58,11 +58,20 @@ async def meter_ended(pipeline: Pipeline, store: ResponseStore, response_id: str
     principal, deployment, group = starter(pending), pending.get("deployment"), str(pending.get("group", ""))
     cost = pipeline.cost(deployment, group, spent)
     services = pipeline.services
-    await services.admission.charge(principal, spent.total_tokens, cost)
     record = _record(principal, response_id, pending, spent, cost, str(answer.get("status")))
     try:
-        services.usage.record(record)
+        await services.admission.charge(principal, spent.total_tokens, cost)
+    finally:  # recorded though cancelled meanwhile (the follower stopped at shutdown): no one else can claim it
+        _recorded(services.usage, record, response_id)
+    try:
         await services.usage.sync()
+    except Exception:
+        log.exception("recording the usage of background response %s failed", response_id)
+
+
+def _recorded(usage: UsageSink, record: UsageRecord, response_id: str) -> None:
+    try:
+        usage.record(record)
     except Exception:
         log.exception("recording the usage of background response %s failed", response_id)
 

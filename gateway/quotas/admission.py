@@ -218,12 +218,19 @@ class QuotaAdmission:
     async def charge(self, principal: Principal, tokens: int, cost: float) -> None:
         """Add ``tokens`` and ``cost`` to the budgets (and this second's tokens) of the key and its
         tenant: the store settles a reservation it never held by adding its actual figures."""
+        now = self.clock()
         try:
             scopes = await self.limits.scopes(principal)
-            r = Reservation(random_id(), self.clock(), 0, 0, scopes, self.lease_seconds)
-            await self.store.settle(lease_for(r), r.now, max(0, int(tokens)), picos(cost), given_back=True)
-        except Exception as exc:  # a bucket lost meanwhile is rebuilt from the usage records, which hold it
+        except Exception as exc:  # its buckets are found, and rebuilt, once the limits can be read
             self._outage("charge", exc)
+            self.stale.uncounted(principal, Uncounted(None, now, None))
+            return
+        lease = lease_for(Reservation(random_id(), now, 0, 0, scopes, self.lease_seconds))
+        try:
+            await self.store.settle(lease, now, max(0, int(tokens)), picos(cost), given_back=True)
+        except Exception as exc:  # it may or may not have run: the buckets are rebuilt from the usage records
+            self._outage("charge", exc)
+            self.stale.unsettled(lease)
 
     def _give_back(self, r: Reservation) -> None:
         """Settle a reservation whose answer nobody waits for at zero: it frees what the store holds

@@ -153,3 +153,37 @@ async def test_the_spend_admitted_while_the_limits_were_unreadable_is_counted(
     finally:
         await adm.aclose()
         await writer.aclose()
+
+
+async def test_a_charge_redis_did_not_acknowledge_reaches_the_surviving_bucket(
+    db: Database, redis_prefix: str, tmp_path: Path
+) -> None:
+    """A background response's spend (500) is charged while Redis is partitioned away (the bucket
+    stays there) and its usage row recorded: once Redis answers again the bucket counts it, so the
+    budget of 1000 admits 300 more after the 200 spent before, and not one token beyond."""
+    p = await principal_with(db, Limits(token_budget=1000, budget_period="total"), Limits())
+    gate = TcpGate("127.0.0.1", 6379)
+    port = await gate.start()
+    client = connect_redis(f"redis://127.0.0.1:{port}/0", timeout=0.3)
+    writer = UsageWriter(db, PRICES, journal_dir=tmp_path, flush_interval=3600)
+    adm = QuotaAdmission(RedisStore(client, prefix=redis_prefix), LimitsSource(db), PRICES,
+                         on_unavailable="fail_open", flush_records=writer.flush)
+    try:
+        served(adm, writer, await adm.admit(p, "m", 200), 200)
+        await asyncio.sleep(0.1)  # the settlement acknowledged
+        gate.black_hole()
+        await adm.charge(p, 500, 0.0)  # as gateway.held_usage meters a background response
+        writer.record(UsageRecord(
+            request_id=uuid.uuid4().hex, key_id=p.key_id, tenant_id=p.tenant_id, model="m", deployment="d",
+            provider="openai", endpoint="responses", started_at=time.time(), status=200,
+            prompt_tokens=500, completion_tokens=0,
+        ))  # fmt: skip
+        gate.reopen()
+        await asyncio.sleep(2.0)  # Redis found again
+        served(adm, writer, await adm.admit(p, "m", 300), 300)  # 200 + 500 + 300
+        await refused(adm, p, 1)
+    finally:
+        await adm.aclose()
+        await writer.aclose()
+        await client.aclose()
+        await gate.aclose()
