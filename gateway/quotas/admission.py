@@ -80,7 +80,8 @@ class QuotaAdmission:
         self._done: asyncio.Future[None] | None = None  # what a settlement with nothing to send returns
         self.flush_records = flush_records  # the usage records written here into the database; False: not all
         self.clock = clock
-        self.stale = StaleBudgets(store, limits, flush_records)  # buckets that missed spend in an outage
+        # buckets that missed spend in an outage
+        self.stale = StaleBudgets(store, limits, flush_records, lease_seconds=lease_seconds, clock=clock)
         # busy keys are admitted on credit (credit.py); not while a bucket is to be rebuilt
         self.credit = (CreditKeeper(credit, lease_seconds=lease_seconds, on_outage=self._outage, clock=clock,
                                     blocked=self.stale.__bool__) if credit else None)

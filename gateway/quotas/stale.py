@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
@@ -46,17 +47,22 @@ class Uncounted:
 
 class StaleBudgets:
     def __init__(self, store: QuotaStore, limits: LimitsSource,
-                 flush_records: Callable[[], Awaitable[bool]] | None) -> None:
+                 flush_records: Callable[[], Awaitable[bool]] | None, *, lease_seconds: float = 30.0,
+                 clock: Callable[[], float] = time.time) -> None:
         self.store = store
         self.limits = limits
         self.flush_records = flush_records
+        self.lease_seconds = lease_seconds
+        self.clock = clock
         # each noted bucket (kind, id, budget period id) and ticket (its lease, to drop from its
-        # scopes' leases) with the number of its last note: one noted again during a repair stays
+        # scopes' leases; the number of its last note, and when) with the number of its last note:
+        # one noted again during a repair stays
         self._buckets: dict[tuple[str, str, str], int] = {}
-        self._tickets: dict[str, tuple[Lease, int]] = {}
+        self._tickets: dict[str, tuple[Lease, int, float]] = {}
         self._notes = 0
-        # requests admitted while the limits could not be read: when, and the number of the note
-        self._unresolved: dict[tuple[str, str | None], tuple[Principal, list[tuple[float, int]]]] = {}
+        # requests admitted while the limits could not be read: the hours they were admitted in
+        # (budget periods begin on the hour) and the number of each hour's last note
+        self._unresolved: dict[tuple[str, str | None], tuple[Principal, dict[float, int]]] = {}
         self._lock = asyncio.Lock()
         self._task: asyncio.Task[None] | None = None
         self._failed = False  # the last try failed past the PING (the database): the background retries
@@ -69,16 +75,27 @@ class StaleBudgets:
         self._note([(s.kind, s.id, period_id(s.limits.budget_period, ticket.at)[0]) for s in ticket.scopes or ()])
         if ticket.scopes is None:
             who = (principal.key_id, principal.tenant_id)
-            self._unresolved.setdefault(who, (principal, []))[1].append((ticket.at, self._notes))
+            self._unresolved.setdefault(who, (principal, {}))[1][ticket.at - ticket.at % 3600] = self._notes
         if ticket.lease is not None:
-            self._tickets[ticket.lease.ticket_id] = (ticket.lease, self._notes)
+            self._ticket(ticket.lease)
         self._wake()
 
     def unsettled(self, lease: Lease) -> None:
         """A settlement Redis did not acknowledge (it may or may not have run)."""
         self._note(lease.scopes)
-        self._tickets[lease.ticket_id] = (lease, self._notes)
+        self._ticket(lease)
         self._wake()
+
+    def _ticket(self, lease: Lease) -> None:
+        """Note ``lease`` to drop from its scopes' tickets, and forget the notes of leases that have
+        ended by now: Redis drops an ended one itself before a rebuild counts it (so a long outage
+        keeps at most a lease's worth of requests here)."""
+        now = self.clock()
+        self._tickets.pop(lease.ticket_id, None)
+        self._tickets[lease.ticket_id] = (lease, self._notes, now)
+        tickets, ended = self._tickets, now - self.lease_seconds - 1
+        while (first := next(iter(tickets.values())))[2] < ended:
+            del tickets[first[0].ticket_id]
 
     def _note(self, buckets: list[tuple[str, str, str]]) -> None:
         self._notes += 1
@@ -106,7 +123,7 @@ class StaleBudgets:
                 if self.flush_records is not None and not await self.flush_records():
                     raise ConnectionError("some usage records are not in the database yet")
                 await self._resolve()
-                buckets, tickets = list(self._buckets), [lease for lease, _ in self._tickets.values()]
+                buckets, tickets = list(self._buckets), [held[0] for held in self._tickets.values()]
                 for i in range(0, max(len(buckets), len(tickets)), BATCH):
                     await self.store.forget(buckets[i : i + BATCH], tickets[i : i + BATCH])
             except Exception as exc:
@@ -123,9 +140,9 @@ class StaleBudgets:
 
     async def _resolve(self) -> None:
         """The buckets of requests admitted while the limits could not be read."""
-        for who, (principal, times) in list(self._unresolved.items()):
+        for who, (principal, hours) in list(self._unresolved.items()):
             scopes = await self.limits.scopes(principal)
-            for at, note in times:
+            for at, note in hours.items():
                 for bucket in [(s.kind, s.id, period_id(s.limits.budget_period, at)[0]) for s in scopes]:
                     self._buckets[bucket] = max(note, self._buckets.get(bucket, 0))
             del self._unresolved[who]

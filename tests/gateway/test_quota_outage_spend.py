@@ -19,8 +19,8 @@ from gateway.db import Database
 from gateway.quotas.admission import QuotaAdmission
 from gateway.quotas.limits import Limits, LimitsSource
 from gateway.quotas.redis_store import RedisStore, connect_redis
-from gateway.quotas.stale import Uncounted
-from gateway.quotas.store import MemoryStore
+from gateway.quotas.stale import StaleBudgets, Uncounted
+from gateway.quotas.store import Lease, MemoryStore
 from gateway.usage.writer import UsageWriter
 from tests.gateway.tenancy_fixtures import REDIS_URL, db, redis, redis_prefix  # noqa: F401
 from tests.gateway.test_quota_admission import PRICES, principal_with
@@ -187,3 +187,23 @@ async def test_a_charge_redis_did_not_acknowledge_reaches_the_surviving_bucket(
         await writer.aclose()
         await client.aclose()
         await gate.aclose()
+
+
+async def test_a_long_outage_keeps_a_leases_worth_of_tickets_and_the_hours_of_unread_limits(
+    db: Database,
+) -> None:
+    """Two hours of Redis and the limits away, a request a second: the notes kept to repair the
+    budgets stay bounded (tickets whose leases ended are dropped: Redis drops those itself before a
+    rebuild; requests admitted without their limits are kept as the hours they came in)."""
+    now = [1_800_000_000.0]
+    stale = StaleBudgets(MemoryStore(), LimitsSource(db), None, lease_seconds=30, clock=lambda: now[0])
+    p = Principal(key_id="key_x", tenant_id="ten_x")
+    try:
+        for i in range(7200):
+            now[0] += 1
+            stale.unsettled(Lease(f"t{i}", int(now[0]), 10, 0, [("key", "key_x", "total")]))
+            stale.uncounted(p, Uncounted(None, now[0], None))
+        assert len(stale._tickets) <= 32 and len(stale._unresolved[("key_x", "ten_x")][1]) <= 3
+        assert list(stale._buckets) == [("key", "key_x", "total")]  # still to rebuild
+    finally:
+        await stale.aclose()
