@@ -11,9 +11,8 @@ import openai
 import pytest
 
 from gateway.contracts import Principal
-from tests.conftest import ADMIN_KEY
 from tests.support.fake_upstream import Fault
-from tests.support.routing_env import Env, dep, group, routing_gateway
+from tests.support.routing_env import Env, client, dep, env, group, routing_gateway  # noqa: F401  (fixtures)
 
 MESSAGES: Any = [{"role": "user", "content": "route me"}]
 DOWN = Fault(status=503)
@@ -43,16 +42,6 @@ def gateway() -> Iterator[Env]:
     prices = {"third": {"input_per_million": 1_000_000.0, "output_per_million": 0.0}}
     with routing_gateway(_models, prices=prices, keys=keys) as env:
         yield env
-
-
-@pytest.fixture
-def env(gateway: Env) -> Env:
-    return gateway.reset()
-
-
-@pytest.fixture
-def client(env: Env) -> openai.OpenAI:
-    return openai.OpenAI(base_url=env.server.url + "/v1", api_key=ADMIN_KEY, max_retries=0)
 
 
 def test_a_failing_fallback_goes_on_to_its_own_fallbacks(env: Env, client: openai.OpenAI) -> None:

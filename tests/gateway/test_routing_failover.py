@@ -15,9 +15,8 @@ import pytest
 
 from gateway.contracts import Principal
 from gateway.routing.plan import MAX_HOLD_OFF
-from tests.conftest import ADMIN_KEY
 from tests.support.fake_upstream import Fault
-from tests.support.routing_env import Env, dep, group, routing_gateway
+from tests.support.routing_env import Env, client, dep, env, group, routing_gateway  # noqa: F401  (fixtures)
 
 MESSAGES: Any = [{"role": "user", "content": "route me"}]
 ABSURD_WAITS = ["1e300", "86400000"]  # Retry-After values no deployment should be held off for
@@ -60,16 +59,6 @@ def gateway() -> Iterator[Env]:
     tenants = {f"sk-{t}": Principal(key_id=f"key-{t}", tenant_id=t) for t in TENANTS}
     with routing_gateway(_models, keys=tenants) as env:
         yield env
-
-@pytest.fixture
-def env(gateway: Env) -> Env:
-    return gateway.reset()
-
-
-@pytest.fixture
-def client(env: Env) -> openai.OpenAI:
-    return openai.OpenAI(base_url=env.server.url + "/v1", api_key=ADMIN_KEY, max_retries=0)
-
 
 def _tenant(env: Env, tenant: str) -> openai.OpenAI:
     return openai.OpenAI(base_url=env.server.url + "/v1", api_key=f"sk-{tenant}", max_retries=0)

@@ -14,9 +14,8 @@ from typing import Any
 import openai
 import pytest
 
-from tests.conftest import ADMIN_KEY
 from tests.support.fake_upstream import Fault
-from tests.support.routing_env import Env, dep, group, routing_gateway
+from tests.support.routing_env import Env, client, dep, env, group, routing_gateway  # noqa: F401  (fixtures)
 
 MESSAGES: Any = [{"role": "user", "content": "route me"}]
 # a 429 for one request alone (some of every limit left), asking for a second's wait: waited out
@@ -53,16 +52,6 @@ def gateway() -> Iterator[Env]:
               "dear": {"input_per_million": 1000, "output_per_million": 1000}}
     with routing_gateway(_models, prices=prices) as env:
         yield env
-
-@pytest.fixture
-def env(gateway: Env) -> Env:
-    return gateway.reset()
-
-
-@pytest.fixture
-def client(env: Env) -> openai.OpenAI:
-    return openai.OpenAI(base_url=env.server.url + "/v1", api_key=ADMIN_KEY, max_retries=0)
-
 
 # ---------------------------------------------------------------- a provider refusing the deployment's key
 

@@ -14,7 +14,7 @@ import pytest
 
 from tests.conftest import ADMIN_KEY
 from tests.support.fake_upstream import Fault
-from tests.support.routing_env import Env, dep, group, routing_gateway
+from tests.support.routing_env import Env, dep, env, group, routing_gateway  # noqa: F401  (fixtures)
 
 MESSAGES: Any = [{"role": "user", "content": "retry me"}]
 DOWN = Fault(status=500)
@@ -33,11 +33,6 @@ def _models(a: str, b: str) -> list[dict[str, Any]]:
 def gateway() -> Iterator[Env]:
     with routing_gateway(_models) as env:
         yield env
-
-
-@pytest.fixture
-def env(gateway: Env) -> Env:
-    return gateway.reset()
 
 
 def _sdk(env: Env) -> openai.OpenAI:

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
+import openai
+import pytest
 
 from gateway.contracts import Principal, UsageRecord
 from gateway.settings import parse_settings
@@ -79,3 +81,15 @@ def routing_gateway(models: Callable[[str, str], list[dict[str, Any]]], *, price
     finally:
         a.stop()
         b.stop()
+
+
+@pytest.fixture
+def env(gateway: Env) -> Env:
+    """The test module's ``gateway`` fixture (a ``routing_gateway``), its upstreams reset."""
+    return gateway.reset()
+
+
+@pytest.fixture
+def client(env: Env) -> openai.OpenAI:
+    """An SDK client of ``env`` without retries of its own (the gateway's are under test)."""
+    return openai.OpenAI(base_url=env.server.url + "/v1", api_key=ADMIN_KEY, max_retries=0)
