@@ -104,7 +104,7 @@ class DeploymentConfig(Conf):
     # The upstream serves OpenAI's Responses API itself: /v1/responses is passed through, not translated.
     responses_api: bool = False
     # What an anthropic deployment's clients may opt into (backends.anthropic_opt_ins); empty: nothing.
-    # Their own fees (a web search's, long context's) are not priced by the gateway; listing
+    # A server tool's fees are priced by the model's ``per_tool_call`` (a long context's are not); listing
     # "files-api-2025-04-14" lets every tenant of the deployment reference any file uploaded with its key.
     anthropic_betas: list[OptInName] = msgspec.field(default_factory=list)  # anthropic-beta header values
     server_tools: list[OptInName] = msgspec.field(default_factory=list)  # tool types Anthropic runs

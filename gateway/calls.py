@@ -28,6 +28,7 @@ from gateway.contracts import Principal
 from gateway.dialects import OPENAI, Dialect
 from gateway.errors import ApiError
 from gateway.routing.cache_aware import chat_prefix, completion_prefix
+from gateway.usage.pricing import NO_TOOLS, HostedTools
 
 # A text completion without max_tokens generates 16 tokens: OpenAI's documented default, and vLLM's.
 COMPLETION_DEFAULT_MAX_TOKENS = 16
@@ -58,6 +59,8 @@ class CallDescription:
     output_field: str | None = "max_tokens"  # the field the output reservation came from (None: no output)
     # what count_prompt rendered with a backend's own tokenizer: handed to that backend (CallContext.rendered)
     rendered: list[RenderedPrompt] = field(default_factory=list)
+    # the tools it enables that the provider runs: admission reserves the fees of those priced per call
+    hosted_tools: HostedTools = NO_TOOLS
 
 
 def describe_chat(principal: Principal, body: ChatCompletionRequest, *, endpoint: str = "chat.completions",

@@ -10,7 +10,10 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from gateway.usage.pricing import HostedTools
 
 
 @dataclass(frozen=True)
@@ -72,10 +75,11 @@ class QuotaUnavailable(Exception):
 
 class Admission(Protocol):
     async def admit(self, principal: Principal, model: str, reserve_tokens: int,
-                    output_field: str | None = "max_tokens") -> Ticket:
+                    output_field: str | None = "max_tokens", tools: HostedTools | None = None) -> Ticket:
         """Check and reserve in one atomic step; raise QuotaExceeded or QuotaUnavailable.
         ``output_field`` names the request's field the output reservation came from, for the
-        refusal's message (None: the request generates nothing, as embeddings)."""
+        refusal's message (None: the request generates nothing, as embeddings); ``tools``, the
+        provider's tools the request enables, whose per-call fees are reserved too."""
         ...
 
     def settle(self, ticket: Ticket, actual_tokens: int, cost: float) -> asyncio.Future[None]:

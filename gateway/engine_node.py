@@ -28,6 +28,7 @@ from gateway.pipeline import Pipeline
 from gateway.routing.router import Router
 from gateway.services import Services
 from gateway.settings import Settings, parse_settings
+from gateway.usage.pricing import HostedTools
 
 ROOT_HASHES_SHOWN = 64  # at most this many first-block digests in /stats
 
@@ -50,7 +51,7 @@ class Unmetered:
     """Admission that admits everything (quotas belong to the gateway in front of the node)."""
 
     async def admit(self, principal: Principal, model: str, reserve_tokens: int,
-                    output_field: str | None = "max_tokens") -> Ticket:
+                    output_field: str | None = "max_tokens", tools: HostedTools | None = None) -> Ticket:
         return Ticket(principal=principal, model=model, reserved_tokens=reserve_tokens)
 
     def settle(self, ticket: Ticket, actual_tokens: int, cost: float) -> asyncio.Future[None]:

@@ -282,7 +282,8 @@ class Pipeline:
         SDK sleep it out), and no SDK told to retry what no wait they would take admits."""
         try:
             with self.telemetry.tracing.span("admission"):
-                return await self.services.admission.admit(call.principal, group.name, reserve, call.output_field)
+                return await self.services.admission.admit(call.principal, group.name, reserve, call.output_field,
+                                                            call.hosted_tools)
         except QuotaExceeded as exc:
             headers = retry_after_header(exc.retry_after)
             if exc.retry_after is None or exc.budget:

@@ -34,6 +34,7 @@ from gateway.off_loop import sized
 from gateway.pipeline import Pipeline
 from gateway.request_headers import request_headers
 from gateway.routing.router import ModelGroup
+from gateway.usage.pricing import HostedTools
 
 # vLLM's chat fields a translated prefill is sent with (``anthropic_request._prefill``)
 _PREFILL_FIELDS = ("continue_final_message", "add_generation_prompt")
@@ -97,7 +98,9 @@ def describe_messages(principal: Principal, data: MessagesRequest, group: ModelG
         except BackendError as exc:
             raise in_messages_terms(exc, origins) from None
 
-    return dataclasses.replace(call, invoke=_prefill_refused(data, invoke))
+    # its server tools go to a deployment serving Messages: the fees of those priced per call are reserved
+    tools = HostedTools.of(data.tools)
+    return dataclasses.replace(call, invoke=_prefill_refused(data, invoke), hosted_tools=tools)
 
 
 class MessagesController(Controller):

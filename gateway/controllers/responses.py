@@ -41,6 +41,7 @@ from gateway.held_usage import unsettled
 from gateway.services import Services
 from gateway.stored_responses import Kept, ResponseStore
 from gateway.telemetry.context import request_id
+from gateway.usage.pricing import HostedTools
 
 log = logging.getLogger("switchyard.responses")
 
@@ -151,7 +152,7 @@ def _described_for_passthrough(principal: Principal, data: ResponsesRequest, con
         prompt_tokens=estimate_text(msgspec.json.encode(body.get("input")).decode()),
         prompt_bound=BOUND_PER_CONVERSATION + bound_text(msgspec.json.encode(body).decode()),  # every byte sent
         output_limit=limit, sequences=1, routing_key=None, invoke=invoke, dialect=dialect,
-        output_field="max_output_tokens",
+        output_field="max_output_tokens", hosted_tools=HostedTools.of(body.get("tools"), body.get("max_tool_calls")),
     )
 
 

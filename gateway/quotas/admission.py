@@ -1,7 +1,8 @@
 """The Admission the request path uses: limits from SQL, counting in a QuotaStore.
 
-``admit`` reserves one request, ``reserve_tokens`` tokens and their worst-case price for the key
-and its tenant in one atomic store call; ``settle`` releases the concurrency lease and corrects
+``admit`` reserves one request, ``reserve_tokens`` tokens and their worst-case price (plus the
+worst-case fees of the priced tools it enables, ``PriceTable.tool_reserve``) for the key and its
+tenant in one atomic store call; ``settle`` releases the concurrency lease and corrects
 tokens and money to the actual figures; it is sent at once and acknowledged later, so a reply
 never waits for it (commands on one connection run in order: this process's next admission sees
 it). Concurrency leases last ``lease_seconds`` and a heartbeat
@@ -39,7 +40,7 @@ from gateway.quotas.limits import LimitsSource, Scope, period_id, period_start, 
 from gateway.quotas.redis_credit import RedisCredit
 from gateway.quotas.stale import StaleBudgets, Uncounted
 from gateway.quotas.store import Decision, Lease, QuotaStore, Reservation, lease_for, picos
-from gateway.usage.pricing import PriceTable
+from gateway.usage.pricing import HostedTools, PriceTable
 
 log = logging.getLogger("switchyard.quotas")
 
@@ -125,7 +126,7 @@ class QuotaAdmission:
     # ------------------------------------------------------------ admission
 
     async def admit(self, principal: Principal, model: str, reserve_tokens: int,
-                    output_field: str | None = "max_tokens") -> Ticket:
+                    output_field: str | None = "max_tokens", tools: HostedTools | None = None) -> Ticket:
         reserve_tokens = max(0, int(reserve_tokens))
         try:
             scopes = await self.limits.scopes(principal)
@@ -137,7 +138,8 @@ class QuotaAdmission:
             raise QuotaUnavailable("quota limits unavailable; try again shortly") from None
         if self.stale.due():  # budgets that missed spend in an outage: rebuilt first, if Redis is back
             await self.stale.repair()
-        micros = math.ceil(reserve_tokens * self.prices.max_per_million(model))
+        fees = self.prices.tool_reserve(model, tools) if tools is not None else 0.0
+        micros = math.ceil(reserve_tokens * self.prices.max_per_million(model) + fees * 1_000_000)
         if self.credit is not None and (ticket := self.credit.take(principal, scopes, model, reserve_tokens, micros)):
             return ticket
         r = Reservation(random_id(), self.clock(), reserve_tokens, micros, scopes, self.lease_seconds)
@@ -166,10 +168,11 @@ class QuotaAdmission:
         )
         if not decision.admitted:
             budget = decision.reason in BUDGETS
-            if never := _never_admitted(decision, scopes, reserve_tokens, micros, output_field):
+            reserved = _reserved(output_field, fees > 0)
+            if never := _never_admitted(decision, scopes, reserve_tokens, micros, reserved):
                 message, too_large = never  # a request larger than a whole budget: shrink it, not a spent budget
                 raise QuotaExceeded(message, retry_after=None, ticket=ticket, budget=budget and not too_large)
-            raise QuotaExceeded(_message(decision, scopes, reserve_tokens, micros, output_field),
+            raise QuotaExceeded(_message(decision, scopes, reserve_tokens, micros, reserved),
                                 retry_after=decision.retry_after, ticket=ticket, budget=budget)
         lease = ticket.reservation = lease_for(r)
         self._live[lease.ticket_id] = lease
@@ -274,16 +277,19 @@ BUDGETS = frozenset({"token_budget", "cost_budget"})
 PER_PERIOD = {"day": " a day", "month": " a month", "total": " in all"}
 
 
-def _reserved(output_field: str | None) -> tuple[str, str]:
+def _reserved(output_field: str | None, tools: bool = False) -> tuple[str, str]:
     """What a request reserves, and what the client may reduce, for the field that caps its output
-    (None: a request that generates nothing reserves its input alone)."""
+    (None: a request that generates nothing reserves its input alone) and the priced tools it enables."""
     if output_field is None:
         return "its input", "the input"
+    if tools:
+        return (f"its prompt plus {output_field} for each choice, and the calls of its priced tools",
+                f"the prompt, {output_field} or the priced tools' calls (max_tool_calls, a tool's max_uses)")
     return f"its prompt plus {output_field} for each choice", f"the prompt or {output_field}"
 
 
 def _never_admitted(decision: Decision, scopes: list[Scope], tokens: int, micros: int,
-                    output_field: str | None) -> tuple[str, bool] | None:
+                    reserved_as: tuple[str, str]) -> tuple[str, bool] | None:
     """The message of a refusal that no wait ends (a limit of zero, one smaller than what the
     request alone reserves, or a budget that never resets without enough left), and whether the
     request alone is too large for the limit; or None."""
@@ -297,7 +303,7 @@ def _never_admitted(decision: Decision, scopes: list[Scope], tokens: int, micros
         return None
     if limit == 0:
         return f"The {scope.kind}'s limit on {what} is 0: it admits no requests.", False
-    reserved, lower = _reserved(output_field)
+    reserved, lower = reserved_as
     budget = decision.reason.endswith("budget")
     per = PER_PERIOD.get(lim.budget_period, "") if budget else ""
     if decision.reason in ("tokens", "token_budget") and tokens > limit:
@@ -314,12 +320,12 @@ def _never_admitted(decision: Decision, scopes: list[Scope], tokens: int, micros
     return f"Request too large for {scope.kind} on {what}: {asked} ({reserved}); reduce {lower}.", True
 
 
-def _message(decision: Decision, scopes: list[Scope], tokens: int, micros: int, output_field: str | None) -> str:
+def _message(decision: Decision, scopes: list[Scope], tokens: int, micros: int, reserved_as: tuple[str, str]) -> str:
     found = scopes[decision.scope_index] if 0 <= decision.scope_index < len(scopes) else None
     scope = found.kind if found else "key"
     what = REASONS.get(decision.reason, decision.reason)
     if decision.reason in ("token_budget", "cost_budget"):  # not enough left for this reservation this period
-        reserved, lower = _reserved(output_field)
+        reserved, lower = reserved_as
         asks = f"{tokens} tokens" if decision.reason == "token_budget" else f"up to {micros / 1e6:g} USD"
         return (f"Your {scope}'s {what} for this period has too little left for this request, which reserves "
                 f"{asks} ({reserved}); wait for the next period, or reduce {lower}.")

@@ -10,7 +10,7 @@ import pytest
 
 from backends.base import Meter
 from gateway.settings import ConfigError, LongPromptPrice, PriceConfig, ServiceTierPrice, parse_settings
-from gateway.usage.pricing import PriceTable, request_cost
+from gateway.usage.pricing import TOOL_CALLS_RESERVED, HostedTools, PriceTable, request_cost
 
 FULL = PriceConfig(input_per_million=3.0, output_per_million=15.0, cached_input_per_million=0.3,
                    cache_write_input_per_million=3.75, cache_write_1h_input_per_million=6.0,
@@ -125,6 +125,26 @@ def test_a_reservation_covers_every_model_a_fallback_may_serve_it_with() -> None
     table = PriceTable.from_settings(settings)
     assert [table.max_per_million(m) for m in ("cheap", "mid", "dear", "free", "alone")] == [30, 30, 30, 30, 5]
     assert table.cost("cheap", 1_000_000, 0) == 1.0 and table.cost("free", 1_000_000, 0) == 0.0  # own prices
+
+
+def test_a_reservation_covers_the_calls_of_the_priced_tools_a_request_enables() -> None:
+    """A priced tool's type (or one that begins with its name and ``_``) reserves its highest price
+    among the model's deployments and fallbacks, for the request's max_tool_calls calls of the
+    priciest, else each for its max_uses or TOOL_CALLS_RESERVED calls; other tools reserve nothing."""
+    dep: dict[str, Any] = {"provider": "openai", "model": "x", "api_base": "http://127.0.0.1:9/v1"}
+    settings = parse_settings({
+        "models": [{"name": "m", "deployments": [dep | {"name": "a"}, dep | {"name": "b"}], "fallbacks": ["f"]},
+                   {"name": "f", "deployments": [dep]}, {"name": "plain", "deployments": [dep]}],
+        "prices": {"a": {"per_tool_call": {"web_search": 0.01}}, "b": {"per_tool_call": {"web_search": 0.02}},
+                   "f": {"per_tool_call": {"web_fetch": 0.05}}},
+    }, env={})  # fmt: skip
+    table = PriceTable.from_settings(settings)
+    search, fetch = [{"type": "web_search_preview"}], [{"type": "web_fetch_20250910", "max_uses": 1}]
+    assert table.tool_reserve("m", HostedTools.of(search)) == pytest.approx(TOOL_CALLS_RESERVED * 0.02)
+    assert table.tool_reserve("m", HostedTools.of(search + fetch)) == pytest.approx(TOOL_CALLS_RESERVED * 0.02 + 0.05)
+    assert table.tool_reserve("m", HostedTools.of(search + fetch, 3)) == pytest.approx(3 * 0.05)
+    assert table.tool_reserve("m", HostedTools.of([{"type": "function"}, {"type": "web_searches"}, "x"])) == 0.0
+    assert table.tool_reserve("plain", HostedTools.of(search)) == 0.0
 
 
 @pytest.mark.parametrize(("price", "field"), [

@@ -287,19 +287,19 @@ def test_a_passed_through_stream_is_relayed_event_for_event(gateway: Gateway, na
 def test_built_in_tool_calls_are_priced_per_call_into_cost_and_budgets(gateway: Gateway, db: Database) -> None:
     """Each web_search_call item of an answer costs the model's per_tool_call price (the file search
     is not priced, the client's function call is not the provider's), stream or not, and the fees
-    count against the tenant's money budget."""
+    count against the tenant's money budget (each request reserving its max_tool_calls searches)."""
     tenant, client = gateway.tenant()
     gateway.admin.patch(f"/admin/v1/tenants/{tenant}/limits",
-                        json={"cost_budget": 0.03, "budget_period": "total"}).raise_for_status()
+                        json={"cost_budget": 0.04, "budget_period": "total"}).raise_for_status()
     tools: Any = [{"type": "web_search"}, {"type": "file_search", "vector_store_ids": ["vs_1"]}]
-    answer = client.responses.create(model="native", input=f"{SEARCH} one", tools=tools)
+    answer = client.responses.create(model="native", input=f"{SEARCH} one", tools=tools, max_tool_calls=3)
     assert [item.type for item in answer.output][-4:] == ["web_search_call", "web_search_call",
                                                           "file_search_call", "function_call"]
-    list(client.responses.create(model="native", input=f"{SEARCH} two", tools=tools, stream=True))
+    list(client.responses.create(model="native", input=f"{SEARCH} two", tools=tools, max_tool_calls=2, stream=True))
     rows = wait_for_rows(db, tenant, 2)
     assert [row.cost for row in rows] == [pytest.approx(0.02), pytest.approx(0.02)]
-    with pytest.raises(openai.RateLimitError) as refused:  # 0.04 spent of 0.03
-        client.responses.create(model="native", input="hello")
+    with pytest.raises(openai.RateLimitError) as refused:  # 0.04 spent of 0.04: no room for one search
+        client.responses.create(model="native", input="hello", tools=tools, max_tool_calls=1)
     assert "spending budget" in refused.value.message
 
 

@@ -10,6 +10,7 @@ from typing import Any
 
 from gateway.contracts import Principal, QuotaExceeded, QuotaState, Ticket, UsageRecord, completed
 from gateway.drain import Drain
+from gateway.usage.pricing import HostedTools
 
 
 class StaticKeys:
@@ -37,7 +38,7 @@ class ScriptedAdmission:
         self.settled: list[Settlement] = []
 
     async def admit(self, principal: Principal, model: str, reserve_tokens: int,
-                    output_field: str | None = "max_tokens") -> Ticket:
+                    output_field: str | None = "max_tokens", tools: HostedTools | None = None) -> Ticket:
         state = QuotaState(limit=60, remaining=59, reset_seconds=1.0)
         if principal.key_id in self.throttled:
             ticket = Ticket(principal, model, 0, requests=QuotaState(60, 0, 7.0))
