@@ -12,6 +12,10 @@ replaces the workers one by one (each new one ready before an old one drains and
 SIGTERM), and every new worker reads the whole file. The reload endpoint then checks the file and
 asks the supervisor for that same rolling restart, so every worker changes, not only the one that
 answered.
+
+Settings only a restart applies (every section but ``models`` and ``prices`` with one worker; with
+several, the ``server`` keys the supervisor applies) are compared with the running ones: a change is
+named in one warning line and in the reload's answer, not dropped in silence.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ import signal
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgspec
 
@@ -36,6 +40,18 @@ from gateway.settings import ConfigError, Settings, load_settings
 log = logging.getLogger("switchyard.reload")
 
 SUPERVISOR_PID_ENV = "SWITCHYARD_SUPERVISOR_PID"  # set by ``switchyard serve`` for several workers
+SUPERVISOR_SERVER_ENV = "SWITCHYARD_SUPERVISOR_SERVER"  # and its config file's ``server`` section (JSON)
+RELOADABLE = frozenset({"models", "prices"})
+# What the supervisor of several workers applies itself (its socket, uvicorn's options, the
+# environment its workers inherit): new workers reading the file do not change these.
+SUPERVISOR_KEYS = frozenset({"host", "port", "workers", "header_timeout", "body_timeout",
+                             "max_connections_per_client", "drain_seconds", "trusted_proxies"})
+
+
+class Reloaded(NamedTuple):
+    settings: Settings
+    workers_restarting: bool  # several workers: the supervisor replaces them on the file
+    restart_required: list[str]  # changed keys that only a restart applies ("server.port")
 
 
 class Reloader:
@@ -60,23 +76,25 @@ class Reloader:
         with _refusal_logged(self.config_path):
             fresh = self._load()
             await self.pipeline.services.router.reload(fresh, self._build)  # one at a time
+        _warn_unapplied(self.config_path, _changed(self.pipeline.settings, fresh))
         self.pipeline.settings = _reloadable(self.pipeline.settings, fresh)
         for hook in self.pipeline.services.on_reload:  # no await in between: no request sees half of it
             hook(fresh)
         return fresh
 
-    async def reload_everywhere(self) -> tuple[Settings, bool]:
+    async def reload_everywhere(self) -> Reloaded:
         """Reload this process, or (under a multi-worker supervisor) check the file and ask the
-        supervisor to restart every worker on it. Returns the new settings and whether the
-        workers are being restarted."""
+        supervisor to restart every worker on it."""
         supervisor = os.environ.get(SUPERVISOR_PID_ENV)
         if supervisor is None or int(supervisor) != os.getppid():
-            return await self.reload(), False
+            running = self.pipeline.settings
+            fresh = await self.reload()
+            return Reloaded(fresh, False, _changed(running, fresh))
         with _refusal_logged(self.config_path):
             fresh = self._load()  # a bad file is refused before any worker restarts
         os.kill(int(supervisor), signal.SIGHUP)
         log.info("asked the supervisor (pid %s) to restart the workers on %s", supervisor, self.config_path)
-        return fresh, True
+        return Reloaded(fresh, True, supervisor_unapplied(fresh))  # the supervisor logs them
 
     def _load(self) -> Settings:
         """The config file's settings, or ConfigError (naming what is wrong) if they cannot replace
@@ -123,6 +141,34 @@ def _refusal_logged(path: Path | None) -> Iterator[None]:
     except ConfigError as exc:
         log.error("reload of %s refused, keeping the previous config: %s", path, exc)
         raise
+
+
+def _changed(current: Settings, fresh: Settings) -> list[str]:
+    """The keys outside ``models`` and ``prices`` whose values differ (names only: no secret shown)."""
+    keys: list[str] = []
+    for section in current.__struct_fields__:
+        if section in RELOADABLE:
+            continue
+        old, new = getattr(current, section), getattr(fresh, section)
+        if isinstance(old, msgspec.Struct):
+            keys += [f"{section}.{k}" for k in old.__struct_fields__ if getattr(old, k) != getattr(new, k)]
+        elif old != new:
+            keys.append(section)
+    return sorted(keys)
+
+
+def supervisor_unapplied(fresh: Settings) -> list[str]:
+    """The ``server`` keys that the supervisor of several workers applies and ``fresh`` changes."""
+    if (started := os.environ.get(SUPERVISOR_SERVER_ENV)) is None:
+        return []
+    old = msgspec.json.decode(started, type=type(fresh.server))
+    return sorted(f"server.{k}" for k in SUPERVISOR_KEYS if getattr(old, k) != getattr(fresh.server, k))
+
+
+def _warn_unapplied(path: Path | None, keys: list[str]) -> None:
+    if keys:
+        log.warning("reload of %s: %s changed, which only a restart applies; the running values stay",
+                    path, ", ".join(keys))
 
 
 def _reloadable(current: Settings, fresh: Settings) -> Settings:

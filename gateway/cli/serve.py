@@ -15,6 +15,7 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Annotated, Any
 
+import msgspec
 import typer
 
 from gateway.cli.errors import debugging
@@ -55,7 +56,7 @@ def serve(
     """Serve the OpenAI-compatible gateway."""
     import uvicorn
 
-    from gateway.reload import SUPERVISOR_PID_ENV
+    from gateway.reload import SUPERVISOR_PID_ENV, SUPERVISOR_SERVER_ENV
 
     config = Path(config or os.environ.get("SWITCHYARD_CONFIG") or "config/default.yaml")  # as the admin commands
     try:
@@ -77,6 +78,7 @@ def serve(
     n_workers = workers or settings.server.workers
     if n_workers > 1:  # the workers' reload endpoint asks this process for a rolling restart
         os.environ[SUPERVISOR_PID_ENV] = str(os.getpid())
+        os.environ[SUPERVISOR_SERVER_ENV] = msgspec.json.encode(settings.server).decode()  # what a reload cannot change
     options: dict[str, Any] = dict(
         factory=True,
         host=host or settings.server.host,

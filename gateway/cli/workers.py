@@ -28,7 +28,7 @@ import msgspec
 from uvicorn.config import STARTUP_FAILURE, Config
 from uvicorn.supervisors.multiprocess import Multiprocess, Process
 
-from gateway.settings import ConfigError
+from gateway.settings import ConfigError, load_settings
 from gateway.telemetry.shared_metrics import METRICS_DIR_ENV, retire_exited
 
 log = logging.getLogger("uvicorn.error")
@@ -158,6 +158,19 @@ class Supervisor(Multiprocess):
             worker = Worker(self.config, self.sockets)
             worker.start()
             self.processes.append(worker)
+
+    def handle_hup(self) -> None:
+        """A rolling restart on the config file, naming first what changed that it cannot apply."""
+        from gateway.reload import supervisor_unapplied
+
+        try:
+            changed = supervisor_unapplied(load_settings(os.environ.get("SWITCHYARD_CONFIG"), warn=False))
+        except ConfigError:
+            changed = []  # the new workers say what is wrong with the file, and the old ones stay
+        if changed:
+            log.warning("SIGHUP: %s changed in the config file, which only a restart of `switchyard serve` "
+                        "applies; the running values stay", ", ".join(changed))
+        super().handle_hup()
 
     def restart_all(self) -> None:
         """uvicorn's rolling restart (each new worker serving before an old one drains), which a

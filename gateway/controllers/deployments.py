@@ -53,6 +53,7 @@ class EngineTenantList(msgspec.Struct):
 class ReloadResult(msgspec.Struct):
     models: list[str]
     workers_restarting: bool = False  # several workers: they are being replaced, one by one, on the new file
+    restart_required: list[str] = msgspec.field(default_factory=list)  # changed, applied only by a restart
 
 
 def _require_admin(request: Request[Any, Any, Any]) -> None:
@@ -102,7 +103,8 @@ class DeploymentsController(Controller):
         _require_admin(request)
         reloader: Reloader = request.app.state["reloader"]
         try:
-            fresh, restarting = await reloader.reload_everywhere()
+            fresh, restarting, unapplied = await reloader.reload_everywhere()
         except ConfigError as exc:
             raise ApiError(400, str(exc), code="invalid_config") from None
-        return ReloadResult(models=[m.name for m in fresh.models], workers_restarting=restarting)
+        return ReloadResult(models=[m.name for m in fresh.models], workers_restarting=restarting,
+                            restart_required=unapplied)

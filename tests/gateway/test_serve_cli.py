@@ -73,7 +73,8 @@ def test_serve_round_trip(tmp_path: Path, upstream: FakeUpstream) -> None:
 
 def test_reload_endpoint_restarts_every_worker_when_there_are_several(tmp_path: Path, upstream: FakeUpstream) -> None:
     """With --workers 2, POST /admin/v1/reload checks the file, then the supervisor replaces both
-    workers on it: afterwards every answer, whichever worker gives it, shows the new model."""
+    workers on it: afterwards every answer, whichever worker gives it, shows the new model. A
+    ``server`` key that the supervisor applies (not the new workers) is named as needing a restart."""
     config = tmp_path / "config.yaml"
     raw = {
         "database": {"url": f"sqlite+aiosqlite:///{tmp_path}/sy.db"},
@@ -94,9 +95,11 @@ def test_reload_endpoint_restarts_every_worker_when_there_are_several(tmp_path: 
         bad = httpx.post(url + "/admin/v1/reload", headers=admin, timeout=10)
         assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_config"
         raw["models"][0]["name"] = "echo-renamed"
+        raw["server"] = {"body_timeout": 12.5, "max_body_bytes": 2_000_000}  # the workers apply the latter
         config.write_text(yaml.safe_dump(raw))
         answer = httpx.post(url + "/admin/v1/reload", headers=admin, timeout=10).json()
-        assert answer == {"models": ["echo-renamed"], "workers_restarting": True}
+        assert answer == {"models": ["echo-renamed"], "workers_restarting": True,
+                          "restart_required": ["server.body_timeout"]}
 
         def model_ids() -> list[str]:  # a new connection each time: either worker may answer
             with httpx.Client(headers=admin, timeout=5) as client:
@@ -114,6 +117,7 @@ def test_reload_endpoint_restarts_every_worker_when_there_are_several(tmp_path: 
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+    assert b"server.body_timeout changed in the config file" in proc.stderr.read()  # type: ignore[union-attr]
 
 
 def test_serve_rejects_a_bad_config_naming_the_key(tmp_path: Path) -> None:
