@@ -23,7 +23,7 @@ from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
-from sqlalchemy import Select, and_, or_, select
+from sqlalchemy import Select, and_, func, or_, select
 
 from gateway.db.engine import Database
 from gateway.db.models import UsageRow
@@ -86,8 +86,11 @@ class RecordFilter:
         text = self.text.strip()
         if text:
             escaped = text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
-            q = q.where(or_(UsageRow.request_id.like(escaped + "%", escape="\\"), UsageRow.model == text,
-                            UsageRow.key_id == text, UsageRow.deployment == text, UsageRow.error_type == text))
+            # SQLite's LIKE ignores ASCII case (PostgreSQL's does not): the substr keeps the prefix exact
+            prefix = and_(UsageRow.request_id.like(escaped + "%", escape="\\"),
+                          func.substr(UsageRow.request_id, 1, len(text)) == text)
+            q = q.where(or_(prefix, UsageRow.model == text, UsageRow.key_id == text, UsageRow.deployment == text,
+                            UsageRow.error_type == text))
         return q
 
 

@@ -1,16 +1,23 @@
 """The dashboards as a tenant and an operator use them, in headless Chromium: sign-in with keys that
 no longer work, sign-out and the back button, keyboard use, labels and headers, the request log
 opened first, totals that match the admin API's usage report for the same UTC days, very long
-names, ranges without data or across a month, and a tenant editing the page's address."""
+names, ranges without data or across a month, a tenant editing the page's address, and costs
+under a hundred-millionth of a dollar."""
 
 from __future__ import annotations
 
+import time
+import uuid
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import httpx
 import pytest
 
+from gateway.contracts import UsageRecord
+from gateway.db import Database
+from gateway.usage.pricing import PriceTable
+from gateway.usage.writer import UsageWriter
 from tests.conftest import ADMIN_KEY
 from tests.gateway.dashboard_fixtures import DashEnv, dash  # noqa: F401
 from tests.gateway.test_dashboard_browser import CHROMIUM, FLAGS, browser, sign_in  # noqa: F401
@@ -195,4 +202,34 @@ async def test_a_tenant_editing_the_address_sees_only_its_own(browser, dash: Das
         assert dash.b.name not in await page.content() and await page.inner_text("#who") == dash.a.name
         assert await page.locator("#view-operator").is_hidden()
     assert problems == []
+    await context.close()
+
+
+async def test_costs_under_a_hundred_millionth_show_their_digits(browser, dash: DashEnv, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """A request of a very cheap model (a few tokens at a thousandth of a dollar per million) costs
+    under $0.00000001: the page showed "0.00" (eight decimals at most), or 0.000000015 as 0.00000002."""
+    async with httpx.AsyncClient(base_url=dash.url, headers={"authorization": f"Bearer {ADMIN_KEY}"}) as admin:
+        tenant = (await admin.post("/admin/v1/tenants", json={"name": f"cheap-{uuid.uuid4().hex[:6]}"})).json()
+        key = (await admin.post("/admin/v1/keys", json={"tenant_id": tenant["id"], "name": "k"})).json()
+    db = Database.from_url(dash.db_url)
+    writer = UsageWriter(db, PriceTable(), journal_dir=tmp_path)
+    costs = {"nano": 4e-9, "micro": 1.5e-8}
+    for i, (model, cost) in enumerate(costs.items()):
+        writer.record(UsageRecord(
+            request_id=uuid.uuid4().hex, key_id=key["id"], tenant_id=tenant["id"], model=model, deployment="d",
+            provider="openai", endpoint="chat.completions", started_at=time.time() - 60 * (i + 1), status=200,
+            prompt_tokens=3, completion_tokens=1, cost=cost, latency_ms=10.0))  # fmt: skip
+    assert await writer.flush()
+    writer.journal.close()
+    await db.dispose()
+    context = await browser.new_context()
+    page = await context.new_page()
+    await sign_in(page, dash.url, key["key"])
+    shown = {"nano": "0.000000004", "micro": "0.000000015"}
+    rows = page.locator("#by-model tbody tr")
+    assert {m: await rows.filter(has_text=m).locator("td").nth(7).inner_text() for m in costs} == shown
+    assert await page.inner_text("#total-cost b") == "0.000000019"
+    await page.click("#tab-requests")
+    await page.wait_for_selector("body[data-ready='1'] #requests tbody tr")
+    assert sorted(await page.locator("#requests tbody tr td:nth-child(7)").all_inner_texts()) == sorted(shown.values())
     await context.close()

@@ -258,3 +258,16 @@ async def test_a_cheap_models_cost_is_the_rows_sum_not_rounded_away(db: Database
     for preset in ("1h", "24h"):  # from the records, and from the hourly rollup
         got = await summary(db, t, Range.parse(None, None, None, NOW, preset=preset))
         assert got["totals"]["cost"] == 7.65e-08, (preset, got["totals"])
+
+
+async def test_a_request_id_prefix_matches_its_case_on_both_databases(db: Database, tmp_path: Path) -> None:
+    """The log's search matches a request id prefix as exactly as it matches a model: SQLite's LIKE
+    ignores ASCII case where PostgreSQL's does not, so the same search found different rows."""
+    tenant = uuid.uuid4().hex[:8]
+    row = _record(tenant, NOW)
+    row.request_id = "abcdef" + row.request_id[6:]  # letters, which have a case
+    await _write(db, tmp_path, [row])
+    span = (NOW - timedelta(hours=1), NOW + timedelta(hours=1))
+    for text, want in ((row.request_id[:12], [row.request_id]), (row.request_id[:12].upper(), [])):
+        found, _ = await records.search(db, records.RecordFilter(tenant, *span, text=text))
+        assert [r["request_id"] for r in found] == want, (db.dialect, text)

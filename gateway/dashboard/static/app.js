@@ -46,12 +46,14 @@
     return p;
   }
 
-  // Numbers with grouping and never an exponent; costs (USD) with two to eight decimals, so that a
-  // tiny cost is not shown as 0 and none carries floating noise.
+  // Numbers with grouping and never an exponent; costs (USD) with two to eight decimals, and more
+  // for a cost under a millionth (three significant digits at least), so that a tiny cost is
+  // neither shown as 0 nor rounded far off; none carries floating noise.
   const fmt = (v) => typeof v === "number" ? v.toLocaleString("en-US", { maximumFractionDigits: 6 }) : (v ?? "—");
   const percent = (v) => typeof v === "number" ? (v * 100).toFixed(1) + "%" : "—";  // a fraction, as a percentage
+  const decimals = (v) => v === 0 || !isFinite(v) ? 8 : Math.min(20, Math.max(8, 2 - Math.floor(Math.log10(Math.abs(v)))));
   const money = (v) => typeof v === "number"
-    ? v.toLocaleString("en-US", { minimumFractionDigits: 2, maximumFractionDigits: 8 }) : fmt(v);
+    ? v.toLocaleString("en-US", { minimumFractionDigits: 2, maximumFractionDigits: decimals(v) }) : fmt(v);
   const when = (iso) => new Date(iso).toLocaleString(undefined, { dateStyle: "medium", timeStyle: "short", timeZone: state.tz });
 
   // A time zone the server does not know (one its zoneinfo lacks, or a legacy alias) gives way to
