@@ -66,6 +66,9 @@ def _grammar_text(kind: Kind, spec: str) -> str:
             raise ValueError("the JSON schema false matches no value")
         if schema is True:  # any JSON value; llguidance takes only an object
             spec = "{}"
+        # llguidance's own options in the schema override ours (free whitespace, "=" after keys)
+        if isinstance(schema, dict) and "x-guidance" in schema:
+            raise ValueError("x-guidance (the grammar engine's own options) is not taken: the answer must stay JSON")
         loop = find_cycle(schema)
         if loop is not None:
             raise ValueError(f"the JSON schema refers to itself with nothing in between ({loop} comes back to "

@@ -121,6 +121,12 @@ def test_json_answers_keep_the_schemas_property_order(env: Env, extra: dict[str,
      "structured_outputs.disable_additional_properties"),
     ({"extra_body": {"structured_outputs": {"structural_tag": "{}"}}}, "structured_outputs.structural_tag"),
     ({"extra_body": {"guided_regex": "a", "guided_choice": ["b"]}}, "guided_choice"),
+    # llguidance's own options in a schema would let the answer stop being JSON ({aaa"k":1})
+    ({"response_format": _fmt({"type": "object", "x-guidance": {"whitespace_pattern": "a+"}})},
+     "response_format.json_schema.schema"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "x-guidance": {"key_separator": "="}}}}],
+      "tool_choice": {"type": "function", "function": {"name": "f"}}}, "tools[0].function.parameters"),
     ({"logit_bias": {"5": 150}}, "logit_bias"),
     ({"logit_bias": {"999999": 1}}, "logit_bias"),
 ])
