@@ -63,11 +63,13 @@ def _chat_text(chunk: ChatCompletionChunk) -> str:
     choices = chunk.choices
     if len(choices) == 1 and (content := choices[0].delta.content):  # nearly every chunk: no generator for it
         return content
-    return " ".join(generated_text(c.delta) for c in choices)
+    return " ".join(text for c in choices if (text := generated_text(c.delta)))  # an empty delta adds no " "
 
 
 def _completion_text(chunk: TextCompletion) -> str:
-    return "".join(c.text for c in chunk.choices)
+    """The choices' texts, apart (run together, one's last word and the next's first were one word;
+    an empty one, as in a finish chunk, adds nothing)."""
+    return " ".join(c.text for c in chunk.choices if c.text)
 
 
 _raw_object = msgspec.json.Decoder(dict[str, msgspec.Raw])

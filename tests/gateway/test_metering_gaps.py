@@ -331,3 +331,35 @@ def test_a_negative_count_is_metered_as_not_reported_and_relayed_as_sent(
         assert record.prompt_tokens == 3 and record.completion_tokens >= estimate_text(ANSWER)
     else:
         assert (record.prompt_tokens, record.completion_tokens) == (3, 6)
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["unary", "stream"])
+def test_an_estimate_of_several_choices_counts_each_choice_s_words(env: Env, upstream: FakeUpstream,
+                                                                   stream: bool) -> None:
+    """An upstream reporting no usage for ``n: 2``: each choice echoes the prompt's 6 words, so the
+    estimate is 12 completion tokens (the choices' texts are not run together, "f" and "a" one word)."""
+    upstream.options.report_usage = False
+    prompt = "a b c d e f"
+    client = env.client()
+    if stream:
+        texts: dict[int, str] = {}
+        for chunk in client.completions.create(model="echo", prompt=prompt, n=2, stream=True):
+            for c in chunk.choices:
+                texts[c.index] = texts.get(c.index, "") + c.text
+    else:
+        texts = {c.index: c.text for c in client.completions.create(model="echo", prompt=prompt, n=2).choices}
+    assert texts == {0: prompt, 1: prompt}
+    record = env.record()
+    assert (record.completion_tokens, record.exact) == (2 * estimate_text(prompt), False)
+
+
+def test_an_estimate_of_a_streamed_chat_with_several_choices_counts_no_empty_delta(
+        env: Env, upstream: FakeUpstream) -> None:
+    """The role chunk and the finish chunk of ``n: 2`` hold two empty deltas each: they add no token."""
+    upstream.options.report_usage = False
+    prompt = "a b c d e f"
+    chunks = env.client().chat.completions.create(model="echo", messages=[{"role": "user", "content": prompt}],
+                                                  n=2, stream=True)
+    assert {c.index for chunk in chunks for c in chunk.choices} == {0, 1}
+    record = env.record()
+    assert (record.completion_tokens, record.exact) == (2 * estimate_text(prompt), False)
