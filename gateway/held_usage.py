@@ -9,7 +9,9 @@ ended (``completed``, ``failed``, ``cancelled``, ``incomplete``) meters it (``me
 (``gateway.held_responses.HeldFollower``) for one nobody asks about. Claiming the row
 (``ResponseStore.claim``) makes that one caller of any replica: it records one usage row, with the
 upstream's usage (its estimate where it reports none) at the current prices, and counts it against
-the key's and tenant's budgets (``Admission.charge``).
+the key's and tenant's budgets (``Admission.charge``). One that can no longer be asked about (its
+deployment gone, its upstream forgot it, or asking kept failing too long) is metered so by the
+follower too (``meter_lost``), with the prompt estimate alone.
 """
 
 from __future__ import annotations
@@ -67,6 +69,13 @@ async def meter_ended(pipeline: Pipeline, store: ResponseStore, response_id: str
         await services.usage.sync()
     except Exception:
         log.exception("recording the usage of background response %s failed", response_id)
+
+
+async def meter_lost(pipeline: Pipeline, store: ResponseStore, response_id: str, outcome: str) -> None:
+    """Meter what is known of ``response_id``, which can no longer be asked about (``outcome``:
+    ``lost``, its deployment or upstream forgot it; ``expired``, asking kept failing): the prompt
+    its creating request estimated, unless another caller has claimed it."""
+    await meter_ended(pipeline, store, response_id, {"id": response_id, "status": outcome})
 
 
 def _recorded(usage: UsageSink, record: UsageRecord, response_id: str) -> None:

@@ -33,21 +33,26 @@ def native() -> Iterator[FakeResponsesUpstream]:
     server.stop()
 
 
-def _gateway(db: Database, native: FakeResponsesUpstream, journal: str, poll_seconds: float) -> ServerThread:
-    deployment = {"provider": "openai", "model": "up-model", "api_base": native.url, "api_key": "sk-up",
-                  "responses_api": True}
+def _gateway(db: Database, native: FakeResponsesUpstream, journal: str, poll_seconds: float,
+             others: dict[str, str]) -> ServerThread:
+    """Model ``native`` served by ``native``, and each of ``others`` (name: the api_base of another)."""
+    upstreams = {"native": native.url} | others
+    models = [{"name": name, "deployments": [{"provider": "openai", "model": "up-model", "api_base": url,
+                                              "api_key": "sk-up", "responses_api": True, "name": f"{name}-dep"}]}
+              for name, url in upstreams.items()]
+    price = {"input_per_million": PRICE, "output_per_million": PRICE}
     settings = gateway_settings(native.url, auth={"admin_key": ADMIN_KEY}, database={"url": plain_url(db)},
-                                models=[{"name": "native", "deployments": [deployment]}],
-                                prices={"native": {"input_per_million": PRICE, "output_per_million": PRICE}})
+                                models=models, prices={name: price for name in upstreams})
     settings.usage.journal_dir = journal
     settings.usage.background_poll_seconds = poll_seconds
     return ServerThread(create_app(settings))
 
 
 @contextmanager
-def _served(db: Database, native: FakeResponsesUpstream, journal: str, poll_seconds: float) -> Iterator[Gateway]:
+def _served(db: Database, native: FakeResponsesUpstream, journal: str, poll_seconds: float,
+            others: dict[str, str] | None = None) -> Iterator[Gateway]:
     with (
-        _gateway(db, native, journal, poll_seconds) as server,
+        _gateway(db, native, journal, poll_seconds, others or {}) as server,
         httpx.Client(base_url=server.url, headers={"authorization": f"Bearer {ADMIN_KEY}"}, timeout=20) as admin,
     ):
         yield Gateway(server.url, admin)

@@ -3,7 +3,8 @@ answering with fields and events the gateway does not model (a reasoning item, a
 reasoning-summary event), echoing the last user text, and recording every body it received;
 ``answer_headers`` go in the head of every answer. A ``background: true`` request is answered
 ``queued`` and held (``held``) until ``finish``; ``GET /v1/responses/{id}``, ``POST .../cancel``
-and ``DELETE`` reach a held one (any other id is a 404), each recorded in ``reached``."""
+and ``DELETE`` reach a held one (any other id is a 404), each recorded in ``reached`` (all answered
+``reach_failure``, when set)."""
 
 from __future__ import annotations
 
@@ -58,6 +59,7 @@ class FakeResponsesUpstream(EchoUpstream, OnLoopback):
         self.held: dict[str, dict[str, Any]] = {}  # background responses, as a GET answers them now
         self._finals: dict[str, dict[str, Any]] = {}  # what each becomes when finished
         self.reached: list[tuple[str, str]] = []  # (method, path) of every request for a held response
+        self.reach_failure: int | None = None  # when set, the HTTP status every such request is answered with
 
     def finish(self, response_id: str) -> None:
         """The background response ``response_id`` is completed (with ``USAGE``)."""
@@ -124,6 +126,8 @@ class FakeResponsesUpstream(EchoUpstream, OnLoopback):
         self.reached.append((ex.method, ex.path))
         response_id, _, action = ex.path.split("/responses/", 1)[1].partition("/")
         held = self.held.get(response_id)
+        if self.reach_failure is not None:
+            return await send_json(ex, self.reach_failure, {"error": {"type": "server_error", "message": "down"}})
         if held is None:
             return await send_json(ex, 404, {"error": {"type": "invalid_request_error", "code": "not_found",
                                                        "message": f"No response with id '{response_id}' found."}})
