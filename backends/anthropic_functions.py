@@ -59,7 +59,8 @@ def as_tools(request: ChatCompletionRequest) -> ChatCompletionRequest:
         if functions is None or request.tool_choice not in (UNSET, None):
             raise BadRequest("function_call goes only with functions, and not with tool_choice",
                              param="function_call")
-        out.tool_choice = _tool_choice(choice)
+        out.tool_choice = _tool_choice(choice, {tool.function.name for tool in out.tools or []
+                                                if tool.function is not UNSET})
     return out
 
 
@@ -70,10 +71,13 @@ def _tools(functions: Any) -> list[Tool]:
         raise BadRequest(f"invalid functions: {exc}", param="functions") from None
 
 
-def _tool_choice(choice: Any) -> str | dict[str, Any]:
+def _tool_choice(choice: Any, offered: set[str]) -> str | dict[str, Any]:
     if choice in ("none", "auto"):
         return str(choice)
     if isinstance(choice, dict) and isinstance(name := choice.get("name"), str) and name:
+        if name not in offered:  # named as the client sent it, not as the tool_choice it becomes
+            raise BadRequest(f"function_call names {name!r}, which is not among the functions",
+                             param="function_call")
         return {"type": "function", "function": {"name": name}}
     raise BadRequest("function_call must be 'none', 'auto' or {\"name\": ...}", param="function_call")
 

@@ -242,6 +242,8 @@ def to_messages_request(request: ChatCompletionRequest, model: str, *, stream: b
         body["top_p"] = request.top_p  # models refuse any top_p beside a temperature
     if isinstance(request.top_k, int) and request.top_k > 0:
         body["top_k"] = request.top_k
+    if (count := len(request.stop_list())) > MAX_STOPS:  # the chat and completions contract, not Anthropic's
+        raise BadRequest(f"stop may hold at most {MAX_STOPS} sequences, not {count}", param="stop")
     if stops := [s for s in request.stop_list() if s]:  # an empty one stops nowhere (Anthropic refuses it)
         if blank := [s for s in stops if not s.strip()]:
             raise BadRequest(f"the anthropic provider takes no stop sequence of whitespace only ({blank[0]!r})",
@@ -284,6 +286,7 @@ def _end_user(request: ChatCompletionRequest, dropped: Collection[str]) -> str |
     return None
 
 
+MAX_STOPS = 4  # OpenAI's limit on stop, which this translation answers for itself (Anthropic takes more)
 # reasoning_effort -> an extended-thinking budget (Anthropic's minimum is 1024 tokens)
 THINKING_BUDGETS = {"minimal": 1024, "low": 1024, "medium": 4096, "high": 16384}
 MIN_THINKING_BUDGET = 1024  # Anthropic's smallest budget_tokens

@@ -168,7 +168,8 @@ def test_a_top_p_of_one_is_left_out_so_temperature_can_go_with_it() -> None:
 
 
 @pytest.mark.parametrize(("fields", "param"), [({"n": 2}, "n"), ({"logprobs": True}, "logprobs"),
-                                               ({"seed": 7}, "seed"), ({"temperature": 1.5}, "temperature")])
+                                               ({"seed": 7}, "seed"), ({"temperature": 1.5}, "temperature"),
+                                               ({"stop": ["a", "b", "c", "d", "e"]}, "stop")])
 def test_what_anthropic_cannot_do_is_a_400_naming_it(client: openai.OpenAI, upstream: ScriptedAnthropic,
                                                      fields: dict[str, Any], param: str) -> None:
     with pytest.raises(openai.BadRequestError) as refused:

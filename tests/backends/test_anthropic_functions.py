@@ -76,6 +76,7 @@ def test_tools_keep_their_own_shape(claude_client: openai.OpenAI) -> None:
     (ASK, {"functions": [{"description": "no name"}]}, "functions"),
     (ASK, {"functions": FUNCTIONS, "function_call": "required"}, "function_call"),
     (ASK, {"function_call": "auto"}, "function_call"),
+    (ASK, {"functions": FUNCTIONS, "function_call": {"name": "other"}}, "function_call"),
     ([{"role": "user", "content": "x"}, {"role": "function", "name": "search", "content": "r"}], {}, "messages[1]"),
 ])
 def test_what_legacy_function_calling_cannot_mean_is_a_400_naming_it(
