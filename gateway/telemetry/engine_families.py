@@ -7,19 +7,24 @@ its own engine, and a worker that exited keeps counting with its last figures. T
 state (requests running and waiting, KV-cache usage, sequences by weight class) are the answering
 worker's own, read when scraped: an exited worker runs nothing, so its last figures must not count on,
 and a fraction of one engine's KV cache does not add up across engines.
+
+A config reload may replace a deployment's engine (its options changed: a new engine, its counters
+at zero, under the same id): the replaced engine keeps counting with its last figures read, as an
+exited worker's do, so the counters never go back.
 """
 
 from __future__ import annotations
 
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from prometheus_client.core import GaugeMetricFamily
 
-from gateway.telemetry.shared_metrics import Counts, Figures, Histogram, Labels
+from gateway.telemetry.shared_metrics import Counts, Figures, Histogram, Labels, merge
 
-Snapshots = Callable[[], list[tuple[str, Any]]]  # (deployment id, engine.MetricsSnapshot) of each local engine
+Engines = Callable[[], list[tuple[str, Any]]]  # (deployment id, its backend: an ``EngineBacked``) of each engine
 
 GAUGES = {
     "vllm:num_requests_running": ("Requests in the engine's running batch", "num_running"),
@@ -49,24 +54,36 @@ class EngineFigures:
     (never on the request path). A series' start is when this worker first read its engine;
     ``bounds``: each histogram's bucket bounds, as the engines report them (the same in every worker)."""
 
-    def __init__(self, snapshots: Snapshots) -> None:
-        self.snapshots = snapshots
+    def __init__(self, engines: Engines) -> None:
+        self.engines = engines
         self.bounds: dict[str, tuple[float, ...]] = {}
         self._created: dict[str, float] = {}
+        self._read: dict[int, tuple[weakref.ref[Any], Figures]] = {}  # by id(backend): its engine's last figures
+        self._replaced = Figures({}, {})  # the engines no longer served (a reload replaced or removed them)
 
     def figures(self) -> Figures:
+        read: dict[int, tuple[weakref.ref[Any], Figures]] = {}
+        for dep, backend in self.engines():
+            read[id(backend)] = (weakref.ref(backend), self._one(dep, backend.engine_metrics()))
+        gone = [f for key, (ref, f) in self._read.items() if key not in read or ref() is not read[key][0]()]
+        if gone:
+            self._replaced = merge([self._replaced, *gone])
+        self._read = read
+        return merge([self._replaced, *(f for _, f in read.values())])
+
+    def _one(self, dep: str, snap: Any) -> Figures:
+        """One engine's figures from its ``engine.MetricsSnapshot``."""
         counters: dict[str, Counts] = {name: {} for name in (*COUNTERS, SCHEDULED)}
         histograms: dict[str, dict[Labels, Histogram]] = {name: {} for name in HISTOGRAMS}
-        for dep, snap in self.snapshots():
-            created = self._created.setdefault(dep, time.time())
-            for name, (_, attr) in COUNTERS.items():
-                counters[name][(dep,)] = [float(getattr(snap, attr)), created]
-            for name, (_, attr) in HISTOGRAMS.items():
-                h = getattr(snap, attr)
-                self.bounds[name] = h.buckets
-                histograms[name][(dep,)] = Histogram(list(h.counts), h.sum, created)
-            for cls, fig in snap.weight_classes.items():
-                counters[SCHEDULED][(dep, cls)] = [float(fig.tokens_scheduled), created]
+        created = self._created.setdefault(dep, time.time())
+        for name, (_, attr) in COUNTERS.items():
+            counters[name][(dep,)] = [float(getattr(snap, attr)), created]
+        for name, (_, attr) in HISTOGRAMS.items():
+            h = getattr(snap, attr)
+            self.bounds[name] = h.buckets
+            histograms[name][(dep,)] = Histogram(list(h.counts), h.sum, created)
+        for cls, fig in snap.weight_classes.items():
+            counters[SCHEDULED][(dep, cls)] = [float(fig.tokens_scheduled), created]
         return Figures(counters, histograms)
 
 

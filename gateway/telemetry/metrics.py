@@ -104,7 +104,8 @@ class GatewayMetrics:
             _count(self._quota_rejections, (model,), 1)
         if r.deployment is None:  # never reached a provider: no latency or tokens to speak of
             return
-        if r.stream and (outcome := r.extra.get("outcome")) is not None:
+        # begun: a 200 (a client that left before the answer began is a 499 with an outcome too)
+        if r.stream and r.status == 200 and (outcome := r.extra.get("outcome")) is not None:
             _count(self._streams, (model, endpoint, outcome), 1)
         key = (model, endpoint)
         if r.latency_ms is not None:
@@ -128,7 +129,7 @@ class GatewayMetrics:
 
     def watch_engines(self, router: Router) -> None:
         """Count the router's local engines' ``vllm:*`` counters and histograms in with this worker's."""
-        self.engines.snapshots = lambda: engine_snapshots(router)
+        self.engines.engines = lambda: engine_backends(router)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
@@ -272,6 +273,13 @@ class StateCollector(Collector):
 def _unique(router: Router) -> list[Any]:
     """Each deployment once (a deployment may serve several groups)."""
     return list({d.id: d for d in router.deployments()}.values())
+
+
+def engine_backends(router: Router) -> list[tuple[str, Any]]:
+    """Each local engine's backend, by deployment id: every engine, two under one id included (the
+    same unnamed local model in two groups), whose counters add up."""
+    backends = {id(d.backend): (d.id, d.backend) for d in router.deployments() if isinstance(d.backend, EngineBacked)}
+    return list(backends.values())
 
 
 def engine_snapshots(router: Router) -> list[tuple[str, Any]]:

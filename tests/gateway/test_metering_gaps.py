@@ -225,6 +225,24 @@ def test_tool_calls_and_reasoning_an_upstream_reports_no_usage_for_are_estimated
     assert record.completion_tokens >= estimate_text("think it over") + estimate_text(ARGUMENTS)
 
 
+def test_a_chunk_opening_several_choices_with_no_text_generated_nothing(env: Env, upstream: FakeUpstream) -> None:
+    """n=2: a first chunk naming both choices' role, their content empty, is no token (it was estimated
+    as one, the two empty texts joined by a space, and taken as the first token for the TTFT)."""
+    def chunk(*deltas: dict[str, Any], finish: str | None = None) -> bytes:
+        choices = [{"index": i, "delta": d, "finish_reason": finish} for i, d in enumerate(deltas)]
+        event = {"id": "x", "object": "chat.completion.chunk", "created": 0, "model": "m", "choices": choices}
+        return b"data: " + json.dumps(event).encode() + b"\n\n"
+
+    opening = {"role": "assistant", "content": ""}
+    answer = {"content": ANSWER}
+    body = chunk(opening, opening) + chunk(answer, answer, finish="stop") + b"data: [DONE]\n\n"
+    upstream.fail_next(Fault(status=200, body=body, headers=SSE))
+    list(env.client().chat.completions.create(model="echo", messages=[{"role": "user", "content": PROMPT}], n=2,
+                                              stream=True))
+    record = env.record()
+    assert not record.exact and record.completion_tokens == estimate_text(f"{ANSWER} {ANSWER}")
+
+
 @pytest.mark.parametrize("fault", [Fault(error_after_chunks=3), Fault(end_after_chunks=3)], ids=["error", "cut"])
 @pytest.mark.parametrize("chat", [True, False], ids=["chat", "completions"])
 def test_a_stream_that_fails_mid_way_counts_the_chunks_it_relayed(

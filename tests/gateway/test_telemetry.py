@@ -248,6 +248,22 @@ def test_streams_are_counted_by_how_they_ended(env: Env, upstream: FakeUpstream)
     assert delta(after, before, "switchyard_requests_total", **labels, status="200") == 3
 
 
+def test_a_stream_whose_client_left_before_it_began_is_a_499_not_a_stream(env: Env, upstream: FakeUpstream) -> None:
+    """``switchyard_streams_total`` counts streams begun (each a 200): one whose client left before the
+    answer began is a 499 in ``switchyard_requests_total`` only (it was counted as a stream too)."""
+    before = env.scrape()
+    env.usage.records.clear()
+    upstream.fail_next(Fault(delay=2))
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(env.url + "/v1/chat/completions", json={"model": "echo", "messages": MESSAGES, "stream": True},
+                   headers={"authorization": f"Bearer {KEY}"}, timeout=0.5)
+    env.usage.wait_for(1)
+    after = env.scrape()
+    labels = dict(model="echo", endpoint="chat.completions")
+    assert delta(after, before, "switchyard_requests_total", **labels, status="499") == 1
+    assert delta(after, before, "switchyard_streams_total", **labels, outcome="client_disconnected") == 0
+
+
 def test_a_client_that_leaves_before_the_answer_is_499_not_a_server_error(env: Env, upstream: FakeUpstream,
                                                                           caplog: pytest.LogCaptureFixture) -> None:
     env.spans.clear()
