@@ -12,16 +12,9 @@ import openai
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from backends.factory import build_backend
 from engine.tiny_model import build_tiny_model
-from gateway.app import create_app
-from gateway.contracts import Principal
-from gateway.routing.router import Router
-from gateway.services import Services
-from gateway.settings import load_settings
 from tests.conftest import ADMIN_KEY
-from tests.support.doubles import RecordingSink, ScriptedAdmission, StaticKeys
-from tests.support.servers import ServerThread
+from tests.support.reload_gateway import reloadable_gateway
 
 COUNTED = ("vllm:prompt_tokens_total", "vllm:generation_tokens_total", "vllm:e2e_request_latency_seconds_count")
 
@@ -42,12 +35,7 @@ def test_engine_counters_count_on_across_a_reload_that_replaces_the_engine(tmp_p
     folder = build_tiny_model(tmp_path / "tiny", seed=3, max_position_embeddings=256)
     path = tmp_path / "gw.yaml"
     path.write_text(yaml.safe_dump(_config(folder, 32)))
-    settings = load_settings(path, env={})
-    keys = StaticKeys({ADMIN_KEY: Principal(key_id="admin", tenant_id=None, is_admin=True),
-                       "sk-user": Principal(key_id="user", tenant_id="t")})
-    services = Services(authenticator=keys, admission=ScriptedAdmission(), usage=RecordingSink(),
-                        router=Router.from_settings(settings, build_backend))
-    with ServerThread(create_app(settings, services, config_path=path)) as server:
+    with reloadable_gateway(path) as server:
         client = openai.OpenAI(base_url=server.url + "/v1", api_key="sk-user", max_retries=0)
 
         def chat() -> None:

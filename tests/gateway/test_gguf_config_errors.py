@@ -15,14 +15,8 @@ import pytest
 import yaml
 from gguf import GGUFWriter
 
-from backends.factory import build_backend
-from gateway.app import create_app
-from gateway.contracts import Principal
-from gateway.routing.router import Router
-from gateway.services import Services
-from gateway.settings import load_settings
 from tests.conftest import ADMIN_KEY
-from tests.support.doubles import RecordingSink, ScriptedAdmission, StaticKeys
+from tests.support.reload_gateway import reloadable_gateway
 from tests.support.servers import ServerThread, free_port
 
 ADMIN = {"authorization": f"Bearer {ADMIN_KEY}"}
@@ -53,11 +47,7 @@ REMOTE = {"name": "remote", "deployments": [{"provider": "openai", "model": "m",
 def gateway(tmp_path: Path) -> Iterator[tuple[ServerThread, Path]]:
     path = tmp_path / "config.yaml"
     path.write_text(_config([REMOTE]))
-    settings = load_settings(path, env={})
-    keys = StaticKeys({ADMIN_KEY: Principal(key_id="admin", tenant_id=None, is_admin=True)})
-    services = Services(authenticator=keys, admission=ScriptedAdmission(), usage=RecordingSink(),
-                        router=Router.from_settings(settings, build_backend))
-    with ServerThread(create_app(settings, services, config_path=path)) as server:
+    with reloadable_gateway(path) as server:
         yield server, path
 
 

@@ -14,16 +14,11 @@ import httpx
 import pytest
 import yaml
 
-from backends.factory import build_backend
-from gateway.app import create_app
-from gateway.contracts import Principal
 from gateway.reload import Reloader
-from gateway.routing.router import Router
-from gateway.services import Services
 from gateway.settings import ConfigError, load_settings
 from tests.conftest import ADMIN_KEY
-from tests.support.doubles import RecordingSink, ScriptedAdmission, StaticKeys
 from tests.support.fake_upstream import FakeUpstream
+from tests.support.reload_gateway import reloadable_gateway
 from tests.support.servers import ServerThread
 
 ADMIN = {"authorization": f"Bearer {ADMIN_KEY}"}
@@ -40,12 +35,7 @@ def gateway(fake_upstream_server: FakeUpstream, tmp_path_factory: pytest.TempPat
             ) -> Iterator[tuple[ServerThread, Path]]:
     path = tmp_path_factory.mktemp("reload-config") / "gw.yaml"
     path.write_text(yaml.safe_dump(_config(fake_upstream_server.url)))
-    settings = load_settings(path, env={})
-    keys = StaticKeys({ADMIN_KEY: Principal(key_id="admin", tenant_id=None, is_admin=True),
-                       "sk-user": Principal(key_id="user", tenant_id="t")})
-    services = Services(authenticator=keys, admission=ScriptedAdmission(), usage=RecordingSink(),
-                        router=Router.from_settings(settings, build_backend))
-    with ServerThread(create_app(settings, services, config_path=path)) as server:
+    with reloadable_gateway(path) as server:
         yield server, path
 
 

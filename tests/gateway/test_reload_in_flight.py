@@ -13,14 +13,10 @@ import openai
 import pytest
 import yaml
 
-from backends.factory import build_backend
-from gateway.contracts import Principal
-from gateway.routing.router import Router
-from gateway.services import Services
-from gateway.settings import load_settings
 from tests.conftest import ADMIN_KEY
-from tests.support.doubles import RecordingSink, ScriptedAdmission, StaticKeys
+from tests.support.doubles import RecordingSink
 from tests.support.fake_upstream import FakeUpstream
+from tests.support.reload_gateway import reloadable_gateway
 from tests.support.servers import ServerThread
 
 WORDS = " ".join(f"w{i}" for i in range(20))
@@ -35,18 +31,12 @@ def _config(url: str, deployment: str, price: float) -> dict[str, Any]:
 
 @pytest.fixture
 def served(tmp_path: Path) -> Iterator[tuple[ServerThread, Path, FakeUpstream, RecordingSink]]:
-    from gateway.app import create_app
-
     upstream = FakeUpstream().start()
     path = tmp_path / "gw.yaml"
     path.write_text(yaml.safe_dump(_config(upstream.url, "old-dep", OLD)))
-    settings = load_settings(path, env={})
     usage = RecordingSink()
-    keys = StaticKeys({ADMIN_KEY: Principal(key_id="admin", tenant_id=None, is_admin=True)})
-    services = Services(authenticator=keys, admission=ScriptedAdmission(), usage=usage,
-                        router=Router.from_settings(settings, build_backend))
     try:
-        with ServerThread(create_app(settings, services, config_path=path)) as server:
+        with reloadable_gateway(path, usage) as server:
             yield server, path, upstream, usage
     finally:
         upstream.stop()

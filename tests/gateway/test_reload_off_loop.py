@@ -21,15 +21,9 @@ from backends.config import DeploymentConfig
 from backends.factory import build_backend
 from backends.providers import PROVIDERS
 from engine.tiny_model import build_tiny_model
-from gateway.app import create_app
-from gateway.contracts import Principal
-from gateway.routing.router import Router
-from gateway.services import Services
-from gateway.settings import load_settings
 from tests.conftest import ADMIN_KEY
-from tests.support.doubles import RecordingSink, ScriptedAdmission, StaticKeys
 from tests.support.fake_upstream import FakeUpstream
-from tests.support.servers import ServerThread
+from tests.support.reload_gateway import reloadable_gateway
 
 HELD = "held-local"  # a provider: the local engine, its build held until the test lets it finish
 building = threading.Event()  # a held build has begun
@@ -60,13 +54,8 @@ def gateway(fake_upstream_server: FakeUpstream, tmp_path: Path, monkeypatch: pyt
     config = {"auth": {"admin_key": ADMIN_KEY}, "models": [{"name": "echo", "deployments": [echo]}]}
     path = tmp_path / "gw.yaml"
     path.write_text(yaml.safe_dump(config))
-    settings = load_settings(path, env={})
-    keys = StaticKeys({ADMIN_KEY: Principal(key_id="admin", tenant_id=None, is_admin=True),
-                       "sk-user": Principal(key_id="user", tenant_id="t")})
-    services = Services(authenticator=keys, admission=ScriptedAdmission(), usage=RecordingSink(),
-                        router=Router.from_settings(settings, build_backend))
     try:
-        with ServerThread(create_app(settings, services, config_path=path)) as server:
+        with reloadable_gateway(path) as server:
             yield server.url, path, config
     finally:
         release.set()  # never leave a build waiting

@@ -13,15 +13,9 @@ import httpx
 import pytest
 import yaml
 
-from backends.factory import build_backend
-from gateway.app import create_app
-from gateway.contracts import Principal
-from gateway.routing.router import Router
-from gateway.services import Services
-from gateway.settings import load_settings
 from tests.conftest import ADMIN_KEY
-from tests.support.doubles import RecordingSink, ScriptedAdmission, StaticKeys
 from tests.support.fake_upstream import FakeUpstream
+from tests.support.reload_gateway import reloadable_gateway
 from tests.support.servers import ServerThread
 
 ADMIN = {"authorization": f"Bearer {ADMIN_KEY}"}
@@ -36,11 +30,7 @@ def _config(upstream: str, **sections: Any) -> dict[str, Any]:
 def gateway(fake_upstream_server: FakeUpstream, tmp_path: Path) -> Iterator[tuple[ServerThread, Path]]:
     path = tmp_path / "gw.yaml"
     path.write_text(yaml.safe_dump(_config(fake_upstream_server.url)))
-    settings = load_settings(path, env={})
-    keys = StaticKeys({ADMIN_KEY: Principal(key_id="admin", tenant_id=None, is_admin=True)})
-    services = Services(authenticator=keys, admission=ScriptedAdmission(), usage=RecordingSink(),
-                        router=Router.from_settings(settings, build_backend))
-    with ServerThread(create_app(settings, services, config_path=path)) as server:
+    with reloadable_gateway(path) as server:
         yield server, path
 
 
