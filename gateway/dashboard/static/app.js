@@ -7,7 +7,8 @@
   const $ = (id) => document.getElementById(id);
   const TZ = Intl.DateTimeFormat().resolvedOptions().timeZone || "UTC";
   const COLORS = ["#2563eb", "#dc2626", "#16a34a", "#9333ea", "#ea580c", "#0891b2", "#4d7c0f", "#be185d"];
-  const state = { me: null, tenant: null, charts: {}, view: "usage", cursor: null, names: {}, shown: 0, tz: TZ };
+  const state = { me: null, tenant: null, charts: {}, view: "usage", cursor: null, search: null, names: {}, shown: 0,
+    tz: TZ };
   window.__sy = state; // for the browser tests: the charts' scales and data
 
   // An answer that is not the API's JSON (a proxy's HTML error page, a cut connection) is said as
@@ -230,14 +231,18 @@
     return q;
   }
 
+  // "Older requests" pages on with the filters of the search shown (state.search), not with a box
+  // edited since: those apply from their first page when Search is pressed.
   async function loadRequests(more, ticket = state.shown) {
-    const q = logParams();
-    const csv = new URLSearchParams(q);
+    const filters = more && state.search ? state.search : logParams();
+    const csv = new URLSearchParams(filters);
     csv.set("table", "requests");
     $("csv-requests").href = "/dashboard/api/export.csv?" + csv;
+    const q = new URLSearchParams(filters);
     if (more && state.cursor) q.set("before", state.cursor);
     const page = await api("requests?" + q);
     if (stale(ticket)) return;
+    state.search = filters;
     Object.assign(state.names, page.key_names);
     if (more) appendRows($("requests"), LOG_COLUMNS, page.data, detail);
     else { table($("requests"), LOG_COLUMNS, page.data, detail); $("detail").hidden = true; }
