@@ -12,14 +12,18 @@ from msgspec import UNSET, Meta, UnsetType
 
 from backends.openai_wire import WireStruct
 
+# The most ``dimensions`` a client may ask for: above any model's width (today's widest are 4096 to
+# 12288), so a typo or an absurd value (0, negative, 10**23) is a 400 here, never relayed upstream.
+MAX_EMBEDDING_DIMENSIONS = 65536
+
 EmbeddingInput = str | Annotated[list[str | int | list[int]], Meta(min_length=1)]
 
 
 class EmbeddingRequest(WireStruct, kw_only=True, dict=True):  # dict: the client's fields kept for pass-through
     model: str
     input: EmbeddingInput
-    encoding_format: Literal["float", "base64"] | UnsetType = UNSET
-    dimensions: Annotated[int, Meta(ge=1)] | None | UnsetType = UNSET  # null: not set (as vLLM takes it)
+    encoding_format: Literal["float", "base64"] | None | UnsetType = UNSET  # null: not set (float), as OpenAI
+    dimensions: Annotated[int, Meta(ge=1, le=MAX_EMBEDDING_DIMENSIONS)] | None | UnsetType = UNSET  # null: not set
     user: str | None | UnsetType = UNSET
 
     def inputs(self) -> list[str] | list[list[int]]:

@@ -301,7 +301,7 @@ class ChatCompletionRequest(SamplingFields, kw_only=True):
 
 
 class CompletionRequest(SamplingFields, kw_only=True):
-    prompt: str | Annotated[list[str | int | list[int]], Meta(min_length=1)]
+    prompt: str | Annotated[list[str | int | Annotated[list[int], Meta(min_length=1)]], Meta(min_length=1)]
     echo: bool | None | UnsetType = UNSET
     logprobs: TopLogprobs | None | UnsetType = UNSET
     suffix: str | None | UnsetType = UNSET

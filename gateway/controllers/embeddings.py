@@ -7,11 +7,13 @@ from typing import Any
 
 from litestar import Controller, Request, Response
 from litestar.openapi.datastructures import ResponseSpec
+from msgspec import UNSET
 
 from backends.base import Backend, ChunkStream, Completed
 from backends.call import CallContext
 from backends.embeddings_wire import EmbeddingList, EmbeddingRequest
 from backends.estimate import bound_embedding_input, estimate_embedding_input
+from backends.openai_wire import raw_fields
 from gateway.calls import CallDescription
 from gateway.contracts import Principal
 from gateway.controllers.auth import authenticate_request, pipeline_of, principal_of
@@ -25,6 +27,10 @@ def describe_embeddings(principal: Principal, body: EmbeddingRequest) -> CallDes
         inputs = body.inputs()
     except ValueError as exc:
         raise ApiError(400, str(exc), param="input") from None
+    if body.encoding_format is None:  # null: the default (float), as OpenAI takes it; left out upstream,
+        body.encoding_format = UNSET  # where a null may be refused (vLLM's field is not nullable)
+        if (sent := raw_fields(body)) is not None:
+            sent.pop("encoding_format", None)
 
     def invoke(backend: Backend, ctx: CallContext) -> Awaitable[Completed[Any] | ChunkStream[Any]]:
         return backend.embed(body, ctx)
