@@ -79,7 +79,13 @@ def _serve(tmp_path: Path, upstream: FakeUpstream, trusted: list[str], workers: 
         yield f"http://127.0.0.1:{port}", lines
     finally:
         proc.terminate()
-        _, stderr = proc.communicate(timeout=30)
+        try:
+            _, stderr = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            # a supervisor hang after a SIGTERM just after start-up, seen once in about 30 CI runs and not
+            # reproduced (not this test's subject; noted in issue 23): a second SIGTERM ends the drain
+            proc.terminate()
+            _, stderr = proc.communicate(timeout=30)
         lines.extend(stderr.decode().splitlines())
 
 
