@@ -9,6 +9,11 @@ exits. A second SIGTERM (or a SIGINT) ends the drain at once: the listener close
 still open, and the streams still running are cut now (each with its last chunk, settled), so the
 process exits as soon as they are.
 
+A worker a rolling restart replaced (``RETIRE_SIGNAL``, from the supervisor) drains as on a SIGTERM,
+but closes its listener at once and stays ready: the host still serves, through its other workers
+and the one that replaced it, and a load balancer must not take it out. A SIGTERM to a retiring
+worker ends its drain at once, as a second one does.
+
 The state is the process's (``DRAIN``): a SIGTERM is addressed to the whole process.
 """
 
@@ -25,11 +30,13 @@ from typing import Any
 log = logging.getLogger("switchyard.drain")
 
 _CUT = object()  # what ``next_or_cut`` returns once the drain time is over
+RETIRE_SIGNAL = signal.SIGUSR2  # the supervisor's word to a worker that a rolling restart replaced
 
 
 class Drain:
     def __init__(self) -> None:
-        self.draining = False
+        self.draining = False  # the process is winding down: streams race the drain time
+        self.retiring = False  # ... because a rolling restart replaced it, not because the server stops
         self._cut: asyncio.Event | None = None
         self._stop: Callable[[], None] | None = None  # uvicorn's own SIGTERM handling, until called
         self._timers: tuple[asyncio.TimerHandle, ...] = ()
@@ -41,8 +48,9 @@ class Drain:
         return self._cut
 
     async def accepting(self) -> bool:
-        """A readiness check: False from the first SIGTERM on."""
-        return not self.draining
+        """A readiness check: False from the first SIGTERM on (not when a rolling restart retires
+        this worker)."""
+        return self.retiring or not self.draining
 
     def _begin(self, loop: asyncio.AbstractEventLoop, readiness_seconds: float, drain_seconds: float,
                stop: Callable[[], None]) -> None:
@@ -78,8 +86,8 @@ class Drain:
         return _CUT
 
     def install(self, readiness_seconds: float, drain_seconds: float) -> bool:
-        """Take SIGTERM (and SIGINT, while draining) before uvicorn does (call from the app's
-        start-up, in the main thread)."""
+        """Take SIGTERM (and SIGINT, while draining) before uvicorn does, and ``RETIRE_SIGNAL``
+        (call from the app's start-up, in the main thread)."""
         if threading.current_thread() is not threading.main_thread():
             return False
         loop = asyncio.get_running_loop()
@@ -89,8 +97,9 @@ class Drain:
             return False
 
         def on_sigterm(signum: int, frame: FrameType | None) -> None:
-            if self.draining:  # a second SIGTERM: no more waiting
-                log.info("second SIGTERM: closing the listener and cutting streams now")
+            if self.draining:  # a second SIGTERM (or one to a retiring worker): no more waiting
+                log.info("%s: closing the listener and cutting streams now",
+                         "SIGTERM while retiring" if self.retiring else "second SIGTERM")
                 loop.call_soon_threadsafe(self._end_now)
                 return
             self.draining = True
@@ -98,6 +107,15 @@ class Drain:
                      readiness_seconds, drain_seconds)
             loop.call_soon_threadsafe(self._begin, loop, readiness_seconds, drain_seconds,
                                       lambda: previous(signum, frame))
+
+        def on_retire(signum: int, frame: FrameType | None) -> None:
+            if self.draining:
+                return
+            self.draining = self.retiring = True
+            log.info("retired by a rolling restart: closing the listener now, cutting streams in %.1f s",
+                     drain_seconds)
+            loop.call_soon_threadsafe(self._begin, loop, 0.0, drain_seconds,
+                                      lambda: previous(signal.SIGTERM, frame))
 
         def on_sigint(signum: int, frame: FrameType | None) -> None:
             """Ctrl-C: uvicorn's own handling, except during a drain, where it is a second SIGTERM."""
@@ -107,6 +125,7 @@ class Drain:
                 previous_int(signum, frame)  # type: ignore[misc,operator]  # callable when installed
 
         signal.signal(signal.SIGTERM, on_sigterm)
+        signal.signal(RETIRE_SIGNAL, on_retire)
         if callable(previous_int):
             signal.signal(signal.SIGINT, on_sigint)
         return True

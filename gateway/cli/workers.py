@@ -6,8 +6,10 @@ model file that cannot load, a database gone at start) fails again, and the supe
 serving nothing. Here a worker that exits before it finished start-up ends the supervisor, with the
 worker's error in one line, when no other worker is serving or when its slot failed that way
 ``MAX_STARTUP_FAILURES`` times in a row. A worker that dies after start-up is restarted, and a
-rolling restart (SIGHUP) keeps the old worker when a new one fails, as before; a SIGTERM or SIGINT
-during it stops it there, and every worker, old and new, drains at once.
+rolling restart (SIGHUP) keeps the old worker when a new one fails, as before; an old worker it
+replaced is retired (``gateway.drain.RETIRE_SIGNAL``: it drains while ``/readyz`` stays ready, as
+the host serves on); a SIGTERM or SIGINT during it stops it there, and every worker, old and new,
+drains at once.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import msgspec
 from uvicorn.config import STARTUP_FAILURE, Config
 from uvicorn.supervisors.multiprocess import Multiprocess, Process
 
+from gateway.drain import RETIRE_SIGNAL
 from gateway.settings import ConfigError, load_settings
 from gateway.telemetry.shared_metrics import METRICS_DIR_ENV, retire_exited
 
@@ -188,13 +191,26 @@ class Supervisor(Multiprocess):
                     log.error("New child process [%s] was not ready in time; keeping worker [%s] and aborting "
                               "the restart.", new.pid, old.pid)
                 return
-            old.terminate()
+            self._retire(old)
             self.processes[idx] = new
             self._retiring.append(old)
             while old.exitcode is None and not self._stop_requested():
                 old.process.join(0.2)
             if old.exitcode is not None:
                 self._retiring.remove(old)
+
+    @staticmethod
+    def _retire(old: Process) -> None:
+        """Tell an old worker its replacement serves: it closes its listener at once and drains,
+        staying ready (the host serves on). One that never said its app started has no handler
+        for that yet, and gets a SIGTERM."""
+        if not (isinstance(old, Worker) and old.said_started()) or old.exitcode is not None:
+            old.terminate()
+            return
+        os.kill(old.pid, RETIRE_SIGNAL)  # type: ignore[arg-type]  # started
+        log.info("Retired child process [%s]", old.pid)
+        old.parent_conn.close()
+        old.child_conn.close()
 
     def _wait_until_ready(self, process: Process) -> bool:
         deadline = time.monotonic() + self.config.timeout_worker_healthcheck

@@ -50,11 +50,11 @@ def _finish(lines: list[str]) -> str:
 
 
 async def _gateway(upstream: FakeUpstream, redis_server: RedisProcess, tmp_path: Path, words: int,
-                   drain: float) -> tuple[Any, str, Path]:
+                   drain: float, readiness: float = 0.0) -> tuple[Any, str, Path]:
     await asyncio.to_thread(migrate.upgrade, f"sqlite+aiosqlite:///{tmp_path / 'usage.db'}")
     upstream.options.output_words, upstream.options.chunk_delay = words, 0.1
     config = _config(tmp_path, upstream, redis_server.url)
-    config["server"] = {"drain_seconds": drain}
+    config["server"] = {"drain_seconds": drain, "drain_readiness_seconds": readiness}
     proc, url, log = start_serve(config, tmp_path, "--workers", "2")
     await _until(lambda: len(worker_pids(proc.pid)) == 2, 60)
     return proc, url, log
@@ -110,7 +110,9 @@ async def test_a_sigkilled_workers_streams_are_settled_once_by_its_replacement(
 async def test_sighup_lets_the_old_workers_finish_their_streams_and_readyz_stays_ready(
     upstream: FakeUpstream, redis_server: RedisProcess, tmp_path: Path
 ) -> None:
-    proc, url, log = await _gateway(upstream, redis_server, tmp_path, words=60, drain=60)  # streams of ~6 s
+    """An old worker the restart replaced closes its listener at once and stays ready: with a
+    readiness period (behind a load balancer) it used to go on taking connections, answering 503."""
+    proc, url, log = await _gateway(upstream, redis_server, tmp_path, words=60, drain=60, readiness=3)  # streams ~6 s
     try:
         tid, key = _tenant(url, max_concurrency=10, token_budget=1_000_000, budget_period="total")
         first = worker_pids(proc.pid)
