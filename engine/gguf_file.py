@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, dequantize
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, TokenType, dequantize
 from transformers import PretrainedConfig
 
 from engine.gguf_header import GGUFHeader, TensorInfo, read_header
@@ -54,6 +54,10 @@ _LAYER_NAMES = {
     "ffn_down.weight": "mlp.down_proj.weight",
 }
 _END_KEYS = ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id")
+# token texts llama.cpp's llama-vocab.cpp ends generation on besides the metadata's EOS/EOT/EOM ids
+_END_MARKERS = frozenset({"<|eot_id|>", "<|eom_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>",
+                          "<EOT>", "<|end_of_text|>", "<｜end▁of▁sentence｜>"})
+_ADDED_TYPES = {TokenType.CONTROL, TokenType.USER_DEFINED}  # whole added tokens, not plain-text pieces
 _GLOBAL_NAMES = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
                  "output.weight": "lm_head.weight"}
 
@@ -204,9 +208,23 @@ def load_config(path: str | Path) -> Any:
 def _eos_token_id(head: GGUFHeader) -> int | list[int] | None:
     """The ids that end generation, as a Hugging Face config lists them: EOS, and llama.cpp's end of
     turn and end of message (Llama 3's ``<|eot_id|>``, ``<|eom_id|>``), which a chat model writes at
-    the end of its answer while its EOS is ``<|end_of_text|>``."""
-    ids = list(dict.fromkeys(int(v) for key in _END_KEYS if (v := head.get(key)) is not None))
+    the end of its answer while its EOS is ``<|end_of_text|>``; then the vocabulary's end-of-turn
+    markers, which older conversions do not name (see ``_end_markers``)."""
+    named = [int(v) for key in _END_KEYS if (v := head.get(key)) is not None]
+    ids = list(dict.fromkeys(named + _end_markers(head)))
     return None if not ids else ids[0] if len(ids) == 1 else ids
+
+
+def _end_markers(head: GGUFHeader) -> list[int]:
+    """The ids of the tokens whose text is an end-of-turn marker (Qwen2's ``<|im_end|>`` beside its EOS
+    ``<|endoftext|>``, Gemma's ``<end_of_turn>``, Phi-3's ``<|end|>``, ...), as llama.cpp finds them:
+    only added tokens (control or user-defined) where the file gives token types, never a plain-text
+    piece that reads the same."""
+    tokens, types = head.get("tokenizer.ggml.tokens", ()), head.get("tokenizer.ggml.token_type")
+    ids = [i for i, text in enumerate(tokens) if text in _END_MARKERS]
+    if types is not None:
+        ids = [i for i in ids if i < len(types) and int(types[i]) in _ADDED_TYPES]
+    return ids
 
 
 def _rope_freq_factors(head: GGUFHeader) -> list[float]:

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFWriter, RopeScalingType
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFWriter, RopeScalingType, TokenType
 from gguf.quants import quantize
 from safetensors.torch import load_file
 
@@ -276,6 +276,77 @@ def test_the_end_of_turn_and_end_of_message_tokens_stop_generation(
     out = llm.generate([[5, 6, 7]], SamplingParams(max_tokens=5, temperature=0, logit_bias={eot: 100},
                                                    structured=more_or_end))
     assert out[0].outputs[0].text == "a" and out[0].outputs[0].token_ids[-1] == eot
+
+
+def _rename_tokens(renames: dict[str, str], normal: tuple[str, ...] = ()) -> Callable[[GGUFWriter], None]:
+    """A metadata edit: the tiny vocabulary with tokens renamed (ids kept), the ``normal`` ones (new
+    names) as plain-text tokens, every other special token a control token."""
+    def edit(writer: GGUFWriter) -> None:
+        tokens = [renames.get(t, t) for t in writer.kv_data[0]["tokenizer.ggml.tokens"].value]
+        types = writer.kv_data[0]["tokenizer.ggml.token_type"].value
+        _drop(writer, "tokenizer.ggml.tokens")
+        _drop(writer, "tokenizer.ggml.token_type")
+        writer.add_token_list(tokens)
+        writer.add_token_types([TokenType.NORMAL if t in normal else k for t, k in zip(tokens, types)])
+    return edit
+
+
+def test_an_end_of_turn_token_the_metadata_does_not_name_stops_generation(
+    folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An older llama.cpp conversion of Llama 3 names only ``<|end_of_text|>`` (no ``eot_token_id``):
+    its ``<|eot_id|>`` control token, which ends each chat turn, stops generation too, as llama.cpp
+    finds it by its text."""
+    tokenizer = Tokenizer(folder)
+    eos, eot = tokenizer.token_id("<|end_of_text|>"), tokenizer.token_id("<|eot_id|>")
+    assert eos is not None and eot is not None
+
+    def old_llama3(writer: GGUFWriter) -> None:
+        _drop(writer, "tokenizer.ggml.eos_token_id")
+        writer.add_eos_token_id(eos)
+
+    path = tmp_path / "llama3-old.gguf"
+    _write(folder, path, GGMLQuantizationType.F32, edit=old_llama3)
+    monkeypatch.setenv("SWITCHYARD_GGUF_CACHE", str(tmp_path))
+    assert gguf_file.load_config(path).eos_token_id == [eos, eot]
+    llm = LLM(str(path), max_model_len=64, num_kv_blocks=16)
+    out = llm.generate([[5, 6, 7]], SamplingParams(max_tokens=5, temperature=0, logit_bias={eot: 100}))
+    assert (out[0].outputs[0].token_ids, out[0].outputs[0].finish_reason) == ([eot], "stop")
+
+
+CHATML = {"<|end_of_text|>": "<|endoftext|>", "<|eot_id|>": "<|im_end|>", "<|start_header_id|>": "<|end|>"}
+
+
+@pytest.mark.parametrize(("eos_name", "want"), [("<|endoftext|>", ["<|endoftext|>", "<|im_end|>"]),
+                                                ("<|im_end|>", ["<|im_end|>", "<|endoftext|>"])])
+def test_chatml_end_markers_are_end_of_generation_when_they_are_control_tokens(
+    folder: Path, tmp_path: Path, eos_name: str, want: list[str]
+) -> None:
+    """A Qwen2-style ChatML file's EOS is ``<|endoftext|>`` while its turns end in ``<|im_end|>``;
+    both end generation, whichever the metadata names (first, and no id twice), while a plain-text
+    token that merely reads ``<|end|>`` does not."""
+    tokenizer = Tokenizer(folder)
+    ids = {new: tokenizer.token_id(old) for old, new in CHATML.items()}
+    eos = ids[eos_name]
+    assert eos is not None
+    chatml = _rename_tokens(CHATML, normal=("<|end|>",))
+
+    def edit(writer: GGUFWriter) -> None:
+        chatml(writer)
+        _drop(writer, "tokenizer.ggml.eos_token_id")
+        writer.add_eos_token_id(eos)
+
+    path = tmp_path / "chatml.gguf"
+    _write(folder, path, GGMLQuantizationType.F32, edit=edit)
+    assert gguf_file.load_config(path).eos_token_id == [ids[name] for name in want]
+
+
+def test_an_eos_that_is_the_only_end_marker_is_kept_alone(folder: Path, tmp_path: Path) -> None:
+    """A file whose EOS is its one end-of-turn marker keeps that single id."""
+    eot = Tokenizer(folder).token_id("<|eot_id|>")
+    path = tmp_path / "only-eot.gguf"
+    _write(folder, path, GGMLQuantizationType.F32, edit=_rename_tokens({"<|end_of_text|>": "<|text_end|>"}))
+    assert gguf_file.load_config(path).eos_token_id == eot
 
 
 def test_a_mixture_of_experts_written_as_llama_is_refused_up_front(folder: Path, tmp_path: Path) -> None:
