@@ -16,7 +16,7 @@ import time
 from typing import Any
 
 from backends.base import BackendError, ServesResponses, Unavailable
-from gateway.background import stop_task
+from gateway.background import Stopping
 from gateway.contracts import Principal
 from gateway.held_usage import meter_ended, meter_lost
 from gateway.pipeline import Pipeline
@@ -30,6 +30,7 @@ FOLLOW_BATCH = 16  # background responses the follower asks the upstreams about 
 SCAN_PAGE = 64  # rows the follower reads at a time, skipping those waiting out a backoff
 BACKOFF_FIRST = 60.0  # seconds before a response whose asking failed is asked again; doubled at each failure
 BACKOFF_MAX = 3600.0
+STOP_SECONDS = 5.0  # at shutdown, for the response being asked about to be done with
 GIVE_UP_AFTER = 24 * 3600.0  # seconds since it started after which one whose asking keeps failing is metered
 
 
@@ -88,17 +89,18 @@ class HeldFollower:
         self._failing: dict[str, tuple[int, float]] = {}  # id -> (failures in a row, monotonic time to ask again)
         self._round: set[str] = set()  # the ids seen since the pass that began at the first id
         self._task: asyncio.Task[None] | None = None
+        self._stopping = Stopping()
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="held-responses-follower")
 
     async def aclose(self) -> None:
+        """End after the pass under way (it claims and meters rows: not cut mid-statement)."""
         if self._task is not None:
-            await stop_task(self._task)
+            await self._stopping.stop(self._task, STOP_SECONDS)
 
     async def _run(self) -> None:
-        while True:
-            await asyncio.sleep(self._interval)
+        while not await self._stopping.pause(self._interval):
             try:
                 await self.follow()
             except Exception:  # the database is down: the next pass tries again
@@ -124,7 +126,7 @@ class HeldFollower:
                     continue
                 await self._follow_one(response_id, held)
                 asked += 1
-                if asked == FOLLOW_BATCH:
+                if asked == FOLLOW_BATCH or self._stopping.requested:
                     return
             if len(page) == SCAN_PAGE:
                 continue

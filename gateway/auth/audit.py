@@ -30,6 +30,7 @@ from typing import Any, Literal
 import msgspec
 from sqlalchemy import delete, insert, select
 
+from gateway.background import Stopping
 from gateway.contracts import Principal
 from gateway.db.engine import Database
 from gateway.db.errors import is_unavailable
@@ -73,6 +74,7 @@ class AuditLog:
         # (key id, client) -> when its use was last recorded, oldest first
         self._seen: dict[tuple[str, str], float] = {}
         self._task: asyncio.Task[None] | None = None
+        self._stopping = Stopping()
 
     def record(self, event: Event, *, client: str, surface: Surface, principal: Principal | None = None,
                key_prefix: str | None = None) -> None:
@@ -150,8 +152,7 @@ class AuditLog:
 
     async def _run(self) -> None:
         pruned = float("-inf")
-        while True:
-            await asyncio.sleep(self.flush_every)
+        while not await self._stopping.pause(self.flush_every):
             try:
                 await self.flush()
             except Exception as exc:
@@ -171,13 +172,15 @@ class AuditLog:
                     log.warning("old audit events not pruned yet (%s)", type(exc).__name__)
 
     async def aclose(self, timeout: float = 10.0) -> None:
-        """Stop the writer and write what is buffered, waiting at most ``timeout`` seconds for the
-        database (one that has gone silent must not hold the process's shutdown)."""
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+        """Stop the writer after its current step and write what is buffered, waiting at most
+        ``timeout`` seconds for the database in all (one that has gone silent must not hold the
+        process's shutdown); what it does not take waits in ``spill_dir`` for the next start."""
+        deadline = time.monotonic() + timeout
+        ended = self._task is None or await self._stopping.stop(self._task, timeout)
         try:
-            async with asyncio.timeout(timeout):
+            if not ended:
+                raise TimeoutError  # the writer was stuck in the database, which takes nothing now
+            async with asyncio.timeout(max(deadline - time.monotonic(), 0.0)):
                 await self.flush()
         except Exception as exc:
             try:
