@@ -230,24 +230,28 @@ def opening_delta(plan: ToolPlan | None, role: str, echo: str) -> ChatDelta:
 
 
 def forced_finish(plan: ToolPlan, text: str, finish: Any) -> Any:
-    """A forced call's wire finish reason: ``tool_calls`` when its output is whole, else the
+    """A forced call's wire finish reason once its output is whole: ``tool_calls`` for ``required``,
+    ``stop`` for a named function (as OpenAI and vLLM answer a call the request named); else the
     engine's (``length``, or ``stop`` where a stop string or stop token id cut the JSON short)."""
-    return "tool_calls" if finish == "stop" and plan.whole(text) else finish
+    if finish == "stop" and plan.whole(text):
+        return "stop" if plan.mode == "named" else "tool_calls"
+    return finish
 
 
 def message(plan: ToolPlan | None, text: str, finish: Any) -> tuple[AssistantMessage, Any]:
     """The assistant message for a finished output (``finish``: its wire finish reason), with its
-    tool calls parsed when it has any (then the finish reason is ``tool_calls``); a forced call cut
-    short (length limit, stop string) keeps that finish reason, has the calls it got whole (or,
-    named, cut) and no content."""
+    tool calls parsed when it has any (then the finish reason is ``tool_calls``, or ``stop`` for a
+    named function's: ``forced_finish``); a forced call cut short (length limit, stop string) keeps
+    that finish reason, has the calls it got whole (or, named, cut) and no content."""
     if plan is None or (finish == "length" and plan.mode == "auto"):
         return AssistantMessage(content=text), finish
-    if plan.mode != "auto" and forced_finish(plan, text, finish) != "tool_calls":
+    if plan.mode != "auto" and not (finish == "stop" and plan.whole(text)):
         return AssistantMessage(content=None, tool_calls=wire_calls(plan.cut_calls(text), plan.parser) or UNSET), finish
     content, calls = plan.parse(text)
     if not calls:
         return AssistantMessage(content=text), finish
-    return AssistantMessage(content=content, tool_calls=wire_calls(calls, plan.parser)), "tool_calls"
+    reason = forced_finish(plan, text, finish) if plan.mode != "auto" else "tool_calls"
+    return AssistantMessage(content=content, tool_calls=wire_calls(calls, plan.parser)), reason
 
 
 def final_deltas(plan: ToolPlan, index: int, text: str, finish: Any) -> list[ChatChunkChoice]:
