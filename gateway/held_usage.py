@@ -12,6 +12,10 @@ upstream's usage (its estimate where it reports none) at the current prices, and
 the key's and tenant's budgets (``Admission.charge``). One that can no longer be asked about (its
 deployment gone, its upstream forgot it, or asking kept failing too long) is metered so by the
 follower too (``meter_lost``), with the prompt estimate alone.
+
+One started with ``stream: true`` is metered by its stream when that reaches its last event; one whose
+stream ends before (the client gone, the drain, the upstream's connection broken) is held so too,
+its starting request settled at no tokens (``gateway.held_streams``).
 """
 
 from __future__ import annotations

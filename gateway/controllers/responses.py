@@ -37,6 +37,7 @@ from gateway.dialects.responses_request import (
 )
 from gateway.errors import ApiError
 from gateway.held_responses import CONTINUABLE, UNFINISHED, kept_output, reach
+from gateway.held_streams import OnCut, held_if_cut
 from gateway.held_usage import unsettled
 from gateway.services import Services
 from gateway.stored_responses import Kept, ResponseStore
@@ -119,13 +120,15 @@ async def _held_unmetered(answer: Awaitable[Completed[Any]], held: list[Meter]) 
 
 def _described_for_passthrough(principal: Principal, data: ResponsesRequest, context: list[dict[str, Any]] | None,
                                upstream_previous: str | None, inputs: list[dict[str, Any]],
-                               dialect: Dialect, served: list[str], held: list[Meter] | None) -> CallDescription:
+                               dialect: Dialect, served: list[str], held: list[Meter] | None,
+                               on_cut: OnCut | None) -> CallDescription:
     """A call whose deployments include one serving Responses itself: that one gets the request as
     sent (a kept conversation's items put before the input, in place of ``previous_response_id``,
     which then names ``upstream_previous``: where the kept conversation began from a response only
     the upstream holds), its deployment's id appended to ``served``; any other (a fallback) gets it
     translated to chat when it is tried. ``held``: the answer is stored, so a background one is
-    metered when it ends (``_held_unmetered``)."""
+    metered when it ends (``_held_unmetered``); streamed, ``on_cut`` stores one whose stream ends
+    before it does (``gateway.held_streams``)."""
     body = raw_request(data)
     if context is not None:
         body.pop("previous_response_id", None)
@@ -133,12 +136,14 @@ def _described_for_passthrough(principal: Principal, data: ResponsesRequest, con
             body["previous_response_id"] = upstream_previous
         body["input"] = [_for_upstream(item) for item in context + inputs if not _translated_reasoning(item)]
     stream = bool(data.stream)
+    cut = on_cut if body.get("background") is True else None
 
     def invoke(backend: Backend, ctx: CallContext) -> Awaitable[Completed[Any] | ChunkStream[Any]]:
         if isinstance(backend, ServesResponses) and backend.serves_responses():
             served.append(str(getattr(backend, "deployment_id", "")))
             if stream:
-                return backend.respond_stream(body, ctx)
+                opened = backend.respond_stream(body, ctx)
+                return opened if cut is None else held_if_cut(opened, cut)
             return backend.respond(body, ctx) if held is None else _held_unmetered(backend.respond(body, ctx), held)
         try:
             chat = _chat_request(data, context, upstream_previous)
@@ -212,26 +217,18 @@ class ResponsesController(Controller):
             "previous_response_id": previous, "store": store is not None,
             "instructions": data.instructions if isinstance(data.instructions, str) else None}
         finished: list[tuple[dict[str, Any], list[dict[str, Any]]]] = []  # the response, its output as kept
-        dialect = responses_dialect(extra, lambda final, output: finished.append((final, output)),
-                                    {"previous_response_id": previous} if kept_previous else {},
+        relayed_extra = {"previous_response_id": previous} if kept_previous else {}
+        dialect = responses_dialect(extra, lambda final, output: finished.append((final, output)), relayed_extra,
                                     encrypted=wants_encrypted_reasoning(data))
         served: list[str] = []  # the deployment serving Responses that was called (the last one answered)
         held_meters: list[Meter] = []  # a background answer's own meter (``_held_unmetered``)
-        if native:
-            call = _described_for_passthrough(principal, data, context if kept_previous else None, upstream_previous,
-                                              sent, dialect, served, held_meters if store is not None else None)
-        else:
-            call = describe_chat(principal, _chat_request(data, context, upstream_previous), endpoint="responses",
-                                 dialect=dialect)
-        try:
-            response = await pipeline.serve(call)
-        except ApiError as exc:  # a chat request's field named as this request names it
-            exc.param = responses_param(exc.param)
-            raise
-        if store is None:
-            return response
+        saved: bool | None = None  # whether ``save`` stored the response (once)
 
-        async def save() -> None:
+        async def save() -> bool:
+            """Store the response ``finished`` holds; True when it is held, its spend unsettled."""
+            nonlocal saved
+            if saved is not None or store is None:  # a cut stream's, stored, then its drained end passes by
+                return False
             final, output = finished[0]
             held = served[-1] if served and final.get("status") in UNFINISHED else None
             pending = None
@@ -248,6 +245,28 @@ class ResponsesController(Controller):
                 saved = False
             if pending is not None and not saved:
                 log.error("background response %s is not stored: its spend will not be metered", final.get("id"))
+            return pending is not None and saved
+
+        async def cut(response: dict[str, Any], prompt_estimate: int) -> bool:
+            """A background stream closed before its response ended: stored as it last stood."""
+            held_meters.append(Meter(prompt_tokens=prompt_estimate, exact=False))
+            finished.append((response | {"model": data.model} | relayed_extra, []))
+            return await save()
+
+        if native:
+            call = _described_for_passthrough(principal, data, context if kept_previous else None, upstream_previous,
+                                              sent, dialect, served, held_meters if store is not None else None,
+                                              cut if store is not None else None)
+        else:
+            call = describe_chat(principal, _chat_request(data, context, upstream_previous), endpoint="responses",
+                                 dialect=dialect)
+        try:
+            response = await pipeline.serve(call)
+        except ApiError as exc:  # a chat request's field named as this request names it
+            exc.param = responses_param(exc.param)
+            raise
+        if store is None:
+            return response
 
         if isinstance(response, Stream):
             response.iterator = _saved_before_last(response.iterator, finished, save)  # type: ignore[arg-type]

@@ -2,15 +2,19 @@
 answering with fields and events the gateway does not model (a reasoning item, a vendor field, a
 reasoning-summary event), echoing the last user text, and recording every body it received;
 ``answer_headers`` go in the head of every answer. A ``background: true`` request is answered
-``queued`` and held (``held``) until ``finish``; ``GET /v1/responses/{id}``, ``POST .../cancel``
+``queued`` and held (``held``) until ``finish`` (streamed, its stream waits before its last event
+until then, and that event tells it as it then stands); ``GET /v1/responses/{id}``, ``POST .../cancel``
 and ``DELETE`` reach a held one (any other id is a 404), each recorded in ``reached`` (all answered
 ``reach_failure``, when set)."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import itertools
 import json
+import time
+from collections.abc import Awaitable
 from typing import Any
 
 from backends.dev.echo_server import EchoOptions, EchoUpstream, Exchange, send_json
@@ -26,6 +30,7 @@ TOOL_CALLS: list[dict[str, Any]] = [
     {"type": "function_call", "id": "fc_1", "call_id": "call_1", "name": "f", "arguments": "{}",
      "status": "completed"},
 ]
+HOLD_SECONDS = 30.0  # the longest a held streamed background response waits for ``finish``
 USAGE = {"input_tokens": 7, "input_tokens_details": {"cached_tokens": 2}, "output_tokens": 3,
          "output_tokens_details": {"reasoning_tokens": 1}, "total_tokens": 10}
 
@@ -120,7 +125,21 @@ class FakeResponsesUpstream(EchoUpstream, OnLoopback):
               for i, item in enumerate(final["output"][2:], 2) for step in ("added", "done")),
             {"type": f"response.{final['status']}", "response": final},
         ]
+        if body.get("background"):  # held: the last event waits for ``finish``
+            self._finals[final["id"]] = final
+            self.held[final["id"]] = start
+            return await send_events(ex, events[:-1], last=self._ended(final["id"]))
         await send_events(ex, events)
+
+    async def _ended(self, response_id: str) -> dict[str, Any] | None:
+        """The last event of held ``response_id``'s stream, once it is no longer running; None (the
+        stream ends without it) after ``HOLD_SECONDS``."""
+        deadline = time.monotonic() + HOLD_SECONDS
+        while (held := self.held.get(response_id, {})).get("status") in ("queued", "in_progress"):
+            if time.monotonic() > deadline:
+                return None
+            await asyncio.sleep(0.02)
+        return {"type": f"response.{held.get('status')}", "response": held}
 
     async def _reach(self, ex: Exchange) -> None:
         self.reached.append((ex.method, ex.path))
@@ -150,15 +169,23 @@ class FakeResponsesUpstream(EchoUpstream, OnLoopback):
         await ex.send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
-async def send_events(ex: Exchange, events: list[dict[str, Any]]) -> None:
-    """A 200 event stream of ``events``, each named by its type and numbered in order."""
+async def send_events(ex: Exchange, events: list[dict[str, Any]],
+                      last: Awaitable[dict[str, Any] | None] | None = None) -> None:
+    """A 200 event stream of ``events``, each named by its type and numbered in order, then the
+    one ``last`` gives, if any."""
     await ex.send({"type": "http.response.start", "status": 200,
                    "headers": [(b"content-type", b"text/event-stream")]})
     for seq, event in enumerate(events):
-        data = json.dumps(event | {"sequence_number": seq})
-        await ex.send({"type": "http.response.body", "more_body": True,
-                       "body": f"event: {event['type']}\ndata: {data}\n\n".encode()})
+        await _send_event(ex, event, seq)
+    if last is not None and (ending := await last) is not None:
+        await _send_event(ex, ending, len(events))
     await ex.send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+async def _send_event(ex: Exchange, event: dict[str, Any], seq: int) -> None:
+    data = json.dumps(event | {"sequence_number": seq})
+    await ex.send({"type": "http.response.body", "more_body": True,
+                   "body": f"event: {event['type']}\ndata: {data}\n\n".encode()})
 
 
 FAIL_PART_WAY = "fail part-way"  # a streamed input the upstream below fails after a few events
