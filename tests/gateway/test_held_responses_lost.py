@@ -83,7 +83,8 @@ def test_a_response_whose_deployment_a_reload_removed_is_metered_once_as_lost(
         path.write_text(yaml.safe_dump(_config(native, db, tmp_path / "journal", gone=True)))
         admin.post("/admin/v1/reload").raise_for_status()
         started, ended = _metered(db, tenant)
-        assert native.reached == [] and queued.status == "queued"  # the upstream was never asked
+        # the follower (every 0.2 s) may have asked the upstream before the reload: it said queued
+        assert queued.status == "queued"
     _assert_lost(ended, "lost")
 
 
