@@ -160,12 +160,12 @@ async def test_a_finished_grammar_stops_even_when_eos_is_banned(backend: HFGener
 async def test_named_tool_choice_returns_a_valid_call(backend: HFGenerateBackend) -> None:
     r = await backend.chat(chat(tools=TOOLS, tool_choice=NAMED, n=2, seed=2))
     for c in r.response.choices:
-        assert c.finish_reason == "tool_calls"
+        assert c.finish_reason == "stop"  # a named call ends so, as OpenAI's and vLLM's
         calls = c.message.tool_calls or []
         assert len(calls) == 1 and calls[0].function.name == "get_weather"
         jsonschema.validate(json.loads(calls[0].function.arguments), WEATHER)
     _, deltas, finish = await _streamed(backend, chat(tools=TOOLS, tool_choice=NAMED, stream=True))
-    assert finish == "tool_calls" and deltas[0].function["name"] == "get_weather"
+    assert finish == "stop" and deltas[0].function["name"] == "get_weather"
     jsonschema.validate(json.loads("".join(d.function["arguments"] for d in deltas)), WEATHER)
 
 
