@@ -16,14 +16,11 @@ from gateway.db import Database
 from gateway.db.models import UsageRow
 from gateway.held_usage import meter_ended, unsettled, usage_id
 from gateway.pipeline import Pipeline
-from gateway.quotas.admission import QuotaAdmission
-from gateway.quotas.limits import Limits, LimitsSource
-from gateway.quotas.redis_store import RedisStore, connect_redis
+from gateway.quotas.limits import Limits
 from gateway.stored_responses import Kept, ResponseStore
-from gateway.usage.writer import UsageWriter
 from tests.gateway.tenancy_fixtures import db, redis, redis_prefix  # noqa: F401
 from tests.gateway.test_quota_admission import PRICES, principal_with
-from tests.support.tcp_gate import TcpGate
+from tests.support.gated_replica import gated_replica
 
 
 async def test_a_claimed_spend_is_recorded_though_its_charge_is_cancelled(
@@ -34,21 +31,16 @@ async def test_a_claimed_spend_is_recorded_though_its_charge_is_cancelled(
     response = {"id": "resp_bg_cancelled", "object": "response", "status": "queued", "model": "m", "created_at": 1}
     pending = unsettled(p, "req-1", "m", "m", "d", "openai", 7, None)
     assert await store.save(p, Kept(response, [], [], None, "d", pending), None)
-    gate = TcpGate("127.0.0.1", 6379)
-    port = await gate.start()
-    client = connect_redis(f"redis://127.0.0.1:{port}/0", timeout=5.0)
-    writer = UsageWriter(db, PRICES, journal_dir=tmp_path, flush_interval=3600)
-    admission = QuotaAdmission(RedisStore(client, prefix=redis_prefix), LimitsSource(db), PRICES,
-                               on_unavailable="fail_open", flush_records=writer.flush)
-
     def cost(deployment: str | None, model: str, meter: Meter) -> float:
         return 0.0
 
-    pipeline = cast(Pipeline, SimpleNamespace(cost=cost, services=SimpleNamespace(admission=admission, usage=writer)))
     answer: dict[str, Any] = response | {"status": "completed", "usage": {"input_tokens": 7, "output_tokens": 3}}
-    try:
+    async with gated_replica(db, redis_prefix, PRICES, tmp_path, redis_timeout=5.0) as replica:
+        admission, writer = replica.admission, replica.writer
+        pipeline = cast(Pipeline, SimpleNamespace(cost=cost, services=SimpleNamespace(admission=admission,
+                                                                                       usage=writer)))
         await admission.limits.scopes(p)  # cached: the charge waits on Redis alone
-        gate.black_hole()
+        replica.gate.black_hole()
         metering = asyncio.create_task(meter_ended(pipeline, store, response["id"], answer))
         await asyncio.sleep(1.0)  # claimed; the charge waits for Redis
         metering.cancel()
@@ -58,9 +50,3 @@ async def test_a_claimed_spend_is_recorded_though_its_charge_is_cancelled(
         async with db.session() as s:
             rows = (await s.execute(select(UsageRow).where(UsageRow.request_id == usage_id(response["id"])))).all()
         assert len(rows) == 1
-    finally:
-        gate.reopen()
-        await admission.aclose()
-        await writer.aclose()
-        await client.aclose()
-        await gate.aclose()

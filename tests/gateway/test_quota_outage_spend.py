@@ -24,6 +24,7 @@ from gateway.quotas.store import Lease, MemoryStore
 from gateway.usage.writer import UsageWriter
 from tests.gateway.tenancy_fixtures import REDIS_URL, db, redis, redis_prefix  # noqa: F401
 from tests.gateway.test_quota_admission import PRICES, principal_with
+from tests.support.gated_replica import gated_replica
 from tests.support.redis_server import RedisProcess
 from tests.support.tcp_gate import TcpGate
 
@@ -162,13 +163,8 @@ async def test_a_charge_redis_did_not_acknowledge_reaches_the_surviving_bucket(
     stays there) and its usage row recorded: once Redis answers again the bucket counts it, so the
     budget of 1000 admits 300 more after the 200 spent before, and not one token beyond."""
     p = await principal_with(db, Limits(token_budget=1000, budget_period="total"), Limits())
-    gate = TcpGate("127.0.0.1", 6379)
-    port = await gate.start()
-    client = connect_redis(f"redis://127.0.0.1:{port}/0", timeout=0.3)
-    writer = UsageWriter(db, PRICES, journal_dir=tmp_path, flush_interval=3600)
-    adm = QuotaAdmission(RedisStore(client, prefix=redis_prefix), LimitsSource(db), PRICES,
-                         on_unavailable="fail_open", flush_records=writer.flush)
-    try:
+    async with gated_replica(db, redis_prefix, PRICES, tmp_path, redis_timeout=0.3) as replica:
+        gate, adm, writer = replica.gate, replica.admission, replica.writer
         served(adm, writer, await adm.admit(p, "m", 200), 200)
         await asyncio.sleep(0.1)  # the settlement acknowledged
         gate.black_hole()
@@ -182,11 +178,6 @@ async def test_a_charge_redis_did_not_acknowledge_reaches_the_surviving_bucket(
         await asyncio.sleep(2.0)  # Redis found again
         served(adm, writer, await adm.admit(p, "m", 300), 300)  # 200 + 500 + 300
         await refused(adm, p, 1)
-    finally:
-        await adm.aclose()
-        await writer.aclose()
-        await client.aclose()
-        await gate.aclose()
 
 
 async def test_a_long_outage_keeps_a_leases_worth_of_tickets_and_the_hours_of_unread_limits(
