@@ -74,7 +74,7 @@ async def test_sigterm_to_one_worker_drains_its_streams_and_the_worker_is_replac
         await _until(lambda: len(worker_pids(proc.pid) - first) == 1 and len(worker_pids(proc.pid)) == 2, 60)
         assert proc.poll() is None
         assert all(_finish(lines) == "stop" for lines in results)
-        rows = _rows(tmp_path, tid)
+        rows = _wait_rows(tmp_path, tid, STREAMS)  # the other worker writes its rows when it flushes
         assert len(rows) == STREAMS and all(s == 200 and e is None for s, e, _ in rows), rows
     finally:
         proc.terminate()
