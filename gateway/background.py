@@ -27,9 +27,14 @@ async def stop_task(task: asyncio.Task[Any], grace: float = CANCEL_GRACE) -> boo
     if not task.done():
         log.warning("background task %s did not end within %.0f s of its cancellation", task.get_name(), grace)
         return False
+    _raise_its_error(task)
+    return True
+
+
+def _raise_its_error(task: asyncio.Task[Any]) -> None:
+    """Raise the error an ended ``task`` ended with (its cancellation is no error)."""
     with contextlib.suppress(asyncio.CancelledError):
         task.result()
-    return True
 
 
 class Stopping:
@@ -56,8 +61,7 @@ class Stopping:
         self._event.set()
         await asyncio.wait({task}, timeout=timeout)
         if task.done():
-            with contextlib.suppress(asyncio.CancelledError):
-                task.result()
+            _raise_its_error(task)
             return True
         log.warning("background task %s still busy %.0f s after it was asked to stop: cancelling it",
                     task.get_name(), timeout)
