@@ -5,7 +5,8 @@ deployment that holds them (``gateway.stored_responses``), so ``GET /v1/response
 stored in place of the placeholder.
 
 Their spend is metered once, when they end (``gateway.held_usage``): by the ``GET`` or ``cancel``
-that finds it ended, or by ``HeldFollower``, which asks the upstream about the ones nobody asks about.
+that finds it ended, or by ``HeldFollower``, which asks the upstream about the ones nobody asks about
+(and meters again one whose meterer died before it was done).
 """
 
 from __future__ import annotations
@@ -75,7 +76,8 @@ class HeldFollower:
     """Every ``interval`` seconds, asks the upstreams how up to ``FOLLOW_BATCH`` background responses
     not metered yet stand (the next ones in id order, round and round), so that one nobody polls is
     metered (and stored finished) soon after it ends. Replicas may ask about the same one; only the
-    first to claim its row meters it.
+    first to claim its row meters it. One being metered (its claim's lease running) is left out; one
+    whose lease ran out unsettled (its meterer died) is asked about again, and metered again.
 
     One that can never be answered ends too, metered with what is known (``meter_lost``): at once
     when its deployment is gone from the config or its upstream answers 404 for it (``lost``); one

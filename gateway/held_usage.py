@@ -7,11 +7,23 @@ spent anything it can report: its usage row records no tokens, and its stored ro
 ended (``completed``, ``failed``, ``cancelled``, ``incomplete``) meters it (``meter_ended``): a
 ``GET`` or ``cancel`` relayed to the upstream, or the gateway's follower
 (``gateway.held_responses.HeldFollower``) for one nobody asks about. Claiming the row
-(``ResponseStore.claim``) makes that one caller of any replica: it records one usage row, with the
-upstream's usage (its estimate where it reports none) at the current prices, and counts it against
-the key's and tenant's budgets (``Admission.charge``). One that can no longer be asked about (its
-deployment gone, its upstream forgot it, or asking kept failing too long) is metered so by the
-follower too (``meter_lost``), with the prompt estimate alone.
+(``ResponseStore.claim``) makes that one caller of any replica, for ``LEASE_SECONDS``: it records
+one usage row, with the upstream's usage (its estimate where it reports none) at the current
+prices, then counts it against the key's and tenant's budgets (``Admission.charge``), then settles
+the row (``ResponseStore.settle``). One that can no longer be asked about (its deployment gone, its
+upstream forgot it, or asking kept failing too long) is metered so by the follower too
+(``meter_lost``), with the prompt estimate alone.
+
+A meterer that dies before it settles the row (SIGKILL, a crash, a cancelled metering), or cannot
+settle it (the database down), leaves it unsettled: once its lease has run out, the follower (or a
+``GET`` or ``cancel``) meters it again. Its usage row has one id per response (``usage_id``), so the
+record written again (and the dead one's, replayed from its write-ahead segment) is one row. Its
+budgets are charged again, which is exact when the first charge never reached Redis; one that did
+(the meterer died after Redis ran it, before the row was settled: while it waited for Redis's reply,
+or between the two) is counted twice in the budgets, never in the usage rows (the record comes
+first for that reason: the rows are the account, and the budgets are rebuilt from them after an
+outage). A meterer still alive when its lease runs out (stalled longer than ``LEASE_SECONDS``, far
+longer than Redis's and the database's timeouts) may meet a second one so too.
 
 One started with ``stream: true`` is metered by its stream when that reaches its last event; one whose
 stream ends before (the client gone, the drain, the upstream's connection broken) is held so too,
@@ -20,6 +32,7 @@ its starting request settled at no tokens (``gateway.held_streams``).
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
 import time
@@ -32,6 +45,8 @@ from gateway.pipeline import Pipeline
 from gateway.stored_responses import ResponseStore
 
 log = logging.getLogger("switchyard.responses")
+
+LEASE_SECONDS = 120.0  # how long a claim on a response's spend holds, for its meterer to settle it
 
 
 def unsettled(principal: Principal, request_id: str, model: str, group: str, deployment: str, provider: str | None,
@@ -50,29 +65,35 @@ def starter(pending: dict[str, Any]) -> Principal:
 
 def usage_id(response_id: str) -> str:
     """The request id of a background response's usage row: one per response, so a row written twice
-    (a journal replayed) is one row."""
+    (a journal replayed, a response metered again after its meterer died) is one row."""
     return "bg-" + hashlib.sha256(response_id.encode()).hexdigest()[:40]
 
 
 async def meter_ended(pipeline: Pipeline, store: ResponseStore, response_id: str, answer: dict[str, Any]) -> None:
     """Meter the spend of ``response_id``, which ``answer`` (the upstream's) says has ended, unless
-    another caller has claimed it."""
-    pending = await store.claim(response_id)
-    if pending is None:
-        return
+    another caller has claimed it: its usage row first, then its budgets, then the row settled.
+    Once claimed, that runs to its end in a task of its own, though the caller is cancelled (a
+    client that left its ``GET``, the follower stopped): cut after the charge, the row would be
+    metered again once its lease ran out, its budgets charged twice."""
+    pending = await store.claim(response_id, LEASE_SECONDS)
+    if pending is not None:
+        await asyncio.shield(asyncio.ensure_future(_meter_claimed(pipeline, store, response_id, answer, pending)))
+
+
+async def _meter_claimed(pipeline: Pipeline, store: ResponseStore, response_id: str, answer: dict[str, Any],
+                         pending: dict[str, Any]) -> None:
     spent = answer_meter(answer, int(pending.get("prompt_estimate") or 0))
     principal, deployment, group = starter(pending), pending.get("deployment"), str(pending.get("group", ""))
     cost = pipeline.cost(deployment, group, spent)
     services = pipeline.services
-    record = _record(principal, response_id, pending, spent, cost, str(answer.get("status")))
-    try:
-        await services.admission.charge(principal, spent.total_tokens, cost)
-    finally:  # recorded though cancelled meanwhile (the follower stopped at shutdown): no one else can claim it
-        _recorded(services.usage, record, response_id)
+    _recorded(services.usage, _record(principal, response_id, pending, spent, cost, str(answer.get("status"))),
+              response_id)
     try:
         await services.usage.sync()
     except Exception:
         log.exception("recording the usage of background response %s failed", response_id)
+    await services.admission.charge(principal, spent.total_tokens, cost)
+    await store.settle(response_id)
 
 
 async def meter_lost(pipeline: Pipeline, store: ResponseStore, response_id: str, outcome: str) -> None:

@@ -11,17 +11,19 @@ still holds the response, and its id must not become one the gateway passes on t
 Every answer of an upstream serving Responses is kept so (unless ``store: false``), whatever its
 status, so its id is owned: one it still runs in the background (``queued``, ``in_progress``)
 keeps the ``deployment`` that holds it, for ``GET`` and ``cancel`` to reach, until ``finish`` stores
-it finished (once: the first caller to see it so).
+it finished (once: the first caller to see it so), and its spend, until it is metered (``claim``,
+then ``settle``: ``gateway.held_usage``).
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import null, select, update
+from sqlalchemy import ColumnElement, null, or_, select, update
 from sqlalchemy.exc import IntegrityError
 
 from gateway.contracts import Principal
@@ -103,24 +105,34 @@ class ResponseStore:
             await s.commit()
         return bool(getattr(result, "rowcount", 0))
 
-    async def claim(self, response_id: str) -> dict[str, Any] | None:
-        """Take the unmetered spend of ``response_id`` to meter it: what its ``unsettled`` held, once,
-        to the first caller of any replica (the conditional update is the claim); None for the others."""
-        unsettled = (StoredResponse.id == response_id, StoredResponse.unsettled.is_not(None))
+    async def claim(self, response_id: str, lease: float) -> dict[str, Any] | None:
+        """Take the unmetered spend of ``response_id`` to meter it, for ``lease`` seconds: what its
+        ``unsettled`` holds, to one caller of any replica at a time (the conditional update is the
+        claim); None for the others, and once it is settled. It stays unsettled until ``settle``:
+        one whose meterer died (its lease ran out first) is claimed again."""
+        now = time.time()
+        claimable = (StoredResponse.id == response_id, StoredResponse.unsettled.is_not(None), _unleased(now))
         async with self._db.session() as s:
-            found = (await s.execute(select(StoredResponse.unsettled).where(*unsettled))).scalar_one_or_none()
+            found = (await s.execute(select(StoredResponse.unsettled).where(*claimable))).scalar_one_or_none()
             if found is None:
                 return None
-            result = await s.execute(update(StoredResponse).where(*unsettled).values(unsettled=null()))
+            result = await s.execute(update(StoredResponse).where(*claimable).values(metering_until=now + lease))
             await s.commit()
         return found if getattr(result, "rowcount", 0) else None
 
+    async def settle(self, response_id: str) -> None:
+        """The spend of ``response_id``, claimed, is metered: it is never claimed again."""
+        async with self._db.session() as s:
+            await s.execute(update(StoredResponse).where(StoredResponse.id == response_id).values(
+                unsettled=null(), metering_until=None))
+            await s.commit()
+
     async def unsettled(self, limit: int, after: str = "") -> list[tuple[str, dict[str, Any]]]:
-        """Up to ``limit`` responses whose spend is not metered yet, in id order from after ``after``,
-        with what their ``unsettled`` holds."""
+        """Up to ``limit`` responses whose spend is not metered yet, nor being metered (claimed, the
+        lease still running), in id order from after ``after``, with what their ``unsettled`` holds."""
         async with self._db.session() as s:
             rows = (await s.execute(select(StoredResponse.id, StoredResponse.unsettled).where(
-                StoredResponse.unsettled.is_not(None), StoredResponse.id > after).order_by(
+                StoredResponse.unsettled.is_not(None), _unleased(time.time()), StoredResponse.id > after).order_by(
                 StoredResponse.id).limit(limit))).all()
         return [(row[0], row[1]) for row in rows]
 
@@ -140,3 +152,8 @@ class ResponseStore:
                 input_items=[], context=[], response={}))
             await s.commit()
         return bool(getattr(result, "rowcount", 0))
+
+
+def _unleased(now: float) -> ColumnElement[bool]:
+    """Rows no caller is metering: never claimed, or their lease ran out (the meterer died)."""
+    return or_(StoredResponse.metering_until.is_(None), StoredResponse.metering_until < now)

@@ -247,8 +247,11 @@ class StoredResponse(Base):
     context: Mapped[list[Any]] = mapped_column(JSON)
     response: Mapped[dict[str, Any]] = mapped_column(JSON)
     # a background response whose spend is not metered yet: who started it and what its usage row
-    # needs (``gateway.held_usage``); NULL once metered, the row itself the claim (0015)
+    # needs (``gateway.held_usage``); NULL once metered (0015)
     unsettled: Mapped[dict[str, Any] | None] = mapped_column(JSON(none_as_null=True), default=None)
+    # while a caller meters it: until when (epoch seconds) its claim holds; one whose meterer died is
+    # claimed again once it has passed (0017)
+    metering_until: Mapped[float | None] = mapped_column(Float, default=None)
 
 
 class AuthEvent(Base):

@@ -270,3 +270,34 @@ async def test_0016_keys_tenant_names_and_refuses_names_that_would_be_one(empty_
         await check_schema(db.engine)
     finally:
         await db.dispose()
+
+
+async def test_0017_adds_and_drops_the_metering_lease_keeping_unsettled_responses(empty_url: str) -> None:
+    """A background response not metered yet stays so through the upgrade (never claimed) and the
+    downgrade (still unsettled: the previous version meters it)."""
+    await asyncio.to_thread(migrate.upgrade, empty_url, "0016_tenant_name_keys")
+    db = Database.from_url(empty_url)
+    row = ("INSERT INTO stored_responses (id, owner, created_at, model, deployment, input_items, context, response, "
+           "unsettled) VALUES ('resp_1', 'ten_a', '2026-12-10 00:00:00+00:00', 'm', 'd', '[]', '[]', '{}', "
+           "'{\"key_id\": \"key_1\"}')")
+    read = "SELECT id, unsettled FROM stored_responses"
+    try:
+        async with db.engine.begin() as conn:
+            await conn.exec_driver_sql(row)
+        await asyncio.to_thread(migrate.upgrade, empty_url)
+        await check_schema(db.engine)
+        await db.engine.dispose()
+        async with db.engine.begin() as conn:
+            assert (await conn.exec_driver_sql("SELECT metering_until FROM stored_responses")).scalar_one() is None
+            await conn.exec_driver_sql("UPDATE stored_responses SET metering_until = 1.5e9")
+        await asyncio.to_thread(migrate.downgrade, empty_url, "0016_tenant_name_keys")
+        await db.engine.dispose()
+        async with db.engine.begin() as conn:
+            got = tuple((await conn.exec_driver_sql(read)).one())
+            assert "metering_until" not in (await conn.run_sync(
+                lambda c: {col["name"] for col in inspect(c).get_columns("stored_responses")}))
+        assert got[0] == "resp_1" and got[1] is not None
+        await asyncio.to_thread(migrate.upgrade, empty_url)
+        await check_schema(db.engine)
+    finally:
+        await db.dispose()
