@@ -336,9 +336,15 @@ class ServesResponses(Protocol):
 
     async def respond_stream(self, body: dict[str, Any], ctx: CallContext) -> ChunkStream[Any]: ...
 
-    async def held_response(self, method: str, response_id: str, action: str = "") -> dict[str, Any]:
+    async def held_response(self, method: str, response_id: str, action: str = "", query: str = "") -> dict[str, Any]:
         """The upstream's answer to ``method`` on a response it holds (``GET``, ``DELETE``, or ``POST``
-        with ``action`` ``/cancel``): the object as it came (a failure's message redacted)."""
+        with ``action`` ``/cancel``; ``query``: the client's, as it sent it): the object as it came (a
+        failure's message redacted)."""
+        ...
+
+    async def held_stream(self, response_id: str, query: str) -> ChunkStream[Any]:
+        """The event stream of a response it holds (``GET`` with the client's ``query``, which asks
+        for ``stream``), opened: failures before its first event raise here."""
         ...
 
 

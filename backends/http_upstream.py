@@ -405,10 +405,11 @@ class HTTPUpstream:
             raise status_error(answer.status, answer.headers, answer.body)
         return answer
 
-    async def open_stream(self, path: str, payload: bytes,
-                          headers: Mapping[str, str] | None = None) -> tuple[RawStream, float, float]:
+    async def open_stream(self, path: str, payload: bytes, headers: Mapping[str, str] | None = None,
+                          method: str = "POST") -> tuple[RawStream, float, float]:
         """(stream, first-event deadline, total deadline) once the answer's headers are in (within
-        the first-event deadline); non-2xx -> typed error. The caller must ``close_stream`` it."""
+        the first-event deadline); non-2xx -> typed error. The caller must ``close_stream`` it.
+        ``method``: as ``post``'s (``GET`` of a Responses upstream's response stream)."""
         raw = self.raw
         now = raw.clock()
         deadline = now + self.timeouts.total
@@ -416,7 +417,8 @@ class HTTPUpstream:
         self.in_flight += 1
         try:
             try:
-                stream = await raw.open_stream(path, payload, with_trace_context(headers), deadline=first_deadline)
+                stream = await raw.open_stream(path, payload, with_trace_context(headers), deadline=first_deadline,
+                                               method=method)
             except TimeoutError:
                 raise Timeout(f"upstream {self.deployment_id} did not answer in time") from None
             except (OSError, ValueError) as exc:

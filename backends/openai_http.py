@@ -48,6 +48,7 @@ from backends.responses_http import (
     RelayedResponse,
     ResponsesEvent,
     held_response,
+    held_stream,
     respond,
     respond_stream,
     upstream_body,
@@ -176,8 +177,11 @@ class OpenAIHTTPBackend(HTTPBackend):
                                     estimate_text(msgspec.json.encode(body.get("input")).decode()),
                                     self._headers(ctx))
 
-    async def held_response(self, method: str, response_id: str, action: str = "") -> dict[str, Any]:
-        return await held_response(self.http, method, f"/responses/{quote(response_id, safe='')}{action}")
+    async def held_response(self, method: str, response_id: str, action: str = "", query: str = "") -> dict[str, Any]:
+        return await held_response(self.http, method, _held_path(response_id, action, query))
+
+    async def held_stream(self, response_id: str, query: str) -> ChunkStream[ResponsesEvent]:
+        return await held_stream(self.http, _held_path(response_id, "", query))
 
     # ------------------------------------------------------------ internals
 
@@ -276,3 +280,8 @@ class OpenAIHTTPBackend(HTTPBackend):
         usage = UsageWanted(request.include_usage, request.continuous_usage)
         relay = ChunkRelay(self.http, response, reader, first, deadline, meter, usage, text_of)
         return streamed(relay, meter, response.headers)
+
+
+def _held_path(response_id: str, action: str, query: str) -> str:
+    """The path of a response the upstream holds (``action`` after it), with the client's ``query``."""
+    return f"/responses/{quote(response_id, safe='')}{action}" + (f"?{query}" if query else "")

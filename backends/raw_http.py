@@ -223,20 +223,20 @@ class RawHTTP:
         return _decoded(answer)
 
     async def open_stream(self, path: str, body: bytes, headers: Mapping[str, str] | None = None, *,
-                          deadline: float | None = None) -> RawStream:
-        """POST ``body`` and return once the answer's status and headers are in (by ``deadline``, as
-        ``post``'s); its body is read from the stream as it arrives. The caller must ``close()`` the
-        stream."""
+                          deadline: float | None = None, method: str = "POST") -> RawStream:
+        """POST ``body`` (or ``method``, as ``post``'s) and return once the answer's status and headers
+        are in (by ``deadline``, as ``post``'s); its body is read from the stream as it arrives. The
+        caller must ``close()`` the stream."""
         slots = self._slots_now()
         if deadline is not None and (slots.locked() or not self._idle):
             async with asyncio.timeout_at(deadline):
-                return await self.open_stream(path, body, headers)
+                return await self.open_stream(path, body, headers, method=method)
         await slots.acquire()
         stream: RawStream | None = None
         try:
             conn = await self._connection()
             stream = RawStream(conn, self, slots)
-            answer = await conn.exchange(self._request(path, body, headers), stream, deadline)
+            answer = await conn.exchange(self._request(path, body, headers, method), stream, deadline)
         except BaseException:
             if stream is not None:
                 stream.close()
@@ -251,8 +251,10 @@ class RawHTTP:
         return stream
 
     def _request(self, path: str, body: bytes, headers: Mapping[str, str] | None, method: str = "POST") -> bytes:
+        """The request's bytes; a ``path`` with a query of its own has the base URL's query after it."""
+        query = self._query if not self._query or "?" not in path else "&" + self._query[1:]
         return b"".join((
-            f"{method} {self._prefix}{path}{self._query} HTTP/1.1\r\n".encode(), self._fixed,
+            f"{method} {self._prefix}{path}{query} HTTP/1.1\r\n".encode(), self._fixed,
             _header_lines(headers) if headers else b"",
             b"content-type: application/json\r\ncontent-length: %d\r\n\r\n" % len(body), body,
         ))  # fmt: skip

@@ -16,10 +16,9 @@ from backends.config import DeploymentConfig
 from backends.estimate import estimate_text
 from backends.http_upstream import HTTPUpstream, answered, raise_if_error, streamed
 from backends.redaction import redact_failure
-from backends.responses_wire import RelayedResponse, ResponsesEvent
+from backends.responses_wire import FINAL_EVENTS, RelayedResponse, ResponsesEvent
 from backends.sse import SSELines
 
-_FINAL_EVENTS = frozenset({"response.completed", "response.incomplete", "response.failed"})
 # output items of calls the client runs, not the provider: the others (web_search_call, ...) are billed per call
 _CLIENT_CALLS = frozenset({"function_call", "custom_tool_call", "computer_call", "local_shell_call", "shell_call",
                            "apply_patch_call"})
@@ -126,8 +125,8 @@ def answer_meter(body: dict[str, Any], prompt_estimate: int) -> Meter:
 
 
 async def held_response(http: HTTPUpstream, method: str, path: str) -> dict[str, Any]:
-    """The upstream's JSON object answering ``method`` on ``path`` (a response it holds), redacted;
-    non-2xx -> typed error."""
+    """The upstream's JSON object answering ``method`` on ``path`` (a response it holds, a query as
+    the client sent it), redacted; non-2xx -> typed error."""
     answer = await http.post(path, b"", None, method)
     try:
         body = msgspec.json.decode(answer.body)
@@ -163,7 +162,19 @@ def _output_text(body: dict[str, Any]) -> str:
 async def respond_stream(http: HTTPUpstream, payload: bytes, prompt_estimate: int,
                          headers: dict[str, str] | None) -> ChunkStream[ResponsesEvent]:
     """Open the stream and read its first event, so failures before the first byte raise here."""
-    response, first_deadline, deadline = await http.open_stream("/responses", payload, headers)
+    return await _event_stream(http, "POST", "/responses", payload, prompt_estimate, headers)
+
+
+async def held_stream(http: HTTPUpstream, path: str) -> ChunkStream[ResponsesEvent]:
+    """The event stream of a response the upstream holds (``GET`` ``path``: its ``stream=true`` and
+    any ``starting_after`` as the client sent them), opened as ``respond_stream`` opens one; its
+    meter counts from no prompt (the response's own usage is what its end is metered with)."""
+    return await _event_stream(http, "GET", path, b"", 0, None)
+
+
+async def _event_stream(http: HTTPUpstream, method: str, path: str, payload: bytes, prompt_estimate: int,
+                        headers: dict[str, str] | None) -> ChunkStream[ResponsesEvent]:
+    response, first_deadline, deadline = await http.open_stream(path, payload, headers, method)
     meter = Meter(prompt_tokens=prompt_estimate, exact=False)
     events = _Events(http, response, meter, deadline)
     try:
@@ -182,7 +193,7 @@ class _Events:
         self._lines = SSELines(response, http.deployment_id, http.timeouts.idle)
         self._first: ResponsesEvent | None = None
         self._closed = False
-        self._finished = False  # its last event (response completed, incomplete or failed) came
+        self._finished = False  # its last event (``FINAL_EVENTS``) came
 
     async def prime(self, first_deadline: float) -> None:
         self._first = await self._read(first_deadline)
@@ -226,7 +237,7 @@ class _Events:
                 meter.completion_tokens += estimate_text(str(event.get("delta", "")))
         elif kind == "response.output_item.done" and (tool := _hosted_tool(event.get("item"))):
             meter.tool_calls[tool] = meter.tool_calls.get(tool, 0) + 1  # billed if the stream ends short
-        elif kind in _FINAL_EVENTS and isinstance(response := event.get("response"), dict):
+        elif kind in FINAL_EVENTS and isinstance(response := event.get("response"), dict):
             self._finished = True
             redact_failure(response)
             meter_usage(meter, response.get("usage"))

@@ -6,6 +6,9 @@ from typing import Any
 
 import msgspec
 
+# the events a response's stream ends with: its response completed, incomplete, failed or cancelled
+FINAL_EVENTS = frozenset({"response.completed", "response.incomplete", "response.failed", "response.cancelled"})
+
 
 class RelayedResponse(msgspec.Struct):
     """An upstream's ``response`` object as it came (``body``); ``model`` is the name the client used."""

@@ -1,12 +1,12 @@
 """Responses an upstream serving the Responses API still runs in the background (``background:
 true``: answered ``queued`` or ``in_progress``): kept by the gateway for their owner with the
-deployment that holds them (``gateway.stored_responses``), so ``GET /v1/responses/{id}`` and
-``cancel`` reach that deployment for the owner only, and the first answer that finds one finished is
-stored in place of the placeholder.
+deployment that holds them (``gateway.stored_responses``), so ``GET /v1/responses/{id}`` (its event
+stream too: ``gateway.held_events``) and ``cancel`` reach that deployment for the owner only, and the
+first answer that finds one finished is stored in place of the placeholder.
 
-Their spend is metered once, when they end (``gateway.held_usage``): by the ``GET`` or ``cancel``
-that finds it ended, or by ``HeldFollower``, which asks the upstream about the ones nobody asks about
-(and meters again one whose meterer died before it was done).
+Their spend is metered once, when they end (``gateway.held_usage``): by the ``GET`` (or stream) or
+``cancel`` that finds it ended, or by ``HeldFollower``, which asks the upstream about the ones nobody
+asks about (and meters again one whose meterer died before it was done).
 """
 
 from __future__ import annotations
@@ -40,8 +40,9 @@ def kept_output(response: dict[str, Any], output: list[dict[str, Any]]) -> list[
     return output if response.get("status") in CONTINUABLE else []
 
 
-def _holder(pipeline: Pipeline, principal: Principal, model: str, deployment: str | None,
-            response_id: str) -> ServesResponses:
+def holder(pipeline: Pipeline, principal: Principal, model: str, deployment: str | None,
+           response_id: str) -> ServesResponses:
+    """The backend of ``deployment``, which holds ``response_id``, a response of ``model`` (as the client named it)."""
     backend = next((d.backend for d in pipeline.group_for(principal, model).deployments if d.id == deployment), None)
     if not isinstance(backend, ServesResponses):
         raise Unavailable(f"deployment {deployment}, which holds response {response_id}, is no longer "
@@ -50,26 +51,40 @@ def _holder(pipeline: Pipeline, principal: Principal, model: str, deployment: st
 
 
 async def _ask(pipeline: Pipeline, store: ResponseStore, principal: Principal | None, response_id: str,
-               backend: ServesResponses, fields: dict[str, Any], method: str, action: str = "") -> dict[str, Any]:
+               backend: ServesResponses, fields: dict[str, Any], method: str, action: str = "",
+               query: str = "") -> dict[str, Any]:
     """The upstream's answer (``fields`` set in it); stored and metered if it says the response ended."""
-    answer = await backend.held_response(method, response_id, action)
+    answer = await backend.held_response(method, response_id, action, query)
     answer |= fields
+    await finish_if_ended(pipeline, store, principal, response_id, answer)
+    return answer
+
+
+async def finish_if_ended(pipeline: Pipeline, store: ResponseStore, principal: Principal | None, response_id: str,
+                          answer: dict[str, Any]) -> None:
+    """Store ``answer`` in place of held ``response_id`` and meter its spend, if it says the response
+    ended (each once, whoever finds it so first)."""
     if answer.get("status") not in UNFINISHED:
         output = answer.get("output")
         await store.finish(principal, response_id, answer, kept_output(answer, output if isinstance(output, list)
                                                                          else []))
         await meter_ended(pipeline, store, response_id, answer)
-    return answer
+
+
+def named(kept: Kept) -> dict[str, Any]:
+    """The fields an upstream's answer about ``kept`` gets as the client named them."""
+    return {"model": str(kept.response.get("model", "")), "previous_response_id": kept.response.get(
+        "previous_response_id")}
 
 
 async def reach(pipeline: Pipeline, store: ResponseStore, principal: Principal, response_id: str, kept: Kept,
-                method: str, action: str = "") -> dict[str, Any]:
-    """The upstream's answer to ``method`` (``action``) on ``kept``, a response its deployment holds,
-    named as the client named it; stored and metered, if it says the response is finished."""
-    model = str(kept.response.get("model", ""))
-    backend = _holder(pipeline, principal, model, kept.deployment, response_id)
-    fields = {"model": model, "previous_response_id": kept.response.get("previous_response_id")}
-    return await _ask(pipeline, store, principal, response_id, backend, fields, method, action)
+                method: str, action: str = "", query: str = "") -> dict[str, Any]:
+    """The upstream's answer to ``method`` (``action``, the client's ``query``) on ``kept``, a response
+    its deployment holds, named as the client named it; stored and metered, if it says the response
+    is finished."""
+    fields = named(kept)
+    backend = holder(pipeline, principal, fields["model"], kept.deployment, response_id)
+    return await _ask(pipeline, store, principal, response_id, backend, fields, method, action, query)
 
 
 class HeldFollower:

@@ -14,7 +14,7 @@ callback straight to the client's (``SSERelay.write_directly``), with no task sw
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
 from enum import Enum
 from typing import Any, Protocol
 
@@ -219,3 +219,16 @@ def cut_chunk(last: Any, meter: Meter, unfinished: set[int] | None = None) -> An
         return ChatCompletionChunk(id=last.id, model=last.model, choices=choices, created=last.created, usage=usage)
     text = [CompletionChoice(index=i, text="", finish_reason="length") for i in indices]
     return TextCompletion(id=last.id, model=last.model, choices=text, created=last.created, usage=usage)
+
+
+async def saved_before_last(events: AsyncIterable[bytes], finished: list[Any],
+                            save: Callable[[], Awaitable[object]]) -> AsyncIterator[bytes]:
+    """Relay ``events``; ``save`` is awaited once ``finished`` holds the response their last event
+    completes (their encoder put it there), before that event is sent: a client that acts on it at
+    once (continues from it, asks for it) finds it stored."""
+    saved = False
+    async for data in events:
+        if finished and not saved:
+            saved = True
+            await save()
+        yield data

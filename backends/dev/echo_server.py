@@ -55,6 +55,7 @@ class Exchange:
     body: bytes
     receive: Receive
     send: Send
+    query: str = ""  # the query string, as sent
 
     def json(self) -> Any:
         return json.loads(self.body or b"null")
@@ -86,7 +87,8 @@ class EchoUpstream:
             return
         body = await read_body(receive)
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
-        await self.handle(Exchange(scope["method"], scope["path"], headers, body, receive, send))
+        await self.handle(Exchange(scope["method"], scope["path"], headers, body, receive, send,
+                                   scope.get("query_string", b"").decode("latin-1")))
 
     async def handle(self, ex: Exchange) -> None:
         if ex.method == "GET" and ex.path.rstrip("/").endswith("/models"):

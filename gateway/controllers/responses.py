@@ -5,7 +5,8 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Iterator
+from contextlib import contextmanager
 from typing import Annotated, Any, Literal
 
 import msgspec
@@ -14,7 +15,7 @@ from litestar.openapi.datastructures import ResponseSpec
 from litestar.params import Parameter
 from litestar.response import Stream
 
-from backends.base import Backend, BadRequest, ChunkStream, Completed, Meter, ServesResponses
+from backends.base import Backend, BackendError, BadRequest, ChunkStream, Completed, Meter, ServesResponses
 from backends.call import CallContext
 from backends.estimate import BOUND_PER_CONVERSATION, bound_text, estimate_text
 from backends.openai_wire import ChatCompletionRequest
@@ -36,11 +37,13 @@ from gateway.dialects.responses_request import (
     wants_encrypted_reasoning,
 )
 from gateway.errors import ApiError
+from gateway.held_events import held_events
 from gateway.held_responses import CONTINUABLE, UNFINISHED, kept_output, reach
 from gateway.held_streams import OnCut, held_if_cut
 from gateway.held_usage import unsettled
 from gateway.services import Services
 from gateway.stored_responses import Kept, ResponseStore
+from gateway.streaming import saved_before_last
 from gateway.telemetry.context import request_id
 from gateway.usage.pricing import HostedTools
 
@@ -59,13 +62,34 @@ def _check_id(response_id: str) -> None:
                        param="response_id", code="invalid_value")
 
 
+def _not_found(response_id: str) -> ApiError:
+    return ApiError(404, f"No response with id '{response_id}' found.", param="response_id", code="not_found")
+
+
 async def _kept(services: Services, principal: Principal, response_id: str) -> Kept:
     _check_id(response_id)
     store = _store(services)
     kept = await store.get(principal, response_id) if store is not None else None
     if kept is None:
-        raise ApiError(404, f"No response with id '{response_id}' found.", param="response_id", code="not_found")
+        raise _not_found(response_id)
     return kept
+
+
+@contextmanager
+def _upstream_knows(response_id: str) -> Iterator[None]:
+    """A response the upstream running it no longer knows (its 404) is a 404, as one never stored."""
+    try:
+        yield
+    except BackendError as exc:
+        if exc.status == 404:
+            raise _not_found(response_id) from None
+        raise
+
+
+def _passed_query(raw: bytes) -> str:
+    """A request's query as it came, for the upstream; a byte a request line cannot hold as it is (a
+    space, a control or non-ASCII byte) percent-encoded."""
+    return "".join(chr(b) if 0x20 < b < 0x7F else f"%{b:02X}" for b in raw)
 
 
 def _check_continuable(previous: str, kept: Kept) -> None:
@@ -159,18 +183,6 @@ def _described_for_passthrough(principal: Principal, data: ResponsesRequest, con
         output_limit=limit, sequences=1, routing_key=None, invoke=invoke, dialect=dialect,
         output_field="max_output_tokens", hosted_tools=HostedTools.of(body.get("tools"), body.get("max_tool_calls")),
     )
-
-
-async def _saved_before_last(events: AsyncIterator[Any], finished: list[Any],
-                             save: Callable[[], Awaitable[None]]) -> AsyncIterator[Any]:
-    """Relay ``events``; the response is stored before the event that completes it is sent, so a
-    client that continues from it at once finds it."""
-    saved = False
-    async for data in events:
-        if finished and not saved:
-            saved = True
-            await save()
-        yield data
 
 
 class ResponsesController(Controller):
@@ -269,16 +281,27 @@ class ResponsesController(Controller):
             return response
 
         if isinstance(response, Stream):
-            response.iterator = _saved_before_last(response.iterator, finished, save)  # type: ignore[arg-type]
+            response.iterator = saved_before_last(response.iterator, finished, save)  # type: ignore[arg-type]
         elif finished:
             await save()
         return response
 
-    @get("/{response_id:str}", summary="Retrieve a stored response", responses=error_responses())
+    @get("/{response_id:str}", summary="Retrieve a stored response", responses=error_responses(),
+         description="A response still running in the background is asked of the upstream that runs it, the "
+         "query passed on as sent; with `stream=true` its events are streamed (after `starting_after`, if given).")
     async def retrieve(
         self, request: Request[Any, Any, Any], response_id: str, services: Services, stream: bool = False,
         include: Annotated[list[str] | None, Parameter(query="include[]")] = None,
-    ) -> dict[str, Any]:
+    ) -> dict[str, Any] | Response[Any]:
+        principal = principal_of(request)
+        kept = await _kept(services, principal, response_id)
+        store = _store(services)
+        if kept.deployment is not None and store is not None:  # still running: the upstream answers
+            query = _passed_query(request.scope.get("query_string", b""))
+            with _upstream_knows(response_id):
+                if stream:
+                    return await held_events(pipeline_of(request), store, principal, response_id, kept, query)
+                return await reach(pipeline_of(request), store, principal, response_id, kept, "GET", query=query)
         # a stored response is read back as kept: no stream to replay, no fields to add to it
         if stream:
             raise ApiError(400, "a stored response cannot be streamed again; retrieve it without 'stream'",
@@ -286,13 +309,7 @@ class ResponsesController(Controller):
         if include or "include" in request.query_params:  # the SDK's include[], or a bare include
             raise ApiError(400, "'include' is not supported when retrieving a stored response: it is returned "
                            "as it was stored", param="include", code="unsupported_parameter")
-        principal = principal_of(request)
-        kept = await _kept(services, principal, response_id)
-        if kept.deployment is None:
-            return kept.response
-        store = _store(services)
-        assert store is not None  # it holds ``kept``
-        return await reach(pipeline_of(request), store, principal, response_id, kept, "GET")
+        return kept.response
 
     @post("/{response_id:str}/cancel", status_code=200, summary="Cancel a background response",
           responses=error_responses())
@@ -304,7 +321,8 @@ class ResponsesController(Controller):
             raise ApiError(400, f"Response '{response_id}' is not running in the background "
                            f"(it is {kept.response.get('status')}): only a background response can be cancelled",
                            param="response_id", code="invalid_request")
-        return await reach(pipeline_of(request), store, principal, response_id, kept, "POST", "/cancel")
+        with _upstream_knows(response_id):
+            return await reach(pipeline_of(request), store, principal, response_id, kept, "POST", "/cancel")
 
     @delete("/{response_id:str}", status_code=200, summary="Delete a stored response", responses=error_responses())
     async def remove(self, request: Request[Any, Any, Any], response_id: str, services: Services) -> dict[str, Any]:

@@ -29,7 +29,7 @@ from backends.openai_wire import (
     reasoning_text,
     relayed,
 )
-from backends.responses_wire import RelayedResponse, ResponsesEvent
+from backends.responses_wire import FINAL_EVENTS, RelayedResponse, ResponsesEvent
 from backends.tools_wire import ToolCallDelta
 from backends.turn_thinking import Blocks, placed_thinking, thinking_before
 from gateway.dialects import Dialect
@@ -413,7 +413,7 @@ class RelayedEvents(ResponsesEvents):
         self._relayed_extra = relayed_extra
         self._relaying = False
         self._response: dict[str, Any] | None = None  # the upstream's latest response object
-        self._ended = False  # the upstream's last event (its response completed, incomplete or failed) came
+        self._ended = False  # the upstream's last event (``FINAL_EVENTS``) came
 
     def chunk(self, chunk: Any) -> bytes:
         if not isinstance(chunk, ResponsesEvent):
@@ -423,7 +423,7 @@ class RelayedEvents(ResponsesEvents):
         if isinstance(response := event.get("response"), dict):
             event = event | {"response": _relayed(response, chunk.model, self._relayed_extra)}
             self._response = event["response"]
-            self._ended = kind in ("response.completed", "response.incomplete", "response.failed")
+            self._ended = kind in FINAL_EVENTS
             if self._ended and self._on_final is not None:  # failed too: the upstream's, its id owned
                 self._on_final(event["response"], event["response"].get("output") or [])
         if isinstance(seq := event.get("sequence_number"), int):

@@ -99,3 +99,15 @@ async def test_the_query_of_an_api_base_follows_every_requests_path(upstream: tu
     await _exercise(f"http://127.0.0.1:{port}/openai/v1/?api-version=2024-10-21", api_key="k")
     assert [h.split(" ")[1] for h in recorder.heads] == ["/openai/v1/chat/completions?api-version=2024-10-21"] * 2 \
         + ["/openai/v1/models?api-version=2024-10-21"]
+
+
+async def test_a_path_with_a_query_of_its_own_has_the_api_bases_after_it(upstream: tuple[Recorder, int]) -> None:
+    recorder, port = upstream
+    backend = OpenAIHTTPBackend(DeploymentConfig(provider="openai", model="up", api_key="k",
+                                                 api_base=f"http://127.0.0.1:{port}/openai/v1/?api-version=2024-10-21"))
+    try:  # a background response asked about with the client's query
+        await backend.held_response("GET", "resp_1", query="include%5B%5D=x")
+    finally:
+        await backend.aclose()
+    assert [h.split(" ")[1] for h in recorder.heads] == [
+        "/openai/v1/responses/resp_1?include%5B%5D=x&api-version=2024-10-21"]

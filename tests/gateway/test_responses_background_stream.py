@@ -73,3 +73,19 @@ def test_a_stream_read_to_its_end_is_metered_once_by_it(
     _spent_all(row)
     assert client.responses.retrieve(event.response.id).status == "completed"
     _counted_once(followed, tenant, client)
+
+
+def test_a_stream_that_ends_cancelled_is_stored_and_metered_by_it(
+        followed: Gateway, db: Database, native: FakeResponsesUpstream) -> None:
+    tenant, client = _budgeted(followed)
+    with client.responses.create(model="native", input="work", background=True, stream=True,
+                                 max_output_tokens=2) as events:
+        for event in events:
+            if event.type == "response.created":  # cancelled upstream while the client reads on
+                native.held[event.response.id] |= {"status": "cancelled", "usage": USAGE}
+    final = event.to_dict()  # its last event, one the SDK has no type of: no error after it
+    assert final["type"] == "response.cancelled" and final["response"]["model"] == "native"
+    (row,) = _metered(db, tenant, rows=1)
+    _spent_all(row)
+    assert client.responses.retrieve(final["response"]["id"]).status == "cancelled"
+    _counted_once(followed, tenant, client)

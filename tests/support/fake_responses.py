@@ -4,8 +4,10 @@ reasoning-summary event), echoing the last user text, and recording every body i
 ``answer_headers`` go in the head of every answer. A ``background: true`` request is answered
 ``queued`` and held (``held``) until ``finish`` (streamed, its stream waits before its last event
 until then, and that event tells it as it then stands); ``GET /v1/responses/{id}``, ``POST .../cancel``
-and ``DELETE`` reach a held one (any other id is a 404), each recorded in ``reached`` (all answered
-``reach_failure``, when set)."""
+and ``DELETE`` reach a held one (any other id is a 404), each recorded in ``reached``, its query in
+``queries`` (all answered ``reach_failure``, when set). ``GET ...?stream=true`` streams a held one's
+events (those after ``starting_after``, if given), numbered as its ``POST`` stream numbers them, the
+last waiting as there."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ import json
 import time
 from collections.abc import Awaitable
 from typing import Any
+from urllib.parse import parse_qs
 
 from backends.dev.echo_server import EchoOptions, EchoUpstream, Exchange, send_json
 from tests.support.fake_upstream import served_tier, with_headers
@@ -63,7 +66,9 @@ class FakeResponsesUpstream(EchoUpstream, OnLoopback):
         self.id_prefix = "resp_up_"  # of the response ids it mints (a proxy's are long)
         self.held: dict[str, dict[str, Any]] = {}  # background responses, as a GET answers them now
         self._finals: dict[str, dict[str, Any]] = {}  # what each becomes when finished
+        self._streams: dict[str, list[dict[str, Any]]] = {}  # each one's events, but its last
         self.reached: list[tuple[str, str]] = []  # (method, path) of every request for a held response
+        self.queries: list[str] = []  # the query string of each of them
         self.reach_failure: int | None = None  # when set, the HTTP status every such request is answered with
 
     def finish(self, response_id: str) -> None:
@@ -97,8 +102,7 @@ class FakeResponsesUpstream(EchoUpstream, OnLoopback):
             ex = dataclasses.replace(ex, send=with_headers(ex.send, self.answer_headers))
         final = self.response(body)
         if body.get("background") and not body.get("stream"):
-            self._finals[final["id"]] = final
-            self.held[final["id"]] = final | {"status": "queued", "output": [], "usage": None}
+            self._hold(final, final | {"status": "queued", "output": [], "usage": None})
             return await send_json(ex, 200, self.held[final["id"]])
         if _last_user_text(body) == ECHO_ERROR_OBJECT:
             return await self._error_object(ex, body, {"error": {
@@ -108,28 +112,16 @@ class FakeResponsesUpstream(EchoUpstream, OnLoopback):
                                                     "message": f"refused {ex.headers.get('authorization')}"}}
         if not body.get("stream"):
             return await send_json(ex, 200, final)
-        start = final | {"status": "in_progress", "output": [], "usage": None}
-        text = final["output"][1]["content"][0]["text"]
-        events: list[dict[str, Any]] = [
-            {"type": "response.created", "response": start},
-            {"type": "response.in_progress", "response": start},
-            {"type": "response.output_item.added", "output_index": 0, "item": final["output"][0]},
-            {"type": "response.reasoning_summary_text.delta", "item_id": final["output"][0]["id"], "delta": "hm"},
-            {"type": "response.output_item.added", "output_index": 1,
-             "item": final["output"][1] | {"status": "in_progress", "content": []}},
-            *({"type": "response.output_text.delta", "item_id": final["output"][1]["id"], "output_index": 1,
-               "content_index": 0, "delta": word} for word in text.split(" ")),
-            {"type": "response.output_text.done", "item_id": final["output"][1]["id"], "output_index": 1,
-             "content_index": 0, "text": text},
-            *({"type": f"response.output_item.{step}", "output_index": i, "item": item}  # TOOL_CALLS, if any
-              for i, item in enumerate(final["output"][2:], 2) for step in ("added", "done")),
-            {"type": f"response.{final['status']}", "response": final},
-        ]
+        events = _events(final)
         if body.get("background"):  # held: the last event waits for ``finish``
-            self._finals[final["id"]] = final
-            self.held[final["id"]] = start
+            self._hold(final, events[0]["response"])
             return await send_events(ex, events[:-1], last=self._ended(final["id"]))
         await send_events(ex, events)
+
+    def _hold(self, final: dict[str, Any], now: dict[str, Any]) -> None:
+        """A background response, ``now`` as it stands, ``final`` once finished."""
+        self._finals[final["id"]], self.held[final["id"]] = final, now
+        self._streams[final["id"]] = _events(final)[:-1]
 
     async def _ended(self, response_id: str) -> dict[str, Any] | None:
         """The last event of held ``response_id``'s stream, once it is no longer running; None (the
@@ -143,6 +135,7 @@ class FakeResponsesUpstream(EchoUpstream, OnLoopback):
 
     async def _reach(self, ex: Exchange) -> None:
         self.reached.append((ex.method, ex.path))
+        self.queries.append(ex.query)
         response_id, _, action = ex.path.split("/responses/", 1)[1].partition("/")
         held = self.held.get(response_id)
         if self.reach_failure is not None:
@@ -150,6 +143,10 @@ class FakeResponsesUpstream(EchoUpstream, OnLoopback):
         if held is None:
             return await send_json(ex, 404, {"error": {"type": "invalid_request_error", "code": "not_found",
                                                        "message": f"No response with id '{response_id}' found."}})
+        asked = parse_qs(ex.query)
+        if ex.method == "GET" and asked.get("stream") == ["true"]:
+            after = int(asked.get("starting_after", ["-1"])[0])
+            return await send_events(ex, self._streams[response_id], last=self._ended(response_id), after=after)
         if ex.method == "DELETE":
             del self.held[response_id]
             return await send_json(ex, 200, {"id": response_id, "object": "response", "deleted": True})
@@ -169,15 +166,37 @@ class FakeResponsesUpstream(EchoUpstream, OnLoopback):
         await ex.send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
+def _events(final: dict[str, Any]) -> list[dict[str, Any]]:
+    """The events of a stream answering ``final``."""
+    start = final | {"status": "in_progress", "output": [], "usage": None}
+    text = final["output"][1]["content"][0]["text"]
+    return [
+        {"type": "response.created", "response": start},
+        {"type": "response.in_progress", "response": start},
+        {"type": "response.output_item.added", "output_index": 0, "item": final["output"][0]},
+        {"type": "response.reasoning_summary_text.delta", "item_id": final["output"][0]["id"], "delta": "hm"},
+        {"type": "response.output_item.added", "output_index": 1,
+         "item": final["output"][1] | {"status": "in_progress", "content": []}},
+        *({"type": "response.output_text.delta", "item_id": final["output"][1]["id"], "output_index": 1,
+           "content_index": 0, "delta": word} for word in text.split(" ")),
+        {"type": "response.output_text.done", "item_id": final["output"][1]["id"], "output_index": 1,
+         "content_index": 0, "text": text},
+        *({"type": f"response.output_item.{step}", "output_index": i, "item": item}  # TOOL_CALLS, if any
+          for i, item in enumerate(final["output"][2:], 2) for step in ("added", "done")),
+        {"type": f"response.{final['status']}", "response": final},
+    ]
+
+
 async def send_events(ex: Exchange, events: list[dict[str, Any]],
-                      last: Awaitable[dict[str, Any] | None] | None = None) -> None:
+                      last: Awaitable[dict[str, Any] | None] | None = None, after: int = -1) -> None:
     """A 200 event stream of ``events``, each named by its type and numbered in order, then the
-    one ``last`` gives, if any."""
+    one ``last`` gives, if any; those numbered up to ``after`` left out."""
     await ex.send({"type": "http.response.start", "status": 200,
                    "headers": [(b"content-type", b"text/event-stream")]})
     for seq, event in enumerate(events):
-        await _send_event(ex, event, seq)
-    if last is not None and (ending := await last) is not None:
+        if seq > after:
+            await _send_event(ex, event, seq)
+    if last is not None and (ending := await last) is not None and len(events) > after:
         await _send_event(ex, ending, len(events))
     await ex.send({"type": "http.response.body", "body": b"", "more_body": False})
 
