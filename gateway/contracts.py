@@ -88,9 +88,10 @@ class Admission(Protocol):
         future completes when it is acknowledged, and never fails (an outage is logged)."""
         ...
 
-    async def charge(self, principal: Principal, tokens: int, cost: float) -> None:
+    async def charge(self, principal: Principal, tokens: int, cost: float, *, once: str | None = None) -> None:
         """Count spend no admission reserved (a background response's, metered when it ends) against
-        the principal's token and money budgets; never fails (an outage is logged)."""
+        the principal's token and money budgets; never fails (an outage is logged). ``once``: a key
+        the charge is counted under at most once, however often it is sent (for days)."""
         ...
 
 

@@ -57,7 +57,7 @@ class Unmetered:
     def settle(self, ticket: Ticket, actual_tokens: int, cost: float) -> asyncio.Future[None]:
         return completed()
 
-    async def charge(self, principal: Principal, tokens: int, cost: float) -> None:
+    async def charge(self, principal: Principal, tokens: int, cost: float, *, once: str | None = None) -> None:
         return None
 
 

@@ -17,13 +17,21 @@ upstream forgot it, or asking kept failing too long) is metered so by the follow
 A meterer that dies before it settles the row (SIGKILL, a crash, a cancelled metering), or cannot
 settle it (the database down), leaves it unsettled: once its lease has run out, the follower (or a
 ``GET`` or ``cancel``) meters it again. Its usage row has one id per response (``usage_id``), so the
-record written again (and the dead one's, replayed from its write-ahead segment) is one row. Its
-budgets are charged again, which is exact when the first charge never reached Redis; one that did
-(the meterer died after Redis ran it, before the row was settled: while it waited for Redis's reply,
-or between the two) is counted twice in the budgets, never in the usage rows (the record comes
-first for that reason: the rows are the account, and the budgets are rebuilt from them after an
-outage). A meterer still alive when its lease runs out (stalled longer than ``LEASE_SECONDS``, far
-longer than Redis's and the database's timeouts) may meet a second one so too.
+record written again (and the dead one's, replayed from its write-ahead segment) is one row; and its
+charge is made under that id (``once``), which the quota store notes in the same atomic step as it
+adds the charge and keeps for days (``store.ONCE_SECONDS``): a charge Redis ran (the meterer died
+while it waited for the reply, or before it settled the row) is not counted again, one that never
+reached Redis is counted now. A meterer still alive when its lease runs out (stalled longer than
+``LEASE_SECONDS``) that meets a second one is counted once so too.
+
+A charge whose reply does not come (Redis unreachable or too slow: it may or may not have run) is
+an outage of the quota store (``quotas/stale.py``): the meterer goes on to settle the row, and its
+process has the budget buckets rebuilt from the usage rows once Redis answers, which hold this
+one (the record comes first for that reason: the rows are the account). A process that dies
+before that repair leaves the buckets as Redis left them: charged once if the charge ran, not at
+all if it never reached Redis. Where a bucket is rebuilt from the usage rows after the row was
+written and before the charge runs (Redis restarted empty, its once-keys gone with it; a budget
+set meanwhile), the charge is counted twice in the budgets, never in the rows.
 
 One started with ``stream: true`` is metered by its stream when that reaches its last event; one whose
 stream ends before (the client gone, the drain, the upstream's connection broken) is held so too,
@@ -73,8 +81,8 @@ async def meter_ended(pipeline: Pipeline, store: ResponseStore, response_id: str
     """Meter the spend of ``response_id``, which ``answer`` (the upstream's) says has ended, unless
     another caller has claimed it: its usage row first, then its budgets, then the row settled.
     Once claimed, that runs to its end in a task of its own, though the caller is cancelled (a
-    client that left its ``GET``, the follower stopped): cut after the charge, the row would be
-    metered again once its lease ran out, its budgets charged twice."""
+    client that left its ``GET``, the follower stopped): cut, the row would wait for its lease to run
+    out to be metered again."""
     pending = await store.claim(response_id, LEASE_SECONDS)
     if pending is not None:
         await asyncio.shield(asyncio.ensure_future(_meter_claimed(pipeline, store, response_id, answer, pending)))
@@ -92,7 +100,7 @@ async def _meter_claimed(pipeline: Pipeline, store: ResponseStore, response_id: 
         await services.usage.sync()
     except Exception:
         log.exception("recording the usage of background response %s failed", response_id)
-    await services.admission.charge(principal, spent.total_tokens, cost)
+    await services.admission.charge(principal, spent.total_tokens, cost, once=usage_id(response_id))
     await store.settle(response_id)
 
 

@@ -219,9 +219,10 @@ class QuotaAdmission:
         sent.add_done_callback(partial(self._acknowledged, acknowledged, lease))
         return acknowledged
 
-    async def charge(self, principal: Principal, tokens: int, cost: float) -> None:
+    async def charge(self, principal: Principal, tokens: int, cost: float, *, once: str | None = None) -> None:
         """Add ``tokens`` and ``cost`` to the budgets (and this second's tokens) of the key and its
-        tenant: the store settles a reservation it never held by adding its actual figures."""
+        tenant: the store settles a reservation it never held by adding its actual figures, unless
+        it settled one under ``once`` before (within ``store.ONCE_SECONDS``), in the same atomic step."""
         now = self.clock()
         try:
             scopes = await self.limits.scopes(principal)
@@ -231,7 +232,7 @@ class QuotaAdmission:
             return
         lease = lease_for(Reservation(random_id(), now, 0, 0, scopes, self.lease_seconds))
         try:
-            await self.store.settle(lease, now, max(0, int(tokens)), picos(cost), given_back=True)
+            await self.store.settle(lease, now, max(0, int(tokens)), picos(cost), given_back=True, once=once)
         except Exception as exc:  # it may or may not have run: the buckets are rebuilt from the usage records
             self._outage("charge", exc)
             self.stale.unsettled(lease)

@@ -11,7 +11,11 @@ pico-dollars past them, 0 to 999,999; a scope with a budget
 whose bucket is missing is refused as ``unseeded`` until it is rebuilt: ``SEED`` starts it at the
 usage records' figures plus the reservations of the tickets in flight, which no record holds yet,
 and notes the second it did so in ``seeded``: ``SETTLE`` tells by it a ticket whose lease expired,
-still counted in the bucket, from one reserved before Redis lost its state).
+still counted in the bucket, from one reserved before Redis lost its state). A charge made once
+notes its key in ``<prefix>:charged:<once>`` for ``ONCE_SECONDS``, in the same ``SETTLE``, which does
+nothing when the key is there. (``SETTLE`` took no once-key before 2026-12: in a rolling update a
+replica of the older version runs its own script, and its charges, sent without a key, are counted
+as before.)
 
 (Until 2026-12 a bucket counted whole micro-dollars alone, each settlement rounded: ``micros``
 keeps that meaning, so in a rolling update a replica of the older version reads the newer ones'
@@ -47,7 +51,7 @@ import math
 from gateway.contracts import QuotaState
 from gateway.quotas.limits import WINDOW_SECONDS, period_id
 from gateway.quotas.redis_client import Arg, RespClient
-from gateway.quotas.store import PICOS_PER_MICRO, Decision, Lease, Reservation, budget_retry
+from gateway.quotas.store import ONCE_SECONDS, PICOS_PER_MICRO, Decision, Lease, Reservation, budget_retry
 
 NONE = -1  # "no limit" in script arguments and results
 
@@ -272,12 +276,16 @@ return {1, '', -1, 0, req[1], req[2], req[3], tok[1], tok[2], tok[3]}
 """
 
 SETTLE = MONEY + """
+-- Keys: per scope its window, tickets and budget bucket; then, for a charge made once, its once-key.
 -- Arguments: the ticket's member, the token counter of the second it was reserved in, the
 -- corrections of tokens, micro-dollars and pico-dollars, the actual figures (the same three:
--- integers, as strings), and the second it was reserved in (-1: a reservation given back, which
--- may never have been made).
+-- integers, as strings), the second it was reserved in (-1: a reservation given back, which
+-- may never have been made), and the once-key's TTL. A once-key that exists: charged before,
+-- nothing is done (0 is returned).
 local ticket, tsec, second = ARGV[1], ARGV[2], tonumber(ARGV[9])
-for k = 1, #KEYS, 3 do
+local nkeys = #KEYS - #KEYS % 3
+if nkeys < #KEYS and not redis.call('SET', KEYS[#KEYS], 1, 'NX', 'EX', ARGV[10]) then return 0 end
+for k = 1, nkeys, 3 do
   -- a ticket this Redis does not hold was reserved before it lost its state (its budget bucket was
   -- rebuilt after it), or never: add the actual figures; one whose lease expired (its replica could
   -- not renew it) in a bucket older than it is still counted there: correct it
@@ -448,7 +456,7 @@ class RedisStore:
         await self._seed(keys=[f"{base}:bd:{pid}", base + ":cc"], args=[tokens, micros, past, ttl, now, start])
 
     def settle(self, lease: Lease, now: float, actual_tokens: int, actual_picos: int, *,
-               given_back: bool = False) -> asyncio.Future[object]:
+               given_back: bool = False, once: str | None = None) -> asyncio.Future[object]:
         keys: list[str] = []
         for kind, sid, pid in lease.scopes:
             base = self._base(kind, sid)
@@ -458,6 +466,9 @@ class RedisStore:
         args: list[Arg] = [member, f"t{lease.second}", actual_tokens - lease.tokens, *correction,
                            actual_tokens, *divmod(actual_picos, PICOS_PER_MICRO),
                            NONE if given_back else lease.second]
+        if once is not None:
+            keys.append(f"{self.prefix}:charged:{once}")
+            args.append(ONCE_SECONDS)
         return self._settle.submit(keys=keys, args=args)
 
     async def renew(self, leases: list[Lease], now: float, lease_seconds: float) -> None:

@@ -33,6 +33,10 @@ A store checks and reserves every limit of every scope in one atomic step, or re
   A scope without a budget never makes a bucket (it adds to one that exists: a budget removed in
   the period): one made by a store that lost its state would hold only the spend since, and a
   budget set later in the period would trust it instead of being rebuilt from the records.
+- charges made once: a settlement under a once-key (``settle(..., once=)``: the charge of a
+  background response's spend) runs only if no settlement under that key ran in the last
+  ``ONCE_SECONDS``; the key is noted in the same atomic step, so a charge sent again (its sender
+  died not knowing whether it ran) adds nothing.
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ from gateway.quotas.limits import WINDOW_SECONDS, Scope, period_id
 PICOS_PER_MICRO = 1_000_000
 BUDGET_KEPT_SECONDS = 86400  # a budget bucket outlives its period by this much (as Redis keeps it)
 SWEEP_MIN = 1024  # entries below which the memory store does not sweep
+ONCE_SECONDS = 7 * 86400  # a charge's once-key is kept this long: one is sent again within a day at most
 
 
 def picos(usd: float) -> int:
@@ -90,10 +95,11 @@ class QuotaStore(Protocol):
     async def reserve(self, r: Reservation) -> Decision: ...
 
     def settle(self, lease: Lease, now: float, actual_tokens: int, actual_picos: int, *,
-               given_back: bool = False) -> asyncio.Future[Any]:
+               given_back: bool = False, once: str | None = None) -> asyncio.Future[Any]:
         """Correct the reservation (the command is on its way when this returns); the future holds
         the store's acknowledgement, or its failure. ``given_back``: the reservation may never
-        have been made (its admission was cancelled)."""
+        have been made (its admission was cancelled). ``once``: nothing is done if a settlement
+        under this key ran before (see the module's docstring)."""
         ...
 
     async def seed_budget(self, kind: str, sid: str, pid: str, tokens: int, picos: int, ttl: int, now: float,
@@ -184,11 +190,12 @@ class MemoryStore:
         self._budgets: dict[str, list[int]] = {}  # [tokens, picos]
         self._seeded: dict[str, int] = {}  # budget bucket -> the second it was rebuilt in
         self._budget_ends: dict[str, float] = {}  # budget bucket -> when it may go (none: never)
+        self._once: dict[str, float] = {}  # once-key of a charge -> when it goes, oldest first
         self._swept_at = -math.inf
 
     def __len__(self) -> int:
-        """The entries held (windows, scopes with leases, budget buckets)."""
-        return len(self._windows) + len(self._leases) + len(self._budgets)
+        """The entries held (windows, scopes with leases, budget buckets, charges' once-keys)."""
+        return len(self._windows) + len(self._leases) + len(self._budgets) + len(self._once)
 
     def _sweep(self, now: float) -> None:
         sec = math.floor(now)
@@ -311,7 +318,9 @@ class MemoryStore:
                 self._leases.get(f"{kind}:{sid}", {}).pop(lease.ticket_id, None)
 
     def settle(self, lease: Lease, now: float, actual_tokens: int, actual_picos: int, *,
-               given_back: bool = False) -> asyncio.Future[Any]:
+               given_back: bool = False, once: str | None = None) -> asyncio.Future[Any]:
+        if once is not None and not self._first(once, now):
+            return completed()
         for kind, sid, pid in lease.scopes:
             base = f"{kind}:{sid}"
             known = self._leases.get(base, {}).pop(lease.ticket_id, None) is not None
@@ -326,3 +335,14 @@ class MemoryStore:
                 budget[0] += actual_tokens - reserved_tokens
                 budget[1] += actual_picos - reserved_micros * PICOS_PER_MICRO
         return completed()
+
+    def _first(self, once: str, now: float) -> bool:
+        """Note the once-key ``once`` unless it is held; the keys that ran out go first (each is kept
+        as long: the oldest is the first to go)."""
+        while self._once and next(iter(self._once.values())) <= now:
+            del self._once[next(iter(self._once))]
+        if self._once.get(once, now) > now:
+            return False
+        self._once.pop(once, None)
+        self._once[once] = now + ONCE_SECONDS
+        return True

@@ -116,3 +116,34 @@ async def test_a_claim_holds_until_its_lease_runs_out_or_it_is_settled(db: Datab
     assert not await listed() and await store.claim(response_id, 3600) is None  # being metered
     await store.settle(response_id)
     assert not await listed() and await store.claim(response_id, -1.0) is None
+
+
+async def test_a_response_metered_again_after_its_meterer_charged_is_charged_once(
+    db: Database, redis: Redis, redis_prefix: str, tmp_path: Path
+) -> None:
+    """A meterer that died after Redis ran its charge, before it settled the row (its lease run out):
+    the response is metered again, and its budgets are not charged again (the charge's once-key)."""
+    p = await principal_with(db, BUDGET, BUDGET)
+    store, response_id = ResponseStore(db), f"resp_bg_{uuid.uuid4().hex}"
+    queued = {"id": response_id, "object": "response", "status": "queued", "model": "m", "created_at": 1}
+    assert await store.save(p, Kept(queued, [], [], None, "d", unsettled(p, "req-1", "m", "m", "d", "openai", 7,
+                                                                          None)), None)
+    client = connect_redis(REDIS_URL)
+    admission = QuotaAdmission(RedisStore(client, prefix=redis_prefix), LimitsSource(db), PRICES)
+    writer = UsageWriter(db, PRICES, journal_dir=tmp_path / "journal", flush_interval=3600)
+    try:
+        await admission.settle(await admission.admit(p, "m", 0), 0, 0.0)  # the budget buckets exist, at 0
+        assert await store.claim(response_id, -1.0) is not None  # the dead meterer's claim, run out
+        await admission.charge(p, 10, PRICES.cost("m", 7, 3), once=usage_id(response_id))  # its charge
+        await meter_ended(pipeline(admission, writer), store, response_id, ended(response_id))
+        assert await store.claim(response_id, 3600) is None  # settled
+        assert await writer.flush()
+    finally:
+        await writer.aclose()
+        await admission.aclose()
+        await client.aclose()
+    assert [(r.prompt_tokens, r.completion_tokens) for r in await _rows(db, response_id)] == [(7, 3)]
+    for scope in (f"key:{p.key_id}", f"tenant:{p.tenant_id}"):
+        spent = await redis.hmget(f"{redis_prefix}:{scope}:bd:total", ["tokens", "micros"])
+        assert [int(v or 0) for v in spent] == [10, 16]  # charged once: 7 + 3 tokens, 7 x 1 + 3 x 3 micro-dollars
+    assert await redis.ttl(f"{redis_prefix}:charged:{usage_id(response_id)}") > 6 * 86400

@@ -5,7 +5,7 @@ from __future__ import annotations
 import uuid
 
 from gateway.quotas.limits import Limits, Scope, period_id, period_start
-from gateway.quotas.store import Lease, MemoryStore, Reservation, lease_for
+from gateway.quotas.store import ONCE_SECONDS, Lease, MemoryStore, Reservation, lease_for
 
 NOW = 1_800_000_000.25
 LIMITS = Limits(requests_per_minute=1, tokens_per_minute=1000, max_concurrency=1)
@@ -61,3 +61,27 @@ async def test_a_budget_bucket_goes_a_day_after_its_period() -> None:
     assert await admit(store, "b", NOW + 101, Limits(token_budget=925, budget_period="day")) is None
     await churn(store, NOW + ttl + 86400 + 1, 2000)
     assert f"key:b:{pid}" not in store._budgets and not store._seeded  # was kept forever, a bucket a day
+
+
+async def test_a_charges_once_key_goes_after_its_time() -> None:
+    """The once-keys of charges go as Redis lets them expire (``ONCE_SECONDS``): the store holds a
+    week's at most, and a key gone charges again."""
+    store = MemoryStore()
+    pid, ttl = period_id("total", NOW)
+    await store.seed_budget("key", "c", pid, 0, 0, ttl, NOW, None)
+    budget = scopes("c", Limits(token_budget=2000, budget_period="total"))
+
+    def charge(now: float, once: str) -> None:
+        lease = lease_for(Reservation(uuid.uuid4().hex, now, 0, 0, budget))
+        store.settle(lease, now, 1, 0, given_back=True, once=once)
+
+    for i in range(1000):
+        charge(NOW + i, f"bg-{i}")
+    charge(NOW + 1000, "bg-0")  # within the week: not again
+    assert len(store) == 1000 + 1  # the keys, and the budget bucket
+    later = NOW + ONCE_SECONDS + 499.5
+    charge(later, "bg-0")  # a week on: its key has gone (and the 499 after it): charged again
+    assert len(store) == 501 + 1
+    # 1001 tokens charged: a request of 10 finds no room in 1010, and room in 1011
+    assert await admit(store, "c", later, Limits(token_budget=1010, budget_period="total")) is None
+    assert await admit(store, "c", later, Limits(token_budget=1011, budget_period="total")) is not None

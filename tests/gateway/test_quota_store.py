@@ -355,3 +355,19 @@ async def test_settle_of_a_lease_that_expired_corrects_its_reservation(store: Qu
     await store.settle(lease_for(r), NOW + 20, 100, 0)  # 300 reserved corrected to 100, not 100 added
     assert (await store.reserve(res(scopes, now=NOW + 20, tokens=899))).admitted
     assert not (await store.reserve(res(scopes, now=NOW + 20, tokens=1))).admitted
+
+
+async def test_a_charge_made_again_under_its_once_key_adds_nothing(store: QuotaStore) -> None:
+    """A charge (a settlement of a reservation never made, as ``QuotaAdmission.charge`` sends) under
+    a once-key adds its figures the first time only: a background response metered again after its
+    meterer died charges its budgets once. Another key adds its own."""
+    scopes = await seeded(store, key(token_budget=1000))
+
+    async def charge(tokens: int, once: str) -> None:
+        await store.settle(lease_for(res(scopes, tokens=0)), NOW, tokens, 0, given_back=True, once=once)
+
+    await charge(300, "bg-a")
+    await charge(300, "bg-a")  # metered again: already charged
+    await charge(200, "bg-b")
+    assert (await store.reserve(res(scopes, tokens=500))).admitted  # 300 + 200 + 500
+    assert not (await store.reserve(res(scopes, tokens=1))).admitted

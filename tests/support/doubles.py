@@ -50,7 +50,7 @@ class ScriptedAdmission:
         self.settled.append(Settlement(ticket, actual_tokens, cost))
         return completed()
 
-    async def charge(self, principal: Principal, tokens: int, cost: float) -> None:
+    async def charge(self, principal: Principal, tokens: int, cost: float, *, once: str | None = None) -> None:
         self.settled.append(Settlement(Ticket(principal, "", 0), tokens, cost))
 
 

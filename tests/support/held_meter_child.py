@@ -53,9 +53,9 @@ class Announced:
     def __init__(self, admission: QuotaAdmission) -> None:
         self.admission = admission
 
-    async def charge(self, principal: Principal, tokens: int, cost: float) -> None:
+    async def charge(self, principal: Principal, tokens: int, cost: float, *, once: str | None = None) -> None:
         print("charging", flush=True)
-        await self.admission.charge(principal, tokens, cost)
+        await self.admission.charge(principal, tokens, cost, once=once)
 
 
 async def main(url: str, prefix: str, journal: Path, response_id: str, lease: float) -> None:
