@@ -16,7 +16,7 @@ import logging
 import time
 from typing import Any
 
-from backends.base import BackendError, ServesResponses, Unavailable
+from backends.base import BackendError, Meter, ServesResponses, Unavailable
 from gateway.background import Stopping
 from gateway.contracts import Principal
 from gateway.held_usage import meter_ended, meter_lost
@@ -61,14 +61,15 @@ async def _ask(pipeline: Pipeline, store: ResponseStore, principal: Principal | 
 
 
 async def finish_if_ended(pipeline: Pipeline, store: ResponseStore, principal: Principal | None, response_id: str,
-                          answer: dict[str, Any]) -> None:
-    """Store ``answer`` in place of held ``response_id`` and meter its spend, if it says the response
-    ended (each once, whoever finds it so first)."""
+                          answer: dict[str, Any], spent: Meter | None = None) -> None:
+    """Store ``answer`` in place of held ``response_id`` and meter its spend (``spent``: what its own
+    stream metered, if that relayed the end), if it says the response ended (each once, whoever
+    finds it so first)."""
     if answer.get("status") not in UNFINISHED:
         output = answer.get("output")
         await store.finish(principal, response_id, answer, kept_output(answer, output if isinstance(output, list)
                                                                          else []))
-        await meter_ended(pipeline, store, response_id, answer)
+        await meter_ended(pipeline, store, response_id, answer, spent)
 
 
 def named(kept: Kept) -> dict[str, Any]:

@@ -1,44 +1,76 @@
-"""A background response streamed (``background: true``, ``stream: true``) whose stream ends, for
-the gateway, before its last event: the client went away, the drain cut it, or its connection to the
-upstream broke. The upstream runs it on (a client may resume its stream there), so it is held as one
-answered ``queued`` is (``gateway.held_usage``): ``on_cut`` stores it with its spend ``unsettled``,
-and the request that started it settles at no tokens. One whose last event came was metered by its
-stream."""
+"""A background response streamed (``background: true``, ``stream: true``): held as one answered
+``queued`` is (``gateway.held_usage``) from the first event of its stream that carries it, before
+that event is relayed: ``on_hold`` stores it with its spend ``unsettled``, so that its client (or
+another of its tenant) can ``GET`` or ``cancel`` it while it streams, by the id that event gave.
+From then on it is metered once, when it ends: by its stream's last event (``on_end``: stored
+finished and metered with what the stream metered, before that event is relayed), or by the
+``GET``, ``cancel`` or follower that finds it ended first; the request that started it settles at
+no tokens. One whose stream ends before its last event (the client gone, the drain, the upstream's
+connection broken) stays held: the upstream runs it on (a client may resume its stream there)."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
+import logging
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from backends.base import ChunkStream, Meter
-from backends.responses_wire import ResponsesEvent
+from backends.responses_wire import FINAL_EVENTS, ResponsesEvent
 from gateway.held_responses import UNFINISHED
 
-# Gets the response as its stream last told it, and its prompt's estimate; says whether it is now held.
-OnCut = Callable[[dict[str, Any], int], Awaitable[bool]]
+log = logging.getLogger("switchyard.responses")
+
+# Gets the response as its stream's first event tells it, and its prompt's estimate; says whether it is now held.
+OnHold = Callable[[dict[str, Any], int], Awaitable[bool]]
+# Gets the response as its stream's last event tells it, and what the stream metered: stores and meters it.
+OnEnd = Callable[[dict[str, Any], Meter], Awaitable[None]]
 
 
-async def held_if_cut(opened: Awaitable[ChunkStream[Any]], on_cut: OnCut) -> ChunkStream[Any]:
-    """The stream ``opened`` gives, handed to ``on_cut`` if it is closed before its response ends."""
-    return HeldStream(await opened, on_cut)
+async def held_stream(opened: Awaitable[ChunkStream[Any]], on_hold: OnHold, on_end: OnEnd) -> ChunkStream[Any]:
+    """The stream ``opened`` gives, its response held from its first event (``HeldStream``)."""
+    return HeldStream(await opened, on_hold, on_end)
 
 
-class _Watched:
-    """A stream's events, as they pass; ``response``: the last response object one carried."""
+class _Holding:
+    """A stream's events, as they pass: the first that carries a response still running handed to
+    ``on_hold``, the last (``FINAL_EVENTS``) of one held so to ``on_end``, each before it is returned."""
 
-    def __init__(self, chunks: AsyncIterator[Any]) -> None:
-        self._chunks = chunks
-        self.response: dict[str, Any] | None = None
+    def __init__(self, stream: ChunkStream[Any], on_hold: OnHold, on_end: OnEnd) -> None:
+        self._chunks, self._meter = stream.chunks, stream.meter
+        self._on_hold, self._on_end = on_hold, on_end
+        self._seen = False  # an event carrying the response came
+        self.held = False
 
-    def __aiter__(self) -> _Watched:
+    def __aiter__(self) -> _Holding:
         return self
 
     async def __anext__(self) -> Any:
         chunk = await self._chunks.__anext__()
         if isinstance(chunk, ResponsesEvent) and isinstance(response := chunk.data.get("response"), dict):
-            self.response = response
+            if not self._seen:
+                self._seen = True
+                await self._hold(response)
+            elif self.held and chunk.data.get("type") in FINAL_EVENTS:
+                await self._end(response)
         return chunk
+
+    async def _hold(self, response: dict[str, Any]) -> None:
+        if response.get("status") not in UNFINISHED:
+            return
+        # held first: a cancellation while it is stored (shielded, it goes on) must not meter it twice
+        self.held = True
+        try:
+            self.held = await asyncio.shield(self._on_hold(response, self._meter.prompt_tokens))
+        except Exception:  # not stored: metered by this request, as far as it is relayed
+            log.exception("holding background response %s failed", response.get("id"))
+            self.held = False
+
+    async def _end(self, response: dict[str, Any]) -> None:
+        try:  # shielded: the client leaving while it is stored and metered does not cut that short
+            await asyncio.shield(self._on_end(response, self._meter))
+        except Exception:  # the database is down: still held, the follower (or a poll) finishes it
+            log.exception("storing the end of background response %s failed", response.get("id"))
 
     async def aclose(self) -> None:
         close = getattr(self._chunks, "aclose", None)
@@ -47,28 +79,18 @@ class _Watched:
 
 
 class HeldStream(ChunkStream[Any]):
-    """``stream``, but closed while its response still runs (``UNFINISHED``), it is handed to
-    ``on_cut``, and, held so, its meter is emptied: the relay then settles its request at no tokens."""
+    """``stream``, its response held from its first event (``_Holding``); held, its meter is emptied
+    when it is closed: the relay then settles its request at no tokens."""
 
-    def __init__(self, stream: ChunkStream[Any], on_cut: OnCut) -> None:
-        watched = _Watched(stream.chunks)
-        super().__init__(watched, stream.meter, stream.tokens_left, stream.tokens_reset)
-        self._watched = watched
-        self._on_cut: OnCut | None = on_cut
+    def __init__(self, stream: ChunkStream[Any], on_hold: OnHold, on_end: OnEnd) -> None:
+        holding = _Holding(stream, on_hold, on_end)
+        super().__init__(holding, stream.meter, stream.tokens_left, stream.tokens_reset)
+        self._holding = holding
 
     async def aclose(self) -> None:
         try:
             await super().aclose()
         finally:
-            await self._hold()
-
-    async def _hold(self) -> None:
-        response, on_cut = self._watched.response, self._on_cut
-        self._on_cut = None  # once
-        if on_cut is None or response is None or response.get("status") not in UNFINISHED:
-            return
-        spent = self.meter
-        # emptied first: a cancellation while it is stored (shielded, it goes on) must not meter it twice
-        self.meter = Meter(first_token_at=spent.first_token_at, upstream_request_id=spent.upstream_request_id)
-        if not await asyncio.shield(on_cut(response, spent.prompt_tokens)):
-            self.meter = spent  # not held: metered as far as it was relayed
+            if self._holding.held:  # its spend is metered when it ends, not by this request
+                spent = self.meter
+                self.meter = Meter(first_token_at=spent.first_token_at, upstream_request_id=spent.upstream_request_id)

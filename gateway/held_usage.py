@@ -33,9 +33,10 @@ all if it never reached Redis. Where a bucket is rebuilt from the usage rows aft
 written and before the charge runs (Redis restarted empty, its once-keys gone with it; a budget
 set meanwhile), the charge is counted twice in the budgets, never in the rows.
 
-One started with ``stream: true`` is metered by its stream when that reaches its last event; one whose
-stream ends before (the client gone, the drain, the upstream's connection broken) is held so too,
-its starting request settled at no tokens (``gateway.held_streams``).
+One started with ``stream: true`` is held so from its stream's first event (``gateway.held_streams``):
+its stream's last event meters it (with what the stream metered) unless a ``GET``, ``cancel`` or the
+follower found it ended first; one whose stream ends before (the client gone, the drain, the
+upstream's connection broken) stays held.
 """
 
 from __future__ import annotations
@@ -77,20 +78,23 @@ def usage_id(response_id: str) -> str:
     return "bg-" + hashlib.sha256(response_id.encode()).hexdigest()[:40]
 
 
-async def meter_ended(pipeline: Pipeline, store: ResponseStore, response_id: str, answer: dict[str, Any]) -> None:
+async def meter_ended(pipeline: Pipeline, store: ResponseStore, response_id: str, answer: dict[str, Any],
+                      spent: Meter | None = None) -> None:
     """Meter the spend of ``response_id``, which ``answer`` (the upstream's) says has ended, unless
-    another caller has claimed it: its usage row first, then its budgets, then the row settled.
+    another caller has claimed it: its usage row first, then its budgets, then the row settled;
+    ``spent``: what its stream metered, where its own stream relayed its end (else ``answer``'s usage).
     Once claimed, that runs to its end in a task of its own, though the caller is cancelled (a
     client that left its ``GET``, the follower stopped): cut, the row would wait for its lease to run
     out to be metered again."""
     pending = await store.claim(response_id, LEASE_SECONDS)
     if pending is not None:
-        await asyncio.shield(asyncio.ensure_future(_meter_claimed(pipeline, store, response_id, answer, pending)))
+        await asyncio.shield(asyncio.ensure_future(_meter_claimed(pipeline, store, response_id, answer, pending,
+                                                                  spent)))
 
 
 async def _meter_claimed(pipeline: Pipeline, store: ResponseStore, response_id: str, answer: dict[str, Any],
-                         pending: dict[str, Any]) -> None:
-    spent = answer_meter(answer, int(pending.get("prompt_estimate") or 0))
+                         pending: dict[str, Any], spent: Meter | None) -> None:
+    spent = spent if spent is not None else answer_meter(answer, int(pending.get("prompt_estimate") or 0))
     principal, deployment, group = starter(pending), pending.get("deployment"), str(pending.get("group", ""))
     cost = pipeline.cost(deployment, group, spent)
     services = pipeline.services

@@ -38,8 +38,8 @@ from gateway.dialects.responses_request import (
 )
 from gateway.errors import ApiError
 from gateway.held_events import held_events
-from gateway.held_responses import CONTINUABLE, UNFINISHED, kept_output, reach
-from gateway.held_streams import OnCut, held_if_cut
+from gateway.held_responses import CONTINUABLE, UNFINISHED, finish_if_ended, kept_output, reach
+from gateway.held_streams import OnEnd, OnHold, held_stream
 from gateway.held_usage import unsettled
 from gateway.services import Services
 from gateway.stored_responses import Kept, ResponseStore
@@ -145,14 +145,14 @@ async def _held_unmetered(answer: Awaitable[Completed[Any]], held: list[Meter]) 
 def _described_for_passthrough(principal: Principal, data: ResponsesRequest, context: list[dict[str, Any]] | None,
                                upstream_previous: str | None, inputs: list[dict[str, Any]],
                                dialect: Dialect, served: list[str], held: list[Meter] | None,
-                               on_cut: OnCut | None) -> CallDescription:
+                               holding: tuple[OnHold, OnEnd] | None) -> CallDescription:
     """A call whose deployments include one serving Responses itself: that one gets the request as
     sent (a kept conversation's items put before the input, in place of ``previous_response_id``,
     which then names ``upstream_previous``: where the kept conversation began from a response only
     the upstream holds), its deployment's id appended to ``served``; any other (a fallback) gets it
     translated to chat when it is tried. ``held``: the answer is stored, so a background one is
-    metered when it ends (``_held_unmetered``); streamed, ``on_cut`` stores one whose stream ends
-    before it does (``gateway.held_streams``)."""
+    metered when it ends (``_held_unmetered``); streamed, ``holding`` holds it from its first event
+    and ends it at its last (``gateway.held_streams``)."""
     body = raw_request(data)
     if context is not None:
         body.pop("previous_response_id", None)
@@ -160,14 +160,14 @@ def _described_for_passthrough(principal: Principal, data: ResponsesRequest, con
             body["previous_response_id"] = upstream_previous
         body["input"] = [_for_upstream(item) for item in context + inputs if not _translated_reasoning(item)]
     stream = bool(data.stream)
-    cut = on_cut if body.get("background") is True else None
+    hold = holding if body.get("background") is True else None
 
     def invoke(backend: Backend, ctx: CallContext) -> Awaitable[Completed[Any] | ChunkStream[Any]]:
         if isinstance(backend, ServesResponses) and backend.serves_responses():
             served.append(str(getattr(backend, "deployment_id", "")))
             if stream:
                 opened = backend.respond_stream(body, ctx)
-                return opened if cut is None else held_if_cut(opened, cut)
+                return opened if hold is None else held_stream(opened, *hold)
             return backend.respond(body, ctx) if held is None else _held_unmetered(backend.respond(body, ctx), held)
         try:
             chat = _chat_request(data, context, upstream_previous)
@@ -239,7 +239,7 @@ class ResponsesController(Controller):
         async def save() -> bool:
             """Store the response ``finished`` holds; True when it is held, its spend unsettled."""
             nonlocal saved
-            if saved is not None or store is None:  # a cut stream's, stored, then its drained end passes by
+            if saved is not None or store is None:  # a held stream's, stored, then its end passes by
                 return False
             final, output = finished[0]
             held = served[-1] if served and final.get("status") in UNFINISHED else None
@@ -259,16 +259,22 @@ class ResponsesController(Controller):
                 log.error("background response %s is not stored: its spend will not be metered", final.get("id"))
             return pending is not None and saved
 
-        async def cut(response: dict[str, Any], prompt_estimate: int) -> bool:
-            """A background stream closed before its response ended: stored as it last stood."""
+        async def hold(response: dict[str, Any], prompt_estimate: int) -> bool:
+            """A background stream's response, as its first event tells it: stored held."""
             held_meters.append(Meter(prompt_tokens=prompt_estimate, exact=False))
             finished.append((response | {"model": data.model} | relayed_extra, []))
             return await save()
 
+        async def end(response: dict[str, Any], spent: Meter) -> None:
+            """A held stream's response, as its last event tells it: stored finished and metered (once)."""
+            if store is not None:
+                named = response | {"model": data.model} | relayed_extra
+                await finish_if_ended(pipeline, store, principal, str(response.get("id")), named, spent)
+
         if native:
             call = _described_for_passthrough(principal, data, context if kept_previous else None, upstream_previous,
                                               sent, dialect, served, held_meters if store is not None else None,
-                                              cut if store is not None else None)
+                                              (hold, end) if store is not None else None)
         else:
             call = describe_chat(principal, _chat_request(data, context, upstream_previous), endpoint="responses",
                                  dialect=dialect)

@@ -1,7 +1,8 @@
-"""A background response streamed (``background: true``, ``stream: true``) is metered once: by its
-stream when the client reads it to its last event, else (the client gone before it) as one answered
-``queued`` is, with the upstream's usage once it ends upstream, the request that started it settled
-at no tokens."""
+"""A background response streamed (``background: true``, ``stream: true``) is held from its first
+event, as one answered ``queued`` is: its client (or another of its tenant) can retrieve or cancel it
+while it streams, and it is metered once, in a usage row of its own, the request that started it
+settled at no tokens: by its stream when the client reads it to its last event (with what the stream
+carried), else (the client gone before it) with the upstream's usage once it ends upstream."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ import openai
 import pytest
 
 from gateway.db import Database
-from gateway.db.models import UsageRow
 from tests.gateway.tenancy_fixtures import db  # noqa: F401
+from tests.gateway.test_responses_background_resume import polled  # noqa: F401
 from tests.gateway.test_responses_background_usage import PRICE, _metered, followed, native  # noqa: F401
 from tests.gateway.test_responses_store import Gateway
 from tests.support.fake_responses import USAGE, FakeResponsesUpstream
@@ -36,10 +37,15 @@ def _counted_once(gateway: Gateway, tenant: str, client: openai.OpenAI) -> None:
     assert queued.status == "queued"
 
 
-def _spent_all(row: UsageRow) -> None:
-    assert (row.prompt_tokens, row.completion_tokens, row.cached_tokens) == (
+def _spent_once(db: Database, tenant: str, outcome: str | None) -> None:
+    """The tenant's usage rows: its request's, at no tokens, and its response's, USAGE at its price,
+    ended ``outcome`` (its ``error_type``: None when it completed)."""
+    started, ended = _metered(db, tenant)
+    assert (started.prompt_tokens, started.completion_tokens, started.cost) == (0, 0, 0)
+    assert (ended.prompt_tokens, ended.completion_tokens, ended.cached_tokens) == (
         USAGE["input_tokens"], USAGE["output_tokens"], 2)
-    assert row.exact and row.cost == pytest.approx(10 * PRICE / 1e6) and row.model == "native"
+    assert ended.exact and ended.cost == pytest.approx(10 * PRICE / 1e6) and ended.model == "native"
+    assert ended.error_type == outcome and ended.endpoint == "responses"
 
 
 def test_a_stream_the_client_left_is_metered_once_when_it_ends_upstream(
@@ -52,27 +58,23 @@ def test_a_stream_the_client_left_is_metered_once_when_it_ends_upstream(
         next(events)  # the client goes away: the upstream runs it on
     response_id = created.response.id
     native.finish(response_id)
-    started, ended = _metered(db, tenant)
-    assert (started.prompt_tokens, started.completion_tokens, started.cost) == (0, 0, 0)
-    _spent_all(ended)
-    assert ended.error_type is None and ended.endpoint == "responses"
+    _spent_once(db, tenant, None)
     assert client.responses.retrieve(response_id).status == "completed"  # stored finished by the follower
     _counted_once(followed, tenant, client)
 
 
 def test_a_stream_read_to_its_end_is_metered_once_by_it(
-        followed: Gateway, db: Database, native: FakeResponsesUpstream) -> None:
-    tenant, client = _budgeted(followed)
+        polled: Gateway, db: Database, native: FakeResponsesUpstream) -> None:
+    tenant, client = _budgeted(polled)
     with client.responses.create(model="native", input="work", background=True, stream=True,
                                  max_output_tokens=2) as events:
         for event in events:
             if event.type == "response.created":
                 native.finish(event.response.id)  # it ends while the client reads on
     assert event.type == "response.completed"
-    (row,) = _metered(db, tenant, rows=1)
-    _spent_all(row)
+    _spent_once(db, tenant, None)  # by its stream: no follower passes, nobody polls it
     assert client.responses.retrieve(event.response.id).status == "completed"
-    _counted_once(followed, tenant, client)
+    _counted_once(polled, tenant, client)
 
 
 def test_a_stream_that_ends_cancelled_is_stored_and_metered_by_it(
@@ -85,7 +87,51 @@ def test_a_stream_that_ends_cancelled_is_stored_and_metered_by_it(
                 native.held[event.response.id] |= {"status": "cancelled", "usage": USAGE}
     final = event.to_dict()  # its last event, one the SDK has no type of: no error after it
     assert final["type"] == "response.cancelled" and final["response"]["model"] == "native"
-    (row,) = _metered(db, tenant, rows=1)
-    _spent_all(row)
+    _spent_once(db, tenant, "cancelled")
     assert client.responses.retrieve(final["response"]["id"]).status == "cancelled"
+    _counted_once(followed, tenant, client)
+
+
+def test_a_stream_cancelled_through_the_gateway_ends_cancelled_and_is_metered_once(
+        followed: Gateway, db: Database, native: FakeResponsesUpstream) -> None:
+    tenant, client = _budgeted(followed)
+    with client.responses.create(model="native", input="work", background=True, stream=True,
+                                 max_output_tokens=2) as stream:
+        events = iter(stream)
+        created = next(events)
+        response_id = created.response.id
+        native.held[response_id] |= {"usage": USAGE}  # what it spent before the cancel
+        cancelled = client.responses.cancel(response_id)  # while it streams: held since its first event
+        assert cancelled.status == "cancelled" and cancelled.model == "native"
+        assert ("POST", f"/v1/responses/{response_id}/cancel") in native.reached
+        rest = [event.to_dict() for event in events]
+    final = rest[-1]  # an event the SDK has no type of
+    assert final["type"] == "response.cancelled" and final["response"]["status"] == "cancelled"
+    assert final["response"]["model"] == "native"
+    assert client.responses.retrieve(response_id).status == "cancelled"
+    _spent_once(db, tenant, "cancelled")
+    _counted_once(followed, tenant, client)
+
+
+def test_a_stream_is_retrieved_from_its_upstream_while_it_runs(
+        followed: Gateway, db: Database, native: FakeResponsesUpstream) -> None:
+    tenant, client = _budgeted(followed)
+    key = followed.admin.post("/admin/v1/keys", json={"tenant_id": tenant}).json()["key"]
+    colleague = openai.OpenAI(base_url=followed.url + "/v1", api_key=key, max_retries=0, timeout=20)
+    with client.responses.create(model="native", input="work", background=True, stream=True,
+                                 max_output_tokens=2) as stream:
+        events = iter(stream)
+        created = next(events)
+        response_id = created.response.id
+        asked = len(native.reached)
+        running = colleague.responses.retrieve(response_id)  # another key of the tenant, while it streams
+        assert (running.id, running.status, running.model) == (response_id, "in_progress", "native")
+        assert ("GET", f"/v1/responses/{response_id}") in native.reached[asked:]
+        with pytest.raises(openai.NotFoundError):  # another tenant's: never passed on
+            followed.tenant_client().responses.retrieve(response_id)
+        native.finish(response_id)
+        rest = list(events)
+    assert rest[-1].type == "response.completed" and rest[-1].response.output_text == "work"
+    assert colleague.responses.retrieve(response_id).status == "completed"
+    _spent_once(db, tenant, None)
     _counted_once(followed, tenant, client)

@@ -3,7 +3,8 @@ answering with fields and events the gateway does not model (a reasoning item, a
 reasoning-summary event), echoing the last user text, and recording every body it received;
 ``answer_headers`` go in the head of every answer. A ``background: true`` request is answered
 ``queued`` and held (``held``) until ``finish`` (streamed, its stream waits before its last event
-until then, and that event tells it as it then stands); ``GET /v1/responses/{id}``, ``POST .../cancel``
+until it no longer runs, finished or cancelled, and that event tells it as it then stands: a
+``response.cancelled`` for one cancelled); ``GET /v1/responses/{id}``, ``POST .../cancel``
 and ``DELETE`` reach a held one (any other id is a 404), each recorded in ``reached``, its query in
 ``queries`` (all answered ``reach_failure``, when set). ``GET ...?stream=true`` streams a held one's
 events (those after ``starting_after``, if given), numbered as its ``POST`` stream numbers them, the
