@@ -18,10 +18,12 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 from redis.asyncio import Redis
 from sqlalchemy import select
 
+from gateway.contracts import Principal
 from gateway.db import Database
 from gateway.db.models import UsageRow
 from gateway.held_usage import meter_ended, unsettled, usage_id
@@ -50,6 +52,15 @@ async def _until(check: Callable[[], Awaitable[object]], timeout: float = 20.0) 
         await asyncio.sleep(0.1)
 
 
+async def _held(db: Database, p: Principal) -> tuple[str, dict[str, Any]]:
+    """A background response ``p`` started, stored held: its id, and its spend unsettled."""
+    response_id = f"resp_bg_{uuid.uuid4().hex}"
+    queued = {"id": response_id, "object": "response", "status": "queued", "model": "m", "created_at": 1}
+    pending = unsettled(p, "req-1", "m", "m", "d", "openai", 7, None)
+    assert await ResponseStore(db).save(p, Kept(queued, [], [], None, "d", pending), None)
+    return response_id, pending
+
+
 def _meterer(db: Database, prefix: str, journal: Path, response_id: str) -> subprocess.Popen[str]:
     env = os.environ | {"PYTHONPATH": str(repo_root())}
     return subprocess.Popen(
@@ -61,10 +72,7 @@ async def test_a_response_whose_meterer_is_killed_is_metered_once(
     db: Database, redis: Redis, redis_prefix: str, tmp_path: Path
 ) -> None:
     p = await principal_with(db, BUDGET, BUDGET)
-    store, response_id = ResponseStore(db), f"resp_bg_{uuid.uuid4().hex}"
-    queued = {"id": response_id, "object": "response", "status": "queued", "model": "m", "created_at": 1}
-    assert await store.save(p, Kept(queued, [], [], None, "d", unsettled(p, "req-1", "m", "m", "d", "openai", 7,
-                                                                          None)), None)
+    store, (response_id, _) = ResponseStore(db), await _held(db, p)
     client = connect_redis(REDIS_URL)
     admission = QuotaAdmission(RedisStore(client, prefix=redis_prefix), LimitsSource(db), PRICES)
     await admission.settle(await admission.admit(p, "m", 0), 0, 0.0)  # the budget buckets exist, at 0
@@ -102,10 +110,7 @@ async def test_a_response_whose_meterer_is_killed_is_metered_once(
 
 async def test_a_claim_holds_until_its_lease_runs_out_or_it_is_settled(db: Database) -> None:
     p = await principal_with(db, Limits(), Limits())
-    store, response_id = ResponseStore(db), f"resp_bg_{uuid.uuid4().hex}"
-    queued = {"id": response_id, "object": "response", "status": "queued", "model": "m", "created_at": 1}
-    pending = unsettled(p, "req-1", "m", "m", "d", "openai", 7, None)
-    assert await store.save(p, Kept(queued, [], [], None, "d", pending), None)
+    store, (response_id, pending) = ResponseStore(db), await _held(db, p)
 
     async def listed() -> bool:
         return response_id in dict(await store.unsettled(100))
@@ -124,10 +129,7 @@ async def test_a_response_metered_again_after_its_meterer_charged_is_charged_onc
     """A meterer that died after Redis ran its charge, before it settled the row (its lease run out):
     the response is metered again, and its budgets are not charged again (the charge's once-key)."""
     p = await principal_with(db, BUDGET, BUDGET)
-    store, response_id = ResponseStore(db), f"resp_bg_{uuid.uuid4().hex}"
-    queued = {"id": response_id, "object": "response", "status": "queued", "model": "m", "created_at": 1}
-    assert await store.save(p, Kept(queued, [], [], None, "d", unsettled(p, "req-1", "m", "m", "d", "openai", 7,
-                                                                          None)), None)
+    store, (response_id, _) = ResponseStore(db), await _held(db, p)
     client = connect_redis(REDIS_URL)
     admission = QuotaAdmission(RedisStore(client, prefix=redis_prefix), LimitsSource(db), PRICES)
     writer = UsageWriter(db, PRICES, journal_dir=tmp_path / "journal", flush_interval=3600)
