@@ -4,7 +4,8 @@ client's ``starting_after`` (the query passed on as the client sent it), relayed
 ``POST``'s is (``SSERelay`` with the Responses dialect's ``RelayedEvents``: the model named as the
 client named it). Its last event (``FINAL_EVENTS``) stores it finished and meters it before that
 event is sent (``finish_if_ended``: once, so a poll, the follower or another stream of it that finds
-it ended first does it instead); a stream cut before then meters nothing, the response held on.
+it ended first does it instead); a stream cut before then meters nothing, the response held on (cut
+by the gateway, it ends telling its client so: ``gateway.dialects.responses_resume``).
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ async def held_events(pipeline: Pipeline, store: ResponseStore, principal: Princ
     stream = await backend.held_stream(response_id, query)
     ended: list[dict[str, Any]] = []  # the response, as its last event tells it
     encoder = RelayedEvents(stream.meter, {}, {"previous_response_id": fields["previous_response_id"]},
-                            lambda final, _: ended.append(final))
+                            lambda final, _: ended.append(final), held=lambda: response_id)
 
     async def on_end(_: Meter, outcome: Outcome, error: ApiError | None) -> None:
         """Nothing to settle: the response's spend is metered when it ends, not per stream of it."""

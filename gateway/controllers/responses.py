@@ -230,8 +230,9 @@ class ResponsesController(Controller):
             "instructions": data.instructions if isinstance(data.instructions, str) else None}
         finished: list[tuple[dict[str, Any], list[dict[str, Any]]]] = []  # the response, its output as kept
         relayed_extra = {"previous_response_id": previous} if kept_previous else {}
+        held_id: str | None = None  # a background stream's response, once held (``hold``): cut, its stream says so
         dialect = responses_dialect(extra, lambda final, output: finished.append((final, output)), relayed_extra,
-                                    encrypted=wants_encrypted_reasoning(data))
+                                    encrypted=wants_encrypted_reasoning(data), held=lambda: held_id)
         served: list[str] = []  # the deployment serving Responses that was called (the last one answered)
         held_meters: list[Meter] = []  # a background answer's own meter (``_held_unmetered``)
         saved: bool | None = None  # whether ``save`` stored the response (once)
@@ -261,9 +262,12 @@ class ResponsesController(Controller):
 
         async def hold(response: dict[str, Any], prompt_estimate: int) -> bool:
             """A background stream's response, as its first event tells it: stored held."""
+            nonlocal held_id
             held_meters.append(Meter(prompt_tokens=prompt_estimate, exact=False))
             finished.append((response | {"model": data.model} | relayed_extra, []))
-            return await save()
+            held = await save()
+            held_id = str(response.get("id")) if held else None
+            return held
 
         async def end(response: dict[str, Any], spent: Meter) -> None:
             """A held stream's response, as its last event tells it: stored finished and metered (once)."""

@@ -4,7 +4,8 @@ an id the gateway mints (an upstream's completion ids need not be unique); a str
 way ends with ``error`` and ``response.failed``. A per-call ``responses_dialect`` hands every finished
 response object to a callback, so the controller can keep it (``gateway.stored_responses``); from an
 upstream that serves Responses itself the answer and its events are relayed as they came
-(``RelayedResponse``, ``RelayedEvents``). An answer's thinking blocks (``thinking_blocks``) go in its
+(``RelayedResponse``, ``RelayedEvents``; a held background one's cut short says it runs on:
+``gateway.dialects.responses_resume``). An answer's thinking blocks (``thinking_blocks``) go in its
 reasoning item's ``encrypted_content`` where asked for, and always in the output handed to the callback
 for a stored conversation (``responses_reasoning.kept_output``). Requests: ``gateway.dialects.responses_request``.
 """
@@ -41,6 +42,7 @@ from gateway.dialects.responses_reasoning import (
     kept_output,
     with_encrypted_content,
 )
+from gateway.dialects.responses_resume import runs_on, still_running
 from gateway.dialects.tool_call_slots import CallSlots, own_call_id
 from gateway.errors import ApiError
 
@@ -408,12 +410,15 @@ class RelayedEvents(ResponsesEvents):
     translated answer (a fallback to a chat-only deployment) is encoded as ``ResponsesEvents`` does."""
 
     def __init__(self, meter: Meter | None, extra: dict[str, Any], relayed_extra: dict[str, Any],
-                 on_final: OnFinal, encrypted: bool = False) -> None:
+                 on_final: OnFinal, encrypted: bool = False, held: Callable[[], str | None] = lambda: None) -> None:
+        # ``held``: the id of the response when the gateway now holds it (a background one the upstream runs on)
         super().__init__(meter, extra, on_final, encrypted)
         self._relayed_extra = relayed_extra
+        self._held = held
         self._relaying = False
         self._response: dict[str, Any] | None = None  # the upstream's latest response object
         self._ended = False  # the upstream's last event (``FINAL_EVENTS``) came
+        self._last_seq: int | None = None  # the sequence number of the last upstream event relayed
 
     def chunk(self, chunk: Any) -> bytes:
         if not isinstance(chunk, ResponsesEvent):
@@ -427,16 +432,21 @@ class RelayedEvents(ResponsesEvents):
             if self._ended and self._on_final is not None:  # failed too: the upstream's, its id owned
                 self._on_final(event["response"], event["response"].get("output") or [])
         if isinstance(seq := event.get("sequence_number"), int):
-            self._seq = seq + 1  # events the gateway adds (a failure) follow the upstream's numbering
+            self._seq, self._last_seq = seq + 1, seq  # events the gateway adds (a failure) follow the upstream's
         self._relaying = True
         return b"event: " + kind.encode() + b"\ndata: " + msgspec.json.encode(event) + b"\n\n"
 
     def done(self) -> bytes:
         """Nothing after the upstream's own last event; a stream cut before it (the drain) ends with
-        ``response.incomplete``: the response as last relayed, with the usage metered."""
+        ``response.incomplete``: the response as last relayed, with the usage metered (one the
+        gateway holds, with ``_still_running``)."""
         if not self._relaying:
             return super().done()
-        if self._ended or self._response is None:
+        if self._ended:
+            return b""
+        if (held := self._held()) is not None:
+            return self._still_running(held, None)
+        if self._response is None:
             return b""
         cut = self._response | {"status": "incomplete", "incomplete_details": {"reason": "max_output_tokens"},
                                 "usage": _usage(None, self._meter)}
@@ -444,22 +454,32 @@ class RelayedEvents(ResponsesEvents):
 
     def error(self, error: ApiError) -> bytes:
         """A failure in the middle of an upstream's stream: the ``error`` event, then
-        ``response.failed`` with the upstream's response as last relayed."""
+        ``response.failed`` with the upstream's response as last relayed (one the gateway holds, its
+        upstream's connection broken, with ``_still_running``)."""
         if not self._relaying:
             return super().error(error)
+        if (held := self._held()) is not None and runs_on(error):
+            return self._still_running(held, error)
         out = self._error_event(error)
         if self._response is not None:
             failed = self._response | {"status": "failed", "error": _failure(error)}
             out += self._event("response.failed", {"response": failed})
         return out
 
+    def _still_running(self, response_id: str, error: ApiError | None) -> bytes:
+        """The stream of ``response_id``, which the gateway holds, cut before its end by ``error``
+        (None: the drain): one ``error`` event saying it runs on and how to resume it, no status claimed."""
+        code, message = still_running(response_id, self._last_seq, error)
+        return self._event("error", {"code": code, "message": message, "param": None})
 
-def responses_dialect(extra: dict[str, Any], on_final: OnFinal,
-                      relayed_extra: dict[str, Any] | None = None, encrypted: bool = False) -> Dialect:
+
+def responses_dialect(extra: dict[str, Any], on_final: OnFinal, relayed_extra: dict[str, Any] | None = None,
+                      encrypted: bool = False, held: Callable[[], str | None] = lambda: None) -> Dialect:
     """The Responses dialect for one call: ``extra`` fields on the response objects it builds
     (``relayed_extra`` on an upstream's own), every finished response handed to ``on_final`` (for
     ``store``, with its output as kept), and, if ``encrypted``, ``encrypted_content`` on the reasoning
-    items it makes."""
+    items it makes; ``held`` gives the id of a streamed background response once the gateway holds it
+    (``RelayedEvents``)."""
     relayed_extra = relayed_extra or {}
 
     def unary(response: ChatCompletion | RelayedResponse, meter: Meter) -> bytes:
@@ -472,4 +492,5 @@ def responses_dialect(extra: dict[str, Any], on_final: OnFinal,
         on_final(final, kept)  # any status: a relayed one unfinished or failed is kept, so its id is owned
         return msgspec.json.encode(final)
 
-    return Dialect(unary=unary, stream=lambda meter: RelayedEvents(meter, extra, relayed_extra, on_final, encrypted))
+    return Dialect(unary=unary,
+                   stream=lambda meter: RelayedEvents(meter, extra, relayed_extra, on_final, encrypted, held))

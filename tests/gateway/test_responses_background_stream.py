@@ -2,19 +2,26 @@
 event, as one answered ``queued`` is: its client (or another of its tenant) can retrieve or cancel it
 while it streams, and it is metered once, in a usage row of its own, the request that started it
 settled at no tokens: by its stream when the client reads it to its last event (with what the stream
-carried), else (the client gone before it) with the upstream's usage once it ends upstream."""
+carried), else (the client gone before it) with the upstream's usage once it ends upstream. One the
+gateway ends before its last event (its upstream's connection broken, the process draining) ends
+with an ``error`` event saying it still runs and how to resume its stream, not with a status it does
+not have."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import openai
 import pytest
 
+from gateway import streaming
 from gateway.db import Database
 from tests.gateway.tenancy_fixtures import db  # noqa: F401
 from tests.gateway.test_responses_background_resume import polled  # noqa: F401
-from tests.gateway.test_responses_background_usage import PRICE, _metered, followed, native  # noqa: F401
+from tests.gateway.test_responses_background_usage import PRICE, _metered, _started, followed, native  # noqa: F401
 from tests.gateway.test_responses_store import Gateway
-from tests.support.fake_responses import USAGE, FakeResponsesUpstream
+from tests.support.doubles import CutAfter
+from tests.support.fake_responses import BREAK_PART_WAY, BROKEN_AFTER, USAGE, FakeResponsesUpstream
 
 
 def _budgeted(gateway: Gateway) -> tuple[str, openai.OpenAI]:
@@ -63,18 +70,18 @@ def test_a_stream_the_client_left_is_metered_once_when_it_ends_upstream(
     _counted_once(followed, tenant, client)
 
 
-def test_a_stream_read_to_its_end_is_metered_once_by_it(
-        polled: Gateway, db: Database, native: FakeResponsesUpstream) -> None:
-    tenant, client = _budgeted(polled)
+def test_a_stream_read_to_its_end_is_metered_once(
+        followed: Gateway, db: Database, native: FakeResponsesUpstream) -> None:
+    tenant, client = _budgeted(followed)
     with client.responses.create(model="native", input="work", background=True, stream=True,
                                  max_output_tokens=2) as events:
         for event in events:
             if event.type == "response.created":
                 native.finish(event.response.id)  # it ends while the client reads on
     assert event.type == "response.completed"
-    _spent_once(db, tenant, None)  # by its stream: no follower passes, nobody polls it
+    _spent_once(db, tenant, None)  # by its stream, or by the follower if it found it ended first
     assert client.responses.retrieve(event.response.id).status == "completed"
-    _counted_once(polled, tenant, client)
+    _counted_once(followed, tenant, client)
 
 
 def test_a_stream_that_ends_cancelled_is_stored_and_metered_by_it(
@@ -135,3 +142,81 @@ def test_a_stream_is_retrieved_from_its_upstream_while_it_runs(
     assert colleague.responses.retrieve(response_id).status == "completed"
     _spent_once(db, tenant, None)
     _counted_once(followed, tenant, client)
+
+
+def _cut_says_it_runs_on(events: list[Any], code: str, response_id: str) -> int:
+    """A stream of ``response_id`` the gateway cut: its last event an ``error`` (``code``) telling how
+    to resume it, no event claiming the response failed or is incomplete; the last number relayed."""
+    *relayed, error = events
+    assert not {"response.failed", "response.incomplete"} & {event.type for event in events}
+    last = relayed[-1].sequence_number
+    assert [event.sequence_number for event in events] == list(range(relayed[0].sequence_number, last + 2))
+    assert (error.type, error.code, error.param) == ("error", code, None)
+    assert "still running" in error.message
+    assert f"GET /v1/responses/{response_id}?stream=true&starting_after={last}," in error.message
+    return last
+
+
+def _resumed(client: openai.OpenAI, native: FakeResponsesUpstream, response_id: str, last: int) -> None:
+    """The stream resumed after event ``last``: the rest of it, the response ending while it is read."""
+    assert client.responses.retrieve(response_id).status in ("queued", "in_progress")  # held: it runs on
+    rest = []
+    with client.responses.retrieve(response_id, stream=True, starting_after=last) as events:
+        for event in events:
+            rest.append(event)
+            if len(rest) == 1:
+                native.finish(response_id)
+    assert [event.sequence_number for event in rest] == list(range(last + 1, last + 1 + len(rest)))
+    assert rest[-1].type == "response.completed" and rest[-1].response.model == "native"
+
+
+def test_a_stream_whose_upstream_connection_breaks_says_it_runs_on_and_resumes(
+        polled: Gateway, db: Database, native: FakeResponsesUpstream) -> None:
+    tenant, client = polled.tenant()
+    with client.responses.create(model="native", input=BREAK_PART_WAY, background=True, stream=True,
+                                 max_output_tokens=2) as stream:
+        events: list[Any] = list(stream)
+    response_id = events[0].response.id
+    last = _cut_says_it_runs_on(events, "upstream_unavailable", response_id)
+    assert last == BROKEN_AFTER - 1
+    _resumed(client, native, response_id, last)
+    assert client.responses.retrieve(response_id).output_text == BREAK_PART_WAY
+    _spent_once(db, tenant, None)
+
+
+def test_a_stream_the_drain_cuts_says_it_runs_on_and_resumes(
+        polled: Gateway, db: Database, native: FakeResponsesUpstream, monkeypatch: pytest.MonkeyPatch) -> None:
+    tenant, client = polled.tenant()
+    monkeypatch.setattr(streaming, "DRAIN", CutAfter(reads=2))
+    with client.responses.create(model="native", input="work", background=True, stream=True,
+                                 max_output_tokens=2) as stream:
+        events: list[Any] = list(stream)
+    monkeypatch.undo()  # no drain under way: the resumed stream is not cut
+    response_id = events[0].response.id
+    last = _cut_says_it_runs_on(events, "server_shutting_down", response_id)
+    assert last == 2
+    _resumed(client, native, response_id, last)
+    _spent_once(db, tenant, None)
+
+
+def test_a_resumed_stream_the_drain_cuts_says_it_runs_on(
+        polled: Gateway, db: Database, native: FakeResponsesUpstream, monkeypatch: pytest.MonkeyPatch) -> None:
+    tenant, client, response_id = _started(polled)
+    monkeypatch.setattr(streaming, "DRAIN", CutAfter(reads=1))
+    with client.responses.retrieve(response_id, stream=True, starting_after=1) as stream:
+        events: list[Any] = list(stream)
+    monkeypatch.undo()
+    assert _cut_says_it_runs_on(events, "server_shutting_down", response_id) == 3
+    _metered(db, tenant, rows=1)  # its starting request's alone: the response is metered when it ends
+    _resumed(client, native, response_id, 3)
+    _spent_once(db, tenant, None)
+
+
+def test_a_broken_stream_of_a_response_not_stored_still_fails(polled: Gateway) -> None:
+    """Not stored (``store: false``), a background response is not held: its broken stream ends failed."""
+    _, client = polled.tenant()
+    with client.responses.create(model="native", input=BREAK_PART_WAY, background=True, stream=True,
+                                 store=False, max_output_tokens=2) as stream:
+        events: list[Any] = list(stream)
+    assert [event.type for event in events][-2:] == ["error", "response.failed"]
+    assert events[-2].code == "upstream_unavailable" and "still running" not in events[-2].message

@@ -8,7 +8,8 @@ until it no longer runs, finished or cancelled, and that event tells it as it th
 and ``DELETE`` reach a held one (any other id is a 404), each recorded in ``reached``, its query in
 ``queries`` (all answered ``reach_failure``, when set). ``GET ...?stream=true`` streams a held one's
 events (those after ``starting_after``, if given), numbered as its ``POST`` stream numbers them, the
-last waiting as there."""
+last waiting as there. The ``POST`` stream of one for ``BREAK_PART_WAY`` breaks part-way; it runs on
+(``event_seconds``: a pause before each event of such a stream)."""
 
 from __future__ import annotations
 
@@ -50,6 +51,11 @@ def _last_user_text(body: dict[str, Any]) -> str:
     return ""
 
 
+# A streamed background input whose stream's connection breaks after its first ``BROKEN_AFTER``
+# events (the application fails, the server drops the connection); the response runs on, held.
+BREAK_PART_WAY = "break part-way"
+BROKEN_AFTER = 5
+
 # An input answered as a failure whose message echoes the request's authorization header (as some
 # upstreams and proxies in front of them do).
 ECHO_FAILURE = "fail, echoing my headers"
@@ -71,6 +77,7 @@ class FakeResponsesUpstream(EchoUpstream, OnLoopback):
         self.reached: list[tuple[str, str]] = []  # (method, path) of every request for a held response
         self.queries: list[str] = []  # the query string of each of them
         self.reach_failure: int | None = None  # when set, the HTTP status every such request is answered with
+        self.event_seconds = 0.0  # the pause before each event of a background response's stream
 
     def finish(self, response_id: str) -> None:
         """The background response ``response_id`` is completed (with ``USAGE``)."""
@@ -116,7 +123,10 @@ class FakeResponsesUpstream(EchoUpstream, OnLoopback):
         events = _events(final)
         if body.get("background"):  # held: the last event waits for ``finish``
             self._hold(final, events[0]["response"])
-            return await send_events(ex, events[:-1], last=self._ended(final["id"]))
+            if _last_user_text(body) == BREAK_PART_WAY:
+                await send_events(ex, events[:BROKEN_AFTER], end=False)
+                raise ConnectionAbortedError("the stream's connection breaks; its response runs on")
+            return await send_events(ex, events[:-1], last=self._ended(final["id"]), pause=self.event_seconds)
         await send_events(ex, events)
 
     def _hold(self, final: dict[str, Any], now: dict[str, Any]) -> None:
@@ -189,17 +199,22 @@ def _events(final: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 async def send_events(ex: Exchange, events: list[dict[str, Any]],
-                      last: Awaitable[dict[str, Any] | None] | None = None, after: int = -1) -> None:
-    """A 200 event stream of ``events``, each named by its type and numbered in order, then the
-    one ``last`` gives, if any; those numbered up to ``after`` left out."""
+                      last: Awaitable[dict[str, Any] | None] | None = None, after: int = -1, end: bool = True,
+                      pause: float = 0.0) -> None:
+    """A 200 event stream of ``events``, each named by its type and numbered in order (``pause``
+    seconds before each), then the one ``last`` gives, if any; those numbered up to ``after`` left
+    out; the body not ended unless ``end``."""
     await ex.send({"type": "http.response.start", "status": 200,
                    "headers": [(b"content-type", b"text/event-stream")]})
     for seq, event in enumerate(events):
         if seq > after:
+            if pause:
+                await asyncio.sleep(pause)
             await _send_event(ex, event, seq)
     if last is not None and (ending := await last) is not None and len(events) > after:
         await _send_event(ex, ending, len(events))
-    await ex.send({"type": "http.response.body", "body": b"", "more_body": False})
+    if end:
+        await ex.send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
 async def _send_event(ex: Exchange, event: dict[str, Any], seq: int) -> None:
