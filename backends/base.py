@@ -46,6 +46,11 @@ class BackendError(Exception):
         self.status = status  # the upstream HTTP status, when there was one
 
 
+class Interrupted(Exception):
+    """What a stream's pending read raises when its reader gave it up (``interrupt()`` on the
+    chunks of a ``ChunkStream`` that has it): not a provider failure."""
+
+
 class BadRequest(BackendError):
     blames_deployment = False  # the request's own fault
     kind = "invalid_request_error"
@@ -189,7 +194,8 @@ class ChunkStream(Generic[ChunkT]):
 
     ``aclose()`` (client gone) closes the producer: an HTTP upstream stream is closed, an engine
     sequence is aborted. After iteration ends or ``aclose()`` returns, ``meter`` holds the final
-    counts (for an abort: the tokens actually produced).
+    counts (for an abort: the tokens actually produced). Chunks with an ``interrupt()`` method can
+    have a read that waits give up from a callback: it raises ``Interrupted``.
     """
 
     chunks: AsyncIterator[ChunkT]

@@ -15,7 +15,7 @@ from typing import Any, Generic, TypeVar
 import msgspec
 from msgspec import UNSET
 
-from backends.base import Meter, Unavailable, UpstreamError
+from backends.base import Interrupted, Meter, Unavailable, UpstreamError
 from backends.estimate import estimate_text
 from backends.http_upstream import ErrorDetail, ErrorEnvelope, HTTPUpstream
 from backends.openai_usage import meter_from_usage, without_null_counts
@@ -189,6 +189,11 @@ class ChunkRelay(Generic[C]):
 
         if relay_arrived():
             await reader.lines.content.wait(relay_arrived)
+
+    def interrupt(self) -> None:
+        """Have a read that waits for the upstream give up now (from a callback): ``push`` returns,
+        ``__anext__`` raises ``Interrupted``, and so does every read after them."""
+        self._response.set_exception(Interrupted())
 
     @property
     def unfinished(self) -> set[int]:

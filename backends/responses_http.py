@@ -11,7 +11,7 @@ from typing import Any, TypeGuard
 
 import msgspec
 
-from backends.base import ChunkStream, Completed, Meter, Unavailable, UpstreamError
+from backends.base import ChunkStream, Completed, Interrupted, Meter, Unavailable, UpstreamError
 from backends.config import DeploymentConfig
 from backends.estimate import estimate_text
 from backends.http_upstream import HTTPUpstream, answered, raise_if_error, streamed
@@ -250,6 +250,11 @@ class _Events:
         elif kind is None and "error" in event:  # an {"error": ...} object (as a chat stream's): the failure it names
             raise_if_error(data)
         return ResponsesEvent(event)
+
+    def interrupt(self) -> None:
+        """Have a read that waits for the upstream give up now (from a callback): it raises
+        ``Interrupted``, and so does every read after it."""
+        self._response.set_exception(Interrupted())
 
     async def aclose(self) -> None:
         if not self._closed:

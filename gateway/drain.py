@@ -38,6 +38,9 @@ class Drain:
         self.draining = False  # the process is winding down: streams race the drain time
         self.retiring = False  # ... because a rolling restart replaced it, not because the server stops
         self._cut: asyncio.Event | None = None
+        # the relays' wakers for a read the drain time does not race (begun before the drain): each
+        # is called when the time runs out, so that its stream is cut then (``SSERelay``)
+        self.wakers: set[Callable[[], None]] = set()
         self._stop: Callable[[], None] | None = None  # uvicorn's own SIGTERM handling, until called
         self._timers: tuple[asyncio.TimerHandle, ...] = ()
 
@@ -56,7 +59,7 @@ class Drain:
                stop: Callable[[], None]) -> None:
         self._stop = stop
         self._timers = (loop.call_later(readiness_seconds, self._stop_once),
-                        loop.call_later(readiness_seconds + drain_seconds, self.cut.set))
+                        loop.call_later(readiness_seconds + drain_seconds, self._cut_now))
 
     def _stop_once(self) -> None:
         """Have uvicorn close the listener and wait for the requests in flight (once)."""
@@ -69,7 +72,13 @@ class Drain:
         for timer in self._timers:
             timer.cancel()
         self._stop_once()
+        self._cut_now()
+
+    def _cut_now(self) -> None:
+        """The drain time is over: reads racing it end, and the reads it does not race are woken."""
         self.cut.set()
+        for wake in tuple(self.wakers):
+            wake()
 
     async def next_or_cut(self, chunks: AsyncIterator[Any]) -> Any:
         """The next chunk, or ``CUT`` when the drain time ends first (the pending read is cancelled)."""

@@ -73,6 +73,11 @@ class _Holding:
         except Exception:  # the database is down: still held, the follower (or a poll) finishes it
             log.exception("storing the end of background response %s failed", response.get("id"))
 
+    def interrupt(self) -> None:
+        """The stream's own ``interrupt`` (``backends.base.ChunkStream``), where it has one."""
+        if (interrupt := getattr(self._chunks, "interrupt", None)) is not None:
+            interrupt()
+
     async def aclose(self) -> None:
         close = getattr(self._chunks, "aclose", None)
         if close is not None:

@@ -5,7 +5,9 @@ OpenAI-shaped ``data: {"error": ...}`` event (the openai SDK raises it as an API
 closes the upstream and settles the request: before the last byte when the stream ends (so its
 usage is durable first), else as the response's background task, after the client disconnected.
 While the process drains (``gateway.drain``), each read races the drain time; a stream still
-running when it ends is cut with a last chunk carrying ``finish_reason: length`` and the usage.
+running when it ends is cut with a last chunk carrying ``finish_reason: length`` and the usage. A
+read begun before the drain (a silent upstream: a model thinking) does not race it: the drain
+interrupts it when its time ends, where the stream can be interrupted (``ChunkRelay.interrupt``).
 
 Served by ``switchyard serve``, a stream's chunks after the first go from the upstream's connection
 callback straight to the client's (``SSERelay.write_directly``), with no task switch per chunk.
@@ -20,7 +22,7 @@ from typing import Any, Protocol
 
 import msgspec
 
-from backends.base import BackendError, ChunkStream, Meter
+from backends.base import BackendError, ChunkStream, Interrupted, Meter
 from backends.openai_wire import (
     ChatChunkChoice,
     ChatCompletionChunk,
@@ -119,24 +121,29 @@ class SSERelay:
         push: Callable[[Callable[[Any], bool]], Awaitable[None]] | None = (
             getattr(self._stream.chunks, "push", None) if self._write_now is not None else None)
         on_first = self._on_first
+        DRAIN.wakers.add(self._interrupt)
         try:
-            async for chunk in self._stream:
-                if on_first is not None:
-                    on_first(chunk)
-                    on_first = None
-                chunk.model = self._model
-                if data := encoder.chunk(chunk):
-                    yield data
-                self._last = chunk
-                if DRAIN.draining:
-                    break
-                if push is not None:
-                    await push(self._pushed)
-                    if (held := self._held) is not None:
-                        self._held = None
-                        yield held
+            try:
+                async for chunk in self._stream:
+                    if on_first is not None:
+                        on_first(chunk)
+                        on_first = None
+                    chunk.model = self._model
+                    if data := encoder.chunk(chunk):
+                        yield data
+                    self._last = chunk
                     if DRAIN.draining:
                         break
+                    if push is not None:
+                        await push(self._pushed)
+                        if (held := self._held) is not None:
+                            self._held = None
+                            yield held
+                        if DRAIN.draining:
+                            break
+            except Interrupted:  # the drain time ended while a read waited: the cut below
+                pass
+            DRAIN.wakers.discard(self._interrupt)  # from here on each read races the drain time
             if DRAIN.draining:  # the process is shutting down: the rest races its drain time
                 while not is_cut(chunk := await _next_or_stop(self._stream)):
                     if chunk is _END:
@@ -163,9 +170,17 @@ class SSERelay:
             self._fail(ApiError(500, "internal error while streaming", code="internal_error"))
             yield encoder.error(self._error)  # type: ignore[arg-type]
             return
+        finally:
+            DRAIN.wakers.discard(self._interrupt)
         self._outcome = Outcome.COMPLETED
         await self.finish()  # settled and its usage durable before the last byte
         yield end
+
+    def _interrupt(self) -> None:
+        """The drain time ended while the stream may wait on a read that does not race it: end the
+        wait, so that ``events`` cuts the stream."""
+        if (interrupt := getattr(self._stream.chunks, "interrupt", None)) is not None:
+            interrupt()
 
     def _pushed(self, chunk: Any) -> bool:
         """A chunk the stream pushed: written to the client now; False when ``events`` must take over."""

@@ -90,3 +90,27 @@ async def test_a_drained_background_stream_says_it_runs_on_and_the_next_process_
     assert [event.sequence_number for event in rest] == list(range(last + 1, last + 1 + len(rest)))
     assert rest[-1].type == "response.completed" and rest[-1].response.model == "native"
     assert sorted(row[2] for row in rows) == [0, USAGE["total_tokens"]]
+
+
+async def test_a_background_stream_silent_when_the_drain_time_ends_is_cut_then_too(
+        upstream: FakeUpstream, native: FakeResponsesUpstream, redis_server: RedisProcess,
+        tmp_path: Path) -> None:
+    """Its upstream silent before its last event (a model thinking) when the drain time ends: the
+    stream is cut then, as a flowing one is, not dropped when the process exits."""
+    await asyncio.to_thread(migrate.upgrade, f"sqlite+aiosqlite:///{tmp_path / 'usage.db'}")
+    native.event_seconds = 0.0  # every event but the last at once, then silence
+    proc, url, log = start_serve(_native_config(tmp_path, upstream, native, redis_server.url), tmp_path)
+    try:
+        tid, key = _tenant(url, token_budget=1_000_000, budget_period="total")
+        client = openai.OpenAI(base_url=url + "/v1", api_key=key, max_retries=0, timeout=20)
+        with client.responses.create(model="native", input="hi there", background=True, stream=True) as stream:
+            events = [next(stream)]
+            proc.send_signal(signal.SIGTERM)
+            events += list(stream)  # the SDK raises on a body cut before its last event
+        code = await asyncio.to_thread(proc.wait, 30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert code == 0, log.read_text()[-3000:]
+    assert events[-1].type == "error" and events[-1].code == "server_shutting_down"
+    assert [row[2] for row in _wait_rows(tmp_path, tid, 1)] == [0]  # held: metered when it ends
