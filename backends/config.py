@@ -70,8 +70,9 @@ class Conf(Struct, forbid_unknown_fields=True, kw_only=True):
 
 
 class Timeouts(Conf):
-    """Per attempt (a retry or fallback starts its own clock). A non-streaming answer usually comes
-    whole when generation ends, so it is bounded by ``total`` alone; a stream by all four."""
+    """Per attempt (a retry or fallback starts its own clock; a model group's ``timeout`` bounds them
+    all together). A non-streaming answer usually comes whole when generation ends, so it is bounded
+    by ``total`` alone; a stream by all four."""
 
     connect: Seconds = 5.0
     first_byte: Seconds = 60.0  # until a stream's response headers and first event

@@ -45,6 +45,7 @@ from gateway.errors import ApiError, from_backend_error, retry_after_header
 from gateway.event_stream import EventStream
 from gateway.json_response import JSONResponse
 from gateway.quotas.reservation import reserve_prompt
+from gateway.routing.deadline import Deadline, wait_out
 from gateway.routing.deployment import Deployment
 from gateway.routing.health import DeploymentHealth
 from gateway.routing.plan import MAX_HOLD_OFF, RoutePlan, holds_off, tokens_left
@@ -216,26 +217,30 @@ class Pipeline:
 
     async def _call(self, flight: _Flight, ctx: CallContext, tokens: int) -> Completed[Any] | ChunkStream[Any]:
         """Follow the route plan until an attempt succeeds; the last failure is raised (``tokens``:
-        what the request may spend of an upstream's tokens per minute). A success whose answer says
+        what the request may spend of an upstream's tokens per minute), or the deadline's when the
+        group's ``timeout`` runs out first (``gateway.routing.deadline``). A success whose answer says
         what is left of its upstream's limits (OpenAI's, Anthropic's rate-limit headers) replaces what
         its deployment's health knew of them: short of tokens until the reset (no reset said: not short)."""
         call = flight.call
         tenant = _circuit_tenant(call.principal)
+        deadline = Deadline(flight.group.config.timeout)
         plan = RoutePlan(flight.group, self.services.router.resolve, prompt_tokens=call.prompt_tokens,
-                         routing_key=call.routing_key, tenant=tenant, tokens=tokens)
+                         routing_key=call.routing_key, tenant=tenant, tokens=tokens, deadline=deadline)
         attempt = plan.first()
         if attempt is None:
             raise _nothing_to_try(plan, call)
         while True:
             health = attempt.deployment.health
+            if deadline.expired:
+                raise deadline.exceeded(call.model)
             if attempt.delay:
-                await _wait_out(attempt.delay, health, tenant)
+                await wait_out(attempt.delay, health, tenant)
                 # meanwhile other requests took its half-open trial, its max_concurrency slots or its
                 # tokens_per_minute, or a reload removed it: on to the next, as a pick now would
                 if not attempt.deployment.accepts(tenant=tenant) or attempt.deployment.retired:
                     skipped = Unavailable(f"deployment {attempt.deployment.id} is no longer available")
                     if (following := plan.after(skipped)) is None:
-                        raise skipped
+                        raise deadline.exceeded(call.model) if plan.out_of_time else skipped
                     attempt = following
                     continue
             flight.deployment, flight.served_by, flight.attempts = attempt.deployment, attempt.group, attempt.number
@@ -246,7 +251,7 @@ class Pipeline:
             flight.prompt_sent, flight.meter = True, None
             try:
                 with hooks.current(span):
-                    result = await call.invoke(attempt.deployment.backend, ctx)
+                    result = await deadline.bound(call.invoke(attempt.deployment.backend, ctx), call.model)
             except asyncio.CancelledError:
                 health.on_abandoned(trial)
                 hooks.end_attempt(span, "client_disconnected")
@@ -257,10 +262,13 @@ class Pipeline:
                 hooks.end_attempt(span, exc.kind, exc.upstream_request_id)
                 self.telemetry.upstream_error(attempt.deployment.id, exc.kind)
                 _record_failure(health, exc, tenant, trial)
-                if isinstance(exc, Timeout):  # as slow as that at least: lowest_latency must not keep it first
+                # as slow as that at least: lowest_latency must not keep it first (not one the deadline cut)
+                if isinstance(exc, Timeout) and exc.blames_deployment:
                     health.note_latency(time.perf_counter() - t0)
                 following = plan.after(exc)
                 if following is None:
+                    if plan.out_of_time:  # a wait for the next attempt would end after the deadline
+                        raise deadline.exceeded(call.model) from None
                     raise
                 log.info("request %s: %s on %s, next %s", flight.request_id, exc.kind, attempt.deployment.id,
                          following.deployment.id)
@@ -441,18 +449,6 @@ def _nothing_to_try(plan: RoutePlan, call: CallDescription) -> BackendError:
         return Unavailable(f"the deployments of '{call.model}' are refusing this tenant's requests for "
                            f"{math.ceil(plan.tenant_refused)} s after repeated failures")
     return Unavailable(f"no deployment of '{call.model}' is available (circuits open or at capacity)")
-
-
-TIMER_SLACK = 0.01  # seconds an event loop's timer may fire early (uvloop's have millisecond resolution)
-
-
-async def _wait_out(delay: float, health: DeploymentHealth, tenant: str) -> None:
-    """Sleep ``delay`` seconds, then whatever little is left of the deployment's hold (for ``tenant``):
-    the timer may end the sleep just before the hold it waited out (a longer hold, set meanwhile, is
-    not waited)."""
-    await asyncio.sleep(delay)
-    if 0 < (left := health.held_for(tenant)) <= TIMER_SLACK:
-        await asyncio.sleep(left + 0.001)
 
 
 def _record_failure(health: DeploymentHealth, exc: BackendError, tenant: str, trial: int) -> None:

@@ -151,6 +151,9 @@ class ModelGroupConfig(Conf):
     context_window_fallbacks: list[str] = msgspec.field(default_factory=list)
     max_retries: Annotated[int, Meta(ge=0, le=10)] = 2
     retry_backoff: Annotated[float, Meta(ge=0, le=30)] = 0.25  # seconds; doubled per retry, jittered
+    # seconds from a request's first attempt to its answer (a stream's first chunk), retries, waits and
+    # fallbacks included (they inherit it: their own ``timeout`` is not read then); None: no such limit
+    timeout: Seconds | None = None
     circuit: CircuitConfig = msgspec.field(default_factory=CircuitConfig)
     owned_by: str = "switchyard"
 

@@ -27,7 +27,12 @@ limit is used up holds the deployment off for the request's tenant (see ``Deploy
 deployment whose upstream said fewer tokens are left than the request needs (``tokens``: its prompt
 estimate and output reserve), in a 429 or in a successful answer's rate-limit headers, is tried
 after the others, and after waiting out a short hold. A config reload that removes or changes a
-deployment of the group the plan is in sends its next attempts to the group's new table.
+deployment of the group the plan is in sends its next attempts to the group's new table. With a
+``deadline`` (the ``timeout`` of the group the client named, inherited by its fallbacks: see
+``gateway.routing.deadline``) no wait that would end after it is planned: a backoff or hold-off that
+would passes over the group's deployments that need it to the fallbacks, and ``out_of_time`` says so
+when no attempt is left (the caller then answers with the deadline's timeout); once it has passed,
+no attempt is.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from backends.base import AuthFailed, BackendError, ContextTooLong, ModelNotFound, RateLimited
+from gateway.routing.deadline import Deadline
 from gateway.routing.deployment import Deployment
 from gateway.routing.router import ModelGroup
 
@@ -73,8 +79,10 @@ class Attempt:
 class RoutePlan:
     def __init__(self, group: ModelGroup, resolve: Callable[[str], ModelGroup | None],
                  rng: random.Random | None = None, prompt_tokens: int = 0, routing_key: str | None = None,
-                 tenant: str | None = None, tokens: int = 0) -> None:
+                 tenant: str | None = None, tokens: int = 0, deadline: Deadline | None = None) -> None:
         self._resolve = resolve
+        self._deadline = deadline or Deadline(None)  # no wait that would end after it is planned
+        self.out_of_time = False  # the last ``first`` / ``after`` passed over a wait the deadline leaves no time for
         self._tenant = tenant  # whose request: a deployment may be held off for this tenant alone
         self._tokens = tokens  # what the request may spend of a deployment's tokens per minute
         self._routing_key = routing_key  # the prompt's opening, for strategy cache_aware
@@ -104,12 +112,14 @@ class RoutePlan:
         self._retry = 0
 
     def first(self) -> Attempt | None:
+        self.out_of_time = False
         attempt = self._next_in_group(0.0)
         if attempt is None and self.too_long:
             attempt = self._next_group(self._context_fallbacks)
         return attempt or self._next_group(self._fallbacks)
 
     def after(self, error: BackendError) -> Attempt | None:
+        self.out_of_time = False
         if isinstance(error, ContextTooLong):
             return self._next_group(self._context_fallbacks)
         if isinstance(error, (ModelNotFound, AuthFailed)) and self._current is not None:
@@ -146,6 +156,9 @@ class RoutePlan:
         the tokens it needs left, else the one held off for the shortest wait the plan waits out,
         else the first that admits it though short of tokens."""
         self._follow_reload()
+        if not self._deadline.allows(delay):
+            self.out_of_time = True
+            return None
         tenant = self._tenant
         for _ in range(len(self._order)):
             self._pos = (self._pos + 1) % len(self._order)
@@ -157,7 +170,9 @@ class RoutePlan:
                 and self._may_try(d) and d.accepts(after_hold=True)]
         if held:
             wait, deployment = min(held, key=lambda h: h[0])
-            return self._attempt(deployment, max(delay, wait))
+            if self._deadline.allows(wait):
+                return self._attempt(deployment, max(delay, wait))
+            self.out_of_time = True
         short = next((d for d in self._order if self._may_try(d) and d.accepts(tenant=tenant)), None)
         return None if short is None else self._attempt(short, delay)
 
