@@ -167,16 +167,18 @@ async def respond_stream(http: HTTPUpstream, payload: bytes, prompt_estimate: in
 
 async def held_stream(http: HTTPUpstream, path: str) -> ChunkStream[ResponsesEvent]:
     """The event stream of a response the upstream holds (``GET`` ``path``: its ``stream=true`` and
-    any ``starting_after`` as the client sent them), opened as ``respond_stream`` opens one; its
-    meter counts from no prompt (the response's own usage is what its end is metered with)."""
-    return await _event_stream(http, "GET", path, b"", 0, None)
+    any ``starting_after`` as the client sent them), opened as ``respond_stream`` opens one, but one
+    with no event is an empty stream, as the upstream's (no event after ``starting_after``: the
+    response ended with the one it numbers); its meter counts from no prompt (the response's own
+    usage is what its end is metered with)."""
+    return await _event_stream(http, "GET", path, b"", 0, None, may_be_empty=True)
 
 
 async def _event_stream(http: HTTPUpstream, method: str, path: str, payload: bytes, prompt_estimate: int,
-                        headers: dict[str, str] | None) -> ChunkStream[ResponsesEvent]:
+                        headers: dict[str, str] | None, may_be_empty: bool = False) -> ChunkStream[ResponsesEvent]:
     response, first_deadline, deadline = await http.open_stream(path, payload, headers, method)
     meter = Meter(prompt_tokens=prompt_estimate, exact=False)
-    events = _Events(http, response, meter, deadline)
+    events = _Events(http, response, meter, deadline, may_be_empty)
     try:
         await events.prime(first_deadline)
     except BaseException:
@@ -186,10 +188,13 @@ async def _event_stream(http: HTTPUpstream, method: str, path: str, payload: byt
 
 
 class _Events:
-    """The upstream's events, decoded, metered as they pass; ``aclose`` closes the upstream."""
+    """The upstream's events, decoded, metered as they pass; ``aclose`` closes the upstream.
+    ``may_be_empty``: an event stream with no event is one (else it fails as a dropped connection)."""
 
-    def __init__(self, http: HTTPUpstream, response: Any, meter: Meter, deadline: float) -> None:
+    def __init__(self, http: HTTPUpstream, response: Any, meter: Meter, deadline: float,
+                 may_be_empty: bool = False) -> None:
         self._http, self._response, self._meter, self._deadline = http, response, meter, deadline
+        self._may_be_empty = may_be_empty
         self._lines = SSELines(response, http.deployment_id, http.timeouts.idle)
         self._first: ResponsesEvent | None = None
         self._closed = False
@@ -198,6 +203,13 @@ class _Events:
     async def prime(self, first_deadline: float) -> None:
         self._first = await self._read(first_deadline)
         if self._first is None:
+            kind = self._response.headers.get("content-type", "").split(";")[0].strip()
+            if kind != "text/event-stream":  # e.g. a whole JSON answer: the upstream does not stream
+                raise UpstreamError(f"upstream {self._http.deployment_id} answered a stream request with "
+                                    f"{kind or 'no content-type'}, not an event stream")
+            if self._may_be_empty:
+                self._finished = True  # nothing to relay, and nothing cut short
+                return
             # as a dropped connection: nothing reached the client, so another deployment may serve it
             raise Unavailable(f"upstream {self._http.deployment_id} ended the stream without an event")
 

@@ -82,6 +82,11 @@ class Admission(Protocol):
         provider's tools the request enables, whose per-call fees are reserved too."""
         ...
 
+    async def admit_poll(self, principal: Principal) -> Ticket:
+        """Count a request that spends nothing itself (a read or cancel of a stored response) against
+        the requests/min limits alone; raise QuotaExceeded or QuotaUnavailable. Nothing to settle."""
+        ...
+
     def settle(self, ticket: Ticket, actual_tokens: int, cost: float) -> asyncio.Future[None]:
         """Release concurrency, correct reserved tokens to the actual count, add the cost. The
         settlement is on its way when this returns (the request path does not wait for more); the

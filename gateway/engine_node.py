@@ -54,6 +54,9 @@ class Unmetered:
                     output_field: str | None = "max_tokens", tools: HostedTools | None = None) -> Ticket:
         return Ticket(principal=principal, model=model, reserved_tokens=reserve_tokens)
 
+    async def admit_poll(self, principal: Principal) -> Ticket:
+        return Ticket(principal=principal, model="", reserved_tokens=0)
+
     def settle(self, ticket: Ticket, actual_tokens: int, cost: float) -> asyncio.Future[None]:
         return completed()
 

@@ -30,9 +30,10 @@ log = logging.getLogger("switchyard.responses")
 
 
 async def held_events(pipeline: Pipeline, store: ResponseStore, principal: Principal, response_id: str, kept: Kept,
-                      query: str) -> EventStream:
+                      query: str, headers: dict[str, str]) -> EventStream:
     """The event stream of ``kept``, a response its deployment holds, asked for with the client's
-    ``query``; a failure before its first event raises (the upstream's 404: ``BackendError``)."""
+    ``query`` (``headers`` added to its answer's); a failure before its first event raises (the
+    upstream's 404: ``BackendError``)."""
     fields = named(kept)
     backend = holder(pipeline, principal, fields["model"], kept.deployment, response_id)
     stream = await backend.held_stream(response_id, query)
@@ -53,5 +54,5 @@ async def held_events(pipeline: Pipeline, store: ResponseStore, principal: Princ
 
     relay = SSERelay(stream, fields["model"], on_end, encoder)
     return EventStream(saved_before_last(relay, ended, finish),
-                       headers={"cache-control": "no-cache", "x-accel-buffering": "no"},
+                       headers=headers | {"cache-control": "no-cache", "x-accel-buffering": "no"},
                        background=BackgroundTask(relay.finish))

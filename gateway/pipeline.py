@@ -32,7 +32,6 @@ from backends.base import BackendError, ChunkStream, Completed, ContextTooLong, 
 from backends.call import CallContext, CallingTenant, forwarded_tenant
 from gateway.calls import CallDescription
 from gateway.contracts import (
-    BUDGET_SPENT,
     INCOMPLETE,
     QUOTA_REFUSED,
     Principal,
@@ -41,9 +40,11 @@ from gateway.contracts import (
     Ticket,
     UsageRecord,
 )
-from gateway.errors import ApiError, from_backend_error, retry_after_header
+from gateway.errors import ApiError, from_backend_error
 from gateway.event_stream import EventStream
 from gateway.json_response import JSONResponse
+from gateway.quotas.headers import openai_ratelimit_headers
+from gateway.quotas.refusal import refused
 from gateway.quotas.reservation import reserve_prompt
 from gateway.routing.deadline import Deadline, wait_out
 from gateway.routing.deployment import Deployment
@@ -285,21 +286,25 @@ class Pipeline:
             return result
 
     async def _admit(self, call: CallDescription, group: ModelGroup, reserve: int) -> Ticket:
-        """Admit ``call``, or refuse it with a 429: a spent budget as OpenAI's ``insufficient_quota``
-        (its wait, to the period's end, is hours: the SDKs would retry it at once, or the Anthropic
-        SDK sleep it out), and no SDK told to retry what no wait they would take admits."""
+        """Admit ``call``, or refuse it with a 429 (``gateway.quotas.refusal``)."""
         try:
             with self.telemetry.tracing.span("admission"):
                 return await self.services.admission.admit(call.principal, group.name, reserve, call.output_field,
                                                             call.hosted_tools)
         except QuotaExceeded as exc:
-            headers = retry_after_header(exc.retry_after)
-            if exc.retry_after is None or exc.budget:
-                headers["x-should-retry"] = "false"
-            if exc.ticket is not None:
-                headers.update(call.dialect.ratelimit_headers(exc.ticket))
-            code = BUDGET_SPENT if exc.budget else QUOTA_REFUSED
-            raise ApiError(429, exc.message, type=code if exc.budget else None, code=code, headers=headers) from None
+            raise refused(exc, call.dialect.ratelimit_headers) from None
+        except QuotaUnavailable:
+            raise ApiError(503, "the quota service is unavailable", code="quota_unavailable") from None
+
+    async def admit_poll(self, principal: Principal) -> dict[str, str]:
+        """Count a request that spends nothing itself (a read or cancel of a stored response) against
+        requests/min alone (``Admission.admit_poll``): its ``x-ratelimit-*`` headers, or the 429 (or
+        503) a refused ``serve`` gets."""
+        try:
+            with self.telemetry.tracing.span("admission"):
+                return openai_ratelimit_headers(await self.services.admission.admit_poll(principal))
+        except QuotaExceeded as exc:
+            raise refused(exc, openai_ratelimit_headers) from None
         except QuotaUnavailable:
             raise ApiError(503, "the quota service is unavailable", code="quota_unavailable") from None
 

@@ -41,6 +41,7 @@ from gateway.held_events import held_events
 from gateway.held_responses import CONTINUABLE, UNFINISHED, finish_if_ended, kept_output, reach
 from gateway.held_streams import OnEnd, OnHold, held_stream
 from gateway.held_usage import unsettled
+from gateway.json_response import JSONResponse
 from gateway.services import Services
 from gateway.stored_responses import Kept, ResponseStore
 from gateway.streaming import saved_before_last
@@ -66,8 +67,20 @@ def _not_found(response_id: str) -> ApiError:
     return ApiError(404, f"No response with id '{response_id}' found.", param="response_id", code="not_found")
 
 
-async def _kept(services: Services, principal: Principal, response_id: str) -> Kept:
+async def _polled(request: Request[Any, Any, Any], response_id: str) -> dict[str, str]:
+    """Count a request about a stored response (read, stream, cancel, delete, list) against the requests/min
+    of its key and tenant, as every request is (``Pipeline.admit_poll``: not its tokens/min,
+    concurrency or budgets: a tenant whose budget is spent still reads and cancels what it started):
+    its rate-limit headers, or a 429. Its id is checked first (a bad one is a 400, not counted)."""
     _check_id(response_id)
+    return await pipeline_of(request).admit_poll(principal_of(request))
+
+
+def _answer(body: dict[str, Any], headers: dict[str, str]) -> JSONResponse:
+    return JSONResponse(msgspec.json.encode(body), headers=headers)
+
+
+async def _kept(services: Services, principal: Principal, response_id: str) -> Kept:
     store = _store(services)
     kept = await store.get(principal, response_id) if store is not None else None
     if kept is None:
@@ -302,7 +315,8 @@ class ResponsesController(Controller):
     async def retrieve(
         self, request: Request[Any, Any, Any], response_id: str, services: Services, stream: bool = False,
         include: Annotated[list[str] | None, Parameter(query="include[]")] = None,
-    ) -> dict[str, Any] | Response[Any]:
+    ) -> Response[Any]:
+        headers = await _polled(request, response_id)
         principal = principal_of(request)
         kept = await _kept(services, principal, response_id)
         store = _store(services)
@@ -310,8 +324,10 @@ class ResponsesController(Controller):
             query = _passed_query(request.scope.get("query_string", b""))
             with _upstream_knows(response_id):
                 if stream:
-                    return await held_events(pipeline_of(request), store, principal, response_id, kept, query)
-                return await reach(pipeline_of(request), store, principal, response_id, kept, "GET", query=query)
+                    return await held_events(pipeline_of(request), store, principal, response_id, kept, query,
+                                             headers)
+                return _answer(await reach(pipeline_of(request), store, principal, response_id, kept, "GET",
+                                           query=query), headers)
         # a stored response is read back as kept: no stream to replay, no fields to add to it
         if stream:
             raise ApiError(400, "a stored response cannot be streamed again; retrieve it without 'stream'",
@@ -319,11 +335,12 @@ class ResponsesController(Controller):
         if include or "include" in request.query_params:  # the SDK's include[], or a bare include
             raise ApiError(400, "'include' is not supported when retrieving a stored response: it is returned "
                            "as it was stored", param="include", code="unsupported_parameter")
-        return kept.response
+        return _answer(kept.response, headers)
 
     @post("/{response_id:str}/cancel", status_code=200, summary="Cancel a background response",
           responses=error_responses())
-    async def cancel(self, request: Request[Any, Any, Any], response_id: str, services: Services) -> dict[str, Any]:
+    async def cancel(self, request: Request[Any, Any, Any], response_id: str, services: Services) -> Response[Any]:
+        headers = await _polled(request, response_id)
         principal = principal_of(request)
         kept = await _kept(services, principal, response_id)
         store = _store(services)
@@ -332,16 +349,17 @@ class ResponsesController(Controller):
                            f"(it is {kept.response.get('status')}): only a background response can be cancelled",
                            param="response_id", code="invalid_request")
         with _upstream_knows(response_id):
-            return await reach(pipeline_of(request), store, principal, response_id, kept, "POST", "/cancel")
+            return _answer(await reach(pipeline_of(request), store, principal, response_id, kept, "POST", "/cancel"),
+                           headers)
 
     @delete("/{response_id:str}", status_code=200, summary="Delete a stored response", responses=error_responses())
-    async def remove(self, request: Request[Any, Any, Any], response_id: str, services: Services) -> dict[str, Any]:
-        _check_id(response_id)
+    async def remove(self, request: Request[Any, Any, Any], response_id: str, services: Services) -> Response[Any]:
+        headers = await _polled(request, response_id)
         store = _store(services)
         if store is None or not await store.delete(principal_of(request), response_id):
             raise ApiError(404, f"No response with id '{response_id}' found.", param="response_id",
                            code="not_found")
-        return {"id": response_id, "object": "response", "deleted": True}
+        return _answer({"id": response_id, "object": "response", "deleted": True}, headers)
 
     @get("/{response_id:str}/input_items", summary="List a stored response's input items",
          responses=error_responses())
@@ -350,7 +368,8 @@ class ResponsesController(Controller):
         limit: Annotated[int, Parameter(ge=1, le=100)] = 20,
         order: Literal["asc", "desc"] = "desc",
         after: str | None = None,
-    ) -> dict[str, Any]:
+    ) -> Response[Any]:
+        headers = await _polled(request, response_id)
         items = list((await _kept(services, principal_of(request), response_id)).input_items)
         if order == "desc":
             items.reverse()
@@ -360,5 +379,5 @@ class ResponsesController(Controller):
                 raise ApiError(400, f"No input item with id '{after}' in this response.", param="after")
             items = items[ids.index(after) + 1:]
         page = items[:limit]
-        return {"object": "list", "data": page, "first_id": page[0]["id"] if page else None,
-                "last_id": page[-1]["id"] if page else None, "has_more": len(items) > limit}
+        return _answer({"object": "list", "data": page, "first_id": page[0]["id"] if page else None,
+                        "last_id": page[-1]["id"] if page else None, "has_more": len(items) > limit}, headers)

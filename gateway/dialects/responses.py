@@ -437,11 +437,12 @@ class RelayedEvents(ResponsesEvents):
         return b"event: " + kind.encode() + b"\ndata: " + msgspec.json.encode(event) + b"\n\n"
 
     def done(self) -> bytes:
-        """Nothing after the upstream's own last event; a stream cut before it (the drain) ends with
+        """Nothing after the upstream's own last event, or after a stream of none (a resumed one with
+        no event after ``starting_after``); a stream cut before it (the drain) ends with
         ``response.incomplete``: the response as last relayed, with the usage metered (one the
         gateway holds, with ``_still_running``)."""
         if not self._relaying:
-            return super().done()
+            return super().done() if self._started else b""
         if self._ended:
             return b""
         if (held := self._held()) is not None:

@@ -20,6 +20,8 @@ before this process's next admission.
 With ``credit`` (Redis), a key admitted at least ``credit.MIN_DEMAND`` times a second is admitted
 and settled in process while this replica's credit for the second lasts (``credit.py``), and
 through the store otherwise.
+``admit_poll`` counts a request that spends nothing itself (a read or cancel of a stored response)
+against requests/min alone, through the store (``Reservation.requests_only``): nothing to settle.
 """
 
 from __future__ import annotations
@@ -178,6 +180,30 @@ class QuotaAdmission:
         self._live[lease.ticket_id] = lease
         if self.credit is not None:
             self.credit.hold(principal)
+        return ticket
+
+    async def admit_poll(self, principal: Principal) -> Ticket:
+        """Count one request against the requests/min of the key and its tenant, and nothing else (a
+        poll: ``Reservation.requests_only``): a read or cancel of a stored response, which spends
+        nothing itself. Neither tokens/min nor concurrency nor a spent budget refuses it, and it
+        holds nothing to settle; credit (``credit.py``) is not used for it. An outage follows the
+        configured policy, as ``admit``'s."""
+        try:
+            scopes = await self.limits.scopes(principal)
+            r = Reservation(random_id(), self.clock(), 0, 0, scopes, self.lease_seconds, requests_only=True)
+            decision = await self.store.reserve(r)
+        except Exception as exc:  # the database (limits) or the store is down
+            self._outage("admit", exc)
+            if self.on_unavailable == "fail_open":
+                return Ticket(principal=principal, model="", reserved_tokens=0)
+            raise QuotaUnavailable("rate limit service unavailable; try again shortly") from None
+        ticket = Ticket(principal=principal, model="", reserved_tokens=0, requests=decision.requests,
+                        tokens=decision.tokens)
+        if not decision.admitted:
+            if never := _never_admitted(decision, scopes, 0, 0, _reserved(None)):
+                raise QuotaExceeded(never[0], retry_after=None, ticket=ticket)
+            raise QuotaExceeded(_message(decision, scopes, 0, 0, _reserved(None)), retry_after=decision.retry_after,
+                                ticket=ticket)
         return ticket
 
     async def _seed_budget(self, scope: Scope, now: float) -> None:

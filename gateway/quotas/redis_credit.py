@@ -23,7 +23,8 @@ from dataclasses import dataclass
 from gateway.contracts import QuotaState
 from gateway.quotas.limits import WINDOW_SECONDS, Scope, period_id
 from gateway.quotas.redis_client import Arg
-from gateway.quotas.redis_store import MONEY, WINDOWS, RedisStore, _limit, _state
+from gateway.quotas.redis_scripts import MONEY, WINDOWS
+from gateway.quotas.redis_store import RedisStore, _limit, _state
 from gateway.quotas.store import PICOS_PER_MICRO
 
 PAD = "#" * 64  # a pool slot's member is padded as a ticket's is (redis_store.py: the set stays a skiplist)

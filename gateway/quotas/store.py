@@ -33,6 +33,10 @@ A store checks and reserves every limit of every scope in one atomic step, or re
   A scope without a budget never makes a bucket (it adds to one that exists: a budget removed in
   the period): one made by a store that lost its state would hold only the spend since, and a
   budget set later in the period would trust it instead of being rebuilt from the records.
+- polls (``Reservation.requests_only``: a read or cancel of a stored response, which spends
+  nothing itself): checked against requests/min alone and counted there (one request, no
+  tokens); they hold no lease and touch no budget, so a scope out of tokens/min, concurrency or
+  budget (its bucket lost included) can still read and cancel what it already started.
 - charges made once: a settlement under a once-key (``settle(..., once=)``: the charge of a
   background response's spend) runs only if no settlement under that key ran in the last
   ``ONCE_SECONDS``; the key is noted in the same atomic step, so a charge sent again (its sender
@@ -68,6 +72,7 @@ class Reservation:
     micros: int  # money reserved, in millionths of a dollar
     scopes: list[Scope]
     lease_seconds: float = 3600.0
+    requests_only: bool = False  # a poll: requests/min alone, nothing reserved (see the module's docstring)
 
 
 @dataclass(frozen=True)
@@ -224,7 +229,7 @@ class MemoryStore:
                 del leases[tid]
             budget = self._budgets.get(f"{base}:{period_id(lim.budget_period, r.now)[0]}")
             if budget is None:
-                if lim.token_budget is not None or lim.cost_budget is not None:
+                if (lim.token_budget is not None or lim.cost_budget is not None) and not r.requests_only:
                     return self._refuse(r, "unseeded", i, 0.0)
                 budget = [0, 0]
             if lim.requests_per_minute is not None:
@@ -235,11 +240,13 @@ class MemoryStore:
                 req_state = tighter(req_state, lim.requests_per_minute, lim.requests_per_minute - req_used - 1, reset)
             if lim.tokens_per_minute is not None:
                 reset = _reset(tok_oldest, r.now)
-                if tok_used + r.tokens > lim.tokens_per_minute:
+                if tok_used + r.tokens > lim.tokens_per_minute and not r.requests_only:
                     room_at = _room_at(self._window(base + ":tk").buckets, tok_used + r.tokens - lim.tokens_per_minute)
                     return self._refuse(r, "tokens", i, _reset(room_at, r.now))
                 left = lim.tokens_per_minute - tok_used - r.tokens
                 tok_state = tighter(tok_state, lim.tokens_per_minute, left, reset)
+            if r.requests_only:
+                continue
             if lim.max_concurrency is not None and len(leases) + 1 > lim.max_concurrency:
                 return self._refuse(r, "concurrency", i, 1.0)
             if lim.token_budget is not None and budget[0] + r.tokens > lim.token_budget:
@@ -252,6 +259,8 @@ class MemoryStore:
             rq, tk = self._window(base + ":rq").buckets, self._window(base + ":tk").buckets
             rq[sec] = rq.get(sec, 0) + 1
             tk[sec] = tk.get(sec, 0) + r.tokens
+            if r.requests_only:
+                continue
             self._leases[base][r.ticket_id] = _Held(r.now + r.lease_seconds, sec, r.tokens, r.micros)
             # a scope with a budget has its bucket (checked above); one without keeps up a bucket
             # that exists but never makes one (see the module's docstring)

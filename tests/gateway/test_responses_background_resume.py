@@ -6,9 +6,11 @@ streamed (a 400), another tenant's is a 404, and so is one the upstream no longe
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from urllib.parse import parse_qs
 
+import httpx
 import openai
 import pytest
 
@@ -94,6 +96,37 @@ def test_a_stream_the_client_leaves_before_the_end_meters_nothing(
     assert client.responses.retrieve(response_id).status == "completed"
     started, ended = _metered(db, tenant)
     _assert_spent(client, started, ended, "completed")
+
+
+def test_a_stream_resumed_after_its_last_event_is_an_empty_event_stream(
+        polled: Gateway, db: Database, native: FakeResponsesUpstream) -> None:
+    """Nothing after ``starting_after`` (the response ended upstream, its last event numbered that):
+    a 200 event stream that ends at once, as the upstream's; the response is metered once, by the
+    poll that finds it ended."""
+    tenant, client, response_id = _started(polled)
+    native.finish(response_id)  # it ends upstream; the gateway does not know yet
+    with httpx.stream("GET", f"{native.url}/responses/{response_id}?stream=true") as direct:
+        last = max(json.loads(line[5:])["sequence_number"] for line in direct.iter_lines() if line.startswith("data:"))
+    with client.responses.with_streaming_response.retrieve(response_id, stream=True, starting_after=last) as answer:
+        assert answer.status_code == 200 and answer.headers["content-type"].startswith("text/event-stream")
+        assert list(answer.parse()) == []
+    assert parse_qs(native.queries[-1]) == {"stream": ["true"], "starting_after": [str(last)]}
+    assert client.responses.retrieve(response_id).status == "completed"  # still held: the poll finds it ended
+    started, ended = _metered(db, tenant)
+    _assert_spent(client, started, ended, "completed")
+
+
+def test_a_stream_answered_with_no_event_stream_is_a_clear_error(
+        polled: Gateway, native: FakeResponsesUpstream) -> None:
+    _, client, response_id = _started(polled)
+    native.streams_as_json = True  # a GET with stream=true is answered with the response as JSON
+    try:
+        with pytest.raises(openai.APIStatusError) as failed:
+            client.responses.retrieve(response_id, stream=True, starting_after=1)
+    finally:
+        native.streams_as_json = False
+    assert failed.value.status_code == 502 and "not an event stream" in failed.value.message
+    assert client.responses.retrieve(response_id).status == "queued"  # still held
 
 
 def test_another_tenants_or_a_forgotten_response_is_a_404(

@@ -46,6 +46,9 @@ class ScriptedAdmission:
                                 ticket=ticket)
         return Ticket(principal=principal, model=model, reserved_tokens=reserve_tokens, requests=state)
 
+    async def admit_poll(self, principal: Principal) -> Ticket:
+        return await self.admit(principal, "", 0)
+
     def settle(self, ticket: Ticket, actual_tokens: int, cost: float) -> asyncio.Future[None]:
         self.settled.append(Settlement(ticket, actual_tokens, cost))
         return completed()

@@ -8,8 +8,9 @@ until it no longer runs, finished or cancelled, and that event tells it as it th
 and ``DELETE`` reach a held one (any other id is a 404), each recorded in ``reached``, its query in
 ``queries`` (all answered ``reach_failure``, when set). ``GET ...?stream=true`` streams a held one's
 events (those after ``starting_after``, if given), numbered as its ``POST`` stream numbers them, the
-last waiting as there. The ``POST`` stream of one for ``BREAK_PART_WAY`` breaks part-way; it runs on
-(``event_seconds``: a pause before each event of such a stream)."""
+last waiting as there (with ``streams_as_json`` set, it answers as it does without ``stream``). The
+``POST`` stream of one for ``BREAK_PART_WAY`` breaks part-way; it runs on (``event_seconds``: a
+pause before each event of such a stream)."""
 
 from __future__ import annotations
 
@@ -78,6 +79,7 @@ class FakeResponsesUpstream(EchoUpstream, OnLoopback):
         self.queries: list[str] = []  # the query string of each of them
         self.reach_failure: int | None = None  # when set, the HTTP status every such request is answered with
         self.event_seconds = 0.0  # the pause before each event of a background response's stream
+        self.streams_as_json = False  # when set, a held one's stream is asked for in vain: its JSON answers
 
     def finish(self, response_id: str) -> None:
         """The background response ``response_id`` is completed (with ``USAGE``)."""
@@ -155,7 +157,7 @@ class FakeResponsesUpstream(EchoUpstream, OnLoopback):
             return await send_json(ex, 404, {"error": {"type": "invalid_request_error", "code": "not_found",
                                                        "message": f"No response with id '{response_id}' found."}})
         asked = parse_qs(ex.query)
-        if ex.method == "GET" and asked.get("stream") == ["true"]:
+        if ex.method == "GET" and asked.get("stream") == ["true"] and not self.streams_as_json:
             after = int(asked.get("starting_after", ["-1"])[0])
             return await send_events(ex, self._streams[response_id], last=self._ended(response_id), after=after)
         if ex.method == "DELETE":
