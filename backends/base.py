@@ -215,10 +215,17 @@ class ChunkStream(Generic[ChunkT]):
 class ClosingChunks:
     """The chunk iterator of a ``ChunkStream`` over a producer's async generator, with
     ``on_close`` run when the stream is closed or fails, even when iteration never started (an
-    unstarted async generator would skip its ``finally``): e.g. abort an engine request."""
+    unstarted async generator would skip its ``finally``): e.g. abort an engine request. With
+    ``on_interrupt`` (the producer's: a read of it that waits raises ``Interrupted``), it has
+    ``interrupt()``; the read that fails so closes the stream, as any failure does."""
 
-    def __init__(self, chunks: AsyncIterator[Any], on_close: Callable[[], Awaitable[None]]) -> None:
+    interrupt: Callable[[], None]  # only with ``on_interrupt``
+
+    def __init__(self, chunks: AsyncIterator[Any], on_close: Callable[[], Awaitable[None]],
+                 on_interrupt: Callable[[], None] | None = None) -> None:
         self._chunks, self._on_close = chunks, on_close
+        if on_interrupt is not None:
+            self.interrupt = on_interrupt
 
     def __aiter__(self) -> ClosingChunks:
         return self

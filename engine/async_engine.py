@@ -191,7 +191,7 @@ class AsyncEngine:
 
 class RequestStream:
     """One request's outputs, an async iterator (the last output has ``finished=True``; leaving
-    early aborts the request), and ``cancel``.
+    early aborts the request), ``cancel``, and ``interrupt`` (a read that waits gives up).
 
     The stream is its own iterator and holds no reference to itself (no generator whose frame
     holds it), so a consumer that stops iterating and drops the stream aborts the request at once,
@@ -206,6 +206,7 @@ class RequestStream:
         self._ended = False  # the final output (or the error) has been taken from the queue
         self._aborted = False  # an abort was sent (never twice: the id may be reused afterwards)
         self._final: RequestOutput | None = None
+        self._interrupt: BaseException | None = None  # in the queue to wake a read (``interrupt``)
 
     def __aiter__(self) -> RequestStream:
         return self
@@ -222,11 +223,20 @@ class RequestStream:
 
     def _take(self, item: RequestOutput | BaseException) -> RequestOutput:
         if isinstance(item, BaseException):
-            self._ended = True
+            if item is not self._interrupt:  # the request failed (an interrupt: it runs on)
+                self._ended = True
             raise item
         if item.finished:
             self._ended, self._final = True, item
         return item
+
+    def interrupt(self, exc: BaseException) -> None:
+        """Have the read that waits (else the next read) raise ``exc``, from a callback on the loop:
+        its reader gave up waiting. The request runs on: ``aclose`` or ``cancel`` aborts it, and
+        ``cancel`` still returns its final output."""
+        if self._interrupt is None:  # the first one stands: one in the queue is no failure
+            self._interrupt = exc
+        self._queue.put_nowait(self._interrupt)
 
     def _abort(self) -> None:
         if not self._ended and not self._aborted:
@@ -248,6 +258,8 @@ class RequestStream:
         self._abort()
         while not self._ended:
             item = await self._queue.get()
+            if item is self._interrupt:
+                continue
             if isinstance(item, BaseException):
                 self._ended = True
             elif item.finished:

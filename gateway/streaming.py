@@ -7,7 +7,8 @@ usage is durable first), else as the response's background task, after the clien
 While the process drains (``gateway.drain``), each read races the drain time; a stream still
 running when it ends is cut with a last chunk carrying ``finish_reason: length`` and the usage. A
 read begun before the drain (a silent upstream: a model thinking) does not race it: the drain
-interrupts it when its time ends, where the stream can be interrupted (``ChunkRelay.interrupt``).
+interrupts it when its time ends, where the stream's chunks can be interrupted (``interrupt()``: an
+HTTP upstream's, an Anthropic one's, the engine's).
 
 Served by ``switchyard serve``, a stream's chunks after the first go from the upstream's connection
 callback straight to the client's (``SSERelay.write_directly``), with no task switch per chunk.

@@ -231,7 +231,7 @@ class LocalEngineBackend:
             if request.include_usage:
                 yield chunk([], usage_of(run.meter))
 
-        return ChunkStream(ClosingChunks(gen(), run.aclose), run.meter)
+        return ChunkStream(ClosingChunks(gen(), run.aclose, run.interrupt), run.meter)
 
     # ------------------------------------------------------------ completions
 

@@ -169,4 +169,4 @@ async def complete_stream(
         if request.include_usage:
             yield chunk([], usage_of(c.run.meter))
 
-    return ChunkStream(ClosingChunks(gen(), c.run.aclose), c.run.meter)
+    return ChunkStream(ClosingChunks(gen(), c.run.aclose, c.run.interrupt), c.run.meter)

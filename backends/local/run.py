@@ -8,7 +8,7 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any, Protocol
 
-from backends.base import BadRequest, ContextTooLong, Meter, RequestFailed, Unavailable
+from backends.base import BadRequest, ContextTooLong, Interrupted, Meter, RequestFailed, Unavailable
 from backends.call import CallContext
 from backends.local.wire import LogprobFormatter
 from backends.openai_wire import PromptTokensDetails, Usage
@@ -190,6 +190,12 @@ class EngineRun:
         if exc.param == "max_tokens" and self.limit_param != "max_tokens":
             return exc.message.replace("max_tokens", self.limit_param)
         return exc.message
+
+    def interrupt(self) -> None:
+        """Have the read of the outputs that waits give up now (from a callback): it raises
+        ``Interrupted``. The engine requests run on until ``aclose`` aborts them."""
+        for stream in self.streams:
+            stream.interrupt(Interrupted())
 
     def abort(self) -> None:
         for rid in self.ids:

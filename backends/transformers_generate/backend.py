@@ -147,7 +147,7 @@ class HFGenerateBackend:
         first += [chunk([ChatChunkChoice(index=i, delta=ChatDelta(content=echo))])
                   for i in range(run.job.num_rows if echo else 0)]
         usage = (lambda: chunk([], _usage(run.meter))) if request.include_usage else None
-        return ChunkStream(ClosingChunks(relay(run, first, on_event, usage), run.cancel), run.meter)
+        return ChunkStream(ClosingChunks(relay(run, first, on_event, usage), run.cancel, run.interrupt), run.meter)
 
     async def complete(self, request: CompletionRequest, ctx: CallContext = NO_CONTEXT) -> Completed[TextCompletion]:
         prompts = self._text_prompts(request)
@@ -190,7 +190,7 @@ class HFGenerateBackend:
 
         first = [chunk([CompletionChoice(index=i, text=e)]) for i, e in enumerate(echoes) if e]
         usage = (lambda: chunk([], _usage(run.meter))) if request.include_usage else None
-        return ChunkStream(ClosingChunks(relay(run, first, on_event, usage), run.cancel), run.meter)
+        return ChunkStream(ClosingChunks(relay(run, first, on_event, usage), run.cancel, run.interrupt), run.meter)
 
     async def embed(self, request: EmbeddingRequest, ctx: CallContext = NO_CONTEXT) -> Completed[EmbeddingList]:
         raise BadRequest(f"the model '{request.model}' is served by plain transformers generate, which gives no "

@@ -10,7 +10,7 @@ from typing import Any
 
 import anyio
 
-from backends.base import Meter
+from backends.base import Interrupted, Meter
 from backends.transformers_generate.jobs import Event, Job
 from backends.transformers_generate.worker import GenerateWorker
 from engine.sequence import TokenLogprob
@@ -30,6 +30,7 @@ class JobRun:
         worker.submit(self.job)  # Unavailable when the queue is full
         self._active = active
         active.add(self)
+        self._interrupt: Event | None = None  # in the queue to wake a read (``interrupt``)
 
     def _deliver(self, ev: Event) -> None:
         """Called from the worker thread; once the event loop is gone nobody is listening."""
@@ -46,6 +47,8 @@ class JobRun:
         """The next event; a worker failure is raised. Call only while not ``done``."""
         ev = await self._queue.get()
         if ev.error is not None:
+            if ev is self._interrupt:  # the job runs on
+                raise Interrupted()
             self._open = 0
             self._active.discard(self)
             raise ev.error
@@ -59,17 +62,26 @@ class JobRun:
                 self._active.discard(self)
         return ev
 
+    def interrupt(self) -> None:
+        """Have the read of the events that waits (else the next read) give up now (from a
+        callback): it raises ``Interrupted``. The job runs on until ``cancel`` aborts it."""
+        if self._interrupt is None:
+            self._interrupt = Event(error=Interrupted())
+        self._queue.put_nowait(self._interrupt)
+
     async def cancel(self) -> None:
         """Abort and wait until the worker has let go of every row (at most one step)."""
         if self.done:
             return
         self.worker.cancel(self.job)
         with anyio.CancelScope(shield=True):
-            try:
-                while not self.done:
+            while not self.done:
+                try:
                     await self.next()
-            except Exception:
-                pass  # the job failed while stopping: nothing more will come
+                except Interrupted:
+                    continue  # ``interrupt``'s: the worker has not let go yet
+                except Exception:
+                    return  # the job failed while stopping: nothing more will come
 
 
 class PendingLogprobs:

@@ -13,12 +13,14 @@ the answers' stop reason; ``answer_headers`` go in the head of every answer (as 
 rate-limit headers do); every request body is kept in ``received``. With thinking on, its answers
 start with a signed thinking block, and, as Anthropic, it refuses (400) a conversation whose last
 assistant turn has tool_use blocks but does not start with a signed thinking or redacted thinking block,
-and a final assistant message whose content ends in whitespace.
+and a final assistant message whose content ends in whitespace. ``SilentAnthropic`` streams a message's
+start, then nothing until the client leaves (a model thinking).
 """
 
 from __future__ import annotations
 
 import json
+import threading
 from collections import deque
 from typing import Any
 
@@ -243,3 +245,31 @@ class ScriptedAnthropic(FakeAnthropic):
         if isinstance(script, list):
             return await send_events(ex, script)
         await send_json(ex, *script)
+
+
+SILENT_START: list[tuple[str, dict[str, Any]]] = [
+    ("message_start", {"message": {"id": "msg_quiet", "type": "message", "role": "assistant", "model": "claude-test",
+                                   "content": [], "usage": {"input_tokens": 5, "output_tokens": 1}}}),
+    ("content_block_start", {"index": 0, "content_block": {"type": "text", "text": ""}}),
+    ("content_block_delta", {"index": 0, "delta": {"type": "text_delta", "text": "Let me think"}}),
+]
+
+
+class SilentAnthropic(FakeAnthropic):
+    """Streams a message's start and its first text, then says nothing until the client leaves
+    (``wait_left``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._left = threading.Semaphore(0)
+
+    def wait_left(self, streams: int, timeout: float = 10.0) -> bool:
+        """Whether the clients of ``streams`` streams left within ``timeout`` seconds."""
+        return all(self._left.acquire(timeout=timeout) for _ in range(streams))
+
+    async def _stream(self, ex: Exchange, payload: dict[str, Any], blocks: list[dict[str, Any]], stop: str,
+                      usage: dict[str, Any], matched: str | None = None) -> None:
+        await send_events(ex, SILENT_START, end=False)
+        while (await ex.receive())["type"] != "http.disconnect":
+            pass
+        self._left.release()
