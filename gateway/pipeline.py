@@ -46,7 +46,7 @@ from gateway.json_response import JSONResponse
 from gateway.quotas.headers import openai_ratelimit_headers
 from gateway.quotas.refusal import refused
 from gateway.quotas.reservation import reserve_prompt
-from gateway.routing.deadline import Deadline, wait_out
+from gateway.routing.deadline import Deadline, DeadlineExceeded, wait_out
 from gateway.routing.deployment import Deployment
 from gateway.routing.health import DeploymentHealth
 from gateway.routing.plan import MAX_HOLD_OFF, RoutePlan, holds_off, tokens_left
@@ -195,8 +195,9 @@ class Pipeline:
             await self._settle(flight, Meter(exact=False, upstream_request_id=exc.upstream_request_id),
                                error.status, exc.kind)
             error.headers.update(self._headers(flight))
-            if flight.attempts > 1 and "retry-after" not in error.headers:
-                error.headers["x-should-retry"] = "false"  # retried here already: an SDK's retries would multiply
+            # retried here already, or its time spent: an SDK's retries would multiply it
+            if (flight.attempts > 1 or isinstance(exc, DeadlineExceeded)) and "retry-after" not in error.headers:
+                error.headers["x-should-retry"] = "false"
             raise error from None
         except asyncio.CancelledError:  # the client went away before the answer was ready
             spent = flight.meter if flight.meter is not None else Meter(

@@ -56,6 +56,8 @@ def _timed_out(client: openai.OpenAI, **request: Any) -> float:
     elapsed = time.monotonic() - t0
     assert err.value.status_code == 504, err.value
     assert isinstance(err.value.body, dict) and err.value.body.get("code") == "upstream_timeout"
+    # the request's time is spent: an SDK retrying it would multiply the limit
+    assert err.value.response.headers.get("x-should-retry") == "false"
     return elapsed
 
 
