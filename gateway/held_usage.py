@@ -29,9 +29,14 @@ an outage of the quota store (``quotas/stale.py``): the meterer goes on to settl
 process has the budget buckets rebuilt from the usage rows once Redis answers, which hold this
 one (the record comes first for that reason: the rows are the account). A process that dies
 before that repair leaves the buckets as Redis left them: charged once if the charge ran, not at
-all if it never reached Redis. Where a bucket is rebuilt from the usage rows after the row was
-written and before the charge runs (Redis restarted empty, its once-keys gone with it; a budget
-set meanwhile), the charge is counted twice in the budgets, never in the rows.
+all if it never reached Redis. A bucket rebuilt from the usage rows while a response is metered
+(Redis restarted empty, its once-keys gone with it; a budget set meanwhile) counts the row if it
+was in the database then, and notes, in the same atomic step as it is written, the once-keys of
+the responses still unsettled whose rows it counted (``quotas/recorded.py``): their charges, when
+they come (a meterer that had not charged yet, or one metering again after its meterer died),
+add nothing to it, and a row it did not count (still on its way from a replica's writer) is
+counted by its charge, if that comes after the rebuild (one that ran while the bucket was missing
+added nothing: such a row is missed, as any record on its way is).
 
 One started with ``stream: true`` is held so from its stream's first event (``gateway.held_streams``):
 its stream's last event meters it (with what the stream metered) unless a ``GET``, ``cancel`` or the
@@ -42,7 +47,6 @@ upstream's connection broken) stays held.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 import time
 from typing import Any
@@ -51,7 +55,7 @@ from backends.base import Meter
 from backends.responses_http import answer_meter
 from gateway.contracts import Principal, UsageRecord, UsageSink
 from gateway.pipeline import Pipeline
-from gateway.stored_responses import ResponseStore
+from gateway.stored_responses import ResponseStore, usage_id
 
 log = logging.getLogger("switchyard.responses")
 
@@ -70,12 +74,6 @@ def unsettled(principal: Principal, request_id: str, model: str, group: str, dep
 def starter(pending: dict[str, Any]) -> Principal:
     """The caller that started the background response ``pending`` describes."""
     return Principal(key_id=str(pending["key_id"]), tenant_id=pending.get("tenant_id"))
-
-
-def usage_id(response_id: str) -> str:
-    """The request id of a background response's usage row: one per response, so a row written twice
-    (a journal replayed, a response metered again after its meterer died) is one row."""
-    return "bg-" + hashlib.sha256(response_id.encode()).hexdigest()[:40]
 
 
 async def meter_ended(pipeline: Pipeline, store: ResponseStore, response_id: str, answer: dict[str, Any],

@@ -17,6 +17,7 @@ then ``settle``: ``gateway.held_usage``).
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
 from dataclasses import dataclass
@@ -33,6 +34,13 @@ from gateway.db.models import StoredResponse
 log = logging.getLogger("switchyard.responses")
 
 DELETED = "deleted"  # the owner of a deleted response's tombstone: no caller's (``owner_of``)
+
+
+def usage_id(response_id: str) -> str:
+    """The request id of a background response's usage row (``gateway.held_usage``): one per response,
+    so a row written twice (a journal replayed, a response metered again after its meterer died) is
+    one row; its charge is made under it too (``once``)."""
+    return "bg-" + hashlib.sha256(response_id.encode()).hexdigest()[:40]
 
 
 def owner_of(principal: Principal) -> str:

@@ -12,6 +12,8 @@ records before the request is admitted, once this process's own records still on
 database (the usage writer's buffer and journal: ``flush_records``) are in it: the requests settled
 here while no bucket was there to count them (a budget just set, a Redis restarted) are counted.
 (Another replica's records on their way are not: up to its writer's flush interval of spend.)
+A background response's charge (``charge(..., once=)``) whose usage record the rebuilt bucket holds
+adds nothing to it (``recorded.py``).
 A store outage (or, for a lost budget bucket, a database outage) follows the configured policy:
 ``fail_closed`` raises QuotaUnavailable (503), ``fail_open`` admits without counting; both log.
 The budget buckets that missed spend meanwhile (requests admitted without counting, settlements
@@ -38,7 +40,8 @@ from gateway.background import stop_task
 from gateway.contracts import Principal, QuotaExceeded, QuotaUnavailable, Ticket, completed
 from gateway.ids import random_id
 from gateway.quotas.credit import CreditKeeper, LocalLease
-from gateway.quotas.limits import LimitsSource, Scope, period_id, period_start, recorded_spend
+from gateway.quotas.limits import LimitsSource, Scope, period_id, period_start
+from gateway.quotas.recorded import recorded_spend
 from gateway.quotas.redis_credit import RedisCredit
 from gateway.quotas.stale import StaleBudgets, Uncounted
 from gateway.quotas.store import Decision, Lease, QuotaStore, Reservation, lease_for, picos
@@ -208,17 +211,18 @@ class QuotaAdmission:
 
     async def _seed_budget(self, scope: Scope, now: float) -> None:
         """Rebuild a budget bucket the store does not hold from the usage records (the store is new,
-        or restarted empty, or the budget was just set) and the reservations in flight; a database
-        outage here is an outage of admission."""
+        or restarted empty, or the budget was just set) and the reservations in flight; the charges
+        to come of background responses whose usage rows it counted are noted in it, to add nothing
+        to it (``recorded.py``). A database outage here is an outage of admission."""
         pid, ttl = period_id(scope.limits.budget_period, now)
         if self.flush_records is not None and not await self.flush_records():
             log.warning("rebuilding the budget of %s while some of this process's usage records are not in the "
                         "database yet: their spend is not counted", scope.label)
-        tokens, spent = await recorded_spend(self.limits.db, scope, now)
-        log.info("budget of %s rebuilt from the usage records: %d tokens, %.6f USD", scope.label, tokens,
-                 spent / 1e12)
-        await self.store.seed_budget(scope.kind, scope.id, pid, tokens, spent, ttl, now,
-                                     period_start(scope.limits.budget_period, now))
+        spent = await recorded_spend(self.limits.db, scope, now)
+        log.info("budget of %s rebuilt from the usage records: %d tokens, %.6f USD (%d background charges to "
+                 "come counted)", scope.label, spent.tokens, spent.picos / 1e12, len(spent.counted))
+        await self.store.seed_budget(scope.kind, scope.id, pid, spent.tokens, spent.picos, ttl, now,
+                                     period_start(scope.limits.budget_period, now), counted=spent.counted)
 
     def settle(self, ticket: Ticket, actual_tokens: int, cost: float) -> asyncio.Future[None]:
         lease = ticket.reservation

@@ -105,7 +105,7 @@ async def chain_root(session: AsyncSession, key_id: str) -> str:
     return root or key_id
 
 
-def _chain(root: str) -> Any:
+def key_chain(root: str) -> Any:
     """The ids of ``root`` and of every key rotated from it, directly or not (a subquery)."""
     down = select(ApiKey.id, literal(0).label("depth")).where(ApiKey.id == root).cte("down", recursive=True)
     down = down.union_all(select(ApiKey.id, down.c.depth + 1)
@@ -121,23 +121,17 @@ def tokens_of(table: type[UsageRow] | type[UsageHourly]) -> ColumnElement[int]:
             + func.coalesce(func.sum(table.completion_tokens), 0))
 
 
-async def recorded_spend(db: Database, scope: Scope, now: float) -> tuple[int, int]:
-    """Tokens and pico-dollars the usage records show for ``scope`` in its current budget period
-    (a key's scope: every key of its rotation chain)."""
+def spent_rows(scope: Scope, now: float, chain: Any | None = None) -> list[ColumnElement[bool]]:
+    """The usage records a budget of ``scope`` counts in its current budget period (a key's scope:
+    every key of its rotation chain; ``chain``: ``key_chain`` of it, where a statement names it more
+    than once)."""
     if scope.kind == "key":
-        whose = or_(UsageRow.key_id == scope.id, UsageRow.key_id.in_(_chain(scope.id)))
+        whose = or_(UsageRow.key_id == scope.id,
+                    UsageRow.key_id.in_(chain if chain is not None else key_chain(scope.id)))
     else:
         whose = UsageRow.tenant_id == scope.id
-    query = select(
-        tokens_of(UsageRow),
-        func.coalesce(func.sum(UsageRow.cost), 0.0),
-    ).where(whose)
     start = period_start(scope.limits.budget_period, now)
-    if start is not None:
-        query = query.where(UsageRow.started_at >= datetime.fromtimestamp(start, UTC))
-    async with db.session() as session:
-        tokens, cost = (await session.execute(query)).one()
-    return int(tokens), round(float(cost) * 1e12)
+    return [whose] if start is None else [whose, UsageRow.started_at >= datetime.fromtimestamp(start, UTC)]
 
 
 class LimitsSource:

@@ -14,9 +14,12 @@ usage records' figures plus the reservations of the tickets in flight, which no 
 and notes the second it did so in ``seeded``: ``SETTLE`` tells by it a ticket whose lease expired,
 still counted in the bucket, from one reserved before Redis lost its state). A charge made once
 notes its key in ``<prefix>:charged:<once>`` for ``ONCE_SECONDS``, in the same ``SETTLE``, which does
-nothing when the key is there. (``SETTLE`` took no once-key before 2026-12: in a rolling update a
-replica of the older version runs its own script, and its charges, sent without a key, are counted
-as before.)
+nothing when the key is there. ``SEED`` notes in the bucket it writes, as a field ``c:<once>``, the
+once-keys of the charges to come that the usage records it was given hold (``store.py``), unless
+``<prefix>:charged:<once>`` is there (charged already); ``SETTLE`` under that key deletes the field
+and adds nothing to that bucket. (``SETTLE`` took no once-key before 2026-12, nor did ``SEED`` note
+any: in a rolling update a replica of the older version runs its own scripts, and its charges, sent
+without a key or not reading the notes, are counted as before; a bucket it rebuilt has no notes.)
 
 (Until 2026-12 a bucket counted whole micro-dollars alone, each settlement rounded: ``micros``
 keeps that meaning, so in a rolling update a replica of the older version reads the newer ones'
@@ -286,11 +289,13 @@ SETTLE = MONEY + """
 -- Arguments: the ticket's member, the token counter of the second it was reserved in, the
 -- corrections of tokens, micro-dollars and pico-dollars, the actual figures (the same three:
 -- integers, as strings), the second it was reserved in (-1: a reservation given back, which
--- may never have been made), and the once-key's TTL. A once-key that exists: charged before,
--- nothing is done (0 is returned).
+-- may never have been made), and, for a charge made once, the once-key's TTL and the once-key's
+-- name as SEED notes it. A once-key that exists: charged before, nothing is done (0 is returned);
+-- a bucket rebuilt holding the charge (its note, deleted here) is not charged.
 local ticket, tsec, second = ARGV[1], ARGV[2], tonumber(ARGV[9])
 local nkeys = #KEYS - #KEYS % 3
-if nkeys < #KEYS and not redis.call('SET', KEYS[#KEYS], 1, 'NX', 'EX', ARGV[10]) then return 0 end
+local once = nkeys < #KEYS
+if once and not redis.call('SET', KEYS[#KEYS], 1, 'NX', 'EX', ARGV[10]) then return 0 end
 for k = 1, nkeys, 3 do
   -- a ticket this Redis does not hold was reserved before it lost its state (its budget bucket was
   -- rebuilt after it), or never: add the actual figures; one whose lease expired (its replica could
@@ -310,7 +315,8 @@ for k = 1, nkeys, 3 do
       redis.call('HSET', KEYS[k], tsec, tonumber(m[1]) + n, 'ts', (tonumber(m[2]) or 0) + n)
     end
   end
-  if (dt ~= '0' or dm ~= '0' or dp ~= '0') and redis.call('EXISTS', KEYS[k + 2]) == 1 then
+  local counted = once and redis.call('HDEL', KEYS[k + 2], 'c:' .. ARGV[11]) == 1
+  if (dt ~= '0' or dm ~= '0' or dp ~= '0') and not counted and redis.call('EXISTS', KEYS[k + 2]) == 1 then
     if dt ~= '0' then redis.call('HINCRBY', KEYS[k + 2], 'tokens', dt) end
     add_money(KEYS[k + 2], dm, dp)
   end
@@ -352,9 +358,10 @@ return 1
 """
 
 SEED = """
--- Keys: the budget bucket, the scope's tickets. Arguments: the tokens, whole micro-dollars and the
--- pico-dollars past them the usage records show, the period's TTL, now, and the second the period
--- began (-1: the "total" period).
+-- Keys: the budget bucket, the scope's tickets, then the once-keys of the charges to come that the
+-- usage records hold (store.py). Arguments: the tokens, whole micro-dollars and the pico-dollars
+-- past them the usage records show, the period's TTL, now, the second the period began (-1: the
+-- "total" period), then those once-keys' names.
 if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
 local tokens, micros, since = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[6])
 -- The tickets in flight that were reserved in this period (while the scope had no bucket) are in
@@ -368,6 +375,10 @@ for _, m in ipairs(redis.call('ZRANGE', KEYS[2], 0, -1)) do
 end
 redis.call('HSET', KEYS[1], 'tokens', tokens, 'micros', micros, 'picos', ARGV[3],
            'seeded', math.floor(tonumber(ARGV[5])))
+-- a charge to come that the records hold adds nothing here (its note); one that ran needs none
+for i = 3, #KEYS do
+  if redis.call('EXISTS', KEYS[i]) == 0 then redis.call('HSET', KEYS[1], 'c:' .. ARGV[i + 4], 1) end
+end
 if tonumber(ARGV[4]) > 0 then redis.call('EXPIRE', KEYS[1], tonumber(ARGV[4]) + 86400) end
 return 1
 """

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+from collections.abc import Sequence
 
 from gateway.contracts import QuotaState
 from gateway.quotas.limits import WINDOW_SECONDS, period_id
@@ -88,11 +89,16 @@ class RedisStore:
         return Decision(False, reason, index, retry, req, tok)
 
     async def seed_budget(self, kind: str, sid: str, pid: str, tokens: int, picos: int, ttl: int, now: float,
-                          since: float | None) -> None:
+                          since: float | None, *, counted: Sequence[str] = ()) -> None:
         base = self._base(kind, sid)
         start = NONE if since is None else math.floor(since)
         micros, past = divmod(picos, PICOS_PER_MICRO)
-        await self._seed(keys=[f"{base}:bd:{pid}", base + ":cc"], args=[tokens, micros, past, ttl, now, start])
+        await self._seed(keys=[f"{base}:bd:{pid}", base + ":cc", *(self._charged(once) for once in counted)],
+                         args=[tokens, micros, past, ttl, now, start, *counted])
+
+    def _charged(self, once: str) -> str:
+        """The key noting that the charge under ``once`` ran."""
+        return f"{self.prefix}:charged:{once}"
 
     def settle(self, lease: Lease, now: float, actual_tokens: int, actual_picos: int, *,
                given_back: bool = False, once: str | None = None) -> asyncio.Future[object]:
@@ -106,8 +112,8 @@ class RedisStore:
                            actual_tokens, *divmod(actual_picos, PICOS_PER_MICRO),
                            NONE if given_back else lease.second]
         if once is not None:
-            keys.append(f"{self.prefix}:charged:{once}")
-            args.append(ONCE_SECONDS)
+            keys.append(self._charged(once))
+            args += [ONCE_SECONDS, once]
         return self._settle.submit(keys=keys, args=args)
 
     async def renew(self, leases: list[Lease], now: float, lease_seconds: float) -> None:

@@ -40,13 +40,19 @@ A store checks and reserves every limit of every scope in one atomic step, or re
 - charges made once: a settlement under a once-key (``settle(..., once=)``: the charge of a
   background response's spend) runs only if no settlement under that key ran in the last
   ``ONCE_SECONDS``; the key is noted in the same atomic step, so a charge sent again (its sender
-  died not knowing whether it ran) adds nothing.
+  died not knowing whether it ran) adds nothing. A bucket rebuilt from the usage records that
+  already hold such a charge's row (``seed_budget(..., counted=)``: its meterer recorded the row
+  and has not charged yet) notes its once-key in it, in the same step as it is written, unless a
+  charge under that key ran already: the charge, when it comes, adds nothing to that bucket (it
+  still adds to the others, and to this second's tokens) and the note goes. A note lives and dies
+  with its bucket: a bucket deleted (``forget``, a restart) and rebuilt again is noted again.
 """
 
 from __future__ import annotations
 
 import asyncio
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -108,9 +114,11 @@ class QuotaStore(Protocol):
         ...
 
     async def seed_budget(self, kind: str, sid: str, pid: str, tokens: int, picos: int, ttl: int, now: float,
-                          since: float | None) -> None:
+                          since: float | None, *, counted: Sequence[str] = ()) -> None:
         """Start a budget bucket at the recorded spend plus the reservations of the scope's leases in
-        flight made since ``since`` (the period's start; None: ever), unless the bucket exists."""
+        flight made since ``since`` (the period's start; None: ever), unless the bucket exists;
+        ``counted``: the once-keys of charges to come whose figures the recorded spend holds (see
+        the module's docstring)."""
         ...
 
     async def renew(self, leases: list[Lease], now: float, lease_seconds: float) -> None:
@@ -196,6 +204,7 @@ class MemoryStore:
         self._seeded: dict[str, int] = {}  # budget bucket -> the second it was rebuilt in
         self._budget_ends: dict[str, float] = {}  # budget bucket -> when it may go (none: never)
         self._once: dict[str, float] = {}  # once-key of a charge -> when it goes, oldest first
+        self._counted: dict[str, set[str]] = {}  # budget bucket -> once-keys of charges to come it holds
         self._swept_at = -math.inf
 
     def __len__(self) -> int:
@@ -209,6 +218,7 @@ class MemoryStore:
         for gone in [k for k, end in self._budget_ends.items() if end <= now]:
             del self._budgets[gone], self._budget_ends[gone]
             self._seeded.pop(gone, None)
+            self._counted.pop(gone, None)
         self._swept_at = now
 
     def _window(self, key: str) -> _Window:
@@ -288,9 +298,11 @@ class MemoryStore:
         return Decision(False, reason, index, retry_after, requests, tokens)
 
     async def seed_budget(self, kind: str, sid: str, pid: str, tokens: int, picos: int, ttl: int, now: float,
-                          since: float | None) -> None:
+                          since: float | None, *, counted: Sequence[str] = ()) -> None:
         if f"{kind}:{sid}:{pid}" in self._budgets:
             return
+        if to_come := {once for once in counted if self._once.get(once, now) <= now}:  # not charged yet
+            self._counted[f"{kind}:{sid}:{pid}"] = to_come
         leases = self._leases.get(f"{kind}:{sid}", {})
         for tid in [t for t, held in leases.items() if held.until <= now]:
             del leases[tid]  # ended: its settlement adds the actual figures
@@ -321,6 +333,7 @@ class MemoryStore:
         for kind, sid, pid in buckets:
             self._budgets.pop(f"{kind}:{sid}:{pid}", None)
             self._seeded.pop(f"{kind}:{sid}:{pid}", None)
+            self._counted.pop(f"{kind}:{sid}:{pid}", None)
             self._budget_ends.pop(f"{kind}:{sid}:{pid}", None)
         for lease in leases:
             for kind, sid, _ in lease.scopes:
@@ -340,10 +353,20 @@ class MemoryStore:
             if lease.second in tk:
                 tk[lease.second] += actual_tokens - reserved_tokens
             budget = self._budgets.get(f"{base}:{pid}")
-            if budget is not None:
+            if budget is not None and not (once is not None and self._counts(f"{base}:{pid}", once)):
                 budget[0] += actual_tokens - reserved_tokens
                 budget[1] += actual_picos - reserved_micros * PICOS_PER_MICRO
         return completed()
+
+    def _counts(self, bucket: str, once: str) -> bool:
+        """Whether ``bucket`` was rebuilt holding the charge under ``once`` (its note goes)."""
+        counted = self._counted.get(bucket)
+        if counted is None or once not in counted:
+            return False
+        counted.discard(once)
+        if not counted:
+            del self._counted[bucket]
+        return True
 
     def _first(self, once: str, now: float) -> bool:
         """Note the once-key ``once`` unless it is held; the keys that ran out go first (each is kept

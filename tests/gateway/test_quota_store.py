@@ -371,3 +371,24 @@ async def test_a_charge_made_again_under_its_once_key_adds_nothing(store: QuotaS
     await charge(200, "bg-b")
     assert (await store.reserve(res(scopes, tokens=500))).admitted  # 300 + 200 + 500
     assert not (await store.reserve(res(scopes, tokens=1))).admitted
+
+
+async def test_a_bucket_rebuilt_holding_a_charge_to_come_is_not_charged_by_it(store: QuotaStore) -> None:
+    """A bucket rebuilt from usage records that hold a charge not made yet (``seed_budget``'s
+    ``counted``) adds nothing when that charge comes; a bucket rebuilt without it (the tenant's
+    here) is charged; a charge made before the rebuild is noted nowhere (the records holding it, a
+    charge under its key adds nothing anyway)."""
+    scopes = [Scope("key", "k1", Limits(token_budget=1000)), Scope("tenant", "t1", Limits(token_budget=1000))]
+    charge_lease = lease_for(res(scopes, tokens=0))
+    await store.settle(charge_lease, NOW, 50, 0, given_back=True, once="bg-before")  # no bucket yet: noted only
+    for s, counted in ((scopes[0], ["bg-to-come", "bg-before"]), (scopes[1], [])):
+        pid, ttl = period_id(s.limits.budget_period, NOW)
+        await store.seed_budget(s.kind, s.id, pid, 300, 0, ttl, NOW, period_start(s.limits.budget_period, NOW),
+                                counted=counted)
+    await store.settle(charge_lease, NOW, 300, 0, given_back=True, once="bg-to-come")
+    await store.settle(charge_lease, NOW, 300, 0, given_back=True, once="bg-to-come")  # sent again
+    assert (await store.reserve(res(scopes[:1], tokens=700))).admitted  # the key's: 300, counted once
+    assert not (await store.reserve(res(scopes[1:], tokens=401))).admitted  # the tenant's: 300 + 300
+    assert (await store.reserve(res(scopes[1:], tokens=400))).admitted
+    await store.settle(charge_lease, NOW, 10, 0, given_back=True, once="bg-later")  # another: charged
+    assert not (await store.reserve(res(scopes[:1], tokens=1))).admitted

@@ -20,7 +20,8 @@ from gateway.admin.service import AdminError, TenancyService
 from gateway.auth.authenticator import SqlAuthenticator
 from gateway.contracts import Principal, UsageRecord
 from gateway.db import Database
-from gateway.quotas.limits import Limits, LimitsSource, Scope, recorded_spend
+from gateway.quotas.limits import Limits, LimitsSource, Scope
+from gateway.quotas.recorded import Recorded, recorded_spend
 from gateway.usage.pricing import PriceTable
 from gateway.usage.writer import UsageWriter
 from tests.conftest import ADMIN_KEY, gateway_settings
@@ -136,9 +137,10 @@ async def test_a_rotated_key_is_counted_with_its_whole_chain(db: Database, tmp_p
     assert scopes[third].limits.token_budget == 1000  # each key keeps its own (copied) limits
     assert scopes[other].id == other
     for key in (first, second, third):
-        assert await recorded_spend(db, scopes[key], time.time()) == (123, 123 * 10**6)  # pico-dollars
-    assert await recorded_spend(db, scopes[other], time.time()) == (5000, 5000 * 10**6)
-    assert await recorded_spend(db, Scope("tenant", tenant.id, Limits()), time.time()) == (5123, 5123 * 10**6)
+        assert await recorded_spend(db, scopes[key], time.time()) == Recorded(123, 123 * 10**6, [])  # pico-dollars
+    assert await recorded_spend(db, scopes[other], time.time()) == Recorded(5000, 5000 * 10**6, [])
+    assert await recorded_spend(db, Scope("tenant", tenant.id, Limits()), time.time()) == Recorded(
+        5123, 5123 * 10**6, [])
 
 
 def _chat(server: ServerThread, key: str) -> int:

@@ -14,7 +14,8 @@ from gateway.dashboard import operator
 from gateway.dashboard.queries import Range, live, summary
 from gateway.db import Database
 from gateway.db.models import Tenant
-from gateway.quotas.limits import Limits, Scope, recorded_spend
+from gateway.quotas.limits import Limits, Scope
+from gateway.quotas.recorded import recorded_spend
 from gateway.usage.pricing import PriceTable
 from gateway.usage.records import plain_cost
 from gateway.usage.report import ReportQuery, end_of_day, usage_report
@@ -82,10 +83,10 @@ async def test_token_counts_past_32_bits_sum_without_overflow(db: Database, tmp_
     assert report["total_tokens"] == tokens and report["cached_tokens"] == INT32_MAX
     used = (await live(db, tenant, Limits(token_budget=2**40, budget_period="day")))["used"]
     assert used["tokens_per_minute"] == used["token_budget"] == tokens
-    spent, _ = await recorded_spend(db, Scope("tenant", tenant, Limits(budget_period="day")), now.timestamp())
-    assert spent == tokens
-    spent, _ = await recorded_spend(db, Scope("key", f"{tenant}-k", Limits(budget_period="total")), now.timestamp())
-    assert spent == tokens
+    spent = await recorded_spend(db, Scope("tenant", tenant, Limits(budget_period="day")), now.timestamp())
+    assert spent.tokens == tokens
+    spent = await recorded_spend(db, Scope("key", f"{tenant}-k", Limits(budget_period="total")), now.timestamp())
+    assert spent.tokens == tokens
 
 
 async def test_dashboard_cost_totals_are_the_report_s_not_a_sum_of_rounded_buckets(
