@@ -79,6 +79,8 @@ def create_app(
         finally:
             if follower is not None:
                 await follower.aclose()
+            if pipeline.keepalives is not None:
+                pipeline.keepalives.close()
             await services.aclose()
             await telemetry.aclose()
 

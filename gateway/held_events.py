@@ -24,7 +24,7 @@ from gateway.event_stream import EventStream
 from gateway.held_responses import finish_if_ended, holder, named
 from gateway.pipeline import Pipeline
 from gateway.stored_responses import Kept, ResponseStore
-from gateway.streaming import Outcome, SSERelay, saved_before_last
+from gateway.streaming import Outcome, SavedBeforeLast, SSERelay
 
 log = logging.getLogger("switchyard.responses")
 
@@ -52,7 +52,7 @@ async def held_events(pipeline: Pipeline, store: ResponseStore, principal: Princ
         except Exception:  # the database is down: still held, the follower (or a poll) finishes it
             log.exception("storing the end of background response %s failed", response_id)
 
-    relay = SSERelay(stream, fields["model"], on_end, encoder)
-    return EventStream(saved_before_last(relay, ended, finish),
+    relay = SSERelay(stream, fields["model"], on_end, encoder, keepalives=pipeline.keepalives)
+    return EventStream(SavedBeforeLast(relay, ended, finish),
                        headers=headers | {"cache-control": "no-cache", "x-accel-buffering": "no"},
                        background=BackgroundTask(relay.finish))

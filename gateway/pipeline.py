@@ -43,6 +43,7 @@ from gateway.contracts import (
 from gateway.errors import ApiError, from_backend_error
 from gateway.event_stream import EventStream
 from gateway.json_response import JSONResponse
+from gateway.keepalive import KeepAlives
 from gateway.quotas.headers import openai_ratelimit_headers
 from gateway.quotas.refusal import refused
 from gateway.quotas.reservation import reserve_prompt
@@ -116,6 +117,8 @@ class Pipeline:
         self.services = services
         self.settings = settings
         self.telemetry = telemetry or Telemetry()
+        keepalive = settings.server.stream_keepalive_seconds
+        self.keepalives = KeepAlives(keepalive) if keepalive else None  # the streams' (gateway.keepalive)
 
     @property
     def settings(self) -> Settings:
@@ -343,7 +346,8 @@ class Pipeline:
 
         relay = SSERelay(stream, flight.call.model, on_end, flight.call.dialect.stream(stream.meter),
                          on_first=None if flight.attempt_span is None else
-                         lambda chunk: hooks.on_response_model(flight.attempt_span, getattr(chunk, "model", None)))
+                         lambda chunk: hooks.on_response_model(flight.attempt_span, getattr(chunk, "model", None)),
+                         keepalives=self.keepalives)
         headers = self._headers(flight) | {"cache-control": "no-cache", "x-accel-buffering": "no"}
         return EventStream(relay, headers=headers, background=BackgroundTask(relay.finish))
 

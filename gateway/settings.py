@@ -65,6 +65,10 @@ class ServerConfig(Conf):
     # are ended (finish_reason "length", usage) and settled.
     drain_readiness_seconds: Annotated[float, Meta(ge=0, le=600)] = 0.0
     drain_seconds: Annotated[float, Meta(ge=0, le=3600)] = 10.0
+    # A started stream that wrote its client nothing for this long gets a keep-alive (an SSE comment;
+    # a ``ping`` event under /v1/messages) after 1x to 2x as long, and again while silent (gateway.keepalive).
+    # 0 or null: none.
+    stream_keepalive_seconds: Annotated[float, Meta(ge=0, le=3600)] | None = 15.0
     # Peers (IP addresses, CIDR networks, or "*" alone; one may be given as a string) whose
     # X-Forwarded-For names the client (gateway.trusted_proxies); applied at start, for every worker.
     trusted_proxies: list[str] | str = msgspec.field(default_factory=lambda: list(trusted_proxies.LOOPBACK))

@@ -12,6 +12,9 @@ HTTP upstream's, an Anthropic one's, the engine's).
 
 Served by ``switchyard serve``, a stream's chunks after the first go from the upstream's connection
 callback straight to the client's (``SSERelay.write_directly``), with no task switch per chunk.
+There, a stream that writes its client nothing for a while (its upstream silent) is written
+keep-alives (``gateway.keepalive``): its dialect's ``keep_alive``, which no SDK shows its user; they
+are not chunks (nothing metered, no event numbered).
 """
 
 from __future__ import annotations
@@ -36,10 +39,12 @@ from backends.openai_wire import (
 from gateway.drain import DRAIN, is_cut
 from gateway.errors import ApiError, from_backend_error
 from gateway.event_stream import WriteNow
+from gateway.keepalive import KeepAlives
 
 log = logging.getLogger("switchyard.streaming")
 
 DONE = b"data: [DONE]\n\n"
+KEEP_ALIVE = b": keep-alive\n\n"  # an SSE comment: clients skip it (the openai SDK's decoder does)
 _encoder = msgspec.json.Encoder()
 
 
@@ -60,6 +65,8 @@ def sse_event(payload: Any) -> bytes:
 class StreamEncoder(Protocol):
     """Turns relayed chunks into the bytes of one SSE dialect (OpenAI's, or Anthropic's)."""
 
+    keep_alive: bytes  # written while the stream is silent (``gateway.keepalive``): an event its clients skip
+
     def chunk(self, chunk: Any) -> bytes: ...
 
     def done(self) -> bytes:
@@ -72,6 +79,7 @@ class StreamEncoder(Protocol):
 
 class OpenAIEvents:
     last_event = DONE  # what ``done`` returns, always
+    keep_alive = KEEP_ALIVE
 
     def __init__(self, meter: Meter | None = None) -> None:
         pass
@@ -88,7 +96,8 @@ class OpenAIEvents:
 
 class SSERelay:
     def __init__(self, stream: ChunkStream[Any], public_model: str, on_end: OnEnd,
-                 encoder: StreamEncoder | None = None, on_first: Callable[[Any], None] | None = None) -> None:
+                 encoder: StreamEncoder | None = None, on_first: Callable[[Any], None] | None = None,
+                 keepalives: KeepAlives | None = None) -> None:
         self._stream = stream
         self._on_first = on_first  # shown the first chunk as the provider sent it (its model, for a span)
         self._model = public_model
@@ -99,7 +108,10 @@ class SSERelay:
         self._finished = False
         self._last: Any = None  # the last chunk relayed
         self._write_now: WriteNow | None = None
+        self._pushing = False  # the stream's chunks are written from its callbacks (``write_directly``)
         self._held: bytes | None = None  # pushed, but the client could not take it then
+        self._keepalives = keepalives  # None: no keep-alives
+        self._wrote = True  # something was written since the keep-alives' last visit (the head, at first)
 
     @property
     def last_event(self) -> bytes | None:
@@ -110,19 +122,23 @@ class SSERelay:
     def __aiter__(self) -> AsyncIterator[bytes]:
         return self.events()
 
-    def write_directly(self, write_now: WriteNow) -> None:
+    def write_directly(self, write_now: WriteNow, push: bool = True) -> None:
         """From the second chunk on, relay each chunk to the client with ``write_now`` inside the
         upstream connection's callback, where the stream can push (``ChunkRelay.push``): no task
         switch per chunk. Anything else (the end, a failure, a full client buffer, the drain)
-        comes back to ``events``."""
+        comes back to ``events``. ``write_now`` writes the keep-alives too; with ``push`` False,
+        only them (every chunk then goes through ``events``: ``SavedBeforeLast``)."""
         self._write_now = write_now
+        self._pushing = push
 
     async def events(self) -> AsyncIterator[bytes]:
         encoder = self._encoder
         push: Callable[[Callable[[Any], bool]], Awaitable[None]] | None = (
-            getattr(self._stream.chunks, "push", None) if self._write_now is not None else None)
+            getattr(self._stream.chunks, "push", None) if self._pushing else None)
         on_first = self._on_first
         DRAIN.wakers.add(self._interrupt)
+        if self._keepalives is not None and self._write_now is not None:  # the response has begun
+            self._keepalives.add(self._beat)
         try:
             try:
                 async for chunk in self._stream:
@@ -131,6 +147,7 @@ class SSERelay:
                         on_first = None
                     chunk.model = self._model
                     if data := encoder.chunk(chunk):
+                        self._wrote = True
                         yield data
                     self._last = chunk
                     if DRAIN.draining:
@@ -151,6 +168,7 @@ class SSERelay:
                         break
                     chunk.model = self._model
                     if data := encoder.chunk(chunk):
+                        self._wrote = True
                         yield data
                     self._last = chunk
                 else:
@@ -187,10 +205,22 @@ class SSERelay:
         """A chunk the stream pushed: written to the client now; False when ``events`` must take over."""
         chunk.model = self._model
         self._last = chunk
-        if (data := self._encoder.chunk(chunk)) and not self._write_now(data):  # type: ignore[misc]  # set when pushing
-            self._held = data
-            return False
+        if data := self._encoder.chunk(chunk):
+            self._wrote = True
+            if not self._write_now(data):  # type: ignore[misc]  # set when pushing
+                self._held = data
+                return False
         return not DRAIN.draining
+
+    def _beat(self) -> None:
+        """The keep-alives' visit (``gateway.keepalive``): the dialect's keep-alive written if the
+        stream wrote nothing since the last one. It goes through the writer the chunks take (framed
+        as they are), whole: the loop runs one callback at a time, and each chunk is written in one.
+        None when the writer cannot take it now (a full client buffer: bytes are on their way)."""
+        if self._wrote:
+            self._wrote = False
+        else:
+            self._write_now(self._encoder.keep_alive)  # type: ignore[misc]  # set when visited
 
     def _fail(self, error: ApiError) -> None:
         self._outcome, self._error = Outcome.FAILED, error
@@ -202,6 +232,8 @@ class SSERelay:
         if self._finished:
             return
         self._finished = True
+        if self._keepalives is not None:
+            self._keepalives.discard(self._beat)
         try:
             await self._stream.aclose()
         except Exception:
@@ -237,14 +269,29 @@ def cut_chunk(last: Any, meter: Meter, unfinished: set[int] | None = None) -> An
     return TextCompletion(id=last.id, model=last.model, choices=text, created=last.created, usage=usage)
 
 
-async def saved_before_last(events: AsyncIterable[bytes], finished: list[Any],
-                            save: Callable[[], Awaitable[object]]) -> AsyncIterator[bytes]:
-    """Relay ``events``; ``save`` is awaited once ``finished`` holds the response their last event
+class SavedBeforeLast:
+    """Relays ``events``; ``save`` is awaited once ``finished`` holds the response their last event
     completes (their encoder put it there), before that event is sent: a client that acts on it at
-    once (continues from it, asks for it) finds it stored."""
-    saved = False
-    async for data in events:
-        if finished and not saved:
-            saved = True
-            await save()
-        yield data
+    once (continues from it, asks for it) finds it stored. An ``SSERelay``'s chunks all come
+    through here, none written from its upstream's callbacks (that event would pass before it is
+    saved); the relay writes its keep-alives itself."""
+
+    def __init__(self, events: AsyncIterable[bytes], finished: list[Any],
+                 save: Callable[[], Awaitable[object]]) -> None:
+        self._events, self._finished, self._save = events, finished, save
+
+    def write_directly(self, write_now: WriteNow) -> None:
+        """``gateway.event_stream``'s offer of the server's writer, taken for the keep-alives alone."""
+        if isinstance(self._events, SSERelay):
+            self._events.write_directly(write_now, push=False)
+
+    def __aiter__(self) -> AsyncIterator[bytes]:
+        return self._relayed()
+
+    async def _relayed(self) -> AsyncIterator[bytes]:
+        saved = False
+        async for data in self._events:
+            if self._finished and not saved:
+                saved = True
+                await self._save()
+            yield data

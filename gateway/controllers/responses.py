@@ -44,7 +44,7 @@ from gateway.held_usage import unsettled
 from gateway.json_response import JSONResponse
 from gateway.services import Services
 from gateway.stored_responses import Kept, ResponseStore
-from gateway.streaming import saved_before_last
+from gateway.streaming import SavedBeforeLast
 from gateway.telemetry.context import request_id
 from gateway.usage.pricing import HostedTools
 
@@ -304,7 +304,7 @@ class ResponsesController(Controller):
             return response
 
         if isinstance(response, Stream):
-            response.iterator = saved_before_last(response.iterator, finished, save)  # type: ignore[arg-type]
+            response.iterator = SavedBeforeLast(response.iterator, finished, save)  # type: ignore[arg-type]
         elif finished:
             await save()
         return response

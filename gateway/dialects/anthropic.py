@@ -199,6 +199,8 @@ class MessagesEvents:
         self._stop: dict[str, Any] = {"stop_reason": "end_turn", "stop_sequence": None}
         self._usage: dict[str, int] = {"output_tokens": 0}
 
+    keep_alive = _PING  # as Anthropic's API sends while a stream is silent; its SDK skips it
+
     def chunk(self, chunk: ChatCompletionChunk) -> bytes:
         events = anthropic_events(chunk)
         if self._relaying is None:

@@ -45,6 +45,7 @@ from gateway.dialects.responses_reasoning import (
 from gateway.dialects.responses_resume import runs_on, still_running
 from gateway.dialects.tool_call_slots import CallSlots, own_call_id
 from gateway.errors import ApiError
+from gateway.streaming import KEEP_ALIVE
 
 # Gets a finished response (as the client gets it) and its output as a stored conversation keeps it.
 OnFinal = Callable[[dict[str, Any], list[dict[str, Any]]], None]
@@ -200,6 +201,8 @@ class ResponsesEvents:
     begun while another is open (a function call whose deltas chat interleaves with an earlier
     call's) waits, its text kept, until the open one is over: a message or reasoning item as soon as
     another begins, a function call once its arguments are whole JSON (else at the end)."""
+
+    keep_alive = KEEP_ALIVE  # a comment: no event, no sequence number
 
     def __init__(self, meter: Meter | None = None, extra: dict[str, Any] | None = None,
                  on_final: OnFinal | None = None, encrypted: bool = False) -> None:

@@ -2,7 +2,8 @@
 
 Built on the echo upstream (``backends.dev.echo_server``): answers echo the prompt. Tests (and
 benchmarks) shape it with ``options`` (latency, chunk delay, output length, usage reporting) and queue one-shot
-``Fault``s; every request is recorded in ``received`` and every stream in ``streams`` (whether it
+``Fault``s (an error; a stream that fails, stalls, or goes silent for a while part way); every request
+is recorded in ``received`` and every stream in ``streams`` (whether it
 ran to the end or the client went away), and the most requests it held at once in ``peak_in_flight``.
 ``answer_headers`` go in the head of every answer (as OpenAI's rate-limit headers do).
 """
@@ -36,6 +37,7 @@ class Fault:
     finish_last: bool = False  # with end_after_chunks: the last chunk has a finish_reason
     alternate_choices: bool = False  # the chunks alternate between choices 0 and 1 (n=2)
     tier_from_chunk: int = 0  # stream: the chunks before this one name no service tier (as Azure's first)
+    silence: tuple[int, float] | None = None  # stream: after N body messages, nothing for S seconds, then the rest
 
 
 @dataclass
@@ -117,6 +119,8 @@ class FakeUpstream(EchoUpstream, OnLoopback):
             return await self._answer(ex, payload, None)
         if fault.delay:
             await asyncio.sleep(fault.delay)
+        if fault.silence is not None:
+            ex = dataclasses.replace(ex, send=silent_after(ex.send, *fault.silence))
         if fault.status is not None:
             body = fault.body(ex.headers) if callable(fault.body) else fault.body
             body = body if body is not None else error_body(f"injected {fault.status}", "injected")
@@ -195,6 +199,22 @@ def chat_answer(message: dict[str, Any], finish: str | None, **choice: Any) -> F
     """The next answer: a whole chat completion of ``message`` (``choice``: more of its choice's fields)."""
     return Fault(status=200, body={"id": "chatcmpl-s", "object": "chat.completion", "created": 1, "model": "m",
                                    "choices": [{"index": 0, "message": message, "finish_reason": finish} | choice]})
+
+
+def silent_after(send: Any, messages: int, seconds: float) -> Any:
+    """An ASGI ``send`` that says nothing for ``seconds`` after the response's first ``messages`` body
+    messages (an upstream gone silent mid-stream: a model thinking), then sends the rest."""
+    sent = 0
+
+    async def sending(message: dict[str, Any]) -> None:
+        nonlocal sent
+        if message["type"] == "http.response.body":
+            if sent == messages:
+                await asyncio.sleep(seconds)
+            sent += 1
+        await send(message)
+
+    return sending
 
 
 def with_headers(send: Any, headers: dict[str, str]) -> Any:
