@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import sqlite3
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from sqlalchemy import event
 from sqlalchemy.engine import URL, make_url
@@ -33,6 +36,30 @@ def ensure_sqlite_dir(url: URL) -> None:
         Path(url.database).expanduser().parent.mkdir(parents=True, exist_ok=True)
 
 
+WAL_TRIES = 250  # 5 s of 20 ms waits for a fresh file's switch to WAL (see ``sqlite_pragmas``)
+
+
+def sqlite_pragmas(dbapi_conn: Any) -> None:
+    """WAL, foreign keys and a busy timeout on a new SQLite connection. Switching a fresh file to WAL
+    needs a lock that SQLite's busy timeout does not wait for: processes opening one new file at once
+    (two CLI commands, workers starting) got "database is locked" but the first. The switch is tried
+    again then (a brief blocking sleep, only in that race: once the file is WAL it stays so)."""
+    cur = dbapi_conn.cursor()
+    for _ in range(WAL_TRIES - 1):
+        try:
+            cur.execute("PRAGMA journal_mode=WAL")
+            break
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc):
+                raise
+            time.sleep(0.02)
+    else:
+        cur.execute("PRAGMA journal_mode=WAL")  # its error, if it is still locked
+    cur.execute("PRAGMA foreign_keys=ON")
+    cur.execute("PRAGMA busy_timeout=30000")
+    cur.close()
+
+
 def make_engine(url: str, *, pool_size: int = 10) -> AsyncEngine:
     """On PostgreSQL, no prepared statement outlives its use: a migration applied while the gateway
     runs (a rolling upgrade) that changes a column's type would make a cached one fail once on each
@@ -46,11 +73,7 @@ def make_engine(url: str, *, pool_size: int = 10) -> AsyncEngine:
 
         @event.listens_for(engine.sync_engine, "connect")
         def _pragmas(dbapi_conn, _record) -> None:
-            cur = dbapi_conn.cursor()
-            cur.execute("PRAGMA journal_mode=WAL")
-            cur.execute("PRAGMA foreign_keys=ON")
-            cur.execute("PRAGMA busy_timeout=30000")
-            cur.close()
+            sqlite_pragmas(dbapi_conn)
 
         return engine
     return create_async_engine(
