@@ -119,6 +119,11 @@ class UpstreamError(BackendError):
     kind = "upstream_error"
 
 
+class RelayedFailure(UpstreamError):
+    """The upstream's stream ended right after its own ``error`` event, which was relayed as it came:
+    a failure to settle, with nothing more to tell the client."""
+
+
 class RequestFailed(BackendError):
     """The provider failed this one request while serving others (the in-process engine's
     per-request failure, e.g. sampling its row raised): nothing learnt of the deployment."""

@@ -59,6 +59,12 @@ def redact_failure(response: object) -> None:
         response["error"] = _masked(response["error"])[0]
 
 
+def redact_error_event(event: dict[str, Any]) -> dict[str, Any]:
+    """A relayed Responses stream's own ``error`` event, each of its strings redacted."""
+    masked: dict[str, Any] = _masked(event)[0]
+    return masked
+
+
 def redact_json(data: bytes) -> bytes:
     """JSON ``data`` (an answer or event that carries an error, relayed as it came) with every
     registered secret masked in each of its strings, keys too; ``data`` itself when it holds none

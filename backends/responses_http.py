@@ -11,11 +11,11 @@ from typing import Any, TypeGuard
 
 import msgspec
 
-from backends.base import ChunkStream, Completed, Interrupted, Meter, Unavailable, UpstreamError
+from backends.base import ChunkStream, Completed, Interrupted, Meter, RelayedFailure, Unavailable, UpstreamError
 from backends.config import DeploymentConfig
 from backends.estimate import estimate_text
 from backends.http_upstream import HTTPUpstream, answered, raise_if_error, streamed
-from backends.redaction import redact_failure
+from backends.redaction import redact_error_event, redact_failure
 from backends.responses_wire import FINAL_EVENTS, RelayedResponse, ResponsesEvent
 from backends.sse import SSELines
 
@@ -188,7 +188,8 @@ async def _event_stream(http: HTTPUpstream, method: str, path: str, payload: byt
 
 
 class _Events:
-    """The upstream's events, decoded, metered as they pass; ``aclose`` closes the upstream.
+    """The upstream's events, decoded, metered as they pass; ``aclose`` closes the upstream. Its own
+    ``error`` event passes too (redacted); the stream ending after it fails with ``RelayedFailure``.
     ``may_be_empty``: an event stream with no event is one (else it fails as a dropped connection)."""
 
     def __init__(self, http: HTTPUpstream, response: Any, meter: Meter, deadline: float,
@@ -199,9 +200,12 @@ class _Events:
         self._first: ResponsesEvent | None = None
         self._closed = False
         self._finished = False  # its last event (``FINAL_EVENTS``) came
+        self._errored = False  # its own ``error`` event came (relayed as it came)
 
     async def prime(self, first_deadline: float) -> None:
         self._first = await self._read(first_deadline)
+        if self._first is not None and self._errored:  # before any event relayed: a failure as an error answer is
+            raise UpstreamError(f"upstream {self._http.deployment_id} failed: {self._first.data.get('message')}")
         if self._first is None:
             kind = self._response.headers.get("content-type", "").split(";")[0].strip()
             if kind != "text/event-stream":  # e.g. a whole JSON answer: the upstream does not stream
@@ -225,6 +229,8 @@ class _Events:
             raise
         if event is None:
             await self.aclose()
+            if self._errored and not self._finished:  # its own ``error`` event told the client
+                raise RelayedFailure(f"upstream {self._http.deployment_id} failed mid-stream")
             if not self._finished:  # cut short: a failure, not an answer
                 raise Unavailable(f"upstream {self._http.deployment_id} ended the stream before it finished")
             raise StopAsyncIteration
@@ -257,8 +263,8 @@ class _Events:
             meter_tier(meter, response)
         elif kind == "response.created" and isinstance(response := event.get("response"), dict):
             meter_tier(meter, response)  # the tier asked for; the final event's says the one served
-        elif kind == "error":
-            raise UpstreamError(f"upstream {self._http.deployment_id} failed mid-stream: {event.get('message')}")
+        elif kind == "error":  # relayed as it came; a final event may follow, or the end (``RelayedFailure``)
+            self._errored, event = True, redact_error_event(event)
         elif kind is None and "error" in event:  # an {"error": ...} object (as a chat stream's): the failure it names
             raise_if_error(data)
         return ResponsesEvent(event)

@@ -6,8 +6,8 @@ From then on it is metered once, when it ends: by its stream's last event (``on_
 finished and metered with what the stream metered, before that event is relayed), or by the
 ``GET``, ``cancel`` or follower that finds it ended first; the request that started it settles at
 no tokens. One whose stream ends before its last event (the client gone, the drain, the upstream's
-connection broken) stays held: the upstream runs it on (a client may resume its stream there; one the
-gateway cut is told so, ``gateway.dialects.responses_resume``)."""
+connection broken, the upstream's own ``error`` event) stays held: the upstream may run it on (a client
+may resume its stream there; one the gateway cut is told so, ``gateway.dialects.responses_resume``)."""
 
 from __future__ import annotations
 

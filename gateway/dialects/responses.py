@@ -3,11 +3,11 @@
 an id the gateway mints (an upstream's completion ids need not be unique); a stream that fails part
 way ends with ``error`` and ``response.failed``. A per-call ``responses_dialect`` hands every finished
 response object to a callback, so the controller can keep it (``gateway.stored_responses``); from an
-upstream that serves Responses itself the answer and its events are relayed as they came
-(``RelayedResponse``, ``RelayedEvents``; a held background one's cut short says it runs on:
-``gateway.dialects.responses_resume``). An answer's thinking blocks (``thinking_blocks``) go in its
-reasoning item's ``encrypted_content`` where asked for, and always in the output handed to the callback
-for a stored conversation (``responses_reasoning.kept_output``). Requests: ``gateway.dialects.responses_request``.
+upstream that serves Responses itself the answer and its events are relayed as they came (``RelayedResponse``,
+``RelayedEvents``, its own ``error`` event too; a held background one's cut short says it runs on:
+``gateway.dialects.responses_resume``). An answer's thinking blocks (``thinking_blocks``) go in its reasoning item's
+``encrypted_content`` where asked for, and always in the output handed to the callback for a stored conversation
+(``responses_reasoning.kept_output``). Requests: ``gateway.dialects.responses_request``.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any
 
 import msgspec
 
-from backends.base import Meter
+from backends.base import Meter, RelayedFailure
 from backends.function_tools import answered_function, check_delta
 from backends.openai_wire import (
     AssistantMessage,
@@ -68,8 +68,7 @@ def _usage(usage: Any, meter: Meter | None = None, reasoning: int = 0) -> dict[s
 
 
 def _reasoning_tokens(answer: Any) -> int:
-    """An upstream answer's (or usage chunk's) ``usage.completion_tokens_details.reasoning_tokens``
-    as it came (0 where it sent none)."""
+    """An answer's (or usage chunk's) ``usage.completion_tokens_details.reasoning_tokens`` as it came (0: none)."""
     raw = (relayed(answer) or {}).get("usage")
     try:
         usage = msgspec.json.decode(raw) if raw is not None else None
@@ -387,8 +386,7 @@ class ResponsesEvents:
         return out + self._event("response.incomplete" if incomplete else "response.completed", {"response": final})
 
     def error(self, error: ApiError) -> bytes:
-        """A failure mid-stream: the ``error`` event, then ``response.failed`` ending the response
-        (the item it was writing marked incomplete); a failed response is not stored."""
+        """A failure mid-stream: ``error``, then ``response.failed`` (its item incomplete; not stored)."""
         out = self._start() + self._error_event(error)
         if self._open is not None:
             self._open["status"] = "incomplete"
@@ -457,9 +455,11 @@ class RelayedEvents(ResponsesEvents):
         return self._event("response.incomplete", {"response": cut})
 
     def error(self, error: ApiError) -> bytes:
-        """A failure in the middle of an upstream's stream: the ``error`` event, then
-        ``response.failed`` with the upstream's response as last relayed (one the gateway holds, its
-        upstream's connection broken, with ``_still_running``)."""
+        """A failure in the middle of an upstream's stream: the ``error`` event, then ``response.failed``
+        with the upstream's response as last relayed (one the gateway holds, its upstream's connection
+        broken, with ``_still_running``); nothing after the upstream's own ``error`` (``RelayedFailure``)."""
+        if isinstance(error.cause, RelayedFailure):  # after it was relayed: the client has it
+            return b""
         if not self._relaying:
             return super().error(error)
         if (held := self._held()) is not None and runs_on(error):

@@ -239,3 +239,11 @@ def test_redact_json_masks_every_string_and_keeps_an_answer_without_a_secret_as_
     masked = json.loads(redaction.redact_json(b'{"error": {"message": "k=json-secret-value", "n": [1, '
                                               b'"json-secret-value"]}, "x": 2}'))
     assert masked == {"error": {"message": f"k={redaction.MASK}", "n": [1, redaction.MASK]}, "x": 2}
+
+
+def test_every_string_of_a_relayed_responses_error_event_is_redacted() -> None:
+    redaction.register(RESPONSES_KEY)
+    event = {"type": "error", "code": f"key:{RESPONSES_KEY}", "message": f"refused {RESPONSES_KEY}", "param": None,
+             "sequence_number": 3}
+    assert redaction.redact_error_event(event) == event | {"code": f"key:{redaction.MASK}",
+                                                           "message": f"refused {redaction.MASK}"}

@@ -308,7 +308,7 @@ def test_a_stream_failing_after_a_search_still_prices_it(gateway: Gateway, db: D
     it) costs its per-call price all the same."""
     tenant, client = gateway.tenant()
     events = list(client.responses.create(model="native", input=SEARCH_FAIL, stream=True))
-    assert events[-1].type == "response.failed"
+    assert events[-1].type == "error"  # the upstream's own, its last event
     assert [row.cost for row in wait_for_rows(db, tenant, 1)] == [pytest.approx(0.01)]
 
 
@@ -479,15 +479,16 @@ def test_an_upstream_stream_cut_short_ends_failed_and_is_not_stored(gateway: Gat
         client.responses.retrieve(events[-1].response.id)  # type: ignore[union-attr]
 
 
-def test_a_passed_through_stream_failing_part_way_ends_failed(gateway: Gateway, native: FakeResponsesUpstream) -> None:
+def test_a_passed_through_stream_failing_part_way_ends_with_its_error(
+        gateway: Gateway, native: FakeResponsesUpstream) -> None:
+    """The upstream's own ``error`` event, its last, is relayed as it came: no ``response.failed``
+    made up after it; the response, never finished, is not stored."""
     client = gateway.tenant_client()
     events = list(client.responses.create(model="native", input=FAIL_PART_WAY, stream=True))
     kinds = [e.type for e in events]
-    assert kinds == ["response.created", "response.in_progress", "response.output_item.added", "error",
-                     "response.failed"]
-    assert [e.sequence_number for e in events] == list(range(len(events)))  # numbered on from the upstream's
-    failed = events[-1].response  # type: ignore[union-attr]
-    assert failed.status == "failed" and failed.model == "native" and failed.error is not None
-    assert failed.id == events[0].response.id  # type: ignore[union-attr]
+    assert kinds == ["response.created", "response.in_progress", "response.output_item.added", "error"]
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    assert events[-1].model_dump() == {"type": "error", "code": "server_error", "message": "the upstream broke",
+                                       "param": None, "sequence_number": 3}
     with pytest.raises(openai.NotFoundError):
-        client.responses.retrieve(failed.id)
+        client.responses.retrieve(events[0].response.id)  # type: ignore[union-attr]

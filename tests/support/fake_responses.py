@@ -60,6 +60,9 @@ BROKEN_AFTER = 5
 # An input answered as a failure whose message echoes the request's authorization header (as some
 # upstreams and proxies in front of them do).
 ECHO_FAILURE = "fail, echoing my headers"
+ERROR_PART_WAY = "error part-way"  # a streamed input answered with a few events, then its own ``error`` event
+ERROR_THEN_FAILED = "error, then failed"  # ... and then ``response.failed``
+UPSTREAM_ERROR = {"type": "error", "code": "server_error", "message": "boom", "param": None}
 # An input answered with an ``{"error": ...}`` object echoing it: the whole answer (with status 200), or
 # an event of a stream after its first.
 ECHO_ERROR_OBJECT = "an error object, echoing my headers"
@@ -125,6 +128,11 @@ class FakeResponsesUpstream(EchoUpstream, OnLoopback):
         events = _events(final)
         if body.get("background"):  # held: the last event waits for ``finish``
             self._hold(final, events[0]["response"])
+        if (text := _last_user_text(body)) in (ERROR_PART_WAY, ERROR_THEN_FAILED):
+            failed = final | {"status": "failed", "error": {"code": "server_error", "message": "boom"}}
+            ending = [{"type": "response.failed", "response": failed}] if text == ERROR_THEN_FAILED else []
+            return await send_events(ex, [*events[:BROKEN_AFTER], UPSTREAM_ERROR, *ending])
+        if body.get("background"):
             if _last_user_text(body) == BREAK_PART_WAY:
                 await send_events(ex, events[:BROKEN_AFTER], end=False)
                 raise ConnectionAbortedError("the stream's connection breaks; its response runs on")
