@@ -103,6 +103,15 @@ async def test_a_responses_read_begun_before_the_drain_is_cut_when_the_drain_tim
     assert outcomes == [streaming.Outcome.DRAINED]
 
 
+async def _open(backend: Any, endpoint: str, asked: dict[str, Any], prompt: str | list[str]) -> ChunkStream[Any]:
+    """A chat stream of "hi there" from ``backend``, or a completions stream of ``prompt``."""
+    if endpoint == "chat":
+        request = asked | {"messages": [{"role": "user", "content": "hi there"}]}
+        return await backend.chat_stream(msgspec.json.decode(json.dumps(request), type=ChatCompletionRequest))
+    request = asked | {"prompt": prompt}
+    return await backend.complete_stream(msgspec.json.decode(json.dumps(request), type=CompletionRequest))
+
+
 @pytest.mark.parametrize("endpoint", ["chat", "completions"])
 async def test_an_anthropic_read_begun_before_the_drain_is_cut_when_the_drain_time_ends(
         endpoint: str, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -111,13 +120,7 @@ async def test_an_anthropic_read_begun_before_the_drain_is_cut_when_the_drain_ti
                                                 api_key="k"))
     asked: dict[str, Any] = {"model": "m", "stream": True}
     try:
-        if endpoint == "chat":
-            request = asked | {"messages": [{"role": "user", "content": "hi there"}]}
-            stream: ChunkStream[Any] = await backend.chat_stream(
-                msgspec.json.decode(json.dumps(request), type=ChatCompletionRequest))
-        else:
-            request = asked | {"prompt": "hi there"}
-            stream = await backend.complete_stream(msgspec.json.decode(json.dumps(request), type=CompletionRequest))
+        stream = await _open(backend, endpoint, asked, "hi there")
         data, outcomes = await _cut_while_silent(stream, None, monkeypatch)
         left = await asyncio.to_thread(claude.wait_left, 1)
     finally:
@@ -181,13 +184,7 @@ async def test_an_engine_read_begun_before_the_drain_is_cut_when_the_drain_time_
     released = _silent_after_three_tokens(backend, monkeypatch)
     asked: dict[str, Any] = {"model": "tiny", "stream": True, "max_tokens": 200, "ignore_eos": True}
     try:
-        if endpoint == "chat":
-            request = asked | {"messages": [{"role": "user", "content": "hi there"}]}
-            stream: ChunkStream[Any] = await backend.chat_stream(
-                msgspec.json.decode(json.dumps(request), type=ChatCompletionRequest))
-        else:
-            request = asked | {"prompt": ["hi there", "good morning"]}
-            stream = await backend.complete_stream(msgspec.json.decode(json.dumps(request), type=CompletionRequest))
+        stream = await _open(backend, endpoint, asked, ["hi there", "good morning"])
         data, outcomes = await _cut_while_silent(stream, None, monkeypatch)
     finally:
         released.set()
