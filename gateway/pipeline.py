@@ -33,7 +33,6 @@ from backends.call import CallContext, CallingTenant, forwarded_tenant
 from gateway.calls import CallDescription
 from gateway.contracts import (
     INCOMPLETE,
-    QUOTA_REFUSED,
     Principal,
     QuotaExceeded,
     QuotaUnavailable,
@@ -45,7 +44,7 @@ from gateway.event_stream import EventStream
 from gateway.json_response import JSONResponse
 from gateway.keepalive import KeepAlives
 from gateway.quotas.headers import openai_ratelimit_headers
-from gateway.quotas.refusal import refused
+from gateway.quotas.refusal import refusal_record, refused
 from gateway.quotas.reservation import reserve_prompt
 from gateway.routing.deadline import Deadline, DeadlineExceeded, wait_out
 from gateway.routing.deployment import Deployment
@@ -178,11 +177,7 @@ class Pipeline:
         try:
             ticket = await self._admit(call, group, reserve)
         except ApiError as exc:  # refused by quotas: still one usage row (no tokens) for this request
-            self.services.usage.record(UsageRecord(
-                request_id=rid, key_id=principal.key_id, tenant_id=principal.tenant_id,
-                model=group.name, deployment=None, provider=None, endpoint=call.endpoint, started_at=time.time(),
-                status=exc.status, error_type=QUOTA_REFUSED if exc.status == 429 else exc.code, stream=call.stream,
-            ))
+            self.services.usage.record(refusal_record(rid, principal, group.name, call.endpoint, call.stream, exc))
             raise
         flight = _Flight(call=call, request_id=rid, group=group, ticket=ticket, started_at=time.time(),
                          t0=time.perf_counter(), pricing=self._pricing)
@@ -256,7 +251,9 @@ class Pipeline:
             flight.prompt_sent, flight.meter = True, None
             try:
                 with hooks.current(span):
-                    result = await deadline.bound(call.invoke(attempt.deployment.backend, ctx), call.model)
+                    # the first attempt, sent at once, has the request's whole time: cut, it is blamed
+                    result = await deadline.bound(call.invoke(attempt.deployment.backend, ctx), call.model,
+                                                  whole=attempt.number == 1 and not attempt.delay)
             except asyncio.CancelledError:
                 health.on_abandoned(trial)
                 hooks.end_attempt(span, "client_disconnected")
@@ -267,7 +264,7 @@ class Pipeline:
                 hooks.end_attempt(span, exc.kind, exc.upstream_request_id)
                 self.telemetry.upstream_error(attempt.deployment.id, exc.kind)
                 _record_failure(health, exc, tenant, trial)
-                # as slow as that at least: lowest_latency must not keep it first (not one the deadline cut)
+                # as slow as that at least: lowest_latency must not keep it first (not one the deadline cut short)
                 if isinstance(exc, Timeout) and exc.blames_deployment:
                     health.note_latency(time.perf_counter() - t0)
                 following = plan.after(exc)
@@ -300,17 +297,19 @@ class Pipeline:
         except QuotaUnavailable:
             raise ApiError(503, "the quota service is unavailable", code="quota_unavailable") from None
 
-    async def admit_poll(self, principal: Principal) -> dict[str, str]:
+    async def admit_poll(self, principal: Principal, endpoint: str) -> dict[str, str]:
         """Count a request that spends nothing itself (a read or cancel of a stored response) against
         requests/min alone (``Admission.admit_poll``): its ``x-ratelimit-*`` headers, or the 429 (or
-        503) a refused ``serve`` gets."""
+        503) a refused ``serve`` gets, metered as that is (a usage row under ``endpoint``, no model)."""
         try:
             with self.telemetry.tracing.span("admission"):
                 return openai_ratelimit_headers(await self.services.admission.admit_poll(principal))
         except QuotaExceeded as exc:
-            raise refused(exc, openai_ratelimit_headers) from None
+            error = refused(exc, openai_ratelimit_headers)
         except QuotaUnavailable:
-            raise ApiError(503, "the quota service is unavailable", code="quota_unavailable") from None
+            error = ApiError(503, "the quota service is unavailable", code="quota_unavailable")
+        self.services.usage.record(refusal_record(request_id(), principal, "", endpoint, False, error))
+        raise error
 
     async def _unary_response(self, flight: _Flight, result: Completed[Any]) -> Response[Any]:
         """The answer in the client's dialect, settled with its meter. One the dialect cannot express

@@ -36,7 +36,7 @@ from gateway.dialects.responses_request import (
     to_chat_request,
     wants_encrypted_reasoning,
 )
-from gateway.errors import ApiError
+from gateway.errors import ApiError, from_backend_error
 from gateway.held_events import held_events
 from gateway.held_responses import CONTINUABLE, UNFINISHED, finish_if_ended, kept_output, reach
 from gateway.held_streams import OnEnd, OnHold, held_stream
@@ -73,7 +73,22 @@ async def _polled(request: Request[Any, Any, Any], response_id: str) -> dict[str
     concurrency or budgets: a tenant whose budget is spent still reads and cancels what it started):
     its rate-limit headers, or a 429. Its id is checked first (a bad one is a 400, not counted)."""
     _check_id(response_id)
-    return await pipeline_of(request).admit_poll(principal_of(request))
+    return await pipeline_of(request).admit_poll(principal_of(request), "responses")
+
+
+@contextmanager
+def _headed(headers: dict[str, str]) -> Iterator[None]:
+    """An admitted poll's error answer (its 404, 400, an upstream's failure) with its rate-limit
+    ``headers``, as its answer and a request's failure after admission carry them."""
+    try:
+        yield
+    except ApiError as exc:
+        exc.headers = headers | exc.headers
+        raise
+    except BackendError as exc:
+        error = from_backend_error(exc)
+        error.headers = headers | error.headers
+        raise error from None
 
 
 def _answer(body: dict[str, Any], headers: dict[str, str]) -> JSONResponse:
@@ -317,49 +332,52 @@ class ResponsesController(Controller):
         include: Annotated[list[str] | None, Parameter(query="include[]")] = None,
     ) -> Response[Any]:
         headers = await _polled(request, response_id)
-        principal = principal_of(request)
-        kept = await _kept(services, principal, response_id)
-        store = _store(services)
-        if kept.deployment is not None and store is not None:  # still running: the upstream answers
-            query = _passed_query(request.scope.get("query_string", b""))
-            with _upstream_knows(response_id):
-                if stream:
-                    return await held_events(pipeline_of(request), store, principal, response_id, kept, query,
-                                             headers)
-                return _answer(await reach(pipeline_of(request), store, principal, response_id, kept, "GET",
-                                           query=query), headers)
-        # a stored response is read back as kept: no stream to replay, no fields to add to it
-        if stream:
-            raise ApiError(400, "a stored response cannot be streamed again; retrieve it without 'stream'",
-                           param="stream", code="unsupported_parameter")
-        if include or "include" in request.query_params:  # the SDK's include[], or a bare include
-            raise ApiError(400, "'include' is not supported when retrieving a stored response: it is returned "
-                           "as it was stored", param="include", code="unsupported_parameter")
-        return _answer(kept.response, headers)
+        with _headed(headers):
+            principal = principal_of(request)
+            kept = await _kept(services, principal, response_id)
+            store = _store(services)
+            if kept.deployment is not None and store is not None:  # still running: the upstream answers
+                query = _passed_query(request.scope.get("query_string", b""))
+                with _upstream_knows(response_id):
+                    if stream:
+                        return await held_events(pipeline_of(request), store, principal, response_id, kept, query,
+                                                 headers)
+                    return _answer(await reach(pipeline_of(request), store, principal, response_id, kept, "GET",
+                                               query=query), headers)
+            # a stored response is read back as kept: no stream to replay, no fields to add to it
+            if stream:
+                raise ApiError(400, "a stored response cannot be streamed again; retrieve it without 'stream'",
+                               param="stream", code="unsupported_parameter")
+            if include or "include" in request.query_params:  # the SDK's include[], or a bare include
+                raise ApiError(400, "'include' is not supported when retrieving a stored response: it is returned "
+                               "as it was stored", param="include", code="unsupported_parameter")
+            return _answer(kept.response, headers)
 
     @post("/{response_id:str}/cancel", status_code=200, summary="Cancel a background response",
           responses=error_responses())
     async def cancel(self, request: Request[Any, Any, Any], response_id: str, services: Services) -> Response[Any]:
         headers = await _polled(request, response_id)
-        principal = principal_of(request)
-        kept = await _kept(services, principal, response_id)
-        store = _store(services)
-        if kept.deployment is None or store is None:
-            raise ApiError(400, f"Response '{response_id}' is not running in the background "
-                           f"(it is {kept.response.get('status')}): only a background response can be cancelled",
-                           param="response_id", code="invalid_request")
-        with _upstream_knows(response_id):
-            return _answer(await reach(pipeline_of(request), store, principal, response_id, kept, "POST", "/cancel"),
-                           headers)
+        with _headed(headers):
+            principal = principal_of(request)
+            kept = await _kept(services, principal, response_id)
+            store = _store(services)
+            if kept.deployment is None or store is None:
+                raise ApiError(400, f"Response '{response_id}' is not running in the background "
+                               f"(it is {kept.response.get('status')}): only a background response can be cancelled",
+                               param="response_id", code="invalid_request")
+            with _upstream_knows(response_id):
+                answer = await reach(pipeline_of(request), store, principal, response_id, kept, "POST", "/cancel")
+                return _answer(answer, headers)
 
     @delete("/{response_id:str}", status_code=200, summary="Delete a stored response", responses=error_responses())
     async def remove(self, request: Request[Any, Any, Any], response_id: str, services: Services) -> Response[Any]:
         headers = await _polled(request, response_id)
-        store = _store(services)
-        if store is None or not await store.delete(principal_of(request), response_id):
-            raise ApiError(404, f"No response with id '{response_id}' found.", param="response_id",
-                           code="not_found")
-        return _answer({"id": response_id, "object": "response", "deleted": True}, headers)
+        with _headed(headers):
+            store = _store(services)
+            if store is None or not await store.delete(principal_of(request), response_id):
+                raise ApiError(404, f"No response with id '{response_id}' found.", param="response_id",
+                               code="not_found")
+            return _answer({"id": response_id, "object": "response", "deleted": True}, headers)
 
     @get("/{response_id:str}/input_items", summary="List a stored response's input items",
          responses=error_responses())
@@ -370,14 +388,15 @@ class ResponsesController(Controller):
         after: str | None = None,
     ) -> Response[Any]:
         headers = await _polled(request, response_id)
-        items = list((await _kept(services, principal_of(request), response_id)).input_items)
-        if order == "desc":
-            items.reverse()
-        if after is not None:
-            ids = [item.get("id") for item in items]
-            if after not in ids:
-                raise ApiError(400, f"No input item with id '{after}' in this response.", param="after")
-            items = items[ids.index(after) + 1:]
-        page = items[:limit]
-        return _answer({"object": "list", "data": page, "first_id": page[0]["id"] if page else None,
-                        "last_id": page[-1]["id"] if page else None, "has_more": len(items) > limit}, headers)
+        with _headed(headers):
+            items = list((await _kept(services, principal_of(request), response_id)).input_items)
+            if order == "desc":
+                items.reverse()
+            if after is not None:
+                ids = [item.get("id") for item in items]
+                if after not in ids:
+                    raise ApiError(400, f"No input item with id '{after}' in this response.", param="after")
+                items = items[ids.index(after) + 1:]
+            page = items[:limit]
+            return _answer({"object": "list", "data": page, "first_id": page[0]["id"] if page else None,
+                            "last_id": page[-1]["id"] if page else None, "has_more": len(items) > limit}, headers)

@@ -1,10 +1,12 @@
-"""The 429 a refused admission answers, with its ``Retry-After`` and rate-limit headers."""
+"""The 429 a refused admission answers, with its ``Retry-After`` and rate-limit headers, and the
+usage row that meters it."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
-from gateway.contracts import BUDGET_SPENT, QUOTA_REFUSED, QuotaExceeded, Ticket
+from gateway.contracts import BUDGET_SPENT, QUOTA_REFUSED, Principal, QuotaExceeded, Ticket, UsageRecord
 from gateway.errors import ApiError, retry_after_header
 
 
@@ -19,3 +21,14 @@ def refused(exc: QuotaExceeded, ratelimit_headers: Callable[[Ticket], dict[str, 
         headers.update(ratelimit_headers(exc.ticket))
     code = BUDGET_SPENT if exc.budget else QUOTA_REFUSED
     return ApiError(429, exc.message, type=code if exc.budget else None, code=code, headers=headers)
+
+
+def refusal_record(request_id: str, principal: Principal, model: str, endpoint: str, stream: bool,
+                   error: ApiError) -> UsageRecord:
+    """The one usage row (no tokens) of a request the quotas refused, or could not admit (their 503):
+    ``model`` as the request named it ("" for one that names none: a poll of a stored response)."""
+    return UsageRecord(
+        request_id=request_id, key_id=principal.key_id, tenant_id=principal.tenant_id, model=model,
+        deployment=None, provider=None, endpoint=endpoint, started_at=time.time(), status=error.status,
+        error_type=QUOTA_REFUSED if error.status == 429 else error.code, stream=stream,
+    )

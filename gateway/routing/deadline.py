@@ -4,9 +4,13 @@ first chunk), retries, their waits and fallbacks included (``Deadline``), and th
 The group the client named sets it; the fallbacks tried for the request inherit it (their own
 ``timeout`` governs only requests that name them). The attempt in flight when it runs out is
 cancelled, as a client going away cancels it (its upstream connection closed), and fails with
-``DeadlineExceeded``: the 504 ``upstream_timeout`` an upstream's own timeout gets, but no verdict on
-the deployment, which may have had only the last moments of the request's time. A stream that has
-begun is not cut: its deployment's ``idle`` and ``total`` timeouts bound it.
+``DeadlineExceeded``: the 504 ``upstream_timeout`` an upstream's own timeout gets. It is a timeout of
+the deployment (its circuit, its latency) only when the attempt had the request's whole time (sent
+at its start: the first attempt, no wait before it): given all the time the model allows, the
+deployment answered nothing, as a hanging one whose own ``timeouts`` are longer would never be
+found out otherwise. An attempt left less (after other attempts, backoffs or a hold-off) is no
+verdict: it may have had only the last moments. A stream that has begun is not cut: its
+deployment's ``idle`` and ``total`` timeouts bound it.
 """
 
 from __future__ import annotations
@@ -24,10 +28,14 @@ TIMER_SLACK = 0.01  # seconds an event loop's timer may fire early (uvloop's hav
 
 
 class DeadlineExceeded(Timeout):
-    """The request's time ran out: nothing more is tried, and the deployment is not blamed."""
+    """The request's time ran out: nothing more is tried; the deployment is blamed only when the
+    attempt had the whole time (``whole``)."""
 
     retryable = False
-    blames_deployment = False
+
+    def __init__(self, message: str, *, whole: bool = False) -> None:
+        super().__init__(message)
+        self.blames_deployment = whole
 
 
 class Deadline:
@@ -51,22 +59,23 @@ class Deadline:
         left = self.left()
         return left is None or wait < left
 
-    def exceeded(self, model: str) -> DeadlineExceeded:
+    def exceeded(self, model: str, whole: bool = False) -> DeadlineExceeded:
         return DeadlineExceeded(f"'{model}' was not answered within its timeout of {self.seconds:g} s "
-                                "(retries and fallbacks included)")
+                                "(retries and fallbacks included)", whole=whole)
 
-    def bound(self, awaitable: Awaitable[T], model: str) -> Awaitable[T]:
+    def bound(self, awaitable: Awaitable[T], model: str, whole: bool = False) -> Awaitable[T]:
         """``awaitable``, unless the time runs out first: then it is cancelled (an upstream connection
-        closed, as when the client goes away) and ``DeadlineExceeded`` raised. Without a limit, itself."""
-        return awaitable if self._at is None else self._within(awaitable, model)
+        closed, as when the client goes away) and ``DeadlineExceeded`` raised, blaming the deployment
+        if ``whole`` (the attempt had the request's whole time). Without a limit, itself."""
+        return awaitable if self._at is None else self._within(awaitable, model, whole)
 
-    async def _within(self, awaitable: Awaitable[T], model: str) -> T:
+    async def _within(self, awaitable: Awaitable[T], model: str, whole: bool) -> T:
         try:
             async with asyncio.timeout(self.left()) as scope:
                 return await awaitable
         except TimeoutError:
             if scope.expired():
-                raise self.exceeded(model) from None
+                raise self.exceeded(model, whole) from None
             raise
 
 

@@ -2,7 +2,9 @@
 included, across real loopback upstreams: when it runs out the attempt in flight is abandoned (its
 upstream sees the gateway hang up), nothing further is tried, and the client gets the 504
 ``upstream_timeout`` an upstream timeout gets, settled as any failed request is. A stream that has
-begun is not cut by it; a wait for a retry that would end after it is not started.
+begun is not cut by it; a wait for a retry that would end after it is not started. An attempt cut
+having had the request's whole time counts as a timeout of its deployment; one left only the end of
+it does not.
 
 Each chain would take several times the limit without it; the client's elapsed time is compared
 with that, with a wide margin either way."""
@@ -25,6 +27,7 @@ MESSAGES: Any = [{"role": "user", "content": "one two three four five six seven 
 SLOW_503 = Fault(status=503, delay=0.8)  # the chain below: 4 + 4 attempts of 0.8 s, over 6 s without a limit
 LIMIT = 1.0
 PATIENT = {"connect": 1, "first_byte": 30, "total": 60}  # the deployment's own limits: far past the group's
+BREAKER = {"failures": 2, "window": 60, "cooldown": 60}
 
 
 def _models(a: str, b: str) -> list[dict[str, Any]]:
@@ -37,6 +40,9 @@ def _models(a: str, b: str) -> list[dict[str, Any]]:
         group("backoff", dep("backoff-a", a), max_retries=2, retry_backoff=30, timeout=3.0),
         group("held", dep("held-a", a), fallbacks=["spare"], timeout=LIMIT),
         group("held-lone", dep("held-lone-a", a), timeout=LIMIT),
+        group("stuck", dep("stuck-a", a, timeouts=PATIENT), dep("stuck-b", b), timeout=LIMIT, circuit=BREAKER),
+        group("late", dep("late-a", a), dep("late-b", b, timeouts=PATIENT), timeout=LIMIT,
+              circuit=BREAKER | {"failures": 1}),
     ]
 
 
@@ -120,6 +126,31 @@ def test_a_hold_off_that_would_end_past_the_limit_goes_to_the_fallbacks(env: Env
     with pytest.raises(openai.RateLimitError) as err:  # the next one is told how long the hold has left
         client.chat.completions.create(model="held-lone", messages=MESSAGES)
     assert 1 <= int(err.value.response.headers["retry-after"]) <= 3 and env.counts() == (1, 0)
+
+
+def test_a_deployment_that_never_answers_in_the_whole_time_has_its_circuit_opened(
+        env: Env, client: openai.OpenAI) -> None:
+    """Its own 30 s would never cut it before the group's 1 s: each attempt that had the request's whole
+    time and was cut counts as its timeout, so its circuit opens and the healthy one serves."""
+    env.a.options.latency = 30  # accepts, and answers nothing
+    for _ in range(BREAKER["failures"]):
+        _timed_out(client, model="stuck")
+    assert env.state("stuck-a") == "open"
+    assert client.chat.completions.create(model="stuck", messages=MESSAGES).choices
+    assert env.counts() == (2, 1)  # not sent to the hanging one again
+
+
+def test_an_attempt_left_only_the_end_of_the_time_is_not_blamed(env: Env, client: openai.OpenAI) -> None:
+    """The first deployment's slow 503 spent most of the request's time; cut, the second is no failure
+    (one would open its circuit) and serves the next request."""
+    env.a.fail_next(Fault(status=503, delay=0.7))
+    env.b.options.latency = 30
+    _timed_out(client, model="late")
+    assert env.counts() == (1, 1)
+    assert (env.state("late-a"), env.state("late-b")) == ("open", "healthy")
+    env.b.options.latency = 0
+    assert client.chat.completions.create(model="late", messages=MESSAGES).choices
+    assert env.counts() == (1, 2)
 
 
 @pytest.mark.parametrize("value", [0, -1, "soon", 86401, float("inf"), float("nan")])

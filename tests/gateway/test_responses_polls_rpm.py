@@ -2,13 +2,15 @@
 count against the requests/min of the key and its tenant, as every request does at OpenAI: over it,
 a 429 in OpenAI's shape with ``Retry-After`` and ``x-ratelimit-*`` headers, the upstream not asked.
 Nothing else of the quotas refuses them (a spent budget still reads and cancels what it started) and
-they add nothing to tokens/min. The openai SDK against the real app, its quotas counted in process
-and in Redis, and a loopback upstream serving Responses."""
+they add nothing to tokens/min. One admitted and answered with an error carries the ``x-ratelimit-*``
+headers too, and one refused is metered as a refused request is: a usage row. The openai SDK against
+the real app, its quotas counted in process and in Redis, and a loopback upstream serving Responses."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import httpx
@@ -16,10 +18,13 @@ import openai
 import pytest
 
 from gateway.app import create_app
+from gateway.db import Database
+from gateway.db.models import UsageRow
 from tests.conftest import ADMIN_KEY, gateway_settings
 from tests.gateway.tenancy_fixtures import REDIS_URL, migrated_pg_url  # noqa: F401
-from tests.support.fake_responses import USAGE, FakeResponsesUpstream
+from tests.support.fake_responses import ECHO_ERROR_OBJECT, USAGE, FakeResponsesUpstream
 from tests.support.servers import ServerThread
+from tests.support.usage_rows import usage_row
 
 PRICE = 100.0  # USD per million tokens, input and output: USAGE's 10 tokens cost 0.001
 
@@ -133,3 +138,61 @@ def test_polls_add_nothing_to_tokens_per_minute(gateway: Gateway) -> None:
                  for _ in range(5)]
     assert remaining == ["140"] * 5
     assert client.responses.create(model="native", input="work", background=True, max_output_tokens=2).id
+
+
+def _failed_with_headers(request: Callable[[], object]) -> tuple[int, tuple[str, str]]:
+    """The status of ``request``'s error answer, and its requests/min limit and what is left of it."""
+    with pytest.raises(openai.APIStatusError) as failed:
+        request()
+    headers = failed.value.response.headers
+    return failed.value.status_code, (headers.get("x-ratelimit-limit-requests", ""),
+                                      headers.get("x-ratelimit-remaining-requests", ""))
+
+
+def test_an_admitted_polls_error_carries_the_ratelimit_headers(gateway: Gateway, native: FakeResponsesUpstream) -> None:
+    """As a request's error after its admission does (an upstream's failure), and as the poll's answer would."""
+    client = gateway.client({"requests_per_minute": 20})
+    held = _started(client)  # 1
+    done = client.responses.create(model="native", input="done")  # 2: kept, completed
+    assert _failed_with_headers(lambda: client.responses.create(model="native", input=ECHO_ERROR_OBJECT)) == (
+        503, ("20", "17"))
+    polls = [lambda: client.responses.retrieve("resp_unknown"),
+             lambda: client.responses.delete("resp_unknown"),
+             lambda: client.responses.input_items.list("resp_unknown"),
+             lambda: client.responses.input_items.list(done.id, after="item_unknown"),
+             lambda: client.responses.cancel(done.id),  # not running in the background
+             lambda: client.responses.retrieve(done.id, stream=True)]
+    answers = [_failed_with_headers(poll) for poll in polls]
+    assert answers == [(404, ("20", "16")), (404, ("20", "15")), (404, ("20", "14")), (400, ("20", "13")),
+                       (400, ("20", "12")), (400, ("20", "11"))]
+    native.reach_failure = 500
+    try:
+        status, left = _failed_with_headers(lambda: client.responses.retrieve(held))
+    finally:
+        native.reach_failure = None
+    assert status >= 500 and left == ("20", "10")
+
+
+async def _rows(url: str, request_ids: list[str]) -> list[UsageRow]:
+    db = Database.from_url(url)
+    try:
+        return [await usage_row(db, rid) for rid in request_ids]
+    finally:
+        await db.dispose()
+
+
+def test_a_refused_poll_is_metered_as_a_refused_request_is(gateway: Gateway, migrated_pg_url: str) -> None:
+    """One usage row each, of no tokens, with the refusal's status and kind; a poll names no model."""
+    client = gateway.client({"requests_per_minute": 1})
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve("resp_unknown")
+    refused = []
+    for over in (lambda: client.responses.create(model="native", input="more"),
+                 lambda: client.responses.retrieve("resp_unknown")):
+        with pytest.raises(openai.RateLimitError) as err:
+            over()
+        refused.append(err.value.response.headers["x-request-id"])
+    rows = asyncio.run(_rows(migrated_pg_url, refused))
+    assert [(r.status, r.error_type, r.endpoint, r.model) for r in rows] == [
+        (429, "rate_limit_exceeded", "responses", "native"), (429, "rate_limit_exceeded", "responses", "")]
+    assert all((r.prompt_tokens, r.completion_tokens, r.cost, r.key_id) == (0, 0, 0, rows[0].key_id) for r in rows)
