@@ -2,9 +2,10 @@
 
 ``IncrementalDetokenizer`` decodes a small sliding window of ids (as vLLM does) and holds back a
 token while its text ends in U+FFFD, i.e. while it is an incomplete UTF-8 sequence whose
-remaining bytes are in later tokens. ``StopMatcher`` holds back the tail of the text that could
-still become a stop string, so stop strings that span tokens are cut cleanly (or, when the stop
-string stays in the output, keeps that tail only to find one).
+remaining bytes are in later tokens; ``flush`` ends the text, the bytes of a character that no
+token completed shown as U+FFFD, as decoding all the tokens shows them. ``StopMatcher`` holds back
+the tail of the text that could still become a stop string, so stop strings that span tokens are
+cut cleanly (or, when the stop string stays in the output, keeps that tail only to find one).
 """
 
 from __future__ import annotations
@@ -42,6 +43,18 @@ class IncrementalDetokenizer:
             return ""  # nothing new yet, or an incomplete character: wait for its next bytes
         delta = full[len(prefix) :]
         self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
+        self.text += delta
+        return delta
+
+    def flush(self) -> str:
+        """The text still held back when generation ends (e.g. at ``max_tokens``) after tokens that
+        began a character: its bytes as U+FFFD (as in the middle of a text, where a token that does
+        not continue them follows), never dropped, so the text is what decoding the tokens gives."""
+        if self.read_offset == len(self.ids):
+            return ""
+        prefix = self._decode(self.ids[self.prefix_offset : self.read_offset])
+        delta = self._decode(self.ids[self.prefix_offset :])[len(prefix) :]
+        self.prefix_offset = self.read_offset = len(self.ids)
         self.text += delta
         return delta
 

@@ -59,9 +59,17 @@ class TextState:
         self.finish()
 
     def finish(self) -> None:
-        """Release text held back as a possible stop-string prefix."""
-        if self._matcher is not None:
-            self._emit(self._matcher.flush())
+        """Release what is held back: a character begun by the last tokens and never completed (as
+        U+FFFD, cut as any text where it completes a stop string), and text held back as a possible
+        stop-string prefix."""
+        if self._detok is None:
+            return
+        tail = self._detok.flush()
+        if self._matcher is None:
+            self._emit(tail)
+            return
+        self._emit(self._matcher.feed(tail)[0])
+        self._emit(self._matcher.flush())
 
     def take_delta(self) -> str:
         out = "".join(self._delta)

@@ -150,6 +150,16 @@ _BYTE_LEVEL = _byte_level_alphabet()
 _BYTE_FALLBACK = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 
 
+def piece_bytes(piece: str) -> bytes | None:
+    """The bytes a vocabulary piece stands for: a byte-level BPE one (``Ġhe``) or a ``<0xXX>`` byte
+    fallback; None for another kind of piece."""
+    if match := _BYTE_FALLBACK.fullmatch(piece):
+        return bytes([int(match.group(1), 16)])
+    if all(c in _BYTE_LEVEL for c in piece):
+        return bytes(_BYTE_LEVEL[c] for c in piece)
+    return None
+
+
 class Tokenizer:
     """``encode``, ``decode``, ``apply_chat_template``, ``eos_token_ids``, ``vocab_size``."""
 
@@ -211,12 +221,8 @@ class Tokenizer:
         if "\ufffd" not in text:
             return text.encode()
         piece = self._codec.piece(token_id)
-        if piece is not None:
-            if match := _BYTE_FALLBACK.fullmatch(piece):
-                return bytes([int(match.group(1), 16)])
-            if all(c in _BYTE_LEVEL for c in piece):
-                return bytes(_BYTE_LEVEL[c] for c in piece)
-        return text.encode()
+        data = piece_bytes(piece) if piece is not None else None
+        return data if data is not None else text.encode()
 
     @property
     def bos_token_id(self) -> int | None:

@@ -77,17 +77,17 @@ class _Completion:
             return UNSET
         return self.backend.logprobs.prompt_entries(out.prompt_logprobs, self.prompt_k)
 
-    def generated(self, o: Any, offsets: TextOffsets | int, delta: bool) -> tuple[str, CompletionLogprobs | None]:
+    def generated(self, o: Any, offsets: TextOffsets, delta: bool) -> tuple[str, CompletionLogprobs | None]:
         """The continuation (all of it, or the new part) and its logprobs, their text offsets
-        counted by ``offsets`` (or from that offset on)."""
+        counted by ``offsets``."""
         if self.score_only:
             return "", CompletionLogprobs() if self.count is not None else None
         text, items = (o.delta_text, o.delta_logprobs) if delta else (o.text, o.logprobs)
-        return text, self.backend.logprobs.completion(items, offsets, self.skip_special)
+        return text, self.backend.logprobs.completion(items, offsets)
 
-    def offsets(self, start: int) -> TextOffsets:
-        """A counter of one choice's text offsets, its continuation starting at ``start``."""
-        return TextOffsets(self.backend.logprobs, start, self.skip_special)
+    def offsets(self, p: int, start: int) -> TextOffsets:
+        """A counter of the text offsets of a choice of prompt ``p``, its continuation starting at ``start``."""
+        return TextOffsets(self.backend.logprobs, start, self.skip_special, self.prompts[p])
 
     def finish_reason(self, reason: str | None) -> Any:
         return "length" if self.score_only and reason is not None else wire.finish_reason(reason)
@@ -118,7 +118,7 @@ async def complete(
         echo, echo_lp = c.echo_part(p, final)
         prompt_lp = c.prompt_entries(final)
         for o in final.outputs:
-            text, lp = c.generated(o, len(echo), delta=False)
+            text, lp = c.generated(o, c.offsets(p, len(echo)), delta=False)
             choices.append(CompletionChoice(index=p * c.n + o.index, text=echo + text,
                                             finish_reason=c.finish_reason(o.finish_reason),
                                             logprobs=_joined(echo_lp, lp), stop_reason=o.stop_reason,
@@ -141,7 +141,7 @@ async def complete_stream(
             for p in range(len(c.prompts)):
                 text, _ = c.echo_part(p, None)
                 for i in range(c.n):
-                    offsets[p * c.n + i] = c.offsets(len(text))
+                    offsets[p * c.n + i] = c.offsets(p, len(text))
                     yield chunk([CompletionChoice(index=p * c.n + i, text=text)])
             pending_echo.clear()
         finished: set[int] = set()  # one finish chunk per choice, though later outputs still carry it
@@ -150,14 +150,14 @@ async def complete_stream(
                 pending_echo.discard(p)
                 text, lp = c.echo_part(p, out)
                 for i in range(c.n):
-                    offsets[p * c.n + i] = c.offsets(len(text))
+                    offsets[p * c.n + i] = c.offsets(p, len(text))
                     yield chunk([CompletionChoice(index=p * c.n + i, text=text, logprobs=lp)])
             for o in out.outputs:
                 index = p * c.n + o.index
                 if index in finished:
                     continue
                 if index not in offsets:
-                    offsets[index] = c.offsets(0)
+                    offsets[index] = c.offsets(p, 0)
                 text, lp = c.generated(o, offsets[index], delta=True)
                 if text or (lp is not None and lp.tokens):
                     yield chunk([CompletionChoice(index=index, text=text, logprobs=lp)])

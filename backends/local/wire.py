@@ -6,7 +6,7 @@ import codecs
 import json
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol, TypeVar
 
 from msgspec import UNSET
@@ -35,6 +35,7 @@ from backends.openai_wire import (
 from engine import InvalidRequest, SamplingParams
 from engine.sequence import TokenLogprob as EngineTokenLogprob
 from engine.structured_output import StructuredOutput
+from engine.tokenizer import piece_bytes
 
 
 def opt(value: Any, default: Any) -> Any:
@@ -330,8 +331,17 @@ class LogprobFormatter:
         return list(self.own_bytes(token_id))
 
     def own_bytes(self, token_id: int) -> bytes:
+        """The engine tokenizer's ``token_bytes``; for a transformers tokenizer (plain ``generate``),
+        the bytes of the token's piece when its text is part of a character (a U+FFFD)."""
         own = getattr(self.tokenizer, "token_bytes", None)
-        return bytes(own(token_id)) if own is not None else self.token(token_id).encode()
+        if own is not None:
+            return bytes(own(token_id))
+        text = self.token(token_id)
+        if "\ufffd" in text:
+            piece = self.tokenizer.convert_ids_to_tokens(token_id)
+            data = piece_bytes(piece) if isinstance(piece, str) else None
+            return data if data is not None else text.encode()
+        return text.encode()
 
     def text_bytes(self, token_id: int, skip_special_tokens: bool) -> bytes:
         """What the token adds to a text decoded with ``skip_special_tokens`` (nothing for a skipped
@@ -394,16 +404,13 @@ class LogprobFormatter:
         top = {lp.token_id: lp.logprob, **dict(sorted(lp.top.items(), key=lambda kv: -kv[1])[:k])}
         return {self.token(i): v for i, v in sorted(top.items(), key=lambda kv: -kv[1])}
 
-    def completion(self, items: list[Any] | None, offsets: TextOffsets | int,
-                   skip_special_tokens: bool = True) -> CompletionLogprobs | None:
+    def completion(self, items: list[Any] | None, offsets: TextOffsets) -> CompletionLogprobs | None:
         """Generated tokens, their offsets counted by ``offsets`` (a stream keeps one per choice
-        across its chunks), or from text offset ``offsets`` on. Offsets index the returned text,
-        which was decoded with ``skip_special_tokens`` as the request asked: a skipped special token
-        (e.g. an end-of-turn the model emitted) takes no room there."""
+        across its chunks). Offsets index the returned text, which was decoded with
+        ``offsets.skip_special_tokens`` as the request asked: a skipped special token (e.g. an
+        end-of-turn the model emitted) takes no room there."""
         if items is None:
             return None
-        if isinstance(offsets, int):
-            offsets = TextOffsets(self, offsets, skip_special_tokens)
         result = CompletionLogprobs()
         for lp in items:
             result.tokens.append(self.token(lp.token_id))
@@ -420,22 +427,31 @@ class TextOffsets:
     character is at that character (the text holds one character for all its tokens), and a byte
     no later token completes takes the one U+FFFD the text shows for it. What a stream holds back
     (a possible stop string's start) does not move the offsets: they are those of the whole answer.
+    A continuation of a ``prompt`` that ends inside a character is decoded after the prompt's text,
+    which holds that character (``engine.detok``): the bytes that end it take no room here.
     """
 
-    def __init__(self, formatter: LogprobFormatter, start: int, skip_special_tokens: bool) -> None:
+    def __init__(self, formatter: LogprobFormatter, start: int, skip_special_tokens: bool,
+                 prompt: Sequence[int] = ()) -> None:
         self.formatter = formatter
         self.skip_special_tokens = skip_special_tokens
         self.chars = start  # characters decoded so far (an incomplete last character not yet)
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        # The last tokens hold the bytes of any character the prompt begins (a character has at most 4).
+        self._decoder.decode(b"".join(formatter.text_bytes(t, skip_special_tokens) for t in prompt[-4:]))
+        self._begun = bool(self._decoder.getstate()[0])  # the next character decoded is the prompt's
 
     def push(self, token_id: int, shown: bool = True) -> int:
         """The offset of the next token, ``token_id`` (one not ``shown`` takes no room)."""
         data = self.formatter.text_bytes(token_id, self.skip_special_tokens) if shown else b""
         pending = self._decoder.getstate()[0]  # the bytes of a character begun and not yet complete
         offset = self.chars
-        if pending and data and not _continues(pending + data[:1]):
+        if pending and data and not self._begun and not _continues(pending + data[:1]):
             offset += len(pending.decode("utf-8", errors="replace"))  # the incomplete character is a U+FFFD
-        self.chars += len(self._decoder.decode(data))
+        text = self._decoder.decode(data)
+        if self._begun and text:
+            text, self._begun = text[1:], False
+        self.chars += len(text)
         return offset
 
 

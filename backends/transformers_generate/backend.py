@@ -155,12 +155,13 @@ class HFGenerateBackend:
         run = self._start(request, prompts, request.output_limit(), k, ctx)
         texts, reasons, lps = await collect(run)
         echoes = self._echoes(request, prompts)
+        offsets = self._offsets(request, prompts, echoes)
         choices = [
             CompletionChoice(
                 index=i,
                 text=echoes[i] + t,
                 finish_reason=_reason(reasons[i]),
-                logprobs=self.logprobs.completion(lps[i], len(echoes[i])) if k is not None else None,
+                logprobs=self.logprobs.completion(lps[i], offsets[i]) if k is not None else None,
             )
             for i, t in enumerate(texts)
         ]
@@ -176,7 +177,7 @@ class HFGenerateBackend:
         chunk = chunk_maker(TextCompletion, request, _id("cmpl"), run.meter, _usage)
         pending = PendingLogprobs()
         echoes = self._echoes(request, prompts)
-        offsets = [TextOffsets(self.logprobs, len(e), True) for e in echoes]  # text offsets, per choice
+        offsets = self._offsets(request, prompts, echoes)
 
         def on_event(ev: Event) -> list[TextCompletion]:
             lps = pending.add(ev)
@@ -255,6 +256,11 @@ class HFGenerateBackend:
             return [""] * (len(prompts) * n)
         sent: Sequence[str | list[int]] = request.prompts()  # read once already (``_text_prompts``): valid
         return [echo_text(self.tokenizer, s, p)[0] for s, p in zip(sent, prompts, strict=True) for _ in range(n)]
+
+    def _offsets(self, request: CompletionRequest, prompts: list[list[int]], echoes: list[str]) -> list[TextOffsets]:
+        """Per choice, the counter of its tokens' text offsets (its continuation follows its echo)."""
+        n = request.n or 1
+        return [TextOffsets(self.logprobs, len(e), True, prompts[i // n]) for i, e in enumerate(echoes)]
 
     def _start(
         self,

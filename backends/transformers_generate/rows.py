@@ -23,7 +23,7 @@ class Row:
 
     def __init__(self, job: Job, index: int, prompt: list[int], tokenizer: Any, eos_ids: set[int]) -> None:
         self.job, self.index, self.prompt = job, index, prompt
-        self.eos_ids, self.tokenizer = eos_ids, tokenizer
+        self.eos_ids = eos_ids
         self.detok = IncrementalDetokenizer(tokenizer, prompt)
         self.stops = StopMatcher(job.params.stop, job.params.include_stop_str_in_output)
         self.matcher = job.matchers[index] if job.matchers is not None else None
@@ -36,12 +36,10 @@ class Row:
 
     def end(self, reason: str) -> None:
         """Finish the row; unless aborted, release held-back text (an incomplete character at the
-        very end is emitted as the tokenizer decodes it, so the text equals decode(output))."""
+        very end as U+FFFD, as the engine ends a sequence: ``IncrementalDetokenizer.flush``)."""
         self.finished = True
         if reason != "abort" and not self.stops.stopped:
-            full = self.tokenizer.decode(self.output, skip_special_tokens=True)
-            tail = full[len(self.detok.text):] if full.startswith(self.detok.text) else ""
-            text, stopped = self.stops.feed(tail)
+            text, stopped = self.stops.feed(self.detok.flush())
             if not stopped:
                 text += self.stops.flush()
             if text:

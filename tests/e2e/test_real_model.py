@@ -245,3 +245,21 @@ def test_a_prefill_found_in_the_end_of_turn_is_continued_where_transformers_cuts
                          json={"model": "tiny", "messages": messages, **options})
     assert counted.json()["tokens"] == ids
     env.wait_idle()
+
+
+def test_an_answer_cut_inside_an_emoji_ends_in_u_fffd(env: Env) -> None:
+    """Greedy SmolLM2 answers with emoji, each several byte-level tokens: cut by max_tokens inside
+    the third, the answer shows its bytes as U+FFFD (as decoding the tokens does), streamed and not,
+    and every generated token is counted."""
+    messages: Any = [{"role": "user", "content": "Reply with only three emoji about the sun."}]
+    client = env.client()
+    done = client.chat.completions.create(model="tiny", messages=messages, max_tokens=7, temperature=0,
+                                          logprobs=True)
+    text = done.choices[0].message.content or ""
+    data = b"".join(bytes(t.bytes or []) for t in done.choices[0].logprobs.content or [])  # type: ignore[union-attr]
+    assert text == data.decode("utf-8", errors="replace") and text.endswith("\ufffd")
+    assert done.choices[0].finish_reason == "length" and done.usage is not None and done.usage.completion_tokens == 7
+    chunks = list(client.chat.completions.create(model="tiny", messages=messages, max_tokens=7, temperature=0,
+                                                 stream=True))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == text
+    env.wait_idle()

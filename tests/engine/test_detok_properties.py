@@ -60,3 +60,21 @@ def test_stop_strings_cut_the_text_at_the_first_one_whatever_the_chunking(
     body = out[: len(out) - len(m.matched)] if include else out
     assert text.startswith(body + m.matched) and out in (body, body + m.matched)
     assert not any(s in body for s in stops)  # nothing before the cut holds a whole stop string
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(prompt=st.text(alphabet=ALPHABET, max_size=6), answer=st.text(alphabet=ALPHABET, min_size=1, max_size=12),
+       data=st.data())
+def test_an_answer_cut_inside_a_character_ends_in_u_fffd_as_its_tokens_decode(
+        tok: Tokenizer, prompt: str, answer: str, data: st.DataObject) -> None:
+    """Generation may end (length, EOS) after a token holding part of a character: ``flush`` gives
+    the bytes held back for it as U+FFFD, so the text is what decoding all the tokens gives."""
+    prompt_ids = tok.encode(prompt, add_special_tokens=False)
+    whole = tok.encode(prompt + answer, add_special_tokens=False)
+    assume(whole[: len(prompt_ids)] == prompt_ids)
+    ids = whole[len(prompt_ids):]
+    cut = data.draw(st.integers(1, len(ids)))
+    detok = IncrementalDetokenizer(tok, prompt_ids)
+    pieces = [detok.push(i) for i in ids[:cut]] + [detok.flush()]
+    assert "".join(pieces) == detok.text == tok.decode(prompt_ids + ids[:cut])[len(tok.decode(prompt_ids)):]
+    assert detok.flush() == ""

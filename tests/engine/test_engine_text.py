@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from engine import LLM, AsyncEngine, SamplingParams
+from engine.structured_output import StructuredOutput
 from engine.tiny_model import build_tiny_model
 
 PROMPT = "Hello there, how are you?"
@@ -108,3 +109,27 @@ def test_stop_token_text_is_included_as_vllm_decodes_it(llm: LLM) -> None:
         out = llm.generate([PROMPT], SamplingParams(**forced, include_stop_str_in_output=include,  # type: ignore[arg-type]
                                                     skip_special_tokens=skip))[0].outputs[0]
         assert out.token_ids == [eos] and out.text == eos_text, (include, skip)
+
+
+SUN = "\U0001f31e"  # four UTF-8 bytes: more than one token of the tiny byte-level tokenizer
+
+
+@pytest.mark.parametrize("how", ["length", "stop_token"])
+async def test_an_answer_cut_inside_a_character_ends_in_u_fffd(llm: LLM, how: str) -> None:
+    """A sequence that ends (max_tokens, a stop token) after a token holding part of a character
+    shows that part as U+FFFD, as decoding its tokens does, streamed as not: its bytes were dropped."""
+    forced = dict(temperature=0, structured=StructuredOutput("regex", f"ab{SUN}"))
+    whole = llm.generate([PROMPT], SamplingParams(**forced, max_tokens=12))[0].outputs[0]  # type: ignore[arg-type]
+    assert whole.text == f"ab{SUN}"
+    k = next(k for k in range(1, len(whole.token_ids)) if llm.tokenizer.decode(whole.token_ids[:k]).endswith("\ufffd"))
+    ends = dict(max_tokens=k) if how == "length" else dict(max_tokens=12, stop_token_ids=[whole.token_ids[k]])
+    params = SamplingParams(**forced, **ends)  # type: ignore[arg-type]
+    out = llm.generate([PROMPT], params)[0].outputs[0]
+    assert out.text == "ab\ufffd" == llm.tokenizer.decode(whole.token_ids[:k])
+    assert out.finish_reason == ("length" if how == "length" else "stop")
+    eng = AsyncEngine(engine=llm.engine)
+    pieces = [o.outputs[0].delta_text async for o in eng.add_request(f"cut-{how}", PROMPT, params)]
+    await eng.shutdown()
+    assert "".join(pieces) == out.text
+    cut = llm.generate([PROMPT], SamplingParams(**forced, **ends, stop=["\ufffd"]))[0].outputs[0]  # type: ignore[arg-type]
+    assert cut.text == "ab" and cut.finish_reason == out.finish_reason  # no text holds a stop string
