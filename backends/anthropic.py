@@ -194,9 +194,10 @@ class AnthropicBackend(HTTPBackend):
     async def complete(self, request: CompletionRequest, ctx: CallContext = NO_CONTEXT) -> Completed[TextCompletion]:
         done = await self.chat(self._as_chat(request), ctx)
         chat = done.response
+        choice = chat.choices[0]  # its stop_reason: the stop sequence that matched, if one did
         text = TextCompletion(id=chat.id, model=chat.model, usage=chat.usage, choices=[
-            CompletionChoice(index=0, text=chat.choices[0].message.content or "",
-                             finish_reason=chat.choices[0].finish_reason)])
+            CompletionChoice(index=0, text=choice.message.content or "", finish_reason=choice.finish_reason,
+                             stop_reason=choice.stop_reason)])
         return Completed(text, done.meter, done.tokens_left, done.tokens_reset)
 
     async def complete_stream(
@@ -257,7 +258,7 @@ class _AsText:
     async def __anext__(self) -> TextCompletion:
         chunk = await self._chat.chunks.__anext__()
         choices = [CompletionChoice(index=c.index, text=c.delta.content if isinstance(c.delta.content, str) else "",
-                                    finish_reason=c.finish_reason) for c in chunk.choices]
+                                    finish_reason=c.finish_reason, stop_reason=c.stop_reason) for c in chunk.choices]
         return TextCompletion(id=chunk.id, model=chunk.model, choices=choices, usage=chunk.usage)
 
     def interrupt(self) -> None:

@@ -232,10 +232,16 @@ class StreamTranslator:
             self._meter.completion_tokens += estimate_text(thinking.reasoning_content or "")
             self._pending.append(self._chunk(thinking))
         elif delta.get("type") == "input_json_delta":
-            tool, arguments = self._tool_index.get(index, 0), delta.get("partial_json", "")
+            arguments = delta.get("partial_json", "")
+            self._meter.completion_tokens += estimate_text(arguments)
+            if (tool := self._tool_index.get(index)) is None:
+                # a server tool's input (server_tool_use, mcp_tool_use) is none of the client's calls, as in
+                # a whole answer; a /v1/messages client is relayed its events at once all the same
+                if self._kept is not None:
+                    self._pending.append(ChatCompletionChunk(id=self._id, model=self._model, choices=[]))
+                return
             if arguments:
                 self._no_arguments.discard(index)
-            self._meter.completion_tokens += estimate_text(arguments)
             self._pending.append(
                 self._chunk(ChatDelta(tool_calls=[ToolCallDelta(index=tool, function={"arguments": arguments})]))
             )

@@ -6,7 +6,9 @@ Pure functions over plain dicts (Anthropic side) and the wire Structs (OpenAI si
 
 from __future__ import annotations
 
+import hashlib
 import json
+import re
 from collections.abc import Collection
 from typing import Any
 
@@ -94,6 +96,19 @@ def _content_blocks(message: ChatMessage) -> list[dict[str, Any]]:
     return blocks
 
 
+_ID_PATTERN = re.compile(r"[A-Za-z0-9_-]+")
+
+
+def tool_use_id(call_id: str) -> str:
+    """A conversation's tool call id in the form Anthropic takes (letters, digits, ``_`` and ``-``):
+    as it is, or (another provider's, such as Kimi's ``functions.search:0``) with every other character
+    as ``_`` and a digest of it appended, the same for the call and its result, and apart for two ids."""
+    if _ID_PATTERN.fullmatch(call_id):
+        return call_id
+    digest = hashlib.sha256(call_id.encode()).hexdigest()[:12]
+    return f"{re.sub(r'[^A-Za-z0-9_-]', '_', call_id)}_{digest}"
+
+
 def _tool_use_blocks(message: ChatMessage, index: int) -> list[dict[str, Any]]:
     blocks = []
     for j, call in enumerate(message.tool_calls or []):
@@ -108,7 +123,7 @@ def _tool_use_blocks(message: ChatMessage, index: int) -> list[dict[str, Any]]:
         if not (isinstance(call.id, str) and call.id):  # a tool_use block has one, which its tool_result names
             raise BadRequest("the anthropic provider needs each tool call's id",
                              param=f"messages[{index}].tool_calls[{j}].id")
-        blocks.append({"type": "tool_use", "id": call.id, "name": function.name, "input": arguments})
+        blocks.append({"type": "tool_use", "id": tool_use_id(call.id), "name": function.name, "input": arguments})
     return blocks
 
 
@@ -158,14 +173,15 @@ def _messages(request: ChatCompletionRequest) -> tuple[list[dict[str, Any]], lis
             system.extend(_system_blocks(message))
         elif message.role == "assistant":
             add("assistant", thinking + _assistant_blocks(message, i))
-        elif message.role in ("tool", "function"):  # text as a string; with images, documents or caching, blocks
-            if not (isinstance(message.tool_call_id, str) and message.tool_call_id):  # its tool_result names it
+        elif message.role in ("tool", "function"):  # one text as a string; else (several texts, images,
+            if not (isinstance(message.tool_call_id, str) and message.tool_call_id):  # documents, caching) blocks
                 raise BadRequest("the anthropic provider needs each tool message's tool_call_id",
                                  param=f"messages[{i}].tool_call_id")
             parts = message.content if isinstance(message.content, list) else []
-            plain = all(isinstance(p, TextPart) and not isinstance(p.cache_control, dict) for p in parts)
-            content = message.text() if plain else _content_blocks(message)
-            add("user", [{"type": "tool_result", "tool_use_id": message.tool_call_id, "content": content}])
+            plain = len(parts) <= 1 and all(isinstance(p, TextPart) and not isinstance(p.cache_control, dict)
+                                            for p in parts)
+            content = message.text() if plain else _content_blocks(message) or message.text()
+            add("user", [{"type": "tool_result", "tool_use_id": tool_use_id(message.tool_call_id), "content": content}])
         elif not (blocks := _content_blocks(message)):
             raise BadRequest("the anthropic provider takes no user message without content (Anthropic refuses "
                              "empty and whitespace-only text)", param=f"messages[{i}].content")

@@ -3,7 +3,7 @@ as that request names them. Anthropic's error shape has no ``param``, so an erro
 request (a provider's, the engine's checks) must name in its message the field the client sent:
 ``messages[3].content`` of the chat request may be ``messages[2].content`` (a system prompt comes
 first, tool results are messages of their own), ``tools[0].function.parameters`` is
-``tools[0].input_schema``."""
+``tools[0].input_schema``, ``response_format`` is ``output_config.format``."""
 
 from __future__ import annotations
 
@@ -15,7 +15,13 @@ from backends.base import BackendError
 _CHAT_MESSAGE = re.compile(r"messages\[(\d+)\](.*)", re.DOTALL)
 _CHAT_TOOL = re.compile(r"tools\[(\d+)\]\.function(?:\.([A-Za-z_]+))?(.*)", re.DOTALL)
 _TOOL_FIELDS = {"parameters": "input_schema"}
-_TOP_FIELDS = {"max_completion_tokens": "max_tokens", "stop": "stop_sequences", "user": "metadata.user_id"}
+_TOP_FIELDS = {
+    "max_completion_tokens": "max_tokens",
+    "stop": "stop_sequences",
+    "user": "metadata.user_id",
+    "reasoning_effort": "output_config.effort",
+}
+_SCHEMA = "response_format.json_schema.schema"  # output_config.format.schema (anthropic_output)
 
 
 def messages_param(param: str, origins: Sequence[str]) -> str:
@@ -31,6 +37,10 @@ def messages_param(param: str, origins: Sequence[str]) -> str:
     if tool := _CHAT_TOOL.fullmatch(param):
         field = tool[2]
         return f"tools[{tool[1]}]" + (f".{_TOOL_FIELDS.get(field, field)}{tool[3]}" if field else "")
+    if param.startswith(_SCHEMA):
+        return "output_config.format.schema" + param.removeprefix(_SCHEMA)
+    if param.startswith("response_format"):
+        return "output_config.format"
     return _TOP_FIELDS.get(param, param)
 
 

@@ -39,6 +39,7 @@ from backends.openai_wire import (
     set_extra_params,
 )
 from gateway.body import RAW_BODY
+from gateway.dialects.anthropic_output import add_output_config
 from gateway.errors import ApiError
 
 T = TypeVar("T")
@@ -91,6 +92,8 @@ class MessagesRequest(_Wire, dict=True):
     tool_choice: dict[str, Any] | UnsetType = UNSET
     metadata: Metadata | UnsetType = UNSET
     thinking: dict[str, Any] | UnsetType = UNSET  # extended thinking: {"type": "enabled", "budget_tokens"}
+    output_config: dict[str, Any] | None | UnsetType = UNSET  # structured output, effort: anthropic_output
+    cache_control: CacheControl | None = UNSET  # automatic prompt caching: a hint no other provider takes
 
 
 class CountTokensRequest(_Wire, dict=True):
@@ -423,12 +426,15 @@ def translate(req: MessagesRequest, *, strict: bool = True) -> tuple[ChatComplet
         chat.tools = [translation.tool(tool, i) for i, tool in enumerate(req.tools)]
     if req.tool_choice is not UNSET:
         translation.tool_choice(req.tool_choice, chat)
+    if strict and isinstance(req.output_config, dict):  # an Anthropic upstream gets it as sent
+        add_output_config(req.output_config, chat, translation)
     if req.metadata is not UNSET and isinstance(req.metadata.user_id, str):
         chat.user = req.metadata.user_id
     if req.stream:
         chat.stream = True
         chat.stream_options = StreamOptions(include_usage=True)  # message_delta carries the usage
-    if req.thinking is not UNSET:  # the engine refuses it by name; an OpenAI-shaped upstream gets it
+    if req.thinking is not UNSET and req.thinking.get("type") != "disabled":  # (disabled asks for nothing)
+        # the engine refuses it by name; an OpenAI-shaped upstream gets it
         set_extra_params(chat, extra_params(chat) | {"thinking": msgspec.Raw(msgspec.json.encode(req.thinking))})
     return chat, origins
 

@@ -178,6 +178,16 @@ def test_text_completion_served_as_chat(client: openai.OpenAI) -> None:
     assert "".join(c.choices[0].text for c in chunks if c.choices) == "a b"
 
 
+def test_a_text_completion_names_the_stop_sequence_it_met(client: openai.OpenAI) -> None:
+    """As a chat answer does (vLLM's ``stop_reason``), whole and streamed."""
+    whole = client.completions.create(model="claude", prompt="one END two", stop=["END"]).choices[0]
+    chunks = list(client.completions.create(model="claude", prompt="one END two", stop=["END"], stream=True))
+    last = [c.choices[0] for c in chunks if c.choices][-1]
+    for choice in (whole, last):
+        assert choice.finish_reason == "stop"
+        assert choice.model_extra and choice.model_extra.get("stop_reason") == "END"
+
+
 @pytest.mark.parametrize("prompt", ["", "  \n"])
 def test_an_empty_text_prompt_is_a_400_naming_prompt(client: openai.OpenAI, prompt: str) -> None:
     """Named as the /v1/completions client sent it, not as ``messages[0].content`` of the chat it is served as."""

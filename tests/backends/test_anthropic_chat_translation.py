@@ -4,6 +4,7 @@ the answer (whole and streamed) and the errors, against a loopback server speaki
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import httpx
@@ -102,6 +103,31 @@ def test_an_image_in_a_tool_result_reaches_anthropic() -> None:
     assert result["content"] == [{"type": "text", "text": "a chart"},
                                  {"type": "image", "source": {"type": "base64", "media_type": "image/png",
                                                               "data": "AAAA"}}]
+
+
+def test_a_tool_results_text_parts_stay_apart() -> None:
+    """Several text parts of a tool message are a tool_result's text blocks, not one text run together."""
+    body = body_of(messages=[{"role": "user", "content": "q"},
+                             {"role": "assistant", "tool_calls": [{"id": "t1", "type": "function", "function": {
+                                 "name": "search", "arguments": "{}"}}]},
+                             {"role": "tool", "tool_call_id": "t1", "content": [{"type": "text", "text": "row 1"},
+                                                                                {"type": "text", "text": "row 2"}]}])
+    assert body["messages"][2]["content"][0]["content"] == [{"type": "text", "text": "row 1"},
+                                                            {"type": "text", "text": "row 2"}]
+
+
+def test_another_providers_call_ids_take_the_form_anthropic_accepts() -> None:
+    """Anthropic takes tool_use ids of letters, digits, ``_`` and ``-`` only; a conversation begun on
+    another provider (Kimi's ``functions.search:0``) has its ids made so, each call still paired with
+    its result, two ids apart staying apart; an id of that form is sent as it is."""
+    ids = ["functions.search:0", "functions.search.0", "toolu_01-A"]
+    calls = [{"id": i, "type": "function", "function": {"name": "search", "arguments": "{}"}} for i in ids]
+    body = body_of(messages=[{"role": "user", "content": "q"}, {"role": "assistant", "tool_calls": calls},
+                             *({"role": "tool", "tool_call_id": i, "content": "r"} for i in ids)])
+    sent = [b["id"] for b in body["messages"][1]["content"]]
+    assert all(re.fullmatch(r"[A-Za-z0-9_-]+", i) for i in sent) and len(set(sent)) == 3
+    assert sent[2] == "toolu_01-A"
+    assert [b["tool_use_id"] for b in body["messages"][2]["content"]] == sent
 
 
 @pytest.mark.parametrize("call_id", [{}, {"id": None}, {"id": ""}])
@@ -213,6 +239,27 @@ def test_a_stream_of_text_and_two_tool_calls(client: openai.OpenAI, upstream: Sc
     assert chunks[-1].choices == [] and usage is not None
     assert (usage.prompt_tokens, usage.completion_tokens, usage.total_tokens) == (20, 7, 27)
     assert usage.prompt_tokens_details and usage.prompt_tokens_details.cached_tokens == 4
+
+
+def test_a_server_tools_streamed_input_is_no_tool_call(client: openai.OpenAI, upstream: ScriptedAnthropic) -> None:
+    """A server tool's call (web search, run by Anthropic) streams its input as ``input_json_delta``
+    too: it is none of the client's tool calls, as in a whole answer, and the client's call keeps its
+    own arguments."""
+    search = [("content_block_start", {"index": 0, "content_block": {"type": "server_tool_use", "id": "srvtoolu_1",
+                                                                     "name": "web_search", "input": {}}}),
+              ("content_block_delta", {"index": 0, "delta": {"type": "input_json_delta",
+                                                             "partial_json": '{"query": "x"}'}}),
+              ("content_block_stop", {"index": 0}),
+              ("content_block_start", {"index": 1, "content_block": {"type": "web_search_tool_result",
+                                                                     "tool_use_id": "srvtoolu_1", "content": []}}),
+              ("content_block_stop", {"index": 1})]
+    upstream.script = [START, *search, *text_block(2, "found"), *tool_block(3, "tu_a", '{"q": "a"}'), *end("tool_use")]
+    with client.chat.completions.stream(model="claude", tools=TOOLS,  # type: ignore[arg-type]
+                                        messages=[{"role": "user", "content": "x"}]) as stream:
+        message = stream.get_final_completion().choices[0].message
+    assert message.content == "found"
+    assert [(c.id, c.function.name, c.function.arguments) for c in message.tool_calls or []] == [
+        ("tu_a", "search", '{"q": "a"}')]
 
 
 @pytest.mark.parametrize(("reason", "finish"), [("max_tokens", "length"), ("end_turn", "stop"),
