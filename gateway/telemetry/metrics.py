@@ -98,7 +98,8 @@ class GatewayMetrics:
         self.registry.register(_Families(self))
 
     def observe(self, r: UsageRecord) -> None:
-        model, endpoint = r.model, r.endpoint
+        # a request refused before it named a model (a poll of a stored response over its rate) is "unknown"
+        model, endpoint = r.model or UNKNOWN_MODEL, r.endpoint
         _count(self._requests, (model, endpoint, str(r.status)), 1)
         if r.status == 429 and r.error_type == QUOTA_REFUSED:  # the gateway's own refusal, not an upstream's 429
             _count(self._quota_rejections, (model,), 1)

@@ -453,3 +453,16 @@ def test_latency_buckets_sums_and_series_as_prometheus_counts_them() -> None:
     text = metrics.render()
     assert b'switchyard_request_latency_seconds_created{endpoint="chat.completions",model="m"}' in text
     assert b"switchyard_time_to_first_token_seconds_count" not in text  # nothing counted yet
+
+
+def test_a_refusal_that_names_no_model_counts_under_unknown() -> None:
+    """A refused poll of a stored response names no model (its usage row's model is ""): its series
+    is ``model="unknown"``, as every request refused before it reached a model group, not an empty label."""
+    metrics = GatewayMetrics()
+    metrics.observe(UsageRecord(request_id="r", key_id="k", tenant_id=None, model="", deployment=None,
+                                provider=None, endpoint="responses", started_at=0.0, status=429,
+                                error_type="rate_limit_exceeded"))
+    text = metrics.render()
+    assert b'switchyard_quota_rejections_total{model="unknown"} 1.0' in text
+    assert b'switchyard_requests_total{endpoint="responses",model="unknown",status="429"} 1.0' in text
+    assert b'model=""' not in text
