@@ -214,7 +214,7 @@ class JSONSchemaFormat(WireStruct):
     name: str
     schema: dict[str, Any] | UnsetType = UNSET
     description: str | UnsetType = UNSET
-    strict: bool | UnsetType = UNSET
+    strict: bool | None | UnsetType = UNSET  # null (OpenAI's schema allows it): as unset
 
 
 class ResponseFormat(WireStruct):

@@ -57,7 +57,7 @@ class FunctionDef(Struct, kw_only=True):
     name: str
     description: str | UnsetType = UNSET
     parameters: dict[str, Any] | UnsetType = UNSET
-    strict: bool | UnsetType = UNSET
+    strict: bool | None | UnsetType = UNSET  # null (OpenAI's schema allows it): as unset
 
 
 class CustomToolDef(Struct, kw_only=True):

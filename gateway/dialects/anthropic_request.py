@@ -40,6 +40,7 @@ from backends.openai_wire import (
 )
 from gateway.body import RAW_BODY
 from gateway.dialects.anthropic_output import add_output_config
+from gateway.dialects.unmodelled import unmodelled_field
 from gateway.errors import ApiError
 
 T = TypeVar("T")
@@ -61,7 +62,7 @@ class _Wire(Struct, kw_only=True):
     pass
 
 
-CacheControl = dict[str, Any] | UnsetType  # {"type": "ephemeral", "ttl"?}: for an Anthropic upstream only
+CacheControl = dict[str, Any] | None | UnsetType  # {"type": "ephemeral", "ttl"?}: for an Anthropic upstream only
 
 
 # ---------------------------------------------------------------- what the gateway decodes
@@ -93,7 +94,7 @@ class MessagesRequest(_Wire, dict=True):
     metadata: Metadata | UnsetType = UNSET
     thinking: dict[str, Any] | UnsetType = UNSET  # extended thinking: {"type": "enabled", "budget_tokens"}
     output_config: dict[str, Any] | None | UnsetType = UNSET  # structured output, effort: anthropic_output
-    cache_control: CacheControl | None = UNSET  # automatic prompt caching: a hint no other provider takes
+    cache_control: CacheControl = UNSET  # automatic prompt caching: a hint no other provider takes
 
 
 class CountTokensRequest(_Wire, dict=True):
@@ -128,6 +129,7 @@ class ImageSource(_Wire):
     media_type: str | UnsetType = UNSET
     data: str | UnsetType = UNSET
     url: str | UnsetType = UNSET
+    file_id: str | UnsetType = UNSET
 
 
 class ImageBlock(_Wire, tag_field="type", tag="image"):
@@ -173,9 +175,11 @@ _BLOCK_TYPES = frozenset({"text", "image", "document", "tool_use", "tool_result"
 class InputTool(_Wire):
     name: str
     input_schema: dict[str, Any]
+    type: Literal["custom"] | None | UnsetType = UNSET  # a client tool's (a server tool is refused before it is read)
     description: str | UnsetType = UNSET
     strict: bool | UnsetType = UNSET  # strict tool use: the input follows input_schema (OpenAI's function.strict)
     cache_control: CacheControl = UNSET
+    eager_input_streaming: bool | None | UnsetType = UNSET  # fine-grained tool streaming: a delivery hint, left out
 
 
 class ToolChoice(_Wire):
@@ -231,7 +235,7 @@ class _Translation:
 
     def convert(self, value: Any, type_: type[T], param: str) -> T | None:
         try:
-            return msgspec.convert(value, type_)
+            converted = msgspec.convert(value, type_)
         except msgspec.ValidationError as exc:
             problem, sep, where = str(exc).rpartition(" - at `$")
             if not sep:
@@ -241,6 +245,13 @@ class _Translation:
                 param, problem = f"{param}.{missing.group(1)}", "a required field is missing"
             self.refuse(param, problem)
             return None
+        self.unmodelled(value, converted, param)
+        return converted
+
+    def unmodelled(self, raw: Any, value: Any, where: str) -> None:
+        """A field of ``raw`` (the JSON ``value`` was read from) that the translation would drop."""
+        if self.strict and (path := unmodelled_field(raw, value, where)):
+            self.refuse(path, f"the field {path.rpartition('.')[2]!r} {_ONLY_ANTHROPIC}")
 
     def block(self, raw: dict[str, Any], where: str) -> Block | None:
         kind = raw.get("type")
@@ -375,18 +386,33 @@ class _Translation:
 
 
 _KNOWN_FIELDS = frozenset(f.encode_name for f in msgspec.structs.fields(MessagesRequest))
+_MESSAGE_FIELDS = frozenset(f.encode_name for f in msgspec.structs.fields(InputMessage))
+_METADATA_FIELDS = frozenset(f.encode_name for f in msgspec.structs.fields(Metadata))
 _fields_of = msgspec.json.Decoder(dict[str, msgspec.Raw])
+_messages_of = msgspec.json.Decoder(list[dict[str, msgspec.Raw]])  # their content stays undecoded
 
 
 def _refuse_unknown_fields(req: MessagesRequest, translation: _Translation) -> None:
-    """A top-level field the gateway does not model (``mcp_servers``, ``container``,
-    ``service_tier``, a typo): only an Anthropic upstream can honour it, so a translation refuses it
+    """A field the gateway does not model, at the top (``mcp_servers``, ``container``,
+    ``service_tier``, a typo), in a message or in ``metadata`` (blocks, tools and ``tool_choice`` are
+    checked as they are read): only an Anthropic upstream can honour it, so a translation refuses it
     rather than drop it (null changes nothing)."""
     if (raw := req.__dict__.get(RAW_BODY)) is None:
         return
-    for name, value in _fields_of.decode(raw).items():
-        if name not in _KNOWN_FIELDS and bytes(value).strip() != b"null":
-            translation.refuse(name, f"the field {name!r} {_ONLY_ANTHROPIC}")
+    fields = _fields_of.decode(raw)
+    _refuse_unmodelled(fields, _KNOWN_FIELDS, translation)
+    if (messages := fields.get("messages")) is not None:
+        for i, message in enumerate(_messages_of.decode(messages)):
+            _refuse_unmodelled(message, _MESSAGE_FIELDS, translation, f"messages[{i}].")
+    if isinstance(req.metadata, Metadata):  # decoded, so an object (count_tokens reads none)
+        _refuse_unmodelled(_fields_of.decode(fields["metadata"]), _METADATA_FIELDS, translation, "metadata.")
+
+
+def _refuse_unmodelled(fields: dict[str, msgspec.Raw], known: frozenset[str], translation: _Translation,
+                       where: str = "") -> None:
+    for name, value in fields.items():
+        if name not in known and bytes(value).strip() != b"null":
+            translation.refuse(where + name, f"the field {name!r} {_ONLY_ANTHROPIC}")
 
 
 def to_chat_request(req: MessagesRequest, *, strict: bool = True) -> ChatCompletionRequest:

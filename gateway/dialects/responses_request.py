@@ -37,6 +37,7 @@ from backends.openai_wire import (
 from backends.turn_thinking import place_thinking
 from gateway.body import RAW_BODY, validation_error
 from gateway.dialects.responses_reasoning import asks_encrypted_content, decoded_blocks, honoured_include, restored
+from gateway.dialects.unmodelled import unmodelled_field
 from gateway.errors import ApiError
 
 
@@ -106,6 +107,10 @@ class ReasoningItem(_Wire, tag_field="type", tag="reasoning"):
 
 Item = MessageItem | FunctionCallItem | FunctionCallOutputItem | ReasoningItem
 _ITEM: Any = Item  # for ``_convert``, which takes a type
+# An answer's fields, on output items a client sends back as they came: they ask nothing of the next one.
+_ANSWER_ONLY: dict[type, frozenset[str]] = {t: frozenset(f.split()) for t, f in [
+    (MessageItem, "id status phase"), (OutputText, "annotations logprobs"), (ReasoningItem, "id status content"),
+    (FunctionCallItem, "status caller namespace async"), (FunctionCallOutputItem, "id status caller name namespace")]}
 
 
 # What is translated to chat is read strictly: a field these do not model is a 400 naming it.
@@ -310,12 +315,15 @@ def _response_format(fmt: TextFormat) -> ResponseFormat | None:
         strict=fmt.strict if isinstance(fmt.strict, bool) else UNSET))
 
 
-def _items(raw: list[dict[str, Any]]) -> list[Item]:
+def _items(raw: list[dict[str, Any]], sent: bool = True) -> list[Item]:
+    """Items read for chat: in those the client ``sent`` (not a kept conversation's), a field unread is a 400."""
     items: list[Item] = []
     for i, entry in enumerate(raw):
         if isinstance(entry, dict) and "type" not in entry and "role" in entry:
             entry = {"type": "message"} | entry
         item = _convert(entry, _ITEM, f"input[{i}]")
+        if sent and (path := unmodelled_field(entry, item, f"input[{i}]", _ANSWER_ONLY)):
+            raise _unsupported(path)
         if isinstance(item, FunctionCallOutputItem) and not isinstance(item.output, str):
             for j, part in enumerate(item.output):
                 if not isinstance(part, InputText):
@@ -413,7 +421,7 @@ def _context_messages(context: list[dict[str, Any]]) -> list[ChatMessage]:
     field that brought it, not an ``input[i]`` of a request whose input holds no such item."""
     try:
         return _item_messages(_items([i for i in context if i.get("type") in _ID_PREFIX
-                                      or decoded_blocks(i.get("encrypted_content"))]))
+                                      or decoded_blocks(i.get("encrypted_content"))], sent=False))
     except ApiError as exc:
         raise ApiError(400, f"the conversation previous_response_id continues cannot be served by this model: "
                        f"an earlier turn's {exc.message}", param="previous_response_id", code=exc.code) from None

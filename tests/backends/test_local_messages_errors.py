@@ -65,3 +65,16 @@ def test_a_field_named_already_is_left_as_it_is(client: anthropic.Anthropic) -> 
         client.messages.create(model="tiny", max_tokens=4, messages=[{"role": "user", "content": "hi"}],
                                thinking={"type": "enabled", "budget_tokens": 1024})
     assert info.value.body["error"]["message"] == "'thinking' is not supported by the local engine"  # type: ignore[index]
+
+
+def test_a_nested_field_the_engine_cannot_honour_is_named(env: Env) -> None:
+    """The engine gets the request translated to chat: a field in a message, a block or a tool that the
+    translation has no place for is refused by name, as one at the top is, not dropped."""
+    blocks = [{"type": "text", "text": "hi", "citations": [{"type": "char_location", "cited_text": "hi",
+                                                            "document_index": 0, "start_char_index": 0,
+                                                            "end_char_index": 2}]}]
+    response = httpx.post(env.server.url + "/v1/messages", headers={"x-api-key": KEY},
+                          json={"model": "tiny", "max_tokens": 4, "messages": [{"role": "user", "content": blocks}]})
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["message"] == (
+        "messages[0].content[0].citations: the field 'citations' is served only by Anthropic deployments")

@@ -207,6 +207,15 @@ def test_modelled_nested_fields_still_work(env: Env) -> None:
     assert [c for c in stream][-1].usage.completion_tokens == 2
 
 
+def test_a_strict_sent_as_null_asks_for_nothing(env: Env) -> None:
+    """A function's and a JSON schema format's ``strict`` may be null in OpenAI's schema: taken as unset."""
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}, "strict": None}}]
+    fmt = {"type": "json_schema", "json_schema": {"name": "o", "schema": {"type": "object"}, "strict": None}}
+    reply = env.client().chat.completions.create(model="tiny", messages=MESSAGES, tools=tools,  # type: ignore[arg-type]
+                                                 tool_choice="none", response_format=fmt, max_tokens=2)  # type: ignore[arg-type]
+    assert reply.choices[0].finish_reason in ("length", "stop")
+
+
 def test_an_answer_sent_back_as_history_is_taken(env: Env) -> None:
     """The usual multi-turn loop: the previous answer's message object appended as it came, with the
     fields only an answer has (``refusal``, ``annotations``, ``audio``, ``reasoning_content``,

@@ -7,6 +7,7 @@ chunks come in. The anthropic SDK (or raw HTTP) against a gateway in front of th
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import anthropic
@@ -82,6 +83,24 @@ UNTRANSLATABLE: list[tuple[dict[str, Any], str]] = [
     ({"messages": [{"role": "user", "content": "q"}], "container": "container_1"}, "container"),
     ({"messages": [{"role": "user", "content": "q"}], "service_tier": "standard_only"}, "service_tier"),
     ({"messages": [{"role": "user", "content": "q"}], "stop_sequence": ["END"]}, "stop_sequence"),  # a typo
+    # nested fields chat has no place for are named too, not dropped
+    ({"messages": [{"role": "user", "content": "q", "name": "bob"}]}, "messages[0].name"),
+    ({"messages": [{"role": "user", "content": [{"type": "text", "text": "q", "citations": [
+        {"type": "char_location", "cited_text": "q", "document_index": 0, "start_char_index": 0,
+         "end_char_index": 1}]}]}]}, "messages[0].content[0].citations"),
+    ({"messages": [{"role": "user", "content": [{"type": "image", "source": {
+        "type": "url", "url": "https://x/a.png", "detail": "low"}}]}]}, "messages[0].content[0].source.detail"),
+    ({"messages": [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": [
+        {"type": "text", "text": "r", "citations": []}]}]}]}, "messages[0].content[0].content[0].citations"),
+    ({"messages": [{"role": "user", "content": "q"}], "system": [{"type": "text", "text": "s", "frob": 1}]},
+     "system[0].frob"),
+    ({"messages": [{"role": "user", "content": "q"}],
+      "tools": [{"name": "f", "input_schema": {"type": "object"}, "input_examples": [{"x": 1}]}]},
+     "tools[0].input_examples"),
+    ({"messages": [{"role": "user", "content": "q"}], "tools": [{"name": "f", "input_schema": {}}],
+      "tool_choice": {"type": "auto", "frob": True}}, "tool_choice.frob"),
+    ({"messages": [{"role": "user", "content": "q"}], "metadata": {"user_id": "u", "session": "s"}},
+     "metadata.session"),
 ]
 
 
@@ -100,6 +119,27 @@ def test_an_unknown_field_set_to_null_changes_nothing(env: GatewayEnv, upstream:
     response = _post(env, {"messages": [{"role": "user", "content": "q"}], "container": None})
     assert response.status_code == 200, response.text
     assert "container" not in upstream.last.json
+
+
+def test_nested_fields_set_to_null_or_known_change_nothing(env: GatewayEnv, upstream: FakeUpstream) -> None:
+    """A null asks for nothing at any depth (a block sent back as an SDK gave it: ``citations: null``;
+    ``cache_control`` and a tool's ``type``, which Anthropic's schema lets be null); a client tool's
+    own ``type: custom``, ``cache_control`` and ``eager_input_streaming`` (a delivery hint) are
+    Anthropic's fields the gateway knows."""
+    response = _post(env, {
+        "system": [{"type": "text", "text": "s", "cache_control": None}],
+        "messages": [{"role": "user", "content": [{"type": "text", "text": "q", "citations": None,
+                                                   "cache_control": {"type": "ephemeral"}},
+                                                  {"type": "text", "text": "r", "cache_control": None}], "name": None}],
+        "tools": [{"type": "custom", "name": "f", "input_schema": {"type": "object"}, "input_examples": None,
+                   "cache_control": {"type": "ephemeral"}, "eager_input_streaming": True},
+                  {"type": None, "name": "g", "input_schema": {"type": "object"}, "cache_control": None}],
+        "tool_choice": {"type": "auto", "frob": None}, "metadata": {"user_id": "u", "session": None}})
+    assert response.status_code == 200, response.text
+    sent = upstream.last.json
+    assert sent["messages"][1]["content"] == [{"type": "text", "text": "q"}, {"type": "text", "text": "r"}]
+    assert [t["function"]["name"] for t in sent["tools"]] == ["f", "g"] and sent["user"] == "u"
+    assert "eager_input_streaming" not in json.dumps(sent["tools"])  # a hint for Anthropic alone
 
 
 def test_whole_and_streamed_answers_agree(client: anthropic.Anthropic, upstream: FakeUpstream) -> None:

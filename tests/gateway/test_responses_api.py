@@ -186,6 +186,16 @@ def test_a_hosted_tool_is_a_400_naming_it(env: GatewayEnv, upstream: FakeUpstrea
      "input[0].content[0].file_id"),
     ({"role": "user", "content": [{"type": "input_file", "file_url": "https://x/a.pdf"}]},
      "input[0].content[0].file_url"),
+    # a field chat has no place for, in an item or a part, is named, not dropped
+    ({"role": "user", "content": "x", "brand_new": 1}, "input[0].brand_new"),
+    ({"role": "user", "content": [{"type": "input_text", "text": "x", "brand_new": 1}]},
+     "input[0].content[0].brand_new"),
+    ({"role": "assistant", "content": [{"type": "output_text", "text": "x", "brand_new": 1}]},
+     "input[0].content[0].brand_new"),
+    ({"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}", "brand_new": 1}, "input[0].brand_new"),
+    ({"type": "function_call_output", "call_id": "c", "output": "r", "brand_new": 1}, "input[0].brand_new"),
+    ({"type": "function_call_output", "call_id": "c", "output": [{"type": "input_text", "text": "r", "brand_new": 1}]},
+     "input[0].output[0].brand_new"),
 ])
 def test_a_bad_input_item_names_its_field(env: GatewayEnv, upstream: FakeUpstream, item: dict[str, object],
                                           param: str) -> None:
@@ -193,6 +203,24 @@ def test_a_bad_input_item_names_its_field(env: GatewayEnv, upstream: FakeUpstrea
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"] == param
     assert not upstream.received
+
+
+def test_output_items_sent_back_as_they_came_are_translated(env: GatewayEnv, upstream: FakeUpstream) -> None:
+    """An earlier response's output items, sent back as the openai SDK gives them (ids, statuses, an
+    assistant message's phase, a text's annotations and logprobs, a reasoning item's content): an
+    answer's fields, which ask nothing of the next one, and so do nulls."""
+    output = [
+        {"type": "reasoning", "id": "rs_1", "summary": [], "content": [{"type": "reasoning_text", "text": "t"}],
+         "status": "completed"},
+        {"type": "message", "id": "msg_1", "status": "completed", "role": "assistant", "phase": "final_answer",
+         "content": [{"type": "output_text", "text": "hi", "annotations": [], "logprobs": []}]},
+        {"type": "function_call", "id": "fc_1", "call_id": "c", "name": "f", "arguments": "{}", "status": "completed",
+         "caller": {"type": "direct"}, "namespace": None},
+        {"type": "function_call_output", "id": "fco_1", "call_id": "c", "output": "r", "status": "completed"},
+        {"role": "user", "content": "next", "brand_new": None}]
+    r = _post(env, {"model": "echo", "input": output})
+    assert r.status_code == 200, r.text
+    assert [m["role"] for m in upstream.last.json["messages"]] == ["assistant", "tool", "user"]
 
 
 def test_max_output_tokens_is_bounded_like_max_tokens(env: GatewayEnv, upstream: FakeUpstream) -> None:

@@ -114,6 +114,16 @@ def test_response_format_passed_through(client: openai.OpenAI, upstream: FakeUps
     assert upstream.last.json["response_format"] == fmt
 
 
+def test_a_strict_sent_as_null_is_relayed_as_sent(client: openai.OpenAI, upstream: FakeUpstream) -> None:
+    """OpenAI's schema lets a function's and a JSON schema format's ``strict`` be null (the openai SDK's
+    ``Optional[bool]``; pydantic-built tools send it so): no 400, the upstream gets it as sent."""
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}, "strict": None}}]
+    fmt = {"type": "json_schema", "json_schema": {"name": "o", "schema": {"type": "object"}, "strict": None}}
+    client.chat.completions.create(model="echo", messages=[{"role": "user", "content": "hi"}],
+                                   tools=tools, response_format=fmt)  # type: ignore[arg-type]
+    assert upstream.last.json["tools"] == tools and upstream.last.json["response_format"] == fmt
+
+
 def test_unary_answer_relayed_field_by_field(client: openai.OpenAI, upstream: FakeUpstream) -> None:
     upstream.rich = True
     reply = client.chat.completions.create(model="echo", messages=[{"role": "user", "content": "hi"}])
