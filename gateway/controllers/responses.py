@@ -114,10 +114,13 @@ def _upstream_knows(response_id: str) -> Iterator[None]:
         raise
 
 
-def _passed_query(raw: bytes) -> str:
-    """A request's query as it came, for the upstream; a byte a request line cannot hold as it is (a
-    space, a control or non-ASCII byte) percent-encoded."""
-    return "".join(chr(b) if 0x20 < b < 0x7F else f"%{b:02X}" for b in raw)
+def _passed_query(raw: bytes, stream: bool) -> str:
+    """A request's query as it came, for the upstream, but ``stream`` as the gateway read it (``1``
+    is ``true``: the upstream must answer what the gateway relays); a byte a request line cannot hold
+    as it is (a space, a control or non-ASCII byte) percent-encoded."""
+    query = "".join(chr(b) if 0x20 < b < 0x7F else f"%{b:02X}" for b in raw)
+    return "&".join(f"stream={'true' if stream else 'false'}" if part.partition("=")[0] == "stream" else part
+                    for part in query.split("&"))
 
 
 def _check_continuable(previous: str, kept: Kept) -> None:
@@ -337,7 +340,7 @@ class ResponsesController(Controller):
             kept = await _kept(services, principal, response_id)
             store = _store(services)
             if kept.deployment is not None and store is not None:  # still running: the upstream answers
-                query = _passed_query(request.scope.get("query_string", b""))
+                query = _passed_query(request.scope.get("query_string", b""), stream)
                 with _upstream_knows(response_id):
                     if stream:
                         return await held_events(pipeline_of(request), store, principal, response_id, kept, query,

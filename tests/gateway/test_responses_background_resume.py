@@ -164,3 +164,17 @@ def test_a_stream_a_poll_and_the_follower_that_all_see_the_end_meter_it_once(
     assert [event.sequence_number for event in [first, *rest]] == list(range(len(rest) + 1))
     started, ended = _metered(db, tenant)
     _assert_spent(client, started, ended, "completed")
+
+
+def test_a_stream_asked_with_another_true_spelling_is_asked_of_the_upstream_as_true(
+        polled: Gateway, native: FakeResponsesUpstream) -> None:
+    """``stream=1`` reads as true to the gateway, which then relays an event stream: the upstream is
+    asked ``stream=true``, the value the gateway read, not a spelling it may read otherwise; the
+    rest of the query goes as sent."""
+    _, client, response_id = _started(polled)
+    url = f"{client.base_url}responses/{response_id}?stream=1&starting_after=1"
+    with httpx.stream("GET", url, headers={"Authorization": f"Bearer {client.api_key}"}) as answer:
+        assert answer.status_code == 200 and answer.headers["content-type"].startswith("text/event-stream")
+        first = next(line for line in answer.iter_lines() if line.startswith("data:"))
+    assert json.loads(first[5:])["sequence_number"] == 2
+    assert parse_qs(native.queries[-1]) == {"stream": ["true"], "starting_after": ["1"]}
