@@ -16,7 +16,9 @@ from backends.openai_wire import WireStruct
 # 12288), so a typo or an absurd value (0, negative, 10**23) is a 400 here, never relayed upstream.
 MAX_EMBEDDING_DIMENSIONS = 65536
 
-EmbeddingInput = str | Annotated[list[str | int | list[int]], Meta(min_length=1)]
+# An empty string or token list is a 400 naming it (``input[1]``), as in a completions batch.
+_Text = Annotated[str, Meta(min_length=1)]
+EmbeddingInput = _Text | Annotated[list[_Text | int | Annotated[list[int], Meta(min_length=1)]], Meta(min_length=1)]
 
 
 class EmbeddingRequest(WireStruct, kw_only=True, dict=True):  # dict: the client's fields kept for pass-through
@@ -28,24 +30,17 @@ class EmbeddingRequest(WireStruct, kw_only=True, dict=True):  # dict: the client
 
     def inputs(self) -> list[str] | list[list[int]]:
         """The input as a list: strings, or token-id lists (a flat list of ids is one input).
-        Raises ValueError on a mixture or an empty input (the gateway answers 400 on ``input``)."""
+        Raises ValueError on a mixture (the gateway answers 400 on ``input``); decoding refused an empty one."""
         value = self.input
         if isinstance(value, str):
-            texts = [value]
-        elif all(isinstance(v, str) for v in value):
-            texts = [v for v in value if isinstance(v, str)]
-        elif all(isinstance(v, int) for v in value):
+            return [value]
+        if all(isinstance(v, str) for v in value):
+            return [v for v in value if isinstance(v, str)]
+        if all(isinstance(v, int) for v in value):
             return [[v for v in value if isinstance(v, int)]]
-        elif all(isinstance(v, list) for v in value):
-            ids = [v for v in value if isinstance(v, list)]
-            if not all(ids):
-                raise ValueError("input must not contain an empty list of token ids")
-            return ids
-        else:
-            raise ValueError("input must be a string, a list of strings, a list of token ids or a list of such lists")
-        if not all(texts):
-            raise ValueError("input must not contain an empty string")
-        return texts
+        if all(isinstance(v, list) for v in value):
+            return [v for v in value if isinstance(v, list)]
+        raise ValueError("input must be a string, a list of strings, a list of token ids or a list of such lists")
 
     @property
     def listed(self) -> bool:

@@ -1,5 +1,6 @@
-"""Optional embeddings fields take null (the default) as OpenAI does; a bad ``dimensions`` and an empty
-token list in a completions batch are refused at the gateway, before anything goes upstream."""
+"""Optional embeddings fields take null (the default) as OpenAI does; a bad ``dimensions``, an empty
+embeddings input and an empty token list in a completions batch are refused at the gateway, before
+anything goes upstream."""
 
 from __future__ import annotations
 
@@ -44,6 +45,19 @@ def test_embeddings_take_the_largest_dimensions(env: GatewayEnv, upstream: FakeU
                                           "encoding_format": "base64"})
     assert answer.status_code == 200, answer.text[:300]
     assert upstream.last.json["dimensions"] == 65536
+
+
+@pytest.mark.parametrize(("given", "param"), [
+    ("", "input"), (["a", ""], "input[1]"), ([[1, 2], []], "input[1]"), ([[]], "input[0]"),
+])
+def test_embeddings_name_the_empty_input_of_a_batch(env: GatewayEnv, upstream: FakeUpstream, given: Any,
+                                                    param: str) -> None:
+    """An empty string or token list is refused as ``input`` of a completions batch is: by its index."""
+    answer = post(env, "/embeddings", {"model": "echo", "input": given})
+    assert answer.status_code == 400, answer.text
+    error = answer.json()["error"]
+    assert (error["param"], error["code"]) == (param, "invalid_value") and param in error["message"]
+    assert not upstream.received
 
 
 @pytest.mark.parametrize("prompt", [[[1, 2], []], [[]]])
