@@ -22,7 +22,6 @@ from gateway.admin.params import refuse_nul
 from gateway.admin.schemas import AdminBody, KeyCreate, KeyRotate, LimitsBody, TenantCreate, TenantUpdate, decode
 from gateway.admin.service import AdminError, CreatedKey, TenancyService, page_query
 from gateway.auth.audit import EVENTS, list_events
-from gateway.auth.authenticator import ADMIN_KEY_ID
 from gateway.body import request_content
 from gateway.contracts import Authenticator, Principal
 from gateway.controllers.docs import error_responses
@@ -189,8 +188,8 @@ class UsageController(Controller):
         key_id: str | None = None,
     ) -> dict[str, Any]:
         q = _report_query(start, end, group_by, ("tenant", "model", "day"), key_id=key_id)
-        if key_id is not None and key_id != ADMIN_KEY_ID:  # a typo is a 404, as a tenant's is, not an empty range
-            await svc.get_key(key_id)
+        if key_id is not None:
+            await svc.check_key_filter(key_id)
         if tenant_id is not None:  # an id or a name, as everywhere else in the admin API
             q = replace(q, tenant_id=(await svc.get_tenant(tenant_id, param="tenant_id")).id)
         return {"object": "list", "data": await usage_report(db, q)}
@@ -220,6 +219,8 @@ class AuditController(Controller):
             start = parse_day(since, "since") if since else None
         except ParameterError as exc:
             raise AdminError(exc.message, param=exc.param) from None
+        if key_id is not None:
+            await svc.check_key_filter(key_id)
         if tenant_id is not None:
             tenant_id = (await svc.get_tenant(tenant_id, param="tenant_id")).id
         rows = await list_events(db, event=event, key_id=key_id, tenant_id=tenant_id, client=client, since=start,

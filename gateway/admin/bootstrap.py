@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from sqlalchemy import func, select
 
-from gateway.admin.service import TenancyService
+from gateway.admin.service import NotFound, TenancyService
 from gateway.db import migrate
 from gateway.db.engine import Database
 from gateway.db.models import ApiKey
@@ -34,8 +34,10 @@ async def bootstrap(url: str, progress: Callable[[str], None] | None = None) -> 
         if keys:
             return BootstrapResult(created=False)
         svc = TenancyService(db)
-        names = {t.name: t for t in (await svc.list_tenants()).items}
-        tenant = names.get(DEFAULT_TENANT) or await svc.create_tenant(DEFAULT_TENANT)
+        try:  # by its name as names are compared: "Default", made before, is the one (a second would conflict)
+            tenant = await svc.get_tenant(DEFAULT_TENANT)
+        except NotFound:
+            tenant = await svc.create_tenant(DEFAULT_TENANT)
         created = await svc.create_key(tenant.id, name="default")
         return BootstrapResult(True, tenant.id, created.key.id, created.secret)
     finally:

@@ -19,7 +19,7 @@ T = TypeVar("T")
 
 
 class UnknownCursor(LookupError):
-    """``after`` names no row of the listing's table."""
+    """``after`` names no row of the listing."""
 
 
 @dataclass(frozen=True)
@@ -37,7 +37,8 @@ class Page(Generic[T]):
 async def read_page(s: AsyncSession, query: Select[Any], model: Any, page: PageQuery) -> tuple[list[Any], bool]:
     """The rows of ``query`` (a select of ``model`` rows, unordered) on ``page``, and whether more follow."""
     if page.after is not None:
-        cursor = await s.get(model, page.after)
+        # a row of this listing, not only of its table: another tenant's key would place the page at its time
+        cursor = await s.scalar(query.where(model.id == page.after))
         if cursor is None:
             raise UnknownCursor(page.after)
         query = query.where(or_(model.created_at > cursor.created_at,

@@ -21,6 +21,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from backends.call import MAX_WEIGHT, MIN_WEIGHT
 from gateway.admin.pages import MAX_LIMIT, Page, PageQuery, UnknownCursor, read_page
+from gateway.auth.authenticator import ADMIN_KEY_ID
 from gateway.auth.keys import generate_key, new_id
 from gateway.db.engine import Database
 from gateway.db.models import ApiKey, Limit, Tenant, utcnow
@@ -119,7 +120,7 @@ class TenancyService:
             rows, more = await _read_page(s, select(Tenant), Tenant, page)
             return Page([tenant_view(t) for t in rows], more)
 
-    async def _tenant(self, s, ref: str, param: str = "tenant") -> Tenant:
+    async def _tenant(self, s, ref: str, param: str = "tenant_id") -> Tenant:
         """The tenant ``ref`` names (its id, or its name up to case and Unicode form); else a 404
         naming ``param``, where the caller took it."""
         tenant = await s.get(Tenant, ref) or await s.scalar(select(Tenant).where(or_(
@@ -128,7 +129,7 @@ class TenancyService:
             raise NotFound(f"no tenant {ref!r}", param=param)
         return tenant
 
-    async def get_tenant(self, ref: str, param: str = "tenant") -> TenantView:
+    async def get_tenant(self, ref: str, param: str = "tenant_id") -> TenantView:
         async with self.db.session() as s:
             return tenant_view(await self._tenant(s, ref, param))
 
@@ -221,6 +222,12 @@ class TenancyService:
     async def get_key(self, key_id: str) -> KeyView:
         async with self.db.session() as s:
             return key_view(await self._key(s, key_id))
+
+    async def check_key_filter(self, key_id: str) -> None:
+        """A 404 unless ``key_id``, a filter of usage or the audit trail, names a key or the config's
+        admin key (which has no row): a typo must not read as "nothing in that range"."""
+        if key_id != ADMIN_KEY_ID:
+            await self.get_key(key_id)
 
     async def revoke_key(self, key_id: str) -> KeyView:
         """Idempotent: the first revocation's time stays, even when several arrive at once (the

@@ -45,6 +45,8 @@ def run(config: Any, job: Callable[[TenancyService, Database], Awaitable[T]]) ->
 
     try:
         return asyncio.run(go())
+    except BrokenPipeError:  # `usage export | head` has exited: Click ends quietly, as for any command's output
+        raise
     except (AdminError, SchemaNotReady, ValueError, OverflowError, SQLAlchemyError, OSError) as exc:
         if debugging():
             raise

@@ -35,7 +35,9 @@ def audit_list(
     async def job(svc: TenancyService, db: Database) -> list[dict[str, Any]]:
         if event is not None and event not in EVENTS:
             raise AdminError(f"--event must be one of {', '.join(EVENTS)}")
-        tenant_id = (await svc.get_tenant(tenant)).id if tenant else None
+        if key is not None:
+            await svc.check_key_filter(key)
+        tenant_id = (await svc.get_tenant(tenant)).id if tenant is not None else None  # "": not every tenant
         start = parse_day(since, "since") if since else None
         return await list_events(db, event=event, key_id=key, tenant_id=tenant_id, client=client, since=start,
                                  limit=limit)

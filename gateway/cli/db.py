@@ -23,7 +23,18 @@ from gateway.settings import ConfigError, Settings, load_settings, parse_setting
 # Tables take the terminal's width (or $COLUMNS), 80 columns when piped: scripts read --json instead.
 console = Console(highlight=False, soft_wrap=True,
                   width=None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 80)
-err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+class StderrConsole(Console):
+    """Progress lines and errors. Once stderr's reader is gone (``db upgrade 2>&1 | head``) its lines
+    are dropped: Rich's default ends the process there, and a migration's progress line comes
+    between a step's DDL and its version stamp (on SQLite that left the database half-migrated)."""
+
+    def on_broken_pipe(self) -> None:
+        self.quiet = True
+
+
+err = StderrConsole(stderr=True, highlight=False, soft_wrap=True)
 
 ConfigOpt = Annotated[
     Path | None,
@@ -63,10 +74,18 @@ def fail(message: str, code: int = 1) -> None:
     raise typer.Exit(code)
 
 
+def require_revision(revision: str) -> None:
+    """An empty ``--revision`` (an unset shell variable) is one line, not alembic's bare AssertionError."""
+    if not revision:
+        fail("--revision is empty: give head, base, a revision id (see `switchyard db current`) or a step "
+             "such as -1")
+
+
 @db_app.command()
 def upgrade(config: ConfigOpt = None, revision: str = typer.Option("head", help="Target revision.")) -> None:
     """Migrate the database up to REVISION (default: the latest)."""
     url = settings_from(config).database.url
+    require_revision(revision)
     target = revision if revision != "head" else migrate.head_revision()
     err.print(f"migrating {safe_url(url)} to {target} ...")
     try:
@@ -75,7 +94,7 @@ def upgrade(config: ConfigOpt = None, revision: str = typer.Option("head", help=
         if debugging():
             raise
         fail(f"upgrade of {safe_url(url)} failed: {explain(exc, url)}")
-    console.print(f"database {safe_url(url)} is at revision {reached}")
+    console.print(f"database {safe_url(url)} is at revision {reached or '(empty)'}")
 
 
 @db_app.command()
@@ -84,13 +103,14 @@ def downgrade(
 ) -> None:
     """Migrate the database down to REVISION (default: one step)."""
     url = settings_from(config).database.url
+    require_revision(revision)
     try:
-        migrate.downgrade(url, revision, progress=lambda line: err.print(f"  {safe(line)}"))
+        reached = migrate.downgrade(url, revision, progress=lambda line: err.print(f"  {safe(line)}"))
     except Exception as exc:
         if debugging():
             raise
         fail(f"downgrade of {safe_url(url)} failed: {explain(exc, url)}")
-    console.print(f"database {safe_url(url)} downgraded to {revision}")
+    console.print(f"database {safe_url(url)} is at revision {reached or '(empty)'}")
 
 
 @db_app.command()

@@ -7,6 +7,7 @@ key, a bad value) to their fix; ``GuardedTyper`` applies it around every command
 
 from __future__ import annotations
 
+import errno
 import os
 import sys
 from typing import Any
@@ -26,6 +27,8 @@ _UNMIGRATED = ("no such table", "undefinedtable", "relation")
 _UNREACHABLE = ("connect", "refused", "timeout", "timed out", "unable to open database", "authentication failed",
                 "name or service", "no route", "could not translate", "database \"", "server closed")
 _LISTS = {"tenant": "switchyard tenant list", "key": "switchyard key list"}
+# a write's errors, never a connection's: the database's own full disk comes as its error, not as one of these
+_DISK_FULL = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
 
 
 def first_line(text: object) -> str:
@@ -52,6 +55,8 @@ def explain(exc: BaseException, url: str | URL | None = None) -> str:
     if isinstance(exc, OSError) and exc.filename is not None and not isinstance(exc, ConnectionError | TimeoutError):
         # a file the command reads or writes (an --output, a folder), not the database: sockets have no file name
         return f"{exc.filename}: {exc.strerror or reason}"
+    if isinstance(exc, OSError) and exc.errno in _DISK_FULL:  # under a redirected listing or an export's -o
+        return f"cannot write the output: {exc.strerror or reason}"
     if isinstance(exc, ConnectionError | TimeoutError) or (isinstance(exc, OSError) and exc.errno is not None) or (
             isinstance(exc, SQLAlchemyError) and any(s in reason.lower() for s in _UNREACHABLE)):
         return (f"cannot reach the database{where}: {reason}. Check that it is running and that database.url "

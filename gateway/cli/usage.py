@@ -67,10 +67,11 @@ def _bounds(start: str | None, end: str | None, since: str | None) -> tuple[date
 
 
 async def _filters(svc: TenancyService, tenant: str | None, key: str | None) -> str | None:
-    """The id of the tenant ``--tenant`` names; an unknown tenant or ``--key`` is an error, not an empty range."""
-    if key:
-        await svc.get_key(key)
-    return (await svc.get_tenant(tenant)).id if tenant else None
+    """The id of the tenant ``--tenant`` names; an unknown tenant or ``--key`` is an error, not an empty
+    range, and an empty one (an unset shell variable) too, not every tenant's usage."""
+    if key is not None:
+        await svc.check_key_filter(key)
+    return (await svc.get_tenant(tenant)).id if tenant is not None else None
 
 
 @usage_app.command("report")
@@ -89,7 +90,7 @@ def usage_report_cmd(
     if fmt not in ("table", "csv", "json"):
         fail("--format must be table, csv or json")
     lo, hi = _bounds(start, end, since)
-    groups = tuple(g.strip() for g in by.split(",") if g.strip())
+    groups = tuple(dict.fromkeys(g.strip() for g in by.split(",") if g.strip()))  # a group named twice: one column
 
     async def job(svc: TenancyService, db: Database) -> list[dict[str, Any]]:
         tenant_id = await _filters(svc, tenant, key)

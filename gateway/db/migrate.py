@@ -42,12 +42,18 @@ def alembic_config(url: str) -> Config:
 
 
 def _with_progress(cfg: Config, progress: Callable[[str], None] | None) -> Config:
-    """Call ``progress`` with a line after each migration step is applied."""
+    """Call ``progress`` with a line after each migration step is applied. A line that cannot be
+    written (``db upgrade 2>&1 | head``: EPIPE once head has gone) is dropped: alembic calls this
+    between a step's DDL and its version stamp, and on SQLite, whose DDL is not transactional, a
+    failure there left the database half-migrated."""
     if progress is not None:
         def step(*, step: Any, **_: Any) -> None:
             doc = (step.up_revision.doc or "").strip().splitlines()
             verb = "applied" if step.is_upgrade else "reverted"
-            progress(f"{verb} {step.up_revision_id}: {doc[0] if doc else ''}")
+            try:
+                progress(f"{verb} {step.up_revision_id}: {doc[0] if doc else ''}")
+            except (OSError, ValueError):  # a closed or broken stream (ValueError: I/O on a closed file)
+                pass
 
         cfg.attributes["on_version_apply"] = step
     return cfg
@@ -66,11 +72,19 @@ def upgrade(url: str, revision: str = "head", progress: Callable[[str], None] | 
                      "on it: nothing to migrate")
         return found.current
     command.upgrade(_with_progress(alembic_config(url), progress), revision)
-    return head_revision() if revision == "head" else revision
+    return current_revision(url)
 
 
-def downgrade(url: str, revision: str = "-1", progress: Callable[[str], None] | None = None) -> None:
+def downgrade(url: str, revision: str = "-1", progress: Callable[[str], None] | None = None) -> str | None:
+    """Migrate down to ``revision``; return the revision the database is at then (None: empty)."""
     command.downgrade(_with_progress(alembic_config(url), progress), revision)
+    return current_revision(url)
+
+
+def current_revision(url: str) -> str | None:
+    """The revision the database is at, as read from it (None: empty): what a run reached, which is
+    not the revision asked for when there was nothing to do (an upgrade to an older revision)."""
+    return asyncio.run(_state_of(url)).current
 
 
 @cache

@@ -344,6 +344,18 @@ async def test_a_bad_page_is_400_naming_the_parameter(api: httpx.AsyncClient) ->
         assert_error(await api.get("/admin/v1/keys", params=params, headers=admin()), 400, param)
 
 
+async def test_a_page_after_another_tenants_key_is_400(api: httpx.AsyncClient) -> None:
+    """``after`` naming a key outside the listing (another tenant's) once placed the page at that
+    key's creation time, silently skipping or repeating rows: it names no row of this listing."""
+    mine, theirs = await new_tenant(api), await new_tenant(api)
+    for tenant in (mine, theirs):
+        assert (await api.post("/admin/v1/keys", json={"tenant_id": tenant["id"]}, headers=admin())).status_code == 201
+    other = (await api.get(f"/admin/v1/tenants/{theirs['id']}/keys", headers=admin())).json()["last_id"]
+    for path, query in ((f"/admin/v1/tenants/{mine['id']}/keys", {}), ("/admin/v1/keys", {"tenant_id": mine["id"]})):
+        assert_error(await api.get(path, params=query | {"after": other}, headers=admin()), 400, "after")
+    assert (await api.get("/admin/v1/keys", params={"after": other}, headers=admin())).status_code == 200
+
+
 
 def test_an_empty_body_patches_nothing_and_puts_nothing(pg_admin_api: httpx.Client) -> None:
     """Through the real app: a PATCH with no body (zero bytes, or only blanks, compressed or not)

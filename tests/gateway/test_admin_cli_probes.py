@@ -139,3 +139,54 @@ def test_a_usage_range_of_an_unknown_key_is_an_error_not_an_empty_range(cli: tup
     tenant = run.json("tenant", "create", f"k-{uuid.uuid4().hex[:6]}")
     key = run.json("key", "create", "--tenant", tenant["id"])
     assert run.json("usage", "report", "--key", key["id"], "--start", "2001-01-01", "--end", "2001-01-01") == []
+
+
+def test_audit_of_an_unknown_key_is_an_error_and_the_config_admin_key_is_known(cli: tuple[Cli, str]) -> None:
+    """``audit list --key`` with a mistyped id once printed "(none)" (exit 0), as ``usage --key`` no
+    longer does; ``usage report --key admin:config`` (the config's admin key, which has no row, and
+    whose usage the API reports) was "no key 'admin:config'"."""
+    run, _ = cli
+    done = run("audit", "list", "--key", "key_nosuchkey", ok=False)
+    assert done.returncode == 1 and done.stderr == "error: no key 'key_nosuchkey' (see `switchyard key list`)\n", \
+        done.stderr
+    assert isinstance(run.json("audit", "list", "--key", "admin:config"), list)
+    assert run.json("usage", "report", "--key", "admin:config", "--start", "2001-01-01", "--end", "2001-01-01") == []
+
+
+def test_an_empty_tenant_or_key_filter_is_an_error_not_every_tenant(cli: tuple[Cli, str], tmp_path: Path) -> None:
+    """``usage export --tenant "$TENANT" -o acme.csv`` with the variable unset once exported every
+    tenant's requests (an empty ``--tenant`` read as no filter; ``audit list`` likewise), and an
+    empty ``--key`` read as "no usage in that range"; ``key list --tenant ""`` was already refused."""
+    run, url = cli
+    tenant = run.json("tenant", "create", f"x-{uuid.uuid4().hex[:6]}")
+    write_usage(url, run.cwd / f"journal-{uuid.uuid4().hex}", tenant["id"], [DAY])
+    out = tmp_path / "acme.csv"
+    for option, named in (("--tenant", "no tenant ''"), ("--key", "no key ''")):
+        for args in (("usage", "report"), ("usage", "export", "-o", str(out)), ("audit", "list")):
+            done = run(*args, option, "", ok=False)
+            assert done.returncode == 1 and done.stderr.startswith(f"error: {named}"), (args, option, done.stderr)
+    assert not out.exists()
+
+
+def test_a_group_named_twice_is_one_column(cli: tuple[Cli, str]) -> None:
+    """``--by tenant,day,tenant --format csv`` once wrote the tenant twice in the header and in every row."""
+    run, url = cli
+    tenant = run.json("tenant", "create", f"g-{uuid.uuid4().hex[:6]}")
+    write_usage(url, run.cwd / f"journal-{uuid.uuid4().hex}", tenant["id"], [DAY])
+    sheet = run("usage", "report", "--tenant", tenant["id"], "--by", "tenant,day,tenant", "--format", "csv").stdout
+    assert sheet.splitlines()[0].split(",")[:3] == ["tenant", "day", "requests"]
+    assert sheet.splitlines()[1].startswith(f"{tenant['id']},2026-01-01,1,")
+
+
+def test_bootstrap_takes_a_tenant_named_default_in_another_case(tmp_path: Path) -> None:
+    """A tenant "Default" made before the first bootstrap (no key yet) is the default tenant: bootstrap
+    once failed creating "default" beside it (one name, a conflict), so `make run`, which runs it
+    first, never started."""
+    config = tmp_path / "boot.yaml"
+    config.write_text(f"database:\n  url: sqlite+aiosqlite:///{tmp_path / 'boot.db'}\n")
+    run = Cli(config, tmp_path)
+    run("db", "upgrade")
+    tenant = run.json("tenant", "create", "Default")
+    boot = run.json("bootstrap")
+    assert boot["created"] and boot["tenant_id"] == tenant["id"]
+    assert [t["name"] for t in run.json("tenant", "list")] == ["Default"]

@@ -135,6 +135,26 @@ async def test_audit_by_tenant_name_or_unknown_tenant(api: httpx.AsyncClient) ->
     assert_error(await api.get("/admin/v1/audit?tenant_id=ten_nope", headers=H), 404, "tenant_id")
 
 
+async def test_an_unknown_tenant_in_the_path_is_a_404_naming_tenant_id(api: httpx.AsyncClient) -> None:
+    """The path's parameter is ``tenant_id`` (as an unknown key's 404 names ``key_id``); these once named
+    ``tenant``, which no request of the API holds."""
+    for method, path in (("GET", ""), ("PATCH", ""), ("POST", "/disable"), ("POST", "/enable"), ("GET", "/keys"),
+                         ("GET", "/limits"), ("PUT", "/limits"), ("PATCH", "/limits")):
+        body = {} if method in ("PUT", "PATCH") else None
+        assert_error(await api.request(method, f"/admin/v1/tenants/ten_nope{path}", json=body, headers=H), 404,
+                     "tenant_id")
+
+
+async def test_audit_of_an_unknown_key_is_a_404_not_an_empty_trail(api: httpx.AsyncClient) -> None:
+    """As at /admin/v1/usage: a typo in key_id once read as "no events"; the config's admin key,
+    which has no row, is known."""
+    assert_error(await api.get("/admin/v1/audit?key_id=key_nope", headers=H), 404, "key_id")
+    key = (await api.post("/admin/v1/keys", json={"tenant_id": (await new_tenant(api))["id"]}, headers=H)).json()
+    for key_id in (key["id"], "admin:config"):
+        r = await api.get("/admin/v1/audit", params={"key_id": key_id}, headers=H)
+        assert r.status_code == 200 and r.json()["object"] == "list", r.text
+
+
 async def test_an_end_date_in_basic_form_includes_its_day(api: httpx.AsyncClient, db: Database,
                                                           tmp_path: Path) -> None:
     """``20260101`` is the same bare date as ``2026-01-01``: the whole day, not its first instant."""

@@ -208,3 +208,36 @@ def test_a_file_the_command_cannot_use_is_not_called_an_unreachable_database() -
     assert explain(IsADirectoryError(21, "Is a directory", "/tmp/out"), UNREACHABLE) == "/tmp/out: Is a directory"
     assert explain(FileExistsError(17, "File exists", "/tmp/m")) == "/tmp/m: File exists"
     assert explain(OSError(111, "Connect call failed"), UNREACHABLE).startswith("cannot reach the database at ")
+
+
+def test_a_full_disk_under_the_output_is_not_called_an_unreachable_database(tmp_path: Path) -> None:
+    """A listing redirected onto a full disk, or ``usage export -o`` onto one, once said "cannot reach
+    the database ...: [Errno 28] No space left on device. Check that it is running": the database is
+    fine, the output's disk is full."""
+    fresh = config_for(tmp_path, f"sqlite+aiosqlite:///{tmp_path / 'full.db'}")
+    assert run("db", "upgrade", "--config", fresh, cwd=tmp_path).returncode == 0
+    with open("/dev/full", "w") as full:
+        listing = subprocess.run([SWITCHYARD, "tenant", "list", "--json", "--config", fresh], cwd=tmp_path, env=ENV,
+                                 stdout=full, stderr=subprocess.PIPE, text=True, timeout=60)
+    export = run("usage", "export", "-o", "/dev/full", "--config", fresh, cwd=tmp_path)
+    for done in (listing, export):
+        assert done.returncode == 1 and done.stderr == "error: cannot write the output: No space left on device\n", \
+            done.stderr
+
+
+
+def test_an_output_whose_reader_has_gone_is_not_called_an_unreachable_database(tmp_path: Path) -> None:
+    """``switchyard usage export | head``: once head has exited, the next write fails with EPIPE, which
+    once read "cannot reach the database ...: [Errno 32] Broken pipe. Check that it is running". Every
+    command ends there as Click ends the others: exit 1, nothing said (its reader is gone)."""
+    fresh = config_for(tmp_path, f"sqlite+aiosqlite:///{tmp_path / 'pipe.db'}")
+    assert run("db", "upgrade", "--config", fresh, cwd=tmp_path).returncode == 0
+    for args in (("usage", "export"), ("tenant", "list", "--json"), ("usage", "report", "--format", "csv")):
+        read, write = os.pipe()
+        os.close(read)  # the reader is gone before the first line
+        try:
+            done = subprocess.run([SWITCHYARD, *args, "--config", fresh], cwd=tmp_path, env=ENV, stdout=write,
+                                  stderr=subprocess.PIPE, text=True, timeout=60)
+        finally:
+            os.close(write)
+        assert (done.returncode, done.stderr) == (1, ""), args

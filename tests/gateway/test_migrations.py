@@ -301,3 +301,70 @@ async def test_0017_adds_and_drops_the_metering_lease_keeping_unsettled_response
         await check_schema(db.engine)
     finally:
         await db.dispose()
+
+
+async def test_a_progress_line_that_cannot_be_written_leaves_the_migration_whole(empty_url: str) -> None:
+    """``switchyard db upgrade 2>&1 | head -3``: once head has exited, writing a progress line fails
+    (EPIPE). That failure came between a migration's DDL and its version stamp: on SQLite, whose DDL
+    alembic does not wrap in a transaction, the database was left half-migrated, and every later
+    upgrade failed on a table or index that already existed."""
+    shown: list[str] = []
+
+    def report(line: str) -> None:
+        shown.append(line)
+        if len(shown) > 2:
+            raise BrokenPipeError(32, "Broken pipe")
+
+    assert await asyncio.to_thread(migrate.upgrade, empty_url, "head", report) == migrate.head_revision()
+    assert len(shown) > 3  # every step was still offered to the report
+    db = Database.from_url(empty_url)
+    try:
+        await check_schema(db.engine)
+    finally:
+        await db.dispose()
+    assert await tables(empty_url) == TABLES
+
+
+def test_db_commands_say_the_revision_reached_and_refuse_an_empty_one(tmp_path: Path) -> None:
+    """``db upgrade --revision 0005_audit`` on a newer database changes nothing: it once said the
+    database was "at revision 0005_audit" (and ``db downgrade --revision head`` "downgraded to head");
+    an empty ``--revision`` was an ``AssertionError`` with no word of what was wrong."""
+    config = tmp_path / "conf.yaml"
+    config.write_text(f"database:\n  url: sqlite+aiosqlite:///{tmp_path / 'rev.db'}\n")
+    env = {k: None for k in os.environ if k.startswith("SWITCHYARD")}
+
+    def run(*args: str) -> Any:
+        return CliRunner().invoke(app, ["db", *args, "--config", str(config)], env=env)
+
+    head = migrate.head_revision()
+    for args, reached in ((("upgrade",), head), (("upgrade", "--revision", "0005_audit"), head),
+                          (("downgrade", "--revision", "head"), head), (("downgrade", "--revision", "0005_audit"),
+                                                                        "0005_audit"),
+                          (("downgrade", "--revision", "base"), "(empty)")):
+        done = run(*args)
+        assert done.exit_code == 0, done.stderr
+        assert done.stdout.strip().endswith(f"is at revision {reached}"), (args, done.stdout)
+    for command in ("upgrade", "downgrade"):
+        done = run(command, "--revision", "")
+        assert done.exit_code == 1 and done.stderr.startswith("error: --revision is empty"), done.stderr
+        assert done.stderr.count("\n") == 1 and "AssertionError" not in done.stderr, done.stderr
+
+
+def test_db_upgrade_piped_into_head_migrates_the_whole_way(tmp_path: Path) -> None:
+    """``switchyard db upgrade 2>&1 | head -2``: Rich ends the process at the first line it cannot
+    write (EPIPE once head has gone), and that line comes between a migration's DDL and its version
+    stamp: the SQLite database was left half-migrated, every later upgrade failing on an index that
+    already existed."""
+    config = tmp_path / "conf.yaml"
+    config.write_text(f"database:\n  url: sqlite+aiosqlite:///{tmp_path / 'piped.db'}\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SWITCHYARD")}
+    read, write = os.pipe()
+    upgrade = subprocess.Popen([str(Path(sys.executable).parent / "switchyard"), "db", "upgrade", "--config",
+                                str(config)], stdout=subprocess.DEVNULL, stderr=write, env=env)
+    os.close(write)
+    with os.fdopen(read) as lines:  # head: two lines, then gone
+        assert lines.readline().startswith("migrating ") and lines.readline().startswith("  applied 0001")
+    assert upgrade.wait(timeout=60) == 0
+    done = CliRunner().invoke(app, ["db", "current", "--json", "--config", str(config)],
+                              env={k: None for k in os.environ if k.startswith("SWITCHYARD")})
+    assert done.exit_code == 0 and '"up_to_date": true' in done.stdout, (done.stdout, done.stderr)
