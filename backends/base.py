@@ -365,6 +365,14 @@ class ServesResponses(Protocol):
         for ``stream``), opened: failures before its first event raise here."""
         ...
 
+    async def count_input_tokens(self, body: dict[str, Any]) -> dict[str, Any]:
+        """The upstream's ``response.input_tokens`` object for ``body`` (``POST /responses/input_tokens``)."""
+        ...
+
+    async def compact(self, body: dict[str, Any], ctx: CallContext) -> Completed[Any]:
+        """The upstream's compaction of ``body`` (``POST /responses/compact``), metered from its usage."""
+        ...
+
 
 @runtime_checkable
 class TokenCounting(Protocol):

@@ -47,6 +47,8 @@ from backends.openai_wire import (
 from backends.responses_http import (
     RelayedResponse,
     ResponsesEvent,
+    compact,
+    count_input_tokens,
     held_response,
     held_stream,
     respond,
@@ -182,6 +184,14 @@ class OpenAIHTTPBackend(HTTPBackend):
 
     async def held_stream(self, response_id: str, query: str) -> ChunkStream[ResponsesEvent]:
         return await held_stream(self.http, _held_path(response_id, "", query))
+
+    async def count_input_tokens(self, body: dict[str, Any]) -> dict[str, Any]:
+        return await count_input_tokens(self.http, upstream_body(body, self.config, False, None))
+
+    async def compact(self, body: dict[str, Any], ctx: CallContext = NO_CONTEXT) -> Completed[RelayedResponse]:
+        # no output cap added: compaction takes no max_output_tokens
+        return await compact(self.http, upstream_body(body, self.config, False, None),
+                             estimate_text(msgspec.json.encode(body.get("input")).decode()), self._headers(ctx))
 
     # ------------------------------------------------------------ internals
 

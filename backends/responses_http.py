@@ -7,6 +7,7 @@ upstream sent them; only usage is read, for metering.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from typing import Any, TypeGuard
 
 import msgspec
@@ -93,9 +94,11 @@ def upstream_body(body: dict[str, Any], config: DeploymentConfig, stream: bool, 
     return msgspec.json.encode(out)
 
 
-async def respond(http: HTTPUpstream, payload: bytes, prompt_estimate: int,
-                  headers: dict[str, str] | None) -> Completed[RelayedResponse]:
-    answer = await http.post("/responses", payload, headers)
+async def _object(http: HTTPUpstream, path: str, payload: bytes, headers: dict[str, str] | None,
+                  field: str) -> tuple[dict[str, Any], Mapping[str, str]]:
+    """The JSON object the upstream answers ``POST path`` with, redacted, and its head; one without
+    ``field`` (an ``{"error": ...}`` object with a 2xx) fails as what it names."""
+    answer = await http.post(path, payload, headers)
     raw = answer.body
     try:
         body = msgspec.json.decode(raw)
@@ -103,12 +106,38 @@ async def respond(http: HTTPUpstream, payload: bytes, prompt_estimate: int,
         raise UpstreamError(f"upstream {http.deployment_id} sent an invalid response: {exc}") from None
     if not isinstance(body, dict):
         raise UpstreamError(f"upstream {http.deployment_id} sent an invalid response")
-    if "status" not in body:  # no response: an {"error": ...} object with a 2xx fails as what it names
+    if field not in body:
         raise_if_error(raw)
     redact_failure(body)
+    return body, answer.headers
+
+
+async def respond(http: HTTPUpstream, payload: bytes, prompt_estimate: int,
+                  headers: dict[str, str] | None) -> Completed[RelayedResponse]:
+    body, head = await _object(http, "/responses", payload, headers, "status")
     meter = answer_meter(body, prompt_estimate)
     meter.first_token_at = time.perf_counter()
-    return answered(RelayedResponse(body), meter, answer.headers)
+    return answered(RelayedResponse(body), meter, head)
+
+
+async def count_input_tokens(http: HTTPUpstream, payload: bytes) -> dict[str, Any]:
+    """The upstream's ``response.input_tokens`` object, as it came."""
+    body, _ = await _object(http, "/responses/input_tokens", payload, None, "input_tokens")
+    if not isinstance(body.get("input_tokens"), int):
+        raise UpstreamError(f"upstream {http.deployment_id} sent no input_tokens")
+    return body
+
+
+async def compact(http: HTTPUpstream, payload: bytes, prompt_estimate: int,
+                  headers: dict[str, str] | None) -> Completed[RelayedResponse]:
+    """The upstream's ``response.compaction`` object, as it came, metered from its usage (the prompt
+    ``prompt_estimate`` and no output where it reports none)."""
+    body, head = await _object(http, "/responses/compact", payload, headers, "output")
+    meter = Meter(prompt_tokens=prompt_estimate, exact=False)
+    meter_tier(meter, body)
+    meter_usage(meter, body.get("usage"))
+    meter.first_token_at = time.perf_counter()
+    return answered(RelayedResponse(body), meter, head)
 
 
 def answer_meter(body: dict[str, Any], prompt_estimate: int) -> Meter:

@@ -23,6 +23,7 @@ from gateway.controllers.health import HealthController
 from gateway.controllers.messages import MessagesController
 from gateway.controllers.models import ModelsController
 from gateway.controllers.responses import ResponsesController
+from gateway.controllers.responses_input import ResponsesInputController
 from gateway.controllers.tokenize import TokenizeController
 from gateway.dialects.anthropic import on_messages_paths
 from gateway.drain import DRAIN
@@ -87,7 +88,7 @@ def create_app(
     app = GatewayApp(
         route_handlers=[
             ChatController, CompletionsController, EmbeddingsController, MessagesController, ModelsController,
-            HealthController, TokenizeController, ResponsesController,
+            HealthController, TokenizeController, ResponsesController, ResponsesInputController,
             DeploymentsController,
             *services.routes,
             *extra_routes,

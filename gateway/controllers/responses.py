@@ -1,6 +1,7 @@
 """``/v1/responses``: OpenAI's Responses API, passed through to deployments that serve it
 (``responses_api: true``) and translated to chat for every other; answers are kept per tenant
-(``store``, on by default as at OpenAI) for ``previous_response_id`` and the read endpoints."""
+(``store``, on by default as at OpenAI) for ``previous_response_id`` and the read endpoints.
+``input_tokens`` and ``compact`` are ``gateway.controllers.responses_input``."""
 
 from __future__ import annotations
 
@@ -15,33 +16,38 @@ from litestar.openapi.datastructures import ResponseSpec
 from litestar.params import Parameter
 from litestar.response import Stream
 
-from backends.base import Backend, BackendError, BadRequest, ChunkStream, Completed, Meter, ServesResponses
+from backends.base import Backend, BackendError, BadRequest, ChunkStream, Completed, Meter
 from backends.call import CallContext
 from backends.estimate import BOUND_PER_CONVERSATION, bound_text, estimate_text
-from backends.openai_wire import ChatCompletionRequest
 from gateway.calls import CallDescription, describe_chat
 from gateway.contracts import Principal
 from gateway.controllers.auth import authenticate_request, pipeline_of, principal_of
 from gateway.controllers.docs import api_post, error_responses
+from gateway.controllers.polled import headed, json_answer
 from gateway.dialects import Dialect
 from gateway.dialects.responses import responses_dialect
 from gateway.dialects.responses_params import responses_param
-from gateway.dialects.responses_reasoning import TRANSLATED_REASONING
 from gateway.dialects.responses_request import (
     ResponsesRequest,
     echoed_fields,
     listed,
-    raw_request,
     sent_items,
-    to_chat_request,
     wants_encrypted_reasoning,
 )
-from gateway.errors import ApiError, from_backend_error
+from gateway.errors import ApiError
 from gateway.held_events import held_events
-from gateway.held_responses import CONTINUABLE, UNFINISHED, finish_if_ended, kept_output, reach
+from gateway.held_responses import UNFINISHED, finish_if_ended, kept_output, reach
 from gateway.held_streams import OnEnd, OnHold, held_stream
 from gateway.held_usage import unsettled
-from gateway.json_response import JSONResponse
+from gateway.responses_context import (
+    Continued,
+    chat_request,
+    continued,
+    native,
+    passthrough_body,
+    previous_of,
+    serves_responses,
+)
 from gateway.services import Services
 from gateway.stored_responses import Kept, ResponseStore
 from gateway.streaming import SavedBeforeLast
@@ -76,25 +82,6 @@ async def _polled(request: Request[Any, Any, Any], response_id: str) -> dict[str
     return await pipeline_of(request).admit_poll(principal_of(request), "responses")
 
 
-@contextmanager
-def _headed(headers: dict[str, str]) -> Iterator[None]:
-    """An admitted poll's error answer (its 404, 400, an upstream's failure) with its rate-limit
-    ``headers``, as its answer and a request's failure after admission carry them."""
-    try:
-        yield
-    except ApiError as exc:
-        exc.headers = headers | exc.headers
-        raise
-    except BackendError as exc:
-        error = from_backend_error(exc)
-        error.headers = headers | error.headers
-        raise error from None
-
-
-def _answer(body: dict[str, Any], headers: dict[str, str]) -> JSONResponse:
-    return JSONResponse(msgspec.json.encode(body), headers=headers)
-
-
 async def _kept(services: Services, principal: Principal, response_id: str) -> Kept:
     store = _store(services)
     kept = await store.get(principal, response_id) if store is not None else None
@@ -123,45 +110,6 @@ def _passed_query(raw: bytes, stream: bool) -> str:
                     for part in query.split("&"))
 
 
-def _check_continuable(previous: str, kept: Kept) -> None:
-    """A kept response a conversation cannot continue from (one still running in the background,
-    failed or cancelled) is a 400 naming ``previous_response_id``: there is no answer to continue."""
-    status = kept.response.get("status")
-    if status not in CONTINUABLE:
-        raise ApiError(400, f"Previous response with id '{previous}' is {status}: only a completed or "
-                       "incomplete response can be continued", param="previous_response_id", code="invalid_value")
-
-
-def _serves_responses(backend: Any) -> bool:
-    return isinstance(backend, ServesResponses) and backend.serves_responses()
-
-
-def _for_upstream(item: dict[str, Any]) -> dict[str, Any]:
-    """A kept conversation item sent again as input: a message or function call without its id and
-    status (conversations kept before ``sent_items`` hold the ones this gateway gave them)."""
-    if item.get("type") in ("message", "function_call", "function_call_output"):
-        return {k: v for k, v in item.items() if k not in ("id", "status")}
-    return item
-
-
-def _translated_reasoning(item: dict[str, Any]) -> bool:
-    """A reasoning item this gateway made of a chat provider's reasoning text (see ``TRANSLATED_REASONING``)."""
-    return item.get("type") == "reasoning" and str(item.get("id", "")).startswith(TRANSLATED_REASONING)
-
-
-def _chat_request(data: ResponsesRequest, context: list[dict[str, Any]] | None,
-                  upstream_previous: str | None) -> ChatCompletionRequest:
-    """``data`` as a chat request continuing ``context``; a conversation that goes back to a response
-    only an upstream serving Responses holds (``upstream_previous``) is a 400 naming
-    ``previous_response_id``: chat cannot reach those turns, and would answer without them."""
-    if upstream_previous is not None:
-        raise ApiError(400, f"the conversation previous_response_id continues goes back to response "
-                       f"'{upstream_previous}', which only an upstream serving the Responses API holds; this "
-                       "model is served through chat completions, which cannot continue it",
-                       param="previous_response_id", code="unsupported_parameter")
-    return to_chat_request(data, context)
-
-
 async def _held_unmetered(answer: Awaitable[Completed[Any]], held: list[Meter]) -> Completed[Any]:
     """``answer``; one still running in the background settles its request at no tokens, its meter
     (the prompt estimated) appended to ``held``: its spend is metered when it ends (``gateway.held_usage``)."""
@@ -173,35 +121,27 @@ async def _held_unmetered(answer: Awaitable[Completed[Any]], held: list[Meter]) 
     return done
 
 
-def _described_for_passthrough(principal: Principal, data: ResponsesRequest, context: list[dict[str, Any]] | None,
-                               upstream_previous: str | None, inputs: list[dict[str, Any]],
-                               dialect: Dialect, served: list[str], held: list[Meter] | None,
-                               holding: tuple[OnHold, OnEnd] | None) -> CallDescription:
+def _described_for_passthrough(principal: Principal, data: ResponsesRequest, conversation: Continued,
+                               inputs: list[dict[str, Any]], dialect: Dialect, served: list[str],
+                               held: list[Meter] | None, holding: tuple[OnHold, OnEnd] | None) -> CallDescription:
     """A call whose deployments include one serving Responses itself: that one gets the request as
-    sent (a kept conversation's items put before the input, in place of ``previous_response_id``,
-    which then names ``upstream_previous``: where the kept conversation began from a response only
-    the upstream holds), its deployment's id appended to ``served``; any other (a fallback) gets it
-    translated to chat when it is tried. ``held``: the answer is stored, so a background one is
-    metered when it ends (``_held_unmetered``); streamed, ``holding`` holds it from its first event
+    sent (``passthrough_body``), its deployment's id appended to ``served``; any other (a fallback)
+    gets it translated to chat when it is tried. ``held``: the answer is stored, so a background one
+    is metered when it ends (``_held_unmetered``); streamed, ``holding`` holds it from its first event
     and ends it at its last (``gateway.held_streams``)."""
-    body = raw_request(data)
-    if context is not None:
-        body.pop("previous_response_id", None)
-        if upstream_previous is not None:
-            body["previous_response_id"] = upstream_previous
-        body["input"] = [_for_upstream(item) for item in context + inputs if not _translated_reasoning(item)]
+    body = passthrough_body(data, conversation, inputs)
     stream = bool(data.stream)
     hold = holding if body.get("background") is True else None
 
     def invoke(backend: Backend, ctx: CallContext) -> Awaitable[Completed[Any] | ChunkStream[Any]]:
-        if isinstance(backend, ServesResponses) and backend.serves_responses():
+        if serves_responses(backend):
             served.append(str(getattr(backend, "deployment_id", "")))
             if stream:
                 opened = backend.respond_stream(body, ctx)
                 return opened if hold is None else held_stream(opened, *hold)
             return backend.respond(body, ctx) if held is None else _held_unmetered(backend.respond(body, ctx), held)
         try:
-            chat = _chat_request(data, context, upstream_previous)
+            chat = chat_request(data, conversation)
         except ApiError as exc:
             raise BadRequest(exc.message, param=exc.param) from None
         return backend.chat_stream(chat, ctx) if stream else backend.chat(chat, ctx)
@@ -235,32 +175,16 @@ class ResponsesController(Controller):
                      services: Services) -> Response[Any]:
         principal, pipeline = principal_of(request), pipeline_of(request)
         group = pipeline.group_for(principal, data.model)
-        native = any(_serves_responses(d.backend) for d in group.deployments)
-        previous = data.previous_response_id if isinstance(data.previous_response_id, str) else None
-        context: list[dict[str, Any]] = []
-        kept_previous = False
-        upstream_previous: str | None = None  # a response only the upstream holds, that this conversation continues
-        if previous is not None:
-            store = _store(services)
-            kept = await store.get(principal, previous) if store is not None else None
-            if kept is not None and kept.deployment is not None and store is not None:  # ask how it stands
-                await reach(pipeline, store, principal, previous, kept, "GET")
-                kept = await store.get(principal, previous)
-            if kept is not None:
-                _check_continuable(previous, kept)
-                context, kept_previous, upstream_previous = kept.context, True, kept.upstream_previous_id
-            elif native and not (store is not None and await store.withheld(principal, previous)):
-                upstream_previous = previous  # an upstream serving Responses may know it; nothing else can
-            else:  # unknown, another tenant's or deleted (never passed on: the upstream would resolve it for anyone)
-                raise ApiError(400, f"Previous response with id '{previous}' not found.",
-                               param="previous_response_id", code="previous_response_not_found")
+        previous = previous_of(data)
+        conversation = await continued(pipeline, _store(services), principal, previous, native(group))
+        context, upstream_previous = conversation.context, conversation.upstream_previous
         sent = sent_items(data)  # the input as the conversation keeps it (``listed`` with ids for ``input_items``)
         store = _store(services) if data.store is not False else None
         extra = echoed_fields(data) | {
             "previous_response_id": previous, "store": store is not None,
             "instructions": data.instructions if isinstance(data.instructions, str) else None}
         finished: list[tuple[dict[str, Any], list[dict[str, Any]]]] = []  # the response, its output as kept
-        relayed_extra = {"previous_response_id": previous} if kept_previous else {}
+        relayed_extra = {"previous_response_id": previous} if conversation.kept else {}
         held_id: str | None = None  # a background stream's response, once held (``hold``): cut, its stream says so
         dialect = responses_dialect(extra, lambda final, output: finished.append((final, output)), relayed_extra,
                                     encrypted=wants_encrypted_reasoning(data), held=lambda: held_id)
@@ -306,13 +230,12 @@ class ResponsesController(Controller):
                 named = response | {"model": data.model} | relayed_extra
                 await finish_if_ended(pipeline, store, principal, str(response.get("id")), named, spent)
 
-        if native:
-            call = _described_for_passthrough(principal, data, context if kept_previous else None, upstream_previous,
-                                              sent, dialect, served, held_meters if store is not None else None,
+        if native(group):
+            call = _described_for_passthrough(principal, data, conversation, sent, dialect, served,
+                                              held_meters if store is not None else None,
                                               (hold, end) if store is not None else None)
         else:
-            call = describe_chat(principal, _chat_request(data, context, upstream_previous), endpoint="responses",
-                                 dialect=dialect)
+            call = describe_chat(principal, chat_request(data, conversation), endpoint="responses", dialect=dialect)
         try:
             response = await pipeline.serve(call)
         except ApiError as exc:  # a chat request's field named as this request names it
@@ -335,7 +258,7 @@ class ResponsesController(Controller):
         include: Annotated[list[str] | None, Parameter(query="include[]")] = None,
     ) -> Response[Any]:
         headers = await _polled(request, response_id)
-        with _headed(headers):
+        with headed(headers):
             principal = principal_of(request)
             kept = await _kept(services, principal, response_id)
             store = _store(services)
@@ -345,7 +268,7 @@ class ResponsesController(Controller):
                     if stream:
                         return await held_events(pipeline_of(request), store, principal, response_id, kept, query,
                                                  headers)
-                    return _answer(await reach(pipeline_of(request), store, principal, response_id, kept, "GET",
+                    return json_answer(await reach(pipeline_of(request), store, principal, response_id, kept, "GET",
                                                query=query), headers)
             # a stored response is read back as kept: no stream to replay, no fields to add to it
             if stream:
@@ -354,13 +277,13 @@ class ResponsesController(Controller):
             if include or "include" in request.query_params:  # the SDK's include[], or a bare include
                 raise ApiError(400, "'include' is not supported when retrieving a stored response: it is returned "
                                "as it was stored", param="include", code="unsupported_parameter")
-            return _answer(kept.response, headers)
+            return json_answer(kept.response, headers)
 
     @post("/{response_id:str}/cancel", status_code=200, summary="Cancel a background response",
           responses=error_responses())
     async def cancel(self, request: Request[Any, Any, Any], response_id: str, services: Services) -> Response[Any]:
         headers = await _polled(request, response_id)
-        with _headed(headers):
+        with headed(headers):
             principal = principal_of(request)
             kept = await _kept(services, principal, response_id)
             store = _store(services)
@@ -370,17 +293,17 @@ class ResponsesController(Controller):
                                param="response_id", code="invalid_request")
             with _upstream_knows(response_id):
                 answer = await reach(pipeline_of(request), store, principal, response_id, kept, "POST", "/cancel")
-                return _answer(answer, headers)
+                return json_answer(answer, headers)
 
     @delete("/{response_id:str}", status_code=200, summary="Delete a stored response", responses=error_responses())
     async def remove(self, request: Request[Any, Any, Any], response_id: str, services: Services) -> Response[Any]:
         headers = await _polled(request, response_id)
-        with _headed(headers):
+        with headed(headers):
             store = _store(services)
             if store is None or not await store.delete(principal_of(request), response_id):
                 raise ApiError(404, f"No response with id '{response_id}' found.", param="response_id",
                                code="not_found")
-            return _answer({"id": response_id, "object": "response", "deleted": True}, headers)
+            return json_answer({"id": response_id, "object": "response", "deleted": True}, headers)
 
     @get("/{response_id:str}/input_items", summary="List a stored response's input items",
          responses=error_responses())
@@ -391,7 +314,7 @@ class ResponsesController(Controller):
         after: str | None = None,
     ) -> Response[Any]:
         headers = await _polled(request, response_id)
-        with _headed(headers):
+        with headed(headers):
             items = list((await _kept(services, principal_of(request), response_id)).input_items)
             if order == "desc":
                 items.reverse()
@@ -401,5 +324,5 @@ class ResponsesController(Controller):
                     raise ApiError(400, f"No input item with id '{after}' in this response.", param="after")
                 items = items[ids.index(after) + 1:]
             page = items[:limit]
-            return _answer({"object": "list", "data": page, "first_id": page[0]["id"] if page else None,
+            return json_answer({"object": "list", "data": page, "first_id": page[0]["id"] if page else None,
                             "last_id": page[-1]["id"] if page else None, "has_more": len(items) > limit}, headers)

@@ -54,7 +54,8 @@ UNKNOWN_MODEL = "unknown"  # the model label of a request refused before it reac
 # the endpoints whose requests are metered: one refused before its usage record is counted under these
 METERED_PATHS = {"/v1/chat/completions": "chat.completions", "/v1/completions": "completions",
                  "/chat/completions": "chat.completions", "/completions": "completions",
-                 "/v1/embeddings": "embeddings", "/v1/messages": "messages", "/v1/responses": "responses"}
+                 "/v1/embeddings": "embeddings", "/v1/messages": "messages", "/v1/responses": "responses",
+                 "/v1/responses/compact": "responses.compact"}
 
 
 class _Histogram:

@@ -1,6 +1,7 @@
 """Requests about a stored response (``GET``, its event stream, ``cancel``, ``DELETE``, ``input_items``)
 count against the requests/min of the key and its tenant, as every request does at OpenAI: over it,
 a 429 in OpenAI's shape with ``Retry-After`` and ``x-ratelimit-*`` headers, the upstream not asked.
+A count of a request's input tokens (``POST /v1/responses/input_tokens``) is such a request too.
 Nothing else of the quotas refuses them (a spent budget still reads and cancels what it started) and
 they add nothing to tokens/min. One admitted and answered with an error carries the ``x-ratelimit-*``
 headers too, and one refused is metered as a refused request is: a usage row. The openai SDK against
@@ -22,7 +23,7 @@ from gateway.db import Database
 from gateway.db.models import UsageRow
 from tests.conftest import ADMIN_KEY, gateway_settings
 from tests.gateway.tenancy_fixtures import REDIS_URL, migrated_pg_url  # noqa: F401
-from tests.support.fake_responses import ECHO_ERROR_OBJECT, USAGE, FakeResponsesUpstream
+from tests.support.fake_responses import ECHO_ERROR_OBJECT, INPUT_TOKENS, USAGE, FakeResponsesUpstream
 from tests.support.servers import ServerThread
 from tests.support.usage_rows import usage_row
 
@@ -138,6 +139,23 @@ def test_polls_add_nothing_to_tokens_per_minute(gateway: Gateway) -> None:
                  for _ in range(5)]
     assert remaining == ["140"] * 5
     assert client.responses.create(model="native", input="work", background=True, max_output_tokens=2).id
+
+
+def test_a_count_of_input_tokens_is_a_poll(gateway: Gateway, native: FakeResponsesUpstream) -> None:
+    """``POST /v1/responses/input_tokens`` counts against requests/min, as ``/v1/messages/count_tokens``
+    would: its headers, then a 429 (the upstream not asked); a long input reserves no tokens/min."""
+    client = gateway.client({"requests_per_minute": 2, "tokens_per_minute": 140})
+    counted = client.responses.input_tokens.with_raw_response.count(model="native", input="many words " * 500)
+    assert counted.parse().input_tokens == INPUT_TOKENS
+    headers = counted.headers
+    assert (headers["x-ratelimit-limit-requests"], headers["x-ratelimit-remaining-requests"],
+            headers["x-ratelimit-remaining-tokens"]) == ("2", "1", "140")
+    client.responses.input_tokens.count(model="native", input="again")
+    asked = len(native.counted)
+    with pytest.raises(openai.RateLimitError) as refused:
+        client.responses.input_tokens.count(model="native", input="once more")
+    _assert_refused(refused, 2)
+    assert len(native.counted) == asked
 
 
 def _failed_with_headers(request: Callable[[], object]) -> tuple[int, tuple[str, str]]:

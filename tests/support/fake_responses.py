@@ -8,9 +8,11 @@ until it no longer runs, finished or cancelled, and that event tells it as it th
 and ``DELETE`` reach a held one (any other id is a 404), each recorded in ``reached``, its query in
 ``queries`` (all answered ``reach_failure``, when set). ``GET ...?stream=true`` streams a held one's
 events (those after ``starting_after``, if given), numbered as its ``POST`` stream numbers them, the
-last waiting as there (with ``streams_as_json`` set, it answers as it does without ``stream``). The
-``POST`` stream of one for ``BREAK_PART_WAY`` breaks part-way; it runs on (``event_seconds``: a
-pause before each event of such a stream)."""
+last waiting as there (with ``streams_as_json`` set, it answers as it does without ``stream``).
+``POST /v1/responses/input_tokens`` answers ``INPUT_TOKENS`` and ``POST /v1/responses/compact`` a
+compacted response (the input's user messages and a compaction item, with ``USAGE``), each body
+recorded in ``counted`` and ``compacted``. The ``POST`` stream of one for ``BREAK_PART_WAY`` breaks
+part-way; it runs on (``event_seconds``: a pause before each event of such a stream)."""
 
 from __future__ import annotations
 
@@ -37,6 +39,7 @@ TOOL_CALLS: list[dict[str, Any]] = [
      "status": "completed"},
 ]
 HOLD_SECONDS = 30.0  # the longest a held streamed background response waits for ``finish``
+INPUT_TOKENS = 1234  # what ``POST /v1/responses/input_tokens`` answers
 USAGE = {"input_tokens": 7, "input_tokens_details": {"cached_tokens": 2}, "output_tokens": 3,
          "output_tokens_details": {"reasoning_tokens": 1}, "total_tokens": 10}
 
@@ -83,6 +86,8 @@ class FakeResponsesUpstream(EchoUpstream, OnLoopback):
         self.reach_failure: int | None = None  # when set, the HTTP status every such request is answered with
         self.event_seconds = 0.0  # the pause before each event of a background response's stream
         self.streams_as_json = False  # when set, a held one's stream is asked for in vain: its JSON answers
+        self.counted: list[dict[str, Any]] = []  # the bodies of ``POST /v1/responses/input_tokens``
+        self.compacted: list[dict[str, Any]] = []  # the bodies of ``POST /v1/responses/compact``
 
     def finish(self, response_id: str) -> None:
         """The background response ``response_id`` is completed (with ``USAGE``)."""
@@ -105,6 +110,8 @@ class FakeResponsesUpstream(EchoUpstream, OnLoopback):
         }
 
     async def handle(self, ex: Exchange) -> None:
+        if ex.method == "POST" and ex.path.endswith(("/responses/input_tokens", "/responses/compact")):
+            return await self._count_or_compact(ex)
         if "/responses/" in ex.path:
             return await self._reach(ex)
         if ex.method != "POST" or not ex.path.endswith("/responses"):
@@ -138,6 +145,21 @@ class FakeResponsesUpstream(EchoUpstream, OnLoopback):
                 raise ConnectionAbortedError("the stream's connection breaks; its response runs on")
             return await send_events(ex, events[:-1], last=self._ended(final["id"]), pause=self.event_seconds)
         await send_events(ex, events)
+
+    async def _count_or_compact(self, ex: Exchange) -> None:
+        body = ex.json()
+        if ex.path.endswith("/input_tokens"):
+            self.counted.append(body)
+            return await send_json(ex, 200, {"object": "response.input_tokens", "input_tokens": INPUT_TOKENS})
+        self.compacted.append(body)
+        given = body.get("input")
+        items = [{"role": "user", "content": given}] if isinstance(given, str) else given or []
+        kept = [{"type": "message", "id": f"msg_c{i}", "role": "user", "status": "completed",
+                 "content": [{"type": "input_text", "text": _last_user_text({"input": [item]})}]}
+                for i, item in enumerate(items) if item.get("role") == "user"]
+        await send_json(ex, 200, {"id": f"cmp_{next(self._ids)}", "object": "response.compaction",
+                                  "created_at": 1_700_000_000, "usage": USAGE, "output": [
+                                      *kept, {"type": "compaction", "id": "cmp_item", "encrypted_content": "opaque"}]})
 
     def _hold(self, final: dict[str, Any], now: dict[str, Any]) -> None:
         """A background response, ``now`` as it stands, ``final`` once finished."""
