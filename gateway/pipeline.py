@@ -21,7 +21,7 @@ import dataclasses
 import logging
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -297,15 +297,18 @@ class Pipeline:
         except QuotaUnavailable:
             raise ApiError(503, "the quota service is unavailable", code="quota_unavailable") from None
 
-    async def admit_poll(self, principal: Principal, endpoint: str) -> dict[str, str]:
-        """Count a request that spends nothing itself (a read or cancel of a stored response) against
-        requests/min alone (``Admission.admit_poll``): its ``x-ratelimit-*`` headers, or the 429 (or
-        503) a refused ``serve`` gets, metered as that is (a usage row under ``endpoint``, no model)."""
+    async def admit_poll(self, principal: Principal, endpoint: str,
+                         ratelimit_headers: Callable[[Ticket], dict[str, str]] = openai_ratelimit_headers,
+                         ) -> dict[str, str]:
+        """Count a request that spends nothing itself (a read or cancel of a stored response, a count
+        of tokens) against requests/min alone (``Admission.admit_poll``): its rate-limit headers
+        (``ratelimit_headers``: its dialect's), or the 429 (or 503) a refused ``serve`` gets, metered
+        as that is (a usage row under ``endpoint``, no model)."""
         try:
             with self.telemetry.tracing.span("admission"):
-                return openai_ratelimit_headers(await self.services.admission.admit_poll(principal))
+                return ratelimit_headers(await self.services.admission.admit_poll(principal))
         except QuotaExceeded as exc:
-            error = refused(exc, openai_ratelimit_headers)
+            error = refused(exc, ratelimit_headers)
         except QuotaUnavailable:
             error = ApiError(503, "the quota service is unavailable", code="quota_unavailable")
         self.services.usage.record(refusal_record(request_id(), principal, "", endpoint, False, error))

@@ -19,6 +19,7 @@ from gateway.calls import CallDescription, describe_chat
 from gateway.contracts import Principal
 from gateway.controllers.auth import authenticate_request, pipeline_of, principal_of
 from gateway.controllers.docs import api_post
+from gateway.controllers.polled import headed, json_answer
 from gateway.dialects.anthropic import ANTHROPIC, error_handlers
 from gateway.dialects.anthropic_params import in_messages_terms
 from gateway.dialects.anthropic_request import (
@@ -131,26 +132,35 @@ class MessagesController(Controller):
         CountTokensRequest,
         summary="Count a conversation's input tokens (Anthropic Messages API)",
         description="Exact for models the built-in engine serves (their chat template) and for Anthropic "
-        "deployments (the body as sent, counted upstream); an estimate otherwise. Not metered.",
+        "deployments (the body as sent, counted upstream); an estimate otherwise. Counted against requests/min, "
+        "not metered.",
         answer=ResponseSpec(None, description='`{"input_tokens": n}`'),
     )
     async def count_tokens(self, request: Request[Any, Any, Any], data: CountTokensRequest,
-                           pipeline: Pipeline) -> dict[str, int]:
-        group = pipeline.group_for(principal_of(request), data.model)
-        messages = data.as_messages_request()
-        backends = [d.backend for d in group.deployments]
-        try:
-            if tokenizer := next((b for b in backends if isinstance(b, Tokenizing)), None):
-                chat, origins = translate(messages)
-                try:  # a huge conversation in a thread
-                    ids = await sized(bound_chat_prompt(chat), lambda: tokenizer.tokenize_chat(chat))
-                    return {"input_tokens": len(ids)}
-                except BackendError as exc:
-                    raise in_messages_terms(exc, origins) from None
-            if counter := next((b for b in backends if isinstance(b, TokenCounting)), None):
-                chat = as_sent(messages, request_headers(request.scope)) if serves_messages(counter) \
-                    else to_chat_request(messages)
-                return {"input_tokens": await counter.count_chat_tokens(chat)}
-        except BackendError as exc:
-            raise from_backend_error(exc) from None
-        return {"input_tokens": estimate_chat_prompt(to_chat_request(messages))}
+                           pipeline: Pipeline) -> Response[Any]:
+        principal = principal_of(request)
+        group = pipeline.group_for(principal, data.model)
+        headers = await pipeline.admit_poll(principal, "messages", ANTHROPIC.ratelimit_headers)
+        with headed(headers):
+            return json_answer({"input_tokens": await _counted(request, data, group)}, headers)
+
+
+async def _counted(request: Request[Any, Any, Any], data: CountTokensRequest, group: ModelGroup) -> int:
+    """``data``'s input tokens: the engine's chat template's, an Anthropic upstream's count of the body
+    as sent, or the estimate of its translation."""
+    messages = data.as_messages_request()
+    backends = [d.backend for d in group.deployments]
+    try:
+        if tokenizer := next((b for b in backends if isinstance(b, Tokenizing)), None):
+            chat, origins = translate(messages)
+            try:  # a huge conversation in a thread
+                return len(await sized(bound_chat_prompt(chat), lambda: tokenizer.tokenize_chat(chat)))
+            except BackendError as exc:
+                raise in_messages_terms(exc, origins) from None
+        if counter := next((b for b in backends if isinstance(b, TokenCounting)), None):
+            chat = as_sent(messages, request_headers(request.scope)) if serves_messages(counter) \
+                else to_chat_request(messages)
+            return await counter.count_chat_tokens(chat)
+    except BackendError as exc:
+        raise from_backend_error(exc) from None
+    return estimate_chat_prompt(to_chat_request(messages))
