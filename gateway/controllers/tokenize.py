@@ -1,6 +1,7 @@
 """``POST /tokenize`` and ``POST /detokenize`` in vLLM's shape, for models whose tokenizer the gateway
 holds (the in-process engine: ``backends.base.Tokenizing``). They run no model, so they are not
-metered; the key must be allowed the model, as for a completion. Nothing of them goes upstream, so
+metered, but count against requests/min (``Pipeline.admit_poll``: a valid request, after its checks);
+the key must be allowed the model, as for a completion. Nothing of them goes upstream, so
 a field they do not model, at any depth (``messages[0].foo``), is a 400 naming it, never dropped."""
 
 from __future__ import annotations
@@ -8,10 +9,10 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 import msgspec
-from litestar import Controller, Request, post
+from litestar import Controller, Request, Response, post
 from msgspec import UNSET, Meta, Struct, UnsetType
 
-from backends.base import BackendError, Tokenizing
+from backends.base import Tokenizing
 from backends.estimate import bound_chat_prompt, bound_text
 from backends.nested_fields import unknown_nested_field
 from backends.openai_wire import ChatCompletionRequest, ChatMessage, extra_params, set_extra_params
@@ -20,7 +21,8 @@ from gateway.body import WireBody
 from gateway.contracts import Principal
 from gateway.controllers.auth import authenticate_request, principal_of
 from gateway.controllers.docs import error_responses
-from gateway.errors import ApiError, from_backend_error
+from gateway.controllers.polled import headed
+from gateway.errors import ApiError
 from gateway.off_loop import sized
 from gateway.pipeline import Pipeline
 
@@ -99,27 +101,27 @@ class TokenizeController(Controller):
     @post("/tokenize", status_code=200, dto=WireBody[TokenizeRequest], return_dto=None,
           summary="Tokenize a prompt or a conversation (vLLM's shape)", responses=error_responses())
     async def tokenize(self, request: Request[Any, Any, Any], data: TokenizeRequest,
-                       pipeline: Pipeline) -> TokenizeResponse:
+                       pipeline: Pipeline) -> Response[TokenizeResponse]:
         if (data.prompt is UNSET) == (data.messages is UNSET):
             raise ApiError(400, "Give exactly one of 'prompt' or 'messages'.", param="prompt")
-        tokenizer = tokenizer_for(pipeline, principal_of(request), data.model)
+        principal = principal_of(request)
+        tokenizer = tokenizer_for(pipeline, principal, data.model)
         refuse_unmodelled(data)
         if isinstance(data.prompt, str):
             bound = bound_text(data.prompt)
         else:
             bound = bound_chat_prompt(data.chat_request())
-        try:
-            return await sized(bound, lambda: _tokenized(tokenizer, data))  # a huge input in a thread
-        except BackendError as exc:
-            raise from_backend_error(exc) from None
+        headers = await pipeline.admit_poll(principal, "tokenize")
+        with headed(headers):  # a huge input in a thread
+            return Response(await sized(bound, lambda: _tokenized(tokenizer, data)), headers=headers)
 
     @post("/detokenize", status_code=200, dto=WireBody[DetokenizeRequest], return_dto=None,
           summary="Turn token ids back into text (vLLM's shape)", responses=error_responses())
     async def detokenize(self, request: Request[Any, Any, Any], data: DetokenizeRequest,
-                         pipeline: Pipeline) -> DetokenizeResponse:
-        tokenizer = tokenizer_for(pipeline, principal_of(request), data.model)
+                         pipeline: Pipeline) -> Response[DetokenizeResponse]:
+        principal = principal_of(request)
+        tokenizer = tokenizer_for(pipeline, principal, data.model)
         refuse_unmodelled(data)
-        try:
-            return DetokenizeResponse(prompt=tokenizer.detokenize(data.tokens))
-        except BackendError as exc:
-            raise from_backend_error(exc) from None
+        headers = await pipeline.admit_poll(principal, "detokenize")
+        with headed(headers):
+            return Response(DetokenizeResponse(prompt=tokenizer.detokenize(data.tokens)), headers=headers)
