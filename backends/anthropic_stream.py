@@ -29,7 +29,7 @@ from backends.openai_wire import (
     ToolCallDelta,
     Usage,
 )
-from backends.raw_http import RawStream
+from backends.raw_stream import RawStream
 from backends.sse import SSELines
 
 Shape = Callable[[ChatDelta, str | None], tuple[ChatDelta, str | None]]  # a streamed delta and finish, reshaped

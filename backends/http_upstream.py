@@ -42,13 +42,16 @@ from backends.base import (
     UpstreamError,
 )
 from backends.config import DeploymentConfig
-from backends.raw_http import RawAnswer, RawHTTP, RawStream, decoded_body
+from backends.raw_http import RawAnswer, RawHTTP, decoded_body
+from backends.raw_stream import RawStream
 from backends.redaction import register, register_headers
 from backends.trace_context import with_trace_context
 
 # Idle pooled connections are dropped before common servers drop them (uvicorn and Node: 5 s), so a
-# request is never sent on a connection the upstream is closing (a POST is never retried).
+# request is rarely sent on a connection the upstream is closing; one that is (its close still on
+# the way) ends before any byte of the answer and goes again, once, on a new one (``backends.raw_http``).
 _IDLE_SECONDS = 4.0
+BOM = b"\xef\xbb\xbf"  # U+FEFF, a byte order mark, in UTF-8: some servers lead JSON (or events) with one
 _CONTEXT_HINTS = ("context length", "context_length", "maximum context", "context window", "too many tokens",
                   "prompt is too long")
 
@@ -401,6 +404,8 @@ class HTTPUpstream:
             raise Unavailable(f"upstream {self.deployment_id} unreachable: {type(exc).__name__}") from None
         finally:
             self.in_flight -= 1
+        if answer.body.startswith(BOM):  # RFC 8259 lets a JSON parser ignore it, and the SDKs do
+            answer.body = answer.body[len(BOM):]
         if answer.status >= 300:
             raise status_error(answer.status, answer.headers, answer.body)
         return answer
@@ -426,7 +431,7 @@ class HTTPUpstream:
             if stream.status >= 300:
                 try:
                     async with asyncio.timeout(self.timeouts.connect):
-                        body = decoded_body(stream.headers, await stream.read())
+                        body = decoded_body(stream.headers, await stream.read()).removeprefix(BOM)
                 except (TimeoutError, OSError, ValueError):
                     body = b""
                 finally:

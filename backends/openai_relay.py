@@ -20,7 +20,7 @@ from backends.estimate import estimate_text
 from backends.http_upstream import ErrorDetail, ErrorEnvelope, HTTPUpstream
 from backends.openai_usage import meter_from_usage, without_null_counts
 from backends.openai_wire import ChatCompletionChunk, TextCompletion, Usage, relayed, set_relayed
-from backends.raw_http import RawStream
+from backends.raw_stream import RawStream
 from backends.redaction import redact_json
 from backends.sse import WAIT, SSELines
 

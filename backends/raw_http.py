@@ -4,12 +4,13 @@ by httptools (the parser uvicorn serves with), whole (``post``) or streamed (``o
 aiohttp cost about 0.1 ms of CPU per request in the gateway (bench/gateway_floor.py: a Litestar
 route forwarding with aiohttp served a third of what the route alone did); a request here is one
 write (the requests of a busy event-loop turn written together: ``backends.turn_writes``) and the
-reads of its answer, and a stream's body is read by line from one buffer.
+reads of its answer, and a stream's body is read by line from one buffer (``backends.raw_stream``).
 
 What it does not do, and needs not for an API upstream: redirects, proxies from the environment,
 cookies, ``Expect: 100-continue``, compression other than gzip/deflate on a whole answer (it asks
 for none). Deadlines are the caller's (a timeout scope, or ``RawStream.set_exception``); connect
-has its own.
+has its own. A request goes again, once, on a new connection only when its kept-alive one closed
+before any byte of the answer, at once (``_Connection.unanswered``). A head is read up to ``MAX_HEAD`` bytes.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import socket
 import ssl
 import time
 import zlib
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -27,11 +28,14 @@ from urllib.parse import urlsplit
 import httptools
 
 from backends.config import without_password
+from backends.raw_stream import RawStream
 from backends.turn_writes import TurnWrites
 
 USER_AGENT = "switchyard"
-_MAX_LINE = 2 << 20  # a streamed line (an SSE event) longer than this is an error
-_HIGH_WATER = 4 << 20  # unread bytes of a stream beyond which the connection stops reading
+MAX_HEAD = 1 << 20  # an answer's head (its status line and headers, 1xx answers' too) past this is an error
+# A kept-alive connection that ends answerless this soon after its request went was closed idle by the
+# upstream as the request came (its FIN or RST already on the way): the request goes again on a new one.
+STALE_CLOSE = 0.5  # seconds
 DNS_SECONDS = 300.0  # how long a host's resolved addresses are used
 
 
@@ -56,6 +60,9 @@ class _Connection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.closed = False
         self.idle_since = 0.0
+        self.reused = False  # it carried an answer before this one (kept alive in the pool)
+        self._head_bytes = 0  # bytes of this answer read before its head was whole
+        self._sent_at = self._lost_at = 0.0  # the loop's clock: when the request went, when the connection ended
         self._parser = httptools.HttpResponseParser(self)
         self._answer: asyncio.Future[RawAnswer] | None = None
         self._headers: dict[str, str] = {}
@@ -72,13 +79,18 @@ class _Connection(asyncio.Protocol):
         self.transport = transport  # type: ignore[assignment]  # a stream transport, from create_connection
 
     def data_received(self, data: bytes) -> None:
+        if not self._headers_done:  # every byte before this read was the head's
+            if self._head_bytes > MAX_HEAD:
+                self._fail(ProtocolError(f"an answer head longer than {MAX_HEAD} bytes"))
+                return
+            self._head_bytes += len(data)
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserError as exc:
             self._fail(ProtocolError(f"invalid HTTP answer: {exc}"))
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self.closed = True
+        self.closed, self._lost_at = True, self.loop.time()
         if self._headers_done and not self._length_known:  # a body delimited by the end of the connection
             if self._stream is not None:
                 self._stream.end()
@@ -126,7 +138,8 @@ class _Connection(asyncio.Protocol):
             raise ProtocolError("the upstream closed the connection")
         answer = self._answer = self.loop.create_future()
         self._headers, self._body, self._headers_done, self._length_known = {}, [], False, False
-        self._keep_alive, self._interim, self._stream = False, False, stream
+        self._keep_alive, self._interim, self._stream, self._head_bytes = False, False, stream, 0
+        self._sent_at = self.loop.time()
         self.writes.write(self.transport, request)
         if deadline is None:
             return await answer
@@ -139,6 +152,13 @@ class _Connection(asyncio.Protocol):
     @property
     def reusable(self) -> bool:
         return not self.closed and self._keep_alive
+
+    @property
+    def unanswered(self) -> bool:
+        """Kept alive, it ended before any byte of its answer and at once (within ``STALE_CLOSE``): the
+        upstream closed it idle as the request went, so it never read it. One that ends later, answerless,
+        may have run the request (then crashed): it is not sent again, never to run one twice."""
+        return self.reused and self._head_bytes == 0 and self._lost_at - self._sent_at < STALE_CLOSE
 
     def close(self) -> None:
         self.closed = True
@@ -212,10 +232,18 @@ class RawHTTP:
         if deadline is not None and (slots.locked() or not self._idle):
             async with asyncio.timeout_at(deadline):
                 return await self.post(path, body, headers, method=method)
+        request = self._request(path, body, headers, method)
         async with slots:
             conn = await self._connection()
             try:
-                answer = await conn.exchange(self._request(path, body, headers, method), deadline=deadline)
+                try:
+                    answer = await conn.exchange(request, deadline=deadline)
+                except ProtocolError:
+                    if not conn.unanswered:
+                        raise
+                    async with asyncio.timeout_at(deadline):  # a new one: the pool's may have gone stale alike
+                        conn = await self._connection(pooled=False)
+                    answer = await conn.exchange(request, deadline=deadline)
             except BaseException:
                 conn.close()
                 raise
@@ -231,12 +259,21 @@ class RawHTTP:
         if deadline is not None and (slots.locked() or not self._idle):
             async with asyncio.timeout_at(deadline):
                 return await self.open_stream(path, body, headers, method=method)
+        request = self._request(path, body, headers, method)
         await slots.acquire()
         stream: RawStream | None = None
         try:
             conn = await self._connection()
             stream = RawStream(conn, self, slots)
-            answer = await conn.exchange(self._request(path, body, headers, method), stream, deadline)
+            try:
+                answer = await conn.exchange(request, stream, deadline)
+            except ProtocolError:
+                if not conn.unanswered:
+                    raise
+                async with asyncio.timeout_at(deadline):  # as ``post``'s
+                    conn = await self._connection(pooled=False)
+                stream = RawStream(conn, self, slots)
+                answer = await conn.exchange(request, stream, deadline)
         except BaseException:
             if stream is not None:
                 stream.close()
@@ -267,7 +304,7 @@ class RawHTTP:
     def _release(self, conn: _Connection) -> None:
         """Back to the idle list if the answer ended and the connection may carry another."""
         if conn.reusable:
-            conn.idle_since = time.monotonic()
+            conn.idle_since, conn.reused = time.monotonic(), True
             self._idle.append(conn)
         else:
             conn.close()
@@ -276,11 +313,11 @@ class RawHTTP:
         while self._idle:
             self._idle.pop().close()
 
-    async def _connection(self) -> _Connection:
+    async def _connection(self, pooled: bool = True) -> _Connection:
         """An idle connection the upstream has not closed and that is not about to be dropped (idle
-        past ``idle_seconds``: servers drop theirs after about 5 s), else a new one."""
+        past ``idle_seconds``: servers drop theirs after about 5 s), else (or not ``pooled``) a new one."""
         now = time.monotonic()
-        while self._idle:
+        while pooled and self._idle:
             conn = self._idle.pop()
             if not conn.closed and now - conn.idle_since < self.idle_seconds:
                 return conn
@@ -311,119 +348,6 @@ class RawHTTP:
             self._resolved = [(family, address) for family, _, _, _, address in infos]
             self._resolved_at = time.monotonic()
         return self._resolved
-
-
-class RawStream:
-    """A streamed answer: ``status`` and ``headers``, then the body as it arrives, read in whole
-    lines (``lines_nowait``, then ``wait``) or as it comes (``readany``). Reading stops
-    (``pause_reading``) while more than ``_HIGH_WATER`` bytes wait unread. ``set_exception`` makes
-    the next read raise it (a deadline); ``close`` hands a finished answer's connection back, else
-    aborts it. With ``wait(listener)`` the body is read inside the connection's own callbacks, as
-    it arrives."""
-
-    def __init__(self, conn: _Connection, client: RawHTTP, slots: asyncio.Semaphore) -> None:
-        self.status = 0
-        self.headers: dict[str, str] = {}
-        self._conn, self._client, self._slots = conn, client, slots
-        self.loop = conn.loop
-        self._buffer = bytearray()
-        self._eof = False
-        self._exc: BaseException | None = None
-        self._waiter: asyncio.Future[None] | None = None
-        self._listener: Callable[[], bool] | None = None
-        self._paused = False
-        self._closed = False
-
-    # ------------------------------------------------------------ fed by the connection
-
-    def feed(self, data: bytes) -> None:
-        self._buffer += data
-        if len(self._buffer) > _HIGH_WATER and not self._paused and self._conn.transport is not None:
-            self._paused = True
-            self._conn.transport.pause_reading()
-        if (listener := self._listener) is not None:
-            if listener():
-                return
-            self._listener = None  # it has had its last call: the rest is the waiting task's
-        self._wake()
-
-    def end(self) -> None:
-        self._eof = True
-        self._wake()
-
-    def set_exception(self, exc: BaseException) -> None:
-        if self._exc is None and not self._eof:
-            self._exc = exc
-            self._wake()
-
-    # ------------------------------------------------------------ read by the caller
-
-    def lines_nowait(self) -> bytes | None:
-        """Every whole line that has arrived, with their ``\n`` (at the end, what is left: b"" when
-        nothing is); None when no whole line has arrived yet (``wait`` for more)."""
-        if self._exc is not None:
-            raise self._exc
-        if (newline := self._buffer.rfind(b"\n")) >= 0:
-            return self._take(newline + 1)
-        if self._eof:
-            return self._take(len(self._buffer))
-        if len(self._buffer) > _MAX_LINE:
-            raise ValueError(f"a line longer than {_MAX_LINE} bytes")
-        return None
-
-    async def readany(self) -> bytes:
-        """Whatever has arrived (waiting for something); b"" at the end."""
-        while not self._buffer and not self._eof:
-            if self._exc is not None:
-                raise self._exc
-            await self.wait()
-        return self._take(len(self._buffer))
-
-    async def read(self) -> bytes:
-        """The rest of the body."""
-        parts = []
-        while chunk := await self.readany():
-            parts.append(chunk)
-        return b"".join(parts)
-
-    def at_eof(self) -> bool:
-        return self._eof and not self._buffer
-
-    def close(self) -> None:
-        """Idempotent. A finished answer's connection goes back to the pool; an unfinished one is
-        aborted, so the upstream sees the caller go."""
-        if self._closed:
-            return
-        self._closed = True
-        self._conn._stream = None
-        if self.at_eof() and self._exc is None:
-            self._client._release(self._conn)
-        else:
-            self._conn.close()
-        self._slots.release()
-
-    def _take(self, n: int) -> bytes:
-        data = bytes(self._buffer[:n])
-        del self._buffer[:n]
-        if self._paused and len(self._buffer) <= _HIGH_WATER // 2 and self._conn.transport is not None:
-            self._paused = False
-            self._conn.transport.resume_reading()
-        return data
-
-    async def wait(self, listener: Callable[[], bool] | None = None) -> None:
-        """Until more of the body arrives, it ends or fails. With ``listener``: until it ends or
-        fails, or ``listener`` returns False; it is called, from the connection's callbacks,
-        each time more arrives (to read it at once, with no task switch)."""
-        self._waiter = self.loop.create_future()
-        self._listener = listener
-        try:
-            await self._waiter
-        finally:
-            self._waiter = self._listener = None
-
-    def _wake(self) -> None:
-        if self._waiter is not None and not self._waiter.done():
-            self._waiter.set_result(None)
 
 
 def _header_lines(headers: Mapping[str, str]) -> bytes:

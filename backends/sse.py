@@ -20,11 +20,10 @@ from collections import deque
 from typing import Final
 
 from backends.base import Timeout, Unavailable, UpstreamError
-from backends.http_upstream import raise_if_error
-from backends.raw_http import RawStream
+from backends.http_upstream import BOM, raise_if_error
+from backends.raw_stream import RawStream
 
 _DRAIN_SECONDS = 0.5  # after [DONE], how long to wait for the body's end
-_BOM = b"\xef\xbb\xbf"  # U+FEFF in UTF-8
 _OPENING = 64 << 10  # the bytes of a body before its first event kept, to read an error object sent instead
 
 
@@ -104,7 +103,7 @@ class SSELines:
                 self._last = self._loop.time()
                 if self._fresh:  # the standard ignores one leading byte order mark
                     self._fresh = False
-                    lines = lines.removeprefix(_BOM)
+                    lines = lines.removeprefix(BOM)
                 if not self._started and len(self._opening) < _OPENING:
                     self._opening += lines[:_OPENING - len(self._opening)]
                 data = self._data

@@ -28,7 +28,8 @@ from backends.base import ChunkStream, Meter
 from backends.openai_http import _chat_text
 from backends.openai_relay import ChunkReader, ChunkRelay, UsageWanted
 from backends.openai_wire import ChatCompletionChunk
-from backends.raw_http import RawStream, _Connection
+from backends.raw_http import _Connection
+from backends.raw_stream import RawStream
 from backends.turn_writes import TurnWrites
 from gateway.streaming import SSERelay
 

@@ -213,6 +213,25 @@ async def test_usage_null_in_a_whole_answer_is_estimated(backend: OpenAIHTTPBack
     assert msgspec.json.decode(encode_answer(result.response)) == answer  # relayed as it came
 
 
+async def test_a_whole_answer_led_by_a_byte_order_mark_is_read(backend: OpenAIHTTPBackend,
+                                                               upstream: FakeUpstream) -> None:
+    """A JSON answer (or error) led by a UTF-8 byte order mark, as some servers send: RFC 8259 lets a
+    parser ignore it, and the SDKs do; it was an invalid answer (502)."""
+    answer = {"id": "c-1", "object": "chat.completion", "created": 1, "model": "m",
+              "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5},
+              "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}, "finish_reason": "stop"}]}
+    bom = b"\xef\xbb\xbf"
+    upstream.fail_next(Fault(status=200, body=bom + msgspec.json.encode(answer),
+                             headers={"content-type": "application/json; charset=utf-8"}))
+    result = await backend.chat(chat())
+    assert (result.meter.prompt_tokens, result.meter.completion_tokens, result.meter.exact) == (3, 2, True)
+    assert msgspec.json.decode(encode_answer(result.response)) == answer
+    upstream.fail_next(Fault(status=400, body=bom + b'{"error": {"message": "bad n", "param": "n"}}'))
+    with pytest.raises(BadRequest) as info:
+        await backend.chat(chat())
+    assert (info.value.message, info.value.param) == ("bad n", "n")
+
+
 async def test_a_whole_answer_to_a_stream_request_says_so(backend: OpenAIHTTPBackend, upstream: FakeUpstream) -> None:
     """An upstream that does not stream (a JSON answer to ``stream: true``) is named as such."""
     upstream.fail_next(Fault(status=200, body={"id": "c-1", "object": "chat.completion", "choices": []}))

@@ -8,7 +8,8 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from backends.raw_http import ProtocolError, RawHTTP, RawStream
+from backends.raw_http import MAX_HEAD, STALE_CLOSE, ProtocolError, RawHTTP
+from backends.raw_stream import RawStream
 
 
 class Server:
@@ -20,6 +21,8 @@ class Server:
         self.connections = 0
         self.disconnected = asyncio.Event()
         self.close_after_answer = False
+        self.closing: list[bytes] = []  # answers after which the connection is closed
+        self.close_unanswered_after = 0.0  # seconds an answerless close (an empty answer) comes after its request
         self.hang = False
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -33,9 +36,13 @@ class Server:
                 if self.hang:
                     await reader.read()  # until the client goes
                     break
-                writer.write(self.answers.pop(0))
+                reply = self.answers.pop(0)
+                if not reply:  # closed unanswered, as an upstream closes an idle connection as a request comes
+                    await asyncio.sleep(self.close_unanswered_after)
+                    break
+                writer.write(reply)
                 await writer.drain()
-                if self.close_after_answer:
+                if self.close_after_answer or reply in self.closing:
                     break
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
@@ -224,4 +231,79 @@ async def test_interim_answers_before_the_final_one_are_skipped(server: tuple[Se
     assert await stream.read() == b"data: one\n\n" and stream.at_eof()
     stream.close()
     assert s.connections == 1  # each answer's connection kept alive for the next
+    client.close()
+
+
+async def test_a_kept_alive_connection_closed_unanswered_is_retried_once_on_a_new_one(
+        server: tuple[Server, str]) -> None:
+    """An idle connection the upstream closes as the next request goes out (its keep-alive time up;
+    its FIN not yet here) ends before any byte of the answer: the request goes again on a new
+    connection, once, whole or streamed. A new connection closed unanswered, or an answer cut part
+    way, is not sent again."""
+    s, base = server
+    stream_answer = answer(b"data: one\n\n", "content-type: text/event-stream")
+    s.answers = [answer(b"first"), b"", answer(b"second"), b"", stream_answer, b""]
+    client = RawHTTP(base, {}, connect_timeout=2)
+    assert (await client.post("/x", b"{}")).body == b"first"
+    assert (await client.post("/x", b"{}", deadline=client.clock() + 5)).body == b"second"
+    stream = await client.open_stream("/x", b"{}", deadline=client.clock() + 5)
+    assert await stream.read() == b"data: one\n\n"
+    stream.close()
+    assert s.connections == 3 and len(s.requests) == 5
+    with pytest.raises(ProtocolError):  # the third connection, kept alive, closed unanswered; then a new one too
+        s.answers += [b"", b""]
+        await client.post("/x", b"{}")
+    assert s.connections == 4
+    cut = b"HTTP/1.1 200 OK\r\ncontent-length: 9\r\n\r\nhalf"
+    s.answers, s.closing = [answer(b"ok"), cut], [cut]
+    assert (await client.post("/x", b"{}")).body == b"ok"
+    with pytest.raises(ProtocolError):
+        await client.post("/x", b"{}")
+    assert s.connections == 5
+    client.close()
+
+
+async def test_a_kept_alive_connection_that_ends_answerless_later_is_not_retried(
+        server: tuple[Server, str]) -> None:
+    """Closed answerless well after its request went, a kept-alive connection may have had its request
+    run (the upstream crashed while generating): it is not sent again, never to run one twice."""
+    s, base = server
+    s.answers, s.close_unanswered_after = [answer(b"first"), b""], STALE_CLOSE + 0.3
+    client = RawHTTP(base, {}, connect_timeout=2)
+    assert (await client.post("/x", b"{}")).body == b"first"
+    with pytest.raises(ProtocolError):
+        await client.post("/x", b"{}", deadline=client.clock() + 5)
+    assert (s.connections, len(s.requests)) == (1, 2)
+    client.close()
+
+
+async def test_an_answer_head_past_its_limit_fails_the_request(server: tuple[Server, str]) -> None:
+    """A head of a hundred kilobytes is read (a CDN's cookies); one that never ends is not kept in
+    memory without bound: the request fails once it passes ``MAX_HEAD``."""
+    s, base = server
+    big = "x-big: " + "a" * 100_000
+    endless = b"HTTP/1.1 200 OK\r\n" + b"x-more: " + b"a" * (MAX_HEAD + (1 << 20))
+    s.answers = [answer(b"fine", big), endless]
+    client = RawHTTP(base, {}, connect_timeout=2)
+    fine = await client.post("/x", b"{}")
+    assert (fine.body, len(fine.headers["x-big"])) == (b"fine", 100_000)
+    with pytest.raises(ProtocolError, match="head"):
+        await client.post("/x", b"{}", deadline=client.clock() + 5)
+    client.close()
+
+
+async def test_an_event_longer_than_the_high_water_is_read_whole(server: tuple[Server, str]) -> None:
+    """One streamed line of megabytes (a base64 image in a chunk, a long prompt's logprobs) is read
+    whole: reading pauses for unread whole lines, never for a line still coming."""
+    s, base = server
+    event = b"data: " + b"x" * (6 << 20) + b"\n\n"
+    s.answers = [answer(event, "content-type: text/event-stream")]
+    client = RawHTTP(base, {}, connect_timeout=2)
+    stream = await client.open_stream("/x", b"{}")
+    lines = []
+    async with asyncio.timeout(10):
+        while read := await whole_lines(stream):
+            lines.append(read)
+    assert b"".join(lines) == event
+    stream.close()
     client.close()

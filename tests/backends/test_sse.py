@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from backends.base import BackendError, BadRequest, RateLimited, Unavailable, UpstreamError
-from backends.raw_http import RawStream
+from backends.raw_stream import MAX_LINE, RawStream
 from backends.sse import WAIT, SSELines
 
 
@@ -90,6 +90,25 @@ async def test_an_events_data_lines_are_one_event_on_one_line() -> None:
     assert [await lines.next(deadline) for _ in range(4)] == [b'{"a": 1}', b"[1, 2]", b'{"b": 2}', None]
 
 
+async def test_lines_ended_by_a_carriage_return_alone_come_as_they_arrive() -> None:
+    """The SSE standard ends a line with CRLF, LF or CR alone: CR-ended events come as each arrives,
+    not at the end of the body; a CRLF cut between its CR and its LF is one line end."""
+    stream = body_stream()
+    lines = SSELines(stream, "dep")
+    deadline = asyncio.get_running_loop().time() + 10
+    stream.feed(b'data: {"a":1}\r\r')
+    assert await asyncio.wait_for(lines.next(deadline), 1) == b'{"a":1}'
+    stream.feed(b'data: {"b":\r')  # its LF, or a blank line, may still come
+    assert lines.poll() is WAIT
+    stream.feed(b'\ndata: 2}\r\n\r')  # a blank line: whether an LF follows its CR or not
+    assert lines.poll() == b'{"b": 2}'
+    stream.feed(b'\ndata: {"c":3}\r\r')
+    assert [lines.poll(), lines.poll()] == [b'{"c":3}', WAIT]
+    stream.feed(b"data: [DONE]\r\r")
+    stream.end()
+    assert await lines.next(deadline) is None and lines.saw_done
+
+
 @pytest.mark.parametrize(("event", "error"), [
     (b'{"error": {"message": "slow down", "type": "rate_limit_error"}}', RateLimited),
     (b'{"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}', Unavailable),
@@ -146,7 +165,7 @@ async def test_an_error_event_after_the_first_is_data_for_the_caller() -> None:
 async def test_an_endless_line_is_an_error() -> None:
     stream = body_stream()
     lines = SSELines(stream, "dep")
-    stream.feed(b"data: " + b"x" * (3 << 20))
+    stream.feed(b"data: " + b"x" * MAX_LINE)
     with pytest.raises(UpstreamError, match="oversized"):
         await lines.next(asyncio.get_running_loop().time() + 10)
 

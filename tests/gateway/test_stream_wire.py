@@ -145,6 +145,23 @@ def test_events_cut_at_every_byte_with_every_sse_field_arrive_whole(wire: Wire) 
     assert (record.prompt_tokens, record.completion_tokens, record.exact) == (3, 4, True)
 
 
+def test_events_whose_lines_end_with_a_carriage_return_alone_are_relayed_as_they_come(wire: Wire) -> None:
+    """SSE lets a line end with CR alone: each event is relayed when it arrives (it was held until
+    the end of the body), even cut at every byte."""
+    first = events(chunk("hé"), done=False).replace(b"\n", b"\r")
+    rest = events(chunk(" there"), chunk(finish="stop"), chunk(usage=usage_of(3, 2), choices=False))
+    wire.upstream.scripts.append([first[i:i + 1] for i in range(len(first))] + [2.0, rest.replace(b"\n", b"\r")])
+    stream = wire.client().chat.completions.create(model="echo", messages=CHAT, stream=True,
+                                                   stream_options={"include_usage": True})
+    got = [next(stream)]
+    assert not wire.upstream.finished.is_set()  # the first event came while the upstream still paused
+    got += list(stream)
+    assert "".join(c.choices[0].delta.content or "" for c in got if c.choices) == "hé there"
+    assert got[-1].usage is not None and got[-1].usage.completion_tokens == 2
+    record = wire.usage.wait_for(1)[0]
+    assert (record.prompt_tokens, record.completion_tokens, record.exact) == (3, 2, True)
+
+
 def test_a_megabyte_chunk_is_relayed_intact(wire: Wire) -> None:
     big = "x" * (1 << 20)
     body = events(chunk(big), chunk(finish="stop"), chunk(usage=usage_of(1, 2), choices=False))
