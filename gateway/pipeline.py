@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import math
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -28,7 +27,7 @@ from typing import Any
 from litestar import Response
 from litestar.background_tasks import BackgroundTask
 
-from backends.base import BackendError, ChunkStream, Completed, ContextTooLong, Meter, RateLimited, Timeout, Unavailable
+from backends.base import BackendError, ChunkStream, Completed, Meter, RateLimited, Timeout, Unavailable
 from backends.call import CallContext, CallingTenant, forwarded_tenant
 from gateway.calls import CallDescription
 from gateway.contracts import (
@@ -49,7 +48,7 @@ from gateway.quotas.reservation import reserve_prompt
 from gateway.routing.deadline import Deadline, DeadlineExceeded, wait_out
 from gateway.routing.deployment import Deployment
 from gateway.routing.health import DeploymentHealth
-from gateway.routing.plan import MAX_HOLD_OFF, RoutePlan, holds_off, tokens_left
+from gateway.routing.plan import MAX_HOLD_OFF, RoutePlan, bound_wait, holds_off, tokens_left
 from gateway.routing.router import ModelGroup
 from gateway.services import Services
 from gateway.settings import PriceConfig, Settings
@@ -228,7 +227,7 @@ class Pipeline:
                          routing_key=call.routing_key, tenant=tenant, tokens=tokens, deadline=deadline)
         attempt = plan.first()
         if attempt is None:
-            raise _nothing_to_try(plan, call)
+            raise plan.nothing_to_try(call.model, call.prompt_tokens)
         while True:
             health = attempt.deployment.health
             if deadline.expired:
@@ -264,13 +263,14 @@ class Pipeline:
                 hooks.end_attempt(span, exc.kind, exc.upstream_request_id)
                 self.telemetry.upstream_error(attempt.deployment.id, exc.kind)
                 _record_failure(health, exc, tenant, trial)
-                # as slow as that at least: lowest_latency must not keep it first (not one the deadline cut short)
-                if isinstance(exc, Timeout) and exc.blames_deployment:
+                # as slow as that at least, for lowest_latency (not one the deadline cut short, nor an upstream's 408)
+                if isinstance(exc, Timeout) and exc.blames_deployment and exc.status is None:
                     health.note_latency(time.perf_counter() - t0)
                 following = plan.after(exc)
                 if following is None:
                     if plan.out_of_time:  # a wait for the next attempt would end after the deadline
                         raise deadline.exceeded(call.model) from None
+                    bound_wait(exc)
                     raise
                 log.info("request %s: %s on %s, next %s", flight.request_id, exc.kind, attempt.deployment.id,
                          following.deployment.id)
@@ -445,22 +445,6 @@ def _output_cap(configured: int | None, api_default: int | None) -> int | None:
     if api_default is None:
         return configured
     return api_default if configured is None else min(configured, api_default)
-
-
-def _nothing_to_try(plan: RoutePlan, call: CallDescription) -> BackendError:
-    """Why the plan had no first attempt: the prompt fits no deployment, the upstreams asked to
-    wait (a 429 with the shortest wait left), the tenant's own circuits are open, or circuits open /
-    deployments at capacity."""
-    if plan.too_long:
-        return ContextTooLong(f"the prompt (about {call.prompt_tokens} tokens) exceeds the context window of "
-                              f"every deployment of '{call.model}'", param="messages")
-    if (wait := plan.held_off()) is not None:
-        return RateLimited(f"the upstreams of '{call.model}' asked for no requests for {math.ceil(wait)} s",
-                           retry_after=wait)
-    if plan.tenant_refused > 0:
-        return Unavailable(f"the deployments of '{call.model}' are refusing this tenant's requests for "
-                           f"{math.ceil(plan.tenant_refused)} s after repeated failures")
-    return Unavailable(f"no deployment of '{call.model}' is available (circuits open or at capacity)")
 
 
 def _record_failure(health: DeploymentHealth, exc: BackendError, tenant: str, trial: int) -> None:

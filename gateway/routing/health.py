@@ -93,6 +93,10 @@ class DeploymentHealth:
             return "half_open"
         return "open"
 
+    def cooling_for(self) -> float:
+        """Seconds left until the open circuit lets a trial through (0: it is not open)."""
+        return 0.0 if self._opened_at is None else max(0.0, self._opened_at + self.config.cooldown - self._clock())
+
     def available(self, after_hold: bool = False, tenant: str | None = None) -> bool:
         """Whether a request (of ``tenant``) may be sent now (a half-open circuit admits one trial at
         a time, and none is sent while the upstream asked to wait; ``after_hold``: once that wait is over)."""

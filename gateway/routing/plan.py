@@ -4,8 +4,9 @@
 or None (give up and answer with ``error``). Only failures *before the first byte* reach the plan:
 once a stream has started it is never retried. Retryable errors (connect, 429, 5xx, timeouts)
 move to the next deployment of the group in strategy order (round again when there are fewer
-deployments than retries), waiting a jittered exponential backoff; when the group's retries are
-spent, the group's ``fallbacks`` are tried in turn. A prompt too long for the deployment
+deployments than retries), waiting a jittered exponential backoff (at least a 429's or 503's
+``Retry-After`` when it is the same deployment again, at most ``MAX_BACKOFF``); when the group's
+retries are spent, the group's ``fallbacks`` are tried in turn. A prompt too long for the deployment
 (``ContextTooLong`` from the provider, or an estimate above its configured ``context_window``)
 goes to ``context_window_fallbacks`` instead. Fallbacks chain, depth-first: a fallback group is
 tried as a request for it would be, its own fallbacks (of either kind) before the next one of the
@@ -37,11 +38,12 @@ no attempt is.
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from backends.base import AuthFailed, BackendError, ContextTooLong, ModelNotFound, RateLimited
+from backends.base import AuthFailed, BackendError, ContextTooLong, ModelNotFound, RateLimited, Unavailable
 from gateway.routing.deadline import Deadline
 from gateway.routing.deployment import Deployment
 from gateway.routing.router import ModelGroup
@@ -57,6 +59,13 @@ def holds_off(error: BackendError) -> float | None:
             and error.retry_after > 0:
         return min(error.retry_after, MAX_HOLD_OFF)
     return None
+
+
+def bound_wait(error: BackendError) -> None:
+    """Cap the wait ``error`` tells the client (its ``Retry-After``) at ``MAX_HOLD_OFF``: the router
+    tries its deployment again after that, whatever the upstream asked (``1e300``)."""
+    if isinstance(error, (RateLimited, Unavailable)) and error.retry_after is not None:
+        error.retry_after = min(error.retry_after, MAX_HOLD_OFF)
 
 
 def tokens_left(error: BackendError) -> tuple[float, float] | None:
@@ -138,17 +147,44 @@ class RoutePlan:
         return self._next_group(self._fallbacks)
 
     def held_off(self) -> float | None:
-        """The shortest wait left of the deployments held off in the groups tried (see
-        ``holds_off``), or None when none is: why no attempt was left, if it was that."""
-        waits = [w for group in self._entered for d in group.deployments if (w := d.health.held_for(self._tenant)) > 0]
+        """The shortest wait left of the deployments held off in the groups tried that the prompt
+        fits (see ``holds_off``), or None when none is: why no attempt was left, if it was that."""
+        waits = [w for group in self._entered for d in group.deployments
+                 if self._fits(d) and (w := d.health.held_for(self._tenant)) > 0]
         return min(waits, default=None)
+
+    def circuits_open(self) -> float | None:
+        """The shortest wait until a circuit half-opens when every deployment of the groups tried that
+        the prompt fits has its circuit open (why no attempt was left, if it was that), else None."""
+        waits = [d.health.cooling_for() for group in self._entered for d in group.deployments if self._fits(d)]
+        return min(waits) if waits and min(waits) > 0 else None
+
+    def nothing_to_try(self, model: str, prompt_tokens: int) -> BackendError:
+        """Why the plan had no first attempt: the upstreams asked to wait (a 429 with the shortest wait
+        left), the tenant's own circuits are open, those of the deployments the prompt fits are, the prompt
+        fits no deployment tried (after those: not a 400 for a fallback's smaller window), or capacity."""
+        if (wait := self.held_off()) is not None:
+            return RateLimited(f"the upstreams of '{model}' asked for no requests for {math.ceil(wait)} s",
+                               retry_after=wait)
+        if self.tenant_refused > 0:
+            return Unavailable(f"the deployments of '{model}' are refusing this tenant's requests for "
+                               f"{math.ceil(self.tenant_refused)} s after repeated failures",
+                               retry_after=self.tenant_refused)
+        if (wait := self.circuits_open()) is not None:
+            return Unavailable(f"every deployment of '{model}' failed repeatedly; the next is tried in "
+                               f"{math.ceil(wait)} s", retry_after=wait)
+        if self.too_long:
+            return ContextTooLong(f"the prompt (about {prompt_tokens} tokens) exceeds the context window of "
+                                  f"every deployment of '{model}'", param="messages")
+        return Unavailable(f"no deployment of '{model}' is available (circuits open or at capacity)")
 
     # ------------------------------------------------------------ internals
 
     def _backoff(self, error: BackendError) -> float:
         delay = self._group.config.retry_backoff * 2 ** (self._retry - 1) * self._rng.uniform(0.5, 1.5)
-        if isinstance(error, RateLimited) and error.retry_after is not None and len(self._order) <= 1:
-            delay = max(delay, error.retry_after)  # the same deployment asked us to wait
+        asked = error.retry_after if isinstance(error, (RateLimited, Unavailable)) else None
+        if asked is not None and len(self._order) <= 1:
+            delay = max(delay, asked)  # the same deployment asked us to wait (a 429's or a 503's Retry-After)
         return min(delay, MAX_BACKOFF)
 
     def _next_in_group(self, delay: float) -> Attempt | None:
@@ -197,14 +233,17 @@ class RoutePlan:
         its tenant's own circuit there is closed, and no reload removed it."""
         if deployment.retired:
             return False
-        window = deployment.config.context_window
-        if window is not None and self._prompt_tokens > window:
+        if not self._fits(deployment):
             self.too_long = True
             return False
         if not deployment.health.admits(self._tenant):
             self.tenant_refused = max(self.tenant_refused, deployment.health.tenant_retry_after(self._tenant))
             return False
         return deployment not in self._not_again
+
+    def _fits(self, deployment: Deployment) -> bool:
+        window = deployment.config.context_window
+        return window is None or self._prompt_tokens <= window
 
     def _attempt(self, deployment: Deployment, delay: float) -> Attempt:
         self._current = deployment

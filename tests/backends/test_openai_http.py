@@ -21,7 +21,7 @@ from backends.base import (
 )
 from backends.call import CallContext
 from backends.embeddings_wire import EmbeddingRequest
-from backends.http_upstream import limits_left, status_error
+from backends.http_upstream import status_error
 from backends.openai_http import OpenAIHTTPBackend
 from backends.openai_wire import (
     ChatCompletionChunk,
@@ -32,6 +32,7 @@ from backends.openai_wire import (
     encode_answer,
     set_relayed,
 )
+from backends.upstream_limits import limits_left
 from gateway.settings import DeploymentConfig, Timeouts
 from tests.support.fake_upstream import FakeUpstream, Fault
 
