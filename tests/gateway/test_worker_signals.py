@@ -33,6 +33,15 @@ async def _until(check: Any, timeout: float) -> None:
         await asyncio.sleep(0.2)
 
 
+def _healthy(url: str) -> bool:
+    """Whether the server answers its health check: a connection the kernel queued while the
+    replacements still start (slow on a loaded host) may time out, which is "not yet", not a failure."""
+    try:
+        return httpx.get(url + "/healthz", timeout=5).status_code == 200
+    except httpx.TransportError:
+        return False
+
+
 def _busiest(pids: set[int], url: str) -> int:
     """The worker serving the most of the streams (connections to the gateway's port)."""
     port = int(url.rsplit(":", 1)[1])
@@ -152,7 +161,7 @@ async def test_workers_killed_as_soon_as_they_started_are_replaced(
             os.kill(pid, signal.SIGKILL)
         await _until(lambda: proc.poll() is not None or len(worker_pids(proc.pid) - first) == 2, 60)
         assert proc.poll() is None, log.read_text()[-2000:]
-        await _until(lambda: httpx.get(url + "/healthz", timeout=5).status_code == 200, 60)
+        await _until(lambda: _healthy(url), 60)
     finally:
         proc.terminate()
         assert await asyncio.to_thread(proc.wait, 60) == 0, log.read_text()[-3000:]
