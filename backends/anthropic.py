@@ -223,7 +223,7 @@ class AnthropicBackend(HTTPBackend):
         data, _ = await self._unary(counted, "/messages/count_tokens", _upstream_headers(request))
         tokens = data.get("input_tokens")
         if not isinstance(tokens, int):
-            raise UpstreamError(f"upstream {self.deployment_id} sent no input_tokens")
+            raise UpstreamError("the upstream sent no input_tokens")
         return tokens
 
     # ------------------------------------------------------------ internals
@@ -235,15 +235,15 @@ class AnthropicBackend(HTTPBackend):
         try:
             data = json.loads(answer.body)
         except (ValueError, RecursionError):
-            raise UpstreamError(f"upstream {self.deployment_id} sent invalid JSON") from None
+            raise UpstreamError("the upstream sent invalid JSON") from None
         if not isinstance(data, dict) or data.get("type") == "error":
-            raise UpstreamError(f"upstream {self.deployment_id} sent an unusable answer")
+            raise UpstreamError("the upstream sent an unusable answer")
         return data, answer.headers
 
     async def _open(self, body: dict[str, Any], headers: Mapping[str, str]) -> Events:
         response, first_deadline, deadline = await self.http.open_stream("/messages", msgspec.json.encode(body),
                                                                          headers)
-        return Events(response, self.deployment_id, first_deadline, deadline, self.http.timeouts.idle)
+        return Events(response, first_deadline, deadline, self.http.timeouts.idle)
 
 
 class _AsText:

@@ -39,11 +39,10 @@ class Events:
     """Anthropic SSE events (``event: <type>`` / ``data: {...}``), decoded to dicts."""
 
     def __init__(
-        self, response: RawStream, deployment: str, first_deadline: float, deadline: float, idle: float
+        self, response: RawStream, first_deadline: float, deadline: float, idle: float
     ) -> None:
         self.response = response
-        self._lines = SSELines(response, deployment, idle)
-        self._deployment = deployment
+        self._lines = SSELines(response, idle)
         self._deadline = first_deadline  # until the first event, then the total deadline
         self._total = deadline
 
@@ -55,9 +54,9 @@ class Events:
         try:
             event = json.loads(data)
         except (ValueError, RecursionError):
-            raise UpstreamError(f"upstream {self._deployment} sent an invalid event") from None
+            raise UpstreamError("the upstream sent an invalid event") from None
         if not isinstance(event, dict):
-            raise UpstreamError(f"upstream {self._deployment} sent an invalid event")
+            raise UpstreamError("the upstream sent an invalid event")
         return event
 
     def interrupt(self) -> None:
@@ -132,7 +131,7 @@ class StreamTranslator:
         try:
             event = await self._events.next()
             if event is None and not self._ended:
-                raise Unavailable(f"upstream {self._backend.deployment_id} ended the stream before message_stop")
+                raise Unavailable("the upstream ended the stream before message_stop")
             if event is not None and self._kept is not None and event.get("type") != "error":
                 self._kept.append(event)  # an error event goes out as the failure it raises
             self._translate(event)
@@ -190,7 +189,7 @@ class StreamTranslator:
             self._finish()
         elif kind == "error":
             error = event.get("error") or {}
-            message = f"upstream {self._backend.deployment_id}: {error.get('message', 'stream error')}"
+            message = f"the upstream failed: {error.get('message', 'stream error')}"
             if error.get("type") == "overloaded_error":
                 raise Unavailable(message)
             if error.get("type") == "rate_limit_error":

@@ -96,6 +96,16 @@ class RateLimited(BackendError):
         self.tokens_reset = tokens_reset
 
 
+class Conflict(BackendError):
+    """A 409: the upstream could not serve the request just now because of a concurrent change (OpenAI's
+    lock timeouts and conflicting updates, which its SDK retries): another attempt may succeed, and the
+    deployment is not at fault."""
+
+    retryable = True
+    blames_deployment = False
+    kind = "conflict"
+
+
 class Timeout(BackendError):
     retryable = True
     kind = "timeout"

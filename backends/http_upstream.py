@@ -26,6 +26,7 @@ from backends.base import (
     ChunkStream,
     ChunkT,
     Completed,
+    Conflict,
     ContextTooLong,
     Meter,
     ModelNotFound,
@@ -74,7 +75,8 @@ class FastAPIError(msgspec.Struct):
 def parse_error(body: bytes) -> ErrorDetail:
     """An error answer's error object: its ``error``, else the object itself when it has a message
     (vLLM's and SGLang's ``{"object": "error", "message": ...}``), else FastAPI's ``detail``, else
-    the body as text."""
+    the body as text, but for a web page (a proxy's or web server's ``404 Not Found`` for a wrong
+    ``api_base``), whose words are no message for a client and may name the upstream's host and paths."""
     try:
         envelope = msgspec.json.decode(body, type=ErrorEnvelope)
     except (msgspec.MsgspecError, RecursionError):
@@ -82,8 +84,12 @@ def parse_error(body: bytes) -> ErrorDetail:
             detail = msgspec.json.decode(body, type=ErrorDetail)
         except (msgspec.MsgspecError, RecursionError):
             detail = ErrorDetail()
-        return detail if detail.message else _fastapi_error(body) or ErrorDetail(
-            message=body.decode("utf-8", "replace").strip()[:500])
+        if detail.message:
+            return detail
+        if (fastapi := _fastapi_error(body)) is not None:
+            return fastapi
+        text = body.decode("utf-8", "replace").strip()
+        return ErrorDetail() if text.startswith("<") else ErrorDetail(message=text[:500])
     return ErrorDetail(message=envelope.error) if isinstance(envelope.error, str) else envelope.error
 
 
@@ -169,6 +175,8 @@ def detail_error(status: int, detail: ErrorDetail, wait: float | None = None, ex
         return ModelNotFound(message, param="model", status=status)
     if status == 408:
         return Timeout(message, status=status)
+    if status == 409:
+        return Conflict(message, status=status)
     if status == 500 and code == RequestFailed.kind:  # an engine node failed this one request alone
         return RequestFailed(message, status=status)
     if status >= 500:  # includes Anthropic's 529 "overloaded"
@@ -290,9 +298,9 @@ class HTTPUpstream:
             deadline = raw.clock() + self.timeouts.total
             answer = await raw.post(path, payload, with_trace_context(headers), deadline=deadline, method=method)
         except TimeoutError:
-            raise Timeout(f"upstream {self.deployment_id} did not answer within the total timeout") from None
+            raise Timeout("the upstream did not answer within the total timeout") from None
         except (OSError, ValueError) as exc:  # refused, reset, unreadable, a bad base URL or header
-            raise Unavailable(f"upstream {self.deployment_id} unreachable: {type(exc).__name__}") from None
+            raise Unavailable(f"the upstream is unreachable: {type(exc).__name__}") from None
         finally:
             self.in_flight -= 1
         if answer.body.startswith(BOM):  # RFC 8259 lets a JSON parser ignore it, and the SDKs do
@@ -316,9 +324,9 @@ class HTTPUpstream:
                 stream = await raw.open_stream(path, payload, with_trace_context(headers), deadline=first_deadline,
                                                method=method)
             except TimeoutError:
-                raise Timeout(f"upstream {self.deployment_id} did not answer in time") from None
+                raise Timeout("the upstream did not answer in time") from None
             except (OSError, ValueError) as exc:
-                raise Unavailable(f"upstream {self.deployment_id} unreachable: {type(exc).__name__}") from None
+                raise Unavailable(f"the upstream is unreachable: {type(exc).__name__}") from None
             if stream.status >= 300:
                 try:
                     async with asyncio.timeout(self.timeouts.connect):

@@ -264,7 +264,7 @@ class OpenAIHTTPBackend(HTTPBackend):
             return response, answer.headers
         except (msgspec.MsgspecError, RecursionError) as exc:
             raise_if_error(body)  # a 2xx whose body is an error object fails as what it names
-            raise UpstreamError(f"upstream {self.deployment_id} sent an invalid response: {exc}") from None
+            raise UpstreamError(f"the upstream sent an invalid response: {exc}") from None
 
     async def _open_stream(self, path: str, payload: bytes, type_: type[C],
                            request: ChatCompletionRequest | CompletionRequest, prompt_estimate: int,
@@ -272,16 +272,16 @@ class OpenAIHTTPBackend(HTTPBackend):
         """Open the stream and read its first chunk, so failures before the first byte raise here;
         usage is relayed as ``request`` asked for it."""
         response, first_deadline, deadline = await self.http.open_stream(path, payload, self._headers(ctx))
-        reader = ChunkReader(response, type_, self.deployment_id, self.http.timeouts.idle)
+        reader = ChunkReader(response, type_, self.http.timeouts.idle)
         try:
             first = await reader.next(first_deadline)
             if first is None:
                 kind = response.headers.get("content-type", "").split(";")[0].strip()
                 if kind != "text/event-stream":  # e.g. a whole JSON answer: the upstream does not stream
-                    raise UpstreamError(f"upstream {self.deployment_id} answered a stream request with "
+                    raise UpstreamError(f"the upstream answered a stream request with "
                                         f"{kind or 'no content-type'}, not an event stream")
                 # as a dropped connection: nothing reached the client, so another deployment may serve it
-                raise Unavailable(f"upstream {self.deployment_id} ended the stream without a chunk")
+                raise Unavailable("the upstream ended the stream without a chunk")
         except BaseException:
             reader.close()
             await self.http.close_stream(response)

@@ -61,10 +61,9 @@ def keep_relayed(obj: Any, data: bytes) -> None:
 class ChunkReader:
     """Decodes each ``data:`` event into a chunk Struct; an ``{"error": ...}`` event raises."""
 
-    def __init__(self, response: RawStream, type_: type[Any], deployment: str, idle: float) -> None:
-        self._lines = SSELines(response, deployment, idle)
+    def __init__(self, response: RawStream, type_: type[Any], idle: float) -> None:
+        self._lines = SSELines(response, idle)
         self._decoder = msgspec.json.Decoder(type_)
-        self._deployment = deployment
 
     async def next(self, deadline: float) -> Any:
         data = await self._lines.next(deadline)
@@ -96,9 +95,9 @@ class ChunkReader:
             try:
                 envelope = msgspec.json.decode(data, type=ErrorEnvelope)
             except (msgspec.MsgspecError, RecursionError):
-                raise UpstreamError(f"upstream {self._deployment} sent an invalid chunk: {exc}") from None
+                raise UpstreamError(f"the upstream sent an invalid chunk: {exc}") from None
             error = envelope.error if isinstance(envelope.error, ErrorDetail) else ErrorDetail(envelope.error)
-            raise UpstreamError(f"upstream {self._deployment} failed mid-stream: {error.message}") from None
+            raise UpstreamError(f"the upstream failed mid-stream: {error.message}") from None
 
     def close(self) -> None:
         self._lines.close()
@@ -204,7 +203,7 @@ class ChunkRelay(Generic[C]):
         """At the end of the body: a stream that ended without ``[DONE]`` while a choice it had
         begun had no ``finish_reason`` yet, or before any choice began, was cut short, not completed."""
         if not self._reader.lines.saw_done and (self._unfinished or not self._began):
-            raise Unavailable(f"upstream {self._http.deployment_id} ended the stream before it finished")
+            raise Unavailable("the upstream ended the stream before it finished")
 
     def _account(self, chunk: C) -> C | None:
         """Update the meter from one chunk; the chunk to relay, or None to drop it."""

@@ -103,9 +103,9 @@ async def _object(http: HTTPUpstream, path: str, payload: bytes, headers: dict[s
     try:
         body = msgspec.json.decode(raw)
     except (msgspec.DecodeError, RecursionError) as exc:
-        raise UpstreamError(f"upstream {http.deployment_id} sent an invalid response: {exc}") from None
+        raise UpstreamError(f"the upstream sent an invalid response: {exc}") from None
     if not isinstance(body, dict):
-        raise UpstreamError(f"upstream {http.deployment_id} sent an invalid response")
+        raise UpstreamError("the upstream sent an invalid response")
     if field not in body:
         raise_if_error(raw)
     redact_failure(body)
@@ -124,7 +124,7 @@ async def count_input_tokens(http: HTTPUpstream, payload: bytes) -> dict[str, An
     """The upstream's ``response.input_tokens`` object, as it came."""
     body, _ = await _object(http, "/responses/input_tokens", payload, None, "input_tokens")
     if not isinstance(body.get("input_tokens"), int):
-        raise UpstreamError(f"upstream {http.deployment_id} sent no input_tokens")
+        raise UpstreamError("the upstream sent no input_tokens")
     return body
 
 
@@ -162,7 +162,7 @@ async def held_response(http: HTTPUpstream, method: str, path: str) -> dict[str,
     except (msgspec.DecodeError, RecursionError):
         body = None
     if not isinstance(body, dict):
-        raise UpstreamError(f"upstream {http.deployment_id} sent an invalid response")
+        raise UpstreamError("the upstream sent an invalid response")
     redact_failure(body)
     return body
 
@@ -225,7 +225,7 @@ class _Events:
                  may_be_empty: bool = False) -> None:
         self._http, self._response, self._meter, self._deadline = http, response, meter, deadline
         self._may_be_empty = may_be_empty
-        self._lines = SSELines(response, http.deployment_id, http.timeouts.idle)
+        self._lines = SSELines(response, http.timeouts.idle)
         self._first: ResponsesEvent | None = None
         self._closed = False
         self._finished = False  # its last event (``FINAL_EVENTS``) came
@@ -234,17 +234,17 @@ class _Events:
     async def prime(self, first_deadline: float) -> None:
         self._first = await self._read(first_deadline)
         if self._first is not None and self._errored:  # before any event relayed: a failure as an error answer is
-            raise UpstreamError(f"upstream {self._http.deployment_id} failed: {self._first.data.get('message')}")
+            raise UpstreamError(f"the upstream failed: {self._first.data.get('message')}")
         if self._first is None:
             kind = self._response.headers.get("content-type", "").split(";")[0].strip()
             if kind != "text/event-stream":  # e.g. a whole JSON answer: the upstream does not stream
-                raise UpstreamError(f"upstream {self._http.deployment_id} answered a stream request with "
+                raise UpstreamError(f"the upstream answered a stream request with "
                                     f"{kind or 'no content-type'}, not an event stream")
             if self._may_be_empty:
                 self._finished = True  # nothing to relay, and nothing cut short
                 return
             # as a dropped connection: nothing reached the client, so another deployment may serve it
-            raise Unavailable(f"upstream {self._http.deployment_id} ended the stream without an event")
+            raise Unavailable("the upstream ended the stream without an event")
 
     def __aiter__(self) -> _Events:
         return self
@@ -259,9 +259,9 @@ class _Events:
         if event is None:
             await self.aclose()
             if self._errored and not self._finished:  # its own ``error`` event told the client
-                raise RelayedFailure(f"upstream {self._http.deployment_id} failed mid-stream")
+                raise RelayedFailure("the upstream failed mid-stream")
             if not self._finished:  # cut short: a failure, not an answer
-                raise Unavailable(f"upstream {self._http.deployment_id} ended the stream before it finished")
+                raise Unavailable("the upstream ended the stream before it finished")
             raise StopAsyncIteration
         return event
 
@@ -272,9 +272,9 @@ class _Events:
         try:
             event = msgspec.json.decode(data)
         except (msgspec.DecodeError, RecursionError):
-            raise UpstreamError(f"upstream {self._http.deployment_id} sent an invalid event") from None
+            raise UpstreamError("the upstream sent an invalid event") from None
         if not isinstance(event, dict):
-            raise UpstreamError(f"upstream {self._http.deployment_id} sent an invalid event")
+            raise UpstreamError("the upstream sent an invalid event")
         kind = event.get("type")
         meter = self._meter
         if kind in _GENERATED_DELTAS:

@@ -43,10 +43,9 @@ class SSELines:
     When a limit is reached the pending read fails. ``close()`` drops the timer (the end of the body
     and any failure do too)."""
 
-    def __init__(self, stream: RawStream, deployment: str, idle: float | None = None) -> None:
+    def __init__(self, stream: RawStream, idle: float | None = None) -> None:
         self._loop = stream.loop  # not asyncio.get_running_loop(): a getpid system call each on Python 3.11
         self._content = stream
-        self._deployment = deployment
         self._idle = idle
         self._started = False  # an event arrived: from now on silences are bounded by ``idle``
         self._fresh = True  # no line read yet: a byte order mark may lead the body
@@ -131,14 +130,14 @@ class SSELines:
         except (TimeoutError, OSError) as exc:
             self.close()
             if self._expired == "idle":
-                raise Timeout(f"upstream {self._deployment} stream was silent for {self._idle:g} s "
+                raise Timeout(f"the upstream's stream was silent for {self._idle:g} s "
                               "(idle timeout)") from None
             if self._expired or isinstance(exc, TimeoutError):
-                raise Timeout(f"upstream {self._deployment} stream timed out") from None
-            raise Unavailable(f"upstream {self._deployment} stream broke: {type(exc).__name__}") from None
+                raise Timeout("the upstream's stream timed out") from None
+            raise Unavailable(f"the upstream's stream broke: {type(exc).__name__}") from None
         except ValueError as exc:  # a line longer than the read buffer
             self.close()
-            raise UpstreamError(f"upstream {self._deployment} sent an oversized event: {exc}") from None
+            raise UpstreamError(f"the upstream sent an oversized event: {exc}") from None
         return WAIT
 
     def close(self) -> None:

@@ -32,6 +32,8 @@ def retry_after(headers: Mapping[str, str]) -> float | None:
             when = email.utils.parsedate_to_datetime(value)
         except (TypeError, ValueError):
             return None
+        if when.tzinfo is None:  # "-0000": an HTTP date is always GMT (RFC 9110), not the host's local time
+            when = when.replace(tzinfo=datetime.UTC)
         return max(0.0, when.timestamp() - time.time())
 
 

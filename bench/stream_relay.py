@@ -86,7 +86,7 @@ async def open_relay(push: bool, written: list[int]) -> tuple[_Connection, Async
     conn.data_received(HEAD + upstream_chunk(0))
     await answer
     loop = asyncio.get_running_loop()
-    reader = ChunkReader(stream, ChatCompletionChunk, "bench", 300.0)
+    reader = ChunkReader(stream, ChatCompletionChunk, 300.0)
     meter = Meter()
     first = await reader.next(loop.time() + 3600)
     relay = ChunkRelay(_Upstream(), stream, reader, first, loop.time() + 3600, meter,  # type: ignore[arg-type]

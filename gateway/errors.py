@@ -19,6 +19,7 @@ from backends.base import (
     AuthFailed,
     BackendError,
     BadRequest,
+    Conflict,
     ContextTooLong,
     ModelNotFound,
     RateLimited,
@@ -41,6 +42,7 @@ _TYPE_BY_STATUS = {
     401: "authentication_error",
     403: "permission_error",
     404: "not_found_error",
+    409: "invalid_request_error",
     405: "invalid_request_error",
     413: "invalid_request_error",
     429: "rate_limit_error",
@@ -118,6 +120,8 @@ def _client_error(exc: BackendError) -> ApiError:
         return ApiError(
             429, exc.message, code="upstream_rate_limited", headers=retry_after_header(exc.retry_after)
         )
+    if isinstance(exc, Conflict):  # passed on as a 409, which the openai SDK retries
+        return ApiError(409, exc.message, code="upstream_conflict")
     if isinstance(exc, Timeout):
         return ApiError(504, exc.message, code="upstream_timeout")
     if isinstance(exc, Unavailable):

@@ -45,8 +45,7 @@ def holder(pipeline: Pipeline, principal: Principal, model: str, deployment: str
     """The backend of ``deployment``, which holds ``response_id``, a response of ``model`` (as the client named it)."""
     backend = next((d.backend for d in pipeline.group_for(principal, model).deployments if d.id == deployment), None)
     if not isinstance(backend, ServesResponses):
-        raise Unavailable(f"deployment {deployment}, which holds response {response_id}, is no longer "
-                          f"a deployment of '{model}'")
+        raise Unavailable(f"response {response_id} is held by an upstream no longer serving '{model}'")
     return backend
 
 

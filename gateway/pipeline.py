@@ -237,7 +237,7 @@ class Pipeline:
                 # meanwhile other requests took its half-open trial, its max_concurrency slots or its
                 # tokens_per_minute, or a reload removed it: on to the next, as a pick now would
                 if not attempt.deployment.accepts(tenant=tenant) or attempt.deployment.retired:
-                    skipped = Unavailable(f"deployment {attempt.deployment.id} is no longer available")
+                    skipped = Unavailable(f"no deployment of '{call.model}' is available now")
                     if (following := plan.after(skipped)) is None:
                         raise deadline.exceeded(call.model) if plan.out_of_time else skipped
                     attempt = following

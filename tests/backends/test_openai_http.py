@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import calendar
 import email.utils
 import time
+from collections.abc import Iterator
 
 import httpx
 import msgspec
@@ -270,6 +272,26 @@ def test_retry_after_forms() -> None:
     assert isinstance(bad, BadRequest) and bad.param == "n" and bad.message == "bad n"
     assert isinstance(status_error(400, httpx.Headers(), b'{"error": {"code": "context_length_exceeded"}}'),
                       ContextTooLong)
+
+
+@pytest.fixture
+def tokyo_time(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The host's local time is UTC+9: a date read as local time is 9 hours early."""
+    monkeypatch.setenv("TZ", "Asia/Tokyo")
+    time.tzset()
+    yield
+    monkeypatch.undo()
+    time.tzset()
+
+
+@pytest.mark.usefixtures("tokyo_time")
+def test_a_retry_after_date_ending_in_minus_zero_is_gmt(monkeypatch: pytest.MonkeyPatch) -> None:
+    """RFC 5322's ``-0000`` (which ``email.utils.formatdate`` writes) says no zone; an HTTP date is GMT all the same."""
+    when = calendar.timegm((2026, 3, 1, 12, 0, 0))  # Sun, 01 Mar 2026 12:00:00 GMT
+    monkeypatch.setattr(time, "time", lambda: when - 120.0)
+    for date in ("Sun, 01 Mar 2026 12:00:00 -0000", "Sun, 01 Mar 2026 12:00:00 GMT"):
+        error = status_error(429, httpx.Headers({"retry-after": date}), b"")
+        assert isinstance(error, RateLimited) and error.retry_after == pytest.approx(120.0), date
 
 
 def test_what_a_429_says_of_the_upstreams_limits() -> None:

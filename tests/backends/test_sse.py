@@ -34,7 +34,7 @@ def body_stream() -> RawStream:
 
 async def test_events_come_whole_however_the_body_is_cut() -> None:
     stream = body_stream()
-    lines = SSELines(stream, "dep", idle=60)
+    lines = SSELines(stream, idle=60)
     pieces = [
         b": a comment, then a keep-alive\n\nevent: message\ndata: {\"a\":1}\n\ndata: {\"b\"",  # 1.5 events
         b":2}\r\n\r\n",  # the rest of one, with CRLF endings
@@ -57,7 +57,7 @@ async def test_events_come_whole_however_the_body_is_cut() -> None:
 
 async def test_a_last_event_without_a_newline_still_counts_at_the_end() -> None:
     stream = body_stream()
-    lines = SSELines(stream, "dep")
+    lines = SSELines(stream)
     stream.feed(b"data: {\"a\":1}\n\ndata: {\"b\":2}")
     stream.end()
     deadline = asyncio.get_running_loop().time() + 10
@@ -68,7 +68,7 @@ async def test_a_last_event_without_a_newline_still_counts_at_the_end() -> None:
 async def test_a_byte_order_mark_before_the_first_event_is_ignored() -> None:
     """The SSE standard skips one leading U+FEFF: the first event behind it is an event, not lost."""
     stream = body_stream()
-    lines = SSELines(stream, "dep")
+    lines = SSELines(stream)
     stream.feed(b"\xef\xbb\xbfdata: {\"a\":1}\n\ndata: {\"b\":2}\n\n\xef\xbb\xbfdata: {\"c\":3}\n\n")
     stream.end()
     deadline = asyncio.get_running_loop().time() + 10
@@ -81,7 +81,7 @@ async def test_an_events_data_lines_are_one_event_on_one_line() -> None:
     line (relayed as it came, it stays one ``data:`` line); it is whole at its blank line, however
     the body is cut, and at the end of the body without one."""
     stream = body_stream()
-    lines = SSELines(stream, "dep")
+    lines = SSELines(stream)
     deadline = asyncio.get_running_loop().time() + 10
     stream.feed(b'data: {"a":\r\nid: 7\r\ndata: 1}\r\n')
     assert lines.poll() is WAIT  # its blank line has not come
@@ -94,7 +94,7 @@ async def test_lines_ended_by_a_carriage_return_alone_come_as_they_arrive() -> N
     """The SSE standard ends a line with CRLF, LF or CR alone: CR-ended events come as each arrives,
     not at the end of the body; a CRLF cut between its CR and its LF is one line end."""
     stream = body_stream()
-    lines = SSELines(stream, "dep")
+    lines = SSELines(stream)
     deadline = asyncio.get_running_loop().time() + 10
     stream.feed(b'data: {"a":1}\r\r')
     assert await asyncio.wait_for(lines.next(deadline), 1) == b'{"a":1}'
@@ -119,7 +119,7 @@ async def test_lines_ended_by_a_carriage_return_alone_come_as_they_arrive() -> N
 async def test_a_first_event_that_is_an_error_raises_its_typed_error(event: bytes,
                                                                     error: type[BackendError]) -> None:
     stream = body_stream()
-    lines = SSELines(stream, "dep")
+    lines = SSELines(stream)
     stream.feed(b"data: " + event + b"\n\n")
     with pytest.raises(error) as raised:
         await lines.next(asyncio.get_running_loop().time() + 10)
@@ -135,7 +135,7 @@ async def test_a_body_that_is_a_whole_error_object_raises_its_typed_error(body: 
     """A 2xx answer to a stream request that is one JSON error object, not events, fails as the error it
     names (as such a whole answer's body does), so the router may try another deployment."""
     stream = body_stream()
-    lines = SSELines(stream, "dep")
+    lines = SSELines(stream)
     stream.feed(body[:10])
     assert lines.poll() is WAIT
     stream.feed(body[10:])
@@ -147,7 +147,7 @@ async def test_a_body_that_is_a_whole_error_object_raises_its_typed_error(body: 
 
 async def test_a_body_without_events_or_an_error_object_just_ends() -> None:
     stream = body_stream()
-    lines = SSELines(stream, "dep")
+    lines = SSELines(stream)
     stream.feed(b'{"id": "x", "choices": []}\n: a comment\n\n')
     stream.end()
     assert await lines.next(asyncio.get_running_loop().time() + 10) is None
@@ -155,7 +155,7 @@ async def test_a_body_without_events_or_an_error_object_just_ends() -> None:
 
 async def test_an_error_event_after_the_first_is_data_for_the_caller() -> None:
     stream = body_stream()
-    lines = SSELines(stream, "dep")
+    lines = SSELines(stream)
     later = b'{"error": {"message": "slow down", "type": "rate_limit_error"}}'
     stream.feed(b'data: {"a":1}\n\ndata: ' + later + b"\n\n")
     deadline = asyncio.get_running_loop().time() + 10
@@ -164,7 +164,7 @@ async def test_an_error_event_after_the_first_is_data_for_the_caller() -> None:
 
 async def test_an_endless_line_is_an_error() -> None:
     stream = body_stream()
-    lines = SSELines(stream, "dep")
+    lines = SSELines(stream)
     stream.feed(b"data: " + b"x" * MAX_LINE)
     with pytest.raises(UpstreamError, match="oversized"):
         await lines.next(asyncio.get_running_loop().time() + 10)
@@ -180,7 +180,7 @@ async def test_what_follows_done_is_drained_for_half_a_second_at_most() -> None:
     loop.call_later(0.05, ended.feed, b": trailing\n\n")
     loop.call_later(0.1, ended.end)
     for stream, least, most in ((ended, 0.08, 0.4), (endless, 0.45, 2.0)):
-        lines = SSELines(stream, "dep")
+        lines = SSELines(stream)
         started = loop.time()
         assert [await lines.next(started + 10), await lines.next(started + 10)] == [b'{"a":1}', None]
         assert least < loop.time() - started < most
