@@ -20,7 +20,7 @@ from gateway.admin.auth import require_admin, require_tenant
 from gateway.admin.pages import Page
 from gateway.admin.params import refuse_nul
 from gateway.admin.schemas import AdminBody, KeyCreate, KeyRotate, LimitsBody, TenantCreate, TenantUpdate, decode
-from gateway.admin.service import AdminError, CreatedKey, TenancyService, page_query
+from gateway.admin.service import MIN_KEY_SECONDS, AdminError, CreatedKey, TenancyService, page_query
 from gateway.auth.audit import EVENTS, list_events
 from gateway.body import request_content
 from gateway.contracts import Authenticator, Principal
@@ -135,6 +135,12 @@ class KeyController(Controller):
         if data.expires_in_seconds is not None and expires is not None:
             raise AdminError("give expires_in_seconds or expires_at, not both", param="expires_in_seconds")
         if data.expires_in_seconds is not None:
+            if data.expires_in_seconds < MIN_KEY_SECONDS:
+                raise AdminError(
+                    f"expires_in_seconds must be at least {MIN_KEY_SECONDS}, got {data.expires_in_seconds!r}: "
+                    "a key that expires sooner has expired before it can be used",
+                    param="expires_in_seconds",
+                )
             expires = datetime.now(UTC) + timedelta(seconds=data.expires_in_seconds)
         elif expires is not None and expires.replace(tzinfo=expires.tzinfo or UTC) <= datetime.now(UTC):
             # its secret would be shown once, for a key that never works

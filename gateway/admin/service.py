@@ -329,6 +329,7 @@ INT64_MAX = 2**63 - 1
 MAX_COST_BUDGET = 1e12  # a trillion in the price unit
 MAX_NAME = 200  # tenant and key names (their columns' length)
 MAX_SECONDS = 100 * 365 * 86400  # a hundred years: key expiry, rotation grace
+MIN_KEY_SECONDS = 1  # a key that expires sooner has expired before anyone can use it
 LIMIT_FIELDS = tuple(f.name for f in fields(Limits))
 LIMIT_MAX: dict[str, float] = {
     "requests_per_minute": INT32_MAX,

@@ -16,7 +16,15 @@ import typer
 from sqlalchemy.exc import SQLAlchemyError
 
 from gateway.admin.bootstrap import bootstrap as run_bootstrap
-from gateway.admin.service import BUDGET_PERIODS, LIMIT_MAX, MAX_SECONDS, AdminError, TenancyService, bound
+from gateway.admin.service import (
+    BUDGET_PERIODS,
+    LIMIT_MAX,
+    MAX_SECONDS,
+    MIN_KEY_SECONDS,
+    AdminError,
+    TenancyService,
+    bound,
+)
 from gateway.cli.db import ConfigOpt, console, err, fail, safe, settings_from
 from gateway.cli.errors import debugging, explain
 from gateway.cli.output import plain, print_secret, show, show_one
@@ -129,8 +137,12 @@ def key_create(
     """Create a key for a tenant (or --admin); the key is printed once."""
     expires = None
     if expires_in_days is not None:
-        if not 0 < expires_in_days <= MAX_SECONDS / 86400:
-            fail(f"--expires-in-days must lie in (0, {MAX_SECONDS // 86400}], got {expires_in_days!r}")
+        if not MIN_KEY_SECONDS / 86400 <= expires_in_days <= MAX_SECONDS / 86400:
+            fail(
+                f"--expires-in-days must lie in [{MIN_KEY_SECONDS / 86400:.3g} ({MIN_KEY_SECONDS} s), "
+                f"{MAX_SECONDS // 86400}], got {expires_in_days!r}: a key that expires sooner has expired "
+                "before it can be used"
+            )
         expires = datetime.now(UTC) + timedelta(days=expires_in_days)
     created = run(
         config, lambda svc, _: svc.create_key(tenant, name=name, models=model, expires_at=expires, admin=admin)
@@ -214,6 +226,8 @@ def limits_set(
         if period not in BUDGET_PERIODS:
             fail(f"--period must be {', '.join(BUDGET_PERIODS[:-1])} or {BUDGET_PERIODS[-1]}, got {period!r}")
         changes["budget_period"] = period
+    if not changes:
+        fail(f"give a limit to change: {', '.join(option for _, option in given)} or --period")
     limits = run(config, lambda svc, _: svc.update_limits(scope, ref, **changes))
     show_one(limits.as_dict(), as_json)
 

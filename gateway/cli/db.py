@@ -28,7 +28,7 @@ console = Console(highlight=False, soft_wrap=True,
 class StderrConsole(Console):
     """Progress lines and errors. Once stderr's reader is gone (``db upgrade 2>&1 | head``) its lines
     are dropped: Rich's default ends the process there, and a migration's progress line comes
-    between a step's DDL and its version stamp (on SQLite that left the database half-migrated)."""
+    before its step's commit (ending there would undo the step and stop the upgrade half-way)."""
 
     def on_broken_pipe(self) -> None:
         self.quiet = True

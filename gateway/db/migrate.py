@@ -44,8 +44,8 @@ def alembic_config(url: str) -> Config:
 def _with_progress(cfg: Config, progress: Callable[[str], None] | None) -> Config:
     """Call ``progress`` with a line after each migration step is applied. A line that cannot be
     written (``db upgrade 2>&1 | head``: EPIPE once head has gone) is dropped: alembic calls this
-    between a step's DDL and its version stamp, and on SQLite, whose DDL is not transactional, a
-    failure there left the database half-migrated."""
+    after a step's DDL and version stamp but before their commit, and a failure there would undo the
+    step and end the upgrade."""
     if progress is not None:
         def step(*, step: Any, **_: Any) -> None:
             doc = (step.up_revision.doc or "").strip().splitlines()

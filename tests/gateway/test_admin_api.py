@@ -126,6 +126,18 @@ async def test_a_key_given_two_expiries_is_400_naming_both(api: httpx.AsyncClien
     assert r.status_code == 201, r.text
 
 
+@pytest.mark.parametrize("seconds", [1e-300, 0.5, 0.999])
+async def test_a_key_that_would_expire_before_it_is_usable_is_400(api: httpx.AsyncClient, seconds: float) -> None:
+    """``expires_in_seconds: 1e-300`` once made a key that had expired before it was created."""
+    tid = (await new_tenant(api))["id"]
+    r = await api.post("/admin/v1/keys", json={"tenant_id": tid, "expires_in_seconds": seconds}, headers=admin())
+    assert_error(r, 400, "expires_in_seconds")
+    assert "expires_in_seconds" in r.json()["error"]["message"]
+    assert (await api.get(f"/admin/v1/keys?tenant_id={tid}", headers=admin())).json()["data"] == []
+    r = await api.post("/admin/v1/keys", json={"tenant_id": tid, "expires_in_seconds": 1}, headers=admin())
+    assert r.status_code == 201 and r.json()["expires_at"] > r.json()["created_at"], r.text
+
+
 async def test_key_lifecycle(api: httpx.AsyncClient) -> None:
     tid = (await new_tenant(api))["id"]
     r = await api.post("/admin/v1/keys", json={"tenant_id": tid, "name": "ci", "models": ["m1"]}, headers=admin())

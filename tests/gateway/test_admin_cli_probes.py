@@ -125,6 +125,30 @@ def test_a_key_for_an_empty_model_name_is_refused(cli: tuple[Cli, str]) -> None:
     assert run.json("key", "list", "--tenant", tenant["id"]) == []
 
 
+@pytest.mark.parametrize("days", ["1e-300", "0", str(0.5 / 86400)])
+def test_a_key_that_would_expire_before_it_is_usable_is_refused(cli: tuple[Cli, str], days: str) -> None:
+    """``--expires-in-days 1e-300`` once made a key that had expired before it was created."""
+    run, _ = cli
+    tenant = run.json("tenant", "create", f"e-{uuid.uuid4().hex[:6]}")
+    done = run("key", "create", "--tenant", tenant["id"], "--expires-in-days", days, ok=False)
+    assert done.returncode == 1 and done.stderr.startswith("error: --expires-in-days must "), done.stderr
+    assert run.json("key", "list", "--tenant", tenant["id"]) == []
+    key = run.json("key", "create", "--tenant", tenant["id"], "--expires-in-days", str(1 / 86400))
+    assert key["expires_at"] > key["created_at"], key
+
+
+def test_limits_set_without_a_limit_is_an_error_naming_the_options(cli: tuple[Cli, str]) -> None:
+    """``limits set --tenant X`` with no limit once changed nothing and exited 0, silently."""
+    run, _ = cli
+    tenant = run.json("tenant", "create", f"l-{uuid.uuid4().hex[:6]}")
+    for scope in (["--tenant", tenant["id"]], ["--tenant", tenant["id"], "--json"]):
+        done = run("limits", "set", *scope, ok=False)
+        assert done.returncode == 1 and done.stderr.startswith("error: "), done.stderr
+        for option in ("--rpm", "--tpm", "--concurrency", "--token-budget", "--cost-budget", "--period"):
+            assert option in done.stderr, done.stderr
+    assert run.json("limits", "set", "--tenant", tenant["id"], "--rpm", "5")["requests_per_minute"] == 5
+
+
 def test_a_usage_range_of_an_unknown_key_is_an_error_not_an_empty_range(cli: tuple[Cli, str], tmp_path: Path) -> None:
     """``--key`` with a mistyped id once read as "no usage in that range" (exit 0), as an unknown
     ``--tenant`` never did; an export to a file leaves the file alone."""

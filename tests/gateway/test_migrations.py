@@ -368,3 +368,44 @@ def test_db_upgrade_piped_into_head_migrates_the_whole_way(tmp_path: Path) -> No
     done = CliRunner().invoke(app, ["db", "current", "--json", "--config", str(config)],
                               env={k: None for k in os.environ if k.startswith("SWITCHYARD")})
     assert done.exit_code == 0 and '"up_to_date": true' in done.stdout, (done.stdout, done.stderr)
+
+
+_KILLED_AT = """
+import os, signal, sys
+from gateway.db import migrate
+url, victim = sys.argv[1:]
+def report(line: str) -> None:
+    if line.startswith(f"applied {victim}:"):  # after the step's DDL and version stamp, before its commit
+        os.kill(os.getpid(), signal.SIGKILL)
+migrate.upgrade(url, "head", report)
+"""
+
+
+@pytest.mark.parametrize("victim", ["0005_audit", "0013_responses_ids_text", "0016_tenant_name_keys"])
+async def test_a_process_killed_inside_a_migration_step_leaves_the_previous_revision(
+    empty_url: str, victim: str
+) -> None:
+    """A step is its DDL and its version stamp, in one transaction: SQLite's DDL ran outside any
+    (alembic does not wrap it, pysqlite does not begin before DDL), so a process killed inside a step
+    left its tables and indexes without the stamp, and every later upgrade failed on one that already
+    existed. 0005 creates tables and indexes; 0013 and 0016 recreate tables in batch mode. PostgreSQL
+    runs the whole upgrade in one transaction: it is left empty."""
+    killed = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-c", _KILLED_AT, empty_url, victim],
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert killed.returncode == -9, killed.stderr
+    step = migrate.script_directory().get_revision(victim)
+    previous = step.down_revision if empty_url.startswith("sqlite") else None
+    assert await asyncio.to_thread(migrate.current_revision, empty_url) == previous
+    assert await asyncio.to_thread(migrate.upgrade, empty_url) == migrate.head_revision()
+    db = Database.from_url(empty_url)
+    try:
+        await check_schema(db.engine)
+    finally:
+        await db.dispose()
+    assert await tables(empty_url) == TABLES
