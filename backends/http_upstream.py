@@ -38,7 +38,7 @@ from backends.base import (
     UpstreamError,
 )
 from backends.config import DeploymentConfig
-from backends.raw_http import RawAnswer, RawHTTP, decoded_body
+from backends.raw_http import OversizedBody, RawAnswer, RawHTTP, decoded_body
 from backends.raw_stream import RawStream
 from backends.redaction import register, register_headers
 from backends.trace_context import with_trace_context
@@ -64,6 +64,12 @@ class ErrorEnvelope(msgspec.Struct):
     """``{"error": {...}}`` (OpenAI) or ``{"type": "error", "error": {...}}`` (Anthropic)."""
 
     error: ErrorDetail | str
+
+
+class ObjectError(ErrorDetail):
+    """vLLM's and SGLang's error object, not under an ``error`` field: ``{"object": "error", "message": ...}``."""
+
+    object: str = ""
 
 
 class FastAPIError(msgspec.Struct):
@@ -207,12 +213,18 @@ def event_error(detail: ErrorDetail) -> BackendError:
 
 def raise_if_error(data: bytes) -> None:
     """Raise the typed error for ``data`` (an event, or a 2xx answer's body) when it is an
-    ``{"error": ...}`` object."""
+    ``{"error": ...}`` object, or vLLM's ``{"object": "error", ...}``."""
     if b'"error"' not in data:  # the usual event: no decoding
         return
     try:
         envelope = msgspec.json.decode(data, type=ErrorEnvelope)
     except (msgspec.MsgspecError, RecursionError):
+        try:
+            detail = msgspec.json.decode(data, type=ObjectError)
+        except (msgspec.MsgspecError, RecursionError):
+            return
+        if detail.object == "error":
+            raise event_error(detail) from None
         return
     error = envelope.error
     raise event_error(error if isinstance(error, ErrorDetail) else ErrorDetail(message=error))
@@ -299,6 +311,8 @@ class HTTPUpstream:
             answer = await raw.post(path, payload, with_trace_context(headers), deadline=deadline, method=method)
         except TimeoutError:
             raise Timeout("the upstream did not answer within the total timeout") from None
+        except OversizedBody as exc:  # not a failure another try would fix
+            raise UpstreamError(f"the upstream sent {exc}") from None
         except (OSError, ValueError) as exc:  # refused, reset, unreadable, a bad base URL or header
             raise Unavailable(f"the upstream is unreachable: {type(exc).__name__}") from None
         finally:

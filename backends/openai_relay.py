@@ -15,9 +15,9 @@ from typing import Any, Generic, TypeVar
 import msgspec
 from msgspec import UNSET
 
-from backends.base import Interrupted, Meter, Unavailable, UpstreamError
+from backends.base import Interrupted, Meter, RelayedFailure, Unavailable, UpstreamError
 from backends.estimate import estimate_text
-from backends.http_upstream import ErrorDetail, ErrorEnvelope, HTTPUpstream
+from backends.http_upstream import ErrorDetail, ErrorEnvelope, HTTPUpstream, parse_error
 from backends.openai_usage import meter_from_usage, without_null_counts
 from backends.openai_wire import ChatCompletionChunk, TextCompletion, Usage, relayed, set_relayed
 from backends.raw_stream import RawStream
@@ -136,6 +136,7 @@ class ChunkRelay(Generic[C]):
         self._tier_reads = 2
         self._closed = False
         self._failure: BaseException | None = None  # met while pushing: raised by the next __anext__
+        self._upstream_failure: RelayedFailure | None = None  # an error chunk relayed (``failure``)
         self._note_tier(first)
 
     def __aiter__(self) -> ChunkRelay[C]:
@@ -199,6 +200,19 @@ class ChunkRelay(Generic[C]):
         """The indices of the choices relayed whose ``finish_reason`` has not come (for a stream cut short)."""
         return self._unfinished
 
+    @property
+    def failure(self) -> RelayedFailure | None:
+        """The upstream failed the stream in a chunk relayed as it came (OpenRouter's: a choice
+        finished for ``"error"``, an ``error`` beside it), however the stream ended: settled as failed."""
+        return self._upstream_failure
+
+    def _failed(self, chunk: C) -> None:
+        raw = relayed(chunk)
+        error = raw.get("error") if raw is not None else None
+        message = parse_error(b'{"error":%s}' % bytes(error)).message if error is not None else ""
+        self._upstream_failure = RelayedFailure(
+            f"upstream {self._http.deployment_id} failed mid-stream" + (f": {message}" if message else ""))
+
     def _check_finished(self) -> None:
         """At the end of the body: a stream that ended without ``[DONE]`` while a choice it had
         begun had no ``finish_reason`` yet, or before any choice began, was cut short, not completed."""
@@ -216,6 +230,8 @@ class ChunkRelay(Generic[C]):
                 self._unfinished.add(choice.index)
             else:
                 self._unfinished.discard(choice.index)
+                if choice.finish_reason == "error":
+                    self._failed(chunk)
         if self._tier_reads and meter.service_tier is None:
             self._tier_reads -= 1
             self._note_tier(chunk)

@@ -8,9 +8,10 @@ reads of its answer, and a stream's body is read by line from one buffer (``back
 
 What it does not do, and needs not for an API upstream: redirects, proxies from the environment,
 cookies, ``Expect: 100-continue``, compression other than gzip/deflate on a whole answer (it asks
-for none). Deadlines are the caller's (a timeout scope, or ``RawStream.set_exception``); connect
-has its own. A request goes again, once, on a new connection only when its kept-alive one closed
-before any byte of the answer, at once (``_Connection.unanswered``). A head is read up to ``MAX_HEAD`` bytes.
+for none; one is inflated up to ``MAX_DECODED`` bytes). Deadlines are the caller's (a timeout
+scope, or ``RawStream.set_exception``); connect has its own. A request goes again, once, on a new
+connection only when its kept-alive one closed before any byte of the answer, at once
+(``_Connection.unanswered``). A head is read up to ``MAX_HEAD`` bytes.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from backends.turn_writes import TurnWrites
 
 USER_AGENT = "switchyard"
 MAX_HEAD = 1 << 20  # an answer's head (its status line and headers, 1xx answers' too) past this is an error
+MAX_DECODED = 64 << 20  # a whole answer inflated (gzip, deflate) past this many bytes is an error
 # A kept-alive connection that ends answerless this soon after its request went was closed idle by the
 # upstream as the request came (its FIN or RST already on the way): the request goes again on a new one.
 STALE_CLOSE = 0.5  # seconds
@@ -41,6 +43,10 @@ DNS_SECONDS = 300.0  # how long a host's resolved addresses are used
 
 class ProtocolError(OSError):
     """The upstream's answer was not HTTP/1.1 we can read, or the connection ended mid-answer."""
+
+
+class OversizedBody(ProtocolError):
+    """A whole answer's compressed body inflates past ``MAX_DECODED`` bytes."""
 
 
 @dataclass
@@ -366,20 +372,29 @@ def _decoded(answer: RawAnswer) -> RawAnswer:
 
 
 def decoded_body(headers: Mapping[str, str], body: bytes) -> bytes:
-    """A whole body without its gzip/deflate content-encoding: ``body`` itself when it has none."""
+    """A whole body without its gzip/deflate content-encoding: ``body`` itself when it has none;
+    ``OversizedBody`` past ``MAX_DECODED`` bytes inflated (a small body may inflate to gigabytes)."""
     encoding = headers.get("content-encoding", "identity").lower()
     if encoding in ("identity", ""):
         return body
     if encoding not in ("gzip", "x-gzip", "deflate"):
         raise ProtocolError(f"unsupported content-encoding {encoding!r}")
     try:
-        return zlib.decompress(body, 47) if encoding != "deflate" else _inflate(body)
+        if encoding != "deflate":
+            return _inflated(body, 47, encoding)
+        try:
+            return _inflated(body, 15, encoding)  # zlib-wrapped, as RFC 9110 says
+        except zlib.error:
+            return _inflated(body, -15, encoding)  # raw deflate, as some servers send
     except zlib.error as exc:
         raise ProtocolError(f"invalid {encoding} body: {exc}") from None
 
 
-def _inflate(body: bytes) -> bytes:
-    try:
-        return zlib.decompress(body)  # zlib-wrapped, as RFC 9110 says
-    except zlib.error:
-        return zlib.decompress(body, -15)  # raw deflate, as some servers send
+def _inflated(body: bytes, wbits: int, encoding: str) -> bytes:
+    inflater = zlib.decompressobj(wbits)
+    data = inflater.decompress(body, MAX_DECODED)
+    if inflater.unconsumed_tail or (len(data) == MAX_DECODED and not inflater.eof):  # the limit reached, not the end
+        raise OversizedBody(f"a {encoding} body that inflates past {MAX_DECODED} bytes")
+    if not inflater.eof:
+        raise zlib.error("incomplete or truncated stream")
+    return data

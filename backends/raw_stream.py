@@ -32,8 +32,10 @@ class RawStream:
     (``pause_reading``) while more than ``_HIGH_WATER`` bytes wait unread, unless they end in a line
     still coming (an event of megabytes: a base64 image, a long prompt's logprobs). ``set_exception``
     makes the next read raise it (a deadline); ``close`` hands a finished answer's connection back, else
-    aborts it. With ``wait(listener)`` the body is read inside the connection's own callbacks, as
-    it arrives."""
+    aborts it, but for one whose rest is not wanted (``linger``: what follows an SSE ``[DONE]``), read
+    on and dropped in the background until it ends (then handed back) or the lingering time runs out
+    (then aborted). With ``wait(listener)`` the body is read inside the connection's own callbacks,
+    as it arrives."""
 
     def __init__(self, conn: _Connection, client: _Pool, slots: asyncio.Semaphore) -> None:
         self.status = 0
@@ -49,6 +51,8 @@ class RawStream:
         self._listener: Callable[[], bool] | None = None
         self._paused = False
         self._closed = False
+        self._linger: float | None = None  # ``linger``'s time: the rest of the body is not wanted
+        self._lingering: asyncio.TimerHandle | None = None  # closed, and reading on to the body's end
 
     # ------------------------------------------------------------ fed by the connection
 
@@ -65,11 +69,18 @@ class RawStream:
 
     def end(self) -> None:
         self._eof = True
+        if self._lingering is not None:
+            self._buffer.clear()
+            self._finish()
+            return
         self._wake()
 
     def set_exception(self, exc: BaseException) -> None:
         if self._exc is None and not self._eof:
             self._exc = exc
+            if self._lingering is not None:
+                self._finish()
+                return
             self._wake()
 
     # ------------------------------------------------------------ read by the caller
@@ -115,12 +126,37 @@ class RawStream:
     def at_eof(self) -> bool:
         return self._eof and not self._buffer
 
+    def linger(self, seconds: float) -> None:
+        """The rest of the body is not wanted, but the connection is: ``close`` reads it on in the
+        background, dropping it, for up to ``seconds``."""
+        self._linger = seconds
+
     def close(self) -> None:
         """Idempotent. A finished answer's connection goes back to the pool; an unfinished one is
-        aborted, so the upstream sees the caller go."""
+        aborted, so the upstream sees the caller go (after ``linger``: once it ends, or its time is out)."""
         if self._closed:
             return
         self._closed = True
+        if self._linger is not None and self._exc is None:
+            self._buffer.clear()
+            if not self._eof:
+                self._listener = self._drop
+                self._lingering = self.loop.call_later(self._linger, self._finish)
+                if self._paused:
+                    self._resume()
+                return
+        self._finish()
+
+    def _drop(self) -> bool:
+        """A lingering stream's listener: what arrives is dropped."""
+        self._buffer.clear()
+        return True
+
+    def _finish(self) -> None:
+        """The connection back to the pool if the answer ended whole, else aborted; the slot freed."""
+        if self._lingering is not None:
+            self._lingering.cancel()
+            self._lingering = self._listener = None
         self._conn._stream = None
         if self.at_eof() and self._exc is None:
             self._client._release(self._conn)

@@ -10,7 +10,9 @@ object is the upstream failing the request before its answer began: it raises as
 its content names (``backends.http_upstream.event_error``), so the router can retry it as it does
 an error status; an error event after that is the caller's to read. So does a body that ends before
 any event and is one whole ``{"error": {...}}`` object (a 2xx error answer, not a stream), as a
-whole answer's body does.
+whole answer's body does. ``[DONE]`` ends the events at once: what may follow it, up to the end of
+the body, is read on in the background once the stream is closed (``RawStream.linger``), so that
+neither the client's end nor the settlement waits for it.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from backends.base import Timeout, Unavailable, UpstreamError
 from backends.http_upstream import BOM, raise_if_error
 from backends.raw_stream import RawStream
 
-_DRAIN_SECONDS = 0.5  # after [DONE], how long to wait for the body's end
+_DRAIN_SECONDS = 0.5  # after [DONE], how long the body is read on in the background, for its end
 _OPENING = 64 << 10  # the bytes of a body before its first event kept, to read an error object sent instead
 
 
@@ -78,8 +80,6 @@ class SSELines:
             self.close()
             raise
         if data is None:
-            if self._done:
-                await self._drain()
             self.close()
         return data  # type: ignore[return-value]  # not WAIT
 
@@ -111,8 +111,9 @@ class SSELines:
                     if line.startswith(b"data:"):  # skip event names, ids, comments, keep-alives
                         data = line[5:].strip() if data is None else data + b" " + line[5:].strip()
                     elif not line and data is not None:  # a blank line ends the event
-                        if data == b"[DONE]":  # what follows it is drained, not read
+                        if data == b"[DONE]":  # what follows it is drained (on close), not read
                             self._done = True
+                            self._content.linger(_DRAIN_SECONDS)
                             data = None
                             break
                         if not self._started:
@@ -168,18 +169,3 @@ class SSELines:
             return
         self._expired = why
         self._content.set_exception(TimeoutError())
-
-    async def _drain(self) -> None:
-        """Read what follows ``[DONE]`` up to the end of the body, so the connection can go back to
-        the pool instead of being closed (an upstream that keeps talking gets cut off instead)."""
-        content = self._content
-        if content.at_eof():  # the usual case: the end of the body came with ``[DONE]``
-            return
-        timer = self._loop.call_later(_DRAIN_SECONDS, content.set_exception, TimeoutError())
-        try:
-            while not content.at_eof() and await content.readany():
-                pass
-        except (TimeoutError, OSError, ValueError):
-            pass
-        finally:
-            timer.cancel()

@@ -191,7 +191,10 @@ class SSERelay:
             return
         finally:
             DRAIN.wakers.discard(self._interrupt)
-        self._outcome = Outcome.COMPLETED
+        if (failure := getattr(self._stream.chunks, "failure", None)) is not None:  # in a chunk relayed as it came
+            self._fail(from_backend_error(failure))
+        else:
+            self._outcome = Outcome.COMPLETED
         await self.finish()  # settled and its usage durable before the last byte
         yield end
 

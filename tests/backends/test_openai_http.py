@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import calendar
 import email.utils
+import gzip
 import time
+import zlib
 from collections.abc import Iterator
 
 import httpx
@@ -34,6 +36,7 @@ from backends.openai_wire import (
     encode_answer,
     set_relayed,
 )
+from backends.raw_http import MAX_DECODED
 from backends.upstream_limits import limits_left
 from gateway.settings import DeploymentConfig, Timeouts
 from tests.support.fake_upstream import FakeUpstream, Fault
@@ -199,6 +202,37 @@ async def test_an_error_object_at_the_top_level_gives_its_message(backend: OpenA
     assert info.value.message == "temperature must be non-negative" and info.value.param == "temperature"
     assert status_error(422, {}, b'{"status": "nope"}').message == '{"status": "nope"}'  # no message: as text
     assert status_error(422, {}, b'{"detail": "Not Found"}').message == "Not Found"  # FastAPI's
+
+
+async def test_a_top_level_error_object_on_a_2xx_fails_as_the_error_it_says(backend: OpenAIHTTPBackend,
+                                                                            upstream: FakeUpstream) -> None:
+    """vLLM's error object answered with 200 is that error (its code's status, message and type),
+    whole or instead of a stream, not an answer missing its ``id``."""
+    vllm = {"object": "error", "message": "max_tokens is too large", "type": "BadRequestError", "param": None,
+            "code": 400}
+    upstream.fail_next(Fault(status=200, body=vllm))
+    with pytest.raises(BadRequest) as info:
+        await backend.chat(chat())
+    assert (info.value.message, info.value.status) == ("max_tokens is too large", 400)
+    upstream.fail_next(Fault(status=200, body=vllm | {"code": 503, "message": "engine dead"}))
+    with pytest.raises(Unavailable, match="engine dead"):
+        await backend.chat_stream(chat(stream=True))
+    upstream.fail_next(Fault(status=200, body=vllm | {"code": None, "type": "weird", "message": "odd"}))
+    with pytest.raises(UpstreamError, match="odd"):
+        await backend.chat(chat())
+
+
+async def test_a_compressed_answer_that_inflates_past_the_limit_fails_clearly(backend: OpenAIHTTPBackend,
+                                                                             upstream: FakeUpstream) -> None:
+    """A small gzip or deflate body that would inflate to more than ``MAX_DECODED`` bytes is not
+    inflated whole in memory: it fails as an answer the gateway cannot use (502), saying why."""
+    zeros = b"0" * (MAX_DECODED + 1)
+    for encoding, packed in (("gzip", gzip.compress(zeros, 1)), ("deflate", zlib.compress(zeros, 1))):
+        assert len(packed) < MAX_DECODED // 100
+        upstream.fail_next(Fault(status=200, body=packed, headers={"content-encoding": encoding}))
+        with pytest.raises(UpstreamError, match=f"inflates past {MAX_DECODED} bytes") as info:
+            await backend.chat(chat())
+        assert type(info.value) is UpstreamError  # not Unavailable: another try would get the same
 
 
 def test_a_status_without_a_message_is_named_once() -> None:

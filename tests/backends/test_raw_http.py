@@ -16,7 +16,7 @@ class Server:
     """Reads each request (head + content-length body) and writes the next prepared answer."""
 
     def __init__(self) -> None:
-        self.answers: list[bytes] = []
+        self.answers: list[bytes | tuple[bytes, float, bytes]] = []  # a tuple: bytes, a pause, the rest
         self.requests: list[bytes] = []
         self.connections = 0
         self.disconnected = asyncio.Event()
@@ -36,12 +36,18 @@ class Server:
                 if self.hang:
                     await reader.read()  # until the client goes
                     break
-                reply = self.answers.pop(0)
+                reply, pause, rest = self.answers.pop(0), 0.0, b""
+                if isinstance(reply, tuple):
+                    reply, pause, rest = reply
                 if not reply:  # closed unanswered, as an upstream closes an idle connection as a request comes
                     await asyncio.sleep(self.close_unanswered_after)
                     break
                 writer.write(reply)
                 await writer.drain()
+                if rest:
+                    await asyncio.sleep(pause)
+                    writer.write(rest)
+                    await writer.drain()
                 if self.close_after_answer or reply in self.closing:
                     break
         except (asyncio.IncompleteReadError, ConnectionError):
@@ -306,4 +312,26 @@ async def test_an_event_longer_than_the_high_water_is_read_whole(server: tuple[S
             lines.append(read)
     assert b"".join(lines) == event
     stream.close()
+    client.close()
+
+
+async def test_a_lingering_stream_hands_its_connection_back_if_its_body_ends_in_time(
+        server: tuple[Server, str]) -> None:
+    """Closed after ``linger`` (what follows an SSE ``[DONE]`` is not wanted), a stream whose body
+    has not ended returns at once; its connection goes back to the pool when the body ends within
+    the lingering time, and is closed when it does not."""
+    s, base = server
+    head = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+    done = b"data: [DONE]\n\n"
+    opened = head + b"%x\r\n%s\r\n" % (len(done), done)
+    s.answers = [(opened, 0.1, b"0\r\n\r\n"), answer(b"reused"), (opened, 2.0, b"0\r\n\r\n"), answer(b"new")]
+    client = RawHTTP(base, {}, connect_timeout=2)
+    for body, connections in ((b"reused", 1), (b"new", 2)):
+        stream = await client.open_stream("/x", b"{}")
+        assert await whole_lines(stream) == done
+        stream.linger(0.5)
+        stream.close()
+        await asyncio.sleep(0.7)
+        assert (await client.post("/x", b"{}")).body == body
+        assert s.connections == connections
     client.close()

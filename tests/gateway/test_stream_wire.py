@@ -9,6 +9,7 @@ import asyncio
 import json
 import socket
 import threading
+import time
 from collections import deque
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
@@ -40,8 +41,16 @@ class ScriptedUpstream(OnLoopback):
         self.scripts: deque[Script] = deque()
         self.received: list[Any] = []
         self.finished = threading.Event()
+        self.running = 0  # scripts still being sent (the client may have its [DONE] before their end)
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        self.running += 1
+        try:
+            await self._answer(receive, send)
+        finally:
+            self.running -= 1
+
+    async def _answer(self, receive: Any, send: Any) -> None:
         self.received.append(json.loads(await read_body(receive)))
         script = self.scripts.popleft()
         await send({"type": "http.response.start", "status": 200,
@@ -84,12 +93,15 @@ def wire_env() -> Iterator[Wire]:
 
 
 @pytest.fixture
-def wire(wire_env: Wire) -> Wire:
+def wire(wire_env: Wire) -> Iterator[Wire]:
     wire_env.upstream.scripts.clear()
     wire_env.upstream.received.clear()
     wire_env.upstream.finished.clear()
     wire_env.usage.records.clear()
-    return wire_env
+    yield wire_env
+    until = time.monotonic() + 5
+    while wire_env.upstream.running and time.monotonic() < until:  # its scripts' ends are not the next test's
+        time.sleep(0.01)
 
 
 def chunk(content: str | None = None, finish: str | None = None, index: int = 0,
@@ -268,6 +280,21 @@ def test_a_body_that_ends_after_a_chunk_without_choices_fails(wire: Wire) -> Non
     assert data[-1] == "[DONE]" and len(data) == 2
 
 
+def test_done_ends_the_client_stream_at_once_though_the_upstream_body_stays_open(wire: Wire) -> None:
+    """After ``[DONE]`` an upstream that keeps its body open is drained in the background: the
+    client's ``[DONE]``, the end of its stream and its usage row do not wait for the body's end."""
+    wire.upstream.scripts.append([events(chunk("hi"), chunk(finish="stop"), chunk(usage=usage_of(2, 1), choices=False)),
+                                  1.5])
+    started = time.monotonic()
+    stream = wire.client().chat.completions.create(model="echo", messages=CHAT, stream=True,
+                                                   stream_options={"include_usage": True})
+    got = list(stream)
+    assert time.monotonic() - started < 0.4
+    assert got[-1].usage is not None and got[-1].usage.completion_tokens == 1
+    assert wire.usage.wait_for(1, timeout=0.4)[0].completion_tokens == 1
+    assert not wire.upstream.finished.is_set()
+
+
 def test_an_error_mid_stream_ends_the_stream_with_an_error_event_and_no_done(wire: Wire) -> None:
     error = {"error": {"message": "boom", "type": "server_error", "param": None, "code": None}}
     wire.upstream.scripts.append([events(chunk("a b"), done=False), b"data: " + json.dumps(error).encode() + b"\n\n"])
@@ -281,6 +308,22 @@ def test_an_error_mid_stream_ends_the_stream_with_an_error_event_and_no_done(wir
         list(wire.client().chat.completions.create(model="echo", messages=CHAT, stream=True))
     records = wire.usage.wait_for(2)
     assert all(r.completion_tokens >= 1 for r in records)
+
+
+def test_openrouters_error_chunk_is_relayed_as_it_came_and_settled_as_a_failure(wire: Wire) -> None:
+    """OpenRouter's failure mid-stream, a chunk with ``finish_reason: "error"`` and an ``error``,
+    then ``[DONE]``: relayed as it came, but its usage row says the upstream failed it."""
+    failed = chunk(finish="error") | {"error": {"code": 502, "message": "Provider disconnected"}}
+    wire.upstream.scripts.append([events(chunk("a b"), failed)])
+    _, data = raw_events(wire)
+    assert json.loads(data[1]) == failed | {"model": "echo"} and data[-1] == "[DONE]"
+    record = wire.usage.wait_for(1)[0]
+    assert record.status == 200 and record.extra["outcome"] == "failed"
+    assert record.error_type == "upstream_error" and record.completion_tokens >= 1
+    wire.upstream.scripts.append([events(chunk("a b"), chunk(finish="stop"))])  # an ordinary end: a success
+    raw_events(wire)
+    record = wire.usage.wait_for(2)[1]
+    assert (record.extra["outcome"], record.error_type) == ("completed", None)
 
 
 @pytest.mark.parametrize("n", [1, 2])
