@@ -82,20 +82,9 @@ def test_offsets_when_the_prompt_ends_inside_a_character(env: Env, echo: bool) -
     token's offset is where the text shows it, streamed and not (they were counted as if the prompt
     had not begun the character)."""
     tok = env.backend.tokenizer
-    ids = tok.encode(f"ab {SUN}", add_special_tokens=False)
-    assert tok.decode(ids[:-1]).endswith("\ufffd")
-    body: dict[str, Any] = dict(
-        model="tiny",
-        prompt=ids[:-1],
-        max_tokens=3,
-        temperature=0,
-        logprobs=0,
-        echo=echo,
-        logit_bias={str(ids[-1]): 100},
-    )
+    body, head = sun_cut_prompt(tok, "tiny", echo)
     client = env.client()
     done = client.completions.create(**body).choices[0]
-    head = tok.decode(ids[:-1], skip_special_tokens=False) if echo else ""
     assert done.text == head + "\ufffd\ufffd" and done.logprobs is not None
     assert (done.logprobs.text_offset or [])[-3:] == [len(head), len(head), len(head) + 1]
     chunks = list(client.completions.create(**body, stream=True))
@@ -104,3 +93,13 @@ def test_offsets_when_the_prompt_ends_inside_a_character(env: Env, echo: bool) -
         o for c in chunks if c.choices and c.choices[0].logprobs for o in c.choices[0].logprobs.text_offset or []
     ]
     assert streamed == done.logprobs.text_offset
+
+
+def sun_cut_prompt(tok: Any, model: str, echo: bool) -> tuple[dict[str, Any], str]:
+    """A completions request whose token-id prompt ends inside ``SUN``, its continuation biased to the
+    token that completes it (three tokens, greedy, logprobs); and the echo that answer begins with."""
+    ids = tok.encode(f"ab {SUN}", add_special_tokens=False)
+    assert tok.decode(ids[:-1]).endswith("\ufffd")
+    body: dict[str, Any] = dict(model=model, prompt=ids[:-1], max_tokens=3, temperature=0, logprobs=0, echo=echo,
+                                logit_bias={str(ids[-1]): 100})
+    return body, tok.decode(ids[:-1], skip_special_tokens=False) if echo else ""

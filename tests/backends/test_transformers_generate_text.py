@@ -6,17 +6,15 @@ cut inside a character ends in U+FFFD, streamed and not, as on the engine."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
 
 import openai
 import pytest
 
 from engine.tokenizer import Tokenizer
 from tests.backends.conftest import admin_gateway
+from tests.backends.test_local_cut_character import SUN, sun_cut_prompt
 from tests.conftest import ADMIN_KEY
 from tests.support.fallback_models import build_model
-
-SUN = "\U0001f31e"  # four UTF-8 bytes: more than one token of the tiny byte-level tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -30,22 +28,11 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[openai.Op
 @pytest.mark.parametrize("echo", [False, True])
 def test_offsets_when_the_prompt_ends_inside_a_character(served: tuple[openai.OpenAI, Tokenizer], echo: bool) -> None:
     client, tok = served
-    ids = tok.encode(f"ab {SUN}", add_special_tokens=False)
-    assert tok.decode(ids[:-1]).endswith("\ufffd")
-    body: dict[str, Any] = dict(
-        model="m",
-        prompt=ids[:-1],
-        max_tokens=3,
-        temperature=0,
-        logprobs=0,
-        echo=echo,
-        logit_bias={str(ids[-1]): 100},
-        extra_body={"ignore_eos": True},
-    )
+    body, head = sun_cut_prompt(tok, "m", echo)
+    body["extra_body"] = {"ignore_eos": True}
     if echo:  # plain generate cannot score the prompt: the echo goes without logprobs
         body.pop("logprobs")
     done = client.completions.create(**body).choices[0]
-    head = tok.decode(ids[:-1], skip_special_tokens=False) if echo else ""
     assert done.text == head + "\ufffd\ufffd"  # the first token ends the prompt's sun; the others stand alone
     streamed = list(client.completions.create(**body, stream=True))
     assert "".join(c.choices[0].text for c in streamed if c.choices) == done.text

@@ -34,6 +34,16 @@ async def tables(url: str) -> set[str]:
         await db.dispose()
 
 
+async def _assert_at_head(url: str) -> None:
+    """The database at ``url`` is whole at the head: its schema checked, every table there."""
+    db = Database.from_url(url)
+    try:
+        await check_schema(db.engine)
+    finally:
+        await db.dispose()
+    assert await tables(url) == TABLES
+
+
 async def test_upgrade_from_empty_downgrade_and_again(empty_url: str) -> None:
     db = Database.from_url(empty_url)
     try:
@@ -317,12 +327,7 @@ async def test_a_progress_line_that_cannot_be_written_leaves_the_migration_whole
 
     assert await asyncio.to_thread(migrate.upgrade, empty_url, "head", report) == migrate.head_revision()
     assert len(shown) > 3  # every step was still offered to the report
-    db = Database.from_url(empty_url)
-    try:
-        await check_schema(db.engine)
-    finally:
-        await db.dispose()
-    assert await tables(empty_url) == TABLES
+    await _assert_at_head(empty_url)
 
 
 def test_db_commands_say_the_revision_reached_and_refuse_an_empty_one(tmp_path: Path) -> None:
@@ -403,9 +408,4 @@ async def test_a_process_killed_inside_a_migration_step_leaves_the_previous_revi
     previous = step.down_revision if empty_url.startswith("sqlite") else None
     assert await asyncio.to_thread(migrate.current_revision, empty_url) == previous
     assert await asyncio.to_thread(migrate.upgrade, empty_url) == migrate.head_revision()
-    db = Database.from_url(empty_url)
-    try:
-        await check_schema(db.engine)
-    finally:
-        await db.dispose()
-    assert await tables(empty_url) == TABLES
+    await _assert_at_head(empty_url)
