@@ -197,7 +197,7 @@ _STATUS_BY_NAME = {
     "service_unavailable": 503, "server_is_overloaded": 503, "timeout": 408, "timeout_error": 408,
     "context_length_exceeded": 400, "invalid_request_error": 400, "bad_request": 400, "badrequesterror": 400,
     "model_not_found": 404, "not_found_error": 404, "authentication_error": 401, "invalid_api_key": 401,
-    "permission_error": 403, "internalservererror": 500,
+    "permission_error": 403, "internalservererror": 500, "conflict_error": 409, "conflict": 409,
 }
 
 

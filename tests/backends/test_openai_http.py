@@ -16,6 +16,7 @@ import pytest
 from backends.base import (
     AuthFailed,
     BadRequest,
+    Conflict,
     ContextTooLong,
     RateLimited,
     RequestFailed,
@@ -25,7 +26,7 @@ from backends.base import (
 )
 from backends.call import CallContext
 from backends.embeddings_wire import EmbeddingRequest
-from backends.http_upstream import status_error
+from backends.http_upstream import ErrorDetail, event_error, status_error
 from backends.openai_http import OpenAIHTTPBackend
 from backends.openai_wire import (
     ChatCompletionChunk,
@@ -452,3 +453,12 @@ def test_a_renamed_answer_keeps_every_other_field(source: bytes, drop_usage: boo
         chunk.usage = msgspec.UNSET
         del expected["usage"]
     assert msgspec.json.decode(encode_answer(chunk)) == expected
+
+
+@pytest.mark.parametrize("name", ["conflict_error", "conflict"])
+def test_a_conflict_named_in_an_error_object_is_a_conflict(name: str) -> None:
+    """Anthropic's ``conflict_error`` (and a bare ``conflict`` code) sent as a stream's first event or a
+    2xx body is the 409 it stands for: retried elsewhere, no fault of the deployment."""
+    error = event_error(ErrorDetail(message="try again", type=name))
+    assert isinstance(error, Conflict) and error.retryable and not error.blames_deployment
+    assert "try again" in str(error)
